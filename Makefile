@@ -1,0 +1,52 @@
+# Two commands matter: `make demo` (run the marketplace) and `make test` (run the suite).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip -q --disable-pip-version-check
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: demo test lint bench schema lock clean services
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: requirements.txt constraints.txt $(BIN)/python
+	$(PIP) install -r requirements.txt -c constraints.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(PIP) install -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+## demo: install, migrate, seed, then run web + worker + beat until Ctrl-C
+demo: $(VENV)/.installed
+	scripts/demo
+
+## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint and the suite
+test: $(VENV)/.installed-dev services
+	$(BIN)/ruff check .
+	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+services:
+	scripts/ensure-services
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+
+## bench: the benchmarks under bench/ (needs PostgreSQL)
+bench: $(VENV)/.installed-dev services
+	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/offers_search.py
+
+## schema: write the OpenAPI schema to docs/openapi.yaml
+schema: $(VENV)/.installed
+	$(BIN)/python manage.py spectacular --validate --file docs/openapi.yaml
+
+## lock: re-pin every package after changing requirements*.txt
+lock: $(BIN)/python
+	$(PIP) install -r requirements-dev.txt
+	(echo '# Every installed package, pinned (pip freeze of requirements-dev.txt). Regenerate with `make lock`.'; \
+	 $(BIN)/pip freeze | grep -v '^-e' | sort) > constraints.txt
+
+clean:
+	rm -rf $(VENV) var

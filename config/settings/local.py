@@ -1,0 +1,5 @@
+"""A developer's machine and `make demo`: DEBUG on unless DEBUG=false is set."""
+from .base import *  # noqa: F403
+from .env import env_bool
+
+DEBUG = env_bool("DEBUG", True)

@@ -1,0 +1,15 @@
+"""The test suite: the real PostgreSQL and Redis of this machine, never SQLite."""
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpumarket")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
+os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/15")
+
+from .base import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed only; tests only
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+STORAGES["staticfiles"] = {  # noqa: F405
+    "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+}
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 (whitenoise warns when it is missing)

@@ -1,0 +1,128 @@
+"""The operators' panel for accounts, the catalogue, nodes and GPUs. No secret is ever shown."""
+from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.db.models import Count, Q
+
+from marketplace.models import ApiKey, Gpu, GpuModel, GpuStatus, Node, NodeState, User
+from marketplace.money import micros_to_usd
+from marketplace.services.accounts import api_key_revoke
+from marketplace.services.nodes import NodeConflict, node_update
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    ordering = ["email"]
+    list_display = ["email", "is_staff", "is_active", "node_count", "date_joined", "last_login"]
+    list_filter = ["is_staff", "is_active", "date_joined"]
+    search_fields = ["email"]
+    fieldsets = [
+        (None, {"fields": ["email", "password"]}),
+        ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser", "groups", "user_permissions"]}),
+        ("Dates", {"fields": ["last_login", "date_joined"]}),
+    ]
+    add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]})]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_nodes=Count("nodes"))
+
+    @admin.display(ordering="_nodes", description="nodes")
+    def node_count(self, user):
+        return user._nodes
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter), "created_at"]
+    search_fields = ["user__email", "prefix", "name"]
+    # key_hash is left out on purpose: operators never need it.
+    fields = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = fields
+    list_select_related = ["user"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # keys are created by their owners, who alone see the secret
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request, queryset):
+        for key in queryset.filter(revoked_at__isnull=True):
+            api_key_revoke(api_key=key)
+        messages.success(request, "Revoked.")
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "smi_name", "architecture", "memory_gb", "memory_type", "memory_bandwidth_gbps",
+                    "fp32_tflops", "tf32_tflops", "bf16_tflops", "tdp_w", "pcie_gen", "mig_max_instances"]
+    list_filter = ["architecture", "form_factor", "memory_type"]
+    search_fields = ["name", "smi_name", "slug"]
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "status"]
+    readonly_fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+    extra = 0
+    can_delete = False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
+                    "verdict", "listed", "score", "reliability", "state_changed_at"]
+    list_filter = ["state", "verdict", "listed", "runtime", "gpu_model", "country"]
+    search_fields = ["name", "address", "provider__email", "city", "datacenter"]
+    list_select_related = ["provider", "gpu_model"]
+    # ssh_private_key_encrypted is excluded: nobody reads a private key through the admin.
+    fields = ["provider", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
+              "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour_micros", "runtime", "state",
+              "state_changed_at", "verdict", "listed", "score", "reliability", "last_error", "ssh_public_key",
+              "created_at", "updated_at"]
+    readonly_fields = ["provider", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "gpu_model",
+                       "gpu_count", "runtime", "state", "state_changed_at", "verdict", "score", "reliability",
+                       "last_error", "ssh_public_key", "created_at", "updated_at"]
+    inlines = [GpuInline]
+    actions = ["set_maintenance", "unlist"]
+
+    def has_add_permission(self, request):
+        return False  # nodes are registered by providers, which creates their key pair
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            _free=Count("gpus", filter=Q(gpus__status=GpuStatus.FREE))
+        )
+
+    @admin.display(ordering="_free", description="free GPUs")
+    def gpus_free(self, node):
+        return node._free
+
+    @admin.display(ordering="price_per_gpu_hour_micros", description="USD/GPU-h")
+    def price(self, node):
+        return micros_to_usd(node.price_per_gpu_hour_micros)
+
+    @admin.action(description="Put selected nodes into maintenance")
+    def set_maintenance(self, request, queryset):
+        done, refused = 0, []
+        for node in queryset.exclude(state=NodeState.MAINTENANCE):
+            try:
+                node_update(node=node, maintenance=True)
+                done += 1
+            except NodeConflict as exc:
+                refused.append(f"{node.name}: {exc}")
+        messages.info(request, f"{done} node(s) put into maintenance.")
+        for line in refused:
+            messages.warning(request, line)
+
+    @admin.action(description="Unlist selected nodes (no new rentals)")
+    def unlist(self, request, queryset):
+        messages.info(request, f"{queryset.update(listed=False)} node(s) unlisted.")
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "node", "index", "gpu_model", "memory_mib", "uuid", "status"]
+    list_filter = ["status", "gpu_model"]
+    search_fields = ["uuid", "node__name", "node__address"]
+    list_select_related = ["node", "gpu_model"]
+    readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]

@@ -1,0 +1,141 @@
+"""Providers' nodes: register, read, change price / maintenance / listing, retire."""
+from decimal import Decimal
+
+from django_countries.serializer_fields import CountryField
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import serializers, status, viewsets
+from rest_framework.response import Response
+
+from marketplace import selectors
+from marketplace.models import Gpu, GpuModel, Node, NodeState, Runtime
+from marketplace.services import nodes as svc
+from marketplace.validators import validate_address, validate_host_key_fingerprint, validate_ssh_user
+
+from .fields import StrictFieldsMixin, UsdField, no_control_characters
+
+PRICE_LIMITS = {"min_value": Decimal("0.001"), "max_value": Decimal("100")}
+
+
+def _django_validator(fn):
+    """Run a Django validator, reporting its message as a DRF error."""
+    from django.core.exceptions import ValidationError
+
+    def run(value):
+        try:
+            fn(value)
+        except ValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from None
+
+    return run
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "status"]
+        read_only_fields = fields
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    country = CountryField(read_only=True)
+    price_per_gpu_hour = UsdField(source="price_per_gpu_hour_micros", read_only=True)
+    maintenance = serializers.SerializerMethodField()
+    public_key = serializers.CharField(source="ssh_public_key", read_only=True,
+                                       help_text="The platform's key for this node; install it for ssh_user.")
+    install_command = serializers.SerializerMethodField(help_text="Run this on the node as ssh_user.")
+    gpus = GpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
+            "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour", "runtime", "state", "state_changed_at",
+            "verdict", "listed", "maintenance", "score", "reliability", "last_error", "public_key",
+            "install_command", "gpus", "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_maintenance(self, node) -> bool:
+        return node.state == NodeState.MAINTENANCE
+
+    def get_install_command(self, node) -> str:
+        return svc.node_install_command(node=node)
+
+
+class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=100, validators=[no_control_characters])
+    address = serializers.CharField(max_length=253, validators=[_django_validator(validate_address)])
+    ssh_port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
+    ssh_user = serializers.CharField(max_length=32, validators=[_django_validator(validate_ssh_user)])
+    country = CountryField(help_text="ISO 3166-1 alpha-2 code, e.g. DE.")
+    city = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
+                                 validators=[no_control_characters])
+    datacenter = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
+                                       validators=[no_control_characters])
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GpuModel.objects.all(),
+                                             help_text="Slug from /api/v1/gpu-models/.")
+    gpu_count = serializers.IntegerField(min_value=1, max_value=16)
+    price_per_gpu_hour = UsdField(help_text="USD per GPU-hour.", **PRICE_LIMITS)
+    runtime = serializers.ChoiceField(choices=Runtime.choices)
+    host_key_fingerprint = serializers.CharField(
+        max_length=60, required=False, default="", allow_blank=True,
+        validators=[_django_validator(validate_host_key_fingerprint)],
+        help_text="SHA256:... as `ssh-keygen -lf` prints it. If omitted, the key seen on first contact is pinned.",
+    )
+
+    def validate_address(self, value):
+        return value.lower()
+
+
+class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False, validators=[no_control_characters])
+    city = serializers.CharField(max_length=100, required=False, allow_blank=True, validators=[no_control_characters])
+    datacenter = serializers.CharField(max_length=100, required=False, allow_blank=True,
+                                       validators=[no_control_characters])
+    price_per_gpu_hour = UsdField(required=False, help_text="USD per GPU-hour; booked instances keep their price.",
+                                  **PRICE_LIMITS)
+    listed = serializers.BooleanField(required=False, help_text="false takes the node off the offers.")
+    maintenance = serializers.BooleanField(required=False)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your nodes"),
+    retrieve=extend_schema(summary="One of your nodes"),
+    create=extend_schema(summary="Register a node", request=NodeCreateSerializer, responses={201: NodeSerializer}),
+    partial_update=extend_schema(summary="Change price, listing or maintenance", request=NodeUpdateSerializer,
+                                 responses=NodeSerializer),
+    destroy=extend_schema(summary="Retire a node"),
+)
+@extend_schema(tags=["nodes"])
+class NodeViewSet(viewsets.ModelViewSet):
+    """A provider sees and changes only its own nodes; another provider's node is a 404."""
+
+    serializer_class = NodeSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    filterset_fields = ["state", "verdict", "runtime"]
+
+    queryset = Node.objects.none()  # for the schema; get_queryset scopes to the user
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return selectors.nodes_for_user(user=self.request.user)
+
+    def create(self, request):
+        data = NodeCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = svc.node_register(provider=request.user, **data.validated_data)
+        return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, pk=None):
+        node = self.get_object()
+        data = NodeUpdateSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        svc.node_update(node=node, **data.validated_data)
+        return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
+
+    def perform_destroy(self, node):
+        svc.node_retire(node=node)

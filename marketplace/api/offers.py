@@ -1,0 +1,106 @@
+"""The public offers search: one row per bookable node, filtered and ordered in SQL."""
+from decimal import Decimal
+
+import django_filters
+from django_countries import countries
+from drf_spectacular.utils import extend_schema
+from rest_framework import permissions, serializers, viewsets
+from rest_framework.exceptions import ValidationError
+
+from marketplace import selectors
+from marketplace.models import GpuModel, Node, Verdict
+from marketplace.money import usd_to_micros
+
+from .fields import UsdField
+
+
+class OfferSerializer(serializers.ModelSerializer):
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model_name = serializers.CharField(source="gpu_model.name", read_only=True)
+    num_gpus_free = serializers.IntegerField(read_only=True)
+    num_gpus_total = serializers.IntegerField(source="gpu_count", read_only=True)
+    gpu_memory_gb = serializers.IntegerField(source="gpu_model.memory_gb", read_only=True)
+    price_per_gpu_hour = UsdField(source="price_per_gpu_hour_micros", read_only=True)
+    score_per_dollar = serializers.FloatField(read_only=True, help_text="score per USD per GPU-hour.")
+    verified = serializers.SerializerMethodField(help_text="true when verified; false when listed as degraded.")
+    country = serializers.CharField(read_only=True, help_text="ISO 3166-1 alpha-2.")
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "gpu_model", "gpu_model_name", "num_gpus_free", "num_gpus_total", "gpu_memory_gb",
+            "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
+            "verified", "verdict", "runtime",
+        ]
+        read_only_fields = fields
+
+    def get_verified(self, node) -> bool:
+        return node.verdict == Verdict.VERIFIED
+
+
+class OfferFilter(django_filters.FilterSet):
+    gpu_model = django_filters.ModelMultipleChoiceFilter(
+        field_name="gpu_model__slug", to_field_name="slug", queryset=GpuModel.objects.all(),
+        help_text="GPU model slug; repeat the parameter for several.",
+    )
+    min_gpus = django_filters.NumberFilter(field_name="num_gpus_free", lookup_expr="gte", min_value=1,
+                                           max_value=1000, help_text="At least this many free GPUs.")
+    min_gpu_memory_gb = django_filters.NumberFilter(field_name="gpu_model__memory_gb", lookup_expr="gte",
+                                                    min_value=0, max_value=100_000)
+    max_price_per_gpu_hour = django_filters.NumberFilter(method="filter_max_price", min_value=0,
+                                                         max_value=Decimal("1000000"), help_text="USD.")
+    country = django_filters.ChoiceFilter(choices=list(countries), method="filter_country",
+                                          help_text="ISO 3166-1 alpha-2 code.")
+    city = django_filters.CharFilter(field_name="city", lookup_expr="iexact", max_length=100)
+    min_reliability = django_filters.NumberFilter(field_name="reliability", lookup_expr="gte", min_value=0,
+                                                  max_value=1)
+    min_score = django_filters.NumberFilter(field_name="score", lookup_expr="gte", min_value=0,
+                                            max_value=1_000_000)
+    ordering = django_filters.OrderingFilter(
+        fields=(
+            ("price_per_gpu_hour_micros", "price_per_gpu_hour"),
+            ("score", "score"),
+            ("score_per_dollar", "score_per_dollar"),
+            ("reliability", "reliability"),
+        ),
+        help_text="Prefix with - for descending. Default: -score_per_dollar.",
+    )
+
+    class Meta:
+        model = Node
+        fields: list[str] = []
+
+    def filter_max_price(self, queryset, name, value):
+        return queryset.filter(price_per_gpu_hour_micros__lte=usd_to_micros(value))
+
+    def filter_country(self, queryset, name, value):
+        return queryset.filter(country=value)
+
+    def filter_queryset(self, queryset):
+        queryset = super().filter_queryset(queryset)
+        if not self.form.cleaned_data.get("ordering"):
+            queryset = queryset.order_by("-score_per_dollar")
+        # A unique tie-breaker keeps pages stable.
+        return queryset.order_by(*queryset.query.order_by, "id")
+
+
+PAGINATION_PARAMS = {"page", "page_size", "format"}
+
+
+@extend_schema(tags=["offers"])
+class OfferViewSet(viewsets.ReadOnlyModelViewSet):
+    """Bookable GPUs: active, verified (or degraded) nodes with free GPUs. Public."""
+
+    serializer_class = OfferSerializer
+    filterset_class = OfferFilter
+    permission_classes = [permissions.AllowAny]
+
+    def get_queryset(self):
+        return selectors.offers_search()
+
+    def list(self, request, *args, **kwargs):
+        # A misspelt filter would otherwise be ignored and return everything.
+        unknown = sorted(set(request.query_params) - set(OfferFilter.base_filters) - PAGINATION_PARAMS)
+        if unknown:
+            raise ValidationError({name: ["Unknown query parameter."] for name in unknown})
+        return super().list(request, *args, **kwargs)

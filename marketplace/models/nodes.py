@@ -1,0 +1,152 @@
+"""Providers' servers (nodes), their GPUs, and the node state machine.
+
+The allowed state transitions live here and nowhere else: services call
+`Node.transition_to`, which raises InvalidTransition for a move the table does
+not allow.
+"""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django_countries.fields import CountryField
+
+from .catalogue import GpuModel
+
+
+class InvalidTransition(Exception):
+    def __init__(self, obj_label: str, current: str, target: str):
+        self.current = current
+        self.target = target
+        super().__init__(f"{obj_label} cannot go from {current} to {target}")
+
+
+class NodeState(models.TextChoices):
+    PENDING = "pending", "Pending: waiting for the first verification"
+    VERIFYING = "verifying", "Verifying: the benchmark check is running"
+    ACTIVE = "active", "Active"
+    REJECTED = "rejected", "Rejected by the benchmark check"
+    MAINTENANCE = "maintenance", "Maintenance"
+    OFFLINE = "offline", "Offline: not answering health checks"
+    RETIRED = "retired", "Retired by its provider"
+
+
+S = NodeState
+NODE_TRANSITIONS: dict[str, set[str]] = {
+    S.PENDING: {S.VERIFYING, S.MAINTENANCE, S.RETIRED},
+    S.VERIFYING: {S.ACTIVE, S.REJECTED, S.PENDING, S.OFFLINE, S.RETIRED},
+    S.ACTIVE: {S.VERIFYING, S.MAINTENANCE, S.OFFLINE, S.REJECTED, S.RETIRED},
+    S.REJECTED: {S.VERIFYING, S.RETIRED},
+    S.MAINTENANCE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.RETIRED},
+    S.OFFLINE: {S.ACTIVE, S.VERIFYING, S.MAINTENANCE, S.RETIRED},
+    S.RETIRED: set(),
+}
+
+
+class Verdict(models.TextChoices):
+    UNVERIFIED = "unverified", "Not verified yet"
+    VERIFIED = "verified", "Verified"
+    DEGRADED = "degraded", "Degraded: listed, flagged, lower score"
+    REJECTED = "rejected", "Rejected"
+
+
+class Runtime(models.TextChoices):
+    DOCKER = "docker", "Docker with the NVIDIA container toolkit"
+    LIBVIRT = "libvirt", "KVM virtual machines (libvirt, VFIO passthrough)"
+    SIM = "sim", "Simulated GPU server"
+
+
+LISTABLE_VERDICTS = (Verdict.VERIFIED, Verdict.DEGRADED)
+
+
+class Node(models.Model):
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="nodes")
+    name = models.CharField(max_length=100)
+    address = models.CharField(max_length=253, help_text="Hostname or IP address the platform connects to.")
+    ssh_port = models.PositiveIntegerField(default=22)
+    ssh_user = models.CharField(max_length=32)
+    host_key_fingerprint = models.CharField(
+        max_length=60, blank=True, help_text="SHA256:... of the node's SSH host key; pinned once known."
+    )
+    country = CountryField()
+    city = models.CharField(max_length=100, blank=True)
+    datacenter = models.CharField(max_length=100, blank=True)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="nodes",
+                                  help_text="The model the provider declares.")
+    gpu_count = models.PositiveSmallIntegerField()
+    # Money is integers: micro-dollars (1e-6 USD) per GPU-hour.
+    price_per_gpu_hour_micros = models.BigIntegerField()
+    runtime = models.CharField(max_length=10, choices=Runtime.choices)
+
+    state = models.CharField(max_length=12, choices=NodeState.choices, default=NodeState.PENDING)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    verdict = models.CharField(max_length=12, choices=Verdict.choices, default=Verdict.UNVERIFIED)
+    listed = models.BooleanField(default=True, help_text="The provider's switch: unlisted nodes get no new rentals.")
+    score = models.FloatField(default=0.0, help_text="Measured performance relative to a reference card.")
+    reliability = models.FloatField(default=0.0, help_text="0..1 from uptime and failed jobs.")
+    last_error = models.TextField(blank=True)
+
+    ssh_public_key = models.TextField(help_text="The platform's per-node public key (OpenSSH format).")
+    ssh_private_key_encrypted = models.BinaryField(editable=False, help_text="Fernet token; never shown.")
+
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["address", "ssh_port"],
+                condition=~Q(state="retired"),
+                name="node_unique_live_endpoint",
+                violation_error_message="Another live node already uses this address and SSH port.",
+            ),
+            models.CheckConstraint(condition=Q(ssh_port__gte=1, ssh_port__lte=65535), name="node_port_range"),
+            models.CheckConstraint(condition=Q(price_per_gpu_hour_micros__gt=0), name="node_price_positive"),
+            models.CheckConstraint(condition=Q(gpu_count__gte=1), name="node_gpu_count_positive"),
+            models.CheckConstraint(condition=Q(reliability__gte=0, reliability__lte=1), name="node_reliability_0_1"),
+        ]
+        indexes = [
+            models.Index(fields=["state", "verdict", "listed"], name="node_listable_idx"),
+            models.Index(fields=["country", "city"], name="node_location_idx"),
+            models.Index(fields=["price_per_gpu_hour_micros"], name="node_price_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.address}:{self.ssh_port})"
+
+    def can_transition_to(self, target: str) -> bool:
+        return target in NODE_TRANSITIONS[self.state]
+
+    def transition_to(self, target: str) -> None:
+        """Move to `target` in memory; the caller saves. Raises InvalidTransition."""
+        if not self.can_transition_to(target):
+            raise InvalidTransition(f"node {self.pk}", self.state, target)
+        self.state = target
+        self.state_changed_at = timezone.now()
+
+
+class GpuStatus(models.TextChoices):
+    FREE = "free", "Free"
+    RENTED = "rented", "Rented"
+    UNAVAILABLE = "unavailable", "Unavailable (failed a check or taken out by the provider)"
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField(help_text="nvidia-smi index on the node.")
+    uuid = models.CharField(max_length=64, blank=True, help_text="GPU-... as read by the inventory.")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    memory_mib = models.PositiveIntegerField()
+    pci_bus_id = models.CharField(max_length=32, blank=True)
+    status = models.CharField(max_length=12, choices=GpuStatus.choices, default=GpuStatus.FREE)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        verbose_name = "GPU"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+        ]
+        indexes = [models.Index(fields=["node", "status"], name="gpu_node_status_idx")]
+
+    def __str__(self):
+        return f"GPU {self.index} of node {self.node_id}"

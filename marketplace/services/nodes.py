@@ -1,0 +1,143 @@
+"""Use cases for providers' nodes: register, change, retire."""
+from decimal import Decimal
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from marketplace.encryption import decrypt_secret, encrypt_secret
+from marketplace.models import Gpu, GpuModel, GpuStatus, Node, NodeState, User
+from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.money import usd_to_micros
+
+
+class NodeConflict(Exception):
+    """The request is valid but the node's current state forbids it (HTTP 409)."""
+
+
+def _generate_keypair(comment: str) -> tuple[bytes, str]:
+    """A fresh ed25519 pair: (OpenSSH private key bytes, one-line public key)."""
+    private = Ed25519PrivateKey.generate()
+    private_bytes = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private_bytes, f"{public.decode()} {comment}"
+
+
+def node_private_key(*, node: Node) -> bytes:
+    """The node's private key in OpenSSH format, decrypted in memory for the SSH client only."""
+    return decrypt_secret(node.ssh_private_key_encrypted)
+
+
+def node_install_command(*, node: Node) -> str:
+    """The one line a provider runs on the server, as `ssh_user`, to let the platform in.
+
+    Only platform-made text (the public key) is spliced in; nothing the provider typed.
+    """
+    return (
+        "mkdir -p ~/.ssh && chmod 700 ~/.ssh && "
+        f"echo '{node.ssh_public_key}' >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys"
+    )
+
+
+@transaction.atomic
+def node_register(
+    *,
+    provider: User,
+    name: str,
+    address: str,
+    ssh_port: int,
+    ssh_user: str,
+    country: str,
+    gpu_model: GpuModel,
+    gpu_count: int,
+    price_per_gpu_hour: Decimal,
+    runtime: str,
+    city: str = "",
+    datacenter: str = "",
+    host_key_fingerprint: str = "",
+) -> Node:
+    """Create a pending node, its declared GPUs, and the platform's key pair for it."""
+    node = Node(
+        provider=provider,
+        name=name,
+        address=address,
+        ssh_port=ssh_port,
+        ssh_user=ssh_user,
+        country=country,
+        city=city,
+        datacenter=datacenter,
+        gpu_model=gpu_model,
+        gpu_count=gpu_count,
+        price_per_gpu_hour_micros=usd_to_micros(price_per_gpu_hour),
+        runtime=runtime,
+        host_key_fingerprint=host_key_fingerprint,
+        state=NodeState.PENDING,
+    )
+    try:
+        with transaction.atomic():
+            node.save()
+    except IntegrityError as exc:
+        if "node_unique_live_endpoint" in str(exc):
+            raise NodeConflict(f"A live node is already registered at {address}:{ssh_port}.") from None
+        raise
+    private_bytes, public_line = _generate_keypair(f"{settings.PLATFORM_NAME}-node-{node.pk}")
+    node.ssh_private_key_encrypted = encrypt_secret(private_bytes)
+    node.ssh_public_key = public_line
+    node.save(update_fields=["ssh_private_key_encrypted", "ssh_public_key"])
+    # Until the inventory reads them, GPUs are what the provider declared.
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, gpu_model=gpu_model, memory_mib=gpu_model.memory_mib) for i in range(gpu_count)
+    )
+    return node
+
+
+@transaction.atomic
+def node_update(
+    *,
+    node: Node,
+    name: str | None = None,
+    city: str | None = None,
+    datacenter: str | None = None,
+    price_per_gpu_hour: Decimal | None = None,
+    listed: bool | None = None,
+    maintenance: bool | None = None,
+) -> Node:
+    """Change what a provider may change. Price changes never touch booked instances."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state == NodeState.RETIRED:
+        raise NodeConflict("The node is retired and cannot be changed.")
+    if name is not None:
+        node.name = name
+    if city is not None:
+        node.city = city
+    if datacenter is not None:
+        node.datacenter = datacenter
+    if price_per_gpu_hour is not None:
+        node.price_per_gpu_hour_micros = usd_to_micros(price_per_gpu_hour)
+    if listed is not None:
+        node.listed = listed
+    if maintenance is True and node.state != NodeState.MAINTENANCE:
+        if not node.can_transition_to(NodeState.MAINTENANCE):
+            raise NodeConflict(f"A {node.state} node cannot go into maintenance; try again later.")
+        node.transition_to(NodeState.MAINTENANCE)
+    elif maintenance is False and node.state == NodeState.MAINTENANCE:
+        node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
+    node.save()
+    return node
+
+
+@transaction.atomic
+def node_retire(*, node: Node) -> None:
+    """Take a node off the market for good; refused while any of its GPUs is rented."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state == NodeState.RETIRED:
+        return
+    rented = node.gpus.filter(status=GpuStatus.RENTED).count()
+    if rented:
+        raise NodeConflict(f"{rented} GPU(s) of this node are rented; wait until those instances end.")
+    node.transition_to(NodeState.RETIRED)
+    node.listed = False
+    node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])
