@@ -1,0 +1,301 @@
+"""The platform's SSH client to nodes (paramiko), and the agent protocol over it.
+
+- Key auth with the node's own ed25519 key, decrypted in memory only.
+- Host key pinned: the fingerprint the provider gave, or the one recorded on first
+  contact. A different key raises HostKeyMismatch before anything is sent.
+- Connect/command timeouts, keepalive, bounded retries with backoff on transient
+  failures only (a refused key or a changed host key is not retried).
+- One connection for all the steps of a task (use NodeSession as a context manager).
+- The agent is uploaded over SFTP under a name derived from its hash, so it is
+  re-uploaded only when it changes. Commands come from a fixed set; the request
+  travels as JSON on stdin, never inside the command line.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import paramiko
+
+log = logging.getLogger(__name__)
+
+AGENT_PATH = Path(__file__).resolve().parent / "agent" / "gpumarket_agent.py"
+REMOTE_AGENT_DIR = ".gpumarket/agent"
+AGENT_COMMANDS = {
+    ("inventory",), ("health",), ("benchmark",),
+    ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
+}
+MAX_ANSWER_BYTES = 8 << 20
+
+
+class NodeError(Exception):
+    """Something went wrong talking to a node. `code` is stable; the message is for people."""
+
+    code = "node_error"
+    transient = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class NodeUnreachable(NodeError):
+    code = "unreachable"
+    transient = True
+
+
+class HostKeyMismatch(NodeError):
+    code = "host_key_changed"
+
+    def __init__(self, expected: str, seen: str):
+        super().__init__(
+            f"The node's SSH host key changed: expected {expected}, got {seen}. Nothing was sent. "
+            "If the server was reinstalled, an operator must confirm the new key."
+        )
+        self.expected, self.seen = expected, seen
+
+
+class AuthFailed(NodeError):
+    code = "auth_failed"
+
+
+class AgentTimeout(NodeError):
+    code = "agent_timeout"
+    transient = True
+
+
+class AgentGarbage(NodeError):
+    code = "agent_garbage"
+
+
+class AgentFailed(NodeError):
+    """The agent answered {"ok": false, "error": {...}}."""
+
+    def __init__(self, error: dict):
+        self.code = str(error.get("code") or "agent_error")
+        self.field = error.get("field")
+        super().__init__(str(error.get("message") or "the agent reported an error"))
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """The SHA-256 fingerprint exactly as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+@lru_cache(maxsize=1)
+def agent_bundle() -> tuple[bytes, str]:
+    """The agent's bytes and the remote path named after their hash."""
+    data = AGENT_PATH.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return data, f"{REMOTE_AGENT_DIR}/gpumarket_agent-{digest}.py"
+
+
+class _PinnedHostKey(paramiko.MissingHostKeyPolicy):
+    """Accept exactly the pinned key; with no pin yet, accept and remember what was seen."""
+
+    def __init__(self, pinned: str):
+        self.pinned = pinned
+        self.seen: str | None = None
+
+    def missing_host_key(self, client, hostname, key):
+        self.seen = fingerprint(key)
+        if self.pinned and self.seen != self.pinned:
+            raise HostKeyMismatch(self.pinned, self.seen)
+
+
+def _setting(name: str, default):
+    from django.conf import settings
+
+    return getattr(settings, name, default) if settings.configured else default
+
+
+@dataclass
+class Endpoint:
+    address: str
+    port: int
+    user: str
+    private_key: bytes = field(repr=False)  # OpenSSH format, decrypted
+    host_key_fingerprint: str = ""  # empty: trust on first use, then pinned by the caller
+
+
+@dataclass
+class Timeouts:
+    connect: float = 10.0
+    command: float = 120.0
+    keepalive: int = 15
+    attempts: int = field(default_factory=lambda: _setting("NODE_CONNECT_ATTEMPTS", 3))
+    backoff: float = field(default_factory=lambda: _setting("NODE_CONNECT_BACKOFF_S", 1.0))  # doubled each time
+
+
+class NodeSession:
+    """One SSH connection to a node, used for every step of a task.
+
+    with NodeSession(endpoint) as s:
+        s.seen_fingerprint     # record it if the node had none pinned
+        s.agent("inventory")
+    """
+
+    def __init__(self, endpoint: Endpoint, timeouts: Timeouts | None = None):
+        self.endpoint = endpoint
+        self.timeouts = timeouts or Timeouts()
+        self.seen_fingerprint: str | None = None
+        self._client: paramiko.SSHClient | None = None
+        self._agent_path: str | None = None
+
+    # -- connection -------------------------------------------------------------------------------
+    def __enter__(self) -> NodeSession:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def connect(self) -> None:
+        delay = self.timeouts.backoff
+        for attempt in range(1, self.timeouts.attempts + 1):
+            try:
+                self._connect_once()
+                return
+            except NodeError as exc:
+                if not exc.transient or attempt == self.timeouts.attempts:
+                    raise
+                log.info("connect to %s:%s failed (%s); retry %d in %.1fs", self.endpoint.address,
+                         self.endpoint.port, exc, attempt, delay)
+                time.sleep(delay)
+                delay *= 2
+
+    def _connect_once(self) -> None:
+        ep = self.endpoint
+        try:
+            pkey = paramiko.Ed25519Key.from_private_key(io.StringIO(ep.private_key.decode()))
+        except (paramiko.SSHException, ValueError) as exc:
+            raise AuthFailed(f"The platform's key for this node cannot be read: {exc}") from None
+        client = paramiko.SSHClient()
+        policy = _PinnedHostKey(ep.host_key_fingerprint)
+        client.set_missing_host_key_policy(policy)  # no known_hosts is loaded: the policy decides
+        t = self.timeouts.connect
+        try:
+            client.connect(
+                ep.address, port=ep.port, username=ep.user, pkey=pkey, timeout=t, banner_timeout=t,
+                auth_timeout=t, channel_timeout=t, allow_agent=False, look_for_keys=False,
+            )
+        except HostKeyMismatch:
+            client.close()
+            raise
+        except paramiko.AuthenticationException:
+            client.close()
+            raise AuthFailed(
+                f"{ep.user}@{ep.address}:{ep.port} refused the platform's key. "
+                "Run the node's install command as that user, then verify again."
+            ) from None
+        except TimeoutError:
+            client.close()
+            raise NodeUnreachable(f"No SSH answer from {ep.address}:{ep.port} within {t:.0f}s.") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            client.close()
+            raise NodeUnreachable(f"Cannot reach {ep.address}:{ep.port} over SSH: {exc}") from None
+        transport = client.get_transport()
+        transport.set_keepalive(self.timeouts.keepalive)
+        self.seen_fingerprint = policy.seen
+        self._client = client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- the agent --------------------------------------------------------------------------------
+    def ensure_agent(self) -> str:
+        """Upload the agent unless this exact version is already there; returns its absolute remote path."""
+        if self._agent_path:
+            return self._agent_path
+        data, remote = agent_bundle()
+        try:
+            with self._client.open_sftp() as sftp:
+                try:
+                    if sftp.stat(remote).st_size == len(data):
+                        self._agent_path = sftp.normalize(remote)
+                        return self._agent_path
+                except FileNotFoundError:
+                    pass
+                path = ""
+                for part in REMOTE_AGENT_DIR.split("/"):
+                    path = f"{path}/{part}" if path else part
+                    try:
+                        sftp.mkdir(path, 0o700)
+                    except OSError:
+                        pass  # exists
+                tmp = f"{remote}.part"
+                sftp.putfo(io.BytesIO(data), tmp)
+                sftp.chmod(tmp, 0o700)
+                sftp.posix_rename(tmp, remote)
+                # Absolute, as the node sees it: a session's working folder may differ from SFTP's.
+                self._agent_path = sftp.normalize(remote)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise NodeUnreachable(f"Uploading the agent failed: {exc}") from None
+        return self._agent_path
+
+    def agent(self, command: str, sub: str | None = None, request: dict | None = None,
+              timeout: float | None = None) -> dict:
+        """Run one agent command with `request` as JSON on stdin; return its answer (ok=true)."""
+        argv = (command,) if sub is None else (command, sub)
+        if argv not in AGENT_COMMANDS:
+            raise ValueError(f"unknown agent command {argv}")
+        remote = self.ensure_agent()
+        # Only constants reach the command line: the path is hash-derived, argv is whitelisted.
+        assert re.fullmatch(r"[A-Za-z0-9._/-]+", remote)
+        cmd = " ".join(["python3", remote, *argv])
+        payload = json.dumps(request or {}).encode()
+        out = self._exec(cmd, payload, timeout or self.timeouts.command)
+        try:
+            answer = json.loads(out)
+        except ValueError:
+            raise AgentGarbage(f"The agent's answer to {' '.join(argv)} is not JSON: {out[:200]!r}") from None
+        if not isinstance(answer, dict) or "ok" not in answer:
+            raise AgentGarbage(f"The agent's answer to {' '.join(argv)} is not an agent answer: {out[:200]!r}")
+        if not answer["ok"]:
+            raise AgentFailed(answer.get("error") or {})
+        return answer
+
+    def _exec(self, cmd: str, stdin: bytes, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        try:
+            chan = self._client.get_transport().open_session(timeout=self.timeouts.connect)
+            chan.settimeout(1.0)
+            chan.exec_command(cmd)
+            chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            while True:
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise AgentTimeout(f"The node did not answer within {timeout:.0f}s.")
+                try:
+                    chunk = chan.recv(65536)
+                except TimeoutError:
+                    chunk = None
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if chunk == b"":
+                    break
+                if chunk:
+                    out += chunk
+                    if len(out) > MAX_ANSWER_BYTES:
+                        chan.close()
+                        raise AgentGarbage("The agent's answer is larger than 8 MiB.")
+            chan.recv_exit_status()
+            chan.close()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
+        if not out.strip():
+            raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
+        return bytes(out)
