@@ -14,12 +14,16 @@ $(VENV)/.installed: requirements.txt constraints.txt $(BIN)/python
 	$(PIP) install -r requirements.txt -c constraints.txt
 	touch $@
 
+$(VENV)/.installed-demo: requirements-demo.txt $(VENV)/.installed
+	$(PIP) install -r requirements-demo.txt -c constraints.txt
+	touch $@
+
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	$(PIP) install -r requirements-dev.txt -c constraints.txt
 	touch $@
 
 ## demo: install, migrate, seed, then run web + worker + beat until Ctrl-C
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	scripts/demo
 
 ## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint and the suite
@@ -34,9 +38,14 @@ services:
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 
-## bench: the benchmarks under bench/ (needs PostgreSQL)
-bench: $(VENV)/.installed-dev services
+$(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
+	$(PIP) install -r requirements-bench.txt -c constraints.txt
+	touch $@
+
+## bench: the benchmarks under bench/ (needs PostgreSQL, Redis, sshd)
+bench: $(VENV)/.installed-bench services
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/offers_search.py
+	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/fleet.py
 
 ## schema: write the OpenAPI schema to docs/openapi.yaml
 schema: $(VENV)/.installed
@@ -44,8 +53,8 @@ schema: $(VENV)/.installed
 
 ## lock: re-pin every package after changing requirements*.txt
 lock: $(BIN)/python
-	$(PIP) install -r requirements-dev.txt
-	(echo '# Every installed package, pinned (pip freeze of requirements-dev.txt). Regenerate with `make lock`.'; \
+	$(PIP) install -r requirements-dev.txt -r requirements-demo.txt -r requirements-bench.txt
+	(echo '# Every installed package, pinned (pip freeze of requirements*.txt). Regenerate with `make lock`.'; \
 	 $(BIN)/pip freeze | grep -v '^-e' | sort) > constraints.txt
 
 clean:

@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 from .env import env_bool, env_decimal, env_int, env_list, env_str
 
@@ -82,6 +83,12 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded default is shared by web, worker and beat processes: wait for locks instead of
+    # failing, take the write lock at BEGIN (no upgrade deadlocks), and let readers run beside a writer.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # A shared cache is needed for throttling across processes; local memory is
@@ -125,9 +132,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["marketplace.api.filtering.FilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.Pagination",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # A JSON API: form-encoded bodies silently drop empty optional fields and carry no types.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "auth": env_str("AUTH_THROTTLE_RATE", "20/min"),
     },
@@ -139,7 +149,11 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "GPU Marketplace API",
     "DESCRIPTION": (
         "Rent GPU servers by the second. Providers list verified hardware; renters search "
-        "offers and book instances. Authenticate with `Authorization: Bearer <api key>`."
+        "offers and book instances. Authenticate with `Authorization: Bearer <api key>`. "
+        "Billing: a prepaid balance (top up with a saved card), charged per second while an instance is "
+        "running at the price fixed at booking; renting needs one hour of the price in the balance. A stopped "
+        "instance keeps its disk and is not charged at all, disk included. Providers earn the price minus the "
+        "published platform fee (`platform_fee_percent`)."
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -164,7 +178,9 @@ if CELERY_BROKER_URL == "filesystem://":
         "data_folder_out": str(_broker_dir),
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
+        "control_folder": str(_broker_dir / "control"),
     }
+    (_broker_dir / "processed").mkdir(parents=True, exist_ok=True)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -172,7 +188,34 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE: dict = {}
+# Seconds before each retry of a job whose node did not answer (one entry per retry).
+NODE_TASK_RETRY_BACKOFF_S = [float(s) for s in env_list("NODE_TASK_RETRY_BACKOFF_S", ["5", "15", "45"])]
+# Connection attempts within one try, and the first pause between them (doubled each time).
+NODE_CONNECT_ATTEMPTS = env_int("NODE_CONNECT_ATTEMPTS", 3)
+NODE_CONNECT_BACKOFF_S = float(env_str("NODE_CONNECT_BACKOFF_S", "1"))
+# The benchmark check (docs/BENCHMARKS.md): its time bound on the node (the SSH command waits 30 s longer),
+# quick mode (tests), and re-verification of active nodes every interval plus a per-node jitter.
+BENCHMARK_TIME_LIMIT_S = env_int("BENCHMARK_TIME_LIMIT_S", 300)
+BENCHMARK_QUICK = env_bool("BENCHMARK_QUICK", False)
+REVERIFY_INTERVAL_S = env_int("REVERIFY_INTERVAL_S", 7 * 24 * 3600)
+REVERIFY_JITTER_S = env_int("REVERIFY_JITTER_S", 24 * 3600)
+
+CELERY_BEAT_SCHEDULE = {
+    "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check",
+                           "schedule": env_int("HEALTH_CHECK_INTERVAL_S", 60)},
+    "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile",
+                        "schedule": env_int("RECONCILE_INTERVAL_S", 300)},
+    "jobs-reap": {"task": "provisioning.tasks.jobs_reap", "schedule": 60},
+    "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 600},
+    "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": 3600},
+    # Billing: close usage intervals of running instances (and act on low and empty balances) every
+    # minute; pay providers their earnings once a week (Monday 03:00 UTC, for the week before).
+    "billing-meter": {"task": "billing.tasks.usage_meter_tick",
+                      "schedule": env_int("BILLING_METER_INTERVAL_S", 60),
+                      "options": {"expires": max(env_int("BILLING_METER_INTERVAL_S", 60) - 5, 5)}},
+    "billing-payouts": {"task": "billing.tasks.payouts_run",
+                        "schedule": crontab(minute="0", hour="3", day_of_week="mon")},
+}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Money and the marketplace's published terms.
@@ -181,6 +224,22 @@ STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY", "sk_test_local")
 STRIPE_PUBLISHABLE_KEY = env_str("STRIPE_PUBLISHABLE_KEY", "pk_test_local")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "whsec_local")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE", "")  # empty: Stripe's own servers
+# Connect transfers (payouts) may go elsewhere than the rest (localstripe has no Connect); empty: STRIPE_API_BASE.
+STRIPE_CONNECT_API_BASE = env_str("STRIPE_CONNECT_API_BASE", "")
+STRIPE_MAX_NETWORK_RETRIES = env_int("STRIPE_MAX_NETWORK_RETRIES", 2)
+STRIPE_TIMEOUT_S = env_int("STRIPE_TIMEOUT_S", 20)
+
+# Billing (billing/; docs in the API schema). Money is integer micro-dollars; these are whole USD or seconds.
+BILLING_REQUIRE_FUNDS = env_bool("BILLING_REQUIRE_FUNDS", True)  # renting needs one hour of its price in the balance
+BILLING_FUNDS_REQUIRED_S = env_int("BILLING_FUNDS_REQUIRED_S", 3600)
+BILLING_LOW_BALANCE_WARNING_S = env_int("BILLING_LOW_BALANCE_WARNING_S", 3600)  # warn below this much run time
+BILLING_GRACE_PERIOD_S = env_int("BILLING_GRACE_PERIOD_S", 3 * 24 * 3600)  # stopped at zero; destroyed after this
+BILLING_DESTROY_WARNING_S = env_int("BILLING_DESTROY_WARNING_S", 24 * 3600)  # warn this long before destroying
+BILLING_TOP_UP_MIN_USD = env_decimal("BILLING_TOP_UP_MIN_USD", Decimal("5"))
+BILLING_TOP_UP_MAX_USD = env_decimal("BILLING_TOP_UP_MAX_USD", Decimal("10000"))
+BILLING_PAYOUT_MINIMUM_USD = env_decimal("BILLING_PAYOUT_MINIMUM_USD", Decimal("25"))
+BILLING_METER_BATCH_SIZE = env_int("BILLING_METER_BATCH_SIZE", 10_000)
+BILLING_DEMO_CREDIT_USD = env_decimal("BILLING_DEMO_CREDIT_USD", Decimal("100"))
 
 # Where the platform tells providers it will connect from and what it is called.
 PLATFORM_NAME = env_str("PLATFORM_NAME", "gpumarket")

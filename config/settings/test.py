@@ -4,6 +4,13 @@ import os
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpumarket")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/15")
+# Retries of unreachable nodes, shortened so that fault tests end in seconds.
+os.environ.setdefault("NODE_TASK_RETRY_BACKOFF_S", "0.5,0.5,0.5")
+os.environ.setdefault("NODE_CONNECT_BACKOFF_S", "0.2")
+os.environ.setdefault("STRIPE_MAX_NETWORK_RETRIES", "0")
+# The renting tests book without a balance; tests/billing turns the funds check on.
+os.environ.setdefault("BILLING_REQUIRE_FUNDS", "0")
+os.environ.setdefault("BENCHMARK_QUICK", "1")  # the benchmark's quick mode (sim nodes answer at once anyway)
 
 from .base import *  # noqa: E402,F403
 

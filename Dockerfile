@@ -1,0 +1,19 @@
+# One image for web, worker and beat (docker-compose.yml picks the command).
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=config.settings.production VAR_DIR=/app/var
+
+RUN apt-get update && apt-get install -y --no-install-recommends curl \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 app
+
+WORKDIR /app
+COPY requirements.txt constraints.txt ./
+RUN pip install -r requirements.txt -c constraints.txt
+
+COPY . .
+RUN mkdir -p var && chown -R app:app var
+USER app
+EXPOSE 8000
+CMD ["scripts/run-web"]
