@@ -1,7 +1,37 @@
+import importlib
+
 import pytest
 from rest_framework.test import APIClient
 
 from tests.factories import UserFactory, api_key_for
+from tests.live import celery_worker, sim_node_factory, simnodes_dir, worker  # noqa: F401 (fixtures for e2e and web)
+from tests.localstripe import localstripe_server  # noqa: F401 (a session fixture: billing and schema tests)
+
+
+def _uses_db(request) -> bool:
+    return bool(
+        request.node.get_closest_marker("django_db")
+        or {"db", "transactional_db", "django_db_reset_sequences"} & set(request.fixturenames)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _reference_data(request):
+    """Transactional tests flush every table, including the rows the data migrations load
+    (the GPU catalogue, the images): put them back for the tests that come after."""
+    if not _uses_db(request):
+        return
+    request.getfixturevalue("django_db_setup")
+    from django.apps import apps
+
+    from marketplace.catalogue_data import load_gpu_models
+    from marketplace.models import GpuModel, Image
+
+    with request.getfixturevalue("django_db_blocker").unblock():
+        if not GpuModel.objects.exists():
+            load_gpu_models(GpuModel)
+        if not Image.objects.exists():
+            importlib.import_module("marketplace.migrations.0005_seed_images").forwards(apps, None)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
 """Sign-up, login, the current user, and API keys."""
 from django.contrib.auth import password_validation
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.response import Response
@@ -21,7 +22,10 @@ class CredentialsSerializer(StrictFieldsMixin, serializers.Serializer):
 class RegisterSerializer(CredentialsSerializer):
     def validate(self, attrs):
         # Django's validators: length, common passwords, similarity to the email.
-        password_validation.validate_password(attrs["password"], User(email=attrs["email"]))
+        try:
+            password_validation.validate_password(attrs["password"], User(email=attrs["email"]))
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError({"password": exc.messages}) from None
         return attrs
 
 

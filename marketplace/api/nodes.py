@@ -1,17 +1,22 @@
 """Providers' nodes: register, read, change price / maintenance / listing, retire."""
 from decimal import Decimal
 
+from django_countries import countries
 from django_countries.serializer_fields import CountryField
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from marketplace import selectors
 from marketplace.models import Gpu, GpuModel, Node, NodeState, Runtime
 from marketplace.services import nodes as svc
 from marketplace.validators import validate_address, validate_host_key_fingerprint, validate_ssh_user
+from provisioning.selectors import latest_jobs
+from provisioning.services.verification import node_verify_request
 
 from .fields import StrictFieldsMixin, UsdField, no_control_characters
+from .schema import ErrorDetailSerializer
 
 PRICE_LIMITS = {"min_value": Decimal("0.001"), "max_value": Decimal("100")}
 
@@ -38,6 +43,17 @@ class GpuSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class JobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.CharField()
+    status = serializers.CharField()
+    step = serializers.CharField(help_text="What the job is doing now.")
+    error = serializers.CharField(help_text="Why it failed, if it did.")
+    attempts = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
 class NodeSerializer(serializers.ModelSerializer):
     gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     country = CountryField(read_only=True)
@@ -47,6 +63,7 @@ class NodeSerializer(serializers.ModelSerializer):
                                        help_text="The platform's key for this node; install it for ssh_user.")
     install_command = serializers.SerializerMethodField(help_text="Run this on the node as ssh_user.")
     gpus = GpuSerializer(many=True, read_only=True)
+    current_job = serializers.SerializerMethodField(help_text="The node's most recent job (verification, ...).")
 
     class Meta:
         model = Node
@@ -54,12 +71,18 @@ class NodeSerializer(serializers.ModelSerializer):
             "id", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
             "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour", "runtime", "state", "state_changed_at",
             "verdict", "listed", "maintenance", "score", "reliability", "last_error", "public_key",
-            "install_command", "gpus", "created_at", "updated_at",
+            "install_command", "gpus", "current_job", "last_seen_at", "created_at", "updated_at",
         ]
         read_only_fields = fields
 
     def get_maintenance(self, node) -> bool:
         return node.state == NodeState.MAINTENANCE
+
+    @extend_schema_field(JobSerializer(allow_null=True))
+    def get_current_job(self, node):
+        jobs = self.context.get("latest_jobs")
+        job = jobs.get(node.pk) if jobs is not None else latest_jobs([node.pk]).get(node.pk)
+        return JobSerializer(job).data if job else None
 
     def get_install_command(self, node) -> str:
         return svc.node_install_command(node=node)
@@ -70,7 +93,8 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     address = serializers.CharField(max_length=253, validators=[_django_validator(validate_address)])
     ssh_port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
     ssh_user = serializers.CharField(max_length=32, validators=[_django_validator(validate_ssh_user)])
-    country = CountryField(help_text="ISO 3166-1 alpha-2 code, e.g. DE.")
+    # Exactly an alpha-2 code: django-countries' CountryField would also take "Germany", "DEU" or 276.
+    country = serializers.ChoiceField(choices=list(countries), help_text="ISO 3166-1 alpha-2 code, e.g. DE.")
     city = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
                                  validators=[no_control_characters])
     datacenter = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
@@ -91,6 +115,8 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
+    read_only_elsewhere = NodeSerializer.Meta.fields  # e.g. address: "cannot be changed here", not "unknown"
+
     name = serializers.CharField(max_length=100, required=False, validators=[no_control_characters])
     city = serializers.CharField(max_length=100, required=False, allow_blank=True, validators=[no_control_characters])
     datacenter = serializers.CharField(max_length=100, required=False, allow_blank=True,
@@ -101,13 +127,17 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
     maintenance = serializers.BooleanField(required=False)
 
 
+_CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")
+
+
 @extend_schema_view(
     list=extend_schema(summary="Your nodes"),
     retrieve=extend_schema(summary="One of your nodes"),
-    create=extend_schema(summary="Register a node", request=NodeCreateSerializer, responses={201: NodeSerializer}),
+    create=extend_schema(summary="Register a node", request=NodeCreateSerializer,
+                         responses={201: NodeSerializer, 409: _CONFLICT}),
     partial_update=extend_schema(summary="Change price, listing or maintenance", request=NodeUpdateSerializer,
-                                 responses=NodeSerializer),
-    destroy=extend_schema(summary="Retire a node"),
+                                 responses={200: NodeSerializer, 409: _CONFLICT}),
+    destroy=extend_schema(summary="Retire a node", responses={204: None, 409: _CONFLICT}),
 )
 @extend_schema(tags=["nodes"])
 class NodeViewSet(viewsets.ModelViewSet):
@@ -137,5 +167,20 @@ class NodeViewSet(viewsets.ModelViewSet):
         svc.node_update(node=node, **data.validated_data)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
 
+    def list(self, request, *args, **kwargs):
+        # One query for the current jobs of the whole page, not one per node.
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        context = {**self.get_serializer_context(), "latest_jobs": latest_jobs([node.pk for node in page])}
+        return self.get_paginated_response(NodeSerializer(page, many=True, context=context).data)
+
     def perform_destroy(self, node):
         svc.node_retire(node=node)
+
+    @extend_schema(request=None, responses={202: NodeSerializer, 409: _CONFLICT},
+                   summary="Verify the node now (after installing the platform's key)")
+    @action(detail=True, methods=["post"])
+    def verify(self, request, pk=None):
+        """Queue the benchmark check. While one is queued or running, that one is shown."""
+        node = self.get_object()
+        node_verify_request(node=node)
+        return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data, status=status.HTTP_202_ACCEPTED)

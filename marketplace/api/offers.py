@@ -2,16 +2,20 @@
 from decimal import Decimal
 
 import django_filters
+from django import forms
 from django_countries import countries
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import permissions, serializers, viewsets
 from rest_framework.exceptions import ValidationError
 
+from billing.services.metering import fee_percent, platform_fee_bps
 from marketplace import selectors
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.money import usd_to_micros
 
 from .fields import UsdField
+from .filtering import StrictFilterSet
 
 
 class OfferSerializer(serializers.ModelSerializer):
@@ -24,33 +28,70 @@ class OfferSerializer(serializers.ModelSerializer):
     score_per_dollar = serializers.FloatField(read_only=True, help_text="score per USD per GPU-hour.")
     verified = serializers.SerializerMethodField(help_text="true when verified; false when listed as degraded.")
     country = serializers.CharField(read_only=True, help_text="ISO 3166-1 alpha-2.")
+    platform_fee_percent = serializers.SerializerMethodField(
+        help_text="The platform's share of the price (a decimal string, e.g. \"15.00\"): the renter pays "
+                  "price_per_gpu_hour, the provider earns it minus this share. Fixed for a rental at booking.")
 
     class Meta:
         model = Node
         fields = [
             "id", "gpu_model", "gpu_model_name", "num_gpus_free", "num_gpus_total", "gpu_memory_gb",
             "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
-            "verified", "verdict", "runtime",
+            "verified", "verdict", "runtime", "platform_fee_percent",
         ]
         read_only_fields = fields
+
+    def get_platform_fee_percent(self, node) -> str:
+        if not hasattr(self, "_fee_percent"):  # once per response, not per row
+            self._fee_percent = str(fee_percent(platform_fee_bps()))
+        return self._fee_percent
 
     def get_verified(self, node) -> bool:
         return node.verdict == Verdict.VERIFIED
 
 
-class OfferFilter(django_filters.FilterSet):
-    gpu_model = django_filters.ModelMultipleChoiceFilter(
+@extend_schema_field(OpenApiTypes.STR)
+class GpuModelSlugFilter(django_filters.ModelMultipleChoiceFilter):
+    """GPU model slugs (an array of strings in the schema; the catalogue lives in the database)."""
+
+
+class IntegerFilter(django_filters.NumberFilter):
+    """A whole number: "0.5" is a 400, as the schema's `integer` says."""
+
+    field_class = forms.IntegerField
+
+
+COUNTRY_CHOICES = [(code, name) for code, name in countries]
+COUNTRY_HELP = "ISO 3166-1 alpha-2 code."
+
+
+def _country_choices():
+    return COUNTRY_CHOICES
+
+
+@extend_schema_field({"type": "string", "enum": [code for code, _ in COUNTRY_CHOICES], "description": COUNTRY_HELP})
+class CountryFilter(django_filters.ChoiceFilter):
+    """A country code. The choices are given as a callable so that the deep copies django-filter and
+    Django forms make of every filter and form field on every request share the ~250 countries
+    instead of copying them (that copying was over 1 ms of each offers request); the schema lists
+    the codes all the same."""
+
+
+class OfferFilter(StrictFilterSet):
+    gpu_model = GpuModelSlugFilter(
         field_name="gpu_model__slug", to_field_name="slug", queryset=GpuModel.objects.all(),
+        # A node has one model: the join cannot repeat rows, and the default DISTINCT would make
+        # PostgreSQL sort every match on every column instead of reading the order off an index.
+        distinct=False,
         help_text="GPU model slug; repeat the parameter for several.",
     )
-    min_gpus = django_filters.NumberFilter(field_name="num_gpus_free", lookup_expr="gte", min_value=1,
+    min_gpus = IntegerFilter(field_name="num_gpus_free", method="filter_min_gpus", min_value=1,
                                            max_value=1000, help_text="At least this many free GPUs.")
-    min_gpu_memory_gb = django_filters.NumberFilter(field_name="gpu_model__memory_gb", lookup_expr="gte",
+    min_gpu_memory_gb = IntegerFilter(field_name="gpu_model__memory_gb", lookup_expr="gte",
                                                     min_value=0, max_value=100_000)
     max_price_per_gpu_hour = django_filters.NumberFilter(method="filter_max_price", min_value=0,
                                                          max_value=Decimal("1000000"), help_text="USD.")
-    country = django_filters.ChoiceFilter(choices=list(countries), method="filter_country",
-                                          help_text="ISO 3166-1 alpha-2 code.")
+    country = CountryFilter(choices=_country_choices, method="filter_country", help_text=COUNTRY_HELP)
     city = django_filters.CharFilter(field_name="city", lookup_expr="iexact", max_length=100)
     min_reliability = django_filters.NumberFilter(field_name="reliability", lookup_expr="gte", min_value=0,
                                                   max_value=1)
@@ -69,6 +110,10 @@ class OfferFilter(django_filters.FilterSet):
     class Meta:
         model = Node
         fields: list[str] = []
+
+    def filter_min_gpus(self, queryset, name, value: int):
+        # Not num_gpus_free >= value: that counts the free GPUs of every candidate node one by one.
+        return selectors.offers_with_free_gpus(queryset, at_least=value)
 
     def filter_max_price(self, queryset, name, value):
         return queryset.filter(price_per_gpu_hour_micros__lte=usd_to_micros(value))

@@ -1,7 +1,39 @@
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
 
 
 class Pagination(PageNumberPagination):
+    """Page numbers from 1; a malformed `page` or `page_size` is a 400 naming it, not silently ignored."""
+
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
+    last_page_strings = ()  # `page` is an integer, as the schema says
+
+    def get_page_size(self, request):
+        return self._positive_int(request, self.page_size_query_param, self.page_size, self.max_page_size)
+
+    def get_page_number(self, request, paginator):
+        return self._positive_int(request, self.page_query_param, 1, None)
+
+    @staticmethod
+    def _positive_int(request, name, default, maximum):
+        raw = request.query_params.get(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1 or (maximum is not None and value > maximum):
+            bound = f" and at most {maximum}" if maximum is not None else ""
+            raise ValidationError({name: [f"Must be a whole number of at least 1{bound}."]})
+        return value
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"]["minimum"] = 1
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"]["maximum"] = self.max_page_size
+        return parameters

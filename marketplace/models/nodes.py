@@ -27,17 +27,20 @@ class NodeState(models.TextChoices):
     REJECTED = "rejected", "Rejected by the benchmark check"
     MAINTENANCE = "maintenance", "Maintenance"
     OFFLINE = "offline", "Offline: not answering health checks"
+    QUARANTINED = "quarantined", "Quarantined: its SSH host key changed"
     RETIRED = "retired", "Retired by its provider"
 
 
 S = NodeState
 NODE_TRANSITIONS: dict[str, set[str]] = {
     S.PENDING: {S.VERIFYING, S.MAINTENANCE, S.RETIRED},
-    S.VERIFYING: {S.ACTIVE, S.REJECTED, S.PENDING, S.OFFLINE, S.RETIRED},
-    S.ACTIVE: {S.VERIFYING, S.MAINTENANCE, S.OFFLINE, S.REJECTED, S.RETIRED},
+    S.VERIFYING: {S.ACTIVE, S.REJECTED, S.PENDING, S.OFFLINE, S.QUARANTINED, S.RETIRED},
+    S.ACTIVE: {S.VERIFYING, S.MAINTENANCE, S.OFFLINE, S.REJECTED, S.QUARANTINED, S.RETIRED},
     S.REJECTED: {S.VERIFYING, S.RETIRED},
-    S.MAINTENANCE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.RETIRED},
-    S.OFFLINE: {S.ACTIVE, S.VERIFYING, S.MAINTENANCE, S.RETIRED},
+    S.MAINTENANCE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.QUARANTINED, S.RETIRED},
+    S.OFFLINE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.MAINTENANCE, S.QUARANTINED, S.RETIRED},
+    # Only an operator who accepted the new host key sends a node back to verification.
+    S.QUARANTINED: {S.VERIFYING, S.RETIRED},
     S.RETIRED: set(),
 }
 
@@ -56,6 +59,14 @@ class Runtime(models.TextChoices):
 
 
 LISTABLE_VERDICTS = (Verdict.VERIFIED, Verdict.DEGRADED)
+# A node renters can book (given a free GPU): the offers search filters on exactly this, and
+# the partial indexes `node_offer_idx` and `node_offer_spd_idx` are built on it (PostgreSQL
+# uses a partial index only when the query's WHERE implies the index's condition).
+OFFERABLE = Q(state=NodeState.ACTIVE, verdict__in=LISTABLE_VERDICTS, listed=True)
+# Score per USD per GPU-hour (the offers' default order); the expression of `node_offer_spd_idx`.
+SCORE_PER_DOLLAR = models.ExpressionWrapper(
+    models.F("score") * 1_000_000.0 / models.F("price_per_gpu_hour_micros"), output_field=models.FloatField()
+)
 
 
 class Node(models.Model):
@@ -83,7 +94,13 @@ class Node(models.Model):
     listed = models.BooleanField(default=True, help_text="The provider's switch: unlisted nodes get no new rentals.")
     score = models.FloatField(default=0.0, help_text="Measured performance relative to a reference card.")
     reliability = models.FloatField(default=0.0, help_text="0..1 from uptime and failed jobs.")
-    last_error = models.TextField(blank=True)
+    last_error = models.TextField(blank=True, help_text="The last failure, in words a provider can act on.")
+    last_seen_at = models.DateTimeField(null=True, blank=True, help_text="Last successful contact.")
+    health_failures = models.PositiveIntegerField(default=0, help_text="Consecutive failed health checks.")
+    inventory = models.JSONField(default=dict, blank=True, help_text="The agent's last inventory.")
+    seen_host_key_fingerprint = models.CharField(
+        max_length=60, blank=True, help_text="A different host key seen on contact (quarantined nodes)."
+    )
 
     ssh_public_key = models.TextField(help_text="The platform's per-node public key (OpenSSH format).")
     ssh_private_key_encrypted = models.BinaryField(editable=False, help_text="Fernet token; never shown.")
@@ -109,6 +126,11 @@ class Node(models.Model):
             models.Index(fields=["state", "verdict", "listed"], name="node_listable_idx"),
             models.Index(fields=["country", "city"], name="node_location_idx"),
             models.Index(fields=["price_per_gpu_hour_micros"], name="node_price_idx"),
+            # Offers search (docs/BENCHMARKS.md): the bookable nodes' ids, merged with
+            # gpu_free_node_idx for "has a free GPU" (the COUNT of every page) ...
+            models.Index(fields=["id"], condition=OFFERABLE, name="node_offer_idx"),
+            # ... and the default order, -score_per_dollar, read in order with no sort.
+            models.Index(SCORE_PER_DOLLAR.desc(), models.F("id"), condition=OFFERABLE, name="node_offer_spd_idx"),
         ]
 
     def __str__(self):
@@ -146,7 +168,11 @@ class Gpu(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
         ]
-        indexes = [models.Index(fields=["node", "status"], name="gpu_node_status_idx")]
+        indexes = [
+            models.Index(fields=["node", "status"], name="gpu_node_status_idx"),
+            # Free GPUs per node: the offers search's EXISTS and num_gpus_free read only this.
+            models.Index(fields=["node"], condition=Q(status=GpuStatus.FREE), name="gpu_free_node_idx"),
+        ]
 
     def __str__(self):
         return f"GPU {self.index} of node {self.node_id}"

@@ -1,0 +1,286 @@
+"""Sign-up, login, the current user, API keys, and throttling of the auth endpoints."""
+import hashlib
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from rest_framework.throttling import ScopedRateThrottle
+
+from marketplace.models import ApiKey, User
+from tests.factories import UserFactory, api_key_for
+
+pytestmark = pytest.mark.django_db
+
+REGISTER = "/api/v1/auth/register/"
+LOGIN = "/api/v1/auth/login/"
+ME = "/api/v1/auth/me/"
+KEYS = "/api/v1/api-keys/"
+PASSWORD = "correct horse battery staple"  # what UserFactory sets
+GOOD_PASSWORD = "a long enough pass 42"
+
+
+def bearer(client, key):
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+def stored_anywhere(text: str) -> list[str]:
+    """The tables of the whole database with a row whose text form contains `text`."""
+    hits = []
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names():
+            cursor.execute(f'SELECT count(*) FROM "{table}" AS t WHERE t::text LIKE %s', [f"%{text}%"])  # noqa: S608
+            if cursor.fetchone()[0]:
+                hits.append(table)
+    return hits
+
+
+# --- register ---------------------------------------------------------------------------------------------------
+
+def test_register_creates_the_account_and_a_working_key(anon):
+    r = anon.post(REGISTER, {"email": "New.User@Example.COM", "password": GOOD_PASSWORD})
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["user"]["email"] == "new.user@example.com"
+    assert body["user"]["is_staff"] is False
+    assert "password" not in body["user"]
+    user = User.objects.get(email="new.user@example.com")
+    assert user.check_password(GOOD_PASSWORD)
+    assert bearer(anon, body["api_key"]).get(ME).json()["email"] == "new.user@example.com"
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"email": "weak@example.com", "password": "short"}, "password"),
+        ({"email": "weak@example.com", "password": "1234567890123"}, "password"),  # numeric only
+        ({"email": "weak@example.com", "password": "password1234"}, "password"),  # common
+        ({"email": "similar.person@example.com", "password": "similar.person"}, "password"),
+        ({"email": "not-an-email", "password": GOOD_PASSWORD}, "email"),
+        ({"email": "a@b@example.com", "password": GOOD_PASSWORD}, "email"),
+        ({"email": "", "password": GOOD_PASSWORD}, "email"),
+        ({"password": GOOD_PASSWORD}, "email"),
+        ({"email": "x@example.com"}, "password"),
+        ({"email": 42, "password": GOOD_PASSWORD}, "email"),
+        ({"email": "x@example.com", "password": GOOD_PASSWORD, "is_staff": True}, "is_staff"),
+    ],
+    ids=["too-short", "numeric", "common", "like-the-email", "invalid-email", "two-ats", "empty-email",
+         "no-email", "no-password", "email-not-a-string", "unknown-field"],
+)
+def test_register_rejects_bad_input_and_writes_nothing(anon, payload, field):
+    r = anon.post(REGISTER, payload)
+    assert r.status_code == 400
+    assert field in r.json()
+    assert User.objects.count() == 0
+    assert ApiKey.objects.count() == 0
+
+
+def test_register_twice_with_the_same_email_is_a_400_naming_email(anon):
+    UserFactory(email="taken@example.com")
+    r = anon.post(REGISTER, {"email": "Taken@Example.com", "password": GOOD_PASSWORD})
+    assert r.status_code == 400
+    assert "already exists" in r.json()["email"][0]
+    assert User.objects.count() == 1
+
+
+# --- login ------------------------------------------------------------------------------------------------------
+
+def test_login_returns_a_new_key_each_time(anon):
+    user = UserFactory(email="me@example.com")
+    first = anon.post(LOGIN, {"email": "ME@example.com", "password": PASSWORD})
+    second = anon.post(LOGIN, {"email": "me@example.com", "password": PASSWORD})
+    assert first.status_code == second.status_code == 200
+    assert first.json()["user"]["id"] == user.pk
+    assert first.json()["api_key"] != second.json()["api_key"]
+    assert user.api_keys.count() == 2
+    assert bearer(anon, first.json()["api_key"]).get(ME).json()["id"] == user.pk
+
+
+@pytest.mark.parametrize(
+    "credentials",
+    [
+        {"email": "me@example.com", "password": "wrong password here"},
+        {"email": "nobody@example.com", "password": PASSWORD},
+    ],
+    ids=["wrong-password", "unknown-email"],
+)
+def test_login_failure_is_a_400_that_does_not_tell_which_part_was_wrong(anon, credentials):
+    UserFactory(email="me@example.com")
+    r = anon.post(LOGIN, credentials)
+    assert r.status_code == 400
+    assert r.json() == {"detail": ["Invalid email or password."]}
+    assert ApiKey.objects.count() == 0
+
+
+def test_login_of_a_deactivated_account_fails(anon):
+    UserFactory(email="gone@example.com", is_active=False)
+    assert anon.post(LOGIN, {"email": "gone@example.com", "password": PASSWORD}).status_code == 400
+
+
+def test_login_names_missing_fields(anon):
+    r = anon.post(LOGIN, {})
+    assert r.status_code == 400
+    assert set(r.json()) == {"email", "password"}
+
+
+# --- throttling -------------------------------------------------------------------------------------------------
+
+def _auth_rate_limit() -> int:
+    rate = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["auth"]
+    assert ScopedRateThrottle.THROTTLE_RATES["auth"] == rate
+    num_requests, _duration = ScopedRateThrottle().parse_rate(rate)
+    return num_requests
+
+
+def test_auth_endpoints_are_throttled_after_the_configured_rate(anon):
+    UserFactory(email="me@example.com")
+    limit = _auth_rate_limit()
+    for _ in range(limit):
+        assert anon.post(LOGIN, {"email": "me@example.com", "password": "guessing again"}).status_code == 400
+    r = anon.post(LOGIN, {"email": "me@example.com", "password": PASSWORD})
+    assert r.status_code == 429
+    assert "detail" in r.json()
+    assert int(r.headers["Retry-After"]) > 0
+    # Register shares the budget: guessing cannot move to the other endpoint.
+    assert anon.post(REGISTER, {"email": "new@example.com", "password": GOOD_PASSWORD}).status_code == 429
+    assert not User.objects.filter(email="new@example.com").exists()
+
+
+def test_other_endpoints_are_not_throttled_by_the_auth_rate(api):
+    for _ in range(_auth_rate_limit() + 1):
+        assert api.get(ME).status_code == 200
+
+
+# --- me ---------------------------------------------------------------------------------------------------------
+
+def test_me_shows_the_key_owner(api, user):
+    r = api.get(ME)
+    assert r.status_code == 200
+    assert r.json() == {"id": user.pk, "email": user.email, "is_staff": False, "date_joined": r.json()["date_joined"]}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer", "Bearer gpm_doesnotexist", "Bearer two parts", "Token abc"],
+    ids=["none", "no-key", "unknown-key", "extra-part", "other-scheme"],
+)
+def test_me_without_a_valid_key_is_401(anon, header):
+    if header:
+        anon.credentials(HTTP_AUTHORIZATION=header)
+    r = anon.get(ME)
+    assert r.status_code == 401
+    assert "detail" in r.json()
+    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_me_of_a_deactivated_user_is_401(anon):
+    user = UserFactory()
+    key = api_key_for(user)
+    User.objects.filter(pk=user.pk).update(is_active=False)
+    assert bearer(anon, key).get(ME).status_code == 401
+
+
+# --- API keys ---------------------------------------------------------------------------------------------------
+
+def test_create_key_shows_it_once_and_stores_only_its_sha256(api, user):
+    r = api.post(KEYS, {"name": "laptop"})
+    assert r.status_code == 201, r.content
+    body = r.json()
+    raw = body["key"]
+    assert raw.startswith("gpm_") and len(raw) > 40
+    assert body["prefix"] == raw[:12] and body["name"] == "laptop" and body["last_used_at"] is None
+
+    stored = ApiKey.objects.get(pk=body["id"])
+    assert stored.key_hash == hashlib.sha256(raw.encode()).hexdigest()
+    assert stored_anywhere(raw) == []
+    assert stored_anywhere(raw[12:]) == []  # not even the secret part
+
+    listed = api.get(KEYS).json()["results"]
+    assert {k["id"] for k in listed} == set(user.api_keys.values_list("id", flat=True))
+    assert all("key" not in k and "key_hash" not in k for k in listed)
+    assert raw not in str(listed)
+
+
+def test_a_new_key_works_and_records_its_last_use(anon, api):
+    raw = api.post(KEYS, {}).json()["key"]
+    key = ApiKey.objects.get(prefix=raw[:12])
+    assert key.last_used_at is None
+    assert bearer(anon, raw).get(ME).status_code == 200
+    key.refresh_from_db()
+    assert key.last_used_at is not None
+
+
+def test_list_keys_shows_only_your_active_keys(api, user):
+    other = UserFactory()
+    api_key_for(other)
+    revoked = ApiKey.objects.get(pk=api.post(KEYS, {"name": "old"}).json()["id"])
+    api.delete(f"{KEYS}{revoked.pk}/")
+    ids = {k["id"] for k in api.get(KEYS).json()["results"]}
+    assert ids == set(user.api_keys.filter(revoked_at__isnull=True).values_list("id", flat=True))
+    assert revoked.pk not in ids and not ids & set(other.api_keys.values_list("id", flat=True))
+
+
+def test_revoked_key_gets_401(anon, api):
+    created = api.post(KEYS, {"name": "ci"}).json()
+    assert api.delete(f"{KEYS}{created['id']}/").status_code == 204
+    assert ApiKey.objects.get(pk=created["id"]).revoked_at is not None
+    r = bearer(anon, created["key"]).get(ME)
+    assert r.status_code == 401
+    assert api.get(ME).status_code == 200  # the caller's own key is untouched
+
+
+def test_revoking_the_key_in_use_locks_that_key_out(api):
+    own = api.get(KEYS).json()["results"][0]["id"]
+    assert api.delete(f"{KEYS}{own}/").status_code == 204
+    assert api.get(ME).status_code == 401
+
+
+def test_another_users_key_is_404_and_stays_valid(anon, api):
+    victim = UserFactory()
+    victim_raw = api_key_for(victim)
+    victim_key = victim.api_keys.get()
+    r = api.delete(f"{KEYS}{victim_key.pk}/")
+    assert r.status_code == 404
+    assert r.json() == api.delete(f"{KEYS}999999999/").json()  # indistinguishable from a key that does not exist
+    victim_key.refresh_from_db()
+    assert victim_key.revoked_at is None
+    assert bearer(anon, victim_raw).get(ME).status_code == 200
+
+
+@pytest.mark.parametrize("key_id", ["999999999", "abc", "1.5"])
+def test_deleting_a_key_that_does_not_exist_is_a_json_404(api, key_id):
+    r = api.delete(f"{KEYS}{key_id}/")
+    assert r.status_code == 404
+    assert r.headers["Content-Type"] == "application/json"
+    assert "detail" in r.json()
+
+
+def test_deleting_an_already_revoked_key_is_404(api):
+    key_id = api.post(KEYS, {}).json()["id"]
+    assert api.delete(f"{KEYS}{key_id}/").status_code == 204
+    assert api.delete(f"{KEYS}{key_id}/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"name": "x" * 101}, "name"),
+        ({"name": "bad\x00name"}, "name"),
+        ({"name": "line\nbreak"}, "name"),
+        ({"name": 7}, "name"),
+        ({"name": "ok", "key": "gpm_chosen_by_me"}, "key"),
+        ({"name": "ok", "expires": "never"}, "expires"),
+    ],
+    ids=["too-long", "nul", "newline", "not-a-string", "read-only-key", "unknown-field"],
+)
+def test_create_key_rejects_bad_input(api, user, payload, field):
+    before = ApiKey.objects.count()
+    r = api.post(KEYS, payload)
+    assert r.status_code == 400
+    assert field in r.json()
+    assert ApiKey.objects.count() == before
+
+
+@pytest.mark.parametrize(("method", "path"), [("get", KEYS), ("post", KEYS), ("delete", f"{KEYS}1/")])
+def test_api_keys_need_authentication(anon, method, path):
+    assert getattr(anon, method)(path).status_code == 401

@@ -1,0 +1,402 @@
+"""Providers' nodes: register, read, change, retire; who may see what; bad input; secrets."""
+import json
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from marketplace.encryption import decrypt_secret
+from marketplace.models import Gpu, GpuStatus, Node, NodeState, Verdict
+from tests.factories import make_listed_node, make_node
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/nodes/"
+OFFERS = "/api/v1/offers/"
+
+
+def node_url(node_or_id):
+    return f"{URL}{getattr(node_or_id, 'pk', node_or_id)}/"
+
+
+def valid_payload(**overrides):
+    payload = {
+        "name": "box 1",
+        "address": "GPU1.Example.com",
+        "ssh_port": 2222,
+        "ssh_user": "ubuntu",
+        "country": "DE",
+        "city": "Frankfurt",
+        "datacenter": "FRA1",
+        "gpu_model": "rtx-a6000",
+        "gpu_count": 2,
+        "price_per_gpu_hour": "0.79",
+        "runtime": "docker",
+    }
+    payload.update(overrides)
+    return payload
+
+
+def counts():
+    return Node.objects.count(), Gpu.objects.count()
+
+
+def private_key_of(node: Node):
+    return serialization.load_ssh_private_key(decrypt_secret(node.ssh_private_key_encrypted), password=None)
+
+
+def assert_no_secret(response, node: Node):
+    """Neither the private key (in any form) nor its ciphertext appears in a response."""
+    text = response.content.decode()
+    plaintext = decrypt_secret(node.ssh_private_key_encrypted).decode()
+    secret_body = "".join(plaintext.splitlines()[1:-1])  # the base64 between the PEM armour lines
+    assert "PRIVATE KEY" not in text
+    assert secret_body[:40] not in text.replace("\\n", "")
+    assert bytes(node.ssh_private_key_encrypted).decode() not in text
+    assert "private" not in json.dumps(response.json()).lower()
+
+
+# --- register ---------------------------------------------------------------------------------------------------
+
+def test_register_a_node(api, user):
+    r = api.post(URL, valid_payload(host_key_fingerprint="SHA256:" + "A" * 43))
+    assert r.status_code == 201, r.content
+    body = r.json()
+    node = Node.objects.get(pk=body["id"])
+    assert node.provider == user
+    assert body["state"] == "pending" and node.state == NodeState.PENDING
+    assert body["verdict"] == "unverified"
+    assert body["address"] == "gpu1.example.com"  # hostnames are case-insensitive; stored lower-case
+    assert body["price_per_gpu_hour"] == "0.790000" and node.price_per_gpu_hour_micros == 790_000
+    assert body["gpu_model"] == "rtx-a6000" and body["country"] == "DE"
+    assert body["host_key_fingerprint"] == "SHA256:" + "A" * 43
+    assert [g["index"] for g in body["gpus"]] == [0, 1]
+    assert all(g["status"] == "free" and g["gpu_model"] == "rtx-a6000" for g in body["gpus"])
+    assert node.gpus.count() == 2
+
+
+def test_register_answers_the_public_key_and_an_install_command_holding_it(api):
+    body = api.post(URL, valid_payload()).json()
+    assert body["public_key"].startswith("ssh-ed25519 ")
+    assert body["public_key"] in body["install_command"]
+    assert "authorized_keys" in body["install_command"]
+    assert "gpu1.example.com" not in body["install_command"]  # nothing the provider typed is spliced in
+
+
+def test_the_private_key_is_stored_encrypted_and_matches_the_public_key(api):
+    body = api.post(URL, valid_payload()).json()
+    node = Node.objects.get(pk=body["id"])
+    token = bytes(node.ssh_private_key_encrypted)
+    assert b"PRIVATE KEY" not in token
+    plaintext = decrypt_secret(token)
+    assert plaintext.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    public = private_key_of(node).public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+    assert body["public_key"].split()[:2] == public.split()
+    assert node.ssh_public_key == body["public_key"]
+
+
+def test_each_node_gets_its_own_key_pair(api):
+    first = api.post(URL, valid_payload(ssh_port=1)).json()["public_key"]
+    second = api.post(URL, valid_payload(ssh_port=2)).json()["public_key"]
+    assert first.split()[1] != second.split()[1]
+
+
+def test_no_response_ever_carries_the_private_key(api):
+    created = api.post(URL, valid_payload())
+    node = Node.objects.get(pk=created.json()["id"])
+    for response in (
+        created,
+        api.get(URL),
+        api.get(node_url(node)),
+        api.patch(node_url(node), {"price_per_gpu_hour": "1.5"}),
+    ):
+        assert response.status_code in (200, 201)
+        assert_no_secret(response, node)
+
+
+def test_registering_a_live_address_and_port_twice_is_409(api, other_api):
+    assert api.post(URL, valid_payload()).status_code == 201
+    before = counts()
+    for client in (api, other_api):
+        r = client.post(URL, valid_payload(address="gpu1.example.com", name="again"))
+        assert r.status_code == 409
+        assert "gpu1.example.com:2222" in r.json()["detail"]
+    assert counts() == before
+
+
+def test_a_retired_nodes_address_can_be_registered_again(api):
+    node_id = api.post(URL, valid_payload()).json()["id"]
+    assert api.delete(node_url(node_id)).status_code == 204
+    assert api.post(URL, valid_payload()).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"gpu_model": "nope"}, "gpu_model"),
+        ({"gpu_model": ""}, "gpu_model"),
+        ({"price_per_gpu_hour": "-1"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "0"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "1000000"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "100.000001"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "0.0000001"}, "price_per_gpu_hour"),  # more than 6 decimals
+        ({"price_per_gpu_hour": "1.1234567"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "abc"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "NaN"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "Infinity"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": 0.79}, "price_per_gpu_hour"),  # money travels as a decimal string
+        ({"ssh_port": 0}, "ssh_port"),
+        ({"ssh_port": 65536}, "ssh_port"),
+        ({"ssh_port": -22}, "ssh_port"),
+        ({"ssh_port": "abc"}, "ssh_port"),
+        ({"ssh_port": "22"}, "ssh_port"),
+        ({"ssh_port": 22.5}, "ssh_port"),
+        ({"ssh_port": True}, "ssh_port"),
+        ({"address": "bad host"}, "address"),
+        ({"address": "-a.com"}, "address"),
+        ({"address": "a-.com"}, "address"),
+        ({"address": "1.2.3.999"}, "address"),
+        ({"address": "a..b"}, "address"),
+        ({"address": "x; rm -rf /"}, "address"),
+        ({"address": "$(reboot)"}, "address"),
+        ({"address": "host_name.com"}, "address"),
+        ({"address": ""}, "address"),
+        ({"address": "a" * 64 + ".com"}, "address"),
+        ({"address": ("a" * 60 + ".") * 5}, "address"),
+        ({"country": "XX"}, "country"),
+        ({"country": "Germany"}, "country"),
+        ({"country": "de "}, "country"),
+        ({"host_key_fingerprint": "SHA256:short"}, "host_key_fingerprint"),
+        ({"host_key_fingerprint": "MD5:" + "ab:" * 15 + "ab"}, "host_key_fingerprint"),
+        ({"host_key_fingerprint": "sha256:" + "A" * 43}, "host_key_fingerprint"),
+        ({"host_key_fingerprint": "SHA256:" + "A" * 42 + "="}, "host_key_fingerprint"),
+        ({"ssh_user": "Root!"}, "ssh_user"),
+        ({"ssh_user": "a b"}, "ssh_user"),
+        ({"ssh_user": "1user"}, "ssh_user"),
+        ({"ssh_user": "u" * 33}, "ssh_user"),
+        ({"ssh_user": ""}, "ssh_user"),
+        ({"name": "bad\x00name"}, "name"),
+        ({"name": "bell\x07"}, "name"),
+        ({"name": "two\nlines"}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": "n" * 101}, "name"),
+        ({"city": "Frank\x1bfurt"}, "city"),
+        ({"datacenter": "d" * 101}, "datacenter"),
+        ({"gpu_count": 0}, "gpu_count"),
+        ({"gpu_count": 17}, "gpu_count"),
+        ({"runtime": "vmware"}, "runtime"),
+        ({"prize": "0.5"}, "prize"),
+        ({"state": "active"}, "state"),
+        ({"verdict": "verified"}, "verdict"),
+    ],
+    ids=lambda v: repr(v)[:40] if not isinstance(v, str) else v,
+)
+def test_register_rejects_bad_input_naming_the_field_and_writes_nothing(api, overrides, field):
+    before = counts()
+    r = api.post(URL, valid_payload(**overrides))
+    assert r.status_code == 400, r.content
+    body = r.json()
+    assert field in body, body
+    assert isinstance(body[field], list) and body[field] and all(isinstance(m, str) for m in body[field])
+    assert counts() == before
+
+
+def test_register_names_every_missing_required_field(api):
+    r = api.post(URL, {})
+    assert r.status_code == 400
+    assert set(r.json()) == {"name", "address", "ssh_user", "country", "gpu_model", "gpu_count",
+                             "price_per_gpu_hour", "runtime"}
+
+
+@pytest.mark.parametrize("address", ["10.0.0.7", "2001:db8::1", "gpu-7.dc1.example.com", "localhost", "node."])
+def test_register_accepts_hostnames_and_ip_addresses(api, address):
+    assert api.post(URL, valid_payload(address=address)).status_code == 201
+
+
+# --- read -------------------------------------------------------------------------------------------------------
+
+def test_list_shows_only_your_live_nodes(api, user):
+    mine = make_node(user)
+    make_node(user, state=NodeState.RETIRED)
+    make_node()  # someone else's
+    r = api.get(URL)
+    assert r.status_code == 200
+    assert [n["id"] for n in r.json()["results"]] == [mine.pk]
+    assert r.json()["count"] == 1
+
+
+def test_list_filters_by_state(api, user):
+    pending = make_node(user)
+    active = make_listed_node(user)
+    assert [n["id"] for n in api.get(URL, {"state": "active"}).json()["results"]] == [active.pk]
+    assert [n["id"] for n in api.get(URL, {"state": "pending"}).json()["results"]] == [pending.pk]
+    r = api.get(URL, {"state": "sleeping"})
+    assert r.status_code == 400 and "state" in r.json()
+
+
+def test_an_operator_sees_every_node(operator_api):
+    nodes = {make_node().pk, make_node().pk}
+    assert {n["id"] for n in operator_api.get(URL).json()["results"]} >= nodes
+    for node_id in nodes:
+        assert operator_api.get(node_url(node_id)).status_code == 200
+
+
+def test_get_one_of_your_nodes(api, user):
+    node = make_node(user, gpu_count=3)
+    r = api.get(node_url(node))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["id"] == node.pk and body["gpu_count"] == 3 and len(body["gpus"]) == 3
+    assert body["maintenance"] is False
+
+
+def test_another_providers_node_is_404_for_every_verb(api):
+    node = make_node()
+    missing = api.get(node_url(999_999_999))
+    for response in (
+        api.get(node_url(node)),
+        api.patch(node_url(node), {"price_per_gpu_hour": "9"}),
+        api.delete(node_url(node)),
+    ):
+        assert response.status_code == 404
+        assert response.json() == missing.json()  # indistinguishable from a node that does not exist
+    node.refresh_from_db()
+    assert node.price_per_gpu_hour_micros == 1_500_000 and node.state == NodeState.PENDING
+
+
+@pytest.mark.parametrize("node_id", ["abc", "1.5", "-1", "0"])
+def test_a_malformed_id_is_a_json_404(api, node_id):
+    r = api.get(node_url(node_id))
+    assert r.status_code == 404
+    assert "detail" in r.json()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", URL), ("post", URL), ("get", f"{URL}1/"), ("patch", f"{URL}1/"), ("delete", f"{URL}1/")],
+)
+def test_nodes_need_authentication(anon, method, path):
+    before = counts()
+    r = getattr(anon, method)(path, valid_payload() if method == "post" else None)
+    assert r.status_code == 401
+    assert counts() == before
+
+
+def test_put_is_not_offered(api, user):
+    node = make_node(user)
+    assert api.put(node_url(node), valid_payload()).status_code == 405
+
+
+# --- change -----------------------------------------------------------------------------------------------------
+
+def test_change_the_price(api, user):
+    node = make_listed_node(user)
+    r = api.patch(node_url(node), {"price_per_gpu_hour": "2.25"})
+    assert r.status_code == 200
+    assert r.json()["price_per_gpu_hour"] == "2.250000"
+    node.refresh_from_db()
+    assert node.price_per_gpu_hour_micros == 2_250_000
+    offer = api.get(f"{OFFERS}{node.pk}/").json()
+    assert offer["price_per_gpu_hour"] == "2.250000"
+
+
+def test_change_name_city_and_datacenter(api, user):
+    node = make_node(user)
+    r = api.patch(node_url(node), {"name": "renamed", "city": "", "datacenter": "FRA2"})
+    assert r.status_code == 200
+    assert (r.json()["name"], r.json()["city"], r.json()["datacenter"]) == ("renamed", "", "FRA2")
+
+
+def test_unlist_and_list_again(api, anon, user):
+    node = make_listed_node(user)
+    assert api.patch(node_url(node), {"listed": False}).json()["listed"] is False
+    assert anon.get(f"{OFFERS}{node.pk}/").status_code == 404
+    assert api.patch(node_url(node), {"listed": True}).json()["listed"] is True
+    assert anon.get(f"{OFFERS}{node.pk}/").status_code == 200
+
+
+@pytest.mark.parametrize(("verdict", "back_to"), [(Verdict.VERIFIED, "active"), (Verdict.UNVERIFIED, "pending")])
+def test_maintenance_on_and_off(api, anon, user, verdict, back_to):
+    node = make_node(user, state=NodeState.ACTIVE, verdict=verdict, score=1.0)
+    r = api.patch(node_url(node), {"maintenance": True})
+    assert r.status_code == 200
+    assert r.json()["state"] == "maintenance" and r.json()["maintenance"] is True
+    assert anon.get(f"{OFFERS}{node.pk}/").status_code == 404
+    r = api.patch(node_url(node), {"maintenance": False})
+    assert r.status_code == 200
+    assert r.json()["state"] == back_to and r.json()["maintenance"] is False
+
+
+def test_maintenance_while_verifying_is_409_and_changes_nothing(api, user):
+    node = make_node(user, state=NodeState.VERIFYING)
+    r = api.patch(node_url(node), {"maintenance": True, "price_per_gpu_hour": "9.99", "name": "changed"})
+    assert r.status_code == 409
+    assert "verifying" in r.json()["detail"]
+    node.refresh_from_db()
+    assert node.state == NodeState.VERIFYING
+    assert node.price_per_gpu_hour_micros == 1_500_000 and node.name == "node"  # no partial write
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"address": "10.9.9.9"}, "address"),
+        ({"ssh_port": 2200}, "ssh_port"),
+        ({"gpu_model": "h100-sxm"}, "gpu_model"),
+        ({"state": "active"}, "state"),
+        ({"score": 99}, "score"),
+        ({"public_key": "ssh-ed25519 AAAA mine"}, "public_key"),
+        ({"colour": "red"}, "colour"),
+        ({"price_per_gpu_hour": "-1"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "0"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "101"}, "price_per_gpu_hour"),
+        ({"price_per_gpu_hour": "1.0000001"}, "price_per_gpu_hour"),
+        ({"listed": "yes"}, "listed"),
+        ({"maintenance": 1}, "maintenance"),
+        ({"name": ""}, "name"),
+        ({"name": "tab\tname"}, "name"),
+        ({"city": None}, "city"),
+    ],
+    ids=lambda v: repr(v)[:40] if not isinstance(v, str) else v,
+)
+def test_patch_rejects_bad_input_naming_the_field_and_changes_nothing(api, user, payload, field):
+    node = make_node(user)
+    before = Node.objects.filter(pk=node.pk).values().get()
+    r = api.patch(node_url(node), payload)
+    assert r.status_code == 400, r.content
+    assert field in r.json()
+    assert Node.objects.filter(pk=node.pk).values().get() == before
+
+
+def test_patch_of_a_read_only_field_says_it_cannot_be_changed(api, user):
+    node = make_node(user)
+    r = api.patch(node_url(node), {"address": "10.9.9.9", "price_per_gpu_hour": "3"})
+    assert r.status_code == 400
+    assert r.json() == {"address": ["This field cannot be changed here."]}
+    node.refresh_from_db()
+    assert node.address == "10.0.0.1" and node.price_per_gpu_hour_micros == 1_500_000
+
+
+# --- retire -----------------------------------------------------------------------------------------------------
+
+def test_retire_a_node(api, anon, user):
+    node = make_listed_node(user)
+    assert api.delete(node_url(node)).status_code == 204
+    node.refresh_from_db()
+    assert node.state == NodeState.RETIRED and node.listed is False
+    assert node.pk not in [n["id"] for n in api.get(URL).json()["results"]]
+    assert api.get(node_url(node)).status_code == 404
+    assert anon.get(f"{OFFERS}{node.pk}/").status_code == 404
+    assert api.delete(node_url(node)).status_code == 404
+    assert api.patch(node_url(node), {"name": "zombie"}).status_code == 404
+
+
+def test_retire_with_a_rented_gpu_is_409(api, user):
+    node = make_listed_node(user)
+    Gpu.objects.filter(node=node, index=0).update(status=GpuStatus.RENTED)
+    r = api.delete(node_url(node))
+    assert r.status_code == 409
+    assert "rented" in r.json()["detail"]
+    node.refresh_from_db()
+    assert node.state == NodeState.ACTIVE and node.listed is True
