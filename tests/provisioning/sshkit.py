@@ -9,7 +9,9 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-AGENT_FILE = Path(__file__).resolve().parents[2] / "provisioning" / "agent" / "gpumarket_agent.py"
+from provisioning.ssh import agent_bundle
+
+AGENT_DIR = Path(__file__).resolve().parents[2] / "provisioning" / "agent" / "gpumarket_agent"  # the package
 
 
 def new_keypair(comment="test@gpumarket"):
@@ -49,11 +51,18 @@ def run(client, command, stdin_text=None, timeout=20):
     return stdout.channel.recv_exit_status(), out, err
 
 
+def write_agent(folder):
+    """Write the agent's zipapp, exactly as the platform uploads it, into `folder`; return its path."""
+    path = Path(folder) / "gpumarket_agent.pyz"
+    path.write_bytes(agent_bundle()[0])
+    return path
+
+
 def upload_agent(client):
-    """Upload the agent over SFTP into the login's start folder; return its absolute remote path."""
+    """Upload the agent's zipapp over SFTP into the login's start folder; return its absolute remote path."""
     with client.open_sftp() as sftp:
-        remote = sftp.normalize(".") + "/gpumarket_agent.py"
-        sftp.put(str(AGENT_FILE), remote)
+        remote = sftp.normalize(".") + "/gpumarket_agent.pyz"
+        sftp.putfo(io.BytesIO(agent_bundle()[0]), remote)
     return remote
 
 

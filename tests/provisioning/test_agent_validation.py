@@ -173,7 +173,6 @@ def test_handle_refuses_malformed_calls(tmp_path, argv, stdin, field):
         2, False, "invalid_request", field)
 
 
-def test_benchmark_is_not_implemented_yet():
-    answer, status = agent.handle(["benchmark"], "{}", {})
-    assert status == 1
-    assert answer["error"]["code"] == "not_implemented"
+def test_benchmark_refuses_malformed_requests():  # the benchmark's own tests: tests/provisioning/test_benchmark*.py
+    answer, status = agent.handle(["benchmark"], json.dumps({"device": "tpu"}), {})
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (2, "invalid_request", "device")

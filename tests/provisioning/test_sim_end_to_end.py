@@ -95,7 +95,7 @@ def test_a_key_never_authorized_is_refused(node, platform_key):
 
 
 def test_uploads_land_in_the_nodes_own_home(node, agent_path):
-    assert agent_path == f"{node['node_dir']}/home/gpumarket_agent.py"
+    assert agent_path == f"{node['node_dir']}/home/gpumarket_agent.pyz"
 
 
 def test_inventory_over_ssh(conn, agent_path):

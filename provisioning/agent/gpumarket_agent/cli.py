@@ -1,0 +1,91 @@
+"""The command line: one JSON request on stdin, one JSON answer on stdout."""
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+
+from .benchmark import _WATCHDOG, cmd_benchmark, emit
+from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
+from .runtimes import RUNTIME_CLASSES
+from .runtimes.sim import sim_nvidia_smi
+from .smi import host_facts, inventory_hash, read_gpus
+from .validation import reject_unknown
+from .vm import cmd_vm
+
+
+def cmd_inventory(cfg, req):
+    reject_unknown(req, ())
+    gpus, cuda = read_gpus(cfg)
+    answer = {"runtime": cfg.runtime, "hostname": socket.gethostname(), "gpus": gpus, "gpu_count": len(gpus),
+              "driver_version": gpus[0]["driver_version"] if gpus else None, "cuda_version": cuda}
+    answer.update(host_facts(cfg))
+    return answer
+
+
+def cmd_health(cfg, req):
+    reject_unknown(req, ())
+    answer = {"runtime": cfg.runtime, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "load": list(os.getloadavg()), "uptime_s": None, "gpu_count": None, "gpu_error": None,
+              "inventory_hash": None}
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/uptime") as f:
+            answer["uptime_s"] = float(f.read().split()[0])
+    try:
+        gpus = read_gpus(cfg)[0]
+        answer["gpu_count"], answer["inventory_hash"] = len(gpus), inventory_hash(gpus)
+    except AgentError as exc:
+        answer["gpu_error"] = exc.message
+    try:
+        ok, detail = RUNTIME_CLASSES[cfg.runtime](cfg).health() if cfg.runtime else (False, "GPUMARKET_RUNTIME unset")
+    except AgentError as exc:
+        ok, detail = False, exc.message
+    answer["runtime_ok"], answer["runtime_detail"] = ok, detail
+    return answer
+
+
+COMMANDS = {"inventory": cmd_inventory, "health": cmd_health, "benchmark": cmd_benchmark}
+
+
+def handle(argv, stdin_text, env):
+    """Run one command; return (answer dict, exit status). Never raises."""
+    try:
+        cfg = Config(env)
+        try:
+            req = json.loads(stdin_text) if stdin_text.strip() else {}
+        except ValueError as exc:
+            raise invalid("request", "stdin is not JSON: %s" % exc) from None
+        if not isinstance(req, dict):
+            raise invalid("request", "the request must be a JSON object")
+        if argv[:1] == ["vm"] and len(argv) == 2:
+            answer = cmd_vm(cfg, req, argv[1])
+        elif len(argv) == 1 and argv[0] in COMMANDS:
+            answer = COMMANDS[argv[0]](cfg, req)
+        else:
+            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|vm <subcommand>")
+        answer.update(ok=True, agent_version=AGENT_VERSION)
+        return answer, 0
+    except AgentError as exc:
+        error = {"code": exc.code, "message": exc.message}
+        if exc.field:
+            error["field"] = exc.field
+        return {"ok": False, "agent_version": AGENT_VERSION, "error": error}, 2 if exc.code == "invalid_request" else 1
+    except Exception as exc:  # the caller must always get one JSON object, even for our own bugs
+        return {"ok": False, "agent_version": AGENT_VERSION,
+                "error": {"code": "internal_error", "message": "%s: %s" % (type(exc).__name__, exc)}}, 1
+
+
+def main():
+    _WATCHDOG.append(True)
+    argv = sys.argv[1:]
+    if argv[:1] == ["_sim-nvidia-smi"] and len(argv) >= 2:  # the fake nvidia-smi of a sim VM
+        return sim_nvidia_smi(argv[2:], argv[1])
+    stdin_text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(MAX_REQUEST_BYTES + 1)
+    if len(stdin_text) > MAX_REQUEST_BYTES:
+        answer, status = {"ok": False, "agent_version": AGENT_VERSION, "error": {
+            "code": "invalid_request", "message": "request larger than 1 MiB"}}, 2
+    else:
+        answer, status = handle(argv, stdin_text, os.environ)
+    emit(answer)
+    return status

@@ -1,0 +1,179 @@
+"""The sim runtime: a VM is an sshd of its own with a fake nvidia-smi showing only its GPUs."""
+import contextlib
+import json
+import os
+import pwd
+import shlex
+import socket
+import sys
+import time
+
+from ..bundle import copy_agent
+from ..core import AgentError, read_json, run, write_file
+from ..procs import kill_trees, pids_matching, port_free, wait_port
+from ..records import vm_dir
+from ..smi import QUERY_FIELDS, load_profile, parse_gpu_csv, split_smi_line
+from .base import Runtime
+
+
+def find_sshd():
+    for path in ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd"):
+        if os.access(path, os.X_OK):
+            return path  # sshd refuses to start from a relative path (it re-executes itself)
+    raise AgentError("command_not_found", "sshd is not installed on this node")
+
+
+def sim_sshd_config(vmdir, port, listen, visible_indices, visible_uuids):
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible_indices),
+           "GPUMARKET_SIM_VISIBLE": ",".join(visible_uuids),
+           "HOME": os.path.join(vmdir, "home"),
+           "PATH": os.path.join(vmdir, "bin") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    return "\n".join([
+        "Port %d" % port, "ListenAddress " + listen,
+        "HostKey " + os.path.join(vmdir, "ssh_host_ed25519_key"),
+        "PidFile " + os.path.join(vmdir, "sshd.pid"),
+        "AuthorizedKeysFile " + os.path.join(vmdir, "authorized_keys"),
+        "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password", "PermitUserEnvironment no",
+        "X11Forwarding no", "Subsystem sftp internal-sftp -d " + env["HOME"],
+        # SetEnv is applied after sshd's default PATH, so the fake nvidia-smi in bin/ comes first.
+        "SetEnv " + " ".join("%s=%s" % kv for kv in sorted(env.items())), "",
+    ])
+
+
+def fake_nvidia_smi_script(python, agent_copy, gpus_file):
+    return "#!/bin/sh\nexec %s %s _sim-nvidia-smi %s \"$@\"\n" % (
+        shlex.quote(python), shlex.quote(agent_copy), shlex.quote(gpus_file))
+
+
+class SimRuntime(Runtime):
+    @property
+    def ssh_user(self):
+        return pwd.getpwuid(os.getuid()).pw_name  # VM sshds run as the node's own login
+
+    def host(self):
+        return self.cfg.public_host or self.cfg.sim_listen
+
+    def allocate(self, rec, records):
+        rec["ssh_port"] = None  # picked at start: any free port
+
+    def provision(self, rec):
+        vmdir = vm_dir(self.cfg, rec["vm_id"])
+        for sub in ("bin", "home"):
+            os.makedirs(os.path.join(vmdir, sub), exist_ok=True)
+        key = os.path.join(vmdir, "ssh_host_ed25519_key")
+        if not os.path.exists(key + ".pub"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(key)
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpumarket-vm-" + rec["vm_id"], "-f", key])
+        with open(key + ".pub") as f:
+            rec["ssh_host_key"] = " ".join(f.read().split()[:2])
+        write_file(os.path.join(vmdir, "authorized_keys"), "\n".join(rec["spec"]["ssh_public_keys"]) + "\n")
+        self.rebind(rec)
+        # A private copy of the agent, so re-uploading or moving the agent never breaks a running VM.
+        agent_copy = os.path.join(vmdir, "bin", "gpumarket_agent.pyz")
+        copy_agent(agent_copy)
+        write_file(os.path.join(vmdir, "bin", "nvidia-smi"), fake_nvidia_smi_script(
+            sys.executable, agent_copy, os.path.join(vmdir, "gpus.json")), 0o755)
+        self.start(rec)
+
+    def rebind(self, rec):
+        # The VM's own nvidia-smi and CUDA_VISIBLE_DEVICES show only its GPUs (sshd_config is written at start).
+        profile, gpus = load_profile(self.cfg.sim_profile)
+        rows = [ln for ln in profile["nvidia_smi"] if ln.strip()]  # in parse_gpu_csv's order
+        mine = [n for n, g in enumerate(gpus) if g["index"] in rec["spec"]["gpu_indices"]]
+        write_file(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "gpus.json"), json.dumps({
+            "cuda_version": profile.get("cuda_version"), "nvidia_smi": [rows[n] for n in mine]}), 0o644)
+        rec["visible_uuids"] = [gpus[n]["uuid"] for n in mine]
+
+    def start(self, rec):
+        if self.state(rec) == "running":
+            return
+        vmdir = vm_dir(self.cfg, rec["vm_id"])
+        config, log = os.path.join(vmdir, "sshd_config"), os.path.join(vmdir, "sshd.log")
+        port = rec.get("ssh_port")
+        for _ in range(3):  # a port picked free can be taken before sshd binds it: retry on another
+            if not port or not port_free(port, self.cfg.sim_listen):
+                with socket.socket() as sock:
+                    sock.bind((self.cfg.sim_listen, 0))
+                    port = sock.getsockname()[1]
+            write_file(config, sim_sshd_config(vmdir, port, self.cfg.sim_listen, rec["spec"]["gpu_indices"],
+                                               rec.get("visible_uuids", [])))
+            write_file(log, "")
+            # Without -D sshd daemonises (setsid, stdio to /dev/null), so it outlives this SSH session.
+            run([find_sshd(), "-f", config, "-E", log],
+                env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+            if wait_port(self.cfg.sim_listen, port):
+                rec["ssh_port"] = port
+                return
+            kill_trees(pids_matching(config))
+            port = None
+        with open(log) as f:
+            raise AgentError("vm_start_failed", "sshd did not come up: " + f.read()[-800:])
+
+    def stop(self, rec):
+        # The listener and every live session under it: a stopped VM keeps no shell running.
+        kill_trees(pids_matching(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "sshd_config")))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "sshd.pid"))
+
+    def destroy(self, rec):
+        self.stop(rec)
+
+    def state(self, rec):
+        config = os.path.join(vm_dir(self.cfg, rec["vm_id"]), "sshd_config")
+        return "running" if pids_matching(config) else "stopped"
+
+    def health(self):
+        load_profile(self.cfg.sim_profile)
+        find_sshd()
+        return True, "sim: ok"
+
+
+def sim_nvidia_smi(args, gpus_file, out=sys.stdout):
+    """The fake nvidia-smi inside a sim VM: only the VM's GPUs, in the table or --query-gpu csv form."""
+    data = read_json(gpus_file)
+    rows = [split_smi_line(line) for line in data["nvidia_smi"]]
+    gpus = parse_gpu_csv("\n".join(data["nvidia_smi"]))
+    query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+    if query is not None:
+        fmt = next((a.split("=", 1)[1] for a in args if a.startswith("--format=")), "csv").split(",")
+        fields = [f.strip() for f in query.split(",") if f.strip()]
+        units = {"memory.total": "MiB", "power.limit": "W", "power.default_limit": "W"}
+        if "noheader" not in fmt:
+            out.write(", ".join(f + (" [%s]" % units[f] if f in units and "nounits" not in fmt else "")
+                                for f in fields) + "\n")
+        for raw in rows:
+            cells = []
+            for field in fields:
+                value = raw[QUERY_FIELDS.index(field)] if field in QUERY_FIELDS else "[N/A]"
+                if field in units and "nounits" not in fmt and not value.startswith("["):
+                    value += " " + units[field]
+                cells.append(value)
+            out.write(", ".join(cells) + "\n")
+        return 0
+    if args in (["-L"], ["--list-gpus"]):
+        for g in gpus:
+            out.write("GPU %d: %s (UUID: %s)\n" % (g["index"], g["name"], g["uuid"]))
+        return 0
+    if args:
+        out.write("nvidia-smi (gpumarket sim) supports no options but --query-gpu=... --format=csv and -L\n")
+        return 2
+    bar = "+" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
+
+    def row(a, b, c):
+        out.write("| %-39s | %-20s | %20s |\n" % (a, b, c))
+    driver = gpus[0]["driver_version"] if gpus else "N/A"
+    out.write(time.strftime("%a %b %d %H:%M:%S %Y") + "\n" + bar + "\n")
+    out.write("| %-85s |\n" % ("NVIDIA-SMI %-20s Driver Version: %-12s CUDA Version: %s" % (
+        driver, driver, data.get("cuda_version") or "N/A")))
+    out.write(bar.replace("-", "=") + "\n")
+    for g in gpus:
+        power = "60W / %dW" % g["power_limit_w"] if g["power_limit_w"] else "N/A"
+        row("%3d  %-28s  On" % (g["index"], g["name"][:28]), "%s Off" % g["pci_bus_id"],
+            "0" if g["ecc_mode"] == "Enabled" else "N/A")
+        row("N/A   30C    P0  %21s" % power, "%20s" % ("0MiB / %dMiB" % (g["memory_total_mib"] or 0)),
+            "0%      Default")
+        row("", "", g["mig_mode"] or "N/A")
+        out.write(bar + "\n")
+    return 0

@@ -1,0 +1,94 @@
+"""Checking requests: VM ids, SSH keys, image names, GPU indices."""
+import base64
+import re
+
+from .core import invalid
+
+VM_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+             "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+_B64_RE = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_COMMENT_RE = re.compile(r"[\x21-\x7e]+( [\x21-\x7e]+)*")  # printable ASCII words, single spaces
+# Docker reference: optional registry[:port]/, lower-case path components, optional :tag and @sha256.
+_DOCKER_IMAGE_RE = re.compile(
+    r"(?:[a-z0-9]+(?:[.-][a-z0-9]+)*(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
+_LIBVIRT_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+
+
+def reject_unknown(req, allowed):
+    extra = sorted(set(req) - set(allowed) - {"runtime"})
+    if extra:
+        raise invalid(extra[0], "unknown field %r" % extra[0])
+
+
+def validate_vm_id(value):
+    if not isinstance(value, str) or not VM_ID_RE.fullmatch(value):
+        raise invalid("vm_id", "vm_id must be 1-63 characters of a-z, 0-9 and '-', not starting with '-'")
+    return value
+
+
+def validate_public_key(value):
+    """One OpenSSH public key line: '<type> <base64 body> [comment]', no options, no second key."""
+    if not isinstance(value, str) or not 0 < len(value) <= 16384:
+        raise ValueError("must be a non-empty string of at most 16384 characters")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValueError("must be one line without control characters")
+    parts = value.split(" ", 2)
+    if parts[0] not in KEY_TYPES:
+        raise ValueError("must start with a key type (%s); options are not allowed" % ", ".join(KEY_TYPES))
+    if len(parts) < 2 or not _B64_RE.fullmatch(parts[1]):
+        raise ValueError("key body must be base64")
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        raise ValueError("key body is not valid base64") from None
+    # The blob starts with its own length-prefixed type name; a mismatch means a corrupt or forged key.
+    n = int.from_bytes(blob[:4], "big")
+    if len(blob) < 4 + n + 16 or blob[4:4 + n].decode("ascii", "replace") != parts[0]:
+        raise ValueError("key body does not hold a %s key" % parts[0])
+    if len(parts) == 3:
+        if not _COMMENT_RE.fullmatch(parts[2]) or len(parts[2]) > 256:
+            raise ValueError("comment must be printable words separated by single spaces")
+        if any(word in KEY_TYPES or (word.startswith("AAAA") and len(word) > 40) for word in parts[2].split(" ")):
+            raise ValueError("holds more than one key; send one key per list item")
+    return value
+
+
+def validate_create(req, runtime, gpu_indices_present):
+    reject_unknown(req, ("vm_id", "gpu_indices", "ssh_public_keys", "image", "disk_gb"))
+    vm_id = validate_vm_id(req.get("vm_id"))
+    indices = validate_gpu_indices(req.get("gpu_indices"), gpu_indices_present)
+    keys = req.get("ssh_public_keys")
+    if not isinstance(keys, list) or not 0 < len(keys) <= 32:
+        raise invalid("ssh_public_keys", "ssh_public_keys must be a list of 1 to 32 keys")
+    for n, key in enumerate(keys):
+        try:
+            validate_public_key(key)
+        except ValueError as exc:
+            raise invalid("ssh_public_keys", "key %d %s" % (n, exc)) from None
+    image = req.get("image", {})
+    if not isinstance(image, dict) or set(image) - {"docker", "libvirt"}:
+        raise invalid("image", "image must be an object with 'docker' and/or 'libvirt' names")
+    patterns = {"docker": _DOCKER_IMAGE_RE, "libvirt": _LIBVIRT_IMAGE_RE}
+    for kind, name in image.items():
+        if not isinstance(name, str) or len(name) > 255 or not patterns[kind].fullmatch(name) or ".." in name:
+            raise invalid("image", "image.%s is not an allowed image name" % kind)
+    if runtime in ("docker", "libvirt") and runtime not in image:
+        raise invalid("image", "image.%s is required for the %s runtime" % (runtime, runtime))
+    disk_gb = req.get("disk_gb", 50)
+    if type(disk_gb) is not int or not 1 <= disk_gb <= 65536:
+        raise invalid("disk_gb", "disk_gb must be an integer from 1 to 65536")
+    return vm_id, {"gpu_indices": sorted(indices), "ssh_public_keys": list(keys),
+                   "image": {k: image[k] for k in sorted(image)}, "disk_gb": disk_gb}
+
+
+def validate_gpu_indices(value, present):
+    if not isinstance(value, list) or not 0 < len(value) <= 64 or \
+            not all(type(i) is int for i in value) or len(set(value)) != len(value):
+        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct integers")
+    missing = sorted(set(value) - set(present))
+    if missing:
+        raise invalid("gpu_indices", "no GPU with index %s on this node" % missing[0])
+    return sorted(value)

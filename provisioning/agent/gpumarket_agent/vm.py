@@ -1,0 +1,123 @@
+"""The vm commands: create, start, stop, destroy, list, status."""
+import contextlib
+import shutil
+import time
+
+from .core import RUNTIMES, AgentError, invalid
+from .records import all_records, file_lock, load_record, save_record, vm_dir
+from .runtimes import RUNTIME_CLASSES
+from .smi import read_gpus
+from .validation import reject_unknown, validate_create, validate_gpu_indices, validate_vm_id
+
+
+def pick_runtime(cfg, req):
+    runtime = req.get("runtime", cfg.runtime)
+    if runtime not in RUNTIMES:
+        raise invalid("runtime", "runtime must be one of %s" % ", ".join(RUNTIMES))
+    if cfg.runtime and runtime != cfg.runtime:
+        raise invalid("runtime", "this node runs %s VMs, not %s" % (cfg.runtime, runtime))
+    return runtime, RUNTIME_CLASSES[runtime](cfg)
+
+
+def describe(cfg, rt, rec, state):
+    return {"vm_id": rec["vm_id"], "runtime": rec["runtime"], "state": state, "ssh_host": rt.host(),
+            "ssh_port": rec.get("ssh_port"), "ssh_user": rt.ssh_user,
+            "ssh_host_key": rec.get("ssh_host_key"), "gpu_indices": rec["spec"]["gpu_indices"],
+            "created_at": rec.get("created_at")}
+
+
+def vm_create(cfg, req):
+    runtime, rt = pick_runtime(cfg, req)
+    gpus = read_gpus(cfg)[0]
+    vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus])
+    with file_lock(cfg, vm_id, timeout=300):
+        with file_lock(cfg, "allocate", timeout=60):  # GPUs and ports are node-wide
+            rec = load_record(cfg, vm_id)
+            created = rec is None
+            if rec is not None and (rec["spec"] != spec or rec["runtime"] != runtime):
+                raise AgentError("conflict", "VM %s exists with a different spec" % vm_id)
+            if created:
+                others = all_records(cfg)
+                check_gpus_free(rt, others, spec["gpu_indices"])
+                rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec,
+                       "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                rt.allocate(rec, others)
+                save_record(cfg, rec)  # first, so a crash below leaves a record that a retry completes
+        try:
+            rt.provision(rec)  # idempotent: finishes what an earlier, interrupted create began
+        except Exception:
+            if created:
+                with contextlib.suppress(Exception):
+                    rt.destroy(rec)
+                shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
+            raise
+        save_record(cfg, rec)
+        answer = describe(cfg, rt, rec, rt.state(rec))
+        answer["created"] = created
+        return answer
+
+
+def check_gpus_free(rt, others, indices):
+    """Only running VMs hold GPUs: the platform releases a stopped VM's GPUs to other renters."""
+    held = {i for r in others if rt.state(r) == "running" for i in r["spec"]["gpu_indices"]}
+    busy = sorted(held & set(indices))
+    if busy:
+        raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % busy[0])
+
+
+def vm_start(cfg, rt, rec, req):
+    """Start a VM; with `gpu_indices`, first move it onto those GPUs (they may differ after a stop)."""
+    wanted = req.get("gpu_indices")
+    if wanted is not None:
+        wanted = validate_gpu_indices(wanted, [g["index"] for g in read_gpus(cfg)[0]])
+    with file_lock(cfg, "allocate", timeout=60):
+        if wanted is not None and wanted != rec["spec"]["gpu_indices"]:
+            if rt.state(rec) == "running":
+                raise AgentError("conflict", "VM %s is running; stop it before moving it to other GPUs" % rec["vm_id"])
+            rec["spec"]["gpu_indices"] = wanted
+            rt.rebind(rec)
+        others = [r for r in all_records(cfg) if r["vm_id"] != rec["vm_id"]]
+        check_gpus_free(rt, others, rec["spec"]["gpu_indices"])
+        rt.start(rec)
+    save_record(cfg, rec)  # the port or the GPUs may have changed
+
+
+def vm_simple(cfg, req, action):
+    _, rt = pick_runtime(cfg, req)
+    reject_unknown(req, ("vm_id", "gpu_indices") if action == "start" else ("vm_id",))
+    vm_id = validate_vm_id(req.get("vm_id"))
+    with file_lock(cfg, vm_id, timeout=300):
+        rec = load_record(cfg, vm_id)
+        if rec is None:
+            if action == "destroy":
+                return {"vm_id": vm_id, "state": "destroyed", "existed": False}
+            raise AgentError("not_found", "no VM %s on this node" % vm_id)
+        if action == "start":
+            vm_start(cfg, rt, rec, req)
+        elif action == "destroy":
+            rt.destroy(rec)
+            shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
+            return {"vm_id": vm_id, "state": "destroyed", "existed": True}
+        elif action == "stop":
+            rt.stop(rec)
+            save_record(cfg, rec)
+        return describe(cfg, rt, rec, rt.state(rec))
+
+
+def vm_list(cfg, req):
+    _, rt = pick_runtime(cfg, req)
+    reject_unknown(req, ())
+    records = all_records(cfg)
+    vms = [describe(cfg, rt, rec, rt.state(rec)) for rec in records]
+    vms += rt.unrecorded({r["vm_id"] for r in records})
+    return {"vms": vms}
+
+
+def cmd_vm(cfg, req, sub):
+    if sub == "create":
+        return vm_create(cfg, req)
+    if sub == "list":
+        return vm_list(cfg, req)
+    if sub in ("start", "stop", "destroy", "status"):
+        return vm_simple(cfg, req, sub)
+    raise invalid("command", "vm needs one of: create, start, stop, destroy, list, status")

@@ -1,0 +1,75 @@
+"""Seed the demo: an operator, a provider whose servers are simulated GPU nodes on this machine
+(registered, keyed and queued for verification like real ones), and a customer with a starting credit
+posted through the ledger like any other credit. Safe to run again."""
+import json
+from decimal import Decimal
+
+from django.core.management.base import BaseCommand
+
+from billing.services.ledger import demo_credit_grant, wallet_balance
+from marketplace.models import GpuModel, Instance, Node, NodeState, User
+from marketplace.models.renting import LIVE_STATUSES
+from marketplace.money import micros_to_usd
+from marketplace.services.instances import instance_mark_failed
+from marketplace.services.nodes import node_register, node_retire
+from provisioning import sim
+from provisioning.services.verification import node_verify_request
+
+DEMO_USERS = {
+    "operator": ("operator@example.com", "demo-operator-pass", True),
+    "provider": ("provider@example.com", "demo-provider-pass", False),
+    "customer": ("customer@example.com", "demo-customer-pass", False),
+}
+
+# (name, sim profile, declared gpu model, count, USD per GPU-hour, country, city)
+DEMO_NODES = [
+    ("fra-a100-01", "a100-80gb-sxm-x4", "a100-80gb-sxm", 4, "1.390000", "DE", "Frankfurt"),
+    ("ams-a6000-01", "rtx-a6000-x8", "rtx-a6000", 8, "0.490000", "NL", "Amsterdam"),
+    ("waw-a4000-01", "rtx-a4000-x2", "rtx-a4000", 2, "0.170000", "PL", "Warsaw"),
+    ("iad-h100-01", "h100-sxm-x1", "h100-sxm", 1, "2.490000", "US", "Ashburn"),
+]
+
+
+class Command(BaseCommand):
+    help = "Create the demo accounts and start, register and verify the demo provider's simulated servers."
+
+    def handle(self, *args, **options):
+        users = {role: self._user(email, password, staff)
+                 for role, (email, password, staff) in DEMO_USERS.items()}
+        running_ports = {n["ssh_port"] for n in sim.nodes_list() if n["running"]}
+        for name, profile, model, count, price, country, city in DEMO_NODES:
+            self._node(users["provider"], running_ports, name, profile, model, count, price, country, city)
+        demo_credit_grant(user=users["customer"])  # once: its idempotency key is per user
+        self.stdout.write(json.dumps({
+            "logins": {role: {"email": e, "password": p} for role, (e, p, _) in DEMO_USERS.items()},
+            "customer_balance_usd": str(micros_to_usd(wallet_balance(user_id=users["customer"].pk))),
+            "nodes": list(Node.objects.filter(provider=users["provider"]).exclude(state=NodeState.RETIRED)
+                          .values("id", "name", "ssh_port", "state")),
+        }, indent=2))
+
+    def _user(self, email, password, staff):
+        user = User.objects.filter(email=email).first()
+        if user is None:
+            make = User.objects.create_superuser if staff else User.objects.create_user
+            user = make(email=email, password=password)
+        return user
+
+    def _node(self, provider, running_ports, name, profile, model, count, price, country, city):
+        node = Node.objects.filter(provider=provider, name=name).exclude(state=NodeState.RETIRED).first()
+        if node is not None and node.ssh_port in running_ports:
+            return  # its simulated server still runs: keep it
+        if node is not None:
+            # The simulated server went away with the last demo: end what ran on it and retire it.
+            for instance in Instance.objects.filter(node=node, status__in=LIVE_STATUSES):
+                instance_mark_failed(instance_id=instance.pk, message="The demo's simulated server was restarted.")
+            node_retire(node=node)
+        info = sim.node_up(profile)
+        node = node_register(
+            provider=provider, name=name, address=info["address"], ssh_port=info["ssh_port"],
+            ssh_user=info["ssh_user"], host_key_fingerprint=info["host_key_fingerprint"], country=country,
+            city=city, datacenter=f"{city[:3].upper()}1", gpu_model=GpuModel.objects.get(slug=model),
+            gpu_count=count, price_per_gpu_hour=Decimal(price), runtime="sim",
+        )
+        # What a provider does by hand: install the platform's key on the server, then ask for verification.
+        sim.node_authorize(info["ssh_port"], node.ssh_public_key)
+        node_verify_request(node=node)

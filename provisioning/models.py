@@ -1,0 +1,106 @@
+"""Jobs (one row per piece of work a worker does on a node) and node events for operators."""
+from django.db import models
+from django.utils import timezone
+
+
+class JobKind(models.TextChoices):
+    NODE_VERIFY = "node_verify", "Verify node"
+    INSTANCE_PROVISION = "instance_provision", "Provision instance"
+    INSTANCE_START = "instance_start", "Start instance"
+    INSTANCE_STOP = "instance_stop", "Stop instance"
+    INSTANCE_RESTART = "instance_restart", "Restart instance"
+    INSTANCE_DESTROY = "instance_destroy", "Destroy instance"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+OPEN_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class Job(models.Model):
+    kind = models.CharField(max_length=24, choices=JobKind.choices)
+    node = models.ForeignKey("marketplace.Node", on_delete=models.CASCADE, related_name="jobs")
+    instance = models.ForeignKey("marketplace.Instance", null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="jobs")
+    status = models.CharField(max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    step = models.CharField(max_length=200, blank=True, help_text="What the job is doing now.")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True)
+    log = models.JSONField(default=list, blank=True, help_text="[{at, message}] of the steps taken.")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(help_text="A job still open after this is failed by the reaper.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "deadline"], name="job_open_deadline_idx"),
+            models.Index(fields=["node", "-created_at"], name="job_node_recent_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} #{self.pk} ({self.status})"
+
+
+class NodeEvent(models.Model):
+    """Something operators should see about a node: quarantine, offline, back online, orphans."""
+
+    class Level(models.TextChoices):
+        INFO = "info", "Info"
+        WARNING = "warning", "Warning"
+        CRITICAL = "critical", "Critical"
+
+    node = models.ForeignKey("marketplace.Node", on_delete=models.CASCADE, related_name="events")
+    level = models.CharField(max_length=10, choices=Level.choices, default=Level.INFO)
+    kind = models.CharField(max_length=40)
+    message = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.kind} on node {self.node_id}"
+
+
+class VerificationRun(models.Model):
+    """One verification of a node: what was read and measured, the findings and the verdict."""
+
+    node = models.ForeignKey("marketplace.Node", on_delete=models.CASCADE, related_name="verifications")
+    job = models.OneToOneField(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="verification")
+    verdict = models.CharField(max_length=12)
+    findings = models.JSONField(default=list, blank=True, help_text="[{severity, code, message, gpu_index}]")
+    inventory = models.JSONField(default=dict, blank=True)
+    figures = models.JSONField(default=dict, blank=True, help_text="Measured figures, per GPU.")
+    score = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["node", "-created_at"], name="verification_node_recent_idx")]
+
+    def __str__(self):
+        return f"verification {self.pk} of node {self.node_id}: {self.verdict}"
+
+
+class HealthSample(models.Model):
+    """Health checks of a node per day: how many answered and how many did not (the reliability figure's input).
+    One row per node and day, counted up, so 30 days of minute-by-minute checks are 30 rows."""
+
+    node = models.ForeignKey("marketplace.Node", on_delete=models.CASCADE, related_name="health_samples")
+    day = models.DateField()
+    ok = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["node_id", "-day"]
+        constraints = [models.UniqueConstraint(fields=["node", "day"], name="health_sample_one_per_node_day")]
+
+    def __str__(self):
+        return f"node {self.node_id} on {self.day}: {self.ok} ok, {self.failed} failed"

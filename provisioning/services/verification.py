@@ -1,0 +1,192 @@
+"""Verifying a node: queue the check, run it over SSH (inventory, then the benchmark), judge it with the
+acceptance policy, record it, and list, flag or reject the node. Re-verification on a schedule with jitter.
+
+A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
+re-verification rejects a node that renters are using, the node stays active for them (its verdict keeps it
+off the offers), operators get a critical event and the renters a status message.
+"""
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from marketplace.models import GpuAllocation, Instance, Node, NodeState, Verdict
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.services import instances as instance_svc
+from marketplace.services.nodes import NodeConflict
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
+from provisioning.services.jobs import job_create
+from provisioning.services.nodes import node_apply_inventory, node_event, node_session
+from provisioning.services.runner import job_finish, job_step
+from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
+from provisioning.verification.policy import DeclaredModel, judge
+
+VERIFIABLE_FROM = (NodeState.PENDING, NodeState.REJECTED, NodeState.ACTIVE, NodeState.OFFLINE,
+                   NodeState.MAINTENANCE, NodeState.VERIFYING)
+# How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.
+BENCHMARK_SSH_MARGIN_S = 30
+
+
+class BenchmarkTimeout(NodeError):
+    """The benchmark ran past its bound. Not retried: a benchmark that hangs once likely hangs again."""
+
+    code = "benchmark_timeout"
+
+
+@transaction.atomic
+def node_verify_request(*, node: Node, reason: str = "") -> Job:
+    """Queue a verification (the provider after installing the key, the schedule, a changed inventory).
+    Idempotent: while one is queued or running, that one is returned. An active node stays active."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    open_job = node.jobs.filter(kind=JobKind.NODE_VERIFY, status__in=OPEN_JOB_STATUSES).first()
+    if open_job is not None:
+        return open_job
+    if node.state not in VERIFIABLE_FROM:
+        raise NodeConflict(f"A {node.state} node cannot be verified.")
+    if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
+        node.transition_to(NodeState.VERIFYING)
+        node.save(update_fields=["state", "state_changed_at", "updated_at"])
+    job = job_create(kind=JobKind.NODE_VERIFY, node=node)
+    if reason:
+        job_step(job, f"queued: {reason}")
+    return job
+
+
+def rented_gpu_indices(node: Node) -> list[int]:
+    """GPUs held by a renter's instance: the benchmark leaves them alone (they are busy, or passed to a VM)."""
+    return sorted(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True)
+                  .values_list("gpu__index", flat=True))
+
+
+def node_verify_run(job: Job) -> None:
+    """The check itself, on a worker: inventory, benchmark, policy, verdict. Raises NodeError if the node
+    cannot be reached (the task decides whether to retry) or the benchmark runs past its bound."""
+    node = job.node
+    if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
+        job_finish(job, error=f"The node is {node.state}, not verifying; nothing done.")
+        return
+    declared = DeclaredModel.from_gpu_model(node.gpu_model)
+    rented = rented_gpu_indices(node)
+    limit = settings.BENCHMARK_TIME_LIMIT_S
+    bench, bench_error = None, ""
+    job_step(job, f"connecting to {node.address}:{node.ssh_port}")
+    with node_session(node) as session:
+        job_step(job, "reading the hardware inventory")
+        inventory = session.agent("inventory")
+        free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented]
+        if free:
+            job_step(job, f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
+                          f"(at most {limit} s)")
+            request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free}
+            try:
+                bench = session.agent("benchmark", request=request, timeout=limit + BENCHMARK_SSH_MARGIN_S)
+            except AgentTimeout:
+                raise BenchmarkTimeout(f"The benchmark did not answer within {limit + BENCHMARK_SSH_MARGIN_S} s "
+                                       "and was abandoned. Check that the GPUs and their driver respond "
+                                       "(`nvidia-smi`), then verify again.") from None
+            except AgentFailed as exc:
+                if exc.code == "benchmark_timeout":
+                    raise BenchmarkTimeout(f"The benchmark did not finish within {limit} s and was stopped "
+                                           f"({exc.message}). Check that the GPUs and their driver respond "
+                                           "(`nvidia-smi`), then verify again.") from None
+                if exc.code == "invalid_request":
+                    raise
+                bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
+        else:
+            job_step(job, "every GPU is rented: identity checks only, no benchmark")
+    node_apply_inventory(node=node, inventory=inventory)
+    job_step(job, "judging the GPUs against the catalogue")
+    result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error)
+    figures = {**result.figures, "rented_gpus": rented}
+    if bench is not None:
+        figures["agent_version"] = bench.get("agent_version")
+    node_verify_conclude(job=job, verdict=result.verdict, findings=[f.as_dict() for f in result.findings],
+                         inventory=inventory, figures=figures, score=result.score)
+
+
+@transaction.atomic
+def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], inventory: dict,
+                         figures: dict | None = None, score: float | None = None) -> VerificationRun:
+    node = Node.objects.select_for_update().get(pk=job.node_id)
+    run = VerificationRun.objects.create(node=node, job=job, verdict=verdict, findings=findings,
+                                         inventory=inventory, figures=figures or {}, score=score)
+    node.verdict = verdict
+    if score is not None:
+        node.score = score
+    renters = list(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).values_list("pk", flat=True))
+    if verdict == Verdict.REJECTED:
+        reasons = " ".join(f["message"] for f in findings if f["severity"] == "reject")
+        node.last_error = "Rejected: " + reasons
+        # Not yanked from under its renters: it stays active for them; the verdict keeps it off the offers.
+        if node.state == NodeState.VERIFYING or (node.state == NodeState.ACTIVE and not renters):
+            node.transition_to(NodeState.REJECTED)
+    else:
+        node.last_error = " ".join(f["message"] for f in findings)
+        if node.state == NodeState.VERIFYING:
+            node.transition_to(NodeState.ACTIVE)
+    node.save()
+    level = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}.get(
+        verdict, NodeEvent.Level.WARNING)
+    node_event(node, f"verified_{verdict}", node.last_error or "All checks passed.", level)
+    if verdict == Verdict.REJECTED and renters:
+        node_event(node, "failed_while_rented",
+                   f"The node failed its benchmark check while {len(renters)} instance(s) use it; it stays up for "
+                   f"them and takes no new rentals. {reasons}", NodeEvent.Level.CRITICAL)
+        for instance_id in renters:
+            instance_svc.instance_set_status_message(
+                instance_id=instance_id,
+                message="This instance's server failed its latest benchmark check "
+                        f"({', '.join(sorted({f['code'] for f in findings if f['severity'] == 'reject'}))}). "
+                        "Your instance keeps running; consider moving your work to another server.")
+    job_finish(job)
+    return run
+
+
+@transaction.atomic
+def node_verify_failed(*, job: Job, error: NodeError) -> None:
+    """The node could not be checked: say why, and put it back where a retry can start."""
+    node = Node.objects.select_for_update().get(pk=job.node_id)
+    node.last_error = error.message
+    if node.state == NodeState.VERIFYING:
+        node.transition_to(NodeState.PENDING if node.verdict == Verdict.UNVERIFIED else NodeState.OFFLINE)
+    node.save()
+    node_event(node, "verification_failed", error.message, NodeEvent.Level.WARNING)
+    job_finish(job, error=error.message)
+
+
+# ------------------------------------------------------------------------------------ re-verification
+
+def reverify_due_at(node_id: int, last_at, interval_s: int, jitter_s: int):
+    """When a node verified at `last_at` is due again: after the interval plus a jitter that is fixed for the node
+    and that cycle (a hash), so a fleet verified together does not come due together."""
+    digest = hashlib.sha256(f"{node_id}:{last_at.isoformat()}".encode()).digest()
+    share = int.from_bytes(digest[:4], "big") / 0xFFFFFFFF
+    return last_at + timedelta(seconds=interval_s + jitter_s * share)
+
+
+def nodes_reverify_due(*, now=None) -> dict:
+    """Queue a verification for every active node that is due (weekly plus jitter by default), and for an
+    active node rejected while rented whose renters have all left (so it leaves the active state)."""
+    from provisioning.services.maintenance import singleton
+
+    with singleton("nodes_reverify_due", ttl=600) as acquired:
+        if not acquired:
+            return {"skipped": "another run is queueing re-verifications"}
+        now = now or timezone.now()
+        last = Job.objects.filter(node=OuterRef("pk"), kind=JobKind.NODE_VERIFY).order_by("-created_at")
+        nodes = Node.objects.filter(state=NodeState.ACTIVE).annotate(
+            last_verify_at=Subquery(last.values("created_at")[:1]))
+        queued = 0
+        for node in nodes:
+            due = node.last_verify_at is None or now >= reverify_due_at(
+                node.pk, node.last_verify_at, settings.REVERIFY_INTERVAL_S, settings.REVERIFY_JITTER_S)
+            left = node.verdict == Verdict.REJECTED and not node.instances.exclude(status__in=FINAL_STATUSES).exists()
+            if due or left:
+                node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
+                queued += 1
+        return {"queued": queued}

@@ -1,0 +1,114 @@
+"""Celery entry points. Each takes a job id, re-reads the job, returns at once if it is no
+longer open, and calls a service. Transient node failures are retried with backoff; the
+last failure closes the job with an error in words, never leaving GPUs allocated."""
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from provisioning.models import Job, JobKind
+from provisioning.services import maintenance, verification, vms
+from provisioning.services.runner import job_begin
+from provisioning.services.verification import node_verify_failed, node_verify_run
+from provisioning.ssh import NodeError
+
+log = logging.getLogger(__name__)
+
+JOB_TASK_OPTIONS = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,  # a killed worker's job is delivered again, and resumes
+    "soft_time_limit": 840,
+    "time_limit": 900,
+    "max_retries": 3,
+}
+
+RUNNERS = {
+    JobKind.NODE_VERIFY: (node_verify_run, node_verify_failed),
+    JobKind.INSTANCE_PROVISION: (vms.vm_provision, None),
+    JobKind.INSTANCE_START: (vms.vm_start, None),
+    JobKind.INSTANCE_STOP: (vms.vm_stop, None),
+    JobKind.INSTANCE_RESTART: (vms.vm_restart, None),
+    JobKind.INSTANCE_DESTROY: (vms.vm_destroy, None),
+}
+
+
+def _fail(job: Job, exc: NodeError) -> None:
+    _, on_failure = RUNNERS[job.kind]
+    if on_failure is not None:
+        on_failure(job=job, error=exc)
+    else:
+        vms.vm_failed(job, exc.message)
+
+
+def run_job(task, job_id: int) -> None:
+    job = job_begin(job_id=job_id)
+    if job is None:
+        return
+    run, _ = RUNNERS[job.kind]
+    try:
+        run(job)
+    except NodeError as exc:
+        if exc.transient and task.request.retries < task.max_retries:
+            log.info("job %s: %s; retrying", job_id, exc)
+            raise task.retry(countdown=settings.NODE_TASK_RETRY_BACKOFF_S[task.request.retries], exc=exc) from None
+        _fail(job, exc)
+    except Exception as exc:
+        # Our own bug or an unexpected failure: close the job and free what it held, then re-raise.
+        log.exception("job %s crashed", job_id)
+        _fail(job, NodeError(f"Internal error: {type(exc).__name__}. Operators have been told."))
+        raise
+
+
+@shared_task(bind=True, **JOB_TASK_OPTIONS)
+def node_verify(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, **JOB_TASK_OPTIONS)
+def instance_provision(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, **JOB_TASK_OPTIONS)
+def instance_start(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, **JOB_TASK_OPTIONS)
+def instance_stop(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, **JOB_TASK_OPTIONS)
+def instance_restart(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, **JOB_TASK_OPTIONS)
+def instance_destroy(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+def nodes_health_check():
+    return maintenance.nodes_health_check()
+
+
+@shared_task(acks_late=True, soft_time_limit=540, time_limit=600)
+def nodes_reconcile():
+    return maintenance.nodes_reconcile()
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def jobs_reap():
+    return maintenance.jobs_reap()
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def nodes_verify_pending():
+    return maintenance.nodes_verify_pending()
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def nodes_reverify_due():
+    return verification.nodes_reverify_due()

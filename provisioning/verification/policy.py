@@ -1,0 +1,399 @@
+"""The acceptance policy: pure functions from (catalogue entry, declared count, agent answers) to findings a
+provider can act on, from findings to a verdict, and from measured figures to a score.
+
+Every threshold lives in TOLERANCES, the one reviewed table; no rule hides a literal. Nothing here touches the
+database or Django: scripts/gpu-selfcheck and bench/verdict_stability.py use it with the catalogue's JSON file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from provisioning.verification.pci_ids import NVIDIA_VENDOR_ID, PCI_DEVICE_IDS, parse_device_id, slug_for_device_id
+
+REJECT = "reject"
+DEGRADE = "degrade"
+CATALOGUE_FILE = Path(__file__).resolve().parents[2] / "marketplace" / "data" / "gpu_models.json"
+
+# The measured figures judged against the datasheet, with their names for people.
+FIGURES = {
+    "bf16_tflops": ("BF16 matmul", "TFLOP/s"),
+    "fp16_tflops": ("FP16 matmul", "TFLOP/s"),
+    "tf32_tflops": ("TF32 matmul", "TFLOP/s"),
+    "fp32_tflops": ("FP32 matmul", "TFLOP/s"),
+    "memory_bandwidth_gbs": ("device memory bandwidth", "GB/s"),
+}
+
+TOLERANCES = {
+    # --- identity (nvidia-smi) ---
+    # memory.total may differ slightly by driver; GDDR cards with ECC on give up to ~1/16 of it to ECC.
+    "memory_min_fraction": 0.99,
+    "memory_min_fraction_ecc_gddr": 0.93,
+    "memory_max_fraction": 1.01,
+    # A card whose power limit is set below this share of its default is capped.
+    "power_limit_min_fraction": 0.95,
+    # --- measured figures / datasheet figure ---
+    # Below `degrade`: degraded. Below `reject`: rejected (not the card claimed, or broken). Above `max`: rejected
+    # (more than the model can do: a different card or a faked timer). gpus.md: healthy BF16 is 80-87 % on
+    # A100/H100, device copies 75-90 %. FP32's floor is 0.65, not 0.75: Ampere/Ada GDDR cards count dual-issue
+    # FP32 in their datasheet figure and SGEMM reaches ~0.70-0.78 of it there (the sim profiles use 0.75), so
+    # 0.75 would flag healthy RTX A4000/A6000s about half the time. No upper bound on FP16 (some stacks
+    # accumulate in FP16 at twice the rate on GeForce cards, whose catalogue figure is the FP32-accumulate one)
+    # nor on TF32 (on GeForce cards the catalogue's TF32 equals FP32; tensor-core TF32 may beat it).
+    "figure_bands": {
+        "bf16_tflops": {"reject": 0.45, "degrade": 0.65, "max": 1.15},
+        "fp16_tflops": {"reject": 0.45, "degrade": 0.65, "max": None},
+        "tf32_tflops": {"reject": 0.40, "degrade": 0.60, "max": None},
+        "fp32_tflops": {"reject": 0.45, "degrade": 0.65, "max": 1.15},
+        "memory_bandwidth_gbs": {"reject": 0.50, "degrade": 0.70, "max": 1.05},
+    },
+    # Figures the catalogue marks as derived (cores x clock, not a datasheet line) get floors this much lower.
+    "derived_floor_factor": 0.9,
+    # Pinned host<->device GB/s, by the card's PCIe generation (healthy x16: Gen3 ~12, Gen4 24-26, Gen5 ~55).
+    "host_link_min_gbs": {3: 9.0, 4: 18.0, 5: 40.0, 6: 80.0},
+    # Every GPU within this share of the node's median on these figures (healthy cards differ by up to ~5 %).
+    "node_median_max_deviation": 0.10,
+    "node_median_figures": ("bf16_tflops", "memory_bandwidth_gbs"),
+    # Clock event reasons that mean the card slowed down on its own (SwPowerCap under full load is normal).
+    "slowdown_reasons": ("HwSlowdown", "HwThermalSlowdown", "SwThermalSlowdown", "HwPowerBrakeSlowdown"),
+    # Median SM clock under load at least this share of the card's maximum SM clock.
+    "sm_clock_min_fraction": 0.60,
+    # Relative (Frobenius) error of a matmul against FP64 on the same inputs.
+    "matmul_max_rel_error": {"fp32": 1e-3, "bf16": 2e-2},
+    # --- score ---
+    # 100 = the reference card at its datasheet: geometric mean of BF16 and bandwidth ratios, per GPU.
+    "score_reference": {"name": "A100 80GB SXM datasheet", "bf16_tflops": 312.0, "memory_bandwidth_gbs": 2039.0},
+    "score_factor": {"verified": 1.0, "degraded": 0.8, "rejected": 0.0},
+}
+# Streaming multiprocessors = tensor cores / this, from Ampere on (4 tensor cores per SM).
+TENSOR_CORES_PER_SM = {"Ampere": 4, "Ada Lovelace": 4, "Hopper": 4}
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # REJECT or DEGRADE
+    code: str
+    message: str
+    gpu_index: int | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DeclaredModel:
+    """What the catalogue says about the model the provider declared."""
+
+    smi_name: str
+    memory_mib: int
+    memory_type: str
+    pcie_lanes: int
+    mig_supported: bool
+    slug: str = ""
+    name: str = ""
+    pcie_gen: int = 0
+    datasheet: dict = field(default_factory=dict)  # FIGURES keys -> datasheet value
+    derived: frozenset = frozenset()  # FIGURES keys the catalogue marks as derived
+    sm_count: int | None = None
+    pci_device_ids: tuple = ()
+
+    @classmethod
+    def from_catalogue(cls, entry: dict) -> DeclaredModel:
+        """From a catalogue entry: a GpuModel's fields as a dict (marketplace/data/gpu_models.json)."""
+        note = (entry.get("figures_note") or "").upper()
+        named = note.split("DERIVED")[0] if "DERIVED" in note else ""
+        derived = {k for k in FIGURES if k.split("_")[0].upper() in named}
+        if "bf16_tflops" in derived:
+            derived.add("fp16_tflops")  # one BF16/FP16 figure in the catalogue
+        per_sm = TENSOR_CORES_PER_SM.get(entry.get("architecture", ""))
+        return cls(
+            smi_name=entry["smi_name"], memory_mib=entry["memory_mib"], memory_type=entry["memory_type"],
+            pcie_lanes=entry.get("pcie_lanes", 16), mig_supported=entry.get("mig_max_instances", 0) > 0,
+            slug=entry.get("slug", ""), name=entry.get("name", ""), pcie_gen=entry.get("pcie_gen", 0),
+            datasheet={"bf16_tflops": entry["bf16_tflops"], "fp16_tflops": entry["bf16_tflops"],
+                       "tf32_tflops": entry["tf32_tflops"], "fp32_tflops": entry["fp32_tflops"],
+                       "memory_bandwidth_gbs": entry["memory_bandwidth_gbps"]},
+            derived=frozenset(derived),
+            sm_count=entry["tensor_cores"] // per_sm if per_sm and entry.get("tensor_cores") else None,
+            pci_device_ids=PCI_DEVICE_IDS.get(entry.get("slug", ""), ()),
+        )
+
+    @classmethod
+    def from_gpu_model(cls, gpu_model) -> DeclaredModel:
+        keys = ("slug", "name", "smi_name", "architecture", "memory_mib", "memory_type", "memory_bandwidth_gbps",
+                "fp32_tflops", "tf32_tflops", "bf16_tflops", "figures_note", "pcie_gen", "pcie_lanes",
+                "tensor_cores", "mig_max_instances")
+        return cls.from_catalogue({k: getattr(gpu_model, k) for k in keys})
+
+    @property
+    def label(self) -> str:
+        return self.name or self.smi_name
+
+
+def load_catalogue(path: Path = CATALOGUE_FILE) -> dict[str, dict]:
+    """The catalogue's entries by slug, read from its JSON file (no database)."""
+    return {entry["slug"]: entry for entry in json.loads(Path(path).read_text())["models"]}
+
+
+# ------------------------------------------------------------------------------------------- identity
+
+def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict]) -> list[Finding]:
+    """Do the GPUs the server reports (nvidia-smi, via `inventory`) match what the provider declared?"""
+    findings: list[Finding] = []
+    if len(gpus) != declared_count:
+        findings.append(Finding(REJECT, "gpu_count",
+                                f"{declared_count} GPUs were declared but the server reports {len(gpus)}."))
+    t = TOLERANCES
+    for gpu in gpus:
+        i = gpu.get("index")
+        name = gpu.get("name") or ""
+        if "MIG" in name.split() or (gpu.get("mig_mode") or "").lower() == "enabled":
+            findings.append(Finding(REJECT, "mig_enabled",
+                                    f"GPU {i} is a MIG slice or has MIG mode on ({name!r}); disable MIG "
+                                    "(`nvidia-smi -mig 0`) so renters get the whole GPU.", i))
+        if name != declared.smi_name:
+            findings.append(Finding(REJECT, "gpu_name",
+                                    f"GPU {i} reports {name!r}, not {declared.smi_name!r} as declared.", i))
+        memory = gpu.get("memory_total_mib")
+        ecc_gddr = (gpu.get("ecc_mode") or "").lower() == "enabled" and "GDDR" in declared.memory_type
+        low = t["memory_min_fraction_ecc_gddr"] if ecc_gddr else t["memory_min_fraction"]
+        high = t["memory_max_fraction"]
+        if memory is None or not (low * declared.memory_mib <= memory <= high * declared.memory_mib):
+            findings.append(Finding(REJECT, "gpu_memory",
+                                    f"GPU {i} has {memory} MiB of memory; a {declared.smi_name} has "
+                                    f"{declared.memory_mib} MiB.", i))
+        limit, default = gpu.get("power_limit_w"), gpu.get("power_default_limit_w")
+        if limit and default and limit < t["power_limit_min_fraction"] * default:
+            findings.append(Finding(DEGRADE, "power_capped",
+                                    f"GPU {i}'s power limit is {limit:g} W, below its default {default:g} W; "
+                                    "reset it with `nvidia-smi -pl` to the default.", i))
+        width_max = gpu.get("pcie_link_width_max")
+        if width_max and width_max < declared.pcie_lanes:
+            findings.append(Finding(DEGRADE, "pcie_width",
+                                    f"GPU {i} sits on an x{width_max} PCIe link; it needs x{declared.pcie_lanes} "
+                                    "(check the riser or slot).", i))
+        findings += _check_pci_id(declared, i, gpu.get("pci_device_id"))
+    return findings
+
+
+def _check_pci_id(declared: DeclaredModel, i, raw) -> list[Finding]:
+    """Only a PCI id known to belong to *another* model rejects; an id this table does not know says nothing."""
+    parsed = parse_device_id(raw)
+    if parsed is None or not declared.pci_device_ids:
+        return []
+    device, vendor = parsed
+    other = slug_for_device_id(device)
+    if vendor != NVIDIA_VENDOR_ID or (other and device not in declared.pci_device_ids):
+        what = f"belongs to {other}" if other else f"has vendor 0x{vendor:04x}, not NVIDIA"
+        return [Finding(REJECT, "pci_device_id",
+                        f"GPU {i}'s PCI device id 0x{device:04x} {what}, not to a {declared.label} "
+                        f"({', '.join(f'0x{d:04x}' for d in declared.pci_device_ids)}).", i)]
+    return []
+
+
+# ---------------------------------------------------------------------------------------- performance
+
+def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: list[dict] = ()) -> list[Finding]:
+    """Judge the `benchmark` answer: figures against the datasheet, link, clocks, results, the node's median."""
+    findings: list[Finding] = []
+    gpus = bench.get("gpus") or []
+    smi_names = {g.get("index"): g.get("name") for g in inventory_gpus}
+    for gpu in gpus:
+        if bench.get("device", "cuda") == "cuda":
+            findings += _check_cuda_identity(declared, gpu, smi_names.get(gpu["index"]))
+        findings += _check_figures(declared, gpu)
+        findings += _check_link(declared, gpu)
+        findings += _check_clocks(gpu)
+        findings += _check_results(gpu)
+    findings += _check_node_median(gpus)
+    return findings
+
+
+def _check_cuda_identity(declared: DeclaredModel, gpu: dict, smi_name: str | None) -> list[Finding]:
+    # CUDA asks the driver, not NVML: a shim that renames the card for nvidia-smi/NVML does not reach it.
+    i, found = gpu["index"], []
+    cuda_name = (gpu.get("name") or "").strip()
+    if cuda_name and smi_name and cuda_name.lower() != smi_name.strip().lower():
+        found.append(Finding(REJECT, "cuda_name", f"GPU {i} is {cuda_name!r} to CUDA but {smi_name!r} to "
+                                                  "nvidia-smi: its name is faked.", i))
+    sms = gpu.get("sm_count")
+    if sms is not None and declared.sm_count and sms != declared.sm_count:
+        found.append(Finding(REJECT, "sm_count", f"GPU {i} has {sms} streaming multiprocessors; a {declared.label} "
+                                                 f"has {declared.sm_count}.", i))
+    return found
+
+
+def _check_figures(declared: DeclaredModel, gpu: dict) -> list[Finding]:
+    i, found = gpu["index"], []
+    for key, (label, unit) in FIGURES.items():
+        sheet, value = declared.datasheet.get(key), gpu.get(key)
+        if not sheet:
+            continue
+        if value is None:
+            found.append(Finding(REJECT, "benchmark_incomplete", f"GPU {i}: the benchmark gave no {label} figure.", i))
+            continue
+        band = TOLERANCES["figure_bands"][key]
+        slack = TOLERANCES["derived_floor_factor"] if key in declared.derived else 1.0
+        ratio, code = value / sheet, key.rsplit("_", 1)[0]
+        said = (f"GPU {i} reaches {value:,.4g} {unit} in {label}, {ratio:.0%} of the {sheet:,.4g} a "
+                f"{declared.label} is rated for")
+        if band["max"] is not None and ratio > band["max"]:
+            found.append(Finding(REJECT, f"{code}_too_high", f"{said}: more than that model can do (at most "
+                                 f"{band['max']:.0%}). Declare the model the server really has.", i))
+        elif ratio < band["reject"] * slack:
+            found.append(Finding(REJECT, f"{code}_low", f"{said} (at least {band['degrade'] * slack:.0%} expected): "
+                                 "it is not the card it claims to be, or it is badly broken.", i))
+        elif ratio < band["degrade"] * slack:
+            found.append(Finding(DEGRADE, f"{code}_low", f"{said} (at least {band['degrade'] * slack:.0%} "
+                                 "expected). Check its cooling, power limit and clocks.", i))
+    return found
+
+
+def _check_link(declared: DeclaredModel, gpu: dict) -> list[Finding]:
+    i, found = gpu["index"], []
+    tele = gpu.get("telemetry") or {}
+    width, gen = tele.get("pcie_link_width"), tele.get("pcie_link_gen")
+    if width and width < declared.pcie_lanes:
+        found.append(Finding(DEGRADE, "pcie_width", f"GPU {i}'s PCIe link runs at x{width:g} under load, not "
+                                                    f"x{declared.pcie_lanes}: check the riser or slot.", i))
+    minimum = TOLERANCES["host_link_min_gbs"].get(declared.pcie_gen)
+    links = [v for v in (gpu.get("h2d_gbs"), gpu.get("d2h_gbs")) if v is not None]
+    if minimum and links and min(links) < minimum:
+        seen = f" The link ran at Gen{gen:g} x{width:g}." if gen and width else ""
+        found.append(Finding(DEGRADE, "host_link_slow",
+                             f"GPU {i} moves {min(links):.1f} GB/s between host and GPU (pinned memory); a PCIe "
+                             f"Gen{declared.pcie_gen} x{declared.pcie_lanes} link gives at least {minimum:g}.{seen} "
+                             "Seat it in a full-speed x16 slot, without a riser.", i))
+    return found
+
+
+def _check_clocks(gpu: dict) -> list[Finding]:
+    i, found = gpu["index"], []
+    tele = gpu.get("telemetry") or {}
+    slowed = [r for r in tele.get("clocks_event_reasons") or [] if r in TOLERANCES["slowdown_reasons"]]
+    if slowed:
+        temp = f", up to {tele['temperature_c']:g} °C" if tele.get("temperature_c") is not None else ""
+        found.append(Finding(DEGRADE, "clock_slowdown",
+                             f"GPU {i} slowed its clocks under load ({', '.join(slowed)}{temp}): improve its "
+                             "cooling (airflow, fans, thermal paste) and check its power cables.", i))
+    clock, top = tele.get("sm_clock_mhz"), tele.get("sm_clock_max_mhz")
+    if clock and top and clock < TOLERANCES["sm_clock_min_fraction"] * top:
+        found.append(Finding(DEGRADE, "low_clock", f"GPU {i} ran at {clock:g} MHz under load, {clock / top:.0%} of "
+                                                   f"its {top:g} MHz maximum: check power limit and cooling.", i))
+    return found
+
+
+def _check_results(gpu: dict) -> list[Finding]:
+    i = gpu["index"]
+    errors = gpu.get("matmul_rel_error") or {}
+    for dtype, limit in TOLERANCES["matmul_max_rel_error"].items():
+        err = errors.get(dtype)
+        if err is None or err > limit:
+            what = "no finite result" if err is None else f"a relative error of {err:.3g}"
+            return [Finding(REJECT, "wrong_results",
+                            f"GPU {i} computed wrong matrix products: {what} in {dtype.upper()} against an FP64 "
+                            f"reference (at most {limit:g} expected). The card is faulty: take it out of service.", i)]
+    return []
+
+
+def _check_node_median(gpus: list[dict]) -> list[Finding]:
+    found: dict[int, list[str]] = {}
+    limit = TOLERANCES["node_median_max_deviation"]
+    for key in TOLERANCES["node_median_figures"]:
+        values = {g["index"]: g[key] for g in gpus if g.get(key)}
+        if len(values) < 2:
+            continue
+        median = statistics.median(values.values())
+        for i, value in values.items():
+            if value < (1 - limit) * median:
+                label, unit = FIGURES[key]
+                found.setdefault(i, []).append(f"{label} {1 - value / median:.0%} below "
+                                               f"({value:,.4g} vs {median:,.4g} {unit})")
+    return [Finding(DEGRADE, "gpu_outlier", f"GPU {i} is slower than the node's other GPUs: "
+                    f"{'; '.join(what)}, more than {limit:.0%} below the median. Check its cooling, slot and power "
+                    "cables, or replace it.", i) for i, what in sorted(found.items())]
+
+
+# ---------------------------------------------------------------------------------------- verdict, score
+
+def verdict_for(findings: list[Finding]) -> str:
+    if any(f.severity == REJECT for f in findings):
+        return "rejected"
+    if findings:
+        return "degraded"
+    return "verified"
+
+
+def gpu_score(gpu: dict) -> float | None:
+    """100 x geometric mean of (BF16, bandwidth) / the reference card's datasheet, for one GPU."""
+    ref = TOLERANCES["score_reference"]
+    bf16, bandwidth = gpu.get("bf16_tflops"), gpu.get("memory_bandwidth_gbs")
+    if not bf16 or not bandwidth:
+        return None
+    return 100 * math.sqrt(bf16 / ref["bf16_tflops"] * bandwidth / ref["memory_bandwidth_gbs"])
+
+
+def node_score(gpus: list[dict], verdict: str) -> float | None:
+    """The node's score per GPU (offers are priced per GPU-hour): the mean GPU score, lowered for a degraded
+    node, 0 for a rejected one. None when no GPU was measured."""
+    scores = [s for s in map(gpu_score, gpus) if s is not None]
+    if not scores:
+        return None
+    return round(statistics.fmean(scores) * TOLERANCES["score_factor"][verdict], 2)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen, kept = set(), []
+    for f in findings:
+        if (f.code, f.gpu_index) not in seen:
+            seen.add((f.code, f.gpu_index))
+            kept.append(f)
+    return kept
+
+
+@dataclass
+class Judgement:
+    verdict: str
+    findings: list[Finding]
+    score: float | None
+    figures: dict
+
+
+def summarize(declared: DeclaredModel, bench: dict) -> dict:
+    """What a verification run keeps of the benchmark: per GPU figures, their share of the datasheet, a score."""
+    keep = ("index", "uuid", "name", "sm_count", *FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s",
+            "cnn_infer_images_s", "matmul_rel_error", "matmul_shapes_tflops", "telemetry")
+    gpus = []
+    for gpu in bench.get("gpus") or []:
+        row = {k: gpu.get(k) for k in keep}
+        row["of_datasheet"] = {k: round(gpu[k] / declared.datasheet[k], 3) for k in FIGURES
+                               if gpu.get(k) and declared.datasheet.get(k)}
+        score = gpu_score(gpu)
+        row["score"] = round(score, 2) if score is not None else None
+        gpus.append(row)
+    medians = {}
+    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s"):
+        values = [g[key] for g in gpus if g.get(key) is not None]
+        medians[key] = round(statistics.median(values), 3) if values else None
+    head = {k: bench.get(k) for k in ("mode", "device", "quick", "duration_s", "time_limit_s", "torch_version",
+                                      "cuda_runtime", "agent_version")}
+    return {**head, "datasheet": dict(declared.datasheet), "score_reference": TOLERANCES["score_reference"]["name"],
+            "median": medians, "gpus": gpus}
+
+
+def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dict], bench: dict | None,
+          bench_error: str = "") -> Judgement:
+    """The whole policy: identity, then the benchmark's figures (when there are any), verdict and score."""
+    findings = check_identity(declared, declared_count, inventory_gpus)
+    if bench is not None:
+        findings += check_performance(declared, bench, inventory_gpus)
+    if bench_error:
+        findings.append(Finding(REJECT, "benchmark_unavailable", f"The benchmark could not run: {bench_error}"))
+    findings = _dedupe(findings)
+    verdict = verdict_for(findings)
+    figures = summarize(declared, bench) if bench is not None else {}
+    score = node_score(bench.get("gpus") or [], verdict) if bench is not None else None
+    return Judgement(verdict, findings, score, figures)

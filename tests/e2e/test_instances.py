@@ -1,0 +1,165 @@
+"""Renting end to end: book through the API, a real worker provisions a VM on a simulated server
+over SSH, the renter logs in with the ssh command shown, then stop, start, restart, destroy."""
+import os
+import signal
+import socket
+import subprocess
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.cache import cache
+
+from marketplace.models import Gpu, GpuAllocation, Instance, Node
+from provisioning.models import Job, NodeEvent
+from provisioning.services.maintenance import nodes_reconcile
+from provisioning.services.nodes import node_session
+from tests.e2e.conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _verified_node(api, sim_node_factory, **kwargs):
+    node, info = sim_node_factory(api, **kwargs)
+    assert api.post(f"/api/v1/nodes/{node.pk}/verify/").status_code == 202
+    wait_until(lambda: Node.objects.get(pk=node.pk).state == "active", 60, what="the node to be verified")
+    return Node.objects.get(pk=node.pk), info
+
+
+def _status(instance_id, *wanted, timeout=60):
+    def reached():
+        instance = Instance.objects.get(pk=instance_id)
+        return instance if instance.status in wanted else None
+
+    return wait_until(reached, timeout, what=f"instance {instance_id} to be {'/'.join(wanted)}")
+
+
+def _renter_key(folder):
+    """A renter's key pair as files, the way `ssh -i` reads them."""
+    key = Ed25519PrivateKey.generate()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "id_ed25519"
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    os.chmod(path, 0o600)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return path, public.decode() + " renter@laptop"
+
+
+def _ssh(command_line: str, key_path, remote: str) -> subprocess.CompletedProcess:
+    """Run the ssh command the API shows, as a renter would paste it, with their key."""
+    argv = command_line.split() + ["-i", str(key_path), "-o", "StrictHostKeyChecking=no", "-o",
+                                   "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+                                   remote]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+def _port_open(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_rent_log_in_stop_start_restart_destroy(worker, sim_node_factory, client_for, api, other_api, tmp_path):
+    node, _ = _verified_node(api, sim_node_factory, profile="a100-80gb-sxm-x4", gpu_model="a100-80gb-sxm",
+                             gpu_count=4)
+    key_path, public = _renter_key(tmp_path)
+    r = other_api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 2, "image": "pytorch-2-5",
+                                              "ssh_public_key": public, "label": "e2e"}, format="json")
+    assert r.status_code == 201, r.content
+    instance_id = r.json()["id"]
+    instance = _status(instance_id, "running", "failed")
+    assert instance.status == "running", (instance.status_message, worker.tail())
+    body = other_api.get(f"/api/v1/instances/{instance_id}/").json()
+    gpus = body["gpus"]
+    assert len(gpus) == 2 and body["ssh_command"].startswith("ssh -p ")
+
+    seen = _ssh(body["ssh_command"], key_path,
+                "nvidia-smi --query-gpu=index,name --format=csv,noheader; echo CVD=$CUDA_VISIBLE_DEVICES")
+    assert seen.returncode == 0, seen.stderr
+    lines = seen.stdout.strip().splitlines()
+    assert [int(line.split(",")[0]) for line in lines[:-1]] == gpus
+    assert all("A100-SXM4-80GB" in line for line in lines[:-1])
+    assert lines[-1] == "CVD=" + ",".join(map(str, gpus))
+    # Another key is refused at the VM.
+    stranger_key, _ = _renter_key(tmp_path / "stranger")
+    assert _ssh(body["ssh_command"], stranger_key, "true").returncode != 0
+
+    # Stop keeps the disk, releases the GPUs and closes the port.
+    assert other_api.post(f"/api/v1/instances/{instance_id}/stop/").status_code == 202
+    _status(instance_id, "stopped")
+    assert not _port_open(body["ssh_port"])
+    assert Gpu.objects.filter(node=node, status="rented").count() == 0
+    assert not GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True).exists()
+
+    # Start takes the same GPUs back (they are free).
+    assert other_api.post(f"/api/v1/instances/{instance_id}/start/").status_code == 202
+    _status(instance_id, "running")
+    again = other_api.get(f"/api/v1/instances/{instance_id}/").json()
+    assert again["gpus"] == gpus
+    assert _ssh(again["ssh_command"], key_path, "echo $CUDA_VISIBLE_DEVICES").stdout.strip() == ",".join(
+        map(str, gpus))
+
+    assert other_api.post(f"/api/v1/instances/{instance_id}/restart/").status_code == 202
+    _status(instance_id, "running")
+    restarted = other_api.get(f"/api/v1/instances/{instance_id}/").json()
+    assert _ssh(restarted["ssh_command"], key_path, "true").returncode == 0
+
+    assert other_api.delete(f"/api/v1/instances/{instance_id}/").status_code == 202
+    _status(instance_id, "destroyed")
+    assert not _port_open(restarted["ssh_port"])
+    assert Gpu.objects.filter(node=node, status="free").count() == 4
+    kinds = list(Job.objects.filter(instance_id=instance_id).order_by("id").values_list("kind", "status"))
+    assert kinds == [("instance_provision", "succeeded"), ("instance_stop", "succeeded"),
+                     ("instance_start", "succeeded"), ("instance_restart", "succeeded"),
+                     ("instance_destroy", "succeeded")]
+
+
+def test_worker_killed_mid_provisioning_still_ends_running(worker, sim_node_factory, api, other_api, tmp_path):
+    node, _ = _verified_node(api, sim_node_factory)
+    _, public = _renter_key(tmp_path)
+    # Hold every SSH slot of the node, so the job is caught waiting inside a worker process.
+    slots = [f"node-ssh-slot:{node.pk}:{n}" for n in range(4)]
+    for key in slots:
+        cache.set(key, "held-by-test", 300)
+    try:
+        r = other_api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                                  "ssh_public_key": public}, format="json")
+        assert r.status_code == 201, r.content
+        instance_id = r.json()["id"]
+        job = wait_until(lambda: Job.objects.filter(instance_id=instance_id, status="running").first(), 30,
+                         what="the provisioning job to start")
+        for pid in worker.children():
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        cache.delete_many(slots)
+    instance = _status(instance_id, "running", "failed", timeout=90)
+    job.refresh_from_db()
+    assert job.attempts >= 2, "the killed attempt must have been delivered again"
+    assert instance.status == "running", (instance.status_message, worker.tail())
+    assert job.status == "succeeded"
+    other_api.delete(f"/api/v1/instances/{instance_id}/")
+    _status(instance_id, "destroyed")
+
+
+def test_reconciler_removes_orphans_and_fails_vanished_vms(worker, sim_node_factory, api, other_api, tmp_path):
+    node, _ = _verified_node(api, sim_node_factory)
+    _, public = _renter_key(tmp_path)
+    r = other_api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                              "ssh_public_key": public}, format="json")
+    instance = _status(r.json()["id"], "running")
+    with node_session(node) as session:
+        # A VM nobody booked (left by a crash), and the booked VM removed behind the platform's back.
+        session.agent("vm", "create", {"runtime": "sim", "vm_id": "inst-999999", "gpu_indices": [1],
+                                       "ssh_public_keys": [public]})
+        session.agent("vm", "destroy", {"runtime": "sim", "vm_id": instance.vm_id})
+    summary = nodes_reconcile()
+    assert summary["orphans_destroyed"] == 1 and summary["instances_failed"] == 1
+    with node_session(node) as session:
+        assert session.agent("vm", "list", {"runtime": "sim"})["vms"] == []
+    instance.refresh_from_db()
+    assert instance.status == "failed" and "disappeared" in instance.status_message
+    assert Gpu.objects.filter(node=node, status="rented").count() == 0
+    assert NodeEvent.objects.filter(node=node, kind="orphan_destroyed").exists()

@@ -1,0 +1,132 @@
+"""Fixtures with real processes, shared by tests/e2e and tests/web: a real Celery worker on Redis against the
+test database, and simulated GPU servers (real sshd processes) registered through the API.
+
+Registered for the whole suite by tests/conftest.py, so that one session has one worker whichever folders run
+(a second worker would take tasks meant for the first)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from marketplace.models import Node
+from provisioning import sim
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_until(predicate, timeout=30.0, interval=0.2, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class Worker:
+    """A `celery worker` process of this project, started and stopped by the tests."""
+
+    def __init__(self, log_path: Path, simnodes_dir: Path):
+        self.log_path = log_path
+        self.simnodes_dir = simnodes_dir
+        self.proc = None
+
+    def start(self):
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings.test",
+            "DATABASE_URL": _database_url(),
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "CACHE_URL": settings.CACHE_URL,
+            "SIMNODES_DIR": str(self.simnodes_dir),
+            "DATABASE_CONN_MAX_AGE": "0",  # no idle connection may block the tests' TRUNCATE between tests
+        }
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork", "--concurrency", "2",
+             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--hostname", f"e2e-{os.getpid()}@%h"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_until(lambda: b"ready." in self.log_path.read_bytes(), 60, what="the celery worker to be ready")
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(pid) for pid in out.split()]
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if self.proc:
+            self.log.close()
+
+    def tail(self, n=60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+@pytest.fixture(scope="session")
+def simnodes_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e-simnodes")
+    yield base
+    sim.nodes_down(base)
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, django_db_blocker, simnodes_dir, tmp_path_factory):
+    # Tasks left in the test broker by earlier runs (or by tests without a worker) must not run here.
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log", simnodes_dir)
+    with django_db_blocker.unblock():
+        worker.start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def worker(celery_worker, transactional_db):
+    """The running worker, for a test whose writes it must see (committed, not in a test transaction)."""
+    yield celery_worker
+    if celery_worker.proc.poll() is not None:
+        print(celery_worker.tail())
+
+
+@pytest.fixture
+def sim_node_factory(simnodes_dir):
+    """Start a simulated server, register it through the API as `client`'s node, install its key."""
+    started = []
+
+    def make(client, profile="rtx-a4000-x2", gpu_model="rtx-a4000", gpu_count=2, pin=True, **fields):
+        info = sim.node_up(profile, simnodes_dir)
+        started.append(info["ssh_port"])
+        body = {
+            "name": f"sim-{info['ssh_port']}", "address": info["address"], "ssh_port": info["ssh_port"],
+            "ssh_user": info["ssh_user"], "country": "DE", "city": "Berlin", "gpu_model": gpu_model,
+            "gpu_count": gpu_count, "price_per_gpu_hour": "0.500000", "runtime": "sim",
+            **({"host_key_fingerprint": info["host_key_fingerprint"]} if pin else {}), **fields,
+        }
+        response = client.post("/api/v1/nodes/", body, format="json")
+        assert response.status_code == 201, response.content
+        node = response.json()
+        sim.node_authorize(info["ssh_port"], node["public_key"], simnodes_dir)
+        return Node.objects.get(pk=node["id"]), info
+
+    yield make
+    for port in started:
+        sim.node_down(port, simnodes_dir)
