@@ -1,17 +1,39 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from . import accounts, catalogue, nodes, offers
+from provisioning import api as provisioning_api
 
-router = DefaultRouter(trailing_slash=True)
+from . import accounts, catalogue, images, instances, nodes, offers, ssh_keys
+
+
+class ApiRouter(DefaultRouter):
+    """DRF's router, but any path segment reaches the view as the lookup value.
+
+    DRF's default lookup pattern excludes dots, so `/nodes/1.5/` matched no URL and
+    got Django's HTML 404 page; now the view answers with the API's JSON 404.
+    """
+
+    include_format_suffixes = False  # `.json` suffixes are not part of this API
+
+    def get_lookup_regex(self, viewset, lookup_prefix=""):
+        kwarg = getattr(viewset, "lookup_url_kwarg", None) or getattr(viewset, "lookup_field", "pk")
+        value = getattr(viewset, "lookup_value_regex", "[^/]+")
+        return f"(?P<{lookup_prefix}{kwarg}>{value})"
+
+
+router = ApiRouter(trailing_slash=True)
 router.register("api-keys", accounts.ApiKeyViewSet, basename="api-key")
 router.register("gpu-models", catalogue.GpuModelViewSet, basename="gpu-model")
 router.register("nodes", nodes.NodeViewSet, basename="node")
 router.register("offers", offers.OfferViewSet, basename="offer")
+router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
+router.register("images", images.ImageViewSet, basename="image")
+router.register("instances", instances.InstanceViewSet, basename="instance")
 
 urlpatterns = [
     path("auth/register/", accounts.RegisterView.as_view(), name="auth-register"),
     path("auth/login/", accounts.LoginView.as_view(), name="auth-login"),
     path("auth/me/", accounts.MeView.as_view(), name="auth-me"),
+    path("nodes/<str:id>/benchmarks/", provisioning_api.NodeBenchmarksView.as_view(), name="node-benchmarks"),
     *router.urls,
 ]

@@ -1,16 +1,22 @@
 from .accounts import ApiKey, User
 from .catalogue import GpuModel
 from .nodes import Gpu, GpuStatus, InvalidTransition, Node, NodeState, Runtime, Verdict
+from .renting import GpuAllocation, Image, Instance, InstanceStatus, SshKey
 
 __all__ = [
     "ApiKey",
     "Gpu",
+    "GpuAllocation",
     "GpuModel",
     "GpuStatus",
+    "Image",
+    "Instance",
+    "InstanceStatus",
     "InvalidTransition",
     "Node",
     "NodeState",
     "Runtime",
+    "SshKey",
     "User",
     "Verdict",
 ]

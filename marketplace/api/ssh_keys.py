@@ -1,0 +1,70 @@
+"""Renters' SSH public keys: add, list, delete. Parsed strictly; the fingerprint is shown."""
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.response import Response
+
+from marketplace.models import SshKey
+from marketplace.services import ssh_keys as svc
+
+from .fields import StrictFieldsMixin, no_control_characters
+from .schema import ErrorDetailSerializer
+
+
+def validate_public_key(value: str) -> str:
+    try:
+        svc.parse_public_key(value)
+    except svc.InvalidSshKey as exc:
+        raise serializers.ValidationError(str(exc)) from None
+    return value
+
+
+class SshKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True,
+                                 validators=[no_control_characters], help_text="Defaults to the key's comment.")
+    public_key = serializers.CharField(
+        max_length=svc.MAX_KEY_CHARS, validators=[validate_public_key],
+        help_text="One OpenSSH public key: `<type> <base64> [comment]`, e.g. the contents of ~/.ssh/id_ed25519.pub. "
+                  "ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa (2048 bits or more); no options. "
+                  "Stored (and shown) as `<type> <base64>`.",
+    )
+    key_type = serializers.SerializerMethodField()
+
+    class Meta:
+        model = SshKey
+        fields = ["id", "name", "public_key", "key_type", "fingerprint", "created_at"]
+        read_only_fields = ["id", "key_type", "fingerprint", "created_at"]
+
+    def get_key_type(self, key) -> str:
+        return key.public_key.split(" ", 1)[0]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your SSH keys"),
+    retrieve=extend_schema(summary="One of your SSH keys"),
+    create=extend_schema(summary="Add an SSH key", request=SshKeySerializer, responses={
+        201: SshKeySerializer,
+        409: OpenApiResponse(ErrorDetailSerializer, "You already added this key."),
+    }),
+    destroy=extend_schema(summary="Delete an SSH key (instances created with it keep it)"),
+)
+@extend_schema(tags=["ssh-keys"])
+class SshKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                    viewsets.GenericViewSet):
+    """Public keys to put on the instances you create. Another user's key is a 404."""
+
+    serializer_class = SshKeySerializer
+    queryset = SshKey.objects.none()  # for the schema; get_queryset scopes to the user
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return SshKey.objects.filter(user=self.request.user)
+
+    def create(self, request):
+        data = SshKeySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = svc.ssh_key_create(user=request.user, **data.validated_data)
+        return Response(SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance):
+        svc.ssh_key_delete(ssh_key=instance)

@@ -1,0 +1,180 @@
+"""What renters own and run: SSH keys, images, instances, and which GPUs an instance holds.
+
+The instance state machine lives here (INSTANCE_TRANSITIONS) and nowhere else. A GPU can
+never be in two live instances: GpuAllocation has a unique constraint on the GPU among
+allocations not yet released.
+"""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .catalogue import GpuModel
+from .nodes import Gpu, InvalidTransition, Node
+
+
+class SshKey(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=100, blank=True)
+    public_key = models.TextField(help_text="'<type> <base64>' as OpenSSH writes it, without options.")
+    fingerprint = models.CharField(max_length=60, help_text="SHA256:... as `ssh-keygen -lf` prints it.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "SSH key"
+        constraints = [
+            models.UniqueConstraint(fields=["user", "fingerprint"], name="sshkey_unique_per_user"),
+        ]
+
+    def __str__(self):
+        return f"{self.name or self.fingerprint} ({self.user})"
+
+
+class Image(models.Model):
+    """A template renters start from, with what each runtime needs to run it."""
+
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    docker_image = models.CharField(max_length=200, blank=True, help_text="Container image for `docker` nodes.")
+    libvirt_image = models.CharField(max_length=200, blank=True,
+                                     help_text="Cloud image file name for `libvirt` nodes.")
+    min_disk_gb = models.PositiveIntegerField(default=20)
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def supports(self, runtime: str) -> bool:
+        # A simulated node runs any image: only the hardware is simulated, not the software.
+        return {"docker": bool(self.docker_image), "libvirt": bool(self.libvirt_image), "sim": True}[runtime]
+
+    @property
+    def runtimes(self) -> list[str]:
+        return [r for r in ("docker", "libvirt", "sim") if self.supports(r)]
+
+
+class InstanceStatus(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    PROVISIONING = "provisioning", "Provisioning"
+    RUNNING = "running", "Running"
+    STOPPING = "stopping", "Stopping"
+    STOPPED = "stopped", "Stopped"
+    STARTING = "starting", "Starting"
+    DESTROYING = "destroying", "Destroying"
+    DESTROYED = "destroyed", "Destroyed"
+    FAILED = "failed", "Failed"
+
+
+IS = InstanceStatus
+INSTANCE_TRANSITIONS: dict[str, set[str]] = {
+    IS.REQUESTED: {IS.PROVISIONING, IS.FAILED, IS.DESTROYING},
+    IS.PROVISIONING: {IS.RUNNING, IS.FAILED, IS.DESTROYING},
+    IS.RUNNING: {IS.STOPPING, IS.STARTING, IS.DESTROYING, IS.FAILED},  # STARTING: a restart
+    IS.STOPPING: {IS.STOPPED, IS.FAILED, IS.DESTROYING},
+    IS.STOPPED: {IS.STARTING, IS.DESTROYING, IS.FAILED},  # FAILED: its VM vanished from the node
+    IS.STARTING: {IS.RUNNING, IS.STOPPED, IS.FAILED, IS.DESTROYING},
+    IS.DESTROYING: {IS.DESTROYED, IS.FAILED},
+    IS.FAILED: {IS.DESTROYING},
+    IS.DESTROYED: set(),
+}
+# States in which an instance may hold GPUs (allocations not released). A destroying instance
+# keeps its GPUs until the node confirms the VM is gone (instance_mark_destroyed releases them).
+LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.STOPPING, IS.STARTING, IS.DESTROYING)
+# States the instance never leaves by itself (no worker is acting on it).
+FINAL_STATUSES = (IS.DESTROYED, IS.FAILED)
+
+
+class Instance(models.Model):
+    renter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="instances")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    num_gpus = models.PositiveSmallIntegerField()
+    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances")
+    label = models.CharField(max_length=100, blank=True)
+    disk_gb = models.PositiveIntegerField()
+    ssh_public_keys = models.JSONField(default=list, help_text="The keys injected at creation (public halves).")
+
+    status = models.CharField(max_length=12, choices=InstanceStatus.choices, default=InstanceStatus.REQUESTED)
+    status_message = models.CharField(max_length=500, blank=True)
+    ssh_host = models.CharField(max_length=253, blank=True)
+    ssh_port = models.PositiveIntegerField(null=True, blank=True)
+    ssh_user = models.CharField(max_length=32, blank=True)
+
+    # Price snapshot at booking, integer micro-dollars: later price changes never reach it.
+    price_per_gpu_hour_micros = models.BigIntegerField()
+    price_per_hour_micros = models.BigIntegerField()
+    # Platform fee snapshot at booking, in basis points (1500 = 15 %): the provider earns the price
+    # minus this share, for the instance's whole life, whatever PLATFORM_FEE_PERCENT becomes later.
+    platform_fee_bps = models.PositiveIntegerField(default=0)
+    # Metering (billing.services.metering), written only with this row locked. The instance is billed
+    # while `running`, per whole second since `started_at`; `billed_until` is where its last usage
+    # interval ended, `billed_seconds` and `cost_micros` the totals over its whole life, so that
+    # cost_micros == floor(price_per_hour_micros * billed_seconds / 3600) always (cumulative rounding).
+    billed_until = models.DateTimeField(null=True, blank=True)
+    billed_seconds = models.BigIntegerField(default=0)
+    cost_micros = models.BigIntegerField(default=0)
+
+    idempotency_key = models.CharField(max_length=100, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the create request.")
+
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When it last became running.")
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    destroyed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["renter", "idempotency_key"], condition=~Q(idempotency_key=""),
+                name="instance_unique_idempotency_key",
+            ),
+            models.CheckConstraint(condition=Q(num_gpus__gte=1), name="instance_num_gpus_positive"),
+            models.CheckConstraint(condition=Q(platform_fee_bps__lte=10_000), name="instance_fee_at_most_100_percent"),
+            models.CheckConstraint(condition=Q(billed_seconds__gte=0, cost_micros__gte=0),
+                                   name="instance_billing_totals_non_negative"),
+        ]
+        indexes = [models.Index(fields=["status"], name="instance_status_idx")]
+
+    def __str__(self):
+        return f"instance {self.pk} ({self.status})"
+
+    @property
+    def vm_id(self) -> str:
+        """The VM's name on the node: derived from the id, never from user input."""
+        return f"inst-{self.pk}"
+
+    def can_transition_to(self, target: str) -> bool:
+        return target in INSTANCE_TRANSITIONS[self.status]
+
+    def transition_to(self, target: str, message: str = "") -> None:
+        """Move to `target` in memory (the caller saves). Raises InvalidTransition."""
+        if not self.can_transition_to(target):
+            raise InvalidTransition(f"instance {self.pk}", self.status, target)
+        self.status = target
+        self.status_message = message[:500]
+
+
+class GpuAllocation(models.Model):
+    """An instance holds a GPU from `allocated_at` until `released_at`."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    allocated_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["gpu__index"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu"], condition=Q(released_at__isnull=True),
+                                    name="gpu_in_at_most_one_live_allocation"),
+        ]
+
+    def __str__(self):
+        return f"{self.gpu} → instance {self.instance_id}"

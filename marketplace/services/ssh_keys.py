@@ -1,0 +1,167 @@
+"""Renters' SSH public keys: strict parsing with paramiko, and the use cases that store them.
+
+A key reaches a VM's authorized_keys, so anything that is not exactly one plain public key
+is refused: authorized_keys options (`command="..."`, `no-pty`, ...), several keys in one
+field, control characters, bad base64, a type prefix that disagrees with the key data,
+certificates, DSA, security-key (FIDO) keys and RSA keys under 2048 bits. What is stored is
+the normalised `<type> <base64>`; the comment only serves as the key's default name.
+"""
+import base64
+import binascii
+import re
+import struct
+import unicodedata
+from dataclasses import dataclass
+from hashlib import sha256
+
+import paramiko
+from django.db import IntegrityError, transaction
+
+from marketplace.models import SshKey, User
+
+# What a VM accepts: the types of `ssh-keygen -t ed25519|ecdsa|rsa`.
+ACCEPTED_KEY_TYPES = (
+    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+)
+MIN_RSA_BITS = 2048
+MAX_RSA_BITS = 16384
+MAX_KEY_CHARS = 16384  # an RSA 16384 key is about 2,800 characters
+_B64_RE = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+# Why a known but refused type is refused, in words a renter can act on.
+_REFUSED_TYPES = {
+    "ssh-dss": "DSA (ssh-dss) keys are not accepted: OpenSSH has retired them. Use an ed25519 key "
+               "(ssh-keygen -t ed25519).",
+    "sk-ssh-ed25519@openssh.com": "Security-key (FIDO) keys are not supported yet; use an ed25519 key.",
+    "sk-ecdsa-sha2-nistp256@openssh.com": "Security-key (FIDO) keys are not supported yet; use an ed25519 key.",
+    "rsa-sha2-256": "rsa-sha2-256 is a signature algorithm, not a key type; an RSA key starts with ssh-rsa.",
+    "rsa-sha2-512": "rsa-sha2-512 is a signature algorithm, not a key type; an RSA key starts with ssh-rsa.",
+}
+_KNOWN_OPTIONS = {
+    "agent-forwarding", "cert-authority", "command", "environment", "expiry-time", "from", "no-agent-forwarding",
+    "no-port-forwarding", "no-pty", "no-user-rc", "no-x11-forwarding", "permitlisten", "permitopen",
+    "port-forwarding", "principals", "pty", "no-touch-required", "verify-required", "restrict", "tunnel",
+    "user-rc", "x11-forwarding",
+}
+
+
+class InvalidSshKey(ValueError):
+    """The text is not one acceptable OpenSSH public key; the message says why."""
+
+
+class SshKeyConflict(Exception):
+    """The user already has this key (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    key_type: str
+    public_key: str  # "<type> <base64>", normalised
+    fingerprint: str  # "SHA256:..." as `ssh-keygen -lf` prints it
+    comment: str
+    bits: int
+
+
+def _looks_like_options(token: str) -> bool:
+    name = token.split("=", 1)[0].split(",", 1)[0].lower()
+    return "=" in token or "," in token or '"' in token or name in _KNOWN_OPTIONS
+
+
+def _blob_type(blob: bytes) -> str | None:
+    """The type name the key data starts with (an SSH string), or None when it has none."""
+    if len(blob) < 4:
+        return None
+    (n,) = struct.unpack(">I", blob[:4])
+    if not 0 < n <= 64 or len(blob) < 4 + n:
+        return None
+    try:
+        return blob[4:4 + n].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+def parse_public_key(text: str) -> ParsedKey:
+    """Parse one OpenSSH public key line ("<type> <base64> [comment]"). Raises InvalidSshKey."""
+    if not isinstance(text, str):
+        raise InvalidSshKey("Must be a string holding one OpenSSH public key.")
+    value = text.strip()  # a trailing newline from `cat key.pub` is harmless
+    if not value:
+        raise InvalidSshKey("Paste one public key, e.g. the contents of ~/.ssh/id_ed25519.pub.")
+    if value.startswith("---- BEGIN SSH2 PUBLIC KEY"):
+        raise InvalidSshKey("This is an RFC 4716 (PuTTY) key; convert it with `ssh-keygen -i -f key.pub` first.")
+    if value.startswith("-----BEGIN"):
+        raise InvalidSshKey("This looks like a private key or a PEM file: never share a private key. "
+                            "Send the public key, the contents of the .pub file.")
+    if len(value) > MAX_KEY_CHARS:
+        raise InvalidSshKey(f"Too long for a public key (at most {MAX_KEY_CHARS} characters).")
+    if "\n" in value or "\r" in value:
+        raise InvalidSshKey("Holds several lines; send exactly one key per request.")
+    if any(unicodedata.category(ch).startswith("C") for ch in value):
+        raise InvalidSshKey("Control or invisible characters are not allowed; paste the key as one plain line.")
+    tokens = value.split()
+    key_type = tokens[0]
+    if key_type not in ACCEPTED_KEY_TYPES:
+        if key_type in _REFUSED_TYPES:
+            raise InvalidSshKey(_REFUSED_TYPES[key_type])
+        if key_type.endswith("-cert-v01@openssh.com"):
+            raise InvalidSshKey("Certificates are not accepted; send the plain public key.")
+        if _looks_like_options(key_type) or any(t in ACCEPTED_KEY_TYPES for t in tokens[1:]):
+            raise InvalidSshKey("authorized_keys options (such as command=, from=, no-pty) are not allowed; "
+                                "send only '<type> <key> [comment]'.")
+        raise InvalidSshKey(f"Unknown key type; accepted: {', '.join(ACCEPTED_KEY_TYPES)}.")
+    if len(tokens) < 2:
+        raise InvalidSshKey("The key data (base64) after the type is missing.")
+    body, comment_words = tokens[1], tokens[2:]
+    if any(w in ACCEPTED_KEY_TYPES or w in _REFUSED_TYPES or w.startswith("AAAA") for w in comment_words):
+        raise InvalidSshKey("Holds more than one key; send exactly one key per request.")
+    if not _B64_RE.fullmatch(body) or len(body) % 4:
+        raise InvalidSshKey("The key data is not valid base64.")
+    try:
+        blob = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidSshKey("The key data is not valid base64.") from None
+    inner = _blob_type(blob)
+    if inner != key_type:
+        shown = f" holds a {inner} key" if inner else " is not an SSH public key"
+        raise InvalidSshKey(f"The type prefix says {key_type} but the key data{shown}.")
+    try:
+        key = paramiko.PKey.from_type_string(key_type, blob)
+        canonical = bytes(key)
+    except Exception:  # noqa: BLE001 - paramiko, cryptography and nacl raise many kinds on bad data
+        raise InvalidSshKey(f"The key data is not a valid {key_type} key.") from None
+    if canonical != blob:
+        raise InvalidSshKey(f"The key data is not a valid {key_type} key (extra or malformed bytes).")
+    bits = key.get_bits()
+    if key_type == "ssh-rsa" and not MIN_RSA_BITS <= bits <= MAX_RSA_BITS:
+        raise InvalidSshKey(f"RSA keys must have {MIN_RSA_BITS} to {MAX_RSA_BITS} bits; this one has {bits}. "
+                            "Use an ed25519 key (ssh-keygen -t ed25519).")
+    digest = base64.b64encode(sha256(blob).digest()).decode().rstrip("=")
+    return ParsedKey(
+        key_type=key_type,
+        public_key=f"{key_type} {base64.b64encode(blob).decode()}",
+        fingerprint=f"SHA256:{digest}",
+        comment=" ".join(comment_words),
+        bits=bits,
+    )
+
+
+def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
+    """Store a key for `user`. Raises InvalidSshKey or SshKeyConflict (the same key twice)."""
+    parsed = parse_public_key(public_key)
+    key = SshKey(user=user, name=(name or parsed.comment)[:100], public_key=parsed.public_key,
+                 fingerprint=parsed.fingerprint)
+    try:
+        with transaction.atomic():
+            key.save()
+    except IntegrityError as exc:
+        if "sshkey_unique_per_user" not in str(exc):
+            raise
+        existing = SshKey.objects.filter(user=user, fingerprint=parsed.fingerprint).first()
+        label = f" as '{existing.name}' (id {existing.pk})" if existing and existing.name else (
+            f" (id {existing.pk})" if existing else "")
+        raise SshKeyConflict(f"You already added this key{label}; fingerprint {parsed.fingerprint}.") from None
+    return key
+
+
+def ssh_key_delete(*, ssh_key: SshKey) -> None:
+    """Forget a key. Instances created with it keep it: their keys were copied at creation."""
+    ssh_key.delete()
