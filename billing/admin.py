@@ -1,0 +1,277 @@
+"""The operators' view of money: read-only, except through actions that call a billing service.
+
+Nothing in the ledger (accounts, transactions, entries, usage) can be added, changed or deleted
+here. A manual credit, a reversal or a refund is an action with a form that asks for a reason; the
+service posts a ledger transaction that records the operator and the reason.
+"""
+from decimal import Decimal
+
+from django import forms
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+
+from billing.models import (
+    Account,
+    AccountKind,
+    BillingEvent,
+    BillingProfile,
+    Card,
+    Entry,
+    LedgerTransaction,
+    Payout,
+    PayoutStatus,
+    Refund,
+    StripeEvent,
+    StripeEventStatus,
+    TopUp,
+    UsageInterval,
+)
+from billing.services import ledger, payments, payouts
+from billing.services.stripe_gateway import PaymentError
+from marketplace.money import micros_to_usd, usd_to_micros
+
+
+def usd(micros: int | None) -> str:
+    return "" if micros is None else f"${micros_to_usd(micros)}"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View only: money is changed by services, never by editing rows."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=1000)
+
+
+class CreditForm(ReasonForm):
+    amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
+                                help_text="USD credited to each selected wallet.")
+
+
+class RefundForm(ReasonForm):
+    amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
+                                required=False, help_text="USD; leave empty to refund all that is left of each.")
+
+
+def _form_action(modeladmin, request, queryset, form_class, title, apply):
+    """An action with a form: show the form; on submit, call `apply(obj, data)` for each selected object."""
+    if "apply" in request.POST:
+        form = form_class(request.POST)
+        if form.is_valid():
+            done = 0
+            for obj in queryset:
+                try:
+                    apply(obj, form.cleaned_data)
+                    done += 1
+                except (PaymentError, ledger.LedgerError) as exc:
+                    modeladmin.message_user(request, f"{obj}: {getattr(exc, 'message', exc)}", messages.ERROR)
+            if done:
+                modeladmin.message_user(request, f"{title}: {done} done.", messages.SUCCESS)
+            return None
+    else:
+        form = form_class()
+    return TemplateResponse(request, "admin/billing/action_form.html", {
+        **modeladmin.admin_site.each_context(request), "title": title, "form": form, "objects": queryset,
+        "action": request.POST.get("action"), "opts": modeladmin.model._meta,
+        "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+    })
+
+
+@admin.register(Account)
+class AccountAdmin(ReadOnlyAdmin):
+    list_display = ["id", "kind", "user", "balance"]
+    list_filter = ["kind"]
+    search_fields = ["user__email"]
+    list_select_related = ["user"]
+    fields = ["kind", "user", "balance", "created_at"]
+    readonly_fields = fields
+    actions = ["credit"]
+
+    @admin.display(ordering="balance_micros")
+    def balance(self, account):
+        return usd(account.balance_micros)
+
+    @admin.action(description="Credit selected customer wallets (asks for amount and reason)")
+    def credit(self, request, queryset):
+        wallets = queryset.filter(kind=AccountKind.CUSTOMER_WALLET)
+        if wallets.count() != queryset.count():
+            self.message_user(request, "Only customer wallets can be credited.", messages.ERROR)
+            return None
+        return _form_action(self, request, wallets, CreditForm, "Credit wallets", lambda account, data: (
+            ledger.credit_grant(user=account.user, amount_micros=usd_to_micros(data["amount"]),
+                                reason=data["reason"], created_by=request.user)))
+
+
+class EntryInline(admin.TabularInline):
+    model = Entry
+    fields = ["account", "amount"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display()
+    def amount(self, entry):
+        return usd(entry.amount_micros)
+
+
+@admin.register(LedgerTransaction)
+class LedgerTransactionAdmin(ReadOnlyAdmin):
+    list_display = ["id", "created_at", "kind", "memo", "created_by", "reverses"]
+    list_filter = ["kind", "created_at"]
+    search_fields = ["idempotency_key", "memo", "reason", "created_by__email"]
+    list_select_related = ["created_by", "reverses"]
+    fields = ["idempotency_key", "kind", "memo", "reason", "created_by", "reverses", "created_at"]
+    readonly_fields = fields
+    inlines = [EntryInline]
+    actions = ["reverse"]
+
+    @admin.action(description="Reverse selected transactions (asks for a reason)")
+    def reverse(self, request, queryset):
+        return _form_action(self, request, queryset, ReasonForm, "Reverse transactions", lambda txn, data: (
+            ledger.ledger_reverse(txn=txn, reason=data["reason"], created_by=request.user)))
+
+
+@admin.register(UsageInterval)
+class UsageIntervalAdmin(ReadOnlyAdmin):
+    list_display = ["id", "instance", "started_at", "ended_at", "seconds", "amount", "fee"]
+    list_filter = ["ended_at"]
+    search_fields = ["instance__id", "instance__renter__email"]
+    raw_id_fields = ["instance"]
+    readonly_fields = ["instance", "started_at", "ended_at", "seconds", "price_per_hour_micros", "platform_fee_bps",
+                       "amount_micros", "fee_micros", "transaction", "created_at"]
+
+    @admin.display(ordering="amount_micros")
+    def amount(self, interval):
+        return usd(interval.amount_micros)
+
+    @admin.display(ordering="fee_micros")
+    def fee(self, interval):
+        return usd(interval.fee_micros)
+
+
+@admin.register(TopUp)
+class TopUpAdmin(ReadOnlyAdmin):
+    list_display = ["id", "created_at", "user", "amount", "status", "automatic", "card_label", "payment_intent_id"]
+    list_filter = ["status", "automatic", "created_at"]
+    search_fields = ["user__email", "payment_intent_id"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "amount_micros", "card", "card_label", "automatic", "status", "failure_message",
+                       "payment_intent_id", "idempotency_key", "transaction", "created_at", "updated_at",
+                       "credited_at"]
+    actions = ["refund"]
+
+    @admin.display(ordering="amount_micros")
+    def amount(self, top_up):
+        return usd(top_up.amount_micros)
+
+    @admin.action(description="Refund selected top-ups to their cards (asks for amount and reason)")
+    def refund(self, request, queryset):
+        def apply(top_up, data):
+            amount = usd_to_micros(data["amount"]) if data["amount"] else payments.refundable_micros(top_up=top_up)
+            payments.refund_create(top_up=top_up, amount_micros=amount, reason=data["reason"],
+                                   created_by=request.user)
+        return _form_action(self, request, queryset, RefundForm, "Refund top-ups", apply)
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyAdmin):
+    list_display = ["id", "created_at", "top_up", "amount", "status", "created_by", "stripe_refund_id"]
+    list_filter = ["status"]
+    search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
+    readonly_fields = ["top_up", "amount_micros", "status", "stripe_refund_id", "reason", "created_by",
+                       "failure_message", "transaction", "created_at"]
+
+    @admin.display(ordering="amount_micros")
+    def amount(self, refund):
+        return usd(refund.amount_micros)
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ReadOnlyAdmin):
+    list_display = ["event_id", "type", "status", "deliveries", "received_at", "processed_at"]
+    list_filter = ["status", "type"]
+    search_fields = ["event_id", "type"]
+    readonly_fields = ["event_id", "type", "status", "error", "deliveries", "received_at", "processed_at", "payload"]
+    actions = ["process_again"]
+
+    @admin.action(description="Process selected failed events again")
+    def process_again(self, request, queryset):
+        for event in queryset.filter(status=StripeEventStatus.FAILED):
+            event = payments.stripe_event_process(event_id=event.pk)
+            self.message_user(request, f"{event.event_id}: {event.status}")
+
+
+@admin.register(Payout)
+class PayoutAdmin(ReadOnlyAdmin):
+    list_display = ["id", "provider", "period_start", "period_end", "amount", "status", "transfer_id", "attempts"]
+    list_filter = ["status", "period_start"]
+    search_fields = ["provider__email", "transfer_id", "destination"]
+    readonly_fields = ["provider", "period_start", "period_end", "amount_micros", "destination", "status",
+                       "transfer_id", "failure_message", "attempts", "transaction", "reversal", "created_at",
+                       "paid_at"]
+    actions = ["send_again"]
+
+    @admin.display(ordering="amount_micros")
+    def amount(self, payout):
+        return usd(payout.amount_micros)
+
+    @admin.action(description="Send selected pending payouts again")
+    def send_again(self, request, queryset):
+        for payout in queryset.filter(status=PayoutStatus.PENDING):
+            payout = payouts.payout_send(payout=payout)
+            self.message_user(request, f"payout {payout.pk}: {payout.status} {payout.failure_message}")
+
+
+@admin.register(BillingProfile)
+class BillingProfileAdmin(admin.ModelAdmin):
+    """Operators may set a provider's Connect account; nothing else here is editable."""
+
+    list_display = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
+                    "low_balance_warned_at", "depleted_at"]
+    search_fields = ["user__email", "stripe_customer_id", "stripe_connect_account_id"]
+    list_select_related = ["user"]
+    fields = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
+              "auto_top_up_threshold_micros", "auto_top_up_amount_micros", "auto_top_up_card",
+              "low_balance_warned_at", "depleted_at", "destroy_warned_at", "created_at"]
+    readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Card)
+class CardAdmin(ReadOnlyAdmin):
+    list_display = ["id", "user", "brand", "last4", "exp_month", "exp_year", "created_at"]
+    search_fields = ["user__email", "stripe_payment_method_id"]
+    readonly_fields = ["user", "stripe_payment_method_id", "brand", "last4", "exp_month", "exp_year", "created_at"]
+
+
+@admin.register(BillingEvent)
+class BillingEventAdmin(ReadOnlyAdmin):
+    list_display = ["id", "created_at", "user", "kind", "short_message", "emailed"]
+    list_filter = ["kind", "emailed"]
+    search_fields = ["user__email", "message"]
+    readonly_fields = ["user", "kind", "message", "data", "emailed", "created_at"]
+
+    @admin.display(description="message")
+    def short_message(self, event):
+        return format_html("{}", event.message[:120])

@@ -1,0 +1,204 @@
+"""Reads with rules: whose usage a user sees, monthly statements, provider earnings.
+
+Statements and earnings are built from ledger entries grouped by the month (UTC) in which they were
+posted, so that each month's opening balance plus its movements is its closing balance, exactly.
+"""
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import TruncMonth
+from django.utils import timezone
+
+from billing.models import (
+    Account,
+    AccountKind,
+    BillingEvent,
+    Card,
+    Entry,
+    Payout,
+    Refund,
+    TopUp,
+    TransactionKind,
+    UsageInterval,
+)
+from marketplace.models import Instance, InstanceStatus, User
+
+
+def usage_for_user(*, user: User) -> QuerySet[UsageInterval]:
+    return UsageInterval.objects.filter(instance__renter=user).select_related("instance")
+
+
+def top_ups_for_user(*, user: User) -> QuerySet[TopUp]:
+    return TopUp.objects.filter(user=user)
+
+
+def cards_for_user(*, user: User) -> QuerySet[Card]:
+    return Card.objects.filter(user=user)
+
+
+def events_for_user(*, user: User) -> QuerySet[BillingEvent]:
+    return BillingEvent.objects.filter(user=user)
+
+
+def payouts_for_user(*, user: User) -> QuerySet[Payout]:
+    return Payout.objects.filter(provider=user)
+
+
+def burn_rate_micros(*, user: User) -> int:
+    """What the user's running instances cost per hour now."""
+    return Instance.objects.filter(renter=user, status=InstanceStatus.RUNNING).aggregate(
+        rate=Sum("price_per_hour_micros"))["rate"] or 0
+
+
+def month_bounds(month: date) -> tuple[datetime, datetime]:
+    start = datetime(month.year, month.month, 1, tzinfo=UTC)
+    end = datetime(month.year + (month.month == 12), month.month % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+def _account(user: User, kind: str) -> Account | None:
+    return Account.objects.filter(user=user, kind=kind).first()
+
+
+# ------------------------------------------------------------------------------------ statements
+
+
+@dataclass
+class Statement:
+    month: date
+    opening_micros: int = 0
+    closing_micros: int = 0
+    usage_micros: int = 0  # positive: what was charged
+    top_ups_micros: int = 0
+    refunds_micros: int = 0  # positive: what was given back
+    adjustments_micros: int = 0  # credits and reversals, signed
+    usage_lines: list[dict] = field(default_factory=list)
+    top_ups: list[TopUp] = field(default_factory=list)
+    refunds: list[Refund] = field(default_factory=list)
+    adjustments: list[dict] = field(default_factory=list)
+
+
+_KIND_TOTALS = {
+    TransactionKind.USAGE: "usage_micros",
+    TransactionKind.TOP_UP: "top_ups_micros",
+    TransactionKind.REFUND: "refunds_micros",
+}
+
+
+def _apply_totals(statement: Statement, kind: str, total: int) -> None:
+    attr = _KIND_TOTALS.get(kind)
+    if attr in ("usage_micros", "refunds_micros"):
+        setattr(statement, attr, getattr(statement, attr) - total)
+    elif attr:
+        setattr(statement, attr, getattr(statement, attr) + total)
+    else:
+        statement.adjustments_micros += total
+
+
+def statement_months(*, user: User) -> list[Statement]:
+    """Every month with activity in the user's wallet, newest first, with totals (no lines)."""
+    wallet = _account(user, AccountKind.CUSTOMER_WALLET)
+    if wallet is None:
+        return []
+    rows = (Entry.objects.filter(account=wallet).annotate(month=TruncMonth("transaction__created_at", tzinfo=UTC))
+            .values("month", "transaction__kind").annotate(total=Sum("amount_micros")).order_by("month"))
+    months: dict[date, Statement] = {}
+    for row in rows:
+        month = row["month"].date()
+        statement = months.setdefault(month, Statement(month=month))
+        _apply_totals(statement, row["transaction__kind"], row["total"])
+    running = 0
+    for statement in months.values():  # oldest first
+        statement.opening_micros = running
+        running += (statement.top_ups_micros - statement.usage_micros - statement.refunds_micros
+                    + statement.adjustments_micros)
+        statement.closing_micros = running
+    return sorted(months.values(), key=lambda s: s.month, reverse=True)
+
+
+def statement_for(*, user: User, month: date) -> Statement:
+    """The statement of one month: usage per instance, top-ups, refunds, adjustments, and totals."""
+    start, end = month_bounds(month)
+    statement = Statement(month=start.date())
+    wallet = _account(user, AccountKind.CUSTOMER_WALLET)
+    if wallet is None:
+        return statement
+    entries = Entry.objects.filter(account=wallet)
+    statement.opening_micros = entries.filter(transaction__created_at__lt=start).aggregate(
+        total=Sum("amount_micros"))["total"] or 0
+    in_month = entries.filter(transaction__created_at__gte=start, transaction__created_at__lt=end)
+    for row in in_month.values("transaction__kind").annotate(total=Sum("amount_micros")).order_by():
+        _apply_totals(statement, row["transaction__kind"], row["total"])
+    statement.closing_micros = (statement.opening_micros + statement.top_ups_micros - statement.usage_micros
+                                - statement.refunds_micros + statement.adjustments_micros)
+    lines = (UsageInterval.objects.filter(instance__renter=user, created_at__gte=start, created_at__lt=end)
+             .values("instance_id", "instance__label", "instance__gpu_model__slug", "instance__num_gpus",
+                     "price_per_hour_micros")
+             .annotate(seconds=Sum("seconds"), amount=Sum("amount_micros"), intervals=Count("id"),
+                       first=Min("started_at"), last=Max("ended_at"))
+             .order_by("instance_id"))
+    statement.usage_lines = [
+        {"instance": r["instance_id"], "label": r["instance__label"], "gpu_model": r["instance__gpu_model__slug"],
+         "num_gpus": r["instance__num_gpus"], "price_per_hour_micros": r["price_per_hour_micros"],
+         "seconds": r["seconds"], "amount_micros": r["amount"], "intervals": r["intervals"],
+         "from": r["first"], "to": r["last"]}
+        for r in lines
+    ]
+    statement.top_ups = list(TopUp.objects.filter(user=user, transaction__created_at__gte=start,
+                                                  transaction__created_at__lt=end).order_by("transaction__created_at"))
+    statement.refunds = list(Refund.objects.filter(top_up__user=user, transaction__created_at__gte=start,
+                                                   transaction__created_at__lt=end)
+                             .order_by("transaction__created_at"))
+    statement.adjustments = [
+        {"at": e.transaction.created_at, "kind": e.transaction.kind, "amount_micros": e.amount_micros,
+         "memo": e.transaction.memo, "reason": e.transaction.reason}
+        for e in in_month.exclude(transaction__kind__in=list(_KIND_TOTALS)).select_related("transaction")
+        .order_by("transaction__created_at", "pk")
+    ]
+    return statement
+
+
+# -------------------------------------------------------------------------------------- earnings
+
+
+@dataclass
+class Earnings:
+    balance_micros: int = 0  # earned and not paid out yet
+    earned_micros: int = 0  # all time, after the platform fee
+    paid_out_micros: int = 0
+    gross_micros: int = 0  # what renters paid for the provider's instances
+    fees_micros: int = 0  # the platform's share of it
+    seconds: int = 0
+    months: list[dict] = field(default_factory=list)
+
+
+def earnings_for(*, user: User) -> Earnings:
+    account = _account(user, AccountKind.PROVIDER_EARNINGS)
+    result = Earnings()
+    if account is None:
+        return result
+    result.balance_micros = account.balance_micros
+    rows = (Entry.objects.filter(account=account)
+            .annotate(month=TruncMonth("transaction__created_at", tzinfo=UTC))
+            .values("month").order_by("-month")
+            .annotate(earned=Sum("amount_micros", filter=Q(transaction__kind=TransactionKind.USAGE)),
+                      paid=Sum("amount_micros", filter=Q(transaction__kind__in=[TransactionKind.PAYOUT,
+                                                                                TransactionKind.PAYOUT_REVERSAL])),
+                      other=Sum("amount_micros", filter=~Q(transaction__kind__in=[
+                          TransactionKind.USAGE, TransactionKind.PAYOUT, TransactionKind.PAYOUT_REVERSAL]))))
+    for row in rows:
+        earned, paid = (row["earned"] or 0) + (row["other"] or 0), -(row["paid"] or 0)
+        result.earned_micros += earned
+        result.paid_out_micros += paid
+        result.months.append({"month": row["month"].date(), "earned_micros": earned, "paid_out_micros": paid})
+    fees = (UsageInterval.objects.filter(instance__node__provider=user)
+            .aggregate(amount=Sum("amount_micros"), fee=Sum("fee_micros"), seconds=Sum("seconds")))
+    result.gross_micros = fees["amount"] or 0
+    result.fees_micros = fees["fee"] or 0
+    result.seconds = fees["seconds"] or 0
+    return result
+
+
+def current_month() -> date:
+    return timezone.now().date().replace(day=1)

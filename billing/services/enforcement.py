@@ -1,0 +1,189 @@
+"""Low and empty balances, acted on after every meter tick.
+
+- Low: when a renter's balance covers less than BILLING_LOW_BALANCE_WARNING_S of their running instances,
+  they get a `low_balance` event and an email, once per crossing (again only after the balance has
+  recovered above the threshold, or nothing ran, in between).
+- Empty (balance ≤ 0): their running instances are stopped (disk kept; billing ends at the stop) in the
+  same tick, with a `balance_depleted` event and email. The balance can dip below zero by at most one
+  tick of usage; that is owed, and the next top-up settles it.
+- Grace: stopped instances of a renter whose balance stays at or below zero are destroyed
+  BILLING_GRACE_PERIOD_S after it reached zero, with a `destroy_warning` event and email
+  BILLING_DESTROY_WARNING_S before. A top-up that brings the balance above zero ends all of it.
+- Auto top-up: renters who turned it on and are below their threshold get a top-up started.
+"""
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing.models import Account, AccountKind, BillingProfile, EventKind
+from billing.services.ledger import wallet_balance
+from billing.services.notify import event_create
+from billing.services.payments import auto_top_up_start
+from marketplace.models import Instance, InstanceStatus, User
+from marketplace.money import micros_to_usd
+from marketplace.services.instances import InstanceError, instance_destroy, instance_stop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EnforceResult:
+    warned: int = 0
+    depleted: int = 0
+    stopped: int = 0
+    destroy_warned: int = 0
+    destroyed: int = 0
+    auto_top_ups: int = 0
+
+
+def _duration(seconds: int) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds // 86400} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds // 3600} hours"
+    if seconds >= 120:
+        return f"{seconds // 60} minutes"
+    return f"{max(seconds, 0)} seconds"
+
+
+def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
+    now = now or timezone.now()
+    result = EnforceResult()
+    burn = dict(  # renter -> micro-dollars per hour of their running instances
+        Instance.objects.filter(status=InstanceStatus.RUNNING).order_by().values("renter_id")
+        .annotate(rate=Sum("price_per_hour_micros")).values_list("renter_id", "rate")
+    )
+    with_stopped = set(Instance.objects.filter(status=InstanceStatus.STOPPED).order_by()
+                       .values_list("renter_id", flat=True).distinct())
+    flagged = set(BillingProfile.objects.exclude(low_balance_warned_at=None, depleted_at=None)
+                  .values_list("user_id", flat=True))
+    renters = set(burn) | with_stopped | flagged
+    balances = dict(Account.objects.filter(kind=AccountKind.CUSTOMER_WALLET, user_id__in=renters)
+                    .values_list("user_id", "balance_micros"))
+    profiles = {p.user_id: p for p in BillingProfile.objects.filter(user_id__in=renters)}
+
+    for renter_id in sorted(renters):
+        balance = balances.get(renter_id, 0)
+        profile = profiles.get(renter_id)
+        warned = profile is not None and profile.low_balance_warned_at is not None
+        rate = burn.get(renter_id)
+        if rate and balance <= 0:
+            stopped = _deplete(renter_id, now)
+            result.stopped += stopped
+            result.depleted += stopped > 0
+            continue
+        if rate and balance * 3600 // rate < settings.BILLING_LOW_BALANCE_WARNING_S:
+            if not warned:
+                result.warned += _warn_low(renter_id, balance, rate, balance * 3600 // rate, now)
+        elif warned:  # recovered, or nothing runs: the next low balance is a new crossing
+            BillingProfile.objects.filter(pk=profile.pk).update(low_balance_warned_at=None)
+        if balance > 0:
+            if profile is not None and profile.depleted_at is not None:
+                BillingProfile.objects.filter(pk=profile.pk).update(depleted_at=None, destroy_warned_at=None)
+        elif renter_id in with_stopped:
+            outcome = _grace(renter_id, now)
+            result.destroy_warned += outcome == "warned"
+            result.destroyed += outcome == "destroyed"
+
+    for user_id in BillingProfile.objects.filter(auto_top_up_enabled=True).values_list("user_id", flat=True):
+        if auto_top_up_start(user_id=user_id) is not None:
+            result.auto_top_ups += 1
+    return result
+
+
+def _warn_low(renter_id: int, balance: int, rate: int, remaining: int, now: datetime) -> int:
+    with transaction.atomic():
+        profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
+        profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
+        if profile.low_balance_warned_at is not None:
+            return 0
+        profile.low_balance_warned_at = now
+        profile.save(update_fields=["low_balance_warned_at"])
+        event_create(
+            user=User.objects.get(pk=renter_id), kind=EventKind.LOW_BALANCE, email=True,
+            message=(f"Your balance is ${micros_to_usd(balance)}: about {_duration(remaining)} of your running "
+                     f"instances (${micros_to_usd(rate)} per hour). At zero they are stopped; top up to keep "
+                     "them running."),
+            data={"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
+                  "seconds_left": remaining},
+        )
+    return 1
+
+
+def _deplete(renter_id: int, now: datetime) -> int:
+    """Stop the renter's running instances (their balance is at or below zero); how many were stopped."""
+    with transaction.atomic():
+        profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
+        profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
+        if wallet_balance(user_id=renter_id) > 0:  # topped up meanwhile
+            return 0
+        stopped = []
+        for instance in Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.RUNNING).order_by("pk"):
+            try:
+                instance_stop(instance=instance)
+                stopped.append(instance.pk)
+            except InstanceError as exc:  # it changed state meanwhile
+                log.info("could not stop instance %s at zero balance: %s", instance.pk, exc)
+        newly = profile.depleted_at is None
+        if newly:
+            profile.depleted_at = now
+            profile.destroy_warned_at = None
+            profile.save(update_fields=["depleted_at", "destroy_warned_at"])
+        if stopped:
+            destroy_at = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
+            event_create(
+                user=User.objects.get(pk=renter_id), kind=EventKind.BALANCE_DEPLETED, email=True,
+                message=(f"Your balance reached zero, so your running instances ({', '.join(map(str, stopped))}) "
+                         f"were stopped. Their disks are kept (stopped instances are not charged) until "
+                         f"{destroy_at:%Y-%m-%d %H:%M} UTC; after that they are destroyed unless you top up."),
+                data={"instances": stopped, "destroy_at": destroy_at.isoformat()},
+            )
+    return len(stopped)
+
+
+def _grace(renter_id: int, now: datetime) -> str:
+    """For a renter at zero with stopped instances: warn before the grace period ends, destroy after it."""
+    with transaction.atomic():
+        profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
+        profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
+        if wallet_balance(user_id=renter_id) > 0:
+            return ""
+        if profile.depleted_at is None:
+            profile.depleted_at = now
+            profile.save(update_fields=["depleted_at"])
+        deadline = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
+        stopped = list(Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.STOPPED).order_by("pk"))
+        if not stopped:
+            return ""
+        user = User.objects.get(pk=renter_id)
+        if now >= deadline:
+            destroyed = []
+            for instance in stopped:
+                try:
+                    instance_destroy(instance=instance)
+                    destroyed.append(instance.pk)
+                except InstanceError as exc:
+                    log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
+            if destroyed:
+                event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,
+                             message=(f"Your balance stayed at zero for {_duration(settings.BILLING_GRACE_PERIOD_S)}, "
+                                      f"so your stopped instances ({', '.join(map(str, destroyed))}) were destroyed "
+                                      "with their disks."),
+                             data={"instances": destroyed})
+            return "destroyed"
+        warn_from = deadline - timedelta(seconds=settings.BILLING_DESTROY_WARNING_S)
+        if now >= warn_from and profile.destroy_warned_at is None:
+            profile.destroy_warned_at = now
+            profile.save(update_fields=["destroy_warned_at"])
+            event_create(user=user, kind=EventKind.DESTROY_WARNING, email=True,
+                         message=(f"Your balance is at zero. Your stopped instances "
+                                  f"({', '.join(str(i.pk) for i in stopped)}) will be destroyed with their disks "
+                                  f"at {deadline:%Y-%m-%d %H:%M} UTC unless you top up before."),
+                         data={"instances": [i.pk for i in stopped], "destroy_at": deadline.isoformat()})
+            return "warned"
+    return ""

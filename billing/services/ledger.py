@@ -1,0 +1,182 @@
+"""The ledger: accounts, posting balanced transactions once, balances, reversals, manual credits.
+
+Every movement of money is one `ledger_post`: a transaction with a unique idempotency key and entries
+that sum to zero, with the cached balances of the accounts it touches updated in the same database
+transaction. Accounts are locked (SELECT ... FOR UPDATE) in the order of their ids, so two postings
+that touch the same accounts queue behind each other instead of deadlocking. Posting twice with the
+same key returns the first transaction and changes nothing: the unique constraint decides, not a
+"check, then insert".
+"""
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from billing.models import (
+    Account,
+    AccountKind,
+    Entry,
+    EventKind,
+    LedgerTransaction,
+    TransactionKind,
+)
+from marketplace.money import micros_to_usd
+
+
+class LedgerError(Exception):
+    """A posting that cannot be made; nothing was written."""
+
+
+def platform_account(kind: str) -> Account:
+    """One of the platform's own accounts (revenue, clearing, promotions), created on first use."""
+    account, _ = Account.objects.get_or_create(kind=kind, user=None)
+    return account
+
+
+def user_account(*, user_id: int, kind: str) -> Account:
+    """A user's wallet or earnings account, created on first use."""
+    account, _ = Account.objects.get_or_create(kind=kind, user_id=user_id)
+    return account
+
+
+def wallet_balance(*, user_id: int) -> int:
+    """The user's wallet balance in micro-dollars (0 before their first transaction)."""
+    value = (Account.objects.filter(kind=AccountKind.CUSTOMER_WALLET, user_id=user_id)
+             .values_list("balance_micros", flat=True).first())
+    return value or 0
+
+
+def earnings_balance(*, user_id: int) -> int:
+    value = (Account.objects.filter(kind=AccountKind.PROVIDER_EARNINGS, user_id=user_id)
+             .values_list("balance_micros", flat=True).first())
+    return value or 0
+
+
+def ledger_post(
+    *,
+    idempotency_key: str,
+    kind: str,
+    lines: Sequence[tuple[Account, int]],
+    memo: str = "",
+    reason: str = "",
+    created_by=None,
+    reverses: LedgerTransaction | None = None,
+    at: datetime | None = None,
+) -> tuple[LedgerTransaction, bool]:
+    """Post a transaction once: (transaction, True), or (the earlier one, False) for a key seen before.
+
+    `lines` are (account, amount) pairs, amounts integer micro-dollars, not zero, summing to zero.
+    Raises LedgerError for lines that do not balance.
+    """
+    if len(lines) < 2:
+        raise LedgerError("A transaction needs at least two entries.")
+    for _, amount in lines:
+        if type(amount) is not int or amount == 0:  # no floats, no Decimals, no bools, no zero entries
+            raise LedgerError(f"Entry amounts are non-zero integers of micro-dollars, not {amount!r}.")
+    if sum(amount for _, amount in lines) != 0:
+        raise LedgerError(f"The entries sum to {sum(a for _, a in lines)}, not zero.")
+    if not idempotency_key:
+        raise LedgerError("A transaction needs an idempotency key.")
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                txn = LedgerTransaction.objects.create(
+                    idempotency_key=idempotency_key, kind=kind, memo=memo[:300], reason=reason,
+                    created_by=created_by, reverses=reverses, created_at=at or timezone.now(),
+                )
+        except IntegrityError:
+            existing = LedgerTransaction.objects.filter(idempotency_key=idempotency_key).first()
+            if existing is None:
+                raise
+            return existing, False
+        deltas: dict[int, int] = defaultdict(int)
+        for account, amount in lines:
+            deltas[account.pk] += amount
+        _lock_accounts(deltas)
+        Entry.objects.bulk_create(Entry(transaction=txn, account=account, amount_micros=amount)
+                                  for account, amount in lines)
+        for account_id, delta in sorted(deltas.items()):
+            if delta:
+                Account.objects.filter(pk=account_id).update(balance_micros=F("balance_micros") + delta)
+    return txn, True
+
+
+def _lock_accounts(account_ids) -> None:
+    """Row locks on the accounts, always taken in id order (no deadlocks between postings)."""
+    list(Account.objects.select_for_update().filter(pk__in=list(account_ids)).order_by("pk")
+         .values_list("pk", flat=True))
+
+
+def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by=None,
+                   idempotency_key: str | None = None) -> tuple[LedgerTransaction, bool]:
+    """Undo a transaction with one that posts the opposite entries. A transaction is reversed at most once."""
+    if txn.reverses_id is not None:
+        raise LedgerError("A reversal cannot itself be reversed; post a new transaction instead.")
+    existing = LedgerTransaction.objects.filter(reverses=txn).first()
+    if existing is not None:
+        return existing, False
+    lines = [(entry.account, -entry.amount_micros) for entry in txn.entries.select_related("account")]
+    try:
+        return ledger_post(
+            idempotency_key=idempotency_key or f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL, lines=lines,
+            memo=f"Reverses #{txn.pk}: {txn.memo}", reason=reason, created_by=created_by, reverses=txn,
+        )
+    except IntegrityError:  # reversed meanwhile under another key
+        existing = LedgerTransaction.objects.filter(reverses=txn).first()
+        if existing is None:
+            raise
+        return existing, False
+
+
+def credit_grant(*, user, amount_micros: int, reason: str, created_by=None, idempotency_key: str | None = None,
+                 memo: str = "") -> tuple[LedgerTransaction, bool]:
+    """Credit a customer's wallet from the platform's promotions account (an operator's credit, the demo's).
+
+    `created_by` is the operator; `reason` is kept with the transaction. Idempotent on `idempotency_key`
+    (a fresh one per call when not given).
+    """
+    if type(amount_micros) is not int or amount_micros <= 0:
+        raise LedgerError("A credit is a positive amount.")
+    if not reason.strip():
+        raise LedgerError("Give a reason for the credit.")
+    from billing.services.notify import event_create  # notify imports nothing of ledger's callers
+
+    with transaction.atomic():
+        txn, created = ledger_post(
+            idempotency_key=idempotency_key or f"credit:{uuid.uuid4()}", kind=TransactionKind.CREDIT,
+            lines=[(user_account(user_id=user.pk, kind=AccountKind.CUSTOMER_WALLET), amount_micros),
+                   (platform_account(AccountKind.PROMOTIONS), -amount_micros)],
+            memo=memo or f"Credit of ${micros_to_usd(amount_micros)}", reason=reason, created_by=created_by,
+        )
+        if created:
+            event_create(user=user, kind=EventKind.CREDIT, message=f"${micros_to_usd(amount_micros)} was credited "
+                         f"to your balance: {reason}", data={"amount": str(micros_to_usd(amount_micros))})
+    return txn, created
+
+
+def funds_required_micros(*, price_per_hour_micros: int) -> int:
+    """The balance renting at this hourly price needs (BILLING_FUNDS_REQUIRED_S of it, rounded up)."""
+    return -(-price_per_hour_micros * settings.BILLING_FUNDS_REQUIRED_S // 3600)
+
+
+def funds_shortfall(*, user_id: int, price_per_hour_micros: int) -> tuple[int, int, int]:
+    """(missing, required, balance) in micro-dollars for renting at this price; missing is 0 when enough."""
+    required = funds_required_micros(price_per_hour_micros=price_per_hour_micros)
+    balance = wallet_balance(user_id=user_id)
+    return max(required - balance, 0), required, balance
+
+
+def demo_credit_grant(*, user) -> tuple[LedgerTransaction, bool]:
+    """The demo customer's starting credit (BILLING_DEMO_CREDIT_USD): an ordinary credit, posted once per user."""
+    from decimal import Decimal
+
+    from marketplace.money import usd_to_micros
+
+    return credit_grant(user=user, amount_micros=usd_to_micros(Decimal(settings.BILLING_DEMO_CREDIT_USD)),
+                        reason="Demo starting credit", idempotency_key=f"demo-credit:{user.pk}",
+                        memo="Demo starting credit")

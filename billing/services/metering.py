@@ -1,0 +1,326 @@
+"""Metering: charge running instances per second at their price snapshot, in balanced ledger transactions.
+
+An instance is billed while it is `running`: from `started_at` (when it last became running) until it
+leaves that state (a stop, restart or destroy request, or a failure), in whole seconds counted from
+`started_at` (the last part-second of a run is not billed). Nothing is billed while it is requested,
+provisioning, starting, stopping or stopped: a failed provisioning never ran and costs nothing, and a
+stopped instance's disk is not charged.
+
+Each closed stretch of time is a `UsageInterval` [start, end) with one ledger transaction: the
+renter's wallet pays `amount`, the provider earns `amount - fee`, the platform keeps `fee`. Rounding
+is cumulative over the instance's whole life, so totals do not depend on how often the meter runs:
+
+    cost(S seconds) = floor(price_per_hour_micros × S / 3600)
+    fee(S seconds)  = floor(cost(S) × platform_fee_bps / 10000)
+    an interval from S0 to S1 billed seconds charges cost(S1) - cost(S0) and keeps fee(S1) - fee(S0).
+
+Each interval is written in one database transaction with the instance row locked (the interval, its
+ledger transaction and entries, the balances, and the instance's `billed_until` / `billed_seconds` /
+`cost_micros`): a crash leaves either all of it or none, and the next run starts from `billed_until`
+again, so no second is lost or charged twice. The unique constraints (instance + interval start;
+the ledger idempotency key `usage:<instance>:<start in µs>`) make a second writer fail rather than
+double-charge.
+
+Two ways to run the per-minute tick, with the same results:
+- PostgreSQL: set-based SQL in batches of running instances locked FOR UPDATE SKIP LOCKED (instances a
+  state change holds right now are billed by that change or the next tick), under an advisory lock so
+  that one tick runs at a time;
+- any other database (the SQLite first-run default): one short transaction per instance.
+"""
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from billing.models import Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
+from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
+from marketplace.models import Instance, InstanceStatus, Node
+
+log = logging.getLogger(__name__)
+
+SECOND = timedelta(seconds=1)
+MICROSECOND = timedelta(microseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ADVISORY_LOCK_KEY = 0x6269_6C6C_6D65_7472  # "billmetr": one metering tick at a time (PostgreSQL)
+
+
+# ------------------------------------------------------------------------------------------ fees
+
+
+def platform_fee_bps() -> int:
+    """PLATFORM_FEE_PERCENT in basis points (15 → 1500): what new bookings snapshot."""
+    percent = Decimal(settings.PLATFORM_FEE_PERCENT)
+    bps = percent * 100
+    if bps != bps.to_integral_value() or not 0 <= bps < 10_000:
+        raise ImproperlyConfigured(f"PLATFORM_FEE_PERCENT must be 0 to 99.99 with at most two decimals, not {percent}")
+    return int(bps)
+
+
+def fee_percent(bps: int) -> Decimal:
+    return (Decimal(bps) / 100).quantize(Decimal("0.01"))
+
+
+# ------------------------------------------------------------------------------------ arithmetic
+
+
+def cost_for(price_per_hour_micros: int, seconds: int) -> int:
+    return price_per_hour_micros * seconds // 3600
+
+
+def fee_for(cost_micros: int, bps: int) -> int:
+    return cost_micros * bps // 10_000
+
+
+def usage_key(instance_id: int, start: datetime) -> str:
+    """The ledger idempotency key of the interval that starts at `start` (the same in SQL below)."""
+    return f"usage:{instance_id}:{(start - EPOCH) // MICROSECOND}"
+
+
+@dataclass(frozen=True)
+class Charge:
+    start: datetime
+    end: datetime
+    seconds: int
+    amount: int
+    fee: int
+
+
+def next_charge(instance: Instance, until: datetime) -> Charge | None:
+    """What closing the instance's usage up to `until` would charge; None when there is no whole second."""
+    if instance.status != InstanceStatus.RUNNING or instance.started_at is None:
+        return None
+    start = max(instance.billed_until or instance.started_at, instance.started_at)
+    end = instance.started_at + ((until - instance.started_at) // SECOND) * SECOND
+    if end <= start:
+        return None
+    seconds = (end - start) // SECOND
+    cost = cost_for(instance.price_per_hour_micros, instance.billed_seconds + seconds)
+    amount = cost - instance.cost_micros
+    fee = fee_for(cost, instance.platform_fee_bps) - fee_for(instance.cost_micros, instance.platform_fee_bps)
+    return Charge(start=start, end=end, seconds=seconds, amount=amount, fee=fee)
+
+
+def instance_cost_so_far(*, instance: Instance, now: datetime | None = None) -> int:
+    """What the instance has cost: what was charged, plus the whole seconds of this run not metered yet."""
+    charge = next_charge(instance, now or timezone.now())
+    return instance.cost_micros + (charge.amount if charge else 0)
+
+
+# ------------------------------------------------------------------------- one instance (services)
+
+
+def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageInterval | None:
+    """Charge a running instance's usage up to `until` (now): the final interval of a run, or a tick's.
+
+    Call it inside the transaction that holds the instance's row lock (instance services do, at the
+    moment the instance leaves `running`). Updates `instance` in memory and in the database.
+    Returns the interval, or None when there was not a whole second to bill.
+    """
+    until = until or timezone.now()
+    charge = next_charge(instance, until)
+    if charge is None:
+        return None
+    with transaction.atomic():
+        txn = None
+        if charge.amount > 0:
+            provider_id = Node.objects.values_list("provider_id", flat=True).get(pk=instance.node_id)
+            lines = [(user_account(user_id=instance.renter_id, kind=AccountKind.CUSTOMER_WALLET), -charge.amount)]
+            if charge.amount - charge.fee:
+                lines.append((user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS),
+                              charge.amount - charge.fee))
+            if charge.fee:
+                lines.append((platform_account(AccountKind.PLATFORM_REVENUE), charge.fee))
+            txn, created = ledger_post(
+                idempotency_key=usage_key(instance.pk, charge.start), kind=TransactionKind.USAGE, lines=lines,
+                memo=f"Instance {instance.pk}: {charge.seconds} s", at=until,
+            )
+            if not created:  # the instance row said otherwise: refuse rather than charge twice
+                raise LedgerError(f"instance {instance.pk}: usage from {charge.start} was already posted")
+        interval = UsageInterval.objects.create(
+            instance_id=instance.pk, started_at=charge.start, ended_at=charge.end, seconds=charge.seconds,
+            price_per_hour_micros=instance.price_per_hour_micros, platform_fee_bps=instance.platform_fee_bps,
+            amount_micros=charge.amount, fee_micros=charge.fee, transaction=txn, created_at=until,
+        )
+        Instance.objects.filter(pk=instance.pk).update(
+            billed_until=charge.end, billed_seconds=F("billed_seconds") + charge.seconds,
+            cost_micros=F("cost_micros") + charge.amount,
+        )
+    instance.billed_until = charge.end
+    instance.billed_seconds += charge.seconds
+    instance.cost_micros += charge.amount
+    return interval
+
+
+# ------------------------------------------------------------------------------------- the tick
+
+
+@dataclass
+class MeterResult:
+    instances: int = 0  # running instances looked at
+    intervals: int = 0  # intervals closed
+    charged_micros: int = 0
+    skipped: bool = False  # another tick was running
+
+
+def usage_meter(*, now: datetime | None = None, batch_size: int | None = None,
+                set_based: bool | None = None) -> MeterResult:
+    """Close the usage of every running instance up to `now`: the per-minute tick."""
+    now = now or timezone.now()
+    if set_based is None:
+        set_based = connection.vendor == "postgresql"
+    if set_based:
+        return _meter_postgresql(now, batch_size or settings.BILLING_METER_BATCH_SIZE)
+    return _meter_each(now)
+
+
+def _meter_each(now: datetime) -> MeterResult:
+    result = MeterResult()
+    ids = list(Instance.objects.filter(status=InstanceStatus.RUNNING, started_at__isnull=False)
+               .order_by("pk").values_list("pk", flat=True))
+    for instance_id in ids:
+        with transaction.atomic():
+            instance = (Instance.objects.select_for_update(skip_locked=True)
+                        .filter(pk=instance_id, status=InstanceStatus.RUNNING).first())
+            if instance is None:
+                continue
+            result.instances += 1
+            interval = usage_close(instance=instance, until=now)
+            if interval is not None:
+                result.intervals += 1
+                result.charged_micros += interval.amount_micros
+    return result
+
+
+def _tables() -> dict[str, str]:
+    q = connection.ops.quote_name
+    return {
+        "instance": q(Instance._meta.db_table), "node": q(Node._meta.db_table),
+        "account": q(Account._meta.db_table), "txn": q(LedgerTransaction._meta.db_table),
+        "entry": q(Entry._meta.db_table), "interval": q(UsageInterval._meta.db_table),
+    }
+
+
+# The batch, step by step, all in one database transaction. Temp table "billing_tick" holds one row per
+# running instance locked by this batch; every later statement reads it.
+_LOCK_AND_COMPUTE = """
+CREATE TEMP TABLE billing_tick (
+    instance_id bigint PRIMARY KEY, renter_id bigint NOT NULL, provider_id bigint NOT NULL,
+    price bigint NOT NULL, bps integer NOT NULL, from_ts timestamptz NOT NULL, end_ts timestamptz NOT NULL,
+    seconds bigint NOT NULL, amount bigint NOT NULL, fee bigint NOT NULL, key text NOT NULL,
+    wallet_id bigint, earnings_id bigint, txn_id bigint
+) ON COMMIT DROP;
+WITH locked AS (
+    SELECT i.id, i.renter_id, n.provider_id, i.price_per_hour_micros AS price, i.platform_fee_bps AS bps,
+           i.billed_seconds, i.cost_micros,
+           GREATEST(COALESCE(i.billed_until, i.started_at), i.started_at) AS from_ts,
+           i.started_at + floor(extract(epoch FROM (%(now)s - i.started_at)))::bigint * interval '1 second' AS end_ts
+    FROM {instance} i JOIN {node} n ON n.id = i.node_id
+    WHERE i.status = %(running)s AND i.started_at IS NOT NULL AND i.id > %(after)s
+    ORDER BY i.id
+    LIMIT %(limit)s
+    FOR UPDATE OF i SKIP LOCKED
+), timed AS (
+    SELECT *, GREATEST(extract(epoch FROM (end_ts - from_ts))::bigint, 0) AS seconds FROM locked
+), costed AS (
+    SELECT *, price * (billed_seconds + seconds) / 3600 AS new_cost FROM timed
+)
+INSERT INTO billing_tick (instance_id, renter_id, provider_id, price, bps, from_ts, end_ts, seconds, amount, fee, key)
+SELECT id, renter_id, provider_id, price, bps, from_ts, end_ts, seconds, new_cost - cost_micros,
+       new_cost * bps / 10000 - cost_micros * bps / 10000,
+       'usage:' || id || ':' || (extract(epoch FROM from_ts) * 1000000)::bigint
+FROM costed;
+"""
+
+_POST = """
+INSERT INTO {account} (kind, user_id, balance_micros, created_at)
+SELECT %(wallet)s, renter_id, 0, %(now)s FROM billing_tick WHERE seconds > 0 AND amount > 0 GROUP BY renter_id
+ON CONFLICT DO NOTHING;
+INSERT INTO {account} (kind, user_id, balance_micros, created_at)
+SELECT %(earnings)s, provider_id, 0, %(now)s FROM billing_tick WHERE seconds > 0 AND amount > fee GROUP BY provider_id
+ON CONFLICT DO NOTHING;
+UPDATE billing_tick t SET wallet_id = a.id FROM {account} a
+WHERE a.kind = %(wallet)s AND a.user_id = t.renter_id AND t.seconds > 0 AND t.amount > 0;
+UPDATE billing_tick t SET earnings_id = a.id FROM {account} a
+WHERE a.kind = %(earnings)s AND a.user_id = t.provider_id AND t.seconds > 0 AND t.amount > t.fee;
+SELECT count(*) FROM (
+    SELECT id FROM {account}
+    WHERE id IN (SELECT wallet_id FROM billing_tick UNION SELECT earnings_id FROM billing_tick) OR id = %(revenue)s
+    ORDER BY id FOR UPDATE
+) locked_accounts;
+UPDATE billing_tick SET txn_id = nextval(pg_get_serial_sequence('{txn}', 'id')) WHERE seconds > 0 AND amount > 0;
+INSERT INTO {txn} (id, idempotency_key, kind, memo, reason, created_by_id, reverses_id, created_at)
+SELECT txn_id, key, %(usage)s, 'Instance ' || instance_id || ': ' || seconds || ' s', '', NULL, NULL, %(now)s
+FROM billing_tick WHERE txn_id IS NOT NULL;
+INSERT INTO {entry} (transaction_id, account_id, amount_micros)
+SELECT txn_id, wallet_id, -amount FROM billing_tick WHERE txn_id IS NOT NULL
+UNION ALL
+SELECT txn_id, earnings_id, amount - fee FROM billing_tick WHERE txn_id IS NOT NULL AND amount > fee
+UNION ALL
+SELECT txn_id, %(revenue)s, fee FROM billing_tick WHERE txn_id IS NOT NULL AND fee > 0;
+UPDATE {account} a SET balance_micros = a.balance_micros + d.delta
+FROM (
+    SELECT account_id, sum(delta) AS delta FROM (
+        SELECT wallet_id AS account_id, -amount AS delta FROM billing_tick WHERE txn_id IS NOT NULL
+        UNION ALL
+        SELECT earnings_id, amount - fee FROM billing_tick WHERE txn_id IS NOT NULL AND amount > fee
+        UNION ALL
+        SELECT %(revenue)s, fee FROM billing_tick WHERE txn_id IS NOT NULL AND fee > 0
+    ) deltas GROUP BY account_id
+) d
+WHERE a.id = d.account_id;
+INSERT INTO {interval} (instance_id, started_at, ended_at, seconds, price_per_hour_micros, platform_fee_bps,
+                        amount_micros, fee_micros, transaction_id, created_at)
+SELECT instance_id, from_ts, end_ts, seconds, price, bps, amount, fee, txn_id, %(now)s
+FROM billing_tick WHERE seconds > 0;
+UPDATE {instance} i
+SET billed_until = t.end_ts, billed_seconds = i.billed_seconds + t.seconds, cost_micros = i.cost_micros + t.amount
+FROM billing_tick t WHERE i.id = t.instance_id AND t.seconds > 0;
+"""
+
+
+def _statements(sql: str) -> list[str]:
+    return [s.strip() for s in sql.format(**_tables()).split(";\n") if s.strip()]
+
+
+def _meter_postgresql(now: datetime, batch_size: int) -> MeterResult:
+    result = MeterResult()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            result.skipped = True
+            return result
+        try:
+            revenue_id = platform_account(AccountKind.PLATFORM_REVENUE).pk
+            params = {
+                "now": now, "running": InstanceStatus.RUNNING, "wallet": AccountKind.CUSTOMER_WALLET,
+                "earnings": AccountKind.PROVIDER_EARNINGS, "revenue": revenue_id, "usage": TransactionKind.USAGE,
+                "limit": batch_size,
+            }
+            after = 0
+            while True:
+                with transaction.atomic():
+                    cursor.execute("DROP TABLE IF EXISTS pg_temp.billing_tick")  # left by an outer savepoint
+                    for sql in _statements(_LOCK_AND_COMPUTE):
+                        cursor.execute(sql, {**params, "after": after})
+                    cursor.execute("SELECT count(*), max(instance_id), count(*) FILTER (WHERE seconds > 0), "
+                                   "coalesce(sum(amount) FILTER (WHERE seconds > 0), 0) FROM billing_tick")
+                    locked, last_id, intervals, charged = cursor.fetchone()
+                    if intervals:
+                        for sql in _statements(_POST):
+                            cursor.execute(sql, params)
+                    cursor.execute("DROP TABLE billing_tick")
+                result.instances += locked
+                result.intervals += intervals
+                result.charged_micros += int(charged)
+                if locked < batch_size:
+                    break
+                after = last_id
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+    return result

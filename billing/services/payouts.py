@@ -1,0 +1,150 @@
+"""Weekly payouts of providers' earnings through Stripe Connect transfers.
+
+For each period (a week, Monday to Sunday, UTC) a provider with a Connect account and at least
+BILLING_PAYOUT_MINIMUM_USD of earnings gets one payout: the unique constraint on (provider, period
+start) and the ledger key `payout:<provider>:<period start>` make a second run for the same week a
+no-op. The amount (the earnings balance, in whole cents) is moved from the provider's earnings to
+payout clearing *before* the transfer is sent (in one database transaction), so it cannot be paid
+twice; then the transfer is sent outside any transaction. If Stripe refuses it, the payout fails and a
+reversal gives the earnings back; if Stripe cannot be reached, the payout stays pending and the next
+run sends it again with the same Idempotency-Key.
+"""
+import logging
+from datetime import date, timedelta
+from decimal import Decimal
+
+import stripe
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from billing.models import (
+    Account,
+    AccountKind,
+    BillingProfile,
+    EventKind,
+    Payout,
+    PayoutStatus,
+    TransactionKind,
+)
+from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.services.notify import event_create
+from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
+from marketplace.money import micros_to_usd, usd_to_micros
+
+log = logging.getLogger(__name__)
+
+
+def payout_period(today: date) -> tuple[date, date]:
+    """The last full week before `today`: (its Monday, its Sunday)."""
+    this_monday = today - timedelta(days=today.weekday())
+    return this_monday - timedelta(days=7), this_monday - timedelta(days=1)
+
+
+def payout_minimum_micros() -> int:
+    return usd_to_micros(Decimal(settings.BILLING_PAYOUT_MINIMUM_USD))
+
+
+def payout_create(*, provider_id: int, period_start: date, period_end: date) -> Payout | None:
+    """Reserve the provider's earnings for this period's payout; the existing payout if there is one.
+
+    None when they have no Connect account or less than the minimum.
+    """
+    destination = (BillingProfile.objects.filter(user_id=provider_id)
+                   .values_list("stripe_connect_account_id", flat=True).first())
+    existing = Payout.objects.filter(provider_id=provider_id, period_start=period_start).first()
+    if existing is not None:
+        return existing
+    if not destination:
+        return None
+    with transaction.atomic():
+        earnings = user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS)
+        earnings = Account.objects.select_for_update().get(pk=earnings.pk)
+        amount = earnings.balance_micros - earnings.balance_micros % MICROS_PER_CENT
+        if amount < max(payout_minimum_micros(), MICROS_PER_CENT):
+            return None
+        txn, created = ledger_post(
+            idempotency_key=f"payout:{provider_id}:{period_start.isoformat()}", kind=TransactionKind.PAYOUT,
+            lines=[(earnings, -amount), (platform_account(AccountKind.PAYOUT_CLEARING), amount)],
+            memo=f"Payout of earnings to {period_end.isoformat()}",
+        )
+        if not created:
+            return Payout.objects.get(transaction=txn)
+        return Payout.objects.create(provider_id=provider_id, period_start=period_start, period_end=period_end,
+                                     amount_micros=amount, destination=destination, transaction=txn)
+
+
+def payout_send(*, payout: Payout) -> Payout:
+    """Send a pending payout's transfer (outside any transaction) and record the answer."""
+    if payout.status != PayoutStatus.PENDING:
+        return payout
+    Payout.objects.filter(pk=payout.pk).update(attempts=F("attempts") + 1)
+    try:
+        transfer = client(connect=True).v1.transfers.create(
+            params={"amount": cents(payout.amount_micros), "currency": "usd", "destination": payout.destination,
+                    "transfer_group": f"payout-{payout.pk}",
+                    "metadata": {"payout_id": str(payout.pk), "provider_id": str(payout.provider_id)}},
+            options={"idempotency_key": f"payout-{payout.pk}"},
+        )
+    except stripe.StripeError as exc:
+        message = translate(exc, "sending the transfer").message
+        if not is_definite(exc):  # unknown outcome: stays pending; the next run retries with the same key
+            Payout.objects.filter(pk=payout.pk).update(failure_message=message[:500])
+            log.warning("payout %s: %s", payout.pk, message)
+        else:
+            _payout_failed(payout.pk, message)
+        payout.refresh_from_db()
+        return payout
+    with transaction.atomic():
+        payout = Payout.objects.select_for_update().get(pk=payout.pk)
+        if payout.status == PayoutStatus.PENDING:
+            payout.status = PayoutStatus.PAID
+            payout.transfer_id = transfer.id
+            payout.paid_at = timezone.now()
+            payout.failure_message = ""
+            payout.save(update_fields=["status", "transfer_id", "paid_at", "failure_message"])
+            event_create(user=payout.provider, kind=EventKind.PAYOUT_PAID,
+                         message=f"${micros_to_usd(payout.amount_micros)} of your earnings was sent to your "
+                                 f"Stripe account ({transfer.id}).",
+                         data={"payout": payout.pk, "transfer": transfer.id})
+    return payout
+
+
+def _payout_failed(payout_id: int, message: str) -> None:
+    with transaction.atomic():
+        payout = Payout.objects.select_for_update().get(pk=payout_id)
+        if payout.status != PayoutStatus.PENDING:
+            return
+        reversal, _ = ledger_post(
+            idempotency_key=f"payout-reversal:{payout.pk}", kind=TransactionKind.PAYOUT_REVERSAL,
+            lines=[(user_account(user_id=payout.provider_id, kind=AccountKind.PROVIDER_EARNINGS), payout.amount_micros),
+                   (platform_account(AccountKind.PAYOUT_CLEARING), -payout.amount_micros)],
+            memo=f"Payout {payout.pk} failed: earnings given back", reverses=payout.transaction,
+        )
+        payout.status = PayoutStatus.FAILED
+        payout.failure_message = message[:500]
+        payout.reversal = reversal
+        payout.save(update_fields=["status", "failure_message", "reversal"])
+        event_create(user=payout.provider, kind=EventKind.PAYOUT_FAILED, email=True,
+                     message=f"Your payout of ${micros_to_usd(payout.amount_micros)} failed: {message} "
+                             "The amount is back in your earnings and goes with the next payout; check your "
+                             "Stripe account id.",
+                     data={"payout": payout.pk})
+
+
+def payouts_run(*, today: date | None = None) -> list[Payout]:
+    """Pay every provider due for last week's period, and retry payouts left pending."""
+    today = today or timezone.now().date()
+    start, end = payout_period(today)
+    due = (Account.objects.filter(kind=AccountKind.PROVIDER_EARNINGS, balance_micros__gte=payout_minimum_micros(),
+                                  user__billing_profile__stripe_connect_account_id__gt="")
+           .order_by("user_id").values_list("user_id", flat=True))
+    payouts = []
+    for provider_id in due:
+        payout = payout_create(provider_id=provider_id, period_start=start, period_end=end)
+        if payout is not None:
+            payouts.append(payout)
+    for payout in Payout.objects.filter(status=PayoutStatus.PENDING).select_related("provider").order_by("pk"):
+        payout_send(payout=payout)
+    return list(Payout.objects.filter(pk__in=[p.pk for p in payouts]).order_by("pk"))

@@ -1,0 +1,63 @@
+"""What must hold in the billing tables at any moment, checked after every billing test."""
+from itertools import pairwise
+
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
+
+from billing.models import Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
+from billing.services.metering import SECOND, cost_for, fee_for
+from marketplace.models import Instance
+
+
+def assert_billing_invariants() -> None:
+    # Every transaction has at least two entries, and they sum to zero.
+    bad = (LedgerTransaction.objects.annotate(n=Count("entries"), total=Coalesce(Sum("entries__amount_micros"), 0))
+           .filter(Q(n__lt=2) | ~Q(total=0)).values_list("pk", "n", "total"))
+    assert not bad, f"unbalanced transactions: {list(bad)}"
+    # Cached balances equal the sum of entries; the whole ledger sums to zero.
+    for account in Account.objects.annotate(total=Coalesce(Sum("entries__amount_micros"), 0)):
+        assert account.balance_micros == account.total, f"{account}: cached {account.balance_micros}, " \
+                                                         f"entries {account.total}"
+    assert (Account.objects.aggregate(t=Coalesce(Sum("balance_micros"), 0))["t"]) == 0
+    # Usage: what renters paid equals what providers earned plus what the platform kept.
+    usage = Entry.objects.filter(transaction__kind=TransactionKind.USAGE)
+    paid = -(usage.filter(account__kind=AccountKind.CUSTOMER_WALLET)
+             .aggregate(t=Coalesce(Sum("amount_micros"), 0))["t"])
+    earned = usage.filter(account__kind=AccountKind.PROVIDER_EARNINGS).aggregate(
+        t=Coalesce(Sum("amount_micros"), 0))["t"]
+    kept = usage.filter(account__kind=AccountKind.PLATFORM_REVENUE).aggregate(t=Coalesce(Sum("amount_micros"), 0))["t"]
+    assert paid == earned + kept
+    assert paid == (UsageInterval.objects.aggregate(t=Coalesce(Sum("amount_micros"), 0))["t"])
+    assert not LedgerTransaction.objects.filter(kind=TransactionKind.USAGE, usage_interval__isnull=True).exists()
+
+    intervals_by_instance: dict[int, list[UsageInterval]] = {}
+    for interval in UsageInterval.objects.select_related("transaction").order_by("instance_id", "started_at"):
+        intervals_by_instance.setdefault(interval.instance_id, []).append(interval)
+    entries_by_txn: dict[int, dict[tuple[str, int | None], int]] = {}
+    for e in Entry.objects.filter(transaction__kind=TransactionKind.USAGE).select_related("account"):
+        entries_by_txn.setdefault(e.transaction_id, {})[(e.account.kind, e.account.user_id)] = e.amount_micros
+
+    for instance in Instance.objects.select_related("node"):
+        intervals = intervals_by_instance.get(instance.pk, [])
+        assert sum(i.seconds for i in intervals) == instance.billed_seconds, f"instance {instance.pk}: seconds"
+        assert sum(i.amount_micros for i in intervals) == instance.cost_micros, f"instance {instance.pk}: amount"
+        # Cumulative rounding: the total depends only on the seconds billed.
+        assert instance.cost_micros == cost_for(instance.price_per_hour_micros, instance.billed_seconds)
+        assert sum(i.fee_micros for i in intervals) == fee_for(instance.cost_micros, instance.platform_fee_bps)
+        if intervals:
+            assert instance.billed_until == intervals[-1].ended_at
+        for a, b in pairwise(intervals):
+            assert b.started_at >= a.ended_at, f"instance {instance.pk}: {a} overlaps {b}"
+        for i in intervals:
+            assert i.ended_at - i.started_at == i.seconds * SECOND, f"{i}: not whole seconds"
+            assert i.price_per_hour_micros == instance.price_per_hour_micros  # the booking's snapshot
+            assert i.platform_fee_bps == instance.platform_fee_bps
+            if i.amount_micros == 0:
+                assert i.transaction_id is None
+                continue
+            expected = {(AccountKind.CUSTOMER_WALLET, instance.renter_id): -i.amount_micros}
+            if i.amount_micros - i.fee_micros:
+                expected[(AccountKind.PROVIDER_EARNINGS, instance.node.provider_id)] = i.amount_micros - i.fee_micros
+            if i.fee_micros:
+                expected[(AccountKind.PLATFORM_REVENUE, None)] = i.fee_micros
+            assert entries_by_txn[i.transaction_id] == expected, f"{i}: entries"

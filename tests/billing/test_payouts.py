@@ -1,0 +1,171 @@
+"""Weekly payouts through Stripe Connect transfers, against a small local server speaking Stripe's format
+(localstripe has no Connect): once per provider and week, above a minimum, reversed when refused."""
+import json
+import threading
+from datetime import date
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+import pytest
+from django.core import mail
+
+from billing.models import BillingEvent, BillingProfile, LedgerTransaction, Payout, PayoutStatus
+from billing.services import payouts
+from billing.services.ledger import earnings_balance
+from billing.tasks import payouts_run as payouts_task
+from marketplace.services import instances as svc
+from tests.billing.helpers import fund, node, running
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+MONDAY = date(2026, 3, 9)
+
+
+class ConnectServer:
+    """POST /v1/transfers answered as Stripe does; `mode` switches to a refusal or an outage."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.mode = "ok"
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                form = {k: v[0] for k, v in parse_qs(body).items()}
+                server.requests.append({"path": self.path, "form": form,
+                                        "idempotency_key": self.headers.get("Idempotency-Key"),
+                                        "auth": self.headers.get("Authorization")})
+                if server.mode == "refuse":
+                    self._answer(400, {"error": {"type": "invalid_request_error", "code": "resource_missing",
+                                                 "param": "destination",
+                                                 "message": f"No such destination: '{form.get('destination')}'"}})
+                elif server.mode == "down":
+                    self._answer(503, {"error": {"type": "api_error", "message": "Service unavailable"}})
+                elif self.path != "/v1/transfers":
+                    self._answer(404, {"error": {"type": "invalid_request_error", "message": "Unrecognized URL"}})
+                else:
+                    n = len(server.requests)
+                    self._answer(200, {
+                        "id": f"tr_test{n:06d}", "object": "transfer", "amount": int(form["amount"]),
+                        "currency": form["currency"], "destination": form["destination"],
+                        "transfer_group": form.get("transfer_group"), "livemode": False, "reversed": False,
+                        "metadata": {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")},
+                    })
+
+            def _answer(self, code, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Request-Id", "req_test")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def connect(settings):
+    server = ConnectServer()
+    settings.STRIPE_CONNECT_API_BASE = server.url
+    yield server
+    server.close()
+
+
+def _provider_with_earnings(clock, usd_per_hour="10.000000", hours=5, account="acct_1TestProvider"):
+    provider, renter = UserFactory(), UserFactory()
+    BillingProfile.objects.create(user=provider, stripe_connect_account_id=account)
+    fund(renter, "1000")
+    instance = running(renter, node(usd_per_hour, provider=provider))
+    clock.advance(hours * 3600)
+    svc.instance_stop(instance=instance)
+    return provider
+
+
+def test_a_provider_is_paid_their_earnings_once_per_week(clock, connect, api):
+    provider = _provider_with_earnings(clock)  # $50 gross, $42.50 after the 15 % fee
+    assert earnings_balance(user_id=provider.pk) == 42_500_000
+    done = payouts.payouts_run(today=MONDAY)
+    assert [(p.provider_id, p.status, p.amount_micros) for p in done] == [(provider.pk, "paid", 42_500_000)]
+    payout = done[0]
+    assert (payout.period_start, payout.period_end) == (date(2026, 3, 2), date(2026, 3, 8))
+    request = connect.requests[0]
+    assert request["path"] == "/v1/transfers" and request["idempotency_key"] == f"payout-{payout.pk}"
+    assert request["form"]["amount"] == "4250" and request["form"]["currency"] == "usd"
+    assert request["form"]["destination"] == "acct_1TestProvider"
+    assert request["form"]["transfer_group"] == f"payout-{payout.pk}"
+    assert payout.transfer_id == "tr_test000001" and earnings_balance(user_id=provider.pk) == 0
+    # Run again for the same week (a retried beat, a second worker): nothing more.
+    payouts.payouts_run(today=MONDAY)
+    payouts_task()  # the Celery entry point, with the real date: another week, paid by itself
+    assert Payout.objects.filter(provider=provider, period_start=date(2026, 3, 2)).count() == 1
+    assert len([r for r in connect.requests if r["form"]["destination"] == "acct_1TestProvider"]) <= 2
+    assert BillingEvent.objects.filter(user=provider, kind="payout_paid").exists()
+
+
+def test_no_payout_below_the_minimum_or_without_a_connect_account(clock, connect, settings):
+    settings.BILLING_PAYOUT_MINIMUM_USD = 25
+    small = _provider_with_earnings(clock, hours=1)  # $8.50
+    no_account = _provider_with_earnings(clock, account="")
+    assert payouts.payouts_run(today=MONDAY) == []
+    assert not connect.requests and not Payout.objects.exists()
+    assert earnings_balance(user_id=small.pk) == 8_500_000 and earnings_balance(user_id=no_account.pk) > 0
+
+
+def test_a_refused_transfer_fails_the_payout_and_gives_the_earnings_back(clock, connect,
+                                                                          django_capture_on_commit_callbacks):
+    provider = _provider_with_earnings(clock)
+    connect.mode = "refuse"
+    with django_capture_on_commit_callbacks(execute=True):
+        [payout] = payouts.payouts_run(today=MONDAY)
+    assert payout.status == PayoutStatus.FAILED and "No such destination" in payout.failure_message
+    assert payout.reversal.reverses == payout.transaction
+    assert earnings_balance(user_id=provider.pk) == 42_500_000
+    assert any("payout failed" in m.subject for m in mail.outbox)
+    connect.mode = "ok"
+    assert payouts.payouts_run(today=MONDAY) == [payout]  # this week's payout is done (failed); next week pays
+    assert Payout.objects.get(pk=payout.pk).status == PayoutStatus.FAILED
+
+
+def test_an_outage_leaves_the_payout_pending_and_the_next_run_sends_it_with_the_same_key(clock, connect):
+    provider = _provider_with_earnings(clock)
+    connect.mode = "down"
+    [payout] = payouts.payouts_run(today=MONDAY)
+    assert payout.status == PayoutStatus.PENDING and payout.attempts == 1
+    assert earnings_balance(user_id=provider.pk) == 0  # reserved: it cannot be paid twice
+    connect.mode = "ok"
+    payouts.payouts_run(today=MONDAY)
+    payout.refresh_from_db()
+    assert payout.status == PayoutStatus.PAID and payout.attempts == 2
+    keys = {r["idempotency_key"] for r in connect.requests}
+    assert keys == {f"payout-{payout.pk}"}
+    assert LedgerTransaction.objects.filter(kind="payout").count() == 1
+
+
+def test_payouts_and_earnings_in_the_api(clock, connect, client_for, other_api):
+    provider = _provider_with_earnings(clock)
+    payouts.payouts_run(today=MONDAY)
+    api = client_for(provider)
+    [row] = api.get("/api/v1/billing/payouts/").json()["results"]
+    assert row["amount"] == "42.500000" and row["status"] == "paid" and row["period_start"] == "2026-03-02"
+    assert other_api.get("/api/v1/billing/payouts/").json()["results"] == []
+    earnings = api.get("/api/v1/billing/earnings/").json()
+    assert earnings["balance"] == "0.000000" and earnings["earned"] == "42.500000"
+    assert earnings["paid_out"] == "42.500000" and earnings["renters_paid"] == "50.000000"
+    assert earnings["platform_fees"] == "7.500000" and earnings["billed_seconds"] == 5 * 3600
+    assert earnings["platform_fee_percent"] == "15.00" and earnings["payout_account_set"] is True
+    assert earnings["months"] == [{"month": "2026-03", "earned": "42.500000", "paid_out": "42.500000"}]
+    nothing = other_api.get("/api/v1/billing/earnings/").json()
+    assert nothing["earned"] == "0.000000" and nothing["months"] == [] and nothing["payout_account_set"] is False
