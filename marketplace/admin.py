@@ -1,11 +1,24 @@
-"""The operators' panel for accounts, the catalogue, nodes and GPUs. No secret is ever shown."""
+"""The operators' panel for accounts, the catalogue, nodes, GPUs and rentals. No secret is ever shown."""
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.db.models import Count, Q
 
-from marketplace.models import ApiKey, Gpu, GpuModel, GpuStatus, Node, NodeState, User
+from marketplace.models import (
+    ApiKey,
+    Gpu,
+    GpuAllocation,
+    GpuModel,
+    GpuStatus,
+    Image,
+    Instance,
+    Node,
+    NodeState,
+    SshKey,
+    User,
+)
 from marketplace.money import micros_to_usd
 from marketplace.services.accounts import api_key_revoke
+from marketplace.services.instances import InstanceError, instance_destroy, instance_stop
 from marketplace.services.nodes import NodeConflict, node_update
 
 
@@ -126,3 +139,102 @@ class GpuAdmin(admin.ModelAdmin):
     search_fields = ["uuid", "node__name", "node__address"]
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "user", "key_type", "fingerprint", "created_at"]
+    search_fields = ["user__email", "name", "fingerprint"]
+    list_select_related = ["user"]
+    fields = ["user", "name", "public_key", "fingerprint", "created_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False  # keys are added by their owners through the API, which parses them
+
+    @admin.display(description="type")
+    def key_type(self, key):
+        return key.public_key.split(" ", 1)[0]
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "docker_image", "libvirt_image", "min_disk_gb", "active"]
+    list_filter = ["active"]
+    search_fields = ["name", "slug", "docker_image", "libvirt_image"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+class GpuAllocationInline(admin.TabularInline):
+    model = GpuAllocation
+    fields = ["gpu", "gpu_index", "allocated_at", "released_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-allocated_at", "gpu__index"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="index")
+    def gpu_index(self, allocation):
+        return allocation.gpu.index
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("gpu")
+
+
+@admin.register(Instance)
+class InstanceAdmin(admin.ModelAdmin):
+    list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
+                    "started_at"]
+    list_filter = ["status", "node__runtime", "gpu_model", "image"]
+    search_fields = ["=id", "renter__email", "node__name", "node__address", "label"]
+    list_select_related = ["renter", "node", "gpu_model", "image"]
+    date_hierarchy = "created_at"
+    # Everything is read-only: state changes go through the actions, which call the services.
+    fields = ["renter", "node", "gpu_model", "num_gpus", "image", "label", "disk_gb", "status", "status_message",
+              "ssh_host", "ssh_port", "ssh_user", "ssh_public_keys", "price_per_gpu_hour_micros",
+              "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
+              "stopped_at", "destroyed_at", "updated_at"]
+    readonly_fields = fields
+    inlines = [GpuAllocationInline]
+    actions = ["force_stop", "force_destroy"]
+
+    def has_add_permission(self, request):
+        return False  # instances are booked through the API, which allocates GPUs
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # destroy instead: the VM on the node must go too
+
+    @admin.display(ordering="price_per_hour_micros", description="USD/h")
+    def price(self, instance):
+        return micros_to_usd(instance.price_per_hour_micros)
+
+    def _apply(self, request, queryset, service, verb):
+        done, refused = 0, []
+        for instance in queryset:
+            try:
+                service(instance=instance)
+                done += 1
+            except InstanceError as exc:
+                refused.append(f"instance {instance.pk}: {exc}")
+        messages.info(request, f"{done} instance(s) {verb}.")
+        for line in refused:
+            messages.warning(request, line)
+
+    @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs)")
+    def force_stop(self, request, queryset):
+        self._apply(request, queryset, instance_stop, "stopping")
+
+    @admin.action(description="Destroy selected instances (VM and disk)")
+    def force_destroy(self, request, queryset):
+        self._apply(request, queryset, instance_destroy, "destroying")
+
+
+# The front page of the admin is the operators' dashboard: fleet figures, what needs attention, charts
+# (marketplace/admin_dashboard.py, shown by the template below).
+admin.site.index_template = "admin/gpumarket_index.html"
+admin.site.site_header = "GPU Marketplace operators"
+admin.site.site_title = "GPU Marketplace operators"
+admin.site.index_title = "Dashboard"

@@ -1,8 +1,29 @@
+"""Forms of the web pages: they check what people type, with the same rules as the API.
+
+Where the API has a rule (SSH key parsing, address and user validators, price limits, disk bounds), the form
+calls the same function or imports the same constant; the services decide everything else.
+"""
+import unicodedata
+
 from django import forms
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+from django_countries import countries
 
-from marketplace.models import User
+from marketplace.api.nodes import PRICE_LIMITS
+from marketplace.models import GpuModel, Image, Runtime, SshKey, User
+from marketplace.services import instances as instance_svc
+from marketplace.services import ssh_keys as ssh_svc
+from marketplace.validators import validate_address, validate_host_key_fingerprint, validate_ssh_user
+
+MAX_INSTANCE_KEYS = 32  # as the API's InstanceCreateSerializer
+MAX_GPUS_PER_NODE = 16  # as the API's NodeCreateSerializer
+
+
+def no_control_characters(value: str) -> None:
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValidationError("Control characters are not allowed.")
 
 
 class LoginForm(AuthenticationForm):
@@ -14,8 +35,11 @@ class LoginForm(AuthenticationForm):
 
 
 class SignupForm(forms.Form):
-    email = forms.EmailField(widget=forms.EmailInput(attrs={"autocomplete": "email"}))
-    password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}), strip=False)
+    email = forms.EmailField(max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email"}))
+    password = forms.CharField(
+        max_length=128, strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text="At least 10 characters; not a common password, not all digits, not like your email.",
+    )
 
     def clean_email(self):
         email = self.cleaned_data["email"].lower()
@@ -31,3 +55,158 @@ class SignupForm(forms.Form):
             except forms.ValidationError as exc:
                 self.add_error("password", exc)
         return cleaned
+
+
+def _refuse_private_key(form: forms.Form, name: str, value: str) -> None:
+    """A pasted private key is refused and wiped from the form: a page never shows a secret back."""
+    if "PRIVATE KEY" in value or value.lstrip().startswith("-----BEGIN"):
+        form.data = form.data.copy()
+        form.data[form.add_prefix(name)] = ""
+        raise ValidationError("This is a private key: never share it. Paste the public key, the contents of the "
+                              ".pub file. If this private key was typed anywhere else, make a new pair.")
+
+
+def _parse_key(value: str) -> str:
+    """The normalised `<type> <base64>` of one public key, or a ValidationError saying what is wrong."""
+    try:
+        return ssh_svc.parse_public_key(value).public_key
+    except ssh_svc.InvalidSshKey as exc:
+        raise ValidationError(str(exc)) from None
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, validators=[no_control_characters],
+                           help_text="Optional; the key's comment is used when empty.")
+    public_key = forms.CharField(
+        label="Public key", max_length=ssh_svc.MAX_KEY_CHARS, strip=False,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "ssh-ed25519 AAAA... you@laptop"}),
+        help_text="One OpenSSH public key, e.g. the contents of ~/.ssh/id_ed25519.pub. Never paste a private key.",
+    )
+
+    def clean_public_key(self):
+        value = self.cleaned_data["public_key"]
+        _refuse_private_key(self, "public_key", value)
+        _parse_key(value)
+        return value
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, validators=[no_control_characters],
+                           help_text="Something to tell your keys apart, e.g. “laptop” or “CI”.")
+
+
+class _KeyChoices(forms.ModelMultipleChoiceField):
+    def label_from_instance(self, key):
+        return f"{key.name or 'unnamed'} ({key.fingerprint})"
+
+
+class _ImageChoices(forms.ModelChoiceField):
+    def label_from_instance(self, image):
+        return image.name
+
+
+class RentForm(forms.Form):
+    image = _ImageChoices(queryset=Image.objects.none(), to_field_name="slug", empty_label=None,
+                          widget=forms.RadioSelect)
+    num_gpus = forms.IntegerField(label="Number of GPUs", min_value=1, initial=1)
+    ssh_keys = _KeyChoices(label="Your SSH keys", queryset=SshKey.objects.none(), required=False,
+                           widget=forms.CheckboxSelectMultiple)
+    ssh_public_key = forms.CharField(
+        label="Or paste a public key", required=False, max_length=ssh_svc.MAX_KEY_CHARS, strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "ssh-ed25519 AAAA... you@laptop"}),
+        help_text="One OpenSSH public key (the .pub file). It is put on this instance only, unless you save it.",
+    )
+    save_key = forms.BooleanField(label="Also save this key to my SSH keys", required=False)
+    disk_gb = forms.IntegerField(label="Disk (GB)", required=False, min_value=1, max_value=instance_svc.MAX_DISK_GB,
+                                 help_text="Leave empty for the image's minimum.")
+    label = forms.CharField(max_length=100, required=False, validators=[no_control_characters],
+                            help_text="Optional: a name to find it by.")
+    # Makes a double submission (a double click, a resent form) book once: the page's own token.
+    request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
+
+    def __init__(self, *args, user, node, **kwargs):
+        super().__init__(*args, **kwargs)
+        images = Image.objects.filter(active=True).order_by("name")
+        runnable = [image.pk for image in images if image.supports(node.runtime)]
+        self.fields["image"].queryset = images.filter(pk__in=runnable)
+        self.fields["image"].help_text = "Everything runs on " + node.get_runtime_display().lower() + "."
+        free = getattr(node, "num_gpus_free", node.gpu_count)
+        self.fields["num_gpus"] = forms.IntegerField(
+            label="Number of GPUs", min_value=1, max_value=node.gpu_count, initial=1,
+            help_text=f"{free} of this server's {node.gpu_count} GPUs are free now.")
+        self.fields["ssh_keys"].queryset = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
+        if not self.is_bound and not self.fields["ssh_keys"].queryset.exists():
+            self.fields["ssh_keys"].help_text = "You have no saved keys yet: paste one below."
+
+    def clean_ssh_keys(self):
+        keys = self.cleaned_data["ssh_keys"]
+        if len(keys) > MAX_INSTANCE_KEYS:
+            raise ValidationError(f"At most {MAX_INSTANCE_KEYS} keys.")
+        return keys
+
+    def clean_ssh_public_key(self):
+        value = self.cleaned_data["ssh_public_key"]
+        if not value.strip():
+            return ""
+        _refuse_private_key(self, "ssh_public_key", value)
+        _parse_key(value)
+        return value
+
+    def clean(self):
+        cleaned = super().clean()
+        if not cleaned.get("ssh_keys") and not cleaned.get("ssh_public_key") and "ssh_public_key" not in self.errors:
+            self.add_error("ssh_keys", "Choose at least one of your keys, or paste a public key.")
+        return cleaned
+
+    def public_keys(self) -> list[str]:
+        keys = [k.public_key for k in self.cleaned_data.get("ssh_keys", [])]
+        if self.cleaned_data.get("ssh_public_key"):
+            keys.append(_parse_key(self.cleaned_data["ssh_public_key"]))
+        return keys
+
+
+class _ModelChoices(forms.ModelChoiceField):
+    def label_from_instance(self, model):
+        return f"{model.name} ({model.memory_gb} GB)"
+
+
+COUNTRY_CHOICES = [("", "Choose a country")] + [(code, name) for code, name in countries]
+
+
+class NodeRegisterForm(forms.Form):
+    name = forms.CharField(max_length=100, validators=[no_control_characters],
+                           help_text="Your name for the server, e.g. rack1-a6000.")
+    address = forms.CharField(max_length=253, validators=[validate_address],
+                              help_text="Hostname or IP address the platform connects to over SSH.")
+    ssh_port = forms.IntegerField(label="SSH port", min_value=1, max_value=65535, initial=22)
+    ssh_user = forms.CharField(label="SSH user", max_length=32, validators=[validate_ssh_user],
+                               help_text="The user the platform logs in as; it needs sudo for the runtime.")
+    host_key_fingerprint = forms.CharField(
+        label="Host key fingerprint", max_length=60, required=False, validators=[validate_host_key_fingerprint],
+        help_text="SHA256:... from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the server. "
+                  "Without it, the key seen on first contact is pinned.",
+    )
+    country = forms.ChoiceField(choices=COUNTRY_CHOICES)
+    city = forms.CharField(max_length=100, required=False, validators=[no_control_characters])
+    datacenter = forms.CharField(max_length=100, required=False, validators=[no_control_characters])
+    gpu_model = _ModelChoices(label="GPU model", queryset=GpuModel.objects.all(), to_field_name="slug",
+                              empty_label="Choose the model of its GPUs")
+    gpu_count = forms.IntegerField(label="Number of GPUs", min_value=1, max_value=MAX_GPUS_PER_NODE)
+    price_per_gpu_hour = forms.DecimalField(label="Price per GPU-hour (USD)", max_digits=12, decimal_places=6,
+                                            help_text="What a renter pays per GPU per hour.", **PRICE_LIMITS)
+    runtime = forms.ChoiceField(choices=Runtime.choices, initial=Runtime.DOCKER, widget=forms.RadioSelect)
+
+    def clean_address(self):
+        return self.cleaned_data["address"].lower()
+
+
+class NodeSettingsForm(forms.Form):
+    price_per_gpu_hour = forms.DecimalField(label="Price per GPU-hour (USD)", max_digits=12, decimal_places=6,
+                                            help_text="New rentals pay it; running instances keep their price.",
+                                            **PRICE_LIMITS)
+    listed = forms.BooleanField(required=False, label="Listed: renters can book it",
+                                help_text="Untick to take it off the offers; running instances are not touched.")
+    maintenance = forms.BooleanField(required=False, label="In maintenance",
+                                     help_text="No new rentals and no scheduled checks until you switch it off.")

@@ -1,10 +1,32 @@
 from django.urls import path
 
-from . import views
+from . import accounts, providers, renters
 
 urlpatterns = [
-    path("", views.home, name="home"),
-    path("accounts/login/", views.EmailLoginView.as_view(), name="login"),
-    path("accounts/logout/", views.logout_view, name="logout"),
-    path("accounts/signup/", views.signup, name="signup"),
+    path("", accounts.home, name="home"),
+    path("accounts/login/", accounts.EmailLoginView.as_view(), name="login"),
+    path("accounts/logout/", accounts.logout_view, name="logout"),
+    path("accounts/signup/", accounts.signup, name="signup"),
+    path("account/ssh-keys/", accounts.ssh_keys, name="ssh-keys"),
+    path("account/ssh-keys/<int:pk>/delete/", accounts.ssh_key_delete, name="ssh-key-delete"),
+    path("account/api-keys/", accounts.api_keys, name="api-keys"),
+    path("account/api-keys/<int:pk>/revoke/", accounts.api_key_revoke, name="api-key-revoke"),
+    # Renters
+    path("offers/", renters.offers, name="offers"),
+    path("offers/<int:node_id>/rent/", renters.rent, name="rent"),
+    path("gpus/", renters.gpu_compare, name="gpu-compare"),
+    path("instances/", renters.instances, name="instances"),
+    path("instances/<int:pk>/", renters.instance, name="instance"),
+    path("instances/<int:pk>/live/", renters.instance_live, name="instance-live"),
+    path("instances/<int:pk>/<slug:verb>/", renters.instance_verb, name="instance-verb"),
+    # Providers
+    path("nodes/", providers.nodes, name="nodes"),
+    path("nodes/new/", providers.node_register, name="node-register"),
+    path("nodes/<int:pk>/", providers.node, name="node"),
+    path("nodes/<int:pk>/live/", providers.node_live, name="node-live"),
+    path("nodes/<int:pk>/verify/", providers.node_verify, name="node-verify"),
+    path("nodes/<int:pk>/settings/", providers.node_settings, name="node-settings"),
+    path("nodes/<int:pk>/retire/", providers.node_retire, name="node-retire"),
+    # BILLING: balance and top-up, usage, statements (renters), earnings and payouts (providers) go here,
+    # named as in marketplace/templatetags/marketplace_web.py BILLING_NAV so the navigation shows them.
 ]

@@ -1,0 +1,120 @@
+"""The operators' dashboard on the admin's front page: fleet figures, what needs attention, and charts.
+
+Reads only. Shown by the admin index template (marketplace/templates/admin/gpumarket_index.html) through the
+`fleet_dashboard` template tag. Revenue comes from the billing app once it exists: until billing has models the
+dashboard says "billing not installed"; it never shows made-up numbers.
+"""
+from datetime import timedelta
+
+from django.db.models import Count
+from django.urls import reverse
+from django.utils import timezone
+
+from marketplace.models import Gpu, Instance, InstanceStatus, Node, NodeState, Verdict
+from marketplace.web import charts
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent, VerificationRun
+
+STATE_CSS = {
+    NodeState.ACTIVE: "ok", NodeState.VERIFYING: "", NodeState.PENDING: "neutral", NodeState.MAINTENANCE: "warn",
+    NodeState.REJECTED: "bad", NodeState.OFFLINE: "bad", NodeState.QUARANTINED: "bad", NodeState.RETIRED: "neutral",
+}
+LIST_LIMIT = 10
+
+
+def _short(label: str) -> str:
+    """"Rejected by the benchmark check" -> "Rejected"; "Pending: waiting for ..." -> "Pending"."""
+    return label.split(":")[0].split(" by ")[0]
+
+
+def _changelist(model: str, **filters) -> str:
+    url = reverse(f"admin:{model}_changelist")
+    if filters:
+        url += "?" + "&".join(f"{k}={v}" for k, v in filters.items())
+    return url
+
+
+def billing_installed() -> bool:
+    from marketplace.templatetags.marketplace_web import billing_installed as installed
+
+    return installed()
+
+
+def revenue_figures(now=None) -> dict:
+    """Revenue today and this month (UTC), from billing.
+
+    BILLING: the contract this expects is `billing.selectors.revenue_between(*, start, end) -> dict` with
+    integer micro-dollars under "charged_micros" (what renters paid) and "fee_micros" (the platform's share).
+    Until billing has models: {"installed": False}; with models but no such function: {"available": False}.
+    """
+    if not billing_installed():
+        return {"installed": False, "available": False}
+    try:
+        from billing.selectors import revenue_between  # optional until billing provides it
+    except ImportError:
+        return {"installed": True, "available": False}
+    now = now or timezone.now()
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    month = day.replace(day=1)
+    return {"installed": True, "available": True,
+            "today": revenue_between(start=day, end=now), "month": revenue_between(start=month, end=now)}
+
+
+def fleet_figures(now=None) -> dict:
+    now = now or timezone.now()
+    by_state = dict(Node.objects.order_by().values_list("state").annotate(n=Count("id")))
+    states = [{"state": s, "label": s.label, "count": by_state.get(s.value, 0),
+               "url": _changelist("marketplace_node", state__exact=s.value)} for s in NodeState]
+
+    per_model: dict[str, dict] = {}
+    gpu_rows = (Gpu.objects.exclude(node__state=NodeState.RETIRED).order_by()
+                .values_list("gpu_model__name", "gpu_model_id", "status").annotate(n=Count("id")))
+    for name, model_id, status, n in gpu_rows:
+        row = per_model.setdefault(name, {"name": name, "model_id": model_id, "free": 0, "rented": 0,
+                                          "unavailable": 0})
+        row[status] = n
+    models = sorted(per_model.values(), key=lambda r: (-(r["free"] + r["rented"] + r["unavailable"]), r["name"]))
+    for row in models:
+        row["url"] = _changelist("marketplace_gpu", gpu_model__id__exact=row["model_id"])
+    gpus = {s: sum(r[s] for r in models) for s in ("free", "rented", "unavailable")}
+
+    stuck = (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now)
+             .select_related("node", "instance").order_by("deadline"))
+    rejected = (Node.objects.filter(verdict=Verdict.REJECTED).exclude(state=NodeState.RETIRED)
+                .select_related("provider", "gpu_model").order_by("-state_changed_at"))
+    day_ago, week_ago = now - timedelta(days=1), now - timedelta(days=7)
+    instances = dict(Instance.objects.exclude(status=InstanceStatus.DESTROYED).order_by()
+                     .values_list("status").annotate(n=Count("id")))
+    return {
+        "now": now,
+        "nodes_total": sum(s["count"] for s in states if s["state"] != NodeState.RETIRED),
+        "states": states,
+        "gpus": gpus,
+        "gpu_models": models,
+        "instances_running": instances.get(InstanceStatus.RUNNING, 0),
+        "instances_live": sum(n for s, n in instances.items() if s != InstanceStatus.FAILED),
+        "instances_failed": instances.get(InstanceStatus.FAILED, 0),
+        "stuck_count": stuck.count(),
+        "stuck": list(stuck[:LIST_LIMIT]),
+        "stuck_url": _changelist("provisioning_job", stuck="yes"),
+        "open_jobs": Job.objects.filter(status__in=OPEN_JOB_STATUSES).count(),
+        "rejected_count": rejected.count(),
+        "rejected": list(rejected[:LIST_LIMIT]),
+        "rejected_url": _changelist("marketplace_node", verdict__exact=Verdict.REJECTED),
+        "degraded_count": Node.objects.filter(verdict=Verdict.DEGRADED).exclude(state=NodeState.RETIRED).count(),
+        "rejected_runs_week": VerificationRun.objects.filter(verdict=Verdict.REJECTED,
+                                                             created_at__gte=week_ago).count(),
+        "failed_verify_jobs_day": Job.objects.filter(kind=JobKind.NODE_VERIFY, status=JobStatus.FAILED,
+                                                     finished_at__gte=day_ago).count(),
+        "failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED),
+        "critical_events": list(NodeEvent.objects.filter(level=NodeEvent.Level.CRITICAL, created_at__gte=week_ago)
+                                .select_related("node")[:5]),
+        "revenue": revenue_figures(now),
+        "state_chart": charts.hbar_chart(
+            [charts.Group("", [charts.Bar(_short(s["state"].label), s["count"], STATE_CSS.get(s["state"], ""),
+                                          str(s["count"])) for s in states])],
+            title="Nodes by state"),
+        "gpu_chart": charts.stacked_bar_chart(
+            [(r["name"], [charts.Segment(r["rented"], "rented", "rented"), charts.Segment(r["free"], "free", "free"),
+                          charts.Segment(r["unavailable"], "unavailable", "unavailable")]) for r in models],
+            title="GPUs by model: rented, free, unavailable"),
+    }

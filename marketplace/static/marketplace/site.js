@@ -1,0 +1,92 @@
+/* Small progressive enhancements; every page works without them.
+ *
+ * 1. Live regions: an element with data-poll-url is refreshed every data-poll-interval ms (default 2000).
+ *    The URL answers with HTML whose top-level elements carry data-slot="NAME"; each one replaces the
+ *    content of the element with the same data-slot inside the polled element, only when it changed (so a
+ *    screen reader's aria-live region announces real changes only). An answer with the header
+ *    X-Poll-Stop: 1 ends the polling (the thing reached a state nobody is waiting on); X-Poll-Interval sets
+ *    the next wait in ms. A slot with data-reload reloads the whole page (what was awaited has finished and
+ *    the rest of the page changed too).
+ * 2. Copy buttons: <button data-copy="#id"> copies the text of #id and says so in its own live region.
+ * 3. <details data-close-on-narrow> starts closed on a phone-sized screen (unless it has data-active), so the
+ *    results come first; it stays open on wider screens and without JavaScript.
+ */
+(function () {
+  "use strict";
+
+  function applySlots(container, html) {
+    var tpl = document.createElement("template");
+    tpl.innerHTML = html;
+    var changed = false;
+    if (tpl.content.querySelector("[data-reload]")) { window.location.reload(); return false; }
+    tpl.content.querySelectorAll("[data-slot]").forEach(function (fresh) {
+      var name = fresh.getAttribute("data-slot");
+      var target = container.querySelector('[data-slot="' + name + '"]');
+      if (target && target.innerHTML.trim() !== fresh.innerHTML.trim()) {
+        target.innerHTML = fresh.innerHTML;
+        Array.prototype.forEach.call(fresh.attributes, function (attr) {
+          if (attr.name.indexOf("data-") === 0 && attr.name !== "data-slot") target.setAttribute(attr.name, attr.value);
+        });
+        changed = true;
+      }
+    });
+    return changed;
+  }
+
+  function startPolling(container) {
+    var url = container.getAttribute("data-poll-url");
+    var every = parseInt(container.getAttribute("data-poll-interval") || "2000", 10);
+    if (container.getAttribute("data-poll-stop") === "1") return;
+    function tick() {
+      fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" }, cache: "no-store" })
+        .then(function (response) {
+          if (!response.ok) throw new Error("HTTP " + response.status);
+          var stop = response.headers.get("X-Poll-Stop") === "1";
+          var next = parseInt(response.headers.get("X-Poll-Interval") || "", 10) || every;
+          return response.text().then(function (html) {
+            if (applySlots(container, html)) wireCopyButtons(container);
+            container.setAttribute("data-polled-at", new Date().toISOString());
+            if (!stop) window.setTimeout(tick, next);
+            else container.setAttribute("data-poll-stop", "1");
+          });
+        })
+        .catch(function () { window.setTimeout(tick, every * 2); });
+    }
+    window.setTimeout(tick, every);
+  }
+
+  function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
+    var area = document.createElement("textarea");
+    area.value = text; area.setAttribute("readonly", ""); area.style.position = "absolute"; area.style.left = "-9999px";
+    document.body.appendChild(area); area.select();
+    try { document.execCommand("copy"); } finally { document.body.removeChild(area); }
+    return Promise.resolve();
+  }
+
+  function wireCopyButtons(root) {
+    root.querySelectorAll("button[data-copy]").forEach(function (button) {
+      if (button.dataset.wired) return;
+      button.dataset.wired = "1";
+      button.hidden = false;
+      button.addEventListener("click", function () {
+        var source = document.querySelector(button.getAttribute("data-copy"));
+        if (!source) return;
+        var said = button.parentNode.querySelector(".copy-status");
+        copyText(source.textContent.trim()).then(function () {
+          if (said) said.textContent = "Copied to the clipboard.";
+        }, function () {
+          if (said) said.textContent = "Could not copy: select the text and copy it by hand.";
+        });
+      });
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    if (window.matchMedia && window.matchMedia("(max-width: 47.99rem)").matches) {
+      document.querySelectorAll("details[data-close-on-narrow]:not([data-active])").forEach(function (d) { d.open = false; });
+    }
+    wireCopyButtons(document);
+    document.querySelectorAll("[data-poll-url]").forEach(startPolling);
+  });
+})();

@@ -1,0 +1,122 @@
+"""Template helpers of the web pages: money, badges, form fields, and the navigation."""
+from decimal import Decimal
+
+from django import forms, template
+from django.apps import apps
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+from marketplace.money import micros_to_usd
+
+register = template.Library()
+
+# The billing *pages* (balance and top-ups, usage, statements, earnings, payouts) come in a later pass.
+# Each entry shows up in the navigation as soon as its URL name exists; until then it is hidden.
+# BILLING: the web pages register these URL names (not "billing-*": those are the billing API's endpoints).
+BILLING_NAV = [
+    ("Balance", "web-balance"),
+    ("Usage", "web-usage"),
+    ("Statements", "web-statements"),
+    ("Earnings", "web-earnings"),
+    ("Payouts", "web-payouts"),
+]
+
+_BADGES = {
+    # node states
+    "active": "ok", "verifying": "info", "pending": "neutral", "rejected": "bad", "maintenance": "warn",
+    "offline": "bad", "quarantined": "bad", "retired": "neutral",
+    # verdicts
+    "verified": "ok", "degraded": "warn", "unverified": "neutral",
+    # instance statuses
+    "requested": "info", "provisioning": "info", "running": "ok", "stopping": "info", "stopped": "neutral",
+    "starting": "info", "destroying": "info", "destroyed": "neutral", "failed": "bad",
+    # jobs, GPUs, findings
+    "queued": "info", "succeeded": "ok", "free": "ok", "rented": "info", "unavailable": "neutral",
+    "reject": "bad", "degrade": "warn",
+}
+
+
+def billing_installed() -> bool:
+    """True once the billing app has models (its pages follow them)."""
+    return apps.is_installed("billing") and any(True for _ in apps.get_app_config("billing").get_models())
+
+
+@register.simple_tag
+def billing_links() -> list[tuple[str, str]]:
+    """(label, url) of the billing pages that exist; empty until billing adds them."""
+    links = []
+    for label, name in BILLING_NAV:
+        try:
+            links.append((label, reverse(name)))
+        except NoReverseMatch:
+            continue
+    return links
+
+
+@register.filter
+def usd(micros, places=2) -> str:
+    """Integer micro-dollars as "$1.39" (at least `places` decimals, more when the amount has them)."""
+    if micros is None or micros == "":
+        return "–"
+    amount = micros_to_usd(int(micros)).normalize()
+    exponent = -amount.as_tuple().exponent if amount.as_tuple().exponent < 0 else 0
+    return f"${amount:,.{max(int(places), exponent)}f}"
+
+
+@register.filter
+def usd_decimal(micros) -> Decimal:
+    """Micro-dollars as a plain decimal for a form field (1.39, not 1.390000)."""
+    value = micros_to_usd(int(micros)).normalize()
+    return value.quantize(Decimal("0.01")) if value == value.quantize(Decimal("0.01")) else value
+
+
+@register.filter
+def badge(value, label=None):
+    """A coloured pill for a state, verdict or status; the words carry the meaning, not the colour."""
+    value = str(value or "")
+    return format_html('<span class="badge {}">{}</span>', _BADGES.get(value, "neutral"), label or value)
+
+
+@register.filter
+def percent(value, places=0) -> str:
+    if value is None:
+        return "–"
+    return f"{float(value) * 100:.{int(places)}f} %"
+
+
+@register.filter
+def number(value, places=1) -> str:
+    if value is None or value == "":
+        return "–"
+    return f"{float(value):,.{int(places)}f}"
+
+
+@register.inclusion_tag("marketplace/includes/field.html")
+def field(bound_field, css_class=""):
+    """One form field with its label, help and errors tied to it (aria-describedby, aria-invalid)."""
+    widget = bound_field.field.widget
+    kind = "checkbox" if isinstance(widget, forms.CheckboxInput) else (
+        "choices" if isinstance(widget, forms.RadioSelect | forms.CheckboxSelectMultiple) else "input")
+    described = []
+    if bound_field.help_text:
+        described.append(f"{bound_field.auto_id}_helptext")
+    if bound_field.errors:
+        described.append(f"{bound_field.auto_id}_errors")
+    attrs = {}
+    if described:
+        attrs["aria-describedby"] = " ".join(described)
+    if bound_field.errors:
+        attrs["aria-invalid"] = "true"
+    return {"f": bound_field, "kind": kind, "attrs": attrs, "widget_html": bound_field.as_widget(attrs=attrs),
+            "css_class": css_class}
+
+
+@register.simple_tag(takes_context=True)
+def nav_current(context, *prefixes) -> str:
+    """aria-current="page" on the navigation link whose path prefix the current page has."""
+    request = context.get("request")
+    path = request.path if request else ""
+    if any(path == p or (p != "/" and path.startswith(p)) for p in prefixes):
+        return mark_safe('aria-current="page"')  # noqa: S308 (a constant)
+    return ""

@@ -1,0 +1,11 @@
+"""The operators' dashboard on the admin index page."""
+from django import template
+
+from marketplace.admin_dashboard import fleet_figures
+
+register = template.Library()
+
+
+@register.inclusion_tag("admin/includes/fleet_dashboard.html")
+def fleet_dashboard():
+    return {"fleet": fleet_figures()}

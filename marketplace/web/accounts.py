@@ -1,0 +1,108 @@
+"""Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
+from django.contrib import messages
+from django.contrib.auth import login, logout
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from marketplace.models import ApiKey, SshKey
+from marketplace.services import accounts as account_svc
+from marketplace.services import ssh_keys as ssh_svc
+
+from .forms import ApiKeyForm, LoginForm, SignupForm, SshKeyForm
+
+
+def home(request):
+    return render(request, "marketplace/home.html")
+
+
+class EmailLoginView(LoginView):
+    template_name = "marketplace/login.html"
+    authentication_form = LoginForm
+    redirect_authenticated_user = True
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request):
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user, api_key = account_svc.user_register(email=form.cleaned_data["email"],
+                                                      password=form.cleaned_data["password"])
+        except account_svc.EmailTaken:
+            form.add_error("email", "An account with this email already exists.")
+        else:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            # The key is shown once, on the very next page, then forgotten.
+            response = render(request, "marketplace/signup_done.html", {"api_key": api_key})
+            response["Cache-Control"] = "no-store"
+            return response
+    return render(request, "marketplace/signup.html", {"form": form}, status=400 if form.errors else 200)
+
+
+@require_POST
+def logout_view(request):
+    logout(request)
+    return redirect("home")
+
+
+# ------------------------------------------------------------------------------------------- SSH keys
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ssh_keys(request):
+    form = SshKeyForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            key = ssh_svc.ssh_key_create(user=request.user, public_key=form.cleaned_data["public_key"],
+                                         name=form.cleaned_data["name"])
+        except ssh_svc.InvalidSshKey as exc:
+            form.add_error("public_key", str(exc))
+        except ssh_svc.SshKeyConflict as exc:
+            form.add_error("public_key", str(exc))
+        else:
+            messages.success(request, f"Key “{key.name or key.fingerprint}” added ({key.fingerprint}).")
+            return redirect("ssh-keys")
+    keys = SshKey.objects.filter(user=request.user).order_by("-created_at", "-id")
+    status = 400 if form.errors else 200
+    return render(request, "marketplace/ssh_keys.html", {"form": form, "keys": keys}, status=status)
+
+
+@login_required
+@require_POST
+def ssh_key_delete(request, pk: int):
+    key = get_object_or_404(SshKey, pk=pk, user=request.user)
+    ssh_svc.ssh_key_delete(ssh_key=key)
+    messages.success(request, f"Key “{key.name or key.fingerprint}” deleted. Instances created with it keep it.")
+    return redirect("ssh-keys")
+
+
+# ------------------------------------------------------------------------------------------- API keys
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_keys(request):
+    form = ApiKeyForm(request.POST or None)
+    created = None
+    if request.method == "POST" and form.is_valid():
+        key, raw = account_svc.api_key_create(user=request.user, name=form.cleaned_data["name"])
+        # Rendered, not redirected: the raw key exists only in this one answer.
+        created = {"key": key, "raw": raw}
+        form = ApiKeyForm()
+    keys = ApiKey.objects.active().filter(user=request.user)
+    status = 400 if form.errors else 200
+    response = render(request, "marketplace/api_keys.html", {"form": form, "keys": keys, "created": created},
+                      status=status)
+    if created:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def api_key_revoke(request, pk: int):
+    key = get_object_or_404(ApiKey.objects.active(), pk=pk, user=request.user)
+    account_svc.api_key_revoke(api_key=key)
+    messages.success(request, f"Key {key.prefix}… revoked: requests with it are refused from now on.")
+    return redirect("api-keys")

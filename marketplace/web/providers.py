@@ -1,0 +1,228 @@
+"""Providers' pages: register a server, the servers list, a server's page with its benchmark history, and the
+switches a provider has (price, listing, maintenance, verify now, retire). Thin: marketplace.services.nodes and
+provisioning.services.verification hold the rules."""
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from marketplace import selectors
+from marketplace.models import GpuStatus, InvalidTransition, NodeState, Verdict
+from marketplace.services import nodes as svc
+from marketplace.templatetags.marketplace_web import usd_decimal
+from provisioning.models import OPEN_JOB_STATUSES, Job
+from provisioning.selectors import latest_jobs
+from provisioning.services.verification import node_verify_request
+from provisioning.verification.policy import FIGURES, TOLERANCES, DeclaredModel
+
+from . import charts
+from .figures import figure_bands, node_runs, run_shares
+from .forms import NodeRegisterForm, NodeSettingsForm
+
+# The per-GPU chart shows these (FP16 is the same tensor path as BF16); the table below it has every figure.
+GPU_CHART_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs")
+VERDICT_CSS = {Verdict.VERIFIED: "ok", Verdict.DEGRADED: "warn", Verdict.REJECTED: "bad"}
+
+
+def _own_nodes(user):
+    """The user's own live nodes (operators look at everyone's in the admin)."""
+    return selectors.nodes_for_user(user=user).filter(provider=user)
+
+
+def _node_or_404(user, pk: int):
+    node = _own_nodes(user).filter(pk=pk).first()
+    if node is None:
+        raise Http404("No such server.")
+    return node
+
+
+def _utilisation(node) -> dict:
+    gpus = list(node.gpus.all())
+    return {"total": len(gpus), "rented": sum(g.status == GpuStatus.RENTED for g in gpus),
+            "unavailable": sum(g.status == GpuStatus.UNAVAILABLE for g in gpus)}
+
+
+@login_required
+@require_GET
+def nodes(request):
+    rows = list(_own_nodes(request.user).order_by("name", "id"))
+    jobs = latest_jobs([n.pk for n in rows])
+    items = [{"node": n, "use": _utilisation(n), "job": jobs.get(n.pk)} for n in rows]
+    return render(request, "marketplace/nodes.html", {"items": items})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def node_register(request):
+    form = NodeRegisterForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            node = svc.node_register(provider=request.user, **form.cleaned_data)
+        except svc.NodeConflict as exc:
+            form.add_error("address", str(exc))
+        else:
+            messages.success(request, f"Server “{node.name}” registered. Install the platform's key on it, "
+                                      "then verify it.")
+            return redirect("node", pk=node.pk)
+    return render(request, "marketplace/node_register.html", {"form": form}, status=400 if form.errors else 200)
+
+
+# ------------------------------------------------------------------------------------------ a node
+
+def _live_context(node, watching: str = "") -> dict:
+    job = Job.objects.filter(node=node).order_by("-id").first()
+    job_open = job is not None and job.status in OPEN_JOB_STATUSES
+    return {
+        "node": node,
+        "job": job,
+        "job_open": job_open,
+        "use": _utilisation(node),
+        # The page was waiting on this job and it has ended: the page reloads to show the new figures.
+        "reload": bool(watching) and not job_open,
+        "can_verify": not job_open and node.state not in (NodeState.RETIRED, NodeState.QUARANTINED),
+        # States whose cause is only in last_error (a verdict's reasons show with its check instead).
+        "problem_states": (NodeState.OFFLINE, NodeState.QUARANTINED, NodeState.PENDING),
+    }
+
+
+def _gpu_chart(node, run):
+    """Measured vs datasheet per GPU for one run, with the policy's floors as ticks on every bar."""
+    bands = figure_bands()
+    derived = DeclaredModel.from_gpu_model(node.gpu_model).derived
+    groups = []
+    for gpu in run.figures.get("gpus") or []:
+        bars = []
+        for key, (label, unit) in FIGURES.items():
+            if key not in GPU_CHART_FIGURES:
+                continue
+            share = (gpu.get("of_datasheet") or {}).get(key)
+            value = gpu.get(key)
+            band = bands[key]
+            slack = TOLERANCES["derived_floor_factor"] if key in derived else 1.0
+            reject, degrade = band["reject"] * slack, band["degrade"] * slack
+            css = "ok"
+            if share is not None and (share < reject or (band["max"] and share > band["max"])):
+                css = "bad"
+            elif share is not None and share < degrade:
+                css = "warn"
+            text = f"{value:,.4g} {unit} · {share:.0%}" if share is not None and value else "not measured"
+            bars.append(charts.Bar(label, share, css, text, ticks=[
+                (reject, "bad", f"rejected below {reject:.0%}"),
+                (degrade, "warn", f"degraded below {degrade:.0%}"),
+            ]))
+        groups.append(charts.Group(f"GPU {gpu.get('index')}", bars))
+    if not groups:
+        return None
+    return charts.hbar_chart(groups, title="Measured as a share of the datasheet, per GPU (latest check)",
+                             max_value=1.2, markers=[(1.0, "datasheet", "")], row_h=18)
+
+
+def _history_chart(runs):
+    groups = []
+    for run in reversed(runs):  # oldest first, reading down
+        shares = run_shares(run)
+        css = VERDICT_CSS.get(run.verdict, "neutral")
+        groups.append(charts.Group(f"{run.created_at:%Y-%m-%d %H:%M} · {run.verdict}", [
+            charts.Bar("BF16 (median)", shares.get("bf16_tflops"), css,
+                       f"{shares['bf16_tflops']:.0%}" if shares.get("bf16_tflops") else "not measured"),
+            charts.Bar("Bandwidth (median)", shares.get("memory_bandwidth_gbs"), css,
+                       f"{shares['memory_bandwidth_gbs']:.0%}" if shares.get("memory_bandwidth_gbs")
+                       else "not measured"),
+        ]))
+    if not groups:
+        return None
+    return charts.hbar_chart(groups, title="Benchmark history: the node's medians as a share of the datasheet",
+                             max_value=1.2, markers=[(1.0, "datasheet", "")])
+
+
+def _settings_form(node, data=None):
+    return NodeSettingsForm(data, initial={
+        "price_per_gpu_hour": usd_decimal(node.price_per_gpu_hour_micros), "listed": node.listed,
+        "maintenance": node.state == NodeState.MAINTENANCE,
+    })
+
+
+def _render_node(request, node, settings_form=None, status=200):
+    runs = node_runs(node)
+    latest = runs[0] if runs else None
+    live = _live_context(node)
+    findings = sorted(latest.findings, key=lambda f: (f.get("severity") != "reject", f.get("gpu_index") or 0)) \
+        if latest else []
+    context = {
+        **live,
+        "install_command": svc.node_install_command(node=node),
+        "runs": runs,
+        "latest": latest,
+        "findings": findings,
+        "gpu_chart": _gpu_chart(node, latest) if latest else None,
+        "history_chart": _history_chart(runs),
+        "gpus": list(node.gpus.all()),
+        "settings_form": settings_form or _settings_form(node),
+        "poll_url": (reverse("node-live", args=[node.pk]) + (f"?watching={live['job'].pk}" if live["job_open"]
+                                                             else "")),
+        "needs_key": node.verdict == Verdict.UNVERIFIED and node.state in (NodeState.PENDING, NodeState.VERIFYING),
+    }
+    return render(request, "marketplace/node.html", context, status=status)
+
+
+@login_required
+@require_GET
+def node(request, pk: int):
+    return _render_node(request, _node_or_404(request.user, pk))
+
+
+@login_required
+@require_GET
+def node_live(request, pk: int):
+    """The polled part of the server's page: state, verdict, the current job and its steps."""
+    node = _node_or_404(request.user, pk)
+    context = _live_context(node, watching=request.GET.get("watching", ""))
+    response = render(request, "marketplace/includes/node_live.html", context)
+    if not context["job_open"]:
+        response["X-Poll-Stop"] = "1"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def node_verify(request, pk: int):
+    node = _node_or_404(request.user, pk)
+    try:
+        node_verify_request(node=node)
+    except svc.NodeConflict as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Verification queued: the steps show below as the worker goes.")
+    return redirect("node", pk=node.pk)
+
+
+@login_required
+@require_POST
+def node_settings(request, pk: int):
+    node = _node_or_404(request.user, pk)
+    form = _settings_form(node, request.POST)
+    if form.is_valid():
+        try:
+            svc.node_update(node=node, **form.cleaned_data)
+        except (svc.NodeConflict, InvalidTransition) as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, "Settings saved.")
+            return redirect("node", pk=node.pk)
+    return _render_node(request, node, settings_form=form, status=400)
+
+
+@login_required
+@require_POST
+def node_retire(request, pk: int):
+    node = _node_or_404(request.user, pk)
+    try:
+        svc.node_retire(node=node)
+    except svc.NodeConflict as exc:
+        messages.error(request, str(exc))
+        return redirect("node", pk=node.pk)
+    messages.success(request, f"Server “{node.name}” retired: it takes no rentals and is no longer checked.")
+    return redirect("nodes")

@@ -1,0 +1,352 @@
+"""Renters' pages: offers, the GPU comparison, renting, and instances with their live state.
+
+Thin: the offers page runs the API's own FilterSet (marketplace.api.offers.OfferFilter) over the same selector,
+so filters and ordering are the API's; booking and every verb call marketplace.services.instances.
+"""
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.crypto import get_random_string
+from django.utils.html import format_html
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from marketplace import selectors
+from marketplace.api.offers import OfferFilter
+from marketplace.models import GpuModel, InstanceStatus, InvalidTransition
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.services import instances as svc
+from marketplace.services import ssh_keys as ssh_svc
+from marketplace.templatetags.marketplace_web import usd
+from provisioning.models import OPEN_JOB_STATUSES, Job
+
+from . import charts
+from .figures import COMPARED, WORKLOAD, gpu_comparison
+from .forms import RentForm
+
+OFFERS_PER_PAGE = 20
+
+ORDERING_LABELS = {
+    "": "Best value (score per $, default)",
+    "price_per_gpu_hour": "Price: lowest first",
+    "-price_per_gpu_hour": "Price: highest first",
+    "score": "Score: lowest first",
+    "-score": "Score: highest first",
+    "score_per_dollar": "Score per $: lowest first",
+    "-score_per_dollar": "Score per $: highest first",
+    "reliability": "Reliability: lowest first",
+    "-reliability": "Reliability: highest first",
+}
+FILTER_LABELS = {
+    "gpu_model": ("GPU model", "Any of the ticked models."),
+    "min_gpus": ("At least this many free GPUs", ""),
+    "min_gpu_memory_gb": ("Memory per GPU, at least (GB)", ""),
+    "max_price_per_gpu_hour": ("Price per GPU-hour, at most (USD)", ""),
+    "country": ("Country", ""),
+    "city": ("City", ""),
+    "min_reliability": ("Reliability, at least (0 to 1)", "Share of health checks answered, e.g. 0.95."),
+    "min_score": ("Score, at least", "Measured performance per GPU; 100 = an A100 80GB SXM at its datasheet."),
+    "ordering": ("Sort by", ""),
+}
+
+
+class WebOfferFilter(OfferFilter):
+    """The API's offer filters, with labels and widgets for people. Same fields, same SQL."""
+
+    @property
+    def form(self):
+        form = super().form
+        if not getattr(form, "_for_people", False):
+            form._for_people = True
+            for name, (label, help_text) in FILTER_LABELS.items():
+                form.fields[name].label, form.fields[name].help_text = label, help_text
+            models = form.fields["gpu_model"]
+            models.widget = forms.CheckboxSelectMultiple()
+            models.widget.choices = models.choices
+            models.label_from_instance = lambda m: m.name
+            ordering = form.fields["ordering"]
+            ordering.choices = [(value, ORDERING_LABELS.get(value, label)) for value, label in ordering.choices
+                                if value]
+            ordering.empty_label = ORDERING_LABELS[""]
+            country = form.fields["country"]
+            country.empty_label = None
+            country.choices = [("", "Any country"), *((code, name) for code, name in country.choices if code)]
+            for name in ("min_reliability", "min_score", "max_price_per_gpu_hour"):
+                form.fields[name].widget.attrs["step"] = "any"
+        return form
+
+
+def _filter_params(query: QueryDict) -> QueryDict:
+    """The query without empty values and the page number: a web form sends every field, filled or not,
+    while the API's FilterSet takes a parameter given without a value as a mistake."""
+    cleaned = QueryDict(mutable=True)
+    for name in OfferFilter.base_filters:
+        values = [v for v in query.getlist(name) if v.strip()]
+        if values:
+            cleaned.setlist(name, values)
+    return cleaned
+
+
+@require_GET
+def offers(request):
+    params = _filter_params(request.GET)
+    filterset = WebOfferFilter(params, queryset=selectors.offers_search())
+    valid = filterset.is_valid()
+    results = filterset.qs if valid else selectors.offers_search().none()
+    page = Paginator(results, OFFERS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "marketplace/offers.html", {
+        "filter": filterset, "form": filterset.form, "page": page, "query": params.urlencode(),
+        "filtered": bool(params), "valid": valid,
+    }, status=200 if valid else 400)
+
+
+@require_GET
+def gpu_compare(request):
+    every = GpuModel.objects.order_by("bf16_tflops", "name")
+    chosen = [slug for slug in request.GET.getlist("models") if slug]
+    models = every.filter(slug__in=chosen) if chosen else every
+    columns = gpu_comparison(models)
+    if not chosen:  # by default: the models people can rent now, else the whole catalogue
+        offered = [c for c in columns if c.offers]
+        columns = offered or columns
+    price_chart = charts.hbar_chart(
+        [charts.Group("", [charts.Bar(c.model.name, c.cheapest_per_tflop, "ok" if c.best_value else "",
+                                      f"${c.cheapest_per_tflop:.4f}" if c.cheapest_per_tflop is not None
+                                      else "no offer now") for c in columns])],
+        title="USD per BF16 TFLOP/s per hour at the cheapest offer (lower is better)",
+    )
+    share_chart = charts.hbar_chart(
+        [charts.Group(c.model.name, [
+            charts.Bar(label, c.measured_share(key, sheet_field), "",
+                       f"{c.measured_share(key, sheet_field):.0%}" if c.measured_share(key, sheet_field) else
+                       "not measured yet")
+            for key, sheet_field, label, _ in COMPARED if key in ("bf16_tflops", "memory_bandwidth_gbs")
+        ]) for c in columns],
+        title="Measured median as a share of the datasheet", max_value=1.1,
+        markers=[(1.0, "datasheet", "")],
+    )
+    return render(request, "marketplace/gpu_compare.html", {
+        "columns": columns, "every": every, "chosen": set(chosen), "table": _compare_table(columns),
+        "price_chart": price_chart, "share_chart": share_chart,
+    })
+
+
+NOT_MEASURED = format_html('<span class="muted">{}</span>', "not measured yet")
+
+
+def _num(value, places=1):
+    return "–" if value is None else f"{value:,.{places}f}"
+
+
+def _compare_table(columns) -> list[dict]:
+    """The comparison as rows of cells, models side by side: datasheet, measured here, price now."""
+    def row(label, cell, note=""):
+        return {"label": label, "note": note, "cells": [cell(c) for c in columns]}
+
+    def measured(key, sheet_field):
+        def cell(c):
+            value = c.measured.get(key)
+            if not value:
+                return NOT_MEASURED
+            share = c.measured_share(key, sheet_field)
+            return format_html('{} <span class="muted small">({})</span>', _num(value), f"{share:.0%}") if share \
+                else _num(value)
+        return cell
+
+    def per_tflop(attr):
+        def cell(c):
+            value = getattr(c, attr)
+            if value is None:
+                return "–"
+            return format_html('${} <span class="muted small">({})</span>', f"{value:.4f}", c.bf16_basis[1])
+        return cell
+
+    def offers(c):
+        if not c.offers:
+            return format_html('<span class="muted">{}</span>', "none now")
+        url = reverse("offers") + "?" + urlencode({"gpu_model": c.model.slug})
+        return format_html('<a href="{}">{} ({} GPUs free)</a>', url, c.offers, c.gpus_free)
+
+    return [
+        {"title": "Datasheet (dense, no sparsity)", "rows": [
+            row("Architecture", lambda c: f"{c.model.architecture} · {c.model.get_form_factor_display()}"),
+            row("Memory per GPU", lambda c: f"{c.model.memory_gb} GB {c.model.memory_type}"),
+            *[row(f"{label} ({unit})", lambda c, f=sheet_field: _num(getattr(c.model, f)))
+              for _, sheet_field, label, unit in COMPARED],
+            row("Power (TDP)", lambda c: f"{c.model.tdp_w} W"),
+            row("MIG", lambda c: f"up to {c.model.mig_max_instances}" if c.model.mig_supported else "no"),
+        ]},
+        {"title": "Measured here (median over the listed servers' latest checks)", "rows": [
+            row("Servers measured", lambda c: str(c.nodes_measured)),
+            *[row(f"{label} ({unit})", measured(key, sheet_field), "share of datasheet")
+              for key, sheet_field, label, unit in COMPARED],
+            *[row(f"{label} ({unit})", lambda c, k=key: _num(c.measured.get(k), 0) if c.measured.get(k)
+                  else NOT_MEASURED, "small CNN, PyTorch") for key, label, unit in WORKLOAD],
+            row("Score per GPU", lambda c: _num(c.score) if c.score else NOT_MEASURED,
+                "100 = A100 80GB SXM datasheet"),
+        ]},
+        {"title": "Price now", "rows": [
+            row("Offers", offers),
+            row("Cheapest per GPU-hour", lambda c: usd(c.cheapest_micros)),
+            row("Median per GPU-hour", lambda c: usd(c.median_micros)),
+            row("Per BF16 TFLOP/s-hour, cheapest", per_tflop("cheapest_per_tflop"), "lower is better"),
+            row("Per BF16 TFLOP/s-hour, median", per_tflop("median_per_tflop")),
+        ]},
+    ]
+
+
+# ------------------------------------------------------------------------------------------- renting
+
+def _offer_or_404(node_id: int):
+    offer = selectors.offers_search().filter(pk=node_id).first()
+    if offer is None:
+        raise Http404("This offer is not available now.")
+    return offer
+
+
+_FORM_FIELDS = {"num_gpus", "image", "disk_gb", "ssh_keys", "label"}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rent(request, node_id: int):
+    offer = _offer_or_404(node_id)
+    if request.method == "GET":
+        form = RentForm(user=request.user, node=offer,
+                        initial={"request_token": get_random_string(32), "image": "pytorch-2-5"})
+        return render(request, "marketplace/rent.html", {"offer": offer, "form": form})
+    form = RentForm(request.POST, user=request.user, node=offer)
+    if form.is_valid():
+        data = form.cleaned_data
+        token = data.get("request_token") or ""
+        body = {k: v for k, v in request.POST.lists() if k != "csrfmiddlewaretoken"}
+        try:
+            if data.get("save_key") and data.get("ssh_public_key"):
+                try:
+                    ssh_svc.ssh_key_create(user=request.user, public_key=data["ssh_public_key"])
+                except ssh_svc.SshKeyConflict:
+                    pass  # already saved: nothing to do
+            instance, _ = svc.instance_create(
+                renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"], image=data["image"],
+                ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
+                idempotency_key=f"web-{token}" if token else "",
+                request_fingerprint=svc.request_fingerprint(body) if token else "",
+            )
+        except svc.IdempotencyKeyReused:
+            # This page's form was already used to book, with other choices (back button): a fresh token.
+            data = request.POST.copy()
+            data["request_token"] = get_random_string(32)
+            form = RentForm(data, user=request.user, node=offer)
+            form.is_valid()
+            form.add_error(None, "This form was already used to book an instance with other choices. "
+                                 "Check the choices below and book again.")
+        except svc.InstanceError as exc:
+            field = exc.field if exc.field in _FORM_FIELDS else None
+            form.add_error(field, exc.message)
+        else:
+            messages.success(request, f"Instance {instance.pk} booked: the node is preparing it.")
+            return redirect("instance", pk=instance.pk)
+    return render(request, "marketplace/rent.html", {"offer": offer, "form": form}, status=400)
+
+
+# ----------------------------------------------------------------------------------------- instances
+
+VERBS = {
+    # verb: (service, statuses the button shows in, button words, question, danger)
+    "stop": (svc.instance_stop, {InstanceStatus.RUNNING}, "Stop",
+             "Stop it? The disk is kept and its GPUs are freed; start it again later.", False),
+    "start": (svc.instance_start, {InstanceStatus.STOPPED}, "Start",
+              "Start it again? It takes its GPUs back when they are free.", False),
+    "restart": (svc.instance_restart, {InstanceStatus.RUNNING}, "Restart",
+                "Restart it? Running programs are ended, the disk is kept.", False),
+    "destroy": (svc.instance_destroy, set(InstanceStatus) - {InstanceStatus.DESTROYING, InstanceStatus.DESTROYED},
+                "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.", True),
+}
+SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED}
+
+
+def _instance_or_404(user, pk: int):
+    """The user's own instance; another user's is a 404, exactly like one that does not exist."""
+    return get_object_or_404(svc.instances_for_user(user=user), pk=pk)
+
+
+def ssh_command(instance) -> str | None:
+    if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
+        return None
+    return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
+
+
+def _live_context(instance) -> dict:
+    job = Job.objects.filter(instance=instance).order_by("-id").first()
+    return {
+        "instance": instance,
+        "ssh_command": ssh_command(instance),
+        "gpus": svc.instance_gpu_indices(instance=instance),
+        "job": job,
+        "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
+        "final": instance.status in FINAL_STATUSES,
+        "verbs": [{"verb": verb, "button": words, "question": question, "danger": danger,
+                   "url": reverse("instance-verb", args=[instance.pk, verb])}
+                  for verb, (_, shown, words, question, danger) in VERBS.items() if instance.status in shown],
+    }
+
+
+def _poll_headers(response, instance):
+    if instance.status in FINAL_STATUSES:
+        response["X-Poll-Stop"] = "1"
+    elif instance.status in SETTLED:
+        response["X-Poll-Interval"] = "10000"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_GET
+def instances(request):
+    rows = svc.instances_for_user(user=request.user).select_related("node").order_by("-created_at", "-id")
+    show_all = request.GET.get("show") == "all"
+    if not show_all:
+        rows = rows.exclude(status=InstanceStatus.DESTROYED)
+    page = Paginator(rows, 25).get_page(request.GET.get("page"))
+    return render(request, "marketplace/instances.html", {"page": page, "show_all": show_all})
+
+
+@login_required
+@require_GET
+def instance(request, pk: int):
+    obj = _instance_or_404(request.user, pk)
+    context = _live_context(obj)
+    context["node"] = obj.node
+    return _poll_headers(render(request, "marketplace/instance.html", context), obj)
+
+
+@login_required
+@require_GET
+def instance_live(request, pk: int):
+    """The polled part of the instance page: its state, current step, SSH command and buttons."""
+    obj = _instance_or_404(request.user, pk)
+    return _poll_headers(render(request, "marketplace/includes/instance_live.html", _live_context(obj)), obj)
+
+
+@login_required
+@require_POST
+def instance_verb(request, pk: int, verb: str):
+    obj = _instance_or_404(request.user, pk)
+    if verb not in VERBS:
+        raise Http404("No such action.")
+    service = VERBS[verb][0]
+    try:
+        service(instance=obj)
+    except svc.InstanceError as exc:
+        messages.error(request, exc.message)
+    except InvalidTransition as exc:
+        messages.error(request, f"Not possible now: {exc}.")
+    else:
+        messages.success(request, {"stop": "Stopping", "start": "Starting", "restart": "Restarting",
+                                   "destroy": "Destroying"}[verb] + f" instance {obj.pk}.")
+    return redirect("instance", pk=obj.pk)

@@ -1,0 +1,109 @@
+"""The operators' panel: the dashboard on the admin index, list filters and actions, readable reasons."""
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.utils import timezone
+
+from marketplace.models import Node, NodeState, Verdict
+from provisioning.models import Job, NodeEvent, VerificationRun
+from tests.factories import make_listed_node, make_node
+from tests.marketplace.renting_helpers import book
+from tests.web.conftest import logged_in
+from tests.web.test_provider_pages import FIGURES, FINDINGS
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ops(operator):
+    return logged_in(operator)
+
+
+@pytest.fixture
+def fleet(renter, stranger):
+    listed = make_listed_node(stranger, name="fra-a100", gpu_model="a100-80gb-sxm", gpu_count=4)
+    book(renter, listed, num_gpus=3)
+    make_listed_node(stranger, name="ams-a6000", gpu_model="rtx-a6000", gpu_count=8)
+    rejected = make_node(stranger, name="fake-a100", gpu_model="a100-80gb-sxm", gpu_count=2,
+                         state=NodeState.REJECTED, verdict=Verdict.REJECTED)
+    Node.objects.filter(pk=rejected.pk).update(
+        last_error="Rejected: GPU 0 has 84 streaming multiprocessors; a A100 80GB SXM has 108.")
+    VerificationRun.objects.create(node=rejected, verdict="rejected", findings=FINDINGS, figures=FIGURES, score=0)
+    stuck = Job.objects.create(kind="node_verify", node=rejected, status="running", step="benchmarking GPU 0",
+                               deadline=timezone.now() - timedelta(minutes=5))
+    NodeEvent.objects.create(node=rejected, level="critical", kind="host_key_changed", message="key changed")
+    return {"listed": listed, "rejected": rejected, "stuck": stuck}
+
+
+def test_only_staff_reach_the_dashboard(client, web):
+    assert client.get("/admin/").status_code == 302
+    assert web.get("/admin/").status_code == 302  # a renter is not staff
+
+
+def test_dashboard_shows_fleet_figures_and_charts(ops, fleet):
+    page = ops.get("/admin/").content.decode()
+    assert "Fleet" in page and page.count('<svg class="chart"') == 2
+    assert "Nodes by state" in page and "GPUs by model" in page
+    assert "A100 80GB SXM: 3 rented, 3 free, 0 unavailable" in page  # the stacked chart's description
+    assert ">3</span><span class=\"fleet-label\">GPUs rented" in page
+    assert "fake-a100" in page and "84 streaming multiprocessors" in page  # rejected nodes and why
+    assert f"/admin/provisioning/job/{fleet['stuck'].pk}/change/" in page and "benchmarking GPU 0" in page
+    assert "key changed" in page
+    assert "Everything by model" in page and "/admin/marketplace/node/" in page  # the app list stays
+
+
+def test_revenue_is_a_placeholder_until_billing_reports_it(ops, fleet):
+    with mock.patch("marketplace.admin_dashboard.billing_installed", return_value=False):
+        page = ops.get("/admin/").content.decode()
+    assert "Billing not installed" in page and "$" not in page.split('id="revenue-h"')[1].split("</div>")[0]
+    with mock.patch("marketplace.admin_dashboard.billing_installed", return_value=True), \
+         mock.patch.dict("sys.modules", {"billing.selectors": mock.Mock(spec=[])}):
+        page = ops.get("/admin/").content.decode()
+    assert "revenue not wired yet" in page
+    fake = mock.Mock(revenue_between=lambda start, end: {"charged_micros": 12_340_000, "fee_micros": 1_851_000})
+    with mock.patch("marketplace.admin_dashboard.billing_installed", return_value=True), \
+         mock.patch.dict("sys.modules", {"billing.selectors": fake}):
+        page = ops.get("/admin/").content.decode()
+    assert "$12.34" in page and "$1.851" in page
+
+
+def test_stuck_jobs_filter(ops, fleet):
+    Job.objects.create(kind="node_verify", node=fleet["listed"], status="running",
+                       deadline=timezone.now() + timedelta(minutes=5))
+    page = ops.get("/admin/provisioning/job/?stuck=yes").content.decode()
+    assert f"/admin/provisioning/job/{fleet['stuck'].pk}/change/" in page
+    assert page.count("/change/") == 1
+
+
+def test_operator_finds_a_rejected_node_and_its_reasons(ops, fleet):
+    listing = ops.get("/admin/marketplace/node/?verdict__exact=rejected").content.decode()
+    assert "fake-a100" in listing and "fra-a100" not in listing
+    page = ops.get(f"/admin/marketplace/node/{fleet['rejected'].pk}/change/").content.decode()
+    assert "84 streaming multiprocessors" in page and "<code>bf16_low</code>" in page and "GPU 1:" in page
+    assert "ssh_private_key" not in page and "PRIVATE KEY" not in page
+    run = VerificationRun.objects.get(node=fleet["rejected"])
+    detail = ops.get(f"/admin/provisioning/verificationrun/{run.pk}/change/").content.decode()
+    assert "<code>sm_count</code>" in detail
+
+
+def test_node_and_instance_actions_are_there(ops, fleet):
+    nodes = ops.get("/admin/marketplace/node/").content.decode()
+    for action in ("reverify_nodes", "set_maintenance", "unlist", "accept_new_host_key"):
+        assert f'value="{action}"' in nodes
+    instances = ops.get("/admin/marketplace/instance/").content.decode()
+    for action in ("force_stop", "force_destroy"):
+        assert f'value="{action}"' in instances
+
+
+def test_reverify_action_queues_a_check(ops, fleet):
+    node = fleet["listed"]
+    r = ops.post("/admin/marketplace/node/", {"action": "reverify_nodes", "_selected_action": [node.pk]})
+    assert r.status_code == 302
+    assert Job.objects.filter(node=node, kind="node_verify", status="queued").exists()
+
+
+def test_job_log_is_readable(ops, fleet):
+    Job.objects.filter(pk=fleet["stuck"].pk).update(log=[{"at": "2026-01-01T00:00:00", "message": "connecting"}])
+    page = ops.get(f"/admin/provisioning/job/{fleet['stuck'].pk}/change/").content.decode()
+    assert "<code>2026-01-01T00:00:00</code> connecting" in page

@@ -1,0 +1,280 @@
+"""Offers, GPU comparison, renting and instance pages, with Django's test client."""
+import re
+
+import pytest
+from django.test import Client
+
+from marketplace.models import Instance, Node, NodeState, SshKey, Verdict
+from provisioning.models import Job, VerificationRun
+from tests.factories import make_listed_node, make_node
+from tests.marketplace.renting_helpers import add_key, book, ed25519_key, run
+from tests.web.conftest import fund, logged_in
+
+pytestmark = pytest.mark.django_db
+
+
+def _ids(page: str) -> list[int]:
+    return [int(i) for i in re.findall(r'href="/offers/(\d+)/rent/"', page)]
+
+
+@pytest.fixture
+def fleet(db):
+    """Listed nodes of three models at different prices, and two that are not bookable."""
+    return {
+        "a100_cheap": make_listed_node(gpu_model="a100-80gb-sxm", price="1.200000", country="DE", score=90.0),
+        "a100_dear": make_listed_node(gpu_model="a100-80gb-sxm", price="1.900000", country="US", score=95.0),
+        "a6000": make_listed_node(gpu_model="rtx-a6000", price="0.490000", country="NL", gpu_count=8, score=40.0),
+        "h100": make_listed_node(gpu_model="h100-sxm", price="2.490000", country="US", gpu_count=1, score=260.0),
+        "pending": make_node(gpu_model="a100-80gb-sxm"),
+        "rejected": make_node(gpu_model="a100-80gb-sxm", state=NodeState.REJECTED, verdict=Verdict.REJECTED),
+    }
+
+
+# ------------------------------------------------------------------------------------------- offers
+
+def test_offers_are_public_and_only_bookable_nodes(client, fleet):
+    r = client.get("/offers/")
+    assert r.status_code == 200
+    shown = set(_ids(r.content.decode()))
+    assert shown == {fleet[k].pk for k in ("a100_cheap", "a100_dear", "a6000", "h100")}
+
+
+@pytest.mark.parametrize("query", [
+    "gpu_model=a100-80gb-sxm",
+    "gpu_model=a100-80gb-sxm&gpu_model=h100-sxm&ordering=-price_per_gpu_hour",
+    "min_gpus=4&ordering=price_per_gpu_hour",
+    "max_price_per_gpu_hour=1.5",
+    "country=US&ordering=-score",
+    "min_score=80&min_gpu_memory_gb=80",
+    "min_reliability=0.9&ordering=score_per_dollar",
+    "ordering=reliability",
+])
+def test_offers_filter_and_order_exactly_as_the_api(client, fleet, query):
+    web_ids = _ids(client.get(f"/offers/?{query}").content.decode())
+    api_ids = [o["id"] for o in client.get(f"/api/v1/offers/?{query}").json()["results"]]
+    assert web_ids == api_ids and web_ids
+
+
+def test_empty_filter_fields_are_ignored_as_a_form_sends_them(client, fleet):
+    r = client.get("/offers/?gpu_model=a100-80gb-sxm&min_gpus=&max_price_per_gpu_hour=&country=&city=&ordering=")
+    assert r.status_code == 200
+    assert set(_ids(r.content.decode())) == {fleet["a100_cheap"].pk, fleet["a100_dear"].pk}
+    assert re.search(r'<input[^>]*value="a100-80gb-sxm"[^>]*checked', r.content.decode())
+
+
+def test_a_bad_filter_is_explained_next_to_it_and_kept(client, fleet):
+    r = client.get("/offers/?min_gpus=two&city=Berlin")
+    assert r.status_code == 400
+    page = r.content.decode()
+    assert 'id="id_min_gpus_errors"' in page and 'value="two"' in page and 'value="Berlin"' in page
+    assert _ids(page) == []
+
+
+def test_offers_are_paginated(client, db):
+    for _ in range(23):
+        make_listed_node(gpu_model="rtx-a4000", gpu_count=1)
+    first = client.get("/offers/?gpu_model=rtx-a4000").content.decode()
+    second = client.get("/offers/?gpu_model=rtx-a4000&page=2").content.decode()
+    assert len(_ids(first)) == 20 and len(_ids(second)) == 3
+    assert "Page 1 of 2" in first and "gpu_model=rtx-a4000&amp;page=2" in first
+    assert not set(_ids(first)) & set(_ids(second))
+
+
+# --------------------------------------------------------------------------------------- comparison
+
+def test_comparison_says_not_measured_without_runs_and_prices_per_tflop(client, fleet):
+    page = client.get("/gpus/?models=a100-80gb-sxm&models=rtx-a6000").content.decode()
+    assert "A100 80GB SXM" in page and "RTX A6000" in page and "H100 SXM" not in page.split("<table")[1]
+    assert "not measured yet" in page
+    # $1.20 per GPU-hour / 312 datasheet BF16 TFLOP/s
+    assert "$0.0038" in page and "(datasheet)" in page
+    assert "<svg" in page and 'role="img"' in page
+
+
+def test_comparison_uses_the_measured_medians(client, fleet):
+    node = fleet["a100_cheap"]
+    figures = {"median": {"bf16_tflops": 270.0, "tf32_tflops": 140.0, "fp32_tflops": 19.0,
+                          "memory_bandwidth_gbs": 1800.0, "cnn_train_images_s": 2500.0},
+               "datasheet": {"bf16_tflops": 312.0, "memory_bandwidth_gbs": 2039.0}, "gpus": []}
+    VerificationRun.objects.create(node=node, verdict="verified", figures=figures, score=90.0)
+    page = client.get("/gpus/?models=a100-80gb-sxm").content.decode()
+    assert "270.0" in page and "87 %" in page.replace("87%", "87 %")
+    assert "2,500" in page and "$0.0044" in page and "(measured)" in page  # 1.20 / 270
+
+
+def test_comparison_defaults_to_models_on_offer(client, fleet):
+    page = client.get("/gpus/").content.decode()
+    head = page.split("<thead>")[1].split("</thead>")[0]
+    assert "A100 80GB SXM" in head and "H100 SXM" in head and "RTX A4000" not in head
+
+
+# ------------------------------------------------------------------------------------------- renting
+
+def test_rent_needs_login_and_a_bookable_offer(client, fleet, web):
+    r = client.get(f"/offers/{fleet['a6000'].pk}/rent/")
+    assert r.status_code == 302 and "/accounts/login/" in r["Location"]
+    assert web.get(f"/offers/{fleet['pending'].pk}/rent/").status_code == 404
+    assert web.get(f"/offers/{fleet['rejected'].pk}/rent/").status_code == 404
+    page = web.get(f"/offers/{fleet['a6000'].pk}/rent/").content.decode()
+    assert "PyTorch" in page and "TensorFlow" in page and 'name="request_token"' in page
+
+
+def test_rent_with_a_pasted_key_books_and_opens_the_instance(web, funded_renter, fleet):
+    node = fleet["a6000"]
+    key = ed25519_key("me@laptop")
+    r = web.post(f"/offers/{node.pk}/rent/", {"image": "pytorch-2-5", "num_gpus": "2", "ssh_public_key": key,
+                                              "save_key": "on", "label": "training", "request_token": "t1"})
+    assert r.status_code == 302
+    instance = Instance.objects.get(renter=funded_renter)
+    assert r["Location"] == f"/instances/{instance.pk}/"
+    assert instance.num_gpus == 2 and instance.label == "training" and instance.image.slug == "pytorch-2-5"
+    assert instance.ssh_public_keys == [" ".join(key.split()[:2])]
+    assert SshKey.objects.filter(user=funded_renter).count() == 1
+    assert Job.objects.filter(instance=instance, kind="instance_provision").exists()
+
+
+def test_rent_twice_with_one_form_books_once(web, funded_renter, fleet):
+    body = {"image": "cuda-12-4", "num_gpus": "1", "ssh_public_key": ed25519_key(), "request_token": "same"}
+    first = web.post(f"/offers/{fleet['a6000'].pk}/rent/", body)
+    second = web.post(f"/offers/{fleet['a6000'].pk}/rent/", body)
+    assert first["Location"] == second["Location"]
+    assert Instance.objects.filter(renter=funded_renter).count() == 1
+
+
+def test_rent_with_a_saved_key(web, funded_renter, fleet):
+    saved = add_key(funded_renter, "laptop")
+    r = web.post(f"/offers/{fleet['a100_cheap'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1",
+                                                             "ssh_keys": [str(saved.pk)], "request_token": "x"})
+    assert r.status_code == 302
+    assert Instance.objects.get(renter=funded_renter).ssh_public_keys == [saved.public_key]
+
+
+def test_rent_errors_show_next_to_the_field_and_keep_the_input(web, funded_renter, fleet):
+    node = fleet["a6000"]
+    r = web.post(f"/offers/{node.pk}/rent/", {"image": "tensorflow-2-17", "num_gpus": "2",
+                                              "ssh_public_key": "ssh-rsa AAAAB3NzaC1yc2E= short", "label": "mine",
+                                              "request_token": "t"})
+    page = r.content.decode()
+    assert r.status_code == 400
+    assert 'id="id_ssh_public_key_errors"' in page and "ssh-rsa AAAAB3NzaC1yc2E= short</textarea>" in page
+    assert 'value="mine"' in page and re.search(r'value="tensorflow-2-17"[^>]*checked', page)
+    assert re.search(r'name="num_gpus"[^>]*value="2"|value="2"[^>]*name="num_gpus"', page)
+
+    r = web.post(f"/offers/{node.pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "request_token": "t"})
+    assert r.status_code == 400 and 'id="id_ssh_keys_errors"' in r.content.decode()
+
+    r = web.post(f"/offers/{node.pk}/rent/", {"image": "cuda-12-4", "num_gpus": "9", "ssh_public_key": ed25519_key()})
+    assert r.status_code == 400 and 'id="id_num_gpus_errors"' in r.content.decode()
+    assert not Instance.objects.exists()
+
+
+def test_rent_more_gpus_than_are_free_is_explained(web, funded_renter, stranger, fleet):
+    node = fleet["a100_cheap"]
+    fund(stranger)
+    book(stranger, node, num_gpus=3)
+    r = web.post(f"/offers/{node.pk}/rent/", {"image": "cuda-12-4", "num_gpus": "2", "ssh_public_key": ed25519_key(),
+                                              "request_token": "t"})
+    assert r.status_code == 400 and "free on this node now" in r.content.decode()
+
+
+def test_rent_without_funds_says_so(web, renter, fleet, settings):
+    settings.BILLING_REQUIRE_FUNDS = True
+    r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1",
+                                                        "ssh_public_key": ed25519_key(), "request_token": "t"})
+    assert r.status_code == 400 and "balance" in r.content.decode()
+    assert not Instance.objects.exists()
+
+
+def test_rent_form_needs_csrf(csrf_web, funded_renter, fleet):
+    r = csrf_web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1",
+                                                             "ssh_public_key": ed25519_key()})
+    assert r.status_code == 403 and not Instance.objects.exists()
+
+
+# ----------------------------------------------------------------------------------------- instances
+
+@pytest.fixture
+def running(funded_renter, fleet):
+    instance = book(funded_renter, fleet["a100_cheap"], num_gpus=2)
+    return run(instance, host="127.0.0.1", port=40022)
+
+
+def test_instances_list_shows_only_mine(web, stranger, running, fleet):
+    fund(stranger)
+    theirs = book(stranger, fleet["a6000"])
+    page = web.get("/instances/").content.decode()
+    assert f'href="/instances/{running.pk}/"' in page and f'href="/instances/{theirs.pk}/"' not in page
+
+
+def test_instance_page_shows_the_ssh_command_and_buttons(web, running):
+    r = web.get(f"/instances/{running.pk}/")
+    page = r.content.decode()
+    assert "ssh -p 40022 root@127.0.0.1" in page
+    for verb in ("stop", "restart", "destroy"):
+        assert f'action="/instances/{running.pk}/{verb}/"' in page
+    assert f'action="/instances/{running.pk}/start/"' not in page
+    assert 'aria-live="polite"' in page and f'data-poll-url="/instances/{running.pk}/live/"' in page
+
+
+def test_instance_live_part_says_when_to_stop_polling(web, running):
+    r = web.get(f"/instances/{running.pk}/live/")
+    assert r.status_code == 200 and 'data-slot="state"' in r.content.decode()
+    assert r["X-Poll-Interval"] == "10000" and "X-Poll-Stop" not in r
+    Instance.objects.filter(pk=running.pk).update(status="failed", status_message="The node vanished")
+    r = web.get(f"/instances/{running.pk}/live/")
+    assert r["X-Poll-Stop"] == "1" and "The node vanished" in r.content.decode()
+
+
+def test_instance_shows_the_current_step_while_provisioning(web, funded_renter, fleet):
+    instance = book(funded_renter, fleet["a6000"])
+    Job.objects.filter(instance=instance).update(status="running", step="pulling the image",
+                                                 log=[{"at": "x", "message": "started"},
+                                                      {"at": "y", "message": "pulling the image"}])
+    page = web.get(f"/instances/{instance.pk}/live/").content.decode()
+    assert 'id="current-step">pulling the image<' in page and "<li>started</li>" in page
+
+
+def test_another_users_instance_is_a_404_everywhere(stranger, running):
+    other = logged_in(stranger)
+    for url in (f"/instances/{running.pk}/", f"/instances/{running.pk}/live/"):
+        assert other.get(url).status_code == 404
+    for verb in ("stop", "start", "restart", "destroy"):
+        assert other.post(f"/instances/{running.pk}/{verb}/").status_code == 404
+    running.refresh_from_db()
+    assert running.status == "running"
+
+
+def test_stop_then_an_impossible_start_is_explained(web, running):
+    r = web.post(f"/instances/{running.pk}/stop/", follow=True)
+    running.refresh_from_db()
+    assert running.status == "stopping" and "Stopping instance" in r.content.decode()
+    r = web.post(f"/instances/{running.pk}/start/", follow=True)
+    assert "stopping" in r.content.decode().lower() and "start it once it is stopped" in r.content.decode()
+
+
+def test_destroy_and_unknown_verbs(web, running):
+    assert web.post(f"/instances/{running.pk}/explode/").status_code == 404
+    assert web.get(f"/instances/{running.pk}/destroy/").status_code == 405
+    web.post(f"/instances/{running.pk}/destroy/")
+    running.refresh_from_db()
+    assert running.status == "destroying"
+    assert Job.objects.filter(instance=running, kind="instance_destroy").exists()
+
+
+def test_instance_verbs_need_csrf(funded_renter, running):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(funded_renter)
+    assert client.post(f"/instances/{running.pk}/destroy/").status_code == 403
+    running.refresh_from_db()
+    assert running.status == "running"
+
+
+def test_offer_page_never_shows_node_secrets(client, fleet):
+    node = Node.objects.get(pk=fleet["a6000"].pk)
+    for page in (client.get("/offers/").content.decode(), client.get("/gpus/").content.decode()):
+        assert node.ssh_public_key not in page and node.address not in page and "PRIVATE KEY" not in page
+
+
+def test_a_missing_page_is_a_friendly_404(web):
+    r = web.get("/instances/999999/")
+    assert r.status_code == 404 and "Not found" in r.content.decode() and 'href="/offers/"' in r.content.decode()
