@@ -1,0 +1,57 @@
+"""Renting: book GPUs as an instance, and every move of an instance through its lifecycle.
+
+All instance rules live here. Two kinds of callers:
+
+- the API (renters) and the admin (operators): `instance_create` and the verbs `instance_stop`,
+  `instance_start`, `instance_restart`, `instance_destroy`. They move the instance into an
+  "*ing" state and queue a job (provisioning.services.jobs.job_create, sent to Celery on commit);
+- the provisioning tasks (workers): the `instance_mark_*` functions, which record what the node
+  did. Each runs in its own short transaction, locks the instance row, and is idempotent.
+
+GPU allocation: one transaction locks the node row FOR SHARE (so a provider's change of the node,
+which takes FOR UPDATE, waits for bookings in flight, while bookings on the same node run side by
+side) and the free GPUs it takes with FOR UPDATE SKIP LOCKED (concurrent bookings never wait for
+each other's GPUs, and never take the same one). The partial unique constraint
+`gpu_in_at_most_one_live_allocation` makes a double allocation impossible even if this code had
+a bug. Duplicate requests with one Idempotency-Key are decided by the unique constraint
+`instance_unique_idempotency_key`, never by "check, then insert".
+
+Money (billing.services): booking and starting need one hour of the instance's price in the renter's
+balance (InsufficientFunds, 402); a booking snapshots the price and the platform fee; and wherever an
+instance leaves `running` (stop, restart, destroy, failure) its last usage interval is charged in the
+same transaction that changes its state (`_leave_running`). The per-minute meter bills the rest.
+"""
+from marketplace.models import Image, Instance  # noqa: F401 (callers reach the models through here)
+
+from .booking import instance_create
+from .common import (
+    MAX_DISK_GB,
+    WAITING,
+    IdempotencyKeyReused,
+    InstanceConflict,
+    InstanceError,
+    InstanceInvalid,
+    InsufficientFunds,
+    instance_for_idempotency_key,
+    instance_gpu_indices,
+    instance_release_gpus,
+    instances_for_user,
+    request_fingerprint,
+)
+from .lifecycle import instance_destroy, instance_restart, instance_start, instance_stop
+from .worker import (
+    instance_mark_destroyed,
+    instance_mark_failed,
+    instance_mark_provisioning,
+    instance_mark_running,
+    instance_mark_stopped,
+    instance_set_status_message,
+)
+
+__all__ = [
+    "MAX_DISK_GB", "WAITING", "IdempotencyKeyReused", "InstanceConflict", "InstanceError", "InstanceInvalid",
+    "InsufficientFunds", "instance_create", "instance_destroy", "instance_for_idempotency_key",
+    "instance_gpu_indices", "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
+    "instance_mark_running", "instance_mark_stopped", "instance_release_gpus", "instance_restart",
+    "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",
+]

@@ -1,0 +1,224 @@
+"""What the instance use cases share: errors, reads, locking and allocation helpers, the funds check."""
+import hashlib
+import json
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, IntegerField, Prefetch, QuerySet, Value, When
+from django.utils import timezone
+
+from billing.services.ledger import funds_shortfall
+from billing.services.metering import usage_close
+from marketplace.models import (
+    Gpu,
+    GpuAllocation,
+    GpuStatus,
+    Instance,
+    InstanceStatus,
+    Node,
+    NodeState,
+    User,
+)
+from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.money import micros_to_usd
+
+S = InstanceStatus
+MAX_DISK_GB = 2000
+WAITING = "Waiting for a worker"
+
+
+class InstanceError(Exception):
+    """A request about an instance that cannot be done; `status_code` is the HTTP answer."""
+
+    status_code = 400
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InstanceInvalid(InstanceError):
+    """The request itself is wrong (HTTP 400); `field` names the input at fault."""
+
+
+class InstanceConflict(InstanceError):
+    """Valid, but the current state of the instance, node or GPUs forbids it (HTTP 409)."""
+
+    status_code = 409
+
+
+class InsufficientFunds(InstanceError):
+    """The renter's balance does not cover the first hours of the instance (HTTP 402)."""
+
+    status_code = 402
+
+
+class IdempotencyKeyReused(InstanceError):
+    """The Idempotency-Key was used before for a different request (HTTP 422)."""
+
+    status_code = 422
+
+
+# ----------------------------------------------------------------------------------------- reads
+
+
+def instances_for_user(*, user: User) -> QuerySet[Instance]:
+    """A renter's own instances, each with `live_allocations` (the GPUs it holds now) prefetched.
+
+    Operators too see only their own here: they see everyone's in the admin.
+    """
+    live = GpuAllocation.objects.filter(released_at__isnull=True).select_related("gpu").order_by("gpu__index")
+    return (
+        Instance.objects.filter(renter=user)
+        .select_related("image", "gpu_model")
+        .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
+    )
+
+
+def instance_gpu_indices(*, instance: Instance) -> list[int]:
+    """The node's GPU indices the instance holds now (live allocations), sorted."""
+    live = getattr(instance, "live_allocations", None)
+    if live is not None:
+        return sorted(a.gpu.index for a in live)
+    return sorted(
+        GpuAllocation.objects.filter(instance=instance, released_at__isnull=True).values_list("gpu__index", flat=True)
+    )
+
+
+def request_fingerprint(data) -> str:
+    """SHA-256 of a create request's body in a canonical form (keys sorted, no spaces)."""
+    if hasattr(data, "lists"):  # a QueryDict (form data): every value is a list
+        data = dict(data.lists())
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_fingerprint: str) -> Instance | None:
+    """The instance an earlier request with this key created, or None.
+
+    Raises IdempotencyKeyReused when that request had another body.
+    """
+    existing = Instance.objects.filter(renter=renter, idempotency_key=idempotency_key).first()
+    if existing is not None and existing.request_fingerprint != request_fingerprint:
+        raise IdempotencyKeyReused(
+            f"This Idempotency-Key was already used for a different request (it created instance {existing.pk}). "
+            "Send the same body to get that instance again, or use a new key for a new request."
+        )
+    return existing
+
+
+# -------------------------------------------------------------------------------------- helpers
+
+
+def _lock_node_for_booking(node_id: int) -> Node | None:
+    """Read the node and hold a share lock on its row until the transaction ends."""
+    if connection.vendor == "postgresql":
+        # Django has no FOR SHARE. Only the columns booking reads; the rest stay deferred.
+        table = connection.ops.quote_name(Node._meta.db_table)
+        sql = (f"SELECT id, state, verdict, listed, runtime, gpu_model_id, price_per_gpu_hour_micros "  # noqa: S608
+               f"FROM {table} WHERE id = %s FOR SHARE")
+        rows = list(Node.objects.raw(sql, [node_id]))
+        return rows[0] if rows else None
+    return Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
+
+
+_NODE_STATE_REASONS = {
+    NodeState.PENDING: "its node has not been verified yet",
+    NodeState.VERIFYING: "its node is being verified",
+    NodeState.REJECTED: "its node did not pass the benchmark check",
+    NodeState.MAINTENANCE: "its node is in maintenance",
+    NodeState.OFFLINE: "its node is offline",
+    NodeState.QUARANTINED: "its node is quarantined",
+    NodeState.RETIRED: "its node was retired by its provider",
+}
+
+
+def _booking_refusal(node: Node) -> str | None:
+    if node.state != NodeState.ACTIVE:
+        return _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
+    if node.verdict not in LISTABLE_VERDICTS:
+        return "its node has not passed the benchmark check"
+    if not node.listed:
+        return "its provider has unlisted it"
+    return None
+
+
+def _lock_free_gpus(node_id: int, count: int, prefer: list[int] | tuple = ()) -> list[Gpu]:
+    """Lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED), `prefer` ids first, then by index."""
+    gpus = Gpu.objects.select_for_update(skip_locked=True).filter(node_id=node_id, status=GpuStatus.FREE)
+    if prefer:
+        rank = Case(When(pk__in=list(prefer), then=Value(0)), default=Value(1), output_field=IntegerField())
+        gpus = gpus.annotate(_rank=rank).order_by("_rank", "index")
+    else:
+        gpus = gpus.order_by("index")
+    return list(gpus[:count])
+
+
+def _allocate(instance: Instance, gpus: list[Gpu], at) -> None:
+    Gpu.objects.filter(pk__in=[g.pk for g in gpus]).update(status=GpuStatus.RENTED)
+    try:
+        with transaction.atomic():
+            GpuAllocation.objects.bulk_create(GpuAllocation(instance=instance, gpu=g, allocated_at=at) for g in gpus)
+    except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
+        if "gpu_in_at_most_one_live_allocation" in str(exc):
+            raise InstanceConflict("The GPUs were taken by another booking meanwhile; try again.") from None
+        raise
+
+
+def instance_release_gpus(*, instance: Instance, at=None) -> list[int]:
+    """End every live allocation of the instance and free its GPUs; the indices released.
+
+    Call inside the transaction that holds the instance's row lock. A GPU that was marked
+    unavailable meanwhile stays unavailable. Idempotent: with nothing live it does nothing.
+    """
+    at = at or timezone.now()
+    live = list(
+        GpuAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
+        .select_related("gpu").order_by("gpu_id")
+    )
+    if not live:
+        return []
+    gpu_ids = [a.gpu_id for a in live]
+    GpuAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at)
+    Gpu.objects.filter(pk__in=gpu_ids, status=GpuStatus.RENTED).update(status=GpuStatus.FREE)
+    return sorted(a.gpu.index for a in live)
+
+
+def _locked(instance_id: int) -> Instance | None:
+    return Instance.objects.select_for_update().filter(pk=instance_id).first()
+
+
+def _save(instance: Instance, *fields: str) -> None:
+    instance.save(update_fields=["status", "status_message", "updated_at", *fields])
+
+
+def _stop_clock(instance: Instance, now) -> None:
+    """Set stopped_at when an instance that was running (since started_at) ends some other way."""
+    if instance.started_at is not None and (instance.stopped_at is None or instance.stopped_at < instance.started_at):
+        instance.stopped_at = now
+
+
+def _check_funds(renter_id: int, price_per_hour_micros: int, what: str) -> None:
+    """Renting (or starting again) needs BILLING_FUNDS_REQUIRED_S (one hour) of the instance's price."""
+    if not settings.BILLING_REQUIRE_FUNDS:
+        return
+    missing, required, balance = funds_shortfall(user_id=renter_id, price_per_hour_micros=price_per_hour_micros)
+    if missing:
+        hours = settings.BILLING_FUNDS_REQUIRED_S / 3600
+        span = "one hour" if hours == 1 else f"{hours:g} hours"
+        raise InsufficientFunds(
+            f"{what} needs at least {span} of its price in your balance: ${micros_to_usd(required)}. "
+            f"Your balance is ${micros_to_usd(balance)}; top up at least ${micros_to_usd(missing)} "
+            "(POST /api/v1/billing/top-ups/)."
+        )
+
+
+def _leave_running(instance: Instance, now) -> None:
+    """The instance stops being billed: charge its usage up to now (call before it leaves `running`)."""
+    if instance.status == S.RUNNING:
+        usage_close(instance=instance, until=now)
+
+
+def _gpus_text(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"

@@ -1,0 +1,156 @@
+"""The renter's and operator's verbs: stop, start, restart, destroy (API side: *ing state + a job)."""
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from marketplace.models import (
+    Instance,
+    Node,
+    NodeState,
+    Runtime,
+)
+from provisioning.models import JobKind
+from provisioning.services.jobs import job_create
+
+from .common import (
+    _NODE_STATE_REASONS,
+    WAITING,
+    InstanceConflict,
+    S,
+    _allocate,
+    _check_funds,
+    _gpus_text,
+    _leave_running,
+    _lock_free_gpus,
+    _lock_node_for_booking,
+    _locked,
+    _save,
+    instance_release_gpus,
+)
+
+# ---------------------------------------------------------------------------- verbs (API side)
+
+_FINAL_REFUSALS = {
+    S.DESTROYING: "The instance is being destroyed.",
+    S.DESTROYED: "The instance is already destroyed.",
+    S.FAILED: "The instance failed; it can only be destroyed.",
+}
+_REFUSALS = {
+    "stop": {
+        S.REQUESTED: "The instance is still being provisioned; stop it once it is running, or destroy it.",
+        S.PROVISIONING: "The instance is still being provisioned; stop it once it is running, or destroy it.",
+        S.STARTING: "The instance is starting; stop it once it is running.",
+        S.STOPPED: "The instance is already stopped.",
+    },
+    "start": {
+        S.REQUESTED: "The instance is still being provisioned; it starts by itself.",
+        S.PROVISIONING: "The instance is still being provisioned; it starts by itself.",
+        S.RUNNING: "The instance is already running; use restart to reboot it.",
+        S.STOPPING: "The instance is stopping; start it once it is stopped.",
+    },
+    "restart": {
+        S.REQUESTED: "The instance is still being provisioned; restart it once it is running.",
+        S.PROVISIONING: "The instance is still being provisioned; restart it once it is running.",
+        S.STOPPING: "The instance is stopping; start it once it is stopped.",
+        S.STOPPED: "The instance is stopped; use start.",
+    },
+}
+
+
+def _refuse(verb: str, instance: Instance) -> InstanceConflict:
+    message = _REFUSALS[verb].get(instance.status) or _FINAL_REFUSALS.get(instance.status)
+    return InstanceConflict(message or f"Cannot {verb} an instance that is {instance.status}.")
+
+
+def _node_of(instance: Instance) -> Node:
+    return Node.objects.get(pk=instance.node_id)
+
+
+@transaction.atomic
+def instance_stop(*, instance: Instance) -> Instance:
+    """running → stopping, and queue the stop. Stop keeps the disk; the worker frees the GPUs.
+
+    Asking again while stopping changes nothing (no second job).
+    """
+    instance = _locked(instance.pk)
+    if instance.status == S.STOPPING:
+        return instance
+    if instance.status != S.RUNNING:
+        raise _refuse("stop", instance)
+    _leave_running(instance, timezone.now())
+    instance.transition_to(S.STOPPING, f"{WAITING} to stop it")
+    _save(instance)
+    job_create(kind=JobKind.INSTANCE_STOP, node=_node_of(instance), instance=instance)
+    return instance
+
+
+@transaction.atomic
+def instance_start(*, instance: Instance) -> Instance:
+    """stopped → starting: take GPUs again on the same node (the same ones when free), queue the start.
+
+    Raises InstanceConflict when the node cannot run it now or has too few free GPUs.
+    Asking again while starting changes nothing.
+    """
+    instance = _locked(instance.pk)
+    if instance.status == S.STARTING:
+        return instance
+    if instance.status != S.STOPPED:
+        raise _refuse("start", instance)
+    _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance")
+    node = _lock_node_for_booking(instance.node_id)
+    if node.state != NodeState.ACTIVE:
+        reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
+        raise InstanceConflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
+    now = timezone.now()
+    instance_release_gpus(instance=instance, at=now)  # nothing is live when stopped; this only makes sure
+    last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
+    previous = list(instance.allocations.filter(released_at=last_release).values_list("gpu_id", flat=True))
+    gpus = _lock_free_gpus(node.pk, instance.num_gpus, prefer=previous)
+    if node.runtime == Runtime.DOCKER and {g.pk for g in gpus} != set(previous):
+        # A container keeps the GPUs it was created with (the agent cannot move it to others).
+        raise InstanceConflict("Its GPUs are in use by another instance now; a container can only start on "
+                               "the GPUs it was created with. Try again later, or destroy the instance.")
+    if len(gpus) < instance.num_gpus:
+        have = "No GPUs are" if not gpus else f"Only {_gpus_text(len(gpus))} of the {instance.num_gpus} it needs are"
+        raise InstanceConflict(f"{have} free on this node now; try again later, or destroy the instance.")
+    _allocate(instance, gpus, now)
+    indices = ", ".join(str(g.index) for g in sorted(gpus, key=lambda g: g.index))
+    instance.transition_to(S.STARTING, f"{WAITING} to start it on GPU{'s' if len(gpus) > 1 else ''} {indices}")
+    _save(instance)
+    job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
+    return instance
+
+
+@transaction.atomic
+def instance_restart(*, instance: Instance) -> Instance:
+    """running → starting with the same GPUs, and queue a restart (a reboot of the VM)."""
+    instance = _locked(instance.pk)
+    if instance.status == S.STARTING:
+        return instance
+    if instance.status != S.RUNNING:
+        raise _refuse("restart", instance)
+    _leave_running(instance, timezone.now())  # billing resumes when it is running again
+    instance.transition_to(S.STARTING, f"{WAITING} to restart it")
+    _save(instance)
+    job_create(kind=JobKind.INSTANCE_RESTART, node=_node_of(instance), instance=instance)
+    return instance
+
+
+@transaction.atomic
+def instance_destroy(*, instance: Instance) -> Instance:
+    """Any state but destroying/destroyed → destroying, and queue the destroy.
+
+    Asking again while destroying changes nothing (no second job); a destroyed instance is a conflict.
+    GPUs stay allocated until the worker confirms the VM is gone (instance_mark_destroyed).
+    """
+    instance = _locked(instance.pk)
+    if instance.status == S.DESTROYING:
+        return instance
+    if instance.status == S.DESTROYED:
+        raise InstanceConflict("The instance is already destroyed.")
+    _leave_running(instance, timezone.now())
+    instance.transition_to(S.DESTROYING, f"{WAITING} to destroy it")
+    _save(instance)
+    job_create(kind=JobKind.INSTANCE_DESTROY, node=_node_of(instance), instance=instance)
+    return instance

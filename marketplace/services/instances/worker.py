@@ -1,0 +1,122 @@
+"""What the provisioning tasks record: each move in its own short transaction, idempotent."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.models import (
+    Instance,
+)
+from marketplace.models.renting import FINAL_STATUSES
+
+from .common import (
+    S,
+    _leave_running,
+    _locked,
+    _save,
+    _stop_clock,
+    instance_release_gpus,
+)
+
+# ------------------------------------------------------------------------- worker side (tasks)
+
+
+@transaction.atomic
+def instance_mark_provisioning(*, instance_id: int) -> Instance | None:
+    """requested → provisioning. None when the instance is gone or in another state: do nothing then."""
+    instance = _locked(instance_id)
+    if instance is None or instance.status not in (S.REQUESTED, S.PROVISIONING):
+        return None
+    if instance.status == S.REQUESTED:
+        instance.transition_to(S.PROVISIONING, "Creating the VM on the node")
+        _save(instance)
+    return instance
+
+
+@transaction.atomic
+def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh_user: str,
+                          message: str = "") -> Instance:
+    """provisioning/starting → running, with where to SSH in. Already running: the address is updated.
+
+    Raises InvalidTransition from any other state (e.g. a destroy was asked meanwhile).
+    """
+    instance = _locked(instance_id)
+    if instance is None:
+        raise Instance.DoesNotExist(instance_id)
+    now = timezone.now()
+    fields = ["ssh_host", "ssh_port", "ssh_user"]
+    if instance.status == S.RUNNING:
+        instance.status_message = (message or instance.status_message)[:500]
+    else:
+        instance.transition_to(S.RUNNING, message or "Running")
+        instance.started_at, instance.stopped_at = now, None
+        fields += ["started_at", "stopped_at"]
+    instance.ssh_host, instance.ssh_port, instance.ssh_user = ssh_host, ssh_port, ssh_user
+    _save(instance, *fields)
+    return instance
+
+
+@transaction.atomic
+def instance_mark_stopped(*, instance_id: int, message: str = "") -> Instance:
+    """stopping/starting → stopped: the VM is stopped, its disk kept, and its GPUs freed.
+
+    Already stopped: nothing changes. Raises InvalidTransition from any other state.
+    """
+    instance = _locked(instance_id)
+    if instance is None:
+        raise Instance.DoesNotExist(instance_id)
+    if instance.status != S.STOPPED:
+        now = timezone.now()
+        instance.transition_to(S.STOPPED, message or "Stopped; the disk is kept. Start it again at any time.")
+        instance.stopped_at = now
+        instance_release_gpus(instance=instance, at=now)
+        _save(instance, "stopped_at")
+    return instance
+
+
+@transaction.atomic
+def instance_mark_destroyed(*, instance_id: int) -> Instance:
+    """destroying → destroyed: the VM and its disk are gone; its GPUs are freed.
+
+    Already destroyed: nothing changes. Raises InvalidTransition from any other state.
+    """
+    instance = _locked(instance_id)
+    if instance is None:
+        raise Instance.DoesNotExist(instance_id)
+    if instance.status != S.DESTROYED:
+        now = timezone.now()
+        instance.transition_to(S.DESTROYED, "Destroyed")
+        instance.destroyed_at = now
+        _stop_clock(instance, now)
+        instance_release_gpus(instance=instance, at=now)
+        _save(instance, "destroyed_at", "stopped_at")
+    return instance
+
+
+@transaction.atomic
+def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
+    """Any state but failed/destroyed → failed, with the reason; its GPUs are freed.
+
+    A failed or destroyed instance stays as it is (the first reason is kept).
+    """
+    instance = _locked(instance_id)
+    if instance is None:
+        raise Instance.DoesNotExist(instance_id)
+    if instance.status not in FINAL_STATUSES:
+        now = timezone.now()
+        _leave_running(instance, now)
+        instance.transition_to(S.FAILED, message or "Failed")
+        _stop_clock(instance, now)
+        instance_release_gpus(instance=instance, at=now)
+        _save(instance, "stopped_at")
+    else:
+        instance_release_gpus(instance=instance)  # no-op unless something left one live
+    return instance
+
+
+def instance_set_status_message(*, instance_id: int, message: str) -> None:
+    """Progress text for the renter ("Pulling the image"); no state change, none once final."""
+    Instance.objects.filter(pk=instance_id).exclude(status__in=FINAL_STATUSES).update(
+        status_message=message[:500], updated_at=timezone.now()
+    )
+
+
