@@ -18,6 +18,24 @@ from .fields import UsdField
 from .filtering import StrictFilterSet
 
 
+class MedianFiguresSerializer(serializers.Serializer):
+    bf16_tflops = serializers.FloatField(allow_null=True, required=False)
+    tf32_tflops = serializers.FloatField(allow_null=True, required=False)
+    fp32_tflops = serializers.FloatField(allow_null=True, required=False)
+    memory_bandwidth_gbs = serializers.FloatField(allow_null=True, required=False)
+    h2d_gbs = serializers.FloatField(allow_null=True, required=False, help_text="Pinned host-to-device GB/s.")
+    cnn_train_images_s = serializers.FloatField(allow_null=True, required=False,
+                                                help_text="The small CNN's training throughput, images/s.")
+    cnn_infer_images_s = serializers.FloatField(allow_null=True, required=False)
+
+
+class BenchmarkSummarySerializer(serializers.Serializer):
+    checked_at = serializers.DateTimeField(required=False)
+    verdict = serializers.CharField(required=False)
+    median_per_gpu = MedianFiguresSerializer(required=False)
+    findings = serializers.ListField(child=serializers.CharField(), required=False)
+
+
 class OfferSerializer(serializers.ModelSerializer):
     gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpu_model_name = serializers.CharField(source="gpu_model.name", read_only=True)
@@ -28,6 +46,9 @@ class OfferSerializer(serializers.ModelSerializer):
     score_per_dollar = serializers.FloatField(read_only=True, help_text="score per USD per GPU-hour.")
     verified = serializers.SerializerMethodField(help_text="true when verified; false when listed as degraded.")
     country = serializers.CharField(read_only=True, help_text="ISO 3166-1 alpha-2.")
+    benchmark = BenchmarkSummarySerializer(source="benchmark_summary", read_only=True, help_text=(
+        "The last benchmark check: when, its verdict, the measured medians per GPU (null until measured) "
+        "and the codes of its findings. Providers see the full history at /api/v1/nodes/{id}/benchmarks/."))
     platform_fee_percent = serializers.SerializerMethodField(
         help_text="The platform's share of the price (a decimal string, e.g. \"15.00\"): the renter pays "
                   "price_per_gpu_hour, the provider earns it minus this share. Fixed for a rental at booking.")
@@ -37,7 +58,7 @@ class OfferSerializer(serializers.ModelSerializer):
         fields = [
             "id", "gpu_model", "gpu_model_name", "num_gpus_free", "num_gpus_total", "gpu_memory_gb",
             "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
-            "verified", "verdict", "runtime", "platform_fee_percent",
+            "verified", "verdict", "runtime", "platform_fee_percent", "benchmark",
         ]
         read_only_fields = fields
 

@@ -98,6 +98,9 @@ class Node(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True, help_text="Last successful contact.")
     health_failures = models.PositiveIntegerField(default=0, help_text="Consecutive failed health checks.")
     inventory = models.JSONField(default=dict, blank=True, help_text="The agent's last inventory.")
+    benchmark_summary = models.JSONField(
+        default=dict, blank=True, help_text="What renters see of the last verification: when, verdict, medians."
+    )
     seen_host_key_fingerprint = models.CharField(
         max_length=60, blank=True, help_text="A different host key seen on contact (quarantined nodes)."
     )

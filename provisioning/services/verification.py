@@ -109,6 +109,22 @@ def node_verify_run(job: Job) -> None:
                          inventory=inventory, figures=figures, score=result.score)
 
 
+# The measured medians a renter compares offers by (the full figures stay on the VerificationRun).
+OFFER_SUMMARY_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
+                         "cnn_train_images_s", "cnn_infer_images_s")
+
+
+def offer_summary(run: VerificationRun) -> dict:
+    """The summary shown on offers, stored on the node so that the search path needs no join."""
+    median = (run.figures or {}).get("median") or {}
+    return {
+        "checked_at": run.created_at.isoformat(),
+        "verdict": run.verdict,
+        "median_per_gpu": {key: median.get(key) for key in OFFER_SUMMARY_FIGURES},
+        "findings": sorted({f["code"] for f in run.findings}),
+    }
+
+
 @transaction.atomic
 def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], inventory: dict,
                          figures: dict | None = None, score: float | None = None) -> VerificationRun:
@@ -118,6 +134,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], invent
     node.verdict = verdict
     if score is not None:
         node.score = score
+    node.benchmark_summary = offer_summary(run)
     renters = list(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).values_list("pk", flat=True))
     if verdict == Verdict.REJECTED:
         reasons = " ".join(f["message"] for f in findings if f["severity"] == "reject")

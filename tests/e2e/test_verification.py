@@ -43,6 +43,12 @@ def test_honest_node_is_verified_and_listed(worker, sim_node_factory, api, anon)
     assert job.status == "succeeded" and [step["message"] for step in job.log][-1] == "done"
     offers = anon.get("/api/v1/offers/?gpu_model=rtx-a4000").json()["results"]
     assert [o["id"] for o in offers] == [node.pk]
+    # Renters see the check's summary on the offer: its verdict and the medians measured per GPU.
+    summary = offers[0]["benchmark"]
+    assert summary["verdict"] == "verified" and summary["findings"] == []
+    measured = run.figures["median"]
+    assert summary["median_per_gpu"]["bf16_tflops"] == measured["bf16_tflops"] > 0
+    assert 0.65 * 76.7 <= summary["median_per_gpu"]["bf16_tflops"] <= 1.15 * 76.7  # the A4000's dense BF16
 
 
 def test_first_contact_pins_the_host_key(worker, sim_node_factory, api):
