@@ -14,6 +14,7 @@ from billing.models import (
     Account,
     AccountKind,
     BillingEvent,
+    BillingProfile,
     Card,
     Entry,
     Payout,
@@ -43,6 +44,11 @@ def events_for_user(*, user: User) -> QuerySet[BillingEvent]:
 
 def payouts_for_user(*, user: User) -> QuerySet[Payout]:
     return Payout.objects.filter(provider=user)
+
+
+def payout_account(*, user: User) -> str:
+    """The provider's Stripe Connect account id ("" when none is set)."""
+    return BillingProfile.objects.filter(user=user).values_list("stripe_connect_account_id", flat=True).first() or ""
 
 
 def burn_rate_micros(*, user: User) -> int:
@@ -202,3 +208,58 @@ def earnings_for(*, user: User) -> Earnings:
 
 def current_month() -> date:
     return timezone.now().date().replace(day=1)
+
+
+# ------------------------------------------------------------------------------ pages and panels
+
+
+@dataclass
+class BalanceStatus:
+    balance_micros: int
+    rate_micros: int  # what the running instances cost per hour now
+    seconds_left: int | None  # at that rate; None when nothing runs
+    low: bool  # less than BILLING_LOW_BALANCE_WARNING_S of running time left
+    depleted_at: datetime | None  # when the balance reached zero (instances were stopped), until it recovers
+
+
+def balance_status(*, user: User) -> BalanceStatus:
+    """The wallet balance, the burn rate, how long it lasts, and whether the user is being warned."""
+    from django.conf import settings
+
+    balance = _account(user, AccountKind.CUSTOMER_WALLET)
+    micros = balance.balance_micros if balance else 0
+    rate = burn_rate_micros(user=user)
+    left = max(micros, 0) * 3600 // rate if rate else None
+    depleted = BillingProfile.objects.filter(user=user).values_list("depleted_at", flat=True).first()
+    return BalanceStatus(balance_micros=micros, rate_micros=rate, seconds_left=left,
+                         low=left is not None and left < settings.BILLING_LOW_BALANCE_WARNING_S,
+                         depleted_at=depleted)
+
+
+def instance_cost(*, instance: Instance) -> dict:
+    """What an instance has cost so far, including the whole seconds of this run not metered yet.
+
+    {"amount_micros", "billed_seconds"} (seconds in closed usage intervals).
+    """
+    from billing.services.metering import instance_cost_so_far  # a pure computation on the instance row
+
+    return {"amount_micros": instance_cost_so_far(instance=instance), "billed_seconds": instance.billed_seconds}
+
+
+def earnings_by_node(*, user: User) -> dict[int, int]:
+    """A provider's earnings (after the platform fee) per node id, all time."""
+    rows = (UsageInterval.objects.filter(instance__node__provider=user).values("instance__node_id")
+            .annotate(amount=Sum("amount_micros"), fee=Sum("fee_micros")).order_by())
+    return {r["instance__node_id"]: r["amount"] - r["fee"] for r in rows}
+
+
+def revenue_between(*, start: datetime, end: datetime) -> dict:
+    """Usage charged to renters and the platform's fees posted in [start, end), from the ledger.
+
+    Net of reversals of usage transactions. Integer micro-dollars: {"charged_micros", "fee_micros"}.
+    """
+    usage = Q(transaction__kind=TransactionKind.USAGE) | Q(transaction__reverses__kind=TransactionKind.USAGE)
+    row = (Entry.objects.filter(usage, transaction__created_at__gte=start, transaction__created_at__lt=end)
+           .aggregate(charged=Sum("amount_micros", filter=Q(account__kind=AccountKind.CUSTOMER_WALLET)),
+                      fee=Sum("amount_micros", filter=Q(account__kind=AccountKind.PLATFORM_REVENUE))))
+    return {"charged_micros": -(row["charged"] or 0), "fee_micros": row["fee"] or 0}

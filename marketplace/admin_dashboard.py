@@ -42,7 +42,7 @@ def billing_installed() -> bool:
 def revenue_figures(now=None) -> dict:
     """Revenue today and this month (UTC), from billing.
 
-    BILLING: the contract this expects is `billing.selectors.revenue_between(*, start, end) -> dict` with
+    The contract: `billing.selectors.revenue_between(*, start, end) -> dict` with
     integer micro-dollars under "charged_micros" (what renters paid) and "fee_micros" (the platform's share).
     Until billing has models: {"installed": False}; with models but no such function: {"available": False}.
     """

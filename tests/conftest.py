@@ -5,7 +5,11 @@ from rest_framework.test import APIClient
 
 from tests.factories import UserFactory, api_key_for
 from tests.live import celery_worker, sim_node_factory, simnodes_dir, worker  # noqa: F401 (fixtures for e2e and web)
-from tests.localstripe import localstripe_server  # noqa: F401 (a session fixture: billing and schema tests)
+from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web tests)
+    localstripe,
+    localstripe_server,
+    stripe_webhooks,
+)
 
 
 def _uses_db(request) -> bool:

@@ -62,3 +62,24 @@ def localstripe_server(tmp_path_factory):
     log.close()
 
 
+
+
+@pytest.fixture
+def localstripe(localstripe_server, settings):
+    """localstripe, wiped, with the platform pointed at it (and its webhooks' secret)."""
+    localstripe_server.wipe()
+    settings.STRIPE_API_BASE = localstripe_server.url
+    settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
+    return localstripe_server
+
+
+@pytest.fixture
+def stripe_webhooks(localstripe, live_server):
+    """localstripe's webhooks delivered to the live test server, for this test only.
+
+    localstripe keeps webhooks across wipes and sends each event a second after it happens: afterwards
+    they are pointed at a closed port, so that no later test receives this one's events.
+    """
+    localstripe.webhook(live_server.url + "/api/v1/billing/stripe/webhook/")
+    yield localstripe
+    localstripe.webhook("http://127.0.0.1:9/")

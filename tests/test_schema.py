@@ -68,6 +68,15 @@ def test_schema_is_valid_without_warnings_and_lists_every_endpoint(tmp_path):
         assert any(code.startswith("4") for code in operation["responses"]), f"{method} {path}: no 4xx documented"
 
 
+def test_the_published_schema_file_is_current(tmp_path):
+    """docs/openapi.yaml is what readers of the repo see: it must be the schema the code serves."""
+    out = tmp_path / "openapi.yaml"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
+    subprocess.run([sys.executable, "manage.py", "spectacular", "--file", str(out)], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=120)
+    assert out.read_text() == (ROOT / "docs" / "openapi.yaml").read_text(), "run `make schema` and commit the file"
+
+
 # --- schemathesis -----------------------------------------------------------------------------------------------
 
 api_schema = schemathesis.openapi.from_wsgi("/api/schema/", application)

@@ -148,3 +148,13 @@ def payouts_run(*, today: date | None = None) -> list[Payout]:
     for payout in Payout.objects.filter(status=PayoutStatus.PENDING).select_related("provider").order_by("pk"):
         payout_send(payout=payout)
     return list(Payout.objects.filter(pk__in=[p.pk for p in payouts]).order_by("pk"))
+
+
+def payout_account_set(*, user, account_id: str) -> BillingProfile:
+    """Set (or clear, with "") the Stripe Connect account a provider's payouts go to."""
+    if account_id and not account_id.startswith("acct_"):
+        raise ValueError("A Stripe Connect account id starts with acct_.")
+    profile, _ = BillingProfile.objects.get_or_create(user=user)
+    BillingProfile.objects.filter(pk=profile.pk).update(stripe_connect_account_id=account_id)
+    profile.stripe_connect_account_id = account_id
+    return profile

@@ -11,9 +11,8 @@ from marketplace.money import micros_to_usd
 
 register = template.Library()
 
-# The billing *pages* (balance and top-ups, usage, statements, earnings, payouts) come in a later pass.
-# Each entry shows up in the navigation as soon as its URL name exists; until then it is hidden.
-# BILLING: the web pages register these URL names (not "billing-*": those are the billing API's endpoints).
+# The billing pages (marketplace/web/billing.py): each entry shows up in the navigation when its URL name exists.
+# Web page names are "web-*" ("billing-*" are the billing API's endpoints).
 BILLING_NAV = [
     ("Balance", "web-balance"),
     ("Usage", "web-usage"),
@@ -120,3 +119,21 @@ def nav_current(context, *prefixes) -> str:
     if any(path == p or (p != "/" and path.startswith(p)) for p in prefixes):
         return mark_safe('aria-current="page"')  # noqa: S308 (a constant)
     return ""
+
+
+@register.filter
+def duration(seconds) -> str:
+    """Seconds as "2 h 05 min", "4 min 10 s" or "12 s"; "–" for None."""
+    if seconds is None or seconds == "":
+        return "–"
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"

@@ -3,12 +3,14 @@
 Where the API has a rule (SSH key parsing, address and user validators, price limits, disk bounds), the form
 calls the same function or imports the same constant; the services decide everything else.
 """
+import re
 import unicodedata
 
 from django import forms
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django_countries import countries
 
 from marketplace.api.nodes import PRICE_LIMITS
@@ -210,3 +212,86 @@ class NodeSettingsForm(forms.Form):
                                 help_text="Untick to take it off the offers; running instances are not touched.")
     maintenance = forms.BooleanField(required=False, label="In maintenance",
                                      help_text="No new rentals and no scheduled checks until you switch it off.")
+
+
+# --------------------------------------------------------------------------------------------- billing
+
+class _CardChoices(forms.ModelChoiceField):
+    def label_from_instance(self, card):
+        expiry = f", expires {card.exp_month:02d}/{card.exp_year}" if card.exp_month and card.exp_year else ""
+        return f"{(card.brand or 'card').title()} •••• {card.last4 or '????'}{expiry}"
+
+
+class CentsField(forms.DecimalField):
+    """USD as a plain decimal with at most two places ("25" or "25.00"), as the API's CentsField: no exponents."""
+
+    _PLAIN = re.compile(r"\s*\d{1,7}(\.\d{0,2})?\s*")
+
+    def to_python(self, value):
+        if isinstance(value, str) and value.strip() and not self._PLAIN.fullmatch(value):
+            if re.fullmatch(r"\s*-?\d+(\.\d*)?\s*", value):
+                return super().to_python(value)  # a number: the bounds or places say what is wrong
+            raise ValidationError(self.error_messages["invalid"], code="invalid")
+        return super().to_python(value)
+
+
+class TopUpForm(forms.Form):
+    """Add money with a saved card. The bounds are the API's (BILLING_TOP_UP_MIN_USD/MAX_USD, whole cents)."""
+
+    amount = CentsField(label="Amount (USD)", max_digits=9, decimal_places=2,
+                                widget=forms.NumberInput(attrs={"step": "0.01", "inputmode": "decimal"}))
+    card = _CardChoices(label="Card", queryset=None, empty_label=None, widget=forms.RadioSelect)
+    # Makes a double submission (a double click, a resent form) charge once: the page's own token.
+    request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
+
+    def __init__(self, *args, user, **kwargs):
+        from django.conf import settings
+
+        from billing.selectors import cards_for_user
+
+        super().__init__(*args, **kwargs)
+        low, high = settings.BILLING_TOP_UP_MIN_USD, settings.BILLING_TOP_UP_MAX_USD
+        amount = self.fields["amount"]
+        amount.min_value, amount.max_value = low, high
+        amount.validators += [MinValueValidator(low), MaxValueValidator(high)]
+        amount.widget.attrs.update(min=str(low), max=str(high))
+        amount.help_text = f"Between ${low:,} and ${high:,}, in whole cents."
+        self.fields["card"].queryset = cards_for_user(user=user)
+        if not self.is_bound:
+            self.fields["card"].initial = self.fields["card"].queryset.values_list("pk", flat=True).first()
+
+
+# Stripe's test payment methods, for localstripe and Stripe's test mode (never shown with a live key).
+TEST_CARDS = [
+    ("pm_card_visa", "Visa 4242 — test card, payments succeed"),
+    ("pm_card_mastercard", "Mastercard 4444 — test card, payments succeed"),
+    ("pm_card_chargeCustomerFail", "Visa 0341 — test card, saved, but payments are declined"),
+]
+
+
+class TestCardForm(forms.Form):
+    payment_method = forms.ChoiceField(label="Test card", choices=TEST_CARDS, widget=forms.RadioSelect,
+                                       initial="pm_card_visa")
+
+
+class ElementsCardForm(forms.Form):
+    """What Stripe Elements sends after the browser confirmed a SetupIntent with the card."""
+
+    setup_intent = forms.RegexField(regex=r"^seti_[A-Za-z0-9_]{1,95}$", max_length=100, widget=forms.HiddenInput)
+
+
+class UsageFilterForm(forms.Form):
+    instance = forms.ModelChoiceField(queryset=None, required=False, empty_label="All instances")
+
+    def __init__(self, *args, instances, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["instance"].queryset = instances
+        self.fields["instance"].label_from_instance = (
+            lambda i: f"#{i.pk}{' · ' + i.label if i.label else ''} ({i.num_gpus} × {i.gpu_model.name})")
+
+
+class PayoutAccountForm(forms.Form):
+    stripe_connect_account_id = forms.RegexField(
+        label="Stripe Connect account", regex=r"^(acct_[A-Za-z0-9]{1,90})?$", max_length=100, required=False,
+        error_messages={"invalid": "A Stripe Connect account id looks like acct_1A2b3C4d."},
+        help_text="Where your weekly payouts go (acct_...). Leave empty to stop payouts.")

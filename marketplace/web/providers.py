@@ -8,6 +8,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from billing.selectors import earnings_by_node
 from marketplace import selectors
 from marketplace.models import GpuStatus, InvalidTransition, NodeState, Verdict
 from marketplace.services import nodes as svc
@@ -49,7 +50,9 @@ def _utilisation(node) -> dict:
 def nodes(request):
     rows = list(_own_nodes(request.user).order_by("name", "id"))
     jobs = latest_jobs([n.pk for n in rows])
-    items = [{"node": n, "use": _utilisation(n), "job": jobs.get(n.pk)} for n in rows]
+    earned = earnings_by_node(user=request.user)
+    items = [{"node": n, "use": _utilisation(n), "job": jobs.get(n.pk), "earned_micros": earned.get(n.pk, 0)}
+             for n in rows]
     return render(request, "marketplace/nodes.html", {"items": items})
 
 

@@ -6,6 +6,7 @@ so filters and ordering are the API's; booking and every verb call marketplace.s
 from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -16,6 +17,8 @@ from django.utils.crypto import get_random_string
 from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from billing import selectors as billing_selectors
+from billing.services.ledger import funds_shortfall
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel, InstanceStatus, InvalidTransition
@@ -212,6 +215,21 @@ def _offer_or_404(node_id: int):
 _FORM_FIELDS = {"num_gpus", "image", "disk_gb", "ssh_keys", "label"}
 
 
+def _funds(user, offer) -> dict:
+    """The renter's balance against what renting one GPU of this offer needs (billing's rule)."""
+    missing, required, balance = funds_shortfall(user_id=user.pk, price_per_hour_micros=offer.price_per_gpu_hour_micros)
+    enforced = settings.BILLING_REQUIRE_FUNDS
+    minimum = int(settings.BILLING_TOP_UP_MIN_USD)
+    return {"balance_micros": balance, "required_micros": required, "missing_micros": missing if enforced else 0,
+            "enforced": enforced, "required_s": settings.BILLING_FUNDS_REQUIRED_S,
+            "suggested_usd": max(-(-missing // 1_000_000), minimum)}
+
+
+def _render_rent(request, offer, form, status=200):
+    return render(request, "marketplace/rent.html", {"offer": offer, "form": form,
+                                                     "funds": _funds(request.user, offer)}, status=status)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def rent(request, node_id: int):
@@ -219,7 +237,7 @@ def rent(request, node_id: int):
     if request.method == "GET":
         form = RentForm(user=request.user, node=offer,
                         initial={"request_token": get_random_string(32), "image": "pytorch-2-5"})
-        return render(request, "marketplace/rent.html", {"offer": offer, "form": form})
+        return _render_rent(request, offer, form)
     form = RentForm(request.POST, user=request.user, node=offer)
     if form.is_valid():
         data = form.cleaned_data
@@ -251,7 +269,7 @@ def rent(request, node_id: int):
         else:
             messages.success(request, f"Instance {instance.pk} booked: the node is preparing it.")
             return redirect("instance", pk=instance.pk)
-    return render(request, "marketplace/rent.html", {"offer": offer, "form": form}, status=400)
+    return _render_rent(request, offer, form, status=400)
 
 
 # ----------------------------------------------------------------------------------------- instances
@@ -290,6 +308,7 @@ def _live_context(instance) -> dict:
         "job": job,
         "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
         "final": instance.status in FINAL_STATUSES,
+        "cost": billing_selectors.instance_cost(instance=instance),
         "verbs": [{"verb": verb, "button": words, "question": question, "danger": danger,
                    "url": reverse("instance-verb", args=[instance.pk, verb])}
                   for verb, (_, shown, words, question, danger) in VERBS.items() if instance.status in shown],

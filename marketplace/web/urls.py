@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import accounts, providers, renters
+from . import accounts, billing, providers, renters
 
 urlpatterns = [
     path("", accounts.home, name="home"),
@@ -27,6 +27,15 @@ urlpatterns = [
     path("nodes/<int:pk>/verify/", providers.node_verify, name="node-verify"),
     path("nodes/<int:pk>/settings/", providers.node_settings, name="node-settings"),
     path("nodes/<int:pk>/retire/", providers.node_retire, name="node-retire"),
-    # BILLING: balance and top-up, usage, statements (renters), earnings and payouts (providers) go here,
-    # named as in marketplace/templatetags/marketplace_web.py BILLING_NAV so the navigation shows them.
+    # Money: named as in marketplace/templatetags/marketplace_web.py BILLING_NAV, so the navigation shows them.
+    path("account/balance/", billing.balance, name="web-balance"),
+    path("account/balance/live/", billing.balance_live, name="web-balance-live"),
+    path("account/balance/top-up/", billing.top_up, name="web-top-up"),
+    path("account/cards/add/", billing.card_add, name="web-card-add"),
+    path("account/cards/<int:pk>/remove/", billing.card_remove, name="web-card-remove"),
+    path("account/usage/", billing.usage, name="web-usage"),
+    path("account/statements/", billing.statements, name="web-statements"),
+    path("account/statements/<str:month>/", billing.statement, name="web-statement"),
+    path("earnings/", billing.earnings, name="web-earnings"),
+    path("payouts/", billing.payouts_page, name="web-payouts"),
 ]

@@ -42,9 +42,17 @@ def csrf_web(renter):
     return client
 
 
+@pytest.fixture(autouse=True)
+def no_real_stripe(settings):
+    """Nothing here reaches the real Stripe: tests that need a Stripe use the `localstripe` fixture."""
+    settings.STRIPE_API_BASE = "http://127.0.0.1:9"
+    settings.STRIPE_MAX_NETWORK_RETRIES = 0
+    settings.STRIPE_TIMEOUT_S = 5
+    settings.STRIPE_PUBLISHABLE_KEY = "pk_test_local"
+
+
 def fund(user, usd: int = 100) -> None:
-    """Put money in the user's wallet as an operator's credit.
-    TODO(billing pages): the stories top up through the balance page (localstripe) once it exists."""
+    """Put money in the user's wallet as an operator's credit (the browser story tops up with a card instead)."""
     from billing.services.ledger import credit_grant
 
     credit_grant(user=user, amount_micros=usd * 1_000_000, reason="tests: starting balance")

@@ -107,3 +107,41 @@ def test_job_log_is_readable(ops, fleet):
     Job.objects.filter(pk=fleet["stuck"].pk).update(log=[{"at": "2026-01-01T00:00:00", "message": "connecting"}])
     page = ops.get(f"/admin/provisioning/job/{fleet['stuck'].pk}/change/").content.decode()
     assert "<code>2026-01-01T00:00:00</code> connecting" in page
+
+
+def _usage_txn(key, renter, provider, amount, fee, at):
+    from billing.models import AccountKind
+    from billing.services.ledger import ledger_post, platform_account, user_account
+
+    txn, _ = ledger_post(idempotency_key=key, kind="usage", at=at, lines=[
+        (user_account(user_id=renter.pk, kind=AccountKind.CUSTOMER_WALLET), -amount),
+        (user_account(user_id=provider.pk, kind=AccountKind.PROVIDER_EARNINGS), amount - fee),
+        (platform_account(AccountKind.PLATFORM_REVENUE), fee)])
+    return txn
+
+
+def test_revenue_between_sums_usage_and_fees_from_the_ledger_net_of_reversals(renter, stranger):
+    from datetime import UTC, datetime
+
+    from billing.selectors import revenue_between
+    from billing.services.ledger import credit_grant, ledger_reverse
+
+    march = datetime(2026, 3, 1, tzinfo=UTC)
+    _usage_txn("u1", renter, stranger, 10_000_000, 1_500_000, march - timedelta(seconds=1))  # February
+    _usage_txn("u2", renter, stranger, 2_000_000, 300_000, march)
+    wrong = _usage_txn("u3", renter, stranger, 4_000_000, 600_000, march + timedelta(days=3))
+    ledger_reverse(txn=wrong, reason="charged by mistake")  # posted now, i.e. after March: not in March
+    credit_grant(user=renter, amount_micros=50_000_000, reason="not revenue")
+    april = datetime(2026, 4, 1, tzinfo=UTC)
+    assert revenue_between(start=march, end=april) == {"charged_micros": 6_000_000, "fee_micros": 900_000}
+    assert revenue_between(start=march - timedelta(days=1), end=march) == {"charged_micros": 10_000_000,
+                                                                            "fee_micros": 1_500_000}
+    assert revenue_between(start=march, end=timezone.now() + timedelta(seconds=1)) == {
+        "charged_micros": 2_000_000, "fee_micros": 300_000}  # March, less the reversal posted since
+
+
+def test_the_dashboard_shows_revenue_today_and_this_month_from_the_ledger(ops, renter, stranger):
+    _usage_txn("today", renter, stranger, 12_340_000, 1_851_000, timezone.now() - timedelta(microseconds=1))
+    page = ops.get("/admin/").content.decode()
+    revenue = page.split('id="revenue-h"')[1].split("</div>")[0]
+    assert "Charged to renters" in revenue and revenue.count("$12.34") == 2 and revenue.count("$1.851") == 2

@@ -14,14 +14,18 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.db.models import Sum
 from django.utils import timezone
 
+from billing.models import AccountKind, StripeEvent, TopUp, UsageInterval
+from billing.services.ledger import credit_grant, ledger_post, platform_account, user_account, wallet_balance
 from marketplace.models import Gpu, Instance, Node, User
+from marketplace.templatetags.marketplace_web import usd
 from provisioning import sim
 from provisioning.models import Job
 from tests.factories import UserFactory, make_node
 from tests.live import wait_until
-from tests.web.conftest import PASSWORD, fund
+from tests.web.conftest import PASSWORD
 
 pytestmark = pytest.mark.slow
 
@@ -131,6 +135,13 @@ def _more_of_a_fleet():
             Node.objects.filter(pk=node.pk).update(score=90.0, reliability=0.99)
     Job.objects.create(kind="node_verify", node=node, status="running", step="benchmarking GPUs 0, 1, 2, 3",
                        deadline=timezone.now() - timedelta(minutes=12))
+    # Some money: a renter's credit and an hour of usage charged today, as the meter posts it.
+    renter = UserFactory(email="fleet-renter@example.com")
+    credit_grant(user=renter, amount_micros=500_000_000, reason="tests: starting balance")
+    ledger_post(idempotency_key="fleet-usage", kind="usage", at=timezone.now() - timedelta(microseconds=1), lines=[
+        (user_account(user_id=renter.pk, kind=AccountKind.CUSTOMER_WALLET), -74_700_000),
+        (user_account(user_id=other.pk, kind=AccountKind.PROVIDER_EARNINGS), 63_495_000),
+        (platform_account(AccountKind.PLATFORM_REVENUE), 11_205_000)])
 
 
 def settled(node_id, state):
@@ -140,7 +151,8 @@ def settled(node_id, state):
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
-        worker, live_server, new_page, shot, sim_node_factory, client_for, tmp_path):
+        worker, live_server, stripe_webhooks, settings, new_page, shot, sim_node_factory, client_for, tmp_path):
+    settings.BILLING_REQUIRE_FUNDS = True  # renting needs an hour of the price in the balance, as in production
     provider = UserFactory(email="provider@example.com")
     api = client_for(provider)
     a100 = verified_sim_node(api, sim_node_factory, profile="a100-80gb-sxm-x4", gpu_model="a100-80gb-sxm",
@@ -164,9 +176,33 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     page.get_by_role("heading", name="Welcome").wait_for()
     assert page.locator("#api-key").inner_text().startswith("gpm_")
     renter = User.objects.get(email="renter@example.com")
-    # TODO(billing pages): top up with a card on the balance page (Stripe Elements; localstripe in tests)
-    # once billing has its pages; until then the balance comes from an operator's credit.
-    fund(renter)
+
+    # Top up: save one of Stripe's test cards (localstripe here; Stripe Elements with a real key), then charge
+    # it. The balance rises only when localstripe's payment_intent.succeeded webhook reaches the live server.
+    page.get_by_role("link", name="Add credit").click()
+    page.get_by_role("heading", name="Balance", exact=True).wait_for()
+    page.get_by_label(re.compile("Visa 4242 — test card")).check()
+    page.get_by_role("button", name="Save test card").click()
+    page.get_by_text("Card Visa •••• 4242 saved.").wait_for()
+    page.get_by_label("Amount (USD)").fill("4.50")
+    page.get_by_role("button", name="Top up", exact=True).click()
+    assert "greater than or equal to 5" in page.locator("#id_amount_errors").inner_text()
+    assert page.get_by_label("Amount (USD)").input_value() == "4.50"  # kept
+    page.get_by_label("Amount (USD)").fill("25")
+    page.get_by_role("button", name="Top up", exact=True).click()
+    page.get_by_text("Payment accepted").wait_for()
+    top_up = TopUp.objects.get(user=renter)
+    assert top_up.status in ("processing", "succeeded")
+    if not StripeEvent.objects.filter(type="payment_intent.succeeded").exists():
+        assert wallet_balance(user_id=renter.pk) == 0  # charged, not credited: the webhook has not come yet
+    page.locator("#balance-amount", has_text="$25.00").wait_for()  # the page follows it live
+    top_up.refresh_from_db()
+    event = StripeEvent.objects.get(type="payment_intent.succeeded", status="processed")
+    assert top_up.status == "succeeded" and top_up.credited_at >= event.received_at
+    assert event.payload["data"]["object"]["metadata"]["top_up_id"] == str(top_up.pk)
+    assert wallet_balance(user_id=renter.pk) == 25_000_000
+    assert "credited" in page.locator(f"#top-up-{top_up.pk}").inner_text()
+    shot(page, "balance")
 
     # An SSH key for the instance, and an API key for scripts (shown once).
     key_path, public = renter_key(tmp_path / "renter")
@@ -198,6 +234,7 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     # Rent two of its GPUs with a pasted key.
     rows.first.get_by_role("link", name=re.compile("^Rent")).click()
     page.get_by_role("heading", name="Rent A100 80GB SXM").wait_for()
+    assert "$25.00" in page.locator("#funds").inner_text() and "Top up first" not in page.content()
     page.get_by_label("PyTorch 2.5.1 (CUDA 12.4, cuDNN 9)").check()
     page.get_by_label("Number of GPUs").fill("2")
     page.get_by_label(re.compile(r"laptop \(SHA256:")).check()
@@ -234,8 +271,27 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     assert page.get_by_text("Nothing more to do with this instance.").is_visible()
     assert ssh(line, key_path, "true").returncode != 0
 
-    # The comparison now has measured figures from the verified servers.
+    # What it cost: usage by the second, the month's statement, and the provider's earnings.
     page.set_viewport_size({"width": 1280, "height": 900})
+    instance.refresh_from_db()
+    assert instance.billed_seconds > 0 and instance.cost_micros > 0
+    page.goto(f"{base}/account/usage/?instance={instance.pk}")
+    assert f"#{instance.pk}" in page.locator("tbody").inner_text()
+    shot(page, "usage")
+    page.goto(f"{base}/account/statements/")
+    shot(page, "statements")
+    page.locator("tbody a").first.click()
+    page.get_by_role("heading", name=re.compile("^Statement for")).wait_for()
+    assert f"#{instance.pk}" in page.locator("main").inner_text()
+    shot(page, "statement")
+    provider_page = new_page()
+    log_in(provider_page, base, "provider@example.com")
+    provider_page.goto(f"{base}/earnings/")
+    fees = UsageInterval.objects.filter(instance=instance).aggregate(fees=Sum("fee_micros"))["fees"]
+    assert usd(instance.cost_micros - fees) in provider_page.locator("#earnings-figures").inner_text()
+    shot(provider_page, "earnings")
+
+    # The comparison now has measured figures from the verified servers.
     page.goto(f"{base}/gpus/")
     assert "not measured yet" not in page.locator("table.compare tbody").inner_text().split("Score per GPU")[0]
     shot(page, "gpu-compare")
@@ -244,7 +300,7 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     phone.goto(f"{base}/offers/")
     assert not phone.locator("details.filters").evaluate("d => d.open")  # results first on a phone
     shot(phone, "offers-phone", full_page=False)
-    assert not page.errors and not phone.errors
+    assert not page.errors and not phone.errors and not provider_page.errors
 
 
 def test_provider_registers_a_server_and_watches_it_become_verified(
@@ -328,8 +384,8 @@ def test_operator_finds_a_rejected_node_and_its_reasons(
     page.get_by_role("heading", name=re.compile("^Fleet")).wait_for()
     rejected = page.locator(".fleet-lists")
     assert "cheap-a100" in rejected.inner_text() and "streaming multiprocessors" in rejected.inner_text()
-    assert "Billing not installed" in page.content() or "revenue not wired yet" in page.content() \
-        or "Charged to renters" in page.content()
+    revenue = page.locator(".fleet-revenue").inner_text()
+    assert "charged to renters" in revenue.lower() and revenue.count("$74.70") == 2 and revenue.count("$11.205") == 2
     shot(page, "admin-dashboard")
 
     page.get_by_role("link", name=re.compile("nodes rejected")).click()
