@@ -74,36 +74,43 @@ def vm_provision(job: Job) -> None:
     _running(job, instance, answer, "Running")
 
 
-def vm_start(job: Job) -> None:
+def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
+    """The job's instance if it is still `status`; otherwise close the job as having nothing to do."""
     instance = Instance.objects.select_related("node").get(pk=job.instance_id)
-    if instance.status != InstanceStatus.STARTING:
-        job_finish(job, error=f"The instance is {instance.status}, not starting; nothing done.")
+    if instance.status != status:
+        job_finish(job, error=f"The instance is {instance.status}, not {doing}; nothing done.")
+        return None
+    return instance
+
+
+def _start(session, instance: Instance) -> dict:
+    # The GPUs it holds now: after a stop they may differ from the ones the VM had before.
+    return session.agent("vm", "start", _request(
+        instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
+
+
+def vm_start(job: Job) -> None:
+    if (instance := _instance_in(job, InstanceStatus.STARTING, "starting")) is None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, "starting the VM")
-        answer = session.agent("vm", "start", _request(
-            instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
+        answer = _start(session, instance)
     _running(job, instance, answer, "Running")
 
 
 def vm_restart(job: Job) -> None:
-    instance = Instance.objects.select_related("node").get(pk=job.instance_id)
-    if instance.status != InstanceStatus.STARTING:
-        job_finish(job, error=f"The instance is {instance.status}, not restarting; nothing done.")
+    if (instance := _instance_in(job, InstanceStatus.STARTING, "restarting")) is None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, "stopping the VM for a restart")
         session.agent("vm", "stop", _request(instance))
         _progress(job, instance, "starting the VM again")
-        answer = session.agent("vm", "start", _request(
-            instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
+        answer = _start(session, instance)
     _running(job, instance, answer, "Running (restarted)")
 
 
 def vm_stop(job: Job) -> None:
-    instance = Instance.objects.select_related("node").get(pk=job.instance_id)
-    if instance.status != InstanceStatus.STOPPING:
-        job_finish(job, error=f"The instance is {instance.status}, not stopping; nothing done.")
+    if (instance := _instance_in(job, InstanceStatus.STOPPING, "stopping")) is None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, "stopping the VM (the disk is kept)")
@@ -113,9 +120,7 @@ def vm_stop(job: Job) -> None:
 
 
 def vm_destroy(job: Job) -> None:
-    instance = Instance.objects.select_related("node").get(pk=job.instance_id)
-    if instance.status != InstanceStatus.DESTROYING:
-        job_finish(job, error=f"The instance is {instance.status}, not destroying; nothing done.")
+    if (instance := _instance_in(job, InstanceStatus.DESTROYING, "destroying")) is None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, "destroying the VM and its disk")
