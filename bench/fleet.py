@@ -41,7 +41,6 @@ import platform
 import resource
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,8 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
 
+import benchdb  # noqa: E402 (bench/benchdb.py, beside this script)
 import django  # noqa: E402
-import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 PROFILES = ("rtx-a4000-x2", "rtx-a6000-x8", "a100-80gb-sxm-x4", "h100-sxm-x1")
@@ -85,30 +84,13 @@ def parse_args() -> argparse.Namespace:
 # --------------------------------------------------------------------------- database
 
 def point_django_at_bench_db(name: str) -> dict:
-    """Create the bench database on the configured PostgreSQL server; point settings at it."""
-    db = settings.DATABASES["default"]  # loads the settings module; Django is not set up yet
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        sys.exit(f"bench: needs PostgreSQL (DATABASE_URL); the settings give {db['ENGINE']}")
-    if name == db["NAME"]:
-        sys.exit(f"bench: refusing to use the configured database {db['NAME']!r}; pick another --db-name")
-    server = {"host": db.get("HOST") or "127.0.0.1", "port": db.get("PORT") or 5432,
-              "user": db.get("USER") or "postgres", "password": db.get("PASSWORD") or None}
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    db["NAME"] = name
-    db["TEST"] = {"NAME": name}
+    server = benchdb.point_django_at_bench_db(name)
     # The per-node SSH slots live in the shared cache: keep the bench's keys apart from the tests'.
     settings.CACHES["default"]["KEY_PREFIX"] = f"bench-fleet-{os.getpid()}"
     return server
 
 
-def drop_bench_db(server: dict, name: str) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+drop_bench_db = benchdb.drop_bench_db
 
 
 # --------------------------------------------------------------------------- measuring helpers
@@ -276,40 +258,16 @@ def single_node_alone(nodes: list, passes: int) -> list[float]:
     return best
 
 
-@contextlib.contextmanager
-def tcp_nodelay():
-    """What-if, in this process only: paramiko gets a socket with TCP_NODELAY (NodeSession lets paramiko open a
-    plain one, so Nagle's algorithm meets the peer's delayed ACK on every small write)."""
-    import paramiko
-
-    original = paramiko.SSHClient.connect
-
-    def connect(self, hostname, port=22, **kwargs):
-        sock = socket.create_connection((hostname, port), timeout=kwargs.get("timeout"))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return original(self, hostname, port, sock=sock, **kwargs)
-
-    paramiko.SSHClient.connect = connect
-    try:
-        yield
-    finally:
-        paramiko.SSHClient.connect = original
-
-
 def probe_breakdown(nodes: list, k: int) -> dict:
-    """One probe split into its steps, on k nodes one at a time, and its CPU cost. Each node is probed twice in a
-    row: as the platform does it, then with TCP_NODELAY on the client socket (what-if)."""
+    """One probe split into its steps, on k nodes one at a time, and its CPU cost."""
     steps = ("slot + key", "connect (TCP, kex, auth)", "agent check (SFTP stat)", "health exec", "close")
-    timed: dict[str, dict[str, list[float]]] = {"as is": {s: [] for s in steps},
-                                                "TCP_NODELAY": {s: [] for s in steps}}
-    sample = [nodes[i % len(nodes)] for i in range(k)]
-    meters = {variant: Meter() for variant in timed}
-    for node in sample:
-        for variant, into in timed.items():
-            with tcp_nodelay() if variant == "TCP_NODELAY" else contextlib.nullcontext(), meters[variant].adding():
-                for name, dt in zip(steps, _probe_steps(node), strict=True):
-                    into[name].append(dt)
-    return {"steps": timed, "meters": meters, "k": k}
+    timed: dict[str, list[float]] = {s: [] for s in steps}
+    meter = Meter()
+    for node in [nodes[i % len(nodes)] for i in range(k)]:
+        with meter.adding():
+            for name, dt in zip(steps, _probe_steps(node), strict=True):
+                timed[name].append(dt)
+    return {"steps": timed, "meter": meter, "k": k}
 
 
 def _probe_steps(node) -> list[float]:
@@ -590,15 +548,12 @@ def report(args, parallelism: int, alone: list[float], breakdown: dict, platform
         print(f"{label:<{width}}  {value}")
 
     k = breakdown["k"]
-    print(f"\none probe, step by step (median of {k} probes, one node at a time; what-if: the same probe with "
-          "TCP_NODELAY on the client socket):")
-    print(f"  {'':<26} {'as is':>8} {'TCP_NODELAY':>12}")
-    as_is, nodelay = breakdown["steps"]["as is"], breakdown["steps"]["TCP_NODELAY"]
-    for name in as_is:
-        print(f"  {name:<26} {median(as_is[name]) * 1000:5.1f} ms {median(nodelay[name]) * 1000:9.1f} ms")
-    totals = [sum(median(v) for v in steps.values()) for steps in (as_is, nodelay)]
-    print(f"  {'total':<26} {totals[0] * 1000:5.1f} ms {totals[1] * 1000:9.1f} ms")
-    bm = breakdown["meters"]["as is"]
+    print(f"\none probe, step by step (median of {k} probes, one node at a time):")
+    steps = breakdown["steps"]
+    for name, values in steps.items():
+        print(f"  {name:<26} {median(values) * 1000:5.1f} ms")
+    print(f"  {'total':<26} {sum(median(v) for v in steps.values()) * 1000:5.1f} ms")
+    bm = breakdown["meter"]
     print(f"  CPU per probe: client {bm.cpu_client / k * 1000:.0f} ms, node (sshd + agent) "
           f"{bm.cpu_nodes / k * 1000:.0f} ms")
 

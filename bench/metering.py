@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
 
+import benchdb  # noqa: E402 (bench/benchdb.py, beside this script)
 import django  # noqa: E402
-import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 N_RENTERS = 5_000
@@ -59,28 +59,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def point_django_at_bench_db(name: str) -> dict:
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        sys.exit(f"bench: needs PostgreSQL (DATABASE_URL); the settings give {db['ENGINE']}")
-    if name == db["NAME"]:
-        sys.exit(f"bench: refusing to use the configured database {db['NAME']!r}; pick another --db-name")
-    server = {"host": db.get("HOST") or "127.0.0.1", "port": db.get("PORT") or 5432,
-              "user": db.get("USER") or "postgres", "password": db.get("PASSWORD") or None}
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    db["NAME"] = name
-    db["TEST"] = {"NAME": name}
-    db["CONN_MAX_AGE"] = None
+    server = benchdb.point_django_at_bench_db(name)
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = None
     return server
 
 
-def drop_bench_db(server: dict, name: str) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+drop_bench_db = benchdb.drop_bench_db
 
 
 def copy_in(model, objs) -> None:
