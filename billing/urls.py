@@ -1,24 +1,28 @@
 from django.urls import path
 
+from billing.api.cards import CardViewSet
+from billing.api.providers import EarningsView, PayoutViewSet
+from billing.api.statements import StatementDetailView, StatementListView
+from billing.api.top_ups import RefundView, TopUpViewSet
+from billing.api.wallet import BalanceView, BillingEventViewSet, ProfileView, UsageViewSet
+from billing.api.webhooks import StripeWebhookView
 from marketplace.api.urls import ApiRouter
-
-from . import api
 
 router = ApiRouter(trailing_slash=True)
 router.include_root_view = False
-router.register("usage", api.UsageViewSet, basename="billing-usage")
-router.register("cards", api.CardViewSet, basename="billing-card")
-router.register("top-ups", api.TopUpViewSet, basename="billing-top-up")
-router.register("events", api.BillingEventViewSet, basename="billing-event")
-router.register("payouts", api.PayoutViewSet, basename="billing-payout")
+router.register("usage", UsageViewSet, basename="billing-usage")
+router.register("cards", CardViewSet, basename="billing-card")
+router.register("top-ups", TopUpViewSet, basename="billing-top-up")
+router.register("events", BillingEventViewSet, basename="billing-event")
+router.register("payouts", PayoutViewSet, basename="billing-payout")
 
 urlpatterns = [
-    path("balance/", api.BalanceView.as_view(), name="billing-balance"),
-    path("stripe/webhook/", api.StripeWebhookView.as_view(), name="billing-stripe-webhook"),
-    path("statements/", api.StatementListView.as_view(), name="billing-statements"),
-    path("statements/<str:month>/", api.StatementDetailView.as_view(), name="billing-statement"),
-    path("earnings/", api.EarningsView.as_view(), name="billing-earnings"),
-    path("profile/", api.ProfileView.as_view(), name="billing-profile"),
-    path("refunds/", api.RefundView.as_view(), name="billing-refunds"),
+    path("balance/", BalanceView.as_view(), name="billing-balance"),
+    path("stripe/webhook/", StripeWebhookView.as_view(), name="billing-stripe-webhook"),
+    path("statements/", StatementListView.as_view(), name="billing-statements"),
+    path("statements/<str:month>/", StatementDetailView.as_view(), name="billing-statement"),
+    path("earnings/", EarningsView.as_view(), name="billing-earnings"),
+    path("profile/", ProfileView.as_view(), name="billing-profile"),
+    path("refunds/", RefundView.as_view(), name="billing-refunds"),
     *router.urls,
 ]

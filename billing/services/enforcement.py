@@ -23,7 +23,7 @@ from django.utils import timezone
 from billing.models import Account, AccountKind, BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
 from billing.services.notify import event_create
-from billing.services.payments import auto_top_up_start
+from billing.services.top_ups import auto_top_up_start
 from marketplace.models import Instance, InstanceStatus, User
 from marketplace.money import micros_to_usd
 from marketplace.services.instances import InstanceError, instance_destroy, instance_stop

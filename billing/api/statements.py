@@ -1,0 +1,93 @@
+"""Monthly statements: totals per month, and one month in detail."""
+import re
+from datetime import date
+
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import selectors
+from billing.api.common import MoneyField, error_response
+from billing.api.top_ups import TopUpSerializer
+from billing.models import Refund
+
+_MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
+
+
+class StatementSummarySerializer(serializers.Serializer):
+    month = serializers.CharField(help_text="YYYY-MM (UTC).")
+    opening_balance = MoneyField(source="opening_micros")
+    top_ups = MoneyField(source="top_ups_micros")
+    usage = MoneyField(source="usage_micros", help_text="Charged for running instances.")
+    refunds = MoneyField(source="refunds_micros")
+    adjustments = MoneyField(source="adjustments_micros", help_text="Credits and corrections (signed).")
+    closing_balance = MoneyField(source="closing_micros",
+                               help_text="opening_balance + top_ups - usage - refunds + adjustments.")
+
+    def to_representation(self, statement):
+        data = super().to_representation(statement)
+        data["month"] = f"{statement.month:%Y-%m}"
+        return data
+
+
+class UsageLineSerializer(serializers.Serializer):
+    instance = serializers.IntegerField()
+    label = serializers.CharField()
+    gpu_model = serializers.CharField()
+    num_gpus = serializers.IntegerField()
+    price_per_hour = MoneyField(source="price_per_hour_micros")
+    seconds = serializers.IntegerField()
+    amount = MoneyField(source="amount_micros")
+    intervals = serializers.IntegerField()
+    started_at = serializers.DateTimeField(source="from")
+    ended_at = serializers.DateTimeField(source="to")
+
+
+class RefundLineSerializer(serializers.ModelSerializer):
+    top_up = serializers.IntegerField(source="top_up_id")
+    amount = MoneyField(source="amount_micros")
+    refunded_at = serializers.DateTimeField(source="transaction.created_at")
+
+    class Meta:
+        model = Refund
+        fields = ["id", "top_up", "amount", "reason", "refunded_at"]
+
+
+class AdjustmentLineSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    kind = serializers.CharField()
+    amount = MoneyField(source="amount_micros")
+    memo = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class StatementSerializer(StatementSummarySerializer):
+    usage_lines = UsageLineSerializer(many=True, help_text="Usage per instance.")
+    top_up_lines = TopUpSerializer(source="top_ups", many=True)
+    refund_lines = RefundLineSerializer(source="refunds", many=True)
+    adjustment_lines = AdjustmentLineSerializer(source="adjustments", many=True)
+
+
+@extend_schema(tags=["billing"])
+class StatementListView(APIView):
+    @extend_schema(summary="Your monthly statements (totals; newest first)",
+                   responses={200: StatementSummarySerializer(many=True)})
+    def get(self, request):
+        return Response(StatementSummarySerializer(selectors.statement_months(user=request.user), many=True).data)
+
+
+@extend_schema(tags=["billing"])
+class StatementDetailView(APIView):
+    @extend_schema(summary="Your statement of one month: usage per instance, top-ups, refunds, totals",
+                   parameters=[OpenApiParameter("month", str, OpenApiParameter.PATH, pattern=r"^\d{4}-\d{2}$",
+                                                description="YYYY-MM (UTC)")],
+                   responses={200: StatementSerializer,
+                              404: error_response(404, "Not a month (YYYY-MM from 2000 to 2999).")})
+    def get(self, request, month: str):
+        match = _MONTH_RE.fullmatch(month)
+        if not match or not 2000 <= int(match[1]) <= 2999 or not 1 <= int(match[2]) <= 12:
+            raise Http404
+        statement = selectors.statement_for(user=request.user, month=date(int(match[1]), int(match[2]), 1))
+        return Response(StatementSerializer(statement).data)

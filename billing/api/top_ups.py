@@ -1,0 +1,183 @@
+"""Top-ups (adding money with a saved card, with an Idempotency-Key for safe retries) and refunds of them
+(operators)."""
+import re
+from decimal import Decimal
+
+from django.conf import settings
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import selectors
+from billing.api.common import (
+    E402,
+    E409,
+    E502,
+    E503,
+    CentsField,
+    MoneyField,
+    PaymentErrorsMixin,
+    error_response,
+    reject_unknown_params,
+    top_up_amount_field,
+)
+from billing.models import Card, Refund, RefundStatus, TopUp, TopUpStatus
+from billing.services.refunds import refund_create
+from billing.services.top_ups import request_fingerprint, top_up_create, top_up_for_idempotency_key
+from marketplace.api.fields import StrictFieldsMixin, no_control_characters
+from marketplace.money import micros_to_usd, usd_to_micros
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,100}")
+
+
+class TopUpSerializer(serializers.ModelSerializer):
+    amount = MoneyField(source="amount_micros", read_only=True)
+    card = serializers.IntegerField(source="card_id", read_only=True, allow_null=True)
+    status = serializers.ChoiceField(choices=TopUpStatus.choices, read_only=True, help_text=(
+        "pending: recorded, not charged yet; processing: charged, the credit follows within seconds; "
+        "succeeded: credited; failed: declined or not charged, nothing credited."))
+    refunded = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TopUp
+        fields = ["id", "amount", "card", "card_label", "automatic", "status", "failure_message", "refunded",
+                  "created_at", "credited_at"]
+        read_only_fields = fields
+
+    def get_refunded(self, top_up) -> str:
+        total = sum(r.amount_micros for r in top_up.refunds.all() if r.status == RefundStatus.SUCCEEDED)
+        return str(micros_to_usd(total))
+
+
+class TopUpErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    top_up = serializers.IntegerField(required=False, help_text="The failed top-up (status `failed`), to look at.")
+
+
+class TopUpCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    amount = top_up_amount_field(help_text="USD in whole cents, e.g. \"25.00\".")
+    card = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The `id` of one of your saved cards.")
+    read_only_elsewhere = ["id", "status", "card_label", "automatic", "failure_message", "refunded", "created_at",
+                           "credited_at"]
+
+    def validate_card(self, value):
+        card = Card.objects.filter(pk=value, user=self.context["request"].user).first()
+        if card is None:
+            raise ValidationError("No such card of yours; save one at /api/v1/billing/cards/.")
+        return card
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your top-ups"),
+    retrieve=extend_schema(summary="One of your top-ups"),
+    create=extend_schema(
+        summary="Add money to your balance with a saved card",
+        description=("Charges the card at once (off-session). The answer is 202 with status `processing`: the "
+                     "balance is credited when the payment provider confirms the payment, within seconds. "
+                     "A declined card is a 402 and credits nothing."),
+        request=TopUpCreateSerializer,
+        parameters=[OpenApiParameter(
+            IDEMPOTENCY_HEADER, {"type": "string", "minLength": 1, "maxLength": 100, "pattern": r"^[!-~]+$"},
+            OpenApiParameter.HEADER,
+            description="Makes retries safe: the same key and body return the same top-up (200) without "
+                        "charging again; the same key with another body is a 422.",
+        )],
+        responses={202: TopUpSerializer, 200: OpenApiResponse(TopUpSerializer, "The top-up an earlier request "
+                                                                                "with this Idempotency-Key made."),
+                   402: OpenApiResponse(TopUpErrorSerializer, E402.description),
+                   422: error_response(422, "The Idempotency-Key was used for a different top-up."),
+                   502: OpenApiResponse(TopUpErrorSerializer, E502.description),
+                   503: OpenApiResponse(TopUpErrorSerializer, E503.description)},
+    ),
+)
+@extend_schema(tags=["billing"])
+class TopUpViewSet(PaymentErrorsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = TopUpSerializer
+    queryset = TopUp.objects.none()
+    filterset_class = None
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return selectors.top_ups_for_user(user=self.request.user).prefetch_related("refunds")
+
+    def get_object(self):
+        if not str(self.kwargs["pk"]).isdigit():
+            raise Http404
+        return super().get_object()
+
+    def list(self, request, *args, **kwargs):
+        reject_unknown_params(request, ())
+        return super().list(request, *args, **kwargs)
+
+    def create(self, request):
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None and not _IDEMPOTENCY_KEY_RE.fullmatch(key):
+            raise ValidationError({IDEMPOTENCY_HEADER: ["Must be 1 to 100 printable ASCII characters."]})
+        key = key or ""
+        fingerprint = request_fingerprint(request.data) if key else ""
+        if key:
+            earlier = top_up_for_idempotency_key(user=request.user, idempotency_key=key,
+                                                          request_fingerprint=fingerprint)
+            if earlier is not None:
+                return Response(TopUpSerializer(earlier).data)
+        data = TopUpCreateSerializer(data=request.data, context={"request": request})
+        data.is_valid(raise_exception=True)
+        top_up, created = top_up_create(  # a PaymentError names the failed top-up (`top_up`)
+            user=request.user, amount_micros=usd_to_micros(data.validated_data["amount"]),
+            card=data.validated_data["card"], idempotency_key=key, request_fingerprint=fingerprint)
+        top_up = self.get_queryset().get(pk=top_up.pk)
+        return Response(TopUpSerializer(top_up).data,
+                        status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
+
+
+# --------------------------------------------------------------------------------------- refunds
+
+
+class RefundCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    top_up = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+    amount = CentsField(min_value=Decimal("0.01"), max_value=settings.BILLING_TOP_UP_MAX_USD,
+                        help_text="USD, whole cents.")
+    reason = serializers.CharField(max_length=1000, validators=[no_control_characters])
+
+
+class RefundSerializer(serializers.ModelSerializer):
+    top_up = serializers.IntegerField(source="top_up_id", read_only=True)
+    amount = MoneyField(source="amount_micros", read_only=True)
+    created_by = serializers.EmailField(source="created_by.email", read_only=True)
+
+    class Meta:
+        model = Refund
+        fields = ["id", "top_up", "amount", "status", "stripe_refund_id", "reason", "created_by", "failure_message",
+                  "created_at"]
+        read_only_fields = fields
+
+
+class IsOperator(permissions.BasePermission):
+    message = "Only operators can refund."
+
+    def has_permission(self, request, view):
+        return bool(request.user and request.user.is_staff)
+
+
+@extend_schema(tags=["billing"])
+class RefundView(PaymentErrorsMixin, APIView):
+    permission_classes = [permissions.IsAuthenticated, IsOperator]
+
+    @extend_schema(summary="Refund (part of) a customer's top-up to their card (operators)",
+                   request=RefundCreateSerializer,
+                   responses={201: RefundSerializer, 409: E409, 502: E502, 503: E503})
+    def post(self, request):
+        data = RefundCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        top_up = TopUp.objects.filter(pk=data.validated_data["top_up"]).first()
+        if top_up is None:
+            raise ValidationError({"top_up": ["No such top-up."]})
+        refund = refund_create(top_up=top_up, amount_micros=usd_to_micros(data.validated_data["amount"]),
+                                        reason=data.validated_data["reason"], created_by=request.user)
+        return Response(RefundSerializer(Refund.objects.select_related("created_by").get(pk=refund.pk)).data,
+                        status=status.HTTP_201_CREATED)

@@ -1,0 +1,256 @@
+"""Your wallet: the balance, usage intervals, billing events, and the billing profile (payout account,
+auto top-up)."""
+from datetime import UTC
+
+import django_filters
+from django import forms
+from django.conf import settings
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import selectors
+from billing.api.common import CentsField, MoneyField, reject_unknown_params, top_up_amount_field
+from billing.models import BillingEvent, BillingProfile, Card, EventKind, UsageInterval
+from billing.services import ledger, metering
+from billing.services.customers import profile_for
+from billing.services.top_ups import top_up_bounds
+from marketplace.api.fields import StrictFieldsMixin
+from marketplace.api.filtering import StrictFilterSet
+from marketplace.money import micros_to_usd, usd_to_micros
+
+# ------------------------------------------------------------------------------------- balance
+
+
+class AutoTopUpSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    threshold = MoneyField(allow_null=True, help_text="Top up when the balance falls below this.")
+    amount = MoneyField(allow_null=True, help_text="How much each automatic top-up adds.")
+    card = serializers.IntegerField(allow_null=True, help_text="The saved card charged.")
+
+
+class BalanceSerializer(serializers.Serializer):
+    balance = MoneyField(help_text="Your prepaid balance. It can dip below zero by at most one minute of usage.")
+    currency = serializers.CharField()
+    running_cost_per_hour = MoneyField(help_text="What your running instances cost per hour now.")
+    seconds_left = serializers.IntegerField(
+        allow_null=True, help_text="How long the balance lasts at that rate; null when nothing runs.")
+    low_balance_warning_seconds = serializers.IntegerField(
+        help_text="You are warned (events, email) when less than this much time is left.")
+    funds_required_seconds = serializers.IntegerField(
+        help_text="Renting or starting an instance needs this much of its price in the balance.")
+    auto_top_up = AutoTopUpSerializer()
+
+
+@extend_schema(tags=["billing"])
+class BalanceView(APIView):
+    @extend_schema(summary="Your balance and how long it lasts", responses={200: BalanceSerializer})
+    def get(self, request):
+        balance = ledger.wallet_balance(user_id=request.user.pk)
+        rate = selectors.burn_rate_micros(user=request.user)
+        profile = BillingProfile.objects.filter(user=request.user).first()
+        auto = {"enabled": False, "threshold": None, "amount": None, "card": None}
+        if profile is not None and profile.auto_top_up_enabled:
+            auto = {"enabled": True, "threshold": profile.auto_top_up_threshold_micros,
+                    "amount": profile.auto_top_up_amount_micros, "card": profile.auto_top_up_card_id}
+        return Response(BalanceSerializer({
+            "balance": balance, "currency": "usd", "running_cost_per_hour": rate,
+            "seconds_left": max(balance, 0) * 3600 // rate if rate else None,
+            "low_balance_warning_seconds": settings.BILLING_LOW_BALANCE_WARNING_S,
+            "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S, "auto_top_up": auto,
+        }).data)
+
+
+# --------------------------------------------------------------------------------------- usage
+
+
+class UsageIntervalSerializer(serializers.ModelSerializer):
+    instance = serializers.IntegerField(source="instance_id", read_only=True)
+    price_per_hour = MoneyField(source="price_per_hour_micros", read_only=True,
+                              help_text="The instance's price, fixed at booking.")
+    platform_fee_percent = serializers.SerializerMethodField()
+    amount = MoneyField(source="amount_micros", read_only=True, help_text="What you paid for these seconds.")
+    platform_fee = MoneyField(source="fee_micros", read_only=True, help_text="The platform's share of `amount`.")
+    provider_earnings = MoneyField(source="provider_micros", read_only=True,
+                                 help_text="The provider's share of `amount`.")
+
+    class Meta:
+        model = UsageInterval
+        fields = ["id", "instance", "started_at", "ended_at", "seconds", "price_per_hour", "platform_fee_percent",
+                  "amount", "platform_fee", "provider_earnings", "created_at"]
+        read_only_fields = fields
+
+    def get_platform_fee_percent(self, interval) -> str:
+        return str(metering.fee_percent(interval.platform_fee_bps))
+
+
+class IntegerFilter(django_filters.NumberFilter):
+    """A whole number: "0.5" or "6e16" is a 400, as the schema's `integer` says."""
+
+    field_class = forms.IntegerField
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 time with any offset Python accepts, compared in UTC (PostgreSQL refuses odd offsets)."""
+
+    def __init__(self, *args, param: str, **kwargs):
+        self.param = param
+        super().__init__(*args, **kwargs)
+
+    def filter(self, qs, value):
+        if value is not None:
+            try:
+                value = value.astimezone(UTC)
+            except (OverflowError, ValueError):
+                raise ValidationError({self.param: ["Out of range."]}) from None
+        return super().filter(qs, value)
+
+
+class UsageFilter(StrictFilterSet):
+    instance = IntegerFilter(field_name="instance_id", min_value=1, max_value=2**63 - 1,
+                             help_text="One of your instances.")
+    since = UtcDateTimeFilter(param="since", field_name="ended_at", lookup_expr="gt",
+                              help_text="Intervals that end after this time (ISO 8601).")
+    until = UtcDateTimeFilter(param="until", field_name="started_at", lookup_expr="lt",
+                              help_text="Intervals that start before this time (ISO 8601).")
+
+    class Meta:
+        model = UsageInterval
+        fields: list[str] = []
+
+
+@extend_schema_view(list=extend_schema(summary="Your usage intervals (what each stretch of running time cost)"))
+@extend_schema(tags=["billing"])
+class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Per-second usage of your instances while running, newest first. Stopped instances are not charged
+    (not even for their disk)."""
+
+    serializer_class = UsageIntervalSerializer
+    filterset_class = UsageFilter
+    queryset = UsageInterval.objects.none()
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return selectors.usage_for_user(user=self.request.user).order_by("-started_at", "-id")
+
+    def list(self, request, *args, **kwargs):
+        reject_unknown_params(request, UsageFilter.base_filters)
+        return super().list(request, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------- events
+
+
+class BillingEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = BillingEvent
+        fields = ["id", "kind", "message", "data", "emailed", "created_at"]
+        read_only_fields = fields
+
+
+class EventFilter(StrictFilterSet):
+    kind = django_filters.MultipleChoiceFilter(choices=EventKind.choices, help_text="Repeat for several.")
+
+    class Meta:
+        model = BillingEvent
+        fields: list[str] = []
+
+
+@extend_schema_view(list=extend_schema(summary="Your billing events: warnings, credits, top-ups, payouts"))
+@extend_schema(tags=["billing"])
+class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = BillingEventSerializer
+    filterset_class = EventFilter
+    queryset = BillingEvent.objects.none()
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return selectors.events_for_user(user=self.request.user)
+
+    def list(self, request, *args, **kwargs):
+        reject_unknown_params(request, EventFilter.base_filters)
+        return super().list(request, *args, **kwargs)
+
+
+# -------------------------------------------------------------------------------------- profile
+
+
+class ProfileSerializer(StrictFieldsMixin, serializers.Serializer):
+    stripe_connect_account_id = serializers.RegexField(
+        r"^(acct_[A-Za-z0-9]{1,90})?$", max_length=100, required=False, allow_blank=True,
+        help_text="Your Stripe Connect account (acct_...), where payouts of your earnings go. Blank: none.")
+    auto_top_up_enabled = serializers.BooleanField(required=False)
+    auto_top_up_threshold = CentsField(
+        min_value=0, max_value=settings.BILLING_TOP_UP_MAX_USD, required=False,
+        help_text="Top up automatically when the balance falls below this (USD).")
+    auto_top_up_amount = top_up_amount_field(required=False, help_text="How much to add each time (USD).")
+    auto_top_up_card = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False, allow_null=True,
+                                                help_text="The saved card to charge.")
+
+    def validate_auto_top_up_card(self, value):
+        if value is None:
+            return None
+        card = Card.objects.filter(pk=value, user=self.context["request"].user).first()
+        if card is None:
+            raise ValidationError("No such card of yours.")
+        return card
+
+
+def _profile_data(profile: BillingProfile) -> dict:
+    return {
+        "stripe_connect_account_id": profile.stripe_connect_account_id,
+        "auto_top_up_enabled": profile.auto_top_up_enabled,
+        "auto_top_up_threshold": f"{micros_to_usd(profile.auto_top_up_threshold_micros):.2f}",
+        "auto_top_up_amount": f"{micros_to_usd(profile.auto_top_up_amount_micros):.2f}",
+        "auto_top_up_card": profile.auto_top_up_card_id,
+    }
+
+
+class ProfileOutSerializer(serializers.Serializer):
+    stripe_connect_account_id = serializers.CharField()
+    auto_top_up_enabled = serializers.BooleanField()
+    auto_top_up_threshold = serializers.DecimalField(max_digits=9, decimal_places=2)
+    auto_top_up_amount = serializers.DecimalField(max_digits=9, decimal_places=2)
+    auto_top_up_card = serializers.IntegerField(allow_null=True)
+
+
+@extend_schema(tags=["billing"])
+class ProfileView(APIView):
+    @extend_schema(summary="Your billing settings", responses={200: ProfileOutSerializer})
+    def get(self, request):
+        return Response(_profile_data(profile_for(user=request.user)))
+
+    @extend_schema(summary="Change your billing settings (payout account, auto top-up)",
+                   request=ProfileSerializer, responses={200: ProfileOutSerializer})
+    def patch(self, request):
+        data = ProfileSerializer(data=request.data, context={"request": request}, partial=True)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        profile = profile_for(user=request.user)
+        if "stripe_connect_account_id" in v:
+            profile.stripe_connect_account_id = v["stripe_connect_account_id"]
+        if "auto_top_up_threshold" in v:
+            profile.auto_top_up_threshold_micros = usd_to_micros(v["auto_top_up_threshold"])
+        if "auto_top_up_amount" in v:
+            profile.auto_top_up_amount_micros = usd_to_micros(v["auto_top_up_amount"])
+        if "auto_top_up_card" in v:
+            profile.auto_top_up_card = v["auto_top_up_card"]
+        if "auto_top_up_enabled" in v:
+            profile.auto_top_up_enabled = v["auto_top_up_enabled"]
+        if profile.auto_top_up_enabled:
+            problems = {}
+            if profile.auto_top_up_card_id is None:
+                problems["auto_top_up_card"] = ["Auto top-up needs a saved card."]
+            low, high = top_up_bounds()
+            if not low <= profile.auto_top_up_amount_micros <= high:
+                problems["auto_top_up_amount"] = [f"Between ${micros_to_usd(low)} and ${micros_to_usd(high)}."]
+            if profile.auto_top_up_threshold_micros <= 0:
+                problems["auto_top_up_threshold"] = ["Give a threshold above zero."]
+            if problems:
+                raise ValidationError(problems)
+        profile.save()
+        return Response(_profile_data(profile))

@@ -1,0 +1,41 @@
+"""The Stripe webhook: Stripe's events, verified with the Stripe-Signature header."""
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import permissions, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.api.common import error_response
+from billing.services.webhooks import WebhookInvalid, webhook_receive
+
+
+class WebhookAnswerSerializer(serializers.Serializer):
+    received = serializers.BooleanField()
+    status = serializers.CharField(help_text="processed, ignored (not an event this platform acts on) or failed.")
+
+
+@extend_schema(tags=["billing"])
+class StripeWebhookView(APIView):
+    """Stripe's events. Verified with the Stripe-Signature header (the webhook secret); each event id is
+    acted on once however often it is delivered."""
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(
+        summary="Stripe webhook (called by Stripe)",
+        request={"application/json": OpenApiTypes.OBJECT},
+        parameters=[OpenApiParameter("Stripe-Signature", str, OpenApiParameter.HEADER, required=False,
+                                     description="t=<timestamp>,v1=<HMAC-SHA256 of \"t.body\">")],
+        responses={200: WebhookAnswerSerializer,
+                   400: error_response(400, "Missing or bad signature, or not an event: nothing was recorded."),
+                   500: error_response(
+                       500, "Processing failed; the event is kept as failed and Stripe delivers it again.")},
+    )
+    def post(self, request):
+        try:
+            event = webhook_receive(payload=request.body, signature=request.headers.get("Stripe-Signature"))
+        except WebhookInvalid as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        code = status.HTTP_500_INTERNAL_SERVER_ERROR if event.status == "failed" else status.HTTP_200_OK
+        return Response({"received": True, "status": event.status}, status=code)

@@ -1,0 +1,96 @@
+"""Refunds: (part of) a top-up given back to its card, by an operator.
+
+A refund reserves its amount (a `pending` Refund, under a lock on the top-up and the wallet), calls
+Stripe, and on success posts the reversal (wallet → payment clearing) keyed by the Stripe refund id.
+"""
+import stripe
+from django.db import transaction
+from django.db.models import Sum
+
+from billing.models import Account, AccountKind, EventKind, Refund, RefundStatus, TopUp, TopUpStatus, TransactionKind
+from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.services.notify import event_create
+from billing.services.stripe_gateway import MICROS_PER_CENT, PaymentConflict, PaymentInvalid, cents, client, translate
+from marketplace.models import User
+from marketplace.money import micros_to_usd
+
+
+def refundable_micros(*, top_up: TopUp) -> int:
+    if top_up.status != TopUpStatus.SUCCEEDED:
+        return 0
+    taken = top_up.refunds.filter(status__in=[RefundStatus.PENDING, RefundStatus.SUCCEEDED]).aggregate(
+        total=Sum("amount_micros"))["total"] or 0
+    return top_up.amount_micros - taken
+
+
+def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User) -> Refund:
+    """Give (part of) a top-up back to its card and debit the wallet. Operators only.
+
+    The amount is reserved first (a pending refund, under locks on the top-up and the wallet), so that
+    two refunds at once cannot give back more than was paid, or more than the customer has left.
+    """
+    if type(amount_micros) is not int or amount_micros <= 0 or amount_micros % MICROS_PER_CENT:
+        raise PaymentInvalid("Refund a positive amount in whole cents.", field="amount")
+    if not reason.strip():
+        raise PaymentInvalid("Give a reason.", field="reason")
+    with transaction.atomic():
+        top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
+        if top_up.status != TopUpStatus.SUCCEEDED or not top_up.payment_intent_id:
+            raise PaymentConflict(f"Only a credited top-up can be refunded; this one is {top_up.status}.")
+        left = refundable_micros(top_up=top_up)
+        if amount_micros > left:
+            raise PaymentConflict(f"At most ${micros_to_usd(left)} of this top-up can still be refunded.")
+        wallet = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET)
+        wallet = Account.objects.select_for_update().get(pk=wallet.pk)
+        reserved = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING).aggregate(
+            total=Sum("amount_micros"))["total"] or 0
+        if amount_micros > wallet.balance_micros - reserved:
+            raise PaymentConflict(
+                f"The customer's balance is ${micros_to_usd(wallet.balance_micros - reserved)}: the rest was spent. "
+                "Refund at most that much."
+            )
+        refund = Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
+                                       created_by=created_by)
+    try:
+        answer = client().v1.refunds.create(
+            params={"payment_intent": top_up.payment_intent_id, "amount": cents(amount_micros),
+                    "metadata": {"refund_id": str(refund.pk), "top_up_id": str(top_up.pk)}},
+            options={"idempotency_key": f"refund-{refund.pk}"},
+        )
+    except stripe.StripeError as exc:
+        error = translate(exc, "refunding the card")
+        Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING).update(
+            status=RefundStatus.FAILED, failure_message=error.message[:500])
+        raise error from None
+    if answer.status in ("failed", "canceled"):
+        Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING).update(
+            status=RefundStatus.FAILED, failure_message=f"The payment provider says the refund {answer.status}.")
+        raise PaymentConflict(f"The payment provider says the refund {answer.status}; nothing was debited.")
+    return refund_confirm(refund_id=refund.pk, stripe_refund_id=answer.id)
+
+
+def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
+    """Post the refund's reversal (wallet → payment clearing), once: idempotent on the Stripe refund id."""
+    with transaction.atomic():
+        refund = Refund.objects.select_for_update().select_related("top_up__user").get(pk=refund_id)
+        if refund.status == RefundStatus.SUCCEEDED:
+            return refund
+        top_up = refund.top_up
+        txn, _ = ledger_post(
+            idempotency_key=f"refund:{stripe_refund_id}", kind=TransactionKind.REFUND,
+            lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), -refund.amount_micros),
+                   (platform_account(AccountKind.PAYMENT_CLEARING), refund.amount_micros)],
+            memo=f"Refund {refund.pk} of top-up {top_up.pk} ({stripe_refund_id})", reason=refund.reason,
+            created_by=refund.created_by,
+        )
+        refund.status = RefundStatus.SUCCEEDED
+        refund.stripe_refund_id = stripe_refund_id
+        refund.transaction = txn
+        refund.failure_message = ""
+        refund.save(update_fields=["status", "stripe_refund_id", "transaction", "failure_message"])
+        event_create(user=top_up.user, kind=EventKind.REFUND,
+                     message=f"${micros_to_usd(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
+                             f"your card: {refund.reason}",
+                     data={"top_up": top_up.pk, "refund": refund.pk,
+                           "amount": str(micros_to_usd(refund.amount_micros))})
+    return refund

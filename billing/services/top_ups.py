@@ -1,0 +1,233 @@
+"""Top-ups: money coming in from a saved card, by hand or automatically.
+
+A top-up is recorded first (status `pending`, committed), then charged with a PaymentIntent outside any
+database transaction, then marked `processing` (Stripe took the money) or `failed` (declined, or Stripe
+unreachable). The wallet is credited only by the `payment_intent.succeeded` webhook
+(billing.services.webhooks calls top_up_credit), once: the credit's ledger key is `top-up:<id>`.
+An automatic top-up starts when the balance falls below the user's threshold (auto_top_up_start).
+"""
+import hashlib
+import json
+import logging
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+
+import stripe
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from billing.models import AccountKind, BillingProfile, Card, EventKind, TopUp, TopUpStatus, TransactionKind
+from billing.services.customers import customer_for
+from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.services.notify import event_create
+from billing.services.stripe_gateway import (
+    MICROS_PER_CENT,
+    PaymentDeclined,
+    PaymentError,
+    PaymentIdempotencyKeyReused,
+    PaymentInvalid,
+    cents,
+    client,
+    is_definite,
+    translate,
+)
+from marketplace.models import User
+from marketplace.money import micros_to_usd, usd_to_micros
+
+log = logging.getLogger(__name__)
+
+
+def top_up_bounds() -> tuple[int, int]:
+    return (usd_to_micros(Decimal(settings.BILLING_TOP_UP_MIN_USD)),
+            usd_to_micros(Decimal(settings.BILLING_TOP_UP_MAX_USD)))
+
+
+def request_fingerprint(data) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def top_up_for_idempotency_key(*, user: User, idempotency_key: str, request_fingerprint: str) -> TopUp | None:
+    existing = TopUp.objects.filter(user=user, idempotency_key=idempotency_key).first()
+    if existing is not None and existing.request_fingerprint != request_fingerprint:
+        raise PaymentIdempotencyKeyReused(
+            f"This Idempotency-Key was already used for a different top-up ({existing.pk}). "
+            "Send the same body to get that top-up again, or use a new key."
+        )
+    return existing
+
+
+def top_up_create(*, user: User, amount_micros: int, card: Card, idempotency_key: str = "",
+                  request_fingerprint: str = "") -> tuple[TopUp, bool]:
+    """Charge a saved card and return the top-up (`processing`: the credit follows with Stripe's webhook).
+
+    Returns (top_up, created): an Idempotency-Key seen before returns that top-up without charging again.
+    Raises PaymentInvalid (400), PaymentDeclined (402, recorded as failed), PaymentProviderUnavailable (503)
+    or PaymentProviderRefused (502); in each case nothing was credited.
+    """
+    low, high = top_up_bounds()
+    if type(amount_micros) is not int or not low <= amount_micros <= high:
+        raise PaymentInvalid(f"Top up between ${micros_to_usd(low)} and ${micros_to_usd(high)}.", field="amount")
+    if amount_micros % MICROS_PER_CENT:
+        raise PaymentInvalid("Amounts are in whole cents.", field="amount")
+    if card.user_id != user.pk:
+        raise PaymentInvalid("No such card.", field="card")
+    if idempotency_key:
+        existing = top_up_for_idempotency_key(user=user, idempotency_key=idempotency_key,
+                                              request_fingerprint=request_fingerprint)
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            top_up = TopUp.objects.create(
+                user=user, amount_micros=amount_micros, card=card, card_label=str(card),
+                idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
+            )
+    except IntegrityError:  # a concurrent request with the same key won
+        existing = top_up_for_idempotency_key(user=user, idempotency_key=idempotency_key,
+                                              request_fingerprint=request_fingerprint)
+        if existing is None:
+            raise
+        return existing, False
+    return top_up_charge(top_up=top_up), True
+
+
+def top_up_charge(*, top_up: TopUp) -> TopUp:
+    """Charge a pending top-up's card off-session (outside any transaction) and record Stripe's answer."""
+    if top_up.status != TopUpStatus.PENDING or top_up.card is None:
+        return top_up
+    user = top_up.user
+    try:
+        customer = customer_for(user=user)
+        intent = client().v1.payment_intents.create(
+            params={
+                "amount": cents(top_up.amount_micros), "currency": "usd", "customer": customer,
+                "payment_method": top_up.card.stripe_payment_method_id, "off_session": True, "confirm": True,
+                "payment_method_types": ["card"],
+                "metadata": {"top_up_id": str(top_up.pk), "user_id": str(user.pk)},
+            },
+            options={"idempotency_key": f"top-up-{top_up.pk}"},
+        )
+    except PaymentError as exc:  # from customer_for
+        top_up_fail(top_up, exc.message, notify=False)
+        exc.top_up = top_up.pk
+        raise
+    except stripe.StripeError as exc:
+        error = translate(exc, "charging your card")
+        payment_intent = getattr(getattr(exc, "error", None), "payment_intent", None)
+        top_up_fail(top_up, error.message, payment_intent_id=getattr(payment_intent, "id", None),
+                       notify=isinstance(error, PaymentDeclined))
+        if not is_definite(exc):
+            log.warning("top-up %s: outcome unknown (%s); a webhook will credit it if Stripe charged", top_up.pk, exc)
+        error.top_up = top_up.pk
+        raise error from None
+    if intent.status in ("succeeded", "processing", "requires_capture"):
+        with transaction.atomic():
+            top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
+            if top_up.payment_intent_id is None:
+                top_up.payment_intent_id = intent.id
+            if top_up.status == TopUpStatus.PENDING:  # the webhook may have been faster
+                top_up.status = TopUpStatus.PROCESSING
+            top_up.save(update_fields=["payment_intent_id", "status", "updated_at"])
+        return top_up
+    message = ("Your bank asks for authentication, which a saved card cannot give off-session; "
+               "use another card." if intent.status == "requires_action" else f"The payment is {intent.status}.")
+    top_up_fail(top_up, message, payment_intent_id=intent.id, notify=True)
+    error = PaymentDeclined(message + " Nothing was credited.")
+    error.top_up = top_up.pk
+    raise error
+
+
+def top_up_fail(top_up: TopUp, message: str, *, payment_intent_id: str | None = None, notify: bool) -> None:
+    with transaction.atomic():
+        locked = TopUp.objects.select_for_update().get(pk=top_up.pk)
+        if locked.status in (TopUpStatus.PENDING, TopUpStatus.PROCESSING):
+            locked.status = TopUpStatus.FAILED
+            locked.failure_message = message[:500]
+            if payment_intent_id and locked.payment_intent_id is None:
+                locked.payment_intent_id = payment_intent_id
+            locked.save(update_fields=["status", "failure_message", "payment_intent_id", "updated_at"])
+            if notify:
+                event_create(user=locked.user, kind=EventKind.TOP_UP_FAILED,
+                             message=f"Your top-up of ${micros_to_usd(locked.amount_micros)} failed: {message}",
+                             data={"top_up": locked.pk}, email=locked.automatic)
+        top_up.refresh_from_db()
+
+
+def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int) -> bool:
+    """Credit the wallet for a top-up Stripe says succeeded. Once per top-up; False if it was already.
+
+    Call inside a transaction (the webhook's). A top-up that failed here (Stripe unreachable) but was
+    charged after all is credited too: the money arrived.
+    """
+    top_up = TopUp.objects.select_for_update().get(pk=top_up_id)
+    if top_up.status == TopUpStatus.SUCCEEDED:
+        return False
+    if amount_micros != top_up.amount_micros:
+        raise ValueError(f"top-up {top_up.pk} is for {top_up.amount_micros} µ$, Stripe charged {amount_micros} µ$")
+    txn, _ = ledger_post(
+        idempotency_key=f"top-up:{top_up.pk}", kind=TransactionKind.TOP_UP,
+        lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), amount_micros),
+               (platform_account(AccountKind.PAYMENT_CLEARING), -amount_micros)],
+        memo=f"Top-up {top_up.pk} ({payment_intent_id})",
+    )
+    top_up.status = TopUpStatus.SUCCEEDED
+    top_up.failure_message = ""
+    top_up.transaction = txn
+    top_up.payment_intent_id = top_up.payment_intent_id or payment_intent_id
+    top_up.credited_at = timezone.now()
+    top_up.save(update_fields=["status", "failure_message", "transaction", "payment_intent_id", "credited_at",
+                               "updated_at"])
+    event_create(user=top_up.user, kind=EventKind.TOP_UP_SUCCEEDED,
+                 message=f"${micros_to_usd(amount_micros)} was added to your balance.",
+                 data={"top_up": top_up.pk, "amount": str(micros_to_usd(amount_micros))})
+    return True
+
+
+# ----------------------------------------------------------------------------------- auto top-up
+
+
+def auto_top_up_start(*, user_id: int) -> TopUp | None:
+    """Start an automatic top-up for a user below their threshold, unless one is under way already.
+
+    Called by the meter tick; the charge itself runs in a task (billing.tasks.top_up_charge).
+    """
+    from billing.services.ledger import wallet_balance
+
+    with transaction.atomic():
+        profile = BillingProfile.objects.select_for_update().filter(user_id=user_id).first()
+        if profile is None or not profile.auto_top_up_enabled or profile.auto_top_up_card_id is None:
+            return None
+        if wallet_balance(user_id=user_id) >= profile.auto_top_up_threshold_micros:
+            return None
+        in_flight = TopUp.objects.filter(
+            user_id=user_id, automatic=True,
+            status__in=[TopUpStatus.PENDING, TopUpStatus.PROCESSING],
+            created_at__gte=timezone.now() - timedelta(hours=1),
+        ).exists()
+        if in_flight:
+            return None
+        top_up = TopUp.objects.create(
+            user_id=user_id, amount_micros=profile.auto_top_up_amount_micros, card_id=profile.auto_top_up_card_id,
+            card_label=str(profile.auto_top_up_card), automatic=True, idempotency_key=f"auto-{uuid.uuid4()}",
+        )
+
+        def queue():
+            from billing import tasks  # tasks import services: import at call time, layers stay one-way
+
+            tasks.top_up_charge.delay(top_up.pk)
+
+        transaction.on_commit(queue)
+    return top_up
+
+
+def top_up_charge_by_id(*, top_up_id: int) -> None:
+    top_up = TopUp.objects.select_related("user", "card").filter(pk=top_up_id).first()
+    if top_up is None or top_up.status != TopUpStatus.PENDING:
+        return
+    try:
+        top_up_charge(top_up=top_up)
+    except PaymentError as exc:
+        log.info("automatic top-up %s failed: %s", top_up_id, exc.message)
