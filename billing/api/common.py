@@ -4,14 +4,12 @@ import re
 from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from billing.services.stripe_gateway import PaymentError
 from marketplace.api.fields import UsdField
+from marketplace.api.filtering import reject_unknown_params  # noqa: F401 (the billing views use it from here)
 from marketplace.api.schema import ErrorDetailSerializer
-
-PAGINATION_PARAMS = {"page", "page_size", "format"}
 
 
 class MoneyField(UsdField):
@@ -66,8 +64,3 @@ class PaymentErrorsMixin:
             return Response(body, status=exc.status_code)
         return super().handle_exception(exc)
 
-
-def reject_unknown_params(request, allowed) -> None:
-    unknown = sorted(set(request.query_params) - set(allowed) - PAGINATION_PARAMS)
-    if unknown:
-        raise ValidationError({name: ["Unknown query parameter."] for name in unknown})

@@ -1,11 +1,10 @@
 """Top-ups (adding money with a saved card, with an Idempotency-Key for safe retries) and refunds of them
 (operators)."""
-import re
 from decimal import Decimal
 
 from django.conf import settings
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
@@ -26,12 +25,10 @@ from billing.api.common import (
 )
 from billing.models import Card, Refund, RefundStatus, TopUp, TopUpStatus
 from billing.services.refunds import refund_create
-from billing.services.top_ups import request_fingerprint, top_up_create, top_up_for_idempotency_key
+from billing.services.top_ups import top_up_create, top_up_for_idempotency_key
 from marketplace.api.fields import StrictFieldsMixin, no_control_characters
+from marketplace.api.idempotency import idempotency_key, idempotency_parameter
 from marketplace.money import micros_to_usd, usd_to_micros
-
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-_IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,100}")
 
 
 class TopUpSerializer(serializers.ModelSerializer):
@@ -80,11 +77,9 @@ class TopUpCreateSerializer(StrictFieldsMixin, serializers.Serializer):
                      "balance is credited when the payment provider confirms the payment, within seconds. "
                      "A declined card is a 402 and credits nothing."),
         request=TopUpCreateSerializer,
-        parameters=[OpenApiParameter(
-            IDEMPOTENCY_HEADER, {"type": "string", "minLength": 1, "maxLength": 100, "pattern": r"^[!-~]+$"},
-            OpenApiParameter.HEADER,
-            description="Makes retries safe: the same key and body return the same top-up (200) without "
-                        "charging again; the same key with another body is a 422.",
+        parameters=[idempotency_parameter(
+            "Makes retries safe: the same key and body return the same top-up (200) without "
+            "charging again; the same key with another body is a 422.",
         )],
         responses={202: TopUpSerializer, 200: OpenApiResponse(TopUpSerializer, "The top-up an earlier request "
                                                                                 "with this Idempotency-Key made."),
@@ -115,11 +110,7 @@ class TopUpViewSet(PaymentErrorsMixin, mixins.ListModelMixin, mixins.RetrieveMod
         return super().list(request, *args, **kwargs)
 
     def create(self, request):
-        key = request.headers.get(IDEMPOTENCY_HEADER)
-        if key is not None and not _IDEMPOTENCY_KEY_RE.fullmatch(key):
-            raise ValidationError({IDEMPOTENCY_HEADER: ["Must be 1 to 100 printable ASCII characters."]})
-        key = key or ""
-        fingerprint = request_fingerprint(request.data) if key else ""
+        key, fingerprint = idempotency_key(request)
         if key:
             earlier = top_up_for_idempotency_key(user=request.user, idempotency_key=key,
                                                           request_fingerprint=fingerprint)

@@ -14,7 +14,6 @@ from billing.services.stripe_gateway import (
 )
 from billing.services.top_ups import (
     auto_top_up_start,
-    request_fingerprint,
     top_up_bounds,
     top_up_charge,
     top_up_charge_by_id,
@@ -39,7 +38,6 @@ __all__ = [
     "refund_confirm",
     "refund_create",
     "refundable_micros",
-    "request_fingerprint",
     "setup_intent_create",
     "stripe_event_process",
     "top_up_bounds",

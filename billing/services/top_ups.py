@@ -6,8 +6,6 @@ unreachable). The wallet is credited only by the `payment_intent.succeeded` webh
 (billing.services.webhooks calls top_up_credit), once: the credit's ledger key is `top-up:<id>`.
 An automatic top-up starts when the balance falls below the user's threshold (auto_top_up_start).
 """
-import hashlib
-import json
 import logging
 import uuid
 from datetime import timedelta
@@ -42,11 +40,6 @@ log = logging.getLogger(__name__)
 def top_up_bounds() -> tuple[int, int]:
     return (usd_to_micros(Decimal(settings.BILLING_TOP_UP_MIN_USD)),
             usd_to_micros(Decimal(settings.BILLING_TOP_UP_MAX_USD)))
-
-
-def request_fingerprint(data) -> str:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def top_up_for_idempotency_key(*, user: User, idempotency_key: str, request_fingerprint: str) -> TopUp | None:

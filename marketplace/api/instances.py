@@ -3,12 +3,10 @@
 Thin: the serializers check the input, marketplace.services.instances holds every rule
 (allocation, idempotency, the state machine), and errors come back through api.errors.
 """
-import re
 
 import django_filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
-    OpenApiParameter,
     OpenApiResponse,
     extend_schema,
     extend_schema_field,
@@ -16,7 +14,6 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from billing.services.metering import fee_percent, instance_cost_so_far
@@ -25,10 +22,11 @@ from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
 
 from .fields import StrictFieldsMixin, UsdField, no_control_characters
+from .filtering import reject_unknown_params
+from .idempotency import idempotency_key as idempotency_key_of
+from .idempotency import idempotency_parameter
 from .schema import ErrorDetailSerializer
 
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-_IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,100}")
 MAX_KEYS = 32
 
 
@@ -139,7 +137,6 @@ class InstanceFilter(django_filters.FilterSet):
         fields: list[str] = []
 
 
-PAGINATION_PARAMS = {"page", "page_size", "format"}
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The instance's (or its node's) state forbids this; "
                                                    "`detail` says why.")
 _VERB = {"request": None, "responses": {202: InstanceSerializer, 409: _CONFLICT}}
@@ -151,11 +148,9 @@ _VERB = {"request": None, "responses": {202: InstanceSerializer, 409: _CONFLICT}
     create=extend_schema(
         summary="Rent GPUs: create an instance",
         request=InstanceCreateSerializer,
-        parameters=[OpenApiParameter(
-            IDEMPOTENCY_HEADER, {"type": "string", "minLength": 1, "maxLength": 100, "pattern": r"^[!-~]+$"},
-            OpenApiParameter.HEADER,
-            description="Makes retries safe: the same key and body return the same instance (200); "
-                        "the same key with another body is a 422. 1-100 printable ASCII characters.",
+        parameters=[idempotency_parameter(
+            "Makes retries safe: the same key and body return the same instance (200); "
+            "the same key with another body is a 422. 1-100 printable ASCII characters.",
         )],
         responses={
             201: InstanceSerializer,
@@ -201,17 +196,11 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return Response(InstanceSerializer(fresh).data, status=code)
 
     def list(self, request, *args, **kwargs):
-        unknown = sorted(set(request.query_params) - set(InstanceFilter.base_filters) - PAGINATION_PARAMS)
-        if unknown:
-            raise ValidationError({name: ["Unknown query parameter."] for name in unknown})
+        reject_unknown_params(request, InstanceFilter.base_filters)
         return super().list(request, *args, **kwargs)
 
     def create(self, request):
-        idempotency_key = request.headers.get(IDEMPOTENCY_HEADER)
-        if idempotency_key is not None and not _IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
-            raise ValidationError({IDEMPOTENCY_HEADER: ["Must be 1 to 100 printable ASCII characters."]})
-        idempotency_key = idempotency_key or ""
-        fingerprint = svc.request_fingerprint(request.data) if idempotency_key else ""
+        idempotency_key, fingerprint = idempotency_key_of(request)
         if idempotency_key:  # a retry gets what the first request made, even if its input would not validate now
             earlier = svc.instance_for_idempotency_key(renter=request.user, idempotency_key=idempotency_key,
                                                        request_fingerprint=fingerprint)

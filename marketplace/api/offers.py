@@ -7,7 +7,6 @@ from django_countries import countries
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import permissions, serializers, viewsets
-from rest_framework.exceptions import ValidationError
 
 from billing.services.metering import fee_percent, platform_fee_bps
 from marketplace import selectors
@@ -15,7 +14,7 @@ from marketplace.models import GpuModel, Node, Verdict
 from marketplace.money import usd_to_micros
 
 from .fields import UsdField
-from .filtering import StrictFilterSet
+from .filtering import StrictFilterSet, reject_unknown_params
 
 
 class MedianFiguresSerializer(serializers.Serializer):
@@ -150,7 +149,6 @@ class OfferFilter(StrictFilterSet):
         return queryset.order_by(*queryset.query.order_by, "id")
 
 
-PAGINATION_PARAMS = {"page", "page_size", "format"}
 
 
 @extend_schema(tags=["offers"])
@@ -166,7 +164,5 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
 
     def list(self, request, *args, **kwargs):
         # A misspelt filter would otherwise be ignored and return everything.
-        unknown = sorted(set(request.query_params) - set(OfferFilter.base_filters) - PAGINATION_PARAMS)
-        if unknown:
-            raise ValidationError({name: ["Unknown query parameter."] for name in unknown})
+        reject_unknown_params(request, OfferFilter.base_filters)
         return super().list(request, *args, **kwargs)

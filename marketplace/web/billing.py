@@ -25,6 +25,7 @@ from billing import selectors
 from billing.models import TopUpStatus
 from billing.services import metering, payments, payouts
 from billing.services.stripe_gateway import PaymentError, PaymentIdempotencyKeyReused
+from marketplace.idempotency import request_fingerprint
 from marketplace.models import Node
 from marketplace.money import usd_to_micros
 from marketplace.services import instances as instance_svc
@@ -123,7 +124,7 @@ def top_up(request):
         top_up, created = payments.top_up_create(
             user=request.user, amount_micros=usd_to_micros(data["amount"]), card=data["card"],
             idempotency_key=f"web-{token}" if token else "",
-            request_fingerprint=payments.request_fingerprint(body) if token else "")
+            request_fingerprint=request_fingerprint(body) if token else "")
     except PaymentIdempotencyKeyReused:
         form = _fresh_token(form, request.user)
         form.add_error(None, "This form was already used for a top-up with other choices. Check them and "

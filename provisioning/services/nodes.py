@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -134,8 +135,6 @@ def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_has
 
 def node_health_probe(node: Node, timeouts: Timeouts | None = None) -> HealthResult:
     """One `health` round trip to the node (no database writes)."""
-    import time
-
     start = time.monotonic()
     try:
         with node_session(node, timeouts or Timeouts(connect=5, command=20, attempts=1)) as session:
@@ -146,10 +145,6 @@ def node_health_probe(node: Node, timeouts: Timeouts | None = None) -> HealthRes
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start)
 
 
-def smi_model(name: str) -> GpuModel | None:
-    return GpuModel.objects.filter(smi_name=name).first()
-
-
 @transaction.atomic
 def node_apply_inventory(*, node: Node, inventory: dict) -> None:
     """Store the agent's inventory and update the node's GPU rows with what was read."""
@@ -157,17 +152,17 @@ def node_apply_inventory(*, node: Node, inventory: dict) -> None:
     node.inventory = inventory
     node.last_seen_at = timezone.now()
     node.save(update_fields=["inventory", "last_seen_at", "updated_at"])
+    reported = inventory.get("gpus", [])
+    models = {m.smi_name: m for m in GpuModel.objects.filter(smi_name__in={g.get("name") for g in reported})}
     rows = {gpu.index: gpu for gpu in node.gpus.all()}
-    for reported in inventory.get("gpus", []):
-        gpu = rows.get(reported.get("index"))
+    changed = []
+    for gpu_info in reported:
+        gpu = rows.get(gpu_info.get("index"))
         if gpu is None:
             continue  # more GPUs than declared: the verification reports it
-        gpu.uuid = reported.get("uuid") or ""
-        gpu.pci_bus_id = reported.get("pci_bus_id") or ""
-        gpu.memory_mib = reported.get("memory_total_mib") or gpu.memory_mib
-        gpu.gpu_model = smi_model(reported.get("name") or "") or gpu.gpu_model
-        gpu.save(update_fields=["uuid", "pci_bus_id", "memory_mib", "gpu_model"])
-
-
-def gpu_rows_for(node: Node) -> list[Gpu]:
-    return list(node.gpus.order_by("index"))
+        gpu.uuid = gpu_info.get("uuid") or ""
+        gpu.pci_bus_id = gpu_info.get("pci_bus_id") or ""
+        gpu.memory_mib = gpu_info.get("memory_total_mib") or gpu.memory_mib
+        gpu.gpu_model = models.get(gpu_info.get("name")) or gpu.gpu_model
+        changed.append(gpu)
+    Gpu.objects.bulk_update(changed, ["uuid", "pci_bus_id", "memory_mib", "gpu_model"])

@@ -21,6 +21,7 @@ balance (InsufficientFunds, 402); a booking snapshots the price and the platform
 instance leaves `running` (stop, restart, destroy, failure) its last usage interval is charged in the
 same transaction that changes its state (`_leave_running`). The per-minute meter bills the rest.
 """
+from marketplace.idempotency import request_fingerprint
 from marketplace.models import Image, Instance  # noqa: F401 (callers reach the models through here)
 
 from .booking import instance_create
@@ -36,7 +37,6 @@ from .common import (
     instance_gpu_indices,
     instance_release_gpus,
     instances_for_user,
-    request_fingerprint,
 )
 from .lifecycle import instance_destroy, instance_restart, instance_start, instance_stop
 from .worker import (

@@ -1,6 +1,4 @@
 """What the instance use cases share: errors, reads, locking and allocation helpers, the funds check."""
-import hashlib
-import json
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -84,14 +82,6 @@ def instance_gpu_indices(*, instance: Instance) -> list[int]:
     return sorted(
         GpuAllocation.objects.filter(instance=instance, released_at__isnull=True).values_list("gpu__index", flat=True)
     )
-
-
-def request_fingerprint(data) -> str:
-    """SHA-256 of a create request's body in a canonical form (keys sorted, no spaces)."""
-    if hasattr(data, "lists"):  # a QueryDict (form data): every value is a list
-        data = dict(data.lists())
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_fingerprint: str) -> Instance | None:
