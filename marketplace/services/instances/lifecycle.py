@@ -63,6 +63,15 @@ def _refuse(verb: str, instance: Instance) -> InstanceConflict:
     return InstanceConflict(message or f"Cannot {verb} an instance that is {instance.status}.")
 
 
+def _queue(instance: Instance, status: str, what: str, kind: str) -> Instance:
+    """Leave `running` (its last seconds are billed), take the *ing state, and queue the job that does it."""
+    _leave_running(instance, timezone.now())
+    instance.transition_to(status, f"{WAITING} to {what}")
+    _save(instance)
+    job_create(kind=kind, node=_node_of(instance), instance=instance)
+    return instance
+
+
 def _node_of(instance: Instance) -> Node:
     return Node.objects.get(pk=instance.node_id)
 
@@ -78,11 +87,7 @@ def instance_stop(*, instance: Instance) -> Instance:
         return instance
     if instance.status != S.RUNNING:
         raise _refuse("stop", instance)
-    _leave_running(instance, timezone.now())
-    instance.transition_to(S.STOPPING, f"{WAITING} to stop it")
-    _save(instance)
-    job_create(kind=JobKind.INSTANCE_STOP, node=_node_of(instance), instance=instance)
-    return instance
+    return _queue(instance, S.STOPPING, "stop it", JobKind.INSTANCE_STOP)
 
 
 @transaction.atomic
@@ -130,11 +135,8 @@ def instance_restart(*, instance: Instance) -> Instance:
         return instance
     if instance.status != S.RUNNING:
         raise _refuse("restart", instance)
-    _leave_running(instance, timezone.now())  # billing resumes when it is running again
-    instance.transition_to(S.STARTING, f"{WAITING} to restart it")
-    _save(instance)
-    job_create(kind=JobKind.INSTANCE_RESTART, node=_node_of(instance), instance=instance)
-    return instance
+    # Billing pauses for the restart and resumes when it is running again.
+    return _queue(instance, S.STARTING, "restart it", JobKind.INSTANCE_RESTART)
 
 
 @transaction.atomic
@@ -149,8 +151,4 @@ def instance_destroy(*, instance: Instance) -> Instance:
         return instance
     if instance.status == S.DESTROYED:
         raise InstanceConflict("The instance is already destroyed.")
-    _leave_running(instance, timezone.now())
-    instance.transition_to(S.DESTROYING, f"{WAITING} to destroy it")
-    _save(instance)
-    job_create(kind=JobKind.INSTANCE_DESTROY, node=_node_of(instance), instance=instance)
-    return instance
+    return _queue(instance, S.DESTROYING, "destroy it", JobKind.INSTANCE_DESTROY)
