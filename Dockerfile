@@ -9,6 +9,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends curl \
     && useradd --create-home --uid 1000 app
 
 WORKDIR /app
+# The platform's runtime set, exactly as `make demo` installs it (tests/test_demo_install.py checks the two
+# agree; scripts/demo-smoke installs it into a fresh environment and runs the demo on it).
 COPY requirements.txt constraints.txt ./
 RUN pip install -r requirements.txt -c constraints.txt
 

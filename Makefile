@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip -q --disable-pip-version-check
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo test lint bench schema lock clean services
+.PHONY: demo demo-smoke test lint bench schema lock clean services
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(VENV)/.installed-dev services
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+## demo-smoke: `make demo` from a fresh venv against PostgreSQL and Redis until its first server is listed,
+## then Ctrl-C; fails if anything it started is left running (CI runs it after `make test`)
+demo-smoke: services
+	scripts/demo-smoke
+
 services:
 	scripts/ensure-services
 
@@ -55,7 +60,7 @@ schema: $(VENV)/.installed
 lock: $(BIN)/python
 	$(PIP) install -r requirements-dev.txt -r requirements-demo.txt -r requirements-bench.txt
 	(echo '# Every installed package, pinned (pip freeze of requirements*.txt). Regenerate with `make lock`.'; \
-	 $(BIN)/pip freeze | grep -v '^-e' | sort) > constraints.txt
+	 $(BIN)/pip freeze --all | grep -v -e '^-e' -e '^pip==' | sort) > constraints.txt
 
 clean:
 	rm -rf $(VENV) var
