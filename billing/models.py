@@ -66,6 +66,7 @@ class TransactionKind(models.TextChoices):
     PAYOUT = "payout", "Payout"
     PAYOUT_REVERSAL = "payout_reversal", "Payout returned"
     REVERSAL = "reversal", "Reversal"
+    SERVICE_CREDIT = "service_credit", "Service credit (interruption, charged to the provider)"
 
 
 class LedgerTransaction(models.Model):
@@ -330,6 +331,11 @@ class EventKind(models.TextChoices):
     CREDIT = "credit", "Credit"
     PAYOUT_PAID = "payout_paid", "Payout sent"
     PAYOUT_FAILED = "payout_failed", "Payout failed"
+    INSTANCE_INTERRUPTED = "instance_interrupted", "Instance interrupted"
+    INSTANCE_RESUMED = "instance_resumed", "Instance resumed"
+    INSTANCE_LOST = "instance_lost", "Instance lost with its node"
+    SERVICE_CREDIT = "service_credit", "Service credit"
+    PRICE_CUT = "price_cut", "Price cut: hardware measured worse"
 
 
 class BillingEvent(models.Model):

@@ -1,9 +1,10 @@
-"""Celery entry points of billing: the per-minute meter tick, weekly payouts, automatic top-ups."""
+"""Celery entry points of billing: the per-minute meter tick, weekly payouts, automatic top-ups, and the
+follow-up of top-ups whose webhook never came."""
 import logging
 
 from celery import shared_task
 
-from billing.services import enforcement, metering, payments, payouts
+from billing.services import enforcement, metering, payments, payouts, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +30,11 @@ def payouts_run():
 @shared_task(acks_late=True, ignore_result=True)
 def top_up_charge(top_up_id: int):
     payments.top_up_charge_by_id(top_up_id=top_up_id)
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=240, time_limit=300)
+def top_ups_reconcile():
+    """Settle top-ups still processing after a few minutes with what Stripe says (their webhook never came)."""
+    done = reconcile.top_ups_reconcile()
+    if done:
+        log.info("top-ups reconcile: %s", done)

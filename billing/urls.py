@@ -3,6 +3,7 @@ from django.urls import path
 from billing.api.cards import CardViewSet
 from billing.api.providers import EarningsView, PayoutViewSet
 from billing.api.statements import StatementDetailView, StatementListView
+from billing.api.terms import TermsView
 from billing.api.top_ups import RefundView, TopUpViewSet
 from billing.api.wallet import BalanceView, BillingEventViewSet, ProfileView, UsageViewSet
 from billing.api.webhooks import StripeWebhookView
@@ -18,6 +19,7 @@ router.register("payouts", PayoutViewSet, basename="billing-payout")
 
 urlpatterns = [
     path("balance/", BalanceView.as_view(), name="billing-balance"),
+    path("terms/", TermsView.as_view(), name="billing-terms"),
     path("stripe/webhook/", StripeWebhookView.as_view(), name="billing-stripe-webhook"),
     path("statements/", StatementListView.as_view(), name="billing-statements"),
     path("statements/<str:month>/", StatementDetailView.as_view(), name="billing-statement"),

@@ -11,6 +11,7 @@ from marketplace.models import (
     GpuStatus,
     Image,
     Instance,
+    Interruption,
     Node,
     NodeState,
     SshKey,
@@ -85,7 +86,7 @@ class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
                     "verdict", "listed", "score", "reliability", "state_changed_at"]
     list_filter = ["state", "verdict", "listed", "runtime", "gpu_model", "country"]
-    search_fields = ["name", "address", "provider__email", "city", "datacenter"]
+    search_fields = ["name", "address", "provider__email", "city", "datacenter", "host_key_fingerprint"]
     list_select_related = ["provider", "gpu_model"]
     # ssh_private_key_encrypted is excluded: nobody reads a private key through the admin.
     fields = ["provider", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
@@ -184,6 +185,48 @@ class GpuAllocationInline(admin.TabularInline):
         return super().get_queryset(request).select_related("gpu")
 
 
+class InterruptionInline(admin.TabularInline):
+    model = Interruption
+    fields = ["cause", "detail", "started_at", "detected_at", "ended_at", "outcome", "credited_seconds", "credited"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="credited USD")
+    def credited(self, interruption):
+        return micros_to_usd(interruption.credited_micros)
+
+
+@admin.register(Interruption)
+class InterruptionAdmin(admin.ModelAdmin):
+    """Every interruption of the fleet: which nodes lose renters' instances, and what it cost their providers."""
+
+    list_display = ["id", "instance", "node", "cause", "started_at", "detected_at", "ended_at", "outcome", "credited"]
+    list_filter = ["cause", "outcome"]
+    search_fields = ["=instance__id", "instance__node__name", "instance__renter__email"]
+    list_select_related = ["instance__node"]
+    date_hierarchy = "started_at"
+    readonly_fields = ["instance", "cause", "detail", "started_at", "detected_at", "ended_at", "outcome",
+                       "credited_seconds", "credited_micros"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="node")
+    def node(self, interruption):
+        return interruption.instance.node
+
+    @admin.display(ordering="credited_micros", description="credited USD")
+    def credited(self, interruption):
+        return micros_to_usd(interruption.credited_micros)
+
+
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
     list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
@@ -198,7 +241,7 @@ class InstanceAdmin(admin.ModelAdmin):
               "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
               "stopped_at", "destroyed_at", "updated_at"]
     readonly_fields = fields
-    inlines = [GpuAllocationInline]
+    inlines = [GpuAllocationInline, InterruptionInline]
     actions = ["force_stop", "force_destroy"]
 
     def has_add_permission(self, request):

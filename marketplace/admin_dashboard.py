@@ -6,11 +6,12 @@ dashboard says "billing not installed"; it never shows made-up numbers.
 """
 from datetime import timedelta
 
-from django.db.models import Count
+from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.urls import reverse
 from django.utils import timezone
 
-from marketplace.models import Gpu, Instance, InstanceStatus, Node, NodeState, Verdict
+from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, Verdict
+from marketplace.models.nodes import OFFERABLE
 from marketplace.web import charts
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent, VerificationRun
 
@@ -19,6 +20,8 @@ STATE_CSS = {
     NodeState.REJECTED: "bad", NodeState.OFFLINE: "bad", NodeState.QUARANTINED: "bad", NodeState.RETIRED: "neutral",
 }
 LIST_LIMIT = 10
+GPU_COLUMNS = ("free", "rented", "not_offered", "unavailable")  # free: on a node renters can book now
+CRITICAL_KINDS = ("offline",)  # node events listed as critical whatever their level
 
 
 def _short(label: str) -> str:
@@ -65,22 +68,27 @@ def fleet_figures(now=None) -> dict:
     states = [{"state": s, "label": s.label, "count": by_state.get(s.value, 0),
                "url": _changelist("marketplace_node", state__exact=s.value)} for s in NodeState]
 
+    # "Free" means bookable: a free GPU of a node renters cannot book (rejected, offline, pending, unlisted, ...:
+    # the offers' rule, OFFERABLE) is counted as "not offered" instead.
     per_model: dict[str, dict] = {}
+    offered = Case(When(node_id__in=Node.objects.filter(OFFERABLE).values("pk"), then=Value(True)),
+                   default=Value(False), output_field=BooleanField())
     gpu_rows = (Gpu.objects.exclude(node__state=NodeState.RETIRED).order_by()
-                .values_list("gpu_model__name", "gpu_model_id", "status").annotate(n=Count("id")))
-    for name, model_id, status, n in gpu_rows:
-        row = per_model.setdefault(name, {"name": name, "model_id": model_id, "free": 0, "rented": 0,
-                                          "unavailable": 0})
-        row[status] = n
-    models = sorted(per_model.values(), key=lambda r: (-(r["free"] + r["rented"] + r["unavailable"]), r["name"]))
+                .values_list("gpu_model__name", "gpu_model_id", "status").annotate(offered=offered, n=Count("id")))
+    for name, model_id, status, is_offered, n in gpu_rows:
+        row = per_model.setdefault(name, {"name": name, "model_id": model_id, **dict.fromkeys(GPU_COLUMNS, 0)})
+        row["not_offered" if status == GpuStatus.FREE and not is_offered else status] += n
+    models = sorted(per_model.values(), key=lambda r: (-sum(r[c] for c in GPU_COLUMNS), r["name"]))
     for row in models:
         row["url"] = _changelist("marketplace_gpu", gpu_model__id__exact=row["model_id"])
-    gpus = {s: sum(r[s] for r in models) for s in ("free", "rented", "unavailable")}
+    gpus = {c: sum(r[c] for r in models) for c in GPU_COLUMNS}
 
     stuck = (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now)
              .select_related("node", "instance").order_by("deadline"))
     rejected = (Node.objects.filter(verdict=Verdict.REJECTED).exclude(state=NodeState.RETIRED)
                 .select_related("provider", "gpu_model").order_by("-state_changed_at"))
+    offline = (Node.objects.filter(state=NodeState.OFFLINE).select_related("provider", "gpu_model")
+               .order_by("-state_changed_at"))
     day_ago, week_ago = now - timedelta(days=1), now - timedelta(days=7)
     instances = dict(Instance.objects.exclude(status=InstanceStatus.DESTROYED).order_by()
                      .values_list("status").annotate(n=Count("id")))
@@ -106,8 +114,13 @@ def fleet_figures(now=None) -> dict:
         "failed_verify_jobs_day": Job.objects.filter(kind=JobKind.NODE_VERIFY, status=JobStatus.FAILED,
                                                      finished_at__gte=day_ago).count(),
         "failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED),
-        "critical_events": list(NodeEvent.objects.filter(level=NodeEvent.Level.CRITICAL, created_at__gte=week_ago)
-                                .select_related("node")[:5]),
+        # Critical: events marked so, and a node going offline (its renters' instances are cut off).
+        "critical_events": list(NodeEvent.objects.filter(Q(level=NodeEvent.Level.CRITICAL) | Q(kind__in=CRITICAL_KINDS),
+                                                         created_at__gte=week_ago)
+                                .select_related("node")[:LIST_LIMIT]),
+        "offline_count": offline.count(),
+        "offline": list(offline[:LIST_LIMIT]),
+        "offline_url": _changelist("marketplace_node", state__exact=NodeState.OFFLINE),
         "revenue": revenue_figures(now),
         "state_chart": charts.hbar_chart(
             [charts.Group("", [charts.Bar(_short(s["state"].label), s["count"], STATE_CSS.get(s["state"], ""),
@@ -115,6 +128,7 @@ def fleet_figures(now=None) -> dict:
             title="Nodes by state"),
         "gpu_chart": charts.stacked_bar_chart(
             [(r["name"], [charts.Segment(r["rented"], "rented", "rented"), charts.Segment(r["free"], "free", "free"),
+                          charts.Segment(r["not_offered"], "not-offered", "not offered"),
                           charts.Segment(r["unavailable"], "unavailable", "unavailable")]) for r in models],
-            title="GPUs by model: rented, free, unavailable"),
+            title="GPUs by model: rented, free (bookable), not offered, unavailable"),
     }

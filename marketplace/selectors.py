@@ -3,7 +3,7 @@ from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from marketplace.models import Gpu, GpuStatus, Node, NodeState, User
-from marketplace.models.nodes import OFFERABLE, SCORE_PER_DOLLAR
+from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
 
@@ -65,3 +65,30 @@ def nodes_for_user(*, user: User) -> QuerySet[Node]:
     if not user.is_staff:
         nodes = nodes.filter(provider=user)
     return nodes.prefetch_related("gpus")
+
+
+_NOT_OFFERED_STATES = {
+    NodeState.PENDING: "the server has not been verified yet",
+    NodeState.VERIFYING: "the server is being verified",
+    NodeState.REJECTED: "the server was rejected by the benchmark check",
+    NodeState.MAINTENANCE: "the server is in maintenance",
+    NodeState.OFFLINE: "the server is offline (not answering health checks)",
+    NodeState.QUARANTINED: "the server is quarantined (its SSH host key changed)",
+    NodeState.RETIRED: "the server is retired",
+}
+
+
+def node_not_offered_reason(node: Node) -> str:
+    """Why renters cannot book the node's free GPUs now, in words; "" when they can (given a free GPU).
+
+    The offers' own rule (OFFERABLE: active, verified or degraded, listed), so that a page never calls a GPU
+    "free" that no renter can book.
+    """
+    if node.state != NodeState.ACTIVE:
+        return _NOT_OFFERED_STATES.get(node.state, f"the server is {node.state}")
+    if node.verdict not in LISTABLE_VERDICTS:
+        return ("its latest benchmark check rejected it" if node.verdict == Verdict.REJECTED
+                else "it has not passed the benchmark check")
+    if not node.listed:
+        return "it is not listed"
+    return ""

@@ -103,10 +103,14 @@ reverify_nodes.short_description = "Re-verify selected nodes"
 
 
 def accept_new_host_key(modeladmin, request, queryset):
+    from marketplace.services.nodes import NodeConflict
     from provisioning.services.nodes import node_accept_host_key
 
     for node in queryset:
-        node_accept_host_key(node=node, operator_email=request.user.email)
+        try:
+            node_accept_host_key(node=node, operator_email=request.user.email)
+        except NodeConflict as exc:  # the new key is another live node's: the same server twice
+            messages.warning(request, f"{node.name}: {exc}")
     messages.info(request, "New host keys accepted for quarantined nodes; verification queued.")
 
 

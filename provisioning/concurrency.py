@@ -2,6 +2,9 @@
 
 A slot is a cache key taken with `add` (atomic in Redis) and given back on exit;
 its timeout frees it if a worker dies holding it.
+
+A node whose slots stay taken raises NodeBusy, a transient NodeError: nothing is wrong with the node or the
+work, so jobs try again later (provisioning.tasks) and fleet loops count it and go on to the next node.
 """
 import contextlib
 import secrets
@@ -9,12 +12,17 @@ import time
 
 from django.core.cache import cache
 
+from provisioning.ssh import NodeError  # ssh imports nothing of provisioning's services: no import circle
+
 MAX_SESSIONS_PER_NODE = 4
 SLOT_TTL_S = 1200  # longer than any task's hard time limit
 
 
-class NodeBusy(Exception):
-    pass
+class NodeBusy(NodeError):
+    """Every SSH slot of the node stayed taken while we waited: try again later (nothing was sent to the node)."""
+
+    code = "node_busy"
+    transient = True
 
 
 @contextlib.contextmanager
@@ -32,5 +40,6 @@ def node_slot(node_id: int, *, wait_s: float = 60.0, limit: int = MAX_SESSIONS_P
                         cache.delete(key)
                 return
         if time.monotonic() >= deadline:
-            raise NodeBusy(f"node {node_id} already has {limit} sessions open")
+            raise NodeBusy(f"The platform already has {limit} SSH sessions open to node {node_id} "
+                           f"(waited {wait_s:.0f} s for one to end).")
         time.sleep(0.2)

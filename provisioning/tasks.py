@@ -1,14 +1,22 @@
 """Celery entry points. Each takes a job id, re-reads the job, returns at once if it is no
 longer open, and calls a service. Transient node failures are retried with backoff; the
-last failure closes the job with an error in words, never leaving GPUs allocated."""
+last failure closes the job with an error in words, never leaving GPUs allocated.
+
+A busy node (every SSH slot the platform allows per node taken: NodeBusy) is not a failure: the job waits
+NODE_BUSY_RETRY_S and tries again, as often as its deadline allows, without using up the few retries meant
+for an unreachable node."""
 import logging
+from datetime import timedelta
 
 from celery import shared_task
+from celery.exceptions import Retry
 from django.conf import settings
+from django.utils import timezone
 
+from provisioning.concurrency import NodeBusy
 from provisioning.models import Job, JobKind
 from provisioning.services import maintenance, verification, vms
-from provisioning.services.runner import job_begin
+from provisioning.services.runner import job_begin, job_step
 from provisioning.services.verification import node_verify_failed, node_verify_run
 from provisioning.ssh import NodeError
 
@@ -28,7 +36,7 @@ RUNNERS = {
     JobKind.INSTANCE_START: (vms.vm_start, None),
     JobKind.INSTANCE_STOP: (vms.vm_stop, None),
     JobKind.INSTANCE_RESTART: (vms.vm_restart, None),
-    JobKind.INSTANCE_DESTROY: (vms.vm_destroy, None),
+    JobKind.INSTANCE_DESTROY: (vms.vm_destroy, vms.vm_destroy_failed),
 }
 
 
@@ -47,6 +55,13 @@ def run_job(task, job_id: int) -> None:
     run, _ = RUNNERS[job.kind]
     try:
         run(job)
+    except NodeBusy as exc:
+        countdown = settings.NODE_BUSY_RETRY_S
+        if timezone.now() + timedelta(seconds=countdown) < job.deadline:
+            log.info("job %s: %s; retrying in %s s", job_id, exc, countdown)
+            job_step(job, f"waiting for the node: {exc.message} Trying again in {countdown:.0f} s.")
+            raise _retry_uncounted(task, countdown=countdown, exc=exc) from None
+        _fail(job, NodeBusy(f"The node stayed busy until this job's deadline: {exc.message} Try again later."))
     except NodeError as exc:
         if exc.transient and task.request.retries < task.max_retries:
             log.info("job %s: %s; retrying", job_id, exc)
@@ -57,6 +72,14 @@ def run_job(task, job_id: int) -> None:
         log.exception("job %s crashed", job_id)
         _fail(job, NodeError(f"Internal error: {type(exc).__name__}. Operators have been told."))
         raise
+
+
+def _retry_uncounted(task, *, countdown: float, exc: Exception) -> Retry:
+    """Send the task again in `countdown` s with the same retry number (what task.retry does, minus the +1),
+    so that waiting for a busy node leaves the unreachable-node budget (max_retries) whole."""
+    signature = task.signature_from_request(task.request, countdown=countdown, retries=task.request.retries)
+    signature.apply_async()
+    return Retry(exc=exc, when=countdown, sig=signature)
 
 
 @shared_task(bind=True, **JOB_TASK_OPTIONS)

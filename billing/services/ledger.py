@@ -44,11 +44,16 @@ def user_account(*, user_id: int, kind: str) -> Account:
     return account
 
 
-def wallet_balance(*, user_id: int) -> int:
-    """The user's wallet balance in micro-dollars (0 before their first transaction)."""
-    value = (Account.objects.filter(kind=AccountKind.CUSTOMER_WALLET, user_id=user_id)
-             .values_list("balance_micros", flat=True).first())
-    return value or 0
+def wallet_balance(*, user_id: int, lock: bool = False) -> int:
+    """The user's wallet balance in micro-dollars (0 before their first transaction).
+
+    `lock`: hold the wallet's row lock (SELECT ... FOR UPDATE) until the caller's transaction ends, as every
+    posting to it does (a user without a wallet row has nothing to lock, and a balance of 0).
+    """
+    wallet = Account.objects.filter(kind=AccountKind.CUSTOMER_WALLET, user_id=user_id)
+    if lock:
+        wallet = wallet.select_for_update()
+    return wallet.values_list("balance_micros", flat=True).first() or 0
 
 
 def earnings_balance(*, user_id: int) -> int:
@@ -162,13 +167,6 @@ def credit_grant(*, user, amount_micros: int, reason: str, created_by=None, idem
 def funds_required_micros(*, price_per_hour_micros: int) -> int:
     """The balance renting at this hourly price needs (BILLING_FUNDS_REQUIRED_S of it, rounded up)."""
     return -(-price_per_hour_micros * settings.BILLING_FUNDS_REQUIRED_S // 3600)
-
-
-def funds_shortfall(*, user_id: int, price_per_hour_micros: int) -> tuple[int, int, int]:
-    """(missing, required, balance) in micro-dollars for renting at this price; missing is 0 when enough."""
-    required = funds_required_micros(price_per_hour_micros=price_per_hour_micros)
-    balance = wallet_balance(user_id=user_id)
-    return max(required - balance, 0), required, balance
 
 
 def demo_credit_grant(*, user) -> tuple[LedgerTransaction, bool]:

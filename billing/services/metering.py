@@ -6,6 +6,11 @@ leaves that state (a stop, restart or destroy request, or a failure), in whole s
 provisioning, starting, stopping or stopped: a failed provisioning never ran and costs nothing, and a
 stopped instance's disk is not charged.
 
+The tick bills no further than the last moment the instance's node was seen healthy (`Node.last_seen_at`,
+written by every successful health check): time after a node stopped answering is never billed (when it
+answers again the meter catches up; when its instances are interrupted, their billing closes at that moment,
+see marketplace.services.instances.interruptions). A state change the renter asks for bills up to its moment.
+
 Each closed stretch of time is a `UsageInterval` [start, end) with one ledger transaction: the
 renter's wallet pays `amount`, the provider earns `amount - fee`, the platform keeps `fee`. Rounding
 is cumulative over the instance's whole life, so totals do not depend on how often the meter runs:
@@ -23,8 +28,8 @@ double-charge.
 
 Two ways to run the per-minute tick, with the same results:
 - PostgreSQL: set-based SQL in batches of running instances locked FOR UPDATE SKIP LOCKED (instances a
-  state change holds right now are billed by that change or the next tick), under an advisory lock so
-  that one tick runs at a time;
+  state change holds right now are billed by that change or the next tick), under an advisory lock
+  (core.locks) so that one tick runs at a time;
 - any other database (the SQLite first-run default): one short transaction per instance.
 """
 import logging
@@ -40,6 +45,7 @@ from django.utils import timezone
 
 from billing.models import Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
 from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
+from core.locks import advisory_lock, lock_key
 from marketplace.models import Instance, InstanceStatus, Node
 
 log = logging.getLogger(__name__)
@@ -47,7 +53,8 @@ log = logging.getLogger(__name__)
 SECOND = timedelta(seconds=1)
 MICROSECOND = timedelta(microseconds=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-ADVISORY_LOCK_KEY = 0x6269_6C6C_6D65_7472  # "billmetr": one metering tick at a time (PostgreSQL)
+ADVISORY_LOCK_NAME = "billing.usage_meter"  # one metering tick at a time (core.locks.advisory_lock)
+ADVISORY_LOCK_KEY = lock_key(ADVISORY_LOCK_NAME)
 
 
 # ------------------------------------------------------------------------------------------ fees
@@ -71,6 +78,12 @@ def fee_percent(bps: int) -> Decimal:
 
 def cost_for(price_per_hour_micros: int, seconds: int) -> int:
     return price_per_hour_micros * seconds // 3600
+
+
+def instance_cost_at(instance: Instance, billed_seconds: int) -> int:
+    """What the instance has cost after `billed_seconds` in all: cumulative rounding from its last price change."""
+    return instance.rate_base_cost_micros + cost_for(instance.price_per_hour_micros,
+                                                     billed_seconds - instance.rate_base_seconds)
 
 
 def fee_for(cost_micros: int, bps: int) -> int:
@@ -100,7 +113,7 @@ def next_charge(instance: Instance, until: datetime) -> Charge | None:
     if end <= start:
         return None
     seconds = (end - start) // SECOND
-    cost = cost_for(instance.price_per_hour_micros, instance.billed_seconds + seconds)
+    cost = instance_cost_at(instance, instance.billed_seconds + seconds)
     amount = cost - instance.cost_micros
     fee = fee_for(cost, instance.platform_fee_bps) - fee_for(instance.cost_micros, instance.platform_fee_bps)
     return Charge(start=start, end=end, seconds=seconds, amount=amount, fee=fee)
@@ -190,7 +203,8 @@ def _meter_each(now: datetime) -> MeterResult:
             if instance is None:
                 continue
             result.instances += 1
-            interval = usage_close(instance=instance, until=now)
+            seen = Node.objects.values_list("last_seen_at", flat=True).get(pk=instance.node_id)
+            interval = usage_close(instance=instance, until=min(now, seen or now))
             if interval is not None:
                 result.intervals += 1
                 result.charged_micros += interval.amount_micros
@@ -217,9 +231,10 @@ CREATE TEMP TABLE billing_tick (
 ) ON COMMIT DROP;
 WITH locked AS (
     SELECT i.id, i.renter_id, n.provider_id, i.price_per_hour_micros AS price, i.platform_fee_bps AS bps,
-           i.billed_seconds, i.cost_micros,
+           i.billed_seconds, i.cost_micros, i.rate_base_seconds, i.rate_base_cost_micros,
            GREATEST(COALESCE(i.billed_until, i.started_at), i.started_at) AS from_ts,
-           i.started_at + floor(extract(epoch FROM (%(now)s - i.started_at)))::bigint * interval '1 second' AS end_ts
+           i.started_at + floor(extract(epoch FROM (LEAST(%(now)s, COALESCE(n.last_seen_at, %(now)s))
+                                                    - i.started_at)))::bigint * interval '1 second' AS end_ts
     FROM {instance} i JOIN {node} n ON n.id = i.node_id
     WHERE i.status = %(running)s AND i.started_at IS NOT NULL AND i.id > %(after)s
     ORDER BY i.id
@@ -228,7 +243,8 @@ WITH locked AS (
 ), timed AS (
     SELECT *, GREATEST(extract(epoch FROM (end_ts - from_ts))::bigint, 0) AS seconds FROM locked
 ), costed AS (
-    SELECT *, price * (billed_seconds + seconds) / 3600 AS new_cost FROM timed
+    SELECT *, rate_base_cost_micros + price * (billed_seconds + seconds - rate_base_seconds) / 3600 AS new_cost
+    FROM timed
 )
 INSERT INTO billing_tick (instance_id, renter_id, provider_id, price, bps, from_ts, end_ts, seconds, amount, fee, key)
 SELECT id, renter_id, provider_id, price, bps, from_ts, end_ts, seconds, new_cost - cost_micros,
@@ -290,12 +306,11 @@ def _statements(sql: str) -> list[str]:
 
 def _meter_postgresql(now: datetime, batch_size: int) -> MeterResult:
     result = MeterResult()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
-        if not cursor.fetchone()[0]:
+    with advisory_lock(ADVISORY_LOCK_NAME) as acquired:
+        if not acquired:
             result.skipped = True
             return result
-        try:
+        with connection.cursor() as cursor:
             revenue_id = platform_account(AccountKind.PLATFORM_REVENUE).pk
             params = {
                 "now": now, "running": InstanceStatus.RUNNING, "wallet": AccountKind.CUSTOMER_WALLET,
@@ -321,6 +336,4 @@ def _meter_postgresql(now: datetime, batch_size: int) -> MeterResult:
                 if locked < batch_size:
                     break
                 after = last_id
-        finally:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
     return result

@@ -16,6 +16,11 @@ SUBJECTS = {
     "instances_destroyed": "Your stopped instances were destroyed",
     "top_up_failed": "Your top-up failed",
     "payout_failed": "Your payout failed",
+    "instance_interrupted": "Your instance was interrupted: billing stopped",
+    "instance_resumed": "Your instance is running again",
+    "instance_lost": "Your instance was lost with its server",
+    "service_credit": "A service credit was charged to your earnings",
+    "price_cut": "Your instance's price was cut: its server measured worse",
 }
 
 

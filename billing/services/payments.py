@@ -1,9 +1,10 @@
 """Money coming in and going back, in one namespace: Stripe customers, saved cards, top-ups, webhooks,
-refunds. The code lives by area in customers, cards, top_ups, webhooks and refunds (this module only
+refunds. The code lives by area in customers, cards, top_ups, webhooks, reconcile and refunds (this module only
 re-exports it); patch names in those modules, not here.
 """
 from billing.services.cards import card_add, card_remove, setup_intent_create
 from billing.services.customers import customer_for, profile_for
+from billing.services.reconcile import top_up_reconcile, top_ups_reconcile
 from billing.services.refunds import refund_confirm, refund_create, refundable_micros
 from billing.services.stripe_gateway import (
     PaymentConflict,
@@ -46,5 +47,7 @@ __all__ = [
     "top_up_create",
     "top_up_credit",
     "top_up_for_idempotency_key",
+    "top_up_reconcile",
+    "top_ups_reconcile",
     "webhook_receive",
 ]

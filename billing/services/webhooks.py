@@ -85,6 +85,17 @@ def _handle(kind: str, payload: dict) -> bool:
     if kind not in ("payment_intent.succeeded", "payment_intent.payment_failed"):
         return False
     intent = (payload.get("data") or {}).get("object") or {}
+    return payment_intent_apply(intent=intent, succeeded=kind == "payment_intent.succeeded")
+
+
+def payment_intent_apply(*, intent: dict, succeeded: bool) -> bool:
+    """Apply what Stripe says of a top-up's PaymentIntent: credit the top-up (succeeded) or mark it failed.
+
+    The one path for the webhook and for the follow-up of top-ups whose webhook never came
+    (billing.services.reconcile): whichever comes first credits, the other changes nothing (top_up_credit
+    locks the top-up and posts under the ledger key `top-up:<id>`). Call inside a transaction. False when the
+    intent is no top-up's; raises ValueError when it does not match its top-up (customer, currency, amount).
+    """
     top_up = _top_up_of(intent)
     if top_up is None:
         return False
@@ -92,13 +103,14 @@ def _handle(kind: str, payload: dict) -> bool:
     if intent.get("customer") and profile and profile.stripe_customer_id \
             and intent["customer"] != profile.stripe_customer_id:
         raise ValueError(f"payment intent {intent.get('id')} is not of top-up {top_up.pk}'s customer")
-    if kind == "payment_intent.succeeded":
+    if succeeded:
         if intent.get("currency") != "usd":
             raise ValueError(f"payment intent {intent.get('id')} is in {intent.get('currency')}, not usd")
         top_up_credit(top_up_id=top_up.pk, payment_intent_id=intent["id"],
                       amount_micros=int(intent["amount"]) * MICROS_PER_CENT)
         return True
     error = intent.get("last_payment_error") or {}
-    top_up_fail(top_up, error.get("message") or "The payment failed.", payment_intent_id=intent.get("id"),
-                   notify=True)
+    reason = error.get("message") or ("The payment was canceled." if intent.get("status") == "canceled"
+                                      else "The payment failed.")
+    top_up_fail(top_up, reason, payment_intent_id=intent.get("id"), notify=True)
     return True

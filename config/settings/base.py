@@ -151,7 +151,8 @@ SPECTACULAR_SETTINGS = {
         "Rent GPU servers by the second. Providers list verified hardware; renters search "
         "offers and book instances. Authenticate with `Authorization: Bearer <api key>`. "
         "Billing: a prepaid balance (top up with a saved card), charged per second while an instance is "
-        "running at the price fixed at booking; renting needs one hour of the price in the balance. A stopped "
+        "running at the price fixed at booking; renting or starting needs one hour of what all your running and "
+        "starting instances cost with the new one in the balance. A stopped "
         "instance keeps its disk and is not charged at all, disk included. Providers earn the price minus the "
         "published platform fee (`platform_fee_percent`)."
     ),
@@ -190,6 +191,9 @@ CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)
 CELERY_TIMEZONE = "UTC"
 # Seconds before each retry of a job whose node did not answer (one entry per retry).
 NODE_TASK_RETRY_BACKOFF_S = [float(s) for s in env_list("NODE_TASK_RETRY_BACKOFF_S", ["5", "15", "45"])]
+# Seconds before a job tries again when the node is busy (all its SSH slots taken); retried until the job's
+# deadline, without using up the retries above.
+NODE_BUSY_RETRY_S = env_int("NODE_BUSY_RETRY_S", 30)
 # Connection attempts within one try, and the first pause between them (doubled each time).
 NODE_CONNECT_ATTEMPTS = env_int("NODE_CONNECT_ATTEMPTS", 3)
 NODE_CONNECT_BACKOFF_S = float(env_str("NODE_CONNECT_BACKOFF_S", "1"))
@@ -200,19 +204,23 @@ BENCHMARK_QUICK = env_bool("BENCHMARK_QUICK", False)
 REVERIFY_INTERVAL_S = env_int("REVERIFY_INTERVAL_S", 7 * 24 * 3600)
 REVERIFY_JITTER_S = env_int("REVERIFY_JITTER_S", 24 * 3600)
 
+HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)
 CELERY_BEAT_SCHEDULE = {
-    "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check",
-                           "schedule": env_int("HEALTH_CHECK_INTERVAL_S", 60)},
+    "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check", "schedule": HEALTH_CHECK_INTERVAL_S},
     "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile",
                         "schedule": env_int("RECONCILE_INTERVAL_S", 300)},
     "jobs-reap": {"task": "provisioning.tasks.jobs_reap", "schedule": 60},
-    "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 600},
+    "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 60},
     "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": 3600},
     # Billing: close usage intervals of running instances (and act on low and empty balances) every
     # minute; pay providers their earnings once a week (Monday 03:00 UTC, for the week before).
     "billing-meter": {"task": "billing.tasks.usage_meter_tick",
                       "schedule": env_int("BILLING_METER_INTERVAL_S", 60),
                       "options": {"expires": max(env_int("BILLING_METER_INTERVAL_S", 60) - 5, 5)}},
+    # Top-ups still processing after BILLING_TOP_UP_RECONCILE_AFTER_S (their webhook never came) are settled
+    # with what Stripe says.
+    "billing-top-ups-reconcile": {"task": "billing.tasks.top_ups_reconcile", "schedule": 60,
+                                  "options": {"expires": 55}},
     "billing-payouts": {"task": "billing.tasks.payouts_run",
                         "schedule": crontab(minute="0", hour="3", day_of_week="mon")},
 }
@@ -230,16 +238,28 @@ STRIPE_MAX_NETWORK_RETRIES = env_int("STRIPE_MAX_NETWORK_RETRIES", 2)
 STRIPE_TIMEOUT_S = env_int("STRIPE_TIMEOUT_S", 20)
 
 # Billing (billing/; docs in the API schema). Money is integer micro-dollars; these are whole USD or seconds.
-BILLING_REQUIRE_FUNDS = env_bool("BILLING_REQUIRE_FUNDS", True)  # renting needs one hour of its price in the balance
+BILLING_REQUIRE_FUNDS = env_bool("BILLING_REQUIRE_FUNDS", True)  # renting needs 1 h of the whole burn rate
 BILLING_FUNDS_REQUIRED_S = env_int("BILLING_FUNDS_REQUIRED_S", 3600)
 BILLING_LOW_BALANCE_WARNING_S = env_int("BILLING_LOW_BALANCE_WARNING_S", 3600)  # warn below this much run time
 BILLING_GRACE_PERIOD_S = env_int("BILLING_GRACE_PERIOD_S", 3 * 24 * 3600)  # stopped at zero; destroyed after this
 BILLING_DESTROY_WARNING_S = env_int("BILLING_DESTROY_WARNING_S", 24 * 3600)  # warn this long before destroying
 BILLING_TOP_UP_MIN_USD = env_decimal("BILLING_TOP_UP_MIN_USD", Decimal("5"))
 BILLING_TOP_UP_MAX_USD = env_decimal("BILLING_TOP_UP_MAX_USD", Decimal("10000"))
+# A top-up still processing this long (its webhook has not come) is looked up at Stripe, and again this long after.
+BILLING_TOP_UP_RECONCILE_AFTER_S = env_int("BILLING_TOP_UP_RECONCILE_AFTER_S", 300)
 BILLING_PAYOUT_MINIMUM_USD = env_decimal("BILLING_PAYOUT_MINIMUM_USD", Decimal("25"))
 BILLING_METER_BATCH_SIZE = env_int("BILLING_METER_BATCH_SIZE", 10_000)
 BILLING_DEMO_CREDIT_USD = env_decimal("BILLING_DEMO_CREDIT_USD", Decimal("100"))
+# Interruptions (published at /api/v1/billing/terms/): a running instance whose node misses this many health
+# checks in a row (or whose VM stops running) is `interrupted`; billing stops at the last healthy moment, and
+# the renter is credited this multiple of the price of the time lost (at most INTERRUPTION_CREDIT_MAX_S of it
+# per interruption), charged to the provider's earnings.
+NODE_INTERRUPT_AFTER_FAILED_CHECKS = env_int("NODE_INTERRUPT_AFTER_FAILED_CHECKS", 2)
+INTERRUPTION_CREDIT_MULTIPLE = env_decimal("INTERRUPTION_CREDIT_MULTIPLE", Decimal("1"))
+INTERRUPTION_CREDIT_MAX_S = env_int("INTERRUPTION_CREDIT_MAX_S", 24 * 3600)
+# A re-verification that scores a rented node lower than before by more than this share cuts its renters' price
+# in proportion (a rejection without a score: to zero). Also published.
+HARDWARE_PRICE_CUT_TOLERANCE = env_decimal("HARDWARE_PRICE_CUT_TOLERANCE", Decimal("0.05"))
 
 # Where the platform tells providers it will connect from and what it is called.
 PLATFORM_NAME = env_str("PLATFORM_NAME", "gpumarket")

@@ -156,8 +156,9 @@ _VERB = {"request": None, "responses": {202: InstanceSerializer, 409: _CONFLICT}
             201: InstanceSerializer,
             200: OpenApiResponse(InstanceSerializer, "The instance an earlier request with this Idempotency-Key "
                                                      "created."),
-            402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less than one hour of the instance's "
-                                                        "price; `detail` says how much to top up."),
+            402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less than one hour of what your running "
+                                                        "and starting instances cost with this one; `detail` gives "
+                                                        "the burn rate counted and how much to top up."),
             409: OpenApiResponse(ErrorDetailSerializer, "Not enough free GPUs on the node, or the offer is not "
                                                         "available now."),
             422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
@@ -171,11 +172,12 @@ _VERB = {"request": None, "responses": {202: InstanceSerializer, 409: _CONFLICT}
                        description="Billing ends when you ask to stop. A stopped instance is not charged, not even "
                                    "for its disk.", **_VERB),
     start=extend_schema(summary="Start a stopped instance (on the same GPUs when free)",
-                        description="Needs one hour of the instance's price in your balance (else 402). Billing "
-                                    "resumes once it is running.",
+                        description="Needs one hour of what your running and starting instances cost with this "
+                                    "one in your balance (else 402). Billing resumes once it is running.",
                         request=None, responses={202: InstanceSerializer, 409: _CONFLICT,
                                                  402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less "
-                                                                      "than one hour of the instance's price.")}),
+                                                                      "than one hour of what your running and "
+                                                                      "starting instances cost with this one.")}),
     restart=extend_schema(summary="Restart (reboot) a running instance", **_VERB),
 )
 @extend_schema(tags=["instances"])

@@ -1,7 +1,16 @@
 from .accounts import ApiKey, User
 from .catalogue import GpuModel
 from .nodes import Gpu, GpuStatus, InvalidTransition, Node, NodeState, Runtime, Verdict
-from .renting import GpuAllocation, Image, Instance, InstanceStatus, SshKey
+from .renting import (
+    GpuAllocation,
+    Image,
+    Instance,
+    InstanceStatus,
+    Interruption,
+    InterruptionCause,
+    InterruptionOutcome,
+    SshKey,
+)
 
 __all__ = [
     "ApiKey",
@@ -12,6 +21,9 @@ __all__ = [
     "Image",
     "Instance",
     "InstanceStatus",
+    "Interruption",
+    "InterruptionCause",
+    "InterruptionOutcome",
     "InvalidTransition",
     "Node",
     "NodeState",

@@ -120,6 +120,14 @@ class Node(models.Model):
                 name="node_unique_live_endpoint",
                 violation_error_message="Another live node already uses this address and SSH port.",
             ),
+            # One server, one live node: a host key pinned (or given at registration) on two live nodes is the
+            # same server listed twice. Retired nodes let it go; a node not yet contacted has none.
+            models.UniqueConstraint(
+                fields=["host_key_fingerprint"],
+                condition=~Q(state="retired") & ~Q(host_key_fingerprint=""),
+                name="node_unique_live_host_key",
+                violation_error_message="Another live node already has this SSH host key.",
+            ),
             models.CheckConstraint(condition=Q(ssh_port__gte=1, ssh_port__lte=65535), name="node_port_range"),
             models.CheckConstraint(condition=Q(price_per_gpu_hour_micros__gt=0), name="node_price_positive"),
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="node_gpu_count_positive"),
@@ -170,6 +178,12 @@ class Gpu(models.Model):
         verbose_name = "GPU"
         constraints = [
             models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+            # A GPU (its UUID) in at most one live node. A constraint cannot see the node's state (another
+            # table), so this one is unconditional on the row and the services keep a UUID only on live nodes'
+            # GPUs: node_retire clears them, and a node whose inventory names a GPU another node holds claims
+            # none (node_apply_inventory). The first node to claim a UUID keeps it; no check-then-insert.
+            models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="gpu_unique_uuid",
+                                    violation_error_message="Another live node already has a GPU with this UUID."),
         ]
         indexes = [
             models.Index(fields=["node", "status"], name="gpu_node_status_idx"),

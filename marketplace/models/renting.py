@@ -6,7 +6,7 @@ allocations not yet released.
 """
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from .catalogue import GpuModel
@@ -62,6 +62,7 @@ class InstanceStatus(models.TextChoices):
     REQUESTED = "requested", "Requested"
     PROVISIONING = "provisioning", "Provisioning"
     RUNNING = "running", "Running"
+    INTERRUPTED = "interrupted", "Interrupted: its node or VM stopped answering"
     STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"
     STARTING = "starting", "Starting"
@@ -74,9 +75,15 @@ IS = InstanceStatus
 INSTANCE_TRANSITIONS: dict[str, set[str]] = {
     IS.REQUESTED: {IS.PROVISIONING, IS.FAILED, IS.DESTROYING},
     IS.PROVISIONING: {IS.RUNNING, IS.FAILED, IS.DESTROYING},
-    IS.RUNNING: {IS.STOPPING, IS.STARTING, IS.DESTROYING, IS.FAILED},  # STARTING: a restart
+    # STARTING: a restart. INTERRUPTED: the platform lost its node or its VM (billing stops).
+    IS.RUNNING: {IS.STOPPING, IS.STARTING, IS.DESTROYING, IS.FAILED, IS.INTERRUPTED},
+    # RUNNING: the node answered again with the VM up; STARTING: with the VM down (it is started again);
+    # FAILED: the VM is gone; DESTROYED: the renter deleted it while the node was unreachable (the VM is
+    # removed when the node answers again).
+    IS.INTERRUPTED: {IS.RUNNING, IS.STARTING, IS.FAILED, IS.DESTROYING, IS.DESTROYED},
     IS.STOPPING: {IS.STOPPED, IS.FAILED, IS.DESTROYING},
-    IS.STOPPED: {IS.STARTING, IS.DESTROYING, IS.FAILED},  # FAILED: its VM vanished from the node
+    # FAILED: its VM vanished from the node; DESTROYED: deleted while its node is unreachable.
+    IS.STOPPED: {IS.STARTING, IS.DESTROYING, IS.FAILED, IS.DESTROYED},
     IS.STARTING: {IS.RUNNING, IS.STOPPED, IS.FAILED, IS.DESTROYING},
     IS.DESTROYING: {IS.DESTROYED, IS.FAILED},
     IS.FAILED: {IS.DESTROYING},
@@ -84,7 +91,8 @@ INSTANCE_TRANSITIONS: dict[str, set[str]] = {
 }
 # States in which an instance may hold GPUs (allocations not released). A destroying instance
 # keeps its GPUs until the node confirms the VM is gone (instance_mark_destroyed releases them).
-LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.STOPPING, IS.STARTING, IS.DESTROYING)
+LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.INTERRUPTED, IS.STOPPING, IS.STARTING,
+                 IS.DESTROYING)
 # States the instance never leaves by itself (no worker is acting on it).
 FINAL_STATUSES = (IS.DESTROYED, IS.FAILED)
 
@@ -114,10 +122,16 @@ class Instance(models.Model):
     # Metering (billing.services.metering), written only with this row locked. The instance is billed
     # while `running`, per whole second since `started_at`; `billed_until` is where its last usage
     # interval ended, `billed_seconds` and `cost_micros` the totals over its whole life, so that
-    # cost_micros == floor(price_per_hour_micros * billed_seconds / 3600) always (cumulative rounding).
+    # cost_micros == floor(price_per_hour_micros * billed_seconds / 3600) always (cumulative rounding), counted
+    # from the last price cut if there was one (rate_base_*, below).
     billed_until = models.DateTimeField(null=True, blank=True)
     billed_seconds = models.BigIntegerField(default=0)
     cost_micros = models.BigIntegerField(default=0)
+    # A price cut while rented (hardware found worse: billing.services.metering.instance_price_cut) starts a new
+    # stretch at the new price: cost_micros == rate_base_cost_micros + floor(price_per_hour_micros ×
+    # (billed_seconds − rate_base_seconds) / 3600). Both are 0 for an instance whose price never changed.
+    rate_base_seconds = models.BigIntegerField(default=0)
+    rate_base_cost_micros = models.BigIntegerField(default=0)
 
     idempotency_key = models.CharField(max_length=100, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the create request.")
@@ -178,3 +192,54 @@ class GpuAllocation(models.Model):
 
     def __str__(self):
         return f"{self.gpu} → instance {self.instance_id}"
+
+
+class InterruptionCause(models.TextChoices):
+    NODE_LOST = "node_lost", "The node stopped answering health checks"
+    VM_LOST = "vm_lost", "The VM stopped running on the node"
+
+
+class InterruptionOutcome(models.TextChoices):
+    RESUMED = "resumed", "Resumed: the VM was intact"
+    RESTARTED = "restarted", "The VM was started again"
+    FAILED = "failed", "Failed: the VM was gone"
+    DESTROYED = "destroyed", "Destroyed by the renter"
+
+
+class Interruption(models.Model):
+    """A stretch of time in which a running instance was out of the renter's reach through no fault of theirs.
+
+    Billing stopped at `started_at` (the last moment the node was seen healthy, or the VM seen running);
+    `ended_at` is when the instance left `interrupted`. The renter is credited by the published rule
+    (billing.services.credits): `credited_seconds` of lost time were credited so far, `credited_micros` in all.
+    """
+
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="interruptions")
+    cause = models.CharField(max_length=12, choices=InterruptionCause.choices)
+    detail = models.CharField(max_length=500, blank=True, help_text="What the platform saw, in words.")
+    started_at = models.DateTimeField(help_text="Last moment the node or VM was seen healthy; billing stopped here.")
+    detected_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=12, choices=InterruptionOutcome.choices, blank=True)
+    credited_seconds = models.BigIntegerField(default=0)
+    credited_micros = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            # At most one open interruption per instance: a second detection finds the first.
+            models.UniqueConstraint(fields=["instance"], condition=Q(ended_at__isnull=True),
+                                    name="interruption_one_open_per_instance"),
+            models.CheckConstraint(condition=Q(detected_at__gte=F("started_at")),
+                                   name="interruption_detected_after_start"),
+            models.CheckConstraint(condition=Q(credited_seconds__gte=0, credited_micros__gte=0),
+                                   name="interruption_credit_non_negative"),
+        ]
+
+    def __str__(self):
+        return f"interruption {self.pk} of instance {self.instance_id} ({self.cause})"
+
+    def lost_seconds(self, until) -> int:
+        """Whole seconds lost from `started_at` to `ended_at` (or `until` while still open)."""
+        end = self.ended_at or until
+        return max(int((end - self.started_at).total_seconds()), 0)

@@ -4,6 +4,7 @@ from decimal import Decimal
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from marketplace.encryption import decrypt_secret, encrypt_secret
@@ -14,6 +15,13 @@ from marketplace.money import usd_to_micros
 
 class NodeConflict(Exception):
     """The request is valid but the node's current state forbids it (HTTP 409)."""
+
+
+# Said to whoever brings a server that a live node already has; it never names that node or its provider.
+DUPLICATE_HOST_KEY_MESSAGE = (
+    "Another live node already has this SSH host key: a server can be registered only once. If you registered "
+    "this server before, use that node or retire it first; otherwise check that this is your server's fingerprint."
+)
 
 
 def _generate_keypair(comment: str) -> tuple[bytes, str]:
@@ -59,7 +67,9 @@ def node_register(
     datacenter: str = "",
     host_key_fingerprint: str = "",
 ) -> Node:
-    """Create a pending node, its declared GPUs, and the platform's key pair for it."""
+    """Create a pending node, its declared GPUs, and the platform's key pair for it.
+
+    A host key another live node has is refused (ValidationError on `host_key_fingerprint`, nothing written)."""
     node = Node(
         provider=provider,
         name=name,
@@ -82,6 +92,8 @@ def node_register(
     except IntegrityError as exc:
         if "node_unique_live_endpoint" in str(exc):
             raise NodeConflict(f"A live node is already registered at {address}:{ssh_port}.") from None
+        if "node_unique_live_host_key" in str(exc):
+            raise ValidationError({"host_key_fingerprint": DUPLICATE_HOST_KEY_MESSAGE}) from None
         raise
     private_bytes, public_line = _generate_keypair(f"{settings.PLATFORM_NAME}-node-{node.pk}")
     node.ssh_private_key_encrypted = encrypt_secret(private_bytes)
@@ -141,3 +153,5 @@ def node_retire(*, node: Node) -> None:
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])
+    # Its GPUs are free to be registered again, on another node (constraint gpu_unique_uuid).
+    node.gpus.exclude(uuid="").update(uuid="")

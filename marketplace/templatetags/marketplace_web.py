@@ -29,7 +29,7 @@ _BADGES = {
     "verified": "ok", "degraded": "warn", "unverified": "neutral",
     # instance statuses
     "requested": "info", "provisioning": "info", "running": "ok", "stopping": "info", "stopped": "neutral",
-    "starting": "info", "destroying": "info", "destroyed": "neutral", "failed": "bad",
+    "starting": "info", "destroying": "info", "destroyed": "neutral", "failed": "bad", "interrupted": "bad",
     # jobs, GPUs, findings
     "queued": "info", "succeeded": "ok", "free": "ok", "rented": "info", "unavailable": "neutral",
     "reject": "bad", "degrade": "warn",
@@ -75,6 +75,12 @@ def badge(value, label=None):
     """A coloured pill for a state, verdict or status; the words carry the meaning, not the colour."""
     value = str(value or "")
     return format_html('<span class="badge {}">{}</span>', _BADGES.get(value, "neutral"), label or value)
+
+
+@register.filter
+def tone(value) -> str:
+    """The badge's colour class of a state ("ok", "warn", "bad", "info", "neutral"), for styling a whole panel."""
+    return _BADGES.get(str(value or ""), "neutral")
 
 
 @register.filter

@@ -3,6 +3,7 @@ switches a provider has (price, listing, maintenance, verify now, retire). Thin:
 provisioning.services.verification hold the rules."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -14,7 +15,7 @@ from marketplace.models import GpuStatus, InvalidTransition, NodeState, Verdict
 from marketplace.services import nodes as svc
 from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
-from provisioning.selectors import latest_jobs
+from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.policy import FIGURES, TOLERANCES, DeclaredModel
 
@@ -40,9 +41,12 @@ def _node_or_404(user, pk: int):
 
 
 def _utilisation(node) -> dict:
+    """The node's GPUs by status; `not_offered` says why its free ones are not bookable ("" when they are)."""
     gpus = list(node.gpus.all())
     return {"total": len(gpus), "rented": sum(g.status == GpuStatus.RENTED for g in gpus),
-            "unavailable": sum(g.status == GpuStatus.UNAVAILABLE for g in gpus)}
+            "free": sum(g.status == GpuStatus.FREE for g in gpus),
+            "unavailable": sum(g.status == GpuStatus.UNAVAILABLE for g in gpus),
+            "not_offered": selectors.node_not_offered_reason(node)}
 
 
 @login_required
@@ -50,8 +54,10 @@ def _utilisation(node) -> dict:
 def nodes(request):
     rows = list(_own_nodes(request.user).order_by("name", "id"))
     jobs = latest_jobs([n.pk for n in rows])
+    runs = verification_runs_of(jobs.values())
     earned = earnings_by_node(user=request.user)
-    items = [{"node": n, "use": _utilisation(n), "job": jobs.get(n.pk), "earned_micros": earned.get(n.pk, 0)}
+    items = [{"node": n, "use": _utilisation(n), "job": jobs.get(n.pk),
+              "job_run": runs.get(jobs[n.pk].pk) if n.pk in jobs else None, "earned_micros": earned.get(n.pk, 0)}
              for n in rows]
     return render(request, "marketplace/nodes.html", {"items": items})
 
@@ -65,6 +71,8 @@ def node_register(request):
             node = svc.node_register(provider=request.user, **form.cleaned_data)
         except svc.NodeConflict as exc:
             form.add_error("address", str(exc))
+        except ValidationError as exc:  # a host key another live node has: shown on its field
+            form.add_error(None, exc)
         else:
             messages.success(request, f"Server “{node.name}” registered. Install the platform's key on it, "
                                       "then verify it.")
@@ -77,10 +85,14 @@ def node_register(request):
 def _live_context(node, watching: str = "") -> dict:
     job = Job.objects.filter(node=node).order_by("-id").first()
     job_open = job is not None and job.status in OPEN_JOB_STATUSES
+    job_run = verification_runs_of([job]).get(job.pk) if job is not None else None
     return {
         "node": node,
         "job": job,
         "job_open": job_open,
+        # The check the last verify job ran: the page says its verdict, not just that the job "succeeded".
+        "job_run": job_run,
+        "job_reasons": [f["message"] for f in job_run.findings if f.get("severity") == "reject"] if job_run else [],
         "use": _utilisation(node),
         # The page was waiting on this job and it has ended: the page reloads to show the new figures.
         "reload": bool(watching) and not job_open,

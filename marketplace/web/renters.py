@@ -18,14 +18,14 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing import selectors as billing_selectors
-from billing.services.ledger import funds_shortfall
+from billing.services.ledger import funds_required_micros
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel, InstanceStatus, InvalidTransition
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
-from marketplace.templatetags.marketplace_web import usd
+from marketplace.templatetags.marketplace_web import duration, usd
 from provisioning.models import OPEN_JOB_STATUSES, Job
 
 from . import charts
@@ -216,13 +216,29 @@ _FORM_FIELDS = {"num_gpus", "image", "disk_gb", "ssh_keys", "label"}
 
 
 def _funds(user, offer) -> dict:
-    """The renter's balance against what renting one GPU of this offer needs (billing's rule)."""
-    missing, required, balance = funds_shortfall(user_id=user.pk, price_per_hour_micros=offer.price_per_gpu_hour_micros)
-    enforced = settings.BILLING_REQUIRE_FUNDS
+    """The renter's balance against what renting one GPU of this offer needs: the booking's own funds check
+    (one hour of all their running and starting instances plus this one)."""
+    funds = svc.funds_for(renter_id=user.pk, price_per_hour_micros=offer.price_per_gpu_hour_micros)
     minimum = int(settings.BILLING_TOP_UP_MIN_USD)
-    return {"balance_micros": balance, "required_micros": required, "missing_micros": missing if enforced else 0,
-            "enforced": enforced, "required_s": settings.BILLING_FUNDS_REQUIRED_S,
-            "suggested_usd": max(-(-missing // 1_000_000), minimum)}
+    return {"balance_micros": funds.balance_micros, "required_micros": funds.required_micros,
+            "missing_micros": funds.missing_micros, "enforced": funds.enforced, "required_s": funds.required_s,
+            "per_gpu_micros": funds_required_micros(price_per_hour_micros=funds.added_rate_micros),
+            "committed_rate_micros": funds.committed_rate_micros,
+            "committed_micros": funds_required_micros(price_per_hour_micros=funds.committed_rate_micros),
+            "suggested_usd": max(-(-funds.missing_micros // 1_000_000), minimum)}
+
+
+def funds_refusal(exc: svc.InsufficientFunds) -> str:
+    """The 402 of renting or starting in a page's words (the service's message names the API's endpoint)."""
+    funds = exc.funds
+    if funds.committed_rate_micros:
+        rate = (f"your running and starting instances cost {usd(funds.committed_rate_micros)} per hour, "
+                f"{usd(funds.rate_micros)} with this one")
+    else:
+        rate = f"this instance costs {usd(funds.added_rate_micros)} per hour"
+    return (f"Not enough balance: {rate}, and {duration(funds.required_s)} of that is {usd(funds.required_micros)}. "
+            f"Your balance is {usd(funds.balance_micros)}: top up at least {usd(funds.missing_micros)} "
+            "on the Balance page.")
 
 
 def _render_rent(request, offer, form, status=200):
@@ -255,6 +271,8 @@ def rent(request, node_id: int):
                 idempotency_key=f"web-{token}" if token else "",
                 request_fingerprint=svc.request_fingerprint(body) if token else "",
             )
+        except svc.InsufficientFunds as exc:
+            form.add_error(None, funds_refusal(exc))
         except svc.IdempotencyKeyReused:
             # This page's form was already used to book, with other choices (back button): a fresh token.
             data = request.POST.copy()
@@ -285,7 +303,7 @@ VERBS = {
     "destroy": (svc.instance_destroy, set(InstanceStatus) - {InstanceStatus.DESTROYING, InstanceStatus.DESTROYED},
                 "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.", True),
 }
-SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED}
+SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED, InstanceStatus.INTERRUPTED}  # polled slowly
 
 
 def _instance_or_404(user, pk: int):
@@ -299,10 +317,11 @@ def ssh_command(instance) -> str | None:
     return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
 
 
-def _live_context(instance) -> dict:
+def _live_context(instance, user) -> dict:
     job = Job.objects.filter(instance=instance).order_by("-id").first()
     return {
         "instance": instance,
+        "status": billing_selectors.balance_status(user=user),  # the low-balance warning, as on the balance page
         "ssh_command": ssh_command(instance),
         "gpus": svc.instance_gpu_indices(instance=instance),
         "job": job,
@@ -332,14 +351,15 @@ def instances(request):
     if not show_all:
         rows = rows.exclude(status=InstanceStatus.DESTROYED)
     page = Paginator(rows, 25).get_page(request.GET.get("page"))
-    return render(request, "marketplace/instances.html", {"page": page, "show_all": show_all})
+    return render(request, "marketplace/instances.html", {
+        "page": page, "show_all": show_all, "status": billing_selectors.balance_status(user=request.user)})
 
 
 @login_required
 @require_GET
 def instance(request, pk: int):
     obj = _instance_or_404(request.user, pk)
-    context = _live_context(obj)
+    context = _live_context(obj, request.user)
     context["node"] = obj.node
     return _poll_headers(render(request, "marketplace/instance.html", context), obj)
 
@@ -349,7 +369,8 @@ def instance(request, pk: int):
 def instance_live(request, pk: int):
     """The polled part of the instance page: its state, current step, SSH command and buttons."""
     obj = _instance_or_404(request.user, pk)
-    return _poll_headers(render(request, "marketplace/includes/instance_live.html", _live_context(obj)), obj)
+    context = _live_context(obj, request.user)
+    return _poll_headers(render(request, "marketplace/includes/instance_live.html", context), obj)
 
 
 @login_required
@@ -361,6 +382,8 @@ def instance_verb(request, pk: int, verb: str):
     service = VERBS[verb][0]
     try:
         service(instance=obj)
+    except svc.InsufficientFunds as exc:
+        messages.error(request, funds_refusal(exc))
     except svc.InstanceError as exc:
         messages.error(request, exc.message)
     except InvalidTransition as exc:

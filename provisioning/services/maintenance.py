@@ -1,7 +1,8 @@
 """The periodic jobs that keep the fleet honest: health checks, reconciling VMs with the
 database, reaping stuck jobs, and retrying pending verifications.
 
-Each runs as a singleton (a cache lock), since beat may fire again before a slow run ends.
+Each runs as a singleton (a PostgreSQL advisory lock, core.locks), since beat may fire again before a slow
+run ends.
 """
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from django.core.cache import cache
 from django.db import close_old_connections, connection
+from django.db.models import OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
+from core.locks import advisory_lock
 from marketplace.models import Instance, InstanceStatus, Node, NodeState
 from marketplace.services import instances as instance_svc
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent
+from provisioning.concurrency import NodeBusy
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
 from provisioning.services.nodes import (
     WATCHED_STATES,
     HealthResult,
@@ -25,6 +28,7 @@ from provisioning.services.nodes import (
     node_health_probe,
     node_record_health,
     node_session,
+    running_vm_ids_by_node,
 )
 from provisioning.services.runner import job_finish
 from provisioning.ssh import NodeError
@@ -33,20 +37,22 @@ log = logging.getLogger(__name__)
 
 # One thread per node up to this cap: probes wait on the network, so batches would multiply wall time.
 HEALTH_PARALLELISM = 256
-PENDING_RETRY_AFTER = timedelta(minutes=10)
+# Pending nodes' verifications are retried on their own after 1, 2, 3 failures in a row, this long after the
+# last one; after PENDING_RETRY_MAX_FAILURES in a row the platform stops and tells the provider.
+PENDING_RETRY_BACKOFF = (timedelta(minutes=10), timedelta(minutes=30), timedelta(hours=2))
+PENDING_RETRY_MAX_FAILURES = 4
+PENDING_RETRY_REASON = "automatic retry"  # how such a job is marked in its log ("queued: automatic retry ...")
 _VM_ID = re.compile(r"^inst-(\d+)$")
 
 
 @contextlib.contextmanager
 def singleton(name: str, ttl: int):
-    key = f"singleton:{name}"
-    if not cache.add(key, 1, timeout=ttl):
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        cache.delete(key)
+    """Run the block in one process at a time; yields False (run nothing) while another holds `name`.
+
+    A PostgreSQL advisory lock (core.locks.advisory_lock): it ends with its holder, so `ttl` is not needed any
+    more (kept for callers)."""
+    with advisory_lock(f"singleton:{name}") as acquired:
+        yield acquired
 
 
 def _in_thread(fn, *args):
@@ -71,10 +77,50 @@ def nodes_health_check() -> dict:
             return {"skipped": "another health check is running"}
         nodes = list(Node.objects.filter(state__in=WATCHED_STATES))
         results = nodes_probe(nodes)
+        by_id = {n.pk: n for n in nodes}
+        answered = [r.node_id for r in results if r.ok]
+        pending = _nodes_with_instances_to_recover(answered)
+        # Instances running since before the first probe began: one query for the fleet, not one per node.
+        running = running_vm_ids_by_node(answered, min((r.probed_at for r in results if r.probed_at), default=None))
+        summary = {"checked": len(results), "failed": 0, "busy": 0, "interrupted": 0, "recovered": 0}
         for result in results:
-            node_record_health(node_id=result.node_id, ok=result.ok, error=result.error,
-                               inventory_hash=result.inventory_hash)
-        return {"checked": len(results), "failed": sum(not r.ok for r in results)}
+            node = by_id[result.node_id]
+            if result.busy:  # its SSH sessions are all taken by work: it is alive; judge it next time
+                summary["busy"] += 1
+                continue
+            if result.ok and (node.health_failures > 0 or node.state == NodeState.OFFLINE or node.pk in pending):
+                # It answers again: before it takes rentals, resume or fail its interrupted instances and
+                # remove the VMs of instances destroyed while it was unreachable.
+                try:
+                    summary["recovered"] += _recovered(node_reconcile(node))
+                except NodeBusy:
+                    summary["busy"] += 1
+                    continue  # recorded next time, once reconciled: it must not take rentals before
+                except NodeError as exc:
+                    result = HealthResult(node.pk, False, f"it answered, but reconciling its VMs failed: {exc}")
+            interrupted = node_record_health(node_id=result.node_id, ok=result.ok, error=result.error,
+                                             inventory_hash=result.inventory_hash, vms=result.vms,
+                                             probed_at=result.probed_at, running_vm_ids=running.get(node.pk, set()))
+            summary["interrupted"] += len(interrupted)
+            if interrupted and result.ok:
+                # The node answers but those VMs are not running: start them again, or fail them if gone.
+                try:
+                    summary["recovered"] += _recovered(node_reconcile(node))
+                except NodeError as exc:
+                    log.info("health: node %s: reconcile after lost VMs failed: %s", node.pk, exc)
+            summary["failed"] += not result.ok
+        return summary
+
+
+def _recovered(counts: dict) -> int:
+    return counts["resumed"] + counts["restarted"] + counts["instances_failed"]
+
+
+def _nodes_with_instances_to_recover(node_ids: list[int]) -> set[int]:
+    """Nodes with interrupted instances, or destroyed ones whose VM is still to be removed (GPUs still held)."""
+    waiting = Q(status=InstanceStatus.INTERRUPTED) | Q(status=InstanceStatus.DESTROYED,
+                                                       allocations__released_at__isnull=True)
+    return set(Instance.objects.filter(waiting, node_id__in=node_ids).values_list("node_id", flat=True).distinct())
 
 
 def nodes_reconcile() -> dict:
@@ -82,11 +128,15 @@ def nodes_reconcile() -> dict:
     with singleton("nodes_reconcile", ttl=600) as acquired:
         if not acquired:
             return {"skipped": "another reconcile is running"}
-        summary = {"nodes": 0, "orphans_destroyed": 0, "instances_failed": 0, "unreachable": 0}
+        summary = {"nodes": 0, "orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0,
+                   "cleaned_up": 0, "unreachable": 0, "busy": 0}
         for node in Node.objects.filter(state__in=WATCHED_STATES):
             close_old_connections()
             try:
                 counts = node_reconcile(node)
+            except NodeBusy:
+                summary["busy"] += 1  # alive and working: reconciled next time
+                continue
             except NodeError as exc:
                 log.info("reconcile: node %s unreachable: %s", node.pk, exc)
                 summary["unreachable"] += 1
@@ -98,27 +148,57 @@ def nodes_reconcile() -> dict:
 
 
 def node_reconcile(node: Node) -> dict:
-    counts = {"orphans_destroyed": 0, "instances_failed": 0}
+    """Compare the node's VMs with the database, and act on every difference:
+
+    - a VM no instance owns is removed (an orphan), as is the VM of an instance destroyed while the node was
+      unreachable (whose GPUs are then freed);
+    - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
+      when its VM is gone; a running instance whose VM vanished fails;
+    - a failed instance's VM that still runs is stopped (its GPUs were released).
+    """
+    counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0}
     with node_session(node) as session:
         vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
         # Read the database after the node, so an instance created meanwhile is known.
         known = {i.pk: i for i in Instance.objects.filter(node=node).exclude(status=InstanceStatus.DESTROYED)}
-        seen = set()
+        destroyed = set(Instance.objects.filter(node=node, status=InstanceStatus.DESTROYED)
+                        .filter(Q(allocations__released_at__isnull=True) | Q(pk__in=_vm_instance_ids(vms)))
+                        .values_list("pk", flat=True).distinct())
+        seen = {}
         for vm in vms:
             match = _VM_ID.match(vm.get("vm_id", ""))
-            instance = known.get(int(match.group(1))) if match else None
+            instance_id = int(match.group(1)) if match else None
+            instance = known.get(instance_id)
             if instance is None:
                 session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-                node_event(node, "orphan_destroyed", f"Destroyed VM {vm['vm_id']}, which no instance owns.",
-                           NodeEvent.Level.WARNING)
-                counts["orphans_destroyed"] += 1
+                if instance_id in destroyed:
+                    node_event(node, "vm_cleaned_up", f"Removed VM {vm['vm_id']}: its instance was destroyed "
+                                                      "while the node was unreachable.")
+                else:
+                    node_event(node, "orphan_destroyed", f"Destroyed VM {vm['vm_id']}, which no instance owns.",
+                               NodeEvent.Level.WARNING)
+                    counts["orphans_destroyed"] += 1
                 continue
-            seen.add(instance.pk)
+            seen[instance.pk] = vm
             if instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
                 # A failed instance holds no GPUs any more: its VM must not keep using them.
                 session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
+        for instance_id in destroyed:
+            counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
-            if instance.status == InstanceStatus.RUNNING and instance.pk not in seen:
+            vm = seen.get(instance.pk)
+            if instance.status == InstanceStatus.INTERRUPTED:
+                if vm is None:
+                    instance_svc.instance_mark_failed(
+                        instance_id=instance.pk,
+                        message="Its server answered again, but the VM was gone; the GPUs were released.")
+                    counts["instances_failed"] += 1
+                elif vm.get("state") == "running":
+                    counts["resumed"] += instance_svc.instance_resume(instance_id=instance.pk) is not None
+                else:
+                    counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) \
+                        is not None
+            elif instance.status == InstanceStatus.RUNNING and vm is None:
                 instance_svc.instance_mark_failed(
                     instance_id=instance.pk, message="The VM disappeared from the node; the GPUs were released."
                 )
@@ -126,6 +206,10 @@ def node_reconcile(node: Node) -> dict:
                            NodeEvent.Level.WARNING)
                 counts["instances_failed"] += 1
     return counts
+
+
+def _vm_instance_ids(vms: list[dict]) -> list[int]:
+    return [int(m.group(1)) for vm in vms if (m := _VM_ID.match(vm.get("vm_id", "")))]
 
 
 def jobs_reap() -> dict:
@@ -148,15 +232,78 @@ def jobs_reap() -> dict:
     return {"reaped": reaped}
 
 
-def nodes_verify_pending() -> dict:
-    """Retry verification of pending nodes now and then: the provider may have installed the key since."""
+def nodes_verify_pending(*, now=None) -> dict:
+    """Retry verification of pending nodes now and then (the provider may have installed the key since), backing
+    off after each failure in a row (PENDING_RETRY_BACKOFF) and stopping after PENDING_RETRY_MAX_FAILURES, with
+    a word to the provider: a node whose benchmark hangs must not hold a worker every ten minutes forever.
+
+    The count comes from the node's jobs: the failed verifications since the last success or the last one that
+    was asked for (by the provider's Verify, an operator, a re-verification), that one included. So asking again
+    by hand (POST /api/v1/nodes/{id}/verify/) starts a new series of automatic retries."""
+    with singleton("nodes_verify_pending", ttl=600) as acquired:
+        if not acquired:
+            return {"skipped": "another run is retrying pending verifications"}
+        now = now or timezone.now()
+        told = NodeEvent.objects.filter(node=OuterRef("pk"), kind="verification_retries_stopped")
+        nodes = Node.objects.filter(state=NodeState.PENDING).order_by("pk").annotate(
+            told_at=Subquery(told.order_by("-created_at").values("created_at")[:1]),
+        ).prefetch_related(Prefetch(
+            "jobs", to_attr="recent_verifications",
+            queryset=Job.objects.filter(kind=JobKind.NODE_VERIFY).order_by("-created_at", "-id")
+            [:PENDING_RETRY_MAX_FAILURES],
+        ))
+        summary = {"queued": 0, "waiting": 0, "stopped": 0, "errors": 0}
+        for node in nodes:
+            try:
+                summary[_node_verify_retry(node, now)] += 1
+            except Exception:  # one node's trouble must not keep the others waiting
+                log.exception("verify-pending: node %s", node.pk)
+                summary["errors"] += 1
+        return summary
+
+
+def _automatic(job: Job) -> bool:
+    return any(str(line.get("message", "")).startswith(f"queued: {PENDING_RETRY_REASON}") for line in job.log[:3])
+
+
+def _failures_in_a_row(jobs: list[Job]) -> int:
+    """Failed verifications, newest first, back to a success or to the first one not queued by this loop."""
+    failures = 0
+    for job in jobs:
+        if job.status != JobStatus.FAILED:
+            break
+        failures += 1
+        if not _automatic(job):
+            break
+    return failures
+
+
+def _node_verify_retry(node: Node, now) -> str:
+    """Queue the pending node's next automatic verification if it is due; say what was done."""
     from provisioning.services.verification import node_verify_request
 
-    cutoff = timezone.now() - PENDING_RETRY_AFTER
-    queued = 0
-    for node in Node.objects.filter(state=NodeState.PENDING):
-        last = node.jobs.filter(kind=JobKind.NODE_VERIFY).order_by("-created_at").first()
-        if last is None or (last.status not in OPEN_JOB_STATUSES and last.created_at < cutoff):
-            node_verify_request(node=node)
-            queued += 1
-    return {"queued": queued}
+    jobs = node.recent_verifications
+    if jobs and jobs[0].status in OPEN_JOB_STATUSES:
+        return "waiting"
+    failures = _failures_in_a_row(jobs)
+    if failures >= PENDING_RETRY_MAX_FAILURES:
+        last = jobs[0]
+        if node.told_at is None or node.told_at < last.created_at:
+            message = (
+                f"Verification failed {failures} times in a row, so the platform stopped retrying it on its own. "
+                f"The last attempt said: {last.error.strip() or 'no reason given.'} "
+                "Fix that on the server, then ask for a verification again (Verify on the node's page, or "
+                f"POST /api/v1/nodes/{node.pk}/verify/)."
+            )
+            # Only while still pending: the provider may have asked for a verification meanwhile.
+            if Node.objects.filter(pk=node.pk, state=NodeState.PENDING).update(last_error=message,
+                                                                               updated_at=timezone.now()):
+                node_event(node, "verification_retries_stopped", message, NodeEvent.Level.WARNING)
+        return "stopped"
+    if jobs:
+        wait = PENDING_RETRY_BACKOFF[min(max(failures, 1), len(PENDING_RETRY_BACKOFF)) - 1]
+        if (jobs[0].finished_at or jobs[0].created_at) + wait > now:
+            return "waiting"
+    node_verify_request(node=node,
+                        reason=f"{PENDING_RETRY_REASON} (try {failures + 1} of {PENDING_RETRY_MAX_FAILURES})")
+    return "queued"

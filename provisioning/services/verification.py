@@ -16,12 +16,13 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from marketplace.models import GpuAllocation, Instance, Node, NodeState, Verdict
+from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import NodeConflict
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.services.jobs import job_create
-from provisioning.services.nodes import node_apply_inventory, node_event, node_session
+from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
 from provisioning.verification.policy import DeclaredModel, judge
@@ -75,31 +76,40 @@ def node_verify_run(job: Job) -> None:
     limit = settings.BENCHMARK_TIME_LIMIT_S
     bench, bench_error = None, ""
     job_step(job, f"connecting to {node.address}:{node.ssh_port}")
-    with node_session(node) as session:
-        job_step(job, "reading the hardware inventory")
-        inventory = session.agent("inventory")
-        free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented]
-        if free:
-            job_step(job, f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
-                          f"(at most {limit} s)")
-            request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free}
-            try:
-                bench = session.agent("benchmark", request=request, timeout=limit + BENCHMARK_SSH_MARGIN_S)
-            except AgentTimeout:
-                raise BenchmarkTimeout(f"The benchmark did not answer within {limit + BENCHMARK_SSH_MARGIN_S} s "
-                                       "and was abandoned. Check that the GPUs and their driver respond "
-                                       "(`nvidia-smi`), then verify again.") from None
-            except AgentFailed as exc:
-                if exc.code == "benchmark_timeout":
-                    raise BenchmarkTimeout(f"The benchmark did not finish within {limit} s and was stopped "
-                                           f"({exc.message}). Check that the GPUs and their driver respond "
+    inventory: dict = {}
+    try:
+        with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
+            job_step(job, "reading the hardware inventory")
+            inventory = session.agent("inventory")
+            # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
+            node_apply_inventory(node=node, inventory=inventory)
+            free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented]
+            if free:
+                job_step(job, f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
+                              f"(at most {limit} s)")
+                request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free}
+                try:
+                    bench = session.agent("benchmark", request=request, timeout=limit + BENCHMARK_SSH_MARGIN_S)
+                except AgentTimeout:
+                    raise BenchmarkTimeout(f"The benchmark did not answer within {limit + BENCHMARK_SSH_MARGIN_S} s "
+                                           "and was abandoned. Check that the GPUs and their driver respond "
                                            "(`nvidia-smi`), then verify again.") from None
-                if exc.code == "invalid_request":
-                    raise
-                bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
-        else:
-            job_step(job, "every GPU is rented: identity checks only, no benchmark")
-    node_apply_inventory(node=node, inventory=inventory)
+                except AgentFailed as exc:
+                    if exc.code == "benchmark_timeout":
+                        raise BenchmarkTimeout(f"The benchmark did not finish within {limit} s and was stopped "
+                                               f"({exc.message}). Check that the GPUs and their driver respond "
+                                               "(`nvidia-smi`), then verify again.") from None
+                    if exc.code == "invalid_request":
+                        raise
+                    bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
+            else:
+                job_step(job, "every GPU is rented: identity checks only, no benchmark")
+    except DuplicateHardware as exc:
+        # The same server (or its GPUs) registered twice: the node that came first keeps its listing.
+        job_step(job, "this server is already registered as another node")
+        node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[exc.finding.as_dict()],
+                             inventory=inventory, figures={"rented_gpus": rented})
+        return
     job_step(job, "judging the GPUs against the catalogue")
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error)
     figures = {**result.figures, "rented_gpus": rented}
@@ -129,6 +139,7 @@ def offer_summary(run: VerificationRun) -> dict:
 def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], inventory: dict,
                          figures: dict | None = None, score: float | None = None) -> VerificationRun:
     node = Node.objects.select_for_update().get(pk=job.node_id)
+    previous_verdict, previous_score = node.verdict, node.score
     run = VerificationRun.objects.create(node=node, job=job, verdict=verdict, findings=findings,
                                          inventory=inventory, figures=figures or {}, score=score)
     node.verdict = verdict
@@ -160,8 +171,25 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], invent
                 message="This instance's server failed its latest benchmark check "
                         f"({', '.join(sorted({f['code'] for f in findings if f['severity'] == 'reject'}))}). "
                         "Your instance keeps running; consider moving your work to another server.")
+    if renters and previous_verdict in LISTABLE_VERDICTS:
+        _price_cut_if_worse(node, verdict, score, previous_score, findings)
     job_finish(job)
     return run
+
+
+def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float, findings: list) -> None:
+    """Hardware found worse while rented: cut its renters' prices in proportion to the score (the published rule:
+    docs/ARCHITECTURE.md). A rejection without a usable score is a full cut; noise within the tolerance is not."""
+    ratio = (score or 0.0) / previous_score if previous_score > 0 else 1.0
+    if verdict == Verdict.REJECTED and not score:
+        ratio = 0.0
+    if ratio >= 1 - float(settings.HARDWARE_PRICE_CUT_TOLERANCE):
+        return
+    codes = sorted({f["code"] for f in findings if f["severity"] in ("reject", "degrade")}) or ["lower score"]
+    cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes))
+    if cut:
+        node_event(node, "renters_price_cut", f"Measured {ratio:.0%} of the score it had before ({', '.join(codes)}): "
+                   f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.", NodeEvent.Level.WARNING)
 
 
 @transaction.atomic

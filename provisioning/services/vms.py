@@ -129,6 +129,18 @@ def vm_destroy(job: Job) -> None:
     job_finish(job)
 
 
+def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
+    """A destroy that could not reach the node: the renter's side ends all the same (nothing is billed after
+    the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers."""
+    instance = Instance.objects.get(pk=job.instance_id)
+    if instance.status != InstanceStatus.DESTROYING:  # it moved on meanwhile (e.g. an operator's action)
+        job_finish(job, error=error.message)
+        return
+    instance_svc.instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
+    job_finish(job, error=f"{error.message} The instance was destroyed for its renter; the VM is removed when "
+                          "the node answers again.")
+
+
 def vm_failed(job: Job, error: str) -> None:
     """A job gave up: the instance fails and its GPUs are released, so the VM must not keep them.
 

@@ -2,7 +2,9 @@
 from provisioning.sim.nodes import (
     PROFILES_DIR,
     node_authorize,
+    node_cut,
     node_down,
+    node_restore,
     node_up,
     nodes_down,
     nodes_list,
@@ -13,7 +15,9 @@ from provisioning.sim.nodes import (
 __all__ = [
     "PROFILES_DIR",
     "node_authorize",
+    "node_cut",
     "node_down",
+    "node_restore",
     "node_up",
     "nodes_down",
     "nodes_list",

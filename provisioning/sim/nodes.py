@@ -10,6 +10,7 @@ environment variable GPUMARKET_SIMNODES_DIR, else `<repo>/var/simnodes`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -105,6 +106,21 @@ def _fingerprint(pub_path: Path) -> str:
     return _run(["ssh-keygen", "-lf", str(pub_path)]).split()[1]
 
 
+def _own_gpus(profile_file: Path, host_public_key: str) -> None:
+    """Give this server GPUs of its own: every GPU UUID of its copy of the profile is derived from the profile's and
+    the server's host key. Two servers started from one profile do not report the same GPUs (the platform refuses a
+    GPU UUID on two live nodes), and one server reports the same UUIDs for as long as it runs."""
+    data = json.loads(profile_file.read_text())
+    rows = []
+    for line in data.get("nvidia_smi", []):
+        for gpu in agent.parse_gpu_csv(line):
+            if gpu.get("uuid"):
+                d = hashlib.sha256(f"{host_public_key} {gpu['uuid']}".encode()).hexdigest()
+                line = line.replace(gpu["uuid"], f"GPU-{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}")
+        rows.append(line)
+    profile_file.write_text(json.dumps({**data, "nvidia_smi": rows}, indent=1))
+
+
 def _read_pid(node: Path, timeout: float = 2.0) -> int | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -142,6 +158,7 @@ def node_up(
         (node / "authorized_keys").touch(mode=0o600)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"simnode-{port}",
               "-f", str(node / "ssh_host_ed25519_key")])
+        _own_gpus(node / "profile.json", (node / "ssh_host_ed25519_key.pub").read_text().split()[1])
         (node / "sshd_config").write_text(_sshd_config(node, port, listen_address, public_address))
         # Without -D, sshd daemonises: it keeps running after this call returns.
         proc = subprocess.run([sshd, "-f", str(node / "sshd_config"), "-E", str(node / "sshd.log")],
@@ -203,6 +220,30 @@ def node_down(port: int, base_dir: str | os.PathLike | None = None) -> bool:
         return False
     _stop_node_processes(node)
     _remove_node_dir(node)
+    return True
+
+
+def node_cut(port: int, base_dir: str | os.PathLike | None = None) -> bool:
+    """Stop only the node's own sshd, as if its network were cut: the platform cannot reach it, its VMs keep
+    running (their sshd are daemons of their own). False when it was not running."""
+    node = _node_dir(port, base_dir)
+    pids = agent.pids_matching(f"-f {node}/sshd_config")
+    agent.kill_trees(pids)
+    return bool(pids)
+
+
+def node_restore(port: int, base_dir: str | os.PathLike | None = None) -> bool:
+    """Start a cut node's sshd again on its port, with its host key; its VMs are as they were left.
+    False when it was running already."""
+    node = _node_dir(port, base_dir)
+    config = node / "sshd_config"
+    if agent.pids_matching(f"-f {config}"):
+        return False
+    proc = subprocess.run([agent.find_sshd(), "-f", str(config), "-E", str(node / "sshd.log")],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    address = json.loads((node / "node.json").read_text())["address"]
+    if proc.returncode != 0 or not agent.wait_port(address, port):
+        raise RuntimeError(f"sshd of the simulated node on port {port} did not start again: {proc.stderr[-300:]}")
     return True
 
 

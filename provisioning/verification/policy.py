@@ -176,7 +176,38 @@ def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict
                                     f"GPU {i} sits on an x{width_max} PCIe link; it needs x{declared.pcie_lanes} "
                                     "(check the riser or slot).", i))
         findings += _check_pci_id(declared, i, gpu.get("pci_device_id"))
+    by_uuid: dict[str, list] = {}
+    for gpu in gpus:
+        if gpu.get("uuid"):
+            by_uuid.setdefault(gpu["uuid"], []).append(gpu.get("index"))
+    for uuid, indices in by_uuid.items():
+        if len(indices) > 1:
+            findings.append(Finding(REJECT, "gpu_uuid_repeated",
+                                    f"GPUs {', '.join(map(str, indices))} report the same UUID {uuid}; every GPU "
+                                    "has its own (check `nvidia-smi -L` and the driver).", indices[0]))
     return findings
+
+
+# ---------------------------------------------------------------------------------- one server, one node
+# Decided by the platform's records (unique constraints on live nodes), not by the node's answers. The messages
+# say what the provider can check on their own server and never name the other node or its provider.
+
+def duplicate_host_key(fingerprint: str) -> Finding:
+    return Finding(REJECT, "duplicate_host_key",
+                   f"This server's SSH host key ({fingerprint}) belongs to another live node: a server can be "
+                   "listed only once. If you registered it before, use that node or retire it, then verify this "
+                   "one again. If this server was installed from another machine's image, give it host keys of "
+                   "its own (remove /etc/ssh/ssh_host_* and run `ssh-keygen -A`), then verify again.")
+
+
+def duplicate_gpus(gpus: list[tuple[int, str]]) -> Finding:
+    """`gpus`: (index, uuid) of this server's GPUs that another live node holds."""
+    which = ", ".join(f"GPU {i} ({uuid})" for i, uuid in gpus) or "Its GPUs"
+    return Finding(REJECT, "duplicate_gpu",
+                   f"{which} already belong{'s' if len(gpus) == 1 else ''} to another live node: a GPU can be "
+                   "listed by one node only. If you registered this server before, use that node or retire it, "
+                   "then verify this one again; if the cards came from another server of yours, verify or "
+                   "retire that one first.", gpus[0][0] if gpus else None)
 
 
 def _check_pci_id(declared: DeclaredModel, i, raw) -> list[Finding]:

@@ -41,8 +41,11 @@ def assert_billing_invariants() -> None:
         intervals = intervals_by_instance.get(instance.pk, [])
         assert sum(i.seconds for i in intervals) == instance.billed_seconds, f"instance {instance.pk}: seconds"
         assert sum(i.amount_micros for i in intervals) == instance.cost_micros, f"instance {instance.pk}: amount"
-        # Cumulative rounding: the total depends only on the seconds billed.
-        assert instance.cost_micros == cost_for(instance.price_per_hour_micros, instance.billed_seconds)
+        # Cumulative rounding: the total depends only on the seconds billed (since the last price cut, if any).
+        assert instance.cost_micros == instance.rate_base_cost_micros + cost_for(
+            instance.price_per_hour_micros, instance.billed_seconds - instance.rate_base_seconds)
+        assert sum(i.amount_micros for i in intervals if i.price_per_hour_micros != instance.price_per_hour_micros) \
+            == instance.rate_base_cost_micros
         assert sum(i.fee_micros for i in intervals) == fee_for(instance.cost_micros, instance.platform_fee_bps)
         if intervals:
             assert instance.billed_until == intervals[-1].ended_at
@@ -50,7 +53,8 @@ def assert_billing_invariants() -> None:
             assert b.started_at >= a.ended_at, f"instance {instance.pk}: {a} overlaps {b}"
         for i in intervals:
             assert i.ended_at - i.started_at == i.seconds * SECOND, f"{i}: not whole seconds"
-            assert i.price_per_hour_micros == instance.price_per_hour_micros  # the booking's snapshot
+            # The booking's snapshot, or (before a price cut) a higher one.
+            assert i.price_per_hour_micros >= instance.price_per_hour_micros
             assert i.platform_fee_bps == instance.platform_fee_bps
             if i.amount_micros == 0:
                 assert i.transaction_id is None

@@ -82,10 +82,10 @@ def test_a_low_balance_warns_once_per_crossing_by_event_and_email(clock, api, se
 
 
 def test_at_zero_running_instances_are_stopped_within_one_tick_and_disks_kept(clock, api, sent_jobs, tick):
-    fund(api.user, "1.00")
+    fund(api.user, "1.20")  # renting the second needs an hour of both
     on = node("0.600000", gpu_count=4)
-    a, b = running(api.user, on), running(api.user, on)  # $1.20 an hour together: 50 minutes
-    clock.advance(50 * 60 + 1)
+    a, b = running(api.user, on), running(api.user, on)  # $1.20 an hour together: one hour
+    clock.advance(60 * 60 + 1)
     tick()
     for instance in (a, b):
         instance.refresh_from_db()

@@ -45,7 +45,9 @@ def test_dashboard_shows_fleet_figures_and_charts(ops, fleet):
     page = ops.get("/admin/").content.decode()
     assert "Fleet" in page and page.count('<svg class="chart"') == 2
     assert "Nodes by state" in page and "GPUs by model" in page
-    assert "A100 80GB SXM: 3 rented, 3 free, 0 unavailable" in page  # the stacked chart's description
+    # The stacked chart's description: the rejected node's idle GPUs are not "free" (no renter can book them).
+    assert "A100 80GB SXM: 3 rented, 1 free, 2 not offered, 0 unavailable" in page
+    assert 'id="gpus-free">9<' in page and 'id="gpus-not-offered">2<' in page
     assert ">3</span><span class=\"fleet-label\">GPUs rented" in page
     assert "fake-a100" in page and "84 streaming multiprocessors" in page  # rejected nodes and why
     assert f"/admin/provisioning/job/{fleet['stuck'].pk}/change/" in page and "benchmarking GPU 0" in page

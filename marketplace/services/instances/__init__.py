@@ -16,30 +16,45 @@ each other's GPUs, and never take the same one). The partial unique constraint
 a bug. Duplicate requests with one Idempotency-Key are decided by the unique constraint
 `instance_unique_idempotency_key`, never by "check, then insert".
 
-Money (billing.services): booking and starting need one hour of the instance's price in the renter's
-balance (InsufficientFunds, 402); a booking snapshots the price and the platform fee; and wherever an
-instance leaves `running` (stop, restart, destroy, failure) its last usage interval is charged in the
-same transaction that changes its state (`_leave_running`). The per-minute meter bills the rest.
+Money (billing.services): booking and starting need one hour of the renter's whole burn rate with the
+new instance (every instance of theirs running or about to: COMMITTED_STATUSES) in their balance, checked
+under the wallet's row lock (InsufficientFunds, 402; `funds_for` gives the figures to pages); a booking
+snapshots the price and the platform fee; and wherever an instance leaves `running` (stop, restart,
+destroy, failure) its last usage interval is charged in the same transaction that changes its state
+(`_leave_running`). The per-minute meter bills the rest.
 """
 from marketplace.idempotency import request_fingerprint
 from marketplace.models import Image, Instance  # noqa: F401 (callers reach the models through here)
 
 from .booking import instance_create
 from .common import (
+    COMMITTED_STATUSES,
     MAX_DISK_GB,
     WAITING,
+    Funds,
     IdempotencyKeyReused,
     InstanceConflict,
     InstanceError,
     InstanceInvalid,
     InsufficientFunds,
+    committed_rate_micros,
+    funds_for,
     instance_for_idempotency_key,
     instance_gpu_indices,
     instance_release_gpus,
     instances_for_user,
 )
+from .interruptions import (
+    instance_interrupt,
+    instance_price_cut,
+    instance_restart_interrupted,
+    instance_resume,
+    node_instances_interrupt,
+    node_instances_price_cut,
+)
 from .lifecycle import instance_destroy, instance_restart, instance_start, instance_stop
 from .worker import (
+    instance_cleanup_done,
     instance_mark_destroyed,
     instance_mark_failed,
     instance_mark_provisioning,
@@ -49,8 +64,11 @@ from .worker import (
 )
 
 __all__ = [
-    "MAX_DISK_GB", "WAITING", "IdempotencyKeyReused", "InstanceConflict", "InstanceError", "InstanceInvalid",
-    "InsufficientFunds", "instance_create", "instance_destroy", "instance_for_idempotency_key",
+    "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "IdempotencyKeyReused", "InstanceConflict",
+    "InstanceError", "InstanceInvalid", "InsufficientFunds", "committed_rate_micros", "funds_for", "instance_create",
+    "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt",
+    "instance_price_cut", "node_instances_price_cut",
+    "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
     "instance_gpu_indices", "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
     "instance_mark_running", "instance_mark_stopped", "instance_release_gpus", "instance_restart",
     "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",

@@ -1,11 +1,12 @@
 """What the instance use cases share: errors, reads, locking and allocation helpers, the funds check."""
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, IntegerField, Prefetch, QuerySet, Value, When
+from django.db.models import Case, IntegerField, Prefetch, QuerySet, Sum, Value, When
 from django.utils import timezone
 
-from billing.services.ledger import funds_shortfall
+from billing.services.ledger import funds_required_micros, wallet_balance
 from billing.services.metering import usage_close
 from marketplace.models import (
     Gpu,
@@ -47,9 +48,16 @@ class InstanceConflict(InstanceError):
 
 
 class InsufficientFunds(InstanceError):
-    """The renter's balance does not cover the first hours of the instance (HTTP 402)."""
+    """The renter's balance does not cover the first hour of their instances with this one (HTTP 402).
+
+    `funds` holds the figures, so that a page can say it in its own words (the message names the API).
+    """
 
     status_code = 402
+
+    def __init__(self, message: str, funds: "Funds"):
+        super().__init__(message)
+        self.funds = funds
 
 
 class IdempotencyKeyReused(InstanceError):
@@ -189,19 +197,90 @@ def _stop_clock(instance: Instance, now) -> None:
         instance.stopped_at = now
 
 
+# ------------------------------------------------------------------------------------------ funds
+
+# The instances that count towards a renter's burn rate when they rent or start one more: those billed now
+# (running) and those that will be billed without another check once a worker is done (booked, starting,
+# restarting). Stopping, stopped, failed and destroy* ones are not billed, and anything else counts only
+# when it is added here. Interrupted ones are not billed and do not count: a renter whose server died must
+# be able to rent a replacement; if it comes back, the low-balance warning and the stop at zero apply.
+COMMITTED_STATUSES = (S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING)
+
+
+@dataclass(frozen=True)
+class Funds:
+    """A renter's balance against BILLING_FUNDS_REQUIRED_S of their whole burn rate with one more instance."""
+
+    balance_micros: int
+    committed_rate_micros: int  # per hour: their instances in COMMITTED_STATUSES
+    added_rate_micros: int  # per hour: the instance being rented or started
+    required_micros: int  # BILLING_FUNDS_REQUIRED_S of both together
+    missing_micros: int  # 0 when the balance covers it, or when funds are not required
+    required_s: int
+    enforced: bool  # BILLING_REQUIRE_FUNDS
+
+    @property
+    def rate_micros(self) -> int:
+        return self.committed_rate_micros + self.added_rate_micros
+
+
+def committed_rate_micros(*, renter_id: int) -> int:
+    """What the renter's running and about-to-run instances (COMMITTED_STATUSES) cost per hour."""
+    return (Instance.objects.filter(renter_id=renter_id, status__in=COMMITTED_STATUSES).order_by()
+            .aggregate(rate=Sum("price_per_hour_micros"))["rate"] or 0)
+
+
+def funds_for(*, renter_id: int, price_per_hour_micros: int, lock: bool = False) -> Funds:
+    """The funds check's figures for renting (or starting) one more instance at this hourly price.
+
+    The rule: the balance must hold BILLING_FUNDS_REQUIRED_S (one hour) of everything the renter would then
+    be paying for, not of the new instance alone. `lock` is for the check inside a booking or start
+    transaction (_check_funds); pages read without it.
+    """
+    # The wallet first: with `lock`, a booking or start of the same renter that held the lock has
+    # committed when this returns, and the read of the instances below sees what it added.
+    balance = wallet_balance(user_id=renter_id, lock=lock)
+    committed = committed_rate_micros(renter_id=renter_id)
+    required = funds_required_micros(price_per_hour_micros=committed + price_per_hour_micros)
+    enforced = settings.BILLING_REQUIRE_FUNDS
+    return Funds(balance_micros=balance, committed_rate_micros=committed, added_rate_micros=price_per_hour_micros,
+                 required_micros=required, missing_micros=max(required - balance, 0) if enforced else 0,
+                 required_s=settings.BILLING_FUNDS_REQUIRED_S, enforced=enforced)
+
+
 def _check_funds(renter_id: int, price_per_hour_micros: int, what: str) -> None:
-    """Renting (or starting again) needs BILLING_FUNDS_REQUIRED_S (one hour) of the instance's price."""
+    """Renting or starting needs BILLING_FUNDS_REQUIRED_S (one hour) of the renter's whole burn rate with it.
+
+    Race safety: the check runs inside the booking's (or start's) transaction and first locks the renter's
+    wallet row, so two bookings of one renter run it one after the other and the second counts the first's
+    instance. The wallet row, not the user or billing profile: it is the row every charge to this renter
+    locks already (ledger_post, the meter), it is locked last and alone here (after the node's share lock
+    or the instance's lock), so it adds no lock-order cycle, and other renters never wait for it.
+    """
     if not settings.BILLING_REQUIRE_FUNDS:
         return
-    missing, required, balance = funds_shortfall(user_id=renter_id, price_per_hour_micros=price_per_hour_micros)
-    if missing:
-        hours = settings.BILLING_FUNDS_REQUIRED_S / 3600
-        span = "one hour" if hours == 1 else f"{hours:g} hours"
-        raise InsufficientFunds(
-            f"{what} needs at least {span} of its price in your balance: ${micros_to_usd(required)}. "
-            f"Your balance is ${micros_to_usd(balance)}; top up at least ${micros_to_usd(missing)} "
-            "(POST /api/v1/billing/top-ups/)."
-        )
+    funds = funds_for(renter_id=renter_id, price_per_hour_micros=price_per_hour_micros, lock=True)
+    if funds.missing_micros:
+        raise InsufficientFunds(f"{what} needs {_funds_span(funds.required_s)} of what your instances cost "
+                                f"in your balance. {_funds_figures(funds)} (POST /api/v1/billing/top-ups/).",
+                                funds)
+
+
+def _funds_span(seconds: int) -> str:
+    hours = seconds / 3600
+    return "one hour" if hours == 1 else f"{hours:g} hours"
+
+
+def _funds_figures(funds: Funds) -> str:
+    span = _funds_span(funds.required_s)
+    added = f"${micros_to_usd(funds.added_rate_micros)}/h"
+    if funds.committed_rate_micros:
+        rate = (f"Your running and starting instances cost ${micros_to_usd(funds.committed_rate_micros)}/h; "
+                f"with this one ${micros_to_usd(funds.rate_micros)}/h")
+    else:
+        rate = f"This instance costs {added}"
+    return (f"{rate}; {span} needs ${micros_to_usd(funds.required_micros)}. Your balance is "
+            f"${micros_to_usd(funds.balance_micros)}; top up at least ${micros_to_usd(funds.missing_micros)}")
 
 
 def _leave_running(instance: Instance, now) -> None:

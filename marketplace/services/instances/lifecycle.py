@@ -1,5 +1,6 @@
 """The renter's and operator's verbs: stop, start, restart, destroy (API side: *ing state + a job)."""
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -28,6 +29,7 @@ from .common import (
     _save,
     instance_release_gpus,
 )
+from .worker import instance_mark_destroyed
 
 # ---------------------------------------------------------------------------- verbs (API side)
 
@@ -35,6 +37,8 @@ _FINAL_REFUSALS = {
     S.DESTROYING: "The instance is being destroyed.",
     S.DESTROYED: "The instance is already destroyed.",
     S.FAILED: "The instance failed; it can only be destroyed.",
+    S.INTERRUPTED: ("The instance is interrupted: its server cannot be reached. It resumes by itself when the "
+                    "server answers again (nothing is billed meanwhile), or destroy it now at no charge."),
 }
 _REFUSALS = {
     "stop": {
@@ -143,6 +147,9 @@ def instance_restart(*, instance: Instance) -> Instance:
 def instance_destroy(*, instance: Instance) -> Instance:
     """Any state but destroying/destroyed → destroying, and queue the destroy.
 
+    An interrupted instance, or a stopped one whose node is unreachable, is destroyed at once for the renter
+    (no job can reach the node); its VM is removed by the reconciler when the node answers again.
+
     Asking again while destroying changes nothing (no second job); a destroyed instance is a conflict.
     GPUs stay allocated until the worker confirms the VM is gone (instance_mark_destroyed).
     """
@@ -151,4 +158,13 @@ def instance_destroy(*, instance: Instance) -> Instance:
         return instance
     if instance.status == S.DESTROYED:
         raise InstanceConflict("The instance is already destroyed.")
+    if instance.status == S.INTERRUPTED or (instance.status == S.STOPPED and _node_unreachable(instance.node_id)):
+        # Its node cannot be reached: end the renter's side now; the reconciler removes the VM when it answers.
+        return instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
     return _queue(instance, S.DESTROYING, "destroy it", JobKind.INSTANCE_DESTROY)
+
+
+def _node_unreachable(node_id: int) -> bool:
+    """The node is offline, or has missed enough health checks in a row that its instances are interrupted."""
+    state, failures = Node.objects.values_list("state", "health_failures").get(pk=node_id)
+    return state == NodeState.OFFLINE or failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS

@@ -3,9 +3,7 @@
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.models import (
-    Instance,
-)
+from marketplace.models import Instance, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES
 
 from .common import (
@@ -16,6 +14,7 @@ from .common import (
     _stop_clock,
     instance_release_gpus,
 )
+from .interruptions import interruption_close
 
 # ------------------------------------------------------------------------- worker side (tasks)
 
@@ -74,9 +73,12 @@ def instance_mark_stopped(*, instance_id: int, message: str = "") -> Instance:
 
 
 @transaction.atomic
-def instance_mark_destroyed(*, instance_id: int) -> Instance:
-    """destroying → destroyed: the VM and its disk are gone; its GPUs are freed.
+def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) -> Instance:
+    """destroying (or interrupted/stopped, see below) → destroyed: the renter's side ends; nothing is billed.
 
+    Normally the VM and its disk are gone and its GPUs are freed. With `cleanup_pending` the node could not
+    be reached: the instance ends for the renter all the same, but it keeps its GPUs (so nobody is given a
+    GPU its VM may still use) until the reconciler has removed the VM (`instance_cleanup_done`).
     Already destroyed: nothing changes. Raises InvalidTransition from any other state.
     """
     instance = _locked(instance_id)
@@ -84,12 +86,28 @@ def instance_mark_destroyed(*, instance_id: int) -> Instance:
         raise Instance.DoesNotExist(instance_id)
     if instance.status != S.DESTROYED:
         now = timezone.now()
-        instance.transition_to(S.DESTROYED, "Destroyed")
+        _leave_running(instance, now)
+        credit = interruption_close(instance, now, InterruptionOutcome.DESTROYED)
+        message = "Destroyed"
+        if cleanup_pending:
+            message = ("Destroyed. Its server could not be reached, so the VM and its disk are removed when it "
+                       "answers again; nothing is charged meanwhile." + credit)
+        instance.transition_to(S.DESTROYED, message)
         instance.destroyed_at = now
         _stop_clock(instance, now)
-        instance_release_gpus(instance=instance, at=now)
+        if not cleanup_pending:
+            instance_release_gpus(instance=instance, at=now)
         _save(instance, "destroyed_at", "stopped_at")
     return instance
+
+
+@transaction.atomic
+def instance_cleanup_done(*, instance_id: int) -> list[int]:
+    """The reconciler removed a destroyed instance's VM from its node: free the GPUs it still held."""
+    instance = _locked(instance_id)
+    if instance is None or instance.status != S.DESTROYED:
+        return []
+    return instance_release_gpus(instance=instance)
 
 
 @transaction.atomic
@@ -104,7 +122,8 @@ def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
     if instance.status not in FINAL_STATUSES:
         now = timezone.now()
         _leave_running(instance, now)
-        instance.transition_to(S.FAILED, message or "Failed")
+        message = (message or "Failed") + interruption_close(instance, now, InterruptionOutcome.FAILED, message)
+        instance.transition_to(S.FAILED, message)
         _stop_clock(instance, now)
         instance_release_gpus(instance=instance, at=now)
         _save(instance, "stopped_at")

@@ -8,6 +8,7 @@ import time
 
 from .benchmark import _WATCHDOG, cmd_benchmark, emit
 from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
+from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.sim import sim_nvidia_smi
 from .smi import host_facts, inventory_hash, read_gpus
@@ -42,6 +43,12 @@ def cmd_health(cfg, req):
     except AgentError as exc:
         ok, detail = False, exc.message
     answer["runtime_ok"], answer["runtime_detail"] = ok, detail
+    # The state of each VM, so that the platform notices a VM that stopped within one health interval.
+    answer["vms"] = None
+    if cfg.runtime:
+        with contextlib.suppress(AgentError, OSError, ValueError):
+            rt = RUNTIME_CLASSES[cfg.runtime](cfg)
+            answer["vms"] = {rec["vm_id"]: rt.state(rec) for rec in all_records(cfg)}
     return answer
 
 

@@ -1,4 +1,4 @@
-"""`manage.py simnodes up|authorize|list|down`: simulated GPU servers for the demo and the tests."""
+"""`manage.py simnodes up|authorize|list|cut|restore|down`: simulated GPU servers for the demo and the tests."""
 import json
 
 from django.core.management.base import BaseCommand, CommandError
@@ -20,6 +20,10 @@ class Command(BaseCommand):
         authorize.add_argument("port", type=int)
         authorize.add_argument("public_key", nargs="+", help="the key line (quoted, or as separate words)")
         actions.add_parser("list", help="one JSON object per node")
+        cut = actions.add_parser("cut", help="stop a node's sshd only (a network cut): its VMs keep running")
+        cut.add_argument("--port", type=int, required=True)
+        restore = actions.add_parser("restore", help="start a cut node's sshd again")
+        restore.add_argument("--port", type=int, required=True)
         down = actions.add_parser("down", help="stop nodes and their VMs and remove their files")
         down.add_argument("--port", type=int, default=None, help="only this node (default: all)")
 
@@ -45,6 +49,12 @@ class Command(BaseCommand):
     def _list(self, **_):
         for node in sim.nodes_list():
             self._emit(node)
+
+    def _cut(self, port, **_):
+        self._emit({"ssh_port": port, "cut": sim.node_cut(port)})
+
+    def _restore(self, port, **_):
+        self._emit({"ssh_port": port, "restored": sim.node_restore(port)})
 
     def _down(self, port, **_):
         if port is None:

@@ -1,0 +1,77 @@
+"""The marketplace's published terms: the platform fee, the funds rules and the interruption credit rule.
+
+Public (no key needed): renters and providers read what they agree to before they sign up.
+"""
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import permissions, serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.services import credits, metering
+
+
+class InterruptionTermsSerializer(serializers.Serializer):
+    detected_after_failed_health_checks = serializers.IntegerField(
+        help_text="A running instance is `interrupted` when its node misses this many health checks in a row, "
+                  "or at once when the node answers but the instance's VM is not running.")
+    health_check_interval_seconds = serializers.IntegerField()
+    billing_stops_at = serializers.CharField(help_text="The moment billing stops for an interrupted instance.")
+    credit_multiple = serializers.CharField(
+        help_text="The renter is credited this multiple of the instance's price for the time lost, on top of not "
+                  "being billed for it.")
+    credit_max_seconds = serializers.IntegerField(help_text="The time lost counted per interruption, at most.")
+    charged_to = serializers.CharField(help_text="Who pays the credit: the provider's earnings.")
+    unreachable_destroy = serializers.CharField(help_text="What deleting an instance on an unreachable node does.")
+
+
+class HardwareTermsSerializer(serializers.Serializer):
+    price_cut = serializers.CharField(help_text="What renters pay when a re-check finds their node worse.")
+    tolerance = serializers.CharField(help_text="Score drops within this share are measurement noise: no cut.")
+
+
+class TermsSerializer(serializers.Serializer):
+    currency = serializers.CharField()
+    platform_fee_percent = serializers.CharField(help_text="The platform's share of what renters pay, for new "
+                                                           "rentals; each rental keeps the fee it was booked with.")
+    funds_required_seconds = serializers.IntegerField(
+        help_text="Renting or starting an instance needs this much of your whole burn rate in the balance.")
+    low_balance_warning_seconds = serializers.IntegerField()
+    zero_balance = serializers.CharField()
+    grace_period_seconds = serializers.IntegerField(
+        help_text="Stopped instances of a renter at zero balance are destroyed after this long.")
+    interruptions = InterruptionTermsSerializer()
+    hardware_found_worse = HardwareTermsSerializer()
+
+
+class TermsView(APIView):
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(tags=["billing"], summary="The published terms: fee, funds rules, interruption credits",
+                   responses={200: TermsSerializer})
+    def get(self, request):
+        rule = credits.credit_terms()
+        return Response(TermsSerializer({
+            "currency": "usd",
+            "platform_fee_percent": str(metering.fee_percent(metering.platform_fee_bps())),
+            "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S,
+            "low_balance_warning_seconds": settings.BILLING_LOW_BALANCE_WARNING_S,
+            "zero_balance": "Running instances are stopped (disks kept); nothing stopped is charged.",
+            "grace_period_seconds": settings.BILLING_GRACE_PERIOD_S,
+            "interruptions": {
+                "detected_after_failed_health_checks": settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS,
+                "health_check_interval_seconds": settings.HEALTH_CHECK_INTERVAL_S,
+                "billing_stops_at": "the last moment the node was seen healthy (or the VM seen running)",
+                "credit_multiple": rule["credit_multiple"],
+                "credit_max_seconds": rule["credit_max_seconds"],
+                "charged_to": rule["charged_to"],
+                "unreachable_destroy": "ends at once for the renter (billing stops); the VM is removed when the "
+                                       "node answers again",
+            },
+            "hardware_found_worse": {
+                "price_cut": "from the re-check on, each instance on the node pays its price times the new score "
+                             "over the score the node had before (a rejection without a score: nothing); the "
+                             "renter is told at once",
+                "tolerance": str(settings.HARDWARE_PRICE_CUT_TOLERANCE),
+            },
+        }).data)

@@ -1,0 +1,97 @@
+"""Top-ups whose webhook never came: ask Stripe, and settle them the way the webhook would have.
+
+A top-up is `processing` from the moment Stripe took the payment until the signed `payment_intent.succeeded`
+webhook credits it. If that webhook is lost (an endpoint misconfigured, an outage longer than Stripe's retries),
+the top-up would stay processing and the money would never show. Every minute (billing.tasks.top_ups_reconcile)
+the top-ups processing for longer than BILLING_TOP_UP_RECONCILE_AFTER_S are looked up at Stripe:
+
+- succeeded: credited through `webhooks.payment_intent_apply`, the webhook's own path. Whichever of the two comes
+  first credits; the other finds the top-up credited under its row lock (and the ledger key `top-up:<id>` taken)
+  and changes nothing;
+- canceled, or back to `requires_payment_method` (the charge failed): failed, with the usual event;
+- anything else (still processing): left alone, and asked again after the same delay.
+
+Stripe is called outside any database transaction. A Stripe error never stops the loop for good: an unreachable
+or failing Stripe ends this run (the next one tries again), any other error skips that top-up until its next turn.
+"""
+import logging
+from collections import Counter
+from datetime import datetime, timedelta
+
+import stripe
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import TopUp, TopUpStatus
+from billing.services.stripe_gateway import PaymentProviderUnavailable, client, translate
+from billing.services.webhooks import payment_intent_apply
+from core.locks import advisory_lock
+
+log = logging.getLogger(__name__)
+
+RECONCILE_BATCH = 100  # top-ups looked up per run at most (the oldest-checked first)
+FAILED_STATUSES = ("canceled", "requires_payment_method")
+
+
+class StripeUnavailable(Exception):
+    """Stripe cannot be reached or failed: stop this run, the next one tries again."""
+
+
+def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> dict:
+    """Settle the top-ups still processing after BILLING_TOP_UP_RECONCILE_AFTER_S with what Stripe says (one run
+    at a time). Returns how many were credited, failed, left processing, or could not be looked up."""
+    with advisory_lock("billing.top_ups_reconcile") as acquired:
+        if not acquired:
+            return {"skipped": "another run is reconciling top-ups"}
+        now = now or timezone.now()
+        cutoff = now - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+        # updated_at: when it became processing, or when it was last looked up here (see _looked_up).
+        ids = list(TopUp.objects.filter(status=TopUpStatus.PROCESSING, payment_intent_id__isnull=False,
+                                        updated_at__lt=cutoff)
+                   .order_by("updated_at", "pk").values_list("pk", flat=True)[:limit])
+        summary = Counter()
+        for top_up_id in ids:
+            try:
+                summary[top_up_reconcile(top_up_id=top_up_id, now=now)] += 1
+            except StripeUnavailable as exc:
+                log.warning("top-up reconcile: %s; the next run tries again", exc)
+                summary["stripe_unavailable"] += 1
+                break
+        return dict(summary)
+
+
+def top_up_reconcile(*, top_up_id: int, now: datetime | None = None) -> str:
+    """Look one processing top-up up at Stripe and apply the answer. Returns "succeeded", "failed", "processing"
+    (left alone), "settled" (no longer processing: nothing to do) or "error" (logged; looked up again later).
+    Raises StripeUnavailable when Stripe cannot be reached or failed."""
+    now = now or timezone.now()
+    top_up = TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.PROCESSING).first()
+    if top_up is None or not top_up.payment_intent_id:
+        return "settled"
+    try:
+        intent = client().v1.payment_intents.retrieve(top_up.payment_intent_id)
+    except stripe.StripeError as exc:
+        error = translate(exc, "looking up a payment")
+        if isinstance(error, PaymentProviderUnavailable):
+            raise StripeUnavailable(f"top-up {top_up_id}: {error.message}") from None
+        log.error("top-up %s: Stripe refused to look up %s: %s", top_up_id, top_up.payment_intent_id, error.message)
+        _looked_up(top_up_id, now)
+        return "error"
+    if intent.status not in ("succeeded", *FAILED_STATUSES):
+        _looked_up(top_up_id, now)
+        return "processing"
+    try:
+        with transaction.atomic():
+            payment_intent_apply(intent=intent.to_dict(), succeeded=intent.status == "succeeded")
+    except ValueError:  # the intent does not match its top-up: for operators, as a failed webhook event is
+        log.exception("top-up %s: Stripe's payment %s does not match it; nothing applied", top_up_id, intent.id)
+        _looked_up(top_up_id, now)
+        return "error"
+    log.info("top-up %s: no webhook came; Stripe says %s, applied", top_up_id, intent.status)
+    return "succeeded" if intent.status == "succeeded" else "failed"
+
+
+def _looked_up(top_up_id: int, now: datetime) -> None:
+    """Put a top-up that stays processing at the back of the queue: looked up again after the same delay."""
+    TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.PROCESSING).update(updated_at=now)

@@ -1,0 +1,198 @@
+"""Interruptions (the platform lost a running instance's node or VM, through no fault of the renter), and
+price cuts (a re-verification found a rented node's hardware worse than when it was booked).
+
+One rule, applied here for every cause (health checks failing, the VM found not running):
+- the instance moves to `interrupted` at once, and its billing is closed at the last moment its node was
+  seen healthy (`since`), never at the moment the loss was noticed;
+- the renter gets an event (API and email) at once, and a service credit by the published rule
+  (billing.services.credits), charged to the provider, topped up until the interruption ends;
+- it ends when the node answers again: the VM is intact → `running` (billing restarts); the VM is stopped →
+  `starting` (the platform starts it again); the VM is gone → `failed` with a reason; or the renter deletes it.
+
+Hardware found worse while rented (a lower benchmark score, or a rejection): the renter is told, and from the
+moment of the check the instance's price is cut in proportion to the score measured now against the score its
+node had before (billing.services.metering keeps cumulative rounding across the change).
+"""
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import EventKind
+from billing.services.credits import interruption_credit
+from billing.services.metering import usage_close
+from billing.services.notify import event_create
+from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.money import micros_to_usd
+from provisioning.models import JobKind
+from provisioning.services.jobs import job_create
+
+from .common import S, _leave_running, _locked, _save
+
+
+def node_instances_price_cut(*, node_id: int, ratio: float, reason: str) -> list[int]:
+    """Cut the price of the node's instances that are not over yet to `ratio` (0..1) of what they pay now."""
+    open_ids = (Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES)
+                .order_by("pk").values_list("pk", flat=True))
+    return [pk for pk in open_ids if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason) is not None]
+
+
+def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instance | None:
+    """From now on the instance pays `ratio` of its price; what ran until now is billed at the old price.
+    None when nothing changed (over already, or not cheaper)."""
+    now = timezone.now()
+    ratio = min(max(ratio, 0.0), 1.0)
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None or instance.status in FINAL_STATUSES:
+            return None
+        old = instance.price_per_hour_micros
+        per_gpu = int(instance.price_per_gpu_hour_micros * ratio)
+        if per_gpu * instance.num_gpus >= old:
+            return None
+        if instance.status == S.RUNNING:
+            usage_close(instance=instance, until=now)  # the time so far, at the price it ran at
+        instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
+        instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
+        instance.save(update_fields=["rate_base_seconds", "rate_base_cost_micros", "price_per_gpu_hour_micros",
+                                     "price_per_hour_micros", "updated_at"])
+        event_create(
+            user=instance.renter, kind=EventKind.PRICE_CUT, email=True,
+            message=(f"Instance {instance.pk}'s server measured worse in its latest benchmark check ({reason}). From "
+                     f"{_at(now)} it costs ${micros_to_usd(instance.price_per_hour_micros)}/h instead of "
+                     f"${micros_to_usd(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
+                     "You can keep it, or destroy it and rent another server."),
+            data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
+                  "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
+        )
+    return instance
+
+
+def _at(moment: datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def node_instances_interrupt(*, node_id: int, since: datetime | None, cause: str, detail: str,
+                             vm_ids: set[str] | None = None, started_before: datetime | None = None) -> list[int]:
+    """Interrupt the node's running instances (only those whose VM id is in `vm_ids`, when given).
+
+    `since` is the last moment the node (or the VM) was seen healthy. Instances that became running after
+    `started_before` (the probe that found the loss began before they ran) are left alone.
+    Returns the ids interrupted now.
+    """
+    running = Instance.objects.filter(node_id=node_id, status=S.RUNNING)
+    if started_before is not None:
+        running = running.filter(started_at__lt=started_before)
+    done = []
+    for instance_id in running.order_by("pk").values_list("pk", flat=True):
+        if vm_ids is not None and f"inst-{instance_id}" not in vm_ids:
+            continue
+        if instance_interrupt(instance_id=instance_id, since=since, cause=cause, detail=detail) is not None:
+            done.append(instance_id)
+    return done
+
+
+def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, detail: str) -> Interruption | None:
+    """running → interrupted, billed up to `since` and not after; None if it is not running (any more)."""
+    now = timezone.now()
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None or instance.status != S.RUNNING:
+            return None
+        # Never before it started running, nor before what was already billed (which stopped at the node's
+        # last healthy moment anyway: the meter bills no further than that).
+        since = min(max(since or now, instance.started_at, instance.billed_until or instance.started_at), now)
+        _leave_running(instance, since)
+        what = ("its server stopped answering" if cause == InterruptionCause.NODE_LOST
+                else "its VM stopped running on the server")
+        instance.transition_to(S.INTERRUPTED, f"Interrupted: {what} ({detail[:200]}). Billing stopped at "
+                                              f"{_at(since)}; it resumes only when the instance runs again.")
+        instance.stopped_at = since
+        _save(instance, "stopped_at")
+        interruption = Interruption.objects.create(instance=instance, cause=cause, detail=detail[:500],
+                                                   started_at=since, detected_at=now)
+        credit = interruption_credit(interruption_id=interruption.pk, until=now)
+        event_create(
+            user=instance.renter, kind=EventKind.INSTANCE_INTERRUPTED, email=True,
+            message=(f"Instance {instance.pk} was interrupted: {what}. Billing stopped at {_at(since)}, the last "
+                     "moment it was seen healthy, and you are credited for the time lost "
+                     f"(${micros_to_usd(credit.total_micros)} so far, charged to the provider). It resumes by "
+                     "itself if the server comes back with the VM intact; you can also destroy it now at no charge."),
+            data={"instance": instance.pk, "cause": cause, "billing_stopped_at": since.isoformat(),
+                  "credited": str(micros_to_usd(credit.total_micros))},
+        )
+    return interruption
+
+
+def _interruption_end(instance: Instance, now: datetime, outcome: str) -> Interruption | None:
+    """Close the instance's open interruption (inside the caller's transaction, instance row locked)."""
+    interruption = Interruption.objects.select_for_update().filter(instance_id=instance.pk, ended_at=None).first()
+    if interruption is None:
+        return None
+    interruption.ended_at = now
+    interruption.outcome = outcome
+    interruption.save(update_fields=["ended_at", "outcome"])
+    return interruption
+
+
+def _credited_text(interruption: Interruption | None, now: datetime) -> tuple[str, int]:
+    if interruption is None:
+        return "", 0
+    credit = interruption_credit(interruption_id=interruption.pk, until=now)
+    lost = interruption.lost_seconds(now)
+    return (f" It was out of reach for {lost // 60} min {lost % 60:02d} s, which was not billed; you were credited "
+            f"${micros_to_usd(credit.total_micros)} for it."), credit.total_micros
+
+
+def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, event: str) -> Instance | None:
+    """interrupted → `to`: end the interruption, post the rest of the credit and tell the renter `event` (plus
+    what was credited), all in one transaction. None when the instance is not interrupted (any more)."""
+    now = timezone.now()
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None or instance.status != S.INTERRUPTED:
+            return None
+        instance.transition_to(to, message)
+        fields = []
+        if to == S.RUNNING:  # billed again from now: the time away never is
+            instance.started_at, instance.stopped_at = now, None
+            fields = ["started_at", "stopped_at"]
+        _save(instance, *fields)
+        text, credited = _credited_text(_interruption_end(instance, now, outcome), now)
+        if to == S.STARTING:
+            job_create(kind=JobKind.INSTANCE_START, node=instance.node, instance=instance)
+        event_create(user=instance.renter, kind=EventKind.INSTANCE_RESUMED, email=True,
+                     message=event.format(instance=instance.pk, at=_at(now)) + text,
+                     data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
+    return instance
+
+
+def instance_resume(*, instance_id: int) -> Instance | None:
+    """interrupted → running: the node answered again and the VM is running. Billing restarts now."""
+    return _leave_interrupted(instance_id, S.RUNNING, "Running again after an interruption.",
+                              InterruptionOutcome.RESUMED,
+                              "Instance {instance} is running again; billing restarted at {at}.")
+
+
+def instance_restart_interrupted(*, instance_id: int) -> Instance | None:
+    """interrupted → starting: the node answered again but the VM is stopped; queue its start (same GPUs)."""
+    return _leave_interrupted(instance_id, S.STARTING, "Its server is back; starting the VM again.",
+                              InterruptionOutcome.RESTARTED,
+                              "Instance {instance}'s server is back, with the VM stopped: it is being started "
+                              "again; billing restarts once it runs.")
+
+
+def interruption_close(instance: Instance, now: datetime, outcome: str, reason: str = "") -> str:
+    """For the failure and destroy paths (instance row locked, still `interrupted`): end the interruption,
+    post the rest of the credit, and, when it failed, tell the renter why. Returns the sentence about the
+    credit ('' if the instance was not interrupted)."""
+    if instance.status != S.INTERRUPTED:
+        return ""
+    interruption = _interruption_end(instance, now, outcome)
+    text, credited = _credited_text(interruption, now)
+    if outcome == InterruptionOutcome.FAILED:
+        event_create(user=instance.renter, kind=EventKind.INSTANCE_LOST, email=True,
+                     message=f"Instance {instance.pk} could not be recovered: {reason}{text}",
+                     data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
+    return text

@@ -1,0 +1,268 @@
+"""Interruptions, service by service: a lost node or VM stops billing at the last healthy moment, the renter is
+told and credited by the published rule (charged to the provider), and the instance resumes, restarts, fails or
+is destroyed at once. The same flows over real SSH with a worker: tests/e2e/test_interruptions.py."""
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+
+from billing.models import BillingEvent, EventKind, LedgerTransaction, TransactionKind
+from billing.services.credits import credit_due
+from billing.services.ledger import earnings_balance
+from billing.services.metering import cost_for, usage_meter
+from marketplace.models import Gpu, Instance, Interruption, Node
+from marketplace.services import instances as svc
+from provisioning.models import Job, JobKind
+from provisioning.services.nodes import node_record_health
+from tests.billing.helpers import balance, fund, node, running
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def rented(clock):
+    """A renter's running 2-GPU instance ($3/h) on a node last seen healthy now."""
+    renter = UserFactory()
+    fund(renter, "50")
+    host = node(price="1.500000", gpu_count=4)
+    node_record_health(node_id=host.pk, ok=True)
+    instance = running(renter, host, num_gpus=2)
+    return renter, Node.objects.get(pk=host.pk), instance
+
+
+def _fail_checks(host, n, error="[Errno 111] Connection refused"):
+    interrupted = []
+    for _ in range(n):
+        interrupted += node_record_health(node_id=host.pk, ok=False, error=error)
+    return interrupted
+
+
+def test_the_meter_bills_no_further_than_the_nodes_last_healthy_moment(rented, clock):
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)  # seen healthy at +60
+    clock.advance(50)  # the node dies here; nobody knows yet
+    usage_meter()
+    instance.refresh_from_db()
+    assert instance.billed_seconds == 60  # up to the last healthy probe, not to now (+110)
+    assert instance.billed_until <= Node.objects.get(pk=host.pk).last_seen_at
+
+
+def test_a_lost_node_interrupts_its_instances_and_stops_billing_at_the_last_healthy_probe(
+        rented, clock, django_capture_on_commit_callbacks):
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    last_healthy = Node.objects.get(pk=host.pk).last_seen_at
+    clock.advance(30)
+    usage_meter()
+    clock.advance(30)
+    assert _fail_checks(host, 1) == []  # one missed check is not an interruption
+    usage_meter()
+    clock.advance(60)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert _fail_checks(host, 1) == [instance.pk]  # the second in a row is
+    instance.refresh_from_db()
+    assert instance.status == "interrupted" and "Billing stopped at" in instance.status_message
+    assert instance.billed_until <= last_healthy and instance.billed_seconds == 60
+    interruption = Interruption.objects.get(instance=instance)
+    assert interruption.cause == "node_lost" and interruption.started_at == last_healthy
+    assert interruption.ended_at is None
+    # Told at once, by event and email; credited the multiple of the price of the time lost so far.
+    event = BillingEvent.objects.get(user=renter, kind=EventKind.INSTANCE_INTERRUPTED)
+    assert event.emailed and mail.outbox and "interrupted" in mail.outbox[-1].subject
+    lost = int((clock.now - last_healthy).total_seconds())
+    assert interruption.credited_micros == credit_due(price_per_hour_micros=3_000_000, lost_seconds=lost) > 0
+    credit = LedgerTransaction.objects.get(kind=TransactionKind.SERVICE_CREDIT)
+    assert {e.account.kind: e.amount_micros for e in credit.entries.select_related("account")} == {
+        "customer_wallet": interruption.credited_micros, "provider_earnings": -interruption.credited_micros}
+    # Nothing is billed while interrupted, however long it lasts.
+    clock.advance(600)
+    usage_meter()
+    instance.refresh_from_db()
+    assert instance.billed_seconds == 60
+    assert not instance.usage_intervals.filter(ended_at__gt=last_healthy).exists()
+
+
+def test_the_node_coming_back_with_the_vm_resumes_billing_and_credits_the_whole_time_lost(rented, clock):
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    last_healthy = clock.now
+    clock.advance(60)
+    _fail_checks(host, 3)  # offline now
+    assert Node.objects.get(pk=host.pk).state == "offline"
+    provider_before = earnings_balance(user_id=host.provider_id)
+    clock.advance(600)
+    resumed_at = clock.now
+    assert svc.instance_resume(instance_id=instance.pk) is not None
+    instance.refresh_from_db()
+    assert instance.status == "running" and instance.started_at == resumed_at
+    interruption = Interruption.objects.get(instance=instance)
+    assert interruption.outcome == "resumed" and interruption.ended_at == resumed_at
+    lost = int((resumed_at - last_healthy).total_seconds())
+    assert interruption.credited_seconds == lost
+    assert interruption.credited_micros == 3_000_000 * lost // 3600  # the published multiple is 1
+    assert earnings_balance(user_id=host.provider_id) < provider_before
+    assert BillingEvent.objects.filter(user=renter, kind=EventKind.INSTANCE_RESUMED).exists()
+    # Billing restarts from the resume, not from before the interruption.
+    node_record_health(node_id=host.pk, ok=True)
+    clock.advance(120)
+    node_record_health(node_id=host.pk, ok=True)
+    usage_meter()
+    instance.refresh_from_db()
+    assert instance.billed_seconds == 60 + 120
+    assert instance.cost_micros == cost_for(3_000_000, 180)
+
+
+def test_the_credit_is_capped_per_interruption_and_posted_once(rented, clock, settings):
+    settings.INTERRUPTION_CREDIT_MAX_S = 3600
+    settings.INTERRUPTION_CREDIT_MULTIPLE = "2"
+    renter, host, instance = rented
+    _fail_checks(host, 2)
+    clock.advance(hours=30)
+    svc.instance_resume(instance_id=instance.pk)
+    interruption = Interruption.objects.get(instance=instance)
+    assert interruption.credited_seconds == 3600 and interruption.credited_micros == 2 * 3_000_000
+    before = balance(renter)
+    from billing.services.credits import interruption_credit
+
+    assert interruption_credit(interruption_id=interruption.pk, until=clock.now).amount_micros == 0
+    assert balance(renter) == before
+
+
+def test_the_vm_stopping_on_a_healthy_node_interrupts_only_that_instance(rented, clock):
+    renter, host, instance = rented
+    other_renter = UserFactory()
+    fund(other_renter, "10")
+    other = running(other_renter, host, num_gpus=1)
+    clock.advance(30)
+    probed = clock.now
+    clock.advance(1)
+    vms = {instance.vm_id: "stopped", other.vm_id: "running"}
+    assert node_record_health(node_id=host.pk, ok=True, vms=vms, probed_at=probed) == [instance.pk]
+    instance.refresh_from_db()
+    other.refresh_from_db()
+    assert instance.status == "interrupted" and other.status == "running"
+    assert Interruption.objects.get(instance=instance).cause == "vm_lost"
+    # The node answering again, VM stopped: started again on the same GPUs (a job), billing when it runs.
+    assert svc.instance_restart_interrupted(instance_id=instance.pk).status == "starting"
+    assert Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).exists()
+    assert Interruption.objects.get(instance=instance).outcome == "restarted"
+
+
+def test_an_instance_that_started_after_the_probe_is_not_judged_by_it(rented, clock):
+    _, host, instance = rented
+    probed = instance.started_at - timedelta(seconds=5)
+    assert node_record_health(node_id=host.pk, ok=True, vms={}, probed_at=probed) == []
+    instance.refresh_from_db()
+    assert instance.status == "running"
+
+
+def test_destroying_an_interrupted_instance_ends_it_at_once_and_keeps_its_gpus_until_clean_up(rented, clock, sent_jobs):
+    renter, host, instance = rented
+    _fail_checks(host, 2)
+    clock.advance(120)
+    svc.instance_destroy(instance=Instance.objects.get(pk=instance.pk))
+    instance.refresh_from_db()
+    assert instance.status == "destroyed" and "removed when it answers again" in instance.status_message
+    assert not sent_jobs[1:] or all(kind != "instance_destroy" for _, kind in sent_jobs)  # no job can reach it
+    assert Interruption.objects.get(instance=instance).outcome == "destroyed"
+    assert Gpu.objects.filter(node=host, status="rented").count() == 2  # its VM may still use them
+    assert sorted(svc.instance_cleanup_done(instance_id=instance.pk)) == [0, 1]
+    assert Gpu.objects.filter(node=host, status="rented").count() == 0
+
+
+def test_a_stopped_instance_on_an_offline_node_is_destroyed_at_once(rented, clock):
+    renter, host, instance = rented
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    _fail_checks(host, 3)
+    svc.instance_destroy(instance=Instance.objects.get(pk=instance.pk))
+    assert Instance.objects.get(pk=instance.pk).status == "destroyed"
+
+
+def test_a_failed_recovery_ends_the_interruption_and_tells_the_renter_why(rented, clock):
+    renter, host, instance = rented
+    _fail_checks(host, 2)
+    clock.advance(300)
+    svc.instance_mark_failed(instance_id=instance.pk, message="Its server answered again, but the VM was gone.")
+    instance.refresh_from_db()
+    assert instance.status == "failed" and "credited" in instance.status_message
+    assert Interruption.objects.get(instance=instance).outcome == "failed"
+    lost = BillingEvent.objects.get(user=renter, kind=EventKind.INSTANCE_LOST)
+    assert "VM was gone" in lost.message
+    assert Gpu.objects.filter(node=host, status="rented").count() == 0
+
+
+def test_verbs_on_an_interrupted_instance_are_refused_with_what_to_do(rented, clock, client_for):
+    renter, host, instance = rented
+    _fail_checks(host, 2)
+    api = client_for(renter)
+    r = api.post(f"/api/v1/instances/{instance.pk}/stop/")
+    assert r.status_code == 409 and "resumes by itself" in r.json()["detail"]
+    body = api.get(f"/api/v1/instances/{instance.pk}/").json()
+    assert body["status"] == "interrupted"
+
+
+def test_the_terms_endpoint_publishes_the_rule(client):
+    r = client.get("/api/v1/billing/terms/")
+    assert r.status_code == 200
+    rule = r.json()["interruptions"]
+    assert rule["credit_multiple"] == "1" and rule["credit_max_seconds"] == 86400
+    assert rule["detected_after_failed_health_checks"] == 2 and rule["charged_to"] == "provider_earnings"
+
+
+def _recheck(host, verdict, score, code="bf16_slow"):
+    from datetime import timedelta as td
+
+    from provisioning.services.verification import node_verify_conclude
+
+    job = Job.objects.create(kind=JobKind.NODE_VERIFY, node=host, status="running",
+                             deadline=host.created_at + td(days=1))
+    severity = "reject" if verdict == "rejected" else "degrade"
+    node_verify_conclude(job=job, verdict=verdict, score=score, inventory={},
+                         findings=[{"severity": severity, "code": code, "message": f"{code} measured", "gpu_index": 0}])
+
+
+def test_hardware_found_worse_while_rented_cuts_the_price_from_the_check_on(rented, clock):
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    _recheck(host, "degraded", 0.6)  # 60 % of the score it had (1.0)
+    instance.refresh_from_db()
+    assert instance.price_per_hour_micros == 1_800_000 and instance.price_per_gpu_hour_micros == 900_000
+    assert instance.billed_seconds == 60 and instance.rate_base_cost_micros == 50_000
+    event = BillingEvent.objects.get(user=renter, kind=EventKind.PRICE_CUT)
+    assert "$1.80" in event.message and "bf16_slow" in event.message
+    clock.advance(120)
+    node_record_health(node_id=host.pk, ok=True)
+    usage_meter()
+    instance.refresh_from_db()
+    assert instance.cost_micros == 50_000 + 1_800_000 * 120 // 3600  # the old price, then the new one
+    # Noise within the published tolerance changes nothing; the node's listing price is the provider's.
+    _recheck(host, "degraded", 0.58)
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 1_800_000
+    assert Node.objects.get(pk=host.pk).price_per_gpu_hour_micros == 1_500_000
+
+
+def test_a_rejection_without_a_score_while_rented_makes_the_instance_free(rented, clock):
+    renter, host, instance = rented
+    _recheck(host, "rejected", None, code="gpu_identity_mismatch")
+    instance.refresh_from_db()
+    assert instance.status == "running" and instance.price_per_hour_micros == 0
+    assert "failed its latest benchmark check" in instance.status_message
+
+
+def test_operators_see_interruptions_and_their_credits_in_the_admin(rented, clock, client):
+    renter, host, instance = rented
+    _fail_checks(host, 2)
+    clock.advance(600)
+    svc.instance_resume(instance_id=instance.pk)
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    page = client.get("/admin/marketplace/interruption/")
+    assert page.status_code == 200
+    assert b"The node stopped answering health checks" in page.content and b"0.50" in page.content
+    detail = client.get(f"/admin/marketplace/instance/{instance.pk}/change/")
+    assert detail.status_code == 200 and b"Resumed: the VM was intact" in detail.content
