@@ -38,3 +38,7 @@ def top_ups_reconcile():
     done = reconcile.top_ups_reconcile()
     if done:
         log.info("top-ups reconcile: %s", done)
+    # Automatic top-ups whose charge task was never queued (the broker was down) or was lost.
+    charged = reconcile.top_ups_charge_pending()
+    if charged:
+        log.info("top-ups reconcile: %s pending automatic top-up(s) charged", charged)

@@ -36,6 +36,18 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField(help_text="A job still open after this is failed by the reaper.")
+    # The outbox (provisioning/services/jobs.py): the row is the truth; the broker only carries a copy of it.
+    sent_at = models.DateTimeField(null=True, blank=True, help_text="When it was last handed to the broker.")
+    send_attempts = models.PositiveIntegerField(default=0, help_text="Times it was handed (or tried) to the broker.")
+    send_error = models.CharField(max_length=500, blank=True, help_text="Why the last hand-off failed, if it did.")
+    # Who runs it now (provisioning/services/runner.py): the execution that claimed it, and its last sign of life.
+    runner = models.CharField(max_length=255, blank=True,
+                              help_text="'<task id> <worker>:<pid>:<nonce>' of the execution holding it; "
+                                        "empty when none does (queued, or waiting to be retried).")
+    heartbeat_at = models.DateTimeField(null=True, blank=True,
+                                        help_text="Last sign of life of the execution holding it (or when a "
+                                                  "retry is due). Stale: the dispatcher sends the job again.")
+    lost_runs = models.PositiveSmallIntegerField(default=0, help_text="Executions lost with their worker.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -4,7 +4,12 @@ last failure closes the job with an error in words, never leaving GPUs allocated
 
 A busy node (every SSH slot the platform allows per node taken: NodeBusy) is not a failure: the job waits
 NODE_BUSY_RETRY_S and tries again, as often as its deadline allows, without using up the few retries meant
-for an unreachable node."""
+for an unreachable node.
+
+Jobs reach workers through the outbox (provisioning/services/jobs.py: sent on commit, and by `jobs_dispatch`
+every JOB_DISPATCH_INTERVAL_S). A job task claims its job (runner.job_begin: one live execution at a time) and
+renews its heartbeat while it runs (runner.JobHeartbeat), so that a lost worker's job is sent again within a
+minute and taken over; a job whose worker was lost more than JOB_MAX_LOST_RUNS times fails."""
 import logging
 from datetime import timedelta
 
@@ -16,7 +21,8 @@ from django.utils import timezone
 from provisioning.concurrency import NodeBusy
 from provisioning.models import Job, JobKind
 from provisioning.services import maintenance, verification, vms
-from provisioning.services.runner import job_begin, job_step
+from provisioning.services.jobs import JOB_TASKS
+from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
 from provisioning.services.verification import node_verify_failed, node_verify_run
 from provisioning.ssh import NodeError
 
@@ -41,6 +47,9 @@ RUNNERS = {
 
 
 def _fail(job: Job, exc: NodeError) -> None:
+    if not job_held(job):  # another execution took the job over: it speaks for the job now
+        log.warning("job %s: not failed by this execution, which no longer holds it (%s)", job.pk, exc)
+        return
     _, on_failure = RUNNERS[job.kind]
     if on_failure is not None:
         on_failure(job=job, error=exc)
@@ -49,27 +58,46 @@ def _fail(job: Job, exc: NodeError) -> None:
 
 
 def run_job(task, job_id: int) -> None:
-    job = job_begin(job_id=job_id)
+    request = task.request
+    job = job_begin(job_id=job_id, task_id=getattr(request, "id", None) or "",
+                    worker=getattr(request, "hostname", None) or "")
     if job is None:
         return
+    with JobHeartbeat(job):
+        if job.lost_runs > settings.JOB_MAX_LOST_RUNS:
+            _fail(job, NodeError(f"The worker running this job was lost {job.lost_runs} times; the platform "
+                                 "stopped trying. Operators have been told."))
+            return
+        try:
+            _run(task, job)
+        except JobLost as exc:
+            log.warning("job %s: %s; this execution stops", job_id, exc)
+
+
+def _run(task, job: Job) -> None:
     run, _ = RUNNERS[job.kind]
     try:
         run(job)
+    except JobLost:
+        raise
     except NodeBusy as exc:
         countdown = settings.NODE_BUSY_RETRY_S
         if timezone.now() + timedelta(seconds=countdown) < job.deadline:
-            log.info("job %s: %s; retrying in %s s", job_id, exc, countdown)
+            log.info("job %s: %s; retrying in %s s", job.pk, exc, countdown)
             job_step(job, f"waiting for the node: {exc.message} Trying again in {countdown:.0f} s.")
+            job_release(job, retry_at=timezone.now() + timedelta(seconds=countdown))
             raise _retry_uncounted(task, countdown=countdown, exc=exc) from None
         _fail(job, NodeBusy(f"The node stayed busy until this job's deadline: {exc.message} Try again later."))
     except NodeError as exc:
         if exc.transient and task.request.retries < task.max_retries:
-            log.info("job %s: %s; retrying", job_id, exc)
-            raise task.retry(countdown=settings.NODE_TASK_RETRY_BACKOFF_S[task.request.retries], exc=exc) from None
+            log.info("job %s: %s; retrying", job.pk, exc)
+            countdown = settings.NODE_TASK_RETRY_BACKOFF_S[task.request.retries]
+            job_release(job, retry_at=timezone.now() + timedelta(seconds=countdown))
+            raise task.retry(countdown=countdown, exc=exc) from None
         _fail(job, exc)
     except Exception as exc:
         # Our own bug or an unexpected failure: close the job and free what it held, then re-raise.
-        log.exception("job %s crashed", job_id)
+        log.exception("job %s crashed", job.pk)
         _fail(job, NodeError(f"Internal error: {type(exc).__name__}. Operators have been told."))
         raise
 
@@ -82,32 +110,32 @@ def _retry_uncounted(task, *, countdown: float, exc: Exception) -> Retry:
     return Retry(exc=exc, when=countdown, sig=signature)
 
 
-@shared_task(bind=True, **JOB_TASK_OPTIONS)
+@shared_task(bind=True, name=JOB_TASKS[JobKind.NODE_VERIFY], **JOB_TASK_OPTIONS)
 def node_verify(self, job_id: int):
     run_job(self, job_id)
 
 
-@shared_task(bind=True, **JOB_TASK_OPTIONS)
+@shared_task(bind=True, name=JOB_TASKS[JobKind.INSTANCE_PROVISION], **JOB_TASK_OPTIONS)
 def instance_provision(self, job_id: int):
     run_job(self, job_id)
 
 
-@shared_task(bind=True, **JOB_TASK_OPTIONS)
+@shared_task(bind=True, name=JOB_TASKS[JobKind.INSTANCE_START], **JOB_TASK_OPTIONS)
 def instance_start(self, job_id: int):
     run_job(self, job_id)
 
 
-@shared_task(bind=True, **JOB_TASK_OPTIONS)
+@shared_task(bind=True, name=JOB_TASKS[JobKind.INSTANCE_STOP], **JOB_TASK_OPTIONS)
 def instance_stop(self, job_id: int):
     run_job(self, job_id)
 
 
-@shared_task(bind=True, **JOB_TASK_OPTIONS)
+@shared_task(bind=True, name=JOB_TASKS[JobKind.INSTANCE_RESTART], **JOB_TASK_OPTIONS)
 def instance_restart(self, job_id: int):
     run_job(self, job_id)
 
 
-@shared_task(bind=True, **JOB_TASK_OPTIONS)
+@shared_task(bind=True, name=JOB_TASKS[JobKind.INSTANCE_DESTROY], **JOB_TASK_OPTIONS)
 def instance_destroy(self, job_id: int):
     run_job(self, job_id)
 
@@ -125,6 +153,15 @@ def nodes_reconcile():
 @shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
 def jobs_reap():
     return maintenance.jobs_reap()
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
+def jobs_dispatch():
+    """The outbox's sender: jobs never sent, lost by the broker, or held by a lost worker (beat, every ~10 s)."""
+    summary = maintenance.jobs_dispatch()
+    if any(summary.get(k) for k in ("sent", "resent", "recovered", "send_failed")):
+        log.info("jobs dispatch: %s", summary)
+    return summary
 
 
 @shared_task(acks_late=True, soft_time_limit=50, time_limit=60)

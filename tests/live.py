@@ -5,6 +5,7 @@ Registered for the whole suite by tests/conftest.py, so that one session has one
 (a second worker would take tasks meant for the first)."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,11 +38,16 @@ def _database_url() -> str:
 
 
 class Worker:
-    """A `celery worker` process of this project, started and stopped by the tests."""
+    """A `celery worker` process of this project, started and stopped by the tests.
 
-    def __init__(self, log_path: Path, simnodes_dir: Path):
+    `suffix` tells several workers apart (their node name, `nodename`, is what a job's `runner` names);
+    `broker_url` points one at another broker than the suite's."""
+
+    def __init__(self, log_path: Path, simnodes_dir: Path, *, suffix: str = "", broker_url: str | None = None):
         self.log_path = log_path
         self.simnodes_dir = simnodes_dir
+        self.broker_url = broker_url
+        self.nodename = f"e2e-{os.getpid()}{suffix}@{socket.gethostname()}"
         self.proc = None
 
     def start(self):
@@ -49,22 +55,31 @@ class Worker:
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings.test",
             "DATABASE_URL": _database_url(),
-            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "CELERY_BROKER_URL": self.broker_url or settings.CELERY_BROKER_URL,
             "CACHE_URL": settings.CACHE_URL,
             "SIMNODES_DIR": str(self.simnodes_dir),
             "DATABASE_CONN_MAX_AGE": "0",  # no idle connection may block the tests' TRUNCATE between tests
         }
         self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        since = self.log.tell()  # a restarted worker: wait for its own "ready."
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork", "--concurrency", "2",
-             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--hostname", f"e2e-{os.getpid()}@%h"],
+             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--hostname", self.nodename],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_until(lambda: b"ready." in self.log_path.read_bytes(), 60, what="the celery worker to be ready")
+        wait_until(lambda: b"ready." in self.log_path.read_bytes()[since:], 60,
+                   what="the celery worker to be ready")
 
     def children(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(pid) for pid in out.split()]
+
+    def kill(self):
+        """SIGKILL the worker and its pool at once (its process group), as a lost machine or the OOM killer would:
+        it acknowledges nothing and gives nothing back."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.log.close()
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

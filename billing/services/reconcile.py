@@ -11,6 +11,11 @@ the top-ups processing for longer than BILLING_TOP_UP_RECONCILE_AFTER_S are look
 - canceled, or back to `requires_payment_method` (the charge failed): failed, with the usual event;
 - anything else (still processing): left alone, and asked again after the same delay.
 
+An automatic top-up is charged by a task queued when it is created (billing.tasks.top_up_charge). If that task
+was never queued (the broker was down) or its message was lost, the top-up would stay pending: the same run
+charges the automatic top-ups still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (`top_ups_charge_pending`).
+The charge's Stripe idempotency key (`top-up-<id>`) makes a charge that ran meanwhile answer the same payment.
+
 Stripe is called outside any database transaction. A Stripe error never stops the loop for good: an unreachable
 or failing Stripe ends this run (the next one tries again), any other error skips that top-up until its next turn.
 """
@@ -25,6 +30,7 @@ from django.utils import timezone
 
 from billing.models import TopUp, TopUpStatus
 from billing.services.stripe_gateway import PaymentProviderUnavailable, client, translate
+from billing.services.top_ups import top_up_charge_by_id
 from billing.services.webhooks import payment_intent_apply
 from core.locks import advisory_lock
 
@@ -59,6 +65,23 @@ def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
                 summary["stripe_unavailable"] += 1
                 break
         return dict(summary)
+
+
+def top_ups_charge_pending(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> int:
+    """Charge the automatic top-ups still pending after BILLING_TOP_UP_RECONCILE_AFTER_S: their charge task was
+    never queued (the broker was down) or was lost. One run at a time; returns how many were charged (or failed)."""
+    with advisory_lock("billing.top_ups_charge_pending") as acquired:
+        if not acquired:
+            return 0
+        cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+        ids = list(TopUp.objects.filter(status=TopUpStatus.PENDING, automatic=True, card__isnull=False,
+                                        created_at__lt=cutoff)
+                   .order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
+        for top_up_id in ids:
+            log.warning("automatic top-up %s: still pending (its charge was never queued or was lost); charging it",
+                        top_up_id)
+            top_up_charge_by_id(top_up_id=top_up_id)
+        return len(ids)
 
 
 def top_up_reconcile(*, top_up_id: int, now: datetime | None = None) -> str:

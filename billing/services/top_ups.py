@@ -210,7 +210,11 @@ def auto_top_up_start(*, user_id: int) -> TopUp | None:
         def queue():
             from billing import tasks  # tasks import services: import at call time, layers stay one-way
 
-            tasks.top_up_charge.delay(top_up.pk)
+            try:
+                tasks.top_up_charge.delay(top_up.pk)
+            except Exception as exc:  # noqa: BLE001 (the broker is down: the top-up is committed, pending)
+                log.warning("automatic top-up %s: the charge could not be queued (%s); top_ups_reconcile charges "
+                            "it after BILLING_TOP_UP_RECONCILE_AFTER_S", top_up.pk, exc)
 
         transaction.on_commit(queue)
     return top_up

@@ -1,10 +1,33 @@
-"""Creating jobs and handing them to Celery; the job row is what operators and users see."""
+"""Jobs are rows first: creating them, and handing them to Celery (a transactional outbox).
+
+The `Job` row, committed in the same transaction as the state change that asks for the work (an instance
+`requested`, a node `verifying`), is the truth. The broker only carries a copy of it:
+
+- `job_create` records the job and, once the caller's transaction commits, tries to send it (`job_send`). A
+  broker that cannot be reached is logged and recorded on the row (`send_attempts`, `send_error`), never raised:
+  the request that asked for the work has committed, and it answers as usual.
+- The dispatcher (`provisioning.services.maintenance.jobs_dispatch`, every JOB_DISPATCH_INTERVAL_S from beat)
+  sends what was never sent, sends again what the broker seems to have lost, and what a lost worker held
+  (provisioning/services/runner.py: heartbeats). So a broker outage or a dead worker delays work, never loses it.
+- A job may reach workers more than once; `runner.job_begin` lets exactly one execution hold it at a time.
+
+JOB_TASKS is the one registry of job kind → Celery task name. Jobs are sent by name (`send_task`), so this
+module imports no task module (tasks import services: no import circle, no deferred import); provisioning.tasks
+declares each job task under its registered name, and tests/provisioning/test_job_outbox.py checks that every
+kind has its task.
+"""
+import logging
+import uuid
 from datetime import timedelta
 
-from django.db import transaction
+from celery import current_app
+from django.db import DatabaseError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from provisioning.models import Job, JobKind, JobStatus
+
+log = logging.getLogger(__name__)
 
 # How long a job may stay open before the reaper fails it (seconds). Generous: a
 # verification runs a benchmark; a provision may pull an image.
@@ -17,18 +40,70 @@ JOB_DEADLINES = {
     JobKind.INSTANCE_DESTROY: 300,
 }
 
+# The Celery task that runs each kind of job (provisioning.tasks declares them under these names).
+JOB_TASKS = {
+    JobKind.NODE_VERIFY: "provisioning.tasks.node_verify",
+    JobKind.INSTANCE_PROVISION: "provisioning.tasks.instance_provision",
+    JobKind.INSTANCE_START: "provisioning.tasks.instance_start",
+    JobKind.INSTANCE_STOP: "provisioning.tasks.instance_stop",
+    JobKind.INSTANCE_RESTART: "provisioning.tasks.instance_restart",
+    JobKind.INSTANCE_DESTROY: "provisioning.tasks.instance_destroy",
+}
+
 
 def job_create(*, kind: str, node, instance=None) -> Job:
-    """Record a queued job and send it to a worker once the caller's transaction commits."""
+    """Record a queued job; it is sent to a worker once the caller's transaction commits (or by the dispatcher)."""
     job = Job.objects.create(
         kind=kind, node=node, instance=instance, status=JobStatus.QUEUED, step="queued",
         deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]),
     )
-    transaction.on_commit(lambda: _send(job.pk, kind))
+    transaction.on_commit(lambda: _send(job.pk, kind), robust=True)
     return job
 
 
-def _send(job_id: int, kind: str) -> None:
-    from provisioning import tasks  # tasks import services; import at call time to keep layers one-way
+def job_send_again_if_unsent(job: Job) -> None:
+    """A job asked for again (e.g. Verify twice) that the broker never took: try to send it now, on commit,
+    rather than wait for the dispatcher."""
+    if job.status == JobStatus.QUEUED and job.sent_at is None:
+        transaction.on_commit(lambda: _send(job.pk, job.kind), robust=True)
 
-    getattr(tasks, kind).delay(job_id)
+
+def _send(job_id: int, kind: str) -> None:
+    """The on-commit hook (tests replace it to record what would be sent). Never raises."""
+    try:
+        job_send(job_id=job_id)
+    except Exception:  # noqa: BLE001 (the caller's transaction committed: nothing here may undo its answer)
+        log.exception("job %s (%s): sending it failed; the dispatcher sends it later", job_id, kind)
+
+
+def job_send(*, job_id: int) -> bool:
+    """Hand the job to the broker and record it on the row. False (logged and recorded) when the broker could
+    not take it: the dispatcher tries again. Each message has its own task id, so that the claim in
+    runner.job_begin can tell a redelivery of one message from another copy of the job."""
+    kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    if kind is None:
+        return False
+    task_id = f"job-{job_id}-{uuid.uuid4().hex[:12]}"
+    try:
+        _publish(JOB_TASKS[kind], job_id=job_id, task_id=task_id)
+    except Exception as exc:  # noqa: BLE001 (kombu and the transports raise many kinds; the row keeps the job)
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("job %s (%s): the broker did not take it (%s); the dispatcher sends it later", job_id, kind, error)
+        _record_send(job_id, error=error)
+        return False
+    _record_send(job_id, sent_at=timezone.now())
+    return True
+
+
+def _publish(task_name: str, *, job_id: int, task_id: str) -> None:
+    current_app.send_task(task_name, args=[job_id], task_id=task_id)
+
+
+def _record_send(job_id: int, *, sent_at=None, error: str = "") -> None:
+    fields = {"send_attempts": F("send_attempts") + 1, "send_error": error}
+    if sent_at is not None:
+        fields["sent_at"] = sent_at
+    try:
+        Job.objects.filter(pk=job_id).update(**fields)
+    except DatabaseError:  # the message is out (or not); the dispatcher judges by the row, at worst sends twice
+        log.exception("job %s: could not record the hand-off to the broker", job_id)

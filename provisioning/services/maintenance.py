@@ -1,5 +1,5 @@
-"""The periodic jobs that keep the fleet honest: health checks, reconciling VMs with the
-database, reaping stuck jobs, and retrying pending verifications.
+"""The periodic jobs that keep the fleet honest: sending jobs (the outbox's dispatcher), health checks,
+reconciling VMs with the database, reaping stuck jobs, and retrying pending verifications.
 
 Each runs as a singleton (a PostgreSQL advisory lock, core.locks), since beat may fire again before a slow
 run ends.
@@ -12,6 +12,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.db.models import OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
@@ -21,6 +22,7 @@ from marketplace.models import Instance, InstanceStatus, Node, NodeState
 from marketplace.services import instances as instance_svc
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
+from provisioning.services.jobs import job_send
 from provisioning.services.nodes import (
     WATCHED_STATES,
     HealthResult,
@@ -30,7 +32,7 @@ from provisioning.services.nodes import (
     node_session,
     running_vm_ids_by_node,
 )
-from provisioning.services.runner import job_finish
+from provisioning.services.runner import MAX_LOG_LINES, job_finish
 from provisioning.ssh import NodeError
 
 log = logging.getLogger(__name__)
@@ -210,6 +212,70 @@ def node_reconcile(node: Node) -> dict:
 
 def _vm_instance_ids(vms: list[dict]) -> list[int]:
     return [int(m.group(1)) for vm in vms if (m := _VM_ID.match(vm.get("vm_id", "")))]
+
+
+# Jobs looked at per dispatcher run at most (oldest first); the next run takes the rest.
+DISPATCH_BATCH = 500
+
+
+def jobs_dispatch(*, now=None, limit: int = DISPATCH_BATCH) -> dict:
+    """The outbox's sender (one run at a time): hand to the broker the open jobs, before their deadline, that
+
+    - were never sent (the broker was down when they were committed, or the process died first), once
+      JOB_SEND_GRACE_S has passed (the on-commit send's moment);
+    - were sent but never started: the broker may have lost the message (a Redis restarted without its data).
+      Again after JOB_RESEND_QUEUED_AFTER_S, then twice as long after each send (a long queue only waits);
+    - are running, but the execution holding them stopped beating for JOB_HEARTBEAT_STALE_S (its worker was
+      killed, ran out of memory, lost its machine), or a retry did not come that long after it was due: sent
+      again, so that another worker takes it over (runner.job_begin), at most once per JOB_HEARTBEAT_STALE_S.
+
+    A copy too many is harmless: one execution at a time holds a job. The first send the broker refuses ends the
+    run (it is down: the next run tries again), so an outage costs one failed send per run, not one per job."""
+    with singleton("jobs_dispatch", ttl=60) as acquired:
+        if not acquired:
+            return {"skipped": "another dispatcher is running"}
+        now = now or timezone.now()
+        stale = now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S)
+        resend_after = timedelta(seconds=settings.JOB_RESEND_QUEUED_AFTER_S)
+        unsent = Q(status=JobStatus.QUEUED, sent_at__isnull=True,
+                   created_at__lte=now - timedelta(seconds=settings.JOB_SEND_GRACE_S))
+        unstarted = Q(status=JobStatus.QUEUED, sent_at__lte=now - resend_after)
+        lost = Q(status=JobStatus.RUNNING, heartbeat_at__lt=stale) & (Q(sent_at__isnull=True) | Q(sent_at__lt=stale))
+        jobs = (Job.objects.filter(unsent | unstarted | lost, deadline__gt=now).order_by("created_at", "id")
+                .only("pk", "kind", "status", "sent_at", "send_attempts", "heartbeat_at", "runner", "log")[:limit])
+        summary = {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0, "waiting": 0}
+        for job in jobs:
+            if job.status == JobStatus.RUNNING:
+                outcome = "recovered"
+            elif job.sent_at is None:
+                outcome = "sent"
+            else:
+                # Backoff: 1, 2, 4 ... times JOB_RESEND_QUEUED_AFTER_S after the last send (at most an hour).
+                backoff = min(resend_after * 2 ** min(max(job.send_attempts - 1, 0), 6), timedelta(hours=1))
+                if job.sent_at > now - backoff:
+                    summary["waiting"] += 1
+                    continue
+                outcome = "resent"
+            if not job_send(job_id=job.pk):
+                summary["send_failed"] += 1
+                break
+            summary[outcome] += 1
+            if outcome != "sent":
+                _dispatch_note(job, now)
+        return summary
+
+
+def _dispatch_note(job: Job, now) -> None:
+    """Say in the job's log why it was sent again (operators read it beside the steps)."""
+    if job.status == JobStatus.RUNNING:
+        since = f"{job.heartbeat_at:%H:%M:%S} UTC" if job.heartbeat_at else "never"
+        message = f"sent again: no sign of life from {job.runner or 'its retry'} since {since}"
+    else:
+        message = f"sent again: not started {int((now - job.sent_at).total_seconds())} s after it was sent"
+    log.info("job %s: %s", job.pk, message)
+    line = {"at": now.isoformat(), "message": message}
+    # Unless a worker claimed it meanwhile: its own lines come first.
+    Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(log=[*job.log, line][-MAX_LOG_LINES:])
 
 
 def jobs_reap() -> dict:

@@ -21,7 +21,7 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import NodeConflict
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
-from provisioning.services.jobs import job_create
+from provisioning.services.jobs import job_create, job_send_again_if_unsent
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
@@ -46,6 +46,7 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
     node = Node.objects.select_for_update().get(pk=node.pk)
     open_job = node.jobs.filter(kind=JobKind.NODE_VERIFY, status__in=OPEN_JOB_STATUSES).first()
     if open_job is not None:
+        job_send_again_if_unsent(open_job)  # one the broker never took (it was down): now, not at the next dispatch
         return open_job
     if node.state not in VERIFIABLE_FROM:
         raise NodeConflict(f"A {node.state} node cannot be verified.")

@@ -4,17 +4,19 @@ import os
 import signal
 import socket
 import subprocess
+import time
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
 from django.core.cache import cache
 
 from marketplace.models import Gpu, GpuAllocation, Instance, Node
 from provisioning.models import Job, NodeEvent
-from provisioning.services.maintenance import nodes_reconcile
+from provisioning.services.maintenance import jobs_dispatch, nodes_reconcile
 from provisioning.services.nodes import node_session
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import Worker, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -138,8 +140,67 @@ def test_worker_killed_mid_provisioning_still_ends_running(worker, sim_node_fact
     instance = _status(instance_id, "running", "failed", timeout=90)
     job.refresh_from_db()
     assert job.attempts >= 2, "the killed attempt must have been delivered again"
+    assert job.lost_runs >= 1 and "resumed: its execution was lost" in " ".join(line["message"] for line in job.log)
     assert instance.status == "running", (instance.status_message, worker.tail())
     assert job.status == "succeeded"
+    other_api.delete(f"/api/v1/instances/{instance_id}/")
+    _status(instance_id, "destroyed")
+
+
+def test_a_worker_killed_whole_mid_provisioning_is_noticed_and_another_worker_finishes(
+        worker, sim_node_factory, api, other_api, tmp_path, simnodes_dir, capsys):
+    """SIGKILL of a whole worker (its pool too) while it runs a provisioning job: it acknowledges nothing and its
+    message stays with Redis until the visibility timeout. The job's heartbeat stops; the dispatcher (beat's
+    part, run here every JOB_DISPATCH_INTERVAL_S) sends it again once the heartbeat is JOB_HEARTBEAT_STALE_S
+    old, and the other worker takes it over and finishes it: running within about a minute, not failed by the
+    reaper after the job's 900 s deadline."""
+    node, _ = _verified_node(api, sim_node_factory)
+    _, public = _renter_key(tmp_path)
+    second = Worker(tmp_path / "worker-b.log", simnodes_dir, suffix="-b")
+    second.start()
+    workers = {worker.nodename: worker, second.nodename: second}
+    slots = [f"node-ssh-slot:{node.pk}:{n}" for n in range(4)]
+    for key in slots:  # the job is caught inside a worker, waiting for an SSH session to its node
+        cache.set(key, "held-by-test", 300)
+    picked = None
+    try:
+        r = other_api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                                  "ssh_public_key": public}, format="json")
+        assert r.status_code == 201, r.content
+        instance_id = r.json()["id"]
+        job = wait_until(lambda: Job.objects.filter(instance_id=instance_id, status="running").first(), 30,
+                         what="the provisioning job to start")
+        [picked] = [w for name, w in workers.items() if f" {name}:" in job.runner]
+        [survivor] = [w for w in workers.values() if w is not picked]
+        picked.kill()
+        killed = time.monotonic()
+        cache.delete_many(slots)
+
+        next_dispatch = killed
+        while time.monotonic() - killed < 180:
+            if time.monotonic() >= next_dispatch:
+                jobs_dispatch()
+                next_dispatch += settings.JOB_DISPATCH_INTERVAL_S
+            instance = Instance.objects.get(pk=instance_id)
+            if instance.status in ("running", "failed"):
+                break
+            time.sleep(0.25)
+        to_running = time.monotonic() - killed
+        with capsys.disabled():
+            print(f"\n[worker killed] instance {instance.status} {to_running:.1f} s after SIGKILL of {picked.nodename} "
+                  f"(heartbeat stale after {settings.JOB_HEARTBEAT_STALE_S} s, dispatcher every "
+                  f"{settings.JOB_DISPATCH_INTERVAL_S} s)")
+        assert instance.status == "running", (instance.status_message, survivor.tail())
+        assert to_running < 90, "a lost job must be noticed within a minute and resumed"
+        job.refresh_from_db()
+        assert job.status == "succeeded" and job.lost_runs == 1 and job.attempts == 2
+        assert f" {survivor.nodename}:" in job.runner
+        assert any("no sign of life" in line["message"] for line in job.log)
+    finally:
+        cache.delete_many(slots)
+        second.stop()
+        if picked is worker:  # the suite's worker: the next tests need it
+            worker.start()
     other_api.delete(f"/api/v1/instances/{instance_id}/")
     _status(instance_id, "destroyed")
 

@@ -1,0 +1,313 @@
+"""Jobs are rows first: the outbox (a job committed with its state change is the truth; sending it is tried on
+commit, and the dispatcher sends what was never sent, lost by the broker, or held by a lost worker) and the claim
+that lets one execution at a time hold a job, with heartbeats. The real broker going down and a worker killed
+mid-job are in tests/e2e/test_broker_outage.py and tests/e2e/test_instances.py."""
+import time
+from datetime import timedelta
+
+import pytest
+from celery import current_app
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from marketplace.models import GpuAllocation, InstanceStatus, NodeState
+from provisioning import tasks
+from provisioning.models import Job, JobKind, JobStatus
+from provisioning.services import jobs as job_svc
+from provisioning.services import maintenance
+from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_finish, job_release, job_step
+from provisioning.ssh import NodeError
+from tests.factories import make_listed_node, make_node
+
+
+class Broker:
+    """What jobs.job_send hands to Celery, recorded; `down` makes it refuse as kombu does when Redis is gone."""
+
+    def __init__(self):
+        self.down = False
+        self.messages = []
+
+    def __call__(self, task_name, *, job_id, task_id):
+        if self.down:
+            raise OperationalError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
+        self.messages.append((task_name, job_id, task_id))
+
+    def job_ids(self):
+        return [job_id for _, job_id, _ in self.messages]
+
+
+@pytest.fixture
+def broker(monkeypatch):
+    fake = Broker()
+    monkeypatch.setattr(job_svc, "_publish", fake)
+    return fake
+
+
+def public_key() -> str:
+    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def ago(seconds: float):
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+# ------------------------------------------------------------------------------------------- the registry
+
+
+def test_every_job_kind_has_one_task_registered_under_its_name_and_a_runner():
+    current_app.loader.import_default_modules()
+    assert set(job_svc.JOB_TASKS) == set(JobKind) == set(tasks.RUNNERS) == set(job_svc.JOB_DEADLINES)
+    for kind, name in job_svc.JOB_TASKS.items():
+        task = current_app.tasks[name]
+        assert task.acks_late and task.reject_on_worker_lost, kind
+        assert getattr(tasks, kind).name == name  # provisioning.tasks.<kind> is the task the registry names
+    assert "provisioning.tasks.jobs_dispatch" in current_app.tasks
+
+
+def test_the_dispatcher_runs_every_few_seconds_from_beat(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["jobs-dispatch"]
+    assert entry["task"] == "provisioning.tasks.jobs_dispatch" and entry["schedule"] <= 15
+    assert settings.JOB_HEARTBEAT_INTERVAL_S * 3 < settings.JOB_HEARTBEAT_STALE_S <= 50
+    # Redis must not hand a running job's message to a second worker while its task may still run.
+    assert settings.BROKER_VISIBILITY_TIMEOUT_S > 2 * settings.CELERY_TASK_TIME_LIMIT
+    assert settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] == settings.BROKER_VISIBILITY_TIMEOUT_S
+
+
+# ------------------------------------------------------------------------------- sending: the broker down
+
+
+def test_with_the_broker_down_the_api_answers_as_usual_and_the_jobs_wait_in_their_rows(transactional_db, broker,
+                                                                                       api, other_api):
+    """Booking and Verify commit their rows and answer JSON (201, 202), not a 500; the failure to send is on the
+    job's row. Asking to verify again returns the same job and tries to send it again."""
+    broker.down = True
+    listed = make_listed_node()
+    r = other_api.post("/api/v1/instances/", {"offer": listed.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                              "ssh_public_key": public_key()}, format="json")
+    assert r.status_code == 201, r.content
+    assert r["Content-Type"] == "application/json"
+    instance_id = r.json()["id"]
+    pending = make_node(api.user)
+    r = api.post(f"/api/v1/nodes/{pending.pk}/verify/")
+    assert r.status_code == 202 and r["Content-Type"] == "application/json", r.content
+
+    provision = Job.objects.get(instance_id=instance_id)
+    verify = Job.objects.get(node=pending, kind=JobKind.NODE_VERIFY)
+    for job in (provision, verify):
+        assert job.status == JobStatus.QUEUED and job.sent_at is None and job.send_attempts == 1
+        assert job.send_error.startswith("OperationalError: Error 111")
+    assert provision.instance.status == InstanceStatus.REQUESTED
+    assert GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True).count() == 1
+    pending.refresh_from_db()
+    assert pending.state == NodeState.VERIFYING
+
+    assert api.post(f"/api/v1/nodes/{pending.pk}/verify/").status_code == 202
+    assert Job.objects.filter(node=pending, kind=JobKind.NODE_VERIFY).count() == 1
+    verify.refresh_from_db()
+    assert verify.send_attempts == 2 and verify.sent_at is None  # tried again at once, the broker still down
+
+    # The dispatcher stops at the first refusal: one failed send per run, however many jobs wait.
+    later = timezone.now() + timedelta(seconds=30)
+    assert maintenance.jobs_dispatch(now=later)["send_failed"] == 1
+    assert broker.messages == []
+
+    broker.down = False
+    summary = maintenance.jobs_dispatch(now=later)
+    assert summary["sent"] == 2 and summary["send_failed"] == 0
+    assert sorted(broker.job_ids()) == sorted([provision.pk, verify.pk])
+    names = {job_id: name for name, job_id, _ in broker.messages}
+    assert names == {provision.pk: "provisioning.tasks.instance_provision", verify.pk: "provisioning.tasks.node_verify"}
+    for job in (provision, verify):
+        job.refresh_from_db()
+        assert job.sent_at is not None and job.send_error == ""
+    # Sent: the next run leaves them alone.
+    assert maintenance.jobs_dispatch(now=later)["sent"] == 0 and len(broker.messages) == 2
+
+
+def test_a_job_is_sent_on_commit_and_each_send_has_its_own_task_id(transactional_db, broker, api):
+    node = make_node(api.user)
+    assert api.post(f"/api/v1/nodes/{node.pk}/verify/").status_code == 202
+    [(name, job_id, task_id)] = broker.messages
+    job = Job.objects.get(pk=job_id)
+    assert name == "provisioning.tasks.node_verify" and task_id.startswith(f"job-{job.pk}-")
+    assert job.sent_at is not None and job.send_attempts == 1 and job.send_error == ""
+    assert job_svc.job_send(job_id=job.pk)
+    assert broker.messages[1][2] != task_id
+
+
+def test_a_never_sent_job_waits_for_the_on_commit_send_before_the_dispatcher_takes_it(db, broker, settings):
+    settings.JOB_SEND_GRACE_S = 5
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())  # in the test's transaction: not sent
+    assert maintenance.jobs_dispatch()["sent"] == 0
+    assert maintenance.jobs_dispatch(now=timezone.now() + timedelta(seconds=6))["sent"] == 1
+    assert broker.job_ids() == [job.pk]
+
+
+def test_a_job_past_its_deadline_is_left_to_the_reaper(db, broker):
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    Job.objects.filter(pk=job.pk).update(deadline=ago(1), created_at=ago(60))
+    assert maintenance.jobs_dispatch()["sent"] == 0 and broker.messages == []
+
+
+def test_a_job_sent_but_never_started_is_sent_again_with_backoff(db, broker, settings):
+    """The broker lost the message (a Redis restarted without its data): sent again, less often each time."""
+    settings.JOB_RESEND_QUEUED_AFTER_S = 120
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(100), send_attempts=1, created_at=ago(100))
+    assert maintenance.jobs_dispatch()["resent"] == 0
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(130))
+    assert maintenance.jobs_dispatch()["resent"] == 1
+    job.refresh_from_db()
+    assert job.send_attempts == 2 and "not started 130 s after it was sent" in job.log[-1]["message"]
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(130))  # the second time: 240 s
+    assert maintenance.jobs_dispatch() == {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0, "waiting": 1}
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(250))
+    assert maintenance.jobs_dispatch()["resent"] == 1
+
+
+def test_the_dispatcher_runs_one_at_a_time(db, broker):
+    with maintenance.singleton("jobs_dispatch", ttl=60) as acquired:
+        assert acquired
+        assert "skipped" in maintenance.jobs_dispatch()
+
+
+# --------------------------------------------------------------------------- the claim and the heartbeat
+
+
+def test_one_execution_at_a_time_holds_a_job(db, settings):
+    settings.JOB_HEARTBEAT_STALE_S = 45
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    first = job_begin(job_id=job.pk, task_id="job-1-a", worker="w1@host")
+    assert first.runner.startswith("job-1-a w1@host:") and first.attempts == 1 and first.lost_runs == 0
+    # Another copy of the job (the dispatcher's, or the broker's) while the first beats: it does nothing.
+    assert job_begin(job_id=job.pk, task_id="job-1-b", worker="w2@host") is None
+    # The same message delivered again: its execution died (reject_on_worker_lost); taken over at once.
+    again = job_begin(job_id=job.pk, task_id="job-1-a", worker="w1@host")
+    assert again.runner != first.runner and again.attempts == 2 and again.lost_runs == 1
+    assert again.step.startswith("resumed: its execution was lost")
+    # The lost execution, should it still run, changes nothing any more and stops at its next step.
+    with pytest.raises(JobLost):
+        job_step(first, "benchmarking")
+    job_finish(first, error="too late")
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.runner == again.runner and job.error == ""
+    # Its heartbeat stops: after JOB_HEARTBEAT_STALE_S another copy takes it over.
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=ago(46))
+    third = job_begin(job_id=job.pk, task_id="job-1-c", worker="w2@host")
+    assert third.lost_runs == 2 and "its worker stopped answering" in third.step
+    job_finish(third)
+    assert job_begin(job_id=job.pk, task_id="job-1-d") is None  # finished: nothing to run
+
+
+def test_an_execution_whose_job_was_reaped_stops_at_its_next_step(db):
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    begun = job_begin(job_id=job.pk, task_id="job-7-a")
+    job_finish(Job.objects.get(pk=job.pk), error="The job did not finish in time and was stopped by the platform.")
+    with pytest.raises(JobLost):
+        job_step(begun, "judging the GPUs against the catalogue")
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.step == "failed"
+
+
+def test_a_job_waiting_for_its_retry_is_held_by_nobody_until_the_retry_is_due(db, broker, settings):
+    settings.JOB_HEARTBEAT_STALE_S = 45
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(120), created_at=ago(120))
+    begun = job_begin(job_id=job.pk, task_id="job-2-a")
+    job_release(begun, retry_at=timezone.now() + timedelta(seconds=30))
+    job.refresh_from_db()
+    assert job.runner == "" and job.status == JobStatus.RUNNING
+    # Not lost while the retry is due, nor for JOB_HEARTBEAT_STALE_S after.
+    assert maintenance.jobs_dispatch(now=timezone.now() + timedelta(seconds=70))["recovered"] == 0
+    # The retry itself (the same task id) claims it without counting a lost run.
+    retried = job_begin(job_id=job.pk, task_id="job-2-a")
+    assert retried.attempts == 2 and retried.lost_runs == 0 and retried.step == "started again (attempt 2)"
+
+
+def test_a_running_job_whose_worker_stopped_beating_is_sent_again_once_per_stale_period(db, broker, settings):
+    settings.JOB_HEARTBEAT_STALE_S = 45
+    job = job_svc.job_create(kind=JobKind.INSTANCE_PROVISION, node=make_node())
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(300), send_attempts=1, created_at=ago(300))
+    begun = job_begin(job_id=job.pk, task_id="job-3-a", worker="lost@host")
+    assert maintenance.jobs_dispatch()["recovered"] == 0  # it beats
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=ago(50))
+    assert maintenance.jobs_dispatch()["recovered"] == 1
+    assert broker.job_ids() == [job.pk]
+    job.refresh_from_db()
+    assert job.send_attempts == 2 and f"no sign of life from {begun.runner}" in job.log[-1]["message"]
+    # Sent again just now: not again until that copy had JOB_HEARTBEAT_STALE_S to be taken.
+    assert maintenance.jobs_dispatch()["recovered"] == 0
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(50))
+    assert maintenance.jobs_dispatch()["recovered"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_beats_while_the_job_runs_and_stops_when_it_is_taken_over():
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    begun = job_begin(job_id=job.pk, task_id="job-4-a")
+    start = begun.heartbeat_at
+    with JobHeartbeat(begun, interval_s=0.05) as heartbeat:
+        time.sleep(0.4)
+        job.refresh_from_db()
+        assert job.heartbeat_at > start
+        Job.objects.filter(pk=job.pk).update(runner="someone else", heartbeat_at=start)
+        time.sleep(0.3)
+        assert not heartbeat._thread.is_alive()  # nothing left to vouch for
+    job.refresh_from_db()
+    assert job.heartbeat_at == start
+
+
+class _Task:
+    """What run_job reads of a Celery task: its request (id, worker) and retry budget."""
+
+    max_retries = 3
+
+    def __init__(self, task_id: str):
+        self.request = type("Request", (), {"id": task_id, "hostname": "w@host", "retries": 0})()
+
+
+def test_a_job_whose_worker_was_lost_too_often_fails_in_words(db, settings, broker):
+    settings.JOB_MAX_LOST_RUNS = 3
+    listed = make_listed_node()
+    from marketplace.models import Image
+    from marketplace.services import instances as instance_svc
+    from tests.factories import UserFactory
+
+    instance, _ = instance_svc.instance_create(renter=UserFactory(), node_id=listed.pk, num_gpus=1,
+                                               image=Image.objects.filter(active=True).first(),
+                                               ssh_public_keys=[public_key()])
+    job = instance.jobs.get()
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, runner="job-5-a w@h:1:x", heartbeat_at=ago(60),
+                                         lost_runs=3)
+    tasks.run_job(_Task("job-5-b"), job.pk)
+    job.refresh_from_db()
+    instance.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "lost 4 times" in job.error
+    assert instance.status == InstanceStatus.FAILED
+    assert not GpuAllocation.objects.filter(instance=instance, released_at__isnull=True).exists()
+
+
+def test_an_execution_that_lost_its_job_does_not_fail_it(db, monkeypatch):
+    """Taken over while it stalled, then its node call fails: the job and the instance are the new holder's."""
+    listed = make_listed_node()
+    from marketplace.models import Image
+    from marketplace.services import instances as instance_svc
+    from tests.factories import UserFactory
+
+    instance, _ = instance_svc.instance_create(renter=UserFactory(), node_id=listed.pk, num_gpus=1,
+                                               image=Image.objects.filter(active=True).first(),
+                                               ssh_public_keys=[public_key()])
+    job = instance.jobs.get()
+
+    def stalled_then_failed(job):
+        Job.objects.filter(pk=job.pk).update(runner="job-6-b w2@h:2:y")  # another worker took it over
+        raise NodeError("The node did not answer.")
+
+    monkeypatch.setitem(tasks.RUNNERS, JobKind.INSTANCE_PROVISION, (stalled_then_failed, None))
+    tasks.run_job(_Task("job-6-a"), job.pk)
+    job.refresh_from_db()
+    instance.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and instance.status == InstanceStatus.REQUESTED
