@@ -1,8 +1,10 @@
 """The operators' panel for accounts, the catalogue, nodes, GPUs and rentals. No secret is ever shown."""
 from django.contrib import admin, messages
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.db.models import Count, Q
 
+from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.models import (
     ApiKey,
     Gpu,
@@ -281,3 +283,10 @@ admin.site.index_template = "admin/gpumarket_index.html"
 admin.site.site_header = "GPU Marketplace operators"
 admin.site.site_title = "GPU Marketplace operators"
 admin.site.index_title = "Dashboard"
+
+
+class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
+    """The admin's log-in, behind the same lock-out as the API's and the pages' (marketplace/auth.py)."""
+
+
+admin.site.login_form = AdminLoginForm

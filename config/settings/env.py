@@ -1,4 +1,5 @@
 """Typed readers of environment variables, each naming the variable in its error."""
+import ipaddress
 import os
 from decimal import Decimal, InvalidOperation
 
@@ -49,3 +50,14 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list of IP addresses or CIDR networks."""
+    values = env_list(name, default)
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {value!r} is not an IP address or CIDR network") from None
+    return values

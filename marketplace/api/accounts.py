@@ -4,13 +4,18 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
+from core.client_address import client_ip
+from marketplace.auth import LoginLocked, lockout_message
 from marketplace.models import ApiKey, User
 from marketplace.services import accounts as svc
 
 from .fields import StrictFieldsMixin, no_control_characters
+from .throttling import ScopedRateThrottle
+
+REGISTER_ANSWER = ("Check your e-mail: we sent this address a message to finish signing up. Nothing in this "
+                   "answer says whether the address has an account.")
 
 
 class CredentialsSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -29,6 +34,17 @@ class RegisterSerializer(CredentialsSerializer):
         return attrs
 
 
+class LoginSerializer(CredentialsSerializer):
+    key_name = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, validators=[no_control_characters],
+        help_text=f"The name of the API key this log-in makes (default `{svc.LOGIN_KEY_NAME}`), e.g. the client's. "
+                  "It replaces (revokes) your previous active key of that name.")
+
+
+class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):
+    token = serializers.CharField(max_length=2000, help_text="The token from the sign-up e-mail.")
+
+
 class UserSerializer(serializers.ModelSerializer):
     class Meta:
         model = User
@@ -36,49 +52,8 @@ class UserSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AuthResultSerializer(serializers.Serializer):
-    user = UserSerializer()
-    api_key = serializers.CharField(help_text="Shown once. Send it as `Authorization: Bearer <api_key>`.")
-
-
-class _AuthView(APIView):
-    permission_classes = [permissions.AllowAny]
-    authentication_classes: list = []
-    throttle_classes = [ScopedRateThrottle]
-    throttle_scope = "auth"
-
-
-class RegisterView(_AuthView):
-    @extend_schema(request=RegisterSerializer, responses={201: AuthResultSerializer}, tags=["auth"])
-    def post(self, request):
-        """Create an account (email + password) and return its first API key."""
-        data = RegisterSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        try:
-            user, raw_key = svc.user_register(**data.validated_data)
-        except svc.EmailTaken:
-            raise serializers.ValidationError({"email": ["An account with this email already exists."]}) from None
-        return Response(AuthResultSerializer({"user": user, "api_key": raw_key}).data, status=status.HTTP_201_CREATED)
-
-
-class LoginView(_AuthView):
-    @extend_schema(request=CredentialsSerializer, responses={200: AuthResultSerializer}, tags=["auth"])
-    def post(self, request):
-        """Check email and password and return a new API key."""
-        data = CredentialsSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        try:
-            user, raw_key = svc.user_login(**data.validated_data)
-        except svc.InvalidCredentials:
-            raise serializers.ValidationError({"detail": ["Invalid email or password."]}) from None
-        return Response(AuthResultSerializer({"user": user, "api_key": raw_key}).data)
-
-
-class MeView(APIView):
-    @extend_schema(responses=UserSerializer, tags=["auth"])
-    def get(self, request):
-        """The account the request is authenticated as."""
-        return Response(UserSerializer(request.user).data)
+class RegisterResultSerializer(serializers.Serializer):
+    detail = serializers.CharField()
 
 
 class ApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
@@ -91,6 +66,76 @@ class ApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
         read_only_fields = ["id", "prefix", "created_at", "last_used_at"]
 
 
+class AuthResultSerializer(serializers.Serializer):
+    user = UserSerializer()
+    api_key = serializers.CharField(help_text="Shown once. Send it as `Authorization: Bearer <api_key>`.")
+    key = ApiKeySerializer(help_text="The new key, as GET /api/v1/api-keys/ lists it.")
+
+
+class LoginResultSerializer(AuthResultSerializer):
+    replaced_keys = ApiKeySerializer(
+        many=True, help_text="Your keys of the same name that this log-in revoked (requests with them now get 401).")
+
+
+class _AuthView(APIView):
+    permission_classes = [permissions.AllowAny]
+    authentication_classes: list = []
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+
+class RegisterView(_AuthView):
+    @extend_schema(request=RegisterSerializer, responses={202: RegisterResultSerializer}, tags=["auth"])
+    def post(self, request):
+        """Start a sign-up: the address gets an e-mail with a token that creates the account (POST it to
+        /api/v1/auth/confirm/). The answer is the same whether or not the address already has an account."""
+        data = RegisterSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        svc.user_register(**data.validated_data, base_url=request.build_absolute_uri("/"))
+        return Response({"detail": REGISTER_ANSWER}, status=status.HTTP_202_ACCEPTED)
+
+
+class ConfirmView(_AuthView):
+    @extend_schema(request=ConfirmSerializer, responses={201: AuthResultSerializer}, tags=["auth"])
+    def post(self, request):
+        """Finish a sign-up with the token from its e-mail: creates the account and returns its first API key."""
+        data = ConfirmSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            user, key, raw_key = svc.user_register_confirm(**data.validated_data)
+        except svc.InvalidSignupToken:
+            raise serializers.ValidationError(
+                {"token": ["This sign-up token is invalid, has expired, or was used already."]}) from None
+        return Response(AuthResultSerializer({"user": user, "api_key": raw_key, "key": key}).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class LoginView(_AuthView):
+    @extend_schema(request=LoginSerializer, responses={200: LoginResultSerializer}, tags=["auth"])
+    def post(self, request):
+        """Check email and password and return an API key named `key_name` (default `login`), replacing your
+        previous key of that name. After repeated failures for an email or from an address, log-ins there are
+        refused for a while, the right password too (429 with Retry-After)."""
+        data = LoginSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            result = svc.user_login(**data.validated_data, client_address=client_ip(request))
+        except LoginLocked as locked:
+            return Response({"detail": lockout_message(locked)}, status=status.HTTP_429_TOO_MANY_REQUESTS,
+                            headers={"Retry-After": str(locked.retry_after)})
+        except svc.InvalidCredentials:
+            raise serializers.ValidationError({"detail": ["Invalid email or password."]}) from None
+        return Response(LoginResultSerializer({"user": result.user, "api_key": result.raw_key, "key": result.key,
+                                               "replaced_keys": result.replaced_keys}).data)
+
+
+class MeView(APIView):
+    @extend_schema(responses=UserSerializer, tags=["auth"])
+    def get(self, request):
+        """The account the request is authenticated as."""
+        return Response(UserSerializer(request.user).data)
+
+
 class ApiKeyCreatedSerializer(ApiKeySerializer):
     key = serializers.CharField(read_only=True, help_text="Shown once; only a hash is stored.")
 
@@ -100,7 +145,8 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 
 @extend_schema(tags=["api-keys"])
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
-    """Your active API keys. The secret is shown only in the answer to POST."""
+    """Your active API keys, those made by log-ins (one per `key_name`) included. The secret is shown only in the
+    answer to POST."""
 
     serializer_class = ApiKeySerializer
 

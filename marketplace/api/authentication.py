@@ -32,4 +32,5 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
     name = "ApiKeyAuth"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "An API key from /api/v1/auth/register/ or /login/."}
+        return {"type": "http", "scheme": "bearer",
+                "description": "An API key from /api/v1/auth/confirm/ (sign-up) or /login/."}

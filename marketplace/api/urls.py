@@ -32,6 +32,7 @@ router.register("instances", instances.InstanceViewSet, basename="instance")
 
 urlpatterns = [
     path("auth/register/", accounts.RegisterView.as_view(), name="auth-register"),
+    path("auth/confirm/", accounts.ConfirmView.as_view(), name="auth-confirm"),
     path("auth/login/", accounts.LoginView.as_view(), name="auth-login"),
     path("auth/me/", accounts.MeView.as_view(), name="auth-me"),
     path("nodes/<str:id>/benchmarks/", provisioning_api.NodeBenchmarksView.as_view(), name="node-benchmarks"),

@@ -1,25 +1,47 @@
-"""Use cases for accounts and API keys."""
-import hashlib
-import secrets
-from datetime import timedelta
+"""Use cases for accounts and API keys.
 
+Nothing here tells anyone but the owner of an email address whether it has an account: sign-up answers the same
+for a new and a taken address and finishes from the e-mail (the account is created only when the link or token
+sent to the address comes back), and a failed log-in never says which part was wrong.
+"""
+import base64
+import hashlib
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+from urllib.parse import urljoin
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
 from django.contrib.auth import authenticate
-from django.db import transaction
+from django.contrib.auth.hashers import make_password
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from marketplace.models import ApiKey, User
+
+log = logging.getLogger(__name__)
 
 API_KEY_PREFIX = "gpm_"
 # Writing last_used_at on every request would turn each read into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+# The name of the key a log-in makes when the client names none; a new log-in replaces the key of its name.
+LOGIN_KEY_NAME = "login"
+SIGNUP_KEY_NAME = "created at sign-up"
+_SIGNUP_PURPOSE = "signup"
 
 
 class InvalidCredentials(Exception):
     pass
 
 
-class EmailTaken(Exception):
-    pass
+class InvalidSignupToken(Exception):
+    """The sign-up token is not one of ours, has expired, or was used already."""
 
 
 def hash_api_key(raw_key: str) -> str:
@@ -57,21 +79,116 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
     return key
 
 
-@transaction.atomic
-def user_register(*, email: str, password: str) -> tuple[User, str]:
-    """Create an account and its first API key. The password is already validated."""
+def api_key_rotate(*, user: User, name: str) -> tuple[ApiKey, str, list[ApiKey]]:
+    """Revoke the user's active keys called `name` and make a new one: (the key, its raw value, those revoked)."""
+    with transaction.atomic():
+        User.objects.select_for_update().filter(pk=user.pk).first()  # one rotation of a user's keys at a time
+        replaced = list(ApiKey.objects.active().filter(user=user, name=name))
+        now = timezone.now()
+        ApiKey.objects.filter(pk__in=[k.pk for k in replaced]).update(revoked_at=now)
+        for key in replaced:
+            key.revoked_at = now
+        key, raw = api_key_create(user=user, name=name)
+    return key, raw, replaced
+
+
+# --- sign-up ----------------------------------------------------------------------------------------------------
+
+def _signup_cipher() -> MultiFernet:
+    """A Fernet key of its own for sign-up tokens, derived from SECRET_KEY (and its fallbacks, so that rotating
+    SECRET_KEY does not void the links already sent)."""
+    secrets_ = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    return MultiFernet([
+        Fernet(base64.urlsafe_b64encode(
+            salted_hmac("marketplace.services.accounts.signup", "fernet", secret=secret, algorithm="sha256").digest()))
+        for secret in secrets_
+    ])
+
+
+def _signup_token(*, email: str, password_hash: str) -> str:
+    # Encrypted, not just signed: the token carries the password's hash, and e-mails get forwarded and stored.
+    payload = json.dumps({"purpose": _SIGNUP_PURPOSE, "email": email, "password": password_hash})
+    return _signup_cipher().encrypt(payload.encode()).decode("ascii")
+
+
+def _signup_payload(token: str) -> dict:
+    try:
+        data = json.loads(_signup_cipher().decrypt(token.encode("ascii"), ttl=settings.SIGNUP_CONFIRM_TTL_S))
+    except (InvalidToken, UnicodeEncodeError, ValueError):
+        raise InvalidSignupToken() from None
+    if not isinstance(data, dict) or data.get("purpose") != _SIGNUP_PURPOSE:
+        raise InvalidSignupToken()
+    return data
+
+
+def _send(address: str, subject: str, message: str) -> None:
+    try:
+        send_mail(f"[{settings.PLATFORM_NAME}] {subject}", message, settings.DEFAULT_FROM_EMAIL, [address])
+    except Exception:  # noqa: BLE001 (the answer must not depend on the mail server; registering again re-sends)
+        log.exception("could not send the sign-up e-mail")
+
+
+def user_register(*, email: str, password: str, base_url: str) -> None:
+    """Start a sign-up: e-mail the address a token that creates the account (a new address) or a note that it
+    has one already (a taken address). Same work, same answer either way. The password is already validated;
+    `base_url` is the site's root, for the links."""
     email = User.objects.normalize_email(email).lower()
-    if User.objects.filter(email__iexact=email).exists():
-        raise EmailTaken(email)
-    user = User.objects.create_user(email=email, password=password)
-    _, raw = api_key_create(user=user, name="created at sign-up")
-    return user, raw
+    password_hash = make_password(password)  # hashed on both paths, so that both take as long
+    taken = User.objects.filter(email__iexact=email).exists()
+    if taken:
+        _send(email, "Someone tried to sign up with your address", (
+            f"Someone (perhaps you) asked to open a {settings.PLATFORM_NAME} account with this email address, "
+            "which already has one. Nothing was changed.\n\n"
+            f"If it was you, log in at {urljoin(base_url, reverse('login'))} "
+            "(or with POST /api/v1/auth/login/ for an API key).\n"
+            "If it was not you, you can ignore this e-mail.\n"))
+        return
+    token = _signup_token(email=email, password_hash=password_hash)
+    hours = settings.SIGNUP_CONFIRM_TTL_S // 3600
+    _send(email, "Confirm your sign-up", (
+        f"Someone (we hope you) asked to open a {settings.PLATFORM_NAME} account with this email address.\n\n"
+        f"To create it, open this link within {hours} hours:\n\n"
+        f"  {urljoin(base_url, reverse('signup-confirm', args=[token]))}\n\n"
+        "or confirm through the API, which answers with your first API key:\n\n"
+        f"  curl -X POST {urljoin(base_url, reverse('auth-confirm'))} -H 'Content-Type: application/json' "
+        f"-d '{{\"token\": \"{token}\"}}'\n\n"
+        f"The token: {token}\n\n"
+        "If it was not you, ignore this e-mail: no account is made without it.\n"))
 
 
-def user_login(*, email: str, password: str, key_name: str = "") -> tuple[User, str]:
-    """Check the password and issue a new API key."""
-    user = authenticate(email=email.lower(), password=password)
+def user_register_confirm(*, token: str) -> tuple[User, ApiKey, str]:
+    """Create the account a sign-up token stands for, and its first API key (its raw value returned: shown once).
+    A token works once: afterwards its address has an account."""
+    data = _signup_payload(token)
+    email = data["email"]
+    try:
+        with transaction.atomic():
+            if User.objects.filter(email__iexact=email).exists():
+                raise InvalidSignupToken()
+            user = User(email=email, password=data["password"])
+            user.save()
+            key, raw = api_key_create(user=user, name=SIGNUP_KEY_NAME)
+    except IntegrityError:  # the same token confirmed twice at once
+        raise InvalidSignupToken() from None
+    return user, key, raw
+
+
+# --- log-in -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class LoginResult:
+    user: User
+    key: ApiKey
+    raw_key: str
+    replaced_keys: list[ApiKey] = field(default_factory=list)
+
+
+def user_login(*, email: str, password: str, client_address: str | None = None,
+               key_name: str = LOGIN_KEY_NAME) -> LoginResult:
+    """Check the password (behind the log-in lock-out: LoginLocked) and issue the key named `key_name`, replacing
+    the previous key of that name: logging in again from the same client does not pile up keys."""
+    user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
         raise InvalidCredentials()
-    _, raw = api_key_create(user=user, name=key_name or "created at login")
-    return user, raw
+    key, raw, replaced = api_key_rotate(user=user, name=key_name or LOGIN_KEY_NAME)
+    return LoginResult(user=user, key=key, raw_key=raw, replaced_keys=replaced)

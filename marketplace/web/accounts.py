@@ -1,4 +1,5 @@
 """Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login, logout
 from django.contrib.auth.decorators import login_required
@@ -10,7 +11,7 @@ from marketplace.models import ApiKey, SshKey
 from marketplace.services import accounts as account_svc
 from marketplace.services import ssh_keys as ssh_svc
 
-from .forms import ApiKeyForm, LoginForm, SignupForm, SshKeyForm
+from .forms import ApiKeyForm, LoginForm, SignupConfirmForm, SignupForm, SshKeyForm
 
 
 def home(request):
@@ -22,23 +23,43 @@ class EmailLoginView(LoginView):
     authentication_form = LoginForm
     redirect_authenticated_user = True
 
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if form.locked is not None:  # the log-in lock-out: the form says how long to wait
+            response.status_code = 429
+            response["Retry-After"] = str(form.locked.retry_after)
+        return response
+
 
 @require_http_methods(["GET", "POST"])
 def signup(request):
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
+        account_svc.user_register(email=form.cleaned_data["email"], password=form.cleaned_data["password"],
+                                  base_url=request.build_absolute_uri("/"))
+        # The same page for a new address and one that has an account: only the e-mail tells them apart.
+        return render(request, "marketplace/signup_sent.html", {"email": form.cleaned_data["email"]})
+    return render(request, "marketplace/signup.html", {"form": form}, status=400 if form.errors else 200)
+
+
+@require_http_methods(["GET", "POST"])
+def signup_confirm(request, token: str):
+    """The link in the sign-up e-mail. GET only shows a button: mail scanners that open links must not use up
+    the token (and see the API key)."""
+    form = SignupConfirmForm(request.POST or None, initial={"token": token})
+    if request.method == "POST" and form.is_valid():
         try:
-            user, api_key = account_svc.user_register(email=form.cleaned_data["email"],
-                                                      password=form.cleaned_data["password"])
-        except account_svc.EmailTaken:
-            form.add_error("email", "An account with this email already exists.")
+            user, _key, api_key = account_svc.user_register_confirm(token=form.cleaned_data["token"])
+        except account_svc.InvalidSignupToken:
+            form.add_error(None, "This link is invalid, has expired, or was used already. Sign up again, or log in "
+                                 "if you confirmed it before.")
         else:
-            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            login(request, user, backend=settings.AUTHENTICATION_BACKENDS[0])
             # The key is shown once, on the very next page, then forgotten.
             response = render(request, "marketplace/signup_done.html", {"api_key": api_key})
             response["Cache-Control"] = "no-store"
             return response
-    return render(request, "marketplace/signup.html", {"form": form}, status=400 if form.errors else 200)
+    return render(request, "marketplace/signup_confirm.html", {"form": form}, status=400 if form.errors else 200)
 
 
 @require_POST

@@ -14,6 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django_countries import countries
 
 from marketplace.api.nodes import PRICE_LIMITS
+from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.models import GpuModel, Image, Runtime, SshKey, User
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
@@ -28,7 +29,7 @@ def no_control_characters(value: str) -> None:
         raise ValidationError("Control characters are not allowed.")
 
 
-class LoginForm(AuthenticationForm):
+class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
     username = forms.EmailField(label="Email", widget=forms.EmailInput(attrs={"autofocus": True,
                                                                           "autocomplete": "email"}))
 
@@ -44,10 +45,8 @@ class SignupForm(forms.Form):
     )
 
     def clean_email(self):
-        email = self.cleaned_data["email"].lower()
-        if User.objects.filter(email__iexact=email).exists():
-            raise forms.ValidationError("An account with this email already exists.")
-        return email
+        # Whether the address has an account is not said here (only in the e-mail the address gets).
+        return self.cleaned_data["email"].lower()
 
     def clean(self):
         cleaned = super().clean()
@@ -91,6 +90,10 @@ class SshKeyForm(forms.Form):
         _refuse_private_key(self, "public_key", value)
         _parse_key(value)
         return value
+
+
+class SignupConfirmForm(forms.Form):
+    token = forms.CharField(max_length=2000, widget=forms.HiddenInput)
 
 
 class ApiKeyForm(forms.Form):

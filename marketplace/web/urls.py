@@ -7,6 +7,7 @@ urlpatterns = [
     path("accounts/login/", accounts.EmailLoginView.as_view(), name="login"),
     path("accounts/logout/", accounts.logout_view, name="logout"),
     path("accounts/signup/", accounts.signup, name="signup"),
+    path("accounts/confirm/<str:token>/", accounts.signup_confirm, name="signup-confirm"),
     path("account/ssh-keys/", accounts.ssh_keys, name="ssh-keys"),
     path("account/ssh-keys/<int:pk>/delete/", accounts.ssh_key_delete, name="ssh-key-delete"),
     path("account/api-keys/", accounts.api_keys, name="api-keys"),

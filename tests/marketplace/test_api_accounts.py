@@ -1,5 +1,6 @@
 """Sign-up, login, the current user, API keys, and throttling of the auth endpoints."""
 import hashlib
+import re
 
 import pytest
 from django.conf import settings
@@ -13,6 +14,7 @@ pytestmark = pytest.mark.django_db
 
 REGISTER = "/api/v1/auth/register/"
 LOGIN = "/api/v1/auth/login/"
+CONFIRM = "/api/v1/auth/confirm/"
 ME = "/api/v1/auth/me/"
 KEYS = "/api/v1/api-keys/"
 PASSWORD = "correct horse battery staple"  # what UserFactory sets
@@ -37,16 +39,41 @@ def stored_anywhere(text: str) -> list[str]:
 
 # --- register ---------------------------------------------------------------------------------------------------
 
-def test_register_creates_the_account_and_a_working_key(anon):
+def signup_token(mailoutbox, email: str) -> str:
+    """The token of the last sign-up e-mail sent to `email`."""
+    message = [m for m in mailoutbox if m.to == [email]][-1]
+    return re.search(r"^The token: (\S+)$", message.body, re.M).group(1)
+
+
+def test_register_sends_a_token_that_creates_the_account_and_a_working_key(anon, mailoutbox):
     r = anon.post(REGISTER, {"email": "New.User@Example.COM", "password": GOOD_PASSWORD})
+    assert r.status_code == 202, r.content
+    assert set(r.json()) == {"detail"} and "e-mail" in r.json()["detail"]
+    assert not User.objects.exists()  # nothing until the address's owner confirms
+    token = signup_token(mailoutbox, "new.user@example.com")
+    assert GOOD_PASSWORD not in mailoutbox[-1].body and "/accounts/confirm/" in mailoutbox[-1].body
+
+    r = anon.post(CONFIRM, {"token": token})
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["user"]["email"] == "new.user@example.com"
     assert body["user"]["is_staff"] is False
     assert "password" not in body["user"]
+    assert body["key"]["prefix"] == body["api_key"][:12]
     user = User.objects.get(email="new.user@example.com")
     assert user.check_password(GOOD_PASSWORD)
     assert bearer(anon, body["api_key"]).get(ME).json()["email"] == "new.user@example.com"
+    # A token works once.
+    assert anon.post(CONFIRM, {"token": token}).status_code == 400
+    assert User.objects.count() == 1 and ApiKey.objects.count() == 1
+
+
+@pytest.mark.parametrize("token", ["", "garbage", "gAAAAABnot-a-real-token==", "x" * 2001])
+def test_confirm_refuses_a_bad_token(anon, token):
+    r = anon.post(CONFIRM, {"token": token})
+    assert r.status_code == 400
+    assert "token" in r.json()
+    assert not User.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -67,33 +94,41 @@ def test_register_creates_the_account_and_a_working_key(anon):
     ids=["too-short", "numeric", "common", "like-the-email", "invalid-email", "two-ats", "empty-email",
          "no-email", "no-password", "email-not-a-string", "unknown-field"],
 )
-def test_register_rejects_bad_input_and_writes_nothing(anon, payload, field):
+def test_register_rejects_bad_input_and_writes_nothing(anon, mailoutbox, payload, field):
     r = anon.post(REGISTER, payload)
     assert r.status_code == 400
     assert field in r.json()
     assert User.objects.count() == 0
     assert ApiKey.objects.count() == 0
+    assert mailoutbox == []
 
 
-def test_register_twice_with_the_same_email_is_a_400_naming_email(anon):
+def test_register_with_a_taken_email_answers_as_for_a_new_one_and_tells_only_the_owner(anon, mailoutbox):
     UserFactory(email="taken@example.com")
-    r = anon.post(REGISTER, {"email": "Taken@Example.com", "password": GOOD_PASSWORD})
-    assert r.status_code == 400
-    assert "already exists" in r.json()["email"][0]
+    taken = anon.post(REGISTER, {"email": "Taken@Example.com", "password": GOOD_PASSWORD})
+    new = anon.post(REGISTER, {"email": "free@example.com", "password": GOOD_PASSWORD})
+    assert taken.status_code == new.status_code == 202
+    assert taken.json() == new.json()
     assert User.objects.count() == 1
+    note = [m for m in mailoutbox if m.to == ["taken@example.com"]][-1]
+    assert "already has one" in note.body and "token" not in note.body.lower()
+    assert User.objects.get(email="taken@example.com").check_password(PASSWORD)  # unchanged
 
 
 # --- login ------------------------------------------------------------------------------------------------------
 
-def test_login_returns_a_new_key_each_time(anon):
+def test_login_replaces_the_key_of_its_name(anon):
     user = UserFactory(email="me@example.com")
     first = anon.post(LOGIN, {"email": "ME@example.com", "password": PASSWORD})
     second = anon.post(LOGIN, {"email": "me@example.com", "password": PASSWORD})
     assert first.status_code == second.status_code == 200
     assert first.json()["user"]["id"] == user.pk
     assert first.json()["api_key"] != second.json()["api_key"]
-    assert user.api_keys.count() == 2
-    assert bearer(anon, first.json()["api_key"]).get(ME).json()["id"] == user.pk
+    assert first.json()["key"]["name"] == "login" and first.json()["replaced_keys"] == []
+    assert [k["id"] for k in second.json()["replaced_keys"]] == [first.json()["key"]["id"]]
+    assert user.api_keys.active().count() == 1
+    assert bearer(anon, first.json()["api_key"]).get(ME).status_code == 401  # replaced: revoked
+    assert bearer(anon, second.json()["api_key"]).get(ME).json()["id"] == user.pk
 
 
 @pytest.mark.parametrize(
@@ -135,15 +170,15 @@ def _auth_rate_limit() -> int:
 def test_auth_endpoints_are_throttled_after_the_configured_rate(anon):
     UserFactory(email="me@example.com")
     limit = _auth_rate_limit()
-    for _ in range(limit):
-        assert anon.post(LOGIN, {"email": "me@example.com", "password": "guessing again"}).status_code == 400
+    for n in range(limit):  # a new email each time: the per-account lock-out (test_login_hardening) stays out
+        assert anon.post(LOGIN, {"email": f"me{n}@example.com", "password": "guessing again"}).status_code == 400
     r = anon.post(LOGIN, {"email": "me@example.com", "password": PASSWORD})
     assert r.status_code == 429
     assert "detail" in r.json()
     assert int(r.headers["Retry-After"]) > 0
     # Register shares the budget: guessing cannot move to the other endpoint.
     assert anon.post(REGISTER, {"email": "new@example.com", "password": GOOD_PASSWORD}).status_code == 429
-    assert not User.objects.filter(email="new@example.com").exists()
+    assert anon.post(CONFIRM, {"token": "anything"}).status_code == 429
 
 
 def test_other_endpoints_are_not_throttled_by_the_auth_rate(api):

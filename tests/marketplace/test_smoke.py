@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from tests.factories import make_listed_node
@@ -5,9 +7,12 @@ from tests.factories import make_listed_node
 pytestmark = pytest.mark.django_db
 
 
-def test_register_then_use_key(anon):
+def test_register_then_use_key(anon, mailoutbox):
     r = anon.post("/api/v1/auth/register/", {"email": "A@Example.com", "password": "a long enough pass 42"},
                   format="json")
+    assert r.status_code == 202, r.content
+    token = re.search(r"^The token: (\S+)$", mailoutbox[-1].body, re.M).group(1)
+    r = anon.post("/api/v1/auth/confirm/", {"token": token}, format="json")
     assert r.status_code == 201, r.content
     key = r.json()["api_key"]
     assert r.json()["user"]["email"] == "a@example.com"
