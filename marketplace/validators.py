@@ -3,6 +3,7 @@ import ipaddress
 import re
 
 from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 
 # RFC 1123 hostname: dot-separated labels of letters, digits and inner hyphens.
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -27,15 +28,10 @@ def validate_address(value: str) -> None:
         raise ValidationError(f"{value!r} is neither a hostname nor an IP address.")
 
 
-def validate_ssh_user(value: str) -> None:
-    if not _SSH_USER.match(value):
-        raise ValidationError(
-            "Must be a POSIX user name: lower-case letters, digits, '_' or '-', starting with a letter or '_'."
-        )
-
-
-def validate_host_key_fingerprint(value: str) -> None:
-    if not _FINGERPRINT.match(value):
-        raise ValidationError(
-            "Must be a SHA-256 fingerprint as `ssh-keygen -lf` prints it: 'SHA256:' and 43 base64 characters."
-        )
+# RegexValidators, not functions: the API schema publishes their patterns (drf-spectacular reads them).
+validate_ssh_user = RegexValidator(
+    _SSH_USER, "Must be a POSIX user name: lower-case letters, digits, '_' or '-', starting with a letter or '_'."
+)
+validate_host_key_fingerprint = RegexValidator(
+    _FINGERPRINT, "Must be a SHA-256 fingerprint as `ssh-keygen -lf` prints it: 'SHA256:' and 43 base64 characters."
+)

@@ -1,4 +1,5 @@
 """Saved cards: list, save (a SetupIntent, then its id or the payment method's), forget."""
+from django.core.validators import RegexValidator
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
@@ -21,10 +22,14 @@ class CardSerializer(serializers.ModelSerializer):
 
 
 class CardCreateSerializer(StrictFieldsMixin, serializers.Serializer):
-    payment_method = serializers.CharField(max_length=100, required=False,
-                                           help_text="A payment method id (pm_...) from Stripe.js.")
-    setup_intent = serializers.CharField(max_length=100, required=False,
-                                         help_text="A SetupIntent (seti_...) you confirmed with the card.")
+    # The ids' shapes as billing.services.cards checks them, here too so that the schema says them.
+    payment_method = serializers.CharField(
+        max_length=100, required=False, help_text="A payment method id (pm_...) from Stripe.js.",
+        validators=[RegexValidator(r"^pm_[A-Za-z0-9_]{1,95}$", "A payment method id looks like pm_...")])
+    setup_intent = serializers.CharField(
+        max_length=100, required=False, help_text="A SetupIntent (seti_...) you confirmed with the card.",
+        validators=[RegexValidator(r"^seti_[A-Za-z0-9_]{1,95}$", "A SetupIntent id looks like seti_...")])
+    schema_presence = {"oneOf": [{"required": ["payment_method"]}, {"required": ["setup_intent"]}]}
 
     def validate(self, attrs):
         if bool(attrs.get("payment_method")) == bool(attrs.get("setup_intent")):

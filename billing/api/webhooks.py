@@ -1,5 +1,4 @@
 """The Stripe webhook: Stripe's events, verified with the Stripe-Signature header."""
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
@@ -7,6 +6,18 @@ from rest_framework.views import APIView
 
 from billing.api.common import error_response
 from billing.services.webhooks import WebhookInvalid, webhook_receive
+
+
+class StripeEventDataSerializer(serializers.Serializer):
+    object = serializers.DictField(help_text="The object the event is about (a PaymentIntent, ...).")
+
+
+class StripeEventSerializer(serializers.Serializer):
+    """A Stripe event, as Stripe sends it (more fields than these; they are kept as they are)."""
+
+    id = serializers.CharField(min_length=1, help_text="The event's id (evt_...): each is acted on once.")
+    type = serializers.CharField(min_length=1, help_text="e.g. payment_intent.succeeded.")
+    data = StripeEventDataSerializer()
 
 
 class WebhookAnswerSerializer(serializers.Serializer):
@@ -24,11 +35,15 @@ class StripeWebhookView(APIView):
 
     @extend_schema(
         summary="Stripe webhook (called by Stripe)",
-        request={"application/json": OpenApiTypes.OBJECT},
-        parameters=[OpenApiParameter("Stripe-Signature", str, OpenApiParameter.HEADER, required=False,
-                                     description="t=<timestamp>,v1=<HMAC-SHA256 of \"t.body\">")],
+        request={"application/json": StripeEventSerializer},
+        parameters=[OpenApiParameter(
+            "Stripe-Signature", {"type": "string", "minLength": 1}, OpenApiParameter.HEADER, required=True,
+            description="t=<timestamp>,v1=<HMAC-SHA256 of \"t.body\" with the webhook secret>; the timestamp "
+                        "within 300 s of now, before or after.")],
         responses={200: WebhookAnswerSerializer,
-                   400: error_response(400, "Missing or bad signature, or not an event: nothing was recorded."),
+                   400: error_response(400, "Missing or bad signature (or one made more than 300 s from now), or "
+                                            "not an event (a JSON object with `id`, `type` and `data.object`): "
+                                            "nothing was recorded."),
                    500: error_response(
                        500, "Processing failed; the event is kept as failed and Stripe delivers it again.")},
     )

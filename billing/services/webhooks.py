@@ -7,6 +7,7 @@ changes nothing.
 """
 import json
 import logging
+import time
 
 import stripe
 from django.conf import settings
@@ -25,23 +26,74 @@ class WebhookInvalid(Exception):
     """Not a genuine Stripe event (bad or missing signature, or not an event): HTTP 400."""
 
 
+# Stripe's own tolerance (stripe.Webhook.DEFAULT_TOLERANCE): a signature made more than this long ago, or this
+# far in the future, is refused. Stripe's library bounds only the past; a timestamp in the future would make a
+# captured delivery replayable for as long as it lies ahead.
+SIGNATURE_TOLERANCE_S = 300
+
+
+def _signed_at(signature: str) -> int:
+    """The `t=` timestamp of a Stripe-Signature header that verified, read as Stripe's library reads it."""
+    items = [item.split("=", 2) for item in signature.split(",")]
+    return int([item[1] for item in items if item[0] == "t"][0])
+
+
+def _has_nul(value) -> bool:
+    """PostgreSQL stores no NUL in text or jsonb: a body with one anywhere (key or value) cannot be kept."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _event_problem(data) -> str | None:
+    """Why a parsed body is not a Stripe event (an object with an `id`, a `type` and `data.object`), or None."""
+    if not isinstance(data, dict):
+        return "Not a Stripe event: the body must be a JSON object."
+    for name in ("id", "type"):
+        if not isinstance(data.get(name), str) or not data[name]:
+            return f"Not a Stripe event: `{name}` must be a non-empty string."
+    if not isinstance(data.get("data"), dict) or not isinstance(data["data"].get("object"), dict):
+        return "Not a Stripe event: `data.object` must be an object."
+    if _has_nul(data):
+        return "Not a Stripe event: the body contains a NUL character."
+    return None
+
+
 def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
     """Verify, store once, and process a Stripe webhook delivery. Raises WebhookInvalid (400).
 
-    Nothing is stored for a delivery whose signature does not verify. A second delivery of an event
+    Nothing is stored for a delivery whose signature does not verify (wrong secret, or signed more than
+    SIGNATURE_TOLERANCE_S before or after now), or whose body is not an event. A second delivery of an event
     (same id) is counted and changes nothing else, unless the first one failed to process.
     """
     if not signature:
         raise WebhookInvalid("Missing Stripe-Signature header.")
     try:
-        stripe.Webhook.construct_event(payload, signature, settings.STRIPE_WEBHOOK_SECRET)
-        data = json.loads(payload)
+        # The signature alone (no tolerance): both bounds of the timestamp are checked below, with one clock.
+        stripe.WebhookSignature.verify_header(payload, signature, settings.STRIPE_WEBHOOK_SECRET, tolerance=None)
+        signed_at = _signed_at(signature)
     except stripe.SignatureVerificationError:
         raise WebhookInvalid("The signature does not verify.") from None
+    except UnicodeDecodeError:
+        raise WebhookInvalid("The body is not JSON.") from None
+    if abs(time.time() - signed_at) > SIGNATURE_TOLERANCE_S:
+        raise WebhookInvalid(f"The signature's timestamp is more than {SIGNATURE_TOLERANCE_S} s from now.")
+    try:
+        data = json.loads(payload)
     except ValueError:
         raise WebhookInvalid("The body is not JSON.") from None
-    if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not isinstance(data.get("type"), str):
-        raise WebhookInvalid("Not a Stripe event.")
+    problem = _event_problem(data)
+    if problem:
+        raise WebhookInvalid(problem)
     try:
         with transaction.atomic():
             event = StripeEvent.objects.create(event_id=data["id"][:100], type=data["type"][:100], payload=data)

@@ -36,6 +36,18 @@ def _json_type_error(field, value) -> str | None:
     return None
 
 
+def _lookup_error(field, value) -> str | None:
+    # A related field looks its value up in the database, and PostgreSQL refuses NUL in text (a 500): no slug
+    # or id has a control character, so none is looked up.
+    if isinstance(field, serializers.RelatedField) and isinstance(value, str) and _has_control_character(value):
+        return "Control characters are not allowed."
+    return None
+
+
+def _has_control_character(value: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in value)
+
+
 class StrictFieldsMixin:
     # Reject fields a client sends that this serializer does not accept: DRF silently drops
     # them, which hides typos ("prize") and attempts to change read-only fields; a 400 that
@@ -58,14 +70,15 @@ class StrictFieldsMixin:
                     }
                 )
             if not isinstance(data, QueryDict):  # a parsed JSON object; form data is all strings
-                wrong = {name: _json_type_error(self.fields[name], value) for name, value in data.items()}
+                wrong = {name: _json_type_error(self.fields[name], value) or _lookup_error(self.fields[name], value)
+                         for name, value in data.items()}
                 if any(wrong.values()):
                     raise serializers.ValidationError({name: [msg] for name, msg in wrong.items() if msg})
         return super().to_internal_value(data)
 
 
 def no_control_characters(value: str) -> None:
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
+    if _has_control_character(value):
         raise serializers.ValidationError("Control characters are not allowed.")
 
 

@@ -108,6 +108,8 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
                                        help_text="Disk size; at least the image's `min_disk_gb` (the default).")
     label = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
                                   validators=[no_control_characters])
+    schema_presence = {"anyOf": [{"required": ["ssh_keys"], "properties": {"ssh_keys": {"minItems": 1}}},
+                                 {"required": ["ssh_public_key"]}]}  # validate() below
 
     def validate_ssh_keys(self, keys):
         if len(keys) > MAX_KEYS:

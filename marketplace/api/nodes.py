@@ -88,11 +88,17 @@ class NodeSerializer(serializers.ModelSerializer):
         return svc.node_install_command(node=node)
 
 
+@extend_schema_field({"anyOf": [{"type": "string", "format": "ipv4"}, {"type": "string", "format": "ipv6"},
+                                 {"type": "string", "format": "hostname"}], "maxLength": 253})
+class AddressField(serializers.CharField):
+    """A hostname or an IP address (validate_address), which the schema says with formats."""
+
+
 class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=100, validators=[no_control_characters])
-    address = serializers.CharField(max_length=253, validators=[_django_validator(validate_address)])
+    address = AddressField(max_length=253, validators=[_django_validator(validate_address)])
     ssh_port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
-    ssh_user = serializers.CharField(max_length=32, validators=[_django_validator(validate_ssh_user)])
+    ssh_user = serializers.CharField(max_length=32, validators=[validate_ssh_user])
     # Exactly an alpha-2 code: django-countries' CountryField would also take "Germany", "DEU" or 276.
     country = serializers.ChoiceField(choices=list(countries), help_text="ISO 3166-1 alpha-2 code, e.g. DE.")
     city = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
@@ -106,7 +112,7 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     runtime = serializers.ChoiceField(choices=Runtime.choices)
     host_key_fingerprint = serializers.CharField(
         max_length=60, required=False, default="", allow_blank=True,
-        validators=[_django_validator(validate_host_key_fingerprint)],
+        validators=[validate_host_key_fingerprint],
         help_text="SHA256:... as `ssh-keygen -lf` prints it. If omitted, the key seen on first contact is pinned.",
     )
 
