@@ -1,8 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView
 
-from config.views import healthz
+from config.views import ApiDocsView, healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -10,8 +10,12 @@ urlpatterns = [
     path("api/v1/billing/", include("billing.urls")),
     path("api/v1/", include("marketplace.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
     path("", include("marketplace.web.urls")),
 ]
 
+# Under /api/ every error is JSON (config/views.py); elsewhere Django's pages.
+handler400 = "config.views.bad_request"
+handler403 = "config.views.permission_denied"
 handler404 = "config.views.not_found"
+handler500 = "config.views.server_error"

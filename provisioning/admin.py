@@ -7,10 +7,11 @@ from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationR
 
 
 def findings_list(findings) -> str:
-    """A verification run's findings as a readable list: severity, GPU, message, code."""
+    """A verification run's findings as a readable list: severity, GPU, message, code (no style attribute: the
+    Content-Security-Policy refuses inline styles)."""
     if not findings:
         return "-"
-    return format_html("<ul style=\"margin:0;padding-left:1.1rem\">{}</ul>", format_html_join(
+    return format_html("<ul class=\"findings\">{}</ul>", format_html_join(
         "", "<li><strong>{}</strong> {}{} <code>{}</code></li>",
         ((f.get("severity", ""), f"GPU {f['gpu_index']}: " if f.get("gpu_index") is not None else "",
           f.get("message", ""), f.get("code", "")) for f in findings)))
@@ -50,7 +51,8 @@ class JobAdmin(ReadOnlyAdmin):
     search_fields = ["=id", "node__name", "node__address", "error"]
     list_select_related = ["node", "instance"]
     readonly_fields = ["kind", "node", "instance", "status", "step", "attempts", "error", "log_lines", "created_at",
-                       "started_at", "finished_at", "deadline"]
+                       "started_at", "finished_at", "deadline", "sent_at", "send_attempts", "send_error", "runner",
+                       "heartbeat_at", "lost_runs"]
     exclude = ["log"]
 
     @admin.display(description="log")

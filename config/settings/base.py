@@ -10,7 +10,9 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import crontab
 
-from .env import env_bool, env_decimal, env_int, env_list, env_str
+from .cache import cache_url, caches
+from .csp import content_security_policy
+from .env import env_bool, env_decimal, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
@@ -48,7 +50,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.middleware.HealthCheckMiddleware",  # /healthz answers whatever the Host (probes use the IP address)
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",  # CONTENT_SECURITY_POLICY below
+    # Before anything reads the URL or the session: control characters are a 400, over-long URLs a 414.
+    "core.request_guard.RequestGuardMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -57,6 +63,11 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# URLs (path and query string, as sent) longer than this are a 414 from core/request_guard.py, JSON under /api/.
+# It stays below gunicorn's --limit-request-line (scripts/run-web: 8190, its maximum), over which gunicorn
+# answers with its own page.
+REQUEST_URL_MAX_CHARS = env_int("REQUEST_URL_MAX_CHARS", 4096)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -91,16 +102,27 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# A shared cache is needed for throttling across processes; local memory is
-# only right for a single-process first run.
-CACHE_URL = env_str("CACHE_URL", "")
-CACHES = {
-    "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
-        if CACHE_URL
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
-    )
-}
+# A shared cache is needed for throttling and log-in lock-outs across processes: CACHE_URL, or with a Redis
+# broker the same Redis server's next database (config/settings/cache.py). Local memory (neither) is only right
+# for a single-process first run.
+CACHE_URL = cache_url(cache_url=env_str("CACHE_URL", ""), broker_url=env_str("CELERY_BROKER_URL", ""))
+CACHES = caches(CACHE_URL)
+
+# The client's address (core/client_address.py): REMOTE_ADDR, unless the request comes from one of these proxies
+# (IPs or CIDRs); then X-Forwarded-For, read from the right past the trusted proxies. None by default: a header
+# anyone can send never picks the address that throttles count by.
+TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES", [])
+
+# Log-ins (API, web pages, admin) go through one backend that locks out password guessing (core/login_throttle.py):
+# after this many failures within the window for one email address (known or not) or from one address (an IPv6
+# /64), every log-in there is refused, the right password too, for LOGIN_LOCKOUT_S.
+AUTHENTICATION_BACKENDS = ["marketplace.auth.ThrottledModelBackend"]
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 15 * 60)
+LOGIN_LOCKOUT_S = env_int("LOGIN_LOCKOUT_S", 15 * 60)
+# Sign-up is finished from the link (or token) e-mailed to the address; it is valid this long.
+SIGNUP_CONFIRM_TTL_S = env_int("SIGNUP_CONFIRM_TTL_S", 3 * 24 * 3600)
 
 AUTH_USER_MODEL = "marketplace.User"
 AUTH_PASSWORD_VALIDATORS = [
@@ -136,6 +158,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.Pagination",
     # A JSON API: form-encoded bodies silently drop empty optional fields and carry no types.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # JSON answers only, errors included: no browsable-API HTML (the docs are the Swagger page at /api/docs/).
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
@@ -189,6 +213,26 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)
 CELERY_TIMEZONE = "UTC"
+# Redis holds a delivered message (acks_late: until its task ends) and gives it to another worker only after this
+# many seconds without an ack. It must outlast the longest a message is legitimately unacknowledged: waiting in a
+# busy worker's reserve (up to one task time limit), then running (the time limit), plus a retry's countdown;
+# shorter, and a long job runs twice. A lost worker's job does not wait for it: the dispatcher sends it again once
+# its heartbeat is JOB_HEARTBEAT_STALE_S old (provisioning/services/runner.py). A short connect timeout keeps a
+# request (or the dispatcher) from hanging on a broker that does not answer.
+BROKER_VISIBILITY_TIMEOUT_S = env_int("BROKER_VISIBILITY_TIMEOUT_S", 2 * CELERY_TASK_TIME_LIMIT + 300)
+if CELERY_BROKER_URL.split(":", 1)[0] in ("redis", "rediss", "redis+socket"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
+                                       "socket_connect_timeout": env_int("CELERY_BROKER_CONNECT_TIMEOUT_S", 3)}
+# Jobs are rows first (provisioning/services/jobs.py): the dispatcher sends jobs that were never sent (after
+# JOB_SEND_GRACE_S), sent but not started (after JOB_RESEND_QUEUED_AFTER_S, then backing off), or whose running
+# execution stopped beating for JOB_HEARTBEAT_STALE_S (it beats every JOB_HEARTBEAT_INTERVAL_S); a job whose
+# worker was lost more than JOB_MAX_LOST_RUNS times fails.
+JOB_DISPATCH_INTERVAL_S = env_int("JOB_DISPATCH_INTERVAL_S", 10)
+JOB_SEND_GRACE_S = env_int("JOB_SEND_GRACE_S", 5)
+JOB_RESEND_QUEUED_AFTER_S = env_int("JOB_RESEND_QUEUED_AFTER_S", 120)
+JOB_HEARTBEAT_INTERVAL_S = float(env_str("JOB_HEARTBEAT_INTERVAL_S", "10"))
+JOB_HEARTBEAT_STALE_S = env_int("JOB_HEARTBEAT_STALE_S", 45)
+JOB_MAX_LOST_RUNS = env_int("JOB_MAX_LOST_RUNS", 3)
 # Seconds before each retry of a job whose node did not answer (one entry per retry).
 NODE_TASK_RETRY_BACKOFF_S = [float(s) for s in env_list("NODE_TASK_RETRY_BACKOFF_S", ["5", "15", "45"])]
 # Seconds before a job tries again when the node is busy (all its SSH slots taken); retried until the job's
@@ -206,6 +250,8 @@ REVERIFY_JITTER_S = env_int("REVERIFY_JITTER_S", 24 * 3600)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)
 CELERY_BEAT_SCHEDULE = {
+    "jobs-dispatch": {"task": "provisioning.tasks.jobs_dispatch", "schedule": JOB_DISPATCH_INTERVAL_S,
+                      "options": {"expires": max(JOB_DISPATCH_INTERVAL_S - 1, 1)}},
     "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check", "schedule": HEALTH_CHECK_INTERVAL_S},
     "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile",
                         "schedule": env_int("RECONCILE_INTERVAL_S", 300)},
@@ -236,6 +282,14 @@ STRIPE_API_BASE = env_str("STRIPE_API_BASE", "")  # empty: Stripe's own servers
 STRIPE_CONNECT_API_BASE = env_str("STRIPE_CONNECT_API_BASE", "")
 STRIPE_MAX_NETWORK_RETRIES = env_int("STRIPE_MAX_NETWORK_RETRIES", 2)
 STRIPE_TIMEOUT_S = env_int("STRIPE_TIMEOUT_S", 20)
+# Where the balance page loads Stripe.js (with a real publishable key); another origin (localstripe's stand-in at
+# <localstripe>/js.stripe.com/v3/) is allowed by the Content-Security-Policy in Stripe's place.
+STRIPE_JS_URL = env_str("STRIPE_JS_URL", "https://js.stripe.com/v3/")
+
+# Content-Security-Policy on every response (config/settings/csp.py): our own origin plus Stripe.js. Violations
+# are reported to CSP_REPORT_URI when it is set.
+CONTENT_SECURITY_POLICY = content_security_policy(stripe_js_url=STRIPE_JS_URL,
+                                                  report_uri=env_str("CSP_REPORT_URI", ""))
 
 # Billing (billing/; docs in the API schema). Money is integer micro-dollars; these are whole USD or seconds.
 BILLING_REQUIRE_FUNDS = env_bool("BILLING_REQUIRE_FUNDS", True)  # renting needs 1 h of the whole burn rate
@@ -267,6 +321,12 @@ SIMNODES_DIR = Path(env_str("SIMNODES_DIR", str(VAR_DIR / "simnodes")))
 
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpumarket <noreply@localhost>")
+# SMTP (EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend): sign-up finishes from an e-mail.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 
 LOGGING = {
     "version": 1,

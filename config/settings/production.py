@@ -1,8 +1,11 @@
-"""Production: the same settings, but refuse to start with the development defaults."""
+"""Production: the same settings, but refuse to start with the development defaults, and HTTPS only."""
+import re
+
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
 from .base import (
+    CACHES,
     DATABASES,
     DEBUG,
     DEFAULT_FIELD_ENCRYPTION_KEY,
@@ -10,6 +13,7 @@ from .base import (
     FIELD_ENCRYPTION_KEYS,
     SECRET_KEY,
 )
+from .env import env_bool, env_int, env_str
 
 
 def check_production_settings() -> None:
@@ -23,13 +27,54 @@ def check_production_settings() -> None:
         problems.append("FIELD_ENCRYPTION_KEYS contains the development default key")
     if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         problems.append("DATABASE_URL is not set (SQLite is for a first run only)")
+    if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
+        problems.append("the cache is local memory (throttles and log-in lock-outs would count per process): "
+                        "set CACHE_URL, or a Redis CELERY_BROKER_URL")
     if problems:
         raise ImproperlyConfigured("Refusing to start in production: " + "; ".join(problems))
 
 
 check_production_settings()
 
-SESSION_COOKIE_SECURE = True
-CSRF_COOKIE_SECURE = True
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]+")
+
+
+def proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """SECURE_PROXY_SSL_HEADER from `Header` or `Header=value` (value `https` unless given); None when empty.
+
+    Only a proxy that always sets (or strips) this header may be trusted with it: anyone can send it.
+    """
+    raw = raw.strip()
+    if not raw:
+        return None
+    name, _, value = raw.partition("=")
+    name, value = name.strip(), value.strip() or "https"
+    if not _HEADER_NAME.fullmatch(name):
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER must be a header name such as X-Forwarded-Proto, "
+                                   f"optionally =value, not {raw!r}")
+    return "HTTP_" + name.upper().replace("-", "_"), value
+
+
+# HTTPS only: plain-HTTP requests are redirected (except /healthz, which load balancers probe over HTTP), and
+# browsers are told to use HTTPS from the first request on (HSTS).
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)  # an operator's choice: the preload list is sticky
+# Behind a TLS-terminating proxy (load balancer, nginx), the request reached the proxy over HTTPS when the proxy
+# says so in this header: set it only there (SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto), never where clients
+# reach gunicorn directly.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(env_str("SECURE_PROXY_SSL_HEADER", ""))
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+
+# Cookies: over HTTPS only, out of reach of scripts, and not sent with other sites' cross-site POSTs. The pages'
+# scripts read the CSRF token from the form, never from the cookie, so the CSRF cookie is HttpOnly too.
+SESSION_COOKIE_SECURE = True
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SECURE = True
+CSRF_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SAMESITE = "Lax"

@@ -43,7 +43,7 @@ def stripe_mode() -> dict:
     """How cards are added: Stripe Elements with a real publishable key; Stripe's test cards unless live."""
     key = settings.STRIPE_PUBLISHABLE_KEY or ""
     return {"elements": bool(_REAL_PUBLISHABLE_KEY.fullmatch(key)), "publishable_key": key,
-            "test_cards": not key.startswith("pk_live_")}
+            "test_cards": not key.startswith("pk_live_"), "js_url": settings.STRIPE_JS_URL}
 
 
 # ------------------------------------------------------------------------------------------ balance

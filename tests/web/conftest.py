@@ -1,4 +1,7 @@
 """Web page tests: Django's test client for every page, Playwright with Debian's Chromium for the stories."""
+import os
+from pathlib import Path
+
 import pytest
 from django.test import Client
 
@@ -62,3 +65,49 @@ def fund(user, usd: int = 100) -> None:
 def funded_renter(renter):
     fund(renter)
     return renter
+
+
+# ------------------------------------------------------- the browser (test_browser.py, test_csp.py, ...)
+
+CHROMIUM = "/usr/bin/chromium"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync"]
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="session")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: scripts/ensure-services installs Debian's chromium (as root)")
+    # Playwright's sync API keeps an event loop in this thread; the tests' own ORM calls are still synchronous.
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_api.sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+@pytest.fixture
+def new_page(browser):
+    contexts = []
+
+    def make(**options):
+        context = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **options})
+        context.set_default_timeout(TIMEOUT_MS)
+        contexts.append(context)
+        page = context.new_page()
+        page.errors = []
+        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()

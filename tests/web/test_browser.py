@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core import mail
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -25,52 +26,9 @@ from provisioning import sim
 from provisioning.models import Job
 from tests.factories import UserFactory, make_node
 from tests.live import wait_until
-from tests.web.conftest import PASSWORD
+from tests.web.conftest import PASSWORD  # the fixtures browser and new_page are there too
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = "/usr/bin/chromium"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync"]
-TIMEOUT_MS = 60_000
-
-
-@pytest.fixture(scope="session")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: scripts/ensure-services installs Debian's chromium (as root)")
-    # Playwright's sync API keeps an event loop in this thread; the tests' own ORM calls are still synchronous.
-    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_api.sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if before is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
-
-
-@pytest.fixture
-def new_page(browser):
-    contexts = []
-
-    def make(**options):
-        context = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **options})
-        context.set_default_timeout(TIMEOUT_MS)
-        contexts.append(context)
-        page = context.new_page()
-        page.errors = []
-        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
-        return page
-
-    yield make
-    for context in contexts:
-        context.close()
 
 
 @pytest.fixture(scope="session")
@@ -173,6 +131,11 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     assert page.get_by_label("Email").input_value() == "renter@example.com"  # kept
     page.get_by_label("Password").fill("a long passphrase 42")
     page.get_by_role("button", name="Sign up").click()
+    page.get_by_role("heading", name="Check your e-mail").wait_for()
+    # The account is made from the link e-mailed to the address (the test settings keep e-mails in memory).
+    link = re.search(r"https?://\S+/accounts/confirm/\S+/", mail.outbox[-1].body).group(0)
+    page.goto(link)
+    page.get_by_role("button", name="Create my account").click()
     page.get_by_role("heading", name="Welcome").wait_for()
     assert page.locator("#api-key").inner_text().startswith("gpm_")
     renter = User.objects.get(email="renter@example.com")
