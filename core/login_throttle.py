@@ -85,3 +85,12 @@ def login_succeeded(*, account: str) -> None:
     """Forget the email's failures (not the address's)."""
     key, _ = _counters(account, None)[0]
     cache.delete(f"{key}:failures")
+
+
+def signup_mail_allowed(*, account: str) -> bool:
+    """May one more sign-up e-mail go to this address? At most SIGNUP_EMAILS_PER_ADDRESS per
+    SIGNUP_EMAIL_WINDOW_S, whoever asks and from wherever: the sign-up form must not be a way to flood someone's
+    mailbox. The caller answers the same either way (no account is revealed); only the e-mail is not sent."""
+    digest = hashlib.sha256(normalize_account(account).encode()).hexdigest()
+    return _count(f"{PREFIX}:signup-mail:{digest}", settings.SIGNUP_EMAIL_WINDOW_S) \
+        <= settings.SIGNUP_EMAILS_PER_ADDRESS

@@ -123,6 +123,9 @@ LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 15 * 60)
 LOGIN_LOCKOUT_S = env_int("LOGIN_LOCKOUT_S", 15 * 60)
 # Sign-up is finished from the link (or token) e-mailed to the address; it is valid this long.
 SIGNUP_CONFIRM_TTL_S = env_int("SIGNUP_CONFIRM_TTL_S", 3 * 24 * 3600)
+# Sign-up e-mails (confirm, or "you have an account") to one address: at most this many per window.
+SIGNUP_EMAILS_PER_ADDRESS = env_int("SIGNUP_EMAILS_PER_ADDRESS", 3)
+SIGNUP_EMAIL_WINDOW_S = env_int("SIGNUP_EMAIL_WINDOW_S", 3600)
 
 AUTH_USER_MODEL = "marketplace.User"
 AUTH_PASSWORD_VALIDATORS = [

@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
+from core.login_throttle import signup_mail_allowed
 from marketplace.models import ApiKey, User
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ def user_register(*, email: str, password: str, base_url: str) -> None:
     email = User.objects.normalize_email(email).lower()
     password_hash = make_password(password)  # hashed on both paths, so that both take as long
     taken = User.objects.filter(email__iexact=email).exists()
+    if not signup_mail_allowed(account=email):
+        log.warning("sign-up e-mail to an address over its hourly limit: not sent")
+        return
     if taken:
         _send(email, "Someone tried to sign up with your address", (
             f"Someone (perhaps you) asked to open a {settings.PLATFORM_NAME} account with this email address, "

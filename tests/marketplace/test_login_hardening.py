@@ -342,3 +342,17 @@ def test_trusted_proxies_must_be_addresses(tmp_path):
     result = run_python(["-c", "import config.settings.local"], {"TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"},
                         tmp_path)
     assert result.returncode != 0 and "TRUSTED_PROXIES: 'proxy.internal' is not an IP address" in result.stderr
+
+
+def test_the_sign_up_form_cannot_flood_a_mailbox(anon, mailoutbox, no_rate_limit, settings):
+    """However often someone signs an address up, it gets SIGNUP_EMAILS_PER_ADDRESS e-mails an hour, and the
+    answer stays the same (nothing tells the asker that e-mails stopped)."""
+    settings.SIGNUP_EMAILS_PER_ADDRESS = 3
+    UserFactory(email="taken@example.com")
+    answers = {anon.post(REGISTER, {"email": email, "password": GOOD_PASSWORD}).status_code
+               for email in ["victim@example.com"] * 10 + ["taken@example.com"] * 10}
+    assert answers == {202}
+    sent = [m.to[0] for m in mailoutbox]
+    assert sent.count("victim@example.com") == 3 and sent.count("taken@example.com") == 3
+    anon.post(REGISTER, {"email": "other@example.com", "password": GOOD_PASSWORD})
+    assert mailoutbox[-1].to == ["other@example.com"]  # per address, not for everyone
