@@ -24,7 +24,7 @@ from billing.models import AccountKind, EventKind, TransactionKind
 from billing.services.ledger import ledger_post, user_account
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, Node, User
-from marketplace.money import micros_to_usd
+from marketplace.money import micros_to_usd, usd_text
 
 
 def credit_multiple_bps() -> int:
@@ -74,7 +74,7 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
         Interruption.objects.filter(pk=interruption.pk).update(credited_seconds=lost, credited_micros=due)
         event_create(
             user=User.objects.get(pk=provider_id), kind=EventKind.SERVICE_CREDIT,
-            message=(f"${micros_to_usd(amount)} was charged to your earnings as a service credit: instance "
+            message=(f"{usd_text(amount)} was charged to your earnings as a service credit: instance "
                      f"{interruption.instance_id} on node {instance.node_id} was out of its renter's reach "
                      f"({interruption.get_cause_display().lower()})."),
             data={"instance": interruption.instance_id, "node": instance.node_id, "amount": str(micros_to_usd(amount)),

@@ -25,7 +25,7 @@ from billing.services.ledger import wallet_balance
 from billing.services.notify import event_create
 from billing.services.top_ups import auto_top_up_start
 from marketplace.models import Instance, InstanceStatus, User
-from marketplace.money import micros_to_usd
+from marketplace.money import micros_to_usd, usd_text
 from marketplace.services.instances import InstanceError, instance_destroy, instance_stop
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ def _warn_low(renter_id: int, balance: int, rate: int, remaining: int, now: date
         profile.save(update_fields=["low_balance_warned_at"])
         event_create(
             user=User.objects.get(pk=renter_id), kind=EventKind.LOW_BALANCE, email=True,
-            message=(f"Your balance is ${micros_to_usd(balance)}: about {_duration(remaining)} of your running "
-                     f"instances (${micros_to_usd(rate)} per hour). At zero they are stopped; top up to keep "
+            message=(f"Your balance is {usd_text(balance)}: about {_duration(remaining)} of your running "
+                     f"instances ({usd_text(rate)} per hour). At zero they are stopped; top up to keep "
                      "them running."),
             data={"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
                   "seconds_left": remaining},

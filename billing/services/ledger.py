@@ -25,7 +25,7 @@ from billing.models import (
     LedgerTransaction,
     TransactionKind,
 )
-from marketplace.money import micros_to_usd
+from marketplace.money import micros_to_usd, usd_text
 
 
 class LedgerError(Exception):
@@ -156,10 +156,10 @@ def credit_grant(*, user, amount_micros: int, reason: str, created_by=None, idem
             idempotency_key=idempotency_key or f"credit:{uuid.uuid4()}", kind=TransactionKind.CREDIT,
             lines=[(user_account(user_id=user.pk, kind=AccountKind.CUSTOMER_WALLET), amount_micros),
                    (platform_account(AccountKind.PROMOTIONS), -amount_micros)],
-            memo=memo or f"Credit of ${micros_to_usd(amount_micros)}", reason=reason, created_by=created_by,
+            memo=memo or f"Credit of {usd_text(amount_micros)}", reason=reason, created_by=created_by,
         )
         if created:
-            event_create(user=user, kind=EventKind.CREDIT, message=f"${micros_to_usd(amount_micros)} was credited "
+            event_create(user=user, kind=EventKind.CREDIT, message=f"{usd_text(amount_micros)} was credited "
                          f"to your balance: {reason}", data={"amount": str(micros_to_usd(amount_micros))})
     return txn, created
 

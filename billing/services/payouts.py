@@ -31,7 +31,7 @@ from billing.models import (
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
-from marketplace.money import micros_to_usd, usd_to_micros
+from marketplace.money import usd_text, usd_to_micros
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def payout_send(*, payout: Payout) -> Payout:
             payout.failure_message = ""
             payout.save(update_fields=["status", "transfer_id", "paid_at", "failure_message"])
             event_create(user=payout.provider, kind=EventKind.PAYOUT_PAID,
-                         message=f"${micros_to_usd(payout.amount_micros)} of your earnings was sent to your "
+                         message=f"{usd_text(payout.amount_micros)} of your earnings was sent to your "
                                  f"Stripe account ({transfer.id}).",
                          data={"payout": payout.pk, "transfer": transfer.id})
     return payout
@@ -127,7 +127,7 @@ def _payout_failed(payout_id: int, message: str) -> None:
         payout.reversal = reversal
         payout.save(update_fields=["status", "failure_message", "reversal"])
         event_create(user=payout.provider, kind=EventKind.PAYOUT_FAILED, email=True,
-                     message=f"Your payout of ${micros_to_usd(payout.amount_micros)} failed: {message} "
+                     message=f"Your payout of {usd_text(payout.amount_micros)} failed: {message} "
                              "The amount is back in your earnings and goes with the next payout; check your "
                              "Stripe account id.",
                      data={"payout": payout.pk})

@@ -12,7 +12,7 @@ from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, PaymentConflict, PaymentInvalid, cents, client, translate
 from marketplace.models import User
-from marketplace.money import micros_to_usd
+from marketplace.money import micros_to_usd, usd_text
 
 
 def refundable_micros(*, top_up: TopUp) -> int:
@@ -39,14 +39,14 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
             raise PaymentConflict(f"Only a credited top-up can be refunded; this one is {top_up.status}.")
         left = refundable_micros(top_up=top_up)
         if amount_micros > left:
-            raise PaymentConflict(f"At most ${micros_to_usd(left)} of this top-up can still be refunded.")
+            raise PaymentConflict(f"At most {usd_text(left)} of this top-up can still be refunded.")
         wallet = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET)
         wallet = Account.objects.select_for_update().get(pk=wallet.pk)
         reserved = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING).aggregate(
             total=Sum("amount_micros"))["total"] or 0
         if amount_micros > wallet.balance_micros - reserved:
             raise PaymentConflict(
-                f"The customer's balance is ${micros_to_usd(wallet.balance_micros - reserved)}: the rest was spent. "
+                f"The customer's balance is {usd_text(wallet.balance_micros - reserved)}: the rest was spent. "
                 "Refund at most that much."
             )
         refund = Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
@@ -89,7 +89,7 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
         refund.failure_message = ""
         refund.save(update_fields=["status", "stripe_refund_id", "transaction", "failure_message"])
         event_create(user=top_up.user, kind=EventKind.REFUND,
-                     message=f"${micros_to_usd(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
+                     message=f"{usd_text(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
                              f"your card: {refund.reason}",
                      data={"top_up": top_up.pk, "refund": refund.pk,
                            "amount": str(micros_to_usd(refund.amount_micros))})

@@ -32,7 +32,7 @@ from billing.services.stripe_gateway import (
     translate,
 )
 from marketplace.models import User
-from marketplace.money import micros_to_usd, usd_to_micros
+from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def top_up_create(*, user: User, amount_micros: int, card: Card, idempotency_key
     """
     low, high = top_up_bounds()
     if type(amount_micros) is not int or not low <= amount_micros <= high:
-        raise PaymentInvalid(f"Top up between ${micros_to_usd(low)} and ${micros_to_usd(high)}.", field="amount")
+        raise PaymentInvalid(f"Top up between {usd_text(low)} and {usd_text(high)}.", field="amount")
     if amount_micros % MICROS_PER_CENT:
         raise PaymentInvalid("Amounts are in whole cents.", field="amount")
     if card.user_id != user.pk:
@@ -144,7 +144,7 @@ def top_up_fail(top_up: TopUp, message: str, *, payment_intent_id: str | None = 
             locked.save(update_fields=["status", "failure_message", "payment_intent_id", "updated_at"])
             if notify:
                 event_create(user=locked.user, kind=EventKind.TOP_UP_FAILED,
-                             message=f"Your top-up of ${micros_to_usd(locked.amount_micros)} failed: {message}",
+                             message=f"Your top-up of {usd_text(locked.amount_micros)} failed: {message}",
                              data={"top_up": locked.pk}, email=locked.automatic)
         top_up.refresh_from_db()
 
@@ -174,7 +174,7 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
     top_up.save(update_fields=["status", "failure_message", "transaction", "payment_intent_id", "credited_at",
                                "updated_at"])
     event_create(user=top_up.user, kind=EventKind.TOP_UP_SUCCEEDED,
-                 message=f"${micros_to_usd(amount_micros)} was added to your balance.",
+                 message=f"{usd_text(amount_micros)} was added to your balance.",
                  data={"top_up": top_up.pk, "amount": str(micros_to_usd(amount_micros))})
     return True
 

@@ -34,7 +34,7 @@ def test_renting_needs_one_hour_of_the_price_and_the_api_says_how_much_is_missin
     response = api.post("/api/v1/instances/", body, format="json")
     assert response.status_code == 402
     detail = response.json()["detail"]
-    assert "$5.000000" in detail and "$4.000000" in detail and "top up at least $1.000000" in detail
+    assert "$5.00" in detail and "$4.00" in detail and "top up at least $1.00" in detail
     assert not Instance.objects.exists()
     fund(api.user, "1.00")
     assert api.post("/api/v1/instances/", body, format="json").status_code == 201
@@ -49,7 +49,7 @@ def test_starting_a_stopped_instance_needs_funds_too(clock):
     assert balance(renter) == 500_000
     with pytest.raises(svc.InsufficientFunds) as refused:
         svc.instance_start(instance=instance)
-    assert refused.value.status_code == 402 and "top up at least $0.500000" in refused.value.message
+    assert refused.value.status_code == 402 and "top up at least $0.50" in refused.value.message
     instance.refresh_from_db()
     assert instance.status == "stopped"
     fund(renter, "0.50")

@@ -36,8 +36,8 @@ def test_a_second_booking_needs_an_hour_of_both(a100, h100):
         book(renter, h100, num_gpus=1)  # $3.00 + $2.25 = $5.25/h: the $5.00 last 57 minutes
     message = refused.value.message
     assert refused.value.status_code == 402
-    assert "$3.000000/h" in message and "with this one $5.250000/h" in message
-    assert "one hour needs $5.250000" in message and "top up at least $0.250000" in message
+    assert "$3.00/h" in message and "with this one $5.25/h" in message
+    assert "one hour needs $5.25" in message and "top up at least $0.25" in message
     funds = refused.value.funds
     assert (funds.committed_rate_micros, funds.added_rate_micros, funds.required_micros, funds.balance_micros) \
         == (3_000_000, 2_250_000, 5_250_000, 5_000_000)
@@ -54,8 +54,8 @@ def test_the_api_refuses_the_h100_with_402_and_writes_nothing(api, a100, h100, s
     response = api.post(URL, _body(h100, 1), format="json")
     assert response.status_code == 402
     detail = response.json()["detail"]
-    assert "$3.000000/h" in detail and "$5.250000/h" in detail and "$5.250000" in detail
-    assert "Your balance is $5.000000" in detail and "POST /api/v1/billing/top-ups/" in detail
+    assert "$3.00/h" in detail and "$5.25/h" in detail and "$5.25" in detail
+    assert "Your balance is $5.00" in detail and "POST /api/v1/billing/top-ups/" in detail
     assert (Instance.objects.count(), Job.objects.count(), GpuAllocation.objects.count(), len(sent_jobs)) == before
     assert not Instance.objects.filter(node=h100).exists()
 
@@ -87,7 +87,7 @@ def test_starting_a_stopped_instance_counts_the_others(clock, a100):
     book(renter, a100, num_gpus=1)  # requested: it will be billed, so it counts
     with pytest.raises(svc.InsufficientFunds) as refused:
         svc.instance_start(instance=stopped)
-    assert "Your running and starting instances cost $3.000000/h; with this one $4.500000/h" \
+    assert "Your running and starting instances cost $3.00/h; with this one $4.50/h" \
         in refused.value.message
     stopped.refresh_from_db()
     assert stopped.status == "stopped" and not stopped.allocations.filter(released_at=None).exists()

@@ -105,7 +105,9 @@ def test_the_node_coming_back_with_the_vm_resumes_billing_and_credits_the_whole_
     assert interruption.credited_seconds == lost
     assert interruption.credited_micros == 3_000_000 * lost // 3600  # the published multiple is 1
     assert earnings_balance(user_id=host.provider_id) < provider_before
-    assert BillingEvent.objects.filter(user=renter, kind=EventKind.INSTANCE_RESUMED).exists()
+    resumed = BillingEvent.objects.get(user=renter, kind=EventKind.INSTANCE_RESUMED)
+    assert "out of reach for 11 min 00 s" in resumed.message and "credited $0.55 for it" in resumed.message
+    assert resumed.data["credited"] == "0.550000"  # the data stays exact
     # Billing restarts from the resume, not from before the interruption.
     node_record_health(node_id=host.pk, ok=True)
     clock.advance(120)

@@ -19,7 +19,7 @@ from marketplace.models import (
     User,
 )
 from marketplace.models.nodes import LISTABLE_VERDICTS
-from marketplace.money import micros_to_usd
+from marketplace.money import usd_text
 
 S = InstanceStatus
 MAX_DISK_GB = 2000
@@ -273,14 +273,14 @@ def _funds_span(seconds: int) -> str:
 
 def _funds_figures(funds: Funds) -> str:
     span = _funds_span(funds.required_s)
-    added = f"${micros_to_usd(funds.added_rate_micros)}/h"
+    added = f"{usd_text(funds.added_rate_micros)}/h"
     if funds.committed_rate_micros:
-        rate = (f"Your running and starting instances cost ${micros_to_usd(funds.committed_rate_micros)}/h; "
-                f"with this one ${micros_to_usd(funds.rate_micros)}/h")
+        rate = (f"Your running and starting instances cost {usd_text(funds.committed_rate_micros)}/h; "
+                f"with this one {usd_text(funds.rate_micros)}/h")
     else:
         rate = f"This instance costs {added}"
-    return (f"{rate}; {span} needs ${micros_to_usd(funds.required_micros)}. Your balance is "
-            f"${micros_to_usd(funds.balance_micros)}; top up at least ${micros_to_usd(funds.missing_micros)}")
+    return (f"{rate}; {span} needs {usd_text(funds.required_micros)}. Your balance is "
+            f"{usd_text(funds.balance_micros)}; top up at least {usd_text(funds.missing_micros)}")
 
 
 def _leave_running(instance: Instance, now) -> None:

@@ -24,7 +24,7 @@ from billing.services.metering import usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES
-from marketplace.money import micros_to_usd
+from marketplace.money import micros_to_usd, usd_text
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
@@ -60,8 +60,8 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instan
         event_create(
             user=instance.renter, kind=EventKind.PRICE_CUT, email=True,
             message=(f"Instance {instance.pk}'s server measured worse in its latest benchmark check ({reason}). From "
-                     f"{_at(now)} it costs ${micros_to_usd(instance.price_per_hour_micros)}/h instead of "
-                     f"${micros_to_usd(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
+                     f"{_at(now)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
+                     f"{usd_text(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
                      "You can keep it, or destroy it and rent another server."),
             data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
                   "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
@@ -117,7 +117,7 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
             user=instance.renter, kind=EventKind.INSTANCE_INTERRUPTED, email=True,
             message=(f"Instance {instance.pk} was interrupted: {what}. Billing stopped at {_at(since)}, the last "
                      "moment it was seen healthy, and you are credited for the time lost "
-                     f"(${micros_to_usd(credit.total_micros)} so far, charged to the provider). It resumes by "
+                     f"({usd_text(credit.total_micros)} so far, charged to the provider). It resumes by "
                      "itself if the server comes back with the VM intact; you can also destroy it now at no charge."),
             data={"instance": instance.pk, "cause": cause, "billing_stopped_at": since.isoformat(),
                   "credited": str(micros_to_usd(credit.total_micros))},
@@ -142,7 +142,7 @@ def _credited_text(interruption: Interruption | None, now: datetime) -> tuple[st
     credit = interruption_credit(interruption_id=interruption.pk, until=now)
     lost = interruption.lost_seconds(now)
     return (f" It was out of reach for {lost // 60} min {lost % 60:02d} s, which was not billed; you were credited "
-            f"${micros_to_usd(credit.total_micros)} for it."), credit.total_micros
+            f"{usd_text(credit.total_micros)} for it."), credit.total_micros
 
 
 def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, event: str) -> Instance | None:
