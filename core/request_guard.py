@@ -10,6 +10,8 @@ and the admin.
 - A session cookie with a control character is dropped (the request is anonymous, as with any unknown session):
   Django looks the session key up in the database.
 - More query parameters than DATA_UPLOAD_MAX_NUMBER_FIELDS is a 400 (Django's own check, answered here).
+- A body larger than DATA_UPLOAD_MAX_MEMORY_SIZE (by its Content-Length) is a 413, before anything reads it:
+  Django applies that limit to form bodies only, and DRF's JSON parser would read any size.
 - A URL longer than REQUEST_URL_MAX_CHARS is a 414. gunicorn answers longer request lines (over its
   --limit-request-line, scripts/run-web) with its own HTML page; below that limit the answer is ours.
 
@@ -32,6 +34,13 @@ def has_control_character(value: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in value)
 
 
+def _content_length(request) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0  # not a number: Django's own parsing refuses it
+
+
 class RequestGuardMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
@@ -40,6 +49,10 @@ class RequestGuardMiddleware:
         if len(request.get_full_path()) > settings.REQUEST_URL_MAX_CHARS:
             return self._refuse(request, 414, "URI too long",
                                 f"The URL is longer than {settings.REQUEST_URL_MAX_CHARS} characters.")
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and _content_length(request) > limit:
+            return self._refuse(request, 413, "Request too large",
+                                f"The request body is larger than {limit} bytes.")
         try:
             query = request.GET.lists()
         except TooManyFieldsSent:

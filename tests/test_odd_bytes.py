@@ -121,6 +121,22 @@ def test_an_over_long_url_is_a_414_json_under_the_api_and_a_page_elsewhere(api, 
     assert page.status_code == 414 and page["Content-Type"].startswith("text/html")
 
 
+def test_a_body_over_the_upload_limit_is_a_413_before_anything_reads_it(api, client, monkeypatch):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    body = json.dumps({"name": "x" * limit})  # over the limit by its quotes and key
+    read = []
+    monkeypatch.setattr("rest_framework.parsers.JSONParser.parse", lambda *a, **k: read.append(1))
+    response = api.post("/api/v1/ssh-keys/", body, content_type="application/json")
+    assert response.status_code == 413 and response.json() == {
+        "detail": f"The request body is larger than {limit} bytes."}
+    assert read == []  # refused by its Content-Length, never parsed
+    assert client.post("/accounts/login/", body, content_type="application/json").status_code == 413
+    # Up to the limit, the API parses and answers as usual (here: the SSH key's own validation).
+    monkeypatch.undo()
+    small = api.post("/api/v1/ssh-keys/", {"name": "laptop", "public_key": "not a key"}, format="json")
+    assert small.status_code == 400 and "public_key" in small.json()
+
+
 def test_too_many_query_parameters_is_a_json_400(api, client):
     """More than Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1000) fits within the URL limit: a 400 that says so."""
     response = api.get("/api/v1/offers/?" + "&".join(["a"] * 1500))

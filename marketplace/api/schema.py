@@ -141,6 +141,7 @@ _DESCRIPTIONS = {
     "401": "Missing, invalid or revoked API key.",
     "403": "Not allowed (for a browser session: a missing CSRF token).",
     "404": "No such object, or not yours; or a page past the last one.",
+    "413": f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
     "414": f"The URL (path and query string) is longer than {settings.REQUEST_URL_MAX_CHARS} characters.",
     "415": "Unsupported Content-Type; send JSON.",
     "429": "Too many requests; retry after the time in the Retry-After header.",
@@ -187,6 +188,8 @@ class AutoSchema(SpectacularAutoSchema):
         paginated = self._is_list_view() and self._get_paginator() is not None
         if any(p["in"] == "path" for p in params) or paginated:
             codes.append("404")
+        if "requestBody" in operation:
+            codes.append("413")  # any body may be too large (core/request_guard.py)
         codes.append("414")  # any URL may be too long (core/request_guard.py)
         if "requestBody" in operation:
             codes.append("415")
