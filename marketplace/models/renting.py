@@ -97,6 +97,11 @@ LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.INTERRUPTED, IS.S
 FINAL_STATUSES = (IS.DESTROYED, IS.FAILED)
 
 
+def vm_id_of(instance_id: int) -> str:
+    """The name of instance `instance_id`'s VM on its node (the agent's vm_id)."""
+    return f"inst-{instance_id}"
+
+
 class Instance(models.Model):
     renter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="instances")
@@ -162,7 +167,7 @@ class Instance(models.Model):
     @property
     def vm_id(self) -> str:
         """The VM's name on the node: derived from the id, never from user input."""
-        return f"inst-{self.pk}"
+        return vm_id_of(self.pk)
 
     def can_transition_to(self, target: str) -> bool:
         return target in INSTANCE_TRANSITIONS[self.status]

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, InterruptionCause, Node, NodeState
 from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.models.renting import vm_id_of
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import NodeConflict, node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
@@ -205,7 +206,7 @@ def running_vm_ids_by_node(node_ids: list[int], probed_before: datetime | None) 
         running = running.filter(started_at__lt=probed_before)
     found: dict[int, set[str]] = {}
     for node_id, pk in running.values_list("node_id", "pk"):
-        found.setdefault(node_id, set()).add(f"inst-{pk}")
+        found.setdefault(node_id, set()).add(vm_id_of(pk))
     return found
 
 

@@ -32,6 +32,15 @@ def _rent(node, renter_api, tmp_path, num_gpus=1):
     return _status(r.json()["id"], "running"), key_path
 
 
+def _cut_until_interrupted(instance, info, simnodes_dir, checks=2):
+    """Cut the node's network and run the health check `checks` times, as beat would."""
+    nodes_health_check()
+    sim.node_cut(info["ssh_port"], simnodes_dir)
+    for _ in range(checks):
+        nodes_health_check()
+    assert Instance.objects.get(pk=instance.pk).status == "interrupted"
+
+
 def _vms(node):
     with node_session(Node.objects.get(pk=node.pk)) as session:
         return {vm["vm_id"]: vm["state"] for vm in session.agent("vm", "list", {"runtime": "sim"})["vms"]}
@@ -80,11 +89,7 @@ def test_destroy_while_unreachable_ends_billing_at_once_and_the_vm_goes_when_the
         worker, sim_node_factory, api, other_api, tmp_path, simnodes_dir):
     node, info = _verified_node(api, sim_node_factory)
     instance, _ = _rent(node, other_api, tmp_path)
-    nodes_health_check()
-    sim.node_cut(info["ssh_port"], simnodes_dir)
-    nodes_health_check()
-    nodes_health_check()
-    assert Instance.objects.get(pk=instance.pk).status == "interrupted"
+    _cut_until_interrupted(instance, info, simnodes_dir)
 
     r = other_api.delete(f"/api/v1/instances/{instance.pk}/")
     assert r.status_code == 202 and r.json()["status"] == "destroyed", r.content
@@ -105,10 +110,7 @@ def test_a_node_that_returns_without_the_vm_fails_the_instance_with_a_reason(
         worker, sim_node_factory, api, other_api, tmp_path, simnodes_dir):
     node, info = _verified_node(api, sim_node_factory)
     instance, _ = _rent(node, other_api, tmp_path)
-    nodes_health_check()
-    sim.node_cut(info["ssh_port"], simnodes_dir)
-    for _ in range(3):
-        nodes_health_check()
+    _cut_until_interrupted(instance, info, simnodes_dir, checks=3)
     assert Node.objects.get(pk=node.pk).state == "offline"
     # The server rebooted and lost the VM while it was away.
     vm_dir = Path(info["node_dir"]) / "vms" / instance.vm_id

@@ -23,7 +23,7 @@ from billing.services.credits import interruption_credit
 from billing.services.metering import usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome
-from marketplace.models.renting import FINAL_STATUSES
+from marketplace.models.renting import FINAL_STATUSES, vm_id_of
 from marketplace.money import micros_to_usd, usd_text
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
@@ -86,7 +86,7 @@ def node_instances_interrupt(*, node_id: int, since: datetime | None, cause: str
         running = running.filter(started_at__lt=started_before)
     done = []
     for instance_id in running.order_by("pk").values_list("pk", flat=True):
-        if vm_ids is not None and f"inst-{instance_id}" not in vm_ids:
+        if vm_ids is not None and vm_id_of(instance_id) not in vm_ids:
             continue
         if instance_interrupt(instance_id=instance_id, since=since, cause=cause, detail=detail) is not None:
             done.append(instance_id)
