@@ -26,9 +26,12 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 demo: $(VENV)/.installed-demo
 	scripts/demo
 
-## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint and the suite
+## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint, the import contract
+## (.importlinter) and the suite
 test: $(VENV)/.installed-dev services
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest $(PYTEST_ARGS)
 
@@ -42,6 +45,8 @@ services:
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
 	$(PIP) install -r requirements-bench.txt -c constraints.txt

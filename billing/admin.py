@@ -28,7 +28,7 @@ from billing.models import (
     UsageInterval,
 )
 from billing.services import ledger, payments, payouts
-from billing.services.stripe_gateway import PaymentError
+from core.errors import ApplicationError
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -73,7 +73,7 @@ def _form_action(modeladmin, request, queryset, form_class, title, apply):
                 try:
                     apply(obj, form.cleaned_data)
                     done += 1
-                except (PaymentError, ledger.LedgerError) as exc:
+                except (ApplicationError, ledger.LedgerError) as exc:
                     modeladmin.message_user(request, f"{obj}: {getattr(exc, 'message', exc)}", messages.ERROR)
             if done:
                 modeladmin.message_user(request, f"{title}: {done} done.", messages.SUCCESS)
@@ -94,7 +94,7 @@ class AccountAdmin(ReadOnlyAdmin):
     search_fields = ["user__email"]
     list_select_related = ["user"]
     fields = ["kind", "user", "balance", "created_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     actions = ["credit"]
 
     @admin.display(ordering="balance_micros")
@@ -115,7 +115,7 @@ class AccountAdmin(ReadOnlyAdmin):
 class EntryInline(admin.TabularInline):
     model = Entry
     fields = ["account", "amount"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     extra = 0
     can_delete = False
 
@@ -137,7 +137,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     search_fields = ["idempotency_key", "memo", "reason", "created_by__email"]
     list_select_related = ["created_by", "reverses"]
     fields = ["idempotency_key", "kind", "memo", "reason", "created_by", "reverses", "created_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     inlines = [EntryInline]
     actions = ["reverse"]
 
@@ -249,7 +249,7 @@ class BillingProfileAdmin(admin.ModelAdmin):
     fields = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
               "auto_top_up_threshold_micros", "auto_top_up_amount_micros", "auto_top_up_card",
               "low_balance_warned_at", "depleted_at", "destroy_warned_at", "created_at"]
-    readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]
+    readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]  # type: ignore[misc]  # names only
 
     def has_add_permission(self, request, obj=None):
         return False

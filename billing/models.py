@@ -19,6 +19,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from core.transitions import StatefulModel, Transitions
+
 
 class AccountKind(models.TextChoices):
     CUSTOMER_WALLET = "customer_wallet", "Customer wallet"
@@ -200,7 +202,20 @@ class TopUpStatus(models.TextChoices):
     FAILED = "failed", "Failed"  # declined, or Stripe could not be reached: nothing credited
 
 
-class TopUp(models.Model):
+T = TopUpStatus
+TOP_UP_TRANSITIONS = Transitions({
+    # SUCCEEDED straight from PENDING: Stripe's webhook came before the charge's answer was recorded.
+    T.PENDING: {T.PROCESSING, T.SUCCEEDED, T.FAILED},
+    T.PROCESSING: {T.SUCCEEDED, T.FAILED},
+    # Failed here (Stripe unreachable) but charged after all: the money arrived, so it is credited.
+    T.FAILED: {T.SUCCEEDED},
+    T.SUCCEEDED: set(),
+})
+
+
+class TopUp(StatefulModel, models.Model):
+    transitions = TOP_UP_TRANSITIONS
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="top_ups")
     amount_micros = models.BigIntegerField()
     card = models.ForeignKey(Card, on_delete=models.SET_NULL, null=True, blank=True, related_name="top_ups")
@@ -224,6 +239,11 @@ class TopUp(models.Model):
             models.CheckConstraint(condition=Q(amount_micros__gt=0), name="top_up_amount_positive"),
             models.UniqueConstraint(fields=["user", "idempotency_key"], condition=~Q(idempotency_key=""),
                                     name="top_up_unique_idempotency_key"),
+            TOP_UP_TRANSITIONS.check_constraint("status", "top_up_status_declared"),
+            # top_up_credit posts the credit and marks it succeeded in one write.
+            models.CheckConstraint(condition=~Q(status=T.SUCCEEDED)
+                                   | Q(transaction__isnull=False, credited_at__isnull=False),
+                                   name="top_up_succeeded_is_credited"),
         ]
 
     def __str__(self):
@@ -236,8 +256,19 @@ class RefundStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Refund(models.Model):
+R = RefundStatus
+REFUND_TRANSITIONS = Transitions({
+    R.PENDING: {R.SUCCEEDED, R.FAILED},
+    # refund_confirm for a refund recorded as failed that Stripe made after all.
+    R.FAILED: {R.SUCCEEDED},
+    R.SUCCEEDED: set(),
+})
+
+
+class Refund(StatefulModel, models.Model):
     """Money given back to the card of a top-up; the wallet is debited when Stripe confirms it."""
+
+    transitions = REFUND_TRANSITIONS
 
     top_up = models.ForeignKey(TopUp, on_delete=models.PROTECT, related_name="refunds")
     amount_micros = models.BigIntegerField()
@@ -252,7 +283,14 @@ class Refund(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        constraints = [models.CheckConstraint(condition=Q(amount_micros__gt=0), name="refund_amount_positive")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_micros__gt=0), name="refund_amount_positive"),
+            REFUND_TRANSITIONS.check_constraint("status", "refund_status_declared"),
+            # refund_confirm posts the debit and marks it succeeded in one write.
+            models.CheckConstraint(condition=~Q(status=R.SUCCEEDED)
+                                   | Q(transaction__isnull=False, stripe_refund_id__isnull=False),
+                                   name="refund_succeeded_is_posted"),
+        ]
 
     def __str__(self):
         return f"refund {self.pk} of top-up {self.top_up_id} ({self.status})"
@@ -265,8 +303,20 @@ class StripeEventStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class StripeEvent(models.Model):
+E = StripeEventStatus
+STRIPE_EVENT_TRANSITIONS = Transitions({
+    E.RECEIVED: {E.PROCESSED, E.IGNORED, E.FAILED},
+    # Processed again (Stripe's next delivery, or an operator): it may fail again.
+    E.FAILED: {E.PROCESSED, E.IGNORED, E.FAILED},
+    E.PROCESSED: set(),
+    E.IGNORED: set(),
+})
+
+
+class StripeEvent(StatefulModel, models.Model):
     """A webhook event, stored once per Stripe event id: a second delivery finds it and changes nothing."""
+
+    transitions = STRIPE_EVENT_TRANSITIONS
 
     event_id = models.CharField(max_length=100, unique=True)
     type = models.CharField(max_length=100)
@@ -280,6 +330,11 @@ class StripeEvent(models.Model):
     class Meta:
         ordering = ["-received_at", "-id"]
         verbose_name = "Stripe event"
+        constraints = [
+            STRIPE_EVENT_TRANSITIONS.check_constraint("status", "stripe_event_status_declared"),
+            models.CheckConstraint(condition=Q(status=E.RECEIVED) | Q(processed_at__isnull=False),
+                                   name="stripe_event_processed_has_processed_at"),
+        ]
 
     def __str__(self):
         return f"{self.type} {self.event_id} ({self.status})"
@@ -291,8 +346,18 @@ class PayoutStatus(models.TextChoices):
     FAILED = "failed", "Failed"  # Stripe refused it; the earnings were given back
 
 
-class Payout(models.Model):
+P = PayoutStatus
+PAYOUT_TRANSITIONS = Transitions({
+    P.PENDING: {P.PAID, P.FAILED},
+    P.PAID: set(),
+    P.FAILED: set(),
+})
+
+
+class Payout(StatefulModel, models.Model):
     """One transfer of a provider's earnings to their Stripe Connect account, at most one per period."""
+
+    transitions = PAYOUT_TRANSITIONS
 
     provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="payouts")
     period_start = models.DateField()
@@ -314,6 +379,12 @@ class Payout(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["provider", "period_start"], name="payout_one_per_provider_and_period"),
             models.CheckConstraint(condition=Q(amount_micros__gt=0), name="payout_amount_positive"),
+            PAYOUT_TRANSITIONS.check_constraint("status", "payout_status_declared"),
+            # payout_send records the transfer with the status; _payout_failed the reversal of the earnings.
+            models.CheckConstraint(condition=~Q(status=P.PAID) | Q(paid_at__isnull=False, transfer_id__isnull=False),
+                                   name="payout_paid_has_transfer"),
+            models.CheckConstraint(condition=~Q(status=P.FAILED) | Q(reversal__isnull=False),
+                                   name="payout_failed_is_reversed"),
         ]
 
     def __str__(self):

@@ -5,7 +5,9 @@ posted, so that each month's opening balance plus its movements is its closing b
 """
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncMonth
 from django.utils import timezone
@@ -23,6 +25,7 @@ from billing.models import (
     TransactionKind,
     UsageInterval,
 )
+from billing.pricing import instance_cost_so_far
 from marketplace.models import Instance, InstanceStatus, User
 
 
@@ -79,13 +82,13 @@ class Statement:
     top_ups_micros: int = 0
     refunds_micros: int = 0  # positive: what was given back
     adjustments_micros: int = 0  # credits and reversals, signed
-    usage_lines: list[dict] = field(default_factory=list)
+    usage_lines: list[dict[str, Any]] = field(default_factory=list)
     top_ups: list[TopUp] = field(default_factory=list)
     refunds: list[Refund] = field(default_factory=list)
-    adjustments: list[dict] = field(default_factory=list)
+    adjustments: list[dict[str, Any]] = field(default_factory=list)
 
 
-_KIND_TOTALS = {
+_KIND_TOTALS: dict[str, str] = {
     TransactionKind.USAGE: "usage_micros",
     TransactionKind.TOP_UP: "top_ups_micros",
     TransactionKind.REFUND: "refunds_micros",
@@ -176,7 +179,7 @@ class Earnings:
     gross_micros: int = 0  # what renters paid for the provider's instances
     fees_micros: int = 0  # the platform's share of it
     seconds: int = 0
-    months: list[dict] = field(default_factory=list)
+    months: list[dict[str, Any]] = field(default_factory=list)
 
 
 def earnings_for(*, user: User) -> Earnings:
@@ -224,8 +227,6 @@ class BalanceStatus:
 
 def balance_status(*, user: User) -> BalanceStatus:
     """The wallet balance, the burn rate, how long it lasts, and whether the user is being warned."""
-    from django.conf import settings
-
     balance = _account(user, AccountKind.CUSTOMER_WALLET)
     micros = balance.balance_micros if balance else 0
     rate = burn_rate_micros(user=user)
@@ -236,13 +237,11 @@ def balance_status(*, user: User) -> BalanceStatus:
                          depleted_at=depleted)
 
 
-def instance_cost(*, instance: Instance) -> dict:
+def instance_cost(*, instance: Instance) -> dict[str, int]:
     """What an instance has cost so far, including the whole seconds of this run not metered yet.
 
     {"amount_micros", "billed_seconds"} (seconds in closed usage intervals).
     """
-    from billing.services.metering import instance_cost_so_far  # a pure computation on the instance row
-
     return {"amount_micros": instance_cost_so_far(instance=instance), "billed_seconds": instance.billed_seconds}
 
 
@@ -253,7 +252,7 @@ def earnings_by_node(*, user: User) -> dict[int, int]:
     return {r["instance__node_id"]: r["amount"] - r["fee"] for r in rows}
 
 
-def revenue_between(*, start: datetime, end: datetime) -> dict:
+def revenue_between(*, start: datetime, end: datetime) -> dict[str, int]:
     """Usage charged to renters and the platform's fees posted in [start, end), from the ledger.
 
     Net of reversals of usage transactions. Integer micro-dollars: {"charged_micros", "fee_micros"}.

@@ -1,10 +1,12 @@
 """Celery entry points of billing: the per-minute meter tick, weekly payouts, automatic top-ups, and the
-follow-up of top-ups whose webhook never came."""
+follow-up of top-ups whose webhook never came. Services queue these by name (core.dispatch), never by importing
+this module: a task queued by a service is registered under the name the service declares."""
 import logging
 
 from celery import shared_task
 
 from billing.services import enforcement, metering, payments, payouts, reconcile
+from billing.services.top_ups import TOP_UP_CHARGE
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ def payouts_run():
     log.info("payouts: %s", [(p.pk, p.status) for p in done])
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name=TOP_UP_CHARGE, acks_late=True, ignore_result=True)
 def top_up_charge(top_up_id: int):
     payments.top_up_charge_by_id(top_up_id=top_up_id)
 

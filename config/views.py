@@ -75,7 +75,7 @@ def healthz(request):
 
 
 def _is_api(request) -> bool:
-    return request.path_info.startswith("/api/")
+    return request.path_info.startswith(("/api/", "/compat/"))
 
 
 def not_found(request, exception=None):

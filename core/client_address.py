@@ -12,6 +12,8 @@ import ipaddress
 from functools import lru_cache
 
 from django.conf import settings
+from django.http import HttpRequest
+from rest_framework.request import Request
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPV6_THROTTLE_PREFIX = 64  # one IPv6 host usually has a whole /64 to pick addresses from
@@ -38,11 +40,11 @@ def _parse(text: str) -> IPAddress | None:
     return address
 
 
-def _trusted(address: IPAddress, networks) -> bool:
+def _trusted(address: IPAddress, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]) -> bool:
     return any(address.version == net.version and address in net for net in networks)
 
 
-def client_ip(request) -> str:
+def client_ip(request: HttpRequest | Request) -> str:
     """The address of the client that sent `request` (a Django or DRF request); "" when there is none."""
     remote = _parse(request.META.get("REMOTE_ADDR") or "")
     if remote is None:

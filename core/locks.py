@@ -32,7 +32,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 try:
     import fcntl
 except ImportError:  # not POSIX: no file locks (the demo needs sshd, so a POSIX machine, anyway)
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the module or None; checked before each use
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,12 @@ and the admin.
 Answers are JSON under /api/ (`{"detail": ...}`, as every API error) and a page elsewhere.
 """
 import unicodedata
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.exceptions import TooManyFieldsSent
-from django.http import JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 
 CONTROL_CHARACTERS = "Control characters (such as NUL) are not allowed in a URL."
@@ -34,7 +36,7 @@ def has_control_character(value: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in value)
 
 
-def _content_length(request) -> int:
+def _content_length(request: HttpRequest) -> int:
     try:
         return int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -42,10 +44,10 @@ def _content_length(request) -> int:
 
 
 class RequestGuardMiddleware:
-    def __init__(self, get_response):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if len(request.get_full_path()) > settings.REQUEST_URL_MAX_CHARS:
             return self._refuse(request, 414, "URI too long",
                                 f"The URL is longer than {settings.REQUEST_URL_MAX_CHARS} characters.")
@@ -69,7 +71,7 @@ class RequestGuardMiddleware:
         return self.get_response(request)
 
     @staticmethod
-    def _refuse(request, status: int, title: str, message: str):
+    def _refuse(request: HttpRequest, status: int, title: str, message: str) -> HttpResponse:
         if request.path_info.startswith("/api/"):
             return JsonResponse({"detail": message}, status=status)
         return render(request, "400.html", {"title": title, "message": message}, status=status)

@@ -4,6 +4,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.db.models import Count, Q
 
+from core.errors import ApplicationError, Conflict
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.models import (
     ApiKey,
@@ -21,8 +22,10 @@ from marketplace.models import (
 )
 from marketplace.money import micros_to_usd
 from marketplace.services.accounts import api_key_revoke
-from marketplace.services.instances import InstanceError, instance_destroy, instance_stop
-from marketplace.services.nodes import NodeConflict, node_update
+from marketplace.services.instances import instance_destroy, instance_stop
+from marketplace.services.nodes import node_update
+from provisioning.admin import NodeEventInline, VerificationRunInline
+from provisioning.services.verification import node_accept_host_key, node_verify_request
 
 
 @admin.register(User)
@@ -53,7 +56,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ["user__email", "prefix", "name"]
     # key_hash is left out on purpose: operators never need it.
     fields = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     list_select_related = ["user"]
     actions = ["revoke"]
 
@@ -98,8 +101,8 @@ class NodeAdmin(admin.ModelAdmin):
     readonly_fields = ["provider", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "gpu_model",
                        "gpu_count", "runtime", "state", "state_changed_at", "verdict", "score", "reliability",
                        "last_error", "ssh_public_key", "created_at", "updated_at"]
-    inlines = [GpuInline]
-    actions = ["set_maintenance", "unlist"]
+    inlines = [GpuInline, VerificationRunInline, NodeEventInline]
+    actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key"]
 
     def has_add_permission(self, request):
         return False  # nodes are registered by providers, which creates their key pair
@@ -119,20 +122,46 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Put selected nodes into maintenance")
     def set_maintenance(self, request, queryset):
-        done, refused = 0, []
-        for node in queryset.exclude(state=NodeState.MAINTENANCE):
-            try:
-                node_update(node=node, maintenance=True)
-                done += 1
-            except NodeConflict as exc:
-                refused.append(f"{node.name}: {exc}")
-        messages.info(request, f"{done} node(s) put into maintenance.")
-        for line in refused:
-            messages.warning(request, line)
+        self._update_each(request, queryset.exclude(state=NodeState.MAINTENANCE), "put into maintenance",
+                          maintenance=True)
 
     @admin.action(description="Unlist selected nodes (no new rentals)")
     def unlist(self, request, queryset):
-        messages.info(request, f"{queryset.update(listed=False)} node(s) unlisted.")
+        self._update_each(request, queryset.filter(listed=True), "unlisted", listed=False)
+
+    @staticmethod
+    def _update_each(request, nodes, done_text: str, **changes) -> None:
+        """The provider's own service per node (its rules, not a second copy here); refusals named one by one."""
+        done, refused = 0, []
+        for node in nodes:
+            try:
+                node_update(node=node, **changes)
+                done += 1
+            except Conflict as exc:
+                refused.append(f"{node.name}: {exc}")
+        messages.info(request, f"{done} node(s) {done_text}.")
+        for line in refused:
+            messages.warning(request, line)
+
+    @admin.action(description="Re-verify selected nodes")
+    def reverify_nodes(self, request, queryset):
+        done = 0
+        for node in queryset:
+            try:
+                node_verify_request(node=node)
+                done += 1
+            except Conflict as exc:
+                messages.warning(request, f"{node.name}: {exc}")
+        messages.info(request, f"Verification queued for {done} node(s).")
+
+    @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify")
+    def accept_new_host_key(self, request, queryset):
+        for node in queryset:
+            try:
+                node_accept_host_key(node=node, operator_email=request.user.email)
+            except Conflict as exc:  # the new key is another live node's: the same server twice
+                messages.warning(request, f"{node.name}: {exc}")
+        messages.info(request, "New host keys accepted for quarantined nodes; verification queued.")
 
 
 @admin.register(Gpu)
@@ -150,7 +179,7 @@ class SshKeyAdmin(admin.ModelAdmin):
     search_fields = ["user__email", "name", "fingerprint"]
     list_select_related = ["user"]
     fields = ["user", "name", "public_key", "fingerprint", "created_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
 
     def has_add_permission(self, request):
         return False  # keys are added by their owners through the API, which parses them
@@ -171,7 +200,7 @@ class ImageAdmin(admin.ModelAdmin):
 class GpuAllocationInline(admin.TabularInline):
     model = GpuAllocation
     fields = ["gpu", "gpu_index", "allocated_at", "released_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     extra = 0
     can_delete = False
     ordering = ["-allocated_at", "gpu__index"]
@@ -190,7 +219,7 @@ class GpuAllocationInline(admin.TabularInline):
 class InterruptionInline(admin.TabularInline):
     model = Interruption
     fields = ["cause", "detail", "started_at", "detected_at", "ended_at", "outcome", "credited_seconds", "credited"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     extra = 0
     can_delete = False
 
@@ -242,7 +271,7 @@ class InstanceAdmin(admin.ModelAdmin):
               "ssh_host", "ssh_port", "ssh_user", "ssh_public_keys", "price_per_gpu_hour_micros",
               "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
               "stopped_at", "destroyed_at", "updated_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     inlines = [GpuAllocationInline, InterruptionInline]
     actions = ["force_stop", "force_destroy"]
 
@@ -262,7 +291,7 @@ class InstanceAdmin(admin.ModelAdmin):
             try:
                 service(instance=instance)
                 done += 1
-            except InstanceError as exc:
+            except ApplicationError as exc:
                 refused.append(f"instance {instance.pk}: {exc}")
         messages.info(request, f"{done} instance(s) {verb}.")
         for line in refused:
@@ -275,14 +304,6 @@ class InstanceAdmin(admin.ModelAdmin):
     @admin.action(description="Destroy selected instances (VM and disk)")
     def force_destroy(self, request, queryset):
         self._apply(request, queryset, instance_destroy, "destroying")
-
-
-# The front page of the admin is the operators' dashboard: fleet figures, what needs attention, charts
-# (marketplace/admin_dashboard.py, shown by the template below).
-admin.site.index_template = "admin/gpumarket_index.html"
-admin.site.site_header = "GPU Marketplace operators"
-admin.site.site_title = "GPU Marketplace operators"
-admin.site.index_title = "Dashboard"
 
 
 class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):

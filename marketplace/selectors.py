@@ -1,23 +1,40 @@
 """Reads that encode marketplace rules."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypedDict
+
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from marketplace.models import Gpu, GpuStatus, Node, NodeState, User
+from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, User
 from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
 
 
-def _free_gpus():
+class OfferAnnotations(TypedDict):
+    """What offers_search annotates on each node."""
+
+    num_gpus_free: int
+    score_per_dollar: float | None
+
+
+if TYPE_CHECKING:  # django-stubs' helper, for the type checker only
+    from django_stubs_ext import WithAnnotations
+
+    Offer = WithAnnotations[Node, OfferAnnotations]
+
+
+def _free_gpus() -> QuerySet[Gpu]:
     return Gpu.objects.filter(node=OuterRef("pk"), status=GpuStatus.FREE)
 
 
-def _free_gpu_count():
+def _free_gpu_count() -> Coalesce:
     free = _free_gpus().order_by().values("node").annotate(n=Count("*")).values("n")
     return Coalesce(Subquery(free), Value(0))
 
 
-def offers_search() -> QuerySet[Node]:
+def offers_search() -> QuerySet[Offer]:
     """Every node a renter can book now: active, verified or degraded, listed, with free GPUs.
 
     Annotates `num_gpus_free` and `score_per_dollar` (score per USD per GPU-hour) so
@@ -64,10 +81,10 @@ def nodes_for_user(*, user: User) -> QuerySet[Node]:
     nodes = Node.objects.exclude(state=NodeState.RETIRED).select_related("gpu_model")
     if not user.is_staff:
         nodes = nodes.filter(provider=user)
-    return nodes.prefetch_related("gpus")
+    return nodes.prefetch_related("gpus__gpu_model")  # not one query per GPU for its model
 
 
-_NOT_OFFERED_STATES = {
+_NOT_OFFERED_STATES: dict[str, str] = {
     NodeState.PENDING: "the server has not been verified yet",
     NodeState.VERIFYING: "the server is being verified",
     NodeState.REJECTED: "the server was rejected by the benchmark check",
@@ -92,3 +109,10 @@ def node_not_offered_reason(node: Node) -> str:
     if not node.listed:
         return "it is not listed"
     return ""
+
+
+def instance_ssh_command(instance: Instance) -> str | None:
+    """How the renter logs in (the API's `ssh_command`, the instance page's line): only while it runs."""
+    if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
+        return None
+    return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"

@@ -1,9 +1,28 @@
-"""Validators for what providers type: addresses, SSH users, host-key fingerprints."""
+"""The marketplace's input rules, defined once for the API's serializers and the pages' forms: the limits of what
+people type, and validators for what providers type (addresses, SSH users, host-key fingerprints).
+
+The validators raise Django's ValidationError: a form shows its message, and DRF reports it as the field's error.
+Rules that need the database or the state of something live in the services.
+"""
 import ipaddress
 import re
+from decimal import Decimal
 
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
+
+# Limits of what people type (the API publishes them in its schema; the pages' forms use the same).
+NAME_MAX_LENGTH = 100  # a node's, an SSH key's, an API key's name; an instance's label; a node's city, datacenter
+EMAIL_MAX_LENGTH = 254  # RFC 5321's
+PASSWORD_MAX_LENGTH = 128
+SIGNUP_TOKEN_MAX_LENGTH = 2000
+ADDRESS_MAX_LENGTH = 253  # a DNS name's
+SSH_PORT_MIN, SSH_PORT_MAX = 1, 65535
+SSH_USER_MAX_LENGTH = 32  # useradd's
+FINGERPRINT_MAX_LENGTH = 60
+MAX_GPUS_PER_NODE = 16
+PRICE_LIMITS = {"min_value": Decimal("0.001"), "max_value": Decimal("100")}  # USD per GPU-hour
+MAX_INSTANCE_KEYS = 32  # SSH keys put on one instance
 
 # RFC 1123 hostname: dot-separated labels of letters, digits and inner hyphens.
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -21,7 +40,7 @@ def validate_address(value: str) -> None:
         pass
     labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
     if (
-        len(value) > 253
+        len(value) > ADDRESS_MAX_LENGTH
         or not all(_HOST_LABEL.match(label) for label in labels)
         or labels[-1].isdigit()  # "1.2.3.999" is a broken IP, not a hostname
     ):
@@ -35,3 +54,9 @@ validate_ssh_user = RegexValidator(
 validate_host_key_fingerprint = RegexValidator(
     _FINGERPRINT, "Must be a SHA-256 fingerprint as `ssh-keygen -lf` prints it: 'SHA256:' and 43 base64 characters."
 )
+
+
+def validate_instance_keys(keys: list) -> None:
+    """At most MAX_INSTANCE_KEYS keys on one instance (a saved key or a pasted one each)."""
+    if len(keys) > MAX_INSTANCE_KEYS:
+        raise ValidationError(f"At most {MAX_INSTANCE_KEYS} keys.")

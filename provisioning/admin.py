@@ -1,5 +1,6 @@
-"""Operators' view of jobs, node events and verification runs, plus node actions."""
-from django.contrib import admin, messages
+"""Operators' view of jobs, node events and verification runs; the node page's inlines of them (shown by
+marketplace.admin.NodeAdmin, whose actions call provisioning's services)."""
+from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
@@ -87,42 +88,10 @@ class VerificationRunAdmin(ReadOnlyAdmin):
         return findings_list(run.findings)
 
 
-def reverify_nodes(modeladmin, request, queryset):
-    from marketplace.services.nodes import NodeConflict
-    from provisioning.services.verification import node_verify_request
-
-    done = 0
-    for node in queryset:
-        try:
-            node_verify_request(node=node)
-            done += 1
-        except NodeConflict as exc:
-            messages.warning(request, f"{node.name}: {exc}")
-    messages.info(request, f"Verification queued for {done} node(s).")
-
-
-reverify_nodes.short_description = "Re-verify selected nodes"
-
-
-def accept_new_host_key(modeladmin, request, queryset):
-    from marketplace.services.nodes import NodeConflict
-    from provisioning.services.nodes import node_accept_host_key
-
-    for node in queryset:
-        try:
-            node_accept_host_key(node=node, operator_email=request.user.email)
-        except NodeConflict as exc:  # the new key is another live node's: the same server twice
-            messages.warning(request, f"{node.name}: {exc}")
-    messages.info(request, "New host keys accepted for quarantined nodes; verification queued.")
-
-
-accept_new_host_key.short_description = "Accept the new SSH host key (quarantined nodes) and re-verify"
-
-
 class NodeEventInline(admin.TabularInline):
     model = NodeEvent
     fields = ["created_at", "level", "kind", "message"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     extra = 0
     max_num = 0
     can_delete = False
@@ -132,7 +101,7 @@ class NodeEventInline(admin.TabularInline):
 class VerificationRunInline(admin.TabularInline):
     model = VerificationRun
     fields = ["created_at", "verdict", "score", "reasons"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     extra = 0
     max_num = 0
     can_delete = False
@@ -141,10 +110,3 @@ class VerificationRunInline(admin.TabularInline):
     @admin.display(description="reasons")
     def reasons(self, run):
         return findings_list(run.findings)
-
-
-# provisioning extends the marketplace's node admin (marketplace knows nothing of provisioning).
-from marketplace.admin import NodeAdmin  # noqa: E402
-
-NodeAdmin.actions = [*NodeAdmin.actions, reverify_nodes, accept_new_host_key]
-NodeAdmin.inlines = [*NodeAdmin.inlines, VerificationRunInline, NodeEventInline]

@@ -52,7 +52,8 @@ class NodeBenchmarksView(generics.ListAPIView):
         node_id = str(self.kwargs["id"])
         if not node_id.isdigit() or len(node_id) > 18:
             raise Http404
-        node = selectors.nodes_for_user(user=self.request.user).filter(pk=int(node_id)).first()
+        # Only whether the caller may see it: not its GPUs.
+        node = selectors.nodes_for_user(user=self.request.user).prefetch_related(None).filter(pk=int(node_id)).first()
         if node is None:
             raise Http404
         return VerificationRun.objects.filter(node=node).order_by("-created_at", "-id")

@@ -1,6 +1,9 @@
 """Jobs (one row per piece of work a worker does on a node) and node events for operators."""
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+
+from core.transitions import StatefulModel, Transitions
 
 
 class JobKind(models.TextChoices):
@@ -19,10 +22,23 @@ class JobStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-OPEN_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+J = JobStatus
+JOB_TRANSITIONS = Transitions({
+    # SUCCEEDED/FAILED from QUEUED: closed by a service or the reaper before any worker claimed it.
+    J.QUEUED: {J.RUNNING, J.SUCCEEDED, J.FAILED},
+    # RUNNING again: a retry, or a takeover of a lost worker's job, claims it anew (runner.job_begin).
+    J.RUNNING: {J.RUNNING, J.SUCCEEDED, J.FAILED},
+    J.SUCCEEDED: set(),
+    J.FAILED: set(),
+})
+# Open: not final (queued, running).
+OPEN_JOB_STATUSES = tuple(s for s in JobStatus if s not in JOB_TRANSITIONS.final)
+OPEN = Q(status__in=OPEN_JOB_STATUSES)
 
 
-class Job(models.Model):
+class Job(StatefulModel, models.Model):
+    transitions = JOB_TRANSITIONS
+
     kind = models.CharField(max_length=24, choices=JobKind.choices)
     node = models.ForeignKey("marketplace.Node", on_delete=models.CASCADE, related_name="jobs")
     instance = models.ForeignKey("marketplace.Instance", null=True, blank=True, on_delete=models.CASCADE,
@@ -51,6 +67,20 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            JOB_TRANSITIONS.check_constraint("status", "job_status_declared"),
+            # runner.job_finish closes a job and stamps it in one write.
+            models.CheckConstraint(condition=OPEN | Q(finished_at__isnull=False), name="job_finished_has_finished_at"),
+            # One open job of each kind per instance: each instance job is queued with the *ing state that asks
+            # for it (a verb asked again in that state queues nothing). Kinds differ when one overlaps another
+            # by design: a destroy asked while the provision still runs. provisioning.services.jobs.job_create
+            # answers a Conflict when this is hit.
+            models.UniqueConstraint(fields=["instance", "kind"], condition=OPEN & Q(instance__isnull=False),
+                                    name="job_one_open_per_instance_and_kind"),
+            # One open node-level job (a verification) per node: node_verify_request returns the open one.
+            models.UniqueConstraint(fields=["node"], condition=OPEN & Q(instance__isnull=True),
+                                    name="job_one_open_node_job_per_node"),
+        ]
         indexes = [
             models.Index(fields=["status", "deadline"], name="job_open_deadline_idx"),
             models.Index(fields=["node", "-created_at"], name="job_node_recent_idx"),

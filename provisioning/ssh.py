@@ -210,6 +210,7 @@ class NodeSession:
             client.close()
             raise NodeUnreachable(f"Cannot reach {ep.address}:{ep.port} over SSH: {exc}") from None
         transport = client.get_transport()
+        assert transport is not None  # connect() succeeded: the client has its transport
         transport.set_keepalive(self.timeouts.keepalive)
         self.seen_fingerprint = policy.seen
         self._client = client
@@ -224,6 +225,7 @@ class NodeSession:
         """Upload the agent unless this exact version is already there; returns its absolute remote path."""
         if self._agent_path:
             return self._agent_path
+        assert self._client is not None, "connect() comes first"
         data, remote = agent_bundle()
         try:
             with self._client.open_sftp() as sftp:
@@ -275,7 +277,10 @@ class NodeSession:
     def _exec(self, cmd: str, stdin: bytes, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         try:
-            chan = self._client.get_transport().open_session(timeout=self.timeouts.connect)
+            transport = self._client.get_transport() if self._client is not None else None
+            if transport is None:  # closed (or never connected): the same answer as a broken connection
+                raise NodeUnreachable("The SSH connection is closed.")
+            chan = transport.open_session(timeout=self.timeouts.connect)
             chan.settimeout(1.0)
             chan.exec_command(cmd)
             chan.sendall(stdin)

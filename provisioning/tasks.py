@@ -11,6 +11,7 @@ every JOB_DISPATCH_INTERVAL_S). A job task claims its job (runner.job_begin: one
 renews its heartbeat while it runs (runner.JobHeartbeat), so that a lost worker's job is sent again within a
 minute and taken over; a job whose worker was lost more than JOB_MAX_LOST_RUNS times fails."""
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 from celery import shared_task
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from provisioning.concurrency import NodeBusy
 from provisioning.models import Job, JobKind
-from provisioning.services import maintenance, verification, vms
+from provisioning.services import maintenance, vms
 from provisioning.services.jobs import JOB_TASKS
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
 from provisioning.services.verification import node_verify_failed, node_verify_run
@@ -36,7 +37,7 @@ JOB_TASK_OPTIONS = {
     "max_retries": 3,
 }
 
-RUNNERS = {
+RUNNERS: dict[str, tuple[Callable[[Job], None], Callable[..., None] | None]] = {
     JobKind.NODE_VERIFY: (node_verify_run, node_verify_failed),
     JobKind.INSTANCE_PROVISION: (vms.vm_provision, None),
     JobKind.INSTANCE_START: (vms.vm_start, None),
@@ -171,4 +172,4 @@ def nodes_verify_pending():
 
 @shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
 def nodes_reverify_due():
-    return verification.nodes_reverify_due()
+    return maintenance.nodes_reverify_due()

@@ -32,7 +32,7 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from config.wsgi import application
-from marketplace.api.schema import decimal_pattern
+from core.api.schema import decimal_pattern
 from marketplace.models import GpuModel, User
 from marketplace.services.accounts import api_key_create
 from tests.factories import UserFactory, api_key_for, make_listed_node, make_node

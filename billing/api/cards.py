@@ -8,10 +8,16 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from billing import selectors
-from billing.api.common import E402, E502, E503, PaymentErrorsMixin
+from billing.api.common import E402, E502, E503
 from billing.models import Card
-from billing.services.cards import card_add, card_remove, setup_intent_create
-from marketplace.api.fields import StrictFieldsMixin
+from billing.services.cards import (
+    PAYMENT_METHOD_ID,
+    SETUP_INTENT_ID,
+    card_add,
+    card_remove,
+    setup_intent_create,
+)
+from core.api.fields import StrictFieldsMixin
 
 
 class CardSerializer(serializers.ModelSerializer):
@@ -25,10 +31,10 @@ class CardCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     # The ids' shapes as billing.services.cards checks them, here too so that the schema says them.
     payment_method = serializers.CharField(
         max_length=100, required=False, help_text="A payment method id (pm_...) from Stripe.js.",
-        validators=[RegexValidator(r"^pm_[A-Za-z0-9_]{1,95}$", "A payment method id looks like pm_...")])
+        validators=[RegexValidator(PAYMENT_METHOD_ID, "A payment method id looks like pm_...")])
     setup_intent = serializers.CharField(
         max_length=100, required=False, help_text="A SetupIntent (seti_...) you confirmed with the card.",
-        validators=[RegexValidator(r"^seti_[A-Za-z0-9_]{1,95}$", "A SetupIntent id looks like seti_...")])
+        validators=[RegexValidator(SETUP_INTENT_ID, "A SetupIntent id looks like seti_...")])
     schema_presence = {"oneOf": [{"required": ["payment_method"]}, {"required": ["setup_intent"]}]}
 
     def validate(self, attrs):
@@ -53,7 +59,7 @@ class SetupIntentSerializer(serializers.Serializer):
                                responses={201: SetupIntentSerializer, 502: E502, 503: E503}),
 )
 @extend_schema(tags=["billing"])
-class CardViewSet(PaymentErrorsMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class CardViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     """Cards are saved at Stripe; here only their brand, last digits and expiry are kept."""
 
     serializer_class = CardSerializer

@@ -5,10 +5,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import selectors
-from billing.api.common import MoneyField, reject_unknown_params
 from billing.models import BillingProfile, Payout, PayoutStatus
 from billing.services import metering
 from billing.services.payouts import payout_minimum_micros
+from core.api.fields import MoneyField
+from core.api.filtering import reject_unknown_params
 
 # ------------------------------------------------------------------------------------- earnings
 

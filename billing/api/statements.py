@@ -9,9 +9,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import selectors
-from billing.api.common import MoneyField, error_response
 from billing.api.top_ups import TopUpSerializer
 from billing.models import Refund
+from core.api.fields import MoneyField
+from core.api.schema import error_response
 
 _MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
 
@@ -34,7 +35,7 @@ class StatementSummarySerializer(serializers.Serializer):
 
 class UsageLineSerializer(serializers.Serializer):
     instance = serializers.IntegerField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)
     gpu_model = serializers.CharField()
     num_gpus = serializers.IntegerField()
     price_per_hour = MoneyField(source="price_per_hour_micros")
@@ -84,7 +85,7 @@ class StatementDetailView(APIView):
                    parameters=[OpenApiParameter("month", str, OpenApiParameter.PATH, pattern=r"^\d{4}-\d{2}$",
                                                 description="YYYY-MM (UTC)")],
                    responses={200: StatementSerializer,
-                              404: error_response(404, "Not a month (YYYY-MM from 2000 to 2999).")})
+                              404: error_response("Not a month (YYYY-MM from 2000 to 2999).")})
     def get(self, request, month: str):
         match = _MONTH_RE.fullmatch(month)
         if not match or not 2000 <= int(match[1]) <= 2999 or not 1 <= int(match[2]) <= 12:

@@ -16,18 +16,17 @@ from billing.api.common import (
     E409,
     E502,
     E503,
-    CentsField,
-    MoneyField,
-    PaymentErrorsMixin,
-    error_response,
-    reject_unknown_params,
+    PAYMENT_ERRORS,
     top_up_amount_field,
 )
 from billing.models import Card, Refund, RefundStatus, TopUp, TopUpStatus
 from billing.services.refunds import refund_create
 from billing.services.top_ups import top_up_create, top_up_for_idempotency_key
-from marketplace.api.fields import StrictFieldsMixin, no_control_characters
-from marketplace.api.idempotency import idempotency_key, idempotency_parameter
+from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
+from core.api.filtering import reject_unknown_params
+from core.api.idempotency import idempotency_key, idempotency_parameter
+from core.api.schema import error_response
+from core.validators import no_control_characters
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -69,8 +68,8 @@ class TopUpCreateSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Your top-ups"),
-    retrieve=extend_schema(summary="One of your top-ups"),
+    list=extend_schema(summary="Your top-ups", description=PAYMENT_ERRORS),
+    retrieve=extend_schema(summary="One of your top-ups", description=PAYMENT_ERRORS),
     create=extend_schema(
         summary="Add money to your balance with a saved card",
         description=("Charges the card at once (off-session). The answer is 202 with status `processing`: the "
@@ -84,13 +83,13 @@ class TopUpCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         responses={202: TopUpSerializer, 200: OpenApiResponse(TopUpSerializer, "The top-up an earlier request "
                                                                                 "with this Idempotency-Key made."),
                    402: OpenApiResponse(TopUpErrorSerializer, E402.description),
-                   422: error_response(422, "The Idempotency-Key was used for a different top-up."),
+                   422: error_response("The Idempotency-Key was used for a different top-up."),
                    502: OpenApiResponse(TopUpErrorSerializer, E502.description),
                    503: OpenApiResponse(TopUpErrorSerializer, E503.description)},
     ),
 )
 @extend_schema(tags=["billing"])
-class TopUpViewSet(PaymentErrorsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = TopUpSerializer
     queryset = TopUp.objects.none()
     filterset_class = None
@@ -118,7 +117,7 @@ class TopUpViewSet(PaymentErrorsMixin, mixins.ListModelMixin, mixins.RetrieveMod
                 return Response(TopUpSerializer(earlier).data)
         data = TopUpCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
-        top_up, created = top_up_create(  # a PaymentError names the failed top-up (`top_up`)
+        top_up, created = top_up_create(  # a payment error names the failed top-up (`top_up`)
             user=request.user, amount_micros=usd_to_micros(data.validated_data["amount"]),
             card=data.validated_data["card"], idempotency_key=key, request_fingerprint=fingerprint)
         top_up = self.get_queryset().get(pk=top_up.pk)
@@ -156,11 +155,11 @@ class IsOperator(permissions.BasePermission):
 
 
 @extend_schema(tags=["billing"])
-class RefundView(PaymentErrorsMixin, APIView):
+class RefundView(APIView):
     permission_classes = [permissions.IsAuthenticated, IsOperator]
 
     @extend_schema(summary="Refund (part of) a customer's top-up to their card (operators)",
-                   request=RefundCreateSerializer,
+                   description=PAYMENT_ERRORS, request=RefundCreateSerializer,
                    responses={201: RefundSerializer, 409: E409, 502: E502, 503: E503})
     def post(self, request):
         data = RefundCreateSerializer(data=request.data)

@@ -12,13 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import selectors
-from billing.api.common import CentsField, MoneyField, reject_unknown_params, top_up_amount_field
-from billing.models import BillingEvent, BillingProfile, Card, EventKind, UsageInterval
-from billing.services import ledger, metering
+from billing.api.common import top_up_amount_field
+from billing.models import BillingEvent, BillingProfile, EventKind, UsageInterval
+from billing.services import ledger, metering, profiles
 from billing.services.customers import profile_for
-from billing.services.top_ups import top_up_bounds
-from marketplace.api.fields import StrictFieldsMixin
-from marketplace.api.filtering import StrictFilterSet
+from billing.services.profiles import CONNECT_ACCOUNT_ID
+from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
+from core.api.filtering import StrictFilterSet, reject_unknown_params
 from marketplace.money import micros_to_usd, usd_to_micros
 
 # ------------------------------------------------------------------------------------- balance
@@ -89,7 +89,7 @@ class UsageIntervalSerializer(serializers.ModelSerializer):
 class IntegerFilter(django_filters.NumberFilter):
     """A whole number: "0.5" or "6e16" is a 400, as the schema's `integer` says."""
 
-    field_class = forms.IntegerField
+    field_class = forms.IntegerField  # type: ignore[assignment]  # django-filter takes any form field class
 
 
 class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
@@ -180,8 +180,9 @@ class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
 
 class ProfileSerializer(StrictFieldsMixin, serializers.Serializer):
+    # Parses only: billing.services.profiles holds the rules (a card of yours, what auto top-up needs).
     stripe_connect_account_id = serializers.RegexField(
-        r"^(acct_[A-Za-z0-9]{1,90})?$", max_length=100, required=False, allow_blank=True,
+        CONNECT_ACCOUNT_ID, max_length=100, required=False, allow_blank=True,
         help_text="Your Stripe Connect account (acct_...), where payouts of your earnings go. Blank: none.")
     auto_top_up_enabled = serializers.BooleanField(required=False)
     auto_top_up_threshold = CentsField(
@@ -190,14 +191,6 @@ class ProfileSerializer(StrictFieldsMixin, serializers.Serializer):
     auto_top_up_amount = top_up_amount_field(required=False, help_text="How much to add each time (USD).")
     auto_top_up_card = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False, allow_null=True,
                                                 help_text="The saved card to charge.")
-
-    def validate_auto_top_up_card(self, value):
-        if value is None:
-            return None
-        card = Card.objects.filter(pk=value, user=self.context["request"].user).first()
-        if card is None:
-            raise ValidationError("No such card of yours.")
-        return card
 
 
 def _profile_data(profile: BillingProfile) -> dict:
@@ -230,27 +223,12 @@ class ProfileView(APIView):
         data = ProfileSerializer(data=request.data, context={"request": request}, partial=True)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        profile = profile_for(user=request.user)
-        if "stripe_connect_account_id" in v:
-            profile.stripe_connect_account_id = v["stripe_connect_account_id"]
-        if "auto_top_up_threshold" in v:
-            profile.auto_top_up_threshold_micros = usd_to_micros(v["auto_top_up_threshold"])
-        if "auto_top_up_amount" in v:
-            profile.auto_top_up_amount_micros = usd_to_micros(v["auto_top_up_amount"])
-        if "auto_top_up_card" in v:
-            profile.auto_top_up_card = v["auto_top_up_card"]
-        if "auto_top_up_enabled" in v:
-            profile.auto_top_up_enabled = v["auto_top_up_enabled"]
-        if profile.auto_top_up_enabled:
-            problems = {}
-            if profile.auto_top_up_card_id is None:
-                problems["auto_top_up_card"] = ["Auto top-up needs a saved card."]
-            low, high = top_up_bounds()
-            if not low <= profile.auto_top_up_amount_micros <= high:
-                problems["auto_top_up_amount"] = [f"Between ${micros_to_usd(low)} and ${micros_to_usd(high)}."]
-            if profile.auto_top_up_threshold_micros <= 0:
-                problems["auto_top_up_threshold"] = ["Give a threshold above zero."]
-            if problems:
-                raise ValidationError(problems)
-        profile.save()
-        return Response(_profile_data(profile))
+        micros = {name: usd_to_micros(v[name]) for name in ("auto_top_up_threshold", "auto_top_up_amount") if name in v}
+        changes = profiles.ProfileChanges(
+            stripe_connect_account_id=v.get("stripe_connect_account_id"),
+            auto_top_up_enabled=v.get("auto_top_up_enabled"),
+            auto_top_up_threshold_micros=micros.get("auto_top_up_threshold"),
+            auto_top_up_amount_micros=micros.get("auto_top_up_amount"),
+            auto_top_up_card_id=v["auto_top_up_card"] if "auto_top_up_card" in v else profiles.KEEP,
+        )
+        return Response(_profile_data(profiles.profile_update(user=request.user, changes=changes)))

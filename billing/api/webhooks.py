@@ -4,8 +4,8 @@ from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.api.common import error_response
 from billing.services.webhooks import WebhookInvalid, webhook_receive
+from core.api.schema import error_response
 
 
 class StripeEventDataSerializer(serializers.Serializer):
@@ -17,7 +17,7 @@ class StripeEventSerializer(serializers.Serializer):
 
     id = serializers.CharField(min_length=1, help_text="The event's id (evt_...): each is acted on once.")
     type = serializers.CharField(min_length=1, help_text="e.g. payment_intent.succeeded.")
-    data = StripeEventDataSerializer()
+    data = StripeEventDataSerializer()  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)
 
 
 class WebhookAnswerSerializer(serializers.Serializer):
@@ -41,11 +41,11 @@ class StripeWebhookView(APIView):
             description="t=<timestamp>,v1=<HMAC-SHA256 of \"t.body\" with the webhook secret>; the timestamp "
                         "within 300 s of now, before or after.")],
         responses={200: WebhookAnswerSerializer,
-                   400: error_response(400, "Missing or bad signature (or one made more than 300 s from now), or "
-                                            "not an event (a JSON object with `id`, `type` and `data.object`): "
-                                            "nothing was recorded."),
+                   400: error_response("Missing or bad signature (or one made more than 300 s from now), or "
+                                       "not an event (a JSON object with `id`, `type` and `data.object`): "
+                                       "nothing was recorded."),
                    500: error_response(
-                       500, "Processing failed; the event is kept as failed and Stripe delivers it again.")},
+                       "Processing failed; the event is kept as failed and Stripe delivers it again.")},
     )
     def post(self, request):
         try:

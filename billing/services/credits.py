@@ -83,7 +83,7 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
         return CreditPosted(amount, due)
 
 
-def credit_terms() -> dict:
+def credit_terms() -> dict[str, str | int]:
     """The published rule, for the terms endpoint and the pages."""
     return {
         "credit_multiple": str(Decimal(credit_multiple_bps()) / 10_000),

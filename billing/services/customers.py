@@ -52,4 +52,5 @@ def customer_for(*, user: User, verify: bool = False) -> str:
     BillingProfile.objects.filter(pk=profile.pk, stripe_customer_id__isnull=True).update(
         stripe_customer_id=customer.id)
     profile.refresh_from_db(fields=["stripe_customer_id"])
+    assert profile.stripe_customer_id  # ours, or the one a concurrent first request stored
     return profile.stripe_customer_id

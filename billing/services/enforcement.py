@@ -24,9 +24,10 @@ from billing.models import Account, AccountKind, BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
 from billing.services.notify import event_create
 from billing.services.top_ups import auto_top_up_start
+from core.errors import ApplicationError
 from marketplace.models import Instance, InstanceStatus, User
 from marketplace.money import micros_to_usd, usd_text
-from marketplace.services.instances import InstanceError, instance_destroy, instance_stop
+from marketplace.services.instances import instance_destroy, instance_stop
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
         if rate and balance * 3600 // rate < settings.BILLING_LOW_BALANCE_WARNING_S:
             if not warned:
                 result.warned += _warn_low(renter_id, balance, rate, balance * 3600 // rate, now)
-        elif warned:  # recovered, or nothing runs: the next low balance is a new crossing
+        elif warned and profile is not None:  # recovered, or nothing runs: the next low balance is a new crossing
             BillingProfile.objects.filter(pk=profile.pk).update(low_balance_warned_at=None)
         if balance > 0:
             if profile is not None and profile.depleted_at is not None:
@@ -127,7 +128,7 @@ def _deplete(renter_id: int, now: datetime) -> int:
             try:
                 instance_stop(instance=instance)
                 stopped.append(instance.pk)
-            except InstanceError as exc:  # it changed state meanwhile
+            except ApplicationError as exc:  # it changed state meanwhile
                 log.info("could not stop instance %s at zero balance: %s", instance.pk, exc)
         newly = profile.depleted_at is None
         if newly:
@@ -135,6 +136,7 @@ def _deplete(renter_id: int, now: datetime) -> int:
             profile.destroy_warned_at = None
             profile.save(update_fields=["depleted_at", "destroy_warned_at"])
         if stopped:
+            assert profile.depleted_at is not None  # set above if it was not
             destroy_at = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
             event_create(
                 user=User.objects.get(pk=renter_id), kind=EventKind.BALANCE_DEPLETED, email=True,
@@ -167,7 +169,7 @@ def _grace(renter_id: int, now: datetime) -> str:
                 try:
                     instance_destroy(instance=instance)
                     destroyed.append(instance.pk)
-                except InstanceError as exc:
+                except ApplicationError as exc:
                     log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
             if destroyed:
                 event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,

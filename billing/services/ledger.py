@@ -9,8 +9,9 @@ same key returns the first transaction and changes nothing: the unique constrain
 """
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -25,7 +26,9 @@ from billing.models import (
     LedgerTransaction,
     TransactionKind,
 )
-from marketplace.money import micros_to_usd, usd_text
+from billing.services.notify import event_create
+from marketplace.models import User
+from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 
 
 class LedgerError(Exception):
@@ -69,7 +72,7 @@ def ledger_post(
     lines: Sequence[tuple[Account, int]],
     memo: str = "",
     reason: str = "",
-    created_by=None,
+    created_by: User | None = None,
     reverses: LedgerTransaction | None = None,
     at: datetime | None = None,
 ) -> tuple[LedgerTransaction, bool]:
@@ -111,13 +114,13 @@ def ledger_post(
     return txn, True
 
 
-def _lock_accounts(account_ids) -> None:
+def _lock_accounts(account_ids: Iterable[int]) -> None:
     """Row locks on the accounts, always taken in id order (no deadlocks between postings)."""
     list(Account.objects.select_for_update().filter(pk__in=list(account_ids)).order_by("pk")
          .values_list("pk", flat=True))
 
 
-def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by=None,
+def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | None = None,
                    idempotency_key: str | None = None) -> tuple[LedgerTransaction, bool]:
     """Undo a transaction with one that posts the opposite entries. A transaction is reversed at most once."""
     if txn.reverses_id is not None:
@@ -138,7 +141,8 @@ def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by=None,
         return existing, False
 
 
-def credit_grant(*, user, amount_micros: int, reason: str, created_by=None, idempotency_key: str | None = None,
+def credit_grant(*, user: User, amount_micros: int, reason: str, created_by: User | None = None,
+                 idempotency_key: str | None = None,
                  memo: str = "") -> tuple[LedgerTransaction, bool]:
     """Credit a customer's wallet from the platform's promotions account (an operator's credit, the demo's).
 
@@ -149,8 +153,6 @@ def credit_grant(*, user, amount_micros: int, reason: str, created_by=None, idem
         raise LedgerError("A credit is a positive amount.")
     if not reason.strip():
         raise LedgerError("Give a reason for the credit.")
-    from billing.services.notify import event_create  # notify imports nothing of ledger's callers
-
     with transaction.atomic():
         txn, created = ledger_post(
             idempotency_key=idempotency_key or f"credit:{uuid.uuid4()}", kind=TransactionKind.CREDIT,
@@ -169,12 +171,8 @@ def funds_required_micros(*, price_per_hour_micros: int) -> int:
     return -(-price_per_hour_micros * settings.BILLING_FUNDS_REQUIRED_S // 3600)
 
 
-def demo_credit_grant(*, user) -> tuple[LedgerTransaction, bool]:
+def demo_credit_grant(*, user: User) -> tuple[LedgerTransaction, bool]:
     """The demo customer's starting credit (BILLING_DEMO_CREDIT_USD): an ordinary credit, posted once per user."""
-    from decimal import Decimal
-
-    from marketplace.money import usd_to_micros
-
     return credit_grant(user=user, amount_micros=usd_to_micros(Decimal(settings.BILLING_DEMO_CREDIT_USD)),
                         reason="Demo starting credit", idempotency_key=f"demo-credit:{user.pk}",
                         memo="Demo starting credit")

@@ -1,11 +1,13 @@
 """Billing events users can read in the API (GET /api/v1/billing/events/), some also sent by email."""
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
 
 from billing.models import BillingEvent
+from marketplace.models import User
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,8 @@ SUBJECTS = {
 }
 
 
-def event_create(*, user, kind: str, message: str, data: dict | None = None, email: bool = False) -> BillingEvent:
+def event_create(*, user: User, kind: str, message: str, data: dict[str, Any] | None = None,
+                 email: bool = False) -> BillingEvent:
     """Record the event; with `email`, send it to the user once the caller's transaction commits."""
     event = BillingEvent.objects.create(user=user, kind=kind, message=message, data=data or {}, emailed=email)
     if email and user.email:

@@ -6,13 +6,6 @@ from billing.services.cards import card_add, card_remove, setup_intent_create
 from billing.services.customers import customer_for, profile_for
 from billing.services.reconcile import top_up_reconcile, top_ups_reconcile
 from billing.services.refunds import refund_confirm, refund_create, refundable_micros
-from billing.services.stripe_gateway import (
-    PaymentConflict,
-    PaymentDeclined,
-    PaymentError,
-    PaymentInvalid,
-    PaymentProviderUnavailable,
-)
 from billing.services.top_ups import (
     auto_top_up_start,
     top_up_bounds,
@@ -25,11 +18,6 @@ from billing.services.top_ups import (
 from billing.services.webhooks import WebhookInvalid, stripe_event_process, webhook_receive
 
 __all__ = [
-    "PaymentConflict",
-    "PaymentDeclined",
-    "PaymentError",
-    "PaymentInvalid",
-    "PaymentProviderUnavailable",
     "WebhookInvalid",
     "auto_top_up_start",
     "card_add",

@@ -98,8 +98,8 @@ def payout_send(*, payout: Payout) -> Payout:
         return payout
     with transaction.atomic():
         payout = Payout.objects.select_for_update().get(pk=payout.pk)
-        if payout.status == PayoutStatus.PENDING:
-            payout.status = PayoutStatus.PAID
+        if payout.can_transition_to(PayoutStatus.PAID):
+            payout.transition_to(PayoutStatus.PAID)
             payout.transfer_id = transfer.id
             payout.paid_at = timezone.now()
             payout.failure_message = ""
@@ -114,7 +114,7 @@ def payout_send(*, payout: Payout) -> Payout:
 def _payout_failed(payout_id: int, message: str) -> None:
     with transaction.atomic():
         payout = Payout.objects.select_for_update().get(pk=payout_id)
-        if payout.status != PayoutStatus.PENDING:
+        if not payout.can_transition_to(PayoutStatus.FAILED):
             return
         reversal, _ = ledger_post(
             idempotency_key=f"payout-reversal:{payout.pk}", kind=TransactionKind.PAYOUT_REVERSAL,
@@ -122,7 +122,7 @@ def _payout_failed(payout_id: int, message: str) -> None:
                    (platform_account(AccountKind.PAYOUT_CLEARING), -payout.amount_micros)],
             memo=f"Payout {payout.pk} failed: earnings given back", reverses=payout.transaction,
         )
-        payout.status = PayoutStatus.FAILED
+        payout.transition_to(PayoutStatus.FAILED)
         payout.failure_message = message[:500]
         payout.reversal = reversal
         payout.save(update_fields=["status", "failure_message", "reversal"])
@@ -148,13 +148,3 @@ def payouts_run(*, today: date | None = None) -> list[Payout]:
     for payout in Payout.objects.filter(status=PayoutStatus.PENDING).select_related("provider").order_by("pk"):
         payout_send(payout=payout)
     return list(Payout.objects.filter(pk__in=[p.pk for p in payouts]).order_by("pk"))
-
-
-def payout_account_set(*, user, account_id: str) -> BillingProfile:
-    """Set (or clear, with "") the Stripe Connect account a provider's payouts go to."""
-    if account_id and not account_id.startswith("acct_"):
-        raise ValueError("A Stripe Connect account id starts with acct_.")
-    profile, _ = BillingProfile.objects.get_or_create(user=user)
-    BillingProfile.objects.filter(pk=profile.pk).update(stripe_connect_account_id=account_id)
-    profile.stripe_connect_account_id = account_id
-    return profile

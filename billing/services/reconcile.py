@@ -21,6 +21,7 @@ or failing Stripe ends this run (the next one tries again), any other error skip
 """
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import stripe
@@ -29,9 +30,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import TopUp, TopUpStatus
-from billing.services.stripe_gateway import PaymentProviderUnavailable, client, translate
+from billing.services.stripe_gateway import client, translate
 from billing.services.top_ups import top_up_charge_by_id
 from billing.services.webhooks import payment_intent_apply
+from core.errors import Unavailable
 from core.locks import advisory_lock
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ class StripeUnavailable(Exception):
     """Stripe cannot be reached or failed: stop this run, the next one tries again."""
 
 
-def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> dict:
+def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> Mapping[str, int | str]:
     """Settle the top-ups still processing after BILLING_TOP_UP_RECONCILE_AFTER_S with what Stripe says (one run
     at a time). Returns how many were credited, failed, left processing, or could not be looked up."""
     with advisory_lock("billing.top_ups_reconcile") as acquired:
@@ -56,7 +58,7 @@ def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
         ids = list(TopUp.objects.filter(status=TopUpStatus.PROCESSING, payment_intent_id__isnull=False,
                                         updated_at__lt=cutoff)
                    .order_by("updated_at", "pk").values_list("pk", flat=True)[:limit])
-        summary = Counter()
+        summary: Counter[str] = Counter()
         for top_up_id in ids:
             try:
                 summary[top_up_reconcile(top_up_id=top_up_id, now=now)] += 1
@@ -96,7 +98,7 @@ def top_up_reconcile(*, top_up_id: int, now: datetime | None = None) -> str:
         intent = client().v1.payment_intents.retrieve(top_up.payment_intent_id)
     except stripe.StripeError as exc:
         error = translate(exc, "looking up a payment")
-        if isinstance(error, PaymentProviderUnavailable):
+        if isinstance(error, Unavailable):
             raise StripeUnavailable(f"top-up {top_up_id}: {error.message}") from None
         log.error("top-up %s: Stripe refused to look up %s: %s", top_up_id, top_up.payment_intent_id, error.message)
         _looked_up(top_up_id, now)

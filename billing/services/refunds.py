@@ -10,7 +10,8 @@ from django.db.models import Sum
 from billing.models import Account, AccountKind, EventKind, Refund, RefundStatus, TopUp, TopUpStatus, TransactionKind
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
-from billing.services.stripe_gateway import MICROS_PER_CENT, PaymentConflict, PaymentInvalid, cents, client, translate
+from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, translate
+from core.errors import Conflict, ValidationFailed
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text
 
@@ -30,22 +31,22 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
     two refunds at once cannot give back more than was paid, or more than the customer has left.
     """
     if type(amount_micros) is not int or amount_micros <= 0 or amount_micros % MICROS_PER_CENT:
-        raise PaymentInvalid("Refund a positive amount in whole cents.", field="amount")
+        raise ValidationFailed("Refund a positive amount in whole cents.", field="amount")
     if not reason.strip():
-        raise PaymentInvalid("Give a reason.", field="reason")
+        raise ValidationFailed("Give a reason.", field="reason")
     with transaction.atomic():
         top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
         if top_up.status != TopUpStatus.SUCCEEDED or not top_up.payment_intent_id:
-            raise PaymentConflict(f"Only a credited top-up can be refunded; this one is {top_up.status}.")
+            raise Conflict(f"Only a credited top-up can be refunded; this one is {top_up.status}.")
         left = refundable_micros(top_up=top_up)
         if amount_micros > left:
-            raise PaymentConflict(f"At most {usd_text(left)} of this top-up can still be refunded.")
+            raise Conflict(f"At most {usd_text(left)} of this top-up can still be refunded.")
         wallet = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET)
         wallet = Account.objects.select_for_update().get(pk=wallet.pk)
         reserved = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING).aggregate(
             total=Sum("amount_micros"))["total"] or 0
         if amount_micros > wallet.balance_micros - reserved:
-            raise PaymentConflict(
+            raise Conflict(
                 f"The customer's balance is {usd_text(wallet.balance_micros - reserved)}: the rest was spent. "
                 "Refund at most that much."
             )
@@ -59,13 +60,13 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
         )
     except stripe.StripeError as exc:
         error = translate(exc, "refunding the card")
-        Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING).update(
-            status=RefundStatus.FAILED, failure_message=error.message[:500])
+        Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
+                               failure_message=error.message[:500])
         raise error from None
     if answer.status in ("failed", "canceled"):
-        Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING).update(
-            status=RefundStatus.FAILED, failure_message=f"The payment provider says the refund {answer.status}.")
-        raise PaymentConflict(f"The payment provider says the refund {answer.status}; nothing was debited.")
+        Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
+                               failure_message=f"The payment provider says the refund {answer.status}.")
+        raise Conflict(f"The payment provider says the refund {answer.status}; nothing was debited.")
     return refund_confirm(refund_id=refund.pk, stripe_refund_id=answer.id)
 
 
@@ -83,7 +84,7 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
             memo=f"Refund {refund.pk} of top-up {top_up.pk} ({stripe_refund_id})", reason=refund.reason,
             created_by=refund.created_by,
         )
-        refund.status = RefundStatus.SUCCEEDED
+        refund.transition_to(RefundStatus.SUCCEEDED)
         refund.stripe_refund_id = stripe_refund_id
         refund.transaction = txn
         refund.failure_message = ""

@@ -18,23 +18,25 @@ from django.utils import timezone
 
 from billing.models import AccountKind, BillingProfile, Card, EventKind, TopUp, TopUpStatus, TransactionKind
 from billing.services.customers import customer_for
-from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.services.ledger import ledger_post, platform_account, user_account, wallet_balance
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import (
     MICROS_PER_CENT,
     PaymentDeclined,
-    PaymentError,
-    PaymentIdempotencyKeyReused,
-    PaymentInvalid,
     cents,
     client,
     is_definite,
     translate,
 )
+from core import dispatch
+from core.errors import ApplicationError, IdempotencyKeyReused, ValidationFailed
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 
 log = logging.getLogger(__name__)
+
+# The task that charges an automatic top-up (billing.tasks registers it under this name).
+TOP_UP_CHARGE = dispatch.task_name("billing.tasks.top_up_charge")
 
 
 def top_up_bounds() -> tuple[int, int]:
@@ -45,7 +47,7 @@ def top_up_bounds() -> tuple[int, int]:
 def top_up_for_idempotency_key(*, user: User, idempotency_key: str, request_fingerprint: str) -> TopUp | None:
     existing = TopUp.objects.filter(user=user, idempotency_key=idempotency_key).first()
     if existing is not None and existing.request_fingerprint != request_fingerprint:
-        raise PaymentIdempotencyKeyReused(
+        raise IdempotencyKeyReused(
             f"This Idempotency-Key was already used for a different top-up ({existing.pk}). "
             "Send the same body to get that top-up again, or use a new key."
         )
@@ -57,16 +59,17 @@ def top_up_create(*, user: User, amount_micros: int, card: Card, idempotency_key
     """Charge a saved card and return the top-up (`processing`: the credit follows with Stripe's webhook).
 
     Returns (top_up, created): an Idempotency-Key seen before returns that top-up without charging again.
-    Raises PaymentInvalid (400), PaymentDeclined (402, recorded as failed), PaymentProviderUnavailable (503)
-    or PaymentProviderRefused (502); in each case nothing was credited.
+    Raises ValidationFailed (400), PaymentDeclined (402, recorded as failed), Unavailable (503) or
+    UpstreamRefused (502), the last three naming the failed top-up in `extra["top_up"]`; in each case nothing
+    was credited.
     """
     low, high = top_up_bounds()
     if type(amount_micros) is not int or not low <= amount_micros <= high:
-        raise PaymentInvalid(f"Top up between {usd_text(low)} and {usd_text(high)}.", field="amount")
+        raise ValidationFailed(f"Top up between {usd_text(low)} and {usd_text(high)}.", field="amount")
     if amount_micros % MICROS_PER_CENT:
-        raise PaymentInvalid("Amounts are in whole cents.", field="amount")
+        raise ValidationFailed("Amounts are in whole cents.", field="amount")
     if card.user_id != user.pk:
-        raise PaymentInvalid("No such card.", field="card")
+        raise ValidationFailed("No such card.", field="card")
     if idempotency_key:
         existing = top_up_for_idempotency_key(user=user, idempotency_key=idempotency_key,
                                               request_fingerprint=request_fingerprint)
@@ -95,7 +98,9 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
     try:
         customer = customer_for(user=user)
         intent = client().v1.payment_intents.create(
-            params={
+            # `payment_method_types`: the name localstripe (tests, demo) knows; Stripe's API of stripe 16 calls
+            # it `allowed_payment_method_types`.
+            params={  # type: ignore[typeddict-unknown-key]
                 "amount": cents(top_up.amount_micros), "currency": "usd", "customer": customer,
                 "payment_method": top_up.card.stripe_payment_method_id, "off_session": True, "confirm": True,
                 "payment_method_types": ["card"],
@@ -103,41 +108,39 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
             },
             options={"idempotency_key": f"top-up-{top_up.pk}"},
         )
-    except PaymentError as exc:  # from customer_for
-        top_up_fail(top_up, exc.message, notify=False)
-        exc.top_up = top_up.pk
+    except ApplicationError as exc:  # from customer_for
+        top_up_fail(top_up=top_up, message=exc.message, notify=False)
+        exc.extra["top_up"] = top_up.pk
         raise
     except stripe.StripeError as exc:
         error = translate(exc, "charging your card")
         payment_intent = getattr(getattr(exc, "error", None), "payment_intent", None)
-        top_up_fail(top_up, error.message, payment_intent_id=getattr(payment_intent, "id", None),
+        top_up_fail(top_up=top_up, message=error.message, payment_intent_id=getattr(payment_intent, "id", None),
                        notify=isinstance(error, PaymentDeclined))
         if not is_definite(exc):
             log.warning("top-up %s: outcome unknown (%s); a webhook will credit it if Stripe charged", top_up.pk, exc)
-        error.top_up = top_up.pk
+        error.extra["top_up"] = top_up.pk
         raise error from None
     if intent.status in ("succeeded", "processing", "requires_capture"):
         with transaction.atomic():
             top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
             if top_up.payment_intent_id is None:
                 top_up.payment_intent_id = intent.id
-            if top_up.status == TopUpStatus.PENDING:  # the webhook may have been faster
-                top_up.status = TopUpStatus.PROCESSING
+            if top_up.can_transition_to(TopUpStatus.PROCESSING):  # the webhook may have been faster
+                top_up.transition_to(TopUpStatus.PROCESSING)
             top_up.save(update_fields=["payment_intent_id", "status", "updated_at"])
         return top_up
     message = ("Your bank asks for authentication, which a saved card cannot give off-session; "
                "use another card." if intent.status == "requires_action" else f"The payment is {intent.status}.")
-    top_up_fail(top_up, message, payment_intent_id=intent.id, notify=True)
-    error = PaymentDeclined(message + " Nothing was credited.")
-    error.top_up = top_up.pk
-    raise error
+    top_up_fail(top_up=top_up, message=message, payment_intent_id=intent.id, notify=True)
+    raise PaymentDeclined(message + " Nothing was credited.", extra={"top_up": top_up.pk})
 
 
-def top_up_fail(top_up: TopUp, message: str, *, payment_intent_id: str | None = None, notify: bool) -> None:
+def top_up_fail(*, top_up: TopUp, message: str, payment_intent_id: str | None = None, notify: bool) -> None:
     with transaction.atomic():
         locked = TopUp.objects.select_for_update().get(pk=top_up.pk)
-        if locked.status in (TopUpStatus.PENDING, TopUpStatus.PROCESSING):
-            locked.status = TopUpStatus.FAILED
+        if locked.can_transition_to(TopUpStatus.FAILED):
+            locked.transition_to(TopUpStatus.FAILED)
             locked.failure_message = message[:500]
             if payment_intent_id and locked.payment_intent_id is None:
                 locked.payment_intent_id = payment_intent_id
@@ -166,7 +169,7 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
                (platform_account(AccountKind.PAYMENT_CLEARING), -amount_micros)],
         memo=f"Top-up {top_up.pk} ({payment_intent_id})",
     )
-    top_up.status = TopUpStatus.SUCCEEDED
+    top_up.transition_to(TopUpStatus.SUCCEEDED)
     top_up.failure_message = ""
     top_up.transaction = txn
     top_up.payment_intent_id = top_up.payment_intent_id or payment_intent_id
@@ -185,10 +188,8 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
 def auto_top_up_start(*, user_id: int) -> TopUp | None:
     """Start an automatic top-up for a user below their threshold, unless one is under way already.
 
-    Called by the meter tick; the charge itself runs in a task (billing.tasks.top_up_charge).
+    Called by the meter tick; the charge itself runs in a task (TOP_UP_CHARGE).
     """
-    from billing.services.ledger import wallet_balance
-
     with transaction.atomic():
         profile = BillingProfile.objects.select_for_update().filter(user_id=user_id).first()
         if profile is None or not profile.auto_top_up_enabled or profile.auto_top_up_card_id is None:
@@ -207,16 +208,9 @@ def auto_top_up_start(*, user_id: int) -> TopUp | None:
             card_label=str(profile.auto_top_up_card), automatic=True, idempotency_key=f"auto-{uuid.uuid4()}",
         )
 
-        def queue():
-            from billing import tasks  # tasks import services: import at call time, layers stay one-way
-
-            try:
-                tasks.top_up_charge.delay(top_up.pk)
-            except Exception as exc:  # noqa: BLE001 (the broker is down: the top-up is committed, pending)
-                log.warning("automatic top-up %s: the charge could not be queued (%s); top_ups_reconcile charges "
-                            "it after BILLING_TOP_UP_RECONCILE_AFTER_S", top_up.pk, exc)
-
-        transaction.on_commit(queue)
+        # A broker that refuses the charge leaves the top-up pending: reconcile.top_ups_charge_pending charges
+        # it after BILLING_TOP_UP_RECONCILE_AFTER_S.
+        dispatch.enqueue_on_commit(TOP_UP_CHARGE, top_up.pk)
     return top_up
 
 
@@ -226,5 +220,5 @@ def top_up_charge_by_id(*, top_up_id: int) -> None:
         return
     try:
         top_up_charge(top_up=top_up)
-    except PaymentError as exc:
+    except ApplicationError as exc:
         log.info("automatic top-up %s failed: %s", top_up_id, exc.message)

@@ -8,6 +8,7 @@ changes nothing.
 import json
 import logging
 import time
+from typing import Any
 
 import stripe
 from django.conf import settings
@@ -38,7 +39,7 @@ def _signed_at(signature: str) -> int:
     return int([item[1] for item in items if item[0] == "t"][0])
 
 
-def _has_nul(value) -> bool:
+def _has_nul(value: object) -> bool:
     """PostgreSQL stores no NUL in text or jsonb: a body with one anywhere (key or value) cannot be kept."""
     stack = [value]
     while stack:
@@ -54,7 +55,7 @@ def _has_nul(value) -> bool:
     return False
 
 
-def _event_problem(data) -> str | None:
+def _event_problem(data: object) -> str | None:
     """Why a parsed body is not a Stripe event (an object with an `id`, a `type` and `data.object`), or None."""
     if not isinstance(data, dict):
         return "Not a Stripe event: the body must be a JSON object."
@@ -107,23 +108,23 @@ def stripe_event_process(*, event_id: int) -> StripeEvent:
     """Process a stored event unless it was already: processed and ignored events stay as they are."""
     with transaction.atomic():
         event = StripeEvent.objects.select_for_update().get(pk=event_id)
-        if event.status in (StripeEventStatus.PROCESSED, StripeEventStatus.IGNORED):
+        if event.status in StripeEvent.transitions.final:  # processed or ignored: stays as it is
             return event
         try:
             with transaction.atomic():
                 handled = _handle(event.type, event.payload)
-            event.status = StripeEventStatus.PROCESSED if handled else StripeEventStatus.IGNORED
+            event.transition_to(StripeEventStatus.PROCESSED if handled else StripeEventStatus.IGNORED)
             event.error = ""
         except Exception as exc:  # noqa: BLE001 (recorded on the event for operators; Stripe will retry)
             log.exception("Stripe event %s (%s) failed", event.event_id, event.type)
-            event.status = StripeEventStatus.FAILED
+            event.transition_to(StripeEventStatus.FAILED)
             event.error = f"{type(exc).__name__}: {exc}"[:2000]
         event.processed_at = timezone.now()
         event.save(update_fields=["status", "error", "processed_at"])
     return event
 
 
-def _top_up_of(intent: dict) -> TopUp | None:
+def _top_up_of(intent: dict[str, Any]) -> TopUp | None:
     metadata = intent.get("metadata") or {}
     top_up_id = metadata.get("top_up_id")
     query = Q(payment_intent_id=intent.get("id"))
@@ -132,7 +133,7 @@ def _top_up_of(intent: dict) -> TopUp | None:
     return TopUp.objects.filter(query).select_related("user").first()
 
 
-def _handle(kind: str, payload: dict) -> bool:
+def _handle(kind: str, payload: dict[str, Any]) -> bool:
     """Act on one event; False when it is not one this platform acts on."""
     if kind not in ("payment_intent.succeeded", "payment_intent.payment_failed"):
         return False
@@ -140,7 +141,7 @@ def _handle(kind: str, payload: dict) -> bool:
     return payment_intent_apply(intent=intent, succeeded=kind == "payment_intent.succeeded")
 
 
-def payment_intent_apply(*, intent: dict, succeeded: bool) -> bool:
+def payment_intent_apply(*, intent: dict[str, Any], succeeded: bool) -> bool:
     """Apply what Stripe says of a top-up's PaymentIntent: credit the top-up (succeeded) or mark it failed.
 
     The one path for the webhook and for the follow-up of top-ups whose webhook never came
@@ -164,5 +165,5 @@ def payment_intent_apply(*, intent: dict, succeeded: bool) -> bool:
     error = intent.get("last_payment_error") or {}
     reason = error.get("message") or ("The payment was canceled." if intent.get("status") == "canceled"
                                       else "The payment failed.")
-    top_up_fail(top_up, reason, payment_intent_id=intent.get("id"), notify=True)
+    top_up_fail(top_up=top_up, message=reason, payment_intent_id=intent.get("id"), notify=True)
     return True

@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "marketplace",
     "provisioning",
     "billing",
+    "operations",  # the admin's front page and the demo seed: reads every app above
 ]
 
 MIDDLEWARE = [
@@ -157,18 +158,18 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_FILTER_BACKENDS": ["marketplace.api.filtering.FilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": ["core.api.filtering.FilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "core.api.pagination.Pagination",
     # A JSON API: form-encoded bodies silently drop empty optional fields and carry no types.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     # JSON answers only, errors included: no browsable-API HTML (the docs are the Swagger page at /api/docs/).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
-    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "core.api.schema.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "auth": env_str("AUTH_THROTTLE_RATE", "20/min"),
     },
-    "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 

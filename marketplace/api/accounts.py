@@ -6,21 +6,22 @@ from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.fields import StrictFieldsMixin
+from core.api.throttling import ScopedRateThrottle
 from core.client_address import client_ip
+from core.validators import no_control_characters
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.models import ApiKey, User
 from marketplace.services import accounts as svc
-
-from .fields import StrictFieldsMixin, no_control_characters
-from .throttling import ScopedRateThrottle
+from marketplace.validators import EMAIL_MAX_LENGTH, NAME_MAX_LENGTH, PASSWORD_MAX_LENGTH, SIGNUP_TOKEN_MAX_LENGTH
 
 REGISTER_ANSWER = ("Check your e-mail: we sent this address a message to finish signing up. Nothing in this "
                    "answer says whether the address has an account.")
 
 
 class CredentialsSerializer(StrictFieldsMixin, serializers.Serializer):
-    email = serializers.EmailField(max_length=254)
-    password = serializers.CharField(max_length=128, write_only=True, trim_whitespace=False,
+    email = serializers.EmailField(max_length=EMAIL_MAX_LENGTH)
+    password = serializers.CharField(max_length=PASSWORD_MAX_LENGTH, write_only=True, trim_whitespace=False,
                                      style={"input_type": "password"})
 
 
@@ -36,13 +37,13 @@ class RegisterSerializer(CredentialsSerializer):
 
 class LoginSerializer(CredentialsSerializer):
     key_name = serializers.CharField(
-        max_length=100, required=False, allow_blank=True, validators=[no_control_characters],
+        max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, validators=[no_control_characters],
         help_text=f"The name of the API key this log-in makes (default `{svc.LOGIN_KEY_NAME}`), e.g. the client's. "
                   "It replaces (revokes) your previous active key of that name.")
 
 
 class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):
-    token = serializers.CharField(max_length=2000, help_text="The token from the sign-up e-mail.")
+    token = serializers.CharField(max_length=SIGNUP_TOKEN_MAX_LENGTH, help_text="The token from the sign-up e-mail.")
 
 
 class UserSerializer(serializers.ModelSerializer):
@@ -57,7 +58,7 @@ class RegisterResultSerializer(serializers.Serializer):
 
 
 class ApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True,
+    name = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
                                  validators=[no_control_characters])
 
     class Meta:
@@ -101,11 +102,7 @@ class ConfirmView(_AuthView):
         """Finish a sign-up with the token from its e-mail: creates the account and returns its first API key."""
         data = ConfirmSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            user, key, raw_key = svc.user_register_confirm(**data.validated_data)
-        except svc.InvalidSignupToken:
-            raise serializers.ValidationError(
-                {"token": ["This sign-up token is invalid, has expired, or was used already."]}) from None
+        user, key, raw_key = svc.user_register_confirm(**data.validated_data)  # InvalidSignupToken: a 400
         return Response(AuthResultSerializer({"user": user, "api_key": raw_key, "key": key}).data,
                         status=status.HTTP_201_CREATED)
 

@@ -4,6 +4,8 @@ Thin: the serializers check the input, marketplace.services.instances holds ever
 (allocation, idempotency, the state machine), and errors come back through api.errors.
 """
 
+from typing import Any
+
 import django_filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -17,17 +19,17 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from billing.services.metering import fee_percent, instance_cost_so_far
-from marketplace.models import Image, Instance, InstanceStatus, SshKey
+from core.api.fields import StrictFieldsMixin, UsdField
+from core.api.filtering import reject_unknown_params
+from core.api.idempotency import idempotency_key as idempotency_key_of
+from core.api.idempotency import idempotency_parameter
+from core.api.schema import ErrorDetailSerializer
+from core.validators import no_control_characters
+from marketplace.models import GpuModel, Image, Instance, InstanceStatus, SshKey
+from marketplace.selectors import instance_ssh_command
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
-
-from .fields import StrictFieldsMixin, UsdField, no_control_characters
-from .filtering import reject_unknown_params
-from .idempotency import idempotency_key as idempotency_key_of
-from .idempotency import idempotency_parameter
-from .schema import ErrorDetailSerializer
-
-MAX_KEYS = 32
+from marketplace.validators import NAME_MAX_LENGTH, validate_instance_keys
 
 
 class _BlankAsNullCharField(serializers.CharField):
@@ -37,9 +39,9 @@ class _BlankAsNullCharField(serializers.CharField):
 
 class InstanceSerializer(serializers.ModelSerializer):
     node = serializers.IntegerField(source="node_id", read_only=True, help_text="The offer (node) it runs on.")
-    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpus = serializers.SerializerMethodField(help_text="Indices (on the node) of the GPUs it holds now.")
-    image = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    image: serializers.SlugRelatedField[Image] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     ssh_host = _BlankAsNullCharField(read_only=True, allow_null=True)
     ssh_user = _BlankAsNullCharField(read_only=True, allow_null=True)
     ssh_command = serializers.SerializerMethodField(help_text="How to log in, once running.")
@@ -77,9 +79,7 @@ class InstanceSerializer(serializers.ModelSerializer):
         return svc.instance_gpu_indices(instance=instance)
 
     def get_ssh_command(self, instance) -> str | None:
-        if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
-            return None
-        return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
+        return instance_ssh_command(instance)
 
 
 @extend_schema_field(OpenApiTypes.INT)
@@ -106,14 +106,13 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     )
     disk_gb = serializers.IntegerField(min_value=1, max_value=svc.MAX_DISK_GB, required=False,
                                        help_text="Disk size; at least the image's `min_disk_gb` (the default).")
-    label = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
-                                  validators=[no_control_characters])
+    label = serializers.CharField(  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)
+        max_length=NAME_MAX_LENGTH, required=False, default="", allow_blank=True, validators=[no_control_characters])
     schema_presence = {"anyOf": [{"required": ["ssh_keys"], "properties": {"ssh_keys": {"minItems": 1}}},
                                  {"required": ["ssh_public_key"]}]}  # validate() below
 
     def validate_ssh_keys(self, keys):
-        if len(keys) > MAX_KEYS:
-            raise serializers.ValidationError(f"At most {MAX_KEYS} keys.")
+        validate_instance_keys(keys)
         return keys
 
     def validate_ssh_public_key(self, value):
@@ -141,7 +140,7 @@ class InstanceFilter(django_filters.FilterSet):
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The instance's (or its node's) state forbids this; "
                                                    "`detail` says why.")
-_VERB = {"request": None, "responses": {202: InstanceSerializer, 409: _CONFLICT}}
+_VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer, 409: _CONFLICT}}
 
 
 @extend_schema_view(

@@ -1,6 +1,4 @@
 """Providers' nodes: register, read, change price / maintenance / listing, retire."""
-from decimal import Decimal
-
 from django_countries import countries
 from django_countries.serializer_fields import CountryField
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
@@ -8,17 +6,27 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.api.fields import StrictFieldsMixin, UsdField
+from core.api.schema import ErrorDetailSerializer
+from core.validators import no_control_characters
 from marketplace import selectors
 from marketplace.models import Gpu, GpuModel, Node, NodeState, Runtime
 from marketplace.services import nodes as svc
-from marketplace.validators import validate_address, validate_host_key_fingerprint, validate_ssh_user
+from marketplace.validators import (
+    ADDRESS_MAX_LENGTH,
+    FINGERPRINT_MAX_LENGTH,
+    MAX_GPUS_PER_NODE,
+    NAME_MAX_LENGTH,
+    PRICE_LIMITS,
+    SSH_PORT_MAX,
+    SSH_PORT_MIN,
+    SSH_USER_MAX_LENGTH,
+    validate_address,
+    validate_host_key_fingerprint,
+    validate_ssh_user,
+)
 from provisioning.selectors import latest_jobs
 from provisioning.services.verification import node_verify_request
-
-from .fields import StrictFieldsMixin, UsdField, no_control_characters
-from .schema import ErrorDetailSerializer
-
-PRICE_LIMITS = {"min_value": Decimal("0.001"), "max_value": Decimal("100")}
 
 
 def _django_validator(fn):
@@ -35,7 +43,7 @@ def _django_validator(fn):
 
 
 class GpuSerializer(serializers.ModelSerializer):
-    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
         model = Gpu
@@ -55,7 +63,7 @@ class JobSerializer(serializers.Serializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     country = CountryField(read_only=True)
     price_per_gpu_hour = UsdField(source="price_per_gpu_hour_micros", read_only=True)
     maintenance = serializers.SerializerMethodField()
@@ -95,23 +103,23 @@ class AddressField(serializers.CharField):
 
 
 class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
-    name = serializers.CharField(max_length=100, validators=[no_control_characters])
-    address = AddressField(max_length=253, validators=[_django_validator(validate_address)])
-    ssh_port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
-    ssh_user = serializers.CharField(max_length=32, validators=[validate_ssh_user])
+    name = serializers.CharField(max_length=NAME_MAX_LENGTH, validators=[no_control_characters])
+    address = AddressField(max_length=ADDRESS_MAX_LENGTH, validators=[_django_validator(validate_address)])
+    ssh_port = serializers.IntegerField(min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, default=22)
+    ssh_user = serializers.CharField(max_length=SSH_USER_MAX_LENGTH, validators=[validate_ssh_user])
     # Exactly an alpha-2 code: django-countries' CountryField would also take "Germany", "DEU" or 276.
     country = serializers.ChoiceField(choices=list(countries), help_text="ISO 3166-1 alpha-2 code, e.g. DE.")
-    city = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
+    city = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, default="", allow_blank=True,
                                  validators=[no_control_characters])
-    datacenter = serializers.CharField(max_length=100, required=False, default="", allow_blank=True,
+    datacenter = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, default="", allow_blank=True,
                                        validators=[no_control_characters])
     gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GpuModel.objects.all(),
                                              help_text="Slug from /api/v1/gpu-models/.")
-    gpu_count = serializers.IntegerField(min_value=1, max_value=16)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_NODE)
     price_per_gpu_hour = UsdField(help_text="USD per GPU-hour.", **PRICE_LIMITS)
     runtime = serializers.ChoiceField(choices=Runtime.choices)
     host_key_fingerprint = serializers.CharField(
-        max_length=60, required=False, default="", allow_blank=True,
+        max_length=FINGERPRINT_MAX_LENGTH, required=False, default="", allow_blank=True,
         validators=[validate_host_key_fingerprint],
         help_text="SHA256:... as `ssh-keygen -lf` prints it. If omitted, the key seen on first contact is pinned.",
     )
@@ -123,9 +131,10 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
 class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
     read_only_elsewhere = NodeSerializer.Meta.fields  # e.g. address: "cannot be changed here", not "unknown"
 
-    name = serializers.CharField(max_length=100, required=False, validators=[no_control_characters])
-    city = serializers.CharField(max_length=100, required=False, allow_blank=True, validators=[no_control_characters])
-    datacenter = serializers.CharField(max_length=100, required=False, allow_blank=True,
+    name = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
+    city = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
+                                 validators=[no_control_characters])
+    datacenter = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
                                        validators=[no_control_characters])
     price_per_gpu_hour = UsdField(required=False, help_text="USD per GPU-hour; booked instances keep their price.",
                                   **PRICE_LIMITS)

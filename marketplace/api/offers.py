@@ -9,12 +9,11 @@ from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import permissions, serializers, viewsets
 
 from billing.services.metering import fee_percent, platform_fee_bps
+from core.api.fields import UsdField
+from core.api.filtering import StrictFilterSet, reject_unknown_params
 from marketplace import selectors
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.money import usd_to_micros
-
-from .fields import UsdField
-from .filtering import StrictFilterSet, reject_unknown_params
 
 
 class MedianFiguresSerializer(serializers.Serializer):
@@ -36,7 +35,7 @@ class BenchmarkSummarySerializer(serializers.Serializer):
 
 
 class OfferSerializer(serializers.ModelSerializer):
-    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpu_model_name = serializers.CharField(source="gpu_model.name", read_only=True)
     num_gpus_free = serializers.IntegerField(read_only=True)
     num_gpus_total = serializers.IntegerField(source="gpu_count", read_only=True)
@@ -78,7 +77,7 @@ class GpuModelSlugFilter(django_filters.ModelMultipleChoiceFilter):
 class IntegerFilter(django_filters.NumberFilter):
     """A whole number: "0.5" is a 400, as the schema's `integer` says."""
 
-    field_class = forms.IntegerField
+    field_class = forms.IntegerField  # type: ignore[assignment]  # django-filter takes any form field class
 
 
 COUNTRY_CHOICES = [(code, name) for code, name in countries]

@@ -3,23 +3,23 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
+from core.api.fields import StrictFieldsMixin
+from core.api.schema import ErrorDetailSerializer
+from core.validators import no_control_characters
 from marketplace.models import SshKey
 from marketplace.services import ssh_keys as svc
-
-from .fields import StrictFieldsMixin, no_control_characters
-from .schema import ErrorDetailSerializer
+from marketplace.validators import NAME_MAX_LENGTH
 
 
-def validate_public_key(value: str) -> str:
+def validate_public_key(value: str) -> None:
     try:
         svc.parse_public_key(value)
     except svc.InvalidSshKey as exc:
         raise serializers.ValidationError(str(exc)) from None
-    return value
 
 
 class SshKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True,
+    name = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
                                  validators=[no_control_characters], help_text="Defaults to the key's comment.")
     public_key = serializers.CharField(
         max_length=svc.MAX_KEY_CHARS, validators=[validate_public_key],

@@ -1,6 +1,8 @@
+from core.transitions import InvalidTransition  # defined once there; re-exported for the apps' imports
+
 from .accounts import ApiKey, User
 from .catalogue import GpuModel
-from .nodes import Gpu, GpuStatus, InvalidTransition, Node, NodeState, Runtime, Verdict
+from .nodes import Gpu, GpuStatus, Node, NodeState, Runtime, Verdict
 from .renting import (
     GpuAllocation,
     Image,

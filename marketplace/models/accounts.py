@@ -29,13 +29,13 @@ class UserManager(BaseUserManager):
 class User(AbstractUser):
     """Anyone can rent and list hardware; operators are staff."""
 
-    username = None
+    username = None  # type: ignore[assignment]  # no user names: the e-mail address is the login
     email = models.EmailField("email address", unique=True)
 
     USERNAME_FIELD = "email"
-    REQUIRED_FIELDS: list[str] = []
+    REQUIRED_FIELDS = []
 
-    objects = UserManager()
+    objects = UserManager()  # type: ignore[assignment,misc]  # ours (e-mail logins), not AbstractUser's
 
     class Meta:
         ordering = ["id"]
@@ -45,7 +45,7 @@ class User(AbstractUser):
 
 
 class ApiKeyQuerySet(models.QuerySet):
-    def active(self):
+    def active(self) -> "ApiKeyQuerySet":
         return self.filter(revoked_at__isnull=True)
 
 

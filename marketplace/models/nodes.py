@@ -1,8 +1,7 @@
 """Providers' servers (nodes), their GPUs, and the node state machine.
 
-The allowed state transitions live here and nowhere else: services call
-`Node.transition_to`, which raises InvalidTransition for a move the table does
-not allow.
+The allowed state transitions live here and nowhere else (NODE_TRANSITIONS, on core.transitions): services call
+`Node.transition_to`, which raises InvalidTransition for a move the table does not allow.
 """
 from django.conf import settings
 from django.db import models
@@ -10,14 +9,9 @@ from django.db.models import Q
 from django.utils import timezone
 from django_countries.fields import CountryField
 
+from core.transitions import StatefulModel, Transitions
+
 from .catalogue import GpuModel
-
-
-class InvalidTransition(Exception):
-    def __init__(self, obj_label: str, current: str, target: str):
-        self.current = current
-        self.target = target
-        super().__init__(f"{obj_label} cannot go from {current} to {target}")
 
 
 class NodeState(models.TextChoices):
@@ -32,7 +26,7 @@ class NodeState(models.TextChoices):
 
 
 S = NodeState
-NODE_TRANSITIONS: dict[str, set[str]] = {
+NODE_TRANSITIONS = Transitions({
     S.PENDING: {S.VERIFYING, S.MAINTENANCE, S.RETIRED},
     S.VERIFYING: {S.ACTIVE, S.REJECTED, S.PENDING, S.OFFLINE, S.QUARANTINED, S.RETIRED},
     S.ACTIVE: {S.VERIFYING, S.MAINTENANCE, S.OFFLINE, S.REJECTED, S.QUARANTINED, S.RETIRED},
@@ -42,7 +36,13 @@ NODE_TRANSITIONS: dict[str, set[str]] = {
     # Only an operator who accepted the new host key sends a node back to verification.
     S.QUARANTINED: {S.VERIFYING, S.RETIRED},
     S.RETIRED: set(),
-}
+}, actions={
+    # The provider's verbs, read by the API's services and the node page's buttons alike. Verify: an active
+    # node is re-verified in place (it stays active); asked while verifying, the open check is returned
+    # (Node.verify_allowed); a quarantined node goes back to verification only by an operator's action.
+    "verify": (S.VERIFYING, {S.PENDING, S.REJECTED, S.ACTIVE, S.OFFLINE, S.MAINTENANCE}),
+    "retire": (S.RETIRED, None),
+})
 
 
 class Verdict(models.TextChoices):
@@ -69,7 +69,10 @@ SCORE_PER_DOLLAR = models.ExpressionWrapper(
 )
 
 
-class Node(models.Model):
+class Node(StatefulModel, models.Model):
+    transitions = NODE_TRANSITIONS
+    state_field = "state"
+
     provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="nodes")
     name = models.CharField(max_length=100)
     address = models.CharField(max_length=253, help_text="Hostname or IP address the platform connects to.")
@@ -132,6 +135,7 @@ class Node(models.Model):
             models.CheckConstraint(condition=Q(price_per_gpu_hour_micros__gt=0), name="node_price_positive"),
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="node_gpu_count_positive"),
             models.CheckConstraint(condition=Q(reliability__gte=0, reliability__lte=1), name="node_reliability_0_1"),
+            NODE_TRANSITIONS.check_constraint("state", "node_state_declared"),
         ]
         indexes = [
             models.Index(fields=["state", "verdict", "listed"], name="node_listable_idx"),
@@ -147,14 +151,13 @@ class Node(models.Model):
     def __str__(self):
         return f"{self.name} ({self.address}:{self.ssh_port})"
 
-    def can_transition_to(self, target: str) -> bool:
-        return target in NODE_TRANSITIONS[self.state]
+    def verify_allowed(self) -> bool:
+        """May a verification be asked for now (provisioning.services.verification.node_verify_request)?"""
+        return self.state == NodeState.VERIFYING or self.allows("verify")
 
     def transition_to(self, target: str) -> None:
-        """Move to `target` in memory; the caller saves. Raises InvalidTransition."""
-        if not self.can_transition_to(target):
-            raise InvalidTransition(f"node {self.pk}", self.state, target)
-        self.state = target
+        """Move to `target` in memory (the caller saves, with state_changed_at). Raises InvalidTransition."""
+        super().transition_to(target)
         self.state_changed_at = timezone.now()
 
 
@@ -164,7 +167,22 @@ class GpuStatus(models.TextChoices):
     UNAVAILABLE = "unavailable", "Unavailable (failed a check or taken out by the provider)"
 
 
-class Gpu(models.Model):
+G = GpuStatus
+GPU_TRANSITIONS = Transitions({
+    G.FREE: {G.RENTED, G.UNAVAILABLE},
+    # UNAVAILABLE: an operator takes it out (admin); it stays out when its instance releases it.
+    G.RENTED: {G.FREE, G.UNAVAILABLE},
+    G.UNAVAILABLE: {G.FREE},
+}, actions={
+    # Set-based, in marketplace.services.instances.common: only a free GPU is rented, only a rented one freed.
+    "rent": (G.RENTED, {G.FREE}),
+    "release": (G.FREE, {G.RENTED}),
+})
+
+
+class Gpu(StatefulModel, models.Model):
+    transitions = GPU_TRANSITIONS
+
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField(help_text="nvidia-smi index on the node.")
     uuid = models.CharField(max_length=64, blank=True, help_text="GPU-... as read by the inventory.")
@@ -184,6 +202,7 @@ class Gpu(models.Model):
             # none (node_apply_inventory). The first node to claim a UUID keeps it; no check-then-insert.
             models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="gpu_unique_uuid",
                                     violation_error_message="Another live node already has a GPU with this UUID."),
+            GPU_TRANSITIONS.check_constraint("status", "gpu_status_declared"),
         ]
         indexes = [
             models.Index(fields=["node", "status"], name="gpu_node_status_idx"),

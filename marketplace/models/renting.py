@@ -1,6 +1,7 @@
 """What renters own and run: SSH keys, images, instances, and which GPUs an instance holds.
 
-The instance state machine lives here (INSTANCE_TRANSITIONS) and nowhere else. A GPU can
+The instance state machine lives here (INSTANCE_TRANSITIONS, on core.transitions) and nowhere else, with the
+renter's verbs (which state allows stop, start, restart, destroy) that the API and the pages both read. A GPU can
 never be in two live instances: GpuAllocation has a unique constraint on the GPU among
 allocations not yet released.
 """
@@ -9,8 +10,10 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from core.transitions import StatefulModel, Transitions
+
 from .catalogue import GpuModel
-from .nodes import Gpu, InvalidTransition, Node
+from .nodes import Gpu, Node
 
 
 class SshKey(models.Model):
@@ -72,7 +75,7 @@ class InstanceStatus(models.TextChoices):
 
 
 IS = InstanceStatus
-INSTANCE_TRANSITIONS: dict[str, set[str]] = {
+INSTANCE_TRANSITIONS = Transitions({
     IS.REQUESTED: {IS.PROVISIONING, IS.FAILED, IS.DESTROYING},
     IS.PROVISIONING: {IS.RUNNING, IS.FAILED, IS.DESTROYING},
     # STARTING: a restart. INTERRUPTED: the platform lost its node or its VM (billing stops).
@@ -88,7 +91,15 @@ INSTANCE_TRANSITIONS: dict[str, set[str]] = {
     IS.DESTROYING: {IS.DESTROYED, IS.FAILED},
     IS.FAILED: {IS.DESTROYING},
     IS.DESTROYED: set(),
-}
+}, actions={
+    # The renter's verbs (marketplace.services.instances.lifecycle; the API's actions and the page's buttons):
+    # verb: (the state it takes, the states it may be asked in). Asked again in the state it takes, a verb
+    # changes nothing; destroy from interrupted (or stopped on an unreachable node) ends at destroyed at once.
+    "stop": (IS.STOPPING, {IS.RUNNING}),
+    "start": (IS.STARTING, {IS.STOPPED}),
+    "restart": (IS.STARTING, {IS.RUNNING}),
+    "destroy": (IS.DESTROYING, None),
+})
 # States in which an instance may hold GPUs (allocations not released). A destroying instance
 # keeps its GPUs until the node confirms the VM is gone (instance_mark_destroyed releases them).
 LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.INTERRUPTED, IS.STOPPING, IS.STARTING,
@@ -102,7 +113,9 @@ def vm_id_of(instance_id: int) -> str:
     return f"inst-{instance_id}"
 
 
-class Instance(models.Model):
+class Instance(StatefulModel, models.Model):
+    transitions = INSTANCE_TRANSITIONS
+
     renter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="instances")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
@@ -158,6 +171,7 @@ class Instance(models.Model):
             models.CheckConstraint(condition=Q(platform_fee_bps__lte=10_000), name="instance_fee_at_most_100_percent"),
             models.CheckConstraint(condition=Q(billed_seconds__gte=0, cost_micros__gte=0),
                                    name="instance_billing_totals_non_negative"),
+            INSTANCE_TRANSITIONS.check_constraint("status", "instance_status_declared"),
         ]
         indexes = [models.Index(fields=["status"], name="instance_status_idx")]
 
@@ -169,14 +183,9 @@ class Instance(models.Model):
         """The VM's name on the node: derived from the id, never from user input."""
         return vm_id_of(self.pk)
 
-    def can_transition_to(self, target: str) -> bool:
-        return target in INSTANCE_TRANSITIONS[self.status]
-
     def transition_to(self, target: str, message: str = "") -> None:
         """Move to `target` in memory (the caller saves). Raises InvalidTransition."""
-        if not self.can_transition_to(target):
-            raise InvalidTransition(f"instance {self.pk}", self.status, target)
-        self.status = target
+        super().transition_to(target)
         self.status_message = message[:500]
 
 
@@ -211,13 +220,23 @@ class InterruptionOutcome(models.TextChoices):
     DESTROYED = "destroyed", "Destroyed by the renter"
 
 
-class Interruption(models.Model):
+# An interruption is open (no outcome) until it ends, once, with one of the outcomes.
+INTERRUPTION_TRANSITIONS = Transitions({
+    "": set(InterruptionOutcome),
+    **{outcome: set() for outcome in InterruptionOutcome},
+})
+
+
+class Interruption(StatefulModel, models.Model):
     """A stretch of time in which a running instance was out of the renter's reach through no fault of theirs.
 
     Billing stopped at `started_at` (the last moment the node was seen healthy, or the VM seen running);
     `ended_at` is when the instance left `interrupted`. The renter is credited by the published rule
     (billing.services.credits): `credited_seconds` of lost time were credited so far, `credited_micros` in all.
     """
+
+    transitions = INTERRUPTION_TRANSITIONS
+    state_field = "outcome"
 
     instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="interruptions")
     cause = models.CharField(max_length=12, choices=InterruptionCause.choices)
@@ -239,6 +258,11 @@ class Interruption(models.Model):
                                    name="interruption_detected_after_start"),
             models.CheckConstraint(condition=Q(credited_seconds__gte=0, credited_micros__gte=0),
                                    name="interruption_credit_non_negative"),
+            INTERRUPTION_TRANSITIONS.check_constraint("outcome", "interruption_outcome_declared"),
+            # Ended exactly when it has an outcome (marketplace.services.instances.interruptions sets both).
+            models.CheckConstraint(condition=Q(ended_at__isnull=True, outcome="") | (Q(ended_at__isnull=False)
+                                                                                    & ~Q(outcome="")),
+                                   name="interruption_ended_iff_outcome"),
         ]
 
     def __str__(self):

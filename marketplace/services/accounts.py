@@ -11,6 +11,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urljoin
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -23,6 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
+from core.errors import ValidationFailed
 from core.login_throttle import signup_mail_allowed
 from marketplace.models import ApiKey, User
 
@@ -41,8 +43,12 @@ class InvalidCredentials(Exception):
     pass
 
 
-class InvalidSignupToken(Exception):
-    """The sign-up token is not one of ours, has expired, or was used already."""
+class InvalidSignupToken(ValidationFailed):
+    """The sign-up token is not one of ours, has expired, or was used already (400 on `token`); the sign-up
+    page says it in its own words (a link, not a token)."""
+
+    def __init__(self) -> None:
+        super().__init__("This sign-up token is invalid, has expired, or was used already.", field="token")
 
 
 def hash_api_key(raw_key: str) -> str:
@@ -65,7 +71,7 @@ def api_key_revoke(*, api_key: ApiKey) -> None:
 
 def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
     """The active key with this value (and its user), or None."""
-    key = (
+    key: ApiKey | None = (
         ApiKey.objects.active()
         .select_related("user")
         .filter(key_hash=hash_api_key(raw_key), user__is_active=True)
@@ -112,7 +118,7 @@ def _signup_token(*, email: str, password_hash: str) -> str:
     return _signup_cipher().encrypt(payload.encode()).decode("ascii")
 
 
-def _signup_payload(token: str) -> dict:
+def _signup_payload(token: str) -> dict[str, Any]:
     try:
         data = json.loads(_signup_cipher().decrypt(token.encode("ascii"), ttl=settings.SIGNUP_CONFIRM_TTL_S))
     except (InvalidToken, UnicodeEncodeError, ValueError):

@@ -4,18 +4,13 @@ from decimal import Decimal
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import Gpu, GpuModel, GpuStatus, Node, NodeState, User
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import usd_to_micros
-
-
-class NodeConflict(Exception):
-    """The request is valid but the node's current state forbids it (HTTP 409)."""
-
 
 # Said to whoever brings a server that a live node already has; it never names that node or its provider.
 DUPLICATE_HOST_KEY_MESSAGE = (
@@ -36,7 +31,7 @@ def _generate_keypair(comment: str) -> tuple[bytes, str]:
 
 def node_private_key(*, node: Node) -> bytes:
     """The node's private key in OpenSSH format, decrypted in memory for the SSH client only."""
-    return decrypt_secret(node.ssh_private_key_encrypted)
+    return decrypt_secret(bytes(node.ssh_private_key_encrypted))  # a memoryview from some database drivers
 
 
 def node_install_command(*, node: Node) -> str:
@@ -69,7 +64,8 @@ def node_register(
 ) -> Node:
     """Create a pending node, its declared GPUs, and the platform's key pair for it.
 
-    A host key another live node has is refused (ValidationError on `host_key_fingerprint`, nothing written)."""
+    A host key another live node has is refused (ValidationFailed on `host_key_fingerprint`, nothing written);
+    so is a second live node at the same address and port (Conflict)."""
     node = Node(
         provider=provider,
         name=name,
@@ -91,9 +87,9 @@ def node_register(
             node.save()
     except IntegrityError as exc:
         if "node_unique_live_endpoint" in str(exc):
-            raise NodeConflict(f"A live node is already registered at {address}:{ssh_port}.") from None
+            raise Conflict(f"A live node is already registered at {address}:{ssh_port}.") from None
         if "node_unique_live_host_key" in str(exc):
-            raise ValidationError({"host_key_fingerprint": DUPLICATE_HOST_KEY_MESSAGE}) from None
+            raise ValidationFailed(DUPLICATE_HOST_KEY_MESSAGE, field="host_key_fingerprint") from None
         raise
     private_bytes, public_line = _generate_keypair(f"{settings.PLATFORM_NAME}-node-{node.pk}")
     node.ssh_private_key_encrypted = encrypt_secret(private_bytes)
@@ -120,7 +116,7 @@ def node_update(
     """Change what a provider may change. Price changes never touch booked instances."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state == NodeState.RETIRED:
-        raise NodeConflict("The node is retired and cannot be changed.")
+        raise Conflict("The node is retired and cannot be changed.")
     if name is not None:
         node.name = name
     if city is not None:
@@ -133,7 +129,7 @@ def node_update(
         node.listed = listed
     if maintenance is True and node.state != NodeState.MAINTENANCE:
         if not node.can_transition_to(NodeState.MAINTENANCE):
-            raise NodeConflict(f"A {node.state} node cannot go into maintenance; try again later.")
+            raise Conflict(f"A {node.state} node cannot go into maintenance; try again later.")
         node.transition_to(NodeState.MAINTENANCE)
     elif maintenance is False and node.state == NodeState.MAINTENANCE:
         node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
@@ -149,7 +145,7 @@ def node_retire(*, node: Node) -> None:
         return
     rented = node.gpus.filter(status=GpuStatus.RENTED).count()
     if rented:
-        raise NodeConflict(f"{rented} GPU(s) of this node are rented; wait until those instances end.")
+        raise Conflict(f"{rented} GPU(s) of this node are rented; wait until those instances end.")
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])

@@ -17,6 +17,7 @@ from hashlib import sha256
 import paramiko
 from django.db import IntegrityError, transaction
 
+from core.errors import Conflict, ValidationFailed
 from marketplace.models import SshKey, User
 
 # What a VM accepts: the types of `ssh-keygen -t ed25519|ecdsa|rsa`.
@@ -44,12 +45,12 @@ _KNOWN_OPTIONS = {
 }
 
 
-class InvalidSshKey(ValueError):
-    """The text is not one acceptable OpenSSH public key; the message says why."""
+class InvalidSshKey(ValidationFailed):
+    """The text is not one acceptable OpenSSH public key; the message says why. Named apart because forms and
+    serializers check a key with parse_public_key and show the message on their own field."""
 
-
-class SshKeyConflict(Exception):
-    """The user already has this key (HTTP 409)."""
+    def __init__(self, message: str):
+        super().__init__(message, field="public_key")
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def parse_public_key(text: str) -> ParsedKey:
 
 
 def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
-    """Store a key for `user`. Raises InvalidSshKey or SshKeyConflict (the same key twice)."""
+    """Store a key for `user`. Raises InvalidSshKey (400) or Conflict (409: the same key twice)."""
     parsed = parse_public_key(public_key)
     key = SshKey(user=user, name=(name or parsed.comment)[:100], public_key=parsed.public_key,
                  fingerprint=parsed.fingerprint)
@@ -158,7 +159,7 @@ def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
         existing = SshKey.objects.filter(user=user, fingerprint=parsed.fingerprint).first()
         label = f" as '{existing.name}' (id {existing.pk})" if existing and existing.name else (
             f" (id {existing.pk})" if existing else "")
-        raise SshKeyConflict(f"You already added this key{label}; fingerprint {parsed.fingerprint}.") from None
+        raise Conflict(f"You already added this key{label}; fingerprint {parsed.fingerprint}.") from None
     return key
 
 

@@ -59,7 +59,8 @@ def usd(micros, places=2) -> str:
     if micros is None or micros == "":
         return "–"
     amount = micros_to_usd(int(micros)).normalize()
-    exponent = -amount.as_tuple().exponent if amount.as_tuple().exponent < 0 else 0
+    digits_exponent = amount.as_tuple().exponent  # an int: the amount is finite
+    exponent = -digits_exponent if isinstance(digits_exponent, int) and digits_exponent < 0 else 0
     return f"${amount:,.{max(int(places), exponent)}f}"
 
 

@@ -7,6 +7,8 @@ from django.contrib.auth.views import LoginView
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from core.errors import ApplicationError
+from core.web_errors import form_error
 from marketplace.models import ApiKey, SshKey
 from marketplace.services import accounts as account_svc
 from marketplace.services import ssh_keys as ssh_svc
@@ -78,10 +80,8 @@ def ssh_keys(request):
         try:
             key = ssh_svc.ssh_key_create(user=request.user, public_key=form.cleaned_data["public_key"],
                                          name=form.cleaned_data["name"])
-        except ssh_svc.InvalidSshKey as exc:
-            form.add_error("public_key", str(exc))
-        except ssh_svc.SshKeyConflict as exc:
-            form.add_error("public_key", str(exc))
+        except ApplicationError as exc:  # a key that does not parse, or one of yours already
+            form_error(form, exc, default_field="public_key")
         else:
             messages.success(request, f"Key “{key.name or key.fingerprint}” added ({key.fingerprint}).")
             return redirect("ssh-keys")

@@ -23,17 +23,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from billing import selectors
 from billing.models import TopUpStatus
-from billing.services import metering, payments, payouts
-from billing.services.stripe_gateway import PaymentError, PaymentIdempotencyKeyReused
-from marketplace.idempotency import request_fingerprint
+from billing.services import metering, payments, payouts, profiles
+from core.errors import ApplicationError, IdempotencyKeyReused
+from core.idempotency import request_fingerprint
+from core.web_errors import form_error
 from marketplace.models import Node
-from marketplace.money import usd_to_micros
+from marketplace.money import parse_cents, usd_to_micros
 from marketplace.services import instances as instance_svc
 
 from .forms import ElementsCardForm, PayoutAccountForm, TestCardForm, TopUpForm, UsageFilterForm
 
 _REAL_PUBLISHABLE_KEY = re.compile(r"pk_(test|live)_[A-Za-z0-9]{20,}")
-_AMOUNT = re.compile(r"\d{1,7}(\.\d{1,2})?")
 _MONTH = re.compile(r"(\d{4})-(\d{2})")
 IN_FLIGHT = (TopUpStatus.PENDING, TopUpStatus.PROCESSING)
 USAGE_PER_PAGE = 50
@@ -62,9 +62,12 @@ def _balance_page(request, *, top_up_form=None, card_form=None, status=200):
     mode = stripe_mode()
     if top_up_form is None:
         initial = {"request_token": get_random_string(32)}
-        amount = request.GET.get("amount", "")
-        if _AMOUNT.fullmatch(amount):
+        amount = request.GET.get("amount", "").strip()
+        try:  # a link may suggest an amount (?amount=25): shown as given if the form would take it
+            parse_cents(amount)
             initial["amount"] = Decimal(amount)
+        except ValueError:
+            pass
         top_up_form = TopUpForm(user=user, initial=initial)
     if card_form is None and mode["test_cards"]:
         card_form = TestCardForm()
@@ -104,7 +107,7 @@ def balance_live(request):
 
 def _fresh_token(form: TopUpForm, user) -> TopUpForm:
     """The same input with a new request token: the next submission is a new top-up, not the one that failed."""
-    data = form.data.copy()
+    data = form.data.copy()  # type: ignore[attr-defined]  # a QueryDict (or a test's dict): both copy
     data["request_token"] = get_random_string(32)
     fresh = TopUpForm(data, user=user)
     fresh.is_valid()
@@ -125,14 +128,14 @@ def top_up(request):
             user=request.user, amount_micros=usd_to_micros(data["amount"]), card=data["card"],
             idempotency_key=f"web-{token}" if token else "",
             request_fingerprint=request_fingerprint(body) if token else "")
-    except PaymentIdempotencyKeyReused:
+    except IdempotencyKeyReused:  # worded for the page: it is this form's token, not a header
         form = _fresh_token(form, request.user)
         form.add_error(None, "This form was already used for a top-up with other choices. Check them and "
                              "submit again.")
         return _balance_page(request, top_up_form=form, status=400)
-    except PaymentError as exc:
+    except ApplicationError as exc:
         form = _fresh_token(form, request.user)
-        form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        form_error(form, exc)
         return _balance_page(request, top_up_form=form, status=exc.status_code)
     if top_up.status == TopUpStatus.FAILED:  # the same form sent again after it failed
         messages.error(request, f"This top-up failed: {top_up.failure_message}")
@@ -157,8 +160,8 @@ def card_add(request):
     if form.is_valid():
         try:
             card, created = payments.card_add(user=request.user, **{field: form.cleaned_data[field]})
-        except PaymentError as exc:
-            form.add_error(field if exc.field in (field, None) else None, exc.message)
+        except ApplicationError as exc:
+            form_error(form, exc, default_field=field)
         else:
             label = f"{(card.brand or 'card').title()} •••• {card.last4}"
             messages.success(request, f"Card {label} saved." if created else f"Card {label} was saved before.")
@@ -250,10 +253,15 @@ def payouts_page(request):
     form = PayoutAccountForm(request.POST or None,
                              initial={"stripe_connect_account_id": selectors.payout_account(user=user)})
     if request.method == "POST" and form.is_valid():
-        payouts.payout_account_set(user=user, account_id=form.cleaned_data["stripe_connect_account_id"])
-        messages.success(request, "Payout account saved." if form.cleaned_data["stripe_connect_account_id"]
-                         else "Payout account removed: earnings stay here until you set one.")
-        return redirect("web-payouts")
+        account_id = form.cleaned_data["stripe_connect_account_id"]
+        try:
+            profiles.profile_update(user=user, changes=profiles.ProfileChanges(stripe_connect_account_id=account_id))
+        except ApplicationError as exc:
+            form_error(form, exc)
+        else:
+            messages.success(request, "Payout account saved." if account_id
+                             else "Payout account removed: earnings stay here until you set one.")
+            return redirect("web-payouts")
     return render(request, "marketplace/payouts.html", {
         "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form,
         "balance_micros": selectors.earnings_for(user=user).balance_micros,

@@ -129,7 +129,7 @@ def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
     result = list(columns.values())
     priced = [c for c in result if c.cheapest_per_tflop is not None]
     if len(priced) > 1:
-        min(priced, key=lambda c: c.cheapest_per_tflop).best_value = True
+        min(priced, key=lambda c: c.cheapest_per_tflop or 0.0).best_value = True  # `or`: never None in `priced`
     return result
 
 

@@ -1,32 +1,45 @@
-"""Forms of the web pages: they check what people type, with the same rules as the API.
+"""Forms of the web pages: they parse what people type and render it back, with the API's rules.
 
-Where the API has a rule (SSH key parsing, address and user validators, price limits, disk bounds), the form
-calls the same function or imports the same constant; the services decide everything else.
+No rule is written here: limits, validators and parsers come from where the API's serializers take them
+(marketplace.validators, core.validators, core.money, the services' constants), so a page and the API accept and
+refuse the same input (tests/web/test_same_rules.py); the services decide everything else.
 """
 import re
-import unicodedata
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django_countries import countries
 
-from marketplace.api.nodes import PRICE_LIMITS
+from billing.selectors import cards_for_user
+from billing.services.cards import SETUP_INTENT_ID
+from billing.services.profiles import CONNECT_ACCOUNT_ID, CONNECT_ACCOUNT_MESSAGE
+from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, USD_MAX_DIGITS, USD_PLACES, parse_cents
+from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.models import GpuModel, Image, Runtime, SshKey, User
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
-from marketplace.validators import validate_address, validate_host_key_fingerprint, validate_ssh_user
-
-MAX_INSTANCE_KEYS = 32  # as the API's InstanceCreateSerializer
-MAX_GPUS_PER_NODE = 16  # as the API's NodeCreateSerializer
-
-
-def no_control_characters(value: str) -> None:
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
-        raise ValidationError("Control characters are not allowed.")
+from marketplace.validators import (
+    ADDRESS_MAX_LENGTH,
+    EMAIL_MAX_LENGTH,
+    FINGERPRINT_MAX_LENGTH,
+    MAX_GPUS_PER_NODE,
+    NAME_MAX_LENGTH,
+    PASSWORD_MAX_LENGTH,
+    PRICE_LIMITS,
+    SIGNUP_TOKEN_MAX_LENGTH,
+    SSH_PORT_MAX,
+    SSH_PORT_MIN,
+    SSH_USER_MAX_LENGTH,
+    validate_address,
+    validate_host_key_fingerprint,
+    validate_instance_keys,
+    validate_ssh_user,
+)
 
 
 class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
@@ -38,9 +51,9 @@ class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
 
 
 class SignupForm(forms.Form):
-    email = forms.EmailField(max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email"}))
+    email = forms.EmailField(max_length=EMAIL_MAX_LENGTH, widget=forms.EmailInput(attrs={"autocomplete": "email"}))
     password = forms.CharField(
-        max_length=128, strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        max_length=PASSWORD_MAX_LENGTH, strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
         help_text="At least 10 characters; not a common password, not all digits, not like your email.",
     )
 
@@ -61,8 +74,9 @@ class SignupForm(forms.Form):
 def _refuse_private_key(form: forms.Form, name: str, value: str) -> None:
     """A pasted private key is refused and wiped from the form: a page never shows a secret back."""
     if "PRIVATE KEY" in value or value.lstrip().startswith("-----BEGIN"):
-        form.data = form.data.copy()
-        form.data[form.add_prefix(name)] = ""
+        data = form.data.copy()  # type: ignore[attr-defined]  # a QueryDict (or a test's dict): both copy
+        data[form.add_prefix(name)] = ""
+        form.data = data
         raise ValidationError("This is a private key: never share it. Paste the public key, the contents of the "
                               ".pub file. If this private key was typed anywhere else, make a new pair.")
 
@@ -76,7 +90,7 @@ def _parse_key(value: str) -> str:
 
 
 class SshKeyForm(forms.Form):
-    name = forms.CharField(max_length=100, required=False, validators=[no_control_characters],
+    name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Optional; the key's comment is used when empty.")
     public_key = forms.CharField(
         label="Public key", max_length=ssh_svc.MAX_KEY_CHARS, strip=False,
@@ -93,11 +107,11 @@ class SshKeyForm(forms.Form):
 
 
 class SignupConfirmForm(forms.Form):
-    token = forms.CharField(max_length=2000, widget=forms.HiddenInput)
+    token = forms.CharField(max_length=SIGNUP_TOKEN_MAX_LENGTH, widget=forms.HiddenInput)
 
 
 class ApiKeyForm(forms.Form):
-    name = forms.CharField(max_length=100, required=False, validators=[no_control_characters],
+    name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Something to tell your keys apart, e.g. “laptop” or “CI”.")
 
 
@@ -126,7 +140,7 @@ class RentForm(forms.Form):
     save_key = forms.BooleanField(label="Also save this key to my SSH keys", required=False)
     disk_gb = forms.IntegerField(label="Disk (GB)", required=False, min_value=1, max_value=instance_svc.MAX_DISK_GB,
                                  help_text="Leave empty for the image's minimum.")
-    label = forms.CharField(max_length=100, required=False, validators=[no_control_characters],
+    label = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                             help_text="Optional: a name to find it by.")
     # Makes a double submission (a double click, a resent form) book once: the page's own token.
     request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
@@ -147,8 +161,7 @@ class RentForm(forms.Form):
 
     def clean_ssh_keys(self):
         keys = self.cleaned_data["ssh_keys"]
-        if len(keys) > MAX_INSTANCE_KEYS:
-            raise ValidationError(f"At most {MAX_INSTANCE_KEYS} keys.")
+        validate_instance_keys(keys)
         return keys
 
     def clean_ssh_public_key(self):
@@ -180,27 +193,35 @@ class _ModelChoices(forms.ModelChoiceField):
 COUNTRY_CHOICES = [("", "Choose a country")] + [(code, name) for code, name in countries]
 
 
+class PriceField(forms.DecimalField):
+    """USD per GPU-hour, with the API's digits, places and bounds (core.api.fields.UsdField, PRICE_LIMITS)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(label="Price per GPU-hour (USD)", max_digits=USD_MAX_DIGITS, decimal_places=USD_PLACES,
+                         **PRICE_LIMITS, **kwargs)
+
+
 class NodeRegisterForm(forms.Form):
-    name = forms.CharField(max_length=100, validators=[no_control_characters],
+    name = forms.CharField(max_length=NAME_MAX_LENGTH, validators=[no_control_characters],
                            help_text="Your name for the server, e.g. rack1-a6000.")
-    address = forms.CharField(max_length=253, validators=[validate_address],
+    address = forms.CharField(max_length=ADDRESS_MAX_LENGTH, validators=[validate_address],
                               help_text="Hostname or IP address the platform connects to over SSH.")
-    ssh_port = forms.IntegerField(label="SSH port", min_value=1, max_value=65535, initial=22)
-    ssh_user = forms.CharField(label="SSH user", max_length=32, validators=[validate_ssh_user],
+    ssh_port = forms.IntegerField(label="SSH port", min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, initial=22)
+    ssh_user = forms.CharField(label="SSH user", max_length=SSH_USER_MAX_LENGTH, validators=[validate_ssh_user],
                                help_text="The user the platform logs in as; it needs sudo for the runtime.")
     host_key_fingerprint = forms.CharField(
-        label="Host key fingerprint", max_length=60, required=False, validators=[validate_host_key_fingerprint],
+        label="Host key fingerprint", max_length=FINGERPRINT_MAX_LENGTH, required=False,
+        validators=[validate_host_key_fingerprint],
         help_text="SHA256:... from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the server. "
                   "Without it, the key seen on first contact is pinned.",
     )
     country = forms.ChoiceField(choices=COUNTRY_CHOICES)
-    city = forms.CharField(max_length=100, required=False, validators=[no_control_characters])
-    datacenter = forms.CharField(max_length=100, required=False, validators=[no_control_characters])
+    city = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
+    datacenter = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
     gpu_model = _ModelChoices(label="GPU model", queryset=GpuModel.objects.all(), to_field_name="slug",
                               empty_label="Choose the model of its GPUs")
     gpu_count = forms.IntegerField(label="Number of GPUs", min_value=1, max_value=MAX_GPUS_PER_NODE)
-    price_per_gpu_hour = forms.DecimalField(label="Price per GPU-hour (USD)", max_digits=12, decimal_places=6,
-                                            help_text="What a renter pays per GPU per hour.", **PRICE_LIMITS)
+    price_per_gpu_hour = PriceField(help_text="What a renter pays per GPU per hour.")
     runtime = forms.ChoiceField(choices=Runtime.choices, initial=Runtime.DOCKER, widget=forms.RadioSelect)
 
     def clean_address(self):
@@ -208,9 +229,7 @@ class NodeRegisterForm(forms.Form):
 
 
 class NodeSettingsForm(forms.Form):
-    price_per_gpu_hour = forms.DecimalField(label="Price per GPU-hour (USD)", max_digits=12, decimal_places=6,
-                                            help_text="New rentals pay it; running instances keep their price.",
-                                            **PRICE_LIMITS)
+    price_per_gpu_hour = PriceField(help_text="New rentals pay it; running instances keep their price.")
     listed = forms.BooleanField(required=False, label="Listed: renters can book it",
                                 help_text="Untick to take it off the offers; running instances are not touched.")
     maintenance = forms.BooleanField(required=False, label="In maintenance",
@@ -226,32 +245,38 @@ class _CardChoices(forms.ModelChoiceField):
 
 
 class CentsField(forms.DecimalField):
-    """USD as a plain decimal with at most two places ("25" or "25.00"), as the API's CentsField: no exponents."""
+    """USD in whole cents, parsed as the API's CentsField parses it (core.money.parse_cents): "25." is refused."""
 
-    _PLAIN = re.compile(r"\s*\d{1,7}(\.\d{0,2})?\s*")
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_digits", CENTS_MAX_DIGITS)
+        kwargs.setdefault("decimal_places", CENTS_PLACES)
+        super().__init__(**kwargs)
+
+    # Only which message a refused amount gets: a plain number is told its bounds or places ("-5", "25.001").
+    _NUMBER = re.compile(r"\s*-?\d+(\.\d+)?\s*")
 
     def to_python(self, value):
-        if isinstance(value, str) and value.strip() and not self._PLAIN.fullmatch(value):
-            if re.fullmatch(r"\s*-?\d+(\.\d*)?\s*", value):
-                return super().to_python(value)  # a number: the bounds or places say what is wrong
-            raise ValidationError(self.error_messages["invalid"], code="invalid")
-        return super().to_python(value)
+        number = super().to_python(value)
+        if isinstance(value, str) and value.strip():
+            try:
+                parse_cents(value)
+            except ValueError:
+                if self._NUMBER.fullmatch(value):
+                    self.validate(number)
+                    self.run_validators(number)
+                raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+        return number
 
 
 class TopUpForm(forms.Form):
     """Add money with a saved card. The bounds are the API's (BILLING_TOP_UP_MIN_USD/MAX_USD, whole cents)."""
 
-    amount = CentsField(label="Amount (USD)", max_digits=9, decimal_places=2,
-                                widget=forms.NumberInput(attrs={"step": "0.01", "inputmode": "decimal"}))
+    amount = CentsField(label="Amount (USD)", widget=forms.NumberInput(attrs={"step": "0.01", "inputmode": "decimal"}))
     card = _CardChoices(label="Card", queryset=None, empty_label=None, widget=forms.RadioSelect)
     # Makes a double submission (a double click, a resent form) charge once: the page's own token.
     request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
 
     def __init__(self, *args, user, **kwargs):
-        from django.conf import settings
-
-        from billing.selectors import cards_for_user
-
         super().__init__(*args, **kwargs)
         low, high = settings.BILLING_TOP_UP_MIN_USD, settings.BILLING_TOP_UP_MAX_USD
         amount = self.fields["amount"]
@@ -280,11 +305,12 @@ class TestCardForm(forms.Form):
 class ElementsCardForm(forms.Form):
     """What Stripe Elements sends after the browser confirmed a SetupIntent with the card."""
 
-    setup_intent = forms.RegexField(regex=r"^seti_[A-Za-z0-9_]{1,95}$", max_length=100, widget=forms.HiddenInput)
+    setup_intent = forms.RegexField(regex=SETUP_INTENT_ID, max_length=100, widget=forms.HiddenInput)
 
 
 class UsageFilterForm(forms.Form):
-    instance = forms.ModelChoiceField(queryset=None, required=False, empty_label="All instances")
+    instance: forms.ModelChoiceField = forms.ModelChoiceField(queryset=None, required=False,
+                                                              empty_label="All instances")
 
     def __init__(self, *args, instances, **kwargs):
         super().__init__(*args, **kwargs)
@@ -295,6 +321,6 @@ class UsageFilterForm(forms.Form):
 
 class PayoutAccountForm(forms.Form):
     stripe_connect_account_id = forms.RegexField(
-        label="Stripe Connect account", regex=r"^(acct_[A-Za-z0-9]{1,90})?$", max_length=100, required=False,
-        error_messages={"invalid": "A Stripe Connect account id looks like acct_1A2b3C4d."},
+        label="Stripe Connect account", regex=CONNECT_ACCOUNT_ID, max_length=100, required=False,
+        error_messages={"invalid": CONNECT_ACCOUNT_MESSAGE},
         help_text="Where your weekly payouts go (acct_...). Leave empty to stop payouts.")

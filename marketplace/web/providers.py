@@ -3,15 +3,17 @@ switches a provider has (price, listing, maintenance, verify now, retire). Thin:
 provisioning.services.verification hold the rules."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing.selectors import earnings_by_node
+from core import charts
+from core.errors import ApplicationError
+from core.web_errors import form_error, message_error
 from marketplace import selectors
-from marketplace.models import GpuStatus, InvalidTransition, NodeState, Verdict
+from marketplace.models import GpuStatus, NodeState, Verdict
 from marketplace.services import nodes as svc
 from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
@@ -19,7 +21,6 @@ from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.policy import FIGURES, TOLERANCES, DeclaredModel
 
-from . import charts
 from .figures import figure_bands, node_runs, run_shares
 from .forms import NodeRegisterForm, NodeSettingsForm
 
@@ -69,10 +70,8 @@ def node_register(request):
     if request.method == "POST" and form.is_valid():
         try:
             node = svc.node_register(provider=request.user, **form.cleaned_data)
-        except svc.NodeConflict as exc:
-            form.add_error("address", str(exc))
-        except ValidationError as exc:  # a host key another live node has: shown on its field
-            form.add_error(None, exc)
+        except ApplicationError as exc:  # a live node at that address, or with that host key (on its field)
+            form_error(form, exc, default_field="address")
         else:
             messages.success(request, f"Server “{node.name}” registered. Install the platform's key on it, "
                                       "then verify it.")
@@ -96,7 +95,8 @@ def _live_context(node, watching: str = "") -> dict:
         "use": _utilisation(node),
         # The page was waiting on this job and it has ended: the page reloads to show the new figures.
         "reload": bool(watching) and not job_open,
-        "can_verify": not job_open and node.state not in (NodeState.RETIRED, NodeState.QUARANTINED),
+        "can_verify": not job_open and node.verify_allowed(),
+        "can_retire": node.allows("retire"),
         # States whose cause is only in last_error (a verdict's reasons show with its check instead).
         "problem_states": (NodeState.OFFLINE, NodeState.QUARANTINED, NodeState.PENDING),
     }
@@ -207,8 +207,8 @@ def node_verify(request, pk: int):
     node = _node_or_404(request.user, pk)
     try:
         node_verify_request(node=node)
-    except svc.NodeConflict as exc:
-        messages.error(request, str(exc))
+    except ApplicationError as exc:
+        message_error(request, exc)
     else:
         messages.success(request, "Verification queued: the steps show below as the worker goes.")
     return redirect("node", pk=node.pk)
@@ -222,8 +222,8 @@ def node_settings(request, pk: int):
     if form.is_valid():
         try:
             svc.node_update(node=node, **form.cleaned_data)
-        except (svc.NodeConflict, InvalidTransition) as exc:
-            form.add_error(None, str(exc))
+        except ApplicationError as exc:  # a Conflict, InvalidTransition among them
+            form_error(form, exc)
         else:
             messages.success(request, "Settings saved.")
             return redirect("node", pk=node.pk)
@@ -236,8 +236,8 @@ def node_retire(request, pk: int):
     node = _node_or_404(request.user, pk)
     try:
         svc.node_retire(node=node)
-    except svc.NodeConflict as exc:
-        messages.error(request, str(exc))
+    except ApplicationError as exc:
+        message_error(request, exc)
         return redirect("node", pk=node.pk)
     messages.success(request, f"Server “{node.name}” retired: it takes no rentals and is no longer checked.")
     return redirect("nodes")

@@ -19,6 +19,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from billing import selectors as billing_selectors
 from billing.services.ledger import funds_required_micros
+from core import charts
+from core.errors import ApplicationError, Conflict, IdempotencyKeyReused
+from core.web_errors import form_error, message_error, page_wording
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel, InstanceStatus, InvalidTransition
@@ -28,7 +31,6 @@ from marketplace.services import ssh_keys as ssh_svc
 from marketplace.templatetags.marketplace_web import duration, usd
 from provisioning.models import OPEN_JOB_STATUSES, Job
 
-from . import charts
 from .figures import COMPARED, WORKLOAD, gpu_comparison
 from .forms import RentForm
 
@@ -212,9 +214,6 @@ def _offer_or_404(node_id: int):
     return offer
 
 
-_FORM_FIELDS = {"num_gpus", "image", "disk_gb", "ssh_keys", "label"}
-
-
 def _funds(user, offer) -> dict:
     """The renter's balance against what renting one GPU of this offer needs: the booking's own funds check
     (one hour of all their running and starting instances plus this one)."""
@@ -228,6 +227,7 @@ def _funds(user, offer) -> dict:
             "suggested_usd": max(-(-funds.missing_micros // 1_000_000), minimum)}
 
 
+@page_wording(svc.InsufficientFunds)
 def funds_refusal(exc: svc.InsufficientFunds) -> str:
     """The 402 of renting or starting in a page's words (the service's message names the API's endpoint)."""
     funds = exc.funds
@@ -263,7 +263,7 @@ def rent(request, node_id: int):
             if data.get("save_key") and data.get("ssh_public_key"):
                 try:
                     ssh_svc.ssh_key_create(user=request.user, public_key=data["ssh_public_key"])
-                except ssh_svc.SshKeyConflict:
+                except Conflict:
                     pass  # already saved: nothing to do
             instance, _ = svc.instance_create(
                 renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"], image=data["image"],
@@ -271,9 +271,7 @@ def rent(request, node_id: int):
                 idempotency_key=f"web-{token}" if token else "",
                 request_fingerprint=svc.request_fingerprint(body) if token else "",
             )
-        except svc.InsufficientFunds as exc:
-            form.add_error(None, funds_refusal(exc))
-        except svc.IdempotencyKeyReused:
+        except IdempotencyKeyReused:
             # This page's form was already used to book, with other choices (back button): a fresh token.
             data = request.POST.copy()
             data["request_token"] = get_random_string(32)
@@ -281,9 +279,8 @@ def rent(request, node_id: int):
             form.is_valid()
             form.add_error(None, "This form was already used to book an instance with other choices. "
                                  "Check the choices below and book again.")
-        except svc.InstanceError as exc:
-            field = exc.field if exc.field in _FORM_FIELDS else None
-            form.add_error(field, exc.message)
+        except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
+            form_error(form, exc)
         else:
             messages.success(request, f"Instance {instance.pk} booked: the node is preparing it.")
             return redirect("instance", pk=instance.pk)
@@ -293,15 +290,14 @@ def rent(request, node_id: int):
 # ----------------------------------------------------------------------------------------- instances
 
 VERBS = {
-    # verb: (service, statuses the button shows in, button words, question, danger)
-    "stop": (svc.instance_stop, {InstanceStatus.RUNNING}, "Stop",
-             "Stop it? The disk is kept and its GPUs are freed; start it again later.", False),
-    "start": (svc.instance_start, {InstanceStatus.STOPPED}, "Start",
-              "Start it again? It takes its GPUs back when they are free.", False),
-    "restart": (svc.instance_restart, {InstanceStatus.RUNNING}, "Restart",
-                "Restart it? Running programs are ended, the disk is kept.", False),
-    "destroy": (svc.instance_destroy, set(InstanceStatus) - {InstanceStatus.DESTROYING, InstanceStatus.DESTROYED},
-                "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.", True),
+    # verb: (service, button words, question, danger). The states that show a button are the instance table's
+    # (`Instance.allows(verb)`, marketplace.models.renting), the same rule the service applies.
+    "stop": (svc.instance_stop, "Stop", "Stop it? The disk is kept and its GPUs are freed; start it again later.",
+             False),
+    "start": (svc.instance_start, "Start", "Start it again? It takes its GPUs back when they are free.", False),
+    "restart": (svc.instance_restart, "Restart", "Restart it? Running programs are ended, the disk is kept.", False),
+    "destroy": (svc.instance_destroy, "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.",
+                True),
 }
 SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED, InstanceStatus.INTERRUPTED}  # polled slowly
 
@@ -311,18 +307,12 @@ def _instance_or_404(user, pk: int):
     return get_object_or_404(svc.instances_for_user(user=user), pk=pk)
 
 
-def ssh_command(instance) -> str | None:
-    if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
-        return None
-    return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
-
-
 def _live_context(instance, user) -> dict:
     job = Job.objects.filter(instance=instance).order_by("-id").first()
     return {
         "instance": instance,
         "status": billing_selectors.balance_status(user=user),  # the low-balance warning, as on the balance page
-        "ssh_command": ssh_command(instance),
+        "ssh_command": selectors.instance_ssh_command(instance),
         "gpus": svc.instance_gpu_indices(instance=instance),
         "job": job,
         "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
@@ -330,7 +320,7 @@ def _live_context(instance, user) -> dict:
         "cost": billing_selectors.instance_cost(instance=instance),
         "verbs": [{"verb": verb, "button": words, "question": question, "danger": danger,
                    "url": reverse("instance-verb", args=[instance.pk, verb])}
-                  for verb, (_, shown, words, question, danger) in VERBS.items() if instance.status in shown],
+                  for verb, (_, words, question, danger) in VERBS.items() if instance.allows(verb)],
     }
 
 
@@ -382,12 +372,10 @@ def instance_verb(request, pk: int, verb: str):
     service = VERBS[verb][0]
     try:
         service(instance=obj)
-    except svc.InsufficientFunds as exc:
-        messages.error(request, funds_refusal(exc))
-    except svc.InstanceError as exc:
-        messages.error(request, exc.message)
-    except InvalidTransition as exc:
+    except InvalidTransition as exc:  # before ApplicationError: a Conflict, worded here as the state's answer
         messages.error(request, f"Not possible now: {exc}.")
+    except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
+        message_error(request, exc)
     else:
         messages.success(request, {"stop": "Stopping", "start": "Starting", "restart": "Restarting",
                                    "destroy": "Destroying"}[verb] + f" instance {obj.pk}.")

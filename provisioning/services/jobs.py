@@ -11,27 +11,29 @@ The `Job` row, committed in the same transaction as the state change that asks f
   (provisioning/services/runner.py: heartbeats). So a broker outage or a dead worker delays work, never loses it.
 - A job may reach workers more than once; `runner.job_begin` lets exactly one execution hold it at a time.
 
-JOB_TASKS is the one registry of job kind → Celery task name. Jobs are sent by name (`send_task`), so this
+JOB_TASKS is the one registry of job kind → Celery task name. Jobs are sent by name (core.dispatch), so this
 module imports no task module (tasks import services: no import circle, no deferred import); provisioning.tasks
 declares each job task under its registered name, and tests/provisioning/test_job_outbox.py checks that every
 kind has its task.
 """
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from celery import current_app
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core import dispatch
+from core.errors import Conflict
+from marketplace.models import Instance, Node
 from provisioning.models import Job, JobKind, JobStatus
 
 log = logging.getLogger(__name__)
 
 # How long a job may stay open before the reaper fails it (seconds). Generous: a
 # verification runs a benchmark; a provision may pull an image.
-JOB_DEADLINES = {
+JOB_DEADLINES: dict[str, int] = {
     JobKind.NODE_VERIFY: 900,
     JobKind.INSTANCE_PROVISION: 900,
     JobKind.INSTANCE_START: 300,
@@ -41,22 +43,36 @@ JOB_DEADLINES = {
 }
 
 # The Celery task that runs each kind of job (provisioning.tasks declares them under these names).
-JOB_TASKS = {
-    JobKind.NODE_VERIFY: "provisioning.tasks.node_verify",
-    JobKind.INSTANCE_PROVISION: "provisioning.tasks.instance_provision",
-    JobKind.INSTANCE_START: "provisioning.tasks.instance_start",
-    JobKind.INSTANCE_STOP: "provisioning.tasks.instance_stop",
-    JobKind.INSTANCE_RESTART: "provisioning.tasks.instance_restart",
-    JobKind.INSTANCE_DESTROY: "provisioning.tasks.instance_destroy",
+JOB_TASKS: dict[str, str] = {
+    JobKind.NODE_VERIFY: dispatch.task_name("provisioning.tasks.node_verify"),
+    JobKind.INSTANCE_PROVISION: dispatch.task_name("provisioning.tasks.instance_provision"),
+    JobKind.INSTANCE_START: dispatch.task_name("provisioning.tasks.instance_start"),
+    JobKind.INSTANCE_STOP: dispatch.task_name("provisioning.tasks.instance_stop"),
+    JobKind.INSTANCE_RESTART: dispatch.task_name("provisioning.tasks.instance_restart"),
+    JobKind.INSTANCE_DESTROY: dispatch.task_name("provisioning.tasks.instance_destroy"),
 }
 
 
-def job_create(*, kind: str, node, instance=None) -> Job:
-    """Record a queued job; it is sent to a worker once the caller's transaction commits (or by the dispatcher)."""
-    job = Job.objects.create(
-        kind=kind, node=node, instance=instance, status=JobStatus.QUEUED, step="queued",
-        deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]),
-    )
+class JobConflict(Conflict):
+    """The same work is still under way (the constraints job_one_open_per_instance_and_kind and
+    job_one_open_node_job_per_node): nothing was queued; the caller's transaction must not commit its change."""
+
+
+def job_create(*, kind: str, node: Node, instance: Instance | None = None) -> Job:
+    """Record a queued job; it is sent to a worker once the caller's transaction commits (or by the dispatcher).
+    Raises JobConflict while the same kind of job is still open for the instance (or a node job for the node)."""
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                kind=kind, node=node, instance=instance, status=JobStatus.QUEUED, step="queued",
+                deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]),
+            )
+    except IntegrityError as exc:
+        if "job_one_open_" not in str(exc):
+            raise
+        what = f"instance {instance.pk}" if instance is not None else f"node {node.pk}"
+        raise JobConflict(f"A job to {JobKind(kind).label.lower()} is still under way for {what}; "
+                          "try again in a moment.") from None
     transaction.on_commit(lambda: _send(job.pk, kind), robust=True)
     return job
 
@@ -96,10 +112,10 @@ def job_send(*, job_id: int) -> bool:
 
 
 def _publish(task_name: str, *, job_id: int, task_id: str) -> None:
-    current_app.send_task(task_name, args=[job_id], task_id=task_id)
+    dispatch.send(task_name, job_id, task_id=task_id)
 
 
-def _record_send(job_id: int, *, sent_at=None, error: str = "") -> None:
+def _record_send(job_id: int, *, sent_at: datetime | None = None, error: str = "") -> None:
     fields = {"send_attempts": F("send_attempts") + 1, "send_error": error}
     if sent_at is not None:
         fields["sent_at"] = sent_at

@@ -1,5 +1,6 @@
 """The periodic jobs that keep the fleet honest: sending jobs (the outbox's dispatcher), health checks,
-reconciling VMs with the database, reaping stuck jobs, and retrying pending verifications.
+reconciling VMs with the database, reaping stuck jobs, retrying pending verifications, and re-verifying active
+nodes on a schedule with jitter.
 
 Each runs as a singleton (a PostgreSQL advisory lock, core.locks), since beat may fire again before a slow
 run ends.
@@ -7,10 +8,13 @@ run ends.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import re
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -18,7 +22,8 @@ from django.db.models import OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
 from core.locks import advisory_lock
-from marketplace.models import Instance, InstanceStatus, Node, NodeState
+from marketplace.models import Instance, InstanceStatus, Node, NodeState, Verdict
+from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
@@ -28,14 +33,21 @@ from provisioning.services.nodes import (
     HealthResult,
     node_event,
     node_health_probe,
-    node_record_health,
     node_session,
     running_vm_ids_by_node,
 )
+from provisioning.services.reliability import node_record_health
 from provisioning.services.runner import MAX_LOG_LINES, job_finish
+from provisioning.services.verification import node_verify_failed, node_verify_request
 from provisioning.ssh import NodeError
 
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+# What each periodic job returns (its task's result, in the worker's log): counts, or {"skipped": why}.
+Summary = Mapping[str, int | str]
 
 # One thread per node up to this cap: probes wait on the network, so batches would multiply wall time.
 HEALTH_PARALLELISM = 256
@@ -48,7 +60,7 @@ _VM_ID = re.compile(r"^inst-(\d+)$")
 
 
 @contextlib.contextmanager
-def singleton(name: str, ttl: int):
+def singleton(name: str, ttl: int) -> Iterator[bool]:
     """Run the block in one process at a time; yields False (run nothing) while another holds `name`.
 
     A PostgreSQL advisory lock (core.locks.advisory_lock): it ends with its holder, so `ttl` is not needed any
@@ -57,7 +69,7 @@ def singleton(name: str, ttl: int):
         yield acquired
 
 
-def _in_thread(fn, *args):
+def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
     """Run fn in a pool thread with its own database connection, closed afterwards."""
     try:
         return fn(*args)
@@ -73,7 +85,7 @@ def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM) -> lis
         return list(pool.map(lambda n: _in_thread(node_health_probe, n), nodes))
 
 
-def nodes_health_check() -> dict:
+def nodes_health_check() -> Summary:
     with singleton("nodes_health_check", ttl=300) as acquired:
         if not acquired:
             return {"skipped": "another health check is running"}
@@ -83,7 +95,8 @@ def nodes_health_check() -> dict:
         answered = [r.node_id for r in results if r.ok]
         pending = _nodes_with_instances_to_recover(answered)
         # Instances running since before the first probe began: one query for the fleet, not one per node.
-        running = running_vm_ids_by_node(answered, min((r.probed_at for r in results if r.probed_at), default=None))
+        running = running_vm_ids_by_node(
+            node_ids=answered, probed_before=min((r.probed_at for r in results if r.probed_at), default=None))
         summary = {"checked": len(results), "failed": 0, "busy": 0, "interrupted": 0, "recovered": 0}
         for result in results:
             node = by_id[result.node_id]
@@ -114,7 +127,7 @@ def nodes_health_check() -> dict:
         return summary
 
 
-def _recovered(counts: dict) -> int:
+def _recovered(counts: Mapping[str, int]) -> int:
     return counts["resumed"] + counts["restarted"] + counts["instances_failed"]
 
 
@@ -125,7 +138,7 @@ def _nodes_with_instances_to_recover(node_ids: list[int]) -> set[int]:
     return set(Instance.objects.filter(waiting, node_id__in=node_ids).values_list("node_id", flat=True).distinct())
 
 
-def nodes_reconcile() -> dict:
+def nodes_reconcile() -> Summary:
     """Compare each node's VMs with the database: remove VMs nobody knows, fail instances whose VM vanished."""
     with singleton("nodes_reconcile", ttl=600) as acquired:
         if not acquired:
@@ -149,7 +162,7 @@ def nodes_reconcile() -> dict:
         return summary
 
 
-def node_reconcile(node: Node) -> dict:
+def node_reconcile(node: Node) -> dict[str, int]:
     """Compare the node's VMs with the database, and act on every difference:
 
     - a VM no instance owns is removed (an orphan), as is the VM of an instance destroyed while the node was
@@ -162,7 +175,8 @@ def node_reconcile(node: Node) -> dict:
     with node_session(node) as session:
         vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
         # Read the database after the node, so an instance created meanwhile is known.
-        known = {i.pk: i for i in Instance.objects.filter(node=node).exclude(status=InstanceStatus.DESTROYED)}
+        known: dict[int | None, Instance] = {
+            i.pk: i for i in Instance.objects.filter(node=node).exclude(status=InstanceStatus.DESTROYED)}
         destroyed = set(Instance.objects.filter(node=node, status=InstanceStatus.DESTROYED)
                         .filter(Q(allocations__released_at__isnull=True) | Q(pk__in=_vm_instance_ids(vms)))
                         .values_list("pk", flat=True).distinct())
@@ -210,7 +224,7 @@ def node_reconcile(node: Node) -> dict:
     return counts
 
 
-def _vm_instance_ids(vms: list[dict]) -> list[int]:
+def _vm_instance_ids(vms: list[dict[str, Any]]) -> list[int]:
     return [int(m.group(1)) for vm in vms if (m := _VM_ID.match(vm.get("vm_id", "")))]
 
 
@@ -218,7 +232,7 @@ def _vm_instance_ids(vms: list[dict]) -> list[int]:
 DISPATCH_BATCH = 500
 
 
-def jobs_dispatch(*, now=None, limit: int = DISPATCH_BATCH) -> dict:
+def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -> Summary:
     """The outbox's sender (one run at a time): hand to the broker the open jobs, before their deadline, that
 
     - were never sent (the broker was down when they were committed, or the process died first), once
@@ -265,12 +279,13 @@ def jobs_dispatch(*, now=None, limit: int = DISPATCH_BATCH) -> dict:
         return summary
 
 
-def _dispatch_note(job: Job, now) -> None:
+def _dispatch_note(job: Job, now: datetime) -> None:
     """Say in the job's log why it was sent again (operators read it beside the steps)."""
     if job.status == JobStatus.RUNNING:
         since = f"{job.heartbeat_at:%H:%M:%S} UTC" if job.heartbeat_at else "never"
         message = f"sent again: no sign of life from {job.runner or 'its retry'} since {since}"
     else:
+        assert job.sent_at is not None  # queued and sent before: only such a job is sent *again*
         message = f"sent again: not started {int((now - job.sent_at).total_seconds())} s after it was sent"
     log.info("job %s: %s", job.pk, message)
     line = {"at": now.isoformat(), "message": message}
@@ -278,19 +293,18 @@ def _dispatch_note(job: Job, now) -> None:
     Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(log=[*job.log, line][-MAX_LOG_LINES:])
 
 
-def jobs_reap() -> dict:
+def jobs_reap() -> Summary:
     """Fail jobs still open past their deadline, releasing what they held."""
     reaped = 0
     for job in Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=timezone.now()).select_related("node"):
         error = "The job did not finish in time and was stopped by the platform."
         if job.kind == JobKind.NODE_VERIFY:
-            from provisioning.services.verification import node_verify_failed
-
             node_verify_failed(job=job, error=NodeError(error))
         else:
             # Only the instance's latest job speaks for it: an old stuck job must not fail an
             # instance that a later job has already brought back.
-            newer = Job.objects.filter(instance_id=job.instance_id, id__gt=job.pk).exists()
+            newer = job.instance_id is not None and Job.objects.filter(instance_id=job.instance_id,
+                                                                       id__gt=job.pk).exists()
             if job.instance_id and not newer:
                 instance_svc.instance_mark_failed(instance_id=job.instance_id, message=error)
             job_finish(job, error=error)
@@ -298,7 +312,7 @@ def jobs_reap() -> dict:
     return {"reaped": reaped}
 
 
-def nodes_verify_pending(*, now=None) -> dict:
+def nodes_verify_pending(*, now: datetime | None = None) -> Summary:
     """Retry verification of pending nodes now and then (the provider may have installed the key since), backing
     off after each failure in a row (PENDING_RETRY_BACKOFF) and stopping after PENDING_RETRY_MAX_FAILURES, with
     a word to the provider: a node whose benchmark hangs must not hold a worker every ten minutes forever.
@@ -344,10 +358,13 @@ def _failures_in_a_row(jobs: list[Job]) -> int:
     return failures
 
 
-def _node_verify_retry(node: Node, now) -> str:
-    """Queue the pending node's next automatic verification if it is due; say what was done."""
-    from provisioning.services.verification import node_verify_request
+class _PendingNode(TypedDict):
+    told_at: datetime | None  # when the provider was last told that the retries stopped
+    recent_verifications: list[Job]  # newest first, PENDING_RETRY_MAX_FAILURES at most
 
+
+def _node_verify_retry(node: WithAnnotations[Node, _PendingNode], now: datetime) -> str:
+    """Queue the pending node's next automatic verification if it is due; say what was done."""
     jobs = node.recent_verifications
     if jobs and jobs[0].status in OPEN_JOB_STATUSES:
         return "waiting"
@@ -373,3 +390,35 @@ def _node_verify_retry(node: Node, now) -> str:
     node_verify_request(node=node,
                         reason=f"{PENDING_RETRY_REASON} (try {failures + 1} of {PENDING_RETRY_MAX_FAILURES})")
     return "queued"
+
+
+# ------------------------------------------------------------------------------------ re-verification
+
+def reverify_due_at(*, node_id: int, last_at: datetime, interval_s: int, jitter_s: int) -> datetime:
+    """When a node verified at `last_at` is due again: after the interval plus a jitter that is fixed for the node
+    and that cycle (a hash), so a fleet verified together does not come due together."""
+    digest = hashlib.sha256(f"{node_id}:{last_at.isoformat()}".encode()).digest()
+    share = int.from_bytes(digest[:4], "big") / 0xFFFFFFFF
+    return last_at + timedelta(seconds=interval_s + jitter_s * share)
+
+
+def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
+    """Queue a verification for every active node that is due (weekly plus jitter by default), and for an
+    active node rejected while rented whose renters have all left (so it leaves the active state)."""
+    with singleton("nodes_reverify_due", ttl=600) as acquired:
+        if not acquired:
+            return {"skipped": "another run is queueing re-verifications"}
+        now = now or timezone.now()
+        last = Job.objects.filter(node=OuterRef("pk"), kind=JobKind.NODE_VERIFY).order_by("-created_at")
+        nodes = Node.objects.filter(state=NodeState.ACTIVE).annotate(
+            last_verify_at=Subquery(last.values("created_at")[:1]))
+        queued = 0
+        for node in nodes:
+            due = node.last_verify_at is None or now >= reverify_due_at(
+                node_id=node.pk, last_at=node.last_verify_at, interval_s=settings.REVERIFY_INTERVAL_S,
+                jitter_s=settings.REVERIFY_JITTER_S)
+            left = node.verdict == Verdict.REJECTED and not node.instances.exclude(status__in=FINAL_STATUSES).exists()
+            if due or left:
+                node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
+                queued += 1
+        return {"queued": queued}

@@ -1,21 +1,21 @@
-"""Node-side use cases: open a pinned session, record contact, quarantine, health, inventory."""
+"""Node-side use cases: open a pinned session, record contact, quarantine, the health probe, inventory.
+(Applying a health check's result: reliability.node_record_health.)"""
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, InterruptionCause, Node, NodeState
-from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, Node, NodeState
 from marketplace.models.renting import vm_id_of
-from marketplace.services import instances as instance_svc
-from marketplace.services.nodes import NodeConflict, node_private_key
+from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import NodeEvent
 from provisioning.ssh import Endpoint, HostKeyMismatch, NodeError, NodeSession, Timeouts
@@ -50,7 +50,7 @@ def node_event(node: Node, kind: str, message: str, level: str = NodeEvent.Level
 
 
 @contextlib.contextmanager
-def node_session(node: Node, timeouts: Timeouts | None = None):
+def node_session(node: Node, timeouts: Timeouts | None = None) -> Iterator[NodeSession]:
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
     On first contact the host key is recorded and pinned from then on; a changed
@@ -106,32 +106,6 @@ def node_quarantine(*, node_id: int, seen: str) -> None:
     node_event(node, "host_key_changed", node.last_error, NodeEvent.Level.CRITICAL)
 
 
-@transaction.atomic
-def node_accept_host_key(*, node: Node, operator_email: str) -> None:
-    """An operator confirms a quarantined node's new host key: pin it and verify again."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
-    if node.state != NodeState.QUARANTINED or not node.seen_host_key_fingerprint:
-        return
-    old, node.host_key_fingerprint = node.host_key_fingerprint, node.seen_host_key_fingerprint
-    node.seen_host_key_fingerprint = ""
-    node.last_error = ""
-    try:
-        with transaction.atomic():
-            node.save()
-    except IntegrityError as exc:
-        if "node_unique_live_host_key" not in str(exc):
-            raise
-        other = (Node.objects.exclude(pk=node.pk).exclude(state=NodeState.RETIRED)
-                 .filter(host_key_fingerprint=node.host_key_fingerprint).values_list("pk", flat=True).first())
-        raise NodeConflict(f"Node {node.pk}'s new host key {node.host_key_fingerprint} is pinned on live node "
-                           f"{other}: the same server twice. Retire one of them first.") from None
-    node_event(node, "host_key_accepted", f"{operator_email} accepted host key {node.host_key_fingerprint} "
-                                          f"(was {old}).", NodeEvent.Level.WARNING)
-    from provisioning.services.verification import node_verify_request
-
-    node_verify_request(node=node)
-
-
 @dataclass
 class HealthResult:
     node_id: int
@@ -146,60 +120,7 @@ class HealthResult:
     busy: bool = False
 
 
-def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_hash: str | None = None,
-                       vms: dict[str, str] | None = None, probed_at: datetime | None = None,
-                       running_vm_ids: set[str] | None = None) -> list[int]:
-    """Apply one health check: offline after N failures in a row, back when it answers.
-
-    A running instance is interrupted (billing closed at the node's last healthy moment) when its node has
-    missed NODE_INTERRUPT_AFTER_FAILED_CHECKS checks in a row, or when the node answers but its VM is not
-    running. Returns the ids of the instances interrupted by this check. `running_vm_ids` (the VM ids of the
-    node's instances running since before the probe) saves a query per node when the fleet check has them.
-    """
-    with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
-        last_healthy = node.last_seen_at  # before this check: the last moment the node was known to be well
-        now = timezone.now()
-        if ok:
-            node.health_failures = 0
-            node.last_seen_at = now
-            if node.state == NodeState.OFFLINE:
-                node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
-                node.last_error = ""
-                node_event(node, "back_online", "The node answers health checks again.")
-        else:
-            node.health_failures += 1
-            node.last_error = error
-            if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
-                    and node.state != NodeState.OFFLINE:
-                node.transition_to(NodeState.OFFLINE)
-                node_event(node, "offline", f"{node.health_failures} health checks failed in a row: {error}",
-                           NodeEvent.Level.WARNING)
-        node.save()
-    interrupted = []
-    if not ok and node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
-        interrupted = instance_svc.node_instances_interrupt(
-            node_id=node_id, since=last_healthy, cause=InterruptionCause.NODE_LOST,
-            detail=f"{node.health_failures} health checks failed in a row: {error}")
-    elif ok and vms is not None:
-        stopped = {vm_id for vm_id, state in vms.items() if state != "running"}
-        if running_vm_ids is None:
-            running_vm_ids = running_vm_ids_by_node([node_id], probed_at).get(node_id, set())
-        missing_or_stopped = running_vm_ids - (set(vms) - stopped)
-        if missing_or_stopped:
-            interrupted = instance_svc.node_instances_interrupt(
-                node_id=node_id, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=missing_or_stopped,
-                started_before=probed_at, detail="the server answers, but the VM is not running on it")
-    if interrupted:
-        node_event(node, "instances_interrupted", f"Instance(s) {', '.join(map(str, interrupted))} interrupted: "
-                   f"{'the node is unreachable' if not ok else 'their VM is not running'}.", NodeEvent.Level.CRITICAL)
-    from provisioning.services.reliability import node_health_observed
-
-    node_health_observed(node_id=node_id, ok=ok, inventory_hash=inventory_hash)
-    return interrupted
-
-
-def running_vm_ids_by_node(node_ids: list[int], probed_before: datetime | None) -> dict[int, set[str]]:
+def running_vm_ids_by_node(*, node_ids: list[int], probed_before: datetime | None) -> dict[int, set[str]]:
     """For each node, the VM ids of its instances that were running before `probed_before` (one query)."""
     running = Instance.objects.filter(node_id__in=node_ids, status=InstanceStatus.RUNNING)
     if probed_before is not None:
@@ -225,7 +146,7 @@ def node_health_probe(node: Node, timeouts: Timeouts | None = None) -> HealthRes
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
 
 
-def node_apply_inventory(*, node: Node, inventory: dict) -> None:
+def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
     """Store the agent's inventory and update the node's GPU rows with what was read.
 
     The GPUs' UUIDs are claimed under the unique constraint `gpu_unique_uuid` (no check-then-insert: of two
@@ -245,7 +166,7 @@ def node_apply_inventory(*, node: Node, inventory: dict) -> None:
 
 
 @transaction.atomic
-def _apply_inventory(node_id: int, inventory: dict, *, claim: bool) -> None:
+def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) -> None:
     node = Node.objects.select_for_update().get(pk=node_id)
     node.inventory = inventory
     node.last_seen_at = timezone.now()

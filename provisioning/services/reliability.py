@@ -1,5 +1,6 @@
-"""What each health check leaves behind: a count per node and day, the node's reliability figure, and a
-re-verification when the GPUs the node reports have changed.
+"""Applying each health check (node_record_health: offline after failures in a row, back when it answers, the
+instances it interrupts) and what it leaves behind: a count per node and day, the node's reliability figure, and
+a re-verification when the GPUs the node reports have changed.
 
 reliability = (health checks answered / health checks made, over the last 30 days)
               - 0.02 for each instance job on the node that failed in those 30 days, kept within 0..1.
@@ -7,17 +8,30 @@ A node nobody has checked yet has reliability 0.
 """
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TypedDict
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from marketplace.models import Node, NodeState
+from marketplace.models import InterruptionCause, Node, NodeState
+from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.services import instances as instance_svc
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import OPEN_JOB_STATUSES, HealthSample, Job, JobKind, JobStatus, NodeEvent
+from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, node_event, running_vm_ids_by_node
+from provisioning.services.verification import node_verify_request
 
-RELIABILITY = {
+
+class _ReliabilityRule(TypedDict):
+    window_days: int
+    failed_job_penalty: float
+    job_kinds: tuple[str, ...]
+
+
+RELIABILITY: _ReliabilityRule = {
     "window_days": 30,
     "failed_job_penalty": 0.02,
     # Jobs whose failure a renter feels; a failed verification already shows in the verdict.
@@ -26,7 +40,7 @@ RELIABILITY = {
 }
 
 
-def health_sample_record(*, node_id: int, ok: bool, now=None) -> None:
+def health_sample_record(*, node_id: int, ok: bool, now: datetime | None = None) -> None:
     """Count one health check in the node's row for today (one row per node and day)."""
     day = (now or timezone.now()).date()
     counter = "ok" if ok else "failed"
@@ -39,7 +53,7 @@ def health_sample_record(*, node_id: int, ok: bool, now=None) -> None:
         HealthSample.objects.filter(node_id=node_id, day=day).update(**{counter: F(counter) + 1})
 
 
-def node_reliability(*, node_id: int, now=None) -> float:
+def node_reliability(*, node_id: int, now: datetime | None = None) -> float:
     now = now or timezone.now()
     since = now - timedelta(days=RELIABILITY["window_days"])
     counts = HealthSample.objects.filter(node_id=node_id, day__gt=since.date()).aggregate(ok=Sum("ok"),
@@ -53,7 +67,7 @@ def node_reliability(*, node_id: int, now=None) -> float:
     return round(min(1.0, max(0.0, value)), 4)
 
 
-def node_reliability_update(*, node_id: int, now=None) -> float:
+def node_reliability_update(*, node_id: int, now: datetime | None = None) -> float:
     value = node_reliability(node_id=node_id, now=now)
     Node.objects.filter(pk=node_id).update(reliability=value)
     return value
@@ -67,9 +81,6 @@ def node_inventory_changed(*, node_id: int, reported_hash: str) -> bool:
         return False
     if node.jobs.filter(kind=JobKind.NODE_VERIFY, status__in=OPEN_JOB_STATUSES).exists():
         return False
-    from provisioning.services.nodes import node_event
-    from provisioning.services.verification import node_verify_request
-
     node_event(node, "inventory_changed", "The GPUs the node reports changed since its last verification "
                                           "(model, memory, power limit, MIG, link or driver); verifying it again.",
                NodeEvent.Level.WARNING)
@@ -77,9 +88,61 @@ def node_inventory_changed(*, node_id: int, reported_hash: str) -> bool:
     return True
 
 
-def node_health_observed(*, node_id: int, ok: bool, inventory_hash: str | None = None, now=None) -> None:
+def node_health_observed(*, node_id: int, ok: bool, inventory_hash: str | None = None,
+                         now: datetime | None = None) -> None:
     """Called by node_record_health after each health check."""
     health_sample_record(node_id=node_id, ok=ok, now=now)
     node_reliability_update(node_id=node_id, now=now)
     if ok and inventory_hash:
         node_inventory_changed(node_id=node_id, reported_hash=inventory_hash)
+
+
+def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_hash: str | None = None,
+                       vms: dict[str, str] | None = None, probed_at: datetime | None = None,
+                       running_vm_ids: set[str] | None = None) -> list[int]:
+    """Apply one health check: offline after N failures in a row, back when it answers.
+
+    A running instance is interrupted (billing closed at the node's last healthy moment) when its node has
+    missed NODE_INTERRUPT_AFTER_FAILED_CHECKS checks in a row, or when the node answers but its VM is not
+    running. Returns the ids of the instances interrupted by this check. `running_vm_ids` (the VM ids of the
+    node's instances running since before the probe) saves a query per node when the fleet check has them.
+    """
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        last_healthy = node.last_seen_at  # before this check: the last moment the node was known to be well
+        now = timezone.now()
+        if ok:
+            node.health_failures = 0
+            node.last_seen_at = now
+            if node.state == NodeState.OFFLINE:
+                node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
+                node.last_error = ""
+                node_event(node, "back_online", "The node answers health checks again.")
+        else:
+            node.health_failures += 1
+            node.last_error = error
+            if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
+                    and node.state != NodeState.OFFLINE:
+                node.transition_to(NodeState.OFFLINE)
+                node_event(node, "offline", f"{node.health_failures} health checks failed in a row: {error}",
+                           NodeEvent.Level.WARNING)
+        node.save()
+    interrupted = []
+    if not ok and node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
+        interrupted = instance_svc.node_instances_interrupt(
+            node_id=node_id, since=last_healthy, cause=InterruptionCause.NODE_LOST,
+            detail=f"{node.health_failures} health checks failed in a row: {error}")
+    elif ok and vms is not None:
+        stopped = {vm_id for vm_id, state in vms.items() if state != "running"}
+        if running_vm_ids is None:
+            running_vm_ids = running_vm_ids_by_node(node_ids=[node_id], probed_before=probed_at).get(node_id, set())
+        missing_or_stopped = running_vm_ids - (set(vms) - stopped)
+        if missing_or_stopped:
+            interrupted = instance_svc.node_instances_interrupt(
+                node_id=node_id, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=missing_or_stopped,
+                started_before=probed_at, detail="the server answers, but the VM is not running on it")
+    if interrupted:
+        node_event(node, "instances_interrupted", f"Instance(s) {', '.join(map(str, interrupted))} interrupted: "
+                   f"{'the node is unreachable' if not ok else 'their VM is not running'}.", NodeEvent.Level.CRITICAL)
+    node_health_observed(node_id=node_id, ok=ok, inventory_hash=inventory_hash)
+    return interrupted

@@ -23,6 +23,7 @@ import secrets
 import socket
 import threading
 from datetime import datetime, timedelta
+from typing import Literal, Self
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -40,7 +41,7 @@ class JobLost(Exception):
     was closed meanwhile (the reaper, past its deadline)."""
 
 
-def _log_line(job: Job, message: str, at: datetime | None = None) -> list:
+def _log_line(job: Job, message: str, at: datetime | None = None) -> list[dict[str, str]]:
     return [*job.log, {"at": (at or timezone.now()).isoformat(), "message": message}][-MAX_LOG_LINES:]
 
 
@@ -65,7 +66,7 @@ def job_begin(*, job_id: int, task_id: str = "", worker: str = "") -> Job | None
             lost = ("its execution was lost and this message delivered again" if same_message else
                     f"its worker stopped answering (last heartbeat {job.heartbeat_at:%H:%M:%S} UTC)")
             job.lost_runs += 1
-        job.status = JobStatus.RUNNING
+        job.transition_to(JobStatus.RUNNING)
         job.attempts += 1
         job.runner = token
         job.heartbeat_at = now
@@ -103,12 +104,12 @@ class JobHeartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"job-{job.pk}-heartbeat", daemon=True)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         if self.job.runner:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
@@ -144,14 +145,15 @@ def job_step(job: Job, message: str) -> None:
 
 def job_finish(job: Job, *, error: str = "") -> None:
     """Close the job: succeeded, or failed with `error` (in words a provider or renter can act on)."""
-    job.status = JobStatus.FAILED if error else JobStatus.SUCCEEDED
+    target = JobStatus.FAILED if error else JobStatus.SUCCEEDED
+    job.status = target  # in memory as written below; the row moves only if the table lets it (still open)
     job.error = error
     job.finished_at = timezone.now()
     job.step = "failed" if error else "done"
     job.log = _log_line(job, error or "done", job.finished_at)
     # Only an open job is closed: a reaper or another attempt may have closed it meanwhile; and only by the
     # execution holding it (or by the reaper and services, which hold no claim).
-    jobs = Job.objects.filter(pk=job.pk, status__in=OPEN_JOB_STATUSES)
+    jobs = Job.objects.filter(pk=job.pk)
     if job.runner:
         jobs = jobs.filter(runner=job.runner)
-    jobs.update(status=job.status, error=error, finished_at=job.finished_at, step=job.step, log=job.log)
+    Job.transition_rows(jobs, target, error=error, finished_at=job.finished_at, step=job.step, log=job.log)

@@ -1,5 +1,6 @@
 """Verifying a node: queue the check, run it over SSH (inventory, then the benchmark), judge it with the
-acceptance policy, record it, and list, flag or reject the node. Re-verification on a schedule with jitter.
+acceptance policy, record it, and list, flag or reject the node; an operator accepting a quarantined node's new
+host key, which verifies it again. (Re-verification on a schedule: maintenance.nodes_reverify_due.)
 
 A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
 re-verification rejects a node that renters are using, the node stays active for them (its verdict keeps it
@@ -7,19 +8,16 @@ off the offers), operators get a critical event and the renters a status message
 """
 from __future__ import annotations
 
-import hashlib
-from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import OuterRef, Subquery
-from django.utils import timezone
+from django.db import IntegrityError, transaction
 
+from core.errors import Conflict
 from marketplace.models import GpuAllocation, Instance, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
-from marketplace.services.nodes import NodeConflict
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.services.jobs import job_create, job_send_again_if_unsent
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
@@ -27,8 +25,6 @@ from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
 from provisioning.verification.policy import DeclaredModel, judge
 
-VERIFIABLE_FROM = (NodeState.PENDING, NodeState.REJECTED, NodeState.ACTIVE, NodeState.OFFLINE,
-                   NodeState.MAINTENANCE, NodeState.VERIFYING)
 # How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.
 BENCHMARK_SSH_MARGIN_S = 30
 
@@ -48,8 +44,8 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
     if open_job is not None:
         job_send_again_if_unsent(open_job)  # one the broker never took (it was down): now, not at the next dispatch
         return open_job
-    if node.state not in VERIFIABLE_FROM:
-        raise NodeConflict(f"A {node.state} node cannot be verified.")
+    if not node.verify_allowed():
+        raise Conflict(f"A {node.state} node cannot be verified.")
     if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
         node.transition_to(NodeState.VERIFYING)
         node.save(update_fields=["state", "state_changed_at", "updated_at"])
@@ -57,6 +53,30 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
     if reason:
         job_step(job, f"queued: {reason}")
     return job
+
+
+@transaction.atomic
+def node_accept_host_key(*, node: Node, operator_email: str) -> None:
+    """An operator confirms a quarantined node's new host key: pin it and verify again."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state != NodeState.QUARANTINED or not node.seen_host_key_fingerprint:
+        return
+    old, node.host_key_fingerprint = node.host_key_fingerprint, node.seen_host_key_fingerprint
+    node.seen_host_key_fingerprint = ""
+    node.last_error = ""
+    try:
+        with transaction.atomic():
+            node.save()
+    except IntegrityError as exc:
+        if "node_unique_live_host_key" not in str(exc):
+            raise
+        other = (Node.objects.exclude(pk=node.pk).exclude(state=NodeState.RETIRED)
+                 .filter(host_key_fingerprint=node.host_key_fingerprint).values_list("pk", flat=True).first())
+        raise Conflict(f"Node {node.pk}'s new host key {node.host_key_fingerprint} is pinned on live node "
+                           f"{other}: the same server twice. Retire one of them first.") from None
+    node_event(node, "host_key_accepted", f"{operator_email} accepted host key {node.host_key_fingerprint} "
+                                          f"(was {old}).", NodeEvent.Level.WARNING)
+    node_verify_request(node=node)
 
 
 def rented_gpu_indices(node: Node) -> list[int]:
@@ -77,7 +97,7 @@ def node_verify_run(job: Job) -> None:
     limit = settings.BENCHMARK_TIME_LIMIT_S
     bench, bench_error = None, ""
     job_step(job, f"connecting to {node.address}:{node.ssh_port}")
-    inventory: dict = {}
+    inventory: dict[str, Any] = {}
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job, "reading the hardware inventory")
@@ -125,7 +145,7 @@ OFFER_SUMMARY_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_ba
                          "cnn_train_images_s", "cnn_infer_images_s")
 
 
-def offer_summary(run: VerificationRun) -> dict:
+def offer_summary(run: VerificationRun) -> dict[str, Any]:
     """The summary shown on offers, stored on the node so that the search path needs no join."""
     median = (run.figures or {}).get("median") or {}
     return {
@@ -137,8 +157,8 @@ def offer_summary(run: VerificationRun) -> dict:
 
 
 @transaction.atomic
-def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], inventory: dict,
-                         figures: dict | None = None, score: float | None = None) -> VerificationRun:
+def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any]], inventory: dict[str, Any],
+                         figures: dict[str, Any] | None = None, score: float | None = None) -> VerificationRun:
     node = Node.objects.select_for_update().get(pk=job.node_id)
     previous_verdict, previous_score = node.verdict, node.score
     run = VerificationRun.objects.create(node=node, job=job, verdict=verdict, findings=findings,
@@ -159,8 +179,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], invent
         if node.state == NodeState.VERIFYING:
             node.transition_to(NodeState.ACTIVE)
     node.save()
-    level = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}.get(
-        verdict, NodeEvent.Level.WARNING)
+    levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
+    level = levels.get(verdict, NodeEvent.Level.WARNING)
     node_event(node, f"verified_{verdict}", node.last_error or "All checks passed.", level)
     if verdict == Verdict.REJECTED and renters:
         node_event(node, "failed_while_rented",
@@ -178,7 +198,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict], invent
     return run
 
 
-def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float, findings: list) -> None:
+def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float,
+                        findings: list[dict[str, Any]]) -> None:
     """Hardware found worse while rented: cut its renters' prices in proportion to the score (the published rule:
     docs/ARCHITECTURE.md). A rejection without a usable score is a full cut; noise within the tolerance is not."""
     ratio = (score or 0.0) / previous_score if previous_score > 0 else 1.0
@@ -205,34 +226,3 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
     job_finish(job, error=error.message)
 
 
-# ------------------------------------------------------------------------------------ re-verification
-
-def reverify_due_at(node_id: int, last_at, interval_s: int, jitter_s: int):
-    """When a node verified at `last_at` is due again: after the interval plus a jitter that is fixed for the node
-    and that cycle (a hash), so a fleet verified together does not come due together."""
-    digest = hashlib.sha256(f"{node_id}:{last_at.isoformat()}".encode()).digest()
-    share = int.from_bytes(digest[:4], "big") / 0xFFFFFFFF
-    return last_at + timedelta(seconds=interval_s + jitter_s * share)
-
-
-def nodes_reverify_due(*, now=None) -> dict:
-    """Queue a verification for every active node that is due (weekly plus jitter by default), and for an
-    active node rejected while rented whose renters have all left (so it leaves the active state)."""
-    from provisioning.services.maintenance import singleton
-
-    with singleton("nodes_reverify_due", ttl=600) as acquired:
-        if not acquired:
-            return {"skipped": "another run is queueing re-verifications"}
-        now = now or timezone.now()
-        last = Job.objects.filter(node=OuterRef("pk"), kind=JobKind.NODE_VERIFY).order_by("-created_at")
-        nodes = Node.objects.filter(state=NodeState.ACTIVE).annotate(
-            last_verify_at=Subquery(last.values("created_at")[:1]))
-        queued = 0
-        for node in nodes:
-            due = node.last_verify_at is None or now >= reverify_due_at(
-                node.pk, node.last_verify_at, settings.REVERIFY_INTERVAL_S, settings.REVERIFY_JITTER_S)
-            left = node.verdict == Verdict.REJECTED and not node.instances.exclude(status__in=FINAL_STATUSES).exists()
-            if due or left:
-                node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
-                queued += 1
-        return {"queued": queued}

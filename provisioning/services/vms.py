@@ -9,19 +9,26 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from provisioning.models import Job
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import NodeError
+from provisioning.ssh import NodeError, NodeSession
 
 SSH_READY_TIMEOUT_S = 120
 
 
-def _request(instance: Instance, **extra) -> dict:
+def _request(instance: Instance, **extra: Any) -> dict[str, Any]:
     return {"runtime": instance.node.runtime, "vm_id": instance.vm_id, **extra}
+
+
+def _instance_id(job: Job) -> int:
+    """The instance a VM job drives (job_create gives every instance job one)."""
+    assert job.instance_id is not None, f"job {job.pk} ({job.kind}) has no instance"
+    return job.instance_id
 
 
 def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> None:
@@ -46,7 +53,7 @@ def _progress(job: Job, instance: Instance, message: str) -> None:
     instance_svc.instance_set_status_message(instance_id=instance.pk, message=message)
 
 
-def _running(job: Job, instance: Instance, answer: dict, message: str) -> None:
+def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
     _progress(job, instance, "waiting for SSH on the VM")
     wait_for_ssh(answer["ssh_host"], answer["ssh_port"])
     instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=answer["ssh_host"],
@@ -55,7 +62,7 @@ def _running(job: Job, instance: Instance, answer: dict, message: str) -> None:
 
 
 def vm_provision(job: Job) -> None:
-    instance = instance_svc.instance_mark_provisioning(instance_id=job.instance_id)
+    instance = instance_svc.instance_mark_provisioning(instance_id=_instance_id(job))
     if instance is None:
         job_finish(job, error="The instance is no longer waiting to be provisioned; nothing done.")
         return
@@ -76,14 +83,14 @@ def vm_provision(job: Job) -> None:
 
 def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
     """The job's instance if it is still `status`; otherwise close the job as having nothing to do."""
-    instance = Instance.objects.select_related("node").get(pk=job.instance_id)
+    instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
     if instance.status != status:
         job_finish(job, error=f"The instance is {instance.status}, not {doing}; nothing done.")
         return None
     return instance
 
 
-def _start(session, instance: Instance) -> dict:
+def _start(session: NodeSession, instance: Instance) -> dict[str, Any]:
     # The GPUs it holds now: after a stop they may differ from the ones the VM had before.
     return session.agent("vm", "start", _request(
         instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
@@ -132,7 +139,7 @@ def vm_destroy(job: Job) -> None:
 def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
     """A destroy that could not reach the node: the renter's side ends all the same (nothing is billed after
     the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers."""
-    instance = Instance.objects.get(pk=job.instance_id)
+    instance = Instance.objects.get(pk=_instance_id(job))
     if instance.status != InstanceStatus.DESTROYING:  # it moved on meanwhile (e.g. an operator's action)
         job_finish(job, error=error.message)
         return
@@ -147,7 +154,7 @@ def vm_failed(job: Job, error: str) -> None:
     A VM that never became running is destroyed; an existing one is stopped (its disk is kept
     for the renter to destroy). An unreachable node is left to the reconciler.
     """
-    instance = instance_svc.instance_mark_failed(instance_id=job.instance_id, message=error)
+    instance = instance_svc.instance_mark_failed(instance_id=_instance_id(job), message=error)
     job_finish(job, error=error)
     verb = "destroy" if instance.started_at is None else "stop"
     try:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from provisioning.verification.pci_ids import NVIDIA_VENDOR_ID, PCI_DEVICE_IDS, parse_device_id, slug_for_device_id
 
@@ -27,7 +29,7 @@ FIGURES = {
     "memory_bandwidth_gbs": ("device memory bandwidth", "GB/s"),
 }
 
-TOLERANCES = {
+TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rule is
     # --- identity (nvidia-smi) ---
     # memory.total may differ slightly by driver; GDDR cards with ECC on give up to ~1/16 of it to ECC.
     "memory_min_fraction": 0.99,
@@ -227,7 +229,7 @@ def _check_pci_id(declared: DeclaredModel, i, raw) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------------- performance
 
-def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: list[dict] = ()) -> list[Finding]:
+def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: Sequence[dict] = ()) -> list[Finding]:
     """Judge the `benchmark` answer: figures against the datasheet, link, clocks, results, the node's median."""
     findings: list[Finding] = []
     gpus = bench.get("gpus") or []

@@ -53,7 +53,8 @@ def sent_jobs_fixture(monkeypatch):
 def no_task_queue(monkeypatch):
     """Billing tasks queued on commit (automatic top-ups) are recorded too."""
     queued = []
-    monkeypatch.setattr("billing.tasks.top_up_charge.delay", lambda *a: queued.append(("top_up_charge", a)))
+    monkeypatch.setattr("core.dispatch.send",
+                        lambda name, *a, task_id=None: queued.append((name.rsplit(".", 1)[-1], a)))
     return queued
 
 

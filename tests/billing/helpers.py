@@ -1,10 +1,13 @@
 """Shared by the billing tests: money in, instances booked and driven through their lifecycle."""
 from decimal import Decimal
 
+from django.utils import timezone
+
 from billing.services.ledger import credit_grant, wallet_balance
 from marketplace.models import Image, Instance
 from marketplace.money import usd_to_micros
 from marketplace.services import instances as svc
+from provisioning.models import OPEN_JOB_STATUSES, Job
 from tests.factories import UserFactory, make_listed_node
 
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test"
@@ -34,12 +37,24 @@ def run(instance) -> Instance:
     instance.refresh_from_db()
     if instance.status in ("requested", "provisioning"):
         svc.instance_mark_provisioning(instance_id=instance.pk)
-    return svc.instance_mark_running(instance_id=instance.pk, ssh_host="10.0.0.1", ssh_port=40001, ssh_user="root")
+    instance = svc.instance_mark_running(instance_id=instance.pk, ssh_host="10.0.0.1", ssh_port=40001,
+                                         ssh_user="root")
+    worker_done(instance)
+    return instance
+
+
+def worker_done(instance) -> None:
+    """What the worker does after recording the node's answer: close the instance's open jobs (a second job of
+    the same kind is refused while one is open: provisioning.models.Job's constraints)."""
+    Job.objects.filter(instance_id=instance.pk, status__in=OPEN_JOB_STATUSES).update(
+        status="succeeded", finished_at=timezone.now())
 
 
 def stop(instance) -> Instance:
     svc.instance_stop(instance=instance)
-    return svc.instance_mark_stopped(instance_id=instance.pk)
+    instance = svc.instance_mark_stopped(instance_id=instance.pk)
+    worker_done(instance)
+    return instance
 
 
 def start(instance) -> Instance:

@@ -19,10 +19,10 @@ def _auto_top_up_profile(user) -> Card:
 
 def test_an_auto_top_up_whose_charge_cannot_be_queued_stays_pending_and_the_tick_ends_well(
         clock, api, monkeypatch, django_capture_on_commit_callbacks):
-    def broker_down(*args):
+    def broker_down(name, *args, task_id=None):
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr("billing.tasks.top_up_charge.delay", broker_down)
+    monkeypatch.setattr("core.dispatch.send", broker_down)
     _auto_top_up_profile(api.user)
     fund(api.user, "6")
     running(api.user, node("3.600000"))

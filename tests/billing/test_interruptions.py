@@ -13,7 +13,7 @@ from billing.services.metering import cost_for, usage_meter
 from marketplace.models import Gpu, Instance, Interruption, Node
 from marketplace.services import instances as svc
 from provisioning.models import Job, JobKind
-from provisioning.services.nodes import node_record_health
+from provisioning.services.reliability import node_record_health
 from tests.billing.helpers import balance, fund, node, running
 from tests.factories import UserFactory
 

@@ -11,8 +11,10 @@ from billing.models import BillingEvent, TopUp, TopUpStatus, UsageInterval
 from billing.services import payments
 from billing.services.enforcement import balances_enforce
 from billing.services.metering import SECOND, usage_meter
+from core.errors import ApplicationError
 from marketplace.models import Instance, Node
 from marketplace.services import instances as svc
+from provisioning.models import OPEN_JOB_STATUSES, Job
 from tests.billing.helpers import book, fund, node, run
 from tests.factories import UserFactory
 
@@ -44,6 +46,12 @@ def test_a_random_run_charges_every_running_second_exactly_once(clock, settings,
                 segments[pk][-1][1] = clock.now
             statuses[pk] = status
 
+    def worker_done(instance):
+        """What the worker does after recording the node's answer: close the instance's job (one open job of a
+        kind per instance: provisioning.models.Job)."""
+        Job.objects.filter(instance_id=instance.pk, status__in=OPEN_JOB_STATUSES).update(
+            status="succeeded", finished_at=clock.now)
+
     def pick(*wanted):
         candidates = [pk for pk, status in statuses.items() if status in wanted]
         return Instance.objects.get(pk=rng.choice(candidates)) if candidates else None
@@ -60,10 +68,12 @@ def test_a_random_run_charges_every_running_second_exactly_once(clock, settings,
                 booked_price[instance.pk] = instance.price_per_hour_micros
             elif action == "running" and (i := pick("requested", "provisioning", "starting")):
                 run(i)
+                worker_done(i)
             elif action == "stop" and (i := pick("running")):
                 svc.instance_stop(instance=i)
             elif action == "stopped" and (i := pick("stopping")):
                 svc.instance_mark_stopped(instance_id=i.pk)
+                worker_done(i)
             elif action == "start" and (i := pick("stopped")):
                 svc.instance_start(instance=i)
             elif action == "restart" and (i := pick("running")):
@@ -72,8 +82,10 @@ def test_a_random_run_charges_every_running_second_exactly_once(clock, settings,
                 svc.instance_destroy(instance=i)
             elif action == "destroyed" and (i := pick("destroying")):
                 svc.instance_mark_destroyed(instance_id=i.pk)
+                worker_done(i)
             elif action == "fail" and (i := pick("running", "provisioning", "starting", "stopping")):
                 svc.instance_mark_failed(instance_id=i.pk, message="random failure")
+                worker_done(i)
             elif action == "tick":
                 usage_meter(set_based=rng.random() < 0.7, batch_size=rng.choice([2, 7, 10_000]))
             elif action == "top_up":
@@ -89,7 +101,7 @@ def test_a_random_run_charges_every_running_second_exactly_once(clock, settings,
             elif action == "enforce":
                 usage_meter()
                 balances_enforce()
-        except svc.InstanceError:
+        except ApplicationError:
             pass  # no GPU free, no funds, a state that forbids it: refused, nothing changed
         observe()
 

@@ -13,9 +13,9 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.views import APIView
 
 from config.settings.cache import cache_url
+from core.api.throttling import ClientAddressMixin
 from core.client_address import client_ip, throttle_ident
 from core.login_throttle import LoginLocked
-from marketplace.api.throttling import ClientAddressMixin
 from marketplace.models import ApiKey, User
 from tests.factories import UserFactory, api_key_for
 from tests.test_settings import production_env, run_python

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection, transaction
 from rest_framework.test import APIClient
 
+from core.errors import Conflict, IdempotencyKeyReused
 from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance
 from marketplace.services import instances as svc
 from tests.factories import UserFactory, api_key_for, make_listed_node
@@ -145,7 +146,7 @@ def test_start_racing_with_new_bookings_never_double_allocates(user):
     def start():
         try:
             return svc.instance_start(instance=inst).status
-        except svc.InstanceConflict as exc:
+        except Conflict as exc:
             return str(exc)
 
     results = in_parallel([start] + [booking(c, node) for c in clients])
@@ -226,7 +227,7 @@ def test_the_unique_constraint_decides_an_idempotency_race(same_body):
         instance, created = outcome["loser"]
         assert not created and instance.pk == outcome["winner"].pk
     else:
-        assert isinstance(outcome["loser"], svc.IdempotencyKeyReused)
+        assert isinstance(outcome["loser"], IdempotencyKeyReused)
     assert Instance.objects.count() == 1
     assert Gpu.objects.filter(node=node, status=GpuStatus.RENTED).count() == 1
     assert_consistent()
@@ -234,7 +235,7 @@ def test_the_unique_constraint_decides_an_idempotency_race(same_body):
 
 def test_a_booking_in_flight_holds_off_retiring_its_node():
     """The share lock on the node: the provider's retire waits for the booking, then sees the rented GPU."""
-    from marketplace.services.nodes import NodeConflict, node_retire
+    from marketplace.services.nodes import node_retire
 
     node = make_listed_node(gpu_count=2)
     user = UserFactory()
@@ -257,7 +258,7 @@ def test_a_booking_in_flight_holds_off_retiring_its_node():
             booked.wait(10)
             node_retire(node=node)
             outcome["retire"] = "retired"
-        except NodeConflict as exc:
+        except Conflict as exc:
             outcome["retire"] = exc
         finally:
             connection.close()
@@ -272,7 +273,7 @@ def test_a_booking_in_flight_holds_off_retiring_its_node():
     release.set()
     for t in threads:
         t.join(10)
-    assert isinstance(outcome["retire"], NodeConflict)
+    assert isinstance(outcome["retire"], Conflict)
     node.refresh_from_db()
     assert node.state == "active"
     assert_consistent()

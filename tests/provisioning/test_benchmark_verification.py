@@ -22,9 +22,11 @@ from marketplace.services.nodes import node_private_key
 from provisioning import sim, tasks
 from provisioning.models import HealthSample, Job, JobKind, JobStatus, NodeEvent, VerificationRun
 from provisioning.services import reliability
-from provisioning.services.nodes import node_health_probe, node_record_health
+from provisioning.services.maintenance import nodes_reverify_due, reverify_due_at
+from provisioning.services.nodes import node_health_probe
+from provisioning.services.reliability import node_record_health
 from provisioning.services.runner import job_begin
-from provisioning.services.verification import node_verify_request, node_verify_run, nodes_reverify_due, reverify_due_at
+from provisioning.services.verification import node_verify_request, node_verify_run
 from provisioning.sim import PROFILES_DIR
 from provisioning.ssh import AgentTimeout, Endpoint, NodeSession, Timeouts
 from provisioning.verification.profiles import profile_expectation, profile_names
@@ -216,10 +218,11 @@ def test_reverification_is_weekly_with_a_jitter_per_node(db, settings):
     settings.REVERIFY_INTERVAL_S, settings.REVERIFY_JITTER_S = 7 * 86400, 86400
     now = timezone.now()
     at = now - timedelta(days=7)
-    due = [reverify_due_at(n, at, 7 * 86400, 86400) for n in range(1, 200)]
+    due = [reverify_due_at(node_id=n, last_at=at, interval_s=7 * 86400, jitter_s=86400) for n in range(1, 200)]
     assert all(at + timedelta(days=7) <= d <= at + timedelta(days=8) for d in due)
     assert len({d for d in due}) > 190  # spread, not all at once
-    assert reverify_due_at(5, at, 7 * 86400, 86400) == reverify_due_at(5, at, 7 * 86400, 86400)
+    again = {"node_id": 5, "last_at": at, "interval_s": 7 * 86400, "jitter_s": 86400}
+    assert reverify_due_at(**again) == reverify_due_at(**again)
 
     fresh = make_node(state=NodeState.ACTIVE, verdict="verified")
     stale = make_node(state=NodeState.ACTIVE, verdict="verified")
@@ -227,7 +230,8 @@ def test_reverification_is_weekly_with_a_jitter_per_node(db, settings):
     pending = make_node(state=NodeState.PENDING)
     for node, age in ((fresh, 1), (stale, 8.01)):
         job = Job.objects.create(kind=JobKind.NODE_VERIFY, node=node, status=JobStatus.SUCCEEDED,
-                                 deadline=now, created_at=now - timedelta(days=age))
+                                 deadline=now, created_at=now - timedelta(days=age),
+                                 finished_at=now - timedelta(days=age))
         assert job.pk
     assert nodes_reverify_due(now=now) == {"queued": 2}
     queued = set(Job.objects.filter(status=JobStatus.QUEUED).values_list("node_id", flat=True))

@@ -270,7 +270,7 @@ def test_one_nodes_trouble_does_not_keep_the_others_waiting(db, monkeypatch):
             raise RuntimeError("boom")
         return real(node=node, reason=reason)
 
-    monkeypatch.setattr("provisioning.services.verification.node_verify_request", request)
+    monkeypatch.setattr("provisioning.services.maintenance.node_verify_request", request)
     summary = nodes_verify_pending()
     assert summary["errors"] == 1 and summary["queued"] == 1
     assert Job.objects.filter(node=fine, kind=JobKind.NODE_VERIFY).exists()

@@ -16,20 +16,20 @@ from django.apps import apps
 from django.db import connection, transaction
 from django.test import Client
 
+from core.errors import Conflict
 from marketplace.models import Gpu, Node, NodeState, Verdict
 from marketplace.models.nodes import OFFERABLE
-from marketplace.services.nodes import NodeConflict, node_retire
+from marketplace.services.nodes import node_retire
 from provisioning import sim
 from provisioning.models import Job, NodeEvent, VerificationRun
 from provisioning.services.nodes import (
     DuplicateHardware,
     _pin_host_key,
-    node_accept_host_key,
     node_apply_inventory,
     node_health_probe,
 )
 from provisioning.services.runner import job_begin
-from provisioning.services.verification import node_verify_request, node_verify_run
+from provisioning.services.verification import node_accept_host_key, node_verify_request, node_verify_run
 from provisioning.verification.policy import DeclaredModel, check_identity, load_catalogue
 from tests.factories import UserFactory, make_node
 from tests.live import wait_until
@@ -208,7 +208,7 @@ def test_an_operator_cannot_accept_a_new_host_key_that_another_live_node_has():
     make_node(host_key_fingerprint=FINGERPRINT)
     moved = make_node(host_key_fingerprint="SHA256:" + "M" * 43, state=NodeState.QUARANTINED)
     Node.objects.filter(pk=moved.pk).update(seen_host_key_fingerprint=FINGERPRINT)
-    with pytest.raises(NodeConflict, match="pinned on live node"):
+    with pytest.raises(Conflict, match="pinned on live node"):
         node_accept_host_key(node=moved, operator_email="ops@example.com")
     moved.refresh_from_db()
     assert (moved.state, moved.host_key_fingerprint) == (NodeState.QUARANTINED, "SHA256:" + "M" * 43)

@@ -1,6 +1,5 @@
 """The operators' panel: the dashboard on the admin index, list filters and actions, readable reasons."""
 from datetime import timedelta
-from unittest import mock
 
 import pytest
 from django.utils import timezone
@@ -55,21 +54,6 @@ def test_dashboard_shows_fleet_figures_and_charts(ops, fleet):
     assert "Everything by model" in page and "/admin/marketplace/node/" in page  # the app list stays
 
 
-def test_revenue_is_a_placeholder_until_billing_reports_it(ops, fleet):
-    with mock.patch("marketplace.admin_dashboard.billing_installed", return_value=False):
-        page = ops.get("/admin/").content.decode()
-    assert "Billing not installed" in page and "$" not in page.split('id="revenue-h"')[1].split("</div>")[0]
-    with mock.patch("marketplace.admin_dashboard.billing_installed", return_value=True), \
-         mock.patch.dict("sys.modules", {"billing.selectors": mock.Mock(spec=[])}):
-        page = ops.get("/admin/").content.decode()
-    assert "revenue not wired yet" in page
-    fake = mock.Mock(revenue_between=lambda start, end: {"charged_micros": 12_340_000, "fee_micros": 1_851_000})
-    with mock.patch("marketplace.admin_dashboard.billing_installed", return_value=True), \
-         mock.patch.dict("sys.modules", {"billing.selectors": fake}):
-        page = ops.get("/admin/").content.decode()
-    assert "$12.34" in page and "$1.851" in page
-
-
 def test_stuck_jobs_filter(ops, fleet):
     Job.objects.create(kind="node_verify", node=fleet["listed"], status="running",
                        deadline=timezone.now() + timedelta(minutes=5))
@@ -103,6 +87,18 @@ def test_reverify_action_queues_a_check(ops, fleet):
     r = ops.post("/admin/marketplace/node/", {"action": "reverify_nodes", "_selected_action": [node.pk]})
     assert r.status_code == 302
     assert Job.objects.filter(node=node, kind="node_verify", status="queued").exists()
+
+
+def test_unlist_action_goes_through_the_node_service(ops, fleet):
+    listed, retired = fleet["listed"], make_listed_node(fleet["listed"].provider, name="old", gpu_count=1)
+    Node.objects.filter(pk=retired.pk).update(state=NodeState.RETIRED)  # node_update refuses to change it
+    r = ops.post("/admin/marketplace/node/", {"action": "unlist", "_selected_action": [listed.pk, retired.pk]},
+                 follow=True)
+    assert [str(m) for m in r.context["messages"]] == [
+        "1 node(s) unlisted.", "old: The node is retired and cannot be changed."]
+    listed.refresh_from_db()
+    retired.refresh_from_db()
+    assert listed.listed is False and retired.listed is True
 
 
 def test_job_log_is_readable(ops, fleet):

@@ -313,7 +313,8 @@ def test_payouts_list_the_providers_own_and_the_account_form_keeps_bad_input(web
             (user_account(user_id=user.pk, kind=AccountKind.PROVIDER_EARNINGS), -amount),
             (platform_account(AccountKind.PAYOUT_CLEARING), amount)])
         Payout.objects.create(provider=user, period_start="2026-03-02", period_end="2026-03-08",
-                              amount_micros=amount, destination="acct_1Test", status="paid", transaction=txn)
+                              amount_micros=amount, destination="acct_1Test", status="paid", transaction=txn,
+                              transfer_id=f"tr_{user.pk}", paid_at=timezone.now())
     page = web.get("/payouts/").content.decode()
     assert "$30.00" in page and "$41.00" not in page and "2026-03-02" in page
     assert UsageInterval.objects.count() == 0

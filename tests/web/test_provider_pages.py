@@ -3,6 +3,7 @@ import re
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from marketplace.models import Gpu, Node, NodeState, Verdict
 from marketplace.services.nodes import node_private_key
@@ -140,7 +141,7 @@ def test_verify_now_queues_a_check_and_shows_its_steps(web, own_node):
                                               {"at": "t", "message": "benchmarking GPUs 0, 1"}])
     live = web.get(f"/nodes/{own_node.pk}/live/?watching={job.pk}")
     assert 'id="current-step">benchmarking GPUs 0, 1<' in live.content.decode() and "X-Poll-Stop" not in live
-    Job.objects.filter(pk=job.pk).update(status="succeeded", step="done")
+    Job.objects.filter(pk=job.pk).update(status="succeeded", step="done", finished_at=timezone.now())
     live = web.get(f"/nodes/{own_node.pk}/live/?watching={job.pk}")
     assert live["X-Poll-Stop"] == "1" and 'data-reload="1"' in live.content.decode()
     # asking again while one is open changes nothing

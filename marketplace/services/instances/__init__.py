@@ -23,7 +23,7 @@ snapshots the price and the platform fee; and wherever an instance leaves `runni
 destroy, failure) its last usage interval is charged in the same transaction that changes its state
 (`_leave_running`). The per-minute meter bills the rest.
 """
-from marketplace.idempotency import request_fingerprint
+from core.idempotency import request_fingerprint
 from marketplace.models import Image, Instance  # noqa: F401 (callers reach the models through here)
 
 from .booking import instance_create
@@ -32,10 +32,6 @@ from .common import (
     MAX_DISK_GB,
     WAITING,
     Funds,
-    IdempotencyKeyReused,
-    InstanceConflict,
-    InstanceError,
-    InstanceInvalid,
     InsufficientFunds,
     committed_rate_micros,
     funds_for,
@@ -52,7 +48,7 @@ from .interruptions import (
     node_instances_interrupt,
     node_instances_price_cut,
 )
-from .lifecycle import instance_destroy, instance_restart, instance_start, instance_stop
+from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
 from .worker import (
     instance_cleanup_done,
     instance_mark_destroyed,
@@ -64,9 +60,9 @@ from .worker import (
 )
 
 __all__ = [
-    "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "IdempotencyKeyReused", "InstanceConflict",
-    "InstanceError", "InstanceInvalid", "InsufficientFunds", "committed_rate_micros", "funds_for", "instance_create",
-    "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt",
+    "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
+    "funds_for", "instance_create",
+    "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut",
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
     "instance_gpu_indices", "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",

@@ -4,6 +4,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.services.metering import platform_fee_bps
+from core.errors import Conflict, ValidationFailed
 from marketplace.models import (
     Gpu,
     Image,
@@ -16,8 +17,6 @@ from provisioning.services.jobs import job_create
 from .common import (
     MAX_DISK_GB,
     WAITING,
-    InstanceConflict,
-    InstanceInvalid,
     S,
     _allocate,
     _booking_refusal,
@@ -47,7 +46,7 @@ def instance_create(
 
     `ssh_public_keys` are already validated and normalised. Returns (instance, created): with
     an Idempotency-Key seen before (same body), the earlier instance and False.
-    Raises InstanceInvalid (400), InstanceConflict (409) or IdempotencyKeyReused (422); on any
+    Raises ValidationFailed (400), Conflict (409), InsufficientFunds (402) or IdempotencyKeyReused (422); on any
     of them nothing was written.
     """
     if idempotency_key:
@@ -58,8 +57,8 @@ def instance_create(
             return existing, False
     keys = list(dict.fromkeys(ssh_public_keys))
     if not keys:
-        raise InstanceInvalid("Give at least one SSH key: `ssh_keys` (ids of your keys) and/or `ssh_public_key`.",
-                              field="ssh_keys")
+        raise ValidationFailed("Give at least one SSH key: `ssh_keys` (ids of your keys) and/or `ssh_public_key`.",
+                               field="ssh_keys")
     try:
         with transaction.atomic():
             instance = _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
@@ -78,28 +77,29 @@ def instance_create(
     return instance, True
 
 
-def _book(*, renter, node_id, num_gpus, image, keys, disk_gb, label, idempotency_key, request_fingerprint):
+def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list[str], disk_gb: int | None,
+          label: str, idempotency_key: str, request_fingerprint: str) -> Instance:
     node = _lock_node_for_booking(node_id)
     if node is None:
-        raise InstanceInvalid(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
+        raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
     refusal = _booking_refusal(node)
     if refusal:
-        raise InstanceConflict(f"Offer {node_id} is not available: {refusal}.")
+        raise Conflict(f"Offer {node_id} is not available: {refusal}.")
     total = Gpu.objects.filter(node_id=node.pk).count()
     if num_gpus > total:
-        raise InstanceInvalid(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
+        raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
     if not image.active:
-        raise InstanceInvalid(f"The image {image.slug} is no longer offered.", field="image")
+        raise ValidationFailed(f"The image {image.slug} is no longer offered.", field="image")
     if not image.supports(node.runtime):
-        raise InstanceInvalid(
+        raise ValidationFailed(
             f"The image {image.slug} cannot run on this node: its runtime is {node.runtime}, and the image "
             f"has a build only for {', '.join(r for r in image.runtimes if r != 'sim')}.",
             field="image",
         )
     disk = image.min_disk_gb if disk_gb is None else disk_gb
     if not image.min_disk_gb <= disk <= MAX_DISK_GB:
-        raise InstanceInvalid(f"The {image.slug} image needs {image.min_disk_gb} to {MAX_DISK_GB} GB of disk.",
-                              field="disk_gb")
+        raise ValidationFailed(f"The {image.slug} image needs {image.min_disk_gb} to {MAX_DISK_GB} GB of disk.",
+                               field="disk_gb")
     _check_funds(renter.pk, node.price_per_gpu_hour_micros * num_gpus, "Renting this instance")
     now = timezone.now()
     # The row goes in first: a concurrent request with the same Idempotency-Key blocks here on the
@@ -115,7 +115,7 @@ def _book(*, renter, node_id, num_gpus, image, keys, disk_gb, label, idempotency
     gpus = _lock_free_gpus(node.pk, num_gpus)
     if len(gpus) < num_gpus:
         free = "No GPU is" if not gpus else f"Only {_gpus_text(len(gpus))} {'is' if len(gpus) == 1 else 'are'}"
-        raise InstanceConflict(f"{free} free on this node now; you asked for {num_gpus}.")
+        raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")
     _allocate(instance, gpus, now)
     job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance)
     return instance

@@ -1,5 +1,7 @@
-"""What the instance use cases share: errors, reads, locking and allocation helpers, the funds check."""
+"""What the instance use cases share: the funds refusal, reads, locking and allocation helpers, the funds check."""
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -8,6 +10,7 @@ from django.utils import timezone
 
 from billing.services.ledger import funds_required_micros, wallet_balance
 from billing.services.metering import usage_close
+from core.errors import Conflict, IdempotencyKeyReused, PaymentRequired
 from marketplace.models import (
     Gpu,
     GpuAllocation,
@@ -26,44 +29,15 @@ MAX_DISK_GB = 2000
 WAITING = "Waiting for a worker"
 
 
-class InstanceError(Exception):
-    """A request about an instance that cannot be done; `status_code` is the HTTP answer."""
-
-    status_code = 400
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-class InstanceInvalid(InstanceError):
-    """The request itself is wrong (HTTP 400); `field` names the input at fault."""
-
-
-class InstanceConflict(InstanceError):
-    """Valid, but the current state of the instance, node or GPUs forbids it (HTTP 409)."""
-
-    status_code = 409
-
-
-class InsufficientFunds(InstanceError):
+class InsufficientFunds(PaymentRequired):
     """The renter's balance does not cover the first hour of their instances with this one (HTTP 402).
 
     `funds` holds the figures, so that a page can say it in its own words (the message names the API).
     """
 
-    status_code = 402
-
     def __init__(self, message: str, funds: "Funds"):
         super().__init__(message)
         self.funds = funds
-
-
-class IdempotencyKeyReused(InstanceError):
-    """The Idempotency-Key was used before for a different request (HTTP 422)."""
-
-    status_code = 422
 
 
 # ----------------------------------------------------------------------------------------- reads
@@ -121,7 +95,7 @@ def _lock_node_for_booking(node_id: int) -> Node | None:
     return Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
 
 
-_NODE_STATE_REASONS = {
+_NODE_STATE_REASONS: dict[str, str] = {
     NodeState.PENDING: "its node has not been verified yet",
     NodeState.VERIFYING: "its node is being verified",
     NodeState.REJECTED: "its node did not pass the benchmark check",
@@ -142,7 +116,7 @@ def _booking_refusal(node: Node) -> str | None:
     return None
 
 
-def _lock_free_gpus(node_id: int, count: int, prefer: list[int] | tuple = ()) -> list[Gpu]:
+def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = ()) -> list[Gpu]:
     """Lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED), `prefer` ids first, then by index."""
     gpus = Gpu.objects.select_for_update(skip_locked=True).filter(node_id=node_id, status=GpuStatus.FREE)
     if prefer:
@@ -153,18 +127,18 @@ def _lock_free_gpus(node_id: int, count: int, prefer: list[int] | tuple = ()) ->
     return list(gpus[:count])
 
 
-def _allocate(instance: Instance, gpus: list[Gpu], at) -> None:
-    Gpu.objects.filter(pk__in=[g.pk for g in gpus]).update(status=GpuStatus.RENTED)
+def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
+    Gpu.transition_rows(Gpu.objects.filter(pk__in=[g.pk for g in gpus]), GpuStatus.RENTED, action="rent")
     try:
         with transaction.atomic():
             GpuAllocation.objects.bulk_create(GpuAllocation(instance=instance, gpu=g, allocated_at=at) for g in gpus)
     except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
         if "gpu_in_at_most_one_live_allocation" in str(exc):
-            raise InstanceConflict("The GPUs were taken by another booking meanwhile; try again.") from None
+            raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
         raise
 
 
-def instance_release_gpus(*, instance: Instance, at=None) -> list[int]:
+def instance_release_gpus(*, instance: Instance, at: datetime | None = None) -> list[int]:
     """End every live allocation of the instance and free its GPUs; the indices released.
 
     Call inside the transaction that holds the instance's row lock. A GPU that was marked
@@ -179,7 +153,7 @@ def instance_release_gpus(*, instance: Instance, at=None) -> list[int]:
         return []
     gpu_ids = [a.gpu_id for a in live]
     GpuAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at)
-    Gpu.objects.filter(pk__in=gpu_ids, status=GpuStatus.RENTED).update(status=GpuStatus.FREE)
+    Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids), GpuStatus.FREE, action="release")
     return sorted(a.gpu.index for a in live)
 
 
@@ -191,7 +165,7 @@ def _save(instance: Instance, *fields: str) -> None:
     instance.save(update_fields=["status", "status_message", "updated_at", *fields])
 
 
-def _stop_clock(instance: Instance, now) -> None:
+def _stop_clock(instance: Instance, now: datetime) -> None:
     """Set stopped_at when an instance that was running (since started_at) ends some other way."""
     if instance.started_at is not None and (instance.stopped_at is None or instance.stopped_at < instance.started_at):
         instance.stopped_at = now
@@ -283,7 +257,7 @@ def _funds_figures(funds: Funds) -> str:
             f"{usd_text(funds.balance_micros)}; top up at least {usd_text(funds.missing_micros)}")
 
 
-def _leave_running(instance: Instance, now) -> None:
+def _leave_running(instance: Instance, now: datetime) -> None:
     """The instance stops being billed: charge its usage up to now (call before it leaves `running`)."""
     if instance.status == S.RUNNING:
         usage_close(instance=instance, until=now)

@@ -102,7 +102,9 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
             return None
         # Never before it started running, nor before what was already billed (which stopped at the node's
         # last healthy moment anyway: the meter bills no further than that).
-        since = min(max(since or now, instance.started_at, instance.billed_until or instance.started_at), now)
+        started = instance.started_at
+        assert started is not None  # running: it has started
+        since = min(max(since or now, started, instance.billed_until or started), now)
         _leave_running(instance, since)
         what = ("its server stopped answering" if cause == InterruptionCause.NODE_LOST
                 else "its VM stopped running on the server")
@@ -131,7 +133,7 @@ def _interruption_end(instance: Instance, now: datetime, outcome: str) -> Interr
     if interruption is None:
         return None
     interruption.ended_at = now
-    interruption.outcome = outcome
+    interruption.transition_to(outcome)
     interruption.save(update_fields=["ended_at", "outcome"])
     return interruption
 
@@ -183,7 +185,7 @@ def instance_restart_interrupted(*, instance_id: int) -> Instance | None:
                               "again; billing restarts once it runs.")
 
 
-def interruption_close(instance: Instance, now: datetime, outcome: str, reason: str = "") -> str:
+def interruption_close(*, instance: Instance, now: datetime, outcome: str, reason: str = "") -> str:
     """For the failure and destroy paths (instance row locked, still `interrupted`): end the interruption,
     post the rest of the credit, and, when it failed, tell the renter why. Returns the sentence about the
     credit ('' if the instance was not interrupted)."""

@@ -1,23 +1,29 @@
-"""The renter's and operator's verbs: stop, start, restart, destroy (API side: *ing state + a job)."""
+"""The renter's and operator's verbs: stop, start, restart, destroy (API side: *ing state + a job).
+
+Which state allows which verb is the instance table's (marketplace.models.renting INSTANCE_TRANSITIONS,
+`Instance.allows`), read by the pages' buttons too; here are only the words of each refusal."""
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from core.errors import Conflict, ValidationFailed
+from core.request_guard import has_control_character
+from core.validators import CONTROL_CHARACTERS_MESSAGE
 from marketplace.models import (
     Instance,
     Node,
     NodeState,
     Runtime,
 )
+from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
 from .common import (
     _NODE_STATE_REASONS,
     WAITING,
-    InstanceConflict,
     S,
     _allocate,
     _check_funds,
@@ -25,7 +31,6 @@ from .common import (
     _leave_running,
     _lock_free_gpus,
     _lock_node_for_booking,
-    _locked,
     _save,
     instance_release_gpus,
 )
@@ -33,14 +38,14 @@ from .worker import instance_mark_destroyed
 
 # ---------------------------------------------------------------------------- verbs (API side)
 
-_FINAL_REFUSALS = {
+_FINAL_REFUSALS: dict[str, str] = {
     S.DESTROYING: "The instance is being destroyed.",
     S.DESTROYED: "The instance is already destroyed.",
     S.FAILED: "The instance failed; it can only be destroyed.",
     S.INTERRUPTED: ("The instance is interrupted: its server cannot be reached. It resumes by itself when the "
                     "server answers again (nothing is billed meanwhile), or destroy it now at no charge."),
 }
-_REFUSALS = {
+_REFUSALS: dict[str, dict[str, str]] = {
     "stop": {
         S.REQUESTED: "The instance is still being provisioned; stop it once it is running, or destroy it.",
         S.PROVISIONING: "The instance is still being provisioned; stop it once it is running, or destroy it.",
@@ -62,9 +67,9 @@ _REFUSALS = {
 }
 
 
-def _refuse(verb: str, instance: Instance) -> InstanceConflict:
-    message = _REFUSALS[verb].get(instance.status) or _FINAL_REFUSALS.get(instance.status)
-    return InstanceConflict(message or f"Cannot {verb} an instance that is {instance.status}.")
+def _refuse(verb: str, instance: Instance) -> Conflict:
+    message = _REFUSALS.get(verb, {}).get(instance.status) or _FINAL_REFUSALS.get(instance.status)
+    return Conflict(message or f"Cannot {verb} an instance that is {instance.status}.")
 
 
 def _queue(instance: Instance, status: str, what: str, kind: str) -> Instance:
@@ -86,10 +91,10 @@ def instance_stop(*, instance: Instance) -> Instance:
 
     Asking again while stopping changes nothing (no second job).
     """
-    instance = _locked(instance.pk)
+    instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STOPPING:
         return instance
-    if instance.status != S.RUNNING:
+    if not instance.allows("stop"):
         raise _refuse("stop", instance)
     return _queue(instance, S.STOPPING, "stop it", JobKind.INSTANCE_STOP)
 
@@ -98,19 +103,20 @@ def instance_stop(*, instance: Instance) -> Instance:
 def instance_start(*, instance: Instance) -> Instance:
     """stopped → starting: take GPUs again on the same node (the same ones when free), queue the start.
 
-    Raises InstanceConflict when the node cannot run it now or has too few free GPUs.
+    Raises Conflict when the node cannot run it now or has too few free GPUs.
     Asking again while starting changes nothing.
     """
-    instance = _locked(instance.pk)
+    instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STARTING:
         return instance
-    if instance.status != S.STOPPED:
+    if not instance.allows("start"):
         raise _refuse("start", instance)
     _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance")
     node = _lock_node_for_booking(instance.node_id)
+    assert node is not None  # an instance's node outlives it (PROTECT)
     if node.state != NodeState.ACTIVE:
         reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
-        raise InstanceConflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
+        raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
     now = timezone.now()
     instance_release_gpus(instance=instance, at=now)  # nothing is live when stopped; this only makes sure
     last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
@@ -118,11 +124,11 @@ def instance_start(*, instance: Instance) -> Instance:
     gpus = _lock_free_gpus(node.pk, instance.num_gpus, prefer=previous)
     if node.runtime == Runtime.DOCKER and {g.pk for g in gpus} != set(previous):
         # A container keeps the GPUs it was created with (the agent cannot move it to others).
-        raise InstanceConflict("Its GPUs are in use by another instance now; a container can only start on "
+        raise Conflict("Its GPUs are in use by another instance now; a container can only start on "
                                "the GPUs it was created with. Try again later, or destroy the instance.")
     if len(gpus) < instance.num_gpus:
         have = "No GPUs are" if not gpus else f"Only {_gpus_text(len(gpus))} of the {instance.num_gpus} it needs are"
-        raise InstanceConflict(f"{have} free on this node now; try again later, or destroy the instance.")
+        raise Conflict(f"{have} free on this node now; try again later, or destroy the instance.")
     _allocate(instance, gpus, now)
     indices = ", ".join(str(g.index) for g in sorted(gpus, key=lambda g: g.index))
     instance.transition_to(S.STARTING, f"{WAITING} to start it on GPU{'s' if len(gpus) > 1 else ''} {indices}")
@@ -134,10 +140,10 @@ def instance_start(*, instance: Instance) -> Instance:
 @transaction.atomic
 def instance_restart(*, instance: Instance) -> Instance:
     """running → starting with the same GPUs, and queue a restart (a reboot of the VM)."""
-    instance = _locked(instance.pk)
+    instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STARTING:
         return instance
-    if instance.status != S.RUNNING:
+    if not instance.allows("restart"):
         raise _refuse("restart", instance)
     # Billing pauses for the restart and resumes when it is running again.
     return _queue(instance, S.STARTING, "restart it", JobKind.INSTANCE_RESTART)
@@ -153,16 +159,28 @@ def instance_destroy(*, instance: Instance) -> Instance:
     Asking again while destroying changes nothing (no second job); a destroyed instance is a conflict.
     GPUs stay allocated until the worker confirms the VM is gone (instance_mark_destroyed).
     """
-    instance = _locked(instance.pk)
+    instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.DESTROYING:
         return instance
-    if instance.status == S.DESTROYED:
-        raise InstanceConflict("The instance is already destroyed.")
+    if not instance.allows("destroy"):
+        raise _refuse("destroy", instance)
     if instance.status == S.INTERRUPTED or (instance.status == S.STOPPED and _node_unreachable(instance.node_id)):
         # Its node cannot be reached: end the renter's side now; the reconciler removes the VM when it answers.
         return instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
     return _queue(instance, S.DESTROYING, "destroy it", JobKind.INSTANCE_DESTROY)
 
+
+def instance_label(*, instance: Instance, label: str) -> Instance:
+    """Rename an instance (any state but destroyed): a label is the renter's note, no rule of the lifecycle."""
+    if len(label) > NAME_MAX_LENGTH:
+        raise ValidationFailed(f"A label has at most {NAME_MAX_LENGTH} characters.", field="label")
+    if has_control_character(label):
+        raise ValidationFailed(CONTROL_CHARACTERS_MESSAGE, field="label")
+    if instance.status == S.DESTROYED:
+        raise Conflict("The instance is destroyed.")
+    Instance.objects.filter(pk=instance.pk).update(label=label, updated_at=timezone.now())
+    instance.label = label
+    return instance
 
 def _node_unreachable(node_id: int) -> bool:
     """The node is offline, or has missed enough health checks in a row that its instances are interrupted."""

@@ -87,7 +87,7 @@ def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) 
     if instance.status != S.DESTROYED:
         now = timezone.now()
         _leave_running(instance, now)
-        credit = interruption_close(instance, now, InterruptionOutcome.DESTROYED)
+        credit = interruption_close(instance=instance, now=now, outcome=InterruptionOutcome.DESTROYED)
         message = "Destroyed"
         if cleanup_pending:
             message = ("Destroyed. Its server could not be reached, so the VM and its disk are removed when it "
@@ -122,7 +122,8 @@ def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
     if instance.status not in FINAL_STATUSES:
         now = timezone.now()
         _leave_running(instance, now)
-        message = (message or "Failed") + interruption_close(instance, now, InterruptionOutcome.FAILED, message)
+        message = (message or "Failed") + interruption_close(instance=instance, now=now,
+                                                             outcome=InterruptionOutcome.FAILED, reason=message)
         instance.transition_to(S.FAILED, message)
         _stop_clock(instance, now)
         instance_release_gpus(instance=instance, at=now)

@@ -11,7 +11,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,100}")  # 1-100 printable ASCII characters
 
 
-def request_fingerprint(data) -> str:
+def request_fingerprint(data: object) -> str:
     """SHA-256 of the body in a canonical form: key order and spacing do not change it."""
     if hasattr(data, "lists"):  # a QueryDict (form data): every value is a list
         data = dict(data.lists())

@@ -1,7 +1,7 @@
 """The operators' dashboard on the admin index page."""
 from django import template
 
-from marketplace.admin_dashboard import fleet_figures
+from operations.dashboard import fleet_figures
 
 register = template.Library()
 

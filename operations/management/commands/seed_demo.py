@@ -1,6 +1,7 @@
 """Seed the demo: an operator, a provider whose servers are simulated GPU nodes on this machine
 (registered, keyed and queued for verification like real ones), and a customer with a starting credit
-posted through the ledger like any other credit. Safe to run again."""
+(billing's demo_credit_grant, an ordinary ledger credit). Safe to run again. It calls the services of every
+app, so it lives in `operations`, above them."""
 import json
 from decimal import Decimal
 

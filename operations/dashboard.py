@@ -1,8 +1,8 @@
 """The operators' dashboard on the admin's front page: fleet figures, what needs attention, and charts.
 
-Reads only. Shown by the admin index template (marketplace/templates/admin/gpumarket_index.html) through the
-`fleet_dashboard` template tag. Revenue comes from the billing app once it exists: until billing has models the
-dashboard says "billing not installed"; it never shows made-up numbers.
+Reads only, across every app (nodes and instances from marketplace, jobs and events from provisioning, revenue
+from billing's ledger): that is why it lives in `operations`, above the apps, and not in one of them. Shown by the
+admin index template (operations/templates/admin/gpumarket_index.html) through the `fleet_dashboard` template tag.
 """
 from datetime import timedelta
 
@@ -10,9 +10,10 @@ from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.selectors import revenue_between
+from core import charts
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, Verdict
 from marketplace.models.nodes import OFFERABLE
-from marketplace.web import charts
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent, VerificationRun
 
 STATE_CSS = {
@@ -36,30 +37,13 @@ def _changelist(model: str, **filters) -> str:
     return url
 
 
-def billing_installed() -> bool:
-    from marketplace.templatetags.marketplace_web import billing_installed as installed
-
-    return installed()
-
-
 def revenue_figures(now=None) -> dict:
-    """Revenue today and this month (UTC), from billing.
-
-    The contract: `billing.selectors.revenue_between(*, start, end) -> dict` with
-    integer micro-dollars under "charged_micros" (what renters paid) and "fee_micros" (the platform's share).
-    Until billing has models: {"installed": False}; with models but no such function: {"available": False}.
-    """
-    if not billing_installed():
-        return {"installed": False, "available": False}
-    try:
-        from billing.selectors import revenue_between  # optional until billing provides it
-    except ImportError:
-        return {"installed": True, "available": False}
+    """Revenue today and this month (UTC), from billing's ledger (billing.selectors.revenue_between: integer
+    micro-dollars under "charged_micros", what renters paid, and "fee_micros", the platform's share)."""
     now = now or timezone.now()
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     month = day.replace(day=1)
-    return {"installed": True, "available": True,
-            "today": revenue_between(start=day, end=now), "month": revenue_between(start=month, end=now)}
+    return {"today": revenue_between(start=day, end=now), "month": revenue_between(start=month, end=now)}
 
 
 def fleet_figures(now=None) -> dict:

@@ -4,6 +4,7 @@ Every chart is an <svg role="img"> with a <title> and a <desc> that says every v
 reader gets the same facts as the picture. Colours come from CSS classes (site.css); the words next to each
 bar carry the meaning, never the colour alone.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -49,7 +50,7 @@ def _px(value: float) -> str:
     return f"{value:.1f}"
 
 
-def _svg(width: int, height: int, title: str, desc: str, body: list[str]) -> SafeString:
+def _svg(width: int, height: int, title: str, desc: str, body: Sequence[str]) -> SafeString:
     n = next(_ids)
     head = format_html(
         '<svg class="chart" role="img" aria-labelledby="chart{0}-title chart{0}-desc" viewBox="0 0 {1} {2}" '
@@ -61,14 +62,15 @@ def _svg(width: int, height: int, title: str, desc: str, body: list[str]) -> Saf
 
 
 def hbar_chart(groups: list[Group], *, title: str, max_value: float | None = None,
-               markers: list[tuple[float, str, str]] = (), width: int = 640, row_h: int = ROW_H) -> SafeString:
+               markers: Sequence[tuple[float, str, str]] = (), width: int = 640, row_h: int = ROW_H) -> SafeString:
     """Horizontal bars in labelled groups, with optional vertical markers (value, label, css) across all rows."""
     values = [b.value for g in groups for b in g.bars if b.value is not None]
     top = max([*values, *(m[0] for m in markers), 0.0])
     scale_max = max_value if max_value is not None else (top * 1.05 or 1.0)
     scale_max = max(scale_max, top) or 1.0
     plot_w = width - LABEL_W - VALUE_W
-    x = lambda v: LABEL_W + plot_w * max(0.0, v) / scale_max  # noqa: E731
+    def x(v: float) -> float:
+        return LABEL_W + plot_w * max(0.0, v) / scale_max
 
     body, said, y = [], [], TOP
     for group in groups:

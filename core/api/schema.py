@@ -1,4 +1,4 @@
-"""OpenAPI generation: document the error answers, and make the schema as strict as the server.
+"""OpenAPI generation for every app's API: document the error answers, and make the schema as strict as the server.
 
 drf-spectacular documents only the success answer of each operation. Clients (and
 the schemathesis run in the test suite) need to know the 4xx answers too, and
@@ -13,17 +13,22 @@ strength, a key that parses.
 """
 import copy
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.db.models import Model
+from django_filters.filters import Filter
+from django_filters.filterset import FilterSet
 from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.plumbing import ResolvedComponent, force_instance
+from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent, force_instance
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 
-from marketplace.api.fields import StrictFieldsMixin, no_control_characters
+from core.api.fields import StrictFieldsMixin
+from core.validators import no_control_characters
 
 # Characters the server refuses, as JSON Schema (ECMA 262) character-class contents.
 NUL = r"\u0000"
@@ -119,10 +124,15 @@ def decimal_pattern(*, places: int, whole_digits: int, minimum: Decimal | None, 
     return f"^({'|'.join(alts)})$".replace("[0-9]{0,0}", "").replace("]{1}", "]")
 
 
-class ErrorDetailSerializer(serializers.Serializer):
+class ErrorDetailSerializer(serializers.Serializer[Any]):
     """An error that concerns the whole request."""
 
     detail = serializers.CharField()
+
+
+def error_response(description: str) -> OpenApiResponse:
+    """An operation's {"detail": ...} answer, described in its own words (for extend_schema's `responses`)."""
+    return OpenApiResponse(ErrorDetailSerializer, description)
 
 
 _VALIDATION_ERROR = {
@@ -152,7 +162,8 @@ class AutoSchema(SpectacularAutoSchema):
     """drf-spectacular's AutoSchema, plus the error answers each operation can give, and request schemas as strict
     as the server."""
 
-    def get_operation(self, path, path_regex, path_prefix, method, registry):
+    def get_operation(self, path: str, path_regex: str, path_prefix: str, method: str,
+                      registry: ComponentRegistry) -> dict[str, Any] | None:
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
         if operation is None:
             return None
@@ -161,7 +172,7 @@ class AutoSchema(SpectacularAutoSchema):
             if parameter["in"] not in ("path", "query") or schema.get("type") != "string":
                 continue
             # Control characters in the URL are a 400 for every route (core/request_guard.py).
-            if schema.get("pattern") == "^[^/]+$":  # the routers' lookup (marketplace/api/urls.py)
+            if schema.get("pattern") == "^[^/]+$":  # a router's lookup (lookup_value_regex)
                 schema["pattern"] = f"^[^/{CONTROL}]+$"
             elif not {"enum", "pattern", "format"} & set(schema):
                 schema["pattern"] = string_pattern(refused=CONTROL, nonblank=False)
@@ -175,7 +186,7 @@ class AutoSchema(SpectacularAutoSchema):
                 responses[code] = self._error_response(code)
         return operation
 
-    def _error_codes(self, operation) -> list[str]:
+    def _error_codes(self, operation: dict[str, Any]) -> list[str]:
         params = operation.get("parameters", [])
         codes = ["400"]  # any URL may carry a control character (core/request_guard.py)
         authenticators = self.view.get_authenticators()
@@ -197,8 +208,8 @@ class AutoSchema(SpectacularAutoSchema):
             codes.append("429")
         return codes
 
-    def _map_basic_serializer(self, serializer, direction):
-        schema = super()._map_basic_serializer(serializer, direction)
+    def _map_basic_serializer(self, serializer: Any, direction: str) -> dict[str, Any]:
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
         if direction != "request":
             return schema
         serializer = force_instance(serializer)
@@ -213,9 +224,10 @@ class AutoSchema(SpectacularAutoSchema):
         return schema
 
     @staticmethod
-    def _restrict_string(field, prop: dict) -> None:
+    def _restrict_string(field: serializers.Field[Any, Any, Any, Any], prop: dict[str, Any]) -> None:
         """The characters and digits a request body's string field takes, as its serializer field checks them."""
         if isinstance(field, serializers.DecimalField):
+            assert field.decimal_places is not None and field.max_whole_digits is not None  # ours are bounded
             prop["pattern"] = decimal_pattern(
                 places=field.decimal_places, whole_digits=field.max_whole_digits,
                 minimum=None if field.min_value is None else Decimal(str(field.min_value)),
@@ -229,9 +241,11 @@ class AutoSchema(SpectacularAutoSchema):
         nonblank = isinstance(field, serializers.CharField) and field.trim_whitespace and not field.allow_blank
         prop["pattern"] = string_pattern(refused=CONTROL if strict else NUL, nonblank=nonblank)
 
-    def _error_response(self, code: str) -> dict:
+    def _error_response(self, code: str) -> dict[str, Any]:
         if code != "400":
-            return self._get_response_for_code(OpenApiResponse(ErrorDetailSerializer, _DESCRIPTIONS[code]), code)
+            response: dict[str, Any] = self._get_response_for_code(
+                OpenApiResponse(ErrorDetailSerializer, _DESCRIPTIONS[code]), code)
+            return response
         component = ResolvedComponent(
             name="ValidationError", type=ResolvedComponent.SCHEMA, schema=_VALIDATION_ERROR, object="ValidationError"
         )
@@ -244,8 +258,11 @@ class BoundedDjangoFilterExtension(DjangoFilterExtension):
 
     priority = 1
 
-    def resolve_filter_field(self, auto_schema, model, filterset_class, field_name, filter_field):
-        parameters = super().resolve_filter_field(auto_schema, model, filterset_class, field_name, filter_field)
+    def resolve_filter_field(self, auto_schema: SpectacularAutoSchema, model: type[Model] | None,
+                             filterset_class: type[FilterSet], field_name: str,
+                             filter_field: Filter) -> list[dict[str, Any]]:
+        parameters: list[dict[str, Any]] = super().resolve_filter_field(
+            auto_schema, model, filterset_class, field_name, filter_field)
         form_field = filter_field.field_class  # forms.DecimalField and FloatField subclass IntegerField
         integer = issubclass(form_field, forms.IntegerField) and not issubclass(
             form_field, (forms.DecimalField, forms.FloatField)

@@ -1,12 +1,15 @@
-"""Serializer building blocks shared by the marketplace's endpoints."""
-import unicodedata
+"""Serializer building blocks every app's API shares: strict input (no unknown fields, the documented JSON types)
+and the money fields (micro-dollars shown as decimals; whole cents parsed by core.money.parse_cents)."""
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from django.http import QueryDict
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from marketplace.money import micros_to_usd
+from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, USD_MAX_DIGITS, USD_PLACES, micros_to_usd, parse_cents
+from core.request_guard import has_control_character
+from core.validators import CONTROL_CHARACTERS_MESSAGE
 
 # JSON types each kind of field accepts in a JSON body. DRF coerces (1 -> "1", "22" -> 22,
 # "yes" -> True), so a client sending the wrong type would never learn it; the schema
@@ -23,7 +26,7 @@ _JSON_TYPES: list[tuple[type, tuple[type, ...], str]] = [
 ]
 
 
-def _json_type_error(field, value) -> str | None:
+def _json_type_error(field: serializers.Field[Any, Any, Any, Any], value: object) -> str | None:
     coerce_to_string = getattr(field, "coerce_to_string", api_settings.COERCE_DECIMAL_TO_STRING)
     if isinstance(field, serializers.DecimalField) and not coerce_to_string:
         return _json_type_error(serializers.FloatField(), value)  # documented as a JSON number
@@ -36,19 +39,21 @@ def _json_type_error(field, value) -> str | None:
     return None
 
 
-def _lookup_error(field, value) -> str | None:
+def _lookup_error(field: serializers.Field[Any, Any, Any, Any], value: object) -> str | None:
     # A related field looks its value up in the database, and PostgreSQL refuses NUL in text (a 500): no slug
     # or id has a control character, so none is looked up.
-    if isinstance(field, serializers.RelatedField) and isinstance(value, str) and _has_control_character(value):
-        return "Control characters are not allowed."
+    if isinstance(field, serializers.RelatedField) and isinstance(value, str) and has_control_character(value):
+        return CONTROL_CHARACTERS_MESSAGE
     return None
 
 
-def _has_control_character(value: str) -> bool:
-    return any(unicodedata.category(ch) == "Cc" for ch in value)
+if TYPE_CHECKING:
+    _SerializerBase = serializers.Serializer[Any]  # the mixin's methods run on a serializer
+else:
+    _SerializerBase = object
 
 
-class StrictFieldsMixin:
+class StrictFieldsMixin(_SerializerBase):
     # Reject fields a client sends that this serializer does not accept: DRF silently drops
     # them, which hides typos ("prize") and attempts to change read-only fields; a 400 that
     # names them is kinder. `read_only_elsewhere` lists the resource's fields that this input
@@ -57,7 +62,7 @@ class StrictFieldsMixin:
     # (A comment, not a docstring: drf-spectacular would publish a docstring as the
     # description of every request body.)
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             writable = {name for name, field in self.fields.items() if not field.read_only}
             unknown = sorted(set(data) - writable)
@@ -77,20 +82,40 @@ class StrictFieldsMixin:
         return super().to_internal_value(data)
 
 
-def no_control_characters(value: str) -> None:
-    if _has_control_character(value):
-        raise serializers.ValidationError("Control characters are not allowed.")
-
-
 class UsdField(serializers.DecimalField):
     """USD amounts as decimal strings with six places, backed by integer micro-dollars."""
 
-    def __init__(self, **kwargs):
-        kwargs.setdefault("max_digits", 12)
-        kwargs.setdefault("decimal_places", 6)
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_digits", USD_MAX_DIGITS)
+        kwargs.setdefault("decimal_places", USD_PLACES)
         super().__init__(**kwargs)
 
-    def to_representation(self, value):
+    def to_representation(self, value: Decimal | int) -> str:
         if isinstance(value, int):
             value = micros_to_usd(value)
         return super().to_representation(Decimal(value))
+
+
+class MoneyField(UsdField):
+    """USD with six places, like prices, but room for balances and totals up to $999,999,999,999."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_digits", 18)
+        super().__init__(**kwargs)
+
+
+class CentsField(serializers.DecimalField):
+    """USD in whole cents as a plain decimal string ("25" or "25.00"): no exponents, no more places."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_digits", CENTS_MAX_DIGITS)
+        kwargs.setdefault("decimal_places", CENTS_PLACES)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: int | float | str | Decimal) -> Decimal:
+        if isinstance(data, str):
+            try:
+                parse_cents(data)
+            except ValueError:
+                self.fail("invalid")
+        return super().to_internal_value(data)

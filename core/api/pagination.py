@@ -1,5 +1,13 @@
+"""Pagination for every API list: page numbers from 1, and a 400 for a malformed page or size."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import Paginator
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 
 class Pagination(PageNumberPagination):
@@ -10,14 +18,14 @@ class Pagination(PageNumberPagination):
     max_page_size = 200
     last_page_strings = ()  # `page` is an integer, as the schema says
 
-    def get_page_size(self, request):
+    def get_page_size(self, request: Request) -> int:
         return self._positive_int(request, self.page_size_query_param, self.page_size, self.max_page_size)
 
-    def get_page_number(self, request, paginator):
+    def get_page_number(self, request: Request, paginator: Paginator[Any]) -> int:
         return self._positive_int(request, self.page_query_param, 1, None)
 
     @staticmethod
-    def _positive_int(request, name, default, maximum):
+    def _positive_int(request: Request, name: str, default: int, maximum: int | None) -> int:
         raw = request.query_params.get(name)
         if raw is None:
             return default
@@ -30,7 +38,7 @@ class Pagination(PageNumberPagination):
             raise ValidationError({name: [f"Must be a whole number of at least 1{bound}."]})
         return value
 
-    def get_schema_operation_parameters(self, view):
+    def get_schema_operation_parameters(self, view: APIView) -> list[dict[str, Any]]:
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:
             parameter["schema"]["minimum"] = 1

@@ -1,8 +1,9 @@
 """The Idempotency-Key header at the API edge: its OpenAPI description and its parsing."""
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
 
-from marketplace.idempotency import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_RE, request_fingerprint
+from core.idempotency import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_RE, request_fingerprint
 
 
 def idempotency_parameter(description: str) -> OpenApiParameter:
@@ -12,7 +13,7 @@ def idempotency_parameter(description: str) -> OpenApiParameter:
     )
 
 
-def idempotency_key(request) -> tuple[str, str]:
+def idempotency_key(request: Request) -> tuple[str, str]:
     """(the key, the fingerprint of the body), both "" when the header is absent; 400 for a malformed key."""
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is None:

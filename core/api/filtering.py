@@ -1,12 +1,16 @@
 """django-filter for the API: a filter given without a value is a 400, not silently ignored."""
+from collections.abc import Iterable
+
 import django_filters
+from django.http import QueryDict
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
 
 PAGINATION_PARAMS = {"page", "page_size", "format"}
 
 
-def reject_unknown_params(request, allowed) -> None:
+def reject_unknown_params(request: Request, allowed: Iterable[str]) -> None:
     """A misspelt filter would otherwise be ignored and return everything: name it in a 400."""
     unknown = sorted(set(request.query_params) - set(allowed) - PAGINATION_PARAMS)
     if unknown:
@@ -16,10 +20,12 @@ def reject_unknown_params(request, allowed) -> None:
 class StrictFilterSet(django_filters.FilterSet):
     """`?country=` names a filter and gives it nothing; django-filter would drop it and return everything."""
 
-    def is_valid(self):
+    def is_valid(self) -> bool:
         valid = super().is_valid()
+        data = self.data
+        assert isinstance(data, QueryDict)  # the query parameters (DjangoFilterBackend passes query_params)
         for name in self.filters:
-            if name in self.data and any(value.strip() == "" for value in self.data.getlist(name)):
+            if name in data and any(value.strip() == "" for value in data.getlist(name)):
                 self.form.add_error(name, "Give a value, or leave the parameter out.")
                 valid = False
         return valid

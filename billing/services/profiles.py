@@ -1,0 +1,84 @@
+"""A user's billing settings: the Stripe Connect account payouts go to, and automatic top-ups.
+
+The rules of a profile live here, whoever changes it (the API's PATCH, the payouts page): the views parse and call.
+"""
+import re
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from billing.models import BillingProfile, Card
+from billing.services.customers import profile_for
+from billing.services.top_ups import top_up_bounds
+from core.errors import ValidationFailed
+from marketplace.models import User
+from marketplace.money import micros_to_usd
+
+# A Stripe Connect account id, or "" for none; the API's schema publishes this pattern and the payouts form uses it.
+CONNECT_ACCOUNT_ID = r"^(acct_[A-Za-z0-9]{1,90})?$"
+_CONNECT_ACCOUNT_RE = re.compile(CONNECT_ACCOUNT_ID)
+CONNECT_ACCOUNT_MESSAGE = "A Stripe Connect account id looks like acct_1A2b3C4d."
+
+
+class _Keep:
+    """The card is left as it is (None would remove it)."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = _Keep()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileChanges:
+    """What to change; None (for the card: KEEP) leaves a setting as it is."""
+
+    stripe_connect_account_id: str | None = None
+    auto_top_up_enabled: bool | None = None
+    auto_top_up_threshold_micros: int | None = None
+    auto_top_up_amount_micros: int | None = None
+    auto_top_up_card_id: int | None | _Keep = KEEP
+
+
+@transaction.atomic
+def profile_update(*, user: User, changes: ProfileChanges) -> BillingProfile:
+    """Apply the changes; refused (ValidationFailed naming the field, nothing written) when the result breaks a rule.
+
+    Auto top-up, when on (switched on now or before), needs a saved card of the user's, an amount within the top-up
+    bounds and a threshold above zero.
+    """
+    profile = profile_for(user=user)
+    profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
+    if changes.stripe_connect_account_id is not None:
+        if not _CONNECT_ACCOUNT_RE.fullmatch(changes.stripe_connect_account_id):
+            raise ValidationFailed(CONNECT_ACCOUNT_MESSAGE, field="stripe_connect_account_id")
+        profile.stripe_connect_account_id = changes.stripe_connect_account_id
+    if not isinstance(changes.auto_top_up_card_id, _Keep):
+        card = None
+        if changes.auto_top_up_card_id is not None:
+            card = Card.objects.filter(pk=changes.auto_top_up_card_id, user=user).first()
+            if card is None:
+                raise ValidationFailed("No such card of yours.", field="auto_top_up_card")
+        profile.auto_top_up_card = card
+    if changes.auto_top_up_threshold_micros is not None:
+        profile.auto_top_up_threshold_micros = changes.auto_top_up_threshold_micros
+    if changes.auto_top_up_amount_micros is not None:
+        profile.auto_top_up_amount_micros = changes.auto_top_up_amount_micros
+    if changes.auto_top_up_enabled is not None:
+        profile.auto_top_up_enabled = changes.auto_top_up_enabled
+    if profile.auto_top_up_enabled:
+        _check_auto_top_up(profile)
+    profile.save()
+    return profile
+
+
+def _check_auto_top_up(profile: BillingProfile) -> None:
+    if profile.auto_top_up_card_id is None:
+        raise ValidationFailed("Auto top-up needs a saved card.", field="auto_top_up_card")
+    low, high = top_up_bounds()
+    if not low <= profile.auto_top_up_amount_micros <= high:
+        raise ValidationFailed(f"Between ${micros_to_usd(low)} and ${micros_to_usd(high)}.",
+                               field="auto_top_up_amount")
+    if profile.auto_top_up_threshold_micros <= 0:
+        raise ValidationFailed("Give a threshold above zero.", field="auto_top_up_threshold")

@@ -1,0 +1,50 @@
+"""Money is integers of micro-dollars (1e-6 USD); decimals exist only at the edges (API fields, pages, sentences).
+
+Owned by no app: the API toolkit's money fields (core.api.fields) and every app's services use it.
+"""
+import re
+from decimal import ROUND_HALF_UP, Decimal
+
+MICROS_PER_USD = 1_000_000
+USD_QUANTUM = Decimal("0.000001")
+# Prices as decimals: six places (micro-dollars), up to $999,999.999999.
+USD_MAX_DIGITS, USD_PLACES = 12, 6
+# Amounts typed in whole cents: up to $9,999,999.99.
+CENTS_MAX_DIGITS, CENTS_PLACES = 9, 2
+
+# USD in whole cents as people and clients type it: "25", "25.5", "25.00". No sign, exponent or thousands
+# separator, at most seven whole digits, and a point only with decimals after it ("25." is not an amount).
+_PLAIN_CENTS = re.compile(rf"\d{{1,{CENTS_MAX_DIGITS - CENTS_PLACES}}}(\.\d{{1,{CENTS_PLACES}}})?")
+
+
+def usd_to_micros(amount: Decimal) -> int:
+    """Exact for any amount with at most six decimal places (the serializers enforce that)."""
+    return int((amount * MICROS_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def micros_to_usd(micros: int) -> Decimal:
+    return (Decimal(micros) / MICROS_PER_USD).quantize(USD_QUANTUM)
+
+
+def parse_cents(text: str) -> int:
+    """Whole cents of a plain decimal amount of USD (spaces around it are ignored); ValueError for anything else.
+
+    The one rule for amounts typed in cents: the API's CentsField and the pages' amount fields both parse with it.
+    """
+    text = text.strip()
+    if not _PLAIN_CENTS.fullmatch(text):
+        raise ValueError(f"{text!r} is not an amount of USD with at most two decimal places.")
+    return int(Decimal(text) * 100)
+
+
+def usd_text(micros: int) -> str:
+    """Money in a sentence a person reads (events, e-mails, error messages): whole cents, one minus sign.
+
+    "$1.39", "$10,000.00", "−$5.00"; a non-zero amount under a cent is "less than $0.01". The API's figures stay
+    exact (micros_to_usd); only the words round.
+    """
+    amount = micros_to_usd(micros)
+    cents = amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    if cents == 0 and amount != 0:
+        return "less than $0.01"
+    return f"{'−' if cents < 0 else ''}${abs(cents):,.2f}"

@@ -1,0 +1,137 @@
+"""Rows owned by one user, made straight through services and the ORM (no SSH, no Celery, no Stripe):
+the contract suite needs one object of a kind, the query counts need N of every kind."""
+import itertools
+from datetime import date, timedelta
+
+from django.utils import timezone
+
+from billing.models import (
+    AccountKind,
+    BillingEvent,
+    Card,
+    EventKind,
+    Payout,
+    Refund,
+    StripeEvent,
+    TopUp,
+    TransactionKind,
+)
+from billing.services.customers import profile_for
+from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.services.metering import usage_close
+from marketplace.models import ApiKey, Instance, Interruption, InterruptionCause, Node, SshKey, User
+from marketplace.services.accounts import api_key_create
+from marketplace.services.ssh_keys import ssh_key_create
+from provisioning.models import NodeEvent, VerificationRun
+from tests.billing.helpers import book, run, stop
+from tests.factories import UserFactory, make_listed_node, make_node
+from tests.marketplace.renting_helpers import ed25519_key
+
+_seq = itertools.count(1)
+
+
+def api_key(user: User) -> ApiKey:
+    return api_key_create(user=user, name=f"extra {next(_seq)}")[0]
+
+
+def ssh_key(user: User) -> SshKey:
+    return ssh_key_create(user=user, public_key=ed25519_key(), name=f"key {next(_seq)}")
+
+
+def card(user: User) -> Card:
+    n = next(_seq)
+    return Card.objects.create(user=user, stripe_payment_method_id=f"pm_contract_{n}", brand="visa",
+                               last4=f"{n % 10000:04d}", exp_month=12, exp_year=2040)
+
+
+def top_up(user: User) -> TopUp:
+    saved = card(user)
+    return TopUp.objects.create(user=user, amount_micros=25_000_000, card=saved, card_label=str(saved))
+
+
+def node(user: User) -> Node:
+    """A pending node of `user` (the provider)."""
+    return make_node(user)
+
+
+def benchmarked_node(user: User) -> Node:
+    found = make_node(user)
+    VerificationRun.objects.create(node=found, verdict="verified", score=90.0, figures={"mode": "simulated"})
+    return found
+
+
+def listed_node(user: User) -> Node:
+    return make_listed_node(user, gpu_count=16)
+
+
+def instance(user: User, on: Node | None = None) -> Instance:
+    """A requested instance of `user` (the renter), on `on` or on another provider's listed node."""
+    return book(user, on or listed_node(UserFactory()))
+
+
+def running_instance(user: User, on: Node | None = None) -> Instance:
+    return run(instance(user, on))
+
+
+def stopped_instance(user: User, on: Node | None = None) -> Instance:
+    return stop(running_instance(user, on))
+
+
+def usage(user: User, on: Node | None = None):
+    """A running instance of `user` with one metered interval (a ledger charge)."""
+    running = running_instance(user, on)
+    return usage_close(instance=running, until=running.started_at + timedelta(seconds=600))
+
+
+def event(user: User) -> BillingEvent:
+    return BillingEvent.objects.create(user=user, kind=EventKind.CREDIT, message="A credit.", data={"n": 1})
+
+
+def payout(user: User) -> Payout:
+    """A pending payout of a week of `user`'s earnings (a balanced ledger posting, as payout_create makes)."""
+    n = next(_seq)
+    amount = 10_000_000
+    earnings = user_account(user_id=user.pk, kind=AccountKind.PROVIDER_EARNINGS)
+    txn, _ = ledger_post(idempotency_key=f"contract-payout:{user.pk}:{n}", kind=TransactionKind.PAYOUT,
+                         lines=[(earnings, -amount), (platform_account(AccountKind.PAYOUT_CLEARING), amount)])
+    start = date(2020, 1, 6) + timedelta(weeks=n)
+    return Payout.objects.create(provider=user, period_start=start, period_end=start + timedelta(days=6),
+                                 amount_micros=amount, destination="acct_1Contract", transaction=txn,
+                                 created_at=timezone.now())
+
+
+def extras(user: User, *, running_on: Node) -> None:
+    """One more row of each model only the admin lists: refunds, Stripe events, node events,
+    interruptions, and a user with a billing profile."""
+    n = next(_seq)
+    now = timezone.now()
+    Refund.objects.create(top_up=top_up(user), amount_micros=1_000_000, reason="admin list", created_by=user)
+    StripeEvent.objects.create(event_id=f"evt_contract_{n}", type="customer.created", payload={"id": n})
+    NodeEvent.objects.create(node=running_on, kind="note", message="admin list")
+    Interruption.objects.create(instance=running_on.instances.first(), cause=InterruptionCause.values[0],
+                                started_at=now, detected_at=now)
+    profile_for(user=UserFactory())
+
+
+MAKERS = {f.__name__: f for f in (api_key, ssh_key, card, top_up, node, benchmarked_node, listed_node, instance,
+                                   running_instance, stopped_instance, usage, event, payout)}
+
+
+def make(kind: str, user: User):
+    return MAKERS[kind](user)
+
+
+def populate(user: User, n: int) -> None:
+    """n more of every kind `user` can own: keys, cards, top-ups, events, payouts, nodes listed as offers with
+    benchmarks (all on the first node), and instances (running, each with a usage interval) on them."""
+    for _ in range(n):
+        api_key(user)
+        ssh_key(user)
+        top_up(user)
+        event(user)
+        payout(user)
+        offered = listed_node(user)
+        usage(user, on=offered)
+        extras(user, running_on=offered)
+        first = Node.objects.filter(provider=user).order_by("pk").first()
+        VerificationRun.objects.create(node=first, verdict="verified", score=90.0, figures={"mode": "simulated"})
