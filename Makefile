@@ -22,13 +22,20 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	$(PIP) install -r requirements-dev.txt -c constraints.txt
 	touch $@
 
+# The `vastai` CLI and SDK for tests/compat, in a venv of their own (requirements-vastai.txt says why).
+VASTAI_VENV := .venv-vastai
+$(VASTAI_VENV)/.installed: requirements-vastai.txt constraints-vastai.txt
+	$(PYTHON) -m venv $(VASTAI_VENV)
+	$(VASTAI_VENV)/bin/pip -q --disable-pip-version-check install -r requirements-vastai.txt -c constraints-vastai.txt
+	touch $@
+
 ## demo: install, migrate, seed, then run web + worker + beat until Ctrl-C
 demo: $(VENV)/.installed-demo
 	scripts/demo
 
 ## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint, the import contract
 ## (.importlinter) and the suite
-test: $(VENV)/.installed-dev services
+test: $(VENV)/.installed-dev $(VASTAI_VENV)/.installed services
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
@@ -66,6 +73,11 @@ lock: $(BIN)/python
 	$(PIP) install -r requirements-dev.txt -r requirements-demo.txt -r requirements-bench.txt
 	(echo '# Every installed package, pinned (pip freeze of requirements*.txt). Regenerate with `make lock`.'; \
 	 $(BIN)/pip freeze --all | grep -v -e '^-e' -e '^pip==' | sort) > constraints.txt
+	$(PYTHON) -m venv $(VASTAI_VENV)
+	$(VASTAI_VENV)/bin/pip -q --disable-pip-version-check install -r requirements-vastai.txt
+	(echo '# Every package of .venv-vastai (requirements-vastai.txt), pinned. Regenerate with `make lock`.'; \
+	 $(VASTAI_VENV)/bin/pip freeze --all | grep -v -e '^-e' -e '^pip==' -e '^setuptools==' | LC_ALL=C sort) \
+	 > constraints-vastai.txt
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(VASTAI_VENV) var

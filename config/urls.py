@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/v1/", include("marketplace.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
+    path("compat/vast/", include("compat.vast.urls")),  # the `vastai` CLI's API (docs/vast-cli.md), unpublished
     path("", include("marketplace.web.urls")),
 ]
 

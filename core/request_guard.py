@@ -74,4 +74,6 @@ class RequestGuardMiddleware:
     def _refuse(request: HttpRequest, status: int, title: str, message: str) -> HttpResponse:
         if request.path_info.startswith("/api/"):
             return JsonResponse({"detail": message}, status=status)
+        if request.path_info.startswith("/compat/"):  # other marketplaces' clients (the `vastai` CLI) read `msg`
+            return JsonResponse({"success": False, "msg": message}, status=status)
         return render(request, "400.html", {"title": title, "message": message}, status=status)

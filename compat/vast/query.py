@@ -1,0 +1,211 @@
+"""The query of `vastai search offers` (POST /api/v0/bundles/): `{field: {op: value}, "order": [[field, dir]],
+"type": ..., "limit": ...}`, checked and turned into conditions on the offers' rows.
+
+Values arrive as the CLI parsed them from text ("2", "RTX A6000", 40000.0, true), so each field says its type and a
+value that is not one is a 400; so is a field this platform cannot answer honestly (a Vast field it does not
+measure: filtering on it would silently drop or keep everything) and any field it does not know.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import ValidationFailed
+
+# The fields of an offer row (compat.vast.offers) a query may filter and order on, by type.
+FIELDS: dict[str, type] = {
+    "id": int, "ask_contract_id": int, "machine_id": int, "num_gpus": int,
+    "gpu_name": str, "gpu_ram": float, "gpu_total_ram": float,
+    "dph_total": float, "dph_base": float,
+    "reliability": float, "reliability2": float, "score": float, "pcie_bw": float,
+    "geolocation": str, "verification": str,
+    "verified": bool, "rentable": bool, "rented": bool, "external": bool,
+}
+KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+ALIASES = {"dph": "dph_total", "reliability_2": "reliability2"}
+# Vast fields this platform does not measure or offer: named in the 400, so that nobody wonders why.
+NOT_OFFERED = {
+    "bw_nvlink", "compute_cap", "cpu_arch", "cpu_cores", "cpu_cores_effective", "cpu_ghz", "cpu_ram",
+    "cuda_max_good", "cuda_vers", "datacenter", "direct_port_count", "disk_bw", "disk_space", "dlperf",
+    "dlperf_per_dphtotal", "dlperf_usd", "driver_version", "duration", "flops_per_dphtotal", "flops_usd",
+    "gpu_arch", "gpu_display_active", "display_active", "gpu_frac", "gpu_max_power", "gpu_max_temp",
+    "gpu_mem_bw", "has_avx", "host_id", "inet_down", "inet_down_cost", "inet_up", "inet_up_cost", "min_bid",
+    "mobo_name", "pci_gen", "static_ip", "storage_cost", "total_flops", "ubuntu_version", "vms_enabled",
+    "cluster_id",
+}
+OPERATORS = ("eq", "neq", "gt", "gte", "lt", "lte", "in", "notin")
+ORDERED_OPERATORS = {"gt", "gte", "lt", "lte"}
+# Keys of the body that are not filters.
+SETTINGS = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
+DEFAULT_ORDER = [("score", True)]
+DEFAULT_LIMIT = 64
+MAX_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class Condition:
+    field: str
+    op: str
+    value: Any  # the field's type, a list of it for in/notin, or None
+
+
+@dataclass
+class Query:
+    conditions: list[Condition] = field(default_factory=list)
+    order: list[tuple[str, bool]] = field(default_factory=lambda: list(DEFAULT_ORDER))  # (field, descending)
+    limit: int = DEFAULT_LIMIT
+
+
+def gpu_name_key(name: str) -> str:
+    """"RTX_A6000", "rtx a6000", "NVIDIA RTX A6000" all name one card; "GeForce RTX 3090" is "RTX 3090"."""
+    words = re.sub(r"[\s_\-]+", " ", name).strip().casefold().split(" ")
+    while words and words[0] in ("nvidia", "geforce"):
+        words = words[1:]
+    return " ".join(words)
+
+
+def _field_name(name: str) -> str:
+    name = ALIASES.get(name, name)
+    if name in FIELDS:
+        return name
+    if name in NOT_OFFERED:
+        raise ValidationFailed(f"`{name}` is a Vast.ai field this platform does not measure or offer; leave it out "
+                               f"of the query (fields: {', '.join(sorted(FIELDS))}).", field=name)
+    raise ValidationFailed(f"Unknown field `{name}` (fields: {', '.join(sorted(FIELDS))}).", field=name)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = FIELDS[name]
+    wrong = ValidationFailed(f"`{name}` takes {KIND_WORDS[kind]}, not {value!r}.", field=name)
+    if value is None:
+        return None
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise wrong
+    if kind is str:
+        if isinstance(value, str) and len(value) <= 200:
+            return value
+        raise wrong
+    if isinstance(value, bool):
+        raise wrong
+    try:
+        number = float(value) if isinstance(value, str | int | float) else math.nan
+    except ValueError:
+        raise wrong from None
+    if not math.isfinite(number):
+        raise wrong
+    if kind is int:
+        if not number.is_integer():
+            raise wrong
+        return int(number)
+    return number
+
+
+def _conditions(name: str, spec: Any) -> list[Condition]:
+    name = _field_name(name)
+    if not isinstance(spec, Mapping) or not spec:
+        raise ValidationFailed(f"`{name}` needs operators and values, e.g. {{\"gte\": 2}}; got {spec!r}.", field=name)
+    out = []
+    for op, value in spec.items():
+        if op not in OPERATORS:
+            raise ValidationFailed(f"Unknown operator `{op}` for `{name}` (operators: {', '.join(OPERATORS)}).",
+                                   field=name)
+        if op in ORDERED_OPERATORS and FIELDS[name] in (str, bool):
+            raise ValidationFailed(f"`{name}` cannot be compared with `{op}`: use eq, neq, in or notin.", field=name)
+        if op in ("in", "notin"):
+            if not isinstance(value, list) or len(value) > 100:
+                raise ValidationFailed(f"`{name}` `{op}` takes a list of values, not {value!r}.", field=name)
+            out.append(Condition(name, op, [_coerce(name, item) for item in value]))
+        elif value is None and op in ORDERED_OPERATORS:
+            raise ValidationFailed(f"`{name}` `{op}` needs a value.", field=name)
+        else:
+            out.append(Condition(name, op, _coerce(name, value)))
+    return out
+
+
+def _order(value: Any) -> list[tuple[str, bool]]:
+    if not isinstance(value, list) or len(value) > 10:
+        raise ValidationFailed(f"`order` is a list of [field, \"asc\"|\"desc\"], not {value!r}.", field="order")
+    order = []
+    for item in value:
+        if isinstance(item, str):
+            item = [item, "asc"]
+        if (not isinstance(item, list | tuple) or len(item) != 2 or not isinstance(item[0], str)
+                or item[1] not in ("asc", "desc")):
+            raise ValidationFailed(f"`order` takes [field, \"asc\"|\"desc\"] pairs, not {item!r}.", field="order")
+        order.append((_field_name(item[0]), item[1] == "desc"))
+    return order or list(DEFAULT_ORDER)
+
+
+def parse(body: Any) -> Query:
+    """The request body as a Query; a ValidationFailed (400) names what is wrong."""
+    if not isinstance(body, Mapping):
+        raise ValidationFailed("The query is a JSON object: {field: {operator: value}, \"order\": ..., ...}.")
+    query = Query()
+    kind = body.get("type", "on-demand")
+    if kind not in ("on-demand", "ask"):
+        raise ValidationFailed(f"Only on-demand offers exist here (`type` {kind!r}): no interruptible (bid) or "
+                               "reserved pricing.", field="type")
+    if "order" in body:
+        query.order = _order(body["order"])
+    if body.get("limit") is not None:
+        limit = body["limit"]
+        text = str(limit)
+        if isinstance(limit, bool) or not isinstance(limit, int | str) or not (text.isascii() and text.isdigit()) \
+                or not 1 <= int(text) <= MAX_LIMIT:
+            raise ValidationFailed(f"`limit` is a whole number from 1 to {MAX_LIMIT}.", field="limit")
+        query.limit = int(limit)
+    storage = body.get("allocated_storage")
+    if storage is not None and (isinstance(storage, bool) or not isinstance(storage, int | float)):
+        raise ValidationFailed("`allocated_storage` is a number (GiB).", field="allocated_storage")
+    for name, spec in body.items():
+        if name not in SETTINGS:
+            query.conditions.extend(_conditions(name, spec))
+    return query
+
+
+def compare(op: str, have: Any, want: Any, norm: Callable[[Any], Any]) -> bool:
+    if op == "in":
+        return norm(have) in [norm(w) for w in want]
+    if op == "notin":
+        return norm(have) not in [norm(w) for w in want]
+    if op == "eq":
+        return norm(have) == norm(want)
+    if op == "neq":
+        return norm(have) != norm(want)
+    if have is None:
+        return False  # not measured: never "greater" or "less" than anything
+    return {"gt": have > want, "gte": have >= want, "lt": have < want, "lte": have <= want}[op]
+
+
+def _norm_for(name: str) -> Callable[[Any], Any]:
+    if name == "gpu_name":
+        return lambda v: gpu_name_key(v) if isinstance(v, str) else v
+    if FIELDS[name] is str:
+        return lambda v: v.casefold() if isinstance(v, str) else v
+    return lambda v: v
+
+
+def matches(row: Mapping[str, Any], conditions: list[Condition]) -> bool:
+    return all(compare(c.op, row.get(c.field), c.value, _norm_for(c.field)) for c in conditions)
+
+
+def _key(name: str, norm: Callable[[Any], Any]) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: norm(row[name])
+
+
+def sort(rows: list[dict[str, Any]], order: list[tuple[str, bool]]) -> list[dict[str, Any]]:
+    """Stable sorts from the last key to the first; rows without a value (null) last either way; `id` breaks ties."""
+    rows = sorted(rows, key=lambda r: r["id"])
+    for name, descending in reversed(order):
+        norm = _norm_for(name)
+        present = [r for r in rows if r.get(name) is not None]
+        absent = [r for r in rows if r.get(name) is None]
+        rows = sorted(present, key=_key(name, norm), reverse=descending) + absent
+    return rows

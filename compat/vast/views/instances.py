@@ -1,0 +1,243 @@
+"""Instances: `create instance` (PUT /asks/ID/), `show instance(s)`, stop/start/label/destroy; our states on Vast's
+four (`actual_status`), ours in `status_msg`."""
+import json
+import math
+from collections import Counter
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from core.errors import NotFound, ValidationFailed
+from marketplace.models import Image, Instance, InstanceStatus, SshKey
+from marketplace.services import instances as instance_svc
+
+from .. import offers, query
+from .base import VastView, _body, _epoch, _label, _refuse_unknown, _user
+
+S = InstanceStatus
+# Our states on Vast's four (`actual_status`); `status_msg` carries ours, and its reason.
+ACTUAL_STATUS: dict[str, str] = {
+    S.REQUESTED: "created", S.PROVISIONING: "loading", S.STARTING: "loading", S.INTERRUPTED: "loading",
+    S.RUNNING: "running", S.STOPPING: "exited", S.STOPPED: "exited", S.FAILED: "exited",
+    S.DESTROYING: "exited", S.DESTROYED: "exited",
+}
+INTENDED_STATUS: dict[str, str] = {
+    S.STOPPING: "stopped", S.STOPPED: "stopped", S.FAILED: "stopped", S.DESTROYING: "stopped", S.DESTROYED: "stopped",
+}
+
+
+
+
+def instance_row(instance: Instance) -> dict[str, Any]:
+    node = instance.node
+    running = instance.status == S.RUNNING
+    message = instance.status_message
+    return {
+        "id": instance.pk, "machine_id": instance.node_id,
+        "actual_status": ACTUAL_STATUS.get(instance.status, "exited"),
+        "intended_status": INTENDED_STATUS.get(instance.status, "running"),
+        "cur_state": "running" if running else "stopped",
+        "status_msg": f"{instance.status}: {message}" if message else instance.status,
+        "num_gpus": instance.num_gpus, "gpu_name": instance.gpu_model.name, "gpu_ram": instance.gpu_model.memory_mib,
+        "gpu_totalram": instance.gpu_model.memory_mib * instance.num_gpus,
+        "disk_space": instance.disk_gb, "image_uuid": instance.image.slug, "image_runtype": "ssh",
+        "label": instance.label or None, "extra_env": [],
+        "ssh_host": instance.ssh_host if running and instance.ssh_host else None,
+        "ssh_port": instance.ssh_port if running else None,
+        "ssh_user": (instance.ssh_user or "root") if running else None,
+        "dph_total": offers.usd(instance.price_per_hour_micros), "dph_base": offers.usd(instance.price_per_hour_micros),
+        "start_date": _epoch(instance.created_at), "end_date": None,
+        "uptime_mins": (timezone.now() - instance.started_at).total_seconds() / 60
+        if running and instance.started_at else None,
+        "reliability2": node.reliability, "verification": node.verdict, "geolocation": str(node.country) or None,
+    }
+
+
+def _own_instances(request: Request):
+    return instance_svc.instances_for_user(user=_user(request)).select_related("node")
+
+
+def _own_instance(request: Request, instance_id: int) -> Instance:
+    instance = _own_instances(request).filter(pk=instance_id).first()
+    if instance is None:
+        raise NotFound(f"No instance {instance_id}.")
+    return instance
+
+
+# What `show instances` may filter (`--status`, `--label`, `--gpu-name`, `--verification`) and order on.
+INSTANCE_COLUMNS = {"id", "machine_id", "actual_status", "intended_status", "label", "gpu_name", "num_gpus",
+                    "verification", "geolocation", "image_uuid", "start_date", "dph_total", "disk_space"}
+
+
+def _compare(op: str, have: Any, want: Any) -> bool:
+    if op in query.ORDERED_OPERATORS and not isinstance(have, int | float):
+        return False
+    return query.compare(op, have, want, lambda v: v)
+
+
+def _json_param(request: Request, name: str, default: Any) -> Any:
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValidationFailed(f"`{name}` is JSON.", field=name) from None
+
+
+def _whole(request: Request, name: str, default: int, low: int, high: int) -> int:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise ValidationFailed(f"`{name}` is a whole number from {low} to {high}.", field=name)
+    return int(text)
+
+
+class InstanceListView(VastView):
+    """GET /api/v1/instances/ (under /compat/vast): `vastai show instances`, all columns, one page at a time."""
+
+    def get(self, request):
+        filters = _json_param(request, "select_filters", {})
+        order_by = _json_param(request, "order_by", [{"col": "id", "dir": "asc"}])
+        limit = _whole(request, "limit", 25, 1, 25)
+        offset = _whole(request, "after_token", 0, 0, 10**9)
+        rows = [instance_row(i) for i in _own_instances(request).exclude(status=S.DESTROYED).order_by("id")]
+        if not isinstance(filters, dict):
+            raise ValidationFailed("`select_filters` is {column: {operator: value}}.", field="select_filters")
+        for column, spec in filters.items():
+            if column not in INSTANCE_COLUMNS or not isinstance(spec, dict):
+                raise ValidationFailed(f"Cannot filter on `{column}` (columns: {', '.join(sorted(INSTANCE_COLUMNS))})"
+                                       ".", field="select_filters")
+            for op, value in spec.items():
+                if op not in query.OPERATORS or (op in ("in", "notin") and not isinstance(value, list)):
+                    raise ValidationFailed(f"Unknown operator `{op}` for `{column}`.", field="select_filters")
+                if op in query.ORDERED_OPERATORS and not isinstance(value, int | float):
+                    raise ValidationFailed(f"`{column}` `{op}` takes a number.", field="select_filters")
+                rows = [r for r in rows if _compare(op, r[column], value)]
+        if not isinstance(order_by, list):
+            raise ValidationFailed("`order_by` is [{\"col\": ..., \"dir\": \"asc\"|\"desc\"}].", field="order_by")
+        order = []
+        for item in order_by:
+            if not isinstance(item, dict) or item.get("col") not in INSTANCE_COLUMNS \
+                    or item.get("dir", "asc") not in ("asc", "desc"):
+                raise ValidationFailed(f"`order_by` is [{{\"col\": COLUMN, \"dir\": \"asc\"|\"desc\"}}], columns: "
+                                       f"{', '.join(sorted(INSTANCE_COLUMNS))}.", field="order_by")
+            order.append((item["col"], item.get("dir") == "desc"))
+        for column, descending in reversed(order):
+            present = [r for r in rows if r.get(column) is not None]
+            rows = sorted(present, key=lambda r, c=column: r[c], reverse=descending) + [
+                r for r in rows if r.get(column) is None]
+        page = rows[offset:offset + limit]
+        more = offset + limit < len(rows)
+        return Response({
+            "instances": page, "next_token": str(offset + limit) if more else None, "total_instances": len(rows),
+            "label_counts": dict(Counter(r["label"] or "" for r in rows)),
+        })
+
+
+class InstanceFiltersView(VastView):
+    """GET /api/v0/instances/filters/: the values `show instances` offers to filter on (its table's panel)."""
+
+    def get(self, request):
+        rows = [instance_row(i) for i in _own_instances(request).exclude(status=S.DESTROYED)]
+        combos = {(r["actual_status"], r["verification"], r["gpu_name"]) for r in rows}
+        return Response({"filters": [{"actual_status": a, "verification": v, "gpu_name": g}
+                                     for a, v, g in sorted(combos)]})
+
+
+class InstanceView(VastView):
+    """GET/PUT/DELETE /api/v0/instances/ID/: show; stop, start, label; destroy."""
+
+    def get(self, request, instance_id: int):
+        instance = _own_instance(request, instance_id)
+        if instance.status == S.DESTROYED:
+            return Response({"instances": None})
+        return Response({"instances": instance_row(instance)})
+
+    def put(self, request, instance_id: int):
+        body = _body(request)
+        _refuse_unknown(body, {"state", "label"})
+        instance = _own_instance(request, instance_id)
+        if "label" in body:
+            instance = instance_svc.instance_label(instance=instance, label=_label(body["label"]))
+        state = body.get("state")
+        if state == "stopped":
+            instance_svc.instance_stop(instance=instance)
+        elif state == "running":
+            instance_svc.instance_start(instance=instance)
+        elif state is not None:
+            raise ValidationFailed(f"`state` is \"running\" or \"stopped\", not {state!r}.", field="state")
+        return Response({"success": True})
+
+    def delete(self, request, instance_id: int):
+        instance_svc.instance_destroy(instance=_own_instance(request, instance_id))
+        return Response({"success": True})
+
+
+# What `create instance` may send, and the value that means "not asked for". Anything else is refused: this
+# platform starts a VM reached by SSH with the account's keys, nothing else.
+_CREATE_UNSET: dict[str, tuple[Any, str]] = {
+    "env": ({}, "environment variables and port mappings (--env)"),
+    "onstart": (None, "an on-start script (--onstart / --onstart-cmd)"),
+    "args": (None, "an args launch (--args)"),
+    "price": (None, "interruptible instances (--bid_price)"),
+    "extra": (None, "--extra"),
+    "image_login": (None, "private registries (--login)"),
+    "python_utf8": (False, "--python-utf8"),
+    "lang_utf8": (False, "--lang-utf8"),
+    "use_jupyter_lab": (False, "Jupyter"),
+    "jupyter_dir": (None, "Jupyter"),
+    "template_hash_id": (None, "templates (--template_hash)"),
+    "user": (None, "--user"),
+    "volume_info": (None, "volumes"),
+}
+_CREATE_IGNORED = {"client_id", "force", "cancel_unavail", "image", "disk", "label", "runtype"}
+SSH_RUNTYPES = {"ssh", "ssh_proxy", "ssh_direc ssh_proxy", "ssh_direct"}
+
+
+def _image(name: Any) -> Image:
+    if not isinstance(name, str) or not name:
+        raise ValidationFailed("Give an image: --image SLUG (see GET /api/v1/images/).", field="image")
+    image = Image.objects.filter(Q(slug=name) | Q(docker_image=name) | Q(libvirt_image=name), active=True).first()
+    if image is None:
+        slugs = ", ".join(Image.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
+        raise ValidationFailed(f"No image {name!r} here; the images offered are: {slugs}.", field="image")
+    return image
+
+
+def _disk(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValidationFailed("`disk` is a number of GB.", field="disk")
+    return math.ceil(value)
+
+
+class OfferCreateView(VastView):
+    """PUT /api/v0/asks/ID/: `vastai create instance ID --image ... --disk ... --ssh`."""
+
+    def put(self, request, ask_id: int):
+        body = _body(request)
+        _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED)
+        for name, (unset, what) in _CREATE_UNSET.items():
+            if body.get(name, unset) not in (unset, None, "", {}, [], False):
+                raise ValidationFailed(f"This platform does not offer {what}: an instance is a VM you reach by SSH.",
+                                       field=name)
+        runtype = body.get("runtype")
+        if runtype is not None and runtype not in SSH_RUNTYPES:
+            raise ValidationFailed(f"Only SSH instances (--ssh) are offered, not runtype {runtype!r}.",
+                                   field="runtype")
+        node_id, num_gpus = offers.offer_of(ask_id)
+        image, disk, label = _image(body.get("image")), _disk(body.get("disk")), _label(body.get("label"))
+        # `create` names no key: every key of the account goes on the instance.
+        keys = list(SshKey.objects.filter(user=request.user).order_by("id").values_list("public_key", flat=True))
+        if not keys:
+            raise ValidationFailed("Your account has no SSH key: add one first (vastai create ssh-key KEY); every "
+                                   "key of the account is put on the instance.", field="ssh_key")
+        instance, _ = instance_svc.instance_create(renter=request.user, node_id=node_id, num_gpus=num_gpus,
+                                                   image=image, ssh_public_keys=keys, disk_gb=disk, label=label)
+        return Response({"success": True, "new_contract": instance.pk})

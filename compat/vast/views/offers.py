@@ -1,0 +1,16 @@
+"""`search offers`: POST /api/v0/bundles/ through the same FilterSet and selector as GET /api/v1/offers/."""
+
+from rest_framework import permissions
+from rest_framework.response import Response
+
+from .. import offers, query
+from .base import VastView
+
+
+class OffersSearchView(VastView):
+    """POST /api/v0/bundles/: `vastai search offers`. Public, like GET /api/v1/offers/."""
+
+    permission_classes = [permissions.AllowAny]
+
+    def post(self, request):
+        return Response({"offers": offers.offers_find(query.parse(request.data))})

@@ -1,0 +1,302 @@
+"""The Vast.ai-compatible API (/compat/vast) with the DRF test client: every endpoint's happy path, bad input and
+ownership. The real `vastai` CLI and SDK drive it in test_cli.py."""
+import pytest
+
+from marketplace.models import Instance, Node, SshKey
+from marketplace.services import instances as svc
+from tests.factories import UserFactory, make_listed_node, make_node
+from tests.marketplace.renting_helpers import add_key, book, ed25519_key, run
+
+V0 = "/compat/vast/api/v0"
+# What `vastai search offers` sends by default, before the user's own query.
+DEFAULTS = {"verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True},
+            "order": [["score", "desc"]], "type": "on-demand", "allocated_storage": 5.0}
+
+
+def search(client, **query):
+    r = client.post(f"{V0}/bundles/", {**DEFAULTS, **query}, format="json")
+    return r
+
+
+def msg(response) -> str:
+    body = response.json()
+    assert body["success"] is False, body
+    return body["msg"]
+
+
+@pytest.fixture
+def market(db):
+    provider = UserFactory()
+    a6000 = make_listed_node(provider, gpu_model="rtx-a6000", gpu_count=3, price="0.800000", country="SE",
+                             score=1.2, reliability=0.97)
+    a100 = make_listed_node(provider, gpu_model="a100-80gb-sxm", gpu_count=2, price="2.000000", score=3.0)
+    make_listed_node(provider, gpu_model="rtx-a6000", gpu_count=2, listed=False)  # not offered
+    return provider, a6000, a100
+
+
+# ----------------------------------------------------------------------------------------------------- offers
+
+
+def test_search_offers_one_offer_per_node_and_gpu_count(anon, market):
+    _, a6000, a100 = market
+    r = search(anon)
+    assert r.status_code == 200 and r["Content-Type"] == "application/json"  # the CLI checks it exactly
+    offers = r.json()["offers"]
+    assert [o["id"] for o in offers] == [a100.pk * 100 + 1, a100.pk * 100 + 2] + [a6000.pk * 100 + n for n in (1, 2, 3)]
+    two = next(o for o in offers if o["id"] == a6000.pk * 100 + 2)
+    assert two["num_gpus"] == 2 and two["machine_id"] == a6000.pk and two["gpu_name"] == "RTX A6000"
+    assert two["dph_total"] == pytest.approx(1.6) and isinstance(two["gpu_ram"], int)
+    assert two["reliability"] == pytest.approx(0.97) and two["geolocation"] == "SE" and two["verified"] is True
+    assert "cpu_ram" not in two and "inet_up" not in two  # not measured here: absent, never invented
+
+
+def test_search_offers_filters_and_orders_as_the_cli_sends_them(anon, market):
+    _, a6000, _ = market
+    # `vastai search offers 'gpu_name=RTX_A6000 num_gpus>=2' -o dph-`
+    r = search(anon, gpu_name={"eq": "RTX A6000"}, num_gpus={"gte": "2"}, order=[["dph_total", "desc"]])
+    assert r.status_code == 200, r.content
+    assert [o["id"] for o in r.json()["offers"]] == [a6000.pk * 100 + 3, a6000.pk * 100 + 2]
+    r = search(anon, gpu_ram={"gte": 40000.0}, dph_total={"lt": "3"}, geolocation={"in": ["DE", "US"]})
+    assert {o["num_gpus"] for o in r.json()["offers"]} == {1}  # the A100 node (DE), one GPU under $3/h
+    assert search(anon, gpu_name={"in": ["GeForce RTX 4090"]}).json()["offers"] == []
+    assert len(search(anon, limit=2).json()["offers"]) == 2
+
+
+def test_degraded_offers_are_not_verified(anon, db):
+    node = make_node(gpu_model="rtx-a4000", gpu_count=1, state="active", verdict="degraded")
+    assert search(anon).json()["offers"] == []  # the CLI's default asks verified=true
+    offers = search(anon, verified={"eq": False}).json()["offers"]
+    assert [(o["machine_id"], o["verification"]) for o in offers] == [(node.pk, "degraded")]
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    ({"colour": {"eq": "red"}}, "Unknown field `colour`"),
+    ({"cpu_ram": {"gte": 16000.0}}, "does not measure or offer"),
+    ({"num_gpus": {"about": 2}}, "Unknown operator `about`"),
+    ({"num_gpus": {"gte": "two"}}, "`num_gpus` takes a whole number"),
+    ({"num_gpus": {"gte": 1.5}}, "`num_gpus` takes a whole number"),
+    ({"verified": {"eq": "maybe"}}, "`verified` takes true or false"),
+    ({"gpu_name": {"gt": "A"}}, "cannot be compared"),
+    ({"geolocation": {"in": "SE"}}, "takes a list"),
+    ({"num_gpus": 2}, "needs operators and values"),
+    ({"order": [["colour", "asc"]]}, "Unknown field `colour`"),
+    ({"order": "score"}, "`order`"),
+    ({"type": "bid"}, "Only on-demand"),
+    ({"limit": 0}, "`limit`"),
+])
+def test_search_offers_bad_queries_are_a_400_with_a_msg(anon, market, query, words):
+    r = search(anon, **query)
+    assert r.status_code == 400
+    assert words in msg(r)
+
+
+def test_search_offers_malformed_body(anon, db):
+    r = anon.post(f"{V0}/bundles/", "[1, 2", content_type="application/json")
+    assert r.status_code == 400 and msg(r)
+    r = anon.post(f"{V0}/bundles/", [1], format="json")
+    assert r.status_code == 400 and "JSON object" in msg(r)
+
+
+# ----------------------------------------------------------------------------------------------------- instances
+
+
+def _create(client, ask_id, **body):
+    return client.put(f"{V0}/asks/{ask_id}/", {"client_id": "me", "image": "cuda-12-4", "disk": 20.0,
+                                                "env": {}, "runtype": "ssh", "label": None, **body}, format="json")
+
+
+def test_create_instance_installs_every_key_of_the_account(api, market):
+    _, a6000, _ = market
+    keys = [add_key(api.user), add_key(api.user)]
+    r = _create(api, a6000.pk * 100 + 2, label="train")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["success"] is True
+    instance = Instance.objects.get(pk=body["new_contract"])
+    assert (instance.renter, instance.node_id, instance.num_gpus, instance.label) == (api.user, a6000.pk, 2, "train")
+    assert instance.ssh_public_keys == [k.public_key for k in keys]
+    assert instance.disk_gb == 20 and instance.image.slug == "cuda-12-4"
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"image": "ubuntu:22.04"}, 400, "the images offered are"),
+    ({"image": None}, 400, "Give an image"),
+    ({"disk": 5}, 400, "needs 20 to"),
+    ({"env": {"-p 8080:8080": "1"}}, 400, "environment variables"),
+    ({"onstart": "echo hi"}, 400, "on-start script"),
+    ({"price": 0.2}, 400, "interruptible"),
+    ({"runtype": "jupyter_proxy ssh_proxy"}, 400, "Only SSH instances"),
+    ({"volume_info": {"size": 5}}, 400, "volumes"),
+    ({"colour": "red"}, 400, "Not supported here: colour"),
+    ({"label": "x" * 101}, 400, "label"),
+])
+def test_create_instance_bad_input(api, market, body, status, words):
+    _, a6000, _ = market
+    add_key(api.user)
+    r = _create(api, a6000.pk * 100 + 1, **body)
+    assert r.status_code == status
+    assert words in msg(r)
+    assert not Instance.objects.exists()
+
+
+def test_create_instance_needs_a_key_an_offer_and_a_key_holder(api, anon, market):
+    _, a6000, _ = market
+    r = _create(api, a6000.pk * 100 + 1)
+    assert r.status_code == 400 and "no SSH key" in msg(r)
+    add_key(api.user)
+    assert _create(api, a6000.pk * 100).status_code == 404  # no offer has 0 GPUs
+    r = _create(api, a6000.pk * 100 + 4)  # the node has 3
+    assert r.status_code == 400 and "ask for 1 to 3" in msg(r)
+    r = _create(anon, a6000.pk * 100 + 1)
+    assert r.status_code == 401 and msg(r)
+    r = anon.put(f"{V0}/asks/{a6000.pk * 100 + 1}/", {}, format="json", HTTP_AUTHORIZATION="Bearer nope")
+    assert r.status_code == 401 and "Invalid or revoked API key" in msg(r)
+    assert not Instance.objects.exists()
+
+
+def test_show_instance_and_instances(api, market):
+    _, a6000, _ = market
+    instance = book(api.user, a6000, num_gpus=2, label="mine")
+    r = api.get(f"{V0}/instances/{instance.pk}/?owner=me")
+    row = r.json()["instances"]
+    assert row["actual_status"] == "created" and row["ssh_host"] is None and row["num_gpus"] == 2
+    assert row["extra_env"] == [] and isinstance(row["start_date"], float) and row["dph_total"] == pytest.approx(1.6)
+    run(instance, host="10.1.2.3", port=40022)
+    row = api.get(f"{V0}/instances/{instance.pk}/").json()["instances"]
+    assert (row["actual_status"], row["ssh_host"], row["ssh_port"], row["image_runtype"]) == (
+        "running", "10.1.2.3", 40022, "ssh")
+    page = api.get("/compat/vast/api/v1/instances/", {
+        "select_filters": '{"actual_status": {"in": ["running"]}}', "order_by": '[{"col": "id", "dir": "asc"}]',
+        "limit": 25}).json()
+    assert [i["id"] for i in page["instances"]] == [instance.pk] and page["next_token"] is None
+    assert page["label_counts"] == {"mine": 1}
+    assert api.get(f"{V0}/instances/filters/").json() == {
+        "filters": [{"actual_status": "running", "verification": "verified", "gpu_name": "RTX A6000"}]}
+    empty = api.get("/compat/vast/api/v1/instances/", {"select_filters": '{"actual_status": {"in": ["exited"]}}'})
+    assert empty.json()["instances"] == []
+    for params, words in [({"select_filters": "{"}, "JSON"), ({"select_filters": '{"secret": {"eq": 1}}'},
+                                                               "Cannot filter"),
+                          ({"order_by": '[{"col": "x"}]'}, "order_by"), ({"limit": "99"}, "limit")]:
+        bad = api.get("/compat/vast/api/v1/instances/", params)
+        assert bad.status_code == 400 and words in msg(bad)
+
+
+def test_stop_start_label_destroy(api, market):
+    _, a6000, _ = market
+    instance = run(book(api.user, a6000))
+    url = f"{V0}/instances/{instance.pk}/"
+    assert api.put(url, {"label": "renamed"}, format="json").json() == {"success": True}
+    assert Instance.objects.get(pk=instance.pk).label == "renamed"
+    assert api.put(url, {"state": "stopped"}, format="json").json() == {"success": True}
+    assert Instance.objects.get(pk=instance.pk).status == "stopping"
+    assert api.get(url).json()["instances"]["actual_status"] == "exited"
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    r = api.put(url, {"state": "stopped"}, format="json")
+    assert r.status_code == 409 and msg(r)  # the service's refusal, in the CLI's words
+    assert api.put(url, {"state": "running"}, format="json").json() == {"success": True}
+    assert Instance.objects.get(pk=instance.pk).status == "starting"
+    for body, words in [({"state": "paused"}, "`state`"), ({"image": "x"}, "Not supported"),
+                        ({"label": "a\x00b"}, "Control characters")]:
+        r = api.put(url, body, format="json")
+        assert r.status_code == 400 and words in msg(r)
+    assert api.delete(url, {}, format="json").json() == {"success": True}
+    assert Instance.objects.get(pk=instance.pk).status == "destroying"
+
+
+def test_another_owners_instance_is_a_404_and_unchanged(api, other_api, anon, market):
+    _, a6000, _ = market
+    instance = run(book(other_api.user, a6000, label="theirs"))
+    url = f"{V0}/instances/{instance.pk}/"
+    for r in [api.get(url), api.put(url, {"state": "stopped"}, format="json"),
+              api.put(url, {"label": "mine"}, format="json"), api.delete(url, {}, format="json")]:
+        assert r.status_code == 404 and msg(r) == f"No instance {instance.pk}."
+    assert api.get("/compat/vast/api/v1/instances/").json()["instances"] == []
+    for r in [anon.get(url), anon.get("/compat/vast/api/v1/instances/"), anon.delete(url)]:
+        assert r.status_code == 401 and msg(r)
+    instance.refresh_from_db()
+    assert (instance.status, instance.label) == ("running", "theirs")
+
+
+def test_destroyed_instances_are_gone(api, market):
+    _, a6000, _ = market
+    instance = book(api.user, a6000)
+    svc.instance_destroy(instance=instance)
+    svc.instance_mark_destroyed(instance_id=instance.pk)
+    assert api.get(f"{V0}/instances/{instance.pk}/").json() == {"instances": None}
+    r = api.put(f"{V0}/instances/{instance.pk}/", {"label": "late"}, format="json")
+    assert r.status_code == 409 and "destroyed" in msg(r)
+    assert api.get("/compat/vast/api/v1/instances/").json()["total_instances"] == 0
+
+
+# ----------------------------------------------------------------------------------------------------- account
+
+
+def test_show_user(api, anon):
+    body = api.get(f"{V0}/users/current").json()
+    assert body["id"] == api.user.pk and body["email"] == api.user.email
+    assert body["balance"] == 0.0 and isinstance(body["credit"], float)
+    assert anon.get(f"{V0}/users/current").status_code == 401
+
+
+def test_ssh_keys(api, other_api, anon):
+    public = ed25519_key("me@laptop")
+    r = api.post(f"{V0}/ssh/", {"ssh_key": public}, format="json")
+    assert r.status_code == 200 and r.json()["success"] is True
+    key_id = r.json()["id"]
+    listed = api.get(f"{V0}/ssh/").json()
+    assert [(k["id"], k["public_key"]) for k in listed] == [(key_id, public.rsplit(" ", 1)[0])]
+    assert other_api.get(f"{V0}/ssh/").json() == []
+    r = api.post(f"{V0}/ssh/", {"ssh_key": public}, format="json")
+    assert r.status_code == 409 and "already added" in msg(r)
+    for body in [{"ssh_key": "ssh-rsa nonsense"}, {"ssh_key": 5}, {}]:
+        assert api.post(f"{V0}/ssh/", body, format="json").status_code == 400
+    assert other_api.delete(f"{V0}/ssh/{key_id}/").status_code == 404
+    assert anon.get(f"{V0}/ssh/").status_code == 401
+    assert api.delete(f"{V0}/ssh/{key_id}/").json() == {"success": True}
+    assert not SshKey.objects.exists()
+
+
+# ----------------------------------------------------------------------------------------------------- hosts
+
+
+def test_machines_list_and_unlist(client_for, other_api, anon, market):
+    provider, a6000, a100 = market
+    host = client_for(provider)
+    machines = host.get(f"{V0}/machines?owner=me").json()["machines"]
+    assert [m["id"] for m in machines] == sorted(Node.objects.filter(provider=provider).values_list("pk", flat=True))
+    row = next(m for m in machines if m["id"] == a6000.pk)
+    assert (row["num_gpus"], row["gpu_name"], row["listed"], row["listed_gpu_cost"]) == (3, "RTX A6000", True, 0.8)
+    assert host.get(f"{V0}/machines/{a6000.pk}?owner=me").json()[0]["id"] == a6000.pk
+    r = host.delete(f"{V0}/machines/{a6000.pk}/asks/", {}, format="json")
+    assert r.json() == {"success": True} and Node.objects.get(pk=a6000.pk).listed is False
+    r = host.put(f"{V0}/machines/create_asks/", {"machine": a6000.pk, "price_gpu": 0.65, "min_chunk": 1,
+                                                 "price_disk": None}, format="json")
+    assert r.json()["success"] is True
+    node = Node.objects.get(pk=a6000.pk)
+    assert node.listed is True and node.price_per_gpu_hour_micros == 650_000
+
+
+def test_machines_bad_input_and_ownership(client_for, other_api, anon, market):
+    provider, a6000, _ = market
+    host = client_for(provider)
+    url = f"{V0}/machines/create_asks/"
+    for body, words in [({"machine": a6000.pk, "price_gpu": 1000}, "price_gpu"),
+                        ({"machine": a6000.pk, "price_gpu": "cheap"}, "price_gpu"),
+                        ({"machine": a6000.pk, "price_disk": 0.1}, "price_disk (-s) is not offered"),
+                        ({"machine": a6000.pk, "min_chunk": 2}, "min_chunk"),
+                        ({"machine": "x"}, "machine id")]:
+        r = host.put(url, body, format="json")
+        assert r.status_code == 400 and words in msg(r)
+    assert other_api.get(f"{V0}/machines?owner=me").json() == {"machines": []}
+    assert other_api.put(url, {"machine": a6000.pk, "price_gpu": 0.1}, format="json").status_code == 404
+    assert other_api.delete(f"{V0}/machines/{a6000.pk}/asks/").status_code == 404
+    assert other_api.get(f"{V0}/machines/{a6000.pk}").status_code == 404
+    assert anon.get(f"{V0}/machines?owner=me").status_code == 401
+    node = Node.objects.get(pk=a6000.pk)
+    assert node.listed is True and node.price_per_gpu_hour_micros == 800_000
+
+
+def test_what_is_not_offered_is_a_json_404(api, anon):
+    for r in [api.put(f"{V0}/instances/reboot/1/", {}, format="json"), anon.get("/compat/vast/nothing"),
+              api.post(f"{V0}/machines/1/force_delete/")]:
+        assert r.status_code == 404 and "not part of this platform" in msg(r)
