@@ -2,7 +2,7 @@
 from django_countries import countries
 from django_countries.serializer_fields import CountryField
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
-from rest_framework import serializers, status, viewsets
+from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -145,6 +145,17 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")
 
 
+class ProviderChangesOwnNode(permissions.BasePermission):
+    """Operators see every live node and may ask for a re-check, but a node's price, listing, maintenance and
+    retirement are its provider's: an operator acts on another provider's node in the admin, not as them here."""
+
+    message = "Only the node's provider may change or retire it; operators use the admin panel."
+
+    def has_object_permission(self, request, view, obj):
+        return request.method in permissions.SAFE_METHODS or view.action == "verify" or \
+            obj.provider_id == request.user.id
+
+
 @extend_schema_view(
     list=extend_schema(summary="Your nodes"),
     retrieve=extend_schema(summary="One of your nodes"),
@@ -156,8 +167,10 @@ _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids thi
 )
 @extend_schema(tags=["nodes"])
 class NodeViewSet(viewsets.ModelViewSet):
-    """A provider sees and changes only its own nodes; another provider's node is a 404."""
+    """A provider sees and changes only its own nodes; another provider's node is a 404. Operators see every
+    live node (403 on changing another provider's)."""
 
+    permission_classes = [permissions.IsAuthenticated, ProviderChangesOwnNode]
     serializer_class = NodeSerializer
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     filterset_fields = ["state", "verdict", "runtime"]

@@ -155,13 +155,14 @@ CALLS: list[Call] = [
     Call("get", f"{V1}/images/{{slug}}/", PUBLIC, 200, path_params={"slug": "pytorch-2-5"}),
     Call("get", f"{V1}/offers/", PUBLIC, 200),
     Call("get", f"{V1}/offers/{{id}}/", PUBLIC, 200, owned="listed_node"),
-    # providers' nodes: operators see and change every live node (marketplace.selectors.nodes_for_user)
+    # providers' nodes: operators see every live node and may ask for a re-check, but only the provider changes
+    # or retires it (marketplace.api.nodes.ProviderChangesOwnNode)
     Call("get", f"{V1}/nodes/", USER, 200, lists="node"),
     Call("post", f"{V1}/nodes/", USER, 201, body=_node_body),
     Call("get", f"{V1}/nodes/{{id}}/", USER, 200, owned="node", operator_other=200),
     Call("patch", f"{V1}/nodes/{{id}}/", USER, 200, owned="node", body=lambda ctx: {"name": "renamed"},
-         operator_other=200),
-    Call("delete", f"{V1}/nodes/{{id}}/", USER, 204, owned="node", operator_other=204),
+         operator_other=403),
+    Call("delete", f"{V1}/nodes/{{id}}/", USER, 204, owned="node", operator_other=403),
     Call("post", f"{V1}/nodes/{{id}}/verify/", USER, 202, owned="node", operator_other=202),
     Call("get", f"{V1}/nodes/{{id}}/benchmarks/", USER, 200, owned="benchmarked_node", operator_other=200),
     # renters' SSH keys and instances: operators see only their own here (the admin shows them all)

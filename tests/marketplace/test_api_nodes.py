@@ -400,3 +400,14 @@ def test_retire_with_a_rented_gpu_is_409(api, user):
     assert "rented" in r.json()["detail"]
     node.refresh_from_db()
     assert node.state == NodeState.ACTIVE and node.listed is True
+
+
+def test_an_operator_may_not_change_or_retire_another_providers_node(operator_api, api):
+    node_id = api.post(URL, valid_payload()).json()["id"]
+    for response in (operator_api.patch(node_url(node_id), {"price_per_gpu_hour": "9.99"}, format="json"),
+                     operator_api.delete(node_url(node_id))):
+        assert response.status_code == 403
+        assert response.json() == {"detail": "Only the node's provider may change or retire it; "
+                                             "operators use the admin panel."}
+    node = api.get(node_url(node_id)).json()
+    assert node["state"] != "retired" and node["price_per_gpu_hour"] != "9.990000"
