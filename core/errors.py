@@ -29,7 +29,20 @@ class ApplicationError(Exception):
 
 
 class ValidationFailed(ApplicationError):
-    """The input breaks a rule (400); `field` names it when one field is at fault."""
+    """The input breaks a rule (400); `field` names it when one field is at fault, `errors` ({field: [message]})
+    every field at fault when a service checked several at once (then `message` and `field` are the first)."""
+
+    def __init__(self, message: str, *, field: str | None = None, extra: dict[str, Any] | None = None,
+                 errors: dict[str, list[str]] | None = None):
+        super().__init__(message, field=field, extra=extra)
+        self.errors: dict[str, list[str]] = dict(errors) if errors else ({field: [message]} if field else {})
+
+    @classmethod
+    def check(cls, problems: dict[str, str]) -> None:
+        """Raise one ValidationFailed naming every field of `problems` ({field: message}), if there is any."""
+        if problems:
+            field, message = next(iter(problems.items()))
+            raise cls(message, field=field, errors={name: [text] for name, text in problems.items()})
 
 
 class PermissionDenied(ApplicationError):

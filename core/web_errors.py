@@ -14,7 +14,7 @@ from django import forms
 from django.contrib import messages
 from django.http import HttpRequest
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, ValidationFailed
 
 E = TypeVar("E", bound=ApplicationError)
 
@@ -43,6 +43,11 @@ def error_message(exc: ApplicationError) -> str:
 def form_error(form: forms.BaseForm, exc: ApplicationError, *, default_field: str | None = None) -> None:
     """Show the error on the form: on its own field (`exc.field`, or else `default_field`) when the form has that
     field, else above the form."""
+    if isinstance(exc, ValidationFailed) and len(exc.errors) > 1:
+        for field, texts in exc.errors.items():
+            for text in texts:
+                form.add_error(field if field in form.fields else None, text)
+        return
     name = exc.field or default_field
     form.add_error(name if name in form.fields else None, error_message(exc))
 

@@ -152,3 +152,23 @@ def test_a_form_error_without_a_field_can_go_on_the_forms_own_field():
     form_error(form, errors.Conflict("You already added this key."), default_field="public_key")
     form_error(form, InvalidSshKey("Bad key."), default_field="amount")  # its own field first
     assert form.errors == {"public_key": ["You already added this key.", "Bad key."]}
+
+
+def test_a_rule_checking_several_fields_names_each_in_the_api_and_on_the_form():
+    with pytest.raises(errors.ValidationFailed) as raised:
+        errors.ValidationFailed.check({"amount": "Too small.", "public_key": "Missing.", "other": "Odd."})
+    assert (raised.value.field, raised.value.message) == ("amount", "Too small.")  # the first, for one-line uses
+    assert _answer(raised.value) == {"amount": ["Too small."], "public_key": ["Missing."], "other": ["Odd."]}
+    form = _Form({})
+    form.is_valid()
+    form_error(form, raised.value)
+    assert form.errors == {"amount": ["Too small."], "public_key": ["Missing."], "__all__": ["Odd."]}
+    errors.ValidationFailed.check({})  # no problem: nothing raised
+
+
+def _answer(exc):
+    """What the API answers for `exc` (through a real view and the one exception handler)."""
+    response = Refusing.as_view(error=exc)(APIRequestFactory().get("/api/v1/anything/"))
+    response.render()
+    assert response.status_code == exc.status_code
+    return response.data

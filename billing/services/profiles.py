@@ -12,7 +12,7 @@ from billing.services.customers import profile_for
 from billing.services.top_ups import top_up_bounds
 from core.errors import ValidationFailed
 from marketplace.models import User
-from marketplace.money import micros_to_usd
+from marketplace.money import usd_text
 
 # A Stripe Connect account id, or "" for none; the API's schema publishes this pattern and the payouts form uses it.
 CONNECT_ACCOUNT_ID = r"^(acct_[A-Za-z0-9]{1,90})?$"
@@ -74,11 +74,13 @@ def profile_update(*, user: User, changes: ProfileChanges) -> BillingProfile:
 
 
 def _check_auto_top_up(profile: BillingProfile) -> None:
+    """Every problem at once (one answer naming each field), not the first only."""
+    problems: dict[str, str] = {}
     if profile.auto_top_up_card_id is None:
-        raise ValidationFailed("Auto top-up needs a saved card.", field="auto_top_up_card")
+        problems["auto_top_up_card"] = "Auto top-up needs a saved card."
     low, high = top_up_bounds()
     if not low <= profile.auto_top_up_amount_micros <= high:
-        raise ValidationFailed(f"Between ${micros_to_usd(low)} and ${micros_to_usd(high)}.",
-                               field="auto_top_up_amount")
+        problems["auto_top_up_amount"] = f"Between {usd_text(low)} and {usd_text(high)}."
     if profile.auto_top_up_threshold_micros <= 0:
-        raise ValidationFailed("Give a threshold above zero.", field="auto_top_up_threshold")
+        problems["auto_top_up_threshold"] = "Give a threshold above zero."
+    ValidationFailed.check(problems)

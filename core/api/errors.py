@@ -14,11 +14,13 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, ValidationFailed
 
 
 def error_body(exc: ApplicationError) -> dict[str, Any]:
     """The JSON body of an ApplicationError's answer."""
+    if isinstance(exc, ValidationFailed) and exc.errors:
+        return dict(exc.errors)  # like a serializer's errors: every field at fault
     if exc.field and exc.status_code == 400:
         # Like a serializer's error; 402, 409, 422... concern the request as a whole.
         return {exc.field: [exc.message]}

@@ -124,6 +124,10 @@ def test_the_profile_sets_a_payout_account_and_auto_top_up(api, other_api):
                 {"auto_top_up_card": theirs.pk}, {"auto_top_up_amount": "1.00"}, {"unknown": 1},
                 {"auto_top_up_enabled": True, "auto_top_up_card": card.pk, "auto_top_up_amount": "20.00"}):
         assert api.patch("/api/v1/billing/profile/", bad, format="json").status_code == 400, bad
+    # Every problem of an auto top-up is named at once, each on its field.
+    refused = api.patch("/api/v1/billing/profile/", {"auto_top_up_enabled": True}, format="json")
+    assert set(refused.json()) == {"auto_top_up_card", "auto_top_up_amount", "auto_top_up_threshold"}
+    assert refused.json()["auto_top_up_card"] == ["Auto top-up needs a saved card."]
     body = {"auto_top_up_enabled": True, "auto_top_up_card": card.pk, "auto_top_up_amount": "20.00",
             "auto_top_up_threshold": "5.00"}
     response = api.patch("/api/v1/billing/profile/", body, format="json")
