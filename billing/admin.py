@@ -33,7 +33,10 @@ from marketplace.money import micros_to_usd, usd_to_micros
 
 
 def usd(micros: int | None) -> str:
-    return "" if micros is None else f"${micros_to_usd(micros)}"
+    """The ledger's exact figure for operators (six decimals), with the pages' sign rule: "−$5.000000"."""
+    if micros is None:
+        return ""
+    return f"{'−' if micros < 0 else ''}${micros_to_usd(abs(micros))}"
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -7,7 +7,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from marketplace.money import micros_to_usd
+from core.money import micros_to_usd, usd_text
 
 register = template.Library()
 
@@ -54,14 +54,14 @@ def billing_links() -> list[tuple[str, str]]:
 
 
 @register.filter
-def usd(micros, places=2) -> str:
-    """Integer micro-dollars as "$1.39" (at least `places` decimals, more when the amount has them)."""
+def usd(micros) -> str:
+    """Integer micro-dollars as a person reads them: whole cents, one minus sign ("$1.39", "−$5.00"); "–" for none.
+
+    The same words as core.money.usd_text (messages, e-mails, errors): one rule for every page and sentence.
+    """
     if micros is None or micros == "":
         return "–"
-    amount = micros_to_usd(int(micros)).normalize()
-    digits_exponent = amount.as_tuple().exponent  # an int: the amount is finite
-    exponent = -digits_exponent if isinstance(digits_exponent, int) and digits_exponent < 0 else 0
-    return f"${amount:,.{max(int(places), exponent)}f}"
+    return usd_text(int(micros))
 
 
 @register.filter
@@ -114,6 +114,11 @@ def field(bound_field, css_class=""):
         attrs["aria-describedby"] = " ".join(described)
     if bound_field.errors:
         attrs["aria-invalid"] = "true"
+        # The form's first invalid field takes the focus when the page loads, which scrolls it into view: a
+        # form far down a page (a node's price) is otherwise sent back looking unchanged (issue 16).
+        form = bound_field.form
+        if next((name for name in form.fields if name in form.errors), None) == bound_field.name:
+            attrs["autofocus"] = True
     return {"f": bound_field, "kind": kind, "attrs": attrs, "widget_html": bound_field.as_widget(attrs=attrs),
             "css_class": css_class}
 

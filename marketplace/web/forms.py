@@ -155,9 +155,13 @@ class RentForm(forms.Form):
         self.fields["num_gpus"] = forms.IntegerField(
             label="Number of GPUs", min_value=1, max_value=node.gpu_count, initial=1,
             help_text=f"{free} of this server's {node.gpu_count} GPUs are free now.")
-        self.fields["ssh_keys"].queryset = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
-        if not self.is_bound and not self.fields["ssh_keys"].queryset.exists():
-            self.fields["ssh_keys"].help_text = "You have no saved keys yet: paste one below."
+        self.fields["ssh_keys"].queryset = keys = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
+        if not self.is_bound:
+            saved = list(keys.values_list("pk", flat=True)[:2])
+            if not saved:
+                self.fields["ssh_keys"].help_text = "You have no saved keys yet: paste one below."
+            elif len(saved) == 1:  # the only key: ticked, so that "Rent now" works at once
+                self.initial.setdefault("ssh_keys", saved)
 
     def clean_ssh_keys(self):
         keys = self.cleaned_data["ssh_keys"]

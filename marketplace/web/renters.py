@@ -121,9 +121,9 @@ def gpu_compare(request):
         columns = offered or columns
     price_chart = charts.hbar_chart(
         [charts.Group("", [charts.Bar(c.model.name, c.cheapest_per_tflop, "ok" if c.best_value else "",
-                                      f"${c.cheapest_per_tflop:.4f}" if c.cheapest_per_tflop is not None
+                                      _cents(c.cheapest_per_tflop) if c.cheapest_per_tflop is not None
                                       else "no offer now") for c in columns])],
-        title="USD per BF16 TFLOP/s per hour at the cheapest offer (lower is better)",
+        title="US cents per BF16 TFLOP/s per hour at the cheapest offer (lower is better)",
     )
     share_chart = charts.hbar_chart(
         [charts.Group(c.model.name, [
@@ -142,6 +142,12 @@ def gpu_compare(request):
 
 
 NOT_MEASURED = format_html('<span class="muted">{}</span>', "not measured yet")
+
+
+def _cents(usd_value: float) -> str:
+    """A price per TFLOP/s-hour is a fraction of a cent: shown in cents ("0.38 ¢"), never as "$0.0038", so that
+    no page shows dollars with more than two decimals."""
+    return f"{usd_value * 100:.2f} ¢"
 
 
 def _num(value, places=1):
@@ -168,7 +174,7 @@ def _compare_table(columns) -> list[dict]:
             value = getattr(c, attr)
             if value is None:
                 return "–"
-            return format_html('${} <span class="muted small">({})</span>', f"{value:.4f}", c.bf16_basis[1])
+            return format_html('{} <span class="muted small">({})</span>', _cents(value), c.bf16_basis[1])
         return cell
 
     def offers(c):
@@ -241,9 +247,32 @@ def funds_refusal(exc: svc.InsufficientFunds) -> str:
             "on the Balance page.")
 
 
+def _estimate(funds: dict, offer, num_gpus: int) -> dict:
+    """What booking `num_gpus` of this offer costs per hour, and how long the balance lasts at the renter's whole
+    burn rate with it (the funds check's figures: their running and starting instances plus this one).
+    site.js redoes the sum from the data-* figures when the number of GPUs changes."""
+    per_hour = offer.price_per_gpu_hour_micros * num_gpus
+    total = funds["committed_rate_micros"] + per_hour
+    balance = funds["balance_micros"]
+    return {"num_gpus": num_gpus, "per_hour_micros": per_hour, "total_rate_micros": total,
+            "lasts_s": balance * 3600 // total if balance > 0 and total else 0}
+
+
+def _chosen_gpus(form) -> int:
+    """The number of GPUs the form asks for (1 until it names a valid one)."""
+    field = form.fields["num_gpus"]
+    try:
+        value = int(form["num_gpus"].value() or 1)
+    except (TypeError, ValueError):
+        return 1
+    return value if 1 <= value <= (field.max_value or value) else 1
+
+
 def _render_rent(request, offer, form, status=200):
-    return render(request, "marketplace/rent.html", {"offer": offer, "form": form,
-                                                     "funds": _funds(request.user, offer)}, status=status)
+    funds = _funds(request.user, offer)
+    return render(request, "marketplace/rent.html", {
+        "offer": offer, "form": form, "funds": funds, "estimate": _estimate(funds, offer, _chosen_gpus(form)),
+    }, status=status)
 
 
 @login_required

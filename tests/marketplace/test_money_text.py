@@ -17,3 +17,28 @@ from marketplace.money import usd_text
 ])
 def test_usd_text(micros, text):
     assert usd_text(micros) == text
+
+
+# The pages' `usd` filter is the same rule as usd_text (core.money): whole cents, rounded half-up (half a cent goes
+# away from zero, as Decimal's ROUND_HALF_UP does), the minus sign before the dollar sign.
+@pytest.mark.parametrize("micros, text", [
+    (1_234_567, "$1.23"),  # a price per GPU-hour with six decimals reads in cents
+    (1_235_000, "$1.24"),
+    (1_225_000, "$1.23"),  # half-up, not half-even ($1.22)
+    (-24_955_000, "−$24.96"),
+    (-5_000_000, "−$5.00"),
+    (0, "$0.00"),
+    (999_999_999_999_999, "$1,000,000,000.00"),  # rounds up across every digit
+    (-1_234_567_890_123_456, "−$1,234,567,890.12"),
+    ("2490000", "$2.49"),  # a template may hand over text
+    (None, "–"),
+    ("", "–"),
+])
+def test_the_pages_usd_filter(micros, text):
+    from django.template import Context, Template
+
+    from marketplace.templatetags.marketplace_web import usd
+
+    assert usd(micros) == text
+    rendered = Template("{% load marketplace_web %}{{ m|usd }}").render(Context({"m": micros}))
+    assert rendered == text

@@ -348,7 +348,7 @@ def test_operator_finds_a_rejected_node_and_its_reasons(
     rejected = page.locator(".fleet-lists")
     assert "cheap-a100" in rejected.inner_text() and "streaming multiprocessors" in rejected.inner_text()
     revenue = page.locator(".fleet-revenue").inner_text()
-    assert "charged to renters" in revenue.lower() and revenue.count("$74.70") == 2 and revenue.count("$11.205") == 2
+    assert "charged to renters" in revenue.lower() and revenue.count("$74.70") == 2 and revenue.count("$11.21") == 2
     shot(page, "admin-dashboard")
 
     page.get_by_role("link", name=re.compile("nodes rejected")).click()

@@ -87,7 +87,7 @@ def test_comparison_says_not_measured_without_runs_and_prices_per_tflop(client, 
     assert "A100 80GB SXM" in page and "RTX A6000" in page and "H100 SXM" not in page.split("<table")[1]
     assert "not measured yet" in page
     # $1.20 per GPU-hour / 312 datasheet BF16 TFLOP/s
-    assert "$0.0038" in page and "(datasheet)" in page
+    assert "0.38 ¢" in page and "(datasheet)" in page
     assert "<svg" in page and 'role="img"' in page
 
 
@@ -99,7 +99,7 @@ def test_comparison_uses_the_measured_medians(client, fleet):
     VerificationRun.objects.create(node=node, verdict="verified", figures=figures, score=90.0)
     page = client.get("/gpus/?models=a100-80gb-sxm").content.decode()
     assert "270.0" in page and "87 %" in page.replace("87%", "87 %")
-    assert "2,500" in page and "$0.0044" in page and "(measured)" in page  # 1.20 / 270
+    assert "2,500" in page and "0.44 ¢" in page and "(measured)" in page  # 1.20 / 270
 
 
 def test_comparison_defaults_to_models_on_offer(client, fleet):
@@ -181,8 +181,37 @@ def test_rent_without_funds_says_so(web, renter, fleet, settings):
     settings.BILLING_REQUIRE_FUNDS = True
     r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1",
                                                         "ssh_public_key": ed25519_key(), "request_token": "t"})
-    assert r.status_code == 400 and "balance" in r.content.decode()
+    page = r.content.decode()
+    assert r.status_code == 400 and "balance" in page
+    assert "/api/" not in page.split('<form method="post"')[1]  # the service's wording names the API's endpoint
+    assert "$0.49 per hour" in page and not re.search(r"\$[\d,]*\.\d{3}", page)
     assert not Instance.objects.exists()
+
+
+def test_rent_ticks_the_only_saved_key(web, funded_renter, fleet):
+    url = f"/offers/{fleet['a100_cheap'].pk}/rent/"
+    key = add_key(funded_renter, "laptop")
+    assert re.search(rf'value="{key.pk}"[^>]*checked|checked[^>]*value="{key.pk}"', web.get(url).content.decode())
+    add_key(funded_renter, "desktop")  # two keys: the renter chooses
+    assert not re.search(r'name="ssh_keys"[^>]*checked', web.get(url).content.decode())
+
+
+def test_rent_shows_the_estimate_at_the_whole_burn_rate(web, funded_renter, fleet):
+    from billing.services.ledger import wallet_balance
+
+    book(funded_renter, fleet["a6000"], num_gpus=2)  # $0.98 per hour already committed
+    balance = wallet_balance(user_id=funded_renter.pk)
+    page = web.get(f"/offers/{fleet['a100_cheap'].pk}/rent/").content.decode()
+    estimate = re.sub(r"<[^>]+>|\s+", " ", page.split('id="estimate"')[1].split("</section>")[0])
+    estimate = re.sub(r"\s+", " ", estimate)
+    assert "1 GPU × $1.20 per GPU-hour = $1.20 per hour" in estimate
+    assert "($0.98 per hour) you would pay $2.18 per hour" in estimate
+    hours = balance / 2_180_000
+    assert f"lasts about {int(hours // 24)} d {int(hours % 24)} h" in estimate, (estimate, hours)
+    # A form sent back with 3 GPUs: the estimate follows it.
+    r = web.post(f"/offers/{fleet['a100_cheap'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "3",
+                                                             "request_token": "t", "ssh_keys": []})
+    assert r.status_code == 400 and "3 GPUs</span> × $1.20 per GPU-hour" in r.content.decode()
 
 
 def test_rent_form_needs_csrf(csrf_web, funded_renter, fleet):

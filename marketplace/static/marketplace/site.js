@@ -10,6 +10,8 @@
  * 2. Copy buttons: <button data-copy="#id"> copies the text of #id and says so in its own live region.
  * 3. <details data-close-on-narrow> starts closed on a phone-sized screen (unless it has data-active), so the
  *    results come first; it stays open on wider screens and without JavaScript.
+ * 4. The rent page's #estimate follows the number of GPUs typed: the same sums the server made for the first
+ *    figure (marketplace/web/renters.py _estimate), money in cents as the `usd` filter shows it.
  */
 (function () {
   "use strict";
@@ -88,5 +90,38 @@
     }
     wireCopyButtons(document);
     document.querySelectorAll("[data-poll-url]").forEach(startPolling);
+    wireEstimate();
   });
+  function wireEstimate() {
+    var box = document.getElementById("estimate");
+    var input = document.getElementById("id_num_gpus");
+    if (!box || !input) return;
+    var price = Number(box.getAttribute("data-price-micros"));
+    var committed = Number(box.getAttribute("data-committed-micros"));
+    var balance = Number(box.getAttribute("data-balance-micros"));
+    var money = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD" });
+    function usd(micros) { return money.format(Math.round(micros / 10000) / 100); }
+    function duration(s) {  /* the `duration` filter's words */
+      var d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), sec = s % 60;
+      function two(n) { return (n < 10 ? "0" : "") + n; }
+      if (d) return d + " d " + h + " h";
+      if (h) return m ? h + " h " + two(m) + " min" : h + " h";
+      if (m) return m + " min " + two(sec) + " s";
+      return sec + " s";
+    }
+    function set(name, text) {
+      var el = box.querySelector('[data-est="' + name + '"]');
+      if (el && el.textContent !== text) el.textContent = text;
+    }
+    input.addEventListener("input", function () {
+      var n = parseInt(input.value, 10);
+      var max = parseInt(input.getAttribute("max") || "0", 10);
+      if (!(n >= 1) || (max && n > max)) return;  /* the form says what is wrong when it is sent */
+      var total = committed + n * price;
+      set("gpus", n + (n === 1 ? " GPU" : " GPUs"));
+      set("per-hour", usd(n * price));
+      set("total", usd(total));
+      set("lasts", balance > 0 && total ? "about " + duration(Math.floor(balance * 3600 / total)) : "no time: top up first");
+    });
+  }
 })();
