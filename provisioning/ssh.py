@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 AGENT_PATH = Path(__file__).resolve().parent / "agent" / "gpumarket_agent"  # the package, shipped as a zipapp
 REMOTE_AGENT_DIR = ".gpumarket/agent"
 AGENT_COMMANDS = {
-    ("inventory",), ("health",), ("benchmark",),
+    ("inventory",), ("health",), ("benchmark",), ("challenge",),
     ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
 }
 MAX_ANSWER_BYTES = 8 << 20
@@ -274,6 +274,22 @@ class NodeSession:
             raise AgentFailed(answer.get("error") or {})
         return answer
 
+    def exchange(self, command: str) -> AgentExchange:
+        """Start an interactive agent command (one JSON object a line both ways); close the result when done."""
+        if (command,) not in AGENT_COMMANDS:
+            raise ValueError(f"unknown agent command {command}")
+        remote = self.ensure_agent()
+        assert re.fullmatch(r"[A-Za-z0-9._/-]+", remote)
+        try:
+            transport = self._client.get_transport() if self._client is not None else None
+            if transport is None:
+                raise NodeUnreachable("The SSH connection is closed.")
+            chan = transport.open_session(timeout=self.timeouts.connect)
+            chan.exec_command(" ".join(["python3", remote, command]))
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
+        return AgentExchange(chan)
+
     def _exec(self, cmd: str, stdin: bytes, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         try:
@@ -310,3 +326,53 @@ class NodeSession:
         if not out.strip():
             raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
         return bytes(out)
+
+
+class AgentExchange:
+    """One interactive agent command: send() writes a JSON line, receive() reads one line (bytes) by a deadline,
+    both on the time.monotonic() clock. receive() gives (None, now) on timeout and raises EOFError once the agent
+    closed its output; a broken connection raises NodeUnreachable."""
+
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+        self.buffer = bytearray()
+        self.closed = False
+
+    def send(self, message: dict) -> float:
+        try:
+            self.chan.sendall(json.dumps(message).encode() + b"\n")
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
+        return time.monotonic()
+
+    def receive(self, timeout: float) -> tuple[bytes | None, float]:
+        deadline = time.monotonic() + timeout
+        while True:
+            end = self.buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[:end + 1]
+                return line, time.monotonic()
+            if self.closed:
+                raise EOFError("the agent closed its output")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, time.monotonic()
+            self.chan.settimeout(min(left, 1.0))
+            try:
+                chunk = self.chan.recv(65536)
+            except TimeoutError:
+                continue
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
+            if not chunk:
+                self.closed = True
+                if self.buffer:  # a last line without its newline
+                    self.buffer += b"\n"
+                continue
+            self.buffer += chunk
+            if len(self.buffer) > MAX_ANSWER_BYTES:
+                raise EOFError("the agent's answer is larger than 8 MiB")
+
+    def close(self) -> None:
+        self.chan.close()

@@ -251,6 +251,9 @@ BENCHMARK_TIME_LIMIT_S = env_int("BENCHMARK_TIME_LIMIT_S", 300)
 BENCHMARK_QUICK = env_bool("BENCHMARK_QUICK", False)
 REVERIFY_INTERVAL_S = env_int("REVERIFY_INTERVAL_S", 7 * 24 * 3600)
 REVERIFY_JITTER_S = env_int("REVERIFY_JITTER_S", 24 * 3600)
+# A GPU model's fleet reference (the median of what its verified/degraded nodes measured) is used once this many
+# other nodes of the model have a measured latest run; fewer, and nodes are judged against the datasheet only.
+FLEET_REFERENCE_MIN_NODES = env_int("FLEET_REFERENCE_MIN_NODES", 5)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)
 CELERY_BEAT_SCHEDULE = {

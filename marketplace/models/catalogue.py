@@ -10,6 +10,9 @@ class GpuModel(models.Model):
     form_factor = models.CharField(max_length=10, choices=[("pcie", "PCIe"), ("sxm", "SXM")])
     memory_gb = models.PositiveIntegerField(help_text="Nominal memory size in GB.")
     memory_mib = models.PositiveIntegerField(help_text="memory.total as nvidia-smi reports it (MiB).")
+    # GDDR6 cards with ECC on give 1/16 of their memory to it; HBM keeps ECC beside the data (one size either way).
+    memory_mib_ecc_off = models.PositiveIntegerField(help_text="memory.total with ECC off (MiB).")
+    memory_mib_ecc_on = models.PositiveIntegerField(help_text="memory.total with ECC on (MiB).")
     memory_type = models.CharField(max_length=20, help_text="e.g. HBM2e, GDDR6 ECC.")
     memory_bandwidth_gbps = models.FloatField(help_text="Datasheet bandwidth, GB/s (10^9 bytes/s).")
     fp32_tflops = models.FloatField()

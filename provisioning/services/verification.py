@@ -1,6 +1,6 @@
-"""Verifying a node: queue the check, run it over SSH (inventory, then the benchmark), judge it with the
-acceptance policy, record it, and list, flag or reject the node; an operator accepting a quarantined node's new
-host key, which verifies it again. (Re-verification on a schedule: maintenance.nodes_reverify_due.)
+"""Verifying a node: queue the check, run it over SSH (inventory, the benchmark, the platform's challenge), judge
+it with the acceptance policy, record it, and list, flag or reject the node; an operator accepting a quarantined
+node's new host key, which verifies it again. (Re-verification on a schedule: maintenance.nodes_reverify_due.)
 
 A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
 re-verification rejects a node that renters are using, the node stays active for them (its verdict keeps it
@@ -8,6 +8,7 @@ off the offers), operators get a critical event and the renters a status message
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
@@ -19,11 +20,13 @@ from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
+from provisioning.selectors import fleet_reference
 from provisioning.services.jobs import job_create, job_send_again_if_unsent
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
-from provisioning.verification.policy import DeclaredModel, judge
+from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
+from provisioning.verification import challenge
+from provisioning.verification.policy import DeclaredModel, Finding, judge
 
 # How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.
 BENCHMARK_SSH_MARGIN_S = 30
@@ -98,6 +101,7 @@ def node_verify_run(job: Job) -> None:
     bench, bench_error = None, ""
     job_step(job, f"connecting to {node.address}:{node.ssh_port}")
     inventory: dict[str, Any] = {}
+    challenged: tuple[list[Finding], dict[str, Any]] = ([], {})
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job, "reading the hardware inventory")
@@ -123,6 +127,7 @@ def node_verify_run(job: Job) -> None:
                     if exc.code == "invalid_request":
                         raise
                     bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
+                challenged = node_challenge(job, session, declared, free)
             else:
                 job_step(job, "every GPU is rented: identity checks only, no benchmark")
     except DuplicateHardware as exc:
@@ -132,12 +137,37 @@ def node_verify_run(job: Job) -> None:
                              inventory=inventory, figures={"rented_gpus": rented})
         return
     job_step(job, "judging the GPUs against the catalogue")
-    result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error)
+    fleet = fleet_reference(node.gpu_model_id, exclude_node_id=node.pk) if bench is not None else None
+    if fleet is not None:
+        job_step(job, f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
+    result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
+                   fleet=fleet)
     figures = {**result.figures, "rented_gpus": rented}
+    if challenged[1]:
+        figures["challenge"] = challenged[1]
     if bench is not None:
         figures["agent_version"] = bench.get("agent_version")
     node_verify_conclude(job=job, verdict=result.verdict, findings=[f.as_dict() for f in result.findings],
                          inventory=inventory, figures=figures, score=result.score)
+
+
+def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
+                   gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
+    """The platform's own check of the GPUs' work (verification/challenge.py): matrices from a secret seed,
+    committed, revealed where the platform picks, recomputed and timed on the platform's side. What the node
+    answers or fails to answer becomes findings; only a broken connection raises (NodeError)."""
+    drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK)
+    job_step(job, f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
+                  f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
+    exchange = session.exchange("challenge")
+    try:
+        outcome = challenge.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
+    finally:
+        exchange.close()
+    started = time.process_time()
+    findings, figures = challenge.judge(declared, drawn, outcome)
+    figures["verify_cpu_s"] = round(time.process_time() - started, 6)  # the control plane's cost (BENCHMARKS.md)
+    return findings, figures
 
 
 # The measured medians a renter compares offers by (the full figures stay on the VerificationRun).

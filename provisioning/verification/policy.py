@@ -20,6 +20,11 @@ REJECT = "reject"
 DEGRADE = "degrade"
 CATALOGUE_FILE = Path(__file__).resolve().parents[2] / "marketplace" / "data" / "gpu_models.json"
 
+# The small-CNN workload figures, judged against the model's fleet only (no datasheet gives them).
+CNN_FIGURES = {
+    "cnn_train_images_s": ("small-CNN training", "images/s"),
+    "cnn_infer_images_s": ("small-CNN inference", "images/s"),
+}
 # The measured figures judged against the datasheet, with their names for people.
 FIGURES = {
     "bf16_tflops": ("BF16 matmul", "TFLOP/s"),
@@ -31,12 +36,23 @@ FIGURES = {
 
 TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rule is
     # --- identity (nvidia-smi) ---
-    # memory.total may differ slightly by driver; GDDR cards with ECC on give up to ~1/16 of it to ECC.
+    # memory.total may differ slightly by driver around the catalogue's size for the card's ECC mode (GDDR6 cards
+    # with ECC on give 1/16 of it to ECC: the catalogue holds both sizes; HBM keeps ECC beside the data).
     "memory_min_fraction": 0.99,
-    "memory_min_fraction_ecc_gddr": 0.93,
     "memory_max_fraction": 1.01,
-    # A card whose power limit is set below this share of its default is capped.
+    # CUDA's total memory / NVML's memory.total on the same card. CUDA leaves out what the driver reserves for
+    # itself (PyTorch's out-of-memory messages put it 0-2 % under memory.total, e.g. 79.15 GiB on an 80 GiB A100)
+    # and never sees more than the card has: outside this band one of the two answers is faked, or the driver is
+    # broken.
+    "cuda_memory_min_fraction": 0.95,
+    "cuda_memory_max_fraction": 1.005,
+    # A card whose power limit is set below this share of its default, or of the model's TDP, is capped.
     "power_limit_min_fraction": 0.95,
+    # Under the benchmark's full load a card held back by its power limit (SwPowerCap) draws that limit: the most
+    # it drew is the limit really enforced, whatever power.limit says. Honest cards at their cap draw 95-100 % of
+    # their TDP; below 90 % the limit in force is lower than the model's (a cap set in firmware, the BMC or hidden
+    # by a shim). Above 90 % the loss is a few per cent of throughput: not worth a finding.
+    "power_capped_draw_max_fraction": 0.90,
     # --- measured figures / datasheet figure ---
     # Below `degrade`: degraded. Below `reject`: rejected (not the card claimed, or broken). Above `max`: rejected
     # (more than the model can do: a different card or a faked timer). gpus.md: healthy BF16 is 80-87 % on
@@ -63,8 +79,27 @@ TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rul
     "slowdown_reasons": ("HwSlowdown", "HwThermalSlowdown", "SwThermalSlowdown", "HwPowerBrakeSlowdown"),
     # Median SM clock under load at least this share of the card's maximum SM clock.
     "sm_clock_min_fraction": 0.60,
+    # --- fleet references: what the same model measures on the platform's other verified/degraded nodes ---
+    # A GPU is below its fleet when a figure falls under median - max(gap x median, mad_k x 1.4826 x MAD) of the
+    # nodes' per-node medians (1.4826 x MAD estimates one standard deviation of a normal spread; a fleet that
+    # spreads widely widens its own floor instead of flagging honest nodes). Gaps: 10 % for the matmul and
+    # bandwidth figures, as the node-median rule (healthy cards differ by up to ~5 % in one node, a run moves a
+    # figure by up to ~3 %); 15 % for the small CNN, which is launch-bound: its images/s move with the host CPU and
+    # the driver too. A slower card whose name and SM count are faked and whose figures land inside the datasheet
+    # bands sits 13-15 % under its fleet. Only with settings.FLEET_REFERENCE_MIN_NODES nodes or more (the
+    # selector's rule). bench/verdict_stability.py gives each gap's headroom.
+    "fleet_max_gap": {"bf16_tflops": 0.10, "fp16_tflops": 0.10, "tf32_tflops": 0.10, "fp32_tflops": 0.10,
+                      "memory_bandwidth_gbs": 0.10, "cnn_train_images_s": 0.15, "cnn_infer_images_s": 0.15},
+    "fleet_mad_k": 4.0,
     # Relative (Frobenius) error of a matmul against FP64 on the same inputs.
     "matmul_max_rel_error": {"fp32": 1e-3, "bf16": 2e-2},
+    # The platform's challenge (challenge.py): entries are exact integers; a BF16-rounded output is off by at most
+    # 2^-8 of the value (8 significant bits), an FP32 one not at all.
+    "challenge_entry_rel_tolerance": 2 ** -8,
+    # Seconds of the platform's own scheduling and SSH jitter (a busy control plane, a loaded worker) given to the
+    # node before "too slow" or "outlier" is judged: ~10 % of the quick target, ~2 % of the full one. "Too fast"
+    # is judged on the raw time, so each judgement gives the node the benefit of the doubt.
+    "challenge_latency_allowance_s": 0.15,
     # --- score ---
     # 100 = the reference card at its datasheet: geometric mean of BF16 and bandwidth ratios, per GPU.
     "score_reference": {"name": "A100 80GB SXM datasheet", "bf16_tflops": 312.0, "memory_bandwidth_gbs": 2039.0},
@@ -101,6 +136,9 @@ class DeclaredModel:
     derived: frozenset = frozenset()  # FIGURES keys the catalogue marks as derived
     sm_count: int | None = None
     pci_device_ids: tuple = ()
+    memory_mib_ecc_off: int = 0  # memory.total with ECC off / on (0: the catalogue does not say; memory_mib then)
+    memory_mib_ecc_on: int = 0
+    tdp_w: float = 0
 
     @classmethod
     def from_catalogue(cls, entry: dict) -> DeclaredModel:
@@ -121,18 +159,34 @@ class DeclaredModel:
             derived=frozenset(derived),
             sm_count=entry["tensor_cores"] // per_sm if per_sm and entry.get("tensor_cores") else None,
             pci_device_ids=PCI_DEVICE_IDS.get(entry.get("slug", ""), ()),
+            memory_mib_ecc_off=entry.get("memory_mib_ecc_off") or entry["memory_mib"],
+            memory_mib_ecc_on=entry.get("memory_mib_ecc_on") or entry["memory_mib"],
+            tdp_w=entry.get("tdp_w") or 0,
         )
 
     @classmethod
     def from_gpu_model(cls, gpu_model) -> DeclaredModel:
         keys = ("slug", "name", "smi_name", "architecture", "memory_mib", "memory_type", "memory_bandwidth_gbps",
                 "fp32_tflops", "tf32_tflops", "bf16_tflops", "figures_note", "pcie_gen", "pcie_lanes",
-                "tensor_cores", "mig_max_instances")
+                "tensor_cores", "mig_max_instances", "memory_mib_ecc_off", "memory_mib_ecc_on", "tdp_w")
         return cls.from_catalogue({k: getattr(gpu_model, k) for k in keys})
 
     @property
     def label(self) -> str:
         return self.name or self.smi_name
+
+    def memory_sizes(self, ecc_mode: str | None) -> tuple[int, int]:
+        """(least, most) MiB memory.total may be for the card's ECC mode; either size when the mode is unknown."""
+        mode = (ecc_mode or "").lower()
+        sizes = {"enabled": [self.memory_mib_ecc_on], "disabled": [self.memory_mib_ecc_off]}.get(
+            mode, [self.memory_mib_ecc_on, self.memory_mib_ecc_off])
+        return min(sizes), max(sizes)
+
+    def memory_said(self) -> str:
+        if self.memory_mib_ecc_on == self.memory_mib_ecc_off:
+            return f"a {self.label} has {self.memory_mib_ecc_on} MiB"
+        return (f"a {self.label} has {self.memory_mib_ecc_on} MiB with ECC on and {self.memory_mib_ecc_off} MiB "
+                "with ECC off")
 
 
 def load_catalogue(path: Path = CATALOGUE_FILE) -> dict[str, dict]:
@@ -159,19 +213,16 @@ def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict
         if name != declared.smi_name:
             findings.append(Finding(REJECT, "gpu_name",
                                     f"GPU {i} reports {name!r}, not {declared.smi_name!r} as declared.", i))
-        memory = gpu.get("memory_total_mib")
-        ecc_gddr = (gpu.get("ecc_mode") or "").lower() == "enabled" and "GDDR" in declared.memory_type
-        low = t["memory_min_fraction_ecc_gddr"] if ecc_gddr else t["memory_min_fraction"]
-        high = t["memory_max_fraction"]
-        if memory is None or not (low * declared.memory_mib <= memory <= high * declared.memory_mib):
-            findings.append(Finding(REJECT, "gpu_memory",
-                                    f"GPU {i} has {memory} MiB of memory; a {declared.smi_name} has "
-                                    f"{declared.memory_mib} MiB.", i))
+        findings += _check_memory_size(declared, i, gpu.get("memory_total_mib"), gpu.get("ecc_mode"), "nvidia-smi")
         limit, default = gpu.get("power_limit_w"), gpu.get("power_default_limit_w")
-        if limit and default and limit < t["power_limit_min_fraction"] * default:
+        floor = max(default or 0, declared.tdp_w or 0) * t["power_limit_min_fraction"]
+        if limit and limit < floor:
+            rated = " and ".join(part for part in (f"its default ({default:g} W)" if default else "",
+                                                   f"a {declared.label}'s TDP ({declared.tdp_w:g} W)"
+                                                   if declared.tdp_w else "") if part)
             findings.append(Finding(DEGRADE, "power_capped",
-                                    f"GPU {i}'s power limit is {limit:g} W, below its default {default:g} W; "
-                                    "reset it with `nvidia-smi -pl` to the default.", i))
+                                    f"GPU {i}'s power limit is {limit:g} W, below {rated}; reset it with "
+                                    f"`nvidia-smi -i {i} -pl {max(default or 0, declared.tdp_w or 0):g}`.", i))
         width_max = gpu.get("pcie_link_width_max")
         if width_max and width_max < declared.pcie_lanes:
             findings.append(Finding(DEGRADE, "pcie_width",
@@ -212,6 +263,22 @@ def duplicate_gpus(gpus: list[tuple[int, str]]) -> Finding:
                    "retire that one first.", gpus[0][0] if gpus else None)
 
 
+def _check_memory_size(declared: DeclaredModel, i, memory, ecc_mode: str | None, source: str) -> list[Finding]:
+    """memory.total (or CUDA's total) against the catalogue's size for the card's ECC mode."""
+    t = TOLERANCES
+    least, most = declared.memory_sizes(ecc_mode)
+    ecc = {"enabled": " with ECC on", "disabled": " with ECC off"}.get((ecc_mode or "").lower(), "")
+    said = f"GPU {i} has {memory} MiB of memory{ecc} according to {source}; {declared.memory_said()}"
+    if memory is None or memory < t["memory_min_fraction"] * least:
+        return [Finding(REJECT, "gpu_memory", f"{said}. It is not the card declared, or part of its memory is "
+                                              "taken (a MIG slice, a vGPU profile): declare the model it is.", i)]
+    if memory > t["memory_max_fraction"] * most:
+        return [Finding(REJECT, "memory_larger_than_model",
+                        f"{said}: more than that model has. Either it is another card (declare that one) or its "
+                        "driver reports a faked size (reinstall NVIDIA's own driver, without shims).", i)]
+    return []
+
+
 def _check_pci_id(declared: DeclaredModel, i, raw) -> list[Finding]:
     """Only a PCI id known to belong to *another* model rejects; an id this table does not know says nothing."""
     parsed = parse_device_id(raw)
@@ -229,19 +296,26 @@ def _check_pci_id(declared: DeclaredModel, i, raw) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------------- performance
 
-def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: Sequence[dict] = ()) -> list[Finding]:
-    """Judge the `benchmark` answer: figures against the datasheet, link, clocks, results, the node's median."""
+def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: Sequence[dict] = (),
+                      fleet: FleetReference | None = None) -> list[Finding]:
+    """Judge the `benchmark` answer: memory and power against nvidia-smi and the catalogue, figures against the
+    datasheet, link, clocks, results, the node's median and (when given) the model's fleet reference."""
     findings: list[Finding] = []
     gpus = bench.get("gpus") or []
-    smi_names = {g.get("index"): g.get("name") for g in inventory_gpus}
+    smi = {g.get("index"): g for g in inventory_gpus}
     for gpu in gpus:
+        seen = smi.get(gpu["index"]) or {}
         if bench.get("device", "cuda") == "cuda":
-            findings += _check_cuda_identity(declared, gpu, smi_names.get(gpu["index"]))
+            findings += _check_cuda_identity(declared, gpu, seen.get("name"))
+            findings += _check_cuda_memory(declared, gpu, seen)
+            findings += _check_power(declared, gpu, seen)
         findings += _check_figures(declared, gpu)
         findings += _check_link(declared, gpu)
         findings += _check_clocks(gpu)
         findings += _check_results(gpu)
     findings += _check_node_median(gpus)
+    if fleet is not None and bench.get("device", "cuda") == "cuda":
+        findings += check_fleet(declared, gpus, fleet)
     return findings
 
 
@@ -257,6 +331,44 @@ def _check_cuda_identity(declared: DeclaredModel, gpu: dict, smi_name: str | Non
         found.append(Finding(REJECT, "sm_count", f"GPU {i} has {sms} streaming multiprocessors; a {declared.label} "
                                                  f"has {declared.sm_count}.", i))
     return found
+
+
+def _check_cuda_memory(declared: DeclaredModel, gpu: dict, smi: dict) -> list[Finding]:
+    """CUDA's total memory against NVML's memory.total and the catalogue. A shim rarely fakes both the same way;
+    one that does (a 40 GB card shown as 80 GB everywhere) is left to the memory proof, which fills the memory."""
+    i, cuda = gpu["index"], gpu.get("memory_mib")
+    if cuda is None:
+        return []
+    found = _check_memory_size(declared, i, cuda, smi.get("ecc_mode"), "CUDA")
+    found = [f for f in found if f.code == "memory_larger_than_model"]  # CUDA's share below NVML's is normal
+    nvml = smi.get("memory_total_mib")
+    t = TOLERANCES
+    if nvml and not (t["cuda_memory_min_fraction"] * nvml <= cuda <= t["cuda_memory_max_fraction"] * nvml):
+        found.append(Finding(REJECT, "memory_mismatch_cuda_nvml",
+                             f"GPU {i} has {cuda} MiB of memory according to CUDA but {nvml} MiB according to "
+                             f"nvidia-smi (NVML); on a sound driver CUDA sees {t['cuda_memory_min_fraction']:.0%}-100 "
+                             "% of it. One of them is faked or the driver is broken: reinstall NVIDIA's own driver "
+                             "(no NVML or CUDA shims), check that `nvidia-smi` and `torch.cuda.mem_get_info()` agree, "
+                             "then verify again.", i))
+    return found
+
+
+def _check_power(declared: DeclaredModel, gpu: dict, smi: dict) -> list[Finding]:
+    """The power the card drew under full load, with SwPowerCap set, is the limit really in force."""
+    i, tele = gpu["index"], gpu.get("telemetry") or {}
+    draw, tdp = tele.get("power_draw_w"), declared.tdp_w
+    if not draw or not tdp or "SwPowerCap" not in (tele.get("clocks_event_reasons") or []):
+        return []
+    if draw >= TOLERANCES["power_capped_draw_max_fraction"] * tdp:
+        return []
+    limit = smi.get("power_limit_w")
+    reported = (f" although it reports a power limit of {limit:g} W: the limit in force is not the one reported"
+                if limit and limit >= TOLERANCES["power_capped_draw_max_fraction"] * tdp else "")
+    return [Finding(DEGRADE, "power_capped",
+                    f"GPU {i} drew at most {draw:g} W under full load while held back by its power limit "
+                    f"(SwPowerCap), {draw / tdp:.0%} of the {tdp:g} W a {declared.label} is rated for{reported}. "
+                    f"Set its limit to {tdp:g} W (`nvidia-smi -i {i} -pl {tdp:g}`) and check the power cap in the "
+                    "BMC or firmware and the power supply.", i)]
 
 
 def _check_figures(declared: DeclaredModel, gpu: dict) -> list[Finding]:
@@ -350,6 +462,57 @@ def _check_node_median(gpus: list[dict]) -> list[Finding]:
                     "cables, or replace it.", i) for i, what in sorted(found.items())]
 
 
+# ------------------------------------------------------------------------------------------ the fleet
+
+@dataclass(frozen=True)
+class FleetReference:
+    """What a model's other verified/degraded nodes measured (each node's per-GPU median, latest run): per figure,
+    the median over the nodes and the median absolute deviation. The service builds it (provisioning.selectors)."""
+
+    nodes: int
+    median: dict = field(default_factory=dict)  # figure -> median over the nodes
+    mad: dict = field(default_factory=dict)  # figure -> median absolute deviation over the nodes
+
+    @classmethod
+    def from_node_medians(cls, node_medians: Sequence[dict]) -> FleetReference:
+        """From each node's per-GPU medians ({figure: value}); a figure no node measured is left out."""
+        median, mad = {}, {}
+        for key in TOLERANCES["fleet_max_gap"]:
+            values = [m[key] for m in node_medians if m.get(key)]
+            if values:
+                median[key] = statistics.median(values)
+                mad[key] = statistics.median(abs(v - median[key]) for v in values)
+        return cls(nodes=len(node_medians), median=median, mad=mad)
+
+    def floor(self, key: str) -> float | None:
+        """The value under which a GPU is clearly below its fleet on this figure."""
+        median = self.median.get(key)
+        if not median:
+            return None
+        t = TOLERANCES
+        return median - max(t["fleet_max_gap"][key] * median, t["fleet_mad_k"] * 1.4826 * self.mad.get(key, 0.0))
+
+
+def check_fleet(declared: DeclaredModel, gpus: Sequence[dict], fleet: FleetReference) -> list[Finding]:
+    """Each GPU against what the same model measures across the platform's fleet."""
+    found = []
+    for gpu in gpus:
+        i, below = gpu["index"], []
+        for key in TOLERANCES["fleet_max_gap"]:
+            floor, value = fleet.floor(key), gpu.get(key)
+            if floor is not None and value is not None and value < floor:
+                label, unit = FIGURES.get(key) or CNN_FIGURES[key]
+                below.append(f"{label} {value:,.4g} {unit}, {1 - value / fleet.median[key]:.0%} under the fleet's "
+                             f"{fleet.median[key]:,.4g}")
+        if below:
+            found.append(Finding(DEGRADE, "below_fleet_median",
+                                 f"GPU {i} measures clearly less than the {fleet.nodes} other {declared.label} nodes "
+                                 f"on this platform: {'; '.join(below)}. Check its cooling, clocks and power limit; "
+                                 "if it is another card than declared (its name and SM count faked), declare the "
+                                 "model it is.", i))
+    return found
+
+
 # ---------------------------------------------------------------------------------------- verdict, score
 
 def verdict_for(findings: list[Finding]) -> str:
@@ -418,15 +581,21 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
 
 
 def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dict], bench: dict | None,
-          bench_error: str = "") -> Judgement:
-    """The whole policy: identity, then the benchmark's figures (when there are any), verdict and score."""
+          bench_error: str = "", fleet: FleetReference | None = None,
+          challenge: Sequence[Finding] = ()) -> Judgement:
+    """The whole policy: identity, then the benchmark's figures (when there are any) against the datasheet and,
+    when the model has one, its fleet reference; with the platform's own challenge findings (challenge.judge);
+    verdict and score."""
     findings = check_identity(declared, declared_count, inventory_gpus)
     if bench is not None:
-        findings += check_performance(declared, bench, inventory_gpus)
+        findings += check_performance(declared, bench, inventory_gpus, fleet)
+    findings += list(challenge)
     if bench_error:
         findings.append(Finding(REJECT, "benchmark_unavailable", f"The benchmark could not run: {bench_error}"))
     findings = _dedupe(findings)
     verdict = verdict_for(findings)
     figures = summarize(declared, bench) if bench is not None else {}
+    if figures and fleet is not None:  # what this node was compared with, kept with its figures
+        figures["fleet"] = {"nodes": fleet.nodes, "median": {k: round(v, 3) for k, v in fleet.median.items()}}
     score = node_score(bench.get("gpus") or [], verdict) if bench is not None else None
     return Judgement(verdict, findings, score, figures)

@@ -4,11 +4,14 @@ bench/verdict_stability.py; the platform judges real answers that came over SSH.
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from provisioning.agent import gpumarket_agent as agent
-from provisioning.verification.policy import DeclaredModel, Judgement, judge, load_catalogue
+from provisioning.verification import challenge
+from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue
 
 PROFILES_DIR = Path(agent.__file__).resolve().parents[1] / "profiles"  # beside the agent package
 
@@ -22,10 +25,57 @@ def profile_expectation(name: str) -> dict:
     return json.loads((PROFILES_DIR / f"{name}.json").read_text())["expect"]
 
 
-def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True) -> Judgement:
+def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
+                  fleet: FleetReference | None | bool = True) -> Judgement:
+    """`fleet`: True = the fleet the profile's `expect.fleet` names (profile_fleet), else none; or the reference
+    to judge it against; None/False = the datasheet only."""
     path = PROFILES_DIR / f"{name}.json"
     profile, gpus = agent.load_profile(str(path))
     declared = profile["declared"]
-    entry = (catalogue or load_catalogue())[declared["gpu_model"]]
+    catalogue = catalogue or load_catalogue()
+    entry = catalogue[declared["gpu_model"]]
+    if fleet is True:
+        fleet = profile_fleet(name, catalogue)
     bench = agent.sim_benchmark(SimpleNamespace(sim_profile=str(path)), quick, None)
-    return judge(DeclaredModel.from_catalogue(entry), declared["gpu_count"], gpus, bench)
+    model = DeclaredModel.from_catalogue(entry)
+    found, _ = simulated_challenge(path, model, [g["index"] for g in gpus], quick)
+    return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None)
+
+
+def fleet_figures(name: str, nodes: int, catalogue: dict | None = None, quick: bool = True) -> list[dict]:
+    """The figures `nodes` nodes with this (honest) profile's hardware would record: one draw each, without fleet."""
+    catalogue = catalogue or load_catalogue()
+    return [judge_profile(name, catalogue, quick, fleet=False).figures for _ in range(nodes)]
+
+
+def profile_fleet(name: str, catalogue: dict | None = None) -> FleetReference | None:
+    """The fleet reference a profile's `expect.fleet` ({"profile": honest profile, "nodes": n}) describes: n nodes
+    of that profile, as the platform's selector would build it from their runs. None when it names none."""
+    spec = profile_expectation(name).get("fleet")
+    if not spec:
+        return None
+    return FleetReference.from_node_medians(
+        [figures["median"] for figures in fleet_figures(spec["profile"], spec["nodes"], catalogue)])
+
+
+def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[int], quick: bool = True,
+                        round_trip_s: float = 0.0) -> tuple[list[Finding], dict]:
+    """The platform's challenge against the profile's sim agent, in process: the agent's own sim work (its real
+    products, its real card's time for the nominal work) and the platform's own checks, with no SSH in between
+    (each commitment arrives exactly when the sim agent would send it, plus `round_trip_s`)."""
+    drawn = challenge.draw(declared, gpu_indices, quick)
+    req = agent.validate_challenge(drawn.request(agent.BENCH_LIMIT_S[0]))
+    results, seconds, _ = agent.sim_work(SimpleNamespace(sim_profile=str(path)), req)
+    out = challenge.Outcome(round_trip_s=round_trip_s, sent_at=0.0)
+    for gpu, taken in seconds.items():
+        if taken + round_trip_s > drawn.wait_s:  # the platform stops waiting, as challenge.run does
+            out.problem = f"sent no commitment within {drawn.wait_s:.0f} s"
+            return challenge.judge(declared, drawn, out)
+        out.arrivals[gpu] = taken + round_trip_s
+        out.commitments[gpu] = challenge.joined_digest(results[gpu][2])
+    out.picks = challenge.pick_rows(drawn, random.SystemRandom())
+    out.revealed = agent.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
+    started = time.process_time()
+    findings, figures = challenge.judge(declared, drawn, out)
+    figures["verify_cpu_s"] = time.process_time() - started  # as node_challenge records it
+    return findings, figures

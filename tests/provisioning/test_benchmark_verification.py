@@ -29,7 +29,7 @@ from provisioning.services.runner import job_begin
 from provisioning.services.verification import node_verify_request, node_verify_run
 from provisioning.sim import PROFILES_DIR
 from provisioning.ssh import AgentTimeout, Endpoint, NodeSession, Timeouts
-from provisioning.verification.profiles import profile_expectation, profile_names
+from provisioning.verification.profiles import fleet_figures, profile_expectation, profile_names
 from tests.factories import UserFactory, make_node
 
 pytestmark = pytest.mark.slow
@@ -87,9 +87,22 @@ def rent(node: Node, num_gpus: int = 1):
                                               ssh_user="root")
 
 
+def seed_fleet(spec: dict) -> None:
+    """`expect.fleet` of a profile: that many verified nodes of the honest profile's model, each with the run its
+    hardware would record, so that the platform has a fleet reference to judge the profile's node against."""
+    data = profile_data(spec["profile"])
+    for figures in fleet_figures(spec["profile"], spec["nodes"]):
+        fleet_node = make_node(UserFactory(), gpu_model=data["declared"]["gpu_model"],
+                               gpu_count=data["declared"]["gpu_count"], state=NodeState.ACTIVE, verdict="verified")
+        VerificationRun.objects.create(node=fleet_node, verdict="verified", figures=figures)
+
+
 @pytest.mark.parametrize("name", profile_names())
-def test_each_profile_gets_its_verdict_over_ssh(db, simnode, simbase, name):
+def test_each_profile_gets_its_verdict_over_ssh(db, simnode, simbase, name, settings):
     expect = profile_expectation(name)
+    if expect.get("fleet"):
+        settings.FLEET_REFERENCE_MIN_NODES = expect["fleet"]["nodes"]
+        seed_fleet(expect["fleet"])
     node, job = verify(register(simnode, simbase, name))
     assert job.status == JobStatus.SUCCEEDED, job.error
     run = VerificationRun.objects.get(node=node)
@@ -99,6 +112,9 @@ def test_each_profile_gets_its_verdict_over_ssh(db, simnode, simbase, name):
     state = {"verified": NodeState.ACTIVE, "degraded": NodeState.ACTIVE, "rejected": NodeState.REJECTED}
     assert node.state == state[expect["verdict"]]
     assert run.figures["mode"] == "simulated" and len(run.figures["gpus"]) == node.gpu_count
+    if expect.get("fleet"):  # judged against the seeded fleet, which the run records
+        assert run.figures["fleet"]["nodes"] == expect["fleet"]["nodes"]
+        assert any(m["message"].startswith("comparing with") for m in job.log)
     assert run.score == node.score
     if expect["verdict"] == "rejected":
         assert node.score == 0 and node.last_error.startswith("Rejected: ")
@@ -121,12 +137,14 @@ def test_a_node_that_fails_while_rented_stays_up_for_its_renters(db, simnode, si
     assert (node.state, node.verdict, node.score) == ("active", "rejected", 0)  # not yanked, but not offered
     assert not Node.objects.filter(OFFERABLE, pk=node.pk).exists()
     assert run.figures["rented_gpus"] == [0] and [g["index"] for g in run.figures["gpus"]] == [1]  # renter untouched
-    assert {(f["code"], f["gpu_index"]) for f in run.findings} == {("wrong_results", 1)}
+    # caught by the node's own check and by the platform's challenge, both on GPU 1 only
+    assert {(f["code"], f["gpu_index"]) for f in run.findings} == {("wrong_results", 1), ("challenge_wrong_result", 1)}
+    assert list(run.figures["challenge"]["gpus"]) == ["1"]
     event = NodeEvent.objects.get(node=node, kind="failed_while_rented")
     assert event.level == NodeEvent.Level.CRITICAL
     instance.refresh_from_db()
     assert instance.status == "running"
-    assert "failed its latest benchmark check (wrong_results)" in instance.status_message
+    assert "failed its latest benchmark check (challenge_wrong_result, wrong_results)" in instance.status_message
     # Its renter leaves; the schedule re-verifies the node, which now leaves the active state.
     instance_svc.instance_mark_failed(instance_id=instance.pk, message="gone")
     assert nodes_reverify_due()["queued"] == 1

@@ -19,7 +19,7 @@ from provisioning.verification.policy import (
     node_score,
     verdict_for,
 )
-from provisioning.verification.profiles import judge_profile, profile_expectation, profile_names
+from provisioning.verification.profiles import judge_profile, profile_expectation, profile_fleet, profile_names
 
 CATALOGUE = load_catalogue()
 
@@ -33,7 +33,8 @@ def smi_gpu(index=0, slug="a100-80gb-sxm", **overrides):
     entry = CATALOGUE[slug]
     hbm = entry["memory_type"].startswith("HBM")
     gpu = {"index": index, "uuid": f"GPU-{index:08d}", "name": entry["smi_name"],
-           "memory_total_mib": entry["memory_mib"], "pci_bus_id": f"00000000:{index + 1:02X}:00.0",
+           "memory_total_mib": entry["memory_mib_ecc_on" if hbm else "memory_mib_ecc_off"],
+           "pci_bus_id": f"00000000:{index + 1:02X}:00.0",
            "pci_device_id": f"0x{PCI_DEVICE_IDS[slug][0]:04X}10DE",
            "pcie_link_gen_max": entry["pcie_gen"], "pcie_link_gen_current": entry["pcie_gen"],
            "pcie_link_width_max": 16, "pcie_link_width_current": 16, "power_limit_w": float(entry["tdp_w"]),
@@ -112,7 +113,7 @@ def test_a_power_limit_under_95_percent_of_default_degrades():
     assert check_identity(model(), 1, [smi_gpu(power_limit_w=380.0)]) == []  # exactly 95 %
     findings = check_identity(model(), 1, [smi_gpu(power_limit_w=250.0)])
     assert codes(findings, DEGRADE) == {("power_capped", 0)}
-    assert "nvidia-smi -pl" in findings[0].message
+    assert "`nvidia-smi -i 0 -pl 400`" in findings[0].message
 
 
 def test_a_narrow_link_degrades():
@@ -319,10 +320,13 @@ def test_every_profile_gets_its_expected_verdict_over_noisy_runs(name):
 def test_the_profiles_cover_every_way_of_misreporting():
     expectations = {name: profile_expectation(name) for name in profile_names()}
     honest = {n for n, e in expectations.items() if e["verdict"] == "verified"}
-    assert honest >= {"a100-80gb-sxm-x4", "rtx-a6000-x8", "rtx-a4000-x2", "h100-sxm-x1", "h200-sxm-x1"}
+    assert honest >= {"a100-80gb-sxm-x4", "rtx-a6000-x8", "rtx-a4000-x2", "h100-sxm-x1", "h200-sxm-x1",
+                      "l40s-x4-ecc-off", "a10-x2"}
     caught = {code for e in expectations.values() for code in e["findings"]}
     assert caught >= {"bf16_low", "mig_enabled", "power_capped", "pcie_width", "host_link_slow", "clock_slowdown",
-                      "gpu_outlier", "wrong_results"}
+                      "gpu_outlier", "wrong_results", "below_fleet_median", "memory_mismatch_cuda_nvml"}
+    fleets = {n: e["fleet"]["profile"] for n, e in expectations.items() if e.get("fleet")}
+    assert fleets and all(expectations[f]["verdict"] == "verified" for f in fleets.values())
 
 
 def test_degraded_nodes_score_lower_than_their_honest_twins():
@@ -335,3 +339,153 @@ def test_profile_fixture_helpers_are_not_shared_state():
     a, b = bench_gpu(), bench_gpu()
     a["telemetry"]["clocks_event_reasons"].append("HwSlowdown")
     assert b["telemetry"]["clocks_event_reasons"] == [] and copy.deepcopy(a) == a
+
+
+# ------------------------------------------------------------------- memory sizes, power, the fleet (issue 11)
+
+GDDR_WITH_ECC = ("rtx-a4000", "rtx-a5000", "rtx-a6000", "a10", "l4", "l40s", "rtx-4090")
+
+
+def test_the_catalogue_knows_both_ecc_sizes_of_every_model():
+    for slug, entry in CATALOGUE.items():
+        on, off = entry["memory_mib_ecc_on"], entry["memory_mib_ecc_off"]
+        assert entry["memory_mib"] in (on, off), slug  # the listed size is one of the two
+        if slug in GDDR_WITH_ECC:  # in-band ECC takes 1/16 of GDDR6 memory
+            assert abs(on - off * 15 / 16) < 2, slug
+        else:  # HBM keeps ECC beside the data; the RTX 3090 has no ECC
+            assert on == off, slug
+    # gpus.md's figures (the sizes with the card's usual mode) are kept where gpus.md gives them
+    assert (CATALOGUE["l40s"]["memory_mib_ecc_on"], CATALOGUE["a10"]["memory_mib_ecc_on"],
+            CATALOGUE["l4"]["memory_mib_ecc_on"], CATALOGUE["rtx-a6000"]["memory_mib_ecc_off"]) == (
+        46068, 23028, 23034, 49140)
+
+
+@pytest.mark.parametrize("slug", ["l40s", "a10", "l4"])
+def test_a_data_centre_card_with_ecc_off_is_not_rejected_for_its_whole_memory(slug):
+    entry, declared = CATALOGUE[slug], model(slug)
+    ecc_off = smi_gpu(slug=slug, ecc_mode="Disabled", memory_total_mib=entry["memory_mib_ecc_off"])
+    ecc_on = smi_gpu(slug=slug, ecc_mode="Enabled", memory_total_mib=entry["memory_mib_ecc_on"])
+    assert check_identity(declared, 1, [ecc_off]) == check_identity(declared, 1, [ecc_on]) == []
+    # its ECC mode unknown ([N/A]): either size
+    assert check_identity(declared, 1, [dict(ecc_off, ecc_mode=None)]) == []
+    assert check_identity(declared, 1, [dict(ecc_on, ecc_mode=None)]) == []
+    # the ECC-off size while ECC is on is more than the card has in that mode
+    found = check_identity(declared, 1, [dict(ecc_on, memory_total_mib=entry["memory_mib_ecc_off"])])
+    assert codes(found) == {("memory_larger_than_model", 0)}
+    assert "with ECC on" in found[0].message and str(entry["memory_mib_ecc_on"]) in found[0].message
+
+
+def test_memory_larger_or_smaller_than_the_model_is_rejected_with_its_own_code():
+    larger = check_identity(model("a100-40gb-sxm"), 1, [smi_gpu(slug="a100-40gb-sxm", memory_total_mib=81920)])
+    assert codes(larger) == {("memory_larger_than_model", 0)}
+    assert "faked size" in larger[0].message
+    smaller = check_identity(model(), 1, [smi_gpu(memory_total_mib=40960)])
+    assert codes(smaller) == {("gpu_memory", 0)}
+
+
+def test_cuda_total_memory_is_compared_with_nvml_and_the_catalogue():
+    inventory = [smi_gpu()]
+    # CUDA sees a little less than NVML (what the driver reserves): fine
+    assert check_performance(model(), bench(bench_gpu(memory_mib=81920 - 870)), inventory) == []
+    # a shim that hooks NVML but not CUDA (or the other way round)
+    found = check_performance(model(), bench(bench_gpu(memory_mib=40536)), inventory)
+    assert codes(found) == {("memory_mismatch_cuda_nvml", 0)}
+    assert "40536 MiB" in found[0].message and "81920 MiB" in found[0].message and "driver" in found[0].message
+    found = check_performance(model(), bench(bench_gpu(memory_mib=90000)), [smi_gpu(memory_total_mib=81920)])
+    assert codes(found) == {("memory_mismatch_cuda_nvml", 0), ("memory_larger_than_model", 0)}
+    # a 40 GB card whose shim says 80 GB to NVML and CUDA alike agrees everywhere: left to the memory proof
+    assert check_performance(model(), bench(bench_gpu(memory_mib=81920)), inventory) == []
+    # the CPU benchmark (tests) has no CUDA memory to compare
+    assert check_performance(model(), bench(bench_gpu(memory_mib=None)), inventory) == []
+
+
+def test_a_card_pinned_under_its_tdp_is_power_capped_whatever_limit_it_reports():
+    inventory = [smi_gpu()]  # reports 400 W of 400 W
+    capped = bench_gpu(telemetry={"power_draw_w": 300.0, "clocks_event_reasons": ["SwPowerCap"]})
+    found = check_performance(model(), bench(capped), inventory)
+    assert codes(found, DEGRADE) == {("power_capped", 0)}
+    assert "300 W" in found[0].message and "reports a power limit of 400 W" in found[0].message
+    # at its TDP with SwPowerCap: a card using all it may (normal under full load)
+    at_tdp = bench_gpu(telemetry={"power_draw_w": 395.0, "clocks_event_reasons": ["SwPowerCap"]})
+    assert check_performance(model(), bench(at_tdp), inventory) == []
+    # drawing little without the power cap acting: not capped (the load did not need more)
+    light = bench_gpu(telemetry={"power_draw_w": 250.0, "clocks_event_reasons": []})
+    assert check_performance(model(), bench(light), inventory) == []
+    edge = TOLERANCES["power_capped_draw_max_fraction"] * 400
+    assert check_performance(model(), bench(bench_gpu(telemetry={
+        "power_draw_w": edge, "clocks_event_reasons": ["SwPowerCap"]})), inventory) == []
+
+
+def test_a_reported_limit_under_the_models_tdp_is_capped_even_when_the_default_says_so_too():
+    found = check_identity(model(), 1, [smi_gpu(power_limit_w=300.0, power_default_limit_w=300.0)])
+    assert codes(found, DEGRADE) == {("power_capped", 0)}
+    assert "TDP (400 W)" in found[0].message
+
+
+def fleet_of(values: dict, nodes=6, spread=0.01):
+    """Per-node medians of `nodes` nodes around `values` (each node a little off: +/- spread)."""
+    return policy.FleetReference.from_node_medians(
+        [{k: v * (1 + spread * ((n % 3) - 1)) for k, v in values.items()} for n in range(nodes)])
+
+
+def test_the_fleet_reference_is_a_median_and_mad_over_nodes():
+    ref = policy.FleetReference.from_node_medians([{"bf16_tflops": v} for v in (100, 102, 98, 101, 99, 60)])
+    assert ref.nodes == 6 and ref.median["bf16_tflops"] == 99.5 and ref.mad["bf16_tflops"] == 1.5
+    gap = TOLERANCES["fleet_max_gap"]["bf16_tflops"]
+    assert ref.floor("bf16_tflops") == pytest.approx(99.5 * (1 - gap))  # the gap, wider than 4 sigma here
+    assert "fp32_tflops" not in ref.median and ref.floor("fp32_tflops") is None
+    wide = policy.FleetReference.from_node_medians([{"bf16_tflops": v} for v in (70, 85, 100, 115, 130)])
+    assert wide.floor("bf16_tflops") == pytest.approx(100 - 4 * 1.4826 * 15)  # a wide fleet widens its floor
+
+
+def test_a_gpu_clearly_below_its_models_fleet_is_degraded_with_its_own_code():
+    fast = bench_gpu(0)
+    fleet = fleet_of({k: fast[k] for k in TOLERANCES["fleet_max_gap"]})
+    assert check_performance(model(), bench(fast, bench_gpu(1)), [smi_gpu(0), smi_gpu(1)], fleet) == []
+    slow = bench_gpu(1, share={"bf16_tflops": 0.70})  # inside the datasheet band (0.65), 18 % under the fleet
+    assert check_performance(model(), bench(slow), [smi_gpu(1)]) == []
+    found = check_performance(model(), bench(slow), [smi_gpu(1)], fleet)
+    assert codes(found) == {("below_fleet_median", 1)}
+    assert "BF16 matmul" in found[0].message and "18 % under" not in found[0].message
+    assert "18% under the fleet" in found[0].message and "6 other A100 80GB SXM nodes" in found[0].message
+    near = bench_gpu(1, share={"bf16_tflops": 0.85 * 0.93})  # 7 % under: within the fleet's spread
+    assert check_performance(model(), bench(near), [smi_gpu(1)], fleet) == []
+
+
+def test_the_cnn_workload_is_judged_against_the_fleet():
+    fleet = fleet_of({"cnn_train_images_s": 90000.0, "cnn_infer_images_s": 300000.0})
+    found = check_performance(model(), bench(bench_gpu(cnn_train_images_s=60000.0)), [smi_gpu()], fleet)
+    assert codes(found) == {("below_fleet_median", 0)} and "small-CNN training" in found[0].message
+    assert check_performance(model(), bench(bench_gpu()), [smi_gpu()], fleet) == []
+    # the launch-bound CNN gets a wider gap than the matmuls: 12 % under is within it
+    assert check_performance(model(), bench(bench_gpu(cnn_train_images_s=90000.0 * 0.88)), [smi_gpu()], fleet) == []
+
+
+def test_judge_keeps_the_fleet_it_compared_with_and_the_cpu_benchmark_is_not_compared():
+    gpu = bench_gpu()
+    fleet = fleet_of({"bf16_tflops": gpu["bf16_tflops"] * 1.5})
+    result = judge(model(), 1, [smi_gpu()], bench(gpu), fleet=fleet)
+    assert result.verdict == "degraded" and result.figures["fleet"]["nodes"] == 6
+    assert result.figures["fleet"]["median"]["bf16_tflops"] == pytest.approx(gpu["bf16_tflops"] * 1.5, rel=1e-3)
+    assert "fleet" not in judge(model(), 1, [smi_gpu()], bench(gpu)).figures
+    on_cpu = check_performance(model(), bench(gpu, device="cpu"), [smi_gpu()], fleet)
+    assert "below_fleet_median" not in {f.code for f in on_cpu}
+
+
+def test_the_slow_impostor_passes_the_datasheet_bands_and_only_the_fleet_catches_it():
+    for _ in range(20):
+        alone = judge_profile("slow-card-posing-as-a10-x2", CATALOGUE, fleet=False)
+        assert alone.verdict == "verified", [f.message for f in alone.findings]  # the miss the issue describes
+        caught = judge_profile("slow-card-posing-as-a10-x2", CATALOGUE)  # against six honest A10 nodes
+        assert (caught.verdict, {f.code for f in caught.findings}) == ("degraded", {"below_fleet_median"})
+    # and the honest A10 judged against the same kind of fleet stays verified
+    for _ in range(20):
+        assert judge_profile("a10-x2", CATALOGUE, fleet=profile_fleet("slow-card-posing-as-a10-x2", CATALOGUE)
+                             ).verdict == "verified"
+
+
+def test_the_hidden_power_cap_and_ecc_off_profiles_turn_on_the_new_rules_only():
+    capped = judge_profile("a100-80gb-sxm-x2-hidden-power-cap", CATALOGUE)
+    assert {f.code for f in capped.findings} == {"power_capped"}  # every datasheet band passes
+    assert "reports a power limit of 400 W" in capped.findings[0].message
+    assert judge_profile("l40s-x4-ecc-off", CATALOGUE).findings == []

@@ -2,7 +2,8 @@
 
     python3 gpumarket_agent-<hash>.pyz <command> [<subcommand>]  < request.json
 
-Commands: inventory, health, benchmark, vm create|start|stop|destroy|list|status. The request is one JSON
+Commands: inventory, health, benchmark, challenge (interactive: challenge.py),
+vm create|start|stop|destroy|list|status. The request is one JSON
 object on stdin (empty stdin = {}); the answer is exactly one JSON object on stdout:
     {"ok": true, "agent_version": "...", ...}
     {"ok": false, "agent_version": "...", "error": {"code": "...", "message": "...", "field": "..."}}
@@ -29,6 +30,7 @@ from .benchmark import (
     validate_benchmark,
 )
 from .bundle import PACKAGE_DIR, build_zipapp, copy_agent, package_files, running_archive
+from .challenge import product_rows, reveal_rows, row_digest, run_exchange, sim_work, validate_challenge
 from .cli import COMMANDS, cmd_health, cmd_inventory, handle, main
 from .core import AGENT_VERSION, MAX_REQUEST_BYTES, RUNTIMES, AgentError, Config, invalid, read_json, run, write_file
 from .measurements import (
@@ -102,6 +104,7 @@ __all__ = [
     "invalid", "inventory_hash", "kill_trees", "libvirt_domain_xml", "libvirt_share", "load_profile", "load_record",
     "main", "matmul_errors", "matmul_tflops", "measure", "median_seconds", "on_every_device", "package_files",
     "parse_cuda_version", "parse_gpu_csv", "parse_telemetry", "pci_address", "pick_host_port", "pick_runtime",
+    "product_rows", "reveal_rows", "row_digest", "run_exchange", "sim_work", "validate_challenge",
     "pids_matching", "port_free", "proc_table", "qemu_img_overlay_argv", "read_gpus", "read_json", "reject_unknown",
     "run", "running_archive", "save_record", "seed_iso_argv", "set_tf32", "sim_benchmark", "sim_nvidia_smi",
     "sim_sshd_config", "small_cnn_images_s", "smi_value", "split_smi_line", "start_watchdog", "validate_benchmark",

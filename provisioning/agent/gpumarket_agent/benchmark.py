@@ -102,9 +102,15 @@ def sim_benchmark(cfg, quick, indices):
             continue
         sheet, frac, tele = dict(perf.get("datasheet", {}), **spec.get("datasheet", {})), spec["fraction"], \
             spec["telemetry"]
-        gpu = {"index": card["index"], "uuid": card["uuid"], "memory_mib": card["memory_total_mib"],
-               "name": spec.get("cuda_name", perf.get("cuda_name", card["name"])), "sm_count": sheet.get("sm_count"),
-               "matmul_shapes_tflops": {}}
+        fake = spec.get("fake_figures", perf.get("fake_figures"))
+        if fake:  # a shim that reports another card's figures; the challenge (challenge.py) still takes real time
+            sheet, frac = dict(sheet, **fake.get("datasheet", {})), dict(frac, **fake.get("fraction", {}))
+        # What a driver shim makes CUDA report, per GPU or for all of them; else the real thing.
+        shim = {k: spec.get(k, perf.get(k, real)) for k, real in (
+            ("cuda_memory_mib", card["memory_total_mib"]), ("cuda_name", card["name"]),
+            ("cuda_sm_count", sheet.get("sm_count")))}
+        gpu = {"index": card["index"], "uuid": card["uuid"], "memory_mib": shim["cuda_memory_mib"],
+               "name": shim["cuda_name"], "sm_count": shim["cuda_sm_count"], "matmul_shapes_tflops": {}}
         for name in MATMUL_DTYPES:
             figures = [noisy(sheet[name + "_tflops"] * frac[name]) for _ in plan["matmul_shapes"]]
             gpu["matmul_shapes_tflops"][name], gpu[name + "_tflops"] = figures, max(figures)
@@ -114,7 +120,8 @@ def sim_benchmark(cfg, quick, indices):
         flops = gpu["fp32_tflops"] * 1e12 * SIM_CNN["efficiency"]
         gpu.update(cnn_train_images_s=noisy(flops / SIM_CNN["train_flop"], 1),
                    cnn_infer_images_s=noisy(flops / SIM_CNN["infer_flop"], 1))
-        correct = spec.get("matmul_correct", True)
+        # A shim may also report its own correctness check as passed: the challenge still gets the wrong products.
+        correct = spec.get("matmul_correct", True) or spec.get("fake_correct", perf.get("fake_correct", False))
         gpu["matmul_rel_error"] = {"fp32": noisy(2e-7 if correct else 0.25, 12),
                                    "bf16": noisy(3e-3 if correct else 0.3, 9)}
         reasons = sorted(tele.get("clocks_event_reasons", []))

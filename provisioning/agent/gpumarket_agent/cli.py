@@ -7,6 +7,7 @@ import sys
 import time
 
 from .benchmark import _WATCHDOG, cmd_benchmark, emit
+from .challenge import main_challenge
 from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
@@ -70,7 +71,7 @@ def handle(argv, stdin_text, env):
         elif len(argv) == 1 and argv[0] in COMMANDS:
             answer = COMMANDS[argv[0]](cfg, req)
         else:
-            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|vm <subcommand>")
+            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|vm <subcommand>")
         answer.update(ok=True, agent_version=AGENT_VERSION)
         return answer, 0
     except AgentError as exc:
@@ -88,6 +89,13 @@ def main():
     argv = sys.argv[1:]
     if argv[:1] == ["_sim-nvidia-smi"] and len(argv) >= 2:  # the fake nvidia-smi of a sim VM
         return sim_nvidia_smi(argv[2:], argv[1])
+    if argv == ["challenge"]:  # interactive: one JSON object a line both ways (challenge.py)
+        try:
+            cfg = Config(os.environ)
+        except AgentError as exc:
+            emit({"ok": False, "agent_version": AGENT_VERSION, "error": {"code": exc.code, "message": exc.message}})
+            return 1
+        return main_challenge(cfg)
     stdin_text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(MAX_REQUEST_BYTES + 1)
     if len(stdin_text) > MAX_REQUEST_BYTES:
         answer, status = {"ok": False, "agent_version": AGENT_VERSION, "error": {

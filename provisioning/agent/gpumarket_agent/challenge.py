@@ -1,0 +1,226 @@
+"""The challenge command: matrices the platform generates from a secret seed, multiplied on every GPU, committed,
+then revealed row by row where the platform asks. Interactive, one JSON object a line both ways (one SSH exec):
+
+    platform -> {"ping": i}                      node -> {"pong": i}              (the platform times the round trip)
+    platform -> {"challenge": {...}}             node -> {"gpu": i, "commitment": hex, "node_elapsed_s": s}
+                                                          one line per GPU, as each finishes (the platform's clock)
+    platform -> {"reveal": {"<gpu>": [[product, row], ...]}}
+                                                 node -> {"revealed": {"<gpu>": {"product_digests": [...],
+                                                          "rows": [{"product", "row", "values", "row_digests"}]}}}
+    node -> {"ok": true, "agent_version": ...}   (or {"ok": false, "error": {...}} at any point, then the end)
+
+Entry (seed, gpu, product, matrix, row, col) is an integer in [-2, 2] from a counter-based 64-bit hash, so every
+product is exact in FP32 accumulation from BF16 inputs, and the platform recomputes any entry on its own.
+Digests: row = SHA-256 of the row as little-endian float32; product = SHA-256 of its row digests (hex, joined);
+commitment = SHA-256 of the product digests. provisioning/verification/challenge.py implements the same on the
+platform, independently (a test holds them equal).
+
+In sim mode the node really computes the products (pure Python, the small sizes the platform asks for) and then
+answers each GPU no sooner than the profile's real card would finish the platform's nominal work
+(`flop_per_gpu` / (real datasheet BF16 x its fraction)): a sim can lie in what it reports, not in how fast it
+works. A GPU whose profile says `matmul_correct: false` returns every entry off by one. The real (CUDA) path is not
+there yet: it answers `challenge_unsupported`.
+"""
+import hashlib
+import json
+import os
+import random
+import struct
+import sys
+import threading
+import time
+
+from .core import AGENT_VERSION, AgentError, invalid
+from .smi import load_profile
+
+M64 = (1 << 64) - 1
+MATRICES = {"A": 1, "B": 2}
+LIMITS = {"n": (1, 256), "k": (1, 256), "products": (1, 16), "flop_per_gpu": (1.0, 1e18), "time_limit_s": (1, 900)}
+MAX_REVEAL_ROWS = 64
+
+
+def mix64(z):
+    """splitmix64's finaliser: a bijection of 64-bit integers that scatters every input bit."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & M64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & M64
+    return z ^ (z >> 31)
+
+
+def matrix_key(seed, gpu, product, matrix):
+    z = mix64((seed & M64) ^ 0x9E3779B97F4A7C15)
+    for part in (gpu, product, MATRICES[matrix]):
+        z = mix64((z + part + 1) & M64)
+    return z
+
+
+def entry(key, row, col):
+    return mix64(key ^ ((row << 32) | col)) % 5 - 2
+
+
+def matrix_rows(key, rows, cols):
+    return [[entry(key, r, c) for c in range(cols)] for r in range(rows)]
+
+
+def product_rows(seed, gpu, product, n, k):
+    a = matrix_rows(matrix_key(seed, gpu, product, "A"), n, k)
+    b = matrix_rows(matrix_key(seed, gpu, product, "B"), k, n)
+    cols = list(zip(*b))  # noqa: B905 - python3.8 on nodes: no strict=
+    return [[sum(x * y for x, y in zip(row, col)) for col in cols] for row in a]  # noqa: B905
+
+
+def row_digest(values):
+    return hashlib.sha256(struct.pack("<%df" % len(values), *values)).hexdigest()
+
+
+def joined_digest(digests):
+    return hashlib.sha256("".join(digests).encode()).hexdigest()
+
+
+def validate_challenge(req):
+    if not isinstance(req, dict):
+        raise invalid("challenge", "the challenge must be a JSON object")
+    unknown = sorted(set(req) - {"seed", "n", "k", "products", "dtype", "gpu_indices", "flop_per_gpu",
+                                 "time_limit_s"})
+    if unknown:
+        raise invalid(unknown[0], "unknown field %s" % unknown[0])
+    if type(req.get("seed")) is not int or not 0 <= req["seed"] <= M64:
+        raise invalid("seed", "seed must be a 64-bit unsigned integer")
+    for name, (low, high) in LIMITS.items():
+        value = req.get(name)
+        kind = (int, float) if name == "flop_per_gpu" else (int,)
+        if type(value) not in kind or not low <= value <= high:
+            raise invalid(name, "%s must be a number from %s to %s" % (name, low, high))
+    if req.get("dtype") != "bf16":
+        raise invalid("dtype", "dtype must be bf16")
+    indices = req.get("gpu_indices")
+    if (not isinstance(indices, list) or not indices or len(set(indices)) != len(indices)
+            or not all(type(i) is int and 0 <= i < 64 for i in indices)):
+        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices")
+    return req
+
+
+class Lines:
+    """One JSON object a line on a pair of text streams."""
+
+    def __init__(self, infile, outfile):
+        self.infile, self.outfile = infile, outfile
+
+    def read(self, what):
+        line = self.infile.readline()
+        if not line:
+            raise AgentError("challenge_aborted", "the platform closed the exchange before sending %s" % what)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise invalid(what, "the %s line is not JSON" % what) from None
+        if not isinstance(message, dict):
+            raise invalid(what, "the %s line must be a JSON object" % what)
+        return message
+
+    def write(self, message):
+        self.outfile.write(json.dumps(message, sort_keys=True) + "\n")
+        self.outfile.flush()
+
+
+def sim_cards(cfg, indices):
+    """Per GPU index: (its real BF16 rate in FLOP/s, whether its products are right), from the sim profile."""
+    profile, claimed = load_profile(cfg.sim_profile)
+    perf = profile.get("performance") or {}
+    specs = {g["index"]: g for g in perf.get("gpus", [])}
+    known = {card["index"] for card in claimed}
+    rng = random.Random(os.urandom(16))  # noqa: S311 - run-to-run noise, as the sim benchmark's
+    cards = {}
+    for i in indices:
+        spec = specs.get(i)
+        if i not in known or spec is None:
+            raise invalid("gpu_indices", "this node has no GPU %d" % i)
+        sheet = dict(perf.get("datasheet", {}), **spec.get("datasheet", {}))
+        noise = 1 + max(-0.03, min(0.03, rng.gauss(0, 0.012)))
+        cards[i] = (sheet["bf16_tflops"] * 1e12 * spec["fraction"]["bf16"] * noise, spec.get("matmul_correct", True))
+    return cards, perf.get("challenge_hang_s")
+
+
+def sim_work(cfg, req):
+    """The sim node's work on a validated challenge: per GPU (rows of each product, their row digests, the product
+    digests) and the seconds its real card takes for the nominal work; and the profile's `challenge_hang_s`."""
+    cards, hang_s = sim_cards(cfg, req["gpu_indices"])
+    results, seconds = {}, {}
+    for i in req["gpu_indices"]:
+        rows_of = []
+        for p in range(req["products"]):
+            rows = product_rows(req["seed"], i, p, req["n"], req["k"])
+            if not cards[i][1]:
+                rows = [[v + 1 for v in row] for row in rows]  # silent data corruption
+            rows_of.append(rows)
+        digests = [[row_digest(r) for r in rows] for rows in rows_of]
+        results[i] = (rows_of, digests, [joined_digest(d) for d in digests])
+        seconds[i] = req["flop_per_gpu"] / cards[i][0]
+    return results, seconds, hang_s
+
+
+def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, watchdog=False):
+    """The whole exchange (see the module's doc). Returns the exit status; every answer goes to `outfile`.
+    With `watchdog`, the process ends at the challenge's time_limit_s whatever it is doing."""
+    lines = Lines(infile, outfile)
+    try:
+        message = lines.read("first")
+        while "ping" in message:
+            lines.write({"pong": message["ping"]})
+            message = lines.read("challenge")
+        req = validate_challenge(message.get("challenge"))
+        if watchdog:
+            timer = threading.Timer(req["time_limit_s"], os._exit, (1,))
+            timer.daemon = True
+            timer.start()
+        if cfg.runtime != "sim":
+            raise AgentError("challenge_unsupported", "this agent runs the challenge on simulated GPUs only; the "
+                                                      "CUDA path is not there yet")
+        started = clock()
+        results, seconds, hang_s = sim_work(cfg, req)
+        if hang_s:  # a knob for tests: a node that never answers
+            sleep(hang_s)
+        due = sorted((started + s, i) for i, s in seconds.items())
+        for at, i in due:
+            wait = at - clock()
+            if wait > 0:
+                sleep(wait)
+            lines.write({"gpu": i, "commitment": joined_digest(results[i][2]),
+                         "node_elapsed_s": round(clock() - started, 4)})
+        reveal = lines.read("reveal").get("reveal")
+        lines.write({"revealed": reveal_rows(reveal, results)})
+        lines.write({"ok": True, "agent_version": AGENT_VERSION})
+        return 0
+    except AgentError as exc:
+        error = {"code": exc.code, "message": exc.message}
+        if exc.field:
+            error["field"] = exc.field
+        lines.write({"ok": False, "agent_version": AGENT_VERSION, "error": error})
+        return 2 if exc.code == "invalid_request" else 1
+    except Exception as exc:  # the platform must always get a line, even for our own bugs
+        lines.write({"ok": False, "agent_version": AGENT_VERSION,
+                     "error": {"code": "internal_error", "message": "%s: %s" % (type(exc).__name__, exc)}})
+        return 1
+
+
+def reveal_rows(reveal, results):
+    if not isinstance(reveal, dict):
+        raise invalid("reveal", "reveal must be an object of GPU index -> [[product, row], ...]")
+    answer = {}
+    for key, picks in reveal.items():
+        i = int(key) if str(key).isdigit() else None
+        if i not in results or not isinstance(picks, list) or len(picks) > MAX_REVEAL_ROWS:
+            raise invalid("reveal", "reveal names GPU %r, which was not challenged, or too many rows" % key)
+        rows_of, digests, products = results[i]
+        rows = []
+        for pick in picks:
+            if (not isinstance(pick, list) or len(pick) != 2 or not all(type(x) is int for x in pick)
+                    or not 0 <= pick[0] < len(rows_of) or not 0 <= pick[1] < len(rows_of[pick[0]])):
+                raise invalid("reveal", "reveal asks for a product or row that does not exist: %r" % (pick,))
+            p, r = pick
+            rows.append({"product": p, "row": r, "values": rows_of[p][r], "row_digests": digests[p]})
+        answer[str(i)] = {"product_digests": products, "rows": rows}
+    return answer
+
+
+def main_challenge(cfg):
+    return run_exchange(cfg, sys.stdin, sys.stdout, watchdog=True)

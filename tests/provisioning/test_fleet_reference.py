@@ -1,0 +1,70 @@
+"""A GPU model's fleet reference (provisioning.selectors.fleet_reference): which nodes' runs it is built from, the
+setting that turns it on, and the verification service judging a node against it."""
+import pytest
+
+from marketplace.models import GpuModel, NodeState, Verdict
+from provisioning.models import VerificationRun
+from provisioning.selectors import fleet_reference
+from provisioning.verification.policy import TOLERANCES
+from provisioning.verification.profiles import fleet_figures
+from tests.factories import UserFactory, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def a10():
+    return GpuModel.objects.get(slug="a10")
+
+
+def fleet_node(bf16: float, verdict=Verdict.VERIFIED, state=NodeState.ACTIVE, slug="a10", device="cuda"):
+    node = make_node(UserFactory(), gpu_model=slug, gpu_count=1, state=state, verdict=verdict)
+    VerificationRun.objects.create(node=node, verdict=verdict,
+                                   figures={"device": device, "median": {"bf16_tflops": bf16, "fp32_tflops": 24.0}})
+    return node
+
+
+def test_no_reference_below_the_settings_number_of_nodes(settings):
+    settings.FLEET_REFERENCE_MIN_NODES = 5
+    for value in (100.0, 101.0, 99.0, 100.5):
+        fleet_node(value)
+    assert fleet_reference(a10().pk) is None
+    fleet_node(98.0)
+    ref = fleet_reference(a10().pk)
+    assert ref is not None and ref.nodes == 5
+    assert ref.median == {"bf16_tflops": 100.0, "fp32_tflops": 24.0}
+    settings.FLEET_REFERENCE_MIN_NODES = 6
+    assert fleet_reference(a10().pk) is None
+
+
+def test_only_each_live_nodes_latest_listable_cuda_run_counts(settings):
+    settings.FLEET_REFERENCE_MIN_NODES = 3
+    counted = [fleet_node(100.0), fleet_node(102.0, verdict=Verdict.DEGRADED), fleet_node(98.0)]
+    fleet_node(10.0, verdict=Verdict.REJECTED, state=NodeState.REJECTED)  # rejected: not the model
+    fleet_node(10.0, state=NodeState.RETIRED)  # gone
+    fleet_node(10.0, device="cpu")  # measured on the host CPU (tests)
+    fleet_node(10.0, slug="l4")  # another model
+    newer_rejected = fleet_node(100.0)
+    VerificationRun.objects.create(node=newer_rejected, verdict=Verdict.REJECTED, figures={})  # its latest
+    remeasured = counted[0]
+    VerificationRun.objects.create(node=remeasured, verdict=Verdict.VERIFIED,
+                                   figures={"device": "cuda", "median": {"bf16_tflops": 104.0}})
+    ref = fleet_reference(a10().pk)
+    assert ref is not None and ref.nodes == 3 and ref.median["bf16_tflops"] == 102.0  # 104, 102, 98
+    assert fleet_reference(a10().pk, exclude_node_id=remeasured.pk) is None  # the node judged is not its own fleet
+
+
+def test_a_seeded_fleet_of_honest_a10s_puts_the_impostor_under_its_floor(settings):
+    """The reference built from the seeded runs: the impostor profile's figures fall under it, an honest A10's do
+    not (test_benchmark_verification.py verifies the impostor through a sim node over SSH against such a fleet)."""
+    settings.FLEET_REFERENCE_MIN_NODES = 5
+    for figures in fleet_figures("a10-x2", 6):
+        node = make_node(UserFactory(), gpu_model="a10", gpu_count=2, state=NodeState.ACTIVE,
+                         verdict=Verdict.VERIFIED)
+        VerificationRun.objects.create(node=node, verdict=Verdict.VERIFIED, figures=figures)
+    ref = fleet_reference(a10().pk)
+    assert ref is not None and ref.nodes == 6
+    assert set(ref.median) == set(TOLERANCES["fleet_max_gap"])
+    honest, = fleet_figures("a10-x2", 1)
+    impostor, = fleet_figures("slow-card-posing-as-a10-x2", 1)
+    assert all(g["bf16_tflops"] >= ref.floor("bf16_tflops") for g in honest["gpus"])
+    assert all(g["bf16_tflops"] < ref.floor("bf16_tflops") for g in impostor["gpus"])
