@@ -96,11 +96,12 @@ class NodeAdmin(admin.ModelAdmin):
     # ssh_private_key_encrypted is excluded: nobody reads a private key through the admin.
     fields = ["provider", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
               "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour_micros", "runtime", "state",
-              "state_changed_at", "verdict", "listed", "score", "reliability", "last_error", "ssh_public_key",
-              "created_at", "updated_at"]
+              "state_changed_at", "verdict", "listed", "score", "reliability", "last_error", "next_check_at",
+              "next_spot_check_at", "ssh_public_key", "created_at", "updated_at"]
     readonly_fields = ["provider", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "gpu_model",
                        "gpu_count", "runtime", "state", "state_changed_at", "verdict", "score", "reliability",
-                       "last_error", "ssh_public_key", "created_at", "updated_at"]
+                       "last_error", "next_check_at", "next_spot_check_at", "ssh_public_key", "created_at",
+                       "updated_at"]  # the next checks' times: drawn at random, never shown to providers
     inlines = [GpuInline, VerificationRunInline, NodeEventInline]
     actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key"]
 

@@ -8,6 +8,7 @@ from core.transitions import StatefulModel, Transitions
 
 class JobKind(models.TextChoices):
     NODE_VERIFY = "node_verify", "Verify node"
+    NODE_SPOT_CHECK = "node_spot_check", "Spot-check node"
     INSTANCE_PROVISION = "instance_provision", "Provision instance"
     INSTANCE_START = "instance_start", "Start instance"
     INSTANCE_STOP = "instance_stop", "Stop instance"
@@ -77,7 +78,9 @@ class Job(StatefulModel, models.Model):
             # answers a Conflict when this is hit.
             models.UniqueConstraint(fields=["instance", "kind"], condition=OPEN & Q(instance__isnull=False),
                                     name="job_one_open_per_instance_and_kind"),
-            # One open node-level job (a verification) per node: node_verify_request returns the open one.
+            # One open node-level job (a verification or a spot check) per node: node_verify_request returns the
+            # open verification, and answers a Conflict while a spot check runs (a minute at most); a spot check
+            # is not queued while any node job is open. So a spot check and a full verification never overlap.
             models.UniqueConstraint(fields=["node"], condition=OPEN & Q(instance__isnull=True),
                                     name="job_one_open_node_job_per_node"),
         ]

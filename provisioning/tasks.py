@@ -24,7 +24,12 @@ from provisioning.models import Job, JobKind
 from provisioning.services import maintenance, vms
 from provisioning.services.jobs import JOB_TASKS
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
-from provisioning.services.verification import node_verify_failed, node_verify_run
+from provisioning.services.verification import (
+    node_spot_check_failed,
+    node_spot_check_run,
+    node_verify_failed,
+    node_verify_run,
+)
 from provisioning.ssh import NodeError
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,7 @@ JOB_TASK_OPTIONS = {
 
 RUNNERS: dict[str, tuple[Callable[[Job], None], Callable[..., None] | None]] = {
     JobKind.NODE_VERIFY: (node_verify_run, node_verify_failed),
+    JobKind.NODE_SPOT_CHECK: (node_spot_check_run, node_spot_check_failed),
     JobKind.INSTANCE_PROVISION: (vms.vm_provision, None),
     JobKind.INSTANCE_START: (vms.vm_start, None),
     JobKind.INSTANCE_STOP: (vms.vm_stop, None),
@@ -113,6 +119,11 @@ def _retry_uncounted(task, *, countdown: float, exc: Exception) -> Retry:
 
 @shared_task(bind=True, name=JOB_TASKS[JobKind.NODE_VERIFY], **JOB_TASK_OPTIONS)
 def node_verify(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, name=JOB_TASKS[JobKind.NODE_SPOT_CHECK], **JOB_TASK_OPTIONS)
+def node_spot_check(self, job_id: int):
     run_job(self, job_id)
 
 

@@ -246,11 +246,19 @@ NODE_BUSY_RETRY_S = env_int("NODE_BUSY_RETRY_S", 30)
 NODE_CONNECT_ATTEMPTS = env_int("NODE_CONNECT_ATTEMPTS", 3)
 NODE_CONNECT_BACKOFF_S = float(env_str("NODE_CONNECT_BACKOFF_S", "1"))
 # The benchmark check (docs/BENCHMARKS.md): its time bound on the node (the SSH command waits 30 s longer),
-# quick mode (tests), and re-verification of active nodes every interval plus a per-node jitter.
+# and quick mode (tests).
 BENCHMARK_TIME_LIMIT_S = env_int("BENCHMARK_TIME_LIMIT_S", 300)
 BENCHMARK_QUICK = env_bool("BENCHMARK_QUICK", False)
-REVERIFY_INTERVAL_S = env_int("REVERIFY_INTERVAL_S", 7 * 24 * 3600)
-REVERIFY_JITTER_S = env_int("REVERIFY_JITTER_S", 24 * 3600)
+# Re-checks at random times (provisioning/services/maintenance.py, docs/ARCHITECTURE.md "Watch"): when a
+# verification of a node ends, its next full verification is drawn (secrets, uniform) between REVERIFY_MIN_S and
+# REVERIFY_MAX_S later (defaults: 4 to 10 days, a week on average); between full checks, spot checks of its idle
+# GPUs (the platform's challenge only) come SPOT_CHECK_MIN_S to SPOT_CHECK_MAX_S apart (6 to 42 hours, a day on
+# average). The beat looks for due nodes every REVERIFY_BEAT_S.
+REVERIFY_MIN_S = env_int("REVERIFY_MIN_S", 4 * 24 * 3600)
+REVERIFY_MAX_S = env_int("REVERIFY_MAX_S", 10 * 24 * 3600)
+SPOT_CHECK_MIN_S = env_int("SPOT_CHECK_MIN_S", 6 * 3600)
+SPOT_CHECK_MAX_S = env_int("SPOT_CHECK_MAX_S", 42 * 3600)
+REVERIFY_BEAT_S = env_int("REVERIFY_BEAT_S", 300)
 # A GPU model's fleet reference (the median of what its verified/degraded nodes measured) is used once this many
 # other nodes of the model have a measured latest run; fewer, and nodes are judged against the datasheet only.
 FLEET_REFERENCE_MIN_NODES = env_int("FLEET_REFERENCE_MIN_NODES", 5)
@@ -264,7 +272,7 @@ CELERY_BEAT_SCHEDULE = {
                         "schedule": env_int("RECONCILE_INTERVAL_S", 300)},
     "jobs-reap": {"task": "provisioning.tasks.jobs_reap", "schedule": 60},
     "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 60},
-    "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": 3600},
+    "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": REVERIFY_BEAT_S},
     # Billing: close usage intervals of running instances (and act on low and empty balances) every
     # minute; pay providers their earnings once a week (Monday 03:00 UTC, for the week before).
     "billing-meter": {"task": "billing.tasks.usage_meter_tick",

@@ -104,6 +104,12 @@ class Node(StatefulModel, models.Model):
     benchmark_summary = models.JSONField(
         default=dict, blank=True, help_text="What renters see of the last verification: when, verdict, medians."
     )
+    # Drawn at random (provisioning.services.verification.draw_delay) when a check ends; operators see them in
+    # the admin, providers nowhere (a check they could predict could be dodged).
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True,
+                                         help_text="When its next full verification is due (drawn at random).")
+    next_spot_check_at = models.DateTimeField(null=True, blank=True, db_index=True,
+                                              help_text="When its idle GPUs are next spot-checked (drawn at random).")
     seen_host_key_fingerprint = models.CharField(
         max_length=60, blank=True, help_text="A different host key seen on contact (quarantined nodes)."
     )

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # verification runs a benchmark; a provision may pull an image.
 JOB_DEADLINES: dict[str, int] = {
     JobKind.NODE_VERIFY: 900,
+    JobKind.NODE_SPOT_CHECK: 300,
     JobKind.INSTANCE_PROVISION: 900,
     JobKind.INSTANCE_START: 300,
     JobKind.INSTANCE_STOP: 300,
@@ -45,6 +46,7 @@ JOB_DEADLINES: dict[str, int] = {
 # The Celery task that runs each kind of job (provisioning.tasks declares them under these names).
 JOB_TASKS: dict[str, str] = {
     JobKind.NODE_VERIFY: dispatch.task_name("provisioning.tasks.node_verify"),
+    JobKind.NODE_SPOT_CHECK: dispatch.task_name("provisioning.tasks.node_spot_check"),
     JobKind.INSTANCE_PROVISION: dispatch.task_name("provisioning.tasks.instance_provision"),
     JobKind.INSTANCE_START: dispatch.task_name("provisioning.tasks.instance_start"),
     JobKind.INSTANCE_STOP: dispatch.task_name("provisioning.tasks.instance_stop"),

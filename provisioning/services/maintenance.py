@@ -1,6 +1,6 @@
 """The periodic jobs that keep the fleet honest: sending jobs (the outbox's dispatcher), health checks,
-reconciling VMs with the database, reaping stuck jobs, retrying pending verifications, and re-verifying active
-nodes on a schedule with jitter.
+reconciling VMs with the database, reaping stuck jobs, retrying pending verifications, and re-checking active
+nodes at random times (full verifications, and spot checks of their idle GPUs).
 
 Each runs as a singleton (a PostgreSQL advisory lock, core.locks), since beat may fire again before a slow
 run ends.
@@ -8,7 +8,6 @@ run ends.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.db.models import OuterRef, Prefetch, Q, Subquery
+from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
 from core.locks import advisory_lock
@@ -27,7 +26,7 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
-from provisioning.services.jobs import job_send
+from provisioning.services.jobs import JobConflict, job_send
 from provisioning.services.nodes import (
     WATCHED_STATES,
     HealthResult,
@@ -38,7 +37,12 @@ from provisioning.services.nodes import (
 )
 from provisioning.services.reliability import node_record_health
 from provisioning.services.runner import MAX_LOG_LINES, job_finish
-from provisioning.services.verification import node_verify_failed, node_verify_request
+from provisioning.services.verification import (
+    draw_delay,
+    node_spot_check_request,
+    node_verify_failed,
+    node_verify_request,
+)
 from provisioning.ssh import NodeError
 
 if TYPE_CHECKING:
@@ -394,31 +398,56 @@ def _node_verify_retry(node: WithAnnotations[Node, _PendingNode], now: datetime)
 
 # ------------------------------------------------------------------------------------ re-verification
 
-def reverify_due_at(*, node_id: int, last_at: datetime, interval_s: int, jitter_s: int) -> datetime:
-    """When a node verified at `last_at` is due again: after the interval plus a jitter that is fixed for the node
-    and that cycle (a hash), so a fleet verified together does not come due together."""
-    digest = hashlib.sha256(f"{node_id}:{last_at.isoformat()}".encode()).digest()
-    share = int.from_bytes(digest[:4], "big") / 0xFFFFFFFF
-    return last_at + timedelta(seconds=interval_s + jitter_s * share)
-
-
 def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
-    """Queue a verification for every active node that is due (weekly plus jitter by default), and for an
-    active node rejected while rented whose renters have all left (so it leaves the active state)."""
+    """The beat (every REVERIFY_BEAT_S): for each active node, queue
+
+    - a full verification when its drawn time (Node.next_check_at, drawn with `secrets` when its last
+      verification ended: verification.node_draw_next_checks) has come, or when it was rejected while rented and
+      its renters have all left (so it leaves the active state);
+    - else a spot check of its idle GPUs when its drawn spot-check time has come (drawn again at once, so a spot
+      check that cannot run is not retried every beat).
+
+    Nothing is queued while a node job is open (a spot check and a verification never run at once). A node with
+    no drawn time (verified before this rule) gets one drawn from its last verification: a fleet upgraded at once
+    does not come due at once."""
     with singleton("nodes_reverify_due", ttl=600) as acquired:
         if not acquired:
             return {"skipped": "another run is queueing re-verifications"}
         now = now or timezone.now()
+        busy = Job.objects.filter(node=OuterRef("pk"), instance__isnull=True, status__in=OPEN_JOB_STATUSES)
         last = Job.objects.filter(node=OuterRef("pk"), kind=JobKind.NODE_VERIFY).order_by("-created_at")
-        nodes = Node.objects.filter(state=NodeState.ACTIVE).annotate(
-            last_verify_at=Subquery(last.values("created_at")[:1]))
-        queued = 0
+        due = (Q(next_check_at__isnull=True) | Q(next_check_at__lte=now) | Q(next_spot_check_at__isnull=True)
+               | Q(next_spot_check_at__lte=now) | Q(verdict=Verdict.REJECTED))
+        nodes = (Node.objects.filter(due, state=NodeState.ACTIVE).exclude(Exists(busy))
+                 .annotate(last_verify_at=Subquery(last.values("created_at")[:1])).order_by("pk"))
+        summary = {"queued": 0, "spot_checks": 0, "waiting": 0}
         for node in nodes:
-            due = node.last_verify_at is None or now >= reverify_due_at(
-                node_id=node.pk, last_at=node.last_verify_at, interval_s=settings.REVERIFY_INTERVAL_S,
-                jitter_s=settings.REVERIFY_JITTER_S)
-            left = node.verdict == Verdict.REJECTED and not node.instances.exclude(status__in=FINAL_STATUSES).exists()
-            if due or left:
-                node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
-                queued += 1
-        return {"queued": queued}
+            summary[_node_recheck(node, now)] += 1
+        return summary
+
+
+def _node_recheck(node: WithAnnotations[Node, _LastVerify], now: datetime) -> str:
+    """Queue what is due for this active node; say what was done ("queued", "spot_checks", "waiting")."""
+    if node.next_check_at is None and node.last_verify_at is not None:
+        node.next_check_at = node.last_verify_at + draw_delay(settings.REVERIFY_MIN_S, settings.REVERIFY_MAX_S)
+        Node.objects.filter(pk=node.pk, next_check_at__isnull=True).update(next_check_at=node.next_check_at)
+    due = node.next_check_at is None or now >= node.next_check_at
+    left = node.verdict == Verdict.REJECTED and not node.instances.exclude(status__in=FINAL_STATUSES).exists()
+    try:
+        if due or left:
+            node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
+            return "queued"
+        if node.verdict == Verdict.REJECTED:
+            return "waiting"  # rented, and already judged: nothing to spot-check
+        if node.next_spot_check_at is None or now >= node.next_spot_check_at:
+            next_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+            Node.objects.filter(pk=node.pk).update(next_spot_check_at=next_at)
+            if node.next_spot_check_at is not None and node_spot_check_request(node=node) is not None:
+                return "spot_checks"
+    except JobConflict:  # a node job was queued since the query: next beat
+        pass
+    return "waiting"
+
+
+class _LastVerify(TypedDict):
+    last_verify_at: datetime | None  # when its latest verification was queued

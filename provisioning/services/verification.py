@@ -1,6 +1,7 @@
 """Verifying a node: queue the check, run it over SSH (inventory, the benchmark, the platform's challenge), judge
 it with the acceptance policy, record it, and list, flag or reject the node; an operator accepting a quarantined
-node's new host key, which verifies it again. (Re-verification on a schedule: maintenance.nodes_reverify_due.)
+node's new host key, which verifies it again; spot checks of an active node's idle GPUs (the challenge only).
+(Re-verification and spot checks at random times: maintenance.nodes_reverify_due.)
 
 A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
 re-verification rejects a node that renters are using, the node stays active for them (its verdict keeps it
@@ -8,20 +9,23 @@ off the offers), operators get a critical event and the renters a status message
 """
 from __future__ import annotations
 
+import secrets
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from core.errors import Conflict
-from marketplace.models import GpuAllocation, Instance, Node, NodeState, Verdict
+from marketplace.models import GpuAllocation, GpuStatus, Instance, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
-from provisioning.services.jobs import job_create, job_send_again_if_unsent
+from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
@@ -38,12 +42,36 @@ class BenchmarkTimeout(NodeError):
     code = "benchmark_timeout"
 
 
+# The node-level job kinds (no instance): one of them open per node at a time (job_one_open_node_job_per_node).
+NODE_JOB_KINDS = (JobKind.NODE_VERIFY, JobKind.NODE_SPOT_CHECK)
+
+
+def draw_delay(min_s: int, max_s: int) -> timedelta:
+    """A delay drawn uniformly between min_s and max_s from the system's CSPRNG (secrets): the times of the next
+    checks follow from no data anyone outside the platform sees (not the node's id, not the last check's time),
+    so a provider cannot tell when a node will next be checked, only that it will be within the published bounds."""
+    low, high = sorted((max(int(min_s), 0), max(int(max_s), 0)))
+    return timedelta(seconds=low + secrets.randbelow(high - low + 1))
+
+
+def node_draw_next_checks(node: Node, *, now: datetime | None = None, spot: bool = True) -> None:
+    """When a verification ends: draw the node's next full check (REVERIFY_MIN_S..REVERIFY_MAX_S) and, with
+    `spot`, its next spot check (SPOT_CHECK_MIN_S..SPOT_CHECK_MAX_S), in memory (the caller saves)."""
+    now = now or timezone.now()
+    node.next_check_at = now + draw_delay(settings.REVERIFY_MIN_S, settings.REVERIFY_MAX_S)
+    if spot:
+        node.next_spot_check_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+
+
 @transaction.atomic
 def node_verify_request(*, node: Node, reason: str = "") -> Job:
     """Queue a verification (the provider after installing the key, the schedule, a changed inventory).
     Idempotent: while one is queued or running, that one is returned. An active node stays active."""
     node = Node.objects.select_for_update().get(pk=node.pk)
-    open_job = node.jobs.filter(kind=JobKind.NODE_VERIFY, status__in=OPEN_JOB_STATUSES).first()
+    open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, instance__isnull=True, status__in=OPEN_JOB_STATUSES).first()
+    if open_job is not None and open_job.kind == JobKind.NODE_SPOT_CHECK:
+        # A spot check lasts a minute or two: the verification waits for it (job_one_open_node_job_per_node).
+        raise JobConflict(f"A spot check of node {node.pk} is under way; try again in a few minutes.")
     if open_job is not None:
         job_send_again_if_unsent(open_job)  # one the broker never took (it was down): now, not at the next dispatch
         return open_job
@@ -208,6 +236,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
         node.last_error = " ".join(f["message"] for f in findings)
         if node.state == NodeState.VERIFYING:
             node.transition_to(NodeState.ACTIVE)
+    node_draw_next_checks(node)
     node.save()
     levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
     level = levels.get(verdict, NodeEvent.Level.WARNING)
@@ -251,8 +280,83 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
     node.last_error = error.message
     if node.state == NodeState.VERIFYING:
         node.transition_to(NodeState.PENDING if node.verdict == Verdict.UNVERIFIED else NodeState.OFFLINE)
+    node_draw_next_checks(node)  # an active node checked in place stays active: it is due again at a new time
     node.save()
     node_event(node, "verification_failed", error.message, NodeEvent.Level.WARNING)
     job_finish(job, error=error.message)
 
 
+
+
+# ------------------------------------------------------------------------------------ spot checks
+
+@transaction.atomic
+def node_spot_check_request(*, node: Node) -> Job | None:
+    """Queue a spot check of an active node's idle GPUs (maintenance.nodes_reverify_due, at a random time).
+    None, with nothing queued, while any node job (a verification, another spot check) is open: the two never
+    run at once. The node stays active and bookable; nothing is allocated."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state != NodeState.ACTIVE:
+        return None
+    if node.jobs.filter(instance__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
+        return None
+    job = job_create(kind=JobKind.NODE_SPOT_CHECK, node=node)
+    job_step(job, "queued: spot check at a random time")
+    return job
+
+
+def node_spot_check_run(job: Job) -> None:
+    """The spot check, on a worker: the platform's challenge (verification/challenge.py) on the node's GPUs that
+    no renter holds now, nothing else. The node is not taken out of `active` and no GPU is allocated: a renter
+    may book one meanwhile (the challenge lasts seconds). A clean answer is recorded (an event operators see); a
+    finding (a wrong result, too slow or too fast, no answer) queues a full verification at once, whose verdict
+    speaks for the node: a spot check alone judges nothing. Raises NodeError if the node cannot be reached."""
+    node = job.node
+    if node.state != NodeState.ACTIVE:
+        job_finish(job, error=f"The node is {node.state}, not active; nothing done.")
+        return
+    free = list(node.gpus.filter(status=GpuStatus.FREE).order_by("index").values_list("index", flat=True))
+    if not free:
+        job_step(job, "every GPU is rented: skipped")
+        node_event(node, "spot_check_skipped", "Spot check skipped: every GPU is rented.")
+        job_finish(job)
+        return
+    declared = DeclaredModel.from_gpu_model(node.gpu_model)
+    job_step(job, f"connecting to {node.address}:{node.ssh_port}")
+    with node_session(node) as session:
+        findings, figures = node_challenge(job, session, declared, free)
+    node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
+
+
+@transaction.atomic
+def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[str, Any]],
+                             figures: dict[str, Any]) -> Job | None:
+    """Record the spot check's outcome; with findings, queue a full verification naming them (returned)."""
+    node = Node.objects.select_for_update().get(pk=job.node_id)
+    which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+    rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
+    measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
+    if figures.get("not_run"):
+        measured = f" (the challenge was not run: {figures['not_run']})"
+    if not findings:
+        job_step(job, f"spot check of {which}: clean{measured}")
+        node_event(node, "spot_check_passed", f"Spot check of {which} passed the platform's challenge{measured}.")
+        job_finish(job)
+        return None
+    codes = ", ".join(sorted({f["code"] for f in findings}))
+    job_step(job, f"spot check of {which}: {codes}")
+    node_event(node, "spot_check_failed",
+               f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
+               + " A full verification was queued.", NodeEvent.Level.WARNING)
+    job_finish(job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
+    if not node.verify_allowed():
+        return None
+    return node_verify_request(node=node, reason=f"spot check found {codes}")
+
+
+def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
+    """The node could not be spot-checked (unreachable, busy till the deadline): said in an event; the health
+    check judges reachability, and the next spot check comes at its drawn time."""
+    node_event(job.node, "spot_check_failed_to_run", f"Spot check could not run: {error.message}",
+               NodeEvent.Level.INFO)
+    job_finish(job, error=error.message)

@@ -12,10 +12,17 @@
    band of TOLERANCES; every GPU within `node_median_max_deviation` of the node's median. The node's own timings
    are kept as detail only.
 
-Sizes: the matrices are small (`n` x `k`) and stand for the nominal work; a simulated node computes them for real
-and answers each GPU no sooner than its real card would finish the nominal work. Pure: no Django, no SSH; the
-exchange is anything with send(dict) -> float and receive(timeout) -> (bytes | None, float) on the
-time.monotonic() clock, raising EOFError once the node closed it.
+Sizes: for a simulated node the matrices are small (`n` x `k`) and stand for the nominal work; it computes them
+for real and answers each GPU no sooner than its real card would finish the nominal work. For a real node
+(`draw(real_work=True)`, the agent's PyTorch path) the work is real: `flop_per_gpu` = products x 2 n^2 k, with n
+a multiple of 256 sized so that the work takes `target_s` at the claimed card's datasheet BF16, capped by a
+quarter of the card's memory and by the bytes the node must hash (REAL_SIZES, real_sizes()). On every card in
+the catalogue the digest cap binds (n = 8192, 8.8 TFLOP per GPU, 9-124 ms at datasheet): the node's SHA-256 of
+1 GiB of rows, not the GPU, then sets the time to commit, so the real-work mode proves each GPU's results but its
+platform-timed rate is far below the card's (docs/BENCHMARKS.md); node verification still draws nominal work.
+
+Pure: no Django, no SSH; the exchange is anything with send(dict) -> float and receive(timeout) ->
+(bytes | None, float) on the time.monotonic() clock, raising EOFError once the node closed it.
 """
 from __future__ import annotations
 
@@ -40,6 +47,17 @@ SIZES = {
     True: {"n": 16, "k": 16, "products": 2, "target_s": 1.5},
     False: {"n": 48, "k": 48, "products": 4, "target_s": 8.0},
 }
+# The real-work mode: k fixed (the platform recomputes each checked entry in 2k hashes: ~15 ms at 16384 in
+# CPython), n from the target, capped so that A, B and C take at most REAL_MEMORY_SHARE of the card and the
+# products' float32 rows the node must SHA-256 before committing stay under max_output_bytes per GPU.
+REAL_SIZES = {
+    True: {"k": 1024, "products": 2, "target_s": 1.0, "max_output_bytes": 1 << 22},
+    False: {"k": 16384, "products": 4, "target_s": 8.0, "max_output_bytes": 1 << 30},
+}
+REAL_N_STEP = 256
+REAL_MEMORY_SHARE = 0.25
+REAL_GENERATION_BYTES = 512 << 20  # the agent's int64 temporaries while it generates a matrix
+DIGEST_FLOOR_BPS = 2.5e8  # SHA-256 of the outputs at no less than this per GPU: added to the wait for a real node
 REVEAL_ROWS = 4
 CHECKED_ENTRIES = 4
 PINGS = 3
@@ -93,11 +111,15 @@ class Challenge:
     target_s: float
     datasheet_tflops: float
     wait_s: float  # how long the platform waits for the last commitment
+    device: str = ""  # "cpu" to run a real-work challenge on the node's CPU (tests, gpu-selfcheck --device cpu)
 
     def request(self, time_limit_s: int) -> dict:
-        return {"seed": self.seed, "n": self.n, "k": self.k, "products": self.products, "dtype": "bf16",
-                "gpu_indices": list(self.gpu_indices), "flop_per_gpu": self.flop_per_gpu,
-                "time_limit_s": time_limit_s}
+        req = {"seed": self.seed, "n": self.n, "k": self.k, "products": self.products, "dtype": "bf16",
+               "gpu_indices": list(self.gpu_indices), "flop_per_gpu": self.flop_per_gpu,
+               "time_limit_s": time_limit_s}
+        if self.device:
+            req["device"] = self.device
+        return req
 
 
 def _band(declared: DeclaredModel) -> dict:
@@ -108,15 +130,47 @@ def _band(declared: DeclaredModel) -> dict:
     return band
 
 
+def real_sizes(sheet_tflops: float, memory_mib: int, quick: bool) -> tuple[int, int, int, str]:
+    """(n, k, products, what bounds n) of a real-work challenge on a card of this BF16 rate and memory."""
+    size = REAL_SIZES[bool(quick)]
+    k, products = int(size["k"]), int(size["products"])
+    step = REAL_N_STEP
+    by_target = math.sqrt(size["target_s"] * sheet_tflops * 1e12 / (products * 2 * k))
+    by_output = math.sqrt(size["max_output_bytes"] / (4 * products))
+    budget = REAL_MEMORY_SHARE * memory_mib * 2 ** 20 - REAL_GENERATION_BYTES
+    # A and B in BF16 (4nk bytes), C in FP32 plus its BF16 or FP32 GEMM output (8 n^2): 8n^2 + 4kn <= budget
+    by_memory = (-4 * k + math.sqrt(16 * k * k + 32 * max(budget, 0.0))) / 16
+    bound, limit = min(("target", by_target), ("output", by_output), ("memory", by_memory), key=lambda b: b[1])
+    return max(step, int(limit // step) * step), k, products, bound
+
+
 def draw(declared: DeclaredModel, gpu_indices: list[int], quick: bool,
-         rng: random.Random | None = None) -> Challenge:
-    size = SIZES[bool(quick)]
+         rng: random.Random | None = None, real_work: bool = False) -> Challenge:
+    """The challenge for a node of the declared model: nominal work (a sim node) or, with `real_work`, the
+    work a real node's GPUs really do (real_sizes())."""
     sheet = float(declared.datasheet["bf16_tflops"])
+    if real_work:
+        return draw_real(sheet, declared.memory_mib, gpu_indices, quick, rng, reject=_band(declared)["reject"])
+    size = SIZES[bool(quick)]
     seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
     wait = size["target_s"] / _band(declared)["reject"] + GRACE_S
     return Challenge(seed=seed, n=int(size["n"]), k=int(size["k"]), products=int(size["products"]),
                      gpu_indices=tuple(gpu_indices), flop_per_gpu=size["target_s"] * sheet * 1e12,
                      target_s=size["target_s"], datasheet_tflops=sheet, wait_s=wait)
+
+
+def draw_real(sheet_tflops: float, memory_mib: int, gpu_indices: list[int], quick: bool,
+              rng: random.Random | None = None, reject: float | None = None, device: str = "") -> Challenge:
+    """A real-work challenge: the platform waits for the work at the lowest accepted share of the datasheet,
+    plus the digest of every output at DIGEST_FLOOR_BPS, plus GRACE_S."""
+    n, k, products, _ = real_sizes(sheet_tflops, memory_mib, quick)
+    seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
+    work = products * 2.0 * n * n * k
+    target = work / (sheet_tflops * 1e12)
+    floor = reject if reject is not None else TOLERANCES["figure_bands"]["bf16_tflops"]["reject"]
+    wait = target / floor + products * n * n * 4 / DIGEST_FLOOR_BPS + GRACE_S
+    return Challenge(seed=seed, n=n, k=k, products=products, gpu_indices=tuple(gpu_indices), flop_per_gpu=work,
+                     target_s=target, datasheet_tflops=sheet_tflops, wait_s=wait, device=device)
 
 
 # ------------------------------------------------------------------------------------------ the exchange
@@ -272,8 +326,9 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
                                "round_trip_s": round(trip, 6) if out.round_trip_s is not None else None, "gpus": {}}
     rates: dict[int, float] = {}
     if out.node_error and out.node_error.get("code") == "challenge_unsupported":
-        # The agent's CUDA path cannot run the challenge yet (issue 11, item 8): recorded, no verdict either way;
-        # the node is judged on its reported figures as before, and its run says the challenge was not run.
+        # A real node answers only real-work challenges (draw(real_work=True)), which node verification does not
+        # draw yet (see the module's doc): recorded, no verdict either way; the node is judged on its reported
+        # figures as before, and its run says the challenge was not run.
         figures["not_run"] = str(out.node_error.get("message") or "the agent cannot run the challenge")
         return [], figures
     for gpu in challenge.gpu_indices:

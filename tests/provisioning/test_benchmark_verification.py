@@ -22,7 +22,7 @@ from marketplace.services.nodes import node_private_key
 from provisioning import sim, tasks
 from provisioning.models import HealthSample, Job, JobKind, JobStatus, NodeEvent, VerificationRun
 from provisioning.services import reliability
-from provisioning.services.maintenance import nodes_reverify_due, reverify_due_at
+from provisioning.services.maintenance import nodes_reverify_due
 from provisioning.services.nodes import node_health_probe
 from provisioning.services.reliability import node_record_health
 from provisioning.services.runner import job_begin
@@ -232,30 +232,7 @@ def test_a_changed_inventory_queues_a_verification(db, simnode, simbase):
 
 # ------------------------------------------------------------------------------ schedule and reliability
 
-def test_reverification_is_weekly_with_a_jitter_per_node(db, settings):
-    settings.REVERIFY_INTERVAL_S, settings.REVERIFY_JITTER_S = 7 * 86400, 86400
-    now = timezone.now()
-    at = now - timedelta(days=7)
-    due = [reverify_due_at(node_id=n, last_at=at, interval_s=7 * 86400, jitter_s=86400) for n in range(1, 200)]
-    assert all(at + timedelta(days=7) <= d <= at + timedelta(days=8) for d in due)
-    assert len({d for d in due}) > 190  # spread, not all at once
-    again = {"node_id": 5, "last_at": at, "interval_s": 7 * 86400, "jitter_s": 86400}
-    assert reverify_due_at(**again) == reverify_due_at(**again)
-
-    fresh = make_node(state=NodeState.ACTIVE, verdict="verified")
-    stale = make_node(state=NodeState.ACTIVE, verdict="verified")
-    never = make_node(state=NodeState.ACTIVE, verdict="verified")
-    pending = make_node(state=NodeState.PENDING)
-    for node, age in ((fresh, 1), (stale, 8.01)):
-        job = Job.objects.create(kind=JobKind.NODE_VERIFY, node=node, status=JobStatus.SUCCEEDED,
-                                 deadline=now, created_at=now - timedelta(days=age),
-                                 finished_at=now - timedelta(days=age))
-        assert job.pk
-    assert nodes_reverify_due(now=now) == {"queued": 2}
-    queued = set(Job.objects.filter(status=JobStatus.QUEUED).values_list("node_id", flat=True))
-    assert queued == {stale.pk, never.pk} and pending.pk not in queued
-    assert Node.objects.get(pk=stale.pk).state == NodeState.ACTIVE  # stays bookable while re-verified
-
+# The schedule of re-verifications (random times, spot checks): test_random_rechecks.py.
 
 def test_the_beat_schedule_runs_the_reverification_task(settings):
     entry = settings.CELERY_BEAT_SCHEDULE["nodes-reverify-due"]
