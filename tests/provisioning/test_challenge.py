@@ -220,7 +220,8 @@ def test_commitments_without_the_revealed_rows_are_wrong_results():
 
 
 def test_an_agent_that_cannot_run_the_challenge_yet_is_recorded_without_a_verdict():
-    """Real GPU nodes until the CUDA path exists (issue 11 item 8): judged on their figures as before, not degraded."""
+    """Real GPU nodes until the platform can time the challenge on a real card (docs/BENCHMARKS.md, "the real
+    path"): judged on their figures as before, not degraded."""
     drawn = challenge.draw(A4000, [0], quick=True)
     error = b'{"ok": false, "error": {"code": "challenge_unsupported", "message": "no CUDA path"}}'
     findings, figures = challenge.judge(A4000, drawn, challenge.run(FakeExchange(*PONGS, error), drawn, 300))
