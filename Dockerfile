@@ -15,7 +15,8 @@ COPY requirements.txt constraints.txt ./
 RUN pip install -r requirements.txt -c constraints.txt
 
 COPY . .
-RUN mkdir -p var && chown -R app:app var
+# var/metrics: the shared volume of Prometheus multiprocess files (docker-compose.yml), writable by app.
+RUN mkdir -p var/metrics && chown -R app:app var
 USER app
 EXPOSE 8000
 CMD ["scripts/run-web"]

@@ -7,6 +7,7 @@ from celery import shared_task
 
 from billing.services import enforcement, metering, payments, payouts, reconcile
 from billing.services.top_ups import TOP_UP_CHARGE
+from core import metrics
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,7 @@ def usage_meter_tick():
         log.info("meter: another tick is running; skipped")
         return
     enforced = enforcement.balances_enforce()
+    metrics.record_meter_tick()
     log.info("meter: %s instances, %s intervals, %s µ$ charged; %s", metered.instances, metered.intervals,
              metered.charged_micros, enforced)
 

@@ -1,10 +1,69 @@
-"""The Celery application. Broker and beat schedule come from Django settings (CELERY_*)."""
+"""The Celery application, and the one place where tasks are routed to queues.
+
+Broker and beat schedule come from Django settings (CELERY_*). Work is split into three queues by kind, so that
+one kind of work never waits behind another (docs/SCALING.md):
+
+- `ssh`: jobs that drive one node over SSH for seconds to minutes (verify, spot check, provision, start, stop,
+  restart, destroy). A node stuck in a 5-minute benchmark holds an `ssh` worker slot, nothing else.
+- `fleet`: periodic upkeep of the whole fleet (health checks, reconciling, re-checks that queue verifications,
+  the job outbox's sender, the reaper).
+- `money`: metering ticks and balance enforcement (zero-balance stops), top-up charges and the follow-up of
+  top-ups whose webhook never came, payouts.
+
+Every task of the project is named in TASK_ROUTES below (tests/test_queues.py fails for a registered task
+without a route). Beat and `core.dispatch.send` queue by task name, and Celery routes a name sent with
+`send_task` through the same table, so a route here is the only thing that decides where a task runs. Run one
+worker per queue group (`scripts/run-worker ssh`, ...) or one worker on all three (`scripts/run-worker`).
+"""
 import os
 
 from celery import Celery
+from kombu import Exchange, Queue
+
+from core.logging_context import bind_celery_task_signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
+SSH, FLEET, MONEY = "ssh", "fleet", "money"
+QUEUES = (SSH, FLEET, MONEY)
+
+_SSH_TASKS = (
+    "provisioning.tasks.node_verify",
+    "provisioning.tasks.node_spot_check",
+    "provisioning.tasks.instance_provision",
+    "provisioning.tasks.instance_start",
+    "provisioning.tasks.instance_stop",
+    "provisioning.tasks.instance_restart",
+    "provisioning.tasks.instance_destroy",
+)
+_FLEET_TASKS = (
+    "provisioning.tasks.nodes_health_check",
+    "provisioning.tasks.nodes_reconcile",
+    "provisioning.tasks.nodes_verify_pending",
+    "provisioning.tasks.nodes_reverify_due",
+    "provisioning.tasks.jobs_dispatch",
+    "provisioning.tasks.jobs_reap",
+)
+_MONEY_TASKS = (
+    "billing.tasks.usage_meter_tick",
+    "billing.tasks.top_up_charge",
+    "billing.tasks.top_ups_reconcile",
+    "billing.tasks.payouts_run",
+)
+
+TASK_ROUTES: dict[str, dict[str, str]] = {
+    **{name: {"queue": SSH} for name in _SSH_TASKS},
+    **{name: {"queue": FLEET} for name in _FLEET_TASKS},
+    **{name: {"queue": MONEY} for name in _MONEY_TASKS},
+}
+
 app = Celery("gpumarket")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
+app.conf.task_routes = TASK_ROUTES
+# A task sent without a route (a bug tests/test_queues.py catches) still reaches a worker rather than a queue
+# nobody reads: the fleet queue, which every deployment runs.
+app.conf.task_default_queue = FLEET
 app.autodiscover_tasks()
+# Log records made while a task runs carry its name and id (core/logging_context.py).
+bind_celery_task_signals()

@@ -3,9 +3,12 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from config.views import ApiDocsView, healthz
+from operations import metrics as platform_metrics
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # Prometheus: a staff session or METRICS_TOKEN; 404 to anyone else (core/metrics.py, docs/SCALING.md).
+    path("metrics", platform_metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/billing/", include("billing.urls")),
     path("api/v1/", include("marketplace.api.urls")),

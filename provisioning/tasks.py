@@ -19,6 +19,7 @@ from celery.exceptions import Retry
 from django.conf import settings
 from django.utils import timezone
 
+from core.logging_context import log_context
 from provisioning.concurrency import NodeBusy
 from provisioning.models import Job, JobKind
 from provisioning.services import maintenance, vms
@@ -70,7 +71,8 @@ def run_job(task, job_id: int) -> None:
                     worker=getattr(request, "hostname", None) or "")
     if job is None:
         return
-    with JobHeartbeat(job):
+    # Log lines of this job carry its ids (core/logging_context.py).
+    with log_context(job_id=job.pk, node_id=job.node_id, instance_id=job.instance_id), JobHeartbeat(job):
         if job.lost_runs > settings.JOB_MAX_LOST_RUNS:
             _fail(job, NodeError(f"The worker running this job was lost {job.lost_runs} times; the platform "
                                  "stopped trying. Operators have been told."))

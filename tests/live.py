@@ -16,6 +16,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from config.celery import QUEUES
 from marketplace.models import Node
 from provisioning import sim
 
@@ -41,10 +42,15 @@ class Worker:
     """A `celery worker` process of this project, started and stopped by the tests.
 
     `suffix` tells several workers apart (their node name, `nodename`, is what a job's `runner` names);
-    `broker_url` points one at another broker than the suite's."""
+    `broker_url` points one at another broker than the suite's; `queues` are the queues it takes tasks from
+    (config/celery.py; all by default); `env` adds to its environment."""
 
-    def __init__(self, log_path: Path, simnodes_dir: Path, *, suffix: str = "", broker_url: str | None = None):
+    def __init__(self, log_path: Path, simnodes_dir: Path, *, suffix: str = "", broker_url: str | None = None,
+                 queues: tuple[str, ...] = QUEUES, concurrency: int = 2, env: dict[str, str] | None = None):
         self.log_path = log_path
+        self.queues = queues  # all of them by default: one worker does everything the e2e tests ask
+        self.concurrency = concurrency
+        self.extra_env = env or {}
         self.simnodes_dir = simnodes_dir
         self.broker_url = broker_url
         self.nodename = f"e2e-{os.getpid()}{suffix}@{socket.gethostname()}"
@@ -59,12 +65,15 @@ class Worker:
             "CACHE_URL": settings.CACHE_URL,
             "SIMNODES_DIR": str(self.simnodes_dir),
             "DATABASE_CONN_MAX_AGE": "0",  # no idle connection may block the tests' TRUNCATE between tests
+            **self.extra_env,
         }
         self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         since = self.log.tell()  # a restarted worker: wait for its own "ready."
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork", "--concurrency", "2",
-             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--hostname", self.nodename],
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork",
+             "--concurrency", str(self.concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+             "--hostname", self.nodename,
+             "--queues", ",".join(self.queues)],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_until(lambda: b"ready." in self.log_path.read_bytes()[since:], 60,

@@ -19,6 +19,7 @@ from django.utils import timezone
 from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp
 from billing.services.stripe_gateway import MICROS_PER_CENT
 from billing.services.top_ups import top_up_credit, top_up_fail
+from core import metrics
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ def stripe_event_process(*, event_id: int) -> StripeEvent:
             event.error = ""
         except Exception as exc:  # noqa: BLE001 (recorded on the event for operators; Stripe will retry)
             log.exception("Stripe event %s (%s) failed", event.event_id, event.type)
+            metrics.WEBHOOK_FAILURES.labels(type=event.type).inc()
             event.transition_to(StripeEventStatus.FAILED)
             event.error = f"{type(exc).__name__}: {exc}"[:2000]
         event.processed_at = timezone.now()

@@ -6,6 +6,7 @@ defaults where they would be unsafe.
 """
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from celery.schedules import crontab
@@ -227,6 +228,10 @@ BROKER_VISIBILITY_TIMEOUT_S = env_int("BROKER_VISIBILITY_TIMEOUT_S", 2 * CELERY_
 if CELERY_BROKER_URL.split(":", 1)[0] in ("redis", "rediss", "redis+socket"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
                                        "socket_connect_timeout": env_int("CELERY_BROKER_CONNECT_TIMEOUT_S", 3)}
+    # A prefix for every broker key (queues included): two deployments (or a test's own workers) can share one
+    # Redis database without taking each other's tasks.
+    if env_str("CELERY_BROKER_KEY_PREFIX", ""):
+        CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = env_str("CELERY_BROKER_KEY_PREFIX", "")
 # Jobs are rows first (provisioning/services/jobs.py): the dispatcher sends jobs that were never sent (after
 # JOB_SEND_GRACE_S), sent but not started (after JOB_RESEND_QUEUED_AFTER_S, then backing off), or whose running
 # execution stopped beating for JOB_HEARTBEAT_STALE_S (it beats every JOB_HEARTBEAT_INTERVAL_S); a job whose
@@ -343,10 +348,39 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 
-LOGGING = {
+# Logs: one line per record on stderr, carrying the job, node, instance and Celery task it is about when the code
+# that logs has bound them (core/logging_context.py). LOG_FORMAT=json (production's default: one JSON object per
+# line, python-json-logger) or plain (the default elsewhere).
+LOG_FORMATS = ("plain", "json")
+
+
+def log_format(default: str) -> str:
+    value = env_str("LOG_FORMAT", default)
+    if value not in LOG_FORMATS:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {value!r}")
+    return value
+
+
+LOG_FORMAT = log_format("plain")
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "core.logging_context.ContextFilter"}},
+    "formatters": {
+        "plain": {"()": "core.logging_context.PlainFormatter",
+                  "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "core.logging_context.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+# Celery workers log through LOGGING above (the same format and ids as the web), not through handlers of their own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# GET /metrics (core/metrics.py) for Prometheus: allowed with `Authorization: Bearer <METRICS_TOKEN>` (when set)
+# or to a staff user's session; anyone else gets a 404 (a wrong token: 401). PROMETHEUS_MULTIPROC_DIR (read by
+# prometheus_client itself) makes the histograms and counters of every gunicorn and Celery process of this host
+# add up in that directory (see docs/SCALING.md "Metrics").
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")

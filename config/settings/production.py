@@ -11,7 +11,9 @@ from .base import (
     DEFAULT_FIELD_ENCRYPTION_KEY,
     DEFAULT_SECRET_KEY,
     FIELD_ENCRYPTION_KEYS,
+    LOGGING,
     SECRET_KEY,
+    log_format,
 )
 from .env import env_bool, env_int, env_str
 
@@ -35,6 +37,10 @@ def check_production_settings() -> None:
 
 
 check_production_settings()
+
+# One JSON object per log line (core/logging_context.py), unless LOG_FORMAT=plain.
+LOG_FORMAT = log_format("json")
+LOGGING["handlers"]["console"]["formatter"] = LOG_FORMAT
 
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]+")
 

@@ -13,6 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from core import metrics
 from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, Node, NodeState
 from marketplace.models.renting import vm_id_of
 from marketplace.services.nodes import node_private_key
@@ -131,6 +132,7 @@ def running_vm_ids_by_node(*, node_ids: list[int], probed_before: datetime | Non
     return found
 
 
+@metrics.observes_ssh_probe  # SSH probe latency for Prometheus (core/metrics.py)
 def node_health_probe(node: Node, timeouts: Timeouts | None = None) -> HealthResult:
     """One `health` round trip to the node (no database writes)."""
     start = time.monotonic()

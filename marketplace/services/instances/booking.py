@@ -4,6 +4,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.services.metering import platform_fee_bps
+from core import metrics
 from core.errors import Conflict, ValidationFailed
 from marketplace.models import (
     Gpu,
@@ -30,6 +31,7 @@ from .common import (
 # ------------------------------------------------------------------------------ booking (API side)
 
 
+@metrics.BOOKING_SECONDS.time()  # booking latency for Prometheus (core/metrics.py)
 def instance_create(
     *,
     renter: User,
