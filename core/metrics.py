@@ -33,7 +33,8 @@ from typing import ParamSpec, TypeVar
 from django.conf import settings
 from django.core.cache import cache
 from django.http import Http404, HttpRequest, HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
@@ -218,4 +219,4 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(status=405)
         response["Allow"] = "GET, HEAD"
         return response
-    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(exposition(), content_type=CONTENT_TYPE_PLAIN_0_0_4)  # the text format every Prometheus reads
