@@ -46,6 +46,8 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     # volume) each count pids from 1, so the pid alone would let two processes write one file.
     from prometheus_client import values as _values
 
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+
     _values.ValueClass = _values.MultiProcessValue(  # type: ignore[no-untyped-call]
         process_identifier=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
