@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from billing.models import StripeEvent, StripeEventStatus
 from billing.services.webhooks import stripe_event_process
 from core import metrics
-from marketplace.models import Instance, Node, NodeState
+from marketplace.models import Instance, NodeState
 from provisioning.models import Job, JobKind, JobStatus
 from provisioning.services.nodes import node_health_probe
 from tests.billing.helpers import book, running
