@@ -42,13 +42,14 @@ class _Kept:
 
 
 class SshPool:
-    def __init__(self, *, max_size: int = 1000, idle_s: float = 300.0, poll_s: float = 2.0):
+    def __init__(self, *, max_size: int = 1000, idle_s: float = 300.0, poll_s: float = 10.0):
         self.max_size = max_size
         self.idle_s = idle_s
         self.poll_s = poll_s
         self._lock = threading.Lock()
         self._idle: OrderedDict[int, _Kept] = OrderedDict()  # least recently used first
         self._agents: dict[int, tuple[Hashable, str, str]] = {}  # node -> (identity, bundle name, absolute path)
+        self._next_eviction = 0.0  # time.monotonic() of the next look for idle connections
         self.connects = 0  # new connections opened (figures for benches and tests)
         self.reuses = 0
 
@@ -112,7 +113,9 @@ class SshPool:
 
     # -- internals --------------------------------------------------------------------------------
     def _take(self, node_id: int, identity: Hashable) -> NodeSession | None:
-        self.evict_idle()
+        if time.monotonic() >= self._next_eviction:  # a look over the whole pool now and then, not per use
+            self._next_eviction = time.monotonic() + min(self.idle_s, 10.0)
+            self.evict_idle()
         with self._lock:
             kept = self._idle.pop(node_id, None)
         if kept is None:

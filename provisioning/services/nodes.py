@@ -60,8 +60,8 @@ def node_event(node: Node, kind: str, message: str, level: str = NodeEvent.Level
 
 
 @contextlib.contextmanager
-def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None
-                 ) -> Iterator[NodeSession]:
+def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None,
+                 slot_held: bool = False) -> Iterator[NodeSession]:
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
     On first contact the host key is recorded and pinned from then on; a changed
@@ -70,9 +70,10 @@ def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool 
 
     With a `pool` (provisioning.ssh_pool), the node's kept connection is used when there is one (the per-node
     slot is still taken for the block); every new connection is pinned as above. `session.fresh` says whether
-    the connection was opened for this block.
+    the connection was opened for this block. `slot_held`: the caller holds one of the node's slots already
+    (a fleet batch takes them all at once).
     """
-    with node_slot(node.pk):
+    with contextlib.nullcontext() if slot_held else node_slot(node.pk):
         if pool is None:
             session = _session_connect(node, timeouts)
             try:
@@ -171,13 +172,14 @@ def running_vm_ids_by_node(*, node_ids: list[int], probed_before: datetime | Non
 HEALTH_TIMEOUTS = Timeouts(connect=5, command=20, attempts=1)
 
 
-def node_health_probe(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None
-                      ) -> HealthResult:
+def node_health_probe(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None,
+                      slot_held: bool = False) -> HealthResult:
     """One `health` round trip to the node (no database writes), over the pool's kept connection if given."""
     start = time.monotonic()
     probed_at = timezone.now()
     try:
-        answer = node_agent_call(node, "health", timeouts=timeouts or HEALTH_TIMEOUTS, pool=pool)
+        answer = node_agent_call(node, "health", timeouts=timeouts or HEALTH_TIMEOUTS, pool=pool,
+                                 slot_held=slot_held)
         return HealthResult(node.pk, True, seconds=time.monotonic() - start,
                             inventory_hash=answer.get("inventory_hash"), vms=answer.get("vms"), probed_at=probed_at)
     except NodeBusy as exc:
@@ -187,14 +189,15 @@ def node_health_probe(node: Node, timeouts: Timeouts | None = None, *, pool: Ssh
 
 
 def node_agent_call(node: Node, command: str, sub: str | None = None, request: dict[str, Any] | None = None, *,
-                    timeouts: Timeouts | None = None, pool: SshPool | None = None) -> dict[str, Any]:
+                    timeouts: Timeouts | None = None, pool: SshPool | None = None,
+                    slot_held: bool = False) -> dict[str, Any]:
     """One agent command in its own session (node_session). Over a pooled connection it tries once more on a
     new connection when the kept one broke (the node's sshd restarted meanwhile), and checks (re-uploads) the
     agent once when the node says it is not there or does not know the command (the recorded hash was stale)."""
     for attempt in (1, 2):
         fresh = True  # a failed connect is not a kept connection that broke
         try:
-            with node_session(node, timeouts, pool=pool) as session:
+            with node_session(node, timeouts, pool=pool, slot_held=slot_held) as session:
                 fresh = session.fresh
                 try:
                     return session.agent(command, sub, request)

@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -14,6 +15,7 @@ from django.utils import timezone
 from marketplace.models import Node, NodeState, Verdict
 from provisioning import tasks
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
+from provisioning.concurrency import slot_key
 from provisioning.models import HealthSample, Job, JobKind, JobStatus, NodeEvent
 from provisioning.services import fleet
 from provisioning.services.fleet_record import nodes_record_health
@@ -239,3 +241,21 @@ def test_a_batch_interrupts_an_instance_whose_vm_stopped(db):
     assert nodes_record_health([result], running_vm_ids={host.pk: {vm}}) == {host.pk: [instance.pk]}
     instance.refresh_from_db()
     assert instance.status == "interrupted"
+
+
+def test_a_batch_takes_and_gives_back_the_nodes_ssh_slots_in_one_round_trip_each(db):
+    mine, theirs = unreachable_node(), unreachable_node()
+    assert cache.add(slot_key(theirs.pk, 0), "another-worker", timeout=60)  # another worker's session
+    try:
+        with fleet.batch_slots([mine.pk, theirs.pk]) as held:
+            assert held == {mine.pk}  # theirs: its probe waits for a slot itself (node_slot)
+            assert cache.get(slot_key(mine.pk, 0)) not in (None, "another-worker")
+            assert not fleet.nodes_probe([mine], pool=SshPool())[0].busy  # (a fresh batch: nothing of mine free)
+        assert cache.get(slot_key(mine.pk, 0)) is None  # given back
+        assert cache.get(slot_key(theirs.pk, 0)) == "another-worker"  # not ours: left alone
+        summary = fleet.nodes_health_batch([mine.pk, theirs.pk], pool=SshPool())
+        assert summary["checked"] == 2 and summary["busy"] == 0
+        assert [cache.get(slot_key(n.pk, s)) for n in (mine, theirs) for s in range(1, 4)] == [None] * 6
+        assert cache.get(slot_key(mine.pk, 0)) is None
+    finally:
+        cache.delete(slot_key(theirs.pk, 0))
