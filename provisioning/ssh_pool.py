@@ -12,6 +12,7 @@ node and probe (on both sides). The pool keeps each node's connection open betwe
 - every new connection goes through the caller's `connect` (NodeSession.connect: the host key is pinned on
   each), and a node's connection is only reused while the node's address, port, user, pinned host key and
   platform key (`identity`) are the same as when it was opened;
+- at most `connecting` connections are being opened at once (a fresh worker's first cycle opens one per node);
 - keepalive (NodeSession sets transport.set_keepalive); idle connections are closed after `idle_s`, and the
   least recently used one when the pool holds `max_size`; `close_all()` on worker shutdown;
 - the agent's remote path, once uploaded or checked over SFTP on a node, is recorded per node: a new connection
@@ -42,11 +43,15 @@ class _Kept:
 
 
 class SshPool:
-    def __init__(self, *, max_size: int = 1000, idle_s: float = 300.0, poll_s: float = 10.0):
+    def __init__(self, *, max_size: int = 1000, idle_s: float = 300.0, poll_s: float = 10.0,
+                 connecting: int = 32):
         self.max_size = max_size
         self.idle_s = idle_s
         self.poll_s = poll_s
         self._lock = threading.Lock()
+        # New connections opened at once: a fresh worker's first cycle opens one per node, and a few hundred key
+        # exchanges at once on a small control plane would run past the connect timeout.
+        self._connecting = threading.BoundedSemaphore(connecting)
         self._idle: OrderedDict[int, _Kept] = OrderedDict()  # least recently used first
         self._agents: dict[int, tuple[Hashable, str, str]] = {}  # node -> (identity, bundle name, absolute path)
         self._next_eviction = 0.0  # time.monotonic() of the next look for idle connections
@@ -66,7 +71,8 @@ class SshPool:
         session = self._take(node_id, identity)
         fresh = session is None
         if session is None:
-            session = connect()
+            with self._connecting:
+                session = connect()
             self._tune(session)
             with self._lock:
                 self.connects += 1
