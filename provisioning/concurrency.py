@@ -25,13 +25,18 @@ class NodeBusy(NodeError):
     transient = True
 
 
+def slot_key(node_id: int, slot: int) -> str:
+    """The cache key of one of the node's slots (provisioning.services.fleet takes them by batch)."""
+    return f"node-ssh-slot:{node_id}:{slot}"
+
+
 @contextlib.contextmanager
 def node_slot(node_id: int, *, wait_s: float = 60.0, limit: int = MAX_SESSIONS_PER_NODE):
     token = secrets.token_hex(8)
     deadline = time.monotonic() + wait_s
     while True:
         for slot in range(limit):
-            key = f"node-ssh-slot:{node_id}:{slot}"
+            key = slot_key(node_id, slot)
             if cache.add(key, token, timeout=SLOT_TTL_S):
                 try:
                     yield slot

@@ -79,6 +79,12 @@ class AgentGarbage(NodeError):
     code = "agent_garbage"
 
 
+class AgentMissing(AgentGarbage):
+    """The agent file is not on the node (removed, or the node was reinstalled): upload it again."""
+
+    code = "agent_missing"
+
+
 class AgentFailed(NodeError):
     """The agent answered {"ok": false, "error": {...}}."""
 
@@ -153,6 +159,7 @@ class NodeSession:
         self.seen_fingerprint: str | None = None
         self._client: paramiko.SSHClient | None = None
         self._agent_path: str | None = None
+        self.fresh = True  # False: a connection kept from before (provisioning.ssh_pool), not opened for this use
 
     # -- connection -------------------------------------------------------------------------------
     def __enter__(self) -> NodeSession:
@@ -320,10 +327,14 @@ class NodeSession:
                         chan.close()
                         raise AgentGarbage("The agent's answer is larger than 8 MiB.")
             chan.recv_exit_status()
+            while chan.recv_stderr_ready():  # what came after the last stdout bytes
+                err += chan.recv_stderr(65536)
             chan.close()
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
         if not out.strip():
+            if b"can't open file" in err:  # python3's words for a missing script
+                raise AgentMissing(f"The agent is not on the node (stderr: {bytes(err[-300:])!r}).")
             raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
         return bytes(out)
 

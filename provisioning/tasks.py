@@ -16,13 +16,14 @@ from datetime import timedelta
 
 from celery import shared_task
 from celery.exceptions import Retry
+from celery.signals import worker_process_shutdown, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
 
 from core.logging_context import log_context
 from provisioning.concurrency import NodeBusy
 from provisioning.models import Job, JobKind
-from provisioning.services import maintenance, vms
+from provisioning.services import fleet, maintenance, vms
 from provisioning.services.jobs import JOB_TASKS
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
 from provisioning.services.verification import (
@@ -32,6 +33,7 @@ from provisioning.services.verification import (
     node_verify_run,
 )
 from provisioning.ssh import NodeError
+from provisioning.ssh_pool import worker_pool_close
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +156,35 @@ def instance_destroy(self, job_id: int):
     run_job(self, job_id)
 
 
-@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
 def nodes_health_check():
-    return maintenance.nodes_health_check()
+    """Beat (every HEALTH_CHECK_INTERVAL_S): queue this cycle's health batches (fleet_health_batch)."""
+    return fleet.nodes_health_dispatch()
 
 
-@shared_task(acks_late=True, soft_time_limit=540, time_limit=600)
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
 def nodes_reconcile():
-    return maintenance.nodes_reconcile()
+    """Beat (every RECONCILE_INTERVAL_S): queue this cycle's reconcile batches (fleet_reconcile_batch)."""
+    return fleet.nodes_reconcile_dispatch()
+
+
+@shared_task(name=fleet.FLEET_HEALTH_BATCH, acks_late=True, soft_time_limit=240, time_limit=300)
+def fleet_health_batch(node_ids: list[int], cycle: str | None = None):
+    """Health-check a batch of nodes (a few hundred) and record the results; any worker takes it."""
+    return fleet.nodes_health_batch(node_ids, cycle=cycle)
+
+
+@shared_task(name=fleet.FLEET_RECONCILE_BATCH, acks_late=True, soft_time_limit=540, time_limit=600)
+def fleet_reconcile_batch(node_ids: list[int], cycle: str | None = None):
+    """Reconcile a batch of nodes' VMs with the database; any worker takes it."""
+    return fleet.nodes_reconcile_batch(node_ids, cycle=cycle)
+
+
+@worker_shutdown.connect
+@worker_process_shutdown.connect
+def _close_ssh_pool(**_kwargs):
+    """A worker process ending closes its kept SSH connections to nodes (provisioning.ssh_pool)."""
+    worker_pool_close()
 
 
 @shared_task(acks_late=True, soft_time_limit=50, time_limit=60)

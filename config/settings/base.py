@@ -269,12 +269,18 @@ REVERIFY_BEAT_S = env_int("REVERIFY_BEAT_S", 300)
 FLEET_REFERENCE_MIN_NODES = env_int("FLEET_REFERENCE_MIN_NODES", 5)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)
+RECONCILE_INTERVAL_S = env_int("RECONCILE_INTERVAL_S", 300)
+# The fleet's health checks and reconciles run as batch tasks of this many nodes each, which any worker takes
+# (provisioning/services/fleet.py). Each worker process keeps up to FLEET_SSH_POOL_SIZE SSH connections to nodes
+# open between checks, closing one idle for FLEET_SSH_POOL_IDLE_S (provisioning/ssh_pool.py).
+FLEET_BATCH_SIZE = env_int("FLEET_BATCH_SIZE", 250)
+FLEET_SSH_POOL_SIZE = env_int("FLEET_SSH_POOL_SIZE", 2000)
+FLEET_SSH_POOL_IDLE_S = env_int("FLEET_SSH_POOL_IDLE_S", 300)
 CELERY_BEAT_SCHEDULE = {
     "jobs-dispatch": {"task": "provisioning.tasks.jobs_dispatch", "schedule": JOB_DISPATCH_INTERVAL_S,
                       "options": {"expires": max(JOB_DISPATCH_INTERVAL_S - 1, 1)}},
     "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check", "schedule": HEALTH_CHECK_INTERVAL_S},
-    "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile",
-                        "schedule": env_int("RECONCILE_INTERVAL_S", 300)},
+    "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile", "schedule": RECONCILE_INTERVAL_S},
     "jobs-reap": {"task": "provisioning.tasks.jobs_reap", "schedule": 60},
     "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 60},
     "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": REVERIFY_BEAT_S},

@@ -1,41 +1,38 @@
-"""The periodic jobs that keep the fleet honest: sending jobs (the outbox's dispatcher), health checks,
-reconciling VMs with the database, reaping stuck jobs, retrying pending verifications, and re-checking active
-nodes at random times (full verifications, and spot checks of their idle GPUs).
+"""The periodic jobs that keep the fleet honest: sending jobs (the outbox's dispatcher), reaping stuck jobs,
+retrying pending verifications, and re-checking active nodes at random times (full verifications, and spot
+checks of their idle GPUs). Health checks and reconciling VMs with the database run in batches:
+provisioning.services.fleet (re-exported here).
 
 Each runs as a singleton (a PostgreSQL advisory lock, core.locks), since beat may fire again before a slow
 run ends.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import re
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict
 
 from django.conf import settings
-from django.db import close_old_connections, connection
 from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
-from core.locks import advisory_lock
-from marketplace.models import Instance, InstanceStatus, Node, NodeState, Verdict
+from marketplace.models import Node, NodeState, Verdict
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
-from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
-from provisioning.services.jobs import JobConflict, job_send
-from provisioning.services.nodes import (
-    WATCHED_STATES,
-    HealthResult,
-    node_event,
-    node_health_probe,
-    node_session,
-    running_vm_ids_by_node,
+from provisioning.services.fleet import (  # noqa: F401 (re-exported: the fleet's periodic jobs)
+    HEALTH_PARALLELISM,
+    Summary,
+    nodes_health_check,
+    nodes_health_dispatch,
+    nodes_probe,
+    nodes_reconcile,
+    nodes_reconcile_dispatch,
+    singleton,
 )
-from provisioning.services.reliability import node_record_health
+from provisioning.services.jobs import JobConflict, job_send
+from provisioning.services.nodes import node_event
+from provisioning.services.reconcile import node_reconcile  # noqa: F401 (re-exported)
 from provisioning.services.runner import MAX_LOG_LINES, job_finish
 from provisioning.services.verification import (
     draw_delay,
@@ -49,187 +46,12 @@ if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-# What each periodic job returns (its task's result, in the worker's log): counts, or {"skipped": why}.
-Summary = Mapping[str, int | str]
 
-# One thread per node up to this cap: probes wait on the network, so batches would multiply wall time.
-HEALTH_PARALLELISM = 256
 # Pending nodes' verifications are retried on their own after 1, 2, 3 failures in a row, this long after the
 # last one; after PENDING_RETRY_MAX_FAILURES in a row the platform stops and tells the provider.
 PENDING_RETRY_BACKOFF = (timedelta(minutes=10), timedelta(minutes=30), timedelta(hours=2))
 PENDING_RETRY_MAX_FAILURES = 4
 PENDING_RETRY_REASON = "automatic retry"  # how such a job is marked in its log ("queued: automatic retry ...")
-_VM_ID = re.compile(r"^inst-(\d+)$")
-
-
-@contextlib.contextmanager
-def singleton(name: str, ttl: int) -> Iterator[bool]:
-    """Run the block in one process at a time; yields False (run nothing) while another holds `name`.
-
-    A PostgreSQL advisory lock (core.locks.advisory_lock): it ends with its holder, so `ttl` is not needed any
-    more (kept for callers)."""
-    with advisory_lock(f"singleton:{name}") as acquired:
-        yield acquired
-
-
-def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run fn in a pool thread with its own database connection, closed afterwards."""
-    try:
-        return fn(*args)
-    finally:
-        connection.close()
-
-
-def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM) -> list[HealthResult]:
-    """`health` on many nodes at once: SSH round trips overlap, so wall time tracks the slowest node."""
-    if not nodes:
-        return []
-    with ThreadPoolExecutor(max_workers=min(parallelism, len(nodes))) as pool:
-        return list(pool.map(lambda n: _in_thread(node_health_probe, n), nodes))
-
-
-def nodes_health_check() -> Summary:
-    with singleton("nodes_health_check", ttl=300) as acquired:
-        if not acquired:
-            return {"skipped": "another health check is running"}
-        nodes = list(Node.objects.filter(state__in=WATCHED_STATES))
-        results = nodes_probe(nodes)
-        by_id = {n.pk: n for n in nodes}
-        answered = [r.node_id for r in results if r.ok]
-        pending = _nodes_with_instances_to_recover(answered)
-        # Instances running since before the first probe began: one query for the fleet, not one per node.
-        running = running_vm_ids_by_node(
-            node_ids=answered, probed_before=min((r.probed_at for r in results if r.probed_at), default=None))
-        summary = {"checked": len(results), "failed": 0, "busy": 0, "interrupted": 0, "recovered": 0}
-        for result in results:
-            node = by_id[result.node_id]
-            if result.busy:  # its SSH sessions are all taken by work: it is alive; judge it next time
-                summary["busy"] += 1
-                continue
-            if result.ok and (node.health_failures > 0 or node.state == NodeState.OFFLINE or node.pk in pending):
-                # It answers again: before it takes rentals, resume or fail its interrupted instances and
-                # remove the VMs of instances destroyed while it was unreachable.
-                try:
-                    summary["recovered"] += _recovered(node_reconcile(node))
-                except NodeBusy:
-                    summary["busy"] += 1
-                    continue  # recorded next time, once reconciled: it must not take rentals before
-                except NodeError as exc:
-                    result = HealthResult(node.pk, False, f"it answered, but reconciling its VMs failed: {exc}")
-            interrupted = node_record_health(node_id=result.node_id, ok=result.ok, error=result.error,
-                                             inventory_hash=result.inventory_hash, vms=result.vms,
-                                             probed_at=result.probed_at, running_vm_ids=running.get(node.pk, set()))
-            summary["interrupted"] += len(interrupted)
-            if interrupted and result.ok:
-                # The node answers but those VMs are not running: start them again, or fail them if gone.
-                try:
-                    summary["recovered"] += _recovered(node_reconcile(node))
-                except NodeError as exc:
-                    log.info("health: node %s: reconcile after lost VMs failed: %s", node.pk, exc)
-            summary["failed"] += not result.ok
-        return summary
-
-
-def _recovered(counts: Mapping[str, int]) -> int:
-    return counts["resumed"] + counts["restarted"] + counts["instances_failed"]
-
-
-def _nodes_with_instances_to_recover(node_ids: list[int]) -> set[int]:
-    """Nodes with interrupted instances, or destroyed ones whose VM is still to be removed (GPUs still held)."""
-    waiting = Q(status=InstanceStatus.INTERRUPTED) | Q(status=InstanceStatus.DESTROYED,
-                                                       allocations__released_at__isnull=True)
-    return set(Instance.objects.filter(waiting, node_id__in=node_ids).values_list("node_id", flat=True).distinct())
-
-
-def nodes_reconcile() -> Summary:
-    """Compare each node's VMs with the database: remove VMs nobody knows, fail instances whose VM vanished."""
-    with singleton("nodes_reconcile", ttl=600) as acquired:
-        if not acquired:
-            return {"skipped": "another reconcile is running"}
-        summary = {"nodes": 0, "orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0,
-                   "cleaned_up": 0, "unreachable": 0, "busy": 0}
-        for node in Node.objects.filter(state__in=WATCHED_STATES):
-            close_old_connections()
-            try:
-                counts = node_reconcile(node)
-            except NodeBusy:
-                summary["busy"] += 1  # alive and working: reconciled next time
-                continue
-            except NodeError as exc:
-                log.info("reconcile: node %s unreachable: %s", node.pk, exc)
-                summary["unreachable"] += 1
-                continue
-            summary["nodes"] += 1
-            for key, value in counts.items():
-                summary[key] += value
-        return summary
-
-
-def node_reconcile(node: Node) -> dict[str, int]:
-    """Compare the node's VMs with the database, and act on every difference:
-
-    - a VM no instance owns is removed (an orphan), as is the VM of an instance destroyed while the node was
-      unreachable (whose GPUs are then freed);
-    - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
-      when its VM is gone; a running instance whose VM vanished fails;
-    - a failed instance's VM that still runs is stopped (its GPUs were released).
-    """
-    counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0}
-    with node_session(node) as session:
-        vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
-        # Read the database after the node, so an instance created meanwhile is known.
-        known: dict[int | None, Instance] = {
-            i.pk: i for i in Instance.objects.filter(node=node).exclude(status=InstanceStatus.DESTROYED)}
-        destroyed = set(Instance.objects.filter(node=node, status=InstanceStatus.DESTROYED)
-                        .filter(Q(allocations__released_at__isnull=True) | Q(pk__in=_vm_instance_ids(vms)))
-                        .values_list("pk", flat=True).distinct())
-        seen = {}
-        for vm in vms:
-            match = _VM_ID.match(vm.get("vm_id", ""))
-            instance_id = int(match.group(1)) if match else None
-            instance = known.get(instance_id)
-            if instance is None:
-                session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-                if instance_id in destroyed:
-                    node_event(node, "vm_cleaned_up", f"Removed VM {vm['vm_id']}: its instance was destroyed "
-                                                      "while the node was unreachable.")
-                else:
-                    node_event(node, "orphan_destroyed", f"Destroyed VM {vm['vm_id']}, which no instance owns.",
-                               NodeEvent.Level.WARNING)
-                    counts["orphans_destroyed"] += 1
-                continue
-            seen[instance.pk] = vm
-            if instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
-                # A failed instance holds no GPUs any more: its VM must not keep using them.
-                session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-        for instance_id in destroyed:
-            counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
-        for instance in known.values():
-            vm = seen.get(instance.pk)
-            if instance.status == InstanceStatus.INTERRUPTED:
-                if vm is None:
-                    instance_svc.instance_mark_failed(
-                        instance_id=instance.pk,
-                        message="Its server answered again, but the VM was gone; the GPUs were released.")
-                    counts["instances_failed"] += 1
-                elif vm.get("state") == "running":
-                    counts["resumed"] += instance_svc.instance_resume(instance_id=instance.pk) is not None
-                else:
-                    counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) \
-                        is not None
-            elif instance.status == InstanceStatus.RUNNING and vm is None:
-                instance_svc.instance_mark_failed(
-                    instance_id=instance.pk, message="The VM disappeared from the node; the GPUs were released."
-                )
-                node_event(node, "vm_vanished", f"The VM of instance {instance.pk} vanished.",
-                           NodeEvent.Level.WARNING)
-                counts["instances_failed"] += 1
-    return counts
-
-
-def _vm_instance_ids(vms: list[dict[str, Any]]) -> list[int]:
-    return [int(m.group(1)) for vm in vms if (m := _VM_ID.match(vm.get("vm_id", "")))]
 
 
 # Jobs looked at per dispatcher run at most (oldest first); the next run takes the rest.

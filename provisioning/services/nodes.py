@@ -19,7 +19,17 @@ from marketplace.models.renting import vm_id_of
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import NodeEvent
-from provisioning.ssh import Endpoint, HostKeyMismatch, NodeError, NodeSession, Timeouts
+from provisioning.ssh import (
+    AgentFailed,
+    AgentMissing,
+    Endpoint,
+    HostKeyMismatch,
+    NodeError,
+    NodeSession,
+    NodeUnreachable,
+    Timeouts,
+)
+from provisioning.ssh_pool import SshPool
 from provisioning.verification.policy import Finding, duplicate_gpus, duplicate_host_key
 
 log = logging.getLogger(__name__)
@@ -51,26 +61,54 @@ def node_event(node: Node, kind: str, message: str, level: str = NodeEvent.Level
 
 
 @contextlib.contextmanager
-def node_session(node: Node, timeouts: Timeouts | None = None) -> Iterator[NodeSession]:
+def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None,
+                 slot_held: bool = False) -> Iterator[NodeSession]:
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
     On first contact the host key is recorded and pinned from then on; a changed
     key quarantines the node and re-raises HostKeyMismatch; a key another live node
     has is not pinned and raises DuplicateHardware.
+
+    With a `pool` (provisioning.ssh_pool), the node's kept connection is used when there is one (the per-node
+    slot is still taken for the block); every new connection is pinned as above. `session.fresh` says whether
+    the connection was opened for this block. `slot_held`: the caller holds one of the node's slots already
+    (a fleet batch takes them all at once).
     """
-    with node_slot(node.pk):
-        session = NodeSession(node_endpoint(node), timeouts)
-        try:
-            session.connect()
-        except HostKeyMismatch as exc:
-            node_quarantine(node_id=node.pk, seen=exc.seen)
-            raise
-        try:
-            if not node.host_key_fingerprint and session.seen_fingerprint:
-                _pin_host_key(node, session.seen_fingerprint)
+    with contextlib.nullcontext() if slot_held else node_slot(node.pk):
+        if pool is None:
+            session = _session_connect(node, timeouts)
+            try:
+                session.fresh = True
+                yield session
+            finally:
+                session.close()
+            return
+        with pool.borrow(node.pk, _identity(node), lambda: _session_connect(node, timeouts)) as (session, fresh):
+            session.timeouts = timeouts or Timeouts()
+            session.fresh = fresh
             yield session
-        finally:
-            session.close()
+
+
+def _identity(node: Node) -> tuple[Any, ...]:
+    """What a kept connection was opened with: changed, it is not reused."""
+    return (node.address, node.ssh_port, node.ssh_user, node.host_key_fingerprint,
+            bytes(node.ssh_private_key_encrypted or b""))
+
+
+def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
+    session = NodeSession(node_endpoint(node), timeouts)
+    try:
+        session.connect()
+    except HostKeyMismatch as exc:
+        node_quarantine(node_id=node.pk, seen=exc.seen)
+        raise
+    try:
+        if not node.host_key_fingerprint and session.seen_fingerprint:
+            _pin_host_key(node, session.seen_fingerprint)
+    except BaseException:
+        session.close()
+        raise
+    return session
 
 
 def _pin_host_key(node: Node, fingerprint: str) -> None:
@@ -132,20 +170,50 @@ def running_vm_ids_by_node(*, node_ids: list[int], probed_before: datetime | Non
     return found
 
 
+HEALTH_TIMEOUTS = Timeouts(connect=5, command=20, attempts=1)
+
+
 @metrics.observes_ssh_probe  # SSH probe latency for Prometheus (core/metrics.py)
-def node_health_probe(node: Node, timeouts: Timeouts | None = None) -> HealthResult:
-    """One `health` round trip to the node (no database writes)."""
+def node_health_probe(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None,
+                      slot_held: bool = False) -> HealthResult:
+    """One `health` round trip to the node (no database writes), over the pool's kept connection if given."""
     start = time.monotonic()
     probed_at = timezone.now()
     try:
-        with node_session(node, timeouts or Timeouts(connect=5, command=20, attempts=1)) as session:
-            answer = session.agent("health")
+        answer = node_agent_call(node, "health", timeouts=timeouts or HEALTH_TIMEOUTS, pool=pool,
+                                 slot_held=slot_held)
         return HealthResult(node.pk, True, seconds=time.monotonic() - start,
                             inventory_hash=answer.get("inventory_hash"), vms=answer.get("vms"), probed_at=probed_at)
     except NodeBusy as exc:
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at, busy=True)
     except NodeError as exc:
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
+
+
+def node_agent_call(node: Node, command: str, sub: str | None = None, request: dict[str, Any] | None = None, *,
+                    timeouts: Timeouts | None = None, pool: SshPool | None = None,
+                    slot_held: bool = False) -> dict[str, Any]:
+    """One agent command in its own session (node_session). Over a pooled connection it tries once more on a
+    new connection when the kept one broke (the node's sshd restarted meanwhile), and checks (re-uploads) the
+    agent once when the node says it is not there or does not know the command (the recorded hash was stale)."""
+    for attempt in (1, 2):
+        fresh = True  # a failed connect is not a kept connection that broke
+        try:
+            with node_session(node, timeouts, pool=pool, slot_held=slot_held) as session:
+                fresh = session.fresh
+                try:
+                    return session.agent(command, sub, request)
+                except (AgentMissing, AgentFailed) as exc:
+                    if pool is None or (isinstance(exc, AgentFailed) and exc.field != "command"):
+                        raise
+                    pool.forget_agent(node.pk)
+                    session._agent_path = None  # ensure_agent checks it over SFTP (and uploads it) again
+                    return session.agent(command, sub, request)
+        except NodeUnreachable:
+            if fresh or attempt == 2:
+                raise
+            log.info("node %s: a kept SSH connection broke; trying a new one", node.pk)
+    raise AssertionError("not reached: the loop returns or raises")
 
 
 def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:

@@ -1,0 +1,345 @@
+"""The fleet's periodic health checks and reconciles, split into batches that any worker on any machine takes.
+
+- The dispatchers (`nodes_health_dispatch`, `nodes_reconcile_dispatch`; beat, one run at a time) split the
+  watched nodes into batches of FLEET_BATCH_SIZE, in node order, and queue one task per batch
+  (FLEET_HEALTH_BATCH, FLEET_RECONCILE_BATCH). A batch message expires after one interval: by then the next
+  cycle has queued its nodes again.
+- A batch (`nodes_health_batch`, `nodes_reconcile_batch`) shares nothing with other batches but the database
+  and the cache, so it runs in whichever worker takes it. It is idempotent: a message delivered twice for the
+  same cycle runs once (a claim in the cache per cycle and batch), and each node is checked by one batch at a
+  time (a PostgreSQL advisory lock per node, taken for the batch: a node still being checked by an earlier,
+  slow batch is skipped and counted `locked`). Each SSH session still takes its per-node slot
+  (provisioning.concurrency), over the worker's kept connection to the node (provisioning.ssh_pool).
+- A health batch probes its nodes at once (one thread per node), then writes what it learnt in a few
+  set-based statements for the whole batch (fleet_record.nodes_record_health); only the rare cases (a node
+  back after failures, interrupted instances, changed GPUs) take a statement or a session per node.
+
+`nodes_health_check` and `nodes_reconcile` run every batch in the calling process, one after another: what
+tests, the bench and a single-process demo call.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+from celery import current_app
+from django.conf import settings
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
+from django.db.models import Q
+from django.utils import timezone
+
+from core import dispatch
+from core.locks import advisory_lock
+from marketplace.models import Instance, InstanceStatus, Node, NodeState
+from provisioning.concurrency import SLOT_TTL_S, NodeBusy, slot_key
+from provisioning.services.fleet_record import nodes_record_health
+from provisioning.services.nodes import (
+    WATCHED_STATES,
+    HealthResult,
+    node_health_probe,
+    running_vm_ids_by_node,
+)
+from provisioning.services.reconcile import node_reconcile
+from provisioning.ssh import NodeError
+from provisioning.ssh_pool import SshPool, worker_pool
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+Summary = Mapping[str, int | str]
+
+FLEET_HEALTH_BATCH = dispatch.task_name("provisioning.tasks.fleet_health_batch")
+FLEET_RECONCILE_BATCH = dispatch.task_name("provisioning.tasks.fleet_reconcile_batch")
+# One thread per node of a batch up to this cap: probes wait on the network.
+HEALTH_PARALLELISM = 256
+RECONCILE_PARALLELISM = 32
+# The advisory-lock class of each kind of batch (two-key form: (class, node id); apart from core.locks' keys).
+_LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
+HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked")
+RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
+                     "unreachable", "busy", "locked")
+
+
+@contextlib.contextmanager
+def singleton(name: str, ttl: int) -> Iterator[bool]:
+    """Run the block in one process at a time; yields False (run nothing) while another holds `name`.
+
+    A PostgreSQL advisory lock (core.locks.advisory_lock): it ends with its holder, so `ttl` is not needed any
+    more (kept for callers)."""
+    with advisory_lock(f"singleton:{name}") as acquired:
+        yield acquired
+
+
+def fleet_batches(node_ids: Sequence[int], size: int) -> list[list[int]]:
+    """Consecutive slices of `size` node ids (the last one shorter); none for no nodes."""
+    if size < 1:
+        raise ValueError("a batch holds at least one node")
+    ids = list(node_ids)
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+
+
+def _watched_ids() -> list[int]:
+    return list(Node.objects.filter(state__in=WATCHED_STATES).order_by("pk").values_list("pk", flat=True))
+
+
+# ------------------------------------------------------------------------------------ dispatchers
+
+def nodes_health_dispatch(*, now: datetime | None = None) -> Summary:
+    """Queue this cycle's health batches (beat, every HEALTH_CHECK_INTERVAL_S)."""
+    return _dispatch("health", FLEET_HEALTH_BATCH, settings.HEALTH_CHECK_INTERVAL_S, now)
+
+
+def nodes_reconcile_dispatch(*, now: datetime | None = None) -> Summary:
+    """Queue this cycle's reconcile batches (beat, every RECONCILE_INTERVAL_S)."""
+    return _dispatch("reconcile", FLEET_RECONCILE_BATCH, settings.RECONCILE_INTERVAL_S, now)
+
+
+def _dispatch(kind: str, task: str, interval_s: int, now: datetime | None) -> Summary:
+    with singleton(f"nodes_{kind}_dispatch", ttl=interval_s) as acquired:
+        if not acquired:
+            return {"skipped": f"another {kind} dispatcher is running"}
+        cycle = (now or timezone.now()).isoformat()
+        ids = _watched_ids()
+        batches = fleet_batches(ids, settings.FLEET_BATCH_SIZE)
+        sent = 0
+        for batch in batches:
+            try:
+                current_app.send_task(task, args=[batch, cycle], expires=interval_s)
+            except Exception as exc:  # noqa: BLE001 (kombu's many errors: the broker is down; the next cycle tries)
+                log.warning("fleet %s: the broker did not take a batch (%s); %d of %d queued", kind, exc, sent,
+                            len(batches))
+                return {"nodes": len(ids), "batches": sent, "send_failed": len(batches) - sent}
+            sent += 1
+        return {"nodes": len(ids), "batches": sent, "send_failed": 0}
+
+
+# ------------------------------------------------------------------------------------ batch claims and locks
+
+def _claim(kind: str, cycle: str | None, node_ids: Sequence[int]) -> bool:
+    """False when this cycle's batch already ran (the same message delivered again). No cycle: always True."""
+    if cycle is None or not node_ids:
+        return True
+    key = f"fleet-batch:{kind}:{cycle}:{node_ids[0]}-{node_ids[-1]}:{len(node_ids)}"
+    return bool(cache.add(key, 1, timeout=24 * 3600))
+
+
+@contextlib.contextmanager
+def node_locks(kind: str, node_ids: Sequence[int]) -> Iterator[list[int]]:
+    """Lock each node for this kind of batch if no other batch holds it; yields the ids locked (in order).
+
+    PostgreSQL session advisory locks on a connection of their own, taken and released in one statement each:
+    they end with the worker if it dies. Elsewhere (SQLite: the one-process demo) one batch at a time."""
+    ids = sorted(set(node_ids))
+    if not ids:
+        yield []
+        return
+    if connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
+        with advisory_lock(f"fleet-batch:{kind}") as acquired:
+            yield ids if acquired else []
+        return
+    conn = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT id FROM unnest(%s::bigint[]) AS t(id) WHERE pg_try_advisory_lock(%s, id::int) "
+                           "ORDER BY id", [ids, _LOCK_CLASS[kind]])
+            held = [row[0] for row in cursor.fetchall()]
+        try:
+            yield held
+        finally:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, id::int) FROM unnest(%s::bigint[]) AS t(id)",
+                               [_LOCK_CLASS[kind], held])
+    finally:
+        conn.close()
+
+
+def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run fn in a pool thread with its own database connection, closed afterwards."""
+    try:
+        return fn(*args)
+    finally:
+        connection.close()
+
+
+# ------------------------------------------------------------------------------------ health
+
+def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM, *,
+                pool: SshPool | None = None) -> list[HealthResult]:
+    """`health` on many nodes at once: SSH round trips overlap, so wall time tracks the slowest node.
+
+    Each probe holds one of its node's SSH slots (provisioning.concurrency), as every session does. The batch
+    takes them for all its nodes in one round trip to Redis and gives them back in another (the same keys,
+    tokens and expiry as node_slot); a node whose first slot is taken waits for one in its own probe, as
+    node_slot does."""
+    if not nodes:
+        return []
+    with batch_slots([n.pk for n in nodes]) as held:
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(nodes))) as threads:
+            return list(threads.map(
+                lambda n: _in_thread(lambda: node_health_probe(n, pool=pool, slot_held=n.pk in held)), nodes))
+
+
+# Django's Redis cache client builds a Redis client object per call: three calls per probe (take, look, give
+# back) cost more CPU than the probe's SSH exchange; a pipeline per batch does not.
+_GIVE_BACK = """
+local done = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('get', key) == ARGV[1] then done = done + redis.call('del', key) end
+end
+return done
+"""
+
+
+@contextlib.contextmanager
+def batch_slots(node_ids: Sequence[int]) -> Iterator[set[int]]:
+    """Take the first SSH slot of each node that has it free, in one round trip; yields the nodes taken. The
+    slots are given back (only those still holding this batch's token) in one more. Without a Redis cache
+    (the demo's local memory cache), none is taken here: each probe takes its own slot."""
+    backend = caches["default"]
+    if not isinstance(backend, RedisCache) or not node_ids:
+        yield set()
+        return
+    token = secrets.token_hex(8)
+    value = backend._cache._serializer.dumps(token)  # type: ignore[attr-defined]  # the format cache.add writes
+    keys = {node_id: backend.make_and_validate_key(slot_key(node_id, 0)) for node_id in node_ids}
+    client = backend._cache.get_client(write=True)
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys.values():
+            pipe.set(key, value, nx=True, ex=SLOT_TTL_S)
+        taken = {node_id for node_id, ok in zip(keys, pipe.execute(), strict=True) if ok}
+    try:
+        yield taken
+    finally:
+        if taken:
+            client.eval(_GIVE_BACK, len(taken), *[keys[node_id] for node_id in taken], value)
+
+
+def nodes_health_check(*, pool: SshPool | None = None) -> Summary:
+    """Every watched node, batch after batch, in this process (one run at a time)."""
+    with singleton("nodes_health_check", ttl=300) as acquired:
+        if not acquired:
+            return {"skipped": "another health check is running"}
+        summary = dict.fromkeys(HEALTH_SUMMARY, 0)
+        for batch in fleet_batches(_watched_ids(), settings.FLEET_BATCH_SIZE):
+            for key, value in nodes_health_batch(batch, pool=pool).items():
+                summary[key] += int(value)
+        return summary
+
+
+def nodes_health_batch(node_ids: Sequence[int], *, cycle: str | None = None, pool: SshPool | None = None,
+                       parallelism: int = HEALTH_PARALLELISM) -> Summary:
+    """Probe these nodes (those still watched), then record every result; returns counts."""
+    if not _claim("health", cycle, node_ids):
+        return {"skipped": "this batch already ran"}
+    pool = pool if pool is not None else worker_pool()
+    summary = dict.fromkeys(HEALTH_SUMMARY, 0)
+    with node_locks("health", node_ids) as held:
+        summary["locked"] = len(set(node_ids)) - len(held)
+        nodes = list(Node.objects.filter(pk__in=held, state__in=WATCHED_STATES).order_by("pk"))
+        results = nodes_probe(nodes, parallelism, pool=pool)
+        _health_apply(nodes, results, pool, summary)
+    return summary
+
+
+def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool, summary: dict[str, int]) -> None:
+    by_id = {n.pk: n for n in nodes}
+    answered = [r.node_id for r in results if r.ok]
+    pending = _nodes_with_instances_to_recover(answered)
+    # Instances running since before the first probe began: one query for the batch, not one per node.
+    running = running_vm_ids_by_node(
+        node_ids=answered, probed_before=min((r.probed_at for r in results if r.probed_at), default=None))
+    summary["checked"] += len(results)
+    record: list[HealthResult] = []
+    for result in results:
+        node = by_id[result.node_id]
+        if result.busy:  # its SSH sessions are all taken by work: it is alive; judge it next time
+            summary["busy"] += 1
+            continue
+        if result.ok and (node.health_failures > 0 or node.state == NodeState.OFFLINE or node.pk in pending):
+            # It answers again: before it takes rentals, resume or fail its interrupted instances and
+            # remove the VMs of instances destroyed while it was unreachable.
+            try:
+                summary["recovered"] += _recovered(node_reconcile(node, pool=pool))
+            except NodeBusy:
+                summary["busy"] += 1
+                continue  # recorded next time, once reconciled: it must not take rentals before
+            except NodeError as exc:
+                result = HealthResult(node.pk, False, f"it answered, but reconciling its VMs failed: {exc}")
+        record.append(result)
+    interrupted = nodes_record_health(record, running_vm_ids=running)
+    for result in record:
+        lost = interrupted.get(result.node_id, [])
+        summary["interrupted"] += len(lost)
+        if lost and result.ok:
+            # The node answers but those VMs are not running: start them again, or fail them if gone.
+            try:
+                summary["recovered"] += _recovered(node_reconcile(by_id[result.node_id], pool=pool))
+            except NodeError as exc:
+                log.info("health: node %s: reconcile after lost VMs failed: %s", result.node_id, exc)
+        summary["failed"] += not result.ok
+
+
+def _recovered(counts: Mapping[str, int]) -> int:
+    return counts["resumed"] + counts["restarted"] + counts["instances_failed"]
+
+
+def _nodes_with_instances_to_recover(node_ids: list[int]) -> set[int]:
+    """Nodes with interrupted instances, or destroyed ones whose VM is still to be removed (GPUs still held)."""
+    if not node_ids:
+        return set()
+    waiting = Q(status=InstanceStatus.INTERRUPTED) | Q(status=InstanceStatus.DESTROYED,
+                                                       allocations__released_at__isnull=True)
+    return set(Instance.objects.filter(waiting, node_id__in=node_ids).values_list("node_id", flat=True).distinct())
+
+
+# ------------------------------------------------------------------------------------ reconcile
+
+def nodes_reconcile(*, pool: SshPool | None = None) -> Summary:
+    """Compare each node's VMs with the database, batch after batch, in this process (one run at a time)."""
+    with singleton("nodes_reconcile", ttl=600) as acquired:
+        if not acquired:
+            return {"skipped": "another reconcile is running"}
+        summary = dict.fromkeys(RECONCILE_SUMMARY, 0)
+        for batch in fleet_batches(_watched_ids(), settings.FLEET_BATCH_SIZE):
+            for key, value in nodes_reconcile_batch(batch, pool=pool).items():
+                summary[key] += int(value)
+        return summary
+
+
+def nodes_reconcile_batch(node_ids: Sequence[int], *, cycle: str | None = None, pool: SshPool | None = None,
+                          parallelism: int = RECONCILE_PARALLELISM) -> Summary:
+    """Reconcile these nodes (those still watched), several at once: remove VMs nobody knows, fail instances
+    whose VM vanished, resume interrupted ones (provisioning.services.reconcile.node_reconcile)."""
+    if not _claim("reconcile", cycle, node_ids):
+        return {"skipped": "this batch already ran"}
+    pool = pool if pool is not None else worker_pool()
+    summary = dict.fromkeys(RECONCILE_SUMMARY, 0)
+    with node_locks("reconcile", node_ids) as held:
+        summary["locked"] = len(set(node_ids)) - len(held)
+        nodes = list(Node.objects.filter(pk__in=held, state__in=WATCHED_STATES).order_by("pk"))
+        if not nodes:
+            return summary
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(nodes))) as threads:
+            outcomes = list(threads.map(lambda n: _in_thread(_reconcile_one, n, pool), nodes))
+    for outcome in outcomes:
+        for key, value in outcome.items():
+            summary[key] += value
+    return summary
+
+
+def _reconcile_one(node: Node, pool: SshPool) -> dict[str, int]:
+    close_old_connections()
+    try:
+        counts = node_reconcile(node, pool=pool)
+    except NodeBusy:
+        return {"busy": 1}  # alive and working: reconciled next time
+    except NodeError as exc:
+        log.info("reconcile: node %s unreachable: %s", node.pk, exc)
+        return {"unreachable": 1}
+    return {"nodes": 1, **counts}

@@ -1,0 +1,152 @@
+"""Recording a batch of health checks at once: what reliability.node_record_health does for one node, in a few
+set-based statements for the whole batch.
+
+For a batch of any size, in the common case (nodes answering, or failing, with nothing else to do):
+two statements for the day's health samples (insert the missing rows, then count every node up in one UPDATE),
+two reads for the reliability figures (the samples of the window and the failed jobs, grouped by node), then in
+one transaction the nodes locked (SELECT ... FOR UPDATE), updated (one UPDATE ... CASE, Django's bulk_update)
+and their events inserted (one INSERT); when some nodes have been silent long enough to interrupt their
+instances, one read for those with running instances. Only the rare cases take statements per node: instances
+to interrupt, and GPUs that changed (a re-verification to queue).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, Count, F, Sum, Value, When
+from django.utils import timezone
+
+from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
+from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.services import instances as instance_svc
+from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
+from provisioning.models import HealthSample, Job, JobStatus, NodeEvent
+from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event
+from provisioning.services.reliability import RELIABILITY, node_inventory_changed
+
+NODE_FIELDS = ["health_failures", "last_seen_at", "state", "last_error", "reliability", "updated_at"]
+
+
+def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapping[int, set[str]],
+                        now: datetime | None = None) -> dict[int, list[int]]:
+    """Apply a batch of health checks (one result per node): offline after N failures in a row, back when it
+    answers, the day's sample, the reliability figure, instances interrupted, a re-verification when the GPUs
+    changed. `running_vm_ids`: per node, the VM ids of its instances running since before the probe (a node
+    missing from it has none). Returns, per node, the ids of the instances interrupted by this check."""
+    by_id = {r.node_id: r for r in results}
+    if not by_id:
+        return {}
+    now = now or timezone.now()
+    ids = sorted(by_id)
+    health_samples_record(ok_ids=[i for i in ids if by_id[i].ok], failed_ids=[i for i in ids if not by_id[i].ok],
+                          day=now.date())
+    reliability = nodes_reliability(node_ids=ids, now=now)
+    last_healthy: dict[int, datetime | None] = {}
+    with transaction.atomic():
+        nodes = list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        events = []
+        for node in nodes:
+            result = by_id[node.pk]
+            last_healthy[node.pk] = node.last_seen_at  # the last moment the node was known to be well
+            events += _apply(node, result, now)
+            node.reliability = reliability.get(node.pk, 0.0)
+            node.updated_at = now
+        Node.objects.bulk_update(nodes, NODE_FIELDS)
+        if events:
+            NodeEvent.objects.bulk_create(events)
+    # Nodes silent for long enough to interrupt their instances: those with running instances, in one read.
+    threshold = settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS
+    silent = [n.pk for n in nodes if not by_id[n.pk].ok and n.health_failures >= threshold]
+    renting = set(Instance.objects.filter(node_id__in=silent, status=InstanceStatus.RUNNING)
+                  .values_list("node_id", flat=True).distinct()) if silent else set()
+    interrupted: dict[int, list[int]] = {}
+    for node in nodes:
+        result = by_id[node.pk]
+        if not result.ok and node.pk not in renting:
+            continue  # nothing running to interrupt (and no GPUs to re-verify on a silent node)
+        lost = _interrupt(node, result, last_healthy[node.pk], running_vm_ids.get(node.pk, set()))
+        if lost:
+            interrupted[node.pk] = lost
+            node_event(node, "instances_interrupted", f"Instance(s) {', '.join(map(str, lost))} interrupted: "
+                       f"{'the node is unreachable' if not result.ok else 'their VM is not running'}.",
+                       NodeEvent.Level.CRITICAL)
+        if result.ok and result.inventory_hash and _gpus_changed(node, result.inventory_hash):
+            node_inventory_changed(node_id=node.pk, reported_hash=result.inventory_hash)
+    return interrupted
+
+
+def _apply(node: Node, result: HealthResult, now: datetime) -> list[NodeEvent]:
+    """The node's row after this check (in memory), and the events it raises."""
+    if result.ok:
+        node.health_failures = 0
+        node.last_seen_at = now
+        if node.state == NodeState.OFFLINE:
+            node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
+            node.last_error = ""
+            return [NodeEvent(node=node, kind="back_online", message="The node answers health checks again.",
+                              level=NodeEvent.Level.INFO)]
+        return []
+    node.health_failures += 1
+    node.last_error = result.error
+    if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
+            and node.state != NodeState.OFFLINE:
+        node.transition_to(NodeState.OFFLINE)
+        return [NodeEvent(node=node, kind="offline", level=NodeEvent.Level.WARNING,
+                          message=f"{node.health_failures} health checks failed in a row: {result.error}")]
+    return []
+
+
+def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, running: set[str]) -> list[int]:
+    if not result.ok and node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
+        return instance_svc.node_instances_interrupt(
+            node_id=node.pk, since=last_healthy, cause=InterruptionCause.NODE_LOST,
+            detail=f"{node.health_failures} health checks failed in a row: {result.error}")
+    if result.ok and result.vms is not None:
+        stopped = {vm_id for vm_id, state in result.vms.items() if state != "running"}
+        missing_or_stopped = running - (set(result.vms) - stopped)
+        if missing_or_stopped:
+            return instance_svc.node_instances_interrupt(
+                node_id=node.pk, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=missing_or_stopped,
+                started_before=result.probed_at, detail="the server answers, but the VM is not running on it")
+    return []
+
+
+def _gpus_changed(node: Node, reported_hash: str) -> bool:
+    """Whether an active node reports other GPUs than it was verified with (node_inventory_changed decides)."""
+    stored = (node.inventory or {}).get("gpus")
+    return node.state == NodeState.ACTIVE and stored is not None and gpus_hash(stored) != reported_hash
+
+
+def health_samples_record(*, ok_ids: Sequence[int], failed_ids: Sequence[int], day: date) -> None:
+    """Count one check for each node in its row for `day`: the missing rows inserted, then one UPDATE."""
+    ids = [*ok_ids, *failed_ids]
+    if not ids:
+        return
+    HealthSample.objects.bulk_create([HealthSample(node_id=i, day=day) for i in ids], ignore_conflicts=True)
+    HealthSample.objects.filter(day=day, node_id__in=ids).update(
+        ok=F("ok") + Case(When(node_id__in=list(ok_ids), then=Value(1)), default=Value(0)),
+        failed=F("failed") + Case(When(node_id__in=list(failed_ids), then=Value(1)), default=Value(0)),
+    )
+
+
+def nodes_reliability(*, node_ids: Sequence[int], now: datetime) -> dict[int, float]:
+    """reliability.node_reliability for many nodes: two grouped reads."""
+    since = now - timedelta(days=RELIABILITY["window_days"])
+    checks = {row["node_id"]: (row["ok_sum"] or 0, row["failed_sum"] or 0) for row in
+              HealthSample.objects.filter(node_id__in=node_ids, day__gt=since.date()).values("node_id")
+              .annotate(ok_sum=Sum("ok"), failed_sum=Sum("failed")).order_by()}
+    failed_jobs = dict(Job.objects.filter(node_id__in=node_ids, kind__in=RELIABILITY["job_kinds"],
+                                          status=JobStatus.FAILED, finished_at__gt=since)
+                       .values("node_id").annotate(n=Count("id")).order_by().values_list("node_id", "n"))
+    values = {}
+    for node_id in node_ids:
+        ok, failed = checks.get(node_id, (0, 0))
+        if not ok + failed:
+            values[node_id] = 0.0
+            continue
+        value = ok / (ok + failed) - RELIABILITY["failed_job_penalty"] * failed_jobs.get(node_id, 0)
+        values[node_id] = round(min(1.0, max(0.0, value)), 4)
+    return values
