@@ -1,10 +1,13 @@
 """Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login, logout
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from core.errors import ApplicationError
@@ -107,10 +110,17 @@ def api_keys(request):
     form = ApiKeyForm(request.POST or None)
     created = None
     if request.method == "POST" and form.is_valid():
-        key, raw = account_svc.api_key_create(user=request.user, name=form.cleaned_data["name"])
-        # Rendered, not redirected: the raw key exists only in this one answer.
-        created = {"key": key, "raw": raw}
-        form = ApiKeyForm()
+        days = form.cleaned_data["expires_in_days"]
+        try:
+            key, raw = account_svc.api_key_create(
+                user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"],
+                expires_at=timezone.now() + timedelta(days=days) if days else None)
+        except ApplicationError as exc:
+            form_error(form, exc, default_field="scopes")
+        else:
+            # Rendered, not redirected: the raw key exists only in this one answer.
+            created = {"key": key, "raw": raw}
+            form = ApiKeyForm()
     keys = ApiKey.objects.active().filter(user=request.user)
     status = 400 if form.errors else 200
     response = render(request, "marketplace/api_keys.html", {"form": form, "keys": keys, "created": created},
