@@ -41,6 +41,10 @@ class LoginSerializer(CredentialsSerializer):
         max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, validators=[no_control_characters],
         help_text=f"The name of the API key this log-in makes (default `{svc.LOGIN_KEY_NAME}`), e.g. the client's. "
                   "It replaces (revokes) your previous active key of that name.")
+    otp_code = serializers.CharField(
+        max_length=32, required=False, allow_blank=True,
+        help_text="For an account with two-factor log-in: the code from the authenticator app, or a recovery code "
+                  "(used up). Without it such an account gets a 400 on `otp_code`.")
 
 
 class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):

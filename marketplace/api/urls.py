@@ -2,7 +2,6 @@ from django.urls import path
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from core.api.scopes import PUBLIC
-
 from provisioning import api as provisioning_api
 
 from . import accounts, catalogue, images, instances, nodes, offers, ssh_keys

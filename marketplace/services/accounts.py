@@ -28,6 +28,7 @@ from core.api.scopes import ALL_SCOPES
 from core.errors import PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
 from marketplace.models import ApiKey, User
+from marketplace.services import two_factor
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,12 @@ _SIGNUP_PURPOSE = "signup"
 
 class InvalidCredentials(Exception):
     pass
+
+
+class TwoFactorRequired(ValidationFailed):
+    def __init__(self) -> None:
+        super().__init__("This account uses two-factor log-in: send `otp_code`, the code from your authenticator app "
+                         "(or a recovery code).", field="otp_code")
 
 
 class InvalidSignupToken(ValidationFailed):
@@ -233,11 +240,16 @@ class LoginResult:
 
 
 def user_login(*, email: str, password: str, client_address: str | None = None,
-               key_name: str = LOGIN_KEY_NAME) -> LoginResult:
-    """Check the password (behind the log-in lock-out: LoginLocked) and issue the key named `key_name`, replacing
-    the previous key of that name: logging in again from the same client does not pile up keys."""
+               key_name: str = LOGIN_KEY_NAME, otp_code: str = "") -> LoginResult:
+    """Check the password (behind the log-in lock-out: LoginLocked), and for an account with two-factor log-in the
+    code (TwoFactorRequired without one, WrongCode), and issue the key named `key_name`, replacing the previous key
+    of that name: logging in again from the same client does not pile up keys."""
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
         raise InvalidCredentials()
+    if two_factor.two_factor_enabled(user=user):
+        if not otp_code:
+            raise TwoFactorRequired()
+        two_factor.code_check(user=user, code=otp_code, client_address=client_address)
     key, raw, replaced = api_key_rotate(user=user, name=key_name or LOGIN_KEY_NAME)
     return LoginResult(user=user, key=key, raw_key=raw, replaced_keys=replaced)

@@ -15,8 +15,10 @@ from core.web_errors import form_error
 from marketplace.models import ApiKey, SshKey
 from marketplace.services import accounts as account_svc
 from marketplace.services import ssh_keys as ssh_svc
+from marketplace.services import two_factor as two_factor_svc
 
 from .forms import ApiKeyForm, LoginForm, SignupConfirmForm, SignupForm, SshKeyForm
+from .two_factor import start_code_step
 
 
 def home(request):
@@ -27,6 +29,12 @@ class EmailLoginView(LoginView):
     template_name = "marketplace/login.html"
     authentication_form = LoginForm
     redirect_authenticated_user = True
+
+    def form_valid(self, form):
+        user = form.get_user()
+        if two_factor_svc.two_factor_enabled(user=user):  # the password was right: now the code
+            return start_code_step(self.request, user, self.get_redirect_url())
+        return super().form_valid(form)
 
     def form_invalid(self, form):
         response = super().form_invalid(form)
