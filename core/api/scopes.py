@@ -22,9 +22,9 @@ RENTER = "renter"
 PROVIDER = "provider"
 ALL_SCOPES: tuple[str, ...] = (READ, RENTER, PROVIDER)
 SCOPE_LABELS = {
-    READ: "read-only: look at everything, change nothing",
-    RENTER: "renter: instances, SSH keys, balance, cards, top-ups, offers",
-    PROVIDER: "provider: nodes, benchmarks, earnings, payouts",
+    READ: "look at everything, change nothing",
+    RENTER: "instances, SSH keys, balance, cards, top-ups, offers",
+    PROVIDER: "nodes, benchmarks, earnings, payouts",
 }
 
 PUBLIC = "public"

@@ -1,7 +1,7 @@
 """Sign-up, login, the current user, and API keys."""
 from django.contrib.auth import password_validation
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -62,11 +62,23 @@ class RegisterResultSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
+@extend_schema_field({"type": "array", "items": {"type": "string", "enum": list(ALL_SCOPES)}, "minItems": 1})
+class ScopesField(serializers.MultipleChoiceField):
+    """A list of scopes, in the order of ALL_SCOPES each way (MultipleChoiceField itself answers with a set)."""
+
+    def to_internal_value(self, data):
+        chosen = super().to_internal_value(data)
+        return [s for s in ALL_SCOPES if s in chosen]
+
+    def to_representation(self, value):
+        return [s for s in ALL_SCOPES if s in value]
+
+
 class ApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
     name = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
                                  validators=[no_control_characters])
-    scopes = serializers.ListField(
-        child=serializers.ChoiceField(choices=list(ALL_SCOPES)), required=False, allow_empty=False, max_length=3,
+    scopes = ScopesField(
+        choices=list(ALL_SCOPES), required=False, allow_empty=False,
         help_text="What the key may do, one or more of: " + "; ".join(f"`{s}`: {SCOPE_LABELS[s]}" for s in ALL_SCOPES)
                   + ". Default: all three. A key used to make a key cannot give it scopes it lacks.")
     expires_at = serializers.DateTimeField(
@@ -127,7 +139,8 @@ class LoginView(_AuthView):
     def post(self, request):
         """Check email and password and return an API key named `key_name` (default `login`), replacing your
         previous key of that name. After repeated failures for an email or from an address, log-ins there are
-        refused for a while, the right password too (429 with Retry-After)."""
+        refused for a while, the right password too (429 with Retry-After). An account with two-factor log-in
+        also needs `otp_code` (a 400 on it without; wrong codes count toward the same lock-out)."""
         data = LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:

@@ -115,7 +115,7 @@ class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Something to tell your keys apart, e.g. “laptop” or “CI”.")
     scopes = forms.MultipleChoiceField(
-        choices=[(s, SCOPE_LABELS[s]) for s in ALL_SCOPES], initial=list(ALL_SCOPES),
+        choices=[(s, f"{s}: {SCOPE_LABELS[s]}") for s in ALL_SCOPES], initial=list(ALL_SCOPES),
         widget=forms.CheckboxSelectMultiple, label="What the key may do",
         error_messages={"required": "Choose at least one scope."},
         help_text="A request outside the key's scopes is refused (403) and the answer names the scope it needs.")
