@@ -5,6 +5,8 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
+from django_otp.plugins.otp_static.models import StaticDevice
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.errors import ApplicationError, Conflict
 from marketplace.auth import ThrottledLoginFormMixin
@@ -26,7 +28,7 @@ from marketplace.money import micros_to_usd
 from marketplace.services.accounts import api_key_revoke
 from marketplace.services.instances import instance_destroy, instance_stop
 from marketplace.services.nodes import node_update
-from marketplace.services.two_factor import two_factor_enabled
+from marketplace.services.two_factor import two_factor_disable, two_factor_enabled
 from provisioning.admin import NodeEventInline, VerificationRunInline
 from provisioning.services.verification import node_accept_host_key, node_verify_request
 
@@ -70,8 +72,16 @@ class UserAdmin(BaseUserAdmin):
                              "description": "The account gets no password: its owner sets one from the log-in "
                                             "page's “Forgot your password?”, which e-mails this address."})]
 
+    actions = ["turn_off_two_factor"]
+
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))
+
+    @admin.action(description="Turn off two-factor log-in (after checking who is asking)")
+    def turn_off_two_factor(self, request, queryset):
+        for user in queryset:
+            two_factor_disable(user=user)
+        messages.success(request, "Two-factor log-in is off for the selected accounts.")
 
     @admin.display(ordering="_nodes", description="nodes")
     def node_count(self, user):
@@ -349,3 +359,9 @@ class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
 
 
 admin.site.login_form = AdminLoginForm
+
+# django-otp's own admin pages show the TOTP secrets and the recovery codes, and operators never see a secret: for a
+# user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
+for _otp_model in (TOTPDevice, StaticDevice):
+    if admin.site.is_registered(_otp_model):
+        admin.site.unregister(_otp_model)

@@ -178,3 +178,12 @@ def test_the_admin_log_in_sends_two_factor_accounts_to_the_sites(client, operato
     password_step(client, operator, next="/admin/")
     assert client.post(CODE, {"code": code_now(operator)})["Location"] == "/admin/"
     assert client.get("/admin/").status_code == 200
+
+
+def test_operators_never_see_the_secrets_and_can_turn_two_factor_off(renter, operator):
+    enrol(renter)
+    admin = logged_in(operator)
+    assert admin.get("/admin/otp_totp/totpdevice/").status_code == 404
+    assert admin.get("/admin/otp_static/staticdevice/").status_code == 404
+    r = admin.post("/admin/marketplace/user/", {"action": "turn_off_two_factor", "_selected_action": [renter.pk]})
+    assert r.status_code == 302 and not two_factor.two_factor_enabled(user=renter)
