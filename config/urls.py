@@ -1,8 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
 
-from config.views import ApiDocsView, healthz
+from config.views import ApiDocsView, SchemaView, healthz
 from operations import metrics as platform_metrics
 
 urlpatterns = [
@@ -12,7 +11,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/billing/", include("billing.urls")),
     path("api/v1/", include("marketplace.api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
     path("compat/vast/", include("compat.vast.urls")),  # the `vastai` CLI's API (docs/vast-cli.md), unpublished
     path("", include("marketplace.web.urls")),

@@ -5,7 +5,9 @@ from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 from django.views import defaults
-from drf_spectacular.views import SpectacularSwaggerSplitView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+
+from core.api.scopes import PUBLIC
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +107,16 @@ def permission_denied(request, exception=None):
     return defaults.permission_denied(request, exception)
 
 
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI schema: public, whatever key comes with the request."""
+
+    api_scope = PUBLIC
+
+
 class ApiDocsView(SpectacularSwaggerSplitView):
     """The API documentation (Swagger UI). The split view serves its start-up script as a file, so the page keeps no
     inline script (Content-Security-Policy); GET only, since its HTML renderer has nothing to show for OPTIONS."""
 
+    api_scope = PUBLIC
     http_method_names = ["get", "head"]
     template_name = "marketplace/api_docs.html"

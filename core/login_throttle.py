@@ -87,10 +87,20 @@ def login_succeeded(*, account: str) -> None:
     cache.delete(f"{key}:failures")
 
 
+def _mail_allowed(kind: str, account: str, limit: int, window: int) -> bool:
+    digest = hashlib.sha256(normalize_account(account).encode()).hexdigest()
+    return _count(f"{PREFIX}:{kind}-mail:{digest}", window) <= limit
+
+
 def signup_mail_allowed(*, account: str) -> bool:
     """May one more sign-up e-mail go to this address? At most SIGNUP_EMAILS_PER_ADDRESS per
     SIGNUP_EMAIL_WINDOW_S, whoever asks and from wherever: the sign-up form must not be a way to flood someone's
     mailbox. The caller answers the same either way (no account is revealed); only the e-mail is not sent."""
-    digest = hashlib.sha256(normalize_account(account).encode()).hexdigest()
-    return _count(f"{PREFIX}:signup-mail:{digest}", settings.SIGNUP_EMAIL_WINDOW_S) \
-        <= settings.SIGNUP_EMAILS_PER_ADDRESS
+    return _mail_allowed("signup", account, settings.SIGNUP_EMAILS_PER_ADDRESS, settings.SIGNUP_EMAIL_WINDOW_S)
+
+
+def password_reset_mail_allowed(*, account: str) -> bool:
+    """The same for password-reset e-mails: at most PASSWORD_RESET_EMAILS_PER_ADDRESS per
+    PASSWORD_RESET_EMAIL_WINDOW_S, counted whether or not the address has an account."""
+    return _mail_allowed("reset", account, settings.PASSWORD_RESET_EMAILS_PER_ADDRESS,
+                         settings.PASSWORD_RESET_EMAIL_WINDOW_S)

@@ -1,8 +1,12 @@
 """The operators' panel for accounts, the catalogue, nodes, GPUs and rentals. No secret is ever shown."""
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
+from django_otp.plugins.otp_static.models import StaticDevice
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.errors import ApplicationError, Conflict
 from marketplace.auth import ThrottledLoginFormMixin
@@ -24,8 +28,32 @@ from marketplace.money import micros_to_usd
 from marketplace.services.accounts import api_key_revoke
 from marketplace.services.instances import instance_destroy, instance_stop
 from marketplace.services.nodes import node_update
+from marketplace.services.two_factor import two_factor_disable, two_factor_enabled
 from provisioning.admin import NodeEventInline, VerificationRunInline
 from provisioning.services.verification import node_accept_host_key, node_verify_request
+
+
+class UserAddForm(forms.ModelForm):
+    """An operator adds an account by its e-mail address only, with no usable password: its owner sets one with
+    "Forgot your password?", whose e-mail proves they hold the address before the account can log in, rent or list
+    (sign-up proves it the same way). README, "Accounts"."""
+
+    class Meta:
+        model = User
+        fields = ["email"]
+
+    def clean_email(self):
+        email = User.objects.normalize_email(self.cleaned_data["email"]).lower()
+        if User.objects.filter(email__iexact=email).exists():
+            raise ValidationError("An account has this address already.")
+        return email
+
+    def save(self, commit=True):
+        user = super().save(commit=False)
+        user.set_unusable_password()
+        if commit:
+            user.save()
+        return user
 
 
 @admin.register(User)
@@ -39,10 +67,21 @@ class UserAdmin(BaseUserAdmin):
         ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser", "groups", "user_permissions"]}),
         ("Dates", {"fields": ["last_login", "date_joined"]}),
     ]
-    add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]})]
+    add_form = UserAddForm
+    add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email"],
+                             "description": "The account gets no password: its owner sets one from the log-in "
+                                            "page's “Forgot your password?”, which e-mails this address."})]
+
+    actions = ["turn_off_two_factor"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))
+
+    @admin.action(description="Turn off two-factor log-in (after checking who is asking)")
+    def turn_off_two_factor(self, request, queryset):
+        for user in queryset:
+            two_factor_disable(user=user)
+        messages.success(request, "Two-factor log-in is off for the selected accounts.")
 
     @admin.display(ordering="_nodes", description="nodes")
     def node_count(self, user):
@@ -308,7 +347,21 @@ class InstanceAdmin(admin.ModelAdmin):
 
 
 class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
-    """The admin's log-in, behind the same lock-out as the API's and the pages' (marketplace/auth.py)."""
+    """The admin's log-in, behind the same lock-out as the API's and the pages' (marketplace/auth.py). An account
+    with two-factor log-in logs in on the site's page, which asks for the code, and comes back."""
+
+    def confirm_login_allowed(self, user):
+        super().confirm_login_allowed(user)
+        if two_factor_enabled(user=user):
+            raise ValidationError(
+                "This account uses two-factor log-in: log in on the site's log-in page "
+                "(/accounts/login/?next=/admin/), which asks for the code, then come back here.", code="two_factor")
 
 
 admin.site.login_form = AdminLoginForm
+
+# django-otp's own admin pages show the TOTP secrets and the recovery codes, and operators never see a secret: for a
+# user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
+for _otp_model in (TOTPDevice, StaticDevice):
+    if admin.site.is_registered(_otp_model):
+        admin.site.unregister(_otp_model)

@@ -9,6 +9,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers
 
+from core.api.scopes import PROVIDER_ONLY
 from marketplace import selectors
 from provisioning.models import VerificationRun
 
@@ -43,6 +44,7 @@ class BenchmarkRunSerializer(serializers.ModelSerializer):
 class NodeBenchmarksView(generics.ListAPIView):
     """Every verification of one of your nodes: verdict, reasons a provider can act on, score and figures."""
 
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
     serializer_class = BenchmarkRunSerializer
     queryset = VerificationRun.objects.none()  # for the schema; get_queryset scopes to the node
 

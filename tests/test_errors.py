@@ -20,9 +20,10 @@ from billing.services.stripe_gateway import PaymentDeclined
 from core import errors
 from core.transitions import InvalidTransition
 from core.web_errors import error_message, form_error, message_error
-from marketplace.services.accounts import InvalidSignupToken
+from marketplace.services.accounts import InvalidSignupToken, TwoFactorRequired
 from marketplace.services.instances import Funds, InsufficientFunds
 from marketplace.services.ssh_keys import InvalidSshKey
+from marketplace.services.two_factor import WrongCode
 
 FUNDS = Funds(balance_micros=1_000_000, committed_rate_micros=0, added_rate_micros=2_000_000,
               required_micros=2_000_000, missing_micros=1_000_000, required_s=3600, enforced=True)
@@ -43,6 +44,8 @@ SAMPLES = [
     InsufficientFunds("Renting this instance needs one hour ... (POST /api/v1/billing/top-ups/).", FUNDS),
     InvalidSshKey("Paste one public key, e.g. the contents of ~/.ssh/id_ed25519.pub."),
     InvalidSignupToken(),
+    TwoFactorRequired(),
+    WrongCode(),
     InvalidTransition("node 5", "retired", "active"),
 ]
 

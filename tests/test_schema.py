@@ -168,6 +168,7 @@ BUSINESS_RULES = [
     ("auto_top_up_amount", "Between $"),
     ("public_key", ""),  # an OpenSSH key must parse (type, base64, key size)
     ("ssh_public_key", ""),
+    ("expires_at", "The expiry must be in the future."),  # an API key's expiry: compared with the clock
 ]
 
 

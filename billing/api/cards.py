@@ -18,6 +18,7 @@ from billing.services.cards import (
     setup_intent_create,
 )
 from core.api.fields import StrictFieldsMixin
+from core.api.scopes import RENTER_ONLY
 
 
 class CardSerializer(serializers.ModelSerializer):
@@ -62,6 +63,7 @@ class SetupIntentSerializer(serializers.Serializer):
 class CardViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     """Cards are saved at Stripe; here only their brand, last digits and expiry are kept."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
     serializer_class = CardSerializer
     queryset = Card.objects.none()
     filterset_class = None

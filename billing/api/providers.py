@@ -10,6 +10,7 @@ from billing.services import metering
 from billing.services.payouts import payout_minimum_micros
 from core.api.fields import MoneyField
 from core.api.filtering import reject_unknown_params
+from core.api.scopes import PROVIDER_ONLY
 
 # ------------------------------------------------------------------------------------- earnings
 
@@ -40,6 +41,8 @@ class EarningsSerializer(serializers.Serializer):
 
 @extend_schema(tags=["billing"])
 class EarningsView(APIView):
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
+
     @extend_schema(summary="Your earnings as a provider", responses={200: EarningsSerializer})
     def get(self, request):
         earnings = selectors.earnings_for(user=request.user)
@@ -68,6 +71,7 @@ class PayoutSerializer(serializers.ModelSerializer):
 @extend_schema_view(list=extend_schema(summary="Your payouts (weekly transfers of your earnings)"))
 @extend_schema(tags=["billing"])
 class PayoutViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
     serializer_class = PayoutSerializer
     queryset = Payout.objects.none()
     filterset_class = None

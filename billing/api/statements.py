@@ -13,6 +13,7 @@ from billing.api.top_ups import TopUpSerializer
 from billing.models import Refund
 from core.api.fields import MoneyField
 from core.api.schema import error_response
+from core.api.scopes import RENTER_OR_PROVIDER
 
 _MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
 
@@ -73,6 +74,8 @@ class StatementSerializer(StatementSummarySerializer):
 
 @extend_schema(tags=["billing"])
 class StatementListView(APIView):
+    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
+
     @extend_schema(summary="Your monthly statements (totals; newest first)",
                    responses={200: StatementSummarySerializer(many=True)})
     def get(self, request):
@@ -81,6 +84,8 @@ class StatementListView(APIView):
 
 @extend_schema(tags=["billing"])
 class StatementDetailView(APIView):
+    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
+
     @extend_schema(summary="Your statement of one month: usage per instance, top-ups, refunds, totals",
                    parameters=[OpenApiParameter("month", str, OpenApiParameter.PATH, pattern=r"^\d{4}-\d{2}$",
                                                 description="YYYY-MM (UTC)")],

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.services import credits, metering
+from core.api.scopes import PUBLIC
 
 
 class InterruptionTermsSerializer(serializers.Serializer):
@@ -45,6 +46,7 @@ class TermsSerializer(serializers.Serializer):
 
 
 class TermsView(APIView):
+    api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
 
     @extend_schema(tags=["billing"], summary="The published terms: fee, funds rules, interruption credits",

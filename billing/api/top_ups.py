@@ -26,6 +26,7 @@ from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key, idempotency_parameter
 from core.api.schema import error_response
+from core.api.scopes import ANY, RENTER_ONLY
 from core.validators import no_control_characters
 from marketplace.money import micros_to_usd, usd_to_micros
 
@@ -90,6 +91,7 @@ class TopUpCreateSerializer(StrictFieldsMixin, serializers.Serializer):
 )
 @extend_schema(tags=["billing"])
 class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    api_scope = RENTER_ONLY  # core/api/scopes.py
     serializer_class = TopUpSerializer
     queryset = TopUp.objects.none()
     filterset_class = None
@@ -156,6 +158,7 @@ class IsOperator(permissions.BasePermission):
 
 @extend_schema(tags=["billing"])
 class RefundView(APIView):
+    api_scope = ANY  # core/api/scopes.py
     permission_classes = [permissions.IsAuthenticated, IsOperator]
 
     @extend_schema(summary="Refund (part of) a customer's top-up to their card (operators)",

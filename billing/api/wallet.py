@@ -19,6 +19,7 @@ from billing.services.customers import profile_for
 from billing.services.profiles import CONNECT_ACCOUNT_ID
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
+from core.api.scopes import RENTER_ONLY, RENTER_OR_PROVIDER
 from marketplace.money import micros_to_usd, usd_to_micros
 
 # ------------------------------------------------------------------------------------- balance
@@ -46,6 +47,8 @@ class BalanceSerializer(serializers.Serializer):
 
 @extend_schema(tags=["billing"])
 class BalanceView(APIView):
+    api_scope = RENTER_ONLY  # core/api/scopes.py
+
     @extend_schema(summary="Your balance and how long it lasts", responses={200: BalanceSerializer})
     def get(self, request):
         balance = ledger.wallet_balance(user_id=request.user.pk)
@@ -127,6 +130,7 @@ class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Per-second usage of your instances while running, newest first. Stopped instances are not charged
     (not even for their disk)."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
     serializer_class = UsageIntervalSerializer
     filterset_class = UsageFilter
     queryset = UsageInterval.objects.none()
@@ -162,6 +166,7 @@ class EventFilter(StrictFilterSet):
 @extend_schema_view(list=extend_schema(summary="Your billing events: warnings, credits, top-ups, payouts"))
 @extend_schema(tags=["billing"])
 class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
     serializer_class = BillingEventSerializer
     filterset_class = EventFilter
     queryset = BillingEvent.objects.none()
@@ -213,6 +218,8 @@ class ProfileOutSerializer(serializers.Serializer):
 
 @extend_schema(tags=["billing"])
 class ProfileView(APIView):
+    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
+
     @extend_schema(summary="Your billing settings", responses={200: ProfileOutSerializer})
     def get(self, request):
         return Response(_profile_data(profile_for(user=request.user)))

@@ -6,6 +6,7 @@ from rest_framework.views import APIView
 
 from billing.services.webhooks import WebhookInvalid, webhook_receive
 from core.api.schema import error_response
+from core.api.scopes import PUBLIC
 
 
 class StripeEventDataSerializer(serializers.Serializer):
@@ -30,6 +31,7 @@ class StripeWebhookView(APIView):
     """Stripe's events. Verified with the Stripe-Signature header (the webhook secret); each event id is
     acted on once however often it is delivered."""
 
+    api_scope = PUBLIC  # core/api/scopes.py
     authentication_classes: list = []
     permission_classes = [permissions.AllowAny]
 

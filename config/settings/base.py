@@ -45,6 +45,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_countries",
+    "django_otp",  # optional two-factor log-in (marketplace/services/two_factor.py)
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
     "marketplace",
     "provisioning",
     "billing",
@@ -128,6 +131,13 @@ SIGNUP_CONFIRM_TTL_S = env_int("SIGNUP_CONFIRM_TTL_S", 3 * 24 * 3600)
 # Sign-up e-mails (confirm, or "you have an account") to one address: at most this many per window.
 SIGNUP_EMAILS_PER_ADDRESS = env_int("SIGNUP_EMAILS_PER_ADDRESS", 3)
 SIGNUP_EMAIL_WINDOW_S = env_int("SIGNUP_EMAIL_WINDOW_S", 3600)
+# Password reset (Django's token, marketplace/services/passwords.py): the link works this long and once; at most
+# this many reset e-mails to one address per window (the page answers the same whether the address has an account).
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT_S", 3600)
+PASSWORD_RESET_EMAILS_PER_ADDRESS = env_int("PASSWORD_RESET_EMAILS_PER_ADDRESS", 3)
+PASSWORD_RESET_EMAIL_WINDOW_S = env_int("PASSWORD_RESET_EMAIL_WINDOW_S", 3600)
+# Two-factor log-in (optional, per user): the code step must follow the password within this many seconds.
+TWO_FACTOR_LOGIN_TIMEOUT_S = env_int("TWO_FACTOR_LOGIN_TIMEOUT_S", 300)
 
 AUTH_USER_MODEL = "marketplace.User"
 AUTH_PASSWORD_VALIDATORS = [
@@ -343,16 +353,22 @@ HARDWARE_PRICE_CUT_TOLERANCE = env_decimal("HARDWARE_PRICE_CUT_TOLERANCE", Decim
 
 # Where the platform tells providers it will connect from and what it is called.
 PLATFORM_NAME = env_str("PLATFORM_NAME", "gpumarket")
+OTP_TOTP_ISSUER = PLATFORM_NAME  # the name authenticator apps show
 SIMNODES_DIR = Path(env_str("SIMNODES_DIR", str(VAR_DIR / "simnodes")))
 
-EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# E-mail: by default each message is written to a file under EMAIL_FILE_PATH (var/mail/; the demo's inbox: the
+# sign-up and password-reset links are there). Production sets EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend
+# and the SMTP server below: sign-up and password reset finish from an e-mail.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = Path(env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail")))
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpumarket <noreply@localhost>")
-# SMTP (EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend): sign-up finishes from an e-mail.
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 20)
 
 # Logs: one line per record on stderr, carrying the job, node, instance and Celery task it is about when the code
 # that logs has bound them (core/logging_context.py). LOG_FORMAT=json (production's default: one JSON object per

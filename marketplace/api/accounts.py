@@ -1,12 +1,13 @@
 """Sign-up, login, the current user, and API keys."""
 from django.contrib.auth import password_validation
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.fields import StrictFieldsMixin
+from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
 from core.api.throttling import ScopedRateThrottle
 from core.client_address import client_ip
 from core.validators import no_control_characters
@@ -40,6 +41,10 @@ class LoginSerializer(CredentialsSerializer):
         max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, validators=[no_control_characters],
         help_text=f"The name of the API key this log-in makes (default `{svc.LOGIN_KEY_NAME}`), e.g. the client's. "
                   "It replaces (revokes) your previous active key of that name.")
+    otp_code = serializers.CharField(
+        max_length=32, required=False, allow_blank=True,
+        help_text="For an account with two-factor log-in: the code from the authenticator app, or a recovery code "
+                  "(used up). Without it such an account gets a 400 on `otp_code`.")
 
 
 class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -57,14 +62,35 @@ class RegisterResultSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
+@extend_schema_field({"type": "array", "items": {"type": "string", "enum": list(ALL_SCOPES)}, "minItems": 1})
+class ScopesField(serializers.MultipleChoiceField):
+    """A list of scopes, in the order of ALL_SCOPES each way (MultipleChoiceField itself answers with a set)."""
+
+    def to_internal_value(self, data):
+        chosen = super().to_internal_value(data)
+        return [s for s in ALL_SCOPES if s in chosen]
+
+    def to_representation(self, value):
+        return [s for s in ALL_SCOPES if s in value]
+
+
 class ApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
     name = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
                                  validators=[no_control_characters])
+    scopes = ScopesField(
+        choices=list(ALL_SCOPES), required=False, allow_empty=False,
+        help_text="What the key may do, one or more of: " + "; ".join(f"`{s}`: {SCOPE_LABELS[s]}" for s in ALL_SCOPES)
+                  + ". Default: all three. A key used to make a key cannot give it scopes it lacks.")
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="When the key stops working (401 from then on); null or absent: never. A key made with an "
+                  "expiring key must expire no later than that key.")
+    expired = serializers.BooleanField(source="is_expired", read_only=True)
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "created_at", "last_used_at"]
-        read_only_fields = ["id", "prefix", "created_at", "last_used_at"]
+        fields = ["id", "name", "prefix", "scopes", "expires_at", "expired", "created_at", "last_used_at"]
+        read_only_fields = ["id", "prefix", "expired", "created_at", "last_used_at"]
 
 
 class AuthResultSerializer(serializers.Serializer):
@@ -79,6 +105,7 @@ class LoginResultSerializer(AuthResultSerializer):
 
 
 class _AuthView(APIView):
+    api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []
     throttle_classes = [ScopedRateThrottle]
@@ -112,7 +139,8 @@ class LoginView(_AuthView):
     def post(self, request):
         """Check email and password and return an API key named `key_name` (default `login`), replacing your
         previous key of that name. After repeated failures for an email or from an address, log-ins there are
-        refused for a while, the right password too (429 with Retry-After)."""
+        refused for a while, the right password too (429 with Retry-After). An account with two-factor log-in
+        also needs `otp_code` (a 400 on it without; wrong codes count toward the same lock-out)."""
         data = LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
@@ -127,6 +155,8 @@ class LoginView(_AuthView):
 
 
 class MeView(APIView):
+    api_scope = ANY  # core/api/scopes.py
+
     @extend_schema(responses=UserSerializer, tags=["auth"])
     def get(self, request):
         """The account the request is authenticated as."""
@@ -142,9 +172,11 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 
 @extend_schema(tags=["api-keys"])
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
-    """Your active API keys, those made by log-ins (one per `key_name`) included. The secret is shown only in the
-    answer to POST."""
+    """Your API keys that are not revoked (expired ones too, marked `expired`), those made by log-ins (one per
+    `key_name`) included. The secret is shown only in the answer to POST. Keys made before scopes existed, by
+    sign-up and by log-ins hold all three scopes."""
 
+    api_scope = ANY  # core/api/scopes.py
     serializer_class = ApiKeySerializer
 
     queryset = ApiKey.objects.none()  # for the schema; get_queryset scopes to the user
@@ -158,7 +190,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
     def create(self, request):
         data = ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        api_key, raw = svc.api_key_create(user=request.user, **data.validated_data)
+        made_with = request.auth if isinstance(request.auth, ApiKey) else None
+        api_key, raw = svc.api_key_create(user=request.user, **data.validated_data, made_with=made_with)
         api_key.key = raw
         return Response(ApiKeyCreatedSerializer(api_key).data, status=status.HTTP_201_CREATED)
 

@@ -2,6 +2,7 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers, viewsets
 
+from core.api.scopes import PUBLIC
 from marketplace.models import GpuModel
 
 
@@ -22,6 +23,7 @@ class GpuModelSerializer(serializers.ModelSerializer):
 class GpuModelViewSet(viewsets.ReadOnlyModelViewSet):
     """Datasheet figures (dense, no sparsity) of every GPU model the marketplace knows."""
 
+    api_scope = PUBLIC  # core/api/scopes.py
     queryset = GpuModel.objects.all()
     serializer_class = GpuModelSerializer
     permission_classes = [permissions.AllowAny]

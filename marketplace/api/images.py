@@ -2,6 +2,7 @@
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import permissions, serializers, viewsets
 
+from core.api.scopes import PUBLIC
 from marketplace.models import Image, Runtime
 
 
@@ -28,6 +29,7 @@ class ImageSerializer(serializers.ModelSerializer):
 class ImageViewSet(viewsets.ReadOnlyModelViewSet):
     """Templates for instances (CUDA, PyTorch, TensorFlow), with what each node runtime needs. Public."""
 
+    api_scope = PUBLIC  # core/api/scopes.py
     queryset = Image.objects.filter(active=True)
     serializer_class = ImageSerializer
     permission_classes = [permissions.AllowAny]

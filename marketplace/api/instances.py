@@ -24,6 +24,7 @@ from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.idempotency import idempotency_parameter
 from core.api.schema import ErrorDetailSerializer
+from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
 from marketplace.models import GpuModel, Image, Instance, InstanceStatus, SshKey
 from marketplace.selectors import instance_ssh_command
@@ -185,6 +186,7 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
 class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Your instances; another user's instance is a 404. Verbs answer 202 while a worker acts."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
     serializer_class = InstanceSerializer
     filterset_class = InstanceFilter
     queryset = Instance.objects.none()  # for the schema; get_queryset scopes to the user

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.schema import ErrorDetailSerializer
+from core.api.scopes import PROVIDER_ONLY
 from core.validators import no_control_characters
 from marketplace import selectors
 from marketplace.models import Gpu, GpuModel, Node, NodeState, Runtime
@@ -170,6 +171,7 @@ class NodeViewSet(viewsets.ModelViewSet):
     """A provider sees and changes only its own nodes; another provider's node is a 404. Operators see every
     live node (403 on changing another provider's)."""
 
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
     permission_classes = [permissions.IsAuthenticated, ProviderChangesOwnNode]
     serializer_class = NodeSerializer
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]

@@ -11,6 +11,7 @@ from rest_framework import permissions, serializers, viewsets
 from billing.services.metering import fee_percent, platform_fee_bps
 from core.api.fields import UsdField
 from core.api.filtering import StrictFilterSet, reject_unknown_params
+from core.api.scopes import PUBLIC
 from marketplace import selectors
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.money import usd_to_micros
@@ -154,6 +155,7 @@ class OfferFilter(StrictFilterSet):
 class OfferViewSet(viewsets.ReadOnlyModelViewSet):
     """Bookable GPUs: active, verified (or degraded) nodes with free GPUs. Public."""
 
+    api_scope = PUBLIC  # core/api/scopes.py
     serializer_class = OfferSerializer
     filterset_class = OfferFilter
     permission_classes = [permissions.AllowAny]

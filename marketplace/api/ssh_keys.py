@@ -5,6 +5,7 @@ from rest_framework.response import Response
 
 from core.api.fields import StrictFieldsMixin
 from core.api.schema import ErrorDetailSerializer
+from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
 from marketplace.models import SshKey
 from marketplace.services import ssh_keys as svc
@@ -52,6 +53,7 @@ class SshKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
                     viewsets.GenericViewSet):
     """Public keys to put on the instances you create. Another user's key is a 404."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
     serializer_class = SshKeySerializer
     queryset = SshKey.objects.none()  # for the schema; get_queryset scopes to the user
 

@@ -1,9 +1,16 @@
 from django.urls import path
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import APIRootView, DefaultRouter
 
+from core.api.scopes import PUBLIC
 from provisioning import api as provisioning_api
 
 from . import accounts, catalogue, images, instances, nodes, offers, ssh_keys
+
+
+class ApiRootView(APIRootView):
+    """GET /api/v1/: links to the resources; public."""
+
+    api_scope = PUBLIC
 
 
 class ApiRouter(DefaultRouter):
@@ -14,6 +21,7 @@ class ApiRouter(DefaultRouter):
     """
 
     include_format_suffixes = False  # `.json` suffixes are not part of this API
+    APIRootView = ApiRootView
 
     def get_lookup_regex(self, viewset, lookup_prefix=""):
         kwarg = getattr(viewset, "lookup_url_kwarg", None) or getattr(viewset, "lookup_field", "pk")

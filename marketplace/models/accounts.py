@@ -3,6 +3,8 @@ from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
 from django.utils import timezone
 
+from core.api.scopes import ALL_SCOPES
+
 
 class UserManager(BaseUserManager):
     use_in_migrations = True
@@ -44,8 +46,14 @@ class User(AbstractUser):
         return self.email
 
 
+def all_scopes() -> list[str]:
+    """Keys made without naming scopes (and every key made before scopes existed) may do everything."""
+    return list(ALL_SCOPES)
+
+
 class ApiKeyQuerySet(models.QuerySet):
     def active(self) -> "ApiKeyQuerySet":
+        """Not revoked (an expired key is still listed, marked expired, until its owner revokes it)."""
         return self.filter(revoked_at__isnull=True)
 
 
@@ -59,6 +67,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = models.JSONField(default=all_scopes, help_text="What the key may do: read, renter, provider "
+                                                            "(core/api/scopes.py).")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused (401) from then on; empty: never.")
 
     objects = ApiKeyQuerySet.as_manager()
 
@@ -72,3 +83,7 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()

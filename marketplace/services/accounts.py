@@ -10,7 +10,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urljoin
 
@@ -24,9 +24,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from core.errors import ValidationFailed
+from core.api.scopes import ALL_SCOPES
+from core.errors import PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
 from marketplace.models import ApiKey, User
+from marketplace.services import two_factor
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,12 @@ class InvalidCredentials(Exception):
     pass
 
 
+class TwoFactorRequired(ValidationFailed):
+    def __init__(self) -> None:
+        super().__init__("This account uses two-factor log-in: send `otp_code`, the code from your authenticator app "
+                         "(or a recovery code).", field="otp_code")
+
+
 class InvalidSignupToken(ValidationFailed):
     """The sign-up token is not one of ours, has expired, or was used already (400 on `token`); the sign-up
     page says it in its own words (a link, not a token)."""
@@ -56,10 +64,46 @@ def hash_api_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
-def api_key_create(*, user: User, name: str = "") -> tuple[ApiKey, str]:
-    """Create a key and return it with the raw value, which is never stored or shown again."""
+class ApiKeyExpired(Exception):
+    """The key was valid but its expiry has passed (the API answers 401 saying so)."""
+
+    def __init__(self, key: ApiKey):
+        super().__init__(f"API key {key.prefix}… expired")
+        self.key = key
+
+
+def _clean_scopes(scopes: list[str] | tuple[str, ...] | None) -> list[str]:
+    if scopes is None:
+        return list(ALL_SCOPES)
+    unknown = sorted(set(scopes) - set(ALL_SCOPES))
+    if unknown:
+        raise ValidationFailed(f"Unknown scope {', '.join(unknown)}: the scopes are {', '.join(ALL_SCOPES)}.",
+                               field="scopes")
+    if not scopes:
+        raise ValidationFailed(f"Choose at least one scope ({', '.join(ALL_SCOPES)}).", field="scopes")
+    return [s for s in ALL_SCOPES if s in scopes]
+
+
+def api_key_create(*, user: User, name: str = "", scopes: list[str] | tuple[str, ...] | None = None,
+                   expires_at: datetime | None = None, made_with: ApiKey | None = None) -> tuple[ApiKey, str]:
+    """Create a key and return it with the raw value, which is never stored or shown again.
+
+    `scopes` None means all of them. `made_with`: the key the request came with (None for a browser session or a
+    log-in); a key cannot make a key that may do more than itself or outlive it."""
+    clean = _clean_scopes(scopes)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("The expiry must be in the future.", field="expires_at")
+    if made_with is not None:
+        beyond = sorted(set(clean) - set(made_with.scopes))
+        if beyond:
+            raise PermissionDenied(f"This API key cannot make a key with scopes it does not have itself "
+                                   f"({', '.join(beyond)}).")
+        if made_with.expires_at is not None and (expires_at is None or expires_at > made_with.expires_at):
+            raise PermissionDenied("This API key expires: the keys it makes must expire no later than it does "
+                                   f"({made_with.expires_at.isoformat()}).")
     raw = API_KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(user=user, name=name, prefix=raw[:12], key_hash=hash_api_key(raw))
+    key = ApiKey.objects.create(user=user, name=name, prefix=raw[:12], key_hash=hash_api_key(raw), scopes=clean,
+                                expires_at=expires_at)
     return key, raw
 
 
@@ -70,7 +114,7 @@ def api_key_revoke(*, api_key: ApiKey) -> None:
 
 
 def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
-    """The active key with this value (and its user), or None."""
+    """The active key with this value (and its user), or None; ApiKeyExpired when its expiry has passed."""
     key: ApiKey | None = (
         ApiKey.objects.active()
         .select_related("user")
@@ -80,6 +124,8 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
     if key is None:
         return None
     now = timezone.now()
+    if key.expires_at is not None and key.expires_at <= now:
+        raise ApiKeyExpired(key)
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
@@ -194,11 +240,16 @@ class LoginResult:
 
 
 def user_login(*, email: str, password: str, client_address: str | None = None,
-               key_name: str = LOGIN_KEY_NAME) -> LoginResult:
-    """Check the password (behind the log-in lock-out: LoginLocked) and issue the key named `key_name`, replacing
-    the previous key of that name: logging in again from the same client does not pile up keys."""
+               key_name: str = LOGIN_KEY_NAME, otp_code: str = "") -> LoginResult:
+    """Check the password (behind the log-in lock-out: LoginLocked), and for an account with two-factor log-in the
+    code (TwoFactorRequired without one, WrongCode), and issue the key named `key_name`, replacing the previous key
+    of that name: logging in again from the same client does not pile up keys."""
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
         raise InvalidCredentials()
+    if two_factor.two_factor_enabled(user=user):
+        if not otp_code:
+            raise TwoFactorRequired()
+        two_factor.code_check(user=user, code=otp_code, client_address=client_address)
     key, raw, replaced = api_key_rotate(user=user, name=key_name or LOGIN_KEY_NAME)
     return LoginResult(user=user, key=key, raw_key=raw, replaced_keys=replaced)

@@ -1,10 +1,13 @@
 """Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login, logout
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from core.errors import ApplicationError
@@ -12,8 +15,10 @@ from core.web_errors import form_error
 from marketplace.models import ApiKey, SshKey
 from marketplace.services import accounts as account_svc
 from marketplace.services import ssh_keys as ssh_svc
+from marketplace.services import two_factor as two_factor_svc
 
 from .forms import ApiKeyForm, LoginForm, SignupConfirmForm, SignupForm, SshKeyForm
+from .two_factor import start_code_step
 
 
 def home(request):
@@ -24,6 +29,12 @@ class EmailLoginView(LoginView):
     template_name = "marketplace/login.html"
     authentication_form = LoginForm
     redirect_authenticated_user = True
+
+    def form_valid(self, form):
+        user = form.get_user()
+        if two_factor_svc.two_factor_enabled(user=user):  # the password was right: now the code
+            return start_code_step(self.request, user, self.get_redirect_url())
+        return super().form_valid(form)
 
     def form_invalid(self, form):
         response = super().form_invalid(form)
@@ -107,10 +118,17 @@ def api_keys(request):
     form = ApiKeyForm(request.POST or None)
     created = None
     if request.method == "POST" and form.is_valid():
-        key, raw = account_svc.api_key_create(user=request.user, name=form.cleaned_data["name"])
-        # Rendered, not redirected: the raw key exists only in this one answer.
-        created = {"key": key, "raw": raw}
-        form = ApiKeyForm()
+        days = form.cleaned_data["expires_in_days"]
+        try:
+            key, raw = account_svc.api_key_create(
+                user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"],
+                expires_at=timezone.now() + timedelta(days=days) if days else None)
+        except ApplicationError as exc:
+            form_error(form, exc, default_field="scopes")
+        else:
+            # Rendered, not redirected: the raw key exists only in this one answer.
+            created = {"key": key, "raw": raw}
+            form = ApiKeyForm()
     keys = ApiKey.objects.active().filter(user=request.user)
     status = 400 if form.errors else 200
     response = render(request, "marketplace/api_keys.html", {"form": form, "keys": keys, "created": created},

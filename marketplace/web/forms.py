@@ -17,6 +17,7 @@ from django_countries import countries
 from billing.selectors import cards_for_user
 from billing.services.cards import SETUP_INTENT_ID
 from billing.services.profiles import CONNECT_ACCOUNT_ID, CONNECT_ACCOUNT_MESSAGE
+from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, USD_MAX_DIGITS, USD_PLACES, parse_cents
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
@@ -113,6 +114,15 @@ class SignupConfirmForm(forms.Form):
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Something to tell your keys apart, e.g. “laptop” or “CI”.")
+    scopes = forms.MultipleChoiceField(
+        choices=[(s, f"{s}: {SCOPE_LABELS[s]}") for s in ALL_SCOPES], initial=list(ALL_SCOPES),
+        widget=forms.CheckboxSelectMultiple, label="What the key may do",
+        error_messages={"required": "Choose at least one scope."},
+        help_text="A request outside the key's scopes is refused (403) and the answer names the scope it needs.")
+    expires_in_days = forms.TypedChoiceField(
+        label="Expires", coerce=int, initial=0,
+        choices=[(0, "never"), (7, "in 7 days"), (30, "in 30 days"), (90, "in 90 days"), (365, "in a year")],
+        help_text="After this the key is refused (401, saying it expired).")
 
 
 class _KeyChoices(forms.ModelMultipleChoiceField):

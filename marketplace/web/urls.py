@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import accounts, billing, providers, renters
+from . import accounts, billing, passwords, providers, renters, two_factor
 
 urlpatterns = [
     path("", accounts.home, name="home"),
@@ -8,6 +8,19 @@ urlpatterns = [
     path("accounts/logout/", accounts.logout_view, name="logout"),
     path("accounts/signup/", accounts.signup, name="signup"),
     path("accounts/confirm/<str:token>/", accounts.signup_confirm, name="signup-confirm"),
+    path("accounts/login/code/", two_factor.login_code, name="login-code"),
+    path("accounts/password/reset/", passwords.PasswordResetView.as_view(), name="password-reset"),
+    path("accounts/password/reset/sent/", passwords.PasswordResetDoneView.as_view(), name="password-reset-done"),
+    path("accounts/password/reset/<uidb64>/<token>/", passwords.PasswordResetConfirmView.as_view(),
+         name="password-reset-confirm"),
+    path("accounts/password/reset/done/", passwords.PasswordResetCompleteView.as_view(),
+         name="password-reset-complete"),
+    path("account/security/", two_factor.security, name="account-security"),
+    path("account/password/", passwords.PasswordChangeView.as_view(), name="password-change"),
+    path("account/two-factor/enable/", two_factor.two_factor_enable, name="two-factor-enable"),
+    path("account/two-factor/restart/", two_factor.two_factor_restart, name="two-factor-restart"),
+    path("account/two-factor/disable/", two_factor.two_factor_disable, name="two-factor-disable"),
+    path("account/two-factor/recovery-codes/", two_factor.recovery_codes_regenerate, name="two-factor-recovery"),
     path("account/ssh-keys/", accounts.ssh_keys, name="ssh-keys"),
     path("account/ssh-keys/<int:pk>/delete/", accounts.ssh_key_delete, name="ssh-key-delete"),
     path("account/api-keys/", accounts.api_keys, name="api-keys"),

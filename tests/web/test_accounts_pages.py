@@ -132,7 +132,7 @@ def test_ssh_key_form_needs_csrf(csrf_web):
 # ------------------------------------------------------------------------------------------- API keys
 
 def test_api_key_is_shown_once_and_its_hash_never(web, renter):
-    r = web.post("/account/api-keys/", {"name": "ci"})
+    r = web.post("/account/api-keys/", {"name": "ci", "scopes": ["read", "renter", "provider"], "expires_in_days": 0})
     page = r.content.decode()
     raw = re.search(r'id="new-key">([^<]+)<', page).group(1)
     key = ApiKey.objects.get(user=renter, name="ci")

@@ -4,6 +4,7 @@ from typing import Any
 from rest_framework.response import Response
 
 from billing.selectors import balance_status
+from core.api.scopes import ANY, RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace.models import SshKey
 from marketplace.services import ssh_keys as ssh_svc
@@ -14,6 +15,8 @@ from .base import VastView, _body, _epoch, _refuse_unknown
 
 class CurrentUserView(VastView):
     """GET /api/v0/users/current: `vastai show user`. One prepaid wallet: `balance` and `credit` are both it."""
+
+    api_scope = ANY  # core/api/scopes.py
 
     def get(self, request):
         user = request.user
@@ -30,6 +33,8 @@ def key_row(key: SshKey) -> dict[str, Any]:
 class SshKeysView(VastView):
     """GET/POST /api/v0/ssh/: `vastai show ssh-keys`, `vastai create ssh-key KEY`."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
+
     def get(self, request):
         return Response([key_row(k) for k in SshKey.objects.filter(user=request.user).order_by("id")])
 
@@ -45,6 +50,8 @@ class SshKeysView(VastView):
 
 class SshKeyView(VastView):
     """DELETE /api/v0/ssh/ID/: `vastai delete ssh-key ID`."""
+
+    api_scope = RENTER_ONLY  # core/api/scopes.py
 
     def delete(self, request, key_id: int):
         key = SshKey.objects.filter(user=request.user, pk=key_id).first()

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.scopes import PUBLIC
 from core.errors import ValidationFailed
 from core.request_guard import has_control_character
 from core.validators import CONTROL_CHARACTERS_MESSAGE
@@ -70,6 +71,7 @@ def _label(value: Any) -> str:
 class UnsupportedView(VastView):
     """Every other path: a JSON 404 the CLI prints, naming what is missing."""
 
+    api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
 
     def _answer(self, request, *args, **kwargs):

@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.scopes import PROVIDER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace import selectors
 from marketplace.models import Node
@@ -42,12 +43,16 @@ def _own_node(request: Request, node_id: Any) -> Node:
 class MachinesView(VastView):
     """GET /api/v0/machines?owner=me: `vastai show machines`."""
 
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
+
     def get(self, request):
         return Response({"machines": [machine_row(n) for n in _own_nodes(request).order_by("id")]})
 
 
 class MachineView(VastView):
     """GET /api/v0/machines/ID: `vastai show machine ID` (a list of one, as Vast answers)."""
+
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
 
     def get(self, request, node_id: int):
         return Response([machine_row(_own_node(request, node_id))])
@@ -56,6 +61,7 @@ class MachineView(VastView):
 class MachineListView(VastView):
     """PUT /api/v0/machines/create_asks/: `vastai list machine ID -g PRICE` lists the node (at that price)."""
 
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
     unsupported = {"price_disk": "-s", "price_inetu": "-u", "price_inetd": "-d", "price_min_bid": "-b",
                    "end_date": "-e", "credit_discount_max": "-r", "duration": "-l", "vol_size": "-v",
                    "vol_price": "-z"}
@@ -89,6 +95,8 @@ class MachineListView(VastView):
 
 class MachineUnlistView(VastView):
     """DELETE /api/v0/machines/ID/asks/: `vastai unlist machine ID`."""
+
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
 
     def delete(self, request, node_id: int):
         node_svc.node_update(node=_own_node(request, node_id), listed=False)

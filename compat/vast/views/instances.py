@@ -10,6 +10,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
@@ -100,6 +101,8 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
 class InstanceListView(VastView):
     """GET /api/v1/instances/ (under /compat/vast): `vastai show instances`, all columns, one page at a time."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
+
     def get(self, request):
         filters = _json_param(request, "select_filters", {})
         order_by = _json_param(request, "order_by", [{"col": "id", "dir": "asc"}])
@@ -142,6 +145,8 @@ class InstanceListView(VastView):
 class InstanceFiltersView(VastView):
     """GET /api/v0/instances/filters/: the values `show instances` offers to filter on (its table's panel)."""
 
+    api_scope = RENTER_ONLY  # core/api/scopes.py
+
     def get(self, request):
         rows = [instance_row(i) for i in _own_instances(request).exclude(status=S.DESTROYED)]
         combos = {(r["actual_status"], r["verification"], r["gpu_name"]) for r in rows}
@@ -151,6 +156,8 @@ class InstanceFiltersView(VastView):
 
 class InstanceView(VastView):
     """GET/PUT/DELETE /api/v0/instances/ID/: show; stop, start, label; destroy."""
+
+    api_scope = RENTER_ONLY  # core/api/scopes.py
 
     def get(self, request, instance_id: int):
         instance = _own_instance(request, instance_id)
@@ -219,6 +226,8 @@ def _disk(value: Any) -> int | None:
 
 class OfferCreateView(VastView):
     """PUT /api/v0/asks/ID/: `vastai create instance ID --image ... --disk ... --ssh`."""
+
+    api_scope = RENTER_ONLY  # core/api/scopes.py
 
     def put(self, request, ask_id: int):
         body = _body(request)

@@ -3,6 +3,8 @@
 from rest_framework import permissions
 from rest_framework.response import Response
 
+from core.api.scopes import PUBLIC
+
 from .. import offers, query
 from .base import VastView
 
@@ -10,6 +12,7 @@ from .base import VastView
 class OffersSearchView(VastView):
     """POST /api/v0/bundles/: `vastai search offers`. Public, like GET /api/v1/offers/."""
 
+    api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
 
     def post(self, request):

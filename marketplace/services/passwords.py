@@ -1,0 +1,80 @@
+"""Passwords: reset by e-mail (Django's token generator) and checks of a password a logged-in user types again.
+
+Reset: the request answers the same whether the address has an account (the page never says), at most
+PASSWORD_RESET_EMAILS_PER_ADDRESS e-mails to one address per window. The link carries Django's
+default_token_generator token, which is bound to the password's hash and the last log-in: it works once and for
+PASSWORD_RESET_TIMEOUT seconds. Setting a new password (reset or change) ends every other session of the user
+(Django checks each session's password hash) and tells the address by e-mail. API keys are not touched: they are
+listed, and revocable, on the API keys page.
+
+An account that an operator made in the admin has no usable password; its owner sets one through a reset, which
+proves they hold the address before the account can log in, rent or list (docs/ARCHITECTURE.md, "Accounts").
+"""
+import logging
+from urllib.parse import urljoin
+
+from django.conf import settings
+from django.contrib.auth.tokens import default_token_generator
+from django.core.mail import send_mail
+from django.urls import reverse
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
+
+from core.login_throttle import login_check, login_failed, login_succeeded, password_reset_mail_allowed
+from marketplace.models import User
+
+log = logging.getLogger(__name__)
+
+
+def _send(address: str, subject: str, message: str) -> None:
+    try:
+        send_mail(f"[{settings.PLATFORM_NAME}] {subject}", message, settings.DEFAULT_FROM_EMAIL, [address])
+    except Exception:  # noqa: BLE001 (the answer must not depend on the mail server; asking again re-sends)
+        log.exception("could not send an account e-mail")
+
+
+def password_reset_link(*, user: User, base_url: str) -> str:
+    uid = urlsafe_base64_encode(force_bytes(user.pk))
+    token = default_token_generator.make_token(user)
+    return urljoin(base_url, reverse("password-reset-confirm", args=[uid, token]))
+
+
+def password_reset_request(*, email: str, base_url: str) -> None:
+    """E-mail a reset link to the active account with this address, if there is one. Nothing is returned or
+    raised either way; over the per-address limit nothing is sent (and that is not said either)."""
+    email = User.objects.normalize_email(email).lower()
+    if not password_reset_mail_allowed(account=email):
+        log.warning("password-reset e-mail to an address over its hourly limit: not sent")
+        return
+    user = User.objects.filter(email__iexact=email, is_active=True).first()
+    if user is None:
+        return
+    minutes = settings.PASSWORD_RESET_TIMEOUT // 60
+    _send(user.email, "Reset your password", (
+        f"Someone (we hope you) asked to reset the password of your {settings.PLATFORM_NAME} account.\n\n"
+        f"To choose a new one, open this link within {minutes} minutes (it works once):\n\n"
+        f"  {password_reset_link(user=user, base_url=base_url)}\n\n"
+        "Setting a new password logs out every browser logged in to your account. Your API keys keep working; "
+        "revoke any you do not trust on the API keys page.\n\n"
+        "If it was not you, ignore this e-mail: your password stays as it is.\n"))
+
+
+def password_changed_notify(*, user: User, base_url: str) -> None:
+    """Tell the address that its password was changed (by a change or a reset), with the way back if it was not
+    its owner."""
+    _send(user.email, "Your password was changed", (
+        f"The password of your {settings.PLATFORM_NAME} account was just changed, and every other browser logged "
+        "in to it was logged out.\n\n"
+        "If it was not you, reset it now and revoke the API keys you do not recognise:\n\n"
+        f"  {urljoin(base_url, reverse('password-reset'))}\n"))
+
+
+def password_check(*, user: User, password: str, client_address: str | None) -> bool:
+    """Is this the user's password? Behind the log-in lock-out (LoginLocked), counted as a log-in: a session
+    someone else got hold of must not become a way to guess the password (change form, disabling two-factor)."""
+    login_check(account=user.email, address=client_address)
+    if user.check_password(password):
+        login_succeeded(account=user.email)
+        return True
+    login_failed(account=user.email, address=client_address)
+    return False

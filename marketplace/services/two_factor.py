@@ -1,0 +1,140 @@
+"""Optional two-factor log-in: a TOTP authenticator app and one-time recovery codes (django-otp's TOTP and static
+devices).
+
+Enrolling makes an unconfirmed TOTP device whose secret the page shows (and as an otpauth:// URI and QR code);
+the first right code confirms it and makes RECOVERY_CODES recovery codes, shown once. From then on a log-in (web,
+API, admin) needs a code after the password. Disabling needs the password and a code.
+
+Code guessing is behind the log-in lock-out (core/login_throttle.py) with a counter of its own per account
+(`two-factor:<email>`), which a right password does not reset, and the address's counter, shared with passwords;
+django-otp's own per-device throttling (a growing delay after each failure) comes on top.
+
+Known limit: django-otp stores the TOTP secret as it is (hex) in its table, not encrypted like the platform's
+other secrets; the database must be protected as the secrets it holds deserve.
+"""
+import base64
+import re
+from io import BytesIO
+
+import qrcode
+import qrcode.image.svg
+from django.db import transaction
+from django_otp.models import Device
+from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from core.errors import Conflict, ValidationFailed
+from core.login_throttle import login_check, login_failed, login_succeeded
+from marketplace.models import User
+
+RECOVERY_CODES = 10
+CODE_MAX_LENGTH = 32
+TOTP_NAME = "authenticator app"
+RECOVERY_NAME = "recovery codes"
+_TOTP_CODE = re.compile(r"[0-9]{6}")
+
+
+class WrongCode(ValidationFailed):
+    def __init__(self) -> None:
+        super().__init__("That code is not right (or was used already). Codes change every 30 seconds; a recovery "
+                         "code works once.", field="code")
+
+
+def _throttle_account(user: User) -> str:
+    return f"two-factor:{user.email}"
+
+
+def two_factor_enabled(*, user: User) -> bool:
+    return bool(TOTPDevice.objects.filter(user=user, confirmed=True).exists())
+
+
+def totp_pending(*, user: User) -> TOTPDevice | None:
+    return TOTPDevice.objects.filter(user=user, confirmed=False).order_by("-id").first()
+
+
+def totp_enrol_start(*, user: User) -> TOTPDevice:
+    """The user's unconfirmed authenticator (a new secret when there is none yet). Conflict when two-factor is on."""
+    if two_factor_enabled(user=user):
+        raise Conflict("Two-factor log-in is on already: turn it off first to move it to another app.")
+    return totp_pending(user=user) or TOTPDevice.objects.create(user=user, name=TOTP_NAME, confirmed=False)
+
+
+def totp_enrol_restart(*, user: User) -> TOTPDevice:
+    """Forget the unconfirmed secret and make a new one (when the first was never added to an app)."""
+    TOTPDevice.objects.filter(user=user, confirmed=False).delete()
+    return totp_enrol_start(user=user)
+
+
+def totp_enrol_confirm(*, user: User, code: str) -> list[str]:
+    """Confirm the unconfirmed authenticator with a code it shows; two-factor is on from now. Returns the new
+    recovery codes (shown once)."""
+    device = totp_pending(user=user)
+    if device is None:
+        raise ValidationFailed("Start again: there is no authenticator waiting to be confirmed.", field="code")
+    with transaction.atomic():
+        if not device.verify_token(_normalise(code)):
+            raise WrongCode()
+        device.confirmed = True
+        device.save(update_fields=["confirmed"])
+        return _recovery_codes_make(user)
+
+
+def _recovery_codes_make(user: User) -> list[str]:
+    device, _ = StaticDevice.objects.get_or_create(user=user, name=RECOVERY_NAME, defaults={"confirmed": True})
+    device.token_set.all().delete()
+    codes = [StaticToken.random_token() for _ in range(RECOVERY_CODES)]
+    StaticToken.objects.bulk_create([StaticToken(device=device, token=code) for code in codes])
+    return codes
+
+
+def recovery_codes_regenerate(*, user: User) -> list[str]:
+    """New recovery codes in place of the old ones (which stop working)."""
+    if not two_factor_enabled(user=user):
+        raise Conflict("Two-factor log-in is off: there are no recovery codes to replace.")
+    with transaction.atomic():
+        return _recovery_codes_make(user)
+
+
+def recovery_codes_left(*, user: User) -> int:
+    return int(StaticToken.objects.filter(device__user=user, device__confirmed=True).count())
+
+
+def _normalise(code: str) -> str:
+    return re.sub(r"[\s-]", "", code or "").lower()
+
+
+def code_check(*, user: User, code: str, client_address: str | None) -> Device:
+    """The device (authenticator or recovery codes) that accepts `code`, behind the lock-out; WrongCode if none.
+    A recovery code is used up."""
+    account = _throttle_account(user)
+    login_check(account=account, address=client_address)
+    code = _normalise(code)
+    device_class = TOTPDevice if _TOTP_CODE.fullmatch(code) else StaticDevice
+    with transaction.atomic():
+        for device in device_class.objects.filter(user=user, confirmed=True).select_for_update():
+            if device.verify_token(code):
+                login_succeeded(account=account)
+                return device
+    login_failed(account=account, address=client_address)
+    raise WrongCode()
+
+
+def two_factor_disable(*, user: User) -> None:
+    """Turn two-factor off: forget the authenticator and the recovery codes. The caller checked the password and
+    a code."""
+    with transaction.atomic():
+        TOTPDevice.objects.filter(user=user).delete()
+        StaticDevice.objects.filter(user=user).delete()
+
+
+def secret_base32(device: TOTPDevice) -> str:
+    return base64.b32encode(device.bin_key).decode("ascii").rstrip("=")
+
+
+def qr_svg(uri: str) -> str:
+    """The otpauth:// URI as a QR code, an SVG element (drawn here: no request leaves the page)."""
+    image = qrcode.make(uri, image_factory=qrcode.image.svg.SvgPathImage, box_size=8, border=2)
+    out = BytesIO()
+    image.save(out)
+    svg = out.getvalue().decode("utf-8")
+    return svg[svg.index("<svg"):]

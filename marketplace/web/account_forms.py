@@ -1,0 +1,89 @@
+"""Forms of the account pages: password reset and change, two-factor. Django's own auth forms where there is one;
+the checks of a typed password go through the log-in lock-out (marketplace/services/passwords.py)."""
+from django import forms
+from django.contrib.auth.forms import PasswordChangeForm
+from django.core.exceptions import ValidationError
+
+from core.client_address import client_ip
+from marketplace.auth import LoginLocked, lockout_message
+from marketplace.services import passwords as password_svc
+from marketplace.services import two_factor as two_factor_svc
+from marketplace.validators import EMAIL_MAX_LENGTH, PASSWORD_MAX_LENGTH
+
+
+class PasswordResetRequestForm(forms.Form):
+    email = forms.EmailField(max_length=EMAIL_MAX_LENGTH,
+                             widget=forms.EmailInput(attrs={"autocomplete": "email", "autofocus": True}),
+                             help_text="The address you log in with.")
+
+
+class _LockoutMixin:
+    """A lock-out (too many wrong passwords or codes) becomes a form error saying how long to wait; `locked` keeps
+    it for the view's 429."""
+
+    locked: LoginLocked | None = None
+
+    def _check_password(self, user, password: str, request) -> None:
+        try:
+            ok = password_svc.password_check(user=user, password=password, client_address=client_ip(request))
+        except LoginLocked as locked:
+            self.locked = locked
+            raise ValidationError(lockout_message(locked), code="throttled") from None
+        if not ok:
+            raise ValidationError("Your password was entered incorrectly.", code="password_incorrect")
+
+
+class ThrottledPasswordChangeForm(_LockoutMixin, PasswordChangeForm):
+    """Django's form; the old password is checked behind the log-in lock-out."""
+
+    def __init__(self, user, *args, request=None, **kwargs):
+        super().__init__(user, *args, **kwargs)
+        self.request = request
+
+    def clean_old_password(self):
+        old = self.cleaned_data["old_password"]
+        self._check_password(self.user, old, self.request)
+        return old
+
+
+CODE_FIELD = forms.CharField(
+    label="Code", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
+    widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autofocus": True}),
+    help_text="The 6 digits your authenticator app shows now, or one of your recovery codes.")
+
+
+class TwoFactorLoginForm(forms.Form):
+    code = CODE_FIELD
+
+
+class TwoFactorConfirmForm(forms.Form):
+    code = forms.CharField(
+        label="Code from the app", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
+        help_text="The 6 digits the app shows for this account once you have added it.")
+
+
+class TwoFactorDisableForm(_LockoutMixin, forms.Form):
+    password = forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False,
+                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
+    code = forms.CharField(
+        label="Code", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
+        help_text="From your authenticator app, or a recovery code.")
+
+    def __init__(self, *args, user, request, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user, self.request = user, request
+
+    def clean(self):
+        cleaned = super().clean()
+        if "password" in cleaned and "code" in cleaned:
+            try:
+                self._check_password(self.user, cleaned["password"], self.request)
+                two_factor_svc.code_check(user=self.user, code=cleaned["code"], client_address=client_ip(self.request))
+            except LoginLocked as locked:
+                self.locked = locked
+                raise ValidationError(lockout_message(locked), code="throttled") from None
+            except two_factor_svc.WrongCode as exc:
+                raise ValidationError({"code": str(exc)}) from None
+        return cleaned

@@ -1,0 +1,159 @@
+"""The account's security page and two-factor log-in: enrol (secret, otpauth URI, QR code), confirm, recovery
+codes, disable (password and code), and the code step of the log-in. Thin: marketplace/services/two_factor.py."""
+import time
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import get_user_model, login
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_POST
+from django_otp import login as otp_login
+
+from core.client_address import client_ip
+from core.errors import ApplicationError
+from core.web_errors import form_error
+from marketplace.auth import LoginLocked, lockout_message
+from marketplace.services import two_factor as svc
+
+from .account_forms import TwoFactorConfirmForm, TwoFactorDisableForm, TwoFactorLoginForm
+
+PENDING = "two_factor_pending"
+
+
+def _no_store(response):
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+def security(request):
+    user = request.user
+    return render(request, "marketplace/account_security.html", {
+        "two_factor": svc.two_factor_enabled(user=user),
+        "codes_left": svc.recovery_codes_left(user=user),
+    })
+
+
+@login_required
+@never_cache
+@require_http_methods(["GET", "POST"])
+def two_factor_enable(request):
+    """GET: the secret to add to an app; POST: confirm with the app's code, then the recovery codes, once."""
+    try:
+        device = svc.totp_enrol_start(user=request.user)
+    except ApplicationError as exc:
+        messages.info(request, exc.message)
+        return redirect("account-security")
+    form = TwoFactorConfirmForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            codes = svc.totp_enrol_confirm(user=request.user, code=form.cleaned_data["code"])
+        except ApplicationError as exc:
+            form_error(form, exc, default_field="code")
+        else:
+            otp_login(request, device)
+            return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": True}))
+    uri = device.config_url
+    return _no_store(render(request, "marketplace/two_factor_enable.html", {
+        "form": form, "secret": svc.secret_base32(device), "uri": uri, "qr_svg": svc.qr_svg(uri),
+    }, status=400 if form.errors else 200))
+
+
+@login_required
+@require_POST
+def two_factor_restart(request):
+    try:
+        svc.totp_enrol_restart(user=request.user)
+    except ApplicationError as exc:
+        messages.info(request, exc.message)
+        return redirect("account-security")
+    return redirect("two-factor-enable")
+
+
+@login_required
+@require_POST
+def recovery_codes_regenerate(request):
+    try:
+        codes = svc.recovery_codes_regenerate(user=request.user)
+    except ApplicationError as exc:
+        messages.info(request, exc.message)
+        return redirect("account-security")
+    return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": False}))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def two_factor_disable(request):
+    if not svc.two_factor_enabled(user=request.user):
+        messages.info(request, "Two-factor log-in is off.")
+        return redirect("account-security")
+    form = TwoFactorDisableForm(request.POST or None, user=request.user, request=request)
+    if request.method == "POST" and form.is_valid():
+        svc.two_factor_disable(user=request.user)
+        messages.success(request, "Two-factor log-in is off: a password alone logs in to your account again.")
+        return redirect("account-security")
+    response = render(request, "marketplace/two_factor_disable.html", {"form": form},
+                      status=(429 if form.locked else 400) if form.errors else 200)
+    if form.locked:
+        response["Retry-After"] = str(form.locked.retry_after)
+    return response
+
+
+# ------------------------------------------------------------------------------------------- the log-in's code step
+
+def start_code_step(request, user, next_url: str):
+    """After a right password, for an account with two-factor on: remember who (not logged in yet) and ask for
+    the code."""
+    request.session.cycle_key()
+    request.session[PENDING] = {"user": user.pk, "hash": user.get_session_auth_hash(), "at": time.time(),
+                                "next": next_url, "backend": user.backend}
+    return redirect("login-code")
+
+
+def _pending_user(request):
+    pending = request.session.get(PENDING)
+    if not isinstance(pending, dict) or time.time() - pending.get("at", 0) > settings.TWO_FACTOR_LOGIN_TIMEOUT_S:
+        return None, None
+    user = get_user_model().objects.filter(pk=pending.get("user"), is_active=True).first()
+    if user is None or user.get_session_auth_hash() != pending.get("hash"):
+        return None, None
+    return user, pending
+
+
+@never_cache
+@require_http_methods(["GET", "POST"])
+def login_code(request):
+    user, pending = _pending_user(request)
+    if user is None:
+        request.session.pop(PENDING, None)
+        messages.info(request, "Log in again: the code step lasts a few minutes.")
+        return redirect("login")
+    form = TwoFactorLoginForm(request.POST or None)
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        try:
+            device = svc.code_check(user=user, code=form.cleaned_data["code"], client_address=client_ip(request))
+        except LoginLocked as locked:
+            form.add_error(None, lockout_message(locked))
+            response = render(request, "marketplace/login_code.html", {"form": form}, status=429)
+            response["Retry-After"] = str(locked.retry_after)
+            return response
+        except ApplicationError as exc:
+            form_error(form, exc, default_field="code")
+            status = 400
+        else:
+            request.session.pop(PENDING, None)
+            login(request, user, backend=pending["backend"])
+            otp_login(request, device)
+            next_url = pending.get("next") or ""
+            if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()},
+                                                   require_https=request.is_secure()):
+                next_url = settings.LOGIN_REDIRECT_URL
+            return redirect(next_url)
+    if form.errors:
+        status = 400
+    return render(request, "marketplace/login_code.html", {"form": form}, status=status)
+

@@ -1,0 +1,235 @@
+"""API key scopes (read, renter, provider) and expiry, on every API view: /api/v1/, billing and compat/vast/.
+
+The walk over the URL configuration fails when a DRF view anywhere declares no scope rule, or when a path under
+/api/ or /compat/vast/ is served by anything but a DRF view; the parametrised tests then send, to every one of
+those paths, a key without the scope its rule needs and check the 403 names the scope.
+"""
+import re
+from datetime import timedelta
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+from rest_framework.test import APIClient
+from rest_framework.views import APIView
+
+from core.api.scopes import ALL_SCOPES, ANY, PROVIDER, PUBLIC, READ, RENTER, is_rule
+from marketplace.models import ApiKey
+from marketplace.services.accounts import api_key_create
+from tests.factories import UserFactory
+from tests.marketplace.renting_helpers import ed25519_key
+
+pytestmark = pytest.mark.django_db
+
+API_PREFIXES = ("api/", "compat/vast/")
+
+
+def _walk(patterns, prefix=""):
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            yield from _walk(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield prefix + str(entry.pattern), entry
+
+
+def _sample_path(route: str) -> str:
+    """A concrete path for a route: its parameters filled with a value each converter accepts."""
+    route = re.sub(r"\(\?P<[a-z_]+>[^)]*\)", "1", route)
+    route = re.sub(r"<(?:[a-z_]+:)?([a-z_]+)>", "1", route)
+    route = route.replace("^", "").replace("$", "").replace("\\Z", "")
+    return "/" + route.replace("\\", "")
+
+
+def _api_patterns():
+    for route, pattern in _walk(get_resolver().url_patterns):
+        if route.startswith(API_PREFIXES):
+            yield route, pattern
+
+
+def _view_class(pattern: URLPattern):
+    return getattr(pattern.callback, "cls", None) or getattr(pattern.callback, "view_class", None)
+
+
+def test_every_drf_view_declares_a_scope_rule():
+    undeclared, not_drf = [], []
+    for route, pattern in _walk(get_resolver().url_patterns):
+        cls = _view_class(pattern)
+        is_drf = isinstance(cls, type) and issubclass(cls, APIView)
+        if route.startswith(API_PREFIXES) and not is_drf:
+            not_drf.append(route)
+        if is_drf and not is_rule(getattr(cls, "api_scope", None)):
+            undeclared.append(f"{route} ({cls.__module__}.{cls.__name__})")
+    assert not undeclared, f"API views without an `api_scope` (core/api/scopes.py): {undeclared}"
+    assert not not_drf, f"paths under the API that are not DRF views (no scope check): {not_drf}"
+
+
+def _key(user, scopes, **kwargs) -> str:
+    return api_key_create(user=user, name="-".join(scopes), scopes=scopes, **kwargs)[1]
+
+
+def _client(raw: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+def _scoped_routes():
+    """(route, sample path, rule) of every API path whose view authenticates keys."""
+    seen = set()
+    for route, pattern in _api_patterns():
+        cls = _view_class(pattern)
+        if not cls.authentication_classes:  # sign-up, log-in, the Stripe webhook: no key is ever read
+            continue
+        path = _sample_path(route)
+        if path not in seen and path != "/compat/vast/":
+            seen.add(path)
+            yield pytest.param(path, getattr(cls, "api_scope", None), id=path)
+
+
+@pytest.mark.parametrize(("path", "rule"), list(_scoped_routes()))
+def test_a_read_only_key_cannot_write_anywhere(path, rule):
+    client = _client(_key(UserFactory(), [READ]))
+    for method in ("post", "put", "patch", "delete"):
+        r = getattr(client, method)(path, {}, format="json")
+        assert r.status_code == 403, (method, path, r.status_code, r.content[:300])
+        body = r.json()
+        text = body.get("detail") or body.get("msg")
+        assert "scopes (read)" in text and method.upper() in text and ("`renter`" in text or "`provider`" in text), text
+
+
+@pytest.mark.parametrize(("path", "rule"), [p for p in _scoped_routes() if isinstance(p.values[1], tuple)])
+def test_a_key_without_the_views_scope_is_refused_naming_it(path, rule):
+    other = {(RENTER,): [PROVIDER], (PROVIDER,): [RENTER]}.get(rule)
+    if other is None:  # renter or provider: a key with either passes; none is missing
+        return
+    client = _client(_key(UserFactory(), other))
+    r = client.get(path)
+    assert r.status_code == 403, (path, r.status_code, r.content[:300])
+    body = r.json()
+    text = body.get("detail") or body.get("msg")
+    assert f"`{rule[0]}`" in text and "`read`" in text, text
+
+
+def test_the_rules_are_the_ones_published():
+    rules = {_sample_path(route): _view_class(p).api_scope for route, p in _api_patterns()}
+    assert rules["/api/v1/instances/"] == (RENTER,)
+    assert rules["/api/v1/ssh-keys/1/"] == (RENTER,)
+    assert rules["/api/v1/billing/balance/"] == (RENTER,)
+    assert rules["/api/v1/billing/top-ups/"] == (RENTER,)
+    assert rules["/api/v1/nodes/"] == (PROVIDER,)
+    assert rules["/api/v1/nodes/1/benchmarks/"] == (PROVIDER,)
+    assert rules["/api/v1/billing/earnings/"] == (PROVIDER,)
+    assert rules["/api/v1/billing/payouts/"] == (PROVIDER,)
+    assert rules["/compat/vast/api/v0/machines/"] == (PROVIDER,)
+    assert rules["/compat/vast/api/v1/instances/"] == (RENTER,)
+    assert rules["/api/v1/auth/me/"] == ANY and rules["/api/v1/offers/"] == PUBLIC
+
+
+# --- what each scope can do, end to end ----------------------------------------------------------------------
+
+def test_each_scope_does_its_own_part():
+    ed25519_public_key = ed25519_key()
+    user = UserFactory()
+    read, renter, provider = (_client(_key(user, [s])) for s in (READ, RENTER, PROVIDER))
+    for client in (read, renter, provider):
+        assert client.get("/api/v1/auth/me/").status_code == 200
+        assert client.get("/api/v1/offers/").status_code == 200  # public
+    assert read.get("/api/v1/instances/").status_code == 200
+    assert read.get("/api/v1/nodes/").status_code == 200
+    assert read.get("/api/v1/billing/earnings/").status_code == 200
+    assert renter.get("/api/v1/instances/").status_code == 200
+    assert renter.post("/api/v1/ssh-keys/", {"public_key": ed25519_public_key}, format="json").status_code == 201
+    assert renter.get("/api/v1/nodes/").status_code == 403
+    assert renter.get("/api/v1/billing/earnings/").status_code == 403
+    assert provider.get("/api/v1/nodes/").status_code == 200
+    assert provider.get("/api/v1/billing/payouts/").status_code == 200
+    assert provider.get("/api/v1/instances/").status_code == 403
+    assert provider.get("/api/v1/billing/balance/").status_code == 403
+    refused = read.post("/api/v1/ssh-keys/", {"public_key": ed25519_public_key}, format="json")
+    assert refused.status_code == 403
+    assert refused.json()["detail"].startswith("This API key's scopes (read) do not allow POST here: it needs the "
+                                               "`renter` scope.")
+
+
+def test_compat_views_check_scopes_too():
+    user = UserFactory()
+    provider = _client(_key(user, [PROVIDER]))
+    renter = _client(_key(user, [RENTER]))
+    r = provider.get("/compat/vast/api/v1/instances/")
+    assert r.status_code == 403 and "`renter`" in r.json()["msg"]
+    assert renter.get("/compat/vast/api/v1/instances/").status_code == 200
+    assert renter.get("/compat/vast/api/v0/machines/").status_code == 403
+    assert provider.get("/compat/vast/api/v0/machines/").status_code == 200
+
+
+def test_keys_made_without_scopes_and_before_scopes_existed_may_do_everything():
+    key, raw = api_key_create(user=UserFactory(), name="old")
+    assert key.scopes == list(ALL_SCOPES) and key.expires_at is None
+    field = ApiKey._meta.get_field("scopes")
+    assert field.get_default() == list(ALL_SCOPES)  # what the migration gave existing keys
+    client = _client(raw)
+    assert client.get("/api/v1/nodes/").status_code == 200
+    assert client.get("/api/v1/instances/").status_code == 200
+
+
+# --- expiry ----------------------------------------------------------------------------------------------------
+
+def test_an_expired_key_is_a_401_that_says_so():
+    user = UserFactory()
+    key, raw = api_key_create(user=user, name="short", expires_at=timezone.now() + timedelta(hours=1))
+    client = _client(raw)
+    assert client.get("/api/v1/auth/me/").status_code == 200
+    ApiKey.objects.filter(pk=key.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    r = client.get("/api/v1/auth/me/")
+    assert r.status_code == 401 and "expired" in r.json()["detail"] and r["WWW-Authenticate"].startswith("Bearer")
+    r = client.get("/compat/vast/api/v0/users/current/")
+    assert r.status_code == 401 and "expired" in r.json()["msg"]
+
+
+# --- making keys through the API --------------------------------------------------------------------------------
+
+def test_create_a_scoped_expiring_key_and_see_it_listed():
+    user = UserFactory()
+    client = _client(_key(user, list(ALL_SCOPES)))
+    expires = (timezone.now() + timedelta(days=30)).replace(microsecond=0)
+    r = client.post("/api/v1/api-keys/", {"name": "ci", "scopes": ["provider", "read"],
+                                          "expires_at": expires.isoformat()}, format="json")
+    assert r.status_code == 201, r.content
+    made = r.json()
+    assert made["scopes"] == ["read", "provider"] and made["expired"] is False and made["key"].startswith("gpm_")
+    listed = {k["id"]: k for k in client.get("/api/v1/api-keys/").json()["results"]}
+    assert listed[made["id"]]["scopes"] == ["read", "provider"]
+    assert listed[made["id"]]["expires_at"].startswith(expires.strftime("%Y-%m-%dT%H:%M"))
+    assert "key" not in listed[made["id"]]
+    new = _client(made["key"])
+    assert new.get("/api/v1/nodes/").status_code == 200 and new.get("/api/v1/instances/").status_code == 200
+    assert new.post("/api/v1/ssh-keys/", {}, format="json").status_code == 403
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"scopes": ["admin"]}, "scopes"),
+    ({"scopes": []}, "scopes"),
+    ({"scopes": "read"}, "scopes"),
+    ({"expires_at": "2000-01-01T00:00:00Z"}, "expires_at"),
+    ({"expires_at": "tomorrow"}, "expires_at"),
+])
+def test_bad_scopes_and_expiry_are_a_400_naming_the_field(body, field):
+    client = _client(_key(UserFactory(), list(ALL_SCOPES)))
+    r = client.post("/api/v1/api-keys/", body, format="json")
+    assert r.status_code == 400 and field in r.json(), r.content
+    assert ApiKey.objects.count() == 1
+
+
+def test_a_key_cannot_make_a_key_that_may_do_more_or_live_longer():
+    user = UserFactory()
+    renter = _client(_key(user, [RENTER]))
+    r = renter.post("/api/v1/api-keys/", {"scopes": ["renter", "provider"]}, format="json")
+    assert r.status_code == 403 and "provider" in r.json()["detail"]
+    assert renter.post("/api/v1/api-keys/", {"scopes": ["renter"]}, format="json").status_code == 201
+    soon = timezone.now() + timedelta(days=1)
+    expiring = _client(_key(user, list(ALL_SCOPES), expires_at=soon))
+    assert expiring.post("/api/v1/api-keys/", {}, format="json").status_code == 403
+    later = (soon + timedelta(days=1)).isoformat()
+    assert expiring.post("/api/v1/api-keys/", {"expires_at": later}, format="json").status_code == 403
+    earlier = (soon - timedelta(hours=1)).isoformat()
+    assert expiring.post("/api/v1/api-keys/", {"expires_at": earlier}, format="json").status_code == 201

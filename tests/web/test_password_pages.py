@@ -1,0 +1,163 @@
+"""Password reset by e-mail and password change on the pages: no account enumeration, the per-address limit on
+reset e-mails, one-use links, other sessions ended, the old password behind the log-in lock-out; operator-made
+accounts set their first password through a reset."""
+import re
+
+import pytest
+from django.test import Client
+
+from marketplace.models import User
+from tests.web.conftest import PASSWORD, logged_in
+
+pytestmark = pytest.mark.django_db
+
+RESET = "/accounts/password/reset/"
+CHANGE = "/account/password/"
+NEW_PASSWORD = "a brand new passphrase 77"
+
+
+def reset_link(message) -> str:
+    match = re.search(r"https?://[^/\s]+(/accounts/password/reset/[^/\s]+/[^/\s]+/)", message.body)
+    assert match, message.body
+    return match.group(1)
+
+
+def is_logged_in(client) -> bool:
+    return client.get("/account/security/").status_code == 200
+
+
+def test_the_login_page_links_to_the_reset(client):
+    page = client.get("/accounts/login/").content.decode()
+    assert 'href="/accounts/password/reset/">Forgot your password?</a>' in page
+
+
+def test_reset_answers_alike_for_an_address_with_and_without_an_account(client, renter, mailoutbox):
+    known = client.post(RESET, {"email": "Renter@Example.com"})
+    unknown = client.post(RESET, {"email": "nobody@example.com"})
+    assert known.status_code == unknown.status_code == 302
+    assert known["Location"] == unknown["Location"] == "/accounts/password/reset/sent/"
+    assert [m.to for m in mailoutbox] == [["renter@example.com"]]
+    assert "Reset your password" in mailoutbox[0].subject
+    sent = client.get(known["Location"]).content.decode()
+    assert "If the address has an account" in sent
+
+
+def test_reset_e_mails_to_one_address_are_limited(client, renter, mailoutbox, settings):
+    for _ in range(settings.PASSWORD_RESET_EMAILS_PER_ADDRESS + 2):
+        assert client.post(RESET, {"email": renter.email})["Location"] == "/accounts/password/reset/sent/"
+    assert len(mailoutbox) == settings.PASSWORD_RESET_EMAILS_PER_ADDRESS
+
+
+def test_reset_form_errors_are_a_400_on_the_field(client):
+    r = client.post(RESET, {"email": "not an address"})
+    assert r.status_code == 400 and 'aria-invalid="true"' in r.content.decode()
+    assert "Enter a valid email address." in r.content.decode()
+
+
+def test_reset_end_to_end_ends_every_session_and_works_once(client, renter, mailoutbox):
+    elsewhere = logged_in(renter)
+    assert is_logged_in(elsewhere)
+    client.post(RESET, {"email": renter.email})
+    link = reset_link(mailoutbox[0])
+    form_url = client.get(link)["Location"]  # Django moves the token into the session
+    page = client.get(form_url)
+    assert page.status_code == 200 and "Choose a new password" in page.content.decode()
+
+    mismatch = client.post(form_url, {"new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD + "x"})
+    assert mismatch.status_code == 400 and "didn’t match" in mismatch.content.decode()
+    weak = client.post(form_url, {"new_password1": "12345", "new_password2": "12345"})
+    assert weak.status_code == 400 and "too short" in weak.content.decode()
+
+    done = client.post(form_url, {"new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD})
+    assert done.status_code == 302 and done["Location"] == "/accounts/password/reset/done/"
+    assert "Password saved" in client.get(done["Location"]).content.decode()
+    assert not is_logged_in(elsewhere)
+    assert mailoutbox[-1].subject.endswith("Your password was changed")
+
+    again = Client().get(link, follow=True)
+    assert "This link does not work" in again.content.decode()
+    fresh = Client()
+    assert fresh.post("/accounts/login/", {"username": renter.email, "password": PASSWORD}).status_code == 200
+    assert fresh.post("/accounts/login/", {"username": renter.email, "password": NEW_PASSWORD}).status_code == 302
+
+
+def test_a_forged_link_is_refused(client, renter):
+    r = client.get("/accounts/password/reset/MQ/abc-0123456789abcdef/", follow=True)
+    assert "This link does not work" in r.content.decode()
+
+
+def test_an_inactive_account_gets_no_link(client, renter, mailoutbox):
+    User.objects.filter(pk=renter.pk).update(is_active=False)
+    assert client.post(RESET, {"email": renter.email}).status_code == 302
+    assert mailoutbox == []
+
+
+def test_an_operator_made_account_has_no_password_until_its_owner_resets_it(client, operator, mailoutbox):
+    admin = logged_in(operator)
+    r = admin.post("/admin/marketplace/user/add/", {"email": "New.Person@Example.com", "_save": "Save"})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    user = User.objects.get(email="new.person@example.com")
+    assert not user.has_usable_password()
+    assert client.post("/accounts/login/", {"username": user.email, "password": ""}).status_code == 200
+    client.post(RESET, {"email": user.email})
+    form_url = client.get(reset_link(mailoutbox[0]))["Location"]
+    assert client.post(form_url, {"new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD}).status_code == 302
+    assert Client().post("/accounts/login/", {"username": user.email, "password": NEW_PASSWORD}).status_code == 302
+
+
+# --- change ------------------------------------------------------------------------------------------------------
+
+def test_change_needs_a_log_in(client):
+    r = client.get(CHANGE)
+    assert r.status_code == 302 and r["Location"].startswith("/accounts/login/")
+
+
+def test_change_keeps_this_session_and_ends_the_others(renter, mailoutbox):
+    here, elsewhere = logged_in(renter), logged_in(renter)
+    page = here.get(CHANGE)
+    assert page.status_code == 200 and "Change your password" in page.content.decode()
+    r = here.post(CHANGE, {"old_password": PASSWORD, "new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD})
+    assert r.status_code == 302 and r["Location"] == "/account/security/"
+    assert "Password changed" in here.get("/account/security/").content.decode()
+    assert is_logged_in(here) and not is_logged_in(elsewhere)
+    renter.refresh_from_db()
+    assert renter.check_password(NEW_PASSWORD)
+    assert [m.subject.endswith("Your password was changed") for m in mailoutbox] == [True]
+
+
+@pytest.mark.parametrize(("data", "field", "text"), [
+    ({"old_password": "wrong one", "new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD}, "old_password",
+     "Your password was entered incorrectly."),
+    ({"old_password": PASSWORD, "new_password1": NEW_PASSWORD, "new_password2": "other"}, "new_password2",
+     "didn’t match"),
+    ({"old_password": PASSWORD, "new_password1": "renter@example.com", "new_password2": "renter@example.com"},
+     "new_password2", "too similar"),
+    ({"old_password": PASSWORD, "new_password1": "", "new_password2": ""}, "new_password1", "required"),
+])
+def test_change_form_errors_are_a_400_on_the_field(web, renter, data, field, text):
+    r = web.post(CHANGE, data)
+    page = r.content.decode()
+    assert r.status_code == 400 and text in page
+    assert f'id="id_{field}_errors"' in page
+    renter.refresh_from_db()
+    assert renter.check_password(PASSWORD)
+
+
+def test_guessing_the_old_password_locks_like_a_log_in(web, renter, settings):
+    wrong = {"old_password": "not it", "new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD}
+    for _ in range(settings.LOGIN_FAILURES_PER_ACCOUNT):
+        assert web.post(CHANGE, wrong).status_code == 400
+    right = {**wrong, "old_password": PASSWORD}
+    r = web.post(CHANGE, right)
+    assert r.status_code == 429 and "Too many failed log-ins" in r.content.decode() and int(r["Retry-After"]) > 0
+    renter.refresh_from_db()
+    assert renter.check_password(PASSWORD)
+    # and the log-in page is locked for the account too: one lock-out
+    assert Client().post("/accounts/login/", {"username": renter.email, "password": PASSWORD}).status_code == 429
+
+
+def test_the_security_page(web, client):
+    page = web.get("/account/security/").content.decode()
+    for link in ('href="/account/password/"', 'href="/account/two-factor/enable/"', 'href="/account/api-keys/"'):
+        assert link in page
+    assert client.get("/account/security/").status_code == 302

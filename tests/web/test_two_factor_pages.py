@@ -1,0 +1,189 @@
+"""Optional two-factor log-in (TOTP, recovery codes): enrol with a code, the log-in's code step on the pages, the
+API and the admin, code guessing behind the log-in lock-out, turning it off with the password and a code."""
+import re
+
+import pytest
+from django.test import Client
+from django_otp.oath import totp
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from marketplace.services import two_factor
+from tests.web.conftest import PASSWORD, logged_in
+
+pytestmark = pytest.mark.django_db
+
+ENABLE = "/account/two-factor/enable/"
+DISABLE = "/account/two-factor/disable/"
+LOGIN = "/accounts/login/"
+CODE = "/accounts/login/code/"
+
+
+@pytest.fixture(autouse=True)
+def _no_device_delay(settings):
+    """django-otp's own delay after a wrong code (seconds, doubling) is turned off here, to show the lock-out."""
+    settings.OTP_TOTP_THROTTLE_FACTOR = 0
+    settings.OTP_STATIC_THROTTLE_FACTOR = 0
+
+
+def code_now(user) -> str:
+    """The app's current code. A TOTP code works once per 30-s step, so the step already used is forgotten."""
+    device = TOTPDevice.objects.get(user=user)
+    TOTPDevice.objects.filter(pk=device.pk).update(last_t=-1)
+    return f"{totp(device.bin_key, step=device.step, t0=device.t0, digits=device.digits):06d}"
+
+
+def enrol(user) -> list[str]:
+    two_factor.totp_enrol_start(user=user)
+    return two_factor.totp_enrol_confirm(user=user, code=code_now(user))
+
+
+def password_step(client, user, **extra):
+    return client.post(LOGIN, {"username": user.email, "password": PASSWORD, **extra})
+
+
+def is_logged_in(client) -> bool:
+    return client.get("/account/security/").status_code == 200
+
+
+def test_enrol_shows_the_secret_uri_and_qr_then_the_recovery_codes_once(web, renter):
+    page = web.get(ENABLE)
+    html = page.content.decode()
+    assert page.status_code == 200 and "no-store" in page["Cache-Control"]
+    secret = re.search(r'id="totp-secret" class="mono">([A-Z2-7]+)<', html).group(1)
+    uri = re.search(r'id="totp-uri" class="mono">([^<]+)<', html).group(1)
+    assert uri.startswith("otpauth://totp/gpumarket%3Arenter%40example.com?") and f"secret={secret}" in uri
+    assert "<svg" in html and "<path" in html
+    assert f'id="totp-secret" class="mono">{secret}<' in web.get(ENABLE).content.decode()  # kept until confirmed
+
+    wrong = web.post(ENABLE, {"code": "000000"})
+    assert wrong.status_code == 400 and "not right" in wrong.content.decode()
+    assert web.post(ENABLE, {"code": ""}).status_code == 400
+    assert not two_factor.two_factor_enabled(user=renter)
+
+    done = web.post(ENABLE, {"code": code_now(renter)})
+    codes = re.findall(r"<li>([a-z0-9]+)</li>", done.content.decode())
+    assert done.status_code == 200 and len(codes) == two_factor.RECOVERY_CODES and "no-store" in done["Cache-Control"]
+    assert two_factor.two_factor_enabled(user=renter)
+    security = web.get("/account/security/").content.decode()
+    assert "10 recovery codes left" in security and codes[0] not in security
+    assert web.get(ENABLE)["Location"] == "/account/security/"  # on already
+
+
+def test_a_new_secret_replaces_the_unconfirmed_one(web, renter):
+    first = two_factor.totp_enrol_start(user=renter).key
+    assert web.post("/account/two-factor/restart/").status_code == 302
+    assert two_factor.totp_pending(user=renter).key != first
+
+
+def test_log_in_asks_for_the_code_after_the_password(client, renter):
+    enrol(renter)
+    r = password_step(client, renter, next="/instances/")
+    assert r.status_code == 302 and r["Location"] == CODE
+    assert not is_logged_in(client)
+    assert "Enter your code" in client.get(CODE).content.decode()
+    wrong = client.post(CODE, {"code": "123456"})
+    assert wrong.status_code == 400 and "not right" in wrong.content.decode() and not is_logged_in(client)
+    ok = client.post(CODE, {"code": code_now(renter)})
+    assert ok.status_code == 302 and ok["Location"] == "/instances/"
+    assert is_logged_in(client)
+
+
+def test_a_wrong_password_never_reaches_the_code_step(client, renter):
+    enrol(renter)
+    r = client.post(LOGIN, {"username": renter.email, "password": "wrong"})
+    assert r.status_code == 200 and client.get(CODE)["Location"] == LOGIN
+
+
+def test_a_recovery_code_works_once(client, renter):
+    codes = enrol(renter)
+    password_step(client, renter)
+    assert client.post(CODE, {"code": codes[0].upper()}).status_code == 302
+    other = Client()
+    password_step(other, renter)
+    assert other.post(CODE, {"code": codes[0]}).status_code == 400
+    assert two_factor.recovery_codes_left(user=renter) == two_factor.RECOVERY_CODES - 1
+
+
+def test_guessing_codes_locks_the_code_step_and_a_new_password_step_does_not_reset_it(client, renter, settings):
+    enrol(renter)
+    password_step(client, renter)
+    for n in range(settings.LOGIN_FAILURES_PER_ACCOUNT):
+        if n == 2:
+            assert password_step(client, renter)["Location"] == CODE  # a right password again: no fresh budget
+        assert client.post(CODE, {"code": f"{n:06d}"}).status_code == 400
+    r = client.post(CODE, {"code": code_now(renter)})
+    assert r.status_code == 429 and "Too many failed" in r.content.decode() and int(r["Retry-After"]) > 0
+    assert not is_logged_in(client)
+
+
+def test_the_code_step_expires(client, renter, settings):
+    enrol(renter)
+    password_step(client, renter)
+    settings.TWO_FACTOR_LOGIN_TIMEOUT_S = -1
+    r = client.post(CODE, {"code": code_now(renter)})
+    assert r.status_code == 302 and r["Location"] == LOGIN and not is_logged_in(client)
+
+
+def test_the_code_step_refuses_an_outside_next(client, renter):
+    enrol(renter)
+    password_step(client, renter, next="https://evil.example/")
+    assert client.post(CODE, {"code": code_now(renter)})["Location"] == "/"
+
+
+def test_turning_it_off_needs_the_password_and_a_code(renter):
+    enrol(renter)
+    web = logged_in(renter)
+    assert web.get(DISABLE).status_code == 200
+    no_code = web.post(DISABLE, {"password": PASSWORD, "code": ""})
+    assert no_code.status_code == 400 and 'id="id_code_errors"' in no_code.content.decode()
+    bad_password = web.post(DISABLE, {"password": "nope", "code": code_now(renter)})
+    assert bad_password.status_code == 400 and "incorrectly" in bad_password.content.decode()
+    bad_code = web.post(DISABLE, {"password": PASSWORD, "code": "999999"})
+    assert bad_code.status_code == 400 and "not right" in bad_code.content.decode()
+    assert two_factor.two_factor_enabled(user=renter)
+    assert web.post(DISABLE, {"password": PASSWORD, "code": code_now(renter)})["Location"] == "/account/security/"
+    assert not two_factor.two_factor_enabled(user=renter)
+    assert password_step(Client(), renter)["Location"] == "/"
+
+
+def test_new_recovery_codes_replace_the_old(renter):
+    old = enrol(renter)
+    web = logged_in(renter)
+    r = web.post("/account/two-factor/recovery-codes/")
+    new = re.findall(r"<li>([a-z0-9]+)</li>", r.content.decode())
+    assert len(new) == two_factor.RECOVERY_CODES and not set(new) & set(old)
+    client = Client()
+    password_step(client, renter)
+    assert client.post(CODE, {"code": old[1]}).status_code == 400
+    assert client.post(CODE, {"code": new[1]}).status_code == 302
+
+
+def test_the_api_log_in_needs_the_code_too(client, renter):
+    enrol(renter)
+    url = "/api/v1/auth/login/"
+    body = {"email": renter.email, "password": PASSWORD}
+    r = client.post(url, body, content_type="application/json")
+    assert r.status_code == 400 and "otp_code" in r.json()
+    r = client.post(url, {**body, "otp_code": "000000"}, content_type="application/json")
+    assert r.status_code == 400 and "otp_code" not in r.json() and "code" in r.json()
+    r = client.post(url, {**body, "otp_code": code_now(renter)}, content_type="application/json")
+    assert r.status_code == 200 and r.json()["api_key"].startswith("gpm_")
+
+
+def test_the_admin_log_in_sends_two_factor_accounts_to_the_sites(client, operator):
+    enrol(operator)
+    r = client.post("/admin/login/", {"username": operator.email, "password": PASSWORD, "next": "/admin/"})
+    assert r.status_code == 200 and "two-factor" in r.content.decode()
+    assert client.get("/admin/").status_code == 302
+    password_step(client, operator, next="/admin/")
+    assert client.post(CODE, {"code": code_now(operator)})["Location"] == "/admin/"
+    assert client.get("/admin/").status_code == 200
+
+
+def test_operators_never_see_the_secrets_and_can_turn_two_factor_off(renter, operator):
+    enrol(renter)
+    admin = logged_in(operator)
+    assert admin.get("/admin/otp_totp/totpdevice/").status_code == 404
+    assert admin.get("/admin/otp_static/staticdevice/").status_code == 404
+    r = admin.post("/admin/marketplace/user/", {"action": "turn_off_two_factor", "_selected_action": [renter.pk]})
+    assert r.status_code == 302 and not two_factor.two_factor_enabled(user=renter)
