@@ -11,6 +11,7 @@ from .base import (
     DEFAULT_FIELD_ENCRYPTION_KEY,
     DEFAULT_SECRET_KEY,
     FIELD_ENCRYPTION_KEYS,
+    NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK,
     SECRET_KEY,
 )
 from .env import env_bool, env_int, env_str
@@ -30,6 +31,8 @@ def check_production_settings() -> None:
     if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
         problems.append("the cache is local memory (throttles and log-in lock-outs would count per process): "
                         "set CACHE_URL, or a Redis CELERY_BROKER_URL")
+    if NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK:
+        problems.append("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK is on: users' webhooks could reach this machine")
     if problems:
         raise ImproperlyConfigured("Refusing to start in production: " + "; ".join(problems))
 
