@@ -8,8 +8,8 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/v1/billing/", include("billing.urls")),
-    path("api/v1/", include("notifications.api.urls")),
     path("api/v1/", include("marketplace.api.urls")),
+    path("api/v1/", include("notifications.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
     path("compat/vast/", include("compat.vast.urls")),  # the `vastai` CLI's API (docs/vast-cli.md), unpublished

@@ -195,6 +195,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "marketplace.models.nodes.NodeState",
         "GpuStatusEnum": "marketplace.models.nodes.GpuStatus",
+        "NotificationKindEnum": "notifications.models.Kind",
     },
 }
 
