@@ -76,3 +76,10 @@ class WebhookDeliverySerializer(serializers.ModelSerializer[WebhookDelivery]):
         model = WebhookDelivery
         fields = ["id", "endpoint", "event_id", "kind", "status", "attempts", "last_status_code", "last_error",
                   "created_at", "next_attempt_at", "finished_at", "body", "attempt_log"]
+
+
+class TestQueuedSerializer(serializers.Serializer[Any]):
+    endpoint = serializers.IntegerField()
+    delivery = serializers.IntegerField(help_text="Read it at /api/v1/webhook-deliveries/{delivery}/.")
+    event_id = serializers.UUIDField()
+    status = serializers.CharField()

@@ -20,6 +20,7 @@ from .serializers import (
     NotificationSerializer,
     PreferenceInputSerializer,
     PreferenceSerializer,
+    TestQueuedSerializer,
     UnreadCountSerializer,
     WebhookDeliverySerializer,
     WebhookEndpointCreatedSerializer,
@@ -146,11 +147,12 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         webhook_svc.endpoint_delete(endpoint=instance)
 
     @extend_schema(summary="Send a test event to this endpoint (queued; read its delivery for the outcome)",
-                   request=None, responses={202: WebhookDeliverySerializer})
+                   request=None, responses={202: TestQueuedSerializer})
     @action(detail=True, methods=["post"])
     def test(self, request, pk=None):
         delivery = webhook_svc.endpoint_test(endpoint=self.get_object())
-        return Response(WebhookDeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
+        return Response({"endpoint": delivery.endpoint_id, "delivery": delivery.pk, "event_id": str(delivery.event_id),
+                         "status": delivery.status}, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema_view(

@@ -33,25 +33,25 @@ def webhook_url_check(url: str, *, field: str = "url") -> str:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise ValidationFailed("This is not a valid URL.", field=field) from None
+        raise ValidationFailed("Not a valid URL: check its host and port.", field=field) from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ValidationFailed("Use an https:// URL.", field=field)
     if parts.username or parts.password:
-        raise ValidationFailed("Put no user name or password in the URL; check the signature instead.",
-                               field=field)
+        raise ValidationFailed("Not a webhook URL: put no user name or password in it; check the signature "
+                               "instead.", field=field)
     if parts.fragment:
-        raise ValidationFailed("A webhook URL has no #fragment.", field=field)
+        raise ValidationFailed("Not a webhook URL: it has no #fragment.", field=field)
     addresses = _addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80))
     if not addresses:
-        raise ValidationFailed(f"The host name {parts.hostname} does not resolve.", field=field)
+        raise ValidationFailed(f"The host name does not resolve: {parts.hostname}.", field=field)
     loopback_ok = settings.NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK
     for address in addresses:
         if address.is_loopback and loopback_ok:
             continue
         if not address.is_global or address.is_multicast:
             raise ValidationFailed(
-                f"{parts.hostname} is a private, loopback or reserved address ({address}); webhooks go only to "
-                "public addresses.", field=field)
+                f"Not a public address: {parts.hostname} is a private, loopback or reserved address ({address}); "
+                "webhooks go only to public addresses.", field=field)
     if parts.scheme == "http" and not (loopback_ok and all(a.is_loopback for a in addresses)):
         raise ValidationFailed("Use an https:// URL: events are sent only over TLS.", field=field)
     return url

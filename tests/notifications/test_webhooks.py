@@ -52,7 +52,7 @@ def test_a_test_event_arrives_signed_and_a_500_is_retried_as_the_worker_would(ow
     receiver.answers = [500]
     with django_capture_on_commit_callbacks(execute=True):
         r = owner_api.post(f"/api/v1/webhook-endpoints/{created['id']}/test/")
-    assert r.status_code == 202 and r.json()["status"] == "pending"
+    assert r.status_code == 202 and r.json()["status"] == "pending" and r.json()["endpoint"] == created["id"]
     run_queued(queued)
     assert len(receiver.requests) == 2
     first, second = receiver.requests
@@ -63,7 +63,7 @@ def test_a_test_event_arrives_signed_and_a_500_is_retried_as_the_worker_would(ow
         assert request["headers"]["Content-Type"] == "application/json"
     event = json.loads(first["body"])
     assert event["type"] == "test" and event["data"] == {"endpoint": created["id"]}
-    delivery = owner_api.get(f"/api/v1/webhook-deliveries/{r.json()['id']}/").json()
+    delivery = owner_api.get(f"/api/v1/webhook-deliveries/{r.json()['delivery']}/").json()
     assert delivery["status"] == "succeeded" and delivery["attempts"] == 2 and delivery["event_id"] == event["id"]
     assert [(a["number"], a["status_code"]) for a in delivery["attempt_log"]] == [(1, 500), (2, 200)]
     assert "500" in delivery["attempt_log"][0]["error"] and delivery["attempt_log"][1]["error"] == ""
@@ -122,11 +122,12 @@ def test_a_real_event_reaches_the_endpoint_through_the_worker_and_a_500_is_retri
 @pytest.mark.parametrize("url, says", [
     ("ftp://example.com/x", "https"),
     ("http://8.8.8.8/hook", "https"),
-    ("https://10.1.2.3/hook", "private"),
+    ("https://10.1.2.3/hook", "Not a public address"),
     ("https://192.168.0.10/hook", "private"),
     ("https://169.254.169.254/latest/meta-data", "private"),
     ("https://[fd00::1]/hook", "private"),
     ("https://user:pw@8.8.8.8/hook", "password"),
+    ("https://8.8.8.8:99999/hook", "port"),
     ("https://no-such-host.invalid/hook", "does not resolve"),
     ("not a url", "https"),
     ("", "blank"),
@@ -179,7 +180,7 @@ def test_another_users_endpoints_and_deliveries_are_404(owner_api, other_api, re
         ("patch", f"/api/v1/webhook-endpoints/{created['id']}/"),
         ("delete", f"/api/v1/webhook-endpoints/{created['id']}/"),
         ("post", f"/api/v1/webhook-endpoints/{created['id']}/test/"),
-        ("get", f"/api/v1/webhook-deliveries/{delivery['id']}/"),
+        ("get", f"/api/v1/webhook-deliveries/{delivery['delivery']}/"),
         ("get", f"/api/v1/webhook-deliveries/?endpoint={created['id']}"),
     ]:
         r = getattr(other_api, method)(path, {}, format="json") if method != "get" else other_api.get(path)
