@@ -28,6 +28,7 @@ from billing.models import (
     UsageInterval,
 )
 from billing.services import ledger, payments, payouts
+from billing.services.refunds import REFUND_NOTE
 from core.errors import ApplicationError
 from marketplace.money import micros_to_usd, usd_to_micros
 
@@ -53,41 +54,68 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class ReasonForm(forms.Form):
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=1000)
+    """Two wordings: the operator's reason stays with the operators; the customer reads only `customer_note`."""
+
+    customer_note_default = ledger.REVERSAL_NOTE
+    reason = forms.CharField(label="Internal reason (operators only)", max_length=1000,
+                             widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+                             help_text="Kept in the ledger with your name; the customer never sees it.")
+    customer_note = forms.CharField(label="What the customer reads", max_length=1000, required=False,
+                                    widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["customer_note"].help_text = (
+            f"Shown on their statement and in the notice they get. Empty: “{self.customer_note_default}”")
 
 
 class CreditForm(ReasonForm):
+    customer_note_default = ledger.CREDIT_NOTE
     amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
                                 help_text="USD credited to each selected wallet.")
 
 
 class RefundForm(ReasonForm):
+    customer_note_default = REFUND_NOTE
     amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
                                 required=False, help_text="USD; leave empty to refund all that is left of each.")
 
 
 def _form_action(modeladmin, request, queryset, form_class, title, apply):
-    """An action with a form: show the form; on submit, call `apply(obj, data)` for each selected object."""
+    """An action with a form: show the form; on submit, call `apply(obj, data)` for each selected object.
+
+    When one is refused, the form comes back with what the operator typed, the error on the field it names (or
+    above the form), and only the refused objects still selected: the others were done and are not done twice.
+    """
+    objects = list(queryset)
+    status = 200
     if "apply" in request.POST:
         form = form_class(request.POST)
         if form.is_valid():
-            done = 0
-            for obj in queryset:
+            done, refused = 0, []
+            for obj in objects:
                 try:
                     apply(obj, form.cleaned_data)
                     done += 1
                 except (ApplicationError, ledger.LedgerError) as exc:
-                    modeladmin.message_user(request, f"{obj}: {getattr(exc, 'message', exc)}", messages.ERROR)
+                    refused.append(obj)
+                    message = f"{obj}: {getattr(exc, 'message', exc)}"
+                    field = getattr(exc, "field", None)
+                    form.add_error(field if field in form.fields else None, message)
             if done:
                 modeladmin.message_user(request, f"{title}: {done} done.", messages.SUCCESS)
-            return None
+            if not refused:
+                return None
+            objects, status = refused, 400
+        else:
+            status = 400
     else:
         form = form_class()
     return TemplateResponse(request, "admin/billing/action_form.html", {
-        **modeladmin.admin_site.each_context(request), "title": title, "form": form, "objects": queryset,
+        **modeladmin.admin_site.each_context(request), "title": title, "form": form, "objects": objects,
         "action": request.POST.get("action"), "opts": modeladmin.model._meta,
-        "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
-    })
+        "selected": [str(obj.pk) for obj in objects],
+    }, status=status)
 
 
 @admin.register(Account)
@@ -112,7 +140,8 @@ class AccountAdmin(ReadOnlyAdmin):
             return None
         return _form_action(self, request, wallets, CreditForm, "Credit wallets", lambda account, data: (
             ledger.credit_grant(user=account.user, amount_micros=usd_to_micros(data["amount"]),
-                                reason=data["reason"], created_by=request.user)))
+                                reason=data["reason"], customer_note=data["customer_note"],
+                                created_by=request.user)))
 
 
 class EntryInline(admin.TabularInline):
@@ -139,7 +168,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "created_at"]
     search_fields = ["idempotency_key", "memo", "reason", "created_by__email"]
     list_select_related = ["created_by", "reverses"]
-    fields = ["idempotency_key", "kind", "memo", "reason", "created_by", "reverses", "created_at"]
+    fields = ["idempotency_key", "kind", "memo", "reason", "customer_note", "created_by", "reverses", "created_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     inlines = [EntryInline]
     actions = ["reverse"]
@@ -147,7 +176,8 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     @admin.action(description="Reverse selected transactions (asks for a reason)")
     def reverse(self, request, queryset):
         return _form_action(self, request, queryset, ReasonForm, "Reverse transactions", lambda txn, data: (
-            ledger.ledger_reverse(txn=txn, reason=data["reason"], created_by=request.user)))
+            ledger.ledger_reverse(txn=txn, reason=data["reason"], customer_note=data["customer_note"],
+                                  created_by=request.user)))
 
 
 @admin.register(UsageInterval)
@@ -188,7 +218,7 @@ class TopUpAdmin(ReadOnlyAdmin):
         def apply(top_up, data):
             amount = usd_to_micros(data["amount"]) if data["amount"] else payments.refundable_micros(top_up=top_up)
             payments.refund_create(top_up=top_up, amount_micros=amount, reason=data["reason"],
-                                   created_by=request.user)
+                                   customer_note=data["customer_note"], created_by=request.user)
         return _form_action(self, request, queryset, RefundForm, "Refund top-ups", apply)
 
 
@@ -197,8 +227,8 @@ class RefundAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "top_up", "amount", "status", "created_by", "stripe_refund_id"]
     list_filter = ["status"]
     search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
-    readonly_fields = ["top_up", "amount_micros", "status", "stripe_refund_id", "reason", "created_by",
-                       "failure_message", "transaction", "created_at"]
+    readonly_fields = ["top_up", "amount_micros", "status", "stripe_refund_id", "reason", "customer_note",
+                       "created_by", "failure_message", "transaction", "created_at"]
 
     @admin.display(ordering="amount_micros")
     def amount(self, refund):

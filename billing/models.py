@@ -77,7 +77,10 @@ class LedgerTransaction(models.Model):
     idempotency_key = models.CharField(max_length=200, unique=True)
     kind = models.CharField(max_length=20, choices=TransactionKind.choices)
     memo = models.CharField(max_length=300, blank=True)
-    reason = models.TextField(blank=True, help_text="Why an operator posted it.")
+    reason = models.TextField(blank=True, help_text="Why an operator posted it (operators only; never shown to the "
+                                                    "customer).")
+    customer_note = models.TextField(blank=True, db_default="",  # raw INSERTs (metering) leave it out
+                                     help_text="What the customer reads about it (statements, notices).")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
                                    related_name="+", db_index=False,  # rarely searched; written 50,000 times a tick
                                    help_text="The operator, for manual transactions.")
@@ -274,7 +277,8 @@ class Refund(StatefulModel, models.Model):
     amount_micros = models.BigIntegerField()
     status = models.CharField(max_length=12, choices=RefundStatus.choices, default=RefundStatus.PENDING)
     stripe_refund_id = models.CharField(max_length=100, null=True, blank=True, unique=True)
-    reason = models.TextField()
+    reason = models.TextField(help_text="Why the operator refunded (operators only).")
+    customer_note = models.TextField(blank=True, db_default="", help_text="What the customer reads about it.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     failure_message = models.CharField(max_length=500, blank=True)
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
@@ -400,6 +404,7 @@ class EventKind(models.TextChoices):
     TOP_UP_FAILED = "top_up_failed", "Top-up failed"
     REFUND = "refund", "Refund"
     CREDIT = "credit", "Credit"
+    CREDIT_REVERSED = "credit_reversed", "Credit reversed"
     PAYOUT_PAID = "payout_paid", "Payout sent"
     PAYOUT_FAILED = "payout_failed", "Payout failed"
     INSTANCE_INTERRUPTED = "instance_interrupted", "Instance interrupted"

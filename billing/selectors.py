@@ -161,7 +161,7 @@ def statement_for(*, user: User, month: date) -> Statement:
                              .order_by("transaction__created_at"))
     statement.adjustments = [
         {"at": e.transaction.created_at, "kind": e.transaction.kind, "amount_micros": e.amount_micros,
-         "memo": e.transaction.memo, "reason": e.transaction.reason}
+         "memo": e.transaction.memo, "note": e.transaction.customer_note}
         for e in in_month.exclude(transaction__kind__in=list(_KIND_TOTALS)).select_related("transaction")
         .order_by("transaction__created_at", "pk")
     ]

@@ -12,8 +12,10 @@ urlpatterns = [
     path("api/v1/billing/", include("billing.urls")),
     path("api/v1/", include("marketplace.api.urls")),
     path("api/schema/", SchemaView.as_view(), name="schema"),
+    path("api/v1/", include("notifications.api.urls")),
     path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
     path("compat/vast/", include("compat.vast.urls")),  # the `vastai` CLI's API (docs/vast-cli.md), unpublished
+    path("account/notifications/", include("notifications.web.urls")),
     path("", include("marketplace.web.urls")),
 ]
 

@@ -7,7 +7,7 @@ from celery import current_app
 
 from core import dispatch
 
-PACKAGES = ("core", "marketplace", "billing", "provisioning", "operations", "compat", "config")
+PACKAGES = ("core", "marketplace", "billing", "provisioning", "notifications", "operations", "compat", "config")
 
 
 def import_cycles(packages=PACKAGES) -> list[list[str]]:

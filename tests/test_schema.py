@@ -149,6 +149,13 @@ def world(db, request, localstripe_server):
 # strength, a signature, a key that parses). Any other 400 of such a request is a gap between the schema and the
 # server, and fails the run. (field or "detail", the start of the message)
 BUSINESS_RULES = [
+    # webhook endpoints: https to a public address that resolves (the world's DNS, not the schema), 10 at most
+    ("url", "Use an https:// URL"),
+    ("url", "Not a valid URL"),
+    ("url", "Not a webhook URL"),
+    ("url", "Not a public address"),
+    ("url", "The host name does not resolve"),
+    ("url", "At most 10 endpoints"),
     ("detail", "Invalid email or password."),  # credentials
     ("email", "An account with this email already exists."),
     ("password", "This password is "),  # Django's password validators: length, common, numeric

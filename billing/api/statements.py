@@ -51,10 +51,11 @@ class RefundLineSerializer(serializers.ModelSerializer):
     top_up = serializers.IntegerField(source="top_up_id")
     amount = MoneyField(source="amount_micros")
     refunded_at = serializers.DateTimeField(source="transaction.created_at")
+    note = serializers.CharField(source="customer_note", help_text="What the platform tells you about it.")
 
     class Meta:
         model = Refund
-        fields = ["id", "top_up", "amount", "reason", "refunded_at"]
+        fields = ["id", "top_up", "amount", "note", "refunded_at"]
 
 
 class AdjustmentLineSerializer(serializers.Serializer):
@@ -62,7 +63,7 @@ class AdjustmentLineSerializer(serializers.Serializer):
     kind = serializers.CharField()
     amount = MoneyField(source="amount_micros")
     memo = serializers.CharField()
-    reason = serializers.CharField()
+    note = serializers.CharField(help_text="What the platform tells you about it.")
 
 
 class StatementSerializer(StatementSummarySerializer):

@@ -134,7 +134,11 @@ class RefundCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     top_up = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
     amount = CentsField(min_value=Decimal("0.01"), max_value=settings.BILLING_TOP_UP_MAX_USD,
                         help_text="USD, whole cents.")
-    reason = serializers.CharField(max_length=1000, validators=[no_control_characters])
+    reason = serializers.CharField(max_length=1000, validators=[no_control_characters],
+                                   help_text="Why you refund: for operators only, never shown to the customer.")
+    customer_note = serializers.CharField(max_length=1000, required=False, allow_blank=True,
+                                          validators=[no_control_characters],
+                                          help_text="What the customer reads (\"Refunded to your card.\" if empty).")
 
 
 class RefundSerializer(serializers.ModelSerializer):
@@ -144,8 +148,8 @@ class RefundSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Refund
-        fields = ["id", "top_up", "amount", "status", "stripe_refund_id", "reason", "created_by", "failure_message",
-                  "created_at"]
+        fields = ["id", "top_up", "amount", "status", "stripe_refund_id", "reason", "customer_note", "created_by",
+                  "failure_message", "created_at"]
         read_only_fields = fields
 
 
@@ -171,6 +175,7 @@ class RefundView(APIView):
         if top_up is None:
             raise ValidationError({"top_up": ["No such top-up."]})
         refund = refund_create(top_up=top_up, amount_micros=usd_to_micros(data.validated_data["amount"]),
-                                        reason=data.validated_data["reason"], created_by=request.user)
+                                        reason=data.validated_data["reason"], created_by=request.user,
+                                        customer_note=data.validated_data.get("customer_note", ""))
         return Response(RefundSerializer(Refund.objects.select_related("created_by").get(pk=refund.pk)).data,
                         status=status.HTTP_201_CREATED)

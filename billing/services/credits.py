@@ -70,6 +70,7 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
                    (user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS), -amount)],
             memo=f"Instance {interruption.instance_id} interrupted: {lost} s lost",
             reason="Service credit by the published interruption rule.", at=until,
+            customer_note="Service credit for the time your instance was out of your reach.",
         )
         Interruption.objects.filter(pk=interruption.pk).update(credited_seconds=lost, credited_micros=due)
         event_create(

@@ -28,6 +28,7 @@ from core.errors import ApplicationError
 from marketplace.models import Instance, InstanceStatus, User
 from marketplace.money import micros_to_usd, usd_text
 from marketplace.services.instances import instance_destroy, instance_stop
+from notifications.services.notify import Kind, notify
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +106,15 @@ def _warn_low(renter_id: int, balance: int, rate: int, remaining: int, now: date
             return 0
         profile.low_balance_warned_at = now
         profile.save(update_fields=["low_balance_warned_at"])
-        event_create(
-            user=User.objects.get(pk=renter_id), kind=EventKind.LOW_BALANCE, email=True,
-            message=(f"Your balance is {usd_text(balance)}: about {_duration(remaining)} of your running "
-                     f"instances ({usd_text(rate)} per hour). At zero they are stopped; top up to keep "
-                     "them running."),
-            data={"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
-                  "seconds_left": remaining},
-        )
+        user = User.objects.get(pk=renter_id)
+        message = (f"Your balance is {usd_text(balance)}: about {_duration(remaining)} of your running "
+                   f"instances ({usd_text(rate)} per hour). At zero they are stopped; top up to keep them running.")
+        data = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
+                "seconds_left": remaining}
+        # The e-mail goes out through notifications, on the channels the renter chose.
+        event_create(user=user, kind=EventKind.LOW_BALANCE, message=message, data=data)
+        notify(user=user, kind=Kind.LOW_BALANCE, payload={**data, "message": message},
+               dedupe_key=f"low_balance:{renter_id}:{now.isoformat()}")
     return 1
 
 

@@ -29,6 +29,7 @@ from billing.models import (
 from billing.services.notify import event_create
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text, usd_to_micros
+from notifications.services.notify import Kind, notify
 
 
 class LedgerError(Exception):
@@ -72,13 +73,15 @@ def ledger_post(
     lines: Sequence[tuple[Account, int]],
     memo: str = "",
     reason: str = "",
+    customer_note: str = "",
     created_by: User | None = None,
     reverses: LedgerTransaction | None = None,
     at: datetime | None = None,
 ) -> tuple[LedgerTransaction, bool]:
     """Post a transaction once: (transaction, True), or (the earlier one, False) for a key seen before.
 
-    `lines` are (account, amount) pairs, amounts integer micro-dollars, not zero, summing to zero.
+    `lines` are (account, amount) pairs, amounts integer micro-dollars, not zero, summing to zero. `reason` is
+    the operator's (operators only); `customer_note` what the customer reads about it.
     Raises LedgerError for lines that do not balance.
     """
     if len(lines) < 2:
@@ -95,6 +98,7 @@ def ledger_post(
             with transaction.atomic():
                 txn = LedgerTransaction.objects.create(
                     idempotency_key=idempotency_key, kind=kind, memo=memo[:300], reason=reason,
+                    customer_note=customer_note,
                     created_by=created_by, reverses=reverses, created_at=at or timezone.now(),
                 )
         except IntegrityError:
@@ -120,20 +124,35 @@ def _lock_accounts(account_ids: Iterable[int]) -> None:
          .values_list("pk", flat=True))
 
 
+CREDIT_NOTE = "A credit from the platform."
+REVERSAL_NOTE = "A correction: an earlier credit to your balance was taken back."
+REVERSIBLE_CREDITS = (TransactionKind.CREDIT, TransactionKind.SERVICE_CREDIT)
+
+
 def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | None = None,
-                   idempotency_key: str | None = None) -> tuple[LedgerTransaction, bool]:
-    """Undo a transaction with one that posts the opposite entries. A transaction is reversed at most once."""
+                   idempotency_key: str | None = None, customer_note: str = "") -> tuple[LedgerTransaction, bool]:
+    """Undo a transaction with one that posts the opposite entries. A transaction is reversed at most once.
+
+    `reason` is the operator's, kept for operators; `customer_note` is what the customer reads (REVERSAL_NOTE
+    when not given). The reversal of a credit tells the customer (a billing event and a notification).
+    """
     if txn.reverses_id is not None:
         raise LedgerError("A reversal cannot itself be reversed; post a new transaction instead.")
     existing = LedgerTransaction.objects.filter(reverses=txn).first()
     if existing is not None:
         return existing, False
     lines = [(entry.account, -entry.amount_micros) for entry in txn.entries.select_related("account")]
+    note = customer_note.strip() or REVERSAL_NOTE
     try:
-        return ledger_post(
-            idempotency_key=idempotency_key or f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL, lines=lines,
-            memo=f"Reverses #{txn.pk}: {txn.memo}", reason=reason, created_by=created_by, reverses=txn,
-        )
+        with transaction.atomic():
+            reversal, created = ledger_post(
+                idempotency_key=idempotency_key or f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL,
+                lines=lines, memo=f"Reverses #{txn.pk}: {txn.memo}", reason=reason, customer_note=note,
+                created_by=created_by, reverses=txn,
+            )
+            if created and txn.kind in REVERSIBLE_CREDITS:
+                _credit_reversed_tell(txn=txn, reversal=reversal, lines=lines, note=note)
+            return reversal, created
     except IntegrityError:  # reversed meanwhile under another key
         existing = LedgerTransaction.objects.filter(reverses=txn).first()
         if existing is None:
@@ -141,28 +160,48 @@ def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | No
         return existing, False
 
 
+def _credit_reversed_tell(*, txn: LedgerTransaction, reversal: LedgerTransaction,
+                          lines: Sequence[tuple[Account, int]], note: str) -> None:
+    """Tell each customer whose wallet the reversal debits (in the reversal's transaction)."""
+    for account, amount in lines:
+        if account.kind != AccountKind.CUSTOMER_WALLET or account.user_id is None or amount >= 0:
+            continue
+        user = User.objects.get(pk=account.user_id)
+        message = f"{usd_text(-amount)} credited to your balance on {txn.created_at:%Y-%m-%d} was reversed: {note}"
+        data = {"amount": str(micros_to_usd(-amount)), "transaction": reversal.pk, "reverses": txn.pk}
+        event_create(user=user, kind=EventKind.CREDIT_REVERSED, message=message, data=data)
+        notify(user=user, kind=Kind.CREDIT_REVERSED, payload={**data, "message": message},
+               dedupe_key=f"credit_reversed:{reversal.pk}")
+
+
 def credit_grant(*, user: User, amount_micros: int, reason: str, created_by: User | None = None,
-                 idempotency_key: str | None = None,
-                 memo: str = "") -> tuple[LedgerTransaction, bool]:
+                 idempotency_key: str | None = None, memo: str = "",
+                 customer_note: str = "") -> tuple[LedgerTransaction, bool]:
     """Credit a customer's wallet from the platform's promotions account (an operator's credit, the demo's).
 
-    `created_by` is the operator; `reason` is kept with the transaction. Idempotent on `idempotency_key`
+    `created_by` is the operator; `reason` (theirs, for operators only) is kept with the transaction;
+    `customer_note` is what the customer reads (CREDIT_NOTE when not given). Idempotent on `idempotency_key`
     (a fresh one per call when not given).
     """
     if type(amount_micros) is not int or amount_micros <= 0:
         raise LedgerError("A credit is a positive amount.")
     if not reason.strip():
         raise LedgerError("Give a reason for the credit.")
+    note = customer_note.strip() or CREDIT_NOTE
     with transaction.atomic():
         txn, created = ledger_post(
             idempotency_key=idempotency_key or f"credit:{uuid.uuid4()}", kind=TransactionKind.CREDIT,
             lines=[(user_account(user_id=user.pk, kind=AccountKind.CUSTOMER_WALLET), amount_micros),
                    (platform_account(AccountKind.PROMOTIONS), -amount_micros)],
-            memo=memo or f"Credit of {usd_text(amount_micros)}", reason=reason, created_by=created_by,
+            memo=memo or f"Credit of {usd_text(amount_micros)}", reason=reason, customer_note=note,
+            created_by=created_by,
         )
         if created:
-            event_create(user=user, kind=EventKind.CREDIT, message=f"{usd_text(amount_micros)} was credited "
-                         f"to your balance: {reason}", data={"amount": str(micros_to_usd(amount_micros))})
+            message = f"{usd_text(amount_micros)} was credited to your balance: {note}"
+            data = {"amount": str(micros_to_usd(amount_micros)), "transaction": txn.pk}
+            event_create(user=user, kind=EventKind.CREDIT, message=message, data=data)
+            notify(user=user, kind=Kind.CREDIT_POSTED, payload={**data, "message": message},
+                   dedupe_key=f"credit:{txn.pk}")
     return txn, created
 
 
@@ -175,4 +214,4 @@ def demo_credit_grant(*, user: User) -> tuple[LedgerTransaction, bool]:
     """The demo customer's starting credit (BILLING_DEMO_CREDIT_USD): an ordinary credit, posted once per user."""
     return credit_grant(user=user, amount_micros=usd_to_micros(Decimal(settings.BILLING_DEMO_CREDIT_USD)),
                         reason="Demo starting credit", idempotency_key=f"demo-credit:{user.pk}",
-                        memo="Demo starting credit")
+                        memo="Demo starting credit", customer_note="Demo starting credit.")

@@ -31,7 +31,8 @@ from billing.models import (
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
-from marketplace.money import usd_text, usd_to_micros
+from marketplace.money import micros_to_usd, usd_text, usd_to_micros
+from notifications.services.notify import Kind, notify
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,13 @@ def payout_send(*, payout: Payout) -> Payout:
             payout.paid_at = timezone.now()
             payout.failure_message = ""
             payout.save(update_fields=["status", "transfer_id", "paid_at", "failure_message"])
-            event_create(user=payout.provider, kind=EventKind.PAYOUT_PAID,
-                         message=f"{usd_text(payout.amount_micros)} of your earnings was sent to your "
-                                 f"Stripe account ({transfer.id}).",
+            message = (f"{usd_text(payout.amount_micros)} of your earnings was sent to your Stripe account "
+                       f"({transfer.id}).")
+            event_create(user=payout.provider, kind=EventKind.PAYOUT_PAID, message=message,
                          data={"payout": payout.pk, "transfer": transfer.id})
+            notify(user=payout.provider, kind=Kind.PAYOUT_SENT, dedupe_key=f"payout_sent:{payout.pk}", payload={
+                "payout": payout.pk, "transfer": transfer.id, "amount": str(micros_to_usd(payout.amount_micros)),
+                "message": message})
     return payout
 
 

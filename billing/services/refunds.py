@@ -24,8 +24,15 @@ def refundable_micros(*, top_up: TopUp) -> int:
     return top_up.amount_micros - taken
 
 
-def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User) -> Refund:
+REFUND_NOTE = "Refunded to your card."
+
+
+def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User,
+                  customer_note: str = "") -> Refund:
     """Give (part of) a top-up back to its card and debit the wallet. Operators only.
+
+    `reason` is the operator's (operators only); `customer_note` is what the customer reads (REFUND_NOTE when not
+    given).
 
     The amount is reserved first (a pending refund, under locks on the top-up and the wallet), so that
     two refunds at once cannot give back more than was paid, or more than the customer has left.
@@ -51,7 +58,7 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
                 "Refund at most that much."
             )
         refund = Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
-                                       created_by=created_by)
+                                       customer_note=customer_note.strip() or REFUND_NOTE, created_by=created_by)
     try:
         answer = client().v1.refunds.create(
             params={"payment_intent": top_up.payment_intent_id, "amount": cents(amount_micros),
@@ -82,7 +89,7 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
             lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), -refund.amount_micros),
                    (platform_account(AccountKind.PAYMENT_CLEARING), refund.amount_micros)],
             memo=f"Refund {refund.pk} of top-up {top_up.pk} ({stripe_refund_id})", reason=refund.reason,
-            created_by=refund.created_by,
+            customer_note=refund.customer_note, created_by=refund.created_by,
         )
         refund.transition_to(RefundStatus.SUCCEEDED)
         refund.stripe_refund_id = stripe_refund_id
@@ -91,7 +98,7 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
         refund.save(update_fields=["status", "stripe_refund_id", "transaction", "failure_message"])
         event_create(user=top_up.user, kind=EventKind.REFUND,
                      message=f"{usd_text(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
-                             f"your card: {refund.reason}",
+                             f"your card: {refund.customer_note or REFUND_NOTE}",
                      data={"top_up": top_up.pk, "refund": refund.pk,
                            "amount": str(micros_to_usd(refund.amount_micros))})
     return refund

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "marketplace",
     "provisioning",
     "billing",
+    "notifications",  # in-app notices, e-mails and signed webhooks of the apps' events
     "operations",  # the admin's front page and the demo seed: reads every app above
 ]
 
@@ -205,6 +206,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "marketplace.models.nodes.NodeState",
         "GpuStatusEnum": "marketplace.models.nodes.GpuStatus",
+        "NotificationKindEnum": "notifications.models.Kind",
     },
 }
 
@@ -305,6 +307,9 @@ CELERY_BEAT_SCHEDULE = {
                                   "options": {"expires": 55}},
     "billing-payouts": {"task": "billing.tasks.payouts_run",
                         "schedule": crontab(minute="0", hour="3", day_of_week="mon")},
+    # Webhook deliveries whose next attempt is overdue (a broker outage, a lost retry) are queued again.
+    "notifications-deliveries-resend": {"task": "notifications.tasks.deliveries_resend", "schedule": 60,
+                                        "options": {"expires": 55}},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -361,6 +366,13 @@ SIMNODES_DIR = Path(env_str("SIMNODES_DIR", str(VAR_DIR / "simnodes")))
 # and the SMTP server below: sign-up and password reset finish from an e-mail.
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
 EMAIL_FILE_PATH = Path(env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail")))
+# Outgoing webhooks (notifications/services/webhooks.py): one POST per attempt with this timeout; a failed one is
+# retried after BACKOFF_S, doubled each time, up to MAX_ATTEMPTS in all. ALLOW_LOOPBACK (tests and local demos
+# only) lets endpoints be http://127.0.0.1; otherwise only https to public addresses.
+NOTIFICATIONS_WEBHOOK_TIMEOUT_S = env_int("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", 5)
+NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = env_int("NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS", 8)
+NOTIFICATIONS_WEBHOOK_BACKOFF_S = float(env_str("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "30"))
+NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK = env_bool("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpumarket <noreply@localhost>")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)

@@ -12,6 +12,7 @@ from .base import (
     DEFAULT_SECRET_KEY,
     FIELD_ENCRYPTION_KEYS,
     LOGGING,
+    NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK,
     SECRET_KEY,
     log_format,
 )
@@ -32,6 +33,8 @@ def check_production_settings() -> None:
     if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
         problems.append("the cache is local memory (throttles and log-in lock-outs would count per process): "
                         "set CACHE_URL, or a Redis CELERY_BROKER_URL")
+    if NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK:
+        problems.append("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK is on: users' webhooks could reach this machine")
     if problems:
         raise ImproperlyConfigured("Refusing to start in production: " + "; ".join(problems))
 

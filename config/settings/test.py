@@ -10,6 +10,10 @@ os.environ.setdefault("NODE_CONNECT_BACKOFF_S", "0.2")
 os.environ.setdefault("STRIPE_MAX_NETWORK_RETRIES", "0")
 # The renting tests book without a balance; tests/billing turns the funds check on.
 os.environ.setdefault("BILLING_REQUIRE_FUNDS", "0")
+# Webhook endpoints in the tests are local HTTP servers; their retries come after a second.
+os.environ.setdefault("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", "1")
+os.environ.setdefault("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "0.5")
+os.environ.setdefault("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", "3")
 os.environ.setdefault("BENCHMARK_QUICK", "1")  # the benchmark's quick mode (sim nodes answer at once anyway)
 
 from .base import *  # noqa: E402,F403

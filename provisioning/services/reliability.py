@@ -19,6 +19,7 @@ from django.utils import timezone
 from marketplace.models import InterruptionCause, Node, NodeState
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.services import instances as instance_svc
+from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import OPEN_JOB_STATUSES, HealthSample, Job, JobKind, JobStatus, NodeEvent
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, node_event, running_vm_ids_by_node
@@ -126,6 +127,11 @@ def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_has
                 node.transition_to(NodeState.OFFLINE)
                 node_event(node, "offline", f"{node.health_failures} health checks failed in a row: {error}",
                            NodeEvent.Level.WARNING)
+                notify(user=node.provider, kind=Kind.NODE_OFFLINE,
+                       dedupe_key=f"node_offline:{node.pk}:{node.state_changed_at.isoformat()}", payload={
+                           "node": node.pk, "name": node.name, "message": f"Node {node.name} is offline: "
+                           f"{node.health_failures} health checks failed in a row ({error[:300]}). It takes no new "
+                           "rentals until it answers again."})
         node.save()
     interrupted = []
     if not ok and node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:

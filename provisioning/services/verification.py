@@ -23,6 +23,7 @@ from marketplace.models import GpuAllocation, GpuStatus, Instance, Node, NodeSta
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
+from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
@@ -44,6 +45,8 @@ class BenchmarkTimeout(NodeError):
 
 # The node-level job kinds (no instance): one of them open per node at a time (job_one_open_node_job_per_node).
 NODE_JOB_KINDS = (JobKind.NODE_VERIFY, JobKind.NODE_SPOT_CHECK)
+# The verdicts the provider is told about (when a check changes the node's verdict to one of them).
+NOTIFIED_VERDICTS: dict[str, str] = {Verdict.REJECTED: Kind.NODE_REJECTED, Verdict.DEGRADED: Kind.NODE_DEGRADED}
 
 
 def draw_delay(min_s: int, max_s: int) -> timedelta:
@@ -241,6 +244,10 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
     level = levels.get(verdict, NodeEvent.Level.WARNING)
     node_event(node, f"verified_{verdict}", node.last_error or "All checks passed.", level)
+    if verdict in NOTIFIED_VERDICTS and verdict != previous_verdict:  # a new verdict, not every re-check
+        notify(user=node.provider, kind=NOTIFIED_VERDICTS[verdict], dedupe_key=f"node_{verdict}:{node.pk}:{run.pk}",
+               payload={"node": node.pk, "name": node.name, "verdict": verdict, "score": node.score,
+                        "message": f"Node {node.name}: {node.last_error}"})
     if verdict == Verdict.REJECTED and renters:
         node_event(node, "failed_while_rented",
                    f"The node failed its benchmark check while {len(renters)} instance(s) use it; it stays up for "

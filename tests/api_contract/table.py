@@ -200,4 +200,22 @@ CALLS: list[Call] = [
     # billing: providers' money
     Call("get", f"{B}/earnings/", USER, 200),
     Call("get", f"{B}/payouts/", USER, 200, lists="payout"),
+    # notifications: each user's own list, channels, webhook endpoints and their deliveries
+    Call("get", f"{V1}/notifications/", USER, 200, lists="notification"),
+    Call("get", f"{V1}/notifications/{{id}}/", USER, 200, owned="notification"),
+    Call("post", f"{V1}/notifications/{{id}}/read/", USER, 200, owned="notification"),
+    Call("post", f"{V1}/notifications/read-all/", USER, 200),
+    Call("get", f"{V1}/notifications/unread-count/", USER, 200),
+    Call("get", f"{V1}/notification-preferences/", USER, 200),
+    Call("put", f"{V1}/notification-preferences/{{kind}}/", USER, 200, path_params={"kind": "low_balance"},
+         body=lambda ctx: {"in_app": True, "email": False, "webhook": True}),
+    Call("get", f"{V1}/webhook-endpoints/", USER, 200, lists="webhook_endpoint"),
+    Call("post", f"{V1}/webhook-endpoints/", USER, 201, body=lambda ctx: {"url": "http://127.0.0.1:9/contract"}),
+    Call("get", f"{V1}/webhook-endpoints/{{id}}/", USER, 200, owned="webhook_endpoint"),
+    Call("patch", f"{V1}/webhook-endpoints/{{id}}/", USER, 200, owned="webhook_endpoint",
+         body=lambda ctx: {"description": "renamed"}),
+    Call("delete", f"{V1}/webhook-endpoints/{{id}}/", USER, 204, owned="webhook_endpoint"),
+    Call("post", f"{V1}/webhook-endpoints/{{id}}/test/", USER, 202, owned="webhook_endpoint"),
+    Call("get", f"{V1}/webhook-deliveries/", USER, 200, lists="webhook_delivery"),
+    Call("get", f"{V1}/webhook-deliveries/{{id}}/", USER, 200, owned="webhook_delivery"),
 ]

@@ -113,8 +113,28 @@ def extras(user: User, *, running_on: Node) -> None:
     profile_for(user=UserFactory())
 
 
+def notification(user: User):
+    from notifications.services.notify import Kind, notify
+
+    return notify(user=user, kind=Kind.CREDIT_POSTED, payload={"amount": "1.00", "message": "A credit."},
+                  dedupe_key=f"contract:{next(_seq)}")
+
+
+def webhook_endpoint(user: User):
+    from notifications.services.webhooks import endpoint_create
+
+    return endpoint_create(user=user, url=f"http://127.0.0.1:9/contract/{next(_seq)}")[0]
+
+
+def webhook_delivery(user: User):
+    from notifications.services.webhooks import endpoint_test
+
+    return endpoint_test(endpoint=webhook_endpoint(user))
+
+
 MAKERS = {f.__name__: f for f in (api_key, ssh_key, card, top_up, node, benchmarked_node, listed_node, instance,
-                                   running_instance, stopped_instance, usage, event, payout)}
+                                   running_instance, stopped_instance, usage, event, payout, notification,
+                                   webhook_endpoint, webhook_delivery)}
 
 
 def make(kind: str, user: User):
@@ -133,5 +153,8 @@ def populate(user: User, n: int) -> None:
         offered = listed_node(user)
         usage(user, on=offered)
         extras(user, running_on=offered)
+        notification(user)
+        delivery = webhook_delivery(user)
+        delivery.attempt_log.create(number=1, status_code=500, error="Answered 500")
         first = Node.objects.filter(provider=user).order_by("pk").first()
         VerificationRun.objects.create(node=first, verdict="verified", score=90.0, figures={"mode": "simulated"})

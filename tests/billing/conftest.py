@@ -3,7 +3,9 @@ invariants asserted after every test that touched the database."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from celery import current_app
 
+import notifications.tasks  # noqa: F401 (registers the tasks that no_task_queue runs)
 from tests.billing.invariants import assert_billing_invariants
 from tests.localstripe import WEBHOOK_SECRET
 
@@ -51,10 +53,16 @@ def sent_jobs_fixture(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def no_task_queue(monkeypatch):
-    """Billing tasks queued on commit (automatic top-ups) are recorded too."""
+    """Billing tasks queued on commit (automatic top-ups) are recorded too; notifications' (e-mails, webhooks) are
+    run at once, as the worker would, so that the e-mails they send land in Django's outbox."""
     queued = []
-    monkeypatch.setattr("core.dispatch.send",
-                        lambda name, *a, task_id=None: queued.append((name.rsplit(".", 1)[-1], a)))
+
+    def send(name, *args, task_id=None):
+        queued.append((name.rsplit(".", 1)[-1], args))
+        if name.startswith("notifications.tasks."):
+            current_app.tasks[name].apply(args=args)
+
+    monkeypatch.setattr("core.dispatch.send", send)
     return queued
 
 

@@ -77,7 +77,8 @@ def test_an_operator_credits_a_wallet_with_a_reason_through_an_action(operator):
     assert txn.created_by == operator.user and txn.reason == "outage on node 7"
     refused = operator.post(_url(Account), {"action": "credit", "_selected_action": [wallet.pk], "apply": "1",
                                             "amount": "5", "reason": ""})
-    assert refused.status_code == 200 and wallet_balance(user_id=renter.pk) == 13_500_000
+    assert refused.status_code == 400 and wallet_balance(user_id=renter.pk) == 13_500_000
+    assert b'value="5"' in refused.content  # the form comes back with what was typed
 
 
 def test_an_operator_reverses_a_transaction_through_an_action(operator):

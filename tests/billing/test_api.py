@@ -90,7 +90,9 @@ def test_a_monthly_statement_has_usage_per_instance_top_ups_refunds_and_totals_t
     assert [(line["instance"], line["seconds"], line["amount"]) for line in feb["usage_lines"]] == [
         (a.pk, 3600, "3.600000")]
     assert [t["id"] for t in feb["top_up_lines"]] == [top_up.pk]
-    assert feb["adjustment_lines"][0]["reason"] == "welcome credit"
+    # The customer reads the note (the default one: the test's credit gave none), never the operator's reason.
+    assert feb["adjustment_lines"][0]["note"] == "A credit from the platform."
+    assert "reason" not in feb["adjustment_lines"][0] and "welcome credit" not in str(feb)
     march = api.get("/api/v1/billing/statements/2026-03/").json()
     a_seconds = int((stopped_at - a.started_at).total_seconds()) - 3600
     lines = {line["instance"]: (line["seconds"], line["amount"]) for line in march["usage_lines"]}

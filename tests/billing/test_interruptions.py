@@ -12,6 +12,7 @@ from billing.services.ledger import earnings_balance
 from billing.services.metering import cost_for, usage_meter
 from marketplace.models import Gpu, Instance, Interruption, Node
 from marketplace.services import instances as svc
+from notifications.models import Notification
 from provisioning.models import Job, JobKind
 from provisioning.services.reliability import node_record_health
 from tests.billing.helpers import balance, fund, node, running
@@ -71,7 +72,8 @@ def test_a_lost_node_interrupts_its_instances_and_stops_billing_at_the_last_heal
     assert interruption.ended_at is None
     # Told at once, by event and email; credited the multiple of the price of the time lost so far.
     event = BillingEvent.objects.get(user=renter, kind=EventKind.INSTANCE_INTERRUPTED)
-    assert event.emailed and mail.outbox and "interrupted" in mail.outbox[-1].subject
+    assert mail.outbox and "interrupted" in mail.outbox[-1].subject  # e-mailed by notifications
+    assert Notification.objects.get(user=renter, kind="instance_interrupted").body == event.message
     lost = int((clock.now - last_healthy).total_seconds())
     assert interruption.credited_micros == credit_due(price_per_hour_micros=3_000_000, lost_seconds=lost) > 0
     credit = LedgerTransaction.objects.get(kind=TransactionKind.SERVICE_CREDIT)

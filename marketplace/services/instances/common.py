@@ -23,6 +23,7 @@ from marketplace.models import (
 )
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import usd_text
+from notifications.services.notify import notify
 
 S = InstanceStatus
 MAX_DISK_GB = 2000
@@ -163,6 +164,13 @@ def _locked(instance_id: int) -> Instance | None:
 
 def _save(instance: Instance, *fields: str) -> None:
     instance.save(update_fields=["status", "status_message", "updated_at", *fields])
+
+
+def instance_notify(instance: Instance, kind: str, key: str, message: str = "") -> None:
+    """Tell the renter, on the channels they chose, that the instance entered a state (once per `key`)."""
+    notify(user=instance.renter, kind=kind, dedupe_key=f"{kind}:{instance.pk}:{key}",
+           payload={"instance": instance.pk, "label": instance.label, "status": instance.status,
+                    "message": message or instance.status_message})
 
 
 def _stop_clock(instance: Instance, now: datetime) -> None:

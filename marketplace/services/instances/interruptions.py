@@ -25,10 +25,11 @@ from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES, vm_id_of
 from marketplace.money import micros_to_usd, usd_text
+from notifications.services.notify import Kind
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
-from .common import S, _leave_running, _locked, _save
+from .common import S, _leave_running, _locked, _save, instance_notify
 
 
 def node_instances_price_cut(*, node_id: int, ratio: float, reason: str) -> list[int]:
@@ -115,8 +116,8 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
         interruption = Interruption.objects.create(instance=instance, cause=cause, detail=detail[:500],
                                                    started_at=since, detected_at=now)
         credit = interruption_credit(interruption_id=interruption.pk, until=now)
-        event_create(
-            user=instance.renter, kind=EventKind.INSTANCE_INTERRUPTED, email=True,
+        told = event_create(  # e-mailed by notifications (below), on the channels the renter chose
+            user=instance.renter, kind=EventKind.INSTANCE_INTERRUPTED,
             message=(f"Instance {instance.pk} was interrupted: {what}. Billing stopped at {_at(since)}, the last "
                      "moment it was seen healthy, and you are credited for the time lost "
                      f"({usd_text(credit.total_micros)} so far, charged to the provider). It resumes by "
@@ -124,6 +125,7 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
             data={"instance": instance.pk, "cause": cause, "billing_stopped_at": since.isoformat(),
                   "credited": str(micros_to_usd(credit.total_micros))},
         )
+        instance_notify(instance, Kind.INSTANCE_INTERRUPTED, str(interruption.pk), told.message)
     return interruption
 
 
@@ -164,9 +166,11 @@ def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, ev
         text, credited = _credited_text(_interruption_end(instance, now, outcome), now)
         if to == S.STARTING:
             job_create(kind=JobKind.INSTANCE_START, node=instance.node, instance=instance)
-        event_create(user=instance.renter, kind=EventKind.INSTANCE_RESUMED, email=True,
-                     message=event.format(instance=instance.pk, at=_at(now)) + text,
-                     data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
+        told = event_create(user=instance.renter, kind=EventKind.INSTANCE_RESUMED, email=to != S.RUNNING,
+                            message=event.format(instance=instance.pk, at=_at(now)) + text,
+                            data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
+        if to == S.RUNNING:  # e-mailed by notifications, on the channels the renter chose
+            instance_notify(instance, Kind.INSTANCE_RUNNING, now.isoformat(), told.message)
     return instance
 
 

@@ -5,6 +5,7 @@ from django.utils import timezone
 
 from marketplace.models import Instance, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES
+from notifications.services.notify import Kind
 
 from .common import (
     S,
@@ -12,6 +13,7 @@ from .common import (
     _locked,
     _save,
     _stop_clock,
+    instance_notify,
     instance_release_gpus,
 )
 from .interruptions import interruption_close
@@ -49,6 +51,7 @@ def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh
         instance.transition_to(S.RUNNING, message or "Running")
         instance.started_at, instance.stopped_at = now, None
         fields += ["started_at", "stopped_at"]
+        instance_notify(instance, Kind.INSTANCE_RUNNING, now.isoformat())
     instance.ssh_host, instance.ssh_port, instance.ssh_user = ssh_host, ssh_port, ssh_user
     _save(instance, *fields)
     return instance
@@ -69,6 +72,7 @@ def instance_mark_stopped(*, instance_id: int, message: str = "") -> Instance:
         instance.stopped_at = now
         instance_release_gpus(instance=instance, at=now)
         _save(instance, "stopped_at")
+        instance_notify(instance, Kind.INSTANCE_STOPPED, now.isoformat())
     return instance
 
 
@@ -128,6 +132,7 @@ def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
         _stop_clock(instance, now)
         instance_release_gpus(instance=instance, at=now)
         _save(instance, "stopped_at")
+        instance_notify(instance, Kind.INSTANCE_FAILED, "failed")
     else:
         instance_release_gpus(instance=instance)  # no-op unless something left one live
     return instance

@@ -1,0 +1,55 @@
+"""Operators may read notifications, endpoints (never their secrets) and delivery logs; nothing is edited here."""
+from django.contrib import admin
+
+from notifications.models import Notification, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+
+
+class ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnly):
+    list_display = ["id", "created_at", "user", "kind", "title", "in_app", "emailed_at", "read_at"]
+    list_filter = ["kind", "in_app"]
+    search_fields = ["user__email", "dedupe_key", "title"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "kind", "title", "body", "payload", "dedupe_key", "in_app", "emailed_at", "read_at",
+                       "created_at"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(ReadOnly):
+    list_display = ["id", "user", "url", "active", "created_at"]
+    list_filter = ["active"]
+    search_fields = ["user__email", "url"]
+    list_select_related = ["user"]
+    fields = ["user", "url", "description", "secret_hint", "active", "created_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here
+
+
+class AttemptInline(admin.TabularInline):
+    model = WebhookAttempt
+    fields = ["number", "status_code", "error", "duration_ms", "at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnly):
+    list_display = ["id", "created_at", "endpoint", "kind", "status", "attempts", "last_status_code"]
+    list_filter = ["status", "kind"]
+    search_fields = ["endpoint__user__email", "endpoint__url", "event_id"]
+    list_select_related = ["endpoint"]
+    fields = ["endpoint", "notification", "event_id", "kind", "status", "attempts", "last_status_code", "last_error",
+              "body", "created_at", "next_attempt_at", "finished_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here
+    inlines = [AttemptInline]

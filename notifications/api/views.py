@@ -1,0 +1,179 @@
+"""The notifications API: your notifications (list, mark read), your channels per event kind, your webhook
+endpoints (CRUD, a test event) and their delivery logs. Another user's object is a 404."""
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.schema import error_response
+from notifications import selectors
+from notifications.models import PREFERENCE_KINDS, Notification, WebhookDelivery, WebhookEndpoint
+from notifications.services import notify as notify_svc
+from notifications.services import webhooks as webhook_svc
+
+from .serializers import (
+    NotificationSerializer,
+    PreferenceInputSerializer,
+    PreferenceSerializer,
+    TestQueuedSerializer,
+    UnreadCountSerializer,
+    WebhookDeliverySerializer,
+    WebhookEndpointCreatedSerializer,
+    WebhookEndpointInputSerializer,
+    WebhookEndpointSerializer,
+)
+
+_BOOL = {"true": True, "1": True, "false": False, "0": False}
+
+
+def _unread_param(request: Request) -> bool | None:
+    raw = request.query_params.get("unread")
+    if raw is None or raw == "":
+        return None
+    if raw.lower() not in _BOOL:
+        raise serializers.ValidationError({"unread": ["Must be true or false."]})
+    return _BOOL[raw.lower()]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your notifications, newest first", parameters=[
+        OpenApiParameter("unread", bool, description="Only unread (true) or only read (false) ones.")]),
+    retrieve=extend_schema(summary="One of your notifications"),
+)
+@extend_schema(tags=["notifications"])
+class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = NotificationSerializer
+    queryset = Notification.objects.none()
+    filter_backends: list[Any] = []
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        unread = _unread_param(self.request) if self.action == "list" else None
+        return selectors.notifications_for(user=self.request.user, unread=unread)
+
+    @extend_schema(summary="Mark one notification read", request=None, responses={200: NotificationSerializer})
+    @action(detail=True, methods=["post"])
+    def read(self, request, pk=None):
+        notification = notify_svc.notification_mark_read(notification=self.get_object())
+        return Response(NotificationSerializer(notification).data)
+
+    @extend_schema(summary="Mark all your notifications read", request=None,
+                   responses={200: UnreadCountSerializer})
+    @action(detail=False, methods=["post"], url_path="read-all")
+    def read_all(self, request):
+        notify_svc.notifications_mark_all_read(user=request.user)
+        return Response({"unread": 0})
+
+    @extend_schema(summary="How many of your notifications are unread", responses={200: UnreadCountSerializer})
+    @action(detail=False, methods=["get"], url_path="unread-count", pagination_class=None)
+    def unread_count(self, request):
+        return Response({"unread": selectors.unread_count(user=request.user)})
+
+
+@extend_schema(tags=["notifications"])
+class PreferenceListView(APIView):
+    @extend_schema(summary="Your channels per event kind (every channel is on until you choose)",
+                   responses={200: PreferenceSerializer(many=True)})
+    def get(self, request):
+        return Response(PreferenceSerializer(selectors.preferences_for(user=request.user), many=True).data)
+
+
+@extend_schema(tags=["notifications"])
+class PreferenceDetailView(APIView):
+    @extend_schema(summary="Choose the channels of one event kind",
+                   parameters=[OpenApiParameter("kind", str, OpenApiParameter.PATH,
+                                                enum=[k.value for k in PREFERENCE_KINDS])],
+                   request=PreferenceInputSerializer,
+                   responses={200: PreferenceSerializer, 404: error_response("No such event kind.")})
+    def put(self, request, kind: str):
+        if kind not in PREFERENCE_KINDS:
+            return Response({"detail": "No such event kind."}, status=status.HTTP_404_NOT_FOUND)
+        data = PreferenceInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        notify_svc.preference_set(user=request.user, kind=kind, **data.validated_data)
+        row = next(p for p in selectors.preferences_for(user=request.user) if p.kind == kind)
+        return Response(PreferenceSerializer(row).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your webhook endpoints"),
+    retrieve=extend_schema(summary="One of your webhook endpoints"),
+    create=extend_schema(summary="Add a webhook endpoint (its signing secret is in this answer only)",
+                         request=WebhookEndpointInputSerializer, responses={201: WebhookEndpointCreatedSerializer}),
+    partial_update=extend_schema(summary="Change an endpoint's URL, description or active flag",
+                                 request=WebhookEndpointInputSerializer, responses={200: WebhookEndpointSerializer}),
+    destroy=extend_schema(summary="Delete a webhook endpoint and its delivery log"),
+)
+@extend_schema(tags=["notifications"])
+class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                             viewsets.GenericViewSet):
+    serializer_class = WebhookEndpointSerializer
+    queryset = WebhookEndpoint.objects.none()
+    filter_backends: list[Any] = []
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return selectors.endpoints_for(user=self.request.user)
+
+    def create(self, request):
+        data = WebhookEndpointInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        endpoint, secret = webhook_svc.endpoint_create(user=request.user, url=values["url"],
+                                                       description=values.get("description", ""))
+        if values.get("active") is False:
+            webhook_svc.endpoint_update(endpoint=endpoint, active=False)
+        body = {**WebhookEndpointSerializer(endpoint).data, "secret": secret}  # as WebhookEndpointCreatedSerializer
+        response = Response(body, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def partial_update(self, request, pk=None):
+        endpoint = self.get_object()
+        data = WebhookEndpointInputSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        endpoint = webhook_svc.endpoint_update(endpoint=endpoint, **data.validated_data)
+        return Response(WebhookEndpointSerializer(endpoint).data)
+
+    def perform_destroy(self, instance):
+        webhook_svc.endpoint_delete(endpoint=instance)
+
+    @extend_schema(summary="Send a test event to this endpoint (queued; read its delivery for the outcome)",
+                   request=None, responses={202: TestQueuedSerializer})
+    @action(detail=True, methods=["post"])
+    def test(self, request, pk=None):
+        delivery = webhook_svc.endpoint_test(endpoint=self.get_object())
+        return Response({"endpoint": delivery.endpoint_id, "delivery": delivery.pk, "event_id": str(delivery.event_id),
+                         "status": delivery.status}, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your webhook deliveries, newest first (every attempt with its answer)",
+                       parameters=[OpenApiParameter("endpoint", int, description="Only this endpoint's.")]),
+    retrieve=extend_schema(summary="One of your webhook deliveries"),
+)
+@extend_schema(tags=["notifications"])
+class WebhookDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = WebhookDeliverySerializer
+    queryset = WebhookDelivery.objects.none()
+    filter_backends: list[Any] = []
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        endpoint_id = None
+        raw = self.request.query_params.get("endpoint") if self.action == "list" else None
+        if raw:
+            if not raw.isdigit():
+                raise serializers.ValidationError({"endpoint": ["Must be an endpoint's id."]})
+            endpoint_id = get_object_or_404(selectors.endpoints_for(user=self.request.user), pk=int(raw)).pk
+        return (selectors.deliveries_for(user=self.request.user, endpoint_id=endpoint_id)
+                .prefetch_related("attempt_log"))

@@ -1,0 +1,173 @@
+"""Notifications: what a user is told (one row per event, de-duplicated), how they want to be told (preferences
+per event kind), and where their signed webhooks go (endpoints, deliveries and each delivery's attempts)."""
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from core.transitions import StatefulModel, Transitions
+
+
+class Kind(models.TextChoices):
+    LOW_BALANCE = "low_balance", "Low balance"
+    INSTANCE_RUNNING = "instance_running", "Instance running"
+    INSTANCE_STOPPED = "instance_stopped", "Instance stopped"
+    INSTANCE_FAILED = "instance_failed", "Instance failed"
+    INSTANCE_INTERRUPTED = "instance_interrupted", "Instance interrupted"
+    NODE_OFFLINE = "node_offline", "Node offline"
+    NODE_REJECTED = "node_rejected", "Node rejected by the benchmark check"
+    NODE_DEGRADED = "node_degraded", "Node listed as degraded"
+    PAYOUT_SENT = "payout_sent", "Payout sent"
+    CREDIT_POSTED = "credit_posted", "Credit posted"
+    CREDIT_REVERSED = "credit_reversed", "Credit reversed"
+    TEST = "test", "Test event"
+
+
+# The kinds a user can choose channels for (the test event is sent only to the endpoint it is asked for).
+PREFERENCE_KINDS = [k for k in Kind if k != Kind.TEST]
+
+
+class Channels(models.Model):
+    """The three channels (abstract: a preference row, and the defaults a user without one gets)."""
+
+    in_app = models.BooleanField(default=True)
+    email = models.BooleanField(default=True)
+    webhook = models.BooleanField(default=True)
+
+    class Meta:
+        abstract = True
+
+
+class Preference(Channels):
+    """A user's choice of channels for one kind of event; without a row, every channel is on."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "kind"], name="notification_pref_one_per_kind"),
+            models.CheckConstraint(condition=~Q(kind=Kind.TEST), name="notification_pref_not_test"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} for {self.user_id}"
+
+
+class Notification(models.Model):
+    """One event told to one user: at most one per (user, dedupe_key), whatever the callers do twice."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    dedupe_key = models.CharField(max_length=200)
+    in_app = models.BooleanField(default=True, help_text="Shown in the user's list (their preference then).")
+    emailed_at = models.DateTimeField(null=True, blank=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "dedupe_key"], name="notification_once_per_key"),
+        ]
+        indexes = [
+            models.Index(fields=["user", "-created_at"], condition=Q(in_app=True), name="notification_list_idx"),
+            models.Index(fields=["user"], condition=Q(in_app=True, read_at=None), name="notification_unread_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} for {self.user_id}"
+
+
+class WebhookEndpoint(models.Model):
+    """A URL of the user's that receives their events as signed JSON POSTs. The signing secret is stored
+    encrypted and shown once, when the endpoint is created."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_endpoints")
+    url = models.URLField(max_length=500)
+    description = models.CharField(max_length=200, blank=True)
+    secret_encrypted = models.BinaryField()
+    secret_hint = models.CharField(max_length=16, help_text="The secret's first characters, to tell them apart.")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"webhook endpoint {self.pk} ({self.url})"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RETRYING = "retrying", "Retrying"
+    SUCCEEDED = "succeeded", "Delivered"
+    FAILED = "failed", "Failed"
+
+
+_D = DeliveryStatus
+DELIVERY_TRANSITIONS = Transitions({
+    _D.PENDING: {_D.RETRYING, _D.SUCCEEDED, _D.FAILED},
+    _D.RETRYING: {_D.RETRYING, _D.SUCCEEDED, _D.FAILED},
+    _D.SUCCEEDED: set(),
+    _D.FAILED: set(),
+})
+
+
+class WebhookDelivery(StatefulModel, models.Model):
+    """One event for one endpoint: the exact body every attempt sends, and where it stands."""
+
+    transitions = DELIVERY_TRANSITIONS
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, null=True, blank=True,
+                                     related_name="deliveries", help_text="None for a test event.")
+    event_id = models.UUIDField(default=uuid.uuid4, unique=True)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    body = models.TextField(help_text="The JSON sent, the same in every attempt.")
+    status = models.CharField(max_length=12, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "webhook deliveries"
+        constraints = [
+            DELIVERY_TRANSITIONS.check_constraint("status", "webhook_delivery_status_valid"),
+            models.UniqueConstraint(fields=["endpoint", "notification"], name="webhook_delivery_once_per_endpoint"),
+        ]
+        indexes = [
+            models.Index(fields=["endpoint", "-created_at"], name="webhook_delivery_endpoint_idx"),
+            models.Index(fields=["next_attempt_at"], condition=Q(status__in=["pending", "retrying"]),
+                         name="webhook_delivery_due_idx"),
+        ]
+
+    def __str__(self):
+        return f"delivery {self.pk} of {self.kind} to endpoint {self.endpoint_id} ({self.status})"
+
+
+class WebhookAttempt(models.Model):
+    """One POST of a delivery: what came back (or the error), when, how long it took."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log")
+    number = models.PositiveIntegerField()
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["delivery_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"], name="webhook_attempt_once")]
+
+    def __str__(self):
+        return f"attempt {self.number} of delivery {self.delivery_id}"

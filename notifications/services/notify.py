@@ -1,0 +1,133 @@
+"""The one way into notifications: `notify(user=..., kind=..., payload=..., dedupe_key=...)`.
+
+Called by the other apps' services where the event really happens, inside their transaction: the notice is
+written with the state change (or not at all, if that rolls back), once per (user, dedupe_key) as the unique
+constraint decides, and its e-mail and webhook deliveries are queued when the transaction commits. A broker that
+refuses them is logged; `deliveries_resend` (on the beat) sends the webhook deliveries again.
+"""
+import json
+import logging
+from collections import defaultdict
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from core import dispatch
+from core.errors import ValidationFailed
+from marketplace.models import User
+from notifications.models import (
+    PREFERENCE_KINDS,
+    Kind,
+    Notification,
+    Preference,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+
+log = logging.getLogger(__name__)
+
+EMAIL_SEND = dispatch.task_name("notifications.tasks.email_send")
+WEBHOOK_DELIVER = dispatch.task_name("notifications.tasks.webhook_deliver")
+
+# Titles, filled from the payload (a missing member reads "?").
+TITLES = {
+    Kind.LOW_BALANCE: "Your balance is running low",
+    Kind.INSTANCE_RUNNING: "Instance {instance} is running",
+    Kind.INSTANCE_STOPPED: "Instance {instance} stopped",
+    Kind.INSTANCE_FAILED: "Instance {instance} failed",
+    Kind.INSTANCE_INTERRUPTED: "Instance {instance} was interrupted",
+    Kind.NODE_OFFLINE: "Node {node} is offline",
+    Kind.NODE_REJECTED: "Node {node} did not pass the benchmark check",
+    Kind.NODE_DEGRADED: "Node {node} is listed as degraded",
+    Kind.PAYOUT_SENT: "Payout {payout} sent: {amount} USD",
+    Kind.CREDIT_POSTED: "{amount} USD was credited to your balance",
+    Kind.CREDIT_REVERSED: "A credit of {amount} USD was reversed",
+    Kind.TEST: "Test event",
+}
+
+
+def _title(kind: str, payload: dict[str, Any]) -> str:
+    values: defaultdict[str, Any] = defaultdict(lambda: "?", payload)
+    return TITLES[Kind(kind)].format_map(values)[:200]
+
+
+def envelope(*, event_id: str, kind: str, title: str, message: str, payload: dict[str, Any], at: str) -> str:
+    """The JSON body of a webhook: the same for every attempt (compact, keys sorted)."""
+    return json.dumps({"id": event_id, "type": kind, "created_at": at, "title": title, "message": message,
+                       "data": payload}, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def channels_for(*, user_id: int, kind: str) -> tuple[bool, bool, bool]:
+    """(in_app, email, webhook) for this user and kind: their preference, or every channel."""
+    row = Preference.objects.filter(user_id=user_id, kind=kind).values_list("in_app", "email", "webhook").first()
+    return row if row is not None else (True, True, True)
+
+
+def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -> Notification | None:
+    """Tell `user` about an event of `kind`, once per `dedupe_key`, on the channels they chose.
+
+    `payload` is JSON data (ids, amounts as strings); its `message`, when there is one, is the sentence the user
+    reads. Returns the notification, or None when this key was notified before (nothing is written then).
+    """
+    if kind not in Kind.values or kind == Kind.TEST:
+        raise ValueError(f"unknown notification kind {kind!r}")
+    if not dedupe_key:
+        raise ValueError("a notification needs a dedupe_key")
+    payload = json.loads(json.dumps(payload, default=str))  # what is stored is what is sent
+    in_app, email, webhook = channels_for(user_id=user.pk, kind=kind)
+    now = timezone.now()
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                notification = Notification.objects.create(
+                    user=user, kind=kind, title=_title(kind, payload), body=str(payload.get("message", ""))[:5000],
+                    payload=payload, dedupe_key=dedupe_key[:200], in_app=in_app, created_at=now)
+        except IntegrityError:
+            return None
+        if email and user.email:
+            dispatch.enqueue_on_commit(EMAIL_SEND, notification.pk)
+        if webhook:
+            for endpoint in WebhookEndpoint.objects.filter(user=user, active=True).order_by("pk"):
+                delivery_queue(endpoint=endpoint, kind=kind, notification=notification, payload=payload,
+                               title=notification.title, message=notification.body)
+    return notification
+
+
+def delivery_queue(*, endpoint: WebhookEndpoint, kind: str, payload: dict[str, Any], title: str, message: str,
+                   notification: Notification | None = None) -> WebhookDelivery:
+    """One delivery row (its body fixed now), sent by the worker once the caller's transaction commits."""
+    delivery = WebhookDelivery(endpoint=endpoint, notification=notification, kind=kind,
+                               next_attempt_at=timezone.now())
+    delivery.body = envelope(event_id=str(delivery.event_id), kind=kind, title=title, message=message,
+                             payload=payload, at=delivery.created_at.isoformat())
+    delivery.save()
+    dispatch.enqueue_on_commit(WEBHOOK_DELIVER, delivery.pk)
+    return delivery
+
+
+# ------------------------------------------------------------------------------------------ in-app list
+
+
+def notification_mark_read(*, notification: Notification) -> Notification:
+    if notification.read_at is None:
+        notification.read_at = timezone.now()
+        Notification.objects.filter(pk=notification.pk, read_at=None).update(read_at=notification.read_at)
+    return notification
+
+
+def notifications_mark_all_read(*, user: User) -> int:
+    mine: QuerySet[Notification] = Notification.objects.filter(user=user, in_app=True, read_at=None)
+    return mine.update(read_at=timezone.now())
+
+
+# ------------------------------------------------------------------------------------------ preferences
+
+
+def preference_set(*, user: User, kind: str, in_app: bool, email: bool, webhook: bool) -> Preference:
+    if kind not in PREFERENCE_KINDS:
+        raise ValidationFailed(f"Unknown event kind {kind!r}; one of {', '.join(PREFERENCE_KINDS)}.", field="kind")
+    preference, _ = Preference.objects.update_or_create(
+        user=user, kind=kind, defaults={"in_app": in_app, "email": email, "webhook": webhook})
+    return preference

@@ -1,0 +1,57 @@
+"""Where a webhook may point: https to a public address. Checked when an endpoint is saved and again before
+every attempt (a name that resolved to a public address may later resolve to a private one).
+
+NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
+"""
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from core.errors import ValidationFailed
+
+URL_MAX_LENGTH = 500
+
+
+def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OSError):
+        return []
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+
+
+def webhook_url_check(url: str, *, field: str = "url") -> str:
+    """The URL as it will be used, or ValidationFailed naming `field`."""
+    url = url.strip()
+    if not url:
+        raise ValidationFailed("Give the URL that should receive the events.", field=field)
+    if len(url) > URL_MAX_LENGTH:
+        raise ValidationFailed(f"At most {URL_MAX_LENGTH} characters.", field=field)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValidationFailed("Not a valid URL: check its host and port.", field=field) from None
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ValidationFailed("Use an https:// URL.", field=field)
+    if parts.username or parts.password:
+        raise ValidationFailed("Not a webhook URL: put no user name or password in it; check the signature "
+                               "instead.", field=field)
+    if parts.fragment:
+        raise ValidationFailed("Not a webhook URL: it has no #fragment.", field=field)
+    addresses = _addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+    if not addresses:
+        raise ValidationFailed(f"The host name does not resolve: {parts.hostname}.", field=field)
+    loopback_ok = settings.NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK
+    for address in addresses:
+        if address.is_loopback and loopback_ok:
+            continue
+        if not address.is_global or address.is_multicast:
+            raise ValidationFailed(
+                f"Not a public address: {parts.hostname} is a private, loopback or reserved address ({address}); "
+                "webhooks go only to public addresses.", field=field)
+    if parts.scheme == "http" and not (loopback_ok and all(a.is_loopback for a in addresses)):
+        raise ValidationFailed("Use an https:// URL: events are sent only over TLS.", field=field)
+    return url

@@ -1,0 +1,194 @@
+"""Users' webhook endpoints and the delivery of signed events to them.
+
+An endpoint gets a random signing secret, stored encrypted (marketplace.encryption) and shown once. A delivery is
+tried by the worker (`webhook_attempt`, from notifications.tasks.webhook_deliver): one POST with a short timeout
+and no redirects; a 2xx answer delivers it; anything else is retried by the task with exponential backoff
+(Celery's retry, NOTIFICATIONS_WEBHOOK_BACKOFF_S × 2^(attempt-1)) until NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS. Every
+attempt is logged (status code or error, time, duration) for the user to read.
+"""
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import requests
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from core import dispatch
+from core.errors import ValidationFailed
+from marketplace.encryption import decrypt_secret, encrypt_secret
+from marketplace.models import User
+from notifications.models import DeliveryStatus, Kind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
+from notifications.services.signing import SIGNATURE_HEADER, signature_header
+from notifications.services.urls import webhook_url_check
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION_MAX_LENGTH = 200
+ENDPOINTS_PER_USER = 10
+BACKOFF_CAP_S = 3600
+
+
+def _secret_new() -> str:
+    return f"whsec_{secrets.token_urlsafe(32)}"
+
+
+def endpoint_secret(*, endpoint: WebhookEndpoint) -> str:
+    return decrypt_secret(bytes(endpoint.secret_encrypted)).decode()
+
+
+def _description(description: str) -> str:
+    description = description.strip()
+    if len(description) > DESCRIPTION_MAX_LENGTH:
+        raise ValidationFailed(f"At most {DESCRIPTION_MAX_LENGTH} characters.", field="description")
+    return description
+
+
+def endpoint_create(*, user: User, url: str, description: str = "") -> tuple[WebhookEndpoint, str]:
+    """A new endpoint and its signing secret (returned this once, never again)."""
+    url = webhook_url_check(url)
+    description = _description(description)
+    with transaction.atomic():
+        User.objects.select_for_update().filter(pk=user.pk).first()  # one count at a time per user
+        if WebhookEndpoint.objects.filter(user=user).count() >= ENDPOINTS_PER_USER:
+            raise ValidationFailed(f"At most {ENDPOINTS_PER_USER} endpoints; delete one first.", field="url")
+        secret = _secret_new()
+        endpoint = WebhookEndpoint.objects.create(user=user, url=url, description=description,
+                                                  secret_encrypted=encrypt_secret(secret.encode()),
+                                                  secret_hint=secret[:10])
+    return endpoint, secret
+
+
+def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, description: str | None = None,
+                    active: bool | None = None) -> WebhookEndpoint:
+    fields = []
+    if url is not None:
+        endpoint.url = webhook_url_check(url)
+        fields.append("url")
+    if description is not None:
+        endpoint.description = _description(description)
+        fields.append("description")
+    if active is not None:
+        endpoint.active = active
+        fields.append("active")
+    if fields:
+        endpoint.save(update_fields=fields)
+    return endpoint
+
+
+def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
+    endpoint.delete()
+
+
+def endpoint_test(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
+    """Queue a `test` event to this endpoint (active or not), sent and logged like any other."""
+    with transaction.atomic():
+        return delivery_queue(endpoint=endpoint, kind=Kind.TEST, title="Test event",
+                              message="A test event from the GPU marketplace: your endpoint receives and verifies "
+                                      "signed events.",
+                              payload={"endpoint": endpoint.pk})
+
+
+# --------------------------------------------------------------------------------------- the worker's side
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    status_code: int | None
+    error: str
+    retry_in_s: float | None  # None: delivered, or given up
+
+
+def backoff_s(attempt: int) -> float:
+    """Seconds before the attempt after `attempt` (1-based): the base, doubled each time, capped at an hour."""
+    return float(min(settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S * 2 ** (attempt - 1), BACKOFF_CAP_S))
+
+
+def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
+    """Count the attempt about to be made (row locked), or None when the delivery is over or gone."""
+    with transaction.atomic():
+        delivery = (WebhookDelivery.objects.select_for_update().select_related("endpoint")
+                    .filter(pk=delivery_id).first())
+        if delivery is None or delivery.status in (DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED):
+            return None
+        delivery.attempts += 1
+        delivery.save(update_fields=["attempts"])
+        return delivery, delivery.attempts
+
+
+def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
+    """(status code, error): one signed POST; nothing raised."""
+    try:
+        webhook_url_check(delivery.endpoint.url)
+    except ValidationFailed as exc:
+        return None, f"Not sent: {exc.message}"
+    body = delivery.body.encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": f"{settings.PLATFORM_NAME}-webhooks/1",
+        "X-GPUMarket-Event": delivery.kind,
+        "X-GPUMarket-Delivery": str(delivery.event_id),
+        SIGNATURE_HEADER: signature_header(secret=endpoint_secret(endpoint=delivery.endpoint), body=body),
+    }
+    try:
+        answer = requests.post(delivery.endpoint.url, data=body, headers=headers, allow_redirects=False,
+                               timeout=settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S, stream=True)
+        answer.close()  # the body is not read: only the status counts
+    except requests.Timeout:
+        return None, f"No answer within {settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S} s."
+    except requests.RequestException as exc:
+        return None, f"Could not connect: {type(exc).__name__}: {exc}"[:500]
+    if 200 <= answer.status_code < 300:
+        return answer.status_code, ""
+    return answer.status_code, f"Answered {answer.status_code} {answer.reason or ''}".strip()[:500]
+
+
+def webhook_attempt(*, delivery_id: int) -> Attempt | None:
+    """Make the delivery's next attempt and record it; None when there was nothing to do."""
+    claimed = _claim(delivery_id)
+    if claimed is None:
+        return None
+    delivery, number = claimed
+    started = time.monotonic()
+    status_code, error = _post(delivery)
+    duration_ms = int((time.monotonic() - started) * 1000)
+    now = timezone.now()
+    retry_in: float | None = None
+    if not error:
+        target = DeliveryStatus.SUCCEEDED
+    elif number >= settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS:
+        target = DeliveryStatus.FAILED
+    else:
+        target, retry_in = DeliveryStatus.RETRYING, backoff_s(number)
+    with transaction.atomic():
+        WebhookAttempt.objects.get_or_create(delivery_id=delivery.pk, number=number, defaults={
+            "status_code": status_code, "error": error, "duration_ms": duration_ms, "at": now})
+        values: dict[str, Any] = {"last_status_code": status_code, "last_error": error}
+        if retry_in is None:
+            values.update(finished_at=now, next_attempt_at=None)
+        else:
+            values.update(next_attempt_at=now + timedelta(seconds=retry_in))
+        WebhookDelivery.transition_rows(WebhookDelivery.objects.filter(pk=delivery.pk), target, **values)
+    return Attempt(number, status_code, error, retry_in)
+
+
+def deliveries_resend(*, overdue_s: int = 300) -> int:
+    """Queue again the deliveries whose next attempt is `overdue_s` late (a broker that refused them, a worker
+    lost with its retry): the number queued."""
+    due = timezone.now() - timedelta(seconds=overdue_s)
+    ids = list(WebhookDelivery.objects.filter(status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING],
+                                              next_attempt_at__lt=due).values_list("pk", flat=True)[:500])
+    for delivery_id in ids:
+        try:
+            dispatch.send(WEBHOOK_DELIVER, delivery_id)
+        except Exception as exc:  # noqa: BLE001 (kombu's many errors: the beat tries again)
+            log.warning("delivery %s could not be queued (%s)", delivery_id, exc)
+            break
+        WebhookDelivery.objects.filter(pk=delivery_id).update(next_attempt_at=timezone.now())
+    return len(ids)

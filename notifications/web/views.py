@@ -1,0 +1,110 @@
+"""Pages: your notifications; your notification settings (channels per event kind, webhook endpoints); one
+endpoint's delivery log with a test button. Thin: the services hold the rules; another user's endpoint is a 404."""
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from core.errors import ApplicationError
+from core.web_errors import form_error
+from notifications import selectors
+from notifications.services import notify as notify_svc
+from notifications.services import webhooks as webhook_svc
+
+from .forms import EndpointForm
+
+PER_PAGE = 25
+CHANNELS = ("in_app", "email", "webhook")
+
+
+@login_required
+def notifications(request):
+    page = Paginator(selectors.notifications_for(user=request.user), PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "notifications/list.html", {
+        "page": page, "unread": selectors.unread_count(user=request.user)})
+
+
+@login_required
+@require_POST
+def notification_read(request, pk: int):
+    notification = get_object_or_404(selectors.notifications_for(user=request.user), pk=pk)
+    notify_svc.notification_mark_read(notification=notification)
+    return redirect("notifications")
+
+
+@login_required
+@require_POST
+def notifications_read_all(request):
+    count = notify_svc.notifications_mark_all_read(user=request.user)
+    messages.success(request, f"{count} notification{'s' if count != 1 else ''} marked read.")
+    return redirect("notifications")
+
+
+def _settings_page(request, form, created=None, status=200):
+    response = render(request, "notifications/settings.html", {
+        "preferences": selectors.preferences_for(user=request.user),
+        "endpoints": selectors.endpoints_for(user=request.user), "form": form, "created": created,
+    }, status=status)
+    if created:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def notification_settings(request):
+    """The channels grid (POSTed with `preferences`) and the endpoint form (POSTed with `url`)."""
+    form = EndpointForm(request.POST if "url" in request.POST else None)
+    if request.method == "POST" and "preferences" in request.POST:
+        for row in selectors.preferences_for(user=request.user):
+            chosen = {channel: f"{row.kind}:{channel}" in request.POST for channel in CHANNELS}
+            if chosen != {channel: getattr(row, channel) for channel in CHANNELS}:
+                notify_svc.preference_set(user=request.user, kind=row.kind, **chosen)
+        messages.success(request, "Your notification settings were saved.")
+        return redirect("notification-settings")
+    if request.method == "POST" and form.is_valid():
+        try:
+            endpoint, secret = webhook_svc.endpoint_create(user=request.user, url=form.cleaned_data["url"],
+                                                           description=form.cleaned_data["description"])
+        except ApplicationError as exc:
+            form_error(form, exc, default_field="url")
+        else:
+            # Rendered, not redirected: the secret exists only in this one answer.
+            return _settings_page(request, EndpointForm(), created={"endpoint": endpoint, "secret": secret})
+    return _settings_page(request, form, status=400 if form.errors else 200)
+
+
+@login_required
+def endpoint(request, pk: int):
+    endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
+    deliveries = selectors.deliveries_for(user=request.user, endpoint_id=endpoint.pk).prefetch_related("attempt_log")
+    page = Paginator(deliveries, PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "notifications/endpoint.html", {"endpoint": endpoint, "page": page})
+
+
+@login_required
+@require_POST
+def endpoint_test(request, pk: int):
+    endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
+    webhook_svc.endpoint_test(endpoint=endpoint)
+    messages.success(request, "A test event is on its way: its delivery appears below (reload to follow it).")
+    return redirect("notification-endpoint", pk=endpoint.pk)
+
+
+@login_required
+@require_POST
+def endpoint_toggle(request, pk: int):
+    endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
+    webhook_svc.endpoint_update(endpoint=endpoint, active=not endpoint.active)
+    messages.success(request, f"Endpoint {'resumed' if endpoint.active else 'paused'}.")
+    return redirect("notification-endpoint", pk=endpoint.pk)
+
+
+@login_required
+@require_POST
+def endpoint_delete(request, pk: int):
+    endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
+    webhook_svc.endpoint_delete(endpoint=endpoint)
+    messages.success(request, f"Endpoint {endpoint.url} deleted with its delivery log.")
+    return redirect("notification-settings")

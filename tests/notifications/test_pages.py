@@ -1,0 +1,91 @@
+"""The pages: notifications list (mark read), settings (channels, endpoints, the secret once), an endpoint's
+delivery log with the test button. Another user's endpoint is a 404; a bad URL is a 400 on the form."""
+import pytest
+from django.test import Client
+
+from notifications.models import Kind, Preference, WebhookEndpoint
+from notifications.services import webhooks
+from notifications.services.notify import notify
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def web(owner):
+    client = Client()
+    client.force_login(owner)
+    return client
+
+
+def test_list_shows_notifications_and_marks_them_read(web, owner):
+    made = notify(user=owner, kind=Kind.LOW_BALANCE, payload={"message": "About 30 minutes left."}, dedupe_key="a")
+    r = web.get("/account/notifications/")
+    assert r.status_code == 200 and b"Your balance is running low" in r.content and b"1 unread" in r.content
+    assert web.post(f"/account/notifications/{made.pk}/read/").status_code == 302
+    made.refresh_from_db()
+    assert made.read_at is not None
+    assert b"0 unread" in web.get("/account/notifications/").content
+    assert web.post("/account/notifications/read-all/").status_code == 302
+
+
+def test_settings_save_channels_and_add_an_endpoint_showing_the_secret_once(web, owner, receiver):
+    r = web.get("/account/notifications/settings/")
+    assert r.status_code == 200 and b"Low balance" in r.content and b"Add an endpoint" in r.content
+    checked = {f"{k}:{c}": "on" for k in Kind.values if k != "test" for c in ("in_app", "email", "webhook")}
+    del checked["payout_sent:email"]
+    assert web.post("/account/notifications/settings/", {"preferences": "1", **checked}).status_code == 302
+    assert list(Preference.objects.filter(user=owner).values_list("kind", "email")) == [("payout_sent", False)]
+    r = web.post("/account/notifications/settings/", {"url": receiver.url, "description": "mine"})
+    endpoint = WebhookEndpoint.objects.get(user=owner)
+    secret = webhooks.endpoint_secret(endpoint=endpoint)
+    assert r.status_code == 200 and secret.encode() in r.content and r["Cache-Control"] == "no-store"
+    assert secret.encode() not in web.get("/account/notifications/settings/").content
+
+
+def test_a_bad_url_is_shown_on_the_field_with_what_was_typed(web):
+    r = web.post("/account/notifications/settings/", {"url": "https://10.0.0.5/hook", "description": "lab"})
+    assert r.status_code == 400 and b"private" in r.content and b"https://10.0.0.5/hook" in r.content
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_endpoint_page_logs_deliveries_and_sends_a_test(web, owner, receiver, queued,
+                                                        django_capture_on_commit_callbacks):
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert web.post(f"/account/notifications/webhooks/{endpoint.pk}/test/").status_code == 302
+    from .conftest import run_queued
+    run_queued(queued)
+    r = web.get(f"/account/notifications/webhooks/{endpoint.pk}/")
+    assert r.status_code == 200 and b"Test event" in r.content and b"HTTP 200" in r.content
+    assert web.post(f"/account/notifications/webhooks/{endpoint.pk}/toggle/").status_code == 302
+    endpoint.refresh_from_db()
+    assert not endpoint.active
+    assert web.post(f"/account/notifications/webhooks/{endpoint.pk}/delete/").status_code == 302
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_another_users_endpoint_pages_are_404(web, other_api, receiver):
+    theirs, _ = webhooks.endpoint_create(user=other_api.user, url=receiver.url)
+    assert web.get(f"/account/notifications/webhooks/{theirs.pk}/").status_code == 404
+    for verb in ("test", "toggle", "delete"):
+        assert web.post(f"/account/notifications/webhooks/{theirs.pk}/{verb}/").status_code == 404
+    assert WebhookEndpoint.objects.filter(pk=theirs.pk, active=True).exists()
+
+
+def test_pages_need_a_log_in(client):
+    for path in ("/account/notifications/", "/account/notifications/settings/"):
+        r = client.get(path)
+        assert r.status_code == 302 and "/accounts/login/" in r["Location"]
+
+
+def test_the_unread_count_tag_for_the_navigation(rf, owner):
+    from django.contrib.auth.models import AnonymousUser
+    from django.template import Context, Template
+
+    notify(user=owner, kind=Kind.LOW_BALANCE, payload={}, dedupe_key="nav")
+    template = Template("{% load notifications_web %}{% unread_notifications as n %}[{{ n }}]")
+    request = rf.get("/")
+    request.user = owner
+    assert template.render(Context({"request": request})) == "[1]"
+    request.user = AnonymousUser()
+    assert template.render(Context({"request": request})) == "[0]"
