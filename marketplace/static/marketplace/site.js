@@ -12,6 +12,9 @@
  *    results come first; it stays open on wider screens and without JavaScript.
  * 4. The rent page's #estimate follows the number of GPUs typed: the same sums the server made for the first
  *    figure (marketplace/web/renters.py _estimate), money in cents as the `usd` filter shows it.
+ * 5. The navigation (base.html, marketplace/web/nav.py): on a phone its links fold behind one "Menu" button
+ *    (aria-expanded); its menus (<details class="nav-group">) close when another opens, on Escape and on a click
+ *    elsewhere. Without JavaScript every link shows and the menus open and close as plain <details>.
  */
 (function () {
   "use strict";
@@ -91,7 +94,37 @@
     wireCopyButtons(document);
     document.querySelectorAll("[data-poll-url]").forEach(startPolling);
     wireEstimate();
+    wireNav();
   });
+  function wireNav() {
+    var nav = document.getElementById("site-nav");
+    var toggle = nav && nav.querySelector(".nav-toggle");
+    if (!nav || !toggle) return;
+    var groups = nav.querySelectorAll("details.nav-group");
+    function closeGroups(except) {
+      groups.forEach(function (d) { if (d !== except) d.open = false; });
+    }
+    function setOpen(open) {
+      toggle.setAttribute("aria-expanded", open ? "true" : "false");
+      nav.classList.toggle("nav-open", open);
+    }
+    nav.classList.add("nav-js");
+    toggle.hidden = false;
+    toggle.addEventListener("click", function () { setOpen(toggle.getAttribute("aria-expanded") !== "true"); });
+    groups.forEach(function (d) {
+      d.addEventListener("toggle", function () { if (d.open) closeGroups(d); });
+    });
+    document.addEventListener("click", function (event) {
+      if (!nav.contains(event.target)) { closeGroups(null); setOpen(false); }
+      else groups.forEach(function (d) { if (d.open && !d.contains(event.target)) d.open = false; });
+    });
+    document.addEventListener("keydown", function (event) {
+      if (event.key !== "Escape") return;
+      var open = nav.querySelector("details.nav-group[open]");
+      if (open) { open.open = false; open.querySelector("summary").focus(); }
+      else if (toggle.getAttribute("aria-expanded") === "true") { setOpen(false); toggle.focus(); }
+    });
+  }
   function wireEstimate() {
     var box = document.getElementById("estimate");
     var input = document.getElementById("id_num_gpus");
