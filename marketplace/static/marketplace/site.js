@@ -12,7 +12,9 @@
  *    results come first; it stays open on wider screens and without JavaScript.
  * 4. The rent page's #estimate follows the number of GPUs typed: the same sums the server made for the first
  *    figure (marketplace/web/renters.py _estimate), money in cents as the `usd` filter shows it.
- * 5. The navigation (base.html, marketplace/web/nav.py): on a phone its links fold behind one "Menu" button
+ * 5. A table wider than its box (.table-wrap scrolls sideways, on a phone) becomes a focusable region named
+ *    after its table, so that it can be scrolled from the keyboard too; one that fits is no tab stop.
+ * 6. The navigation (base.html, marketplace/web/nav.py): on a phone its links fold behind one "Menu" button
  *    (aria-expanded); its menus (<details class="nav-group">) close when another opens, on Escape and on a click
  *    elsewhere. Without JavaScript every link shows and the menus open and close as plain <details>.
  */
@@ -95,7 +97,24 @@
     document.querySelectorAll("[data-poll-url]").forEach(startPolling);
     wireEstimate();
     wireNav();
+    wireScrollers();
+    window.addEventListener("resize", function () { window.clearTimeout(wireScrollers.timer); wireScrollers.timer = window.setTimeout(wireScrollers, 200); });
   });
+  function wireScrollers() {
+    document.querySelectorAll(".table-wrap").forEach(function (box) {
+      if (box.scrollWidth > box.clientWidth + 1) {
+        var table = box.querySelector("table");
+        var caption = table && table.querySelector("caption");
+        var heading = box.closest("section") && box.closest("section").querySelector("h2, h3");
+        var name = (caption || heading || {}).textContent || "Table";
+        box.setAttribute("tabindex", "0");
+        box.setAttribute("role", "region");
+        box.setAttribute("aria-label", name.trim().replace(/\s+/g, " ") + " (scrolls sideways)");
+      } else if (box.getAttribute("role") === "region") {
+        box.removeAttribute("tabindex"); box.removeAttribute("role"); box.removeAttribute("aria-label");
+      }
+    });
+  }
   function wireNav() {
     var nav = document.getElementById("site-nav");
     var toggle = nav && nav.querySelector(".nav-toggle");
