@@ -33,7 +33,7 @@ class NavLink:
 
 
 # The menus in the top bar, in order: key -> label.
-GROUPS = {"provider": "Provide", "money": "Billing", "account": "Account"}
+GROUPS = {"provider": "Provider", "money": "Billing", "account": "Account"}
 
 NAV: list[NavLink] = [
     NavLink("Offers", "offers"),
