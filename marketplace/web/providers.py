@@ -92,7 +92,6 @@ def _live_context(node, watching: str = "") -> dict:
         "job_open": job_open,
         # The check the last verify job ran: the page says its verdict, not just that the job "succeeded".
         "job_run": job_run,
-        "job_reasons": [r.text for r in reasons(job_run.findings) if r.severity == "reject"] if job_run else [],
         "use": _utilisation(node),
         # The page was waiting on this job and it has ended: the page reloads to show the new figures.
         "reload": bool(watching) and not job_open,
@@ -168,6 +167,8 @@ def _settings_form(node, data=None):
 
 def _render_node(request, node, settings_form=None, status=200):
     runs = node_runs(node)
+    for run in runs:  # the history's reasons: each code once, with the GPUs it concerns
+        run.reasons = reasons(run.findings)
     latest = runs[0] if runs else None
     live = _live_context(node)
     findings = reasons(latest.findings) if latest else []

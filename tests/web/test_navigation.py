@@ -8,6 +8,7 @@ from django.test import Client
 from marketplace.web import nav
 from tests.factories import UserFactory, make_node
 from tests.web.conftest import logged_in
+from tests.web.test_browser import shot, shots_dir  # noqa: F401 (fixtures: $WEB_SCREENSHOTS_DIR)
 
 RENTER = {"/offers/", "/gpus/", "/instances/", "/account/balance/", "/account/usage/", "/account/statements/",
           "/account/ssh-keys/", "/account/api-keys/"}
@@ -81,7 +82,7 @@ def test_admin_pages_do_not_pay_for_the_navigation(operator, django_assert_max_n
 # ------------------------------------------------------------------------------------ in a browser
 
 @pytest.mark.slow
-def test_the_phone_menu_opens_and_closes_under_the_csp(live_server, new_page, strict_csp, renter):
+def test_the_phone_menu_opens_and_closes_under_the_csp(live_server, new_page, strict_csp, renter, shot):  # noqa: F811
     from tests.web.test_browser import log_in
 
     page = new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
@@ -96,6 +97,7 @@ def test_the_phone_menu_opens_and_closes_under_the_csp(live_server, new_page, st
     assert toggle.get_attribute("aria-expanded") == "true"
     page.get_by_role("link", name="Instances").wait_for()
     page.locator("summary", has_text="Account").click()
+    shot(page, "menu-phone", full_page=False)
     page.get_by_role("link", name="SSH keys").click()
     page.wait_for_url(re.compile(r"/account/ssh-keys/$"))
     assert page.get_by_role("button", name="Menu").get_attribute("aria-expanded") == "false"
