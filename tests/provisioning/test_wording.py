@@ -63,6 +63,8 @@ def test_a_single_gpu_keeps_its_own_sentence():
 def test_an_a6000_posing_as_an_a100_is_told_once_per_finding_and_named(catalogue):
     judged = judge_profile("a6000-posing-as-a100-x2", fleet=False)
     findings = [f.as_dict() for f in judged.findings]
+    raw = " ".join(f["message"] for f in findings)
+    assert "an A100 80GB SXM" in raw and " a A100" not in raw  # the policy's own sentences, as stored
     said = reasons(findings)
     codes = [r.code for r in said]
     assert len(codes) == len(set(codes)) < len(findings)  # one sentence per finding, not one per GPU
