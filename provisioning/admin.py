@@ -5,17 +5,17 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
+from provisioning.verification.wording import reasons, reasons_text
 
 
 def findings_list(findings) -> str:
-    """A verification run's findings as a readable list: severity, GPU, message, code (no style attribute: the
-    Content-Security-Policy refuses inline styles)."""
+    """A verification run's findings as a readable list, each said once with the GPUs it concerns: severity,
+    message, code (no style attribute: the Content-Security-Policy refuses inline styles)."""
     if not findings:
         return "-"
     return format_html("<ul class=\"findings\">{}</ul>", format_html_join(
-        "", "<li><strong>{}</strong> {}{} <code>{}</code></li>",
-        ((f.get("severity", ""), f"GPU {f['gpu_index']}: " if f.get("gpu_index") is not None else "",
-          f.get("message", ""), f.get("code", "")) for f in findings)))
+        "", "<li><strong>{}</strong> {} <code>{}</code></li>",
+        ((r.severity, r.text, r.code) for r in reasons(findings))))
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -81,7 +81,7 @@ class VerificationRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="reasons")
     def reason_summary(self, run):
-        return "; ".join(f.get("message", "") for f in run.findings)[:300] or "-"
+        return reasons_text(run.findings)[:300] or "-"
 
     @admin.display(description="reasons (findings)")
     def reasons(self, run):

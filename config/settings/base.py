@@ -88,6 +88,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "marketplace.web.nav.navigation",  # `nav`: the links by role (marketplace/web/nav.py)
             ],
         },
     },

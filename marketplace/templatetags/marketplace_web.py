@@ -1,25 +1,12 @@
-"""Template helpers of the web pages: money, badges, form fields, and the navigation."""
+"""Template helpers of the web pages: money, badges, form fields (the navigation is marketplace/web/nav.py)."""
 from decimal import Decimal
 
 from django import forms, template
-from django.apps import apps
-from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
-from django.utils.safestring import mark_safe
 
 from core.money import micros_to_usd, usd_text
 
 register = template.Library()
-
-# The billing pages (marketplace/web/billing.py): each entry shows up in the navigation when its URL name exists.
-# Web page names are "web-*" ("billing-*" are the billing API's endpoints).
-BILLING_NAV = [
-    ("Balance", "web-balance"),
-    ("Usage", "web-usage"),
-    ("Statements", "web-statements"),
-    ("Earnings", "web-earnings"),
-    ("Payouts", "web-payouts"),
-]
 
 _BADGES = {
     # node states
@@ -34,23 +21,6 @@ _BADGES = {
     "queued": "info", "succeeded": "ok", "free": "ok", "rented": "info", "unavailable": "neutral",
     "reject": "bad", "degrade": "warn",
 }
-
-
-def billing_installed() -> bool:
-    """True once the billing app has models (its pages follow them)."""
-    return apps.is_installed("billing") and any(True for _ in apps.get_app_config("billing").get_models())
-
-
-@register.simple_tag
-def billing_links() -> list[tuple[str, str]]:
-    """(label, url) of the billing pages that exist; empty until billing adds them."""
-    links = []
-    for label, name in BILLING_NAV:
-        try:
-            links.append((label, reverse(name)))
-        except NoReverseMatch:
-            continue
-    return links
 
 
 @register.filter
@@ -121,16 +91,6 @@ def field(bound_field, css_class=""):
             attrs["autofocus"] = True
     return {"f": bound_field, "kind": kind, "attrs": attrs, "widget_html": bound_field.as_widget(attrs=attrs),
             "css_class": css_class}
-
-
-@register.simple_tag(takes_context=True)
-def nav_current(context, *prefixes) -> str:
-    """aria-current="page" on the navigation link whose path prefix the current page has."""
-    request = context.get("request")
-    path = request.path if request else ""
-    if any(path == p or (p != "/" and path.startswith(p)) for p in prefixes):
-        return mark_safe('aria-current="page"')  # noqa: S308 (a constant)
-    return ""
 
 
 @register.filter

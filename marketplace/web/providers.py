@@ -13,13 +13,14 @@ from core import charts
 from core.errors import ApplicationError
 from core.web_errors import form_error, message_error
 from marketplace import selectors
-from marketplace.models import GpuStatus, NodeState, Verdict
+from marketplace.models import GpuModel, GpuStatus, NodeState, Verdict
 from marketplace.services import nodes as svc
 from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.policy import FIGURES, TOLERANCES, DeclaredModel
+from provisioning.verification.wording import closest_model, reasons
 
 from .figures import figure_bands, node_runs, run_shares
 from .forms import NodeRegisterForm, NodeSettingsForm
@@ -91,7 +92,6 @@ def _live_context(node, watching: str = "") -> dict:
         "job_open": job_open,
         # The check the last verify job ran: the page says its verdict, not just that the job "succeeded".
         "job_run": job_run,
-        "job_reasons": [f["message"] for f in job_run.findings if f.get("severity") == "reject"] if job_run else [],
         "use": _utilisation(node),
         # The page was waiting on this job and it has ended: the page reloads to show the new figures.
         "reload": bool(watching) and not job_open,
@@ -152,6 +152,12 @@ def _history_chart(runs):
                              max_value=1.2, markers=[(1.0, "datasheet", "")])
 
 
+def _closest(node, run):
+    """What the run's figures do match in the catalogue, when they do not pass as the model declared."""
+    catalogue = [DeclaredModel.from_gpu_model(m) for m in GpuModel.objects.all()]
+    return closest_model(catalogue, node.gpu_model.slug, run.figures, run.inventory)
+
+
 def _settings_form(node, data=None):
     return NodeSettingsForm(data, initial={
         "price_per_gpu_hour": usd_decimal(node.price_per_gpu_hour_micros), "listed": node.listed,
@@ -161,16 +167,18 @@ def _settings_form(node, data=None):
 
 def _render_node(request, node, settings_form=None, status=200):
     runs = node_runs(node)
+    for run in runs:  # the history's reasons: each code once, with the GPUs it concerns
+        run.reasons = reasons(run.findings)
     latest = runs[0] if runs else None
     live = _live_context(node)
-    findings = sorted(latest.findings, key=lambda f: (f.get("severity") != "reject", f.get("gpu_index") or 0)) \
-        if latest else []
+    findings = reasons(latest.findings) if latest else []
     context = {
         **live,
         "install_command": svc.node_install_command(node=node),
         "runs": runs,
         "latest": latest,
-        "findings": findings,
+        "findings": findings,  # each said once, with the GPUs it concerns
+        "match": _closest(node, latest) if latest and latest.verdict != Verdict.VERIFIED else None,
         "gpu_chart": _gpu_chart(node, latest) if latest else None,
         "history_chart": _history_chart(runs),
         "gpus": list(node.gpus.all()),

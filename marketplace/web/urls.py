@@ -41,7 +41,7 @@ urlpatterns = [
     path("nodes/<int:pk>/verify/", providers.node_verify, name="node-verify"),
     path("nodes/<int:pk>/settings/", providers.node_settings, name="node-settings"),
     path("nodes/<int:pk>/retire/", providers.node_retire, name="node-retire"),
-    # Money: named as in marketplace/templatetags/marketplace_web.py BILLING_NAV, so the navigation shows them.
+    # Money ("web-*"; "billing-*" are the billing API's endpoints). The navigation: marketplace/web/nav.py.
     path("account/balance/", billing.balance, name="web-balance"),
     path("account/balance/live/", billing.balance_live, name="web-balance-live"),
     path("account/balance/top-up/", billing.top_up, name="web-top-up"),

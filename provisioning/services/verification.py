@@ -32,6 +32,7 @@ from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
 from provisioning.verification import challenge
 from provisioning.verification.policy import DeclaredModel, Finding, judge
+from provisioning.verification.wording import reasons_text
 
 # How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.
 BENCHMARK_SSH_MARGIN_S = 30
@@ -230,13 +231,13 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     node.benchmark_summary = offer_summary(run)
     renters = list(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).values_list("pk", flat=True))
     if verdict == Verdict.REJECTED:
-        reasons = " ".join(f["message"] for f in findings if f["severity"] == "reject")
+        reasons = reasons_text(findings, severity="reject")  # each said once, with the GPUs it concerns
         node.last_error = "Rejected: " + reasons
         # Not yanked from under its renters: it stays active for them; the verdict keeps it off the offers.
         if node.state == NodeState.VERIFYING or (node.state == NodeState.ACTIVE and not renters):
             node.transition_to(NodeState.REJECTED)
     else:
-        node.last_error = " ".join(f["message"] for f in findings)
+        node.last_error = reasons_text(findings)
         if node.state == NodeState.VERIFYING:
             node.transition_to(NodeState.ACTIVE)
     node_draw_next_checks(node)

@@ -357,7 +357,7 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
                                     f"GPU {gpu} failed the platform's matrix challenge: {why}. A GPU that computes "
                                     "wrong results must be repaired or replaced before it is listed.", gpu))
         label = (f"GPU {gpu} did the platform's challenge at {tflops:.1f} TFLOP/s BF16 measured by the platform, "
-                 f"{ratio:.0%} of a {declared.label}'s datasheet {challenge.datasheet_tflops:g}")
+                 f"{ratio:.0%} of {declared.a_label}'s datasheet {challenge.datasheet_tflops:g}")
         if band["max"] and ratio > band["max"]:
             findings.append(Finding(REJECT, "challenge_too_fast",
                                     f"{label}: faster than the card can compute. The answer was not computed on "

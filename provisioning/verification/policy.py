@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioning.verification.articles import with_article
 from provisioning.verification.pci_ids import NVIDIA_VENDOR_ID, PCI_DEVICE_IDS, parse_device_id, slug_for_device_id
 
 REJECT = "reject"
@@ -175,6 +176,11 @@ class DeclaredModel:
     def label(self) -> str:
         return self.name or self.smi_name
 
+    @property
+    def a_label(self) -> str:
+        """The label with its article: "an A100 80GB SXM", "an RTX A6000", "a GeForce RTX 4090"."""
+        return with_article(self.label)
+
     def memory_sizes(self, ecc_mode: str | None) -> tuple[int, int]:
         """(least, most) MiB memory.total may be for the card's ECC mode; either size when the mode is unknown."""
         mode = (ecc_mode or "").lower()
@@ -184,8 +190,8 @@ class DeclaredModel:
 
     def memory_said(self) -> str:
         if self.memory_mib_ecc_on == self.memory_mib_ecc_off:
-            return f"a {self.label} has {self.memory_mib_ecc_on} MiB"
-        return (f"a {self.label} has {self.memory_mib_ecc_on} MiB with ECC on and {self.memory_mib_ecc_off} MiB "
+            return f"{self.a_label} has {self.memory_mib_ecc_on} MiB"
+        return (f"{self.a_label} has {self.memory_mib_ecc_on} MiB with ECC on and {self.memory_mib_ecc_off} MiB "
                 "with ECC off")
 
 
@@ -218,7 +224,7 @@ def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict
         floor = max(default or 0, declared.tdp_w or 0) * t["power_limit_min_fraction"]
         if limit and limit < floor:
             rated = " and ".join(part for part in (f"its default ({default:g} W)" if default else "",
-                                                   f"a {declared.label}'s TDP ({declared.tdp_w:g} W)"
+                                                   f"{declared.a_label}'s TDP ({declared.tdp_w:g} W)"
                                                    if declared.tdp_w else "") if part)
             findings.append(Finding(DEGRADE, "power_capped",
                                     f"GPU {i}'s power limit is {limit:g} W, below {rated}; reset it with "
@@ -289,7 +295,7 @@ def _check_pci_id(declared: DeclaredModel, i, raw) -> list[Finding]:
     if vendor != NVIDIA_VENDOR_ID or (other and device not in declared.pci_device_ids):
         what = f"belongs to {other}" if other else f"has vendor 0x{vendor:04x}, not NVIDIA"
         return [Finding(REJECT, "pci_device_id",
-                        f"GPU {i}'s PCI device id 0x{device:04x} {what}, not to a {declared.label} "
+                        f"GPU {i}'s PCI device id 0x{device:04x} {what}, not to {declared.a_label} "
                         f"({', '.join(f'0x{d:04x}' for d in declared.pci_device_ids)}).", i)]
     return []
 
@@ -328,7 +334,7 @@ def _check_cuda_identity(declared: DeclaredModel, gpu: dict, smi_name: str | Non
                                                   "nvidia-smi: its name is faked.", i))
     sms = gpu.get("sm_count")
     if sms is not None and declared.sm_count and sms != declared.sm_count:
-        found.append(Finding(REJECT, "sm_count", f"GPU {i} has {sms} streaming multiprocessors; a {declared.label} "
+        found.append(Finding(REJECT, "sm_count", f"GPU {i} has {sms} streaming multiprocessors; {declared.a_label} "
                                                  f"has {declared.sm_count}.", i))
     return found
 
@@ -366,7 +372,7 @@ def _check_power(declared: DeclaredModel, gpu: dict, smi: dict) -> list[Finding]
                 if limit and limit >= TOLERANCES["power_capped_draw_max_fraction"] * tdp else "")
     return [Finding(DEGRADE, "power_capped",
                     f"GPU {i} drew at most {draw:g} W under full load while held back by its power limit "
-                    f"(SwPowerCap), {draw / tdp:.0%} of the {tdp:g} W a {declared.label} is rated for{reported}. "
+                    f"(SwPowerCap), {draw / tdp:.0%} of the {tdp:g} W {declared.a_label} is rated for{reported}. "
                     f"Set its limit to {tdp:g} W (`nvidia-smi -i {i} -pl {tdp:g}`) and check the power cap in the "
                     "BMC or firmware and the power supply.", i)]
 
@@ -383,8 +389,8 @@ def _check_figures(declared: DeclaredModel, gpu: dict) -> list[Finding]:
         band = TOLERANCES["figure_bands"][key]
         slack = TOLERANCES["derived_floor_factor"] if key in declared.derived else 1.0
         ratio, code = value / sheet, key.rsplit("_", 1)[0]
-        said = (f"GPU {i} reaches {value:,.4g} {unit} in {label}, {ratio:.0%} of the {sheet:,.4g} a "
-                f"{declared.label} is rated for")
+        said = (f"GPU {i} reaches {value:,.4g} {unit} in {label}, {ratio:.0%} of the {sheet:,.4g} "
+                f"{declared.a_label} is rated for")
         if band["max"] is not None and ratio > band["max"]:
             found.append(Finding(REJECT, f"{code}_too_high", f"{said}: more than that model can do (at most "
                                  f"{band['max']:.0%}). Declare the model the server really has.", i))

@@ -12,7 +12,7 @@ from billing.models import BillingProfile, Card, LedgerTransaction, Payout, TopU
 from billing.services.ledger import wallet_balance
 from billing.services.metering import usage_close
 from marketplace.models import Instance
-from tests.factories import UserFactory, make_listed_node
+from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import book, run
 from tests.web.conftest import fund, logged_in
 
@@ -42,10 +42,17 @@ def test_money_pages_need_a_login(client, url):
     assert r.status_code == 302 and r["Location"].startswith("/accounts/login/")
 
 
-def test_the_navigation_links_every_money_page(web):
+def test_the_navigation_links_every_money_page(web, renter):
+    """A renter's money pages for everyone signed in; a provider's once they have a server (tests/web/
+    test_navigation.py has the rest of the roles)."""
+    provider_pages = {"/earnings/", "/payouts/"}
     page = web.get("/").content.decode()
     for url in PAGES:
-        assert f'href="{url}"' in page
+        assert (f'href="{url}"' in page) == (url not in provider_pages), url
+    make_node(renter, name="mine")
+    page = web.get("/").content.decode()
+    for url in PAGES:
+        assert f'href="{url}"' in page, url
 
 
 @pytest.mark.parametrize("url", ["/account/balance/top-up/", "/account/cards/add/", "/payouts/"])

@@ -28,9 +28,12 @@ def wide_offers(marketplace):  # noqa: F811 (the fixture imported above)
     return marketplace
 
 
+@pytest.mark.parametrize("who", ["visitor", "provider@example.com"])  # the provider: the longest navigation
 @pytest.mark.parametrize("width", [1280, 1366])
-def test_rent_is_in_view_without_scrolling_sideways(live_server, new_page, wide_offers, width):
+def test_rent_is_in_view_without_scrolling_sideways(live_server, new_page, wide_offers, width, who):
     page = new_page(viewport={"width": width, "height": 900})
+    if who != "visitor":
+        log_in(page, live_server.url, who)
     page.goto(f"{live_server.url}/offers/")
     buttons = page.get_by_role("link", name=re.compile(r"^Rent "))
     assert buttons.count() == 3

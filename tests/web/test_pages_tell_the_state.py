@@ -148,9 +148,10 @@ def test_a_rejected_servers_page_says_the_check_rejected_it_and_offers_no_gpu(we
         page = web.get(url).content.decode()
         assert "Last job: verify node" not in page, url
         assert "Last check: the benchmark check ran" in page and 'id="last-verdict">REJECTED<' in page, url
-        assert "84 streaming multiprocessors" in page, url  # the reasons
+        assert 'href="#verdict-h">why, and what to do</a>' in page, url  # the reasons: said once, further down
         assert "Not offered to renters" in page and "rejected by the benchmark check" in page, url
     page = web.get(f"/nodes/{rejected.pk}/").content.decode()
+    assert page.count("84 streaming multiprocessors") == 1 and 'id="verdict-h"' in page
     gpus = page.split('id="gpus-h"')[1].split("</section>")[0]
     assert ">free<" not in gpus and gpus.count("not offered") == 2
     listing = web.get("/nodes/").content.decode()

@@ -122,6 +122,10 @@ def test_node_page_shows_reasons_chart_and_history_but_no_secret(web, rejected_n
     page = r.content.decode()
     assert "Why it was rejected" in page
     assert "84 streaming multiprocessors" in page and "(sm_count)" in page and "(bf16_low)" in page
+    assert "an A100 80GB SXM has 108" in page and "a A100" not in page
+    # What the figures do fit (FIGURES: 135 TFLOP/s BF16 and 690 GB/s): not the A100 declared.
+    assert 'id="closest-model">The measured figures fit an RTX A6000 best, not the model declared' in page
+    assert "sm_count (GPU 0), bf16_low (GPU 1)" in page  # the history's reasons
     assert page.count("<svg") == 2 and "Measured as a share of the datasheet, per GPU" in page
     assert "Benchmark history" in page and "43%" in page
     private = node_private_key(node=rejected_node).decode()

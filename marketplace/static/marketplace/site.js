@@ -12,6 +12,11 @@
  *    results come first; it stays open on wider screens and without JavaScript.
  * 4. The rent page's #estimate follows the number of GPUs typed: the same sums the server made for the first
  *    figure (marketplace/web/renters.py _estimate), money in cents as the `usd` filter shows it.
+ * 5. A table wider than its box (.table-wrap scrolls sideways, on a phone) becomes a focusable region named
+ *    after its table, so that it can be scrolled from the keyboard too; one that fits is no tab stop.
+ * 6. The navigation (base.html, marketplace/web/nav.py): on a phone its links fold behind one "Menu" button
+ *    (aria-expanded); its menus (<details class="nav-group">) close when another opens, on Escape and on a click
+ *    elsewhere. Without JavaScript every link shows and the menus open and close as plain <details>.
  */
 (function () {
   "use strict";
@@ -91,7 +96,54 @@
     wireCopyButtons(document);
     document.querySelectorAll("[data-poll-url]").forEach(startPolling);
     wireEstimate();
+    wireNav();
+    wireScrollers();
+    window.addEventListener("resize", function () { window.clearTimeout(wireScrollers.timer); wireScrollers.timer = window.setTimeout(wireScrollers, 200); });
   });
+  function wireScrollers() {
+    document.querySelectorAll(".table-wrap").forEach(function (box) {
+      if (box.scrollWidth > box.clientWidth + 1) {
+        var table = box.querySelector("table");
+        var caption = table && table.querySelector("caption");
+        var heading = box.closest("section") && box.closest("section").querySelector("h2, h3");
+        var name = (caption || heading || {}).textContent || "Table";
+        box.setAttribute("tabindex", "0");
+        box.setAttribute("role", "region");
+        box.setAttribute("aria-label", name.trim().replace(/\s+/g, " ") + " (scrolls sideways)");
+      } else if (box.getAttribute("role") === "region") {
+        box.removeAttribute("tabindex"); box.removeAttribute("role"); box.removeAttribute("aria-label");
+      }
+    });
+  }
+  function wireNav() {
+    var nav = document.getElementById("site-nav");
+    var toggle = nav && nav.querySelector(".nav-toggle");
+    if (!nav || !toggle) return;
+    var groups = nav.querySelectorAll("details.nav-group");
+    function closeGroups(except) {
+      groups.forEach(function (d) { if (d !== except) d.open = false; });
+    }
+    function setOpen(open) {
+      toggle.setAttribute("aria-expanded", open ? "true" : "false");
+      nav.classList.toggle("nav-open", open);
+    }
+    nav.classList.add("nav-js");
+    toggle.hidden = false;
+    toggle.addEventListener("click", function () { setOpen(toggle.getAttribute("aria-expanded") !== "true"); });
+    groups.forEach(function (d) {
+      d.addEventListener("toggle", function () { if (d.open) closeGroups(d); });
+    });
+    document.addEventListener("click", function (event) {
+      if (!nav.contains(event.target)) { closeGroups(null); setOpen(false); }
+      else groups.forEach(function (d) { if (d.open && !d.contains(event.target)) d.open = false; });
+    });
+    document.addEventListener("keydown", function (event) {
+      if (event.key !== "Escape") return;
+      var open = nav.querySelector("details.nav-group[open]");
+      if (open) { open.open = false; open.querySelector("summary").focus(); }
+      else if (toggle.getAttribute("aria-expanded") === "true") { setOpen(false); toggle.focus(); }
+    });
+  }
   function wireEstimate() {
     var box = document.getElementById("estimate");
     var input = document.getElementById("id_num_gpus");
