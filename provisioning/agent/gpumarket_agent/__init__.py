@@ -13,7 +13,10 @@ The node's configuration comes from its environment (sshd `SetEnv` on simulated 
     GPUMARKET_RUNTIME      sim | docker | libvirt: the node's runtime; a request may not ask for another
     GPUMARKET_STATE_DIR    where VM records live (default ~/.gpumarket; in sim mode $GPUMARKET_SIM_ROOT)
     GPUMARKET_PUBLIC_HOST  address renters use to reach VMs (default: sim listen address, else null)
-    GPUMARKET_PORT_RANGE   host ports for VM SSH with docker/libvirt (default 40000-40999)
+    GPUMARKET_PORT_RANGE   host ports for VM SSH and mapped ports with docker/libvirt (default 40000-40999)
+    GPUMARKET_DOCKER_GPUS  toolkit (default: --gpus) | none | devices:/host/path{index} (--device, for tests)
+    GPUMARKET_DOCKER_BIND  host address docker publishes VM ports on (default: all)
+    GPUMARKET_DOCKER_PULL  always (default) | missing
     GPUMARKET_SIM_PROFILE, GPUMARKET_SIM_ROOT, GPUMARKET_SIM_LISTEN   sim: profile file, node folder, address
     GPUMARKET_LIBVIRT_URI, GPUMARKET_LIBVIRT_DIR, GPUMARKET_LIBVIRT_IMAGES   libvirt: connection and folders
 Stdlib only, Python 3.8+. Nothing from a request ever reaches a shell: commands are argument lists.
@@ -64,7 +67,15 @@ from .records import all_records, file_lock, load_record, pick_host_port, save_r
 from .reference import parse_reference, registry_key
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.base import Runtime, os_release_pretty_name, vm_name
-from .runtimes.docker import DOCKER_LIST_ARGV, DockerRuntime, docker_run_argv, docker_state, docker_verb_argv
+from .runtimes.docker import (
+    DOCKER_LIST_ARGV,
+    DockerRuntime,
+    docker_config_json,
+    docker_run_argv,
+    docker_state,
+    docker_verb_argv,
+    pull_reason,
+)
 from .runtimes.libvirt import (
     LIBVIRT_SSH_USER,
     LibvirtRuntime,
@@ -124,5 +135,6 @@ __all__ = [
     "vm_dir", "vm_list", "vm_name", "vm_simple", "vm_start", "wait_port", "warm_up", "write_file",
     "ENV_NAME_RE", "VOLUME_NAME_RE", "all_volumes", "cmd_volume", "cmd_volumes", "load_volume",
     "os_release_pretty_name", "parse_reference", "registry_key", "used_by", "validate_env", "validate_mount",
-    "validate_options", "validate_ports", "validate_registry_auth", "validate_volumes",
+    "validate_options", "docker_config_json", "pull_reason", "validate_ports", "validate_registry_auth",
+    "validate_volumes",
 ]

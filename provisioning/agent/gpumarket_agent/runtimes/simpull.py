@@ -28,7 +28,7 @@ def sim_pull_failure(reference, registry_auth):
         if registry_auth is None:
             return manifest + ": no basic auth credentials"
         if registry_auth != SIM_PRIVATE_AUTH:
-            return manifest + ": unauthorized: authentication required"
+            return "unauthorized: authentication required"  # what docker says for registry v2's 401
     if ref["tag"] == "missing":
         return "manifest for %s not found: manifest unknown: manifest unknown" % reference
     return None
