@@ -107,7 +107,7 @@ def main():
             elapsed = time.monotonic() - t0
             ssh_at_answer.append(elapsed - answered < 0.05)
             subprocess.run([sys.executable, "-m", "provisioning.agent.gpumarket_agent", "vm", "destroy"],
-                           input=json.dumps({"vm_id": request["vm_id"]}), env=agent_env, capture_output=True)
+                           input=json.dumps({"vm_id": request["vm_id"]}), env=agent_env, capture_output=True, text=True)
             return elapsed
 
         def docker_run(n):
