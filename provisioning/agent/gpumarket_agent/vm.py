@@ -103,14 +103,17 @@ def vm_simple(cfg, req, action):
         tail = req.get("tail", 200)
         if type(tail) is not int or not 1 <= tail <= MAX_LOG_TAIL:
             raise invalid("tail", "tail must be an integer from 1 to %d" % MAX_LOG_TAIL)
+        # Read without the VM's lock: a create holds it through a long pull, whose progress the logs show.
+        rec = load_record(cfg, vm_id)
+        if rec is None:
+            raise AgentError("not_found", "no VM %s on this node" % vm_id)
+        return {"vm_id": vm_id, "lines": rt.logs(rec, tail)}
     with file_lock(cfg, "vm-" + vm_id, timeout=300):
         rec = load_record(cfg, vm_id)
         if rec is None:
             if action == "destroy":
                 return {"vm_id": vm_id, "state": "destroyed", "existed": False}
             raise AgentError("not_found", "no VM %s on this node" % vm_id)
-        if action == "logs":
-            return {"vm_id": vm_id, "lines": rt.logs(rec, tail)}
         if action == "start":
             vm_log(cfg, vm_id, "starting")
             vm_start(cfg, rt, rec, req)

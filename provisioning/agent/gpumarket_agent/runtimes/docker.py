@@ -140,7 +140,7 @@ class DockerRuntime(Runtime):
         box = os.path.join(vmdir, "box")
         write_file(os.path.join(box, "entry.sh"), ENTRY_SH, 0o755)
         env = spec.get("env", {})
-        write_file(os.path.join(box, "profile.sh"), profile_sh(env), 0o644)
+        write_file(os.path.join(box, "profile.sh"), profile_sh(env), 0o600)  # root in the container reads it
         write_file(os.path.join(box, "environment"), pam_environment(env), 0o600)
         if spec.get("onstart"):
             write_file(os.path.join(box, "onstart.sh"), spec["onstart"], 0o600)
@@ -184,11 +184,16 @@ class DockerRuntime(Runtime):
 
     def read_host_key(self, vm_id, timeout=30.0):
         """The container's sshd ed25519 host key (made by the entry wrapper at first boot), for pinning."""
-        deadline = time.monotonic() + timeout
+        deadline, has_sshd = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             proc = run(["docker", "exec", vm_name(vm_id), "cat", "/etc/ssh/ssh_host_ed25519_key.pub"], check=False)
             if proc.returncode == 0 and proc.stdout.startswith("ssh-ed25519 "):
                 return " ".join(proc.stdout.split()[:2])
+            if has_sshd is None:
+                has_sshd = any(run(["docker", "exec", vm_name(vm_id), "test", "-x", sshd], check=False).returncode == 0
+                               for sshd in ("/usr/sbin/sshd", "/usr/local/sbin/sshd"))
+            if "is not running" in proc.stderr or not has_sshd:
+                return None  # stopped (its command exited) or no sshd in the image: no key will come
             time.sleep(0.1)
         return None
 

@@ -14,7 +14,8 @@ S=/.gpumarket-state
 say() { echo "[gpumarket] $*"; }
 if [ -w /etc ]; then
     if [ -f "$G/profile.sh" ]; then
-        mkdir -p /etc/profile.d && cp "$G/profile.sh" /etc/profile.d/gpumarket-env.sh
+        mkdir -p /etc/profile.d && cp "$G/profile.sh" /etc/profile.d/gpumarket-env.sh &&
+            chmod 644 /etc/profile.d/gpumarket-env.sh
     fi
     if [ -f "$G/environment" ]; then
         if [ ! -f "$S/environment.orig" ]; then
