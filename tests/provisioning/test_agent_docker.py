@@ -9,12 +9,12 @@ from tests.provisioning.sshkit import new_keypair
 SAMPLES = Path(__file__).parent / "fixtures" / "nvidia_smi"
 
 
-def test_run_argv_for_two_gpus():
+def test_create_argv_for_two_gpus():
     argv = agent.docker_run_argv(
         "inst-42", [0, 1], "nvidia/cuda:12.2.0-base-ubuntu22.04", 40007, "/root/.gpumarket/vms/inst-42/authorized_keys"
     )
     assert argv == [
-        "docker", "run", "-d",
+        "docker", "create",
         "--name", "gpumarket-inst-42",
         "--hostname", "inst-42",
         "--label", "gpumarket.vm_id=inst-42",
@@ -27,10 +27,49 @@ def test_run_argv_for_two_gpus():
     ]
 
 
-def test_run_argv_for_one_gpu():
+def test_create_argv_for_one_gpu():
     argv = agent.docker_run_argv("a", [3], "ubuntu", 40000, "/s/vms/a/authorized_keys")
     assert argv[argv.index("--gpus") + 1] == '"device=3"'
     assert argv[-1] == "ubuntu"
+
+
+def test_create_argv_with_the_renters_options():
+    argv = agent.docker_run_argv(
+        "a", [2, 5], "127.0.0.1:5000/t/app:1", 40000, "/s/vms/a/authorized_keys",
+        gpus="devices:/dev/test-gpu{index}", bind="127.0.0.1", ports={"8888/tcp": 40001, "6006/tcp": 40002},
+        volumes=[{"name": "vol-abcdefgh", "mount": "/data"}, {"name": "vol-ijklmnop", "mount": '/a,b "c"'}],
+        box="/s/vms/a", env_path="/s/vms/a/env.list", command=["/usr/sbin/sshd", "-D"])
+    assert argv[argv.index("--hostname") + 2:] == [
+        "--label", "gpumarket.vm_id=a",
+        "--device", "/dev/test-gpu2:/dev/nvidia2", "--device", "/dev/test-gpu5:/dev/nvidia5",
+        "-p", "127.0.0.1:40000:22", "-p", "127.0.0.1:40002:6006", "-p", "127.0.0.1:40001:8888",
+        "-v", "/s/vms/a/authorized_keys:/root/.ssh/authorized_keys:ro",
+        "-v", "/s/vms/a/box:/.gpumarket:ro", "-v", "/s/vms/a/state:/.gpumarket-state",
+        "--init", "--entrypoint", "/bin/sh",
+        "--mount", "type=volume,src=vol-abcdefgh,dst=/data",
+        "--mount", 'type=volume,src=vol-ijklmnop,"dst=/a,b ""c"""',  # CSV, as docker's --mount parser reads it
+        "--env-file", "/s/vms/a/env.list",
+        "--restart", "unless-stopped", "127.0.0.1:5000/t/app:1",
+        "/.gpumarket/entry.sh", "/usr/sbin/sshd", "-D",
+    ]
+    assert "--gpus" not in agent.docker_run_argv("a", [0], "x", 1, "/k", gpus="none")
+    assert "--device" not in agent.docker_run_argv("a", [0], "x", 1, "/k", gpus="none")
+
+
+def test_env_reaches_the_container_as_files_never_as_argv():
+    from provisioning.agent.gpumarket_agent.runtimes import dockerbox
+    env = {"B": "it's $HOME", "A": "plain", "H": "#x"}
+    assert dockerbox.env_file(env) == "A=plain\nB=it's $HOME\nH=#x\n"
+    assert dockerbox.profile_sh(env) == "export A=plain\nexport B='it'\"'\"'s $HOME'\nexport H='#x'\n"
+    assert dockerbox.pam_environment(env) == "A=plain\nB=it's $HOME\n"  # pam_env would cut "#x"
+
+
+def test_pull_config_holds_only_the_renters_credentials():
+    assert json.loads(agent.docker_config_json("ubuntu", None)) == {"auths": {}}
+    config = json.loads(agent.docker_config_json("127.0.0.1:5000/t/app:1", {"username": "u", "password": "p:w"}))
+    assert config == {"auths": {"127.0.0.1:5000": {"auth": "dTpwOnc="}}}  # base64("u:p:w")
+    assert agent.pull_reason("Error response from daemon: Head x: unauthorized: bad p:w\n",
+                             {"username": "u", "password": "p:w"}) == "Head x: unauthorized: bad ***"
 
 
 def test_lifecycle_argvs():
@@ -73,8 +112,17 @@ if verb == "info":
 elif verb == "ps":
     for n, status in sorted(state.items()):
         print("%s\t%s" % (n[len("gpumarket-"):], status))
-elif verb == "run":
-    state[args[args.index("--name") + 1]] = "running"
+elif verb == "--config":
+    assert os.stat(args[1]).st_mode & 0o777 == 0o700
+    print("Status: Downloaded newer image for " + args[-1])
+elif verb == "image":
+    print(json.dumps({"Cmd": ["/usr/sbin/sshd", "-D"]}))
+elif verb == "create":
+    state[args[args.index("--name") + 1]] = "created"
+elif verb == "exec":
+    print("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfTheContainerXXXXXXXXXXXXXXXXXXX")
+elif verb == "cp":
+    sys.exit(1)
 elif name not in state:
     missing(name)
 elif verb == "inspect":
@@ -120,14 +168,16 @@ def test_docker_runtime_lifecycle(tmp_path, monkeypatch):
     assert (vm["state"], vm["ssh_user"], vm["ssh_host"], vm["created"]) == ("running", "root", None, True)
     keys_file = tmp_path / "state" / "vms" / "inst-7" / "authorized_keys"
     assert keys_file.read_text() == key + "\n"
-    runs = [c for c in docker_calls() if c[0] == "run"]
-    assert runs == [agent.docker_run_argv("inst-7", [2, 3], "ghcr.io/gpumarket/ssh-cuda:12.2", vm["ssh_port"],
-                                          str(keys_file))[1:]]
+    creates = [c for c in docker_calls() if c[0] == "create"]
+    assert len(creates) == 1 and creates[0][creates[0].index("--gpus") + 1] == '"device=2,3"'
+    assert creates[0][-3:] == ["/.gpumarket/entry.sh", "/usr/sbin/sshd", "-D"]
+    assert [c for c in docker_calls() if "pull" in c][0][-2:] == ["pull", "ghcr.io/gpumarket/ssh-cuda:12.2"]
+    assert vm["ssh_host_key"].startswith("ssh-ed25519 AAAA") and vm["os"] is None
     assert 41000 <= vm["ssh_port"] <= 41999
 
     again = call("vm create", create)
     assert (again["created"], again["ssh_port"]) == (False, vm["ssh_port"])
-    assert len([c for c in docker_calls() if c[0] == "run"]) == 1  # no second container
+    assert len([c for c in docker_calls() if c[0] == "create"]) == 1  # no second container
 
     assert call("vm stop", {"vm_id": "inst-7"})["state"] == "stopped"
     assert call("vm start", {"vm_id": "inst-7"})["state"] == "running"

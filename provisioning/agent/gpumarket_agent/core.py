@@ -3,7 +3,7 @@ import json
 import os
 import subprocess
 
-AGENT_VERSION = "1.1.0"
+AGENT_VERSION = "1.2.0"
 RUNTIMES = ("sim", "docker", "libvirt")
 MAX_REQUEST_BYTES = 1 << 20
 
@@ -62,10 +62,22 @@ class Config:
         self.public_host = env.get("GPUMARKET_PUBLIC_HOST") or None
         low, _, high = (env.get("GPUMARKET_PORT_RANGE") or "40000-40999").partition("-")
         self.port_range = (int(low), int(high))
+        # docker: how GPUs reach a container ("toolkit": --gpus via the NVIDIA container toolkit; "none"; or
+        # "devices:<host path with {index}>": --device <path>:/dev/nvidia<index>, the tests' stand-in), the host
+        # address container ports are published on (default all), and when to pull ("always" checks the renter
+        # may read the image even when a copy is cached; "missing" for offline nodes).
+        self.docker_gpus = env.get("GPUMARKET_DOCKER_GPUS") or "toolkit"
+        self.docker_bind = env.get("GPUMARKET_DOCKER_BIND") or None
+        self.docker_pull = env.get("GPUMARKET_DOCKER_PULL") or "always"
         self.libvirt_uri = env.get("GPUMARKET_LIBVIRT_URI") or "qemu:///system"
         self.libvirt_dir = env.get("GPUMARKET_LIBVIRT_DIR") or "/var/lib/libvirt/images/gpumarket"
         self.libvirt_images = env.get("GPUMARKET_LIBVIRT_IMAGES") or "/var/lib/libvirt/images"
         if self.runtime is not None and self.runtime not in RUNTIMES:
             raise AgentError("bad_node_config", "GPUMARKET_RUNTIME must be one of %s" % ", ".join(RUNTIMES))
+        if not (self.docker_gpus in ("toolkit", "none") or
+                (self.docker_gpus.startswith("devices:/") and "{index}" in self.docker_gpus)):
+            raise AgentError("bad_node_config", "GPUMARKET_DOCKER_GPUS must be toolkit, none or devices:/path{index}")
+        if self.docker_pull not in ("always", "missing"):
+            raise AgentError("bad_node_config", "GPUMARKET_DOCKER_PULL must be always or missing")
         if self.runtime == "sim" and not (self.sim_profile and self.sim_root):
             raise AgentError("bad_node_config", "sim runtime needs GPUMARKET_SIM_PROFILE and GPUMARKET_SIM_ROOT")

@@ -1,0 +1,73 @@
+"""What the docker runtime puts beside a container: the entry wrapper and the env files for SSH sessions.
+
+The box folder (<vm dir>/box) is mounted read-only at /.gpumarket; <vm dir>/state is mounted read-write at
+/.gpumarket-state (the onstart marker). The container runs `/bin/sh /.gpumarket/entry.sh <image's own command>`."""
+import shlex
+
+# POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it as the
+# container's environment (--env-file) and as files written by the agent; onstart is a file it runs.
+ENTRY_SH = r"""#!/bin/sh
+# gpumarket entry: env for SSH sessions, host keys, sshd (unless the image's command is one), onstart once,
+# then the image's own command.
+G=/.gpumarket
+S=/.gpumarket-state
+say() { echo "[gpumarket] $*"; }
+if [ -w /etc ]; then
+    if [ -f "$G/profile.sh" ]; then
+        mkdir -p /etc/profile.d && cp "$G/profile.sh" /etc/profile.d/gpumarket-env.sh &&
+            chmod 644 /etc/profile.d/gpumarket-env.sh
+    fi
+    if [ -f "$G/environment" ]; then
+        if [ ! -f "$S/environment.orig" ]; then
+            cat /etc/environment > "$S/environment.orig" 2>/dev/null || : > "$S/environment.orig"
+        fi
+        cat "$S/environment.orig" "$G/environment" > /etc/environment
+    fi
+    if [ -x /usr/bin/ssh-keygen ] && [ -d /etc/ssh ] && ! ls /etc/ssh/ssh_host_*_key >/dev/null 2>&1; then
+        # One ed25519 host key per container (an image must not carry keys; RSA ones take seconds to make).
+        ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key </dev/null >/dev/null 2>&1
+    fi
+fi
+SSHD=""
+for candidate in /usr/sbin/sshd /usr/local/sbin/sshd; do
+    [ -x "$candidate" ] && SSHD=$candidate && break
+done
+case "${1:-}" in
+    *sshd) ;;
+    *) if [ -n "$SSHD" ]; then
+           mkdir -p /run/sshd 2>/dev/null
+           if "$SSHD" -e; then say "sshd started"; else say "sshd did not start"; fi
+       else
+           say "the image has no sshd: SSH will not answer"
+       fi ;;
+esac
+if [ -f "$G/onstart.sh" ] && [ ! -e "$S/onstart.started" ]; then
+    : > "$S/onstart.started"
+    say "onstart: running"
+    ( cd "${HOME:-/}" 2>/dev/null; /bin/sh "$G/onstart.sh"; say "onstart: exited $?" ) </dev/null 2>&1 &
+fi
+if [ $# -gt 0 ]; then
+    exec "$@"
+fi
+while :; do sleep 3600; done
+"""
+
+
+def env_file(env):
+    """docker --env-file: NAME=value lines, taken literally (values hold no CR/LF: options.validate_env)."""
+    return "".join("%s=%s\n" % (k, v) for k, v in sorted(env.items()))
+
+
+def profile_sh(env):
+    """/etc/profile.d/gpumarket-env.sh: every name, exactly, for login shells."""
+    return "".join("export %s=%s\n" % (k, shlex.quote(v)) for k, v in sorted(env.items()))
+
+
+def pam_safe(value):
+    # pam_env reads /etc/environment loosely: '#' starts a comment, '\' escapes, outer quotes are stripped.
+    return "#" not in value and "\\" not in value and value[:1] not in ("'", '"') and value.strip() == value
+
+
+def pam_environment(env):
+    """/etc/environment lines (pam_env: every SSH session) for the values it carries exactly."""
+    return "".join("%s=%s\n" % (k, v) for k, v in sorted(env.items()) if v and pam_safe(v))

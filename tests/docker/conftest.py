@@ -1,0 +1,41 @@
+"""Session fixtures: one real Docker engine and one registry for all of tests/docker/, stopped at the end.
+
+These tests skip only when the machine cannot run dockerd at all (not root, no namespaces/cgroups); any other
+failure to set the engine up is an error, never a silent skip."""
+import fcntl
+import os
+
+import pytest
+
+from tests.docker.engine import VAR, Engine, Registry, cannot_run_dockerd, setup_machine
+
+
+def pytest_collection_modifyitems(items):
+    reason = cannot_run_dockerd()
+    for item in items:
+        if "tests/docker/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.docker)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory):
+    rootfs = setup_machine()
+    VAR.mkdir(parents=True, exist_ok=True)
+    # One engine at a time on this machine: the engines share the host's default bridge (docker0).
+    lock = open(VAR / "engine.lock", "w")  # noqa: SIM115 - held for the whole session
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    engine = Engine(tmp_path_factory.mktemp("dockerd"))
+    registry = Registry(tmp_path_factory.mktemp("registry"))
+    try:
+        engine.start()
+        registry.start()
+        engine.image = engine.import_image(rootfs)
+        engine.registry = registry
+        engine.remote_image = registry.push(engine, engine.image, "team/debian-sshd:1")
+        yield engine
+    finally:
+        registry.stop()
+        engine.stop()
+        lock.close()
