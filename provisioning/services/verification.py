@@ -68,7 +68,7 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
     """Queue a verification (the provider after installing the key, the schedule, a changed inventory).
     Idempotent: while one is queued or running, that one is returned. An active node stays active."""
     node = Node.objects.select_for_update().get(pk=node.pk)
-    open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, instance__isnull=True, status__in=OPEN_JOB_STATUSES).first()
+    open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, status__in=OPEN_JOB_STATUSES).first()
     if open_job is not None and open_job.kind == JobKind.NODE_SPOT_CHECK:
         # A spot check lasts a minute or two: the verification waits for it (job_one_open_node_job_per_node).
         raise JobConflict(f"A spot check of node {node.pk} is under way; try again in a few minutes.")
@@ -298,7 +298,7 @@ def node_spot_check_request(*, node: Node) -> Job | None:
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state != NodeState.ACTIVE:
         return None
-    if node.jobs.filter(instance__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
+    if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
         return None
     job = job_create(kind=JobKind.NODE_SPOT_CHECK, node=node)
     job_step(job, "queued: spot check at a random time")
