@@ -129,7 +129,7 @@ def _mount_problem(mount: object) -> str:
         return "is an absolute path, e.g. /data"
     if len(mount) > MAX_MOUNT_CHARS or not _MOUNT_RE.match(mount):
         return f"is an absolute path of letters, digits and . _ - / (at most {MAX_MOUNT_CHARS} characters)"
-    if ".." in mount.split("/") or posixpath.normpath(mount) != mount:
+    if ".." in mount.split("/") or "//" in mount or posixpath.normpath(mount) != mount:
         return "must be a normalised path (no '..', '.', '//' or trailing '/')"
     if mount == "/" or any(mount == root or mount.startswith(root + "/") for root in _FORBIDDEN_MOUNT_ROOTS):
         return "cannot be / or under /proc, /sys or /dev"
