@@ -50,6 +50,28 @@ class VolumeAttachSerializer(StrictFieldsMixin, serializers.Serializer):
         "An absolute, normalised path in the instance, e.g. /data: not /, not under /proc, /sys or /dev."))
 
 
+class VolumesField(serializers.ListField):
+    """A list of VolumeAttachSerializer objects whose errors come back flat, as the API's error shape says:
+    {"volumes": ["volumes[0].mount: This field is required."]}, not nested per item."""
+
+    child = VolumeAttachSerializer()
+
+    def to_internal_value(self, data):
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError(_flat_errors(exc.detail)) from None
+
+
+def _flat_errors(detail, prefix="volumes") -> list[str]:
+    if isinstance(detail, dict):
+        return [m for key, value in detail.items()
+                for m in _flat_errors(value, f"{prefix}[{key}]" if str(key).isdigit() else f"{prefix}.{key}")]
+    if isinstance(detail, list):
+        return [m for item in detail for m in _flat_errors(item, prefix)]
+    return [f"{prefix}: {detail}"]
+
+
 class InstanceSerializer(serializers.ModelSerializer):
     node = serializers.IntegerField(source="node_id", read_only=True, help_text="The offer (node) it runs on.")
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
@@ -131,7 +153,7 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     )
     disk_gb = serializers.IntegerField(min_value=1, max_value=svc.MAX_DISK_GB, required=False,
                                        help_text="Disk size; at least the image's `min_disk_gb` (the default).")
-    volumes = VolumeAttachSerializer(many=True, required=False, help_text=(
+    volumes = VolumesField(required=False, max_length=8, help_text=(
         "Your volumes to mount (at most 8), all on the offer's node: [{\"volume\": id, \"mount\": \"/data\"}]. "
         "Kept across stop/start and after the instance is destroyed."))
     label = serializers.CharField(  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)

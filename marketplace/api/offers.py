@@ -15,7 +15,7 @@ from core.api.fields import UsdField
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from marketplace import selectors
 from marketplace.models import GpuModel, Node, Verdict
-from marketplace.models.host import cuda_version_code, cuda_version_text
+from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.money import usd_to_micros
 
 
@@ -135,6 +135,11 @@ def validate_cuda_version(value: str) -> None:
         raise DjangoValidationError("A CUDA version is major.minor, e.g. 12.2.")
 
 
+@extend_schema_field({"type": "string", "pattern": CUDA_VERSION_RE.pattern, "example": "12.2"})
+class CudaVersionFilter(django_filters.CharFilter):
+    """A CUDA version, major.minor."""
+
+
 COUNTRY_CHOICES = [(code, name) for code, name in countries]
 COUNTRY_HELP = "ISO 3166-1 alpha-2 code."
 
@@ -183,7 +188,7 @@ class OfferFilter(StrictFilterSet):
     min_platform_to_node_mbps = django_filters.NumberFilter(
         field_name="net_mbps", lookup_expr="gte", min_value=0, max_value=10_000_000,
         help_text="Mbit/s the platform measured to the node over SSH.")
-    min_cuda_version = django_filters.CharFilter(
+    min_cuda_version = CudaVersionFilter(
         method="filter_min_cuda_version", max_length=5, validators=[validate_cuda_version],
         help_text="Nodes whose driver runs at least this CUDA version, e.g. 12.2.")
     ordering = django_filters.OrderingFilter(
