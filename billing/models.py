@@ -61,6 +61,7 @@ class Account(models.Model):
 
 class TransactionKind(models.TextChoices):
     USAGE = "usage", "Usage"
+    STORAGE = "storage", "Storage (volumes, stopped instances' disks)"
     TOP_UP = "top_up", "Top-up"
     REFUND = "refund", "Refund"
     CREDIT = "credit", "Manual credit"

@@ -5,7 +5,7 @@ import logging
 
 from celery import shared_task
 
-from billing.services import enforcement, metering, payments, payouts, reconcile
+from billing.services import enforcement, metering, payments, payouts, reconcile, storage
 from billing.services.top_ups import TOP_UP_CHARGE
 from core import metrics
 
@@ -14,15 +14,17 @@ log = logging.getLogger(__name__)
 
 @shared_task(acks_late=True, ignore_result=True)
 def usage_meter_tick():
-    """Close usage of running instances, then act on low and empty balances (one tick at a time)."""
+    """Close usage of running instances and storage (volumes, stopped disks), then act on low and empty balances
+    (one tick at a time)."""
     metered = metering.usage_meter()
     if metered.skipped:
         log.info("meter: another tick is running; skipped")
         return
+    stored = storage.storage_meter()
     enforced = enforcement.balances_enforce()
     metrics.record_meter_tick()
-    log.info("meter: %s instances, %s intervals, %s µ$ charged; %s", metered.instances, metered.intervals,
-             metered.charged_micros, enforced)
+    log.info("meter: %s instances, %s intervals, %s µ$ charged; storage %s; %s", metered.instances,
+             metered.intervals, metered.charged_micros, stored, enforced)
 
 
 @shared_task(acks_late=True, ignore_result=True)

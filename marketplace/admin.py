@@ -23,6 +23,7 @@ from marketplace.models import (
     NodeState,
     SshKey,
     User,
+    Volume,
 )
 from marketplace.money import micros_to_usd
 from marketplace.services.accounts import api_key_revoke
@@ -365,3 +366,24 @@ admin.site.login_form = AdminLoginForm
 for _otp_model in (TOTPDevice, StaticDevice):
     if admin.site.is_registered(_otp_model):
         admin.site.unregister(_otp_model)
+
+@admin.register(Volume)
+class VolumeAdmin(admin.ModelAdmin):
+    """Renters' volumes, read-only: they are created, mounted and deleted through the API and the pages (the
+    deletion needs the owner's confirmation), and billed by billing.services.storage."""
+
+    list_display = ["name", "owner", "node", "size_gb", "state", "price_per_gb_month_micros", "cost_micros",
+                    "created_at"]
+    list_filter = ["state"]
+    search_fields = ["name", "owner__email", "label"]
+    list_select_related = ["owner", "node"]
+    fields = ["name", "label", "owner", "node", "size_gb", "state", "status_message", "price_per_gb_month_micros",
+              "platform_fee_bps", "billed_until", "billed_seconds", "cost_micros", "created_at", "available_at",
+              "deleted_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

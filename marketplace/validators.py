@@ -22,6 +22,7 @@ SSH_USER_MAX_LENGTH = 32  # useradd's
 FINGERPRINT_MAX_LENGTH = 60
 MAX_GPUS_PER_NODE = 16
 PRICE_LIMITS = {"min_value": Decimal("0.001"), "max_value": Decimal("100")}  # USD per GPU-hour
+DISK_PRICE_LIMITS = {"min_value": Decimal("0"), "max_value": Decimal("10")}  # USD per GB-month
 MAX_INSTANCE_KEYS = 32  # SSH keys put on one instance
 
 # RFC 1123 hostname: dot-separated labels of letters, digits and inner hyphens.

@@ -14,6 +14,8 @@ class JobKind(models.TextChoices):
     INSTANCE_STOP = "instance_stop", "Stop instance"
     INSTANCE_RESTART = "instance_restart", "Restart instance"
     INSTANCE_DESTROY = "instance_destroy", "Destroy instance"
+    VOLUME_CREATE = "volume_create", "Create volume"
+    VOLUME_DELETE = "volume_delete", "Delete volume"
 
 
 class JobStatus(models.TextChoices):
@@ -44,6 +46,8 @@ class Job(StatefulModel, models.Model):
     node = models.ForeignKey("marketplace.Node", on_delete=models.CASCADE, related_name="jobs")
     instance = models.ForeignKey("marketplace.Instance", null=True, blank=True, on_delete=models.CASCADE,
                                  related_name="jobs")
+    volume = models.ForeignKey("marketplace.Volume", null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="jobs")
     status = models.CharField(max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED)
     step = models.CharField(max_length=200, blank=True, help_text="What the job is doing now.")
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -81,8 +85,11 @@ class Job(StatefulModel, models.Model):
             # One open node-level job (a verification or a spot check) per node: node_verify_request returns the
             # open verification, and answers a Conflict while a spot check runs (a minute at most); a spot check
             # is not queued while any node job is open. So a spot check and a full verification never overlap.
-            models.UniqueConstraint(fields=["node"], condition=OPEN & Q(instance__isnull=True),
+            models.UniqueConstraint(fields=["node"], condition=OPEN & Q(instance__isnull=True, volume__isnull=True),
                                     name="job_one_open_node_job_per_node"),
+            # One open job of each kind per volume (a create, then a delete asked meanwhile, may overlap).
+            models.UniqueConstraint(fields=["volume", "kind"], condition=OPEN & Q(volume__isnull=False),
+                                    name="job_one_open_per_volume_and_kind"),
         ]
         indexes = [
             models.Index(fields=["status", "deadline"], name="job_open_deadline_idx"),

@@ -35,8 +35,10 @@ REMOTE_AGENT_DIR = ".gpumarket/agent"
 AGENT_COMMANDS = {
     ("inventory",), ("health",), ("benchmark",), ("challenge",),
     ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
+    ("volume", "create"), ("volume", "delete"), ("volume", "list"),
 }
 MAX_ANSWER_BYTES = 8 << 20
+NET_TEST_COMMAND = "cat > /dev/null"  # the platform's network test (NodeSession.upload_throughput)
 
 
 class NodeError(Exception):
@@ -296,6 +298,40 @@ class NodeSession:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
         return AgentExchange(chan)
+
+    def upload_throughput(self, nbytes: int, timeout: float | None = None) -> float:
+        """Measure the platform-to-node throughput: send `nbytes` over this SSH connection to `cat > /dev/null` on
+        the node (a constant command: nothing of anyone's input) and time it until the node has read them all.
+        Mbit/s of the encrypted stream, so it includes SSH's cipher cost on both ends; a floor, not the link's."""
+        assert self._client is not None, "connect() comes first"
+        limit = timeout or self.timeouts.command
+        deadline = time.monotonic() + limit
+        block = b"\0" * 65536
+        try:
+            transport = self._client.get_transport()
+            if transport is None:
+                raise NodeUnreachable("The SSH connection is closed.")
+            chan = transport.open_session(timeout=self.timeouts.connect)
+            chan.settimeout(max(deadline - time.monotonic(), 1.0))
+            chan.exec_command(NET_TEST_COMMAND)
+            started = time.perf_counter()
+            sent = 0
+            while sent < nbytes:
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise AgentTimeout(f"The network test did not finish within {limit:.0f}s.")
+                chunk = block[: min(len(block), nbytes - sent)]
+                chan.sendall(chunk)
+                sent += len(chunk)
+            chan.shutdown_write()
+            status = chan.recv_exit_status()  # the node has read (and discarded) every byte
+            elapsed = time.perf_counter() - started
+            chan.close()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise NodeUnreachable(f"The SSH connection broke during the network test: {exc}") from None
+        if status != 0:
+            raise AgentGarbage(f"The network test's `{NET_TEST_COMMAND}` exited {status} on the node.")
+        return nbytes * 8 / 1e6 / max(elapsed, 1e-6)
 
     def _exec(self, cmd: str, stdin: bytes, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout

@@ -24,6 +24,7 @@ from core.logging_context import log_context
 from provisioning.concurrency import NodeBusy
 from provisioning.models import Job, JobKind
 from provisioning.services import fleet, maintenance, vms
+from provisioning.services import volumes as volume_jobs
 from provisioning.services.jobs import JOB_TASKS
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
 from provisioning.services.verification import (
@@ -53,6 +54,8 @@ RUNNERS: dict[str, tuple[Callable[[Job], None], Callable[..., None] | None]] = {
     JobKind.INSTANCE_STOP: (vms.vm_stop, None),
     JobKind.INSTANCE_RESTART: (vms.vm_restart, None),
     JobKind.INSTANCE_DESTROY: (vms.vm_destroy, vms.vm_destroy_failed),
+    JobKind.VOLUME_CREATE: (volume_jobs.volume_create_run, volume_jobs.volume_job_failed),
+    JobKind.VOLUME_DELETE: (volume_jobs.volume_delete_run, volume_jobs.volume_job_failed),
 }
 
 
@@ -153,6 +156,16 @@ def instance_restart(self, job_id: int):
 
 @shared_task(bind=True, name=JOB_TASKS[JobKind.INSTANCE_DESTROY], **JOB_TASK_OPTIONS)
 def instance_destroy(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, name=JOB_TASKS[JobKind.VOLUME_CREATE], **JOB_TASK_OPTIONS)
+def volume_create(self, job_id: int):
+    run_job(self, job_id)
+
+
+@shared_task(bind=True, name=JOB_TASKS[JobKind.VOLUME_DELETE], **JOB_TASK_OPTIONS)
+def volume_delete(self, job_id: int):
     run_job(self, job_id)
 
 

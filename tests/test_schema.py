@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from config.wsgi import application
 from core.api.schema import decimal_pattern
-from marketplace.models import GpuModel, User
+from marketplace.models import GpuModel, User, Volume
 from marketplace.services.accounts import api_key_create
 from tests.factories import UserFactory, api_key_for, make_listed_node, make_node
 
@@ -142,6 +142,8 @@ def world(db, request, localstripe_server):
         "/api/v1/offers/": make_listed_node().pk,  # someone else's listed node
         "/api/v1/api-keys/": api_key_create(user=user, name="spare")[0].pk,
         "/api/v1/gpu-models/": GpuModel.objects.order_by("slug").first().slug,
+        "/api/v1/volumes/": Volume.objects.create(owner=user, node=make_listed_node(), size_gb=5, state="available",
+                                                  price_per_gb_month_micros=100_000).pk,
     })
 
 
@@ -173,6 +175,9 @@ BUSINESS_RULES = [
     ("auto_top_up_card", "Auto top-up needs a saved card."),  # enabling auto top-up: the stored settings too
     ("auto_top_up_threshold", "Give a threshold above zero."),
     ("auto_top_up_amount", "Between $"),
+    ("offer", "There is no offer "),  # a volume's offer: a node in the database
+    ("confirm", "Deleting a volume cannot be undone"),  # a volume's deletion: its name
+    ("volumes", "volumes["),  # an instance's volumes: yours, on its node, a normalised mount path
     ("public_key", ""),  # an OpenSSH key must parse (type, base64, key size)
     ("ssh_public_key", ""),
     ("expires_at", "The expiry must be in the future."),  # an API key's expiry: compared with the clock

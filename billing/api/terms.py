@@ -58,7 +58,9 @@ class TermsView(APIView):
             "platform_fee_percent": str(metering.fee_percent(metering.platform_fee_bps())),
             "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S,
             "low_balance_warning_seconds": settings.BILLING_LOW_BALANCE_WARNING_S,
-            "zero_balance": "Running instances are stopped (disks kept); nothing stopped is charged.",
+            "zero_balance": "Running instances are stopped (disks kept, billed as storage at the node's disk price "
+                            "per GB-month); after the grace period stopped instances are destroyed and volumes no "
+                            "instance mounts are deleted.",
             "grace_period_seconds": settings.BILLING_GRACE_PERIOD_S,
             "interruptions": {
                 "detected_after_failed_health_checks": settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS,

@@ -127,8 +127,8 @@ class UsageFilter(StrictFilterSet):
 @extend_schema_view(list=extend_schema(summary="Your usage intervals (what each stretch of running time cost)"))
 @extend_schema(tags=["billing"])
 class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """Per-second usage of your instances while running, newest first. Stopped instances are not charged
-    (not even for their disk)."""
+    """Per-second usage of your instances while running, newest first. Storage (volumes, and the disks of stopped
+    instances, at the node's price per GB-month) is charged apart: ledger transactions of kind `storage`."""
 
     api_scope = RENTER_ONLY  # core/api/scopes.py
     serializer_class = UsageIntervalSerializer

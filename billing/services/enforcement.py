@@ -8,7 +8,11 @@
   tick of usage; that is owed, and the next top-up settles it.
 - Grace: stopped instances of a renter whose balance stays at or below zero are destroyed
   BILLING_GRACE_PERIOD_S after it reached zero, with a `destroy_warning` event and email
-  BILLING_DESTROY_WARNING_S before. A top-up that brings the balance above zero ends all of it.
+  BILLING_DESTROY_WARNING_S before; so are their volumes that no live instance mounts (storage is billed
+  while it exists). A top-up that brings the balance above zero ends all of it.
+- Storage counts: the burn rate the low-balance warning uses includes the renter's volumes and their stopped
+  instances' disks (billing.services.storage), and a balance taken to zero by storage alone starts the grace
+  period all the same.
 - Auto top-up: renters who turned it on and are below their threshold get a top-up started.
 """
 import logging
@@ -23,12 +27,15 @@ from django.utils import timezone
 from billing.models import Account, AccountKind, BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
 from billing.services.notify import event_create
+from billing.services.storage import storage_burn_per_hour
 from billing.services.top_ups import auto_top_up_start
 from core.errors import ApplicationError
-from marketplace.models import Instance, InstanceStatus, User
+from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeMount, VolumeState
+from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_text
 from marketplace.services.instances import instance_destroy, instance_stop
 from notifications.services.notify import Kind, notify
+from marketplace.services.volumes import volume_delete
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +67,9 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
         Instance.objects.filter(status=InstanceStatus.RUNNING).order_by().values("renter_id")
         .annotate(rate=Sum("price_per_hour_micros")).values_list("renter_id", "rate")
     )
+    storage = storage_burn_per_hour()  # renter -> micro-dollars per hour of their volumes and stopped disks
     with_stopped = set(Instance.objects.filter(status=InstanceStatus.STOPPED).order_by()
-                       .values_list("renter_id", flat=True).distinct())
+                       .values_list("renter_id", flat=True).distinct()) | set(storage)
     flagged = set(BillingProfile.objects.exclude(low_balance_warned_at=None, depleted_at=None)
                   .values_list("user_id", flat=True))
     renters = set(burn) | with_stopped | flagged
@@ -73,15 +81,16 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
         balance = balances.get(renter_id, 0)
         profile = profiles.get(renter_id)
         warned = profile is not None and profile.low_balance_warned_at is not None
-        rate = burn.get(renter_id)
-        if rate and balance <= 0:
+        gpu_rate = burn.get(renter_id)
+        rate = (gpu_rate or 0) + storage.get(renter_id, 0)
+        if gpu_rate and balance <= 0:
             stopped = _deplete(renter_id, now)
             result.stopped += stopped
             result.depleted += stopped > 0
             continue
         if rate and balance * 3600 // rate < settings.BILLING_LOW_BALANCE_WARNING_S:
             if not warned:
-                result.warned += _warn_low(renter_id, balance, rate, balance * 3600 // rate, now)
+                result.warned += _warn_low(renter_id, balance, rate, max(balance, 0) * 3600 // rate, now)
         elif warned and profile is not None:  # recovered, or nothing runs: the next low balance is a new crossing
             BillingProfile.objects.filter(pk=profile.pk).update(low_balance_warned_at=None)
         if balance > 0:
@@ -108,7 +117,8 @@ def _warn_low(renter_id: int, balance: int, rate: int, remaining: int, now: date
         profile.save(update_fields=["low_balance_warned_at"])
         user = User.objects.get(pk=renter_id)
         message = (f"Your balance is {usd_text(balance)}: about {_duration(remaining)} of your running "
-                   f"instances ({usd_text(rate)} per hour). At zero they are stopped; top up to keep them running.")
+                   f"instances and storage ({usd_text(rate)} per hour). At zero running instances are stopped; "
+                   "top up to keep them running.")
         data = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
                 "seconds_left": remaining}
         # The e-mail goes out through notifications, on the channels the renter chose.
@@ -143,7 +153,7 @@ def _deplete(renter_id: int, now: datetime) -> int:
             event_create(
                 user=User.objects.get(pk=renter_id), kind=EventKind.BALANCE_DEPLETED, email=True,
                 message=(f"Your balance reached zero, so your running instances ({', '.join(map(str, stopped))}) "
-                         f"were stopped. Their disks are kept (stopped instances are not charged) until "
+                         f"were stopped. Their disks are kept (and billed as storage) until "
                          f"{destroy_at:%Y-%m-%d %H:%M} UTC; after that they are destroyed unless you top up."),
                 data={"instances": stopped, "destroy_at": destroy_at.isoformat()},
             )
@@ -162,7 +172,9 @@ def _grace(renter_id: int, now: datetime) -> str:
             profile.save(update_fields=["depleted_at"])
         deadline = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
         stopped = list(Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.STOPPED).order_by("pk"))
-        if not stopped:
+        volumes = [v for v in Volume.objects.filter(owner_id=renter_id, state=VolumeState.AVAILABLE).order_by("pk")
+                   if not VolumeMount.objects.filter(volume=v).exclude(instance__status__in=FINAL_STATUSES).exists()]
+        if not stopped and not volumes:
             return ""
         user = User.objects.get(pk=renter_id)
         if now >= deadline:
@@ -173,12 +185,20 @@ def _grace(renter_id: int, now: datetime) -> str:
                     destroyed.append(instance.pk)
                 except ApplicationError as exc:
                     log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
-            if destroyed:
+            deleted: list[str] = []
+            for volume in volumes:
+                try:
+                    volume_delete(volume=volume, confirm=volume.name)
+                    deleted.append(volume.name)
+                except ApplicationError as exc:
+                    log.info("could not delete volume %s after the grace period: %s", volume.pk, exc)
+            if destroyed or deleted:
                 event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,
                              message=(f"Your balance stayed at zero for {_duration(settings.BILLING_GRACE_PERIOD_S)}, "
-                                      f"so your stopped instances ({', '.join(map(str, destroyed))}) were destroyed "
-                                      "with their disks."),
-                             data={"instances": destroyed})
+                                      f"so your stopped instances ({', '.join(map(str, destroyed)) or 'none'}) were "
+                                      f"destroyed with their disks, and your volumes no instance mounts "
+                                      f"({', '.join(deleted) or 'none'}) deleted."),
+                             data={"instances": destroyed, "volumes": deleted})
             return "destroyed"
         warn_from = deadline - timedelta(seconds=settings.BILLING_DESTROY_WARNING_S)
         if now >= warn_from and profile.destroy_warned_at is None:
@@ -186,8 +206,11 @@ def _grace(renter_id: int, now: datetime) -> str:
             profile.save(update_fields=["destroy_warned_at"])
             event_create(user=user, kind=EventKind.DESTROY_WARNING, email=True,
                          message=(f"Your balance is at zero. Your stopped instances "
-                                  f"({', '.join(str(i.pk) for i in stopped)}) will be destroyed with their disks "
+                                  f"({', '.join(str(i.pk) for i in stopped) or 'none'}) will be destroyed with "
+                                  f"their disks, and your volumes no instance mounts "
+                                  f"({', '.join(v.name for v in volumes) or 'none'}) deleted, "
                                   f"at {deadline:%Y-%m-%d %H:%M} UTC unless you top up before."),
-                         data={"instances": [i.pk for i in stopped], "destroy_at": deadline.isoformat()})
+                         data={"instances": [i.pk for i in stopped], "volumes": [v.pk for v in volumes],
+                               "destroy_at": deadline.isoformat()})
             return "warned"
     return ""

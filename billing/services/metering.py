@@ -3,8 +3,8 @@
 An instance is billed while it is `running`: from `started_at` (when it last became running) until it
 leaves that state (a stop, restart or destroy request, or a failure), in whole seconds counted from
 `started_at` (the last part-second of a run is not billed). Nothing is billed while it is requested,
-provisioning, starting, stopping or stopped: a failed provisioning never ran and costs nothing, and a
-stopped instance's disk is not charged.
+provisioning, starting, stopping or stopped: a failed provisioning never ran and costs nothing. A stopped
+instance's disk, and volumes, are storage: billed apart (billing.services.storage).
 
 The tick bills no further than the last moment the instance's node was seen healthy (`Node.last_seen_at`,
 written by every successful health check): time after a node stopped answering is never billed (when it

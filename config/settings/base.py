@@ -267,6 +267,8 @@ NODE_CONNECT_BACKOFF_S = float(env_str("NODE_CONNECT_BACKOFF_S", "1"))
 # and quick mode (tests).
 BENCHMARK_TIME_LIMIT_S = env_int("BENCHMARK_TIME_LIMIT_S", 300)
 BENCHMARK_QUICK = env_bool("BENCHMARK_QUICK", False)
+# The platform's own network test in every verification: this many bytes sent to the node over SSH (0: skipped).
+NET_TEST_BYTES = env_int("NET_TEST_BYTES", 16 << 20)
 # Re-checks at random times (provisioning/services/maintenance.py, docs/ARCHITECTURE.md "Watch"): when a
 # verification of a node ends, its next full verification is drawn (secrets, uniform) between REVERIFY_MIN_S and
 # REVERIFY_MAX_S later (defaults: 4 to 10 days, a week on average); between full checks, spot checks of its idle

@@ -38,6 +38,41 @@ class _BlankAsNullCharField(serializers.CharField):
         return value or None
 
 
+class InstanceVolumeSerializer(serializers.Serializer):
+    volume = serializers.IntegerField(source="volume_id", help_text="The volume's id (/api/v1/volumes/).")
+    name = serializers.CharField(source="volume.name", required=False)
+    mount = serializers.CharField(help_text="Where it is mounted in the instance.")
+
+
+class VolumeAttachSerializer(StrictFieldsMixin, serializers.Serializer):
+    volume = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="One of your volumes, on the "
+                                                                                  "offer's node, available.")
+    mount = serializers.CharField(max_length=255, trim_whitespace=False, help_text=(
+        "An absolute, normalised path in the instance, e.g. /data: not /, not under /proc, /sys or /dev."))
+
+
+class VolumesField(serializers.ListField):
+    """A list of VolumeAttachSerializer objects whose errors come back flat, as the API's error shape says:
+    {"volumes": ["volumes[0].mount: This field is required."]}, not nested per item."""
+
+    child = VolumeAttachSerializer()
+
+    def to_internal_value(self, data):
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError(_flat_errors(exc.detail)) from None
+
+
+def _flat_errors(detail, prefix="volumes") -> list[str]:
+    if isinstance(detail, dict):
+        return [m for key, value in detail.items()
+                for m in _flat_errors(value, f"{prefix}[{key}]" if str(key).isdigit() else f"{prefix}.{key}")]
+    if isinstance(detail, list):
+        return [m for item in detail for m in _flat_errors(item, prefix)]
+    return [f"{prefix}: {detail}"]
+
+
 class InstanceSerializer(serializers.ModelSerializer):
     node = serializers.IntegerField(source="node_id", read_only=True, help_text="The offer (node) it runs on.")
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
@@ -56,15 +91,23 @@ class InstanceSerializer(serializers.ModelSerializer):
         help_text="The platform's share of the price, fixed at booking (a decimal string, e.g. \"15.00\"); "
                   "the provider earns the rest.")
     cost_so_far = serializers.SerializerMethodField(
-        help_text="USD charged so far, including this run's seconds not metered yet. Billed per second while "
-                  "running only: a stopped instance (disk kept) costs nothing.")
+        help_text="USD charged so far for its GPU time, including this run's seconds not metered yet. Billed "
+                  "per second while running; a stopped instance's disk is billed apart (`disk_cost_so_far`).")
+    disk_price_per_gb_month = UsdField(
+        source="disk_price_per_gb_month_micros", read_only=True,
+        help_text="USD per GB per 30-day month for its disk while it is stopped: the node's published disk price "
+                  "at booking. Billed per second from the stop until it starts again or is destroyed.")
+    disk_cost_so_far = UsdField(source="disk_cost_micros", read_only=True, max_digits=18,
+                                help_text="USD charged so far for its disk while stopped (metered every minute).")
+    volumes = serializers.SerializerMethodField(help_text="The volumes mounted in it: [{volume, name, mount}].")
 
     class Meta:
         model = Instance
         fields = [
             "id", "status", "status_message", "node", "gpu_model", "num_gpus", "gpus", "image", "label", "disk_gb",
             "ssh_host", "ssh_port", "ssh_user", "ssh_command", "ssh_public_keys", "price_per_hour",
-            "price_per_gpu_hour", "platform_fee_percent", "cost_so_far",
+            "price_per_gpu_hour", "platform_fee_percent", "cost_so_far", "disk_price_per_gb_month",
+            "disk_cost_so_far", "volumes",
             "created_at", "started_at", "stopped_at", "destroyed_at", "updated_at",
         ]
         read_only_fields = fields
@@ -75,6 +118,10 @@ class InstanceSerializer(serializers.ModelSerializer):
     @extend_schema_field(UsdField(read_only=True, max_digits=18))
     def get_cost_so_far(self, instance):
         return UsdField(max_digits=18).to_representation(instance_cost_so_far(instance=instance))
+
+    @extend_schema_field(InstanceVolumeSerializer(many=True))
+    def get_volumes(self, instance):
+        return InstanceVolumeSerializer(instance.volume_mounts.all(), many=True).data
 
     def get_gpus(self, instance) -> list[int]:
         return svc.instance_gpu_indices(instance=instance)
@@ -107,6 +154,9 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     )
     disk_gb = serializers.IntegerField(min_value=1, max_value=svc.MAX_DISK_GB, required=False,
                                        help_text="Disk size; at least the image's `min_disk_gb` (the default).")
+    volumes = VolumesField(required=False, max_length=8, help_text=(
+        "Your volumes to mount (at most 8), all on the offer's node: [{\"volume\": id, \"mount\": \"/data\"}]. "
+        "Kept across stop/start and after the instance is destroyed."))
     label = serializers.CharField(  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)
         max_length=NAME_MAX_LENGTH, required=False, default="", allow_blank=True, validators=[no_control_characters])
     schema_presence = {"anyOf": [{"required": ["ssh_keys"], "properties": {"ssh_keys": {"minItems": 1}}},
@@ -171,8 +221,9 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
         409: OpenApiResponse(ErrorDetailSerializer, "Already destroyed."),
     }),
     stop=extend_schema(summary="Stop a running instance (keeps the disk, frees the GPUs)",
-                       description="Billing ends when you ask to stop. A stopped instance is not charged, not even "
-                                   "for its disk.", **_VERB),
+                       description="Billing for GPU time ends when you ask to stop. While stopped, its disk is "
+                                   "billed per second at `disk_price_per_gb_month` (the node's published disk "
+                                   "price at booking).", **_VERB),
     start=extend_schema(summary="Start a stopped instance (on the same GPUs when free)",
                         description="Needs one hour of what your running and starting instances cost with this "
                                     "one in your balance (else 402). Billing resumes once it is running.",
@@ -220,7 +271,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         instance, created = svc.instance_create(
             renter=request.user, node_id=v["offer"], num_gpus=v["num_gpus"], image=v["image"],
             ssh_public_keys=public_keys, disk_gb=v.get("disk_gb"), label=v["label"],
-            idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+            idempotency_key=idempotency_key, request_fingerprint=fingerprint, volumes=v.get("volumes"),
         )
         return self._render(instance, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

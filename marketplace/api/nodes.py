@@ -15,6 +15,7 @@ from marketplace.models import Gpu, GpuModel, Node, NodeState, Runtime
 from marketplace.services import nodes as svc
 from marketplace.validators import (
     ADDRESS_MAX_LENGTH,
+    DISK_PRICE_LIMITS,
     FINGERPRINT_MAX_LENGTH,
     MAX_GPUS_PER_NODE,
     NAME_MAX_LENGTH,
@@ -67,6 +68,9 @@ class NodeSerializer(serializers.ModelSerializer):
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     country = CountryField(read_only=True)
     price_per_gpu_hour = UsdField(source="price_per_gpu_hour_micros", read_only=True)
+    disk_price_per_gb_month = UsdField(source="disk_price_per_gb_month_micros", read_only=True,
+                                       help_text="USD per GB per 30-day month for volumes and stopped instances' "
+                                                 "disks on this node.")
     maintenance = serializers.SerializerMethodField()
     public_key = serializers.CharField(source="ssh_public_key", read_only=True,
                                        help_text="The platform's key for this node; install it for ssh_user.")
@@ -78,7 +82,8 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = [
             "id", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
-            "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour", "runtime", "state", "state_changed_at",
+            "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour", "disk_price_per_gb_month", "runtime",
+            "state", "state_changed_at",
             "verdict", "listed", "maintenance", "score", "reliability", "last_error", "public_key",
             "install_command", "gpus", "current_job", "last_seen_at", "created_at", "updated_at",
         ]
@@ -118,6 +123,9 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
                                              help_text="Slug from /api/v1/gpu-models/.")
     gpu_count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_NODE)
     price_per_gpu_hour = UsdField(help_text="USD per GPU-hour.", **PRICE_LIMITS)
+    disk_price_per_gb_month = UsdField(required=False, help_text=(
+        "USD per GB per 30-day month for renters' volumes and stopped instances' disks, billed per second "
+        "(default 0.10)."), **DISK_PRICE_LIMITS)
     runtime = serializers.ChoiceField(choices=Runtime.choices)
     host_key_fingerprint = serializers.CharField(
         max_length=FINGERPRINT_MAX_LENGTH, required=False, default="", allow_blank=True,
@@ -139,6 +147,8 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
                                        validators=[no_control_characters])
     price_per_gpu_hour = UsdField(required=False, help_text="USD per GPU-hour; booked instances keep their price.",
                                   **PRICE_LIMITS)
+    disk_price_per_gb_month = UsdField(required=False, help_text="USD per GB-month; existing volumes and booked "
+                                                                 "instances keep their price.", **DISK_PRICE_LIMITS)
     listed = serializers.BooleanField(required=False, help_text="false takes the node off the offers.")
     maintenance = serializers.BooleanField(required=False)
 

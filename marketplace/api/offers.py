@@ -3,6 +3,8 @@ from decimal import Decimal
 
 import django_filters
 from django import forms
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import F
 from django_countries import countries
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
@@ -14,6 +16,7 @@ from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.scopes import PUBLIC
 from marketplace import selectors
 from marketplace.models import GpuModel, Node, Verdict
+from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.money import usd_to_micros
 
 
@@ -51,13 +54,41 @@ class OfferSerializer(serializers.ModelSerializer):
     platform_fee_percent = serializers.SerializerMethodField(
         help_text="The platform's share of the price (a decimal string, e.g. \"15.00\"): the renter pays "
                   "price_per_gpu_hour, the provider earns it minus this share. Fixed for a rental at booking.")
+    disk_price_per_gb_month = UsdField(
+        source="disk_price_per_gb_month_micros", read_only=True,
+        help_text="USD per GB per 30-day month for volumes on this node and for an instance's disk while it is "
+                  "stopped, billed per second; fixed for each volume and instance when created.")
+    cpu_model = serializers.CharField(read_only=True, help_text="Read by the check from /proc/cpuinfo.")
+    cpu_cores = serializers.IntegerField(read_only=True, allow_null=True, help_text="Logical CPUs of the host.")
+    ram_gb = serializers.IntegerField(read_only=True, allow_null=True, help_text="Host RAM, GiB.")
+    disk_free_gb = serializers.IntegerField(read_only=True, allow_null=True,
+                                            help_text="Free disk where instances and volumes live, GB.")
+    disk_bandwidth_mbs = serializers.FloatField(
+        read_only=True, allow_null=True,
+        help_text="MB/s measured by the check on that disk: the slower of a write (with fsync) and a read back.")
+    driver_version = serializers.CharField(read_only=True, help_text="NVIDIA driver version.")
+    cuda_version = serializers.SerializerMethodField(
+        help_text="The highest CUDA version the node's driver runs (\"12.2\"); null until read.")
+    pcie_gen = serializers.IntegerField(read_only=True, allow_null=True,
+                                        help_text="PCIe generation of the GPUs' links (the lowest GPU's maximum).")
+    pcie_width = serializers.IntegerField(read_only=True, allow_null=True,
+                                          help_text="PCIe link width, lanes (the lowest GPU's maximum).")
+    platform_to_node_mbps = serializers.FloatField(
+        source="net_mbps", read_only=True, allow_null=True,
+        help_text="Mbit/s measured by the platform itself, sending to the node over SSH during the check "
+                  "(an encrypted stream from the platform's site: a floor for the node's own network, not its "
+                  "internet bandwidth).")
+    host_checked_at = serializers.DateTimeField(read_only=True, allow_null=True,
+                                                help_text="When the host facts were measured.")
 
     class Meta:
         model = Node
         fields = [
             "id", "gpu_model", "gpu_model_name", "num_gpus_free", "num_gpus_total", "gpu_memory_gb",
             "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
-            "verified", "verdict", "runtime", "platform_fee_percent", "benchmark",
+            "verified", "verdict", "runtime", "platform_fee_percent", "benchmark", "disk_price_per_gb_month",
+            "cpu_model", "cpu_cores", "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version",
+            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at",
         ]
         read_only_fields = fields
 
@@ -65,6 +96,9 @@ class OfferSerializer(serializers.ModelSerializer):
         if not hasattr(self, "_fee_percent"):  # once per response, not per row
             self._fee_percent = str(fee_percent(platform_fee_bps()))
         return self._fee_percent
+
+    def get_cuda_version(self, node) -> str | None:
+        return cuda_version_text(node.cuda_version)
 
     def get_verified(self, node) -> bool:
         return node.verdict == Verdict.VERIFIED
@@ -79,6 +113,32 @@ class IntegerFilter(django_filters.NumberFilter):
     """A whole number: "0.5" is a 400, as the schema's `integer` says."""
 
     field_class = forms.IntegerField  # type: ignore[assignment]  # django-filter takes any form field class
+
+
+# ordering name -> node column, for the host facts (nullable: ordered with nulls last)
+HOST_ORDERINGS = {
+    "cpu_cores": "cpu_cores", "ram_gb": "ram_gb", "disk_free_gb": "disk_free_gb",
+    "disk_bandwidth_mbs": "disk_bandwidth_mbs", "cuda_version": "cuda_version", "pcie_gen": "pcie_gen",
+    "pcie_width": "pcie_width", "platform_to_node_mbps": "net_mbps",
+}
+_NULLABLE_COLUMNS = set(HOST_ORDERINGS.values())
+
+
+def _nulls_last(order):
+    if not isinstance(order, str) or order.lstrip("-") not in _NULLABLE_COLUMNS:
+        return order
+    column = F(order.lstrip("-"))
+    return column.desc(nulls_last=True) if order.startswith("-") else column.asc(nulls_last=True)
+
+
+def validate_cuda_version(value: str) -> None:
+    if cuda_version_code(value) is None:
+        raise DjangoValidationError("A CUDA version is major.minor, e.g. 12.2.")
+
+
+@extend_schema_field({"type": "string", "pattern": CUDA_VERSION_RE.pattern, "example": "12.2"})
+class CudaVersionFilter(django_filters.CharFilter):
+    """A CUDA version, major.minor."""
 
 
 COUNTRY_CHOICES = [(code, name) for code, name in countries]
@@ -117,12 +177,28 @@ class OfferFilter(StrictFilterSet):
                                                   max_value=1)
     min_score = django_filters.NumberFilter(field_name="score", lookup_expr="gte", min_value=0,
                                             max_value=1_000_000)
+    # The host's facts, as the check measured them (a node not measured yet has null and matches no minimum).
+    min_cpu_cores = IntegerFilter(field_name="cpu_cores", lookup_expr="gte", min_value=0, max_value=100_000)
+    min_ram_gb = IntegerFilter(field_name="ram_gb", lookup_expr="gte", min_value=0, max_value=100_000_000)
+    min_disk_free_gb = IntegerFilter(field_name="disk_free_gb", lookup_expr="gte", min_value=0,
+                                     max_value=100_000_000)
+    min_disk_bandwidth_mbs = django_filters.NumberFilter(field_name="disk_bandwidth_mbs", lookup_expr="gte",
+                                                         min_value=0, max_value=1_000_000)
+    min_pcie_gen = IntegerFilter(field_name="pcie_gen", lookup_expr="gte", min_value=1, max_value=10)
+    min_pcie_width = IntegerFilter(field_name="pcie_width", lookup_expr="gte", min_value=1, max_value=64)
+    min_platform_to_node_mbps = django_filters.NumberFilter(
+        field_name="net_mbps", lookup_expr="gte", min_value=0, max_value=10_000_000,
+        help_text="Mbit/s the platform measured to the node over SSH.")
+    min_cuda_version = CudaVersionFilter(
+        method="filter_min_cuda_version", max_length=5, validators=[validate_cuda_version],
+        help_text="Nodes whose driver runs at least this CUDA version, e.g. 12.2.")
     ordering = django_filters.OrderingFilter(
         fields=(
             ("price_per_gpu_hour_micros", "price_per_gpu_hour"),
             ("score", "score"),
             ("score_per_dollar", "score_per_dollar"),
             ("reliability", "reliability"),
+            *((field, name) for name, field in HOST_ORDERINGS.items()),
         ),
         help_text="Prefix with - for descending. Default: -score_per_dollar.",
     )
@@ -141,10 +217,15 @@ class OfferFilter(StrictFilterSet):
     def filter_country(self, queryset, name, value):
         return queryset.filter(country=value)
 
+    def filter_min_cuda_version(self, queryset, name, value):
+        return queryset.filter(cuda_version__gte=cuda_version_code(value))
+
     def filter_queryset(self, queryset):
         queryset = super().filter_queryset(queryset)
         if not self.form.cleaned_data.get("ordering"):
             queryset = queryset.order_by("-score_per_dollar")
+        else:  # nodes not measured yet (null) come last either way, not first in descending orders
+            queryset = queryset.order_by(*(_nulls_last(o) for o in queryset.query.order_by))
         # A unique tie-breaker keeps pages stable.
         return queryset.order_by(*queryset.query.order_by, "id")
 

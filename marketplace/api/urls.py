@@ -4,7 +4,7 @@ from rest_framework.routers import APIRootView, DefaultRouter
 from core.api.scopes import PUBLIC
 from provisioning import api as provisioning_api
 
-from . import accounts, catalogue, images, instances, nodes, offers, ssh_keys
+from . import accounts, catalogue, images, instances, nodes, offers, ssh_keys, volumes
 
 
 class ApiRootView(APIRootView):
@@ -37,6 +37,7 @@ router.register("offers", offers.OfferViewSet, basename="offer")
 router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
 router.register("images", images.ImageViewSet, basename="image")
 router.register("instances", instances.InstanceViewSet, basename="instance")
+router.register("volumes", volumes.VolumeViewSet, basename="volume")
 
 urlpatterns = [
     path("auth/register/", accounts.RegisterView.as_view(), name="auth-register"),

@@ -13,6 +13,7 @@ from .renting import (
     InterruptionOutcome,
     SshKey,
 )
+from .volumes import Volume, VolumeMount, VolumeState
 
 __all__ = [
     "ApiKey",
@@ -33,4 +34,7 @@ __all__ = [
     "SshKey",
     "User",
     "Verdict",
+    "Volume",
+    "VolumeMount",
+    "VolumeState",
 ]

@@ -12,6 +12,7 @@ from django_countries.fields import CountryField
 from core.transitions import StatefulModel, Transitions
 
 from .catalogue import GpuModel
+from .host import DEFAULT_DISK_PRICE_PER_GB_MONTH_MICROS, NodeHostFacts
 
 
 class NodeState(models.TextChoices):
@@ -69,7 +70,7 @@ SCORE_PER_DOLLAR = models.ExpressionWrapper(
 )
 
 
-class Node(StatefulModel, models.Model):
+class Node(StatefulModel, NodeHostFacts):
     transitions = NODE_TRANSITIONS
     state_field = "state"
 
@@ -89,6 +90,9 @@ class Node(StatefulModel, models.Model):
     gpu_count = models.PositiveSmallIntegerField()
     # Money is integers: micro-dollars (1e-6 USD) per GPU-hour.
     price_per_gpu_hour_micros = models.BigIntegerField()
+    # Storage (volumes, and the disks of stopped instances): micro-dollars per GB per 30-day month, billed per
+    # second; each volume and instance keeps the price it was created at.
+    disk_price_per_gb_month_micros = models.BigIntegerField(default=DEFAULT_DISK_PRICE_PER_GB_MONTH_MICROS)
     runtime = models.CharField(max_length=10, choices=Runtime.choices)
 
     state = models.CharField(max_length=12, choices=NodeState.choices, default=NodeState.PENDING)
@@ -139,6 +143,8 @@ class Node(StatefulModel, models.Model):
             ),
             models.CheckConstraint(condition=Q(ssh_port__gte=1, ssh_port__lte=65535), name="node_port_range"),
             models.CheckConstraint(condition=Q(price_per_gpu_hour_micros__gt=0), name="node_price_positive"),
+            models.CheckConstraint(condition=Q(disk_price_per_gb_month_micros__gte=0),
+                                   name="node_disk_price_non_negative"),
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="node_gpu_count_positive"),
             models.CheckConstraint(condition=Q(reliability__gte=0, reliability__lte=1), name="node_reliability_0_1"),
             NODE_TRANSITIONS.check_constraint("state", "node_state_declared"),

@@ -150,6 +150,13 @@ class Instance(StatefulModel, models.Model):
     # (billed_seconds − rate_base_seconds) / 3600). Both are 0 for an instance whose price never changed.
     rate_base_seconds = models.BigIntegerField(default=0)
     rate_base_cost_micros = models.BigIntegerField(default=0)
+    # Its disk while stopped (billing.services.storage): the node's price per GB-month at booking, billed per
+    # second from `stopped_at` while stopped; disk_cost_micros == floor(disk_gb × price × disk_billed_seconds /
+    # SECONDS_PER_MONTH) (cumulative rounding, as for its GPU time).
+    disk_price_per_gb_month_micros = models.BigIntegerField(default=0)
+    disk_billed_until = models.DateTimeField(null=True, blank=True)
+    disk_billed_seconds = models.BigIntegerField(default=0)
+    disk_cost_micros = models.BigIntegerField(default=0)
 
     idempotency_key = models.CharField(max_length=100, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the create request.")

@@ -61,6 +61,7 @@ def node_register(
     city: str = "",
     datacenter: str = "",
     host_key_fingerprint: str = "",
+    disk_price_per_gb_month: Decimal | None = None,
 ) -> Node:
     """Create a pending node, its declared GPUs, and the platform's key pair for it.
 
@@ -82,6 +83,8 @@ def node_register(
         host_key_fingerprint=host_key_fingerprint,
         state=NodeState.PENDING,
     )
+    if disk_price_per_gb_month is not None:
+        node.disk_price_per_gb_month_micros = usd_to_micros(disk_price_per_gb_month)
     try:
         with transaction.atomic():
             node.save()
@@ -112,8 +115,9 @@ def node_update(
     price_per_gpu_hour: Decimal | None = None,
     listed: bool | None = None,
     maintenance: bool | None = None,
+    disk_price_per_gb_month: Decimal | None = None,
 ) -> Node:
-    """Change what a provider may change. Price changes never touch booked instances."""
+    """Change what a provider may change. Price changes never touch booked instances or created volumes."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
@@ -125,6 +129,8 @@ def node_update(
         node.datacenter = datacenter
     if price_per_gpu_hour is not None:
         node.price_per_gpu_hour_micros = usd_to_micros(price_per_gpu_hour)
+    if disk_price_per_gb_month is not None:
+        node.disk_price_per_gb_month_micros = usd_to_micros(disk_price_per_gb_month)
     if listed is not None:
         node.listed = listed
     if maintenance is True and node.state != NodeState.MAINTENANCE:

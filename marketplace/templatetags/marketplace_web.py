@@ -5,6 +5,7 @@ from django import forms, template
 from django.utils.html import format_html
 
 from core.money import micros_to_usd, usd_text
+from marketplace.models.host import cuda_version_text
 
 register = template.Library()
 
@@ -59,6 +60,12 @@ def percent(value, places=0) -> str:
     if value is None:
         return "–"
     return f"{float(value) * 100:.{int(places)}f} %"
+
+
+@register.filter
+def cuda(code) -> str:
+    """A CUDA version stored as major*1000 + minor*10 (marketplace.models.host) as people write it: "12.2"."""
+    return cuda_version_text(code) or "–"
 
 
 @register.filter

@@ -46,6 +46,10 @@ ORDERING_LABELS = {
     "-score_per_dollar": "Score per $: highest first",
     "reliability": "Reliability: lowest first",
     "-reliability": "Reliability: highest first",
+    **{f"{sign}{name}": f"{label}: {'highest' if sign else 'lowest'} first" for sign in ("-", "") for name, label in (
+        ("cuda_version", "CUDA version"), ("cpu_cores", "CPU threads"), ("ram_gb", "RAM"),
+        ("disk_free_gb", "Free disk"), ("disk_bandwidth_mbs", "Disk speed"), ("pcie_gen", "PCIe generation"),
+        ("pcie_width", "PCIe width"), ("platform_to_node_mbps", "Network from the platform"))},
 }
 FILTER_LABELS = {
     "gpu_model": ("GPU model", "Any of the ticked models."),
@@ -56,6 +60,14 @@ FILTER_LABELS = {
     "city": ("City", ""),
     "min_reliability": ("Reliability, at least (0 to 1)", "Share of health checks answered, e.g. 0.95."),
     "min_score": ("Score, at least", "Measured performance per GPU; 100 = an A100 80GB SXM at its datasheet."),
+    "min_cuda_version": ("CUDA version, at least", "What the server's driver runs, e.g. 12.2."),
+    "min_cpu_cores": ("CPU threads, at least", ""),
+    "min_ram_gb": ("RAM, at least (GB)", ""),
+    "min_disk_free_gb": ("Free disk, at least (GB)", ""),
+    "min_disk_bandwidth_mbs": ("Disk speed, at least (MB/s)", "Measured by the check: the slower of write and read."),
+    "min_pcie_gen": ("PCIe generation, at least", ""),
+    "min_pcie_width": ("PCIe lanes, at least", "e.g. 16 for ×16."),
+    "min_platform_to_node_mbps": ("Network, at least (Mbit/s)", "Measured by the platform to the server over SSH."),
     "ordering": ("Sort by", ""),
 }
 
@@ -81,7 +93,8 @@ class WebOfferFilter(OfferFilter):
             country = form.fields["country"]
             country.empty_label = None
             country.choices = [("", "Any country"), *((code, name) for code, name in country.choices if code)]
-            for name in ("min_reliability", "min_score", "max_price_per_gpu_hour"):
+            for name in ("min_reliability", "min_score", "max_price_per_gpu_hour", "min_disk_bandwidth_mbs",
+                         "min_platform_to_node_mbps"):
                 form.fields[name].widget.attrs["step"] = "any"
         return form
 

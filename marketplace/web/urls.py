@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import accounts, billing, passwords, providers, renters, two_factor
+from . import accounts, billing, passwords, providers, renters, two_factor, volumes
 
 urlpatterns = [
     path("", accounts.home, name="home"),
@@ -33,6 +33,8 @@ urlpatterns = [
     path("instances/<int:pk>/", renters.instance, name="instance"),
     path("instances/<int:pk>/live/", renters.instance_live, name="instance-live"),
     path("instances/<int:pk>/<slug:verb>/", renters.instance_verb, name="instance-verb"),
+    path("volumes/", volumes.volumes, name="volumes"),
+    path("volumes/<int:pk>/delete/", volumes.volume_delete, name="volume-delete"),
     # Providers
     path("nodes/", providers.nodes, name="nodes"),
     path("nodes/new/", providers.node_register, name="node-register"),

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from core import dispatch
 from core.errors import Conflict
-from marketplace.models import Instance, Node
+from marketplace.models import Instance, Node, Volume
 from provisioning.models import Job, JobKind, JobStatus
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ JOB_DEADLINES: dict[str, int] = {
     JobKind.INSTANCE_STOP: 300,
     JobKind.INSTANCE_RESTART: 600,
     JobKind.INSTANCE_DESTROY: 300,
+    JobKind.VOLUME_CREATE: 300,
+    JobKind.VOLUME_DELETE: 300,
 }
 
 # The Celery task that runs each kind of job (provisioning.tasks declares them under these names).
@@ -52,6 +54,8 @@ JOB_TASKS: dict[str, str] = {
     JobKind.INSTANCE_STOP: dispatch.task_name("provisioning.tasks.instance_stop"),
     JobKind.INSTANCE_RESTART: dispatch.task_name("provisioning.tasks.instance_restart"),
     JobKind.INSTANCE_DESTROY: dispatch.task_name("provisioning.tasks.instance_destroy"),
+    JobKind.VOLUME_CREATE: dispatch.task_name("provisioning.tasks.volume_create"),
+    JobKind.VOLUME_DELETE: dispatch.task_name("provisioning.tasks.volume_delete"),
 }
 
 
@@ -60,19 +64,20 @@ class JobConflict(Conflict):
     job_one_open_node_job_per_node): nothing was queued; the caller's transaction must not commit its change."""
 
 
-def job_create(*, kind: str, node: Node, instance: Instance | None = None) -> Job:
+def job_create(*, kind: str, node: Node, instance: Instance | None = None, volume: Volume | None = None) -> Job:
     """Record a queued job; it is sent to a worker once the caller's transaction commits (or by the dispatcher).
     Raises JobConflict while the same kind of job is still open for the instance (or a node job for the node)."""
     try:
         with transaction.atomic():
             job = Job.objects.create(
-                kind=kind, node=node, instance=instance, status=JobStatus.QUEUED, step="queued",
+                kind=kind, node=node, instance=instance, volume=volume, status=JobStatus.QUEUED, step="queued",
                 deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]),
             )
     except IntegrityError as exc:
         if "job_one_open_" not in str(exc):
             raise
-        what = f"instance {instance.pk}" if instance is not None else f"node {node.pk}"
+        what = (f"instance {instance.pk}" if instance is not None else
+                f"volume {volume.pk}" if volume is not None else f"node {node.pk}")
         raise JobConflict(f"A job to {JobKind(kind).label.lower()} is still under way for {what}; "
                           "try again in a moment.") from None
     transaction.on_commit(lambda: _send(job.pk, kind), robust=True)

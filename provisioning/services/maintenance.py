@@ -40,6 +40,7 @@ from provisioning.services.verification import (
     node_verify_failed,
     node_verify_request,
 )
+from provisioning.services.volumes import volume_job_failed
 from provisioning.ssh import NodeError
 
 if TYPE_CHECKING:
@@ -126,6 +127,8 @@ def jobs_reap() -> Summary:
         error = "The job did not finish in time and was stopped by the platform."
         if job.kind == JobKind.NODE_VERIFY:
             node_verify_failed(job=job, error=NodeError(error))
+        elif job.volume_id is not None:
+            volume_job_failed(job=job, error=error)
         else:
             # Only the instance's latest job speaks for it: an old stuck job must not fail an
             # instance that a later job has already brought back.
@@ -236,7 +239,8 @@ def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
         if not acquired:
             return {"skipped": "another run is queueing re-verifications"}
         now = now or timezone.now()
-        busy = Job.objects.filter(node=OuterRef("pk"), instance__isnull=True, status__in=OPEN_JOB_STATUSES)
+        busy = Job.objects.filter(node=OuterRef("pk"), instance__isnull=True, volume__isnull=True,
+                                  status__in=OPEN_JOB_STATUSES)
         last = Job.objects.filter(node=OuterRef("pk"), kind=JobKind.NODE_VERIFY).order_by("-created_at")
         due = (Q(next_check_at__isnull=True) | Q(next_check_at__lte=now) | Q(next_spot_check_at__isnull=True)
                | Q(next_spot_check_at__lte=now) | Q(verdict=Verdict.REJECTED))

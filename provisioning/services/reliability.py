@@ -80,7 +80,7 @@ def node_inventory_changed(*, node_id: int, reported_hash: str) -> bool:
     stored = (node.inventory or {}).get("gpus") if node else None
     if node is None or node.state != NodeState.ACTIVE or stored is None or gpus_hash(stored) == reported_hash:
         return False
-    if node.jobs.filter(instance__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
+    if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
         return False  # a verification under way, or a spot check (then the next health check queues one)
     node_event(node, "inventory_changed", "The GPUs the node reports changed since its last verification "
                                           "(model, memory, power limit, MIG, link or driver); verifying it again.",

@@ -26,6 +26,7 @@ from marketplace.services import instances as instance_svc
 from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
+from provisioning.services.host_facts import node_apply_host_facts
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
@@ -72,7 +73,7 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
     """Queue a verification (the provider after installing the key, the schedule, a changed inventory).
     Idempotent: while one is queued or running, that one is returned. An active node stays active."""
     node = Node.objects.select_for_update().get(pk=node.pk)
-    open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, instance__isnull=True, status__in=OPEN_JOB_STATUSES).first()
+    open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, status__in=OPEN_JOB_STATUSES).first()
     if open_job is not None and open_job.kind == JobKind.NODE_SPOT_CHECK:
         # A spot check lasts a minute or two: the verification waits for it (job_one_open_node_job_per_node).
         raise JobConflict(f"A spot check of node {node.pk} is under way; try again in a few minutes.")
@@ -133,6 +134,7 @@ def node_verify_run(job: Job) -> None:
     bench, bench_error = None, ""
     job_step(job, f"connecting to {node.address}:{node.ssh_port}")
     inventory: dict[str, Any] = {}
+    net_mbps: float | None = None
     challenged: tuple[list[Finding], dict[str, Any]] = ([], {})
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
@@ -140,6 +142,7 @@ def node_verify_run(job: Job) -> None:
             inventory = session.agent("inventory")
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
+            net_mbps = node_network_test(job, session)
             free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented]
             if free:
                 job_step(job, f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
@@ -174,13 +177,27 @@ def node_verify_run(job: Job) -> None:
         job_step(job, f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet)
-    figures = {**result.figures, "rented_gpus": rented}
+    figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
     if challenged[1]:
         figures["challenge"] = challenged[1]
     if bench is not None:
         figures["agent_version"] = bench.get("agent_version")
     node_verify_conclude(job=job, verdict=result.verdict, findings=[f.as_dict() for f in result.findings],
                          inventory=inventory, figures=figures, score=result.score)
+
+
+def node_network_test(job: Job, session: NodeSession) -> float | None:
+    """The platform's own measure of its throughput to the node (NodeSession.upload_throughput): NET_TEST_BYTES
+    over SSH. None when switched off or when it failed (a failure is not the node's verdict: it is logged)."""
+    nbytes = settings.NET_TEST_BYTES
+    if nbytes <= 0:
+        return None
+    job_step(job, f"measuring the platform's throughput to the node ({nbytes >> 20} MiB over SSH)")
+    try:
+        return round(session.upload_throughput(nbytes, timeout=60), 1)
+    except NodeError as exc:
+        job_step(job, f"the network test failed: {exc.message}")
+        return None
 
 
 def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
@@ -229,6 +246,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     if score is not None:
         node.score = score
     node.benchmark_summary = offer_summary(run)
+    if inventory:
+        node_apply_host_facts(node, inventory, (figures or {}).get("platform_to_node_mbps"), run.created_at)
     renters = list(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).values_list("pk", flat=True))
     if verdict == Verdict.REJECTED:
         reasons = reasons_text(findings, severity="reject")  # each said once, with the GPUs it concerns
@@ -306,7 +325,7 @@ def node_spot_check_request(*, node: Node) -> Job | None:
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state != NodeState.ACTIVE:
         return None
-    if node.jobs.filter(instance__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
+    if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
         return None
     job = job_create(kind=JobKind.NODE_SPOT_CHECK, node=node)
     job_step(job, "queued: spot check at a random time")

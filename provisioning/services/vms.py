@@ -13,6 +13,7 @@ from typing import Any
 
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
+from marketplace.services import volumes as volume_svc
 from provisioning.models import Job
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
@@ -74,6 +75,9 @@ def vm_provision(job: Job) -> None:
         image={"docker": image.docker_image, "libvirt": image.libvirt_image},
         disk_gb=instance.disk_gb,
     )
+    volumes = volume_svc.volume_agent_specs(instance=instance)
+    if volumes:  # [{"name": "vol-...", "mount": "/data"}]: created on this node before (marketplace.services.volumes)
+        request["volumes"] = volumes
     _progress(job, instance, f"connecting to node {instance.node_id}")
     with node_session(instance.node) as session:
         _progress(job, instance, "creating the VM")

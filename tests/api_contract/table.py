@@ -65,6 +65,22 @@ def _instance_body(ctx):
     return {"offer": offer.pk, "num_gpus": 1, "image": "pytorch-2-5", "ssh_public_key": ed25519_key()}
 
 
+def _volume_body(ctx):
+    from tests.api_contract import world
+    from tests.factories import UserFactory
+
+    return {"offer": world.listed_node(UserFactory()).pk, "size_gb": 10}
+
+
+def _volume_confirm(ctx):
+    """The caller's newest volume's name (the owner's: made before the body; anyone else has none)."""
+    from marketplace.models import Volume
+
+    user = getattr(ctx.api, "user", None)
+    name = Volume.objects.filter(owner=user).order_by("-pk").values_list("name", flat=True).first() if user else None
+    return {"confirm": name or "vol-notyours00"}
+
+
 def _ssh_key_body(ctx):
     from tests.marketplace.renting_helpers import ed25519_key
 
@@ -177,6 +193,10 @@ CALLS: list[Call] = [
     Call("post", f"{V1}/instances/{{id}}/stop/", USER, 202, owned="running_instance"),
     Call("post", f"{V1}/instances/{{id}}/start/", USER, 202, owned="stopped_instance"),
     Call("post", f"{V1}/instances/{{id}}/restart/", USER, 202, owned="running_instance"),
+    Call("get", f"{V1}/volumes/", USER, 200, lists="volume"),
+    Call("post", f"{V1}/volumes/", USER, 201, body=_volume_body),
+    Call("get", f"{V1}/volumes/{{id}}/", USER, 200, owned="volume"),
+    Call("delete", f"{V1}/volumes/{{id}}/", USER, 202, owned="volume", body=_volume_confirm),
     # billing: the wallet
     Call("get", f"{B}/balance/", USER, 200),
     Call("get", f"{B}/usage/", USER, 200, lists="usage"),

@@ -19,9 +19,10 @@ from billing.models import (
 from billing.services.customers import profile_for
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.metering import usage_close
-from marketplace.models import ApiKey, Instance, Interruption, InterruptionCause, Node, SshKey, User
+from marketplace.models import ApiKey, Instance, Interruption, InterruptionCause, Node, SshKey, User, Volume
 from marketplace.services.accounts import api_key_create
 from marketplace.services.ssh_keys import ssh_key_create
+from marketplace.services.volumes import volume_create, volume_mark_available
 from provisioning.models import NodeEvent, VerificationRun
 from tests.billing.helpers import book, run, stop
 from tests.factories import UserFactory, make_listed_node, make_node
@@ -75,6 +76,14 @@ def running_instance(user: User, on: Node | None = None) -> Instance:
 
 def stopped_instance(user: User, on: Node | None = None) -> Instance:
     return stop(running_instance(user, on))
+
+
+def volume(user: User, on: Node | None = None) -> Volume:
+    """An available volume of `user` on `on` or on another provider's listed node."""
+    created = volume_create(owner=user, node_id=(on or listed_node(UserFactory())).pk, size_gb=10)
+    available = volume_mark_available(volume_id=created.pk)
+    assert available is not None
+    return available
 
 
 def usage(user: User, on: Node | None = None):
@@ -134,7 +143,7 @@ def webhook_delivery(user: User):
 
 MAKERS = {f.__name__: f for f in (api_key, ssh_key, card, top_up, node, benchmarked_node, listed_node, instance,
                                    running_instance, stopped_instance, usage, event, payout, notification,
-                                   webhook_endpoint, webhook_delivery)}
+                                   webhook_endpoint, webhook_delivery, volume)}
 
 
 def make(kind: str, user: User):
@@ -152,6 +161,7 @@ def populate(user: User, n: int) -> None:
         payout(user)
         offered = listed_node(user)
         usage(user, on=offered)
+        volume(user, on=offered)
         extras(user, running_on=offered)
         notification(user)
         delivery = webhook_delivery(user)

@@ -5,6 +5,7 @@ from django.core import mail
 
 from billing.models import BillingEvent, BillingProfile
 from billing.services.enforcement import balances_enforce
+from billing.services.storage import storage_cost
 from billing.tasks import usage_meter_tick
 from marketplace.models import Instance
 from marketplace.services import instances as svc
@@ -99,7 +100,10 @@ def test_at_zero_running_instances_are_stopped_within_one_tick_and_disks_kept(cl
         svc.instance_mark_stopped(instance_id=instance.pk)
     clock.advance(3600)
     tick()
-    assert balance(api.user) == charged  # stopped: nothing more
+    # Stopped: no GPU time, only their disks at the node's published disk price (billing.services.storage).
+    disks = sum(storage_cost(size_gb=i.disk_gb, price_per_gb_month_micros=i.disk_price_per_gb_month_micros,
+                             seconds=3600) for i in (a, b))
+    assert disks > 0 and balance(api.user) == charged - disks
 
 
 def test_stopped_instances_are_destroyed_after_the_grace_period_with_a_warning_before(clock, api, settings, tick):

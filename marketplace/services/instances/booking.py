@@ -1,4 +1,5 @@
 """Booking: an instance is created with its GPUs allocated atomically (API side)."""
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -12,6 +13,7 @@ from marketplace.models import (
     Instance,
     User,
 )
+from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
@@ -43,6 +45,7 @@ def instance_create(
     label: str = "",
     idempotency_key: str = "",
     request_fingerprint: str = "",
+    volumes: list[dict[str, Any]] | None = None,
 ) -> tuple[Instance, bool]:
     """Book `num_gpus` GPUs of a node as a new instance and queue its provisioning.
 
@@ -65,7 +68,7 @@ def instance_create(
         with transaction.atomic():
             instance = _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
                              disk_gb=disk_gb, label=label, idempotency_key=idempotency_key,
-                             request_fingerprint=request_fingerprint)
+                             request_fingerprint=request_fingerprint, volumes=volumes or [])
     except IntegrityError:
         # Another request with the same Idempotency-Key won the race (it held the unique index
         # entry; this one waited for it to commit). Answer with the winner.
@@ -80,7 +83,7 @@ def instance_create(
 
 
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list[str], disk_gb: int | None,
-          label: str, idempotency_key: str, request_fingerprint: str) -> Instance:
+          label: str, idempotency_key: str, request_fingerprint: str, volumes: list[dict[str, Any]]) -> Instance:
     node = _lock_node_for_booking(node_id)
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
@@ -102,6 +105,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list
     if not image.min_disk_gb <= disk <= MAX_DISK_GB:
         raise ValidationFailed(f"The {image.slug} image needs {image.min_disk_gb} to {MAX_DISK_GB} GB of disk.",
                                field="disk_gb")
+    mounts = volume_mounts_for_booking(renter=renter, node_id=node.pk, specs=volumes)  # locks the volumes
     _check_funds(renter.pk, node.price_per_gpu_hour_micros * num_gpus, "Renting this instance")
     now = timezone.now()
     # The row goes in first: a concurrent request with the same Idempotency-Key blocks here on the
@@ -111,6 +115,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list
         disk_gb=disk, ssh_public_keys=keys, status=S.REQUESTED, status_message=WAITING,
         price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
         price_per_hour_micros=node.price_per_gpu_hour_micros * num_gpus, platform_fee_bps=platform_fee_bps(),
+        disk_price_per_gb_month_micros=node.disk_price_per_gb_month_micros,
         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
         created_at=now,
     )
@@ -119,5 +124,6 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list
         free = "No GPU is" if not gpus else f"Only {_gpus_text(len(gpus))} {'is' if len(gpus) == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")
     _allocate(instance, gpus, now)
+    volume_mounts_attach(instance=instance, requests=mounts)
     job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance)
     return instance

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from billing.services.ledger import funds_required_micros, wallet_balance
 from billing.services.metering import usage_close
+from billing.services.storage import instance_disk_close
 from core.errors import Conflict, IdempotencyKeyReused, PaymentRequired
 from marketplace.models import (
     Gpu,
@@ -20,6 +21,7 @@ from marketplace.models import (
     Node,
     NodeState,
     User,
+    VolumeMount,
 )
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import usd_text
@@ -53,7 +55,8 @@ def instances_for_user(*, user: User) -> QuerySet[Instance]:
     return (
         Instance.objects.filter(renter=user)
         .select_related("image", "gpu_model")
-        .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
+        .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"),
+                          Prefetch("volume_mounts", queryset=VolumeMount.objects.select_related("volume")))
     )
 
 
@@ -89,8 +92,8 @@ def _lock_node_for_booking(node_id: int) -> Node | None:
     if connection.vendor == "postgresql":
         # Django has no FOR SHARE. Only the columns booking reads; the rest stay deferred.
         table = connection.ops.quote_name(Node._meta.db_table)
-        sql = (f"SELECT id, state, verdict, listed, runtime, gpu_model_id, price_per_gpu_hour_micros "  # noqa: S608
-               f"FROM {table} WHERE id = %s FOR SHARE")
+        sql = (f"SELECT id, state, verdict, listed, runtime, gpu_model_id, price_per_gpu_hour_micros, "  # noqa: S608
+               f"disk_price_per_gb_month_micros FROM {table} WHERE id = %s FOR SHARE")
         rows = list(Node.objects.raw(sql, [node_id]))
         return rows[0] if rows else None
     return Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
@@ -266,9 +269,12 @@ def _funds_figures(funds: Funds) -> str:
 
 
 def _leave_running(instance: Instance, now: datetime) -> None:
-    """The instance stops being billed: charge its usage up to now (call before it leaves `running`)."""
+    """The instance stops being billed: charge its usage up to now (call before it leaves `running`), or its
+    disk's while stopped (call before it leaves `stopped`)."""
     if instance.status == S.RUNNING:
         usage_close(instance=instance, until=now)
+    elif instance.status == S.STOPPED:
+        instance_disk_close(instance=instance, until=now)
 
 
 def _gpus_text(n: int) -> str:

@@ -118,6 +118,7 @@ def instance_start(*, instance: Instance) -> Instance:
         reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
     now = timezone.now()
+    _leave_running(instance, now)  # its disk is billed up to now
     instance_release_gpus(instance=instance, at=now)  # nothing is live when stopped; this only makes sure
     last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
     previous = list(instance.allocations.filter(released_at=last_release).values_list("gpu_id", flat=True))

@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import shutil
+import time
 
 from .core import AgentError, read_json, run
 
@@ -92,11 +93,64 @@ def read_gpus(cfg):
     return gpus, parse_cuda_version(run(["nvidia-smi"], timeout=30, check=False).stdout)
 
 
+DISK_TEST_MIB = 32  # the disk test's size: small and bounded (a few seconds on the slowest disk worth renting)
+DISK_TEST_MAX_MIB = 256
+
+
+def disk_bandwidth(directory, mib=DISK_TEST_MIB):
+    """Write `mib` MiB to a file in `directory` (fsync'd), drop it from the page cache, read it back; MB/s each way.
+
+    None for a figure that could not be measured (no room, a read-only folder): the check says so rather than guess.
+    """
+    mib = max(1, min(int(mib), DISK_TEST_MAX_MIB))
+    block = os.urandom(1 << 20)
+    path = os.path.join(directory, ".gpumarket-disk-test-%d" % os.getpid())
+    answer = {"test_mib": mib, "write_mbs": None, "read_mbs": None}
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            started = time.perf_counter()
+            for _ in range(mib):
+                os.write(fd, block)
+            os.fsync(fd)
+            answer["write_mbs"] = round(mib * (1 << 20) / 1e6 / max(time.perf_counter() - started, 1e-6), 1)
+            with contextlib.suppress(AttributeError, OSError):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read below comes from the disk
+        finally:
+            os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            started = time.perf_counter()
+            while os.read(fd, 1 << 20):
+                pass
+            answer["read_mbs"] = round(mib * (1 << 20) / 1e6 / max(time.perf_counter() - started, 1e-6), 1)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        answer["error"] = str(exc)[:200]
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return answer
+
+
+def _disk_test_mib():
+    try:
+        return int(os.environ.get("GPUMARKET_DISK_TEST_MIB") or DISK_TEST_MIB)
+    except ValueError:
+        return DISK_TEST_MIB
+
+
 def host_facts(cfg):
+    # The disk test runs on the file system the VMs' disks and volumes live on, for real, on every runtime (the
+    # sim's too: only GPUs are simulated).
+    disk = disk_bandwidth(cfg.state_dir, _disk_test_mib())
     if cfg.runtime == "sim":
         host = load_profile(cfg.sim_profile)[0].get("host", {})
+        disk["free_gb"] = host.get("disk_free_gb")
         return {"cpu": {"model": host.get("cpu_model"), "cores": host.get("cpu_cores")},
-                "ram_mib": host.get("ram_mib"), "disk_free_gb": host.get("disk_free_gb"),
+                "ram_mib": host.get("ram_mib"), "disk_free_gb": host.get("disk_free_gb"), "disk": disk,
                 "os": {"name": host.get("os"), "kernel": host.get("kernel"), "arch": host.get("arch", "x86_64")}}
     cpu_model = ram_mib = os_name = None
     with contextlib.suppress(OSError):
@@ -109,9 +163,10 @@ def host_facts(cfg):
         with open("/etc/os-release") as f:
             os_name = next((ln.split("=", 1)[1].strip().strip('"') for ln in f
                             if ln.startswith("PRETTY_NAME=")), None)
-    disk = shutil.disk_usage(os.environ.get("GPUMARKET_DISK_PATH") or "/")
+    usage = shutil.disk_usage(os.environ.get("GPUMARKET_DISK_PATH") or "/")
+    disk["free_gb"] = usage.free // 10**9
     return {"cpu": {"model": cpu_model, "cores": os.cpu_count()}, "ram_mib": ram_mib,
-            "disk_free_gb": disk.free // 10**9,
+            "disk_free_gb": usage.free // 10**9, "disk": disk,
             "os": {"name": os_name, "kernel": platform.release(), "arch": platform.machine()}}
 
 

@@ -1,0 +1,182 @@
+"""Storage metering: volumes while they exist, and the disks of stopped instances, per second at the price per
+GB-month (30 days) their node published when they were created, in balanced ledger transactions.
+
+The arithmetic, with cumulative rounding as for GPU time (billing.services.metering), so totals do not depend on
+how often the meter runs:
+
+    cost(S seconds) = floor(size_gb × price_per_gb_month_micros × S / SECONDS_PER_MONTH)
+    fee(S seconds)  = floor(cost(S) × platform_fee_bps / 10000)
+
+- A volume is billed from `available_at` (created on its node) until its deletion is asked for (volume_delete
+  closes it at that moment); a volume whose deletion the node refused is billed again from where it stopped.
+- A stopped instance's disk is billed from `stopped_at` while it is stopped; leaving `stopped` (start, destroy,
+  failure) closes it at that moment (marketplace.services.instances.common._leave_running).
+
+Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
+(idempotency key `storage:volume:<id>:<start µs>` or `storage:disk:<id>:<start µs>`) and the totals on the row.
+The renter's wallet pays, the provider earns the amount minus the platform's fee, as for GPU time. Time after the
+node was last seen healthy is not billed (the meter catches up when it answers again).
+"""
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from billing.models import AccountKind, TransactionKind
+from billing.pricing import EPOCH, MICROSECOND, SECOND
+from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
+from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
+from marketplace.models.host import SECONDS_PER_MONTH
+
+log = logging.getLogger(__name__)
+
+
+def storage_key(what: str, object_id: int, start: datetime) -> str:
+    """The ledger idempotency key of the charge for `what` ("volume" or "disk") that starts at `start`."""
+    return f"storage:{what}:{object_id}:{(start - EPOCH) // MICROSECOND}"
+
+
+def storage_cost(*, size_gb: int, price_per_gb_month_micros: int, seconds: int) -> int:
+    return size_gb * price_per_gb_month_micros * seconds // SECONDS_PER_MONTH
+
+
+def storage_rate_per_hour_micros(*, size_gb: int, price_per_gb_month_micros: int) -> int:
+    """What it costs per hour (rounded down): for the low-balance warnings' burn rate."""
+    return size_gb * price_per_gb_month_micros * 3600 // SECONDS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class _Charge:
+    start: datetime
+    end: datetime
+    seconds: int
+    amount: int
+    fee: int
+
+
+def _next(*, since: datetime, until: datetime, billed_seconds: int, cost_micros: int, size_gb: int, price: int,
+          bps: int) -> _Charge | None:
+    seconds = int((until - since).total_seconds())
+    if seconds <= 0:
+        return None
+    new_cost = storage_cost(size_gb=size_gb, price_per_gb_month_micros=price, seconds=billed_seconds + seconds)
+    amount = new_cost - cost_micros
+    fee = new_cost * bps // 10_000 - cost_micros * bps // 10_000
+    return _Charge(start=since, end=since + seconds * SECOND, seconds=seconds, amount=amount, fee=fee)
+
+
+def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str, at: datetime) -> None:
+    if charge.amount <= 0:
+        return
+    provider_id = Node.objects.values_list("provider_id", flat=True).get(pk=node_id)
+    lines = [(user_account(user_id=renter_id, kind=AccountKind.CUSTOMER_WALLET), -charge.amount)]
+    if charge.amount - charge.fee:
+        lines.append((user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS),
+                      charge.amount - charge.fee))
+    if charge.fee:
+        lines.append((platform_account(AccountKind.PLATFORM_REVENUE), charge.fee))
+    _, created = ledger_post(idempotency_key=key, kind=TransactionKind.STORAGE, lines=lines, memo=memo, at=at)
+    if not created:  # the row said otherwise: refuse rather than charge twice
+        raise LedgerError(f"{key} was already posted")
+
+
+def volume_storage_close(*, volume: Volume, until: datetime | None = None) -> int:
+    """Charge an available (or deleting) volume up to `until`; the amount charged. Call with its row locked."""
+    until = until or timezone.now()
+    if volume.available_at is None or volume.state not in (VolumeState.AVAILABLE, VolumeState.DELETING):
+        return 0
+    since = max(volume.billed_until or volume.available_at, volume.available_at)
+    charge = _next(since=since, until=until, billed_seconds=volume.billed_seconds, cost_micros=volume.cost_micros,
+                   size_gb=volume.size_gb, price=volume.price_per_gb_month_micros, bps=volume.platform_fee_bps)
+    if charge is None:
+        return 0
+    with transaction.atomic():
+        _post(key=storage_key("volume", volume.pk, charge.start), renter_id=volume.owner_id,
+              node_id=volume.node_id, charge=charge, at=until,
+              memo=f"Volume {volume.pk} ({volume.size_gb} GB): {charge.seconds} s")
+        Volume.objects.filter(pk=volume.pk).update(
+            billed_until=charge.end, billed_seconds=F("billed_seconds") + charge.seconds,
+            cost_micros=F("cost_micros") + charge.amount)
+    volume.billed_until = charge.end
+    volume.billed_seconds += charge.seconds
+    volume.cost_micros += charge.amount
+    return charge.amount
+
+
+def instance_disk_close(*, instance: Instance, until: datetime | None = None) -> int:
+    """Charge a stopped instance's disk up to `until`; the amount charged. Call with its row locked."""
+    until = until or timezone.now()
+    if instance.status != InstanceStatus.STOPPED or instance.stopped_at is None:
+        return 0
+    since = max(instance.disk_billed_until or instance.stopped_at, instance.stopped_at)
+    charge = _next(since=since, until=until, billed_seconds=instance.disk_billed_seconds,
+                   cost_micros=instance.disk_cost_micros, size_gb=instance.disk_gb,
+                   price=instance.disk_price_per_gb_month_micros, bps=instance.platform_fee_bps)
+    if charge is None:
+        return 0
+    with transaction.atomic():
+        _post(key=storage_key("disk", instance.pk, charge.start),
+              renter_id=instance.renter_id, node_id=instance.node_id, charge=charge, at=until,
+              memo=f"Instance {instance.pk}'s disk while stopped ({instance.disk_gb} GB): {charge.seconds} s")
+        Instance.objects.filter(pk=instance.pk).update(
+            disk_billed_until=charge.end, disk_billed_seconds=F("disk_billed_seconds") + charge.seconds,
+            disk_cost_micros=F("disk_cost_micros") + charge.amount)
+    instance.disk_billed_until = charge.end
+    instance.disk_billed_seconds += charge.seconds
+    instance.disk_cost_micros += charge.amount
+    return charge.amount
+
+
+def storage_burn_per_hour() -> dict[int, int]:
+    """Renter -> micro-dollars per hour of their available volumes and stopped instances' disks (rounded down)."""
+    rates: dict[int, int] = {}
+    volumes = (Volume.objects.filter(state=VolumeState.AVAILABLE).order_by().values("owner_id")
+               .annotate(gb_price=Sum(F("size_gb") * F("price_per_gb_month_micros")))
+               .values_list("owner_id", "gb_price"))
+    disks = (Instance.objects.filter(status=InstanceStatus.STOPPED).order_by().values("renter_id")
+             .annotate(gb_price=Sum(F("disk_gb") * F("disk_price_per_gb_month_micros")))
+             .values_list("renter_id", "gb_price"))
+    for renter_id, gb_price in [*volumes, *disks]:
+        rates[renter_id] = rates.get(renter_id, 0) + (gb_price or 0)
+    return {renter: gb_price * 3600 // SECONDS_PER_MONTH for renter, gb_price in rates.items() if gb_price}
+
+
+@dataclass
+class StorageMeterResult:
+    volumes: int = 0
+    disks: int = 0
+    charged_micros: int = 0
+
+
+def storage_meter(*, now: datetime | None = None) -> StorageMeterResult:
+    """The tick's storage part: every available volume and every stopped instance's disk, up to `now` (or the
+    moment its node was last seen healthy), one short transaction each; rows locked elsewhere are skipped (the
+    change that holds them bills them, or the next tick does)."""
+    now = now or timezone.now()
+    result = StorageMeterResult()
+    seen = dict(Node.objects.filter(volumes__state=VolumeState.AVAILABLE).values_list("pk", "last_seen_at")
+                .distinct())
+    for volume_id in (Volume.objects.filter(state=VolumeState.AVAILABLE, price_per_gb_month_micros__gt=0)
+                      .order_by("pk").values_list("pk", flat=True)):
+        with transaction.atomic():
+            volume = (Volume.objects.select_for_update(skip_locked=True)
+                      .filter(pk=volume_id, state=VolumeState.AVAILABLE).first())
+            if volume is None:
+                continue
+            result.volumes += 1
+            last_seen = seen.get(volume.node_id) or now
+            result.charged_micros += volume_storage_close(volume=volume, until=min(now, last_seen))
+    stopped = (Instance.objects.filter(status=InstanceStatus.STOPPED, stopped_at__isnull=False,
+                                       disk_price_per_gb_month_micros__gt=0).order_by("pk"))
+    for instance_id, node_seen in stopped.values_list("pk", "node__last_seen_at"):
+        with transaction.atomic():
+            instance = (Instance.objects.select_for_update(skip_locked=True, of=("self",))
+                        .filter(pk=instance_id, status=InstanceStatus.STOPPED).first())
+            if instance is None:
+                continue
+            result.disks += 1
+            result.charged_micros += instance_disk_close(instance=instance, until=min(now, node_seen or now))
+    return result

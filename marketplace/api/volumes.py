@@ -1,0 +1,114 @@
+"""Renters' volumes: create on an offer's node, list, read, delete (explicit, confirmed by the volume's name)."""
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.response import Response
+
+from core.api.fields import StrictFieldsMixin, UsdField
+from core.api.schema import ErrorDetailSerializer
+from core.validators import no_control_characters
+from marketplace.models import Volume
+from marketplace.models.volumes import MAX_VOLUME_GB
+from marketplace.services import volumes as svc
+from marketplace.validators import NAME_MAX_LENGTH
+
+
+class VolumeMountSerializer(serializers.Serializer):
+    instance = serializers.IntegerField(source="instance_id")
+    mount = serializers.CharField()
+    instance_status = serializers.CharField(source="instance.status")
+
+
+class VolumeSerializer(serializers.ModelSerializer):
+    node = serializers.IntegerField(source="node_id", read_only=True, help_text="The node (offer id) it lives on.")
+    price_per_gb_month = UsdField(source="price_per_gb_month_micros", read_only=True, help_text=(
+        "USD per GB per 30-day month, the node's published disk price when the volume was created; billed per "
+        "second while the volume exists (from `available_at` until its deletion is asked for)."))
+    cost_so_far = UsdField(source="cost_micros", read_only=True, max_digits=18,
+                           help_text="USD charged so far (metered every minute).")
+    mounts = VolumeMountSerializer(many=True, read_only=True,
+                                   help_text="The instances it was mounted in, and where (live or not).")
+    in_use_by = serializers.SerializerMethodField(
+        help_text="Ids of the instances (not destroyed or failed) that mount it: while any does, it cannot be "
+                  "deleted or mounted elsewhere.")
+
+    class Meta:
+        model = Volume
+        fields = ["id", "name", "label", "node", "size_gb", "state", "status_message", "price_per_gb_month",
+                  "cost_so_far", "mounts", "in_use_by", "created_at", "available_at", "deleted_at"]
+        read_only_fields = fields
+
+    def get_in_use_by(self, volume) -> list[int]:
+        return svc.volume_live_instance_ids(volume)
+
+
+class VolumeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    offer = serializers.IntegerField(min_value=1, max_value=2**63 - 1,
+                                     help_text="The offer's `id` from /api/v1/offers/: the node the volume lives on.")
+    size_gb = serializers.IntegerField(min_value=1, max_value=MAX_VOLUME_GB)
+    label = serializers.CharField(  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)
+        max_length=NAME_MAX_LENGTH, required=False, default="", allow_blank=True, validators=[no_control_characters])
+
+
+class VolumeDeleteSerializer(StrictFieldsMixin, serializers.Serializer):
+    confirm = serializers.CharField(max_length=40,
+                                    help_text="The volume's `name` (vol-...): deleting cannot be undone.")
+
+
+_CONFLICT = OpenApiResponse(ErrorDetailSerializer, "An instance that is not destroyed mounts it, or its state "
+                                                   "forbids this; `detail` says why.")
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your volumes (deleted ones are left out)"),
+    retrieve=extend_schema(summary="One of your volumes"),
+    create=extend_schema(summary="Create a volume on an offer's node", request=VolumeCreateSerializer, responses={
+        201: VolumeSerializer,
+        402: OpenApiResponse(ErrorDetailSerializer, "Your balance is at zero or below."),
+        409: OpenApiResponse(ErrorDetailSerializer, "The offer takes no new rentals now."),
+    }),
+    destroy=extend_schema(
+        summary="Delete a volume for good (confirmed by its name)",
+        description="Send `{\"confirm\": \"<its name>\"}` as the body (or `?confirm=<its name>`). Billing ends "
+                    "now; a worker deletes it on its node. Refused (409) while an instance that is not destroyed "
+                    "or failed mounts it.",
+        request=VolumeDeleteSerializer,
+        parameters=[OpenApiParameter("confirm", str, required=False, description="The volume's name, if the "
+                                                                                 "body is empty.")],
+        responses={202: VolumeSerializer, 400: OpenApiResponse(ErrorDetailSerializer, "`confirm` is not its name."),
+                   409: _CONFLICT},
+    ),
+)
+@extend_schema(tags=["volumes"])
+class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Storage on one node that you mount into instances there at their creation (`volumes` of
+    POST /api/v1/instances/); kept across stop/start and after the instances are destroyed. Another user's volume
+    is a 404."""
+
+    serializer_class = VolumeSerializer
+    queryset = Volume.objects.none()  # for the schema; get_queryset scopes to the user
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        if self.action == "list":
+            return svc.volumes_for_user(user=self.request.user)
+        return svc.volumes_for_user(user=self.request.user, include_deleted=True)
+
+    def _render(self, volume, code=status.HTTP_200_OK):
+        fresh = svc.volumes_for_user(user=self.request.user, include_deleted=True).get(pk=volume.pk)
+        return Response(VolumeSerializer(fresh).data, status=code)
+
+    def create(self, request):
+        data = VolumeCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        volume = svc.volume_create(owner=request.user, node_id=v["offer"], size_gb=v["size_gb"], label=v["label"])
+        return self._render(volume, status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        volume = self.get_object()
+        body = request.data if request.data else {"confirm": request.query_params.get("confirm", "")}
+        data = VolumeDeleteSerializer(data=body)
+        data.is_valid(raise_exception=True)
+        return self._render(svc.volume_delete(volume=volume, confirm=data.validated_data["confirm"]),
+                            status.HTTP_202_ACCEPTED)

@@ -1,0 +1,105 @@
+"""Volumes: storage a renter creates on a node, mounts into instances there, and keeps after they are gone.
+
+The state machine lives here (VOLUME_TRANSITIONS). A volume is billed per second while it exists on its node
+(from `available_at` until its deletion is asked for), at the price per GB-month its node published when it was
+created (billing.services.storage). A volume is mounted by at most one instance that is not destroyed or failed:
+the booking locks the volume's row and checks (marketplace.services.volumes), as deleting does.
+"""
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from core.transitions import StatefulModel, Transitions
+
+from .nodes import Node
+from .renting import Instance
+
+VOLUME_NAME_PATTERN = r"^vol-[a-z0-9]{8,32}$"  # the agent's contract (vm create's `volumes`, volume create)
+MAX_VOLUME_GB = 65536
+
+
+def new_volume_name() -> str:
+    """The volume's name on the node: random, never from user input."""
+    return f"vol-{secrets.token_hex(8)}"
+
+
+class VolumeState(models.TextChoices):
+    CREATING = "creating", "Creating on its node"
+    AVAILABLE = "available", "Available"
+    DELETING = "deleting", "Deleting"
+    DELETED = "deleted", "Deleted"
+    FAILED = "failed", "Failed: it could not be created"
+
+
+V = VolumeState
+VOLUME_TRANSITIONS = Transitions({
+    V.CREATING: {V.AVAILABLE, V.FAILED},
+    # DELETING -> AVAILABLE: the node refused (an instance still mounts it there).
+    V.AVAILABLE: {V.DELETING},
+    V.DELETING: {V.DELETED, V.AVAILABLE},
+    V.FAILED: {V.DELETING},
+    V.DELETED: set(),
+}, actions={
+    "delete": (V.DELETING, {V.AVAILABLE, V.FAILED}),
+})
+
+
+class Volume(StatefulModel, models.Model):
+    transitions = VOLUME_TRANSITIONS
+    state_field = "state"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="volumes")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="volumes")
+    name = models.CharField(max_length=40, unique=True, default=new_volume_name,
+                            help_text="Its name on the node (vol-...).")
+    label = models.CharField(max_length=100, blank=True)
+    size_gb = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=VolumeState.choices, default=VolumeState.CREATING)
+    status_message = models.CharField(max_length=500, blank=True)
+    # Price snapshot at creation: micro-dollars per GB per 30-day month, and the platform's fee in basis points.
+    price_per_gb_month_micros = models.BigIntegerField()
+    platform_fee_bps = models.PositiveIntegerField(default=0)
+    # Metering (billing.services.storage), written with this row locked: billed per whole second from
+    # `available_at`; cost_micros == floor(size_gb * price_per_gb_month_micros * billed_seconds / SECONDS_PER_MONTH).
+    billed_until = models.DateTimeField(null=True, blank=True)
+    billed_seconds = models.BigIntegerField(default=0)
+    cost_micros = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    available_at = models.DateTimeField(null=True, blank=True, help_text="When it was created on its node.")
+    deleted_at = models.DateTimeField(null=True, blank=True, help_text="When its deletion was asked for.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(size_gb__gte=1, size_gb__lte=MAX_VOLUME_GB), name="volume_size_range"),
+            models.CheckConstraint(condition=Q(price_per_gb_month_micros__gte=0), name="volume_price_non_negative"),
+            models.CheckConstraint(condition=Q(billed_seconds__gte=0, cost_micros__gte=0),
+                                   name="volume_billing_totals_non_negative"),
+            VOLUME_TRANSITIONS.check_constraint("state", "volume_state_declared"),
+        ]
+        indexes = [models.Index(fields=["state"], name="volume_state_idx")]
+
+    def __str__(self):
+        return f"{self.name} ({self.size_gb} GB, {self.state})"
+
+
+class VolumeMount(models.Model):
+    """Volume `volume` is mounted at `mount` in instance `instance` (from its creation on)."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="volume_mounts")
+    volume = models.ForeignKey(Volume, on_delete=models.PROTECT, related_name="mounts")
+    mount = models.CharField(max_length=255)
+
+    class Meta:
+        ordering = ["instance_id", "mount"]
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "volume"], name="volume_mount_once_per_instance"),
+            models.UniqueConstraint(fields=["instance", "mount"], name="volume_mount_path_once_per_instance"),
+        ]
+
+    def __str__(self):
+        return f"{self.volume} at {self.mount} in instance {self.instance_id}"

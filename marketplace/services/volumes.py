@@ -1,0 +1,257 @@
+"""Volumes: a renter's storage on one node, created there by a job, mounted into instances on that node at their
+creation, kept across stop/start and after the instances are gone, deleted only when asked (and confirmed).
+
+API side: `volume_create`, `volume_delete`, and `volume_mounts_for_booking` (the booking's checks of
+`volumes: [{"volume": id, "mount": "/data"}]`). Worker side: the `volume_mark_*` functions, each in its own short
+transaction with the volume's row locked, idempotent. Billing: billing.services.storage (from `available_at`
+until the deletion is asked for).
+
+A volume is mounted by at most one instance that is not destroyed or failed. A constraint cannot see the
+instance's state, so the booking locks the volumes' rows (FOR UPDATE, in id order) and then looks for a live
+mount; a deletion locks the row and looks the same way. Two bookings of one volume run one after the other, and
+the second sees the first's mount.
+"""
+import posixpath
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from billing.services.ledger import wallet_balance
+from billing.services.metering import platform_fee_bps
+from billing.services.storage import volume_storage_close
+from core.errors import Conflict, NotFound, PaymentRequired, ValidationFailed
+from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
+from marketplace.models.nodes import OFFERABLE
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.models.volumes import MAX_VOLUME_GB
+from provisioning.models import JobKind
+from provisioning.services.jobs import job_create
+
+MAX_VOLUMES_PER_INSTANCE = 8
+MAX_MOUNT_CHARS = 255
+_MOUNT_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
+_FORBIDDEN_MOUNT_ROOTS = ("/proc", "/sys", "/dev")
+
+
+# ----------------------------------------------------------------------------------------- reads
+
+
+def volumes_for_user(*, user: User, include_deleted: bool = False) -> QuerySet[Volume]:
+    """A renter's own volumes (deleted ones only when asked), with their mounts and those instances."""
+    volumes = Volume.objects.filter(owner=user).select_related("node")
+    if not include_deleted:
+        volumes = volumes.exclude(state=VolumeState.DELETED)
+    return volumes.prefetch_related(Prefetch("mounts", queryset=VolumeMount.objects.select_related("instance")))
+
+
+def volume_live_instance_ids(volume: Volume) -> list[int]:
+    """The instances (not destroyed or failed) that mount it: with prefetched mounts, no query."""
+    return sorted(m.instance_id for m in volume.mounts.all() if m.instance.status not in FINAL_STATUSES)
+
+
+def _live_mount(volume_id: int) -> VolumeMount | None:
+    return (VolumeMount.objects.filter(volume_id=volume_id).exclude(instance__status__in=FINAL_STATUSES)
+            .order_by("instance_id").first())
+
+
+# ------------------------------------------------------------------------------------- API side
+
+
+@transaction.atomic
+def volume_create(*, owner: User, node_id: int, size_gb: int, label: str = "") -> Volume:
+    """Create a volume on a node renters can book, at its published price per GB-month, and queue its creation.
+
+    Raises ValidationFailed (no such offer, size out of range), Conflict (the node takes no new rentals) or
+    PaymentRequired (the renter's balance is at zero or below while funds are required)."""
+    if not 1 <= size_gb <= MAX_VOLUME_GB:
+        raise ValidationFailed(f"A volume is 1 to {MAX_VOLUME_GB} GB.", field="size_gb")
+    node = Node.objects.select_for_update().filter(pk=node_id).first()
+    if node is None:
+        raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
+    if not Node.objects.filter(OFFERABLE, pk=node.pk).exists():
+        raise Conflict(f"Offer {node_id} takes no new rentals now; create the volume on another offer.")
+    if settings.BILLING_REQUIRE_FUNDS and wallet_balance(user_id=owner.pk) <= 0:
+        raise PaymentRequired("A volume is billed while it exists: top up your balance first "
+                              "(POST /api/v1/billing/top-ups/).")
+    volume = Volume.objects.create(
+        owner=owner, node=node, size_gb=size_gb, label=label, state=VolumeState.CREATING,
+        status_message="Waiting for a worker to create it",
+        price_per_gb_month_micros=node.disk_price_per_gb_month_micros,
+        platform_fee_bps=platform_fee_bps(),
+    )
+    job_create(kind=JobKind.VOLUME_CREATE, node=node, volume=volume)
+    return volume
+
+
+@transaction.atomic
+def volume_delete(*, volume: Volume, confirm: str) -> Volume:
+    """Delete a volume for good: `confirm` must be its name. Billing ends now; a job deletes it on its node.
+
+    Raises ValidationFailed (`confirm` is not its name), Conflict (an instance that is not destroyed or failed
+    mounts it, or it is still being created). Asked again while deleting: nothing changes."""
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    if confirm != volume.name:
+        raise ValidationFailed(f"Deleting a volume cannot be undone: send its name, {volume.name}, as `confirm`.",
+                               field="confirm")
+    if volume.state == VolumeState.DELETING:
+        return volume
+    if volume.state == VolumeState.DELETED:
+        raise Conflict("The volume is already deleted.")
+    mount = _live_mount(volume.pk)
+    if mount is not None:
+        raise Conflict(f"Instance {mount.instance_id} mounts this volume; destroy the instance first.")
+    if not volume.allows("delete"):
+        raise Conflict(f"The volume is {volume.state}; delete it once it is created.")
+    now = timezone.now()
+    volume_storage_close(volume=volume, until=now)
+    volume.transition_to(VolumeState.DELETING)
+    volume.deleted_at = now
+    volume.status_message = "Waiting for a worker to delete it"
+    volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
+    job_create(kind=JobKind.VOLUME_DELETE, node=Node.objects.get(pk=volume.node_id), volume=volume)
+    return volume
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    volume: Volume
+    mount: str
+
+
+def _mount_problem(mount: object) -> str:
+    if not isinstance(mount, str) or not mount:
+        return "is an absolute path, e.g. /data"
+    if len(mount) > MAX_MOUNT_CHARS or not _MOUNT_RE.match(mount):
+        return f"is an absolute path of letters, digits and . _ - / (at most {MAX_MOUNT_CHARS} characters)"
+    if ".." in mount.split("/") or "//" in mount or posixpath.normpath(mount) != mount:
+        return "must be a normalised path (no '..', '.', '//' or trailing '/')"
+    if mount == "/" or any(mount == root or mount.startswith(root + "/") for root in _FORBIDDEN_MOUNT_ROOTS):
+        return "cannot be / or under /proc, /sys or /dev"
+    return ""
+
+
+def volume_mounts_for_booking(*, renter: User, node_id: int, specs: list[dict[str, Any]]) -> list[MountRequest]:
+    """Check the booking's `volumes` and lock their rows (call inside the booking's transaction, after the node's
+    lock). Raises ValidationFailed (field `volumes`) for a volume that is not the renter's, on another node, named
+    twice, or a bad or repeated mount path; Conflict for a volume not available or mounted by a live instance."""
+    if not specs:
+        return []
+    if len(specs) > MAX_VOLUMES_PER_INSTANCE:
+        raise ValidationFailed(f"At most {MAX_VOLUMES_PER_INSTANCE} volumes per instance.", field="volumes")
+    ids: list[int] = []
+    mounts: list[str] = []
+    for n, spec in enumerate(specs):
+        volume_id, mount = spec.get("volume"), spec.get("mount")
+        if not isinstance(volume_id, int) or isinstance(volume_id, bool):
+            raise ValidationFailed(f"volumes[{n}].volume is the id of one of your volumes.", field="volumes")
+        problem = _mount_problem(mount)
+        if problem:
+            raise ValidationFailed(f"volumes[{n}].mount {problem}.", field="volumes")
+        if mount in mounts:
+            raise ValidationFailed(f"volumes[{n}].mount: {mount} is given twice.", field="volumes")
+        if volume_id in ids:
+            raise ValidationFailed(f"volumes[{n}]: volume {volume_id} is mounted twice.", field="volumes")
+        ids.append(volume_id)
+        mounts.append(str(mount))
+    locked = {v.pk: v for v in Volume.objects.select_for_update().filter(pk__in=ids, owner=renter).order_by("pk")}
+    requests = []
+    for n, (volume_id, mount) in enumerate(zip(ids, mounts, strict=True)):
+        volume = locked.get(volume_id)
+        if volume is None or volume.state == VolumeState.DELETED:
+            raise ValidationFailed(f"volumes[{n}]: you have no volume {volume_id}.", field="volumes")
+        if volume.node_id != locked[ids[0]].node_id:
+            raise ValidationFailed(f"volumes[{n}]: volume {volume_id} is on node {volume.node_id}, the others on "
+                                   f"node {locked[ids[0]].node_id}; an instance mounts volumes of one node only.",
+                                   field="volumes")
+        if volume.node_id != node_id:
+            raise ValidationFailed(f"volumes[{n}]: volume {volume_id} is on node {volume.node_id}; book an offer "
+                                   "on that node to mount it.", field="volumes")
+        if volume.state != VolumeState.AVAILABLE:
+            raise Conflict(f"Volume {volume_id} is {volume.state}; it can be mounted once it is available.")
+        live = _live_mount(volume.pk)
+        if live is not None:
+            raise Conflict(f"Volume {volume_id} is mounted by instance {live.instance_id}; an instance that is not "
+                           "destroyed keeps it.")
+        requests.append(MountRequest(volume=volume, mount=mount))
+    return requests
+
+
+def volume_mounts_attach(*, instance: Instance, requests: list[MountRequest]) -> None:
+    """Record the mounts of a new instance (inside its booking's transaction)."""
+    VolumeMount.objects.bulk_create(VolumeMount(instance=instance, volume=r.volume, mount=r.mount) for r in requests)
+
+
+def volume_agent_specs(*, instance: Instance) -> list[dict[str, str]]:
+    """The `volumes` of the agent's `vm create` request: [{"name": "vol-...", "mount": "/data"}]."""
+    return [{"name": m.volume.name, "mount": m.mount}
+            for m in VolumeMount.objects.filter(instance=instance).select_related("volume").order_by("mount")]
+
+
+def volume_for_user(*, user: User, volume_id: int) -> Volume:
+    volume = volumes_for_user(user=user, include_deleted=True).filter(pk=volume_id).first()
+    if volume is None:
+        raise NotFound("No such volume.")
+    return volume
+
+
+# ------------------------------------------------------------------------------------ worker side
+
+
+def _locked(volume_id: int) -> Volume | None:
+    return Volume.objects.select_for_update().filter(pk=volume_id).first()
+
+
+@transaction.atomic
+def volume_mark_available(*, volume_id: int, at: datetime | None = None) -> Volume | None:
+    """creating → available: created on its node; billing starts now. None when it is no longer creating."""
+    volume = _locked(volume_id)
+    if volume is None or volume.state != VolumeState.CREATING:
+        return volume
+    volume.transition_to(VolumeState.AVAILABLE)
+    volume.available_at = at or timezone.now()
+    volume.status_message = "Available"
+    volume.save(update_fields=["state", "available_at", "status_message", "updated_at"])
+    return volume
+
+
+@transaction.atomic
+def volume_mark_failed(*, volume_id: int, message: str) -> Volume | None:
+    """creating → failed (nothing was billed)."""
+    volume = _locked(volume_id)
+    if volume is None or volume.state != VolumeState.CREATING:
+        return volume
+    volume.transition_to(VolumeState.FAILED)
+    volume.status_message = (message or "Failed")[:500]
+    volume.save(update_fields=["state", "status_message", "updated_at"])
+    return volume
+
+
+@transaction.atomic
+def volume_mark_deleted(*, volume_id: int) -> Volume | None:
+    volume = _locked(volume_id)
+    if volume is None or volume.state != VolumeState.DELETING:
+        return volume
+    volume.transition_to(VolumeState.DELETED)
+    volume.status_message = "Deleted"
+    volume.save(update_fields=["state", "status_message", "updated_at"])
+    return volume
+
+
+@transaction.atomic
+def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
+    """deleting → available: the node could not delete it (still mounted there, or unreachable). It exists, so
+    it is billed again from where billing stopped (billed_until)."""
+    volume = _locked(volume_id)
+    if volume is None or volume.state != VolumeState.DELETING:
+        return volume
+    volume.transition_to(VolumeState.AVAILABLE)
+    volume.deleted_at = None
+    volume.status_message = f"Not deleted: {message}"[:500]
+    volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
+    return volume

@@ -1,0 +1,69 @@
+"""Renters' volumes page: the list, creating one on an offer's node, deleting one (confirmed by typing its name).
+
+Thin: marketplace.services.volumes does the work and says no (a Conflict while an instance mounts it)."""
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from core.errors import ApplicationError
+from core.validators import no_control_characters
+from core.web_errors import form_error, message_error
+from marketplace import selectors
+from marketplace.models import Volume
+from marketplace.models.volumes import MAX_VOLUME_GB
+from marketplace.services import volumes as svc
+from marketplace.templatetags.marketplace_web import usd
+from marketplace.validators import NAME_MAX_LENGTH
+
+
+def _offer_choices():
+    offers = selectors.offers_search().order_by("country", "city", "pk")
+    return [(o.pk, f"#{o.pk} · {o.gpu_model.name} · {o.city + ', ' if o.city else ''}{o.country.name} · "
+                   f"{usd(o.disk_price_per_gb_month_micros)} per GB-month") for o in offers]
+
+
+class VolumeForm(forms.Form):
+    offer = forms.TypedChoiceField(label="Server (offer)", coerce=int, choices=(),
+                                   help_text="A volume lives on one server; instances on that server can mount it.")
+    size_gb = forms.IntegerField(label="Size (GB)", min_value=1, max_value=MAX_VOLUME_GB, initial=50)
+    label = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["offer"].choices = _offer_choices()
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def volumes(request):
+    form = VolumeForm(request.POST or None, initial={"offer": request.GET.get("offer")})
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            volume = svc.volume_create(owner=request.user, node_id=data["offer"], size_gb=data["size_gb"],
+                                       label=data["label"])
+        except ApplicationError as exc:
+            form_error(form, exc)
+        else:
+            messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is being created; it is billed "
+                                      f"at {usd(volume.price_per_gb_month_micros)} per GB-month once it exists.")
+            return redirect("volumes")
+    listed = svc.volumes_for_user(user=request.user).order_by("-created_at", "-id")
+    rows = [{"volume": v, "in_use_by": svc.volume_live_instance_ids(v)} for v in listed]
+    return render(request, "marketplace/volumes.html", {"form": form, "rows": rows},
+                  status=400 if form.errors else 200)
+
+
+@login_required
+@require_POST
+def volume_delete(request, pk: int):
+    volume = get_object_or_404(Volume, pk=pk, owner=request.user)
+    try:
+        svc.volume_delete(volume=volume, confirm=request.POST.get("confirm", "").strip())
+    except ApplicationError as exc:
+        message_error(request, exc)
+    else:
+        messages.success(request, f"Volume {volume.name} is being deleted; billing stopped now.")
+    return redirect("volumes")

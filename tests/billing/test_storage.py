@@ -1,0 +1,160 @@
+"""Storage billing: volumes while they exist and stopped instances' disks, per second at the node's published
+disk price, in balanced ledger transactions; the low-balance warning and the grace period count them."""
+import pytest
+from django.core import mail
+
+from billing.models import AccountKind, BillingEvent, Entry, LedgerTransaction, TransactionKind
+from billing.services.ledger import earnings_balance
+from billing.tasks import usage_meter_tick
+from marketplace.models import Image, Volume
+from marketplace.models.host import SECONDS_PER_MONTH
+from marketplace.services import instances as svc
+from marketplace.services import volumes as volume_svc
+from provisioning.models import Job
+from tests.billing.helpers import ED25519, balance, fund, node, run, running, start, stop
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def tick(django_capture_on_commit_callbacks):
+    def run_tick():
+        with django_capture_on_commit_callbacks(execute=True):
+            usage_meter_tick()
+    return run_tick
+
+
+def _volume(owner, on, size_gb=100) -> Volume:
+    volume = volume_svc.volume_create(owner=owner, node_id=on.pk, size_gb=size_gb)
+    return volume_svc.volume_mark_available(volume_id=volume.pk)
+
+
+def _storage_entries(user, kind):
+    return list(Entry.objects.filter(transaction__kind=TransactionKind.STORAGE, account__user=user,
+                                     account__kind=kind).values_list("amount_micros", flat=True))
+
+
+def test_a_volume_is_billed_per_second_at_its_nodes_disk_price_and_the_provider_earns_minus_the_fee(
+        clock, user, tick):
+    provider = UserFactory()
+    on = node(provider=provider)
+    on.disk_price_per_gb_month_micros = 250_000  # USD 0.25 per GB-month
+    on.save()
+    fund(user, "10")
+    volume = _volume(user, on, size_gb=100)
+    on.disk_price_per_gb_month_micros = 900_000  # a later price change does not reach the volume
+    on.save()
+    before = balance(user)
+    clock.advance(3600)
+    tick()
+    clock.advance(1800)
+    tick()
+    volume.refresh_from_db()
+    cost = 100 * 250_000 * 5400 // SECONDS_PER_MONTH  # floor over the whole 90 minutes (cumulative rounding)
+    assert volume.billed_seconds == 5400 and volume.cost_micros == cost == 52_083
+    assert before - balance(user) == cost
+    fee = cost * 1500 // 10_000
+    assert earnings_balance(user_id=provider.pk) == cost - fee
+    for txn in LedgerTransaction.objects.filter(kind=TransactionKind.STORAGE):
+        assert sum(txn.entries.values_list("amount_micros", flat=True)) == 0
+
+
+def test_deleting_a_volume_ends_its_billing_at_the_request(clock, user, tick):
+    fund(user, "10")
+    on = node()
+    volume = _volume(user, on, size_gb=10)
+    clock.advance(600)
+    volume_svc.volume_delete(volume=volume, confirm=volume.name)
+    assert Job.objects.filter(volume=volume, kind="volume_delete", status="queued").exists()
+    charged = balance(user)
+    clock.advance(7200)
+    tick()
+    volume.refresh_from_db()
+    assert volume.state == "deleting" and volume.billed_seconds == 600
+    assert balance(user) == charged
+    # The node refused (an instance still mounts it there): it exists, so it is billed again from where it stopped.
+    volume_svc.volume_delete_refused(volume_id=volume.pk, message="in use")
+    tick()
+    volume.refresh_from_db()
+    assert volume.state == "available" and volume.billed_seconds == 7800
+
+
+def test_a_failed_volume_costs_nothing(clock, user, tick):
+    fund(user, "10")
+    volume = volume_svc.volume_create(owner=user, node_id=node().pk, size_gb=10)
+    volume_svc.volume_mark_failed(volume_id=volume.pk, message="no room")
+    clock.advance(3600)
+    tick()
+    assert not LedgerTransaction.objects.filter(kind=TransactionKind.STORAGE).exists()
+
+
+def test_a_stopped_instances_disk_is_billed_until_it_starts_again(clock, user, tick):
+    fund(user, "20")
+    on = node("1.000000")
+    on.disk_price_per_gb_month_micros = 300_000
+    on.save()
+    instance = running(user, on)
+    assert instance.disk_price_per_gb_month_micros == 300_000
+    clock.advance(60)
+    instance = stop(instance)
+    clock.advance(1000)
+    tick()
+    clock.advance(234)  # the start closes the disk's billing at its moment, not the next tick
+    instance = start(instance)
+    instance.refresh_from_db()
+    assert instance.disk_billed_seconds == 1234
+    assert instance.disk_cost_micros == instance.disk_gb * 300_000 * 1234 // SECONDS_PER_MONTH > 0
+    charged = sum(_storage_entries(user, AccountKind.CUSTOMER_WALLET))
+    assert -charged == instance.disk_cost_micros
+    clock.advance(3600)  # running: GPU time, no disk charge
+    tick()
+    instance.refresh_from_db()
+    assert instance.disk_billed_seconds == 1234
+
+
+def test_storage_counts_in_the_low_balance_warning_and_the_grace_period_deletes_unmounted_volumes(
+        clock, user, tick, settings):
+    settings.BILLING_LOW_BALANCE_WARNING_S = 3600
+    settings.BILLING_GRACE_PERIOD_S = 2 * 86400
+    settings.BILLING_DESTROY_WARNING_S = 86400
+    on = node()
+    on.disk_price_per_gb_month_micros = 1_000_000  # $1 per GB-month
+    on.save()
+    fund(user, "0.10")
+    volume = _volume(user, on, size_gb=1000)  # $1000 a month: about $1.39 an hour, so $0.10 lasts ~4 minutes
+    tick()
+    assert "low_balance" in BillingEvent.objects.filter(user=user).values_list("kind", flat=True)
+    clock.advance(600)
+    tick()
+    assert balance(user) <= 0
+    clock.advance(86400 + 60)
+    tick()
+    warning = BillingEvent.objects.filter(user=user, kind="destroy_warning").get()
+    assert volume.name in warning.message
+    clock.advance(86400)
+    tick()
+    volume.refresh_from_db()
+    assert volume.state == "deleting"
+    assert Job.objects.filter(volume=volume, kind="volume_delete").exists()
+    assert any("deleted" in m.body for m in mail.outbox)
+
+
+def test_a_volume_an_instance_mounts_is_not_deleted_with_it_at_the_end_of_the_grace_period(clock, user, tick,
+                                                                                           settings):
+    settings.BILLING_GRACE_PERIOD_S = 86400
+    fund(user, "1.00")
+    on = node("1.000000")
+    volume = _volume(user, on, size_gb=10)
+    instance, _ = svc.instance_create(renter=user, node_id=on.pk, num_gpus=1, image=Image.objects.get(
+        slug="pytorch-2-5"), ssh_public_keys=[ED25519], volumes=[{"volume": volume.pk, "mount": "/data"}])
+    instance = run(instance)
+    clock.advance(3601)
+    tick()  # at zero: stopped
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    clock.advance(86400 + 60)
+    tick()
+    instance.refresh_from_db()
+    volume.refresh_from_db()
+    # The instance is destroyed; the volume it mounts is not deleted while that instance is not gone.
+    assert instance.status == "destroying" and volume.state == "available"

@@ -1,0 +1,100 @@
+"""The volumes page (create, list, delete confirmed by the name), volumes on the instance page, and the host facts
+on the offers and rent pages, with Django's test client."""
+import re
+
+import pytest
+
+from marketplace.models import Instance, Volume
+from marketplace.services import volumes as volume_svc
+from tests.factories import make_listed_node
+from tests.marketplace.renting_helpers import book
+
+pytestmark = pytest.mark.django_db
+
+
+def _node_with_host_facts():
+    node = make_listed_node(gpu_model="rtx-a4000", gpu_count=2, city="Berlin")
+    node.cpu_model, node.cpu_cores, node.ram_gb, node.disk_free_gb = "AMD EPYC 7543", 64, 512, 3500
+    node.disk_bandwidth_mbs, node.driver_version, node.cuda_version = 1850.0, "550.54.15", 12040
+    node.pcie_gen, node.pcie_width, node.net_mbps, node.disk_price_per_gb_month_micros = 4, 16, 940.0, 80_000
+    node.save()
+    return node
+
+
+def test_the_volumes_page_needs_a_login(client):
+    r = client.get("/volumes/")
+    assert r.status_code == 302 and "/accounts/login/" in r["Location"]
+
+
+def test_create_list_and_delete_with_the_name_typed(web, renter):
+    node = _node_with_host_facts()
+    page = web.get("/volumes/").content.decode()
+    assert f'value="{node.pk}"' in page and "$0.08 per GB-month" in page
+    r = web.post("/volumes/", {"offer": node.pk, "size_gb": 25, "label": "datasets"})
+    assert r.status_code == 302
+    volume = Volume.objects.get(owner=renter)
+    assert (volume.size_gb, volume.label, volume.state) == (25, "datasets", "creating")
+    volume_svc.volume_mark_available(volume_id=volume.pk)
+    page = web.get("/volumes/").content.decode()
+    assert volume.name in page and "datasets" in page and "25 GB" in page
+    # A wrong name deletes nothing; the right one does.
+    r = web.post(f"/volumes/{volume.pk}/delete/", {"confirm": "yes"}, follow=True)
+    assert Volume.objects.get(pk=volume.pk).state == "available"
+    assert volume.name in r.content.decode()  # the message says which name to send
+    web.post(f"/volumes/{volume.pk}/delete/", {"confirm": volume.name})
+    assert Volume.objects.get(pk=volume.pk).state == "deleting"
+
+
+@pytest.mark.parametrize(("data", "field"), [({"size_gb": 0}, "size_gb"), ({"offer": 999_999}, "offer"),
+                                             ({"label": "a\nb"}, "label")])
+def test_bad_input_is_shown_next_to_the_field(web, data, field):
+    node = _node_with_host_facts()
+    r = web.post("/volumes/", {"offer": node.pk, "size_gb": 5, **data})
+    assert r.status_code == 400 and f'id="id_{field}_errors"' in r.content.decode()
+    assert not Volume.objects.exists()
+
+
+def test_another_users_volume_cannot_be_deleted(web, stranger):
+    node = _node_with_host_facts()
+    theirs = volume_svc.volume_mark_available(
+        volume_id=volume_svc.volume_create(owner=stranger, node_id=node.pk, size_gb=5).pk)
+    assert web.post(f"/volumes/{theirs.pk}/delete/", {"confirm": theirs.name}).status_code == 404
+    assert theirs.name not in web.get("/volumes/").content.decode()
+    assert Volume.objects.get(pk=theirs.pk).state == "available"
+
+
+def test_the_instance_page_shows_its_volumes_and_the_disk_price(web, renter):
+    node = _node_with_host_facts()
+    volume = volume_svc.volume_mark_available(
+        volume_id=volume_svc.volume_create(owner=renter, node_id=node.pk, size_gb=7, label="ckpt").pk)
+    instance = book(renter, node, volumes=[{"volume": volume.pk, "mount": "/data"}])
+    page = web.get(f"/instances/{instance.pk}/").content.decode()
+    assert volume.name in page and "/data" in page and "(ckpt)" in page
+    assert "$0.08 per GB-month" in page
+    # The volumes page says who mounts it, and offers no delete while it does.
+    page = web.get("/volumes/").content.decode()
+    assert f'href="/instances/{instance.pk}/"' in page and f"/volumes/{volume.pk}/delete/" not in page
+    assert Instance.objects.get(pk=instance.pk).volume_mounts.count() == 1
+
+
+def test_offers_and_rent_pages_show_the_host_facts(client, web):
+    node = _node_with_host_facts()
+    offers = client.get("/offers/").content.decode()
+    assert "PCIe 4.0 ×16" in offers and "CUDA 12.4" in offers and "64 CPU threads" in offers
+    rent = web.get(f"/offers/{node.pk}/rent/").content.decode()
+    for text in ("AMD EPYC 7543", "512 GB RAM", "3500 GB free", "1,850 MB/s", "550.54.15", "940 Mbit/s",
+                 "measured by the platform over SSH"):
+        assert text in rent, text
+
+
+@pytest.mark.parametrize("query", ["min_cuda_version=12.4", "min_cuda_version=12.5", "min_pcie_gen=4&min_ram_gb=500",
+                                   "ordering=-ram_gb", "ordering=platform_to_node_mbps"])
+def test_host_filters_work_on_the_offers_page_as_in_the_api(client, query):
+    node = _node_with_host_facts()
+    make_listed_node(gpu_model="rtx-a4000")  # not measured yet: nulls, ordered last
+    page = client.get(f"/offers/?{query}").content.decode()
+    web_ids = [int(i) for i in re.findall(r'href="/offers/(\d+)/rent/"', page)]
+    api_ids = [o["id"] for o in client.get(f"/api/v1/offers/?{query}").json()["results"]]
+    assert web_ids == api_ids
+    if query.startswith("ordering"):
+        assert api_ids[0] == node.pk
