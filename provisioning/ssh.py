@@ -35,6 +35,7 @@ REMOTE_AGENT_DIR = ".gpumarket/agent"
 AGENT_COMMANDS = {
     ("inventory",), ("health",), ("benchmark",), ("challenge",),
     ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
+    ("vm", "logs"),
 }
 MAX_ANSWER_BYTES = 8 << 20
 

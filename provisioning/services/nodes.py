@@ -50,14 +50,15 @@ def node_event(node: Node, kind: str, message: str, level: str = NodeEvent.Level
 
 
 @contextlib.contextmanager
-def node_session(node: Node, timeouts: Timeouts | None = None) -> Iterator[NodeSession]:
+def node_session(node: Node, timeouts: Timeouts | None = None, *,
+                 slot_wait_s: float | None = None) -> Iterator[NodeSession]:
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
     On first contact the host key is recorded and pinned from then on; a changed
     key quarantines the node and re-raises HostKeyMismatch; a key another live node
     has is not pinned and raises DuplicateHardware.
     """
-    with node_slot(node.pk):
+    with node_slot(node.pk, **({} if slot_wait_s is None else {"wait_s": slot_wait_s})):
         session = NodeSession(node_endpoint(node), timeouts)
         try:
             session.connect()
