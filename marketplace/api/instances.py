@@ -343,7 +343,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
+        instance = self.get_object()  # another's instance is a 404 whatever the parameters
         reject_unknown_params(request, {"tail"})
         tail = opts.clean_logs_tail(request.query_params.get("tail"))
-        instance = self.get_object()
         return Response({"id": instance.pk, "lines": vm_logs(instance=instance, tail=tail)})

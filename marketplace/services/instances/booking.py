@@ -113,10 +113,10 @@ def _check_cuda(node: Node, wanted: str) -> None:
     have = (node.inventory or {}).get("cuda_version")
     have_tuple, wanted_tuple = cuda_tuple(have), cuda_tuple(wanted)
     if have_tuple is None:
-        raise Conflict(f"This node's CUDA version is not known, so it cannot be shown to run CUDA {wanted}; "
+        raise ValidationFailed(f"This node's CUDA version is not known, so it cannot be shown to run CUDA {wanted}; "
                        "pick another offer or leave out `min_cuda_version`.", field="min_cuda_version")
     if wanted_tuple is not None and have_tuple < wanted_tuple:
-        raise Conflict(f"This node's driver supports CUDA up to {have}, lower than the {wanted} you asked for; "
+        raise ValidationFailed(f"This node's driver supports CUDA up to {have}, lower than the {wanted} you asked for; "
                        "pick an offer with a newer driver (offers show it).", field="min_cuda_version")
 
 
