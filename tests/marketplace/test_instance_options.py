@@ -224,7 +224,8 @@ def _raw_column(instance_id: int) -> bytes | None:
 def test_registry_password_is_encrypted_at_rest_never_answered_nor_logged_and_gone_at_the_end(api, caplog):
     caplog.set_level(logging.DEBUG)
     node = make_listed_node(gpu_count=4)
-    data = body(node, image="registry.example.com/team/app:2", registry_auth={"username": "robot", "password": PASSWORD})
+    data = body(node, image="registry.example.com/team/app:2",
+                registry_auth={"username": "robot", "password": PASSWORD})
     r = post(api, data, HTTP_IDEMPOTENCY_KEY="k-1")
     assert r.status_code == 201, r.content
     instance_id = r.json()["id"]
