@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import accounts, billing, providers, renters
+from . import accounts, billing, instances, providers, renters
 
 urlpatterns = [
     path("", accounts.home, name="home"),
@@ -16,10 +16,10 @@ urlpatterns = [
     path("offers/", renters.offers, name="offers"),
     path("offers/<int:node_id>/rent/", renters.rent, name="rent"),
     path("gpus/", renters.gpu_compare, name="gpu-compare"),
-    path("instances/", renters.instances, name="instances"),
-    path("instances/<int:pk>/", renters.instance, name="instance"),
-    path("instances/<int:pk>/live/", renters.instance_live, name="instance-live"),
-    path("instances/<int:pk>/<slug:verb>/", renters.instance_verb, name="instance-verb"),
+    path("instances/", instances.instances, name="instances"),
+    path("instances/<int:pk>/", instances.instance, name="instance"),
+    path("instances/<int:pk>/live/", instances.instance_live, name="instance-live"),
+    path("instances/<int:pk>/<slug:verb>/", instances.instance_verb, name="instance-verb"),
     # Providers
     path("nodes/", providers.nodes, name="nodes"),
     path("nodes/new/", providers.node_register, name="node-register"),
