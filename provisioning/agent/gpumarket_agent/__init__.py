@@ -3,7 +3,7 @@
     python3 gpumarket_agent-<hash>.pyz <command> [<subcommand>]  < request.json
 
 Commands: inventory, health, benchmark, challenge (interactive: challenge.py),
-vm create|start|stop|destroy|list|status. The request is one JSON
+vm create|start|stop|destroy|list|status|logs, volume create|delete|list. The request is one JSON
 object on stdin (empty stdin = {}); the answer is exactly one JSON object on stdout:
     {"ok": true, "agent_version": "...", ...}
     {"ok": false, "agent_version": "...", "error": {"code": "...", "message": "...", "field": "..."}}
@@ -49,10 +49,21 @@ from .measurements import (
     small_cnn_images_s,
     warm_up,
 )
+from .options import (
+    ENV_NAME_RE,
+    VOLUME_NAME_RE,
+    validate_env,
+    validate_mount,
+    validate_options,
+    validate_ports,
+    validate_registry_auth,
+    validate_volumes,
+)
 from .procs import kill_trees, pids_matching, port_free, proc_table, wait_port
 from .records import all_records, file_lock, load_record, pick_host_port, save_record, vm_dir
+from .reference import parse_reference, registry_key
 from .runtimes import RUNTIME_CLASSES
-from .runtimes.base import Runtime, vm_name
+from .runtimes.base import Runtime, os_release_pretty_name, vm_name
 from .runtimes.docker import DOCKER_LIST_ARGV, DockerRuntime, docker_run_argv, docker_state, docker_verb_argv
 from .runtimes.libvirt import (
     LIBVIRT_SSH_USER,
@@ -90,7 +101,8 @@ from .validation import (
     validate_public_key,
     validate_vm_id,
 )
-from .vm import check_gpus_free, cmd_vm, describe, pick_runtime, vm_create, vm_list, vm_simple, vm_start
+from .vm import check_gpus_free, cmd_vm, cmd_volumes, describe, pick_runtime, vm_create, vm_list, vm_simple, vm_start
+from .volumes import all_volumes, cmd_volume, load_volume, used_by
 
 __all__ = [
     "AGENT_VERSION", "AgentError", "BENCH_LIMIT_S", "CLOCK_EVENT_BITS", "COMMANDS", "Config", "DOCKER_LIST_ARGV",
@@ -110,4 +122,7 @@ __all__ = [
     "sim_sshd_config", "small_cnn_images_s", "smi_value", "split_smi_line", "start_watchdog", "validate_benchmark",
     "validate_create", "validate_gpu_indices", "validate_public_key", "validate_vm_id", "virsh_argv", "vm_create",
     "vm_dir", "vm_list", "vm_name", "vm_simple", "vm_start", "wait_port", "warm_up", "write_file",
+    "ENV_NAME_RE", "VOLUME_NAME_RE", "all_volumes", "cmd_volume", "cmd_volumes", "load_volume",
+    "os_release_pretty_name", "parse_reference", "registry_key", "used_by", "validate_env", "validate_mount",
+    "validate_options", "validate_ports", "validate_registry_auth", "validate_volumes",
 ]

@@ -12,9 +12,10 @@ from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.sim import sim_nvidia_smi
+from .runtimes.simbox import main_sim_box
 from .smi import host_facts, inventory_hash, read_gpus
 from .validation import reject_unknown
-from .vm import cmd_vm
+from .vm import cmd_vm, cmd_volumes
 
 
 def cmd_inventory(cfg, req):
@@ -68,10 +69,13 @@ def handle(argv, stdin_text, env):
             raise invalid("request", "the request must be a JSON object")
         if argv[:1] == ["vm"] and len(argv) == 2:
             answer = cmd_vm(cfg, req, argv[1])
+        elif argv[:1] == ["volume"] and len(argv) == 2:
+            answer = cmd_volumes(cfg, req, argv[1])
         elif len(argv) == 1 and argv[0] in COMMANDS:
             answer = COMMANDS[argv[0]](cfg, req)
         else:
-            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|vm <subcommand>")
+            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|"
+                                    "vm <subcommand>|volume <subcommand>")
         answer.update(ok=True, agent_version=AGENT_VERSION)
         return answer, 0
     except AgentError as exc:
@@ -89,6 +93,8 @@ def main():
     argv = sys.argv[1:]
     if argv[:1] == ["_sim-nvidia-smi"] and len(argv) >= 2:  # the fake nvidia-smi of a sim VM
         return sim_nvidia_smi(argv[2:], argv[1])
+    if argv[:1] == ["_sim-box"]:  # the ports and onstart of a sim VM (runtimes/simbox.py)
+        return main_sim_box(argv[1:])
     if argv == ["challenge"]:  # interactive: one JSON object a line both ways (challenge.py)
         try:
             cfg = Config(os.environ)

@@ -3,7 +3,7 @@ import json
 import os
 import subprocess
 
-AGENT_VERSION = "1.1.0"
+AGENT_VERSION = "1.2.0"
 RUNTIMES = ("sim", "docker", "libvirt")
 MAX_REQUEST_BYTES = 1 << 20
 

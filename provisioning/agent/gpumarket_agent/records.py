@@ -1,4 +1,4 @@
-"""VM records on disk, locks and host ports."""
+"""VM records on disk, locks, host ports and VM logs."""
 import contextlib
 import fcntl
 import json
@@ -52,9 +52,66 @@ def file_lock(cfg, name, timeout):
         os.close(fd)
 
 
-def pick_host_port(cfg, records):
+def used_ports(records):
+    """Host ports the recorded VMs hold: SSH and every mapped container port."""
     used = {r.get("ssh_port") for r in records}
+    for rec in records:
+        used.update((rec.get("ports") or {}).values())
+    return used
+
+
+def pick_host_port(cfg, records, taken=()):
+    used = used_ports(records) | set(taken)
     for port in range(cfg.port_range[0], cfg.port_range[1] + 1):
         if port not in used and port_free(port):
             return port
     raise AgentError("no_free_port", "no free port in GPUMARKET_PORT_RANGE %d-%d" % cfg.port_range)
+
+
+# ------------------------------------------------------------------------------------------------- logs
+# A VM's log (<vm dir>/vm.log): the agent's own lines ("<UTC time> [gpumarket] ...": pull, boot, onstart) and,
+# on the sim runtime, onstart's output. Never a secret: the registry password is never passed to a logger.
+LOG_MAX_BYTES = 1 << 20
+
+
+def log_time():
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%09dZ" % int((now % 1) * 1e9)
+
+
+def log_path(cfg, vm_id):
+    return os.path.join(vm_dir(cfg, vm_id), "vm.log")
+
+
+def append_log(path, lines, prefix="[gpumarket] "):
+    """Append lines, each with the time; keep the file under LOG_MAX_BYTES by dropping its older half."""
+    stamp = log_time()
+    text = "".join("%s %s%s\n" % (stamp, prefix, line.rstrip("\n")) for line in lines)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as f:
+        f.write(text)
+        size = f.tell()
+    if size > LOG_MAX_BYTES:
+        with open(path, "rb") as f:
+            f.seek(size - LOG_MAX_BYTES // 2)
+            rest = f.read().split(b"\n", 1)[-1]
+        with open(path + ".tmp", "wb") as f:
+            f.write(rest)
+        os.chmod(path + ".tmp", 0o600)
+        os.replace(path + ".tmp", path)
+
+
+def vm_log(cfg, vm_id, *lines):
+    os.makedirs(vm_dir(cfg, vm_id), exist_ok=True)
+    append_log(log_path(cfg, vm_id), lines)
+
+
+def tail_lines(path, n):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_MAX_BYTES))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    return [ln.decode("utf-8", "replace") for ln in data.splitlines()][-n:]

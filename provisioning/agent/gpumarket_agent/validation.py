@@ -1,19 +1,16 @@
-"""Checking requests: VM ids, SSH keys, image names, GPU indices."""
+"""Checking requests: VM ids, SSH keys, image names, GPU indices, and the renter's options (options.py)."""
 import base64
 import re
 
 from .core import invalid
+from .options import validate_options
+from .reference import parse_reference
 
 VM_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
              "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
 _B64_RE = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _COMMENT_RE = re.compile(r"[\x21-\x7e]+( [\x21-\x7e]+)*")  # printable ASCII words, single spaces
-# Docker reference: optional registry[:port]/, lower-case path components, optional :tag and @sha256.
-_DOCKER_IMAGE_RE = re.compile(
-    r"(?:[a-z0-9]+(?:[.-][a-z0-9]+)*(?::[0-9]{1,5})?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
 _LIBVIRT_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 
@@ -56,8 +53,14 @@ def validate_public_key(value):
     return value
 
 
+CREATE_FIELDS = ("vm_id", "gpu_indices", "ssh_public_keys", "image", "disk_gb", "registry_auth", "env", "onstart",
+                 "ports", "volumes")
+
+
 def validate_create(req, runtime, gpu_indices_present):
-    reject_unknown(req, ("vm_id", "gpu_indices", "ssh_public_keys", "image", "disk_gb"))
+    """(vm_id, spec): the spec is what the VM record keeps. registry_auth is checked here and never kept: the
+    caller takes it with options.validate_registry_auth."""
+    reject_unknown(req, CREATE_FIELDS)
     vm_id = validate_vm_id(req.get("vm_id"))
     indices = validate_gpu_indices(req.get("gpu_indices"), gpu_indices_present)
     keys = req.get("ssh_public_keys")
@@ -71,17 +74,21 @@ def validate_create(req, runtime, gpu_indices_present):
     image = req.get("image", {})
     if not isinstance(image, dict) or set(image) - {"docker", "libvirt"}:
         raise invalid("image", "image must be an object with 'docker' and/or 'libvirt' names")
-    patterns = {"docker": _DOCKER_IMAGE_RE, "libvirt": _LIBVIRT_IMAGE_RE}
     for kind, name in image.items():
-        if not isinstance(name, str) or len(name) > 255 or not patterns[kind].fullmatch(name) or ".." in name:
-            raise invalid("image", "image.%s is not an allowed image name" % kind)
+        if kind == "docker" and parse_reference(name) is None:
+            raise invalid("image", "image.docker is not a valid image reference "
+                                   "([registry[:port]/]name[:tag][@sha256:<64 hex>], lower-case name)")
+        if kind == "libvirt" and (not isinstance(name, str) or not _LIBVIRT_IMAGE_RE.fullmatch(name) or ".." in name):
+            raise invalid("image", "image.libvirt is not an allowed image name")
     if runtime in ("docker", "libvirt") and runtime not in image:
         raise invalid("image", "image.%s is required for the %s runtime" % (runtime, runtime))
     disk_gb = req.get("disk_gb", 50)
     if type(disk_gb) is not int or not 1 <= disk_gb <= 65536:
         raise invalid("disk_gb", "disk_gb must be an integer from 1 to 65536")
-    return vm_id, {"gpu_indices": sorted(indices), "ssh_public_keys": list(keys),
-                   "image": {k: image[k] for k in sorted(image)}, "disk_gb": disk_gb}
+    spec = {"gpu_indices": sorted(indices), "ssh_public_keys": list(keys),
+            "image": {k: image[k] for k in sorted(image)}, "disk_gb": disk_gb}
+    spec.update(validate_options(req)[0])
+    return vm_id, spec
 
 
 def validate_gpu_indices(value, present):

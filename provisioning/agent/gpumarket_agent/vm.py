@@ -1,13 +1,17 @@
-"""The vm commands: create, start, stop, destroy, list, status."""
+"""The vm commands: create, start, stop, destroy, list, status, logs."""
 import contextlib
 import shutil
 import time
 
 from .core import RUNTIMES, AgentError, invalid
-from .records import all_records, file_lock, load_record, save_record, vm_dir
+from .options import validate_registry_auth
+from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
 from .runtimes import RUNTIME_CLASSES
 from .smi import read_gpus
 from .validation import reject_unknown, validate_create, validate_gpu_indices, validate_vm_id
+from .volumes import check_volumes_exist, cmd_volume
+
+MAX_LOG_TAIL = 5000
 
 
 def pick_runtime(cfg, req):
@@ -20,18 +24,24 @@ def pick_runtime(cfg, req):
 
 
 def describe(cfg, rt, rec, state):
-    return {"vm_id": rec["vm_id"], "runtime": rec["runtime"], "state": state, "ssh_host": rt.host(),
+    host = rt.host()
+    return {"vm_id": rec["vm_id"], "runtime": rec["runtime"], "state": state, "ssh_host": host,
             "ssh_port": rec.get("ssh_port"), "ssh_user": rt.ssh_user,
             "ssh_host_key": rec.get("ssh_host_key"), "gpu_indices": rec["spec"]["gpu_indices"],
-            "created_at": rec.get("created_at")}
+            "created_at": rec.get("created_at"),
+            "ports": {name: {"host": host, "port": port} for name, port in sorted((rec.get("ports") or {}).items())},
+            "os": rec.get("os"), "disk_gb": rec["spec"].get("disk_gb")}
 
 
 def vm_create(cfg, req):
     runtime, rt = pick_runtime(cfg, req)
     gpus = read_gpus(cfg)[0]
     vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus])
-    with file_lock(cfg, vm_id, timeout=300):
-        with file_lock(cfg, "allocate", timeout=60):  # GPUs and ports are node-wide
+    registry_auth = validate_registry_auth(req.get("registry_auth"))  # used for the pull only, never recorded
+    rt.check_spec(spec)
+    with file_lock(cfg, "vm-" + vm_id, timeout=300):
+        with file_lock(cfg, "allocate", timeout=60), file_lock(cfg, "volumes", timeout=60):
+            # GPUs, ports and volumes are node-wide; a volume cannot be deleted while a VM mounting it is recorded
             rec = load_record(cfg, vm_id)
             created = rec is None
             if rec is not None and (rec["spec"] != spec or rec["runtime"] != runtime):
@@ -39,12 +49,14 @@ def vm_create(cfg, req):
             if created:
                 others = all_records(cfg)
                 check_gpus_free(rt, others, spec["gpu_indices"])
+                check_volumes_exist(cfg, spec)
                 rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec,
                        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 rt.allocate(rec, others)
                 save_record(cfg, rec)  # first, so a crash below leaves a record that a retry completes
+                vm_log(cfg, vm_id, "created VM %s (%s runtime)" % (vm_id, runtime))
         try:
-            rt.provision(rec)  # idempotent: finishes what an earlier, interrupted create began
+            rt.provision(rec, registry_auth)  # idempotent: finishes what an earlier, interrupted create began
         except Exception:
             if created:
                 with contextlib.suppress(Exception):
@@ -84,21 +96,30 @@ def vm_start(cfg, rt, rec, req):
 
 def vm_simple(cfg, req, action):
     _, rt = pick_runtime(cfg, req)
-    reject_unknown(req, ("vm_id", "gpu_indices") if action == "start" else ("vm_id",))
+    allowed = {"start": ("vm_id", "gpu_indices"), "logs": ("vm_id", "tail")}.get(action, ("vm_id",))
+    reject_unknown(req, allowed)
     vm_id = validate_vm_id(req.get("vm_id"))
-    with file_lock(cfg, vm_id, timeout=300):
+    if action == "logs":
+        tail = req.get("tail", 200)
+        if type(tail) is not int or not 1 <= tail <= MAX_LOG_TAIL:
+            raise invalid("tail", "tail must be an integer from 1 to %d" % MAX_LOG_TAIL)
+    with file_lock(cfg, "vm-" + vm_id, timeout=300):
         rec = load_record(cfg, vm_id)
         if rec is None:
             if action == "destroy":
                 return {"vm_id": vm_id, "state": "destroyed", "existed": False}
             raise AgentError("not_found", "no VM %s on this node" % vm_id)
+        if action == "logs":
+            return {"vm_id": vm_id, "lines": rt.logs(rec, tail)}
         if action == "start":
+            vm_log(cfg, vm_id, "starting")
             vm_start(cfg, rt, rec, req)
         elif action == "destroy":
             rt.destroy(rec)
             shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
             return {"vm_id": vm_id, "state": "destroyed", "existed": True}
         elif action == "stop":
+            vm_log(cfg, vm_id, "stopping")
             rt.stop(rec)
             save_record(cfg, rec)
         return describe(cfg, rt, rec, rt.state(rec))
@@ -118,6 +139,11 @@ def cmd_vm(cfg, req, sub):
         return vm_create(cfg, req)
     if sub == "list":
         return vm_list(cfg, req)
-    if sub in ("start", "stop", "destroy", "status"):
+    if sub in ("start", "stop", "destroy", "status", "logs"):
         return vm_simple(cfg, req, sub)
-    raise invalid("command", "vm needs one of: create, start, stop, destroy, list, status")
+    raise invalid("command", "vm needs one of: create, start, stop, destroy, list, status, logs")
+
+
+def cmd_volumes(cfg, req, sub):
+    _, rt = pick_runtime(cfg, req)
+    return cmd_volume(cfg, rt, req, sub)

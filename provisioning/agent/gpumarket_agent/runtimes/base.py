@@ -1,10 +1,15 @@
 """What every runtime shares."""
+import contextlib
+import os
+import shutil
+
 from ..core import AgentError
-from ..records import pick_host_port
+from ..records import log_path, pick_host_port, tail_lines
 
 
 class Runtime:
     """One runtime's operations on a VM record. Every operation is idempotent; state is running|stopped|missing."""
+    name = "base"
     ssh_user = "root"
 
     def __init__(self, cfg):
@@ -14,7 +19,16 @@ class Runtime:
         return self.cfg.public_host  # None: renters use the node's own address
 
     def allocate(self, rec, records):
+        """Host ports from GPUMARKET_PORT_RANGE: SSH, then one per container port in the spec."""
         rec["ssh_port"] = pick_host_port(self.cfg, records)
+        taken = {rec["ssh_port"]}
+        rec["ports"] = {}
+        for port in rec["spec"].get("ports", ()):
+            rec["ports"]["%d/tcp" % port] = pick_host_port(self.cfg, records, taken)
+            taken.add(rec["ports"]["%d/tcp" % port])
+
+    def check_spec(self, spec):
+        """Refuse, before anything is recorded, options this runtime cannot honour."""
 
     def unrecorded(self, known):
         """VMs of ours that have no record (a crash between creating one and recording it)."""
@@ -24,6 +38,32 @@ class Runtime:
         """Give a stopped VM the GPUs now in rec's spec (the platform may hand back other ones)."""
         raise AgentError("rebind_unsupported", "a %s VM keeps the GPUs it was created with" % rec["runtime"])
 
+    def logs(self, rec, tail):
+        return tail_lines(log_path(self.cfg, rec["vm_id"]), tail)
+
+    # Volumes: by default a directory under the agent's state folder (volumes.py keeps the record beside it).
+    def volume_path(self, name):
+        return os.path.join(self.cfg.state_dir, "volumes", name, "data")
+
+    def volume_create(self, name, size_gb):
+        os.makedirs(self.volume_path(name), mode=0o755, exist_ok=True)
+
+    def volume_delete(self, name):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.volume_path(name))
+
 
 def vm_name(vm_id):
     return "gpumarket-" + vm_id  # container and libvirt domain name
+
+
+def os_release_pretty_name(text):
+    """PRETTY_NAME from an os-release file's text (shell-style KEY=value, maybe quoted), or None."""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition("=")
+        if key == "PRETTY_NAME":
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+                value = value[1:-1]
+            return value.replace('\\"', '"')[:200] or None
+    return None

@@ -32,7 +32,9 @@ def docker_state(status):
 
 
 class DockerRuntime(Runtime):
-    def provision(self, rec):
+    name = "docker"
+
+    def provision(self, rec, registry_auth=None):
         keys_path = os.path.join(vm_dir(self.cfg, rec["vm_id"]), "authorized_keys")
         write_file(keys_path, "\n".join(rec["spec"]["ssh_public_keys"]) + "\n", 0o600)
         if self.state(rec) == "missing":

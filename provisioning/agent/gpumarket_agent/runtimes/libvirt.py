@@ -6,7 +6,7 @@ import shutil
 import time
 import xml.etree.ElementTree as ET
 
-from ..core import AgentError, run, write_file
+from ..core import AgentError, invalid, run, write_file
 from ..smi import host_facts, read_gpus
 from ..validation import VM_ID_RE
 from .base import Runtime, vm_name
@@ -92,9 +92,18 @@ def virsh_argv(uri, verb, *args):
 
 
 class LibvirtRuntime(Runtime):
+    name = "libvirt"
     ssh_user = LIBVIRT_SSH_USER
 
-    def provision(self, rec):
+    def check_spec(self, spec):
+        for option in ("env", "onstart", "ports", "volumes"):
+            if option in spec:
+                raise invalid(option, "the libvirt runtime does not support %s yet" % option)
+
+    def provision(self, rec, registry_auth=None):
+        self.provision_vm(rec)
+
+    def provision_vm(self, rec):
         vm_id, spec = rec["vm_id"], rec["spec"]
         base = os.path.join(self.cfg.libvirt_images, spec["image"]["libvirt"] + ".qcow2")
         if not os.path.isfile(base):

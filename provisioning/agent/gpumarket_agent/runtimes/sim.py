@@ -5,15 +5,18 @@ import os
 import pwd
 import shlex
 import socket
+import subprocess
 import sys
 import time
 
 from ..bundle import copy_agent
 from ..core import AgentError, read_json, run, write_file
 from ..procs import kill_trees, pids_matching, port_free, wait_port
-from ..records import vm_dir
+from ..records import vm_dir, vm_log
 from ..smi import QUERY_FIELDS, load_profile, parse_gpu_csv, split_smi_line
-from .base import Runtime
+from .base import Runtime, os_release_pretty_name
+from .simbox import BOX_FILE
+from .simpull import sim_pull
 
 
 def find_sshd():
@@ -23,11 +26,28 @@ def find_sshd():
     raise AgentError("command_not_found", "sshd is not installed on this node")
 
 
-def sim_sshd_config(vmdir, port, listen, visible_indices, visible_uuids):
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible_indices),
-           "GPUMARKET_SIM_VISIBLE": ",".join(visible_uuids),
-           "HOME": os.path.join(vmdir, "home"),
-           "PATH": os.path.join(vmdir, "bin") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+SIM_OWN_ENV = ("CUDA_VISIBLE_DEVICES", "GPUMARKET_SIM_VISIBLE", "HOME", "PATH")
+
+
+def sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env=None):
+    """The environment of a sim VM's sessions and onstart: the renter's names, then ours (which win)."""
+    env = dict(renter_env or {})
+    env.update({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible_indices),
+                "GPUMARKET_SIM_VISIBLE": ",".join(visible_uuids),
+                "HOME": os.path.join(vmdir, "home"),
+                "PATH": os.path.join(vmdir, "bin") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+    return env
+
+
+def sshd_quote(value):
+    # sshd_config splits arguments like a shell: inside double quotes only \\ and \" are escapes (misc.c argv_split).
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sim_sshd_config(vmdir, port, listen, visible_indices, visible_uuids, renter_env=None):
+    env = sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env)
+    # sshd keeps the first SetEnv of a name, so ours come first: the renter cannot move HOME or PATH.
+    order = [k for k in sorted(env) if k in SIM_OWN_ENV] + [k for k in sorted(env) if k not in SIM_OWN_ENV]
     return "\n".join([
         "Port %d" % port, "ListenAddress " + listen,
         "HostKey " + os.path.join(vmdir, "ssh_host_ed25519_key"),
@@ -37,7 +57,7 @@ def sim_sshd_config(vmdir, port, listen, visible_indices, visible_uuids):
         "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password", "PermitUserEnvironment no",
         "X11Forwarding no", "Subsystem sftp internal-sftp -d " + env["HOME"],
         # SetEnv is applied after sshd's default PATH, so the fake nvidia-smi in bin/ comes first.
-        "SetEnv " + " ".join("%s=%s" % kv for kv in sorted(env.items())), "",
+        "SetEnv " + " ".join(sshd_quote("%s=%s" % (k, env[k])) for k in order), "",
     ])
 
 
@@ -47,6 +67,13 @@ def fake_nvidia_smi_script(python, agent_copy, gpus_file):
 
 
 class SimRuntime(Runtime):
+    """A sim VM: its own sshd (as the node's login) and a box process (simbox.py) for ports and onstart.
+
+    Modelled as a container would do it: the renter's env in every session and in onstart; onstart run once;
+    each container port answered on its mapped host port; a volume mounted at /m is ~/m in the VM (a link to the
+    volume's folder on the node, which outlives the VM); the OS is the node's own (a sim VM runs no image)."""
+    name = "sim"
+
     @property
     def ssh_user(self):
         return pwd.getpwuid(os.getuid()).pw_name  # VM sshds run as the node's own login
@@ -56,9 +83,13 @@ class SimRuntime(Runtime):
 
     def allocate(self, rec, records):
         rec["ssh_port"] = None  # picked at start: any free port
+        rec["ports"] = {"%d/tcp" % p: None for p in rec["spec"].get("ports", ())}
 
-    def provision(self, rec):
+    def provision(self, rec, registry_auth=None):
         vmdir = vm_dir(self.cfg, rec["vm_id"])
+        if "docker" in rec["spec"]["image"] and not rec.get("pulled"):
+            sim_pull(self.cfg, rec, registry_auth)
+            rec["pulled"] = True
         for sub in ("bin", "home"):
             os.makedirs(os.path.join(vmdir, sub), exist_ok=True)
         key = os.path.join(vmdir, "ssh_host_ed25519_key")
@@ -75,6 +106,14 @@ class SimRuntime(Runtime):
         copy_agent(agent_copy)
         write_file(os.path.join(vmdir, "bin", "nvidia-smi"), fake_nvidia_smi_script(
             sys.executable, agent_copy, os.path.join(vmdir, "gpus.json")), 0o755)
+        for volume in rec["spec"].get("volumes", ()):
+            link = os.path.join(vmdir, "home", volume["mount"].lstrip("/"))
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            if not os.path.islink(link):
+                os.symlink(self.volume_path(volume["name"]), link)
+        if rec["spec"].get("onstart"):
+            write_file(os.path.join(vmdir, "onstart.sh"), rec["spec"]["onstart"], 0o700)
+        rec["os"] = host_os()
         self.start(rec)
 
     def rebind(self, rec):
@@ -86,19 +125,55 @@ class SimRuntime(Runtime):
             "cuda_version": profile.get("cuda_version"), "nvidia_smi": [rows[n] for n in mine]}), 0o644)
         rec["visible_uuids"] = [gpus[n]["uuid"] for n in mine]
 
+    def free_port(self, port):
+        if port and port_free(port, self.cfg.sim_listen):
+            return port
+        with socket.socket() as sock:
+            sock.bind((self.cfg.sim_listen, 0))
+            return sock.getsockname()[1]
+
     def start(self, rec):
-        if self.state(rec) == "running":
-            return
+        if self.state(rec) != "running":
+            self.start_sshd(rec)
+            vm_log(self.cfg, rec["vm_id"], "sshd listening on %s:%d" % (self.cfg.sim_listen, rec["ssh_port"]))
+        if not pids_matching(self.box_needle(rec)):
+            self.start_box(rec)
+
+    def box_needle(self, rec):
+        return os.path.join(vm_dir(self.cfg, rec["vm_id"]), "bin", "gpumarket_agent.pyz") + " _sim-box "
+
+    def start_box(self, rec):
+        vmdir = vm_dir(self.cfg, rec["vm_id"])
+        for _ in range(3):  # as for sshd: a port picked free can be taken before the box binds it
+            rec["ports"] = {name: self.free_port(port) for name, port in (rec.get("ports") or {}).items()}
+            onstart = os.path.join(vmdir, "onstart.sh")
+            write_file(os.path.join(vmdir, BOX_FILE), json.dumps({
+                "vm_id": rec["vm_id"], "listen": self.cfg.sim_listen, "ports": rec["ports"],
+                "onstart": onstart if os.path.exists(onstart) else None,
+                "env": sim_vm_env(vmdir, rec["spec"]["gpu_indices"], rec.get("visible_uuids", []),
+                                  rec["spec"].get("env"))}))
+            proc = subprocess.Popen(
+                [sys.executable, os.path.join(vmdir, "bin", "gpumarket_agent.pyz"), "_sim-box", vmdir],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)  # outlives this agent run and its SSH session, as sshd does
+            _DETACHED.append(proc)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and proc.poll() is None and \
+                    not all(wait_port(self.cfg.sim_listen, p, 0.05) for p in rec["ports"].values()):
+                time.sleep(0.02)
+            if proc.poll() is None and all(wait_port(self.cfg.sim_listen, p, 0.5) for p in rec["ports"].values()):
+                return
+            kill_trees([proc.pid])
+        raise AgentError("vm_start_failed", "the VM's ports did not come up: " + " ".join(self.logs(rec, 3)))
+
+    def start_sshd(self, rec):
         vmdir = vm_dir(self.cfg, rec["vm_id"])
         config, log = os.path.join(vmdir, "sshd_config"), os.path.join(vmdir, "sshd.log")
         port = rec.get("ssh_port")
         for _ in range(3):  # a port picked free can be taken before sshd binds it: retry on another
-            if not port or not port_free(port, self.cfg.sim_listen):
-                with socket.socket() as sock:
-                    sock.bind((self.cfg.sim_listen, 0))
-                    port = sock.getsockname()[1]
+            port = self.free_port(port)
             write_file(config, sim_sshd_config(vmdir, port, self.cfg.sim_listen, rec["spec"]["gpu_indices"],
-                                               rec.get("visible_uuids", [])))
+                                               rec.get("visible_uuids", []), rec["spec"].get("env")))
             write_file(log, "")
             # Without -D sshd daemonises (setsid, stdio to /dev/null), so it outlives this SSH session.
             run([find_sshd(), "-f", config, "-E", log],
@@ -112,10 +187,11 @@ class SimRuntime(Runtime):
             raise AgentError("vm_start_failed", "sshd did not come up: " + f.read()[-800:])
 
     def stop(self, rec):
-        # The listener and every live session under it: a stopped VM keeps no shell running.
-        kill_trees(pids_matching(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "sshd_config")))
+        # The listener, the box, onstart and every live session under them: a stopped VM keeps nothing running.
+        vmdir = vm_dir(self.cfg, rec["vm_id"])
+        kill_trees(pids_matching(os.path.join(vmdir, "sshd_config")) + pids_matching(self.box_needle(rec)))
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "sshd.pid"))
+            os.unlink(os.path.join(vmdir, "sshd.pid"))
 
     def destroy(self, rec):
         self.stop(rec)
@@ -128,6 +204,17 @@ class SimRuntime(Runtime):
         load_profile(self.cfg.sim_profile)
         find_sshd()
         return True, "sim: ok"
+
+
+_DETACHED = []  # box processes started by this agent run: never waited for, so never collected as garbage
+
+
+def host_os():
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        with contextlib.suppress(OSError):
+            with open(path) as f:
+                return os_release_pretty_name(f.read())
+    return None
 
 
 def sim_nvidia_smi(args, gpus_file, out=sys.stdout):

@@ -1,0 +1,126 @@
+"""The renter's own options on `vm create`: registry_auth, env, onstart, ports, volumes (contract: issue 12).
+
+Only options actually given go into the spec, so a VM recorded before they existed compares equal on a retry."""
+import posixpath
+import re
+
+from .core import invalid
+
+ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+VOLUME_NAME_RE = re.compile(r"vol-[a-z0-9]{8,32}")
+MAX_ENV, MAX_ENV_VALUE, MAX_ENV_BYTES = 64, 4096, 32768
+MAX_ONSTART, MAX_PORTS, MAX_VOLUMES = 16384, 16, 8
+FORBIDDEN_MOUNTS = ("/proc", "/sys", "/dev")
+RESERVED_MOUNTS = ("/.gpumarket", "/.gpumarket-state")  # the agent's own mounts in a container
+
+
+def _text(value, field, limit):
+    if not isinstance(value, str) or "\x00" in value or len(value) > limit:
+        raise invalid(field, "%s must be a string of at most %d characters without NUL" % (field, limit))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(field, "%s is not valid Unicode text" % field) from None
+    return value
+
+
+def validate_registry_auth(value):
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"username", "password"}:
+        raise invalid("registry_auth", "registry_auth must be an object with exactly 'username' and 'password'")
+    user, password = value["username"], value["password"]
+    if not isinstance(user, str) or not 0 < len(user) <= 255 or ":" in user or \
+            any(ord(ch) < 32 or ord(ch) == 127 for ch in user):
+        raise invalid("registry_auth", "registry_auth.username must be 1-255 printable characters without ':'")
+    if not isinstance(password, str) or not 0 < len(password) <= 4096 or "\x00" in password:
+        raise invalid("registry_auth", "registry_auth.password must be 1-4096 characters without NUL")
+    _text(password, "registry_auth", 4096)
+    return {"username": user, "password": password}
+
+
+def validate_env(value):
+    if not isinstance(value, dict) or len(value) > MAX_ENV:
+        raise invalid("env", "env must be an object of at most %d names" % MAX_ENV)
+    total = 0
+    for name in sorted(value):
+        if not ENV_NAME_RE.fullmatch(name):
+            raise invalid("env", "env name %r must match [A-Z_][A-Z0-9_]{0,127}" % name[:140])
+        text = _text(value[name], "env", MAX_ENV_VALUE)
+        if "\n" in text or "\r" in text:
+            raise invalid("env", "env.%s must be one line (no CR or LF)" % name)
+        total += len(name) + 1 + len(text.encode("utf-8"))
+    if total > MAX_ENV_BYTES:
+        raise invalid("env", "env holds %d bytes; at most %d" % (total, MAX_ENV_BYTES))
+    return {k: value[k] for k in sorted(value)}
+
+
+def validate_ports(value):
+    if not isinstance(value, list) or len(value) > MAX_PORTS:
+        raise invalid("ports", "ports must be a list of at most %d port numbers" % MAX_PORTS)
+    for port in value:
+        if type(port) is not int or not 1 <= port <= 65535:
+            raise invalid("ports", "each port must be an integer from 1 to 65535")
+        if port == 22:
+            raise invalid("ports", "port 22 is the instance's SSH port and is always mapped")
+    if len(set(value)) != len(value):
+        raise invalid("ports", "ports must be distinct")
+    return sorted(value)
+
+
+def validate_mount(mount):
+    if not isinstance(mount, str) or not mount.startswith("/") or len(mount) > 255 or \
+            any(ord(ch) < 32 or ord(ch) == 127 for ch in mount):
+        raise ValueError("must be an absolute path of at most 255 printable characters")
+    if ".." in mount.split("/") or posixpath.normpath(mount) != mount or mount.startswith("//"):
+        raise ValueError("must be a normalised path without '..'")
+    if mount == "/":
+        raise ValueError("cannot be /")
+    for top in FORBIDDEN_MOUNTS + RESERVED_MOUNTS:
+        if mount == top or mount.startswith(top + "/"):
+            raise ValueError("cannot be under %s" % top)
+    return mount
+
+
+def validate_volumes(value):
+    if not isinstance(value, list) or len(value) > MAX_VOLUMES:
+        raise invalid("volumes", "volumes must be a list of at most %d volumes" % MAX_VOLUMES)
+    out = []
+    for n, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) != {"name", "mount"}:
+            raise invalid("volumes", "volume %d must be an object with exactly 'name' and 'mount'" % n)
+        if not isinstance(item["name"], str) or not VOLUME_NAME_RE.fullmatch(item["name"]):
+            raise invalid("volumes", "volume %d name must match vol-[a-z0-9]{8,32}" % n)
+        try:
+            validate_mount(item["mount"])
+        except ValueError as exc:
+            raise invalid("volumes", "volume %d mount %s" % (n, exc)) from None
+        out.append({"name": item["name"], "mount": item["mount"]})
+    if len({v["name"] for v in out}) != len(out):
+        raise invalid("volumes", "a volume can be mounted only once")
+    mounts = sorted(v["mount"] for v in out)
+    if len(set(mounts)) != len(mounts):
+        raise invalid("volumes", "two volumes cannot share a mount point")
+    return out
+
+
+def validate_options(req):
+    """(the options for the spec, registry_auth or None)."""
+    options = {}
+    if req.get("env"):
+        options["env"] = validate_env(req["env"])
+    elif "env" in req:
+        validate_env(req["env"])
+    if req.get("onstart"):
+        options["onstart"] = _text(req["onstart"], "onstart", MAX_ONSTART)
+    elif "onstart" in req and req["onstart"] != "":
+        _text(req["onstart"], "onstart", MAX_ONSTART)
+    if req.get("ports"):
+        options["ports"] = validate_ports(req["ports"])
+    elif "ports" in req:
+        validate_ports(req["ports"])
+    if req.get("volumes"):
+        options["volumes"] = validate_volumes(req["volumes"])
+    elif "volumes" in req:
+        validate_volumes(req["volumes"])
+    return options, validate_registry_auth(req.get("registry_auth"))
