@@ -26,7 +26,7 @@ from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.idempotency import idempotency_parameter
-from core.api.schema import ErrorDetailSerializer
+from core.api.schema import CONTROL, NUL, ErrorDetailSerializer, string_pattern
 from core.errors import ValidationFailed
 from core.idempotency import request_fingerprint
 from core.validators import no_control_characters
@@ -113,31 +113,74 @@ class _OwnKeys(serializers.PrimaryKeyRelatedField):
         return SshKey.objects.filter(user=request.user)
 
 
+# The options' JSON shapes as the schema publishes them; marketplace.services.instances.options checks them all
+# (and what a schema cannot say: env names, the environment's total size).
+@extend_schema_field({"type": "object", "required": ["username", "password"], "additionalProperties": False,
+                      "properties": {
+                          "username": {"type": "string", "minLength": 1, "maxLength": opts.USERNAME_MAX,
+                                       "pattern": string_pattern(refused=CONTROL, nonblank=False)},
+                          "password": {"type": "string", "minLength": 1, "maxLength": opts.PASSWORD_MAX,
+                                       "pattern": string_pattern(refused=CONTROL, nonblank=False)}}})
+class _RegistryAuthField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "object", "maxProperties": opts.ENV_MAX_NAMES,
+                      "additionalProperties": {"type": "string", "maxLength": opts.ENV_MAX_VALUE,
+                                               "pattern": string_pattern(refused=NUL, nonblank=False)}})
+class _EnvField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "maxLength": opts.ONSTART_MAX,
+                      "pattern": string_pattern(refused=NUL, nonblank=False)})
+class _OnstartField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "array", "maxItems": opts.PORTS_MAX, "uniqueItems": True,
+                      "items": {"type": "integer", "minimum": 1, "maximum": 65535, "not": {"enum": [22]}}})
+class _PortsField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "pattern": "^" + opts.CUDA_VERSION_RE.pattern + "$"})
+class _CudaVersionField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": opts.REFERENCE_MAX,
+                      "pattern": opts.IMAGE_PATTERN})
+class _ImageField(serializers.CharField):
+    pass
+
+
 class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     offer = serializers.IntegerField(min_value=1, max_value=2**63 - 1,
                                      help_text="The offer's `id` from /api/v1/offers/ (a node).")
     num_gpus = serializers.IntegerField(min_value=1, max_value=64,
                                         help_text="How many of the offer's free GPUs to rent.")
-    image = serializers.CharField(
+    image = _ImageField(
         max_length=opts.REFERENCE_MAX, trim_whitespace=False,
         help_text="An image `slug` from /api/v1/images/, or any image reference of your own "
                   "(`[registry[:port]/]name[:tag][@sha256:<64 hex>]`; not on libvirt nodes).")
-    registry_auth = serializers.JSONField(
+    registry_auth = _RegistryAuthField(
         required=False, help_text="Login to the registry of your own image: {\"username\": ..., \"password\": "
                                   "...} (a token goes in `password`). Encrypted at rest, used only for the pull, "
                                   "never shown again.")
-    env = serializers.JSONField(
+    env = _EnvField(
         required=False, help_text=f"Environment variables: {{\"NAME\": \"value\"}}, names [A-Z_][A-Z0-9_]*, at "
                                   f"most {opts.ENV_MAX_NAMES} names, values up to {opts.ENV_MAX_VALUE} characters, "
                                   f"{opts.ENV_MAX_TOTAL} bytes in all.")
-    onstart = serializers.JSONField(
+    onstart = _OnstartField(
         required=False, help_text=f"A script run once by /bin/sh at the first boot, inside the instance (at most "
                                   f"{opts.ONSTART_MAX} characters); its output is in the logs.")
-    ports = serializers.JSONField(
+    ports = _PortsField(
         required=False, help_text=f"Container TCP ports to expose (at most {opts.PORTS_MAX}, distinct, 1-65535, not "
                                   "22); each is mapped to a free port of the node, shown in the instance's `ports`.")
-    min_cuda_version = serializers.JSONField(
-        required=False, help_text="Refuse the offer (409) if its driver supports a lower CUDA version, e.g. \"12.2\".")
+    min_cuda_version = _CudaVersionField(
+        required=False, help_text="Refuse the offer (a 400 naming this field) if its driver supports a lower CUDA "
+                                  "version, e.g. \"12.2\", or its CUDA version is not known.")
     ssh_keys = _OwnKeys(many=True, required=False, help_text="Ids of your SSH keys (/api/v1/ssh-keys/).")
     ssh_public_key = serializers.CharField(
         max_length=ssh_svc.MAX_KEY_CHARS, required=False,
@@ -275,7 +318,8 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
     logs=extend_schema(
         summary="The last lines of an instance's log (image pull, boot, onstart)",
         description="Read from its node while you wait (a few seconds at most).",
-        parameters=[OpenApiParameter("tail", OpenApiTypes.INT, OpenApiParameter.QUERY,
+        parameters=[OpenApiParameter("tail", {"type": "integer", "minimum": 1, "maximum": opts.LOGS_TAIL_MAX},
+                                     OpenApiParameter.QUERY,
                                      description=f"How many of the last lines: 1 to {opts.LOGS_TAIL_MAX} "
                                                  f"(default {opts.LOGS_TAIL_DEFAULT}).")],
         responses={200: InstanceLogsSerializer,

@@ -53,7 +53,8 @@ class Image(models.Model):
         return self.name
 
     def supports(self, runtime: str) -> bool:
-        # A simulated node runs any image: only the hardware is simulated, not the software.
+        # A simulated node accepts any image and runs none of it: its VMs are shells on the demo host (with the
+        # host's OS, which the instance shows), so the catalogue's descriptions say none of the software is there.
         return {"docker": bool(self.docker_image), "libvirt": bool(self.libvirt_image), "sim": True}[runtime]
 
     @property
@@ -207,7 +208,8 @@ class Instance(StatefulModel, models.Model):
     @property
     def image_name(self) -> str:
         """What it runs, in words: the catalogue image's slug, or the renter's own reference."""
-        return self.image.slug if self.image_id else self.image_ref
+        image = self.image  # None without a query when image_id is None
+        return image.slug if image is not None else self.image_ref
 
     def transition_to(self, target: str, message: str = "") -> None:
         """Move to `target` in memory (the caller saves). Raises InvalidTransition."""

@@ -58,7 +58,8 @@ def node_session(node: Node, timeouts: Timeouts | None = None, *,
     key quarantines the node and re-raises HostKeyMismatch; a key another live node
     has is not pinned and raises DuplicateHardware.
     """
-    with node_slot(node.pk, **({} if slot_wait_s is None else {"wait_s": slot_wait_s})):
+    slot = node_slot(node.pk) if slot_wait_s is None else node_slot(node.pk, wait_s=slot_wait_s)
+    with slot:
         session = NodeSession(node_endpoint(node), timeouts)
         try:
             session.connect()

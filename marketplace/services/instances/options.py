@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ValidationFailed
+from core.request_guard import has_control_character
 from marketplace.models import Image
 
 # The distribution/reference grammar (github.com/distribution/reference, regexp.go): an optional registry host
@@ -26,6 +27,10 @@ _DIGEST = r"sha256:[a-f0-9]{64}"
 REFERENCE_RE = re.compile(
     rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
     rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
+# The same grammar as an ECMA 262 pattern (for the API's schema): a catalogue slug, or a reference.
+_ECMA_REFERENCE = (rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+                   rf"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@{_DIGEST})?")
+IMAGE_PATTERN = rf"^(?:[-a-zA-Z0-9_]+|{_ECMA_REFERENCE})$"
 NAME_MAX = 255  # the grammar's limit on the name (registry and path), as distribution/reference applies it
 REFERENCE_MAX = 512
 
@@ -113,7 +118,7 @@ def clean_registry_auth(value: Any, field_name: str = "registry_auth") -> dict[s
             raise _fail(field_name, f"`registry_auth` needs a non-empty `{key}` (a string).")
         if len(text) > limit:
             raise _fail(field_name, f"`registry_auth.{key}` has at most {limit} characters.")
-        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        if has_control_character(text):
             raise _fail(field_name, f"`registry_auth.{key}` may not hold control characters.")
         out[key] = text
     return out
@@ -131,8 +136,8 @@ def clean_env(value: Any, field_name: str = "env") -> dict[str, str]:
     total = 0
     for name, text in value.items():
         if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
-            raise _fail(field_name, f"{str(name)[:140]!r} is not an allowed variable name: upper-case letters, "
-                                    "digits and `_`, not starting with a digit, at most 128 characters.")
+            raise _fail(field_name, f"Not an allowed variable name: {str(name)[:140]!r} (upper-case letters, "
+                                    "digits and `_`, not starting with a digit, at most 128 characters).")
         if not isinstance(text, str):
             raise _fail(field_name, f"The value of {name} is a string.")
         if len(text) > ENV_MAX_VALUE:

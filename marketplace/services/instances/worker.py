@@ -38,7 +38,8 @@ def instance_registry_auth(*, instance: Instance) -> dict[str, str] | None:
     """The registry login given at booking, decrypted for the node's pull (in memory only), or None."""
     if not instance.registry_auth_encrypted:
         return None
-    return json.loads(decrypt_secret(bytes(instance.registry_auth_encrypted)))
+    auth: dict[str, str] = json.loads(decrypt_secret(bytes(instance.registry_auth_encrypted)))
+    return auth
 
 
 def _forget_registry_auth(instance: Instance) -> list[str]:
