@@ -36,6 +36,7 @@ AGENT_COMMANDS = {
     ("inventory",), ("health",), ("benchmark",), ("challenge",),
     ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
     ("volume", "create"), ("volume", "delete"), ("volume", "list"),
+    ("vm", "logs"),
 }
 MAX_ANSWER_BYTES = 8 << 20
 NET_TEST_COMMAND = "cat > /dev/null"  # the platform's network test (NodeSession.upload_throughput)

@@ -58,6 +58,8 @@ ENDPOINTS = {
     ("/api/v1/nodes/{id}/benchmarks/", "get"),
     ("/api/v1/offers/", "get"),
     ("/api/v1/offers/{id}/", "get"),
+    ("/api/v1/instances/", "post"),
+    ("/api/v1/instances/{id}/logs/", "get"),
 }
 
 
@@ -167,6 +169,13 @@ BUSINESS_RULES = [
     ("gpu_model", "Select a valid choice."),  # the offers filter: a model of the catalogue (the database)
     ("gpu_model", "Object with slug="),
     ("image", "Object with slug="),
+    ("image", "No image "),  # a catalogue slug (the database)
+    ("image", "This node runs virtual machines"),  # an image of one's own on a libvirt node (the offer's runtime)
+    ("image", "The image's name (registry and path) has at most"),  # the grammar's 255 on the name alone
+    ("env", "Not an allowed variable name"),  # OpenAPI 3.0 cannot state the names of an object's properties
+    ("env", "The environment has at most"),  # the total size of names and values
+    ("registry_auth", "A catalogue image needs no registry login"),
+    ("min_cuda_version", "This node's"),  # the offer's driver (the database)
     ("ssh_keys", "Invalid pk "),  # ids of your SSH keys
     ("card", "No such card of yours"),
     ("payment_method", "No such payment method or SetupIntent at the payment provider."),  # ids at Stripe

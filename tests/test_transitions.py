@@ -15,7 +15,7 @@ from marketplace.models import Gpu, GpuStatus, Instance, Node, NodeState
 from marketplace.models import InvalidTransition as ReExported
 from marketplace.models.renting import INSTANCE_TRANSITIONS, InstanceStatus
 from marketplace.services import instances as svc
-from marketplace.web.renters import VERBS
+from marketplace.web.instances import VERBS
 from provisioning.models import Job, JobKind, JobStatus
 from provisioning.services.jobs import JobConflict, job_create
 from tests.factories import UserFactory, make_listed_node, make_node

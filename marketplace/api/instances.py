@@ -1,4 +1,5 @@
-"""Instances: book GPUs of an offer, follow the instance, stop / start / restart / destroy it.
+"""Instances: book GPUs of an offer (a catalogue image or one's own, with env, onstart, ports), follow the
+instance, read its logs, stop / start / restart / destroy it.
 
 Thin: the serializers check the input, marketplace.services.instances holds every rule
 (allocation, idempotency, the state machine), and errors come back through api.errors.
@@ -7,8 +8,10 @@ Thin: the serializers check the input, marketplace.services.instances holds ever
 from typing import Any
 
 import django_filters
+from django.utils.crypto import salted_hmac
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
+    OpenApiParameter,
     OpenApiResponse,
     extend_schema,
     extend_schema_field,
@@ -23,14 +26,18 @@ from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.idempotency import idempotency_parameter
-from core.api.schema import ErrorDetailSerializer
+from core.api.schema import CONTROL, NUL, ErrorDetailSerializer, string_pattern
 from core.api.scopes import RENTER_ONLY
+from core.errors import ValidationFailed
+from core.idempotency import request_fingerprint
 from core.validators import no_control_characters
 from marketplace.models import GpuModel, Image, Instance, InstanceStatus, SshKey
 from marketplace.selectors import instance_ssh_command
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
+from marketplace.services.instances import options as opts
 from marketplace.validators import NAME_MAX_LENGTH, validate_instance_keys
+from provisioning.services.vms import vm_logs
 
 
 class _BlankAsNullCharField(serializers.CharField):
@@ -77,7 +84,21 @@ class InstanceSerializer(serializers.ModelSerializer):
     node = serializers.IntegerField(source="node_id", read_only=True, help_text="The offer (node) it runs on.")
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpus = serializers.SerializerMethodField(help_text="Indices (on the node) of the GPUs it holds now.")
-    image: serializers.SlugRelatedField[Image] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    image = serializers.CharField(source="image_name", read_only=True,
+                                  help_text="The catalogue image's slug, or your own image's reference.")
+    registry_auth = serializers.BooleanField(read_only=True, help_text="Whether a registry login was given (it is "
+                                                                        "never shown again).")
+    env = serializers.DictField(child=serializers.CharField(), read_only=True,
+                                help_text="Environment variables set in the instance.")
+    ports_requested = serializers.ListField(child=serializers.IntegerField(), read_only=True,
+                                            help_text="The container TCP ports asked for.")
+    ports = serializers.DictField(
+        child=serializers.DictField(), read_only=True,
+        help_text='Where each asked-for port is reachable once running, as the node mapped it: '
+                  '{"8888/tcp": {"host": "203.0.113.7", "port": 40123}}.')
+    os = _BlankAsNullCharField(read_only=True, allow_null=True,
+                               help_text="The instance's operating system as its node read it (null until known).")
+    min_cuda_version = _BlankAsNullCharField(read_only=True, allow_null=True)
     ssh_host = _BlankAsNullCharField(read_only=True, allow_null=True)
     ssh_user = _BlankAsNullCharField(read_only=True, allow_null=True)
     ssh_command = serializers.SerializerMethodField(help_text="How to log in, once running.")
@@ -104,7 +125,8 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "status", "status_message", "node", "gpu_model", "num_gpus", "gpus", "image", "label", "disk_gb",
+            "id", "status", "status_message", "node", "gpu_model", "num_gpus", "gpus", "image", "registry_auth",
+            "env", "onstart", "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb",
             "ssh_host", "ssh_port", "ssh_user", "ssh_command", "ssh_public_keys", "price_per_hour",
             "price_per_gpu_hour", "platform_fee_percent", "cost_so_far", "disk_price_per_gb_month",
             "disk_cost_so_far", "volumes",
@@ -139,13 +161,74 @@ class _OwnKeys(serializers.PrimaryKeyRelatedField):
         return SshKey.objects.filter(user=request.user)
 
 
+# The options' JSON shapes as the schema publishes them; marketplace.services.instances.options checks them all
+# (and what a schema cannot say: env names, the environment's total size).
+@extend_schema_field({"type": "object", "required": ["username", "password"], "additionalProperties": False,
+                      "properties": {
+                          "username": {"type": "string", "minLength": 1, "maxLength": opts.USERNAME_MAX,
+                                       "pattern": string_pattern(refused=CONTROL, nonblank=False)},
+                          "password": {"type": "string", "minLength": 1, "maxLength": opts.PASSWORD_MAX,
+                                       "pattern": string_pattern(refused=CONTROL, nonblank=False)}}})
+class _RegistryAuthField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "object", "maxProperties": opts.ENV_MAX_NAMES,
+                      "additionalProperties": {"type": "string", "maxLength": opts.ENV_MAX_VALUE,
+                                               "pattern": string_pattern(refused=NUL, nonblank=False)}})
+class _EnvField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "maxLength": opts.ONSTART_MAX,
+                      "pattern": string_pattern(refused=NUL, nonblank=False)})
+class _OnstartField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "array", "maxItems": opts.PORTS_MAX, "uniqueItems": True,
+                      "items": {"type": "integer", "minimum": 1, "maximum": 65535, "not": {"enum": [22]}}})
+class _PortsField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "pattern": "^" + opts.CUDA_VERSION_RE.pattern + "$"})
+class _CudaVersionField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": opts.REFERENCE_MAX,
+                      "pattern": opts.IMAGE_PATTERN})
+class _ImageField(serializers.CharField):
+    pass
+
+
 class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     offer = serializers.IntegerField(min_value=1, max_value=2**63 - 1,
                                      help_text="The offer's `id` from /api/v1/offers/ (a node).")
     num_gpus = serializers.IntegerField(min_value=1, max_value=64,
                                         help_text="How many of the offer's free GPUs to rent.")
-    image = serializers.SlugRelatedField(slug_field="slug", queryset=Image.objects.filter(active=True),
-                                         help_text="An image `slug` from /api/v1/images/.")
+    image = _ImageField(
+        max_length=opts.REFERENCE_MAX, trim_whitespace=False,
+        help_text="An image `slug` from /api/v1/images/, or any image reference of your own "
+                  "(`[registry[:port]/]name[:tag][@sha256:<64 hex>]`; not on libvirt nodes).")
+    registry_auth = _RegistryAuthField(
+        required=False, help_text="Login to the registry of your own image: {\"username\": ..., \"password\": "
+                                  "...} (a token goes in `password`). Encrypted at rest, used only for the pull, "
+                                  "never shown again.")
+    env = _EnvField(
+        required=False, help_text=f"Environment variables: {{\"NAME\": \"value\"}}, names [A-Z_][A-Z0-9_]*, at "
+                                  f"most {opts.ENV_MAX_NAMES} names, values up to {opts.ENV_MAX_VALUE} characters, "
+                                  f"{opts.ENV_MAX_TOTAL} bytes in all.")
+    onstart = _OnstartField(
+        required=False, help_text=f"A script run once by /bin/sh at the first boot, inside the instance (at most "
+                                  f"{opts.ONSTART_MAX} characters); its output is in the logs.")
+    ports = _PortsField(
+        required=False, help_text=f"Container TCP ports to expose (at most {opts.PORTS_MAX}, distinct, 1-65535, not "
+                                  "22); each is mapped to a free port of the node, shown in the instance's `ports`.")
+    min_cuda_version = _CudaVersionField(
+        required=False, help_text="Refuse the offer (a 400 naming this field) if its driver supports a lower CUDA "
+                                  "version, e.g. \"12.2\", or its CUDA version is not known.")
     ssh_keys = _OwnKeys(many=True, required=False, help_text="Ids of your SSH keys (/api/v1/ssh-keys/).")
     ssh_public_key = serializers.CharField(
         max_length=ssh_svc.MAX_KEY_CHARS, required=False,
@@ -166,6 +249,33 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         validate_instance_keys(keys)
         return keys
 
+    def validate_image(self, value):
+        try:
+            return opts.image_of(value)
+        except ValidationFailed as exc:
+            raise serializers.ValidationError(exc.message) from None
+
+    def _clean(self, fn, value):
+        try:
+            return fn(value)
+        except ValidationFailed as exc:
+            raise serializers.ValidationError(exc.message) from None
+
+    def validate_registry_auth(self, value):
+        return self._clean(opts.clean_registry_auth, value)
+
+    def validate_env(self, value):
+        return self._clean(opts.clean_env, value)
+
+    def validate_onstart(self, value):
+        return self._clean(opts.clean_onstart, value)
+
+    def validate_ports(self, value):
+        return self._clean(opts.clean_ports, value)
+
+    def validate_min_cuda_version(self, value):
+        return self._clean(opts.clean_cuda_version, value)
+
     def validate_ssh_public_key(self, value):
         try:
             return ssh_svc.parse_public_key(value).public_key
@@ -177,7 +287,32 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
             raise serializers.ValidationError(
                 {"ssh_keys": ["Give at least one SSH key: `ssh_keys` (ids of your keys) and/or `ssh_public_key`."]}
             )
+        if attrs.get("registry_auth") is not None and isinstance(attrs.get("image"), Image):
+            raise serializers.ValidationError(
+                {"registry_auth": ["A catalogue image needs no registry login: give it only with your own image."]})
         return attrs
+
+    def options(self) -> opts.InstanceOptions:
+        v = self.validated_data
+        return opts.InstanceOptions(env=v.get("env") or {}, onstart=v.get("onstart") or "",
+                                    ports=v.get("ports") or [], min_cuda_version=v.get("min_cuda_version") or "",
+                                    registry_auth=v.get("registry_auth"))
+
+
+class InstanceLogsSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The instance.")
+    lines = serializers.ListField(child=serializers.CharField(), help_text="The last lines of its log, oldest "
+                                                                           "first: the image pull, boot and onstart.")
+
+
+def _fingerprint(request) -> str:
+    """The body's fingerprint for the Idempotency-Key, with a registry login replaced by a keyed hash of it, so
+    that no plain hash of a password is stored (a retry with the same login still matches)."""
+    data = request.data
+    if isinstance(data, dict) and "registry_auth" in data:
+        secret = salted_hmac("instance-registry-auth", request_fingerprint(data["registry_auth"])).hexdigest()
+        data = {**data, "registry_auth": secret}
+    return request_fingerprint(data)
 
 
 class InstanceFilter(django_filters.FilterSet):
@@ -232,6 +367,17 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                                                       "than one hour of what your running and "
                                                                       "starting instances cost with this one.")}),
     restart=extend_schema(summary="Restart (reboot) a running instance", **_VERB),
+    logs=extend_schema(
+        summary="The last lines of an instance's log (image pull, boot, onstart)",
+        description="Read from its node while you wait (a few seconds at most).",
+        parameters=[OpenApiParameter("tail", {"type": "integer", "minimum": 1, "maximum": opts.LOGS_TAIL_MAX},
+                                     OpenApiParameter.QUERY,
+                                     description=f"How many of the last lines: 1 to {opts.LOGS_TAIL_MAX} "
+                                                 f"(default {opts.LOGS_TAIL_DEFAULT}).")],
+        responses={200: InstanceLogsSerializer,
+                   409: OpenApiResponse(ErrorDetailSerializer, "The instance has no VM now (not created yet, or "
+                                                               "destroyed)."),
+                   503: OpenApiResponse(ErrorDetailSerializer, "Its node did not answer in time; try again.")}),
 )
 @extend_schema(tags=["instances"])
 class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -256,7 +402,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return super().list(request, *args, **kwargs)
 
     def create(self, request):
-        idempotency_key, fingerprint = idempotency_key_of(request)
+        idempotency_key, _ = idempotency_key_of(request)
+        fingerprint = _fingerprint(request) if idempotency_key else ""
         if idempotency_key:  # a retry gets what the first request made, even if its input would not validate now
             earlier = svc.instance_for_idempotency_key(renter=request.user, idempotency_key=idempotency_key,
                                                        request_fingerprint=fingerprint)
@@ -270,7 +417,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             public_keys.append(v["ssh_public_key"])
         instance, created = svc.instance_create(
             renter=request.user, node_id=v["offer"], num_gpus=v["num_gpus"], image=v["image"],
-            ssh_public_keys=public_keys, disk_gb=v.get("disk_gb"), label=v["label"],
+            ssh_public_keys=public_keys, disk_gb=v.get("disk_gb"), label=v["label"], options=data.options(),
             idempotency_key=idempotency_key, request_fingerprint=fingerprint, volumes=v.get("volumes"),
         )
         return self._render(instance, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -290,3 +437,10 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def restart(self, request, pk=None):
         return self._render(svc.instance_restart(instance=self.get_object()), status.HTTP_202_ACCEPTED)
 
+
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        instance = self.get_object()  # another's instance is a 404 whatever the parameters
+        reject_unknown_params(request, {"tail"})
+        tail = opts.clean_logs_tail(request.query_params.get("tail"))
+        return Response({"id": instance.pk, "lines": vm_logs(instance=instance, tail=tail)})

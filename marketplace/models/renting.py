@@ -53,7 +53,8 @@ class Image(models.Model):
         return self.name
 
     def supports(self, runtime: str) -> bool:
-        # A simulated node runs any image: only the hardware is simulated, not the software.
+        # A simulated node accepts any image and runs none of it: its VMs are shells on the demo host (with the
+        # host's OS, which the instance shows), so the catalogue's descriptions say none of the software is there.
         return {"docker": bool(self.docker_image), "libvirt": bool(self.libvirt_image), "sim": True}[runtime]
 
     @property
@@ -120,7 +121,24 @@ class Instance(StatefulModel, models.Model):
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="instances")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
     num_gpus = models.PositiveSmallIntegerField()
-    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances")
+    # A catalogue image, or (image None) the renter's own OCI reference in `image_ref`.
+    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances", null=True, blank=True)
+    image_ref = models.CharField(max_length=512, blank=True,
+                                 help_text="The renter's own image: an OCI reference (when `image` is empty).")
+    # Registry login for a private image: a Fernet token of {"username", "password"} (marketplace.encryption),
+    # sent to the node for the pull only, never shown; cleared once the instance is failed or destroyed.
+    # `registry_auth` says that one was given (all the API ever shows of it).
+    registry_auth_encrypted = models.BinaryField(null=True, blank=True, editable=False,
+                                                 help_text="Fernet token; never shown.")
+    registry_auth = models.BooleanField(default=False, help_text="Whether a registry login was given.")
+    env = models.JSONField(default=dict, blank=True, help_text="Environment variables set in the instance.")
+    onstart = models.TextField(blank=True, help_text="Script run once at the first boot, inside the instance.")
+    ports_requested = models.JSONField(default=list, blank=True, help_text="Container TCP ports to expose.")
+    ports = models.JSONField(default=dict, blank=True,
+                             help_text='Where they are reachable, as the node mapped them: {"8888/tcp": {...}}.')
+    min_cuda_version = models.CharField(max_length=8, blank=True, help_text="The renter's minimum, e.g. 12.2.")
+    os = models.CharField(max_length=200, blank=True,
+                          help_text="The instance's OS as its node read it (PRETTY_NAME).")
     label = models.CharField(max_length=100, blank=True)
     disk_gb = models.PositiveIntegerField()
     ssh_public_keys = models.JSONField(default=list, help_text="The keys injected at creation (public halves).")
@@ -179,6 +197,10 @@ class Instance(StatefulModel, models.Model):
             models.CheckConstraint(condition=Q(billed_seconds__gte=0, cost_micros__gte=0),
                                    name="instance_billing_totals_non_negative"),
             INSTANCE_TRANSITIONS.check_constraint("status", "instance_status_declared"),
+            # Exactly one of a catalogue image and the renter's own reference.
+            models.CheckConstraint(condition=Q(image__isnull=False, image_ref="") | (Q(image__isnull=True)
+                                                                                     & ~Q(image_ref="")),
+                                   name="instance_image_xor_reference"),
         ]
         indexes = [models.Index(fields=["status"], name="instance_status_idx")]
 
@@ -189,6 +211,12 @@ class Instance(StatefulModel, models.Model):
     def vm_id(self) -> str:
         """The VM's name on the node: derived from the id, never from user input."""
         return vm_id_of(self.pk)
+
+    @property
+    def image_name(self) -> str:
+        """What it runs, in words: the catalogue image's slug, or the renter's own reference."""
+        image = self.image  # None without a query when image_id is None
+        return image.slug if image is not None else self.image_ref
 
     def transition_to(self, target: str, message: str = "") -> None:
         """Move to `target` in memory (the caller saves). Raises InvalidTransition."""

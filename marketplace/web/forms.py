@@ -42,6 +42,8 @@ from marketplace.validators import (
     validate_ssh_user,
 )
 
+from .rent_options import RentOptionsMixin
+
 
 class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
     username = forms.EmailField(label="Email", widget=forms.EmailInput(attrs={"autofocus": True,
@@ -135,7 +137,7 @@ class _ImageChoices(forms.ModelChoiceField):
         return image.name
 
 
-class RentForm(forms.Form):
+class RentForm(RentOptionsMixin, forms.Form):
     image = _ImageChoices(queryset=Image.objects.none(), to_field_name="slug", empty_label=None,
                           widget=forms.RadioSelect)
     num_gpus = forms.IntegerField(label="Number of GPUs", min_value=1, initial=1)
@@ -190,6 +192,7 @@ class RentForm(forms.Form):
         cleaned = super().clean()
         if not cleaned.get("ssh_keys") and not cleaned.get("ssh_public_key") and "ssh_public_key" not in self.errors:
             self.add_error("ssh_keys", "Choose at least one of your keys, or paste a public key.")
+        self.clean_options()
         return cleaned
 
     def public_keys(self) -> list[str]:

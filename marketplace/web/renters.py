@@ -11,28 +11,27 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, QueryDict
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.crypto import get_random_string
+from django.utils.crypto import get_random_string, salted_hmac
 from django.utils.html import format_html
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.debug import sensitive_post_parameters
+from django.views.decorators.http import require_GET, require_http_methods
 
-from billing import selectors as billing_selectors
 from billing.services.ledger import funds_required_micros
 from core import charts
 from core.errors import ApplicationError, Conflict, IdempotencyKeyReused
-from core.web_errors import form_error, message_error, page_wording
+from core.web_errors import form_error, page_wording
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
-from marketplace.models import GpuModel, InstanceStatus, InvalidTransition
-from marketplace.models.renting import FINAL_STATUSES
+from marketplace.models import GpuModel
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.templatetags.marketplace_web import duration, usd
-from provisioning.models import OPEN_JOB_STATUSES, Job
 
 from .figures import COMPARED, WORKLOAD, gpu_comparison
 from .forms import RentForm
+from .rent_options import OPTION_FIELDS
 
 OFFERS_PER_PAGE = 20
 
@@ -283,11 +282,22 @@ def _chosen_gpus(form) -> int:
 
 def _render_rent(request, offer, form, status=200):
     funds = _funds(request.user, offer)
+    advanced_open = form.options_given() or any(name in form.errors for name in OPTION_FIELDS)
     return render(request, "marketplace/rent.html", {
         "offer": offer, "form": form, "funds": funds, "estimate": _estimate(funds, offer, _chosen_gpus(form)),
+        "advanced_open": advanced_open,
     }, status=status)
 
 
+def _fingerprint_body(post) -> dict:
+    """The posted form for the double-booking check, with no plain hash of a registry password in it."""
+    body = {k: v for k, v in post.lists() if k not in ("csrfmiddlewaretoken", "registry_password")}
+    if post.get("registry_password"):
+        body["registry_password"] = salted_hmac("rent-registry-password", post["registry_password"]).hexdigest()
+    return body
+
+
+@sensitive_post_parameters("registry_password")
 @login_required
 @require_http_methods(["GET", "POST"])
 def rent(request, node_id: int):
@@ -300,7 +310,7 @@ def rent(request, node_id: int):
     if form.is_valid():
         data = form.cleaned_data
         token = data.get("request_token") or ""
-        body = {k: v for k, v in request.POST.lists() if k != "csrfmiddlewaretoken"}
+        body = _fingerprint_body(request.POST)
         try:
             if data.get("save_key") and data.get("ssh_public_key"):
                 try:
@@ -308,7 +318,8 @@ def rent(request, node_id: int):
                 except Conflict:
                     pass  # already saved: nothing to do
             instance, _ = svc.instance_create(
-                renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"], image=data["image"],
+                renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"],
+                image=data.get("own_image") or data["image"], options=form.options(),
                 ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
                 idempotency_key=f"web-{token}" if token else "",
                 request_fingerprint=svc.request_fingerprint(body) if token else "",
@@ -327,98 +338,3 @@ def rent(request, node_id: int):
             messages.success(request, f"Instance {instance.pk} booked: the node is preparing it.")
             return redirect("instance", pk=instance.pk)
     return _render_rent(request, offer, form, status=400)
-
-
-# ----------------------------------------------------------------------------------------- instances
-
-VERBS = {
-    # verb: (service, button words, question, danger). The states that show a button are the instance table's
-    # (`Instance.allows(verb)`, marketplace.models.renting), the same rule the service applies.
-    "stop": (svc.instance_stop, "Stop", "Stop it? The disk is kept and its GPUs are freed; start it again later.",
-             False),
-    "start": (svc.instance_start, "Start", "Start it again? It takes its GPUs back when they are free.", False),
-    "restart": (svc.instance_restart, "Restart", "Restart it? Running programs are ended, the disk is kept.", False),
-    "destroy": (svc.instance_destroy, "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.",
-                True),
-}
-SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED, InstanceStatus.INTERRUPTED}  # polled slowly
-
-
-def _instance_or_404(user, pk: int):
-    """The user's own instance; another user's is a 404, exactly like one that does not exist."""
-    return get_object_or_404(svc.instances_for_user(user=user), pk=pk)
-
-
-def _live_context(instance, user) -> dict:
-    job = Job.objects.filter(instance=instance).order_by("-id").first()
-    return {
-        "instance": instance,
-        "status": billing_selectors.balance_status(user=user),  # the low-balance warning, as on the balance page
-        "ssh_command": selectors.instance_ssh_command(instance),
-        "gpus": svc.instance_gpu_indices(instance=instance),
-        "job": job,
-        "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
-        "final": instance.status in FINAL_STATUSES,
-        "cost": billing_selectors.instance_cost(instance=instance),
-        "verbs": [{"verb": verb, "button": words, "question": question, "danger": danger,
-                   "url": reverse("instance-verb", args=[instance.pk, verb])}
-                  for verb, (_, words, question, danger) in VERBS.items() if instance.allows(verb)],
-    }
-
-
-def _poll_headers(response, instance):
-    if instance.status in FINAL_STATUSES:
-        response["X-Poll-Stop"] = "1"
-    elif instance.status in SETTLED:
-        response["X-Poll-Interval"] = "10000"
-    response["Cache-Control"] = "no-store"
-    return response
-
-
-@login_required
-@require_GET
-def instances(request):
-    rows = svc.instances_for_user(user=request.user).select_related("node").order_by("-created_at", "-id")
-    show_all = request.GET.get("show") == "all"
-    if not show_all:
-        rows = rows.exclude(status=InstanceStatus.DESTROYED)
-    page = Paginator(rows, 25).get_page(request.GET.get("page"))
-    return render(request, "marketplace/instances.html", {
-        "page": page, "show_all": show_all, "status": billing_selectors.balance_status(user=request.user)})
-
-
-@login_required
-@require_GET
-def instance(request, pk: int):
-    obj = _instance_or_404(request.user, pk)
-    context = _live_context(obj, request.user)
-    context["node"] = obj.node
-    return _poll_headers(render(request, "marketplace/instance.html", context), obj)
-
-
-@login_required
-@require_GET
-def instance_live(request, pk: int):
-    """The polled part of the instance page: its state, current step, SSH command and buttons."""
-    obj = _instance_or_404(request.user, pk)
-    context = _live_context(obj, request.user)
-    return _poll_headers(render(request, "marketplace/includes/instance_live.html", context), obj)
-
-
-@login_required
-@require_POST
-def instance_verb(request, pk: int, verb: str):
-    obj = _instance_or_404(request.user, pk)
-    if verb not in VERBS:
-        raise Http404("No such action.")
-    service = VERBS[verb][0]
-    try:
-        service(instance=obj)
-    except InvalidTransition as exc:  # before ApplicationError: a Conflict, worded here as the state's answer
-        messages.error(request, f"Not possible now: {exc}.")
-    except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
-        message_error(request, exc)
-    else:
-        messages.success(request, {"stop": "Stopping", "start": "Starting", "restart": "Restarting",
-                                   "destroy": "Destroying"}[verb] + f" instance {obj.pk}.")
-    return redirect("instance", pk=obj.pk)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import accounts, billing, passwords, providers, renters, two_factor, volumes
+from . import accounts, billing, instances, passwords, providers, renters, two_factor, volumes
 
 urlpatterns = [
     path("", accounts.home, name="home"),
@@ -29,10 +29,10 @@ urlpatterns = [
     path("offers/", renters.offers, name="offers"),
     path("offers/<int:node_id>/rent/", renters.rent, name="rent"),
     path("gpus/", renters.gpu_compare, name="gpu-compare"),
-    path("instances/", renters.instances, name="instances"),
-    path("instances/<int:pk>/", renters.instance, name="instance"),
-    path("instances/<int:pk>/live/", renters.instance_live, name="instance-live"),
-    path("instances/<int:pk>/<slug:verb>/", renters.instance_verb, name="instance-verb"),
+    path("instances/", instances.instances, name="instances"),
+    path("instances/<int:pk>/", instances.instance, name="instance"),
+    path("instances/<int:pk>/live/", instances.instance_live, name="instance-live"),
+    path("instances/<int:pk>/<slug:verb>/", instances.instance_verb, name="instance-verb"),
     path("volumes/", volumes.volumes, name="volumes"),
     path("volumes/<int:pk>/delete/", volumes.volume_delete, name="volume-delete"),
     # Providers

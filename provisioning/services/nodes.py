@@ -62,7 +62,7 @@ def node_event(node: Node, kind: str, message: str, level: str = NodeEvent.Level
 
 @contextlib.contextmanager
 def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None,
-                 slot_held: bool = False) -> Iterator[NodeSession]:
+                 slot_held: bool = False, slot_wait_s: float | None = None) -> Iterator[NodeSession]:
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
     On first contact the host key is recorded and pinned from then on; a changed
@@ -72,9 +72,13 @@ def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool 
     With a `pool` (provisioning.ssh_pool), the node's kept connection is used when there is one (the per-node
     slot is still taken for the block); every new connection is pinned as above. `session.fresh` says whether
     the connection was opened for this block. `slot_held`: the caller holds one of the node's slots already
-    (a fleet batch takes them all at once).
+    (a fleet batch takes them all at once). `slot_wait_s`: how long to wait for a slot (default: node_slot's).
     """
-    with contextlib.nullcontext() if slot_held else node_slot(node.pk):
+    if slot_held:
+        slot: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    else:
+        slot = node_slot(node.pk) if slot_wait_s is None else node_slot(node.pk, wait_s=slot_wait_s)
+    with slot:
         if pool is None:
             session = _session_connect(node, timeouts)
             try:

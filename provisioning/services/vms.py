@@ -1,4 +1,4 @@
-"""Driving an instance's VM on its node: create, start, stop, restart, destroy.
+"""Driving an instance's VM on its node: create, start, stop, restart, destroy; and reading its logs.
 
 Each function runs on a worker for one job, opens one SSH session for all its steps,
 and reports through marketplace's instance services, which own the instance states
@@ -11,15 +11,19 @@ import socket
 import time
 from typing import Any
 
+from core.errors import Conflict, Unavailable
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.models import Job
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import NodeError, NodeSession
+from provisioning.ssh import AgentFailed, NodeError, NodeSession, Timeouts
 
 SSH_READY_TIMEOUT_S = 120
+# Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.
+LOGS_TIMEOUTS = Timeouts(connect=5.0, command=15.0, attempts=1)
+LOGS_SLOT_WAIT_S = 5.0
 
 
 def _request(instance: Instance, **extra: Any) -> dict[str, Any]:
@@ -58,8 +62,39 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
     _progress(job, instance, "waiting for SSH on the VM")
     wait_for_ssh(answer["ssh_host"], answer["ssh_port"])
     instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=answer["ssh_host"],
-                                       ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"], message=message)
+                                       ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"], message=message,
+                                       vm=answer)
     job_finish(job)
+
+
+def create_request(instance: Instance) -> dict[str, Any]:
+    """The agent's `vm create` request, from the instance's validated fields only (JSON; nothing is a shell
+    string). The registry login, when there is one, is decrypted here for this request and kept nowhere."""
+    image = instance.image
+    if image is not None:
+        images = {"docker": image.docker_image, "libvirt": image.libvirt_image}
+    else:  # the renter's own OCI reference (container runtimes only: booking refuses it on libvirt)
+        images = {"docker": instance.image_ref}
+    request = _request(
+        instance,
+        gpu_indices=instance_svc.instance_gpu_indices(instance=instance),
+        ssh_public_keys=list(instance.ssh_public_keys),
+        image=images,
+        disk_gb=instance.disk_gb,
+    )
+    if instance.env:
+        request["env"] = dict(instance.env)
+    if instance.onstart:
+        request["onstart"] = instance.onstart
+    if instance.ports_requested:
+        request["ports"] = list(instance.ports_requested)
+    volumes = volume_svc.volume_agent_specs(instance=instance)
+    if volumes:  # [{"name": "vol-...", "mount": "/data"}]: created on this node before (marketplace.services.volumes)
+        request["volumes"] = volumes
+    auth = instance_svc.instance_registry_auth(instance=instance)
+    if auth is not None:
+        request["registry_auth"] = auth
+    return request
 
 
 def vm_provision(job: Job) -> None:
@@ -67,21 +102,16 @@ def vm_provision(job: Job) -> None:
     if instance is None:
         job_finish(job, error="The instance is no longer waiting to be provisioned; nothing done.")
         return
-    image = instance.image
-    request = _request(
-        instance,
-        gpu_indices=instance_svc.instance_gpu_indices(instance=instance),
-        ssh_public_keys=list(instance.ssh_public_keys),
-        image={"docker": image.docker_image, "libvirt": image.libvirt_image},
-        disk_gb=instance.disk_gb,
-    )
-    volumes = volume_svc.volume_agent_specs(instance=instance)
-    if volumes:  # [{"name": "vol-...", "mount": "/data"}]: created on this node before (marketplace.services.volumes)
-        request["volumes"] = volumes
     _progress(job, instance, f"connecting to node {instance.node_id}")
     with node_session(instance.node) as session:
-        _progress(job, instance, "creating the VM")
-        answer = session.agent("vm", "create", request)
+        _progress(job, instance, "pulling the image and creating the VM")
+        try:
+            answer = session.agent("vm", "create", create_request(instance))
+        except AgentFailed as exc:
+            if exc.code == "pull_failed":  # the registry's own reason, for the renter to act on
+                raise AgentFailed({"code": exc.code,
+                                   "message": f"The image could not be pulled: {exc.message}"}) from None
+            raise
     _running(job, instance, answer, "Running")
 
 
@@ -166,3 +196,29 @@ def vm_failed(job: Job, error: str) -> None:
             session.agent("vm", verb, _request(instance))
     except NodeError:
         pass  # unreachable now: the reconciler cleans up when the node answers again
+
+
+def vm_logs(*, instance: Instance, tail: int) -> list[str]:
+    """The last `tail` lines of the VM's log (pull, boot and onstart output), read from the node now.
+
+    A short synchronous SSH call (LOGS_TIMEOUTS), not a job: a read changes nothing, so there is nothing to
+    retry or resume, and the renter is waiting for the answer. Raises Conflict (409) when the instance has no
+    VM to read, Unavailable (503) when its node does not answer in time or is busy.
+    """
+    if instance.status in (InstanceStatus.REQUESTED, InstanceStatus.DESTROYED):
+        raise Conflict("The instance has no VM to read logs from "
+                       f"({'not created yet' if instance.status == InstanceStatus.REQUESTED else 'destroyed'}).")
+    try:
+        with node_session(instance.node, LOGS_TIMEOUTS, slot_wait_s=LOGS_SLOT_WAIT_S) as session:
+            answer = session.agent("vm", "logs", {"runtime": instance.node.runtime, "vm_id": instance.vm_id,
+                                                  "tail": tail}, timeout=LOGS_TIMEOUTS.command)
+    except AgentFailed as exc:
+        if exc.code == "not_found":
+            raise Conflict("The instance's VM is not on its node (any more): there is no log to read.") from None
+        raise Unavailable(f"The node could not read the logs: {exc.message}") from None
+    except NodeError as exc:
+        raise Unavailable(f"The instance's node did not answer: {exc.message} Try again in a moment.") from None
+    lines = answer.get("lines")
+    if not isinstance(lines, list):
+        raise Unavailable("The node's answer had no log lines.")
+    return [line if isinstance(line, str) else str(line) for line in lines][-tail:]

@@ -1,5 +1,7 @@
 """The Vast.ai-compatible API (/compat/vast) with the DRF test client: every endpoint's happy path, bad input and
 ownership. The real `vastai` CLI and SDK drive it in test_cli.py."""
+import json
+
 import pytest
 
 from marketplace.models import Instance, Node, SshKey
@@ -119,11 +121,19 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
-    ({"image": "ubuntu:22.04"}, 400, "the images offered are"),
+    ({"image": "windows-95"}, 400, "No image 'windows-95' in the catalogue"),
+    ({"image": "Ubuntu::22"}, 400, "not a valid image reference"),
     ({"image": None}, 400, "Give an image"),
     ({"disk": 5}, 400, "needs 20 to"),
-    ({"env": {"-p 8080:8080": "1"}}, 400, "environment variables"),
-    ({"onstart": "echo hi"}, 400, "on-start script"),
+    ({"env": {"-p 8080:8080/udp": "1"}}, 400, "only TCP ports"),
+    ({"env": {"-p 22:22": "1"}}, 400, "Port 22"),
+    ({"env": {"-v /data:/data": "1"}}, 400, "only -e variables and -p ports"),
+    ({"env": {"lower": "x"}}, 400, "not an allowed variable name"),
+    ({"env": "-e A=1"}, 400, "`env` is an object"),
+    ({"onstart": 5}, 400, "`onstart` is a string"),
+    ({"image_login": "-u me -p secret docker.io"}, 400, "needs no registry login"),
+    ({"image": "r.example.com/app:1", "image_login": "me secret"}, 400, "'-u USER -p PASSWORD"),
+    ({"args": ["python"]}, 400, "args launch"),
     ({"price": 0.2}, 400, "interruptible"),
     ({"runtype": "jupyter_proxy ssh_proxy"}, 400, "Only SSH instances"),
     ({"volume_info": {"size": 5}}, 400, "volumes"),
@@ -137,6 +147,25 @@ def test_create_instance_bad_input(api, market, body, status, words):
     assert r.status_code == status
     assert words in msg(r)
     assert not Instance.objects.exists()
+
+
+def test_create_instance_maps_env_ports_onstart_and_login_onto_the_instance_options(api, market):
+    """What `vastai create instance ID --image REF --env '-e A=1 -p 8888:8888' --onstart-cmd ... --login ...`
+    sends becomes the instance's own image, env, ports, onstart and registry login (encrypted, never shown)."""
+    _, a6000, _ = market
+    add_key(api.user)
+    r = _create(api, a6000.pk * 100 + 1, image="registry.example.com/team/app:1",
+                env={"API_KEY": "k=v 'x'", "-p 8888:8888": "1", "-p 6006": "1"}, onstart="echo hello",
+                image_login="-u robot -p tok3n-secret registry.example.com")
+    assert r.status_code == 200, r.content
+    instance = Instance.objects.get(pk=r.json()["new_contract"])
+    assert (instance.image, instance.image_ref) == (None, "registry.example.com/team/app:1")
+    assert instance.env == {"API_KEY": "k=v 'x'"} and instance.ports_requested == [8888, 6006]
+    assert instance.onstart == "echo hello" and instance.registry_auth is True
+    assert b"tok3n-secret" not in bytes(instance.registry_auth_encrypted)
+    row = api.get(f"{V0}/instances/{instance.pk}/").json()["instances"]
+    assert row["image_uuid"] == "registry.example.com/team/app:1" and row["extra_env"] == [["API_KEY", "k=v 'x'"]]
+    assert "tok3n-secret" not in json.dumps(row)
 
 
 def test_create_instance_needs_a_key_an_offer_and_a_key_holder(api, anon, market):

@@ -2,6 +2,7 @@
 four (`actual_status`), ours in `status_msg`."""
 import json
 import math
+import re
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,7 @@ from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
+from marketplace.services.instances import options as opts
 
 from .. import offers, query
 from .base import VastView, _body, _epoch, _label, _refuse_unknown, _user
@@ -44,8 +46,11 @@ def instance_row(instance: Instance) -> dict[str, Any]:
         "status_msg": f"{instance.status}: {message}" if message else instance.status,
         "num_gpus": instance.num_gpus, "gpu_name": instance.gpu_model.name, "gpu_ram": instance.gpu_model.memory_mib,
         "gpu_totalram": instance.gpu_model.memory_mib * instance.num_gpus,
-        "disk_space": instance.disk_gb, "image_uuid": instance.image.slug, "image_runtype": "ssh",
-        "label": instance.label or None, "extra_env": [],
+        "disk_space": instance.disk_gb, "image_uuid": instance.image_name, "image_runtype": "ssh",
+        "label": instance.label or None, "extra_env": [[name, value] for name, value in instance.env.items()],
+        "ports": {name: [{"HostIp": where["host"], "HostPort": str(where["port"])}]
+                  for name, where in instance.ports.items()} if running else {},
+        "os_version": instance.os or None,
         "ssh_host": instance.ssh_host if running and instance.ssh_host else None,
         "ssh_port": instance.ssh_port if running else None,
         "ssh_user": (instance.ssh_user or "root") if running else None,
@@ -186,14 +191,12 @@ class InstanceView(VastView):
 
 
 # What `create instance` may send, and the value that means "not asked for". Anything else is refused: this
-# platform starts a VM reached by SSH with the account's keys, nothing else.
+# platform starts a VM or container reached by SSH with the account's keys; `env` (variables and `-p` ports),
+# `onstart` and `image_login` are mapped onto the instance's options (_options).
 _CREATE_UNSET: dict[str, tuple[Any, str]] = {
-    "env": ({}, "environment variables and port mappings (--env)"),
-    "onstart": (None, "an on-start script (--onstart / --onstart-cmd)"),
     "args": (None, "an args launch (--args)"),
     "price": (None, "interruptible instances (--bid_price)"),
     "extra": (None, "--extra"),
-    "image_login": (None, "private registries (--login)"),
     "python_utf8": (False, "--python-utf8"),
     "lang_utf8": (False, "--lang-utf8"),
     "use_jupyter_lab": (False, "Jupyter"),
@@ -203,17 +206,63 @@ _CREATE_UNSET: dict[str, tuple[Any, str]] = {
     "volume_info": (None, "volumes"),
 }
 _CREATE_IGNORED = {"client_id", "force", "cancel_unavail", "image", "disk", "label", "runtype"}
+_CREATE_MAPPED = {"env", "onstart", "image_login"}
 SSH_RUNTYPES = {"ssh", "ssh_proxy", "ssh_direc ssh_proxy", "ssh_direct"}
 
 
-def _image(name: Any) -> Image:
+def _image(name: Any) -> Image | str:
+    """A catalogue image (its slug or its exact container or VM image name), else the renter's own reference."""
     if not isinstance(name, str) or not name:
-        raise ValidationFailed("Give an image: --image SLUG (see GET /api/v1/images/).", field="image")
+        raise ValidationFailed("Give an image: --image SLUG (see GET /api/v1/images/) or an image reference "
+                               "(e.g. ubuntu:24.04).", field="image")
     image = Image.objects.filter(Q(slug=name) | Q(docker_image=name) | Q(libvirt_image=name), active=True).first()
-    if image is None:
-        slugs = ", ".join(Image.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
-        raise ValidationFailed(f"No image {name!r} here; the images offered are: {slugs}.", field="image")
-    return image
+    return image if image is not None else opts.image_of(name)
+
+
+_PORT_RE = re.compile(r"-p (?:(?:[0-9]{1,5}):)?([0-9]{1,5})(/tcp)?")
+
+
+def _split_env(env: Any) -> tuple[dict[str, Any], list[int]]:
+    """Vast's `env` (what the CLI's parse_env makes of --env): `-e` variables, `-p [HOST:]CONTAINER[/tcp]` ports
+    (the node picks the host port; only the container port is kept). Other docker options are refused."""
+    if env is None:
+        return {}, []
+    if not isinstance(env, dict):
+        raise ValidationFailed("`env` is an object (what `--env '-e NAME=value -p 8888:8888'` becomes).", field="env")
+    variables, ports = {}, []
+    for key, value in env.items():
+        if isinstance(key, str) and key.startswith("-p "):
+            match = _PORT_RE.fullmatch(key)
+            if match is None:
+                raise ValidationFailed(f"{key[:40]!r}: only TCP ports map here, as -p [HOST:]CONTAINER (the node "
+                                       "picks the host port).", field="env")
+            ports.append(int(match[1]))
+        elif isinstance(key, str) and key[:3] in ("-v ", "-n ", "-h "):
+            raise ValidationFailed(f"{key[:40]!r}: only -e variables and -p ports are taken from --env here.",
+                                   field="env")
+        else:
+            variables[key] = value
+    return variables, ports
+
+
+def _login(value: Any) -> dict[str, str] | None:
+    """`--login '-u USER -p PASSWORD REGISTRY'` as {"username", "password"} (the registry is the image's own)."""
+    if value in (None, ""):
+        return None
+    words = value.split() if isinstance(value, str) else []
+    pairs = dict(zip(words[0::2], words[1::2], strict=False)) if len(words) >= 4 else {}
+    if "-u" not in pairs or "-p" not in pairs:
+        raise ValidationFailed("`image_login` is '-u USER -p PASSWORD [REGISTRY]'.", field="image_login")
+    return opts.clean_registry_auth({"username": pairs["-u"], "password": pairs["-p"]}, "image_login")
+
+
+def _options(body: dict[str, Any], image: Image | str) -> opts.InstanceOptions:
+    variables, ports = _split_env(body.get("env"))
+    auth = _login(body.get("image_login"))
+    if auth is not None and isinstance(image, Image):
+        raise ValidationFailed("A catalogue image needs no registry login (--login).", field="image_login")
+    return opts.InstanceOptions(env=opts.clean_env(variables), onstart=opts.clean_onstart(body.get("onstart")),
+                                ports=opts.clean_ports(ports, "env"), registry_auth=auth)
 
 
 def _disk(value: Any) -> int | None:
@@ -231,7 +280,7 @@ class OfferCreateView(VastView):
 
     def put(self, request, ask_id: int):
         body = _body(request)
-        _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED)
+        _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED | _CREATE_MAPPED)
         for name, (unset, what) in _CREATE_UNSET.items():
             if body.get(name, unset) not in (unset, None, "", {}, [], False):
                 raise ValidationFailed(f"This platform does not offer {what}: an instance is a VM you reach by SSH.",
@@ -242,11 +291,13 @@ class OfferCreateView(VastView):
                                    field="runtype")
         node_id, num_gpus = offers.offer_of(ask_id)
         image, disk, label = _image(body.get("image")), _disk(body.get("disk")), _label(body.get("label"))
+        options = _options(body, image)
         # `create` names no key: every key of the account goes on the instance.
         keys = list(SshKey.objects.filter(user=request.user).order_by("id").values_list("public_key", flat=True))
         if not keys:
             raise ValidationFailed("Your account has no SSH key: add one first (vastai create ssh-key KEY); every "
                                    "key of the account is put on the instance.", field="ssh_key")
         instance, _ = instance_svc.instance_create(renter=request.user, node_id=node_id, num_gpus=num_gpus,
-                                                   image=image, ssh_public_keys=keys, disk_gb=disk, label=label)
+                                                   image=image, ssh_public_keys=keys, disk_gb=disk, label=label,
+                                                   options=options)
         return Response({"success": True, "new_contract": instance.pk})

@@ -56,6 +56,7 @@ from .worker import (
     instance_mark_provisioning,
     instance_mark_running,
     instance_mark_stopped,
+    instance_registry_auth,
     instance_set_status_message,
 )
 
@@ -67,5 +68,6 @@ __all__ = [
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
     "instance_gpu_indices", "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
     "instance_mark_running", "instance_mark_stopped", "instance_release_gpus", "instance_restart",
+    "instance_registry_auth",
     "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",
 ]

@@ -1,4 +1,5 @@
 """Booking: an instance is created with its GPUs allocated atomically (API side)."""
+import json
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -7,12 +8,14 @@ from django.utils import timezone
 from billing.services.metering import platform_fee_bps
 from core import metrics
 from core.errors import Conflict, ValidationFailed
+from marketplace.encryption import encrypt_secret
 from marketplace.models import (
     Gpu,
     Image,
     Instance,
     User,
 )
+from marketplace.models.nodes import Node
 from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
@@ -29,6 +32,7 @@ from .common import (
     _lock_node_for_booking,
     instance_for_idempotency_key,
 )
+from .options import InstanceOptions, cuda_tuple
 
 # ------------------------------------------------------------------------------ booking (API side)
 
@@ -39,18 +43,21 @@ def instance_create(
     renter: User,
     node_id: int,
     num_gpus: int,
-    image: Image,
+    image: Image | str,
     ssh_public_keys: list[str],
     disk_gb: int | None = None,
     label: str = "",
+    options: InstanceOptions | None = None,
     idempotency_key: str = "",
     request_fingerprint: str = "",
     volumes: list[dict[str, Any]] | None = None,
 ) -> tuple[Instance, bool]:
     """Book `num_gpus` GPUs of a node as a new instance and queue its provisioning.
 
-    `ssh_public_keys` are already validated and normalised. Returns (instance, created): with
-    an Idempotency-Key seen before (same body), the earlier instance and False.
+    `image` is a catalogue Image or the renter's own OCI reference (a str, already checked by
+    options.clean_image_reference); `options` (env, onstart, ports, registry login, minimum CUDA version) are
+    already validated (options.instance_options). `ssh_public_keys` are already validated and normalised.
+    Returns (instance, created): with an Idempotency-Key seen before (same body), the earlier instance and False.
     Raises ValidationFailed (400), Conflict (409), InsufficientFunds (402) or IdempotencyKeyReused (422); on any
     of them nothing was written.
     """
@@ -67,8 +74,9 @@ def instance_create(
     try:
         with transaction.atomic():
             instance = _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
-                             disk_gb=disk_gb, label=label, idempotency_key=idempotency_key,
-                             request_fingerprint=request_fingerprint, volumes=volumes or [])
+                             disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
+                             idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
+                             volumes=volumes or [])
     except IntegrityError:
         # Another request with the same Idempotency-Key won the race (it held the unique index
         # entry; this one waited for it to commit). Answer with the winner.
@@ -82,8 +90,45 @@ def instance_create(
     return instance, True
 
 
-def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list[str], disk_gb: int | None,
-          label: str, idempotency_key: str, request_fingerprint: str, volumes: list[dict[str, Any]]) -> Instance:
+# The disk an image of the renter's own gets when they name none (the catalogue's smallest minimum).
+OWN_IMAGE_DEFAULT_DISK_GB = 20
+
+
+def _check_image(image: Image | str, node: Node) -> int:
+    """Whether the image can run on the node; returns its minimum disk."""
+    if isinstance(image, str):  # the renter's own OCI image: a container engine runs it, a KVM node cannot
+        if node.runtime == "libvirt":
+            raise ValidationFailed("This node runs virtual machines from cloud images (libvirt): it cannot run a "
+                                   "container image of your own. Pick a catalogue image or a docker node.",
+                                   field="image")
+        return OWN_IMAGE_DEFAULT_DISK_GB
+    if not image.active:
+        raise ValidationFailed(f"The image {image.slug} is no longer offered.", field="image")
+    if not image.supports(node.runtime):
+        raise ValidationFailed(
+            f"The image {image.slug} cannot run on this node: its runtime is {node.runtime}, and the image "
+            f"has a build only for {', '.join(r for r in image.runtimes if r != 'sim')}.",
+            field="image",
+        )
+    return image.min_disk_gb
+
+
+def _check_cuda(node: Node, wanted: str) -> None:
+    if not wanted:
+        return
+    have = (node.inventory or {}).get("cuda_version")
+    have_tuple, wanted_tuple = cuda_tuple(have), cuda_tuple(wanted)
+    if have_tuple is None:
+        raise ValidationFailed(f"This node's CUDA version is not known, so it cannot be shown to run CUDA {wanted}; "
+                       "pick another offer or leave out `min_cuda_version`.", field="min_cuda_version")
+    if wanted_tuple is not None and have_tuple < wanted_tuple:
+        raise ValidationFailed(f"This node's driver supports CUDA up to {have}, lower than the {wanted} you asked for; "
+                       "pick an offer with a newer driver (offers show it).", field="min_cuda_version")
+
+
+def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
+          label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
+          volumes: list[dict[str, Any]]) -> Instance:
     node = _lock_node_for_booking(node_id)
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
@@ -93,26 +138,26 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image, keys: list
     total = Gpu.objects.filter(node_id=node.pk).count()
     if num_gpus > total:
         raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
-    if not image.active:
-        raise ValidationFailed(f"The image {image.slug} is no longer offered.", field="image")
-    if not image.supports(node.runtime):
-        raise ValidationFailed(
-            f"The image {image.slug} cannot run on this node: its runtime is {node.runtime}, and the image "
-            f"has a build only for {', '.join(r for r in image.runtimes if r != 'sim')}.",
-            field="image",
-        )
-    disk = image.min_disk_gb if disk_gb is None else disk_gb
-    if not image.min_disk_gb <= disk <= MAX_DISK_GB:
-        raise ValidationFailed(f"The {image.slug} image needs {image.min_disk_gb} to {MAX_DISK_GB} GB of disk.",
-                               field="disk_gb")
+    min_disk = _check_image(image, node)
+    _check_cuda(node, options.min_cuda_version)
+    disk = min_disk if disk_gb is None else disk_gb
+    if not min_disk <= disk <= MAX_DISK_GB:
+        what = f"The {image.slug} image" if isinstance(image, Image) else "An image of your own"
+        raise ValidationFailed(f"{what} needs {min_disk} to {MAX_DISK_GB} GB of disk.", field="disk_gb")
     mounts = volume_mounts_for_booking(renter=renter, node_id=node.pk, specs=volumes)  # locks the volumes
     _check_funds(renter.pk, node.price_per_gpu_hour_micros * num_gpus, "Renting this instance")
     now = timezone.now()
     # The row goes in first: a concurrent request with the same Idempotency-Key blocks here on the
     # unique index until this transaction ends, then fails and answers with this instance.
     instance = Instance.objects.create(
-        renter=renter, node=node, gpu_model_id=node.gpu_model_id, num_gpus=num_gpus, image=image, label=label,
-        disk_gb=disk, ssh_public_keys=keys, status=S.REQUESTED, status_message=WAITING,
+        renter=renter, node=node, gpu_model_id=node.gpu_model_id, num_gpus=num_gpus, label=label,
+        image=image if isinstance(image, Image) else None, image_ref=image if isinstance(image, str) else "",
+        registry_auth=options.registry_auth is not None,
+        registry_auth_encrypted=(encrypt_secret(json.dumps(options.registry_auth).encode())
+                                 if options.registry_auth is not None else None),
+        env=options.env, onstart=options.onstart, ports_requested=options.ports,
+        min_cuda_version=options.min_cuda_version, disk_gb=disk, ssh_public_keys=keys, status=S.REQUESTED,
+        status_message=WAITING,
         price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
         price_per_hour_micros=node.price_per_gpu_hour_micros * num_gpus, platform_fee_bps=platform_fee_bps(),
         disk_price_per_gb_month_micros=node.disk_price_per_gb_month_micros,

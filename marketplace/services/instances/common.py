@@ -93,7 +93,7 @@ def _lock_node_for_booking(node_id: int) -> Node | None:
         # Django has no FOR SHARE. Only the columns booking reads; the rest stay deferred.
         table = connection.ops.quote_name(Node._meta.db_table)
         sql = (f"SELECT id, state, verdict, listed, runtime, gpu_model_id, price_per_gpu_hour_micros, "  # noqa: S608
-               f"disk_price_per_gb_month_micros FROM {table} WHERE id = %s FOR SHARE")
+               f"disk_price_per_gb_month_micros, inventory FROM {table} WHERE id = %s FOR SHARE")
         rows = list(Node.objects.raw(sql, [node_id]))
         return rows[0] if rows else None
     return Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway

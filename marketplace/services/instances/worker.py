@@ -1,8 +1,11 @@
 """What the provisioning tasks record: each move in its own short transaction, idempotent."""
+import json
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.encryption import decrypt_secret
 from marketplace.models import Instance, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES
 from notifications.services.notify import Kind
@@ -33,11 +36,46 @@ def instance_mark_provisioning(*, instance_id: int) -> Instance | None:
     return instance
 
 
+def instance_registry_auth(*, instance: Instance) -> dict[str, str] | None:
+    """The registry login given at booking, decrypted for the node's pull (in memory only), or None."""
+    if not instance.registry_auth_encrypted:
+        return None
+    auth: dict[str, str] = json.loads(decrypt_secret(bytes(instance.registry_auth_encrypted)))
+    return auth
+
+
+def _forget_registry_auth(instance: Instance) -> list[str]:
+    """A failed or destroyed instance pulls nothing again: its registry password goes (the flag stays)."""
+    instance.registry_auth_encrypted = None
+    return ["registry_auth_encrypted"]
+
+
+def _vm_facts(instance: Instance, vm: dict[str, Any]) -> list[str]:
+    """Record what the node says the VM has: mapped ports, OS, disk. Only well-formed values are kept."""
+    fields = []
+    ports = vm.get("ports")
+    if isinstance(ports, dict) and all(
+            isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("host"), str)
+            and isinstance(v.get("port"), int) and not isinstance(v.get("port"), bool) for k, v in ports.items()):
+        instance.ports = {k: {"host": v["host"][:253], "port": v["port"]} for k, v in ports.items()}
+        fields.append("ports")
+    os_name = vm.get("os")
+    if isinstance(os_name, str) and os_name:
+        instance.os = "".join(c for c in os_name if c.isprintable())[:200]
+        fields.append("os")
+    disk = vm.get("disk_gb")
+    if isinstance(disk, int) and not isinstance(disk, bool) and disk > 0:
+        instance.disk_gb = disk
+        fields.append("disk_gb")
+    return fields
+
+
 @transaction.atomic
 def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh_user: str,
-                          message: str = "") -> Instance:
+                          message: str = "", vm: dict[str, Any] | None = None) -> Instance:
     """provisioning/starting → running, with where to SSH in. Already running: the address is updated.
 
+    `vm` is the agent's answer: its mapped `ports`, `os` and `disk_gb` are recorded when given.
     Raises InvalidTransition from any other state (e.g. a destroy was asked meanwhile).
     """
     instance = _locked(instance_id)
@@ -53,6 +91,7 @@ def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh
         fields += ["started_at", "stopped_at"]
         instance_notify(instance, Kind.INSTANCE_RUNNING, now.isoformat())
     instance.ssh_host, instance.ssh_port, instance.ssh_user = ssh_host, ssh_port, ssh_user
+    fields += _vm_facts(instance, vm or {})
     _save(instance, *fields)
     return instance
 
@@ -101,7 +140,7 @@ def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) 
         _stop_clock(instance, now)
         if not cleanup_pending:
             instance_release_gpus(instance=instance, at=now)
-        _save(instance, "destroyed_at", "stopped_at")
+        _save(instance, "destroyed_at", "stopped_at", *_forget_registry_auth(instance))
     return instance
 
 
@@ -131,7 +170,7 @@ def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
         instance.transition_to(S.FAILED, message)
         _stop_clock(instance, now)
         instance_release_gpus(instance=instance, at=now)
-        _save(instance, "stopped_at")
+        _save(instance, "stopped_at", *_forget_registry_auth(instance))
         instance_notify(instance, Kind.INSTANCE_FAILED, "failed")
     else:
         instance_release_gpus(instance=instance)  # no-op unless something left one live

@@ -1,0 +1,133 @@
+"""Renters' instance pages: the list, one instance with its live state, logs and details, and the verbs.
+
+Thin: every verb calls marketplace.services.instances; the logs are read from the node by
+provisioning.services.vms.vm_logs (the API's own), only when the renter asks for them.
+"""
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from billing import selectors as billing_selectors
+from core.errors import ApplicationError
+from core.web_errors import message_error
+from marketplace import selectors
+from marketplace.models import InstanceStatus, InvalidTransition
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.services import instances as svc
+from marketplace.services.instances import options as opts
+from provisioning.models import OPEN_JOB_STATUSES, Job
+from provisioning.services.vms import vm_logs
+
+from . import renters  # noqa: F401 (registers the pages' wording of InsufficientFunds, shown by the verbs)
+
+VERBS = {
+    # verb: (service, button words, question, danger). The states that show a button are the instance table's
+    # (`Instance.allows(verb)`, marketplace.models.renting), the same rule the service applies.
+    "stop": (svc.instance_stop, "Stop", "Stop it? The disk is kept and its GPUs are freed; start it again later.",
+             False),
+    "start": (svc.instance_start, "Start", "Start it again? It takes its GPUs back when they are free.", False),
+    "restart": (svc.instance_restart, "Restart", "Restart it? Running programs are ended, the disk is kept.", False),
+    "destroy": (svc.instance_destroy, "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.",
+                True),
+}
+SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED, InstanceStatus.INTERRUPTED}  # polled slowly
+
+
+def _instance_or_404(user, pk: int):
+    """The user's own instance; another user's is a 404, exactly like one that does not exist."""
+    return get_object_or_404(svc.instances_for_user(user=user), pk=pk)
+
+
+def _live_context(instance, user) -> dict:
+    job = Job.objects.filter(instance=instance).order_by("-id").first()
+    return {
+        "instance": instance,
+        "status": billing_selectors.balance_status(user=user),  # the low-balance warning, as on the balance page
+        "ssh_command": selectors.instance_ssh_command(instance),
+        "gpus": svc.instance_gpu_indices(instance=instance),
+        "job": job,
+        "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
+        "final": instance.status in FINAL_STATUSES,
+        "cost": billing_selectors.instance_cost(instance=instance),
+        "verbs": [{"verb": verb, "button": words, "question": question, "danger": danger,
+                   "url": reverse("instance-verb", args=[instance.pk, verb])}
+                  for verb, (_, words, question, danger) in VERBS.items() if instance.allows(verb)],
+    }
+
+
+def _poll_headers(response, instance):
+    if instance.status in FINAL_STATUSES:
+        response["X-Poll-Stop"] = "1"
+    elif instance.status in SETTLED:
+        response["X-Poll-Interval"] = "10000"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_GET
+def instances(request):
+    rows = svc.instances_for_user(user=request.user).select_related("node").order_by("-created_at", "-id")
+    show_all = request.GET.get("show") == "all"
+    if not show_all:
+        rows = rows.exclude(status=InstanceStatus.DESTROYED)
+    page = Paginator(rows, 25).get_page(request.GET.get("page"))
+    return render(request, "marketplace/instances.html", {
+        "page": page, "show_all": show_all, "status": billing_selectors.balance_status(user=request.user)})
+
+
+@login_required
+@require_GET
+def instance(request, pk: int):
+    obj = _instance_or_404(request.user, pk)
+    context = _live_context(obj, request.user)
+    context["node"] = obj.node
+    context["logs"] = _logs(obj, request.GET.get("tail"))
+    context["log_tails"] = LOG_TAILS
+    return _poll_headers(render(request, "marketplace/instance.html", context), obj)
+
+
+LOG_TAILS = (100, 1000, opts.LOGS_TAIL_MAX)
+
+
+def _logs(instance, tail_param) -> dict | None:
+    """The instance's log, read from its node when the page asks for it (`?tail=N`); None when not asked."""
+    if tail_param is None:
+        return None
+    try:
+        tail = opts.clean_logs_tail(tail_param)
+        return {"tail": tail, "lines": vm_logs(instance=instance, tail=tail)}
+    except ApplicationError as exc:
+        return {"tail": None, "error": exc.message}
+
+
+@login_required
+@require_GET
+def instance_live(request, pk: int):
+    """The polled part of the instance page: its state, current step, SSH command and buttons."""
+    obj = _instance_or_404(request.user, pk)
+    context = _live_context(obj, request.user)
+    return _poll_headers(render(request, "marketplace/includes/instance_live.html", context), obj)
+
+
+@login_required
+@require_POST
+def instance_verb(request, pk: int, verb: str):
+    obj = _instance_or_404(request.user, pk)
+    if verb not in VERBS:
+        raise Http404("No such action.")
+    service = VERBS[verb][0]
+    try:
+        service(instance=obj)
+    except InvalidTransition as exc:  # before ApplicationError: a Conflict, worded here as the state's answer
+        messages.error(request, f"Not possible now: {exc}.")
+    except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
+        message_error(request, exc)
+    else:
+        messages.success(request, {"stop": "Stopping", "start": "Starting", "restart": "Restarting",
+                                   "destroy": "Destroying"}[verb] + f" instance {obj.pk}.")
+    return redirect("instance", pk=obj.pk)

@@ -1,0 +1,104 @@
+"""The rent page's "Advanced" options: the renter's own image and registry login, env, onstart, ports, minimum CUDA
+version. The rules are marketplace.services.instances.options (the API's); this only reads the form's text."""
+from django import forms
+
+from core.errors import ValidationFailed
+from marketplace.services.instances import options as opts
+
+OPTION_FIELDS = ("own_image", "registry_username", "registry_password", "env", "onstart", "ports",
+                 "min_cuda_version")
+
+
+class RentOptionsMixin(forms.Form):
+    own_image = forms.CharField(
+        label="Your own image", required=False, max_length=opts.REFERENCE_MAX, strip=True,
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off",
+                                      "placeholder": "registry.example.com/team/app:1.0"}),
+        help_text="Any image reference ([registry/]name[:tag][@sha256:…]); used instead of the image chosen above. "
+                  "Not on servers that run virtual machines.")
+    registry_username = forms.CharField(label="Registry user name", required=False, max_length=opts.USERNAME_MAX,
+                                        widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    registry_password = forms.CharField(
+        label="Registry password or token", required=False, max_length=opts.PASSWORD_MAX, strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}, render_value=False),
+        help_text="Only for a private image of your own: encrypted, used for the pull, never shown again.")
+    env = forms.CharField(
+        label="Environment variables", required=False, strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "placeholder": "API_KEY=...\nMODE=train"}),
+        help_text=f"One NAME=value a line; names in capitals, digits and _; at most {opts.ENV_MAX_NAMES}.")
+    onstart = forms.CharField(
+        label="On-start script", required=False, strip=False, max_length=opts.ONSTART_MAX,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false",
+                                     "placeholder": "pip install -r /workspace/requirements.txt"}),
+        help_text="Run once by /bin/sh at the first boot, inside the instance; its output is in the logs.")
+    ports = forms.CharField(
+        label="Ports to expose", required=False, max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "8888, 6006", "inputmode": "numeric"}),
+        help_text=f"Container TCP ports (at most {opts.PORTS_MAX}, not 22); each gets a port on the server, "
+                  "shown on the instance page.")
+    min_cuda_version = forms.CharField(
+        label="Minimum CUDA version", required=False, max_length=8,
+        widget=forms.TextInput(attrs={"placeholder": "12.2"}),
+        help_text="Refuse this server if its driver supports an older CUDA.")
+
+    def _check(self, name: str, fn, value):
+        try:
+            return fn(value)
+        except ValidationFailed as exc:
+            raise forms.ValidationError(exc.message) from None
+
+    def clean_own_image(self):
+        value = self.cleaned_data["own_image"]
+        return self._check("own_image", opts.clean_image_reference, value) if value else ""
+
+    def clean_env(self):
+        variables: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data["env"].splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(f"Line {number} is not NAME=value.")
+            if name.strip() in variables:
+                raise forms.ValidationError(f"{name.strip()} is given twice.")
+            variables[name.strip()] = value
+        return self._check("env", opts.clean_env, variables)
+
+    def clean_onstart(self):
+        return self._check("onstart", opts.clean_onstart, self.cleaned_data["onstart"].replace("\r\n", "\n"))
+
+    def clean_ports(self):
+        words = [w for w in self.cleaned_data["ports"].replace(",", " ").split() if w]
+        ports = []
+        for word in words:
+            if not (word.isascii() and word.isdigit()) or len(word) > 5:
+                raise forms.ValidationError(f"{word[:20]!r} is not a port number.")
+            ports.append(int(word))
+        return self._check("ports", opts.clean_ports, ports)
+
+    def clean_min_cuda_version(self):
+        return self._check("min_cuda_version", opts.clean_cuda_version, self.cleaned_data["min_cuda_version"])
+
+    def clean_options(self) -> None:
+        """The registry login: both parts or neither, and only with an image of one's own (called from clean)."""
+        user, password = self.cleaned_data.get("registry_username"), self.cleaned_data.get("registry_password")
+        if not user and not password:
+            self.cleaned_data["registry_auth"] = None
+            return
+        if not self.cleaned_data.get("own_image") and "own_image" not in self.errors:
+            self.add_error("registry_username", "A registry login goes with an image of your own only.")
+            return
+        try:
+            self.cleaned_data["registry_auth"] = opts.clean_registry_auth({"username": user or "",
+                                                                           "password": password or ""})
+        except ValidationFailed as exc:
+            self.add_error("registry_password" if user else "registry_username", exc.message)
+
+    def options(self) -> opts.InstanceOptions:
+        data = self.cleaned_data
+        return opts.InstanceOptions(env=data.get("env") or {}, onstart=data.get("onstart") or "",
+                                    ports=data.get("ports") or [], min_cuda_version=data.get("min_cuda_version") or "",
+                                    registry_auth=data.get("registry_auth"))
+
+    def options_given(self) -> bool:
+        return any(self[name].value() for name in OPTION_FIELDS if name != "registry_password")
