@@ -4,9 +4,9 @@ Broker and beat schedule come from Django settings (CELERY_*). Work is split int
 one kind of work never waits behind another (docs/SCALING.md):
 
 - `ssh`: jobs that drive one node over SSH for seconds to minutes (verify, spot check, provision, start, stop,
-  restart, destroy). A node stuck in a 5-minute benchmark holds an `ssh` worker slot, nothing else.
-- `fleet`: periodic upkeep of the whole fleet (health checks, reconciling, re-checks that queue verifications,
-  the job outbox's sender, the reaper).
+  restart, destroy, volume create/delete). A node stuck in a 5-minute benchmark holds an `ssh` worker slot, nothing else.
+- `fleet`: periodic upkeep of the whole fleet (health checks and reconciles in batches, re-checks that queue
+  verifications, the job outbox's sender, the reaper) and users' notifications (e-mail, outgoing webhooks).
 - `money`: metering ticks and balance enforcement (zero-balance stops), top-up charges and the follow-up of
   top-ups whose webhook never came, payouts.
 
@@ -35,6 +35,8 @@ _SSH_TASKS = (
     "provisioning.tasks.instance_stop",
     "provisioning.tasks.instance_restart",
     "provisioning.tasks.instance_destroy",
+    "provisioning.tasks.volume_create",
+    "provisioning.tasks.volume_delete",
 )
 _FLEET_TASKS = (
     "provisioning.tasks.nodes_health_check",
@@ -43,6 +45,13 @@ _FLEET_TASKS = (
     "provisioning.tasks.nodes_reverify_due",
     "provisioning.tasks.jobs_dispatch",
     "provisioning.tasks.jobs_reap",
+    "provisioning.tasks.fleet_health_batch",
+    "provisioning.tasks.fleet_reconcile_batch",
+    # Users' notifications: e-mail and outgoing webhooks wait on other people's servers (seconds each), so not
+    # on the money queue, where they could delay a metering tick.
+    "notifications.tasks.email_send",
+    "notifications.tasks.webhook_deliver",
+    "notifications.tasks.deliveries_resend",
 )
 _MONEY_TASKS = (
     "billing.tasks.usage_meter_tick",

@@ -34,8 +34,8 @@ from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeMou
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_text
 from marketplace.services.instances import instance_destroy, instance_stop
-from notifications.services.notify import Kind, notify
 from marketplace.services.volumes import volume_delete
+from notifications.services.notify import Kind, notify
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('marketplace', '0013_volumes_and_host_facts'),
+        ('marketplace', '0015_volumes_and_host_facts'),
         ('provisioning', '0005_job_kind_node_spot_check'),
     ]
 

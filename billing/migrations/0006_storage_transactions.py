@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0004_declared_states'),
+        ('billing', '0005_customer_notes'),
     ]
 
     operations = [

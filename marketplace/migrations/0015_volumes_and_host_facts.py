@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('marketplace', '0012_node_next_check_times'),
+        ('marketplace', '0014_instance_options'),
     ]
 
     operations = [

@@ -26,7 +26,7 @@ def describe_images(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('marketplace', '0012_node_next_check_times'),
+        ('marketplace', '0013_api_key_scopes_and_expiry'),
     ]
 
     operations = [
