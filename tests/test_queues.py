@@ -77,7 +77,7 @@ def prefix():
 @pytest.fixture(scope="module")
 def sender(prefix):
     """A Celery app that publishes as the project's does (same routes and queues), under the prefix."""
-    app = Celery("test-queues", broker=settings.CELERY_BROKER_URL)
+    app = Celery("test-queues", broker=settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.broker_transport_options = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": prefix}
     app.conf.task_queues = celery_app.conf.task_queues
     app.conf.task_routes = celery_app.conf.task_routes

@@ -2,7 +2,7 @@
 
 A key holds one or more scopes:
 - `read`: safe methods (GET, HEAD, OPTIONS) on every endpoint, nothing else;
-- `renter`: every method on the renter's endpoints (instances, SSH keys, balance, cards, top-ups, usage, offers);
+- `renter`: every method on the renter's endpoints (instances, volumes, SSH keys, balance, cards, top-ups, usage, offers);
 - `provider`: every method on the provider's endpoints (nodes and their benchmarks, earnings, payouts).
 
 Every API view declares `api_scope`, one of:
@@ -23,7 +23,7 @@ PROVIDER = "provider"
 ALL_SCOPES: tuple[str, ...] = (READ, RENTER, PROVIDER)
 SCOPE_LABELS = {
     READ: "look at everything, change nothing",
-    RENTER: "instances, SSH keys, balance, cards, top-ups, offers",
+    RENTER: "instances, volumes, SSH keys, balance, cards, top-ups, offers",
     PROVIDER: "nodes, benchmarks, earnings, payouts",
 }
 

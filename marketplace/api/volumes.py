@@ -5,6 +5,7 @@ from rest_framework.response import Response
 
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.schema import ErrorDetailSerializer
+from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
 from marketplace.models import Volume
 from marketplace.models.volumes import MAX_VOLUME_GB
@@ -83,6 +84,7 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     """Storage on one node that you mount into instances there at their creation (`volumes` of
     POST /api/v1/instances/); kept across stop/start and after the instances are destroyed. Another user's volume
     is a 404."""
+    api_scope = RENTER_ONLY  # core/api/scopes.py
 
     serializer_class = VolumeSerializer
     queryset = Volume.objects.none()  # for the schema; get_queryset scopes to the user

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.schema import error_response
+from core.api.scopes import ANY
 from notifications import selectors
 from notifications.models import PREFERENCE_KINDS, Notification, WebhookDelivery, WebhookEndpoint
 from notifications.services import notify as notify_svc
@@ -47,6 +48,7 @@ def _unread_param(request: Request) -> bool | None:
 )
 @extend_schema(tags=["notifications"])
 class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    api_scope = ANY  # core/api/scopes.py: renters and providers alike
     serializer_class = NotificationSerializer
     queryset = Notification.objects.none()
     filter_backends: list[Any] = []
@@ -78,6 +80,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
 
 @extend_schema(tags=["notifications"])
 class PreferenceListView(APIView):
+    api_scope = ANY  # core/api/scopes.py: renters and providers alike
     @extend_schema(summary="Your channels per event kind (every channel is on until you choose)",
                    responses={200: PreferenceSerializer(many=True)})
     def get(self, request):
@@ -86,6 +89,7 @@ class PreferenceListView(APIView):
 
 @extend_schema(tags=["notifications"])
 class PreferenceDetailView(APIView):
+    api_scope = ANY  # core/api/scopes.py: renters and providers alike
     @extend_schema(summary="Choose the channels of one event kind",
                    parameters=[OpenApiParameter("kind", str, OpenApiParameter.PATH,
                                                 enum=[k.value for k in PREFERENCE_KINDS])],
@@ -113,6 +117,7 @@ class PreferenceDetailView(APIView):
 @extend_schema(tags=["notifications"])
 class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
                              viewsets.GenericViewSet):
+    api_scope = ANY  # core/api/scopes.py: renters and providers alike
     serializer_class = WebhookEndpointSerializer
     queryset = WebhookEndpoint.objects.none()
     filter_backends: list[Any] = []
@@ -162,6 +167,7 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
 )
 @extend_schema(tags=["notifications"])
 class WebhookDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    api_scope = ANY  # core/api/scopes.py: renters and providers alike
     serializer_class = WebhookDeliverySerializer
     queryset = WebhookDelivery.objects.none()
     filter_backends: list[Any] = []
