@@ -80,7 +80,8 @@ def test_the_balance_page_shows_balance_cards_top_ups_and_notices(web, renter, s
     assert re.search(r'id="balance-amount">\$100\.00<', page)
     assert "•••• 4242" in page and "9999" not in page and "$77.00" not in page
     assert "Your card was declined." in page
-    assert "tests: starting balance" in page  # the credit's notice
+    # The credit's notice, in the customer's wording (the operator's reason is for operators only: issue 16)
+    assert "A credit from the platform." in page and "tests: starting balance" not in page
     assert 'data-poll-stop="1"' in page  # nothing in flight: no polling
     # Test mode (localstripe): Stripe's test cards, not Stripe.js.
     assert 'value="pm_card_visa"' in page and "js.stripe.com" not in page
