@@ -128,7 +128,7 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
     ({"env": {"-p 8080:8080/udp": "1"}}, 400, "only TCP ports"),
     ({"env": {"-p 22:22": "1"}}, 400, "Port 22"),
     ({"env": {"-v /data:/data": "1"}}, 400, "only -e variables and -p ports"),
-    ({"env": {"lower": "x"}}, 400, "not an allowed variable name"),
+    ({"env": {"lower": "x"}}, 400, "Not an allowed variable name"),
     ({"env": "-e A=1"}, 400, "`env` is an object"),
     ({"onstart": 5}, 400, "`onstart` is a string"),
     ({"image_login": "-u me -p secret docker.io"}, 400, "needs no registry login"),
