@@ -1,5 +1,5 @@
 """Renters' volumes: create on an offer's node, list, read, delete (explicit, confirmed by the volume's name)."""
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
@@ -51,7 +51,8 @@ class VolumeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 class VolumeDeleteSerializer(StrictFieldsMixin, serializers.Serializer):
-    confirm = serializers.CharField(max_length=40,
+    # Not required by the schema: a missing or wrong name gets the service's answer, which says the name to send.
+    confirm = serializers.CharField(max_length=40, required=False, allow_blank=True, default="",
                                     help_text="The volume's `name` (vol-...): deleting cannot be undone.")
 
 
@@ -69,14 +70,11 @@ _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "An instance that is not dest
     }),
     destroy=extend_schema(
         summary="Delete a volume for good (confirmed by its name)",
-        description="Send `{\"confirm\": \"<its name>\"}` as the body (or `?confirm=<its name>`). Billing ends "
+        description="Send `{\"confirm\": \"<its name>\"}` as the body. Billing ends "
                     "now; a worker deletes it on its node. Refused (409) while an instance that is not destroyed "
                     "or failed mounts it.",
         request=VolumeDeleteSerializer,
-        parameters=[OpenApiParameter("confirm", str, required=False, description="The volume's name, if the "
-                                                                                 "body is empty.")],
-        responses={202: VolumeSerializer, 400: OpenApiResponse(ErrorDetailSerializer, "`confirm` is not its name."),
-                   409: _CONFLICT},
+        responses={202: VolumeSerializer, 409: _CONFLICT},
     ),
 )
 @extend_schema(tags=["volumes"])
@@ -109,8 +107,7 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     def destroy(self, request, pk=None):
         volume = self.get_object()
-        body = request.data if request.data else {"confirm": request.query_params.get("confirm", "")}
-        data = VolumeDeleteSerializer(data=body)
+        data = VolumeDeleteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return self._render(svc.volume_delete(volume=volume, confirm=data.validated_data["confirm"]),
                             status.HTTP_202_ACCEPTED)

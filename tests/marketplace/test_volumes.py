@@ -187,7 +187,7 @@ def test_delete_needs_the_volumes_name_and_no_live_instance(api):
     assert r.status_code == 409 and str(instance["id"]) in r.json()["detail"]
     assert Volume.objects.get(pk=volume.pk).state == "available"
     svc.instance_mark_failed(instance_id=instance["id"], message="gone")
-    r = api.delete(f"{url}?confirm={volume.name}")
+    r = api.delete(url, {"confirm": volume.name}, format="json")
     assert r.status_code == 202, r.content
     assert r.json()["state"] == "deleting" and r.json()["deleted_at"]
     assert Job.objects.filter(volume=volume, kind=JobKind.VOLUME_DELETE).count() == 1
