@@ -39,6 +39,7 @@ NAV: list[NavLink] = [
     NavLink("Offers", "offers"),
     NavLink("Compare GPUs", "gpu-compare"),
     NavLink("Instances", "instances", "user"),
+    NavLink("Volumes", "volumes", "user"),
     NavLink("Provide GPUs", "node-register", "not_provider"),
     # A provider's pages
     NavLink("My servers", "nodes", "provider", "provider", prefix="/nodes/"),
@@ -51,6 +52,8 @@ NAV: list[NavLink] = [
     # The account
     NavLink("SSH keys", "ssh-keys", "user", "account"),
     NavLink("API keys", "api-keys", "user", "account"),
+    NavLink("Security", "account-security", "user", "account"),
+    NavLink("Notifications", "notifications", "user", "account", prefix="/account/notifications/"),
     # Operators
     NavLink("Operators", "admin:index", "staff"),
     # Signed out

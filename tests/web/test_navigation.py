@@ -11,7 +11,7 @@ from tests.web.conftest import logged_in
 from tests.web.test_browser import shot, shots_dir  # noqa: F401 (fixtures: $WEB_SCREENSHOTS_DIR)
 
 RENTER = {"/offers/", "/gpus/", "/instances/", "/account/balance/", "/account/usage/", "/account/statements/",
-          "/account/ssh-keys/", "/account/api-keys/"}
+          "/account/ssh-keys/", "/account/api-keys/", "/volumes/", "/account/security/", "/account/notifications/"}
 PROVIDER = {"/nodes/", "/earnings/", "/payouts/"}
 
 
