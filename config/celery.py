@@ -4,7 +4,8 @@ Broker and beat schedule come from Django settings (CELERY_*). Work is split int
 one kind of work never waits behind another (docs/SCALING.md):
 
 - `ssh`: jobs that drive one node over SSH for seconds to minutes (verify, spot check, provision, start, stop,
-  restart, destroy, volume create/delete). A node stuck in a 5-minute benchmark holds an `ssh` worker slot, nothing else.
+  restart, destroy, volume create/delete).
+  A node stuck in a 5-minute benchmark holds an `ssh` worker slot, nothing else.
 - `fleet`: periodic upkeep of the whole fleet (health checks and reconciles in batches, re-checks that queue
   verifications, the job outbox's sender, the reaper) and users' notifications (e-mail, outgoing webhooks).
 - `money`: metering ticks and balance enforcement (zero-balance stops), top-up charges and the follow-up of

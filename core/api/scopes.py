@@ -2,7 +2,8 @@
 
 A key holds one or more scopes:
 - `read`: safe methods (GET, HEAD, OPTIONS) on every endpoint, nothing else;
-- `renter`: every method on the renter's endpoints (instances, volumes, SSH keys, balance, cards, top-ups, usage, offers);
+- `renter`: every method on the renter's endpoints (instances, volumes, SSH keys, balance, cards, top-ups, usage,
+  offers);
 - `provider`: every method on the provider's endpoints (nodes and their benchmarks, earnings, payouts).
 
 Every API view declares `api_scope`, one of:
