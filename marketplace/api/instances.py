@@ -8,6 +8,7 @@ Thin: the serializers check the input, marketplace.services.instances holds ever
 from typing import Any
 
 import django_filters
+from django.core.validators import ProhibitNullCharactersValidator
 from django.utils.crypto import salted_hmac
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -200,7 +201,10 @@ class _CudaVersionField(serializers.JSONField):
 @extend_schema_field({"type": "string", "minLength": 1, "maxLength": opts.REFERENCE_MAX,
                       "pattern": opts.IMAGE_PATTERN})
 class _ImageField(serializers.CharField):
-    pass
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # One message for a NUL as for any control character (core.validators), not DRF's own as well.
+        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
 
 
 class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -209,7 +213,7 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     num_gpus = serializers.IntegerField(min_value=1, max_value=64,
                                         help_text="How many of the offer's free GPUs to rent.")
     image = _ImageField(
-        max_length=opts.REFERENCE_MAX, trim_whitespace=False,
+        max_length=opts.REFERENCE_MAX, trim_whitespace=False, validators=[no_control_characters],
         help_text="An image `slug` from /api/v1/images/, or any image reference of your own "
                   "(`[registry[:port]/]name[:tag][@sha256:<64 hex>]`; not on libvirt nodes).")
     registry_auth = _RegistryAuthField(
