@@ -12,6 +12,23 @@ from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web
 )
 
 
+@pytest.fixture(autouse=True)
+def _celery_current_app_stays_the_projects():
+    """Services queue through `celery.current_app` (core.dispatch, the fleet fan-out). A test that makes another
+    Celery app current (Celery(...) without set_as_current=False) silently sends every later test's tasks to a
+    queue with no routes, which the suite's worker never reads: fail that test by name, and put the app back."""
+    from celery import current_app
+
+    from config.celery import app as project_app
+
+    yield
+    current = current_app._get_current_object()
+    if current is not project_app:
+        project_app.set_current()
+        pytest.fail(f"this test left the Celery app {current.main!r} current, not the project's; create test apps "
+                    "with set_as_current=False", pytrace=False)
+
+
 def _uses_db(request) -> bool:
     return bool(
         request.node.get_closest_marker("django_db")

@@ -30,7 +30,12 @@ def wait_until(predicate, timeout=30.0, interval=0.2, what="condition"):
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    # The suite's worker usually holds the reason (a task never received, or stuck): show its last lines.
+    tail = f"\n--- the session worker's log, last lines ---\n{_session_worker.tail(40)}" if _session_worker else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")
+
+
+_session_worker: "Worker | None" = None
 
 
 def _database_url() -> str:
@@ -119,7 +124,10 @@ def celery_worker(django_db_setup, django_db_blocker, simnodes_dir, tmp_path_fac
     worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log", simnodes_dir)
     with django_db_blocker.unblock():
         worker.start()
+    global _session_worker
+    _session_worker = worker
     yield worker
+    _session_worker = None
     worker.stop()
 
 

@@ -103,7 +103,9 @@ def json_worker(django_db_setup, django_db_blocker, tmp_path):
                     env={"LOG_FORMAT": "json", "CELERY_BROKER_KEY_PREFIX": prefix})
     with django_db_blocker.unblock():
         worker.start()
-    sender = Celery("test-json-logs", broker=settings.CELERY_BROKER_URL)
+    # Not made current: services queue through `celery.current_app`, which must stay the project's app for the
+    # tests after this one (else their tasks go to a queue the suite's worker never reads).
+    sender = Celery("test-json-logs", broker=settings.CELERY_BROKER_URL, set_as_current=False)
     sender.conf.broker_transport_options = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": prefix}
     sender.conf.task_queues = celery_app.conf.task_queues
     sender.conf.task_routes = celery_app.conf.task_routes
