@@ -113,10 +113,18 @@ def test_rent_log_in_stop_start_restart_destroy(worker, sim_node_factory, client
     _status(instance_id, "destroyed")
     assert not _port_open(restarted["ssh_port"])
     assert Gpu.objects.filter(node=node, status="free").count() == 4
-    kinds = list(Job.objects.filter(instance_id=instance_id).order_by("id").values_list("kind", "status"))
+    jobs = Job.objects.filter(instance_id=instance_id)
+    wait_until(lambda: not jobs.filter(status__in=("queued", "running")).exists(), 30, what="the jobs to close")
+    kinds = list(jobs.order_by("id").values_list("kind", "status"))
     assert kinds == [("instance_provision", "succeeded"), ("instance_stop", "succeeded"),
                      ("instance_start", "succeeded"), ("instance_restart", "succeeded"),
                      ("instance_destroy", "succeeded")]
+
+
+def _closed(job: Job) -> Job:
+    """The job once closed: the instance is marked running a moment before its job records success."""
+    return wait_until(lambda: Job.objects.filter(pk=job.pk).exclude(status__in=("queued", "running")).first(), 30,
+                      what=f"job {job.pk} to close")
 
 
 def test_worker_killed_mid_provisioning_still_ends_running(worker, sim_node_factory, api, other_api, tmp_path):
@@ -138,7 +146,7 @@ def test_worker_killed_mid_provisioning_still_ends_running(worker, sim_node_fact
     finally:
         cache.delete_many(slots)
     instance = _status(instance_id, "running", "failed", timeout=90)
-    job.refresh_from_db()
+    job = _closed(job)
     assert job.attempts >= 2, "the killed attempt must have been delivered again"
     assert job.lost_runs >= 1 and "resumed: its execution was lost" in " ".join(line["message"] for line in job.log)
     assert instance.status == "running", (instance.status_message, worker.tail())
@@ -192,7 +200,7 @@ def test_a_worker_killed_whole_mid_provisioning_is_noticed_and_another_worker_fi
                   f"{settings.JOB_DISPATCH_INTERVAL_S} s)")
         assert instance.status == "running", (instance.status_message, survivor.tail())
         assert to_running < 90, "a lost job must be noticed within a minute and resumed"
-        job.refresh_from_db()
+        job = _closed(job)
         assert job.status == "succeeded" and job.lost_runs == 1 and job.attempts == 2
         assert f" {survivor.nodename}:" in job.runner
         assert any("no sign of life" in line["message"] for line in job.log)

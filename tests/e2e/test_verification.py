@@ -39,7 +39,9 @@ def test_honest_node_is_verified_and_listed(worker, sim_node_factory, api, anon)
     assert all(g.uuid.startswith("GPU-") and g.pci_bus_id for g in gpus)
     run = VerificationRun.objects.get(node=node)
     assert run.verdict == "verified" and run.inventory["gpus"][0]["name"] == "NVIDIA RTX A4000"
-    job = Job.objects.get(node=node)
+    # The node settles a moment before its job records the end.
+    job = wait_until(lambda: Job.objects.filter(node=node).exclude(status__in=("queued", "running")).first(), 30,
+                     what="the verification job to close")
     assert job.status == "succeeded" and [step["message"] for step in job.log][-1] == "done"
     offers = anon.get("/api/v1/offers/?gpu_model=rtx-a4000").json()["results"]
     assert [o["id"] for o in offers] == [node.pk]
