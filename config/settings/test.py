@@ -14,6 +14,10 @@ os.environ.setdefault("BILLING_REQUIRE_FUNDS", "0")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", "1")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "0.5")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", "3")
+# Lost workers noticed in seconds, not the production minute: the worker-kill tests wait for exactly this.
+os.environ.setdefault("JOB_HEARTBEAT_INTERVAL_S", "2")
+os.environ.setdefault("JOB_HEARTBEAT_STALE_S", "10")
+os.environ.setdefault("JOB_DISPATCH_INTERVAL_S", "3")
 os.environ.setdefault("BENCHMARK_QUICK", "1")  # the benchmark's quick mode (sim nodes answer at once anyway)
 
 from .base import *  # noqa: E402,F403
