@@ -364,8 +364,9 @@ class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
 
 admin.site.login_form = AdminLoginForm
 
-# django-otp's own admin pages show the TOTP secrets and the recovery codes, and operators never see a secret: for a
-# user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
+# django-otp's own admin pages would show the TOTP secrets and the recovery codes (their tables are empty since the
+# project's encrypted devices replaced them, marketplace/models/two_factor.py), and operators never see a secret:
+# for a user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
 for _otp_model in (TOTPDevice, StaticDevice):
     if admin.site.is_registered(_otp_model):
         admin.site.unregister(_otp_model)

@@ -46,6 +46,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_countries",
     "django_otp",  # optional two-factor log-in (marketplace/services/two_factor.py)
+    # django-otp's own devices keep their secrets readable: their rows were moved into the project's encrypted
+    # devices (marketplace migration 0017), and the apps stay installed only for that migration to read them.
     "django_otp.plugins.otp_totp",
     "django_otp.plugins.otp_static",
     "marketplace",
