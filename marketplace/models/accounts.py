@@ -19,11 +19,14 @@ class UserManager(BaseUserManager):
         return user
 
     def create_user(self, email, password=None, **extra):
+        # Accounts made here (createsuperuser, the demo seed) are made by people who hold the server: verified.
+        extra.setdefault("email_verified_at", timezone.now())
         extra.setdefault("is_staff", False)
         extra.setdefault("is_superuser", False)
         return self._create(email, password, **extra)
 
     def create_superuser(self, email, password=None, **extra):
+        extra.setdefault("email_verified_at", timezone.now())
         extra["is_staff"] = True
         extra["is_superuser"] = True
         return self._create(email, password, **extra)
@@ -35,6 +38,9 @@ class User(AbstractUser):  # type: ignore[django-manager-missing]
 
     username = None  # type: ignore[assignment]  # no user names: the e-mail address is the login
     email = models.EmailField("email address", unique=True)
+    email_verified_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the owner proved they hold the address (the sign-up link, a password "
+                                         "reset, a verification link); empty: may not rent or list until then.")
     sessions_epoch = models.PositiveIntegerField(
         default=0, help_text="Raised to end every other session of the user without a new password (turning "
                              "two-factor log-in on).")

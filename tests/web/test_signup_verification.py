@@ -56,7 +56,7 @@ def test_no_account_before_the_link_and_renting_works_after_it(client, inbox):
     token = re.search(r'name="token" value="([^"]+)"', page.content.decode()).group(1)
     done = client.post(path, {"token": token})
     raw = re.search(r'id="api-key">([^<]+)<', done.content.decode()).group(1)
-    assert done.status_code == 200 and User.objects.filter(email=EMAIL).exists()
+    assert done.status_code == 200 and User.objects.get(email=EMAIL).email_verified_at is not None
 
     r = _rent(raw, node)
     assert r.status_code == 201, r.content
