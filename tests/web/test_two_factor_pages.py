@@ -81,6 +81,16 @@ def test_turning_it_on_keeps_this_session_and_ends_the_others(renter):
     assert elsewhere.post(CODE, {"code": code_now(renter)}).status_code == 302 and is_logged_in(elsewhere)
 
 
+def test_after_it_a_password_change_still_keeps_this_session_and_ends_the_others(renter):
+    here = logged_in(renter)
+    here.get(ENABLE)
+    here.post(ENABLE, {"code": code_now(renter)})
+    elsewhere = logged_in(renter)  # logged in after two-factor went on
+    new = "a brand new passphrase 7"
+    r = here.post("/account/password/", {"old_password": PASSWORD, "new_password1": new, "new_password2": new})
+    assert r.status_code == 302 and is_logged_in(here) and not is_logged_in(elsewhere)
+
+
 def test_a_wrong_code_ends_no_session(renter):
     here, elsewhere = logged_in(renter), logged_in(renter)
     here.get(ENABLE)
