@@ -64,10 +64,13 @@ class UserAdmin(BaseUserAdmin):
     list_filter = ["is_staff", "is_active", "date_joined"]
     search_fields = ["email"]
     fieldsets = [
-        (None, {"fields": ["email", "password"]}),
+        (None, {"fields": ["email", "email_verified_at", "password"],
+                "description": "A changed address must be verified again by its owner (the site's Security page "
+                               "sends the link) before the account rents or lists."}),
         ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser", "groups", "user_permissions"]}),
         ("Dates", {"fields": ["last_login", "date_joined"]}),
     ]
+    readonly_fields = ["email_verified_at"]
     add_form = UserAddForm
     add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email"],
                              "description": "The account gets no password: its owner sets one from the log-in "
@@ -77,6 +80,11 @@ class UserAdmin(BaseUserAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))
+
+    def save_model(self, request, obj, form, change):
+        if change and "email" in form.changed_data:
+            obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
+        super().save_model(request, obj, form, change)
 
     @admin.action(description="Turn off two-factor log-in (after checking who is asking)")
     def turn_off_two_factor(self, request, queryset):
@@ -364,8 +372,9 @@ class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
 
 admin.site.login_form = AdminLoginForm
 
-# django-otp's own admin pages show the TOTP secrets and the recovery codes, and operators never see a secret: for a
-# user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
+# django-otp's own admin pages would show the TOTP secrets and the recovery codes (their tables are empty since the
+# project's encrypted devices replaced them, marketplace/models/two_factor.py), and operators never see a secret:
+# for a user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
 for _otp_model in (TOTPDevice, StaticDevice):
     if admin.site.is_registered(_otp_model):
         admin.site.unregister(_otp_model)

@@ -2,6 +2,7 @@
 from decimal import Decimal
 
 import factory
+from django.utils import timezone
 
 from marketplace.models import GpuModel, Node, NodeState, User, Verdict
 from marketplace.services.accounts import api_key_create
@@ -14,6 +15,8 @@ class UserFactory(factory.django.DjangoModelFactory):
         skip_postgeneration_save = True
 
     email = factory.Sequence(lambda n: f"user{n}@example.com")
+    # Verified, as every account that can log in by sign-up is; UserFactory(email_verified_at=None) for one that is not.
+    email_verified_at = factory.LazyFunction(timezone.now)
     password = factory.PostGenerationMethodCall("set_password", "correct horse battery staple")
 
     @factory.post_generation

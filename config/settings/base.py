@@ -46,6 +46,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_countries",
     "django_otp",  # optional two-factor log-in (marketplace/services/two_factor.py)
+    # django-otp's own devices keep their secrets readable: their rows were moved into the project's encrypted
+    # devices (marketplace migration 0017), and the apps stay installed only for that migration to read them.
     "django_otp.plugins.otp_totp",
     "django_otp.plugins.otp_static",
     "marketplace",
@@ -376,6 +378,9 @@ NOTIFICATIONS_WEBHOOK_TIMEOUT_S = env_int("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", 5)
 NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = env_int("NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS", 8)
 NOTIFICATIONS_WEBHOOK_BACKOFF_S = float(env_str("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "30"))
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK = env_bool("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", False)
+# The CA certificates (a PEM file) that endpoints' certificates must chain to; empty: certifi's public CAs. The
+# environment's REQUESTS_CA_BUNDLE and proxies are not read: an attempt connects to the address it checked.
+NOTIFICATIONS_WEBHOOK_CA_BUNDLE = env_str("NOTIFICATIONS_WEBHOOK_CA_BUNDLE", "")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpumarket <noreply@localhost>")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)

@@ -130,6 +130,13 @@ class ErrorDetailSerializer(serializers.Serializer[Any]):
     detail = serializers.CharField()
 
 
+class CodedErrorSerializer(ErrorDetailSerializer):
+    """An error that concerns the whole request, with a stable `code` a program can act on (where the
+    operation's description names one)."""
+
+    code = serializers.CharField(required=False)
+
+
 def error_response(description: str) -> OpenApiResponse:
     """An operation's {"detail": ...} answer, described in its own words (for extend_schema's `responses`)."""
     return OpenApiResponse(ErrorDetailSerializer, description)

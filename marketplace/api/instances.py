@@ -27,7 +27,7 @@ from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.idempotency import idempotency_parameter
-from core.api.schema import CONTROL, NUL, ErrorDetailSerializer, string_pattern
+from core.api.schema import CONTROL, NUL, CodedErrorSerializer, ErrorDetailSerializer, string_pattern
 from core.api.scopes import RENTER_ONLY
 from core.errors import ValidationFailed
 from core.idempotency import request_fingerprint
@@ -350,6 +350,10 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
             402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less than one hour of what your running "
                                                         "and starting instances cost with this one; `detail` gives "
                                                         "the burn rate counted and how much to top up."),
+            403: OpenApiResponse(CodedErrorSerializer, "`code` `email_not_verified`: your e-mail address is not "
+                                                       "verified yet (the Security page sends the link); or the "
+                                                       "API key lacks the `renter` scope (a browser session: a "
+                                                       "missing CSRF token)."),
             409: OpenApiResponse(ErrorDetailSerializer, "Not enough free GPUs on the node, or the offer is not "
                                                         "available now."),
             422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),

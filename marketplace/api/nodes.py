@@ -7,7 +7,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from core.api.fields import StrictFieldsMixin, UsdField
-from core.api.schema import ErrorDetailSerializer
+from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer
 from core.api.scopes import PROVIDER_ONLY
 from core.validators import no_control_characters
 from marketplace import selectors
@@ -154,6 +154,9 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")
+_EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not verified yet (the Security page "
+                       "sends the link); or the API key lacks the `provider` scope (a browser session: a "
+                       "missing CSRF token).")
 
 
 class ProviderChangesOwnNode(permissions.BasePermission):
@@ -171,7 +174,8 @@ class ProviderChangesOwnNode(permissions.BasePermission):
     list=extend_schema(summary="Your nodes"),
     retrieve=extend_schema(summary="One of your nodes"),
     create=extend_schema(summary="Register a node", request=NodeCreateSerializer,
-                         responses={201: NodeSerializer, 409: _CONFLICT}),
+                         responses={201: NodeSerializer, 409: _CONFLICT,
+                                    403: OpenApiResponse(CodedErrorSerializer, _EMAIL_NOT_VERIFIED)}),
     partial_update=extend_schema(summary="Change price, listing or maintenance", request=NodeUpdateSerializer,
                                  responses={200: NodeSerializer, 409: _CONFLICT}),
     destroy=extend_schema(summary="Retire a node", responses={204: None, 409: _CONFLICT}),

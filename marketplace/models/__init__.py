@@ -13,10 +13,12 @@ from .renting import (
     InterruptionOutcome,
     SshKey,
 )
+from .two_factor import AuthenticatorDevice, RecoveryCode, RecoveryCodeDevice
 from .volumes import Volume, VolumeMount, VolumeState
 
 __all__ = [
     "ApiKey",
+    "AuthenticatorDevice",
     "Gpu",
     "GpuAllocation",
     "GpuModel",
@@ -30,6 +32,8 @@ __all__ = [
     "InvalidTransition",
     "Node",
     "NodeState",
+    "RecoveryCode",
+    "RecoveryCodeDevice",
     "Runtime",
     "SshKey",
     "User",

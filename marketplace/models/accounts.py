@@ -2,6 +2,7 @@
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from core.api.scopes import ALL_SCOPES
 
@@ -18,21 +19,31 @@ class UserManager(BaseUserManager):
         return user
 
     def create_user(self, email, password=None, **extra):
+        # Accounts made here (createsuperuser, the demo seed) are made by people who hold the server: verified.
+        extra.setdefault("email_verified_at", timezone.now())
         extra.setdefault("is_staff", False)
         extra.setdefault("is_superuser", False)
         return self._create(email, password, **extra)
 
     def create_superuser(self, email, password=None, **extra):
+        extra.setdefault("email_verified_at", timezone.now())
         extra["is_staff"] = True
         extra["is_superuser"] = True
         return self._create(email, password, **extra)
 
 
-class User(AbstractUser):
+# django-stubs cannot type the reverse managers of django-otp's untyped Device.user (marketplace/models/two_factor.py).
+class User(AbstractUser):  # type: ignore[django-manager-missing]
     """Anyone can rent and list hardware; operators are staff."""
 
     username = None  # type: ignore[assignment]  # no user names: the e-mail address is the login
     email = models.EmailField("email address", unique=True)
+    email_verified_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the owner proved they hold the address (the sign-up link, a password "
+                                         "reset, a verification link); empty: may not rent or list until then.")
+    sessions_epoch = models.PositiveIntegerField(
+        default=0, help_text="Raised to end every other session of the user without a new password (turning "
+                             "two-factor log-in on).")
 
     USERNAME_FIELD = "email"
     REQUIRED_FIELDS = []
@@ -44,6 +55,22 @@ class User(AbstractUser):
 
     def __str__(self):
         return self.email
+
+    def _get_session_auth_hash(self, secret=None):
+        """Django's session hash (an HMAC of the password's hash), with the epoch in it once raised: a session
+        checks it on every request, so raising the epoch ends the sessions that were not updated. Epoch 0 hashes
+        as Django does, so the sessions open before the epoch existed stay valid."""
+        if not self.sessions_epoch:
+            return super()._get_session_auth_hash(secret=secret)
+        key_salt = "marketplace.models.accounts.User.get_session_auth_hash"
+        return salted_hmac(key_salt, f"{self.password}\n{self.sessions_epoch}", secret=secret,
+                           algorithm="sha256").hexdigest()
+
+    def end_other_sessions(self) -> None:
+        """Every session of this user fails its hash check from now on; the caller re-hashes its own session
+        (django.contrib.auth.update_session_auth_hash) to keep it."""
+        User.objects.filter(pk=self.pk).update(sessions_epoch=models.F("sessions_epoch") + 1)
+        self.refresh_from_db(fields=["sessions_epoch"])
 
 
 def all_scopes() -> list[str]:

@@ -11,6 +11,7 @@ from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import Gpu, GpuModel, GpuStatus, Node, NodeState, User
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import usd_to_micros
+from marketplace.services.email_verification import email_verified_required
 
 # Said to whoever brings a server that a live node already has; it never names that node or its provider.
 DUPLICATE_HOST_KEY_MESSAGE = (
@@ -66,7 +67,9 @@ def node_register(
     """Create a pending node, its declared GPUs, and the platform's key pair for it.
 
     A host key another live node has is refused (ValidationFailed on `host_key_fingerprint`, nothing written);
-    so is a second live node at the same address and port (Conflict)."""
+    so is a second live node at the same address and port (Conflict); so is a provider whose e-mail address is
+    not verified (EmailNotVerified, 403)."""
+    email_verified_required(user=provider)
     node = Node(
         provider=provider,
         name=name,

@@ -1,5 +1,4 @@
-"""Optional two-factor log-in: a TOTP authenticator app and one-time recovery codes (django-otp's TOTP and static
-devices).
+"""Optional two-factor log-in: a TOTP authenticator app and one-time recovery codes (django-otp devices).
 
 Enrolling makes an unconfirmed TOTP device whose secret the page shows (and as an otpauth:// URI and QR code);
 the first right code confirms it and makes RECOVERY_CODES recovery codes, shown once. From then on a log-in (web,
@@ -9,10 +8,12 @@ Code guessing is behind the log-in lock-out (core/login_throttle.py) with a coun
 (`two-factor:<email>`), which a right password does not reset, and the address's counter, shared with passwords;
 django-otp's own per-device throttling (a growing delay after each failure) comes on top.
 
-Known limit: django-otp stores the TOTP secret as it is (hex) in its table, not encrypted like the platform's
-other secrets; the database must be protected as the secrets it holds deserve.
+The secret and the recovery codes are stored encrypted (marketplace/models/two_factor.py: django-otp devices of
+the project's own, since django-otp's TOTPDevice and StaticToken keep them readable). Turning two-factor on
+ends every other session of the user (the page that did it keeps its own).
 """
 import base64
+import os
 import re
 from io import BytesIO
 
@@ -20,12 +21,10 @@ import qrcode
 import qrcode.image.svg
 from django.db import transaction
 from django_otp.models import Device
-from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.errors import Conflict, ValidationFailed
 from core.login_throttle import login_check, login_failed, login_succeeded
-from marketplace.models import User
+from marketplace.models import AuthenticatorDevice, RecoveryCode, RecoveryCodeDevice, User
 
 RECOVERY_CODES = 10
 CODE_MAX_LENGTH = 32
@@ -45,23 +44,25 @@ def _throttle_account(user: User) -> str:
 
 
 def two_factor_enabled(*, user: User) -> bool:
-    return bool(TOTPDevice.objects.filter(user=user, confirmed=True).exists())
+    return bool(AuthenticatorDevice.objects.filter(user=user, confirmed=True).exists())
 
 
-def totp_pending(*, user: User) -> TOTPDevice | None:
-    return TOTPDevice.objects.filter(user=user, confirmed=False).order_by("-id").first()
+def totp_pending(*, user: User) -> AuthenticatorDevice | None:
+    device: AuthenticatorDevice | None = (
+        AuthenticatorDevice.objects.filter(user=user, confirmed=False).order_by("-id").first())
+    return device
 
 
-def totp_enrol_start(*, user: User) -> TOTPDevice:
+def totp_enrol_start(*, user: User) -> AuthenticatorDevice:
     """The user's unconfirmed authenticator (a new secret when there is none yet). Conflict when two-factor is on."""
     if two_factor_enabled(user=user):
         raise Conflict("Two-factor log-in is on already: turn it off first to move it to another app.")
-    return totp_pending(user=user) or TOTPDevice.objects.create(user=user, name=TOTP_NAME, confirmed=False)
+    return totp_pending(user=user) or AuthenticatorDevice.new(user=user, name=TOTP_NAME)
 
 
-def totp_enrol_restart(*, user: User) -> TOTPDevice:
+def totp_enrol_restart(*, user: User) -> AuthenticatorDevice:
     """Forget the unconfirmed secret and make a new one (when the first was never added to an app)."""
-    TOTPDevice.objects.filter(user=user, confirmed=False).delete()
+    AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
     return totp_enrol_start(user=user)
 
 
@@ -76,14 +77,23 @@ def totp_enrol_confirm(*, user: User, code: str) -> list[str]:
             raise WrongCode()
         device.confirmed = True
         device.save(update_fields=["confirmed"])
-        return _recovery_codes_make(user)
+        codes = _recovery_codes_make(user)
+        # A session someone else holds (a shared computer, a stolen cookie) must not outlive the upgrade.
+        user.end_other_sessions()
+        return codes
+
+
+def _recovery_code() -> str:
+    # 40 random bits in base32, as django-otp's StaticToken.random_token; typed lower-case (see _normalise).
+    return base64.b32encode(os.urandom(5)).decode("ascii").lower()
 
 
 def _recovery_codes_make(user: User) -> list[str]:
-    device, _ = StaticDevice.objects.get_or_create(user=user, name=RECOVERY_NAME, defaults={"confirmed": True})
-    device.token_set.all().delete()
-    codes = [StaticToken.random_token() for _ in range(RECOVERY_CODES)]
-    StaticToken.objects.bulk_create([StaticToken(device=device, token=code) for code in codes])
+    device, _ = RecoveryCodeDevice.objects.get_or_create(user=user, name=RECOVERY_NAME,
+                                                         defaults={"confirmed": True})
+    device.codes.all().delete()
+    codes = [_recovery_code() for _ in range(RECOVERY_CODES)]
+    RecoveryCode.objects.bulk_create([RecoveryCode.make(device=device, code=code) for code in codes])
     return codes
 
 
@@ -96,7 +106,7 @@ def recovery_codes_regenerate(*, user: User) -> list[str]:
 
 
 def recovery_codes_left(*, user: User) -> int:
-    return int(StaticToken.objects.filter(device__user=user, device__confirmed=True).count())
+    return int(RecoveryCode.objects.filter(device__user=user, device__confirmed=True).count())
 
 
 def _normalise(code: str) -> str:
@@ -109,7 +119,7 @@ def code_check(*, user: User, code: str, client_address: str | None) -> Device:
     account = _throttle_account(user)
     login_check(account=account, address=client_address)
     code = _normalise(code)
-    device_class = TOTPDevice if _TOTP_CODE.fullmatch(code) else StaticDevice
+    device_class = AuthenticatorDevice if _TOTP_CODE.fullmatch(code) else RecoveryCodeDevice
     with transaction.atomic():
         for device in device_class.objects.filter(user=user, confirmed=True).select_for_update():
             if device.verify_token(code):
@@ -123,11 +133,11 @@ def two_factor_disable(*, user: User) -> None:
     """Turn two-factor off: forget the authenticator and the recovery codes. The caller checked the password and
     a code."""
     with transaction.atomic():
-        TOTPDevice.objects.filter(user=user).delete()
-        StaticDevice.objects.filter(user=user).delete()
+        AuthenticatorDevice.objects.filter(user=user).delete()
+        RecoveryCodeDevice.objects.filter(user=user).delete()
 
 
-def secret_base32(device: TOTPDevice) -> str:
+def secret_base32(device: AuthenticatorDevice) -> str:
     return base64.b32encode(device.bin_key).decode("ascii").rstrip("=")
 
 

@@ -7,6 +7,7 @@ from django.contrib.auth.forms import SetPasswordForm
 from django.http import HttpResponseRedirect
 from django.urls import reverse_lazy
 
+from marketplace.services import email_verification as email_svc
 from marketplace.services import passwords as password_svc
 
 from .account_forms import PasswordResetRequestForm, ThrottledPasswordChangeForm
@@ -45,6 +46,7 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
+        email_svc.email_mark_verified(user=form.user)  # the link came from the address
         password_svc.password_changed_notify(user=form.user, base_url=self.request.build_absolute_uri("/"))
         return response
 

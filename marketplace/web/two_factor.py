@@ -4,7 +4,7 @@ import time
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import get_user_model, login
+from django.contrib.auth import get_user_model, login, update_session_auth_hash
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -54,6 +54,7 @@ def two_factor_enable(request):
         except ApplicationError as exc:
             form_error(form, exc, default_field="code")
         else:
+            update_session_auth_hash(request, request.user)  # the other sessions ended; this one stays
             otp_login(request, device)
             return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": True}))
     uri = device.config_url

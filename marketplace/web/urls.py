@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import accounts, billing, instances, passwords, providers, renters, two_factor, volumes
+from . import accounts, billing, email_verification, instances, passwords, providers, renters, two_factor, volumes
 
 urlpatterns = [
     path("", accounts.home, name="home"),
@@ -15,7 +15,9 @@ urlpatterns = [
          name="password-reset-confirm"),
     path("accounts/password/reset/done/", passwords.PasswordResetCompleteView.as_view(),
          name="password-reset-complete"),
+    path("accounts/verify/<uidb64>/<token>/", email_verification.email_verify, name="email-verify"),
     path("account/security/", two_factor.security, name="account-security"),
+    path("account/email/verify/", email_verification.email_verification_resend, name="email-verification-resend"),
     path("account/password/", passwords.PasswordChangeView.as_view(), name="password-change"),
     path("account/two-factor/enable/", two_factor.two_factor_enable, name="two-factor-enable"),
     path("account/two-factor/restart/", two_factor.two_factor_restart, name="two-factor-restart"),

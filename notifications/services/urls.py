@@ -1,11 +1,14 @@
 """Where a webhook may point: https to a public address. Checked when an endpoint is saved and again before
-every attempt (a name that resolved to a public address may later resolve to a private one).
+every attempt (a name that resolved to a public address may later resolve to a private one). An attempt connects
+to the very address it checked (`webhook_target`): the name is resolved once, so a DNS answer that changes
+between the check and the connection (DNS rebinding) cannot send the request to an internal host.
 
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
 """
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from django.conf import settings
 
@@ -13,8 +16,10 @@ from core.errors import ValidationFailed
 
 URL_MAX_LENGTH = 500
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+
+def _addresses(host: str, port: int) -> list[Address]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, OSError):
@@ -22,8 +27,36 @@ def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.I
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
+@dataclass(frozen=True)
+class WebhookTarget:
+    """Where one attempt goes: `connect_url` is the URL with its host replaced by the checked `address`; the
+    request carries the name in `host_header`, and TLS uses `hostname` for SNI and the certificate check."""
+
+    url: str
+    hostname: str
+    address: Address
+    connect_url: str
+    host_header: str
+
+
 def webhook_url_check(url: str, *, field: str = "url") -> str:
     """The URL as it will be used, or ValidationFailed naming `field`."""
+    return _checked(url, field)[0]
+
+
+def webhook_target(url: str) -> WebhookTarget:
+    """Resolve the URL's host once and check every address it has (ValidationFailed on `url` as
+    webhook_url_check); the attempt connects to the first."""
+    url, parts, addresses = _checked(url, "url")
+    address = addresses[0]
+    host = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    connect_url = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+    return WebhookTarget(url=url, hostname=str(parts.hostname), address=address, connect_url=connect_url,
+                         host_header=parts.netloc)
+
+
+def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
     url = url.strip()
     if not url:
         raise ValidationFailed("Give the URL that should receive the events.", field=field)
@@ -54,4 +87,4 @@ def webhook_url_check(url: str, *, field: str = "url") -> str:
                 "webhooks go only to public addresses.", field=field)
     if parts.scheme == "http" and not (loopback_ok and all(a.is_loopback for a in addresses)):
         raise ValidationFailed("Use an https:// URL: events are sent only over TLS.", field=field)
-    return url
+    return url, parts, addresses

@@ -2,9 +2,11 @@
 
 An endpoint gets a random signing secret, stored encrypted (marketplace.encryption) and shown once. A delivery is
 tried by the worker (`webhook_attempt`, from notifications.tasks.webhook_deliver): one POST with a short timeout
-and no redirects; a 2xx answer delivers it; anything else is retried by the task with exponential backoff
-(Celery's retry, NOTIFICATIONS_WEBHOOK_BACKOFF_S × 2^(attempt-1)) until NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS. Every
-attempt is logged (status code or error, time, duration) for the user to read.
+and no redirects, to the address the URL's check resolved (the name is not resolved again, so no DNS rebinding to
+an internal host; no proxy from the environment either, which would resolve it again); a 2xx answer delivers it;
+anything else is retried by the task with exponential backoff (Celery's retry, NOTIFICATIONS_WEBHOOK_BACKOFF_S ×
+2^(attempt-1)) until NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS. Every attempt is logged (status code or error, time,
+duration) for the user to read.
 """
 import logging
 import secrets
@@ -17,6 +19,7 @@ import requests
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from requests.adapters import HTTPAdapter
 
 from core import dispatch
 from core.errors import ValidationFailed
@@ -25,7 +28,7 @@ from marketplace.models import User
 from notifications.models import DeliveryStatus, Kind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
-from notifications.services.urls import webhook_url_check
+from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +125,33 @@ def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
         return delivery, delivery.attempts
 
 
+class _PinnedTLSAdapter(HTTPAdapter):
+    """HTTPS to an address, with the URL's host name for SNI and the certificate check."""
+
+    def __init__(self, hostname: str):
+        self._hostname = hostname  # before HTTPAdapter's __init__, which makes the pool manager
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(server_hostname=self._hostname, assert_hostname=self._hostname)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def _send(target: WebhookTarget, body: bytes, headers: dict[str, str]) -> requests.Response:
+    with requests.Session() as session:
+        session.trust_env = False
+        session.mount("https://", _PinnedTLSAdapter(target.hostname))
+        answer = session.post(target.connect_url, data=body, headers={**headers, "Host": target.host_header},
+                              allow_redirects=False, timeout=settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S, stream=True,
+                              verify=settings.NOTIFICATIONS_WEBHOOK_CA_BUNDLE or True)
+        answer.close()  # the body is not read: only the status counts
+        return answer
+
+
 def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
     """(status code, error): one signed POST; nothing raised."""
     try:
-        webhook_url_check(delivery.endpoint.url)
+        target = webhook_target(delivery.endpoint.url)
     except ValidationFailed as exc:
         return None, f"Not sent: {exc.message}"
     body = delivery.body.encode()
@@ -137,9 +163,7 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
         SIGNATURE_HEADER: signature_header(secret=endpoint_secret(endpoint=delivery.endpoint), body=body),
     }
     try:
-        answer = requests.post(delivery.endpoint.url, data=body, headers=headers, allow_redirects=False,
-                               timeout=settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S, stream=True)
-        answer.close()  # the body is not read: only the status counts
+        answer = _send(target, body, headers)
     except requests.Timeout:
         return None, f"No answer within {settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S} s."
     except requests.RequestException as exc:

@@ -67,6 +67,7 @@ PAGES: dict[str, list[Page]] = {
     "password-reset-done": [Page("visitor", lambda d: "/accounts/password/reset/sent/")],
     "password-reset-confirm": [Page("visitor", lambda d: "/accounts/password/reset/MQ/not-a-token/")],  # says so
     "password-reset-complete": [Page("visitor", lambda d: "/accounts/password/reset/done/")],
+    "email-verify": [Page("visitor", lambda d: "/accounts/verify/MQ/not-a-token/", status=400)],  # says so
     "password-change": [Page("renter", lambda d: "/account/password/")],
     "account-security": [Page("renter", lambda d: "/account/security/")],
     "two-factor-enable": [Page("renter", lambda d: "/account/two-factor/enable/")],
@@ -96,6 +97,7 @@ ACTIONS = {
     "web-card-remove": "the balance page's Remove card",
     "volume-delete": "the volumes page's Delete", "two-factor-restart": "the security page's Start again",
     "two-factor-recovery": "the security page's new recovery codes",
+    "email-verification-resend": "the rent, server registration and security pages' Send the link again",
     "notification-read": "the notifications page's Mark read",
     "notifications-read-all": "the notifications page's Mark all read",
     "notification-endpoint-test": "a webhook page's Send a test event",

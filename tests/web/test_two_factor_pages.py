@@ -5,9 +5,10 @@ import re
 import pytest
 from django.test import Client
 from django_otp.oath import totp
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from marketplace.models import AuthenticatorDevice
 from marketplace.services import two_factor
+from tests.factories import UserFactory
 from tests.web.conftest import PASSWORD, logged_in
 
 pytestmark = pytest.mark.django_db
@@ -27,8 +28,8 @@ def _no_device_delay(settings):
 
 def code_now(user) -> str:
     """The app's current code. A TOTP code works once per 30-s step, so the step already used is forgotten."""
-    device = TOTPDevice.objects.get(user=user)
-    TOTPDevice.objects.filter(pk=device.pk).update(last_t=-1)
+    device = AuthenticatorDevice.objects.get(user=user)
+    AuthenticatorDevice.objects.filter(pk=device.pk).update(last_t=-1)
     return f"{totp(device.bin_key, step=device.step, t0=device.t0, digits=device.digits):06d}"
 
 
@@ -69,10 +70,38 @@ def test_enrol_shows_the_secret_uri_and_qr_then_the_recovery_codes_once(web, ren
     assert web.get(ENABLE)["Location"] == "/account/security/"  # on already
 
 
+def test_turning_it_on_keeps_this_session_and_ends_the_others(renter):
+    here, elsewhere, untouched = logged_in(renter), logged_in(renter), logged_in(UserFactory())
+    assert is_logged_in(elsewhere)
+    here.get(ENABLE)
+    assert here.post(ENABLE, {"code": code_now(renter)}).status_code == 200
+    assert is_logged_in(here) and not is_logged_in(elsewhere) and is_logged_in(untouched)
+    # The session that ended logs in again as any other: password, then code.
+    assert password_step(elsewhere, renter)["Location"] == CODE
+    assert elsewhere.post(CODE, {"code": code_now(renter)}).status_code == 302 and is_logged_in(elsewhere)
+
+
+def test_after_it_a_password_change_still_keeps_this_session_and_ends_the_others(renter):
+    here = logged_in(renter)
+    here.get(ENABLE)
+    here.post(ENABLE, {"code": code_now(renter)})
+    elsewhere = logged_in(renter)  # logged in after two-factor went on
+    new = "a brand new passphrase 7"
+    r = here.post("/account/password/", {"old_password": PASSWORD, "new_password1": new, "new_password2": new})
+    assert r.status_code == 302 and is_logged_in(here) and not is_logged_in(elsewhere)
+
+
+def test_a_wrong_code_ends_no_session(renter):
+    here, elsewhere = logged_in(renter), logged_in(renter)
+    here.get(ENABLE)
+    assert here.post(ENABLE, {"code": "000000"}).status_code == 400
+    assert is_logged_in(here) and is_logged_in(elsewhere)
+
+
 def test_a_new_secret_replaces_the_unconfirmed_one(web, renter):
-    first = two_factor.totp_enrol_start(user=renter).key
+    first = two_factor.totp_enrol_start(user=renter).bin_key
     assert web.post("/account/two-factor/restart/").status_code == 302
-    assert two_factor.totp_pending(user=renter).key != first
+    assert two_factor.totp_pending(user=renter).bin_key != first
 
 
 def test_log_in_asks_for_the_code_after_the_password(client, renter):

@@ -15,6 +15,7 @@ from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
+from marketplace.services.email_verification import email_verified_required
 from marketplace.services.instances import options as opts
 
 from .. import offers, query
@@ -279,6 +280,7 @@ class OfferCreateView(VastView):
     api_scope = RENTER_ONLY  # core/api/scopes.py
 
     def put(self, request, ask_id: int):
+        email_verified_required(user=request.user)  # said first: no other fix helps before it
         body = _body(request)
         _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED | _CREATE_MAPPED)
         for name, (unset, what) in _CREATE_UNSET.items():

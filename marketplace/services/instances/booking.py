@@ -16,6 +16,7 @@ from marketplace.models import (
     User,
 )
 from marketplace.models.nodes import Node
+from marketplace.services.email_verification import email_verified_required
 from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
@@ -58,9 +59,10 @@ def instance_create(
     options.clean_image_reference); `options` (env, onstart, ports, registry login, minimum CUDA version) are
     already validated (options.instance_options). `ssh_public_keys` are already validated and normalised.
     Returns (instance, created): with an Idempotency-Key seen before (same body), the earlier instance and False.
-    Raises ValidationFailed (400), Conflict (409), InsufficientFunds (402) or IdempotencyKeyReused (422); on any
-    of them nothing was written.
+    Raises EmailNotVerified (403), ValidationFailed (400), Conflict (409), InsufficientFunds (402) or
+    IdempotencyKeyReused (422); on any of them nothing was written.
     """
+    email_verified_required(user=renter)
     if idempotency_key:
         existing = instance_for_idempotency_key(
             renter=renter, idempotency_key=idempotency_key, request_fingerprint=request_fingerprint

@@ -1,0 +1,107 @@
+"""E-mail verification: renting and listing need an address the owner has proven to hold.
+
+A sign-up proves it (the account is made from the link e-mailed to it), and so does a password reset (its link
+went to the address). What is left is an address an operator typed: an account added in the admin (until its
+owner's first reset) or one whose address an operator changed. Such a user may log in but not rent or list
+(`email_verified_required`, EmailNotVerified: a 403 with code `email_not_verified`) until they follow the link
+that `email_verification_send` e-mails ("Send the link again" on the pages).
+
+The link's token is Django's PasswordResetTokenGenerator keyed on the address and the verified time: it lasts
+PASSWORD_RESET_TIMEOUT, and stops working once the address is verified or changed.
+"""
+import logging
+from urllib.parse import urljoin
+
+from django.conf import settings
+from django.contrib.auth.tokens import PasswordResetTokenGenerator
+from django.core.mail import send_mail
+from django.db.models import Model
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.encoding import force_bytes, force_str
+from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
+
+from core.errors import PermissionDenied, ValidationFailed
+from core.login_throttle import password_reset_mail_allowed
+from marketplace.models import User
+
+log = logging.getLogger(__name__)
+
+CODE = "email_not_verified"
+
+
+class EmailNotVerified(PermissionDenied):
+    code = CODE
+
+    def __init__(self, user: User) -> None:
+        super().__init__(
+            f"Verify your e-mail address first: renting and listing need an address you have proven to hold. "
+            f"Open the link we e-mailed to {user.email}, or have it sent again with the button on your Security page "
+            f"(/account/security/).", extra={"code": CODE})
+
+
+class InvalidVerificationLink(ValidationFailed):
+    def __init__(self) -> None:
+        super().__init__("This verification link is invalid, has expired, or is for an address that changed since. "
+                         "Log in and send a new link from your Security page.", field="token")
+
+
+class _TokenGenerator(PasswordResetTokenGenerator):
+    key_salt = "marketplace.services.email_verification"
+
+    def _make_hash_value(self, user: Model, timestamp: int) -> str:
+        assert isinstance(user, User)
+        return f"{user.pk}|{user.email}|{user.email_verified_at}|{timestamp}"
+
+
+_tokens = _TokenGenerator()
+
+
+def email_verified_required(*, user: User) -> None:
+    if user.email_verified_at is None:
+        raise EmailNotVerified(user)
+
+
+def email_mark_verified(*, user: User) -> None:
+    """The owner proved the address (a reset link, a verification link)."""
+    if user.email_verified_at is None:
+        user.email_verified_at = timezone.now()
+        User.objects.filter(pk=user.pk, email_verified_at__isnull=True).update(email_verified_at=user.email_verified_at)
+
+
+def email_verification_link(*, user: User, base_url: str) -> str:
+    uid = urlsafe_base64_encode(force_bytes(user.pk))
+    return urljoin(base_url, reverse("email-verify", args=[uid, _tokens.make_token(user)]))
+
+
+def email_verification_send(*, user: User, base_url: str) -> bool:
+    """E-mail the link to an unverified user's address: False when there was nothing to send (verified already) or
+    the address had its e-mails for the hour (the reset e-mails' limit, counted apart)."""
+    if user.email_verified_at is not None:
+        return False
+    if not password_reset_mail_allowed(account=f"verify:{user.email}"):
+        return False
+    minutes = settings.PASSWORD_RESET_TIMEOUT // 60
+    try:
+        send_mail(f"[{settings.PLATFORM_NAME}] Verify your e-mail address", (
+            f"To rent GPUs and list servers on {settings.PLATFORM_NAME}, confirm that this address is yours: open "
+            f"this link within {minutes} minutes:\n\n"
+            f"  {email_verification_link(user=user, base_url=base_url)}\n\n"
+            "If you have no account with us, ignore this e-mail.\n"), settings.DEFAULT_FROM_EMAIL, [user.email])
+    except Exception:  # noqa: BLE001 (the page must not depend on the mail server; the button sends again)
+        log.exception("could not send the verification e-mail")
+        return False
+    return True
+
+
+def email_verify(*, uidb64: str, token: str) -> User:
+    """Mark the link's user verified; InvalidVerificationLink when the link is not a valid one."""
+    try:
+        pk = int(force_str(urlsafe_base64_decode(uidb64)))
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidVerificationLink() from None
+    user = User.objects.filter(pk=pk, is_active=True).first()
+    if user is None or not _tokens.check_token(user, token):
+        raise InvalidVerificationLink()
+    email_mark_verified(user=user)
+    return user
