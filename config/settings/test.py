@@ -14,7 +14,10 @@ os.environ.setdefault("BILLING_REQUIRE_FUNDS", "0")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", "1")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "0.5")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", "3")
-os.environ.setdefault("BENCHMARK_QUICK", "1")  # the benchmark's quick mode (sim nodes answer at once anyway)
+os.environ.setdefault("BENCHMARK_QUICK", "1")
+# Jobs are sent on commit in the request's thread, so that a test sees the row's send fields at once; the
+# sender thread has its own tests (tests/provisioning/test_job_outbox.py).
+os.environ.setdefault("JOB_SEND_IN_BACKGROUND", "0")  # the benchmark's quick mode (sim nodes answer at once anyway)
 
 from .base import *  # noqa: E402,F403
 
