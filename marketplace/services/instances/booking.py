@@ -133,7 +133,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     refusal = _booking_refusal(node)
     if refusal:
         raise Conflict(f"Offer {node_id} is not available: {refusal}.")
-    total = node.gpu_total
+    total: int = node.gpu_total  # type: ignore[attr-defined]  # set by _lock_node_for_booking
     if num_gpus > total:
         raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
     min_disk = _check_image(image, node)
