@@ -22,6 +22,9 @@ transactions doing the same allocation, with 0 double allocations.
 4. after each round checks by query that no GPU is in two live allocations and that a GPU is rented exactly
    when it is allocated, then resets the rows (outside the timing) and VACUUMs the tables it wrote.
 
+`--compare-send` adds a third path to the rotation: the service handing each job to the broker in the request's
+thread (JOB_SEND_IN_BACKGROUND off), to show what the sender thread is worth.
+
 Run: DJANGO_SETTINGS_MODULE=config.settings.test .venv/bin/python bench/booking.py
 The provisioning messages go to the configured broker (CELERY_BROKER_URL) and are purged at the end.
 """
@@ -61,6 +64,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", action="store_true", help="clients as threads of one process, not processes")
     p.add_argument("--sync-send", action="store_true",
                    help="hand jobs to the broker in the request's thread (JOB_SEND_IN_BACKGROUND=0)")
+    p.add_argument("--compare-send", action="store_true",
+                   help="a third path in the rotation: the service handing jobs over in the request's thread")
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     return p.parse_args()
@@ -107,8 +112,12 @@ def backend_cpu(pid: int) -> float:
 
 
 class ServicePath:
+    background = True  # JOB_SEND_IN_BACKGROUND for this path's rounds
+
     def __init__(self, renter_id: int):
         from django.db import connection
+
+        settings.JOB_SEND_IN_BACKGROUND = self.background  # read at each on-commit hand-off
 
         from marketplace.models import Image, User
 
@@ -195,7 +204,13 @@ class BarePath:
         self.conn.close()
 
 
-PATHS = {"service": ServicePath, "bare": BarePath}
+class ServiceSyncSendPath(ServicePath):
+    """The service with the job handed to the broker in the request's thread (as before the sender thread)."""
+
+    background = False
+
+
+PATHS = {"service": ServicePath, "bare": BarePath, "service-sync-send": ServiceSyncSendPath}
 
 
 def client_round(path: str, renter_id: int, node_ids: list[int], bookings: int, seed: int,
@@ -344,8 +359,8 @@ def main() -> None:
     args = parse_args()
     if args.clients * args.per_client > N_NODES * GPUS_PER_NODE:
         sys.exit("bench: more bookings per round than GPUs")
-    # As in production with PostgreSQL (the test settings send in the request's thread); before settings load.
-    os.environ["JOB_SEND_IN_BACKGROUND"] = "0" if args.sync_send else "1"
+    # As in production with PostgreSQL (the test settings send in the request's thread).
+    ServicePath.background = not args.sync_send
     server = benchdb.point_django_at_bench_db(args.db_name)
     django.setup()
     from django.core.management import call_command
@@ -369,17 +384,18 @@ def main() -> None:
               f"{args.rounds} rounds of each path, alternating; funds check on; jobs sent {send}")
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         clients = Clients(args.clients, args.threads)
-        rates: dict[str, list[float]] = {"service": [], "bare": []}
+        paths = ("service", "bare", "service-sync-send") if args.compare_send else ("service", "bare")
+        rates: dict[str, list[float]] = {p: [] for p in paths}
         doubles_total = 0
         # A warm-up round of each (connections, caches, the broker's connection), not counted.
-        schedule = ["service", "bare"] + [p for _ in range(args.rounds) for p in ("service", "bare")]
+        schedule = list(paths) + [p for _ in range(args.rounds) for p in paths]
         for n, path in enumerate(schedule):
-            warm = n < 2
+            warm = n < len(paths)
             per = 2 if warm else args.per_client
             results = clients.run(path, renters, node_ids, per, args.seed + n)
             t0 = min(r["t0"] for r in results)
             t1 = max(r["t1"] for r in results)
-            sent = wait_until_sent() if path == "service" else t1
+            sent = wait_until_sent() if path.startswith("service") else t1
             wall = max(t1, sent) - t0
             booked = sum(r["done"] for r in results)
             conflicts = sum(r["conflicts"] for r in results)
@@ -390,10 +406,10 @@ def main() -> None:
                 continue
             rate = booked / wall
             rates[path].append(rate)
-            drain = f", last job sent {1000 * (sent - t1):.0f} ms after the last answer" if path == "service" else ""
+            drain = f", last job sent {1000 * (sent - t1):.0f} ms after the last answer" if sent > t1 else ""
             cpu = (max(r["cpu"] for r in results) if args.threads else sum(r["cpu"] for r in results)) / booked
             db_cpu = sum(r["db_cpu"] for r in results) / booked
-            print(f"  {path:7s} {booked} bookings in {wall:.2f} s = {rate:7.1f}/s ({conflicts} x 409 retried{drain}); "
+            print(f"  {path:17s} {booked} bookings in {wall:.2f} s = {rate:7.1f}/s ({conflicts} x 409 retried{drain}); "
                   f"CPU per booking: client {1000 * cpu:.1f} ms, its PostgreSQL backend {1000 * db_cpu:.1f} ms; "
                   f"double allocations {doubles}; load {os.getloadavg()[0]:.2f}")
         clients.close()
@@ -401,6 +417,10 @@ def main() -> None:
         ratio = service / bare
         print(f"median bookings/s: service {service:.1f}, bare SQL {bare:.1f}; ratio {ratio:.2f} x bare "
               f"(rounds: {', '.join(f'{s / b:.2f}' for s, b in zip(rates['service'], rates['bare'], strict=True))})")
+        if args.compare_send:
+            sync = statistics.median(rates["service-sync-send"])
+            print(f"median bookings/s, the service handing jobs over in the request's thread: {sync:.1f} "
+                  f"({sync / bare:.2f} x bare; the sender thread's path: {service / sync:.2f} x this)")
         print(f"double allocations: {doubles_total}")
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         met = ratio >= GOAL and doubles_total == 0
