@@ -168,6 +168,7 @@ def _send_batch(batch: list[tuple[int, str]]) -> None:
                                                    sent_at=timezone.now())
         except DatabaseError:  # as in _record_send: at worst the dispatcher sends them again
             log.exception("jobs %s: could not record the hand-off to the broker", sent)
+            connection.close()  # the thread's own connection, perhaps broken: the next batch opens a new one
 
 
 # This process's sender thread; it closes its database connection when idle (an idle process holds none).
