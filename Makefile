@@ -63,6 +63,7 @@ $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
 bench: $(VENV)/.installed-bench services
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/offers_search.py
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/fleet.py
+	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/booking.py
 
 ## schema: write the OpenAPI schema to docs/openapi.yaml
 schema: $(VENV)/.installed

@@ -254,6 +254,9 @@ if CELERY_BROKER_URL.split(":", 1)[0] in ("redis", "rediss", "redis+socket"):
 JOB_DISPATCH_INTERVAL_S = env_int("JOB_DISPATCH_INTERVAL_S", 10)
 JOB_SEND_GRACE_S = env_int("JOB_SEND_GRACE_S", 5)
 JOB_RESEND_QUEUED_AFTER_S = env_int("JOB_RESEND_QUEUED_AFTER_S", 120)
+# Hand new jobs to the broker from a sender thread after commit, in batches, so that a booking does not wait
+# for the broker (provisioning/services/jobs.py). Off with SQLite: its single writer would be contended.
+JOB_SEND_IN_BACKGROUND = env_bool("JOB_SEND_IN_BACKGROUND", DATABASES["default"]["ENGINE"].endswith("postgresql"))
 JOB_HEARTBEAT_INTERVAL_S = float(env_str("JOB_HEARTBEAT_INTERVAL_S", "10"))
 JOB_HEARTBEAT_STALE_S = env_int("JOB_HEARTBEAT_STALE_S", 45)
 JOB_MAX_LOST_RUNS = env_int("JOB_MAX_LOST_RUNS", 3)

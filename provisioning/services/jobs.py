@@ -5,7 +5,10 @@ The `Job` row, committed in the same transaction as the state change that asks f
 
 - `job_create` records the job and, once the caller's transaction commits, tries to send it (`job_send`). A
   broker that cannot be reached is logged and recorded on the row (`send_attempts`, `send_error`), never raised:
-  the request that asked for the work has committed, and it answers as usual.
+  the request that asked for the work has committed, and it answers as usual. With JOB_SEND_IN_BACKGROUND (on
+  with PostgreSQL) the request does not wait for that either: the on-commit hook queues the job for this
+  process's sender thread (core.background), which hands everything queued to the broker and records the batch
+  in one UPDATE (`_send_batch`); a process killed before it did leaves the rows unsent, for the dispatcher.
 - The dispatcher (`provisioning.services.maintenance.jobs_dispatch`, every JOB_DISPATCH_INTERVAL_S from beat)
   sends what was never sent, sends again what the broker seems to have lost, and what a lost worker held
   (provisioning/services/runner.py: heartbeats). So a broker outage or a dead worker delays work, never loses it.
@@ -20,11 +23,13 @@ import logging
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from core import dispatch
+from core.background import BackgroundBatcher
 from core.errors import Conflict
 from marketplace.models import Instance, Node, Volume
 from provisioning.models import Job, JobKind, JobStatus
@@ -64,11 +69,15 @@ class JobConflict(Conflict):
     job_one_open_node_job_per_node): nothing was queued; the caller's transaction must not commit its change."""
 
 
-def job_create(*, kind: str, node: Node, instance: Instance | None = None, volume: Volume | None = None) -> Job:
+def job_create(*, kind: str, node: Node, instance: Instance | None = None, volume: Volume | None = None,
+               savepoint: bool = True) -> Job:
     """Record a queued job; it is sent to a worker once the caller's transaction commits (or by the dispatcher).
-    Raises JobConflict while the same kind of job is still open for the instance (or a node job for the node)."""
+    Raises JobConflict while the same kind of job is still open for the instance (or a node job for the node).
+
+    `savepoint=False` saves a round trip pair where a conflict cannot be caught and survived: the caller's
+    transaction must end on JobConflict (a booking's new instance, whose jobs cannot be open yet)."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=savepoint):
             job = Job.objects.create(
                 kind=kind, node=node, instance=instance, volume=volume, status=JobStatus.QUEUED, step="queued",
                 deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]),
@@ -93,19 +102,24 @@ def job_send_again_if_unsent(job: Job) -> None:
 
 def _send(job_id: int, kind: str) -> None:
     """The on-commit hook (tests replace it to record what would be sent). Never raises."""
+    if settings.JOB_SEND_IN_BACKGROUND:
+        sender.submit((job_id, kind))
+        return
     try:
-        job_send(job_id=job_id)
+        job_send(job_id=job_id, kind=kind)
     except Exception:  # noqa: BLE001 (the caller's transaction committed: nothing here may undo its answer)
         log.exception("job %s (%s): sending it failed; the dispatcher sends it later", job_id, kind)
 
 
-def job_send(*, job_id: int) -> bool:
+def job_send(*, job_id: int, kind: str | None = None) -> bool:
     """Hand the job to the broker and record it on the row. False (logged and recorded) when the broker could
     not take it: the dispatcher tries again. Each message has its own task id, so that the claim in
-    runner.job_begin can tell a redelivery of one message from another copy of the job."""
-    kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    runner.job_begin can tell a redelivery of one message from another copy of the job. `kind`: when the
+    caller knows it (the on-commit send), no read of the row first."""
     if kind is None:
-        return False
+        kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+        if kind is None:
+            return False
     task_id = f"job-{job_id}-{uuid.uuid4().hex[:12]}"
     try:
         _publish(JOB_TASKS[kind], job_id=job_id, task_id=task_id)
@@ -130,3 +144,32 @@ def _record_send(job_id: int, *, sent_at: datetime | None = None, error: str = "
         Job.objects.filter(pk=job_id).update(**fields)
     except DatabaseError:  # the message is out (or not); the dispatcher judges by the row, at worst sends twice
         log.exception("job %s: could not record the hand-off to the broker", job_id)
+
+
+def _send_batch(batch: list[tuple[int, str]]) -> None:
+    """The sender thread's work: hand each job to the broker, then record those it took in one UPDATE. At the
+    first refusal the broker is down: the rest are recorded as refused too, untried (the dispatcher sends them)."""
+    sent: list[int] = []
+    error = ""
+    for job_id, kind in batch:
+        if not error:
+            try:
+                _publish(JOB_TASKS[kind], job_id=job_id, task_id=f"job-{job_id}-{uuid.uuid4().hex[:12]}")
+                sent.append(job_id)
+                continue
+            except Exception as exc:  # noqa: BLE001 (as in job_send)
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                log.warning("job %s (%s): the broker did not take it (%s); the dispatcher sends it later",
+                            job_id, kind, error)
+        _record_send(job_id, error=error)
+    if sent:
+        try:
+            Job.objects.filter(pk__in=sent).update(send_attempts=F("send_attempts") + 1, send_error="",
+                                                   sent_at=timezone.now())
+        except DatabaseError:  # as in _record_send: at worst the dispatcher sends them again
+            log.exception("jobs %s: could not record the hand-off to the broker", sent)
+            connection.close()  # the thread's own connection, perhaps broken: the next batch opens a new one
+
+
+# This process's sender thread; it closes its database connection when idle (an idle process holds none).
+sender = BackgroundBatcher("job-sender", _send_batch, on_idle=lambda: connection.close())

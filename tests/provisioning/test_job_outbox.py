@@ -311,3 +311,67 @@ def test_an_execution_that_lost_its_job_does_not_fail_it(db, monkeypatch):
     job.refresh_from_db()
     instance.refresh_from_db()
     assert job.status == JobStatus.RUNNING and instance.status == InstanceStatus.REQUESTED
+
+
+# ------------------------------------------------------------------ sending from the sender thread (production)
+
+
+@pytest.fixture
+def in_background(settings):
+    """JOB_SEND_IN_BACKGROUND as in production with PostgreSQL; the thread is stopped (its connection closed)
+    afterwards."""
+    settings.JOB_SEND_IN_BACKGROUND = True
+    yield job_svc.sender
+    assert job_svc.sender.stop()
+
+
+def test_in_the_background_a_booking_answers_first_and_its_job_is_sent_and_recorded_after(
+        transactional_db, broker, in_background, other_api):
+    listed = make_listed_node(gpu_count=4)
+    ids = []
+    for _ in range(3):
+        r = other_api.post("/api/v1/instances/", {"offer": listed.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                                  "ssh_public_key": public_key()}, format="json")
+        assert r.status_code == 201, r.content
+        ids.append(r.json()["id"])
+    assert in_background.flush(timeout=10)
+    jobs = list(Job.objects.filter(instance_id__in=ids).order_by("pk"))
+    assert sorted(broker.job_ids()) == [job.pk for job in jobs]
+    for job in jobs:
+        assert job.sent_at is not None and job.send_attempts == 1 and job.send_error == ""
+    # Sent and recorded: the dispatcher leaves them alone.
+    assert maintenance.jobs_dispatch(now=timezone.now() + timedelta(seconds=30))["sent"] == 0
+
+
+def test_in_the_background_a_refused_batch_waits_in_its_rows_for_the_dispatcher(transactional_db, broker,
+                                                                               in_background):
+    """The first refusal ends the batch: the rest are recorded as refused, untried (the broker is down)."""
+    broker.down = True
+    nodes = [make_node() for _ in range(3)]
+    jobs = [job_svc.job_create(kind=JobKind.NODE_VERIFY, node=n) for n in nodes]  # autocommit: sent at once
+    assert in_background.flush(timeout=10)
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.sent_at is None and job.send_attempts == 1 and job.send_error.startswith("OperationalError")
+    broker.down = False
+    assert maintenance.jobs_dispatch(now=timezone.now() + timedelta(seconds=30))["sent"] == 3
+    assert sorted(broker.job_ids()) == sorted(job.pk for job in jobs)
+
+
+def test_the_sender_thread_hands_each_batch_over_and_a_forked_child_starts_empty():
+    from core.background import BackgroundBatcher
+
+    batches = []
+    idle = []
+    batcher = BackgroundBatcher("test", batches.append, idle_s=0.05, on_idle=lambda: idle.append(1))
+    for n in range(5):
+        batcher.submit(n)
+    assert batcher.flush(timeout=5)
+    assert sorted(x for b in batches for x in b) == [0, 1, 2, 3, 4]
+    deadline = time.monotonic() + 5
+    while not idle and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert idle  # idle after 50 ms: e.g. the thread's database connection closed
+    assert batcher.stop(timeout=5)
+    batcher._reset()  # what os.register_at_fork runs in a child: no thread, nothing queued
+    assert batcher._thread is None and batcher.flush(timeout=0)

@@ -10,7 +10,6 @@ from core import metrics
 from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import encrypt_secret
 from marketplace.models import (
-    Gpu,
     Image,
     Instance,
     User,
@@ -25,11 +24,10 @@ from .common import (
     MAX_DISK_GB,
     WAITING,
     S,
-    _allocate,
+    _allocate_free_gpus,
     _booking_refusal,
     _check_funds,
     _gpus_text,
-    _lock_free_gpus,
     _lock_node_for_booking,
     instance_for_idempotency_key,
 )
@@ -131,13 +129,13 @@ def _check_cuda(node: Node, wanted: str) -> None:
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
           label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
           volumes: list[dict[str, Any]]) -> Instance:
-    node = _lock_node_for_booking(node_id)
+    node = _lock_node_for_booking(node_id, count_gpus=True)
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
     refusal = _booking_refusal(node)
     if refusal:
         raise Conflict(f"Offer {node_id} is not available: {refusal}.")
-    total = Gpu.objects.filter(node_id=node.pk).count()
+    total: int = node.gpu_total  # type: ignore[attr-defined]  # set by _lock_node_for_booking
     if num_gpus > total:
         raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
     min_disk = _check_image(image, node)
@@ -166,11 +164,12 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
         created_at=now,
     )
-    gpus = _lock_free_gpus(node.pk, num_gpus)
-    if len(gpus) < num_gpus:
-        free = "No GPU is" if not gpus else f"Only {_gpus_text(len(gpus))} {'is' if len(gpus) == 1 else 'are'}"
+    taken = _allocate_free_gpus(instance, node.pk, num_gpus, now)
+    if taken < num_gpus:  # raising rolls back the instance and whatever was taken
+        free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")
-    _allocate(instance, gpus, now)
-    volume_mounts_attach(instance=instance, requests=mounts)
-    job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance)
+    if mounts:
+        volume_mounts_attach(instance=instance, requests=mounts)
+    # No savepoint: the instance is new, so no job of it can be open, and any error ends the booking anyway.
+    job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance, savepoint=False)
     return instance

@@ -87,16 +87,26 @@ def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_
 # -------------------------------------------------------------------------------------- helpers
 
 
-def _lock_node_for_booking(node_id: int) -> Node | None:
-    """Read the node and hold a share lock on its row until the transaction ends."""
+def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False) -> Node | None:
+    """Read the node and hold a share lock on its row until the transaction ends.
+
+    `count_gpus`: also set `node.gpu_total` (all its GPUs, any status), in the same round trip."""
     if connection.vendor == "postgresql":
-        # Django has no FOR SHARE. Only the columns booking reads; the rest stay deferred.
+        # Django has no FOR SHARE. Only the columns booking reads; the rest stay deferred. FOR SHARE locks
+        # the node's row only (the count's subquery reads, it locks nothing).
         table = connection.ops.quote_name(Node._meta.db_table)
-        sql = (f"SELECT id, state, verdict, listed, runtime, gpu_model_id, price_per_gpu_hour_micros, "  # noqa: S608
-               f"disk_price_per_gb_month_micros, inventory FROM {table} WHERE id = %s FOR SHARE")
+        gpu_table = connection.ops.quote_name(Gpu._meta.db_table)
+        total = (f", (SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id) AS gpu_total"  # noqa: S608
+                 if count_gpus else "")
+        sql = (f"SELECT n.id, n.state, n.verdict, n.listed, n.runtime, n.gpu_model_id, "  # noqa: S608
+               f"n.price_per_gpu_hour_micros, n.disk_price_per_gb_month_micros, n.inventory{total} "
+               f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
         rows = list(Node.objects.raw(sql, [node_id]))
         return rows[0] if rows else None
-    return Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
+    node = Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
+    if node is not None and count_gpus:
+        node.gpu_total = Gpu.objects.filter(node_id=node_id).count()  # type: ignore[attr-defined]
+    return node
 
 
 _NODE_STATE_REASONS: dict[str, str] = {
@@ -136,6 +146,36 @@ def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
     try:
         with transaction.atomic():
             GpuAllocation.objects.bulk_create(GpuAllocation(instance=instance, gpu=g, allocated_at=at) for g in gpus)
+    except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
+        if "gpu_in_at_most_one_live_allocation" in str(exc):
+            raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
+        raise
+
+
+def _allocate_free_gpus(instance: Instance, node_id: int, count: int, at: datetime) -> int:
+    """A booking's GPUs in one round trip: lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED, by
+    index), mark them rented and allocate them to the instance. Returns how many it took: fewer than `count`
+    means the caller must raise (Conflict) so that its transaction rolls all of it back.
+
+    No savepoint: on any error here the booking's transaction ends anyway (the caller raises out of it)."""
+    if connection.vendor != "postgresql":
+        gpus = _lock_free_gpus(node_id, count)
+        if len(gpus) == count:
+            _allocate(instance, gpus, at)
+        return len(gpus)
+    q = connection.ops.quote_name
+    gpu, allocation = q(Gpu._meta.db_table), q(GpuAllocation._meta.db_table)
+    state = q(Gpu.state_field)  # the column is named as the field
+    sources = sorted(Gpu.transitions.action_sources("rent"))  # the transition table's rule, as transition_rows
+    sql = (f"WITH picked AS (SELECT id FROM {gpu} WHERE node_id = %s AND {state} = %s "  # noqa: S608
+           f"ORDER BY {q('index')} LIMIT %s FOR UPDATE SKIP LOCKED), "
+           f"rented AS (UPDATE {gpu} g SET {state} = %s FROM picked WHERE g.id = picked.id "
+           f"AND g.{state} = ANY(%s) RETURNING g.id) "
+           f"INSERT INTO {allocation} (instance_id, gpu_id, allocated_at) SELECT %s, id, %s FROM rented")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [node_id, GpuStatus.FREE, count, GpuStatus.RENTED, sources, instance.pk, at])
+            return int(cursor.rowcount)
     except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
         if "gpu_in_at_most_one_live_allocation" in str(exc):
             raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
@@ -211,8 +251,16 @@ class Funds:
 
 def committed_rate_micros(*, renter_id: int) -> int:
     """What the renter's running and about-to-run instances (COMMITTED_STATUSES) cost per hour."""
+    if connection.vendor == "postgresql":  # every booking runs it: the SQL once, not an aggregate compiled each time
+        with connection.cursor() as cursor:
+            cursor.execute(_COMMITTED_RATE_SQL, [renter_id, list(COMMITTED_STATUSES)])
+            return int(cursor.fetchone()[0])
     return (Instance.objects.filter(renter_id=renter_id, status__in=COMMITTED_STATUSES).order_by()
             .aggregate(rate=Sum("price_per_hour_micros"))["rate"] or 0)
+
+
+_COMMITTED_RATE_SQL = (f"SELECT COALESCE(SUM(price_per_hour_micros), 0) FROM {Instance._meta.db_table} "  # noqa: S608
+                       "WHERE renter_id = %s AND status = ANY(%s)")
 
 
 def funds_for(*, renter_id: int, price_per_hour_micros: int, lock: bool = False) -> Funds:

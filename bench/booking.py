@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""Benchmark of bookings per second: `instance_create` against bare SQL doing the same allocation.
+
+Not a timed test: it prints figures for docs/BENCHMARKS.md. Issue 14 item 3's goal: with 32 concurrent
+clients over 1,000 GPUs, the service path books at least 0.5 x as many GPUs per second as bare SQL
+transactions doing the same allocation, with 0 double allocations.
+
+1. creates a database of its own (`gpumarket_bench_booking`; never the test or dev database), migrates it,
+   registers 125 listed 8-GPU sim nodes (1,000 GPUs) and one funded renter per client; the funds check is
+   on (BILLING_REQUIRE_FUNDS=1), as in production;
+2. starts N clients (processes by default: each a Django process with its own connection, as N sync web
+   workers are; `--threads` runs them as threads of one process instead, where the GIL caps the Python
+   side at one core);
+3. alternates rounds of the two paths; in each round every client makes `--per-client` one-GPU bookings on
+   random nodes (a 409 for a node with no free GPU left is counted and retried on another):
+   - service: `marketplace.services.instances.instance_create` (funds check under the wallet lock, node
+     share lock, the instance, the GPUs, the provisioning job and its hand-off to the broker). The round
+     ends when the last client is done AND every job has reached the broker (`sent_at` set), so work put
+     off until after the answer is counted, not hidden;
+   - bare: psycopg, one transaction per booking: lock free GPUs FOR UPDATE SKIP LOCKED, insert the
+     instance (the same columns and values) and its allocations, update the GPUs;
+4. after each round checks by query that no GPU is in two live allocations and that a GPU is rented exactly
+   when it is allocated, then resets the rows (outside the timing) and VACUUMs the tables it wrote.
+
+`--compare-send` adds a third path to the rotation: the service handing each job to the broker in the request's
+thread (JOB_SEND_IN_BACKGROUND off), to show what the sender thread is worth.
+
+Run: DJANGO_SETTINGS_MODULE=config.settings.test .venv/bin/python bench/booking.py
+The provisioning messages go to the configured broker (CELERY_BROKER_URL) and are purged at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+os.environ["BILLING_REQUIRE_FUNDS"] = "1"  # the check runs, as in production (the test settings turn it off)
+
+import benchdb  # noqa: E402 (bench/benchdb.py, beside this script)
+import django  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+N_NODES = 125
+GPUS_PER_NODE = 8
+GOAL = 0.5
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db-name", default="gpumarket_bench_booking", help="database to create (%(default)s)")
+    p.add_argument("--clients", type=int, default=32, help="concurrent clients (%(default)s)")
+    p.add_argument("--per-client", type=int, default=16, help="bookings per client per round (%(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each path (%(default)s)")
+    p.add_argument("--threads", action="store_true", help="clients as threads of one process, not processes")
+    p.add_argument("--sync-send", action="store_true",
+                   help="hand jobs to the broker in the request's thread (JOB_SEND_IN_BACKGROUND=0)")
+    p.add_argument("--compare-send", action="store_true",
+                   help="a third path in the rotation: the service handing jobs over in the request's thread")
+    p.add_argument("--seed", type=int, default=20261201)
+    p.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    return p.parse_args()
+
+
+# --------------------------------------------------------------------------------------------- seeding
+
+
+def seed(n_clients: int) -> list[int]:
+    """1,000 GPUs on 125 listed nodes; a funded renter per client (their ids)."""
+    from billing.services.ledger import credit_grant
+    from marketplace.models import GpuModel, Node, NodeState, User, Verdict
+    from marketplace.services.nodes import node_register
+
+    provider = User.objects.create(email="provider@bench.example")
+    model = GpuModel.objects.get(slug="a100-80gb-sxm")
+    for i in range(N_NODES):
+        node = node_register(provider=provider, name=f"bench-{i}", address=f"10.1.{i // 250}.{i % 250 + 1}",
+                             ssh_port=22, ssh_user="gpu", country="DE", gpu_model=model, gpu_count=GPUS_PER_NODE,
+                             price_per_gpu_hour=Decimal("1.5"), runtime="sim", city="Frankfurt")
+        Node.objects.filter(pk=node.pk).update(state=NodeState.ACTIVE, verdict=Verdict.VERIFIED, listed=True,
+                                               score=1.0, reliability=0.99)
+    renters = []
+    for i in range(n_clients):
+        user = User.objects.create(email=f"renter{i}@bench.example")
+        credit_grant(user=user, amount_micros=10**12, reason="bench")
+        renters.append(user.pk)
+    return renters
+
+
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNbnK8m0mXQn5d7ZqGf0l3o8n3bqQk3f3m4b0m2b2b2 bench@example"
+
+
+# ---------------------------------------------------------------------------------------- the two paths
+
+
+def backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a PostgreSQL backend of this machine has used: /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ServicePath:
+    background = True  # JOB_SEND_IN_BACKGROUND for this path's rounds
+
+    def __init__(self, renter_id: int):
+        from django.db import connection
+
+        settings.JOB_SEND_IN_BACKGROUND = self.background  # read at each on-commit hand-off
+
+        from marketplace.models import Image, User
+
+        self.renter = User.objects.get(pk=renter_id)
+        self.image = Image.objects.get(slug="cuda-12-4")
+        with connection.cursor() as c:
+            c.execute("SELECT pg_backend_pid()")
+            self.backend = c.fetchone()[0]
+
+    def book(self, node_id: int) -> bool:
+        from core.errors import Conflict
+        from marketplace.services.instances import instance_create
+
+        try:
+            instance_create(renter=self.renter, node_id=node_id, num_gpus=1, image=self.image,
+                            ssh_public_keys=[SSH_KEY])
+        except Conflict:
+            return False
+        return True
+
+    def close(self) -> None:
+        from django.db import connection
+
+        connection.close()
+
+
+class BarePath:
+    """The same allocation in bare SQL on one psycopg connection: the floor the service is compared with."""
+
+    def __init__(self, renter_id: int):
+        import psycopg
+        from django.db import connection
+        from django.utils import timezone
+
+        from billing.pricing import platform_fee_bps
+        from marketplace.models import Image, Instance, InstanceStatus, Node
+
+        node = Node.objects.only("pk", "gpu_model_id", "price_per_gpu_hour_micros",
+                                 "disk_price_per_gb_month_micros").first()
+        image = Image.objects.get(slug="cuda-12-4")
+        now = timezone.now()
+        # Every column of the instance the service writes, with the values it writes (node and time fixed).
+        template = Instance(
+            renter_id=renter_id, node_id=node.pk, gpu_model_id=node.gpu_model_id, num_gpus=1, label="", image=image,
+            image_ref="", registry_auth=False, registry_auth_encrypted=None, env={}, onstart="", ports_requested=[],
+            min_cuda_version="", disk_gb=image.min_disk_gb, ssh_public_keys=[SSH_KEY], status=InstanceStatus.REQUESTED,
+            status_message="Waiting for a worker", price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
+            price_per_hour_micros=node.price_per_gpu_hour_micros, platform_fee_bps=platform_fee_bps(),
+            disk_price_per_gb_month_micros=node.disk_price_per_gb_month_micros, created_at=now,
+        )
+        fields = [f for f in Instance._meta.concrete_fields if not f.primary_key]
+        self.columns = [f.column for f in fields]
+        self.values = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in fields]
+        self.node_col = self.columns.index("node_id")
+        self.insert_instance = (f"INSERT INTO marketplace_instance ({', '.join(self.columns)}) "  # noqa: S608
+                                f"VALUES ({', '.join(['%s'] * len(self.columns))}) RETURNING id")
+        db = settings.DATABASES["default"]
+        self.conn = psycopg.connect(dbname=db["NAME"], host=db.get("HOST") or "127.0.0.1",
+                                    port=db.get("PORT") or 5432, user=db.get("USER") or "postgres",
+                                    password=db.get("PASSWORD") or None)
+        self.backend = self.conn.info.backend_pid
+        self.now = now
+        connection.close()
+
+    def book(self, node_id: int) -> bool:
+        cur = self.conn.cursor()
+        cur.execute("SELECT id FROM marketplace_gpu WHERE node_id = %s AND status = 'free' ORDER BY index "
+                    "LIMIT 1 FOR UPDATE SKIP LOCKED", [node_id])
+        gpus = [r[0] for r in cur.fetchall()]
+        if not gpus:
+            self.conn.rollback()
+            return False
+        values = list(self.values)
+        values[self.node_col] = node_id
+        cur.execute(self.insert_instance, values)
+        instance_id = cur.fetchone()[0]
+        cur.executemany("INSERT INTO marketplace_gpuallocation (instance_id, gpu_id, allocated_at) "
+                        "VALUES (%s, %s, %s)", [(instance_id, g, self.now) for g in gpus])
+        cur.execute("UPDATE marketplace_gpu SET status = 'rented' WHERE id = ANY(%s)", [gpus])
+        self.conn.commit()
+        return True
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ServiceSyncSendPath(ServicePath):
+    """The service with the job handed to the broker in the request's thread (as before the sender thread)."""
+
+    background = False
+
+
+PATHS = {"service": ServicePath, "bare": BarePath, "service-sync-send": ServiceSyncSendPath}
+
+
+def client_round(path: str, renter_id: int, node_ids: list[int], bookings: int, seed: int,
+                 start: threading.Barrier | mp.synchronize.Barrier) -> dict:
+    """One client's share of a round: `bookings` one-GPU bookings on random nodes. Times in CLOCK_MONOTONIC,
+    which every process of the machine shares."""
+    rng = random.Random(seed)
+    client = PATHS[path](renter_id)
+    done = conflicts = 0
+    start.wait()
+    t0, cpu0, db0 = time.monotonic(), time.process_time(), backend_cpu(client.backend)
+    while done < bookings:
+        if client.book(rng.choice(node_ids)):
+            done += 1
+        else:
+            conflicts += 1
+    t1, cpu1, db1 = time.monotonic(), time.process_time(), backend_cpu(client.backend)
+    client.close()
+    # process_time is the whole process's: with --threads, every client's (the parent reports it once).
+    return {"done": done, "conflicts": conflicts, "t0": t0, "t1": t1, "cpu": cpu1 - cpu0, "db_cpu": db1 - db0}
+
+
+def _process_main(inbox: mp.Queue, outbox: mp.Queue, start: mp.synchronize.Barrier) -> None:
+    while True:
+        job = inbox.get()
+        if job is None:
+            return
+        try:
+            outbox.put(client_round(*job, start=start))
+        except Exception as exc:  # noqa: BLE001 (reported by the parent, which stops)
+            outbox.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+class Clients:
+    """N clients that run rounds on command: processes (default) or threads."""
+
+    def __init__(self, n: int, threads: bool):
+        self.n, self.threads = n, threads
+        if threads:
+            return
+        from django.db import connections
+
+        connections.close_all()  # the children open their own
+        ctx = mp.get_context("fork")
+        self.start = ctx.Barrier(n)
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(n)]
+        self.procs = [ctx.Process(target=_process_main, args=(q, self.outbox, self.start), daemon=True)
+                      for q in self.inboxes]
+        for proc in self.procs:
+            proc.start()
+
+    def run(self, path: str, renters: list[int], node_ids: list[int], per_client: int, seed: int) -> list[dict]:
+        jobs = [(path, renters[i], node_ids, per_client, seed * 1000 + i) for i in range(self.n)]
+        if self.threads:
+            results: list[dict] = [{} for _ in jobs]
+            start = threading.Barrier(self.n)
+
+            def one(i: int) -> None:
+                try:
+                    results[i] = client_round(*jobs[i], start=start)
+                except Exception as exc:  # noqa: BLE001
+                    results[i] = {"error": f"{type(exc).__name__}: {exc}"}
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(self.n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            for inbox, job in zip(self.inboxes, jobs, strict=True):
+                inbox.put(job)
+            results = [self.outbox.get(timeout=600) for _ in jobs]
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            sys.exit(f"bench: a client failed: {errors[0]}")
+        return results
+
+    def close(self) -> None:
+        if not self.threads:
+            for inbox in self.inboxes:
+                inbox.put(None)
+            for proc in self.procs:
+                proc.join(timeout=30)
+
+
+# ------------------------------------------------------------------------------------- checks and reset
+
+
+def wait_until_sent(timeout: float = 120) -> float:
+    """Block until every job has reached the broker; the monotonic time when it had."""
+    from provisioning.models import Job
+
+    deadline = time.monotonic() + timeout
+    while Job.objects.filter(sent_at__isnull=True).exists():
+        if time.monotonic() > deadline:
+            sys.exit("bench: jobs were not sent to the broker within 120 s")
+        time.sleep(0.005)
+    return time.monotonic()
+
+
+def check(expected: int) -> int:
+    """Double allocations found (must be 0); exits when the rows disagree otherwise."""
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT count(*) FROM (SELECT gpu_id FROM marketplace_gpuallocation WHERE released_at IS NULL "
+                  "GROUP BY gpu_id HAVING count(*) > 1) d")
+        doubles = c.fetchone()[0]
+        c.execute("SELECT count(*) FROM marketplace_gpu g LEFT JOIN marketplace_gpuallocation a ON a.gpu_id = g.id "
+                  "AND a.released_at IS NULL WHERE (g.status = 'rented') <> (a.id IS NOT NULL)")
+        mismatched = c.fetchone()[0]
+        c.execute("SELECT count(*) FROM marketplace_instance")
+        instances = c.fetchone()[0]
+    if mismatched or instances != expected:
+        sys.exit(f"bench: {mismatched} GPUs rented without a live allocation or the reverse; "
+                 f"{instances} instances for {expected} bookings")
+    return doubles
+
+
+def reset() -> None:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("DELETE FROM provisioning_job")
+        c.execute("DELETE FROM marketplace_gpuallocation")
+        c.execute("DELETE FROM marketplace_instance")
+        c.execute("UPDATE marketplace_gpu SET status = 'free'")
+        c.execute("VACUUM ANALYZE provisioning_job, marketplace_gpuallocation, marketplace_instance, marketplace_gpu")
+
+
+def purge_broker() -> int:
+    from celery import current_app
+
+    try:
+        return current_app.control.purge()
+    except Exception as exc:  # noqa: BLE001 (a bench: say it, go on)
+        print(f"could not purge the broker: {exc}")
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    args = parse_args()
+    if args.clients * args.per_client > N_NODES * GPUS_PER_NODE:
+        sys.exit("bench: more bookings per round than GPUs")
+    # As in production with PostgreSQL (the test settings send in the request's thread).
+    ServicePath.background = not args.sync_send
+    server = benchdb.point_django_at_bench_db(args.db_name)
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from marketplace.models import Node
+
+    try:
+        call_command("migrate", verbosity=0)
+        t = time.perf_counter()
+        renters = seed(args.clients)
+        node_ids = list(Node.objects.values_list("pk", flat=True))
+        with connection.cursor() as c:
+            c.execute("VACUUM ANALYZE")
+        print(f"seeded {N_NODES} nodes x {GPUS_PER_NODE} GPUs, {args.clients} funded renters "
+              f"in {time.perf_counter() - t:.1f} s")
+        kind = "threads of one process" if args.threads else "processes"
+        per_round = args.clients * args.per_client
+        send = "in the request's thread" if args.sync_send else "by each process's sender thread"
+        print(f"{args.clients} clients ({kind}), {per_round} one-GPU bookings per round, "
+              f"{args.rounds} rounds of each path, alternating; funds check on; jobs sent {send}")
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        clients = Clients(args.clients, args.threads)
+        paths = ("service", "bare", "service-sync-send") if args.compare_send else ("service", "bare")
+        rates: dict[str, list[float]] = {p: [] for p in paths}
+        doubles_total = 0
+        # A warm-up round of each (connections, caches, the broker's connection), not counted.
+        schedule = list(paths) + [p for _ in range(args.rounds) for p in paths]
+        for n, path in enumerate(schedule):
+            warm = n < len(paths)
+            per = 2 if warm else args.per_client
+            results = clients.run(path, renters, node_ids, per, args.seed + n)
+            t0 = min(r["t0"] for r in results)
+            t1 = max(r["t1"] for r in results)
+            sent = wait_until_sent() if path.startswith("service") else t1
+            wall = max(t1, sent) - t0
+            booked = sum(r["done"] for r in results)
+            conflicts = sum(r["conflicts"] for r in results)
+            doubles = check(booked)
+            doubles_total += doubles
+            reset()
+            if warm:
+                continue
+            rate = booked / wall
+            rates[path].append(rate)
+            drain = f", last job sent {1000 * (sent - t1):.0f} ms after the last answer" if sent > t1 else ""
+            cpu = (max(r["cpu"] for r in results) if args.threads else sum(r["cpu"] for r in results)) / booked
+            db_cpu = sum(r["db_cpu"] for r in results) / booked
+            print(f"  {path:17s} {booked} bookings in {wall:.2f} s = {rate:7.1f}/s ({conflicts} x 409 retried{drain}); "
+                  f"CPU per booking: client {1000 * cpu:.1f} ms, its PostgreSQL backend {1000 * db_cpu:.1f} ms; "
+                  f"double allocations {doubles}; load {os.getloadavg()[0]:.2f}")
+        clients.close()
+        service, bare = statistics.median(rates["service"]), statistics.median(rates["bare"])
+        ratio = service / bare
+        print(f"median bookings/s: service {service:.1f}, bare SQL {bare:.1f}; ratio {ratio:.2f} x bare "
+              f"(rounds: {', '.join(f'{s / b:.2f}' for s, b in zip(rates['service'], rates['bare'], strict=True))})")
+        if args.compare_send:
+            sync = statistics.median(rates["service-sync-send"])
+            print(f"median bookings/s, the service handing jobs over in the request's thread: {sync:.1f} "
+                  f"({sync / bare:.2f} x bare; the sender thread's path: {service / sync:.2f} x this)")
+        print(f"double allocations: {doubles_total}")
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        met = ratio >= GOAL and doubles_total == 0
+        print(f"goal (>= {GOAL} x bare, 0 double allocations): {'MET' if met else 'NOT MET'}")
+        purged = purge_broker()
+        print(f"purged {purged} provisioning messages from the broker")
+    finally:
+        if args.keep:
+            print(f"kept database {args.db_name}")
+        else:
+            benchdb.drop_bench_db(server, args.db_name)
+
+
+if __name__ == "__main__":
+    main()
