@@ -89,8 +89,9 @@ class InstanceSerializer(serializers.ModelSerializer):
                                   help_text="The catalogue image's slug, or your own image's reference.")
     registry_auth = serializers.BooleanField(read_only=True, help_text="Whether a registry login was given (it is "
                                                                         "never shown again).")
-    env = serializers.DictField(child=serializers.CharField(), read_only=True,
-                                help_text="Environment variables set in the instance.")
+    env = serializers.SerializerMethodField(
+        help_text=f"The environment variables set in the instance, by name; every value is shown as "
+                  f"\"{svc.ENV_VALUE_MASK}\" (values are encrypted at rest and never shown after creation).")
     ports_requested = serializers.ListField(child=serializers.IntegerField(), read_only=True,
                                             help_text="The container TCP ports asked for.")
     ports = serializers.DictField(
@@ -134,6 +135,11 @@ class InstanceSerializer(serializers.ModelSerializer):
             "created_at", "started_at", "stopped_at", "destroyed_at", "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "string", "enum": [svc.ENV_VALUE_MASK]},
+                          "example": {"API_KEY": svc.ENV_VALUE_MASK}})
+    def get_env(self, instance) -> dict[str, str]:
+        return svc.env_masked(instance)
 
     def get_platform_fee_percent(self, instance) -> str:
         return str(fee_percent(instance.platform_fee_bps))

@@ -160,11 +160,12 @@ def test_create_instance_maps_env_ports_onstart_and_login_onto_the_instance_opti
     assert r.status_code == 200, r.content
     instance = Instance.objects.get(pk=r.json()["new_contract"])
     assert (instance.image, instance.image_ref) == (None, "registry.example.com/team/app:1")
-    assert instance.env == {"API_KEY": "k=v 'x'"} and instance.ports_requested == [8888, 6006]
+    assert svc.instance_env(instance=instance) == {"API_KEY": "k=v 'x'"}
+    assert instance.env_names == ["API_KEY"] and instance.ports_requested == [8888, 6006]
     assert instance.onstart == "echo hello" and instance.registry_auth is True
     assert b"tok3n-secret" not in bytes(instance.registry_auth_encrypted)
     row = api.get(f"{V0}/instances/{instance.pk}/").json()["instances"]
-    assert row["image_uuid"] == "registry.example.com/team/app:1" and row["extra_env"] == [["API_KEY", "k=v 'x'"]]
+    assert row["image_uuid"] == "registry.example.com/team/app:1" and row["extra_env"] == [["API_KEY", "********"]]
     assert "tok3n-secret" not in json.dumps(row)
 
 
