@@ -316,12 +316,14 @@ class InstanceLogsSerializer(serializers.Serializer):
 
 
 def _fingerprint(request) -> str:
-    """The body's fingerprint for the Idempotency-Key, with a registry login replaced by a keyed hash of it, so
-    that no plain hash of a password is stored (a retry with the same login still matches)."""
+    """The body's fingerprint for the Idempotency-Key, with a registry login and the env replaced by keyed hashes
+    of them, so that no plain hash of a password or an env value is stored (a retry with the same ones still
+    matches)."""
     data = request.data
-    if isinstance(data, dict) and "registry_auth" in data:
-        secret = salted_hmac("instance-registry-auth", request_fingerprint(data["registry_auth"])).hexdigest()
-        data = {**data, "registry_auth": secret}
+    for name in ("registry_auth", "env"):
+        if isinstance(data, dict) and name in data:
+            data = {**data, name: salted_hmac(f"instance-{name.replace('_', '-')}",
+                                              request_fingerprint(data[name])).hexdigest()}
     return request_fingerprint(data)
 
 
