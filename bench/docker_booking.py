@@ -162,6 +162,7 @@ def main() -> None:
         worker = Worker(base / "worker.log", simbase, suffix="-docker-bench")
         worker.start()
         key = new_keypair()[1]
+        post_times: list[float] = []  # the POST itself (booking transaction, job queued on commit)
         auth = {"username": REGISTRY_USER, "password": REGISTRY_PASSWORD}
         times: dict[str, list[float]] = {"platform warm": [], "platform cold": [], "docker warm": [],
                                          "docker cold": []}
@@ -183,6 +184,7 @@ def main() -> None:
             r = api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": ref,
                                                  "registry_auth": auth, "ssh_public_key": key,
                                                  "label": f"bench-{n}"}, format="json")
+            post_times.append(time.monotonic() - t0)
             if r.status_code != 201:
                 raise RuntimeError(f"booking refused: {r.status_code} {r.content[:500]!r}")
             instance = wait_status(r.json()["id"], "running")
@@ -226,6 +228,8 @@ def main() -> None:
               f"{args.rounds} rounds (seconds): median [min-max]")
         for name, values in times.items():
             print(f"  {name:<14} {statistics.median(values):6.2f}  [{min(values):.2f}-{max(values):.2f}]")
+        print(f"  of which the POST's answer: median {statistics.median(post_times[2:]):.3f} s "
+              f"[{min(post_times[2:]):.3f}-{max(post_times[2:]):.3f}]")
         for kind in ("warm", "cold"):
             diff = statistics.median(times["platform " + kind]) - statistics.median(times["docker " + kind])
             print(f"  platform - docker ({kind}): {diff:+.2f} s (median)")

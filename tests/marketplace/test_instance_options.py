@@ -346,6 +346,8 @@ def test_env_values_are_encrypted_at_rest_answered_masked_never_logged_and_gone_
         assert answer.status_code in (200, 201) and API_KEY not in answer.content.decode()
     assert answers[1].json()["env"] == {"HF_TOKEN": "********", "MODE": "********"}
     assert answers[-1].json()["id"] == instance_id
+    # The double-booking fingerprint holds no plain hash of the env (a keyed one, as for the registry password).
+    assert Instance.objects.get(pk=instance_id).request_fingerprint != request_fingerprint(data)
     client.force_login(user)
     page = client.get(f"/instances/{instance_id}/")
     assert page.status_code == 200 and "HF_TOKEN" in page.content.decode() and API_KEY not in page.content.decode()
