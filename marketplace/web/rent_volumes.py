@@ -26,7 +26,9 @@ class RentVolumesMixin(forms.Form):
         """The renter's volumes on this server as choices, each with its mount-path field `mount_<id>`."""
         self.volume_rows: list[Volume] = list(
             volume_svc.volumes_for_user(user=user).filter(node_id=node.pk).order_by("pk"))
-        self.fields["volumes"].choices = [
+        volumes_field = self.fields["volumes"]
+        assert isinstance(volumes_field, forms.ChoiceField)
+        volumes_field.choices = [
             (str(v.pk), f"{v.name}{f' ({v.label})' if v.label else ''}: {v.size_gb} GB, {v.get_state_display()}")
             for v in self.volume_rows]
         self.fields["volumes"].help_text = (

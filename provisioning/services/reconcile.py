@@ -14,6 +14,7 @@ from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeSta
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
 from provisioning.services.nodes import node_event, node_session
+from provisioning.ssh import NodeSession
 from provisioning.ssh_pool import SshPool
 
 _VM_ID = re.compile(r"^inst-(\d+)$")
@@ -86,7 +87,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     return counts
 
 
-def _reconcile_volumes(node: Node, session, counts: dict[str, int]) -> None:
+def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int]) -> None:
     """The node's volumes (listed after the VMs were put right, so an orphan VM no longer holds one) against the
     database's:
 
