@@ -108,7 +108,7 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
         if row is not None and row.state != VolumeState.DELETED:
             continue
         if vol.get("used_by"):
-            node_event(node, "orphan_volume_in_use", f"Volume {name}, which no live volume of the platform is, is "
+            node_event(node, "orphan_volume_in_use", f"Volume {name}, unknown to the platform or deleted there, is "
                                                      f"mounted by VM {', '.join(vol['used_by'])}; left as it is.",
                        NodeEvent.Level.WARNING)
             continue

@@ -3,6 +3,7 @@ deleted there and reported; a volume the platform has as available but the node 
 volumes are left alone. Against a simulated node over real SSH, its agent's own `volume` commands."""
 import pytest
 
+from billing.services.ledger import credit_grant
 from marketplace.models import Volume, VolumeState
 from marketplace.services import volumes as volume_svc
 from provisioning.models import NodeEvent
@@ -10,6 +11,7 @@ from provisioning.services.nodes import node_session
 from provisioning.services.reconcile import node_reconcile
 from provisioning.sim import nodes as sim
 from tests.factories import UserFactory, make_listed_node
+from tests.marketplace.renting_helpers import book, ed25519_key
 
 pytestmark = pytest.mark.django_db
 
@@ -73,3 +75,19 @@ def test_orphan_and_deleted_volumes_go_known_ones_stay_missing_ones_are_reported
     again = node_reconcile(node)  # nothing new: the missing volume is not reported twice
     assert again["orphan_volumes_deleted"] == 0 and again["volumes_missing"] == 0
     assert events.filter(kind="volume_missing").count() == 1
+
+
+def test_an_unknown_volume_a_vm_still_mounts_is_reported_not_deleted(node):
+    renter = UserFactory()
+    credit_grant(user=renter, amount_micros=100_000_000, reason="tests")
+    instance = book(renter, node)  # known to the platform: its VM stays
+    _create_on_node(node, "vol-fedcba9876543210")
+    with node_session(node) as session:
+        session.agent("vm", "create", {"runtime": "sim", "vm_id": f"inst-{instance.pk}", "gpu_indices": [0],
+                                       "ssh_public_keys": [ed25519_key()],
+                                       "volumes": [{"name": "vol-fedcba9876543210", "mount": "/data"}]})
+    counts = node_reconcile(node)
+    assert counts["orphan_volumes_deleted"] == 0 and counts["orphans_destroyed"] == 0
+    assert _on_node(node) == {"vol-fedcba9876543210"}
+    event = NodeEvent.objects.get(node=node, kind="orphan_volume_in_use")
+    assert f"inst-{instance.pk}" in event.message and event.level == NodeEvent.Level.WARNING
