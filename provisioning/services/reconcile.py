@@ -5,6 +5,7 @@ Run by the fleet's reconcile batches (provisioning.services.fleet), and by the h
 answers again after failures."""
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -14,10 +15,11 @@ from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeSta
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
 from provisioning.services.nodes import node_event, node_session
-from provisioning.ssh import NodeSession
+from provisioning.ssh import AgentFailed, NodeSession
 from provisioning.ssh_pool import SshPool
 
 _VM_ID = re.compile(r"^inst-(\d+)$")
+log = logging.getLogger(__name__)
 
 
 def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]:
@@ -97,7 +99,11 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
     - a volume the platform bills as available on this node that the node does not have is reported (a warning
       event for operators, once; its state and billing are theirs to settle).
     Volumes being created or deleted are left to their jobs."""
-    listed = session.agent("volume", "list", {})["volumes"]
+    try:
+        listed = session.agent("volume", "list", {})["volumes"]
+    except AgentFailed as exc:  # the VMs are reconciled already: this node is not "unreachable" for it
+        log.warning("reconcile: node %s could not list its volumes: %s", node.pk, exc)
+        return
     # Read the database after the node, so a volume created meanwhile is known.
     rows = {v.name: v for v in Volume.objects.filter(node=node)}
     on_node = set()

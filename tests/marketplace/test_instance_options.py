@@ -14,7 +14,7 @@ from marketplace.models import Instance, Node
 from marketplace.services import instances as svc
 from marketplace.services.instances import options as opts
 from provisioning.services.vms import create_request
-from tests.factories import make_listed_node
+from tests.factories import UserFactory, make_listed_node
 
 from .renting_helpers import ed25519_key, run, sent_jobs_fixture, snapshot  # noqa: F401
 
@@ -351,6 +351,10 @@ def test_env_values_are_encrypted_at_rest_answered_masked_never_logged_and_gone_
     client.force_login(user)
     page = client.get(f"/instances/{instance_id}/")
     assert page.status_code == 200 and "HF_TOKEN" in page.content.decode() and API_KEY not in page.content.decode()
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))  # operators see the names, no value
+    admin = client.get(f"/admin/marketplace/instance/{instance_id}/change/")
+    assert admin.status_code == 200 and "HF_TOKEN" in admin.content.decode()
+    assert API_KEY not in admin.content.decode()
     # The node gets the values, decrypted for its request only; no log line carries them.
     assert create_request(Instance.objects.get(pk=instance_id))["env"] == env
     assert all(API_KEY not in record.getMessage() for record in caplog.records)
