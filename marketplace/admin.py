@@ -317,9 +317,9 @@ class InstanceAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     # Everything is read-only: state changes go through the actions, which call the services.
     # Of a renter's options, what operators need to follow an instance; never the registry password (only whether
-    # one was given), nor the env's values.
-    fields = ["renter", "node", "gpu_model", "num_gpus", "image", "image_ref", "registry_auth", "ports_requested",
-              "ports", "min_cuda_version", "os", "label", "disk_gb", "status", "status_message",
+    # one was given), nor the env's values (only their names).
+    fields = ["renter", "node", "gpu_model", "num_gpus", "image", "image_ref", "registry_auth", "env_names",
+              "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb", "status", "status_message",
               "ssh_host", "ssh_port", "ssh_user", "ssh_public_keys", "price_per_gpu_hour_micros",
               "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
               "stopped_at", "destroyed_at", "updated_at"]

@@ -6,8 +6,9 @@ GPUs`): the id names the same node and count in every search, and booking it ask
 
 The rows come from the same selector and FilterSet as GET /api/v1/offers/ (marketplace.selectors.offers_search,
 marketplace.api.offers.OfferFilter): the query's conditions that the FilterSet knows narrow the nodes in SQL,
-then every condition is applied exactly to the per-count rows. Fields this platform cannot fill honestly (CPU,
-disk, network, CUDA and driver versions, DLPerf) are absent.
+then every condition is applied exactly to the per-count rows. The host's measured facts fill Vast's fields
+where they mean the same (`host_fields`); a fact not measured yet is absent, never invented, and so are the fields
+this platform does not measure at all (upload speed, DLPerf, CPU architecture...).
 """
 from typing import Any
 
@@ -17,6 +18,7 @@ from core.errors import NotFound
 from core.money import micros_to_usd
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
 from marketplace.models import GpuModel, Node, Verdict
+from marketplace.models.host import cuda_version_text
 from marketplace.selectors import offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
 
@@ -42,6 +44,23 @@ def usd(micros: int) -> float:
     return float(micros_to_usd(micros))
 
 
+def host_fields(node: Any) -> dict[str, Any]:
+    """Vast's host fields from the node's measured facts (marketplace.models.host), only those measured:
+    cpu_name, cpu_cores (logical CPUs), cpu_ram (MiB, as gpu_ram), disk_space (free GB), disk_bw (MB/s),
+    inet_down (Mbit/s from the platform to the node, the only direction measured: no inet_up), driver_version,
+    cuda_max_good (the highest CUDA version the driver runs) and pci_gen."""
+    cuda = cuda_version_text(node.cuda_version)
+    facts = {
+        "cpu_name": node.cpu_model or None, "cpu_cores": node.cpu_cores,
+        "cpu_ram": node.ram_gb * 1024 if node.ram_gb is not None else None,
+        "disk_space": float(node.disk_free_gb) if node.disk_free_gb is not None else None,
+        "disk_bw": node.disk_bandwidth_mbs, "inet_down": node.net_mbps,
+        "driver_version": node.driver_version or None, "cuda_max_good": float(cuda) if cuda else None,
+        "pci_gen": float(node.pcie_gen) if node.pcie_gen is not None else None,
+    }
+    return {name: value for name, value in facts.items() if value is not None}
+
+
 def offer_rows(node: Any) -> list[dict[str, Any]]:
     """The offers of one node of offers_search (annotated with num_gpus_free)."""
     model = node.gpu_model
@@ -52,7 +71,7 @@ def offer_rows(node: Any) -> list[dict[str, Any]]:
         "reliability": node.reliability, "reliability2": node.reliability, "score": node.score,
         "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node.country) or None,
         "verification": node.verdict, "verified": node.verdict == Verdict.VERIFIED,
-        "rentable": True, "rented": False, "external": False, "runtime": node.runtime,
+        "rentable": True, "rented": False, "external": False, "runtime": node.runtime, **host_fields(node),
     }
     return [
         {"id": offer_id(node.pk, n), "ask_contract_id": offer_id(node.pk, n), "num_gpus": n,

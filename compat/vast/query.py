@@ -23,18 +23,19 @@ FIELDS: dict[str, type] = {
     "reliability": float, "reliability2": float, "score": float, "pcie_bw": float,
     "geolocation": str, "verification": str,
     "verified": bool, "rentable": bool, "rented": bool, "external": bool,
+    # The host's measured facts (compat.vast.offers.host_fields): absent on a row until measured.
+    "cpu_name": str, "cpu_cores": int, "cpu_ram": float, "disk_space": float, "disk_bw": float, "inet_down": float,
+    "driver_version": str, "cuda_max_good": float, "pci_gen": float,
 }
 KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
 ALIASES = {"dph": "dph_total", "reliability_2": "reliability2"}
 # Vast fields this platform does not measure or offer: named in the 400, so that nobody wonders why.
 NOT_OFFERED = {
-    "bw_nvlink", "compute_cap", "cpu_arch", "cpu_cores", "cpu_cores_effective", "cpu_ghz", "cpu_ram",
-    "cuda_max_good", "cuda_vers", "datacenter", "direct_port_count", "disk_bw", "disk_space", "dlperf",
-    "dlperf_per_dphtotal", "dlperf_usd", "driver_version", "duration", "flops_per_dphtotal", "flops_usd",
-    "gpu_arch", "gpu_display_active", "display_active", "gpu_frac", "gpu_max_power", "gpu_max_temp",
-    "gpu_mem_bw", "has_avx", "host_id", "inet_down", "inet_down_cost", "inet_up", "inet_up_cost", "min_bid",
-    "mobo_name", "pci_gen", "static_ip", "storage_cost", "total_flops", "ubuntu_version", "vms_enabled",
-    "cluster_id",
+    "bw_nvlink", "compute_cap", "cpu_arch", "cpu_cores_effective", "cpu_ghz", "cuda_vers", "datacenter",
+    "direct_port_count", "dlperf", "dlperf_per_dphtotal", "dlperf_usd", "duration", "flops_per_dphtotal",
+    "flops_usd", "gpu_arch", "gpu_display_active", "display_active", "gpu_frac", "gpu_max_power", "gpu_max_temp",
+    "gpu_mem_bw", "has_avx", "host_id", "inet_down_cost", "inet_up", "inet_up_cost", "min_bid", "mobo_name",
+    "static_ip", "storage_cost", "total_flops", "ubuntu_version", "vms_enabled", "cluster_id",
 }
 OPERATORS = ("eq", "neq", "gt", "gte", "lt", "lte", "in", "notin")
 ORDERED_OPERATORS = {"gt", "gte", "lt", "lte"}

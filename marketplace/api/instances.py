@@ -89,8 +89,9 @@ class InstanceSerializer(serializers.ModelSerializer):
                                   help_text="The catalogue image's slug, or your own image's reference.")
     registry_auth = serializers.BooleanField(read_only=True, help_text="Whether a registry login was given (it is "
                                                                         "never shown again).")
-    env = serializers.DictField(child=serializers.CharField(), read_only=True,
-                                help_text="Environment variables set in the instance.")
+    env = serializers.SerializerMethodField(
+        help_text=f"The environment variables set in the instance, by name; every value is shown as "
+                  f"\"{svc.ENV_VALUE_MASK}\" (values are encrypted at rest and never shown after creation).")
     ports_requested = serializers.ListField(child=serializers.IntegerField(), read_only=True,
                                             help_text="The container TCP ports asked for.")
     ports = serializers.DictField(
@@ -134,6 +135,11 @@ class InstanceSerializer(serializers.ModelSerializer):
             "created_at", "started_at", "stopped_at", "destroyed_at", "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "string", "enum": [svc.ENV_VALUE_MASK]},
+                          "example": {"API_KEY": svc.ENV_VALUE_MASK}})
+    def get_env(self, instance) -> dict[str, str]:
+        return svc.env_masked(instance)
 
     def get_platform_fee_percent(self, instance) -> str:
         return str(fee_percent(instance.platform_fee_bps))
@@ -310,12 +316,14 @@ class InstanceLogsSerializer(serializers.Serializer):
 
 
 def _fingerprint(request) -> str:
-    """The body's fingerprint for the Idempotency-Key, with a registry login replaced by a keyed hash of it, so
-    that no plain hash of a password is stored (a retry with the same login still matches)."""
+    """The body's fingerprint for the Idempotency-Key, with a registry login and the env replaced by keyed hashes
+    of them, so that no plain hash of a password or an env value is stored (a retry with the same ones still
+    matches)."""
     data = request.data
-    if isinstance(data, dict) and "registry_auth" in data:
-        secret = salted_hmac("instance-registry-auth", request_fingerprint(data["registry_auth"])).hexdigest()
-        data = {**data, "registry_auth": secret}
+    for name in ("registry_auth", "env"):
+        if isinstance(data, dict) and name in data:
+            data = {**data, name: salted_hmac(f"instance-{name.replace('_', '-')}",
+                                              request_fingerprint(data[name])).hexdigest()}
     return request_fingerprint(data)
 
 

@@ -131,7 +131,11 @@ class Instance(StatefulModel, models.Model):
     registry_auth_encrypted = models.BinaryField(null=True, blank=True, editable=False,
                                                  help_text="Fernet token; never shown.")
     registry_auth = models.BooleanField(default=False, help_text="Whether a registry login was given.")
-    env = models.JSONField(default=dict, blank=True, help_text="Environment variables set in the instance.")
+    # Environment variables (renters put API keys there): the values are a Fernet token of the {NAME: value} object,
+    # sent to the node in the `vm create` request only and cleared once the instance is failed or destroyed; the
+    # names, in the renter's order, are all the API and the pages show (values masked).
+    env_encrypted = models.BinaryField(null=True, blank=True, editable=False, help_text="Fernet token; never shown.")
+    env_names = models.JSONField(default=list, blank=True, help_text="The names of the environment variables set.")
     onstart = models.TextField(blank=True, help_text="Script run once at the first boot, inside the instance.")
     ports_requested = models.JSONField(default=list, blank=True, help_text="Container TCP ports to expose.")
     ports = models.JSONField(default=dict, blank=True,

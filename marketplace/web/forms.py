@@ -43,6 +43,7 @@ from marketplace.validators import (
 )
 
 from .rent_options import RentOptionsMixin
+from .rent_volumes import RentVolumesMixin
 
 
 class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
@@ -137,7 +138,7 @@ class _ImageChoices(forms.ModelChoiceField):
         return image.name
 
 
-class RentForm(RentOptionsMixin, forms.Form):
+class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
     image = _ImageChoices(queryset=Image.objects.none(), to_field_name="slug", empty_label=None,
                           widget=forms.RadioSelect)
     num_gpus = forms.IntegerField(label="Number of GPUs", min_value=1, initial=1)
@@ -168,6 +169,7 @@ class RentForm(RentOptionsMixin, forms.Form):
             label="Number of GPUs", min_value=1, max_value=node.gpu_count, initial=1,
             help_text=f"{free} of this server's {node.gpu_count} GPUs are free now.")
         self.fields["ssh_keys"].queryset = keys = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
+        self.setup_volumes(user=user, node=node)
         if not self.is_bound:
             saved = list(keys.values_list("pk", flat=True)[:2])
             if not saved:

@@ -283,17 +283,19 @@ def _chosen_gpus(form) -> int:
 def _render_rent(request, offer, form, status=200):
     funds = _funds(request.user, offer)
     advanced_open = form.options_given() or any(name in form.errors for name in OPTION_FIELDS)
+    volumes_open = form.volumes_given() or any(name == "volumes" or name.startswith("mount_") for name in form.errors)
     return render(request, "marketplace/rent.html", {
         "offer": offer, "form": form, "funds": funds, "estimate": _estimate(funds, offer, _chosen_gpus(form)),
-        "advanced_open": advanced_open,
+        "advanced_open": advanced_open, "volumes_open": volumes_open,
     }, status=status)
 
 
 def _fingerprint_body(post) -> dict:
-    """The posted form for the double-booking check, with no plain hash of a registry password in it."""
-    body = {k: v for k, v in post.lists() if k not in ("csrfmiddlewaretoken", "registry_password")}
-    if post.get("registry_password"):
-        body["registry_password"] = salted_hmac("rent-registry-password", post["registry_password"]).hexdigest()
+    """The posted form for the double-booking check, with no plain hash of a registry password or env in it."""
+    body = {k: v for k, v in post.lists() if k not in ("csrfmiddlewaretoken", "registry_password", "env")}
+    for name in ("registry_password", "env"):
+        if post.get(name):
+            body[name] = salted_hmac(f"rent-{name.replace('_', '-')}", post[name]).hexdigest()
     return body
 
 
@@ -323,6 +325,7 @@ def rent(request, node_id: int):
                 ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
                 idempotency_key=f"web-{token}" if token else "",
                 request_fingerprint=svc.request_fingerprint(body) if token else "",
+                volumes=data.get("volumes") or [],
             )
         except IdempotencyKeyReused:
             # This page's form was already used to book, with other choices (back button): a fresh token.

@@ -1,21 +1,25 @@
-"""Reconciling one node: its VMs, as the agent lists them, against the database's instances.
+"""Reconciling one node: its VMs and volumes, as the agent lists them, against the database's instances and
+volumes.
 
 Run by the fleet's reconcile batches (provisioning.services.fleet), and by the health check for a node that
 answers again after failures."""
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from django.db.models import Q
 
-from marketplace.models import Instance, InstanceStatus, Node
+from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
 from provisioning.services.nodes import node_event, node_session
+from provisioning.ssh import AgentFailed, NodeSession
 from provisioning.ssh_pool import SshPool
 
 _VM_ID = re.compile(r"^inst-(\d+)$")
+log = logging.getLogger(__name__)
 
 
 def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]:
@@ -25,11 +29,13 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
       unreachable (whose GPUs are then freed);
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
       when its VM is gone; a running instance whose VM vanished fails;
-    - a failed instance's VM that still runs is stopped (its GPUs were released).
+    - a failed instance's VM that still runs is stopped (its GPUs were released);
+    - then the volumes (`_reconcile_volumes`).
 
     With a `pool`, over the worker's kept connection to the node (provisioning.ssh_pool).
     """
-    counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0}
+    counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0,
+              "orphan_volumes_deleted": 0, "volumes_missing": 0}
     with node_session(node, pool=pool) as session:
         vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
         # Read the database after the node, so an instance created meanwhile is known.
@@ -79,7 +85,51 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 node_event(node, "vm_vanished", f"The VM of instance {instance.pk} vanished.",
                            NodeEvent.Level.WARNING)
                 counts["instances_failed"] += 1
+        _reconcile_volumes(node, session, counts)
     return counts
+
+
+def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int]) -> None:
+    """The node's volumes (listed after the VMs were put right, so an orphan VM no longer holds one) against the
+    database's:
+
+    - a volume on the node that the platform does not know, or deleted, and that no VM mounts, is deleted there
+      (an orphan: a crash between the node's create and the database, or a delete the node never confirmed);
+      one a VM still mounts is reported, not touched;
+    - a volume the platform bills as available on this node that the node does not have is reported (a warning
+      event for operators, once; its state and billing are theirs to settle).
+    Volumes being created or deleted are left to their jobs."""
+    try:
+        listed = session.agent("volume", "list", {})["volumes"]
+    except AgentFailed as exc:  # the VMs are reconciled already: this node is not "unreachable" for it
+        log.warning("reconcile: node %s could not list its volumes: %s", node.pk, exc)
+        return
+    # Read the database after the node, so a volume created meanwhile is known.
+    rows = {v.name: v for v in Volume.objects.filter(node=node)}
+    on_node = set()
+    for vol in listed:
+        name = vol.get("name", "")
+        on_node.add(name)
+        row = rows.get(name)
+        if row is not None and row.state != VolumeState.DELETED:
+            continue
+        if vol.get("used_by"):
+            node_event(node, "orphan_volume_in_use", f"Volume {name}, unknown to the platform or deleted there, is "
+                                                     f"mounted by VM {', '.join(vol['used_by'])}; left as it is.",
+                       NodeEvent.Level.WARNING)
+            continue
+        session.agent("volume", "delete", {"name": name})
+        why = "deleted on the platform" if row is not None else "which the platform does not know"
+        node_event(node, "orphan_volume_deleted", f"Deleted volume {name} ({vol.get('size_gb')} GB), {why}.",
+                   NodeEvent.Level.WARNING)
+        counts["orphan_volumes_deleted"] += 1
+    for name, row in rows.items():
+        if row.state == VolumeState.AVAILABLE and name not in on_node:
+            if NodeEvent.objects.filter(node=node, kind="volume_missing", message__contains=f" {name} ").exists():
+                continue  # reported already
+            node_event(node, "volume_missing", f"Volume {name} (volume {row.pk}) is available on the platform but "
+                                               "missing on the node.", NodeEvent.Level.WARNING)
+            counts["volumes_missing"] += 1
 
 
 def _vm_instance_ids(vms: list[dict[str, Any]]) -> list[int]:

@@ -69,7 +69,7 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
 
 def create_request(instance: Instance) -> dict[str, Any]:
     """The agent's `vm create` request, from the instance's validated fields only (JSON; nothing is a shell
-    string). The registry login, when there is one, is decrypted here for this request and kept nowhere."""
+    string). The env and the registry login, when given, are decrypted here for this request and kept nowhere."""
     image = instance.image
     if image is not None:
         images = {"docker": image.docker_image, "libvirt": image.libvirt_image}
@@ -82,8 +82,9 @@ def create_request(instance: Instance) -> dict[str, Any]:
         image=images,
         disk_gb=instance.disk_gb,
     )
-    if instance.env:
-        request["env"] = dict(instance.env)
+    env = instance_svc.instance_env(instance=instance)
+    if env:
+        request["env"] = env
     if instance.onstart:
         request["onstart"] = instance.onstart
     if instance.ports_requested:

@@ -64,6 +64,28 @@ def test_search_offers_filters_and_orders_as_the_cli_sends_them(anon, market):
     assert len(search(anon, limit=2).json()["offers"]) == 2
 
 
+def test_offers_carry_the_hosts_measured_facts_in_vasts_fields_and_filter_on_them(anon, market):
+    _, a6000, a100 = market
+    a6000.cpu_model, a6000.cpu_cores, a6000.ram_gb, a6000.disk_free_gb = "AMD EPYC 7543", 64, 512, 3500
+    a6000.disk_bandwidth_mbs, a6000.driver_version, a6000.cuda_version = 1850.0, "550.54.15", 12040
+    a6000.pcie_gen, a6000.net_mbps = 4, 940.0
+    a6000.save()
+    offers = {o["id"]: o for o in search(anon).json()["offers"]}
+    row = offers[a6000.pk * 100 + 1]
+    assert {k: row[k] for k in ("cpu_name", "cpu_cores", "cpu_ram", "disk_space", "disk_bw", "inet_down",
+                                "driver_version", "cuda_max_good", "pci_gen")} == {
+        "cpu_name": "AMD EPYC 7543", "cpu_cores": 64, "cpu_ram": 512 * 1024, "disk_space": 3500.0,
+        "disk_bw": 1850.0, "inet_down": 940.0, "driver_version": "550.54.15", "cuda_max_good": 12.4, "pci_gen": 4.0}
+    assert "inet_up" not in row  # only the platform-to-node direction is measured
+    unmeasured = offers[a100.pk * 100 + 1]
+    assert not {"cpu_name", "cpu_cores", "cuda_max_good", "disk_bw"} & set(unmeasured)  # absent, never invented
+    # `vastai search offers 'cuda_max_good>=12.2 cpu_cores>=32'`: the unmeasured node does not match.
+    r = search(anon, cuda_max_good={"gte": 12.2}, cpu_cores={"gte": 32}, order=[["disk_bw", "desc"]])
+    assert r.status_code == 200, r.content
+    assert {o["machine_id"] for o in r.json()["offers"]} == {a6000.pk}
+    assert search(anon, cuda_max_good={"gte": 12.5}).json()["offers"] == []
+
+
 def test_degraded_offers_are_not_verified(anon, db):
     node = make_node(gpu_model="rtx-a4000", gpu_count=1, state="active", verdict="degraded")
     assert search(anon).json()["offers"] == []  # the CLI's default asks verified=true
@@ -73,7 +95,7 @@ def test_degraded_offers_are_not_verified(anon, db):
 
 @pytest.mark.parametrize(("query", "words"), [
     ({"colour": {"eq": "red"}}, "Unknown field `colour`"),
-    ({"cpu_ram": {"gte": 16000.0}}, "does not measure or offer"),
+    ({"inet_up": {"gte": 100.0}}, "does not measure or offer"),
     ({"num_gpus": {"about": 2}}, "Unknown operator `about`"),
     ({"num_gpus": {"gte": "two"}}, "`num_gpus` takes a whole number"),
     ({"num_gpus": {"gte": 1.5}}, "`num_gpus` takes a whole number"),
@@ -160,11 +182,12 @@ def test_create_instance_maps_env_ports_onstart_and_login_onto_the_instance_opti
     assert r.status_code == 200, r.content
     instance = Instance.objects.get(pk=r.json()["new_contract"])
     assert (instance.image, instance.image_ref) == (None, "registry.example.com/team/app:1")
-    assert instance.env == {"API_KEY": "k=v 'x'"} and instance.ports_requested == [8888, 6006]
+    assert svc.instance_env(instance=instance) == {"API_KEY": "k=v 'x'"}
+    assert instance.env_names == ["API_KEY"] and instance.ports_requested == [8888, 6006]
     assert instance.onstart == "echo hello" and instance.registry_auth is True
     assert b"tok3n-secret" not in bytes(instance.registry_auth_encrypted)
     row = api.get(f"{V0}/instances/{instance.pk}/").json()["instances"]
-    assert row["image_uuid"] == "registry.example.com/team/app:1" and row["extra_env"] == [["API_KEY", "k=v 'x'"]]
+    assert row["image_uuid"] == "registry.example.com/team/app:1" and row["extra_env"] == [["API_KEY", "********"]]
     assert "tok3n-secret" not in json.dumps(row)
 
 

@@ -14,7 +14,7 @@ from marketplace.models import Instance, Node
 from marketplace.services import instances as svc
 from marketplace.services.instances import options as opts
 from provisioning.services.vms import create_request
-from tests.factories import make_listed_node
+from tests.factories import UserFactory, make_listed_node
 
 from .renting_helpers import ed25519_key, run, sent_jobs_fixture, snapshot  # noqa: F401
 
@@ -124,7 +124,9 @@ def test_the_limits_themselves_are_accepted(api):
     r = post(api, body(node, env=env, onstart="e" * 16384, ports=[1, *range(23, 38)], min_cuda_version="0.0"))
     assert r.status_code == 201, r.content
     got = r.json()
-    assert got["env"] == env and len(got["onstart"]) == 16384 and len(got["ports_requested"]) == 16
+    assert got["env"] == dict.fromkeys(env, svc.ENV_VALUE_MASK)
+    assert len(got["onstart"]) == 16384 and len(got["ports_requested"]) == 16
+    assert svc.instance_env(instance=Instance.objects.get(pk=got["id"])) == env
 
 
 @pytest.mark.parametrize("reference", [
@@ -181,7 +183,8 @@ def test_options_are_stored_shown_and_sent_to_the_agent_as_json(api):
     assert r.status_code == 201, r.content
     got = r.json()
     assert got["image"] == "registry.example.com/team/app:2" and got["registry_auth"] is True
-    assert got["env"] == env and got["onstart"] == onstart and got["ports_requested"] == [8888, 6006]
+    assert got["env"] == {"API_KEY": "********", "EMPTY": "********", "UNICODE": "********"}
+    assert got["onstart"] == onstart and got["ports_requested"] == [8888, 6006]
     assert got["ports"] == {} and got["os"] is None and got["min_cuda_version"] == "11.0"
     instance = Instance.objects.get(pk=got["id"])
     request = create_request(instance)
@@ -214,9 +217,11 @@ def test_the_agents_answer_gives_the_instance_its_ports_os_and_disk(api):
 # ---------------------------------------------------------------------- the registry password
 
 
-def _raw_column(instance_id: int) -> bytes | None:
+def _raw_column(instance_id: int, column: str = "registry_auth_encrypted") -> bytes | None:
+    query = {"registry_auth_encrypted": "SELECT registry_auth_encrypted FROM marketplace_instance WHERE id = %s",
+             "env_encrypted": "SELECT env_encrypted FROM marketplace_instance WHERE id = %s"}[column]
     with connection.cursor() as cursor:
-        cursor.execute("SELECT registry_auth_encrypted FROM marketplace_instance WHERE id = %s", [instance_id])
+        cursor.execute(query, [instance_id])
         value = cursor.fetchone()[0]
     return None if value is None else bytes(value)
 
@@ -309,3 +314,63 @@ def test_logs_of_an_instance_without_a_vm_is_409_and_an_unreachable_node_503(api
     r = api.get(f"{URL}{running.pk}/logs/", {"tail": "10"})
     assert r.status_code == 503, r.content
     assert "did not answer" in r.json()["detail"]
+
+
+# ------------------------------------------------------------------------------ the env's values
+
+API_KEY = "sk-live-4f1c9e27b8d3a6e0"
+
+
+def test_env_values_are_encrypted_at_rest_answered_masked_never_logged_and_gone_at_the_end(api, user, client,
+                                                                                          caplog):
+    caplog.set_level(logging.DEBUG)
+    node = make_listed_node(gpu_count=4)
+    env = {"HF_TOKEN": API_KEY, "MODE": "train"}
+    data = body(node, image="registry.example.com/team/app:2", env=env)
+    r = post(api, data, HTTP_IDEMPOTENCY_KEY="env-1")
+    assert r.status_code == 201, r.content
+    instance_id = r.json()["id"]
+    # The column holds a Fernet token, not the values; the names are kept apart, in the renter's order.
+    raw = _raw_column(instance_id, "env_encrypted")
+    assert raw and API_KEY.encode() not in raw and b"train" not in raw
+    assert json.loads(decrypt_secret(raw)) == env
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT env_names FROM marketplace_instance WHERE id = %s", [instance_id])
+        assert json.loads(cursor.fetchone()[0]) == ["HF_TOKEN", "MODE"]
+    row = Instance.objects.filter(pk=instance_id).values().get()
+    assert API_KEY not in json.dumps(row, default=lambda v: "<bytes>" if isinstance(v, memoryview | bytes)
+                                     else repr(v))
+    # Names only, every value masked, in every answer: create, detail, list, an idempotent retry, the page.
+    answers = [r, api.get(f"{URL}{instance_id}/"), api.get(URL), post(api, data, HTTP_IDEMPOTENCY_KEY="env-1")]
+    for answer in answers:
+        assert answer.status_code in (200, 201) and API_KEY not in answer.content.decode()
+    assert answers[1].json()["env"] == {"HF_TOKEN": "********", "MODE": "********"}
+    assert answers[-1].json()["id"] == instance_id
+    # The double-booking fingerprint holds no plain hash of the env (a keyed one, as for the registry password).
+    assert Instance.objects.get(pk=instance_id).request_fingerprint != request_fingerprint(data)
+    client.force_login(user)
+    page = client.get(f"/instances/{instance_id}/")
+    assert page.status_code == 200 and "HF_TOKEN" in page.content.decode() and API_KEY not in page.content.decode()
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))  # operators see the names, no value
+    admin = client.get(f"/admin/marketplace/instance/{instance_id}/change/")
+    assert admin.status_code == 200 and "HF_TOKEN" in admin.content.decode()
+    assert API_KEY not in admin.content.decode()
+    # The node gets the values, decrypted for its request only; no log line carries them.
+    assert create_request(Instance.objects.get(pk=instance_id))["env"] == env
+    assert all(API_KEY not in record.getMessage() for record in caplog.records)
+    assert API_KEY not in repr(opts.instance_options(env=env))
+    # A failed instance creates nothing again: the values go, the names stay.
+    svc.instance_mark_failed(instance_id=instance_id, message="The image could not be pulled: unauthorized")
+    assert _raw_column(instance_id, "env_encrypted") is None
+    assert api.get(f"{URL}{instance_id}/").json()["env"] == {"HF_TOKEN": "********", "MODE": "********"}
+
+
+def test_env_values_go_when_the_instance_is_destroyed_and_no_env_stores_nothing(api):
+    node = make_listed_node(gpu_count=4)
+    instance = run(Instance.objects.get(pk=post(api, body(node, env={"A": API_KEY})).json()["id"]))
+    svc.instance_destroy(instance=instance)
+    assert _raw_column(instance.pk, "env_encrypted") is not None  # still destroying
+    svc.instance_mark_destroyed(instance_id=instance.pk)
+    assert _raw_column(instance.pk, "env_encrypted") is None
+    plain = post(api, body(node)).json()
+    assert plain["env"] == {} and _raw_column(plain["id"], "env_encrypted") is None

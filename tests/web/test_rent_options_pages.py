@@ -42,7 +42,7 @@ def test_rent_with_every_option(web, funded_renter, node):
     assert r.status_code == 302, r.content.decode()[:2000]
     instance = Instance.objects.get(renter=funded_renter)
     assert (instance.image, instance.image_ref) == (None, "registry.example.com/team/app:2")
-    assert instance.env == {"API_KEY": "abc=def", "MODE": " train "}
+    assert svc.instance_env(instance=instance) == {"API_KEY": "abc=def", "MODE": " train "}
     assert instance.onstart == "echo hi\npython3 serve.py\n" and instance.ports_requested == [8888, 6006]
     assert instance.min_cuda_version == "12.2" and instance.registry_auth is True
     assert PASSWORD.encode() not in bytes(instance.registry_auth_encrypted)

@@ -48,7 +48,8 @@ def instance_row(instance: Instance) -> dict[str, Any]:
         "num_gpus": instance.num_gpus, "gpu_name": instance.gpu_model.name, "gpu_ram": instance.gpu_model.memory_mib,
         "gpu_totalram": instance.gpu_model.memory_mib * instance.num_gpus,
         "disk_space": instance.disk_gb, "image_uuid": instance.image_name, "image_runtype": "ssh",
-        "label": instance.label or None, "extra_env": [[name, value] for name, value in instance.env.items()],
+        "label": instance.label or None,
+        "extra_env": [[name, instance_svc.ENV_VALUE_MASK] for name in instance.env_names],  # values never shown
         "ports": {name: [{"HostIp": where["host"], "HostPort": str(where["port"])}]
                   for name, where in instance.ports.items()} if running else {},
         "os_version": instance.os or None,

@@ -49,6 +49,7 @@ from .interruptions import (
     node_instances_price_cut,
 )
 from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
+from .secrets import ENV_VALUE_MASK, env_masked, instance_env, instance_registry_auth
 from .worker import (
     instance_cleanup_done,
     instance_mark_destroyed,
@@ -56,7 +57,6 @@ from .worker import (
     instance_mark_provisioning,
     instance_mark_running,
     instance_mark_stopped,
-    instance_registry_auth,
     instance_set_status_message,
 )
 
@@ -68,6 +68,6 @@ __all__ = [
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
     "instance_gpu_indices", "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
     "instance_mark_running", "instance_mark_stopped", "instance_release_gpus", "instance_restart",
-    "instance_registry_auth",
+    "instance_registry_auth", "instance_env", "env_masked", "ENV_VALUE_MASK",
     "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",
 ]

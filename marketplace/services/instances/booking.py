@@ -32,6 +32,7 @@ from .common import (
     instance_for_idempotency_key,
 )
 from .options import InstanceOptions, cuda_tuple
+from .secrets import env_encrypt
 
 # ------------------------------------------------------------------------------ booking (API side)
 
@@ -155,7 +156,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         registry_auth=options.registry_auth is not None,
         registry_auth_encrypted=(encrypt_secret(json.dumps(options.registry_auth).encode())
                                  if options.registry_auth is not None else None),
-        env=options.env, onstart=options.onstart, ports_requested=options.ports,
+        env_names=list(options.env), env_encrypted=env_encrypt(options.env),
+        onstart=options.onstart, ports_requested=options.ports,
         min_cuda_version=options.min_cuda_version, disk_gb=disk, ssh_public_keys=keys, status=S.REQUESTED,
         status_message=WAITING,
         price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,

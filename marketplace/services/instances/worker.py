@@ -1,11 +1,9 @@
 """What the provisioning tasks record: each move in its own short transaction, idempotent."""
-import json
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.encryption import decrypt_secret
 from marketplace.models import Instance, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES
 from notifications.services.notify import Kind
@@ -20,6 +18,7 @@ from .common import (
     instance_release_gpus,
 )
 from .interruptions import interruption_close
+from .secrets import instance_forget_secrets
 
 # ------------------------------------------------------------------------- worker side (tasks)
 
@@ -34,20 +33,6 @@ def instance_mark_provisioning(*, instance_id: int) -> Instance | None:
         instance.transition_to(S.PROVISIONING, "Creating the VM on the node")
         _save(instance)
     return instance
-
-
-def instance_registry_auth(*, instance: Instance) -> dict[str, str] | None:
-    """The registry login given at booking, decrypted for the node's pull (in memory only), or None."""
-    if not instance.registry_auth_encrypted:
-        return None
-    auth: dict[str, str] = json.loads(decrypt_secret(bytes(instance.registry_auth_encrypted)))
-    return auth
-
-
-def _forget_registry_auth(instance: Instance) -> list[str]:
-    """A failed or destroyed instance pulls nothing again: its registry password goes (the flag stays)."""
-    instance.registry_auth_encrypted = None
-    return ["registry_auth_encrypted"]
 
 
 def _vm_facts(instance: Instance, vm: dict[str, Any]) -> list[str]:
@@ -140,7 +125,7 @@ def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) 
         _stop_clock(instance, now)
         if not cleanup_pending:
             instance_release_gpus(instance=instance, at=now)
-        _save(instance, "destroyed_at", "stopped_at", *_forget_registry_auth(instance))
+        _save(instance, "destroyed_at", "stopped_at", *instance_forget_secrets(instance))
     return instance
 
 
@@ -170,7 +155,7 @@ def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
         instance.transition_to(S.FAILED, message)
         _stop_clock(instance, now)
         instance_release_gpus(instance=instance, at=now)
-        _save(instance, "stopped_at", *_forget_registry_auth(instance))
+        _save(instance, "stopped_at", *instance_forget_secrets(instance))
         instance_notify(instance, Kind.INSTANCE_FAILED, "failed")
     else:
         instance_release_gpus(instance=instance)  # no-op unless something left one live
