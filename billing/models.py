@@ -98,9 +98,12 @@ class LedgerTransaction(models.Model):
 
 
 class Entry(models.Model):
-    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
+    # References checked per statement, not per row (db_constraint=False; migration 0007): see LEDGER_REFERENCES.
+    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries",
+                                    db_constraint=False)
     # No index of its own: entry_account_txn_idx (account, transaction) serves lookups by account.
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_index=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_index=False,
+                                db_constraint=False)
     amount_micros = models.BigIntegerField()
 
     class Meta:
@@ -123,9 +126,10 @@ class UsageInterval(models.Model):
     the meter runs. `fee_micros` goes to the platform, the rest to the provider.
     """
 
-    # No index of its own: the unique (instance, started_at) serves lookups by instance.
+    # No index of its own: the unique (instance, started_at) serves lookups by instance. References checked per
+    # statement, not per row (db_constraint=False; migration 0007).
     instance = models.ForeignKey("marketplace.Instance", on_delete=models.PROTECT, related_name="usage_intervals",
-                                 db_index=False)
+                                 db_index=False, db_constraint=False)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField()
     seconds = models.PositiveIntegerField()
@@ -134,7 +138,7 @@ class UsageInterval(models.Model):
     amount_micros = models.BigIntegerField(help_text="What the renter paid for these seconds.")
     fee_micros = models.BigIntegerField(help_text="The platform's share of amount_micros.")
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
-                                       related_name="usage_interval",
+                                       related_name="usage_interval", db_constraint=False,
                                        help_text="None when the amount rounds to zero.")
     created_at = models.DateTimeField(default=timezone.now)
 
