@@ -261,12 +261,12 @@ def profile_tick(now: datetime, batch_size: int) -> list[tuple[str, float]]:
     with connection.cursor() as c:
         while True:
             with transaction.atomic():
-                for sql in metering._statements(metering._LOCK_AND_COMPUTE):
-                    timed(" ".join(sql.split())[:60], lambda sql=sql: c.execute(sql, params))
+                for n, sql in enumerate(metering._statements(metering._LOCK_AND_COMPUTE)):
+                    timed(f"{n + 1:2}. " + " ".join(sql.split())[:60], lambda sql=sql: c.execute(sql, params))
                 c.execute("SELECT count(*), max(instance_id) FROM billing_tick")
                 locked, last = c.fetchone()
-                for sql in metering._statements(metering._POST):
-                    timed(" ".join(sql.split())[:60], lambda sql=sql: c.execute(sql, params))
+                for n, sql in enumerate(metering._statements(metering._POST)):
+                    timed(f"{n + 3:2}. " + " ".join(sql.split())[:60], lambda sql=sql: c.execute(sql, params))
                 c.execute("DROP TABLE billing_tick")
                 timed("deferred checks (SET CONSTRAINTS ALL IMMEDIATE)",
                       lambda: c.execute("SET CONSTRAINTS ALL IMMEDIATE"))
