@@ -208,7 +208,7 @@ CREATE TEMP TABLE billing_post ON COMMIT DROP AS
 SELECT t.instance_id, t.key, t.seconds, t.amount, t.fee, w.id AS wallet_id, e.id AS earnings_id,
        nextval(pg_get_serial_sequence('{txn}', 'id')) AS txn_id
 FROM billing_tick t
-JOIN {account} w ON w.kind = %(wallet)s AND w.user_id = t.renter_id
+LEFT JOIN {account} w ON w.kind = %(wallet)s AND w.user_id = t.renter_id  -- never missing; if it were: NOT NULL fails
 LEFT JOIN {account} e ON e.kind = %(earnings)s AND e.user_id = t.provider_id AND t.amount > t.fee
 WHERE t.seconds > 0 AND t.amount > 0;
 SELECT count(*) FROM (
