@@ -165,3 +165,45 @@ def test_an_account_being_posted_to_cannot_be_deleted_until_the_posting_ends():
         release.set()
         other.close()
     assert LedgerTransaction.objects.filter(idempotency_key="held").exists()
+
+
+class _RolledBack(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_instance_being_billed_cannot_be_deleted_until_the_interval_is_written_or_gone(clock):
+    """The interval check locks its instances FOR KEY SHARE as a foreign key does: a concurrent delete waits."""
+    renter = UserFactory()
+    fund(renter, "100")
+    instance = running(renter, node())
+    inserted, release = threading.Event(), threading.Event()
+
+    def biller():  # raw SQL and no row lock of its own: the only lock on the instance is the check's
+        try:
+            with transaction.atomic():
+                _sql("INSERT INTO billing_usageinterval (instance_id, started_at, ended_at, seconds, "
+                     "price_per_hour_micros, platform_fee_bps, amount_micros, fee_micros, transaction_id, created_at) "
+                     "VALUES (%s, now(), now() + interval '1 second', 1, 1000, 1500, 0, 0, NULL, now())", [instance.pk])
+                inserted.set()
+                release.wait(10)
+                raise _RolledBack
+        except _RolledBack:
+            pass
+        finally:
+            connection.close()
+
+    t = threading.Thread(target=biller)
+    t.start()
+    assert inserted.wait(10)
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '300ms'")
+            with pytest.raises(OperationalError, match="lock timeout"):
+                cursor.execute("DELETE FROM marketplace_instance WHERE id = %s", [instance.pk])
+    finally:
+        release.set()
+        t.join(10)
+        other.close()
+    assert not UsageInterval.objects.exists()
