@@ -8,13 +8,13 @@ Not a timed test: it prints figures for docs/BENCHMARKS.md. What it does:
 2. seeds with COPY: 5,000 renters with funded wallets (posted as ledger credits), 500 providers with
    2,000 nodes, and 50,000 instances running since a random moment of the last three days, a third of
    them already metered up to a few minutes ago; then warms up with two ticks and VACUUM ANALYZE;
-3. times ticks one simulated minute apart: the metering (billing.services.metering.usage_meter, the
-   set-based SQL) and the balance checks that the Celery task runs after it (enforcement), each
-   writing 50,000 usage intervals, 50,000 ledger transactions and 150,000 entries, and updating
-   50,000 instances and 5,501 accounts;
-4. in the same run, times a bare bulk INSERT of the same number of rows (intervals, transactions,
-   entries) into plain copies of those tables, with and without their indexes: the floor the tick
-   is compared against;
+3. in rounds, interleaved (so that both sides see the same load on a shared machine): one tick, a
+   simulated minute after the last (the metering, billing.services.metering.usage_meter, the set-based SQL,
+   and the balance checks that the Celery task runs after it, enforcement), writing 50,000 usage intervals,
+   50,000 ledger transactions and 150,000 entries and updating 50,000 instances and 5,501 accounts; then a
+   bare bulk INSERT of the same rows (intervals, transactions, entries) into plain copies of those tables
+   with their indexes, and without: the floor the tick is compared against, round by round;
+4. with --profile, one more tick statement by statement (and its COMMIT), to say where the time goes;
 5. times the per-instance path (one transaction per instance, what SQLite uses) on a sample, to show
    why PostgreSQL gets the set-based one;
 6. checks the ledger afterwards (every transaction sums to zero, cached balances equal their entries)
@@ -44,13 +44,15 @@ from django.conf import settings  # noqa: E402
 N_RENTERS = 5_000
 N_PROVIDERS = 500
 N_NODES = 2_000
+GOAL_RATIO, GOAL_SECONDS = 3.0, 5.0  # issue 14: a tick <= 3x the bare INSERT of its rows, and <= 5 s
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db-name", default="gpumarket_bench_metering", help="database to create (%(default)s)")
     p.add_argument("--instances", type=int, default=50_000, help="running instances (%(default)s)")
-    p.add_argument("--ticks", type=int, default=5, help="timed ticks (%(default)s)")
+    p.add_argument("--ticks", type=int, default=5, help="rounds: timed ticks, each beside a bare INSERT (%(default)s)")
+    p.add_argument("--profile", action="store_true", help="time one more tick statement by statement")
     p.add_argument("--batch-size", type=int, default=None, help="instances per batch (BILLING_METER_BATCH_SIZE)")
     p.add_argument("--sample", type=int, default=2_000, help="instances for the per-instance path (%(default)s)")
     p.add_argument("--seed", type=int, default=20260301)
@@ -237,6 +239,44 @@ def per_instance_path(now: datetime, sample: int) -> float:
     return (time.perf_counter() - started) / max(len(ids), 1)
 
 
+def profile_tick(now: datetime, batch_size: int) -> list[tuple[str, float]]:
+    """One tick run statement by statement (the statements usage_meter runs, in its batches): seconds each,
+    summed over the batches, with the deferred checks (SET CONSTRAINTS ALL IMMEDIATE) and COMMIT apart."""
+    from django.db import connection, transaction
+
+    from billing.models import AccountKind, TransactionKind
+    from billing.services import metering
+    from billing.services.ledger import platform_account
+
+    params = {"now": now, "running": "running", "wallet": AccountKind.CUSTOMER_WALLET,
+              "earnings": AccountKind.PROVIDER_EARNINGS, "revenue": platform_account(AccountKind.PLATFORM_REVENUE).pk,
+              "usage": TransactionKind.USAGE, "limit": batch_size, "after": 0}
+    spent: dict[str, float] = {}
+
+    def timed(label: str, run) -> None:
+        t = time.perf_counter()
+        run()
+        spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+
+    with connection.cursor() as c:
+        while True:
+            with transaction.atomic():
+                for n, sql in enumerate(metering._statements(metering._LOCK_AND_COMPUTE)):
+                    timed(f"{n + 1:2}. " + " ".join(sql.split())[:60], lambda sql=sql: c.execute(sql, params))
+                c.execute("SELECT count(*), max(instance_id) FROM billing_tick")
+                locked, last = c.fetchone()
+                for n, sql in enumerate(metering._statements(metering._POST)):
+                    timed(f"{n + 3:2}. " + " ".join(sql.split())[:60], lambda sql=sql: c.execute(sql, params))
+                c.execute("DROP TABLE billing_tick")
+                timed("deferred checks (SET CONSTRAINTS ALL IMMEDIATE)",
+                      lambda: c.execute("SET CONSTRAINTS ALL IMMEDIATE"))
+                t = time.perf_counter()
+            spent["COMMIT"] = spent.get("COMMIT", 0.0) + time.perf_counter() - t
+            if locked < batch_size:
+                return list(spent.items())
+            params["after"] = last
+
+
 def check_ledger() -> list[tuple[str, object]]:
     from django.db import connection
 
@@ -285,9 +325,10 @@ def main() -> None:
             usage_meter(now=now, batch_size=args.batch_size)
         vacuum()
 
-        meter_s, enforce_s, rows = [], [], 0
-        for _ in range(args.ticks):
+        meter_s, enforce_s, bare_indexed, bare_plain, loads, rows = [], [], [], [], [], 0
+        for _ in range(args.ticks):  # one round: a tick, then the bare INSERTs of the same rows
             now += timedelta(seconds=60)
+            loads.append(os.getloadavg()[0])
             t0 = time.perf_counter()
             result = usage_meter(now=now, batch_size=args.batch_size)
             t1 = time.perf_counter()
@@ -298,8 +339,15 @@ def main() -> None:
             rows = result.intervals * 5
             assert result.intervals == args.instances, result
             assert enforced.stopped == 0, enforced
-        bare_plain = [bare_insert(args.instances, indexed=False) for _ in range(3)]
-        bare_indexed = [bare_insert(args.instances, indexed=True) for _ in range(3)]
+            bare_indexed.append(bare_insert(args.instances, indexed=True)[0])
+            bare_plain.append(bare_insert(args.instances, indexed=False)[0])
+            print(f"  round {len(meter_s)}: load {loads[-1]:.1f}  tick {t2 - t0:.2f} s  bare INSERT with indexes "
+                  f"{bare_indexed[-1]:.2f} s  ({(t2 - t0) / bare_indexed[-1]:.1f}x)  plain {bare_plain[-1]:.2f} s",
+                  flush=True)
+        profile = []
+        if args.profile:
+            now += timedelta(seconds=60)
+            profile = profile_tick(now, args.batch_size or settings.BILLING_METER_BATCH_SIZE)
         now += timedelta(seconds=60)
         per_instance = per_instance_path(now, args.sample)
         checks = check_ledger()
@@ -309,19 +357,32 @@ def main() -> None:
 
     med = statistics.median
     tick = [m + e for m, e in zip(meter_s, enforce_s, strict=True)]
-    plain_s, indexed_s = med(s for s, _ in bare_plain), med(s for s, _ in bare_indexed)
+    ratios = [t / b for t, b in zip(tick, bare_indexed, strict=True)]
+    plain_s, indexed_s = med(bare_plain), med(bare_indexed)
     print()
-    print(f"  one tick, {args.instances:,} instances, batch {args.batch_size or settings.BILLING_METER_BATCH_SIZE:,} "
-          f"(median of {args.ticks}; min-max):")
+    print(f"  {args.ticks} rounds, {args.instances:,} instances, batch "
+          f"{args.batch_size or settings.BILLING_METER_BATCH_SIZE:,}, load average (1 min) "
+          f"{min(loads):.1f}-{max(loads):.1f}, now {os.getloadavg()[0]:.1f} (median; min-max):")
     print(f"    metering (set-based SQL)   {med(meter_s):6.2f} s  ({min(meter_s):.2f}-{max(meter_s):.2f})  "
           f"{rows / med(meter_s):>10,.0f} rows/s")
     print(f"    balance checks             {med(enforce_s):6.2f} s  ({min(enforce_s):.2f}-{max(enforce_s):.2f})")
     print(f"    whole tick                 {med(tick):6.2f} s  ({min(tick):.2f}-{max(tick):.2f})  "
           f"{rows / med(tick):>10,.0f} rows/s")
-    print(f"  bare bulk INSERT of the same {rows:,} rows (median of 3):")
-    print(f"    plain tables               {plain_s:6.2f} s  {rows / plain_s:>22,.0f} rows/s")
-    print(f"    with the same indexes      {indexed_s:6.2f} s  {rows / indexed_s:>22,.0f} rows/s")
-    print(f"  tick / bare INSERT with indexes: {med(tick) / indexed_s:.1f}x")
+    print(f"  bare bulk INSERT of the same {rows:,} rows, in the same rounds:")
+    print(f"    plain tables               {plain_s:6.2f} s  ({min(bare_plain):.2f}-{max(bare_plain):.2f})  "
+          f"{rows / plain_s:>10,.0f} rows/s")
+    print(f"    with the same indexes      {indexed_s:6.2f} s  ({min(bare_indexed):.2f}-{max(bare_indexed):.2f})  "
+          f"{rows / indexed_s:>10,.0f} rows/s")
+    print(f"  tick / bare INSERT with indexes, round by round: median {med(ratios):.1f}x "
+          f"({min(ratios):.1f}-{max(ratios):.1f})")
+    met = med(ratios) <= GOAL_RATIO and med(tick) <= GOAL_SECONDS
+    print(f"  goal (issue 14): tick <= {GOAL_RATIO:g}x the bare INSERT and <= {GOAL_SECONDS:g} s: "
+          f"{'MET' if met else 'NOT MET'} ({med(ratios):.1f}x, {med(tick):.2f} s)")
+    if profile:
+        print(f"  one more tick, statement by statement (load {os.getloadavg()[0]:.1f}; summed over its batches):")
+        for label, seconds in profile:
+            print(f"    {seconds:6.2f} s  {label}")
+        print(f"    {sum(s for _, s in profile):6.2f} s  in all")
     print(f"  per-instance path (one transaction each, SQLite's): {per_instance * 1000:.2f} ms per instance "
           f"-> {per_instance * args.instances:.0f} s for {args.instances:,}")
     print("  ledger after the run:")

@@ -5,7 +5,9 @@ Amounts are integers of micro-dollars (1e-6 USD) everywhere; decimals exist only
 The ledger (`Account`, `LedgerTransaction`, `Entry`) is append-only: a mistake is corrected by a
 reversing transaction, never by an UPDATE or DELETE. The database enforces what it can
 (migration 0002, PostgreSQL): the entries of every transaction sum to zero, and ledger rows and usage
-intervals can be neither updated nor deleted. `Account.balance_micros` is a cache of the sum of the
+intervals can be neither updated nor deleted; and (migration 0007) every transaction has at least two entries
+at COMMIT, and entries and intervals name rows that exist, checked once per statement rather than by per-row
+foreign keys. `Account.balance_micros` is a cache of the sum of the
 account's entries, written in the same database transaction as the entries (billing.services.ledger).
 
 Sign convention: an account's balance is the sum of its entries. A customer's wallet is positive when
@@ -98,9 +100,12 @@ class LedgerTransaction(models.Model):
 
 
 class Entry(models.Model):
-    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
+    # No foreign key constraints: PostgreSQL checks these references once per statement (migration 0007).
+    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries",
+                                    db_constraint=False)
     # No index of its own: entry_account_txn_idx (account, transaction) serves lookups by account.
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_index=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_index=False,
+                                db_constraint=False)
     amount_micros = models.BigIntegerField()
 
     class Meta:
@@ -123,9 +128,10 @@ class UsageInterval(models.Model):
     the meter runs. `fee_micros` goes to the platform, the rest to the provider.
     """
 
-    # No index of its own: the unique (instance, started_at) serves lookups by instance.
+    # No index of its own: the unique (instance, started_at) serves lookups by instance. No foreign key
+    # constraints: PostgreSQL checks the references once per statement (migration 0007).
     instance = models.ForeignKey("marketplace.Instance", on_delete=models.PROTECT, related_name="usage_intervals",
-                                 db_index=False)
+                                 db_index=False, db_constraint=False)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField()
     seconds = models.PositiveIntegerField()
@@ -134,7 +140,7 @@ class UsageInterval(models.Model):
     amount_micros = models.BigIntegerField(help_text="What the renter paid for these seconds.")
     fee_micros = models.BigIntegerField(help_text="The platform's share of amount_micros.")
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
-                                       related_name="usage_interval",
+                                       related_name="usage_interval", db_constraint=False,
                                        help_text="None when the amount rounds to zero.")
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -162,13 +162,14 @@ def _tables() -> dict[str, str]:
 
 
 # The batch, step by step, all in one database transaction. Temp table "billing_tick" holds one row per
-# running instance locked by this batch; every later statement reads it.
+# running instance locked by this batch; "billing_post" one row per ledger transaction to post, with its
+# accounts and its id taken from the sequence beforehand. Each is written once (no UPDATE of either: every
+# UPDATE of a temp table rewrites its rows).
 _LOCK_AND_COMPUTE = """
 CREATE TEMP TABLE billing_tick (
     instance_id bigint PRIMARY KEY, renter_id bigint NOT NULL, provider_id bigint NOT NULL,
     price bigint NOT NULL, bps integer NOT NULL, from_ts timestamptz NOT NULL, end_ts timestamptz NOT NULL,
-    seconds bigint NOT NULL, amount bigint NOT NULL, fee bigint NOT NULL, key text NOT NULL,
-    wallet_id bigint, earnings_id bigint, txn_id bigint
+    seconds bigint NOT NULL, amount bigint NOT NULL, fee bigint NOT NULL, key text NOT NULL
 ) ON COMMIT DROP;
 WITH locked AS (
     SELECT i.id, i.renter_id, n.provider_id, i.price_per_hour_micros AS price, i.platform_fee_bps AS bps,
@@ -196,48 +197,53 @@ FROM costed;
 
 _POST = """
 INSERT INTO {account} (kind, user_id, balance_micros, created_at)
-SELECT %(wallet)s, renter_id, 0, %(now)s FROM billing_tick WHERE seconds > 0 AND amount > 0 GROUP BY renter_id
-ON CONFLICT DO NOTHING;
+SELECT %(wallet)s, renter_id, 0, %(now)s FROM billing_tick t WHERE seconds > 0 AND amount > 0
+AND NOT EXISTS (SELECT 1 FROM {account} a WHERE a.kind = %(wallet)s AND a.user_id = t.renter_id)
+GROUP BY renter_id ON CONFLICT DO NOTHING;
 INSERT INTO {account} (kind, user_id, balance_micros, created_at)
-SELECT %(earnings)s, provider_id, 0, %(now)s FROM billing_tick WHERE seconds > 0 AND amount > fee GROUP BY provider_id
-ON CONFLICT DO NOTHING;
-UPDATE billing_tick t SET wallet_id = a.id FROM {account} a
-WHERE a.kind = %(wallet)s AND a.user_id = t.renter_id AND t.seconds > 0 AND t.amount > 0;
-UPDATE billing_tick t SET earnings_id = a.id FROM {account} a
-WHERE a.kind = %(earnings)s AND a.user_id = t.provider_id AND t.seconds > 0 AND t.amount > t.fee;
+SELECT %(earnings)s, provider_id, 0, %(now)s FROM billing_tick t WHERE seconds > 0 AND amount > fee
+AND NOT EXISTS (SELECT 1 FROM {account} a WHERE a.kind = %(earnings)s AND a.user_id = t.provider_id)
+GROUP BY provider_id ON CONFLICT DO NOTHING;
+CREATE TEMP TABLE billing_post ON COMMIT DROP AS
+SELECT t.instance_id, t.key, t.seconds, t.amount, t.fee, w.id AS wallet_id, e.id AS earnings_id,
+       nextval(pg_get_serial_sequence('{txn}', 'id')) AS txn_id
+FROM billing_tick t
+LEFT JOIN {account} w ON w.kind = %(wallet)s AND w.user_id = t.renter_id  -- never missing; if it were: NOT NULL fails
+LEFT JOIN {account} e ON e.kind = %(earnings)s AND e.user_id = t.provider_id AND t.amount > t.fee
+WHERE t.seconds > 0 AND t.amount > 0;
 SELECT count(*) FROM (
     SELECT id FROM {account}
-    WHERE id IN (SELECT wallet_id FROM billing_tick UNION SELECT earnings_id FROM billing_tick) OR id = %(revenue)s
+    WHERE id IN (SELECT wallet_id FROM billing_post UNION SELECT earnings_id FROM billing_post) OR id = %(revenue)s
     ORDER BY id FOR UPDATE
 ) locked_accounts;
-UPDATE billing_tick SET txn_id = nextval(pg_get_serial_sequence('{txn}', 'id')) WHERE seconds > 0 AND amount > 0;
 INSERT INTO {txn} (id, idempotency_key, kind, memo, reason, created_by_id, reverses_id, created_at)
 SELECT txn_id, key, %(usage)s, 'Instance ' || instance_id || ': ' || seconds || ' s', '', NULL, NULL, %(now)s
-FROM billing_tick WHERE txn_id IS NOT NULL;
+FROM billing_post;
 INSERT INTO {entry} (transaction_id, account_id, amount_micros)
-SELECT txn_id, wallet_id, -amount FROM billing_tick WHERE txn_id IS NOT NULL
+SELECT txn_id, wallet_id, -amount FROM billing_post
 UNION ALL
-SELECT txn_id, earnings_id, amount - fee FROM billing_tick WHERE txn_id IS NOT NULL AND amount > fee
+SELECT txn_id, earnings_id, amount - fee FROM billing_post WHERE amount > fee
 UNION ALL
-SELECT txn_id, %(revenue)s, fee FROM billing_tick WHERE txn_id IS NOT NULL AND fee > 0;
+SELECT txn_id, %(revenue)s, fee FROM billing_post WHERE fee > 0;
 UPDATE {account} a SET balance_micros = a.balance_micros + d.delta
 FROM (
     SELECT account_id, sum(delta) AS delta FROM (
-        SELECT wallet_id AS account_id, -amount AS delta FROM billing_tick WHERE txn_id IS NOT NULL
+        SELECT wallet_id AS account_id, -amount AS delta FROM billing_post
         UNION ALL
-        SELECT earnings_id, amount - fee FROM billing_tick WHERE txn_id IS NOT NULL AND amount > fee
+        SELECT earnings_id, amount - fee FROM billing_post WHERE amount > fee
         UNION ALL
-        SELECT %(revenue)s, fee FROM billing_tick WHERE txn_id IS NOT NULL AND fee > 0
+        SELECT %(revenue)s, fee FROM billing_post WHERE fee > 0
     ) deltas GROUP BY account_id
 ) d
 WHERE a.id = d.account_id;
 INSERT INTO {interval} (instance_id, started_at, ended_at, seconds, price_per_hour_micros, platform_fee_bps,
                         amount_micros, fee_micros, transaction_id, created_at)
-SELECT instance_id, from_ts, end_ts, seconds, price, bps, amount, fee, txn_id, %(now)s
-FROM billing_tick WHERE seconds > 0;
+SELECT t.instance_id, t.from_ts, t.end_ts, t.seconds, t.price, t.bps, t.amount, t.fee, p.txn_id, %(now)s
+FROM billing_tick t LEFT JOIN billing_post p ON p.instance_id = t.instance_id WHERE t.seconds > 0;
 UPDATE {instance} i
 SET billed_until = t.end_ts, billed_seconds = i.billed_seconds + t.seconds, cost_micros = i.cost_micros + t.amount
 FROM billing_tick t WHERE i.id = t.instance_id AND t.seconds > 0;
+DROP TABLE billing_post;
 """
 
 
@@ -261,7 +267,8 @@ def _meter_postgresql(now: datetime, batch_size: int) -> MeterResult:
             after = 0
             while True:
                 with transaction.atomic():
-                    cursor.execute("DROP TABLE IF EXISTS pg_temp.billing_tick")  # left by an outer savepoint
+                    # Still there when the tick runs inside an outer transaction (ON COMMIT DROP acts at its COMMIT).
+                    cursor.execute("DROP TABLE IF EXISTS pg_temp.billing_tick, pg_temp.billing_post")
                     for sql in _statements(_LOCK_AND_COMPUTE):
                         cursor.execute(sql, {**params, "after": after})
                     cursor.execute("SELECT count(*), max(instance_id), count(*) FILTER (WHERE seconds > 0), "

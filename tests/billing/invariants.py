@@ -19,6 +19,10 @@ def assert_billing_invariants() -> None:
         assert account.balance_micros == account.total, f"{account}: cached {account.balance_micros}, " \
                                                          f"entries {account.total}"
     assert (Account.objects.aggregate(t=Coalesce(Sum("balance_micros"), 0))["t"]) == 0
+    # Every reference resolves (the database checks them per statement, not with foreign keys: migration 0007).
+    assert not Entry.objects.filter(Q(transaction__isnull=True) | Q(account__isnull=True)).exists()
+    assert not UsageInterval.objects.filter(instance__isnull=True).exists()
+    assert not UsageInterval.objects.filter(transaction_id__isnull=False, transaction__isnull=True).exists()
     # Usage: what renters paid equals what providers earned plus what the platform kept.
     usage = Entry.objects.filter(transaction__kind=TransactionKind.USAGE)
     paid = -(usage.filter(account__kind=AccountKind.CUSTOMER_WALLET)
