@@ -42,22 +42,28 @@ def usd(micros: int) -> float:
     return float(micros_to_usd(micros))
 
 
-def offer_rows(node: Any) -> list[dict[str, Any]]:
-    """The offers of one node of offers_search (annotated with num_gpus_free)."""
-    model = node.gpu_model
-    per_gpu = usd(node.price_per_gpu_hour_micros)
-    medians = (node.benchmark_summary or {}).get("median_per_gpu") or {}
+# What offer_rows reads of a node of offers_search: plain values, not a Node and a GpuModel per node (a search
+# reads every matching node, thousands of them; issue 14).
+NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_hour_micros", "benchmark_summary",
+               "reliability", "score", "country", "verdict", "runtime", "num_gpus_free")
+
+
+def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The offers of one node of offers_search, given as its NODE_VALUES."""
+    pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
+    per_gpu = usd(node["price_per_gpu_hour_micros"])
+    medians = (node["benchmark_summary"] or {}).get("median_per_gpu") or {}
     common = {
-        "machine_id": node.pk, "gpu_name": model.name, "gpu_ram": model.memory_mib,
-        "reliability": node.reliability, "reliability2": node.reliability, "score": node.score,
-        "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node.country) or None,
-        "verification": node.verdict, "verified": node.verdict == Verdict.VERIFIED,
-        "rentable": True, "rented": False, "external": False, "runtime": node.runtime,
+        "machine_id": pk, "gpu_name": node["gpu_model__name"], "gpu_ram": memory_mib,
+        "reliability": node["reliability"], "reliability2": node["reliability"], "score": node["score"],
+        "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node["country"]) or None,
+        "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
+        "rentable": True, "rented": False, "external": False, "runtime": node["runtime"],
     }
     return [
-        {"id": offer_id(node.pk, n), "ask_contract_id": offer_id(node.pk, n), "num_gpus": n,
-         "gpu_total_ram": model.memory_mib * n, "dph_total": per_gpu * n, "dph_base": per_gpu * n, **common}
-        for n in range(1, node.num_gpus_free + 1)
+        {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n,
+         "gpu_total_ram": memory_mib * n, "dph_total": per_gpu * n, "dph_base": per_gpu * n, **common}
+        for n in range(1, node["num_gpus_free"] + 1)
     ]
 
 
@@ -97,7 +103,7 @@ def offers_find(query: Query) -> list[dict[str, Any]]:
     if params is None:
         return []
     filtered = OfferFilter(data=params, queryset=offers_search())
-    nodes = filtered.qs if filtered.is_valid() else offers_search()
+    nodes = (filtered.qs if filtered.is_valid() else offers_search()).values(*NODE_VALUES)
     rows = [row for node in nodes for row in offer_rows(node) if matches(row, query.conditions)]
     return sort(rows, query.order)[: query.limit]
 

@@ -13,11 +13,14 @@ from rest_framework import permissions, serializers, viewsets
 from billing.services.metering import fee_percent, platform_fee_bps
 from core.api.fields import UsdField
 from core.api.filtering import StrictFilterSet, reject_unknown_params
+from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
 from marketplace import selectors
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.money import usd_to_micros
+
+from .offer_rows import OFFER_COLUMNS, offer_row
 
 
 class MedianFiguresSerializer(serializers.Serializer):
@@ -230,8 +233,6 @@ class OfferFilter(StrictFilterSet):
         return queryset.order_by(*queryset.query.order_by, "id")
 
 
-
-
 @extend_schema(tags=["offers"])
 class OfferViewSet(viewsets.ReadOnlyModelViewSet):
     """Bookable GPUs: active, verified (or degraded) nodes with free GPUs. Public."""
@@ -240,6 +241,7 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = OfferSerializer
     filterset_class = OfferFilter
     permission_classes = [permissions.AllowAny]
+    renderer_classes = [FastJSONRenderer]  # the same JSON as JSONRenderer, a few times faster
 
     def get_queryset(self):
         return selectors.offers_search()
@@ -247,4 +249,8 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
     def list(self, request, *args, **kwargs):
         # A misspelt filter would otherwise be ignored and return everything.
         reject_unknown_params(request, OfferFilter.base_filters)
-        return super().list(request, *args, **kwargs)
+        # The page is read as tuples and written by offer_row: OfferSerializer's JSON (and still its schema,
+        # through serializer_class) without two model instances per row. Same COUNT and filters.
+        rows = self.paginate_queryset(self.filter_queryset(self.get_queryset()).values_list(*OFFER_COLUMNS))
+        fee = str(fee_percent(platform_fee_bps()))
+        return self.get_paginated_response([offer_row(row, fee) for row in rows])
