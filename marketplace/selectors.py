@@ -1,6 +1,7 @@
 """Reads that encode marketplace rules."""
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, Value
@@ -48,7 +49,15 @@ def offers_search() -> QuerySet[Offer]:
     An offer never shows the node's keys, inventory or errors: they are deferred, so a
     page neither reads nor decodes them (and the key ciphertext stays out of a public
     endpoint's memory).
+
+    Built once and cloned per call: building it (two subqueries, a join, deferred fields) was about a
+    millisecond of each offers request.
     """
+    return _offers_search().all()
+
+
+@cache
+def _offers_search() -> QuerySet[Offer]:
     return (
         Node.objects.filter(OFFERABLE)
         .filter(Exists(_free_gpus()))
