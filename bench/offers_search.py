@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -473,16 +474,28 @@ class Gunicorn:
 
 def measure_http(args: argparse.Namespace, server: dict) -> tuple[list[dict], dict[str, list[float]]]:
     """Rounds of: each tree's request through its gunicorn, each tree's bare SQL; the order rotates by round."""
-    from django.db import connection
-
     urls = ["/api/v1/offers/" + (f"?{query}" if query else "") for _, query in COMBINATIONS]
     env = tree_env(server, args.db_name)
     work = Path(tempfile.mkdtemp(prefix="offers-bench-"))
+    servers: dict[str, Gunicorn] = {}
+    try:
+        return _measure_http(args, urls, env, work, servers)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the extracted revision and the servers' logs
+
+
+def _measure_http(args: argparse.Namespace, urls: list[str], env: dict[str, str], work: Path,
+                  servers: dict[str, Gunicorn]) -> tuple[list[dict], dict[str, list[float]]]:
+    from django.db import connection
+
     trees = {"now": ROOT}
     if args.before:
         trees = {"before": extract_revision(args.before, work), **trees}
     sqls = {name: capture_sql(tree, env, urls) for name, tree in trees.items()}
-    servers = {name: Gunicorn(tree, env, work / f"gunicorn-{name}.log") for name, tree in trees.items()}
+    for name, tree in trees.items():
+        servers[name] = Gunicorn(tree, env, work / f"gunicorn-{name}.log")
     connection.ensure_connection()
     raw = connection.connection  # one psycopg connection for every bare SQL string
     per_query: dict[str, list[float]] = {}
@@ -500,32 +513,28 @@ def measure_http(args: argparse.Namespace, server: dict) -> tuple[list[dict], di
         return total
 
     results = []
-    try:
-        for (label, query), url in zip(COMBINATIONS, urls, strict=True):
-            bodies = {}
-            for name, srv in servers.items():
-                for _ in range(args.warmup):
-                    bodies[name] = srv.get(url)
-            parsed = {name: json.loads(body) for name, body in bodies.items()}
-            if args.before and parsed["before"] != parsed["now"]:
-                sys.exit(f"bench: {url}: the two trees answered different JSON: {first_difference(*parsed.values())}")
-            sides = [(name, kind) for name in servers for kind in ("http", "bare")]
-            times: dict[tuple[str, str], list[float]] = {side: [] for side in sides}
-            for i in range(args.requests):
-                for name, kind in sides[i % len(sides):] + sides[:i % len(sides)]:
-                    if kind == "http":
-                        t0 = time.perf_counter()
-                        servers[name].get(url)
-                        times[name, kind].append(time.perf_counter() - t0)
-                    else:
-                        times[name, kind].append(bare(sqls[name][url]))
-            body = parsed["now"]
-            results.append({"label": label, "query": query, "count": body["count"], "rows": len(body["results"]),
-                            "n_queries": {name: len(sqls[name][url]) for name in servers},
-                            "bytes": len(bodies["now"]), "times": times})
-    finally:
-        for srv in servers.values():
-            srv.stop()
+    for (label, query), url in zip(COMBINATIONS, urls, strict=True):
+        bodies = {}
+        for name, srv in servers.items():
+            for _ in range(args.warmup):
+                bodies[name] = srv.get(url)
+        parsed = {name: json.loads(body) for name, body in bodies.items()}
+        if args.before and parsed["before"] != parsed["now"]:
+            sys.exit(f"bench: {url}: the two trees answered different JSON: {first_difference(*parsed.values())}")
+        sides = [(name, kind) for name in servers for kind in ("http", "bare")]
+        times: dict[tuple[str, str], list[float]] = {side: [] for side in sides}
+        for i in range(args.requests):
+            for name, kind in sides[i % len(sides):] + sides[:i % len(sides)]:
+                if kind == "http":
+                    t0 = time.perf_counter()
+                    servers[name].get(url)
+                    times[name, kind].append(time.perf_counter() - t0)
+                else:
+                    times[name, kind].append(bare(sqls[name][url]))
+        body = parsed["now"]
+        results.append({"label": label, "query": query, "count": body["count"], "rows": len(body["results"]),
+                        "n_queries": {name: len(sqls[name][url]) for name in servers},
+                        "bytes": len(bodies["now"]), "times": times})
     return results, per_query
 
 
