@@ -302,6 +302,6 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
         reject_unknown_params(request, OfferFilter.base_filters)
         # The page is read as tuples and written by offer_row: OfferSerializer's JSON (and still its schema,
         # through serializer_class) without two model instances per row. Same COUNT and filters.
-        rows = self.paginate_queryset(self.filter_queryset(self.get_queryset()).values_list(*OFFER_COLUMNS))
+        rows = self.paginate_queryset(self.filter_queryset(selectors.offers_search(values_list=OFFER_COLUMNS)))
         fee = str(fee_percent(platform_fee_bps()))
         return self.get_paginated_response([offer_row(row, fee) for row in rows])
