@@ -62,6 +62,7 @@ $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
 ## bench: the benchmarks under bench/ (needs PostgreSQL, Redis, sshd)
 bench: $(VENV)/.installed-bench services
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/offers_search.py
+	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/offers_search.py --http
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/fleet.py
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python bench/booking.py
 

@@ -14,15 +14,29 @@ Not a timed test: it prints figures for docs/BENCHMARKS.md. What it does:
 4. prints p50/p95 of both, their ratio, and EXPLAIN ANALYZE of the slowest query;
 5. drops the database unless --keep.
 
+With --http (issue 14) step 3 goes through gunicorn instead: scripts/run-web with one worker, served from this
+tree and, with --before REV, also from that git revision (extracted with `git archive`) on the same database;
+each round times a request to each server over HTTP and each tree's own SQL strings (captured in a subprocess
+run in that tree) on one psycopg connection, in a rotating order. Goal: p95 <= 2x the bare SQL for every
+combination, and p95 <= 50 ms.
+
 Run: DJANGO_SETTINGS_MODULE=config.settings.test .venv/bin/python bench/offers_search.py  (or `make bench`)
+     ... bench/offers_search.py --http --before HEAD~1
 """
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import math
 import os
 import random
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -123,6 +137,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="untimed requests per combination (%(default)s)")
     p.add_argument("--seed", type=int, default=20240601, help="random seed of the data (%(default)s)")
     p.add_argument("--no-explain", action="store_true", help="skip EXPLAIN ANALYZE of the slowest query")
+    p.add_argument("--http", action="store_true",
+                   help="time requests to gunicorn (scripts/run-web, one worker) over HTTP instead of in-process")
+    p.add_argument("--before", metavar="REV",
+                   help="with --http: also serve this git revision (git archive) and time it in the same rounds")
     return p.parse_args()
 
 
@@ -371,6 +389,200 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], dict[str, list[float]
         })
     return results, per_query
 
+# --------------------------------------------------------------------------- through gunicorn (--http)
+
+# Run in a tree's own directory (so with that tree's code): the SQL strings each combination's request runs.
+CAPTURE_SQL = """
+import json, sys
+import django
+django.setup()
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+client, out = Client(), {}
+for url in json.loads(sys.argv[1]):
+    client.get(url)  # caches, the slug lookups' first run
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    out[url] = [q["sql"] for q in captured.captured_queries]
+print(json.dumps(out))
+"""
+
+
+def tree_env(server: dict, db_name: str) -> dict[str, str]:
+    user = server["user"] + (f":{server['password']}" if server["password"] else "")
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "DEBUG": "false",
+            "DATABASE_URL": f"postgres://{user}@{server['host']}:{server['port']}/{db_name}",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def extract_revision(rev: str, into: Path) -> Path:
+    tree = into / "before"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def capture_sql(tree: Path, env: dict[str, str], urls: list[str]) -> dict[str, list[str]]:
+    done = subprocess.run([sys.executable, "-c", CAPTURE_SQL, json.dumps(urls)], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"bench: capturing the SQL in {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Gunicorn:
+    """scripts/run-web of a tree, one sync worker, on a free port; stopped (its process group) on exit."""
+
+    def __init__(self, tree: Path, env: dict[str, str], log: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["bash", str(tree / "scripts" / "run-web")], cwd=tree, stdout=out, stderr=subprocess.STDOUT,
+                env={**env, "BIND_ADDRESS": "127.0.0.1", "PORT": str(self.port), "WEB_CONCURRENCY": "1"},
+                start_new_session=True)
+        deadline = time.monotonic() + 60
+        while b"Booting worker" not in log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                sys.exit(f"bench: gunicorn did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def get(self, target: str) -> bytes:
+        """One request on a new connection (gunicorn's sync worker closes each one), body read to the end."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", target, headers={"Host": "localhost"})  # the same links from both servers
+            response = conn.getresponse()
+            body = response.read()
+        finally:
+            conn.close()
+        if response.status != 200:
+            sys.exit(f"bench: {target} answered {response.status}: {body[:500]!r}")
+        return body
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(20)
+
+
+def measure_http(args: argparse.Namespace, server: dict) -> tuple[list[dict], dict[str, list[float]]]:
+    """Rounds of: each tree's request through its gunicorn, each tree's bare SQL; the order rotates by round."""
+    urls = ["/api/v1/offers/" + (f"?{query}" if query else "") for _, query in COMBINATIONS]
+    env = tree_env(server, args.db_name)
+    work = Path(tempfile.mkdtemp(prefix="offers-bench-"))
+    servers: dict[str, Gunicorn] = {}
+    try:
+        return _measure_http(args, urls, env, work, servers)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the extracted revision and the servers' logs
+
+
+def _measure_http(args: argparse.Namespace, urls: list[str], env: dict[str, str], work: Path,
+                  servers: dict[str, Gunicorn]) -> tuple[list[dict], dict[str, list[float]]]:
+    from django.db import connection
+
+    trees = {"now": ROOT}
+    if args.before:
+        trees = {"before": extract_revision(args.before, work), **trees}
+    sqls = {name: capture_sql(tree, env, urls) for name, tree in trees.items()}
+    for name, tree in trees.items():
+        servers[name] = Gunicorn(tree, env, work / f"gunicorn-{name}.log")
+    connection.ensure_connection()
+    raw = connection.connection  # one psycopg connection for every bare SQL string
+    per_query: dict[str, list[float]] = {}
+
+    def bare(statements: list[str]) -> float:
+        total = 0.0
+        with raw.cursor() as cur:
+            for sql in statements:
+                q0 = time.perf_counter()
+                cur.execute(sql)
+                cur.fetchall()
+                dt = time.perf_counter() - q0
+                total += dt
+                per_query.setdefault(sql, []).append(dt)
+        return total
+
+    results = []
+    for (label, query), url in zip(COMBINATIONS, urls, strict=True):
+        bodies = {}
+        for name, srv in servers.items():
+            for _ in range(args.warmup):
+                bodies[name] = srv.get(url)
+        parsed = {name: json.loads(body) for name, body in bodies.items()}
+        if args.before and parsed["before"] != parsed["now"]:
+            sys.exit(f"bench: {url}: the two trees answered different JSON: {first_difference(*parsed.values())}")
+        sides = [(name, kind) for name in servers for kind in ("http", "bare")]
+        times: dict[tuple[str, str], list[float]] = {side: [] for side in sides}
+        for i in range(args.requests):
+            for name, kind in sides[i % len(sides):] + sides[:i % len(sides)]:
+                if kind == "http":
+                    t0 = time.perf_counter()
+                    servers[name].get(url)
+                    times[name, kind].append(time.perf_counter() - t0)
+                else:
+                    times[name, kind].append(bare(sqls[name][url]))
+        body = parsed["now"]
+        results.append({"label": label, "query": query, "count": body["count"], "rows": len(body["results"]),
+                        "n_queries": {name: len(sqls[name][url]) for name in servers},
+                        "bytes": len(bodies["now"]), "times": times})
+    return results, per_query
+
+
+def first_difference(a: dict, b: dict) -> str:
+    for key in a.keys() | b.keys():
+        if key != "results" and a.get(key) != b.get(key):
+            return f"{key}: {a.get(key)!r} != {b.get(key)!r}"
+    for i, (x, y) in enumerate(zip(a["results"], b["results"], strict=False)):
+        for key in x.keys() | y.keys():
+            if x.get(key) != y.get(key):
+                return f"results[{i}].{key}: {x.get(key)!r} != {y.get(key)!r}"
+    return f"{len(a['results'])} rows != {len(b['results'])} rows"
+
+
+def report_http(results: list[dict], names: list[str]) -> bool:
+    """The table per combination and tree; returns whether the goal is met by the current tree."""
+    ms = 1000.0
+    head = f"{'combination':<44} {'offers':>6} {'rows':>4} {'kB':>5} | " + " | ".join(
+        f"{name + ' HTTP p50':>15} {'p95':>6} {'SQL p95':>7} {'ratio':>5}" for name in names) + " | goal"
+    print(head)
+    print("-" * len(head))
+    met_all = True
+    every: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        cells = []
+        for name in names:
+            h, b = r["times"][name, "http"], r["times"][name, "bare"]
+            every.setdefault((name, "http"), []).extend(h)
+            every.setdefault((name, "bare"), []).extend(b)
+            h95, b95 = percentile(h, 95), percentile(b, 95)
+            cells.append(f"{percentile(h, 50) * ms:>15.2f} {h95 * ms:>6.2f} {b95 * ms:>7.2f} {h95 / b95:>5.2f}")
+        h95, b95 = percentile(r["times"]["now", "http"], 95), percentile(r["times"]["now", "bare"], 95)
+        met = h95 <= 2 * b95 and h95 * ms <= 50
+        met_all &= met
+        print(f"{r['label']:<44} {r['count']:>6} {r['rows']:>4} {r['bytes'] / 1000:>5.1f} | " + " | ".join(cells)
+              + f" | {'met' if met else 'NOT met'}")
+    print("-" * len(head))
+    cells = []
+    for name in names:
+        h, b = every[name, "http"], every[name, "bare"]
+        cells.append(f"{percentile(h, 50) * ms:>15.2f} {percentile(h, 95) * ms:>6.2f} "
+                     f"{percentile(b, 95) * ms:>7.2f} {percentile(h, 95) / percentile(b, 95):>5.2f}")
+    print(f"{'ALL (' + str(len(every['now', 'http'])) + ' requests per tree)':<44} {'':>6} {'':>4} {'':>5} | "
+          + " | ".join(cells))
+    print(f"\ngoal (issue 14), for every combination: HTTP p95 <= 2x its bare SQL p95 and <= 50 ms -> "
+          f"{'met' if met_all else 'NOT met'} for this tree")
+    return met_all
+
 
 def report(results: list[dict]) -> None:
     ms = 1000.0
@@ -436,15 +648,25 @@ def main() -> None:
         with connection.cursor() as c:
             c.execute("SELECT version()")
             pg_version = c.fetchone()[0].split(",")[0]
+        how = ("gunicorn over HTTP (scripts/run-web, 1 sync worker" + (f"; this tree and {args.before}" if args.before
+               else "") + ")") if args.http else "in-process django.test.Client"
         print(f"machine: {os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}, "
-              f"{pg_version}; in-process django.test.Client, {args.warmup} warm-up + {args.requests} timed "
+              f"{pg_version}; {how}, {args.warmup} warm-up + {args.requests} timed "
               f"requests per combination\n")
         t = time.perf_counter()
-        load_before = os.getloadavg()[0]
-        results, per_query = measure(args)
-        print(f"measured in {time.perf_counter() - t:.1f} s; 1-minute load average {load_before:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after (anything above ~1 means other work shared the CPUs)\n")
-        report(results)
+        load_before = os.getloadavg()
+        if args.http:
+            http_results, per_query = measure_http(args, server)
+        else:
+            results, per_query = measure(args)
+        load_after = os.getloadavg()
+        print(f"measured in {time.perf_counter() - t:.1f} s; load average (1, 5, 15 min) "
+              f"{' '.join(f'{v:.2f}' for v in load_before)} before, {' '.join(f'{v:.2f}' for v in load_after)} after "
+              f"on {os.cpu_count()} CPUs (the machine is shared: above ~1, other work took CPU time)\n")
+        if args.http:
+            report_http(http_results, ["before", "now"] if args.before else ["now"])
+        else:
+            report(results)
         if not args.no_explain:
             explain_slowest(per_query)
     finally:

@@ -1,6 +1,7 @@
 """Reads that encode marketplace rules."""
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, Value
@@ -34,7 +35,7 @@ def _free_gpu_count() -> Coalesce:
     return Coalesce(Subquery(free), Value(0))
 
 
-def offers_search() -> QuerySet[Offer]:
+def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:
     """Every node a renter can book now: active, verified or degraded, listed, with free GPUs.
 
     Annotates `num_gpus_free` and `score_per_dollar` (score per USD per GPU-hour) so
@@ -48,7 +49,18 @@ def offers_search() -> QuerySet[Offer]:
     An offer never shows the node's keys, inventory or errors: they are deferred, so a
     page neither reads nor decodes them (and the key ciphertext stays out of a public
     endpoint's memory).
+
+    Built once and cloned per call: building it (two subqueries, a join, deferred fields) was about a
+    millisecond of each offers request. `values_list`: the same rows as tuples of these fields (the
+    offers list's fast path), also built once.
     """
+    return _offers_search(values_list).all()
+
+
+@cache
+def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
+    if values_list is not None:
+        return _offers_search(None).values_list(*values_list)
     return (
         Node.objects.filter(OFFERABLE)
         .filter(Exists(_free_gpus()))

@@ -44,39 +44,47 @@ def usd(micros: int) -> float:
     return float(micros_to_usd(micros))
 
 
-def host_fields(node: Any) -> dict[str, Any]:
+# What offer_rows reads of a node of offers_search: plain values, not a Node and a GpuModel per node (a search
+# reads every matching node, thousands of them; issue 14).
+HOST_VALUES = ("cpu_model", "cpu_cores", "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "net_mbps",
+               "driver_version", "cuda_version", "pcie_gen")
+NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_hour_micros", "benchmark_summary",
+               "reliability", "score", "country", "verdict", "runtime", "num_gpus_free", *HOST_VALUES)
+
+
+def host_fields(node: dict[str, Any]) -> dict[str, Any]:
     """Vast's host fields from the node's measured facts (marketplace.models.host), only those measured:
     cpu_name, cpu_cores (logical CPUs), cpu_ram (MiB, as gpu_ram), disk_space (free GB), disk_bw (MB/s),
     inet_down (Mbit/s from the platform to the node, the only direction measured: no inet_up), driver_version,
     cuda_max_good (the highest CUDA version the driver runs) and pci_gen."""
-    cuda = cuda_version_text(node.cuda_version)
+    cuda = cuda_version_text(node["cuda_version"])
     facts = {
-        "cpu_name": node.cpu_model or None, "cpu_cores": node.cpu_cores,
-        "cpu_ram": node.ram_gb * 1024 if node.ram_gb is not None else None,
-        "disk_space": float(node.disk_free_gb) if node.disk_free_gb is not None else None,
-        "disk_bw": node.disk_bandwidth_mbs, "inet_down": node.net_mbps,
-        "driver_version": node.driver_version or None, "cuda_max_good": float(cuda) if cuda else None,
-        "pci_gen": float(node.pcie_gen) if node.pcie_gen is not None else None,
+        "cpu_name": node["cpu_model"] or None, "cpu_cores": node["cpu_cores"],
+        "cpu_ram": node["ram_gb"] * 1024 if node["ram_gb"] is not None else None,
+        "disk_space": float(node["disk_free_gb"]) if node["disk_free_gb"] is not None else None,
+        "disk_bw": node["disk_bandwidth_mbs"], "inet_down": node["net_mbps"],
+        "driver_version": node["driver_version"] or None, "cuda_max_good": float(cuda) if cuda else None,
+        "pci_gen": float(node["pcie_gen"]) if node["pcie_gen"] is not None else None,
     }
     return {name: value for name, value in facts.items() if value is not None}
 
 
-def offer_rows(node: Any) -> list[dict[str, Any]]:
-    """The offers of one node of offers_search (annotated with num_gpus_free)."""
-    model = node.gpu_model
-    per_gpu = usd(node.price_per_gpu_hour_micros)
-    medians = (node.benchmark_summary or {}).get("median_per_gpu") or {}
+def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The offers of one node of offers_search, given as its NODE_VALUES."""
+    pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
+    per_gpu = usd(node["price_per_gpu_hour_micros"])
+    medians = (node["benchmark_summary"] or {}).get("median_per_gpu") or {}
     common = {
-        "machine_id": node.pk, "gpu_name": model.name, "gpu_ram": model.memory_mib,
-        "reliability": node.reliability, "reliability2": node.reliability, "score": node.score,
-        "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node.country) or None,
-        "verification": node.verdict, "verified": node.verdict == Verdict.VERIFIED,
-        "rentable": True, "rented": False, "external": False, "runtime": node.runtime, **host_fields(node),
+        "machine_id": pk, "gpu_name": node["gpu_model__name"], "gpu_ram": memory_mib,
+        "reliability": node["reliability"], "reliability2": node["reliability"], "score": node["score"],
+        "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node["country"]) or None,
+        "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
+        "rentable": True, "rented": False, "external": False, "runtime": node["runtime"], **host_fields(node),
     }
     return [
-        {"id": offer_id(node.pk, n), "ask_contract_id": offer_id(node.pk, n), "num_gpus": n,
-         "gpu_total_ram": model.memory_mib * n, "dph_total": per_gpu * n, "dph_base": per_gpu * n, **common}
-        for n in range(1, node.num_gpus_free + 1)
+        {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n,
+         "gpu_total_ram": memory_mib * n, "dph_total": per_gpu * n, "dph_base": per_gpu * n, **common}
+        for n in range(1, node["num_gpus_free"] + 1)
     ]
 
 
@@ -116,7 +124,7 @@ def offers_find(query: Query) -> list[dict[str, Any]]:
     if params is None:
         return []
     filtered = OfferFilter(data=params, queryset=offers_search())
-    nodes = filtered.qs if filtered.is_valid() else offers_search()
+    nodes = (filtered.qs if filtered.is_valid() else offers_search()).values(*NODE_VALUES)
     rows = [row for node in nodes for row in offer_rows(node) if matches(row, query.conditions)]
     return sort(rows, query.order)[: query.limit]
 

@@ -3,6 +3,7 @@
 from rest_framework import permissions
 from rest_framework.response import Response
 
+from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
 
 from .. import offers, query
@@ -14,6 +15,7 @@ class OffersSearchView(VastView):
 
     api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
+    renderer_classes = [FastJSONRenderer]  # thousands of rows per search; the same JSON as JSONRenderer
 
     def post(self, request):
         return Response({"offers": offers.offers_find(query.parse(request.data))})

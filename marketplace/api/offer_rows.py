@@ -1,0 +1,103 @@
+"""Offer rows straight from the database's tuples: OfferSerializer's JSON without a Node and a GpuModel per row.
+
+Issue 14: a page of offers spent about a quarter of its time in DRF serialization, building two model instances
+per row and walking a field tree per value. `OFFER_COLUMNS` is what a row reads (`values_list`) and `offer_row`
+writes exactly what OfferSerializer writes for it (tests/marketplace/test_offer_rows.py holds them equal, field by
+field and byte by byte). OfferSerializer stays the documented schema and serves the single-offer read.
+"""
+from typing import Any
+
+from rest_framework import serializers
+
+from marketplace.models import Verdict
+from marketplace.models.host import cuda_version_text
+
+# The order of offer_row's unpacking.
+OFFER_COLUMNS = (
+    "id", "gpu_model__slug", "gpu_model__name", "num_gpus_free", "gpu_count", "gpu_model__memory_gb",
+    "price_per_gpu_hour_micros", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
+    "verdict", "runtime", "benchmark_summary", "disk_price_per_gb_month_micros", "cpu_model", "cpu_cores",
+    "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version", "pcie_gen", "pcie_width",
+    "net_mbps", "host_checked_at",
+)
+MEDIAN_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
+                  "cnn_train_images_s", "cnn_infer_images_s")
+
+# DRF's own field for datetimes: the current time zone and its "Z" are DRF's rules, not restated here.
+_datetime = serializers.DateTimeField()
+
+
+def usd_text(micros: int) -> str:
+    """UsdField's text of integer micro-dollars ("0.790000"), without Decimal."""
+    whole, fraction = divmod(abs(micros), 1_000_000)
+    return f"{'-' if micros < 0 else ''}{whole}.{fraction:06d}"
+
+
+def _datetime_text(value: Any) -> Any:
+    if not value:
+        return None
+    return value if isinstance(value, str) else _datetime.to_representation(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def benchmark_summary(summary: Any) -> dict[str, Any] | None:
+    """BenchmarkSummarySerializer's output: absent keys stay absent, except the medians' (null when absent)."""
+    if summary is None:
+        return None
+    out: dict[str, Any] = {}
+    if "checked_at" in summary:
+        out["checked_at"] = _datetime_text(summary["checked_at"])
+    if "verdict" in summary:
+        verdict = summary["verdict"]
+        out["verdict"] = None if verdict is None else str(verdict)
+    if "median_per_gpu" in summary:
+        medians = summary["median_per_gpu"]
+        out["median_per_gpu"] = None if medians is None else {
+            name: _float(medians.get(name)) for name in MEDIAN_FIGURES}
+    if "findings" in summary:
+        findings = summary["findings"]
+        out["findings"] = None if findings is None else [
+            None if code is None else str(code) for code in findings]
+    return out
+
+
+def offer_row(row: tuple[Any, ...], fee_percent: str) -> dict[str, Any]:
+    """One offer's JSON object from a tuple of OFFER_COLUMNS; `fee_percent` is the response's platform fee."""
+    (pk, slug, model_name, free, total, memory_gb, price, country, city, datacenter, reliability, score,
+     score_per_dollar, verdict, runtime, summary, disk_price, cpu_model, cpu_cores, ram_gb, disk_free_gb,
+     disk_bandwidth_mbs, driver_version, cuda_version, pcie_gen, pcie_width, net_mbps, host_checked_at) = row
+    return {
+        "id": pk,
+        "gpu_model": slug,
+        "gpu_model_name": model_name,
+        "num_gpus_free": free,
+        "num_gpus_total": total,
+        "gpu_memory_gb": memory_gb,
+        "price_per_gpu_hour": usd_text(price),
+        "country": country,
+        "city": city,
+        "datacenter": datacenter,
+        "reliability": reliability,
+        "score": score,
+        "score_per_dollar": score_per_dollar,
+        "verified": verdict == Verdict.VERIFIED,
+        "verdict": verdict,
+        "runtime": runtime,
+        "platform_fee_percent": fee_percent,
+        "benchmark": benchmark_summary(summary),
+        "disk_price_per_gb_month": usd_text(disk_price),
+        "cpu_model": cpu_model,
+        "cpu_cores": cpu_cores,
+        "ram_gb": ram_gb,
+        "disk_free_gb": disk_free_gb,
+        "disk_bandwidth_mbs": disk_bandwidth_mbs,
+        "driver_version": driver_version,
+        "cuda_version": cuda_version_text(cuda_version),
+        "pcie_gen": pcie_gen,
+        "pcie_width": pcie_width,
+        "platform_to_node_mbps": net_mbps,
+        "host_checked_at": _datetime_text(host_checked_at),
+    }
