@@ -6,7 +6,8 @@ its own dockerd and registry, as tests/docker/ does).
 What it sets up, once:
 - dockerd (own data root and socket) and Debian's docker-registry with htpasswd auth, as tests/docker/engine.py;
   the test image (scripts/docker-test-setup) pushed to it, the local copy removed;
-- a node: a simulated server's sshd (provisioning.sim) whose `SetEnv` puts the agent in `docker` mode against that
+- a node (tests/docker/harness.py, shared with tests/docker/test_platform_on_docker.py): a simulated server's sshd
+  (provisioning.sim) whose `SetEnv` puts the agent in `docker` mode against that
   dockerd (GPUMARKET_DOCKER_GPUS=none: no GPU injection; a fake nvidia-smi of 4 x A100 for the inventory), registered
   with node_register (runtime docker, pinned host key, its own key pair authorized on it) and listed;
 - a PostgreSQL database of its own (bench/benchdb.py), migrated; a renter with credit and an API key;
@@ -29,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,47 +57,7 @@ from tests.docker.engine import (  # noqa: E402
     free_port,
     setup_machine,
 )
-
-SMI = ROOT / "tests" / "provisioning" / "fixtures" / "nvidia_smi" / "a100_sxm4_80gb_x4.csv"
-PROFILE = "a100-80gb-sxm-x4"
-
-
-def wait_banner(port: int, host: str = "127.0.0.1", timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=2) as sock:
-                sock.settimeout(2)
-                if sock.recv(8).startswith(b"SSH-2.0"):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.01)
-    raise RuntimeError(f"no SSH banner on {host}:{port}")
-
-
-def docker_node(sim, base: Path, engine: Engine, work: Path) -> dict:
-    """A simulated server's sshd whose agent runs in docker mode against `engine` (SetEnv rewritten, restarted)."""
-    info = sim.node_up(PROFILE, base)
-    node_dir = Path(info["node_dir"])
-    env = {
-        "GPUMARKET_RUNTIME": "docker",
-        "GPUMARKET_STATE_DIR": str(work / "state"),
-        "GPUMARKET_PUBLIC_HOST": "127.0.0.1",
-        "GPUMARKET_PORT_RANGE": "46600-46999",
-        "GPUMARKET_DOCKER_BIND": "127.0.0.1",
-        "GPUMARKET_DOCKER_GPUS": "none",
-        "DOCKER_HOST": engine.env["DOCKER_HOST"],
-        "PATH": f"{work / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": str(node_dir / "home"),
-    }
-    config = node_dir / "sshd_config"
-    text = re.sub(r"(?m)^SetEnv .*$", "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()),
-                  config.read_text())
-    config.write_text(text)
-    sim.node_cut(info["ssh_port"], base)
-    sim.node_restore(info["ssh_port"], base)
-    return info
+from tests.docker.harness import docker_node, wait_banner  # noqa: E402
 
 
 def main() -> None:
@@ -128,9 +87,6 @@ def main() -> None:
     engine, registry = Engine(base / "engine"), Registry(base / "registry")
     (base / "engine").mkdir()
     work = base / "agent"
-    (work / "bin").mkdir(parents=True)
-    (work / "bin" / "nvidia-smi").write_text(f"#!/bin/sh\ncat {SMI}\n")
-    (work / "bin" / "nvidia-smi").chmod(0o755)
     login = base / "login"
     login.mkdir(mode=0o700)
     simbase = base / "simnodes"

@@ -1,4 +1,5 @@
-"""The docker runtime against a real Docker engine and registry (started by conftest.py), checked from outside:
+"""The docker runtime against a real Docker engine and registry (started by conftest.py), the agent called directly
+(test_platform_on_docker.py goes through the API and a worker on the same engine), checked from outside:
 SSH into the container, read its env, reach its mapped port, find files on its volume after stop/start and after
 destroy + recreate, onstart run once, pulls with and without the right credentials, orphans found.
 
