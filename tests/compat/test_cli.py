@@ -128,7 +128,7 @@ def test_the_vastai_cli_end_to_end(worker, live_server, sim_node_factory, client
 
     # Bad queries come back as the CLI's JSON error with our msg, never a 500.
     for query, words in [("num_gpus>=two", "`num_gpus` takes a whole number"),
-                         ("cpu_ram>=16", "does not measure or offer"), ("colour=red", "Unknown field `colour`")]:
+                         ("inet_up>=100", "does not measure or offer"), ("colour=red", "Unknown field `colour`")]:
         done = cli("search", "offers", query, ok=False)
         error = json.loads(done.stderr.strip().splitlines()[-1])
         assert error["status_code"] == 400 and words in error["msg"], done.stderr
