@@ -20,7 +20,9 @@ from billing.services.stripe_gateway import PaymentDeclined
 from core import errors
 from core.transitions import InvalidTransition
 from core.web_errors import error_message, form_error, message_error
+from marketplace.models import User
 from marketplace.services.accounts import InvalidSignupToken, TwoFactorRequired
+from marketplace.services.email_verification import EmailNotVerified, InvalidVerificationLink
 from marketplace.services.instances import Funds, InsufficientFunds
 from marketplace.services.ssh_keys import InvalidSshKey
 from marketplace.services.two_factor import WrongCode
@@ -47,6 +49,8 @@ SAMPLES = [
     TwoFactorRequired(),
     WrongCode(),
     InvalidTransition("node 5", "retired", "active"),
+    EmailNotVerified(User(email="renter@example.com")),
+    InvalidVerificationLink(),
 ]
 
 
