@@ -29,6 +29,11 @@ class MedianFiguresSerializer(serializers.Serializer):
     cnn_train_images_s = serializers.FloatField(allow_null=True, required=False,
                                                 help_text="The small CNN's training throughput, images/s.")
     cnn_infer_images_s = serializers.FloatField(allow_null=True, required=False)
+    power_draw_w = serializers.FloatField(allow_null=True, required=False,
+                                          help_text="The most a GPU drew under the benchmark's load, watts.")
+    bf16_tflops_per_w = serializers.FloatField(
+        allow_null=True, required=False,
+        help_text="Measured BF16 TFLOP/s per watt drawn under that load (null until measured; never the datasheet).")
 
 
 class BenchmarkSummarySerializer(serializers.Serializer):

@@ -166,6 +166,14 @@ def _num(value, places=1):
     return "–" if value is None else f"{value:,.{places}f}"
 
 
+def _per_watt(c) -> str:
+    """Measured BF16 per watt with the number of servers behind it; never the datasheet's."""
+    if not c.per_watt:
+        return NOT_MEASURED
+    servers = f"{c.per_watt_nodes} server{'s' if c.per_watt_nodes != 1 else ''}"
+    return format_html('{} <span class="muted small">({})</span>', _num(c.per_watt * 1000, 0), servers)
+
+
 def _compare_table(columns) -> list[dict]:
     """The comparison as rows of cells, models side by side: datasheet, measured here, price now."""
     def row(label, cell, note=""):
@@ -210,6 +218,7 @@ def _compare_table(columns) -> list[dict]:
               for key, sheet_field, label, unit in COMPARED],
             *[row(f"{label} ({unit})", lambda c, k=key: _num(c.measured.get(k), 0) if c.measured.get(k)
                   else NOT_MEASURED, "small CNN, PyTorch") for key, label, unit in WORKLOAD],
+            row("BF16 per watt (GFLOP/s per W)", _per_watt, "verified servers, at the most drawn under load"),
             row("Score per GPU", lambda c: _num(c.score) if c.score else NOT_MEASURED,
                 "100 = A100 80GB SXM datasheet"),
         ]},

@@ -221,7 +221,7 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
 
 # The measured medians a renter compares offers by (the full figures stay on the VerificationRun).
 OFFER_SUMMARY_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
-                         "cnn_train_images_s", "cnn_infer_images_s")
+                         "cnn_train_images_s", "cnn_infer_images_s", "power_draw_w", "bf16_tflops_per_w")
 
 
 def offer_summary(run: VerificationRun) -> dict[str, Any]:

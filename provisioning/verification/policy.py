@@ -564,6 +564,20 @@ class Judgement:
     figures: dict
 
 
+# Throughput per watt: the BF16 matmul figure over the most the card drew under that load (the telemetry's
+# maximum while loaded, so the figure errs low, never high). Only on CUDA runs: a CPU run has no GPU power.
+PER_WATT_FIGURES = ("power_draw_w", "bf16_tflops_per_w")
+
+
+def per_watt(gpu: dict) -> dict:
+    """A GPU's power under load and its BF16 TFLOP/s per watt (None where either was not measured)."""
+    draw = (gpu.get("telemetry") or {}).get("power_draw_w")
+    tflops = gpu.get("bf16_tflops")
+    draw = draw if isinstance(draw, int | float) and draw > 0 else None
+    return {"power_draw_w": draw,
+            "bf16_tflops_per_w": round(tflops / draw, 5) if draw and isinstance(tflops, int | float) else None}
+
+
 def summarize(declared: DeclaredModel, bench: dict) -> dict:
     """What a verification run keeps of the benchmark: per GPU figures, their share of the datasheet, a score."""
     keep = ("index", "uuid", "name", "sm_count", *FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s",
@@ -575,11 +589,14 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
                                if gpu.get(k) and declared.datasheet.get(k)}
         score = gpu_score(gpu)
         row["score"] = round(score, 2) if score is not None else None
+        if bench.get("device", "cuda") == "cuda":
+            row.update(per_watt(gpu))
         gpus.append(row)
     medians = {}
-    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s"):
+    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s", *PER_WATT_FIGURES):
         values = [g[key] for g in gpus if g.get(key) is not None]
-        medians[key] = round(statistics.median(values), 3) if values else None
+        places = 5 if key == "bf16_tflops_per_w" else 3  # ~0.5-2 TFLOP/s per W: 3 places would be 3 digits
+        medians[key] = round(statistics.median(values), places) if values else None
     head = {k: bench.get(k) for k in ("mode", "device", "quick", "duration_s", "time_limit_s", "torch_version",
                                       "cuda_runtime", "agent_version")}
     return {**head, "datasheet": dict(declared.datasheet), "score_reference": TOLERANCES["score_reference"]["name"],

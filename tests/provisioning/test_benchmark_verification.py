@@ -258,3 +258,21 @@ def test_reliability_is_uptime_over_30_days_minus_failed_jobs(db):
                        finished_at=now - timedelta(days=31))
     assert reliability.node_reliability_update(node_id=node.pk) == pytest.approx(0.95 - 2 * 0.02)
     assert Node.objects.get(pk=node.pk).reliability == pytest.approx(0.91)
+
+
+def test_the_check_records_bf16_per_watt_drawn_under_load_and_offers_show_it(db, simnode, simbase):
+    from rest_framework.test import APIClient
+    node, job = verify(register(simnode, simbase, "rtx-a4000-x2"))
+    assert node.verdict == "verified", job.error
+    run = VerificationRun.objects.get(node=node)
+    drawn = {g["index"]: g["telemetry"]["power_draw_w"] for g in profile_data("rtx-a4000-x2")["performance"]["gpus"]}
+    for gpu in run.figures["gpus"]:  # the benchmark's own BF16 figure over the sim's power under load
+        assert gpu["power_draw_w"] == drawn[gpu["index"]]
+        assert gpu["bf16_tflops_per_w"] == pytest.approx(gpu["bf16_tflops"] / drawn[gpu["index"]], rel=1e-4)
+    per_w = run.figures["median"]["bf16_tflops_per_w"]
+    assert per_w and node.benchmark_summary["median_per_gpu"]["bf16_tflops_per_w"] == per_w
+    node.price_per_gpu_hour_micros = 300_000
+    node.save(update_fields=["price_per_gpu_hour_micros"])
+    offers = APIClient().get("/api/v1/offers/", {"gpu_model": "rtx-a4000"}).json()["results"]
+    offer = next(o for o in offers if o["id"] == node.pk)
+    assert offer["benchmark"]["median_per_gpu"]["bf16_tflops_per_w"] == per_w
