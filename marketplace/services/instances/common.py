@@ -3,6 +3,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -155,7 +156,7 @@ def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
         raise
 
 
-def node_nvlink_islands(node: Node) -> list:
+def node_nvlink_islands(node: Node) -> list[list[int]]:
     """The NVLink islands _lock_node_for_booking read with the node (JSON text), or those of its last check."""
     raw = getattr(node, "nvlink_islands", None)
     if raw is None and "benchmark_summary" in node.__dict__:  # the ORM path (SQLite) loads the whole row
@@ -210,7 +211,7 @@ def _allocate_free_gpus(instance: Instance, node_id: int, count: int, at: dateti
                   f"WHERE g.node_id = %s AND g.{state} = %s "
                   f"ORDER BY CASE WHEN s.n >= %s THEN s.n ELSE 100000 - s.n END, f.island, g.{q('index')} "
                   f"LIMIT %s FOR UPDATE OF g SKIP LOCKED), ")
-        params: list = [island_of, node_id, GpuStatus.FREE, node_id, GpuStatus.FREE, count, count]
+        params: list[Any] = [island_of, node_id, GpuStatus.FREE, node_id, GpuStatus.FREE, count, count]
     else:
         picked = (f"WITH picked AS (SELECT id FROM {gpu} WHERE node_id = %s AND {state} = %s "  # noqa: S608
                   f"ORDER BY {q('index')} LIMIT %s FOR UPDATE SKIP LOCKED), ")
