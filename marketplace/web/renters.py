@@ -67,6 +67,7 @@ FILTER_LABELS = {
     "min_pcie_gen": ("PCIe generation, at least", ""),
     "min_pcie_width": ("PCIe lanes, at least", "e.g. 16 for ×16."),
     "min_platform_to_node_mbps": ("Network, at least (Mbit/s)", "Measured by the platform to the server over SSH."),
+    "nvlink": ("NVLink", "As the check found it: GPUs joined by NVLink, or not."),
     "ordering": ("Sort by", ""),
 }
 
@@ -89,6 +90,8 @@ class WebOfferFilter(OfferFilter):
             ordering.choices = [(value, ORDERING_LABELS.get(value, label)) for value, label in ordering.choices
                                 if value]
             ordering.empty_label = ORDERING_LABELS[""]
+            nvlink = form.fields["nvlink"]
+            nvlink.choices = [("", "Either"), ("true", "NVLink-connected"), ("false", "Without NVLink")]
             country = form.fields["country"]
             country.empty_label = None
             country.choices = [("", "Any country"), *((code, name) for code, name in country.choices if code)]

@@ -322,3 +322,15 @@ def test_offer_page_never_shows_node_secrets(client, fleet):
 def test_a_missing_page_is_a_friendly_404(web):
     r = web.get("/instances/999999/")
     assert r.status_code == 404 and "Not found" in r.content.decode() and 'href="/offers/"' in r.content.decode()
+
+
+def test_offers_page_shows_and_filters_nvlink(client, fleet):
+    node = fleet["a100_cheap"]
+    node.benchmark_summary = {"verdict": "verified", "findings": [], "median_per_gpu": {},
+                              "nvlink": {"connected": True, "islands": [[0, 1, 2, 3]], "links_per_gpu": 12,
+                                         "p2p_gbs": 231.4, "pcie_p2p_gbs": None}}
+    node.save(update_fields=["benchmark_summary"])
+    page = client.get("/offers/").content.decode()
+    assert "NVLink 231 GB/s p2p" in page and 'name="nvlink"' in page
+    assert _ids(client.get("/offers/?nvlink=true").content.decode()) == [node.pk]
+    assert node.pk not in _ids(client.get("/offers/?nvlink=false").content.decode())
