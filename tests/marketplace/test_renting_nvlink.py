@@ -98,3 +98,35 @@ def test_a_booking_refused_for_too_few_gpus_takes_nothing():
     with pytest.raises(Conflict):
         book(UserFactory(), node, 4)
     assert_consistent()
+
+
+@pytest.mark.django_db
+def test_the_instance_says_whether_its_gpus_are_on_one_island():
+    node = islands_node()
+    renter = UserFactory()
+    client = client_for(renter)
+    one = client.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 4, "image": "cuda-12-4",
+                                             "ssh_public_key": ed25519_key()}, format="json").json()
+    assert (one["gpus"], one["gpus_on_one_nvlink_island"]) == ([0, 1, 2, 3], True)
+    book(UserFactory(), node, 2)  # 4 and 5
+    single = client.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                                "ssh_public_key": ed25519_key()}, format="json").json()
+    assert single["gpus_on_one_nvlink_island"] is None  # one GPU: nothing to join
+    rows = {row["id"]: row for row in client.get("/api/v1/instances/").json()["results"]}
+    assert rows[one["id"]]["gpus_on_one_nvlink_island"] is True
+    plain = make_listed_node(gpu_count=4)
+    other = client.post("/api/v1/instances/", {"offer": plain.pk, "num_gpus": 2, "image": "cuda-12-4",
+                                               "ssh_public_key": ed25519_key()}, format="json").json()
+    assert other["gpus_on_one_nvlink_island"] is None  # a node without NVLink
+
+
+@pytest.mark.django_db
+def test_gpus_spanning_two_islands_are_said_to():
+    node = islands_node()
+    book(UserFactory(), node, 3)  # 0, 1, 2
+    book(UserFactory(), node, 3)  # 4, 5, 6
+    renter = UserFactory()
+    spanning = book(renter, node, 2)
+    assert gpu_indices(spanning) == [3, 7]
+    fresh = svc.instances_for_user(user=renter).get(pk=spanning.pk)
+    assert svc.instance_on_one_nvlink_island(instance=fresh) is False

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, IntegerField, Prefetch, QuerySet, Sum, Value, When
+from django.db.models import Case, F, IntegerField, Prefetch, QuerySet, Sum, Value, When
 from django.utils import timezone
 
 from billing.services.ledger import funds_required_micros, wallet_balance
@@ -57,6 +57,8 @@ def instances_for_user(*, user: User) -> QuerySet[Instance]:
     return (
         Instance.objects.filter(renter=user)
         .select_related("image", "gpu_model")
+        # its node's NVLink islands, in the same query: instance_on_one_nvlink_island reads them
+        .annotate(node_nvlink_islands=F("node__benchmark_summary__nvlink__islands"))
         .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"),
                           Prefetch("volume_mounts", queryset=VolumeMount.objects.select_related("volume")))
     )
@@ -161,6 +163,21 @@ def node_nvlink_islands(node: Node) -> list[list[int]]:
     raw = getattr(node, "nvlink_islands", None)
     if raw is None and "benchmark_summary" in node.__dict__:  # the ORM path (SQLite) loads the whole row
         raw = ((node.benchmark_summary or {}).get("nvlink") or {}).get("islands")
+    return parse_islands(raw)
+
+
+def instance_on_one_nvlink_island(*, instance: Instance) -> bool | None:
+    """Whether the GPUs the instance holds are all on one NVLink island of its node (instances_for_user reads the
+    islands with it); None for fewer than two GPUs, or a node without NVLink."""
+    islands = parse_islands(getattr(instance, "node_nvlink_islands", None))
+    held = set(instance_gpu_indices(instance=instance))
+    if len(held) < 2 or not islands:
+        return None
+    return any(held <= set(island) for island in islands)
+
+
+def parse_islands(raw: object) -> list[list[int]]:
+    """NVLink islands from JSON text or an already decoded list; [] for anything else."""
     try:
         islands = json.loads(raw) if isinstance(raw, str) else raw
     except ValueError:
