@@ -85,6 +85,9 @@ class InstanceSerializer(serializers.ModelSerializer):
     node = serializers.IntegerField(source="node_id", read_only=True, help_text="The offer (node) it runs on.")
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpus = serializers.SerializerMethodField(help_text="Indices (on the node) of the GPUs it holds now.")
+    gpus_on_one_nvlink_island = serializers.SerializerMethodField(help_text=(
+        "true when the GPUs it holds are all on one NVLink island of the node (booking prefers that); false "
+        "when they span islands or PCIe; null for one GPU or a node without NVLink."))
     image = serializers.CharField(source="image_name", read_only=True,
                                   help_text="The catalogue image's slug, or your own image's reference.")
     registry_auth = serializers.BooleanField(read_only=True, help_text="Whether a registry login was given (it is "
@@ -127,7 +130,8 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "status", "status_message", "node", "gpu_model", "num_gpus", "gpus", "image", "registry_auth",
+            "id", "status", "status_message", "node", "gpu_model", "num_gpus", "gpus",
+            "gpus_on_one_nvlink_island", "image", "registry_auth",
             "env", "onstart", "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb",
             "ssh_host", "ssh_port", "ssh_user", "ssh_command", "ssh_public_keys", "price_per_hour",
             "price_per_gpu_hour", "platform_fee_percent", "cost_so_far", "disk_price_per_gb_month",
@@ -154,6 +158,9 @@ class InstanceSerializer(serializers.ModelSerializer):
 
     def get_gpus(self, instance) -> list[int]:
         return svc.instance_gpu_indices(instance=instance)
+
+    def get_gpus_on_one_nvlink_island(self, instance) -> bool | None:
+        return svc.instance_on_one_nvlink_island(instance=instance)
 
     def get_ssh_command(self, instance) -> str | None:
         return instance_ssh_command(instance)

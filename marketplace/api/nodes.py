@@ -82,8 +82,8 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = [
             "id", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
-            "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour", "disk_price_per_gb_month", "runtime",
-            "state", "state_changed_at",
+            "datacenter", "gpu_model", "gpu_count", "nvlink_declared", "price_per_gpu_hour", "disk_price_per_gb_month",
+            "runtime", "state", "state_changed_at",
             "verdict", "listed", "maintenance", "score", "reliability", "last_error", "public_key",
             "install_command", "gpus", "current_job", "last_seen_at", "created_at", "updated_at",
         ]
@@ -122,6 +122,9 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GpuModel.objects.all(),
                                              help_text="Slug from /api/v1/gpu-models/.")
     gpu_count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_NODE)
+    nvlink_declared = serializers.BooleanField(
+        required=False, default=False,
+        help_text="The GPUs are NVLink-connected; the check degrades the node if nvidia-smi shows otherwise.")
     price_per_gpu_hour = UsdField(help_text="USD per GPU-hour.", **PRICE_LIMITS)
     disk_price_per_gb_month = UsdField(required=False, help_text=(
         "USD per GB per 30-day month for renters' volumes and stopped instances' disks, billed per second "
@@ -135,6 +138,11 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
 
     def validate_address(self, value):
         return value.lower()
+
+    def validate(self, attrs):
+        if attrs.get("nvlink_declared") and attrs.get("gpu_count", 0) < 2:
+            raise serializers.ValidationError({"nvlink_declared": "NVLink joins two or more GPUs; this node has one."})
+        return attrs
 
 
 class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):

@@ -21,7 +21,7 @@ OFFER_COLUMNS = (
     "net_mbps", "host_checked_at",
 )
 MEDIAN_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
-                  "cnn_train_images_s", "cnn_infer_images_s")
+                  "cnn_train_images_s", "cnn_infer_images_s", "power_draw_w", "bf16_tflops_per_w")
 
 # DRF's own field for datetimes: the current time zone and its "Z" are DRF's rules, not restated here.
 _datetime = serializers.DateTimeField()
@@ -43,8 +43,23 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def nvlink_summary(nvlink: Any) -> dict[str, Any] | None:
+    """NvlinkSummarySerializer's output (the check always writes `connected` and `islands`)."""
+    if nvlink is None:
+        return None
+    return {"connected": bool(nvlink["connected"]),
+            "islands": [[int(gpu) for gpu in island] for island in nvlink["islands"]],
+            "links_per_gpu": _int(nvlink.get("links_per_gpu")), "p2p_gbs": _float(nvlink.get("p2p_gbs")),
+            "pcie_p2p_gbs": _float(nvlink.get("pcie_p2p_gbs"))}
+
+
 def benchmark_summary(summary: Any) -> dict[str, Any] | None:
-    """BenchmarkSummarySerializer's output: absent keys stay absent, except the medians' (null when absent)."""
+    """BenchmarkSummarySerializer's output: absent keys stay absent, except those that allow null (the medians,
+    nvlink): null when absent."""
     if summary is None:
         return None
     out: dict[str, Any] = {}
@@ -57,6 +72,7 @@ def benchmark_summary(summary: Any) -> dict[str, Any] | None:
         medians = summary["median_per_gpu"]
         out["median_per_gpu"] = None if medians is None else {
             name: _float(medians.get(name)) for name in MEDIAN_FIGURES}
+    out["nvlink"] = nvlink_summary(summary.get("nvlink"))  # allow_null: an absent key reads as null
     if "findings" in summary:
         findings = summary["findings"]
         out["findings"] = None if findings is None else [
@@ -100,4 +116,5 @@ def offer_row(row: tuple[Any, ...], fee_percent: str) -> dict[str, Any]:
         "pcie_width": pcie_width,
         "platform_to_node_mbps": net_mbps,
         "host_checked_at": _datetime_text(host_checked_at),
+        "nvlink": bool(((summary or {}).get("nvlink") or {}).get("connected")),
     }

@@ -5,7 +5,7 @@ from decimal import Decimal
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.http import QueryDict
 from django_countries import countries
 from django_filters.fields import ChoiceField
@@ -35,12 +35,30 @@ class MedianFiguresSerializer(serializers.Serializer):
     cnn_train_images_s = serializers.FloatField(allow_null=True, required=False,
                                                 help_text="The small CNN's training throughput, images/s.")
     cnn_infer_images_s = serializers.FloatField(allow_null=True, required=False)
+    power_draw_w = serializers.FloatField(allow_null=True, required=False,
+                                          help_text="The most a GPU drew under the benchmark's load, watts.")
+    bf16_tflops_per_w = serializers.FloatField(
+        allow_null=True, required=False,
+        help_text="Measured BF16 TFLOP/s per watt drawn under that load (null until measured; never the datasheet).")
+
+
+class NvlinkSummarySerializer(serializers.Serializer):
+    connected = serializers.BooleanField(help_text="nvidia-smi shows NVLink between GPUs of the node.")
+    islands = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()),
+                                    help_text="GPU indices joined by NVLink, one list per island.")
+    links_per_gpu = serializers.IntegerField(allow_null=True,
+                                             help_text="The fewest active NVLink links of a GPU in an island.")
+    p2p_gbs = serializers.FloatField(allow_null=True, help_text=(
+        "Measured peer-to-peer copy GB/s: the median over NVLink pairs (over PCIe pairs without NVLink)."))
+    pcie_p2p_gbs = serializers.FloatField(allow_null=True, help_text="The median over pairs not on NVLink.")
 
 
 class BenchmarkSummarySerializer(serializers.Serializer):
     checked_at = serializers.DateTimeField(required=False)
     verdict = serializers.CharField(required=False)
     median_per_gpu = MedianFiguresSerializer(required=False)
+    nvlink = NvlinkSummarySerializer(required=False, allow_null=True, help_text=(
+        "The GPUs' interconnect as the check read and measured it; null for one GPU or before it was read."))
     findings = serializers.ListField(child=serializers.CharField(), required=False)
 
 
@@ -86,6 +104,8 @@ class OfferSerializer(serializers.ModelSerializer):
                   "internet bandwidth).")
     host_checked_at = serializers.DateTimeField(read_only=True, allow_null=True,
                                                 help_text="When the host facts were measured.")
+    nvlink = serializers.SerializerMethodField(help_text=(
+        "true when the check found the GPUs NVLink-connected (details: benchmark.nvlink)."))
 
     class Meta:
         model = Node
@@ -94,7 +114,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
             "verified", "verdict", "runtime", "platform_fee_percent", "benchmark", "disk_price_per_gb_month",
             "cpu_model", "cpu_cores", "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version",
-            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at",
+            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at", "nvlink",
         ]
         read_only_fields = fields
 
@@ -105,6 +125,9 @@ class OfferSerializer(serializers.ModelSerializer):
 
     def get_cuda_version(self, node) -> str | None:
         return cuda_version_text(node.cuda_version)
+
+    def get_nvlink(self, node) -> bool:
+        return bool(((node.benchmark_summary or {}).get("nvlink") or {}).get("connected"))
 
     def get_verified(self, node) -> bool:
         return node.verdict == Verdict.VERIFIED
@@ -180,6 +203,14 @@ class CountryFilter(django_filters.ChoiceFilter):
     field_class = CountryChoiceField
 
 
+@extend_schema_field(OpenApiTypes.BOOL)
+class TrueFalseFilter(django_filters.ChoiceFilter):
+    """`true` or `false`, nothing else: django-filter's BooleanFilter would read `maybe` as no filter at all."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, choices=[("true", "true"), ("false", "false")], **kwargs)
+
+
 class OfferFilter(StrictFilterSet):
     gpu_model = GpuModelSlugFilter(
         field_name="gpu_model__slug", to_field_name="slug", queryset=GpuModel.objects.all(),
@@ -215,6 +246,8 @@ class OfferFilter(StrictFilterSet):
     min_cuda_version = CudaVersionFilter(
         method="filter_min_cuda_version", max_length=5, validators=[validate_cuda_version],
         help_text="Nodes whose driver runs at least this CUDA version, e.g. 12.2.")
+    nvlink = TrueFalseFilter(method="filter_nvlink", help_text="true: only nodes whose GPUs the check found "
+                                                               "NVLink-connected; false: only nodes without.")
     ordering = django_filters.OrderingFilter(
         fields=(
             ("price_per_gpu_hour_micros", "price_per_gpu_hour"),
@@ -270,6 +303,11 @@ class OfferFilter(StrictFilterSet):
 
     def filter_country(self, queryset, name, value):
         return queryset.filter(country=value)
+
+    def filter_nvlink(self, queryset, name, value):
+        # Containment, not a key lookup: a node never read (no "nvlink" key) is "false", not left out of both.
+        connected = Q(benchmark_summary__contains={"nvlink": {"connected": True}})
+        return queryset.filter(connected) if value == "true" else queryset.exclude(connected)
 
     def filter_min_cuda_version(self, queryset, name, value):
         return queryset.filter(cuda_version__gte=cuda_version_code(value))

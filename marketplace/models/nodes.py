@@ -88,6 +88,8 @@ class Node(StatefulModel, NodeHostFacts):
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="nodes",
                                   help_text="The model the provider declares.")
     gpu_count = models.PositiveSmallIntegerField()
+    # The provider's claim that the GPUs are NVLink-connected; the check holds it against what nvidia-smi shows.
+    nvlink_declared = models.BooleanField(default=False)
     # Money is integers: micro-dollars (1e-6 USD) per GPU-hour.
     price_per_gpu_hour_micros = models.BigIntegerField()
     # Storage (volumes, and the disks of stopped instances): micro-dollars per GB per 30-day month, billed per

@@ -63,6 +63,7 @@ def node_register(
     datacenter: str = "",
     host_key_fingerprint: str = "",
     disk_price_per_gb_month: Decimal | None = None,
+    nvlink_declared: bool = False,
 ) -> Node:
     """Create a pending node, its declared GPUs, and the platform's key pair for it.
 
@@ -81,6 +82,7 @@ def node_register(
         datacenter=datacenter,
         gpu_model=gpu_model,
         gpu_count=gpu_count,
+        nvlink_declared=nvlink_declared,
         price_per_gpu_hour_micros=usd_to_micros(price_per_gpu_hour),
         runtime=runtime,
         host_key_fingerprint=host_key_fingerprint,

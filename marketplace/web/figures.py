@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from marketplace import selectors
-from marketplace.models import GpuModel, Node, NodeState
+from marketplace.models import GpuModel, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import micros_to_usd
 from provisioning.models import VerificationRun
@@ -59,6 +59,9 @@ class GpuColumn:
     cheapest_micros: int | None = None
     median_micros: int | None = None
     best_value: bool = False
+    # Measured BF16 TFLOP/s per watt: the median over verified nodes that measured it, and how many did.
+    per_watt: float | None = None
+    per_watt_nodes: int = 0
 
     @property
     def bf16_basis(self) -> tuple[float, str]:
@@ -103,6 +106,7 @@ def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
     )
     runs = latest_runs([pk for pk, _, _ in nodes], listable_only=True)
     per_model: dict[int, list[dict]] = {}
+    per_watt: dict[int, list[float]] = {}
     scores: dict[int, list[float]] = {}
     for pk, model_id, score in nodes:
         if score:
@@ -110,6 +114,9 @@ def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
         run = runs.get(pk)
         if run is not None and run.figures.get("median"):
             per_model.setdefault(model_id, []).append(run.figures["median"])
+            # Per watt only from verified nodes: a degraded one (a power cap, a hot card) is no fair sample.
+            if run.verdict == Verdict.VERIFIED and run.figures["median"].get("bf16_tflops_per_w"):
+                per_watt.setdefault(model_id, []).append(run.figures["median"]["bf16_tflops_per_w"])
     prices: dict[int, list[tuple[int, int]]] = {}
     offers = selectors.offers_search().filter(gpu_model_id__in=columns).order_by()
     for model_id, micros, free in offers.values_list("gpu_model_id", "price_per_gpu_hour_micros", "num_gpus_free"):
@@ -120,6 +127,8 @@ def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
         keys = [k for k, *_ in COMPARED] + [k for k, *_ in WORKLOAD]
         column.measured = {k: _median([m.get(k) for m in medians]) for k in keys}
         column.score = _median(scores.get(model_id, []))
+        column.per_watt = _median(per_watt.get(model_id, []))
+        column.per_watt_nodes = len(per_watt.get(model_id, []))
         rows = prices.get(model_id, [])
         column.offers = len(rows)
         column.gpus_free = sum(free for _, free in rows)

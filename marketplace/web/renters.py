@@ -67,6 +67,7 @@ FILTER_LABELS = {
     "min_pcie_gen": ("PCIe generation, at least", ""),
     "min_pcie_width": ("PCIe lanes, at least", "e.g. 16 for ×16."),
     "min_platform_to_node_mbps": ("Network, at least (Mbit/s)", "Measured by the platform to the server over SSH."),
+    "nvlink": ("NVLink", "As the check found it: GPUs joined by NVLink, or not."),
     "ordering": ("Sort by", ""),
 }
 
@@ -89,6 +90,8 @@ class WebOfferFilter(OfferFilter):
             ordering.choices = [(value, ORDERING_LABELS.get(value, label)) for value, label in ordering.choices
                                 if value]
             ordering.empty_label = ORDERING_LABELS[""]
+            nvlink = form.fields["nvlink"]
+            nvlink.choices = [("", "Either"), ("true", "NVLink-connected"), ("false", "Without NVLink")]
             country = form.fields["country"]
             country.empty_label = None
             country.choices = [("", "Any country"), *((code, name) for code, name in country.choices if code)]
@@ -166,6 +169,14 @@ def _num(value, places=1):
     return "–" if value is None else f"{value:,.{places}f}"
 
 
+def _per_watt(c) -> str:
+    """Measured BF16 per watt with the number of servers behind it; never the datasheet's."""
+    if not c.per_watt:
+        return NOT_MEASURED
+    servers = f"{c.per_watt_nodes} server{'s' if c.per_watt_nodes != 1 else ''}"
+    return format_html('{} <span class="muted small">({})</span>', _num(c.per_watt * 1000, 0), servers)
+
+
 def _compare_table(columns) -> list[dict]:
     """The comparison as rows of cells, models side by side: datasheet, measured here, price now."""
     def row(label, cell, note=""):
@@ -210,6 +221,7 @@ def _compare_table(columns) -> list[dict]:
               for key, sheet_field, label, unit in COMPARED],
             *[row(f"{label} ({unit})", lambda c, k=key: _num(c.measured.get(k), 0) if c.measured.get(k)
                   else NOT_MEASURED, "small CNN, PyTorch") for key, label, unit in WORKLOAD],
+            row("BF16 per watt (GFLOP/s per W)", _per_watt, "verified servers, at the most drawn under load"),
             row("Score per GPU", lambda c: _num(c.score) if c.score else NOT_MEASURED,
                 "100 = A100 80GB SXM datasheet"),
         ]},

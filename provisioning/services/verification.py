@@ -176,7 +176,7 @@ def node_verify_run(job: Job) -> None:
     if fleet is not None:
         job_step(job, f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
-                   fleet=fleet)
+                   fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared)
     figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
     if challenged[1]:
         figures["challenge"] = challenged[1]
@@ -221,7 +221,7 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
 
 # The measured medians a renter compares offers by (the full figures stay on the VerificationRun).
 OFFER_SUMMARY_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
-                         "cnn_train_images_s", "cnn_infer_images_s")
+                         "cnn_train_images_s", "cnn_infer_images_s", "power_draw_w", "bf16_tflops_per_w")
 
 
 def offer_summary(run: VerificationRun) -> dict[str, Any]:
@@ -231,6 +231,7 @@ def offer_summary(run: VerificationRun) -> dict[str, Any]:
         "checked_at": run.created_at.isoformat(),
         "verdict": run.verdict,
         "median_per_gpu": {key: median.get(key) for key in OFFER_SUMMARY_FIGURES},
+        "nvlink": (run.figures or {}).get("nvlink"),
         "findings": sorted({f["code"] for f in run.findings}),
     }
 

@@ -75,6 +75,9 @@ TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rul
     "host_link_min_gbs": {3: 9.0, 4: 18.0, 5: 40.0, 6: 80.0},
     # Every GPU within this share of the node's median on these figures (healthy cards differ by up to ~5 %).
     "node_median_max_deviation": 0.10,
+    # An NVLink pair's p2p copy below this share of its links' speed (links x GB/s per link, as nvidia-smi reports
+    # them) is slow: healthy A100/H100 pairs reach 75-90 % of it; a pair with half its links down about 40 %.
+    "nvlink_p2p_min_fraction": 0.6,
     "node_median_figures": ("bf16_tflops", "memory_bandwidth_gbs"),
     # Clock event reasons that mean the card slowed down on its own (SwPowerCap under full load is normal).
     "slowdown_reasons": ("HwSlowdown", "HwThermalSlowdown", "SwThermalSlowdown", "HwPowerBrakeSlowdown"),
@@ -521,6 +524,62 @@ def check_fleet(declared: DeclaredModel, gpus: Sequence[dict], fleet: FleetRefer
 
 # ---------------------------------------------------------------------------------------- verdict, score
 
+# ------------------------------------------------------------------------------------------ the interconnect
+
+def _is_nvlink(link: str) -> bool:
+    return link.startswith("NV")
+
+
+def nvlink_summary(topology: dict | None, p2p: Sequence[dict] | None) -> dict:
+    """What offers show of the interconnect: NVLink-connected or not, its islands, the fewest active links of a GPU
+    in an island, and the measured p2p GB/s (median over NVLink pairs; else over all pairs measured)."""
+    topology, p2p = topology or {}, list(p2p or [])
+    islands = topology.get("nvlink_islands") or []
+    in_island = {g for island in islands for g in island}
+    links = [g.get("links_active") or 0 for g in topology.get("gpus") or [] if g.get("index") in in_island]
+    kind = {(p["a"], p["b"]): p["link"] for p in topology.get("pairs") or []}
+    nvlink_pairs = [p["gbs"] for p in p2p if p.get("gbs") and _is_nvlink(kind.get((p["a"], p["b"]), ""))]
+    other_pairs = [p["gbs"] for p in p2p if p.get("gbs") and not _is_nvlink(kind.get((p["a"], p["b"]), ""))]
+    measured = nvlink_pairs or other_pairs
+    return {"connected": bool(islands), "islands": islands, "links_per_gpu": min(links) if links else None,
+            "p2p_gbs": round(statistics.median(measured), 1) if measured else None,
+            "pcie_p2p_gbs": round(statistics.median(other_pairs), 1) if other_pairs else None}
+
+
+def check_topology(nvlink_declared: bool, gpu_count: int, topology: dict | None,
+                   p2p: Sequence[dict] | None) -> list[Finding]:
+    """NVLink declared but absent; links down; NVLink pairs whose p2p copies are slow for their links."""
+    if gpu_count < 2:
+        return []
+    topology, found = topology or {}, []
+    if nvlink_declared and not topology.get("nvlink_islands"):
+        found.append(Finding(DEGRADE, "nvlink_absent",
+                             "The node is declared NVLink-connected, but nvidia-smi (`topo -m`) shows no NVLink "
+                             "between its GPUs. Fix the bridges or board, or declare it without NVLink."))
+    speeds = {g["index"]: g for g in topology.get("gpus") or []}
+    for gpu in speeds.values():
+        total, active = gpu.get("links_total") or 0, gpu.get("links_active") or 0
+        if total and active < total:
+            found.append(Finding(DEGRADE, "nvlink_degraded",
+                                 f"GPU {gpu['index']} has {active} of its {total} NVLink links active "
+                                 f"(`nvidia-smi nvlink -s -i {gpu['index']}`): reseat the card or check the board.",
+                                 gpu["index"]))
+    kind = {(p["a"], p["b"]): p["link"] for p in topology.get("pairs") or []}
+    for pair in p2p or []:
+        a, b, gbs = pair.get("a"), pair.get("b"), pair.get("gbs")
+        if not gbs or not _is_nvlink(kind.get((a, b), "")):
+            continue
+        total = min((speeds.get(i) or {}).get("links_total") or 0 for i in (a, b))
+        per_link = max((speeds.get(i) or {}).get("link_gbs") or 0.0 for i in (a, b))
+        expected = total * per_link
+        if expected and gbs < TOLERANCES["nvlink_p2p_min_fraction"] * expected:
+            weaker = min((a, b), key=lambda i: (speeds.get(i) or {}).get("links_active") or 0)  # the likely culprit
+            found.append(Finding(DEGRADE, "nvlink_p2p_slow",
+                                 f"GPUs {a} and {b} copy peer to peer at {gbs:g} GB/s over NVLink, "
+                                 f"{gbs / expected:.0%} of their {total} links' {expected:g} GB/s.", weaker))
+    return found
+
+
 def verdict_for(findings: list[Finding]) -> str:
     if any(f.severity == REJECT for f in findings):
         return "rejected"
@@ -564,6 +623,20 @@ class Judgement:
     figures: dict
 
 
+# Throughput per watt: the BF16 matmul figure over the most the card drew under that load (the telemetry's
+# maximum while loaded, so the figure errs low, never high). Only on CUDA runs: a CPU run has no GPU power.
+PER_WATT_FIGURES = ("power_draw_w", "bf16_tflops_per_w")
+
+
+def per_watt(gpu: dict) -> dict:
+    """A GPU's power under load and its BF16 TFLOP/s per watt (None where either was not measured)."""
+    draw = (gpu.get("telemetry") or {}).get("power_draw_w")
+    tflops = gpu.get("bf16_tflops")
+    draw = draw if isinstance(draw, int | float) and draw > 0 else None
+    return {"power_draw_w": draw,
+            "bf16_tflops_per_w": round(tflops / draw, 5) if draw and isinstance(tflops, int | float) else None}
+
+
 def summarize(declared: DeclaredModel, bench: dict) -> dict:
     """What a verification run keeps of the benchmark: per GPU figures, their share of the datasheet, a score."""
     keep = ("index", "uuid", "name", "sm_count", *FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s",
@@ -575,11 +648,14 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
                                if gpu.get(k) and declared.datasheet.get(k)}
         score = gpu_score(gpu)
         row["score"] = round(score, 2) if score is not None else None
+        if bench.get("device", "cuda") == "cuda":
+            row.update(per_watt(gpu))
         gpus.append(row)
     medians = {}
-    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s"):
+    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s", *PER_WATT_FIGURES):
         values = [g[key] for g in gpus if g.get(key) is not None]
-        medians[key] = round(statistics.median(values), 3) if values else None
+        places = 5 if key == "bf16_tflops_per_w" else 3  # ~0.5-2 TFLOP/s per W: 3 places would be 3 digits
+        medians[key] = round(statistics.median(values), places) if values else None
     head = {k: bench.get(k) for k in ("mode", "device", "quick", "duration_s", "time_limit_s", "torch_version",
                                       "cuda_runtime", "agent_version")}
     return {**head, "datasheet": dict(declared.datasheet), "score_reference": TOLERANCES["score_reference"]["name"],
@@ -588,7 +664,8 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
 
 def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dict], bench: dict | None,
           bench_error: str = "", fleet: FleetReference | None = None,
-          challenge: Sequence[Finding] = ()) -> Judgement:
+          challenge: Sequence[Finding] = (), topology: dict | None = None,
+          nvlink_declared: bool = False) -> Judgement:
     """The whole policy: identity, then the benchmark's figures (when there are any) against the datasheet and,
     when the model has one, its fleet reference; with the platform's own challenge findings (challenge.judge);
     verdict and score."""
@@ -596,6 +673,8 @@ def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dic
     if bench is not None:
         findings += check_performance(declared, bench, inventory_gpus, fleet)
     findings += list(challenge)
+    p2p = (bench or {}).get("p2p")
+    findings += check_topology(nvlink_declared, declared_count, topology, p2p)
     if bench_error:
         findings.append(Finding(REJECT, "benchmark_unavailable", f"The benchmark could not run: {bench_error}"))
     findings = _dedupe(findings)
@@ -603,5 +682,8 @@ def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dic
     figures = summarize(declared, bench) if bench is not None else {}
     if figures and fleet is not None:  # what this node was compared with, kept with its figures
         figures["fleet"] = {"nodes": fleet.nodes, "median": {k: round(v, 3) for k, v in fleet.median.items()}}
+    if figures and (topology or p2p):
+        figures["p2p"] = list(p2p or [])
+        figures["nvlink"] = nvlink_summary(topology, p2p)
     score = node_score(bench.get("gpus") or [], verdict) if bench is not None else None
     return Judgement(verdict, findings, score, figures)

@@ -39,7 +39,10 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     bench = agent.sim_benchmark(SimpleNamespace(sim_profile=str(path)), quick, None)
     model = DeclaredModel.from_catalogue(entry)
     found, _ = simulated_challenge(path, model, [g["index"] for g in gpus], quick)
-    return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None)
+    bench["p2p"] = agent.p2p_figures(SimpleNamespace(sim_profile=str(path), runtime="sim"), [g["index"] for g in gpus])
+    topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
+    return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None, topology=topology,
+                 nvlink_declared=declared.get("nvlink", False))
 
 
 def fleet_figures(name: str, nodes: int, catalogue: dict | None = None, quick: bool = True) -> list[dict]:

@@ -189,6 +189,8 @@ def test_a_retired_nodes_address_can_be_registered_again(api):
         ({"prize": "0.5"}, "prize"),
         ({"state": "active"}, "state"),
         ({"verdict": "verified"}, "verdict"),
+        ({"nvlink_declared": "maybe"}, "nvlink_declared"),
+        ({"nvlink_declared": True, "gpu_count": 1}, "nvlink_declared"),
     ],
     ids=lambda v: repr(v)[:40] if not isinstance(v, str) else v,
 )

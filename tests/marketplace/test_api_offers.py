@@ -234,6 +234,8 @@ def test_default_page_size_is_50(anon):
         ({"page_size": 0}, "page_size"),
         ({"page_size": 201}, "page_size"),
         ({"page_size": "all"}, "page_size"),
+        ({"nvlink": "maybe"}, "nvlink"),
+        ({"nvlink": ""}, "nvlink"),
     ],
     ids=lambda v: str(v) if isinstance(v, dict) else None,
 )
@@ -253,3 +255,20 @@ def test_offers_are_read_only(api):
 def test_an_unknown_offer_is_a_json_404(anon, offer_id):
     r = anon.get(f"{URL}{offer_id}/")
     assert r.status_code == 404 and "detail" in r.json()
+
+
+def test_offers_show_and_filter_nvlink_as_the_check_found_it(anon, market):
+    islands = {"connected": True, "islands": [[0, 1, 2, 3], [4, 5, 6, 7]], "links_per_gpu": 12, "p2p_gbs": 231.5,
+               "pcie_p2p_gbs": 21.8}
+    pcie = {"connected": False, "islands": [], "links_per_gpu": None, "p2p_gbs": 19.6, "pcie_p2p_gbs": 19.6}
+    for name, nvlink in (("a100", islands), ("a6000", pcie)):
+        market[name].benchmark_summary = {"verdict": "verified", "median_per_gpu": {}, "findings": [],
+                                          "nvlink": nvlink}
+        market[name].save(update_fields=["benchmark_summary"])
+    rows = {row["id"]: row for row in anon.get(URL).json()["results"]}
+    assert rows[market["a100"].pk]["nvlink"] is True
+    assert rows[market["a100"].pk]["benchmark"]["nvlink"] == islands
+    assert rows[market["a6000"].pk]["nvlink"] is False and rows[market["a6000"].pk]["benchmark"]["nvlink"] == pcie
+    assert rows[market["h100"].pk]["nvlink"] is False  # not read yet: not claimed for it
+    assert names(market, anon.get(URL, {"nvlink": "true"})) == ["a100"]
+    assert sorted(names(market, anon.get(URL, {"nvlink": "false"}))) == ["a4000", "a6000", "h100", "h100b"]

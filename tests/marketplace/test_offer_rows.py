@@ -35,6 +35,14 @@ SUMMARIES = [
     {"verdict": "verified", "median_per_gpu": None, "findings": None, "extra": {"not": "shown"}},
     {"checked_at": None, "verdict": None, "median_per_gpu": {}},
     {"checked_at": "", "findings": [None, 3]},
+    # NVLink read and measured, power under load (issue 17); and a node read without NVLink.
+    {"checked_at": "2026-02-03T04:05:06+00:00", "verdict": "verified",
+     "median_per_gpu": {"bf16_tflops": 280.0, "power_draw_w": 398.5, "bf16_tflops_per_w": 0.7026},
+     "nvlink": {"connected": True, "islands": [[0, 1, 2, 3], [4, 5, 6, 7]], "links_per_gpu": 12, "p2p_gbs": 226.5,
+                "pcie_p2p_gbs": 22.1}},
+    {"verdict": "verified", "nvlink": {"connected": False, "islands": [], "links_per_gpu": None, "p2p_gbs": 21.0,
+                                       "pcie_p2p_gbs": 21}},
+    {"verdict": "verified", "nvlink": None},
 ]
 
 
@@ -50,6 +58,9 @@ def _varied_offers() -> list[Node]:
                   price="1.000000", score=0.6, reliability=0.5, country="US", city=""),
         make_listed_node(gpu_model="rtx-3090", gpu_count=2, price="0.200000", score=1.0 / 3, reliability=0.123456789),
         make_listed_node(gpu_model="a100-80gb-sxm", gpu_count=6, price="2.500000", score=2, reliability=0.9),
+        make_listed_node(gpu_model="a100-80gb-sxm", gpu_count=8, price="2.600000", score=2.5, reliability=0.95),
+        make_listed_node(gpu_model="rtx-a4000", gpu_count=2, price="0.170000", score=0.4, reliability=0.99),
+        make_listed_node(gpu_model="rtx-a5000", gpu_count=2, price="0.250000", score=0.5, reliability=0.98),
     ]
     for node, summary in zip(nodes, SUMMARIES, strict=True):
         Node.objects.filter(pk=node.pk).update(benchmark_summary=summary)

@@ -67,7 +67,7 @@ def test_sim_answers_have_the_shape_of_a_measured_one(cpu_run):
            "GPUMARKET_SIM_ROOT": "/nonexistent"}
     answer, status = agent.handle(["benchmark"], json.dumps({"quick": True}), env)
     assert status == 0
-    assert set(answer) == set(cpu_run[0])
+    assert set(answer) == set(cpu_run[0]) | {"p2p"}  # peer-to-peer copies: GPUs only
     assert answer["mode"] == "simulated" and [g["index"] for g in answer["gpus"]] == [0, 1]
     for gpu in answer["gpus"]:
         assert set(gpu) == GPU_KEYS

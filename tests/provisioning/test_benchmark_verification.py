@@ -30,7 +30,7 @@ from provisioning.services.verification import node_verify_request, node_verify_
 from provisioning.sim import PROFILES_DIR
 from provisioning.ssh import AgentTimeout, Endpoint, NodeSession, Timeouts
 from provisioning.verification.profiles import fleet_figures, profile_expectation, profile_names
-from tests.factories import UserFactory, make_node
+from tests.factories import UserFactory, make_listed_node, make_node
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +61,7 @@ def use_hardware(simnode, profile: str | dict) -> dict:
 def register(simnode, simbase, profile: str | dict, **fields) -> Node:
     """The provider registers the sim server, declaring what the profile says it declares, and installs the key."""
     data = use_hardware(simnode, profile)
+    fields.setdefault("nvlink_declared", data["declared"].get("nvlink", False))
     node = make_node(UserFactory(), gpu_model=data["declared"]["gpu_model"], gpu_count=data["declared"]["gpu_count"],
                      address=simnode["address"], ssh_port=simnode["ssh_port"], ssh_user=simnode["ssh_user"],
                      host_key_fingerprint=simnode["host_key_fingerprint"], **fields)
@@ -258,3 +259,49 @@ def test_reliability_is_uptime_over_30_days_minus_failed_jobs(db):
                        finished_at=now - timedelta(days=31))
     assert reliability.node_reliability_update(node_id=node.pk) == pytest.approx(0.95 - 2 * 0.02)
     assert Node.objects.get(pk=node.pk).reliability == pytest.approx(0.91)
+
+
+def test_the_check_records_bf16_per_watt_drawn_under_load_and_offers_show_it(db, simnode, simbase):
+    from rest_framework.test import APIClient
+    node, job = verify(register(simnode, simbase, "rtx-a4000-x2"))
+    assert node.verdict == "verified", job.error
+    run = VerificationRun.objects.get(node=node)
+    drawn = {g["index"]: g["telemetry"]["power_draw_w"] for g in profile_data("rtx-a4000-x2")["performance"]["gpus"]}
+    for gpu in run.figures["gpus"]:  # the benchmark's own BF16 figure over the sim's power under load
+        assert gpu["power_draw_w"] == drawn[gpu["index"]]
+        assert gpu["bf16_tflops_per_w"] == pytest.approx(gpu["bf16_tflops"] / drawn[gpu["index"]], rel=1e-4)
+    per_w = run.figures["median"]["bf16_tflops_per_w"]
+    assert per_w and node.benchmark_summary["median_per_gpu"]["bf16_tflops_per_w"] == per_w
+    node.price_per_gpu_hour_micros = 300_000
+    node.save(update_fields=["price_per_gpu_hour_micros"])
+    offers = APIClient().get("/api/v1/offers/", {"gpu_model": "rtx-a4000"}).json()["results"]
+    offer = next(o for o in offers if o["id"] == node.pk)
+    assert offer["benchmark"]["median_per_gpu"]["bf16_tflops_per_w"] == per_w
+
+
+def test_the_check_reads_nvlink_islands_measures_p2p_and_offers_show_and_filter_it(db, simnode, simbase):
+    from rest_framework.test import APIClient
+    node, job = verify(register(simnode, simbase, "a100-80gb-sxm-x8-nvlink-islands"))
+    assert node.verdict == "verified", job.error
+    run = VerificationRun.objects.get(node=node)
+    assert run.inventory["topology"]["nvlink_islands"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(run.figures["p2p"]) == 28  # every pair of the eight GPUs copied
+    across = [p["gbs"] for p in run.figures["p2p"] if (p["a"] < 4) != (p["b"] < 4)]
+    within = [p["gbs"] for p in run.figures["p2p"] if (p["a"] < 4) == (p["b"] < 4)]
+    assert max(across) < 30 < 150 < min(within)  # PCIe between the boards, NVLink on each
+    summary = node.benchmark_summary["nvlink"]
+    assert summary["connected"] and summary["links_per_gpu"] == 12 and summary["p2p_gbs"] > 150
+    node.price_per_gpu_hour_micros = 1_000_000
+    node.save(update_fields=["price_per_gpu_hour_micros"])
+    plain = make_listed_node(gpu_model="rtx-a4000", gpu_count=2)  # one sim server per module: a listed PCIe node
+    plain.benchmark_summary = {"verdict": "verified", "findings": [], "median_per_gpu": {},
+                               "nvlink": {"connected": False, "islands": [], "links_per_gpu": None, "p2p_gbs": 19.6,
+                                          "pcie_p2p_gbs": 19.6}}
+    plain.save(update_fields=["benchmark_summary"])
+    client = APIClient()
+    offers = {o["id"]: o for o in client.get("/api/v1/offers/").json()["results"]}
+    assert offers[node.pk]["nvlink"] is True and offers[node.pk]["benchmark"]["nvlink"]["islands"] == [
+        [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert offers[plain.pk]["nvlink"] is False
+    assert [o["id"] for o in client.get("/api/v1/offers/", {"nvlink": "true"}).json()["results"]] == [node.pk]
+    assert plain.pk in [o["id"] for o in client.get("/api/v1/offers/", {"nvlink": "false"}).json()["results"]]

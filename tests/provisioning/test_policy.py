@@ -489,3 +489,29 @@ def test_the_hidden_power_cap_and_ecc_off_profiles_turn_on_the_new_rules_only():
     assert {f.code for f in capped.findings} == {"power_capped"}  # every datasheet band passes
     assert "reports a power limit of 400 W" in capped.findings[0].message
     assert judge_profile("l40s-x4-ecc-off", CATALOGUE).findings == []
+
+
+# ------------------------------------------------------------------------------------ performance per watt
+
+def test_the_summary_keeps_bf16_per_watt_drawn_under_load_per_gpu_and_its_median():
+    gpus = [bench_gpu(0, telemetry={"power_draw_w": 400.0}), bench_gpu(1, telemetry={"power_draw_w": 300.0}),
+            bench_gpu(2, telemetry={"power_draw_w": 350.0})]
+    figures = judge(model(), 3, [smi_gpu(i) for i in range(3)], bench(*gpus)).figures
+    bf16 = 312 * 0.85
+    rows = {g["index"]: g for g in figures["gpus"]}
+    assert rows[0]["power_draw_w"] == 400.0
+    assert rows[0]["bf16_tflops_per_w"] == pytest.approx(bf16 / 400, rel=1e-4)
+    assert rows[1]["bf16_tflops_per_w"] == pytest.approx(bf16 / 300, rel=1e-4)
+    assert figures["median"]["bf16_tflops_per_w"] == pytest.approx(bf16 / 350, rel=1e-4)
+    assert figures["median"]["power_draw_w"] == 350.0
+
+
+@pytest.mark.parametrize("telemetry", [{"power_draw_w": None}, {"power_draw_w": 0.0}])
+def test_no_power_reading_means_no_per_watt_figure_rather_than_a_guess(telemetry):
+    figures = judge(model(), 1, [smi_gpu()], bench(bench_gpu(telemetry=telemetry))).figures
+    assert figures["gpus"][0]["bf16_tflops_per_w"] is None and figures["median"]["bf16_tflops_per_w"] is None
+
+
+def test_a_cpu_run_has_no_per_watt_figure():
+    figures = judge(model(), 1, [smi_gpu()], bench(bench_gpu(), device="cpu")).figures
+    assert "bf16_tflops_per_w" not in figures["gpus"][0] and figures["median"]["bf16_tflops_per_w"] is None

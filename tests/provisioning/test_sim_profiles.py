@@ -73,6 +73,19 @@ def test_performance_describes_healthy_cards(name):
     assert 0.7 <= median_bf16 <= 0.9
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+def test_nvlink_islands_name_real_gpus_and_a_claim_needs_two(name):
+    profile, gpus = agent.load_profile(str(resolve_profile(name)))
+    topo = profile.get("topology") or {}
+    members = [g for island in topo.get("nvlink_islands", []) for g in island]
+    assert len(members) == len(set(members)) and set(members) <= {g["index"] for g in gpus}
+    assert all(len(island) >= 2 for island in topo.get("nvlink_islands", []))
+    for index, active in (topo.get("active_links") or {}).items():
+        assert int(index) in members and 0 <= active < topo["links_per_gpu"]
+    if profile["declared"].get("nvlink"):
+        assert profile["declared"]["gpu_count"] >= 2
+
+
 def test_unknown_profile_names_list_the_known_ones():
     with pytest.raises(ValueError, match="a100-80gb-sxm-x4"):
         resolve_profile("a100-fake")

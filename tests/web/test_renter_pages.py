@@ -102,6 +102,21 @@ def test_comparison_uses_the_measured_medians(client, fleet):
     assert "2,500" in page and "0.44 ¢" in page and "(measured)" in page  # 1.20 / 270
 
 
+def test_comparison_shows_measured_bf16_per_watt_of_verified_servers_only(client, fleet):
+    a100 = "/gpus/?models=a100-80gb-sxm"
+    assert "BF16 per watt" in client.get(a100).content.decode()
+    row = lambda page: page.split("BF16 per watt")[1].split("</tr>")[0]  # noqa: E731
+    assert "not measured yet" in row(client.get(a100).content.decode())  # never the datasheet's 312/400
+    for node, per_w, verdict in ((fleet["a100_cheap"], 0.66, "verified"), (fleet["a100_dear"], 0.70, "verified")):
+        VerificationRun.objects.create(node=node, verdict=verdict, figures={"median": {"bf16_tflops_per_w": per_w}})
+    a6000 = make_node(gpu_model="rtx-a6000", state=NodeState.ACTIVE, verdict=Verdict.DEGRADED)
+    VerificationRun.objects.create(node=a6000, verdict="degraded", figures={"median": {"bf16_tflops_per_w": 0.4}})
+    page = client.get(a100).content.decode()
+    assert "680" in row(page) and "2 servers" in row(page)  # median 0.68 TFLOP/s per W, in GFLOP/s per W
+    page = client.get("/gpus/?models=rtx-a6000").content.decode()
+    assert "not measured yet" in row(page) and "400" not in row(page)  # a degraded node is no fair sample
+
+
 def test_comparison_defaults_to_models_on_offer(client, fleet):
     page = client.get("/gpus/").content.decode()
     head = page.split("<thead>")[1].split("</thead>")[0]
@@ -307,3 +322,15 @@ def test_offer_page_never_shows_node_secrets(client, fleet):
 def test_a_missing_page_is_a_friendly_404(web):
     r = web.get("/instances/999999/")
     assert r.status_code == 404 and "Not found" in r.content.decode() and 'href="/offers/"' in r.content.decode()
+
+
+def test_offers_page_shows_and_filters_nvlink(client, fleet):
+    node = fleet["a100_cheap"]
+    node.benchmark_summary = {"verdict": "verified", "findings": [], "median_per_gpu": {},
+                              "nvlink": {"connected": True, "islands": [[0, 1, 2, 3]], "links_per_gpu": 12,
+                                         "p2p_gbs": 231.4, "pcie_p2p_gbs": None}}
+    node.save(update_fields=["benchmark_summary"])
+    page = client.get("/offers/").content.decode()
+    assert "NVLink 231 GB/s p2p" in page and 'name="nvlink"' in page
+    assert _ids(client.get("/offers/?nvlink=true").content.decode()) == [node.pk]
+    assert node.pk not in _ids(client.get("/offers/?nvlink=false").content.decode())

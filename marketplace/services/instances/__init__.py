@@ -37,6 +37,7 @@ from .common import (
     funds_for,
     instance_for_idempotency_key,
     instance_gpu_indices,
+    instance_on_one_nvlink_island,
     instance_release_gpus,
     instances_for_user,
 )
@@ -66,7 +67,8 @@ __all__ = [
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut",
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
-    "instance_gpu_indices", "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
+    "instance_gpu_indices", "instance_on_one_nvlink_island",
+    "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
     "instance_mark_running", "instance_mark_stopped", "instance_release_gpus", "instance_restart",
     "instance_registry_auth", "instance_env", "env_masked", "ENV_VALUE_MASK",
     "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",

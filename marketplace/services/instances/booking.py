@@ -30,6 +30,7 @@ from .common import (
     _gpus_text,
     _lock_node_for_booking,
     instance_for_idempotency_key,
+    node_nvlink_islands,
 )
 from .options import InstanceOptions, cuda_tuple
 from .secrets import env_encrypt
@@ -166,7 +167,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
         created_at=now,
     )
-    taken = _allocate_free_gpus(instance, node.pk, num_gpus, now)
+    taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node))
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
         free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")

@@ -1,11 +1,13 @@
 """What the instance use cases share: the funds refusal, reads, locking and allocation helpers, the funds check."""
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, IntegerField, Prefetch, QuerySet, Sum, Value, When
+from django.db.models import Case, F, IntegerField, Prefetch, QuerySet, Sum, Value, When
 from django.utils import timezone
 
 from billing.services.ledger import funds_required_micros, wallet_balance
@@ -55,6 +57,8 @@ def instances_for_user(*, user: User) -> QuerySet[Instance]:
     return (
         Instance.objects.filter(renter=user)
         .select_related("image", "gpu_model")
+        # its node's NVLink islands, in the same query: instance_on_one_nvlink_island reads them
+        .annotate(node_nvlink_islands=F("node__benchmark_summary__nvlink__islands"))
         .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"),
                           Prefetch("volume_mounts", queryset=VolumeMount.objects.select_related("volume")))
     )
@@ -99,7 +103,9 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False) -> Node | 
         total = (f", (SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id) AS gpu_total"  # noqa: S608
                  if count_gpus else "")
         sql = (f"SELECT n.id, n.state, n.verdict, n.listed, n.runtime, n.gpu_model_id, "  # noqa: S608
-               f"n.price_per_gpu_hour_micros, n.disk_price_per_gb_month_micros, n.inventory{total} "
+               f"n.price_per_gpu_hour_micros, n.disk_price_per_gb_month_micros, n.inventory{total}, "
+               # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
+               f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands "
                f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
         rows = list(Node.objects.raw(sql, [node_id]))
         return rows[0] if rows else None
@@ -152,10 +158,54 @@ def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
         raise
 
 
-def _allocate_free_gpus(instance: Instance, node_id: int, count: int, at: datetime) -> int:
+def node_nvlink_islands(node: Node) -> list[list[int]]:
+    """The NVLink islands _lock_node_for_booking read with the node (JSON text), or those of its last check."""
+    raw = getattr(node, "nvlink_islands", None)
+    if raw is None and "benchmark_summary" in node.__dict__:  # the ORM path (SQLite) loads the whole row
+        raw = ((node.benchmark_summary or {}).get("nvlink") or {}).get("islands")
+    return parse_islands(raw)
+
+
+def instance_on_one_nvlink_island(*, instance: Instance) -> bool | None:
+    """Whether the GPUs the instance holds are all on one NVLink island of its node (instances_for_user reads the
+    islands with it); None for fewer than two GPUs, or a node without NVLink."""
+    islands = parse_islands(getattr(instance, "node_nvlink_islands", None))
+    held = set(instance_gpu_indices(instance=instance))
+    if len(held) < 2 or not islands:
+        return None
+    return any(held <= set(island) for island in islands)
+
+
+def parse_islands(raw: object) -> list[list[int]]:
+    """NVLink islands from JSON text or an already decoded list; [] for anything else."""
+    try:
+        islands = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return []
+    return islands if isinstance(islands, list) and all(isinstance(i, list) for i in islands) else []
+
+
+def island_of_index(islands: Sequence[Sequence[int]] | None) -> list[int | None]:
+    """Per GPU index, the number of its NVLink island (None: on no island), as the allocation's SQL array."""
+    out: list[int | None] = []
+    for number, island in enumerate(islands or []):
+        for index in island:
+            if isinstance(index, int) and 0 <= index < 1024:
+                out.extend([None] * (index + 1 - len(out)))
+                out[index] = number
+    return out
+
+
+def _allocate_free_gpus(instance: Instance, node_id: int, count: int, at: datetime,
+                        islands: Sequence[Sequence[int]] | None = None) -> int:
     """A booking's GPUs in one round trip: lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED, by
     index), mark them rented and allocate them to the instance. Returns how many it took: fewer than `count`
     means the caller must raise (Conflict) so that its transaction rolls all of it back.
+
+    With the node's NVLink `islands` (two or more GPUs), the GPUs come from one island when one has `count` free:
+    the smallest such island (the larger stay whole for larger bookings); else the island with the most free
+    first. The free counts are read in the same statement without locks: a concurrent booking may make the
+    choice less than best, never the allocation wrong (the locks and the unique index still decide).
 
     No savepoint: on any error here the booking's transaction ends anyway (the caller raises out of it)."""
     if connection.vendor != "postgresql":
@@ -167,14 +217,28 @@ def _allocate_free_gpus(instance: Instance, node_id: int, count: int, at: dateti
     gpu, allocation = q(Gpu._meta.db_table), q(GpuAllocation._meta.db_table)
     state = q(Gpu.state_field)  # the column is named as the field
     sources = sorted(Gpu.transitions.action_sources("rent"))  # the transition table's rule, as transition_rows
-    sql = (f"WITH picked AS (SELECT id FROM {gpu} WHERE node_id = %s AND {state} = %s "  # noqa: S608
-           f"ORDER BY {q('index')} LIMIT %s FOR UPDATE SKIP LOCKED), "
-           f"rented AS (UPDATE {gpu} g SET {state} = %s FROM picked WHERE g.id = picked.id "
+    island_of = island_of_index(islands) if count > 1 else []
+    if island_of:
+        # Each GPU off the islands is an island of its own (-1 - index); best fit first, then by index.
+        island = f"COALESCE((%s::int[])[g.{q('index')} + 1], -1 - g.{q('index')})"
+        picked = (f"WITH free AS (SELECT g.id, {island} AS island FROM {gpu} g "  # noqa: S608
+                  f"WHERE g.node_id = %s AND g.{state} = %s), "
+                  f"sizes AS (SELECT island, count(*) AS n FROM free GROUP BY island), "
+                  f"picked AS (SELECT g.id FROM {gpu} g JOIN free f ON f.id = g.id JOIN sizes s ON s.island = f.island "
+                  f"WHERE g.node_id = %s AND g.{state} = %s "
+                  f"ORDER BY CASE WHEN s.n >= %s THEN s.n ELSE 100000 - s.n END, f.island, g.{q('index')} "
+                  f"LIMIT %s FOR UPDATE OF g SKIP LOCKED), ")
+        params: list[Any] = [island_of, node_id, GpuStatus.FREE, node_id, GpuStatus.FREE, count, count]
+    else:
+        picked = (f"WITH picked AS (SELECT id FROM {gpu} WHERE node_id = %s AND {state} = %s "  # noqa: S608
+                  f"ORDER BY {q('index')} LIMIT %s FOR UPDATE SKIP LOCKED), ")
+        params = [node_id, GpuStatus.FREE, count]
+    sql = (f"{picked}rented AS (UPDATE {gpu} g SET {state} = %s FROM picked WHERE g.id = picked.id "  # noqa: S608
            f"AND g.{state} = ANY(%s) RETURNING g.id) "
            f"INSERT INTO {allocation} (instance_id, gpu_id, allocated_at) SELECT %s, id, %s FROM rented")
     try:
         with connection.cursor() as cursor:
-            cursor.execute(sql, [node_id, GpuStatus.FREE, count, GpuStatus.RENTED, sources, instance.pk, at])
+            cursor.execute(sql, [*params, GpuStatus.RENTED, sources, instance.pk, at])
             return int(cursor.rowcount)
     except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
         if "gpu_in_at_most_one_live_allocation" in str(exc):

@@ -28,6 +28,7 @@ from .benchmark import (
     Deadline,
     cmd_benchmark,
     emit,
+    p2p_figures,
     sim_benchmark,
     start_watchdog,
     validate_benchmark,
@@ -103,6 +104,18 @@ from .smi import (
     split_smi_line,
 )
 from .telemetry import CLOCK_EVENT_BITS, LOAD_PHASES, TELEMETRY_FIELDS, Telemetry, clock_event_names, parse_telemetry
+from .topology import (
+    P2P_BYTES,
+    describe_topology,
+    measure_p2p,
+    nvlink_islands,
+    parse_nvlink_status,
+    parse_topo_matrix,
+    read_topology,
+    sim_nvlink_text,
+    sim_p2p_gbs,
+    sim_topo_text,
+)
 from .validation import (
     KEY_TYPES,
     VM_ID_RE,
@@ -116,6 +129,8 @@ from .vm import check_gpus_free, cmd_vm, cmd_volumes, describe, pick_runtime, vm
 from .volumes import all_volumes, cmd_volume, load_volume, used_by
 
 __all__ = [
+    "P2P_BYTES", "describe_topology", "p2p_figures", "measure_p2p", "nvlink_islands", "parse_nvlink_status",
+    "parse_topo_matrix", "read_topology", "sim_nvlink_text", "sim_p2p_gbs", "sim_topo_text",
     "AGENT_VERSION", "AgentError", "BENCH_LIMIT_S", "CLOCK_EVENT_BITS", "COMMANDS", "Config", "DOCKER_LIST_ARGV",
     "Deadline", "DockerRuntime", "IDENTITY_FIELDS", "KEY_TYPES", "LIBVIRT_SSH_USER", "LOAD_PHASES",
     "LibvirtRuntime", "MATMUL_DTYPES", "MAX_REQUEST_BYTES", "NVIDIA_SMI_QUERY", "PACKAGE_DIR", "QUERY_FIELDS",

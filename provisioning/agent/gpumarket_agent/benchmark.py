@@ -10,8 +10,9 @@ import threading
 import time
 
 from .core import AGENT_VERSION, AgentError, invalid
-from .measurements import MATMUL_DTYPES, bench_plan, measure
+from .measurements import MATMUL_DTYPES, bench_plan, import_torch, measure
 from .smi import load_profile
+from .topology import measure_p2p, sim_copy_seconds, torch_copy_seconds
 from .validation import reject_unknown
 
 BENCH_LIMIT_S = (300, 1, 900)  # default, least and most time_limit_s a request may ask for
@@ -81,8 +82,21 @@ def cmd_benchmark(cfg, req):
         answer = sim_benchmark(cfg, quick, indices)
     else:
         answer = measure(device, quick, indices, Deadline(limit))
+    if device == "cuda":
+        answer["p2p"] = p2p_figures(cfg, [g["index"] for g in answer.get("gpus") or []])
     answer.update(duration_s=round(time.monotonic() - started, 3), time_limit_s=limit)
     return answer
+
+
+def p2p_figures(cfg, indices):
+    """Peer-to-peer copy GB/s between each pair of the benchmarked GPUs (none with fewer than two)."""
+    if len(indices) < 2:
+        return []
+    if cfg.runtime == "sim":
+        rng = random.Random(os.urandom(16))  # noqa: S311 - noise, not secrets
+        noisy = lambda v: v * (1 + max(-0.03, min(0.03, rng.gauss(0, 0.012))))  # noqa: E731
+        return measure_p2p(sorted(indices), sim_copy_seconds(load_profile(cfg.sim_profile)[0], noisy))
+    return measure_p2p(sorted(indices), torch_copy_seconds(import_torch()))
 
 
 def sim_benchmark(cfg, quick, indices):

@@ -13,7 +13,8 @@ from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.sim import sim_nvidia_smi
 from .runtimes.simbox import main_sim_box
-from .smi import host_facts, inventory_hash, read_gpus
+from .smi import host_facts, inventory_hash, load_profile, read_gpus
+from .topology import read_topology
 from .validation import reject_unknown
 from .vm import cmd_vm, cmd_volumes
 
@@ -21,8 +22,10 @@ from .vm import cmd_vm, cmd_volumes
 def cmd_inventory(cfg, req):
     reject_unknown(req, ())
     gpus, cuda = read_gpus(cfg)
+    profile = load_profile(cfg.sim_profile)[0] if cfg.runtime == "sim" else None
     answer = {"runtime": cfg.runtime, "hostname": socket.gethostname(), "gpus": gpus, "gpu_count": len(gpus),
-              "driver_version": gpus[0]["driver_version"] if gpus else None, "cuda_version": cuda}
+              "driver_version": gpus[0]["driver_version"] if gpus else None, "cuda_version": cuda,
+              "topology": read_topology(cfg, gpus, profile) if gpus else None}
     answer.update(host_facts(cfg))
     return answer
 
