@@ -22,9 +22,18 @@ FINE_MONEY = re.compile(r"\$\s?[\d,]*\.\d{3,}")
 
 @pytest.fixture
 def wide_offers(marketplace):  # noqa: F811 (the fixture imported above)
-    """Offers with the longest figures a row can have: a long model name, city and country, a four-digit price."""
-    make_listed_node(marketplace["provider"], name="long-row", gpu_model="rtx-4090", gpu_count=16,
-                     price="1234.567891", country="US", city="Saint-Pierre-des-Corps")
+    """Offers with the longest figures a row can have: a long model name, city and country, a four-digit price,
+    every host figure measured and NVLink with its p2p figure (the second lines under the GPU and the place)."""
+    from marketplace.models import Node
+
+    node = make_listed_node(marketplace["provider"], name="long-row", gpu_model="rtx-4090", gpu_count=16,
+                            price="1234.567891", country="US", city="Saint-Pierre-des-Corps")
+    Node.objects.filter(pk=node.pk).update(
+        cpu_cores=256, ram_gb=2048, disk_free_gb=123456, cuda_version=12080, pcie_gen=5, pcie_width=16,
+        driver_version="570.124.06", benchmark_summary={
+            "verdict": "verified", "median_per_gpu": {"bf16_tflops": 165.2},
+            "nvlink": {"connected": True, "islands": [list(range(8)), list(range(8, 16))], "links_per_gpu": 18,
+                       "p2p_gbs": 1234.5, "pcie_p2p_gbs": 55.5}})
     return marketplace
 
 
