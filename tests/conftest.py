@@ -29,6 +29,25 @@ def _celery_current_app_stays_the_projects():
                     "with set_as_current=False", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _migrations_left_at_the_latest(request):
+    """A test that migrates the database backwards (a data migration's test) must leave it at the latest
+    migrations: else every later test in the session runs against an old schema (a column missing)."""
+    yield
+    if "MigrationExecutor" not in vars(request.module):
+        return
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    with request.getfixturevalue("django_db_blocker").unblock():
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        if plan:
+            executor.migrate(executor.loader.graph.leaf_nodes())
+            pytest.fail(f"this test left the database before {[m.name for m, _ in plan][:3]}; migrate back to the "
+                        "latest migrations when done", pytrace=False)
+
+
 def _uses_db(request) -> bool:
     return bool(
         request.node.get_closest_marker("django_db")

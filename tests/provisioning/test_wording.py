@@ -1,5 +1,7 @@
 """Verdict wording (issue 16): each finding said once with the GPUs it concerns, the right articles, and the
 catalogue model the measured figures do fit. Pure: the sim profiles judged in process, the catalogue's JSON."""
+import re
+
 import pytest
 
 from provisioning.verification.articles import article, mend_articles
@@ -72,7 +74,8 @@ def test_an_a6000_posing_as_an_a100_is_told_once_per_finding_and_named(catalogue
     sm = next(r for r in said if r.code == "sm_count")
     assert sm.gpus == (0, 1) and sm.text.startswith("Each of GPUs 0 and 1 has 84 streaming multiprocessors; an A100")
     bf16 = next(r for r in said if r.code == "bf16_low").text
-    assert "TFLOP/s in BF16 matmul" in bf16 and "–" in bf16  # the two GPUs' figures as a range
+    # The two GPUs' figures as a range; one figure when the sim's noise drew them equal to the tenth (seen in CI).
+    assert re.search(r"GPUs 0 and 1 reach(es)? [\d.]+(–[\d.]+)? TFLOP/s in BF16 matmul", bf16), bf16
     match = closest_model(catalogue, "a100-80gb-sxm", judged.figures, {})
     assert match.model.slug == "rtx-a6000" and not match.declared
     assert match.text.startswith("The measured figures fit an RTX A6000 best, not the model declared: BF16 ")
