@@ -80,7 +80,10 @@ def seed(n_clients: int) -> list[int]:
     from marketplace.models import GpuModel, Node, NodeState, User, Verdict
     from marketplace.services.nodes import node_register
 
-    provider = User.objects.create(email="provider@bench.example")
+    from django.utils import timezone
+
+    # Verified addresses: renting and listing need one (marketplace.services.email_verification).
+    provider = User.objects.create(email="provider@bench.example", email_verified_at=timezone.now())
     model = GpuModel.objects.get(slug="a100-80gb-sxm")
     for i in range(N_NODES):
         node = node_register(provider=provider, name=f"bench-{i}", address=f"10.1.{i // 250}.{i % 250 + 1}",
@@ -90,7 +93,7 @@ def seed(n_clients: int) -> list[int]:
                                                score=1.0, reliability=0.99)
     renters = []
     for i in range(n_clients):
-        user = User.objects.create(email=f"renter{i}@bench.example")
+        user = User.objects.create(email=f"renter{i}@bench.example", email_verified_at=timezone.now())
         credit_grant(user=user, amount_micros=10**12, reason="bench")
         renters.append(user.pk)
     return renters
@@ -162,7 +165,7 @@ class BarePath:
         # Every column of the instance the service writes, with the values it writes (node and time fixed).
         template = Instance(
             renter_id=renter_id, node_id=node.pk, gpu_model_id=node.gpu_model_id, num_gpus=1, label="", image=image,
-            image_ref="", registry_auth=False, registry_auth_encrypted=None, env={}, onstart="", ports_requested=[],
+            image_ref="", registry_auth=False, registry_auth_encrypted=None, env_names=[], env_encrypted=None, onstart="", ports_requested=[],
             min_cuda_version="", disk_gb=image.min_disk_gb, ssh_public_keys=[SSH_KEY], status=InstanceStatus.REQUESTED,
             status_message="Waiting for a worker", price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
             price_per_hour_micros=node.price_per_gpu_hour_micros, platform_fee_bps=platform_fee_bps(),
