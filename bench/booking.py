@@ -227,6 +227,7 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
     its PostgreSQL backend's ms) per booking, the median of 5 blocks interleaved. Kinds: the service handing the
     job to the broker in its own thread; the same with the hand-off replaced by nothing (the job row is written,
     never sent: the difference is the publish and its UPDATE); bare SQL."""
+    from marketplace.services.instances import booking
     from provisioning.services import jobs
 
     rng = random.Random(seed)
@@ -234,22 +235,61 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
     service = ServiceSyncSendPath(renter_id)
     real_send = jobs._send
     samples: dict[str, list[tuple[float, float]]] = {"service": [], "service, no publish": [], "bare": []}
+    # The transaction's steps, timed (client CPU) in the no-publish blocks by wrapping the booking module's names.
+    from marketplace.models import Instance
+
+    # Instance.objects.create (the instance's INSERT) is timed on the manager object itself.
+    owner = {name: Instance.objects if name == "Instance.objects.create" else booking for name in STEPS}
+    steps = {name: getattr(owner[name], name.rsplit(".", 1)[-1]) for name in STEPS}
+    spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+    timed = 0
     try:
         for _ in range(5):
             for kind in samples:
                 path = bare if kind == "bare" else service
                 jobs._send = (lambda job_id, kind: None) if kind == "service, no publish" else real_send
+                if kind == "service, no publish":
+                    for name, real in steps.items():
+                        setattr(owner[name], name.rsplit(".", 1)[-1], _timed(real, name, spent))
                 c0, b0, done = time.process_time(), backend_cpu(path.backend), 0
                 while done < n // 5:
                     done += path.book(rng.choice(node_ids))
                 c1, b1 = time.process_time(), backend_cpu(path.backend)
+                _restore(owner, steps)
+                timed += done if kind == "service, no publish" else 0
                 samples[kind].append((1000 * (c1 - c0) / done, 1000 * (b1 - b0) / done))
                 reset()
     finally:
         jobs._send = real_send
+        _restore(owner, steps)
         service.close()
         bare.close()
-    return {k: (statistics.median(c for c, _ in v), statistics.median(b for _, b in v)) for k, v in samples.items()}
+    result = {k: (statistics.median(c for c, _ in v), statistics.median(b for _, b in v)) for k, v in samples.items()}
+    for name in STEPS:
+        result[f"  {name}"] = (1000 * spent[name] / timed, float("nan"))
+    return result
+
+
+# The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one.
+STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create", "Instance.objects.create")
+
+
+def _restore(owner, steps):  # type: ignore[no-untyped-def]
+    for name, real in steps.items():
+        if name == "Instance.objects.create":
+            owner[name].__dict__.pop("create", None)  # the manager's own method again
+        else:
+            setattr(owner[name], name, real)
+
+
+def _timed(real, name, spent):  # type: ignore[no-untyped-def]
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        t = time.process_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[name] += time.process_time() - t
+    return wrapper
 
 
 def client_round(path: str, renter_id: int, node_ids: list[int], bookings: int, seed: int,
@@ -466,7 +506,10 @@ def main() -> None:
             print(f"CPU per booking, one client alone ({args.split} of each, 5 interleaved blocks, medians; "
                   f"client + its PostgreSQL backend):")
             for kind, (client, backend) in split.items():
-                print(f"  {kind:20s} {client:5.2f} + {backend:4.2f} ms = {client + backend:5.2f} ms")
+                if kind.startswith("  "):  # a step of the no-publish booking, client CPU only
+                    print(f"    of which {kind.strip():24s} {client:5.2f} ms")
+                else:
+                    print(f"  {kind:20s} {client:5.2f} + {backend:4.2f} ms = {client + backend:5.2f} ms")
             publish = split["service"][0] - split["service, no publish"][0]
             print(f"  the publish (kombu/Celery + the sent_at UPDATE) is {publish:.2f} ms of the service's "
                   f"{split['service'][0]:.2f} ms client CPU")
