@@ -200,43 +200,50 @@ def _probe_served(nodes: list[Node], held: set[int], pool: SshPool) -> dict[int,
     overlap. Returns the results it has; a node left out (no such connection, or it broke: the node's sshd
     restarted, the agent was replaced) is probed by the caller the usual way, on a new connection if need be."""
     sent: list[tuple[Node, Any, NodeSession, int]] = []
-    probed_at, start = timezone.now(), time.monotonic()
-    for node in nodes:
-        if node.pk not in held:
-            continue
-        identity = connection_identity(node)
-        session = pool.take(node.pk, identity)
-        if session is None:
-            continue
-        if not session.serving:  # kept from other work (a reconcile): started by the usual probe
-            pool.give_back(node.pk, identity, session)
-            continue
-        session.timeouts = HEALTH_TIMEOUTS
-        try:
-            sent.append((node, identity, session, session.serve_send("health")))
-        except AgentGarbage:  # the agent's channel closed: the usual probe starts it anew
-            pool.give_back(node.pk, identity, session)
-        except NodeError:
+    handled = 0  # sent[:handled] were given back or closed
+    try:
+        probed_at, start = timezone.now(), time.monotonic()
+        for node in nodes:
+            if node.pk not in held:
+                continue
+            identity = connection_identity(node)
+            session = pool.take(node.pk, identity)
+            if session is None:
+                continue
+            if not session.serving:  # kept from other work (a reconcile): started by the usual probe
+                pool.give_back(node.pk, identity, session)
+                continue
+            session.timeouts = HEALTH_TIMEOUTS
+            try:
+                sent.append((node, identity, session, session.serve_send("health")))
+            except AgentGarbage:  # the agent's channel closed: the usual probe starts it anew
+                pool.give_back(node.pk, identity, session)
+            except NodeError:
+                session.close()
+        deadline = start + HEALTH_TIMEOUTS.command
+        done: dict[int, HealthResult] = {}
+        for index, (node, identity, session, request_id) in enumerate(sent):
+            handled = index
+            try:
+                answer = session.serve_answer(request_id, max(deadline - time.monotonic(), 0.001))
+            except NodeUnreachable:  # the connection broke: the usual probe tries a new one
+                session.close()
+                continue
+            except AgentGarbage:  # the agent stopped, or its file was replaced: the usual probe starts it anew
+                pool.give_back(node.pk, identity, session)
+                continue
+            except NodeError as exc:  # no answer in time, or the agent's refusal: a failed check, as usual
+                session.close()
+                result = HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
+            else:
+                pool.give_back(node.pk, identity, session)
+                result = health_result(node.pk, answer, seconds=time.monotonic() - start, probed_at=probed_at)
+            metrics.ssh_probe_observe(result)
+            done[node.pk] = result
+    except BaseException:  # a bug or an interrupt: no taken connection may stay open outside the pool
+        for _, _, session, _ in sent[handled:]:
             session.close()
-    deadline = start + HEALTH_TIMEOUTS.command
-    done: dict[int, HealthResult] = {}
-    for node, identity, session, request_id in sent:
-        try:
-            answer = session.serve_answer(request_id, max(deadline - time.monotonic(), 0.001))
-        except NodeUnreachable:  # the connection broke: the usual probe tries a new one
-            session.close()
-            continue
-        except AgentGarbage:  # the agent stopped, or its file was replaced: the usual probe starts it anew
-            pool.give_back(node.pk, identity, session)
-            continue
-        except NodeError as exc:  # no answer in time, or the agent's refusal: a failed check, as usual
-            session.close()
-            result = HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
-        else:
-            pool.give_back(node.pk, identity, session)
-            result = health_result(node.pk, answer, seconds=time.monotonic() - start, probed_at=probed_at)
-        metrics.ssh_probe_observe(result)
-        done[node.pk] = result
+        raise
     return done
 
 
