@@ -21,6 +21,8 @@ transactions doing the same allocation, with 0 double allocations.
      instance (the same columns and values) and its allocations, update the GPUs;
 4. after each round checks by query that no GPU is in two live allocations and that a GPU is rented exactly
    when it is allocated, then resets the rows (outside the timing) and VACUUMs the tables it wrote.
+5. then (`--split N`) one client in this process, N bookings of each kind in 5 interleaved blocks: the service,
+   the service with its broker publish replaced by nothing, and bare SQL: where the service's CPU goes.
 
 `--compare-send` adds a third path to the rotation: the service handing each job to the broker in the request's
 thread (JOB_SEND_IN_BACKGROUND off), to show what the sender thread is worth.
@@ -66,6 +68,9 @@ def parse_args() -> argparse.Namespace:
                    help="hand jobs to the broker in the request's thread (JOB_SEND_IN_BACKGROUND=0)")
     p.add_argument("--compare-send", action="store_true",
                    help="a third path in the rotation: the service handing jobs over in the request's thread")
+    p.add_argument("--split", type=int, default=200, metavar="N",
+                   help="then, one client in this process: N bookings of each kind, interleaved in blocks, to "
+                        "split the service's CPU into its transaction and the broker publish (0: skip)")
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     return p.parse_args()
@@ -76,11 +81,14 @@ def parse_args() -> argparse.Namespace:
 
 def seed(n_clients: int) -> list[int]:
     """1,000 GPUs on 125 listed nodes; a funded renter per client (their ids)."""
+    from django.utils import timezone
+
     from billing.services.ledger import credit_grant
     from marketplace.models import GpuModel, Node, NodeState, User, Verdict
     from marketplace.services.nodes import node_register
 
-    provider = User.objects.create(email="provider@bench.example")
+    # Verified addresses: renting and listing need one (marketplace.services.email_verification).
+    provider = User.objects.create(email="provider@bench.example", email_verified_at=timezone.now())
     model = GpuModel.objects.get(slug="a100-80gb-sxm")
     for i in range(N_NODES):
         node = node_register(provider=provider, name=f"bench-{i}", address=f"10.1.{i // 250}.{i % 250 + 1}",
@@ -90,7 +98,7 @@ def seed(n_clients: int) -> list[int]:
                                                score=1.0, reliability=0.99)
     renters = []
     for i in range(n_clients):
-        user = User.objects.create(email=f"renter{i}@bench.example")
+        user = User.objects.create(email=f"renter{i}@bench.example", email_verified_at=timezone.now())
         credit_grant(user=user, amount_micros=10**12, reason="bench")
         renters.append(user.pk)
     return renters
@@ -162,7 +170,8 @@ class BarePath:
         # Every column of the instance the service writes, with the values it writes (node and time fixed).
         template = Instance(
             renter_id=renter_id, node_id=node.pk, gpu_model_id=node.gpu_model_id, num_gpus=1, label="", image=image,
-            image_ref="", registry_auth=False, registry_auth_encrypted=None, env={}, onstart="", ports_requested=[],
+            image_ref="", registry_auth=False, registry_auth_encrypted=None, env_names=[], env_encrypted=None,
+            onstart="", ports_requested=[],
             min_cuda_version="", disk_gb=image.min_disk_gb, ssh_public_keys=[SSH_KEY], status=InstanceStatus.REQUESTED,
             status_message="Waiting for a worker", price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
             price_per_hour_micros=node.price_per_gpu_hour_micros, platform_fee_bps=platform_fee_bps(),
@@ -211,6 +220,76 @@ class ServiceSyncSendPath(ServicePath):
 
 
 PATHS = {"service": ServicePath, "bare": BarePath, "service-sync-send": ServiceSyncSendPath}
+
+
+def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[str, tuple[float, float]]:
+    """Where a booking's CPU goes, one client at a time in this process (no contention): per kind, (client ms,
+    its PostgreSQL backend's ms) per booking, the median of 5 blocks interleaved. Kinds: the service handing the
+    job to the broker in its own thread; the same with the hand-off replaced by nothing (the job row is written,
+    never sent: the difference is the publish and its UPDATE); bare SQL."""
+    from marketplace.services.instances import booking
+    from provisioning.services import jobs
+
+    rng = random.Random(seed)
+    bare = BarePath(renter_id)  # first: it closes Django's connection, which the service then opens anew
+    service = ServiceSyncSendPath(renter_id)
+    real_send = jobs._send
+    samples: dict[str, list[tuple[float, float]]] = {"service": [], "service, no publish": [], "bare": []}
+    # The transaction's steps, timed (client CPU) in the no-publish blocks by wrapping the booking module's names.
+    from marketplace.models import Instance
+
+    # Instance.objects.create (the instance's INSERT) is timed on the manager object itself.
+    owner = {name: Instance.objects if name == "Instance.objects.create" else booking for name in STEPS}
+    steps = {name: getattr(owner[name], name.rsplit(".", 1)[-1]) for name in STEPS}
+    spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+    timed = 0
+    try:
+        for _ in range(5):
+            for kind in samples:
+                path = bare if kind == "bare" else service
+                jobs._send = (lambda job_id, kind: None) if kind == "service, no publish" else real_send
+                if kind == "service, no publish":
+                    for name, real in steps.items():
+                        setattr(owner[name], name.rsplit(".", 1)[-1], _timed(real, name, spent))
+                c0, b0, done = time.process_time(), backend_cpu(path.backend), 0
+                while done < n // 5:
+                    done += path.book(rng.choice(node_ids))
+                c1, b1 = time.process_time(), backend_cpu(path.backend)
+                _restore(owner, steps)
+                timed += done if kind == "service, no publish" else 0
+                samples[kind].append((1000 * (c1 - c0) / done, 1000 * (b1 - b0) / done))
+                reset()
+    finally:
+        jobs._send = real_send
+        _restore(owner, steps)
+        service.close()
+        bare.close()
+    result = {k: (statistics.median(c for c, _ in v), statistics.median(b for _, b in v)) for k, v in samples.items()}
+    for name in STEPS:
+        result[f"  {name}"] = (1000 * spent[name] / timed, float("nan"))
+    return result
+
+
+# The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one.
+STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create", "Instance.objects.create")
+
+
+def _restore(owner, steps):  # type: ignore[no-untyped-def]
+    for name, real in steps.items():
+        if name == "Instance.objects.create":
+            owner[name].__dict__.pop("create", None)  # the manager's own method again
+        else:
+            setattr(owner[name], name, real)
+
+
+def _timed(real, name, spent):  # type: ignore[no-untyped-def]
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        t = time.process_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[name] += time.process_time() - t
+    return wrapper
 
 
 def client_round(path: str, renter_id: int, node_ids: list[int], bookings: int, seed: int,
@@ -422,6 +501,18 @@ def main() -> None:
             print(f"median bookings/s, the service handing jobs over in the request's thread: {sync:.1f} "
                   f"({sync / bare:.2f} x bare; the sender thread's path: {service / sync:.2f} x this)")
         print(f"double allocations: {doubles_total}")
+        if args.split:
+            split = cpu_split(renters[0], node_ids, args.split, args.seed)
+            print(f"CPU per booking, one client alone ({args.split} of each, 5 interleaved blocks, medians; "
+                  f"client + its PostgreSQL backend):")
+            for kind, (client, backend) in split.items():
+                if kind.startswith("  "):  # a step of the no-publish booking, client CPU only
+                    print(f"    of which {kind.strip():24s} {client:5.2f} ms")
+                else:
+                    print(f"  {kind:20s} {client:5.2f} + {backend:4.2f} ms = {client + backend:5.2f} ms")
+            publish = split["service"][0] - split["service, no publish"][0]
+            print(f"  the publish (kombu/Celery + the sent_at UPDATE) is {publish:.2f} ms of the service's "
+                  f"{split['service'][0]:.2f} ms client CPU")
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         met = ratio >= GOAL and doubles_total == 0
         print(f"goal (>= {GOAL} x bare, 0 double allocations): {'MET' if met else 'NOT MET'}")

@@ -16,7 +16,8 @@ Not a timed test: it prints figures for docs/BENCHMARKS.md. What it does, in one
    - the platform: one health cycle = the dispatcher's split into batches of FLEET_BATCH_SIZE, each
        run by `provisioning.services.fleet.nodes_health_batch` in this process, one after the other
        (what one worker process does with the batches it takes): per-node slot in the cache, the kept
-       pinned paramiko connection, `health` through the agent, then the batch's results written in a
+       pinned paramiko connection, `health` through the long-lived agent it runs (`agent serve`: every
+       request of the batch written, then every answer read), then the batch's results written in a
        few set-based statements. Control-plane CPU = this process's CPU time (all its threads);
    - `ansible all -m raw -a "python3 <agent> health" -f F` on the same hosts, with the same per-node
        keys and the same pinned host keys (a known_hosts file, StrictHostKeyChecking=yes), over
@@ -493,6 +494,9 @@ def main() -> None:
             loads.append(os.getloadavg())
         cold = None
         if args.cold:
+            # The old worker is gone: its connections (and the long-lived agent each runs on its node, ~13 MB
+            # each) with it. Kept open, 1,000 nodes would hold two agents each, which ran this machine out of memory.
+            pool.close_all()
             cold_pool = SshPool(max_size=len(nodes), idle_s=3600)
             pools.append(cold_pool)
             cold = platform_cycle(node_ids, batch_size, cold_pool)

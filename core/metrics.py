@@ -74,11 +74,16 @@ def observes_ssh_probe(probe: Callable[_P, _R]) -> Callable[_P, _R]:
     @functools.wraps(probe)
     def observed(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         result = probe(*args, **kwargs)
-        outcome = "ok" if getattr(result, "ok", False) else "busy" if getattr(result, "busy", False) else "failed"
-        SSH_PROBE_SECONDS.labels(outcome=outcome).observe(float(getattr(result, "seconds", 0.0) or 0.0))
+        ssh_probe_observe(result)
         return result
 
     return observed
+
+
+def ssh_probe_observe(result: object) -> None:
+    """Observe one probe's result (with `seconds`, `ok` and `busy`) in SSH_PROBE_SECONDS."""
+    outcome = "ok" if getattr(result, "ok", False) else "busy" if getattr(result, "busy", False) else "failed"
+    SSH_PROBE_SECONDS.labels(outcome=outcome).observe(float(getattr(result, "seconds", 0.0) or 0.0))
 
 
 METER_TICK_CACHE_KEY = "metrics:meter:last_tick_at"

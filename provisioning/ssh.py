@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -37,7 +38,9 @@ AGENT_COMMANDS = {
     ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
     ("volume", "create"), ("volume", "delete"), ("volume", "list"),
     ("vm", "logs"),
+    ("serve",),  # interactive, long-lived (NodeSession.served)
 }
+SERVED_COMMANDS = {"health"}  # what a long-lived `serve` agent answers (the agent's cli.SERVED)
 MAX_ANSWER_BYTES = 8 << 20
 NET_TEST_COMMAND = "cat > /dev/null"  # the platform's network test (NodeSession.upload_throughput)
 
@@ -162,6 +165,7 @@ class NodeSession:
         self.seen_fingerprint: str | None = None
         self._client: paramiko.SSHClient | None = None
         self._agent_path: str | None = None
+        self._serve: AgentServe | None = None  # the long-lived agent on this connection, once started
         self.fresh = True  # False: a connection kept from before (provisioning.ssh_pool), not opened for this use
 
     # -- connection -------------------------------------------------------------------------------
@@ -226,6 +230,7 @@ class NodeSession:
         self._client = client
 
     def close(self) -> None:
+        self._serve = None  # its channel closes with the connection
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -299,6 +304,43 @@ class NodeSession:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
         return AgentExchange(chan)
+
+    # -- the long-lived agent (`serve`): a command is one line written and one line read ----------
+    @property
+    def serving(self) -> bool:
+        """A long-lived agent is running on this connection (a command needs no channel or process start)."""
+        return self._serve is not None and not self._serve.closed
+
+    def serve_send(self, command: str, request: dict | None = None) -> int:
+        """Send one command to the long-lived agent (started on first use); returns its request id. Read the
+        answer with serve_answer: a batch sends to many nodes before it reads any answer."""
+        if command not in SERVED_COMMANDS:
+            raise ValueError(f"the agent does not serve {command!r}")
+        if not self.serving:
+            self._serve = AgentServe(self.exchange("serve"))
+        assert self._serve is not None
+        return self._serve.send(command, request or {})
+
+    def serve_answer(self, request_id: int, timeout: float | None = None) -> dict:
+        if self._serve is None:
+            raise NodeUnreachable("The agent's long-lived channel is closed.")
+        serve = self._serve
+        try:
+            return serve.answer(request_id, timeout or self.timeouts.command)
+        finally:
+            if serve.closed and self._serve is serve:
+                self._serve = None
+
+    def served(self, command: str, request: dict | None = None, timeout: float | None = None) -> dict:
+        """One command through the long-lived agent. If the one kept from before has ended (its process was
+        stopped on the node), a new one is started once on the same connection."""
+        kept = self.serving
+        try:
+            return self.serve_answer(self.serve_send(command, request), timeout)
+        except AgentEnded:
+            if not kept:
+                raise
+        return self.serve_answer(self.serve_send(command, request), timeout)
 
     def upload_throughput(self, nbytes: int, timeout: float | None = None) -> float:
         """Measure the platform-to-node throughput: send `nbytes` over this SSH connection to `cat > /dev/null` on
@@ -374,6 +416,77 @@ class NodeSession:
                 raise AgentMissing(f"The agent is not on the node (stderr: {bytes(err[-300:])!r}).")
             raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
         return bytes(out)
+
+
+class AgentEnded(AgentGarbage):
+    """The long-lived agent's output ended without the answer (its process stopped)."""
+
+    code = "agent_ended"
+
+
+class AgentServe:
+    """The long-lived agent (`serve`) on one channel: send() a request line, answer() reads its answer line.
+    Any failure but the agent's own refusal (AgentFailed) closes it: what comes next on it is unknown."""
+
+    def __init__(self, exchange: AgentExchange):
+        self.exchange = exchange
+        self.next_id = 0
+        self.closed = False
+
+    def send(self, command: str, request: dict) -> int:
+        self.next_id += 1
+        try:
+            self.exchange.send({"id": self.next_id, "command": command, "request": request})
+        except NodeError:
+            self.close()
+            raise self._ended() from None  # the agent's channel closed; the connection itself may be fine
+        return self.next_id
+
+    def answer(self, request_id: int, timeout: float) -> dict:
+        try:
+            line, _ = self.exchange.receive(timeout)
+        except EOFError:
+            self.close()
+            raise self._ended() from None
+        except NodeError:
+            self.close()
+            raise
+        if line is None:
+            self.close()
+            raise AgentTimeout(f"The node did not answer within {timeout:.0f}s.")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or answer.get("id") != request_id or "ok" not in answer:
+            self.close()
+            raise AgentGarbage(f"The agent's answer is not the answer to request {request_id}: {line[:200]!r}")
+        del answer["id"]
+        if not answer["ok"]:
+            error = answer.get("error") or {}
+            if error.get("code") == "agent_missing":  # its file was removed or replaced; it has stopped
+                self.close()
+                raise AgentMissing(str(error.get("message") or "the agent's file is gone"))
+            raise AgentFailed(error)
+        return answer
+
+    def _ended(self) -> NodeError:
+        chan = self.exchange.chan
+        transport = chan.get_transport()
+        if transport is None or not transport.is_active():
+            return NodeUnreachable("The SSH connection broke during a command.")
+        err = bytearray()
+        with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+        if b"can't open file" in err:  # python3's words for a missing script
+            return AgentMissing(f"The agent is not on the node (stderr: {bytes(err[-300:])!r}).")
+        return AgentEnded(f"The agent stopped without answering (stderr: {bytes(err[-300:])!r}).")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.exchange.close()
 
 
 class AgentExchange:

@@ -15,6 +15,9 @@ node and probe (on both sides). The pool keeps each node's connection open betwe
 - at most `connecting` connections are being opened at once (a fresh worker's first cycle opens one per node);
 - keepalive (NodeSession sets transport.set_keepalive); idle connections are closed after `idle_s`, and the
   least recently used one when the pool holds `max_size`; `close_all()` on worker shutdown;
+- a kept connection keeps the long-lived agent (`serve`) it started, so that a health probe over it is one
+  line written and one read (NodeSession.served); the fleet batch takes and gives back connections itself
+  (take, give_back) to send to all its nodes before it reads any answer;
 - the agent's remote path, once uploaded or checked over SFTP on a node, is recorded per node: a new connection
   to that node skips the SFTP check while the agent's hash (in its file name) is the same. Callers forget it
   when the node says the agent is missing (`forget_agent`).
@@ -68,7 +71,7 @@ class SshPool:
 
         Given back for reuse when the block ends normally; closed when it raises (the connection's state is then
         unknown)."""
-        session = self._take(node_id, identity)
+        session = self.take(node_id, identity)
         fresh = session is None
         if session is None:
             with self._connecting:
@@ -76,20 +79,34 @@ class SshPool:
             self._tune(session)
             with self._lock:
                 self.connects += 1
-        else:
-            with self._lock:
-                self.reuses += 1
-        known = self._agents.get(node_id)
-        if session._agent_path is None and known and known[0] == identity and known[1] == agent_bundle()[1]:
-            session._agent_path = known[2]  # uploaded or checked before on this node: no SFTP round trip
+            self._known_agent(node_id, identity, session)
         try:
             yield session, fresh
         except BaseException:
             session.close()
             raise
+        self.give_back(node_id, identity, session)
+
+    def take(self, node_id: int, identity: Hashable) -> NodeSession | None:
+        """The node's kept connection (alive, opened with this identity), taken out of the pool; None if there is
+        none. Give it back with give_back (or close it)."""
+        session = self._take(node_id, identity)
+        if session is not None:
+            with self._lock:
+                self.reuses += 1
+            self._known_agent(node_id, identity, session)
+        return session
+
+    def give_back(self, node_id: int, identity: Hashable, session: NodeSession) -> None:
+        """Keep a connection for the next use (closed instead if it died)."""
         if session._agent_path:
             self._agents[node_id] = (identity, agent_bundle()[1], session._agent_path)
         self._give_back(node_id, identity, session)
+
+    def _known_agent(self, node_id: int, identity: Hashable, session: NodeSession) -> None:
+        known = self._agents.get(node_id)
+        if session._agent_path is None and known and known[0] == identity and known[1] == agent_bundle()[1]:
+            session._agent_path = known[2]  # uploaded or checked before on this node: no SFTP round trip
 
     def forget_agent(self, node_id: int) -> None:
         """The node said the agent is not there: the next use checks (and uploads) it again."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -35,19 +36,22 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, conne
 from django.db.models import Q
 from django.utils import timezone
 
-from core import dispatch
+from core import dispatch, metrics
 from core.locks import advisory_lock
 from marketplace.models import Instance, InstanceStatus, Node, NodeState
 from provisioning.concurrency import SLOT_TTL_S, NodeBusy, slot_key
 from provisioning.services.fleet_record import nodes_record_health
 from provisioning.services.nodes import (
+    HEALTH_TIMEOUTS,
     WATCHED_STATES,
     HealthResult,
+    connection_identity,
+    health_result,
     node_health_probe,
     running_vm_ids_by_node,
 )
 from provisioning.services.reconcile import node_reconcile
-from provisioning.ssh import NodeError
+from provisioning.ssh import AgentGarbage, NodeError, NodeSession, NodeUnreachable
 from provisioning.ssh_pool import SshPool, worker_pool
 
 log = logging.getLogger(__name__)
@@ -180,9 +184,67 @@ def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM, *,
     if not nodes:
         return []
     with batch_slots([n.pk for n in nodes]) as held:
-        with ThreadPoolExecutor(max_workers=min(parallelism, len(nodes))) as threads:
-            return list(threads.map(
-                lambda n: _in_thread(lambda: node_health_probe(n, pool=pool, slot_held=n.pk in held)), nodes))
+        done = _probe_served(nodes, held, pool) if pool is not None else {}
+        rest = [n for n in nodes if n.pk not in done]
+        if rest:
+            with ThreadPoolExecutor(max_workers=min(parallelism, len(rest))) as threads:
+                for result in threads.map(
+                        lambda n: _in_thread(lambda: node_health_probe(n, pool=pool, slot_held=n.pk in held)), rest):
+                    done[result.node_id] = result
+    return [done[n.pk] for n in nodes]
+
+
+def _probe_served(nodes: list[Node], held: set[int], pool: SshPool) -> dict[int, HealthResult]:
+    """Probe, without a thread per node, the nodes whose kept connection runs the long-lived agent (`serve`)
+    and whose SSH slot the batch holds: write every request first, then read every answer, so the round trips
+    overlap. Returns the results it has; a node left out (no such connection, or it broke: the node's sshd
+    restarted, the agent was replaced) is probed by the caller the usual way, on a new connection if need be."""
+    sent: list[tuple[Node, Any, NodeSession, int]] = []
+    handled = 0  # sent[:handled] were given back or closed
+    try:
+        probed_at, start = timezone.now(), time.monotonic()
+        for node in nodes:
+            if node.pk not in held:
+                continue
+            identity = connection_identity(node)
+            session = pool.take(node.pk, identity)
+            if session is None:
+                continue
+            if not session.serving:  # kept from other work (a reconcile): started by the usual probe
+                pool.give_back(node.pk, identity, session)
+                continue
+            session.timeouts = HEALTH_TIMEOUTS
+            try:
+                sent.append((node, identity, session, session.serve_send("health")))
+            except AgentGarbage:  # the agent's channel closed: the usual probe starts it anew
+                pool.give_back(node.pk, identity, session)
+            except NodeError:
+                session.close()
+        deadline = start + HEALTH_TIMEOUTS.command
+        done: dict[int, HealthResult] = {}
+        for index, (node, identity, session, request_id) in enumerate(sent):
+            handled = index
+            try:
+                answer = session.serve_answer(request_id, max(deadline - time.monotonic(), 0.001))
+            except NodeUnreachable:  # the connection broke: the usual probe tries a new one
+                session.close()
+                continue
+            except AgentGarbage:  # the agent stopped, or its file was replaced: the usual probe starts it anew
+                pool.give_back(node.pk, identity, session)
+                continue
+            except NodeError as exc:  # no answer in time, or the agent's refusal: a failed check, as usual
+                session.close()
+                result = HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
+            else:
+                pool.give_back(node.pk, identity, session)
+                result = health_result(node.pk, answer, seconds=time.monotonic() - start, probed_at=probed_at)
+            metrics.ssh_probe_observe(result)
+            done[node.pk] = result
+    except BaseException:  # a bug or an interrupt: no taken connection may stay open outside the pool
+        for _, _, session, _ in sent[handled:]:
+            session.close()
+        raise
+    return done
 
 
 # Django's Redis cache client builds a Redis client object per call: three calls per probe (take, look, give

@@ -20,6 +20,7 @@ from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import NodeEvent
 from provisioning.ssh import (
+    SERVED_COMMANDS,
     AgentFailed,
     AgentMissing,
     Endpoint,
@@ -87,13 +88,14 @@ def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool 
             finally:
                 session.close()
             return
-        with pool.borrow(node.pk, _identity(node), lambda: _session_connect(node, timeouts)) as (session, fresh):
+        connect = lambda: _session_connect(node, timeouts)  # noqa: E731
+        with pool.borrow(node.pk, connection_identity(node), connect) as (session, fresh):
             session.timeouts = timeouts or Timeouts()
             session.fresh = fresh
             yield session
 
 
-def _identity(node: Node) -> tuple[Any, ...]:
+def connection_identity(node: Node) -> tuple[Any, ...]:
     """What a kept connection was opened with: changed, it is not reused."""
     return (node.address, node.ssh_port, node.ssh_user, node.host_key_fingerprint,
             bytes(node.ssh_private_key_encrypted or b""))
@@ -186,12 +188,17 @@ def node_health_probe(node: Node, timeouts: Timeouts | None = None, *, pool: Ssh
     try:
         answer = node_agent_call(node, "health", timeouts=timeouts or HEALTH_TIMEOUTS, pool=pool,
                                  slot_held=slot_held)
-        return HealthResult(node.pk, True, seconds=time.monotonic() - start,
-                            inventory_hash=answer.get("inventory_hash"), vms=answer.get("vms"), probed_at=probed_at)
+        return health_result(node.pk, answer, seconds=time.monotonic() - start, probed_at=probed_at)
     except NodeBusy as exc:
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at, busy=True)
     except NodeError as exc:
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
+
+
+def health_result(node_id: int, answer: dict[str, Any], *, seconds: float, probed_at: datetime) -> HealthResult:
+    """What a `health` answer (ok) tells about the node."""
+    return HealthResult(node_id, True, seconds=seconds, inventory_hash=answer.get("inventory_hash"),
+                        vms=answer.get("vms"), probed_at=probed_at)
 
 
 def node_agent_call(node: Node, command: str, sub: str | None = None, request: dict[str, Any] | None = None, *,
@@ -205,14 +212,17 @@ def node_agent_call(node: Node, command: str, sub: str | None = None, request: d
         try:
             with node_session(node, timeouts, pool=pool, slot_held=slot_held) as session:
                 fresh = session.fresh
+                # Over a kept connection, the commands the long-lived agent serves need no exec of their own.
+                call = session.served if pool is not None and sub is None and command in SERVED_COMMANDS \
+                    else (lambda c, r: session.agent(c, sub, r))
                 try:
-                    return session.agent(command, sub, request)
+                    return call(command, request)
                 except (AgentMissing, AgentFailed) as exc:
                     if pool is None or (isinstance(exc, AgentFailed) and exc.field != "command"):
                         raise
                     pool.forget_agent(node.pk)
                     session._agent_path = None  # ensure_agent checks it over SFTP (and uploads it) again
-                    return session.agent(command, sub, request)
+                    return call(command, request)
         except NodeUnreachable:
             if fresh or attempt == 2:
                 raise

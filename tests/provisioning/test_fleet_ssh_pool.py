@@ -177,3 +177,66 @@ def test_the_worker_pool_serves_the_fleet_check_and_closes_on_worker_shutdown(si
         assert not transport.is_active()
     finally:
         worker_pool_close()
+
+
+@pytest.fixture
+def channels(monkeypatch):
+    """Counts the SSH channels the platform opens (each exec or SFTP is one); they still open for real."""
+    opened = []
+    real = paramiko.Transport.open_session
+
+    def open_session(self, *args, **kwargs):
+        opened.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.Transport, "open_session", open_session)
+    return opened
+
+
+def serve_pids(info) -> list[int]:
+    """The node's long-lived agents (`python3 <agent> serve` under the node's folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv[-1:] == [b"serve"] and any(a.startswith(info["node_dir"].encode()) for a in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_kept_connection_probes_through_one_long_lived_agent(sim_node, simbase, pool, channels):
+    node, info = sim_node
+    assert node_health_probe(node, pool=pool).ok  # connects, checks the agent (SFTP), starts `serve`
+    first = len(channels)
+    assert first == 2 and len(serve_pids(info)) == 1
+    for _ in range(3):
+        summary = fleet.nodes_health_batch([node.pk], pool=pool)
+        assert summary["checked"] == 1 and summary["failed"] == 0, summary
+    # Three batches: no new channel, no new process on the node: one line written, one read, each time.
+    assert len(channels) == first and pool.connects == 1 and len(serve_pids(info)) == 1
+    node.refresh_from_db()
+    assert node.health_failures == 0 and node.last_seen_at is not None
+
+    # The long-lived agent is stopped on the node (killed, or it crashed): the next probe starts another one on
+    # the same connection and answers.
+    for pid in serve_pids(info):
+        os.kill(pid, 9)
+    summary = fleet.nodes_health_batch([node.pk], pool=pool)
+    assert summary["checked"] == 1 and summary["failed"] == 0, summary
+    assert pool.connects == 1 and len(channels) == first + 1 and len(serve_pids(info)) == 1
+
+
+def test_a_batch_over_a_kept_connection_notices_a_cut_node(sim_node, simbase, pool):
+    node, info = sim_node
+    assert fleet.nodes_health_batch([node.pk], pool=pool)["failed"] == 0
+    sim.node_cut(info["ssh_port"], simbase)
+    summary = fleet.nodes_health_batch([node.pk], pool=pool)
+    assert summary["failed"] == 1, summary
+    node.refresh_from_db()
+    assert node.health_failures == 1 and len(pool) == 0
+    sim.node_restore(info["ssh_port"], simbase)
+    assert fleet.nodes_health_batch([node.pk], pool=pool)["failed"] == 0

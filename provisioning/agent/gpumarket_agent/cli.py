@@ -13,6 +13,7 @@ from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.sim import sim_nvidia_smi
 from .runtimes.simbox import main_sim_box
+from .serve import serve
 from .smi import host_facts, inventory_hash, load_profile, read_gpus
 from .topology import read_topology
 from .validation import reject_unknown
@@ -58,6 +59,7 @@ def cmd_health(cfg, req):
 
 
 COMMANDS = {"inventory": cmd_inventory, "health": cmd_health, "benchmark": cmd_benchmark}
+SERVED = {"health": cmd_health}  # what `serve` answers: read-only commands (serve.py)
 
 
 def handle(argv, stdin_text, env):
@@ -98,6 +100,8 @@ def main():
         return sim_nvidia_smi(argv[2:], argv[1])
     if argv[:1] == ["_sim-box"]:  # the ports and onstart of a sim VM (runtimes/simbox.py)
         return main_sim_box(argv[1:])
+    if argv == ["serve"]:  # long-lived: one JSON request a line, one answer a line (serve.py)
+        return serve(os.environ, SERVED)
     if argv == ["challenge"]:  # interactive: one JSON object a line both ways (challenge.py)
         try:
             cfg = Config(os.environ)
