@@ -48,7 +48,6 @@ class MigSlice(StatefulModel, models.Model):
         ordering = ["node_id", "gpu_id", "device"]
         verbose_name = "MIG slice"
         constraints = [
-            models.UniqueConstraint(fields=["gpu", "device"], name="mig_slice_unique_device_per_gpu"),
             models.UniqueConstraint(fields=["uuid"], name="mig_slice_unique_uuid"),
             SLICE_TRANSITIONS.check_constraint("status", "mig_slice_status_declared"),
         ]

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from provisioning.agent import gpumarket_agent as agent
 from marketplace.mig import layout_by_gpu
+from provisioning.agent import gpumarket_agent as agent
 from provisioning.verification import challenge
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue

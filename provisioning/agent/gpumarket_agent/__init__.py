@@ -53,6 +53,7 @@ from .measurements import (
     small_cnn_images_s,
     warm_up,
 )
+from .mig import bench_slices, list_text, parse_mig_list, read_mig, sim_slices, validate_mig_uuids
 from .options import (
     ENV_NAME_RE,
     VOLUME_NAME_RE,
@@ -103,7 +104,6 @@ from .smi import (
     smi_value,
     split_smi_line,
 )
-from .mig import bench_slices, list_text, parse_mig_list, read_mig, sim_slices, validate_mig_uuids
 from .telemetry import CLOCK_EVENT_BITS, LOAD_PHASES, TELEMETRY_FIELDS, Telemetry, clock_event_names, parse_telemetry
 from .topology import (
     P2P_BYTES,
