@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, MigSlice, Node, NodeState, SliceStatus, User
@@ -111,7 +111,9 @@ def nodes_for_user(*, user: User) -> QuerySet[Node]:
     nodes = Node.objects.exclude(state=NodeState.RETIRED).select_related("gpu_model")
     if not user.is_staff:
         nodes = nodes.filter(provider=user)
-    return nodes.prefetch_related("gpus__gpu_model", "mig_slices__gpu")  # not one query per GPU for its model
+    # Not one query per GPU for its model, nor per slice for its GPU.
+    return nodes.prefetch_related("gpus__gpu_model",
+                                  Prefetch("mig_slices", queryset=MigSlice.objects.select_related("gpu")))
 
 
 _NOT_OFFERED_STATES: dict[str, str] = {

@@ -79,6 +79,32 @@ class MigSliceSerializer(serializers.Serializer):
     status = serializers.CharField()
 
 
+@extend_schema_field({
+    "type": "array", "maxItems": 64, "items": {
+        "type": "object", "required": ["gpu", "profiles"], "additionalProperties": False,
+        "properties": {"gpu": {"type": "integer", "minimum": 0, "maximum": 63},
+                       "profiles": {"type": "array", "minItems": 1, "maxItems": 7,
+                                    "items": {"type": "string", "minLength": 1, "maxLength": 20}}}}})
+class MigLayoutField(serializers.JSONField):
+    """A MIG layout as JSON: its shape is in the schema; the catalogue's rules (marketplace.mig) are the
+    service's, answered as 400s on `mig_layout`."""
+
+
+class MigPricesField(serializers.DictField):
+    """{profile: USD per slice-hour}: each price a UsdField, its errors said as one list of strings."""
+
+    def __init__(self, **kwargs):
+        super().__init__(child=UsdField(**PRICE_LIMITS), **kwargs)
+
+    def run_child_validation(self, data):
+        try:
+            return super().run_child_validation(data)
+        except serializers.ValidationError as exc:
+            detail = exc.detail if isinstance(exc.detail, dict) else {}
+            raise serializers.ValidationError(
+                [f"{key}: {' '.join(map(str, errors))}" for key, errors in detail.items()]) from None
+
+
 _MIG_LAYOUT_HELP = ("MIG layout per GPU: [{\"gpu\": 0, \"profiles\": [\"3g.40gb\", ...]}] with profiles of the model "
                     "(/api/v1/gpu-models/); per card at most 7 compute and 8 memory slices. The check holds it against "
                     "nvidia-smi; each proven slice is rented on its own.")
@@ -154,9 +180,8 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         required=False, default=False,
         help_text="The GPUs are NVLink-connected; the check degrades the node if nvidia-smi shows otherwise.")
     price_per_gpu_hour = UsdField(help_text="USD per GPU-hour.", **PRICE_LIMITS)
-    mig_layout = serializers.JSONField(required=False, help_text=_MIG_LAYOUT_HELP)
-    mig_prices = serializers.DictField(child=UsdField(**PRICE_LIMITS), required=False, default=dict,
-                                       help_text=_MIG_PRICES_HELP)
+    mig_layout = MigLayoutField(required=False, help_text=_MIG_LAYOUT_HELP)
+    mig_prices = MigPricesField(required=False, default=dict, help_text=_MIG_PRICES_HELP)
     disk_price_per_gb_month = UsdField(required=False, help_text=(
         "USD per GB per 30-day month for renters' volumes and stopped instances' disks, billed per second "
         "(default 0.10)."), **DISK_PRICE_LIMITS)
@@ -190,9 +215,9 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
                                                                  "instances keep their price.", **DISK_PRICE_LIMITS)
     listed = serializers.BooleanField(required=False, help_text="false takes the node off the offers.")
     maintenance = serializers.BooleanField(required=False)
-    mig_layout = serializers.JSONField(required=False, help_text=_MIG_LAYOUT_HELP + " Takes effect at the next "
-                                                                                   "check (POST .../verify/).")
-    mig_prices = serializers.DictField(child=UsdField(**PRICE_LIMITS), required=False, help_text=_MIG_PRICES_HELP)
+    mig_layout = MigLayoutField(required=False, help_text=_MIG_LAYOUT_HELP + " Takes effect at the next check "
+                                                                             "(POST .../verify/).")
+    mig_prices = MigPricesField(required=False, help_text=_MIG_PRICES_HELP)
 
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")

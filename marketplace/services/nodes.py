@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.mig import layout_problems, price_problems
-from marketplace.models import Gpu, GpuModel, GpuStatus, Node, NodeState, User
+from marketplace.models import Gpu, GpuModel, GpuStatus, MigSliceAllocation, Node, NodeState, User
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import micros_to_usd, usd_to_micros
 from marketplace.services.email_verification import email_verified_required
@@ -186,6 +186,9 @@ def node_retire(*, node: Node) -> None:
     rented = node.gpus.filter(status=GpuStatus.RENTED).count()
     if rented:
         raise Conflict(f"{rented} GPU(s) of this node are rented; wait until those instances end.")
+    sliced = MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True).count()
+    if sliced:
+        raise Conflict(f"{sliced} MIG slice(s) of this node are rented; wait until those instances end.")
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])

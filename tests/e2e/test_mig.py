@@ -47,7 +47,7 @@ def test_declare_verify_offer_rent_and_see_only_the_slice(worker, sim_node_facto
     assert mine["mig_layout"] == LAYOUT and mine["mig_prices"] == PRICES and len(mine["mig_slices"]) == 4
 
     # Offers show the free slices per profile, with the slice price; the filter finds the node by profile.
-    offer = other_api.get(f"/api/v1/offers/?mig_profile=3g.40gb").json()["results"]
+    offer = other_api.get("/api/v1/offers/?mig_profile=3g.40gb").json()["results"]
     assert [o["id"] for o in offer] == [node.pk]
     assert offer[0]["num_gpus_free"] == 1
     assert offer[0]["mig_slices"] == [
@@ -83,8 +83,7 @@ def test_declare_verify_offer_rent_and_see_only_the_slice(worker, sim_node_facto
     assert [s["mig_profile"] for s in left] == ["1g.10gb", "2g.20gb"]
     again = other_api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "mig_profile": "3g.40gb",
                                                   "image": "pytorch-2-5", "ssh_public_key": public}, format="json")
-    assert again.status_code == 400 and "1g.10gb" not in again.json()["num_gpus"][0], again.content
-    assert "0 free MIG 3g.40gb" in again.json()["num_gpus"][0]
+    assert again.status_code == 400 and "0 free MIG 3g.40gb" in again.json()["num_gpus"][0], again.content
 
     # Destroyed, it frees the slice again.
     assert other_api.delete(f"/api/v1/instances/{instance.pk}/").status_code == 202

@@ -193,3 +193,21 @@ def test_billing_meters_a_slice_instance_at_its_slice_price(user, settings):
     billed = Instance.objects.get(pk=instance.pk)
     assert billed.billed_seconds == 3600 and billed.cost_micros == 720_000  # 2 slices x $0.36 for one hour
     assert started <= timezone.now()
+
+
+def test_the_offers_page_shows_slices_and_filters_by_profile_as_the_api(client):
+    split = make_mig_node({0: ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]}, {"3g.40gb": "0.7", "2g.20gb": "0.45",
+                                                                           "1g.10gb": "0.25"}, gpu_count=1)
+    make_listed_node(gpu_model="a100-80gb-sxm", gpu_count=2)
+    page = client.get("/offers/?mig_profile=3g.40gb").content.decode()
+    assert f'href="/offers/{split.pk}/rent/"' in page and page.count('/rent/"') == 1
+    assert "MIG: 2 × 1g.10gb $0.25/h · 1 × 2g.20gb $0.45/h · 1 × 3g.40gb $0.70/h" in page
+    assert client.get("/offers/?mig_profile=9g.90gb").status_code == 400
+
+
+def test_a_node_with_a_rented_slice_cannot_be_retired(api, user):
+    node = make_mig_node({0: ["7g.80gb"]}, gpu_count=1, provider=user)
+    renter = UserFactory()
+    book(renter, node, num_gpus=1, mig_profile="7g.80gb")
+    r = api.delete(f"{NODES}{node.pk}/")
+    assert r.status_code == 409 and "1 MIG slice(s) of this node are rented" in r.json()["detail"]

@@ -117,19 +117,26 @@ def _check_image(image: Image | str, node: Node) -> int:
     return image.min_disk_gb
 
 
-def _slice_price(node: Node, mig_profile: str, num_slices: int) -> int:
-    """A MIG booking's price per slice-hour; 400 naming the field for a profile the node does not rent out, or
-    more slices than it has free (read without locks: the allocation's own count decides a race, with 409)."""
+def _slice_price(node: Node, mig_profile: str) -> int:
+    """A MIG booking's price per slice-hour; 400 naming the field for a profile the node does not rent out."""
     prices = node.mig_prices_micros or {}  # read by _lock_node_for_booking
     if mig_profile not in prices:
         offered = ", ".join(sorted(prices)) or "none"
         raise ValidationFailed(f"This offer rents no MIG {mig_profile} slices (its MIG profiles: {offered}).",
                                field="mig_profile")
-    free = free_slice_count(node.pk, mig_profile)
-    if num_slices > free:
+    return int(prices[mig_profile])
+
+
+def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> None:
+    """Fewer slices were taken than asked for: more than are free is a 400 naming `num_gpus`; free ones that
+    concurrent bookings hold locked (free in the committed rows, skipped by SKIP LOCKED) are a race, 409."""
+    free = free_slice_count(node_id, mig_profile) + taken  # those taken here were free, and are rented in this txn
+    if wanted > free:
         raise ValidationFailed(f"This offer has {free} free MIG {mig_profile} slice{'s' if free != 1 else ''}; "
                                f"ask for 1 to {max(free, 1)}.", field="num_gpus")
-    return int(prices[mig_profile])
+    have = "No slice was" if not taken else f"Only {taken} {'was' if taken == 1 else 'were'}"
+    raise Conflict(f"{have} free of MIG profile {mig_profile} on this node at the moment of booking; another "
+                   f"booking took them meanwhile. Try again.")
 
 
 def _check_cuda(node: Node, wanted: str) -> None:
@@ -156,7 +163,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         raise Conflict(f"Offer {node_id} is not available: {refusal}.")
     total: int = node.gpu_total  # type: ignore[attr-defined]  # set by _lock_node_for_booking
     if mig_profile:
-        price = _slice_price(node, mig_profile, num_gpus)
+        price = _slice_price(node, mig_profile)
     elif num_gpus > total:
         raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
     else:
@@ -192,10 +199,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     )
     if mig_profile:
         taken = allocate_free_slices(instance, node.pk, mig_profile, num_gpus, now)
-        if taken < num_gpus:
-            free = "No slice is" if not taken else f"Only {taken} {'is' if taken == 1 else 'are'}"
-            raise Conflict(f"{free} free of MIG profile {mig_profile} on this node now; you asked for {num_gpus}.")
-        taken = num_gpus
+        if taken < num_gpus:  # raising rolls back the instance and the slices taken
+            _slices_short(node.pk, mig_profile, num_gpus, taken)
     else:
         taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node))
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
