@@ -222,6 +222,12 @@ class GpuAdmin(admin.ModelAdmin):
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # A split GPU leaves `mig` only through its node's check (provisioning.services.mig), under its row lock
+        # and with none of its slices allocated: an operator's edit here would skip both.
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "status"] if obj is not None and obj.status == GpuStatus.MIG else fields
+
 
 @admin.register(MigSlice)
 class MigSliceAdmin(admin.ModelAdmin):

@@ -211,3 +211,13 @@ def test_a_node_with_a_rented_slice_cannot_be_retired(api, user):
     book(renter, node, num_gpus=1, mig_profile="7g.80gb")
     r = api.delete(f"{NODES}{node.pk}/")
     assert r.status_code == 409 and "1 MIG slice(s) of this node are rented" in r.json()["detail"]
+
+
+def test_an_operator_cannot_move_a_split_gpu_out_of_mig_in_the_admin(admin_client):
+    from django.urls import reverse
+    node = make_mig_node({0: ["7g.80gb"]}, gpu_count=2)
+    split, whole = node.gpus.order_by("index")
+    page = admin_client.get(reverse("admin:marketplace_gpu_change", args=[split.pk]))
+    assert page.status_code == 200 and 'name="status"' not in page.content.decode()
+    page = admin_client.get(reverse("admin:marketplace_gpu_change", args=[whole.pk]))
+    assert page.status_code == 200 and 'name="status"' in page.content.decode()
