@@ -24,6 +24,12 @@ transactions doing the same allocation, with 0 double allocations.
 5. then (`--split N`) one client in this process, N bookings of each kind in 5 interleaved blocks: the service,
    the service with its broker publish replaced by nothing, and bare SQL: where the service's CPU goes.
 
+`--slices` books MIG slices instead of whole GPUs (issue 17): every card of the 125 nodes is split into seven
+1g.10gb slices (7,000 slices), each booking takes one slice by profile. The service path is `instance_create` with
+`mig_profile`; the bare path locks the node's split GPUs FOR SHARE and a free slice FOR UPDATE SKIP LOCKED, inserts
+the instance and its slice allocation and marks the slice rented. The checks add the parent rule: no GPU both
+allocated whole and holding an allocated slice. The goal is the same: >= 0.5 x bare, 0 double allocations.
+
 `--compare-send` adds a third path to the rotation: the service handing each job to the broker in the request's
 thread (JOB_SEND_IN_BACKGROUND off), to show what the sender thread is worth.
 
@@ -55,6 +61,9 @@ from django.conf import settings  # noqa: E402
 N_NODES = 125
 GPUS_PER_NODE = 8
 GOAL = 0.5
+SLICES = False  # --slices: book MIG 1g.10gb slices (set in main() before the clients fork)
+SLICE_PROFILE = "1g.10gb"
+SLICES_PER_GPU = 7
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,6 +80,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--split", type=int, default=200, metavar="N",
                    help="then, one client in this process: N bookings of each kind, interleaved in blocks, to "
                         "split the service's CPU into its transaction and the broker publish (0: skip)")
+    p.add_argument("--slices", action="store_true", help="book MIG slices (every card split into 7 x 1g.10gb)")
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     return p.parse_args()
@@ -90,18 +100,37 @@ def seed(n_clients: int) -> list[int]:
     # Verified addresses: renting and listing need one (marketplace.services.email_verification).
     provider = User.objects.create(email="provider@bench.example", email_verified_at=timezone.now())
     model = GpuModel.objects.get(slug="a100-80gb-sxm")
+    layout = [{"gpu": g, "profiles": [SLICE_PROFILE] * SLICES_PER_GPU} for g in range(GPUS_PER_NODE)] if SLICES else []
+    prices = {SLICE_PROFILE: Decimal("0.25")} if SLICES else {}
     for i in range(N_NODES):
         node = node_register(provider=provider, name=f"bench-{i}", address=f"10.1.{i // 250}.{i % 250 + 1}",
                              ssh_port=22, ssh_user="gpu", country="DE", gpu_model=model, gpu_count=GPUS_PER_NODE,
-                             price_per_gpu_hour=Decimal("1.5"), runtime="sim", city="Frankfurt")
+                             price_per_gpu_hour=Decimal("1.5"), runtime="sim", city="Frankfurt",
+                             mig_layout=layout, mig_prices=prices)
         Node.objects.filter(pk=node.pk).update(state=NodeState.ACTIVE, verdict=Verdict.VERIFIED, listed=True,
                                                score=1.0, reliability=0.99)
+        if SLICES:
+            seed_slices(node.pk)
     renters = []
     for i in range(n_clients):
         user = User.objects.create(email=f"renter{i}@bench.example", email_verified_at=timezone.now())
         credit_grant(user=user, amount_micros=10**12, reason="bench")
         renters.append(user.pk)
     return renters
+
+
+def seed_slices(node_id: int) -> None:
+    """The slices a passed check would list (provisioning.services.mig), all free."""
+    from django.db import transaction
+
+    from marketplace.models import Node
+    from provisioning.services.mig import node_apply_mig_slices
+
+    slices = [{"gpu": g, "device": d, "profile": SLICE_PROFILE, "memory_mib": 9728, "proven": True,
+               "uuid": f"MIG-{node_id:08x}-{g:04x}-{d:04x}-0000-000000000000"}
+              for g in range(GPUS_PER_NODE) for d in range(SLICES_PER_GPU)]
+    with transaction.atomic():
+        node_apply_mig_slices(node=Node.objects.select_for_update().get(pk=node_id), slices=slices, listable=True)
 
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNbnK8m0mXQn5d7ZqGf0l3o8n3bqQk3f3m4b0m2b2b2 bench@example"
@@ -141,7 +170,7 @@ class ServicePath:
 
         try:
             instance_create(renter=self.renter, node_id=node_id, num_gpus=1, image=self.image,
-                            ssh_public_keys=[SSH_KEY])
+                            ssh_public_keys=[SSH_KEY], mig_profile=SLICE_PROFILE if SLICES else "")
         except Conflict:
             return False
         return True
@@ -167,14 +196,15 @@ class BarePath:
                                  "disk_price_per_gb_month_micros").first()
         image = Image.objects.get(slug="cuda-12-4")
         now = timezone.now()
+        price = node.mig_prices_micros[SLICE_PROFILE] if SLICES else node.price_per_gpu_hour_micros
         # Every column of the instance the service writes, with the values it writes (node and time fixed).
         template = Instance(
             renter_id=renter_id, node_id=node.pk, gpu_model_id=node.gpu_model_id, num_gpus=1, label="", image=image,
             image_ref="", registry_auth=False, registry_auth_encrypted=None, env_names=[], env_encrypted=None,
             onstart="", ports_requested=[],
             min_cuda_version="", disk_gb=image.min_disk_gb, ssh_public_keys=[SSH_KEY], status=InstanceStatus.REQUESTED,
-            status_message="Waiting for a worker", price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
-            price_per_hour_micros=node.price_per_gpu_hour_micros, platform_fee_bps=platform_fee_bps(),
+            status_message="Waiting for a worker", price_per_gpu_hour_micros=price, price_per_hour_micros=price,
+            platform_fee_bps=platform_fee_bps(), mig_profile=SLICE_PROFILE if SLICES else "",
             disk_price_per_gb_month_micros=node.disk_price_per_gb_month_micros, created_at=now,
         )
         fields = [f for f in Instance._meta.concrete_fields if not f.primary_key]
@@ -192,6 +222,30 @@ class BarePath:
         connection.close()
 
     def book(self, node_id: int) -> bool:
+        return self.book_slice(node_id) if SLICES else self.book_gpu(node_id)
+
+    def book_slice(self, node_id: int) -> bool:
+        cur = self.conn.cursor()
+        cur.execute("SELECT id FROM marketplace_gpu WHERE node_id = %s AND status = 'mig' FOR SHARE", [node_id])
+        parents = [r[0] for r in cur.fetchall()]
+        cur.execute("SELECT id FROM marketplace_migslice WHERE node_id = %s AND status = 'free' AND profile = %s "
+                    "AND gpu_id = ANY(%s) ORDER BY gpu_id, device LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    [node_id, SLICE_PROFILE, parents])
+        slices = [r[0] for r in cur.fetchall()]
+        if not slices:
+            self.conn.rollback()
+            return False
+        values = list(self.values)
+        values[self.node_col] = node_id
+        cur.execute(self.insert_instance, values)
+        instance_id = cur.fetchone()[0]
+        cur.execute("INSERT INTO marketplace_migsliceallocation (instance_id, mig_slice_id, allocated_at) "
+                    "VALUES (%s, %s, %s)", [instance_id, slices[0], self.now])
+        cur.execute("UPDATE marketplace_migslice SET status = 'rented' WHERE id = %s", [slices[0]])
+        self.conn.commit()
+        return True
+
+    def book_gpu(self, node_id: int) -> bool:
         cur = self.conn.cursor()
         cur.execute("SELECT id FROM marketplace_gpu WHERE node_id = %s AND status = 'free' ORDER BY index "
                     "LIMIT 1 FOR UPDATE SKIP LOCKED", [node_id])
@@ -402,6 +456,19 @@ def check(expected: int) -> int:
         c.execute("SELECT count(*) FROM marketplace_gpu g LEFT JOIN marketplace_gpuallocation a ON a.gpu_id = g.id "
                   "AND a.released_at IS NULL WHERE (g.status = 'rented') <> (a.id IS NOT NULL)")
         mismatched = c.fetchone()[0]
+        c.execute("SELECT count(*) FROM (SELECT mig_slice_id FROM marketplace_migsliceallocation "
+                  "WHERE released_at IS NULL GROUP BY mig_slice_id HAVING count(*) > 1) d")
+        doubles += c.fetchone()[0]
+        # a slice rented exactly when allocated; no GPU allocated whole with an allocated slice
+        c.execute("SELECT count(*) FROM marketplace_migslice s LEFT JOIN marketplace_migsliceallocation a "
+                  "ON a.mig_slice_id = s.id AND a.released_at IS NULL "
+                  "WHERE (s.status = 'rented') <> (a.id IS NOT NULL)")
+        mismatched += c.fetchone()[0]
+        c.execute("SELECT count(*) FROM marketplace_gpuallocation ga "
+                  "JOIN marketplace_migslice s ON s.gpu_id = ga.gpu_id "
+                  "JOIN marketplace_migsliceallocation sa ON sa.mig_slice_id = s.id AND sa.released_at IS NULL "
+                  "WHERE ga.released_at IS NULL")
+        doubles += c.fetchone()[0]
         c.execute("SELECT count(*) FROM marketplace_instance")
         instances = c.fetchone()[0]
     if mismatched or instances != expected:
@@ -416,9 +483,12 @@ def reset() -> None:
     with connection.cursor() as c:
         c.execute("DELETE FROM provisioning_job")
         c.execute("DELETE FROM marketplace_gpuallocation")
+        c.execute("DELETE FROM marketplace_migsliceallocation")
         c.execute("DELETE FROM marketplace_instance")
-        c.execute("UPDATE marketplace_gpu SET status = 'free'")
-        c.execute("VACUUM ANALYZE provisioning_job, marketplace_gpuallocation, marketplace_instance, marketplace_gpu")
+        c.execute("UPDATE marketplace_gpu SET status = %s", ["mig" if SLICES else "free"])
+        c.execute("UPDATE marketplace_migslice SET status = 'free'")
+        c.execute("VACUUM ANALYZE provisioning_job, marketplace_gpuallocation, marketplace_instance, marketplace_gpu, "
+                  "marketplace_migsliceallocation, marketplace_migslice")
 
 
 def purge_broker() -> int:
@@ -435,7 +505,9 @@ def purge_broker() -> int:
 
 
 def main() -> None:
+    global SLICES
     args = parse_args()
+    SLICES = args.slices
     if args.clients * args.per_client > N_NODES * GPUS_PER_NODE:
         sys.exit("bench: more bookings per round than GPUs")
     # As in production with PostgreSQL (the test settings send in the request's thread).
@@ -454,12 +526,14 @@ def main() -> None:
         node_ids = list(Node.objects.values_list("pk", flat=True))
         with connection.cursor() as c:
             c.execute("VACUUM ANALYZE")
-        print(f"seeded {N_NODES} nodes x {GPUS_PER_NODE} GPUs, {args.clients} funded renters "
+        split = f", each split into {SLICES_PER_GPU} x MIG {SLICE_PROFILE}" if SLICES else ""
+        print(f"seeded {N_NODES} nodes x {GPUS_PER_NODE} GPUs{split}, {args.clients} funded renters "
               f"in {time.perf_counter() - t:.1f} s")
         kind = "threads of one process" if args.threads else "processes"
         per_round = args.clients * args.per_client
         send = "in the request's thread" if args.sync_send else "by each process's sender thread"
-        print(f"{args.clients} clients ({kind}), {per_round} one-GPU bookings per round, "
+        unit = f"one-slice ({SLICE_PROFILE})" if SLICES else "one-GPU"
+        print(f"{args.clients} clients ({kind}), {per_round} {unit} bookings per round, "
               f"{args.rounds} rounds of each path, alternating; funds check on; jobs sent {send}")
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         clients = Clients(args.clients, args.threads)

@@ -19,6 +19,7 @@ from marketplace.models import (
     Image,
     Instance,
     Interruption,
+    MigSlice,
     Node,
     NodeState,
     SshKey,
@@ -220,6 +221,23 @@ class GpuAdmin(admin.ModelAdmin):
     search_fields = ["uuid", "node__name", "node__address"]
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A split GPU leaves `mig` only through its node's check (provisioning.services.mig), under its row lock
+        # and with none of its slices allocated: an operator's edit here would skip both.
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "status"] if obj is not None and obj.status == GpuStatus.MIG else fields
+
+
+@admin.register(MigSlice)
+class MigSliceAdmin(admin.ModelAdmin):
+    """The slices checks proved: operators see who holds which (the check alone writes them)."""
+
+    list_display = ["__str__", "node", "gpu", "profile", "device", "uuid", "memory_mib", "status"]
+    list_filter = ["status", "profile"]
+    search_fields = ["uuid", "node__name", "node__address"]
+    list_select_related = ["node", "gpu"]
+    readonly_fields = ["node", "gpu", "profile", "device", "uuid", "memory_mib", "created_at"]
 
 
 @admin.register(SshKey)

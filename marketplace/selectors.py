@@ -4,10 +4,10 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, User
+from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, MigSlice, Node, NodeState, SliceStatus, User
 from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
@@ -30,13 +30,31 @@ def _free_gpus() -> QuerySet[Gpu]:
     return Gpu.objects.filter(node=OuterRef("pk"), status=GpuStatus.FREE)
 
 
+def free_slices(profile: str | None = None) -> QuerySet[MigSlice]:
+    """A node's bookable MIG slices (OuterRef("pk")): free, on a GPU still split (status `mig`)."""
+    slices = MigSlice.objects.filter(node=OuterRef("pk"), status=SliceStatus.FREE, gpu__status=GpuStatus.MIG)
+    return slices.filter(profile=profile) if profile else slices
+
+
+def free_slices_by_node(node_ids: list[int]) -> dict[int, dict[str, int]]:
+    """{node id: {profile: free slices}} for these nodes, in one query (the offers page's rows)."""
+    out: dict[int, dict[str, int]] = {}
+    if not node_ids:
+        return out
+    rows = (MigSlice.objects.filter(node_id__in=node_ids, status=SliceStatus.FREE, gpu__status=GpuStatus.MIG)
+            .order_by().values_list("node_id", "profile").annotate(n=Count("*")))
+    for node_id, profile, n in rows:
+        out.setdefault(node_id, {})[profile] = n
+    return out
+
+
 def _free_gpu_count() -> Coalesce:
     free = _free_gpus().order_by().values("node").annotate(n=Count("*")).values("n")
     return Coalesce(Subquery(free), Value(0))
 
 
 def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:
-    """Every node a renter can book now: active, verified or degraded, listed, with free GPUs.
+    """Every node a renter can book now: active, verified or degraded, listed, with free GPUs or MIG slices.
 
     Annotates `num_gpus_free` and `score_per_dollar` (score per USD per GPU-hour) so
     that filters and ordering run in SQL.
@@ -63,7 +81,7 @@ def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
         return _offers_search(None).values_list(*values_list)
     return (
         Node.objects.filter(OFFERABLE)
-        .filter(Exists(_free_gpus()))
+        .filter(Exists(_free_gpus()) | Exists(free_slices()))
         .annotate(num_gpus_free=_free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR)
         .select_related("gpu_model")
         .defer(*OFFER_DEFERRED)
@@ -93,7 +111,9 @@ def nodes_for_user(*, user: User) -> QuerySet[Node]:
     nodes = Node.objects.exclude(state=NodeState.RETIRED).select_related("gpu_model")
     if not user.is_staff:
         nodes = nodes.filter(provider=user)
-    return nodes.prefetch_related("gpus__gpu_model")  # not one query per GPU for its model
+    # Not one query per GPU for its model, nor per slice for its GPU.
+    return nodes.prefetch_related("gpus__gpu_model",
+                                  Prefetch("mig_slices", queryset=MigSlice.objects.select_related("gpu")))
 
 
 _NOT_OFFERED_STATES: dict[str, str] = {

@@ -190,6 +190,10 @@ BUSINESS_RULES = [
     ("public_key", ""),  # an OpenSSH key must parse (type, base64, key size)
     ("ssh_public_key", ""),
     ("expires_at", "The expiry must be in the future."),  # an API key's expiry: compared with the clock
+    # MIG: the catalogue's profiles of the declared model, its GPU count, the placement rule, a price per profile
+    # used (marketplace.mig); a node's slices and their free count (the database)
+    ("mig_layout", "The "), ("mig_layout", "mig_layout["), ("mig_prices", "Give a price per slice-hour"),
+    ("mig_prices", "mig_prices names"), ("mig_profile", "This offer rents no MIG"), ("num_gpus", "This offer has "),
 ]
 
 

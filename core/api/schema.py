@@ -228,6 +228,9 @@ class AutoSchema(SpectacularAutoSchema):
             prop = schema.get("properties", {}).get(name)
             if prop is not None and prop.get("type") == "string" and "enum" not in prop:
                 self._restrict_string(field, prop)
+            values = (prop or {}).get("additionalProperties")
+            if isinstance(field, serializers.DictField) and isinstance(values, dict) and values.get("type") == "string":
+                self._restrict_string(field.child, values)  # an object's values: e.g. a price per MIG profile
         return schema
 
     @staticmethod

@@ -84,7 +84,10 @@ def _flat_errors(detail, prefix="volumes") -> list[str]:
 class InstanceSerializer(serializers.ModelSerializer):
     node = serializers.IntegerField(source="node_id", read_only=True, help_text="The offer (node) it runs on.")
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    gpus = serializers.SerializerMethodField(help_text="Indices (on the node) of the GPUs it holds now.")
+    gpus = serializers.SerializerMethodField(help_text="Indices (on the node) of the GPUs it holds now (a MIG "
+                                                       "instance: the GPUs its slices are on).")
+    mig_slices = serializers.SerializerMethodField(help_text="The MIG-... UUIDs of the slices it holds now (an "
+                                                             "instance with mig_profile; [] otherwise).")
     gpus_on_one_nvlink_island = serializers.SerializerMethodField(help_text=(
         "true when the GPUs it holds are all on one NVLink island of the node (booking prefers that); false "
         "when they span islands or PCIe; null for one GPU or a node without NVLink."))
@@ -130,7 +133,7 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "status", "status_message", "node", "gpu_model", "num_gpus", "gpus",
+            "id", "status", "status_message", "node", "gpu_model", "mig_profile", "num_gpus", "gpus", "mig_slices",
             "gpus_on_one_nvlink_island", "image", "registry_auth",
             "env", "onstart", "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb",
             "ssh_host", "ssh_port", "ssh_user", "ssh_command", "ssh_public_keys", "price_per_hour",
@@ -158,6 +161,9 @@ class InstanceSerializer(serializers.ModelSerializer):
 
     def get_gpus(self, instance) -> list[int]:
         return svc.instance_gpu_indices(instance=instance)
+
+    def get_mig_slices(self, instance) -> list[str]:
+        return svc.instance_slice_uuids(instance=instance) if instance.mig_profile else []
 
     def get_gpus_on_one_nvlink_island(self, instance) -> bool | None:
         return svc.instance_on_one_nvlink_island(instance=instance)
@@ -224,7 +230,10 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     offer = serializers.IntegerField(min_value=1, max_value=2**63 - 1,
                                      help_text="The offer's `id` from /api/v1/offers/ (a node).")
     num_gpus = serializers.IntegerField(min_value=1, max_value=64,
-                                        help_text="How many of the offer's free GPUs to rent.")
+                                        help_text="How many of the offer's free GPUs to rent (with mig_profile: "
+                                                  "how many slices of that profile).")
+    mig_profile = serializers.CharField(required=False, default="", max_length=20, help_text=(
+        "Rent MIG slices of this profile instead of whole GPUs (the offer's `mig_slices`), priced per slice-hour."))
     image = _ImageField(
         max_length=opts.REFERENCE_MAX, trim_whitespace=False, validators=[no_control_characters],
         help_text="An image `slug` from /api/v1/images/, or any image reference of your own "
@@ -440,6 +449,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             public_keys.append(v["ssh_public_key"])
         instance, created = svc.instance_create(
             renter=request.user, node_id=v["offer"], num_gpus=v["num_gpus"], image=v["image"],
+            mig_profile=v["mig_profile"],
             ssh_public_keys=public_keys, disk_gb=v.get("disk_gb"), label=v["label"], options=data.options(),
             idempotency_key=idempotency_key, request_fingerprint=fingerprint, volumes=v.get("volumes"),
         )

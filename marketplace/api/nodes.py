@@ -64,6 +64,53 @@ class JobSerializer(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
+class MigLayoutEntrySerializer(serializers.Serializer):
+    gpu = serializers.IntegerField(min_value=0, help_text="The GPU's index on the node.")
+    profiles = serializers.ListField(child=serializers.CharField(max_length=20), min_length=1,
+                                     help_text="Its MIG instances by profile name, e.g. [\"3g.40gb\", \"3g.40gb\"].")
+
+
+class MigSliceSerializer(serializers.Serializer):
+    gpu = serializers.IntegerField(source="gpu.index")
+    device = serializers.IntegerField()
+    profile = serializers.CharField()
+    uuid = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    status = serializers.CharField()
+
+
+@extend_schema_field({
+    "type": "array", "maxItems": 64, "items": {
+        "type": "object", "required": ["gpu", "profiles"], "additionalProperties": False,
+        "properties": {"gpu": {"type": "integer", "minimum": 0, "maximum": 63},
+                       "profiles": {"type": "array", "minItems": 1, "maxItems": 7,
+                                    "items": {"type": "string", "minLength": 1, "maxLength": 20}}}}})
+class MigLayoutField(serializers.JSONField):
+    """A MIG layout as JSON: its shape is in the schema; the catalogue's rules (marketplace.mig) are the
+    service's, answered as 400s on `mig_layout`."""
+
+
+class MigPricesField(serializers.DictField):
+    """{profile: USD per slice-hour}: each price a UsdField, its errors said as one list of strings."""
+
+    def __init__(self, **kwargs):
+        super().__init__(child=UsdField(**PRICE_LIMITS), **kwargs)
+
+    def run_child_validation(self, data):
+        try:
+            return super().run_child_validation(data)
+        except serializers.ValidationError as exc:
+            detail = exc.detail if isinstance(exc.detail, dict) else {}
+            raise serializers.ValidationError(
+                [f"{key}: {' '.join(map(str, errors))}" for key, errors in detail.items()]) from None
+
+
+_MIG_LAYOUT_HELP = ("MIG layout per GPU: [{\"gpu\": 0, \"profiles\": [\"3g.40gb\", ...]}] with profiles of the model "
+                    "(/api/v1/gpu-models/); per card at most 7 compute and 8 memory slices. The check holds it against "
+                    "nvidia-smi; each proven slice is rented on its own.")
+_MIG_PRICES_HELP = "USD per slice-hour for each profile of mig_layout, e.g. {\"3g.40gb\": \"1.10\"}."
+
+
 class NodeSerializer(serializers.ModelSerializer):
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     country = CountryField(read_only=True)
@@ -76,6 +123,9 @@ class NodeSerializer(serializers.ModelSerializer):
                                        help_text="The platform's key for this node; install it for ssh_user.")
     install_command = serializers.SerializerMethodField(help_text="Run this on the node as ssh_user.")
     gpus = GpuSerializer(many=True, read_only=True)
+    mig_layout = MigLayoutEntrySerializer(many=True, read_only=True, help_text=_MIG_LAYOUT_HELP)
+    mig_prices = serializers.SerializerMethodField(help_text=_MIG_PRICES_HELP)
+    mig_slices = MigSliceSerializer(many=True, read_only=True, help_text="The slices the last check proved.")
     current_job = serializers.SerializerMethodField(help_text="The node's most recent job (verification, ...).")
 
     class Meta:
@@ -83,11 +133,15 @@ class NodeSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
             "datacenter", "gpu_model", "gpu_count", "nvlink_declared", "price_per_gpu_hour", "disk_price_per_gb_month",
-            "runtime", "state", "state_changed_at",
+            "mig_layout", "mig_prices", "mig_slices", "runtime", "state", "state_changed_at",
             "verdict", "listed", "maintenance", "score", "reliability", "last_error", "public_key",
             "install_command", "gpus", "current_job", "last_seen_at", "created_at", "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(child=UsdField()))
+    def get_mig_prices(self, node):
+        return {name: UsdField().to_representation(micros) for name, micros in sorted(node.mig_prices_micros.items())}
 
     def get_maintenance(self, node) -> bool:
         return node.state == NodeState.MAINTENANCE
@@ -126,6 +180,8 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         required=False, default=False,
         help_text="The GPUs are NVLink-connected; the check degrades the node if nvidia-smi shows otherwise.")
     price_per_gpu_hour = UsdField(help_text="USD per GPU-hour.", **PRICE_LIMITS)
+    mig_layout = MigLayoutField(required=False, help_text=_MIG_LAYOUT_HELP)
+    mig_prices = MigPricesField(required=False, default=dict, help_text=_MIG_PRICES_HELP)
     disk_price_per_gb_month = UsdField(required=False, help_text=(
         "USD per GB per 30-day month for renters' volumes and stopped instances' disks, billed per second "
         "(default 0.10)."), **DISK_PRICE_LIMITS)
@@ -159,6 +215,9 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
                                                                  "instances keep their price.", **DISK_PRICE_LIMITS)
     listed = serializers.BooleanField(required=False, help_text="false takes the node off the offers.")
     maintenance = serializers.BooleanField(required=False)
+    mig_layout = MigLayoutField(required=False, help_text=_MIG_LAYOUT_HELP + " Takes effect at the next check "
+                                                                             "(POST .../verify/).")
+    mig_prices = MigPricesField(required=False, help_text=_MIG_PRICES_HELP)
 
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")

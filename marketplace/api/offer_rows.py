@@ -9,6 +9,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from marketplace.mig import profiles_for
 from marketplace.models import Verdict
 from marketplace.models.host import cuda_version_text
 
@@ -18,7 +19,7 @@ OFFER_COLUMNS = (
     "price_per_gpu_hour_micros", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
     "verdict", "runtime", "benchmark_summary", "disk_price_per_gb_month_micros", "cpu_model", "cpu_cores",
     "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version", "pcie_gen", "pcie_width",
-    "net_mbps", "host_checked_at",
+    "net_mbps", "host_checked_at", "mig_prices_micros",
 )
 MEDIAN_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
                   "cnn_train_images_s", "cnn_infer_images_s", "power_draw_w", "bf16_tflops_per_w")
@@ -80,11 +81,23 @@ def benchmark_summary(summary: Any) -> dict[str, Any] | None:
     return out
 
 
-def offer_row(row: tuple[Any, ...], fee_percent: str) -> dict[str, Any]:
-    """One offer's JSON object from a tuple of OFFER_COLUMNS; `fee_percent` is the response's platform fee."""
+def mig_slices(slug: str, prices: dict[str, int] | None, free: dict[str, int] | None) -> list[dict[str, Any]]:
+    """OfferSerializer's `mig_slices`: per MIG profile with a free slice, its count and price per slice-hour."""
+    profiles = profiles_for(slug)
+    return [{"gpu_model": slug, "mig_profile": name,
+             "memory_gb": profiles[name].memory_gb if name in profiles else None, "num_free": n,
+             "price_per_slice_hour": usd_text((prices or {}).get(name, 0))}
+            for name, n in sorted((free or {}).items())]
+
+
+def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str, int]] | None = None,
+              ) -> dict[str, Any]:
+    """One offer's JSON object from a tuple of OFFER_COLUMNS; `fee_percent` is the response's platform fee,
+    `slices` the free MIG slices by node (selectors.free_slices_by_node)."""
     (pk, slug, model_name, free, total, memory_gb, price, country, city, datacenter, reliability, score,
      score_per_dollar, verdict, runtime, summary, disk_price, cpu_model, cpu_cores, ram_gb, disk_free_gb,
-     disk_bandwidth_mbs, driver_version, cuda_version, pcie_gen, pcie_width, net_mbps, host_checked_at) = row
+     disk_bandwidth_mbs, driver_version, cuda_version, pcie_gen, pcie_width, net_mbps, host_checked_at,
+     mig_prices) = row
     return {
         "id": pk,
         "gpu_model": slug,
@@ -117,4 +130,5 @@ def offer_row(row: tuple[Any, ...], fee_percent: str) -> dict[str, Any]:
         "platform_to_node_mbps": net_mbps,
         "host_checked_at": _datetime_text(host_checked_at),
         "nvlink": bool(((summary or {}).get("nvlink") or {}).get("connected")),
+        "mig_slices": mig_slices(slug, mig_prices, (slices or {}).get(pk)),
     }

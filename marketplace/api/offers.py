@@ -5,7 +5,7 @@ from decimal import Decimal
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, Q, QuerySet
 from django.http import QueryDict
 from django_countries import countries
 from django_filters.fields import ChoiceField
@@ -19,11 +19,12 @@ from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
 from marketplace import selectors
+from marketplace.mig import all_profile_names
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.money import usd_to_micros
 
-from .offer_rows import OFFER_COLUMNS, offer_row
+from .offer_rows import OFFER_COLUMNS, mig_slices, offer_row
 
 
 class MedianFiguresSerializer(serializers.Serializer):
@@ -51,6 +52,14 @@ class NvlinkSummarySerializer(serializers.Serializer):
     p2p_gbs = serializers.FloatField(allow_null=True, help_text=(
         "Measured peer-to-peer copy GB/s: the median over NVLink pairs (over PCIe pairs without NVLink)."))
     pcie_p2p_gbs = serializers.FloatField(allow_null=True, help_text="The median over pairs not on NVLink.")
+
+
+class OfferSliceSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(help_text="The card's model slug.")
+    mig_profile = serializers.CharField(help_text="The MIG profile, e.g. 3g.40gb (/api/v1/gpu-models/).")
+    memory_gb = serializers.IntegerField(allow_null=True, help_text="The profile's nominal memory.")
+    num_free = serializers.IntegerField(help_text="Free slices of this profile on the node.")
+    price_per_slice_hour = UsdField(help_text="USD per slice-hour.")
 
 
 class BenchmarkSummarySerializer(serializers.Serializer):
@@ -106,6 +115,8 @@ class OfferSerializer(serializers.ModelSerializer):
                                                 help_text="When the host facts were measured.")
     nvlink = serializers.SerializerMethodField(help_text=(
         "true when the check found the GPUs NVLink-connected (details: benchmark.nvlink)."))
+    mig_slices = serializers.SerializerMethodField(help_text=(
+        "MIG slices rentable on their own (POST /api/v1/instances/ with mig_profile), per profile with a free one."))
 
     class Meta:
         model = Node
@@ -114,7 +125,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
             "verified", "verdict", "runtime", "platform_fee_percent", "benchmark", "disk_price_per_gb_month",
             "cpu_model", "cpu_cores", "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version",
-            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at", "nvlink",
+            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at", "nvlink", "mig_slices",
         ]
         read_only_fields = fields
 
@@ -125,6 +136,11 @@ class OfferSerializer(serializers.ModelSerializer):
 
     def get_cuda_version(self, node) -> str | None:
         return cuda_version_text(node.cuda_version)
+
+    @extend_schema_field(OfferSliceSerializer(many=True))
+    def get_mig_slices(self, node):
+        free = selectors.free_slices_by_node([node.pk]) if node.mig_prices_micros else {}
+        return mig_slices(node.gpu_model.slug, node.mig_prices_micros, free.get(node.pk))
 
     def get_nvlink(self, node) -> bool:
         return bool(((node.benchmark_summary or {}).get("nvlink") or {}).get("connected"))
@@ -246,6 +262,9 @@ class OfferFilter(StrictFilterSet):
     min_cuda_version = CudaVersionFilter(
         method="filter_min_cuda_version", max_length=5, validators=[validate_cuda_version],
         help_text="Nodes whose driver runs at least this CUDA version, e.g. 12.2.")
+    mig_profile = django_filters.ChoiceFilter(method="filter_mig_profile", choices=[
+        (name, name) for name in all_profile_names()], help_text=(
+        "Only nodes with a free MIG slice of this profile, e.g. 3g.40gb (/api/v1/gpu-models/)."))
     nvlink = TrueFalseFilter(method="filter_nvlink", help_text="true: only nodes whose GPUs the check found "
                                                                "NVLink-connected; false: only nodes without.")
     ordering = django_filters.OrderingFilter(
@@ -304,6 +323,9 @@ class OfferFilter(StrictFilterSet):
     def filter_country(self, queryset, name, value):
         return queryset.filter(country=value)
 
+    def filter_mig_profile(self, queryset, name, value):
+        return queryset.filter(Exists(selectors.free_slices(value)))
+
     def filter_nvlink(self, queryset, name, value):
         # Containment, not a key lookup: a node never read (no "nvlink" key) is "false", not left out of both.
         connected = Q(benchmark_summary__contains={"nvlink": {"connected": True}})
@@ -342,4 +364,6 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
         # through serializer_class) without two model instances per row. Same COUNT and filters.
         rows = self.paginate_queryset(self.filter_queryset(selectors.offers_search(values_list=OFFER_COLUMNS)))
         fee = str(fee_percent(platform_fee_bps()))
-        return self.get_paginated_response([offer_row(row, fee) for row in rows])
+        # The free MIG slices of the page's nodes that have MIG prices: one query, none on a page without MIG.
+        slices = selectors.free_slices_by_node([row[0] for row in rows if row[-1]])
+        return self.get_paginated_response([offer_row(row, fee, slices) for row in rows])

@@ -2,6 +2,7 @@ from core.transitions import InvalidTransition  # defined once there; re-exporte
 
 from .accounts import ApiKey, User
 from .catalogue import GpuModel
+from .mig import MigSlice, MigSliceAllocation, SliceStatus
 from .nodes import Gpu, GpuStatus, Node, NodeState, Runtime, Verdict
 from .renting import (
     GpuAllocation,
@@ -30,11 +31,14 @@ __all__ = [
     "InterruptionCause",
     "InterruptionOutcome",
     "InvalidTransition",
+    "MigSlice",
+    "MigSliceAllocation",
     "Node",
     "NodeState",
     "RecoveryCode",
     "RecoveryCodeDevice",
     "Runtime",
+    "SliceStatus",
     "SshKey",
     "User",
     "Verdict",

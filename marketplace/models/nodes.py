@@ -90,6 +90,11 @@ class Node(StatefulModel, NodeHostFacts):
     gpu_count = models.PositiveSmallIntegerField()
     # The provider's claim that the GPUs are NVLink-connected; the check holds it against what nvidia-smi shows.
     nvlink_declared = models.BooleanField(default=False)
+    # The provider's MIG layout, [{"gpu": index, "profiles": ["3g.40gb", ...]}] (marketplace.mig checks it), and
+    # the price of each of its profiles per slice-hour in micro-dollars ({"3g.40gb": 900000}). The check holds the
+    # layout against what nvidia-smi shows; only then are the slices rentable (MigSlice).
+    mig_layout = models.JSONField(default=list, blank=True)
+    mig_prices_micros = models.JSONField(default=dict, blank=True)
     # Money is integers: micro-dollars (1e-6 USD) per GPU-hour.
     price_per_gpu_hour_micros = models.BigIntegerField()
     # Storage (volumes, and the disks of stopped instances): micro-dollars per GB per 30-day month, billed per
@@ -179,14 +184,18 @@ class GpuStatus(models.TextChoices):
     FREE = "free", "Free"
     RENTED = "rented", "Rented"
     UNAVAILABLE = "unavailable", "Unavailable (failed a check or taken out by the provider)"
+    # Split into MIG slices: rented per slice (MigSlice), never whole. Only a free GPU becomes one, and it becomes
+    # free again only with none of its slices allocated (provisioning.services.mig, under the GPU's row lock).
+    MIG = "mig", "Split into MIG slices"
 
 
 G = GpuStatus
 GPU_TRANSITIONS = Transitions({
-    G.FREE: {G.RENTED, G.UNAVAILABLE},
+    G.FREE: {G.RENTED, G.UNAVAILABLE, G.MIG},
     # UNAVAILABLE: an operator takes it out (admin); it stays out when its instance releases it.
     G.RENTED: {G.FREE, G.UNAVAILABLE},
     G.UNAVAILABLE: {G.FREE},
+    G.MIG: {G.FREE, G.UNAVAILABLE},
 }, actions={
     # Set-based, in marketplace.services.instances.common: only a free GPU is rented, only a rented one freed.
     "rent": (G.RENTED, {G.FREE}),

@@ -121,6 +121,8 @@ class Instance(StatefulModel, models.Model):
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="instances")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
     num_gpus = models.PositiveSmallIntegerField()
+    # A MIG instance: `num_gpus` slices of this profile (MigSliceAllocation), priced per slice-hour; "" otherwise.
+    mig_profile = models.CharField(max_length=20, blank=True)
     # A catalogue image, or (image None) the renter's own OCI reference in `image_ref`.
     image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances", null=True, blank=True)
     image_ref = models.CharField(max_length=512, blank=True,

@@ -1,5 +1,6 @@
 """Use cases for providers' nodes: register, change, retire."""
 from decimal import Decimal
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -8,9 +9,10 @@ from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
-from marketplace.models import Gpu, GpuModel, GpuStatus, Node, NodeState, User
+from marketplace.mig import layout_problems, price_problems
+from marketplace.models import Gpu, GpuModel, GpuStatus, MigSliceAllocation, Node, NodeState, User
 from marketplace.models.nodes import LISTABLE_VERDICTS
-from marketplace.money import usd_to_micros
+from marketplace.money import micros_to_usd, usd_to_micros
 from marketplace.services.email_verification import email_verified_required
 
 # Said to whoever brings a server that a live node already has; it never names that node or its provider.
@@ -64,6 +66,8 @@ def node_register(
     host_key_fingerprint: str = "",
     disk_price_per_gb_month: Decimal | None = None,
     nvlink_declared: bool = False,
+    mig_layout: list[dict[str, Any]] | None = None,
+    mig_prices: dict[str, Decimal] | None = None,
 ) -> Node:
     """Create a pending node, its declared GPUs, and the platform's key pair for it.
 
@@ -71,6 +75,7 @@ def node_register(
     so is a second live node at the same address and port (Conflict); so is a provider whose e-mail address is
     not verified (EmailNotVerified, 403)."""
     email_verified_required(user=provider)
+    layout, prices = _check_mig(gpu_model.slug, gpu_count, mig_layout, mig_prices)
     node = Node(
         provider=provider,
         name=name,
@@ -83,6 +88,8 @@ def node_register(
         gpu_model=gpu_model,
         gpu_count=gpu_count,
         nvlink_declared=nvlink_declared,
+        mig_layout=layout,
+        mig_prices_micros=prices,
         price_per_gpu_hour_micros=usd_to_micros(price_per_gpu_hour),
         runtime=runtime,
         host_key_fingerprint=host_key_fingerprint,
@@ -121,11 +128,19 @@ def node_update(
     listed: bool | None = None,
     maintenance: bool | None = None,
     disk_price_per_gb_month: Decimal | None = None,
+    mig_layout: list[dict[str, Any]] | None = None,
+    mig_prices: dict[str, Decimal] | None = None,
 ) -> Node:
-    """Change what a provider may change. Price changes never touch booked instances or created volumes."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    """Change what a provider may change. Price changes never touch booked instances or created volumes. A new
+    MIG layout takes effect at the next check (its slices are proven then); prices at once."""
+    node = Node.objects.select_for_update().select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
+    if mig_layout is not None or mig_prices is not None:
+        layout = node.mig_layout if mig_layout is None else mig_layout
+        prices = ({k: micros_to_usd(v) for k, v in node.mig_prices_micros.items()} if mig_prices is None
+                  else mig_prices)
+        node.mig_layout, node.mig_prices_micros = _check_mig(node.gpu_model.slug, node.gpu_count, layout, prices)
     if name is not None:
         node.name = name
     if city is not None:
@@ -148,6 +163,20 @@ def node_update(
     return node
 
 
+def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal] | None,
+               ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The declared MIG layout and its prices per slice-hour (micro-dollars), or ValidationFailed naming the field."""
+    problem = layout_problems(slug, gpu_count, layout)
+    if problem:
+        raise ValidationFailed(problem, field="mig_layout")
+    layout = sorted(layout or [], key=lambda entry: entry["gpu"])
+    micros = {name: usd_to_micros(price) for name, price in (prices or {}).items()}
+    problem = price_problems(layout, micros)
+    if problem:
+        raise ValidationFailed(problem, field="mig_prices")
+    return layout, micros
+
+
 @transaction.atomic
 def node_retire(*, node: Node) -> None:
     """Take a node off the market for good; refused while any of its GPUs is rented."""
@@ -157,6 +186,9 @@ def node_retire(*, node: Node) -> None:
     rented = node.gpus.filter(status=GpuStatus.RENTED).count()
     if rented:
         raise Conflict(f"{rented} GPU(s) of this node are rented; wait until those instances end.")
+    sliced = MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True).count()
+    if sliced:
+        raise Conflict(f"{sliced} MIG slice(s) of this node are rented; wait until those instances end.")
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])

@@ -68,6 +68,8 @@ FILTER_LABELS = {
     "min_pcie_width": ("PCIe lanes, at least", "e.g. 16 for ×16."),
     "min_platform_to_node_mbps": ("Network, at least (Mbit/s)", "Measured by the platform to the server over SSH."),
     "nvlink": ("NVLink", "As the check found it: GPUs joined by NVLink, or not."),
+    "mig_profile": ("MIG slice", "Only servers with a free MIG slice of this profile (a part of an A100, H100 or "
+                                 "H200 rented on its own)."),
     "ordering": ("Sort by", ""),
 }
 
@@ -92,6 +94,8 @@ class WebOfferFilter(OfferFilter):
             ordering.empty_label = ORDERING_LABELS[""]
             nvlink = form.fields["nvlink"]
             nvlink.choices = [("", "Either"), ("true", "NVLink-connected"), ("false", "Without NVLink")]
+            mig = form.fields["mig_profile"]
+            mig.choices = [("", "Any (whole GPUs too)"), *((v, n) for v, n in mig.choices if v)]
             country = form.fields["country"]
             country.empty_label = None
             country.choices = [("", "Any country"), *((code, name) for code, name in country.choices if code)]
@@ -119,6 +123,11 @@ def offers(request):
     valid = filterset.is_valid()
     results = filterset.qs if valid else selectors.offers_search().none()
     page = Paginator(results, OFFERS_PER_PAGE).get_page(request.GET.get("page"))
+    # The page's free MIG slices, one query (none when no row rents slices), as "2 × 1g.10gb $0.25/h" lines.
+    free = selectors.free_slices_by_node([o.pk for o in page.object_list if o.mig_prices_micros])
+    for offer in page.object_list:
+        offer.mig_free = [(profile, n, offer.mig_prices_micros.get(profile, 0))
+                          for profile, n in sorted(free.get(offer.pk, {}).items())]
     return render(request, "marketplace/offers.html", {
         "filter": filterset, "form": filterset.form, "page": page, "query": params.urlencode(),
         "filtered": bool(params), "valid": valid,

@@ -19,7 +19,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.errors import Conflict
-from marketplace.models import GpuAllocation, GpuStatus, Instance, Node, NodeState, Verdict
+from marketplace.mig import layout_by_gpu
+from marketplace.models import GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
@@ -28,10 +29,12 @@ from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, Veri
 from provisioning.selectors import fleet_reference
 from provisioning.services.host_facts import node_apply_host_facts
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
+from provisioning.services.mig import node_apply_mig_slices
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
 from provisioning.verification import challenge
+from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, judge
 from provisioning.verification.wording import reasons_text
 
@@ -115,6 +118,12 @@ def node_accept_host_key(*, node: Node, operator_email: str) -> None:
     node_verify_request(node=node)
 
 
+def rented_slice_uuids(node: Node) -> list[str]:
+    """MIG slices held by a renter's instance: not benchmarked, not judged, kept as they are."""
+    return sorted(MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True)
+                  .values_list("mig_slice__uuid", flat=True))
+
+
 def rented_gpu_indices(node: Node) -> list[int]:
     """GPUs held by a renter's instance: the benchmark leaves them alone (they are busy, or passed to a VM)."""
     return sorted(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True)
@@ -143,11 +152,19 @@ def node_verify_run(job: Job) -> None:
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
             net_mbps = node_network_test(job, session)
-            free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented]
-            if free:
+            layout = layout_by_gpu(node.mig_layout)
+            rented_slices = rented_slice_uuids(node)
+            # A card split into MIG slices is measured per slice (its free slices), never whole.
+            free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
+                    and g.get("index") not in layout]
+            slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
+                      and d.get("uuid") not in rented_slices]
+            if free or slices:
                 job_step(job, f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
                               f"(at most {limit} s)")
                 request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free}
+                if slices:
+                    request["mig_uuids"] = slices
                 try:
                     bench = session.agent("benchmark", request=request, timeout=limit + BENCHMARK_SSH_MARGIN_S)
                 except AgentTimeout:
@@ -162,7 +179,8 @@ def node_verify_run(job: Job) -> None:
                     if exc.code == "invalid_request":
                         raise
                     bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
-                challenged = node_challenge(job, session, declared, free)
+                if free:
+                    challenged = node_challenge(job, session, declared, free)
             else:
                 job_step(job, "every GPU is rented: identity checks only, no benchmark")
     except DuplicateHardware as exc:
@@ -175,8 +193,9 @@ def node_verify_run(job: Job) -> None:
     fleet = fleet_reference(node.gpu_model_id, exclude_node_id=node.pk) if bench is not None else None
     if fleet is not None:
         job_step(job, f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
+    mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node))
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
-                   fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared)
+                   fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig)
     figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
     if challenged[1]:
         figures["challenge"] = challenged[1]
@@ -262,6 +281,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
             node.transition_to(NodeState.ACTIVE)
     node_draw_next_checks(node)
     node.save()
+    node_apply_mig_slices(node=node, slices=(figures or {}).get("mig_slices") or [],
+                          listable=verdict in LISTABLE_VERDICTS)
     levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
     level = levels.get(verdict, NodeEvent.Level.WARNING)
     node_event(node, f"verified_{verdict}", node.last_error or "All checks passed.", level)

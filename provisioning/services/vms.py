@@ -82,6 +82,8 @@ def create_request(instance: Instance) -> dict[str, Any]:
         image=images,
         disk_gb=instance.disk_gb,
     )
+    if instance.mig_profile:  # its MIG slices only: the VM sees those devices and no other part of the card
+        request["mig_uuids"] = instance_svc.instance_slice_uuids(instance=instance)
     env = instance_svc.instance_env(instance=instance)
     if env:
         request["env"] = env

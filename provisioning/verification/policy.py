@@ -205,8 +205,10 @@ def load_catalogue(path: Path = CATALOGUE_FILE) -> dict[str, dict]:
 
 # ------------------------------------------------------------------------------------------- identity
 
-def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict]) -> list[Finding]:
-    """Do the GPUs the server reports (nvidia-smi, via `inventory`) match what the provider declared?"""
+def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict],
+                   mig_gpus: frozenset[int] = frozenset()) -> list[Finding]:
+    """Do the GPUs the server reports (nvidia-smi, via `inventory`) match what the provider declared?
+    `mig_gpus`: the GPUs declared split into MIG slices (their MIG mode is expected; verification/mig.py)."""
     findings: list[Finding] = []
     if len(gpus) != declared_count:
         findings.append(Finding(REJECT, "gpu_count",
@@ -215,10 +217,11 @@ def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict
     for gpu in gpus:
         i = gpu.get("index")
         name = gpu.get("name") or ""
-        if "MIG" in name.split() or (gpu.get("mig_mode") or "").lower() == "enabled":
+        if "MIG" in name.split() or ((gpu.get("mig_mode") or "").lower() == "enabled" and i not in mig_gpus):
             findings.append(Finding(REJECT, "mig_enabled",
                                     f"GPU {i} is a MIG slice or has MIG mode on ({name!r}); disable MIG "
-                                    "(`nvidia-smi -mig 0`) so renters get the whole GPU.", i))
+                                    "(`nvidia-smi -mig 0`) so renters get the whole GPU, or declare its MIG "
+                                    "layout (mig_layout) to rent it per slice.", i))
         if name != declared.smi_name:
             findings.append(Finding(REJECT, "gpu_name",
                                     f"GPU {i} reports {name!r}, not {declared.smi_name!r} as declared.", i))
@@ -615,6 +618,17 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
+@dataclass(frozen=True)
+class MigJudgement:
+    """The MIG part of a check (verification/mig.py): findings, the slices judged, the GPUs declared split, and
+    the slices' figures as whole-card equivalents for the score."""
+
+    findings: Sequence[Finding] = ()
+    slices: Sequence[dict] = ()
+    gpus: frozenset[int] = frozenset()
+    card_figures: Sequence[dict] = ()
+
+
 @dataclass
 class Judgement:
     verdict: str
@@ -665,14 +679,16 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
 def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dict], bench: dict | None,
           bench_error: str = "", fleet: FleetReference | None = None,
           challenge: Sequence[Finding] = (), topology: dict | None = None,
-          nvlink_declared: bool = False) -> Judgement:
+          nvlink_declared: bool = False, mig: MigJudgement | None = None) -> Judgement:
     """The whole policy: identity, then the benchmark's figures (when there are any) against the datasheet and,
     when the model has one, its fleet reference; with the platform's own challenge findings (challenge.judge);
     verdict and score."""
-    findings = check_identity(declared, declared_count, inventory_gpus)
+    mig = mig or MigJudgement()
+    findings = check_identity(declared, declared_count, inventory_gpus, mig.gpus)
     if bench is not None:
         findings += check_performance(declared, bench, inventory_gpus, fleet)
     findings += list(challenge)
+    findings += list(mig.findings)
     p2p = (bench or {}).get("p2p")
     findings += check_topology(nvlink_declared, declared_count, topology, p2p)
     if bench_error:
@@ -685,5 +701,7 @@ def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dic
     if figures and (topology or p2p):
         figures["p2p"] = list(p2p or [])
         figures["nvlink"] = nvlink_summary(topology, p2p)
-    score = node_score(bench.get("gpus") or [], verdict) if bench is not None else None
+    if figures and mig.slices:
+        figures["mig_slices"] = [dict(s) for s in mig.slices]
+    score = node_score([*(bench.get("gpus") or []), *mig.card_figures], verdict) if bench is not None else None
     return Judgement(verdict, findings, score, figures)

@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from marketplace.mig import layout_by_gpu
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.verification import challenge
+from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue
 
 PROFILES_DIR = Path(agent.__file__).resolve().parents[1] / "profiles"  # beside the agent package
@@ -36,13 +38,20 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     entry = catalogue[declared["gpu_model"]]
     if fleet is True:
         fleet = profile_fleet(name, catalogue)
-    bench = agent.sim_benchmark(SimpleNamespace(sim_profile=str(path)), quick, None)
+    layout = layout_by_gpu(declared.get("mig_layout"))
+    whole = [g["index"] for g in gpus if g["index"] not in layout]  # a card split into slices is measured per slice
+    cfg = SimpleNamespace(sim_profile=str(path), runtime="sim")
+    bench = agent.sim_benchmark(cfg, quick, whole)
+    devices = agent.read_mig(cfg, gpus)
+    if layout:
+        bench["mig_slices"] = agent.bench_slices(cfg, quick, [d["uuid"] for d in devices if d["gpu"] in layout])
     model = DeclaredModel.from_catalogue(entry)
-    found, _ = simulated_challenge(path, model, [g["index"] for g in gpus], quick)
-    bench["p2p"] = agent.p2p_figures(SimpleNamespace(sim_profile=str(path), runtime="sim"), [g["index"] for g in gpus])
+    found, _ = simulated_challenge(path, model, whole, quick) if whole else ([], {})
+    bench["p2p"] = agent.p2p_figures(cfg, whole)
     topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
+    mig = judge_mig(model, layout, {"gpus": gpus, "mig": devices}, bench)
     return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None, topology=topology,
-                 nvlink_declared=declared.get("nvlink", False))
+                 nvlink_declared=declared.get("nvlink", False), mig=mig)
 
 
 def fleet_figures(name: str, nodes: int, catalogue: dict | None = None, quick: bool = True) -> list[dict]:

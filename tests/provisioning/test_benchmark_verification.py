@@ -7,6 +7,7 @@ services the worker calls); tests/e2e/test_benchmark_check.py goes through a rea
 import json
 import time
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,6 +63,10 @@ def register(simnode, simbase, profile: str | dict, **fields) -> Node:
     """The provider registers the sim server, declaring what the profile says it declares, and installs the key."""
     data = use_hardware(simnode, profile)
     fields.setdefault("nvlink_declared", data["declared"].get("nvlink", False))
+    layout = data["declared"].get("mig_layout")
+    if layout:  # a price per slice-hour for each profile it declares
+        fields.setdefault("mig_layout", layout)
+        fields.setdefault("mig_prices", {p: Decimal("0.25") for entry in layout for p in entry["profiles"]})
     node = make_node(UserFactory(), gpu_model=data["declared"]["gpu_model"], gpu_count=data["declared"]["gpu_count"],
                      address=simnode["address"], ssh_port=simnode["ssh_port"], ssh_user=simnode["ssh_user"],
                      host_key_fingerprint=simnode["host_key_fingerprint"], **fields)
@@ -112,7 +117,12 @@ def test_each_profile_gets_its_verdict_over_ssh(db, simnode, simbase, name, sett
     assert set(expect["findings"]) <= codes
     state = {"verified": NodeState.ACTIVE, "degraded": NodeState.ACTIVE, "rejected": NodeState.REJECTED}
     assert node.state == state[expect["verdict"]]
-    assert run.figures["mode"] == "simulated" and len(run.figures["gpus"]) == node.gpu_count
+    split = {entry["gpu"]: entry["profiles"] for entry in profile_data(name)["declared"].get("mig_layout") or []}
+    # a card split into MIG slices is measured per slice, never whole
+    assert run.figures["mode"] == "simulated" and len(run.figures["gpus"]) == node.gpu_count - len(split)
+    if split and expect["verdict"] != "rejected":
+        assert sorted(s["profile"] for s in run.figures["mig_slices"]) == sorted(p for ps in split.values() for p in ps)
+        assert node.mig_slices.filter(status="free").count() == sum(map(len, split.values()))
     if expect.get("fleet"):  # judged against the seeded fleet, which the run records
         assert run.figures["fleet"]["nodes"] == expect["fleet"]["nodes"]
         assert any(m["message"].startswith("comparing with") for m in job.log)

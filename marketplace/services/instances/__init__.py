@@ -50,6 +50,7 @@ from .interruptions import (
     node_instances_price_cut,
 )
 from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
+from .mig import instance_slice_uuids
 from .secrets import ENV_VALUE_MASK, env_masked, instance_env, instance_registry_auth
 from .worker import (
     instance_cleanup_done,
@@ -62,6 +63,7 @@ from .worker import (
 )
 
 __all__ = [
+    "instance_slice_uuids",
     "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
     "funds_for", "instance_create",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",

@@ -32,6 +32,7 @@ from .common import (
     instance_for_idempotency_key,
     node_nvlink_islands,
 )
+from .mig import allocate_free_slices, free_slice_count
 from .options import InstanceOptions, cuda_tuple
 from .secrets import env_encrypt
 
@@ -52,6 +53,7 @@ def instance_create(
     idempotency_key: str = "",
     request_fingerprint: str = "",
     volumes: list[dict[str, Any]] | None = None,
+    mig_profile: str = "",
 ) -> tuple[Instance, bool]:
     """Book `num_gpus` GPUs of a node as a new instance and queue its provisioning.
 
@@ -78,7 +80,7 @@ def instance_create(
             instance = _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
                              disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
                              idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
-                             volumes=volumes or [])
+                             volumes=volumes or [], mig_profile=mig_profile)
     except IntegrityError:
         # Another request with the same Idempotency-Key won the race (it held the unique index
         # entry; this one waited for it to commit). Answer with the winner.
@@ -115,6 +117,28 @@ def _check_image(image: Image | str, node: Node) -> int:
     return image.min_disk_gb
 
 
+def _slice_price(node: Node, mig_profile: str) -> int:
+    """A MIG booking's price per slice-hour; 400 naming the field for a profile the node does not rent out."""
+    prices = node.mig_prices_micros or {}  # read by _lock_node_for_booking
+    if mig_profile not in prices:
+        offered = ", ".join(sorted(prices)) or "none"
+        raise ValidationFailed(f"This offer rents no MIG {mig_profile} slices (its MIG profiles: {offered}).",
+                               field="mig_profile")
+    return int(prices[mig_profile])
+
+
+def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> None:
+    """Fewer slices were taken than asked for: more than are free is a 400 naming `num_gpus`; free ones that
+    concurrent bookings hold locked (free in the committed rows, skipped by SKIP LOCKED) are a race, 409."""
+    free = free_slice_count(node_id, mig_profile) + taken  # those taken here were free, and are rented in this txn
+    if wanted > free:
+        raise ValidationFailed(f"This offer has {free} free MIG {mig_profile} slice{'s' if free != 1 else ''}; "
+                               f"ask for 1 to {max(free, 1)}.", field="num_gpus")
+    have = "No slice was" if not taken else f"Only {taken} {'was' if taken == 1 else 'were'}"
+    raise Conflict(f"{have} free of MIG profile {mig_profile} on this node at the moment of booking; another "
+                   f"booking took them meanwhile. Try again.")
+
+
 def _check_cuda(node: Node, wanted: str) -> None:
     if not wanted:
         return
@@ -130,7 +154,7 @@ def _check_cuda(node: Node, wanted: str) -> None:
 
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
           label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
-          volumes: list[dict[str, Any]]) -> Instance:
+          volumes: list[dict[str, Any]], mig_profile: str = "") -> Instance:
     node = _lock_node_for_booking(node_id, count_gpus=True)
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
@@ -138,8 +162,12 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     if refusal:
         raise Conflict(f"Offer {node_id} is not available: {refusal}.")
     total: int = node.gpu_total  # type: ignore[attr-defined]  # set by _lock_node_for_booking
-    if num_gpus > total:
+    if mig_profile:
+        price = _slice_price(node, mig_profile)
+    elif num_gpus > total:
         raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
+    else:
+        price = node.price_per_gpu_hour_micros
     min_disk = _check_image(image, node)
     _check_cuda(node, options.min_cuda_version)
     disk = min_disk if disk_gb is None else disk_gb
@@ -147,12 +175,13 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         what = f"The {image.slug} image" if isinstance(image, Image) else "An image of your own"
         raise ValidationFailed(f"{what} needs {min_disk} to {MAX_DISK_GB} GB of disk.", field="disk_gb")
     mounts = volume_mounts_for_booking(renter=renter, node_id=node.pk, specs=volumes)  # locks the volumes
-    _check_funds(renter.pk, node.price_per_gpu_hour_micros * num_gpus, "Renting this instance")
+    _check_funds(renter.pk, price * num_gpus, "Renting this instance")
     now = timezone.now()
     # The row goes in first: a concurrent request with the same Idempotency-Key blocks here on the
     # unique index until this transaction ends, then fails and answers with this instance.
     instance = Instance.objects.create(
         renter=renter, node=node, gpu_model_id=node.gpu_model_id, num_gpus=num_gpus, label=label,
+        mig_profile=mig_profile,
         image=image if isinstance(image, Image) else None, image_ref=image if isinstance(image, str) else "",
         registry_auth=options.registry_auth is not None,
         registry_auth_encrypted=(encrypt_secret(json.dumps(options.registry_auth).encode())
@@ -161,13 +190,19 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         onstart=options.onstart, ports_requested=options.ports,
         min_cuda_version=options.min_cuda_version, disk_gb=disk, ssh_public_keys=keys, status=S.REQUESTED,
         status_message=WAITING,
-        price_per_gpu_hour_micros=node.price_per_gpu_hour_micros,
-        price_per_hour_micros=node.price_per_gpu_hour_micros * num_gpus, platform_fee_bps=platform_fee_bps(),
+        # A MIG instance's "GPU" price is its slice price: billing meters price_per_hour_micros either way.
+        price_per_gpu_hour_micros=price,
+        price_per_hour_micros=price * num_gpus, platform_fee_bps=platform_fee_bps(),
         disk_price_per_gb_month_micros=node.disk_price_per_gb_month_micros,
         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
         created_at=now,
     )
-    taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node))
+    if mig_profile:
+        taken = allocate_free_slices(instance, node.pk, mig_profile, num_gpus, now)
+        if taken < num_gpus:  # raising rolls back the instance and the slices taken
+            _slices_short(node.pk, mig_profile, num_gpus, taken)
+    else:
+        taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node))
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
         free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")

@@ -29,6 +29,8 @@ from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import usd_text
 from notifications.services.notify import notify
 
+from .mig import instance_release_slices, instance_slice_gpu_indices
+
 S = InstanceStatus
 MAX_DISK_GB = 2000
 WAITING = "Waiting for a worker"
@@ -65,7 +67,10 @@ def instances_for_user(*, user: User) -> QuerySet[Instance]:
 
 
 def instance_gpu_indices(*, instance: Instance) -> list[int]:
-    """The node's GPU indices the instance holds now (live allocations), sorted."""
+    """The node's GPU indices the instance holds now (live allocations), sorted; a MIG instance's: the GPUs its
+    slices are on."""
+    if instance.mig_profile:
+        return instance_slice_gpu_indices(instance=instance)
     live = getattr(instance, "live_allocations", None)
     if live is not None:
         return sorted(a.gpu.index for a in live)
@@ -103,7 +108,8 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False) -> Node | 
         total = (f", (SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id) AS gpu_total"  # noqa: S608
                  if count_gpus else "")
         sql = (f"SELECT n.id, n.state, n.verdict, n.listed, n.runtime, n.gpu_model_id, "  # noqa: S608
-               f"n.price_per_gpu_hour_micros, n.disk_price_per_gb_month_micros, n.inventory{total}, "
+               f"n.price_per_gpu_hour_micros, n.disk_price_per_gb_month_micros, n.inventory, "
+               f"n.mig_prices_micros{total}, "
                # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
                f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands "
                f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
@@ -253,6 +259,10 @@ def instance_release_gpus(*, instance: Instance, at: datetime | None = None) -> 
     unavailable meanwhile stays unavailable. Idempotent: with nothing live it does nothing.
     """
     at = at or timezone.now()
+    if instance.mig_profile:  # its slices, not whole GPUs (instances/mig.py); the parents' indices
+        indices = instance_slice_gpu_indices(instance=instance)
+        instance_release_slices(instance=instance, at=at)
+        return indices
     live = list(
         GpuAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
         .select_related("gpu").order_by("gpu_id")

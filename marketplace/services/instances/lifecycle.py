@@ -34,6 +34,7 @@ from .common import (
     _save,
     instance_release_gpus,
 )
+from .mig import reallocate_slices
 from .worker import instance_mark_destroyed
 
 # ---------------------------------------------------------------------------- verbs (API side)
@@ -120,6 +121,14 @@ def instance_start(*, instance: Instance) -> Instance:
     now = timezone.now()
     _leave_running(instance, now)  # its disk is billed up to now
     instance_release_gpus(instance=instance, at=now)  # nothing is live when stopped; this only makes sure
+    if instance.mig_profile:  # a MIG VM keeps the slices it was created with (their UUIDs are in its spec)
+        if not reallocate_slices(instance, now):
+            raise Conflict("Its MIG slices are in use by another instance now or no longer listed; try again "
+                           "later, or destroy the instance.")
+        instance.transition_to(S.STARTING, f"{WAITING} to start it on its MIG {instance.mig_profile} slices")
+        _save(instance)
+        job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
+        return instance
     last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
     previous = list(instance.allocations.filter(released_at=last_release).values_list("gpu_id", flat=True))
     gpus = _lock_free_gpus(node.pk, instance.num_gpus, prefer=previous)

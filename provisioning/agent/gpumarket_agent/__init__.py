@@ -53,6 +53,7 @@ from .measurements import (
     small_cnn_images_s,
     warm_up,
 )
+from .mig import bench_slices, list_text, parse_mig_list, read_mig, sim_slices, validate_mig_uuids
 from .options import (
     ENV_NAME_RE,
     VOLUME_NAME_RE,
@@ -129,6 +130,7 @@ from .vm import check_gpus_free, cmd_vm, cmd_volumes, describe, pick_runtime, vm
 from .volumes import all_volumes, cmd_volume, load_volume, used_by
 
 __all__ = [
+    "bench_slices", "list_text", "parse_mig_list", "read_mig", "sim_slices", "validate_mig_uuids",
     "P2P_BYTES", "describe_topology", "p2p_figures", "measure_p2p", "nvlink_islands", "parse_nvlink_status",
     "parse_topo_matrix", "read_topology", "sim_nvlink_text", "sim_p2p_gbs", "sim_topo_text",
     "AGENT_VERSION", "AgentError", "BENCH_LIMIT_S", "CLOCK_EVENT_BITS", "COMMANDS", "Config", "DOCKER_LIST_ARGV",

@@ -11,6 +11,7 @@ import time
 
 from .core import AGENT_VERSION, AgentError, invalid
 from .measurements import MATMUL_DTYPES, bench_plan, import_torch, measure
+from .mig import bench_slices, validate_mig_uuids
 from .smi import load_profile
 from .topology import measure_p2p, sim_copy_seconds, torch_copy_seconds
 from .validation import reject_unknown
@@ -26,7 +27,7 @@ _EMITTED = []
 
 
 def validate_benchmark(req):
-    reject_unknown(req, ("quick", "device", "gpu_indices", "time_limit_s"))
+    reject_unknown(req, ("quick", "device", "gpu_indices", "time_limit_s", "mig_uuids"))
     quick, device = req.get("quick", False), req.get("device", "cuda")
     limit, indices = req.get("time_limit_s", BENCH_LIMIT_S[0]), req.get("gpu_indices")
     if type(quick) is not bool:
@@ -75,13 +76,19 @@ class Deadline:
 
 def cmd_benchmark(cfg, req):
     quick, device, limit, indices = validate_benchmark(req)
+    mig_uuids = validate_mig_uuids(req.get("mig_uuids"))
     if _WATCHDOG:
         start_watchdog(limit)
     started = time.monotonic()
-    if cfg.runtime == "sim" and device == "cuda":
+    if indices == [] and mig_uuids:  # only slices to measure (every whole card is split or rented)
+        answer = {"mode": "simulated" if cfg.runtime == "sim" else "measured", "device": device, "quick": quick,
+                  "gpus": []}
+    elif cfg.runtime == "sim" and device == "cuda":
         answer = sim_benchmark(cfg, quick, indices)
     else:
         answer = measure(device, quick, indices, Deadline(limit))
+    if mig_uuids:  # each MIG slice on its own (mig.py)
+        answer["mig_slices"] = bench_slices(cfg, quick, mig_uuids)
     if device == "cuda":
         answer["p2p"] = p2p_figures(cfg, [g["index"] for g in answer.get("gpus") or []])
     answer.update(duration_s=round(time.monotonic() - started, 3), time_limit_s=limit)

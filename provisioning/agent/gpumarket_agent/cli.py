@@ -9,6 +9,7 @@ import time
 from .benchmark import _WATCHDOG, cmd_benchmark, emit
 from .challenge import main_challenge
 from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
+from .mig import read_mig
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.sim import sim_nvidia_smi
@@ -26,7 +27,8 @@ def cmd_inventory(cfg, req):
     profile = load_profile(cfg.sim_profile)[0] if cfg.runtime == "sim" else None
     answer = {"runtime": cfg.runtime, "hostname": socket.gethostname(), "gpus": gpus, "gpu_count": len(gpus),
               "driver_version": gpus[0]["driver_version"] if gpus else None, "cuda_version": cuda,
-              "topology": read_topology(cfg, gpus, profile) if gpus else None}
+              "topology": read_topology(cfg, gpus, profile) if gpus else None,
+              "mig": read_mig(cfg, gpus) if gpus else []}
     answer.update(host_facts(cfg))
     return answer
 

@@ -54,7 +54,7 @@ def validate_public_key(value):
 
 
 CREATE_FIELDS = ("vm_id", "gpu_indices", "ssh_public_keys", "image", "disk_gb", "registry_auth", "env", "onstart",
-                 "ports", "volumes")
+                 "ports", "volumes", "mig_uuids")
 
 
 def validate_create(req, runtime, gpu_indices_present):
@@ -87,6 +87,10 @@ def validate_create(req, runtime, gpu_indices_present):
         raise invalid("disk_gb", "disk_gb must be an integer from 1 to 65536")
     spec = {"gpu_indices": sorted(indices), "ssh_public_keys": list(keys),
             "image": {k: image[k] for k in sorted(image)}, "disk_gb": disk_gb}
+    if req.get("mig_uuids") is not None:  # MIG slices of those GPUs: the VM sees only these (mig.py checks them)
+        if not isinstance(req["mig_uuids"], list) or not req["mig_uuids"]:
+            raise invalid("mig_uuids", "mig_uuids must be a non-empty list of MIG-... UUIDs")
+        spec["mig_uuids"] = list(req["mig_uuids"])
     spec.update(validate_options(req)[0])
     return vm_id, spec
 

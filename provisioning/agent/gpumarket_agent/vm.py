@@ -4,6 +4,7 @@ import shutil
 import time
 
 from .core import RUNTIMES, AgentError, invalid
+from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
 from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
 from .runtimes import RUNTIME_CLASSES
@@ -37,6 +38,8 @@ def vm_create(cfg, req):
     runtime, rt = pick_runtime(cfg, req)
     gpus = read_gpus(cfg)[0]
     vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus])
+    if "mig_uuids" in spec:
+        check_mig_uuids(cfg, gpus, spec)
     registry_auth = validate_registry_auth(req.get("registry_auth"))  # used for the pull only, never recorded
     rt.check_spec(spec)
     with file_lock(cfg, "vm-" + vm_id, timeout=300):
@@ -48,7 +51,7 @@ def vm_create(cfg, req):
                 raise AgentError("conflict", "VM %s exists with a different spec" % vm_id)
             if created:
                 others = all_records(cfg)
-                check_gpus_free(rt, others, spec["gpu_indices"])
+                check_gpus_free(rt, others, spec["gpu_indices"], spec.get("mig_uuids"))
                 check_volumes_exist(cfg, spec)
                 rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec,
                        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -69,12 +72,28 @@ def vm_create(cfg, req):
         return answer
 
 
-def check_gpus_free(rt, others, indices):
-    """Only running VMs hold GPUs: the platform releases a stopped VM's GPUs to other renters."""
-    held = {i for r in others if rt.state(r) == "running" for i in r["spec"]["gpu_indices"]}
-    busy = sorted(held & set(indices))
+def check_gpus_free(rt, others, indices, mig_uuids=None):
+    """Only running VMs hold GPUs: the platform releases a stopped VM's GPUs to other renters. A VM given MIG
+    slices holds only those slices of its GPU; a VM given a whole GPU holds it and every slice of it."""
+    running = [r["spec"] for r in others if rt.state(r) == "running"]
+    whole = {i for s in running if not s.get("mig_uuids") for i in s["gpu_indices"]}
+    sliced = {i for s in running if s.get("mig_uuids") for i in s["gpu_indices"]}
+    slices = {u for s in running for u in s.get("mig_uuids") or ()}
+    busy = sorted(whole & set(indices)) if mig_uuids else sorted((whole | sliced) & set(indices))
     if busy:
         raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % busy[0])
+    taken = sorted(slices & set(mig_uuids or ()))
+    if taken:
+        raise AgentError("gpu_busy", "MIG device %s is in use by another running VM" % taken[0])
+
+
+def check_mig_uuids(cfg, gpus, spec):
+    """The MIG devices asked for exist on the node, on the GPUs asked for."""
+    validate_mig_uuids(spec["mig_uuids"])
+    on = {d["uuid"]: d["gpu"] for d in read_mig(cfg, gpus)}
+    for uuid in spec["mig_uuids"]:
+        if on.get(uuid) not in spec["gpu_indices"]:
+            raise invalid("mig_uuids", "no MIG device %s on GPU %s of this node" % (uuid, spec["gpu_indices"]))
 
 
 def vm_start(cfg, rt, rec, req):
@@ -89,7 +108,7 @@ def vm_start(cfg, rt, rec, req):
             rec["spec"]["gpu_indices"] = wanted
             rt.rebind(rec)
         others = [r for r in all_records(cfg) if r["vm_id"] != rec["vm_id"]]
-        check_gpus_free(rt, others, rec["spec"]["gpu_indices"])
+        check_gpus_free(rt, others, rec["spec"]["gpu_indices"], rec["spec"].get("mig_uuids"))
         rt.start(rec)
     save_record(cfg, rec)  # the port or the GPUs may have changed
 

@@ -33,7 +33,7 @@ def gpu_argv(mode, gpu_indices):
             out += ["--device", "%s:/dev/nvidia%d" % (mode[len("devices:"):].replace("{index}", str(i)), i)]
         return out
     # --gpus parses its value as CSV, so "device=0,1" needs literal double quotes to stay one item.
-    return ["--gpus", '"device=%s"' % ",".join(str(i) for i in gpu_indices)]
+    return ["--gpus", '"device=%s"' % ",".join(str(i) for i in gpu_indices)]  # indices, or MIG-... UUIDs
 
 
 def publish(bind, host_port, port):
@@ -157,7 +157,10 @@ class DockerRuntime(Runtime):
             command = self.image_command(spec["image"]["docker"])
             vmdir, env_path = self.write_box(rec)
             try:
-                run(docker_run_argv(vm_id, spec["gpu_indices"], spec["image"]["docker"], rec["ssh_port"], keys_path,
+                # A MIG instance gets its slices only (the toolkit takes MIG-... UUIDs as devices).
+                devices = spec.get("mig_uuids") if self.cfg.docker_gpus == "toolkit" else None
+                run(docker_run_argv(vm_id, devices or spec["gpu_indices"], spec["image"]["docker"], rec["ssh_port"],
+                                    keys_path,
                                     gpus=self.cfg.docker_gpus, bind=self.cfg.docker_bind, ports=rec.get("ports"),
                                     volumes=spec.get("volumes", ()), box=vmdir, env_path=env_path,
                                     command=command), timeout=120)

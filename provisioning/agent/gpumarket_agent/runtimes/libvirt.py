@@ -96,7 +96,7 @@ class LibvirtRuntime(Runtime):
     ssh_user = LIBVIRT_SSH_USER
 
     def check_spec(self, spec):
-        for option in ("env", "onstart", "ports", "volumes"):
+        for option in ("env", "onstart", "ports", "volumes", "mig_uuids"):  # MIG in KVM needs vGPU
             if option in spec:
                 raise invalid(option, "the libvirt runtime does not support %s yet" % option)
 

@@ -11,6 +11,7 @@ import time
 
 from ..bundle import copy_agent
 from ..core import AgentError, read_json, run, write_file
+from ..mig import list_text, sim_slices
 from ..procs import kill_trees, pids_matching, port_free, wait_port
 from ..records import vm_dir, vm_log
 from ..smi import QUERY_FIELDS, load_profile, parse_gpu_csv, split_smi_line
@@ -29,10 +30,12 @@ def find_sshd():
 SIM_OWN_ENV = ("CUDA_VISIBLE_DEVICES", "GPUMARKET_SIM_VISIBLE", "HOME", "PATH")
 
 
-def sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env=None):
-    """The environment of a sim VM's sessions and onstart: the renter's names, then ours (which win)."""
+def sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env=None, mig_uuids=None):
+    """The environment of a sim VM's sessions and onstart: the renter's names, then ours (which win). A VM given
+    MIG slices sees those devices only (CUDA_VISIBLE_DEVICES=MIG-..., as the container toolkit sets it)."""
     env = dict(renter_env or {})
-    env.update({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible_indices),
+    env.update({"CUDA_VISIBLE_DEVICES": ",".join(mig_uuids) if mig_uuids else
+                ",".join(str(i) for i in visible_indices),
                 "GPUMARKET_SIM_VISIBLE": ",".join(visible_uuids),
                 "HOME": os.path.join(vmdir, "home"),
                 "PATH": os.path.join(vmdir, "bin") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
@@ -44,8 +47,8 @@ def sshd_quote(value):
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def sim_sshd_config(vmdir, port, listen, visible_indices, visible_uuids, renter_env=None):
-    env = sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env)
+def sim_sshd_config(vmdir, port, listen, visible_indices, visible_uuids, renter_env=None, mig_uuids=None):
+    env = sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env, mig_uuids)
     # sshd keeps the first SetEnv of a name, so ours come first: the renter cannot move HOME or PATH.
     order = [k for k in sorted(env) if k in SIM_OWN_ENV] + [k for k in sorted(env) if k not in SIM_OWN_ENV]
     return "\n".join([
@@ -121,9 +124,12 @@ class SimRuntime(Runtime):
         profile, gpus = load_profile(self.cfg.sim_profile)
         rows = [ln for ln in profile["nvidia_smi"] if ln.strip()]  # in parse_gpu_csv's order
         mine = [n for n, g in enumerate(gpus) if g["index"] in rec["spec"]["gpu_indices"]]
+        mig = rec["spec"].get("mig_uuids")
         write_file(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "gpus.json"), json.dumps({
-            "cuda_version": profile.get("cuda_version"), "nvidia_smi": [rows[n] for n in mine]}), 0o644)
-        rec["visible_uuids"] = [gpus[n]["uuid"] for n in mine]
+            "cuda_version": profile.get("cuda_version"), "nvidia_smi": [rows[n] for n in mine],
+            # a VM given MIG slices lists only those under its card (`nvidia-smi -L`)
+            "mig": {str(i): s for i, s in sim_slices(profile).items()} if mig else {}, "mig_uuids": mig}), 0o644)
+        rec["visible_uuids"] = list(mig) if mig else [gpus[n]["uuid"] for n in mine]
 
     def free_port(self, port):
         if port and port_free(port, self.cfg.sim_listen):
@@ -151,7 +157,7 @@ class SimRuntime(Runtime):
                 "vm_id": rec["vm_id"], "listen": self.cfg.sim_listen, "ports": rec["ports"],
                 "onstart": onstart if os.path.exists(onstart) else None,
                 "env": sim_vm_env(vmdir, rec["spec"]["gpu_indices"], rec.get("visible_uuids", []),
-                                  rec["spec"].get("env"))}))
+                                  rec["spec"].get("env"), rec["spec"].get("mig_uuids"))}))
             proc = subprocess.Popen(
                 [sys.executable, os.path.join(vmdir, "bin", "gpumarket_agent.pyz"), "_sim-box", vmdir],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -173,7 +179,8 @@ class SimRuntime(Runtime):
         for _ in range(3):  # a port picked free can be taken before sshd binds it: retry on another
             port = self.free_port(port)
             write_file(config, sim_sshd_config(vmdir, port, self.cfg.sim_listen, rec["spec"]["gpu_indices"],
-                                               rec.get("visible_uuids", []), rec["spec"].get("env")))
+                                               rec.get("visible_uuids", []), rec["spec"].get("env"),
+                                               rec["spec"].get("mig_uuids")))
             write_file(log, "")
             # Without -D sshd daemonises (setsid, stdio to /dev/null), so it outlives this SSH session.
             run([find_sshd(), "-f", config, "-E", log],
@@ -238,6 +245,10 @@ def sim_nvidia_smi(args, gpus_file, out=sys.stdout):
                     value += " " + units[field]
                 cells.append(value)
             out.write(", ".join(cells) + "\n")
+        return 0
+    if args in (["-L"], ["--list-gpus"]) and data.get("mig_uuids"):
+        slices = {int(k): v for k, v in (data.get("mig") or {}).items()}
+        out.write(list_text(gpus, slices, set(data["mig_uuids"])))
         return 0
     if args in (["-L"], ["--list-gpus"]):
         for g in gpus:

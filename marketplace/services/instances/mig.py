@@ -1,0 +1,105 @@
+"""MIG slices for instances: allocation by the same rules as whole GPUs (one statement, FOR UPDATE SKIP LOCKED,
+a unique index on live allocations) plus the parent rule: a slice is taken only while its GPU is split (`mig`),
+read under a share lock on the GPU's row, so that the GPU cannot go back to whole renting meanwhile
+(provisioning.services.mig takes that row FOR UPDATE and finds the allocation)."""
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connection
+from django.utils import timezone
+
+from core.errors import Conflict
+from marketplace.models import Gpu, GpuStatus, Instance, MigSlice, MigSliceAllocation, SliceStatus
+
+_LIVE_INDEX = "mig_slice_in_at_most_one_live_allocation"
+
+
+def free_slice_count(node_id: int, profile: str) -> int:
+    return MigSlice.objects.filter(node_id=node_id, profile=profile, status=SliceStatus.FREE,
+                                   gpu__status=GpuStatus.MIG).count()
+
+
+def allocate_free_slices(instance: Instance, node_id: int, profile: str, count: int, at: datetime) -> int:
+    """Lock up to `count` free slices of `profile` on the node whose GPU is split, mark them rented and allocate
+    them to the instance, in one round trip. Returns how many it took (fewer: the caller raises and rolls back)."""
+    if connection.vendor != "postgresql":  # SQLite (the demo): writes are serialised anyway
+        parents = list(Gpu.objects.select_for_update().filter(node_id=node_id, status=GpuStatus.MIG)
+                       .values_list("pk", flat=True))
+        picked = list(MigSlice.objects.filter(node_id=node_id, profile=profile, status=SliceStatus.FREE,
+                                              gpu_id__in=parents).order_by("gpu_id", "device")[:count])
+        if len(picked) == count:
+            MigSlice.transition_rows(MigSlice.objects.filter(pk__in=[s.pk for s in picked]), SliceStatus.RENTED,
+                                     action="rent")
+            MigSliceAllocation.objects.bulk_create(
+                MigSliceAllocation(instance=instance, mig_slice=s, allocated_at=at) for s in picked)
+        return len(picked)
+    q = connection.ops.quote_name
+    gpu, sl, alloc = (q(m._meta.db_table) for m in (Gpu, MigSlice, MigSliceAllocation))
+    sources = sorted(MigSlice.transitions.action_sources("rent"))
+    sql = (f"WITH parents AS (SELECT id FROM {gpu} WHERE node_id = %s AND status = %s FOR SHARE), "  # noqa: S608
+           f"picked AS (SELECT s.id FROM {sl} s JOIN parents p ON p.id = s.gpu_id WHERE s.node_id = %s "
+           f"AND s.status = %s AND s.profile = %s ORDER BY s.gpu_id, s.device LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
+           f"rented AS (UPDATE {sl} s SET status = %s FROM picked WHERE s.id = picked.id AND s.status = ANY(%s) "
+           f"RETURNING s.id) "
+           f"INSERT INTO {alloc} (instance_id, mig_slice_id, allocated_at) SELECT %s, id, %s FROM rented")
+    params: list[Any] = [node_id, GpuStatus.MIG, node_id, SliceStatus.FREE, profile, count, SliceStatus.RENTED, sources,
+              instance.pk, at]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+    except IntegrityError as exc:  # the database's guarantee caught a slice marked free while allocated
+        if _LIVE_INDEX in str(exc):
+            raise Conflict("The MIG slices were taken by another booking meanwhile; try again.") from None
+        raise
+
+
+def instance_release_slices(*, instance: Instance, at: datetime | None = None) -> list[str]:
+    """End the instance's live slice allocations and free the slices (a slice made unavailable meanwhile stays
+    so); the UUIDs released. Idempotent. Call with the instance's row locked."""
+    live = list(MigSliceAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
+                .select_related("mig_slice"))
+    if not live:
+        return []
+    MigSliceAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at or timezone.now())
+    MigSlice.transition_rows(MigSlice.objects.filter(pk__in=[a.mig_slice_id for a in live]), SliceStatus.FREE,
+                             action="release")
+    return sorted(a.mig_slice.uuid for a in live)
+
+
+def instance_slice_uuids(*, instance: Instance) -> list[str]:
+    """The MIG-... UUIDs the instance holds now."""
+    return sorted(MigSliceAllocation.objects.filter(instance=instance, released_at__isnull=True)
+                  .values_list("mig_slice__uuid", flat=True))
+
+
+def instance_slice_gpu_indices(*, instance: Instance) -> list[int]:
+    """The indices of the GPUs its slices are on (what the agent's `gpu_indices` names for a MIG VM)."""
+    return sorted(set(MigSliceAllocation.objects.filter(instance=instance, released_at__isnull=True)
+                      .values_list("mig_slice__gpu__index", flat=True)))
+
+
+def reallocate_slices(instance: Instance, at: datetime) -> bool:
+    """A stopped MIG instance takes back the slices it last held (locked as at booking); False when one of them
+    is taken, unavailable, or its GPU no longer split. Call with the instance's row locked."""
+    last = MigSliceAllocation.objects.filter(instance=instance).order_by("-released_at").values_list(
+        "released_at", flat=True).first()
+    previous = list(MigSliceAllocation.objects.filter(instance=instance, released_at=last)
+                    .values_list("mig_slice_id", flat=True))
+    if not previous:
+        return False
+    parents = list(Gpu.objects.select_for_update(of=("self",)).filter(
+        mig_slices__in=previous, status=GpuStatus.MIG).values_list("pk", flat=True))
+    slices = list(MigSlice.objects.select_for_update(skip_locked=True).filter(
+        pk__in=previous, status=SliceStatus.FREE, gpu_id__in=parents))
+    if len(slices) != len(previous):
+        return False
+    MigSlice.transition_rows(MigSlice.objects.filter(pk__in=previous), SliceStatus.RENTED, action="rent")
+    try:
+        MigSliceAllocation.objects.bulk_create(
+            MigSliceAllocation(instance=instance, mig_slice=s, allocated_at=at) for s in slices)
+    except IntegrityError as exc:
+        if _LIVE_INDEX in str(exc):
+            raise Conflict("The MIG slices were taken by another booking meanwhile; try again.") from None
+        raise
+    return True

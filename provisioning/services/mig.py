@@ -1,0 +1,57 @@
+"""MIG slices from a check: the slices a verification proved become rentable units, the rest unavailable."""
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from marketplace.mig import layout_by_gpu
+from marketplace.models import Gpu, GpuStatus, MigSlice, MigSliceAllocation, Node, SliceStatus
+from provisioning.models import NodeEvent
+from provisioning.services.nodes import node_event
+
+
+def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable: bool) -> None:
+    """Make the node's slice rows what the check found (call inside the check's transaction, node row locked).
+
+    A proven slice of a listable node is free to rent (created at its first proof); a slice not proven, not seen
+    again, or on a node the check did not list is unavailable. A rented slice is left as it is: its renter keeps
+    it. A declared GPU becomes `mig` (never rented whole) once free; a GPU no longer declared split goes back to
+    `free` when none of its slices is allocated, under its row lock (booking a slice holds a share lock on it)."""
+    layout = layout_by_gpu(node.mig_layout)
+    gpus = {g.index: g for g in Gpu.objects.select_for_update().filter(node=node).order_by("index")}
+    live = set(MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True)
+               .values_list("mig_slice_id", flat=True))
+    existing = {s.uuid: s for s in MigSlice.objects.filter(node=node)}
+    proven = {s["uuid"]: s for s in slices if s.get("proven") and listable and s["gpu"] in layout and s["gpu"] in gpus}
+    for uuid, row in existing.items():
+        if row.pk in live or uuid in proven:
+            continue
+        if row.status != SliceStatus.UNAVAILABLE:
+            row.status = SliceStatus.UNAVAILABLE
+            row.save(update_fields=["status"])
+    try:
+        with transaction.atomic():
+            for uuid, found in proven.items():
+                known = existing.get(uuid)
+                if known is None:
+                    MigSlice.objects.create(node=node, gpu=gpus[found["gpu"]], profile=found["profile"],
+                                            device=found["device"], uuid=uuid, memory_mib=found["memory_mib"] or 0)
+                elif known.pk not in live:
+                    known.gpu, known.profile, known.device = gpus[found["gpu"]], found["profile"], found["device"]
+                    known.memory_mib, known.status = found["memory_mib"] or 0, SliceStatus.FREE
+                    known.save(update_fields=["gpu", "profile", "device", "memory_mib", "status"])
+    except IntegrityError as exc:  # a MIG UUID another node's slice holds: the same card listed twice
+        if "mig_slice_unique_uuid" not in str(exc):
+            raise
+        node_event(node, "mig_slices_duplicate", "A MIG device of this node belongs to another node's slices; "
+                                                 "none of its slices is listed.", NodeEvent.Level.WARNING)
+    sliced_gpus = set(MigSlice.objects.filter(node=node).values_list("gpu__index", flat=True))
+    for index, gpu in gpus.items():
+        if index in layout and index in sliced_gpus and gpu.status == GpuStatus.FREE:
+            gpu.status = GpuStatus.MIG
+            gpu.save(update_fields=["status"])
+        elif index not in layout and gpu.status == GpuStatus.MIG and not MigSliceAllocation.objects.filter(
+                mig_slice__gpu=gpu, released_at__isnull=True).exists():
+            MigSlice.objects.filter(gpu=gpu).exclude(status=SliceStatus.UNAVAILABLE).update(
+                status=SliceStatus.UNAVAILABLE)
+            gpu.status = GpuStatus.FREE
+            gpu.save(update_fields=["status"])

@@ -1,0 +1,133 @@
+"""The MIG part of the check: the layout nvidia-smi shows against the provider's declaration, and each slice's
+proof (its memory and throughput against its profile's share of the card's datasheet, in the same bands as a
+whole card's figures). Pure, like policy.py: the service gives it what the agent answered."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from marketplace.mig import profiles_for
+
+from .policy import (
+    REJECT,
+    TOLERANCES,
+    DeclaredModel,
+    Finding,
+    MigJudgement,
+    _check_figures,
+    _check_results,
+    gpu_score,
+)
+
+# A slice holds a little less than its share of the card (the driver keeps some): 3g.40gb on an A100 80GB shows
+# 40192 MiB of 40960, 1g.10gb 9728 of 10240 (nvidia-smi on real cards). Under this share it is not that profile.
+SLICE_MEMORY_MIN_FRACTION = 0.9
+
+
+def slice_model(declared: DeclaredModel, profile) -> DeclaredModel:
+    """The declared card scaled to one slice: throughput by its compute slices of 7, bandwidth and memory by its
+    memory slices of 8. The figure bands then apply to a slice as to a whole card."""
+    sheet = dict(declared.datasheet)
+    for key in ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops"):
+        if key in sheet:
+            sheet[key] = sheet[key] * profile.compute_fraction
+    if "memory_bandwidth_gbs" in sheet:
+        sheet["memory_bandwidth_gbs"] = sheet["memory_bandwidth_gbs"] * profile.memory_fraction
+    return replace(declared, datasheet=sheet, name=f"{declared.label} MIG {profile.name}")
+
+
+def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_gpus: Sequence[dict],
+              devices: Sequence[dict], measured: Sequence[dict] | None,
+              skip_uuids: Sequence[str] = ()) -> tuple[list[Finding], list[dict]]:
+    """(findings, slices): the configured layout against `layout` ({gpu index: [profile, ...]}), then each
+    measured slice against its profile. `slices` lists every configured slice of a declared GPU with its figures
+    and whether it was proven (a slice in `skip_uuids` is rented: not measured, not judged, kept as it was)."""
+    findings: list[Finding] = []
+    profiles = profiles_for(declared.slug)
+    smi = {g.get("index"): g for g in inventory_gpus}
+    by_gpu: dict[int, list[dict]] = {}
+    for dev in devices:
+        by_gpu.setdefault(dev["gpu"], []).append(dev)
+    figures = {row.get("uuid"): row for row in measured or []}
+    slices: list[dict] = []
+    for gpu, wanted in sorted(layout.items()):
+        seen = by_gpu.get(gpu, [])
+        mode = ((smi.get(gpu) or {}).get("mig_mode") or "").lower()
+        if mode != "enabled" or not seen:
+            findings.append(Finding(REJECT, "mig_not_configured",
+                                    f"GPU {gpu} is declared split into MIG slices ({', '.join(wanted)}), but "
+                                    f"nvidia-smi shows {'MIG mode off' if mode != 'enabled' else 'no MIG devices'}. "
+                                    f"Enable MIG (`nvidia-smi -i {gpu} -mig 1`) and create the declared instances "
+                                    "(`nvidia-smi mig -cgi ... -C`), or declare the GPU without a layout.", gpu))
+            continue
+        have = sorted(d["profile"] for d in seen)
+        if have != sorted(wanted):
+            findings.append(Finding(REJECT, "mig_layout_mismatch",
+                                    f"GPU {gpu} is declared as {', '.join(sorted(wanted))} but nvidia-smi -L shows "
+                                    f"{', '.join(have)}: make the layout match, or declare the one it has.", gpu))
+            continue
+        for dev in seen:
+            slices.append(_judge_slice(declared, profiles[dev["profile"]], smi.get(gpu) or {}, dev,
+                                       figures.get(dev["uuid"]), dev["uuid"] in skip_uuids, findings))
+    return findings, slices
+
+
+def _judge_slice(declared: DeclaredModel, profile, card: dict, dev: dict, row: dict | None, rented: bool,
+                 findings: list[Finding]) -> dict:
+    gpu, name = dev["gpu"], f"GPU {dev['gpu']}'s MIG {dev['profile']} slice {dev['device']} ({dev['uuid']})"
+    summary = {"gpu": gpu, "device": dev["device"], "profile": dev["profile"], "uuid": dev["uuid"],
+               "memory_mib": None, "bf16_tflops": None, "memory_bandwidth_gbs": None, "score": None,
+               "proven": False, "rented": rented}
+    if rented:
+        return summary
+    if row is None:
+        findings.append(Finding(REJECT, "mig_slice_unproven", f"{name} was not measured: the benchmark gave no "
+                                                              "figures for it.", gpu))
+        return summary
+    own: list[Finding] = []
+    card_mib = card.get("memory_total_mib") or declared.memory_mib
+    expected = profile.memory_mib(card_mib)
+    memory = row.get("memory_mib")
+    summary.update(memory_mib=memory, bf16_tflops=row.get("bf16_tflops"),
+                   memory_bandwidth_gbs=row.get("memory_bandwidth_gbs"))
+    if not memory or memory < SLICE_MEMORY_MIN_FRACTION * expected:
+        own.append(Finding(REJECT, "mig_slice_memory",
+                           f"{name} holds {memory} MiB; a {profile.name} slice of {declared.a_label} holds about "
+                           f"{expected} MiB. It is a smaller slice than its name says.", gpu))
+    model = slice_model(declared, profile)
+    for f in _check_figures(model, dict(row, index=gpu)) + _check_results(dict(row, index=gpu)):
+        code = "mig_slice_wrong_results" if f.code == "wrong_results" else (
+            "mig_slice_too_fast" if f.code.endswith("_too_high") else "mig_slice_slow")
+        own.append(Finding(f.severity, code, f"{name}: " + f.message.replace(f"GPU {gpu} ", "it ", 1), gpu))
+    findings.extend(own)
+    score = gpu_score(row)
+    summary.update(proven=not any(f.severity == REJECT for f in own),
+                   score=round(score, 2) if score is not None else None)
+    return summary
+
+
+def card_equivalent(slices: Sequence[dict], slug: str) -> list[dict]:
+    """Measured slices as whole-card figures (divided by their share of the card), so that a node with only
+    split cards still gets a score per card (policy.node_score)."""
+    profiles, out = profiles_for(slug), []
+    for s in slices:
+        p = profiles.get(s["profile"])
+        if p and s.get("bf16_tflops") and s.get("memory_bandwidth_gbs"):
+            out.append({"bf16_tflops": s["bf16_tflops"] / p.compute_fraction,
+                        "memory_bandwidth_gbs": s["memory_bandwidth_gbs"] / p.memory_fraction})
+    return out
+
+
+def judge_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory: dict, bench: dict | None,
+              skip_uuids: Sequence[str] = ()) -> MigJudgement:
+    """What policy.judge takes of MIG: nothing for a node without a declared layout (an undeclared MIG card is
+    then rejected by check_identity, as always)."""
+    if not layout:
+        return MigJudgement()
+    findings, slices = check_mig(declared, layout, inventory.get("gpus") or [], inventory.get("mig") or [],
+                                 (bench or {}).get("mig_slices"), skip_uuids)
+    return MigJudgement(findings=findings, slices=slices, gpus=frozenset(layout),
+                        card_figures=card_equivalent([s for s in slices if s["proven"]], declared.slug))
+
+
+__all__ = ["judge_mig", "SLICE_MEMORY_MIN_FRACTION", "TOLERANCES", "card_equivalent", "check_mig", "slice_model"]
