@@ -75,7 +75,7 @@ def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[i
             out.problem = f"sent no commitment within {drawn.wait_s:.0f} s"
             return challenge.judge(declared, drawn, out)
         out.arrivals[gpu] = taken + round_trip_s
-        out.commitments[gpu] = challenge.joined_digest(results[gpu][2])
+        out.commitments[gpu] = results[gpu].commitment()
     out.picks = challenge.pick_rows(drawn, random.SystemRandom())
     out.revealed = agent.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
     started = time.process_time()
