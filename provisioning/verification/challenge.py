@@ -368,7 +368,7 @@ def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, reve
         got = rows.get((product, row))
         if got is None:
             return f"row {row} of product {product} was not revealed"
-        values = got.get("values")
+        values: Any = got.get("values")
         if not _integers(values, challenge.n):
             return f"row {row} of product {product} is not {challenge.n} integers"
         packed_hex = packed_of.get(str(product))
