@@ -31,7 +31,7 @@ from provisioning.services.jobs import JobConflict, job_create, job_send_again_i
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
-from provisioning.verification import challenge
+from provisioning.verification import challenge, memproof
 from provisioning.verification.policy import DeclaredModel, Finding, judge
 from provisioning.verification.wording import reasons_text
 
@@ -163,6 +163,8 @@ def node_verify_run(job: Job) -> None:
                         raise
                     bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
                 challenged = node_challenge(job, session, declared, free)
+                proved = node_memory_proof(job, session, declared, free)
+                challenged = (challenged[0] + proved[0], {**challenged[1], "memory_proof": proved[1]})
             else:
                 job_step(job, "every GPU is rented: identity checks only, no benchmark")
     except DuplicateHardware as exc:
@@ -217,6 +219,27 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     started = time.process_time()
     findings, figures = challenge.judge(declared, drawn, outcome)
     figures["verify_cpu_s"] = round(time.process_time() - started, 6)  # the control plane's cost (BENCHMARKS.md)
+    return findings, figures
+
+
+def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
+                      gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
+    """The platform's memory proof (verification/memproof.py): each GPU fills 95 % of the claimed memory from a
+    secret seed, commits, re-reads it under a fresh salt on the platform's clock, opens chunks the platform
+    picks. Sim nodes only until the agent's PyTorch path has it: a real node's run records why it was not run."""
+    if job.node.runtime != "sim":
+        return [], {"not_run": "the memory proof's PyTorch path is not built yet (docs/BENCHMARKS.md)"}
+    drawn = memproof.draw(declared, gpus)
+    job_step(job, f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
+                  f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
+    exchange = session.exchange("memproof")
+    try:
+        outcome = memproof.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
+    finally:
+        exchange.close()
+    started = time.process_time()
+    findings, figures = memproof.judge(declared, drawn, outcome)
+    figures["verify_cpu_s"] = round(time.process_time() - started, 6)
     return findings, figures
 
 

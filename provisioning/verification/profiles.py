@@ -10,7 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from provisioning.agent import gpumarket_agent as agent
-from provisioning.verification import challenge
+from provisioning.agent.gpumarket_agent import memproof as agent_memproof
+from provisioning.verification import challenge, memproof
 from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue
 
 PROFILES_DIR = Path(agent.__file__).resolve().parents[1] / "profiles"  # beside the agent package
@@ -39,6 +40,7 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     bench = agent.sim_benchmark(SimpleNamespace(sim_profile=str(path)), quick, None)
     model = DeclaredModel.from_catalogue(entry)
     found, _ = simulated_challenge(path, model, [g["index"] for g in gpus], quick)
+    found += simulated_memory_proof(path, model, [g["index"] for g in gpus])[0]
     bench["p2p"] = agent.p2p_figures(SimpleNamespace(sim_profile=str(path), runtime="sim"), [g["index"] for g in gpus])
     topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
     return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None, topology=topology,
@@ -82,3 +84,24 @@ def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[i
     findings, figures = challenge.judge(declared, drawn, out)
     figures["verify_cpu_s"] = time.process_time() - started  # as node_challenge records it
     return findings, figures
+
+
+def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: list[int],
+                           round_trip_s: float = 0.0) -> tuple[list[Finding], dict]:
+    """The platform's memory proof against the profile's sim agent, in process (as simulated_challenge): the
+    agent's own fill and digests, each fresh root arriving when the sim agent would send it."""
+    drawn = memproof.draw(declared, gpu_indices)
+    req = agent_memproof.validate(drawn.request(agent.BENCH_LIMIT_S[0]))
+    cards = agent_memproof.sim_cards(SimpleNamespace(sim_profile=str(path)), req)
+    rng = random.SystemRandom()
+    out = memproof.Outcome(round_trip_s=round_trip_s, fresh_sent_at=0.0, fresh_salt=rng.getrandbits(64))
+    for gpu, card in cards.items():
+        out.roots[gpu] = card.commit(agent_memproof.position_salts(agent_memproof.key(drawn.seed, gpu, "digest"),
+                                                                   drawn.words))
+        out.fresh_roots[gpu] = card.commit(agent_memproof.position_salts(out.fresh_salt, drawn.words), fresh=True)
+        out.fresh_arrivals[gpu] = card.fresh_s() + round_trip_s
+    out.picks = {g: [(rng.randrange(1, drawn.blocks), rng.randrange(drawn.chunks)) for _ in range(memproof.OPENINGS)]
+                 for g in gpu_indices}
+    out.opened = agent_memproof.opened({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}},
+                                       cards, req)
+    return memproof.judge(declared, drawn, out)

@@ -234,7 +234,9 @@ def test_gpu_selfcheck_runs_the_challenge_on_this_cpu_with_one_command(tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "challenge: per GPU 2 products of 512x1024 by 1024x512 in BF16" in proc.stdout
     assert "not run" not in proc.stdout
+    assert "memory proof: per GPU 16 blocks of 0.25 MiB" in proc.stdout and "openings right" in proc.stdout
     report = json.loads((tmp_path / "a").read_text())["challenge"]
     row = report["figures"]["gpus"]["0"]
     assert row["correct"] is True and row["bf16_tflops"] > 0 and row["platform_elapsed_s"] > 0
     assert [m["gpu"] for m in report["lines"] if "commitment" in m] == [0]
+    assert report is not None and json.loads((tmp_path / "a").read_text())["memory_proof"]["gpus"]["0"]["correct"]

@@ -9,6 +9,7 @@ import time
 from .benchmark import _WATCHDOG, cmd_benchmark, emit
 from .challenge import main_challenge
 from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
+from .memproof import main_memproof
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .runtimes.sim import sim_nvidia_smi
@@ -77,7 +78,7 @@ def handle(argv, stdin_text, env):
         elif len(argv) == 1 and argv[0] in COMMANDS:
             answer = COMMANDS[argv[0]](cfg, req)
         else:
-            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|"
+            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|memproof|"
                                     "vm <subcommand>|volume <subcommand>")
         answer.update(ok=True, agent_version=AGENT_VERSION)
         return answer, 0
@@ -98,13 +99,13 @@ def main():
         return sim_nvidia_smi(argv[2:], argv[1])
     if argv[:1] == ["_sim-box"]:  # the ports and onstart of a sim VM (runtimes/simbox.py)
         return main_sim_box(argv[1:])
-    if argv == ["challenge"]:  # interactive: one JSON object a line both ways (challenge.py)
+    if argv in (["challenge"], ["memproof"]):  # interactive: one JSON object a line both ways
         try:
             cfg = Config(os.environ)
         except AgentError as exc:
             emit({"ok": False, "agent_version": AGENT_VERSION, "error": {"code": exc.code, "message": exc.message}})
             return 1
-        return main_challenge(cfg)
+        return main_challenge(cfg) if argv == ["challenge"] else main_memproof(cfg)
     stdin_text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(MAX_REQUEST_BYTES + 1)
     if len(stdin_text) > MAX_REQUEST_BYTES:
         answer, status = {"ok": False, "agent_version": AGENT_VERSION, "error": {
