@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """What the platform's challenge costs, for docs/BENCHMARKS.md: on a simulated server over real SSH (a real sshd on
 loopback, the platform's SSH client with a pinned host key), per profile and N runs: the check's length per node
-(connect + inventory + benchmark + challenge + policy, as node_verify_run does them, without the database writes),
-the challenge's part of it, and the control plane's CPU (time.process_time) for the whole exchange and for the
-verification alone (challenge.judge: digests checked, entries recomputed). Also, on honest profiles, the lowest
+(connect + inventory + benchmark + challenge + memory proof + policy, as node_verify_run does them, without the
+database writes), the challenge's and the memory proof's parts of it, and the control plane's CPU
+(time.process_time) for the challenge's exchange and for its verification alone (challenge.judge: digests
+checked, entries recomputed) and for the memory proof's whole exchange. Also, on honest profiles, the lowest
 share of the datasheet and the widest spread from the node's median the platform measured (the headroom of the
 challenge's bands, with SSH and this machine's scheduling in the timings).
 
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench.benchmark_check_time import keypair  # noqa: E402
 from provisioning import sim  # noqa: E402
 from provisioning.ssh import Endpoint, NodeSession  # noqa: E402
-from provisioning.verification import challenge  # noqa: E402
+from provisioning.verification import challenge, memproof  # noqa: E402
 from provisioning.verification.policy import TOLERANCES, DeclaredModel, judge, load_catalogue  # noqa: E402
 from provisioning.verification.profiles import PROFILES_DIR, profile_names, simulated_challenge  # noqa: E402
 
@@ -48,12 +49,23 @@ def check_once(endpoint: Endpoint, declared: DeclaredModel, count: int, quick: b
         verify_cpu = time.process_time() - verify_started
         exchange_cpu = time.process_time() - cpu_started
         exchange_wall = time.perf_counter() - exchange_started
+        proof_started, proof_cpu_started = time.perf_counter(), time.process_time()
+        proof = memproof.draw(declared, [g["index"] for g in inventory["gpus"]])
+        exchange = session.exchange("memproof")
+        try:
+            proof_out = memproof.run(exchange, proof, 300)
+        finally:
+            exchange.close()
+        proof_findings, _ = memproof.judge(declared, proof, proof_out)
+        proof_cpu, proof_wall = time.process_time() - proof_cpu_started, time.perf_counter() - proof_started
+        findings = findings + proof_findings
     result = judge(declared, count, inventory["gpus"], bench, challenge=findings)
     shares = [g["of_datasheet"] for g in figures["gpus"].values() if "of_datasheet" in g]
     rates = [g["bf16_tflops"] for g in figures["gpus"].values() if "bf16_tflops" in g]
     median = statistics.median(rates) if rates else 0
     return {"wall": time.perf_counter() - started, "challenge_wall": exchange_wall, "exchange_cpu": exchange_cpu,
-            "verify_cpu": verify_cpu, "verdict": result.verdict, "codes": sorted({f.code for f in findings}),
+            "verify_cpu": verify_cpu, "proof_wall": proof_wall, "proof_cpu": proof_cpu, "verdict": result.verdict,
+            "codes": sorted({f.code for f in findings}),
             "min_share": min(shares) if shares else None,
             "max_spread": max(abs(r - median) / median for r in rates) if median else None}
 
@@ -70,8 +82,8 @@ def main() -> int:
     private, public = keypair()
     size = challenge.SIZES[quick]
     print(f"{'quick' if quick else 'full'} sizes: {size}; {args.runs} runs per profile")
-    print(f"{'profile':42} {'check':>7} {'challenge':>9} {'exch. CPU':>9} {'verify CPU':>10} {'min share':>9} "
-          f"{'spread':>6}  verdict (challenge codes)")
+    print(f"{'profile':42} {'check':>7} {'challenge':>9} {'exch. CPU':>9} {'verify CPU':>10} {'memory':>7} "
+          f"{'mem. CPU':>9} {'min share':>9} {'spread':>6}  verdict (challenge and memory proof codes)")
     bad = 0
     try:
         node = sim.node_up("rtx-a4000-x2", base)
@@ -87,12 +99,13 @@ def main() -> int:
             if "fleet" not in data["expect"]:  # judged against a fleet reference this script does not seed
                 bad += sum(r["verdict"] != data["expect"]["verdict"] for r in runs)
             med = {k: statistics.median(r[k] for r in runs) for k in ("wall", "challenge_wall", "exchange_cpu",
-                                                                        "verify_cpu")}
+                                                                        "verify_cpu", "proof_wall", "proof_cpu")}
             share = f"{min(r['min_share'] for r in runs):.3f}" if honest else "-"
             spread = f"{max(r['max_spread'] for r in runs):.1%}" if honest else "-"
             codes = sorted({c for r in runs for c in r["codes"]})
             print(f"{name:42} {med['wall']:6.2f}s {med['challenge_wall']:8.2f}s {med['exchange_cpu'] * 1e3:7.1f}ms "
-                  f"{med['verify_cpu'] * 1e3:8.2f}ms {share:>9} {spread:>6}  {runs[-1]['verdict']} "
+                  f"{med['verify_cpu'] * 1e3:8.2f}ms {med['proof_wall']:6.2f}s {med['proof_cpu'] * 1e3:7.1f}ms "
+                  f"{share:>9} {spread:>6}  {runs[-1]['verdict']} "
                   f"({', '.join(codes) or '-'})")
     finally:
         sim.nodes_down(base)

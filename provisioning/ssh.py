@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 AGENT_PATH = Path(__file__).resolve().parent / "agent" / "gpumarket_agent"  # the package, shipped as a zipapp
 REMOTE_AGENT_DIR = ".gpumarket/agent"
 AGENT_COMMANDS = {
-    ("inventory",), ("health",), ("benchmark",), ("challenge",),
+    ("inventory",), ("health",), ("benchmark",), ("challenge",), ("memproof",),
     ("vm", "create"), ("vm", "start"), ("vm", "stop"), ("vm", "destroy"), ("vm", "list"), ("vm", "status"),
     ("volume", "create"), ("volume", "delete"), ("volume", "list"),
     ("vm", "logs"),

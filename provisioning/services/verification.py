@@ -33,7 +33,7 @@ from provisioning.services.mig import node_apply_mig_slices
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
-from provisioning.verification import challenge
+from provisioning.verification import challenge, memproof
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, judge
 from provisioning.verification.wording import reasons_text
@@ -181,6 +181,8 @@ def node_verify_run(job: Job) -> None:
                     bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
                 if free:
                     challenged = node_challenge(job, session, declared, free)
+                    proved = node_memory_proof(job, session, declared, free)
+                    challenged = (challenged[0] + proved[0], {**challenged[1], "memory_proof": proved[1]})
             else:
                 job_step(job, "every GPU is rented: identity checks only, no benchmark")
     except DuplicateHardware as exc:
@@ -224,7 +226,8 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     """The platform's own check of the GPUs' work (verification/challenge.py): matrices from a secret seed,
     committed, revealed where the platform picks, recomputed and timed on the platform's side. What the node
     answers or fails to answer becomes findings; only a broken connection raises (NodeError)."""
-    drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK)
+    # A sim node does small work standing for the nominal; every other runtime does the real work on its GPUs.
+    drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK, real_work=job.node.runtime != "sim")
     job_step(job, f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                   f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
     exchange = session.exchange("challenge")
@@ -235,6 +238,27 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     started = time.process_time()
     findings, figures = challenge.judge(declared, drawn, outcome)
     figures["verify_cpu_s"] = round(time.process_time() - started, 6)  # the control plane's cost (BENCHMARKS.md)
+    return findings, figures
+
+
+def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
+                      gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
+    """The platform's memory proof (verification/memproof.py): each GPU fills 95 % of the claimed memory from a
+    secret seed, commits, re-reads it under a fresh salt on the platform's clock, opens chunks the platform
+    picks. Sim nodes only until the agent's PyTorch path has it: a real node's run records why it was not run."""
+    if job.node.runtime != "sim":
+        return [], {"not_run": "the memory proof's PyTorch path is not built yet (docs/BENCHMARKS.md)"}
+    drawn = memproof.draw(declared, gpus)
+    job_step(job, f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
+                  f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
+    exchange = session.exchange("memproof")
+    try:
+        outcome = memproof.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
+    finally:
+        exchange.close()
+    started = time.process_time()
+    findings, figures = memproof.judge(declared, drawn, outcome)
+    figures["verify_cpu_s"] = round(time.process_time() - started, 6)
     return findings, figures
 
 
@@ -385,8 +409,6 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
     measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
-    if figures.get("not_run"):
-        measured = f" (the challenge was not run: {figures['not_run']})"
     if not findings:
         job_step(job, f"spot check of {which}: clean{measured}")
         node_event(node, "spot_check_passed", f"Spot check of {which} passed the platform's challenge{measured}.")

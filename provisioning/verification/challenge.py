@@ -12,14 +12,26 @@
    band of TOLERANCES; every GPU within `node_median_max_deviation` of the node's median. The node's own timings
    are kept as detail only.
 
+The matrices (the same on both sides): per GPU one B (k x n, entries in [-2, 2]) and one code matrix (n x k,
+32-bit words from the seed); product p multiplies A_p x B, where A_p's entries are a nonlinear 32-bit mix of the
+code under the product's salt (values in [-3, 4]), so A_p costs a few integer operations per entry on the device
+and no shortcut relates one product to another. |C| <= 8k, exact in FP32.
+
+The commitment is made on the device: each output row is reduced to a 64-bit row digest, the sum over its
+entries of a nonlinear 32-bit mix (murmur3's fmix32) of the entry's integer value XOR a secret per-column salt.
+A linear digest (a weighted sum) would let a node compute A_p (B w) without the product; this one needs every
+entry. A product's digest is SHA-256 of its n row digests (little-endian uint64, one buffer), the commitment
+SHA-256 of the product digests joined. The node SHA-256s only n x 8 bytes per product on its CPU, so the
+platform's clock times the GPU. At the reveal the node sends, per picked product, its packed row digests, and the
+picked rows' values (it recomputes those rows on the device: one row is cheap, but only the whole product gives
+the committed digests); the platform recomputes the rows' digests here and checks chosen entries exactly.
+
 Sizes: for a simulated node the matrices are small (`n` x `k`) and stand for the nominal work; it computes them
 for real and answers each GPU no sooner than its real card would finish the nominal work. For a real node
-(`draw(real_work=True)`, the agent's PyTorch path) the work is real: `flop_per_gpu` = products x 2 n^2 k, with n
-a multiple of 256 sized so that the work takes `target_s` at the claimed card's datasheet BF16, capped by a
-quarter of the card's memory and by the bytes the node must hash (REAL_SIZES, real_sizes()). On every card in
-the catalogue the digest cap binds (n = 8192, 8.8 TFLOP per GPU, 9-124 ms at datasheet): the node's SHA-256 of
-1 GiB of rows, not the GPU, then sets the time to commit, so the real-work mode proves each GPU's results but its
-platform-timed rate is far below the card's (docs/BENCHMARKS.md); node verification still draws nominal work.
+(`draw(real_work=True)`, the agent's PyTorch path; node verification draws it for every runtime but `sim`) the
+work is real: `flop_per_gpu` = products x 2 n^2 k, k fixed per mode, n as large as REAL_SIZES and a share of the
+card's memory allow, and as many products as make the work take `target_s` at the claimed card's datasheet BF16
+(real_sizes()).
 
 Pure: no Django, no SSH; the exchange is anything with send(dict) -> float and receive(timeout) ->
 (bytes | None, float) on the time.monotonic() clock, raising EOFError once the node closed it.
@@ -40,7 +52,8 @@ from typing import Any, Protocol
 from provisioning.verification.policy import DEGRADE, REJECT, TOLERANCES, DeclaredModel, Finding
 
 M64 = (1 << 64) - 1
-MATRICES = {"A": 1, "B": 2}
+M32 = (1 << 32) - 1
+MATRICES = {"A": 1, "B": 2, "S": 3, "D": 4}  # code matrix, B, a product's salt, the digest's column salts
 # The matrices' sizes and the time the nominal work takes on the claimed card at its datasheet BF16 rate: quick
 # (tests, sim nodes on the CI box) and full. Also: rows revealed per GPU, entries of each recomputed here.
 SIZES = {
@@ -48,16 +61,18 @@ SIZES = {
     False: {"n": 48, "k": 48, "products": 4, "target_s": 8.0},
 }
 # The real-work mode: k fixed (the platform recomputes each checked entry in 2k hashes: ~15 ms at 16384 in
-# CPython), n from the target, capped so that A, B and C take at most REAL_MEMORY_SHARE of the card and the
-# products' float32 rows the node must SHA-256 before committing stay under max_output_bytes per GPU.
+# CPython), n up to n_max within REAL_MEMORY_SHARE of the card, then as many products as the target takes, at
+# most REAL_MAX_PRODUCTS and REAL_MAX_DIGESTS row digests per GPU (kept on the device, 8 bytes each).
 REAL_SIZES = {
-    True: {"k": 1024, "products": 2, "target_s": 1.0, "max_output_bytes": 1 << 22},
-    False: {"k": 16384, "products": 4, "target_s": 8.0, "max_output_bytes": 1 << 30},
+    True: {"k": 4096, "n_max": 8192, "target_s": 1.0},
+    False: {"k": 16384, "n_max": 16384, "target_s": 8.0},
 }
+REAL_MAX_PRODUCTS = 4096
+REAL_MAX_DIGESTS = 1 << 25
 REAL_N_STEP = 256
 REAL_MEMORY_SHARE = 0.25
 REAL_GENERATION_BYTES = 512 << 20  # the agent's int64 temporaries while it generates a matrix
-DIGEST_FLOOR_BPS = 2.5e8  # SHA-256 of the outputs at no less than this per GPU: added to the wait for a real node
+DIGEST_FLOOR_BPS = 2.5e8  # SHA-256 of the row digests at no less than this per GPU: added to the wait
 REVEAL_ROWS = 4
 CHECKED_ENTRIES = 4
 PINGS = 3
@@ -73,6 +88,15 @@ def mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def fmix32(z: int) -> int:
+    """murmur3's finaliser: a bijection of 32-bit words, nonlinear (multiplications mod 2^32 between shifts)."""
+    z ^= z >> 16
+    z = z * 0x85EBCA6B & M32
+    z ^= z >> 13
+    z = z * 0xC2B2AE35 & M32
+    return z ^ (z >> 16)
+
+
 def matrix_key(seed: int, gpu: int, product: int, matrix: str) -> int:
     z = mix64((seed & M64) ^ 0x9E3779B97F4A7C15)
     for part in (gpu, product, MATRICES[matrix]):
@@ -84,14 +108,39 @@ def entry(key: int, row: int, col: int) -> int:
     return mix64(key ^ ((row << 32) | col)) % 5 - 2
 
 
+def code_word(key: int, row: int, col: int) -> int:
+    return mix64(key ^ ((row << 32) | col)) & M32
+
+
+def product_salt(seed: int, gpu: int, product: int) -> int:
+    return matrix_key(seed, gpu, product, "S") & M32
+
+
+def a_entry(salt: int, word: int) -> int:
+    """A_p's entry from the code word under the product's salt: the mix's top 3 bits, in [-3, 4]."""
+    return (fmix32(word ^ salt) >> 29) - 3
+
+
 def expected_entry(seed: int, gpu: int, product: int, k: int, row: int, col: int) -> int:
     """C[row][col] of the product, from the seed alone: k multiply-adds."""
-    a, b = matrix_key(seed, gpu, product, "A"), matrix_key(seed, gpu, product, "B")
-    return sum(entry(a, row, j) * entry(b, j, col) for j in range(k))
+    code, b = matrix_key(seed, gpu, 0, "A"), matrix_key(seed, gpu, 0, "B")
+    salt = product_salt(seed, gpu, product)
+    return sum(a_entry(salt, code_word(code, row, j)) * entry(b, j, col) for j in range(k))
 
 
-def row_digest(values: list) -> str:
-    return hashlib.sha256(struct.pack(f"<{len(values)}f", *values)).hexdigest()
+def column_salts(seed: int, gpu: int, n: int) -> list[int]:
+    key = matrix_key(seed, gpu, 0, "D")
+    return [mix64(key ^ j) & M32 for j in range(n)]
+
+
+def row_digest(values: list, salts: list[int]) -> int:
+    """The row's 64-bit digest: the sum of fmix32(entry XOR its column's salt), entries as 32-bit integers."""
+    return sum(fmix32((int(v) & M32) ^ s) for v, s in zip(values, salts, strict=True)) & M64
+
+
+def packed_digest(packed: bytes) -> str:
+    """A product's digest: SHA-256 of its row digests as little-endian uint64."""
+    return hashlib.sha256(packed).hexdigest()
 
 
 def joined_digest(digests: list[str]) -> str:
@@ -131,17 +180,23 @@ def _band(declared: DeclaredModel) -> dict:
 
 
 def real_sizes(sheet_tflops: float, memory_mib: int, quick: bool) -> tuple[int, int, int, str]:
-    """(n, k, products, what bounds n) of a real-work challenge on a card of this BF16 rate and memory."""
+    """(n, k, products, what bounds the work) of a real-work challenge on a card of this BF16 rate and memory:
+    n as large as n_max, the memory and (for one product) the target allow, then products to fill the target."""
     size = REAL_SIZES[bool(quick)]
-    k, products = int(size["k"]), int(size["products"])
-    step = REAL_N_STEP
-    by_target = math.sqrt(size["target_s"] * sheet_tflops * 1e12 / (products * 2 * k))
-    by_output = math.sqrt(size["max_output_bytes"] / (4 * products))
-    budget = REAL_MEMORY_SHARE * memory_mib * 2 ** 20 - REAL_GENERATION_BYTES
-    # A and B in BF16 (4nk bytes), C in FP32 plus its BF16 or FP32 GEMM output (8 n^2): 8n^2 + 4kn <= budget
-    by_memory = (-4 * k + math.sqrt(16 * k * k + 32 * max(budget, 0.0))) / 16
-    bound, limit = min(("target", by_target), ("output", by_output), ("memory", by_memory), key=lambda b: b[1])
-    return max(step, int(limit // step) * step), k, products, bound
+    k, step, target = int(size["k"]), REAL_N_STEP, float(size["target_s"])
+    work = target * sheet_tflops * 1e12
+    budget = REAL_MEMORY_SHARE * memory_mib * 2 ** 20 - REAL_GENERATION_BYTES - 8 * REAL_MAX_DIGESTS
+    # the code (int32), A_p and B (BF16): 8nk bytes; C in FP32 plus its BF16 or FP32 GEMM output: 8n^2
+    by_memory = (-8 * k + math.sqrt(64 * k * k + 32 * max(budget, 0.0))) / 16
+    by_target = math.sqrt(work / (2 * k))
+    bound, limit = min(("n_max", float(size["n_max"])), ("memory", by_memory), ("target", by_target),
+                       key=lambda b: b[1])
+    n = max(step, int(limit // step) * step)
+    products = max(1, round(work / (2.0 * n * n * k)))
+    cap = min(REAL_MAX_PRODUCTS, REAL_MAX_DIGESTS // n)
+    if products > cap:
+        products, bound = cap, "products"
+    return n, k, products, bound
 
 
 def draw(declared: DeclaredModel, gpu_indices: list[int], quick: bool,
@@ -160,15 +215,17 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], quick: bool,
 
 
 def draw_real(sheet_tflops: float, memory_mib: int, gpu_indices: list[int], quick: bool,
-              rng: random.Random | None = None, reject: float | None = None, device: str = "") -> Challenge:
-    """A real-work challenge: the platform waits for the work at the lowest accepted share of the datasheet,
-    plus the digest of every output at DIGEST_FLOOR_BPS, plus GRACE_S."""
-    n, k, products, _ = real_sizes(sheet_tflops, memory_mib, quick)
+              rng: random.Random | None = None, reject: float | None = None, device: str = "",
+              sizes: tuple[int, int, int] | None = None) -> Challenge:
+    """A real-work challenge (`sizes` = (n, k, products) to choose them, else real_sizes()): the platform waits
+    for the work at the lowest accepted share of the datasheet, plus the row digests' SHA-256 at
+    DIGEST_FLOOR_BPS, plus GRACE_S."""
+    n, k, products = sizes or real_sizes(sheet_tflops, memory_mib, quick)[:3]
     seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
     work = products * 2.0 * n * n * k
     target = work / (sheet_tflops * 1e12)
     floor = reject if reject is not None else TOLERANCES["figure_bands"]["bf16_tflops"]["reject"]
-    wait = target / floor + products * n * n * 4 / DIGEST_FLOOR_BPS + GRACE_S
+    wait = target / floor + products * n * 8 / DIGEST_FLOOR_BPS + GRACE_S
     return Challenge(seed=seed, n=n, k=k, products=products, gpu_indices=tuple(gpu_indices), flop_per_gpu=work,
                      target_s=target, datasheet_tflops=sheet_tflops, wait_s=wait, device=device)
 
@@ -286,6 +343,12 @@ def _ended(out: Outcome, message: dict, what: str) -> Outcome:
 
 # --------------------------------------------------------------------------------------------- the verdict
 
+def _integers(values: Any, n: int) -> bool:
+    return (isinstance(values, list) and len(values) == n
+            and all(type(v) in (int, float) and math.isfinite(v) and v == int(v) and abs(v) < 2 ** 31
+                    for v in values))
+
+
 def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, revealed: Any) -> str:
     """'' if the GPU's revealed rows prove its commitment and every checked entry is right; else why not."""
     if not isinstance(revealed, dict) or not isinstance(revealed.get("rows"), list):
@@ -294,19 +357,27 @@ def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, reve
     if (not isinstance(products, list) or len(products) != challenge.products
             or not all(isinstance(d, str) for d in products) or joined_digest(products) != commitment):
         return "its product digests do not match its commitment"
+    packed_of = revealed.get("row_digests")
+    if not isinstance(packed_of, dict):
+        return "no row digests"
     rows = {(r.get("product"), r.get("row")): r for r in revealed["rows"]
             if isinstance(r, dict) and type(r.get("product")) is int and type(r.get("row")) is int}
+    salts = column_salts(challenge.seed, gpu, challenge.n)
     tolerance = TOLERANCES["challenge_entry_rel_tolerance"]
     for product, row, cols in picks:
         got = rows.get((product, row))
         if got is None:
             return f"row {row} of product {product} was not revealed"
-        values, digests = got.get("values"), got.get("row_digests")
-        if (not isinstance(values, list) or len(values) != challenge.n
-                or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)):
-            return f"row {row} of product {product} is not {challenge.n} numbers"
-        if (not isinstance(digests, list) or len(digests) != challenge.n or not all(isinstance(d, str) for d in digests)
-                or joined_digest(digests) != products[product] or row_digest(values) != digests[row]):
+        values: Any = got.get("values")
+        if not _integers(values, challenge.n):
+            return f"row {row} of product {product} is not {challenge.n} integers"
+        packed_hex = packed_of.get(str(product))
+        try:
+            packed = bytes.fromhex(packed_hex) if isinstance(packed_hex, str) else b""
+        except ValueError:
+            packed = b""
+        if (len(packed) != 8 * challenge.n or packed_digest(packed) != products[product]
+                or struct.unpack_from("<Q", packed, 8 * row)[0] != row_digest(values, salts)):
             return f"row {row} of product {product} does not match what the GPU committed to"
         for col in cols:
             want = expected_entry(challenge.seed, gpu, product, challenge.k, row, col)
@@ -325,12 +396,6 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
                                "flop_per_gpu": challenge.flop_per_gpu, "target_s": challenge.target_s,
                                "round_trip_s": round(trip, 6) if out.round_trip_s is not None else None, "gpus": {}}
     rates: dict[int, float] = {}
-    if out.node_error and out.node_error.get("code") == "challenge_unsupported":
-        # A real node answers only real-work challenges (draw(real_work=True)), which node verification does not
-        # draw yet (see the module's doc): recorded, no verdict either way; the node is judged on its reported
-        # figures as before, and its run says the challenge was not run.
-        figures["not_run"] = str(out.node_error.get("message") or "the agent cannot run the challenge")
-        return [], figures
     for gpu in challenge.gpu_indices:
         row: dict[str, Any] = {"node_elapsed_s": out.node_elapsed_s.get(gpu)}
         figures["gpus"][str(gpu)] = row

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 from marketplace.mig import layout_by_gpu
 from provisioning.agent import gpumarket_agent as agent
-from provisioning.verification import challenge
+from provisioning.agent.gpumarket_agent import memproof as agent_memproof
+from provisioning.verification import challenge, memproof
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue
 
@@ -47,6 +48,8 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
         bench["mig_slices"] = agent.bench_slices(cfg, quick, [d["uuid"] for d in devices if d["gpu"] in layout])
     model = DeclaredModel.from_catalogue(entry)
     found, _ = simulated_challenge(path, model, whole, quick) if whole else ([], {})
+    if whole:
+        found += simulated_memory_proof(path, model, whole)[0]
     bench["p2p"] = agent.p2p_figures(cfg, whole)
     topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
     mig = judge_mig(model, layout, {"gpus": gpus, "mig": devices}, bench)
@@ -84,10 +87,31 @@ def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[i
             out.problem = f"sent no commitment within {drawn.wait_s:.0f} s"
             return challenge.judge(declared, drawn, out)
         out.arrivals[gpu] = taken + round_trip_s
-        out.commitments[gpu] = challenge.joined_digest(results[gpu][2])
+        out.commitments[gpu] = results[gpu].commitment()
     out.picks = challenge.pick_rows(drawn, random.SystemRandom())
     out.revealed = agent.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
     started = time.process_time()
     findings, figures = challenge.judge(declared, drawn, out)
     figures["verify_cpu_s"] = time.process_time() - started  # as node_challenge records it
     return findings, figures
+
+
+def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: list[int],
+                           round_trip_s: float = 0.0) -> tuple[list[Finding], dict]:
+    """The platform's memory proof against the profile's sim agent, in process (as simulated_challenge): the
+    agent's own fill and digests, each fresh root arriving when the sim agent would send it."""
+    drawn = memproof.draw(declared, gpu_indices)
+    req = agent_memproof.validate(drawn.request(agent.BENCH_LIMIT_S[0]))
+    cards = agent_memproof.sim_cards(SimpleNamespace(sim_profile=str(path)), req)
+    rng = random.SystemRandom()
+    out = memproof.Outcome(round_trip_s=round_trip_s, fresh_sent_at=0.0, fresh_salt=rng.getrandbits(64))
+    for gpu, card in cards.items():
+        out.roots[gpu] = card.commit(agent_memproof.position_salts(agent_memproof.key(drawn.seed, gpu, "digest"),
+                                                                   drawn.words))
+        out.fresh_roots[gpu] = card.commit(agent_memproof.position_salts(out.fresh_salt, drawn.words), fresh=True)
+        out.fresh_arrivals[gpu] = card.fresh_s() + round_trip_s
+    out.picks = {g: [(rng.randrange(1, drawn.blocks), rng.randrange(drawn.chunks)) for _ in range(memproof.OPENINGS)]
+                 for g in gpu_indices}
+    out.opened = agent_memproof.opened({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}},
+                                       cards, req)
+    return memproof.judge(declared, drawn, out)

@@ -35,8 +35,22 @@ def test_the_platform_and_the_agent_generate_the_same_matrices_and_products():
             assert node.matrix_key(seed, gpu, product, matrix) == challenge.matrix_key(seed, gpu, product, matrix)
         rows = node.product_rows(seed, gpu, product, 6, 9)
         assert rows == [[challenge.expected_entry(seed, gpu, product, 9, r, c) for c in range(6)] for r in range(6)]
-        assert [node.row_digest(r) for r in rows] == [challenge.row_digest(r) for r in rows]
+        salts = node.column_salts(seed, gpu, 6)
+        assert salts == challenge.column_salts(seed, gpu, 6)
+        assert [node.row_digest(r, salts) for r in rows] == [challenge.row_digest(r, salts) for r in rows]
         assert node.joined_digest(["ab", "cd"]) == challenge.joined_digest(["ab", "cd"])
+        assert node.product_salt(seed, gpu, product) == challenge.product_salt(seed, gpu, product)
+
+
+def test_the_row_digest_is_not_linear_in_the_row():
+    """A weighted sum would let a node commit to A (B w) without the product: the digest of a sum of rows is not
+    the sum of their digests, and one entry changed by one changes it."""
+    salts = challenge.column_salts(5, 0, 8)
+    x, y = [3, -1, 4, 1, -5, 9, 2, -6], [2, 7, -1, 8, 2, -8, 1, 8]
+    both = [a + b for a, b in zip(x, y, strict=True)]
+    assert challenge.row_digest(both, salts) != (challenge.row_digest(x, salts) + challenge.row_digest(y, salts))
+    assert challenge.row_digest([*x[:-1], x[-1] + 1], salts) != challenge.row_digest(x, salts)
+    assert challenge.row_digest([2 * v for v in x], salts) != 2 * challenge.row_digest(x, salts)
 
 
 def test_entries_are_small_integers_spread_over_the_range_and_differ_by_seed_gpu_and_product():
@@ -73,7 +87,7 @@ def honest_outcome(declared, drawn, profile="a100-80gb-sxm-x4", seconds_per_gpu=
     for gpu in drawn.gpu_indices:
         taken = (seconds_per_gpu or {}).get(gpu, drawn.target_s / 0.85)
         out.arrivals[gpu] = 100.0 + 0.01 + taken
-        out.commitments[gpu] = challenge.joined_digest(results[gpu][2])
+        out.commitments[gpu] = results[gpu].commitment()
     out.picks = challenge.pick_rows(drawn, random.Random(3))
     out.revealed = node.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
     return out, results
@@ -90,15 +104,21 @@ def test_an_honest_answer_passes_and_its_figures_are_the_platforms():
     assert row["node_elapsed_s"] == 0.001 and row["platform_elapsed_s"] == pytest.approx(1.5 / 0.85, abs=1e-3)
 
 
+def off_by(drawn, gpu, work, product, row, col, delta):
+    """A node that commits to its wrong product consistently: one entry off by `delta`, its digests recomputed."""
+    rows_of = [work.rows(p, list(range(drawn.n))) for p in range(drawn.products)]
+    rows_of[product][row][col] += delta
+    salts = node.column_salts(drawn.seed, gpu, drawn.n)
+    packed = [node.packed_digests([node.row_digest(r, salts) for r in rows]) for rows in rows_of]
+    return node.Work(packed, lambda p, picked: [rows_of[p][r] for r in picked])
+
+
 def test_a_single_wrong_entry_on_one_gpu_of_eight_is_caught():
     drawn = challenge.draw(A100, list(range(8)), quick=True)
     out, results = honest_outcome(A100, drawn, profile="a100-80gb-sxm-x8-one-slow")
     gpu, (product, row, cols) = 6, out.picks[6][2]
-    rows_of, digests, products = results[gpu]
-    rows_of[product][row][cols[1]] += 1  # one entry off, and a node that commits to its wrong product consistently
-    digests[product][row] = node.row_digest(rows_of[product][row])
-    products[product] = node.joined_digest(digests[product])
-    out.commitments[gpu] = node.joined_digest(products)
+    results[gpu] = off_by(drawn, gpu, results[gpu], product, row, cols[1], 1)
+    out.commitments[gpu] = results[gpu].commitment()
     out.revealed = node.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
     findings, figures = challenge.judge(A100, drawn, out)
     assert codes(findings) == [("challenge_wrong_result", "reject", 6)]
@@ -111,7 +131,13 @@ def test_a_single_wrong_entry_on_one_gpu_of_eight_is_caught():
     (lambda rev, out: rev["0"]["product_digests"].reverse(), "product digests do not match its commitment"),
     (lambda rev, out: out.commitments.__setitem__(0, "0" * 64), "product digests do not match its commitment"),
     (lambda rev, out: rev["0"]["rows"].pop(), "was not revealed"),
-    (lambda rev, out: rev["0"]["rows"][0].__setitem__("values", ["x"]), "is not 16 numbers"),
+    (lambda rev, out: rev["0"]["rows"][0].__setitem__("values", ["x"]), "is not 16 integers"),
+    (lambda rev, out: rev["0"]["rows"][0]["values"].__setitem__(1, 0.5), "is not 16 integers"),
+    (lambda rev, out: rev["0"].pop("row_digests"), "no row digests"),
+    (lambda rev, out: rev["0"]["row_digests"].update({k: "zz" for k in rev["0"]["row_digests"]}),
+     "does not match what the GPU committed"),
+    (lambda rev, out: rev["0"]["row_digests"].update({k: v[16:] + v[:16] for k, v in rev["0"]["row_digests"].items()}),
+     "does not match what the GPU committed"),
     (lambda rev, out: rev.pop("0"), "no revealed rows"),
     (lambda rev, out: rev["0"]["rows"][0].__setitem__("product", [0]), "was not revealed"),
     (lambda rev, out: rev["0"].__setitem__("rows", "all"), "no revealed rows"),
@@ -126,19 +152,17 @@ def test_revealed_rows_that_do_not_prove_the_commitment_are_wrong_results(tamper
 
 
 def test_a_bf16_rounded_output_is_allowed_its_rounding_and_no_more():
-    drawn = challenge.draw(A100, [0], quick=True)
-    out, results = honest_outcome(A100, drawn)
-    product, row, cols = out.picks[0][0]
-    want = results[0][0][product][row][cols[0]]
-    for delta, ok in ((abs(want) * 2 ** -9, True), (max(abs(want) * 2 ** -7, 1), False)):
-        rows_of, digests, products = (json.loads(json.dumps(x)) for x in results[0])
-        rows_of[product][row][cols[0]] = want + delta
-        digests[product][row] = node.row_digest(rows_of[product][row])
-        products[product] = node.joined_digest(digests[product])
-        out.commitments[0] = node.joined_digest(products)
-        reveal = challenge.reveal_request(out.picks)["reveal"]
-        out.revealed = node.reveal_rows(reveal, {0: (rows_of, digests, products)})
-        assert (challenge.judge(A100, drawn, out)[0] == []) is ok
+    """Entries large enough for BF16 to round them (|C| >= 512 needs k in the thousands), still integers."""
+    drawn = challenge.draw_real(312.0, 81920, [0], quick=True, rng=random.Random(4), sizes=(8, 8192, 1))
+    rows = node.product_rows(drawn.seed, 0, 0, drawn.n, drawn.k)
+    want, row, col = max((abs(v), r, c) for r, vals in enumerate(rows) for c, v in enumerate(vals))
+    assert want >= 512
+    honest = node.Work([b""], lambda p, picked: [rows[r] for r in picked])
+    for delta, ok in ((want // 2 ** 9, True), (-(-want // 2 ** 7), False)):
+        work = off_by(drawn, 0, honest, 0, row, col, delta)
+        picks = {0: [(0, row, [col])]}
+        revealed = node.reveal_rows(challenge.reveal_request(picks)["reveal"], {0: work})["0"]
+        assert (challenge.check_gpu(drawn, 0, work.commitment(), picks[0], revealed) == "") is ok, delta
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -219,17 +243,15 @@ def test_commitments_without_the_revealed_rows_are_wrong_results():
     assert "reveal" in exchange.sent[-1]  # the rows were asked for only after the commitment
 
 
-def test_an_agent_that_cannot_run_the_challenge_yet_is_recorded_without_a_verdict():
-    """Real GPU nodes until the platform can time the challenge on a real card (docs/BENCHMARKS.md, "the real
-    path"): judged on their figures as before, not degraded."""
-    drawn = challenge.draw(A4000, [0], quick=True)
-    error = b'{"ok": false, "error": {"code": "challenge_unsupported", "message": "no CUDA path"}}'
-    findings, figures = challenge.judge(A4000, drawn, challenge.run(FakeExchange(*PONGS, error), drawn, 300))
-    assert findings == [] and figures["not_run"] == "no CUDA path"
-    # Any other error is no answer at all.
-    error = b'{"ok": false, "error": {"code": "internal_error", "message": "boom"}}'
-    findings, _ = challenge.judge(A4000, drawn, challenge.run(FakeExchange(*PONGS, error), drawn, 300))
-    assert "challenge_no_answer" in {f.code for f in findings}
+def test_an_agent_that_cannot_run_the_challenge_gets_no_pass():
+    """A real node is judged on the real-work challenge now (GPU-side digests): an agent that cannot run it has
+    not answered, whatever its reason, and the reason reaches the provider."""
+    drawn = challenge.draw(A4000, [0], quick=True, real_work=True)
+    for code in ("challenge_unsupported", "no_cuda", "internal_error"):
+        error = b'{"ok": false, "error": {"code": "%s", "message": "no CUDA path"}}' % code.encode()
+        findings, figures = challenge.judge(A4000, drawn, challenge.run(FakeExchange(*PONGS, error), drawn, 300))
+        assert {f.code for f in findings} == {"challenge_no_answer"} and "not_run" not in figures
+        assert "no CUDA path" in findings[0].message
 
 
 # ------------------------------------------------------------------------- the real exchange, on pipes

@@ -2,7 +2,7 @@
 
     python3 gpumarket_agent-<hash>.pyz <command> [<subcommand>]  < request.json
 
-Commands: inventory, health, benchmark, challenge (interactive: challenge.py),
+Commands: inventory, health, benchmark, challenge and memproof (interactive: challenge.py, memproof.py),
 vm create|start|stop|destroy|list|status|logs, volume create|delete|list. The request is one JSON
 object on stdin (empty stdin = {}); the answer is exactly one JSON object on stdout:
     {"ok": true, "agent_version": "...", ...}

@@ -6,14 +6,18 @@ then revealed row by row where the platform asks. Interactive, one JSON object a
                                                           one line per GPU, as each finishes (the platform's clock)
     platform -> {"reveal": {"<gpu>": [[product, row], ...]}}
                                                  node -> {"revealed": {"<gpu>": {"product_digests": [...],
-                                                          "rows": [{"product", "row", "values", "row_digests"}]}}}
+                                                          "row_digests": {"<product>": hex},
+                                                          "rows": [{"product", "row", "values"}]}}}
     node -> {"ok": true, "agent_version": ...}   (or {"ok": false, "error": {...}} at any point, then the end)
 
-Entry (seed, gpu, product, matrix, row, col) is an integer in [-2, 2] from a counter-based 64-bit hash, so every
-product is exact in FP32 accumulation from BF16 inputs, and the platform recomputes any entry on its own.
-Digests: row = SHA-256 of the row as little-endian float32; product = SHA-256 of its row digests (hex, joined);
-commitment = SHA-256 of the product digests. provisioning/verification/challenge.py implements the same on the
-platform, independently (a test holds them equal).
+Per GPU: B (k x n) has entries entry(key_B, row, col) in [-2, 2] from a counter-based 64-bit hash; a code
+matrix (n x k) of 32-bit words from the same hash; product p is A_p x B with A_p's entry a_entry(salt_p, word) =
+(fmix32(word ^ salt_p) >> 29) - 3, in [-3, 4]: every product is exact in FP32 accumulation from BF16 inputs, and
+the platform recomputes any entry on its own. Digests: a row's is the 64-bit sum over its entries of
+fmix32(value ^ the column's salt) (nonlinear: no shortcut through A (B w)), computed where the product is; a
+product's is SHA-256 of its row digests packed as little-endian uint64; the commitment is SHA-256 of the product
+digests (hex, joined). provisioning/verification/challenge.py implements the same on the platform,
+independently (a test holds them equal).
 
 In sim mode the node really computes the products (pure Python, the small sizes the platform asks for) and then
 answers each GPU no sooner than the profile's real card would finish the platform's nominal work
@@ -21,16 +25,18 @@ answers each GPU no sooner than the profile's real card would finish the platfor
 works. A GPU whose profile says `matmul_correct: false` returns every entry off by one.
 
 On a real node (runtime docker/libvirt or none; `"device": "cpu"` in the request for tests and
-`scripts/gpu-selfcheck --device cpu`) the products are computed with PyTorch (torch_work): A and B generated on
-the device with the same hash in int64 arithmetic (multiplication wraps like uint64; the logical shifts are
-arithmetic shifts masked), multiplied in BF16 with FP32 accumulation, one thread per GPU, every GPU at once. The
-output is FP32 straight from the GEMM where the device's PyTorch has `torch.mm(..., out_dtype=torch.float32)`
-(exact integers), otherwise the BF16 output of torch.matmul upcast (the FP32 accumulator rounded once, within the
-platform's `challenge_entry_rel_tolerance`); the commitment says which (`output_dtype`). Rows are copied to the
-host and hashed with hashlib (which releases the GIL) in a pool of threads; each GPU commits as it finishes. A
-real node answers only real-work challenges (`flop_per_gpu` = products x 2 n^2 k, the platform's
-`draw(real_work=True)`): the nominal work of a sim challenge cannot be done for real and is refused as
-`challenge_unsupported`.
+`scripts/gpu-selfcheck --device cpu`) the products are computed with PyTorch (torch_work), one thread per GPU,
+every GPU at once: the code and B generated on the device with the same hashes in integer arithmetic (int64 and
+int32 multiplications wrap like unsigned ones; logical shifts are arithmetic shifts masked), each A_p mixed from
+the code in int32, multiplied in BF16 with FP32 accumulation, and each output row reduced to its digest on the
+device, so only the n x 8 bytes of row digests per product reach the host (one SHA-256 each): the platform's
+clock times the GPU, not the node's CPU. The output is FP32 straight from the GEMM where the device's PyTorch has
+`torch.mm(..., out_dtype=torch.float32)` (exact integers), otherwise the BF16 output of torch.matmul upcast (the
+FP32 accumulator rounded once, within the platform's `challenge_entry_rel_tolerance`); the commitment says which
+(`output_dtype`). The rows the platform picks are recomputed on the device at the reveal (a row costs k x n; its
+digest, committed before the pick, needed the whole product). A real node answers only real-work challenges
+(`flop_per_gpu` = products x 2 n^2 k, the platform's `draw(real_work=True)`): the nominal work of a sim challenge
+cannot be done for real and is refused as `challenge_unsupported`.
 """
 import ctypes
 import hashlib
@@ -41,18 +47,20 @@ import struct
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from .core import AGENT_VERSION, AgentError, invalid
 from .smi import load_profile
 
 M64 = (1 << 64) - 1
-MATRICES = {"A": 1, "B": 2}
+M32 = (1 << 32) - 1
+MATRICES = {"A": 1, "B": 2, "S": 3, "D": 4}  # code matrix, B, a product's salt, the digest's column salts
 LIMITS = {"n": (1, 256), "k": (1, 256), "products": (1, 16), "flop_per_gpu": (1.0, 1e18), "time_limit_s": (1, 900)}
-# A real node's real-work challenge: k <= 2^20 keeps every product an exact integer in FP32 (|C| <= 4k <= 2^22).
-REAL_LIMITS = dict(LIMITS, n=(1, 16384), k=(1, 1 << 20), products=(1, 64))
+# A real node's real-work challenge: k <= 2^20 keeps every product an exact integer in FP32 (|C| <= 8k <= 2^23);
+# the row digests of every product stay on the device (8 bytes each, at most MAX_DIGESTS).
+REAL_LIMITS = dict(LIMITS, n=(1, 16384), k=(1, 1 << 20), products=(1, 4096))
+MAX_DIGESTS = 1 << 25
 DEVICES = ("cuda", "cpu")
-GEN_CHUNK = 1 << 23  # elements of a matrix generated at once (int64 temporaries: a few x 64 MiB)
+GEN_CHUNK = 1 << 23  # elements of a matrix generated or reduced at once (int64 temporaries: a few x 64 MiB)
 MAX_REVEAL_ROWS = 64
 
 
@@ -61,6 +69,15 @@ def mix64(z):
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & M64
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB & M64
     return z ^ (z >> 31)
+
+
+def fmix32(z):
+    """murmur3's finaliser on 32-bit words: nonlinear (multiplications mod 2^32 between shifts)."""
+    z ^= z >> 16
+    z = z * 0x85EBCA6B & M32
+    z ^= z >> 13
+    z = z * 0xC2B2AE35 & M32
+    return z ^ (z >> 16)
 
 
 def matrix_key(seed, gpu, product, matrix):
@@ -74,23 +91,54 @@ def entry(key, row, col):
     return mix64(key ^ ((row << 32) | col)) % 5 - 2
 
 
-def matrix_rows(key, rows, cols):
-    return [[entry(key, r, c) for c in range(cols)] for r in range(rows)]
+def code_word(key, row, col):
+    return mix64(key ^ ((row << 32) | col)) & M32
+
+
+def product_salt(seed, gpu, product):
+    return matrix_key(seed, gpu, product, "S") & M32
+
+
+def a_entry(salt, word):
+    return (fmix32(word ^ salt) >> 29) - 3
+
+
+def column_salts(seed, gpu, n):
+    key = matrix_key(seed, gpu, 0, "D")
+    return [mix64(key ^ j) & M32 for j in range(n)]
 
 
 def product_rows(seed, gpu, product, n, k):
-    a = matrix_rows(matrix_key(seed, gpu, product, "A"), n, k)
-    b = matrix_rows(matrix_key(seed, gpu, product, "B"), k, n)
-    cols = list(zip(*b))  # noqa: B905 - python3.8 on nodes: no strict=
+    code, key_b = matrix_key(seed, gpu, 0, "A"), matrix_key(seed, gpu, 0, "B")
+    salt = product_salt(seed, gpu, product)
+    a = [[a_entry(salt, code_word(code, r, c)) for c in range(k)] for r in range(n)]
+    cols = list(zip(*[[entry(key_b, r, c) for c in range(n)] for r in range(k)]))  # noqa: B905 - python3.8
     return [[sum(x * y for x, y in zip(row, col)) for col in cols] for row in a]  # noqa: B905
 
 
-def row_digest(values):
-    return hashlib.sha256(struct.pack("<%df" % len(values), *values)).hexdigest()
+def row_digest(values, salts):
+    return sum(fmix32((int(v) & M32) ^ s) for v, s in zip(values, salts)) & M64  # noqa: B905
+
+
+def packed_digests(digests):
+    return struct.pack("<%dQ" % len(digests), *digests)
 
 
 def joined_digest(digests):
     return hashlib.sha256("".join(digests).encode()).hexdigest()
+
+
+class Work:
+    """One GPU's answer: its row digests packed per product, their SHA-256s, and its rows on demand."""
+
+    def __init__(self, packed, rows, output_dtype=None):
+        self.packed = packed  # per product: n little-endian uint64
+        self.products = [hashlib.sha256(p).hexdigest() for p in packed]
+        self.rows = rows  # rows(product, [row, ...]) -> [[values], ...]
+        self.output_dtype = output_dtype
+
+    def commitment(self):
+        return joined_digest(self.products)
 
 
 def real_work(req):
@@ -114,6 +162,8 @@ def validate_challenge(req, real=False):
         kind = (int, float) if name == "flop_per_gpu" else (int,)
         if type(value) not in kind or not low <= value <= high:
             raise invalid(name, "%s must be a number from %s to %s" % (name, low, high))
+    if req["products"] * req["n"] > MAX_DIGESTS:
+        raise invalid("products", "products x n must be at most %d (the row digests kept)" % MAX_DIGESTS)
     if req.get("dtype") != "bf16":
         raise invalid("dtype", "dtype must be bf16")
     indices = req.get("gpu_indices")
@@ -167,8 +217,8 @@ def sim_cards(cfg, indices):
 
 
 def sim_work(cfg, req):
-    """The sim node's work on a validated challenge: per GPU (rows of each product, their row digests, the product
-    digests) and the seconds its real card takes for the nominal work; and the profile's `challenge_hang_s`."""
+    """The sim node's work on a validated challenge: per GPU its Work, and the seconds its real card takes for
+    the nominal work; and the profile's `challenge_hang_s`."""
     cards, hang_s = sim_cards(cfg, req["gpu_indices"])
     results, seconds = {}, {}
     for i in req["gpu_indices"]:
@@ -178,8 +228,9 @@ def sim_work(cfg, req):
             if not cards[i][1]:
                 rows = [[v + 1 for v in row] for row in rows]  # silent data corruption
             rows_of.append(rows)
-        digests = [[row_digest(r) for r in rows] for rows in rows_of]
-        results[i] = (rows_of, digests, [joined_digest(d) for d in digests])
+        salts = column_salts(req["seed"], i, req["n"])
+        packed = [packed_digests([row_digest(r, salts) for r in rows]) for rows in rows_of]
+        results[i] = Work(packed, lambda p, picked, rows_of=rows_of: [rows_of[p][r] for r in picked])
         seconds[i] = req["flop_per_gpu"] / cards[i][0]
     return results, seconds, hang_s
 
@@ -235,7 +286,7 @@ def sim_exchange(cfg, req, lines, clock, sleep):
         wait = at - clock()
         if wait > 0:
             sleep(wait)
-        lines.write({"gpu": i, "commitment": joined_digest(results[i][2]),
+        lines.write({"gpu": i, "commitment": results[i].commitment(),
                      "node_elapsed_s": round(clock() - started, 4)})
     return results
 
@@ -265,14 +316,57 @@ def torch_entries(torch, key, rows, cols):
     return (torch.remainder(z, 5) + (z < 0).to(torch.int64)) % 5 - 2
 
 
-def generate(torch, dev, key, n_rows, n_cols):
-    """The matrix of `key` on the device, in BF16 (its entries are exact), GEN_CHUNK entries at a time."""
-    out = torch.empty(n_rows, n_cols, dtype=torch.bfloat16, device=dev)
+def _signed32(x):
+    return x - (1 << 32) if x >= 1 << 31 else x
+
+
+F1, F2 = _signed32(0x85EBCA6B), _signed32(0xC2B2AE35)
+
+
+def torch_fmix32(z):
+    """fmix32 on an int32 tensor (its bits as the uint32 word): * wraps mod 2^32; >> masked to be logical."""
+    z = z ^ ((z >> 16) & 0xFFFF)
+    z = z * F1
+    z = z ^ ((z >> 13) & 0x7FFFF)
+    z = z * F2
+    return z ^ ((z >> 16) & 0xFFFF)
+
+
+def generate(torch, dev, key, n_rows, n_cols, code=False):
+    """The matrix of `key` on the device, GEN_CHUNK entries at a time: entries in BF16 (exact), or with `code`
+    the 32-bit code words as int32."""
+    out = torch.empty(n_rows, n_cols, dtype=torch.int32 if code else torch.bfloat16, device=dev)
     cols = torch.arange(n_cols, dtype=torch.int64, device=dev).unsqueeze(0)
     step = max(1, GEN_CHUNK // n_cols)
     for r0 in range(0, n_rows, step):
         rows = torch.arange(r0, min(n_rows, r0 + step), dtype=torch.int64, device=dev).unsqueeze(1)
-        out[r0:r0 + rows.shape[0]] = torch_entries(torch, key, rows, cols).to(torch.bfloat16)
+        if code:
+            z = torch_mix64(((rows << 32) | cols) ^ _signed(key)) & M32
+            out[r0:r0 + rows.shape[0]] = (z - ((z >> 31) << 32)).to(torch.int32)  # the low word, signed
+        else:
+            out[r0:r0 + rows.shape[0]] = torch_entries(torch, key, rows, cols).to(torch.bfloat16)
+    return out
+
+
+def a_matrix(torch, code, salt, out=None):
+    """A_p from the code words (int32, any rows) under the product's salt: (fmix32(word ^ salt) >> 29) - 3, in
+    BF16, GEN_CHUNK entries at a time."""
+    n_rows, n_cols = code.shape
+    out = torch.empty(n_rows, n_cols, dtype=torch.bfloat16, device=code.device) if out is None else out
+    step = max(1, GEN_CHUNK // n_cols)
+    for r0 in range(0, n_rows, step):
+        z = torch_fmix32(code[r0:r0 + step] ^ _signed32(salt))
+        out[r0:r0 + step] = (((z >> 29) & 7) - 3).to(torch.bfloat16)
+    return out
+
+
+def reduce_rows(torch, c, salts, out):
+    """Each row of the product (FP32, integer values) to its 64-bit digest in `out` (int64), on the device."""
+    n_rows, n_cols = c.shape
+    step = max(1, GEN_CHUNK // n_cols)
+    for r0 in range(0, n_rows, step):
+        h = torch_fmix32(c[r0:r0 + step].to(torch.int32) ^ salts)
+        out[r0:r0 + step] = (h.to(torch.int64) & M32).sum(dim=1)  # < n x 2^32: no wrap
     return out
 
 
@@ -282,26 +376,6 @@ def multiply(torch, a, b):
         return torch.mm(a, b, out_dtype=torch.float32), "fp32"
     except (TypeError, RuntimeError):  # no out_dtype on this PyTorch or device (NotImplementedError included)
         return torch.matmul(a, b).float(), "bf16"
-
-
-class HostRows:
-    """A product on the host (float32, C order): its rows as lists, and their bytes for hashing."""
-
-    def __init__(self, tensor):
-        self.tensor = tensor.contiguous()
-        self.n_rows, self.n_cols = self.tensor.shape
-        size = self.n_rows * self.n_cols * 4
-        self.bytes = memoryview((ctypes.c_char * size).from_address(self.tensor.data_ptr())).cast("B")
-
-    def __len__(self):
-        return self.n_rows
-
-    def __getitem__(self, row):
-        return self.tensor[row].tolist()
-
-    def digests(self, start, stop):
-        width = self.n_cols * 4
-        return [hashlib.sha256(self.bytes[r * width:(r + 1) * width]).hexdigest() for r in range(start, stop)]
 
 
 def preload():
@@ -333,39 +407,45 @@ def challenge_devices(torch, req):
 
 def torch_work(req, lines, clock=time.monotonic):
     """The products on every GPU at once, a thread each; each GPU's commitment written as it finishes. Returns
-    {gpu: (rows of each product, row digests of each product, product digests)} for reveal_rows()."""
+    {gpu: Work} for reveal_rows()."""
     from .measurements import import_torch
     if sys.byteorder != "little":
-        raise AgentError("challenge_unsupported", "the challenge's digests are of little-endian float32 rows")
+        raise AgentError("challenge_unsupported", "the challenge's digests are of little-endian uint64s")
     torch = import_torch()
     devs = challenge_devices(torch, req)
     cuda = torch.backends.cuda.matmul
     reduced = cuda.allow_bf16_reduced_precision_reduction
     cuda.allow_bf16_reduced_precision_reduction = False  # FP32 accumulation throughout, split-K included
     n, k, seed = req["n"], req["k"], req["seed"]
-    chunk = max(1, (1 << 20) // (4 * n))  # rows per hashing task: ~1 MiB
-    pool = ThreadPoolExecutor(max_workers=max(2, min(64, os.cpu_count() or 2)))
     results, errors, lock = {}, [], threading.Lock()
     started = clock()
 
     def work(i, dev):
         try:
-            hosts, tasks, out_dtype = [], [], None
+            code = generate(torch, dev, matrix_key(seed, i, 0, "A"), n, k, code=True)
+            b = generate(torch, dev, matrix_key(seed, i, 0, "B"), k, n)
+            salts = torch.tensor([_signed32(s) for s in column_salts(seed, i, n)], dtype=torch.int32, device=dev)
+            digests = torch.empty(req["products"], n, dtype=torch.int64, device=dev)
+            a = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
+            out_dtype = None
             for p in range(req["products"]):
-                a = generate(torch, dev, matrix_key(seed, i, p, "A"), n, k)
-                b = generate(torch, dev, matrix_key(seed, i, p, "B"), k, n)
+                a_matrix(torch, code, product_salt(seed, i, p), out=a)
                 c, out_dtype = multiply(torch, a, b)
-                del a, b
-                host = HostRows(c.to("cpu"))  # waits for the device
+                reduce_rows(torch, c, salts, digests[p])
                 del c
-                hosts.append(host)
-                tasks.append([pool.submit(host.digests, r, min(n, r + chunk)) for r in range(0, n, chunk)])
+            host = digests.to("cpu")  # waits for the device
             computed = clock() - started
-            digests = [[d for task in product for d in task.result()] for product in tasks]
-            products = [joined_digest(d) for d in digests]
-            results[i] = (hosts, digests, products)
+            raw = _tensor_bytes(host)
+            size = n * 8
+            packed = [raw[p * size:(p + 1) * size] for p in range(req["products"])]
+
+            def rows(p, picked, code=code, b=b):
+                a_rows = a_matrix(torch, code[torch.tensor(picked, dtype=torch.int64, device=dev)],
+                                  product_salt(seed, i, p))
+                return multiply(torch, a_rows, b)[0].to("cpu").tolist()
+            results[i] = Work(packed, rows, out_dtype)
             with lock:
-                lines.write({"gpu": i, "commitment": joined_digest(products), "output_dtype": out_dtype,
+                lines.write({"gpu": i, "commitment": results[i].commitment(), "output_dtype": out_dtype,
                              "node_compute_s": round(computed, 4), "node_elapsed_s": round(clock() - started, 4)})
         except Exception as exc:  # noqa: BLE001 - the platform gets it as the challenge's error
             errors.append((i, exc))
@@ -376,12 +456,18 @@ def torch_work(req, lines, clock=time.monotonic):
         for thread in threads:
             thread.join()
     finally:
-        pool.shutdown(wait=False)
         cuda.allow_bf16_reduced_precision_reduction = reduced
     if errors:
         i, exc = errors[0]
         raise AgentError("challenge_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
     return results
+
+
+def _tensor_bytes(tensor):
+    """A contiguous host tensor's bytes without numpy (a node's PyTorch may come without it)."""
+    tensor = tensor.contiguous()
+    size = tensor.numel() * tensor.element_size()
+    return bytes((ctypes.c_char * size).from_address(tensor.data_ptr()))
 
 
 def reveal_rows(reveal, results):
@@ -392,15 +478,19 @@ def reveal_rows(reveal, results):
         i = int(key) if str(key).isdigit() else None
         if i not in results or not isinstance(picks, list) or len(picks) > MAX_REVEAL_ROWS:
             raise invalid("reveal", "reveal names GPU %r, which was not challenged, or too many rows" % key)
-        rows_of, digests, products = results[i]
-        rows = []
+        work = results[i]
+        n = len(work.packed[0]) // 8
         for pick in picks:
             if (not isinstance(pick, list) or len(pick) != 2 or not all(type(x) is int for x in pick)
-                    or not 0 <= pick[0] < len(rows_of) or not 0 <= pick[1] < len(rows_of[pick[0]])):
+                    or not 0 <= pick[0] < len(work.packed) or not 0 <= pick[1] < n):
                 raise invalid("reveal", "reveal asks for a product or row that does not exist: %r" % (pick,))
-            p, r = pick
-            rows.append({"product": p, "row": r, "values": rows_of[p][r], "row_digests": digests[p]})
-        answer[str(i)] = {"product_digests": products, "rows": rows}
+        values = {}  # one batch of rows per product, recomputed on the device for a real node
+        for p in sorted({pick[0] for pick in picks}):
+            wanted = sorted({pick[1] for pick in picks if pick[0] == p})
+            values.update(((p, r), v) for r, v in zip(wanted, work.rows(p, wanted)))  # noqa: B905
+        rows = [{"product": p, "row": r, "values": values[p, r]} for p, r in picks]
+        answer[str(i)] = {"product_digests": work.products, "rows": rows,
+                          "row_digests": {str(p): work.packed[p].hex() for p in sorted({x[0] for x in picks})}}
     return answer
 
 

@@ -9,6 +9,7 @@ import time
 from .benchmark import _WATCHDOG, cmd_benchmark, emit
 from .challenge import main_challenge
 from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
+from .memproof import main_memproof
 from .mig import read_mig
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
@@ -81,7 +82,7 @@ def handle(argv, stdin_text, env):
         elif len(argv) == 1 and argv[0] in COMMANDS:
             answer = COMMANDS[argv[0]](cfg, req)
         else:
-            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|"
+            raise invalid("command", "usage: gpumarket_agent.py inventory|health|benchmark|challenge|memproof|"
                                     "vm <subcommand>|volume <subcommand>")
         answer.update(ok=True, agent_version=AGENT_VERSION)
         return answer, 0
@@ -104,13 +105,13 @@ def main():
         return main_sim_box(argv[1:])
     if argv == ["serve"]:  # long-lived: one JSON request a line, one answer a line (serve.py)
         return serve(os.environ, SERVED)
-    if argv == ["challenge"]:  # interactive: one JSON object a line both ways (challenge.py)
+    if argv in (["challenge"], ["memproof"]):  # interactive: one JSON object a line both ways
         try:
             cfg = Config(os.environ)
         except AgentError as exc:
             emit({"ok": False, "agent_version": AGENT_VERSION, "error": {"code": exc.code, "message": exc.message}})
             return 1
-        return main_challenge(cfg)
+        return main_challenge(cfg) if argv == ["challenge"] else main_memproof(cfg)
     stdin_text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(MAX_REQUEST_BYTES + 1)
     if len(stdin_text) > MAX_REQUEST_BYTES:
         answer, status = {"ok": False, "agent_version": AGENT_VERSION, "error": {

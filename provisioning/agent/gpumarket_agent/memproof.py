@@ -1,0 +1,395 @@
+"""The memproof command: fill the claimed memory from the platform's seed, commit, re-read it under a fresh salt
+on the platform's clock, open the chunks the platform picks. Interactive, one JSON object a line both ways:
+
+    platform -> {"ping": i}                       node -> {"pong": i}
+    platform -> {"memproof": {...}}               node -> {"gpu": i, "root": hex}      one line per GPU (the fill)
+    platform -> {"fresh": salt}                   node -> {"gpu": i, "root": hex}      per GPU, timed by the platform
+    platform -> {"open": {"<gpu>": [[block, chunk], ...]}}
+                                                  node -> {"opened": {"<gpu>": [{"block", "chunk", "words",
+                                                          "packed", "path", "packed_fresh", "path_fresh"}, ...]}}
+    node -> {"ok": true, "agent_version": ...}    (or {"ok": false, "error": {...}} at any point, then the end)
+
+The fill, the digests and the Merkle tree are provisioning/verification/memproof.py's (a test holds them equal):
+block 0 from the seed, block i = fmix32(block_{i-1}[j] ^ block_{pi(i)}[(j + r_i) mod W] ^ salt_i).
+
+In sim mode the node really computes a small fill (`blocks` x `chunks` x `words` words) standing for
+`nominal_bytes` per GPU, and answers no sooner than its real card would: the fill at FILL_PASSES x nominal bytes
+over the card's real bandwidth; the fresh root at the bytes it holds on the card over its bandwidth plus the rest
+over its host link. A profile's `memory_held_mib` (per GPU or for the node) is what the card really holds; with
+`memory_rest: "made_up"` it does not fetch the rest at all and commits made-up digests for the blocks it lacks.
+On a real node (or `"device": "cpu"` in the request, for tests and gpu-selfcheck) TorchCard does the same on the
+device with PyTorch: the blocks as int32 tensors (the words' bits), built and digested in slices of SLICE words,
+so that the fill takes the requested bytes and little more; only the chunk digests (8 bytes per chunk) and the
+opened chunks reach the host. The platform runs it on sim nodes only until a GPU has measured it
+(docs/BENCHMARKS.md); a real node asked by node verification would run it the same way.
+"""
+import hashlib
+import os
+import random
+import struct
+import sys
+import threading
+import time
+
+from .challenge import M32, M64, Lines, fmix32, mix64, preload
+from .core import AGENT_VERSION, AgentError, invalid
+from .smi import load_profile
+
+KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
+FILL_PASSES = 3
+LIMITS = {"blocks": (2, 4096), "chunks": (1, 1 << 20), "words": (1, 4096), "nominal_bytes": (1, 1 << 44),
+          "time_limit_s": (1, 900)}
+SLICE = 1 << 22  # words built or digested at once on the device (int64 temporaries: a few x 32 MiB)
+MAX_OPENINGS = 64
+
+
+def key(seed, gpu, what):
+    z = mix64((seed & M64) ^ 0xD1B54A32D192ED03)
+    for part in (gpu, KEYS[what]):
+        z = mix64((z + part + 1) & M64)
+    return z
+
+
+def block_zero(seed, gpu, size):
+    k = key(seed, gpu, "seed")
+    return [fmix32(mix64(k ^ j) & M32) for j in range(size)]
+
+
+def links(seed, gpu, i, size):
+    return (mix64(key(seed, gpu, "pi") ^ i) % i, mix64(key(seed, gpu, "rot") ^ i) % size,
+            mix64(key(seed, gpu, "salt") ^ i) & M32)
+
+
+def fill(seed, gpu, blocks, size):
+    out = [block_zero(seed, gpu, size)]
+    for i in range(1, blocks):
+        pi, rot, salt = links(seed, gpu, i, size)
+        prev, ref = out[i - 1], out[pi]
+        out.append([fmix32(prev[j] ^ ref[(j + rot) % size] ^ salt) for j in range(size)])
+    return out
+
+
+def position_salts(base, words):
+    return [mix64(base ^ t) & M32 for t in range(words)]
+
+
+def chunk_digest(words, salts):
+    return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts)) & M64  # noqa: B905 - python3.8
+
+
+def packed_block(block, chunks, words, salts):
+    return struct.pack("<%dQ" % chunks, *[chunk_digest(block[c * words:(c + 1) * words], salts)
+                                           for c in range(chunks)])
+
+
+def merkle_levels(leaves):
+    levels = [leaves]
+    while len(levels[-1]) > 1:
+        level = levels[-1]
+        up = [hashlib.sha256(level[i] + level[i + 1]).digest() for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            up.append(level[-1])
+        levels.append(up)
+    return levels
+
+
+def merkle_path(levels, index):
+    path = []
+    for level in levels[:-1]:
+        sibling = index + 1 if index % 2 == 0 else index - 1
+        if sibling < len(level):
+            path.append(level[sibling].hex())
+        index //= 2
+    return path
+
+
+def validate(req):
+    if not isinstance(req, dict):
+        raise invalid("memproof", "the memory proof must be a JSON object")
+    unknown = sorted(set(req) - {"seed", "blocks", "chunks", "words", "gpu_indices", "nominal_bytes",
+                                 "time_limit_s", "device"})
+    if unknown:
+        raise invalid(unknown[0], "unknown field %s" % unknown[0])
+    if type(req.get("seed")) is not int or not 0 <= req["seed"] <= M64:
+        raise invalid("seed", "seed must be a 64-bit unsigned integer")
+    for name, (low, high) in LIMITS.items():
+        if type(req.get(name)) is not int or not low <= req[name] <= high:
+            raise invalid(name, "%s must be an integer from %s to %s" % (name, low, high))
+    indices = req.get("gpu_indices")
+    if (not isinstance(indices, list) or not indices or len(set(indices)) != len(indices)
+            or not all(type(i) is int and 0 <= i < 64 for i in indices)):
+        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices")
+    if req.get("device", "cuda") not in ("cuda", "cpu"):
+        raise invalid("device", "device must be cuda or cpu")
+    return req
+
+
+class SimCard:
+    """One sim GPU's fill: the blocks it holds, the rest (in host RAM, or made up), and its real card's rates."""
+
+    def __init__(self, req, i, spec, sheet, perf):
+        self.req, self.i = req, i
+        frac = spec.get("fraction", {})
+        self.bandwidth = sheet["memory_bandwidth_gbs"] * 1e9 * frac.get("memory_bandwidth", 1.0)
+        self.host_link = sheet.get("host_link_gbs", 16.0) * 1e9 * frac.get("host_link", 1.0)
+        held_mib = spec.get("memory_held_mib", perf.get("memory_held_mib"))
+        nominal = req["nominal_bytes"]
+        self.held_bytes = nominal if held_mib is None else min(nominal, held_mib * 2 ** 20)
+        self.made_up = perf.get("memory_rest") == "made_up"
+        size = req["chunks"] * req["words"]
+        self.blocks = fill(req["seed"], i, req["blocks"], size)
+        # the blocks beyond the share held stand for the memory the card does not have
+        self.held = max(1, int(req["blocks"] * self.held_bytes / nominal))
+        self.packed, self.packed_fresh, self.levels, self.levels_fresh = [], [], None, None
+
+    def commit(self, salts, fresh=False):
+        r = random.Random(os.urandom(8))  # noqa: S311 - made-up digests
+        packed = []
+        for b, block in enumerate(self.blocks):
+            if fresh and self.made_up and b >= self.held:
+                packed.append(bytes(r.getrandbits(8) for _ in range(8 * self.req["chunks"])))
+            else:
+                packed.append(packed_block(block, self.req["chunks"], self.req["words"], salts))
+        levels = merkle_levels([hashlib.sha256(p).digest() for p in packed])
+        if fresh:
+            self.packed_fresh, self.levels_fresh = packed, levels
+        else:
+            self.packed, self.levels = packed, levels
+        return levels[-1][0].hex()
+
+    def fill_s(self):
+        return FILL_PASSES * self.req["nominal_bytes"] / self.bandwidth
+
+    def fresh_s(self):
+        rest = 0 if self.made_up else (self.req["nominal_bytes"] - self.held_bytes) / self.host_link
+        return self.held_bytes / self.bandwidth + rest
+
+    def open(self, block, chunk):
+        words = self.req["words"]
+        return {"block": block, "chunk": chunk, "words": self.blocks[block][chunk * words:(chunk + 1) * words],
+                "packed": self.packed[block].hex(), "path": merkle_path(self.levels, block),
+                "packed_fresh": self.packed_fresh[block].hex(), "path_fresh": merkle_path(self.levels_fresh, block)}
+
+
+def _signed(x, bits):
+    return x - (1 << bits) if x >= 1 << (bits - 1) else x
+
+
+class TorchCard:
+    """One GPU's fill on the device (PyTorch): the same blocks as fill(), as int32 tensors."""
+
+    def __init__(self, torch, dev, req, i):
+        from .challenge import torch_fmix32, torch_mix64
+        self.torch, self.dev, self.req, self.i = torch, dev, req, i
+        self.fmix, self.mix = torch_fmix32, torch_mix64
+        self.size = req["chunks"] * req["words"]
+        self.blocks = [self.block_zero()]
+        for b in range(1, req["blocks"]):
+            self.blocks.append(self.derive(b))
+        self.packed, self.packed_fresh, self.levels, self.levels_fresh = [], [], None, None
+
+    def _slices(self):
+        return [(a, min(self.size, a + SLICE)) for a in range(0, self.size, SLICE)]
+
+    def block_zero(self):
+        torch = self.torch
+        out = torch.empty(self.size, dtype=torch.int32, device=self.dev)
+        k = _signed(key(self.req["seed"], self.i, "seed"), 64)
+        for a, b in self._slices():
+            z = self.mix(torch.arange(a, b, dtype=torch.int64, device=self.dev) ^ k) & M32
+            out[a:b] = self.fmix((z - ((z >> 31) << 32)).to(torch.int32))
+        return out
+
+    def derive(self, i):
+        torch = self.torch
+        pi, rot, salt = links(self.req["seed"], self.i, i, self.size)
+        prev, ref = self.blocks[i - 1], self.blocks[pi]
+        out = torch.empty(self.size, dtype=torch.int32, device=self.dev)
+        for a, b in self._slices():
+            at = (torch.arange(a, b, dtype=torch.int64, device=self.dev) + rot) % self.size
+            out[a:b] = self.fmix(prev[a:b] ^ ref.index_select(0, at) ^ _signed(salt, 32))
+        return out
+
+    def digests(self, block, salts):
+        """The block's chunk digests (int64 on the device), chunk by chunk of `words`."""
+        torch = self.torch
+        words = self.req["words"]
+        view = block.view(self.req["chunks"], words)
+        out = torch.empty(self.req["chunks"], dtype=torch.int64, device=self.dev)
+        step = max(1, SLICE // words)
+        for c0 in range(0, self.req["chunks"], step):
+            h = self.fmix(view[c0:c0 + step] ^ salts)
+            out[c0:c0 + step] = (h.to(torch.int64) & M32).sum(dim=1)
+        return out
+
+    def commit(self, salts, fresh=False):
+        from .challenge import _tensor_bytes
+        torch = self.torch
+        t = torch.tensor([_signed(s, 32) for s in salts], dtype=torch.int32, device=self.dev)
+        host = torch.stack([self.digests(block, t) for block in self.blocks]).to("cpu")  # waits for the device
+        raw, per = _tensor_bytes(host), 8 * self.req["chunks"]
+        packed = [raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])]
+        levels = merkle_levels([hashlib.sha256(p).digest() for p in packed])
+        if fresh:
+            self.packed_fresh, self.levels_fresh = packed, levels
+        else:
+            self.packed, self.levels = packed, levels
+        return levels[-1][0].hex()
+
+    def open(self, block, chunk):
+        words = self.req["words"]
+        values = self.blocks[block][chunk * words:(chunk + 1) * words].to("cpu").tolist()
+        return {"block": block, "chunk": chunk, "words": [v & M32 for v in values],
+                "packed": self.packed[block].hex(), "path": merkle_path(self.levels, block),
+                "packed_fresh": self.packed_fresh[block].hex(), "path_fresh": merkle_path(self.levels_fresh, block)}
+
+
+def torch_cards(req):
+    """Every GPU's fill, a thread each (the device work runs outside the GIL)."""
+    from .challenge import challenge_devices
+    from .measurements import import_torch
+    if sys.byteorder != "little":
+        raise AgentError("memproof_unsupported", "the memory proof's digests are little-endian uint64s")
+    torch = import_torch()
+    devs = challenge_devices(torch, req)
+    cards, errors = {}, []
+
+    def fill_one(i, dev):
+        try:
+            cards[i] = TorchCard(torch, dev, req, i)
+        except Exception as exc:  # noqa: BLE001 - the platform gets it as the proof's error
+            errors.append((i, exc))
+    threads = [threading.Thread(target=fill_one, args=item, daemon=True) for item in devs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        i, exc = errors[0]
+        raise AgentError("memproof_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
+    return cards
+
+
+def commit_now(lines, cards, salts_of, fresh):
+    """A real node's roots, each written as soon as its GPU has digested its fill."""
+    lock = threading.Lock()
+    errors = []
+
+    def one(i, card):
+        try:
+            root = card.commit(salts_of(i), fresh=fresh)
+            with lock:
+                lines.write({"gpu": i, "root": root})
+        except Exception as exc:  # noqa: BLE001
+            errors.append((i, exc))
+    threads = [threading.Thread(target=one, args=item, daemon=True) for item in cards.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        i, exc = errors[0]
+        raise AgentError("memproof_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
+
+
+def sim_cards(cfg, req):
+    profile, claimed = load_profile(cfg.sim_profile)
+    perf = profile.get("performance") or {}
+    specs = {g["index"]: g for g in perf.get("gpus", [])}
+    known = {card["index"] for card in claimed}
+    cards = {}
+    for i in req["gpu_indices"]:
+        if i not in known or i not in specs:
+            raise invalid("gpu_indices", "this node has no GPU %d" % i)
+        sheet = dict(perf.get("datasheet", {}), **specs[i].get("datasheet", {}))
+        cards[i] = SimCard(req, i, specs[i], sheet, perf)
+    return cards
+
+
+def commit_all(lines, cards, seconds, salts_of, fresh, clock, sleep):
+    started = clock()
+    roots = {i: card.commit(salts_of(i), fresh=fresh) for i, card in cards.items()}
+    for at, i in sorted((started + seconds(card), i) for i, card in cards.items()):
+        wait = at - clock()
+        if wait > 0:
+            sleep(wait)
+        lines.write({"gpu": i, "root": roots[i]})
+
+
+def opened(message, cards, req):
+    picks = message.get("open")
+    if not isinstance(picks, dict):
+        raise invalid("open", "open must be an object of GPU index -> [[block, chunk], ...]")
+    size = req["chunks"] * req["words"]
+    answer = {}
+    for k, wanted in picks.items():
+        i = int(k) if str(k).isdigit() else None
+        if i not in cards or not isinstance(wanted, list) or len(wanted) > MAX_OPENINGS:
+            raise invalid("open", "open names GPU %r, which was not asked to fill, or too many chunks" % k)
+        items = {}
+        for pick in wanted:
+            if (not isinstance(pick, list) or len(pick) != 2 or not all(type(x) is int for x in pick)
+                    or not 1 <= pick[0] < req["blocks"] or not 0 <= pick[1] < req["chunks"]):
+                raise invalid("open", "open asks for a block or chunk that does not exist: %r" % (pick,))
+            block, chunk = pick
+            pi, rot, _ = links(req["seed"], i, block, size)
+            start = chunk * req["words"]
+            needed = {(block, chunk), (block - 1, chunk)}
+            needed |= {(pi, ((start + t + rot) % size) // req["words"]) for t in range(req["words"])}
+            for b, c in needed:
+                items[b, c] = cards[i].open(b, c)
+        answer[str(i)] = [items[bc] for bc in sorted(items)]
+    return answer
+
+
+def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, watchdog=False):
+    lines = Lines(infile, outfile)
+    if cfg.runtime != "sim":
+        preload()  # PyTorch imported before the first pong: not on the platform's clock
+    try:
+        message = lines.read("first")
+        while "ping" in message:
+            lines.write({"pong": message["ping"]})
+            message = lines.read("memproof")
+        req = validate(message.get("memproof"))
+        if watchdog:
+            timer = threading.Timer(req["time_limit_s"], os._exit, (1,))
+            timer.daemon = True
+            timer.start()
+        sim = cfg.runtime == "sim"
+        if not sim and req["chunks"] * req["words"] * 4 * req["blocks"] < req["nominal_bytes"]:
+            raise AgentError("memproof_unsupported", "this memory proof's fill (%d bytes) is smaller than the "
+                             "memory it stands for: it is for simulated nodes" % (
+                                 req["chunks"] * req["words"] * 4 * req["blocks"]))
+        digest_salts = lambda i: position_salts(key(req["seed"], i, "digest"), req["words"])  # noqa: E731
+        if sim:
+            cards = sim_cards(cfg, req)
+            commit_all(lines, cards, SimCard.fill_s, digest_salts, False, clock, sleep)
+        else:
+            cards = torch_cards(req)
+            commit_now(lines, cards, digest_salts, False)
+        fresh = lines.read("fresh").get("fresh")
+        if type(fresh) is not int or not 0 <= fresh <= M64:
+            raise invalid("fresh", "fresh must be a 64-bit unsigned integer")
+        if sim:
+            commit_all(lines, cards, SimCard.fresh_s, lambda i: position_salts(fresh, req["words"]), True, clock,
+                       sleep)
+        else:
+            commit_now(lines, cards, lambda i: position_salts(fresh, req["words"]), True)
+        lines.write({"opened": opened(lines.read("open"), cards, req)})
+        lines.write({"ok": True, "agent_version": AGENT_VERSION})
+        return 0
+    except AgentError as exc:
+        error = {"code": exc.code, "message": exc.message}
+        if exc.field:
+            error["field"] = exc.field
+        lines.write({"ok": False, "agent_version": AGENT_VERSION, "error": error})
+        return 2 if exc.code == "invalid_request" else 1
+    except Exception as exc:  # the platform must always get a line, even for our own bugs
+        lines.write({"ok": False, "agent_version": AGENT_VERSION,
+                     "error": {"code": "internal_error", "message": "%s: %s" % (type(exc).__name__, exc)}})
+        return 1
+
+
+def main_memproof(cfg):
+    return run_exchange(cfg, sys.stdin, sys.stdout, watchdog=True)

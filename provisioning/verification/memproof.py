@@ -1,0 +1,345 @@
+"""The memory proof, on the platform's side (issue 11 item 3): each GPU fills at least MEMORY_SHARE of the
+claimed memory from a secret seed, commits to it, then proves on the platform's clock that it still holds it.
+
+The fill (the same on both sides; agent/gpumarket_agent/memproof.py): `blocks` blocks of `chunks` x `words`
+32-bit words. Block 0 comes from the seed; block i >= 1 is G(block_{i-1}, block_{pi(i)}): word j =
+fmix32(block_{i-1}[j] ^ block_{pi(i)}[(j + r_i) mod W] ^ salt_i), pi(i) < i and r_i drawn from the seed. So a
+block's content depends on the whole of earlier blocks (the rotation spreads each word's dependencies over
+every position), not on a short digest of them: a node that dropped a block rebuilds it only from the blocks it
+depends on.
+
+1. Fill: per GPU a Merkle root over the blocks' digests (a block's digest: SHA-256 of its chunks' 64-bit
+   digests, each the sum of fmix32(word ^ a per-position salt) over the chunk, computed where the memory is).
+2. Fresh: only after every root, the platform sends a fresh 64-bit salt; the node digests every block again
+   under it (reading all of the memory) and sends a second root, **timed on the platform's clock** against the
+   time the claimed card takes to read its memory at the reject floor of its bandwidth band. Memory the node
+   does not have on the card (in host RAM over PCIe, or to be rebuilt from the seed) makes it late.
+3. Open: only then, with a secret RNG, `OPENINGS` (block, chunk) pairs per GPU. For each the node sends the
+   chunk of block i, the same chunk of block i-1, and the chunks of block pi(i) that G reads, each with its
+   block's packed chunk digests (both salts) and Merkle paths to both roots. The platform checks the paths,
+   the chunk digests from the words, G at every word of the opened chunk, and block 0 against the seed.
+
+A node that kept only part of the blocks and answered the fresh root with made-up digests for the rest is caught
+by the openings (each lands on a dropped block with the dropped share's probability); one that reads or rebuilds
+the rest in time for the fresh root is caught by the clock. What a real GPU would measure is in
+docs/BENCHMARKS.md (the sim computes small blocks standing for the nominal bytes, as the challenge does).
+
+Pure: no Django, no SSH; the exchange is challenge.Exchange.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import secrets
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioning.verification.challenge import (
+    M32,
+    M64,
+    PING_TIMEOUT_S,
+    PINGS,
+    Exchange,
+    _parse,
+    fmix32,
+    mix64,
+)
+from provisioning.verification.policy import REJECT, TOLERANCES, DeclaredModel, Finding
+
+MEMORY_SHARE = 0.95  # of the claimed memory, per GPU
+# The sim's small fill standing for the nominal bytes: blocks x chunks x words 32-bit words.
+SIM_SIZES = {"blocks": 16, "chunks": 4, "words": 8}
+# A real fill (the agent's PyTorch path; gpu-selfcheck): 16 KiB chunks, 64 MiB blocks, as many as the bytes take.
+REAL_SIZES = {"chunks": 4096, "words": 4096}
+OPENINGS = 8  # per GPU; a node holding half of the blocks passes all eight with probability 1/256
+FILL_PASSES = 3  # the fill reads two blocks and writes one per block: its nominal traffic
+GRACE_S = 5.0
+KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
+
+
+# ------------------------------------------------------------------------------ the numbers, as the agent's
+
+def key(seed: int, gpu: int, what: str) -> int:
+    z = mix64((seed & M64) ^ 0xD1B54A32D192ED03)
+    for part in (gpu, KEYS[what]):
+        z = mix64((z + part + 1) & M64)
+    return z
+
+
+def block_zero(seed: int, gpu: int, size: int, start: int = 0) -> list[int]:
+    """Words start .. size - 1 of block 0."""
+    k = key(seed, gpu, "seed")
+    return [fmix32(mix64(k ^ j) & M32) for j in range(start, size)]
+
+
+def links(seed: int, gpu: int, i: int, size: int) -> tuple[int, int, int]:
+    """(pi(i), r_i, salt_i) of block i >= 1."""
+    return (mix64(key(seed, gpu, "pi") ^ i) % i, mix64(key(seed, gpu, "rot") ^ i) % size,
+            mix64(key(seed, gpu, "salt") ^ i) & M32)
+
+
+def g_word(prev: int, ref: int, salt: int) -> int:
+    return fmix32(prev ^ ref ^ salt)
+
+
+def position_salts(base: int, words: int) -> list[int]:
+    return [mix64(base ^ t) & M32 for t in range(words)]
+
+
+def chunk_digest(words: list[int], salts: list[int]) -> int:
+    return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts, strict=True)) & M64
+
+
+def merkle_levels(leaves: list[bytes]) -> list[list[bytes]]:
+    """Every level of the tree, leaves first; an odd node out is carried up unchanged."""
+    levels = [leaves]
+    while len(levels[-1]) > 1:
+        level = levels[-1]
+        up = [hashlib.sha256(level[i] + level[i + 1]).digest() for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            up.append(level[-1])
+        levels.append(up)
+    return levels
+
+
+def merkle_verify(leaf: bytes, index: int, count: int, path: Any, root: str) -> bool:
+    """Whether `path` (sibling hashes, hex, leaf level first) leads from the leaf at `index` of `count` to root."""
+    if not isinstance(path, list) or not 0 <= index < count:
+        return False
+    node, at = leaf, 0
+    try:
+        while count > 1:
+            if not (index % 2 == 0 and index == count - 1):  # else carried up: no sibling
+                if at >= len(path):
+                    return False
+                sibling = bytes.fromhex(path[at])
+                at += 1
+                node = hashlib.sha256(node + sibling if index % 2 == 0 else sibling + node).digest()
+            index, count = index // 2, (count + 1) // 2
+    except (ValueError, TypeError):
+        return False
+    return at == len(path) and node.hex() == root
+
+
+# ---------------------------------------------------------------------------------------------- the draw
+
+@dataclass(frozen=True)
+class MemProof:
+    seed: int
+    blocks: int
+    chunks: int
+    words: int
+    gpu_indices: tuple
+    nominal_bytes: int  # per GPU: what the fill stands for
+    read_s: float  # the claimed card reads nominal_bytes in this at the reject floor of its bandwidth band
+    fill_wait_s: float
+    device: str = ""  # "cpu": a real fill on the node's CPU (tests)
+
+    def request(self, time_limit_s: int) -> dict:
+        req = {"seed": self.seed, "blocks": self.blocks, "chunks": self.chunks, "words": self.words,
+               "gpu_indices": list(self.gpu_indices), "nominal_bytes": self.nominal_bytes,
+               "time_limit_s": time_limit_s}
+        if self.device:
+            req["device"] = self.device
+        return req
+
+
+def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | None = None,
+         real: bool = False, sizes: dict | None = None, device: str = "") -> MemProof:
+    """The sim's small fill standing for 95 % of the claimed memory; with `real`, a fill of that many bytes
+    (REAL_SIZES, or `sizes` = {"blocks", "chunks", "words"} to choose them, the nominal bytes then theirs)."""
+    nominal = int(math.ceil(MEMORY_SHARE * declared.memory_mib * 2 ** 20))
+    shape = dict(SIM_SIZES)
+    if sizes:
+        shape = dict(sizes)
+        nominal = shape["blocks"] * shape["chunks"] * shape["words"] * 4
+    elif real:
+        shape = dict(REAL_SIZES, blocks=-(-nominal // (REAL_SIZES["chunks"] * REAL_SIZES["words"] * 4)))
+    band = TOLERANCES["figure_bands"]["memory_bandwidth_gbs"]
+    rate = float(declared.datasheet["memory_bandwidth_gbs"]) * 1e9 * band["reject"]
+    seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
+    return MemProof(seed=seed, gpu_indices=tuple(gpu_indices), nominal_bytes=nominal, read_s=nominal / rate,
+                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S, device=device, **shape)
+
+
+# ------------------------------------------------------------------------------------------ the exchange
+
+@dataclass
+class Outcome:
+    round_trip_s: float | None = None
+    roots: dict = field(default_factory=dict)  # gpu -> root of the fill
+    fresh_sent_at: float | None = None
+    fresh_salt: int | None = None
+    fresh_roots: dict = field(default_factory=dict)  # gpu -> root under the fresh salt
+    fresh_arrivals: dict = field(default_factory=dict)  # gpu -> platform clock
+    picks: dict = field(default_factory=dict)  # gpu -> [(block, chunk)]
+    opened: Any = None
+    problem: str = ""
+
+
+def _receive(exchange: Exchange, until: float) -> tuple[dict | None, float]:
+    line, at = exchange.receive(max(0.0, until - time.monotonic()))
+    return (None, at) if line is None else (_parse(line), at)
+
+
+def _roots(exchange: Exchange, proof: MemProof, until: float, what: str, into: dict,
+           arrivals: dict | None = None) -> str:
+    waiting = set(proof.gpu_indices)
+    while waiting:
+        message, at = _receive(exchange, until)
+        if message is None:
+            return f"sent no {what} within the wait"
+        gpu, root = message.get("gpu"), message.get("root")
+        if type(gpu) is not int or gpu not in waiting or not isinstance(root, str):
+            if message.get("ok") is False and isinstance(message.get("error"), dict):
+                return f"stopped with an error: {message['error'].get('message')}"
+            return f"sent something other than a {what}: {json.dumps(message)[:120]}"
+        waiting.discard(gpu)
+        into[gpu] = root
+        if arrivals is not None:
+            arrivals[gpu] = at
+    return ""
+
+
+def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Random | None = None) -> Outcome:
+    """Drive the exchange; what the node says or fails to say lands in the Outcome (a broken connection raises
+    what the exchange raises)."""
+    rng = rng or random.SystemRandom()
+    out = Outcome()
+    try:
+        trips = []
+        for i in range(PINGS):
+            sent = exchange.send({"ping": i})
+            message, at = _receive(exchange, time.monotonic() + PING_TIMEOUT_S)
+            if message is None or message.get("pong") != i:
+                out.problem = "did not answer a ping"
+                return out
+            trips.append(at - sent)
+        out.round_trip_s = min(trips)
+        sent = exchange.send({"memproof": proof.request(time_limit_s)})
+        out.problem = _roots(exchange, proof, sent + proof.fill_wait_s, "root of its fill", out.roots)
+        if out.problem:
+            return out
+        out.fresh_salt = rng.getrandbits(64)
+        out.fresh_sent_at = exchange.send({"fresh": out.fresh_salt})
+        out.problem = _roots(exchange, proof, out.fresh_sent_at + proof.read_s + GRACE_S, "fresh root",
+                             out.fresh_roots, out.fresh_arrivals)
+        if out.problem:
+            return out
+        out.picks = {g: [(rng.randrange(1, proof.blocks), rng.randrange(proof.chunks)) for _ in range(OPENINGS)]
+                     for g in proof.gpu_indices}
+        exchange.send({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}})
+        message, _ = _receive(exchange, time.monotonic() + PING_TIMEOUT_S)
+        if message is None or not isinstance(message.get("opened"), dict):
+            out.problem = "sent no openings" if message is None else "sent something other than its openings"
+            return out
+        out.opened = message["opened"]
+    except ValueError as exc:
+        out.problem = f"answered with garbage ({exc})"
+    except EOFError:
+        out.problem = "closed the exchange before it was over"
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the verdict
+
+def _chunk(proof: MemProof, gpu_opened: list, block: int, chunk: int) -> dict | None:
+    for item in gpu_opened:
+        if isinstance(item, dict) and item.get("block") == block and item.get("chunk") == chunk:
+            return item
+    return None
+
+
+def _check_chunk(proof: MemProof, item: dict | None, roots: tuple[str, str], salts: tuple[list, list]) -> str:
+    if item is None:
+        return "was not opened"
+    words = item.get("words")
+    if (not isinstance(words, list) or len(words) != proof.words
+            or not all(type(w) is int and 0 <= w <= M32 for w in words)):
+        return f"is not {proof.words} 32-bit words"
+    for packed_hex, path, root, salt in ((item.get("packed"), item.get("path"), roots[0], salts[0]),
+                                         (item.get("packed_fresh"), item.get("path_fresh"), roots[1], salts[1])):
+        try:
+            packed = bytes.fromhex(packed_hex) if isinstance(packed_hex, str) else b""
+        except ValueError:
+            packed = b""
+        if len(packed) != 8 * proof.chunks or not isinstance(path, list):
+            return "has no chunk digests or Merkle path"
+        leaf = hashlib.sha256(packed).digest()
+        if not merkle_verify(leaf, item["block"], proof.blocks, path, root):
+            return "does not lead to the committed root"
+        if struct.unpack_from("<Q", packed, 8 * item["chunk"])[0] != chunk_digest(words, salt):
+            return "does not match its committed digest"
+    return ""
+
+
+def check_gpu(proof: MemProof, out: Outcome, gpu: int) -> str:
+    """'' if every opening of the GPU proves its fill and its fresh root; else why not."""
+    opened = out.opened.get(str(gpu)) if isinstance(out.opened, dict) else None
+    if not isinstance(opened, list):
+        return "it opened nothing"
+    size = proof.chunks * proof.words
+    salts = (position_salts(key(proof.seed, gpu, "digest"), proof.words),
+             position_salts(out.fresh_salt or 0, proof.words))
+    roots = (out.roots.get(gpu, ""), out.fresh_roots.get(gpu, ""))
+    for block, chunk in out.picks.get(gpu, []):
+        pi, rot, salt = links(proof.seed, gpu, block, size)
+        start = chunk * proof.words
+        needed = {(block, chunk), (block - 1, chunk)}
+        needed |= {(pi, ((start + t + rot) % size) // proof.words) for t in range(proof.words)}
+        items = {}
+        for b, c in sorted(needed):
+            item = _chunk(proof, opened, b, c)
+            why = _check_chunk(proof, item, roots, salts)
+            if why:
+                return f"chunk {c} of block {b} {why}"
+            items[b, c] = item["words"]  # type: ignore[index]
+            if b == 0 and items[b, c] != block_zero(proof.seed, gpu, (c + 1) * proof.words, c * proof.words):
+                return f"chunk {c} of block 0 is not the seed's"
+        for t in range(proof.words):
+            j = start + t
+            ref_at = (j + rot) % size
+            ref = items[pi, ref_at // proof.words][ref_at % proof.words]
+            if items[block, chunk][t] != g_word(items[block - 1, chunk][t], ref, salt):
+                return f"word {j} of block {block} is not derived from blocks {block - 1} and {pi}"
+    return ""
+
+
+def judge(declared: DeclaredModel, proof: MemProof, out: Outcome) -> tuple[list[Finding], dict]:
+    """Findings (memory_proof_*) and the platform's figures per GPU."""
+    findings: list[Finding] = []
+    trip = out.round_trip_s or 0.0
+    allowance = TOLERANCES["memory_proof_latency_allowance_s"]
+    gib = proof.nominal_bytes / 2 ** 30
+    figures: dict[str, Any] = {"nominal_bytes": proof.nominal_bytes, "blocks": proof.blocks,
+                               "read_deadline_s": round(proof.read_s + allowance, 4), "gpus": {}}
+    for gpu in proof.gpu_indices:
+        row: dict[str, Any] = {}
+        figures["gpus"][str(gpu)] = row
+        if gpu not in out.fresh_arrivals or out.fresh_sent_at is None:
+            findings.append(Finding(REJECT, "memory_proof_no_answer",
+                                    f"GPU {gpu} did not complete the platform's memory proof ({gib:.1f} GiB, "
+                                    f"{MEMORY_SHARE:.0%} of the {declared.memory_mib} MiB declared): the node "
+                                    f"{out.problem or 'did not answer'}. Check that the agent runs and the GPU "
+                                    "responds (`nvidia-smi`), then verify again.", gpu))
+            continue
+        seconds = max(out.fresh_arrivals[gpu] - out.fresh_sent_at - trip, 0.0)
+        row["fresh_s"] = round(seconds, 4)
+        wrong = check_gpu(proof, out, gpu) if out.opened is not None else (out.problem or "it opened nothing")
+        row["correct"] = not wrong
+        if wrong:
+            findings.append(Finding(REJECT, "memory_proof_failed",
+                                    f"GPU {gpu} failed the platform's memory proof: {wrong}. The card does not "
+                                    f"hold the {gib:.1f} GiB it was asked to fill; declare the memory really "
+                                    "installed.", gpu))
+        elif seconds - allowance > proof.read_s:
+            findings.append(Finding(REJECT, "memory_proof_late",
+                                    f"GPU {gpu} re-read its {gib:.1f} GiB fill in {seconds:.2f} s measured by the "
+                                    f"platform; {declared.a_label} reads it in at most {proof.read_s:.3f} s at half "
+                                    "its datasheet bandwidth. Part of the memory is not on the card (host RAM, or "
+                                    "rebuilt on demand): declare the memory really installed.", gpu))
+    return findings, figures

@@ -1,0 +1,275 @@
+"""The memory proof (provisioning/verification/memproof.py and the agent's memproof.py): the same fill and
+digests on both sides, a Merkle path for every leaf, an honest sim node passing over pipes, a 40 GB card
+claiming 80 GB caught late (its rest in host RAM) or caught by the openings (made-up digests), and every way a
+node can answer badly ending in a finding with a reason. The end-to-end run over SSH is in
+test_benchmark_verification.py (every profile's expected verdict)."""
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from provisioning.agent.gpumarket_agent import memproof as node
+from provisioning.verification import memproof
+from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.profiles import PROFILES_DIR
+
+CATALOGUE = load_catalogue()
+A100 = DeclaredModel.from_catalogue(CATALOGUE["a100-80gb-sxm"])
+PONGS = [b'{"pong": 0}', b'{"pong": 1}', b'{"pong": 2}']
+
+
+def codes(findings):
+    return sorted({(f.code, f.severity, f.gpu_index) for f in findings})
+
+
+def test_both_sides_have_the_same_fill_and_digests():
+    rng = random.Random(2)
+    for _ in range(3):
+        seed, gpu, size = rng.getrandbits(64), rng.randrange(8), 48
+        assert node.block_zero(seed, gpu, size) == memproof.block_zero(seed, gpu, size)
+        for i in range(1, 6):
+            assert node.links(seed, gpu, i, size) == memproof.links(seed, gpu, i, size)
+            assert node.links(seed, gpu, i, size)[0] < i
+        blocks = node.fill(seed, gpu, 6, size)
+        for i in range(1, 6):
+            pi, rot, salt = memproof.links(seed, gpu, i, size)
+            assert blocks[i] == [memproof.g_word(blocks[i - 1][j], blocks[pi][(j + rot) % size], salt)
+                                 for j in range(size)]
+        salts = memproof.position_salts(seed, 16)
+        assert node.position_salts(seed, 16) == salts
+        assert node.chunk_digest(blocks[3][:16], salts) == memproof.chunk_digest(blocks[3][:16], salts)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13])
+def test_every_leafs_merkle_path_leads_to_the_root_and_nothing_else_does(count):
+    leaves = [hashlib.sha256(bytes([i])).digest() for i in range(count)]
+    levels = node.merkle_levels(leaves)
+    root = levels[-1][0].hex()
+    for i, leaf in enumerate(leaves):
+        path = node.merkle_path(levels, i)
+        assert memproof.merkle_verify(leaf, i, count, path, root)
+        assert not memproof.merkle_verify(hashlib.sha256(b"x").digest(), i, count, path, root)
+        assert not memproof.merkle_verify(leaf, i, count, [*path, "00" * 32], root)
+        if count > 1:
+            assert not memproof.merkle_verify(leaf, (i + 1) % count, count, path, root) or leaves[i] == leaves[
+                (i + 1) % count]
+    assert not memproof.merkle_verify(leaves[0], 0, count, ["zz"], root)
+    assert not memproof.merkle_verify(leaves[0], 0, count, "path", root)
+
+
+def test_a_block_depends_on_whole_earlier_blocks_not_on_one_position():
+    """The rotation: changing one word of block 0 changes words of later blocks at other positions."""
+    seed, size = 99, 64
+    blocks = node.fill(seed, 0, 12, size)
+    changed = [b[:] for b in blocks[:1]]
+    changed[0][5] ^= 1
+    for i in range(1, 12):
+        pi, rot, salt = node.links(seed, 0, i, size)
+        changed.append([node.fmix32(changed[i - 1][j] ^ changed[pi][(j + rot) % size] ^ salt) for j in range(size)])
+    differ = {j for j in range(size) if changed[11][j] != blocks[11][j]}
+    assert len(differ) > 1 and differ != {5}
+
+
+# ------------------------------------------------------------------------------- the exchange, on pipes
+
+class PipeExchange:
+    def __init__(self, to_node, from_node):
+        self.to_node, self.from_node = to_node, from_node
+
+    def send(self, message):
+        self.to_node.write(json.dumps(message) + "\n")
+        self.to_node.flush()
+        return time.monotonic()
+
+    def receive(self, timeout):
+        line = self.from_node.readline()
+        if not line:
+            raise EOFError
+        return line.encode(), time.monotonic()
+
+
+def exchange_with_agent(profile_path, declared, gpus, rng=None):
+    a, b = os.pipe()
+    c, d = os.pipe()
+    to_node, node_in = os.fdopen(b, "w"), os.fdopen(a)
+    node_out, from_node = os.fdopen(d, "w"), os.fdopen(c)
+    cfg = SimpleNamespace(runtime="sim", sim_profile=str(profile_path))
+    status = []
+    thread = threading.Thread(target=lambda: status.append(node.run_exchange(cfg, node_in, node_out)))
+    thread.start()
+    try:
+        drawn = memproof.draw(declared, gpus, rng=rng)
+        out = memproof.run(PipeExchange(to_node, from_node), drawn, 300, rng=rng)
+        final = json.loads(from_node.readline())
+    finally:
+        to_node.close()
+        thread.join(30)
+    return drawn, out, final, status
+
+
+def test_an_honest_node_passes_and_reads_its_fill_in_the_claimed_cards_time():
+    drawn, out, final, status = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0, 1, 2, 3])
+    assert (final["ok"], status, out.problem) == (True, [0], "")
+    findings, figures = memproof.judge(A100, drawn, out)
+    assert findings == []
+    assert drawn.nominal_bytes >= 0.95 * 81920 * 2 ** 20
+    assert all(figures["gpus"][str(g)]["correct"] for g in range(4))
+    # 77.8 GB at 85 % of 2039 GB/s: ~45 ms, under the deadline (half the datasheet bandwidth, plus the allowance)
+    assert all(figures["gpus"][str(g)]["fresh_s"] < figures["read_deadline_s"] for g in range(4))
+
+
+def test_a_40gb_card_claiming_80gb_with_the_rest_in_host_ram_is_late():
+    path = PROFILES_DIR / "a100-40gb-sxm-says-80gb-everywhere-x1.json"
+    drawn, out, final, status = exchange_with_agent(path, A100, [0])
+    assert (final["ok"], status) == (True, [0])
+    findings, figures = memproof.judge(A100, drawn, out)
+    assert codes(findings) == [("memory_proof_late", "reject", 0)]
+    assert figures["gpus"]["0"]["correct"] is True  # every opening is right: only the clock sees it
+    # ~37 GB over its 25 GB/s host link: more than a second
+    assert figures["gpus"]["0"]["fresh_s"] > 1.0
+    assert "host RAM" in findings[0].message
+
+
+def test_made_up_digests_for_the_memory_it_lacks_fail_the_openings(tmp_path):
+    profile = json.loads((PROFILES_DIR / "a100-40gb-sxm-says-80gb-everywhere-x1.json").read_text())
+    profile["performance"]["memory_rest"] = "made_up"
+    path = tmp_path / "made-up.json"
+    path.write_text(json.dumps(profile))
+    # with 8 openings a card holding half of the blocks passes them all 1 time in 256: seeded so that one lands
+    drawn, out, final, status = exchange_with_agent(path, A100, [0], rng=random.Random(1))
+    assert any(b >= drawn.blocks // 2 for b, _ in out.picks[0])
+    findings, _ = memproof.judge(A100, drawn, out)
+    assert codes(findings) == [("memory_proof_failed", "reject", 0)]
+    assert "does not match its committed digest" in findings[0].message
+
+
+# ------------------------------------------------------------------------------------------ bad answers
+
+class FakeExchange:
+    def __init__(self, *lines):
+        self.lines, self.sent = list(lines), []
+
+    def send(self, message):
+        self.sent.append(message)
+        return time.monotonic()
+
+    def receive(self, timeout):
+        line = self.lines.pop(0) if self.lines else None
+        if line is EOFError:
+            raise EOFError
+        return line, time.monotonic()
+
+
+@pytest.mark.parametrize("lines, reason", [
+    ([*PONGS, b"garbage"], "garbage"),
+    ([*PONGS, b'{"gpu": 0, "root": 5}'], "other than a root of its fill"),
+    ([*PONGS, None], "sent no root of its fill within the wait"),
+    ([*PONGS, b'{"gpu": 0, "root": "ab"}', None], "sent no fresh root"),
+    ([None], "did not answer a ping"),
+    ([*PONGS, EOFError], "closed the exchange"),
+    ([*PONGS, b'{"ok": false, "error": {"code": "memproof_unsupported", "message": "no"}}'], "stopped with an error"),
+])
+def test_a_node_that_answers_badly_gets_a_finding_with_the_reason(lines, reason):
+    drawn = memproof.draw(A100, [0])
+    out = memproof.run(FakeExchange(*lines), drawn, 300)
+    findings, _ = memproof.judge(A100, drawn, out)
+    assert codes(findings) == [("memory_proof_no_answer", "reject", 0)]
+    assert reason in findings[0].message and "verify again" in findings[0].message
+
+
+def test_roots_without_openings_or_with_wrong_ones_fail():
+    drawn = memproof.draw(A100, [0])
+    roots = [b'{"gpu": 0, "root": "ab"}', b'{"gpu": 0, "root": "cd"}']
+    exchange = FakeExchange(*PONGS, *roots, b'{"nope": 1}')
+    findings, _ = memproof.judge(A100, drawn, memproof.run(exchange, drawn, 300))
+    assert codes(findings) == [("memory_proof_failed", "reject", 0)]
+    assert "fresh" in exchange.sent[-2] and "open" in exchange.sent[-1]  # opened only after both roots
+    for opened in ({"0": "all"}, {"0": [{"block": 1}]}, {"0": [{"block": 1, "chunk": 0, "words": ["x"]}]}, {}):
+        exchange = FakeExchange(*PONGS, *roots, json.dumps({"opened": opened}).encode())
+        findings, _ = memproof.judge(A100, drawn, memproof.run(exchange, drawn, 300))
+        assert codes(findings) == [("memory_proof_failed", "reject", 0)], opened
+
+
+def test_a_tampered_word_or_path_of_an_honest_answer_fails():
+    drawn, out, _, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0])
+    assert memproof.check_gpu(drawn, out, 0) == ""
+    item = out.opened["0"][0]
+    item["words"][0] ^= 1
+    assert "does not match its committed digest" in memproof.check_gpu(drawn, out, 0)
+    item["words"][0] ^= 1
+    item["path"] = item["path"][::-1] if len(item["path"]) > 1 else ["00" * 32]
+    assert "does not lead to the committed root" in memproof.check_gpu(drawn, out, 0)
+
+
+def test_the_agent_refuses_a_bad_request_with_the_field():
+    for req, field in (({"seed": -1}, "seed"), ({"blocks": 1}, "blocks"), ({"extra": 1}, "extra"),
+                       ({"gpu_indices": [0, 0]}, "gpu_indices")):
+        good = memproof.draw(A100, [0]).request(60)
+        with pytest.raises(node.AgentError) as caught:
+            node.validate(dict(good, **req))
+        assert caught.value.field == field
+
+
+def test_the_profile_file_exists_with_its_expected_verdict():
+    profile = json.loads(Path(PROFILES_DIR / "a100-40gb-sxm-says-80gb-everywhere-x1.json").read_text())
+    assert profile["expect"] == {"verdict": "rejected", "findings": ["memory_proof_late"]}
+
+
+def test_a_platform_that_hangs_up_ends_the_agent_with_an_error_line():
+    import io
+    out = io.StringIO()
+    cfg = SimpleNamespace(runtime="sim", sim_profile=str(PROFILES_DIR / "a100-80gb-sxm-x4.json"))
+    request = json.dumps({"memproof": memproof.draw(A100, [0]).request(60)}) + "\n"
+    assert node.run_exchange(cfg, io.StringIO(request), out, sleep=lambda s: None) == 1
+    answers = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [a["gpu"] for a in answers if "root" in a] == [0]
+    assert answers[-1]["ok"] is False and "closed the exchange" in answers[-1]["error"]["message"]
+    # a real node says it cannot, as an error the platform turns into memory_proof_no_answer
+    out = io.StringIO()
+    assert node.run_exchange(SimpleNamespace(runtime="docker", sim_profile=None), io.StringIO(request), out) == 1
+    assert json.loads(out.getvalue().splitlines()[-1])["error"]["code"] == "memproof_unsupported"
+
+
+def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
+    """The agent's real path (TorchCard) with device "cpu" and small sizes: bit-identical blocks, digests and
+    roots, an honest exchange on pipes verified by the platform, and a real-size draw that fills the bytes."""
+    torch = pytest.importorskip("torch")
+    drawn = memproof.draw(A100, [0, 1], rng=random.Random(5), sizes={"blocks": 9, "chunks": 6, "words": 16},
+                          device="cpu")
+    req = node.validate(drawn.request(60))
+    old, node.SLICE = node.SLICE, 40  # slices that split chunks and blocks unevenly
+    try:
+        card = node.TorchCard(torch, torch.device("cpu"), req, 1)
+    finally:
+        node.SLICE = old
+    size = drawn.chunks * drawn.words
+    assert [[w & node.M32 for w in b.tolist()] for b in card.blocks] == node.fill(drawn.seed, 1, drawn.blocks, size)
+    salts = node.position_salts(node.key(drawn.seed, 1, "digest"), drawn.words)
+    sim_like = node.merkle_levels([hashlib.sha256(node.packed_block(b, drawn.chunks, drawn.words, salts)).digest()
+                                   for b in node.fill(drawn.seed, 1, drawn.blocks, size)])
+    assert card.commit(salts) == sim_like[-1][0].hex()
+
+    cfg = SimpleNamespace(runtime="docker", sim_profile=None)
+    a, b = os.pipe()
+    c, d = os.pipe()
+    to_node, node_in, node_out, from_node = os.fdopen(b, "w"), os.fdopen(a), os.fdopen(d, "w"), os.fdopen(c)
+    status = []
+    thread = threading.Thread(target=lambda: status.append(node.run_exchange(cfg, node_in, node_out)))
+    thread.start()
+    try:
+        out = memproof.run(PipeExchange(to_node, from_node), drawn, 120)
+        final = json.loads(from_node.readline())
+    finally:
+        to_node.close()
+        thread.join(60)
+    assert (final["ok"], status, out.problem) == (True, [0], "")
+    assert memproof.check_gpu(drawn, out, 0) == "" and memproof.check_gpu(drawn, out, 1) == ""
+    real = memproof.draw(A100, [0], real=True)
+    assert real.blocks * real.chunks * real.words * 4 >= 0.95 * 81920 * 2 ** 20
+    assert node.validate(real.request(600))["blocks"] == real.blocks
