@@ -14,13 +14,14 @@ Then each band's headroom: over every honest draw, how far the worst GPU stayed 
 value / threshold - 1 (for a ceiling, threshold / value - 1): +10 % = 10 % of room left.
 No database, no Django: the policy reads the catalogue's JSON file.
 
-Run: .venv/bin/python bench/verdict_stability.py [--runs 1000] [--fleet-nodes 5]
+Run: .venv/bin/python bench/verdict_stability.py [--runs 1000] [--fleet-nodes 5] [--profiles honest] [--jobs 2]
 (exit status 1 if any draw went wrong)
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import sys
 import time
@@ -84,48 +85,73 @@ def result_model(name: str) -> str:
     return json.loads((PROFILES_DIR / f"{name}.json").read_text())["declared"]["gpu_model"]
 
 
+def draw_profile(name: str, runs: int, fleet_nodes: int) -> dict:
+    """`runs` draws of one profile: its verdict counts, finding codes, draws as expected and band headroom."""
+    catalogue = load_catalogue()
+    expect = profile_expectation(name)
+    honest = expect["verdict"] == "verified"
+    declared = DeclaredModel.from_catalogue(catalogue[result_model(name)])
+    verdicts: collections.Counter = collections.Counter()
+    codes: collections.Counter = collections.Counter()
+    bands: dict[str, float] = {}
+    good = 0
+    for _ in range(runs):
+        if honest:  # a fresh fleet of this hardware for every draw
+            fleet = FleetReference.from_node_medians(
+                [f["median"] for f in fleet_figures(name, fleet_nodes, catalogue)])
+        else:
+            fleet = profile_fleet(name, catalogue)
+        result = judge_profile(name, catalogue, fleet=fleet or False)
+        if honest:
+            for band, value in band_headroom(result, declared, fleet).items():
+                bands[band] = min(value, bands.get(band, float("inf")))
+        verdicts[result.verdict] += 1
+        seen = {f.code for f in result.findings}
+        codes.update(seen)
+        good += result.verdict == expect["verdict"] and set(expect["findings"]) <= seen
+    return {"name": name, "expect": expect, "honest": honest, "verdicts": verdicts, "codes": codes, "good": good,
+            "bands": bands}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--fleet-nodes", type=int, default=5)
+    parser.add_argument("--profiles", default="all",
+                        help="all, honest, dishonest, or profile names separated by commas (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="profiles drawn in parallel processes (default: 1)")
     args = parser.parse_args()
-    catalogue = load_catalogue()
+    names = profile_names()
+    if args.profiles in ("honest", "dishonest"):
+        names = [n for n in names if (profile_expectation(n)["verdict"] == "verified") == (args.profiles == "honest")]
+    elif args.profiles != "all":
+        wanted = args.profiles.split(",")
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            parser.error(f"unknown profile(s): {', '.join(unknown)}")
+        names = [n for n in names if n in wanted]
     print(f"{'profile':40} {'expected':10} {'runs':>5} {'as expected':>12} {'false rej.':>10} {'false deg.':>10}  "
           "finding codes seen (draws)")
     bad, false_total = 0, 0
     bands: dict[str, tuple[float, str]] = {}
     started = time.monotonic()
-    for name in profile_names():
-        expect = profile_expectation(name)
-        honest = expect["verdict"] == "verified"
-        declared = DeclaredModel.from_catalogue(catalogue[result_model(name)])
-        verdicts: collections.Counter = collections.Counter()
-        codes: collections.Counter = collections.Counter()
-        good = 0
-        for _ in range(args.runs):
-            if honest:  # a fresh fleet of this hardware for every draw
-                fleet = FleetReference.from_node_medians(
-                    [f["median"] for f in fleet_figures(name, args.fleet_nodes, catalogue)])
-            else:
-                fleet = profile_fleet(name, catalogue)
-            result = judge_profile(name, catalogue, fleet=fleet or False)
-            if honest:
-                for band, value in band_headroom(result, declared, fleet).items():
-                    if value < bands.get(band, (float("inf"), ""))[0]:
-                        bands[band] = (value, name)
-            verdicts[result.verdict] += 1
-            seen = {f.code for f in result.findings}
-            codes.update(seen)
-            good += result.verdict == expect["verdict"] and set(expect["findings"]) <= seen
-        false_rej = verdicts["rejected"] if honest else 0
-        false_deg = verdicts["degraded"] if honest else 0
-        false_total += false_rej + false_deg
-        bad += args.runs - good
-        seen_codes = ", ".join(f"{c} ({n})" for c, n in sorted(codes.items())) or "-"
-        print(f"{name:40} {expect['verdict']:10} {args.runs:5} {good:12} {false_rej:10} {false_deg:10}  {seen_codes}")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        done = pool.map(draw_profile, names, [args.runs] * len(names), [args.fleet_nodes] * len(names))
+        for out in done:  # in profile order, each printed as soon as it and those before it are done
+            name, expect, honest, verdicts = out["name"], out["expect"], out["honest"], out["verdicts"]
+            for band, value in out["bands"].items():
+                if value < bands.get(band, (float("inf"), ""))[0]:
+                    bands[band] = (value, name)
+            false_rej = verdicts["rejected"] if honest else 0
+            false_deg = verdicts["degraded"] if honest else 0
+            false_total += false_rej + false_deg
+            bad += args.runs - out["good"]
+            seen_codes = ", ".join(f"{c} ({n})" for c, n in sorted(out["codes"].items())) or "-"
+            print(f"{name:40} {expect['verdict']:10} {args.runs:5} {out['good']:12} {false_rej:10} {false_deg:10}  "
+                  f"{seen_codes}", flush=True)
     elapsed = time.monotonic() - started
-    print(f"\n{len(profile_names())} profiles x {args.runs} draws in {elapsed:.1f} s; {bad} draw(s) not as expected, "
-          f"{false_total} false finding(s) on honest profiles (each judged against a fresh fleet of "
+    print(f"\n{len(names)} profiles x {args.runs} draws in {elapsed:.1f} s ({args.jobs} process(es)); {bad} draw(s) "
+          f"not as expected, {false_total} false finding(s) on honest profiles (each judged against a fresh fleet of "
           f"{args.fleet_nodes} nodes with its hardware).\n")
     print(f"{'band (honest profiles, every draw, worst GPU)':60} {'headroom':>9}  closest profile")
     for band, (value, name) in sorted(bands.items(), key=lambda item: item[1][0]):

@@ -50,7 +50,7 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     found, _ = simulated_challenge(path, model, whole, quick) if whole else ([], {})
     if whole:
         found += simulated_memory_proof(path, model, whole)[0]
-    bench["p2p"] = agent.p2p_figures(cfg, whole)
+    bench["p2p"] = agent.p2p_figures(cfg, whole, wait=False)  # the figures, without the copies' wall time
     topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
     mig = judge_mig(model, layout, {"gpus": gpus, "mig": devices}, bench)
     return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None, topology=topology,
