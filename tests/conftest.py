@@ -12,6 +12,18 @@ from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web
 )
 
 
+def pytest_collection_modifyitems(items):
+    """Every test has its own id. schemathesis names its cases `test[GET /path]` but gives them all the function's
+    id: pytest-xdist's --dist loadgroup (make test) keys tests by id and would run one of them, silently."""
+    for item in items:
+        if "[" in item.name and not item.nodeid.endswith("]"):
+            item._id = item.parent.id.child(item.name)  # the id pytest gives a node (_pytest/nodes.py, pytest 9)
+    seen: set[str] = set()
+    twice = sorted({item.nodeid for item in items if item.nodeid in seen or seen.add(item.nodeid)})
+    if twice:
+        raise pytest.UsageError(f"tests with the same id (pytest-xdist would run only one): {twice[:5]}")
+
+
 @pytest.fixture(autouse=True)
 def _celery_current_app_stays_the_projects():
     """Services queue through `celery.current_app` (core.dispatch, the fleet fan-out). A test that makes another
