@@ -33,9 +33,10 @@ $(VASTAI_VENV)/.installed: requirements-vastai.txt constraints-vastai.txt
 demo: $(VENV)/.installed-demo
 	scripts/demo
 
-# pytest-xdist's worker processes for `make test`: each has its own test database and Redis databases
-# (config/settings/test.py), tests/docker stay on one of them (--dist loadgroup); `PYTEST_XDIST=` runs one process.
-PYTEST_XDIST ?= -n 3 --dist loadgroup
+# pytest-xdist for `make test`, off by default until three order-dependent tests are fixed (see README):
+# `make test PYTEST_XDIST="-n 3 --dist loadgroup"` runs worker processes, each with its own test database and Redis
+# databases (config/settings/test.py); tests/docker stay on one of them (--dist loadgroup).
+PYTEST_XDIST ?=
 
 ## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint, the import contract
 ## (.importlinter) and the suite
