@@ -33,6 +33,11 @@ $(VASTAI_VENV)/.installed: requirements-vastai.txt constraints-vastai.txt
 demo: $(VENV)/.installed-demo
 	scripts/demo
 
+# pytest-xdist for `make test`, off by default until three order-dependent tests are fixed (see README):
+# `make test PYTEST_XDIST="-n 3 --dist loadgroup"` runs worker processes, each with its own test database and Redis
+# databases (config/settings/test.py); tests/docker stay on one of them (--dist loadgroup).
+PYTEST_XDIST ?=
+
 ## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint, the import contract
 ## (.importlinter) and the suite
 test: $(VENV)/.installed-dev $(VASTAI_VENV)/.installed services
@@ -40,7 +45,7 @@ test: $(VENV)/.installed-dev $(VASTAI_VENV)/.installed services
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 ## demo-smoke: `make demo` from a fresh venv against PostgreSQL and Redis until its first server is listed,
 ## then Ctrl-C; fails if anything it started is left running (CI runs it after `make test`)

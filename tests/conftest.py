@@ -1,6 +1,7 @@
 import importlib
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
 
 from tests.factories import UserFactory, api_key_for
@@ -10,6 +11,25 @@ from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web
     localstripe_server,
     stripe_webhooks,
 )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test has its own id. schemathesis names its cases `test[GET /path]` but gives them all the function's
+    id: pytest-xdist's --dist loadgroup (make test) keys tests by id and would run one of them, silently.
+
+    And under --dist loadgroup a test's xdist_group ends its id (`...@docker`): pytest-xdist 3.8 writes that to
+    `_nodeid`, which pytest 9 no longer reads (`_id`), so without this a group's tests would spread over workers."""
+    for item in items:
+        if "[" in item.name and not item.nodeid.endswith("]"):
+            item._id = item.parent.id.child(item.name)  # the id pytest gives a node (_pytest/nodes.py, pytest 9)
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and getattr(config.option, "loadgroup", False) and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+    seen: set[str] = set()
+    twice = sorted({item.nodeid for item in items if item.nodeid in seen or seen.add(item.nodeid)})
+    if twice:
+        raise pytest.UsageError(f"tests with the same id (pytest-xdist would run only one): {twice[:5]}")
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,8 @@
 test database, and simulated GPU servers (real sshd processes) registered through the API.
 
 Registered for the whole suite by tests/conftest.py, so that one session has one worker whichever folders run
-(a second worker would take tasks meant for the first)."""
+(a second worker would take tasks meant for the first). Under pytest-xdist each xdist worker has its own session,
+hence its own Celery worker, on its own broker database (config/settings/test.py)."""
 import os
 import signal
 import socket

@@ -1,9 +1,25 @@
 """The test suite: the real PostgreSQL and Redis of this machine, never SQLite."""
 import os
+from urllib.parse import urlsplit
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpumarket")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/15")
+# pytest-xdist (`make test` runs `pytest -n`): each worker process has its own test database (pytest-django adds
+# _gwN to its name) and must have its own Redis databases too, since the tests flush them (the cache before every
+# test, the broker when the suite's Celery worker starts). gw0 keeps the two above; gwN (N >= 1) takes the Nth
+# pair (broker, cache) of TEST_XDIST_REDIS_DBS. Done once per worker and written to the environment, so that the
+# processes the tests start (Celery workers, which inherit it) keep what they are given.
+_xdist_worker = os.environ.get("PYTEST_XDIST_WORKER") or "gw0"
+if _xdist_worker != "gw0" and os.environ.get("TEST_XDIST_REDIS_FOR") != _xdist_worker:
+    _n = int(_xdist_worker.removeprefix("gw"))
+    _dbs = os.environ.get("TEST_XDIST_REDIS_DBS", "12,13,10,11").split(",")
+    if len(_dbs) < 2 * _n:
+        raise RuntimeError(f"pytest-xdist worker {_xdist_worker} has no Redis databases: TEST_XDIST_REDIS_DBS "
+                           f"lists {len(_dbs) // 2} pairs (broker,cache) for the workers after gw0")
+    for _name, _db in (("CELERY_BROKER_URL", _dbs[2 * _n - 2]), ("CACHE_URL", _dbs[2 * _n - 1])):
+        os.environ[_name] = urlsplit(os.environ[_name])._replace(path="/" + _db.strip()).geturl()
+    os.environ["TEST_XDIST_REDIS_FOR"] = _xdist_worker
 # Retries of unreachable nodes, shortened so that fault tests end in seconds.
 os.environ.setdefault("NODE_TASK_RETRY_BACKOFF_S", "0.5,0.5,0.5")
 os.environ.setdefault("NODE_CONNECT_BACKOFF_S", "0.2")

@@ -15,6 +15,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/docker/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.docker)
+            # One engine per machine (engine.lock) and fixed published ports: under pytest-xdist all of these run
+            # on one worker (`--dist loadgroup`), which starts the engine once.
+            item.add_marker(pytest.mark.xdist_group("docker"))
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
