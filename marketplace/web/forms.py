@@ -21,7 +21,9 @@ from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, USD_MAX_DIGITS, USD_PLACES, parse_cents
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
+from marketplace.mig import profiles_for
 from marketplace.models import GpuModel, Image, Runtime, SshKey, User
+from marketplace.money import usd_text
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.validators import (
@@ -168,6 +170,7 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
         self.fields["num_gpus"] = forms.IntegerField(
             label="Number of GPUs", min_value=1, max_value=node.gpu_count, initial=1,
             help_text=f"{free} of this server's {node.gpu_count} GPUs are free now.")
+        self._add_mig_choice(node, free)
         self.fields["ssh_keys"].queryset = keys = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
         self.setup_volumes(user=user, node=node)
         if not self.is_bound:
@@ -176,6 +179,52 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
                 self.fields["ssh_keys"].help_text = "You have no saved keys yet: paste one below."
             elif len(saved) == 1:  # the only key: ticked, so that "Rent now" works at once
                 self.initial.setdefault("ssh_keys", saved)
+
+    def _add_mig_choice(self, node, free_gpus: int) -> None:
+        """With free MIG slices (`node.mig_free`: [(profile, free, price micros)], as the offers page reads them),
+        the renter chooses whole GPUs or one profile's slices; only what is free now is offered. The booking
+        service decides the rest (a profile the node does not rent, more slices than are free: 400 naming it)."""
+        slices = getattr(node, "mig_free", None) or []
+        if not slices:
+            return
+        memory = {name: p.memory_gb for name, p in profiles_for(node.gpu_model.slug).items()}
+        choices = [("", f"Whole GPUs: {usd_text(node.price_per_gpu_hour_micros)} per GPU-hour, "
+                        f"{free_gpus} free")] if free_gpus else []
+        choices += [(profile, f"MIG {profile} slices ({memory.get(profile, '?')} GB each): {usd_text(price)} per "
+                              f"slice-hour, {n} free") for profile, n, price in slices]
+        self.fields["mig_profile"] = forms.ChoiceField(
+            label="What to rent", choices=choices, required=not free_gpus, widget=forms.RadioSelect,
+            initial=choices[0][0],
+            help_text="A MIG slice is an isolated part of one GPU, with its own memory and compute; your instance "
+                      "sees only its slices.")
+        if self.initial.get("mig_profile") not in dict(choices):  # e.g. a link's profile no longer free
+            self.initial.pop("mig_profile", None)
+        # Slices are counted by the same field; the service says how many of the chosen profile are free.
+        count = self.fields["num_gpus"]
+        count.label = "Number of GPUs or slices"
+        count.max_value = max(node.gpu_count, *(n for _, n, _ in slices))
+        count.validators = [v for v in count.validators if not isinstance(v, MaxValueValidator)]
+        count.validators.append(MaxValueValidator(count.max_value))
+        count.widget.attrs["max"] = count.max_value
+        count.help_text = (f"{free_gpus} of this server's {node.gpu_count} GPUs are free now, and "
+                           + ", ".join(f"{n} {profile} slice{'s' if n != 1 else ''}" for profile, n, _ in slices)
+                           + ".")
+
+    def unit_price_micros(self, node) -> int:
+        """The price per hour of one GPU, or one slice of the chosen profile (for the estimate)."""
+        profile = self.chosen_profile()
+        for name, _, price in getattr(node, "mig_free", None) or []:
+            if name == profile:
+                return int(price)
+        return int(node.price_per_gpu_hour_micros)
+
+    def chosen_profile(self) -> str:
+        """The MIG profile chosen (or shown first), "" for whole GPUs; one of the offered choices only."""
+        field = self.fields.get("mig_profile")
+        if field is None:
+            return ""
+        value = self["mig_profile"].value() or ""
+        return value if value in dict(field.choices) else ""
 
     def clean_ssh_keys(self):
         keys = self.cleaned_data["ssh_keys"]
