@@ -304,6 +304,51 @@ class NodeSettingsForm(forms.Form):
                                      help_text="No new rentals and no scheduled checks until you switch it off.")
 
 
+_LAYOUT_LINE = re.compile(r"\s*GPU\s*(\d+)\s*:\s*(.*)", re.IGNORECASE)
+_PRICE_LINE = re.compile(r"\s*(\S+)\s*:\s*\$?\s*(\S+)\s*")
+
+
+class NodeMigForm(forms.Form):
+    """A node's MIG layout and slice prices, typed as lines; parsed here into the API's JSON shapes, whose rules
+    (profiles of the model, no overfilled card, a price for each profile used and none other) are the service's
+    (marketplace.services.nodes._check_mig), answered on the field they concern."""
+
+    mig_layout = forms.CharField(
+        label="MIG layout", required=False, max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "GPU 0: 3g.40gb, 3g.40gb\nGPU 1: 1g.10gb, 1g.10gb, 2g.20gb"}),
+        help_text="One line per split GPU: its index, then its profiles. GPUs not named stay whole. "
+                  "Empty: no MIG. The next check holds it against nvidia-smi.")
+    mig_prices = forms.CharField(
+        label="Prices per slice-hour (USD)", required=False, max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "3g.40gb: 0.70\n1g.10gb: 0.25"}),
+        help_text="One line per profile of the layout: the profile, then its price.")
+
+    def clean_mig_layout(self) -> list[dict]:
+        layout = []
+        for n, line in enumerate(raw for raw in self.cleaned_data["mig_layout"].splitlines() if raw.strip()):
+            match = _LAYOUT_LINE.fullmatch(line)
+            profiles = [p.strip() for p in match.group(2).split(",")] if match else []
+            if not match or not all(profiles):
+                raise ValidationError(f"Line {n + 1} must read “GPU <index>: <profile>, <profile>, ...”.")
+            layout.append({"gpu": int(match.group(1)), "profiles": profiles})
+        return layout
+
+    def clean_mig_prices(self) -> dict:
+        prices, price_field = {}, PriceField()
+        for n, line in enumerate(raw for raw in self.cleaned_data["mig_prices"].splitlines() if raw.strip()):
+            match = _PRICE_LINE.fullmatch(line)
+            if not match:
+                raise ValidationError(f"Line {n + 1} must read “<profile>: <price>”, e.g. “3g.40gb: 0.70”.")
+            profile = match.group(1)
+            try:
+                prices[profile] = price_field.clean(match.group(2))
+            except ValidationError as exc:
+                raise ValidationError(f"{profile}: {' '.join(exc.messages)}") from None
+        return prices
+
+
 # --------------------------------------------------------------------------------------------- billing
 
 class _CardChoices(forms.ModelChoiceField):
