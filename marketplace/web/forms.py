@@ -197,18 +197,15 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
             initial=choices[0][0],
             help_text="A MIG slice is an isolated part of one GPU, with its own memory and compute; your instance "
                       "sees only its slices.")
-        if self.initial.get("mig_profile") not in dict(choices):  # e.g. a link's profile no longer free
+        self.mig_choices = dict(choices)
+        if self.initial.get("mig_profile") not in self.mig_choices:  # e.g. a link's profile no longer free
             self.initial.pop("mig_profile", None)
         # Slices are counted by the same field; the service says how many of the chosen profile are free.
-        count = self.fields["num_gpus"]
-        count.label = "Number of GPUs or slices"
-        count.max_value = max(node.gpu_count, *(n for _, n, _ in slices))
-        count.validators = [v for v in count.validators if not isinstance(v, MaxValueValidator)]
-        count.validators.append(MaxValueValidator(count.max_value))
-        count.widget.attrs["max"] = count.max_value
-        count.help_text = (f"{free_gpus} of this server's {node.gpu_count} GPUs are free now, and "
-                           + ", ".join(f"{n} {profile} slice{'s' if n != 1 else ''}" for profile, n, _ in slices)
-                           + ".")
+        most = max(node.gpu_count, *(n for _, n, _ in slices))
+        self.fields["num_gpus"] = forms.IntegerField(
+            label="Number of GPUs or slices", min_value=1, max_value=most, initial=1,
+            help_text=f"{free_gpus} of this server's {node.gpu_count} GPUs are free now, and "
+                      + ", ".join(f"{n} {profile} slice{'s' if n != 1 else ''}" for profile, n, _ in slices) + ".")
 
     def unit_price_micros(self, node) -> int:
         """The price per hour of one GPU, or one slice of the chosen profile (for the estimate)."""
@@ -220,11 +217,10 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
 
     def chosen_profile(self) -> str:
         """The MIG profile chosen (or shown first), "" for whole GPUs; one of the offered choices only."""
-        field = self.fields.get("mig_profile")
-        if field is None:
+        if "mig_profile" not in self.fields:
             return ""
         value = self["mig_profile"].value() or ""
-        return value if value in dict(field.choices) else ""
+        return value if value in self.mig_choices else ""
 
     def clean_ssh_keys(self):
         keys = self.cleaned_data["ssh_keys"]
@@ -308,26 +304,23 @@ _LAYOUT_LINE = re.compile(r"\s*GPU\s*(\d+)\s*:\s*(.*)", re.IGNORECASE)
 _PRICE_LINE = re.compile(r"\s*(\S+)\s*:\s*\$?\s*(\S+)\s*")
 
 
-class NodeMigForm(forms.Form):
-    """A node's MIG layout and slice prices, typed as lines; parsed here into the API's JSON shapes, whose rules
-    (profiles of the model, no overfilled card, a price for each profile used and none other) are the service's
-    (marketplace.services.nodes._check_mig), answered on the field they concern."""
+class _LinesField(forms.CharField):
+    """A textarea of lines; its max_length applies to the text typed (the parsed value is a list or a dict)."""
 
-    mig_layout = forms.CharField(
-        label="MIG layout", required=False, max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
-                                     "placeholder": "GPU 0: 3g.40gb, 3g.40gb\nGPU 1: 1g.10gb, 1g.10gb, 2g.20gb"}),
-        help_text="One line per split GPU: its index, then its profiles. GPUs not named stay whole. "
-                  "Empty: no MIG. The next check holds it against nvidia-smi.")
-    mig_prices = forms.CharField(
-        label="Prices per slice-hour (USD)", required=False, max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
-                                     "placeholder": "3g.40gb: 0.70\n1g.10gb: 0.25"}),
-        help_text="One line per profile of the layout: the profile, then its price.")
+    def lines(self, value) -> list[str]:
+        text = super().to_python(value) or ""
+        if self.max_length is not None and len(text) > self.max_length:
+            raise ValidationError(f"At most {self.max_length} characters.")
+        return [raw for raw in text.splitlines() if raw.strip()]
 
-    def clean_mig_layout(self) -> list[dict]:
+
+class MigLayoutLinesField(_LinesField):
+    """Lines "GPU <index>: <profile>, ..." as the API's mig_layout ([{"gpu": 0, "profiles": [...]}]); whether the
+    profiles fit the model is the service's rule (marketplace.mig.layout_problems via node_update)."""
+
+    def to_python(self, value):
         layout = []
-        for n, line in enumerate(raw for raw in self.cleaned_data["mig_layout"].splitlines() if raw.strip()):
+        for n, line in enumerate(self.lines(value)):
             match = _LAYOUT_LINE.fullmatch(line)
             profiles = [p.strip() for p in match.group(2).split(",")] if match else []
             if not match or not all(profiles):
@@ -335,9 +328,14 @@ class NodeMigForm(forms.Form):
             layout.append({"gpu": int(match.group(1)), "profiles": profiles})
         return layout
 
-    def clean_mig_prices(self) -> dict:
+
+class MigPricesLinesField(_LinesField):
+    """Lines "<profile>: <price>" as the API's mig_prices, each price by the API's price rule (PriceField); which
+    profiles need one is the service's rule (marketplace.mig.price_problems)."""
+
+    def to_python(self, value):
         prices, price_field = {}, PriceField()
-        for n, line in enumerate(raw for raw in self.cleaned_data["mig_prices"].splitlines() if raw.strip()):
+        for n, line in enumerate(self.lines(value)):
             match = _PRICE_LINE.fullmatch(line)
             if not match:
                 raise ValidationError(f"Line {n + 1} must read “<profile>: <price>”, e.g. “3g.40gb: 0.70”.")
@@ -347,6 +345,24 @@ class NodeMigForm(forms.Form):
             except ValidationError as exc:
                 raise ValidationError(f"{profile}: {' '.join(exc.messages)}") from None
         return prices
+
+
+class NodeMigForm(forms.Form):
+    """A node's MIG layout and slice prices, typed as lines; parsed into the API's JSON shapes, whose rules
+    (profiles of the model, no overfilled card, a price for each profile used and none other) are the service's
+    (marketplace.services.nodes._check_mig), answered on the field they concern."""
+
+    mig_layout = MigLayoutLinesField(
+        label="MIG layout", required=False, max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "GPU 0: 3g.40gb, 3g.40gb\nGPU 1: 1g.10gb, 1g.10gb, 2g.20gb"}),
+        help_text="One line per split GPU: its index, then its profiles. GPUs not named stay whole. "
+                  "Empty: no MIG. The next check holds it against nvidia-smi.")
+    mig_prices = MigPricesLinesField(
+        label="Prices per slice-hour (USD)", required=False, max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "3g.40gb: 0.70\n1g.10gb: 0.25"}),
+        help_text="One line per profile of the layout: the profile, then its price.")
 
 
 # --------------------------------------------------------------------------------------------- billing
