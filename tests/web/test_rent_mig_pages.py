@@ -88,3 +88,14 @@ def test_a_profile_from_the_link_is_chosen_when_free(web, funded_renter):
     assert re.search(r'value="3g.40gb"[^>]*checked|checked[^>]*value="3g.40gb"', page)
     page = web.get(f"/offers/{node.pk}/rent/?mig_profile=9g.90gb").content.decode()
     assert re.search(r'value="1g.10gb"[^>]*checked|checked[^>]*value="1g.10gb"', page)
+
+
+def test_instance_pages_say_which_slices_it_holds(web, funded_renter):
+    node = make_mig_node({0: ["3g.40gb", "3g.40gb"]}, {"3g.40gb": "0.70"}, gpu_count=1)
+    instance = book(funded_renter, node, num_gpus=2, mig_profile="3g.40gb")
+    listing = web.get("/instances/").content.decode()
+    assert "2 × MIG 3g.40gb of A100 80GB SXM" in listing
+    page = web.get(f"/instances/{instance.pk}/").content.decode()
+    for uuid in svc.instance_slice_uuids(instance=instance):
+        assert uuid in page
+    assert "$1.40 per hour ($0.70 per slice-hour)" in page
