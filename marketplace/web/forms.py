@@ -340,6 +340,8 @@ class MigPricesLinesField(_LinesField):
             if not match:
                 raise ValidationError(f"Line {n + 1} must read “<profile>: <price>”, e.g. “3g.40gb: 0.70”.")
             profile = match.group(1)
+            if profile in prices:
+                raise ValidationError(f"{profile} is given twice: one line per profile.")
             try:
                 prices[profile] = price_field.clean(match.group(2))
             except ValidationError as exc:

@@ -44,6 +44,7 @@ def test_a_provider_declares_a_layout_and_prices_on_the_page(web, a100):
     ({"mig_layout": "GPU 0: 7g.80gb", "mig_prices": "7g.80gb: 1\n1g.10gb: 0.2"}, "mig_prices", "does not use"),
     ({"mig_layout": "GPU 0: 7g.80gb", "mig_prices": "7g.80gb: 0.0009"}, "mig_prices", "7g.80gb:"),
     ({"mig_layout": "GPU 0: 7g.80gb", "mig_prices": "7g.80gb 1"}, "mig_prices", "Line 1 must read"),
+    ({"mig_layout": "GPU 0: 7g.80gb", "mig_prices": "7g.80gb: 1\n7g.80gb: 2"}, "mig_prices", "given twice"),
 ])
 def test_bad_declarations_show_on_the_field_and_write_nothing(web, a100, fields, field, words):
     r = web.post(f"/nodes/{a100.pk}/mig/", fields)
