@@ -21,7 +21,8 @@ STATE_CSS = {
     NodeState.REJECTED: "bad", NodeState.OFFLINE: "bad", NodeState.QUARANTINED: "bad", NodeState.RETIRED: "neutral",
 }
 LIST_LIMIT = 10
-GPU_COLUMNS = ("free", "rented", "not_offered", "unavailable")  # free: on a node renters can book now
+# free: on a node renters can book now; mig: split into MIG slices (rented slice by slice, never whole)
+GPU_COLUMNS = ("free", "rented", "mig", "not_offered", "unavailable")
 CRITICAL_KINDS = ("offline",)  # node events listed as critical whatever their level
 
 
@@ -112,7 +113,8 @@ def fleet_figures(now=None) -> dict:
             title="Nodes by state"),
         "gpu_chart": charts.stacked_bar_chart(
             [(r["name"], [charts.Segment(r["rented"], "rented", "rented"), charts.Segment(r["free"], "free", "free"),
+                          charts.Segment(r["mig"], "mig", "split into MIG slices"),
                           charts.Segment(r["not_offered"], "not-offered", "not offered"),
                           charts.Segment(r["unavailable"], "unavailable", "unavailable")]) for r in models],
-            title="GPUs by model: rented, free (bookable), not offered, unavailable"),
+            title="GPUs by model: rented, free (bookable), split into MIG slices, not offered, unavailable"),
     }

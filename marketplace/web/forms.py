@@ -21,7 +21,9 @@ from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, USD_MAX_DIGITS, USD_PLACES, parse_cents
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
+from marketplace.mig import profiles_for
 from marketplace.models import GpuModel, Image, Runtime, SshKey, User
+from marketplace.money import usd_text
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.validators import (
@@ -168,6 +170,7 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
         self.fields["num_gpus"] = forms.IntegerField(
             label="Number of GPUs", min_value=1, max_value=node.gpu_count, initial=1,
             help_text=f"{free} of this server's {node.gpu_count} GPUs are free now.")
+        self._add_mig_choice(node, free)
         self.fields["ssh_keys"].queryset = keys = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
         self.setup_volumes(user=user, node=node)
         if not self.is_bound:
@@ -176,6 +179,48 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
                 self.fields["ssh_keys"].help_text = "You have no saved keys yet: paste one below."
             elif len(saved) == 1:  # the only key: ticked, so that "Rent now" works at once
                 self.initial.setdefault("ssh_keys", saved)
+
+    def _add_mig_choice(self, node, free_gpus: int) -> None:
+        """With free MIG slices (`node.mig_free`: [(profile, free, price micros)], as the offers page reads them),
+        the renter chooses whole GPUs or one profile's slices; only what is free now is offered. The booking
+        service decides the rest (a profile the node does not rent, more slices than are free: 400 naming it)."""
+        slices = getattr(node, "mig_free", None) or []
+        if not slices:
+            return
+        memory = {name: p.memory_gb for name, p in profiles_for(node.gpu_model.slug).items()}
+        choices = [("", f"Whole GPUs: {usd_text(node.price_per_gpu_hour_micros)} per GPU-hour, "
+                        f"{free_gpus} free")] if free_gpus else []
+        choices += [(profile, f"MIG {profile} slices ({memory.get(profile, '?')} GB each): {usd_text(price)} per "
+                              f"slice-hour, {n} free") for profile, n, price in slices]
+        self.fields["mig_profile"] = forms.ChoiceField(
+            label="What to rent", choices=choices, required=not free_gpus, widget=forms.RadioSelect,
+            initial=choices[0][0],
+            help_text="A MIG slice is an isolated part of one GPU, with its own memory and compute; your instance "
+                      "sees only its slices.")
+        self.mig_choices = dict(choices)
+        if self.initial.get("mig_profile") not in self.mig_choices:  # e.g. a link's profile no longer free
+            self.initial.pop("mig_profile", None)
+        # Slices are counted by the same field; the service says how many of the chosen profile are free.
+        most = max(node.gpu_count, *(n for _, n, _ in slices))
+        self.fields["num_gpus"] = forms.IntegerField(
+            label="Number of GPUs or slices", min_value=1, max_value=most, initial=1,
+            help_text=f"{free_gpus} of this server's {node.gpu_count} GPUs are free now, and "
+                      + ", ".join(f"{n} {profile} slice{'s' if n != 1 else ''}" for profile, n, _ in slices) + ".")
+
+    def unit_price_micros(self, node) -> int:
+        """The price per hour of one GPU, or one slice of the chosen profile (for the estimate)."""
+        profile = self.chosen_profile()
+        for name, _, price in getattr(node, "mig_free", None) or []:
+            if name == profile:
+                return int(price)
+        return int(node.price_per_gpu_hour_micros)
+
+    def chosen_profile(self) -> str:
+        """The MIG profile chosen (or shown first), "" for whole GPUs; one of the offered choices only."""
+        if "mig_profile" not in self.fields:
+            return ""
+        value = self["mig_profile"].value() or ""
+        return value if value in self.mig_choices else ""
 
     def clean_ssh_keys(self):
         keys = self.cleaned_data["ssh_keys"]
@@ -253,6 +298,73 @@ class NodeSettingsForm(forms.Form):
                                 help_text="Untick to take it off the offers; running instances are not touched.")
     maintenance = forms.BooleanField(required=False, label="In maintenance",
                                      help_text="No new rentals and no scheduled checks until you switch it off.")
+
+
+_LAYOUT_LINE = re.compile(r"\s*GPU\s*(\d+)\s*:\s*(.*)", re.IGNORECASE)
+_PRICE_LINE = re.compile(r"\s*(\S+)\s*:\s*\$?\s*(\S+)\s*")
+
+
+class _LinesField(forms.CharField):
+    """A textarea of lines; its max_length applies to the text typed (the parsed value is a list or a dict)."""
+
+    def lines(self, value) -> list[str]:
+        text = super().to_python(value) or ""
+        if self.max_length is not None and len(text) > self.max_length:
+            raise ValidationError(f"At most {self.max_length} characters.")
+        return [raw for raw in text.splitlines() if raw.strip()]
+
+
+class MigLayoutLinesField(_LinesField):
+    """Lines "GPU <index>: <profile>, ..." as the API's mig_layout ([{"gpu": 0, "profiles": [...]}]); whether the
+    profiles fit the model is the service's rule (marketplace.mig.layout_problems via node_update)."""
+
+    def to_python(self, value):
+        layout = []
+        for n, line in enumerate(self.lines(value)):
+            match = _LAYOUT_LINE.fullmatch(line)
+            profiles = [p.strip() for p in match.group(2).split(",")] if match else []
+            if not match or not all(profiles):
+                raise ValidationError(f"Line {n + 1} must read “GPU <index>: <profile>, <profile>, ...”.")
+            layout.append({"gpu": int(match.group(1)), "profiles": profiles})
+        return layout
+
+
+class MigPricesLinesField(_LinesField):
+    """Lines "<profile>: <price>" as the API's mig_prices, each price by the API's price rule (PriceField); which
+    profiles need one is the service's rule (marketplace.mig.price_problems)."""
+
+    def to_python(self, value):
+        prices, price_field = {}, PriceField()
+        for n, line in enumerate(self.lines(value)):
+            match = _PRICE_LINE.fullmatch(line)
+            if not match:
+                raise ValidationError(f"Line {n + 1} must read “<profile>: <price>”, e.g. “3g.40gb: 0.70”.")
+            profile = match.group(1)
+            if profile in prices:
+                raise ValidationError(f"{profile} is given twice: one line per profile.")
+            try:
+                prices[profile] = price_field.clean(match.group(2))
+            except ValidationError as exc:
+                raise ValidationError(f"{profile}: {' '.join(exc.messages)}") from None
+        return prices
+
+
+class NodeMigForm(forms.Form):
+    """A node's MIG layout and slice prices, typed as lines; parsed into the API's JSON shapes, whose rules
+    (profiles of the model, no overfilled card, a price for each profile used and none other) are the service's
+    (marketplace.services.nodes._check_mig), answered on the field they concern."""
+
+    mig_layout = MigLayoutLinesField(
+        label="MIG layout", required=False, max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "GPU 0: 3g.40gb, 3g.40gb\nGPU 1: 1g.10gb, 1g.10gb, 2g.20gb"}),
+        help_text="One line per split GPU: its index, then its profiles. GPUs not named stay whole. "
+                  "Empty: no MIG. The next check holds it against nvidia-smi.")
+    mig_prices = MigPricesLinesField(
+        label="Prices per slice-hour (USD)", required=False, max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
+                                     "placeholder": "3g.40gb: 0.70\n1g.10gb: 0.25"}),
+        help_text="One line per profile of the layout: the profile, then its price.")
 
 
 # --------------------------------------------------------------------------------------------- billing

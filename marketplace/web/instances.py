@@ -86,6 +86,7 @@ def instance(request, pk: int):
     obj = _instance_or_404(request.user, pk)
     context = _live_context(obj, request.user)
     context["node"] = obj.node
+    context["mig_slices"] = svc.instance_slice_uuids(instance=obj) if obj.mig_profile else []  # prefetched
     context["logs"] = _logs(obj, request.GET.get("tail"))
     context["log_tails"] = LOG_TAILS
     return _poll_headers(render(request, "marketplace/instance.html", context), obj)

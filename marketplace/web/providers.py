@@ -13,6 +13,7 @@ from core import charts
 from core.errors import ApplicationError
 from core.web_errors import form_error, message_error
 from marketplace import selectors
+from marketplace.mig import profiles_for
 from marketplace.models import GpuModel, GpuStatus, NodeState, Verdict
 from marketplace.services import nodes as svc
 from marketplace.templatetags.marketplace_web import usd_decimal
@@ -23,7 +24,7 @@ from provisioning.verification.policy import FIGURES, TOLERANCES, DeclaredModel
 from provisioning.verification.wording import closest_model, reasons
 
 from .figures import figure_bands, node_runs, run_shares
-from .forms import NodeRegisterForm, NodeSettingsForm
+from .forms import NodeMigForm, NodeRegisterForm, NodeSettingsForm
 
 # The per-GPU chart shows these (FP16 is the same tensor path as BF16); the table below it has every figure.
 GPU_CHART_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs")
@@ -165,7 +166,16 @@ def _settings_form(node, data=None):
     })
 
 
-def _render_node(request, node, settings_form=None, status=200):
+def _mig_form(node, data=None):
+    """The declared layout and prices as the form's lines (the API's JSON, one line per GPU and per profile)."""
+    return NodeMigForm(data, initial={
+        "mig_layout": "\n".join(f"GPU {e['gpu']}: {', '.join(e['profiles'])}" for e in node.mig_layout or []),
+        "mig_prices": "\n".join(f"{name}: {usd_decimal(micros)}"
+                                for name, micros in sorted((node.mig_prices_micros or {}).items())),
+    })
+
+
+def _render_node(request, node, settings_form=None, status=200, mig_form=None):
     runs = node_runs(node)
     for run in runs:  # the history's reasons: each code once, with the GPUs it concerns
         run.reasons = reasons(run.findings)
@@ -183,6 +193,10 @@ def _render_node(request, node, settings_form=None, status=200):
         "history_chart": _history_chart(runs),
         "gpus": list(node.gpus.all()),
         "settings_form": settings_form or _settings_form(node),
+        # MIG: for a model with profiles, or a node that declared a layout anyway (an old row)
+        "mig_profiles": profiles_for(node.gpu_model.slug),
+        "mig_form": mig_form or _mig_form(node),
+        "mig_slices": list(node.mig_slices.select_related("gpu").order_by("gpu__index", "device")),
         "poll_url": (reverse("node-live", args=[node.pk]) + (f"?watching={live['job'].pk}" if live["job_open"]
                                                              else "")),
         "needs_key": node.verdict == Verdict.UNVERIFIED and node.state in (NodeState.PENDING, NodeState.VERIFYING),
@@ -236,6 +250,25 @@ def node_settings(request, pk: int):
             messages.success(request, "Settings saved.")
             return redirect("node", pk=node.pk)
     return _render_node(request, node, settings_form=form, status=400)
+
+
+@login_required
+@require_POST
+def node_mig(request, pk: int):
+    """Declare or change the MIG layout and its prices: the same service call as PATCH /api/v1/nodes/{id}/."""
+    node = _node_or_404(request.user, pk)
+    form = _mig_form(node, request.POST)
+    if form.is_valid():
+        try:
+            svc.node_update(node=node, mig_layout=form.cleaned_data["mig_layout"],
+                            mig_prices=form.cleaned_data["mig_prices"])
+        except ApplicationError as exc:  # ValidationFailed naming mig_layout or mig_prices, a Conflict
+            form_error(form, exc)
+        else:
+            messages.success(request, "MIG layout saved: the next check proves the slices; press “Verify now” "
+                                      "to run it.")
+            return redirect("node", pk=node.pk)
+    return _render_node(request, node, mig_form=form, status=400)
 
 
 @login_required

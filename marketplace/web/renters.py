@@ -3,6 +3,7 @@
 Thin: the offers page runs the API's own FilterSet (marketplace.api.offers.OfferFilter) over the same selector,
 so filters and ordering are the API's; booking and every verb call marketplace.services.instances.
 """
+import json
 from urllib.parse import urlencode
 
 from django import forms
@@ -116,6 +117,14 @@ def _filter_params(query: QueryDict) -> QueryDict:
     return cleaned
 
 
+def _with_free_slices(rows) -> None:
+    """Set each offer's `mig_free`: [(profile, free slices, price per slice-hour in micros)], one query."""
+    free = selectors.free_slices_by_node([o.pk for o in rows if o.mig_prices_micros])
+    for offer in rows:
+        offer.mig_free = [(profile, n, offer.mig_prices_micros.get(profile, 0))
+                          for profile, n in sorted(free.get(offer.pk, {}).items())]
+
+
 @require_GET
 def offers(request):
     params = _filter_params(request.GET)
@@ -124,10 +133,7 @@ def offers(request):
     results = filterset.qs if valid else selectors.offers_search().none()
     page = Paginator(results, OFFERS_PER_PAGE).get_page(request.GET.get("page"))
     # The page's free MIG slices, one query (none when no row rents slices), as "2 × 1g.10gb $0.25/h" lines.
-    free = selectors.free_slices_by_node([o.pk for o in page.object_list if o.mig_prices_micros])
-    for offer in page.object_list:
-        offer.mig_free = [(profile, n, offer.mig_prices_micros.get(profile, 0))
-                          for profile, n in sorted(free.get(offer.pk, {}).items())]
+    _with_free_slices(page.object_list)
     return render(request, "marketplace/offers.html", {
         "filter": filterset, "form": filterset.form, "page": page, "query": params.urlencode(),
         "filtered": bool(params), "valid": valid,
@@ -250,13 +256,14 @@ def _offer_or_404(node_id: int):
     offer = selectors.offers_search().filter(pk=node_id).first()
     if offer is None:
         raise Http404("This offer is not available now.")
+    _with_free_slices([offer])
     return offer
 
 
-def _funds(user, offer) -> dict:
-    """The renter's balance against what renting one GPU of this offer needs: the booking's own funds check
-    (one hour of all their running and starting instances plus this one)."""
-    funds = svc.funds_for(renter_id=user.pk, price_per_hour_micros=offer.price_per_gpu_hour_micros)
+def _funds(user, unit_price_micros: int) -> dict:
+    """The renter's balance against what renting one GPU (or one MIG slice) of this offer needs: the booking's
+    own funds check (one hour of all their running and starting instances plus this one)."""
+    funds = svc.funds_for(renter_id=user.pk, price_per_hour_micros=unit_price_micros)
     minimum = int(settings.BILLING_TOP_UP_MIN_USD)
     return {"balance_micros": funds.balance_micros, "required_micros": funds.required_micros,
             "missing_micros": funds.missing_micros, "enforced": funds.enforced, "required_s": funds.required_s,
@@ -280,14 +287,17 @@ def funds_refusal(exc: svc.InsufficientFunds) -> str:
             "on the Balance page.")
 
 
-def _estimate(funds: dict, offer, num_gpus: int) -> dict:
-    """What booking `num_gpus` of this offer costs per hour, and how long the balance lasts at the renter's whole
-    burn rate with it (the funds check's figures: their running and starting instances plus this one).
-    site.js redoes the sum from the data-* figures when the number of GPUs changes."""
-    per_hour = offer.price_per_gpu_hour_micros * num_gpus
+def _estimate(funds: dict, unit_price_micros: int, num_gpus: int, profile: str) -> dict:
+    """What booking `num_gpus` GPUs (or MIG slices of `profile`) costs per hour, and how long the balance lasts at
+    the renter's whole burn rate with it (the funds check's figures: their running and starting instances plus
+    this one). site.js redoes the sum from the data-* figures when the number or the profile changes."""
+    per_hour = unit_price_micros * num_gpus
     total = funds["committed_rate_micros"] + per_hour
     balance = funds["balance_micros"]
+    unit = f"MIG {profile} slice" if profile else "GPU"
     return {"num_gpus": num_gpus, "per_hour_micros": per_hour, "total_rate_micros": total,
+            "unit_price_micros": unit_price_micros, "unit": unit, "per": "slice" if profile else "GPU",
+            "units": f"{num_gpus} {unit}{'s' if num_gpus != 1 else ''}",
             "lasts_s": balance * 3600 // total if balance > 0 and total else 0}
 
 
@@ -301,12 +311,20 @@ def _chosen_gpus(form) -> int:
     return value if 1 <= value <= (field.max_value or value) else 1
 
 
+def _unit_prices(offer) -> str:
+    """Price per hour of one unit by choice ("" = a whole GPU) as JSON, for site.js's estimate."""
+    return json.dumps({"": offer.price_per_gpu_hour_micros, **{p: int(price) for p, _, price in offer.mig_free}})
+
+
 def _render_rent(request, offer, form, status=200):
-    funds = _funds(request.user, offer)
+    unit_price = form.unit_price_micros(offer)
+    funds = _funds(request.user, unit_price)
     advanced_open = form.options_given() or any(name in form.errors for name in OPTION_FIELDS)
     volumes_open = form.volumes_given() or any(name == "volumes" or name.startswith("mount_") for name in form.errors)
     return render(request, "marketplace/rent.html", {
-        "offer": offer, "form": form, "funds": funds, "estimate": _estimate(funds, offer, _chosen_gpus(form)),
+        "offer": offer, "form": form, "funds": funds,
+        "estimate": _estimate(funds, unit_price, _chosen_gpus(form), form.chosen_profile()),
+        "unit_prices": _unit_prices(offer),
         "advanced_open": advanced_open, "volumes_open": volumes_open,
     }, status=status)
 
@@ -326,8 +344,10 @@ def _fingerprint_body(post) -> dict:
 def rent(request, node_id: int):
     offer = _offer_or_404(node_id)
     if request.method == "GET":
-        form = RentForm(user=request.user, node=offer,
-                        initial={"request_token": get_random_string(32), "image": "pytorch-2-5"})
+        initial = {"request_token": get_random_string(32), "image": "pytorch-2-5"}
+        if request.GET.get("mig_profile"):  # from the offers page filtered by a profile; the form keeps valid ones
+            initial["mig_profile"] = request.GET["mig_profile"]
+        form = RentForm(user=request.user, node=offer, initial=initial)
         return _render_rent(request, offer, form)
     form = RentForm(request.POST, user=request.user, node=offer)
     if form.is_valid():
@@ -346,7 +366,7 @@ def rent(request, node_id: int):
                 ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
                 idempotency_key=f"web-{token}" if token else "",
                 request_fingerprint=svc.request_fingerprint(body) if token else "",
-                volumes=data.get("volumes") or [],
+                volumes=data.get("volumes") or [], mig_profile=data.get("mig_profile") or "",
             )
         except IdempotencyKeyReused:
             # This page's form was already used to book, with other choices (back button): a fresh token.

@@ -44,6 +44,7 @@ urlpatterns = [
     path("nodes/<int:pk>/live/", providers.node_live, name="node-live"),
     path("nodes/<int:pk>/verify/", providers.node_verify, name="node-verify"),
     path("nodes/<int:pk>/settings/", providers.node_settings, name="node-settings"),
+    path("nodes/<int:pk>/mig/", providers.node_mig, name="node-mig"),
     path("nodes/<int:pk>/retire/", providers.node_retire, name="node-retire"),
     # Money ("web-*"; "billing-*" are the billing API's endpoints). The navigation: marketplace/web/nav.py.
     path("account/balance/", billing.balance, name="web-balance"),

@@ -19,13 +19,15 @@ from billing.models import (
 from billing.services.customers import profile_for
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.metering import usage_close
-from marketplace.models import ApiKey, Instance, Interruption, InterruptionCause, Node, SshKey, User, Volume
+from marketplace.models import ApiKey, Image, Instance, Interruption, InterruptionCause, Node, SshKey, User, Volume
+from marketplace.services import instances as svc
 from marketplace.services.accounts import api_key_create
 from marketplace.services.ssh_keys import ssh_key_create
 from marketplace.services.volumes import volume_create, volume_mark_available
 from provisioning.models import NodeEvent, VerificationRun
 from tests.billing.helpers import book, run, stop
 from tests.factories import UserFactory, make_listed_node, make_node
+from tests.marketplace.mig_helpers import make_mig_node
 from tests.marketplace.renting_helpers import ed25519_key
 
 _seq = itertools.count(1)
@@ -68,6 +70,14 @@ def listed_node(user: User) -> Node:
 def instance(user: User, on: Node | None = None) -> Instance:
     """A requested instance of `user` (the renter), on `on` or on another provider's listed node."""
     return book(user, on or listed_node(UserFactory()))
+
+
+def mig_instance(user: User) -> Instance:
+    """A running instance of `user` holding two MIG slices of another provider's split A100."""
+    split = make_mig_node({0: ["3g.40gb", "3g.40gb"]}, gpu_count=1)
+    booked, _ = svc.instance_create(renter=user, node_id=split.pk, num_gpus=2, mig_profile="3g.40gb",
+                                    image=Image.objects.get(slug="pytorch-2-5"), ssh_public_keys=[ed25519_key()])
+    return run(booked)
 
 
 def running_instance(user: User, on: Node | None = None) -> Instance:
@@ -163,6 +173,7 @@ def populate(user: User, n: int) -> None:
         usage(user, on=offered)
         volume(user, on=offered)
         extras(user, running_on=offered)
+        mig_instance(user)
         notification(user)
         delivery = webhook_delivery(user)
         delivery.attempt_log.create(number=1, status_code=500, error="Answered 500")

@@ -45,7 +45,7 @@ def test_dashboard_shows_fleet_figures_and_charts(ops, fleet):
     assert "Fleet" in page and page.count('<svg class="chart"') == 2
     assert "Nodes by state" in page and "GPUs by model" in page
     # The stacked chart's description: the rejected node's idle GPUs are not "free" (no renter can book them).
-    assert "A100 80GB SXM: 3 rented, 1 free, 2 not offered, 0 unavailable" in page
+    assert "A100 80GB SXM: 3 rented, 1 free, 0 split into MIG slices, 2 not offered, 0 unavailable" in page
     assert 'id="gpus-free">9<' in page and 'id="gpus-not-offered">2<' in page
     assert ">3</span><span class=\"fleet-label\">GPUs rented" in page
     assert "fake-a100" in page and "84 streaming multiprocessors" in page  # rejected nodes and why
@@ -145,3 +145,14 @@ def test_the_dashboard_shows_revenue_today_and_this_month_from_the_ledger(ops, r
     page = ops.get("/admin/").content.decode()
     revenue = page.split('id="revenue-h"')[1].split("</div>")[0]
     assert "Charged to renters" in revenue and revenue.count("$12.34") == 2 and revenue.count("$1.85") == 2  # $1.851
+
+
+def test_the_dashboard_counts_gpus_split_into_mig_slices(ops):
+    """A GPU in status `mig` once made the operators' dashboard answer 500 (a column it did not know)."""
+    from operations.dashboard import fleet_figures
+    from tests.marketplace.mig_helpers import SEVEN, make_mig_node
+
+    make_mig_node({0: SEVEN}, gpu_count=2)  # GPU 0 split, GPU 1 whole and free
+    assert (fleet_figures()["gpus"]["mig"], fleet_figures()["gpus"]["free"]) == (1, 1)
+    page = ops.get("/admin/")
+    assert page.status_code == 200 and "split into MIG slices" in page.content.decode()

@@ -46,7 +46,8 @@ PAGES: dict[str, list[Page]] = {
     "api-keys": [Page("renter", lambda d: "/account/api-keys/")],
     "offers": [Page("visitor", lambda d: "/offers/"), Page("renter", lambda d: "/offers/?ordering=-score"),
                Page("visitor", lambda d: "/offers/?min_gpus=two", status=400)],  # a filter's error
-    "rent": [Page("renter", lambda d: f"/offers/{d['listed'].pk}/rent/")],
+    "rent": [Page("renter", lambda d: f"/offers/{d['listed'].pk}/rent/"),
+             Page("renter", lambda d: f"/offers/{d['mig'].pk}/rent/")],  # MIG slices only
     "gpu-compare": [Page("visitor", lambda d: "/gpus/"),
                     Page("visitor", lambda d: "/gpus/?models=a100-80gb-sxm&models=rtx-a6000&models=rtx-4090")],
     "instances": [Page("renter", lambda d: "/instances/")],
@@ -54,7 +55,8 @@ PAGES: dict[str, list[Page]] = {
     "nodes": [Page("provider", lambda d: "/nodes/")],
     "node-register": [Page("provider", lambda d: "/nodes/new/")],
     "node": [Page("provider", lambda d: f"/nodes/{d['listed'].pk}/"),
-             Page("provider", lambda d: f"/nodes/{d['rejected'].pk}/")],
+             Page("provider", lambda d: f"/nodes/{d['rejected'].pk}/"),
+             Page("provider", lambda d: f"/nodes/{d['mig'].pk}/")],  # its MIG slices and layout form
     "web-balance": [Page("renter", lambda d: "/account/balance/")],
     "web-usage": [Page("renter", lambda d: "/account/usage/")],
     "web-statements": [Page("renter", lambda d: "/account/statements/")],
@@ -92,6 +94,7 @@ ACTIONS = {
     "ssh-key-delete": "the SSH keys page's Delete", "api-key-revoke": "the API keys page's Revoke",
     "instance-verb": "an instance page's Stop / Start / Destroy",
     "node-verify": "a server page's Verify now", "node-settings": "a server page's settings form",
+    "node-mig": "a server page's MIG layout form",
     "node-retire": "a server page's Retire",
     "web-top-up": "the balance page's Top up", "web-card-add": "the balance page's Save card",
     "web-card-remove": "the balance page's Remove card",

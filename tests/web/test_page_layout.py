@@ -10,6 +10,7 @@ import pytest
 
 from marketplace.models import SshKey
 from tests.factories import make_listed_node
+from tests.marketplace.mig_helpers import SEVEN, make_mig_node
 from tests.web.test_browser import log_in
 from tests.web.test_csp import marketplace  # noqa: F401 (a fixture)
 
@@ -94,7 +95,10 @@ def odd_money(wide_offers):
     credit_grant(user=data["renter"], amount_micros=12_345_678, reason="tests: an odd credit")
     instance = Instance.objects.get(pk=data["instance"].pk)
     usage_close(instance=instance, until=instance.started_at + timedelta(seconds=777))
-    return data
+    # A split A100 with odd slice prices: its rent page (slices only) and its server page (slices, MIG form)
+    mig = make_mig_node({0: ["3g.40gb", "3g.40gb"], 1: SEVEN}, {"3g.40gb": "0.777777", "1g.10gb": "0.234567"},
+                        provider=data["provider"], name="split-a100")
+    return {**data, "mig": mig}
 
 
 def _walks(data) -> dict[str, list[str]]:
@@ -103,11 +107,12 @@ def _walks(data) -> dict[str, list[str]]:
 
     month = timezone.now().strftime("%Y-%m")
     return {
-        "renter@example.com": ["/", "/offers/", "/gpus/", f"/offers/{data['listed'].pk}/rent/", "/instances/",
+        "renter@example.com": ["/", "/offers/", "/gpus/", f"/offers/{data['listed'].pk}/rent/",
+                               f"/offers/{data['mig'].pk}/rent/", "/instances/",
                                f"/instances/{data['instance'].pk}/", "/account/ssh-keys/", "/account/api-keys/",
                                "/account/balance/", "/account/usage/", "/account/statements/",
                                f"/account/statements/{month}/"],
-        "provider@example.com": ["/nodes/", "/nodes/new/", f"/nodes/{data['listed'].pk}/",
+        "provider@example.com": ["/nodes/", "/nodes/new/", f"/nodes/{data['listed'].pk}/", f"/nodes/{data['mig'].pk}/",
                                  f"/nodes/{data['rejected'].pk}/", "/earnings/", "/payouts/"],
     }
 
@@ -157,6 +162,30 @@ def test_rent_ticks_the_only_key_estimates_and_books_at_once(live_server, new_pa
     page.get_by_role("button", name="Rent now").click()  # the first try works: the key was ticked
     page.wait_for_url(re.compile(r"/instances/\d+/$"))
     assert Instance.objects.filter(renter=renter).count() == 2 and not page.errors
+
+
+def test_rent_a_mig_slice_estimates_per_slice_hour_and_books(live_server, new_page, marketplace):  # noqa: F811
+    from marketplace.models import Instance
+
+    renter = marketplace["renter"]
+    split = make_mig_node({0: ["3g.40gb", "3g.40gb"], 1: SEVEN}, {"3g.40gb": "0.70", "1g.10gb": "0.25"},
+                          provider=marketplace["provider"], name="split-a100")
+    page = new_page(viewport={"width": 1366, "height": 900})
+    log_in(page, live_server.url, "renter@example.com")
+    page.goto(f"{live_server.url}/offers/{split.pk}/rent/")
+    estimate = page.locator("#estimate")
+    text = " ".join(estimate.inner_text().split())
+    assert "1 MIG 1g.10gb slice × $0.25 per slice-hour = $0.25 per hour" in text, text
+    page.get_by_label(re.compile(r"MIG 3g\.40gb slices")).check()  # site.js follows the profile chosen
+    page.get_by_label("Number of GPUs or slices").fill("2")
+    estimate.get_by_text("$1.40").wait_for()
+    text = " ".join(estimate.inner_text().split())
+    assert "2 MIG 3g.40gb slices × $0.70 per slice-hour = $1.40 per hour" in text, text
+    page.get_by_role("button", name="Rent now").click()
+    page.wait_for_url(re.compile(r"/instances/\d+/$"))
+    booked = Instance.objects.filter(renter=renter, node=split).get()
+    assert (booked.mig_profile, booked.num_gpus, booked.price_per_hour_micros) == ("3g.40gb", 2, 1_400_000)
+    assert not page.errors
 
 
 def test_no_page_scrolls_sideways_on_a_phone(live_server, new_page, odd_money):

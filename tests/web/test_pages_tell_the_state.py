@@ -194,7 +194,7 @@ def test_the_dashboard_counts_only_bookable_gpus_free_and_lists_offline_nodes_as
                              message="3 health checks failed in a row: connection refused")
     page = logged_in(operator).get("/admin/").content.decode()
     assert 'id="gpus-free">4<' in page and 'id="gpus-not-offered">5<' in page
-    assert "RTX A6000: 0 rented, 4 free, 5 not offered, 0 unavailable" in page
+    assert "RTX A6000: 0 rented, 4 free, 0 split into MIG slices, 5 not offered, 0 unavailable" in page
     critical = page.split("Critical events (7 days)")[1].split("</div>")[0]
     assert "gone-a6000" in critical and "Offline now" in critical and "connection refused" in critical
     assert "3 health checks failed in a row" in critical

@@ -109,3 +109,28 @@ def test_25_dot_is_refused_by_the_top_up_page_and_the_api(web, renter, api):
     r = api.post("/api/v1/billing/top-ups/", {"amount": "25.", "card": card_for(api.user, last4="1111").pk},
                  format="json")
     assert r.status_code == 400 and list(r.json()) == ["amount"], r.content
+
+
+SLICE_PRICES = [("0.001", True), ("0.0009", False), ("100", True), ("100.000001", False), ("0.70", True),
+                ("-1", False), ("abc", False), ("", False)]
+
+
+@pytest.mark.parametrize(("value", "accepted"), SLICE_PRICES)
+def test_a_price_per_slice_hour_is_the_apis(value, accepted):
+    """The page types a slice price as "<profile>: <price>"; the API takes {profile: price}: one rule for both."""
+    assert _api_accepts(NodeUpdateSerializer, "mig_prices", {"3g.40gb": value}) is accepted, ("API", value)
+    assert _page_accepts(web_forms.NodeMigForm(), "mig_prices", f"3g.40gb: {value}") is accepted, ("page", value)
+
+
+def test_a_mig_layout_is_judged_by_the_service_for_both(web, renter, api):
+    """Shape aside (JSON or lines), the catalogue's rules are the service's: the same words on the same field."""
+    from tests.factories import make_node
+
+    mine, theirs = (make_node(u, gpu_model="a100-80gb-sxm", gpu_count=1) for u in (renter, api.user))
+    r = api.patch(f"/api/v1/nodes/{theirs.pk}/", {"mig_layout": [{"gpu": 0, "profiles": ["7g.80gb", "1g.10gb"]}],
+                                                   "mig_prices": {"7g.80gb": "1", "1g.10gb": "1"}}, format="json")
+    assert r.status_code == 400
+    said = r.json()["mig_layout"][0]
+    page = web.post(f"/nodes/{mine.pk}/mig/", {"mig_layout": "GPU 0: 7g.80gb, 1g.10gb",
+                                               "mig_prices": "7g.80gb: 1\n1g.10gb: 1"}).content.decode()
+    assert "overfills" in said and said in page and 'id="id_mig_layout_errors"' in page

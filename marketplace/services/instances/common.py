@@ -20,6 +20,7 @@ from marketplace.models import (
     GpuStatus,
     Instance,
     InstanceStatus,
+    MigSliceAllocation,
     Node,
     NodeState,
     User,
@@ -51,17 +52,20 @@ class InsufficientFunds(PaymentRequired):
 
 
 def instances_for_user(*, user: User) -> QuerySet[Instance]:
-    """A renter's own instances, each with `live_allocations` (the GPUs it holds now) prefetched.
+    """A renter's own instances, each with `live_allocations` (the GPUs it holds now) and `live_slices` (the MIG
+    slices it holds now, with their GPUs) prefetched: a list reads no row per instance.
 
     Operators too see only their own here: they see everyone's in the admin.
     """
     live = GpuAllocation.objects.filter(released_at__isnull=True).select_related("gpu").order_by("gpu__index")
+    live_slices = MigSliceAllocation.objects.filter(released_at__isnull=True).select_related("mig_slice__gpu")
     return (
         Instance.objects.filter(renter=user)
         .select_related("image", "gpu_model")
         # its node's NVLink islands, in the same query: instance_on_one_nvlink_island reads them
         .annotate(node_nvlink_islands=F("node__benchmark_summary__nvlink__islands"))
         .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"),
+                          Prefetch("slice_allocations", queryset=live_slices, to_attr="live_slices"),
                           Prefetch("volume_mounts", queryset=VolumeMount.objects.select_related("volume")))
     )
 

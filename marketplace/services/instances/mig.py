@@ -68,13 +68,19 @@ def instance_release_slices(*, instance: Instance, at: datetime | None = None) -
 
 
 def instance_slice_uuids(*, instance: Instance) -> list[str]:
-    """The MIG-... UUIDs the instance holds now."""
+    """The MIG-... UUIDs the instance holds now (from `live_slices` when instances_for_user prefetched them)."""
+    live = getattr(instance, "live_slices", None)
+    if live is not None:
+        return sorted(a.mig_slice.uuid for a in live)
     return sorted(MigSliceAllocation.objects.filter(instance=instance, released_at__isnull=True)
                   .values_list("mig_slice__uuid", flat=True))
 
 
 def instance_slice_gpu_indices(*, instance: Instance) -> list[int]:
     """The indices of the GPUs its slices are on (what the agent's `gpu_indices` names for a MIG VM)."""
+    live = getattr(instance, "live_slices", None)
+    if live is not None:
+        return sorted({a.mig_slice.gpu.index for a in live})
     return sorted(set(MigSliceAllocation.objects.filter(instance=instance, released_at__isnull=True)
                       .values_list("mig_slice__gpu__index", flat=True)))
 

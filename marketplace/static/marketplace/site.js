@@ -10,7 +10,7 @@
  * 2. Copy buttons: <button data-copy="#id"> copies the text of #id and says so in its own live region.
  * 3. <details data-close-on-narrow> starts closed on a phone-sized screen (unless it has data-active), so the
  *    results come first; it stays open on wider screens and without JavaScript.
- * 4. The rent page's #estimate follows the number of GPUs typed: the same sums the server made for the first
+ * 4. The rent page's #estimate follows the number of GPUs (or MIG slices) typed and the profile chosen: the same sums the server made for the first
  *    figure (marketplace/web/renters.py _estimate), money in cents as the `usd` filter shows it.
  * 5. A table wider than its box (.table-wrap scrolls sideways, on a phone) becomes a focusable region named
  *    after its table, so that it can be scrolled from the keyboard too; one that fits is no tab stop.
@@ -165,15 +165,31 @@
       var el = box.querySelector('[data-est="' + name + '"]');
       if (el && el.textContent !== text) el.textContent = text;
     }
-    input.addEventListener("input", function () {
+    /* With MIG slices on offer: the price and the unit follow the chosen profile ("" = whole GPUs). */
+    var prices = JSON.parse(box.getAttribute("data-unit-prices") || "null");
+    var unit = "GPU", per = "GPU";
+    function chooseProfile(profile) {
+      if (!prices || !(profile in prices)) return;
+      price = prices[profile];
+      unit = profile ? "MIG " + profile + " slice" : "GPU";
+      per = profile ? "slice" : "GPU";
+      set("unit-price", usd(price) + " per " + per + "-hour");
+      update();
+    }
+    function update() {
       var n = parseInt(input.value, 10);
       var max = parseInt(input.getAttribute("max") || "0", 10);
       if (!(n >= 1) || (max && n > max)) return;  /* the form says what is wrong when it is sent */
       var total = committed + n * price;
-      set("gpus", n + (n === 1 ? " GPU" : " GPUs"));
+      set("gpus", n + " " + unit + (n === 1 ? "" : "s"));
       set("per-hour", usd(n * price));
       set("total", usd(total));
       set("lasts", balance > 0 && total ? "about " + duration(Math.floor(balance * 3600 / total)) : "no time: top up first");
+    }
+    input.addEventListener("input", update);
+    document.querySelectorAll('input[name="mig_profile"]').forEach(function (radio) {
+      radio.addEventListener("change", function () { if (radio.checked) chooseProfile(radio.value); });
+      if (radio.checked && prices) { unit = radio.value ? "MIG " + radio.value + " slice" : "GPU"; }
     });
   }
 })();
