@@ -24,6 +24,11 @@ answers each GPU no sooner than the profile's real card would finish the platfor
 (`flop_per_gpu` / (real datasheet BF16 x its fraction)): a sim can lie in what it reports, not in how fast it
 works. A GPU whose profile says `matmul_correct: false` returns every entry off by one.
 
+MIG slices: the request's `mig_uuids` (validated MIG-... UUIDs, never in a shell string) names slices, each
+labelled in `gpu_indices` by MIG_LABEL_BASE + its position there (the label keys its matrices). A sim slice
+works at its card's rate times the compute slices (of 7) it really has, whatever its name says. A real node's
+PyTorch path refuses them for now (`challenge_unsupported`): it needs a child process that sees only the slice.
+
 On a real node (runtime docker/libvirt or none; `"device": "cpu"` in the request for tests and
 `scripts/gpu-selfcheck --device cpu`) the products are computed with PyTorch (torch_work), one thread per GPU,
 every GPU at once: the code and B generated on the device with the same hashes in integer arithmetic (int64 and
@@ -49,6 +54,7 @@ import threading
 import time
 
 from .core import AGENT_VERSION, AgentError, invalid
+from .mig import COMPUTE_SLICES, sim_slices, validate_mig_uuids
 from .smi import load_profile
 
 M64 = (1 << 64) - 1
@@ -62,6 +68,7 @@ MAX_DIGESTS = 1 << 25
 DEVICES = ("cuda", "cpu")
 GEN_CHUNK = 1 << 23  # elements of a matrix generated or reduced at once (int64 temporaries: a few x 64 MiB)
 MAX_REVEAL_ROWS = 64
+MIG_LABEL_BASE = 64  # a MIG slice's label in gpu_indices: MIG_LABEL_BASE + its position in mig_uuids
 
 
 def mix64(z):
@@ -152,7 +159,7 @@ def validate_challenge(req, real=False):
     if not isinstance(req, dict):
         raise invalid("challenge", "the challenge must be a JSON object")
     unknown = sorted(set(req) - {"seed", "n", "k", "products", "dtype", "gpu_indices", "flop_per_gpu",
-                                 "time_limit_s", "device"})
+                                 "time_limit_s", "device", "mig_uuids"})
     if unknown:
         raise invalid(unknown[0], "unknown field %s" % unknown[0])
     if type(req.get("seed")) is not int or not 0 <= req["seed"] <= M64:
@@ -166,10 +173,13 @@ def validate_challenge(req, real=False):
         raise invalid("products", "products x n must be at most %d (the row digests kept)" % MAX_DIGESTS)
     if req.get("dtype") != "bf16":
         raise invalid("dtype", "dtype must be bf16")
+    slices = validate_mig_uuids(req.get("mig_uuids"))
+    top = MIG_LABEL_BASE + len(slices) if slices else MIG_LABEL_BASE
     indices = req.get("gpu_indices")
     if (not isinstance(indices, list) or not indices or len(set(indices)) != len(indices)
-            or not all(type(i) is int and 0 <= i < 64 for i in indices)):
-        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices")
+            or not all(type(i) is int and 0 <= i < top for i in indices)):
+        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices (0-%d) or MIG "
+                      "slice labels (%d + the slice's position in mig_uuids)" % (MIG_LABEL_BASE - 1, MIG_LABEL_BASE))
     if req.get("device", "cuda") not in DEVICES:
         raise invalid("device", "device must be one of %s" % ", ".join(DEVICES))
     return req
@@ -198,28 +208,40 @@ class Lines:
         self.outfile.flush()
 
 
-def sim_cards(cfg, indices):
-    """Per GPU index: (its real BF16 rate in FLOP/s, whether its products are right), from the sim profile."""
+def sim_cards(cfg, indices, mig_uuids=None):
+    """Per GPU index or MIG slice label: (its real BF16 rate in FLOP/s, whether its products are right), from
+    the sim profile. A slice works at its card's rate times the compute slices (of 7) it really has."""
     profile, claimed = load_profile(cfg.sim_profile)
     perf = profile.get("performance") or {}
     specs = {g["index"]: g for g in perf.get("gpus", [])}
     known = {card["index"] for card in claimed}
+    configured = {s["uuid"]: (gpu, s) for gpu, rows in sim_slices(profile).items() for s in rows}
     rng = random.Random(os.urandom(16))  # noqa: S311 - run-to-run noise, as the sim benchmark's
     cards = {}
     for i in indices:
-        spec = specs.get(i)
-        if i not in known or spec is None:
-            raise invalid("gpu_indices", "this node has no GPU %d" % i)
+        share = 1.0
+        if i >= MIG_LABEL_BASE:
+            uuid = mig_uuids[i - MIG_LABEL_BASE]
+            if uuid not in configured:
+                raise invalid("mig_uuids", "this node has no MIG device %s" % uuid)
+            gpu, real = configured[uuid]
+            share = real["compute_slices"] / float(COMPUTE_SLICES)
+        else:
+            gpu = i
+        spec = specs.get(gpu)
+        if gpu not in known or spec is None:
+            raise invalid("gpu_indices", "this node has no GPU %d" % gpu)
         sheet = dict(perf.get("datasheet", {}), **spec.get("datasheet", {}))
         noise = 1 + max(-0.03, min(0.03, rng.gauss(0, 0.012)))
-        cards[i] = (sheet["bf16_tflops"] * 1e12 * spec["fraction"]["bf16"] * noise, spec.get("matmul_correct", True))
+        cards[i] = (sheet["bf16_tflops"] * 1e12 * spec["fraction"]["bf16"] * share * noise,
+                    spec.get("matmul_correct", True))
     return cards, perf.get("challenge_hang_s")
 
 
 def sim_work(cfg, req):
     """The sim node's work on a validated challenge: per GPU its Work, and the seconds its real card takes for
     the nominal work; and the profile's `challenge_hang_s`."""
-    cards, hang_s = sim_cards(cfg, req["gpu_indices"])
+    cards, hang_s = sim_cards(cfg, req["gpu_indices"], req.get("mig_uuids"))
     results, seconds = {}, {}
     for i in req["gpu_indices"]:
         rows_of = []
@@ -252,6 +274,9 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
             timer.daemon = True
             timer.start()
         if cfg.runtime != "sim":
+            if req.get("mig_uuids"):  # needs a child that sees only the slice, as bench_slices' _real_slice
+                raise AgentError("challenge_unsupported", "a real node's PyTorch path does not challenge MIG "
+                                 "slices yet")
             if not real_work(req):
                 raise AgentError("challenge_unsupported", "this challenge's nominal work (flop_per_gpu %g) is not "
                                  "the work of its sizes: it is for simulated nodes; a real node answers the "
