@@ -247,11 +247,12 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
 
 def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel, inventory: dict[str, Any],
                          uuids: list[str]) -> tuple[list[Finding], dict[str, Any], set[str]]:
-    """The platform's challenge on the free MIG slices (verification/slice_challenge.py), one exchange per
-    profile, each slice held to its profile's share of the card. Returns (findings, figures, disproved UUIDs).
-    Sim nodes only until the agent's PyTorch path selects a slice: a real node's run records why it was not run."""
+    """The platform's challenge and memory proof on the free MIG slices (verification/slice_challenge.py), one
+    exchange of each per profile and card, each slice held to its profile's share of the card. Returns (findings,
+    figures, disproved UUIDs). Sim nodes only until the agent's PyTorch path selects a slice: a real node's run
+    records why it was not run."""
     if job.node.runtime != "sim":
-        return [], {"not_run": "the slice challenge's PyTorch path is not built yet (docs/BENCHMARKS.md)"}, set()
+        return [], {"not_run": "the slice challenge's PyTorch path is not built yet"}, set()
     cards = {g.get("index"): g.get("memory_total_mib") for g in inventory.get("gpus") or []}
     findings: list[Finding] = []
     figures: dict[str, Any] = {}
@@ -270,10 +271,21 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
             finally:
                 exchange.close()
             found, measured, bad = slice_challenge.judge_slices(drawn, outcome)
-            findings += found
-            disproved |= bad
+            assert drawn.proof is not None
+            job_step(job, f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
+                          f"{'s' if len(drawn.devices) > 1 else ''} ({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB "
+                          "each)")
+            exchange = session.exchange("memproof")
+            try:
+                proved = memproof.run(exchange, drawn.proof, settings.BENCHMARK_TIME_LIMIT_S)
+            finally:
+                exchange.close()
+            held_found, held, lost = slice_challenge.judge_slice_proofs(drawn, proved)
+            findings += found + held_found
+            disproved |= bad | lost
             slices = figures.setdefault("slices", {})
-            slices.update(measured.pop("slices"))
+            slices.update({uuid: dict(row, memory_proof=held["slices"].get(uuid))
+                           for uuid, row in measured["slices"].items()})
     return findings, figures, disproved
 
 

@@ -93,8 +93,8 @@ def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[i
 
 def simulated_slice_challenge(path: Path, declared: DeclaredModel, gpus: list[dict], devices: list[dict],
                               quick: bool = True) -> tuple[list[Finding], dict, set[str]]:
-    """The platform's challenge of the profile's MIG slices (`devices`), in process, as node_slice_challenge
-    runs it over SSH: (findings, figures by slice UUID, disproved UUIDs)."""
+    """The platform's challenge and memory proof of the profile's MIG slices (`devices`), in process, as
+    node_slice_challenge runs them over SSH: (findings, figures by slice UUID, disproved UUIDs)."""
     cards = {g["index"]: g.get("memory_total_mib") for g in gpus}
     findings: list[Finding] = []
     figures: dict = {}
@@ -104,9 +104,12 @@ def simulated_slice_challenge(path: Path, declared: DeclaredModel, gpus: list[di
         for drawn in slice_challenge.draw_slices(declared, on_card, [d["uuid"] for d in on_card], quick,
                                                  card_memory_mib=cards.get(gpu)):
             found, measured, bad = slice_challenge.judge_slices(drawn, simulated_outcome(path, drawn.challenge))
-            findings += found
-            disproved |= bad
-            figures.update(measured["slices"])
+            assert drawn.proof is not None
+            proved, held, lost = slice_challenge.judge_slice_proofs(drawn, simulated_memproof_outcome(path,
+                                                                                                     drawn.proof))
+            findings += found + proved
+            disproved |= bad | lost
+            figures.update({u: dict(row, memory_proof=held["slices"].get(u)) for u, row in measured["slices"].items()})
     return findings, figures, disproved
 
 
@@ -131,6 +134,12 @@ def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: lis
     """The platform's memory proof against the profile's sim agent, in process (as simulated_challenge): the
     agent's own fill and digests, each fresh root arriving when the sim agent would send it."""
     drawn = memproof.draw(declared, gpu_indices)
+    return memproof.judge(declared, drawn, simulated_memproof_outcome(path, drawn, round_trip_s))
+
+
+def simulated_memproof_outcome(path: Path, drawn: memproof.MemProof, round_trip_s: float = 0.0) -> memproof.Outcome:
+    """What memproof.run would see of the profile's sim agent answering `drawn`."""
+    gpu_indices = list(drawn.gpu_indices)
     req = agent_memproof.validate(drawn.request(agent.BENCH_LIMIT_S[0]))
     cards = agent_memproof.sim_cards(SimpleNamespace(sim_profile=str(path)), req)
     rng = random.SystemRandom()
@@ -144,4 +153,4 @@ def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: lis
                  for g in gpu_indices}
     out.opened = agent_memproof.opened({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}},
                                        cards, req)
-    return memproof.judge(declared, drawn, out)
+    return out

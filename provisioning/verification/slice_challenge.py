@@ -1,11 +1,14 @@
-"""The platform's challenge per MIG slice: the node's own slice figures (bench_slices) can be faked by a provider
-who controls the driver; this is work the platform chooses and times itself, as for a whole GPU (challenge.py).
+"""The platform's challenge and memory proof per MIG slice: the node's own slice figures (bench_slices) can be
+faked by a provider who controls the driver; this is work the platform chooses and times itself, as for a whole
+GPU (challenge.py, memproof.py).
 
 Slices of one profile are challenged together in one exchange; the claimed rate is the profile's compute share
 (g/7) of the card's datasheet (mig.slice_model), so the expected time and the bands are a slice's. A slice is named
 in the challenge by a label (challenge.MIG_LABEL_BASE + its position in `mig_uuids`) that also keys its matrices;
-the agent maps the label to the MIG device it validated. A finding names the slice (codes mig_slice_challenge_*),
-and a slice with a rejecting finding is not proven (mig.check_mig then leaves it unlisted).
+the agent maps the label to the MIG device it validated. The memory proof fills 95 % of the profile's share of
+the card's memory (memory slices / 8) and times the re-read at that share of its bandwidth. A finding names the
+slice (codes mig_slice_challenge_*, mig_slice_memory_proof_*), and a slice with a rejecting finding is not proven
+(mig.check_mig then leaves it unlisted).
 
 Pure: no Django, no SSH.
 """
@@ -18,6 +21,7 @@ from typing import Any
 
 from marketplace.mig import MigProfile, profiles_for
 
+from . import memproof
 from .challenge import MIG_LABEL_BASE, Challenge, Outcome, draw, judge
 from .mig import slice_model
 from .policy import REJECT, DeclaredModel, Finding
@@ -31,11 +35,13 @@ class SliceChallenge:
     model: DeclaredModel  # the declared card scaled to one slice of the profile
     challenge: Challenge
     devices: dict  # label -> the slice as the inventory lists it ({"gpu", "device", "profile", "uuid"})
+    proof: memproof.MemProof | None = None  # the memory proof of the same slices
 
 
 def slice_groups(devices: Sequence[dict], uuids: Sequence[str]) -> dict[str, list[dict]]:
     """The slices to challenge (`uuids`, in the inventory's order), by profile name."""
-    wanted, groups = set(uuids), {}
+    wanted = set(uuids)
+    groups: dict[str, list[dict]] = {}
     for dev in devices:
         if dev.get("uuid") in wanted:
             groups.setdefault(dev["profile"], []).append(dev)
@@ -56,10 +62,11 @@ def draw_slices(declared: DeclaredModel, devices: Sequence[dict], uuids: Sequenc
         model = replace(slice_model(declared, profile),
                         memory_mib=profile.memory_mib(card_memory_mib or declared.memory_mib))
         labels = [MIG_LABEL_BASE + i for i in range(len(devs))]
-        drawn = replace(draw(model, labels, quick, rng=rng, real_work=real_work),
-                        mig_uuids=tuple(d["uuid"] for d in devs))
-        out.append(SliceChallenge(profile=profile, model=model, challenge=drawn, devices=dict(zip(labels, devs,
-                                                                                                  strict=True))))
+        uuids_of = tuple(d["uuid"] for d in devs)
+        drawn = replace(draw(model, labels, quick, rng=rng, real_work=real_work), mig_uuids=uuids_of)
+        proof = replace(memproof.draw(model, labels, rng=rng, real=real_work), mig_uuids=uuids_of)
+        out.append(SliceChallenge(profile=profile, model=model, challenge=drawn, proof=proof,
+                                  devices=dict(zip(labels, devs, strict=True))))
     return out
 
 
@@ -70,7 +77,21 @@ def slice_name(dev: dict) -> str:
 def judge_slices(drawn: SliceChallenge, outcome: Outcome) -> tuple[list[Finding], dict[str, Any], set[str]]:
     """(findings naming each slice, figures by slice UUID, the UUIDs of slices the challenge disproved)."""
     found, figures = judge(drawn.model, drawn.challenge, outcome)
-    findings, disproved = [], set()
+    return _per_slice(drawn, found, figures)
+
+
+def judge_slice_proofs(drawn: SliceChallenge, outcome: memproof.Outcome,
+                       ) -> tuple[list[Finding], dict[str, Any], set[str]]:
+    """The memory proof's (findings naming each slice, figures by slice UUID, disproved UUIDs)."""
+    assert drawn.proof is not None
+    found, figures = memproof.judge(drawn.model, drawn.proof, outcome)
+    return _per_slice(drawn, found, figures)
+
+
+def _per_slice(drawn: SliceChallenge, found: list[Finding], figures: dict[str, Any],
+               ) -> tuple[list[Finding], dict[str, Any], set[str]]:
+    findings: list[Finding] = []
+    disproved: set[str] = set()
     for f in found:
         dev = drawn.devices.get(f.gpu_index) if f.gpu_index is not None else None
         if dev is None:  # about the whole exchange (the node stopped with an error): every slice in it
@@ -86,5 +107,4 @@ def judge_slices(drawn: SliceChallenge, outcome: Outcome) -> tuple[list[Finding]
     by_uuid = {drawn.devices[int(label)]["uuid"]: dict(row, profile=drawn.profile.name)
                for label, row in figures.pop("gpus").items()}
     figures["slices"] = by_uuid
-    figures["slice_datasheet_bf16_tflops"] = round(drawn.challenge.datasheet_tflops, 3)
     return findings, figures, disproved

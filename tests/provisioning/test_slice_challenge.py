@@ -12,11 +12,17 @@ from types import SimpleNamespace
 import pytest
 
 from provisioning.agent import gpumarket_agent as agent
+from provisioning.agent.gpumarket_agent import memproof as agent_memproof
 from provisioning.agent.gpumarket_agent.core import AgentError
 from provisioning.verification import challenge, slice_challenge
 from provisioning.verification.mig import check_mig
 from provisioning.verification.policy import DeclaredModel, load_catalogue
-from provisioning.verification.profiles import PROFILES_DIR, simulated_outcome, simulated_slice_challenge
+from provisioning.verification.profiles import (
+    PROFILES_DIR,
+    simulated_memproof_outcome,
+    simulated_outcome,
+    simulated_slice_challenge,
+)
 from tests.provisioning.test_challenge import PipeExchange
 
 A100 = DeclaredModel.from_catalogue(load_catalogue()["a100-80gb-sxm"])
@@ -160,3 +166,48 @@ def test_a_real_node_says_it_does_not_challenge_slices_yet():
     status = agent.run_exchange(SimpleNamespace(runtime="docker"),
                                 io.StringIO(json.dumps({"challenge": slice_request()}) + "\n"), answer)
     assert status == 1 and json.loads(answer.getvalue())["error"]["code"] == "challenge_unsupported"
+
+
+# ------------------------------------------------------------------------------------ the memory proof per slice
+
+def test_each_slice_fills_its_profiles_share_of_the_card_and_an_honest_one_passes():
+    path, _, gpus, devices = sim("a100-80gb-sxm-x2-mig")
+    drawn = slice_challenge.draw_slices(A100, devices, [d["uuid"] for d in devices], quick=True, card_memory_mib=81920)
+    for d in drawn:
+        assert d.proof.nominal_bytes == pytest.approx(0.95 * 81920 * d.profile.memory_slices / 8 * 2 ** 20, abs=1)
+        assert d.proof.request(30)["mig_uuids"] == list(d.challenge.mig_uuids)
+        findings, figures, disproved = slice_challenge.judge_slice_proofs(d, simulated_memproof_outcome(path, d.proof))
+        assert (findings, disproved) == ([], set()), findings
+        assert all(row["correct"] for row in figures["slices"].values())
+
+
+def test_a_slice_smaller_than_its_name_is_late_to_re_read_the_fill():
+    path, _, gpus, devices = sim("a100-80gb-sxm-x2-mig-slices-smaller")
+    (drawn,) = slice_challenge.draw_slices(A100, devices, [devices[0]["uuid"]], quick=True, card_memory_mib=81920)
+    findings, _, disproved = slice_challenge.judge_slice_proofs(drawn, simulated_memproof_outcome(path, drawn.proof))
+    assert [(f.code, f.severity, f.gpu_index) for f in findings] == [("mig_slice_memory_proof_late", "reject", 0)]
+    assert devices[0]["uuid"] in findings[0].message and disproved == {devices[0]["uuid"]}
+
+
+def test_a_slice_that_opens_made_up_chunks_fails_the_proof():
+    path, _, gpus, devices = sim("a100-80gb-sxm-x2-mig")
+    (drawn,) = slice_challenge.draw_slices(A100, devices, [devices[1]["uuid"]], quick=True)
+    outcome = simulated_memproof_outcome(path, drawn.proof)
+    label = str(challenge.MIG_LABEL_BASE)
+    outcome.opened[label][0]["words"][0] ^= 1
+    findings, _, disproved = slice_challenge.judge_slice_proofs(drawn, outcome)
+    assert [f.code for f in findings] == ["mig_slice_memory_proof_failed"] and disproved == {devices[1]["uuid"]}
+
+
+def test_the_agent_refuses_a_bad_slice_memory_proof_request():
+    _, cfg, _, devices = sim("a100-80gb-sxm-x2-mig")
+    (drawn,) = slice_challenge.draw_slices(A100, devices, [devices[0]["uuid"]], quick=True)
+    for changes, field in (({"mig_uuids": ["MIG-$(reboot)"]}, "mig_uuids"),
+                           ({"gpu_indices": [challenge.MIG_LABEL_BASE + 3]}, "gpu_indices")):
+        with pytest.raises(AgentError) as caught:
+            agent_memproof.validate(dict(drawn.proof.request(30), **changes))
+        assert (caught.value.code, caught.value.field) == ("invalid_request", field)
+    other = dict(drawn.proof.request(30), mig_uuids=["MIG-70abe48c-c4c3-471c-23d4-53a46b8ef9e5"])  # not this node's
+    with pytest.raises(AgentError) as caught:
+        agent_memproof.sim_cards(cfg, agent_memproof.validate(other))
+    assert caught.value.field == "mig_uuids"

@@ -173,6 +173,14 @@ def validate_challenge(req, real=False):
         raise invalid("products", "products x n must be at most %d (the row digests kept)" % MAX_DIGESTS)
     if req.get("dtype") != "bf16":
         raise invalid("dtype", "dtype must be bf16")
+    validate_targets(req)
+    if req.get("device", "cuda") not in DEVICES:
+        raise invalid("device", "device must be one of %s" % ", ".join(DEVICES))
+    return req
+
+
+def validate_targets(req):
+    """gpu_indices: GPU indices, or MIG slice labels (MIG_LABEL_BASE + the slice's position in mig_uuids)."""
     slices = validate_mig_uuids(req.get("mig_uuids"))
     top = MIG_LABEL_BASE + len(slices) if slices else MIG_LABEL_BASE
     indices = req.get("gpu_indices")
@@ -180,9 +188,16 @@ def validate_challenge(req, real=False):
             or not all(type(i) is int and 0 <= i < top for i in indices)):
         raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices (0-%d) or MIG "
                       "slice labels (%d + the slice's position in mig_uuids)" % (MIG_LABEL_BASE - 1, MIG_LABEL_BASE))
-    if req.get("device", "cuda") not in DEVICES:
-        raise invalid("device", "device must be one of %s" % ", ".join(DEVICES))
-    return req
+
+
+def sim_slice(profile, label, mig_uuids):
+    """(card index, the slice as the sim profile configures it) of a MIG slice label."""
+    uuid = mig_uuids[label - MIG_LABEL_BASE]
+    for gpu, rows in sim_slices(profile).items():
+        for real in rows:
+            if real["uuid"] == uuid:
+                return gpu, real
+    raise invalid("mig_uuids", "this node has no MIG device %s" % uuid)
 
 
 class Lines:
@@ -215,16 +230,12 @@ def sim_cards(cfg, indices, mig_uuids=None):
     perf = profile.get("performance") or {}
     specs = {g["index"]: g for g in perf.get("gpus", [])}
     known = {card["index"] for card in claimed}
-    configured = {s["uuid"]: (gpu, s) for gpu, rows in sim_slices(profile).items() for s in rows}
     rng = random.Random(os.urandom(16))  # noqa: S311 - run-to-run noise, as the sim benchmark's
     cards = {}
     for i in indices:
         share = 1.0
         if i >= MIG_LABEL_BASE:
-            uuid = mig_uuids[i - MIG_LABEL_BASE]
-            if uuid not in configured:
-                raise invalid("mig_uuids", "this node has no MIG device %s" % uuid)
-            gpu, real = configured[uuid]
+            gpu, real = sim_slice(profile, i, mig_uuids)
             share = real["compute_slices"] / float(COMPUTE_SLICES)
         else:
             gpu = i
