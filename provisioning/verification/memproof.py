@@ -166,7 +166,8 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
     rate = float(declared.datasheet["memory_bandwidth_gbs"]) * 1e9 * band["reject"]
     seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
     return MemProof(seed=seed, gpu_indices=tuple(gpu_indices), nominal_bytes=nominal, read_s=nominal / rate,
-                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S, device=device, **shape)
+                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S, device=device,
+                    blocks=shape["blocks"], chunks=shape["chunks"], words=shape["words"])
 
 
 # ------------------------------------------------------------------------------------------ the exchange
