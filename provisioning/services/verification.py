@@ -249,10 +249,9 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
                          uuids: list[str]) -> tuple[list[Finding], dict[str, Any], set[str]]:
     """The platform's challenge and memory proof on the free MIG slices (verification/slice_challenge.py), one
     exchange of each per profile and card, each slice held to its profile's share of the card. Returns (findings,
-    figures, disproved UUIDs). Sim nodes only until the agent's PyTorch path selects a slice: a real node's run
-    records why it was not run."""
-    if job.node.runtime != "sim":
-        return [], {"not_run": "the slice challenge's PyTorch path is not built yet"}, set()
+    figures, disproved UUIDs). A real node's slices get the real-work challenge one slice per exchange; the
+    memory proof is sim only, as for whole GPUs (node_memory_proof)."""
+    real = job.node.runtime != "sim"
     cards = {g.get("index"): g.get("memory_total_mib") for g in inventory.get("gpus") or []}
     findings: list[Finding] = []
     figures: dict[str, Any] = {}
@@ -261,7 +260,7 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
     for gpu in sorted({d["gpu"] for d in devices if d.get("uuid") in uuids}):
         on_card = [d for d in devices if d["gpu"] == gpu]
         for drawn in slice_challenge.draw_slices(declared, on_card, uuids, settings.BENCHMARK_QUICK,
-                                                 card_memory_mib=cards.get(gpu)):
+                                                 card_memory_mib=cards.get(gpu), real_work=real):
             job_step(job, f"challenging GPU {gpu}'s MIG {drawn.profile.name} slice"
                           f"{'s' if len(drawn.devices) > 1 else ''} (at most "
                           f"{drawn.challenge.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
@@ -271,7 +270,12 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
             finally:
                 exchange.close()
             found, measured, bad = slice_challenge.judge_slices(drawn, outcome)
-            assert drawn.proof is not None
+            if real or drawn.proof is None:
+                findings += found
+                disproved |= bad
+                figures.setdefault("slices", {}).update(measured["slices"])
+                figures["memory_proof"] = {"not_run": "the memory proof's PyTorch path is not built yet"}
+                continue
             job_step(job, f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
                           f"{'s' if len(drawn.devices) > 1 else ''} ({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB "
                           "each)")

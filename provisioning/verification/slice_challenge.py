@@ -51,11 +51,15 @@ def slice_groups(devices: Sequence[dict], uuids: Sequence[str]) -> dict[str, lis
 def draw_slices(declared: DeclaredModel, devices: Sequence[dict], uuids: Sequence[str], quick: bool,
                 card_memory_mib: int | None = None, rng: random.Random | None = None,
                 real_work: bool = False) -> list[SliceChallenge]:
-    """One challenge per profile among the slices named; a profile the catalogue does not know is skipped (the
-    layout check already rejects it)."""
+    """One challenge per profile among the slices named, or with `real_work` one per slice (a real node's agent
+    runs each in a child process that sees only that slice); a profile the catalogue does not know is skipped
+    (the layout check already rejects it)."""
     profiles = profiles_for(declared.slug)
     out = []
-    for name, devs in sorted(slice_groups(devices, uuids).items()):
+    groups = sorted(slice_groups(devices, uuids).items())
+    if real_work:
+        groups = [(name, [dev]) for name, devs in groups for dev in devs]
+    for name, devs in groups:
         profile = profiles.get(name)
         if profile is None:
             continue

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import threading
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ from provisioning.verification.profiles import (
     simulated_slice_challenge,
 )
 from tests.provisioning.test_challenge import PipeExchange
+from tests.provisioning.test_challenge_agent import hear, say, start
 
 A100 = DeclaredModel.from_catalogue(load_catalogue()["a100-80gb-sxm"])
 
@@ -160,12 +162,56 @@ def test_the_sim_agent_refuses_a_slice_it_does_not_have():
     assert (caught.value.code, caught.value.field) == ("invalid_request", "mig_uuids")
 
 
-def test_a_real_node_says_it_does_not_challenge_slices_yet():
+def test_a_real_node_refuses_a_sim_slices_nominal_work():
     import io
     answer = io.StringIO()
     status = agent.run_exchange(SimpleNamespace(runtime="docker"),
                                 io.StringIO(json.dumps({"challenge": slice_request()}) + "\n"), answer)
     assert status == 1 and json.loads(answer.getvalue())["error"]["code"] == "challenge_unsupported"
+
+
+def tiny_slice(uuids=(UUID,)):
+    labels = [challenge.MIG_LABEL_BASE + i for i in range(len(uuids))]
+    drawn = challenge.draw_real(0.05, 4096, labels, quick=True, device="cpu", sizes=(256, 512, 2))
+    return replace(drawn, mig_uuids=tuple(uuids))
+
+
+def test_a_real_node_challenges_a_slice_in_a_child_that_sees_only_it(tmp_path):
+    """The zipapp as on a real node (runtime docker; the work on this CPU, no GPU here): the agent relays the
+    exchange to a child agent started with CUDA_VISIBLE_DEVICES=<the slice>, and the platform's own check passes."""
+    torch = pytest.importorskip("torch")
+    assert torch
+    drawn = tiny_slice()
+    proc = start(tmp_path, runtime="docker")
+    try:
+        out = challenge.run(ProcExchange(proc), drawn, 120)
+        final = hear(proc)
+    finally:
+        proc.stdin.close()
+    assert (final["ok"], proc.wait(30), out.problem) == (True, 0, "")
+    label = challenge.MIG_LABEL_BASE
+    assert challenge.check_gpu(drawn, label, out.commitments[label], out.picks[label], out.revealed[str(label)]) == ""
+    # one slice per exchange on a real node: CUDA shows a process one MIG device
+    proc = start(tmp_path, runtime="docker")
+    say(proc, {"challenge": tiny_slice((UUID, "MIG-25ed6b80-d9fe-5162-3cab-5650f90cb68e")).request(60)})
+    answer = hear(proc)
+    assert (answer["error"]["code"], answer["error"]["field"]) == ("invalid_request", "mig_uuids")
+    assert proc.wait(10) == 2
+
+
+class ProcExchange:
+    def __init__(self, proc):
+        self.proc = proc
+
+    def send(self, message):
+        say(self.proc, message)
+        return time.monotonic()
+
+    def receive(self, timeout):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError
+        return line.encode(), time.monotonic()
 
 
 # ------------------------------------------------------------------------------------ the memory proof per slice
