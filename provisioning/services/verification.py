@@ -33,7 +33,7 @@ from provisioning.services.mig import node_apply_mig_slices
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
-from provisioning.verification import challenge, memproof
+from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, judge
 from provisioning.verification.wording import reasons_text
@@ -145,6 +145,7 @@ def node_verify_run(job: Job) -> None:
     inventory: dict[str, Any] = {}
     net_mbps: float | None = None
     challenged: tuple[list[Finding], dict[str, Any]] = ([], {})
+    disproved: set[str] = set()  # MIG slices that failed the platform's challenge
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job, "reading the hardware inventory")
@@ -183,6 +184,9 @@ def node_verify_run(job: Job) -> None:
                     challenged = node_challenge(job, session, declared, free)
                     proved = node_memory_proof(job, session, declared, free)
                     challenged = (challenged[0] + proved[0], {**challenged[1], "memory_proof": proved[1]})
+                if slices:
+                    found, slice_figures, disproved = node_slice_challenge(job, session, declared, inventory, slices)
+                    challenged = (challenged[0] + found, {**challenged[1], "mig_slices": slice_figures})
             else:
                 job_step(job, "every GPU is rented: identity checks only, no benchmark")
     except DuplicateHardware as exc:
@@ -195,7 +199,7 @@ def node_verify_run(job: Job) -> None:
     fleet = fleet_reference(node.gpu_model_id, exclude_node_id=node.pk) if bench is not None else None
     if fleet is not None:
         job_step(job, f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
-    mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node))
+    mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node), disproved)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig)
     figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
@@ -239,6 +243,54 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     findings, figures = challenge.judge(declared, drawn, outcome)
     figures["verify_cpu_s"] = round(time.process_time() - started, 6)  # the control plane's cost (BENCHMARKS.md)
     return findings, figures
+
+
+def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel, inventory: dict[str, Any],
+                         uuids: list[str]) -> tuple[list[Finding], dict[str, Any], set[str]]:
+    """The platform's challenge and memory proof on the free MIG slices (verification/slice_challenge.py), one
+    exchange of each per profile and card, each slice held to its profile's share of the card. Returns (findings,
+    figures, disproved UUIDs). A real node's slices get the real-work challenge one slice per exchange; the
+    memory proof is sim only, as for whole GPUs (node_memory_proof)."""
+    real = job.node.runtime != "sim"
+    cards = {g.get("index"): g.get("memory_total_mib") for g in inventory.get("gpus") or []}
+    findings: list[Finding] = []
+    figures: dict[str, Any] = {}
+    disproved: set[str] = set()
+    devices = inventory.get("mig") or []
+    for gpu in sorted({d["gpu"] for d in devices if d.get("uuid") in uuids}):
+        on_card = [d for d in devices if d["gpu"] == gpu]
+        for drawn in slice_challenge.draw_slices(declared, on_card, uuids, settings.BENCHMARK_QUICK,
+                                                 card_memory_mib=cards.get(gpu), real_work=real):
+            job_step(job, f"challenging GPU {gpu}'s MIG {drawn.profile.name} slice"
+                          f"{'s' if len(drawn.devices) > 1 else ''} (at most "
+                          f"{drawn.challenge.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
+            exchange = session.exchange("challenge")
+            try:
+                outcome = challenge.run(exchange, drawn.challenge, settings.BENCHMARK_TIME_LIMIT_S)
+            finally:
+                exchange.close()
+            found, measured, bad = slice_challenge.judge_slices(drawn, outcome)
+            if real or drawn.proof is None:
+                findings += found
+                disproved |= bad
+                figures.setdefault("slices", {}).update(measured["slices"])
+                figures["memory_proof"] = {"not_run": "the memory proof's PyTorch path is not built yet"}
+                continue
+            job_step(job, f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
+                          f"{'s' if len(drawn.devices) > 1 else ''} ({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB "
+                          "each)")
+            exchange = session.exchange("memproof")
+            try:
+                proved = memproof.run(exchange, drawn.proof, settings.BENCHMARK_TIME_LIMIT_S)
+            finally:
+                exchange.close()
+            held_found, held, lost = slice_challenge.judge_slice_proofs(drawn, proved)
+            findings += found + held_found
+            disproved |= bad | lost
+            slices = figures.setdefault("slices", {})
+            slices.update({uuid: dict(row, memory_proof=held["slices"].get(uuid))
+                           for uuid, row in measured["slices"].items()})
+    return findings, figures, disproved
 
 
 def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,

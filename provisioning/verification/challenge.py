@@ -74,6 +74,7 @@ REAL_MEMORY_SHARE = 0.25
 REAL_GENERATION_BYTES = 512 << 20  # the agent's int64 temporaries while it generates a matrix
 DIGEST_FLOOR_BPS = 2.5e8  # SHA-256 of the row digests at no less than this per GPU: added to the wait
 REVEAL_ROWS = 4
+MIG_LABEL_BASE = 64  # a MIG slice's label in a challenge: above any GPU index (the agent's GPU indices are < 64)
 CHECKED_ENTRIES = 4
 PINGS = 3
 PING_TIMEOUT_S = 10.0
@@ -161,6 +162,8 @@ class Challenge:
     datasheet_tflops: float
     wait_s: float  # how long the platform waits for the last commitment
     device: str = ""  # "cpu" to run a real-work challenge on the node's CPU (tests, gpu-selfcheck --device cpu)
+    # MIG slices challenged: gpu_indices are then their labels, MIG_LABEL_BASE + position here (slice_challenge.py)
+    mig_uuids: tuple = ()
 
     def request(self, time_limit_s: int) -> dict:
         req = {"seed": self.seed, "n": self.n, "k": self.k, "products": self.products, "dtype": "bf16",
@@ -168,6 +171,8 @@ class Challenge:
                "time_limit_s": time_limit_s}
         if self.device:
             req["device"] = self.device
+        if self.mig_uuids:
+            req["mig_uuids"] = list(self.mig_uuids)
         return req
 
 

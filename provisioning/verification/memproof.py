@@ -138,6 +138,7 @@ class MemProof:
     read_s: float  # the claimed card reads nominal_bytes in this at the reject floor of its bandwidth band
     fill_wait_s: float
     device: str = ""  # "cpu": a real fill on the node's CPU (tests)
+    mig_uuids: tuple = ()  # MIG slices proved: gpu_indices are their labels (challenge.MIG_LABEL_BASE + position)
 
     def request(self, time_limit_s: int) -> dict:
         req = {"seed": self.seed, "blocks": self.blocks, "chunks": self.chunks, "words": self.words,
@@ -145,6 +146,8 @@ class MemProof:
                "time_limit_s": time_limit_s}
         if self.device:
             req["device"] = self.device
+        if self.mig_uuids:
+            req["mig_uuids"] = list(self.mig_uuids)
         return req
 
 
@@ -163,7 +166,8 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
     rate = float(declared.datasheet["memory_bandwidth_gbs"]) * 1e9 * band["reject"]
     seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
     return MemProof(seed=seed, gpu_indices=tuple(gpu_indices), nominal_bytes=nominal, read_s=nominal / rate,
-                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S, device=device, **shape)
+                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S, device=device,
+                    blocks=shape["blocks"], chunks=shape["chunks"], words=shape["words"])
 
 
 # ------------------------------------------------------------------------------------------ the exchange

@@ -3,7 +3,7 @@ proof (its memory and throughput against its profile's share of the card's datas
 whole card's figures). Pure, like policy.py: the service gives it what the agent answered."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from marketplace.mig import profiles_for
@@ -38,10 +38,11 @@ def slice_model(declared: DeclaredModel, profile) -> DeclaredModel:
 
 def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_gpus: Sequence[dict],
               devices: Sequence[dict], measured: Sequence[dict] | None,
-              skip_uuids: Sequence[str] = ()) -> tuple[list[Finding], list[dict]]:
+              skip_uuids: Sequence[str] = (), disproved: Collection[str] = ()) -> tuple[list[Finding], list[dict]]:
     """(findings, slices): the configured layout against `layout` ({gpu index: [profile, ...]}), then each
     measured slice against its profile. `slices` lists every configured slice of a declared GPU with its figures
-    and whether it was proven (a slice in `skip_uuids` is rented: not measured, not judged, kept as it was)."""
+    and whether it was proven (a slice in `skip_uuids` is rented: not measured, not judged, kept as it was; one in
+    `disproved` failed the platform's own challenge (slice_challenge.py): not proven, whatever it reported)."""
     findings: list[Finding] = []
     profiles = profiles_for(declared.slug)
     smi = {g.get("index"): g for g in inventory_gpus}
@@ -68,12 +69,13 @@ def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_g
             continue
         for dev in seen:
             slices.append(_judge_slice(declared, profiles[dev["profile"]], smi.get(gpu) or {}, dev,
-                                       figures.get(dev["uuid"]), dev["uuid"] in skip_uuids, findings))
+                                       figures.get(dev["uuid"]), dev["uuid"] in skip_uuids, findings,
+                                       dev["uuid"] in disproved))
     return findings, slices
 
 
 def _judge_slice(declared: DeclaredModel, profile, card: dict, dev: dict, row: dict | None, rented: bool,
-                 findings: list[Finding]) -> dict:
+                 findings: list[Finding], disproved: bool = False) -> dict:
     gpu, name = dev["gpu"], f"GPU {dev['gpu']}'s MIG {dev['profile']} slice {dev['device']} ({dev['uuid']})"
     summary = {"gpu": gpu, "device": dev["device"], "profile": dev["profile"], "uuid": dev["uuid"],
                "memory_mib": None, "bf16_tflops": None, "memory_bandwidth_gbs": None, "score": None,
@@ -101,7 +103,7 @@ def _judge_slice(declared: DeclaredModel, profile, card: dict, dev: dict, row: d
         own.append(Finding(f.severity, code, f"{name}: " + f.message.replace(f"GPU {gpu} ", "it ", 1), gpu))
     findings.extend(own)
     score = gpu_score(row)
-    summary.update(proven=not any(f.severity == REJECT for f in own),
+    summary.update(proven=not disproved and not any(f.severity == REJECT for f in own),
                    score=round(score, 2) if score is not None else None)
     return summary
 
@@ -119,13 +121,13 @@ def card_equivalent(slices: Sequence[dict], slug: str) -> list[dict]:
 
 
 def judge_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory: dict, bench: dict | None,
-              skip_uuids: Sequence[str] = ()) -> MigJudgement:
+              skip_uuids: Sequence[str] = (), disproved: Collection[str] = ()) -> MigJudgement:
     """What policy.judge takes of MIG: nothing for a node without a declared layout (an undeclared MIG card is
-    then rejected by check_identity, as always)."""
+    then rejected by check_identity, as always). `disproved`: slices the platform's challenge failed."""
     if not layout:
         return MigJudgement()
     findings, slices = check_mig(declared, layout, inventory.get("gpus") or [], inventory.get("mig") or [],
-                                 (bench or {}).get("mig_slices"), skip_uuids)
+                                 (bench or {}).get("mig_slices"), skip_uuids, disproved)
     return MigJudgement(findings=findings, slices=slices, gpus=frozenset(layout),
                         card_figures=card_equivalent([s for s in slices if s["proven"]], declared.slug))
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from marketplace.mig import layout_by_gpu
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import memproof as agent_memproof
-from provisioning.verification import challenge, memproof
+from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue
 
@@ -50,9 +50,12 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     found, _ = simulated_challenge(path, model, whole, quick) if whole else ([], {})
     if whole:
         found += simulated_memory_proof(path, model, whole)[0]
+    slice_found, _, disproved = simulated_slice_challenge(path, model, gpus, [d for d in devices if d["gpu"] in layout],
+                                                          quick)
+    found += slice_found
     bench["p2p"] = agent.p2p_figures(cfg, whole, wait=False)  # the figures, without the copies' wall time
     topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
-    mig = judge_mig(model, layout, {"gpus": gpus, "mig": devices}, bench)
+    mig = judge_mig(model, layout, {"gpus": gpus, "mig": devices}, bench, disproved=disproved)
     return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None, topology=topology,
                  nvlink_declared=declared.get("nvlink", False), mig=mig)
 
@@ -74,26 +77,56 @@ def profile_fleet(name: str, catalogue: dict | None = None) -> FleetReference | 
 
 
 def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[int], quick: bool = True,
-                        round_trip_s: float = 0.0) -> tuple[list[Finding], dict]:
+                        round_trip_s: float = 0.0, drawn: challenge.Challenge | None = None,
+                        ) -> tuple[list[Finding], dict]:
     """The platform's challenge against the profile's sim agent, in process: the agent's own sim work (its real
     products, its real card's time for the nominal work) and the platform's own checks, with no SSH in between
-    (each commitment arrives exactly when the sim agent would send it, plus `round_trip_s`)."""
-    drawn = challenge.draw(declared, gpu_indices, quick)
+    (each commitment arrives exactly when the sim agent would send it, plus `round_trip_s`). `drawn`: a
+    challenge drawn elsewhere (the MIG slices'), judged here by its outcome only."""
+    drawn = drawn or challenge.draw(declared, gpu_indices, quick)
+    outcome = simulated_outcome(path, drawn, round_trip_s)
+    started = time.process_time()
+    findings, figures = challenge.judge(declared, drawn, outcome)
+    figures["verify_cpu_s"] = time.process_time() - started  # as node_challenge records it
+    return findings, figures
+
+
+def simulated_slice_challenge(path: Path, declared: DeclaredModel, gpus: list[dict], devices: list[dict],
+                              quick: bool = True) -> tuple[list[Finding], dict, set[str]]:
+    """The platform's challenge and memory proof of the profile's MIG slices (`devices`), in process, as
+    node_slice_challenge runs them over SSH: (findings, figures by slice UUID, disproved UUIDs)."""
+    cards = {g["index"]: g.get("memory_total_mib") for g in gpus}
+    findings: list[Finding] = []
+    figures: dict = {}
+    disproved: set[str] = set()
+    for gpu in sorted({d["gpu"] for d in devices}):
+        on_card = [d for d in devices if d["gpu"] == gpu]
+        for drawn in slice_challenge.draw_slices(declared, on_card, [d["uuid"] for d in on_card], quick,
+                                                 card_memory_mib=cards.get(gpu)):
+            found, measured, bad = slice_challenge.judge_slices(drawn, simulated_outcome(path, drawn.challenge))
+            assert drawn.proof is not None
+            proved, held, lost = slice_challenge.judge_slice_proofs(drawn, simulated_memproof_outcome(path,
+                                                                                                     drawn.proof))
+            findings += found + proved
+            disproved |= bad | lost
+            figures.update({u: dict(row, memory_proof=held["slices"].get(u)) for u, row in measured["slices"].items()})
+    return findings, figures, disproved
+
+
+def simulated_outcome(path: Path, drawn: challenge.Challenge, round_trip_s: float = 0.0) -> challenge.Outcome:
+    """What challenge.run would see of the profile's sim agent answering `drawn`."""
     req = agent.validate_challenge(drawn.request(agent.BENCH_LIMIT_S[0]))
     results, seconds, _ = agent.sim_work(SimpleNamespace(sim_profile=str(path)), req)
     out = challenge.Outcome(round_trip_s=round_trip_s, sent_at=0.0)
     for gpu, taken in seconds.items():
         if taken + round_trip_s > drawn.wait_s:  # the platform stops waiting, as challenge.run does
             out.problem = f"sent no commitment within {drawn.wait_s:.0f} s"
-            return challenge.judge(declared, drawn, out)
+            return out
         out.arrivals[gpu] = taken + round_trip_s
         out.commitments[gpu] = results[gpu].commitment()
     out.picks = challenge.pick_rows(drawn, random.SystemRandom())
     out.revealed = agent.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
-    started = time.process_time()
-    findings, figures = challenge.judge(declared, drawn, out)
-    figures["verify_cpu_s"] = time.process_time() - started  # as node_challenge records it
-    return findings, figures
+    return out
 
 
 def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: list[int],
@@ -101,6 +134,12 @@ def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: lis
     """The platform's memory proof against the profile's sim agent, in process (as simulated_challenge): the
     agent's own fill and digests, each fresh root arriving when the sim agent would send it."""
     drawn = memproof.draw(declared, gpu_indices)
+    return memproof.judge(declared, drawn, simulated_memproof_outcome(path, drawn, round_trip_s))
+
+
+def simulated_memproof_outcome(path: Path, drawn: memproof.MemProof, round_trip_s: float = 0.0) -> memproof.Outcome:
+    """What memproof.run would see of the profile's sim agent answering `drawn`."""
+    gpu_indices = list(drawn.gpu_indices)
     req = agent_memproof.validate(drawn.request(agent.BENCH_LIMIT_S[0]))
     cards = agent_memproof.sim_cards(SimpleNamespace(sim_profile=str(path)), req)
     rng = random.SystemRandom()
@@ -114,4 +153,4 @@ def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: lis
                  for g in gpu_indices}
     out.opened = agent_memproof.opened({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}},
                                        cards, req)
-    return memproof.judge(declared, drawn, out)
+    return out

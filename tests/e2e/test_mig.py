@@ -94,7 +94,10 @@ def test_declare_verify_offer_rent_and_see_only_the_slice(worker, sim_node_facto
 
 @pytest.mark.parametrize(("profile", "codes"), [
     ("a100-80gb-sxm-x2-mig-not-configured", {"mig_not_configured"}),
-    ("a100-80gb-sxm-x2-mig-slices-smaller", {"mig_slice_memory", "mig_slice_slow"}),
+    ("a100-80gb-sxm-x2-mig-slices-smaller", {"mig_slice_memory", "mig_slice_slow", "mig_slice_challenge_too_slow",
+                                             "mig_slice_memory_proof_late"}),
+    # honest figures from the node; only the platform's own challenge of the slice sees it is slower
+    ("a100-80gb-sxm-x2-mig-slice-slow", {"mig_slice_challenge_too_slow"}),
 ])
 def test_dishonest_layouts_are_rejected_over_ssh(worker, sim_node_factory, api, profile, codes):
     node, _ = sim_node_factory(api, profile=profile, gpu_model="a100-80gb-sxm", gpu_count=2, mig_layout=LAYOUT,

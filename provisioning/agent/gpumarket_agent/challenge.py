@@ -24,6 +24,11 @@ answers each GPU no sooner than the profile's real card would finish the platfor
 (`flop_per_gpu` / (real datasheet BF16 x its fraction)): a sim can lie in what it reports, not in how fast it
 works. A GPU whose profile says `matmul_correct: false` returns every entry off by one.
 
+MIG slices: the request's `mig_uuids` (validated MIG-... UUIDs, never in a shell string) names slices, each
+labelled in `gpu_indices` by MIG_LABEL_BASE + its position there (the label keys its matrices). A sim slice
+works at its card's rate times the compute slices (of 7) it really has, whatever its name says. A real node
+challenges one slice per exchange, in a child process that sees only that slice (relay_to_slice).
+
 On a real node (runtime docker/libvirt or none; `"device": "cpu"` in the request for tests and
 `scripts/gpu-selfcheck --device cpu`) the products are computed with PyTorch (torch_work), one thread per GPU,
 every GPU at once: the code and B generated on the device with the same hashes in integer arithmetic (int64 and
@@ -44,11 +49,13 @@ import json
 import os
 import random
 import struct
+import subprocess
 import sys
 import threading
 import time
 
 from .core import AGENT_VERSION, AgentError, invalid
+from .mig import COMPUTE_SLICES, sim_slices, validate_mig_uuids
 from .smi import load_profile
 
 M64 = (1 << 64) - 1
@@ -62,6 +69,7 @@ MAX_DIGESTS = 1 << 25
 DEVICES = ("cuda", "cpu")
 GEN_CHUNK = 1 << 23  # elements of a matrix generated or reduced at once (int64 temporaries: a few x 64 MiB)
 MAX_REVEAL_ROWS = 64
+MIG_LABEL_BASE = 64  # a MIG slice's label in gpu_indices: MIG_LABEL_BASE + its position in mig_uuids
 
 
 def mix64(z):
@@ -152,7 +160,7 @@ def validate_challenge(req, real=False):
     if not isinstance(req, dict):
         raise invalid("challenge", "the challenge must be a JSON object")
     unknown = sorted(set(req) - {"seed", "n", "k", "products", "dtype", "gpu_indices", "flop_per_gpu",
-                                 "time_limit_s", "device"})
+                                 "time_limit_s", "device", "mig_uuids"})
     if unknown:
         raise invalid(unknown[0], "unknown field %s" % unknown[0])
     if type(req.get("seed")) is not int or not 0 <= req["seed"] <= M64:
@@ -166,13 +174,31 @@ def validate_challenge(req, real=False):
         raise invalid("products", "products x n must be at most %d (the row digests kept)" % MAX_DIGESTS)
     if req.get("dtype") != "bf16":
         raise invalid("dtype", "dtype must be bf16")
-    indices = req.get("gpu_indices")
-    if (not isinstance(indices, list) or not indices or len(set(indices)) != len(indices)
-            or not all(type(i) is int and 0 <= i < 64 for i in indices)):
-        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices")
+    validate_targets(req)
     if req.get("device", "cuda") not in DEVICES:
         raise invalid("device", "device must be one of %s" % ", ".join(DEVICES))
     return req
+
+
+def validate_targets(req):
+    """gpu_indices: GPU indices, or MIG slice labels (MIG_LABEL_BASE + the slice's position in mig_uuids)."""
+    slices = validate_mig_uuids(req.get("mig_uuids"))
+    top = MIG_LABEL_BASE + len(slices) if slices else MIG_LABEL_BASE
+    indices = req.get("gpu_indices")
+    if (not isinstance(indices, list) or not indices or len(set(indices)) != len(indices)
+            or not all(type(i) is int and 0 <= i < top for i in indices)):
+        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices (0-%d) or MIG "
+                      "slice labels (%d + the slice's position in mig_uuids)" % (MIG_LABEL_BASE - 1, MIG_LABEL_BASE))
+
+
+def sim_slice(profile, label, mig_uuids):
+    """(card index, the slice as the sim profile configures it) of a MIG slice label."""
+    uuid = mig_uuids[label - MIG_LABEL_BASE]
+    for gpu, rows in sim_slices(profile).items():
+        for real in rows:
+            if real["uuid"] == uuid:
+                return gpu, real
+    raise invalid("mig_uuids", "this node has no MIG device %s" % uuid)
 
 
 class Lines:
@@ -198,8 +224,9 @@ class Lines:
         self.outfile.flush()
 
 
-def sim_cards(cfg, indices):
-    """Per GPU index: (its real BF16 rate in FLOP/s, whether its products are right), from the sim profile."""
+def sim_cards(cfg, indices, mig_uuids=None):
+    """Per GPU index or MIG slice label: (its real BF16 rate in FLOP/s, whether its products are right), from
+    the sim profile. A slice works at its card's rate times the compute slices (of 7) it really has."""
     profile, claimed = load_profile(cfg.sim_profile)
     perf = profile.get("performance") or {}
     specs = {g["index"]: g for g in perf.get("gpus", [])}
@@ -207,19 +234,26 @@ def sim_cards(cfg, indices):
     rng = random.Random(os.urandom(16))  # noqa: S311 - run-to-run noise, as the sim benchmark's
     cards = {}
     for i in indices:
-        spec = specs.get(i)
-        if i not in known or spec is None:
-            raise invalid("gpu_indices", "this node has no GPU %d" % i)
+        share = 1.0
+        if i >= MIG_LABEL_BASE:
+            gpu, real = sim_slice(profile, i, mig_uuids)
+            share = real["compute_slices"] / float(COMPUTE_SLICES)
+        else:
+            gpu = i
+        spec = specs.get(gpu)
+        if gpu not in known or spec is None:
+            raise invalid("gpu_indices", "this node has no GPU %d" % gpu)
         sheet = dict(perf.get("datasheet", {}), **spec.get("datasheet", {}))
         noise = 1 + max(-0.03, min(0.03, rng.gauss(0, 0.012)))
-        cards[i] = (sheet["bf16_tflops"] * 1e12 * spec["fraction"]["bf16"] * noise, spec.get("matmul_correct", True))
+        cards[i] = (sheet["bf16_tflops"] * 1e12 * spec["fraction"]["bf16"] * share * noise,
+                    spec.get("matmul_correct", True))
     return cards, perf.get("challenge_hang_s")
 
 
 def sim_work(cfg, req):
     """The sim node's work on a validated challenge: per GPU its Work, and the seconds its real card takes for
     the nominal work; and the profile's `challenge_hang_s`."""
-    cards, hang_s = sim_cards(cfg, req["gpu_indices"])
+    cards, hang_s = sim_cards(cfg, req["gpu_indices"], req.get("mig_uuids"))
     results, seconds = {}, {}
     for i in req["gpu_indices"]:
         rows_of = []
@@ -256,6 +290,8 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
                 raise AgentError("challenge_unsupported", "this challenge's nominal work (flop_per_gpu %g) is not "
                                  "the work of its sizes: it is for simulated nodes; a real node answers the "
                                  "platform's real-work challenge" % req["flop_per_gpu"])
+            if req.get("mig_uuids") and os.environ.get(SLICE_CHILD) != req["mig_uuids"][0]:
+                return relay_to_slice(req, lines)
             results = torch_work(req, lines, clock)
         else:
             results = sim_exchange(cfg, req, lines, clock, sleep)
@@ -391,9 +427,39 @@ def preload():
         pass
 
 
+SLICE_CHILD = "GPUMARKET_MIG_SLICE"  # set in the child that challenges one MIG slice: that slice's UUID
+
+
+def relay_to_slice(req, lines):
+    """A real node's challenge of one MIG slice. A CUDA process sees at most one MIG device, so the work runs in a
+    child agent started with CUDA_VISIBLE_DEVICES=<the slice's UUID> (an argument list and an environment, no
+    shell, as the slice benchmark's), where the slice is device 0; this process relays the lines both ways.
+    The child's PyTorch start counts in the platform's time (not measured on a GPU yet: docs/ARCHITECTURE.md)."""
+    uuid = req["mig_uuids"][0]
+    if len(req["mig_uuids"]) != 1 or req["gpu_indices"] != [MIG_LABEL_BASE]:
+        raise invalid("mig_uuids", "a real node's challenge names one MIG slice at a time")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=uuid, **{SLICE_CHILD: uuid})
+    child = subprocess.Popen([sys.executable, sys.argv[0], "challenge"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)
+    child.stdin.write(json.dumps({"challenge": req}) + "\n")
+    child.stdin.flush()
+    for line in child.stdout:  # its commitment, then the reveal the platform sends goes to it
+        lines.outfile.write(line)
+        lines.outfile.flush()
+        if "commitment" in json.loads(line):
+            child.stdin.write(lines.infile.readline())
+            child.stdin.flush()
+        elif "ok" in json.loads(line):
+            break
+    child.stdin.close()
+    return child.wait()
+
+
 def challenge_devices(torch, req):
     if req.get("device", "cuda") == "cpu":
         return {i: torch.device("cpu") for i in req["gpu_indices"]}
+    if req.get("mig_uuids"):  # the child of relay_to_slice: its one MIG device is device 0
+        return {MIG_LABEL_BASE: torch.device("cuda", 0)}
     if not torch.cuda.is_available():
         raise AgentError("no_cuda", "PyTorch %s (built for CUDA %s) sees no GPU on this node" % (
             torch.__version__, torch.version.cuda))

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from .challenge import M32, M64, Lines, fmix32, mix64, preload
+from .challenge import M32, M64, MIG_LABEL_BASE, Lines, fmix32, mix64, preload, sim_slice, validate_targets
 from .core import AGENT_VERSION, AgentError, invalid
 from .smi import load_profile
 
@@ -107,7 +107,7 @@ def validate(req):
     if not isinstance(req, dict):
         raise invalid("memproof", "the memory proof must be a JSON object")
     unknown = sorted(set(req) - {"seed", "blocks", "chunks", "words", "gpu_indices", "nominal_bytes",
-                                 "time_limit_s", "device"})
+                                 "time_limit_s", "device", "mig_uuids"})
     if unknown:
         raise invalid(unknown[0], "unknown field %s" % unknown[0])
     if type(req.get("seed")) is not int or not 0 <= req["seed"] <= M64:
@@ -115,10 +115,7 @@ def validate(req):
     for name, (low, high) in LIMITS.items():
         if type(req.get(name)) is not int or not low <= req[name] <= high:
             raise invalid(name, "%s must be an integer from %s to %s" % (name, low, high))
-    indices = req.get("gpu_indices")
-    if (not isinstance(indices, list) or not indices or len(set(indices)) != len(indices)
-            or not all(type(i) is int and 0 <= i < 64 for i in indices)):
-        raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct GPU indices")
+    validate_targets(req)  # GPU indices or MIG slice labels, as the challenge's
     if req.get("device", "cuda") not in ("cuda", "cpu"):
         raise invalid("device", "device must be cuda or cpu")
     return req
@@ -298,11 +295,22 @@ def sim_cards(cfg, req):
     specs = {g["index"]: g for g in perf.get("gpus", [])}
     known = {card["index"] for card in claimed}
     cards = {}
+    memory = {card["index"]: card.get("memory_total_mib") for card in claimed}
     for i in req["gpu_indices"]:
-        if i not in known or i not in specs:
-            raise invalid("gpu_indices", "this node has no GPU %d" % i)
-        sheet = dict(perf.get("datasheet", {}), **specs[i].get("datasheet", {}))
-        cards[i] = SimCard(req, i, specs[i], sheet, perf)
+        gpu, spec = i, specs.get(i)
+        if i >= MIG_LABEL_BASE:  # a slice holds the memory it really has, at its share of the card's bandwidth
+            gpu, real = sim_slice(profile, i, req["mig_uuids"])
+            spec = specs.get(gpu)
+            if spec is not None:
+                frac = spec.get("fraction", {})
+                share = real["memory_mib"] / float(memory.get(gpu) or real["memory_mib"])
+                spec = dict(spec, memory_held_mib=min(real["memory_mib"], spec.get(
+                    "memory_held_mib", perf.get("memory_held_mib")) or 1 << 40),
+                            fraction=dict(frac, memory_bandwidth=frac.get("memory_bandwidth", 1.0) * share))
+        if gpu not in known or spec is None:
+            raise invalid("gpu_indices", "this node has no GPU %d" % gpu)
+        sheet = dict(perf.get("datasheet", {}), **spec.get("datasheet", {}))
+        cards[i] = SimCard(req, i, spec, sheet, perf)
     return cards
 
 
@@ -357,6 +365,8 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
             timer.daemon = True
             timer.start()
         sim = cfg.runtime == "sim"
+        if not sim and req.get("mig_uuids"):  # needs a child that sees only the slice (CUDA_VISIBLE_DEVICES)
+            raise AgentError("memproof_unsupported", "a real node's PyTorch path does not prove MIG slices yet")
         if not sim and req["chunks"] * req["words"] * 4 * req["blocks"] < req["nominal_bytes"]:
             raise AgentError("memproof_unsupported", "this memory proof's fill (%d bytes) is smaller than the "
                              "memory it stands for: it is for simulated nodes" % (

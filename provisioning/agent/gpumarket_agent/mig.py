@@ -3,8 +3,9 @@
 `nvidia-smi -L` on a card in MIG mode prints the card, then one line per MIG device:
     GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-5f1c...)
       MIG 3g.40gb     Device  0: (UUID: MIG-0a1b...)
-A sim profile's `mig` ({"<gpu index>": [{"profile", "uuid", "compute_slices", "memory_mib"}]}) says what is really
-configured; the listing the sim prints from it (and a sim VM's nvidia-smi prints) goes through the same parser.
+A sim profile's `mig` ({"<gpu index>": [{"profile", "uuid", "compute_slices", "memory_mib"}]}, optionally
+"reported_compute_slices": what its benchmark figures claim instead) says what is really configured; the
+listing the sim prints from it (and a sim VM's nvidia-smi prints) goes through the same parser.
 """
 import json
 import os
@@ -103,7 +104,8 @@ def _sim_slices(cfg, quick, devices):
         spec, card = specs.get(dev["gpu"]) or {}, cards[dev["gpu"]]
         sheet = dict(perf.get("datasheet", {}), **spec.get("datasheet", {}))
         frac = spec.get("fraction") or {}
-        compute = real["compute_slices"] / COMPUTE_SLICES
+        # what the shim reports (`reported_compute_slices`, a dishonest profile) may not be what the slice has
+        compute = real.get("reported_compute_slices", real["compute_slices"]) / COMPUTE_SLICES
         memory = real["memory_mib"] / float(card["memory_total_mib"] or 1)
         row = {"gpu": dev["gpu"], "device": dev["device"], "profile": dev["profile"], "uuid": dev["uuid"],
                "memory_mib": real["memory_mib"]}
