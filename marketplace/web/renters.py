@@ -137,6 +137,9 @@ def offers(request):
     return render(request, "marketplace/offers.html", {
         "filter": filterset, "form": filterset.form, "page": page, "query": params.urlencode(),
         "filtered": bool(params), "valid": valid,
+        # Filtered by a MIG profile: each Rent link opens the form with that profile chosen.
+        "rent_query": urlencode({"mig_profile": filterset.form.cleaned_data.get("mig_profile")})
+        if valid and filterset.form.cleaned_data.get("mig_profile") else "",
     }, status=200 if valid else 400)
 
 

@@ -1,6 +1,7 @@
 """Verifying a node: queue the check, run it over SSH (inventory, the benchmark, the platform's challenge), judge
 it with the acceptance policy, record it, and list, flag or reject the node; an operator accepting a quarantined
-node's new host key, which verifies it again; spot checks of an active node's idle GPUs (the challenge only).
+node's new host key, which verifies it again; spot checks of an active node's idle GPUs (the challenge and the
+memory proof).
 (Re-verification and spot checks at random times: maintenance.nodes_reverify_due.)
 
 A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
@@ -297,9 +298,10 @@ def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
                       gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
     """The platform's memory proof (verification/memproof.py): each GPU fills 95 % of the claimed memory from a
     secret seed, commits, re-reads it under a fresh salt on the platform's clock, opens chunks the platform
-    picks. Sim nodes only until the agent's PyTorch path has it: a real node's run records why it was not run."""
+    picks. Judged on sim nodes only: the agent's PyTorch path computes it, but its deadline on a real card is not
+    measured yet (no GPU so far), so a real node's run records why it was not run."""
     if job.node.runtime != "sim":
-        return [], {"not_run": "the memory proof's PyTorch path is not built yet (docs/BENCHMARKS.md)"}
+        return [], {"not_run": "the memory proof's deadline on a real GPU is not measured yet (docs/BENCHMARKS.md)"}
     drawn = memproof.draw(declared, gpus)
     job_step(job, f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                   f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
@@ -431,11 +433,12 @@ def node_spot_check_request(*, node: Node) -> Job | None:
 
 
 def node_spot_check_run(job: Job) -> None:
-    """The spot check, on a worker: the platform's challenge (verification/challenge.py) on the node's GPUs that
-    no renter holds now, nothing else. The node is not taken out of `active` and no GPU is allocated: a renter
-    may book one meanwhile (the challenge lasts seconds). A clean answer is recorded (an event operators see); a
-    finding (a wrong result, too slow or too fast, no answer) queues a full verification at once, whose verdict
-    speaks for the node: a spot check alone judges nothing. Raises NodeError if the node cannot be reached."""
+    """The spot check, on a worker: the platform's challenge (verification/challenge.py) and memory proof
+    (verification/memproof.py) on the node's GPUs that no renter holds now, nothing else. The node is not taken
+    out of `active` and no GPU is allocated: a renter may book one meanwhile (both last seconds). A clean answer
+    is recorded (an event operators see); a finding (a wrong result, too slow or too fast, memory not held, no
+    answer) queues a full verification at once, whose verdict speaks for the node: a spot check alone judges
+    nothing. Raises NodeError if the node cannot be reached."""
     node = job.node
     if node.state != NodeState.ACTIVE:
         job_finish(job, error=f"The node is {node.state}, not active; nothing done.")
@@ -450,6 +453,8 @@ def node_spot_check_run(job: Job) -> None:
     job_step(job, f"connecting to {node.address}:{node.ssh_port}")
     with node_session(node) as session:
         findings, figures = node_challenge(job, session, declared, free)
+        proved, proof = node_memory_proof(job, session, declared, free)
+    findings, figures = findings + proved, {**figures, "memory_proof": proof}
     node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
 
 
@@ -463,7 +468,8 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
     if not findings:
         job_step(job, f"spot check of {which}: clean{measured}")
-        node_event(node, "spot_check_passed", f"Spot check of {which} passed the platform's challenge{measured}.")
+        node_event(node, "spot_check_passed", f"Spot check of {which} passed the platform's challenge and memory "
+                                                        f"proof{measured}.")
         job_finish(job)
         return None
     codes = ", ".join(sorted({f["code"] for f in findings}))

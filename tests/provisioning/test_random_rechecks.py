@@ -194,8 +194,9 @@ def test_spot_checks_over_ssh_queue_a_verification_only_on_a_finding(db, simnode
     job = spot_check(node)
     assert job.status == JobStatus.SUCCEEDED
     assert [m["message"] for m in job.log if m["message"].startswith("challenging GPUs 0, 1")]
+    assert [m["message"] for m in job.log if m["message"].startswith("memory proof on GPUs 0, 1")]
     event = NodeEvent.objects.get(node=node, kind="spot_check_passed")
-    assert "Spot check of GPUs 0, 1 passed" in event.message
+    assert "Spot check of GPUs 0, 1 passed the platform's challenge and memory proof" in event.message
     assert "TFLOP/s BF16 measured by the platform" in event.message
     assert not Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).exists()
     node.refresh_from_db()
@@ -223,6 +224,7 @@ def test_a_spot_check_leaves_rented_gpus_alone_and_skips_a_fully_rented_node(db,
     job = spot_check(node)
     assert job.status == JobStatus.SUCCEEDED
     assert [m["message"] for m in job.log if m["message"].startswith("challenging GPU 1 ")]
+    assert [m["message"] for m in job.log if m["message"].startswith("memory proof on GPU 1 ")]
     assert "Spot check of GPU 1 passed" in NodeEvent.objects.get(node=node, kind="spot_check_passed").message
     assert GpuAllocation.objects.filter(released_at__isnull=True).count() == held  # allocated nothing
     node.refresh_from_db()

@@ -99,3 +99,11 @@ def test_instance_pages_say_which_slices_it_holds(web, funded_renter):
     for uuid in svc.instance_slice_uuids(instance=instance):
         assert uuid in page
     assert "$1.40 per hour ($0.70 per slice-hour)" in page
+
+
+def test_the_offers_page_filtered_by_a_profile_links_to_the_form_with_that_profile_chosen(web, funded_renter):
+    node = make_mig_node({0: ["3g.40gb", "3g.40gb"], 1: SEVEN}, {"3g.40gb": "0.70", "1g.10gb": "0.25"})
+    offers = web.get("/offers/?mig_profile=3g.40gb").content.decode()
+    assert f'href="/offers/{node.pk}/rent/?mig_profile=3g.40gb"' in offers
+    page = web.get(f"/offers/{node.pk}/rent/?mig_profile=3g.40gb").content.decode()
+    assert re.search(r'value="3g.40gb"[^>]*checked|checked[^>]*value="3g.40gb"', page)
