@@ -33,10 +33,10 @@ $(VASTAI_VENV)/.installed: requirements-vastai.txt constraints-vastai.txt
 demo: $(VENV)/.installed-demo
 	scripts/demo
 
-# pytest-xdist for `make test`, off by default until three order-dependent tests are fixed (see README):
-# `make test PYTEST_XDIST="-n 3 --dist loadgroup"` runs worker processes, each with its own test database and Redis
-# databases (config/settings/test.py); tests/docker stay on one of them (--dist loadgroup).
-PYTEST_XDIST ?=
+# pytest-xdist for `make test`: three worker processes, each with its own test database and Redis databases
+# (config/settings/test.py); tests/docker stay on one of them (--dist loadgroup). `PYTEST_XDIST=` runs one process.
+# (The three failures that kept this off were another session's suite flushing the same Redis databases.)
+PYTEST_XDIST ?= -n 3 --dist loadgroup
 
 ## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint, the import contract
 ## (.importlinter) and the suite
