@@ -200,7 +200,8 @@ def test_the_offers_page_shows_slices_and_filters_by_profile_as_the_api(client):
                                                                            "1g.10gb": "0.25"}, gpu_count=1)
     make_listed_node(gpu_model="a100-80gb-sxm", gpu_count=2)
     page = client.get("/offers/?mig_profile=3g.40gb").content.decode()
-    assert f'href="/offers/{split.pk}/rent/"' in page and page.count('/rent/"') == 1
+    # one row, its Rent link opening the form with the filtered profile chosen
+    assert f'href="/offers/{split.pk}/rent/?mig_profile=3g.40gb"' in page and page.count('/rent/?') == 1
     assert "MIG: 2 × 1g.10gb $0.25/h · 1 × 2g.20gb $0.45/h · 1 × 3g.40gb $0.70/h" in page
     assert client.get("/offers/?mig_profile=9g.90gb").status_code == 400
 

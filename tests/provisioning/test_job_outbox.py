@@ -245,7 +245,8 @@ def test_a_running_job_whose_worker_stopped_beating_is_sent_again_once_per_stale
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_heartbeat_beats_while_the_job_runs_and_stops_when_it_is_taken_over():
+def test_the_heartbeat_beats_while_the_job_runs_and_stops_when_it_is_taken_over(broker):
+    # `broker`: committed, the job would be sent, and the suite's live worker (tests/live.py) could take it first.
     job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
     begun = job_begin(job_id=job.pk, task_id="job-4-a")
     start = begun.heartbeat_at
