@@ -1,5 +1,3 @@
-import importlib
-
 import pytest
 from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
@@ -77,21 +75,16 @@ def _uses_db(request) -> bool:
 
 @pytest.fixture(autouse=True)
 def _reference_data(request):
-    """Transactional tests flush every table, including the rows the data migrations load
-    (the GPU catalogue, the images): put them back for the tests that come after."""
+    """Transactional tests flush every table, including the rows the data migrations load (the GPU catalogue, the
+    images): put them back, as migrated, for the tests that come after (tests/reference_data.py)."""
     if not _uses_db(request):
         return
     request.getfixturevalue("django_db_setup")
-    from django.apps import apps
-
-    from marketplace.catalogue_data import load_gpu_models
-    from marketplace.models import GpuModel, Image
+    from tests import reference_data
 
     with request.getfixturevalue("django_db_blocker").unblock():
-        if not GpuModel.objects.exists():
-            load_gpu_models(GpuModel)
-        if not Image.objects.exists():
-            importlib.import_module("marketplace.migrations.0005_seed_images").forwards(apps, None)
+        reference_data.take_snapshot()
+        reference_data.restore()
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ and a count that grows with N is an N+1.
 After an intended change, rewrite the baselines: QUERY_COUNTS_UPDATE=1 pytest tests/test_query_counts.py
 (NetBox's utilities/testing/query_counts.py does the same per app.)
 """
-import importlib
 import json
 import os
 from pathlib import Path
@@ -22,6 +21,7 @@ from rest_framework.test import APIClient
 from marketplace.models import Node
 from tests.api_contract import world
 from tests.api_contract.table import CALLS
+from tests import reference_data
 from tests.factories import UserFactory, api_key_for
 
 BASELINES = Path(__file__).with_name("query_counts.json")
@@ -45,25 +45,13 @@ def _queries(client, url: str) -> int:
     return len(captured.captured_queries)
 
 
-def _reference_data() -> None:
-    """The catalogue and images, which a transactional test before this module may have flushed."""
-    from django.apps import apps
-
-    from marketplace.catalogue_data import load_gpu_models
-    from marketplace.models import GpuModel, Image
-
-    if not GpuModel.objects.exists():
-        load_gpu_models(GpuModel)
-    if not Image.objects.exists():
-        importlib.import_module("marketplace.migrations.0005_seed_images").forwards(apps, None)
-
-
 @pytest.fixture(scope="module")
 def measured(django_db_setup, django_db_blocker) -> dict[str, dict[str, int]]:
     """{key: {"3": queries, "10": queries}}, measured in one transaction rolled back at the end."""
     counts: dict[str, dict[str, int]] = {}
     with django_db_blocker.unblock(), override_settings(STRIPE_API_BASE="http://127.0.0.1:9"), transaction.atomic():
-        _reference_data()
+        reference_data.take_snapshot()  # the catalogue and images, which a transactional test may have flushed
+        reference_data.restore()
         owner = UserFactory()
         api = APIClient()
         api.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_for(owner)}")
