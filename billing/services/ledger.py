@@ -14,7 +14,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -27,6 +27,7 @@ from billing.models import (
     TransactionKind,
 )
 from billing.services.notify import event_create
+from core.sql import prepared_cursor
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 from notifications.services.notify import Kind, notify
@@ -54,10 +55,19 @@ def wallet_balance(*, user_id: int, lock: bool = False) -> int:
     `lock`: hold the wallet's row lock (SELECT ... FOR UPDATE) until the caller's transaction ends, as every
     posting to it does (a user without a wallet row has nothing to lock, and a balance of 0).
     """
+    if lock and connection.vendor == "postgresql":  # every booking and start runs it: one prepared statement
+        with prepared_cursor() as cursor:
+            cursor.execute(_WALLET_FOR_UPDATE_SQL, [AccountKind.CUSTOMER_WALLET.value, user_id])
+            row = cursor.fetchone()
+        return row[0] if row else 0
     wallet = Account.objects.filter(kind=AccountKind.CUSTOMER_WALLET, user_id=user_id)
     if lock:
         wallet = wallet.select_for_update()
     return wallet.values_list("balance_micros", flat=True).first() or 0
+
+
+_WALLET_FOR_UPDATE_SQL = (f"SELECT balance_micros FROM {Account._meta.db_table} "  # noqa: S608
+                          "WHERE kind = %s AND user_id = %s FOR UPDATE")  # one per kind and user
 
 
 def earnings_balance(*, user_id: int) -> int:

@@ -110,6 +110,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;",
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The hot paths' fixed statements (core/sql.py: a booking's) are prepared once per connection on PostgreSQL. Turn it
+# off behind a transaction-pooling PgBouncer older than 1.21, which cannot keep prepared statements.
+DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
 
 # A shared cache is needed for throttling and log-in lock-outs across processes: CACHE_URL, or with a Redis
 # broker the same Redis server's next database (config/settings/cache.py). Local memory (neither) is only right
@@ -257,6 +260,13 @@ JOB_RESEND_QUEUED_AFTER_S = env_int("JOB_RESEND_QUEUED_AFTER_S", 120)
 # Hand new jobs to the broker from a sender thread after commit, in batches, so that a booking does not wait
 # for the broker (provisioning/services/jobs.py). Off with SQLite: its single writer would be contended.
 JOB_SEND_IN_BACKGROUND = env_bool("JOB_SEND_IN_BACKGROUND", DATABASES["default"]["ENGINE"].endswith("postgresql"))
+# Or leave new jobs to the job relay (scripts/run-relay, one or more per deployment; provisioning/services/relay.py),
+# which a NOTIFY wakes when they commit and which sends them in batches: the web processes then spend nothing on
+# the broker. PostgreSQL only (LISTEN/NOTIFY). Without a relay running, the dispatcher still sends them
+# (JOB_SEND_GRACE_S, then every JOB_DISPATCH_INTERVAL_S).
+JOB_RELAY = env_bool("JOB_RELAY", DATABASES["default"]["ENGINE"].endswith("postgresql"))
+# How often a relay looks for unsent jobs with no NOTIFY (a missed one: its connection was being re-opened).
+JOB_RELAY_POLL_S = float(env_str("JOB_RELAY_POLL_S", "5"))
 JOB_HEARTBEAT_INTERVAL_S = float(env_str("JOB_HEARTBEAT_INTERVAL_S", "10"))
 JOB_HEARTBEAT_STALE_S = env_int("JOB_HEARTBEAT_STALE_S", 45)
 JOB_MAX_LOST_RUNS = env_int("JOB_MAX_LOST_RUNS", 3)

@@ -14,6 +14,7 @@ from billing.services.ledger import funds_required_micros, wallet_balance
 from billing.services.metering import usage_close
 from billing.services.storage import instance_disk_close
 from core.errors import Conflict, IdempotencyKeyReused, PaymentRequired
+from core.sql import prepared_cursor
 from marketplace.models import (
     Gpu,
     GpuAllocation,
@@ -103,26 +104,49 @@ def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_
 def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False) -> Node | None:
     """Read the node and hold a share lock on its row until the transaction ends.
 
-    `count_gpus`: also set `node.gpu_total` (all its GPUs, any status), in the same round trip."""
+    `count_gpus`: also set `node.gpu_total` (all its GPUs, any status), in the same round trip. The node comes
+    back with only the columns booking reads (the rest deferred) and `nvlink_islands` (JSON text)."""
     if connection.vendor == "postgresql":
-        # Django has no FOR SHARE. Only the columns booking reads; the rest stay deferred. FOR SHARE locks
-        # the node's row only (the count's subquery reads, it locks nothing).
-        table = connection.ops.quote_name(Node._meta.db_table)
-        gpu_table = connection.ops.quote_name(Gpu._meta.db_table)
-        total = (f", (SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id) AS gpu_total"  # noqa: S608
-                 if count_gpus else "")
-        sql = (f"SELECT n.id, n.state, n.verdict, n.listed, n.runtime, n.gpu_model_id, "  # noqa: S608
-               f"n.price_per_gpu_hour_micros, n.disk_price_per_gb_month_micros, n.inventory, "
-               f"n.mig_prices_micros{total}, "
-               # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
-               f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands "
-               f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
-        rows = list(Node.objects.raw(sql, [node_id]))
-        return rows[0] if rows else None
-    node = Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
-    if node is not None and count_gpus:
-        node.gpu_total = Gpu.objects.filter(node_id=node_id).count()  # type: ignore[attr-defined]
-    return node
+        # Django has no FOR SHARE. A fixed statement, prepared per connection (core/sql.py): every booking runs it.
+        # FOR SHARE locks the node's row only (the count's subquery reads, it locks nothing).
+        with prepared_cursor() as cursor:
+            cursor.execute(_NODE_FOR_BOOKING_SQL if count_gpus else _NODE_FOR_START_SQL, [node_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        *columns, total, islands = row
+        node = Node.from_db(connection.alias, _NODE_FOR_BOOKING_FIELDS,
+                            [_NODE_JSON[i](v) if i in _NODE_JSON else v for i, v in enumerate(columns)])
+        node.nvlink_islands = islands  # type: ignore[attr-defined]  # for node_nvlink_islands
+        if count_gpus:
+            node.gpu_total = total  # type: ignore[attr-defined]
+        return node
+    found = Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
+    if found is not None and count_gpus:
+        found.gpu_total = Gpu.objects.filter(node_id=node_id).count()  # type: ignore[attr-defined]
+    return found
+
+
+# In the model's field order: Model.from_db takes a subset's values in that order.
+_NODE_FOR_BOOKING_FIELDS = tuple(f.attname for f in Node._meta.concrete_fields if f.attname in {
+    "id", "state", "verdict", "listed", "runtime", "gpu_model_id", "price_per_gpu_hour_micros",
+    "disk_price_per_gb_month_micros", "inventory", "mig_prices_micros"})
+# jsonb reaches Django as text (its psycopg loaders): decoded here as JSONField.from_db_value would
+_NODE_JSON = {i: (lambda v: None if v is None else json.loads(v))
+              for i, name in enumerate(_NODE_FOR_BOOKING_FIELDS) if name in ("inventory", "mig_prices_micros")}
+
+
+def _node_for_booking_sql(count_gpus: bool) -> str:
+    table, gpu_table = Node._meta.db_table, Gpu._meta.db_table
+    total = f"(SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id)" if count_gpus else "NULL"  # noqa: S608
+    return (f"SELECT {', '.join(f'n.{name}' for name in _NODE_FOR_BOOKING_FIELDS)}, {total} AS gpu_total, "  # noqa: S608
+            # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
+            f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands "
+            f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
+
+
+_NODE_FOR_BOOKING_SQL = _node_for_booking_sql(True)
+_NODE_FOR_START_SQL = _node_for_booking_sql(False)
 
 
 _NODE_STATE_REASONS: dict[str, str] = {
@@ -247,7 +271,7 @@ def _allocate_free_gpus(instance: Instance, node_id: int, count: int, at: dateti
            f"AND g.{state} = ANY(%s) RETURNING g.id) "
            f"INSERT INTO {allocation} (instance_id, gpu_id, allocated_at) SELECT %s, id, %s FROM rented")
     try:
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:  # every booking runs it: prepared per connection (core/sql.py)
             cursor.execute(sql, [*params, GpuStatus.RENTED, sources, instance.pk, at])
             return int(cursor.rowcount)
     except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
@@ -330,7 +354,7 @@ class Funds:
 def committed_rate_micros(*, renter_id: int) -> int:
     """What the renter's running and about-to-run instances (COMMITTED_STATUSES) cost per hour."""
     if connection.vendor == "postgresql":  # every booking runs it: the SQL once, not an aggregate compiled each time
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(_COMMITTED_RATE_SQL, [renter_id, list(COMMITTED_STATUSES)])
             return int(cursor.fetchone()[0])
     return (Instance.objects.filter(renter_id=renter_id, status__in=COMMITTED_STATUSES).order_by()

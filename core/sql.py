@@ -1,0 +1,98 @@
+"""Hot-path SQL on PostgreSQL: statements prepared once per connection, and a model's INSERT without the ORM's
+compiler. For the few statements a path runs very often (a booking's: bench/booking.py), where compiling the
+statement in Python and planning it in PostgreSQL cost more than running it.
+
+- `prepared_cursor()`: Django's own cursors bind parameters client-side (psycopg's ClientCursor) and never prepare;
+  this one binds them server-side and asks psycopg to prepare each statement, so that PostgreSQL parses and plans
+  it once per connection and then only executes it. It goes through Django's cursor wrapper: the queries are logged
+  under DEBUG and counted by CaptureQueriesContext like any other. DATABASE_PREPARED_STATEMENTS=0 turns the
+  preparing off (a transaction-pooling PgBouncer older than 1.21 cannot keep prepared statements).
+- `ModelInsert`: a model's `INSERT ... RETURNING id` written once, and the values of an unsaved instance computed by
+  the same field methods `Model.save()` uses (defaults, auto_now, JSON and encrypted fields alike).
+"""
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, models
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+
+
+def _cursor_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor  # psycopg 3 only
+
+    class PreparingCursor(ServerBindingCursor):
+        def execute(self, query, params=None, *, prepare=None, binary=None):  # type: ignore[no-untyped-def]
+            prepare = settings.DATABASE_PREPARED_STATEMENTS if prepare is None else prepare
+            return super().execute(query, params, prepare=prepare or None, binary=binary)  # type: ignore[misc]
+
+    return PreparingCursor
+
+
+_PREPARING_CURSOR: type | None = None
+
+
+class _PreparedDebugWrapper(CursorDebugWrapper):
+    """Django's debug wrapper logs the text psycopg last sent, and a prepared statement's execution sends none: log
+    the statement with its parameters composed in, as Django does for server-side binding."""
+
+    def execute(self, sql, params=None):  # type: ignore[no-untyped-def]
+        try:
+            text = connection.ops.compose_sql(sql, params)  # type: ignore[attr-defined]  # PostgreSQL's ops
+        except Exception:  # noqa: BLE001 (only the log's text)
+            text = sql
+        with self.debug_sql(text, params):
+            return CursorWrapper.execute(self, sql, params)
+
+
+@contextmanager
+def prepared_cursor() -> Iterator[Any]:
+    """A cursor on Django's connection (and in its transaction) whose statements PostgreSQL prepares. Parameters
+    are `%s` placeholders as usual; they are typed by their Python values (an int, a list → an array, ...)."""
+    global _PREPARING_CURSOR
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    if _PREPARING_CURSOR is None:
+        _PREPARING_CURSOR = _cursor_class()
+    connection.ensure_connection()
+    if settings.DATABASE_PREPARED_STATEMENTS and connection.connection.prepare_threshold is None:
+        # Django turns psycopg's preparing off (None), which also ignores prepare=True: only the statements asked
+        # for here are prepared, never automatically (Django's own cursors bind client-side and cannot be).
+        connection.connection.prepare_threshold = 2**31 - 1
+    raw = _PREPARING_CURSOR(connection.connection)
+    cursor = _PreparedDebugWrapper(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
+    try:
+        yield cursor
+    finally:
+        raw.close()
+
+
+class ModelInsert:
+    """`INSERT INTO <table> (<every concrete column but the id>) VALUES (...) RETURNING id` for one model.
+
+    The statement is built once per model; `insert(cursor, obj)` fills it from an unsaved instance with each
+    field's `pre_save` and `get_db_prep_save` (what `Model.save()` calls), sets the id and marks the instance
+    saved. No signals are sent (the models it is used for have no receivers)."""
+
+    def __init__(self, model: type[models.Model]):
+        meta = model._meta
+        self.model = model
+        self.fields = [f for f in meta.concrete_fields if not f.primary_key]
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(str(f.column)) for f in self.fields)
+        table, pk = str(meta.db_table), str(meta.pk.column if meta.pk else "id")
+        self.sql = (f"INSERT INTO {quote(table)} ({columns}) "  # noqa: S608 (names from the model)
+                    f"VALUES ({', '.join(['%s'] * len(self.fields))}) RETURNING {quote(pk)}")
+
+    def values(self, obj: models.Model) -> list[Any]:
+        return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self.fields]
+
+    def insert(self, cursor: Any, obj: models.Model) -> models.Model:
+        cursor.execute(self.sql, self.values(obj))
+        obj.pk = cursor.fetchone()[0]
+        obj._state.adding = False
+        obj._state.db = connection.alias
+        return obj
