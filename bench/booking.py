@@ -73,8 +73,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--per-client", type=int, default=16, help="bookings per client per round (%(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of each path (%(default)s)")
     p.add_argument("--threads", action="store_true", help="clients as threads of one process, not processes")
-    p.add_argument("--sync-send", action="store_true",
-                   help="hand jobs to the broker in the request's thread (JOB_SEND_IN_BACKGROUND=0)")
+    p.add_argument("--send", choices=("relay", "thread", "request"), default="relay",
+                   help="how the service's jobs reach the broker: the job relay process (JOB_RELAY, as in production "
+                        "with PostgreSQL), each client process's sender thread (JOB_SEND_IN_BACKGROUND), or in the "
+                        "request's thread (%(default)s)")
+    p.add_argument("--relays", type=int, default=1, help="job relay processes with --send relay (%(default)s)")
+    p.add_argument("--relay-poll", type=float, default=None, metavar="S",
+                   help="the relays look every S seconds (JOB_RELAY_POLL_S; default: its setting)")
+    p.add_argument("--no-notify", action="store_true",
+                   help="drop the job table's NOTIFY trigger in the bench database: the relays only poll")
+    p.add_argument("--sync-send", action="store_true", help="the same as --send request")
     p.add_argument("--compare-send", action="store_true",
                    help="a third path in the rotation: the service handing jobs over in the request's thread")
     p.add_argument("--split", type=int, default=200, metavar="N",
@@ -149,12 +157,13 @@ def backend_cpu(pid: int) -> float:
 
 
 class ServicePath:
-    background = True  # JOB_SEND_IN_BACKGROUND for this path's rounds
+    send = "relay"  # --send: how this path's jobs reach the broker
 
     def __init__(self, renter_id: int):
         from django.db import connection
 
-        settings.JOB_SEND_IN_BACKGROUND = self.background  # read at each on-commit hand-off
+        settings.JOB_RELAY = self.send == "relay"  # read by job_create
+        settings.JOB_SEND_IN_BACKGROUND = self.send == "thread"  # read at each on-commit hand-off
 
         from marketplace.models import Image, User
 
@@ -270,7 +279,7 @@ class BarePath:
 class ServiceSyncSendPath(ServicePath):
     """The service with the job handed to the broker in the request's thread (as before the sender thread)."""
 
-    background = False
+    send = "request"
 
 
 PATHS = {"service": ServicePath, "bare": BarePath, "service-sync-send": ServiceSyncSendPath}
@@ -290,11 +299,8 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
     real_send = jobs._send
     samples: dict[str, list[tuple[float, float]]] = {"service": [], "service, no publish": [], "bare": []}
     # The transaction's steps, timed (client CPU) in the no-publish blocks by wrapping the booking module's names.
-    from marketplace.models import Instance
-
-    # Instance.objects.create (the instance's INSERT) is timed on the manager object itself.
-    owner = {name: Instance.objects if name == "Instance.objects.create" else booking for name in STEPS}
-    steps = {name: getattr(owner[name], name.rsplit(".", 1)[-1]) for name in STEPS}
+    owner = dict.fromkeys(STEPS, booking)
+    steps = {name: getattr(owner[name], name) for name in STEPS}
     spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
     timed = 0
     try:
@@ -304,7 +310,7 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
                 jobs._send = (lambda job_id, kind: None) if kind == "service, no publish" else real_send
                 if kind == "service, no publish":
                     for name, real in steps.items():
-                        setattr(owner[name], name.rsplit(".", 1)[-1], _timed(real, name, spent))
+                        setattr(owner[name], name, _timed(real, name, spent))
                 c0, b0, done = time.process_time(), backend_cpu(path.backend), 0
                 while done < n // 5:
                     done += path.book(rng.choice(node_ids))
@@ -325,15 +331,12 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
 
 
 # The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one.
-STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create", "Instance.objects.create")
+STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create", "_insert_instance")
 
 
 def _restore(owner, steps):  # type: ignore[no-untyped-def]
     for name, real in steps.items():
-        if name == "Instance.objects.create":
-            owner[name].__dict__.pop("create", None)  # the manager's own method again
-        else:
-            setattr(owner[name], name, real)
+        setattr(owner[name], name, real)
 
 
 def _timed(real, name, spent):  # type: ignore[no-untyped-def]
@@ -430,6 +433,34 @@ class Clients:
                 proc.join(timeout=30)
 
 
+class Relays:
+    """`manage.py job_relay` processes on the bench's database and broker, for --send relay (their own CPU is
+    reported; their PostgreSQL backends' is not split out)."""
+
+    def __init__(self, n: int, poll_s: float | None = None):
+        import subprocess
+
+        self.n = n
+        db = settings.DATABASES["default"]
+        url = (f"postgres://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}"
+               f"/{db['NAME']}")
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "DATABASE_URL": url, "JOB_RELAY": "1",
+               "CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "LOG_LEVEL": "WARNING"}
+        if poll_s is not None:
+            env["JOB_RELAY_POLL_S"] = str(poll_s)
+        self.procs = [subprocess.Popen([sys.executable, "manage.py", "job_relay"], cwd=ROOT, env=env,
+                                       stdout=subprocess.DEVNULL) for _ in range(n)]
+
+    def cpu(self) -> float:
+        return sum(backend_cpu(p.pid) for p in self.procs)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(30)
+
+
 # ------------------------------------------------------------------------------------- checks and reset
 
 
@@ -511,7 +542,7 @@ def main() -> None:
     if args.clients * args.per_client > N_NODES * GPUS_PER_NODE:
         sys.exit("bench: more bookings per round than GPUs")
     # As in production with PostgreSQL (the test settings send in the request's thread).
-    ServicePath.background = not args.sync_send
+    ServicePath.send = "request" if args.sync_send else args.send
     server = benchdb.point_django_at_bench_db(args.db_name)
     django.setup()
     from django.core.management import call_command
@@ -526,17 +557,24 @@ def main() -> None:
         node_ids = list(Node.objects.values_list("pk", flat=True))
         with connection.cursor() as c:
             c.execute("VACUUM ANALYZE")
+            if args.no_notify:
+                c.execute("DROP TRIGGER provisioning_job_outbox_notify ON provisioning_job")
         split = f", each split into {SLICES_PER_GPU} x MIG {SLICE_PROFILE}" if SLICES else ""
         print(f"seeded {N_NODES} nodes x {GPUS_PER_NODE} GPUs{split}, {args.clients} funded renters "
               f"in {time.perf_counter() - t:.1f} s")
         kind = "threads of one process" if args.threads else "processes"
         per_round = args.clients * args.per_client
-        send = "in the request's thread" if args.sync_send else "by each process's sender thread"
+        woken = (f"polling every {args.relay_poll or settings.JOB_RELAY_POLL_S:g} s" if args.no_notify else
+                 "woken by NOTIFY")
+        send = {"relay": f"by {args.relays} job relay process{'es' if args.relays > 1 else ''} (manage.py job_relay, "
+                         f"{woken})",
+                "thread": "by each process's sender thread", "request": "in the request's thread"}[ServicePath.send]
         unit = f"one-slice ({SLICE_PROFILE})" if SLICES else "one-GPU"
         print(f"{args.clients} clients ({kind}), {per_round} {unit} bookings per round, "
               f"{args.rounds} rounds of each path, alternating; funds check on; jobs sent {send}")
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         clients = Clients(args.clients, args.threads)
+        relays = Relays(args.relays if ServicePath.send == "relay" else 0, args.relay_poll)
         paths = ("service", "bare", "service-sync-send") if args.compare_send else ("service", "bare")
         rates: dict[str, list[float]] = {p: [] for p in paths}
         doubles_total = 0
@@ -545,12 +583,14 @@ def main() -> None:
         for n, path in enumerate(schedule):
             warm = n < len(paths)
             per = 2 if warm else args.per_client
+            relay_cpu = relays.cpu()
             results = clients.run(path, renters, node_ids, per, args.seed + n)
             t0 = min(r["t0"] for r in results)
             t1 = max(r["t1"] for r in results)
             sent = wait_until_sent() if path.startswith("service") else t1
             wall = max(t1, sent) - t0
             booked = sum(r["done"] for r in results)
+            relay_cpu = relays.cpu() - relay_cpu
             conflicts = sum(r["conflicts"] for r in results)
             doubles = check(booked)
             doubles_total += doubles
@@ -562,10 +602,12 @@ def main() -> None:
             drain = f", last job sent {1000 * (sent - t1):.0f} ms after the last answer" if sent > t1 else ""
             cpu = (max(r["cpu"] for r in results) if args.threads else sum(r["cpu"] for r in results)) / booked
             db_cpu = sum(r["db_cpu"] for r in results) / booked
+            relay = f", the relay {1000 * relay_cpu / booked:.1f} ms" if relays.n and path == "service" else ""
             print(f"  {path:17s} {booked} bookings in {wall:.2f} s = {rate:7.1f}/s ({conflicts} x 409 retried{drain}); "
-                  f"CPU per booking: client {1000 * cpu:.1f} ms, its PostgreSQL backend {1000 * db_cpu:.1f} ms; "
+                  f"CPU per booking: client {1000 * cpu:.1f} ms, its PostgreSQL backend {1000 * db_cpu:.1f} ms{relay}; "
                   f"double allocations {doubles}; load {os.getloadavg()[0]:.2f}")
         clients.close()
+        relays.close()
         service, bare = statistics.median(rates["service"]), statistics.median(rates["bare"])
         ratio = service / bare
         print(f"median bookings/s: service {service:.1f}, bare SQL {bare:.1f}; ratio {ratio:.2f} x bare "

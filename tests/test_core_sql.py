@@ -8,6 +8,7 @@ from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.services.ledger import credit_grant
 from core.sql import ModelInsert, prepared_cursor
 from marketplace.models import Image, Instance
 from marketplace.services.instances.options import InstanceOptions
@@ -24,14 +25,17 @@ def _prepared() -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_bookings_statements_are_prepared_once_per_connection_and_still_logged(user):
+def test_a_bookings_statements_are_prepared_once_per_connection_and_still_logged(user, settings):
+    settings.BILLING_REQUIRE_FUNDS = True  # the wallet's lock and the burn rate too
+    credit_grant(user=user, amount_micros=100_000_000, reason="test")
     connection.close()  # a connection of its own: nothing prepared yet
     node = make_listed_node(gpu_count=4)
     with CaptureQueriesContext(connection) as first:
         book(user, node)
     book(user, node)
     prepared = _prepared()
-    starts = ("SELECT n.id", 'INSERT INTO "marketplace_instance"', "WITH picked AS", 'INSERT INTO "provisioning_job"')
+    starts = ("SELECT n.id", 'SELECT balance_micros', 'WITH inst AS (INSERT INTO "marketplace_instance"',
+              'INSERT INTO "provisioning_job"')
     for start in starts:
         assert sum(s.startswith(start) for s in prepared) == 1, (start, prepared)  # once, however many bookings
     assert any("FOR SHARE OF n" in q["sql"] for q in first.captured_queries)  # the query log still sees them

@@ -2,13 +2,12 @@
 import json
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.services.metering import platform_fee_bps
 from core import metrics
 from core.errors import Conflict, ValidationFailed
-from core.sql import ModelInsert, prepared_cursor
 from marketplace.encryption import encrypt_secret
 from marketplace.models import (
     Image,
@@ -31,6 +30,7 @@ from .common import (
     _gpus_text,
     _lock_node_for_booking,
     instance_for_idempotency_key,
+    instance_insert,
     node_nvlink_islands,
 )
 from .mig import allocate_free_slices, free_slice_count
@@ -140,21 +140,6 @@ def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> No
                    f"booking took them meanwhile. Try again.")
 
 
-def _insert_instance(instance: Instance) -> None:
-    """The instance's INSERT; on PostgreSQL one fixed statement, prepared per connection (every booking runs it)."""
-    if connection.vendor != "postgresql":
-        instance.save(force_insert=True)
-        return
-    global _INSTANCE_INSERT
-    if _INSTANCE_INSERT is None:
-        _INSTANCE_INSERT = ModelInsert(Instance)
-    with prepared_cursor() as cursor:
-        _INSTANCE_INSERT.insert(cursor, instance)
-
-
-_INSTANCE_INSERT: ModelInsert | None = None
-
-
 def _check_cuda(node: Node, wanted: str) -> None:
     if not wanted:
         return
@@ -213,13 +198,14 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
         created_at=now,
     )
-    _insert_instance(instance)
     if mig_profile:
+        instance_insert(instance)
         taken = allocate_free_slices(instance, node.pk, mig_profile, num_gpus, now)
         if taken < num_gpus:  # raising rolls back the instance and the slices taken
             _slices_short(node.pk, mig_profile, num_gpus, taken)
-    else:
-        taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node))
+    else:  # the instance's INSERT and its GPUs in one statement
+        taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node),
+                                    insert_instance=True)
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
         free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")
