@@ -331,7 +331,8 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
 
 
 # The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one.
-STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create", "_insert_instance")
+# (The instance's INSERT is in _allocate_free_gpus's statement.)
+STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create")
 
 
 def _restore(owner, steps):  # type: ignore[no-untyped-def]

@@ -94,6 +94,9 @@ class Job(StatefulModel, models.Model):
         indexes = [
             models.Index(fields=["status", "deadline"], name="job_open_deadline_idx"),
             models.Index(fields=["node", "-created_at"], name="job_node_recent_idx"),
+            # What the job relay picks (provisioning/services/relay.py): the jobs never handed to the broker.
+            models.Index(fields=["id"], condition=Q(status="queued", sent_at__isnull=True, send_attempts=0),
+                         name="job_relay_unsent_idx"),
         ]
 
     def __str__(self):

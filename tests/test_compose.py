@@ -13,7 +13,7 @@ def _compose():
 
 
 def _demo_scripts():
-    return set(re.findall(r"^(scripts/[\w-]+)", (ROOT / "scripts" / "demo").read_text(), re.M))
+    return set(re.findall(r"^\s*(scripts/[\w-]+)", (ROOT / "scripts" / "demo").read_text(), re.M))
 
 
 WORKERS = {"worker-ssh": "ssh", "worker-fleet": "fleet", "worker-money": "money"}
@@ -50,7 +50,8 @@ def test_web_and_workers_share_the_prometheus_multiprocess_directory():
 def test_app_services_run_the_same_scripts_as_make_demo():
     services = _compose()["services"]
     demo = _demo_scripts()
-    expected = {"web": "scripts/run-web", "beat": "scripts/run-beat", "release": "scripts/release"}
+    expected = {"web": "scripts/run-web", "beat": "scripts/run-beat", "release": "scripts/release",
+                "job-relay": "scripts/run-relay"}
     for service, script in expected.items():
         assert services[service]["command"] == [script]
         assert script in demo, f"make demo does not run {script}"
@@ -59,9 +60,9 @@ def test_app_services_run_the_same_scripts_as_make_demo():
 
 def test_app_services_share_one_image_built_from_the_dockerfile():
     services = _compose()["services"]
-    images = {services[s]["image"] for s in ("web", "beat", "release", "flower", *WORKERS)}
+    images = {services[s]["image"] for s in ("web", "beat", "release", "flower", "job-relay", *WORKERS)}
     assert len(images) == 1
-    assert all(services[s]["build"] == "." for s in ("web", "beat", "flower", *WORKERS))
+    assert all(services[s]["build"] == "." for s in ("web", "beat", "flower", "job-relay", *WORKERS))
     assert (ROOT / "Dockerfile").is_file()
 
 

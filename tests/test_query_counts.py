@@ -19,9 +19,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from marketplace.models import Node
+from tests import reference_data
 from tests.api_contract import world
 from tests.api_contract.table import CALLS
-from tests import reference_data
 from tests.factories import UserFactory, api_key_for
 
 BASELINES = Path(__file__).with_name("query_counts.json")

@@ -36,8 +36,9 @@ os.environ.setdefault("JOB_HEARTBEAT_STALE_S", "10")
 os.environ.setdefault("JOB_DISPATCH_INTERVAL_S", "3")
 os.environ.setdefault("BENCHMARK_QUICK", "1")  # the benchmark's quick mode (sim nodes answer at once anyway)
 # Jobs are sent on commit in the request's thread, so that a test sees the row's send fields at once; the
-# sender thread has its own tests (tests/provisioning/test_job_outbox.py).
+# sender thread and the relay have their own tests (tests/provisioning/test_job_outbox.py, test_job_relay.py).
 os.environ.setdefault("JOB_SEND_IN_BACKGROUND", "0")
+os.environ.setdefault("JOB_RELAY", "0")
 
 from .base import *  # noqa: E402,F403
 

@@ -9,6 +9,9 @@ The `Job` row, committed in the same transaction as the state change that asks f
   with PostgreSQL) the request does not wait for that either: the on-commit hook queues the job for this
   process's sender thread (core.background), which hands everything queued to the broker and records the batch
   in one UPDATE (`_send_batch`); a process killed before it did leaves the rows unsent, for the dispatcher.
+- With JOB_RELAY (on with PostgreSQL) nothing is sent from the process that created the job: a trigger NOTIFYs
+  the job relays when the transaction commits, and one of them sends every new job in batches
+  (provisioning/services/relay.py). The web processes then spend no CPU on the broker.
 - The dispatcher (`provisioning.services.maintenance.jobs_dispatch`, every JOB_DISPATCH_INTERVAL_S from beat)
   sends what was never sent, sends again what the broker seems to have lost, and what a lost worker held
   (provisioning/services/runner.py: heartbeats). So a broker outage or a dead worker delays work, never loses it.
@@ -31,6 +34,7 @@ from django.utils import timezone
 from core import dispatch
 from core.background import BackgroundBatcher
 from core.errors import Conflict
+from core.sql import ModelInsert, prepared_cursor
 from marketplace.models import Instance, Node, Volume
 from provisioning.models import Job, JobKind, JobStatus
 
@@ -78,10 +82,9 @@ def job_create(*, kind: str, node: Node, instance: Instance | None = None, volum
     transaction must end on JobConflict (a booking's new instance, whose jobs cannot be open yet)."""
     try:
         with transaction.atomic(savepoint=savepoint):
-            job = Job.objects.create(
-                kind=kind, node=node, instance=instance, volume=volume, status=JobStatus.QUEUED, step="queued",
-                deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]),
-            )
+            job = Job(kind=kind, node=node, instance=instance, volume=volume, status=JobStatus.QUEUED, step="queued",
+                      deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]))
+            _insert_job(job)
     except IntegrityError as exc:
         if "job_one_open_" not in str(exc):
             raise
@@ -89,8 +92,24 @@ def job_create(*, kind: str, node: Node, instance: Instance | None = None, volum
                 f"volume {volume.pk}" if volume is not None else f"node {node.pk}")
         raise JobConflict(f"A job to {JobKind(kind).label.lower()} is still under way for {what}; "
                           "try again in a moment.") from None
-    transaction.on_commit(lambda: _send(job.pk, kind), robust=True)
+    if not settings.JOB_RELAY:  # else the relay sends it (provisioning/services/relay.py), woken by the commit
+        transaction.on_commit(lambda: _send(job.pk, kind), robust=True)
     return job
+
+
+def _insert_job(job: Job) -> None:
+    """The job's INSERT; on PostgreSQL one fixed statement, prepared per connection (every booking runs it)."""
+    if connection.vendor != "postgresql":
+        job.save(force_insert=True)
+        return
+    global _JOB_INSERT
+    if _JOB_INSERT is None:
+        _JOB_INSERT = ModelInsert(Job)
+    with prepared_cursor() as cursor:
+        _JOB_INSERT.insert(cursor, job)
+
+
+_JOB_INSERT: ModelInsert | None = None
 
 
 def job_send_again_if_unsent(job: Job) -> None:
@@ -137,19 +156,39 @@ def _publish(task_name: str, *, job_id: int, task_id: str) -> None:
 
 
 def _record_send(job_id: int, *, sent_at: datetime | None = None, error: str = "") -> None:
-    fields = {"send_attempts": F("send_attempts") + 1, "send_error": error}
-    if sent_at is not None:
-        fields["sent_at"] = sent_at
     try:
-        Job.objects.filter(pk=job_id).update(**fields)
+        record_sends([job_id], sent_at=sent_at, error=error)
     except DatabaseError:  # the message is out (or not); the dispatcher judges by the row, at worst sends twice
         log.exception("job %s: could not record the hand-off to the broker", job_id)
 
 
-def _send_batch(batch: list[tuple[int, str]]) -> None:
-    """The sender thread's work: hand each job to the broker, then record those it took in one UPDATE. At the
-    first refusal the broker is down: the rest are recorded as refused too, untried (the dispatcher sends them)."""
+def record_sends(job_ids: list[int], *, sent_at: datetime | None = None, error: str = "") -> None:
+    """One more hand-off tried for each job: taken by the broker at `sent_at`, or refused with `error`. On
+    PostgreSQL one fixed statement, prepared per connection (every booking's job goes through it)."""
+    if connection.vendor != "postgresql":
+        fields = {"send_attempts": F("send_attempts") + 1, "send_error": error}
+        if sent_at is not None:
+            fields["sent_at"] = sent_at
+        Job.objects.filter(pk__in=job_ids).update(**fields)
+        return
+    with prepared_cursor() as cursor:
+        if sent_at is None:
+            cursor.execute(_RECORD_REFUSED_SQL, [error, job_ids])
+        else:
+            cursor.execute(_RECORD_SENT_SQL, [error, sent_at, job_ids])
+
+
+_RECORD_SENT_SQL = (f"UPDATE {Job._meta.db_table} SET send_attempts = send_attempts + 1, send_error = %s, "  # noqa: S608
+                    "sent_at = %s WHERE id = ANY(%s)")
+_RECORD_REFUSED_SQL = (f"UPDATE {Job._meta.db_table} SET send_attempts = send_attempts + 1, "  # noqa: S608
+                       "send_error = %s WHERE id = ANY(%s)")
+
+
+def publish_each(batch: list[tuple[int, str]]) -> tuple[list[int], list[int], str]:
+    """Hand each (job id, kind) to the broker: (the ids it took, the ids refused, the refusal). At the first refusal
+    the broker is down: the rest count as refused too, untried (the dispatcher sends them with its backoff)."""
     sent: list[int] = []
+    refused: list[int] = []
     error = ""
     for job_id, kind in batch:
         if not error:
@@ -161,13 +200,21 @@ def _send_batch(batch: list[tuple[int, str]]) -> None:
                 error = f"{type(exc).__name__}: {exc}"[:500]
                 log.warning("job %s (%s): the broker did not take it (%s); the dispatcher sends it later",
                             job_id, kind, error)
-        _record_send(job_id, error=error)
-    if sent:
+        refused.append(job_id)
+    return sent, refused, error
+
+
+def _send_batch(batch: list[tuple[int, str]]) -> None:
+    """The sender thread's work: hand each job to the broker, then record those it took in one UPDATE (and those
+    refused in another)."""
+    sent, refused, error = publish_each(batch)
+    for ids, fields in ((refused, {"error": error}), (sent, {"sent_at": timezone.now()})):
+        if not ids:
+            continue
         try:
-            Job.objects.filter(pk__in=sent).update(send_attempts=F("send_attempts") + 1, send_error="",
-                                                   sent_at=timezone.now())
+            record_sends(ids, **fields)
         except DatabaseError:  # as in _record_send: at worst the dispatcher sends them again
-            log.exception("jobs %s: could not record the hand-off to the broker", sent)
+            log.exception("jobs %s: could not record the hand-off to the broker", ids)
             connection.close()  # the thread's own connection, perhaps broken: the next batch opens a new one
 
 

@@ -10,7 +10,6 @@ from celery import current_app
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
 from marketplace.models import GpuAllocation, InstanceStatus, NodeState
 from provisioning import tasks
@@ -20,29 +19,6 @@ from provisioning.services import maintenance
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_finish, job_release, job_step
 from provisioning.ssh import NodeError
 from tests.factories import make_listed_node, make_node
-
-
-class Broker:
-    """What jobs.job_send hands to Celery, recorded; `down` makes it refuse as kombu does when Redis is gone."""
-
-    def __init__(self):
-        self.down = False
-        self.messages = []
-
-    def __call__(self, task_name, *, job_id, task_id):
-        if self.down:
-            raise OperationalError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
-        self.messages.append((task_name, job_id, task_id))
-
-    def job_ids(self):
-        return [job_id for _, job_id, _ in self.messages]
-
-
-@pytest.fixture
-def broker(monkeypatch):
-    fake = Broker()
-    monkeypatch.setattr(job_svc, "_publish", fake)
-    return fake
 
 
 def public_key() -> str:
