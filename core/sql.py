@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 
@@ -39,7 +39,7 @@ class _PreparedDebugWrapper(CursorDebugWrapper):
 
     def execute(self, sql, params=None):  # type: ignore[no-untyped-def]
         try:
-            text = connection.ops.compose_sql(sql, params)  # type: ignore[attr-defined]  # PostgreSQL's ops
+            text = self.db.ops.compose_sql(sql, params)  # PostgreSQL's ops
         except Exception:  # noqa: BLE001 (only the log's text)
             text = sql
         with self.debug_sql(text, params):
@@ -51,19 +51,20 @@ def prepared_cursor() -> Iterator[Any]:
     """A cursor on Django's connection (and in its transaction) whose statements PostgreSQL prepares. Parameters
     are `%s` placeholders as usual; they are typed by their Python values (an int, a list → an array, ...)."""
     global _PREPARING_CURSOR
-    if connection.vendor != "postgresql":
-        with connection.cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: each attribute of the proxy is an asgiref lookup
+    if db.vendor != "postgresql":
+        with db.cursor() as cursor:
             yield cursor
         return
     if _PREPARING_CURSOR is None:
         _PREPARING_CURSOR = _cursor_class()
-    connection.ensure_connection()
-    if settings.DATABASE_PREPARED_STATEMENTS and connection.connection.prepare_threshold is None:
+    db.ensure_connection()
+    if settings.DATABASE_PREPARED_STATEMENTS and db.connection.prepare_threshold is None:
         # Django turns psycopg's preparing off (None), which also ignores prepare=True: only the statements asked
         # for here are prepared, never automatically (Django's own cursors bind client-side and cannot be).
-        connection.connection.prepare_threshold = 2**31 - 1
-    raw = _PREPARING_CURSOR(connection.connection)
-    cursor = _PreparedDebugWrapper(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
+        db.connection.prepare_threshold = 2**31 - 1
+    raw = _PREPARING_CURSOR(db.connection)
+    cursor = _PreparedDebugWrapper(raw, db) if db.queries_logged else db.make_cursor(raw)
     try:
         yield cursor
     finally:
@@ -88,11 +89,12 @@ class ModelInsert:
                     f"VALUES ({', '.join(['%s'] * len(self.fields))}) RETURNING {quote(pk)}")
 
     def values(self, obj: models.Model) -> list[Any]:
-        return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self.fields]
+        db = connections[DEFAULT_DB_ALIAS]  # not the proxy: fields read it dozens of times (asgiref locals)
+        return [f.get_db_prep_save(f.pre_save(obj, True), db) for f in self.fields]
 
     def insert(self, cursor: Any, obj: models.Model) -> models.Model:
         cursor.execute(self.sql, self.values(obj))
         obj.pk = cursor.fetchone()[0]
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = DEFAULT_DB_ALIAS
         return obj

@@ -25,6 +25,7 @@ kind has its task.
 import logging
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
@@ -151,8 +152,8 @@ def job_send(*, job_id: int, kind: str | None = None) -> bool:
     return True
 
 
-def _publish(task_name: str, *, job_id: int, task_id: str) -> None:
-    dispatch.send(task_name, job_id, task_id=task_id)
+def _publish(task_name: str, *, job_id: int, task_id: str, producer: Any = None) -> None:
+    dispatch.send(task_name, job_id, task_id=task_id, producer=producer)
 
 
 def _record_send(job_id: int, *, sent_at: datetime | None = None, error: str = "") -> None:
@@ -184,16 +185,18 @@ _RECORD_REFUSED_SQL = (f"UPDATE {Job._meta.db_table} SET send_attempts = send_at
                        "send_error = %s WHERE id = ANY(%s)")
 
 
-def publish_each(batch: list[tuple[int, str]]) -> tuple[list[int], list[int], str]:
-    """Hand each (job id, kind) to the broker: (the ids it took, the ids refused, the refusal). At the first refusal
-    the broker is down: the rest count as refused too, untried (the dispatcher sends them with its backoff)."""
+def publish_each(batch: list[tuple[int, str]], *, producer: Any = None) -> tuple[list[int], list[int], str]:
+    """Hand each (job id, kind) to the broker (through `producer`, e.g. a `dispatch.batch()`, when given): (the ids
+    it took, the ids refused, the refusal). At the first refusal the broker is down: the rest count as refused too,
+    untried (the dispatcher sends them with its backoff)."""
     sent: list[int] = []
     refused: list[int] = []
     error = ""
     for job_id, kind in batch:
         if not error:
             try:
-                _publish(JOB_TASKS[kind], job_id=job_id, task_id=f"job-{job_id}-{uuid.uuid4().hex[:12]}")
+                _publish(JOB_TASKS[kind], job_id=job_id, task_id=f"job-{job_id}-{uuid.uuid4().hex[:12]}",
+                         producer=producer)
                 sent.append(job_id)
                 continue
             except Exception as exc:  # noqa: BLE001 (as in job_send)

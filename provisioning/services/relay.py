@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
+from core import dispatch
 from core.sql import prepared_cursor
 from provisioning.models import Job, JobStatus
 from provisioning.services.jobs import publish_each, record_sends
@@ -42,7 +43,14 @@ def jobs_relay_batch(*, limit: int = RELAY_BATCH) -> int:
             cursor.execute(_PICK_SQL, [JobStatus.QUEUED.value, limit])
             batch = [(job_id, kind) for job_id, kind in cursor.fetchall()]
         if batch:
-            sent, refused, error = publish_each(batch)
+            try:
+                with dispatch.batch(max_size=len(batch)) as producer:  # one Redis pipeline for the batch
+                    sent, refused, error = publish_each(batch, producer=producer)
+            except Exception as exc:  # noqa: BLE001 (the flush failed: which went out is unknown; may go twice)
+                sent, refused = [], [job_id for job_id, _ in batch]
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                log.warning("job relay: the broker did not take a batch of %d (%s); the dispatcher sends them",
+                            len(batch), error)
             if sent:
                 record_sends(sent, sent_at=timezone.now())
             if refused:

@@ -12,7 +12,7 @@ class Broker:
         self.down = False
         self.messages = []
 
-    def __call__(self, task_name, *, job_id, task_id):
+    def __call__(self, task_name, *, job_id, task_id, producer=None):
         if self.down:
             raise OperationalError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
         self.messages.append((task_name, job_id, task_id))

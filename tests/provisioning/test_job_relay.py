@@ -63,6 +63,28 @@ def test_a_refused_batch_is_recorded_and_left_to_the_dispatcher(transactional_db
     assert sorted(broker.job_ids()) == sorted(job.pk for job in jobs)
 
 
+def test_a_batch_whose_flush_fails_is_recorded_refused_whole(transactional_db, broker, relay_on, monkeypatch):
+    """The relay publishes a batch through one pipeline (core.dispatch.batch): when the flush fails, which messages
+    went out is unknown, so every job of the batch is recorded refused and left to the dispatcher (a copy too many
+    is harmless: runner.job_begin lets one execution hold a job)."""
+    from contextlib import contextmanager
+
+    from kombu.exceptions import OperationalError
+
+    @contextmanager
+    def failing_batch(max_size):
+        yield None
+        raise OperationalError("Error 32 while writing to socket. Broken pipe.")
+
+    monkeypatch.setattr(relay.dispatch, "batch", failing_batch)
+    jobs = [job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node()) for _ in range(2)]
+    assert relay.jobs_relay_batch() == 2
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.sent_at is None and job.send_attempts == 1 and "Broken pipe" in job.send_error
+    assert maintenance.jobs_dispatch(now=timezone.now() + timedelta(seconds=30))["sent"] == 2
+
+
 def test_relays_side_by_side_send_each_job_exactly_once(transactional_db, broker, relay_on):
     """Four relays (threads, each on its own connection) drain 120 jobs in batches of 7: SKIP LOCKED shares them."""
     nodes = [make_node() for _ in range(120)]
