@@ -229,6 +229,13 @@ class TrueFalseFilter(django_filters.ChoiceFilter):
         super().__init__(*args, choices=[("true", "true"), ("false", "false")], **kwargs)
 
 
+class SharedFields(dict):
+    """A form's base_fields whose deep copy (Django's, once per form) is a new dict of the same field instances."""
+
+    def __deepcopy__(self, memo):
+        return dict(self)
+
+
 class OfferFilter(StrictFilterSet):
     gpu_model = GpuModelSlugFilter(
         field_name="gpu_model__slug", to_field_name="slug", queryset=GpuModel.objects.all(),
@@ -306,13 +313,18 @@ class OfferFilter(StrictFilterSet):
             self.filters[name] = filter_
 
     # The form fields are the same on every request: the form class is built once per FilterSet class, not 17
-    # form fields with their labels and validators per request (each form still deep-copies its fields).
+    # form fields with their labels and validators per request. The API's own form also shares its field
+    # instances between requests instead of deep-copying them (validation only reads them); a subclass (the web
+    # page's, which relabels and rewidgets its form's fields) keeps Django's deep copy.
     _form_classes: dict[type, type] = {}
 
     def get_form_class(self):
         cls = type(self)
         if cls not in OfferFilter._form_classes:
-            OfferFilter._form_classes[cls] = super().get_form_class()
+            form_class = super().get_form_class()
+            if cls is OfferFilter:
+                form_class.base_fields = SharedFields(form_class.base_fields)
+            OfferFilter._form_classes[cls] = form_class
         return OfferFilter._form_classes[cls]
 
     def filter_min_gpus(self, queryset, name, value: int):
