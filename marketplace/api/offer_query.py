@@ -79,7 +79,7 @@ def _empty(value: Any) -> bool:
 
 def _shape(cleaned: dict[str, Any]) -> tuple | None:
     """The request's shape, or None for values this module does not describe."""
-    shape = []
+    shape: list[tuple[str, Any]] = []
     for name, value in cleaned.items():
         if _empty(value):
             continue
@@ -112,7 +112,7 @@ class _Template:
 def _same(a: tuple, b: tuple) -> bool:
     # Same types and values; a JSON parameter (psycopg's Jsonb, no __eq__) by the value it wraps.
     return len(a) == len(b) and all(type(x) is type(y) and getattr(x, "obj", x) == getattr(y, "obj", y)
-                                    for x, y in zip(a, b))
+                                    for x, y in zip(a, b, strict=True))
 
 
 def _count_compiler(query, using: str):
@@ -148,6 +148,7 @@ def _compile(queryset: QuerySet, kind: str, limits: tuple[int, int] | None):
             return None
         sql, params = compiler.as_sql()
         return sql, tuple(params), compiler.get_converters(compiler.query.annotation_select.values())
+    assert limits is not None  # a page
     compiler = queryset[limits[0]:limits[1]].query.get_compiler(queryset.db)
     sql, params = compiler.as_sql()
     return sql, tuple(params), compiler.get_converters([s[0] for s in compiler.select[0:compiler.col_count]])
@@ -183,8 +184,11 @@ class OfferQuery:
         template = _cache.get(key) if self.shape is not None else UNCACHED
         if template is None:
             template = self._fill(key)
-        if template is UNCACHED:  # Django as it would run without this module
-            return self.filterset.qs.count() if kind == "count" else list(self.filterset.qs[limits[0]:limits[1]])
+        if not isinstance(template, _Template):  # UNCACHED: Django as it would run without this module
+            if kind == "count":
+                return self.filterset.qs.count()
+            assert limits is not None
+            return list(self.filterset.qs[limits[0]:limits[1]])
         return self._execute(kind, template, template.bind(self.values))
 
     def _execute(self, kind: str, template: _Template, params: tuple):
@@ -224,6 +228,9 @@ class OfferQuery:
     def _learn(self, kind: str, limits: tuple[int, int] | None) -> _Template | object:
         try:
             real = _compile(self.filterset.qs, kind, limits)
+        except EmptyResultSet:  # Django answers without a query: let it
+            return UNCACHED
+        try:
             probes: dict[str, Any] = {}
             cleaned = {}
             for serial, (name, value) in enumerate(self.cleaned.items()):
@@ -233,7 +240,7 @@ class OfferQuery:
                     cleaned[name] = value
             probe = self._filterset_with(cleaned)
             probed = _compile(probe.filter_queryset(self.base.all()), kind, limits)
-        except (EmptyResultSet, TypeError):
+        except Exception:  # noqa: BLE001 - a filter that refuses a probe value: this shape is compiled by Django
             return UNCACHED
         if real is None or probed is None or real[0] != probed[0]:
             return UNCACHED

@@ -194,3 +194,16 @@ def test_the_cache_is_bounded(anon, offers, monkeypatch):
         assert anon.get(URL, {"page_size": str(size)}).status_code == 200
         assert len(offer_query._cache) <= 3
     assert anon.get(URL, {"page_size": "1"}).json() == _uncached(anon, {"page_size": "1"}, monkeypatch)[0].json()
+
+
+def test_a_shape_the_probe_cannot_describe_is_compiled_by_django(anon, offers, monkeypatch):
+    def refuse(name, value, serial):
+        raise ValueError(name)
+
+    params = {"country": "NL", "min_gpus": "2"}
+    expected, expected_sql = _uncached(anon, params, monkeypatch)
+    monkeypatch.setattr(offer_query, "_probe", refuse)
+    for _ in range(2):
+        response, sql = _get(anon, params)
+        assert (response.status_code, response.content, sql) == (200, expected.content, expected_sql)
+    assert offer_query._cache and all(t is UNCACHED for t in offer_query._cache.values())
