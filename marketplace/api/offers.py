@@ -9,13 +9,14 @@ from django.db.models import Exists, F, Q, QuerySet
 from django.http import QueryDict
 from django_countries import countries
 from django_filters.fields import ChoiceField
+from django_filters.utils import translate_validation
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import permissions, serializers, viewsets
 
 from billing.services.metering import fee_percent, platform_fee_bps
 from core.api.fields import UsdField
-from core.api.filtering import StrictFilterSet, reject_unknown_params
+from core.api.filtering import FilterBackend, StrictFilterSet, reject_unknown_params
 from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
 from marketplace import selectors
@@ -24,6 +25,7 @@ from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.money import usd_to_micros
 
+from .offer_query import OfferQuery
 from .offer_rows import OFFER_COLUMNS, mig_slices, offer_row
 
 
@@ -227,6 +229,13 @@ class TrueFalseFilter(django_filters.ChoiceFilter):
         super().__init__(*args, choices=[("true", "true"), ("false", "false")], **kwargs)
 
 
+class SharedFields(dict):
+    """A form's base_fields whose deep copy (Django's, once per form) is a new dict of the same field instances."""
+
+    def __deepcopy__(self, memo):
+        return dict(self)
+
+
 class OfferFilter(StrictFilterSet):
     gpu_model = GpuModelSlugFilter(
         field_name="gpu_model__slug", to_field_name="slug", queryset=GpuModel.objects.all(),
@@ -304,13 +313,18 @@ class OfferFilter(StrictFilterSet):
             self.filters[name] = filter_
 
     # The form fields are the same on every request: the form class is built once per FilterSet class, not 17
-    # form fields with their labels and validators per request (each form still deep-copies its fields).
+    # form fields with their labels and validators per request. The API's own form also shares its field
+    # instances between requests instead of deep-copying them (validation only reads them); a subclass (the web
+    # page's, which relabels and rewidgets its form's fields) keeps Django's deep copy.
     _form_classes: dict[type, type] = {}
 
     def get_form_class(self):
         cls = type(self)
         if cls not in OfferFilter._form_classes:
-            OfferFilter._form_classes[cls] = super().get_form_class()
+            form_class = super().get_form_class()
+            if cls is OfferFilter:
+                form_class.base_fields = SharedFields(form_class.base_fields)
+            OfferFilter._form_classes[cls] = form_class
         return OfferFilter._form_classes[cls]
 
     def filter_min_gpus(self, queryset, name, value: int):
@@ -362,7 +376,13 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
         reject_unknown_params(request, OfferFilter.base_filters)
         # The page is read as tuples and written by offer_row: OfferSerializer's JSON (and still its schema,
         # through serializer_class) without two model instances per row. Same COUNT and filters.
-        rows = self.paginate_queryset(self.filter_queryset(selectors.offers_search(values_list=OFFER_COLUMNS)))
+        # The COUNT and the page run from SQL compiled once per query shape (offer_query.py), with the filters'
+        # parameters; the filterset still validates every request (its 400s).
+        base = selectors.offers_search(values_list=OFFER_COLUMNS)
+        filterset = FilterBackend().get_filterset(request, base, self)
+        if not filterset.is_valid():
+            raise translate_validation(filterset.errors)
+        rows = self.paginate_queryset(OfferQuery(filterset, base))
         fee = str(fee_percent(platform_fee_bps()))
         # The free MIG slices of the page's nodes that have MIG prices: one query, none on a page without MIG.
         slices = selectors.free_slices_by_node([row[0] for row in rows if row[-1]])
