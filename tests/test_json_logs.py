@@ -121,7 +121,8 @@ def test_a_worker_running_a_job_logs_json_lines_with_the_job_node_and_task(json_
                                                                            transactional_db):
     worker, sender = json_worker
     monkeypatch.setattr("core.dispatch.send",
-                        lambda name, *args, task_id=None: sender.send_task(name, args=list(args), task_id=task_id))
+                        lambda name, *args, task_id=None, producer=None: sender.send_task(name, args=list(args),
+                                                                                           task_id=task_id))
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]

@@ -108,7 +108,8 @@ def queue_workers(django_db_setup, django_db_blocker, prefix, tmp_path_factory):
 def send_through(monkeypatch, sender):
     """What services queue on commit (core.dispatch.send: jobs and billing tasks) goes through `sender`."""
     monkeypatch.setattr("core.dispatch.send",
-                        lambda name, *args, task_id=None: sender.send_task(name, args=list(args), task_id=task_id))
+                        lambda name, *args, task_id=None, producer=None: sender.send_task(name, args=list(args),
+                                                                                           task_id=task_id))
     return sender
 
 
