@@ -107,8 +107,12 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     # No JIT: PostgreSQL compiles a query once its estimated cost passes jit_above_cost (100,000), and the offers
     # query (its OR of two EXISTS, free GPUs or free MIG slices, is estimated at ~127,000) then spent ~25 ms
     # compiling for a 9-15 ms run, on every request. Nothing this application runs is long enough to win it back.
-    _options = DATABASES["default"].setdefault("OPTIONS", {})
-    _options["options"] = f"{_options.get('options', '')} -c jit=off".strip()
+    # DATABASE_SESSION_OPTIONS= (empty) sends none: PgBouncer refuses the `options` startup parameter unless it is in
+    # its ignore_startup_parameters; then set jit = off on the server (ALTER DATABASE ... SET jit = off).
+    _session_options = env_str("DATABASE_SESSION_OPTIONS", "-c jit=off")
+    if _session_options:
+        _options = DATABASES["default"].setdefault("OPTIONS", {})
+        _options["options"] = f"{_options.get('options', '')} {_session_options}".strip()
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # The embedded default is shared by web, worker and beat processes: wait for locks instead of
     # failing, take the write lock at BEGIN (no upgrade deadlocks), and let readers run beside a writer.
