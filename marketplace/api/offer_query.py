@@ -15,6 +15,7 @@ holds the cached SQL, parameters and JSON equal to Django's over many combinatio
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from decimal import Decimal
 from types import SimpleNamespace
@@ -48,6 +49,7 @@ REBUILD: dict[type, Callable[[Any], Any]] = {int: int, float: float, str: str, I
 
 UNCACHED = object()
 _cache: dict[tuple, Any] = {}
+_cache_lock = threading.Lock()
 
 
 class _Compiled(Exception):
@@ -220,9 +222,10 @@ class OfferQuery:
     def _fill(self, key: tuple) -> _Template | object:
         kind, limits, _ = key
         template = self._learn(kind, limits)
-        if len(_cache) >= MAX_ENTRIES:
-            _cache.pop(next(iter(_cache)))  # the oldest entry
-        _cache[key] = template
+        with _cache_lock:  # threads of one process (gthread workers) may fill at once
+            while len(_cache) >= MAX_ENTRIES:
+                _cache.pop(next(iter(_cache)))  # the oldest entry
+            _cache[key] = template
         return template
 
     def _learn(self, kind: str, limits: tuple[int, int] | None) -> _Template | object:
