@@ -10,6 +10,8 @@ statement in Python and planning it in PostgreSQL cost more than running it.
 - `ModelInsert`: a model's `INSERT ... RETURNING id` written once, and the values of an unsaved instance computed by
   the same field methods `Model.save()` uses (defaults, auto_now, JSON and encrypted fields alike).
 """
+import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,13 +23,37 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 def _cursor_class() -> type:
     from django.db.backends.postgresql.base import ServerBindingCursor  # psycopg 3 only
+    from psycopg.raw_cursor import PostgresRawQuery
 
     class PreparingCursor(ServerBindingCursor):
+        # The statement reaches psycopg already numbered ($1, $2, ...: _numbered, once per text): psycopg converts
+        # %s itself on every execution when a statement is over 4 KiB or 50 parameters (a booking's is both).
+        _query_cls = PostgresRawQuery
+
         def execute(self, query, params=None, *, prepare=None, binary=None):  # type: ignore[no-untyped-def]
             prepare = settings.DATABASE_PREPARED_STATEMENTS if prepare is None else prepare
+            if params is not None:
+                query = _numbered(query)
             return super().execute(query, params, prepare=prepare or None, binary=binary)  # type: ignore[misc]
 
     return PreparingCursor
+
+
+@functools.lru_cache(maxsize=512)
+def _numbered(query: str) -> str:
+    """`%s` placeholders as PostgreSQL's `$1, $2, ...` (and `%%` as `%`); anything else after a `%` is refused."""
+    count = 0
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        if match.group(1) != "s":
+            raise ValueError(f"prepared_cursor takes %s placeholders only, not %{match.group(1)}: {query[:80]}")
+        count += 1
+        return f"${count}"
+
+    return re.sub(r"%(.)", one, query, flags=re.DOTALL)
 
 
 _PREPARING_CURSOR: type | None = None
@@ -85,12 +111,24 @@ class ModelInsert:
         quote = connection.ops.quote_name
         columns = ", ".join(quote(str(f.column)) for f in self.fields)
         table, pk = str(meta.db_table), str(meta.pk.column if meta.pk else "id")
+        self.pk_column = quote(pk)
         self.sql = (f"INSERT INTO {quote(table)} ({columns}) "  # noqa: S608 (names from the model)
-                    f"VALUES ({', '.join(['%s'] * len(self.fields))}) RETURNING {quote(pk)}")
+                    f"VALUES ({', '.join(['%s'] * len(self.fields))}) RETURNING {self.pk_column}")
 
-    def values(self, obj: models.Model) -> list[Any]:
+    def values(self, obj: models.Model, *, skip: frozenset[str] = frozenset()) -> list[Any]:
+        """The parameters of `sql` (or of `sql_with(...)`, whose columns in `skip` take no parameter)."""
         db = connections[DEFAULT_DB_ALIAS]  # not the proxy: fields read it dozens of times (asgiref locals)
-        return [f.get_db_prep_save(f.pre_save(obj, True), db) for f in self.fields]
+        return [f.get_db_prep_save(f.pre_save(obj, True), db) for f in self.fields if f.column not in skip]
+
+    def sql_with(self, **expressions: str) -> str:
+        """The INSERT with SQL expressions in place of some columns' parameters (column=expression): for a CTE
+        that inserts a row referring to a row another CTE of the same statement inserts, e.g.
+        `instance_id="(SELECT id FROM inst)"`. Fill it with `values(obj, skip=frozenset(expressions))`."""
+        unknown = set(expressions) - {str(f.column) for f in self.fields}
+        if unknown:
+            raise ValueError(f"{self.model.__name__} has no column {', '.join(sorted(unknown))}")
+        slots = ", ".join(expressions.get(str(f.column), "%s") for f in self.fields)
+        return f"{self.sql.split(' VALUES ', 1)[0]} VALUES ({slots}) RETURNING {self.pk_column}"
 
     def insert(self, cursor: Any, obj: models.Model) -> models.Model:
         cursor.execute(self.sql, self.values(obj))

@@ -9,11 +9,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.services.ledger import credit_grant
-from core.sql import ModelInsert, prepared_cursor
+from core.sql import ModelInsert, _numbered, prepared_cursor
 from marketplace.models import Image, Instance
 from marketplace.services.instances.options import InstanceOptions
 from marketplace.services.instances.secrets import env_encrypt
 from provisioning.models import Job, JobKind
+from provisioning.services.jobs import JOB_DEADLINES, job_create
 from tests.factories import make_listed_node
 from tests.marketplace.renting_helpers import book
 
@@ -34,8 +35,7 @@ def test_a_bookings_statements_are_prepared_once_per_connection_and_still_logged
         book(user, node)
     book(user, node)
     prepared = _prepared()
-    starts = ("SELECT n.id", 'SELECT balance_micros', 'WITH inst AS (INSERT INTO "marketplace_instance"',
-              'INSERT INTO "provisioning_job"')
+    starts = ("WITH node_row AS (SELECT n.id", "WITH rate AS (SELECT COALESCE(SUM(price_per_hour_micros)")
     for start in starts:
         assert sum(s.startswith(start) for s in prepared) == 1, (start, prepared)  # once, however many bookings
     assert any("FOR SHARE OF n" in q["sql"] for q in first.captured_queries)  # the query log still sees them
@@ -88,3 +88,36 @@ def test_model_insert_writes_the_row_save_writes(db, user):
         ModelInsert(Job).insert(cursor, job)
     a, b = (model_to_dict(j, exclude=["id", "instance"]) for j in Job.objects.filter(node=node).order_by("id"))
     assert a == b and a["log"] == [] and a["status"] == "queued"
+
+
+def test_a_job_written_in_its_instances_statement_is_the_row_job_create_writes(db, user):
+    """A booking's job goes in with its instance, in one statement (ModelInsert.sql_with): the same row."""
+    node = make_listed_node(gpu_count=2)
+    first, second = book(user, node), book(user, node)  # the booking's own statement wrote the second's job
+    created = job_create(kind=JobKind.INSTANCE_START, node=node, instance=first)
+    booked = Job.objects.get(instance=second)
+    exclude = ["id", "instance", "kind", "deadline", "created_at"]
+    assert model_to_dict(booked, exclude=exclude) == model_to_dict(created, exclude=exclude)
+    deadline = timedelta(seconds=JOB_DEADLINES[JobKind.INSTANCE_PROVISION])
+    assert abs(booked.deadline - booked.created_at - deadline) < timedelta(seconds=1)
+    with pytest.raises(ValueError, match="Job has no column instance"):
+        ModelInsert(Job).sql_with(instance="(SELECT 1)")
+
+
+def test_placeholders_are_numbered_once_per_statement_text():
+    numbered = _numbered("SELECT %s, '100%%', %s FROM t WHERE a = ANY(%s)")
+    assert numbered == "SELECT $1, '100%', $2 FROM t WHERE a = ANY($3)"
+    with pytest.raises(ValueError, match="not %\\("):
+        _numbered("SELECT %(name)s")
+
+
+def test_a_long_statement_with_many_parameters_runs_prepared(db):
+    """Over psycopg's 4 KiB and 50 parameters (a booking's statement is both): numbered here, prepared once."""
+    values = list(range(80))
+    sql = "SELECT " + ", ".join(f"%s::int AS column_with_a_long_name_{i:03}" for i in values) + " -- " + "x" * 4096
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, values)
+        assert list(cursor.fetchone()) == values
+        cursor.execute(sql, [v + 1 for v in values])
+        assert list(cursor.fetchone()) == [v + 1 for v in values]
+    assert sum("column_with_a_long_name_079" in s for s in _prepared()) == 1
