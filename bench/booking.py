@@ -330,9 +330,9 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
     return result
 
 
-# The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one.
-# (The instance's INSERT is in _allocate_free_gpus's statement.)
-STEPS = ("_lock_node_for_booking", "_check_funds", "_allocate_free_gpus", "job_create")
+# The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one:
+# the node's read with the wallet's lock; the statement with the burn rate, the instance, its GPUs and its job.
+STEPS = ("_lock_node_for_booking", "_allocate_free_gpus")
 
 
 def _restore(owner, steps):  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ module imports no task module (tasks import services: no import circle, no defer
 declares each job task under its registered name, and tests/provisioning/test_job_outbox.py checks that every
 kind has its task.
 """
+import functools
 import logging
 import uuid
 from datetime import datetime, timedelta
@@ -83,8 +84,7 @@ def job_create(*, kind: str, node: Node, instance: Instance | None = None, volum
     transaction must end on JobConflict (a booking's new instance, whose jobs cannot be open yet)."""
     try:
         with transaction.atomic(savepoint=savepoint):
-            job = Job(kind=kind, node=node, instance=instance, volume=volume, status=JobStatus.QUEUED, step="queued",
-                      deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]))
+            job = job_new(kind=kind, node=node, instance=instance, volume=volume)
             _insert_job(job)
     except IntegrityError as exc:
         if "job_one_open_" not in str(exc):
@@ -93,24 +93,45 @@ def job_create(*, kind: str, node: Node, instance: Instance | None = None, volum
                 f"volume {volume.pk}" if volume is not None else f"node {node.pk}")
         raise JobConflict(f"A job to {JobKind(kind).label.lower()} is still under way for {what}; "
                           "try again in a moment.") from None
-    if not settings.JOB_RELAY:  # else the relay sends it (provisioning/services/relay.py), woken by the commit
-        transaction.on_commit(lambda: _send(job.pk, kind), robust=True)
+    job_queued(job)
     return job
 
 
+def job_new(*, kind: str, node: Node, instance: Instance | None = None, volume: Volume | None = None) -> Job:
+    """A queued job, not saved yet: job_create saves it; a booking writes it in its own statement
+    (job_insert_for_new_instance) and then calls job_queued."""
+    return Job(kind=kind, node=node, instance=instance, volume=volume, status=JobStatus.QUEUED, step="queued",
+               deadline=timezone.now() + timedelta(seconds=JOB_DEADLINES[kind]))
+
+
+def job_queued(job: Job) -> None:
+    """The job's row is written in the caller's transaction: have it sent once that commits."""
+    if not settings.JOB_RELAY:  # else the relay sends it (provisioning/services/relay.py), woken by the commit
+        kind = job.kind
+        transaction.on_commit(lambda: _send(job.pk, kind), robust=True)
+
+
+def job_insert_for_new_instance(job: Job, *, instance_id_sql: str) -> tuple[str, list[Any]]:
+    """The job's INSERT for a CTE of a statement that also inserts its instance (a booking's, one round trip):
+    (SQL, parameters), the instance's id taken from `instance_id_sql` (e.g. `(SELECT id FROM inst)`). The caller
+    sets `job.pk` from `RETURNING id`, then calls job_queued. A new instance has no open job, so the partial
+    unique indexes (JobConflict) cannot refuse it. PostgreSQL only."""
+    insert = _job_insert()
+    return insert.sql_with(instance_id=instance_id_sql), insert.values(job, skip=frozenset({"instance_id"}))
+
+
 def _insert_job(job: Job) -> None:
-    """The job's INSERT; on PostgreSQL one fixed statement, prepared per connection (every booking runs it)."""
+    """The job's INSERT; on PostgreSQL one fixed statement, prepared per connection (many use cases run it)."""
     if connection.vendor != "postgresql":
         job.save(force_insert=True)
         return
-    global _JOB_INSERT
-    if _JOB_INSERT is None:
-        _JOB_INSERT = ModelInsert(Job)
     with prepared_cursor() as cursor:
-        _JOB_INSERT.insert(cursor, job)
+        _job_insert().insert(cursor, job)
 
 
-_JOB_INSERT: ModelInsert | None = None
+@functools.cache
+def _job_insert() -> ModelInsert:
+    return ModelInsert(Job)
 
 
 def job_send_again_if_unsent(job: Job) -> None:

@@ -283,9 +283,9 @@ def test_a_booking_in_flight_holds_off_retiring_its_node():
 
 
 def test_a_booking_is_one_short_transaction_without_savepoints(user, sent_jobs, settings):
-    """The statements of one booking (issue 14): the node's share lock with its GPU count, the wallet's lock and
-    the renter's burn rate (the funds check), the instance with its GPUs locked, rented and allocated in one
-    statement, the job; no SAVEPOINT, no read the booking does not need. The job is handed over after COMMIT."""
+    """The statements of one booking (issue 14): the node's share lock with its GPU count and the wallet's lock (the
+    funds check's) in one; the renter's burn rate, the instance with its GPUs locked, rented and allocated, and its
+    job in another; no SAVEPOINT, no read the booking does not need. The job is handed over after COMMIT."""
     settings.BILLING_REQUIRE_FUNDS = True
     credit_grant(user=user, amount_micros=100_000_000, reason="test")
     node = make_listed_node(gpu_count=2)
@@ -294,8 +294,12 @@ def test_a_booking_is_one_short_transaction_without_savepoints(user, sent_jobs, 
         instance, _ = svc.instance_create(renter=user, node_id=node.pk, num_gpus=2, image=image, ssh_public_keys=keys)
     statements = [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
     assert "SAVEPOINT" not in statements and "RELEASE" not in statements, statements
-    assert statements == ["BEGIN", "SELECT", "SELECT", "SELECT", "WITH", "INSERT", "COMMIT"], statements
-    assert captured.captured_queries[4]["sql"].startswith('WITH inst AS (INSERT INTO "marketplace_instance"')
+    assert statements == ["BEGIN", "WITH", "WITH", "COMMIT"], statements
+    locks, booking = captured.captured_queries[1]["sql"], captured.captured_queries[2]["sql"]
+    assert locks.startswith("WITH node_row AS (SELECT") and "FOR SHARE OF n" in locks and "FOR UPDATE" in locks
+    assert booking.startswith("WITH rate AS (SELECT COALESCE(SUM(price_per_hour_micros), 0)")
+    assert 'inst AS (INSERT INTO "marketplace_instance"' in booking
+    assert 'job AS (INSERT INTO "provisioning_job"' in booking
     assert sent_jobs == [(Job.objects.get(instance=instance).pk, "instance_provision")]
     assert sorted(GpuAllocation.objects.filter(instance=instance).values_list("gpu__index", flat=True)) == [0, 1]
     assert_consistent()

@@ -8,7 +8,7 @@ from billing.services.ledger import credit_grant
 from core.errors import Conflict
 from marketplace.models import Image
 from marketplace.services import instances as svc
-from marketplace.services.instances.common import island_of_index
+from marketplace.services.instances.allocation import island_of_index
 from tests.factories import UserFactory, make_listed_node
 
 from .renting_helpers import book, ed25519_key, gpu_indices, sent_jobs_fixture  # noqa: F401
@@ -62,7 +62,7 @@ def test_without_nvlink_the_order_is_by_index_and_the_statement_count_is_unchang
 @pytest.mark.django_db(transaction=True)
 def test_an_island_booking_is_still_one_short_transaction(sent_jobs, settings):
     """The same statements as any booking (test_renting_concurrency): the islands come with the node's share lock,
-    the instance goes in and its GPUs are picked, locked, rented and allocated in the one WITH statement."""
+    the instance and its job go in and its GPUs are picked, locked, rented and allocated in the one WITH statement."""
     node = islands_node()
     book(UserFactory(), node, 1)  # GPU 0 taken: by index a 4-GPU booking would span both islands
     settings.BILLING_REQUIRE_FUNDS = True
@@ -72,7 +72,8 @@ def test_an_island_booking_is_still_one_short_transaction(sent_jobs, settings):
     with CaptureQueriesContext(connection) as captured:
         instance, _ = svc.instance_create(renter=user, node_id=node.pk, num_gpus=4, image=image, ssh_public_keys=keys)
     statements = [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
-    assert statements == ["BEGIN", "SELECT", "SELECT", "SELECT", "WITH", "INSERT", "COMMIT"], statements
+    assert statements == ["BEGIN", "WITH", "WITH", "COMMIT"], statements
+    assert "sizes AS (SELECT island" in captured.captured_queries[2]["sql"]
     assert gpu_indices(instance) == [4, 5, 6, 7]
     assert_consistent()
 

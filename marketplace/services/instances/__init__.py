@@ -28,19 +28,15 @@ from marketplace.models import Image, Instance  # noqa: F401 (callers reach the 
 
 from .booking import instance_create
 from .common import (
-    COMMITTED_STATUSES,
     MAX_DISK_GB,
     WAITING,
-    Funds,
-    InsufficientFunds,
-    committed_rate_micros,
-    funds_for,
     instance_for_idempotency_key,
     instance_gpu_indices,
     instance_on_one_nvlink_island,
     instance_release_gpus,
     instances_for_user,
 )
+from .funds import COMMITTED_STATUSES, Funds, InsufficientFunds, committed_rate_micros, funds_for
 from .interruptions import (
     instance_interrupt,
     instance_price_cut,

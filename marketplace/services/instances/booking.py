@@ -2,6 +2,7 @@
 import json
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -20,19 +21,16 @@ from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
+from .allocation import _allocate_free_gpus, _lock_node_for_booking, instance_insert, node_nvlink_islands
 from .common import (
     MAX_DISK_GB,
     WAITING,
     S,
-    _allocate_free_gpus,
     _booking_refusal,
-    _check_funds,
     _gpus_text,
-    _lock_node_for_booking,
     instance_for_idempotency_key,
-    instance_insert,
-    node_nvlink_islands,
 )
+from .funds import _check_funds, committed_rate_micros, funds_of, funds_refuse_if_short
 from .mig import allocate_free_slices, free_slice_count
 from .options import InstanceOptions, cuda_tuple
 from .secrets import env_encrypt
@@ -140,6 +138,14 @@ def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> No
                    f"booking took them meanwhile. Try again.")
 
 
+def _refuse_if_short(node: Node, committed_rate: int, price_per_hour_micros: int) -> None:
+    """The funds check on the balance read with the node (under the wallet's lock) and the committed rate read
+    after it; 402 when short."""
+    balance: int = node.wallet_balance_micros  # type: ignore[attr-defined]  # set by _lock_node_for_booking
+    funds_refuse_if_short(funds_of(balance_micros=balance, committed_rate_micros=committed_rate,
+                                   price_per_hour_micros=price_per_hour_micros), "Renting this instance")
+
+
 def _check_cuda(node: Node, wanted: str) -> None:
     if not wanted:
         return
@@ -156,7 +162,11 @@ def _check_cuda(node: Node, wanted: str) -> None:
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
           label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
           volumes: list[dict[str, Any]], mig_profile: str = "") -> Instance:
-    node = _lock_node_for_booking(node_id, count_gpus=True)
+    # The funds check's wallet lock comes with the node's read, unless volumes are attached: their locks come
+    # between the two (allocation.py's lock order), and the wallet is locked by _check_funds after them.
+    funds_required = settings.BILLING_REQUIRE_FUNDS
+    wallet_with_node = funds_required and not volumes
+    node = _lock_node_for_booking(node_id, count_gpus=True, wallet_of=renter.pk if wallet_with_node else None)
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
     refusal = _booking_refusal(node)
@@ -176,7 +186,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         what = f"The {image.slug} image" if isinstance(image, Image) else "An image of your own"
         raise ValidationFailed(f"{what} needs {min_disk} to {MAX_DISK_GB} GB of disk.", field="disk_gb")
     mounts = volume_mounts_for_booking(renter=renter, node_id=node.pk, specs=volumes)  # locks the volumes
-    _check_funds(renter.pk, price * num_gpus, "Renting this instance")
+    if funds_required and not wallet_with_node:
+        _check_funds(renter.pk, price * num_gpus, "Renting this instance")
     now = timezone.now()
     # The row goes in first: a concurrent request with the same Idempotency-Key blocks here on the
     # unique index until this transaction ends, then fails and answers with this instance.
@@ -199,18 +210,27 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         created_at=now,
     )
     if mig_profile:
+        if wallet_with_node:  # the committed rate after the wallet's lock; then the slices
+            _refuse_if_short(node, committed_rate_micros(renter_id=renter.pk), price * num_gpus)
         instance_insert(instance)
         taken = allocate_free_slices(instance, node.pk, mig_profile, num_gpus, now)
         if taken < num_gpus:  # raising rolls back the instance and the slices taken
             _slices_short(node.pk, mig_profile, num_gpus, taken)
-    else:  # the instance's INSERT and its GPUs in one statement
-        taken = _allocate_free_gpus(instance, node.pk, num_gpus, now, islands=node_nvlink_islands(node),
-                                    insert_instance=True)
+        if mounts:
+            volume_mounts_attach(instance=instance, requests=mounts)
+        # No savepoint: the instance is new, so no job of it can be open, and any error ends the booking anyway.
+        job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance, savepoint=False)
+        return instance
+    # The committed rate, the instance, its GPUs and its job in one statement (allocation._allocate_free_gpus).
+    booked = _allocate_free_gpus(instance, node, num_gpus, now, islands=node_nvlink_islands(node),
+                                 rate_of=renter.pk if wallet_with_node else None,
+                                 job_kind=JobKind.INSTANCE_PROVISION)
+    if booked.committed_rate_micros is not None:  # short of funds comes first: the rollback undoes the rest
+        _refuse_if_short(node, booked.committed_rate_micros, price * num_gpus)
+    taken = booked.taken
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
         free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")
     if mounts:
         volume_mounts_attach(instance=instance, requests=mounts)
-    # No savepoint: the instance is new, so no job of it can be open, and any error ends the booking anyway.
-    job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance, savepoint=False)
     return instance

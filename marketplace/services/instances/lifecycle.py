@@ -21,19 +21,17 @@ from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
+from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking
 from .common import (
     _NODE_STATE_REASONS,
     WAITING,
     S,
-    _allocate,
-    _check_funds,
     _gpus_text,
     _leave_running,
-    _lock_free_gpus,
-    _lock_node_for_booking,
     _save,
     instance_release_gpus,
 )
+from .funds import _check_funds
 from .mig import reallocate_slices
 from .worker import instance_mark_destroyed
 

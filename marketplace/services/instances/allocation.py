@@ -1,0 +1,270 @@
+"""A booking's statements: the node read with its share lock (and the renter's wallet lock), the GPUs' allocation,
+and the instance's INSERT. On PostgreSQL a whole-GPU booking is four round trips: BEGIN, the node and wallet
+(`_lock_node_for_booking`), one WITH statement (`_allocate_free_gpus`: the committed burn rate, the instance, its
+GPUs and its provisioning job), COMMIT. Each statement is fixed SQL that PostgreSQL prepares once per connection
+(core/sql.py).
+
+Lock order, the same in every booking: the node's row (share), the volumes the renter attaches, the renter's wallet
+row, then free GPUs (SKIP LOCKED, so never waited for)."""
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, IntegerField, Value, When
+
+from billing.models import Account, AccountKind
+from core.errors import Conflict
+from core.sql import ModelInsert, prepared_cursor
+from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, Node
+from provisioning.models import Job
+from provisioning.services.jobs import job_create, job_insert_for_new_instance, job_new, job_queued
+
+from .funds import COMMITTED_RATE_SQL, COMMITTED_STATUSES, committed_rate_micros
+
+
+def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of: int | None = None) -> Node | None:
+    """Read the node and hold a share lock on its row until the transaction ends.
+
+    `count_gpus`: also set `node.gpu_total` (all its GPUs, any status), in the same round trip. `wallet_of`: also
+    lock that user's wallet row FOR UPDATE, in the same round trip and after the node's row (the order a booking
+    takes them in: the module's docstring), and set `node.wallet_balance_micros` (0 for a user with no wallet
+    row yet); with no such node, no wallet is locked. The node comes back with only the columns booking reads
+    (the rest deferred) and `nvlink_islands` (JSON text)."""
+    if connection.vendor == "postgresql":
+        # Django has no FOR SHARE. A fixed statement, prepared per connection (core/sql.py): every booking runs it.
+        # FOR SHARE locks the node's row only (the count's subquery reads, it locks nothing).
+        sql = _NODE_FOR_BOOKING_SQL if count_gpus else _NODE_FOR_START_SQL
+        params: list[Any] = [node_id]
+        if wallet_of is not None:
+            sql = _NODE_AND_WALLET_FOR_BOOKING_SQL if count_gpus else _NODE_AND_WALLET_FOR_START_SQL
+            params += [AccountKind.CUSTOMER_WALLET.value, wallet_of]
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        if wallet_of is not None:
+            *row, balance = row
+        *columns, total, islands = row
+        node = Node.from_db(connection.alias, _NODE_FOR_BOOKING_FIELDS,
+                            [_NODE_JSON[i](v) if i in _NODE_JSON else v for i, v in enumerate(columns)])
+        node.nvlink_islands = islands  # type: ignore[attr-defined]  # for node_nvlink_islands
+        if count_gpus:
+            node.gpu_total = total  # type: ignore[attr-defined]
+        if wallet_of is not None:
+            node.wallet_balance_micros = balance or 0  # type: ignore[attr-defined]
+        return node
+    found = Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
+    if found is not None and count_gpus:
+        found.gpu_total = Gpu.objects.filter(node_id=node_id).count()  # type: ignore[attr-defined]
+    if found is not None and wallet_of is not None:
+        wallet = Account.objects.select_for_update().filter(kind=AccountKind.CUSTOMER_WALLET, user_id=wallet_of)
+        found.wallet_balance_micros = wallet.values_list("balance_micros", flat=True).first() or 0  # type: ignore[attr-defined]
+    return found
+
+
+# In the model's field order: Model.from_db takes a subset's values in that order.
+_NODE_FOR_BOOKING_FIELDS = tuple(f.attname for f in Node._meta.concrete_fields if f.attname in {
+    "id", "state", "verdict", "listed", "runtime", "gpu_model_id", "price_per_gpu_hour_micros",
+    "disk_price_per_gb_month_micros", "inventory", "mig_prices_micros"})
+# jsonb reaches Django as text (its psycopg loaders): decoded here as JSONField.from_db_value would
+_NODE_JSON = {i: (lambda v: None if v is None else json.loads(v))
+              for i, name in enumerate(_NODE_FOR_BOOKING_FIELDS) if name in ("inventory", "mig_prices_micros")}
+
+
+def _node_for_booking_sql(count_gpus: bool) -> str:
+    table, gpu_table = Node._meta.db_table, Gpu._meta.db_table
+    total = f"(SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id)" if count_gpus else "NULL"  # noqa: S608
+    return (f"SELECT {', '.join(f'n.{name}' for name in _NODE_FOR_BOOKING_FIELDS)}, {total} AS gpu_total, "  # noqa: S608
+            # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
+            f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands "
+            f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
+
+
+def _node_and_wallet_sql(node_sql: str) -> str:
+    """The node's statement, then the wallet's lock. The outer SELECT reads a row of `node_row` (the node, locked
+    by its own FOR SHARE) before it computes its columns, among them the subquery that locks the wallet: node
+    first, wallet second, as in every booking (tests/marketplace/test_booking_statements.py holds the order)."""
+    wallet = (f"SELECT balance_micros FROM {Account._meta.db_table} "  # noqa: S608 (the model's table)
+              "WHERE kind = %s AND user_id = %s FOR UPDATE")  # one per kind and user
+    return (f"WITH node_row AS ({node_sql}), wallet_row AS ({wallet}) "  # noqa: S608 (fixed SQL)
+            "SELECT node_row.*, (SELECT balance_micros FROM wallet_row) FROM node_row")
+
+
+_NODE_FOR_BOOKING_SQL = _node_for_booking_sql(True)
+_NODE_FOR_START_SQL = _node_for_booking_sql(False)
+_NODE_AND_WALLET_FOR_BOOKING_SQL = _node_and_wallet_sql(_NODE_FOR_BOOKING_SQL)
+_NODE_AND_WALLET_FOR_START_SQL = _node_and_wallet_sql(_NODE_FOR_START_SQL)
+
+
+def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = ()) -> list[Gpu]:
+    """Lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED), `prefer` ids first, then by index."""
+    gpus = Gpu.objects.select_for_update(skip_locked=True).filter(node_id=node_id, status=GpuStatus.FREE)
+    if prefer:
+        rank = Case(When(pk__in=list(prefer), then=Value(0)), default=Value(1), output_field=IntegerField())
+        gpus = gpus.annotate(_rank=rank).order_by("_rank", "index")
+    else:
+        gpus = gpus.order_by("index")
+    return list(gpus[:count])
+
+
+def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
+    Gpu.transition_rows(Gpu.objects.filter(pk__in=[g.pk for g in gpus]), GpuStatus.RENTED, action="rent")
+    try:
+        with transaction.atomic():
+            GpuAllocation.objects.bulk_create(GpuAllocation(instance=instance, gpu=g, allocated_at=at) for g in gpus)
+    except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
+        if "gpu_in_at_most_one_live_allocation" in str(exc):
+            raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
+        raise
+
+
+def node_nvlink_islands(node: Node) -> list[list[int]]:
+    """The NVLink islands _lock_node_for_booking read with the node (JSON text), or those of its last check."""
+    raw = getattr(node, "nvlink_islands", None)
+    if raw is None and "benchmark_summary" in node.__dict__:  # the ORM path (SQLite) loads the whole row
+        raw = ((node.benchmark_summary or {}).get("nvlink") or {}).get("islands")
+    return parse_islands(raw)
+
+
+def parse_islands(raw: object) -> list[list[int]]:
+    """NVLink islands from JSON text or an already decoded list; [] for anything else."""
+    try:
+        islands = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return []
+    return islands if isinstance(islands, list) and all(isinstance(i, list) for i in islands) else []
+
+
+def island_of_index(islands: Sequence[Sequence[int]] | None) -> list[int | None]:
+    """Per GPU index, the number of its NVLink island (None: on no island), as the allocation's SQL array."""
+    out: list[int | None] = []
+    for number, island in enumerate(islands or []):
+        for index in island:
+            if isinstance(index, int) and 0 <= index < 1024:
+                out.extend([None] * (index + 1 - len(out)))
+                out[index] = number
+    return out
+
+
+@dataclass(frozen=True)
+class Booked:
+    """What a booking's statement did: GPUs taken (fewer than asked: the caller raises, rolling all of it back),
+    the renter's committed burn rate before this instance (with `rate_of`), the provisioning job (with
+    `job_kind`)."""
+
+    taken: int
+    committed_rate_micros: int | None
+    job: Job | None
+
+
+def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime,
+                        islands: Sequence[Sequence[int]] | None = None, *, rate_of: int | None = None,
+                        job_kind: str | None = None) -> Booked:
+    """A booking in one round trip: insert the unsaved `instance` (it has its id afterwards), lock up to `count`
+    free GPUs of the node (FOR UPDATE SKIP LOCKED, by index), mark them rented and allocate them to it.
+
+    `rate_of`: also read that renter's committed burn rate (funds.committed_rate_micros) for the funds check. The
+    statement starts after the wallet's lock was granted (`_lock_node_for_booking(wallet_of=...)`), so it counts
+    every instance of a booking of the same renter that held the lock before; its snapshot is the statement's,
+    so it does not count this instance. The caller checks the funds and raises when short: the rollback undoes
+    the rest. `job_kind`: also insert the instance's provisioning job (then handed off as job_create does).
+
+    A concurrent booking with the same Idempotency-Key waits on the unique index inside the statement, then
+    fails it (IntegrityError, which instance_create answers).
+
+    With the node's NVLink `islands` (two or more GPUs), the GPUs come from one island when one has `count` free:
+    the smallest such island (the larger stay whole for larger bookings); else the island with the most free
+    first. The free counts are read in the same statement without locks: a concurrent booking may make the
+    choice less than best, never the allocation wrong (the locks and the unique index still decide).
+
+    No savepoint: on any error here the booking's transaction ends anyway (the caller raises out of it)."""
+    if connection.vendor != "postgresql":
+        rate = committed_rate_micros(renter_id=rate_of) if rate_of is not None else None
+        instance.save(force_insert=True)
+        gpus = _lock_free_gpus(node.pk, count)
+        if len(gpus) == count:
+            _allocate(instance, gpus, at)
+        job = (job_create(kind=job_kind, node=node, instance=instance, savepoint=False)
+               if job_kind is not None else None)
+        return Booked(len(gpus), rate, job)
+    q = connection.ops.quote_name
+    gpu, allocation = q(Gpu._meta.db_table), q(GpuAllocation._meta.db_table)
+    state = q(Gpu.state_field)  # the column is named as the field
+    sources = sorted(Gpu.transitions.action_sources("rent"))  # the transition table's rule, as transition_rows
+    island_of = island_of_index(islands) if count > 1 else []
+    if island_of:
+        # Each GPU off the islands is an island of its own (-1 - index); best fit first, then by index.
+        island = f"COALESCE((%s::int[])[g.{q('index')} + 1], -1 - g.{q('index')})"
+        picked = (f"free AS (SELECT g.id, {island} AS island FROM {gpu} g "  # noqa: S608
+                  f"WHERE g.node_id = %s AND g.{state} = %s), "
+                  f"sizes AS (SELECT island, count(*) AS n FROM free GROUP BY island), "
+                  f"picked AS (SELECT g.id FROM {gpu} g JOIN free f ON f.id = g.id JOIN sizes s ON s.island = f.island "
+                  f"WHERE g.node_id = %s AND g.{state} = %s "
+                  f"ORDER BY CASE WHEN s.n >= %s THEN s.n ELSE 100000 - s.n END, f.island, g.{q('index')} "
+                  f"LIMIT %s FOR UPDATE OF g SKIP LOCKED), ")
+        gpu_params: list[Any] = [island_of, node.pk, GpuStatus.FREE, node.pk, GpuStatus.FREE, count, count]
+    else:
+        picked = (f"picked AS (SELECT id FROM {gpu} WHERE node_id = %s AND {state} = %s "  # noqa: S608
+                  f"ORDER BY {q('index')} LIMIT %s FOR UPDATE SKIP LOCKED), ")
+        gpu_params = [node.pk, GpuStatus.FREE, count]
+    rented = (f"rented AS (UPDATE {gpu} g SET {state} = %s FROM picked WHERE g.id = picked.id "  # noqa: S608
+              f"AND g.{state} = ANY(%s) RETURNING g.id)")
+    gpu_params += [GpuStatus.RENTED, sources]
+    # Every sub-statement of a WITH sees one snapshot, and each data-modifying one runs once, to the end.
+    ctes = [f"inst AS ({_instance_insert().sql})", picked + rented,
+            f"alloc AS (INSERT INTO {allocation} (instance_id, gpu_id, allocated_at) "  # noqa: S608
+            f"SELECT inst.id, rented.id, %s FROM inst, rented RETURNING 1)"]
+    params: list[Any] = [*_instance_insert().values(instance), *gpu_params, at]
+    outputs = ["(SELECT id FROM inst)", "(SELECT count(*) FROM alloc)"]
+    if rate_of is not None:
+        ctes.insert(0, f"rate AS ({COMMITTED_RATE_SQL})")
+        params[:0] = [rate_of, list(COMMITTED_STATUSES)]
+        outputs.append("(SELECT * FROM rate)")
+    job = None
+    if job_kind is not None:
+        job = job_new(kind=job_kind, node=node, instance=instance)
+        job_sql, job_params = job_insert_for_new_instance(job, instance_id_sql="(SELECT id FROM inst)")
+        ctes.append(f"job AS ({job_sql})")
+        params += job_params
+        outputs.append("(SELECT id FROM job)")
+    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)}"
+    try:
+        with prepared_cursor() as cursor:  # every booking runs it: prepared per connection (core/sql.py)
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+    except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
+        if "gpu_in_at_most_one_live_allocation" in str(exc):
+            raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
+        raise
+    instance.pk, taken = row[0], int(row[1])
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    rate = int(row[2]) if rate_of is not None else None
+    if job is not None:
+        job.pk = row[-1]
+        job.instance = instance  # its instance_id, now that the instance has one
+        job._state.adding = False
+        job._state.db = connection.alias
+        job_queued(job)
+    return Booked(taken, rate, job)
+
+
+@functools.cache
+def _instance_insert() -> ModelInsert:
+    return ModelInsert(Instance)
+
+
+def instance_insert(instance: Instance) -> None:
+    """An instance's INSERT; on PostgreSQL one fixed statement, prepared per connection (bookings run it)."""
+    if connection.vendor != "postgresql":
+        instance.save(force_insert=True)
+        return
+    with prepared_cursor() as cursor:
+        _instance_insert().insert(cursor, instance)
+
+
