@@ -16,9 +16,13 @@ without a route). Beat and `core.dispatch.send` queue by task name, and Celery r
 `send_task` through the same table, so a route here is the only thing that decides where a task runs. Run one
 worker per queue group (`scripts/run-worker ssh`, ...) or one worker on all three (`scripts/run-worker`).
 """
+import functools
 import os
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from celery import Celery
+from django.core.signals import setting_changed
 from kombu import Exchange, Queue
 
 from core.logging_context import bind_celery_task_signals
@@ -67,8 +71,47 @@ TASK_ROUTES: dict[str, dict[str, str]] = {
     **{name: {"queue": MONEY} for name in _MONEY_TASKS},
 }
 
+class DjangoCeleryConfig(Mapping):
+    """Django's CELERY_* settings as Celery's configuration source, read live.
+
+    Celery reads its options through its source by two names each (`CELERY_TASK_SERIALIZER`, `task_serializer`),
+    about ten per `send_task`. On Django's settings object each name it does not define is an AttributeError
+    raised through LazySettings: 42 µs a lookup, half of a task's publish (bench/booking.py, the job relay).
+    Here such a name is a set miss. The set of CELERY_* names is read again whenever a test overrides a setting
+    (Django's setting_changed)."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _celery_names():
+            raise KeyError(key)
+        from django.conf import settings
+
+        try:
+            return getattr(settings, key)
+        except AttributeError:  # deleted by a test's override without Django's signal
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(_celery_names()))
+
+    def __len__(self) -> int:
+        return len(_celery_names())
+
+
+@functools.cache
+def _celery_names() -> frozenset[str]:
+    from django.conf import settings
+
+    return frozenset(name for name in dir(settings) if name.startswith("CELERY_"))
+
+
+def _forget_names(**_: Any) -> None:
+    _celery_names.cache_clear()
+
+
+setting_changed.connect(_forget_names, weak=False)
+
 app = Celery("gpumarket")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+app.config_from_object(DjangoCeleryConfig(), namespace="CELERY")
 app.conf.task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
 app.conf.task_routes = TASK_ROUTES
 # A task sent without a route (a bug tests/test_queues.py catches) still reaches a worker rather than a queue
