@@ -2,6 +2,7 @@
 several values each, orderings and pages, the cached SQL and parameters equal those Django compiles and runs for the
 same request, the queries a request runs are the same strings, and the answers are the same bytes; a shape filled
 by one request serves the next with other values correctly."""
+import json
 from urllib.parse import urlencode
 
 import pytest
@@ -11,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from marketplace import selectors
 from marketplace.api import offer_query
-from marketplace.api.offer_query import UNCACHED, OfferQuery
+from marketplace.api.offer_query import UNCACHED, OfferQuery, _json_loads
 from marketplace.api.offer_rows import OFFER_COLUMNS
 from marketplace.api.offers import OfferFilter
 from marketplace.models import Node
@@ -207,3 +208,11 @@ def test_a_shape_the_probe_cannot_describe_is_compiled_by_django(anon, offers, m
         response, sql = _get(anon, params)
         assert (response.status_code, response.content, sql) == (200, expected.content, expected_sql)
     assert offer_query._cache and all(t is UNCACHED for t in offer_query._cache.values())
+
+
+def test_json_columns_decode_as_django_decodes_them():
+    """orjson for the page's JSON columns (offer_query._fast_json), Django's json.loads where orjson refuses."""
+    for text in ('{"median_per_gpu": {"bf16_tflops": 312.5}, "findings": ["a"], "n": null}', "[1, 2.5e-3, true]",
+                 '{"big": 123456789012345678901234567890}', '"\\u00e9\\ud83d\\ude00"'):
+        assert _json_loads(text, None, None) == json.loads(text)
+    assert _json_loads(None, None, None) is None
