@@ -417,7 +417,7 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
         lenient = challenge.flop_per_gpu / max(seconds - TOLERANCES["challenge_latency_allowance_s"], 1e-6) / 1e12
         lenient_ratio = lenient / challenge.datasheet_tflops
         rates[gpu] = lenient
-        row.update(platform_elapsed_s=round(seconds, 4), bf16_tflops=round(tflops, 3), of_datasheet=round(ratio, 3))
+        row.update(platform_elapsed_s=round(seconds, 4), bf16_tflops=_figure(tflops), of_datasheet=_figure(ratio))
         wrong = check_gpu(challenge, gpu, out.commitments[gpu], out.picks.get(gpu, []),
                           out.revealed.get(str(gpu)) if isinstance(out.revealed, dict) else None)
         row["correct"] = not wrong
@@ -451,3 +451,9 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
     if out.node_error and not findings:
         findings.append(Finding(REJECT, "challenge_no_answer", f"The node {out.problem}."))
     return findings, figures
+
+
+def _figure(value: float) -> float:
+    """Three decimals, or three significant digits below 1: a CPU's or a throttled card's TFLOP/s (0.0004 on a
+    loaded CPU) must not print as 0.0."""
+    return round(value, 3) if abs(value) >= 1 else float(f"{value:.3g}")

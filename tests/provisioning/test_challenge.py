@@ -308,3 +308,10 @@ def test_the_in_process_profile_check_agrees_with_the_exchange():
     bench = agent.sim_benchmark(SimpleNamespace(sim_profile=str(PROFILES_DIR / "rtx-a4000-x2-bad-matmul-hidden.json")),
                                 True, None)
     assert bench["gpus"][0]["matmul_rel_error"]["bf16"] < 1e-2
+
+
+def test_throughput_figures_keep_their_digits_below_one():
+    """A loaded CPU's 0.0004 TFLOP/s (scripts/gpu-selfcheck --device cpu) is printed as such, not as 0.0."""
+    _figure = challenge._figure
+    assert _figure(0.000412345) == 0.000412 and _figure(0.5) == 0.5
+    assert _figure(312.51234) == 312.512 and _figure(1.0004) == 1.0
