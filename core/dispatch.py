@@ -35,6 +35,11 @@ def declared_names() -> frozenset[str]:
 def send(name: str, *args: object, task_id: str | None = None, producer: Any = None) -> None:
     """Hand the task to the broker now (through `producer`, e.g. one of `batch()`, when given). Raises what the broker
     raises (kombu's errors when it is down)."""
+    if getattr(producer, "_gpumarket_batch", False):
+        # In a batch() the queues are declared once for the batch, and a publish only fills the pipeline (the
+        # flush is where the broker can fail): no declaring and no retry wrapper per message.
+        current_app.send_task(name, args=list(args), task_id=task_id, producer=producer, declare=[], retry=False)
+        return
     current_app.send_task(name, args=list(args), task_id=task_id, producer=producer)
 
 
@@ -43,8 +48,15 @@ def batch(max_size: int = 1000) -> Iterator[Any]:
     """A producer whose publishes go out together when the block ends (kombu's publish batch: with Redis, one
     pipeline instead of a round trip and a pipeline per message; other transports publish at once). A block that
     raises discards what was not flushed yet; a flush that fails raises, and which messages went out is unknown."""
-    with current_app.producer_or_acquire() as producer, producer.batch(max_size=max_size):
-        yield producer
+    with current_app.producer_or_acquire() as producer:
+        for queue in current_app.amqp.queues.values():  # what send_task would declare per message, once
+            producer.maybe_declare(queue)
+        with producer.batch(max_size=max_size):
+            producer._gpumarket_batch = True
+            try:
+                yield producer
+            finally:
+                producer._gpumarket_batch = False
 
 
 def enqueue_on_commit(name: str, *args: object) -> None:
