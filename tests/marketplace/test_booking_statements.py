@@ -138,3 +138,24 @@ def test_a_booking_with_volumes_locks_the_wallet_after_them(settings):
     assert "billing_account" not in sql[node_at]
     assert instance.volume_mounts.get().volume == volume
     assert Job.objects.filter(instance=instance, kind="instance_provision").count() == 1
+
+
+def test_a_mig_booking_is_the_same_four_round_trips(settings):
+    """Slices as GPUs: the node and wallet in one statement; the rate, the instance, its slices (their GPUs' rows
+    under a share lock) and its job in the other."""
+    from .mig_helpers import SEVEN, make_mig_node
+
+    settings.BILLING_REQUIRE_FUNDS = True
+    renter = UserFactory()
+    fund(renter, "100.00")
+    node = make_mig_node({0: SEVEN})
+    with CaptureQueriesContext(connection) as captured:
+        instance, _ = svc.instance_create(renter=renter, node_id=node.pk, num_gpus=2, mig_profile="1g.10gb",
+                                          image=Image.objects.get(slug="cuda-12-4"), ssh_public_keys=[ED25519])
+    statements = [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
+    # In this test's own transaction the booking's is a savepoint; before it, the renter's e-mail check.
+    assert statements[-4:] == ["SAVEPOINT", "WITH", "WITH", "RELEASE"], statements
+    booking = captured.captured_queries[-2]["sql"]
+    assert "parents AS (SELECT id FROM" in booking and 'INSERT INTO "marketplace_migsliceallocation"' in booking
+    assert instance.slice_allocations.filter(released_at=None).count() == 2
+    assert Job.objects.filter(instance=instance, kind="instance_provision").count() == 1

@@ -1,7 +1,7 @@
 """A booking's statements: the node read with its share lock (and the renter's wallet lock), the GPUs' allocation,
-and the instance's INSERT. On PostgreSQL a whole-GPU booking is four round trips: BEGIN, the node and wallet
-(`_lock_node_for_booking`), one WITH statement (`_allocate_free_gpus`: the committed burn rate, the instance, its
-GPUs and its provisioning job), COMMIT. Each statement is fixed SQL that PostgreSQL prepares once per connection
+and the instance's INSERT. On PostgreSQL a booking is four round trips: BEGIN, the node and wallet
+(`_lock_node_for_booking`), one WITH statement (`_allocate_free_gpus`, or `_allocate_free_slices` for MIG slices:
+the committed burn rate, the instance, its GPUs or slices and its provisioning job), COMMIT. Each statement is fixed SQL that PostgreSQL prepares once per connection
 (core/sql.py).
 
 Lock order, the same in every booking: the node's row (share), the volumes the renter attaches, the renter's wallet
@@ -19,11 +19,12 @@ from django.db.models import Case, IntegerField, Value, When
 from billing.models import Account, AccountKind
 from core.errors import Conflict
 from core.sql import ModelInsert, prepared_cursor
-from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, Node
+from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node
 from provisioning.models import Job
 from provisioning.services.jobs import job_create, job_insert_for_new_instance, job_new, job_queued
 
 from .funds import COMMITTED_RATE_SQL, COMMITTED_STATUSES, committed_rate_micros
+from .mig import LIVE_SLICE_INDEX, SLICES_TAKEN_MESSAGE, allocate_free_slices_orm, free_slices_ctes
 
 
 def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of: int | None = None) -> Node | None:
@@ -153,9 +154,9 @@ def island_of_index(islands: Sequence[Sequence[int]] | None) -> list[int | None]
 
 @dataclass(frozen=True)
 class Booked:
-    """What a booking's statement did: GPUs taken (fewer than asked: the caller raises, rolling all of it back),
-    the renter's committed burn rate before this instance (with `rate_of`), the provisioning job (with
-    `job_kind`)."""
+    """What a booking's statement did: GPUs (or MIG slices) taken (fewer than asked: the caller raises, rolling all
+    of it back), the renter's committed burn rate before this instance (with `rate_of`), the provisioning job
+    (with `job_kind`)."""
 
     taken: int
     committed_rate_micros: int | None
@@ -193,7 +194,7 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
                if job_kind is not None else None)
         return Booked(len(gpus), rate, job)
     q = connection.ops.quote_name
-    gpu, allocation = q(Gpu._meta.db_table), q(GpuAllocation._meta.db_table)
+    gpu = q(Gpu._meta.db_table)
     state = q(Gpu.state_field)  # the column is named as the field
     sources = sorted(Gpu.transitions.action_sources("rent"))  # the transition table's rule, as transition_rows
     island_of = island_of_index(islands) if count > 1 else []
@@ -214,12 +215,40 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
         gpu_params = [node.pk, GpuStatus.FREE, count]
     rented = (f"rented AS (UPDATE {gpu} g SET {state} = %s FROM picked WHERE g.id = picked.id "  # noqa: S608
               f"AND g.{state} = ANY(%s) RETURNING g.id)")
-    gpu_params += [GpuStatus.RENTED, sources]
+    return _book_units(instance, node, picked + rented, [*gpu_params, GpuStatus.RENTED, sources],
+                       GpuAllocation, "gpu_id", at, rate_of=rate_of, job_kind=job_kind,
+                       live_index="gpu_in_at_most_one_live_allocation",
+                       taken_meanwhile="The GPUs were taken by another booking meanwhile; try again.")
+
+
+def _allocate_free_slices(instance: Instance, node: Node, profile: str, count: int, at: datetime, *,
+                          rate_of: int | None = None, job_kind: str | None = None) -> Booked:
+    """A MIG booking in one round trip, as `_allocate_free_gpus`: up to `count` free slices of `profile` on the
+    node's split GPUs (mig.free_slices_ctes: the GPUs' rows under a share lock, the slices SKIP LOCKED)."""
+    if connection.vendor != "postgresql":
+        rate = committed_rate_micros(renter_id=rate_of) if rate_of is not None else None
+        instance.save(force_insert=True)
+        taken = allocate_free_slices_orm(instance, node.pk, profile, count, at)
+        job = (job_create(kind=job_kind, node=node, instance=instance, savepoint=False)
+               if job_kind is not None else None)
+        return Booked(taken, rate, job)
+    ctes, params = free_slices_ctes(node.pk, profile, count)
+    return _book_units(instance, node, ctes, params, MigSliceAllocation, "mig_slice_id", at, rate_of=rate_of,
+                       job_kind=job_kind, live_index=LIVE_SLICE_INDEX, taken_meanwhile=SLICES_TAKEN_MESSAGE)
+
+
+def _book_units(instance: Instance, node: Node, taking: str, taking_params: list[Any],
+                allocation_model: type[GpuAllocation] | type[MigSliceAllocation],
+                unit_column: str, at: datetime, *, rate_of: int | None, job_kind: str | None, live_index: str,
+                taken_meanwhile: str) -> Booked:
+    """The booking's one statement: [the committed rate,] the instance, the CTEs `taking` (which end in `rented`,
+    the ids of the units taken), their allocations to the instance [, the job]. PostgreSQL."""
+    allocation = connection.ops.quote_name(allocation_model._meta.db_table)
     # Every sub-statement of a WITH sees one snapshot, and each data-modifying one runs once, to the end.
-    ctes = [f"inst AS ({_instance_insert().sql})", picked + rented,
-            f"alloc AS (INSERT INTO {allocation} (instance_id, gpu_id, allocated_at) "  # noqa: S608
+    ctes = [f"inst AS ({_instance_insert().sql})", taking,
+            f"alloc AS (INSERT INTO {allocation} (instance_id, {unit_column}, allocated_at) "  # noqa: S608
             f"SELECT inst.id, rented.id, %s FROM inst, rented RETURNING 1)"]
-    params: list[Any] = [*_instance_insert().values(instance), *gpu_params, at]
+    params: list[Any] = [*_instance_insert().values(instance), *taking_params, at]
     outputs = ["(SELECT id FROM inst)", "(SELECT count(*) FROM alloc)"]
     if rate_of is not None:
         ctes.insert(0, f"rate AS ({COMMITTED_RATE_SQL})")
@@ -237,9 +266,9 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
         with prepared_cursor() as cursor:  # every booking runs it: prepared per connection (core/sql.py)
             cursor.execute(sql, params)
             row = cursor.fetchone()
-    except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
-        if "gpu_in_at_most_one_live_allocation" in str(exc):
-            raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
+    except IntegrityError as exc:  # the database's guarantee caught a unit marked free while allocated
+        if live_index in str(exc):
+            raise Conflict(taken_meanwhile) from None
         raise
     instance.pk, taken = row[0], int(row[1])
     instance._state.adding = False
@@ -257,14 +286,3 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
 @functools.cache
 def _instance_insert() -> ModelInsert:
     return ModelInsert(Instance)
-
-
-def instance_insert(instance: Instance) -> None:
-    """An instance's INSERT; on PostgreSQL one fixed statement, prepared per connection (bookings run it)."""
-    if connection.vendor != "postgresql":
-        instance.save(force_insert=True)
-        return
-    with prepared_cursor() as cursor:
-        _instance_insert().insert(cursor, instance)
-
-

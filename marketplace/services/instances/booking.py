@@ -19,9 +19,8 @@ from marketplace.models.nodes import Node
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
 from provisioning.models import JobKind
-from provisioning.services.jobs import job_create
 
-from .allocation import _allocate_free_gpus, _lock_node_for_booking, instance_insert, node_nvlink_islands
+from .allocation import _allocate_free_gpus, _allocate_free_slices, _lock_node_for_booking, node_nvlink_islands
 from .common import (
     MAX_DISK_GB,
     WAITING,
@@ -30,8 +29,8 @@ from .common import (
     _gpus_text,
     instance_for_idempotency_key,
 )
-from .funds import _check_funds, committed_rate_micros, funds_of, funds_refuse_if_short
-from .mig import allocate_free_slices, free_slice_count
+from .funds import _check_funds, funds_of, funds_refuse_if_short
+from .mig import free_slice_count
 from .options import InstanceOptions, cuda_tuple
 from .secrets import env_encrypt
 
@@ -209,25 +208,19 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
         created_at=now,
     )
+    # The committed rate, the instance, its GPUs (or slices) and its job in one statement (allocation.py).
+    rate_of = renter.pk if wallet_with_node else None
     if mig_profile:
-        if wallet_with_node:  # the committed rate after the wallet's lock; then the slices
-            _refuse_if_short(node, committed_rate_micros(renter_id=renter.pk), price * num_gpus)
-        instance_insert(instance)
-        taken = allocate_free_slices(instance, node.pk, mig_profile, num_gpus, now)
-        if taken < num_gpus:  # raising rolls back the instance and the slices taken
-            _slices_short(node.pk, mig_profile, num_gpus, taken)
-        if mounts:
-            volume_mounts_attach(instance=instance, requests=mounts)
-        # No savepoint: the instance is new, so no job of it can be open, and any error ends the booking anyway.
-        job_create(kind=JobKind.INSTANCE_PROVISION, node=node, instance=instance, savepoint=False)
-        return instance
-    # The committed rate, the instance, its GPUs and its job in one statement (allocation._allocate_free_gpus).
-    booked = _allocate_free_gpus(instance, node, num_gpus, now, islands=node_nvlink_islands(node),
-                                 rate_of=renter.pk if wallet_with_node else None,
-                                 job_kind=JobKind.INSTANCE_PROVISION)
+        booked = _allocate_free_slices(instance, node, mig_profile, num_gpus, now, rate_of=rate_of,
+                                       job_kind=JobKind.INSTANCE_PROVISION)
+    else:
+        booked = _allocate_free_gpus(instance, node, num_gpus, now, islands=node_nvlink_islands(node),
+                                     rate_of=rate_of, job_kind=JobKind.INSTANCE_PROVISION)
     if booked.committed_rate_micros is not None:  # short of funds comes first: the rollback undoes the rest
         _refuse_if_short(node, booked.committed_rate_micros, price * num_gpus)
     taken = booked.taken
+    if taken < num_gpus and mig_profile:  # raising rolls back the instance and the slices taken
+        _slices_short(node.pk, mig_profile, num_gpus, taken)
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
         free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")

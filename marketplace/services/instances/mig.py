@@ -19,39 +19,38 @@ def free_slice_count(node_id: int, profile: str) -> int:
                                    gpu__status=GpuStatus.MIG).count()
 
 
-def allocate_free_slices(instance: Instance, node_id: int, profile: str, count: int, at: datetime) -> int:
-    """Lock up to `count` free slices of `profile` on the node whose GPU is split, mark them rented and allocate
-    them to the instance, in one round trip. Returns how many it took (fewer: the caller raises and rolls back)."""
-    if connection.vendor != "postgresql":  # SQLite (the demo): writes are serialised anyway
-        parents = list(Gpu.objects.select_for_update().filter(node_id=node_id, status=GpuStatus.MIG)
-                       .values_list("pk", flat=True))
-        picked = list(MigSlice.objects.filter(node_id=node_id, profile=profile, status=SliceStatus.FREE,
-                                              gpu_id__in=parents).order_by("gpu_id", "device")[:count])
-        if len(picked) == count:
-            MigSlice.transition_rows(MigSlice.objects.filter(pk__in=[s.pk for s in picked]), SliceStatus.RENTED,
-                                     action="rent")
-            MigSliceAllocation.objects.bulk_create(
-                MigSliceAllocation(instance=instance, mig_slice=s, allocated_at=at) for s in picked)
-        return len(picked)
+def free_slices_ctes(node_id: int, profile: str, count: int) -> tuple[str, list[Any]]:
+    """The CTEs of a booking's statement (allocation._allocate_free_units) that take up to `count` free slices of
+    `profile` on the node whose GPU is split: their GPUs' rows under a share lock, the slices FOR UPDATE SKIP LOCKED,
+    marked rented; `rented` holds their ids. PostgreSQL."""
     q = connection.ops.quote_name
-    gpu, sl, alloc = (q(m._meta.db_table) for m in (Gpu, MigSlice, MigSliceAllocation))
+    gpu, sl = (q(m._meta.db_table) for m in (Gpu, MigSlice))
     sources = sorted(MigSlice.transitions.action_sources("rent"))
-    sql = (f"WITH parents AS (SELECT id FROM {gpu} WHERE node_id = %s AND status = %s FOR SHARE), "  # noqa: S608
+    sql = (f"parents AS (SELECT id FROM {gpu} WHERE node_id = %s AND status = %s FOR SHARE), "  # noqa: S608
            f"picked AS (SELECT s.id FROM {sl} s JOIN parents p ON p.id = s.gpu_id WHERE s.node_id = %s "
            f"AND s.status = %s AND s.profile = %s ORDER BY s.gpu_id, s.device LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
            f"rented AS (UPDATE {sl} s SET status = %s FROM picked WHERE s.id = picked.id AND s.status = ANY(%s) "
-           f"RETURNING s.id) "
-           f"INSERT INTO {alloc} (instance_id, mig_slice_id, allocated_at) SELECT %s, id, %s FROM rented")
-    params: list[Any] = [node_id, GpuStatus.MIG, node_id, SliceStatus.FREE, profile, count, SliceStatus.RENTED, sources,
-              instance.pk, at]
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return int(cursor.rowcount)
-    except IntegrityError as exc:  # the database's guarantee caught a slice marked free while allocated
-        if _LIVE_INDEX in str(exc):
-            raise Conflict("The MIG slices were taken by another booking meanwhile; try again.") from None
-        raise
+           f"RETURNING s.id)")
+    return sql, [node_id, GpuStatus.MIG, node_id, SliceStatus.FREE, profile, count, SliceStatus.RENTED, sources]
+
+
+def allocate_free_slices_orm(instance: Instance, node_id: int, profile: str, count: int, at: datetime) -> int:
+    """SQLite (the demo), where writes are serialised anyway: the same allocation through the ORM. Returns how many
+    it took (fewer: the caller raises and rolls back)."""
+    parents = list(Gpu.objects.select_for_update().filter(node_id=node_id, status=GpuStatus.MIG)
+                   .values_list("pk", flat=True))
+    picked = list(MigSlice.objects.filter(node_id=node_id, profile=profile, status=SliceStatus.FREE,
+                                          gpu_id__in=parents).order_by("gpu_id", "device")[:count])
+    if len(picked) == count:
+        MigSlice.transition_rows(MigSlice.objects.filter(pk__in=[s.pk for s in picked]), SliceStatus.RENTED,
+                                 action="rent")
+        MigSliceAllocation.objects.bulk_create(
+            MigSliceAllocation(instance=instance, mig_slice=s, allocated_at=at) for s in picked)
+    return len(picked)
+
+
+SLICES_TAKEN_MESSAGE = "The MIG slices were taken by another booking meanwhile; try again."
+LIVE_SLICE_INDEX = _LIVE_INDEX
 
 
 def instance_release_slices(*, instance: Instance, at: datetime | None = None) -> list[str]:
@@ -106,6 +105,6 @@ def reallocate_slices(instance: Instance, at: datetime) -> bool:
             MigSliceAllocation(instance=instance, mig_slice=s, allocated_at=at) for s in slices)
     except IntegrityError as exc:
         if _LIVE_INDEX in str(exc):
-            raise Conflict("The MIG slices were taken by another booking meanwhile; try again.") from None
+            raise Conflict(SLICES_TAKEN_MESSAGE) from None
         raise
     return True
