@@ -1,8 +1,8 @@
 """A booking's statements: the node read with its share lock (and the renter's wallet lock), the GPUs' allocation,
 and the instance's INSERT. On PostgreSQL a booking is four round trips: BEGIN, the node and wallet
 (`_lock_node_for_booking`), one WITH statement (`_allocate_free_gpus`, or `_allocate_free_slices` for MIG slices:
-the committed burn rate, the instance, its GPUs or slices and its provisioning job), COMMIT. Each statement is fixed SQL that PostgreSQL prepares once per connection
-(core/sql.py).
+the committed burn rate, the instance, its GPUs or slices and its provisioning job), COMMIT. Each statement is
+fixed SQL that PostgreSQL prepares once per connection (core/sql.py).
 
 Lock order, the same in every booking: the node's row (share), the volumes the renter attaches, the renter's wallet
 row, then free GPUs (SKIP LOCKED, so never waited for)."""
