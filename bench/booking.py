@@ -299,9 +299,10 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
     real_send = jobs._send
     samples: dict[str, list[tuple[float, float]]] = {"service": [], "service, no publish": [], "bare": []}
     # The transaction's steps, timed (client CPU) in the no-publish blocks by wrapping the booking module's names.
-    owner = dict.fromkeys(STEPS, booking)
-    steps = {name: getattr(owner[name], name) for name in STEPS}
-    spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+    names = steps_timed()
+    owner = dict.fromkeys(names, booking)
+    steps = {name: getattr(owner[name], name) for name in names}
+    spent: dict[str, float] = dict.fromkeys(names, 0.0)
     timed = 0
     try:
         for _ in range(5):
@@ -325,14 +326,16 @@ def cpu_split(renter_id: int, node_ids: list[int], n: int, seed: int) -> dict[st
         service.close()
         bare.close()
     result = {k: (statistics.median(c for c, _ in v), statistics.median(b for _, b in v)) for k, v in samples.items()}
-    for name in STEPS:
+    for name in names:
         result[f"  {name}"] = (1000 * spent[name] / timed, float("nan"))
     return result
 
 
-# The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one:
-# the node's read with the wallet's lock; the statement with the burn rate, the instance, its GPUs and its job.
-STEPS = ("_lock_node_for_booking", "_allocate_free_gpus")
+def steps_timed() -> tuple[str, str]:
+    """The booking transaction's steps (names in marketplace.services.instances.booking) --split times one by one:
+    the node's read with the wallet's lock; the statement with the burn rate, the instance, its GPUs (or, with
+    --slices, its MIG slices) and its job."""
+    return ("_lock_node_for_booking", "_allocate_free_slices" if SLICES else "_allocate_free_gpus")
 
 
 def _restore(owner, steps):  # type: ignore[no-untyped-def]
