@@ -299,8 +299,21 @@ def platform_cycle(node_ids: list[int], batch_size: int, pool, threads: int | No
                                                        parallelism=threads or fleet.HEALTH_PARALLELISM).items():
                 summary[key] = summary.get(key, 0) + int(value)
     probes = summary.get("checked", 0)
+    if summary.get("failed"):  # why, in the nodes' own records (outside the timing)
+        summary["why"] = failure_reasons(node_ids)  # type: ignore[assignment]
     return {"wall": m.wall, "meter": m, "summary": summary, "probes": probes, "batches": len(batches),
             "statements": counter.count, "cpu_ms_per_probe": m.cpu_self / max(probes, 1) * 1000}
+
+
+def failure_reasons(node_ids: list[int]) -> dict[str, int]:
+    """{the error of a node whose last check failed: how many nodes}, digits masked so that alike ones add up."""
+    import re
+    from collections import Counter
+
+    from marketplace.models import Node
+
+    errors = Node.objects.filter(pk__in=node_ids, health_failures__gt=0).values_list("last_error", flat=True)
+    return dict(Counter(re.sub(r"\d+(\.\d+)?", "N", e)[:160] for e in errors).most_common(5))
 
 
 # --------------------------------------------------------------------------- Ansible
