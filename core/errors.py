@@ -80,6 +80,13 @@ class IdempotencyKeyReused(ApplicationError):
     code = "idempotency_key_reused"
 
 
+class TooManyRequests(ApplicationError):
+    """Valid, but asked too often for now: a limit per address or account; try again later (429)."""
+
+    status_code = 429
+    code = "too_many_requests"
+
+
 class UpstreamRefused(ApplicationError):
     """A service we depend on (the payment provider) answered but refused, not for the user's reason (502)."""
 

@@ -40,6 +40,7 @@ SAMPLES = [
     errors.Conflict("The node is retired and cannot be changed."),
     errors.PaymentRequired("Top up first."),
     errors.IdempotencyKeyReused("This Idempotency-Key was already used for a different request."),
+    errors.TooManyRequests("No e-mail was sent: as many as an hour allows."),
     errors.UpstreamRefused("The payment provider refused charging your card: no."),
     errors.Unavailable("The payment provider could not be reached; nothing was done.", extra={"top_up": 7}),
     PaymentDeclined("Your card was declined. Nothing was credited.", extra={"top_up": 12}),

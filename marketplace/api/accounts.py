@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.fields import StrictFieldsMixin
+from core.api.schema import error_response
 from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
 from core.api.throttling import ScopedRateThrottle
 from core.client_address import client_ip
@@ -14,6 +15,7 @@ from core.validators import no_control_characters
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.models import ApiKey, User
 from marketplace.services import accounts as svc
+from marketplace.services import email_verification
 from marketplace.validators import EMAIL_MAX_LENGTH, NAME_MAX_LENGTH, PASSWORD_MAX_LENGTH, SIGNUP_TOKEN_MAX_LENGTH
 
 REGISTER_ANSWER = ("Check your e-mail: we sent this address a message to finish signing up. Nothing in this "
@@ -52,10 +54,17 @@ class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 class UserSerializer(serializers.ModelSerializer):
+    email_verified = serializers.SerializerMethodField(
+        help_text="Whether the address is proven (renting and listing need it; POST /api/v1/auth/verify-email/ "
+                  "e-mails the link when it is not).")
+
     class Meta:
         model = User
-        fields = ["id", "email", "is_staff", "date_joined"]
+        fields = ["id", "email", "email_verified", "is_staff", "date_joined"]
         read_only_fields = fields
+
+    def get_email_verified(self, user: User) -> bool:
+        return user.email_verified_at is not None
 
 
 class RegisterResultSerializer(serializers.Serializer):
@@ -161,6 +170,24 @@ class MeView(APIView):
     def get(self, request):
         """The account the request is authenticated as."""
         return Response(UserSerializer(request.user).data)
+
+
+class VerifyEmailView(APIView):
+    api_scope = ANY  # core/api/scopes.py
+
+    @extend_schema(request=None, tags=["auth"], responses={
+        202: RegisterResultSerializer,
+        409: error_response("Your address is verified already; nothing was sent."),
+        429: error_response("The address had as many verification e-mails as an hour allows; nothing was sent."),
+        503: error_response("The mail server could not take the e-mail; try again in a few minutes."),
+    })
+    def post(self, request):
+        """E-mail the link that verifies your address again (renting and listing need a verified address: their
+        403 `email_not_verified`). The link works for PASSWORD_RESET_TIMEOUT and stops working once the address
+        changes or is verified."""
+        email_verification.email_verification_resend(user=request.user, base_url=request.build_absolute_uri("/"))
+        return Response({"detail": f"We e-mailed a verification link to {request.user.email}: open it, then try "
+                                   "again."}, status=status.HTTP_202_ACCEPTED)
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):

@@ -375,7 +375,8 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                                         "and starting instances cost with this one; `detail` gives "
                                                         "the burn rate counted and how much to top up."),
             403: OpenApiResponse(CodedErrorSerializer, "`code` `email_not_verified`: your e-mail address is not "
-                                                       "verified yet (the Security page sends the link); or the "
+                                                       "verified yet (POST /api/v1/auth/verify-email/ sends the "
+                                                       "link again); or the "
                                                        "API key lacks the `renter` scope (a browser session: a "
                                                        "missing CSRF token)."),
             409: OpenApiResponse(ErrorDetailSerializer, "Not enough free GPUs on the node, or the offer is not "

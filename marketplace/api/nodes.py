@@ -221,9 +221,9 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")
-_EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not verified yet (the Security page "
-                       "sends the link); or the API key lacks the `provider` scope (a browser session: a "
-                       "missing CSRF token).")
+_EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not verified yet (POST "
+                       "/api/v1/auth/verify-email/ sends the link again); or the API key lacks the `provider` "
+                       "scope (a browser session: a missing CSRF token).")
 
 
 class ProviderChangesOwnNode(permissions.BasePermission):

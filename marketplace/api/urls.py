@@ -44,6 +44,7 @@ urlpatterns = [
     path("auth/confirm/", accounts.ConfirmView.as_view(), name="auth-confirm"),
     path("auth/login/", accounts.LoginView.as_view(), name="auth-login"),
     path("auth/me/", accounts.MeView.as_view(), name="auth-me"),
+    path("auth/verify-email/", accounts.VerifyEmailView.as_view(), name="auth-verify-email"),
     path("nodes/<str:id>/benchmarks/", provisioning_api.NodeBenchmarksView.as_view(), name="node-benchmarks"),
     *router.urls,
 ]

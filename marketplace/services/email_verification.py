@@ -4,7 +4,7 @@ A sign-up proves it (the account is made from the link e-mailed to it), and so d
 went to the address). What is left is an address an operator typed: an account added in the admin (until its
 owner's first reset) or one whose address an operator changed. Such a user may log in but not rent or list
 (`email_verified_required`, EmailNotVerified: a 403 with code `email_not_verified`) until they follow the link
-that `email_verification_send` e-mails ("Send the link again" on the pages).
+that `email_verification_resend` e-mails ("Send the link again" on the pages, `POST /api/v1/auth/verify-email/`).
 
 The link's token is Django's PasswordResetTokenGenerator keyed on the address and the verified time: it lasts
 PASSWORD_RESET_TIMEOUT, and stops working once the address is verified or changed.
@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
-from core.errors import PermissionDenied, ValidationFailed
+from core.errors import Conflict, PermissionDenied, TooManyRequests, Unavailable, ValidationFailed
 from core.login_throttle import password_reset_mail_allowed
 from marketplace.models import User
 
@@ -36,8 +36,8 @@ class EmailNotVerified(PermissionDenied):
     def __init__(self, user: User) -> None:
         super().__init__(
             f"Verify your e-mail address first: renting and listing need an address you have proven to hold. "
-            f"Open the link we e-mailed to {user.email}, or have it sent again with the button on your Security page "
-            f"(/account/security/).", extra={"code": CODE})
+            f"Open the link we e-mailed to {user.email}, or have it sent again: POST /api/v1/auth/verify-email/, or "
+            f"the button on your Security page (/account/security/).", extra={"code": CODE})
 
 
 class InvalidVerificationLink(ValidationFailed):
@@ -74,13 +74,15 @@ def email_verification_link(*, user: User, base_url: str) -> str:
     return urljoin(base_url, reverse("email-verify", args=[uid, _tokens.make_token(user)]))
 
 
-def email_verification_send(*, user: User, base_url: str) -> bool:
-    """E-mail the link to an unverified user's address: False when there was nothing to send (verified already) or
-    the address had its e-mails for the hour (the reset e-mails' limit, counted apart)."""
+def email_verification_resend(*, user: User, base_url: str) -> None:
+    """E-mail the link to an unverified user's address. Conflict (409) when it is verified already,
+    TooManyRequests (429) when the address had its e-mails for the hour (the reset e-mails' limit, counted apart),
+    Unavailable (503) when the mail server refused it; nothing is sent then."""
     if user.email_verified_at is not None:
-        return False
+        raise Conflict(f"Your e-mail address {user.email} is verified already: there is nothing to send.")
     if not password_reset_mail_allowed(account=f"verify:{user.email}"):
-        return False
+        raise TooManyRequests(f"No e-mail was sent: {user.email} had as many verification e-mails as an hour allows. "
+                              "Open the link of one sent before, or try again later.")
     minutes = settings.PASSWORD_RESET_TIMEOUT // 60
     try:
         send_mail(f"[{settings.PLATFORM_NAME}] Verify your e-mail address", (
@@ -88,10 +90,10 @@ def email_verification_send(*, user: User, base_url: str) -> bool:
             f"this link within {minutes} minutes:\n\n"
             f"  {email_verification_link(user=user, base_url=base_url)}\n\n"
             "If you have no account with us, ignore this e-mail.\n"), settings.DEFAULT_FROM_EMAIL, [user.email])
-    except Exception:  # noqa: BLE001 (the page must not depend on the mail server; the button sends again)
+    except Exception:  # noqa: BLE001 (the mail server's failure is answered, not raised as a 500)
         log.exception("could not send the verification e-mail")
-        return False
-    return True
+        raise Unavailable("No e-mail was sent: the mail server could not take it. "
+                          "Try again in a few minutes.") from None
 
 
 def email_verify(*, uidb64: str, token: str) -> User:

@@ -6,6 +6,8 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from core.errors import ApplicationError, Conflict
+from core.web_errors import message_error
 from marketplace.services import email_verification as svc
 
 
@@ -24,13 +26,14 @@ def email_verify(request, uidb64: str, token: str):
 @require_POST
 def email_verification_resend(request):
     user = request.user
-    if user.email_verified_at is not None:
+    try:
+        svc.email_verification_resend(user=user, base_url=request.build_absolute_uri("/"))
+    except Conflict:
         messages.info(request, "Your e-mail address is verified already.")
-    elif svc.email_verification_send(user=user, base_url=request.build_absolute_uri("/")):
-        messages.success(request, f"We e-mailed a verification link to {user.email}: open it, then come back.")
+    except ApplicationError as exc:  # too many for the hour, or the mail server refused it
+        message_error(request, exc)
     else:
-        messages.error(request, "No e-mail was sent: too many for this hour (or the mail server refused it). Try "
-                                "again later.")
+        messages.success(request, f"We e-mailed a verification link to {user.email}: open it, then come back.")
     next_url = request.POST.get("next") or ""
     if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()},
                                            require_https=request.is_secure()):

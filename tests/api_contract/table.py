@@ -161,6 +161,8 @@ CALLS: list[Call] = [
     Call("post", f"{V1}/auth/confirm/", PUBLIC, 201, body=_confirm_body),
     Call("post", f"{V1}/auth/login/", PUBLIC, 200, body=_login_body),
     Call("get", f"{V1}/auth/me/", USER, 200),
+    # a UserFactory user is verified already: 409 (the 202 and 429: tests/web/test_email_verification.py)
+    Call("post", f"{V1}/auth/verify-email/", USER, 409),
     Call("get", f"{V1}/api-keys/", USER, 200, lists="api_key"),
     Call("post", f"{V1}/api-keys/", USER, 201, body=lambda ctx: {"name": "contract"}),
     Call("delete", f"{V1}/api-keys/{{id}}/", USER, 204, owned="api_key"),

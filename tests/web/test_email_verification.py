@@ -5,9 +5,11 @@ A bad, another user's or outdated link says so and changes nothing. (A sign-up p
 tests/web/test_signup_verification.py.)"""
 import importlib
 import re
+import smtplib
 
 import pytest
 from django.apps import apps
+from django.core.mail.backends.base import BaseEmailBackend
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -20,6 +22,7 @@ from tests.web.conftest import PASSWORD, logged_in
 pytestmark = pytest.mark.django_db
 
 RESEND = "/account/email/verify/"
+API_RESEND = "/api/v1/auth/verify-email/"
 CODE = "email_not_verified"
 
 
@@ -60,6 +63,7 @@ def test_the_api_refuses_to_rent_and_to_list_naming_the_problem_and_the_fix(unve
     r = _rent(client, node)
     assert r.status_code == 403 and r.json()["code"] == CODE, r.content
     assert "Verify your e-mail address" in r.json()["detail"] and "/account/security/" in r.json()["detail"]
+    assert API_RESEND in r.json()["detail"]  # the fix an API-only client can make
     assert _nothing_rented(node)
     r = _register(client)
     assert r.status_code == 403 and r.json()["code"] == CODE
@@ -121,6 +125,48 @@ def test_resend_is_limited_per_hour_and_needs_a_log_in(unverified, mailoutbox, s
         web.post(RESEND)
     assert len(mailoutbox) == settings.PASSWORD_RESET_EMAILS_PER_ADDRESS
     assert "No e-mail was sent" in web.get("/account/security/").content.decode()
+
+
+class RefusingMailServer(BaseEmailBackend):
+    def send_messages(self, email_messages):
+        raise smtplib.SMTPServerDisconnected("the mail server hung up")
+
+
+REFUSING = f"{__name__}.RefusingMailServer"
+
+
+def test_the_api_sends_the_link_again_and_the_link_verifies(unverified, mailoutbox):
+    node = make_listed_node()
+    client = _api(unverified)
+    assert client.get("/api/v1/auth/me/").json()["email_verified"] is False
+    r = client.post(API_RESEND)
+    assert r.status_code == 202 and unverified.email in r.json()["detail"], r.content
+    assert mailoutbox[-1].to == [unverified.email] and "Verify your e-mail address" in mailoutbox[-1].subject
+    assert Client().get(_link(mailoutbox)).status_code == 200
+    assert client.get("/api/v1/auth/me/").json()["email_verified"] is True
+    assert _rent(client, node).status_code == 201
+    r = client.post(API_RESEND)  # verified: nothing to send
+    assert r.status_code == 409 and "verified already" in r.json()["detail"] and len(mailoutbox) == 1
+
+
+def test_the_api_resend_is_limited_per_hour_with_a_429(unverified, mailoutbox, settings):
+    client = _api(unverified)
+    answers = [client.post(API_RESEND) for _ in range(settings.PASSWORD_RESET_EMAILS_PER_ADDRESS + 1)]
+    assert [a.status_code for a in answers] == [202] * settings.PASSWORD_RESET_EMAILS_PER_ADDRESS + [429]
+    assert "No e-mail was sent" in answers[-1].json()["detail"]
+    assert len(mailoutbox) == settings.PASSWORD_RESET_EMAILS_PER_ADDRESS
+    assert APIClient().post(API_RESEND).status_code == 401
+
+
+def test_a_refusing_mail_server_is_a_503_on_the_api_and_a_message_on_the_page(unverified, settings):
+    settings.EMAIL_BACKEND = REFUSING
+    r = _api(unverified).post(API_RESEND)
+    assert r.status_code == 503 and "mail server" in r.json()["detail"], r.content
+    web = logged_in(unverified)
+    assert web.post(RESEND).status_code == 302
+    assert "the mail server could not take it" in web.get("/account/security/").content.decode()
+    unverified.refresh_from_db()
+    assert unverified.email_verified_at is None
 
 
 def test_a_bad_or_another_users_link_changes_nothing(unverified, mailoutbox):
