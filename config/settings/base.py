@@ -153,6 +153,9 @@ SIGNUP_EMAIL_WINDOW_S = env_int("SIGNUP_EMAIL_WINDOW_S", 3600)
 PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT_S", 3600)
 PASSWORD_RESET_EMAILS_PER_ADDRESS = env_int("PASSWORD_RESET_EMAILS_PER_ADDRESS", 3)
 PASSWORD_RESET_EMAIL_WINDOW_S = env_int("PASSWORD_RESET_EMAIL_WINDOW_S", 3600)
+# API keys one account may hold at once (not revoked; expired ones count until revoked): a stolen session or key
+# cannot mint keys without end, and a list stays one a person can review. Past it, making one is a 409.
+API_KEYS_PER_USER_MAX = env_int("API_KEYS_PER_USER_MAX", 50)
 # Two-factor log-in (optional, per user): the code step must follow the password within this many seconds.
 TWO_FACTOR_LOGIN_TIMEOUT_S = env_int("TWO_FACTOR_LOGIN_TIMEOUT_S", 300)
 

@@ -213,7 +213,10 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
             return self.queryset
         return ApiKey.objects.active().filter(user=self.request.user)
 
-    @extend_schema(request=ApiKeySerializer, responses={201: ApiKeyCreatedSerializer})
+    @extend_schema(request=ApiKeySerializer, responses={
+        201: ApiKeyCreatedSerializer,
+        409: error_response("You hold API_KEYS_PER_USER_MAX keys (50 by default) already: revoke one first; "
+                            "nothing was made.")})
     def create(self, request):
         data = ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)

@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from core.api.scopes import ALL_SCOPES
-from core.errors import PermissionDenied, ValidationFailed
+from core.errors import Conflict, PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
 from marketplace.models import ApiKey, User
 from marketplace.services import two_factor
@@ -89,7 +89,8 @@ def api_key_create(*, user: User, name: str = "", scopes: list[str] | tuple[str,
     """Create a key and return it with the raw value, which is never stored or shown again.
 
     `scopes` None means all of them. `made_with`: the key the request came with (None for a browser session or a
-    log-in); a key cannot make a key that may do more than itself or outlive it."""
+    log-in); a key cannot make a key that may do more than itself or outlive it. Conflict (409) when the user holds
+    API_KEYS_PER_USER_MAX keys already."""
     clean = _clean_scopes(scopes)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("The expiry must be in the future.", field="expires_at")
@@ -102,8 +103,15 @@ def api_key_create(*, user: User, name: str = "", scopes: list[str] | tuple[str,
             raise PermissionDenied("This API key expires: the keys it makes must expire no later than it does "
                                    f"({made_with.expires_at.isoformat()}).")
     raw = API_KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(user=user, name=name, prefix=raw[:12], key_hash=hash_api_key(raw), scopes=clean,
-                                expires_at=expires_at)
+    with transaction.atomic():
+        # The user's row lock: two requests at the cap cannot both pass the count (api_key_rotate holds it already).
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        held = ApiKey.objects.active().filter(user=user).count()
+        if held >= settings.API_KEYS_PER_USER_MAX:
+            raise Conflict(f"You hold {held} API keys, the most one account may: revoke one you no longer use "
+                           "(DELETE /api/v1/api-keys/{id}/, or the API keys page) before making another.")
+        key = ApiKey.objects.create(user=user, name=name, prefix=raw[:12], key_hash=hash_api_key(raw), scopes=clean,
+                                    expires_at=expires_at)
     return key, raw
 
 

@@ -162,7 +162,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
 
 @extend_schema_view(
     list=extend_schema(summary="Your webhook deliveries, newest first (every attempt with its answer)",
-                       parameters=[OpenApiParameter("endpoint", int, description="Only this endpoint's.")]),
+                       parameters=[OpenApiParameter("endpoint", {"type": "integer", "minimum": 1},
+                                                    description="Only this endpoint's (its id).")]),
     retrieve=extend_schema(summary="One of your webhook deliveries"),
 )
 @extend_schema(tags=["notifications"])

@@ -191,7 +191,8 @@ def test_other_endpoints_are_not_throttled_by_the_auth_rate(api):
 def test_me_shows_the_key_owner(api, user):
     r = api.get(ME)
     assert r.status_code == 200
-    assert r.json() == {"id": user.pk, "email": user.email, "is_staff": False, "date_joined": r.json()["date_joined"]}
+    assert r.json() == {"id": user.pk, "email": user.email, "email_verified": True, "is_staff": False,
+                        "date_joined": r.json()["date_joined"]}
 
 
 @pytest.mark.parametrize(
@@ -234,6 +235,22 @@ def test_create_key_shows_it_once_and_stores_only_its_sha256(api, user):
     assert {k["id"] for k in listed} == set(user.api_keys.values_list("id", flat=True))
     assert all("key" not in k and "key_hash" not in k for k in listed)
     assert raw not in str(listed)
+
+
+def test_an_account_holds_at_most_the_configured_number_of_keys(anon, api, user, settings):
+    settings.API_KEYS_PER_USER_MAX = 3  # the key `api` is authenticated with is one of them
+    assert [api.post(KEYS, {"name": f"k{i}"}).status_code for i in range(2)] == [201, 201]
+    refused = api.post(KEYS, {"name": "one too many"})
+    assert refused.status_code == 409 and "3 API keys" in refused.json()["detail"], refused.content
+    assert "DELETE /api/v1/api-keys/{id}/" in refused.json()["detail"]
+    assert not ApiKey.objects.filter(name="one too many").exists() and user.api_keys.active().count() == 3
+    # a log-in with a key name of its own is refused the same way; one that replaces its name's key is not
+    assert anon.post(LOGIN, {"email": user.email, "password": PASSWORD, "key_name": "laptop"}).status_code == 409
+    assert anon.post(LOGIN, {"email": user.email, "password": PASSWORD, "key_name": "k0"}).status_code == 200
+    revoke = next(k["id"] for k in api.get(KEYS).json()["results"] if k["name"] == "k1")  # not the one in use
+    assert api.delete(f"{KEYS}{revoke}/").status_code == 204
+    assert api.post(KEYS, {"name": "room again"}).status_code == 201
+    assert user.api_keys.active().count() == 3
 
 
 def test_a_new_key_works_and_records_its_last_use(anon, api):

@@ -189,3 +189,14 @@ def test_another_users_endpoints_and_deliveries_are_404(owner_api, other_api, re
     assert other_api.get("/api/v1/webhook-deliveries/").json()["results"] == []
     assert WebhookEndpoint.objects.filter(pk=created["id"]).exists()
     assert owner_api.delete(f"/api/v1/webhook-endpoints/{created['id']}/").status_code == 204
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("raw, status", [("-3", 400), ("x", 400), ("0", 404), ("9" * 30, 404)])
+def test_the_deliveries_endpoint_filter_refuses_what_is_no_id(owner_api, raw, status):
+    """The schema says a positive integer; anything else is a 400 naming `endpoint`, an id of nobody's a 404 (a
+    number past bigint included: not a database error)."""
+    r = owner_api.get(f"/api/v1/webhook-deliveries/?endpoint={raw}")
+    assert r.status_code == status, r.content
+    if status == 400:
+        assert r.json() == {"endpoint": ["Must be an endpoint's id."]}
