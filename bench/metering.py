@@ -132,8 +132,8 @@ def seed(rng: random.Random, n_instances: int, now: datetime) -> None:
     copy_in(Instance, instances)
     # The renters' money, as the ledger holds it: one credit transaction each (promotions -> wallet), and
     # the usage already metered as one transaction per instance (earlier intervals are not needed).
-    promo = platform_account(AccountKind.PROMOTIONS)
-    revenue = platform_account(AccountKind.PLATFORM_REVENUE)
+    promo = platform_account(kind=AccountKind.PROMOTIONS)
+    revenue = platform_account(kind=AccountKind.PLATFORM_REVENUE)
     with transaction.atomic(), connection.cursor() as c:
         Account.objects.bulk_create([Account(kind=AccountKind.CUSTOMER_WALLET, user_id=u) for u in renters]
                                     + [Account(kind=AccountKind.PROVIDER_EARNINGS, user_id=u) for u in providers])
@@ -249,7 +249,8 @@ def profile_tick(now: datetime, batch_size: int) -> list[tuple[str, float]]:
     from billing.services.ledger import platform_account
 
     params = {"now": now, "running": "running", "wallet": AccountKind.CUSTOMER_WALLET,
-              "earnings": AccountKind.PROVIDER_EARNINGS, "revenue": platform_account(AccountKind.PLATFORM_REVENUE).pk,
+              "earnings": AccountKind.PROVIDER_EARNINGS,
+              "revenue": platform_account(kind=AccountKind.PLATFORM_REVENUE).pk,
               "usage": TransactionKind.USAGE, "limit": batch_size, "after": 0}
     spent: dict[str, float] = {}
 

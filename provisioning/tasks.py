@@ -98,7 +98,7 @@ def _run(task, job: Job) -> None:
         countdown = settings.NODE_BUSY_RETRY_S
         if timezone.now() + timedelta(seconds=countdown) < job.deadline:
             log.info("job %s: %s; retrying in %s s", job.pk, exc, countdown)
-            job_step(job, f"waiting for the node: {exc.message} Trying again in {countdown:.0f} s.")
+            job_step(job=job, message=f"waiting for the node: {exc.message} Trying again in {countdown:.0f} s.")
             job_release(job, retry_at=timezone.now() + timedelta(seconds=countdown))
             raise _retry_uncounted(task, countdown=countdown, exc=exc) from None
         _fail(job, NodeBusy(f"The node stayed busy until this job's deadline: {exc.message} Try again later."))

@@ -37,7 +37,7 @@ class LedgerError(Exception):
     """A posting that cannot be made; nothing was written."""
 
 
-def platform_account(kind: str) -> Account:
+def platform_account(*, kind: str) -> Account:
     """One of the platform's own accounts (revenue, clearing, promotions), created on first use."""
     account, _ = Account.objects.get_or_create(kind=kind, user=None)
     return account
@@ -202,7 +202,7 @@ def credit_grant(*, user: User, amount_micros: int, reason: str, created_by: Use
         txn, created = ledger_post(
             idempotency_key=idempotency_key or f"credit:{uuid.uuid4()}", kind=TransactionKind.CREDIT,
             lines=[(user_account(user_id=user.pk, kind=AccountKind.CUSTOMER_WALLET), amount_micros),
-                   (platform_account(AccountKind.PROMOTIONS), -amount_micros)],
+                   (platform_account(kind=AccountKind.PROMOTIONS), -amount_micros)],
             memo=memo or f"Credit of {usd_text(amount_micros)}", reason=reason, customer_note=note,
             created_by=created_by,
         )

@@ -89,7 +89,7 @@ def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageIn
                 lines.append((user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS),
                               charge.amount - charge.fee))
             if charge.fee:
-                lines.append((platform_account(AccountKind.PLATFORM_REVENUE), charge.fee))
+                lines.append((platform_account(kind=AccountKind.PLATFORM_REVENUE), charge.fee))
             txn, created = ledger_post(
                 idempotency_key=usage_key(instance.pk, charge.start), kind=TransactionKind.USAGE, lines=lines,
                 memo=f"Instance {instance.pk}: {charge.seconds} s", at=until,
@@ -258,7 +258,7 @@ def _meter_postgresql(now: datetime, batch_size: int) -> MeterResult:
             result.skipped = True
             return result
         with connection.cursor() as cursor:
-            revenue_id = platform_account(AccountKind.PLATFORM_REVENUE).pk
+            revenue_id = platform_account(kind=AccountKind.PLATFORM_REVENUE).pk
             params: dict[str, datetime | str | int] = {
                 "now": now, "running": InstanceStatus.RUNNING, "wallet": AccountKind.CUSTOMER_WALLET,
                 "earnings": AccountKind.PROVIDER_EARNINGS, "revenue": revenue_id, "usage": TransactionKind.USAGE,

@@ -67,7 +67,7 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
             return None
         txn, created = ledger_post(
             idempotency_key=f"payout:{provider_id}:{period_start.isoformat()}", kind=TransactionKind.PAYOUT,
-            lines=[(earnings, -amount), (platform_account(AccountKind.PAYOUT_CLEARING), amount)],
+            lines=[(earnings, -amount), (platform_account(kind=AccountKind.PAYOUT_CLEARING), amount)],
             memo=f"Payout of earnings to {period_end.isoformat()}",
         )
         if not created:
@@ -123,7 +123,7 @@ def _payout_failed(payout_id: int, message: str) -> None:
         reversal, _ = ledger_post(
             idempotency_key=f"payout-reversal:{payout.pk}", kind=TransactionKind.PAYOUT_REVERSAL,
             lines=[(user_account(user_id=payout.provider_id, kind=AccountKind.PROVIDER_EARNINGS), payout.amount_micros),
-                   (platform_account(AccountKind.PAYOUT_CLEARING), -payout.amount_micros)],
+                   (platform_account(kind=AccountKind.PAYOUT_CLEARING), -payout.amount_micros)],
             memo=f"Payout {payout.pk} failed: earnings given back", reverses=payout.transaction,
         )
         payout.transition_to(PayoutStatus.FAILED)

@@ -87,7 +87,7 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
         txn, _ = ledger_post(
             idempotency_key=f"refund:{stripe_refund_id}", kind=TransactionKind.REFUND,
             lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), -refund.amount_micros),
-                   (platform_account(AccountKind.PAYMENT_CLEARING), refund.amount_micros)],
+                   (platform_account(kind=AccountKind.PAYMENT_CLEARING), refund.amount_micros)],
             memo=f"Refund {refund.pk} of top-up {top_up.pk} ({stripe_refund_id})", reason=refund.reason,
             customer_note=refund.customer_note, created_by=refund.created_by,
         )

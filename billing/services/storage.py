@@ -77,7 +77,7 @@ def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str,
         lines.append((user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS),
                       charge.amount - charge.fee))
     if charge.fee:
-        lines.append((platform_account(AccountKind.PLATFORM_REVENUE), charge.fee))
+        lines.append((platform_account(kind=AccountKind.PLATFORM_REVENUE), charge.fee))
     _, created = ledger_post(idempotency_key=key, kind=TransactionKind.STORAGE, lines=lines, memo=memo, at=at)
     if not created:  # the row said otherwise: refuse rather than charge twice
         raise LedgerError(f"{key} was already posted")

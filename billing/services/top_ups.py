@@ -166,7 +166,7 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
     txn, _ = ledger_post(
         idempotency_key=f"top-up:{top_up.pk}", kind=TransactionKind.TOP_UP,
         lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), amount_micros),
-               (platform_account(AccountKind.PAYMENT_CLEARING), -amount_micros)],
+               (platform_account(kind=AccountKind.PAYMENT_CLEARING), -amount_micros)],
         memo=f"Top-up {top_up.pk} ({payment_intent_id})",
     )
     top_up.transition_to(TopUpStatus.SUCCEEDED)

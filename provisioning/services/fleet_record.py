@@ -70,9 +70,10 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
         lost = _interrupt(node, result, last_healthy[node.pk], running_vm_ids.get(node.pk, set()))
         if lost:
             interrupted[node.pk] = lost
-            node_event(node, "instances_interrupted", f"Instance(s) {', '.join(map(str, lost))} interrupted: "
+            node_event(node=node, kind="instances_interrupted",
+                       message=f"Instance(s) {', '.join(map(str, lost))} interrupted: "
                        f"{'the node is unreachable' if not result.ok else 'their VM is not running'}.",
-                       NodeEvent.Level.CRITICAL)
+                       level=NodeEvent.Level.CRITICAL)
         if result.ok and result.inventory_hash and _gpus_changed(node, result.inventory_hash):
             node_inventory_changed(node_id=node.pk, reported_hash=result.inventory_hash)
     return interrupted

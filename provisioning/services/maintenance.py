@@ -136,7 +136,7 @@ def jobs_reap() -> Summary:
                                                                        id__gt=job.pk).exists()
             if job.instance_id and not newer:
                 instance_svc.instance_mark_failed(instance_id=job.instance_id, message=error)
-            job_finish(job, error=error)
+            job_finish(job=job, error=error)
         reaped += 1
     return {"reaped": reaped}
 
@@ -210,7 +210,8 @@ def _node_verify_retry(node: WithAnnotations[Node, _PendingNode], now: datetime)
             # Only while still pending: the provider may have asked for a verification meanwhile.
             if Node.objects.filter(pk=node.pk, state=NodeState.PENDING).update(last_error=message,
                                                                                updated_at=timezone.now()):
-                node_event(node, "verification_retries_stopped", message, NodeEvent.Level.WARNING)
+                node_event(node=node, kind="verification_retries_stopped",
+                           message=message, level=NodeEvent.Level.WARNING)
         return "stopped"
     if jobs:
         wait = PENDING_RETRY_BACKOFF[min(max(failures, 1), len(PENDING_RETRY_BACKOFF)) - 1]

@@ -42,8 +42,9 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
     except IntegrityError as exc:  # a MIG UUID another node's slice holds: the same card listed twice
         if "mig_slice_unique_uuid" not in str(exc):
             raise
-        node_event(node, "mig_slices_duplicate", "A MIG device of this node belongs to another node's slices; "
-                                                 "none of its slices is listed.", NodeEvent.Level.WARNING)
+        node_event(node=node, kind="mig_slices_duplicate",
+                   message="A MIG device of this node belongs to another node's slices; "
+                           "none of its slices is listed.", level=NodeEvent.Level.WARNING)
     sliced_gpus = set(MigSlice.objects.filter(node=node).values_list("gpu__index", flat=True))
     for index, gpu in gpus.items():
         if index in layout and index in sliced_gpus and gpu.status == GpuStatus.FREE:

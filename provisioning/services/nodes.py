@@ -57,7 +57,7 @@ def node_endpoint(node: Node) -> Endpoint:
     )
 
 
-def node_event(node: Node, kind: str, message: str, level: str = NodeEvent.Level.INFO) -> NodeEvent:
+def node_event(*, node: Node, kind: str, message: str, level: str = NodeEvent.Level.INFO) -> NodeEvent:
     return NodeEvent.objects.create(node=node, kind=kind, message=message, level=level)
 
 
@@ -131,7 +131,8 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
         raise DuplicateHardware(duplicate_host_key(fingerprint)) from None
     node.refresh_from_db(fields=["host_key_fingerprint"])
     if pinned:
-        node_event(node, "host_key_pinned", f"Host key {fingerprint} recorded on first contact and pinned.")
+        node_event(node=node, kind="host_key_pinned",
+                   message=f"Host key {fingerprint} recorded on first contact and pinned.")
     elif node.host_key_fingerprint != fingerprint:
         node_quarantine(node_id=node.pk, seen=fingerprint)
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)
@@ -148,7 +149,7 @@ def node_quarantine(*, node_id: int, seen: str) -> None:
     if node.state != NodeState.QUARANTINED and node.can_transition_to(NodeState.QUARANTINED):
         node.transition_to(NodeState.QUARANTINED)
     node.save()
-    node_event(node, "host_key_changed", node.last_error, NodeEvent.Level.CRITICAL)
+    node_event(node=node, kind="host_key_changed", message=node.last_error, level=NodeEvent.Level.CRITICAL)
 
 
 @dataclass

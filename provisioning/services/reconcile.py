@@ -52,11 +52,13 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             if instance is None:
                 session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
                 if instance_id in destroyed:
-                    node_event(node, "vm_cleaned_up", f"Removed VM {vm['vm_id']}: its instance was destroyed "
-                                                      "while the node was unreachable.")
+                    node_event(node=node, kind="vm_cleaned_up",
+                               message=f"Removed VM {vm['vm_id']}: its instance was destroyed "
+                                       "while the node was unreachable.")
                 else:
-                    node_event(node, "orphan_destroyed", f"Destroyed VM {vm['vm_id']}, which no instance owns.",
-                               NodeEvent.Level.WARNING)
+                    node_event(node=node, kind="orphan_destroyed",
+                               message=f"Destroyed VM {vm['vm_id']}, which no instance owns.",
+                               level=NodeEvent.Level.WARNING)
                     counts["orphans_destroyed"] += 1
                 continue
             seen[instance.pk] = vm
@@ -82,8 +84,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 instance_svc.instance_mark_failed(
                     instance_id=instance.pk, message="The VM disappeared from the node; the GPUs were released."
                 )
-                node_event(node, "vm_vanished", f"The VM of instance {instance.pk} vanished.",
-                           NodeEvent.Level.WARNING)
+                node_event(node=node, kind="vm_vanished", message=f"The VM of instance {instance.pk} vanished.",
+                           level=NodeEvent.Level.WARNING)
                 counts["instances_failed"] += 1
         _reconcile_volumes(node, session, counts)
     return counts
@@ -114,21 +116,24 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
         if row is not None and row.state != VolumeState.DELETED:
             continue
         if vol.get("used_by"):
-            node_event(node, "orphan_volume_in_use", f"Volume {name}, unknown to the platform or deleted there, is "
-                                                     f"mounted by VM {', '.join(vol['used_by'])}; left as it is.",
-                       NodeEvent.Level.WARNING)
+            node_event(node=node, kind="orphan_volume_in_use",
+                       message=f"Volume {name}, unknown to the platform or deleted there, is "
+                               f"mounted by VM {', '.join(vol['used_by'])}; left as it is.",
+                       level=NodeEvent.Level.WARNING)
             continue
         session.agent("volume", "delete", {"name": name})
         why = "deleted on the platform" if row is not None else "which the platform does not know"
-        node_event(node, "orphan_volume_deleted", f"Deleted volume {name} ({vol.get('size_gb')} GB), {why}.",
-                   NodeEvent.Level.WARNING)
+        node_event(node=node, kind="orphan_volume_deleted",
+                   message=f"Deleted volume {name} ({vol.get('size_gb')} GB), {why}.",
+                   level=NodeEvent.Level.WARNING)
         counts["orphan_volumes_deleted"] += 1
     for name, row in rows.items():
         if row.state == VolumeState.AVAILABLE and name not in on_node:
             if NodeEvent.objects.filter(node=node, kind="volume_missing", message__contains=f" {name} ").exists():
                 continue  # reported already
-            node_event(node, "volume_missing", f"Volume {name} (volume {row.pk}) is available on the platform but "
-                                               "missing on the node.", NodeEvent.Level.WARNING)
+            node_event(node=node, kind="volume_missing",
+                       message=f"Volume {name} (volume {row.pk}) is available on the platform but "
+                               "missing on the node.", level=NodeEvent.Level.WARNING)
             counts["volumes_missing"] += 1
 
 

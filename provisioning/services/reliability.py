@@ -82,9 +82,10 @@ def node_inventory_changed(*, node_id: int, reported_hash: str) -> bool:
         return False
     if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
         return False  # a verification under way, or a spot check (then the next health check queues one)
-    node_event(node, "inventory_changed", "The GPUs the node reports changed since its last verification "
-                                          "(model, memory, power limit, MIG, link or driver); verifying it again.",
-               NodeEvent.Level.WARNING)
+    node_event(node=node, kind="inventory_changed",
+               message="The GPUs the node reports changed since its last verification "
+                       "(model, memory, power limit, MIG, link or driver); verifying it again.",
+               level=NodeEvent.Level.WARNING)
     node_verify_request(node=node, reason="the GPU inventory changed")
     return True
 
@@ -118,15 +119,16 @@ def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_has
             if node.state == NodeState.OFFLINE:
                 node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
                 node.last_error = ""
-                node_event(node, "back_online", "The node answers health checks again.")
+                node_event(node=node, kind="back_online", message="The node answers health checks again.")
         else:
             node.health_failures += 1
             node.last_error = error
             if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
                     and node.state != NodeState.OFFLINE:
                 node.transition_to(NodeState.OFFLINE)
-                node_event(node, "offline", f"{node.health_failures} health checks failed in a row: {error}",
-                           NodeEvent.Level.WARNING)
+                node_event(node=node, kind="offline",
+                           message=f"{node.health_failures} health checks failed in a row: {error}",
+                           level=NodeEvent.Level.WARNING)
                 notify(user=node.provider, kind=Kind.NODE_OFFLINE,
                        dedupe_key=f"node_offline:{node.pk}:{node.state_changed_at.isoformat()}", payload={
                            "node": node.pk, "name": node.name, "message": f"Node {node.name} is offline: "
@@ -148,7 +150,9 @@ def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_has
                 node_id=node_id, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=missing_or_stopped,
                 started_before=probed_at, detail="the server answers, but the VM is not running on it")
     if interrupted:
-        node_event(node, "instances_interrupted", f"Instance(s) {', '.join(map(str, interrupted))} interrupted: "
-                   f"{'the node is unreachable' if not ok else 'their VM is not running'}.", NodeEvent.Level.CRITICAL)
+        node_event(node=node, kind="instances_interrupted",
+                   message=f"Instance(s) {', '.join(map(str, interrupted))} interrupted: "
+                           f"{'the node is unreachable' if not ok else 'their VM is not running'}.",
+                   level=NodeEvent.Level.CRITICAL)
     node_health_observed(node_id=node_id, ok=ok, inventory_hash=inventory_hash)
     return interrupted

@@ -131,7 +131,7 @@ class JobHeartbeat:
             connection.close()
 
 
-def job_step(job: Job, message: str) -> None:
+def job_step(*, job: Job, message: str) -> None:
     """Record what the job is doing now: users see `step`, operators the whole log. Raises JobLost when the
     execution no longer holds its open job (taken over, or closed by the reaper): it must stop."""
     job.step = message[:200]
@@ -143,7 +143,7 @@ def job_step(job: Job, message: str) -> None:
         raise JobLost(f"job {job.pk} was taken over by another execution, or closed")
 
 
-def job_finish(job: Job, *, error: str = "") -> None:
+def job_finish(*, job: Job, error: str = "") -> None:
     """Close the job: succeeded, or failed with `error` (in words a provider or renter can act on)."""
     target = JobStatus.FAILED if error else JobStatus.SUCCEEDED
     job.status = target  # in memory as written below; the row moves only if the table lets it (still open)

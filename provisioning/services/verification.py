@@ -91,7 +91,7 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
         node.save(update_fields=["state", "state_changed_at", "updated_at"])
     job = job_create(kind=JobKind.NODE_VERIFY, node=node)
     if reason:
-        job_step(job, f"queued: {reason}")
+        job_step(job=job, message=f"queued: {reason}")
     return job
 
 
@@ -114,8 +114,9 @@ def node_accept_host_key(*, node: Node, operator_email: str) -> None:
                  .filter(host_key_fingerprint=node.host_key_fingerprint).values_list("pk", flat=True).first())
         raise Conflict(f"Node {node.pk}'s new host key {node.host_key_fingerprint} is pinned on live node "
                            f"{other}: the same server twice. Retire one of them first.") from None
-    node_event(node, "host_key_accepted", f"{operator_email} accepted host key {node.host_key_fingerprint} "
-                                          f"(was {old}).", NodeEvent.Level.WARNING)
+    node_event(node=node, kind="host_key_accepted",
+               message=f"{operator_email} accepted host key {node.host_key_fingerprint} "
+                       f"(was {old}).", level=NodeEvent.Level.WARNING)
     node_verify_request(node=node)
 
 
@@ -136,20 +137,20 @@ def node_verify_run(job: Job) -> None:
     cannot be reached (the task decides whether to retry) or the benchmark runs past its bound."""
     node = job.node
     if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
-        job_finish(job, error=f"The node is {node.state}, not verifying; nothing done.")
+        job_finish(job=job, error=f"The node is {node.state}, not verifying; nothing done.")
         return
     declared = DeclaredModel.from_gpu_model(node.gpu_model)
     rented = rented_gpu_indices(node)
     limit = settings.BENCHMARK_TIME_LIMIT_S
     bench, bench_error = None, ""
-    job_step(job, f"connecting to {node.address}:{node.ssh_port}")
+    job_step(job=job, message=f"connecting to {node.address}:{node.ssh_port}")
     inventory: dict[str, Any] = {}
     net_mbps: float | None = None
     challenged: tuple[list[Finding], dict[str, Any]] = ([], {})
     disproved: set[str] = set()  # MIG slices that failed the platform's challenge
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
-            job_step(job, "reading the hardware inventory")
+            job_step(job=job, message="reading the hardware inventory")
             inventory = session.agent("inventory")
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
@@ -162,8 +163,8 @@ def node_verify_run(job: Job) -> None:
             slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
                       and d.get("uuid") not in rented_slices]
             if free or slices:
-                job_step(job, f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
-                              f"(at most {limit} s)")
+                job_step(job=job, message=f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
+                                          f"(at most {limit} s)")
                 request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free}
                 if slices:
                     request["mig_uuids"] = slices
@@ -189,17 +190,17 @@ def node_verify_run(job: Job) -> None:
                     found, slice_figures, disproved = node_slice_challenge(job, session, declared, inventory, slices)
                     challenged = (challenged[0] + found, {**challenged[1], "mig_slices": slice_figures})
             else:
-                job_step(job, "every GPU is rented: identity checks only, no benchmark")
+                job_step(job=job, message="every GPU is rented: identity checks only, no benchmark")
     except DuplicateHardware as exc:
         # The same server (or its GPUs) registered twice: the node that came first keeps its listing.
-        job_step(job, "this server is already registered as another node")
+        job_step(job=job, message="this server is already registered as another node")
         node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[exc.finding.as_dict()],
                              inventory=inventory, figures={"rented_gpus": rented})
         return
-    job_step(job, "judging the GPUs against the catalogue")
+    job_step(job=job, message="judging the GPUs against the catalogue")
     fleet = fleet_reference(node.gpu_model_id, exclude_node_id=node.pk) if bench is not None else None
     if fleet is not None:
-        job_step(job, f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
+        job_step(job=job, message=f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
     mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node), disproved)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig)
@@ -218,11 +219,11 @@ def node_network_test(job: Job, session: NodeSession) -> float | None:
     nbytes = settings.NET_TEST_BYTES
     if nbytes <= 0:
         return None
-    job_step(job, f"measuring the platform's throughput to the node ({nbytes >> 20} MiB over SSH)")
+    job_step(job=job, message=f"measuring the platform's throughput to the node ({nbytes >> 20} MiB over SSH)")
     try:
         return round(session.upload_throughput(nbytes, timeout=60), 1)
     except NodeError as exc:
-        job_step(job, f"the network test failed: {exc.message}")
+        job_step(job=job, message=f"the network test failed: {exc.message}")
         return None
 
 
@@ -233,8 +234,8 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     answers or fails to answer becomes findings; only a broken connection raises (NodeError)."""
     # A sim node does small work standing for the nominal; every other runtime does the real work on its GPUs.
     drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK, real_work=job.node.runtime != "sim")
-    job_step(job, f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
-                  f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
+    job_step(job=job, message=f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
+                              f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
     exchange = session.exchange("challenge")
     try:
         outcome = challenge.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
@@ -262,9 +263,9 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
         on_card = [d for d in devices if d["gpu"] == gpu]
         for drawn in slice_challenge.draw_slices(declared, on_card, uuids, settings.BENCHMARK_QUICK,
                                                  card_memory_mib=cards.get(gpu), real_work=real):
-            job_step(job, f"challenging GPU {gpu}'s MIG {drawn.profile.name} slice"
-                          f"{'s' if len(drawn.devices) > 1 else ''} (at most "
-                          f"{drawn.challenge.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
+            job_step(job=job, message=f"challenging GPU {gpu}'s MIG {drawn.profile.name} slice"
+                                      f"{'s' if len(drawn.devices) > 1 else ''} (at most "
+                                      f"{drawn.challenge.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
             exchange = session.exchange("challenge")
             try:
                 outcome = challenge.run(exchange, drawn.challenge, settings.BENCHMARK_TIME_LIMIT_S)
@@ -277,9 +278,9 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
                 figures.setdefault("slices", {}).update(measured["slices"])
                 figures["memory_proof"] = {"not_run": "the memory proof's PyTorch path is not built yet"}
                 continue
-            job_step(job, f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
-                          f"{'s' if len(drawn.devices) > 1 else ''} ({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB "
-                          "each)")
+            job_step(job=job, message=f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
+                                      f"{'s' if len(drawn.devices) > 1 else ''} "
+                                      f"({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB each)")
             exchange = session.exchange("memproof")
             try:
                 proved = memproof.run(exchange, drawn.proof, settings.BENCHMARK_TIME_LIMIT_S)
@@ -303,8 +304,8 @@ def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
     if job.node.runtime != "sim":
         return [], {"not_run": "the memory proof's deadline on a real GPU is not measured yet (docs/BENCHMARKS.md)"}
     drawn = memproof.draw(declared, gpus)
-    job_step(job, f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
-                  f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
+    job_step(job=job, message=f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
+                              f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
     exchange = session.exchange("memproof")
     try:
         outcome = memproof.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
@@ -363,15 +364,15 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                           listable=verdict in LISTABLE_VERDICTS)
     levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
     level = levels.get(verdict, NodeEvent.Level.WARNING)
-    node_event(node, f"verified_{verdict}", node.last_error or "All checks passed.", level)
+    node_event(node=node, kind=f"verified_{verdict}", message=node.last_error or "All checks passed.", level=level)
     if verdict in NOTIFIED_VERDICTS and verdict != previous_verdict:  # a new verdict, not every re-check
         notify(user=node.provider, kind=NOTIFIED_VERDICTS[verdict], dedupe_key=f"node_{verdict}:{node.pk}:{run.pk}",
                payload={"node": node.pk, "name": node.name, "verdict": verdict, "score": node.score,
                         "message": f"Node {node.name}: {node.last_error}"})
     if verdict == Verdict.REJECTED and renters:
-        node_event(node, "failed_while_rented",
-                   f"The node failed its benchmark check while {len(renters)} instance(s) use it; it stays up for "
-                   f"them and takes no new rentals. {reasons}", NodeEvent.Level.CRITICAL)
+        node_event(node=node, kind="failed_while_rented",
+                   message=f"The node failed its benchmark check while {len(renters)} instance(s) use it; it stays "
+                           f"up for them and takes no new rentals. {reasons}", level=NodeEvent.Level.CRITICAL)
         for instance_id in renters:
             instance_svc.instance_set_status_message(
                 instance_id=instance_id,
@@ -380,7 +381,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                         "Your instance keeps running; consider moving your work to another server.")
     if renters and previous_verdict in LISTABLE_VERDICTS:
         _price_cut_if_worse(node, verdict, score, previous_score, findings)
-    job_finish(job)
+    job_finish(job=job)
     return run
 
 
@@ -396,8 +397,10 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
     codes = sorted({f["code"] for f in findings if f["severity"] in ("reject", "degrade")}) or ["lower score"]
     cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes))
     if cut:
-        node_event(node, "renters_price_cut", f"Measured {ratio:.0%} of the score it had before ({', '.join(codes)}): "
-                   f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.", NodeEvent.Level.WARNING)
+        node_event(node=node, kind="renters_price_cut",
+                   message=f"Measured {ratio:.0%} of the score it had before ({', '.join(codes)}): "
+                           f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.",
+                   level=NodeEvent.Level.WARNING)
 
 
 @transaction.atomic
@@ -409,8 +412,8 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
         node.transition_to(NodeState.PENDING if node.verdict == Verdict.UNVERIFIED else NodeState.OFFLINE)
     node_draw_next_checks(node)  # an active node checked in place stays active: it is due again at a new time
     node.save()
-    node_event(node, "verification_failed", error.message, NodeEvent.Level.WARNING)
-    job_finish(job, error=error.message)
+    node_event(node=node, kind="verification_failed", message=error.message, level=NodeEvent.Level.WARNING)
+    job_finish(job=job, error=error.message)
 
 
 
@@ -428,7 +431,7 @@ def node_spot_check_request(*, node: Node) -> Job | None:
     if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
         return None
     job = job_create(kind=JobKind.NODE_SPOT_CHECK, node=node)
-    job_step(job, "queued: spot check at a random time")
+    job_step(job=job, message="queued: spot check at a random time")
     return job
 
 
@@ -441,16 +444,16 @@ def node_spot_check_run(job: Job) -> None:
     nothing. Raises NodeError if the node cannot be reached."""
     node = job.node
     if node.state != NodeState.ACTIVE:
-        job_finish(job, error=f"The node is {node.state}, not active; nothing done.")
+        job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.")
         return
     free = list(node.gpus.filter(status=GpuStatus.FREE).order_by("index").values_list("index", flat=True))
     if not free:
-        job_step(job, "every GPU is rented: skipped")
-        node_event(node, "spot_check_skipped", "Spot check skipped: every GPU is rented.")
-        job_finish(job)
+        job_step(job=job, message="every GPU is rented: skipped")
+        node_event(node=node, kind="spot_check_skipped", message="Spot check skipped: every GPU is rented.")
+        job_finish(job=job)
         return
     declared = DeclaredModel.from_gpu_model(node.gpu_model)
-    job_step(job, f"connecting to {node.address}:{node.ssh_port}")
+    job_step(job=job, message=f"connecting to {node.address}:{node.ssh_port}")
     with node_session(node) as session:
         findings, figures = node_challenge(job, session, declared, free)
         proved, proof = node_memory_proof(job, session, declared, free)
@@ -467,17 +470,18 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
     measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
     if not findings:
-        job_step(job, f"spot check of {which}: clean{measured}")
-        node_event(node, "spot_check_passed", f"Spot check of {which} passed the platform's challenge and memory "
-                                                        f"proof{measured}.")
-        job_finish(job)
+        job_step(job=job, message=f"spot check of {which}: clean{measured}")
+        node_event(node=node, kind="spot_check_passed",
+                   message=f"Spot check of {which} passed the platform's challenge and memory "
+                           f"proof{measured}.")
+        job_finish(job=job)
         return None
     codes = ", ".join(sorted({f["code"] for f in findings}))
-    job_step(job, f"spot check of {which}: {codes}")
-    node_event(node, "spot_check_failed",
-               f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
-               + " A full verification was queued.", NodeEvent.Level.WARNING)
-    job_finish(job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
+    job_step(job=job, message=f"spot check of {which}: {codes}")
+    node_event(node=node, kind="spot_check_failed",
+               message=f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
+               + " A full verification was queued.", level=NodeEvent.Level.WARNING)
+    job_finish(job=job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
     if not node.verify_allowed():
         return None
     return node_verify_request(node=node, reason=f"spot check found {codes}")
@@ -486,6 +490,6 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
 def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
     """The node could not be spot-checked (unreachable, busy till the deadline): said in an event; the health
     check judges reachability, and the next spot check comes at its drawn time."""
-    node_event(job.node, "spot_check_failed_to_run", f"Spot check could not run: {error.message}",
-               NodeEvent.Level.INFO)
-    job_finish(job, error=error.message)
+    node_event(node=job.node, kind="spot_check_failed_to_run", message=f"Spot check could not run: {error.message}",
+               level=NodeEvent.Level.INFO)
+    job_finish(job=job, error=error.message)

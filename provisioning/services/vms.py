@@ -54,7 +54,7 @@ def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> 
 
 
 def _progress(job: Job, instance: Instance, message: str) -> None:
-    job_step(job, message)
+    job_step(job=job, message=message)
     instance_svc.instance_set_status_message(instance_id=instance.pk, message=message)
 
 
@@ -64,7 +64,7 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
     instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=answer["ssh_host"],
                                        ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"], message=message,
                                        vm=answer)
-    job_finish(job)
+    job_finish(job=job)
 
 
 def create_request(instance: Instance) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def create_request(instance: Instance) -> dict[str, Any]:
 def vm_provision(job: Job) -> None:
     instance = instance_svc.instance_mark_provisioning(instance_id=_instance_id(job))
     if instance is None:
-        job_finish(job, error="The instance is no longer waiting to be provisioned; nothing done.")
+        job_finish(job=job, error="The instance is no longer waiting to be provisioned; nothing done.")
         return
     _progress(job, instance, f"connecting to node {instance.node_id}")
     with node_session(instance.node) as session:
@@ -122,7 +122,7 @@ def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
     """The job's instance if it is still `status`; otherwise close the job as having nothing to do."""
     instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
     if instance.status != status:
-        job_finish(job, error=f"The instance is {instance.status}, not {doing}; nothing done.")
+        job_finish(job=job, error=f"The instance is {instance.status}, not {doing}; nothing done.")
         return None
     return instance
 
@@ -160,7 +160,7 @@ def vm_stop(job: Job) -> None:
         _progress(job, instance, "stopping the VM (the disk is kept)")
         session.agent("vm", "stop", _request(instance))
     instance_svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
-    job_finish(job)
+    job_finish(job=job)
 
 
 def vm_destroy(job: Job) -> None:
@@ -170,7 +170,7 @@ def vm_destroy(job: Job) -> None:
         _progress(job, instance, "destroying the VM and its disk")
         session.agent("vm", "destroy", _request(instance))
     instance_svc.instance_mark_destroyed(instance_id=instance.pk)
-    job_finish(job)
+    job_finish(job=job)
 
 
 def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
@@ -178,10 +178,10 @@ def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
     the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers."""
     instance = Instance.objects.get(pk=_instance_id(job))
     if instance.status != InstanceStatus.DESTROYING:  # it moved on meanwhile (e.g. an operator's action)
-        job_finish(job, error=error.message)
+        job_finish(job=job, error=error.message)
         return
     instance_svc.instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
-    job_finish(job, error=f"{error.message} The instance was destroyed for its renter; the VM is removed when "
+    job_finish(job=job, error=f"{error.message} The instance was destroyed for its renter; the VM is removed when "
                           "the node answers again.")
 
 
@@ -192,7 +192,7 @@ def vm_failed(job: Job, error: str) -> None:
     for the renter to destroy). An unreachable node is left to the reconciler.
     """
     instance = instance_svc.instance_mark_failed(instance_id=_instance_id(job), message=error)
-    job_finish(job, error=error)
+    job_finish(job=job, error=error)
     verb = "destroy" if instance.started_at is None else "stop"
     try:
         with node_session(instance.node) as session:

@@ -18,21 +18,21 @@ def _volume(job: Job) -> Volume:
 def volume_create_run(job: Job) -> None:
     volume = _volume(job)
     if volume.state != VolumeState.CREATING:
-        job_finish(job, error=f"The volume is {volume.state}, not creating; nothing done.")
+        job_finish(job=job, error=f"The volume is {volume.state}, not creating; nothing done.")
         return
-    job_step(job, f"creating {volume.name} ({volume.size_gb} GB) on node {volume.node_id}")
+    job_step(job=job, message=f"creating {volume.name} ({volume.size_gb} GB) on node {volume.node_id}")
     with node_session(volume.node) as session:
         session.agent("volume", "create", {"name": volume.name, "size_gb": volume.size_gb})
     volume_svc.volume_mark_available(volume_id=volume.pk)
-    job_finish(job)
+    job_finish(job=job)
 
 
 def volume_delete_run(job: Job) -> None:
     volume = _volume(job)
     if volume.state != VolumeState.DELETING:
-        job_finish(job, error=f"The volume is {volume.state}, not deleting; nothing done.")
+        job_finish(job=job, error=f"The volume is {volume.state}, not deleting; nothing done.")
         return
-    job_step(job, f"deleting {volume.name} on node {volume.node_id}")
+    job_step(job=job, message=f"deleting {volume.name} on node {volume.node_id}")
     try:
         with node_session(volume.node) as session:
             session.agent("volume", "delete", {"name": volume.name})
@@ -40,10 +40,10 @@ def volume_delete_run(job: Job) -> None:
         if exc.code != "volume_in_use":
             raise
         volume_svc.volume_delete_refused(volume_id=volume.pk, message=f"its node says: {exc.message}")
-        job_finish(job, error=exc.message)
+        job_finish(job=job, error=exc.message)
         return
     volume_svc.volume_mark_deleted(volume_id=volume.pk)
-    job_finish(job)
+    job_finish(job=job)
 
 
 def volume_job_failed(*, job: Job, error: NodeError | str) -> None:
@@ -55,4 +55,4 @@ def volume_job_failed(*, job: Job, error: NodeError | str) -> None:
             volume_svc.volume_mark_failed(volume_id=job.volume_id, message=message)
         else:
             volume_svc.volume_delete_refused(volume_id=job.volume_id, message=message)
-    job_finish(job, error=message)
+    job_finish(job=job, error=message)

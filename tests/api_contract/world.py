@@ -112,7 +112,7 @@ def payout(user: User) -> Payout:
     amount = 10_000_000
     earnings = user_account(user_id=user.pk, kind=AccountKind.PROVIDER_EARNINGS)
     txn, _ = ledger_post(idempotency_key=f"contract-payout:{user.pk}:{n}", kind=TransactionKind.PAYOUT,
-                         lines=[(earnings, -amount), (platform_account(AccountKind.PAYOUT_CLEARING), amount)])
+                         lines=[(earnings, -amount), (platform_account(kind=AccountKind.PAYOUT_CLEARING), amount)])
     start = date(2020, 1, 6) + timedelta(weeks=n)
     return Payout.objects.create(provider=user, period_start=start, period_end=start + timedelta(days=6),
                                  amount_micros=amount, destination="acct_1Contract", transaction=txn,

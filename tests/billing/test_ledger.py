@@ -26,7 +26,7 @@ def _wallet(user):
 
 def test_a_posting_moves_money_between_accounts_and_updates_their_cached_balances():
     user = UserFactory()
-    wallet, promo = _wallet(user), platform_account(AccountKind.PROMOTIONS)
+    wallet, promo = _wallet(user), platform_account(kind=AccountKind.PROMOTIONS)
     txn, created = ledger_post(idempotency_key="k1", kind=TransactionKind.CREDIT,
                                lines=[(wallet, 5_000_000), (promo, -5_000_000)])
     assert created and txn.entries.count() == 2
@@ -37,7 +37,7 @@ def test_a_posting_moves_money_between_accounts_and_updates_their_cached_balance
 
 def test_the_same_idempotency_key_posts_once():
     user = UserFactory()
-    lines = [(_wallet(user), 1), (platform_account(AccountKind.PROMOTIONS), -1)]
+    lines = [(_wallet(user), 1), (platform_account(kind=AccountKind.PROMOTIONS), -1)]
     first, created = ledger_post(idempotency_key="once", kind=TransactionKind.CREDIT, lines=lines)
     again, created_again = ledger_post(idempotency_key="once", kind=TransactionKind.CREDIT, lines=lines)
     assert created and not created_again and first.pk == again.pk
@@ -47,7 +47,7 @@ def test_the_same_idempotency_key_posts_once():
 @pytest.mark.parametrize("amounts", [[5, -4], [5], [0, 0], [1.5, -1.5], [True, -1], ["1", "-1"]])
 def test_unbalanced_or_non_integer_postings_are_refused(amounts):
     user = UserFactory()
-    accounts = [_wallet(user), platform_account(AccountKind.PROMOTIONS)]
+    accounts = [_wallet(user), platform_account(kind=AccountKind.PROMOTIONS)]
     lines = list(zip(accounts, amounts, strict=False))
     with pytest.raises(LedgerError):
         ledger_post(idempotency_key="bad", kind=TransactionKind.CREDIT, lines=lines)
@@ -56,7 +56,7 @@ def test_unbalanced_or_non_integer_postings_are_refused(amounts):
 
 def test_the_database_refuses_an_unbalanced_transaction_and_any_change_to_posted_rows():
     user = UserFactory()
-    wallet, promo = _wallet(user), platform_account(AccountKind.PROMOTIONS)
+    wallet, promo = _wallet(user), platform_account(kind=AccountKind.PROMOTIONS)
     txn, _ = ledger_post(idempotency_key="ok", kind=TransactionKind.CREDIT, lines=[(wallet, 7), (promo, -7)])
     with pytest.raises(DatabaseError, match="does not balance"), transaction.atomic():
         Entry.objects.create(transaction=txn, account=wallet, amount_micros=1)
@@ -118,7 +118,7 @@ def test_a_credit_needs_a_reason_and_a_positive_integer_amount():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_postings_on_the_same_accounts_neither_deadlock_nor_lose_updates():
     a, b = UserFactory(), UserFactory()
-    wa, wb, promo = _wallet(a), _wallet(b), platform_account(AccountKind.PROMOTIONS)
+    wa, wb, promo = _wallet(a), _wallet(b), platform_account(kind=AccountKind.PROMOTIONS)
     errors = []
 
     def post(n, lines):

@@ -28,7 +28,7 @@ def _sql(sql, params=()):
 def _posted():
     user = UserFactory()
     wallet, promo = user_account(user_id=user.pk, kind=AccountKind.CUSTOMER_WALLET), \
-        platform_account(AccountKind.PROMOTIONS)
+        platform_account(kind=AccountKind.PROMOTIONS)
     txn, _ = ledger_post(idempotency_key=f"ok:{user.pk}", kind=TransactionKind.CREDIT,
                          lines=[(wallet, 7), (promo, -7)])
     return txn, wallet, promo
@@ -130,7 +130,7 @@ def test_an_account_being_posted_to_cannot_be_deleted_until_the_posting_ends():
     has committed, finds its entries and is refused."""
     user = UserFactory()
     wallet, promo = user_account(user_id=user.pk, kind=AccountKind.CUSTOMER_WALLET), \
-        platform_account(AccountKind.PROMOTIONS)
+        platform_account(kind=AccountKind.PROMOTIONS)
     posted, release = threading.Event(), threading.Event()
 
     def poster():  # raw SQL, so that the only lock on the wallet is the one the check takes

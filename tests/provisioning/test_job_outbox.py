@@ -166,24 +166,24 @@ def test_one_execution_at_a_time_holds_a_job(db, settings):
     assert again.step.startswith("resumed: its execution was lost")
     # The lost execution, should it still run, changes nothing any more and stops at its next step.
     with pytest.raises(JobLost):
-        job_step(first, "benchmarking")
-    job_finish(first, error="too late")
+        job_step(job=first, message="benchmarking")
+    job_finish(job=first, error="too late")
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.runner == again.runner and job.error == ""
     # Its heartbeat stops: after JOB_HEARTBEAT_STALE_S another copy takes it over.
     Job.objects.filter(pk=job.pk).update(heartbeat_at=ago(46))
     third = job_begin(job_id=job.pk, task_id="job-1-c", worker="w2@host")
     assert third.lost_runs == 2 and "its worker stopped answering" in third.step
-    job_finish(third)
+    job_finish(job=third)
     assert job_begin(job_id=job.pk, task_id="job-1-d") is None  # finished: nothing to run
 
 
 def test_an_execution_whose_job_was_reaped_stops_at_its_next_step(db):
     job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
     begun = job_begin(job_id=job.pk, task_id="job-7-a")
-    job_finish(Job.objects.get(pk=job.pk), error="The job did not finish in time and was stopped by the platform.")
+    job_finish(job=Job.objects.get(pk=job.pk), error="The job did not finish in time and was stopped by the platform.")
     with pytest.raises(JobLost):
-        job_step(begun, "judging the GPUs against the catalogue")
+        job_step(job=begun, message="judging the GPUs against the catalogue")
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and job.step == "failed"
 

@@ -116,7 +116,7 @@ def _usage_txn(key, renter, provider, amount, fee, at):
     txn, _ = ledger_post(idempotency_key=key, kind="usage", at=at, lines=[
         (user_account(user_id=renter.pk, kind=AccountKind.CUSTOMER_WALLET), -amount),
         (user_account(user_id=provider.pk, kind=AccountKind.PROVIDER_EARNINGS), amount - fee),
-        (platform_account(AccountKind.PLATFORM_REVENUE), fee)])
+        (platform_account(kind=AccountKind.PLATFORM_REVENUE), fee)])
     return txn
 
 

@@ -319,7 +319,7 @@ def test_payouts_list_the_providers_own_and_the_account_form_keeps_bad_input(web
     for user, amount in ((renter, 30_000_000), (stranger, 41_000_000)):
         txn, _ = ledger_post(idempotency_key=f"payout-test-{user.pk}", kind="payout", lines=[
             (user_account(user_id=user.pk, kind=AccountKind.PROVIDER_EARNINGS), -amount),
-            (platform_account(AccountKind.PAYOUT_CLEARING), amount)])
+            (platform_account(kind=AccountKind.PAYOUT_CLEARING), amount)])
         Payout.objects.create(provider=user, period_start="2026-03-02", period_end="2026-03-08",
                               amount_micros=amount, destination="acct_1Test", status="paid", transaction=txn,
                               transfer_id=f"tr_{user.pk}", paid_at=timezone.now())

@@ -99,7 +99,7 @@ def _more_of_a_fleet():
     ledger_post(idempotency_key="fleet-usage", kind="usage", at=timezone.now() - timedelta(microseconds=1), lines=[
         (user_account(user_id=renter.pk, kind=AccountKind.CUSTOMER_WALLET), -74_700_000),
         (user_account(user_id=other.pk, kind=AccountKind.PROVIDER_EARNINGS), 63_495_000),
-        (platform_account(AccountKind.PLATFORM_REVENUE), 11_205_000)])
+        (platform_account(kind=AccountKind.PLATFORM_REVENUE), 11_205_000)])
 
 
 def settled(node_id, state):
