@@ -13,6 +13,7 @@ minute and taken over; a job whose worker was lost more than JOB_MAX_LOST_RUNS t
 import logging
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Protocol
 
 from celery import shared_task
 from celery.exceptions import Retry
@@ -46,7 +47,13 @@ JOB_TASK_OPTIONS = {
     "max_retries": 3,
 }
 
-RUNNERS: dict[str, tuple[Callable[[Job], None], Callable[..., None] | None]] = {
+class JobRunner(Protocol):
+    """A job kind's service: it runs the job (keyword-only, as every service)."""
+
+    def __call__(self, *, job: Job) -> None: ...
+
+
+RUNNERS: dict[str, tuple[JobRunner, Callable[..., None] | None]] = {
     JobKind.NODE_VERIFY: (node_verify_run, node_verify_failed),
     JobKind.NODE_SPOT_CHECK: (node_spot_check_run, node_spot_check_failed),
     JobKind.INSTANCE_PROVISION: (vms.vm_provision, None),
@@ -67,7 +74,7 @@ def _fail(job: Job, exc: NodeError) -> None:
     if on_failure is not None:
         on_failure(job=job, error=exc)
     else:
-        vms.vm_failed(job, exc.message)
+        vms.vm_failed(job=job, error=exc.message)
 
 
 def run_job(task, job_id: int) -> None:
@@ -91,7 +98,7 @@ def run_job(task, job_id: int) -> None:
 def _run(task, job: Job) -> None:
     run, _ = RUNNERS[job.kind]
     try:
-        run(job)
+        run(job=job)
     except JobLost:
         raise
     except NodeBusy as exc:

@@ -132,7 +132,7 @@ def rented_gpu_indices(node: Node) -> list[int]:
                   .values_list("gpu__index", flat=True))
 
 
-def node_verify_run(job: Job) -> None:
+def node_verify_run(*, job: Job) -> None:
     """The check itself, on a worker: inventory, benchmark, policy, verdict. Raises NodeError if the node
     cannot be reached (the task decides whether to retry) or the benchmark runs past its bound."""
     node = job.node
@@ -435,7 +435,7 @@ def node_spot_check_request(*, node: Node) -> Job | None:
     return job
 
 
-def node_spot_check_run(job: Job) -> None:
+def node_spot_check_run(*, job: Job) -> None:
     """The spot check, on a worker: the platform's challenge (verification/challenge.py) and memory proof
     (verification/memproof.py) on the node's GPUs that no renter holds now, nothing else. The node is not taken
     out of `active` and no GPU is allocated: a renter may book one meanwhile (both last seconds). A clean answer

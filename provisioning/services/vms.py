@@ -100,7 +100,7 @@ def create_request(instance: Instance) -> dict[str, Any]:
     return request
 
 
-def vm_provision(job: Job) -> None:
+def vm_provision(*, job: Job) -> None:
     instance = instance_svc.instance_mark_provisioning(instance_id=_instance_id(job))
     if instance is None:
         job_finish(job=job, error="The instance is no longer waiting to be provisioned; nothing done.")
@@ -133,7 +133,7 @@ def _start(session: NodeSession, instance: Instance) -> dict[str, Any]:
         instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
 
 
-def vm_start(job: Job) -> None:
+def vm_start(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STARTING, "starting")) is None:
         return
     with node_session(instance.node) as session:
@@ -142,7 +142,7 @@ def vm_start(job: Job) -> None:
     _running(job, instance, answer, "Running")
 
 
-def vm_restart(job: Job) -> None:
+def vm_restart(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STARTING, "restarting")) is None:
         return
     with node_session(instance.node) as session:
@@ -153,7 +153,7 @@ def vm_restart(job: Job) -> None:
     _running(job, instance, answer, "Running (restarted)")
 
 
-def vm_stop(job: Job) -> None:
+def vm_stop(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STOPPING, "stopping")) is None:
         return
     with node_session(instance.node) as session:
@@ -163,7 +163,7 @@ def vm_stop(job: Job) -> None:
     job_finish(job=job)
 
 
-def vm_destroy(job: Job) -> None:
+def vm_destroy(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.DESTROYING, "destroying")) is None:
         return
     with node_session(instance.node) as session:
@@ -185,7 +185,7 @@ def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
                           "the node answers again.")
 
 
-def vm_failed(job: Job, error: str) -> None:
+def vm_failed(*, job: Job, error: str) -> None:
     """A job gave up: the instance fails and its GPUs are released, so the VM must not keep them.
 
     A VM that never became running is destroyed; an existing one is stopped (its disk is kept

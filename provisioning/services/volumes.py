@@ -15,7 +15,7 @@ def _volume(job: Job) -> Volume:
     return Volume.objects.select_related("node").get(pk=job.volume_id)
 
 
-def volume_create_run(job: Job) -> None:
+def volume_create_run(*, job: Job) -> None:
     volume = _volume(job)
     if volume.state != VolumeState.CREATING:
         job_finish(job=job, error=f"The volume is {volume.state}, not creating; nothing done.")
@@ -27,7 +27,7 @@ def volume_create_run(job: Job) -> None:
     job_finish(job=job)
 
 
-def volume_delete_run(job: Job) -> None:
+def volume_delete_run(*, job: Job) -> None:
     volume = _volume(job)
     if volume.state != VolumeState.DELETING:
         job_finish(job=job, error=f"The volume is {volume.state}, not deleting; nothing done.")

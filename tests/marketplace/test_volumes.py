@@ -106,7 +106,7 @@ def test_an_instance_mounts_volumes_and_the_agent_is_asked_to(api, user, monkeyp
     monkeypatch.setattr("provisioning.services.vms.job_step", lambda job, message: None)
     job = Job.objects.get(instance_id=r.json()["id"])
     with pytest.raises(RuntimeError):
-        vm_provision(job)
+        vm_provision(job=job)
     assert sent[("vm", "create")]["volumes"] == [{"name": a.name, "mount": "/data"},
                                                  {"name": b.name, "mount": "/workspace/cache"}]
 

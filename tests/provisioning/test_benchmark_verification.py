@@ -76,7 +76,7 @@ def register(simnode, simbase, profile: str | dict, **fields) -> Node:
 
 def verify(node: Node) -> tuple[Node, Job]:
     job = job_begin(job_id=node_verify_request(node=node).pk)
-    node_verify_run(job)
+    node_verify_run(job=job)
     node.refresh_from_db()
     job.refresh_from_db()
     return node, job
@@ -160,7 +160,7 @@ def test_a_node_that_fails_while_rented_stays_up_for_its_renters(db, simnode, si
     instance_svc.instance_mark_failed(instance_id=instance.pk, message="gone")
     assert nodes_reverify_due()["queued"] == 1
     job = job_begin(job_id=Job.objects.get(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).pk)
-    node_verify_run(job)
+    node_verify_run(job=job)
     node.refresh_from_db()
     assert (node.state, node.verdict) == ("rejected", "rejected")
 

@@ -72,7 +72,7 @@ def register(server, simbase, *, pin: bool = True, address: str | None = None, p
 
 def verify(node: Node) -> tuple[Node, Job]:
     job = job_begin(job_id=node_verify_request(node=node).pk)
-    node_verify_run(job)
+    node_verify_run(job=job)
     node.refresh_from_db()
     job.refresh_from_db()
     return node, job

@@ -279,7 +279,7 @@ def test_an_execution_that_lost_its_job_does_not_fail_it(db, monkeypatch):
                                                ssh_public_keys=[public_key()])
     job = instance.jobs.get()
 
-    def stalled_then_failed(job):
+    def stalled_then_failed(*, job):
         Job.objects.filter(pk=job.pk).update(runner="job-6-b w2@h:2:y")  # another worker took it over
         raise NodeError("The node did not answer.")
 

@@ -164,7 +164,7 @@ def test_a_spot_check_that_cannot_reach_the_node_fails_without_judging_it(db, bo
     node = make_node(state=NodeState.ACTIVE, verdict="verified", address="127.0.0.1", ssh_port=1)
     job = job_begin(job_id=node_spot_check_request(node=node).pk)
     with pytest.raises(NodeError):
-        node_spot_check_run(job)  # the task retries transient errors, then fails the job as below
+        node_spot_check_run(job=job)  # the task retries transient errors, then fails the job as below
     tasks._fail(job, NodeError("connection refused"))
     job.refresh_from_db()
     node.refresh_from_db()
@@ -181,7 +181,7 @@ def spot_check(node: Node) -> Job:
                                            next_spot_check_at=timezone.now() - timedelta(seconds=1))
     assert nodes_reverify_due()["spot_checks"] == 1
     job = job_begin(job_id=Job.objects.get(node=node, kind=JobKind.NODE_SPOT_CHECK, status=JobStatus.QUEUED).pk)
-    node_spot_check_run(job)
+    node_spot_check_run(job=job)
     job.refresh_from_db()
     return job
 
@@ -212,7 +212,7 @@ def test_spot_checks_over_ssh_queue_a_verification_only_on_a_finding(db, simnode
     node.refresh_from_db()
     assert (node.state, node.verdict) == ("active", "verified")  # the full verification judges it, not the spot check
     node_verify_job = job_begin(job_id=queued.pk)
-    node_verify_run(node_verify_job)
+    node_verify_run(job=node_verify_job)
     node.refresh_from_db()
     assert (node.state, node.verdict) == ("rejected", "rejected")
 
