@@ -104,10 +104,13 @@ TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rul
     # node before "too slow" or "outlier" is judged: ~10 % of the quick target, ~2 % of the full one. "Too fast"
     # is judged on the raw time, so each judgement gives the node the benefit of the doubt.
     "challenge_latency_allowance_s": 0.15,
-    # The memory proof's fresh root (memproof.py): seconds of SSH and scheduling jitter beyond the time the claimed
-    # card reads its fill at half its datasheet bandwidth (tens of ms). Memory kept in host RAM instead costs
-    # seconds at PCIe rates, so the allowance can be generous.
-    "memory_proof_latency_allowance_s": 0.5,
+    # The memory proof's fresh root (memproof.py): seconds of the platform's own latency beyond the time the
+    # claimed card reads its fill at half its datasheet bandwidth (tens of ms), plus the pings' spread up to the
+    # cap. Not generous: a card that rebuilds the memory it lacks on the card pays passes of its memory, tens of
+    # ms each (bench/memproof_recompute.py); a late first answer gets a second fresh salt, so one slow line of a
+    # busy control plane is not a verdict.
+    "memory_proof_latency_allowance_s": 0.1,
+    "memory_proof_jitter_allowance_max_s": 0.15,
     # --- score ---
     # 100 = the reference card at its datasheet: geometric mean of BF16 and bandwidth ratios, per GPU.
     "score_reference": {"name": "A100 80GB SXM datasheet", "bf16_tflops": 312.0, "memory_bandwidth_gbs": 2039.0},

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from provisioning.agent.gpumarket_agent import memproof as node
+from provisioning.agent.gpumarket_agent import recompute
 from provisioning.verification import memproof
 from provisioning.verification.policy import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR
@@ -35,11 +36,12 @@ def test_both_sides_have_the_same_fill_and_digests():
         assert node.block_zero(seed, gpu, size) == memproof.block_zero(seed, gpu, size)
         for i in range(1, 6):
             assert node.links(seed, gpu, i, size) == memproof.links(seed, gpu, i, size)
-            assert node.links(seed, gpu, i, size)[0] < i
+            refs, _ = node.links(seed, gpu, i, size)
+            assert len(refs) == memproof.REFS == node.REFS and all(0 <= p < i and 0 <= r < size for p, r in refs)
         blocks = node.fill(seed, gpu, 6, size)
         for i in range(1, 6):
-            pi, rot, salt = memproof.links(seed, gpu, i, size)
-            assert blocks[i] == [memproof.g_word(blocks[i - 1][j], blocks[pi][(j + rot) % size], salt)
+            refs, salt = memproof.links(seed, gpu, i, size)
+            assert blocks[i] == [memproof.g_word(blocks[i - 1][j], [blocks[p][(j + r) % size] for p, r in refs], salt)
                                  for j in range(size)]
         salts = memproof.position_salts(seed, 16)
         assert node.position_salts(seed, 16) == salts
@@ -70,8 +72,9 @@ def test_a_block_depends_on_whole_earlier_blocks_not_on_one_position():
     changed = [b[:] for b in blocks[:1]]
     changed[0][5] ^= 1
     for i in range(1, 12):
-        pi, rot, salt = node.links(seed, 0, i, size)
-        changed.append([node.fmix32(changed[i - 1][j] ^ changed[pi][(j + rot) % size] ^ salt) for j in range(size)])
+        refs, salt = node.links(seed, 0, i, size)
+        changed.append([node.g_word(changed[i - 1][j], [changed[p][(j + r) % size] for p, r in refs], salt)
+                        for j in range(size)])
     differ = {j for j in range(size) if changed[11][j] != blocks[11][j]}
     assert len(differ) > 1 and differ != {5}
 
@@ -273,3 +276,94 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
     real = memproof.draw(A100, [0], real=True)
     assert real.blocks * real.chunks * real.words * 4 >= 0.95 * 81920 * 2 ** 20
     assert node.validate(real.request(600))["blocks"] == real.blocks
+
+
+# ------------------------------------------------------------------ a card rebuilding what it lacks; the retry
+
+def test_rebuilding_dropped_blocks_costs_passes_of_memory_an_honest_card_does_not_pay():
+    seed = 0x5EED
+    assert recompute.recompute_passes(seed, 0, 1187, 1.0) == 1.0
+    # half of a real 76 GB fill: with six earlier blocks read per block, past the count's cap; with one, cheap
+    assert recompute.recompute_passes(seed, 0, 1187, 0.52) == recompute.RECOMPUTE_CAP
+    assert recompute.recompute_passes(seed, 0, 1187, 0.52, refs=1) < 2.0  # inside the old deadline: the hole it closes
+    assert 1.0 < recompute.recompute_passes(seed, 0, 1187, 0.9) < recompute.recompute_passes(seed, 0, 1187, 0.7)
+
+
+def test_a_40gb_card_rebuilding_the_rest_on_the_card_is_late_with_every_opening_right():
+    path = PROFILES_DIR / "a100-40gb-sxm-says-80gb-rebuilds-the-rest-x1.json"
+    drawn, out, final, status = exchange_with_agent(path, A100, [0])
+    assert (final["ok"], status) == (True, [0])
+    findings, figures = memproof.judge(A100, drawn, out)
+    assert codes(findings) == [("memory_proof_late", "reject", 0)]
+    assert figures["gpus"]["0"]["correct"] is True and figures["fresh_rounds"] == 2  # late twice
+    assert figures["gpus"]["0"]["fresh_s"] > 1.0 > figures["read_deadline_s"]
+    assert json.loads(path.read_text())["expect"] == {"verdict": "rejected", "findings": ["memory_proof_late"]}
+
+
+class ClockedExchange(FakeExchange):
+    """FakeExchange on a clock of its own: each line arrives `delay` seconds after the last message sent."""
+
+    def __init__(self, *timed):
+        super().__init__(*[line for line, _ in timed])
+        self.delays, self.now = [delay for _, delay in timed], 1000.0
+
+    def send(self, message):
+        self.sent.append(message)
+        return self.now
+
+    def receive(self, timeout):
+        line, _ = super().receive(timeout)
+        delay = self.delays.pop(0) if self.delays else 0.0
+        return line, self.now + delay
+
+
+def fresh_answers(*delays):
+    root = b'{"gpu": 0, "root": "ab"}'
+    return [(root, delay) for delay in delays]
+
+
+def test_a_late_fresh_root_gets_a_second_salt_and_the_second_answer_is_judged():
+    drawn = memproof.draw(A100, [0])
+    on_time, late = drawn.read_s / 2, drawn.read_s + 1.0
+    exchange = ClockedExchange(*[(p, 0.001) for p in PONGS], *fresh_answers(0.0, late, on_time), (b'{"nope": 1}', 0))
+    out = memproof.run(exchange, drawn, 300)
+    assert out.fresh_rounds == 2 and [m for m in exchange.sent if "fresh" in m][1]["fresh"] == out.fresh_salt
+    findings, figures = memproof.judge(A100, drawn, out)
+    assert "memory_proof_late" not in {f.code for f in findings}  # (its openings are garbage: failed)
+    assert figures["gpus"]["0"]["fresh_s"] == pytest.approx(on_time - 0.001, abs=1e-4)
+
+    exchange = ClockedExchange(*[(p, 0.001) for p in PONGS], *fresh_answers(0.0, late, late), (b'{"nope": 1}', 0))
+    out = memproof.run(exchange, drawn, 300)
+    assert out.fresh_rounds == memproof.FRESH_TRIES == 2 and len([m for m in exchange.sent if "fresh" in m]) == 2
+    assert memproof.late_gpus(drawn, out) == [0]  # judged late (here its garbage openings fail it first)
+
+    exchange = ClockedExchange(*[(p, 0.001) for p in PONGS], *fresh_answers(0.0, on_time), (b'{"nope": 1}', 0))
+    assert memproof.run(exchange, drawn, 300).fresh_rounds == 1  # on time: no second salt
+
+
+def test_uneven_pongs_buy_at_most_the_capped_allowance():
+    drawn = memproof.draw(A100, [0])
+    base, cap = (memproof.TOLERANCES["memory_proof_latency_allowance_s"],
+                 memproof.TOLERANCES["memory_proof_jitter_allowance_max_s"])
+    steady = memproof.run(ClockedExchange(*[(p, 0.002) for p in PONGS], *fresh_answers(0.0, 0.0)), drawn, 300)
+    assert memproof.allowance_s(steady) == pytest.approx(base)
+    uneven = [(PONGS[0], 0.001), (PONGS[1], 5.0), (PONGS[2], 0.001)]
+    out = memproof.run(ClockedExchange(*uneven, *fresh_answers(0.0, drawn.read_s + base + cap + 0.05,
+                                                                drawn.read_s + base + cap + 0.05)), drawn, 300)
+    assert out.ping_spread_s == pytest.approx(4.999) and memproof.allowance_s(out) == pytest.approx(base + cap)
+    assert memproof.late_gpus(drawn, out) == [0]
+
+
+def test_the_agent_takes_a_second_fresh_salt_and_refuses_a_third():
+    import io
+    cfg = SimpleNamespace(runtime="sim", sim_profile=str(PROFILES_DIR / "a100-80gb-sxm-x4.json"))
+    request = json.dumps({"memproof": memproof.draw(A100, [0]).request(60)}) + "\n"
+    out = io.StringIO()
+    lines = request + '{"fresh": 1}\n{"fresh": 2}\n{"open": {"0": [[1, 0]]}}\n'
+    assert node.run_exchange(cfg, io.StringIO(lines), out, sleep=lambda s: None) == 0
+    answers = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len([a for a in answers if "root" in a]) == 3 and answers[-1]["ok"] is True
+    out = io.StringIO()
+    lines = request + '{"fresh": 1}\n{"fresh": 2}\n{"fresh": 3}\n'
+    assert node.run_exchange(cfg, io.StringIO(lines), out, sleep=lambda s: None) == 2
+    assert json.loads(out.getvalue().splitlines()[-1])["error"]["field"] == "open"

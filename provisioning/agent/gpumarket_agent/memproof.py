@@ -4,19 +4,25 @@ on the platform's clock, open the chunks the platform picks. Interactive, one JS
     platform -> {"ping": i}                       node -> {"pong": i}
     platform -> {"memproof": {...}}               node -> {"gpu": i, "root": hex}      one line per GPU (the fill)
     platform -> {"fresh": salt}                   node -> {"gpu": i, "root": hex}      per GPU, timed by the platform
+   (platform -> {"fresh": salt}                   node -> the same, under the new salt: once, when it came late)
     platform -> {"open": {"<gpu>": [[block, chunk], ...]}}
                                                   node -> {"opened": {"<gpu>": [{"block", "chunk", "words",
                                                           "packed", "path", "packed_fresh", "path_fresh"}, ...]}}
     node -> {"ok": true, "agent_version": ...}    (or {"ok": false, "error": {...}} at any point, then the end)
 
 The fill, the digests and the Merkle tree are provisioning/verification/memproof.py's (a test holds them equal):
-block 0 from the seed, block i = fmix32(block_{i-1}[j] ^ block_{pi(i)}[(j + r_i) mod W] ^ salt_i).
+block 0 from the seed, block i = fmix32(block_{i-1}[j] ^ block_{p_1}[(j + r_1) mod W] ^ ... ^ block_{p_REFS}[...]
+^ salt_i), each p_k < i and r_k drawn from the seed. REFS earlier blocks per block, not one: a card that dropped
+part of its fill and rebuilds it for the fresh root needs the blocks each dropped block reads, and with six of
+them those are often dropped too (recompute_passes measures what that costs on the graph a real fill has).
 
 In sim mode the node really computes a small fill (`blocks` x `chunks` x `words` words) standing for
 `nominal_bytes` per GPU, and answers no sooner than its real card would: the fill at FILL_PASSES x nominal bytes
 over the card's real bandwidth; the fresh root at the bytes it holds on the card over its bandwidth plus the rest
 over its host link. A profile's `memory_held_mib` (per GPU or for the node) is what the card really holds; with
-`memory_rest: "made_up"` it does not fetch the rest at all and commits made-up digests for the blocks it lacks.
+`memory_rest: "made_up"` it does not fetch the rest at all and commits made-up digests for the blocks it lacks;
+with `"recomputed"` it rebuilds what it lacks on the card for each digest, at recompute.py passes of its
+memory (the cheapest way to do that this module knows, on the graph of a real fill of the nominal bytes).
 On a real node (or `"device": "cpu"` in the request, for tests and gpu-selfcheck) TorchCard does the same on the
 device with PyTorch: the blocks as int32 tensors (the words' bits), built and digested in slices of SLICE words,
 so that the fill takes the requested bytes and little more; only the chunk digests (8 bytes per chunk) and the
@@ -36,11 +42,14 @@ from .core import AGENT_VERSION, AgentError, invalid
 from .smi import load_profile
 
 KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
-FILL_PASSES = 3
+REFS = 6  # earlier blocks each block reads besides the one before it
+FILL_PASSES = REFS + 2  # the fill reads REFS + 1 blocks and writes one per block: its nominal traffic
+REAL_BLOCK_BYTES = 4096 * 4096 * 4  # a real fill's block (verification/memproof.py REAL_SIZES)
 LIMITS = {"blocks": (2, 4096), "chunks": (1, 1 << 20), "words": (1, 4096), "nominal_bytes": (1, 1 << 44),
           "time_limit_s": (1, 900)}
 SLICE = 1 << 22  # words built or digested at once on the device (int64 temporaries: a few x 32 MiB)
 MAX_OPENINGS = 64
+MAX_FRESH = 2  # fresh salts in one proof: the platform asks again once when the first roots came late
 
 
 def key(seed, gpu, what):
@@ -56,16 +65,29 @@ def block_zero(seed, gpu, size):
 
 
 def links(seed, gpu, i, size):
-    return (mix64(key(seed, gpu, "pi") ^ i) % i, mix64(key(seed, gpu, "rot") ^ i) % size,
-            mix64(key(seed, gpu, "salt") ^ i) & M32)
+    """((p_k, r_k) for the REFS blocks block i >= 1 reads, salt_i)."""
+    rots = [mix64(key(seed, gpu, "rot") ^ (i * REFS + k)) % size for k in range(REFS)]
+    refs = tuple(zip(read_blocks(seed, gpu, i), rots))  # noqa: B905 - python3.8
+    return refs, mix64(key(seed, gpu, "salt") ^ i) & M32
+
+
+def read_blocks(seed, gpu, i, refs=REFS):
+    """The earlier blocks block i reads (`refs` of them: a bench compares fills with fewer)."""
+    return [mix64(key(seed, gpu, "pi") ^ (i * refs + k)) % i for k in range(refs)]
+
+
+def g_word(prev, refs, salt):
+    for ref in refs:
+        prev ^= ref
+    return fmix32(prev ^ salt)
 
 
 def fill(seed, gpu, blocks, size):
     out = [block_zero(seed, gpu, size)]
     for i in range(1, blocks):
-        pi, rot, salt = links(seed, gpu, i, size)
-        prev, ref = out[i - 1], out[pi]
-        out.append([fmix32(prev[j] ^ ref[(j + rot) % size] ^ salt) for j in range(size)])
+        refs, salt = links(seed, gpu, i, size)
+        prev = out[i - 1]
+        out.append([g_word(prev[j], [out[p][(j + r) % size] for p, r in refs], salt) for j in range(size)])
     return out
 
 
@@ -132,7 +154,8 @@ class SimCard:
         held_mib = spec.get("memory_held_mib", perf.get("memory_held_mib"))
         nominal = req["nominal_bytes"]
         self.held_bytes = nominal if held_mib is None else min(nominal, held_mib * 2 ** 20)
-        self.made_up = perf.get("memory_rest") == "made_up"
+        rest = perf.get("memory_rest")
+        self.made_up, self.recomputed = rest == "made_up", rest == "recomputed"
         size = req["chunks"] * req["words"]
         self.blocks = fill(req["seed"], i, req["blocks"], size)
         # the blocks beyond the share held stand for the memory the card does not have
@@ -158,7 +181,13 @@ class SimCard:
         return FILL_PASSES * self.req["nominal_bytes"] / self.bandwidth
 
     def fresh_s(self):
-        rest = 0 if self.made_up else (self.req["nominal_bytes"] - self.held_bytes) / self.host_link
+        nominal = self.req["nominal_bytes"]
+        if self.recomputed:  # rebuilds on the card what it lacks, on the graph a real fill of these bytes has
+            from .recompute import recompute_passes
+            blocks = max(2, -(-nominal // REAL_BLOCK_BYTES))
+            return recompute_passes(self.req["seed"], self.i, blocks, self.held_bytes / float(nominal)) * (
+                nominal / self.bandwidth)
+        rest = 0 if self.made_up else (nominal - self.held_bytes) / self.host_link
         return self.held_bytes / self.bandwidth + rest
 
     def open(self, block, chunk):
@@ -199,12 +228,15 @@ class TorchCard:
 
     def derive(self, i):
         torch = self.torch
-        pi, rot, salt = links(self.req["seed"], self.i, i, self.size)
-        prev, ref = self.blocks[i - 1], self.blocks[pi]
+        refs, salt = links(self.req["seed"], self.i, i, self.size)
+        prev = self.blocks[i - 1]
         out = torch.empty(self.size, dtype=torch.int32, device=self.dev)
         for a, b in self._slices():
-            at = (torch.arange(a, b, dtype=torch.int64, device=self.dev) + rot) % self.size
-            out[a:b] = self.fmix(prev[a:b] ^ ref.index_select(0, at) ^ _signed(salt, 32))
+            mixed = prev[a:b] ^ _signed(salt, 32)
+            for p, rot in refs:
+                at = (torch.arange(a, b, dtype=torch.int64, device=self.dev) + rot) % self.size
+                mixed ^= self.blocks[p].index_select(0, at)
+            out[a:b] = self.fmix(mixed)
         return out
 
     def digests(self, block, salts):
@@ -324,11 +356,22 @@ def commit_all(lines, cards, seconds, salts_of, fresh, clock, sleep):
         lines.write({"gpu": i, "root": roots[i]})
 
 
+def needed_chunks(req, gpu, block, chunk):
+    """The (block, chunk) pairs that prove chunk `chunk` of `block`: itself, the same chunk of the block before,
+    and the chunks of each block it reads that its words read."""
+    size, words = req["chunks"] * req["words"], req["words"]
+    refs, _ = links(req["seed"], gpu, block, size)
+    start = chunk * words
+    needed = {(block, chunk), (block - 1, chunk)}
+    for p, rot in refs:
+        needed |= {(p, (start + rot) % size // words), (p, (start + words - 1 + rot) % size // words)}
+    return needed
+
+
 def opened(message, cards, req):
     picks = message.get("open")
     if not isinstance(picks, dict):
         raise invalid("open", "open must be an object of GPU index -> [[block, chunk], ...]")
-    size = req["chunks"] * req["words"]
     answer = {}
     for k, wanted in picks.items():
         i = int(k) if str(k).isdigit() else None
@@ -340,10 +383,7 @@ def opened(message, cards, req):
                     or not 1 <= pick[0] < req["blocks"] or not 0 <= pick[1] < req["chunks"]):
                 raise invalid("open", "open asks for a block or chunk that does not exist: %r" % (pick,))
             block, chunk = pick
-            pi, rot, _ = links(req["seed"], i, block, size)
-            start = chunk * req["words"]
-            needed = {(block, chunk), (block - 1, chunk)}
-            needed |= {(pi, ((start + t + rot) % size) // req["words"]) for t in range(req["words"])}
+            needed = needed_chunks(req, i, block, chunk)
             for b, c in needed:
                 items[b, c] = cards[i].open(b, c)
         answer[str(i)] = [items[bc] for bc in sorted(items)]
@@ -378,15 +418,20 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
         else:
             cards = torch_cards(req)
             commit_now(lines, cards, digest_salts, False)
-        fresh = lines.read("fresh").get("fresh")
-        if type(fresh) is not int or not 0 <= fresh <= M64:
-            raise invalid("fresh", "fresh must be a 64-bit unsigned integer")
-        if sim:
-            commit_all(lines, cards, SimCard.fresh_s, lambda i: position_salts(fresh, req["words"]), True, clock,
-                       sleep)
-        else:
-            commit_now(lines, cards, lambda i: position_salts(fresh, req["words"]), True)
-        lines.write({"opened": opened(lines.read("open"), cards, req)})
+        message = lines.read("fresh")
+        for _ in range(MAX_FRESH):  # the platform may send another fresh salt: the last one's roots are opened
+            fresh = message.get("fresh")
+            if type(fresh) is not int or not 0 <= fresh <= M64:
+                raise invalid("fresh", "fresh must be a 64-bit unsigned integer")
+            salts = lambda i, fresh=fresh: position_salts(fresh, req["words"])  # noqa: E731
+            if sim:
+                commit_all(lines, cards, SimCard.fresh_s, salts, True, clock, sleep)
+            else:
+                commit_now(lines, cards, salts, True)
+            message = lines.read("open")
+            if "fresh" not in message:
+                break
+        lines.write({"opened": opened(message, cards, req)})
         lines.write({"ok": True, "agent_version": AGENT_VERSION})
         return 0
     except AgentError as exc:
