@@ -28,6 +28,7 @@ from pathlib import Path
 import paramiko
 
 from provisioning.agent.gpumarket_agent.bundle import build_zipapp
+from provisioning.ssh_round_trip import transport_round_trips
 
 log = logging.getLogger(__name__)
 
@@ -534,6 +535,11 @@ class AgentExchange:
             self.buffer += chunk
             if len(self.buffer) > MAX_ANSWER_BYTES:
                 raise EOFError("the agent's answer is larger than 8 MiB")
+
+    def transport_round_trips(self, timeout: float = 5.0) -> dict[str, float]:
+        """Round trips the agent does not answer (the SSH server's, the platform kernel's TCP estimate): see
+        ssh_round_trip.py."""
+        return transport_round_trips(self.chan.get_transport(), timeout)
 
     def close(self) -> None:
         self.chan.close()

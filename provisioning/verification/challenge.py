@@ -3,8 +3,9 @@
 1. draw(): a secret 64-bit seed and sizes from the claimed card's datasheet, so that the nominal work per GPU
    (`flop_per_gpu`) takes `target_s` on the claimed card at its datasheet BF16 rate.
 2. run(): over one interactive exchange with the agent (`agent challenge`, agent/gpumarket_agent/challenge.py):
-   the SSH round trip timed with pings; the challenge sent; each GPU's commitment timed on the platform's clock as
-   it arrives; only then the rows to reveal drawn with a secret RNG; the revealed rows read.
+   the SSH round trip timed with pings and below the agent (round_trip.py); the challenge sent; each GPU's
+   commitment timed on the platform's clock as it arrives; only then the rows to reveal drawn with a secret RNG;
+   the revealed rows read.
 3. judge(): the revealed rows must hash to the committed digests (row -> product -> commitment), and entries the
    platform picks (never told to the node) must equal what the platform computes itself from the seed, exactly in
    integers (entries are in [-2, 2], so FP32 accumulation is exact; a BF16-rounded output is allowed its rounding).
@@ -49,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from provisioning.verification import round_trip
 from provisioning.verification.policy import DEGRADE, REJECT, TOLERANCES, DeclaredModel, Finding
 
 M64 = (1 << 64) - 1
@@ -247,7 +249,8 @@ class Exchange(Protocol):
 class Outcome:
     """What happened in the exchange, as the platform saw it; judge() turns it into findings."""
 
-    round_trip_s: float | None = None
+    round_trip_s: float | None = None  # taken off each commitment's time: the least of `round_trips`, capped
+    round_trips: dict = field(default_factory=dict)  # what each measurement said: round_trip.credit()
     sent_at: float | None = None
     arrivals: dict = field(default_factory=dict)  # gpu -> platform clock at its commitment
     commitments: dict = field(default_factory=dict)  # gpu -> hex
@@ -301,7 +304,7 @@ def run(exchange: Exchange, challenge: Challenge, time_limit_s: int, rng: random
             if message.get("pong") != i:
                 return _ended(out, message, "answered a ping with something else")
             trips.append(at - sent)
-        out.round_trip_s = min(trips)
+        out.round_trip_s, out.round_trips = round_trip.credit(trips, exchange)
         out.sent_at = exchange.send({"challenge": challenge.request(time_limit_s)})
         deadline = out.sent_at + challenge.wait_s
         waiting = set(challenge.gpu_indices)
@@ -399,7 +402,8 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
     trip = out.round_trip_s or 0.0
     figures: dict[str, Any] = {"seed_bits": 64, "n": challenge.n, "k": challenge.k, "products": challenge.products,
                                "flop_per_gpu": challenge.flop_per_gpu, "target_s": challenge.target_s,
-                               "round_trip_s": round(trip, 6) if out.round_trip_s is not None else None, "gpus": {}}
+                               "round_trip_s": round(trip, 6) if out.round_trip_s is not None else None,
+                               "round_trips": round_trip.figures(out.round_trips), "gpus": {}}
     rates: dict[int, float] = {}
     for gpu in challenge.gpu_indices:
         row: dict[str, Any] = {"node_elapsed_s": out.node_elapsed_s.get(gpu)}

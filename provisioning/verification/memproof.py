@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioning.verification import round_trip
 from provisioning.verification.challenge import (
     M32,
     M64,
@@ -184,7 +185,8 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
 
 @dataclass
 class Outcome:
-    round_trip_s: float | None = None
+    round_trip_s: float | None = None  # taken off each fresh root's time: the least of `round_trips`, capped
+    round_trips: dict = field(default_factory=dict)  # what each measurement said: round_trip.credit()
     ping_spread_s: float = 0.0  # the slowest ping's round trip less the fastest
     fresh_rounds: int = 0  # fresh salts sent: a second one when the first roots came late
     roots: dict = field(default_factory=dict)  # gpu -> root of the fill
@@ -235,7 +237,8 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
                 out.problem = "did not answer a ping"
                 return out
             trips.append(at - sent)
-        out.round_trip_s, out.ping_spread_s = min(trips), max(trips) - min(trips)
+        out.ping_spread_s = max(trips) - min(trips)
+        out.round_trip_s, out.round_trips = round_trip.credit(trips, exchange)
         sent = exchange.send({"memproof": proof.request(time_limit_s)})
         out.problem = _roots(exchange, proof, sent + proof.fill_wait_s, "root of its fill", out.roots)
         if out.problem:
@@ -353,7 +356,8 @@ def judge(declared: DeclaredModel, proof: MemProof, out: Outcome) -> tuple[list[
     gib = proof.nominal_bytes / 2 ** 30
     figures: dict[str, Any] = {"nominal_bytes": proof.nominal_bytes, "blocks": proof.blocks,
                                "read_deadline_s": round(proof.read_s + allowance, 4),
-                               "fresh_rounds": out.fresh_rounds, "gpus": {}}
+                               "fresh_rounds": out.fresh_rounds, "round_trips": round_trip.figures(out.round_trips),
+                               "gpus": {}}
     for gpu in proof.gpu_indices:
         row: dict[str, Any] = {}
         figures["gpus"][str(gpu)] = row

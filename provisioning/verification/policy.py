@@ -104,6 +104,10 @@ TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rul
     # node before "too slow" or "outlier" is judged: ~10 % of the quick target, ~2 % of the full one. "Too fast"
     # is judged on the raw time, so each judgement gives the node the benefit of the doubt.
     "challenge_latency_allowance_s": 0.15,
+    # The most round trip taken off a timed answer (verification/round_trip.py): about the longest honest one
+    # (Sydney to London over the internet, ~0.3 s). The credit is the least of the agent's pongs, sshd's keepalive
+    # reply and the kernel's TCP estimate; this cap bounds what a node that slowed all three could buy.
+    "round_trip_credit_max_s": 0.3,
     # The memory proof's fresh root (memproof.py): seconds of the platform's own latency beyond the time the
     # claimed card reads its fill at half its datasheet bandwidth (tens of ms), plus the pings' spread up to the
     # cap. Not generous: a card that rebuilds the memory it lacks on the card pays passes of its memory, tens of

@@ -269,6 +269,21 @@ def sim_work(cfg, req):
     return results, seconds, hang_s
 
 
+def answer_pings(cfg, lines, message, next_what, command, sleep=time.sleep):
+    """Pong each ping until the command's request comes, and return that. A sim profile may hold its pongs back
+    (`performance.pong_delay_s.<command>` seconds): a node trying to buy round-trip credit for slow answers."""
+    delay = 0.0
+    if cfg.runtime == "sim":
+        delays = (load_profile(cfg.sim_profile)[0].get("performance") or {}).get("pong_delay_s") or {}
+        delay = float(delays.get(command, 0.0))
+    while "ping" in message:
+        if delay > 0:
+            sleep(delay)
+        lines.write({"pong": message["ping"]})
+        message = lines.read(next_what)
+    return message
+
+
 def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, watchdog=False):
     """The whole exchange (see the module's doc). Returns the exit status; every answer goes to `outfile`.
     With `watchdog`, the process ends at the challenge's time_limit_s whatever it is doing."""
@@ -276,10 +291,7 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
     if cfg.runtime != "sim":
         preload()
     try:
-        message = lines.read("first")
-        while "ping" in message:
-            lines.write({"pong": message["ping"]})
-            message = lines.read("challenge")
+        message = answer_pings(cfg, lines, lines.read("first"), "challenge", "challenge", sleep)
         req = validate_challenge(message.get("challenge"), real=cfg.runtime != "sim")
         if watchdog:
             timer = threading.Timer(req["time_limit_s"], os._exit, (1,))

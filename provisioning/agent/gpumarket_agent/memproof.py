@@ -37,7 +37,18 @@ import sys
 import threading
 import time
 
-from .challenge import M32, M64, MIG_LABEL_BASE, Lines, fmix32, mix64, preload, sim_slice, validate_targets
+from .challenge import (
+    M32,
+    M64,
+    MIG_LABEL_BASE,
+    Lines,
+    answer_pings,
+    fmix32,
+    mix64,
+    preload,
+    sim_slice,
+    validate_targets,
+)
 from .core import AGENT_VERSION, AgentError, invalid
 from .smi import load_profile
 
@@ -395,10 +406,7 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
     if cfg.runtime != "sim":
         preload()  # PyTorch imported before the first pong: not on the platform's clock
     try:
-        message = lines.read("first")
-        while "ping" in message:
-            lines.write({"pong": message["ping"]})
-            message = lines.read("memproof")
+        message = answer_pings(cfg, lines, lines.read("first"), "memproof", "memproof", sleep)
         req = validate(message.get("memproof"))
         if watchdog:
             timer = threading.Timer(req["time_limit_s"], os._exit, (1,))

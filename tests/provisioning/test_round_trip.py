@@ -1,0 +1,91 @@
+"""The round trip the platform takes off timed answers (verification/round_trip.py, ssh_round_trip.py): a node
+that holds its agent's pongs back buys no time for a slow challenge or a late memory proof, on pipes (the cap)
+and over real SSH (sshd's keepalive reply and the kernel's TCP estimate, which the agent does not answer)."""
+import dataclasses
+
+import pytest
+
+from provisioning import sim
+from provisioning.services.nodes import node_private_key
+from provisioning.ssh import Endpoint, NodeSession
+from provisioning.verification import challenge, memproof, round_trip
+from provisioning.verification.policy import TOLERANCES
+from provisioning.verification.profiles import PROFILES_DIR
+from tests.factories import UserFactory, make_node
+from tests.provisioning.test_challenge import A100
+from tests.provisioning.test_challenge import exchange_with_agent as challenge_with_agent
+from tests.provisioning.test_memproof import exchange_with_agent as memproof_with_agent
+
+CAP = TOLERANCES["round_trip_credit_max_s"]
+SLOW_CHALLENGE = "a6000-posing-as-a100-x2-delays-pongs"
+SLOW_PROOF = "a100-40gb-sxm-says-80gb-rebuilds-delays-pongs-x1"
+
+
+class Below:
+    """An exchange whose transport measured these round trips."""
+
+    def __init__(self, **trips):
+        self.trips = trips
+
+    def transport_round_trips(self):
+        return self.trips
+
+
+def test_the_credit_is_the_least_round_trip_measured_and_never_more_than_the_cap():
+    assert round_trip.credit([0.9, 0.7, 0.8], Below(sshd=0.05, tcp=0.04)) == (0.04, {
+        "agent_pings": 0.7, "sshd": 0.05, "tcp": 0.04})
+    assert round_trip.credit([0.02, 0.03], Below(sshd=0.2)) == (0.02, {"agent_pings": 0.02, "sshd": 0.2})
+    assert round_trip.credit([0.02], object()) == (0.02, {"agent_pings": 0.02})  # a pipe: pings only
+    # slowed everywhere: no more than the cap
+    assert round_trip.credit([2.5, 2.6], Below(sshd=2.5, tcp=2.4))[0] == CAP
+    assert round_trip.credit([5.0], Below())[0] == CAP
+
+
+def test_holding_the_challenges_pongs_back_does_not_make_a_slow_card_look_fast():
+    drawn, out, final, _ = challenge_with_agent(SLOW_CHALLENGE, A100, [0, 1])
+    assert final["ok"] is True
+    assert out.round_trips["agent_pings"] >= 2.5 and out.round_trip_s == CAP  # pipes: the cap is all there is
+    findings, figures = challenge.judge(A100, drawn, out)
+    assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
+    assert figures["round_trips"]["agent_pings"] >= 2.5
+    # what the pongs alone would have bought: an A6000 passing as an A100
+    bought, _ = challenge.judge(A100, drawn, dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"]))
+    assert bought == []
+
+
+def test_holding_the_memory_proofs_pongs_back_does_not_hide_a_rebuild():
+    drawn, out, final, _ = memproof_with_agent(PROFILES_DIR / f"{SLOW_PROOF}.json", A100, [0])
+    assert final["ok"] is True
+    assert out.round_trips["agent_pings"] >= 1.8 and out.round_trip_s == CAP
+    findings, _ = memproof.judge(A100, drawn, out)
+    assert [(f.code, f.gpu_index) for f in findings] == [("memory_proof_late", 0)]
+    bought, _ = memproof.judge(A100, drawn, dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"]))
+    assert bought == []
+
+
+@pytest.mark.slow
+def test_over_ssh_sshd_and_tcp_time_the_trip_the_agent_holds_back(db, tmp_path):
+    server = sim.node_up(SLOW_CHALLENGE, tmp_path)
+    try:
+        node = make_node(UserFactory(), gpu_model="a100-80gb-sxm", gpu_count=2, address=server["address"],
+                         ssh_port=server["ssh_port"], ssh_user=server["ssh_user"],
+                         host_key_fingerprint=server["host_key_fingerprint"])
+        sim.node_authorize(server["ssh_port"], node.ssh_public_key, tmp_path)
+        endpoint = Endpoint(node.address, node.ssh_port, node.ssh_user, node_private_key(node=node),
+                            node.host_key_fingerprint)
+        drawn = challenge.draw(A100, [0, 1], quick=True)
+        with NodeSession(endpoint) as session:
+            exchange = session.exchange("challenge")
+            try:
+                out = challenge.run(exchange, drawn, 300)
+            finally:
+                exchange.close()
+    finally:
+        sim.nodes_down(tmp_path)
+    trips = out.round_trips
+    assert set(trips) == {"agent_pings", "sshd", "tcp"}, trips
+    assert trips["agent_pings"] >= 2.5 and max(trips["sshd"], trips["tcp"]) < 1.0, trips
+    assert out.round_trip_s == min(trips.values())
+    findings, figures = challenge.judge(A100, drawn, out)
+    assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
+    assert figures["round_trips"]["sshd"] < 1.0
