@@ -19,9 +19,11 @@ before: 1.3 and 1.5 passes, inside the deadline; bench/memproof_recompute.py).
    card) makes it late. A late first answer gets one more fresh salt (FRESH_TRIES): the second answer is judged
    and opened, so one slow line is not a verdict and a node that is late by its nature is late twice.
 3. Open: only then, with a secret RNG, `OPENINGS` (block, chunk) pairs per GPU. For each the node sends the
-   chunk of block i, the same chunk of block i-1, and the chunks of each block p_k that G reads, each with its
-   block's packed chunk digests (both salts) and Merkle paths to both roots. The platform checks the paths,
-   the chunk digests from the words, G at every word of the opened chunk, and block 0 against the seed.
+   chunk of block i, the same chunk of block i-1, and the chunks of each block p_k that G reads, each with, for
+   both salts, its group of GROUP chunk digests, its block's group digests (a block's Merkle leaf is SHA-256 of
+   those: block_leaf) and the block's Merkle path; a line per GPU (a few MiB each at real sizes, under the SSH
+   exchange's 8 MiB a line). The platform checks the paths, the chunk digests from the words, G at every word
+   of the opened chunk, and block 0 against the seed.
 
 A node that kept only part of the blocks and answered the fresh root with made-up digests for the rest is caught
 by the openings (each of the REFS + 2 blocks an opening reaches lands on a dropped block with the dropped
@@ -67,6 +69,7 @@ FILL_PASSES = REFS + 2  # the fill reads REFS + 1 blocks and writes one per bloc
 GRACE_S = 5.0
 FRESH_TRIES = 2  # the agent's MAX_FRESH
 KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
+GROUP = 256  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
 
 
 # ------------------------------------------------------------------------------ the numbers, as the agent's
@@ -103,6 +106,18 @@ def position_salts(base: int, words: int) -> list[int]:
 
 def chunk_digest(words: list[int], salts: list[int]) -> int:
     return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts, strict=True)) & M64
+
+
+def group_digests(packed: bytes) -> list[bytes]:
+    step = 8 * GROUP
+    return [hashlib.sha256(packed[g:g + step]).digest() for g in range(0, len(packed), step)]
+
+
+def block_leaf(groups: list[bytes]) -> bytes:
+    """A block's Merkle leaf: SHA-256 of the SHA-256s of its packed chunk digests, GROUP at a time. An opening
+    carries its chunk's group and the block's group digests (~5 KiB a commitment at real sizes), not every chunk
+    digest of the block (32 KiB at 4096 chunks, for each of the up to 14 chunks an opening reaches)."""
+    return hashlib.sha256(b"".join(groups)).digest()
 
 
 def merkle_levels(leaves: list[bytes]) -> list[list[bytes]]:
@@ -223,6 +238,24 @@ def _roots(exchange: Exchange, proof: MemProof, until: float, what: str, into: d
     return ""
 
 
+def _openings(exchange: Exchange, proof: MemProof, until: float, out: Outcome) -> str:
+    """Read a line of openings per GPU into out.opened ({"<gpu>": [items]}); '' or why the node stopped."""
+    out.opened = {}
+    waiting = set(proof.gpu_indices)
+    while waiting:
+        message, _ = _receive(exchange, until)
+        if message is None:
+            return "sent no openings"
+        gpu = message.get("gpu")
+        if type(gpu) is not int or gpu not in waiting or not isinstance(message.get("opened"), list):
+            if message.get("ok") is False and isinstance(message.get("error"), dict):
+                return f"stopped with an error: {message['error'].get('message')}"
+            return f"sent something other than its openings: {json.dumps(message)[:120]}"
+        waiting.discard(gpu)
+        out.opened[str(gpu)] = message["opened"]
+    return ""
+
+
 def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Random | None = None) -> Outcome:
     """Drive the exchange; what the node says or fails to say lands in the Outcome (a broken connection raises
     what the exchange raises)."""
@@ -256,11 +289,7 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
         out.picks = {g: [(rng.randrange(1, proof.blocks), rng.randrange(proof.chunks)) for _ in range(OPENINGS)]
                      for g in proof.gpu_indices}
         exchange.send({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}})
-        message, _ = _receive(exchange, time.monotonic() + PING_TIMEOUT_S)
-        if message is None or not isinstance(message.get("opened"), dict):
-            out.problem = "sent no openings" if message is None else "sent something other than its openings"
-            return out
-        out.opened = message["opened"]
+        out.problem = _openings(exchange, proof, time.monotonic() + PING_TIMEOUT_S, out)
     except ValueError as exc:
         out.problem = f"answered with garbage ({exc})"
     except EOFError:
@@ -294,34 +323,46 @@ def _chunk(proof: MemProof, gpu_opened: list, block: int, chunk: int) -> dict | 
     return None
 
 
-def _check_chunk(proof: MemProof, item: dict | None, roots: tuple[str, str], salts: tuple[list, list]) -> str:
+def _hex(value: Any, length: int) -> bytes | None:
+    """`value` decoded from hex when it is exactly `length` bytes; else None."""
+    if not isinstance(value, str) or len(value) != 2 * length:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def _check_chunk(proof: MemProof, item: dict | None, roots: tuple[str, str],
+                 salts: tuple[list, list]) -> tuple[str, list[int]]:
+    """('', the chunk's words) if the opened chunk leads to both roots; else (why not, [])."""
     if item is None:
-        return "was not opened"
-    words = item.get("words")
-    if (not isinstance(words, list) or len(words) != proof.words
-            or not all(type(w) is int and 0 <= w <= M32 for w in words)):
-        return f"is not {proof.words} 32-bit words"
-    for packed_hex, path, root, salt in ((item.get("packed"), item.get("path"), roots[0], salts[0]),
-                                         (item.get("packed_fresh"), item.get("path_fresh"), roots[1], salts[1])):
-        try:
-            packed = bytes.fromhex(packed_hex) if isinstance(packed_hex, str) else b""
-        except ValueError:
-            packed = b""
-        if len(packed) != 8 * proof.chunks or not isinstance(path, list):
-            return "has no chunk digests or Merkle path"
-        leaf = hashlib.sha256(packed).digest()
-        if not merkle_verify(leaf, item["block"], proof.blocks, path, root):
-            return "does not lead to the committed root"
-        if struct.unpack_from("<Q", packed, 8 * item["chunk"])[0] != chunk_digest(words, salt):
-            return "does not match its committed digest"
-    return ""
+        return "was not opened", []
+    raw = _hex(item.get("words"), 4 * proof.words)
+    if raw is None:
+        return f"is not {proof.words} 32-bit words (little-endian, hex)", []
+    words = list(struct.unpack(f"<{proof.words}I", raw))
+    chunk, groups_count = item["chunk"], -(-proof.chunks // GROUP)
+    group_size = min(GROUP, proof.chunks - GROUP * (chunk // GROUP))
+    for suffix, root, salt in (("", roots[0], salts[0]), ("_fresh", roots[1], salts[1])):
+        group, groups, path = (_hex(item.get("group" + suffix), 8 * group_size),
+                               _hex(item.get("groups" + suffix), 32 * groups_count), item.get("path" + suffix))
+        if group is None or groups is None or not isinstance(path, list):
+            return "has no chunk digests, group digests or Merkle path", []
+        if (hashlib.sha256(group).digest() != groups[32 * (chunk // GROUP):32 * (chunk // GROUP + 1)]
+                or not merkle_verify(block_leaf([groups[g:g + 32] for g in range(0, len(groups), 32)]),
+                                     item["block"], proof.blocks, path, root)):
+            return "does not lead to the committed root", []
+        if struct.unpack_from("<Q", group, 8 * (chunk % GROUP))[0] != chunk_digest(words, salt):
+            return "does not match its committed digest", []
+    return "", words
 
 
 def check_gpu(proof: MemProof, out: Outcome, gpu: int) -> str:
     """'' if every opening of the GPU proves its fill and its fresh root; else why not."""
     opened = out.opened.get(str(gpu)) if isinstance(out.opened, dict) else None
     if not isinstance(opened, list):
-        return "it opened nothing"
+        return out.problem or "it opened nothing"
     size = proof.chunks * proof.words
     salts = (position_salts(key(proof.seed, gpu, "digest"), proof.words),
              position_salts(out.fresh_salt or 0, proof.words))
@@ -333,11 +374,9 @@ def check_gpu(proof: MemProof, out: Outcome, gpu: int) -> str:
         needed |= {(p, ((start + t + rot) % size) // proof.words) for p, rot in refs for t in range(proof.words)}
         items = {}
         for b, c in sorted(needed):
-            item = _chunk(proof, opened, b, c)
-            why = _check_chunk(proof, item, roots, salts)
+            why, items[b, c] = _check_chunk(proof, _chunk(proof, opened, b, c), roots, salts)
             if why:
                 return f"chunk {c} of block {b} {why}"
-            items[b, c] = item["words"]  # type: ignore[index]
             if b == 0 and items[b, c] != block_zero(proof.seed, gpu, (c + 1) * proof.words, c * proof.words):
                 return f"chunk {c} of block 0 is not the seed's"
         for t in range(proof.words):

@@ -193,19 +193,60 @@ def test_roots_without_openings_or_with_wrong_ones_fail():
     findings, _ = memproof.judge(A100, drawn, memproof.run(exchange, drawn, 300))
     assert codes(findings) == [("memory_proof_failed", "reject", 0)]
     assert "fresh" in exchange.sent[-2] and "open" in exchange.sent[-1]  # opened only after both roots
-    for opened in ({"0": "all"}, {"0": [{"block": 1}]}, {"0": [{"block": 1, "chunk": 0, "words": ["x"]}]}, {}):
-        exchange = FakeExchange(*PONGS, *roots, json.dumps({"opened": opened}).encode())
-        findings, _ = memproof.judge(A100, drawn, memproof.run(exchange, drawn, 300))
-        assert codes(findings) == [("memory_proof_failed", "reject", 0)], opened
+    words = "00" * 4 * drawn.words
+    for answer, why in (({"gpu": 0, "opened": "all"}, "other than its openings"),
+                        ({"opened": []}, "other than its openings"), ({"gpu": 1, "opened": []}, "other than its"),
+                        ({"gpu": 0, "opened": [{"block": 1}]}, "was not opened"),
+                        ({"gpu": 0, "opened": [{"block": 0, "chunk": 0, "words": ["x"]}]}, "32-bit words"),
+                        ({"gpu": 0, "opened": [{"block": 0, "chunk": 0, "words": words[2:]}]}, "32-bit words"),
+                        ({"gpu": 0, "opened": [{"block": 0, "chunk": 0, "words": "zz" + words[2:]}]},
+                         "32-bit words"),
+                        ({"gpu": 0, "opened": [{"block": 0, "chunk": 0, "words": words}]}, "no chunk digests"),
+                        (None, "sent no openings")):
+        exchange = FakeExchange(*PONGS, *roots, json.dumps(answer).encode() if answer else None)
+        out = memproof.run(exchange, drawn, 300)
+        out.picks = {0: [(1, 0)]}  # block 1's chunk 0: the first chunk checked is chunk 0 of block 0
+        findings, _ = memproof.judge(A100, drawn, out)
+        assert codes(findings) == [("memory_proof_failed", "reject", 0)], answer
+        assert why in findings[0].message, (answer, findings[0].message)
+
+
+def flip_word(item, t=0):
+    """The opened chunk with the lowest bit of its word t flipped (words: little-endian uint32 in hex)."""
+    raw = bytearray(bytes.fromhex(item["words"]))
+    raw[4 * t] ^= 1
+    item["words"] = raw.hex()
+
+
+def test_an_opening_is_a_few_kib_per_commitment_beside_its_words_at_real_sizes():
+    """At 4096 chunks of 4096 words (a real fill's 64 MiB blocks) an opened chunk carries 16 KiB of words and,
+    per commitment, 2 KiB of its group's chunk digests and 512 B of group digests (hex doubles them): every
+    opening of a GPU fits a line well under the SSH exchange's 8 MiB."""
+    req = {"chunks": 4096, "words": 4096}
+    card = node.Committed()
+    packed = [bytes(range(256)) * (8 * req["chunks"] // 256)] * 3
+    card.keep(packed, fresh=False)
+    card.keep(packed, fresh=True)
+    item = card.opening(2, 4095, [7] * req["words"])
+    sizes = {k: len(v) // 2 for k, v in item.items() if isinstance(v, str)}
+    assert sizes == {"words": 16384, "group": 2048, "groups": 512, "group_fresh": 2048, "groups_fresh": 512}
+    per_gpu = memproof.OPENINGS * (2 + 2 * memproof.REFS) * len(json.dumps(item))  # the most an answer reaches
+    assert per_gpu < 8 * 2 ** 20 * 0.75, per_gpu
 
 
 def test_a_tampered_word_or_path_of_an_honest_answer_fails():
     drawn, out, _, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0])
     assert memproof.check_gpu(drawn, out, 0) == ""
     item = out.opened["0"][0]
-    item["words"][0] ^= 1
+    flip_word(item)
     assert "does not match its committed digest" in memproof.check_gpu(drawn, out, 0)
-    item["words"][0] ^= 1
+    flip_word(item)
+    assert memproof.check_gpu(drawn, out, 0) == ""
+    for field in ("group", "groups_fresh"):
+        honest = item[field]
+        item[field] = ("0" if honest[0] != "0" else "1") + honest[1:]
+        assert "does not lead to the committed root" in memproof.check_gpu(drawn, out, 0), field
+        item[field] = honest
     item["path"] = item["path"][::-1] if len(item["path"]) > 1 else ["00" * 32]
     assert "does not lead to the committed root" in memproof.check_gpu(drawn, out, 0)
 
@@ -254,7 +295,8 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
     size = drawn.chunks * drawn.words
     assert [[w & node.M32 for w in b.tolist()] for b in card.blocks] == node.fill(drawn.seed, 1, drawn.blocks, size)
     salts = node.position_salts(node.key(drawn.seed, 1, "digest"), drawn.words)
-    sim_like = node.merkle_levels([hashlib.sha256(node.packed_block(b, drawn.chunks, drawn.words, salts)).digest()
+    sim_like = node.merkle_levels([node.block_leaf(node.group_digests(node.packed_block(b, drawn.chunks, drawn.words,
+                                                                                     salts)))
                                    for b in node.fill(drawn.seed, 1, drawn.blocks, size)])
     assert card.commit(salts) == sim_like[-1][0].hex()
 
@@ -276,6 +318,43 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
     real = memproof.draw(A100, [0], real=True)
     assert real.blocks * real.chunks * real.words * 4 >= 0.95 * 81920 * 2 ** 20
     assert node.validate(real.request(600))["blocks"] == real.blocks
+
+
+class SizedPipe(PipeExchange):
+    """The pipe, keeping each answer line's length."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.sizes = []
+
+    def receive(self, timeout):
+        line, at = super().receive(timeout)
+        self.sizes.append(len(line))
+        return line, at
+
+
+def test_a_real_size_fills_openings_fit_the_ssh_exchanges_line_limit():
+    """The PyTorch path on this CPU with a real fill's block shape (4096 chunks of 4096 words, 64 MiB; two blocks
+    only, so that block 1 reads block 0 six times over): every line the platform reads is under the SSH exchange's
+    MAX_ANSWER_BYTES. With every chunk digest of a block in each opened chunk, one GPU's openings were ~20 MB."""
+    pytest.importorskip("torch")
+    from provisioning.ssh import MAX_ANSWER_BYTES
+    drawn = memproof.draw(A100, [0], sizes={"blocks": 2, "chunks": 4096, "words": 4096}, device="cpu")
+    a, b = os.pipe()
+    c, d = os.pipe()
+    to_node, node_in, node_out, from_node = os.fdopen(b, "w"), os.fdopen(a), os.fdopen(d, "w"), os.fdopen(c)
+    cfg = SimpleNamespace(runtime="docker", sim_profile=None)
+    thread = threading.Thread(target=lambda: node.run_exchange(cfg, node_in, node_out))
+    thread.start()
+    try:
+        pipe = SizedPipe(to_node, from_node)
+        out = memproof.run(pipe, drawn, 300)
+    finally:
+        to_node.close()
+        thread.join(120)
+    assert out.problem == "" and memproof.check_gpu(drawn, out, 0) == ""
+    assert sum(len(node.needed_chunks(drawn.request(60), 0, b, c)) for b, c in out.picks[0]) > 8 * 8  # many reached
+    assert 2 ** 20 < max(pipe.sizes) < MAX_ANSWER_BYTES * 0.75, pipe.sizes
 
 
 # ------------------------------------------------------------------ a card rebuilding what it lacks; the retry

@@ -26,6 +26,7 @@ from provisioning.verification.profiles import (
 )
 from tests.provisioning.test_challenge import PipeExchange
 from tests.provisioning.test_challenge_agent import hear, say, start
+from tests.provisioning.test_memproof import flip_word
 
 A100 = DeclaredModel.from_catalogue(load_catalogue()["a100-80gb-sxm"])
 
@@ -240,7 +241,7 @@ def test_a_slice_that_opens_made_up_chunks_fails_the_proof():
     (drawn,) = slice_challenge.draw_slices(A100, devices, [devices[1]["uuid"]], quick=True)
     outcome = simulated_memproof_outcome(path, drawn.proof)
     label = str(challenge.MIG_LABEL_BASE)
-    outcome.opened[label][0]["words"][0] ^= 1
+    flip_word(outcome.opened[label][0])
     findings, _, disproved = slice_challenge.judge_slice_proofs(drawn, outcome)
     assert [f.code for f in findings] == ["mig_slice_memory_proof_failed"] and disproved == {devices[1]["uuid"]}
 

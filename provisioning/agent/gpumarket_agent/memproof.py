@@ -6,8 +6,9 @@ on the platform's clock, open the chunks the platform picks. Interactive, one JS
     platform -> {"fresh": salt}                   node -> {"gpu": i, "root": hex}      per GPU, timed by the platform
    (platform -> {"fresh": salt}                   node -> the same, under the new salt: once, when it came late)
     platform -> {"open": {"<gpu>": [[block, chunk], ...]}}
-                                                  node -> {"opened": {"<gpu>": [{"block", "chunk", "words",
-                                                          "packed", "path", "packed_fresh", "path_fresh"}, ...]}}
+                                                  node -> {"gpu": i, "opened": [{"block", "chunk", "words",
+                                                          "group", "groups", "path", "group_fresh",
+                                                          "groups_fresh", "path_fresh"}, ...]}  a line per GPU
     node -> {"ok": true, "agent_version": ...}    (or {"ok": false, "error": {...}} at any point, then the end)
 
 The fill, the digests and the Merkle tree are provisioning/verification/memproof.py's (a test holds them equal):
@@ -60,6 +61,7 @@ LIMITS = {"blocks": (2, 4096), "chunks": (1, 1 << 20), "words": (1, 4096), "nomi
           "time_limit_s": (1, 900)}
 SLICE = 1 << 22  # words built or digested at once on the device (int64 temporaries: a few x 32 MiB)
 MAX_OPENINGS = 64
+GROUP = 256  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
 MAX_FRESH = 2  # fresh salts in one proof: the platform asks again once when the first roots came late
 
 
@@ -115,6 +117,19 @@ def packed_block(block, chunks, words, salts):
                                            for c in range(chunks)])
 
 
+def group_digests(packed):
+    """A block's packed chunk digests (8 bytes each) as SHA-256s of GROUP of them at a time."""
+    step = 8 * GROUP
+    return [hashlib.sha256(packed[g:g + step]).digest() for g in range(0, len(packed), step)]
+
+
+def block_leaf(groups):
+    """A block's Merkle leaf: SHA-256 of its group digests. An opening then carries its chunk's group of digests
+    and the block's group digests (a few KiB) rather than every chunk digest of the block (32 KiB per salt at
+    4096 chunks, and an opening reaches up to 14 chunks: 8 GPUs' openings would be hundreds of MiB)."""
+    return hashlib.sha256(b"".join(groups)).digest()
+
+
 def merkle_levels(leaves):
     levels = [leaves]
     while len(levels[-1]) > 1:
@@ -154,7 +169,35 @@ def validate(req):
     return req
 
 
-class SimCard:
+class Committed:
+    """What a card keeps of its two commitments (the fill's salts, the fresh salt) to open chunks later."""
+
+    packed = packed_fresh = groups = groups_fresh = levels = levels_fresh = None
+
+    def keep(self, packed, fresh):
+        """The root of these packed chunk digests (one bytes object per block), kept for the openings."""
+        groups = [group_digests(p) for p in packed]
+        levels = merkle_levels([block_leaf(g) for g in groups])
+        if fresh:
+            self.packed_fresh, self.groups_fresh, self.levels_fresh = packed, groups, levels
+        else:
+            self.packed, self.groups, self.levels = packed, groups, levels
+        return levels[-1][0].hex()
+
+    def opening(self, block, chunk, words):
+        """The wire form of an opened chunk: its words (little-endian uint32, hex), and per commitment its
+        group of chunk digests, the block's group digests and the block's Merkle path."""
+        g = chunk // GROUP
+        item = {"block": block, "chunk": chunk, "words": struct.pack("<%dI" % len(words), *words).hex()}
+        for suffix, packed, groups, levels in (("", self.packed, self.groups, self.levels),
+                                               ("_fresh", self.packed_fresh, self.groups_fresh, self.levels_fresh)):
+            item["group" + suffix] = packed[block][8 * GROUP * g:8 * GROUP * (g + 1)].hex()
+            item["groups" + suffix] = b"".join(groups[block]).hex()
+            item["path" + suffix] = merkle_path(levels, block)
+        return item
+
+
+class SimCard(Committed):
     """One sim GPU's fill: the blocks it holds, the rest (in host RAM, or made up), and its real card's rates."""
 
     def __init__(self, req, i, spec, sheet, perf):
@@ -171,7 +214,6 @@ class SimCard:
         self.blocks = fill(req["seed"], i, req["blocks"], size)
         # the blocks beyond the share held stand for the memory the card does not have
         self.held = max(1, int(req["blocks"] * self.held_bytes / nominal))
-        self.packed, self.packed_fresh, self.levels, self.levels_fresh = [], [], None, None
 
     def commit(self, salts, fresh=False):
         r = random.Random(os.urandom(8))  # noqa: S311 - made-up digests
@@ -181,12 +223,7 @@ class SimCard:
                 packed.append(bytes(r.getrandbits(8) for _ in range(8 * self.req["chunks"])))
             else:
                 packed.append(packed_block(block, self.req["chunks"], self.req["words"], salts))
-        levels = merkle_levels([hashlib.sha256(p).digest() for p in packed])
-        if fresh:
-            self.packed_fresh, self.levels_fresh = packed, levels
-        else:
-            self.packed, self.levels = packed, levels
-        return levels[-1][0].hex()
+        return self.keep(packed, fresh)
 
     def fill_s(self):
         return FILL_PASSES * self.req["nominal_bytes"] / self.bandwidth
@@ -203,16 +240,14 @@ class SimCard:
 
     def open(self, block, chunk):
         words = self.req["words"]
-        return {"block": block, "chunk": chunk, "words": self.blocks[block][chunk * words:(chunk + 1) * words],
-                "packed": self.packed[block].hex(), "path": merkle_path(self.levels, block),
-                "packed_fresh": self.packed_fresh[block].hex(), "path_fresh": merkle_path(self.levels_fresh, block)}
+        return self.opening(block, chunk, self.blocks[block][chunk * words:(chunk + 1) * words])
 
 
 def _signed(x, bits):
     return x - (1 << bits) if x >= 1 << (bits - 1) else x
 
 
-class TorchCard:
+class TorchCard(Committed):
     """One GPU's fill on the device (PyTorch): the same blocks as fill(), as int32 tensors."""
 
     def __init__(self, torch, dev, req, i):
@@ -223,7 +258,6 @@ class TorchCard:
         self.blocks = [self.block_zero()]
         for b in range(1, req["blocks"]):
             self.blocks.append(self.derive(b))
-        self.packed, self.packed_fresh, self.levels, self.levels_fresh = [], [], None, None
 
     def _slices(self):
         return [(a, min(self.size, a + SLICE)) for a in range(0, self.size, SLICE)]
@@ -268,20 +302,12 @@ class TorchCard:
         t = torch.tensor([_signed(s, 32) for s in salts], dtype=torch.int32, device=self.dev)
         host = torch.stack([self.digests(block, t) for block in self.blocks]).to("cpu")  # waits for the device
         raw, per = _tensor_bytes(host), 8 * self.req["chunks"]
-        packed = [raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])]
-        levels = merkle_levels([hashlib.sha256(p).digest() for p in packed])
-        if fresh:
-            self.packed_fresh, self.levels_fresh = packed, levels
-        else:
-            self.packed, self.levels = packed, levels
-        return levels[-1][0].hex()
+        return self.keep([raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])], fresh)
 
     def open(self, block, chunk):
         words = self.req["words"]
         values = self.blocks[block][chunk * words:(chunk + 1) * words].to("cpu").tolist()
-        return {"block": block, "chunk": chunk, "words": [v & M32 for v in values],
-                "packed": self.packed[block].hex(), "path": merkle_path(self.levels, block),
-                "packed_fresh": self.packed_fresh[block].hex(), "path_fresh": merkle_path(self.levels_fresh, block)}
+        return self.opening(block, chunk, [v & M32 for v in values])
 
 
 def torch_cards(req):
@@ -439,7 +465,8 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
             message = lines.read("open")
             if "fresh" not in message:
                 break
-        lines.write({"opened": opened(message, cards, req)})
+        for i, items in sorted(opened(message, cards, req).items(), key=lambda kv: int(kv[0])):
+            lines.write({"gpu": int(i), "opened": items})  # a line per GPU: each a few MiB at real sizes
         lines.write({"ok": True, "agent_version": AGENT_VERSION})
         return 0
     except AgentError as exc:
