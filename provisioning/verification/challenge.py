@@ -325,14 +325,20 @@ def run(exchange: Exchange, challenge: Challenge, time_limit_s: int, rng: random
             out.node_elapsed_s[gpu] = elapsed if isinstance(elapsed, (int, float)) else None
         out.picks = pick_rows(challenge, rng)  # only now, after every commitment
         exchange.send(reveal_request(out.picks))
-        line, _ = exchange.receive(PING_TIMEOUT_S)
-        if line is None:
-            out.problem = f"sent no revealed rows within {PING_TIMEOUT_S:.0f} s"
-            return out
-        message = _parse(line)
-        if not isinstance(message.get("revealed"), dict):
-            return _ended(out, message, "sent something other than the revealed rows")
-        out.revealed = message["revealed"]
+        # a line per GPU: 8 GPUs' rows and row digests at real sizes are 10-12 MB, past the SSH exchange's
+        # 8 MiB a line (provisioning/ssh.py MAX_ANSWER_BYTES); one GPU's are ~1.4 MB
+        deadline, waiting = time.monotonic() + PING_TIMEOUT_S, set(out.picks)
+        while waiting:
+            line, _ = exchange.receive(max(0.0, deadline - time.monotonic()))
+            if line is None:
+                out.problem = f"sent no revealed rows within {PING_TIMEOUT_S:.0f} s"
+                return out
+            message = _parse(line)
+            gpu = message.get("gpu")
+            if type(gpu) is not int or gpu not in waiting or not isinstance(message.get("revealed"), dict):
+                return _ended(out, message, "sent something other than the revealed rows of a challenged GPU")
+            waiting.discard(gpu)
+            out.revealed[str(gpu)] = message["revealed"]
     except ValueError as exc:
         out.problem = f"answered with garbage ({exc})"
     except EOFError:

@@ -243,6 +243,33 @@ def test_commitments_without_the_revealed_rows_are_wrong_results():
     assert "reveal" in exchange.sent[-1]  # the rows were asked for only after the commitment
 
 
+def test_revealed_rows_come_a_line_per_gpu_each_of_a_challenged_gpu():
+    drawn = challenge.draw(A4000, [0, 1], quick=True)
+    commits = [b'{"gpu": 0, "commitment": "ab"}', b'{"gpu": 1, "commitment": "cd"}']
+    for lines, why in (([b'{"gpu": 0, "revealed": {}}', None], "sent no revealed rows"),
+                       ([b'{"gpu": 0, "revealed": {}}', b'{"gpu": 0, "revealed": {}}'], "of a challenged GPU"),
+                       ([b'{"gpu": 2, "revealed": {}}'], "of a challenged GPU"),
+                       ([b'{"revealed": {"0": {}, "1": {}}}'], "of a challenged GPU")):
+        out = challenge.run(FakeExchange(*PONGS, *commits, *lines), drawn, 300)
+        assert why in out.problem, (lines, out.problem)
+        findings, _ = challenge.judge(A4000, drawn, out)
+        assert {(f.code, f.gpu_index) for f in findings} >= {("challenge_wrong_result", 1)}
+
+
+def test_one_gpus_reveal_at_real_sizes_fits_a_line_and_eight_in_one_would_not():
+    """The largest reveal a real-work challenge asks for (n = 16384, the most products n allows, entries at their
+    largest magnitude): one GPU's line is well under the SSH exchange's 8 MiB; eight in one line, as the agent
+    once sent them, would not be read at all."""
+    from provisioning.ssh import MAX_ANSWER_BYTES
+    n = challenge.REAL_SIZES[False]["n_max"]
+    products = challenge.REAL_MAX_DIGESTS // n
+    packed = bytes(8 * n)
+    work = node.Work([packed] * products, lambda p, picked: [[-8 * 16384] * n for _ in picked])
+    picks = {0: [[p, 7] for p in range(challenge.REVEAL_ROWS)]}  # each row of its own product: most row digests
+    line = json.dumps({"gpu": 0, "revealed": node.reveal_rows(picks, {0: work})["0"]})
+    assert len(line) < MAX_ANSWER_BYTES / 2 < 8 * len(line), len(line)
+
+
 def test_an_agent_that_cannot_run_the_challenge_gets_no_pass():
     """A real node is judged on the real-work challenge now (GPU-side digests): an agent that cannot run it has
     not answered, whatever its reason, and the reason reaches the provider."""

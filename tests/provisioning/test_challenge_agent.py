@@ -49,8 +49,10 @@ def test_the_whole_exchange_in_order(tmp_path):
     assert {first["gpu"], second["gpu"]} == {0, 1} and all(len(m["commitment"]) == 64 for m in (first, second))
     assert time.monotonic() - started > 1.5 / 0.75  # an RTX A4000 at ~72 % of its datasheet: no sooner
     say(proc, {"reveal": {"1": [[1, 3], [0, 15]]}})
-    revealed = hear(proc)["revealed"]
-    assert list(revealed) == ["1"] and [(r["product"], r["row"]) for r in revealed["1"]["rows"]] == [(1, 3), (0, 15)]
+    line = hear(proc)
+    assert line["gpu"] == 1
+    revealed = {"1": line["revealed"]}
+    assert [(r["product"], r["row"]) for r in revealed["1"]["rows"]] == [(1, 3), (0, 15)]
     assert len(revealed["1"]["rows"][0]["values"]) == 16 and len(revealed["1"]["product_digests"]) == 2
     assert hear(proc)["ok"] is True and proc.wait(5) == 0
 

@@ -171,7 +171,9 @@ def test_the_zipapp_answers_a_real_work_challenge_and_refuses_a_nominal_one(tmp_
     commit = hear(proc)
     assert commit["gpu"] == 0 and len(commit["commitment"]) == 64
     say(proc, {"reveal": {"0": [[1, 7]]}})
-    revealed = hear(proc)["revealed"]["0"]
+    line = hear(proc)
+    assert line["gpu"] == 0
+    revealed = line["revealed"]
     row, packed = revealed["rows"][0], bytes.fromhex(revealed["row_digests"]["1"])
     assert len(row["values"]) == drawn.n and len(packed) == 8 * drawn.n
     salts = challenge.column_salts(drawn.seed, 0, drawn.n)

@@ -5,9 +5,10 @@ then revealed row by row where the platform asks. Interactive, one JSON object a
     platform -> {"challenge": {...}}             node -> {"gpu": i, "commitment": hex, "node_elapsed_s": s}
                                                           one line per GPU, as each finishes (the platform's clock)
     platform -> {"reveal": {"<gpu>": [[product, row], ...]}}
-                                                 node -> {"revealed": {"<gpu>": {"product_digests": [...],
+                                                 node -> {"gpu": i, "revealed": {"product_digests": [...],
                                                           "row_digests": {"<product>": hex},
-                                                          "rows": [{"product", "row", "values"}]}}}
+                                                          "rows": [{"product", "row", "values"}]}}
+                                                          one line per revealed GPU
     node -> {"ok": true, "agent_version": ...}   (or {"ok": false, "error": {...}} at any point, then the end)
 
 Per GPU: B (k x n) has entries entry(key_B, row, col) in [-2, 2] from a counter-based 64-bit hash; a code
@@ -308,7 +309,8 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
         else:
             results = sim_exchange(cfg, req, lines, clock, sleep)
         reveal = lines.read("reveal").get("reveal")
-        lines.write({"revealed": reveal_rows(reveal, results)})
+        for key, rows in sorted(reveal_rows(reveal, results).items(), key=lambda kv: int(kv[0])):
+            lines.write({"gpu": int(key), "revealed": rows})  # a line per GPU: ~1.4 MB each at real sizes
         lines.write({"ok": True, "agent_version": AGENT_VERSION})
         return 0
     except AgentError as exc:
