@@ -76,13 +76,19 @@ def warm_up(torch, dev, plan):
             torch.cuda.synchronize(dev)
 
 
+def figure(x):
+    """A measured rate kept to 6 significant digits: a slow CPU's 0.0004 TFLOP/s stays 0.0004, not 0.0 (which the
+    policy would read as no figure), and an H100's 812.345678 stays 812.346."""
+    return float("%.6g" % x)
+
+
 def matmul_tflops(torch, dev, name, plan):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name, torch.float32)
 
     def tflops(m, n, k):  # random operands (never zeros: some hardware is faster on zeros)
         a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
         c = torch.empty(m, n, device=dev, dtype=dtype)
-        return round(2.0 * m * n * k / median_seconds(torch, dev, lambda: torch.matmul(a, b, out=c), plan) / 1e12, 3)
+        return figure(2.0 * m * n * k / median_seconds(torch, dev, lambda: torch.matmul(a, b, out=c), plan) / 1e12)
     return [tflops(*shape) for shape in plan["matmul_shapes"]]
 
 
@@ -91,7 +97,7 @@ def copy_gbs(torch, dev, plan):
     n = plan["copy_bytes"]
     src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    return round(2 * n / median_seconds(torch, dev, lambda: dst.copy_(src), plan) / 1e9, 2)
+    return figure(2 * n / median_seconds(torch, dev, lambda: dst.copy_(src), plan) / 1e9)
 
 
 def host_link_gbs(torch, dev, plan):
@@ -101,7 +107,7 @@ def host_link_gbs(torch, dev, plan):
     on_dev = torch.empty(n, dtype=torch.uint8, device=dev)
     h2d = median_seconds(torch, dev, lambda: on_dev.copy_(host, non_blocking=True), plan)
     d2h = median_seconds(torch, dev, lambda: host.copy_(on_dev, non_blocking=True), plan)
-    return round(n / h2d / 1e9, 2), round(n / d2h / 1e9, 2)
+    return figure(n / h2d / 1e9), figure(n / d2h / 1e9)
 
 
 def small_cnn_images_s(torch, dev, plan):
@@ -122,7 +128,7 @@ def small_cnn_images_s(torch, dev, plan):
     xi = torch.randn(infer_batch, 1, 28, 28, device=dev)
     with torch.inference_mode():
         infer = infer_batch / median_seconds(torch, dev, lambda: model(xi), plan)
-    return round(train, 1), round(infer, 1)
+    return figure(train), figure(infer)
 
 
 def matmul_errors(torch, dev, plan):
