@@ -37,6 +37,8 @@ demo: $(VENV)/.installed-demo
 # (config/settings/test.py); tests/docker stay on one of them (--dist loadgroup). `PYTEST_XDIST=` runs one process.
 # (The three failures that kept this off were another session's suite flushing the same Redis databases.)
 PYTEST_XDIST ?= -n 3 --dist loadgroup
+# The 20 slowest tests printed at the end, so that a suite drifting towards CI's limits shows where.
+PYTEST_DURATIONS ?= --durations=20
 
 ## test: install what the tests need, make sure PostgreSQL and Redis are up, run lint, the import contract
 ## (.importlinter) and the suite
@@ -45,7 +47,7 @@ test: $(VENV)/.installed-dev $(VASTAI_VENV)/.installed services
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 	DJANGO_SETTINGS_MODULE=config.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 
 ## demo-smoke: `make demo` from a fresh venv against PostgreSQL and Redis until its first server is listed,
 ## then Ctrl-C; fails if anything it started is left running (CI runs it after `make test`)
