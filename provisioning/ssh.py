@@ -536,7 +536,7 @@ class AgentExchange:
             if len(self.buffer) > MAX_ANSWER_BYTES:
                 raise EOFError("the agent's answer is larger than 8 MiB")
 
-    def transport_round_trips(self, timeout: float = 5.0) -> dict[str, float]:
+    def transport_round_trips(self, timeout: float = 5.0) -> dict[str, list[float]]:
         """Round trips the agent does not answer (the SSH server's, the platform kernel's TCP estimate): see
         ssh_round_trip.py."""
         return transport_round_trips(self.chan.get_transport(), timeout)

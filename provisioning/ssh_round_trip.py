@@ -23,11 +23,11 @@ TCP_INFO_BYTES = 104  # struct tcp_info up to tcpi_total_retrans (Linux)
 TCP_INFO_RTT_OFFSET = 68  # tcpi_rtt, microseconds: after 8 one-byte fields and 15 u32 ones
 
 
-def sshd_round_trip(transport: paramiko.Transport, timeout: float) -> float | None:
-    """The least of KEEPALIVES keepalive round trips, each on the monotonic clock; None when the server did not
-    answer one within `timeout` (paramiko's global_request has no timeout of its own, so it waits in a daemon
-    thread, which ends when the transport closes)."""
-    best = None
+def sshd_round_trips(transport: paramiko.Transport, timeout: float) -> list[float]:
+    """KEEPALIVES keepalive round trips, each on the monotonic clock; none when the server did not answer one
+    within `timeout` (paramiko's global_request has no timeout of its own, so it waits in a daemon thread, which
+    ends when the transport closes)."""
+    trips = []
     for _ in range(KEEPALIVES):
         timed: dict[str, float] = {}
         done = threading.Event()
@@ -40,10 +40,9 @@ def sshd_round_trip(transport: paramiko.Transport, timeout: float) -> float | No
 
         threading.Thread(target=ask, name="ssh-keepalive-rtt", daemon=True).start()
         if not done.wait(timeout) or not transport.is_active():
-            return None
-        trip = timed["answered"] - timed["sent"]
-        best = trip if best is None else min(best, trip)
-    return best
+            return []
+        trips.append(timed["answered"] - timed["sent"])
+    return trips
 
 
 def tcp_round_trip(transport: paramiko.Transport) -> float | None:
@@ -63,9 +62,10 @@ def tcp_round_trip(transport: paramiko.Transport) -> float | None:
     return rtt_us / 1e6 if rtt_us > 0 else None
 
 
-def transport_round_trips(transport: paramiko.Transport | None, timeout: float) -> dict[str, float]:
-    """{"sshd": s, "tcp": s}, each where it could be measured."""
+def transport_round_trips(transport: paramiko.Transport | None, timeout: float) -> dict[str, list[float]]:
+    """{"sshd": [s, ...], "tcp": [s]}, each where it could be measured."""
     if transport is None or not transport.is_active():
         return {}
-    trips = {"sshd": sshd_round_trip(transport, timeout), "tcp": tcp_round_trip(transport)}
-    return {name: trip for name, trip in trips.items() if trip is not None}
+    tcp = tcp_round_trip(transport)
+    trips = {"sshd": sshd_round_trips(transport, timeout), "tcp": [tcp] if tcp is not None else []}
+    return {name: samples for name, samples in trips.items() if samples}

@@ -304,7 +304,7 @@ def run(exchange: Exchange, challenge: Challenge, time_limit_s: int, rng: random
             if message.get("pong") != i:
                 return _ended(out, message, "answered a ping with something else")
             trips.append(at - sent)
-        out.round_trip_s, out.round_trips = round_trip.credit(trips, exchange)
+        out.round_trip_s, out.round_trips, _ = round_trip.credit(trips, exchange)
         out.sent_at = exchange.send({"challenge": challenge.request(time_limit_s)})
         deadline = out.sent_at + challenge.wait_s
         waiting = set(challenge.gpu_indices)

@@ -202,7 +202,7 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
 class Outcome:
     round_trip_s: float | None = None  # taken off each fresh root's time: the least of `round_trips`, capped
     round_trips: dict = field(default_factory=dict)  # what each measurement said: round_trip.credit()
-    ping_spread_s: float = 0.0  # the slowest ping's round trip less the fastest
+    round_trip_spread_s: float = 0.0  # the steadiest repeated round trip's spread: round_trip.credit()
     fresh_rounds: int = 0  # fresh salts sent: a second one when the first roots came late
     roots: dict = field(default_factory=dict)  # gpu -> root of the fill
     fresh_sent_at: float | None = None
@@ -270,8 +270,7 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
                 out.problem = "did not answer a ping"
                 return out
             trips.append(at - sent)
-        out.ping_spread_s = max(trips) - min(trips)
-        out.round_trip_s, out.round_trips = round_trip.credit(trips, exchange)
+        out.round_trip_s, out.round_trips, out.round_trip_spread_s = round_trip.credit(trips, exchange)
         sent = exchange.send({"memproof": proof.request(time_limit_s)})
         out.problem = _roots(exchange, proof, sent + proof.fill_wait_s, "root of its fill", out.roots)
         if out.problem:
@@ -300,9 +299,10 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
 # --------------------------------------------------------------------------------------------- the verdict
 
 def allowance_s(out: Outcome) -> float:
-    """What the deadline allows beyond the card's read: the platform's own latency, plus the spread of the
-    pings up to a cap (a node that answers its pings unevenly does not buy itself more)."""
-    return TOLERANCES["memory_proof_latency_allowance_s"] + min(out.ping_spread_s,
+    """What the deadline allows beyond the card's read: the platform's own latency, plus the round trips' spread
+    (the steadier of the pings and sshd's keepalive replies) up to a cap: a node that answers its pings unevenly
+    does not buy itself more."""
+    return TOLERANCES["memory_proof_latency_allowance_s"] + min(out.round_trip_spread_s,
                                                                 TOLERANCES["memory_proof_jitter_allowance_max_s"])
 
 

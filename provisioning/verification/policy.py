@@ -109,7 +109,7 @@ TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rul
     # reply and the kernel's TCP estimate; this cap bounds what a node that slowed all three could buy.
     "round_trip_credit_max_s": 0.3,
     # The memory proof's fresh root (memproof.py): seconds of the platform's own latency beyond the time the
-    # claimed card reads its fill at half its datasheet bandwidth (tens of ms), plus the pings' spread up to the
+    # claimed card reads its fill at half its datasheet bandwidth (tens of ms), plus the round trips' spread up to the
     # cap. Not generous: a card that rebuilds the memory it lacks on the card pays passes of its memory, tens of
     # ms each (bench/memproof_recompute.py); a late first answer gets a second fresh salt, so one slow line of a
     # busy control plane is not a verdict.

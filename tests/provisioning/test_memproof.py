@@ -429,7 +429,7 @@ def test_uneven_pongs_buy_at_most_the_capped_allowance():
     uneven = [(PONGS[0], 0.001), (PONGS[1], 5.0), (PONGS[2], 0.001)]
     out = memproof.run(ClockedExchange(*uneven, *fresh_answers(0.0, drawn.read_s + base + cap + 0.05,
                                                                 drawn.read_s + base + cap + 0.05)), drawn, 300)
-    assert out.ping_spread_s == pytest.approx(4.999) and memproof.allowance_s(out) == pytest.approx(base + cap)
+    assert out.round_trip_spread_s == pytest.approx(4.999) and memproof.allowance_s(out) == pytest.approx(base + cap)
     assert memproof.late_gpus(drawn, out) == [0]
 
 

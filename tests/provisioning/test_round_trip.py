@@ -25,20 +25,30 @@ class Below:
     """An exchange whose transport measured these round trips."""
 
     def __init__(self, **trips):
-        self.trips = trips
+        self.trips = trips  # name -> samples
 
     def transport_round_trips(self):
         return self.trips
 
 
 def test_the_credit_is_the_least_round_trip_measured_and_never_more_than_the_cap():
-    assert round_trip.credit([0.9, 0.7, 0.8], Below(sshd=0.05, tcp=0.04)) == (0.04, {
+    assert round_trip.credit([0.9, 0.7, 0.8], Below(sshd=[0.05, 0.06], tcp=[0.04]))[:2] == (0.04, {
         "agent_pings": 0.7, "sshd": 0.05, "tcp": 0.04})
-    assert round_trip.credit([0.02, 0.03], Below(sshd=0.2)) == (0.02, {"agent_pings": 0.02, "sshd": 0.2})
-    assert round_trip.credit([0.02], object()) == (0.02, {"agent_pings": 0.02})  # a pipe: pings only
+    assert round_trip.credit([0.02, 0.03], Below(sshd=[0.2]))[:2] == (0.02, {"agent_pings": 0.02, "sshd": 0.2})
+    assert round_trip.credit([0.02], object())[:2] == (0.02, {"agent_pings": 0.02})  # a pipe: pings only
     # slowed everywhere: no more than the cap
-    assert round_trip.credit([2.5, 2.6], Below(sshd=2.5, tcp=2.4))[0] == CAP
+    assert round_trip.credit([2.5, 2.6], Below(sshd=[2.5], tcp=[2.4]))[0] == CAP
     assert round_trip.credit([5.0], Below())[0] == CAP
+
+
+def test_the_spread_is_the_steadiest_repeated_measurements():
+    """The memory proof's jitter allowance: pongs answered unevenly widen it only if sshd's replies are uneven
+    too; a single TCP estimate has no spread."""
+    assert round_trip.credit([0.001, 5.0, 0.001], Below(sshd=[0.001, 0.003, 0.002], tcp=[0.004]))[2] == \
+        pytest.approx(0.002)
+    assert round_trip.credit([0.001, 0.2, 0.001], object())[2] == pytest.approx(0.199)  # a pipe: the pings'
+    assert round_trip.credit([0.001, 0.004], Below(sshd=[0.1, 0.5]))[2] == pytest.approx(0.003)
+    assert round_trip.credit([0.001], Below(tcp=[0.004]))[2] == 0.0
 
 
 def test_holding_the_challenges_pongs_back_does_not_make_a_slow_card_look_fast():
