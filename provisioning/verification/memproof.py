@@ -67,6 +67,9 @@ OPENINGS = 8  # per GPU; a node holding half of the blocks passes all eight with
 REFS = 6  # earlier blocks each block reads besides the one before it (bench/memproof_recompute.py: why six)
 FILL_PASSES = REFS + 2  # the fill reads REFS + 1 blocks and writes one per block: its nominal traffic
 GRACE_S = 5.0
+# A real fill's wait also covers the agent compiling its fused digest (torch.compile, once a device) before the
+# fill's roots. The fill's wait only ends a hung node: the proof is the fresh root's clock, not this one.
+SETUP_S = 120.0
 FRESH_TRIES = 2  # the agent's MAX_FRESH
 KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
 GROUP = 256  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
@@ -165,6 +168,7 @@ class MemProof:
     fill_wait_s: float
     device: str = ""  # "cpu": a real fill on the node's CPU (tests)
     mig_uuids: tuple = ()  # MIG slices proved: gpu_indices are their labels (challenge.MIG_LABEL_BASE + position)
+    digest: str = ""  # the agent's digest path ("fused", "eager"; its own choice, "auto", when empty)
 
     def request(self, time_limit_s: int) -> dict:
         req = {"seed": self.seed, "blocks": self.blocks, "chunks": self.chunks, "words": self.words,
@@ -174,13 +178,16 @@ class MemProof:
             req["device"] = self.device
         if self.mig_uuids:
             req["mig_uuids"] = list(self.mig_uuids)
+        if self.digest:
+            req["digest"] = self.digest
         return req
 
 
 def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | None = None,
-         real: bool = False, sizes: dict | None = None, device: str = "") -> MemProof:
+         real: bool = False, sizes: dict | None = None, device: str = "", digest: str = "") -> MemProof:
     """The sim's small fill standing for 95 % of the claimed memory; with `real`, a fill of that many bytes
-    (REAL_SIZES, or `sizes` = {"blocks", "chunks", "words"} to choose them, the nominal bytes then theirs)."""
+    (REAL_SIZES, or `sizes` = {"blocks", "chunks", "words"} to choose them, the nominal bytes then theirs), its
+    wait allowing for the agent's SETUP_S."""
     nominal = int(math.ceil(MEMORY_SHARE * declared.memory_mib * 2 ** 20))
     shape = dict(SIM_SIZES)
     if sizes:
@@ -191,8 +198,9 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
     band = TOLERANCES["figure_bands"]["memory_bandwidth_gbs"]
     rate = float(declared.datasheet["memory_bandwidth_gbs"]) * 1e9 * band["reject"]
     seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
+    setup = SETUP_S if real or sizes else 0.0
     return MemProof(seed=seed, gpu_indices=tuple(gpu_indices), nominal_bytes=nominal, read_s=nominal / rate,
-                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S, device=device,
+                    fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S + setup, device=device, digest=digest,
                     blocks=shape["blocks"], chunks=shape["chunks"], words=shape["words"])
 
 
@@ -209,6 +217,7 @@ class Outcome:
     fresh_salt: int | None = None
     fresh_roots: dict = field(default_factory=dict)  # gpu -> root under the fresh salt
     fresh_arrivals: dict = field(default_factory=dict)  # gpu -> platform clock
+    node_detail: dict = field(default_factory=dict)  # gpu -> the agent's own account of its fresh root (detail)
     picks: dict = field(default_factory=dict)  # gpu -> [(block, chunk)]
     opened: Any = None
     problem: str = ""
@@ -220,7 +229,7 @@ def _receive(exchange: Exchange, until: float) -> tuple[dict | None, float]:
 
 
 def _roots(exchange: Exchange, proof: MemProof, until: float, what: str, into: dict,
-           arrivals: dict | None = None) -> str:
+           arrivals: dict | None = None, details: dict | None = None) -> str:
     waiting = set(proof.gpu_indices)
     while waiting:
         message, at = _receive(exchange, until)
@@ -235,7 +244,24 @@ def _roots(exchange: Exchange, proof: MemProof, until: float, what: str, into: d
         into[gpu] = root
         if arrivals is not None:
             arrivals[gpu] = at
+        if details is not None:
+            details[gpu] = _node_detail(message)
     return ""
+
+
+def _node_detail(message: dict) -> dict:
+    """What a real agent says of its own root (its digest path and seconds), kept if well-formed: detail shown
+    beside the platform's clock, never judged."""
+    detail: dict[str, Any] = {}
+    if message.get("digest") in ("fused", "eager"):
+        detail["digest"] = message["digest"]
+    seconds = message.get("node_s")
+    if isinstance(seconds, dict):
+        detail["node_s"] = {k: v for k, v in seconds.items() if k in ("device", "host")
+                            and type(v) in (int, float) and 0 <= v < 1e6}
+    if isinstance(message.get("fused_error"), str):
+        detail["fused_error"] = message["fused_error"][:300]
+    return detail
 
 
 def _openings(exchange: Exchange, proof: MemProof, until: float, out: Outcome) -> str:
@@ -276,11 +302,11 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
         if out.problem:
             return out
         for _ in range(FRESH_TRIES):  # a second salt when the first came late: one slow line is not a verdict
-            out.fresh_salt, out.fresh_roots, out.fresh_arrivals = rng.getrandbits(64), {}, {}
+            out.fresh_salt, out.fresh_roots, out.fresh_arrivals, out.node_detail = rng.getrandbits(64), {}, {}, {}
             out.fresh_sent_at = exchange.send({"fresh": out.fresh_salt})
             out.fresh_rounds += 1
             out.problem = _roots(exchange, proof, out.fresh_sent_at + proof.read_s + GRACE_S, "fresh root",
-                                 out.fresh_roots, out.fresh_arrivals)
+                                 out.fresh_roots, out.fresh_arrivals, out.node_detail)
             if out.problem or not late_gpus(proof, out):
                 break
         if out.problem:
@@ -409,6 +435,8 @@ def judge(declared: DeclaredModel, proof: MemProof, out: Outcome) -> tuple[list[
             continue
         seconds = fresh_seconds(out, gpu)
         row["fresh_s"] = round(seconds, 4)
+        if out.node_detail.get(gpu):
+            row["node"] = out.node_detail[gpu]
         wrong = check_gpu(proof, out, gpu) if out.opened is not None else (out.problem or "it opened nothing")
         row["correct"] = not wrong
         if wrong:

@@ -253,7 +253,7 @@ def test_a_tampered_word_or_path_of_an_honest_answer_fails():
 
 def test_the_agent_refuses_a_bad_request_with_the_field():
     for req, field in (({"seed": -1}, "seed"), ({"blocks": 1}, "blocks"), ({"extra": 1}, "extra"),
-                       ({"gpu_indices": [0, 0]}, "gpu_indices")):
+                       ({"gpu_indices": [0, 0]}, "gpu_indices"), ({"digest": "fast"}, "digest")):
         good = memproof.draw(A100, [0]).request(60)
         with pytest.raises(node.AgentError) as caught:
             node.validate(dict(good, **req))
@@ -299,7 +299,20 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
                                                                                      salts)))
                                    for b in node.fill(drawn.seed, 1, drawn.blocks, size)])
     assert card.commit(salts) == sim_like[-1][0].hex()
+    assert card.detail["digest"] == "eager" and set(card.detail["node_s"]) == {"device", "host"}
 
+    out, final, status, _ = torch_exchange(drawn)
+    assert (final["ok"], status, out.problem) == (True, [0], "")
+    assert memproof.check_gpu(drawn, out, 0) == "" and memproof.check_gpu(drawn, out, 1) == ""
+    assert {g: d["digest"] for g, d in out.node_detail.items()} == {0: "eager", 1: "eager"}  # auto, on a CPU
+    real = memproof.draw(A100, [0], real=True)
+    assert real.blocks * real.chunks * real.words * 4 >= 0.95 * 81920 * 2 ** 20
+    assert node.validate(real.request(600))["blocks"] == real.blocks
+
+
+def torch_exchange(drawn, time_limit_s=120):
+    """The agent's PyTorch path (runtime docker) and the platform's memproof.run on pipes: (outcome, the agent's
+    last line, its exit status, the pipe)."""
     cfg = SimpleNamespace(runtime="docker", sim_profile=None)
     a, b = os.pipe()
     c, d = os.pipe()
@@ -308,16 +321,61 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
     thread = threading.Thread(target=lambda: status.append(node.run_exchange(cfg, node_in, node_out)))
     thread.start()
     try:
-        out = memproof.run(PipeExchange(to_node, from_node), drawn, 120)
-        final = json.loads(from_node.readline())
+        pipe = SizedPipe(to_node, from_node)
+        out = memproof.run(pipe, drawn, time_limit_s)
+        final = json.loads(from_node.readline()) if not out.problem else {}
     finally:
         to_node.close()
-        thread.join(60)
+        thread.join(time_limit_s)
+    return out, final, status, pipe
+
+
+def eager_root(drawn, gpu, salt_base):
+    """The root of the GPU's fill under salt_base's position salts, computed by the agent's pure-Python fill."""
+    size, salts = drawn.chunks * drawn.words, node.position_salts(salt_base, drawn.words)
+    return node.merkle_levels([node.block_leaf(node.group_digests(node.packed_block(b, drawn.chunks, drawn.words,
+                                                                                  salts)))
+                               for b in node.fill(drawn.seed, gpu, drawn.blocks, size)])[-1][0].hex()
+
+
+def test_the_fused_digest_compiled_on_this_cpu_gives_the_same_roots_and_passes():
+    """digest "fused": torch.compile's one kernel a block (inductor's C++ on a CPU, Triton on a GPU). Its roots
+    are the pure-Python fill's, under the fill's salts and the fresh one, and the root lines say which path ran."""
+    pytest.importorskip("torch")
+    drawn = memproof.draw(A100, [0, 1], rng=random.Random(8), sizes={"blocks": 5, "chunks": 64, "words": 32},
+                          device="cpu", digest="fused")
+    out, final, status, _ = torch_exchange(drawn, 300)
     assert (final["ok"], status, out.problem) == (True, [0], "")
-    assert memproof.check_gpu(drawn, out, 0) == "" and memproof.check_gpu(drawn, out, 1) == ""
-    real = memproof.draw(A100, [0], real=True)
-    assert real.blocks * real.chunks * real.words * 4 >= 0.95 * 81920 * 2 ** 20
-    assert node.validate(real.request(600))["blocks"] == real.blocks
+    for gpu in (0, 1):
+        assert out.node_detail[gpu]["digest"] == "fused", out.node_detail
+        assert "fused_error" not in out.node_detail[gpu]
+        assert out.roots[gpu] == eager_root(drawn, gpu, node.key(drawn.seed, gpu, "digest"))
+        assert out.fresh_roots[gpu] == eager_root(drawn, gpu, out.fresh_salt)
+        assert memproof.check_gpu(drawn, out, gpu) == ""
+    _, figures = memproof.judge(A100, drawn, out)
+    assert figures["gpus"]["0"]["node"]["digest"] == "fused" and figures["gpus"]["0"]["node"]["node_s"]["device"] >= 0
+
+
+def test_a_fused_digest_that_disagrees_with_pytorchs_ops_is_not_used(monkeypatch):
+    """A miscompiled kernel (here: one that forgets the salts) is caught on block 0 before the fill's roots: the
+    agent digests eagerly, says why, and the proof passes."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setitem(node._FUSED, "rows", lambda view, salts: node.digest_rows(torch, view, salts * 0))
+    drawn = memproof.draw(A100, [0], rng=random.Random(9), sizes={"blocks": 3, "chunks": 4, "words": 16},
+                          device="cpu", digest="fused")
+    out, final, status, _ = torch_exchange(drawn)
+    assert (final["ok"], status, out.problem) == (True, [0], "")
+    assert out.node_detail[0]["digest"] == "eager"
+    assert "disagrees" in out.node_detail[0]["fused_error"]
+    assert memproof.check_gpu(drawn, out, 0) == ""
+
+
+def test_a_real_fill_waits_for_the_agents_setup_and_a_sim_fill_does_not():
+    sim, real = memproof.draw(A100, [0]), memproof.draw(A100, [0], real=True)
+    assert real.fill_wait_s - memproof.FILL_PASSES * real.read_s == pytest.approx(memproof.GRACE_S + memproof.SETUP_S)
+    assert sim.fill_wait_s - memproof.FILL_PASSES * sim.read_s == pytest.approx(memproof.GRACE_S)
+    assert "digest" not in real.request(60)
+    assert memproof.draw(A100, [0], digest="eager").request(60)["digest"] == "eager"
 
 
 class SizedPipe(PipeExchange):
@@ -340,18 +398,7 @@ def test_a_real_size_fills_openings_fit_the_ssh_exchanges_line_limit():
     pytest.importorskip("torch")
     from provisioning.ssh import MAX_ANSWER_BYTES
     drawn = memproof.draw(A100, [0], sizes={"blocks": 2, "chunks": 4096, "words": 4096}, device="cpu")
-    a, b = os.pipe()
-    c, d = os.pipe()
-    to_node, node_in, node_out, from_node = os.fdopen(b, "w"), os.fdopen(a), os.fdopen(d, "w"), os.fdopen(c)
-    cfg = SimpleNamespace(runtime="docker", sim_profile=None)
-    thread = threading.Thread(target=lambda: node.run_exchange(cfg, node_in, node_out))
-    thread.start()
-    try:
-        pipe = SizedPipe(to_node, from_node)
-        out = memproof.run(pipe, drawn, 300)
-    finally:
-        to_node.close()
-        thread.join(120)
+    out, _, _, pipe = torch_exchange(drawn, 300)
     assert out.problem == "" and memproof.check_gpu(drawn, out, 0) == ""
     assert sum(len(node.needed_chunks(drawn.request(60), 0, b, c)) for b, c in out.picks[0]) > 8 * 8  # many reached
     assert 2 ** 20 < max(pipe.sizes) < MAX_ANSWER_BYTES * 0.75, pipe.sizes

@@ -25,10 +25,12 @@ over its host link. A profile's `memory_held_mib` (per GPU or for the node) is w
 with `"recomputed"` it rebuilds what it lacks on the card for each digest, at recompute.py passes of its
 memory (the cheapest way to do that this module knows, on the graph of a real fill of the nominal bytes).
 On a real node (or `"device": "cpu"` in the request, for tests and gpu-selfcheck) TorchCard does the same on the
-device with PyTorch: the blocks as int32 tensors (the words' bits), built and digested in slices of SLICE words,
-so that the fill takes the requested bytes and little more; only the chunk digests (8 bytes per chunk) and the
-opened chunks reach the host. The platform runs it on sim nodes only until a GPU has measured it
-(docs/BENCHMARKS.md); a real node asked by node verification would run it the same way.
+device with PyTorch: the blocks as int32 tensors (the words' bits), built in slices of SLICE words, so that the
+fill takes the requested bytes and little more, and digested by one torch.compile kernel a block (DIGEST_PATHS;
+eager ops a slice at a time where it cannot compile); only the chunk digests (8 bytes per chunk) and the opened
+chunks reach the host. Each root line also carries the agent's own timings of it (device and host seconds), as
+detail for gpu-selfcheck and the figures, never as evidence. The platform runs it on sim nodes only until a GPU
+has measured it (docs/BENCHMARKS.md); a real node asked by node verification would run it the same way.
 """
 import hashlib
 import os
@@ -63,6 +65,10 @@ SLICE = 1 << 22  # words built or digested at once on the device (int64 temporar
 MAX_OPENINGS = 64
 GROUP = 256  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
 MAX_FRESH = 2  # fresh salts in one proof: the platform asks again once when the first roots came late
+# How a real card digests its fill: "fused" is one torch.compile kernel a block (a single read of the memory);
+# "eager" is PyTorch's elementwise ops a slice at a time (a dozen kernels and passes a slice: several times too
+# slow for the fresh root's deadline on a GPU, docs/BENCHMARKS.md); "auto" fuses on CUDA, stays eager on a CPU.
+DIGEST_PATHS = ("auto", "fused", "eager")
 
 
 def key(seed, gpu, what):
@@ -119,8 +125,8 @@ def packed_block(block, chunks, words, salts):
 
 def group_digests(packed):
     """A block's packed chunk digests (8 bytes each) as SHA-256s of GROUP of them at a time."""
-    step = 8 * GROUP
-    return [hashlib.sha256(packed[g:g + step]).digest() for g in range(0, len(packed), step)]
+    step, view = 8 * GROUP, memoryview(packed)  # slices of a memoryview: no copy (10 % of this on the clock)
+    return [hashlib.sha256(view[g:g + step]).digest() for g in range(0, len(packed), step)]
 
 
 def block_leaf(groups):
@@ -155,7 +161,7 @@ def validate(req):
     if not isinstance(req, dict):
         raise invalid("memproof", "the memory proof must be a JSON object")
     unknown = sorted(set(req) - {"seed", "blocks", "chunks", "words", "gpu_indices", "nominal_bytes",
-                                 "time_limit_s", "device", "mig_uuids"})
+                                 "time_limit_s", "device", "mig_uuids", "digest"})
     if unknown:
         raise invalid(unknown[0], "unknown field %s" % unknown[0])
     if type(req.get("seed")) is not int or not 0 <= req["seed"] <= M64:
@@ -166,6 +172,8 @@ def validate(req):
     validate_targets(req)  # GPU indices or MIG slice labels, as the challenge's
     if req.get("device", "cuda") not in ("cuda", "cpu"):
         raise invalid("device", "device must be cuda or cpu")
+    if req.get("digest", "auto") not in DIGEST_PATHS:
+        raise invalid("digest", "digest must be one of %s" % ", ".join(DIGEST_PATHS))
     return req
 
 
@@ -247,8 +255,30 @@ def _signed(x, bits):
     return x - (1 << bits) if x >= 1 << (bits - 1) else x
 
 
+_FUSED = {}  # the compiled digest, one per process (torch.compile keeps a specialisation per device)
+
+
+def fused_rows(torch):
+    """digest_rows() compiled: fmix32, the widening and the row sums in one kernel, the block read once."""
+    if "rows" not in _FUSED:  # torch._dynamo: loaded on first use by torch itself
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # 8 GPUs and more
+        _FUSED["rows"] = torch.compile(lambda view, salts: digest_rows(torch, view, salts), dynamic=False,
+                                       fullgraph=True)
+    return _FUSED["rows"]
+
+
+def digest_rows(torch, view, salts):
+    """Chunk digests of a [chunks, words] int32 view: sum over the words of fmix32(word ^ salt), as uint32s."""
+    from .challenge import torch_fmix32
+    return (torch_fmix32(view ^ salts).to(torch.int64) & M32).sum(dim=1)
+
+
 class TorchCard(Committed):
     """One GPU's fill on the device (PyTorch): the same blocks as fill(), as int32 tensors."""
+
+    fused = None  # fused_rows() once use_fused() has compiled it for this card's device
+    fused_error = None  # why the fused digest could not be used, when it was asked for
+    detail = None  # the last commit's own timings (the agent's detail, not the platform's evidence)
 
     def __init__(self, torch, dev, req, i):
         from .challenge import torch_fmix32, torch_mix64
@@ -272,6 +302,8 @@ class TorchCard(Committed):
         return out
 
     def derive(self, i):
+        """Block i. Each rotated read is one or two contiguous slices of the block read (it wraps at most once):
+        no int64 index tensor and no gather, so the fill costs about its nominal traffic (FILL_PASSES)."""
         torch = self.torch
         refs, salt = links(self.req["seed"], self.i, i, self.size)
         prev = self.blocks[i - 1]
@@ -279,30 +311,51 @@ class TorchCard(Committed):
         for a, b in self._slices():
             mixed = prev[a:b] ^ _signed(salt, 32)
             for p, rot in refs:
-                at = (torch.arange(a, b, dtype=torch.int64, device=self.dev) + rot) % self.size
-                mixed ^= self.blocks[p].index_select(0, at)
+                read, start = self.blocks[p], (a + rot) % self.size
+                first = min(b - a, self.size - start)
+                mixed[:first] ^= read[start:start + first]
+                if first < b - a:
+                    mixed[first:] ^= read[:b - a - first]
             out[a:b] = self.fmix(mixed)
         return out
 
     def digests(self, block, salts):
-        """The block's chunk digests (int64 on the device), chunk by chunk of `words`."""
+        """The block's chunk digests (int64 on the device), chunk by chunk of `words`: the whole block in one
+        fused kernel, or eager a slice at a time (its int64 temporaries kept to a few x 32 MiB)."""
         torch = self.torch
         words = self.req["words"]
         view = block.view(self.req["chunks"], words)
+        if self.fused is not None:
+            return self.fused(view, salts)
         out = torch.empty(self.req["chunks"], dtype=torch.int64, device=self.dev)
         step = max(1, SLICE // words)
         for c0 in range(0, self.req["chunks"], step):
-            h = self.fmix(view[c0:c0 + step] ^ salts)
-            out[c0:c0 + step] = (h.to(torch.int64) & M32).sum(dim=1)
+            out[c0:c0 + step] = digest_rows(torch, view[c0:c0 + step], salts)
         return out
+
+    def use_fused(self):
+        """Compile the fused digest for this card's device (before the fill's roots: off the fresh root's clock)
+        and check it against the eager one on block 0. Raises what the compiler raises."""
+        torch = self.torch
+        salts = torch.arange(self.req["words"], dtype=torch.int32, device=self.dev) * -0x61C88647
+        rows = fused_rows(torch)
+        if not torch.equal(rows(self.blocks[0].view(self.req["chunks"], self.req["words"]), salts),
+                           self.digests(self.blocks[0], salts)):
+            raise RuntimeError("the fused digest disagrees with PyTorch's own ops on this device")
+        self.fused = rows
 
     def commit(self, salts, fresh=False):
         from .challenge import _tensor_bytes
         torch = self.torch
+        started = time.monotonic()
         t = torch.tensor([_signed(s, 32) for s in salts], dtype=torch.int32, device=self.dev)
         host = torch.stack([self.digests(block, t) for block in self.blocks]).to("cpu")  # waits for the device
+        read = time.monotonic()
         raw, per = _tensor_bytes(host), 8 * self.req["chunks"]
-        return self.keep([raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])], fresh)
+        root = self.keep([raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])], fresh)
+        self.detail = {"digest": "fused" if self.fused is not None else "eager",
+                       "node_s": {"device": round(read - started, 6), "host": round(time.monotonic() - read, 6)}}
+        return root
 
     def open(self, block, chunk):
         words = self.req["words"]
@@ -333,6 +386,15 @@ def torch_cards(req):
     if errors:
         i, exc = errors[0]
         raise AgentError("memproof_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
+    fuse = req.get("digest", "auto")
+    if fuse == "fused" or (fuse == "auto" and req.get("device", "cuda") == "cuda"):
+        try:
+            for i in sorted(cards):  # one device at a time: torch.compile is not made for threads compiling at once
+                cards[i].use_fused()
+        except Exception as exc:  # noqa: BLE001 - no Triton or compiler here: eager, and the roots say why
+            for card in cards.values():
+                card.fused = None
+                card.fused_error = "%s: %s" % (type(exc).__name__, str(exc)[:300])
     return cards
 
 
@@ -344,8 +406,11 @@ def commit_now(lines, cards, salts_of, fresh):
     def one(i, card):
         try:
             root = card.commit(salts_of(i), fresh=fresh)
+            line = dict(card.detail, gpu=i, root=root)
+            if card.fused_error:
+                line["fused_error"] = card.fused_error
             with lock:
-                lines.write({"gpu": i, "root": root})
+                lines.write(line)
         except Exception as exc:  # noqa: BLE001
             errors.append((i, exc))
     threads = [threading.Thread(target=one, args=item, daemon=True) for item in cards.items()]
