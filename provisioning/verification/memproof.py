@@ -10,7 +10,7 @@ from the REFS + 1 blocks it reads, and with six of them some of those are droppe
 the fill pays at least 18 passes of its memory to digest it once, half of it 30 or more (with one ref, as
 before: 1.3 and 1.5 passes, inside the deadline; bench/memproof_recompute.py).
 
-1. Fill: per GPU a Merkle root over the blocks' digests (a block's digest: SHA-256 of its chunks' 64-bit
+1. Fill: per GPU a Merkle root over the blocks' digests (a block's digest: SHA-256 of its chunks' 32-bit
    digests, each the sum of fmix32(word ^ a per-position salt) over the chunk, computed where the memory is).
 2. Fresh: only after every root, the platform sends a fresh 64-bit salt; the node digests every block again
    under it (reading all of the memory) and sends a second root, **timed on the platform's clock** against the
@@ -72,7 +72,8 @@ GRACE_S = 5.0
 SETUP_S = 120.0
 FRESH_TRIES = 2  # the agent's MAX_FRESH
 KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
-GROUP = 256  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
+GROUP = 512  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
+DIGEST_BYTES = 4  # a chunk digest, the sum mod 2^32 (the agent's: the node hashes 4 bytes a 16 KiB chunk)
 
 
 # ------------------------------------------------------------------------------ the numbers, as the agent's
@@ -108,18 +109,18 @@ def position_salts(base: int, words: int) -> list[int]:
 
 
 def chunk_digest(words: list[int], salts: list[int]) -> int:
-    return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts, strict=True)) & M64
+    return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts, strict=True)) & M32
 
 
 def group_digests(packed: bytes) -> list[bytes]:
-    step = 8 * GROUP
+    step = DIGEST_BYTES * GROUP
     return [hashlib.sha256(packed[g:g + step]).digest() for g in range(0, len(packed), step)]
 
 
 def block_leaf(groups: list[bytes]) -> bytes:
     """A block's Merkle leaf: SHA-256 of the SHA-256s of its packed chunk digests, GROUP at a time. An opening
     carries its chunk's group and the block's group digests (~5 KiB a commitment at real sizes), not every chunk
-    digest of the block (32 KiB at 4096 chunks, for each of the up to 14 chunks an opening reaches)."""
+    digest of the block (16 KiB at 4096 chunks, for each of the up to 14 chunks an opening reaches)."""
     return hashlib.sha256(b"".join(groups)).digest()
 
 
@@ -371,7 +372,7 @@ def _check_chunk(proof: MemProof, item: dict | None, roots: tuple[str, str],
     chunk, groups_count = item["chunk"], -(-proof.chunks // GROUP)
     group_size = min(GROUP, proof.chunks - GROUP * (chunk // GROUP))
     for suffix, root, salt in (("", roots[0], salts[0]), ("_fresh", roots[1], salts[1])):
-        group, groups, path = (_hex(item.get("group" + suffix), 8 * group_size),
+        group, groups, path = (_hex(item.get("group" + suffix), DIGEST_BYTES * group_size),
                                _hex(item.get("groups" + suffix), 32 * groups_count), item.get("path" + suffix))
         if group is None or groups is None or not isinstance(path, list):
             return "has no chunk digests, group digests or Merkle path", []
@@ -379,7 +380,7 @@ def _check_chunk(proof: MemProof, item: dict | None, roots: tuple[str, str],
                 or not merkle_verify(block_leaf([groups[g:g + 32] for g in range(0, len(groups), 32)]),
                                      item["block"], proof.blocks, path, root)):
             return "does not lead to the committed root", []
-        if struct.unpack_from("<Q", group, 8 * (chunk % GROUP))[0] != chunk_digest(words, salt):
+        if struct.unpack_from("<I", group, DIGEST_BYTES * (chunk % GROUP))[0] != chunk_digest(words, salt):
             return "does not match its committed digest", []
     return "", words
 

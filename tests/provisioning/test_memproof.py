@@ -220,16 +220,17 @@ def flip_word(item, t=0):
 
 def test_an_opening_is_a_few_kib_per_commitment_beside_its_words_at_real_sizes():
     """At 4096 chunks of 4096 words (a real fill's 64 MiB blocks) an opened chunk carries 16 KiB of words and,
-    per commitment, 2 KiB of its group's chunk digests and 512 B of group digests (hex doubles them): every
-    opening of a GPU fits a line well under the SSH exchange's 8 MiB."""
+    per commitment, 2 KiB of its group's 512 chunk digests (4 bytes each) and 256 B of group digests (hex doubles
+    them): every opening of a GPU fits a line well under the SSH exchange's 8 MiB."""
     req = {"chunks": 4096, "words": 4096}
     card = node.Committed()
-    packed = [bytes(range(256)) * (8 * req["chunks"] // 256)] * 3
+    assert node.DIGEST_BYTES == memproof.DIGEST_BYTES == 4 and node.GROUP == memproof.GROUP == 512
+    packed = [bytes(range(256)) * (node.DIGEST_BYTES * req["chunks"] // 256)] * 3
     card.keep(packed, fresh=False)
     card.keep(packed, fresh=True)
     item = card.opening(2, 4095, [7] * req["words"])
     sizes = {k: len(v) // 2 for k, v in item.items() if isinstance(v, str)}
-    assert sizes == {"words": 16384, "group": 2048, "groups": 512, "group_fresh": 2048, "groups_fresh": 512}
+    assert sizes == {"words": 16384, "group": 2048, "groups": 256, "group_fresh": 2048, "groups_fresh": 256}
     per_gpu = memproof.OPENINGS * (2 + 2 * memproof.REFS) * len(json.dumps(item))  # the most an answer reaches
     assert per_gpu < 8 * 2 ** 20 * 0.75, per_gpu
 

@@ -27,7 +27,7 @@ memory (the cheapest way to do that this module knows, on the graph of a real fi
 On a real node (or `"device": "cpu"` in the request, for tests and gpu-selfcheck) TorchCard does the same on the
 device with PyTorch: the blocks as int32 tensors (the words' bits), built in slices of SLICE words, so that the
 fill takes the requested bytes and little more, and digested by one torch.compile kernel a block (DIGEST_PATHS;
-eager ops a slice at a time where it cannot compile); only the chunk digests (8 bytes per chunk) and the opened
+eager ops a slice at a time where it cannot compile); only the chunk digests (4 bytes per chunk) and the opened
 chunks reach the host. Each root line also carries the agent's own timings of it (device and host seconds), as
 detail for gpu-selfcheck and the figures, never as evidence. The platform runs it on sim nodes only until a GPU
 has measured it (docs/BENCHMARKS.md); a real node asked by node verification would run it the same way.
@@ -63,7 +63,10 @@ LIMITS = {"blocks": (2, 4096), "chunks": (1, 1 << 20), "words": (1, 4096), "nomi
           "time_limit_s": (1, 900)}
 SLICE = 1 << 22  # words built or digested at once on the device (int64 temporaries: a few x 32 MiB)
 MAX_OPENINGS = 64
-GROUP = 256  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
+GROUP = 512  # chunk digests per group: a block's leaf is SHA-256 of its groups' SHA-256s (block_leaf)
+# A chunk digest is the sum mod 2^32: the node's CPU hashes 4 bytes per 16 KiB chunk on the fresh root's clock (8
+# took 40 % of an H200's deadline, bench/memproof_real_path.py), and a made-up one still passes with 2^-32.
+DIGEST_BYTES = 4
 MAX_FRESH = 2  # fresh salts in one proof: the platform asks again once when the first roots came late
 # How a real card digests its fill: "fused" is one torch.compile kernel a block (a single read of the memory);
 # "eager" is PyTorch's elementwise ops a slice at a time (a dozen kernels and passes a slice: several times too
@@ -115,23 +118,24 @@ def position_salts(base, words):
 
 
 def chunk_digest(words, salts):
-    return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts)) & M64  # noqa: B905 - python3.8
+    return sum(fmix32((w & M32) ^ s) for w, s in zip(words, salts)) & M32  # noqa: B905 - python3.8
 
 
 def packed_block(block, chunks, words, salts):
-    return struct.pack("<%dQ" % chunks, *[chunk_digest(block[c * words:(c + 1) * words], salts)
+    return struct.pack("<%dI" % chunks, *[chunk_digest(block[c * words:(c + 1) * words], salts)
                                            for c in range(chunks)])
 
 
 def group_digests(packed):
-    """A block's packed chunk digests (8 bytes each) as SHA-256s of GROUP of them at a time."""
-    step, view = 8 * GROUP, memoryview(packed)  # slices of a memoryview: no copy (10 % of this on the clock)
+    """A block's packed chunk digests (DIGEST_BYTES each) as SHA-256s of GROUP of them at a time (2 KiB: hashlib
+    lets go of the GIL from 2 KiB on, so the GPUs' threads hash at once)."""
+    step, view = DIGEST_BYTES * GROUP, memoryview(packed)  # slices of a memoryview: no copy (10 % of this on the clock)
     return [hashlib.sha256(view[g:g + step]).digest() for g in range(0, len(packed), step)]
 
 
 def block_leaf(groups):
     """A block's Merkle leaf: SHA-256 of its group digests. An opening then carries its chunk's group of digests
-    and the block's group digests (a few KiB) rather than every chunk digest of the block (32 KiB per salt at
+    and the block's group digests (a few KiB) rather than every chunk digest of the block (16 KiB per salt at
     4096 chunks, and an opening reaches up to 14 chunks: 8 GPUs' openings would be hundreds of MiB)."""
     return hashlib.sha256(b"".join(groups)).digest()
 
@@ -199,7 +203,7 @@ class Committed:
         item = {"block": block, "chunk": chunk, "words": struct.pack("<%dI" % len(words), *words).hex()}
         for suffix, packed, groups, levels in (("", self.packed, self.groups, self.levels),
                                                ("_fresh", self.packed_fresh, self.groups_fresh, self.levels_fresh)):
-            item["group" + suffix] = packed[block][8 * GROUP * g:8 * GROUP * (g + 1)].hex()
+            item["group" + suffix] = packed[block][DIGEST_BYTES * GROUP * g:DIGEST_BYTES * GROUP * (g + 1)].hex()
             item["groups" + suffix] = b"".join(groups[block]).hex()
             item["path" + suffix] = merkle_path(levels, block)
         return item
@@ -228,7 +232,7 @@ class SimCard(Committed):
         packed = []
         for b, block in enumerate(self.blocks):
             if fresh and self.made_up and b >= self.held:
-                packed.append(bytes(r.getrandbits(8) for _ in range(8 * self.req["chunks"])))
+                packed.append(bytes(r.getrandbits(8) for _ in range(DIGEST_BYTES * self.req["chunks"])))
             else:
                 packed.append(packed_block(block, self.req["chunks"], self.req["words"], salts))
         return self.keep(packed, fresh)
@@ -259,7 +263,7 @@ _FUSED = {}  # the compiled digest, one per process (torch.compile keeps a speci
 
 
 def fused_rows(torch):
-    """digest_rows() compiled: fmix32, the widening and the row sums in one kernel, the block read once."""
+    """digest_rows() compiled: fmix32, the widening and the row sums in one kernel, the fill read once."""
     if "rows" not in _FUSED:  # torch._dynamo: loaded on first use by torch itself
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # 8 GPUs and more
         _FUSED["rows"] = torch.compile(lambda view, salts: digest_rows(torch, view, salts), dynamic=False,
@@ -268,13 +272,16 @@ def fused_rows(torch):
 
 
 def digest_rows(torch, view, salts):
-    """Chunk digests of a [chunks, words] int32 view: sum over the words of fmix32(word ^ salt), as uint32s."""
+    """Chunk digests of a [chunks, words] int32 view: sum over the words of fmix32(word ^ salt) mod 2^32, as
+    int32 (the uint32's bits)."""
     from .challenge import torch_fmix32
-    return (torch_fmix32(view ^ salts).to(torch.int64) & M32).sum(dim=1)
+    total = (torch_fmix32(view ^ salts).to(torch.int64) & M32).sum(dim=1) & M32
+    return (total - ((total >> 31) << 32)).to(torch.int32)
 
 
 class TorchCard(Committed):
-    """One GPU's fill on the device (PyTorch): the same blocks as fill(), as int32 tensors."""
+    """One GPU's fill on the device (PyTorch): the same blocks as fill(), as int32 tensors, views of one
+    allocation (so that the fused digest reads the whole fill in one kernel)."""
 
     fused = None  # fused_rows() once use_fused() has compiled it for this card's device
     fused_error = None  # why the fused digest could not be used, when it was asked for
@@ -285,29 +292,27 @@ class TorchCard(Committed):
         self.torch, self.dev, self.req, self.i = torch, dev, req, i
         self.fmix, self.mix = torch_fmix32, torch_mix64
         self.size = req["chunks"] * req["words"]
-        self.blocks = [self.block_zero()]
+        self.fill = torch.empty(req["blocks"] * self.size, dtype=torch.int32, device=dev)
+        self.blocks = [self.fill[b * self.size:(b + 1) * self.size] for b in range(req["blocks"])]
+        self.block_zero(self.blocks[0])
         for b in range(1, req["blocks"]):
-            self.blocks.append(self.derive(b))
+            self.derive(b, self.blocks[b])
 
     def _slices(self):
         return [(a, min(self.size, a + SLICE)) for a in range(0, self.size, SLICE)]
 
-    def block_zero(self):
+    def block_zero(self, out):
         torch = self.torch
-        out = torch.empty(self.size, dtype=torch.int32, device=self.dev)
         k = _signed(key(self.req["seed"], self.i, "seed"), 64)
         for a, b in self._slices():
             z = self.mix(torch.arange(a, b, dtype=torch.int64, device=self.dev) ^ k) & M32
             out[a:b] = self.fmix((z - ((z >> 31) << 32)).to(torch.int32))
-        return out
 
-    def derive(self, i):
-        """Block i. Each rotated read is one or two contiguous slices of the block read (it wraps at most once):
-        no int64 index tensor and no gather, so the fill costs about its nominal traffic (FILL_PASSES)."""
-        torch = self.torch
+    def derive(self, i, out):
+        """Block i, into `out`. Each rotated read is one or two contiguous slices of the block read (it wraps at
+        most once): no int64 index tensor and no gather, so the fill costs about its nominal traffic."""
         refs, salt = links(self.req["seed"], self.i, i, self.size)
         prev = self.blocks[i - 1]
-        out = torch.empty(self.size, dtype=torch.int32, device=self.dev)
         for a, b in self._slices():
             mixed = prev[a:b] ^ _signed(salt, 32)
             for p, rot in refs:
@@ -317,30 +322,29 @@ class TorchCard(Committed):
                 if first < b - a:
                     mixed[first:] ^= read[:b - a - first]
             out[a:b] = self.fmix(mixed)
-        return out
 
-    def digests(self, block, salts):
-        """The block's chunk digests (int64 on the device), chunk by chunk of `words`: the whole block in one
-        fused kernel, or eager a slice at a time (its int64 temporaries kept to a few x 32 MiB)."""
+    def digests(self, salts, fused=None):
+        """Every chunk digest of the fill (int32 on the device, block after block): one fused kernel over the
+        whole fill, or eager a slice at a time (its int64 temporaries kept to a few x 32 MiB)."""
         torch = self.torch
-        words = self.req["words"]
-        view = block.view(self.req["chunks"], words)
-        if self.fused is not None:
-            return self.fused(view, salts)
-        out = torch.empty(self.req["chunks"], dtype=torch.int64, device=self.dev)
+        chunks, words = self.req["blocks"] * self.req["chunks"], self.req["words"]
+        view = self.fill.view(chunks, words)
+        fused = self.fused if fused is None else fused
+        if fused:
+            return fused(view, salts)
+        out = torch.empty(chunks, dtype=torch.int32, device=self.dev)
         step = max(1, SLICE // words)
-        for c0 in range(0, self.req["chunks"], step):
+        for c0 in range(0, chunks, step):
             out[c0:c0 + step] = digest_rows(torch, view[c0:c0 + step], salts)
         return out
 
     def use_fused(self):
         """Compile the fused digest for this card's device (before the fill's roots: off the fresh root's clock)
-        and check it against the eager one on block 0. Raises what the compiler raises."""
+        and check it against the eager one. Raises what the compiler raises."""
         torch = self.torch
         salts = torch.arange(self.req["words"], dtype=torch.int32, device=self.dev) * -0x61C88647
         rows = fused_rows(torch)
-        if not torch.equal(rows(self.blocks[0].view(self.req["chunks"], self.req["words"]), salts),
-                           self.digests(self.blocks[0], salts)):
+        if not torch.equal(self.digests(salts, fused=rows), self.digests(salts, fused=False)):
             raise RuntimeError("the fused digest disagrees with PyTorch's own ops on this device")
         self.fused = rows
 
@@ -349,9 +353,9 @@ class TorchCard(Committed):
         torch = self.torch
         started = time.monotonic()
         t = torch.tensor([_signed(s, 32) for s in salts], dtype=torch.int32, device=self.dev)
-        host = torch.stack([self.digests(block, t) for block in self.blocks]).to("cpu")  # waits for the device
+        host = self.digests(t).to("cpu")  # waits for the device
         read = time.monotonic()
-        raw, per = _tensor_bytes(host), 8 * self.req["chunks"]
+        raw, per = _tensor_bytes(host), DIGEST_BYTES * self.req["chunks"]
         root = self.keep([raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])], fresh)
         self.detail = {"digest": "fused" if self.fused is not None else "eager",
                        "node_s": {"device": round(read - started, 6), "host": round(time.monotonic() - read, 6)}}
@@ -368,7 +372,7 @@ def torch_cards(req):
     from .challenge import challenge_devices
     from .measurements import import_torch
     if sys.byteorder != "little":
-        raise AgentError("memproof_unsupported", "the memory proof's digests are little-endian uint64s")
+        raise AgentError("memproof_unsupported", "the memory proof's digests are little-endian uint32s")
     torch = import_torch()
     devs = challenge_devices(torch, req)
     cards, errors = {}, []
