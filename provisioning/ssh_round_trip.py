@@ -14,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 
 import paramiko
 
@@ -21,12 +22,31 @@ KEEPALIVE = "keepalive@openssh.com"
 KEEPALIVES = 3
 TCP_INFO_BYTES = 104  # struct tcp_info up to tcpi_total_retrans (Linux)
 TCP_INFO_RTT_OFFSET = 68  # tcpi_rtt, microseconds: after 8 one-byte fields and 15 u32 ones
+# One measurement at a time per transport: paramiko keeps one completion_event per transport for global requests,
+# so two exchanges measuring a pooled connection at once would wake on each other's replies (short or missing).
+_MEASURING: weakref.WeakKeyDictionary[paramiko.Transport, threading.Lock] = weakref.WeakKeyDictionary()
+_MEASURING_GUARD = threading.Lock()
+
+
+def _measuring(transport: paramiko.Transport) -> threading.Lock:
+    with _MEASURING_GUARD:
+        return _MEASURING.setdefault(transport, threading.Lock())
 
 
 def sshd_round_trips(transport: paramiko.Transport, timeout: float) -> list[float]:
     """KEEPALIVES keepalive round trips, each on the monotonic clock; none when the server did not answer one
     within `timeout` (paramiko's global_request has no timeout of its own, so it waits in a daemon thread, which
-    ends when the transport closes)."""
+    ends when the transport closes). Measurements of one transport take turns (_MEASURING)."""
+    lock = _measuring(transport)
+    if not lock.acquire(timeout=timeout * KEEPALIVES):
+        return []
+    try:
+        return _keepalive_trips(transport, timeout)
+    finally:
+        lock.release()
+
+
+def _keepalive_trips(transport: paramiko.Transport, timeout: float) -> list[float]:
     trips = []
     for _ in range(KEEPALIVES):
         timed: dict[str, float] = {}

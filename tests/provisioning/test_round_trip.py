@@ -2,10 +2,12 @@
 that holds its agent's pongs back buys no time for a slow challenge or a late memory proof, on pipes (the cap)
 and over real SSH (sshd's keepalive reply and the kernel's TCP estimate, which the agent does not answer)."""
 import dataclasses
+import threading
+import time
 
 import pytest
 
-from provisioning import sim
+from provisioning import sim, ssh_round_trip
 from provisioning.services.nodes import node_private_key
 from provisioning.ssh import Endpoint, NodeSession
 from provisioning.verification import challenge, memproof, round_trip
@@ -99,3 +101,48 @@ def test_over_ssh_sshd_and_tcp_time_the_trip_the_agent_holds_back(db, tmp_path):
     findings, figures = challenge.judge(A100, drawn, out)
     assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
     assert figures["round_trips"]["sshd"] < 1.0
+
+
+def test_exchanges_measuring_one_pooled_connection_take_turns(db, tmp_path, monkeypatch):
+    """paramiko answers global requests through one completion_event per transport: two measurements of a pooled
+    connection at once would wake on each other's replies. They take turns, and each gets its three replies."""
+    server = sim.node_up(SLOW_CHALLENGE, tmp_path)
+    try:
+        node = make_node(UserFactory(), gpu_model="a100-80gb-sxm", gpu_count=2, address=server["address"],
+                         ssh_port=server["ssh_port"], ssh_user=server["ssh_user"],
+                         host_key_fingerprint=server["host_key_fingerprint"])
+        sim.node_authorize(server["ssh_port"], node.ssh_public_key, tmp_path)
+        endpoint = Endpoint(node.address, node.ssh_port, node.ssh_user, node_private_key(node=node),
+                            node.host_key_fingerprint)
+        with NodeSession(endpoint) as session:
+            exchange = session.exchange("challenge")
+            try:
+                transport = exchange.chan.get_transport()
+                real, state = transport.global_request, {"now": 0, "most": 0}
+                guard = threading.Lock()
+
+                def counted(*args, **kwargs):
+                    with guard:
+                        state["now"] += 1
+                        state["most"] = max(state["most"], state["now"])
+                    time.sleep(0.02)  # widens the window two unserialised measurements would share
+                    try:
+                        return real(*args, **kwargs)
+                    finally:
+                        with guard:
+                            state["now"] -= 1
+
+                monkeypatch.setattr(transport, "global_request", counted)
+                results = []
+                threads = [threading.Thread(target=lambda: results.append(exchange.transport_round_trips()))
+                           for _ in range(4)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(30)
+            finally:
+                exchange.close()
+    finally:
+        sim.nodes_down(tmp_path)
+    assert state["most"] == 1, state
+    assert len(results) == 4 and all(len(r["sshd"]) == ssh_round_trip.KEEPALIVES for r in results), results
