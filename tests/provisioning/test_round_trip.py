@@ -21,6 +21,7 @@ from tests.provisioning.test_memproof import exchange_with_agent as memproof_wit
 CAP = TOLERANCES["round_trip_credit_max_s"]
 SLOW_CHALLENGE = "a6000-posing-as-a100-x2-delays-pongs"
 SLOW_PROOF = "a100-40gb-sxm-says-80gb-rebuilds-delays-pongs-x1"
+STAMP_SLACK_S = 0.1  # how much earlier than the platform's stamp an agent may start holding a pong back
 
 
 class Below:
@@ -56,10 +57,12 @@ def test_the_spread_is_the_steadiest_repeated_measurements():
 def test_holding_the_challenges_pongs_back_does_not_make_a_slow_card_look_fast():
     drawn, out, final, _ = challenge_with_agent(SLOW_CHALLENGE, A100, [0, 1])
     assert final["ok"] is True
-    assert out.round_trips["agent_pings"] >= 2.5 and out.round_trip_s == CAP  # pipes: the cap is all there is
+    # >= the hold less a little: the platform stamps a ping after writing it, and under load the agent may have
+    # read it and begun its hold first (2.4983 s was seen in CI)
+    assert out.round_trips["agent_pings"] >= 2.5 - STAMP_SLACK_S and out.round_trip_s == CAP  # pipes: the cap
     findings, figures = challenge.judge(A100, drawn, out)
     assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
-    assert figures["round_trips"]["agent_pings"] >= 2.5
+    assert figures["round_trips"]["agent_pings"] >= 2.5 - STAMP_SLACK_S
     # what the pongs alone would have bought: an A6000 passing as an A100
     bought, _ = challenge.judge(A100, drawn, dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"]))
     assert bought == []
@@ -68,7 +71,7 @@ def test_holding_the_challenges_pongs_back_does_not_make_a_slow_card_look_fast()
 def test_holding_the_memory_proofs_pongs_back_does_not_hide_a_rebuild():
     drawn, out, final, _ = memproof_with_agent(PROFILES_DIR / f"{SLOW_PROOF}.json", A100, [0])
     assert final["ok"] is True
-    assert out.round_trips["agent_pings"] >= 1.8 and out.round_trip_s == CAP
+    assert out.round_trips["agent_pings"] >= 1.8 - STAMP_SLACK_S and out.round_trip_s == CAP
     findings, _ = memproof.judge(A100, drawn, out)
     assert [(f.code, f.gpu_index) for f in findings] == [("memory_proof_late", 0)]
     bought, _ = memproof.judge(A100, drawn, dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"]))
@@ -96,7 +99,7 @@ def test_over_ssh_sshd_and_tcp_time_the_trip_the_agent_holds_back(db, tmp_path):
         sim.nodes_down(tmp_path)
     trips = out.round_trips
     assert set(trips) == {"agent_pings", "sshd", "tcp"}, trips
-    assert trips["agent_pings"] >= 2.5 and max(trips["sshd"], trips["tcp"]) < 1.0, trips
+    assert trips["agent_pings"] >= 2.5 - STAMP_SLACK_S and max(trips["sshd"], trips["tcp"]) < 1.0, trips
     assert out.round_trip_s == min(trips.values())
     findings, figures = challenge.judge(A100, drawn, out)
     assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
