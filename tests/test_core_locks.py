@@ -89,11 +89,15 @@ def test_a_holder_whose_connection_dies_leaves_no_lock_behind():
         with advisory_lock("job-e") as acquired:
             seen["acquired"] = acquired
             with connection.cursor() as cursor:  # find the lock's own backend and kill it, as a SIGKILL would
-                cursor.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s",
+                cursor.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s"
+                               " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                                [lock_key("job-e") & 0xFFFF_FFFF])
                 pids = [row[0] for row in cursor.fetchall()]
                 for pid in pids:
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+                    # Without a timeout it only sends SIGTERM and returns before the backend has exited (CI once
+                    # found the lock still held); with one it waits until the backend is gone (PostgreSQL 14+).
+                    cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [pid])
+                    seen["terminated"] = cursor.fetchone()[0]
             seen["pids"] = pids
             seen["held_after_kill"] = held_elsewhere("job-e")
         connection.close()
@@ -101,7 +105,7 @@ def test_a_holder_whose_connection_dies_leaves_no_lock_behind():
     thread = threading.Thread(target=holder)
     thread.start()
     thread.join(20)
-    assert seen["acquired"] and len(seen["pids"]) == 1
+    assert seen["acquired"] and len(seen["pids"]) == 1 and seen["terminated"] is True
     assert seen["held_after_kill"] is False
     with advisory_lock("job-e") as acquired:
         assert acquired
