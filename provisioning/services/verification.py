@@ -277,7 +277,7 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
                 disproved |= bad
                 figures.setdefault("slices", {}).update(measured["slices"])
                 figures["memory_proof"] = {"not_run": "the memory proof's deadline on a real GPU is not measured "
-                                                      "yet, and its PyTorch path does not prove MIG slices yet"}
+                                                      "yet (docs/BENCHMARKS.md)"}
                 continue
             job_step(job=job, message=f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
                                       f"{'s' if len(drawn.devices) > 1 else ''} "

@@ -15,14 +15,14 @@ from tests.provisioning.sshkit import write_agent
 A4000 = DeclaredModel.from_catalogue(load_catalogue()["rtx-a4000"])
 
 
-def start(tmp_path, profile=None, runtime="sim"):
+def start(tmp_path, profile=None, runtime="sim", command="challenge"):
     env = {"GPUMARKET_RUNTIME": runtime, "GPUMARKET_SIM_ROOT": str(tmp_path), "PATH": "/usr/bin:/bin"}
     if profile is not None:
         path = tmp_path / "profile.json"
         data = profile if isinstance(profile, dict) else json.loads((PROFILES_DIR / f"{profile}.json").read_text())
         path.write_text(json.dumps(data))
         env["GPUMARKET_SIM_PROFILE"] = str(path)
-    return subprocess.Popen([sys.executable, str(write_agent(tmp_path)), "challenge"], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(write_agent(tmp_path)), command], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
 
 

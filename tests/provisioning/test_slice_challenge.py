@@ -15,7 +15,7 @@ import pytest
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import memproof as agent_memproof
 from provisioning.agent.gpumarket_agent.core import AgentError
-from provisioning.verification import challenge, slice_challenge
+from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.mig import check_mig
 from provisioning.verification.policy import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import (
@@ -185,11 +185,13 @@ def test_a_real_node_challenges_a_slice_in_a_child_that_sees_only_it(tmp_path):
     drawn = tiny_slice()
     proc = start(tmp_path, runtime="docker")
     try:
-        out = challenge.run(ProcExchange(proc), drawn, 120)
+        exchange = ProcExchange(proc)
+        out = challenge.run(exchange, drawn, 120)
         final = hear(proc)
     finally:
         proc.stdin.close()
     assert (final["ok"], proc.wait(30), out.problem) == (True, 0, "")
+    assert exchange.children == [{"CUDA_VISIBLE_DEVICES": UUID, "GPUMARKET_MIG_SLICE": UUID}]
     label = challenge.MIG_LABEL_BASE
     assert challenge.check_gpu(drawn, label, out.commitments[label], out.picks[label], out.revealed[str(label)]) == ""
     # one slice per exchange on a real node: CUDA shows a process one MIG device
@@ -201,8 +203,11 @@ def test_a_real_node_challenges_a_slice_in_a_child_that_sees_only_it(tmp_path):
 
 
 class ProcExchange:
+    """The exchange on the agent's pipes; `children`: the slice variables of the agent's child processes, as
+    /proc showed them when the first line after the pongs arrived (a child's, relayed)."""
+
     def __init__(self, proc):
-        self.proc = proc
+        self.proc, self.children = proc, None
 
     def send(self, message):
         say(self.proc, message)
@@ -212,7 +217,67 @@ class ProcExchange:
         line = self.proc.stdout.readline()
         if not line:
             raise EOFError
+        if self.children is None and "pong" not in json.loads(line):
+            self.children = slice_children(self.proc.pid)
         return line.encode(), time.monotonic()
+
+
+def slice_children(pid):
+    """[{CUDA_VISIBLE_DEVICES, GPUMARKET_MIG_SLICE}] of each child process of `pid` (Linux /proc)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listed:
+            for child in listed.read().split():
+                with open(f"/proc/{child}/environ", "rb") as environ:
+                    pairs = dict(item.split(b"=", 1) for item in environ.read().split(b"\0") if b"=" in item)
+                found.append({k.decode(): v.decode() for k, v in pairs.items()
+                              if k in (b"CUDA_VISIBLE_DEVICES", b"GPUMARKET_MIG_SLICE")})
+    return found
+
+
+def test_a_real_node_proves_a_slices_memory_in_a_child_that_sees_only_it(tmp_path):
+    """The memory proof as the challenge: a real node's agent relays the exchange (roots, fresh salt, openings) to
+    a child that sees only the slice, and the platform's own check of the openings passes; two slices in one
+    proof are refused, as in the challenge."""
+    pytest.importorskip("torch")
+    (shape,) = [s for s in slice_challenge.draw_slices(A100, [{"gpu": 0, "device": 0, "profile": "1g.10gb",
+                                                               "uuid": UUID}], [UUID], quick=True, real_work=True)]
+    drawn = replace(memproof.draw(shape.model, [challenge.MIG_LABEL_BASE], rng=random.Random(3), device="cpu",
+                                  sizes={"blocks": 9, "chunks": 6, "words": 16}), mig_uuids=(UUID,))
+    proc = start(tmp_path, runtime="docker", command="memproof")
+    try:
+        exchange = ProcExchange(proc)
+        out = memproof.run(exchange, drawn, 120)
+        final = hear(proc)
+    finally:
+        proc.stdin.close()
+    assert (final["ok"], proc.wait(30), out.problem) == (True, 0, "")
+    assert exchange.children == [{"CUDA_VISIBLE_DEVICES": UUID, "GPUMARKET_MIG_SLICE": UUID}]
+    label = challenge.MIG_LABEL_BASE
+    assert out.fresh_rounds == 1 and memproof.check_gpu(drawn, out, label) == ""
+    findings, figures, disproved = slice_challenge.judge_slice_proofs(replace(shape, proof=drawn), out)
+    assert (findings, disproved) == ([], set()) and figures["slices"][UUID]["correct"] is True
+    proc = start(tmp_path, runtime="docker", command="memproof")
+    two = replace(drawn, gpu_indices=(label, label + 1), mig_uuids=(UUID, "MIG-25ed6b80-d9fe-5162-3cab-5650f90cb68e"))
+    say(proc, {"memproof": two.request(60)})
+    answer = hear(proc)
+    assert (answer["error"]["code"], answer["error"]["field"]) == ("invalid_request", "mig_uuids")
+    assert proc.wait(10) == 2
+
+
+def test_a_slice_child_that_dies_is_the_exchanges_error_not_silence(tmp_path, monkeypatch):
+    """A child that ends without its last line (killed, out of memory) is the command's error, which run_exchange
+    writes as the last line: the platform hears why, not silence."""
+    import io
+
+    from provisioning.agent.gpumarket_agent import challenge as agent_challenge
+    from provisioning.agent.gpumarket_agent import mig as agent_mig
+    monkeypatch.setattr(agent_mig.sys, "argv", [str(tmp_path / "no-such-agent.pyz")])
+    req = replace(tiny_slice(), gpu_indices=(challenge.MIG_LABEL_BASE,)).request(30)
+    answer = io.StringIO()
+    with pytest.raises(AgentError) as caught:
+        agent_mig.relay_to_slice(req, agent_challenge.Lines(io.StringIO(""), answer), "challenge", "commitment")
+    assert caught.value.code == "challenge_failed" and UUID in caught.value.message
 
 
 # ------------------------------------------------------------------------------------ the memory proof per slice

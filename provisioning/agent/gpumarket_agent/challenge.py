@@ -28,7 +28,7 @@ works. A GPU whose profile says `matmul_correct: false` returns every entry off 
 MIG slices: the request's `mig_uuids` (validated MIG-... UUIDs, never in a shell string) names slices, each
 labelled in `gpu_indices` by MIG_LABEL_BASE + its position there (the label keys its matrices). A sim slice
 works at its card's rate times the compute slices (of 7) it really has, whatever its name says. A real node
-challenges one slice per exchange, in a child process that sees only that slice (relay_to_slice).
+challenges one slice per exchange, in a child process that sees only that slice (mig.relay_to_slice).
 
 On a real node (runtime docker/libvirt or none; `"device": "cpu"` in the request for tests and
 `scripts/gpu-selfcheck --device cpu`) the products are computed with PyTorch (torch_work), one thread per GPU,
@@ -50,13 +50,12 @@ import json
 import os
 import random
 import struct
-import subprocess
 import sys
 import threading
 import time
 
 from .core import AGENT_VERSION, AgentError, invalid
-from .mig import COMPUTE_SLICES, sim_slices, validate_mig_uuids
+from .mig import COMPUTE_SLICES, MIG_LABEL_BASE, in_slice_child, relay_to_slice, sim_slices, validate_mig_uuids
 from .smi import load_profile
 
 M64 = (1 << 64) - 1
@@ -70,7 +69,6 @@ MAX_DIGESTS = 1 << 25
 DEVICES = ("cuda", "cpu")
 GEN_CHUNK = 1 << 23  # elements of a matrix generated or reduced at once (int64 temporaries: a few x 64 MiB)
 MAX_REVEAL_ROWS = 64
-MIG_LABEL_BASE = 64  # a MIG slice's label in gpu_indices: MIG_LABEL_BASE + its position in mig_uuids
 
 
 def mix64(z):
@@ -303,8 +301,8 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
                 raise AgentError("challenge_unsupported", "this challenge's nominal work (flop_per_gpu %g) is not "
                                  "the work of its sizes: it is for simulated nodes; a real node answers the "
                                  "platform's real-work challenge" % req["flop_per_gpu"])
-            if req.get("mig_uuids") and os.environ.get(SLICE_CHILD) != req["mig_uuids"][0]:
-                return relay_to_slice(req, lines)
+            if req.get("mig_uuids") and not in_slice_child(req):
+                return relay_to_slice(req, lines, "challenge", "commitment")
             results = torch_work(req, lines, clock)
         else:
             results = sim_exchange(cfg, req, lines, clock, sleep)
@@ -441,38 +439,10 @@ def preload():
         pass
 
 
-SLICE_CHILD = "GPUMARKET_MIG_SLICE"  # set in the child that challenges one MIG slice: that slice's UUID
-
-
-def relay_to_slice(req, lines):
-    """A real node's challenge of one MIG slice. A CUDA process sees at most one MIG device, so the work runs in a
-    child agent started with CUDA_VISIBLE_DEVICES=<the slice's UUID> (an argument list and an environment, no
-    shell, as the slice benchmark's), where the slice is device 0; this process relays the lines both ways.
-    The child's PyTorch start counts in the platform's time (not measured on a GPU yet: docs/ARCHITECTURE.md)."""
-    uuid = req["mig_uuids"][0]
-    if len(req["mig_uuids"]) != 1 or req["gpu_indices"] != [MIG_LABEL_BASE]:
-        raise invalid("mig_uuids", "a real node's challenge names one MIG slice at a time")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=uuid, **{SLICE_CHILD: uuid})
-    child = subprocess.Popen([sys.executable, sys.argv[0], "challenge"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=env)
-    child.stdin.write(json.dumps({"challenge": req}) + "\n")
-    child.stdin.flush()
-    for line in child.stdout:  # its commitment, then the reveal the platform sends goes to it
-        lines.outfile.write(line)
-        lines.outfile.flush()
-        if "commitment" in json.loads(line):
-            child.stdin.write(lines.infile.readline())
-            child.stdin.flush()
-        elif "ok" in json.loads(line):
-            break
-    child.stdin.close()
-    return child.wait()
-
-
 def challenge_devices(torch, req):
     if req.get("device", "cuda") == "cpu":
         return {i: torch.device("cpu") for i in req["gpu_indices"]}
-    if req.get("mig_uuids"):  # the child of relay_to_slice: its one MIG device is device 0
+    if req.get("mig_uuids"):  # the child of mig.relay_to_slice: its one MIG device is device 0
         return {MIG_LABEL_BASE: torch.device("cuda", 0)}
     if not torch.cuda.is_available():
         raise AgentError("no_cuda", "PyTorch %s (built for CUDA %s) sees no GPU on this node" % (

@@ -29,8 +29,10 @@ device with PyTorch: the blocks as int32 tensors (the words' bits), built in sli
 fill takes the requested bytes and little more, and digested by one torch.compile kernel a block (DIGEST_PATHS;
 eager ops a slice at a time where it cannot compile); only the chunk digests (4 bytes per chunk) and the opened
 chunks reach the host. Each root line also carries the agent's own timings of it (device and host seconds), as
-detail for gpu-selfcheck and the figures, never as evidence. The platform runs it on sim nodes only until a GPU
-has measured it (docs/BENCHMARKS.md); a real node asked by node verification would run it the same way.
+detail for gpu-selfcheck and the figures, never as evidence. A real node proves one MIG slice per exchange, in
+a child agent that sees only that slice (mig.relay_to_slice, as the challenge's). The platform runs it on sim
+nodes only until a GPU has measured it (docs/BENCHMARKS.md); a real node asked by node verification would run it
+the same way.
 """
 import hashlib
 import os
@@ -43,7 +45,6 @@ import time
 from .challenge import (
     M32,
     M64,
-    MIG_LABEL_BASE,
     Lines,
     answer_pings,
     fmix32,
@@ -53,6 +54,7 @@ from .challenge import (
     validate_targets,
 )
 from .core import AGENT_VERSION, AgentError, invalid
+from .mig import MIG_LABEL_BASE, in_slice_child, relay_to_slice
 from .smi import load_profile
 
 KEYS = {"seed": 11, "pi": 12, "rot": 13, "salt": 14, "digest": 15}
@@ -508,12 +510,12 @@ def run_exchange(cfg, infile, outfile, clock=time.monotonic, sleep=time.sleep, w
             timer.daemon = True
             timer.start()
         sim = cfg.runtime == "sim"
-        if not sim and req.get("mig_uuids"):  # needs a child that sees only the slice (CUDA_VISIBLE_DEVICES)
-            raise AgentError("memproof_unsupported", "a real node's PyTorch path does not prove MIG slices yet")
         if not sim and req["chunks"] * req["words"] * 4 * req["blocks"] < req["nominal_bytes"]:
             raise AgentError("memproof_unsupported", "this memory proof's fill (%d bytes) is smaller than the "
                              "memory it stands for: it is for simulated nodes" % (
                                  req["chunks"] * req["words"] * 4 * req["blocks"]))
+        if not sim and req.get("mig_uuids") and not in_slice_child(req):  # a CUDA process sees one MIG device
+            return relay_to_slice(req, lines, "memproof", "root")
         digest_salts = lambda i: position_salts(key(req["seed"], i, "digest"), req["words"])  # noqa: E731
         if sim:
             cards = sim_cards(cfg, req)

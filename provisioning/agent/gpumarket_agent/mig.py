@@ -21,6 +21,8 @@ _GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9A-Za-z-]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[0-9A-Za-z/-]+)\)\s*$")
 UUID_RE = re.compile(r"^MIG-[0-9A-Za-z-]{8,60}$")
 COMPUTE_SLICES, MEMORY_SLICES = 7, 8
+MIG_LABEL_BASE = 64  # a MIG slice's label in gpu_indices: MIG_LABEL_BASE + its position in mig_uuids
+SLICE_CHILD = "GPUMARKET_MIG_SLICE"  # set in the child that works on one MIG slice: that slice's UUID
 
 
 def parse_mig_list(text):
@@ -73,6 +75,59 @@ def validate_mig_uuids(value, field="mig_uuids"):
             isinstance(u, str) and UUID_RE.match(u) for u in value):
         raise invalid(field, "%s must be a list of distinct MIG-... UUIDs" % field)
     return value
+
+
+# ------------------------------------------------------------------------- a real slice's exchange, relayed
+
+def in_slice_child(req):
+    """Whether this process is the child relay_to_slice started for the request's one slice."""
+    return bool(req.get("mig_uuids")) and os.environ.get(SLICE_CHILD) == req["mig_uuids"][0]
+
+
+def relay_to_slice(req, lines, command, replied):
+    """A real node's challenge or memory proof (`command`) of one MIG slice. A CUDA process sees at most one MIG
+    device, so the work runs in a child agent started with CUDA_VISIBLE_DEVICES=<the slice's UUID> (an argument
+    list and an environment, no shell), where the slice is device 0; this process relays the lines both ways:
+    after each child line that carries `replied` (a commitment, a root), the platform's next line goes to the
+    child. Returns the child's exit status; a child that ends without its last line is this command's error.
+    The child's PyTorch start counts in the platform's time (not measured on a GPU yet: docs/ARCHITECTURE.md)."""
+    uuid = req["mig_uuids"][0]
+    if len(req["mig_uuids"]) != 1 or req["gpu_indices"] != [MIG_LABEL_BASE]:
+        raise invalid("mig_uuids", "a real node's %s names one MIG slice at a time" % command)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=uuid, **{SLICE_CHILD: uuid})
+    child = subprocess.Popen([sys.executable, sys.argv[0], command], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)
+    last = None
+    try:
+        child.stdin.write(json.dumps({command: req}) + "\n")
+        child.stdin.flush()
+        for line in child.stdout:
+            lines.outfile.write(line)
+            lines.outfile.flush()
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+            if not isinstance(message, dict):
+                continue
+            if "ok" in message:
+                last = message
+                break
+            if replied in message:
+                child.stdin.write(lines.infile.readline())
+                child.stdin.flush()
+    except BrokenPipeError:  # the child died: said below, from its exit status
+        pass
+    finally:
+        try:
+            child.stdin.close()
+        except BrokenPipeError:
+            pass
+    status = child.wait()
+    if last is None:
+        raise AgentError("%s_failed" % command, "the child working on MIG device %s ended (exit status %d) "
+                         "before its last line" % (uuid, status))
+    return status
 
 
 # ---------------------------------------------------------------------------------------- the slice benchmark
