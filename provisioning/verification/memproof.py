@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioning.verification import round_trip
+from provisioning.verification import lanes, round_trip
 from provisioning.verification.challenge import (
     M32,
     M64,
@@ -361,57 +361,87 @@ def _hex(value: Any, length: int) -> bytes | None:
 
 
 def _check_chunk(proof: MemProof, item: dict | None, roots: tuple[str, str],
-                 salts: tuple[list, list]) -> tuple[str, list[int]]:
-    """('', the chunk's words) if the opened chunk leads to both roots; else (why not, [])."""
+                 salts: tuple[int, int]) -> tuple[str, bytes]:
+    """('', the chunk's words as little-endian uint32 bytes) if the opened chunk leads to both roots; else (why
+    not, b""). `salts`: each digest's position salts in 64-bit lanes (lanes.py)."""
     if item is None:
-        return "was not opened", []
+        return "was not opened", b""
     raw = _hex(item.get("words"), 4 * proof.words)
     if raw is None:
-        return f"is not {proof.words} 32-bit words (little-endian, hex)", []
-    words = list(struct.unpack(f"<{proof.words}I", raw))
+        return f"is not {proof.words} 32-bit words (little-endian, hex)", b""
+    words = lanes.pack32(raw)
     chunk, groups_count = item["chunk"], -(-proof.chunks // GROUP)
     group_size = min(GROUP, proof.chunks - GROUP * (chunk // GROUP))
     for suffix, root, salt in (("", roots[0], salts[0]), ("_fresh", roots[1], salts[1])):
         group, groups, path = (_hex(item.get("group" + suffix), DIGEST_BYTES * group_size),
                                _hex(item.get("groups" + suffix), 32 * groups_count), item.get("path" + suffix))
         if group is None or groups is None or not isinstance(path, list):
-            return "has no chunk digests, group digests or Merkle path", []
+            return "has no chunk digests, group digests or Merkle path", b""
         if (hashlib.sha256(group).digest() != groups[32 * (chunk // GROUP):32 * (chunk // GROUP + 1)]
                 or not merkle_verify(block_leaf([groups[g:g + 32] for g in range(0, len(groups), 32)]),
                                      item["block"], proof.blocks, path, root)):
-            return "does not lead to the committed root", []
-        if struct.unpack_from("<I", group, DIGEST_BYTES * (chunk % GROUP))[0] != chunk_digest(words, salt):
-            return "does not match its committed digest", []
-    return "", words
+            return "does not lead to the committed root", b""
+        digest = lanes.total32(lanes.fmix32(words ^ salt, proof.words), proof.words) & M32  # chunk_digest
+        if struct.unpack_from("<I", group, DIGEST_BYTES * (chunk % GROUP))[0] != digest:
+            return "does not match its committed digest", b""
+    return "", raw
+
+
+def _block_zero_raw(proof: MemProof, gpu: int, chunk: int) -> bytes:
+    """Chunk `chunk` of block 0 from the seed (block_zero), as little-endian uint32 bytes."""
+    count = proof.words
+    z = lanes.broadcast(key(proof.seed, gpu, "seed"), count, 128) ^ lanes.iota(chunk * count, count, 128)
+    z = lanes.fmix32(lanes.mix64(z, count) & lanes.mask(count, 128, 32), count, 128)
+    return struct.pack(f"<{count}I", *lanes.unpack(z, count, 128))
+
+
+def _position_lanes(base: int, words: int) -> int:
+    """position_salts(base, words) in 64-bit lanes."""
+    z = lanes.mix64(lanes.broadcast(base, words, 128) ^ lanes.iota(0, words, 128), words)
+    return lanes.narrow(z & lanes.mask(words, 128, 32), words)
+
+
+def _rotated(proof: MemProof, raws: dict, block: int, at: int) -> bytes:
+    """Words at .. at + words - 1 (mod the block's size) of `block`: the tail of one opened chunk and the head of
+    the next."""
+    size, words = proof.chunks * proof.words, proof.words
+    at %= size
+    first, skip = divmod(at, words)
+    head = raws[block, first][4 * skip:]
+    return head if not skip else head + raws[block, (first + 1) % proof.chunks][:4 * skip]
 
 
 def check_gpu(proof: MemProof, out: Outcome, gpu: int) -> str:
-    """'' if every opening of the GPU proves its fill and its fresh root; else why not."""
+    """'' if every opening of the GPU proves its fill and its fresh root; else why not. Word-wise work runs on
+    lanes (lanes.py), the same arithmetic as block_zero, chunk_digest and g_word one word at a time."""
     opened = out.opened.get(str(gpu)) if isinstance(out.opened, dict) else None
     if not isinstance(opened, list):
         return out.problem or "it opened nothing"
-    size = proof.chunks * proof.words
-    salts = (position_salts(key(proof.seed, gpu, "digest"), proof.words),
-             position_salts(out.fresh_salt or 0, proof.words))
+    size, count = proof.chunks * proof.words, proof.words
+    salts = (_position_lanes(key(proof.seed, gpu, "digest"), count), _position_lanes(out.fresh_salt or 0, count))
     roots = (out.roots.get(gpu, ""), out.fresh_roots.get(gpu, ""))
+    checked: dict[tuple[int, int], bytes] = {}  # a chunk several openings reach is checked once
     for block, chunk in out.picks.get(gpu, []):
         refs, salt = links(proof.seed, gpu, block, size)
-        start = chunk * proof.words
+        start = chunk * count
         needed = {(block, chunk), (block - 1, chunk)}
-        needed |= {(p, ((start + t + rot) % size) // proof.words) for p, rot in refs for t in range(proof.words)}
-        items = {}
-        for b, c in sorted(needed):
-            why, items[b, c] = _check_chunk(proof, _chunk(proof, opened, b, c), roots, salts)
+        needed |= {(p, ((start + t + rot) % size) // count) for p, rot in refs for t in (0, count - 1)}
+        for b, c in sorted(needed - set(checked)):
+            why, checked[b, c] = _check_chunk(proof, _chunk(proof, opened, b, c), roots, salts)
             if why:
                 return f"chunk {c} of block {b} {why}"
-            if b == 0 and items[b, c] != block_zero(proof.seed, gpu, (c + 1) * proof.words, c * proof.words):
+            if b == 0 and checked[b, c] != _block_zero_raw(proof, gpu, c):
                 return f"chunk {c} of block 0 is not the seed's"
-        for t in range(proof.words):
-            j = start + t
-            read = [items[p, (j + rot) % size // proof.words][(j + rot) % size % proof.words] for p, rot in refs]
-            if items[block, chunk][t] != g_word(items[block - 1, chunk][t], read, salt):
-                return (f"word {j} of block {block} is not derived from blocks {block - 1} and "
-                        f"{', '.join(str(p) for p, _ in refs)}")
+        mixed = lanes.pack32(checked[block - 1, chunk]) ^ lanes.broadcast(salt, count, 64)
+        for p, rot in refs:
+            mixed ^= lanes.pack32(_rotated(proof, checked, p, start + rot))
+        derived = lanes.fmix32(mixed, count)  # g_word at every word of the chunk
+        got = lanes.pack32(checked[block, chunk])
+        if derived != got:
+            t = next(t for t, (x, y) in enumerate(zip(lanes.unpack(derived, count, 64), lanes.unpack(got, count, 64),
+                                                      strict=True)) if x != y)
+            return (f"word {start + t} of block {block} is not derived from blocks {block - 1} and "
+                    f"{', '.join(str(p) for p, _ in refs)}")
     return ""
 
 

@@ -252,6 +252,28 @@ def test_a_tampered_word_or_path_of_an_honest_answer_fails():
     assert "does not lead to the committed root" in memproof.check_gpu(drawn, out, 0)
 
 
+def test_a_fill_not_derived_from_its_blocks_or_not_from_the_seed_fails_with_consistent_digests(monkeypatch):
+    """Digests and paths that agree with the words opened, but words that are not the fill: every block after
+    the first changed (not G of the blocks it reads), or block 0 not the seed's (the rest derived from it)."""
+    honest_fill = node.fill
+    monkeypatch.setattr(node, "fill", lambda *args: [block if i == 0 else [w ^ 1 for w in block]
+                                                     for i, block in enumerate(honest_fill(*args))])
+    drawn, out, final, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0])
+    assert final["ok"] is True
+    block, chunk = out.picks[0][0]
+    assert memproof.check_gpu(drawn, out, 0) == (f"word {chunk * drawn.words} of block {block} is not derived from "
+                                                  f"blocks {block - 1} and "
+                                                  + ", ".join(str(p) for p, _ in memproof.links(
+                                                      drawn.seed, 0, block, drawn.chunks * drawn.words)[0]))
+    monkeypatch.setattr(node, "fill", honest_fill)
+    honest_zero = node.block_zero
+    monkeypatch.setattr(node, "block_zero", lambda *args: [w ^ 1 for w in honest_zero(*args)])
+    drawn, out, final, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0],
+                                               rng=random.Random(2))
+    assert final["ok"] is True
+    assert memproof.check_gpu(drawn, out, 0).endswith("of block 0 is not the seed's")
+
+
 def test_the_agent_refuses_a_bad_request_with_the_field():
     for req, field in (({"seed": -1}, "seed"), ({"blocks": 1}, "blocks"), ({"extra": 1}, "extra"),
                        ({"gpu_indices": [0, 0]}, "gpu_indices"), ({"digest": "fast"}, "digest")):
