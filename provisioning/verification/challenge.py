@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from provisioning.verification import round_trip
+from provisioning.verification import lanes, round_trip
 from provisioning.verification.policy import DEGRADE, REJECT, TOLERANCES, DeclaredModel, Finding
 
 M64 = (1 << 64) - 1
@@ -131,6 +131,25 @@ def expected_entry(seed: int, gpu: int, product: int, k: int, row: int, col: int
     return sum(a_entry(salt, code_word(code, row, j)) * entry(b, j, col) for j in range(k))
 
 
+def expected_entries(seed: int, gpu: int, product: int, k: int, row: int, cols: list[int]) -> list[int]:
+    """expected_entry at each of `cols` of the row, on lanes (lanes.py): the row of A_p once, then per column B's
+    column and the k products summed, as a' = a + 3 in [0, 7] and e' = e + 2 in [0, 4], so that every lane is
+    unsigned: sum (a' - 3)(e' - 2) = sum a'e' - 2 sum a' - 3 sum e' + 6k."""
+    code, b = matrix_key(seed, gpu, 0, "A"), matrix_key(seed, gpu, 0, "B")
+    j = lanes.iota(0, k, 128)
+    words = lanes.mix64(lanes.broadcast(code, k, 128) ^ (j + lanes.broadcast(row << 32, k, 128)), k)  # code_word
+    a = lanes.fmix32((words & lanes.mask(k, 128, 32)) ^ lanes.broadcast(product_salt(seed, gpu, product), k, 128),
+                     k, 128) >> 29 & lanes.mask(k, 128, 3)  # a_entry + 3
+    bits = [(a >> t & lanes.ones(k, 128)) * 7 for t in range(3)]  # each lane 7 where a' has bit t, else 0
+    sum_a, shifted = lanes.total32(a, k, 128), j << 32
+    out = []
+    for col in cols:
+        e = lanes.mod5(lanes.mix64(lanes.broadcast(b, k, 128) ^ (shifted + lanes.broadcast(col, k, 128)), k), k)
+        sum_ae = sum(lanes.total32(bit & e, k, 128) << t for t, bit in enumerate(bits))
+        out.append(sum_ae - 2 * sum_a - 3 * lanes.total32(e, k, 128) + 6 * k)
+    return out
+
+
 def column_salts(seed: int, gpu: int, n: int) -> list[int]:
     key = matrix_key(seed, gpu, 0, "D")
     return [mix64(key ^ j) & M32 for j in range(n)]
@@ -139,6 +158,18 @@ def column_salts(seed: int, gpu: int, n: int) -> list[int]:
 def row_digest(values: list, salts: list[int]) -> int:
     """The row's 64-bit digest: the sum of fmix32(entry XOR its column's salt), entries as 32-bit integers."""
     return sum(fmix32((int(v) & M32) ^ s) for v, s in zip(values, salts, strict=True)) & M64
+
+
+def column_salt_lanes(seed: int, gpu: int, n: int) -> int:
+    """column_salts in 64-bit lanes (lanes.py)."""
+    z = lanes.mix64(lanes.broadcast(matrix_key(seed, gpu, 0, "D"), n, 128) ^ lanes.iota(0, n, 128), n)
+    return lanes.narrow(z & lanes.mask(n, 128, 32), n)
+
+
+def row_digest_lanes(values: list, salts: int) -> int:
+    """row_digest on lanes, the salts from column_salt_lanes; values integers below 2^31 in magnitude."""
+    words = lanes.pack32(struct.pack(f"<{len(values)}i", *(int(v) for v in values)))  # two's complement: v & M32
+    return lanes.total32(lanes.fmix32(words ^ salts, len(values)), len(values)) & M64
 
 
 def packed_digest(packed: bytes) -> str:
@@ -376,7 +407,7 @@ def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, reve
         return "no row digests"
     rows = {(r.get("product"), r.get("row")): r for r in revealed["rows"]
             if isinstance(r, dict) and type(r.get("product")) is int and type(r.get("row")) is int}
-    salts = column_salts(challenge.seed, gpu, challenge.n)
+    salts = column_salt_lanes(challenge.seed, gpu, challenge.n)
     tolerance = TOLERANCES["challenge_entry_rel_tolerance"]
     for product, row, cols in picks:
         got = rows.get((product, row))
@@ -391,10 +422,10 @@ def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, reve
         except ValueError:
             packed = b""
         if (len(packed) != 8 * challenge.n or packed_digest(packed) != products[product]
-                or struct.unpack_from("<Q", packed, 8 * row)[0] != row_digest(values, salts)):
+                or struct.unpack_from("<Q", packed, 8 * row)[0] != row_digest_lanes(values, salts)):
             return f"row {row} of product {product} does not match what the GPU committed to"
-        for col in cols:
-            want = expected_entry(challenge.seed, gpu, product, challenge.k, row, col)
+        for col, want in zip(cols, expected_entries(challenge.seed, gpu, product, challenge.k, row, cols),
+                             strict=True):
             if abs(values[col] - want) > tolerance * abs(want):
                 return (f"entry ({row}, {col}) of product {product} is {values[col]:g}; the right value is "
                         f"{want}")

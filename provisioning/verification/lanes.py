@@ -64,12 +64,12 @@ def total(lanes: int, count: int, width: int) -> int:
     return sum(unpack(lanes, count, width))
 
 
-def total32(lanes: int, count: int) -> int:
-    """The sum of 64-bit lanes holding 32-bit values: the top half of the lanes added onto the bottom half until
-    one is left (no lane carries: count 32-bit values sum below 2^64)."""
+def total32(lanes: int, count: int, width: int = 64) -> int:
+    """The sum of lanes holding 32-bit values: the top half of the lanes added onto the bottom half until one is
+    left (no lane carries: `count` 32-bit values sum below 2^64)."""
     while count > 1:
         half = count // 2
-        lanes = (lanes & ((1 << (64 * half)) - 1)) + (lanes >> (64 * half))
+        lanes = (lanes & ((1 << (width * half)) - 1)) + (lanes >> (width * half))
         count -= half
     return lanes
 
@@ -105,3 +105,10 @@ def mix64(z: int, count: int) -> int:
 def narrow(lanes: int, count: int) -> int:
     """128-bit lanes of 32-bit values into 64-bit lanes."""
     return pack(unpack(lanes, count, 128), 64)
+
+
+def mod5(z: int, count: int) -> int:
+    """Each 64-bit value of 128-bit lanes mod 5: the quotient is the lane's product with ceil(2^66 / 5), shifted
+    66 bits down (exact for every value below 2^64), and no lane borrows from the next in z - 5q."""
+    q = (z * 0xCCCCCCCCCCCCCCCD >> 66) & mask(count, 128, 62)
+    return z - 5 * q

@@ -42,3 +42,25 @@ def test_packing_xor_broadcast_iota_and_the_sum():
     assert lanes.unpack(lanes.iota(5, 4, 128), 4, 128) == (5, 6, 7, 8)
     assert lanes.narrow(lanes.pack(words, 128), 513) == packed
     assert lanes.mask(3, 64, 32) == sum(M32 << (64 * i) for i in range(3))
+
+
+def test_mod5_on_every_lane_is_each_value_mod_5():
+    rng = random.Random(5)
+    values = EDGES64 + [5 * rng.getrandbits(61) + r for r in range(5)] + [rng.getrandbits(64) for _ in range(500)]
+    got = lanes.unpack(lanes.mod5(lanes.pack(values, 128), len(values)), len(values), 128)
+    assert list(got) == [v % 5 for v in values]
+
+
+@pytest.mark.parametrize("k", [1, 5, 300])
+def test_the_challenges_entries_and_row_digests_on_lanes_are_the_one_word_ones(k):
+    from provisioning.verification import challenge
+    rng = random.Random(k)
+    seed, cols = rng.getrandbits(64), [0, 3, 4095, (1 << 32) - 1]
+    for gpu, product, row in ((0, 0, 0), (3, 7, 16383), (64, 1, (1 << 32) - 1)):
+        assert challenge.expected_entries(seed, gpu, product, k, row, cols) == [
+            challenge.expected_entry(seed, gpu, product, k, row, col) for col in cols]
+    n = 257
+    values = [rng.randrange(-(2 ** 31) + 1, 2 ** 31) for _ in range(n)] + [-(2 ** 31) + 1, 2 ** 31 - 1, 0, -1, 4.0]
+    salts = challenge.column_salts(seed, 2, len(values))
+    assert challenge.column_salt_lanes(seed, 2, len(values)) == lanes.pack(salts, 64)
+    assert challenge.row_digest_lanes(values, lanes.pack(salts, 64)) == challenge.row_digest(values, salts)
