@@ -183,15 +183,7 @@ def test_a_real_node_challenges_a_slice_in_a_child_that_sees_only_it(tmp_path):
     torch = pytest.importorskip("torch")
     assert torch
     drawn = tiny_slice()
-    proc = start(tmp_path, runtime="docker")
-    try:
-        exchange = ProcExchange(proc)
-        out = challenge.run(exchange, drawn, 120)
-        final = hear(proc)
-    finally:
-        proc.stdin.close()
-    assert (final["ok"], proc.wait(30), out.problem) == (True, 0, "")
-    assert exchange.children == [{"CUDA_VISIBLE_DEVICES": UUID, "GPUMARKET_MIG_SLICE": UUID}]
+    out = run_on_a_real_slice(tmp_path, "challenge", challenge.run, drawn)
     label = challenge.MIG_LABEL_BASE
     assert challenge.check_gpu(drawn, label, out.commitments[label], out.picks[label], out.revealed[str(label)]) == ""
     # one slice per exchange on a real node: CUDA shows a process one MIG device
@@ -222,6 +214,21 @@ class ProcExchange:
         return line.encode(), time.monotonic()
 
 
+def run_on_a_real_slice(tmp_path, command, run, drawn):
+    """The platform's `run` of `command` against the zipapp as on a real node; checks that it ended well and that
+    a child that sees only the slice did the work. Returns the outcome."""
+    proc = start(tmp_path, runtime="docker", command=command)
+    try:
+        exchange = ProcExchange(proc)
+        out = run(exchange, drawn, 120)
+        final = hear(proc)
+    finally:
+        proc.stdin.close()
+    assert (final["ok"], proc.wait(30), out.problem) == (True, 0, "")
+    assert exchange.children == [{"CUDA_VISIBLE_DEVICES": UUID, "GPUMARKET_MIG_SLICE": UUID}]
+    return out
+
+
 def slice_children(pid):
     """[{CUDA_VISIBLE_DEVICES, GPUMARKET_MIG_SLICE}] of each child process of `pid` (Linux /proc)."""
     found = []
@@ -244,15 +251,7 @@ def test_a_real_node_proves_a_slices_memory_in_a_child_that_sees_only_it(tmp_pat
                                                                "uuid": UUID}], [UUID], quick=True, real_work=True)]
     drawn = replace(memproof.draw(shape.model, [challenge.MIG_LABEL_BASE], rng=random.Random(3), device="cpu",
                                   sizes={"blocks": 9, "chunks": 6, "words": 16}), mig_uuids=(UUID,))
-    proc = start(tmp_path, runtime="docker", command="memproof")
-    try:
-        exchange = ProcExchange(proc)
-        out = memproof.run(exchange, drawn, 120)
-        final = hear(proc)
-    finally:
-        proc.stdin.close()
-    assert (final["ok"], proc.wait(30), out.problem) == (True, 0, "")
-    assert exchange.children == [{"CUDA_VISIBLE_DEVICES": UUID, "GPUMARKET_MIG_SLICE": UUID}]
+    out = run_on_a_real_slice(tmp_path, "memproof", memproof.run, drawn)
     label = challenge.MIG_LABEL_BASE
     assert out.fresh_rounds == 1 and memproof.check_gpu(drawn, out, label) == ""
     findings, figures, disproved = slice_challenge.judge_slice_proofs(replace(shape, proof=drawn), out)
