@@ -241,4 +241,7 @@ def test_gpu_selfcheck_runs_the_challenge_on_this_cpu_with_one_command(tmp_path)
     row = report["figures"]["gpus"]["0"]
     assert row["correct"] is True and row["bf16_tflops"] > 0 and row["platform_elapsed_s"] > 0
     assert [m["gpu"] for m in report["lines"] if "commitment" in m] == [0]
-    assert report is not None and json.loads((tmp_path / "a").read_text())["memory_proof"]["gpus"]["0"]["correct"]
+    proof = json.loads((tmp_path / "a").read_text())["memory_proof"]
+    assert proof["gpus"]["0"]["correct"] and proof["verify_cpu_s"] > 0 and report["figures"]["verify_cpu_s"] > 0
+    assert "the platform's check of the reveal: " in proc.stdout
+    assert "the platform's check of the openings: " in proc.stdout
