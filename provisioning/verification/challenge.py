@@ -81,6 +81,9 @@ CHECKED_ENTRIES = 4
 PINGS = 3
 PING_TIMEOUT_S = 10.0
 GRACE_S = 5.0  # beyond the time the slowest acceptable card would take, before a GPU counts as not answering
+# The node's bulky answers (the revealed rows, the memory proof's openings) reach the platform at no less than
+# this (10 Mbit/s): each wait is PING_TIMEOUT_S plus its bytes at this rate (answer_wait_s).
+ANSWER_FLOOR_BPS = 1.25e6
 
 
 # ------------------------------------------------------------------------- the numbers, as the agent has them
@@ -303,6 +306,22 @@ def pick_rows(challenge: Challenge, rng: random.Random) -> dict[int, list]:
     return picks
 
 
+def answer_wait_s(nbytes: float) -> float:
+    """How long the platform waits for answers of at most `nbytes` after asking: PING_TIMEOUT_S plus the bytes at
+    ANSWER_FLOOR_BPS. Eight GPUs' openings of a real fill are ~40 MB: within 10 s alone the node's uplink would
+    need 32 Mbit/s, and an honest node on a slower one would be rejected as not answering."""
+    return PING_TIMEOUT_S + nbytes / ANSWER_FLOOR_BPS
+
+
+def reveal_bytes(challenge: Challenge) -> int:
+    """At most the bytes of the reveal's lines: per GPU the picked products' packed row digests in hex, the
+    revealed rows' values in JSON (|C| <= 8k: at most 12 characters an entry with its separator, a float's ".0"
+    included) and the product digests."""
+    products = min(REVEAL_ROWS, challenge.products)
+    per_gpu = products * 16 * challenge.n + REVEAL_ROWS * (12 * challenge.n + 64) + challenge.products * 68 + 256
+    return len(challenge.gpu_indices) * per_gpu
+
+
 def reveal_request(picks: dict[int, list]) -> dict:
     return {"reveal": {str(g): [[p, r] for p, r, _ in rows] for g, rows in picks.items()}}
 
@@ -358,11 +377,12 @@ def run(exchange: Exchange, challenge: Challenge, time_limit_s: int, rng: random
         exchange.send(reveal_request(out.picks))
         # a line per GPU: 8 GPUs' rows and row digests at real sizes are 10-12 MB, past the SSH exchange's
         # 8 MiB a line (provisioning/ssh.py MAX_ANSWER_BYTES); one GPU's are ~1.4 MB
-        deadline, waiting = time.monotonic() + PING_TIMEOUT_S, set(out.picks)
+        wait = answer_wait_s(reveal_bytes(challenge))
+        deadline, waiting = time.monotonic() + wait, set(out.picks)
         while waiting:
             line, _ = exchange.receive(max(0.0, deadline - time.monotonic()))
             if line is None:
-                out.problem = f"sent no revealed rows within {PING_TIMEOUT_S:.0f} s"
+                out.problem = f"sent no revealed rows within {wait:.0f} s"
                 return out
             message = _parse(line)
             gpu = message.get("gpu")

@@ -53,6 +53,7 @@ from provisioning.verification.challenge import (
     PINGS,
     Exchange,
     _parse,
+    answer_wait_s,
     fmix32,
     mix64,
 )
@@ -265,6 +266,16 @@ def _node_detail(message: dict) -> dict:
     return detail
 
 
+def openings_bytes(proof: MemProof) -> int:
+    """At most the bytes of the openings' lines: per GPU, OPENINGS picks reaching up to REFS + 2 chunk ids, with
+    the rotated reads' neighbours 2 + 2 REFS chunks, each with its words in hex and, per salt, its group, the
+    block's group digests and the block's Merkle path in hex."""
+    groups = -(-proof.chunks // GROUP)
+    path = 68 * max(1, math.ceil(math.log2(max(proof.blocks, 2))))
+    per_chunk = 8 * proof.words + 2 * (2 * DIGEST_BYTES * min(GROUP, proof.chunks) + 64 * groups + path) + 256
+    return len(proof.gpu_indices) * OPENINGS * (2 + 2 * REFS) * per_chunk
+
+
 def _openings(exchange: Exchange, proof: MemProof, until: float, out: Outcome) -> str:
     """Read a line of openings per GPU into out.opened ({"<gpu>": [items]}); '' or why the node stopped."""
     out.opened = {}
@@ -272,7 +283,7 @@ def _openings(exchange: Exchange, proof: MemProof, until: float, out: Outcome) -
     while waiting:
         message, _ = _receive(exchange, until)
         if message is None:
-            return "sent no openings"
+            return f"sent no openings within {answer_wait_s(openings_bytes(proof)):.0f} s"
         gpu = message.get("gpu")
         if type(gpu) is not int or gpu not in waiting or not isinstance(message.get("opened"), list):
             if message.get("ok") is False and isinstance(message.get("error"), dict):
@@ -315,7 +326,7 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
         out.picks = {g: [(rng.randrange(1, proof.blocks), rng.randrange(proof.chunks)) for _ in range(OPENINGS)]
                      for g in proof.gpu_indices}
         exchange.send({"open": {str(g): [list(p) for p in picks] for g, picks in out.picks.items()}})
-        out.problem = _openings(exchange, proof, time.monotonic() + PING_TIMEOUT_S, out)
+        out.problem = _openings(exchange, proof, time.monotonic() + answer_wait_s(openings_bytes(proof)), out)
     except ValueError as exc:
         out.problem = f"answered with garbage ({exc})"
     except EOFError:

@@ -198,13 +198,14 @@ class FakeExchange:
     """Replays scripted lines (bytes, None for a timeout, EOFError for a closed output); records what was sent."""
 
     def __init__(self, *lines):
-        self.lines, self.sent = list(lines), []
+        self.lines, self.sent, self.timeouts = list(lines), [], []
 
     def send(self, message):
         self.sent.append(message)
         return time.monotonic()
 
     def receive(self, timeout):
+        self.timeouts.append(timeout)
         if not self.lines:
             raise EOFError
         line = self.lines.pop(0)
@@ -268,6 +269,21 @@ def test_one_gpus_reveal_at_real_sizes_fits_a_line_and_eight_in_one_would_not():
     picks = {0: [[p, 7] for p in range(challenge.REVEAL_ROWS)]}  # each row of its own product: most row digests
     line = json.dumps({"gpu": 0, "revealed": node.reveal_rows(picks, {0: work})["0"]})
     assert len(line) < MAX_ANSWER_BYTES / 2 < 8 * len(line), len(line)
+    drawn = challenge.draw_real(989.0, 81559, list(range(8)), False, sizes=(n, 16384, products))
+    assert 8 * len(line) <= challenge.reveal_bytes(drawn) < 8 * 2 * len(line)  # the bound the reveal's wait uses
+
+
+def test_the_reveals_wait_grows_with_its_bytes_at_the_stated_floor():
+    """The revealed rows of eight real-size GPUs are ~12 MB: the platform waits for them at ANSWER_FLOOR_BPS
+    (10 Mbit/s of the node's uplink), not within a fixed 10 s; a small sim reveal keeps about the 10 s."""
+    for drawn, least, most in ((challenge.draw(A4000, [0], quick=True), 10, 11),
+                               (challenge.draw(A100, list(range(8)), quick=False, real_work=True), 15, 60)):
+        commits = [json.dumps({"gpu": g, "commitment": "ab"}).encode() for g in drawn.gpu_indices]
+        exchange = FakeExchange(*PONGS, *commits, None)
+        out = challenge.run(exchange, drawn, 300)
+        wait = challenge.answer_wait_s(challenge.reveal_bytes(drawn))
+        assert exchange.timeouts[-1] == pytest.approx(wait, abs=0.5) and least <= wait <= most, wait
+        assert out.problem == f"sent no revealed rows within {wait:.0f} s"
 
 
 def test_an_agent_that_cannot_run_the_challenge_gets_no_pass():

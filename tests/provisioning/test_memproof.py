@@ -156,13 +156,14 @@ def test_made_up_digests_for_the_memory_it_lacks_fail_the_openings(tmp_path):
 
 class FakeExchange:
     def __init__(self, *lines):
-        self.lines, self.sent = list(lines), []
+        self.lines, self.sent, self.timeouts = list(lines), [], []
 
     def send(self, message):
         self.sent.append(message)
         return time.monotonic()
 
     def receive(self, timeout):
+        self.timeouts.append(timeout)
         line = self.lines.pop(0) if self.lines else None
         if line is EOFError:
             raise EOFError
@@ -425,6 +426,23 @@ def test_a_real_size_fills_openings_fit_the_ssh_exchanges_line_limit():
     assert out.problem == "" and memproof.check_gpu(drawn, out, 0) == ""
     assert sum(len(node.needed_chunks(drawn.request(60), 0, b, c)) for b, c in out.picks[0]) > 8 * 8  # many reached
     assert 2 ** 20 < max(pipe.sizes) < MAX_ANSWER_BYTES * 0.75, pipe.sizes
+    assert max(pipe.sizes) <= memproof.openings_bytes(drawn)  # the bound the openings' wait uses
+
+
+def test_the_openings_wait_grows_with_their_bytes_at_the_stated_floor():
+    """Eight GPUs' openings of a real fill are ~40 MB (4.8 MB a GPU, measured above and in BENCHMARKS): the
+    platform waits for them at ANSWER_FLOOR_BPS (10 Mbit/s of the node's uplink), not within a fixed 10 s, which
+    would ask 32 Mbit/s of it; a sim fill's openings keep about the 10 s."""
+    from provisioning.verification.challenge import ANSWER_FLOOR_BPS, answer_wait_s
+    h200 = DeclaredModel.from_catalogue(CATALOGUE["h200-sxm"])
+    for drawn, least, most in ((memproof.draw(A100, [0]), 10, 11),
+                               (memproof.draw(h200, list(range(8)), real=True), 38e6 / ANSWER_FLOOR_BPS, 60)):
+        roots = [json.dumps({"gpu": g, "root": "ab"}).encode() for g in drawn.gpu_indices]
+        exchange = FakeExchange(*PONGS, *roots, *roots, None)
+        out = memproof.run(exchange, drawn, 300)
+        wait = answer_wait_s(memproof.openings_bytes(drawn))
+        assert exchange.timeouts[-1] == pytest.approx(wait, abs=0.5) and least <= wait <= most, wait
+        assert out.problem == f"sent no openings within {wait:.0f} s"
 
 
 # ------------------------------------------------------------------ a card rebuilding what it lacks; the retry
