@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 
 from provisioning import sim  # noqa: E402
 from provisioning.ssh import Endpoint, NodeSession, agent_bundle  # noqa: E402
-from provisioning.verification.policy import DeclaredModel, judge, load_catalogue  # noqa: E402
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.policy import judge  # noqa: E402
 from provisioning.verification.profiles import PROFILES_DIR, profile_names  # noqa: E402
 
 

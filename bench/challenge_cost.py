@@ -28,8 +28,10 @@ from bench.benchmark_check_time import keypair  # noqa: E402
 from provisioning import sim  # noqa: E402
 from provisioning.ssh import Endpoint, NodeSession  # noqa: E402
 from provisioning.verification import challenge, memproof  # noqa: E402
-from provisioning.verification.policy import TOLERANCES, DeclaredModel, judge, load_catalogue  # noqa: E402
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.policy import judge  # noqa: E402
 from provisioning.verification.profiles import PROFILES_DIR, profile_names, simulated_challenge  # noqa: E402
+from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
 
 def check_once(endpoint: Endpoint, declared: DeclaredModel, count: int, quick: bool) -> dict:

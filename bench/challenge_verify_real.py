@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from provisioning.verification import challenge  # noqa: E402
-from provisioning.verification.policy import TOLERANCES, DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
 GPUS = 8
 

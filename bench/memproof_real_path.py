@@ -38,7 +38,8 @@ import torch  # noqa: E402
 from provisioning.agent.gpumarket_agent import memproof as node  # noqa: E402
 from provisioning.agent.gpumarket_agent.challenge import _tensor_bytes  # noqa: E402
 from provisioning.verification import memproof  # noqa: E402
-from provisioning.verification.policy import TOLERANCES, DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
 SHAPE = {"chunks": 4096, "words": 4096}
 MODELS = ["rtx-a4000", "rtx-a6000", "l40s", "a100-80gb-sxm", "h100-sxm", "h200-sxm"]

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from provisioning.agent.gpumarket_agent import recompute  # noqa: E402
 from provisioning.verification import memproof  # noqa: E402
-from provisioning.verification.policy import TOLERANCES, DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
 # (the card really installed, the model it claims)
 IMPOSTORS = [("a100-40gb-sxm", "a100-80gb-sxm"), ("rtx-a4000", "rtx-a5000"), ("rtx-4090", "rtx-a6000"),

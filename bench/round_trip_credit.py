@@ -30,8 +30,9 @@ from bench.benchmark_check_time import keypair  # noqa: E402
 from provisioning import sim  # noqa: E402
 from provisioning.ssh import Endpoint, NodeSession  # noqa: E402
 from provisioning.verification import challenge, memproof  # noqa: E402
-from provisioning.verification.policy import TOLERANCES, DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
 from provisioning.verification.profiles import PROFILES_DIR  # noqa: E402
+from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
 # (profile, the exchange it is judged on, the codes expected of that exchange)
 CASES = [

@@ -29,14 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from provisioning.verification.policy import (  # noqa: E402
-    FIGURES,
-    TOLERANCES,
-    DeclaredModel,
-    FleetReference,
-    Judgement,
-    load_catalogue,
-)
+from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
+from provisioning.verification.performance import FleetReference  # noqa: E402
+from provisioning.verification.policy import Judgement  # noqa: E402
 from provisioning.verification.profiles import (  # noqa: E402
     PROFILES_DIR,
     fleet_figures,
@@ -45,6 +40,7 @@ from provisioning.verification.profiles import (  # noqa: E402
     profile_fleet,
     profile_names,
 )
+from provisioning.verification.tolerances import FIGURES, TOLERANCES  # noqa: E402
 
 
 def band_headroom(result: Judgement, declared: DeclaredModel, fleet: FleetReference | None) -> dict[str, float]:

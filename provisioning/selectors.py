@@ -10,7 +10,7 @@ from django.db.models import Max
 from marketplace.models import NodeState
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from provisioning.models import Job, JobKind, JobStatus, VerificationRun
-from provisioning.verification.policy import FleetReference
+from provisioning.verification.performance import FleetReference
 
 
 def latest_jobs(node_ids: list[int]) -> dict[int, Job]:

@@ -13,7 +13,7 @@ from marketplace.models import GpuModel, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import micros_to_usd
 from provisioning.models import VerificationRun
-from provisioning.verification.policy import FIGURES, TOLERANCES
+from provisioning.verification.tolerances import FIGURES, TOLERANCES
 
 # Measured figures compared with the catalogue's: (key in a run's figures, catalogue field, label, unit).
 COMPARED = [

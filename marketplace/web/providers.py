@@ -20,7 +20,8 @@ from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.verification import node_verify_request
-from provisioning.verification.policy import FIGURES, TOLERANCES, DeclaredModel
+from provisioning.verification.model import DeclaredModel
+from provisioning.verification.tolerances import FIGURES, TOLERANCES
 from provisioning.verification.wording import closest_model, reasons
 
 from .figures import figure_bands, node_runs, run_shares

@@ -31,7 +31,8 @@ from provisioning.ssh import (
     Timeouts,
 )
 from provisioning.ssh_pool import SshPool
-from provisioning.verification.policy import Finding, duplicate_gpus, duplicate_host_key
+from provisioning.verification.identity import duplicate_gpus, duplicate_host_key
+from provisioning.verification.model import Finding
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
 from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.mig import judge_mig
-from provisioning.verification.policy import DeclaredModel, Finding, judge
+from provisioning.verification.model import DeclaredModel, Finding
+from provisioning.verification.policy import judge
 from provisioning.verification.wording import reasons_text
 
 # How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.

@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from provisioning.verification import lanes, round_trip
-from provisioning.verification.policy import DEGRADE, REJECT, TOLERANCES, DeclaredModel, Finding
+from provisioning.verification.model import DEGRADE, REJECT, DeclaredModel, Finding
+from provisioning.verification.tolerances import TOLERANCES
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1

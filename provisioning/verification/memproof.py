@@ -57,7 +57,8 @@ from provisioning.verification.challenge import (
     fmix32,
     mix64,
 )
-from provisioning.verification.policy import REJECT, TOLERANCES, DeclaredModel, Finding
+from provisioning.verification.model import REJECT, DeclaredModel, Finding
+from provisioning.verification.tolerances import TOLERANCES
 
 MEMORY_SHARE = 0.95  # of the claimed memory, per GPU
 # The sim's small fill standing for the nominal bytes: blocks x chunks x words 32-bit words.

@@ -8,16 +8,10 @@ from dataclasses import replace
 
 from marketplace.mig import profiles_for
 
-from .policy import (
-    REJECT,
-    TOLERANCES,
-    DeclaredModel,
-    Finding,
-    MigJudgement,
-    _check_figures,
-    _check_results,
-    gpu_score,
-)
+from .model import REJECT, DeclaredModel, Finding
+from .performance import check_figures, check_results
+from .policy import MigJudgement, gpu_score
+from .tolerances import TOLERANCES
 
 # A slice holds a little less than its share of the card (the driver keeps some): 3g.40gb on an A100 80GB shows
 # 40192 MiB of 40960, 1g.10gb 9728 of 10240 (nvidia-smi on real cards). Under this share it is not that profile.
@@ -97,7 +91,7 @@ def _judge_slice(declared: DeclaredModel, profile, card: dict, dev: dict, row: d
                            f"{name} holds {memory} MiB; a {profile.name} slice of {declared.a_label} holds about "
                            f"{expected} MiB. It is a smaller slice than its name says.", gpu))
     model = slice_model(declared, profile)
-    for f in _check_figures(model, dict(row, index=gpu)) + _check_results(dict(row, index=gpu)):
+    for f in check_figures(model, dict(row, index=gpu)) + check_results(dict(row, index=gpu)):
         code = "mig_slice_wrong_results" if f.code == "wrong_results" else (
             "mig_slice_too_fast" if f.code.endswith("_too_high") else "mig_slice_slow")
         own.append(Finding(f.severity, code, f"{name}: " + f.message.replace(f"GPU {gpu} ", "it ", 1), gpu))

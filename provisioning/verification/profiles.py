@@ -14,7 +14,9 @@ from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import memproof as agent_memproof
 from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.mig import judge_mig
-from provisioning.verification.policy import DeclaredModel, Finding, FleetReference, Judgement, judge, load_catalogue
+from provisioning.verification.model import DeclaredModel, Finding, load_catalogue
+from provisioning.verification.performance import FleetReference
+from provisioning.verification.policy import Judgement, judge
 
 PROFILES_DIR = Path(agent.__file__).resolve().parents[1] / "profiles"  # beside the agent package
 

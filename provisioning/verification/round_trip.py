@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from provisioning.verification.policy import TOLERANCES
+from provisioning.verification.tolerances import TOLERANCES
 
 
 def credit(ping_trips: list[float], exchange: Any) -> tuple[float, dict[str, float], float]:

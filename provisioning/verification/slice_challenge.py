@@ -24,7 +24,7 @@ from marketplace.mig import MigProfile, profiles_for
 from . import memproof
 from .challenge import MIG_LABEL_BASE, Challenge, Outcome, draw, judge
 from .mig import slice_model
-from .policy import REJECT, DeclaredModel, Finding
+from .model import REJECT, DeclaredModel, Finding
 
 
 @dataclass(frozen=True)

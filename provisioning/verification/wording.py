@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from provisioning.verification.articles import mend_articles, with_article
-from provisioning.verification.policy import REJECT, DeclaredModel
+from provisioning.verification.model import REJECT, DeclaredModel
 
 # A number as the policy writes it: "84", "111.5", "2,039", "0.45".
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
@@ -120,7 +120,7 @@ def reasons_text(findings: Iterable[dict], severity: str | None = None) -> str:
 # ------------------------------------------------------------------------ what the figures do match
 
 # The figures compared with every catalogue model's datasheet: each is measured at about this share of it on a
-# healthy card (policy.TOLERANCES' bands; gpus.md: BF16 80-87 %, device copies 75-90 %, SGEMM 0.70-0.78 on GDDR
+# healthy card (tolerances.TOLERANCES' bands; gpus.md: BF16 80-87 %, device copies 75-90 %, SGEMM 0.70-0.78 on GDDR
 # cards). FP16 and TF32 are left out: their datasheet figures mean different things on GeForce cards.
 HEALTHY_SHARE = {"bf16_tflops": 0.83, "fp32_tflops": 0.78, "memory_bandwidth_gbs": 0.83}
 FIGURE_NAMES = {"bf16_tflops": "BF16", "fp32_tflops": "FP32", "memory_bandwidth_gbs": "memory bandwidth"}

@@ -13,7 +13,7 @@ import pytest
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import challenge as node
 from provisioning.verification import challenge
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR, simulated_challenge
 
 CATALOGUE = load_catalogue()

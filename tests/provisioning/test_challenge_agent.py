@@ -9,7 +9,7 @@ import pytest
 
 from provisioning.sim import PROFILES_DIR
 from provisioning.verification import challenge
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from tests.provisioning.sshkit import write_agent
 
 A4000 = DeclaredModel.from_catalogue(load_catalogue()["rtx-a4000"])

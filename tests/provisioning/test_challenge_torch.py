@@ -14,7 +14,7 @@ import pytest
 
 from provisioning.agent.gpumarket_agent import challenge as node
 from provisioning.verification import challenge
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from tests.provisioning.test_challenge_agent import hear, say, start
 
 torch = pytest.importorskip("torch")

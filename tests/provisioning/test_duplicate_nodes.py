@@ -30,7 +30,8 @@ from provisioning.services.nodes import (
 )
 from provisioning.services.runner import job_begin
 from provisioning.services.verification import node_accept_host_key, node_verify_request, node_verify_run
-from provisioning.verification.policy import DeclaredModel, check_identity, load_catalogue
+from provisioning.verification.identity import check_identity
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from tests.factories import UserFactory, make_node
 from tests.live import wait_until
 

@@ -5,8 +5,8 @@ import pytest
 from marketplace.models import GpuModel, NodeState, Verdict
 from provisioning.models import VerificationRun
 from provisioning.selectors import fleet_reference
-from provisioning.verification.policy import TOLERANCES
 from provisioning.verification.profiles import fleet_figures
+from provisioning.verification.tolerances import TOLERANCES
 from tests.factories import UserFactory, make_node
 
 pytestmark = pytest.mark.django_db

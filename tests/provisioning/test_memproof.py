@@ -17,7 +17,7 @@ import pytest
 from provisioning.agent.gpumarket_agent import memproof as node
 from provisioning.agent.gpumarket_agent import recompute
 from provisioning.verification import memproof
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR
 
 CATALOGUE = load_catalogue()

@@ -9,7 +9,7 @@ import pytest
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent.core import AgentError
 from provisioning.verification.mig import check_mig, slice_model
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR
 
 # As a driver prints it on an A100 80GB in MIG mode (two GPUs, the second whole).

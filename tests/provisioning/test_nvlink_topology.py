@@ -7,7 +7,7 @@ import pytest
 
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.sim import resolve_profile
-from provisioning.verification.policy import check_topology, nvlink_summary
+from provisioning.verification.interconnect import check_topology, nvlink_summary
 
 # As a DGX A100 (NVSwitch) prints it, trimmed to four GPUs and two NICs.
 TOPO_REAL = """\

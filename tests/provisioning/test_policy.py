@@ -3,23 +3,13 @@ import copy
 
 import pytest
 
-from provisioning.verification import policy
+from provisioning.verification.identity import check_identity
+from provisioning.verification.model import DEGRADE, REJECT, DeclaredModel, Finding, load_catalogue
 from provisioning.verification.pci_ids import PCI_DEVICE_IDS
-from provisioning.verification.policy import (
-    DEGRADE,
-    FIGURES,
-    REJECT,
-    TOLERANCES,
-    DeclaredModel,
-    check_identity,
-    check_performance,
-    gpu_score,
-    judge,
-    load_catalogue,
-    node_score,
-    verdict_for,
-)
+from provisioning.verification.performance import FleetReference, check_performance
+from provisioning.verification.policy import gpu_score, judge, node_score, verdict_for
 from provisioning.verification.profiles import judge_profile, profile_expectation, profile_fleet, profile_names
+from provisioning.verification.tolerances import FIGURES, TOLERANCES
 
 CATALOGUE = load_catalogue()
 
@@ -261,7 +251,7 @@ def test_a_missing_figure_is_an_incomplete_benchmark():
 # ------------------------------------------------------------------------------------ verdict and score
 
 def test_verdict_is_the_worst_finding():
-    reject, degrade = policy.Finding(REJECT, "x", "x"), policy.Finding(DEGRADE, "y", "y")
+    reject, degrade = Finding(REJECT, "x", "x"), Finding(DEGRADE, "y", "y")
     assert (verdict_for([]), verdict_for([degrade]), verdict_for([degrade, reject])) == (
         "verified", "degraded", "rejected")
 
@@ -424,17 +414,17 @@ def test_a_reported_limit_under_the_models_tdp_is_capped_even_when_the_default_s
 
 def fleet_of(values: dict, nodes=6, spread=0.01):
     """Per-node medians of `nodes` nodes around `values` (each node a little off: +/- spread)."""
-    return policy.FleetReference.from_node_medians(
+    return FleetReference.from_node_medians(
         [{k: v * (1 + spread * ((n % 3) - 1)) for k, v in values.items()} for n in range(nodes)])
 
 
 def test_the_fleet_reference_is_a_median_and_mad_over_nodes():
-    ref = policy.FleetReference.from_node_medians([{"bf16_tflops": v} for v in (100, 102, 98, 101, 99, 60)])
+    ref = FleetReference.from_node_medians([{"bf16_tflops": v} for v in (100, 102, 98, 101, 99, 60)])
     assert ref.nodes == 6 and ref.median["bf16_tflops"] == 99.5 and ref.mad["bf16_tflops"] == 1.5
     gap = TOLERANCES["fleet_max_gap"]["bf16_tflops"]
     assert ref.floor("bf16_tflops") == pytest.approx(99.5 * (1 - gap))  # the gap, wider than 4 sigma here
     assert "fp32_tflops" not in ref.median and ref.floor("fp32_tflops") is None
-    wide = policy.FleetReference.from_node_medians([{"bf16_tflops": v} for v in (70, 85, 100, 115, 130)])
+    wide = FleetReference.from_node_medians([{"bf16_tflops": v} for v in (70, 85, 100, 115, 130)])
     assert wide.floor("bf16_tflops") == pytest.approx(100 - 4 * 1.4826 * 15)  # a wide fleet widens its floor
 
 

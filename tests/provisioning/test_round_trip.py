@@ -11,8 +11,8 @@ from provisioning import sim, ssh_round_trip
 from provisioning.services.nodes import node_private_key
 from provisioning.ssh import Endpoint, NodeSession
 from provisioning.verification import challenge, memproof, round_trip
-from provisioning.verification.policy import TOLERANCES
 from provisioning.verification.profiles import PROFILES_DIR
+from provisioning.verification.tolerances import TOLERANCES
 from tests.factories import UserFactory, make_node
 from tests.provisioning.test_challenge import A100
 from tests.provisioning.test_challenge import exchange_with_agent as challenge_with_agent

@@ -17,7 +17,7 @@ from provisioning.agent.gpumarket_agent import memproof as agent_memproof
 from provisioning.agent.gpumarket_agent.core import AgentError
 from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.mig import check_mig
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import (
     PROFILES_DIR,
     simulated_memproof_outcome,

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from provisioning.verification.articles import article, mend_articles
-from provisioning.verification.policy import DeclaredModel, load_catalogue
+from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import judge_profile
 from provisioning.verification.wording import closest_model, gpu_list, reasons, reasons_text
 
