@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from provisioning.agent.gpumarket_agent import memproof as node  # noqa: E402
-from provisioning.agent.gpumarket_agent.challenge import _tensor_bytes  # noqa: E402
+from provisioning.agent.gpumarket_agent import memproof_torch as node_torch  # noqa: E402
+from provisioning.agent.gpumarket_agent.challenge_torch import tensor_bytes  # noqa: E402
 from provisioning.verification import memproof  # noqa: E402
 from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
 from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
@@ -51,7 +52,7 @@ def derive_before(card, i):
     prev = card.blocks[i - 1]
     out = torch.empty(card.size, dtype=torch.int32)
     for a, b in card._slices():
-        mixed = prev[a:b] ^ node._signed(salt, 32)
+        mixed = prev[a:b] ^ node_torch._signed(salt, 32)
         for p, rot in refs:
             at = (torch.arange(a, b, dtype=torch.int64) + rot) % card.size
             mixed ^= card.blocks[p].index_select(0, at)
@@ -79,8 +80,8 @@ def main() -> None:
     blocks = 8
     req = node.validate({"seed": 20261202, "blocks": blocks, "gpu_indices": [0], "nominal_bytes": blocks * 64 << 20,
                          "time_limit_s": 600, "device": "cpu", "digest": "eager", **SHAPE})
-    card = node.TorchCard(torch, torch.device("cpu"), req, 0)
-    salts = torch.tensor([node._signed(s, 32) for s in node.position_salts(12345, SHAPE["words"])],
+    card = node_torch.TorchCard(torch, torch.device("cpu"), req, 0)
+    salts = torch.tensor([node_torch._signed(s, 32) for s in node.position_salts(12345, SHAPE["words"])],
                          dtype=torch.int32)
     compile_s, _ = timed(card.use_fused)
     fused = card.fused
@@ -96,7 +97,7 @@ def main() -> None:
         t_eager, d_eager = timed(lambda: card.digests(salts, fused=False))
         t_fused, d_fused = timed(lambda: card.digests(salts, fused=fused))
         assert torch.equal(d_eager, d_fused), "the digests differ"
-        raw, per = _tensor_bytes(d_fused), node.DIGEST_BYTES * SHAPE["chunks"]
+        raw, per = tensor_bytes(d_fused), node.DIGEST_BYTES * SHAPE["chunks"]
         now_packed = [raw[b * per:(b + 1) * per] for b in range(blocks)] * 8  # 64 blocks' worth
         t_host_before, _ = timed(lambda: keep_before(old_packed))
         t_host_now, _ = timed(lambda now_packed=now_packed: node.Committed().keep(now_packed, fresh=True))

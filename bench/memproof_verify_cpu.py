@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from provisioning.agent.gpumarket_agent import memproof as node  # noqa: E402
+from provisioning.agent.gpumarket_agent import memproof_torch as node_torch  # noqa: E402
 from provisioning.verification import memproof  # noqa: E402
 from provisioning.verification.memproof import (  # noqa: E402
     DIGEST_BYTES,
@@ -115,7 +116,7 @@ def honest_outcome(blocks: int, rng: random.Random):
                               nominal_bytes=blocks * 64 << 20, read_s=1.0, fill_wait_s=600.0, digest="eager",
                               **SHAPE)
     req = node.validate(proof.request(600))
-    card = node.TorchCard(torch, torch.device("cpu"), req, 0)
+    card = node_torch.TorchCard(torch, torch.device("cpu"), req, 0)
     out = memproof.Outcome(fresh_salt=rng.getrandbits(64))
     out.roots[0] = card.commit(node.position_salts(node.key(proof.seed, 0, "digest"), proof.words))
     out.fresh_roots[0] = card.commit(node.position_salts(out.fresh_salt, proof.words), fresh=True)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from provisioning.agent.gpumarket_agent import challenge as node
+from provisioning.agent.gpumarket_agent import challenge_torch as node_torch
 from provisioning.verification import challenge
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from tests.provisioning.test_challenge_agent import hear, say, start
@@ -32,13 +33,13 @@ def test_generation_on_the_device_is_bit_identical_to_the_platforms_entries():
         key = challenge.matrix_key(seed, rng.randrange(64), rng.randrange(64), rng.choice("AB"))
         rows = edges + [rng.randrange(1 << 31) for _ in range(4)]
         cols = edges + [rng.randrange(1 << 31) for _ in range(4)]
-        got = node.torch_entries(torch, key, torch.tensor(rows).unsqueeze(1), torch.tensor(cols).unsqueeze(0))
+        got = node_torch.torch_entries(torch, key, torch.tensor(rows).unsqueeze(1), torch.tensor(cols).unsqueeze(0))
         assert got.tolist() == [[challenge.entry(key, r, c) for c in cols] for r in rows], (seed, key)
     # whole matrices, in chunks that split rows unevenly
     key = challenge.matrix_key(rng.getrandbits(64), 3, 1, "B")
     old, node.GEN_CHUNK = node.GEN_CHUNK, 7 * 33
     try:
-        generated = node.generate(torch, CPU, key, 50, 33)
+        generated = node_torch.generate(torch, CPU, key, 50, 33)
     finally:
         node.GEN_CHUNK = old
     assert generated.dtype == torch.bfloat16
@@ -50,29 +51,29 @@ def test_code_words_a_matrices_and_row_digests_on_the_device_are_the_platforms()
     for _ in range(20):
         seed, gpu = rng.getrandbits(64), rng.randrange(64)
         key = challenge.matrix_key(seed, gpu, 0, "A")
-        code = node.generate(torch, CPU, key, 9, 37, code=True)
+        code = node_torch.generate(torch, CPU, key, 9, 37, code=True)
         assert code.dtype == torch.int32
         assert [[v & challenge.M32 for v in row] for row in code.tolist()] == [
             [challenge.code_word(key, r, c) for c in range(37)] for r in range(9)]
         salt = challenge.product_salt(seed, gpu, rng.randrange(4096))
-        assert node.a_matrix(torch, code, salt).float().tolist() == [
+        assert node_torch.a_matrix(torch, code, salt).float().tolist() == [
             [float(challenge.a_entry(salt, challenge.code_word(key, r, c))) for c in range(37)] for r in range(9)]
         # rows of every sign and size a product can have, and the extremes of int32
         values = [[rng.randrange(-(1 << 23), 1 << 23) for _ in range(37)] for _ in range(8)]
         values.append([0, -1, 1, (1 << 31) - 1, -(1 << 31)] + [0] * 32)
         salts = challenge.column_salts(seed, gpu, 37)
-        signed = torch.tensor([node._signed32(s) for s in salts], dtype=torch.int32)
-        got = node.reduce_rows(torch, torch.tensor(values, dtype=torch.float64), signed,
+        signed = torch.tensor([node_torch._signed32(s) for s in salts], dtype=torch.int32)
+        got = node_torch.reduce_rows(torch, torch.tensor(values, dtype=torch.float64), signed,
                                torch.empty(9, dtype=torch.int64))
         assert got.tolist() == [challenge.row_digest(v, salts) for v in values]
 
 
 def test_the_products_are_the_platforms_within_its_tolerance():
     seed = random.Random(3).getrandbits(64)
-    code = node.generate(torch, CPU, challenge.matrix_key(seed, 1, 0, "A"), 64, 2048, code=True)
-    a = node.a_matrix(torch, code, challenge.product_salt(seed, 1, 2))
-    b = node.generate(torch, CPU, challenge.matrix_key(seed, 1, 0, "B"), 2048, 64)
-    c, out_dtype = node.multiply(torch, a, b)
+    code = node_torch.generate(torch, CPU, challenge.matrix_key(seed, 1, 0, "A"), 64, 2048, code=True)
+    a = node_torch.a_matrix(torch, code, challenge.product_salt(seed, 1, 2))
+    b = node_torch.generate(torch, CPU, challenge.matrix_key(seed, 1, 0, "B"), 2048, 64)
+    c, out_dtype = node_torch.multiply(torch, a, b)
     assert c.dtype == torch.float32 and out_dtype in ("fp32", "bf16")
     tolerance = 0 if out_dtype == "fp32" else challenge.TOLERANCES["challenge_entry_rel_tolerance"]
     for row, col in [(0, 0), (5, 63), (63, 17)]:
@@ -152,8 +153,8 @@ def test_one_flipped_value_on_one_gpu_is_caught(monkeypatch):
             c[row, cols[0]] = -c[row, cols[0]] - 3  # never within the tolerance of the right value
         done.append(1)
         return c, out_dtype
-    real_multiply = node.multiply
-    monkeypatch.setattr(node, "multiply", corrupt)
+    real_multiply = node_torch.multiply
+    monkeypatch.setattr(node_torch, "multiply", corrupt)
     out, final, status, _ = real_exchange(drawn, rng=random.Random(99))
     assert final["ok"] is True and out.picks[0] == picks
     why = challenge.check_gpu(drawn, 0, out.commitments[0], out.picks[0], out.revealed["0"])

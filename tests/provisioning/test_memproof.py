@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from provisioning.agent.gpumarket_agent import memproof as node
+from provisioning.agent.gpumarket_agent import memproof_torch as node_torch
 from provisioning.agent.gpumarket_agent import recompute
 from provisioning.verification import memproof
 from provisioning.verification.model import DeclaredModel, load_catalogue
@@ -313,7 +314,7 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
     req = node.validate(drawn.request(60))
     old, node.SLICE = node.SLICE, 40  # slices that split chunks and blocks unevenly
     try:
-        card = node.TorchCard(torch, torch.device("cpu"), req, 1)
+        card = node_torch.TorchCard(torch, torch.device("cpu"), req, 1)
     finally:
         node.SLICE = old
     size = drawn.chunks * drawn.words
@@ -384,7 +385,7 @@ def test_a_fused_digest_that_disagrees_with_pytorchs_ops_is_not_used(monkeypatch
     """A miscompiled kernel (here: one that forgets the salts) is caught on block 0 before the fill's roots: the
     agent digests eagerly, says why, and the proof passes."""
     torch = pytest.importorskip("torch")
-    monkeypatch.setitem(node._FUSED, "rows", lambda view, salts: node.digest_rows(torch, view, salts * 0))
+    monkeypatch.setitem(node_torch._FUSED, "rows", lambda view, salts: node_torch.digest_rows(torch, view, salts * 0))
     drawn = memproof.draw(A100, [0], rng=random.Random(9), sizes={"blocks": 3, "chunks": 4, "words": 16},
                           device="cpu", digest="fused")
     out, final, status, _ = torch_exchange(drawn)
