@@ -20,7 +20,7 @@ import threading
 import time
 
 from .challenge import GEN_CHUNK, M32, Work, column_salts, matrix_key, product_salt
-from .core import AgentError
+from .core import AgentError, at_once
 from .mig import MIG_LABEL_BASE
 
 
@@ -150,50 +150,40 @@ def torch_work(req, lines, clock=time.monotonic):
     reduced = cuda.allow_bf16_reduced_precision_reduction
     cuda.allow_bf16_reduced_precision_reduction = False  # FP32 accumulation throughout, split-K included
     n, k, seed = req["n"], req["k"], req["seed"]
-    results, errors, lock = {}, [], threading.Lock()
+    lock = threading.Lock()
     started = clock()
 
     def work(i, dev):
-        try:
-            code = generate(torch, dev, matrix_key(seed, i, 0, "A"), n, k, code=True)
-            b = generate(torch, dev, matrix_key(seed, i, 0, "B"), k, n)
-            salts = torch.tensor([_signed32(s) for s in column_salts(seed, i, n)], dtype=torch.int32, device=dev)
-            digests = torch.empty(req["products"], n, dtype=torch.int64, device=dev)
-            a = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
-            out_dtype = None
-            for p in range(req["products"]):
-                a_matrix(torch, code, product_salt(seed, i, p), out=a)
-                c, out_dtype = multiply(torch, a, b)
-                reduce_rows(torch, c, salts, digests[p])
-                del c
-            host = digests.to("cpu")  # waits for the device
-            computed = clock() - started
-            raw = tensor_bytes(host)
-            size = n * 8
-            packed = [raw[p * size:(p + 1) * size] for p in range(req["products"])]
+        code = generate(torch, dev, matrix_key(seed, i, 0, "A"), n, k, code=True)
+        b = generate(torch, dev, matrix_key(seed, i, 0, "B"), k, n)
+        salts = torch.tensor([_signed32(s) for s in column_salts(seed, i, n)], dtype=torch.int32, device=dev)
+        digests = torch.empty(req["products"], n, dtype=torch.int64, device=dev)
+        a = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
+        out_dtype = None
+        for p in range(req["products"]):
+            a_matrix(torch, code, product_salt(seed, i, p), out=a)
+            c, out_dtype = multiply(torch, a, b)
+            reduce_rows(torch, c, salts, digests[p])
+            del c
+        host = digests.to("cpu")  # waits for the device
+        computed = clock() - started
+        raw = tensor_bytes(host)
+        size = n * 8
+        packed = [raw[p * size:(p + 1) * size] for p in range(req["products"])]
 
-            def rows(p, picked, code=code, b=b):
-                a_rows = a_matrix(torch, code[torch.tensor(picked, dtype=torch.int64, device=dev)],
-                                  product_salt(seed, i, p))
-                return multiply(torch, a_rows, b)[0].to("cpu").tolist()
-            results[i] = Work(packed, rows, out_dtype)
-            with lock:
-                lines.write({"gpu": i, "commitment": results[i].commitment(), "output_dtype": out_dtype,
-                             "node_compute_s": round(computed, 4), "node_elapsed_s": round(clock() - started, 4)})
-        except Exception as exc:  # noqa: BLE001 - the platform gets it as the challenge's error
-            errors.append((i, exc))
+        def rows(p, picked, code=code, b=b):
+            a_rows = a_matrix(torch, code[torch.tensor(picked, dtype=torch.int64, device=dev)],
+                              product_salt(seed, i, p))
+            return multiply(torch, a_rows, b)[0].to("cpu").tolist()
+        done = Work(packed, rows, out_dtype)
+        with lock:
+            lines.write({"gpu": i, "commitment": done.commitment(), "output_dtype": out_dtype,
+                         "node_compute_s": round(computed, 4), "node_elapsed_s": round(clock() - started, 4)})
+        return done
     try:
-        threads = [threading.Thread(target=work, args=item, daemon=True) for item in devs.items()]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        return at_once(devs.items(), work, "challenge_failed")
     finally:
         cuda.allow_bf16_reduced_precision_reduction = reduced
-    if errors:
-        i, exc = errors[0]
-        raise AgentError("challenge_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
-    return results
 
 
 def tensor_bytes(tensor):

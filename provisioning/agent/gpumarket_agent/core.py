@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import threading
 
 AGENT_VERSION = "1.2.0"
 RUNTIMES = ("sim", "docker", "libvirt")
@@ -16,6 +17,27 @@ class AgentError(Exception):
 
 def invalid(field, message):
     return AgentError("invalid_request", message, field)
+
+
+def at_once(items, fn, code, what="GPU"):
+    """fn(i, x) for every (i, x) of `items` at once, a thread each (PyTorch's device work runs outside the GIL);
+    {i: result}. The first failure is raised as AgentError(code), naming its `what` and index."""
+    results, errors = {}, []
+
+    def one(i, x):
+        try:
+            results[i] = fn(i, x)
+        except Exception as exc:  # noqa: BLE001 - raised below, as the command's error
+            errors.append((i, exc))
+    threads = [threading.Thread(target=one, args=item, daemon=True) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        i, exc = errors[0]
+        raise AgentError(code, "%s %d: %s: %s" % (what, i, type(exc).__name__, str(exc)[:500]))
+    return results
 
 
 def run(argv, timeout=60, check=True, env=None):

@@ -5,10 +5,9 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
 
-from .core import AgentError
+from .core import AgentError, at_once
 from .telemetry import Telemetry
 
 MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -153,27 +152,14 @@ def set_tf32(torch, matmul, cudnn):
 
 def on_every_device(torch, devs, fn):
     """fn(dev) on all devices at once, a thread each; {index: result}. The first failure is raised."""
-    results, errors = {}, []
-
-    def work(i, dev):
-        try:
-            if dev.type == "cuda":
-                with torch.cuda.device(dev):
-                    results[i] = fn(dev)
-                    torch.cuda.synchronize(dev)
-            else:
-                results[i] = fn(dev)
-        except Exception as exc:  # noqa: BLE001 - reported as the benchmark's error below
-            errors.append((i, exc))
-    threads = [threading.Thread(target=work, args=item, daemon=True) for item in devs.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        i, exc = errors[0]
-        raise AgentError("benchmark_failed", "device %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
-    return results
+    def work(_, dev):
+        if dev.type != "cuda":
+            return fn(dev)
+        with torch.cuda.device(dev):
+            result = fn(dev)
+            torch.cuda.synchronize(dev)
+            return result
+    return at_once(devs.items(), work, "benchmark_failed", what="device")
 
 
 def describe_device(torch, dev):

@@ -13,7 +13,7 @@ import threading
 import time
 
 from .challenge_torch import challenge_devices, tensor_bytes, torch_fmix32, torch_mix64
-from .core import AgentError
+from .core import AgentError, at_once
 from .memproof import DIGEST_BYTES, M32, SLICE, Committed, key, links
 
 
@@ -133,21 +133,7 @@ def torch_cards(req):
         raise AgentError("memproof_unsupported", "the memory proof's digests are little-endian uint32s")
     torch = import_torch()
     devs = challenge_devices(torch, req)
-    cards, errors = {}, []
-
-    def fill_one(i, dev):
-        try:
-            cards[i] = TorchCard(torch, dev, req, i)
-        except Exception as exc:  # noqa: BLE001 - the platform gets it as the proof's error
-            errors.append((i, exc))
-    threads = [threading.Thread(target=fill_one, args=item, daemon=True) for item in devs.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        i, exc = errors[0]
-        raise AgentError("memproof_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
+    cards = at_once(devs.items(), lambda i, dev: TorchCard(torch, dev, req, i), "memproof_failed")
     fuse = req.get("digest", "auto")
     if fuse == "fused" or (fuse == "auto" and req.get("device", "cuda") == "cuda"):
         try:
@@ -163,23 +149,12 @@ def torch_cards(req):
 def commit_now(lines, cards, salts_of, fresh):
     """A real node's roots, each written as soon as its GPU has digested its fill."""
     lock = threading.Lock()
-    errors = []
 
     def one(i, card):
-        try:
-            root = card.commit(salts_of(i), fresh=fresh)
-            line = dict(card.detail, gpu=i, root=root)
-            if card.fused_error:
-                line["fused_error"] = card.fused_error
-            with lock:
-                lines.write(line)
-        except Exception as exc:  # noqa: BLE001
-            errors.append((i, exc))
-    threads = [threading.Thread(target=one, args=item, daemon=True) for item in cards.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        i, exc = errors[0]
-        raise AgentError("memproof_failed", "GPU %d: %s: %s" % (i, type(exc).__name__, str(exc)[:500]))
+        root = card.commit(salts_of(i), fresh=fresh)
+        line = dict(card.detail, gpu=i, root=root)
+        if card.fused_error:
+            line["fused_error"] = card.fused_error
+        with lock:
+            lines.write(line)
+    at_once(cards.items(), one, "memproof_failed")
