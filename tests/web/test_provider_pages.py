@@ -37,6 +37,13 @@ FIGURES = {
                           "memory_bandwidth_gbs": 0.338}}
         for i in range(2)
     ],
+    # What the platform measured itself (challenge.judge, memproof.judge): an A6000's speed, its memory held
+    "challenge": {
+        "gpus": {str(i): {"platform_elapsed_s": 4.12, "bf16_tflops": 127.3, "of_datasheet": 0.408, "correct": True}
+                 for i in range(2)},
+        "memory_proof": {"nominal_bytes": 81604378624, "read_deadline_s": 0.1763, "fill_wait_s": 565.3,
+                         "gpus": {str(i): {"fresh_s": 0.0972, "correct": True, "fill_s": 0.61} for i in range(2)}},
+    },
 }
 
 
@@ -131,6 +138,48 @@ def test_node_page_shows_reasons_chart_and_history_but_no_secret(web, rejected_n
     private = node_private_key(node=rejected_node).decode()
     assert private.splitlines()[1] not in page and "PRIVATE KEY" not in page
     assert "ssh_private_key" not in page
+
+
+def test_a_run_without_the_platforms_checks_shows_no_table_of_them(web, provider, rejected_node):
+    assert "What the platform measured itself" in web.get(f"/nodes/{rejected_node.pk}/").content.decode()
+    node = make_node(provider, name="all-rented", gpu_model="a100-80gb-sxm", gpu_count=2)
+    VerificationRun.objects.create(node=node, verdict="verified", findings=[], score=80.0, figures={
+        k: v for k, v in FIGURES.items() if k != "challenge"})  # every GPU rented: identity checks only
+    assert "What the platform measured itself" not in web.get(f"/nodes/{node.pk}/").content.decode()
+
+
+def test_the_platforms_own_checks_say_what_was_not_run_and_what_did_not_answer(web, provider):
+    node = make_node(provider, name="real", gpu_model="a100-80gb-sxm", gpu_count=2, runtime="docker",
+                     state=NodeState.REJECTED, verdict=Verdict.REJECTED)
+    challenge = {"gpus": {"0": {"platform_elapsed_s": 9.81, "bf16_tflops": 232.4, "of_datasheet": 0.745,
+                                "correct": True},
+                          "1": {"node_elapsed_s": None}},  # what judge() keeps of a GPU that did not answer
+                 "memory_proof": {"not_run": "the memory proof's deadline on a real GPU is not measured yet"}}
+    VerificationRun.objects.create(node=node, verdict="rejected", findings=FINDINGS, score=0.0,
+                                   figures={**FIGURES, "challenge": challenge})
+    page = web.get(f"/nodes/{node.pk}/").content.decode()
+    table = page.split('id="platform-h"', 1)[1].split("</table>", 1)[0]
+    rows = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row)).strip() for row in table.split("<tr>")[2:]]
+    assert rows == ["GPU 0 232.4 74 % 9.81 right – not run", "GPU 1 – – – no answer – not run"]
+    assert "Memory proof not run: the memory proof&#x27;s deadline on a real GPU is not measured yet." in page
+
+
+def test_the_memory_proof_says_held_late_or_wrong_per_gpu(web, provider):
+    node = make_node(provider, name="sim", gpu_model="a100-80gb-sxm", gpu_count=3, state=NodeState.REJECTED,
+                     verdict=Verdict.REJECTED)
+    right = {"platform_elapsed_s": 1.6, "bf16_tflops": 230.0, "of_datasheet": 0.737, "correct": True}
+    proof = {"nominal_bytes": 81604378624, "read_deadline_s": 0.1763, "gpus": {
+        "0": {"fresh_s": 0.0461, "correct": True}, "1": {"fresh_s": 1.574, "correct": True},
+        "2": {"fresh_s": 0.0458, "correct": False}}}
+    VerificationRun.objects.create(node=node, verdict="rejected", findings=FINDINGS, score=0.0, figures={
+        **FIGURES, "challenge": {"gpus": {g: right for g in ("0", "1", "2")}, "memory_proof": proof}})
+    page = web.get(f"/nodes/{node.pk}/").content.decode()
+    table = page.split('id="platform-h"', 1)[1].split("</table>", 1)[0]
+    rows = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row)).strip() for row in table.split("<tr>")[2:]]
+    assert rows == ["GPU 0 230.0 74 % 1.60 right 0.046 yes", "GPU 1 230.0 74 % 1.60 right 1.574 late",
+                    "GPU 2 230.0 74 % 1.60 right 0.046 wrong"]
+    assert "each GPU filled 76.0 GiB from the platform's seed, then re-read all of it under a fresh salt " \
+           "within 0.176 s" in page
 
 
 def test_verify_now_queues_a_check_and_shows_its_steps(web, own_node):
