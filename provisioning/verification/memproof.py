@@ -216,6 +216,9 @@ class Outcome:
     round_trip_spread_s: float = 0.0  # the steadiest repeated round trip's spread: round_trip.credit()
     fresh_rounds: int = 0  # fresh salts sent: a second one when the first roots came late
     roots: dict = field(default_factory=dict)  # gpu -> root of the fill
+    fill_sent_at: float | None = None
+    fill_arrivals: dict = field(default_factory=dict)  # gpu -> platform clock: the fill's root
+    fill_detail: dict = field(default_factory=dict)  # gpu -> the agent's own account of its fill (detail)
     fresh_sent_at: float | None = None
     fresh_salt: int | None = None
     fresh_roots: dict = field(default_factory=dict)  # gpu -> root under the fresh salt
@@ -260,7 +263,7 @@ def _node_detail(message: dict) -> dict:
         detail["digest"] = message["digest"]
     seconds = message.get("node_s")
     if isinstance(seconds, dict):
-        detail["node_s"] = {k: v for k, v in seconds.items() if k in ("device", "host")
+        detail["node_s"] = {k: v for k, v in seconds.items() if k in ("device", "host", "fill", "compile")
                             and type(v) in (int, float) and 0 <= v < 1e6}
     if isinstance(message.get("fused_error"), str):
         detail["fused_error"] = message["fused_error"][:300]
@@ -310,8 +313,9 @@ def run(exchange: Exchange, proof: MemProof, time_limit_s: int, rng: random.Rand
                 return out
             trips.append(at - sent)
         out.round_trip_s, out.round_trips, out.round_trip_spread_s = round_trip.credit(trips, exchange)
-        sent = exchange.send({"memproof": proof.request(time_limit_s)})
-        out.problem = _roots(exchange, proof, sent + proof.fill_wait_s, "root of its fill", out.roots)
+        out.fill_sent_at = sent = exchange.send({"memproof": proof.request(time_limit_s)})
+        out.problem = _roots(exchange, proof, sent + proof.fill_wait_s, "root of its fill", out.roots,
+                             out.fill_arrivals, out.fill_detail)
         if out.problem:
             return out
         for _ in range(FRESH_TRIES):  # a second salt when the first came late: one slow line is not a verdict
@@ -464,11 +468,16 @@ def judge(declared: DeclaredModel, proof: MemProof, out: Outcome) -> tuple[list[
     gib = proof.nominal_bytes / 2 ** 30
     figures: dict[str, Any] = {"nominal_bytes": proof.nominal_bytes, "blocks": proof.blocks,
                                "read_deadline_s": round(proof.read_s + allowance, 4),
+                               "fill_wait_s": round(proof.fill_wait_s, 3),
                                "fresh_rounds": out.fresh_rounds, "round_trips": round_trip.figures(out.round_trips),
                                "gpus": {}}
     for gpu in proof.gpu_indices:
         row: dict[str, Any] = {}
         figures["gpus"][str(gpu)] = row
+        if gpu in out.fill_arrivals and out.fill_sent_at is not None:  # what the fill used of its wait
+            row["fill_s"] = round(out.fill_arrivals[gpu] - out.fill_sent_at, 4)
+            if out.fill_detail.get(gpu):
+                row["node_fill"] = out.fill_detail[gpu]
         if gpu not in out.fresh_arrivals or out.fresh_sent_at is None:
             findings.append(Finding(REJECT, "memory_proof_no_answer",
                                     f"GPU {gpu} did not complete the platform's memory proof ({gib:.1f} GiB, "

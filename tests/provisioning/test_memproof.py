@@ -126,6 +126,8 @@ def test_an_honest_node_passes_and_reads_its_fill_in_the_claimed_cards_time():
     assert all(figures["gpus"][str(g)]["correct"] for g in range(4))
     # 77.8 GB at 85 % of 2039 GB/s: ~45 ms, under the deadline (half the datasheet bandwidth, plus the allowance)
     assert all(figures["gpus"][str(g)]["fresh_s"] < figures["read_deadline_s"] for g in range(4))
+    assert all(0 < figures["gpus"][str(g)]["fill_s"] < figures["fill_wait_s"] for g in range(4))
+    assert not any("node_fill" in figures["gpus"][str(g)] for g in range(4))  # a sim agent gives no account of it
 
 
 def test_a_40gb_card_claiming_80gb_with_the_rest_in_host_ram_is_late():
@@ -324,7 +326,9 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
                                                                                      salts)))
                                    for b in node.fill(drawn.seed, 1, drawn.blocks, size)])
     assert card.commit(salts) == sim_like[-1][0].hex()
-    assert card.detail["digest"] == "eager" and set(card.detail["node_s"]) == {"device", "host"}
+    assert card.detail["digest"] == "eager" and set(card.detail["node_s"]) == {"device", "host", "fill"}  # no compile
+    card.commit(salts, fresh=True)
+    assert set(card.detail["node_s"]) == {"device", "host"}  # the fill's seconds go with the fill's root only
 
     out, final, status, _ = torch_exchange(drawn)
     assert (final["ok"], status, out.problem) == (True, [0], "")
@@ -379,6 +383,10 @@ def test_the_fused_digest_compiled_on_this_cpu_gives_the_same_roots_and_passes()
         assert memproof.check_gpu(drawn, out, gpu) == ""
     _, figures = memproof.judge(A100, drawn, out)
     assert figures["gpus"]["0"]["node"]["digest"] == "fused" and figures["gpus"]["0"]["node"]["node_s"]["device"] >= 0
+    for gpu in ("0", "1"):  # what the fill and the compile used of the fill's wait: the platform's clock, the agent's
+        row, setup = figures["gpus"][gpu], figures["gpus"][gpu]["node_fill"]["node_s"]
+        assert 0 < setup["fill"] < row["fill_s"] < figures["fill_wait_s"] == round(drawn.fill_wait_s, 3)
+        assert 0 < setup["compile"] < row["fill_s"] and "fill" not in row["node"]["node_s"]  # the fill's root only
 
 
 def test_a_fused_digest_that_disagrees_with_pytorchs_ops_is_not_used(monkeypatch):

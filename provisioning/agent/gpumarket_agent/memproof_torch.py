@@ -49,6 +49,7 @@ class TorchCard(Committed):
     detail = None  # the last commit's own timings (the agent's detail, not the platform's evidence)
 
     def __init__(self, torch, dev, req, i):
+        started = time.monotonic()
         self.torch, self.dev, self.req, self.i = torch, dev, req, i
         self.fmix, self.mix = torch_fmix32, torch_mix64
         self.size = req["chunks"] * req["words"]
@@ -57,6 +58,11 @@ class TorchCard(Committed):
         self.block_zero(self.blocks[0])
         for b in range(1, req["blocks"]):
             self.derive(b, self.blocks[b])
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        # The fill's and the compile's seconds, sent with the fill's root: how much of the platform's SETUP_S a
+        # real card uses (the compile once per device, one device after another), for the first GPU run to say.
+        self.setup_s = {"fill": round(time.monotonic() - started, 6)}
 
     def _slices(self):
         return [(a, min(self.size, a + SLICE)) for a in range(0, self.size, SLICE)]
@@ -102,11 +108,13 @@ class TorchCard(Committed):
         """Compile the fused digest for this card's device (before the fill's roots: off the fresh root's clock)
         and check it against the eager one. Raises what the compiler raises."""
         torch = self.torch
+        started = time.monotonic()
         salts = torch.arange(self.req["words"], dtype=torch.int32, device=self.dev) * -0x61C88647
         rows = fused_rows(torch)
         if not torch.equal(self.digests(salts, fused=rows), self.digests(salts, fused=False)):
             raise RuntimeError("the fused digest disagrees with PyTorch's own ops on this device")
         self.fused = rows
+        self.setup_s["compile"] = round(time.monotonic() - started, 6)
 
     def commit(self, salts, fresh=False):
         torch = self.torch
@@ -116,8 +124,10 @@ class TorchCard(Committed):
         read = time.monotonic()
         raw, per = tensor_bytes(host), DIGEST_BYTES * self.req["chunks"]
         root = self.keep([raw[b * per:(b + 1) * per] for b in range(self.req["blocks"])], fresh)
-        self.detail = {"digest": "fused" if self.fused is not None else "eager",
-                       "node_s": {"device": round(read - started, 6), "host": round(time.monotonic() - read, 6)}}
+        seconds = {"device": round(read - started, 6), "host": round(time.monotonic() - read, 6)}
+        if not fresh:
+            seconds.update(self.setup_s)
+        self.detail = {"digest": "fused" if self.fused is not None else "eager", "node_s": seconds}
         return root
 
     def open(self, block, chunk):
