@@ -28,9 +28,8 @@ from provisioning.services import fleet, maintenance, vms
 from provisioning.services import volumes as volume_jobs
 from provisioning.services.jobs import JOB_TASKS
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
+from provisioning.services.spot_checks import node_spot_check_failed, node_spot_check_run
 from provisioning.services.verification import (
-    node_spot_check_failed,
-    node_spot_check_run,
     node_verify_failed,
     node_verify_run,
 )

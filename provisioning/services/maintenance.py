@@ -34,9 +34,9 @@ from provisioning.services.jobs import JobConflict, job_send
 from provisioning.services.nodes import node_event
 from provisioning.services.reconcile import node_reconcile  # noqa: F401 (re-exported)
 from provisioning.services.runner import MAX_LOG_LINES, job_finish
+from provisioning.services.spot_checks import node_spot_check_request
 from provisioning.services.verification import (
     draw_delay,
-    node_spot_check_request,
     node_verify_failed,
     node_verify_request,
 )

@@ -1,8 +1,7 @@
-"""Verifying a node: queue the check, run it over SSH (inventory, the benchmark, the platform's challenge), judge
-it with the acceptance policy, record it, and list, flag or reject the node; an operator accepting a quarantined
-node's new host key, which verifies it again; spot checks of an active node's idle GPUs (the challenge and the
-memory proof).
-(Re-verification and spot checks at random times: maintenance.nodes_reverify_due.)
+"""Verifying a node: queue the check, run it over SSH (inventory, the benchmark, the platform's own checks in
+platform_checks.py), judge it with the acceptance policy, record it, and list, flag or reject the node; an
+operator accepting a quarantined node's new host key, which verifies it again. Spot checks of an active node's
+idle GPUs: spot_checks.py. (Re-verification and spot checks at random times: maintenance.nodes_reverify_due.)
 
 A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
 re-verification rejects a node that renters are using, the node stays active for them (its verdict keeps it
@@ -11,7 +10,6 @@ off the offers), operators get a critical event and the renters a status message
 from __future__ import annotations
 
 import secrets
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +19,7 @@ from django.utils import timezone
 
 from core.errors import Conflict
 from marketplace.mig import layout_by_gpu
-from marketplace.models import GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node, NodeState, Verdict
+from marketplace.models import GpuAllocation, Instance, MigSliceAllocation, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
@@ -32,9 +30,14 @@ from provisioning.services.host_facts import node_apply_host_facts
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
 from provisioning.services.mig import node_apply_mig_slices
 from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
+from provisioning.services.platform_checks import (
+    node_challenge,
+    node_memory_proof,
+    node_network_test,
+    node_slice_challenge,
+)
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import AgentFailed, AgentTimeout, NodeError, NodeSession
-from provisioning.verification import challenge, memproof, slice_challenge
+from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.model import DeclaredModel, Finding
 from provisioning.verification.policy import judge
@@ -214,111 +217,6 @@ def node_verify_run(*, job: Job) -> None:
                          inventory=inventory, figures=figures, score=result.score)
 
 
-def node_network_test(job: Job, session: NodeSession) -> float | None:
-    """The platform's own measure of its throughput to the node (NodeSession.upload_throughput): NET_TEST_BYTES
-    over SSH. None when switched off or when it failed (a failure is not the node's verdict: it is logged)."""
-    nbytes = settings.NET_TEST_BYTES
-    if nbytes <= 0:
-        return None
-    job_step(job=job, message=f"measuring the platform's throughput to the node ({nbytes >> 20} MiB over SSH)")
-    try:
-        return round(session.upload_throughput(nbytes, timeout=60), 1)
-    except NodeError as exc:
-        job_step(job=job, message=f"the network test failed: {exc.message}")
-        return None
-
-
-def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
-                   gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
-    """The platform's own check of the GPUs' work (verification/challenge.py): matrices from a secret seed,
-    committed, revealed where the platform picks, recomputed and timed on the platform's side. What the node
-    answers or fails to answer becomes findings; only a broken connection raises (NodeError)."""
-    # A sim node does small work standing for the nominal; every other runtime does the real work on its GPUs.
-    drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK, real_work=job.node.runtime != "sim")
-    job_step(job=job, message=f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
-                              f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
-    exchange = session.exchange("challenge")
-    try:
-        outcome = challenge.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
-    finally:
-        exchange.close()
-    started = time.process_time()
-    findings, figures = challenge.judge(declared, drawn, outcome)
-    figures["verify_cpu_s"] = round(time.process_time() - started, 6)  # the control plane's cost (BENCHMARKS.md)
-    return findings, figures
-
-
-def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel, inventory: dict[str, Any],
-                         uuids: list[str]) -> tuple[list[Finding], dict[str, Any], set[str]]:
-    """The platform's challenge and memory proof on the free MIG slices (verification/slice_challenge.py), one
-    exchange of each per profile and card, each slice held to its profile's share of the card. Returns (findings,
-    figures, disproved UUIDs). A real node's slices get the real-work challenge one slice per exchange; the
-    memory proof is sim only, as for whole GPUs (node_memory_proof)."""
-    real = job.node.runtime != "sim"
-    cards = {g.get("index"): g.get("memory_total_mib") for g in inventory.get("gpus") or []}
-    findings: list[Finding] = []
-    figures: dict[str, Any] = {}
-    disproved: set[str] = set()
-    devices = inventory.get("mig") or []
-    for gpu in sorted({d["gpu"] for d in devices if d.get("uuid") in uuids}):
-        on_card = [d for d in devices if d["gpu"] == gpu]
-        for drawn in slice_challenge.draw_slices(declared, on_card, uuids, settings.BENCHMARK_QUICK,
-                                                 card_memory_mib=cards.get(gpu), real_work=real):
-            job_step(job=job, message=f"challenging GPU {gpu}'s MIG {drawn.profile.name} slice"
-                                      f"{'s' if len(drawn.devices) > 1 else ''} (at most "
-                                      f"{drawn.challenge.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
-            exchange = session.exchange("challenge")
-            try:
-                outcome = challenge.run(exchange, drawn.challenge, settings.BENCHMARK_TIME_LIMIT_S)
-            finally:
-                exchange.close()
-            found, measured, bad = slice_challenge.judge_slices(drawn, outcome)
-            if real or drawn.proof is None:
-                findings += found
-                disproved |= bad
-                figures.setdefault("slices", {}).update(measured["slices"])
-                figures["memory_proof"] = {"not_run": "the memory proof's deadline on a real GPU is not measured "
-                                                      "yet (docs/BENCHMARKS.md)"}
-                continue
-            job_step(job=job, message=f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
-                                      f"{'s' if len(drawn.devices) > 1 else ''} "
-                                      f"({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB each)")
-            exchange = session.exchange("memproof")
-            try:
-                proved = memproof.run(exchange, drawn.proof, settings.BENCHMARK_TIME_LIMIT_S)
-            finally:
-                exchange.close()
-            held_found, held, lost = slice_challenge.judge_slice_proofs(drawn, proved)
-            findings += found + held_found
-            disproved |= bad | lost
-            slices = figures.setdefault("slices", {})
-            slices.update({uuid: dict(row, memory_proof=held["slices"].get(uuid))
-                           for uuid, row in measured["slices"].items()})
-    return findings, figures, disproved
-
-
-def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
-                      gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
-    """The platform's memory proof (verification/memproof.py): each GPU fills 95 % of the claimed memory from a
-    secret seed, commits, re-reads it under a fresh salt on the platform's clock, opens chunks the platform
-    picks. Judged on sim nodes only: the agent's PyTorch path computes it, but its deadline on a real card is not
-    measured yet (no GPU so far), so a real node's run records why it was not run."""
-    if job.node.runtime != "sim":
-        return [], {"not_run": "the memory proof's deadline on a real GPU is not measured yet (docs/BENCHMARKS.md)"}
-    drawn = memproof.draw(declared, gpus)
-    job_step(job=job, message=f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
-                              f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
-    exchange = session.exchange("memproof")
-    try:
-        outcome = memproof.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
-    finally:
-        exchange.close()
-    started = time.process_time()
-    findings, figures = memproof.judge(declared, drawn, outcome)
-    figures["verify_cpu_s"] = round(time.process_time() - started, 6)
-    return findings, figures
-
-
 # The measured medians a renter compares offers by (the full figures stay on the VerificationRun).
 OFFER_SUMMARY_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
                          "cnn_train_images_s", "cnn_infer_images_s", "power_draw_w", "bf16_tflops_per_w")
@@ -415,83 +313,4 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
     node_draw_next_checks(node)  # an active node checked in place stays active: it is due again at a new time
     node.save()
     node_event(node=node, kind="verification_failed", message=error.message, level=NodeEvent.Level.WARNING)
-    job_finish(job=job, error=error.message)
-
-
-
-
-# ------------------------------------------------------------------------------------ spot checks
-
-@transaction.atomic
-def node_spot_check_request(*, node: Node) -> Job | None:
-    """Queue a spot check of an active node's idle GPUs (maintenance.nodes_reverify_due, at a random time).
-    None, with nothing queued, while any node job (a verification, another spot check) is open: the two never
-    run at once. The node stays active and bookable; nothing is allocated."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
-    if node.state != NodeState.ACTIVE:
-        return None
-    if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
-        return None
-    job = job_create(kind=JobKind.NODE_SPOT_CHECK, node=node)
-    job_step(job=job, message="queued: spot check at a random time")
-    return job
-
-
-def node_spot_check_run(*, job: Job) -> None:
-    """The spot check, on a worker: the platform's challenge (verification/challenge.py) and memory proof
-    (verification/memproof.py) on the node's GPUs that no renter holds now, nothing else. The node is not taken
-    out of `active` and no GPU is allocated: a renter may book one meanwhile (both last seconds). A clean answer
-    is recorded (an event operators see); a finding (a wrong result, too slow or too fast, memory not held, no
-    answer) queues a full verification at once, whose verdict speaks for the node: a spot check alone judges
-    nothing. Raises NodeError if the node cannot be reached."""
-    node = job.node
-    if node.state != NodeState.ACTIVE:
-        job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.")
-        return
-    free = list(node.gpus.filter(status=GpuStatus.FREE).order_by("index").values_list("index", flat=True))
-    if not free:
-        job_step(job=job, message="every GPU is rented: skipped")
-        node_event(node=node, kind="spot_check_skipped", message="Spot check skipped: every GPU is rented.")
-        job_finish(job=job)
-        return
-    declared = DeclaredModel.from_gpu_model(node.gpu_model)
-    job_step(job=job, message=f"connecting to {node.address}:{node.ssh_port}")
-    with node_session(node) as session:
-        findings, figures = node_challenge(job, session, declared, free)
-        proved, proof = node_memory_proof(job, session, declared, free)
-    findings, figures = findings + proved, {**figures, "memory_proof": proof}
-    node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
-
-
-@transaction.atomic
-def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[str, Any]],
-                             figures: dict[str, Any]) -> Job | None:
-    """Record the spot check's outcome; with findings, queue a full verification naming them (returned)."""
-    node = Node.objects.select_for_update().get(pk=job.node_id)
-    which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
-    rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
-    measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
-    if not findings:
-        job_step(job=job, message=f"spot check of {which}: clean{measured}")
-        node_event(node=node, kind="spot_check_passed",
-                   message=f"Spot check of {which} passed the platform's challenge and memory "
-                           f"proof{measured}.")
-        job_finish(job=job)
-        return None
-    codes = ", ".join(sorted({f["code"] for f in findings}))
-    job_step(job=job, message=f"spot check of {which}: {codes}")
-    node_event(node=node, kind="spot_check_failed",
-               message=f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
-               + " A full verification was queued.", level=NodeEvent.Level.WARNING)
-    job_finish(job=job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
-    if not node.verify_allowed():
-        return None
-    return node_verify_request(node=node, reason=f"spot check found {codes}")
-
-
-def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
-    """The node could not be spot-checked (unreachable, busy till the deadline): said in an event; the health
-    check judges reachability, and the next spot check comes at its drawn time."""
-    node_event(node=job.node, kind="spot_check_failed_to_run", message=f"Spot check could not run: {error.message}",
-               level=NodeEvent.Level.INFO)
     job_finish(job=job, error=error.message)

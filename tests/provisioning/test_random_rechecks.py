@@ -15,11 +15,10 @@ from provisioning.services.jobs import JOB_TASKS, JobConflict
 from provisioning.services.maintenance import jobs_reap, nodes_reverify_due
 from provisioning.services.reliability import node_inventory_changed
 from provisioning.services.runner import job_begin
+from provisioning.services.spot_checks import node_spot_check_request, node_spot_check_run
 from provisioning.services.verification import (
     draw_delay,
     node_draw_next_checks,
-    node_spot_check_request,
-    node_spot_check_run,
     node_verify_conclude,
     node_verify_request,
     node_verify_run,

@@ -1,0 +1,93 @@
+"""Spot checks: at a random time (maintenance.nodes_reverify_due), the platform's challenge and memory proof on an
+active node's idle GPUs, nothing else; a finding queues a full verification, whose verdict speaks for the node.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from marketplace.models import GpuStatus, Node, NodeState
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent
+from provisioning.services.jobs import job_create
+from provisioning.services.nodes import node_event, node_session
+from provisioning.services.platform_checks import node_challenge, node_memory_proof
+from provisioning.services.runner import job_finish, job_step
+from provisioning.services.verification import node_verify_request
+from provisioning.ssh import NodeError
+from provisioning.verification.model import DeclaredModel
+
+
+@transaction.atomic
+def node_spot_check_request(*, node: Node) -> Job | None:
+    """Queue a spot check of an active node's idle GPUs (maintenance.nodes_reverify_due, at a random time).
+    None, with nothing queued, while any node job (a verification, another spot check) is open: the two never
+    run at once. The node stays active and bookable; nothing is allocated."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state != NodeState.ACTIVE:
+        return None
+    if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
+        return None
+    job = job_create(kind=JobKind.NODE_SPOT_CHECK, node=node)
+    job_step(job=job, message="queued: spot check at a random time")
+    return job
+
+
+def node_spot_check_run(*, job: Job) -> None:
+    """The spot check, on a worker: the platform's challenge (verification/challenge.py) and memory proof
+    (verification/memproof.py) on the node's GPUs that no renter holds now, nothing else. The node is not taken
+    out of `active` and no GPU is allocated: a renter may book one meanwhile (both last seconds). A clean answer
+    is recorded (an event operators see); a finding (a wrong result, too slow or too fast, memory not held, no
+    answer) queues a full verification at once, whose verdict speaks for the node: a spot check alone judges
+    nothing. Raises NodeError if the node cannot be reached."""
+    node = job.node
+    if node.state != NodeState.ACTIVE:
+        job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.")
+        return
+    free = list(node.gpus.filter(status=GpuStatus.FREE).order_by("index").values_list("index", flat=True))
+    if not free:
+        job_step(job=job, message="every GPU is rented: skipped")
+        node_event(node=node, kind="spot_check_skipped", message="Spot check skipped: every GPU is rented.")
+        job_finish(job=job)
+        return
+    declared = DeclaredModel.from_gpu_model(node.gpu_model)
+    job_step(job=job, message=f"connecting to {node.address}:{node.ssh_port}")
+    with node_session(node) as session:
+        findings, figures = node_challenge(job, session, declared, free)
+        proved, proof = node_memory_proof(job, session, declared, free)
+    findings, figures = findings + proved, {**figures, "memory_proof": proof}
+    node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
+
+
+@transaction.atomic
+def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[str, Any]],
+                             figures: dict[str, Any]) -> Job | None:
+    """Record the spot check's outcome; with findings, queue a full verification naming them (returned)."""
+    node = Node.objects.select_for_update().get(pk=job.node_id)
+    which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+    rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
+    measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
+    if not findings:
+        job_step(job=job, message=f"spot check of {which}: clean{measured}")
+        node_event(node=node, kind="spot_check_passed",
+                   message=f"Spot check of {which} passed the platform's challenge and memory "
+                           f"proof{measured}.")
+        job_finish(job=job)
+        return None
+    codes = ", ".join(sorted({f["code"] for f in findings}))
+    job_step(job=job, message=f"spot check of {which}: {codes}")
+    node_event(node=node, kind="spot_check_failed",
+               message=f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
+               + " A full verification was queued.", level=NodeEvent.Level.WARNING)
+    job_finish(job=job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
+    if not node.verify_allowed():
+        return None
+    return node_verify_request(node=node, reason=f"spot check found {codes}")
+
+
+def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
+    """The node could not be spot-checked (unreachable, busy till the deadline): said in an event; the health
+    check judges reachability, and the next spot check comes at its drawn time."""
+    node_event(node=job.node, kind="spot_check_failed_to_run", message=f"Spot check could not run: {error.message}",
+               level=NodeEvent.Level.INFO)
+    job_finish(job=job, error=error.message)
