@@ -16,6 +16,27 @@ from provisioning.ssh import NodeError, NodeSession
 from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.model import DeclaredModel, Finding
 
+# Why a real node's memory proof is not run (on its whole GPUs and on its MIG slices alike).
+MEMPROOF_NOT_RUN = "the memory proof's deadline on a real GPU is not measured yet (docs/BENCHMARKS.md)"
+
+
+def _over_exchange(session: NodeSession, command: str, run: Any, drawn: Any) -> Any:
+    """run(exchange, drawn, the time limit) over a new exchange with the agent's `command`, closed whatever
+    happens."""
+    exchange = session.exchange(command)
+    try:
+        return run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
+    finally:
+        exchange.close()
+
+
+def _judged(judge: Any, *args: Any) -> tuple[list[Finding], dict[str, Any]]:
+    """judge(*args), its figures with the control plane's CPU for it (verify_cpu_s: docs/BENCHMARKS.md)."""
+    started = time.process_time()
+    findings, figures = judge(*args)
+    figures["verify_cpu_s"] = round(time.process_time() - started, 6)
+    return findings, figures
+
 
 def node_network_test(job: Job, session: NodeSession) -> float | None:
     """The platform's own measure of its throughput to the node (NodeSession.upload_throughput): NET_TEST_BYTES
@@ -40,15 +61,7 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK, real_work=job.node.runtime != "sim")
     job_step(job=job, message=f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                               f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
-    exchange = session.exchange("challenge")
-    try:
-        outcome = challenge.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
-    finally:
-        exchange.close()
-    started = time.process_time()
-    findings, figures = challenge.judge(declared, drawn, outcome)
-    figures["verify_cpu_s"] = round(time.process_time() - started, 6)  # the control plane's cost (BENCHMARKS.md)
-    return findings, figures
+    return _judged(challenge.judge, declared, drawn, _over_exchange(session, "challenge", challenge.run, drawn))
 
 
 def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel, inventory: dict[str, Any],
@@ -70,27 +83,18 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
             job_step(job=job, message=f"challenging GPU {gpu}'s MIG {drawn.profile.name} slice"
                                       f"{'s' if len(drawn.devices) > 1 else ''} (at most "
                                       f"{drawn.challenge.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
-            exchange = session.exchange("challenge")
-            try:
-                outcome = challenge.run(exchange, drawn.challenge, settings.BENCHMARK_TIME_LIMIT_S)
-            finally:
-                exchange.close()
+            outcome = _over_exchange(session, "challenge", challenge.run, drawn.challenge)
             found, measured, bad = slice_challenge.judge_slices(drawn, outcome)
             if real or drawn.proof is None:
                 findings += found
                 disproved |= bad
                 figures.setdefault("slices", {}).update(measured["slices"])
-                figures["memory_proof"] = {"not_run": "the memory proof's deadline on a real GPU is not measured "
-                                                      "yet (docs/BENCHMARKS.md)"}
+                figures["memory_proof"] = {"not_run": MEMPROOF_NOT_RUN}
                 continue
             job_step(job=job, message=f"proving the memory of GPU {gpu}'s MIG {drawn.profile.name} slice"
                                       f"{'s' if len(drawn.devices) > 1 else ''} "
                                       f"({drawn.proof.nominal_bytes / 2 ** 30:.1f} GiB each)")
-            exchange = session.exchange("memproof")
-            try:
-                proved = memproof.run(exchange, drawn.proof, settings.BENCHMARK_TIME_LIMIT_S)
-            finally:
-                exchange.close()
+            proved = _over_exchange(session, "memproof", memproof.run, drawn.proof)
             held_found, held, lost = slice_challenge.judge_slice_proofs(drawn, proved)
             findings += found + held_found
             disproved |= bad | lost
@@ -107,16 +111,8 @@ def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
     picks. Judged on sim nodes only: the agent's PyTorch path computes it, but its deadline on a real card is not
     measured yet (no GPU so far), so a real node's run records why it was not run."""
     if job.node.runtime != "sim":
-        return [], {"not_run": "the memory proof's deadline on a real GPU is not measured yet (docs/BENCHMARKS.md)"}
+        return [], {"not_run": MEMPROOF_NOT_RUN}
     drawn = memproof.draw(declared, gpus)
     job_step(job=job, message=f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                               f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
-    exchange = session.exchange("memproof")
-    try:
-        outcome = memproof.run(exchange, drawn, settings.BENCHMARK_TIME_LIMIT_S)
-    finally:
-        exchange.close()
-    started = time.process_time()
-    findings, figures = memproof.judge(declared, drawn, outcome)
-    figures["verify_cpu_s"] = round(time.process_time() - started, 6)
-    return findings, figures
+    return _judged(memproof.judge, declared, drawn, _over_exchange(session, "memproof", memproof.run, drawn))
