@@ -4,14 +4,17 @@ reasons (findings), the score and the measured figures of each run.
 The node's provider and operators see it; for anyone else the node does not exist (404), as for the node
 itself. Renters see a summary on the offer instead.
 """
+from dataclasses import asdict
+
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import generics, serializers
 
 from core.api.scopes import PROVIDER_ONLY
 from marketplace import selectors
 from provisioning.models import VerificationRun
+from provisioning.verification.platform_figures import platform_checks
 
 
 class FindingSerializer(serializers.Serializer):
@@ -22,6 +25,31 @@ class FindingSerializer(serializers.Serializer):
     gpu_index = serializers.IntegerField(allow_null=True, help_text="The GPU concerned (nvidia-smi index).")
 
 
+class PlatformCheckSerializer(serializers.Serializer):
+    device = serializers.CharField(help_text="GPU <index>, or MIG <profile> <UUID> for a MIG slice.")
+    challenge_tflops = serializers.FloatField(
+        allow_null=True, help_text="BF16 TFLOP/s of the platform's secret matrix challenge, timed on the platform's "
+                                   "clock (its SSH round trip taken off). Null: it did not answer.")
+    challenge_share = serializers.FloatField(allow_null=True, help_text="challenge_tflops / the datasheet's BF16.")
+    challenge_s = serializers.FloatField(allow_null=True, help_text="The challenge's seconds on the platform's clock.")
+    challenge_correct = serializers.BooleanField(
+        allow_null=True, help_text="Whether the products the platform recomputed itself were right.")
+    memory_s = serializers.FloatField(
+        allow_null=True, help_text="Seconds to re-read the whole memory-proof fill under a fresh salt, on the "
+                                   "platform's clock. Null: not run or no answer.")
+    memory_held = serializers.ChoiceField(
+        choices=["yes", "late", "wrong"], allow_null=True,
+        help_text="yes: the card holds its fill (re-read in time, every opening right); late: part of it is not on "
+                  "the card; wrong: an opening did not prove it. Null: not run or no answer.")
+
+
+class PlatformChecksSerializer(serializers.Serializer):
+    gpus = PlatformCheckSerializer(many=True, help_text="Each GPU checked, then each MIG slice.")
+    memory_gib = serializers.FloatField(allow_null=True, help_text="The memory proof's fill per GPU, GiB.")
+    memory_deadline_s = serializers.FloatField(allow_null=True, help_text="Its re-read's deadline, seconds.")
+    memory_not_run = serializers.CharField(help_text="Why the memory proof was not run; empty when it was.")
+
+
 class BenchmarkRunSerializer(serializers.ModelSerializer):
     findings = FindingSerializer(many=True, read_only=True)
     figures = serializers.JSONField(
@@ -29,12 +57,20 @@ class BenchmarkRunSerializer(serializers.ModelSerializer):
                                   "datasheet, telemetry, and the node's medians. Empty when nothing was measured.")
     score = serializers.FloatField(allow_null=True, read_only=True,
                                    help_text="Per GPU; 100 = an A100 80GB SXM at its datasheet figures.")
+    platform_checks = serializers.SerializerMethodField(
+        help_text="What the platform measured itself (figures.challenge, summarised): nothing the node reports "
+                  "about itself. Null for a run without the challenge (every GPU rented, the server unreachable).")
     job_id = serializers.IntegerField(allow_null=True, read_only=True)
 
     class Meta:
         model = VerificationRun
-        fields = ["id", "created_at", "verdict", "score", "findings", "figures", "job_id"]
+        fields = ["id", "created_at", "verdict", "score", "findings", "platform_checks", "figures", "job_id"]
         read_only_fields = fields
+
+    @extend_schema_field(PlatformChecksSerializer(allow_null=True))
+    def get_platform_checks(self, run: VerificationRun) -> dict | None:
+        checks = platform_checks(run.figures or {})
+        return asdict(checks) if checks is not None else None
 
 
 @extend_schema(

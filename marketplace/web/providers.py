@@ -21,10 +21,11 @@ from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.model import DeclaredModel
+from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.tolerances import FIGURES, TOLERANCES
 from provisioning.verification.wording import closest_model, reasons
 
-from .figures import figure_bands, node_runs, platform_checks, run_shares
+from .figures import figure_bands, node_runs, run_shares
 from .forms import NodeMigForm, NodeRegisterForm, NodeSettingsForm
 
 # The per-GPU chart shows these (FP16 is the same tensor path as BF16); the table below it has every figure.
@@ -191,7 +192,7 @@ def _render_node(request, node, settings_form=None, status=200, mig_form=None):
         "findings": findings,  # each said once, with the GPUs it concerns
         "match": _closest(node, latest) if latest and latest.verdict != Verdict.VERIFIED else None,
         "gpu_chart": _gpu_chart(node, latest) if latest else None,
-        "platform": platform_checks(latest) if latest else None,
+        "platform": platform_checks(latest.figures) if latest else None,
         "history_chart": _history_chart(runs),
         "gpus": list(node.gpus.all()),
         "settings_form": settings_form or _settings_form(node),

@@ -34,7 +34,26 @@ def test_the_provider_sees_every_run_newest_first(api, node):
                                    "message": "GPU 2's power limit is 250 W ...", "gpu_index": 2}]
     assert newest["figures"]["gpus"][0]["bf16_tflops"] == 270.1
     assert [run["verdict"] for run in body["results"]] == ["degraded", "verified", "verified"]
-    assert set(newest) == {"id", "created_at", "verdict", "score", "findings", "figures", "job_id"}
+    assert set(newest) == {"id", "created_at", "verdict", "score", "findings", "platform_checks", "figures",
+                           "job_id"}
+    assert newest["platform_checks"] is None  # these runs had no challenge
+
+
+def test_the_platforms_own_checks_are_summarised_beside_the_figures(api):
+    node = make_node(api.user, gpu_count=2, state=NodeState.REJECTED, verdict="rejected")
+    challenge = {"gpus": {"0": {"platform_elapsed_s": 4.12, "bf16_tflops": 127.3, "of_datasheet": 0.408,
+                                "correct": True}, "1": {"node_elapsed_s": None}},
+                 "memory_proof": {"nominal_bytes": 81604378624, "read_deadline_s": 0.1763, "gpus": {
+                     "0": {"fresh_s": 1.574, "correct": True}}}}
+    VerificationRun.objects.create(node=node, verdict="rejected", findings=[], score=0.0,
+                                   figures={"gpus": [], "challenge": challenge})
+    checks = api.get(f"/api/v1/nodes/{node.pk}/benchmarks/").json()["results"][0]["platform_checks"]
+    assert checks == {
+        "gpus": [{"device": "GPU 0", "challenge_tflops": 127.3, "challenge_share": 0.408, "challenge_s": 4.12,
+                  "challenge_correct": True, "memory_s": 1.574, "memory_held": "late"},
+                 {"device": "GPU 1", "challenge_tflops": None, "challenge_share": None, "challenge_s": None,
+                  "challenge_correct": None, "memory_s": None, "memory_held": None}],
+        "memory_gib": 76.0, "memory_deadline_s": 0.1763, "memory_not_run": ""}
 
 
 def test_history_is_paginated(api, node):
