@@ -315,6 +315,28 @@ def test_the_webhook_signature_header_is_required(published):
     assert operation["requestBody"]["required"] is True
 
 
+def test_no_path_parameter_admits_a_sibling_routes_literal_segment(published):
+    """A router's lookup takes any segment: /notifications/{id}/ must not admit "unread-count", which is its own
+    route (GET /notifications/unread-count/ answers the count, not a notification). Every path parameter's
+    pattern against every literal segment of another path at the same place, with the same prefix."""
+    paths = [p.strip("/").split("/") for p in published["paths"]]
+    checked = 0
+    for path, item in published["paths"].items():
+        segments = path.strip("/").split("/")
+        params = {p["name"]: p["schema"] for op in item.values() for p in op.get("parameters", [])
+                  if p["in"] == "path" and "pattern" in p["schema"]}
+        for at, segment in enumerate(segments):
+            name = segment[1:-1] if segment.startswith("{") else None
+            if name not in params:
+                continue
+            pattern = re.compile(params[name]["pattern"])  # Python's re reads \uXXXX as JSON Schema does
+            for other in paths:
+                if len(other) > at and other[:at] == segments[:at] and not other[at].startswith("{"):
+                    checked += 1
+                    assert not pattern.search(other[at]), f"{path} admits {other[at]!r} ({'/'.join(other)})"
+    assert checked >= 3  # read-all and unread-count beside notifications/{id}, setup-intent beside cards/{id}
+
+
 def test_every_operation_documents_the_url_errors(published):
     for path, item in published["paths"].items():
         for method, operation in item.items():

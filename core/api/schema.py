@@ -12,6 +12,7 @@ rules no schema can carry: the data (a GPU model from the catalogue, a card of y
 strength, a key that parses.
 """
 import copy
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -180,7 +181,7 @@ class AutoSchema(SpectacularAutoSchema):
                 continue
             # Control characters in the URL are a 400 for every route (core/request_guard.py).
             if schema.get("pattern") == "^[^/]+$":  # a router's lookup (lookup_value_regex)
-                schema["pattern"] = f"^[^/{CONTROL}]+$"
+                schema["pattern"] = f"^{self._not_a_list_action()}[^/{CONTROL}]+$"
             elif not {"enum", "pattern", "format"} & set(schema):
                 schema["pattern"] = string_pattern(refused=CONTROL, nonblank=False)
                 if parameter["in"] == "path":
@@ -192,6 +193,19 @@ class AutoSchema(SpectacularAutoSchema):
             if code not in responses:
                 responses[code] = self._error_response(code)
         return operation
+
+    def _not_a_list_action(self) -> str:
+        """A lookahead that keeps a router's lookup off the viewset's own list-level actions: the lookup takes any
+        segment, so /notifications/unread-count/ would also read as the notification "unread-count", which the
+        URL never reaches (the action's route comes first)."""
+        view = self.view
+        try:
+            actions: list[Any] = getattr(view, "get_extra_actions", lambda: [])()
+        finally:  # it reads the class's members, `schema` among them, which unbinds this inspector from its view
+            self.view = view
+        # re.escape's "\\-" is no escape ECMA 262 knows (a hyphen outside a class needs none)
+        paths = sorted(re.escape(action.url_path).replace("\\-", "-") for action in actions if not action.detail)
+        return f"(?!({'|'.join(paths)})$)" if paths else ""
 
     def _error_codes(self, operation: dict[str, Any]) -> list[str]:
         params = operation.get("parameters", [])
