@@ -5,6 +5,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
+from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.wording import reasons, reasons_text
 
 
@@ -16,6 +17,29 @@ def findings_list(findings) -> str:
     return format_html("<ul class=\"findings\">{}</ul>", format_html_join(
         "", "<li><strong>{}</strong> {} <code>{}</code></li>",
         ((r.severity, r.text, r.code) for r in reasons(findings))))
+
+
+def _value(value, unit="", places=2) -> str:
+    return "-" if value is None else f"{value:,.{places}f}{unit}"
+
+
+def platform_checks_table(figures) -> str:
+    """What the platform measured itself in a run (platform_figures.platform_checks) as a table: per GPU and MIG
+    slice the challenge on the platform's clock and the memory proof; '-' for a run without the challenge."""
+    checks = platform_checks(figures or {})
+    if checks is None:
+        return "-"
+    answered = {None: "no answer", True: "right", False: "WRONG"}
+    rows = format_html_join("", "<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+        (g.device, _value(g.challenge_tflops, places=1), _value(g.challenge_share and g.challenge_share * 100, " %", 0),
+         answered[g.challenge_correct], _value(g.memory_s, " s", 3),
+         g.memory_held or ("not run" if checks.memory_not_run else "no answer")) for g in checks.gpus))
+    note = (f"Memory proof not run: {checks.memory_not_run}" if checks.memory_not_run else
+            f"Memory proof: {_value(checks.memory_gib, ' GiB', 1)} per GPU, re-read due within "
+            f"{_value(checks.memory_deadline_s, ' s', 3)}")
+    return format_html("<table><thead><tr><th>GPU</th><th>challenge BF16 TFLOP/s (platform's clock)</th>"
+                       "<th>of datasheet</th><th>products</th><th>memory re-read</th><th>memory held</th></tr>"
+                       "</thead><tbody>{}</tbody></table><p>{}</p>", rows, note)
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -76,8 +100,13 @@ class VerificationRunAdmin(ReadOnlyAdmin):
     list_filter = ["verdict", "created_at"]
     search_fields = ["node__name"]
     list_select_related = ["node"]
-    readonly_fields = ["node", "job", "verdict", "score", "reasons", "created_at", "inventory", "figures"]
+    readonly_fields = ["node", "job", "verdict", "score", "reasons", "platform_measured", "created_at", "inventory",
+                       "figures"]
     exclude = ["findings"]
+
+    @admin.display(description="what the platform measured itself")
+    def platform_measured(self, run):
+        return platform_checks_table(run.figures)
 
     @admin.display(description="reasons")
     def reason_summary(self, run):

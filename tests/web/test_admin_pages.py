@@ -73,6 +73,10 @@ def test_operator_finds_a_rejected_node_and_its_reasons(ops, fleet):
     run = VerificationRun.objects.get(node=fleet["rejected"])
     detail = ops.get(f"/admin/provisioning/verificationrun/{run.pk}/change/").content.decode()
     assert "<code>sm_count</code>" in detail
+    # what the platform measured itself (FIGURES' challenge: an A6000's speed, the memory held), readable
+    assert "What the platform measured itself" in detail or "what the platform measured itself" in detail
+    assert "<tr><th>GPU 0</th><td>127.3</td><td>41 %</td><td>right</td><td>0.097 s</td><td>yes</td></tr>" in detail
+    assert "Memory proof: 76.0 GiB per GPU, re-read due within 0.176 s" in detail
 
 
 def test_node_and_instance_actions_are_there(ops, fleet):
