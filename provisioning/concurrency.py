@@ -12,7 +12,7 @@ import time
 
 from django.core.cache import cache
 
-from provisioning.ssh import NodeError  # ssh imports nothing of provisioning's services: no import circle
+from provisioning.ssh_errors import NodeError  # imports nothing of provisioning's: no import circle
 
 MAX_SESSIONS_PER_NODE = 4
 SLOT_TTL_S = 1200  # longer than any task's hard time limit

@@ -9,11 +9,13 @@
 - The agent (a package) is uploaded over SFTP as one zipapp under a name derived
   from its hash, so it is re-uploaded only when it changes. Commands come from a fixed set; the request
   travels as JSON on stdin, never inside the command line.
+
+The errors (each with a stable code) are in ssh_errors.py, the interactive channels (AgentExchange, the
+long-lived `serve` agent) in ssh_channels.py, kept connections in ssh_pool.py.
 """
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import io
 import json
@@ -28,7 +30,18 @@ from pathlib import Path
 import paramiko
 
 from provisioning.agent.gpumarket_agent.bundle import build_zipapp
-from provisioning.ssh_round_trip import transport_round_trips
+from provisioning.ssh_channels import MAX_ANSWER_BYTES, AgentExchange, AgentServe
+from provisioning.ssh_errors import (
+    AgentEnded,
+    AgentFailed,
+    AgentGarbage,
+    AgentTimeout,
+    AuthFailed,
+    HostKeyMismatch,
+    NodeError,
+    NodeUnreachable,
+    missing_agent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,63 +55,8 @@ AGENT_COMMANDS = {
     ("serve",),  # interactive, long-lived (NodeSession.served)
 }
 SERVED_COMMANDS = {"health"}  # what a long-lived `serve` agent answers (the agent's cli.SERVED)
-MAX_ANSWER_BYTES = 8 << 20
 NET_TEST_COMMAND = "cat > /dev/null"  # the platform's network test (NodeSession.upload_throughput)
 
-
-class NodeError(Exception):
-    """Something went wrong talking to a node. `code` is stable; the message is for people."""
-
-    code = "node_error"
-    transient = False
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class NodeUnreachable(NodeError):
-    code = "unreachable"
-    transient = True
-
-
-class HostKeyMismatch(NodeError):
-    code = "host_key_changed"
-
-    def __init__(self, expected: str, seen: str):
-        super().__init__(
-            f"The node's SSH host key changed: expected {expected}, got {seen}. Nothing was sent. "
-            "If the server was reinstalled, an operator must confirm the new key."
-        )
-        self.expected, self.seen = expected, seen
-
-
-class AuthFailed(NodeError):
-    code = "auth_failed"
-
-
-class AgentTimeout(NodeError):
-    code = "agent_timeout"
-    transient = True
-
-
-class AgentGarbage(NodeError):
-    code = "agent_garbage"
-
-
-class AgentMissing(AgentGarbage):
-    """The agent file is not on the node (removed, or the node was reinstalled): upload it again."""
-
-    code = "agent_missing"
-
-
-class AgentFailed(NodeError):
-    """The agent answered {"ok": false, "error": {...}}."""
-
-    def __init__(self, error: dict):
-        self.code = str(error.get("code") or "agent_error")
-        self.field = error.get("field")
-        super().__init__(str(error.get("message") or "the agent reported an error"))
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -413,133 +371,8 @@ class NodeSession:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
         if not out.strip():
-            if b"can't open file" in err:  # python3's words for a missing script
-                raise AgentMissing(f"The agent is not on the node (stderr: {bytes(err[-300:])!r}).")
+            missing = missing_agent(err)
+            if missing is not None:
+                raise missing
             raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
         return bytes(out)
-
-
-class AgentEnded(AgentGarbage):
-    """The long-lived agent's output ended without the answer (its process stopped)."""
-
-    code = "agent_ended"
-
-
-class AgentServe:
-    """The long-lived agent (`serve`) on one channel: send() a request line, answer() reads its answer line.
-    Any failure but the agent's own refusal (AgentFailed) closes it: what comes next on it is unknown."""
-
-    def __init__(self, exchange: AgentExchange):
-        self.exchange = exchange
-        self.next_id = 0
-        self.closed = False
-
-    def send(self, command: str, request: dict) -> int:
-        self.next_id += 1
-        try:
-            self.exchange.send({"id": self.next_id, "command": command, "request": request})
-        except NodeError:
-            self.close()
-            raise self._ended() from None  # the agent's channel closed; the connection itself may be fine
-        return self.next_id
-
-    def answer(self, request_id: int, timeout: float) -> dict:
-        try:
-            line, _ = self.exchange.receive(timeout)
-        except EOFError:
-            self.close()
-            raise self._ended() from None
-        except NodeError:
-            self.close()
-            raise
-        if line is None:
-            self.close()
-            raise AgentTimeout(f"The node did not answer within {timeout:.0f}s.")
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict) or answer.get("id") != request_id or "ok" not in answer:
-            self.close()
-            raise AgentGarbage(f"The agent's answer is not the answer to request {request_id}: {line[:200]!r}")
-        del answer["id"]
-        if not answer["ok"]:
-            error = answer.get("error") or {}
-            if error.get("code") == "agent_missing":  # its file was removed or replaced; it has stopped
-                self.close()
-                raise AgentMissing(str(error.get("message") or "the agent's file is gone"))
-            raise AgentFailed(error)
-        return answer
-
-    def _ended(self) -> NodeError:
-        chan = self.exchange.chan
-        transport = chan.get_transport()
-        if transport is None or not transport.is_active():
-            return NodeUnreachable("The SSH connection broke during a command.")
-        err = bytearray()
-        with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-        if b"can't open file" in err:  # python3's words for a missing script
-            return AgentMissing(f"The agent is not on the node (stderr: {bytes(err[-300:])!r}).")
-        return AgentEnded(f"The agent stopped without answering (stderr: {bytes(err[-300:])!r}).")
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.exchange.close()
-
-
-class AgentExchange:
-    """One interactive agent command: send() writes a JSON line, receive() reads one line (bytes) by a deadline,
-    both on the time.monotonic() clock. receive() gives (None, now) on timeout and raises EOFError once the agent
-    closed its output; a broken connection raises NodeUnreachable."""
-
-    def __init__(self, chan: paramiko.Channel):
-        self.chan = chan
-        self.buffer = bytearray()
-        self.closed = False
-
-    def send(self, message: dict) -> float:
-        try:
-            self.chan.sendall(json.dumps(message).encode() + b"\n")
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
-        return time.monotonic()
-
-    def receive(self, timeout: float) -> tuple[bytes | None, float]:
-        deadline = time.monotonic() + timeout
-        while True:
-            end = self.buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[:end + 1]
-                return line, time.monotonic()
-            if self.closed:
-                raise EOFError("the agent closed its output")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None, time.monotonic()
-            self.chan.settimeout(min(left, 1.0))
-            try:
-                chunk = self.chan.recv(65536)
-            except TimeoutError:
-                continue
-            except (OSError, paramiko.SSHException, EOFError) as exc:
-                raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
-            if not chunk:
-                self.closed = True
-                if self.buffer:  # a last line without its newline
-                    self.buffer += b"\n"
-                continue
-            self.buffer += chunk
-            if len(self.buffer) > MAX_ANSWER_BYTES:
-                raise EOFError("the agent's answer is larger than 8 MiB")
-
-    def transport_round_trips(self, timeout: float = 5.0) -> dict[str, list[float]]:
-        """Round trips the agent does not answer (the SSH server's, the platform kernel's TCP estimate): see
-        ssh_round_trip.py."""
-        return transport_round_trips(self.chan.get_transport(), timeout)
-
-    def close(self) -> None:
-        self.chan.close()

@@ -33,7 +33,7 @@ from provisioning.services.verification import (
     node_verify_failed,
     node_verify_run,
 )
-from provisioning.ssh import NodeError
+from provisioning.ssh_errors import NodeError
 from provisioning.ssh_pool import worker_pool_close
 
 log = logging.getLogger(__name__)

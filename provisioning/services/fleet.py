@@ -51,7 +51,8 @@ from provisioning.services.nodes import (
     running_vm_ids_by_node,
 )
 from provisioning.services.reconcile import node_reconcile
-from provisioning.ssh import AgentGarbage, NodeError, NodeSession, NodeUnreachable
+from provisioning.ssh import NodeSession
+from provisioning.ssh_errors import AgentGarbage, NodeError, NodeUnreachable
 from provisioning.ssh_pool import SshPool, worker_pool
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from provisioning.services.verification import (
     node_verify_request,
 )
 from provisioning.services.volumes import volume_job_failed
-from provisioning.ssh import NodeError
+from provisioning.ssh_errors import NodeError
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations

@@ -19,17 +19,8 @@ from marketplace.models.renting import vm_id_of
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import NodeEvent
-from provisioning.ssh import (
-    SERVED_COMMANDS,
-    AgentFailed,
-    AgentMissing,
-    Endpoint,
-    HostKeyMismatch,
-    NodeError,
-    NodeSession,
-    NodeUnreachable,
-    Timeouts,
-)
+from provisioning.ssh import SERVED_COMMANDS, Endpoint, NodeSession, Timeouts
+from provisioning.ssh_errors import AgentFailed, AgentMissing, HostKeyMismatch, NodeError, NodeUnreachable
 from provisioning.ssh_pool import SshPool
 from provisioning.verification.identity import duplicate_gpus, duplicate_host_key
 from provisioning.verification.model import Finding

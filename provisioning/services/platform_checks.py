@@ -12,7 +12,8 @@ from django.conf import settings
 
 from provisioning.models import Job
 from provisioning.services.runner import job_step
-from provisioning.ssh import NodeError, NodeSession
+from provisioning.ssh import NodeSession
+from provisioning.ssh_errors import NodeError
 from provisioning.verification import challenge, memproof, slice_challenge
 from provisioning.verification.model import DeclaredModel, Finding
 

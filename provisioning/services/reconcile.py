@@ -15,7 +15,8 @@ from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeSta
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
 from provisioning.services.nodes import node_event, node_session
-from provisioning.ssh import AgentFailed, NodeSession
+from provisioning.ssh import NodeSession
+from provisioning.ssh_errors import AgentFailed
 from provisioning.ssh_pool import SshPool
 
 _VM_ID = re.compile(r"^inst-(\d+)$")

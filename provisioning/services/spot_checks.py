@@ -14,7 +14,7 @@ from provisioning.services.nodes import node_event, node_session
 from provisioning.services.platform_checks import node_challenge, node_memory_proof
 from provisioning.services.runner import job_finish, job_step
 from provisioning.services.verification import node_verify_request
-from provisioning.ssh import NodeError
+from provisioning.ssh_errors import NodeError
 from provisioning.verification.model import DeclaredModel
 
 

@@ -37,7 +37,7 @@ from provisioning.services.platform_checks import (
     node_slice_challenge,
 )
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import AgentFailed, AgentTimeout, NodeError
+from provisioning.ssh_errors import AgentFailed, AgentTimeout, NodeError
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.model import DeclaredModel, Finding
 from provisioning.verification.policy import judge

@@ -18,7 +18,8 @@ from marketplace.services import volumes as volume_svc
 from provisioning.models import Job
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import AgentFailed, NodeError, NodeSession, Timeouts
+from provisioning.ssh import NodeSession, Timeouts
+from provisioning.ssh_errors import AgentFailed, NodeError
 
 SSH_READY_TIMEOUT_S = 120
 # Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.

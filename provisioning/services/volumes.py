@@ -7,7 +7,7 @@ from marketplace.services import volumes as volume_svc
 from provisioning.models import Job, JobKind
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh import AgentFailed, NodeError
+from provisioning.ssh_errors import AgentFailed, NodeError
 
 
 def _volume(job: Job) -> Volume:

@@ -29,7 +29,8 @@ from provisioning.services.reliability import node_record_health
 from provisioning.services.runner import job_begin
 from provisioning.services.verification import node_verify_request, node_verify_run
 from provisioning.sim import PROFILES_DIR
-from provisioning.ssh import AgentTimeout, Endpoint, NodeSession, Timeouts
+from provisioning.ssh import Endpoint, NodeSession, Timeouts
+from provisioning.ssh_errors import AgentTimeout
 from provisioning.verification.profiles import fleet_figures, profile_expectation, profile_names
 from tests.factories import UserFactory, make_listed_node, make_node
 

@@ -261,7 +261,7 @@ def test_one_gpus_reveal_at_real_sizes_fits_a_line_and_eight_in_one_would_not():
     """The largest reveal a real-work challenge asks for (n = 16384, the most products n allows, entries at their
     largest magnitude): one GPU's line is well under the SSH exchange's 8 MiB; eight in one line, as the agent
     once sent them, would not be read at all."""
-    from provisioning.ssh import MAX_ANSWER_BYTES
+    from provisioning.ssh_channels import MAX_ANSWER_BYTES
     n = challenge.REAL_SIZES[False]["n_max"]
     products = challenge.REAL_MAX_DIGESTS // n
     packed = bytes(8 * n)

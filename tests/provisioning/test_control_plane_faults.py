@@ -23,7 +23,7 @@ from provisioning.services.maintenance import nodes_reconcile, nodes_verify_pend
 from provisioning.services.nodes import node_health_probe
 from provisioning.services.runner import job_begin
 from provisioning.services.verification import BenchmarkTimeout, node_verify_failed, node_verify_request
-from provisioning.ssh import NodeError
+from provisioning.ssh_errors import NodeError
 from tests.factories import UserFactory, make_listed_node, make_node
 
 

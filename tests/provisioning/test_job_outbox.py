@@ -17,7 +17,7 @@ from provisioning.models import Job, JobKind, JobStatus
 from provisioning.services import jobs as job_svc
 from provisioning.services import maintenance
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_finish, job_release, job_step
-from provisioning.ssh import NodeError
+from provisioning.ssh_errors import NodeError
 from tests.factories import make_listed_node, make_node
 
 

@@ -429,7 +429,7 @@ def test_a_real_size_fills_openings_fit_the_ssh_exchanges_line_limit():
     only, so that block 1 reads block 0 six times over): every line the platform reads is under the SSH exchange's
     MAX_ANSWER_BYTES. With every chunk digest of a block in each opened chunk, one GPU's openings were ~20 MB."""
     pytest.importorskip("torch")
-    from provisioning.ssh import MAX_ANSWER_BYTES
+    from provisioning.ssh_channels import MAX_ANSWER_BYTES
     drawn = memproof.draw(A100, [0], sizes={"blocks": 2, "chunks": 4096, "words": 4096}, device="cpu")
     out, _, _, pipe = torch_exchange(drawn, 300)
     assert out.problem == "" and memproof.check_gpu(drawn, out, 0) == ""

@@ -23,7 +23,7 @@ from provisioning.services.verification import (
     node_verify_request,
     node_verify_run,
 )
-from provisioning.ssh import NodeError
+from provisioning.ssh_errors import NodeError
 from tests.factories import make_node
 from tests.provisioning.test_benchmark_verification import register, rent, simbase, simnode, use_hardware, verify
 

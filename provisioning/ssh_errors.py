@@ -1,0 +1,72 @@
+"""What can go wrong talking to a node (provisioning.ssh and its channels): each error has a stable `code` for
+jobs, findings and the API, a message for people, and says whether a retry may help (`transient`)."""
+from __future__ import annotations
+
+
+class NodeError(Exception):
+    """Something went wrong talking to a node. `code` is stable; the message is for people."""
+
+    code = "node_error"
+    transient = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class NodeUnreachable(NodeError):
+    code = "unreachable"
+    transient = True
+
+
+class HostKeyMismatch(NodeError):
+    code = "host_key_changed"
+
+    def __init__(self, expected: str, seen: str):
+        super().__init__(
+            f"The node's SSH host key changed: expected {expected}, got {seen}. Nothing was sent. "
+            "If the server was reinstalled, an operator must confirm the new key."
+        )
+        self.expected, self.seen = expected, seen
+
+
+class AuthFailed(NodeError):
+    code = "auth_failed"
+
+
+class AgentTimeout(NodeError):
+    code = "agent_timeout"
+    transient = True
+
+
+class AgentGarbage(NodeError):
+    code = "agent_garbage"
+
+
+class AgentMissing(AgentGarbage):
+    """The agent file is not on the node (removed, or the node was reinstalled): upload it again."""
+
+    code = "agent_missing"
+
+
+class AgentFailed(NodeError):
+    """The agent answered {"ok": false, "error": {...}}."""
+
+    def __init__(self, error: dict):
+        self.code = str(error.get("code") or "agent_error")
+        self.field = error.get("field")
+        super().__init__(str(error.get("message") or "the agent reported an error"))
+
+
+class AgentEnded(AgentGarbage):
+    """The long-lived agent's output ended without the answer (its process stopped)."""
+
+    code = "agent_ended"
+
+
+
+def missing_agent(err: bytes | bytearray) -> AgentMissing | None:
+    """The agent's file is gone, from the words python3 prints on stderr for a missing script."""
+    if b"can't open file" in err:
+        return AgentMissing(f"The agent is not on the node (stderr: {bytes(err[-300:])!r}).")
+    return None
