@@ -3,7 +3,7 @@
 loopback, the platform's SSH client with a pinned host key), per profile and N runs: the check's length per node
 (connect + inventory + benchmark + challenge + memory proof + policy, as node_verify_run does them, without the
 database writes), the challenge's and the memory proof's parts of it, and the control plane's CPU
-(time.process_time) for the challenge's exchange and for its verification alone (challenge.judge: digests
+(time.process_time) for the challenge's exchange and for its verification alone (challenge_verdict.judge: digests
 checked, entries recomputed) and for the memory proof's whole exchange. Also, on honest profiles, the lowest
 share of the datasheet and the widest spread from the node's median the platform measured (the headroom of the
 challenge's bands, with SSH and this machine's scheduling in the timings).
@@ -25,43 +25,88 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.benchmark_check_time import keypair  # noqa: E402
+from marketplace.mig import layout_by_gpu  # noqa: E402
 from provisioning import sim  # noqa: E402
 from provisioning.ssh import Endpoint, NodeSession  # noqa: E402
-from provisioning.verification import challenge, memproof  # noqa: E402
+from provisioning.verification import (  # noqa: E402
+    challenge,
+    challenge_verdict,
+    memproof,
+    memproof_verdict,
+    slice_challenge,
+)
+from provisioning.verification.mig import judge_mig  # noqa: E402
 from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
 from provisioning.verification.policy import judge  # noqa: E402
 from provisioning.verification.profiles import PROFILES_DIR, profile_names, simulated_challenge  # noqa: E402
 from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
 
-def check_once(endpoint: Endpoint, declared: DeclaredModel, count: int, quick: bool) -> dict:
+def check_slices(session: NodeSession, declared: DeclaredModel, inventory: dict, uuids: list[str],
+                 quick: bool) -> tuple[list, set[str]]:
+    """The MIG slices' challenge and memory proof over the session, as node_slice_challenge runs them on a sim
+    node: (findings, disproved UUIDs)."""
+    cards = {g["index"]: g.get("memory_total_mib") for g in inventory["gpus"]}
+    findings: list = []
+    disproved: set[str] = set()
+    devices = inventory.get("mig") or []
+    for gpu in sorted({d["gpu"] for d in devices if d["uuid"] in uuids}):
+        on_card = [d for d in devices if d["gpu"] == gpu]
+        for drawn in slice_challenge.draw_slices(declared, on_card, uuids, quick, card_memory_mib=cards.get(gpu)):
+            found, _, bad = slice_challenge.judge_slices(drawn, over_exchange(session, "challenge", challenge.run,
+                                                                              drawn.challenge))
+            assert drawn.proof is not None
+            held, _, lost = slice_challenge.judge_slice_proofs(drawn, over_exchange(session, "memproof", memproof.run,
+                                                                                    drawn.proof))
+            findings += found + held
+            disproved |= bad | lost
+    return findings, disproved
+
+
+def over_exchange(session: NodeSession, command: str, run, drawn):
+    exchange = session.exchange(command)
+    try:
+        return run(exchange, drawn, 300)
+    finally:
+        exchange.close()
+
+
+def check_once(endpoint: Endpoint, declared: DeclaredModel, profile: dict, quick: bool) -> dict:
+    """One check as node_verify_run runs it (without the database writes): a card split into MIG slices is
+    measured per slice, never whole; the policy gets the topology, the declared NVLink and the MIG judgement."""
     started = time.perf_counter()
+    layout = layout_by_gpu(profile["declared"].get("mig_layout"))
     with NodeSession(endpoint) as session:
         inventory = session.agent("inventory")
-        bench = session.agent("benchmark", request={"quick": quick, "time_limit_s": 300}, timeout=330)
-        drawn = challenge.draw(declared, [g["index"] for g in inventory["gpus"]], quick)
-        exchange_started, cpu_started = time.perf_counter(), time.process_time()
-        exchange = session.exchange("challenge")
-        try:
-            outcome = challenge.run(exchange, drawn, 300)
-        finally:
-            exchange.close()
-        verify_started = time.process_time()
-        findings, figures = challenge.judge(declared, drawn, outcome)
-        verify_cpu = time.process_time() - verify_started
-        exchange_cpu = time.process_time() - cpu_started
-        exchange_wall = time.perf_counter() - exchange_started
-        proof_started, proof_cpu_started = time.perf_counter(), time.process_time()
-        proof = memproof.draw(declared, [g["index"] for g in inventory["gpus"]])
-        exchange = session.exchange("memproof")
-        try:
-            proof_out = memproof.run(exchange, proof, 300)
-        finally:
-            exchange.close()
-        proof_findings, _ = memproof.judge(declared, proof, proof_out)
-        proof_cpu, proof_wall = time.process_time() - proof_cpu_started, time.perf_counter() - proof_started
-        findings = findings + proof_findings
-    result = judge(declared, count, inventory["gpus"], bench, challenge=findings)
+        whole = [g["index"] for g in inventory["gpus"] if g["index"] not in layout]
+        slices = [d["uuid"] for d in inventory.get("mig") or [] if d["gpu"] in layout]
+        request = {"quick": quick, "time_limit_s": 300, "gpu_indices": whole, **({"mig_uuids": slices} if slices
+                                                                                 else {})}
+        bench = session.agent("benchmark", request=request, timeout=330)
+        findings: list = []
+        figures: dict = {"gpus": {}}
+        exchange_wall = exchange_cpu = verify_cpu = proof_wall = proof_cpu = 0.0
+        if whole:
+            drawn = challenge.draw(declared, whole, quick)
+            exchange_started, cpu_started = time.perf_counter(), time.process_time()
+            outcome = over_exchange(session, "challenge", challenge.run, drawn)
+            verify_started = time.process_time()
+            findings, figures = challenge_verdict.judge(declared, drawn, outcome)
+            verify_cpu = time.process_time() - verify_started
+            exchange_cpu = time.process_time() - cpu_started
+            exchange_wall = time.perf_counter() - exchange_started
+            proof_started, proof_cpu_started = time.perf_counter(), time.process_time()
+            proof = memproof.draw(declared, whole)
+            proof_findings, _ = memproof_verdict.judge(declared, proof, over_exchange(session, "memproof",
+                                                                                      memproof.run, proof))
+            proof_cpu, proof_wall = time.process_time() - proof_cpu_started, time.perf_counter() - proof_started
+            findings = findings + proof_findings
+        slice_findings, disproved = check_slices(session, declared, inventory, slices, quick) if slices else ([], set())
+        findings += slice_findings
+    mig = judge_mig(declared, layout, inventory, bench, disproved=disproved)
+    result = judge(declared, profile["declared"]["gpu_count"], inventory["gpus"], bench, challenge=findings,
+                   topology=inventory.get("topology"), nvlink_declared=profile["declared"].get("nvlink", False),
+                   mig=mig)
     shares = [g["of_datasheet"] for g in figures["gpus"].values() if "of_datasheet" in g]
     rates = [g["bf16_tflops"] for g in figures["gpus"].values() if "bf16_tflops" in g]
     median = statistics.median(rates) if rates else 0
@@ -96,14 +141,16 @@ def main() -> int:
             data = json.loads((PROFILES_DIR / f"{name}.json").read_text())
             (Path(node["node_dir"]) / "profile.json").write_text(json.dumps(data))
             model = DeclaredModel.from_catalogue(catalogue[data["declared"]["gpu_model"]])
-            runs = [check_once(endpoint, model, data["declared"]["gpu_count"], quick) for _ in range(args.runs)]
+            runs = [check_once(endpoint, model, data, quick) for _ in range(args.runs)]
             honest = data["expect"]["verdict"] == "verified"
             if "fleet" not in data["expect"]:  # judged against a fleet reference this script does not seed
                 bad += sum(r["verdict"] != data["expect"]["verdict"] for r in runs)
             med = {k: statistics.median(r[k] for r in runs) for k in ("wall", "challenge_wall", "exchange_cpu",
                                                                         "verify_cpu", "proof_wall", "proof_cpu")}
-            share = f"{min(r['min_share'] for r in runs):.3f}" if honest else "-"
-            spread = f"{max(r['max_spread'] for r in runs):.1%}" if honest else "-"
+            shares = [r["min_share"] for r in runs if r["min_share"] is not None]
+            spreads = [r["max_spread"] for r in runs if r["max_spread"] is not None]
+            share = f"{min(shares):.3f}" if honest and shares else "-"
+            spread = f"{max(spreads):.1%}" if honest and spreads else "-"
             codes = sorted({c for r in runs for c in r["codes"]})
             print(f"{name:42} {med['wall']:6.2f}s {med['challenge_wall']:8.2f}s {med['exchange_cpu'] * 1e3:7.1f}ms "
                   f"{med['verify_cpu'] * 1e3:8.2f}ms {med['proof_wall']:6.2f}s {med['proof_cpu'] * 1e3:7.1f}ms "

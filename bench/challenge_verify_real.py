@@ -2,7 +2,7 @@
 """What the platform pays to verify a real node's full-size challenge answer (GPU-side digests), for
 docs/BENCHMARKS.md: per catalogue model, an 8-GPU answer of the real-work draw's sizes (n x k, products), built
 here in the reveal's wire format (the picked rows' values, each picked product's packed row digests, every
-product digest) and judged with challenge.judge on this process's CPU clock (time.process_time), as
+product digest) and judged with challenge_verdict.judge on this process's CPU clock (time.process_time), as
 node_challenge does; plus the largest line of the reveal (a line per GPU) as JSON.
 
 No GPU computes the rows here (a 16384 x 16384 product per row is out of reach of this box): each revealed row's
@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from provisioning.verification import challenge  # noqa: E402
+from provisioning.verification import challenge, challenge_verdict  # noqa: E402
 from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
 from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
 
@@ -69,7 +69,7 @@ def answer(drawn: challenge.Challenge, rng: random.Random) -> tuple[challenge.Ou
 
 
 def check_gpu_before(drawn: challenge.Challenge, gpu: int, commitment: str, picks: list, revealed: Any) -> str:
-    """challenge.check_gpu as it was (to 2026-12-02): row digests and checked entries one word at a time."""
+    """challenge_verdict.check_gpu as it was (to 2026-12-02): row digests and checked entries one word at a time."""
     if not isinstance(revealed, dict) or not isinstance(revealed.get("rows"), list):
         return "no revealed rows"
     products = revealed.get("product_digests")
@@ -88,7 +88,7 @@ def check_gpu_before(drawn: challenge.Challenge, gpu: int, commitment: str, pick
         if got is None:
             return f"row {row} of product {product} was not revealed"
         values: Any = got.get("values")
-        if not challenge._integers(values, drawn.n):
+        if not challenge_verdict._integers(values, drawn.n):
             return f"row {row} of product {product} is not {drawn.n} integers"
         packed_hex = packed_of.get(str(product))
         try:
@@ -108,14 +108,14 @@ def check_gpu_before(drawn: challenge.Challenge, gpu: int, commitment: str, pick
 
 def judged(declared: DeclaredModel, drawn: challenge.Challenge, out: challenge.Outcome,
            check: Callable) -> tuple[float, list]:
-    """(CPU seconds, findings) of challenge.judge with `check` as its check_gpu."""
-    now, challenge.check_gpu = challenge.check_gpu, check  # type: ignore[assignment]  # the old one, for the bench
+    """(CPU seconds, findings) of challenge_verdict.judge with `check` as its check_gpu."""
+    now, challenge_verdict.check_gpu = challenge_verdict.check_gpu, check  # type: ignore[assignment]  # the old one
     try:
         started = time.process_time()
-        findings, _ = challenge.judge(declared, drawn, out)
+        findings, _ = challenge_verdict.judge(declared, drawn, out)
         return time.process_time() - started, findings
     finally:
-        challenge.check_gpu = now  # type: ignore[assignment]
+        challenge_verdict.check_gpu = now  # type: ignore[assignment]
 
 
 def main() -> int:
@@ -127,7 +127,7 @@ def main() -> int:
     print(f"{'model':16} {'n':>6} {'k':>6} {'products':>8} {'target s':>8} {'wait s':>7} {'line MB':>8} "
           f"{'verify CPU s before (median, max)':>34} {'now (median, max)':>18} verdict")
     bad, worst = 0, {"before": 0.0, "now": 0.0}
-    now_check = challenge.check_gpu
+    now_check = challenge_verdict.check_gpu
     for slug in args.models.split(","):
         declared = DeclaredModel.from_catalogue(catalogue[slug])
         cpu: dict[str, list[float]] = {"before": [], "now": []}

@@ -9,7 +9,7 @@ chunks with the rotated reads' neighbours), the Merkle paths, block 0 against th
 Measured here, interleaved round by round on the same openings (the agent's PyTorch path on this CPU fills
 `--blocks` 64 MiB blocks and opens what the platform draws):
 - before: check_gpu as it was, one word at a time (kept below as check_gpu_before);
-- now: memproof.check_gpu, the word-wise work on lanes of one int (verification/lanes.py).
+- now: memproof_verdict.check_gpu, the word-wise work on lanes of one int (verification/lanes.py).
 Both must give the same answer: "" on the honest openings, and the same reason on openings with one word
 flipped.
 
@@ -36,12 +36,10 @@ import torch  # noqa: E402
 
 from provisioning.agent.gpumarket_agent import memproof as node  # noqa: E402
 from provisioning.agent.gpumarket_agent import memproof_torch as node_torch  # noqa: E402
-from provisioning.verification import memproof  # noqa: E402
+from provisioning.verification import memproof, memproof_verdict  # noqa: E402
 from provisioning.verification.memproof import (  # noqa: E402
     DIGEST_BYTES,
     GROUP,
-    _chunk,
-    _hex,
     block_leaf,
     block_zero,
     chunk_digest,
@@ -51,12 +49,13 @@ from provisioning.verification.memproof import (  # noqa: E402
     merkle_verify,
     position_salts,
 )
+from provisioning.verification.memproof_verdict import _chunk, _hex  # noqa: E402
 
 SHAPE = {"chunks": 4096, "words": 4096}
 
 
 def check_chunk_before(proof, item, roots, salts):
-    """memproof._check_chunk as it was: the chunk digests one word at a time."""
+    """memproof_verdict._check_chunk as it was: the chunk digests one word at a time."""
     if item is None:
         return "was not opened", []
     raw = _hex(item.get("words"), 4 * proof.words)
@@ -80,7 +79,7 @@ def check_chunk_before(proof, item, roots, salts):
 
 
 def check_gpu_before(proof, out, gpu):
-    """memproof.check_gpu as it was (to 2026-12-02): G, block 0 and the digests one word at a time."""
+    """memproof_verdict.check_gpu as it was (to 2026-12-02): G, block 0 and the digests one word at a time."""
     opened = out.opened.get(str(gpu)) if isinstance(out.opened, dict) else None
     if not isinstance(opened, list):
         return out.problem or "it opened nothing"
@@ -146,11 +145,11 @@ def main() -> None:
     reaches = len(honest.opened["0"])
     times: dict[str, list[float]] = {"before": [], "now": []}
     for r in range(args.rounds):
-        for name, fn in (("before", check_gpu_before), ("now", memproof.check_gpu))[::1 if r % 2 else -1]:
+        for name, fn in (("before", check_gpu_before), ("now", memproof_verdict.check_gpu))[::1 if r % 2 else -1]:
             spent, verdict = cpu(lambda fn=fn: fn(proof, honest, 0))
             assert verdict == "", (name, verdict)
             times[name].append(spent)
-        assert check_gpu_before(proof, tampered, 0) == memproof.check_gpu(proof, tampered, 0) != ""
+        assert check_gpu_before(proof, tampered, 0) == memproof_verdict.check_gpu(proof, tampered, 0) != ""
     before, now = statistics.median(times["before"]), statistics.median(times["now"])
     print(f"{proof.blocks} blocks of {SHAPE['chunks']} chunks x {SHAPE['words']} words (64 MiB), "
           f"{memproof.OPENINGS} openings reaching {reaches} chunks; {args.rounds} rounds interleaved (CPU seconds)")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.benchmark_check_time import keypair  # noqa: E402
 from provisioning import sim  # noqa: E402
 from provisioning.ssh import Endpoint, NodeSession  # noqa: E402
-from provisioning.verification import challenge, memproof  # noqa: E402
+from provisioning.verification import challenge, challenge_verdict, memproof, memproof_verdict  # noqa: E402
 from provisioning.verification.model import DeclaredModel, load_catalogue  # noqa: E402
 from provisioning.verification.profiles import PROFILES_DIR  # noqa: E402
 from provisioning.verification.tolerances import TOLERANCES  # noqa: E402
@@ -57,8 +57,8 @@ def exchange_once(endpoint: Endpoint, declared: DeclaredModel, gpus: list[int], 
                 out = memproof.run(exchange, proof, 300)
         finally:
             exchange.close()
-    judged = (lambda o: challenge.judge(declared, drawn, o)) if kind == "challenge" else (
-        lambda o: memproof.judge(declared, proof, o))
+    judged = (lambda o: challenge_verdict.judge(declared, drawn, o)) if kind == "challenge" else (
+        lambda o: memproof_verdict.judge(declared, proof, o))
     before = dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"])
     return {"trips": dict(out.round_trips), "credit": out.round_trip_s,
             "now": {f.code for f in judged(out)[0]}, "before": {f.code for f in judged(before)[0]}}

@@ -14,7 +14,7 @@ from provisioning.models import Job
 from provisioning.services.runner import job_step
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import NodeError
-from provisioning.verification import challenge, memproof, slice_challenge
+from provisioning.verification import challenge, challenge_verdict, memproof, memproof_verdict, slice_challenge
 from provisioning.verification.model import DeclaredModel, Finding
 
 # Why a real node's memory proof is not run (on its whole GPUs and on its MIG slices alike).
@@ -62,7 +62,7 @@ def node_challenge(job: Job, session: NodeSession, declared: DeclaredModel,
     drawn = challenge.draw(declared, gpus, settings.BENCHMARK_QUICK, real_work=job.node.runtime != "sim")
     job_step(job=job, message=f"challenging GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                               f"(at most {drawn.wait_s + 4 * challenge.PING_TIMEOUT_S:.0f} s)")
-    return _judged(challenge.judge, declared, drawn, _over_exchange(session, "challenge", challenge.run, drawn))
+    return _judged(challenge_verdict.judge, declared, drawn, _over_exchange(session, "challenge", challenge.run, drawn))
 
 
 def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel, inventory: dict[str, Any],
@@ -116,4 +116,4 @@ def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
     drawn = memproof.draw(declared, gpus)
     job_step(job=job, message=f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                               f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
-    return _judged(memproof.judge, declared, drawn, _over_exchange(session, "memproof", memproof.run, drawn))
+    return _judged(memproof_verdict.judge, declared, drawn, _over_exchange(session, "memproof", memproof.run, drawn))

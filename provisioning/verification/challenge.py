@@ -44,14 +44,13 @@ import json
 import math
 import random
 import secrets
-import statistics
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from provisioning.verification import lanes, round_trip
-from provisioning.verification.model import DEGRADE, REJECT, DeclaredModel, Finding
+from provisioning.verification.model import DeclaredModel
 from provisioning.verification.tolerances import TOLERANCES
 
 M64 = (1 << 64) - 1
@@ -213,7 +212,8 @@ class Challenge:
         return req
 
 
-def _band(declared: DeclaredModel) -> dict:
+def bf16_band(declared: DeclaredModel) -> dict:
+    """The BF16 band of TOLERANCES the challenge's rate is judged in, its floors lowered for a derived datasheet."""
     band = dict(TOLERANCES["figure_bands"]["bf16_tflops"])
     if "bf16_tflops" in declared.derived:
         band["reject"] *= TOLERANCES["derived_floor_factor"]
@@ -247,10 +247,10 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], quick: bool,
     work a real node's GPUs really do (real_sizes())."""
     sheet = float(declared.datasheet["bf16_tflops"])
     if real_work:
-        return draw_real(sheet, declared.memory_mib, gpu_indices, quick, rng, reject=_band(declared)["reject"])
+        return draw_real(sheet, declared.memory_mib, gpu_indices, quick, rng, reject=bf16_band(declared)["reject"])
     size = SIZES[bool(quick)]
     seed = rng.getrandbits(64) if rng is not None else secrets.randbits(64)
-    wait = size["target_s"] / _band(declared)["reject"] + GRACE_S
+    wait = size["target_s"] / bf16_band(declared)["reject"] + GRACE_S
     return Challenge(seed=seed, n=int(size["n"]), k=int(size["k"]), products=int(size["products"]),
                      gpu_indices=tuple(gpu_indices), flop_per_gpu=size["target_s"] * sheet * 1e12,
                      target_s=size["target_s"], datasheet_tflops=sheet, wait_s=wait)
@@ -405,117 +405,3 @@ def _ended(out: Outcome, message: dict, what: str) -> Outcome:
     else:
         out.problem = f"{what}: {json.dumps(message)[:120]}"
     return out
-
-
-# --------------------------------------------------------------------------------------------- the verdict
-
-def _integers(values: Any, n: int) -> bool:
-    return (isinstance(values, list) and len(values) == n
-            and all(type(v) in (int, float) and math.isfinite(v) and v == int(v) and abs(v) < 2 ** 31
-                    for v in values))
-
-
-def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, revealed: Any) -> str:
-    """'' if the GPU's revealed rows prove its commitment and every checked entry is right; else why not."""
-    if not isinstance(revealed, dict) or not isinstance(revealed.get("rows"), list):
-        return "no revealed rows"
-    products = revealed.get("product_digests")
-    if (not isinstance(products, list) or len(products) != challenge.products
-            or not all(isinstance(d, str) for d in products) or joined_digest(products) != commitment):
-        return "its product digests do not match its commitment"
-    packed_of = revealed.get("row_digests")
-    if not isinstance(packed_of, dict):
-        return "no row digests"
-    rows = {(r.get("product"), r.get("row")): r for r in revealed["rows"]
-            if isinstance(r, dict) and type(r.get("product")) is int and type(r.get("row")) is int}
-    salts = column_salt_lanes(challenge.seed, gpu, challenge.n)
-    tolerance = TOLERANCES["challenge_entry_rel_tolerance"]
-    for product, row, cols in picks:
-        got = rows.get((product, row))
-        if got is None:
-            return f"row {row} of product {product} was not revealed"
-        values: Any = got.get("values")
-        if not _integers(values, challenge.n):
-            return f"row {row} of product {product} is not {challenge.n} integers"
-        packed_hex = packed_of.get(str(product))
-        try:
-            packed = bytes.fromhex(packed_hex) if isinstance(packed_hex, str) else b""
-        except ValueError:
-            packed = b""
-        if (len(packed) != 8 * challenge.n or packed_digest(packed) != products[product]
-                or struct.unpack_from("<Q", packed, 8 * row)[0] != row_digest_lanes(values, salts)):
-            return f"row {row} of product {product} does not match what the GPU committed to"
-        for col, want in zip(cols, expected_entries(challenge.seed, gpu, product, challenge.k, row, cols),
-                             strict=True):
-            if abs(values[col] - want) > tolerance * abs(want):
-                return (f"entry ({row}, {col}) of product {product} is {values[col]:g}; the right value is "
-                        f"{want}")
-    return ""
-
-
-def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[list[Finding], dict]:
-    """Findings (codes challenge_*) and the figures the platform measured, per GPU."""
-    findings: list[Finding] = []
-    band = _band(declared)
-    trip = out.round_trip_s or 0.0
-    figures: dict[str, Any] = {"seed_bits": 64, "n": challenge.n, "k": challenge.k, "products": challenge.products,
-                               "flop_per_gpu": challenge.flop_per_gpu, "target_s": challenge.target_s,
-                               "round_trip_s": round(trip, 6) if out.round_trip_s is not None else None,
-                               "round_trips": round_trip.figures(out.round_trips), "gpus": {}}
-    rates: dict[int, float] = {}
-    for gpu in challenge.gpu_indices:
-        row: dict[str, Any] = {"node_elapsed_s": out.node_elapsed_s.get(gpu)}
-        figures["gpus"][str(gpu)] = row
-        if gpu not in out.arrivals or out.sent_at is None:
-            why = out.problem or "it did not answer"
-            findings.append(Finding(REJECT, "challenge_no_answer",
-                                    f"GPU {gpu} did not answer the platform's challenge: the node {why}. Check that "
-                                    "the agent runs and the GPU responds (`nvidia-smi`), then verify again.", gpu))
-            continue
-        seconds = max(out.arrivals[gpu] - out.sent_at - trip, 1e-6)
-        tflops = challenge.flop_per_gpu / seconds / 1e12
-        ratio = tflops / challenge.datasheet_tflops
-        # Slow-side judgements allow for the platform's own jitter (TOLERANCES); "too fast" uses the raw time.
-        lenient = challenge.flop_per_gpu / max(seconds - TOLERANCES["challenge_latency_allowance_s"], 1e-6) / 1e12
-        lenient_ratio = lenient / challenge.datasheet_tflops
-        rates[gpu] = lenient
-        row.update(platform_elapsed_s=round(seconds, 4), bf16_tflops=_figure(tflops), of_datasheet=_figure(ratio))
-        wrong = check_gpu(challenge, gpu, out.commitments[gpu], out.picks.get(gpu, []),
-                          out.revealed.get(str(gpu)) if isinstance(out.revealed, dict) else None)
-        row["correct"] = not wrong
-        if wrong:
-            why = wrong if out.revealed else (out.problem or wrong)
-            findings.append(Finding(REJECT, "challenge_wrong_result",
-                                    f"GPU {gpu} failed the platform's matrix challenge: {why}. A GPU that computes "
-                                    "wrong results must be repaired or replaced before it is listed.", gpu))
-        label = (f"GPU {gpu} did the platform's challenge at {tflops:.1f} TFLOP/s BF16 measured by the platform, "
-                 f"{ratio:.0%} of {declared.a_label}'s datasheet {challenge.datasheet_tflops:g}")
-        if band["max"] and ratio > band["max"]:
-            findings.append(Finding(REJECT, "challenge_too_fast",
-                                    f"{label}: faster than the card can compute. The answer was not computed on "
-                                    "this card.", gpu))
-        elif lenient_ratio < band["reject"]:
-            findings.append(Finding(REJECT, "challenge_too_slow",
-                                    f"{label}: far too slow for the card declared. Declare the model really "
-                                    "installed.", gpu))
-        elif lenient_ratio < band["degrade"]:
-            findings.append(Finding(DEGRADE, "challenge_too_slow",
-                                    f"{label} (healthy: at least {band['degrade']:.0%}). Check its power limit, "
-                                    "cooling and clocks.", gpu))
-    if len(rates) >= 2:
-        median = statistics.median(rates.values())
-        for gpu, tflops in rates.items():
-            off = abs(tflops - median) / median
-            if off > TOLERANCES["node_median_max_deviation"]:
-                findings.append(Finding(DEGRADE, "challenge_outlier",
-                                        f"GPU {gpu} did the platform's challenge at {tflops:.1f} TFLOP/s, {off:.0%} "
-                                        f"off the node's median {median:.1f}: check its cooling, power and slot.", gpu))
-    if out.node_error and not findings:
-        findings.append(Finding(REJECT, "challenge_no_answer", f"The node {out.problem}."))
-    return findings, figures
-
-
-def _figure(value: float) -> float:
-    """Three decimals, or three significant digits below 1: a CPU's or a throttled card's TFLOP/s (0.0004 on a
-    loaded CPU) must not print as 0.0."""
-    return round(value, 3) if abs(value) >= 1 else float(f"{value:.3g}")

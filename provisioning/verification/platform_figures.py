@@ -1,7 +1,7 @@
 """What the platform measured itself in a verification run, read back from the run's stored figures (as
-challenge.judge, memproof.judge and slice_challenge write them): per GPU and MIG slice, the challenge on the
-platform's clock and the memory proof. The provider's server page and the API's benchmark history show it.
-Pure: a dict in, dataclasses out.
+challenge_verdict.judge, memproof_verdict.judge and slice_challenge write them): per GPU and MIG slice, the
+challenge on the platform's clock and the memory proof. The provider's server page, the admin's run page and the
+API's benchmark history show it. Pure: a dict in, dataclasses out.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class PlatformChecks:
 
 def _check_row(device: str, challenge: dict, proof: dict, deadline_s: float | None) -> PlatformCheck:
     held, seconds = proof.get("correct"), proof.get("fresh_s")
-    if held is not None:  # memproof.judge: late when the re-read, its round trip off, passed the deadline
+    if held is not None:  # memproof_verdict.judge: late when the re-read, its round trip off, passed the deadline
         held = "wrong" if not held else "late" if seconds is not None and deadline_s and seconds > deadline_s else "yes"
     return PlatformCheck(device, challenge.get("bf16_tflops"), challenge.get("of_datasheet"),
                          challenge.get("platform_elapsed_s"), challenge.get("correct"), seconds, held)

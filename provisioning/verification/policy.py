@@ -116,7 +116,7 @@ def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dic
           challenge: Sequence[Finding] = (), topology: dict | None = None,
           nvlink_declared: bool = False, mig: MigJudgement | None = None) -> Judgement:
     """The whole policy: identity, then the benchmark's figures (when there are any) against the datasheet and,
-    when the model has one, its fleet reference; with the platform's own challenge findings (challenge.judge);
+    when the model has one, its fleet reference; with the platform's own challenge findings (challenge_verdict.judge);
     verdict and score."""
     mig = mig or MigJudgement()
     findings = check_identity(declared, declared_count, inventory_gpus, mig.gpus)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from marketplace.mig import layout_by_gpu
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import memproof as agent_memproof
-from provisioning.verification import challenge, memproof, slice_challenge
+from provisioning.verification import challenge, challenge_verdict, memproof, memproof_verdict, slice_challenge
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.model import DeclaredModel, Finding, load_catalogue
 from provisioning.verification.performance import FleetReference
@@ -88,7 +88,7 @@ def simulated_challenge(path: Path, declared: DeclaredModel, gpu_indices: list[i
     drawn = drawn or challenge.draw(declared, gpu_indices, quick)
     outcome = simulated_outcome(path, drawn, round_trip_s)
     started = time.process_time()
-    findings, figures = challenge.judge(declared, drawn, outcome)
+    findings, figures = challenge_verdict.judge(declared, drawn, outcome)
     figures["verify_cpu_s"] = time.process_time() - started  # as node_challenge records it
     return findings, figures
 
@@ -136,7 +136,7 @@ def simulated_memory_proof(path: Path, declared: DeclaredModel, gpu_indices: lis
     """The platform's memory proof against the profile's sim agent, in process (as simulated_challenge): the
     agent's own fill and digests, each fresh root arriving when the sim agent would send it."""
     drawn = memproof.draw(declared, gpu_indices)
-    return memproof.judge(declared, drawn, simulated_memproof_outcome(path, drawn, round_trip_s))
+    return memproof_verdict.judge(declared, drawn, simulated_memproof_outcome(path, drawn, round_trip_s))
 
 
 def simulated_memproof_outcome(path: Path, drawn: memproof.MemProof, round_trip_s: float = 0.0) -> memproof.Outcome:

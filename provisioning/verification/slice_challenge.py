@@ -21,8 +21,9 @@ from typing import Any
 
 from marketplace.mig import MigProfile, profiles_for
 
-from . import memproof
-from .challenge import MIG_LABEL_BASE, Challenge, Outcome, draw, judge
+from . import memproof, memproof_verdict
+from .challenge import MIG_LABEL_BASE, Challenge, Outcome, draw
+from .challenge_verdict import judge
 from .mig import slice_model
 from .model import REJECT, DeclaredModel, Finding
 
@@ -88,7 +89,7 @@ def judge_slice_proofs(drawn: SliceChallenge, outcome: memproof.Outcome,
                        ) -> tuple[list[Finding], dict[str, Any], set[str]]:
     """The memory proof's (findings naming each slice, figures by slice UUID, disproved UUIDs)."""
     assert drawn.proof is not None
-    found, figures = memproof.judge(drawn.model, drawn.proof, outcome)
+    found, figures = memproof_verdict.judge(drawn.model, drawn.proof, outcome)
     return _per_slice(drawn, found, figures)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import challenge as node
-from provisioning.verification import challenge
+from provisioning.verification import challenge, challenge_verdict
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR, simulated_challenge
 
@@ -97,7 +97,7 @@ def test_an_honest_answer_passes_and_its_figures_are_the_platforms():
     drawn = challenge.draw(A100, [0, 1, 2, 3], quick=True)
     out, _ = honest_outcome(A100, drawn)
     out.node_elapsed_s = {0: 0.001}  # whatever the node says about its own speed is detail only
-    findings, figures = challenge.judge(A100, drawn, out)
+    findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert findings == []
     row = figures["gpus"]["0"]
     assert row["of_datasheet"] == pytest.approx(0.85, abs=1e-3) and row["correct"] is True
@@ -120,7 +120,7 @@ def test_a_single_wrong_entry_on_one_gpu_of_eight_is_caught():
     results[gpu] = off_by(drawn, gpu, results[gpu], product, row, cols[1], 1)
     out.commitments[gpu] = results[gpu].commitment()
     out.revealed = node.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
-    findings, figures = challenge.judge(A100, drawn, out)
+    findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("challenge_wrong_result", "reject", 6)]
     assert f"entry ({row}, {cols[1]}) of product {product}" in findings[0].message
     assert [figures["gpus"][str(g)]["correct"] for g in range(8)] == [g != 6 for g in range(8)]
@@ -146,7 +146,7 @@ def test_revealed_rows_that_do_not_prove_the_commitment_are_wrong_results(tamper
     drawn = challenge.draw(A100, [0, 1], quick=True)
     out, _ = honest_outcome(A100, drawn)
     tamper(out.revealed, out)
-    findings, _ = challenge.judge(A100, drawn, out)
+    findings, _ = challenge_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("challenge_wrong_result", "reject", 0)]
     assert reason in findings[0].message
 
@@ -162,7 +162,7 @@ def test_a_bf16_rounded_output_is_allowed_its_rounding_and_no_more():
         work = off_by(drawn, 0, honest, 0, row, col, delta)
         picks = {0: [(0, row, [col])]}
         revealed = node.reveal_rows(challenge.reveal_request(picks)["reveal"], {0: work})["0"]
-        assert (challenge.check_gpu(drawn, 0, work.commitment(), picks[0], revealed) == "") is ok, delta
+        assert (challenge_verdict.check_gpu(drawn, 0, work.commitment(), picks[0], revealed) == "") is ok, delta
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -179,7 +179,7 @@ def test_throughput_is_the_platforms_work_over_its_own_clock_minus_the_round_tri
     out.round_trip_s = 0.2  # a slow link: subtracted, so it does not count against the card
     for gpu in out.arrivals:
         out.arrivals[gpu] += 0.19
-    findings, figures = challenge.judge(A100, drawn, out)
+    findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert sorted({(f.code, f.severity) for f in findings}) == expected
     assert figures["gpus"]["1"]["of_datasheet"] == pytest.approx(share, abs=1e-3)
     assert figures["round_trip_s"] == 0.2
@@ -188,7 +188,8 @@ def test_throughput_is_the_platforms_work_over_its_own_clock_minus_the_round_tri
 def test_one_gpu_slower_than_the_rest_of_its_node_is_an_outlier():
     drawn = challenge.draw(A100, list(range(8)), quick=True)
     slow = {g: drawn.target_s / (0.74 if g == 5 else 0.86) for g in range(8)}
-    findings, _ = challenge.judge(A100, drawn, honest_outcome(A100, drawn, "a100-80gb-sxm-x8-one-slow", slow)[0])
+    out = honest_outcome(A100, drawn, "a100-80gb-sxm-x8-one-slow", slow)[0]
+    findings, _ = challenge_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("challenge_outlier", "degrade", 5)]
 
 
@@ -231,7 +232,7 @@ PONGS = [b'{"pong": 0}', b'{"pong": 1}', b'{"pong": 2}']
 def test_a_node_that_answers_badly_gets_a_finding_with_the_reason(lines, reason):
     drawn = challenge.draw(A4000, [0, 1], quick=True)
     out = challenge.run(FakeExchange(*lines), drawn, 300)
-    findings, _ = challenge.judge(A4000, drawn, out)
+    findings, _ = challenge_verdict.judge(A4000, drawn, out)
     assert codes(findings) == [("challenge_no_answer", "reject", 0), ("challenge_no_answer", "reject", 1)]
     assert reason in findings[0].message and "verify again" in findings[0].message
 
@@ -239,7 +240,7 @@ def test_a_node_that_answers_badly_gets_a_finding_with_the_reason(lines, reason)
 def test_commitments_without_the_revealed_rows_are_wrong_results():
     drawn = challenge.draw(A4000, [0], quick=True)
     exchange = FakeExchange(*PONGS, b'{"gpu": 0, "commitment": "ab", "node_elapsed_s": 1}', b'{"nope": 1}')
-    findings, _ = challenge.judge(A4000, drawn, challenge.run(exchange, drawn, 300))
+    findings, _ = challenge_verdict.judge(A4000, drawn, challenge.run(exchange, drawn, 300))
     assert {f.code for f in findings} >= {"challenge_wrong_result"}
     assert "reveal" in exchange.sent[-1]  # the rows were asked for only after the commitment
 
@@ -253,7 +254,7 @@ def test_revealed_rows_come_a_line_per_gpu_each_of_a_challenged_gpu():
                        ([b'{"revealed": {"0": {}, "1": {}}}'], "of a challenged GPU")):
         out = challenge.run(FakeExchange(*PONGS, *commits, *lines), drawn, 300)
         assert why in out.problem, (lines, out.problem)
-        findings, _ = challenge.judge(A4000, drawn, out)
+        findings, _ = challenge_verdict.judge(A4000, drawn, out)
         assert {(f.code, f.gpu_index) for f in findings} >= {("challenge_wrong_result", 1)}
 
 
@@ -292,7 +293,8 @@ def test_an_agent_that_cannot_run_the_challenge_gets_no_pass():
     drawn = challenge.draw(A4000, [0], quick=True, real_work=True)
     for code in ("challenge_unsupported", "no_cuda", "internal_error"):
         error = b'{"ok": false, "error": {"code": "%s", "message": "no CUDA path"}}' % code.encode()
-        findings, figures = challenge.judge(A4000, drawn, challenge.run(FakeExchange(*PONGS, error), drawn, 300))
+        out = challenge.run(FakeExchange(*PONGS, error), drawn, 300)
+        findings, figures = challenge_verdict.judge(A4000, drawn, out)
         assert {f.code for f in findings} == {"challenge_no_answer"} and "not_run" not in figures
         assert "no CUDA path" in findings[0].message
 
@@ -337,7 +339,7 @@ def exchange_with_agent(profile, declared, gpus):
 def test_the_platform_and_the_sim_agent_complete_the_exchange_and_the_sim_takes_its_real_cards_time():
     drawn, out, final, status = exchange_with_agent("a6000-posing-as-a100-x2-faked-figures", A100, [0, 1])
     assert (final["ok"], status) == (True, [0])
-    findings, figures = challenge.judge(A100, drawn, out)
+    findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("challenge_too_slow", "reject", 0), ("challenge_too_slow", "reject", 1)]
     # an RTX A6000 at ~72 % of its 154.8 TFLOP/s, however the node reports itself: ~36 % of an A100
     assert all(0.33 < figures["gpus"][g]["of_datasheet"] < 0.38 for g in ("0", "1")), figures
@@ -355,6 +357,6 @@ def test_the_in_process_profile_check_agrees_with_the_exchange():
 
 def test_throughput_figures_keep_their_digits_below_one():
     """A loaded CPU's 0.0004 TFLOP/s (scripts/gpu-selfcheck --device cpu) is printed as such, not as 0.0."""
-    _figure = challenge._figure
+    _figure = challenge_verdict._figure
     assert _figure(0.000412345) == 0.000412 and _figure(0.5) == 0.5
     assert _figure(312.51234) == 312.512 and _figure(1.0004) == 1.0

@@ -14,7 +14,7 @@ import pytest
 
 from provisioning.agent.gpumarket_agent import challenge as node
 from provisioning.agent.gpumarket_agent import challenge_torch as node_torch
-from provisioning.verification import challenge
+from provisioning.verification import challenge, challenge_verdict
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from tests.provisioning.test_challenge_agent import hear, say, start
 
@@ -133,7 +133,8 @@ def test_a_real_work_challenge_on_the_cpu_is_verified_by_the_platforms_own_check
     took = time.monotonic() - started
     assert (final["ok"], status, out.problem) == (True, [0], "")
     for gpu in (0, 1):
-        assert challenge.check_gpu(drawn, gpu, out.commitments[gpu], out.picks[gpu], out.revealed[str(gpu)]) == ""
+        revealed = out.revealed[str(gpu)]
+        assert challenge_verdict.check_gpu(drawn, gpu, out.commitments[gpu], out.picks[gpu], revealed) == ""
     commits = [m for m in lines if "commitment" in m]
     assert {m["output_dtype"] for m in commits} <= {"fp32", "bf16"}
     assert all(0 < m["node_compute_s"] <= m["node_elapsed_s"] for m in commits)
@@ -157,11 +158,11 @@ def test_one_flipped_value_on_one_gpu_is_caught(monkeypatch):
     monkeypatch.setattr(node_torch, "multiply", corrupt)
     out, final, status, _ = real_exchange(drawn, rng=random.Random(99))
     assert final["ok"] is True and out.picks[0] == picks
-    why = challenge.check_gpu(drawn, 0, out.commitments[0], out.picks[0], out.revealed["0"])
+    why = challenge_verdict.check_gpu(drawn, 0, out.commitments[0], out.picks[0], out.revealed["0"])
     # the corrupted GEMM went into the row's digest on the device; the row recomputed at the reveal is right, so
     # it no longer matches what the GPU committed to
     assert why == f"row {row} of product {product} does not match what the GPU committed to"
-    findings, figures = challenge.judge(DeclaredModel.from_catalogue(CATALOGUE["rtx-a4000"]), drawn, out)
+    findings, figures = challenge_verdict.judge(DeclaredModel.from_catalogue(CATALOGUE["rtx-a4000"]), drawn, out)
     assert "challenge_wrong_result" in {f.code for f in findings} and figures["gpus"]["0"]["correct"] is False
 
 
@@ -214,7 +215,7 @@ def test_the_real_work_draw_takes_the_target_time_on_every_card_in_the_catalogue
         assert drawn.products * drawn.n <= challenge.REAL_MAX_DIGESTS
         node.validate_challenge(drawn.request(600), real=True)  # what the agent accepts
         # inside the 3-minute budget with the pings and the reveal (BENCHMARKS.md)
-        floor = challenge._band(declared)["reject"]
+        floor = challenge.bf16_band(declared)["reject"]
         assert drawn.wait_s == pytest.approx(drawn.target_s / floor + drawn.products * drawn.n * 8 / 2.5e8 + 5)
         assert drawn.wait_s < 40, (slug, drawn.wait_s)
     # a slow card: one product at the target; a card with little memory: a smaller n, more products

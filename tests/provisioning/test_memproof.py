@@ -17,7 +17,7 @@ import pytest
 from provisioning.agent.gpumarket_agent import memproof as node
 from provisioning.agent.gpumarket_agent import memproof_torch as node_torch
 from provisioning.agent.gpumarket_agent import recompute
-from provisioning.verification import memproof
+from provisioning.verification import memproof, memproof_verdict
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR
 
@@ -120,7 +120,7 @@ def exchange_with_agent(profile_path, declared, gpus, rng=None):
 def test_an_honest_node_passes_and_reads_its_fill_in_the_claimed_cards_time():
     drawn, out, final, status = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0, 1, 2, 3])
     assert (final["ok"], status, out.problem) == (True, [0], "")
-    findings, figures = memproof.judge(A100, drawn, out)
+    findings, figures = memproof_verdict.judge(A100, drawn, out)
     assert findings == []
     assert drawn.nominal_bytes >= 0.95 * 81920 * 2 ** 20
     assert all(figures["gpus"][str(g)]["correct"] for g in range(4))
@@ -134,7 +134,7 @@ def test_a_40gb_card_claiming_80gb_with_the_rest_in_host_ram_is_late():
     path = PROFILES_DIR / "a100-40gb-sxm-says-80gb-everywhere-x1.json"
     drawn, out, final, status = exchange_with_agent(path, A100, [0])
     assert (final["ok"], status) == (True, [0])
-    findings, figures = memproof.judge(A100, drawn, out)
+    findings, figures = memproof_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("memory_proof_late", "reject", 0)]
     assert figures["gpus"]["0"]["correct"] is True  # every opening is right: only the clock sees it
     # ~37 GB over its 25 GB/s host link: more than a second
@@ -150,7 +150,7 @@ def test_made_up_digests_for_the_memory_it_lacks_fail_the_openings(tmp_path):
     # with 8 openings a card holding half of the blocks passes them all 1 time in 256: seeded so that one lands
     drawn, out, final, status = exchange_with_agent(path, A100, [0], rng=random.Random(1))
     assert any(b >= drawn.blocks // 2 for b, _ in out.picks[0])
-    findings, _ = memproof.judge(A100, drawn, out)
+    findings, _ = memproof_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("memory_proof_failed", "reject", 0)]
     assert "does not match its committed digest" in findings[0].message
 
@@ -185,7 +185,7 @@ class FakeExchange:
 def test_a_node_that_answers_badly_gets_a_finding_with_the_reason(lines, reason):
     drawn = memproof.draw(A100, [0])
     out = memproof.run(FakeExchange(*lines), drawn, 300)
-    findings, _ = memproof.judge(A100, drawn, out)
+    findings, _ = memproof_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("memory_proof_no_answer", "reject", 0)]
     assert reason in findings[0].message and "verify again" in findings[0].message
 
@@ -194,7 +194,7 @@ def test_roots_without_openings_or_with_wrong_ones_fail():
     drawn = memproof.draw(A100, [0])
     roots = [b'{"gpu": 0, "root": "ab"}', b'{"gpu": 0, "root": "cd"}']
     exchange = FakeExchange(*PONGS, *roots, b'{"nope": 1}')
-    findings, _ = memproof.judge(A100, drawn, memproof.run(exchange, drawn, 300))
+    findings, _ = memproof_verdict.judge(A100, drawn, memproof.run(exchange, drawn, 300))
     assert codes(findings) == [("memory_proof_failed", "reject", 0)]
     assert "fresh" in exchange.sent[-2] and "open" in exchange.sent[-1]  # opened only after both roots
     words = "00" * 4 * drawn.words
@@ -210,7 +210,7 @@ def test_roots_without_openings_or_with_wrong_ones_fail():
         exchange = FakeExchange(*PONGS, *roots, json.dumps(answer).encode() if answer else None)
         out = memproof.run(exchange, drawn, 300)
         out.picks = {0: [(1, 0)]}  # block 1's chunk 0: the first chunk checked is chunk 0 of block 0
-        findings, _ = memproof.judge(A100, drawn, out)
+        findings, _ = memproof_verdict.judge(A100, drawn, out)
         assert codes(findings) == [("memory_proof_failed", "reject", 0)], answer
         assert why in findings[0].message, (answer, findings[0].message)
 
@@ -241,19 +241,19 @@ def test_an_opening_is_a_few_kib_per_commitment_beside_its_words_at_real_sizes()
 
 def test_a_tampered_word_or_path_of_an_honest_answer_fails():
     drawn, out, _, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0])
-    assert memproof.check_gpu(drawn, out, 0) == ""
+    assert memproof_verdict.check_gpu(drawn, out, 0) == ""
     item = out.opened["0"][0]
     flip_word(item)
-    assert "does not match its committed digest" in memproof.check_gpu(drawn, out, 0)
+    assert "does not match its committed digest" in memproof_verdict.check_gpu(drawn, out, 0)
     flip_word(item)
-    assert memproof.check_gpu(drawn, out, 0) == ""
+    assert memproof_verdict.check_gpu(drawn, out, 0) == ""
     for field in ("group", "groups_fresh"):
         honest = item[field]
         item[field] = ("0" if honest[0] != "0" else "1") + honest[1:]
-        assert "does not lead to the committed root" in memproof.check_gpu(drawn, out, 0), field
+        assert "does not lead to the committed root" in memproof_verdict.check_gpu(drawn, out, 0), field
         item[field] = honest
     item["path"] = item["path"][::-1] if len(item["path"]) > 1 else ["00" * 32]
-    assert "does not lead to the committed root" in memproof.check_gpu(drawn, out, 0)
+    assert "does not lead to the committed root" in memproof_verdict.check_gpu(drawn, out, 0)
 
 
 def test_a_fill_not_derived_from_its_blocks_or_not_from_the_seed_fails_with_consistent_digests(monkeypatch):
@@ -265,17 +265,17 @@ def test_a_fill_not_derived_from_its_blocks_or_not_from_the_seed_fails_with_cons
     drawn, out, final, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0])
     assert final["ok"] is True
     block, chunk = out.picks[0][0]
-    assert memproof.check_gpu(drawn, out, 0) == (f"word {chunk * drawn.words} of block {block} is not derived from "
-                                                  f"blocks {block - 1} and "
-                                                  + ", ".join(str(p) for p, _ in memproof.links(
-                                                      drawn.seed, 0, block, drawn.chunks * drawn.words)[0]))
+    refs = memproof.links(drawn.seed, 0, block, drawn.chunks * drawn.words)[0]
+    assert memproof_verdict.check_gpu(drawn, out, 0) == (f"word {chunk * drawn.words} of block {block} is not derived "
+                                                         f"from blocks {block - 1} and "
+                                                         + ", ".join(str(p) for p, _ in refs))
     monkeypatch.setattr(node, "fill", honest_fill)
     honest_zero = node.block_zero
     monkeypatch.setattr(node, "block_zero", lambda *args: [w ^ 1 for w in honest_zero(*args)])
     drawn, out, final, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0],
                                                rng=random.Random(2))
     assert final["ok"] is True
-    assert memproof.check_gpu(drawn, out, 0).endswith("of block 0 is not the seed's")
+    assert memproof_verdict.check_gpu(drawn, out, 0).endswith("of block 0 is not the seed's")
 
 
 def test_the_agent_refuses_a_bad_request_with_the_field():
@@ -332,7 +332,7 @@ def test_the_pytorch_fill_on_this_cpu_is_the_platforms_and_passes_its_check():
 
     out, final, status, _ = torch_exchange(drawn)
     assert (final["ok"], status, out.problem) == (True, [0], "")
-    assert memproof.check_gpu(drawn, out, 0) == "" and memproof.check_gpu(drawn, out, 1) == ""
+    assert memproof_verdict.check_gpu(drawn, out, 0) == "" and memproof_verdict.check_gpu(drawn, out, 1) == ""
     assert {g: d["digest"] for g, d in out.node_detail.items()} == {0: "eager", 1: "eager"}  # auto, on a CPU
     real = memproof.draw(A100, [0], real=True)
     assert real.blocks * real.chunks * real.words * 4 >= 0.95 * 81920 * 2 ** 20
@@ -380,8 +380,8 @@ def test_the_fused_digest_compiled_on_this_cpu_gives_the_same_roots_and_passes()
         assert "fused_error" not in out.node_detail[gpu]
         assert out.roots[gpu] == eager_root(drawn, gpu, node.key(drawn.seed, gpu, "digest"))
         assert out.fresh_roots[gpu] == eager_root(drawn, gpu, out.fresh_salt)
-        assert memproof.check_gpu(drawn, out, gpu) == ""
-    _, figures = memproof.judge(A100, drawn, out)
+        assert memproof_verdict.check_gpu(drawn, out, gpu) == ""
+    _, figures = memproof_verdict.judge(A100, drawn, out)
     assert figures["gpus"]["0"]["node"]["digest"] == "fused" and figures["gpus"]["0"]["node"]["node_s"]["device"] >= 0
     for gpu in ("0", "1"):  # what the fill and the compile used of the fill's wait: the platform's clock, the agent's
         row, setup = figures["gpus"][gpu], figures["gpus"][gpu]["node_fill"]["node_s"]
@@ -400,7 +400,7 @@ def test_a_fused_digest_that_disagrees_with_pytorchs_ops_is_not_used(monkeypatch
     assert (final["ok"], status, out.problem) == (True, [0], "")
     assert out.node_detail[0]["digest"] == "eager"
     assert "disagrees" in out.node_detail[0]["fused_error"]
-    assert memproof.check_gpu(drawn, out, 0) == ""
+    assert memproof_verdict.check_gpu(drawn, out, 0) == ""
 
 
 def test_a_real_fill_waits_for_the_agents_setup_and_a_sim_fill_does_not():
@@ -432,7 +432,7 @@ def test_a_real_size_fills_openings_fit_the_ssh_exchanges_line_limit():
     from provisioning.ssh_channels import MAX_ANSWER_BYTES
     drawn = memproof.draw(A100, [0], sizes={"blocks": 2, "chunks": 4096, "words": 4096}, device="cpu")
     out, _, _, pipe = torch_exchange(drawn, 300)
-    assert out.problem == "" and memproof.check_gpu(drawn, out, 0) == ""
+    assert out.problem == "" and memproof_verdict.check_gpu(drawn, out, 0) == ""
     assert sum(len(node.needed_chunks(drawn.request(60), 0, b, c)) for b, c in out.picks[0]) > 8 * 8  # many reached
     assert 2 ** 20 < max(pipe.sizes) < MAX_ANSWER_BYTES * 0.75, pipe.sizes
     assert max(pipe.sizes) <= memproof.openings_bytes(drawn)  # the bound the openings' wait uses
@@ -469,7 +469,7 @@ def test_a_40gb_card_rebuilding_the_rest_on_the_card_is_late_with_every_opening_
     path = PROFILES_DIR / "a100-40gb-sxm-says-80gb-rebuilds-the-rest-x1.json"
     drawn, out, final, status = exchange_with_agent(path, A100, [0])
     assert (final["ok"], status) == (True, [0])
-    findings, figures = memproof.judge(A100, drawn, out)
+    findings, figures = memproof_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("memory_proof_late", "reject", 0)]
     assert figures["gpus"]["0"]["correct"] is True and figures["fresh_rounds"] == 2  # late twice
     assert figures["gpus"]["0"]["fresh_s"] > 1.0 > figures["read_deadline_s"]
@@ -504,7 +504,7 @@ def test_a_late_fresh_root_gets_a_second_salt_and_the_second_answer_is_judged():
     exchange = ClockedExchange(*[(p, 0.001) for p in PONGS], *fresh_answers(0.0, late, on_time), (b'{"nope": 1}', 0))
     out = memproof.run(exchange, drawn, 300)
     assert out.fresh_rounds == 2 and [m for m in exchange.sent if "fresh" in m][1]["fresh"] == out.fresh_salt
-    findings, figures = memproof.judge(A100, drawn, out)
+    findings, figures = memproof_verdict.judge(A100, drawn, out)
     assert "memory_proof_late" not in {f.code for f in findings}  # (its openings are garbage: failed)
     assert figures["gpus"]["0"]["fresh_s"] == pytest.approx(on_time - 0.001, abs=1e-4)
 

@@ -10,7 +10,7 @@ import pytest
 from provisioning import sim, ssh_round_trip
 from provisioning.services.nodes import node_private_key
 from provisioning.ssh import Endpoint, NodeSession
-from provisioning.verification import challenge, memproof, round_trip
+from provisioning.verification import challenge, challenge_verdict, memproof_verdict, round_trip
 from provisioning.verification.profiles import PROFILES_DIR
 from provisioning.verification.tolerances import TOLERANCES
 from tests.factories import UserFactory, make_node
@@ -60,11 +60,12 @@ def test_holding_the_challenges_pongs_back_does_not_make_a_slow_card_look_fast()
     # >= the hold less a little: the platform stamps a ping after writing it, and under load the agent may have
     # read it and begun its hold first (2.4983 s was seen in CI)
     assert out.round_trips["agent_pings"] >= 2.5 - STAMP_SLACK_S and out.round_trip_s == CAP  # pipes: the cap
-    findings, figures = challenge.judge(A100, drawn, out)
+    findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
     assert figures["round_trips"]["agent_pings"] >= 2.5 - STAMP_SLACK_S
     # what the pongs alone would have bought: an A6000 passing as an A100
-    bought, _ = challenge.judge(A100, drawn, dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"]))
+    pongs_only = dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"])
+    bought, _ = challenge_verdict.judge(A100, drawn, pongs_only)
     assert bought == []
 
 
@@ -72,9 +73,10 @@ def test_holding_the_memory_proofs_pongs_back_does_not_hide_a_rebuild():
     drawn, out, final, _ = memproof_with_agent(PROFILES_DIR / f"{SLOW_PROOF}.json", A100, [0])
     assert final["ok"] is True
     assert out.round_trips["agent_pings"] >= 1.8 - STAMP_SLACK_S and out.round_trip_s == CAP
-    findings, _ = memproof.judge(A100, drawn, out)
+    findings, _ = memproof_verdict.judge(A100, drawn, out)
     assert [(f.code, f.gpu_index) for f in findings] == [("memory_proof_late", 0)]
-    bought, _ = memproof.judge(A100, drawn, dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"]))
+    pongs_only = dataclasses.replace(out, round_trip_s=out.round_trips["agent_pings"])
+    bought, _ = memproof_verdict.judge(A100, drawn, pongs_only)
     assert bought == []
 
 
@@ -101,7 +103,7 @@ def test_over_ssh_sshd_and_tcp_time_the_trip_the_agent_holds_back(db, tmp_path):
     assert set(trips) == {"agent_pings", "sshd", "tcp"}, trips
     assert trips["agent_pings"] >= 2.5 - STAMP_SLACK_S and max(trips["sshd"], trips["tcp"]) < 1.0, trips
     assert out.round_trip_s == min(trips.values())
-    findings, figures = challenge.judge(A100, drawn, out)
+    findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert sorted((f.code, f.gpu_index) for f in findings) == [("challenge_too_slow", 0), ("challenge_too_slow", 1)]
     assert figures["round_trips"]["sshd"] < 1.0
 

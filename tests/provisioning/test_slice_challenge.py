@@ -15,7 +15,7 @@ import pytest
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import memproof as agent_memproof
 from provisioning.agent.gpumarket_agent.core import AgentError
-from provisioning.verification import challenge, memproof, slice_challenge
+from provisioning.verification import challenge, challenge_verdict, memproof, memproof_verdict, slice_challenge
 from provisioning.verification.mig import check_mig
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import (
@@ -185,7 +185,8 @@ def test_a_real_node_challenges_a_slice_in_a_child_that_sees_only_it(tmp_path):
     drawn = tiny_slice()
     out = run_on_a_real_slice(tmp_path, "challenge", challenge.run, drawn)
     label = challenge.MIG_LABEL_BASE
-    assert challenge.check_gpu(drawn, label, out.commitments[label], out.picks[label], out.revealed[str(label)]) == ""
+    assert challenge_verdict.check_gpu(drawn, label, out.commitments[label], out.picks[label],
+                                       out.revealed[str(label)]) == ""
     # one slice per exchange on a real node: CUDA shows a process one MIG device
     proc = start(tmp_path, runtime="docker")
     say(proc, {"challenge": tiny_slice((UUID, "MIG-25ed6b80-d9fe-5162-3cab-5650f90cb68e")).request(60)})
@@ -253,7 +254,7 @@ def test_a_real_node_proves_a_slices_memory_in_a_child_that_sees_only_it(tmp_pat
                                   sizes={"blocks": 9, "chunks": 6, "words": 16}), mig_uuids=(UUID,))
     out = run_on_a_real_slice(tmp_path, "memproof", memproof.run, drawn)
     label = challenge.MIG_LABEL_BASE
-    assert out.fresh_rounds == 1 and memproof.check_gpu(drawn, out, label) == ""
+    assert out.fresh_rounds == 1 and memproof_verdict.check_gpu(drawn, out, label) == ""
     findings, figures, disproved = slice_challenge.judge_slice_proofs(replace(shape, proof=drawn), out)
     assert (findings, disproved) == ([], set()) and figures["slices"][UUID]["correct"] is True
     proc = start(tmp_path, runtime="docker", command="memproof")

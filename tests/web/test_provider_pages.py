@@ -37,7 +37,8 @@ FIGURES = {
                           "memory_bandwidth_gbs": 0.338}}
         for i in range(2)
     ],
-    # What the platform measured itself (challenge.judge, memproof.judge): an A6000's speed, its memory held
+    # What the platform measured itself (challenge_verdict.judge, memproof_verdict.judge): an A6000's speed, its
+    # memory held
     "challenge": {
         "gpus": {str(i): {"platform_elapsed_s": 4.12, "bf16_tflops": 127.3, "of_datasheet": 0.408, "correct": True}
                  for i in range(2)},
