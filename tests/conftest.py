@@ -88,6 +88,15 @@ def _reference_data(request):
 
 
 @pytest.fixture(autouse=True)
+def _tasks_run_only_for_tests_with_the_worker(request):
+    """tests/live.py (session_worker_for): the suite's worker takes tasks only during the tests that ask for it;
+    what another test queued is dropped before the worker takes tasks again."""
+    from tests.live import session_worker_for
+
+    session_worker_for(request)
+
+
+@pytest.fixture(autouse=True)
 def _clear_cache():
     # Throttle counters live in the shared cache (Redis); every test starts fresh.
     from django.core.cache import cache

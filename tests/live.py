@@ -61,6 +61,7 @@ class Worker:
         self.broker_url = broker_url
         self.nodename = f"e2e-{os.getpid()}{suffix}@{socket.gethostname()}"
         self.proc = None
+        self.consuming = True  # it takes tasks from its queues (consume())
 
     def start(self):
         env = {
@@ -73,6 +74,7 @@ class Worker:
             "DATABASE_CONN_MAX_AGE": "0",  # no idle connection may block the tests' TRUNCATE between tests
             **self.extra_env,
         }
+        self.consuming = True  # a new process takes from every queue it is given
         self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         since = self.log.tell()  # a restarted worker: wait for its own "ready."
         self.proc = subprocess.Popen(
@@ -84,6 +86,29 @@ class Worker:
         )
         wait_until(lambda: b"ready." in self.log_path.read_bytes()[since:], 60,
                    what="the celery worker to be ready")
+
+    def consume(self, on: bool, settle_s: float = 10.0) -> None:
+        """Start or stop taking tasks from its queues (Celery's remote control: add_consumer / cancel_consumer,
+        each answered by the worker before this returns). Before it starts, what waits in the queues is dropped:
+        tests that had no worker queued it. Stopping waits, up to `settle_s`, for the tasks it has taken to end,
+        so that none outlives the test that queued it."""
+        if on == self.consuming or self.proc is None or self.proc.poll() is not None:
+            return
+        from config.celery import app
+
+        control = app.control
+        if on:
+            control.purge()
+        for queue in self.queues:
+            (control.add_consumer if on else control.cancel_consumer)(queue, destination=[self.nodename],
+                                                                        reply=True, timeout=5.0)
+        self.consuming = on
+        deadline = time.monotonic() + settle_s
+        while not on and time.monotonic() < deadline:
+            inspect = control.inspect(destination=[self.nodename], timeout=1.0, limit=1)
+            if not any((inspect.active() or {}).values()) and not any((inspect.reserved() or {}).values()):
+                break
+            time.sleep(0.1)
 
     def children(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
@@ -130,6 +155,18 @@ def celery_worker(django_db_setup, django_db_blocker, simnodes_dir, tmp_path_fac
     yield worker
     _session_worker = None
     worker.stop()
+
+
+WANT_THE_WORKER = {"worker", "celery_worker"}
+
+
+def session_worker_for(request) -> None:
+    """Only a test that asks for the suite's worker (`worker`, `celery_worker`) has its tasks run by it. Another
+    test's commits queue tasks too (a booking queues its provisioning), and a worker left running by an earlier
+    test would run them against the test's rows while the test tears down: its TRUNCATE then deadlocks with the
+    task's transaction, now and then (tests/conftest.py calls this for every test)."""
+    if _session_worker is not None:
+        _session_worker.consume(bool(WANT_THE_WORKER & set(request.fixturenames)))
 
 
 @pytest.fixture
