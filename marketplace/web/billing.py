@@ -31,7 +31,7 @@ from marketplace.models import Node
 from marketplace.money import parse_cents, usd_to_micros
 from marketplace.services import instances as instance_svc
 
-from .forms import ElementsCardForm, PayoutAccountForm, TestCardForm, TopUpForm, UsageFilterForm
+from .billing_forms import ElementsCardForm, PayoutAccountForm, TestCardForm, TopUpForm, UsageFilterForm
 
 _REAL_PUBLISHABLE_KEY = re.compile(r"pk_(test|live)_[A-Za-z0-9]{20,}")
 _MONTH = re.compile(r"(\d{4})-(\d{2})")

@@ -1,47 +1,30 @@
-"""Forms of the web pages: they parse what people type and render it back, with the API's rules.
+"""Forms of the account and renting pages: they parse what people type and render it back, with the API's rules.
+The provider's forms are in node_forms.py, the billing pages' in billing_forms.py.
 
 No rule is written here: limits, validators and parsers come from where the API's serializers take them
 (marketplace.validators, core.validators, core.money, the services' constants), so a page and the API accept and
 refuse the same input (tests/web/test_same_rules.py); the services decide everything else.
 """
-import re
 
 from django import forms
-from django.conf import settings
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
-from django_countries import countries
 
-from billing.selectors import cards_for_user
-from billing.services.cards import SETUP_INTENT_ID
-from billing.services.profiles import CONNECT_ACCOUNT_ID, CONNECT_ACCOUNT_MESSAGE
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
-from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, USD_MAX_DIGITS, USD_PLACES, parse_cents
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
-from marketplace.models import GpuModel, Image, Runtime, SshKey, User
+from marketplace.models import Image, SshKey, User
 from marketplace.money import usd_text
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.validators import (
-    ADDRESS_MAX_LENGTH,
     EMAIL_MAX_LENGTH,
-    FINGERPRINT_MAX_LENGTH,
-    MAX_GPUS_PER_NODE,
     NAME_MAX_LENGTH,
     PASSWORD_MAX_LENGTH,
-    PRICE_LIMITS,
     SIGNUP_TOKEN_MAX_LENGTH,
-    SSH_PORT_MAX,
-    SSH_PORT_MIN,
-    SSH_USER_MAX_LENGTH,
-    validate_address,
-    validate_host_key_fingerprint,
     validate_instance_keys,
-    validate_ssh_user,
 )
 
 from .rent_options import RentOptionsMixin
@@ -247,211 +230,3 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
         if self.cleaned_data.get("ssh_public_key"):
             keys.append(_parse_key(self.cleaned_data["ssh_public_key"]))
         return keys
-
-
-class _ModelChoices(forms.ModelChoiceField):
-    def label_from_instance(self, model):
-        return f"{model.name} ({model.memory_gb} GB)"
-
-
-COUNTRY_CHOICES = [("", "Choose a country")] + [(code, name) for code, name in countries]
-
-
-class PriceField(forms.DecimalField):
-    """USD per GPU-hour, with the API's digits, places and bounds (core.api.fields.UsdField, PRICE_LIMITS)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(label="Price per GPU-hour (USD)", max_digits=USD_MAX_DIGITS, decimal_places=USD_PLACES,
-                         **PRICE_LIMITS, **kwargs)
-
-
-class NodeRegisterForm(forms.Form):
-    name = forms.CharField(max_length=NAME_MAX_LENGTH, validators=[no_control_characters],
-                           help_text="Your name for the server, e.g. rack1-a6000.")
-    address = forms.CharField(max_length=ADDRESS_MAX_LENGTH, validators=[validate_address],
-                              help_text="Hostname or IP address the platform connects to over SSH.")
-    ssh_port = forms.IntegerField(label="SSH port", min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, initial=22)
-    ssh_user = forms.CharField(label="SSH user", max_length=SSH_USER_MAX_LENGTH, validators=[validate_ssh_user],
-                               help_text="The user the platform logs in as; it needs sudo for the runtime.")
-    host_key_fingerprint = forms.CharField(
-        label="Host key fingerprint", max_length=FINGERPRINT_MAX_LENGTH, required=False,
-        validators=[validate_host_key_fingerprint],
-        help_text="SHA256:... from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the server. "
-                  "Without it, the key seen on first contact is pinned.",
-    )
-    country = forms.ChoiceField(choices=COUNTRY_CHOICES)
-    city = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
-    datacenter = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
-    gpu_model = _ModelChoices(label="GPU model", queryset=GpuModel.objects.all(), to_field_name="slug",
-                              empty_label="Choose the model of its GPUs")
-    gpu_count = forms.IntegerField(label="Number of GPUs", min_value=1, max_value=MAX_GPUS_PER_NODE)
-    price_per_gpu_hour = PriceField(help_text="What a renter pays per GPU per hour.")
-    runtime = forms.ChoiceField(choices=Runtime.choices, initial=Runtime.DOCKER, widget=forms.RadioSelect)
-
-    def clean_address(self):
-        return self.cleaned_data["address"].lower()
-
-
-class NodeSettingsForm(forms.Form):
-    price_per_gpu_hour = PriceField(help_text="New rentals pay it; running instances keep their price.")
-    listed = forms.BooleanField(required=False, label="Listed: renters can book it",
-                                help_text="Untick to take it off the offers; running instances are not touched.")
-    maintenance = forms.BooleanField(required=False, label="In maintenance",
-                                     help_text="No new rentals and no scheduled checks until you switch it off.")
-
-
-_LAYOUT_LINE = re.compile(r"\s*GPU\s*(\d+)\s*:\s*(.*)", re.IGNORECASE)
-_PRICE_LINE = re.compile(r"\s*(\S+)\s*:\s*\$?\s*(\S+)\s*")
-
-
-class _LinesField(forms.CharField):
-    """A textarea of lines; its max_length applies to the text typed (the parsed value is a list or a dict)."""
-
-    def lines(self, value) -> list[str]:
-        text = super().to_python(value) or ""
-        if self.max_length is not None and len(text) > self.max_length:
-            raise ValidationError(f"At most {self.max_length} characters.")
-        return [raw for raw in text.splitlines() if raw.strip()]
-
-
-class MigLayoutLinesField(_LinesField):
-    """Lines "GPU <index>: <profile>, ..." as the API's mig_layout ([{"gpu": 0, "profiles": [...]}]); whether the
-    profiles fit the model is the service's rule (marketplace.mig.layout_problems via node_update)."""
-
-    def to_python(self, value):
-        layout = []
-        for n, line in enumerate(self.lines(value)):
-            match = _LAYOUT_LINE.fullmatch(line)
-            profiles = [p.strip() for p in match.group(2).split(",")] if match else []
-            if not match or not all(profiles):
-                raise ValidationError(f"Line {n + 1} must read “GPU <index>: <profile>, <profile>, ...”.")
-            layout.append({"gpu": int(match.group(1)), "profiles": profiles})
-        return layout
-
-
-class MigPricesLinesField(_LinesField):
-    """Lines "<profile>: <price>" as the API's mig_prices, each price by the API's price rule (PriceField); which
-    profiles need one is the service's rule (marketplace.mig.price_problems)."""
-
-    def to_python(self, value):
-        prices, price_field = {}, PriceField()
-        for n, line in enumerate(self.lines(value)):
-            match = _PRICE_LINE.fullmatch(line)
-            if not match:
-                raise ValidationError(f"Line {n + 1} must read “<profile>: <price>”, e.g. “3g.40gb: 0.70”.")
-            profile = match.group(1)
-            if profile in prices:
-                raise ValidationError(f"{profile} is given twice: one line per profile.")
-            try:
-                prices[profile] = price_field.clean(match.group(2))
-            except ValidationError as exc:
-                raise ValidationError(f"{profile}: {' '.join(exc.messages)}") from None
-        return prices
-
-
-class NodeMigForm(forms.Form):
-    """A node's MIG layout and slice prices, typed as lines; parsed into the API's JSON shapes, whose rules
-    (profiles of the model, no overfilled card, a price for each profile used and none other) are the service's
-    (marketplace.services.nodes._check_mig), answered on the field they concern."""
-
-    mig_layout = MigLayoutLinesField(
-        label="MIG layout", required=False, max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
-                                     "placeholder": "GPU 0: 3g.40gb, 3g.40gb\nGPU 1: 1g.10gb, 1g.10gb, 2g.20gb"}),
-        help_text="One line per split GPU: its index, then its profiles. GPUs not named stay whole. "
-                  "Empty: no MIG. The next check holds it against nvidia-smi.")
-    mig_prices = MigPricesLinesField(
-        label="Prices per slice-hour (USD)", required=False, max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
-                                     "placeholder": "3g.40gb: 0.70\n1g.10gb: 0.25"}),
-        help_text="One line per profile of the layout: the profile, then its price.")
-
-
-# --------------------------------------------------------------------------------------------- billing
-
-class _CardChoices(forms.ModelChoiceField):
-    def label_from_instance(self, card):
-        expiry = f", expires {card.exp_month:02d}/{card.exp_year}" if card.exp_month and card.exp_year else ""
-        return f"{(card.brand or 'card').title()} •••• {card.last4 or '????'}{expiry}"
-
-
-class CentsField(forms.DecimalField):
-    """USD in whole cents, parsed as the API's CentsField parses it (core.money.parse_cents): "25." is refused."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("max_digits", CENTS_MAX_DIGITS)
-        kwargs.setdefault("decimal_places", CENTS_PLACES)
-        super().__init__(**kwargs)
-
-    # Only which message a refused amount gets: a plain number is told its bounds or places ("-5", "25.001").
-    _NUMBER = re.compile(r"\s*-?\d+(\.\d+)?\s*")
-
-    def to_python(self, value):
-        number = super().to_python(value)
-        if isinstance(value, str) and value.strip():
-            try:
-                parse_cents(value)
-            except ValueError:
-                if self._NUMBER.fullmatch(value):
-                    self.validate(number)
-                    self.run_validators(number)
-                raise ValidationError(self.error_messages["invalid"], code="invalid") from None
-        return number
-
-
-class TopUpForm(forms.Form):
-    """Add money with a saved card. The bounds are the API's (BILLING_TOP_UP_MIN_USD/MAX_USD, whole cents)."""
-
-    amount = CentsField(label="Amount (USD)", widget=forms.NumberInput(attrs={"step": "0.01", "inputmode": "decimal"}))
-    card = _CardChoices(label="Card", queryset=None, empty_label=None, widget=forms.RadioSelect)
-    # Makes a double submission (a double click, a resent form) charge once: the page's own token.
-    request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
-
-    def __init__(self, *args, user, **kwargs):
-        super().__init__(*args, **kwargs)
-        low, high = settings.BILLING_TOP_UP_MIN_USD, settings.BILLING_TOP_UP_MAX_USD
-        amount = self.fields["amount"]
-        amount.min_value, amount.max_value = low, high
-        amount.validators += [MinValueValidator(low), MaxValueValidator(high)]
-        amount.widget.attrs.update(min=str(low), max=str(high))
-        amount.help_text = f"Between ${low:,} and ${high:,}, in whole cents."
-        self.fields["card"].queryset = cards_for_user(user=user)
-        if not self.is_bound:
-            self.fields["card"].initial = self.fields["card"].queryset.values_list("pk", flat=True).first()
-
-
-# Stripe's test payment methods, for localstripe and Stripe's test mode (never shown with a live key).
-TEST_CARDS = [
-    ("pm_card_visa", "Visa 4242 — test card, payments succeed"),
-    ("pm_card_mastercard", "Mastercard 4444 — test card, payments succeed"),
-    ("pm_card_chargeCustomerFail", "Visa 0341 — test card, saved, but payments are declined"),
-]
-
-
-class TestCardForm(forms.Form):
-    payment_method = forms.ChoiceField(label="Test card", choices=TEST_CARDS, widget=forms.RadioSelect,
-                                       initial="pm_card_visa")
-
-
-class ElementsCardForm(forms.Form):
-    """What Stripe Elements sends after the browser confirmed a SetupIntent with the card."""
-
-    setup_intent = forms.RegexField(regex=SETUP_INTENT_ID, max_length=100, widget=forms.HiddenInput)
-
-
-class UsageFilterForm(forms.Form):
-    instance: forms.ModelChoiceField = forms.ModelChoiceField(queryset=None, required=False,
-                                                              empty_label="All instances")
-
-    def __init__(self, *args, instances, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["instance"].queryset = instances
-        self.fields["instance"].label_from_instance = (
-            lambda i: f"#{i.pk}{' · ' + i.label if i.label else ''} ({i.num_gpus} × {i.gpu_model.name})")
-
-
-class PayoutAccountForm(forms.Form):
-    stripe_connect_account_id = forms.RegexField(
-        label="Stripe Connect account", regex=CONNECT_ACCOUNT_ID, max_length=100, required=False,
-        error_messages={"invalid": CONNECT_ACCOUNT_MESSAGE},
-        help_text="Where your weekly payouts go (acct_...). Leave empty to stop payouts.")

@@ -26,7 +26,7 @@ from provisioning.verification.tolerances import FIGURES, TOLERANCES
 from provisioning.verification.wording import closest_model, reasons
 
 from .figures import figure_bands, node_runs, run_shares
-from .forms import NodeMigForm, NodeRegisterForm, NodeSettingsForm
+from .node_forms import NodeMigForm, NodeRegisterForm, NodeSettingsForm
 
 # The per-GPU chart shows these (FP16 is the same tensor path as BF16); the table below it has every figure.
 GPU_CHART_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs")

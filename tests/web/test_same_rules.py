@@ -15,6 +15,7 @@ from billing.api.wallet import ProfileSerializer
 from marketplace.api.accounts import ApiKeySerializer, ConfirmSerializer, CredentialsSerializer
 from marketplace.api.nodes import NodeCreateSerializer, NodeUpdateSerializer
 from marketplace.api.ssh_keys import SshKeySerializer
+from marketplace.web import billing_forms, node_forms
 from marketplace.web import forms as web_forms
 
 FINGERPRINT = "SHA256:" + "A" * 43
@@ -40,7 +41,7 @@ def _page_accepts(form: forms.Form, name: str, value) -> bool:
 def _top_up_form():
     from tests.factories import UserFactory
 
-    return web_forms.TopUpForm(user=UserFactory())
+    return billing_forms.TopUpForm(user=UserFactory())
 
 
 # (rule, API serializer, its field, the page's form (a callable), its field, [(input, accepted)])
@@ -51,33 +52,33 @@ CENTS = [("25", True), ("25.5", True), ("25.00", True), (" 25.00 ", True), ("002
          ("25,00", False), ("1,000", False), ("abc", False), ("", False), ("4.99", False), ("5", True),
          ("10000", True), ("10000.01", False), ("NaN", False), ("Infinity", False)]
 RULES = [
-    ("a node's name", NodeCreateSerializer, "name", web_forms.NodeRegisterForm, "name", NAME + [("", False)]),
-    ("a node's city", NodeCreateSerializer, "city", web_forms.NodeRegisterForm, "city", NAME),
-    ("a node's datacenter", NodeUpdateSerializer, "datacenter", web_forms.NodeRegisterForm, "datacenter", NAME),
+    ("a node's name", NodeCreateSerializer, "name", node_forms.NodeRegisterForm, "name", NAME + [("", False)]),
+    ("a node's city", NodeCreateSerializer, "city", node_forms.NodeRegisterForm, "city", NAME),
+    ("a node's datacenter", NodeUpdateSerializer, "datacenter", node_forms.NodeRegisterForm, "datacenter", NAME),
     ("an SSH key's name", SshKeySerializer, "name", web_forms.SshKeyForm, "name", NAME + [("", True)]),
     ("an API key's name", ApiKeySerializer, "name", web_forms.ApiKeyForm, "name", NAME + [("", True)]),
-    ("an address", NodeCreateSerializer, "address", web_forms.NodeRegisterForm, "address",
+    ("an address", NodeCreateSerializer, "address", node_forms.NodeRegisterForm, "address",
      [("gpu1.example.com", True), ("203.0.113.9", True), ("2001:db8::1", True), ("-bad.example.com", False),
       ("1.2.3.999", False), ("a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61, True),
       ("a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 62, False), ("under_score.com", False)]),
-    ("an SSH port", NodeCreateSerializer, "ssh_port", web_forms.NodeRegisterForm, "ssh_port",
+    ("an SSH port", NodeCreateSerializer, "ssh_port", node_forms.NodeRegisterForm, "ssh_port",
      [("0", False), ("1", True), ("22", True), ("65535", True), ("65536", False), ("-1", False), ("2.5", False)]),
-    ("an SSH user", NodeCreateSerializer, "ssh_user", web_forms.NodeRegisterForm, "ssh_user",
+    ("an SSH user", NodeCreateSerializer, "ssh_user", node_forms.NodeRegisterForm, "ssh_user",
      [("root", True), ("_svc-1", True), ("Root", False), ("1user", False), ("a" * 32, True), ("a" * 33, False)]),
-    ("a host key fingerprint", NodeCreateSerializer, "host_key_fingerprint", web_forms.NodeRegisterForm,
+    ("a host key fingerprint", NodeCreateSerializer, "host_key_fingerprint", node_forms.NodeRegisterForm,
      "host_key_fingerprint", [(FINGERPRINT, True), (FINGERPRINT[:-1], False), ("MD5:aa:bb", False), ("", True)]),
-    ("a node's number of GPUs", NodeCreateSerializer, "gpu_count", web_forms.NodeRegisterForm, "gpu_count",
+    ("a node's number of GPUs", NodeCreateSerializer, "gpu_count", node_forms.NodeRegisterForm, "gpu_count",
      [("0", False), ("1", True), ("16", True), ("17", False)]),
-    ("a price per GPU-hour", NodeCreateSerializer, "price_per_gpu_hour", web_forms.NodeRegisterForm,
+    ("a price per GPU-hour", NodeCreateSerializer, "price_per_gpu_hour", node_forms.NodeRegisterForm,
      "price_per_gpu_hour", [("0.001", True), ("0.0009", False), ("100", True), ("100.000001", False),
                             ("0.79", True), ("0.0000001", False), ("-1", False), ("abc", False)]),
-    ("a new price per GPU-hour", NodeUpdateSerializer, "price_per_gpu_hour", web_forms.NodeSettingsForm,
+    ("a new price per GPU-hour", NodeUpdateSerializer, "price_per_gpu_hour", node_forms.NodeSettingsForm,
      "price_per_gpu_hour", [("0.001", True), ("0.0009", False), ("100", True), ("100.000001", False)]),
     ("a top-up amount", TopUpCreateSerializer, "amount", _top_up_form, "amount", CENTS),
-    ("a Stripe Connect account", ProfileSerializer, "stripe_connect_account_id", web_forms.PayoutAccountForm,
+    ("a Stripe Connect account", ProfileSerializer, "stripe_connect_account_id", billing_forms.PayoutAccountForm,
      "stripe_connect_account_id", [("acct_1Abc", True), ("", True), ("bank 123", False), ("acct_", False),
                                    ("acct_" + "a" * 90, True), ("acct_" + "a" * 91, False), ("acct_1-2", False)]),
-    ("a SetupIntent id", CardCreateSerializer, "setup_intent", web_forms.ElementsCardForm, "setup_intent",
+    ("a SetupIntent id", CardCreateSerializer, "setup_intent", billing_forms.ElementsCardForm, "setup_intent",
      [("seti_1Abc_2", True), ("seti_", False), ("pi_1Abc", False), ("seti_" + "a" * 95, True),
       ("seti_" + "a" * 96, False)]),
     ("an e-mail address", CredentialsSerializer, "email", web_forms.SignupForm, "email",
@@ -119,7 +120,7 @@ SLICE_PRICES = [("0.001", True), ("0.0009", False), ("100", True), ("100.000001"
 def test_a_price_per_slice_hour_is_the_apis(value, accepted):
     """The page types a slice price as "<profile>: <price>"; the API takes {profile: price}: one rule for both."""
     assert _api_accepts(NodeUpdateSerializer, "mig_prices", {"3g.40gb": value}) is accepted, ("API", value)
-    assert _page_accepts(web_forms.NodeMigForm(), "mig_prices", f"3g.40gb: {value}") is accepted, ("page", value)
+    assert _page_accepts(node_forms.NodeMigForm(), "mig_prices", f"3g.40gb: {value}") is accepted, ("page", value)
 
 
 def test_a_mig_layout_is_judged_by_the_service_for_both(web, renter, api):
