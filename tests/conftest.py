@@ -1,7 +1,10 @@
+import sys
+
 import pytest
 from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
 
+from tests import run_lock
 from tests.factories import UserFactory, api_key_for
 from tests.live import celery_worker, sim_node_factory, simnodes_dir, worker  # noqa: F401 (fixtures for e2e and web)
 from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web tests)
@@ -9,6 +12,27 @@ from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web
     localstripe_server,
     stripe_webhooks,
 )
+
+
+def pytest_configure(config):
+    """One run at a time on the same PostgreSQL and Redis (tests/run_lock.py): taken by the run itself, not by its
+    xdist workers, before any test database exists."""
+    if hasattr(config, "workerinput"):
+        return
+    from django.conf import settings
+
+    try:
+        config._test_run_lock = run_lock.acquire(
+            run_lock.lock_path(settings.DATABASES["default"], settings.CELERY_BROKER_URL),
+            wait_s=run_lock.wait_s_from_environment(), say=lambda line: print(line, file=sys.stderr, flush=True))
+    except run_lock.RunLockTimeout as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_unconfigure(config):
+    lock = getattr(config, "_test_run_lock", None)
+    if lock is not None:
+        lock.close()
 
 
 def pytest_collection_modifyitems(config, items):
