@@ -1,0 +1,141 @@
+"""The operators' panel for accounts: users (with two-factor turned off for one who lost both factors), API keys
+and SSH keys, and the admin's own log-in. No secret is ever shown."""
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.core.exceptions import ValidationError
+from django.db.models import Count
+from django_otp.plugins.otp_static.models import StaticDevice
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from marketplace.auth import ThrottledLoginFormMixin
+from marketplace.models import (
+    ApiKey,
+    SshKey,
+    User,
+)
+from marketplace.services.accounts import api_key_revoke
+from marketplace.services.two_factor import two_factor_disable, two_factor_enabled
+
+
+class UserAddForm(forms.ModelForm):
+    """An operator adds an account by its e-mail address only, with no usable password: its owner sets one with
+    "Forgot your password?", whose e-mail proves they hold the address before the account can log in, rent or list
+    (sign-up proves it the same way). README, "Accounts"."""
+
+    class Meta:
+        model = User
+        fields = ["email"]
+
+    def clean_email(self):
+        email = User.objects.normalize_email(self.cleaned_data["email"]).lower()
+        if User.objects.filter(email__iexact=email).exists():
+            raise ValidationError("An account has this address already.")
+        return email
+
+    def save(self, commit=True):
+        user = super().save(commit=False)
+        user.set_unusable_password()
+        if commit:
+            user.save()
+        return user
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    ordering = ["email"]
+    list_display = ["email", "is_staff", "is_active", "node_count", "date_joined", "last_login"]
+    list_filter = ["is_staff", "is_active", "date_joined"]
+    search_fields = ["email"]
+    fieldsets = [
+        (None, {"fields": ["email", "email_verified_at", "password"],
+                "description": "A changed address must be verified again by its owner (the site's Security page "
+                               "sends the link) before the account rents or lists."}),
+        ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser", "groups", "user_permissions"]}),
+        ("Dates", {"fields": ["last_login", "date_joined"]}),
+    ]
+    readonly_fields = ["email_verified_at"]
+    add_form = UserAddForm
+    add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email"],
+                             "description": "The account gets no password: its owner sets one from the log-in "
+                                            "page's “Forgot your password?”, which e-mails this address."})]
+
+    actions = ["turn_off_two_factor"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_nodes=Count("nodes"))
+
+    def save_model(self, request, obj, form, change):
+        if change and "email" in form.changed_data:
+            obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Turn off two-factor log-in (after checking who is asking)")
+    def turn_off_two_factor(self, request, queryset):
+        for user in queryset:
+            two_factor_disable(user=user)
+        messages.success(request, "Two-factor log-in is off for the selected accounts.")
+
+    @admin.display(ordering="_nodes", description="nodes")
+    def node_count(self, user):
+        return user._nodes
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter), "created_at"]
+    search_fields = ["user__email", "prefix", "name"]
+    # key_hash is left out on purpose: operators never need it.
+    fields = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+    list_select_related = ["user"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # keys are created by their owners, who alone see the secret
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request, queryset):
+        for key in queryset.filter(revoked_at__isnull=True):
+            api_key_revoke(api_key=key)
+        messages.success(request, "Revoked.")
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "user", "key_type", "fingerprint", "created_at"]
+    search_fields = ["user__email", "name", "fingerprint"]
+    list_select_related = ["user"]
+    fields = ["user", "name", "public_key", "fingerprint", "created_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+
+    def has_add_permission(self, request):
+        return False  # keys are added by their owners through the API, which parses them
+
+    @admin.display(description="type")
+    def key_type(self, key):
+        return key.public_key.split(" ", 1)[0]
+
+
+class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
+    """The admin's log-in, behind the same lock-out as the API's and the pages' (marketplace/auth.py). An account
+    with two-factor log-in logs in on the site's page, which asks for the code, and comes back."""
+
+    def confirm_login_allowed(self, user):
+        super().confirm_login_allowed(user)
+        if two_factor_enabled(user=user):
+            raise ValidationError(
+                "This account uses two-factor log-in: log in on the site's log-in page "
+                "(/accounts/login/?next=/admin/), which asks for the code, then come back here.", code="two_factor")
+
+
+admin.site.login_form = AdminLoginForm
+
+# django-otp's own admin pages would show the TOTP secrets and the recovery codes (their tables are empty since the
+# project's encrypted devices replaced them, marketplace/models/two_factor.py), and operators never see a secret:
+# for a user who lost both the phone and the codes, the users' list has an action that turns two-factor off.
+for _otp_model in (TOTPDevice, StaticDevice):
+    if admin.site.is_registered(_otp_model):
+        admin.site.unregister(_otp_model)

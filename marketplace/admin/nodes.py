@@ -1,0 +1,139 @@
+"""The operators' panel for the catalogue and the fleet: GPU models, nodes (re-verify, accept a new host key,
+maintenance), their GPUs and MIG slices."""
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+
+from core.errors import Conflict
+from marketplace.models import (
+    Gpu,
+    GpuModel,
+    GpuStatus,
+    MigSlice,
+    Node,
+    NodeState,
+)
+from marketplace.money import micros_to_usd
+from marketplace.services.nodes import node_update
+from provisioning.admin import NodeEventInline, VerificationRunInline
+from provisioning.services.verification import node_accept_host_key, node_verify_request
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "smi_name", "architecture", "memory_gb", "memory_type", "memory_bandwidth_gbps",
+                    "fp32_tflops", "tf32_tflops", "bf16_tflops", "tdp_w", "pcie_gen", "mig_max_instances"]
+    list_filter = ["architecture", "form_factor", "memory_type"]
+    search_fields = ["name", "smi_name", "slug"]
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "status"]
+    readonly_fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+    extra = 0
+    can_delete = False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
+                    "verdict", "listed", "score", "reliability", "state_changed_at"]
+    list_filter = ["state", "verdict", "listed", "runtime", "gpu_model", "country"]
+    search_fields = ["name", "address", "provider__email", "city", "datacenter", "host_key_fingerprint"]
+    list_select_related = ["provider", "gpu_model"]
+    # ssh_private_key_encrypted is excluded: nobody reads a private key through the admin.
+    fields = ["provider", "name", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "country", "city",
+              "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour_micros", "runtime", "state",
+              "state_changed_at", "verdict", "listed", "score", "reliability", "last_error", "next_check_at",
+              "next_spot_check_at", "ssh_public_key", "created_at", "updated_at"]
+    readonly_fields = ["provider", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "gpu_model",
+                       "gpu_count", "runtime", "state", "state_changed_at", "verdict", "score", "reliability",
+                       "last_error", "next_check_at", "next_spot_check_at", "ssh_public_key", "created_at",
+                       "updated_at"]  # the next checks' times: drawn at random, never shown to providers
+    inlines = [GpuInline, VerificationRunInline, NodeEventInline]
+    actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key"]
+
+    def has_add_permission(self, request):
+        return False  # nodes are registered by providers, which creates their key pair
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            _free=Count("gpus", filter=Q(gpus__status=GpuStatus.FREE))
+        )
+
+    @admin.display(ordering="_free", description="free GPUs")
+    def gpus_free(self, node):
+        return node._free
+
+    @admin.display(ordering="price_per_gpu_hour_micros", description="USD/GPU-h")
+    def price(self, node):
+        return micros_to_usd(node.price_per_gpu_hour_micros)
+
+    @admin.action(description="Put selected nodes into maintenance")
+    def set_maintenance(self, request, queryset):
+        self._update_each(request, queryset.exclude(state=NodeState.MAINTENANCE), "put into maintenance",
+                          maintenance=True)
+
+    @admin.action(description="Unlist selected nodes (no new rentals)")
+    def unlist(self, request, queryset):
+        self._update_each(request, queryset.filter(listed=True), "unlisted", listed=False)
+
+    @staticmethod
+    def _update_each(request, nodes, done_text: str, **changes) -> None:
+        """The provider's own service per node (its rules, not a second copy here); refusals named one by one."""
+        done, refused = 0, []
+        for node in nodes:
+            try:
+                node_update(node=node, **changes)
+                done += 1
+            except Conflict as exc:
+                refused.append(f"{node.name}: {exc}")
+        messages.info(request, f"{done} node(s) {done_text}.")
+        for line in refused:
+            messages.warning(request, line)
+
+    @admin.action(description="Re-verify selected nodes")
+    def reverify_nodes(self, request, queryset):
+        done = 0
+        for node in queryset:
+            try:
+                node_verify_request(node=node)
+                done += 1
+            except Conflict as exc:
+                messages.warning(request, f"{node.name}: {exc}")
+        messages.info(request, f"Verification queued for {done} node(s).")
+
+    @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify")
+    def accept_new_host_key(self, request, queryset):
+        for node in queryset:
+            try:
+                node_accept_host_key(node=node, operator_email=request.user.email)
+            except Conflict as exc:  # the new key is another live node's: the same server twice
+                messages.warning(request, f"{node.name}: {exc}")
+        messages.info(request, "New host keys accepted for quarantined nodes; verification queued.")
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "node", "index", "gpu_model", "memory_mib", "uuid", "status"]
+    list_filter = ["status", "gpu_model"]
+    search_fields = ["uuid", "node__name", "node__address"]
+    list_select_related = ["node", "gpu_model"]
+    readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A split GPU leaves `mig` only through its node's check (provisioning.services.mig), under its row lock
+        # and with none of its slices allocated: an operator's edit here would skip both.
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "status"] if obj is not None and obj.status == GpuStatus.MIG else fields
+
+
+@admin.register(MigSlice)
+class MigSliceAdmin(admin.ModelAdmin):
+    """The slices checks proved: operators see who holds which (the check alone writes them)."""
+
+    list_display = ["__str__", "node", "gpu", "profile", "device", "uuid", "memory_mib", "status"]
+    list_filter = ["status", "profile"]
+    search_fields = ["uuid", "node__name", "node__address"]
+    list_select_related = ["node", "gpu"]
+    readonly_fields = ["node", "gpu", "profile", "device", "uuid", "memory_mib", "created_at"]

@@ -1,0 +1,155 @@
+"""The operators' panel for rentals: images, instances (stop and destroy), their interruptions, volumes."""
+from django.contrib import admin, messages
+
+from core.errors import ApplicationError
+from marketplace.models import (
+    GpuAllocation,
+    Image,
+    Instance,
+    Interruption,
+    Volume,
+)
+from marketplace.money import micros_to_usd
+from marketplace.services.instances import instance_destroy, instance_stop
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "docker_image", "libvirt_image", "min_disk_gb", "active"]
+    list_filter = ["active"]
+    search_fields = ["name", "slug", "docker_image", "libvirt_image"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+class GpuAllocationInline(admin.TabularInline):
+    model = GpuAllocation
+    fields = ["gpu", "gpu_index", "allocated_at", "released_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+    extra = 0
+    can_delete = False
+    ordering = ["-allocated_at", "gpu__index"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="index")
+    def gpu_index(self, allocation):
+        return allocation.gpu.index
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("gpu")
+
+
+class InterruptionInline(admin.TabularInline):
+    model = Interruption
+    fields = ["cause", "detail", "started_at", "detected_at", "ended_at", "outcome", "credited_seconds", "credited"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="credited USD")
+    def credited(self, interruption):
+        return micros_to_usd(interruption.credited_micros)
+
+
+@admin.register(Interruption)
+class InterruptionAdmin(admin.ModelAdmin):
+    """Every interruption of the fleet: which nodes lose renters' instances, and what it cost their providers."""
+
+    list_display = ["id", "instance", "node", "cause", "started_at", "detected_at", "ended_at", "outcome", "credited"]
+    list_filter = ["cause", "outcome"]
+    search_fields = ["=instance__id", "instance__node__name", "instance__renter__email"]
+    list_select_related = ["instance__node"]
+    date_hierarchy = "started_at"
+    readonly_fields = ["instance", "cause", "detail", "started_at", "detected_at", "ended_at", "outcome",
+                       "credited_seconds", "credited_micros"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="node")
+    def node(self, interruption):
+        return interruption.instance.node
+
+    @admin.display(ordering="credited_micros", description="credited USD")
+    def credited(self, interruption):
+        return micros_to_usd(interruption.credited_micros)
+
+
+@admin.register(Instance)
+class InstanceAdmin(admin.ModelAdmin):
+    list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
+                    "started_at"]
+    list_filter = ["status", "node__runtime", "gpu_model", "image"]
+    search_fields = ["=id", "renter__email", "node__name", "node__address", "label"]
+    list_select_related = ["renter", "node", "gpu_model", "image"]
+    date_hierarchy = "created_at"
+    # Everything is read-only: state changes go through the actions, which call the services.
+    # Of a renter's options, what operators need to follow an instance; never the registry password (only whether
+    # one was given), nor the env's values (only their names).
+    fields = ["renter", "node", "gpu_model", "num_gpus", "image", "image_ref", "registry_auth", "env_names",
+              "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb", "status", "status_message",
+              "ssh_host", "ssh_port", "ssh_user", "ssh_public_keys", "price_per_gpu_hour_micros",
+              "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
+              "stopped_at", "destroyed_at", "updated_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+    inlines = [GpuAllocationInline, InterruptionInline]
+    actions = ["force_stop", "force_destroy"]
+
+    def has_add_permission(self, request):
+        return False  # instances are booked through the API, which allocates GPUs
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # destroy instead: the VM on the node must go too
+
+    @admin.display(ordering="price_per_hour_micros", description="USD/h")
+    def price(self, instance):
+        return micros_to_usd(instance.price_per_hour_micros)
+
+    def _apply(self, request, queryset, service, verb):
+        done, refused = 0, []
+        for instance in queryset:
+            try:
+                service(instance=instance)
+                done += 1
+            except ApplicationError as exc:
+                refused.append(f"instance {instance.pk}: {exc}")
+        messages.info(request, f"{done} instance(s) {verb}.")
+        for line in refused:
+            messages.warning(request, line)
+
+    @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs)")
+    def force_stop(self, request, queryset):
+        self._apply(request, queryset, instance_stop, "stopping")
+
+    @admin.action(description="Destroy selected instances (VM and disk)")
+    def force_destroy(self, request, queryset):
+        self._apply(request, queryset, instance_destroy, "destroying")
+
+
+@admin.register(Volume)
+class VolumeAdmin(admin.ModelAdmin):
+    """Renters' volumes, read-only: they are created, mounted and deleted through the API and the pages (the
+    deletion needs the owner's confirmation), and billed by billing.services.storage."""
+
+    list_display = ["name", "owner", "node", "size_gb", "state", "price_per_gb_month_micros", "cost_micros",
+                    "created_at"]
+    list_filter = ["state"]
+    search_fields = ["name", "owner__email", "label"]
+    list_select_related = ["owner", "node"]
+    fields = ["name", "label", "owner", "node", "size_gb", "state", "status_message", "price_per_gb_month_micros",
+              "platform_fee_bps", "billed_until", "billed_seconds", "cost_micros", "created_at", "available_at",
+              "deleted_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
