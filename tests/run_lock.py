@@ -3,9 +3,9 @@
 Two runs on the same servers share what they cannot both own: the test databases (`test_<name>`, `..._gw1`, ...),
 the Redis databases of each xdist worker (config/settings/test.py) and the queues the suite's Celery worker reads.
 Started together they fail each other's tests at random. So a run takes an exclusive lock named after the servers
-it uses before it creates anything, and a second run waits for the first, saying whose run it waits for, up to
-TEST_RUN_LOCK_WAIT_S (then it stops with that message). The kernel lets go of the lock when the holder exits, killed
-or not, so a crashed run never blocks the next.
+it uses (in /tmp, or TEST_RUN_LOCK_DIR) before it creates anything, and a second run waits for the first, saying
+whose run it waits for, up to TEST_RUN_LOCK_WAIT_S (then it stops with that message). The kernel lets go of the
+lock when the holder exits, killed or not, so a crashed run never blocks the next.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import IO
@@ -32,7 +31,8 @@ def lock_path(database: dict, broker_url: str) -> str:
     redis = urlsplit(broker_url)
     servers = f"{database.get('HOST') or 'local'}:{database.get('PORT') or 5432} {redis.hostname}:{redis.port or 6379}"
     digest = hashlib.sha256(servers.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"gpumarket-test-run-{digest}.lock")
+    # Not TMPDIR: two shells with different ones must still find the same lock.
+    return os.path.join(os.environ.get("TEST_RUN_LOCK_DIR", "/tmp"), f"gpumarket-test-run-{digest}.lock")
 
 
 def _holder(handle: IO[str]) -> str:

@@ -57,9 +57,11 @@ def test_a_killed_run_does_not_block_the_next(tmp_path):
     assert said == []
 
 
-def test_runs_against_other_servers_do_not_wait_for_each_other():
+def test_runs_against_other_servers_do_not_wait_for_each_other(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # two shells with different TMPDIRs still share the lock
     db = {"HOST": "127.0.0.1", "PORT": "5432"}
     same = run_lock.lock_path(db, "redis://127.0.0.1:6379/14")
+    assert same.startswith("/tmp/gpumarket-test-run-")
     assert run_lock.lock_path(dict(db), "redis://127.0.0.1:6379/12") == same  # another database, the same server
     assert run_lock.lock_path(db, "redis://127.0.0.1:41234/0") != same
     assert run_lock.lock_path({"HOST": "127.0.0.1", "PORT": "55432"}, "redis://127.0.0.1:6379/14") != same
