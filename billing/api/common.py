@@ -17,4 +17,5 @@ PAYMENT_ERRORS = 'Payment errors become their HTTP answers ({"detail": ...}, or 
 E402 = error_response("The card was declined; nothing was charged or credited. `detail` says why.")
 E409 = error_response("The state of the top-up or balance forbids it; `detail` says why.")
 E502 = error_response("The payment provider refused the request; nothing was done.")
-E503 = error_response("The payment provider could not be reached; nothing was done. Try again later.")
+E503 = error_response("The payment provider did not answer or failed, so whether it acted is not known yet; "
+                      "`detail` says what happens next. Try again later.")

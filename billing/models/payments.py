@@ -20,6 +20,9 @@ class BillingProfile(models.Model):
     auto_top_up_threshold_micros = models.BigIntegerField(default=0)
     auto_top_up_amount_micros = models.BigIntegerField(default=0)
     auto_top_up_card = models.ForeignKey("Card", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    auto_top_up_changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the user last changed their auto top-up: failed automatic top-ups "
+                                         "before it do not hold the next one back.")
     # Warning state: set when a warning is sent, cleared when the balance recovers.
     low_balance_warned_at = models.DateTimeField(null=True, blank=True)
     depleted_at = models.DateTimeField(null=True, blank=True, help_text="When the balance reached zero.")

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.utils import timezone
 
 from billing.models import BillingProfile, Card
 from billing.services.customers import profile_for
@@ -40,6 +41,11 @@ class ProfileChanges:
     auto_top_up_amount_micros: int | None = None
     auto_top_up_card_id: int | None | _Keep = KEEP
 
+    def touches_auto_top_up(self) -> bool:
+        return not isinstance(self.auto_top_up_card_id, _Keep) or any(
+            value is not None for value in (self.auto_top_up_enabled, self.auto_top_up_threshold_micros,
+                                            self.auto_top_up_amount_micros))
+
 
 @transaction.atomic
 def profile_update(*, user: User, changes: ProfileChanges) -> BillingProfile:
@@ -69,6 +75,8 @@ def profile_update(*, user: User, changes: ProfileChanges) -> BillingProfile:
         profile.auto_top_up_enabled = changes.auto_top_up_enabled
     if profile.auto_top_up_enabled:
         _check_auto_top_up(profile)
+    if changes.touches_auto_top_up():
+        profile.auto_top_up_changed_at = timezone.now()
     profile.save()
     return profile
 

@@ -33,26 +33,42 @@ def client(*, connect: bool = False) -> stripe.StripeClient:
 
 def translate(exc: stripe.StripeError, doing: str) -> ApplicationError:
     """Our error for a Stripe error raised while `doing` something (e.g. "charging your card"): PaymentDeclined
-    (402), Unavailable (503: nothing happened, try again later) or UpstreamRefused (502: Stripe answered, but
-    refused for a reason that is not the user's card)."""
+    (402), Unavailable (503: no answer or Stripe failed, so the outcome is unknown; try again later) or
+    UpstreamRefused (502: Stripe answered, but refused for a reason that is not the user's card)."""
     if isinstance(exc, stripe.CardError):
         reason = (exc.user_message or "Your card was declined").rstrip(".")
         return PaymentDeclined(f"{reason}. Nothing was charged or credited; try another card.")
+    # No answer, or a 5xx: Stripe may have done it (is_definite), so the message does not say it did nothing.
     if isinstance(exc, stripe.APIConnectionError):
         return Unavailable(
-            f"The payment provider could not be reached while {doing}; nothing was done. Try again in a minute."
+            f"The payment provider did not answer while {doing}, so whether it was done is not known yet. "
+            "Try again in a minute."
         )
+    if _idempotency_conflict(exc):
+        return Unavailable(f"The payment provider is still handling an earlier attempt at {doing}; "
+                           "try again in a minute.")
     if isinstance(exc, stripe.APIError | stripe.RateLimitError) or (exc.http_status or 0) >= 500:
         return Unavailable(
-            f"The payment provider failed while {doing}; nothing was done. Try again in a minute."
+            f"The payment provider failed while {doing}, so whether it was done is not known yet. "
+            "Try again in a minute."
         )
     message = exc.user_message or str(exc) or type(exc).__name__
     return UpstreamRefused(f"The payment provider refused {doing}: {message}")
 
 
 def is_definite(exc: stripe.StripeError) -> bool:
-    """True when Stripe surely did nothing (it answered with a 4xx); False when the outcome is unknown."""
-    return not isinstance(exc, stripe.APIConnectionError) and 400 <= (exc.http_status or 0) < 500
+    """True when Stripe surely did nothing (it answered with a 4xx); False when the outcome is unknown: no answer,
+    a 5xx, or a 409 idempotency conflict (another request with the same key is under way or was made, and may
+    have done it)."""
+    if isinstance(exc, stripe.APIConnectionError) or _idempotency_conflict(exc):
+        return False
+    return 400 <= (exc.http_status or 0) < 500
+
+
+def _idempotency_conflict(exc: stripe.StripeError) -> bool:
+    """A request with the same Idempotency-Key is under way (a 409, which stripe-python raises as APIError) or was
+    made with other parameters (IdempotencyError): either way an earlier request may have done it."""
+    return isinstance(exc, stripe.IdempotencyError) or exc.http_status == 409
 
 
 def cents(micros: int) -> int:

@@ -108,7 +108,8 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
             },
             options={"idempotency_key": f"top-up-{top_up.pk}"},
         )
-    except ApplicationError as exc:  # from customer_for
+    except ApplicationError as exc:  # from customer_for: no charge was asked for
+        exc.message += " Your card was not charged."
         top_up_fail(top_up=top_up, message=exc.message, notify=False)
         exc.extra["top_up"] = top_up.pk
         raise
@@ -119,6 +120,7 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
                        notify=isinstance(error, PaymentDeclined))
         if not is_definite(exc):
             log.warning("top-up %s: outcome unknown (%s); a webhook will credit it if Stripe charged", top_up.pk, exc)
+            error.message += " If your card was charged, the top-up is credited when the payment provider confirms it."
         error.extra["top_up"] = top_up.pk
         raise error from None
     if intent.status in ("succeeded", "processing", "requires_capture"):
@@ -145,10 +147,12 @@ def top_up_fail(*, top_up: TopUp, message: str, payment_intent_id: str | None = 
             if payment_intent_id and locked.payment_intent_id is None:
                 locked.payment_intent_id = payment_intent_id
             locked.save(update_fields=["status", "failure_message", "payment_intent_id", "updated_at"])
-            if notify:
-                event_create(user=locked.user, kind=EventKind.TOP_UP_FAILED,
-                             message=f"Your top-up of {usd_text(locked.amount_micros)} failed: {message}",
-                             data={"top_up": locked.pk}, email=locked.automatic)
+            if notify:  # declined: told; and an automatic one is not tried again on the same card by itself
+                told, data = f"Your top-up of {usd_text(locked.amount_micros)} failed: {message}", {"top_up": locked.pk}
+                if locked.automatic and _auto_top_up_stop(user_id=locked.user_id, card_id=locked.card_id):
+                    told, data["auto_top_up_stopped"] = told + AUTO_TOP_UP_STOPPED, True
+                event_create(user=locked.user, kind=EventKind.TOP_UP_FAILED, message=told, data=data,
+                             email=locked.automatic)
         top_up.refresh_from_db()
 
 
@@ -184,6 +188,20 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
 
 # ----------------------------------------------------------------------------------- auto top-up
 
+# A declined automatic top-up turns automatic top-ups off: else the meter, which starts one whenever the balance
+# is under the threshold, would charge the declined card again every minute (and tell the user each time).
+AUTO_TOP_UP_STOPPED = (" Automatic top-ups are now off, so that card is not charged again: turn them on again on "
+                       "the Billing page (or PATCH /api/v1/billing/profile/) once it works, or with another card.")
+# An automatic top-up that failed for another reason (the payment provider did not answer) is retried, but not
+# sooner than this after the last one.
+AUTO_TOP_UP_RETRY_AFTER = timedelta(hours=1)
+
+
+def _auto_top_up_stop(*, user_id: int, card_id: int | None) -> bool:
+    """Turn a user's automatic top-ups off after their card was declined; True if they were on with that card."""
+    return bool(BillingProfile.objects.filter(user_id=user_id, auto_top_up_enabled=True,
+                                              auto_top_up_card_id=card_id).update(auto_top_up_enabled=False))
+
 
 def auto_top_up_start(*, user_id: int) -> TopUp | None:
     """Start an automatic top-up for a user below their threshold, unless one is under way already.
@@ -196,12 +214,13 @@ def auto_top_up_start(*, user_id: int) -> TopUp | None:
             return None
         if wallet_balance(user_id=user_id) >= profile.auto_top_up_threshold_micros:
             return None
-        in_flight = TopUp.objects.filter(
-            user_id=user_id, automatic=True,
-            status__in=[TopUpStatus.PENDING, TopUpStatus.PROCESSING],
-            created_at__gte=timezone.now() - timedelta(hours=1),
-        ).exists()
-        if in_flight:
+        # One under way (pending, processing), or one that failed within the hour since the user last changed
+        # their auto top-up: not another yet.
+        since = timezone.now() - AUTO_TOP_UP_RETRY_AFTER
+        recent = TopUp.objects.filter(user_id=user_id, automatic=True, created_at__gte=since)
+        failed_since = max(since, profile.auto_top_up_changed_at or since)
+        if (recent.filter(status__in=[TopUpStatus.PENDING, TopUpStatus.PROCESSING]).exists()
+                or recent.filter(status=TopUpStatus.FAILED, created_at__gt=failed_since).exists()):
             return None
         top_up = TopUp.objects.create(
             user_id=user_id, amount_micros=profile.auto_top_up_amount_micros, card_id=profile.auto_top_up_card_id,

@@ -147,7 +147,8 @@ def test_an_unreachable_payment_provider_is_explained_and_credits_nothing(web, r
     r = web.post("/account/balance/top-up/", {"amount": "20.00", "card": card.pk, "request_token": "t2"})
     assert r.status_code == 503
     page = r.content.decode()
-    assert "could not be reached" in page and 'value="20.00"' in page
+    assert "did not answer" in page and "Your card was not charged." in page
+    assert 'value="20.00"' in page
     assert 'value="t2"' not in page  # a fresh token: trying again is a new top-up
     assert TopUp.objects.get().status == TopUpStatus.FAILED and wallet_balance(user_id=renter.pk) == 0
 
