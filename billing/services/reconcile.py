@@ -16,6 +16,11 @@ was never queued (the broker was down) or its message was lost, the top-up would
 charges the automatic top-ups still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (`top_ups_charge_pending`).
 The charge's Stripe idempotency key (`top-up-<id>`) makes a charge that ran meanwhile answer the same payment.
 
+A refund whose Stripe answer was lost stays pending, its amount reserved (billing.services.refunds). After the
+same delay the same run looks for Stripe's refund carrying its id in the metadata (`refunds_reconcile`): found
+and succeeded (or pending at Stripe), the wallet is debited once (`refund_confirm`); found failed, or not found
+at all (the request never reached Stripe), the refund fails and its amount is refundable again.
+
 Stripe is called outside any database transaction. A Stripe error never stops the loop for good: an unreachable
 or failing Stripe ends this run (the next one tries again), any other error skips that top-up until its next turn.
 """
@@ -23,13 +28,15 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 import stripe
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import TopUp, TopUpStatus
+from billing.models import Refund, RefundStatus, TopUp, TopUpStatus
+from billing.services.refunds import refund_confirm
 from billing.services.stripe_gateway import client, translate
 from billing.services.top_ups import top_up_charge_by_id
 from billing.services.webhooks import payment_intent_apply
@@ -120,3 +127,58 @@ def top_up_reconcile(*, top_up_id: int, now: datetime | None = None) -> str:
 def _looked_up(top_up_id: int, now: datetime) -> None:
     """Put a top-up that stays processing at the back of the queue: looked up again after the same delay."""
     TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.PROCESSING).update(updated_at=now)
+
+
+def refunds_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> Mapping[str, int | str]:
+    """Settle the refunds still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (their Stripe answer was lost) with
+    what Stripe says; one run at a time."""
+    with advisory_lock("billing.refunds_reconcile") as acquired:
+        if not acquired:
+            return {"skipped": "another run is reconciling refunds"}
+        cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+        ids = list(Refund.objects.filter(status=RefundStatus.PENDING, created_at__lt=cutoff)
+                   .order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
+        summary: Counter[str] = Counter()
+        for refund_id in ids:
+            try:
+                summary[refund_reconcile(refund_id=refund_id)] += 1
+            except StripeUnavailable as exc:
+                log.warning("refund reconcile: %s; the next run tries again", exc)
+                summary["stripe_unavailable"] += 1
+                break
+        return dict(summary)
+
+
+def refund_reconcile(*, refund_id: int) -> str:
+    """Look one pending refund up at Stripe (its top-up's refunds, by the refund id in their metadata) and apply
+    the answer: "succeeded", "failed", "pending" (Stripe has it pending: debited, as refund_create does), "settled"
+    (no longer pending) or "error" (logged; looked up again next run). Raises StripeUnavailable."""
+    refund = Refund.objects.select_related("top_up").filter(pk=refund_id, status=RefundStatus.PENDING).first()
+    if refund is None:
+        return "settled"
+    try:
+        page = client().v1.refunds.list(params={"payment_intent": refund.top_up.payment_intent_id or "",
+                                                "limit": 100})
+        made = [r for r in page.auto_paging_iter() if _metadata(r).get("refund_id") == str(refund.pk)]
+    except stripe.StripeError as exc:
+        error = translate(exc, "looking up a refund")
+        if isinstance(error, Unavailable):
+            raise StripeUnavailable(f"refund {refund_id}: {error.message}") from None
+        log.error("refund %s: Stripe refused to list the refunds of %s: %s", refund_id,
+                  refund.top_up.payment_intent_id, error.message)
+        return "error"
+    done = next((r for r in made if r.status in ("succeeded", "pending")), None)
+    if done is not None:
+        refund_confirm(refund_id=refund.pk, stripe_refund_id=done.id)
+        log.info("refund %s: its answer was lost; Stripe made it (%s, %s): debited", refund_id, done.id, done.status)
+        return "succeeded" if done.status == "succeeded" else "pending"
+    why = (f"The payment provider says the refund {made[0].status}; nothing was debited." if made else
+           "The payment provider made no refund for it: nothing was refunded or debited.")
+    Refund.transition_rows(Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING), RefundStatus.FAILED,
+                           failure_message=why)
+    log.info("refund %s: its answer was lost; %s", refund_id, why)
+    return "failed"
+
+
+def _metadata(obj: Any) -> dict[str, str]:
+    return dict(obj.to_dict().get("metadata") or {})

@@ -2,6 +2,9 @@
 
 A refund reserves its amount (a `pending` Refund, under a lock on the top-up and the wallet), calls
 Stripe, and on success posts the reversal (wallet → payment clearing) keyed by the Stripe refund id.
+When Stripe's answer is lost (no answer, a 5xx, an idempotency conflict), Stripe may have refunded: the refund
+stays pending, its amount reserved so that no second refund can give it back again, until
+billing.services.reconcile.refunds_reconcile finds Stripe's refund for it (by its metadata) and settles it.
 """
 import stripe
 from django.db import transaction
@@ -10,8 +13,8 @@ from django.db.models import Sum
 from billing.models import Account, AccountKind, EventKind, Refund, RefundStatus, TopUp, TopUpStatus, TransactionKind
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
-from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, translate
-from core.errors import Conflict, ValidationFailed
+from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
+from core.errors import Conflict, Unavailable, ValidationFailed
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text
 
@@ -67,6 +70,13 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
         )
     except stripe.StripeError as exc:
         error = translate(exc, "refunding the card")
+        if not is_definite(exc):  # Stripe may have refunded: the amount stays reserved until it is asked
+            Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING).update(
+                failure_message=f"Outcome unknown: {error.message}"[:500])
+            raise Unavailable(
+                f"The payment provider's answer to refund {refund.pk} was lost, so whether the card was refunded is "
+                "not known yet. The refund stays pending, its amount reserved, and is settled with what the payment "
+                "provider says within a few minutes: do not refund it again.", extra={"refund": refund.pk}) from None
         Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
                                failure_message=error.message[:500])
         raise error from None

@@ -1,0 +1,50 @@
+"""An HTTP proxy in front of localstripe that can lose answers: the request reaches localstripe (which acts on
+it), and the connection is dropped before the answer comes back, as a timeout looks to the platform."""
+import http.client
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+
+class LossyProxy:
+    def __init__(self, upstream: str):
+        target = urlsplit(upstream)
+        self.lose: set[tuple[str, str]] = set()  # (method, path without the query) whose answers are lost
+        self.lost: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _relay(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                upstream_conn.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream_conn.getresponse()
+                data = answer.read()
+                upstream_conn.close()
+                if (self.command, self.path.partition("?")[0]) in proxy.lose:
+                    proxy.lost.append(f"{self.command} {self.path}")
+                    self.close_connection = True  # acted on upstream; no answer here
+                    return
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _relay  # noqa: N815 (http.server's names)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

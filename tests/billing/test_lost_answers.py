@@ -1,0 +1,165 @@
+"""Money when Stripe's answer is lost or its card keeps declining: a refund Stripe made but whose answer never came
+is reserved and settled once, never made twice; a declined automatic top-up is not charged again every minute.
+
+Against a real localstripe; a lost answer is a proxy that lets the request through and drops the connection
+before the answer (tests/billing/lossy_proxy.py)."""
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import BillingEvent, BillingProfile, Card, Refund, RefundStatus, TopUp, TopUpStatus
+from billing.services import payments
+from billing.services.reconcile import refunds_reconcile
+from billing.services.webhooks import payment_intent_apply
+from billing.tasks import top_ups_reconcile as reconcile_task
+from billing.tasks import usage_meter_tick
+from tests.billing.helpers import balance, fund
+from tests.billing.lossy_proxy import LossyProxy
+from tests.billing.test_payments import _credited_top_up, save_card, stripe_client
+
+pytestmark = pytest.mark.django_db
+LATER = timedelta(minutes=10)  # past BILLING_TOP_UP_RECONCILE_AFTER_S
+
+
+@pytest.fixture
+def lossy(localstripe, settings):
+    proxy = LossyProxy(localstripe.url)
+    settings.STRIPE_API_BASE = proxy.url
+    yield proxy
+    proxy.close()
+
+
+def _refund(operator_api, top_up, amount):
+    return operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": amount,
+                                                          "reason": "customer asked"}, format="json")
+
+
+def _stripe_refunds(localstripe, top_up):
+    return stripe_client(localstripe).refunds.list(params={"payment_intent": top_up.payment_intent_id}).data
+
+
+def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(localstripe, lossy, api, operator_api):
+    top_up = _credited_top_up(localstripe, api)  # $40
+    lossy.lose.add(("POST", "/v1/refunds"))
+    response = _refund(operator_api, top_up, "15.00")
+    assert response.status_code == 503, response.content
+    body = response.json()
+    assert "stays pending" in body["detail"] and "do not refund it again" in body["detail"]
+    refund = Refund.objects.get(pk=body["refund"])
+    assert refund.status == RefundStatus.PENDING and "Outcome unknown" in refund.failure_message
+    assert len(_stripe_refunds(localstripe, top_up)) == 1  # Stripe made it
+    assert balance(api.user) == 40_000_000  # not debited yet, but reserved:
+    assert payments.refundable_micros(top_up=top_up) == 25_000_000
+    again = _refund(operator_api, top_up, "30.00")
+    assert again.status_code == 409 and "$25.00" in again.json()["detail"]
+
+    assert refunds_reconcile(now=timezone.now()) == {}  # too early: its answer may still be on its way
+    assert refunds_reconcile(now=timezone.now() + LATER) == {"succeeded": 1}
+    refund.refresh_from_db()
+    assert refund.status == RefundStatus.SUCCEEDED and refund.stripe_refund_id == _stripe_refunds(
+        localstripe, top_up)[0].id
+    assert balance(api.user) == 25_000_000
+    assert refunds_reconcile(now=timezone.now() + LATER) == {}  # settled: nothing more
+    assert balance(api.user) == 25_000_000
+    assert BillingEvent.objects.filter(user=api.user, kind="refund").count() == 1
+
+
+def test_a_refund_that_never_reached_stripe_fails_at_the_lookup_and_is_refundable_again(localstripe, api,
+                                                                                       operator_api, settings):
+    top_up = _credited_top_up(localstripe, api)
+    settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # the request never arrives
+    response = _refund(operator_api, top_up, "15.00")
+    assert response.status_code == 503 and "stays pending" in response.json()["detail"]
+    assert payments.refundable_micros(top_up=top_up) == 25_000_000
+    assert refunds_reconcile(now=timezone.now() + LATER) == {"stripe_unavailable": 1}  # still down: asked later
+    settings.STRIPE_API_BASE = localstripe.url
+    settings.BILLING_TOP_UP_RECONCILE_AFTER_S = 0
+    reconcile_task()  # the beat's per-minute task settles it
+    refund = Refund.objects.get(pk=response.json()["refund"])
+    assert refund.status == RefundStatus.FAILED and "made no refund" in refund.failure_message
+    assert payments.refundable_micros(top_up=top_up) == 40_000_000 and balance(api.user) == 40_000_000
+    assert _stripe_refunds(localstripe, top_up) == []
+    assert _refund(operator_api, top_up, "15.00").status_code == 201  # once Stripe answers, refunds work again
+    assert balance(api.user) == 25_000_000
+
+
+def test_a_charge_whose_answer_is_lost_says_it_may_have_charged_and_is_credited_when_stripe_confirms(
+        localstripe, lossy, api):
+    card = save_card(api)
+    lossy.lose.add(("POST", "/v1/payment_intents"))
+    response = api.post("/api/v1/billing/top-ups/", {"amount": "20.00", "card": card["id"]}, format="json")
+    assert response.status_code == 503
+    detail = response.json()["detail"]
+    assert "not known yet" in detail and "nothing was done" not in detail
+    assert detail.endswith("If your card was charged, the top-up is credited when the payment provider confirms it.")
+    top_up = TopUp.objects.get(pk=response.json()["top_up"])
+    assert top_up.status == TopUpStatus.FAILED and balance(api.user) == 0
+    [intent] = stripe_client(localstripe).payment_intents.list().data  # Stripe did charge
+    assert intent.status == "succeeded" and intent.metadata["top_up_id"] == str(top_up.pk)
+    with transaction.atomic():  # its webhook arrives: credited once, failed here or not
+        payment_intent_apply(intent=intent.to_dict(), succeeded=True)
+    assert balance(api.user) == 20_000_000
+
+
+def _auto_top_up(api, card_id, *, threshold="5", amount="20"):
+    response = api.patch("/api/v1/billing/profile/", {
+        "auto_top_up_enabled": True, "auto_top_up_card": card_id, "auto_top_up_amount": f"{amount}.00",
+        "auto_top_up_threshold": f"{threshold}.00"}, format="json")
+    assert response.status_code == 200, response.content
+
+
+def _ticks(n, django_capture_on_commit_callbacks):
+    for _ in range(n):
+        with django_capture_on_commit_callbacks(execute=True):
+            usage_meter_tick()
+
+
+def _charge_queued(no_task_queue):
+    """The charge tasks the ticks queued, run here (no worker in these tests)."""
+    for _name, args in [q for q in no_task_queue if q[0] == "top_up_charge"]:
+        payments.top_up_charge_by_id(top_up_id=args[0])
+    no_task_queue.clear()
+
+
+def test_a_declined_automatic_top_up_turns_them_off_and_charges_the_card_once(
+        localstripe, api, no_task_queue, django_capture_on_commit_callbacks):
+    card = save_card(api, "pm_card_chargeCustomerFail")  # saved; declined when charged
+    _auto_top_up(api, card["id"])
+    fund(api.user, "4")  # under the $5 threshold
+    for _ in range(5):  # five meter ticks (a minute apart in production)
+        _ticks(1, django_capture_on_commit_callbacks)
+        _charge_queued(no_task_queue)
+    [top_up] = TopUp.objects.filter(user=api.user)
+    assert top_up.automatic and top_up.status == TopUpStatus.FAILED and "declined" in top_up.failure_message
+    assert BillingProfile.objects.get(user=api.user).auto_top_up_enabled is False
+    [told] = BillingEvent.objects.filter(user=api.user, kind="top_up_failed")
+    assert "Automatic top-ups are now off" in told.message and told.data["auto_top_up_stopped"] is True
+    assert api.get("/api/v1/billing/profile/").json()["auto_top_up_enabled"] is False
+
+    # Turned on again with a card that works: the next tick tops up, the declined one minutes ago aside.
+    good = save_card(api)
+    _auto_top_up(api, good["id"])
+    _ticks(1, django_capture_on_commit_callbacks)
+    _charge_queued(no_task_queue)
+    assert TopUp.objects.filter(user=api.user).count() == 2
+    assert TopUp.objects.filter(user=api.user, card_id=good["id"], status=TopUpStatus.PROCESSING).exists()
+
+
+def test_an_automatic_top_up_whose_answer_was_lost_is_tried_again_after_an_hour_not_every_minute(
+        api, no_task_queue, django_capture_on_commit_callbacks, settings):
+    settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # Stripe does not answer: the outcome is unknown
+    card = Card.objects.create(user=api.user, stripe_payment_method_id="pm_local_9")
+    _auto_top_up(api, card.pk)
+    fund(api.user, "4")
+    for _ in range(10):
+        _ticks(1, django_capture_on_commit_callbacks)
+        _charge_queued(no_task_queue)
+    [top_up] = TopUp.objects.filter(user=api.user)  # one try in ten ticks
+    assert top_up.status == TopUpStatus.FAILED and "not known yet" in top_up.failure_message
+    assert BillingProfile.objects.get(user=api.user).auto_top_up_enabled is True  # not a decline: still on
+    assert not BillingEvent.objects.filter(user=api.user, kind="top_up_failed").exists()
+    TopUp.objects.filter(pk=top_up.pk).update(created_at=top_up.created_at - timedelta(minutes=61))
+    _ticks(1, django_capture_on_commit_callbacks)
+    assert TopUp.objects.filter(user=api.user).count() == 2  # an hour later, once more
