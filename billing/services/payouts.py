@@ -5,13 +5,15 @@ BILLING_PAYOUT_MINIMUM_USD of earnings gets one payout: the unique constraint on
 start) and the ledger key `payout:<provider>:<period start>` make a second run for the same week a
 no-op. The amount (the earnings balance, in whole cents) is moved from the provider's earnings to
 payout clearing *before* the transfer is sent (in one database transaction), so it cannot be paid
-twice; then the transfer is sent outside any transaction. If Stripe refuses it, the payout fails and a
-reversal gives the earnings back; if Stripe cannot be reached, the payout stays pending and the next
-run sends it again with the same Idempotency-Key.
+twice; then the transfer is sent outside any transaction, by one sender at a time. If Stripe refuses it, the
+payout fails and a reversal gives the earnings back; if Stripe's answer is lost (no answer, a 5xx, an idempotency
+conflict), the payout stays pending, and the next try first looks for the transfer by its transfer group, so
+that a transfer that was made is recorded rather than made again.
 """
 import logging
 from datetime import date, timedelta
 from decimal import Decimal
+from typing import Any
 
 import stripe
 from django.conf import settings
@@ -31,6 +33,7 @@ from billing.models import (
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
+from core.locks import advisory_lock
 from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 from notifications.services.notify import Kind, notify
 
@@ -77,28 +80,57 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
 
 
 def payout_send(*, payout: Payout) -> Payout:
-    """Send a pending payout's transfer (outside any transaction) and record the answer."""
+    """Send a pending payout's transfer (outside any transaction) and record the answer.
+
+    One sender at a time per payout (an advisory lock: the weekly run and an operator's "send again" may overlap;
+    the second does nothing). A payout tried before whose answer was lost is first looked up at Stripe by its
+    transfer group: a transfer made then is recorded, not made again (Stripe forgets an Idempotency-Key after a
+    day, and the retry may come a week later).
+    """
     if payout.status != PayoutStatus.PENDING:
         return payout
-    Payout.objects.filter(pk=payout.pk).update(attempts=F("attempts") + 1)
-    try:
-        transfer = client(connect=True).v1.transfers.create(
-            params={"amount": cents(payout.amount_micros), "currency": "usd", "destination": payout.destination,
-                    "transfer_group": f"payout-{payout.pk}",
-                    "metadata": {"payout_id": str(payout.pk), "provider_id": str(payout.provider_id)}},
-            options={"idempotency_key": f"payout-{payout.pk}"},
-        )
-    except stripe.StripeError as exc:
-        message = translate(exc, "sending the transfer").message
-        if not is_definite(exc):  # unknown outcome: stays pending; the next run retries with the same key
-            Payout.objects.filter(pk=payout.pk).update(failure_message=message[:500])
-            log.warning("payout %s: %s", payout.pk, message)
-        else:
-            _payout_failed(payout.pk, message)
+    with advisory_lock(f"billing.payout_send:{payout.pk}") as acquired:
+        if not acquired:
+            log.info("payout %s: another process is sending it", payout.pk)
+            return payout
         payout.refresh_from_db()
-        return payout
+        if payout.status != PayoutStatus.PENDING:
+            return payout
+        try:
+            transfer = _transfer_made(payout) if payout.attempts else None
+            if transfer is None:
+                Payout.objects.filter(pk=payout.pk).update(attempts=F("attempts") + 1)
+                transfer = client(connect=True).v1.transfers.create(
+                    params={"amount": cents(payout.amount_micros), "currency": "usd",
+                            "destination": payout.destination, "transfer_group": f"payout-{payout.pk}",
+                            "metadata": {"payout_id": str(payout.pk), "provider_id": str(payout.provider_id)}},
+                    options={"idempotency_key": f"payout-{payout.pk}"},
+                )
+        except stripe.StripeError as exc:
+            message = translate(exc, "sending the transfer").message
+            if not is_definite(exc):  # unknown outcome: stays pending; the next try looks it up first
+                Payout.objects.filter(pk=payout.pk).update(failure_message=message[:500])
+                log.warning("payout %s: %s", payout.pk, message)
+            else:
+                _payout_failed(payout.pk, message)
+            payout.refresh_from_db()
+            return payout
+        return _payout_paid(payout.pk, transfer)
+
+
+def _transfer_made(payout: Payout) -> Any:
+    """The transfer an earlier try made for this payout (its transfer group and metadata), or None."""
+    page = client(connect=True).v1.transfers.list(params={"transfer_group": f"payout-{payout.pk}", "limit": 10})
+    return next((t for t in page.auto_paging_iter() if _made_for(t, payout) and not t.reversed), None)
+
+
+def _made_for(transfer: Any, payout: Payout) -> bool:
+    return (transfer.to_dict().get("metadata") or {}).get("payout_id") == str(payout.pk)
+
+
+def _payout_paid(payout_id: int, transfer: Any) -> Payout:
     with transaction.atomic():
-        payout = Payout.objects.select_for_update().get(pk=payout.pk)
+        payout = Payout.objects.select_for_update().get(pk=payout_id)
         if payout.can_transition_to(PayoutStatus.PAID):
             payout.transition_to(PayoutStatus.PAID)
             payout.transfer_id = transfer.id
@@ -112,6 +144,9 @@ def payout_send(*, payout: Payout) -> Payout:
             notify(user=payout.provider, kind=Kind.PAYOUT_SENT, dedupe_key=f"payout_sent:{payout.pk}", payload={
                 "payout": payout.pk, "transfer": transfer.id, "amount": str(micros_to_usd(payout.amount_micros)),
                 "message": message})
+        elif payout.transfer_id != transfer.id:
+            log.error("payout %s is %s, but Stripe made transfer %s for it: for an operator", payout.pk,
+                      payout.status, transfer.id)
     return payout
 
 

@@ -23,21 +23,40 @@ MONDAY = date(2026, 3, 9)
 
 
 class ConnectServer:
-    """POST /v1/transfers answered as Stripe does; `mode` switches to a refusal or an outage."""
+    """POST /v1/transfers and GET /v1/transfers?transfer_group= answered as Stripe does; `mode` switches to a
+    refusal, an outage, an idempotency conflict (409), or "lose": the transfer is made, then the connection is
+    dropped before the answer (a timeout, as the platform sees it)."""
 
     def __init__(self):
-        self.requests: list[dict] = []
+        self.requests: list[dict] = []  # the POSTs
+        self.lookups: list[str] = []  # the GETs' paths
+        self.made: list[dict] = []  # the transfers made
         self.mode = "ok"
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                server.lookups.append(self.path)
+                path, _, query = self.path.partition("?")
+                group = parse_qs(query).get("transfer_group", [None])[0]
+                if server.mode == "down":
+                    self._answer(503, {"error": {"type": "api_error", "message": "Service unavailable"}})
+                elif path != "/v1/transfers":
+                    self._answer(404, {"error": {"type": "invalid_request_error", "message": "Unrecognized URL"}})
+                else:
+                    data = [t for t in server.made if group is None or t["transfer_group"] == group]
+                    self._answer(200, {"object": "list", "url": "/v1/transfers", "has_more": False, "data": data})
+
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
                 form = {k: v[0] for k, v in parse_qs(body).items()}
                 server.requests.append({"path": self.path, "form": form,
                                         "idempotency_key": self.headers.get("Idempotency-Key"),
                                         "auth": self.headers.get("Authorization")})
-                if server.mode == "refuse":
+                if server.mode == "conflict":
+                    self._answer(409, {"error": {"type": "idempotency_error", "message": "There is currently "
+                                                 "another in-progress request using this Idempotent Key."}})
+                elif server.mode == "refuse":
                     self._answer(400, {"error": {"type": "invalid_request_error", "code": "resource_missing",
                                                  "param": "destination",
                                                  "message": f"No such destination: '{form.get('destination')}'"}})
@@ -47,12 +66,17 @@ class ConnectServer:
                     self._answer(404, {"error": {"type": "invalid_request_error", "message": "Unrecognized URL"}})
                 else:
                     n = len(server.requests)
-                    self._answer(200, {
+                    transfer = {
                         "id": f"tr_test{n:06d}", "object": "transfer", "amount": int(form["amount"]),
                         "currency": form["currency"], "destination": form["destination"],
                         "transfer_group": form.get("transfer_group"), "livemode": False, "reversed": False,
                         "metadata": {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")},
-                    })
+                    }
+                    server.made.append(transfer)
+                    if server.mode == "lose":
+                        self.close_connection = True  # made, and no answer
+                        return
+                    self._answer(200, transfer)
 
             def _answer(self, code, payload):
                 data = json.dumps(payload).encode()
@@ -169,3 +193,64 @@ def test_payouts_and_earnings_in_the_api(clock, connect, client_for, other_api):
     assert earnings["months"] == [{"month": "2026-03", "earned": "42.500000", "paid_out": "42.500000"}]
     nothing = other_api.get("/api/v1/billing/earnings/").json()
     assert nothing["earned"] == "0.000000" and nothing["months"] == [] and nothing["payout_account_set"] is False
+
+
+def test_a_transfer_whose_answer_was_lost_is_found_and_recorded_not_sent_again(clock, connect):
+    """The transfer was made but its answer lost: the payout stays pending (earnings reserved), and the next try
+    finds the transfer by its transfer group and records it, even a week later, when Stripe has forgotten the
+    Idempotency-Key."""
+    provider = _provider_with_earnings(clock)
+    connect.mode = "lose"
+    [payout] = payouts.payouts_run(today=MONDAY)
+    assert payout.status == PayoutStatus.PENDING and payout.attempts == 1 and len(connect.made) == 1
+    assert earnings_balance(user_id=provider.pk) == 0
+    connect.mode = "ok"
+    payouts.payouts_run(today=MONDAY)
+    payout.refresh_from_db()
+    assert payout.status == PayoutStatus.PAID and payout.transfer_id == connect.made[0]["id"]
+    assert len(connect.made) == 1 and len(connect.requests) == 1  # looked up, not sent again
+    [lookup] = connect.lookups
+    assert lookup.startswith("/v1/transfers?") and f"transfer_group=payout-{payout.pk}" in lookup
+    assert earnings_balance(user_id=provider.pk) == 0 and not LedgerTransaction.objects.filter(
+        kind="payout_reversal").exists()
+
+
+def test_a_lost_answer_for_a_transfer_that_was_not_made_sends_it_once_more(clock, connect):
+    _provider_with_earnings(clock)
+    connect.mode = "down"
+    [payout] = payouts.payouts_run(today=MONDAY)
+    connect.mode = "ok"
+    payouts.payouts_run(today=MONDAY)
+    payout.refresh_from_db()
+    assert payout.status == PayoutStatus.PAID and len(connect.made) == 1 and len(connect.lookups) == 1
+
+
+def test_an_idempotency_conflict_is_not_a_refusal_the_earnings_stay_reserved(clock, connect):
+    """Stripe's 409 for a key another request is using says nothing about whether that request paid: the payout
+    stays pending, and nothing is given back to be paid a second time."""
+    provider = _provider_with_earnings(clock)
+    connect.mode = "conflict"
+    [payout] = payouts.payouts_run(today=MONDAY)
+    assert payout.status == PayoutStatus.PENDING and payout.reversal is None
+    assert earnings_balance(user_id=provider.pk) == 0
+    assert "still handling an earlier attempt" in payout.failure_message
+
+
+def test_a_payout_another_process_is_sending_is_left_to_it(clock, connect):
+    """The weekly run and an operator's "send again" at once: the second sends nothing."""
+    from django.db import connections
+
+    from core.locks import lock_key
+
+    provider = _provider_with_earnings(clock)
+    payout = payouts.payout_create(provider_id=provider.pk, period_start=date(2026, 3, 2),
+                                   period_end=date(2026, 3, 8))
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [lock_key(f"billing.payout_send:{payout.pk}")])
+        assert payouts.payout_send(payout=payout).status == PayoutStatus.PENDING
+        assert connect.requests == [] and connect.lookups == []
+    finally:
+        other.close()
+    assert payouts.payout_send(payout=payout).status == PayoutStatus.PAID
