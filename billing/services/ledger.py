@@ -137,6 +137,15 @@ def _lock_accounts(account_ids: Iterable[int]) -> None:
 CREDIT_NOTE = "A credit from the platform."
 REVERSAL_NOTE = "A correction: an earlier credit to your balance was taken back."
 REVERSIBLE_CREDITS = (TransactionKind.CREDIT, TransactionKind.SERVICE_CREDIT)
+# Money that came in or went out through Stripe has its own way back; reversing its ledger rows would leave
+# Stripe's side standing and pay twice (a payout's earnings back while its transfer stands, a top-up's money gone
+# from the wallet while the top-up stays refundable, a refund's debit undone while the card keeps the money).
+NOT_REVERSIBLE = {
+    TransactionKind.TOP_UP: "refund the top-up instead (Top-ups: Refund), which gives it back to the card",
+    TransactionKind.REFUND: "the card got the money back at Stripe; post a manual credit if the customer is owed",
+    TransactionKind.PAYOUT: "its transfer was sent at Stripe; a payout whose transfer failed is reversed by itself",
+    TransactionKind.PAYOUT_REVERSAL: "it gave back a failed payout's earnings; they go with the next payout",
+}
 
 
 def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | None = None,
@@ -148,6 +157,9 @@ def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | No
     """
     if txn.reverses_id is not None:
         raise LedgerError("A reversal cannot itself be reversed; post a new transaction instead.")
+    if txn.kind in NOT_REVERSIBLE:
+        raise LedgerError(f"A {txn.get_kind_display().lower()} transaction is not reversed here: "
+                          f"{NOT_REVERSIBLE[TransactionKind(txn.kind)]}.")
     existing = LedgerTransaction.objects.filter(reverses=txn).first()
     if existing is not None:
         return existing, False

@@ -105,6 +105,24 @@ def test_a_reversal_undoes_a_transaction_once_with_the_operator_and_reason():
         ledger_reverse(txn=reversal, reason="undo the undo")
 
 
+@pytest.mark.parametrize(("kind", "says"), [
+    (TransactionKind.TOP_UP, "refund the top-up instead"),
+    (TransactionKind.REFUND, "the card got the money back"),
+    (TransactionKind.PAYOUT, "its transfer was sent"),
+    (TransactionKind.PAYOUT_REVERSAL, "they go with the next payout"),
+])
+def test_money_that_moved_at_stripe_is_not_reversed_in_the_ledger(kind, says):
+    """Reversing a payout would give its earnings back while its transfer stands (paid twice); a top-up, take its
+    money while the top-up stays refundable: these have their own way back, named in the refusal."""
+    user = UserFactory()
+    txn, _ = ledger_post(idempotency_key=f"moved-{kind}", kind=kind,
+                         lines=[(_wallet(user), 1_000_000), (platform_account(kind=AccountKind.PAYMENT_CLEARING),
+                                                             -1_000_000)])
+    with pytest.raises(LedgerError, match=says):
+        ledger_reverse(txn=txn, reason="operator mistake")
+    assert not LedgerTransaction.objects.filter(reverses=txn).exists() and wallet_balance(user_id=user.pk) == 1_000_000
+
+
 def test_a_credit_needs_a_reason_and_a_positive_integer_amount():
     user = UserFactory()
     with pytest.raises(LedgerError):
