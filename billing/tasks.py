@@ -41,7 +41,7 @@ def top_up_charge(top_up_id: int):
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=240, time_limit=300)
 def top_ups_reconcile():
     """Settle top-ups still processing after a few minutes with what Stripe says (their webhook never came), and
-    refunds whose Stripe answer was lost."""
+    refunds and payouts whose Stripe answer was lost."""
     done = reconcile.top_ups_reconcile()
     if done:
         log.info("top-ups reconcile: %s", done)
@@ -49,6 +49,10 @@ def top_ups_reconcile():
     refunds = reconcile.refunds_reconcile()
     if refunds:
         log.info("refunds reconcile: %s", refunds)
+    # Payouts whose transfer's answer was lost (or never sent): looked up, then sent if not made.
+    sent = payouts.payouts_send_pending()
+    if sent:
+        log.info("payouts: %s pending payout(s) tried again", sent)
     # Automatic top-ups whose charge task was never queued (the broker was down) or was lost.
     charged = reconcile.top_ups_charge_pending()
     if charged:

@@ -7,11 +7,12 @@ no-op. The amount (the earnings balance, in whole cents) is moved from the provi
 payout clearing *before* the transfer is sent (in one database transaction), so it cannot be paid
 twice; then the transfer is sent outside any transaction, by one sender at a time. If Stripe refuses it, the
 payout fails and a reversal gives the earnings back; if Stripe's answer is lost (no answer, a 5xx, an idempotency
-conflict), the payout stays pending, and the next try first looks for the transfer by its transfer group, so
-that a transfer that was made is recorded rather than made again.
+conflict), the payout stays pending, and the next try (the per-minute follow-up, billing.tasks.top_ups_reconcile,
+after BILLING_TOP_UP_RECONCILE_AFTER_S) first looks for the transfer by its transfer group, so that a transfer
+that was made is recorded rather than made again.
 """
 import logging
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -170,6 +171,16 @@ def _payout_failed(payout_id: int, message: str) -> None:
                              "The amount is back in your earnings and goes with the next payout; check your "
                              "Stripe account id.",
                      data={"payout": payout.pk})
+
+
+def payouts_send_pending(*, now: datetime | None = None) -> int:
+    """Send again the payouts still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (a lost answer, a crash between
+    reserving and sending): minutes later, not next week. Each looks its transfer up first (payout_send)."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+    pending = list(Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff).order_by("pk")[:100])
+    for payout in pending:
+        payout_send(payout=payout)
+    return len(pending)
 
 
 def payouts_run(*, today: date | None = None) -> list[Payout]:

@@ -332,8 +332,8 @@ CELERY_BEAT_SCHEDULE = {
     "billing-meter": {"task": "billing.tasks.usage_meter_tick",
                       "schedule": env_int("BILLING_METER_INTERVAL_S", 60),
                       "options": {"expires": max(env_int("BILLING_METER_INTERVAL_S", 60) - 5, 5)}},
-    # Top-ups still processing after BILLING_TOP_UP_RECONCILE_AFTER_S (their webhook never came) are settled
-    # with what Stripe says.
+    # Top-ups still processing after BILLING_TOP_UP_RECONCILE_AFTER_S (their webhook never came), and refunds and
+    # payouts whose Stripe answer was lost, are settled with what Stripe says.
     "billing-top-ups-reconcile": {"task": "billing.tasks.top_ups_reconcile", "schedule": 60,
                                   "options": {"expires": 55}},
     "billing-payouts": {"task": "billing.tasks.payouts_run",

@@ -254,3 +254,24 @@ def test_a_payout_another_process_is_sending_is_left_to_it(clock, connect):
     finally:
         other.close()
     assert payouts.payout_send(payout=payout).status == PayoutStatus.PAID
+
+
+def test_the_per_minute_follow_up_tries_a_lost_payout_again_within_minutes_not_next_week(clock, connect, settings,
+                                                                                         monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from billing.tasks import top_ups_reconcile
+
+    _provider_with_earnings(clock)
+    monkeypatch.setattr("django.utils.timezone.now", lambda: datetime.now(UTC))  # rows' created_at are real
+    connect.mode = "lose"
+    [payout] = payouts.payouts_run(today=MONDAY)
+    connect.mode = "ok"
+    top_ups_reconcile()  # too early: its answer may still be on its way
+    assert Payout.objects.get(pk=payout.pk).status == PayoutStatus.PENDING and connect.lookups == []
+    Payout.objects.filter(pk=payout.pk).update(
+        created_at=payout.created_at - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S + 60))
+    top_ups_reconcile()
+    payout.refresh_from_db()
+    assert payout.status == PayoutStatus.PAID and payout.transfer_id == connect.made[0]["id"]
+    assert len(connect.made) == 1
