@@ -88,7 +88,7 @@ class NodeBenchmarksView(generics.ListAPIView):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
         node_id = str(self.kwargs["id"])
-        if not node_id.isdigit() or len(node_id) > 18:
+        if not (node_id.isascii() and node_id.isdigit()) or len(node_id) > 18:  # isdigit alone takes "²"
             raise Http404
         # Only whether the caller may see it: not its GPUs.
         node = selectors.nodes_for_user(user=self.request.user).prefetch_related(None).filter(pk=int(node_id)).first()

@@ -76,7 +76,7 @@ class CardViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Gene
 
     def get_object(self):
         pk = self.kwargs["pk"]
-        if not str(pk).isdigit():
+        if not (str(pk).isascii() and str(pk).isdigit()):  # "²" is a digit to Python, not to int()
             raise Http404
         return super().get_object()
 

@@ -102,7 +102,7 @@ class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return selectors.top_ups_for_user(user=self.request.user).prefetch_related("refunds")
 
     def get_object(self):
-        if not str(self.kwargs["pk"]).isdigit():
+        if not (str(self.kwargs["pk"]).isascii() and str(self.kwargs["pk"]).isdigit()):  # "²" is a digit to Python
             raise Http404
         return super().get_object()
 

@@ -130,7 +130,7 @@ def _top_up_of(intent: dict[str, Any]) -> TopUp | None:
     metadata = intent.get("metadata") or {}
     top_up_id = metadata.get("top_up_id")
     query = Q(payment_intent_id=intent.get("id"))
-    if isinstance(top_up_id, str) and top_up_id.isdigit():
+    if isinstance(top_up_id, str) and top_up_id.isascii() and top_up_id.isdigit():
         query |= Q(pk=int(top_up_id))
     return TopUp.objects.filter(query).select_related("user").first()
 

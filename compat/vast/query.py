@@ -80,7 +80,8 @@ def _field_name(name: str) -> str:
 
 def _coerce(name: str, value: Any) -> Any:
     kind = FIELDS[name]
-    wrong = ValidationFailed(f"`{name}` takes {KIND_WORDS[kind]}, not {value!r}.", field=name)
+    shown = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "a number that large"
+    wrong = ValidationFailed(f"`{name}` takes {KIND_WORDS[kind]}, not {shown[:100]}.", field=name)
     if value is None:
         return None
     if kind is bool:
@@ -97,7 +98,7 @@ def _coerce(name: str, value: Any) -> Any:
         raise wrong
     try:
         number = float(value) if isinstance(value, str | int | float) else math.nan
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer beyond a float's range
         raise wrong from None
     if not math.isfinite(number):
         raise wrong

@@ -192,7 +192,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["core.api.filtering.FilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.Pagination",
     # A JSON API: form-encoded bodies silently drop empty optional fields and carry no types.
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["core.api.parsers.JSONParser"],  # DRF's, with too deep a body a 400
     # JSON answers only, errors included: no browsable-API HTML (the docs are the Swagger page at /api/docs/).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",

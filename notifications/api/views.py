@@ -1,7 +1,5 @@
 """The notifications API: your notifications (list, mark read), your channels per event kind, your webhook
 endpoints (CRUD, a test event) and their delivery logs. Another user's object is a 404."""
-from typing import Any
-
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
@@ -10,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.filtering import reject_unknown_params
 from core.api.schema import error_response
 from core.api.scopes import ANY
 from notifications import selectors
@@ -51,7 +50,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     api_scope = ANY  # core/api/scopes.py: renters and providers alike
     serializer_class = NotificationSerializer
     queryset = Notification.objects.none()
-    filter_backends: list[Any] = []
+    known_query_params = ("unread",)  # read by get_queryset; any other is a 400 (core.api.filtering)
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -84,6 +83,7 @@ class PreferenceListView(APIView):
     @extend_schema(summary="Your channels per event kind (every channel is on until you choose)",
                    responses={200: PreferenceSerializer(many=True)})
     def get(self, request):
+        reject_unknown_params(request, (), paginated=False)  # a plain APIView: no filter backend runs
         return Response(PreferenceSerializer(selectors.preferences_for(user=request.user), many=True).data)
 
 
@@ -120,7 +120,6 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
     api_scope = ANY  # core/api/scopes.py: renters and providers alike
     serializer_class = WebhookEndpointSerializer
     queryset = WebhookEndpoint.objects.none()
-    filter_backends: list[Any] = []
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
@@ -171,7 +170,7 @@ class WebhookDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, v
     api_scope = ANY  # core/api/scopes.py: renters and providers alike
     serializer_class = WebhookDeliverySerializer
     queryset = WebhookDelivery.objects.none()
-    filter_backends: list[Any] = []
+    known_query_params = ("endpoint",)  # read by get_queryset; any other is a 400 (core.api.filtering)
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -179,7 +178,7 @@ class WebhookDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, v
         endpoint_id = None
         raw = self.request.query_params.get("endpoint") if self.action == "list" else None
         if raw:
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()):  # str.isdigit alone takes "²", which int() refuses
                 raise serializers.ValidationError({"endpoint": ["Must be an endpoint's id."]})
             endpoint_id = get_object_or_404(selectors.endpoints_for(user=self.request.user), pk=int(raw)).pk
         return (selectors.deliveries_for(user=self.request.user, endpoint_id=endpoint_id)

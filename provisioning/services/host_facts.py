@@ -9,14 +9,18 @@ from typing import Any
 from marketplace.models import Node
 from marketplace.models.host import cuda_version_code
 
+# JSON integers are unbounded: past these, float() overflows and PostgreSQL's integer columns refuse the value.
+_INT_MAX = 2**31 - 1
+_NUMBER_MAX = 1e15
+
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX else None
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= _NUMBER_MAX:
+        return None  # NaN too: it compares false
     return float(value)
 
 

@@ -204,6 +204,9 @@ def test_top_ups_are_private(api, other_api):
     assert other_api.get(f"/api/v1/billing/top-ups/{top_up.pk}/").status_code == 404
     assert other_api.get("/api/v1/billing/top-ups/").json()["results"] == []
     assert api.get("/api/v1/billing/top-ups/abc/").status_code == 404
+    for odd in ("%C2%B2", "%D9%A3"):  # "²" and "٣": digits to str.isdigit(), not to int() or the database
+        assert api.get(f"/api/v1/billing/top-ups/{odd}/").status_code == 404
+        assert api.delete(f"/api/v1/billing/cards/{odd}/").status_code == 404
 
 
 # ------------------------------------------------------------------------------------------- webhooks

@@ -107,6 +107,10 @@ def test_degraded_offers_are_not_verified(anon, db):
     ({"order": "score"}, "`order`"),
     ({"type": "bid"}, "Only on-demand"),
     ({"limit": 0}, "`limit`"),
+    # Beyond a float's range (float() raised OverflowError: a 500).
+    ({"num_gpus": {"eq": 10**400}}, "`num_gpus` takes a whole number, not a number that large"),
+    ({"dph_total": {"in": [10**400]}}, "`dph_total` takes a number"),
+    ({"dph_total": {"lte": -10**400}}, "`dph_total` takes a number"),
 ])
 def test_search_offers_bad_queries_are_a_400_with_a_msg(anon, market, query, words):
     r = search(anon, **query)
@@ -119,6 +123,16 @@ def test_search_offers_malformed_body(anon, db):
     assert r.status_code == 400 and msg(r)
     r = anon.post(f"{V0}/bundles/", [1], format="json")
     assert r.status_code == 400 and "JSON object" in msg(r)
+    # Deeper than Python's recursion limit (json raised RecursionError: a 500), and deeper than the API reads.
+    for depth in (3000, 100):
+        r = anon.post(f"{V0}/bundles/", "[" * depth + "]" * depth, content_type="application/json")
+        assert r.status_code == 400 and "nested deeper than 64 levels" in msg(r), depth
+
+
+def test_show_instances_json_parameters_nested_too_deep_are_a_400(api, db):
+    for depth in (1500, 100):
+        r = api.get("/compat/vast/api/v1/instances/?select_filters=" + "[" * depth + "]" * depth)
+        assert r.status_code == 400 and "`select_filters`: JSON nested deeper than 64 levels" in msg(r), depth
 
 
 # ----------------------------------------------------------------------------------------------------- instances
@@ -161,6 +175,11 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
     ({"volume_info": {"size": 5}}, 400, "volumes"),
     ({"colour": "red"}, 400, "Not supported here: colour"),
     ({"label": "x" * 101}, 400, "label"),
+    # Checked before the catalogue is searched for it: PostgreSQL refuses NUL in text (a 500).
+    ({"image": "cuda\x00x", "disk": 10}, 400, "Control characters are not allowed."),
+    ({"image": "cuda-12-4\x1b"}, 400, "Control characters are not allowed."),
+    ({"image": "x" * 600}, 400, "at most 512 characters"),
+    ({"disk": 10**400}, 400, "needs 20 to"),  # math.isfinite raised OverflowError
 ])
 def test_create_instance_bad_input(api, market, body, status, words):
     _, a6000, _ = market
@@ -253,6 +272,20 @@ def test_stop_start_label_destroy(api, market):
         assert r.status_code == 400 and words in msg(r)
     assert api.delete(url, {}, format="json").json() == {"success": True}
     assert Instance.objects.get(pk=instance.pk).status == "destroying"
+
+
+def test_a_refused_state_change_leaves_the_label_unchanged(api, market):
+    _, a6000, _ = market
+    requested = book(api.user, a6000, label="before")
+    url = f"{V0}/instances/{requested.pk}/"
+    r = api.put(url, {"label": "CHANGED", "state": "bogus"}, format="json")
+    assert r.status_code == 400 and "`state`" in msg(r)
+    r = api.put(url, {"label": "X", "state": "running"}, format="json")  # a requested instance does not start
+    assert r.status_code == 409 and msg(r)
+    requested.refresh_from_db()
+    assert (requested.status, requested.label) == ("requested", "before")
+    assert api.put(url, {"label": "after"}, format="json").json() == {"success": True}
+    assert Instance.objects.get(pk=requested.pk).label == "after"
 
 
 def test_another_owners_instance_is_a_404_and_unchanged(api, other_api, anon, market):

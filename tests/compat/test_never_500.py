@@ -17,10 +17,13 @@ BODIES = [None, [], "text", 5, {"x": 1}, {"state": [1]}, {"state": "running", "l
           {"runtype": 3}, {"order": [[1, 2]]}, {"order": [["score"]]}, {"limit": "\u00b2"}, {"limit": 10**40},
           {"num_gpus": {"in": [{"a": 1}]}}, {"gpu_name": {"eq": ["x"]}}, {"id": {"gte": None}},
           {"allocated_storage": "lots"}, {"type": ["bid"]}, {"dph_total": {"lte": -1}},
-          {"geolocation": {"eq": "Atlantis"}}, {"num_gpus": {"eq": 10**30}}]
+          {"geolocation": {"eq": "Atlantis"}}, {"num_gpus": {"eq": 10**30}}, {"num_gpus": {"eq": 10**400}},
+          {"dph_total": {"in": [10**400]}}, {"disk": 10**400, "image": "cuda-12-4"},
+          {"image": "cuda\x00x", "disk": 10}, {"state": "bogus", "label": "CHANGED"}]
 QUERIES = ["", "?select_filters=%7B", "?select_filters=%5B%5D", "?order_by=%7B%7D", "?limit=%C2%B2",
            "?after_token=-1", "?select_filters=%7B%22label%22%3A%7B%22gt%22%3A5%7D%7D",
-           "?order_by=%5B%7B%22col%22%3A%22label%22%2C%22dir%22%3A%22desc%22%7D%5D", "?owner=me"]
+           "?order_by=%5B%7B%22col%22%3A%22label%22%2C%22dir%22%3A%22desc%22%7D%5D", "?owner=me",
+           "?select_filters=" + "[" * 1500 + "]" * 1500, "?order_by=" + "[" * 100 + "]" * 100]
 
 
 @pytest.mark.parametrize("route", ROUTES)

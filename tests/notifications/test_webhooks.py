@@ -192,7 +192,8 @@ def test_another_users_endpoints_and_deliveries_are_404(owner_api, other_api, re
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("raw, status", [("-3", 400), ("x", 400), ("0", 404), ("9" * 30, 404)])
+@pytest.mark.parametrize("raw, status", [("-3", 400), ("x", 400), ("0", 404), ("9" * 30, 404),
+                                         ("%C2%B2", 400), ("%D9%A3", 400)])  # "²" and "٣": isdigit, not int()
 def test_the_deliveries_endpoint_filter_refuses_what_is_no_id(owner_api, raw, status):
     """The schema says a positive integer; anything else is a 400 naming `endpoint`, an id of nobody's a 404 (a
     number past bigint included: not a database error)."""

@@ -66,10 +66,20 @@ def test_operators_see_any_node(operator_api, node):
     assert operator_api.get(f"/api/v1/nodes/{node.pk}/benchmarks/").json()["count"] == 3
 
 
-@pytest.mark.parametrize("path", ["{pk}", "999999", "abc", "1.5", "99999999999999999999999"])
+@pytest.mark.parametrize("path", ["{pk}", "999999", "abc", "1.5", "99999999999999999999999",
+                                  "%C2%B2", "%D9%A3"])  # "²" and "٣": isdigit, but not int()
 def test_anyone_else_gets_a_404(other_api, node, path):
     r = other_api.get(f"/api/v1/nodes/{path.format(pk=node.pk)}/benchmarks/")
     assert r.status_code == 404 and "detail" in r.json()
+
+
+def test_the_providers_own_odd_ids_are_a_404_too(api):
+    assert api.get("/api/v1/nodes/%C2%B2/benchmarks/").status_code == 404
+
+
+def test_an_unknown_query_parameter_is_a_400(api, node):
+    r = api.get(f"/api/v1/nodes/{node.pk}/benchmarks/?verdict=ok")
+    assert r.status_code == 400 and r.json() == {"verdict": ["Unknown query parameter."]}
 
 
 def test_anonymous_callers_must_authenticate(anon, node):

@@ -46,6 +46,8 @@ def test_host_facts_from_an_inventory():
     {"cpu": {"cores": True}, "ram_mib": "lots", "disk": {"write_mbs": "fast", "read_mbs": 10},
      "cuda_version": "twelve", "gpus": [{"pcie_link_gen_max": None}, {"pcie_link_gen_max": 4}]},
     {},
+    # Beyond a float's range or an integer column's: dropped, not an OverflowError or a DataError.
+    {"cpu": {"cores": 10**400}, "ram_mib": 10**400, "disk": {"write_mbs": 10**400, "read_mbs": float("nan")}},
 ])
 def test_malformed_figures_are_dropped_not_guessed(broken):
     facts = host_facts_from(broken, None)

@@ -4,12 +4,12 @@ None of these views is in the published schema (`schema = None`)."""
 from typing import Any
 
 from rest_framework import permissions
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.parsers import JSONParser
 from core.api.scopes import PUBLIC
 from core.errors import ValidationFailed
 from core.request_guard import has_control_character

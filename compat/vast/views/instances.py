@@ -1,16 +1,17 @@
 """Instances: `create instance` (PUT /asks/ID/), `show instance(s)`, stop/start/label/destroy; our states on Vast's
 four (`actual_status`), ours in `status_msg`."""
-import json
 import math
 import re
 from collections import Counter
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.parsers import TOO_DEEP, TooDeep, loads
 from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
@@ -91,7 +92,9 @@ def _json_param(request: Request, name: str, default: Any) -> Any:
     if text is None:
         return default
     try:
-        return json.loads(text)
+        return loads(text)
+    except TooDeep:
+        raise ValidationFailed(f"`{name}`: {TOO_DEEP}", field=name) from None
     except ValueError:
         raise ValidationFailed(f"`{name}` is JSON.", field=name) from None
 
@@ -176,15 +179,20 @@ class InstanceView(VastView):
         body = _body(request)
         _refuse_unknown(body, {"state", "label"})
         instance = _own_instance(request, instance_id)
-        if "label" in body:
-            instance = instance_svc.instance_label(instance=instance, label=_label(body["label"]))
         state = body.get("state")
-        if state == "stopped":
-            instance_svc.instance_stop(instance=instance)
-        elif state == "running":
-            instance_svc.instance_start(instance=instance)
-        elif state is not None:
-            raise ValidationFailed(f"`state` is \"running\" or \"stopped\", not {state!r}.", field="state")
+        if state not in (None, "running", "stopped"):
+            raise ValidationFailed(f"`state` is \"running\" or \"stopped\", not {repr(state)[:40]}.",
+                                   field="state")
+        label = _label(body["label"]) if "label" in body else None
+        # One transaction: a refused stop or start (a 409) leaves the label as it was. The jobs they queue are
+        # sent on commit.
+        with transaction.atomic():
+            if label is not None:
+                instance = instance_svc.instance_label(instance=instance, label=label)
+            if state == "stopped":
+                instance_svc.instance_stop(instance=instance)
+            elif state == "running":
+                instance_svc.instance_start(instance=instance)
         return Response({"success": True})
 
     def delete(self, request, instance_id: int):
@@ -217,6 +225,7 @@ def _image(name: Any) -> Image | str:
     if not isinstance(name, str) or not name:
         raise ValidationFailed("Give an image: --image SLUG (see GET /api/v1/images/) or an image reference "
                                "(e.g. ubuntu:24.04).", field="image")
+    opts.clean_image_text(name)  # before the lookup: a NUL reaching PostgreSQL is a 500
     image = Image.objects.filter(Q(slug=name) | Q(docker_image=name) | Q(libvirt_image=name), active=True).first()
     return image if image is not None else opts.image_of(name)
 
@@ -270,7 +279,9 @@ def _options(body: dict[str, Any], image: Image | str) -> opts.InstanceOptions:
 def _disk(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    # An int first: math.isfinite raises OverflowError on one beyond a float's range.
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 \
+            or not (isinstance(value, int) or math.isfinite(value)):
         raise ValidationFailed("`disk` is a number of GB.", field="disk")
     return math.ceil(value)
 

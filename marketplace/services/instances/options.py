@@ -14,6 +14,7 @@ from typing import Any
 
 from core.errors import ValidationFailed
 from core.request_guard import has_control_character
+from core.validators import CONTROL_CHARACTERS_MESSAGE
 from marketplace.models import Image
 
 # The distribution/reference grammar (github.com/distribution/reference, regexp.go): an optional registry host
@@ -72,9 +73,23 @@ def is_image_reference(text: str) -> bool:
     return any(c in text for c in "/:@")
 
 
+def clean_image_text(value: Any, field_name: str = "image") -> str:
+    """What an image is checked for before it is looked up: text of at most REFERENCE_MAX characters, without
+    control characters (PostgreSQL refuses NUL in text: a 500)."""
+    if not isinstance(value, str) or not value:
+        raise _fail(field_name, "Give an image: a catalogue slug (/api/v1/images/) or an image reference such as "
+                                "`registry.example.com/team/app:1.0`.")
+    if len(value) > REFERENCE_MAX:
+        raise _fail(field_name, f"An image reference has at most {REFERENCE_MAX} characters.")
+    if has_control_character(value):
+        raise _fail(field_name, CONTROL_CHARACTERS_MESSAGE)
+    return value
+
+
 def image_of(value: Any, field_name: str = "image") -> Image | str:
     """A catalogue image (by slug, active) or the renter's own OCI reference; ValidationFailed otherwise."""
-    if isinstance(value, str) and value and not is_image_reference(value):
+    value = clean_image_text(value, field_name)
+    if not is_image_reference(value):
         image = Image.objects.filter(slug=value, active=True).first()
         if image is None:
             slugs = ", ".join(Image.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
