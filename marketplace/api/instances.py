@@ -132,10 +132,6 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         fresh = self.get_queryset().get(pk=instance.pk)
         return Response(InstanceSerializer(fresh).data, status=code)
 
-    def list(self, request, *args, **kwargs):
-        reject_unknown_params(request, InstanceFilter.base_filters)
-        return super().list(request, *args, **kwargs)
-
     def create(self, request):
         idempotency_key, _ = idempotency_key_of(request)
         fingerprint = _fingerprint(request) if idempotency_key else ""

@@ -16,7 +16,7 @@ from rest_framework import permissions, serializers, viewsets
 
 from billing.services.metering import fee_percent, platform_fee_bps
 from core.api.fields import UsdField
-from core.api.filtering import FilterBackend, StrictFilterSet, reject_unknown_params
+from core.api.filtering import FilterBackend, StrictFilterSet
 from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
 from marketplace import selectors
@@ -372,14 +372,14 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
         return selectors.offers_search()
 
     def list(self, request, *args, **kwargs):
-        # A misspelt filter would otherwise be ignored and return everything.
-        reject_unknown_params(request, OfferFilter.base_filters)
         # The page is read as tuples and written by offer_row: OfferSerializer's JSON (and still its schema,
         # through serializer_class) without two model instances per row. Same COUNT and filters.
         # The COUNT and the page run from SQL compiled once per query shape (offer_query.py), with the filters'
         # parameters; the filterset still validates every request (its 400s).
         base = selectors.offers_search(values_list=OFFER_COLUMNS)
-        filterset = FilterBackend().get_filterset(request, base, self)
+        backend = FilterBackend()
+        backend.reject_unknown_params(request, base, self)  # not through filter_queryset: said here
+        filterset = backend.get_filterset(request, base, self)
         if not filterset.is_valid():
             raise translate_validation(filterset.errors)
         rows = self.paginate_queryset(OfferQuery(filterset, base))

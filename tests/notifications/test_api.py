@@ -65,3 +65,20 @@ def test_preferences_list_every_kind_and_set_one(owner_api):
     r = owner_api.put("/api/v1/notification-preferences/low_balance/",
                       {"in_app": True, "email": True, "webhook": True, "sms": True}, format="json")
     assert r.status_code == 400 and "sms" in r.json()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/notifications/?unred=true", "/api/v1/notifications/?unread=true&page=1&x=1",
+                                  "/api/v1/webhook-endpoints/?active=true", "/api/v1/webhook-deliveries/?endpont=1",
+                                  "/api/v1/notification-preferences/?page=2"])
+def test_an_unknown_query_parameter_is_a_400_naming_it(owner_api, path):
+    """A misspelt filter was ignored: every notification, not the unread ones."""
+    r = owner_api.get(path)
+    assert r.status_code == 400, r.content
+    assert all(body == ["Unknown query parameter."] for body in r.json().values()) and r.json()
+
+
+def test_a_known_query_parameter_and_the_pages_are_read(owner_api):
+    made = _make(owner_api.user, 3)
+    body = owner_api.get("/api/v1/notifications/?unread=true&page=1&page_size=2&format=json").json()
+    assert (body["count"], len(body["results"])) == (3, 2)
+    assert owner_api.get(f"/api/v1/notifications/{made[0].pk}/?unread=true").status_code == 400  # one object
