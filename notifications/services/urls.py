@@ -12,6 +12,7 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from django.conf import settings
 
+from core.addresses import is_public
 from core.errors import ValidationFailed
 
 URL_MAX_LENGTH = 500
@@ -81,7 +82,7 @@ def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
     for address in addresses:
         if address.is_loopback and loopback_ok:
             continue
-        if not address.is_global or address.is_multicast:
+        if not is_public(address):  # also an IPv6 form carrying a private IPv4 (NAT64, 6to4): core/addresses.py
             raise ValidationFailed(
                 f"Not a public address: {parts.hostname} is a private, loopback or reserved address ({address}); "
                 "webhooks go only to public addresses.", field=field)

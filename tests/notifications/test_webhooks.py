@@ -126,6 +126,13 @@ def test_a_real_event_reaches_the_endpoint_through_the_worker_and_a_500_is_retri
     ("https://192.168.0.10/hook", "private"),
     ("https://169.254.169.254/latest/meta-data", "private"),
     ("https://[fd00::1]/hook", "private"),
+    # IPv6 forms carrying a private IPv4, which a NAT64 gateway or a 6to4 relay delivers to it (core/addresses.py)
+    ("https://[64:ff9b::a9fe:a9fe]/latest/meta-data/", "private"),
+    ("https://[64:ff9b::a00:1]:8080/hook", "private"),
+    ("https://[2002:a00:1::1]/hook", "private"),
+    ("https://[::a00:1]/hook", "private"),
+    ("https://[::ffff:0:7f00:1]/hook", "private"),
+    ("https://[64:ff9b:1::a00:1]/hook", "private"),
     ("https://user:pw@8.8.8.8/hook", "password"),
     ("https://8.8.8.8:99999/hook", "port"),
     ("https://no-such-host.invalid/hook", "does not resolve"),
@@ -201,3 +208,16 @@ def test_the_deliveries_endpoint_filter_refuses_what_is_no_id(owner_api, raw, st
     assert r.status_code == status, r.content
     if status == 400:
         assert r.json() == {"endpoint": ["Must be an endpoint's id."]}
+
+
+@pytest.mark.parametrize("address, public", [
+    ("64:ff9b::808:808", True), ("2002:808:808::1", True), ("2606:4700::1111", True), ("8.8.8.8", True),
+    ("64:ff9b::a9fe:a9fe", False), ("2002:c0a8:1::1", False), ("::ffff:10.0.0.1", False), ("::127.0.0.1", False),
+    ("64:ff9b:1::808:808", False), ("ff02::1", False), ("100.64.0.1", False),
+])
+def test_an_ipv6_address_is_public_only_if_the_ipv4_it_carries_is(address, public):
+    import ipaddress
+
+    from core.addresses import is_public
+
+    assert is_public(ipaddress.ip_address(address)) is public
