@@ -51,8 +51,11 @@ def test_production_starts_with_proper_values(tmp_path):
         ({"FIELD_ENCRYPTION_KEYS": None}, "FIELD_ENCRYPTION_KEYS contains the development default key"),
         ({"DATABASE_URL": None}, "DATABASE_URL is not set"),
         ({"DATABASE_URL": "sqlite:////tmp/prod.sqlite3"}, "SQLite is for a first run only"),
+        ({"ALLOWED_HOSTS": "gpus.example.com,*"}, "ALLOWED_HOSTS accepts any host (*)"),
+        ({"ALLOWED_HOSTS": ".com"}, "ALLOWED_HOSTS accepts any host (*)"),
     ],
-    ids=["default-secret", "short-secret", "debug-on", "default-encryption-key", "no-database-url", "sqlite"],
+    ids=["default-secret", "short-secret", "debug-on", "default-encryption-key", "no-database-url", "sqlite",
+         "any-host", "any-subdomain-of-a-tld"],
 )
 def test_production_refuses_unsafe_defaults(tmp_path, overrides, message):
     result = run_python(IMPORT_PRODUCTION, production_env(**overrides), tmp_path)

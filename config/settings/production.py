@@ -5,6 +5,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
 from .base import (
+    ALLOWED_HOSTS,
     CACHES,
     DATABASES,
     DEBUG,
@@ -35,6 +36,10 @@ def check_production_settings() -> None:
                         "set CACHE_URL, or a Redis CELERY_BROKER_URL")
     if NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK:
         problems.append("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK is on: users' webhooks could reach this machine")
+    if any(host == "*" or host.startswith(".") and host.count(".") < 2 for host in ALLOWED_HOSTS):
+        # The e-mailed sign-up, reset and verification links are built from the request's Host header.
+        problems.append("ALLOWED_HOSTS accepts any host (*): e-mailed links could name an attacker's domain; "
+                        "list this site's names")
     if problems:
         raise ImproperlyConfigured("Refusing to start in production: " + "; ".join(problems))
 
