@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from core.errors import Conflict, Unavailable
+from core.transitions import InvalidTransition
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
@@ -59,12 +60,24 @@ def _progress(job: Job, instance: Instance, message: str) -> None:
     instance_svc.instance_set_status_message(instance_id=instance.pk, message=message)
 
 
+# The renter destroyed the instance while its VM was being created, started or restarted.
+_DESTROYED_MEANWHILE = (InstanceStatus.DESTROYING, InstanceStatus.DESTROYED)
+
+
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
     _progress(job, instance, "waiting for SSH on the VM")
     wait_for_ssh(answer["ssh_host"], answer["ssh_port"])
-    instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=answer["ssh_host"],
-                                       ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"], message=message,
-                                       vm=answer)
+    try:
+        instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=answer["ssh_host"],
+                                           ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"],
+                                           message=message, vm=answer)
+    except InvalidTransition:
+        now = Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first()
+        if now not in _DESTROYED_MEANWHILE:
+            raise
+        # Not a failure (which would fail the instance and stop the VM, and the destroy then do nothing): the
+        # destroy's own job removes the VM, or the reconciler does if that job ran first.
+        job_step(job=job, message="a destroy was asked meanwhile: the VM is left to it")
     job_finish(job=job)
 
 

@@ -206,3 +206,57 @@ def test_snapshot_helper_sees_changes(inst):
     before = snapshot()
     svc.instance_set_status_message(instance_id=inst.pk, message="changed")
     assert snapshot() != before
+
+
+@pytest.fixture
+def ssh_banner():
+    """A port that answers with an SSH banner, as a VM's sshd does (what the provisioning waits for)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.mark.parametrize("then", ["destroying", "destroyed"])
+def test_a_destroy_asked_while_the_vm_comes_up_is_left_to_the_destroy_not_failed(inst, ssh_banner, then):
+    """DELETE while provisioning (or starting, restarting): the VM comes up and its job cannot mark the
+    instance running. Before, that InvalidTransition failed the instance (and stopped the VM), so the destroy
+    job found it failed and did nothing; now the job ends quietly and the destroy goes on."""
+    from provisioning.models import JobStatus
+    from provisioning.services import vms
+
+    svc.instance_mark_provisioning(instance_id=inst.pk)
+    job = Job.objects.get(instance=inst, kind=JobKind.INSTANCE_PROVISION)
+    svc.instance_destroy(instance=inst)
+    if then == "destroyed":  # the destroy's job already ran
+        svc.instance_mark_destroyed(instance_id=inst.pk)
+    answer = {"ssh_host": "127.0.0.1", "ssh_port": ssh_banner, "ssh_user": "root"}
+    vms._running(job, Instance.objects.get(pk=inst.pk), answer, "Running")
+    assert Instance.objects.get(pk=inst.pk).status == then
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert any("a destroy was asked meanwhile" in line["message"] for line in job.log)
+    assert Job.objects.filter(instance=inst, kind=JobKind.INSTANCE_DESTROY).exists()
+
+
+def test_a_vm_that_comes_up_for_an_instance_in_another_wrong_state_still_fails_the_job(inst, ssh_banner):
+    from provisioning.services import vms
+
+    job = Job.objects.get(instance=inst, kind=JobKind.INSTANCE_PROVISION)  # never marked provisioning
+    Instance.objects.filter(pk=inst.pk).update(status="stopped")
+    with pytest.raises(InvalidTransition):
+        vms._running(job, Instance.objects.get(pk=inst.pk), {"ssh_host": "127.0.0.1", "ssh_port": ssh_banner,
+                                                             "ssh_user": "root"}, "Running")
