@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
-from marketplace.models import Node, NodeState, Verdict
+from marketplace.models import Instance, InstanceStatus, Node, NodeState, Verdict
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
@@ -121,9 +121,19 @@ def _dispatch_note(job: Job, now: datetime) -> None:
 
 
 def jobs_reap() -> Summary:
-    """Fail jobs still open past their deadline, releasing what they held."""
+    """Fail jobs still open past their deadline, releasing what they held.
+
+    A job whose execution still beats (its heartbeat younger than JOB_HEARTBEAT_STALE_S) is left to it: it may
+    be creating a VM on the GPUs the reaper would free for the next renter, and it ends by itself (its task's
+    time limit, then the task's own failure handler, which cleans up on the node). A deadline counts from the
+    job's creation, so a job that waited in a busy queue can pass it while it runs.
+    """
+    now = timezone.now()
+    alive = Q(status=JobStatus.RUNNING,
+              heartbeat_at__gte=now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S))
     reaped = 0
-    for job in Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=timezone.now()).select_related("node"):
+    for job in (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now).exclude(alive)
+                .select_related("node")):
         error = "The job did not finish in time and was stopped by the platform."
         if job.kind == JobKind.NODE_VERIFY:
             node_verify_failed(job=job, error=NodeError(error))
@@ -134,7 +144,13 @@ def jobs_reap() -> Summary:
             # instance that a later job has already brought back.
             newer = job.instance_id is not None and Job.objects.filter(instance_id=job.instance_id,
                                                                        id__gt=job.pk).exists()
-            if job.instance_id and not newer:
+            destroying = job.kind == JobKind.INSTANCE_DESTROY and job.instance_id is not None and (
+                Instance.objects.filter(pk=job.instance_id, status=InstanceStatus.DESTROYING).exists())
+            if job.instance_id and not newer and destroying:
+                # The renter asked for the end: it ends for them, and the GPUs stay held until the
+                # reconciler has removed the VM (as a destroy that could not reach the node).
+                instance_svc.instance_mark_destroyed(instance_id=job.instance_id, cleanup_pending=True)
+            elif job.instance_id and not newer:
                 instance_svc.instance_mark_failed(instance_id=job.instance_id, message=error)
             job_finish(job=job, error=error)
         reaped += 1

@@ -30,7 +30,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
       unreachable (whose GPUs are then freed);
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
       when its VM is gone; a running instance whose VM vanished fails;
-    - a failed instance's VM that still runs is stopped (its GPUs were released);
+    - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
+      never ran is destroyed with its disk;
     - then the volumes (`_reconcile_volumes`).
 
     With a `pool`, over the worker's kept connection to the node (provisioning.ssh_pool).
@@ -63,7 +64,11 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                     counts["orphans_destroyed"] += 1
                 continue
             seen[instance.pk] = vm
-            if instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
+            if instance.status == InstanceStatus.FAILED and instance.started_at is None:
+                # It never ran (its provisioning failed or was reaped while the VM was being made): nothing of
+                # the renter's is on it, so the VM goes with its disk, as the task's own failure handler does.
+                session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
+            elif instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
                 # A failed instance holds no GPUs any more: its VM must not keep using them.
                 session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
         for instance_id in destroyed:

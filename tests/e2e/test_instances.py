@@ -232,3 +232,19 @@ def test_reconciler_removes_orphans_and_fails_vanished_vms(worker, sim_node_fact
     assert instance.status == "failed" and "disappeared" in instance.status_message
     assert Gpu.objects.filter(node=node, status="rented").count() == 0
     assert NodeEvent.objects.filter(node=node, kind="orphan_destroyed").exists()
+
+
+def test_the_vm_of_an_instance_that_failed_before_it_ever_ran_is_destroyed_not_kept(worker, sim_node_factory, api,
+                                                                                     other_api, tmp_path):
+    """A provisioning reaped or failed while its VM was being made: the instance never ran, so nothing of the
+    renter's is on the VM. The reconciler destroys it with its disk (before: stopped, and kept for good)."""
+    node, _ = _verified_node(api, sim_node_factory)
+    _, public = _renter_key(tmp_path)
+    r = other_api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": "cuda-12-4",
+                                              "ssh_public_key": public}, format="json")
+    instance = _status(r.json()["id"], "running")
+    Instance.objects.filter(pk=instance.pk).update(status="failed", started_at=None)  # as a reaped provisioning
+    summary = nodes_reconcile()
+    assert summary["orphans_destroyed"] == 0
+    with node_session(node) as session:
+        assert session.agent("vm", "list", {"runtime": "sim"})["vms"] == []
