@@ -10,7 +10,8 @@ how often the meter runs:
 - A volume is billed from `available_at` (created on its node) until its deletion is asked for (volume_delete
   closes it at that moment); a volume whose deletion the node refused is billed again from where it stopped.
 - A stopped instance's disk is billed from `stopped_at` while it is stopped; leaving `stopped` (start, destroy,
-  failure) closes it at that moment (marketplace.services.instances.common._leave_running).
+  failure) closes it at that moment (marketplace.services.instances.common._leave_running), or at its node's
+  last healthy moment if that is earlier (storage_billed_until), as a volume's deletion does.
 
 Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
 (idempotency key `storage:volume:<id>:<start µs>` or `storage:disk:<id>:<start µs>`) and the totals on the row.
@@ -149,6 +150,13 @@ class StorageMeterResult:
     volumes: int = 0
     disks: int = 0
     charged_micros: int = 0
+
+
+def storage_billed_until(*, node_id: int, now: datetime) -> datetime:
+    """Where a storage charge closed by a state change ends: `now`, or the node's last healthy moment if that is
+    earlier (a disk or volume on a node that stopped answering is not billed for the outage, as the meter does)."""
+    seen = Node.objects.filter(pk=node_id).values_list("last_seen_at", flat=True).first()
+    return min(now, seen or now)
 
 
 def storage_meter(*, now: datetime | None = None) -> StorageMeterResult:

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from billing.services.ledger import wallet_balance
 from billing.services.metering import platform_fee_bps
-from billing.services.storage import volume_storage_close
+from billing.services.storage import storage_billed_until, volume_storage_close
 from core.errors import Conflict, NotFound, PaymentRequired, ValidationFailed
 from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
 from marketplace.models.nodes import OFFERABLE
@@ -109,7 +109,7 @@ def volume_delete(*, volume: Volume, confirm: str) -> Volume:
     if not volume.allows("delete"):
         raise Conflict(f"The volume is {volume.state}; delete it once it is created.")
     now = timezone.now()
-    volume_storage_close(volume=volume, until=now)
+    volume_storage_close(volume=volume, until=storage_billed_until(node_id=volume.node_id, now=now))
     volume.transition_to(VolumeState.DELETING)
     volume.deleted_at = now
     volume.status_message = "Waiting for a worker to delete it"

@@ -158,3 +158,29 @@ def test_a_volume_an_instance_mounts_is_not_deleted_with_it_at_the_end_of_the_gr
     volume.refresh_from_db()
     # The instance is destroyed; the volume it mounts is not deleted while that instance is not gone.
     assert instance.status == "destroying" and volume.state == "available"
+
+
+def test_a_stopped_disk_or_a_volume_removed_during_an_outage_is_not_billed_for_it(clock, user, tick):
+    """The meter bills storage up to the node's last healthy moment; a destroy or a deletion asked for while the
+    node is away closes there too, not at the request (before: the outage's hour billed at the destroy)."""
+    fund(user, "20")
+    on = node("1.000000")
+    on.disk_price_per_gb_month_micros = 300_000
+    on.save()
+    instance = stop(running(user, on))
+    volume = _volume(user, on, size_gb=10)
+    clock.advance(600)
+    on.last_seen_at = clock.now  # its last healthy answer; then an hour of silence
+    on.state = "offline"
+    on.save(update_fields=["last_seen_at", "state"])
+    clock.advance(3600)
+    tick()
+    instance.refresh_from_db()
+    volume.refresh_from_db()
+    assert instance.disk_billed_seconds == 600 and volume.billed_seconds == 600  # the meter, as before
+    svc.instance_destroy(instance=instance)
+    volume_svc.volume_delete(volume=volume, confirm=volume.name)
+    instance.refresh_from_db()
+    volume.refresh_from_db()
+    assert instance.disk_billed_seconds == 600 and volume.billed_seconds == 600
+    assert instance.disk_cost_micros == instance.disk_gb * 300_000 * 600 // SECONDS_PER_MONTH

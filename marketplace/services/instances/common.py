@@ -6,7 +6,7 @@ from django.db.models import F, Prefetch, QuerySet
 from django.utils import timezone
 
 from billing.services.metering import usage_close
-from billing.services.storage import instance_disk_close
+from billing.services.storage import instance_disk_close, storage_billed_until
 from core.errors import IdempotencyKeyReused
 from marketplace.models import (
     Gpu,
@@ -166,8 +166,8 @@ def _leave_running(instance: Instance, now: datetime) -> None:
     disk's while stopped (call before it leaves `stopped`)."""
     if instance.status == S.RUNNING:
         usage_close(instance=instance, until=now)
-    elif instance.status == S.STOPPED:
-        instance_disk_close(instance=instance, until=now)
+    elif instance.status == S.STOPPED:  # not past its node's last healthy moment (destroyed during an outage)
+        instance_disk_close(instance=instance, until=storage_billed_until(node_id=instance.node_id, now=now))
 
 
 def _gpus_text(n: int) -> str:
