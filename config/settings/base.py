@@ -404,6 +404,8 @@ NOTIFICATIONS_WEBHOOK_TIMEOUT_S = env_int("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", 5)
 NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = env_int("NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS", 8)
 NOTIFICATIONS_WEBHOOK_BACKOFF_S = float(env_str("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "30"))
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK = env_bool("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", False)
+# Test events one user may send an hour (each is up to NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS requests to their URL).
+NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR = env_int("NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR", 10)
 # The CA certificates (a PEM file) that endpoints' certificates must chain to; empty: certifi's public CAs. The
 # environment's REQUESTS_CA_BUNDLE and proxies are not read: an attempt connects to the address it checked.
 NOTIFICATIONS_WEBHOOK_CA_BUNDLE = env_str("NOTIFICATIONS_WEBHOOK_CA_BUNDLE", "")

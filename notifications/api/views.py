@@ -151,7 +151,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         webhook_svc.endpoint_delete(endpoint=instance)
 
     @extend_schema(summary="Send a test event to this endpoint (queued; read its delivery for the outcome)",
-                   request=None, responses={202: TestQueuedSerializer})
+                   request=None, responses={202: TestQueuedSerializer, 429: error_response(
+                       "More than NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR (10) test events this hour.")})
     @action(detail=True, methods=["post"])
     def test(self, request, pk=None):
         delivery = webhook_svc.endpoint_test(endpoint=self.get_object())

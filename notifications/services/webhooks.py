@@ -22,7 +22,7 @@ from django.utils import timezone
 from requests.adapters import HTTPAdapter
 
 from core import dispatch
-from core.errors import ValidationFailed
+from core.errors import TooManyRequests, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import User
 from notifications.models import DeliveryStatus, Kind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -89,8 +89,19 @@ def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
 
 
 def endpoint_test(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
-    """Queue a `test` event to this endpoint (active or not), sent and logged like any other."""
+    """Queue a `test` event to this endpoint (active or not), sent and logged like any other.
+
+    At most NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR per user (TooManyRequests, a 429, past it): each one is up to
+    NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS signed requests to a URL the user chose, which must not make the platform
+    a way to flood someone else's server."""
+    limit = settings.NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR
     with transaction.atomic():
+        WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first()  # one count at a time
+        sent = WebhookDelivery.objects.filter(endpoint__user_id=endpoint.user_id, kind=Kind.TEST,
+                                              created_at__gte=timezone.now() - timedelta(hours=1)).count()
+        if sent >= limit:
+            raise TooManyRequests(f"At most {limit} test events an hour: try again later. Real events are "
+                                  "not limited.")
         return delivery_queue(endpoint=endpoint, kind=Kind.TEST, title="Test event",
                               message="A test event from the GPU marketplace: your endpoint receives and verifies "
                                       "signed events.",

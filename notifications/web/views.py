@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from core.errors import ApplicationError
-from core.web_errors import form_error
+from core.web_errors import form_error, message_error
 from notifications import selectors
 from notifications.services import notify as notify_svc
 from notifications.services import webhooks as webhook_svc
@@ -87,8 +87,12 @@ def endpoint(request, pk: int):
 @require_POST
 def endpoint_test(request, pk: int):
     endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
-    webhook_svc.endpoint_test(endpoint=endpoint)
-    messages.success(request, "A test event is on its way: its delivery appears below (reload to follow it).")
+    try:
+        webhook_svc.endpoint_test(endpoint=endpoint)
+    except ApplicationError as exc:  # past the hourly limit of test events
+        message_error(request, exc)
+    else:
+        messages.success(request, "A test event is on its way: its delivery appears below (reload to follow it).")
     return redirect("notification-endpoint", pk=endpoint.pk)
 
 

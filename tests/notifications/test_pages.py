@@ -89,3 +89,11 @@ def test_the_unread_count_tag_for_the_navigation(rf, owner):
     assert template.render(Context({"request": request})) == "[1]"
     request.user = AnonymousUser()
     assert template.render(Context({"request": request})) == "[0]"
+
+
+def test_a_test_event_past_the_hourly_limit_is_told_on_the_page(web, owner, receiver, settings):
+    settings.NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR = 0
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    r = web.post(f"/account/notifications/webhooks/{endpoint.pk}/test/", follow=True)
+    assert r.status_code == 200 and b"At most 0 test events an hour" in r.content
+    assert not endpoint.deliveries.exists()

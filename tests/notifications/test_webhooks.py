@@ -1,9 +1,11 @@
 """Signed outgoing webhooks: a real local HTTP server receives them; the signature verifies with the secret shown
 once; a 500 is retried with backoff; every attempt is logged; bad URLs are refused naming the field."""
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from billing.services.ledger import credit_grant
 from notifications.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
@@ -221,3 +223,19 @@ def test_an_ipv6_address_is_public_only_if_the_ipv4_it_carries_is(address, publi
     from core.addresses import is_public
 
     assert is_public(ipaddress.ip_address(address)) is public
+
+
+@pytest.mark.django_db
+def test_test_events_are_limited_per_user_and_hour_real_events_are_not(owner_api, receiver, settings, owner):
+    """Each test event is up to NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS signed requests to a URL the user chose: a
+    limit keeps the platform from being a way to flood someone else's server (two endpoints share it)."""
+    settings.NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR = 3
+    first, second = _endpoint(owner_api, receiver.url), _endpoint(owner_api, receiver.url + "?second")
+    for endpoint in (first, first, second):
+        assert owner_api.post(f"/api/v1/webhook-endpoints/{endpoint['id']}/test/").status_code == 202
+    refused = owner_api.post(f"/api/v1/webhook-endpoints/{second['id']}/test/")
+    assert refused.status_code == 429 and "At most 3 test events an hour" in refused.json()["detail"]
+    assert WebhookDelivery.objects.filter(kind="test").count() == 3
+    WebhookDelivery.objects.filter(kind="test").update(created_at=timezone.now() - timedelta(minutes=61))
+    assert owner_api.post(f"/api/v1/webhook-endpoints/{second['id']}/test/").status_code == 202
+    credit_grant(user=owner, amount_micros=1_000_000, reason="goodwill")  # a real event: not counted, not refused
