@@ -265,6 +265,18 @@ def _stop_node_processes(node: Path) -> None:
     agent.kill_trees(agent.pids_matching(f"{node}/"))
 
 
-def _remove_node_dir(node: Path) -> None:
-    if node.exists():
-        shutil.rmtree(node)
+def _remove_node_dir(node: Path, tries: int = 5) -> None:
+    """Remove the node's folder. A process the kill missed (an sshd child forked after the process table was
+    read) can still write its log while the folder goes: rmtree then fails with "Directory not empty" (seen once
+    in CI), so kill what is left under the folder again and retry."""
+    for attempt in range(tries):
+        if not node.exists():
+            return
+        try:
+            shutil.rmtree(node)
+            return
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            _stop_node_processes(node)
+            time.sleep(0.1 * (attempt + 1))
