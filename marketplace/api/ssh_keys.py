@@ -44,7 +44,8 @@ class SshKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
     retrieve=extend_schema(summary="One of your SSH keys"),
     create=extend_schema(summary="Add an SSH key", request=SshKeySerializer, responses={
         201: SshKeySerializer,
-        409: OpenApiResponse(ErrorDetailSerializer, "You already added this key."),
+        409: OpenApiResponse(ErrorDetailSerializer,
+                             "You already added this key, or have 32 saved keys, the most an account keeps."),
     }),
     destroy=extend_schema(summary="Delete an SSH key (instances created with it keep it)"),
 )

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, ValidationFailed
 from marketplace.models import SshKey, User
+from marketplace.validators import MAX_INSTANCE_KEYS
 
 # What a VM accepts: the types of `ssh-keygen -t ed25519|ecdsa|rsa`.
 ACCEPTED_KEY_TYPES = (
@@ -27,6 +28,7 @@ ACCEPTED_KEY_TYPES = (
 MIN_RSA_BITS = 2048
 MAX_RSA_BITS = 16384
 MAX_KEY_CHARS = 16384  # an RSA 16384 key is about 2,800 characters
+MAX_SAVED_SSH_KEYS = MAX_INSTANCE_KEYS  # per account: the Vast API puts them all on an instance
 _B64_RE = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 # Why a known but refused type is refused, in words a renter can act on.
 _REFUSED_TYPES = {
@@ -146,12 +148,19 @@ def parse_public_key(text: str) -> ParsedKey:
 
 
 def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
-    """Store a key for `user`. Raises InvalidSshKey (400) or Conflict (409: the same key twice)."""
+    """Store a key for `user`. Raises InvalidSshKey (400) or Conflict (409: the same key twice, or
+    MAX_SAVED_SSH_KEYS saved already)."""
     parsed = parse_public_key(public_key)
     key = SshKey(user=user, name=(name or parsed.comment)[:100], public_key=parsed.public_key,
                  fingerprint=parsed.fingerprint)
     try:
         with transaction.atomic():
+            # The user's row locked: two keys added at once cannot both pass the count.
+            User.objects.select_for_update().filter(pk=user.pk).exists()
+            if SshKey.objects.filter(user=user).count() >= MAX_SAVED_SSH_KEYS:
+                raise Conflict(f"You have {MAX_SAVED_SSH_KEYS} saved SSH keys, the most an account keeps (the Vast "
+                               "API puts every saved key on an instance, and one instance takes at most "
+                               f"{MAX_INSTANCE_KEYS}); delete one you no longer use first.")
             key.save()
     except IntegrityError as exc:
         if "sshkey_unique_per_user" not in str(exc):

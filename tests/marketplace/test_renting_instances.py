@@ -81,6 +81,26 @@ def test_the_same_key_twice_is_put_on_once(api, user):
     assert r.status_code == 201 and r.json()["ssh_public_keys"] == [key.public_key]
 
 
+def test_saved_and_pasted_keys_together_past_the_agents_limit_are_refused_before_anything_is_written(api, user):
+    # 32 saved keys (the most an account keeps) and one pasted: the agent takes at most 32, so the booking is a
+    # 400 here and not a job that can only fail on the node.
+    node = make_listed_node()
+    keys = [add_key(user).pk for _ in range(32)]
+    r = post(api, body(node, ssh_keys=keys))
+    assert r.status_code == 400 and "At most 32 SSH keys" in r.json()["ssh_keys"][0], r.content
+    assert not Instance.objects.exists() and not Job.objects.exists()
+    assert set(gpu_statuses(node)) == {"free"}
+    assert post(api, body(node, ssh_keys=keys[:31])).status_code == 201  # 31 and the pasted one: 32
+
+
+def test_an_account_keeps_at_most_32_saved_keys(api, user):
+    for _ in range(32):
+        add_key(user)
+    r = api.post("/api/v1/ssh-keys/", {"public_key": ed25519_key()}, format="json")
+    assert r.status_code == 409 and "32 saved SSH keys" in r.json()["detail"]
+    assert SshKey.objects.filter(user=user).count() == 32
+
+
 def test_offers_show_fewer_free_gpus_after_booking(api, anon):
     node = make_listed_node(gpu_count=2)
     post(api, body(node))

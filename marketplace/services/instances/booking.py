@@ -18,6 +18,7 @@ from marketplace.models import (
 from marketplace.models.nodes import Node
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
+from marketplace.validators import MAX_INSTANCE_KEYS
 from provisioning.models import JobKind
 
 from .allocation import _allocate_free_gpus, _allocate_free_slices, _lock_node_for_booking, node_nvlink_islands
@@ -72,6 +73,12 @@ def instance_create(
     keys = list(dict.fromkeys(ssh_public_keys))
     if not keys:
         raise ValidationFailed("Give at least one SSH key: `ssh_keys` (ids of your keys) and/or `ssh_public_key`.",
+                               field="ssh_keys")
+    # Here and not in each caller: every path (API, compat, web) joins saved and pasted keys its own way, and the
+    # agent refuses more than MAX_INSTANCE_KEYS, so a longer list would be booked and then fail on the node.
+    if len(keys) > MAX_INSTANCE_KEYS:
+        raise ValidationFailed(f"At most {MAX_INSTANCE_KEYS} SSH keys go on one instance; this request names "
+                               f"{len(keys)} (saved and pasted together).",
                                field="ssh_keys")
     try:
         with transaction.atomic():
