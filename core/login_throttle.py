@@ -8,20 +8,26 @@ that email or address is locked for LOGIN_LOCKOUT_S: every attempt is refused be
 the right password too, so guessing on cannot tell a right guess from a wrong one.
 
 Why a fixed window and a lock: the limit is an exact budget per window (at most N guesses, then a known wait to
-tell people), and it costs two cache operations per failure. A success resets the email's counter, never the
+tell people). Exact under parallel requests too: each attempt takes its place in the counters atomically (a Redis
+script) before the password is looked at, and is refused when the last place is taken, even by attempts still
+being checked; a success gives its place back. A success resets the email's counter, never the
 address's: an attacker's own successful log-ins must not buy more guesses against others.
 
-The answer to a locked attempt (a 429 with Retry-After on the API, a form error saying how long to wait on the
-pages) is each path's business: see marketplace/auth.py.
+Every check goes `with login_attempt(...) as attempt:`, then `attempt.failed()` or `attempt.succeeded()`; an
+error in between counts as a failure. The answer to a locked attempt (a 429 with Retry-After on the API, a form
+error saying how long to wait on the pages) is each path's business: see marketplace/auth.py.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
+from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 
 from core.client_address import throttle_ident
 
@@ -53,43 +59,128 @@ def _counters(account: str, address: str | None) -> list[tuple[str, int]]:
     return counters
 
 
-def login_check(*, account: str, address: str | None) -> None:
-    """Raise LoginLocked when log-ins for `account` or from `address` are locked."""
-    locks = cache.get_many([f"{key}:locked" for key, _ in _counters(account, address)])
-    until = max(locks.values(), default=0)
-    left = until - time.time()
-    if left > 0:
-        raise LoginLocked(math.ceil(left))
+# One atomic step in Redis: count the attempt in (opening the window with the first), or refuse it and count
+# nothing when the limit is taken already. Reserving before the check is what makes the budget exact under
+# parallel requests: a check-then-count let every guess that arrived before the first failure was counted go on.
+_TAKE = """
+local n = redis.call('incr', KEYS[1])
+if n == 1 then redis.call('expire', KEYS[1], ARGV[1]) end
+if n > tonumber(ARGV[2]) then redis.call('decr', KEYS[1]) end
+return n
+"""
+# Give a reservation back, within the same window only (a key that expired or was reset is not made again).
+_GIVE_BACK = """
+if redis.call('exists', KEYS[1]) == 1 then return redis.call('decr', KEYS[1]) end
+return 0
+"""
+_local = threading.Lock()  # the local-memory cache's stand-in for the scripts (one process only)
 
 
-def _count(key: str, window: int) -> int:
-    cache.add(key, 0, timeout=window)  # opens the window; no-op while it is open
-    try:
-        return cache.incr(key)
-    except ValueError:  # the window closed between the two calls
-        cache.add(key, 1, timeout=window)
-        return 1
+def _redis() -> tuple[Any, Any]:
+    backend = caches["default"]
+    if isinstance(backend, RedisCache):
+        return backend, backend._cache.get_client(write=True)  # type: ignore[attr-defined]
+    return backend, None
 
 
-def login_failed(*, account: str, address: str | None) -> None:
-    """Count a failed log-in; lock what reached its limit."""
-    lockout = settings.LOGIN_LOCKOUT_S
+def _take(key: str, window: int, limit: int) -> int:
+    """Count one more in `key`'s window unless `limit` is reached; returns the count it would make (over the
+    limit: refused, nothing counted)."""
+    backend, client = _redis()
+    if client is not None:
+        return int(client.eval(_TAKE, 1, backend.make_and_validate_key(key), window, limit))
+    with _local:
+        backend.add(key, 0, timeout=window)  # opens the window; no-op while it is open
+        try:
+            n = backend.incr(key)
+        except ValueError:  # the window closed between the two calls
+            backend.add(key, 1, timeout=window)
+            n = 1
+        if n > limit:
+            backend.decr(key)
+        return int(n)
+
+
+def _give_back(key: str) -> None:
+    backend, client = _redis()
+    if client is not None:
+        client.eval(_GIVE_BACK, 1, backend.make_and_validate_key(key))
+        return
+    with _local:
+        try:
+            backend.decr(key)
+        except ValueError:  # the window closed or was reset meanwhile: nothing to give back
+            pass
+
+
+class LoginAttempt:
+    """One log-in attempt holding its place in every counter: end it with failed() or succeeded()."""
+
+    def __init__(self, account: str, taken: list[tuple[str, int, int]]):
+        self._account = account
+        self._taken = taken  # (counter key, limit, this attempt's place in it)
+        self._done = False
+
+    def failed(self) -> None:
+        """A wrong password or code: it stays counted; the attempt that used the last guess locks."""
+        if self._done:
+            return
+        self._done = True
+        lockout = settings.LOGIN_LOCKOUT_S
+        for key, limit, n in self._taken:
+            if n >= limit:
+                # add, not set: a lock runs its course from the failure that set it, and is never extended. Set
+                # before the counter is reset, so that an attempt counted into the new window still sees it.
+                cache.add(f"{key}:locked", time.time() + lockout, timeout=lockout)
+                cache.delete(f"{key}:failures")
+
+    def succeeded(self) -> None:
+        """Right: the email's failures are forgotten; the address's place is given back (a success is not a
+        failure), its failures kept."""
+        if self._done:
+            return
+        self._done = True
+        account_key, _ = _counters(self._account, None)[0]
+        for key, _limit, _n in self._taken:
+            if key == account_key:
+                cache.delete(f"{key}:failures")
+            else:
+                _give_back(f"{key}:failures")
+
+    def __enter__(self) -> LoginAttempt:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.failed()  # ended by an error before the answer: counted as a failure (fails closed)
+
+
+def login_attempt(*, account: str, address: str | None) -> LoginAttempt:
+    """Take a place in the counters for `account` and `address`, before the password (or code) is looked at;
+    LoginLocked when either is locked or its last guesses are taken (by attempts still being checked)."""
+    window = settings.LOGIN_FAILURE_WINDOW_S
+    taken: list[tuple[str, int, int]] = []
+    full = False
     for key, limit in _counters(account, address):
-        if _count(f"{key}:failures", settings.LOGIN_FAILURE_WINDOW_S) >= limit:
-            # add, not set: a lock runs its course from the failure that set it, and is never extended.
-            cache.add(f"{key}:locked", time.time() + lockout, timeout=lockout)
-            cache.delete(f"{key}:failures")
-
-
-def login_succeeded(*, account: str) -> None:
-    """Forget the email's failures (not the address's)."""
-    key, _ = _counters(account, None)[0]
-    cache.delete(f"{key}:failures")
+        n = _take(f"{key}:failures", window, limit)
+        if n > limit:
+            full = True
+            break
+        taken.append((key, limit, n))
+    # The locks are looked at after the counters: a lock is set before its counter is reset (failed()).
+    locks = cache.get_many([f"{key}:locked" for key, _ in _counters(account, address)])
+    left = max(locks.values(), default=0) - time.time()
+    if full or left > 0:
+        for key, _limit, _n in taken:
+            _give_back(f"{key}:failures")
+        # Full but not locked (yet): the attempts holding the last places are still being checked; asked again in
+        # a moment, this one meets their lock if they were wrong, or a place given back if right.
+        raise LoginLocked(math.ceil(left) if left > 0 else 1)
+    return LoginAttempt(account, taken)
 
 
 def _mail_allowed(kind: str, account: str, limit: int, window: int) -> bool:
     digest = hashlib.sha256(normalize_account(account).encode()).hexdigest()
-    return _count(f"{PREFIX}:{kind}-mail:{digest}", window) <= limit
+    return _take(f"{PREFIX}:{kind}-mail:{digest}", window, limit) <= limit
 
 
 def signup_mail_allowed(*, account: str) -> bool:

@@ -8,7 +8,7 @@ from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import ValidationError
 
 from core.client_address import client_ip
-from core.login_throttle import LoginLocked, login_check, login_failed, login_succeeded, normalize_account
+from core.login_throttle import LoginLocked, login_attempt, normalize_account
 
 __all__ = ["LoginLocked", "ThrottledLoginFormMixin", "ThrottledModelBackend", "lockout_message"]
 
@@ -28,12 +28,14 @@ class ThrottledModelBackend(ModelBackend):
         email = normalize_account(username)
         if client_address is None and request is not None:
             client_address = client_ip(request)
-        login_check(account=email, address=client_address)
-        user = super().authenticate(request, username=email, password=password)
-        if user is None:
-            login_failed(account=email, address=client_address)
-        else:
-            login_succeeded(account=email)
+        # The attempt takes its place in the lock-out's counters before the password is looked at (exact under
+        # parallel guesses).
+        with login_attempt(account=email, address=client_address) as attempt:
+            user = super().authenticate(request, username=email, password=password)
+            if user is None:
+                attempt.failed()
+            else:
+                attempt.succeeded()
         return user
 
 

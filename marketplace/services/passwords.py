@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from core.login_throttle import login_check, login_failed, login_succeeded, password_reset_mail_allowed
+from core.login_throttle import login_attempt, password_reset_mail_allowed
 from marketplace.models import User
 
 log = logging.getLogger(__name__)
@@ -72,9 +72,9 @@ def password_changed_notify(*, user: User, base_url: str) -> None:
 def password_check(*, user: User, password: str, client_address: str | None) -> bool:
     """Is this the user's password? Behind the log-in lock-out (LoginLocked), counted as a log-in: a session
     someone else got hold of must not become a way to guess the password (change form, disabling two-factor)."""
-    login_check(account=user.email, address=client_address)
-    if user.check_password(password):
-        login_succeeded(account=user.email)
-        return True
-    login_failed(account=user.email, address=client_address)
-    return False
+    with login_attempt(account=user.email, address=client_address) as attempt:
+        if user.check_password(password):
+            attempt.succeeded()
+            return True
+        attempt.failed()
+        return False

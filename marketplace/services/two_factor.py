@@ -23,7 +23,7 @@ from django.db import transaction
 from django_otp.models import Device
 
 from core.errors import Conflict, ValidationFailed
-from core.login_throttle import login_check, login_failed, login_succeeded
+from core.login_throttle import login_attempt
 from marketplace.models import AuthenticatorDevice, RecoveryCode, RecoveryCodeDevice, User
 
 RECOVERY_CODES = 10
@@ -116,16 +116,16 @@ def _normalise(code: str) -> str:
 def code_check(*, user: User, code: str, client_address: str | None) -> Device:
     """The device (authenticator or recovery codes) that accepts `code`, behind the lock-out; WrongCode if none.
     A recovery code is used up."""
-    account = _throttle_account(user)
-    login_check(account=account, address=client_address)
     code = _normalise(code)
     device_class = AuthenticatorDevice if _TOTP_CODE.fullmatch(code) else RecoveryCodeDevice
-    with transaction.atomic():
-        for device in device_class.objects.filter(user=user, confirmed=True).select_for_update():
-            if device.verify_token(code):
-                login_succeeded(account=account)
-                return device
-    login_failed(account=account, address=client_address)
+    # The place in the lock-out's counters is taken before the code is looked at (exact under parallel guesses).
+    with login_attempt(account=_throttle_account(user), address=client_address) as attempt:
+        with transaction.atomic():
+            for device in device_class.objects.filter(user=user, confirmed=True).select_for_update():
+                if device.verify_token(code):
+                    attempt.succeeded()
+                    return device
+        attempt.failed()
     raise WrongCode()
 
 
