@@ -2,6 +2,7 @@
 marketplace/services/email_verification.py."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -37,5 +38,6 @@ def email_verification_resend(request):
     next_url = request.POST.get("next") or ""
     if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()},
                                            require_https=request.is_secure()):
-        next_url = "account-security"
-    return redirect(next_url)
+        return redirect("account-security")
+    # A URL, never a URL name: redirect() would reverse a bare word such as "ssh-key-delete" (a 500).
+    return HttpResponseRedirect(next_url)

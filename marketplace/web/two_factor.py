@@ -6,6 +6,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login, update_session_auth_hash
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
@@ -152,8 +153,10 @@ def login_code(request):
             next_url = pending.get("next") or ""
             if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()},
                                                    require_https=request.is_secure()):
-                next_url = settings.LOGIN_REDIRECT_URL
-            return redirect(next_url)
+                return redirect(settings.LOGIN_REDIRECT_URL)
+            # A URL, never a URL name: redirect() would reverse a bare word such as "ssh-key-delete" (a 500, after
+            # the code was used up).
+            return HttpResponseRedirect(next_url)
     if form.errors:
         status = 400
     return render(request, "marketplace/login_code.html", {"form": form}, status=status)

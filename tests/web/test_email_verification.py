@@ -118,6 +118,13 @@ def test_resend_then_the_link_verifies_and_renting_works(unverified, mailoutbox)
     assert Client().get(_link(mailoutbox)).status_code == 400  # the link has done its work
 
 
+@pytest.mark.parametrize("next_url", ["ssh-key-delete", "home"])
+def test_resend_with_a_next_that_is_a_bare_word_redirects_to_it_as_a_path(unverified, next_url):
+    """redirect() reversed it as a URL name: NoReverseMatch, a 500."""
+    r = logged_in(unverified).post(RESEND, {"next": next_url})
+    assert r.status_code == 302 and r["Location"] == next_url
+
+
 def test_resend_is_limited_per_hour_and_needs_a_log_in(unverified, mailoutbox, settings):
     assert Client().post(RESEND)["Location"].startswith("/accounts/login/")
     web = logged_in(unverified)

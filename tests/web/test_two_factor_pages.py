@@ -159,6 +159,15 @@ def test_the_code_step_refuses_an_outside_next(client, renter):
     assert client.post(CODE, {"code": code_now(renter)})["Location"] == "/"
 
 
+@pytest.mark.parametrize("next_url", ["ssh-key-delete", "home", "account-security"])
+def test_a_next_that_is_a_bare_word_is_a_path_never_a_url_name(client, renter, next_url):
+    """redirect() reversed it as a URL name: NoReverseMatch, a 500 after the code was used up."""
+    enrol(renter)
+    password_step(client, renter, next=next_url)
+    r = client.post(CODE, {"code": code_now(renter)})
+    assert r.status_code == 302 and r["Location"] == next_url and is_logged_in(client)
+
+
 def test_turning_it_off_needs_the_password_and_a_code(renter):
     enrol(renter)
     web = logged_in(renter)
