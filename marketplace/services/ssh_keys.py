@@ -55,6 +55,10 @@ class InvalidSshKey(ValidationFailed):
         super().__init__(message, field="public_key")
 
 
+class SshKeyExists(Conflict):
+    """The user saved this key already (a Conflict: the other is MAX_SAVED_SSH_KEYS reached)."""
+
+
 @dataclass(frozen=True)
 class ParsedKey:
     key_type: str
@@ -168,7 +172,7 @@ def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
         existing = SshKey.objects.filter(user=user, fingerprint=parsed.fingerprint).first()
         label = f" as '{existing.name}' (id {existing.pk})" if existing and existing.name else (
             f" (id {existing.pk})" if existing else "")
-        raise Conflict(f"You already added this key{label}; fingerprint {parsed.fingerprint}.") from None
+        raise SshKeyExists(f"You already added this key{label}; fingerprint {parsed.fingerprint}.") from None
     return key
 
 

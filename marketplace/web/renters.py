@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from billing.services.ledger import funds_required_micros
 from core import charts
-from core.errors import ApplicationError, Conflict, IdempotencyKeyReused
+from core.errors import ApplicationError, IdempotencyKeyReused
 from core.web_errors import form_error, page_wording
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
@@ -358,11 +358,6 @@ def rent(request, node_id: int):
         token = data.get("request_token") or ""
         body = _fingerprint_body(request.POST)
         try:
-            if data.get("save_key") and data.get("ssh_public_key"):
-                try:
-                    ssh_svc.ssh_key_create(user=request.user, public_key=data["ssh_public_key"])
-                except Conflict:
-                    pass  # already saved: nothing to do
             instance, _ = svc.instance_create(
                 renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"],
                 image=data.get("own_image") or data["image"], options=form.options(),
@@ -383,5 +378,13 @@ def rent(request, node_id: int):
             form_error(form, exc)
         else:
             messages.success(request, f"Instance {instance.pk} booked: the node is preparing it.")
+            # Saved only once the booking is made: a refused one (no funds, an unverified address) saves nothing.
+            if data.get("save_key") and data.get("ssh_public_key"):
+                try:
+                    ssh_svc.ssh_key_create(user=request.user, public_key=data["ssh_public_key"])
+                except ssh_svc.SshKeyExists:
+                    pass  # saved already: nothing to do
+                except ApplicationError as exc:  # MAX_SAVED_SSH_KEYS saved: the booking stands, the key is unsaved
+                    messages.warning(request, f"The key was not saved to your SSH keys: {exc.message}")
             return redirect("instance", pk=instance.pk)
     return _render_rent(request, offer, form, status=400)

@@ -203,6 +203,37 @@ def test_rent_without_funds_says_so(web, renter, fleet, settings):
     assert not Instance.objects.exists()
 
 
+def test_a_refused_booking_saves_no_pasted_key(web, renter, fleet, settings):
+    """"Also save this key" saved it before booking: a booking refused (no funds here) left a saved key behind."""
+    settings.BILLING_REQUIRE_FUNDS = True
+    r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on",
+                                                        "ssh_public_key": ed25519_key(), "request_token": "t"})
+    assert r.status_code == 400 and "balance" in r.content.decode()
+    assert not Instance.objects.exists() and not SshKey.objects.filter(user=renter).exists()
+
+
+def test_a_booking_stands_when_its_key_cannot_be_saved_and_the_page_says_why(web, funded_renter, fleet, settings):
+    from marketplace.services.ssh_keys import MAX_SAVED_SSH_KEYS
+    for n in range(MAX_SAVED_SSH_KEYS):
+        add_key(funded_renter, f"key {n}")
+    r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on",
+                                                        "ssh_public_key": ed25519_key(), "request_token": "t"},
+                 follow=True)
+    instance = Instance.objects.get(renter=funded_renter)
+    assert r.redirect_chain[-1][0] == f"/instances/{instance.pk}/"
+    assert "The key was not saved to your SSH keys" in r.content.decode()
+    assert SshKey.objects.filter(user=funded_renter).count() == MAX_SAVED_SSH_KEYS
+
+
+def test_rent_with_a_pasted_key_saved_already_books_and_keeps_one(web, funded_renter, fleet):
+    key = ed25519_key("me@laptop")
+    add = web.post("/account/ssh-keys/", {"public_key": key})
+    assert add.status_code in (200, 302) and SshKey.objects.filter(user=funded_renter).count() == 1
+    r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on",
+                                                        "ssh_public_key": key, "request_token": "t"})
+    assert r.status_code == 302 and SshKey.objects.filter(user=funded_renter).count() == 1
+
+
 def test_rent_ticks_the_only_saved_key(web, funded_renter, fleet):
     url = f"/offers/{fleet['a100_cheap'].pk}/rent/"
     key = add_key(funded_renter, "laptop")
