@@ -41,10 +41,14 @@ def top_up_charge(top_up_id: int):
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=240, time_limit=300)
 def top_ups_reconcile():
     """Settle top-ups still processing after a few minutes with what Stripe says (their webhook never came), and
-    refunds and payouts whose Stripe answer was lost."""
+    charges, refunds and payouts whose Stripe answer was lost."""
     done = reconcile.top_ups_reconcile()
     if done:
         log.info("top-ups reconcile: %s", done)
+    # Top-ups whose charge answer was lost: found among the customer's payments, or known not charged.
+    lost = reconcile.top_ups_find_lost()
+    if lost:
+        log.info("lost charges: %s", lost)
     # Refunds whose Stripe answer was lost (still pending, their amount reserved).
     refunds = reconcile.refunds_reconcile()
     if refunds:

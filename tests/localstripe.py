@@ -12,6 +12,7 @@ import pytest
 import requests
 
 LOCALSTRIPE = Path(sys.executable).parent / "localstripe"
+SERVE = Path(__file__).resolve().parent.parent / "scripts" / "localstripe-serve"
 WEBHOOK_SECRET = "whsec_billing_tests"
 
 
@@ -43,7 +44,8 @@ def localstripe_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("localstripe")
     port = free_port()
     log = open(home / "localstripe.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([str(LOCALSTRIPE), "--port", str(port), "--from-scratch"], cwd=home,
+    # scripts/localstripe-serve: localstripe with the payment-intent filters (customer, created) of Stripe.
+    proc = subprocess.Popen([sys.executable, str(SERVE), "--port", str(port), "--from-scratch"], cwd=home,
                             env={**os.environ, "TMPDIR": str(home)}, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:

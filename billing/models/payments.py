@@ -66,8 +66,9 @@ TOP_UP_TRANSITIONS = Transitions({
     # SUCCEEDED straight from PENDING: Stripe's webhook came before the charge's answer was recorded.
     T.PENDING: {T.PROCESSING, T.SUCCEEDED, T.FAILED},
     T.PROCESSING: {T.SUCCEEDED, T.FAILED},
-    # Failed here (Stripe unreachable) but charged after all: the money arrived, so it is credited.
-    T.FAILED: {T.SUCCEEDED},
+    # Failed here (Stripe's answer lost) but charged after all: the money arrived, so it is credited; or Stripe has
+    # it still processing when the lookup finds it (billing.services.reconcile.top_ups_find_lost).
+    T.FAILED: {T.SUCCEEDED, T.PROCESSING},
     T.SUCCEEDED: set(),
 })
 
@@ -82,6 +83,9 @@ class TopUp(StatefulModel, models.Model):
     automatic = models.BooleanField(default=False, help_text="Started by auto top-up.")
     status = models.CharField(max_length=12, choices=TopUpStatus.choices, default=TopUpStatus.PENDING)
     failure_message = models.CharField(max_length=500, blank=True)
+    outcome_unknown = models.BooleanField(default=False, help_text=(
+        "The charge's answer was lost: whether Stripe charged is not known until the follow-up finds the payment "
+        "among the customer's (or finds none)."))
     payment_intent_id = models.CharField(max_length=100, null=True, blank=True, unique=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)

@@ -16,6 +16,13 @@ was never queued (the broker was down) or its message was lost, the top-up would
 charges the automatic top-ups still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (`top_ups_charge_pending`).
 The charge's Stripe idempotency key (`top-up-<id>`) makes a charge that ran meanwhile answer the same payment.
 
+A manual or automatic top-up whose charge answer was lost (no answer, a 5xx, a 409) is failed with
+`outcome_unknown`: Stripe may have charged. Its webhook credits it if it did; if that webhook is lost too, the
+same run looks the payment up after the same delay among the customer's payments made since the top-up, by the
+top-up id in their metadata (`top_ups_find_lost`): found, it is applied as the webhook would (credited, failed,
+or processing and followed as above); not found, the charge never reached Stripe and the top-up says the card was
+not charged.
+
 A refund whose Stripe answer was lost stays pending, its amount reserved (billing.services.refunds). After the
 same delay the same run looks for Stripe's refund carrying its id in the metadata (`refunds_reconcile`): found
 and succeeded (or pending at Stripe), the wallet is debited once (`refund_confirm`); found failed, or not found
@@ -35,7 +42,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import Refund, RefundStatus, TopUp, TopUpStatus
+from billing.models import BillingProfile, Refund, RefundStatus, TopUp, TopUpStatus
 from billing.services.refunds import refund_confirm
 from billing.services.stripe_gateway import client, translate
 from billing.services.top_ups import top_up_charge_by_id
@@ -91,6 +98,93 @@ def top_ups_charge_pending(*, now: datetime | None = None, limit: int = RECONCIL
                         top_up_id)
             top_up_charge_by_id(top_up_id=top_up_id)
         return len(ids)
+
+
+def top_ups_find_lost(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> Mapping[str, int | str]:
+    """Look up at Stripe the top-ups whose charge answer was lost (failed with `outcome_unknown`) for longer than
+    BILLING_TOP_UP_RECONCILE_AFTER_S; one run at a time. Returns how many were credited, failed, are processing,
+    were not charged, or could not be looked up."""
+    with advisory_lock("billing.top_ups_find_lost") as acquired:
+        if not acquired:
+            return {"skipped": "another run is looking up lost charges"}
+        now = now or timezone.now()
+        cutoff = now - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+        ids = list(TopUp.objects.filter(status=TopUpStatus.FAILED, outcome_unknown=True, updated_at__lt=cutoff)
+                   .order_by("updated_at", "pk").values_list("pk", flat=True)[:limit])
+        summary: Counter[str] = Counter()
+        for top_up_id in ids:
+            try:
+                summary[top_up_find_lost(top_up_id=top_up_id, now=now)] += 1
+            except StripeUnavailable as exc:
+                log.warning("lost charges: %s; the next run tries again", exc)
+                summary["stripe_unavailable"] += 1
+                break
+        return dict(summary)
+
+
+# How far before the top-up's row the payment may be stamped (the two clocks differ a little).
+LOST_CHARGE_CLOCK_SLACK = timedelta(minutes=5)
+
+
+def top_up_find_lost(*, top_up_id: int, now: datetime | None = None) -> str:
+    """Find the payment of one top-up whose charge answer was lost and apply it. Returns "succeeded", "failed",
+    "processing" (now followed as a processing top-up), "not_charged", "settled" (known meanwhile: nothing to do)
+    or "error" (logged; looked up again after the same delay). Raises StripeUnavailable."""
+    now = now or timezone.now()
+    top_up = TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED, outcome_unknown=True).first()
+    if top_up is None:
+        return "settled"
+    customer = BillingProfile.objects.filter(user_id=top_up.user_id).values_list("stripe_customer_id",
+                                                                                    flat=True).first()
+    intent = None
+    if top_up.payment_intent_id or customer:
+        try:
+            if top_up.payment_intent_id:  # Stripe's error named it (the charge was refused or is under way)
+                intent = client().v1.payment_intents.retrieve(top_up.payment_intent_id)
+            else:
+                since = int((top_up.created_at - LOST_CHARGE_CLOCK_SLACK).timestamp())
+                page = client().v1.payment_intents.list(params={"customer": customer or "", "limit": 100,
+                                                                "created": {"gte": since}})
+                intent = next((pi for pi in page.auto_paging_iter()
+                               if _metadata(pi).get("top_up_id") == str(top_up.pk)), None)
+        except stripe.StripeError as exc:
+            error = translate(exc, "looking up a payment")
+            if isinstance(error, Unavailable):
+                raise StripeUnavailable(f"top-up {top_up_id}: {error.message}") from None
+            log.error("top-up %s: Stripe refused to look up its lost charge: %s", top_up_id, error.message)
+            TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED).update(updated_at=now)
+            return "error"
+    if intent is None:  # the request never reached Stripe (or reached it without a customer: no charge)
+        TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED, outcome_unknown=True).update(
+            outcome_unknown=False, failure_message="The payment provider never received the charge: your card was "
+                                                   "not charged and nothing was credited.")
+        log.info("top-up %s: its charge answer was lost; Stripe has no payment for it: not charged", top_up_id)
+        return "not_charged"
+    if intent.status in ("succeeded", *FAILED_STATUSES):
+        try:
+            with transaction.atomic():
+                payment_intent_apply(intent=intent.to_dict(), succeeded=intent.status == "succeeded")
+                known: dict[str, Any] = {"outcome_unknown": False}
+                if intent.status != "succeeded":  # failed already: it now says why, for sure
+                    why = (intent.to_dict().get("last_payment_error") or {}).get("message") or "The payment failed."
+                    known["failure_message"] = f"{why} Your card was not charged; nothing was credited."[:500]
+                TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED).update(**known)
+        except ValueError:  # the intent does not match its top-up: for operators
+            log.exception("top-up %s: Stripe's payment %s does not match it; nothing applied", top_up_id, intent.id)
+            TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED).update(updated_at=now)
+            return "error"
+        log.info("top-up %s: its charge answer was lost; Stripe says %s, applied", top_up_id, intent.status)
+        return "succeeded" if intent.status == "succeeded" else "failed"
+    with transaction.atomic():  # still under way at Stripe: followed as a processing top-up from here
+        locked = TopUp.objects.select_for_update().get(pk=top_up_id)
+        if locked.status == TopUpStatus.FAILED and locked.outcome_unknown:
+            locked.transition_to(TopUpStatus.PROCESSING)
+            locked.outcome_unknown = False
+            locked.failure_message = ""
+            locked.payment_intent_id = locked.payment_intent_id or intent.id
+            locked.save(update_fields=["status", "outcome_unknown", "failure_message", "payment_intent_id",
+                                       "updated_at"])
+    return "processing"
 
 
 def top_up_reconcile(*, top_up_id: int, now: datetime | None = None) -> str:

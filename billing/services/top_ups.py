@@ -116,11 +116,13 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
     except stripe.StripeError as exc:
         error = translate(exc, "charging your card")
         payment_intent = getattr(getattr(exc, "error", None), "payment_intent", None)
+        unknown = not is_definite(exc)
+        if unknown:
+            log.warning("top-up %s: outcome unknown (%s); looked up at Stripe in a few minutes", top_up.pk, exc)
+            error.message += (" If your card was charged, the top-up is credited within minutes, when the payment "
+                              "provider confirms it; do not top up again until then.")
         top_up_fail(top_up=top_up, message=error.message, payment_intent_id=getattr(payment_intent, "id", None),
-                       notify=isinstance(error, PaymentDeclined))
-        if not is_definite(exc):
-            log.warning("top-up %s: outcome unknown (%s); a webhook will credit it if Stripe charged", top_up.pk, exc)
-            error.message += " If your card was charged, the top-up is credited when the payment provider confirms it."
+                    notify=isinstance(error, PaymentDeclined), outcome_unknown=unknown)
         error.extra["top_up"] = top_up.pk
         raise error from None
     if intent.status in ("succeeded", "processing", "requires_capture"):
@@ -138,15 +140,20 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
     raise PaymentDeclined(message + " Nothing was credited.", extra={"top_up": top_up.pk})
 
 
-def top_up_fail(*, top_up: TopUp, message: str, payment_intent_id: str | None = None, notify: bool) -> None:
+def top_up_fail(*, top_up: TopUp, message: str, payment_intent_id: str | None = None, notify: bool,
+                outcome_unknown: bool = False) -> None:
+    """Mark a top-up failed. `outcome_unknown`: Stripe's answer was lost, so it may have charged; the follow-up
+    (reconcile.top_ups_find_lost) looks the payment up and credits it if it did."""
     with transaction.atomic():
         locked = TopUp.objects.select_for_update().get(pk=top_up.pk)
         if locked.can_transition_to(TopUpStatus.FAILED):
             locked.transition_to(TopUpStatus.FAILED)
             locked.failure_message = message[:500]
+            locked.outcome_unknown = outcome_unknown
             if payment_intent_id and locked.payment_intent_id is None:
                 locked.payment_intent_id = payment_intent_id
-            locked.save(update_fields=["status", "failure_message", "payment_intent_id", "updated_at"])
+            locked.save(update_fields=["status", "failure_message", "payment_intent_id", "outcome_unknown",
+                                       "updated_at"])
             if notify:  # declined: told; and an automatic one is not tried again on the same card by itself
                 told, data = f"Your top-up of {usd_text(locked.amount_micros)} failed: {message}", {"top_up": locked.pk}
                 if locked.automatic and _auto_top_up_stop(user_id=locked.user_id, card_id=locked.card_id):
@@ -175,11 +182,12 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
     )
     top_up.transition_to(TopUpStatus.SUCCEEDED)
     top_up.failure_message = ""
+    top_up.outcome_unknown = False
     top_up.transaction = txn
     top_up.payment_intent_id = top_up.payment_intent_id or payment_intent_id
     top_up.credited_at = timezone.now()
-    top_up.save(update_fields=["status", "failure_message", "transaction", "payment_intent_id", "credited_at",
-                               "updated_at"])
+    top_up.save(update_fields=["status", "failure_message", "outcome_unknown", "transaction", "payment_intent_id",
+                               "credited_at", "updated_at"])
     event_create(user=top_up.user, kind=EventKind.TOP_UP_SUCCEEDED,
                  message=f"{usd_text(amount_micros)} was added to your balance.",
                  data={"top_up": top_up.pk, "amount": str(micros_to_usd(amount_micros))})

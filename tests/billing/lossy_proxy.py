@@ -1,5 +1,6 @@
 """An HTTP proxy in front of localstripe that can lose answers: the request reaches localstripe (which acts on
-it), and the connection is dropped before the answer comes back, as a timeout looks to the platform."""
+it), and the connection is dropped before the answer comes back, as a timeout looks to the platform; or lose the
+request itself (`drop`), which never reaches localstripe and looks the same to the platform."""
 import http.client
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,6 +12,7 @@ class LossyProxy:
         target = urlsplit(upstream)
         self.lose: set[tuple[str, str]] = set()  # (method, path without the query) whose answers are lost
         self.lost: list[str] = []
+        self.drop: set[tuple[str, str]] = set()  # (method, path) never sent on: the connection drops first
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -18,6 +20,10 @@ class LossyProxy:
 
             def _relay(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if (self.command, self.path.partition("?")[0]) in proxy.drop:
+                    proxy.lost.append(f"{self.command} {self.path} (never sent)")
+                    self.close_connection = True
+                    return
                 upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 upstream_conn.request(self.command, self.path, body=body, headers=headers)

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import BillingEvent, BillingProfile, Card, Refund, RefundStatus, TopUp, TopUpStatus
-from billing.services import payments
+from billing.services import payments, reconcile
 from billing.services.reconcile import refunds_reconcile
 from billing.services.webhooks import payment_intent_apply
 from billing.tasks import top_ups_reconcile as reconcile_task
@@ -93,14 +93,75 @@ def test_a_charge_whose_answer_is_lost_says_it_may_have_charged_and_is_credited_
     assert response.status_code == 503
     detail = response.json()["detail"]
     assert "not known yet" in detail and "nothing was done" not in detail
-    assert detail.endswith("If your card was charged, the top-up is credited when the payment provider confirms it.")
+    assert "If your card was charged, the top-up is credited within minutes" in detail
     top_up = TopUp.objects.get(pk=response.json()["top_up"])
-    assert top_up.status == TopUpStatus.FAILED and balance(api.user) == 0
+    assert top_up.status == TopUpStatus.FAILED and top_up.outcome_unknown and balance(api.user) == 0
     [intent] = stripe_client(localstripe).payment_intents.list().data  # Stripe did charge
     assert intent.status == "succeeded" and intent.metadata["top_up_id"] == str(top_up.pk)
     with transaction.atomic():  # its webhook arrives: credited once, failed here or not
         payment_intent_apply(intent=intent.to_dict(), succeeded=True)
     assert balance(api.user) == 20_000_000
+
+
+def _later(top_up):
+    TopUp.objects.filter(pk=top_up.pk).update(updated_at=timezone.now() - LATER)
+
+
+def test_a_charge_whose_answer_and_webhook_are_both_lost_is_found_at_stripe_and_credited_once(
+        localstripe, lossy, api):
+    card = save_card(api)
+    other = save_card(api)  # another payment of the same customer, before: not taken for the lost one
+    assert api.post("/api/v1/billing/top-ups/", {"amount": "7.00", "card": other["id"]},
+                    format="json").status_code == 202  # processing: credited by its own webhook
+    lossy.lose.add(("POST", "/v1/payment_intents"))
+    response = api.post("/api/v1/billing/top-ups/", {"amount": "20.00", "card": card["id"]}, format="json")
+    assert response.status_code == 503
+    top_up = TopUp.objects.get(pk=response.json()["top_up"])
+    assert top_up.outcome_unknown and top_up.payment_intent_id is None
+    lossy.lose.clear()
+    assert reconcile.top_ups_find_lost() == {}  # not yet: an answer may still be on its way
+    _later(top_up)
+    assert reconcile.top_ups_find_lost() == {"succeeded": 1}
+    top_up.refresh_from_db()
+    [intent] = [pi for pi in stripe_client(localstripe).payment_intents.list().data
+                if pi.to_dict()["metadata"].get("top_up_id") == str(top_up.pk)]
+    assert top_up.status == TopUpStatus.SUCCEEDED and not top_up.outcome_unknown
+    assert top_up.payment_intent_id == intent.id and top_up.failure_message == ""
+    _later(top_up)
+    assert reconcile.top_ups_find_lost() == {}  # settled: never credited twice
+    with transaction.atomic():  # and the webhook, when it comes at last, changes nothing
+        payment_intent_apply(intent=intent.to_dict(), succeeded=True)
+    assert balance(api.user) == 20_000_000
+
+
+def test_a_charge_that_never_reached_stripe_says_the_card_was_not_charged(localstripe, lossy, api):
+    card = save_card(api)
+    lossy.drop.add(("POST", "/v1/payment_intents"))
+    response = api.post("/api/v1/billing/top-ups/", {"amount": "20.00", "card": card["id"]}, format="json")
+    assert response.status_code == 503
+    top_up = TopUp.objects.get(pk=response.json()["top_up"])
+    assert top_up.outcome_unknown
+    lossy.drop.clear()
+    _later(top_up)
+    assert reconcile.top_ups_find_lost() == {"not_charged": 1}
+    top_up.refresh_from_db()
+    assert top_up.status == TopUpStatus.FAILED and not top_up.outcome_unknown
+    assert "your card was not charged" in top_up.failure_message and balance(api.user) == 0
+    assert stripe_client(localstripe).payment_intents.list().data == []
+    assert api.get(f"/api/v1/billing/top-ups/{top_up.pk}/").json()["failure_message"] == top_up.failure_message
+
+
+def test_lost_charges_wait_while_stripe_cannot_be_reached(localstripe, lossy, api, settings):
+    card = save_card(api)
+    lossy.lose.add(("POST", "/v1/payment_intents"))
+    top_up = TopUp.objects.get(pk=api.post("/api/v1/billing/top-ups/", {"amount": "20.00", "card": card["id"]},
+                                           format="json").json()["top_up"])
+    _later(top_up)
+    settings.STRIPE_API_BASE = "http://127.0.0.1:9"
+    assert reconcile.top_ups_find_lost() == {"stripe_unavailable": 1}
+    assert TopUp.objects.get(pk=top_up.pk).outcome_unknown  # still to be looked up
+    settings.STRIPE_API_BASE = lossy.url
+    assert reconcile.top_ups_find_lost() == {"succeeded": 1} and balance(api.user) == 20_000_000
 
 
 def _auto_top_up(api, card_id, *, threshold="5", amount="20"):
