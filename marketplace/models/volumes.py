@@ -37,9 +37,10 @@ class VolumeState(models.TextChoices):
 V = VolumeState
 VOLUME_TRANSITIONS = Transitions({
     V.CREATING: {V.AVAILABLE, V.FAILED},
-    # DELETING -> AVAILABLE: the node refused (an instance still mounts it there).
+    # DELETING -> AVAILABLE: the node refused (an instance still mounts it there); -> FAILED: the same for a volume
+    # whose creation had failed (it was never available, so never billed: it does not become available now).
     V.AVAILABLE: {V.DELETING},
-    V.DELETING: {V.DELETED, V.AVAILABLE},
+    V.DELETING: {V.DELETED, V.AVAILABLE, V.FAILED},
     V.FAILED: {V.DELETING},
     V.DELETED: set(),
 }, actions={

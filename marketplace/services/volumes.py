@@ -246,11 +246,13 @@ def volume_mark_deleted(*, volume_id: int) -> Volume | None:
 @transaction.atomic
 def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
     """deleting → available: the node could not delete it (still mounted there, or unreachable). It exists, so
-    it is billed again from where billing stopped (billed_until)."""
+    it is billed again from where billing stopped (billed_until). A volume whose creation had failed (never
+    available, never billed) goes back to failed instead: the renter was told it could not be created, and it
+    is not billed or mountable now; the reconciler deletes its disk if the node has one."""
     volume = _locked(volume_id)
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
-    volume.transition_to(VolumeState.AVAILABLE)
+    volume.transition_to(VolumeState.AVAILABLE if volume.available_at is not None else VolumeState.FAILED)
     volume.deleted_at = None
     volume.status_message = f"Not deleted: {message}"[:500]
     volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])

@@ -39,6 +39,11 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0,
               "orphan_volumes_deleted": 0, "volumes_missing": 0}
     with node_session(node, pool=pool) as session:
+        # Which instances were running or interrupted before the node was asked: only those can be judged by
+        # the list. One that became running while the node answered (its VM made just after the list) is
+        # judged next time, not failed for a VM the list could not show yet.
+        judged_before = set(Instance.objects.filter(
+            node=node, status__in=[InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED]).values_list("pk", flat=True))
         vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
         # Read the database after the node, so an instance created meanwhile is known.
         known: dict[int | None, Instance] = {
@@ -75,6 +80,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
             vm = seen.get(instance.pk)
+            if instance.pk not in judged_before:
+                continue
             if instance.status == InstanceStatus.INTERRUPTED:
                 if vm is None:
                     instance_svc.instance_mark_failed(
@@ -104,9 +111,14 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
     - a volume on the node that the platform does not know, or deleted, and that no VM mounts, is deleted there
       (an orphan: a crash between the node's create and the database, or a delete the node never confirmed);
       one a VM still mounts is reported, not touched;
+    - so is one whose creation failed on the platform (its job gave up or was reaped while the node made it):
+      the renter was told it could not be created, and it is never billed;
     - a volume the platform bills as available on this node that the node does not have is reported (a warning
       event for operators, once; its state and billing are theirs to settle).
-    Volumes being created or deleted are left to their jobs."""
+    Volumes being created or deleted are left to their jobs. Each rule needs the volume's state from before the
+    node was asked as well as after: a create or delete that finished while the node answered is judged next
+    time (else a volume just made would be reported missing, and one just deleted deleted twice)."""
+    before = dict(Volume.objects.filter(node=node).values_list("name", "state"))
     try:
         listed = session.agent("volume", "list", {})["volumes"]
     except AgentFailed as exc:  # the VMs are reconciled already: this node is not "unreachable" for it
@@ -114,12 +126,13 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
         return
     # Read the database after the node, so a volume created meanwhile is known.
     rows = {v.name: v for v in Volume.objects.filter(node=node)}
+    removable = (VolumeState.DELETED, VolumeState.FAILED)
     on_node = set()
     for vol in listed:
         name = vol.get("name", "")
         on_node.add(name)
         row = rows.get(name)
-        if row is not None and row.state != VolumeState.DELETED:
+        if row is not None and not (row.state in removable and before.get(name) == row.state):
             continue
         if vol.get("used_by"):
             node_event(node=node, kind="orphan_volume_in_use",
@@ -128,13 +141,14 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
                        level=NodeEvent.Level.WARNING)
             continue
         session.agent("volume", "delete", {"name": name})
-        why = "deleted on the platform" if row is not None else "which the platform does not know"
+        why = ("which the platform does not know" if row is None else "deleted on the platform"
+               if row.state == VolumeState.DELETED else f"whose creation failed on the platform (volume {row.pk})")
         node_event(node=node, kind="orphan_volume_deleted",
                    message=f"Deleted volume {name} ({vol.get('size_gb')} GB), {why}.",
                    level=NodeEvent.Level.WARNING)
         counts["orphan_volumes_deleted"] += 1
     for name, row in rows.items():
-        if row.state == VolumeState.AVAILABLE and name not in on_node:
+        if row.state == VolumeState.AVAILABLE and before.get(name) == VolumeState.AVAILABLE and name not in on_node:
             if NodeEvent.objects.filter(node=node, kind="volume_missing", message__contains=f" {name} ").exists():
                 continue  # reported already
             node_event(node=node, kind="volume_missing",

@@ -91,3 +91,95 @@ def test_an_unknown_volume_a_vm_still_mounts_is_reported_not_deleted(node):
     assert _on_node(node) == {"vol-fedcba9876543210"}
     event = NodeEvent.objects.get(node=node, kind="orphan_volume_in_use")
     assert f"inst-{instance.pk}" in event.message and event.level == NodeEvent.Level.WARNING
+
+
+def test_a_failed_volume_whose_disk_the_node_made_is_deleted_there_and_stays_failed(node):
+    # Its create job gave up (or was reaped) after the node had made it: the renter was told it could not be
+    # created and it is never billed, so nothing of theirs is on it; the provider's disk is given back.
+    volume = volume_svc.volume_create(owner=UserFactory(), node_id=node.pk, size_gb=1)
+    _create_on_node(node, volume.name)
+    volume_svc.volume_mark_failed(volume_id=volume.pk, message="its job was reaped")
+    counts = node_reconcile(node)
+    assert counts["orphan_volumes_deleted"] == 1 and _on_node(node) == set()
+    event = NodeEvent.objects.get(node=node, kind="orphan_volume_deleted")
+    assert volume.name in event.message and "creation failed" in event.message
+    assert Volume.objects.get(pk=volume.pk).state == VolumeState.FAILED
+
+
+def test_a_failed_volume_whose_delete_gives_up_is_failed_again_not_available_and_unbilled(node):
+    volume = volume_svc.volume_create(owner=UserFactory(), node_id=node.pk, size_gb=1)
+    volume_svc.volume_mark_failed(volume_id=volume.pk, message="the node was unreachable")
+    volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
+    volume_svc.volume_delete_refused(volume_id=volume.pk, message="the node stayed unreachable")
+    volume.refresh_from_db()
+    # Before: available with no available_at, so never billed, and mountable though it may not exist.
+    assert volume.state == VolumeState.FAILED and volume.available_at is None
+    assert "Not deleted" in volume.status_message
+
+
+class _Between:
+    """The node's session, with `then` run right after the node answered `list` (a VM's or volume's list): what
+    another worker commits while the reconciler holds the node's answer and has not read the database yet."""
+
+    def __init__(self, session, what: str, then):
+        self._session, self._what, self._then = session, what, then
+
+    def agent(self, *args, **kwargs):
+        answer = self._session.agent(*args, **kwargs)
+        if args[:2] == (self._what, "list") and self._then is not None:
+            self._then()
+            self._then = None
+        return answer
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+@pytest.fixture
+def between(monkeypatch):
+    """between(what, then): the reconciler's next session runs `then` after the node answers `<what> list`."""
+    import contextlib
+
+    from provisioning.services import reconcile
+
+    def arm(what, then):
+        real = reconcile.node_session
+
+        @contextlib.contextmanager
+        def wrapped(node, **kwargs):
+            with real(node, **kwargs) as session:
+                yield _Between(session, what, then)
+
+        monkeypatch.setattr(reconcile, "node_session", wrapped)
+    return arm
+
+
+def test_an_instance_that_becomes_running_while_the_node_lists_its_vms_is_not_failed(node, between):
+    from tests.marketplace.renting_helpers import run
+
+    renter = UserFactory()
+    credit_grant(user=renter, amount_micros=100_000_000, reason="tests")
+    instance = book(renter, node)  # being provisioned: its VM is made just after the node's list
+    between("vm", lambda: run(instance))
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert counts["instances_failed"] == 0 and instance.status == "running"
+    assert not NodeEvent.objects.filter(node=node, kind="vm_vanished").exists()
+
+
+def test_a_volume_made_or_deleted_while_the_node_lists_its_volumes_is_judged_next_time(node, between):
+    made = volume_svc.volume_create(owner=UserFactory(), node_id=node.pk, size_gb=1)
+    gone = _platform_volume(node, on_node=True)
+    volume_svc.volume_delete(volume=gone, confirm=gone.name)
+
+    def meanwhile():  # `made` reaches the node and the database after the list; `gone` is deleted on both
+        _create_on_node(node, made.name)
+        volume_svc.volume_mark_available(volume_id=made.pk)
+        with node_session(node) as session:
+            session.agent("volume", "delete", {"name": gone.name})
+        volume_svc.volume_mark_deleted(volume_id=gone.pk)
+    between("volume", meanwhile)
+    counts = node_reconcile(node)
+    assert counts["volumes_missing"] == 0 and counts["orphan_volumes_deleted"] == 0
+    assert not NodeEvent.objects.filter(node=node, kind__in=["volume_missing", "orphan_volume_deleted"]).exists()
+    assert node_reconcile(node) == {**counts}  # and the next run, with both settled, finds nothing either
