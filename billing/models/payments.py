@@ -124,7 +124,8 @@ REFUND_TRANSITIONS = Transitions({
     R.PENDING: {R.SUCCEEDED, R.FAILED},
     # refund_confirm for a refund recorded as failed that Stripe made after all.
     R.FAILED: {R.SUCCEEDED},
-    R.SUCCEEDED: set(),
+    # Stripe's refund failed after it was made (it can, days later: a closed card account): the debit is reversed.
+    R.SUCCEEDED: {R.FAILED},
 })
 
 

@@ -5,7 +5,12 @@ Stripe, and on success posts the reversal (wallet → payment clearing) keyed by
 When Stripe's answer is lost (no answer, a 5xx, an idempotency conflict), Stripe may have refunded: the refund
 stays pending, its amount reserved so that no second refund can give it back again, until
 billing.services.reconcile.refunds_reconcile finds Stripe's refund for it (by its metadata) and settles it.
+A refund Stripe made can still fail later (its `refund.failed` or `charge.refund.updated` webhook, status failed
+or canceled): the card never got the money, so the wallet's debit is reversed and the customer told
+(`refund_failed_at_stripe`).
 """
+from typing import Any
+
 import stripe
 from django.db import transaction
 from django.db.models import Sum
@@ -112,3 +117,40 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
                      data={"top_up": top_up.pk, "refund": refund.pk,
                            "amount": str(micros_to_usd(refund.amount_micros))})
     return refund
+
+
+def refund_failed_at_stripe(*, stripe_refund: dict[str, Any]) -> bool:
+    """Stripe says a refund failed or was canceled after it was made. Debited here already: the debit is
+    reversed (once: ledger key `refund-failed:<id>`), the refund failed, and the customer told; still pending
+    here: failed, its amount refundable again. Call inside a transaction. False when it is no refund of ours."""
+    refund_id = str((stripe_refund.get("metadata") or {}).get("refund_id") or "")
+    query = Refund.objects.select_for_update().select_related("top_up__user")
+    refund = query.filter(stripe_refund_id=stripe_refund.get("id")).first() if stripe_refund.get("id") else None
+    if refund is None and refund_id.isascii() and refund_id.isdigit():
+        refund = query.filter(pk=int(refund_id)).first()
+    if refund is None:
+        return False
+    why = (stripe_refund.get("failure_reason") or "").replace("_", " ")
+    told = f"The payment provider says the refund {stripe_refund.get('status')}{f' ({why})' if why else ''}."
+    if refund.status == RefundStatus.PENDING:
+        Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
+                               failure_message=f"{told} Nothing was debited."[:500])
+        return True
+    if refund.status != RefundStatus.SUCCEEDED or refund.transaction is None:
+        return True  # failed here already: nothing was debited
+    top_up = refund.top_up
+    ledger_post(
+        idempotency_key=f"refund-failed:{refund.pk}", kind=TransactionKind.REVERSAL, reverses=refund.transaction,
+        lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), refund.amount_micros),
+               (platform_account(kind=AccountKind.PAYMENT_CLEARING), -refund.amount_micros)],
+        memo=f"Refund {refund.pk} of top-up {top_up.pk} failed at Stripe ({refund.stripe_refund_id})",
+    )
+    refund.transition_to(RefundStatus.FAILED)
+    refund.failure_message = f"{told} The amount is back in the balance."[:500]
+    refund.save(update_fields=["status", "failure_message"])
+    event_create(user=top_up.user, kind=EventKind.REFUND,
+                 message=f"The refund of {usd_text(refund.amount_micros)} of your top-up {top_up.pk} to your card "
+                         f"failed at the payment provider; {usd_text(refund.amount_micros)} is back in your balance.",
+                 data={"top_up": top_up.pk, "refund": refund.pk, "failed": True,
+                       "amount": str(micros_to_usd(refund.amount_micros))}, email=True)
+    return True

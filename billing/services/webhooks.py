@@ -17,6 +17,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp
+from billing.services.refunds import refund_failed_at_stripe
 from billing.services.stripe_gateway import MICROS_PER_CENT
 from billing.services.top_ups import top_up_credit, top_up_fail
 from core import metrics
@@ -135,12 +136,21 @@ def _top_up_of(intent: dict[str, Any]) -> TopUp | None:
     return TopUp.objects.filter(query).select_related("user").first()
 
 
+# A refund's later failure: `refund.failed` (Stripe's API since 2024) or `charge.refund.updated` (before), whose
+# object is the Refund; `refund.updated` too, acted on only when its status is failed or canceled.
+REFUND_EVENTS = ("refund.failed", "refund.updated", "charge.refund.updated")
+
+
 def _handle(kind: str, payload: dict[str, Any]) -> bool:
     """Act on one event; False when it is not one this platform acts on."""
+    obj = (payload.get("data") or {}).get("object") or {}
+    if kind in REFUND_EVENTS:
+        if not isinstance(obj, dict) or obj.get("status") not in ("failed", "canceled"):
+            return False
+        return refund_failed_at_stripe(stripe_refund=obj)
     if kind not in ("payment_intent.succeeded", "payment_intent.payment_failed"):
         return False
-    intent = (payload.get("data") or {}).get("object") or {}
-    return payment_intent_apply(intent=intent, succeeded=kind == "payment_intent.succeeded")
+    return payment_intent_apply(intent=obj, succeeded=kind == "payment_intent.succeeded")
 
 
 def payment_intent_apply(*, intent: dict[str, Any], succeeded: bool) -> bool:

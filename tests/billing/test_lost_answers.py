@@ -224,3 +224,33 @@ def test_an_automatic_top_up_whose_answer_was_lost_is_tried_again_after_an_hour_
     TopUp.objects.filter(pk=top_up.pk).update(created_at=top_up.created_at - timedelta(minutes=61))
     _ticks(1, django_capture_on_commit_callbacks)
     assert TopUp.objects.filter(user=api.user).count() == 2  # an hour later, once more
+
+
+def test_a_refund_that_fails_at_stripe_after_it_was_made_gives_the_debit_back_once(localstripe, api, operator_api):
+    from billing.models import LedgerTransaction
+    from tests.billing.test_payments import deliver
+
+    top_up = _credited_top_up(localstripe, api)  # $40
+    assert _refund(operator_api, top_up, "15.00").status_code == 201
+    refund = Refund.objects.get(top_up=top_up)
+    assert refund.status == RefundStatus.SUCCEEDED and balance(api.user) == 25_000_000
+    made = stripe_client(localstripe).refunds.retrieve(refund.stripe_refund_id).to_dict()
+    # Days later the card's bank sends it back: Stripe's refund.failed, then its older twin for the same refund.
+    failed = {**made, "status": "failed", "failure_reason": "expired_or_canceled_card"}
+    for event_id, kind in [("evt_rf_1", "refund.failed"), ("evt_rf_2", "charge.refund.updated"),
+                           ("evt_rf_1", "refund.failed")]:
+        answer = deliver(api, {"id": event_id, "type": kind, "data": {"object": failed}})
+        assert answer.status_code == 200 and answer.json()["status"] == "processed", answer.content
+    refund.refresh_from_db()
+    assert refund.status == RefundStatus.FAILED and "expired or canceled card" in refund.failure_message
+    assert balance(api.user) == 40_000_000  # the debit given back once
+    assert LedgerTransaction.objects.filter(idempotency_key=f"refund-failed:{refund.pk}").count() == 1
+    assert payments.refundable_micros(top_up=top_up) == 40_000_000  # it can be refunded again
+    told = BillingEvent.objects.filter(user=api.user, kind="refund").order_by("-pk").first()
+    assert "failed at the payment provider" in told.message and told.data["failed"] is True
+    # An update that is not a failure, or of a refund that is not ours, changes nothing.
+    assert deliver(api, {"id": "evt_rf_3", "type": "refund.updated",
+                         "data": {"object": {**made, "status": "succeeded"}}}).json()["status"] == "ignored"
+    assert deliver(api, {"id": "evt_rf_4", "type": "refund.failed", "data": {"object": {
+        "id": "re_not_ours", "status": "failed", "metadata": {}}}}).json()["status"] == "ignored"
+    assert balance(api.user) == 40_000_000
