@@ -79,7 +79,7 @@ _local = threading.Lock()  # the local-memory cache's stand-in for the scripts (
 def _redis() -> tuple[Any, Any]:
     backend = caches["default"]
     if isinstance(backend, RedisCache):
-        return backend, backend._cache.get_client(write=True)  # type: ignore[attr-defined]
+        return backend, backend._cache.get_client(write=True)
     return backend, None
 
 
@@ -150,7 +150,7 @@ class LoginAttempt:
     def __enter__(self) -> LoginAttempt:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.failed()  # ended by an error before the answer: counted as a failure (fails closed)
 
 
