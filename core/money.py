@@ -40,11 +40,26 @@ def parse_cents(text: str) -> int:
 def usd_text(micros: int) -> str:
     """Money in a sentence a person reads (events, e-mails, error messages): whole cents, one minus sign.
 
-    "$1.39", "$10,000.00", "−$5.00"; a non-zero amount under a cent is "less than $0.01". The API's figures stay
-    exact (micros_to_usd); only the words round.
+    "$1.39", "$10,000.00", "−$5.00"; a non-zero amount under a cent is "less than $0.01" ("−(less than $0.01)"
+    below zero). The API's figures stay exact (micros_to_usd); only the words round. Prices per unit: usd_rate_text.
     """
     amount = micros_to_usd(micros)
     cents = amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
     if cents == 0 and amount != 0:
-        return "less than $0.01"
+        # A debt of a fraction of a cent reads as one too, not as the same words as a credit.
+        return "−(less than $0.01)" if amount < 0 else "less than $0.01"
     return f"{'−' if cents < 0 else ''}${abs(cents):,.2f}"
+
+
+def usd_rate_text(micros: int) -> str:
+    """A price per unit (GPU-hour, slice-hour, GB-month, an hour of several GPUs) as a person reads it: every
+    significant decimal of the micro-dollars, at least two, one minus sign ("$1.504", "$1.50", "$0.000125").
+
+    Not rounded to cents: what is charged and what the filters compare is the exact price, and a rate rounded on
+    the page would not agree with it ($1.504 shown as $1.50, and 2 × $1.50 = $3.01). Amounts (balances, totals,
+    charges) read in cents: usd_text."""
+    amount = micros_to_usd(micros)
+    text = f"{abs(amount):,.{USD_PLACES}f}"
+    whole, _, decimals = text.partition(".")
+    decimals = decimals.rstrip("0").ljust(2, "0")
+    return f"{'−' if amount < 0 else ''}${whole}.{decimals}"

@@ -4,7 +4,7 @@ from decimal import Decimal
 from django import forms, template
 from django.utils.html import format_html
 
-from core.money import micros_to_usd, usd_text
+from core.money import micros_to_usd, usd_rate_text, usd_text
 from marketplace.models.host import cuda_version_text
 
 register = template.Library()
@@ -26,13 +26,24 @@ _BADGES = {
 
 @register.filter
 def usd(micros) -> str:
-    """Integer micro-dollars as a person reads them: whole cents, one minus sign ("$1.39", "−$5.00"); "–" for none.
+    """An amount (a balance, a total, a charge) as a person reads it: whole cents, one minus sign ("$1.39",
+    "−$5.00"); "–" for none. Prices per unit: `usd_rate`.
 
     The same words as core.money.usd_text (messages, e-mails, errors): one rule for every page and sentence.
     """
     if micros is None or micros == "":
         return "–"
     return usd_text(int(micros))
+
+
+@register.filter
+def usd_rate(micros) -> str:
+    """A price per unit (per GPU-hour, per hour, per GB-month) with its significant decimals, at least two
+    ("$1.504", "$1.50"): the exact price that is charged and filtered on, never rounded to cents
+    (core.money.usd_rate_text); "–" for none. Totals and balances: `usd`."""
+    if micros is None or micros == "":
+        return "–"
+    return usd_rate_text(int(micros))
 
 
 @register.filter

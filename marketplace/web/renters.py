@@ -28,7 +28,7 @@ from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
-from marketplace.templatetags.marketplace_web import duration, usd
+from marketplace.templatetags.marketplace_web import duration, usd, usd_rate
 
 from .figures import COMPARED, WORKLOAD, gpu_comparison
 from .forms import RentForm
@@ -245,8 +245,8 @@ def _compare_table(columns) -> list[dict]:
         ]},
         {"title": "Price now", "rows": [
             row("Offers", offers),
-            row("Cheapest per GPU-hour", lambda c: usd(c.cheapest_micros)),
-            row("Median per GPU-hour", lambda c: usd(c.median_micros)),
+            row("Cheapest per GPU-hour", lambda c: usd_rate(c.cheapest_micros)),
+            row("Median per GPU-hour", lambda c: usd_rate(c.median_micros)),
             row("Per BF16 TFLOP/s-hour, cheapest", per_tflop("cheapest_per_tflop"), "lower is better"),
             row("Per BF16 TFLOP/s-hour, median", per_tflop("median_per_tflop")),
         ]},
@@ -281,10 +281,10 @@ def funds_refusal(exc: svc.InsufficientFunds) -> str:
     """The 402 of renting or starting in a page's words (the service's message names the API's endpoint)."""
     funds = exc.funds
     if funds.committed_rate_micros:
-        rate = (f"your running and starting instances cost {usd(funds.committed_rate_micros)} per hour, "
-                f"{usd(funds.rate_micros)} with this one")
+        rate = (f"your running and starting instances cost {usd_rate(funds.committed_rate_micros)} per hour, "
+                f"{usd_rate(funds.rate_micros)} with this one")
     else:
-        rate = f"this instance costs {usd(funds.added_rate_micros)} per hour"
+        rate = f"this instance costs {usd_rate(funds.added_rate_micros)} per hour"
     return (f"Not enough balance: {rate}, and {duration(funds.required_s)} of that is {usd(funds.required_micros)}. "
             f"Your balance is {usd(funds.balance_micros)}: top up at least {usd(funds.missing_micros)} "
             "on the Balance page.")

@@ -14,14 +14,14 @@ from marketplace import selectors
 from marketplace.models import Volume
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.services import volumes as svc
-from marketplace.templatetags.marketplace_web import usd
+from marketplace.templatetags.marketplace_web import usd_rate
 from marketplace.validators import NAME_MAX_LENGTH
 
 
 def _offer_choices():
     offers = selectors.offers_search().order_by("country", "city", "pk")
     return [(o.pk, f"#{o.pk} · {o.gpu_model.name} · {o.city + ', ' if o.city else ''}{o.country.name} · "
-                   f"{usd(o.disk_price_per_gb_month_micros)} per GB-month") for o in offers]
+                   f"{usd_rate(o.disk_price_per_gb_month_micros)} per GB-month") for o in offers]
 
 
 class VolumeForm(forms.Form):
@@ -48,7 +48,7 @@ def volumes(request):
             form_error(form, exc)
         else:
             messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is being created; it is billed "
-                                      f"at {usd(volume.price_per_gb_month_micros)} per GB-month once it exists.")
+                                      f"at {usd_rate(volume.price_per_gb_month_micros)} per GB-month once it exists.")
             return redirect("volumes")
     listed = svc.volumes_for_user(user=request.user).order_by("-created_at", "-id")
     rows = [{"volume": v, "in_use_by": svc.volume_live_instance_ids(v)} for v in listed]

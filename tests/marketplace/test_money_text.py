@@ -13,7 +13,8 @@ from marketplace.money import usd_text
     (0, "$0.00"),
     (14_672, "$0.01"),
     (4_999, "less than $0.01"),
-    (-4_999, "less than $0.01"),
+    (-4_999, "−(less than $0.01)"),  # a debt reads as one, not as the same words as a credit
+    (-4_000, "−(less than $0.01)"),
 ])
 def test_usd_text(micros, text):
     assert usd_text(micros) == text
@@ -41,4 +42,33 @@ def test_the_pages_usd_filter(micros, text):
 
     assert usd(micros) == text
     rendered = Template("{% load marketplace_web %}{{ m|usd }}").render(Context({"m": micros}))
+    assert rendered == text
+
+
+# Prices per unit (per GPU-hour, slice-hour, hour, GB-month): every significant decimal, at least two. Rounded to
+# cents they disagreed with what is charged and filtered on: $1.504 showed as $1.50, and "2 GPUs × $1.50 = $3.01".
+@pytest.mark.parametrize("micros, text", [
+    (1_504_000, "$1.504"),
+    (3_008_000, "$3.008"),
+    (1_500_000, "$1.50"),
+    (490_000, "$0.49"),
+    (2_000_000, "$2.00"),
+    (1_234_567, "$1.234567"),
+    (125, "$0.000125"),
+    (1_234_567_891, "$1,234.567891"),
+    (0, "$0.00"),
+    (-4_000, "−$0.004"),
+    ("2490000", "$2.49"),
+    (None, "–"),
+])
+def test_the_pages_usd_rate_filter(micros, text):
+    from django.template import Context, Template
+
+    from core.money import usd_rate_text
+    from marketplace.templatetags.marketplace_web import usd_rate
+
+    assert usd_rate(micros) == text
+    if micros not in (None, "2490000"):
+        assert usd_rate_text(micros) == text
+    rendered = Template("{% load marketplace_web %}{{ m|usd_rate }}").render(Context({"m": micros}))
     assert rendered == text

@@ -24,7 +24,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from tests.web.conftest import logged_in
 from tests.web.test_browser import log_in
 from tests.web.test_csp import marketplace  # noqa: F401 (a fixture)
-from tests.web.test_page_layout import FINE_MONEY, NO_SIDEWAYS_SCROLL, odd_money, wide_offers  # noqa: F401
+from tests.web.test_page_layout import FINE_AMOUNTS, NO_SIDEWAYS_SCROLL, odd_money, wide_offers  # noqa: F401
 
 # Routes under these answer JSON or are Django's admin (see the docstring).
 NOT_PAGES = ("api/", "compat/", "healthz", "metrics", "admin/")
@@ -249,7 +249,8 @@ def test_axe_finds_nothing_on_any_page_at_1366(live_server, new_page, site):
 
 @pytest.mark.slow
 def test_every_page_on_a_phone_fits_shows_money_in_cents_and_passes_axe(live_server, new_page, site):
-    """One walk at 390 px as a phone: no sideways scroll, no money past cents, axe clean (menus open too)."""
+    """One walk at 390 px as a phone: no sideways scroll, no amount past cents (prices per unit are exact), axe
+    clean (menus open too)."""
     base, wide, fine, found, seen = live_server.url, [], [], [], 0
     for who, pages in _pages(site).items():
         page = _signed_in(new_page, base, who, viewport={"width": 390, "height": 844}, is_mobile=True,
@@ -263,7 +264,7 @@ def test_every_page_on_a_phone_fits_shows_money_in_cents_and_passes_axe(live_ser
                     "window.innerWidth + 1).slice(-3).map(el => el.tagName + '.' + el.className)")
                 wide.append(f"{who} {path}: {page.evaluate('document.scrollingElement.scrollWidth')} px {culprits}")
             text = page.locator("body").inner_text()
-            fine += [f"{path}: {m}" for m in FINE_MONEY.findall(text)]
+            fine += [f"{path}: {m}" for m in page.evaluate(FINE_AMOUNTS)]  # prices per unit are exact
             fine += [f"{path}: {m}" for m in re.findall(r"\$\s?-\d[\d,.]*", text)]
             found += [f"{who} {path}: {v}" for v in _axe(page)]
         _walk_with_axe(page, base, who, [], found, phone=True)  # the renter's open menus

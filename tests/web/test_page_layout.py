@@ -1,6 +1,6 @@
 """What a person sees in a real browser (issue 16): Rent without sideways scrolling at desktop widths, money in
-cents on every page, the rent page's key and estimate, a provider's form error in view after submitting, no
-sideways scrolling on a phone, and the state colours' contrast on offline and rejected servers.
+cents on every page (prices per unit exact), the rent page's key and estimate, a provider's form error in view
+after submitting, no sideways scrolling on a phone, and the state colours' contrast on offline and rejected servers.
 
 Headless Chromium (Playwright) against the live server, with the data of test_csp's `marketplace` fixture.
 """
@@ -17,8 +17,30 @@ from tests.web.test_csp import marketplace  # noqa: F401 (a fixture)
 pytestmark = pytest.mark.slow
 
 NO_SIDEWAYS_SCROLL = "document.scrollingElement.scrollWidth <= window.innerWidth"
-# A currency amount with more than two decimals: "$1.234", "−$0.005", "$1,234.5678".
+# A currency figure with more than two decimals: "$1.234", "−$0.005", "$1,234.5678".
 FINE_MONEY = re.compile(r"\$\s?[\d,]*\.\d{3,}")
+# The figures past cents on the page that are not a price per unit. A price per GPU-hour, slice-hour, hour or
+# GB-month shows its every significant decimal (the `usd_rate` filter: what is charged and filtered on); an amount
+# (a balance, a total, a charge) reads in cents. A rate is told by what follows it ("per …", "/h"), or by its table
+# cell's label or row heading naming "per".
+FINE_AMOUNTS = r"""() => {
+  const fine = /\$\s?[\d,]*\.\d{3,}/g, per = /^\s*(per\b|\/h\b)/i, found = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode, el = node.parentElement;
+    if (!el || el.closest("script, style") || !el.getClientRects().length) continue;
+    for (const m of node.textContent.matchAll(fine)) {
+      const after = node.textContent.slice(m.index + m[0].length);
+      const next = after.trim() ? after : (el.nextSibling ? el.nextSibling.textContent : "");
+      const cell = el.closest("td, th"), row = el.closest("tr");
+      const label = (cell && cell.getAttribute("data-label")) || "";
+      const heading = row && row.querySelector("th") ? row.querySelector("th").textContent : "";
+      if (per.test(after.trim() ? after : next) || /\bper\b/i.test(label) || /\bper\b/i.test(heading)) continue;
+      found.push(m[0]);
+    }
+  }
+  return found;
+}"""
 
 
 @pytest.fixture
@@ -117,7 +139,7 @@ def _walks(data) -> dict[str, list[str]]:
     }
 
 
-def test_no_page_shows_money_with_more_than_two_decimals(live_server, new_page, odd_money):
+def test_no_page_shows_an_amount_past_cents_and_prices_show_every_decimal(live_server, new_page, odd_money):
     base, data = live_server.url, odd_money
     seen, found = 0, []
     for email, urls in _walks(data).items():
@@ -127,10 +149,10 @@ def test_no_page_shows_money_with_more_than_two_decimals(live_server, new_page, 
             response = page.goto(base + url)
             assert response.status == 200, url
             text = page.locator("body").inner_text()
-            if url == "/offers/":
-                assert "$1.23" in text and "$1,234.57" in text  # $1.234567 and $1,234.567891 per GPU-hour
+            if url == "/offers/":  # prices per GPU-hour as they are charged and filtered on, never in cents
+                assert "$1.234567" in text and "$1,234.567891" in text and "$1.23\t" not in text
             seen += text.count("$")
-            found += [f"{url}: {m}" for m in FINE_MONEY.findall(text)]
+            found += [f"{url}: {m}" for m in page.evaluate(FINE_AMOUNTS)]
             found += [f"{url}: {m}" for m in re.findall(r"\$\s?-\d[\d,.]*", text)]  # "$-5.00": the sign goes first
     assert seen > 40 and not found, found
 

@@ -11,7 +11,8 @@
  * 3. <details data-close-on-narrow> starts closed on a phone-sized screen (unless it has data-active), so the
  *    results come first; it stays open on wider screens and without JavaScript.
  * 4. The rent page's #estimate follows the number of GPUs (or MIG slices) typed and the profile chosen: the same sums the server made for the first
- *    figure (marketplace/web/renters.py _estimate), money in cents as the `usd` filter shows it.
+ *    figure (marketplace/web/renters.py _estimate), rates with their significant decimals as the `usd_rate` filter
+ *    shows them.
  * 5. A table wider than its box (.table-wrap scrolls sideways, on a phone) becomes a focusable region named
  *    after its table, so that it can be scrolled from the keyboard too; one that fits is no tab stop.
  * 6. The navigation (base.html, marketplace/web/nav.py): on a phone its links fold behind one "Menu" button
@@ -151,8 +152,10 @@
     var price = Number(box.getAttribute("data-price-micros"));
     var committed = Number(box.getAttribute("data-committed-micros"));
     var balance = Number(box.getAttribute("data-balance-micros"));
-    var money = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD" });
-    function usd(micros) { return money.format(Math.round(micros / 10000) / 100); }
+    /* Rates with every significant decimal, at least two: the `usd_rate` filter's words (core.money.usd_rate_text). */
+    var money = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD", minimumFractionDigits: 2,
+                                                 maximumFractionDigits: 6 });
+    function usdRate(micros) { return money.format(micros / 1000000); }
     function duration(s) {  /* the `duration` filter's words */
       var d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), sec = s % 60;
       function two(n) { return (n < 10 ? "0" : "") + n; }
@@ -173,7 +176,7 @@
       price = prices[profile];
       unit = profile ? "MIG " + profile + " slice" : "GPU";
       per = profile ? "slice" : "GPU";
-      set("unit-price", usd(price) + " per " + per + "-hour");
+      set("unit-price", usdRate(price) + " per " + per + "-hour");
       update();
     }
     function update() {
@@ -182,8 +185,8 @@
       if (!(n >= 1) || (max && n > max)) return;  /* the form says what is wrong when it is sent */
       var total = committed + n * price;
       set("gpus", n + " " + unit + (n === 1 ? "" : "s"));
-      set("per-hour", usd(n * price));
-      set("total", usd(total));
+      set("per-hour", usdRate(n * price));
+      set("total", usdRate(total));
       set("lasts", balance > 0 && total ? "about " + duration(Math.floor(balance * 3600 / total)) : "no time: top up first");
     }
     input.addEventListener("input", update);
