@@ -25,7 +25,7 @@ from marketplace.services.accounts import InvalidSignupToken, TwoFactorRequired
 from marketplace.services.email_verification import EmailNotVerified, InvalidVerificationLink
 from marketplace.services.instances import Funds, InsufficientFunds
 from marketplace.services.ssh_keys import InvalidSshKey
-from marketplace.services.two_factor import WrongCode
+from marketplace.services.two_factor import WrongCode, WrongPassword
 
 FUNDS = Funds(balance_micros=1_000_000, committed_rate_micros=0, added_rate_micros=2_000_000,
               required_micros=2_000_000, missing_micros=1_000_000, required_s=3600, enforced=True)
@@ -49,6 +49,7 @@ SAMPLES = [
     InvalidSignupToken(),
     TwoFactorRequired(),
     WrongCode(),
+    WrongPassword(),
     InvalidTransition("node 5", "retired", "active"),
     EmailNotVerified(User(email="renter@example.com")),
     InvalidVerificationLink(),

@@ -7,7 +7,7 @@ from django import forms
 from django.conf import settings
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -19,7 +19,9 @@ from billing.services.customers import profile_for
 from billing.services.profiles import CONNECT_ACCOUNT_ID
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
+from core.api.schema import error_response
 from core.api.scopes import RENTER_ONLY, RENTER_OR_PROVIDER
+from marketplace.models import ApiKey
 from marketplace.money import micros_to_usd, usd_to_micros
 
 # ------------------------------------------------------------------------------------- balance
@@ -225,11 +227,21 @@ class ProfileView(APIView):
         return Response(_profile_data(profile_for(user=request.user)))
 
     @extend_schema(summary="Change your billing settings (payout account, auto top-up)",
-                   request=ProfileSerializer, responses={200: ProfileOutSerializer})
+                   description="A new payout account is e-mailed to your address. Changing it needs an API key: "
+                               "from a browser session, the Payouts page asks for the password.",
+                   request=ProfileSerializer, responses={
+                       200: ProfileOutSerializer,
+                       403: error_response("The payout account asked to change with a browser session, not an API "
+                                           "key; nothing was changed.")})
     def patch(self, request):
         data = ProfileSerializer(data=request.data, context={"request": request}, partial=True)
         data.is_valid(raise_exception=True)
         v = data.validated_data
+        if "stripe_connect_account_id" in v and not isinstance(request.auth, ApiKey):
+            # A browser session alone (a copied cookie) must not redirect the earnings: the Payouts page asks for
+            # the password; an API key was made with it.
+            raise PermissionDenied("Change the payout account on the Payouts page (it asks for your password) or "
+                                   "with an API key; a browser session alone cannot.")
         micros = {name: usd_to_micros(v[name]) for name in ("auto_top_up_threshold", "auto_top_up_amount") if name in v}
         changes = profiles.ProfileChanges(
             stripe_connect_account_id=v.get("stripe_connect_account_id"),
@@ -238,4 +250,5 @@ class ProfileView(APIView):
             auto_top_up_amount_micros=micros.get("auto_top_up_amount"),
             auto_top_up_card_id=v["auto_top_up_card"] if "auto_top_up_card" in v else profiles.KEEP,
         )
-        return Response(_profile_data(profiles.profile_update(user=request.user, changes=changes)))
+        return Response(_profile_data(profiles.profile_update(user=request.user, changes=changes,
+                                                              base_url=request.build_absolute_uri("/"))))

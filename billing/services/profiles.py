@@ -5,6 +5,7 @@ The rules of a profile live here, whoever changes it (the API's PATCH, the payou
 import re
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -14,6 +15,7 @@ from billing.services.top_ups import top_up_bounds
 from core.errors import ValidationFailed
 from marketplace.models import User
 from marketplace.money import usd_text
+from marketplace.services import passwords
 
 # A Stripe Connect account id, or "" for none; the API's schema publishes this pattern and the payouts form uses it.
 CONNECT_ACCOUNT_ID = r"^(acct_[A-Za-z0-9]{1,90})?$"
@@ -48,18 +50,26 @@ class ProfileChanges:
 
 
 @transaction.atomic
-def profile_update(*, user: User, changes: ProfileChanges) -> BillingProfile:
+def profile_update(*, user: User, changes: ProfileChanges, base_url: str = "") -> BillingProfile:
     """Apply the changes; refused (ValidationFailed naming the field, nothing written) when the result breaks a rule.
 
     Auto top-up, when on (switched on now or before), needs a saved card of the user's, an amount within the top-up
-    bounds and a threshold above zero.
+    bounds and a threshold above zero. A new payout account is e-mailed to the account's address (whoever changed
+    it, the owner learns where the earnings go now); `base_url` makes the e-mail's reset link.
     """
     profile = profile_for(user=user)
     profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
     if changes.stripe_connect_account_id is not None:
         if not _CONNECT_ACCOUNT_RE.fullmatch(changes.stripe_connect_account_id):
             raise ValidationFailed(CONNECT_ACCOUNT_MESSAGE, field="stripe_connect_account_id")
-        profile.stripe_connect_account_id = changes.stripe_connect_account_id
+        before, after = profile.stripe_connect_account_id, changes.stripe_connect_account_id
+        if after != before:
+            passwords.security_change_notify(
+                user=user, subject="Your payout account was changed", base_url=base_url,
+                change=(f"The Stripe Connect account your {settings.PLATFORM_NAME} earnings are paid out to was "
+                        f"just changed: from {before or 'none'} to {after or 'none'}"
+                        f"{'' if after else ' (earnings stay on the platform until one is set)'}."))
+        profile.stripe_connect_account_id = after
     if not isinstance(changes.auto_top_up_card_id, _Keep):
         card = None
         if changes.auto_top_up_card_id is not None:

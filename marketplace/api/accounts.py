@@ -3,6 +3,7 @@ from django.contrib.auth import password_validation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -215,12 +216,19 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
 
     @extend_schema(request=ApiKeySerializer, responses={
         201: ApiKeyCreatedSerializer,
+        403: error_response("Asked with a browser session, not an API key: keys are made on the API keys page (it "
+                            "asks for the password) or with POST /api/v1/auth/login/; nothing was made."),
         409: error_response("You hold API_KEYS_PER_USER_MAX keys (50 by default) already: revoke one first; "
                             "nothing was made.")})
     def create(self, request):
+        if not isinstance(request.auth, ApiKey):
+            # A key outlives the session and a password change: a browser session alone (a copied cookie) must not
+            # make one. The API keys page asks for the password; POST /api/v1/auth/login/ takes it.
+            raise PermissionDenied("Make API keys on the API keys page (it asks for your password), with "
+                                   "POST /api/v1/auth/login/ or with an API key; a browser session alone cannot.")
         data = ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        made_with = request.auth if isinstance(request.auth, ApiKey) else None
+        made_with = request.auth
         api_key, raw = svc.api_key_create(user=request.user, **data.validated_data, made_with=made_with)
         api_key.key = raw
         return Response(ApiKeyCreatedSerializer(api_key).data, status=status.HTTP_201_CREATED)

@@ -1,8 +1,9 @@
 """Optional two-factor log-in: a TOTP authenticator app and one-time recovery codes (django-otp devices).
 
 Enrolling makes an unconfirmed TOTP device whose secret the page shows (and as an otpauth:// URI and QR code);
-the first right code confirms it and makes RECOVERY_CODES recovery codes, shown once. From then on a log-in (web,
-API, admin) needs a code after the password. Disabling needs the password and a code.
+the first right code, with the account's password, confirms it and makes RECOVERY_CODES recovery codes, shown
+once. From then on a log-in (web, API, admin) needs a code after the password. Disabling needs the password and a
+code.
 
 Code guessing is behind the log-in lock-out (core/login_throttle.py) with a counter of its own per account
 (`two-factor:<email>`), which a right password does not reset, and the address's counter, shared with passwords;
@@ -10,7 +11,8 @@ django-otp's own per-device throttling (a growing delay after each failure) come
 
 The secret and the recovery codes are stored encrypted (marketplace/models/two_factor.py: django-otp devices of
 the project's own, since django-otp's TOTPDevice and StaticToken keep them readable). Turning two-factor on
-ends every other session of the user (the page that did it keeps its own).
+ends every other session of the user (the page that did it keeps its own), which is why it needs the password as
+turning it off does; either way the address is told by e-mail.
 """
 import base64
 import os
@@ -19,12 +21,14 @@ from io import BytesIO
 
 import qrcode
 import qrcode.image.svg
+from django.conf import settings
 from django.db import transaction
 from django_otp.models import Device
 
 from core.errors import Conflict, ValidationFailed
 from core.login_throttle import login_attempt
 from marketplace.models import AuthenticatorDevice, RecoveryCode, RecoveryCodeDevice, User
+from marketplace.services import passwords
 
 RECOVERY_CODES = 10
 CODE_MAX_LENGTH = 32
@@ -66,12 +70,24 @@ def totp_enrol_restart(*, user: User) -> AuthenticatorDevice:
     return totp_enrol_start(user=user)
 
 
-def totp_enrol_confirm(*, user: User, code: str) -> list[str]:
+class WrongPassword(ValidationFailed):
+    def __init__(self) -> None:
+        super().__init__("Your password was entered incorrectly.", field="password")
+
+
+def totp_enrol_confirm(*, user: User, code: str, password: str, client_address: str | None,
+                       base_url: str = "") -> list[str]:
     """Confirm the unconfirmed authenticator with a code it shows; two-factor is on from now. Returns the new
-    recovery codes (shown once)."""
+    recovery codes (shown once).
+
+    Needs the account's password (behind the log-in lock-out: LoginLocked, WrongPassword): turning it on ends every
+    other session, so a session alone (a copied cookie) must not be able to, which would lock the owner out. The
+    address is told by e-mail."""
     device = totp_pending(user=user)
     if device is None:
         raise ValidationFailed("Start again: there is no authenticator waiting to be confirmed.", field="code")
+    if not passwords.password_check(user=user, password=password, client_address=client_address):
+        raise WrongPassword()
     with transaction.atomic():
         if not device.verify_token(_normalise(code)):
             raise WrongCode()
@@ -80,6 +96,11 @@ def totp_enrol_confirm(*, user: User, code: str) -> list[str]:
         codes = _recovery_codes_make(user)
         # A session someone else holds (a shared computer, a stolen cookie) must not outlive the upgrade.
         user.end_other_sessions()
+        passwords.security_change_notify(
+            user=user, subject="Two-factor log-in was turned on", base_url=base_url,
+            change=(f"Two-factor log-in was just turned on for your {settings.PLATFORM_NAME} account: logging in "
+                    "now needs a code from an authenticator app after the password. Every other browser logged in "
+                    "to it was logged out."))
         return codes
 
 
@@ -129,12 +150,16 @@ def code_check(*, user: User, code: str, client_address: str | None) -> Device:
     raise WrongCode()
 
 
-def two_factor_disable(*, user: User) -> None:
-    """Turn two-factor off: forget the authenticator and the recovery codes. The caller checked the password and
-    a code."""
+def two_factor_disable(*, user: User, base_url: str = "") -> None:
+    """Turn two-factor off: forget the authenticator and the recovery codes, and tell the address by e-mail. The
+    caller checked the password and a code (or is an operator, in the admin)."""
     with transaction.atomic():
         AuthenticatorDevice.objects.filter(user=user).delete()
         RecoveryCodeDevice.objects.filter(user=user).delete()
+        passwords.security_change_notify(
+            user=user, subject="Two-factor log-in was turned off", base_url=base_url,
+            change=(f"Two-factor log-in was just turned off for your {settings.PLATFORM_NAME} account: a password "
+                    "alone logs in to it again."))
 
 
 def secret_base32(device: AuthenticatorDevice) -> str:

@@ -57,6 +57,10 @@ class TwoFactorLoginForm(forms.Form):
 
 
 class TwoFactorConfirmForm(forms.Form):
+    password = forms.CharField(
+        max_length=PASSWORD_MAX_LENGTH, strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+        help_text="Your account's password: turning two-factor on logs out every other browser.")
     code = forms.CharField(
         label="Code from the app", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),

@@ -115,7 +115,7 @@ def ssh_key_delete(request, pk: int):
 @login_required
 @require_http_methods(["GET", "POST"])
 def api_keys(request):
-    form = ApiKeyForm(request.POST or None)
+    form = ApiKeyForm(request.POST or None, user=request.user, request=request)
     created = None
     if request.method == "POST" and form.is_valid():
         days = form.cleaned_data["expires_in_days"]
@@ -128,11 +128,13 @@ def api_keys(request):
         else:
             # Rendered, not redirected: the raw key exists only in this one answer.
             created = {"key": key, "raw": raw}
-            form = ApiKeyForm()
+            form = ApiKeyForm(user=request.user, request=request)
     keys = ApiKey.objects.active().filter(user=request.user)
-    status = 400 if form.errors else 200
+    status = (429 if form.locked else 400) if form.errors else 200
     response = render(request, "marketplace/api_keys.html", {"form": form, "keys": keys, "created": created},
                       status=status)
+    if form.locked:
+        response["Retry-After"] = str(form.locked.retry_after)
     if created:
         response["Cache-Control"] = "no-store"
     return response

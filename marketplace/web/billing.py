@@ -250,20 +250,24 @@ def earnings(request):
 @require_http_methods(["GET", "POST"])
 def payouts_page(request):
     user = request.user
-    form = PayoutAccountForm(request.POST or None,
+    form = PayoutAccountForm(request.POST or None, user=user, request=request,
                              initial={"stripe_connect_account_id": selectors.payout_account(user=user)})
-    if request.method == "POST" and form.is_valid():
+    if request.method == "POST" and form.is_valid():  # the password is checked there (behind the lock-out)
         account_id = form.cleaned_data["stripe_connect_account_id"]
         try:
-            profiles.profile_update(user=user, changes=profiles.ProfileChanges(stripe_connect_account_id=account_id))
+            profiles.profile_update(user=user, changes=profiles.ProfileChanges(stripe_connect_account_id=account_id),
+                                    base_url=request.build_absolute_uri("/"))
         except ApplicationError as exc:
             form_error(form, exc)
         else:
             messages.success(request, "Payout account saved." if account_id
                              else "Payout account removed: earnings stay here until you set one.")
             return redirect("web-payouts")
-    return render(request, "marketplace/payouts.html", {
+    response = render(request, "marketplace/payouts.html", {
         "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form,
         "balance_micros": selectors.earnings_for(user=user).balance_micros,
         "payout_minimum_micros": payouts.payout_minimum_micros(),
-    }, status=400 if form.errors else 200)
+    }, status=(429 if form.locked else 400) if form.errors else 200)
+    if form.locked:
+        response["Retry-After"] = str(form.locked.retry_after)
+    return response

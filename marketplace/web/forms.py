@@ -16,7 +16,7 @@ from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
 from marketplace.models import Image, SshKey, User
-from marketplace.money import usd_text
+from marketplace.money import usd_rate_text
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.validators import (
@@ -27,6 +27,7 @@ from marketplace.validators import (
     validate_instance_keys,
 )
 
+from .account_forms import _LockoutMixin
 from .rent_options import RentOptionsMixin
 from .rent_volumes import RentVolumesMixin
 
@@ -99,7 +100,10 @@ class SignupConfirmForm(forms.Form):
     token = forms.CharField(max_length=SIGNUP_TOKEN_MAX_LENGTH, widget=forms.HiddenInput)
 
 
-class ApiKeyForm(forms.Form):
+class ApiKeyForm(_LockoutMixin, forms.Form):
+    """A key outlives the session and a password change: a session alone (a copied cookie) must not make one, so
+    the password is asked (behind the log-in lock-out), as POST /api/v1/auth/login/ does."""
+
     name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Something to tell your keys apart, e.g. “laptop” or “CI”.")
     scopes = forms.MultipleChoiceField(
@@ -111,6 +115,19 @@ class ApiKeyForm(forms.Form):
         label="Expires", coerce=int, initial=0,
         choices=[(0, "never"), (7, "in 7 days"), (30, "in 30 days"), (90, "in 90 days"), (365, "in a year")],
         help_text="After this the key is refused (401, saying it expired).")
+    password = forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False,
+                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+                               help_text="Your account's password: a key works until it is revoked, even after the "
+                                         "password changes.")
+
+    def __init__(self, *args, user, request, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user, self.request = user, request
+
+    def clean_password(self):
+        password = self.cleaned_data["password"]
+        self._check_password(self.user, password, self.request)
+        return password
 
 
 class _KeyChoices(forms.ModelMultipleChoiceField):
@@ -171,9 +188,9 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
         if not slices:
             return
         memory = {name: p.memory_gb for name, p in profiles_for(node.gpu_model.slug).items()}
-        choices = [("", f"Whole GPUs: {usd_text(node.price_per_gpu_hour_micros)} per GPU-hour, "
+        choices = [("", f"Whole GPUs: {usd_rate_text(node.price_per_gpu_hour_micros)} per GPU-hour, "
                         f"{free_gpus} free")] if free_gpus else []
-        choices += [(profile, f"MIG {profile} slices ({memory.get(profile, '?')} GB each): {usd_text(price)} per "
+        choices += [(profile, f"MIG {profile} slices ({memory.get(profile, '?')} GB each): {usd_rate_text(price)} per "
                               f"slice-hour, {n} free") for profile, n, price in slices]
         self.fields["mig_profile"] = forms.ChoiceField(
             label="What to rent", choices=choices, required=not free_gpus, widget=forms.RadioSelect,

@@ -42,16 +42,23 @@ def security(request):
 @never_cache
 @require_http_methods(["GET", "POST"])
 def two_factor_enable(request):
-    """GET: the secret to add to an app; POST: confirm with the app's code, then the recovery codes, once."""
+    """GET: the secret to add to an app; POST: confirm with the password and the app's code, then the recovery
+    codes, once."""
     try:
         device = svc.totp_enrol_start(user=request.user)
     except ApplicationError as exc:
         messages.info(request, exc.message)
         return redirect("account-security")
     form = TwoFactorConfirmForm(request.POST or None)
+    locked = None
     if request.method == "POST" and form.is_valid():
         try:
-            codes = svc.totp_enrol_confirm(user=request.user, code=form.cleaned_data["code"])
+            codes = svc.totp_enrol_confirm(user=request.user, code=form.cleaned_data["code"],
+                                           password=form.cleaned_data["password"], client_address=client_ip(request),
+                                           base_url=request.build_absolute_uri("/"))
+        except LoginLocked as exc:
+            locked = exc
+            form.add_error(None, lockout_message(exc))
         except ApplicationError as exc:
             form_error(form, exc, default_field="code")
         else:
@@ -59,9 +66,12 @@ def two_factor_enable(request):
             otp_login(request, device)
             return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": True}))
     uri = device.config_url
-    return _no_store(render(request, "marketplace/two_factor_enable.html", {
+    response = _no_store(render(request, "marketplace/two_factor_enable.html", {
         "form": form, "secret": svc.secret_base32(device), "uri": uri, "qr_svg": svc.qr_svg(uri),
-    }, status=400 if form.errors else 200))
+    }, status=(429 if locked else 400) if form.errors else 200))
+    if locked:
+        response["Retry-After"] = str(locked.retry_after)
+    return response
 
 
 @login_required
@@ -94,7 +104,7 @@ def two_factor_disable(request):
         return redirect("account-security")
     form = TwoFactorDisableForm(request.POST or None, user=request.user, request=request)
     if request.method == "POST" and form.is_valid():
-        svc.two_factor_disable(user=request.user)
+        svc.two_factor_disable(user=request.user, base_url=request.build_absolute_uri("/"))
         messages.success(request, "Two-factor log-in is off: a password alone logs in to your account again.")
         return redirect("account-security")
     response = render(request, "marketplace/two_factor_disable.html", {"form": form},

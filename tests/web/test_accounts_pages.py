@@ -10,7 +10,7 @@ from django.test import Client
 from marketplace.models import ApiKey, SshKey, User
 from marketplace.services.accounts import api_key_create, hash_api_key
 from tests.marketplace.renting_helpers import add_key, ed25519_key
-from tests.web.conftest import logged_in
+from tests.web.conftest import PASSWORD, logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -132,7 +132,8 @@ def test_ssh_key_form_needs_csrf(csrf_web):
 # ------------------------------------------------------------------------------------------- API keys
 
 def test_api_key_is_shown_once_and_its_hash_never(web, renter):
-    r = web.post("/account/api-keys/", {"name": "ci", "scopes": ["read", "renter", "provider"], "expires_in_days": 0})
+    r = web.post("/account/api-keys/", {"name": "ci", "scopes": ["read", "renter", "provider"], "expires_in_days": 0,
+                                          "password": PASSWORD})
     page = r.content.decode()
     raw = re.search(r'id="new-key">([^<]+)<', page).group(1)
     key = ApiKey.objects.get(user=renter, name="ci")

@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from marketplace.models import ApiKey
 from marketplace.services.accounts import api_key_create
+from tests.web.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +23,8 @@ def test_the_form_offers_the_scopes_all_ticked_and_expiry_never(web):
 
 
 def test_a_read_only_key_that_expires_is_made_and_works_as_such(web, renter):
-    r = web.post(PAGE, {"name": "dashboards", "scopes": ["read"], "expires_in_days": "30"})
+    r = web.post(PAGE, {"name": "dashboards", "scopes": ["read"], "expires_in_days": "30",
+                         "password": PASSWORD})
     assert r.status_code == 200
     raw = re.search(r'id="new-key">([^<]+)<', r.content.decode()).group(1)
     key = ApiKey.objects.get(user=renter, name="dashboards")
@@ -46,9 +48,15 @@ def test_expired_keys_are_marked(web, renter):
 
 
 @pytest.mark.parametrize(("data", "field", "text"), [
-    ({"name": "x", "expires_in_days": "0"}, "scopes", "Choose at least one scope."),
-    ({"name": "x", "scopes": ["admin"], "expires_in_days": "0"}, "scopes", "Select a valid choice."),
-    ({"name": "x", "scopes": ["read"], "expires_in_days": "12"}, "expires_in_days", "Select a valid choice."),
+    ({"name": "x", "expires_in_days": "0", "password": PASSWORD}, "scopes", "Choose at least one scope."),
+    ({"name": "x", "scopes": ["admin"], "expires_in_days": "0", "password": PASSWORD}, "scopes",
+     "Select a valid choice."),
+    ({"name": "x", "scopes": ["read"], "expires_in_days": "12", "password": PASSWORD}, "expires_in_days",
+     "Select a valid choice."),
+    # A session alone (a copied cookie) makes no key: the password is asked, behind the log-in lock-out
+    ({"name": "x", "scopes": ["read"], "expires_in_days": "0"}, "password", "This field is required."),
+    ({"name": "x", "scopes": ["read"], "expires_in_days": "0", "password": "not it"}, "password",
+     "Your password was entered incorrectly."),
 ])
 def test_form_errors_are_a_400_on_the_field_and_make_no_key(web, renter, data, field, text):
     r = web.post(PAGE, data)

@@ -14,7 +14,7 @@ from billing.services.metering import usage_close
 from marketplace.models import Instance
 from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import book, run
-from tests.web.conftest import fund, logged_in
+from tests.web.conftest import PASSWORD, fund, logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -311,7 +311,13 @@ def test_payouts_list_the_providers_own_and_the_account_form_keeps_bad_input(web
     page = r.content.decode()
     assert r.status_code == 400 and 'id="id_stripe_connect_account_id_errors"' in page and 'value="acct_bad!"' in page
     assert not BillingProfile.objects.filter(user=renter).exclude(stripe_connect_account_id="").exists()
-    assert web.post("/payouts/", {"stripe_connect_account_id": "acct_1Test"}).status_code == 302
+    # Where the earnings go needs the password (a session alone, a copied cookie, must not redirect them)
+    no = web.post("/payouts/", {"stripe_connect_account_id": "acct_1Test"})
+    assert no.status_code == 400 and 'id="id_password_errors"' in no.content.decode()
+    no = web.post("/payouts/", {"stripe_connect_account_id": "acct_1Test", "password": "not it"})
+    assert no.status_code == 400 and "password was entered incorrectly" in no.content.decode()
+    assert not BillingProfile.objects.filter(user=renter).exclude(stripe_connect_account_id="").exists()
+    assert web.post("/payouts/", {"stripe_connect_account_id": "acct_1Test", "password": PASSWORD}).status_code == 302
     assert BillingProfile.objects.get(user=renter).stripe_connect_account_id == "acct_1Test"
     assert 'value="acct_1Test"' in web.get("/payouts/").content.decode()
     from billing.models import AccountKind

@@ -177,6 +177,7 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     shot(page, "ssh-keys")
     page.goto(f"{base}/account/api-keys/")
     page.get_by_label("Name").fill("scripts")
+    page.get_by_label("Password").fill("a long passphrase 42")  # the password it signed up with
     page.get_by_role("button", name="Create key").click()
     assert page.locator("#new-key").inner_text().startswith("gpm_")
     shot(page, "api-keys")

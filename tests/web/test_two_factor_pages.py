@@ -35,7 +35,7 @@ def code_now(user) -> str:
 
 def enrol(user) -> list[str]:
     two_factor.totp_enrol_start(user=user)
-    return two_factor.totp_enrol_confirm(user=user, code=code_now(user))
+    return two_factor.totp_enrol_confirm(user=user, code=code_now(user), password=PASSWORD, client_address=None)
 
 
 def password_step(client, user, **extra):
@@ -56,12 +56,17 @@ def test_enrol_shows_the_secret_uri_and_qr_then_the_recovery_codes_once(web, ren
     assert "<svg" in html and "<path" in html
     assert f'id="totp-secret" class="mono">{secret}<' in web.get(ENABLE).content.decode()  # kept until confirmed
 
-    wrong = web.post(ENABLE, {"code": "000000"})
+    wrong = web.post(ENABLE, {"password": PASSWORD, "code": "000000"})
     assert wrong.status_code == 400 and "not right" in wrong.content.decode()
-    assert web.post(ENABLE, {"code": ""}).status_code == 400
+    assert web.post(ENABLE, {"password": PASSWORD, "code": ""}).status_code == 400
+    # The right code without the password (a session alone, e.g. a copied cookie, must not turn it on: that ends
+    # every other session and would lock the owner out)
+    assert web.post(ENABLE, {"code": code_now(renter)}).status_code == 400
+    no = web.post(ENABLE, {"password": "not it", "code": code_now(renter)})
+    assert no.status_code == 400 and "password was entered incorrectly" in no.content.decode()
     assert not two_factor.two_factor_enabled(user=renter)
 
-    done = web.post(ENABLE, {"code": code_now(renter)})
+    done = web.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)})
     codes = re.findall(r"<li>([a-z0-9]+)</li>", done.content.decode())
     assert done.status_code == 200 and len(codes) == two_factor.RECOVERY_CODES and "no-store" in done["Cache-Control"]
     assert two_factor.two_factor_enabled(user=renter)
@@ -74,7 +79,7 @@ def test_turning_it_on_keeps_this_session_and_ends_the_others(renter):
     here, elsewhere, untouched = logged_in(renter), logged_in(renter), logged_in(UserFactory())
     assert is_logged_in(elsewhere)
     here.get(ENABLE)
-    assert here.post(ENABLE, {"code": code_now(renter)}).status_code == 200
+    assert here.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)}).status_code == 200
     assert is_logged_in(here) and not is_logged_in(elsewhere) and is_logged_in(untouched)
     # The session that ended logs in again as any other: password, then code.
     assert password_step(elsewhere, renter)["Location"] == CODE
@@ -84,7 +89,7 @@ def test_turning_it_on_keeps_this_session_and_ends_the_others(renter):
 def test_after_it_a_password_change_still_keeps_this_session_and_ends_the_others(renter):
     here = logged_in(renter)
     here.get(ENABLE)
-    here.post(ENABLE, {"code": code_now(renter)})
+    here.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)})
     elsewhere = logged_in(renter)  # logged in after two-factor went on
     new = "a brand new passphrase 7"
     r = here.post("/account/password/", {"old_password": PASSWORD, "new_password1": new, "new_password2": new})
@@ -94,7 +99,7 @@ def test_after_it_a_password_change_still_keeps_this_session_and_ends_the_others
 def test_a_wrong_code_ends_no_session(renter):
     here, elsewhere = logged_in(renter), logged_in(renter)
     here.get(ENABLE)
-    assert here.post(ENABLE, {"code": "000000"}).status_code == 400
+    assert here.post(ENABLE, {"password": PASSWORD, "code": "000000"}).status_code == 400
     assert is_logged_in(here) and is_logged_in(elsewhere)
 
 

@@ -1,0 +1,75 @@
+"""What a browser session alone (a copied cookie) cannot do, and what the account's address is told.
+
+Making an API key outlives the session and a password change; a new payout account redirects the earnings;
+turning two-factor on ends every other session (the owner's own, locking them out). Each needs the password (the
+pages) or an API key (the API), and a change of the payout account or of two-factor is e-mailed to the address.
+"""
+import pytest
+from django_otp.oath import totp
+from rest_framework.test import APIClient
+
+from billing.services import profiles
+from marketplace.models import ApiKey
+from marketplace.services import two_factor
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct horse battery staple"  # tests.factories.UserFactory's
+KEYS = "/api/v1/api-keys/"
+PROFILE = "/api/v1/billing/profile/"
+
+
+def _session(user) -> APIClient:
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def test_a_browser_session_alone_makes_no_api_key(user, api):
+    refused = _session(user).post(KEYS, {"name": "from a cookie"}, format="json")
+    assert refused.status_code == 403 and "browser session alone cannot" in refused.json()["detail"]
+    assert not ApiKey.objects.filter(user=user, name="from a cookie").exists()
+    made = api.post(KEYS, {"name": "from a key"}, format="json")  # an API key may make another (as before)
+    assert made.status_code == 201 and made.json()["key"]
+
+
+def test_the_payout_account_is_changed_with_a_key_only_and_told_by_e_mail(user, api, mailoutbox,
+                                                                         django_capture_on_commit_callbacks):
+    refused = _session(user).patch(PROFILE, {"stripe_connect_account_id": "acct_thief"}, format="json")
+    assert refused.status_code == 403 and "Payouts page" in refused.json()["detail"]
+    assert api.get(PROFILE).json()["stripe_connect_account_id"] == "" and not mailoutbox
+    # Other settings stay open to the session (auto top-up and the like): only where the money goes is guarded.
+    assert _session(user).patch(PROFILE, {}, format="json").status_code == 200
+
+    with django_capture_on_commit_callbacks(execute=True):
+        done = api.patch(PROFILE, {"stripe_connect_account_id": "acct_mine"}, format="json")
+    assert done.status_code == 200 and done.json()["stripe_connect_account_id"] == "acct_mine"
+    (mail,) = mailoutbox
+    assert mail.to == [user.email] and mail.subject.endswith("Your payout account was changed")
+    assert "from none to acct_mine" in mail.body and "reset your password" in mail.body
+    with django_capture_on_commit_callbacks(execute=True):  # the same account again: nothing changed, no e-mail
+        profiles.profile_update(user=user, changes=profiles.ProfileChanges(stripe_connect_account_id="acct_mine"))
+    assert len(mailoutbox) == 1
+
+
+def test_two_factor_is_turned_on_with_the_password_and_told_by_e_mail(mailoutbox,
+                                                                       django_capture_on_commit_callbacks):
+    user = UserFactory()
+    device = two_factor.totp_enrol_start(user=user)
+    with pytest.raises(two_factor.WrongPassword):
+        two_factor.totp_enrol_confirm(user=user, code=f"{totp(device.bin_key):06d}", password="not it",
+                                      client_address=None)
+    assert not two_factor.two_factor_enabled(user=user) and not mailoutbox
+
+    with django_capture_on_commit_callbacks(execute=True):
+        codes = two_factor.totp_enrol_confirm(user=user, code=f"{totp(device.bin_key):06d}", password=PASSWORD,
+                                              client_address=None, base_url="https://gpu.example/")
+    assert two_factor.two_factor_enabled(user=user) and len(codes) == two_factor.RECOVERY_CODES
+    (on,) = mailoutbox
+    assert on.subject.endswith("Two-factor log-in was turned on") and "https://gpu.example/" in on.body
+
+    with django_capture_on_commit_callbacks(execute=True):
+        two_factor.two_factor_disable(user=user)
+    assert not two_factor.two_factor_enabled(user=user)
+    assert mailoutbox[-1].subject.endswith("Two-factor log-in was turned off") and len(mailoutbox) == 2
