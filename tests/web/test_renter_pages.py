@@ -203,6 +203,20 @@ def test_rent_without_funds_says_so(web, renter, fleet, settings):
     assert not Instance.objects.exists()
 
 
+def test_prices_per_gpu_hour_show_every_decimal_and_agree_with_the_sum(web, funded_renter, client):
+    """$1.504 per GPU-hour showed as $1.50, and the estimate "2 GPUs × $1.50 = $3.01": the price that is charged
+    and filtered on is shown as it is; balances stay in cents."""
+    node = make_listed_node(price="1.504000", gpu_count=4)
+    offers = client.get("/offers/").content.decode()
+    assert "$1.504" in offers and "$1.50<" not in offers
+    page = web.get(f"/offers/{node.pk}/rent/?num_gpus=2").content.decode()
+    assert "$1.504 per GPU-hour" in page
+    r = web.post(f"/offers/{node.pk}/rent/", {"image": "cuda-12-4", "num_gpus": "2", "ssh_public_key": "bad",
+                                              "request_token": "t"})
+    text = " ".join(re.sub(r"<[^>]+>", " ", r.content.decode()).split())
+    assert r.status_code == 400 and "2 GPUs × $1.504 per GPU-hour = $3.008 per hour" in text, text
+
+
 def test_a_refused_booking_saves_no_pasted_key(web, renter, fleet, settings):
     """"Also save this key" saved it before booking: a booking refused (no funds here) left a saved key behind."""
     settings.BILLING_REQUIRE_FUNDS = True
