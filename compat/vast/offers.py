@@ -41,6 +41,8 @@ def offer_of(ask_id: int) -> tuple[int, int]:
 
 
 def usd(micros: int) -> float:
+    """Integer micro-dollars as the JSON number Vast sends. Sums and products are taken in micros, then converted
+    once: $0.10 × 3 as floats is 0.30000000000000004, which `dph_total<=0.3` would not match."""
     return float(micros_to_usd(micros))
 
 
@@ -72,7 +74,7 @@ def host_fields(node: dict[str, Any]) -> dict[str, Any]:
 def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
     """The offers of one node of offers_search, given as its NODE_VALUES."""
     pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
-    per_gpu = usd(node["price_per_gpu_hour_micros"])
+    per_gpu_micros = node["price_per_gpu_hour_micros"]
     medians = (node["benchmark_summary"] or {}).get("median_per_gpu") or {}
     common = {
         "machine_id": pk, "gpu_name": node["gpu_model__name"], "gpu_ram": memory_mib,
@@ -82,8 +84,8 @@ def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
         "rentable": True, "rented": False, "external": False, "runtime": node["runtime"], **host_fields(node),
     }
     return [
-        {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n,
-         "gpu_total_ram": memory_mib * n, "dph_total": per_gpu * n, "dph_base": per_gpu * n, **common}
+        {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n, "gpu_total_ram": memory_mib * n,
+         "dph_total": usd(per_gpu_micros * n), "dph_base": usd(per_gpu_micros * n), **common}
         for n in range(1, node["num_gpus_free"] + 1)
     ]
 

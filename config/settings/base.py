@@ -158,6 +158,10 @@ PASSWORD_RESET_EMAIL_WINDOW_S = env_int("PASSWORD_RESET_EMAIL_WINDOW_S", 3600)
 API_KEYS_PER_USER_MAX = env_int("API_KEYS_PER_USER_MAX", 50)
 # Two-factor log-in (optional, per user): the code step must follow the password within this many seconds.
 TWO_FACTOR_LOGIN_TIMEOUT_S = env_int("TWO_FACTOR_LOGIN_TIMEOUT_S", 300)
+# The Vast.ai-compatible API (compat/vast): an identical `create instance` (same user, offer id and body) within
+# this many seconds of the first, while its instance is live, answers that instance instead of booking another
+# (the vastai client re-sends a create up to 3 times, each after up to 120 s). docs/vast-cli.md.
+COMPAT_CREATE_REPLAY_WINDOW_S = env_int("COMPAT_CREATE_REPLAY_WINDOW_S", 600)
 
 AUTH_USER_MODEL = "marketplace.User"
 AUTH_PASSWORD_VALIDATORS = [

@@ -13,6 +13,9 @@ Every API view declares `api_scope`, one of:
   writing needs a scope other than `read`;
 - a tuple of scopes: the view is for holders of one of them (reads are open to `read` too).
 
+A view whose POST only reads (a search sent as a POST by its protocol, as Vast.ai's offer search is) declares it
+with `api_read_methods = frozenset({"POST"})`: those methods then count as reads here, so a `read` key may use them.
+
 The check runs in the API key authentication (marketplace/api/authentication.py): a key authenticates a request
 only for what its scopes allow, so no view can forget it. Logged-in browser sessions are not scoped.
 """
@@ -44,10 +47,17 @@ def is_rule(rule: object) -> bool:
     return isinstance(rule, tuple) and bool(rule) and all(s in (RENTER, PROVIDER) for s in rule)
 
 
-def missing_scopes(*, scopes: Iterable[str], rule: object, method: str) -> tuple[str, ...]:
-    """The scopes of which the key needs one for `method` on a view with `rule`; () when it may go ahead."""
+def read_methods_of(view: object) -> frozenset[str]:
+    """The methods a view declares to be reads besides the safe ones (`api_read_methods`), upper-cased."""
+    return frozenset(m.upper() for m in getattr(view, "api_read_methods", ()))
+
+
+def missing_scopes(*, scopes: Iterable[str], rule: object, method: str,
+                   read_methods: Iterable[str] = ()) -> tuple[str, ...]:
+    """The scopes of which the key needs one for `method` on a view with `rule`; () when it may go ahead.
+    `read_methods`: the view's methods that only read (read_methods_of), allowed as the safe ones are."""
     held = set(scopes)
-    safe = method.upper() in SAFE_METHODS
+    safe = method.upper() in SAFE_METHODS or method.upper() in read_methods
     if rule in (PUBLIC, ANY):
         if safe or held - {READ}:
             return ()

@@ -8,7 +8,7 @@ the scope.
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from core.api.scopes import ALL_SCOPES, SCOPE_LABELS, is_rule, missing_scopes, refusal
+from core.api.scopes import ALL_SCOPES, SCOPE_LABELS, is_rule, missing_scopes, read_methods_of, refusal
 from marketplace.services.accounts import ApiKeyExpired, api_key_authenticate
 
 
@@ -42,7 +42,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not is_rule(rule):  # tests/marketplace/test_api_scopes.py makes every API view declare one
             raise exceptions.PermissionDenied("This endpoint declares no API key scope: only a logged-in browser "
                                               "session may use it.")
-        missing = missing_scopes(scopes=api_key.scopes, rule=rule, method=request.method)
+        missing = missing_scopes(scopes=api_key.scopes, rule=rule, method=request.method,
+                                 read_methods=read_methods_of(view))
         if missing:
             raise exceptions.PermissionDenied(refusal(scopes=api_key.scopes, method=request.method, missing=missing))
 

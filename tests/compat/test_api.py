@@ -180,6 +180,11 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
     ({"image": "cuda-12-4\x1b"}, 400, "Control characters are not allowed."),
     ({"image": "x" * 600}, 400, "at most 512 characters"),
     ({"disk": 10**400}, 400, "needs 20 to"),  # math.isfinite raised OverflowError
+    # Not a string: `runtype not in {...}` was a TypeError (a 500) for a list or an object
+    ({"runtype": ["ssh"]}, 400, "Only SSH instances"),
+    ({"runtype": {"a": 1}}, 400, "Only SSH instances"),
+    # 0 is asked for, not "unset" (0 == False in Python let `--bid_price 0` through as on-demand)
+    ({"price": 0}, 400, "interruptible"),
 ])
 def test_create_instance_bad_input(api, market, body, status, words):
     _, a6000, _ = market
@@ -216,8 +221,13 @@ def test_create_instance_needs_a_key_an_offer_and_a_key_holder(api, anon, market
     assert r.status_code == 400 and "no SSH key" in msg(r)
     add_key(api.user)
     assert _create(api, a6000.pk * 100).status_code == 404  # no offer has 0 GPUs
-    r = _create(api, a6000.pk * 100 + 4)  # the node has 3
-    assert r.status_code == 400 and "ask for 1 to 3" in msg(r)
+    # The node has 3 GPUs: the id names an offer that is not there, in the terms a vastai user has (no count to
+    # change), not the booking's "ask for 1 to 3".
+    r = _create(api, a6000.pk * 100 + 4)
+    assert r.status_code == 404 and msg(r) == (f"There is no offer {a6000.pk * 100 + 4}: its machine has fewer "
+                                               "than 4 GPUs. Take an id from `vastai search offers`.")
+    r = _create(api, 9999999 * 100 + 1)  # no such node: the offer id typed, not the node id
+    assert r.status_code == 404 and msg(r) == "There is no offer 999999901: take an id from `vastai search offers`."
     r = _create(anon, a6000.pk * 100 + 1)
     assert r.status_code == 401 and msg(r)
     r = anon.put(f"{V0}/asks/{a6000.pk * 100 + 1}/", {}, format="json", HTTP_AUTHORIZATION="Bearer nope")
@@ -247,7 +257,9 @@ def test_show_instance_and_instances(api, market):
     assert empty.json()["instances"] == []
     for params, words in [({"select_filters": "{"}, "JSON"), ({"select_filters": '{"secret": {"eq": 1}}'},
                                                                "Cannot filter"),
-                          ({"order_by": '[{"col": "x"}]'}, "order_by"), ({"limit": "99"}, "limit")]:
+                          ({"order_by": '[{"col": "x"}]'}, "order_by"), ({"limit": "99"}, "limit"),
+                          # a column that is no string (a list: a TypeError of `in` on a set, a 500)
+                          ({"order_by": '[{"col": ["id"]}]'}, "order_by")]:
         bad = api.get("/compat/vast/api/v1/instances/", params)
         assert bad.status_code == 400 and words in msg(bad)
 
@@ -369,6 +381,8 @@ def test_machines_bad_input_and_ownership(client_for, other_api, anon, market):
                         ({"machine": a6000.pk, "price_gpu": "cheap"}, "price_gpu"),
                         ({"machine": a6000.pk, "price_disk": 0.1}, "price_disk (-s) is not offered"),
                         ({"machine": a6000.pk, "min_chunk": 2}, "min_chunk"),
+                        ({"machine": a6000.pk, "min_chunk": True}, "min_chunk"),  # True == 1 in Python
+                        ({"machine": a6000.pk, "min_chunk": 1.0}, "min_chunk"),
                         ({"machine": "x"}, "machine id")]:
         r = host.put(url, body, format="json")
         assert r.status_code == 400 and words in msg(r)
@@ -385,3 +399,26 @@ def test_what_is_not_offered_is_a_json_404(api, anon):
     for r in [api.put(f"{V0}/instances/reboot/1/", {}, format="json"), anon.get("/compat/vast/nothing"),
               api.post(f"{V0}/machines/1/force_delete/")]:
         assert r.status_code == 404 and "not part of this platform" in msg(r)
+
+
+def test_offer_prices_are_summed_in_micros_not_floats(anon, db):
+    """$0.10 x 3 as floats is 0.30000000000000004, which `dph_total<=0.3` did not match."""
+    node = make_listed_node(gpu_model="rtx-a4000", gpu_count=3, price="0.100000")
+    three = node.pk * 100 + 3
+    offers = search(anon, dph_total={"lte": 0.3})
+    assert three in [o["id"] for o in offers.json()["offers"]]
+    assert next(o for o in offers.json()["offers"] if o["id"] == three)["dph_total"] == 0.3
+
+
+def test_a_mig_instance_and_machine_say_the_slice(api, client_for, db):
+    """An instance of MIG slices names the slice profile and its memory, not the whole card's; a GPU split into
+    slices shows occupied in its machine's occupancy while one of its slices is rented."""
+    from tests.marketplace.mig_helpers import make_mig_node
+
+    node = make_mig_node({0: ["3g.40gb", "3g.40gb"]}, gpu_count=2)
+    instance = run(book(api.user, node, num_gpus=1, mig_profile="3g.40gb"))
+    row = api.get(f"{V0}/instances/{instance.pk}/").json()["instances"]
+    assert row["gpu_name"] == "A100 80GB SXM MIG 3g.40gb" and row["mig_profile"] == "3g.40gb"
+    assert 0 < row["gpu_ram"] < node.gpu_model.memory_mib and row["gpu_totalram"] == row["gpu_ram"]
+    machine = client_for(node.provider).get(f"{V0}/machines/{node.pk}?owner=me").json()[0]
+    assert machine["gpu_occupancy"] == "R _"

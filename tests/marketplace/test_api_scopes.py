@@ -8,12 +8,12 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.utils import timezone
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
-from core.api.scopes import ALL_SCOPES, ANY, PROVIDER, PUBLIC, READ, RENTER, is_rule
+from core.api.scopes import ALL_SCOPES, ANY, PROVIDER, PUBLIC, READ, RENTER, is_rule, read_methods_of
 from marketplace.models import ApiKey
 from marketplace.services.accounts import api_key_create
 from tests.factories import UserFactory
@@ -89,8 +89,12 @@ def _scoped_routes():
 @pytest.mark.parametrize(("path", "rule"), list(_scoped_routes()))
 def test_a_read_only_key_cannot_write_anywhere(path, rule):
     client = _client(_key(UserFactory(), [READ]))
+    reads = read_methods_of(getattr(resolve(path).func, "cls", None))  # a POST that only reads (Vast search)
     for method in ("post", "put", "patch", "delete"):
         r = getattr(client, method)(path, {}, format="json")
+        if method.upper() in reads:
+            assert r.status_code != 403, (method, path, r.content[:300])
+            continue
         assert r.status_code == 403, (method, path, r.status_code, r.content[:300])
         body = r.json()
         text = body.get("detail") or body.get("msg")

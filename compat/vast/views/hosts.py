@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from core.api.scopes import PROVIDER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace import selectors
-from marketplace.models import Node
+from marketplace.models import GpuStatus, Node, SliceStatus
 from marketplace.services import nodes as node_svc
 from marketplace.validators import PRICE_LIMITS
 
@@ -17,12 +17,15 @@ from .base import VastView, _body, _refuse_unknown, _user
 
 
 def machine_row(node: Node) -> dict[str, Any]:
+    # A GPU split into MIG slices (status `mig`) is occupied when one of its slices is rented.
+    slices_rented = {s.gpu_id for s in node.mig_slices.all() if s.status == SliceStatus.RENTED}
     return {
         "id": node.pk, "machine_id": node.pk, "hostname": node.name, "num_gpus": node.gpu_count,
         "gpu_name": node.gpu_model.name, "gpu_ram": node.gpu_model.memory_mib, "public_ipaddr": node.address,
         "geolocation": str(node.country) or None, "reliability2": node.reliability, "verification": node.verdict,
         "state": node.state, "listed": node.listed, "listed_gpu_cost": offers.usd(node.price_per_gpu_hour_micros),
-        "gpu_occupancy": " ".join("R" if gpu.status == "rented" else "_" for gpu in node.gpus.all()),
+        "gpu_occupancy": " ".join("R" if gpu.status == GpuStatus.RENTED or gpu.pk in slices_rented else "_"
+                                  for gpu in node.gpus.all()),
     }
 
 
@@ -73,7 +76,9 @@ class MachineListView(VastView):
             if body.get(name) is not None:
                 raise ValidationFailed(f"{name} ({flag}) is not offered here: a node has one price, per GPU-hour.",
                                        field=name)
-        if body.get("min_chunk") not in (None, 1):
+        min_chunk = body.get("min_chunk")
+        # By type: True and 1.0 equal 1 in Python, and neither is a GPU count.
+        if min_chunk is not None and (type(min_chunk) is not int or min_chunk != 1):
             raise ValidationFailed("Renters book any number of a node's GPUs here: min_chunk is 1.",
                                    field="min_chunk")
         node = _own_node(request, body.get("machine"))

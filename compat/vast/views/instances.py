@@ -11,15 +11,17 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.parsers import TOO_DEEP, TooDeep, loads
 from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
+from marketplace.mig import profiles_for
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.instances import options as opts
 
-from .. import offers, query
+from .. import booking, offers, query
 from .base import VastView, _body, _epoch, _label, _refuse_unknown, _user
 
 S = InstanceStatus
@@ -36,18 +38,31 @@ INTENDED_STATUS: dict[str, str] = {
 
 
 
+def _gpu_name_and_ram(instance: Instance) -> tuple[str, int | None]:
+    """Vast's `gpu_name` and `gpu_ram` (MiB per GPU) of the instance. A MIG instance's "GPUs" are slices: the
+    profile is named after the model ("A100 80GB SXM MIG 1g.10gb", what `show instances` prints as Model) and the
+    memory is the slice's share of the card (marketplace.mig), not the whole card's."""
+    model = instance.gpu_model
+    if not instance.mig_profile:
+        return model.name, model.memory_mib
+    profile = profiles_for(model.slug).get(instance.mig_profile)
+    return f"{model.name} MIG {instance.mig_profile}", profile.memory_mib(model.memory_mib) if profile else None
+
+
 def instance_row(instance: Instance) -> dict[str, Any]:
     node = instance.node
     running = instance.status == S.RUNNING
     message = instance.status_message
+    gpu_name, gpu_ram = _gpu_name_and_ram(instance)
     return {
         "id": instance.pk, "machine_id": instance.node_id,
         "actual_status": ACTUAL_STATUS.get(instance.status, "exited"),
         "intended_status": INTENDED_STATUS.get(instance.status, "running"),
         "cur_state": "running" if running else "stopped",
         "status_msg": f"{instance.status}: {message}" if message else instance.status,
-        "num_gpus": instance.num_gpus, "gpu_name": instance.gpu_model.name, "gpu_ram": instance.gpu_model.memory_mib,
-        "gpu_totalram": instance.gpu_model.memory_mib * instance.num_gpus,
+        "num_gpus": instance.num_gpus, "gpu_name": gpu_name, "gpu_ram": gpu_ram,
+        "gpu_totalram": gpu_ram * instance.num_gpus if gpu_ram is not None else None,
+        "mig_profile": instance.mig_profile or None,
         "disk_space": instance.disk_gb, "image_uuid": instance.image_name, "image_runtype": "ssh",
         "label": instance.label or None,
         "extra_env": [[name, instance_svc.ENV_VALUE_MASK] for name in instance.env_names],  # values never shown
@@ -135,8 +150,9 @@ class InstanceListView(VastView):
             raise ValidationFailed("`order_by` is [{\"col\": ..., \"dir\": \"asc\"|\"desc\"}].", field="order_by")
         order = []
         for item in order_by:
-            if not isinstance(item, dict) or item.get("col") not in INSTANCE_COLUMNS \
-                    or item.get("dir", "asc") not in ("asc", "desc"):
+            # isinstance before `in`: a list or an object is no key of the set (a TypeError, a 500).
+            if not isinstance(item, dict) or not isinstance(item.get("col"), str) \
+                    or item["col"] not in INSTANCE_COLUMNS or item.get("dir", "asc") not in ("asc", "desc"):
                 raise ValidationFailed(f"`order_by` is [{{\"col\": COLUMN, \"dir\": \"asc\"|\"desc\"}}], columns: "
                                        f"{', '.join(sorted(INSTANCE_COLUMNS))}.", field="order_by")
             order.append((item["col"], item.get("dir") == "desc"))
@@ -286,22 +302,51 @@ def _disk(value: Any) -> int | None:
     return math.ceil(value)
 
 
+def _unset(value: Any, unset: Any) -> bool:
+    """Whether a create option means "not asked for": by identity and type, so that 0 (`--bid_price 0`, `args: 0`)
+    is not taken for False (0 == False in Python)."""
+    if value is None or value is unset:
+        return True
+    if isinstance(value, str | list | dict):
+        return not value
+    return value is False
+
+
+def _offer_refusal(exc: ValidationFailed, ask_id: int, num_gpus: int) -> ValidationFailed | NotFound:
+    """The booking's refusals that name the node and a GPU count, in the terms a vastai user has: the offer id
+    they typed (its GPU count is fixed by the id)."""
+    if exc.field == "offer":
+        return NotFound(f"There is no offer {ask_id}: take an id from `vastai search offers`.", field="id")
+    if exc.field == "num_gpus":
+        return NotFound(f"There is no offer {ask_id}: its machine has fewer than {num_gpus} GPUs. Take an id from "
+                        "`vastai search offers`.", field="id")
+    return exc
+
+
 class OfferCreateView(VastView):
-    """PUT /api/v0/asks/ID/: `vastai create instance ID --image ... --disk ... --ssh`."""
+    """PUT /api/v0/asks/ID/: `vastai create instance ID --image ... --disk ... --ssh`. A retry of the same create
+    answers the instance it made (compat.vast.booking)."""
 
     api_scope = RENTER_ONLY  # core/api/scopes.py
 
     def put(self, request, ask_id: int):
         email_verified_required(user=request.user)  # said first: no other fix helps before it
         body = _body(request)
+        idempotency_key, _ = idempotency_key_of(request)
+        fingerprint = booking.create_fingerprint(ask_id=ask_id, body=body)
+        # A retry gets what the first request made, even if its input would not validate now (keys deleted...).
+        earlier = booking.ask_replayed(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key)
+        if earlier is not None:
+            return Response({"success": True, "new_contract": earlier.pk})
         _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED | _CREATE_MAPPED)
         for name, (unset, what) in _CREATE_UNSET.items():
-            if body.get(name, unset) not in (unset, None, "", {}, [], False):
+            if not _unset(body.get(name), unset):
                 raise ValidationFailed(f"This platform does not offer {what}: an instance is a VM you reach by SSH.",
                                        field=name)
         runtype = body.get("runtype")
-        if runtype is not None and runtype not in SSH_RUNTYPES:
-            raise ValidationFailed(f"Only SSH instances (--ssh) are offered, not runtype {runtype!r}.",
+        # isinstance first: a list or an object is no key of the set (a TypeError, a 500).
+        if runtype is not None and (not isinstance(runtype, str) or runtype not in SSH_RUNTYPES):
+            raise ValidationFailed(f"Only SSH instances (--ssh) are offered, not runtype {repr(runtype)[:40]}.",
                                    field="runtype")
         node_id, num_gpus = offers.offer_of(ask_id)
         image, disk, label = _image(body.get("image")), _disk(body.get("disk")), _label(body.get("label"))
@@ -311,7 +356,10 @@ class OfferCreateView(VastView):
         if not keys:
             raise ValidationFailed("Your account has no SSH key: add one first (vastai create ssh-key KEY); every "
                                    "key of the account is put on the instance.", field="ssh_key")
-        instance, _ = instance_svc.instance_create(renter=request.user, node_id=node_id, num_gpus=num_gpus,
-                                                   image=image, ssh_public_keys=keys, disk_gb=disk, label=label,
-                                                   options=options)
+        try:
+            instance = booking.ask_book(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key,
+                                        node_id=node_id, num_gpus=num_gpus, image=image, ssh_public_keys=keys,
+                                        disk_gb=disk, label=label, options=options)
+        except ValidationFailed as exc:
+            raise _offer_refusal(exc, ask_id, num_gpus) from None
         return Response({"success": True, "new_contract": instance.pk})

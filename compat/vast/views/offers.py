@@ -14,6 +14,7 @@ class OffersSearchView(VastView):
     """POST /api/v0/bundles/: `vastai search offers`. Public, like GET /api/v1/offers/."""
 
     api_scope = PUBLIC  # core/api/scopes.py
+    api_read_methods = frozenset({"POST"})  # the search is a POST by Vast's protocol, and only reads: `read` keys too
     permission_classes = [permissions.AllowAny]
     renderer_classes = [FastJSONRenderer]  # thousands of rows per search; the same JSON as JSONRenderer
 

@@ -1,0 +1,68 @@
+"""`create instance` made safe to retry.
+
+The vastai client re-sends the same PUT /asks/ID/ (up to 3 times, on a 502/503/504, a dropped connection or its
+120 s timeout). On Vast.ai an ask is gone once booked, so a retry books nothing; here an offer id stays bookable
+(compat.vast.offers), so a retry would book a second instance. Hence: the same user sending the same offer id with
+the same body, while the instance it made is live and younger than COMPAT_CREATE_REPLAY_WINDOW_S, gets that
+instance again.
+
+It rides on the API's Idempotency-Key machinery (instance_create, the unique index
+`instance_unique_idempotency_key`): the booking carries the key `vast-ask:<fingerprint>`, so two identical creates
+in flight at once are decided by the index, never by "check, then insert". A key whose instance is no longer
+replayed (destroyed, failed, stopped, or past the window) is given up by the next identical create, which takes it.
+An explicit `Idempotency-Key` header is honoured instead, as POST /api/v1/instances/ does: the same key and body
+get the same instance for good, another body a 422.
+"""
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
+
+from core.idempotency import request_fingerprint
+from marketplace.models import Instance, InstanceStatus, User
+from marketplace.services import instances as instance_svc
+
+REPLAY_KEY_PREFIX = "vast-ask:"
+S = InstanceStatus
+# On its way to running, or running: what a retry of the create that made it should still be answered with.
+REPLAYABLE = (S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING, S.INTERRUPTED)
+
+
+def create_fingerprint(*, ask_id: int, body: dict[str, Any]) -> str:
+    """The create's fingerprint: the offer id and the body. Keyed (HMAC), because the body holds env values and a
+    registry password: no plain hash of them is stored."""
+    canonical = request_fingerprint({"ask": ask_id, "body": body})
+    return salted_hmac("compat-vast-create", canonical, algorithm="sha256").hexdigest()
+
+
+def _replayable(instance: Instance) -> bool:
+    window = timedelta(seconds=settings.COMPAT_CREATE_REPLAY_WINDOW_S)
+    return instance.status in REPLAYABLE and instance.created_at >= timezone.now() - window
+
+
+def ask_replayed(*, renter: User, fingerprint: str, idempotency_key: str) -> Instance | None:
+    """The instance an earlier identical create made, when a retry is to be answered with it; else None.
+    With an explicit key: the API's rule (IdempotencyKeyReused, a 422, for the same key with another body)."""
+    if idempotency_key:
+        return instance_svc.instance_for_idempotency_key(renter=renter, idempotency_key=idempotency_key,
+                                                         request_fingerprint=fingerprint)
+    earlier = Instance.objects.filter(renter=renter, idempotency_key=REPLAY_KEY_PREFIX + fingerprint).first()
+    return earlier if earlier is not None and _replayable(earlier) else None
+
+
+def ask_book(*, renter: User, fingerprint: str, idempotency_key: str, **booking: Any) -> Instance:
+    """instance_create with the create's key: the explicit one, else `vast-ask:<fingerprint>`. A concurrent
+    identical create that inserted first is answered (instance_create's unique-index race)."""
+    key = idempotency_key or REPLAY_KEY_PREFIX + fingerprint
+    if not idempotency_key:
+        stale = Instance.objects.filter(renter=renter, idempotency_key=key).first()
+        if stale is not None and not _replayable(stale):
+            # Given up by its primary key and key together: never a newer holder's (a concurrent create may have
+            # given it up and booked meanwhile).
+            Instance.objects.filter(pk=stale.pk, idempotency_key=key).update(idempotency_key="",
+                                                                            request_fingerprint="")
+    instance, _ = instance_svc.instance_create(renter=renter, idempotency_key=key, request_fingerprint=fingerprint,
+                                               **booking)
+    return instance
