@@ -160,7 +160,12 @@ def test_a_form_may_change_a_state_only_along_the_table(user):
     instance = book(user, make_listed_node(gpu_count=1))
     gpu = instance.allocations.get().gpu
     gpu.refresh_from_db()
-    gpu.status = GpuStatus.UNAVAILABLE  # an operator takes a rented GPU out: allowed
+    gpu.status = GpuStatus.UNAVAILABLE  # an operator takes out a GPU an instance holds: not while it holds it
+    with pytest.raises(ValidationError, match=f"Instance {instance.pk} \\(requested\\) holds this GPU"):
+        gpu.full_clean()
+    svc.instance_mark_failed(instance_id=instance.pk, message="gone")
+    gpu.refresh_from_db()
+    gpu.status = GpuStatus.UNAVAILABLE  # released: allowed
     gpu.full_clean()
     gpu.save()
     gpu.status = GpuStatus.RENTED  # back to rented by hand: not a move of the table

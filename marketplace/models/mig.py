@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from core.transitions import StatefulModel, Transitions
 
-from .nodes import Gpu, Node
+from .nodes import Gpu, Node, held_stays_rented
 from .renting import Instance
 
 
@@ -58,6 +58,10 @@ class MigSlice(StatefulModel, models.Model):
 
     def __str__(self):
         return f"MIG {self.profile} {self.device} of {self.gpu}"
+
+    def clean(self) -> None:
+        held_stays_rented(self, "MIG slice")
+        super().clean()
 
 
 class MigSliceAllocation(models.Model):

@@ -3,8 +3,13 @@
 The allowed state transitions live here and nowhere else (NODE_TRANSITIONS, on core.transitions): services call
 `Node.transition_to`, which raises InvalidTransition for a move the table does not allow.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.conf import settings
-from django.db import models
+from django.core.exceptions import ValidationError
+from django.db import connection, models
 from django.db.models import Q
 from django.utils import timezone
 from django_countries.fields import CountryField
@@ -13,6 +18,9 @@ from core.transitions import StatefulModel, Transitions
 
 from .catalogue import GpuModel
 from .host import DEFAULT_DISK_PRICE_PER_GB_MONTH_MICROS, NodeHostFacts
+
+if TYPE_CHECKING:
+    from .mig import MigSlice
 
 
 class NodeState(models.TextChoices):
@@ -32,7 +40,9 @@ NODE_TRANSITIONS = Transitions({
     S.VERIFYING: {S.ACTIVE, S.REJECTED, S.PENDING, S.OFFLINE, S.QUARANTINED, S.RETIRED},
     S.ACTIVE: {S.VERIFYING, S.MAINTENANCE, S.OFFLINE, S.REJECTED, S.QUARANTINED, S.RETIRED},
     S.REJECTED: {S.VERIFYING, S.RETIRED},
-    S.MAINTENANCE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.QUARANTINED, S.RETIRED},
+    # OFFLINE: maintenance ends while its last health check failed (node_update); the health check, not the
+    # provider, brings it back once it answers and is reconciled.
+    S.MAINTENANCE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.OFFLINE, S.QUARANTINED, S.RETIRED},
     S.OFFLINE: {S.ACTIVE, S.PENDING, S.VERIFYING, S.MAINTENANCE, S.QUARANTINED, S.RETIRED},
     # Only an operator who accepted the new host key sends a node back to verification.
     S.QUARANTINED: {S.VERIFYING, S.RETIRED},
@@ -192,7 +202,8 @@ class GpuStatus(models.TextChoices):
 G = GpuStatus
 GPU_TRANSITIONS = Transitions({
     G.FREE: {G.RENTED, G.UNAVAILABLE, G.MIG},
-    # UNAVAILABLE: an operator takes it out (admin); it stays out when its instance releases it.
+    # FREE/UNAVAILABLE: only once no instance holds it (Gpu.clean, the admin's check); a GPU marked unavailable
+    # stays out when it is released.
     G.RENTED: {G.FREE, G.UNAVAILABLE},
     G.UNAVAILABLE: {G.FREE},
     G.MIG: {G.FREE, G.UNAVAILABLE},
@@ -235,3 +246,29 @@ class Gpu(StatefulModel, models.Model):
 
     def __str__(self):
         return f"GPU {self.index} of node {self.node_id}"
+
+    def clean(self) -> None:
+        held_stays_rented(self, "GPU")
+        super().clean()
+
+
+def held_stays_rented(row: Gpu | MigSlice, what: str) -> None:
+    """A form's (the admin's) check for a GPU or a MIG slice: one that an instance holds (an allocation not
+    released) keeps its status until the instance releases it. Taken out from under its instance, it would be
+    booked twice (free) or let its node be retired with the VM still running (unavailable), and the node would go
+    where nothing watches, meters or reconciles it. In a transaction (the admin's form and save share one) the
+    row is locked first, so no booking takes it between this check and the save."""
+    if row.pk is None:
+        return
+    rows = type(row)._default_manager.filter(pk=row.pk)
+    if connection.in_atomic_block:
+        rows = rows.select_for_update()
+    stored = rows.values_list("status", flat=True).first()
+    if stored is None or stored == row.status:
+        return
+    holder = row.allocations.filter(released_at__isnull=True).values_list("instance_id", "instance__status").first()
+    if holder is not None:
+        raise ValidationError({"status": (
+            f"Instance {holder[0]} ({holder[1]}) holds this {what}: it stays {stored} until that instance "
+            f"releases it (stopped, destroyed or failed). Unlist the node, or put it into maintenance, so that it "
+            f"takes no new rentals, and change this {what} once the instance is over.")})

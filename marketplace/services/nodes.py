@@ -6,14 +6,30 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Count
 
 from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.mig import layout_problems, price_problems
-from marketplace.models import Gpu, GpuModel, GpuStatus, MigSliceAllocation, Node, NodeState, User
+from marketplace.models import (
+    Gpu,
+    GpuAllocation,
+    GpuModel,
+    Instance,
+    InstanceStatus,
+    MigSliceAllocation,
+    Node,
+    NodeState,
+    User,
+    Volume,
+    VolumeState,
+)
 from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_to_micros
+from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
+from provisioning.models import NodeEvent
 
 # Said to whoever brings a server that a live node already has; it never names that node or its provider.
 DUPLICATE_HOST_KEY_MESSAGE = (
@@ -155,10 +171,12 @@ def node_update(
         node.listed = listed
     if maintenance is True and node.state != NodeState.MAINTENANCE:
         if not node.can_transition_to(NodeState.MAINTENANCE):
-            raise Conflict(f"A {node.state} node cannot go into maintenance; try again later.")
+            later = "; try again once its check has ended" if node.state == NodeState.VERIFYING else ""
+            raise Conflict(f"A {node.state} node cannot go into maintenance{later}.")
         node.transition_to(NodeState.MAINTENANCE)
     elif maintenance is False and node.state == NodeState.MAINTENANCE:
-        node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
+        # Not straight to active: a node that stopped answering is reconciled by the health check first.
+        node.transition_to(node_return_state(node=node))
     node.save()
     return node
 
@@ -177,20 +195,129 @@ def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal
     return layout, micros
 
 
+def node_in_use(*, node_id: int) -> bool:
+    """Whether renters are on the node: an instance of it not destroyed or failed (stopped ones too: their disk
+    is there), or a GPU or MIG slice still allocated (a destroyed instance whose VM the reconciler has yet to
+    remove). Such a node stays where the platform watches it (provisioning.services.nodes.WATCHED_STATES:
+    health checks, reconciling, metering), never pending or rejected; its verdict keeps it off the offers."""
+    return (Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES).exists()
+            or GpuAllocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True).exists()
+            or MigSliceAllocation.objects.filter(mig_slice__node_id=node_id, released_at__isnull=True).exists())
+
+
+def node_return_state(*, node: Node) -> str:
+    """The state a node goes back to from maintenance (node_update) or from offline once it answered and was
+    reconciled (provisioning.services.reliability.node_record_health): offline while its last health check
+    failed (the health check reconciles it before it takes rentals again); active if its verdict lists it or
+    renters are on it (node_in_use); pending otherwise (it waits for a verification)."""
+    if node.health_failures > 0:
+        return NodeState.OFFLINE
+    if node.verdict in LISTABLE_VERDICTS or node_in_use(node_id=node.pk):
+        return NodeState.ACTIVE
+    return NodeState.PENDING
+
+
+def node_unreachable(node: Node) -> bool:
+    """Offline, or missing enough health checks in a row that its running instances are interrupted (as
+    instance_destroy judges it)."""
+    return node.state == NodeState.OFFLINE or node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS
+
+
+# Said when a retired node's interrupted instances are ended (the renter reads it, with the credit).
+RETIRED_WHILE_INTERRUPTED = ("its server stopped answering and its provider then retired it, so the VM and its "
+                             "disk cannot be recovered")
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _over_but_holding(node: Node) -> list[int]:
+    """Instances of the node that are over (destroyed or failed) but still hold a GPU or a MIG slice: their VM is
+    yet to be removed (the reconciler does it, or the destroy's job). Asked of the allocations, not through the
+    instance's reverse relations, where `released_at__isnull` would also match an instance with none at all."""
+    gpus = GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True, instance__status__in=FINAL_STATUSES)
+    slices = MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True,
+                                               instance__status__in=FINAL_STATUSES)
+    return sorted({*gpus.values_list("instance_id", flat=True), *slices.values_list("instance_id", flat=True)})
+
+
+def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
+    """Why the node cannot be retired now, in words its provider can act on; '' when it can. `ending`: the
+    interrupted instances the retire ends."""
+    instances = Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).exclude(pk__in=ending)
+    by_status: dict[str, int] = dict(instances.values("status").annotate(n=Count("pk")).values_list("status", "n"))
+    stopped = by_status.pop(InstanceStatus.STOPPED, 0)
+    volumes = Volume.objects.filter(node=node).exclude(state__in=(VolumeState.DELETED, VolumeState.FAILED)).count()
+    reasons = []
+    if by_status:
+        states = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
+        reasons.append(f"renters' instances are live on it ({states}); it can be retired once they have ended")
+    if stopped or volumes:
+        held = " and ".join(text for n, text in (
+            (stopped, _count(stopped, "stopped instance", "stopped instances")),
+            (volumes, _count(volumes, "volume", "volumes"))) if n)
+        reasons.append(f"{held} keep renters' data on it, and a retired server never comes back: it can be "
+                       "retired once their renters have destroyed or deleted them")
+    if not reasons and not unreachable:
+        # Destroyed while the node was away: the reconciler removes their VMs at its next pass (minutes).
+        cleanup = len(_over_but_holding(node))
+        if cleanup:
+            vms = _count(cleanup, "destroyed instance", "destroyed instances")
+            reasons.append(f"the platform is still removing the VM of {vms} from it; try again in a few minutes")
+    if not reasons:
+        return ""
+    return ("This node cannot be retired yet: " + "; ".join(reasons)
+            + ". Unlist it meanwhile so that it takes no new rentals.")
+
+
+def _release_unreachable(node: Node, interrupted: list[int]) -> list[str]:
+    """Retiring an unreachable node: end what its renters can no longer get back (the VMs cannot be reached, and
+    a retired server is never reconciled). Its `interrupted` instances fail, credited and told as the
+    interruption path does (interruption_close); destroyed ones whose VM was still to be removed let go of their
+    GPUs. Returns what was done, for the node's event."""
+    done = []
+    for instance_id in interrupted:
+        instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_INTERRUPTED}.")
+    if interrupted:
+        done.append(f"interrupted instance(s) {', '.join(map(str, interrupted))} ended as failed (credited)")
+    held = _over_but_holding(node)
+    for instance_id in held:
+        if not instance_svc.instance_cleanup_done(instance_id=instance_id):  # destroyed: its GPUs; failed: here
+            instance_svc.instance_mark_failed(instance_id=instance_id, message="")
+    if held:
+        done.append(f"the GPUs of destroyed instance(s) {', '.join(map(str, held))} released without removing "
+                    "their VMs, which could not be reached")
+    return done
+
+
 @transaction.atomic
 def node_retire(*, node: Node) -> None:
-    """Take a node off the market for good; refused while any of its GPUs is rented."""
+    """Take a node off the market for good (never checked, reconciled or booked again; its address, host key and
+    GPUs may be registered again).
+
+    Refused (Conflict naming what stands in the way, nothing changed) while renters' instances are on it that
+    are not over, while stopped instances or volumes keep renters' data on it (a retired server never comes
+    back: re-registered, its reconciler would delete them as unknown), or while the reconciler still has to
+    remove a destroyed instance's VM. An unreachable node (node_unreachable) can be retired all the same: its
+    interrupted instances fail with the interruption's credit and the GPUs of destroyed ones are released, said
+    in an event for the provider."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         return
-    rented = node.gpus.filter(status=GpuStatus.RENTED).count()
-    if rented:
-        raise Conflict(f"{rented} GPU(s) of this node are rented; wait until those instances end.")
-    sliced = MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True).count()
-    if sliced:
-        raise Conflict(f"{sliced} MIG slice(s) of this node are rented; wait until those instances end.")
+    unreachable = node_unreachable(node)
+    # Locked before they are counted: no reconcile resumes one between the count and its end here.
+    ending = list(Instance.objects.select_for_update().filter(node=node, status=InstanceStatus.INTERRUPTED)
+                  .order_by("pk").values_list("pk", flat=True)) if unreachable else []
+    refusal = _retire_refusal(node, unreachable, ending)
+    if refusal:
+        raise Conflict(refusal)
+    done = _release_unreachable(node, ending) if unreachable else []
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])
+    if done:
+        NodeEvent.objects.create(node=node, kind="retired_unreachable", level=NodeEvent.Level.WARNING,
+                                 message="Retired while unreachable: " + "; ".join(done) + ".")
     # Its GPUs are free to be registered again, on another node (constraint gpu_unique_uuid).
     node.gpus.exclude(uuid="").update(uuid="")

@@ -17,8 +17,8 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from marketplace.models import InterruptionCause, Node, NodeState
-from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.services import instances as instance_svc
+from marketplace.services.nodes import node_return_state
 from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import OPEN_JOB_STATUSES, HealthSample, Job, JobKind, JobStatus, NodeEvent
@@ -116,15 +116,16 @@ def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_has
         if ok:
             node.health_failures = 0
             node.last_seen_at = now
-            if node.state == NodeState.OFFLINE:
-                node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
+            if node.state == NodeState.OFFLINE:  # the health batch reconciled it before this
+                node.transition_to(node_return_state(node=node))
                 node.last_error = ""
                 node_event(node=node, kind="back_online", message="The node answers health checks again.")
         else:
             node.health_failures += 1
             node.last_error = error
+            # A node in maintenance stays there: its provider ends it, and node_update sends it offline then.
             if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
-                    and node.state != NodeState.OFFLINE:
+                    and node.state not in (NodeState.OFFLINE, NodeState.MAINTENANCE):
                 node.transition_to(NodeState.OFFLINE)
                 node_event(node=node, kind="offline",
                            message=f"{node.health_failures} health checks failed in a row: {error}",

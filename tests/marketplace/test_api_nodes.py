@@ -5,8 +5,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from marketplace.encryption import decrypt_secret
-from marketplace.models import Gpu, GpuStatus, Node, NodeState, Verdict
-from tests.factories import make_listed_node, make_node
+from marketplace.models import Gpu, Node, NodeState, Verdict
+from tests.factories import UserFactory, make_listed_node, make_node
+
+from .renting_helpers import book, run
 
 pytestmark = pytest.mark.django_db
 
@@ -396,10 +398,10 @@ def test_retire_a_node(api, anon, user):
 
 def test_retire_with_a_rented_gpu_is_409(api, user):
     node = make_listed_node(user)
-    Gpu.objects.filter(node=node, index=0).update(status=GpuStatus.RENTED)
+    run(book(UserFactory(), node, 1))
     r = api.delete(node_url(node))
     assert r.status_code == 409
-    assert "rented" in r.json()["detail"]
+    assert "renters' instances are live on it (1 running)" in r.json()["detail"]
     node.refresh_from_db()
     assert node.state == NodeState.ACTIVE and node.listed is True
 

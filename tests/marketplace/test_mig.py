@@ -211,7 +211,7 @@ def test_a_node_with_a_rented_slice_cannot_be_retired(api, user):
     renter = UserFactory()
     book(renter, node, num_gpus=1, mig_profile="7g.80gb")
     r = api.delete(f"{NODES}{node.pk}/")
-    assert r.status_code == 409 and "1 MIG slice(s) of this node are rented" in r.json()["detail"]
+    assert r.status_code == 409 and "renters' instances are live on it (1 requested)" in r.json()["detail"]
 
 
 def test_an_operator_cannot_move_a_split_gpu_out_of_mig_in_the_admin(admin_client):

@@ -113,6 +113,9 @@ def instance_start(*, instance: Instance) -> Instance:
     _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance")
     node = _lock_node_for_booking(instance.node_id)
     assert node is not None  # an instance's node outlives it (PROTECT)
+    if node.state == NodeState.RETIRED:  # for good: "later" would never come
+        raise Conflict("The instance cannot start: its node was retired by its provider and never comes back. "
+                       "Destroy it, and rent another server.")
     if node.state != NodeState.ACTIVE:
         reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")

@@ -1,0 +1,121 @@
+"""Retiring a node, and where a node goes back to from maintenance or offline (marketplace.services.nodes).
+
+A retired server is never checked, reconciled or booked again, so nothing of a renter's may be left on it
+unwatched: live instances, stopped ones (their disk) and volumes refuse the retire with what stands in the way; an
+unreachable node's interrupted instances end failed (credited) instead, since nothing can bring them back.
+"""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from core.errors import Conflict
+from marketplace.models import GpuAllocation, GpuStatus, InstanceStatus, InterruptionCause, NodeState, Verdict
+from marketplace.services import instances as svc
+from marketplace.services import nodes as node_svc
+from provisioning.models import NodeEvent
+from tests.factories import UserFactory, make_listed_node
+from tests.marketplace.renting_helpers import book, run
+
+pytestmark = pytest.mark.django_db
+
+
+def _retire_refusal(node) -> str:
+    with pytest.raises(Conflict) as refused:
+        node_svc.node_retire(node=node)
+    node.refresh_from_db()
+    assert node.state != NodeState.RETIRED
+    return refused.value.message
+
+
+def test_live_and_stopped_instances_refuse_the_retire_naming_them():
+    node = make_listed_node(gpu_count=3)
+    live = run(book(UserFactory(), node))
+    stopped = run(book(UserFactory(), node))
+    svc.instance_stop(instance=stopped)
+    svc.instance_mark_stopped(instance_id=stopped.pk)
+    message = _retire_refusal(node)
+    assert "renters' instances are live on it (1 running)" in message
+    assert "1 stopped instance keep renters' data on it" in message and "Unlist it meanwhile" in message
+    svc.instance_mark_failed(instance_id=live.pk, message="gone")
+    assert "live on it" not in _retire_refusal(node)
+    svc.instance_mark_failed(instance_id=stopped.pk, message="gone")
+    node_svc.node_retire(node=node)
+    node.refresh_from_db()
+    assert node.state == NodeState.RETIRED and not node.listed
+
+
+def test_a_destroyed_instance_whose_vm_is_still_to_go_refuses_until_the_reconciler_removed_it():
+    node = make_listed_node(gpu_count=2)
+    ended = run(book(UserFactory(), node))
+    svc.instance_mark_failed(instance_id=run(book(UserFactory(), node)).pk, message="gone")  # over, GPUs released
+    ended.allocations.update(released_at=None)
+    svc.Instance.objects.filter(pk=ended.pk).update(status=InstanceStatus.DESTROYED)
+    assert "still removing the VM of 1 destroyed instance" in _retire_refusal(node)
+    svc.instance_cleanup_done(instance_id=ended.pk)
+    node_svc.node_retire(node=node)
+
+
+def test_an_unreachable_nodes_interrupted_instances_end_failed_and_credited_with_the_retire():
+    node = make_listed_node(gpu_count=2)
+    instance = run(book(UserFactory(), node))
+    svc.instance_interrupt(instance_id=instance.pk, since=timezone.now() - timedelta(minutes=5),
+                           cause=InterruptionCause.NODE_LOST, detail="no answer")
+    type(node).objects.filter(pk=node.pk).update(state=NodeState.OFFLINE, health_failures=9)
+    node.refresh_from_db()
+    node_svc.node_retire(node=node)
+    node.refresh_from_db()
+    instance.refresh_from_db()
+    assert node.state == NodeState.RETIRED
+    assert instance.status == InstanceStatus.FAILED and node_svc.RETIRED_WHILE_INTERRUPTED in instance.status_message
+    assert not node.gpus.filter(status=GpuStatus.RENTED).exists()
+    event = NodeEvent.objects.get(node=node, kind="retired_unreachable")
+    assert f"interrupted instance(s) {instance.pk} ended as failed (credited)" in event.message
+
+
+def test_the_same_interrupted_instance_on_a_reachable_node_refuses_the_retire():
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.VM_LOST,
+                           detail="the VM stopped")
+    assert "renters' instances are live on it (1 interrupted)" in _retire_refusal(node)
+
+
+def test_maintenance_ends_offline_while_the_health_check_fails_and_a_failure_keeps_it_in_maintenance():
+    from provisioning.services.reliability import node_record_health
+
+    node = make_listed_node(gpu_count=1)
+    node_svc.node_update(node=node, maintenance=True)
+    for _ in range(5):
+        node_record_health(node_id=node.pk, ok=False, error="no route to host")
+    node.refresh_from_db()
+    assert node.state == NodeState.MAINTENANCE and node.health_failures == 5  # the provider's, till they end it
+    node_svc.node_update(node=node, maintenance=False)
+    node.refresh_from_db()
+    assert node.state == NodeState.OFFLINE  # not straight to active: the health check brings it back
+    node_record_health(node_id=node.pk, ok=True)
+    node.refresh_from_db()
+    assert node.state == NodeState.ACTIVE
+
+
+def test_a_node_with_renters_comes_back_active_whatever_its_verdict():
+    node = make_listed_node(gpu_count=1)
+    run(book(UserFactory(), node))
+    type(node).objects.filter(pk=node.pk).update(verdict=Verdict.REJECTED, state=NodeState.OFFLINE)
+    node.refresh_from_db()
+    assert node_svc.node_return_state(node=node) == NodeState.ACTIVE  # watched for its renters, not listed
+    svc.Instance.objects.filter(node=node).update(status=InstanceStatus.DESTROYED)
+    node.gpus.update(status=GpuStatus.FREE)
+    GpuAllocation.objects.filter(gpu__node=node).update(released_at=timezone.now())
+    assert node_svc.node_return_state(node=node) == NodeState.PENDING
+
+
+def test_an_instance_on_a_retired_node_cannot_start_and_is_told_why():
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    type(node).objects.filter(pk=node.pk).update(state=NodeState.RETIRED)
+    instance.refresh_from_db()
+    with pytest.raises(Conflict, match="its node was retired by its provider and never comes back"):
+        svc.instance_start(instance=instance)
