@@ -63,7 +63,8 @@ class AgentServe:
         del answer["id"]
         if not answer["ok"]:
             error = answer.get("error") or {}
-            if error.get("code") == "agent_missing":  # its file was removed or replaced; it has stopped
+            # its file was removed or replaced; it has stopped (an error not an object: AgentFailed takes it)
+            if isinstance(error, dict) and error.get("code") == "agent_missing":
                 self.close()
                 raise AgentMissing(str(error.get("message") or "the agent's file is gone"))
             raise AgentFailed(error)

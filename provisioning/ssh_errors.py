@@ -2,6 +2,8 @@
 jobs, findings and the API, a message for people, and says whether a retry may help (`transient`)."""
 from __future__ import annotations
 
+from typing import Any
+
 
 class NodeError(Exception):
     """Something went wrong talking to a node. `code` is stable; the message is for people."""
@@ -50,12 +52,16 @@ class AgentMissing(AgentGarbage):
 
 
 class AgentFailed(NodeError):
-    """The agent answered {"ok": false, "error": {...}}."""
+    """The agent answered {"ok": false, "error": {...}}. The error is the node's: anything else than an object
+    (a bare string, a list) is taken as its message, never an AttributeError of ours."""
 
-    def __init__(self, error: dict):
-        self.code = str(error.get("code") or "agent_error")
-        self.field = error.get("field")
-        super().__init__(str(error.get("message") or "the agent reported an error"))
+    def __init__(self, error: Any):
+        if not isinstance(error, dict):
+            error = {"message": f"the agent reported an error: {str(error)[:500]}" if error else ""}
+        self.code = str(error.get("code") or "agent_error")[:64]
+        field = error.get("field")
+        self.field = field if isinstance(field, str) else None
+        super().__init__(str(error.get("message") or "the agent reported an error")[:2000])
 
 
 class AgentEnded(AgentGarbage):

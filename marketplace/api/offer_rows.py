@@ -48,12 +48,20 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def nvlink_islands(value: Any) -> list[list[int]]:
+    """The stored islands, keeping only GPU indices: a node's summary written before its inventory was checked
+    (provisioning/verification/answers.py) may hold anything, and one node's must not fail every offer list."""
+    if not isinstance(value, list):
+        return []
+    return [[gpu for gpu in island if type(gpu) is int] for island in value if isinstance(island, list)]
+
+
 def nvlink_summary(nvlink: Any) -> dict[str, Any] | None:
     """NvlinkSummarySerializer's output (the check always writes `connected` and `islands`)."""
-    if nvlink is None:
+    if not isinstance(nvlink, dict):
         return None
-    return {"connected": bool(nvlink["connected"]),
-            "islands": [[int(gpu) for gpu in island] for island in nvlink["islands"]],
+    return {"connected": bool(nvlink.get("connected")),
+            "islands": nvlink_islands(nvlink.get("islands")),
             "links_per_gpu": _int(nvlink.get("links_per_gpu")), "p2p_gbs": _float(nvlink.get("p2p_gbs")),
             "pcie_p2p_gbs": _float(nvlink.get("pcie_p2p_gbs"))}
 

@@ -1,6 +1,7 @@
 """The public offers search: one row per bookable node, filtered and ordered in SQL."""
 import copy
 from decimal import Decimal
+from typing import Any
 
 import django_filters
 from django import forms
@@ -26,7 +27,7 @@ from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_ver
 from marketplace.money import usd_to_micros
 
 from .offer_query import OfferQuery
-from .offer_rows import OFFER_COLUMNS, mig_slices, offer_row
+from .offer_rows import OFFER_COLUMNS, mig_slices, nvlink_islands, offer_row
 
 
 class MedianFiguresSerializer(serializers.Serializer):
@@ -54,6 +55,12 @@ class NvlinkSummarySerializer(serializers.Serializer):
     p2p_gbs = serializers.FloatField(allow_null=True, help_text=(
         "Measured peer-to-peer copy GB/s: the median over NVLink pairs (over PCIe pairs without NVLink)."))
     pcie_p2p_gbs = serializers.FloatField(allow_null=True, help_text="The median over pairs not on NVLink.")
+
+    def to_representation(self, instance: Any) -> Any:
+        # Only GPU indices of the stored islands (offer_rows.nvlink_islands): one node's must not fail the offers.
+        if isinstance(instance, dict):
+            instance = {**instance, "islands": nvlink_islands(instance.get("islands"))}
+        return super().to_representation(instance)
 
 
 class OfferSliceSerializer(serializers.Serializer):

@@ -1,5 +1,7 @@
 """Spot checks: at a random time (maintenance.nodes_reverify_due), the platform's challenge and memory proof on an
 active node's idle GPUs, nothing else; a finding queues a full verification, whose verdict speaks for the node.
+A spot check the node dodges (it drops the connection, falls silent, answers garbage or refuses) brings the node's
+next full verification forward (verification.node_check_forward): dodging a spot check buys nothing.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from provisioning.services.jobs import job_create
 from provisioning.services.nodes import node_event, node_session
 from provisioning.services.platform_checks import node_challenge, node_memory_proof
 from provisioning.services.runner import job_finish, job_step
-from provisioning.services.verification import node_verify_request
-from provisioning.ssh_errors import NodeError
+from provisioning.services.verification import node_check_forward, node_verify_request
+from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
 from provisioning.verification.model import DeclaredModel
 
 
@@ -85,9 +87,25 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     return node_verify_request(node=node, reason=f"spot check found {codes}")
 
 
+def spot_check_dodged(error: NodeError) -> bool:
+    """Whether the spot check failed by the node's doing: the connection broke or the node fell silent (past the
+    task's retries), its agent answered garbage or refused, it refused the platform's key. Not a busy node (the
+    platform's own sessions), a changed host key (quarantined already) nor the platform's own failure (a plain
+    NodeError: an internal error, a lost worker)."""
+    return isinstance(error, NodeUnreachable | AgentTimeout | AgentGarbage | AgentFailed | AuthFailed)
+
+
 def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
-    """The node could not be spot-checked (unreachable, busy till the deadline): said in an event; the health
-    check judges reachability, and the next spot check comes at its drawn time."""
-    node_event(node=job.node, kind="spot_check_failed_to_run", message=f"Spot check could not run: {error.message}",
-               level=NodeEvent.Level.INFO)
-    job_finish(job=job, error=error.message)
+    """The node could not be spot-checked: said in an event. When the node dodged it (spot_check_dodged), its next
+    full verification is brought forward, at most one per SPOT_CHECK_MIN_S after its last (node_check_forward),
+    so that dropping the challenge is no way out of it and an honestly flaky node is not checked in a loop. Else
+    (busy till the deadline, the platform's own failure) the next spot check comes at its drawn time."""
+    dodged = spot_check_dodged(error)
+    message = f"Spot check could not run: {error.message}"
+    if dodged:
+        message = message.rstrip(".") + ". A full verification follows."
+    node_event(node=job.node, kind="spot_check_failed_to_run", message=message,
+               level=NodeEvent.Level.WARNING if dodged else NodeEvent.Level.INFO)
+    job_finish(job=job, error=error.message)  # closed first: one node job at a time
+    if dodged:
+        node_check_forward(node_id=job.node_id)

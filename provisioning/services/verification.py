@@ -23,6 +23,7 @@ from marketplace.models import GpuAllocation, Instance, MigSliceAllocation, Node
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
+from marketplace.services.nodes import node_in_use
 from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
@@ -37,9 +38,10 @@ from provisioning.services.platform_checks import (
     node_slice_challenge,
 )
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh_errors import AgentFailed, AgentTimeout, NodeError
+from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
+from provisioning.verification.answers import MalformedAnswer, benchmark_problems, inventory_problems, storable
 from provisioning.verification.mig import judge_mig
-from provisioning.verification.model import DeclaredModel, Finding
+from provisioning.verification.model import REJECT, DeclaredModel, Finding
 from provisioning.verification.policy import judge
 from provisioning.verification.wording import reasons_text
 
@@ -74,6 +76,25 @@ def node_draw_next_checks(node: Node, *, now: datetime | None = None, spot: bool
     node.next_check_at = now + draw_delay(settings.REVERIFY_MIN_S, settings.REVERIFY_MAX_S)
     if spot:
         node.next_spot_check_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+
+
+def node_check_forward(*, node_id: int, now: datetime | None = None) -> datetime | None:
+    """Bring an active node's next full verification forward (a spot check it dodged: spot_checks.py), to now but
+    never sooner than SPOT_CHECK_MIN_S after its last recorded verification: an honestly flaky node is checked
+    again, not in a loop. maintenance.nodes_reverify_due queues it when the time comes. Returns the time set, or
+    None when nothing was moved (not active, or due sooner already)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.state != NodeState.ACTIVE:
+            return None
+        last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()
+        at = max(now, last + timedelta(seconds=settings.SPOT_CHECK_MIN_S)) if last else now
+        if node.next_check_at is not None and node.next_check_at <= at:
+            return None
+        node.next_check_at = at
+        node.save(update_fields=["next_check_at", "updated_at"])
+        return at
 
 
 @transaction.atomic
@@ -152,10 +173,15 @@ def node_verify_run(*, job: Job) -> None:
     net_mbps: float | None = None
     challenged: tuple[list[Finding], dict[str, Any]] = ([], {})
     disproved: set[str] = set()  # MIG slices that failed the platform's challenge
+    malformed: list[Finding] = []  # an answer that failed its check (verification/answers.py)
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job=job, message="reading the hardware inventory")
             inventory = session.agent("inventory")
+            problems = inventory_problems(inventory)
+            if problems:  # nothing of it is read or stored: it is the node's verdict
+                inventory = {}
+                raise MalformedAnswer("inventory", problems)
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
             net_mbps = node_network_test(job, session)
@@ -186,6 +212,10 @@ def node_verify_run(*, job: Job) -> None:
                     if exc.code == "invalid_request":
                         raise
                     bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
+                problems = benchmark_problems(bench, free, slices) if bench is not None else []
+                if problems:  # e.g. {"ok": true} alone, a GPU twice, NaN: nothing it says is judged or kept
+                    malformed.append(MalformedAnswer("benchmark", problems).finding)
+                    bench = None
                 if free:
                     challenged = node_challenge(job, session, declared, free)
                     proved = node_memory_proof(job, session, declared, free)
@@ -201,13 +231,20 @@ def node_verify_run(*, job: Job) -> None:
         node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[exc.finding.as_dict()],
                              inventory=inventory, figures={"rented_gpus": rented})
         return
+    except MalformedAnswer as exc:
+        # The node's fault, not the platform's: a rejection naming what is wrong, active node or not.
+        job_step(job=job, message=f"the node's {exc.command} answer is malformed")
+        node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[exc.finding.as_dict()],
+                             inventory=inventory, figures={"rented_gpus": rented})
+        return
     job_step(job=job, message="judging the GPUs against the catalogue")
     fleet = fleet_reference(node.gpu_model_id, exclude_node_id=node.pk) if bench is not None else None
     if fleet is not None:
         job_step(job=job, message=f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
     mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node), disproved)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
-                   fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig)
+                   fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig,
+                   malformed=malformed)
     figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
     if challenged[1]:
         figures["challenge"] = challenged[1]
@@ -236,9 +273,15 @@ def offer_summary(run: VerificationRun) -> dict[str, Any]:
 
 @transaction.atomic
 def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any]], inventory: dict[str, Any],
-                         figures: dict[str, Any] | None = None, score: float | None = None) -> VerificationRun:
+                         figures: dict[str, Any] | None = None, score: float | None = None,
+                         error: str = "") -> VerificationRun:
+    """Record the check's verdict and act on it (state, offers, renters, provider). `error`: the job fails with
+    it (a verification that could not be completed, judged by why: node_verify_failed)."""
     node = Node.objects.select_for_update().get(pk=job.node_id)
     previous_verdict, previous_score = node.verdict, node.score
+    # What the platform derived from the node's answers (the challenge's and memory proof's figures, messages
+    # quoting the node) may carry NaN or NUL, which no JSON or text column takes.
+    findings, inventory, figures = storable(findings), storable(inventory), storable(figures or {})
     run = VerificationRun.objects.create(node=node, job=job, verdict=verdict, findings=findings,
                                          inventory=inventory, figures=figures or {}, score=score)
     node.verdict = verdict
@@ -251,8 +294,13 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     if verdict == Verdict.REJECTED:
         reasons = reasons_text(findings, severity="reject")  # each said once, with the GPUs it concerns
         node.last_error = "Rejected: " + reasons
-        # Not yanked from under its renters: it stays active for them; the verdict keeps it off the offers.
-        if node.state == NodeState.VERIFYING or (node.state == NodeState.ACTIVE and not renters):
+        # Not yanked from under its renters: it stays active for them (one verified from maintenance, or from
+        # offline, becomes active), where health checks, the reconciler and the meter watch it; the verdict
+        # keeps it off the offers.
+        if renters or node_in_use(node_id=node.pk):
+            if node.state == NodeState.VERIFYING:
+                node.transition_to(NodeState.ACTIVE)
+        elif node.state in (NodeState.VERIFYING, NodeState.ACTIVE):
             node.transition_to(NodeState.REJECTED)
     else:
         node.last_error = reasons_text(findings)
@@ -281,17 +329,22 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                         "Your instance keeps running; consider moving your work to another server.")
     if renters and previous_verdict in LISTABLE_VERDICTS:
         _price_cut_if_worse(node, verdict, score, previous_score, findings)
-    job_finish(job=job)
+    job_finish(job=job, error=error)
     return run
 
 
 def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float,
                         findings: list[dict[str, Any]]) -> None:
     """Hardware found worse while rented: cut its renters' prices in proportion to the score (the published rule:
-    docs/ARCHITECTURE.md). A rejection without a usable score is a full cut; noise within the tolerance is not."""
-    ratio = (score or 0.0) / previous_score if previous_score > 0 else 1.0
+    docs/ARCHITECTURE.md). A rejection without a usable score is a full cut; noise within the tolerance is not.
+    A check that measured nothing (every GPU rented: no benchmark, score None) is no evidence of worse hardware:
+    verified or degraded, it cuts nothing."""
     if verdict == Verdict.REJECTED and not score:
         ratio = 0.0
+    elif score is None or not previous_score or previous_score <= 0:
+        return  # nothing measured now, or nothing to compare with
+    else:
+        ratio = score / previous_score
     if ratio >= 1 - float(settings.HARDWARE_PRICE_CUT_TOLERANCE):
         return
     codes = sorted({f["code"] for f in findings if f["severity"] in ("reject", "degrade")}) or ["lower score"]
@@ -303,14 +356,58 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
                    level=NodeEvent.Level.WARNING)
 
 
+# An active node whose verifications were dropped (unreachable or silent past every retry) this many times in a
+# row, while it stayed active (its health checks did not take it offline), is rejected: else dropping every
+# check would keep its last verdict and listing for ever. One drop is the network's benefit of the doubt.
+VERIFICATIONS_DROPPED_TO_REJECT = 2
+
+
+def node_dropped(error: NodeError) -> bool:
+    """The node stopped answering the check (the connection broke or stayed silent, past the task's retries)."""
+    return isinstance(error, NodeUnreachable | AgentTimeout)
+
+
+def node_at_fault(error: NodeError) -> bool:
+    """Whether a verification that could not be completed failed by the node's doing: its agent answered garbage
+    or refused (AgentFailed, but for a request the platform got wrong: invalid_request), its benchmark hung, it
+    refused the platform's key. Not the network's (unreachable, timeouts: the health check judges those), a busy
+    node's, nor the platform's own (an internal error, a lost worker: plain NodeError)."""
+    if isinstance(error, AgentFailed):
+        return error.code != "invalid_request"
+    return isinstance(error, AgentGarbage | BenchmarkTimeout | AuthFailed)
+
+
 @transaction.atomic
 def node_verify_failed(*, job: Job, error: NodeError) -> None:
-    """The node could not be checked: say why, and put it back where a retry can start."""
+    """The node could not be checked: say why, and put it back where a retry can start. An active node that
+    failed by its own doing (node_at_fault) is not left listed on its last verdict: the check is recorded as a
+    rejection naming the failure, as any rejection (its renters keep their instances). A pending node keeps its
+    retries (maintenance.nodes_verify_pending)."""
     node = Node.objects.select_for_update().get(pk=job.node_id)
-    node.last_error = error.message
+    dropped = node.state == NodeState.ACTIVE and node_dropped(error)
+    said = ""
+    if node.state == NodeState.ACTIVE and node_at_fault(error):
+        said = f"The verification could not be completed: {error.message}"
+    elif dropped:
+        last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()
+        before = NodeEvent.objects.filter(node=node, kind="verification_dropped")
+        drops = 1 + (before.filter(created_at__gt=last) if last else before).count()
+        if drops >= VERIFICATIONS_DROPPED_TO_REJECT:
+            said = (f"The node stopped answering {drops} verifications in a row while it stayed online (the "
+                    f"last: {error.message})")
+    if said:
+        finding = Finding(REJECT, "verification_failed", f"{said.rstrip('.')}. Make sure the node lets the "
+                                                         "platform's checks run to the end, then verify again.")
+        node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[finding.as_dict()], inventory={},
+                             figures={"rented_gpus": rented_gpu_indices(node), "failed": error.code},
+                             error=storable(error.message))
+        return
+    node.last_error = storable(error.message)
     if node.state == NodeState.VERIFYING:
         node.transition_to(NodeState.PENDING if node.verdict == Verdict.UNVERIFIED else NodeState.OFFLINE)
     node_draw_next_checks(node)  # an active node checked in place stays active: it is due again at a new time
     node.save()
-    node_event(node=node, kind="verification_failed", message=error.message, level=NodeEvent.Level.WARNING)
-    job_finish(job=job, error=error.message)
+    # A drop is counted (VERIFICATIONS_DROPPED_TO_REJECT); any other failure is only told.
+    node_event(node=node, kind="verification_dropped" if dropped else "verification_failed", message=node.last_error,
+               level=NodeEvent.Level.WARNING)
+    job_finish(job=job, error=node.last_error)

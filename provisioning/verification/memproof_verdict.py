@@ -25,8 +25,11 @@ from provisioning.verification.model import REJECT, DeclaredModel, Finding
 
 
 def _chunk(proof: MemProof, gpu_opened: list, block: int, chunk: int) -> dict | None:
+    """The opening of (block, chunk). Its numbers must be integers: 3.0 == 3 in Python, and a float would reach
+    the slices and Merkle path below (a TypeError of ours, not the node's failed proof)."""
     for item in gpu_opened:
-        if isinstance(item, dict) and item.get("block") == block and item.get("chunk") == chunk:
+        if (isinstance(item, dict) and type(item.get("block")) is int and type(item.get("chunk")) is int
+                and item["block"] == block and item["chunk"] == chunk):
             return item
     return None
 

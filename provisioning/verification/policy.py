@@ -114,14 +114,17 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
 def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dict], bench: dict | None,
           bench_error: str = "", fleet: FleetReference | None = None,
           challenge: Sequence[Finding] = (), topology: dict | None = None,
-          nvlink_declared: bool = False, mig: MigJudgement | None = None) -> Judgement:
+          nvlink_declared: bool = False, mig: MigJudgement | None = None,
+          malformed: Sequence[Finding] = ()) -> Judgement:
     """The whole policy: identity, then the benchmark's figures (when there are any) against the datasheet and,
-    when the model has one, its fleet reference; with the platform's own challenge findings (challenge_verdict.judge);
-    verdict and score."""
+    when the model has one, its fleet reference; with the platform's own challenge findings (challenge_verdict.judge)
+    and `malformed`, the findings on answers that failed their check (answers.py; such a benchmark is given as
+    None); verdict and score."""
     mig = mig or MigJudgement()
     findings = check_identity(declared, declared_count, inventory_gpus, mig.gpus)
     if bench is not None:
         findings += check_performance(declared, bench, inventory_gpus, fleet)
+    findings += list(malformed)
     findings += list(challenge)
     findings += list(mig.findings)
     p2p = (bench or {}).get("p2p")

@@ -154,14 +154,31 @@ def _distance(model: DeclaredModel, median: dict, sm_count: int | None, memory_m
     return statistics.fmean(terms)
 
 
+def _positive(value: object) -> bool:
+    """A finite number above zero (not a bool, a string or NaN): what a figure must be to be compared."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _as_dict(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[dict]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 def closest_model(catalogue: Sequence[DeclaredModel], declared_slug: str, figures: dict,
                   inventory: dict | None = None) -> Match | None:
     """The catalogue model the run's measured medians (figures["median"]), streaming multiprocessors and memory
     fit best; None when nothing was measured."""
-    median = (figures or {}).get("median") or {}
-    sms = [g["sm_count"] for g in (figures or {}).get("gpus") or [] if g.get("sm_count")]
+    # What a run stored is read as stored: a run recorded before the agent's answers were checked
+    # (answers.py) may hold a string or NaN anywhere, and a page must not fail on it.
+    figures = figures if isinstance(figures, dict) else {}
+    median = {k: v for k, v in (_as_dict(figures.get("median"))).items() if _positive(v)}
+    sms = [g["sm_count"] for g in _dicts(figures.get("gpus")) if _positive(g.get("sm_count"))]
     sm_count = int(statistics.median(sms)) if sms else None
-    memories = [g["memory_total_mib"] for g in (inventory or {}).get("gpus") or [] if g.get("memory_total_mib")]
+    memories = [g["memory_total_mib"] for g in _dicts(_as_dict(inventory).get("gpus"))
+                if _positive(g.get("memory_total_mib"))]
     memory_mib = int(statistics.median(memories)) if memories else None
     scored = [(d, m) for m in catalogue if (d := _distance(m, median, sm_count, memory_mib)) is not None]
     if not scored:
