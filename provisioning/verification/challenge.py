@@ -6,26 +6,48 @@
    the SSH round trip timed with pings and below the agent (round_trip.py); the challenge sent; each GPU's
    commitment timed on the platform's clock as it arrives; only then the rows to reveal drawn with a secret RNG;
    the revealed rows read.
-3. judge(): the revealed rows must hash to the committed digests (row -> product -> commitment), and entries the
-   platform picks (never told to the node) must equal what the platform computes itself from the seed, exactly in
-   integers (entries are in [-2, 2], so FP32 accumulation is exact; a BF16-rounded output is allowed its rounding).
+3. judge(): the revealed rows must hash to the committed digests (row -> product -> commitment), and every
+   revealed row must equal, in all of its n entries, what the platform computes itself from the seed, exactly in
+   integers (entries are in [-2, 2] and [-3, 4], so FP32 accumulation is exact; a GPU whose commitment said
+   `output_dtype` "bf16" must give each entry as that exact integer rounded once to BF16, to nearest even).
    Throughput = flop_per_gpu / (arrival - sent - round trip) against the claimed card's datasheet, in the BF16
    band of TOLERANCES; every GPU within `node_median_max_deviation` of the node's median. The node's own timings
    are kept as detail only.
 
-The matrices (the same on both sides): per GPU one B (k x n, entries in [-2, 2]) and one code matrix (n x k,
-32-bit words from the seed); product p multiplies A_p x B, where A_p's entries are a nonlinear 32-bit mix of the
-code under the product's salt (values in [-3, 4]), so A_p costs a few integer operations per entry on the device
-and no shortcut relates one product to another. |C| <= 8k, exact in FP32.
+The matrices (the same on both sides): one B per challenge (k x n, entries in [-2, 2], shared by its GPUs) and
+per GPU one code matrix (n x k, 32-bit words from the seed); product p of a GPU multiplies A_p x B, where A_p's
+entries are a nonlinear 32-bit mix of the GPU's code under the product's salt (values in [-3, 4]), so A_p costs a
+few integer operations per entry on the device and no shortcut relates one product, or one GPU's, to another.
+|C| <= 8k, exact in FP32.
 
 The commitment is made on the device: each output row is reduced to a 64-bit row digest, the sum over its
-entries of a nonlinear 32-bit mix (murmur3's fmix32) of the entry's integer value XOR a secret per-column salt.
-A linear digest (a weighted sum) would let a node compute A_p (B w) without the product; this one needs every
-entry. A product's digest is SHA-256 of its n row digests (little-endian uint64, one buffer), the commitment
-SHA-256 of the product digests joined. The node SHA-256s only n x 8 bytes per product on its CPU, so the
-platform's clock times the GPU. At the reveal the node sends, per picked product, its packed row digests, and the
-picked rows' values (it recomputes those rows on the device: one row is cheap, but only the whole product gives
-the committed digests); the platform recomputes the rows' digests here and checks chosen entries exactly.
+entries of a nonlinear 32-bit mix (murmur3's fmix32) of the entry's integer value XOR a per-column salt from the
+seed. A linear digest (a weighted sum) would let a node compute A_p (B w) without the product; this one needs
+every entry. A product's digest is SHA-256 of its n row digests (little-endian uint64, one buffer), the
+commitment SHA-256 of the product digests joined. The node SHA-256s only n x 8 bytes per product on its CPU, so
+the platform's clock times the GPU. At the reveal the node sends, per picked product, its packed row digests, and
+the picked rows' values (it recomputes those rows on the device: one row is cheap, but only the whole product
+gives the committed digests).
+
+Soundness (what a node must do to pass, and how likely a cheaper node is caught). The row digest is a sum of
+per-entry terms, so it binds nothing by itself: a node that committed any digest D for a row it never computed
+could, after the pick, compute that one row (a vector times B) and rewrite a few entries so that the sum hits D
+(fmix32 is invertible). It was so until 2026-12: only 4 secret entries of each revealed row were recomputed, a
+rewritten entry was seen with probability ~4/n, and a node with no GPU passed. So the platform recomputes every
+revealed row whole (challenge_rows.expected_rows) and requires it exactly, and the digest it recomputes from those
+values must be the one committed (and through SHA-256 the commitment that arrived at the timed moment). A revealed
+row is then accepted only if the node knew that row's exact digest when it committed: by computing the row (all n
+entries: each term is a nonlinear mix of one entry), or by guessing a 64-bit sum whose spread is ~2^32 sqrt(n/12)
+(one chance in ~2^34 or less). The REVEAL_ROWS (product, row) pairs of each GPU are drawn uniformly from its
+products x n rows, without replacement, with the platform's secret RNG, only after every commitment arrived. A GPU
+whose commitment covers a fraction f of its rows truly (any mix: some products whole, parts of every product,
+approximate or wrong values elsewhere) passes with probability at most f^REVEAL_ROWS (f = 0.5: 1/256; f = 0.9:
+0.43), and for the timing a fraction f of the work reads as 1/f of the card's rate: a card at 40 % of the claimed
+datasheet that does 60 % of the work to look healthy (65 %) passes 1.7 % of checks per GPU, and every spot check
+draws again. An entry adjusted after the pick is caught with certainty; so is an entry moved to a neighbouring BF16
+value (the rounding is fixed: no tolerance to steer within). Cost: B is generated once per challenge (k x n hashes,
+on numpy in challenge_rows.py: nearly all of the control plane's CPU for the check) and multiplied with the m
+revealed rows of A (bench/challenge_verify_real.py).
 
 Sizes: for a simulated node the matrices are small (`n` x `k`) and stand for the nominal work; it computes them
 for real and answers each GPU no sooner than its real card would finish the nominal work. For a real node
@@ -57,13 +79,13 @@ M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1
 MATRICES = {"A": 1, "B": 2, "S": 3, "D": 4}  # code matrix, B, a product's salt, the digest's column salts
 # The matrices' sizes and the time the nominal work takes on the claimed card at its datasheet BF16 rate: quick
-# (tests, sim nodes on the CI box) and full. Also: rows revealed per GPU, entries of each recomputed here.
+# (tests, sim nodes on the CI box) and full.
 SIZES = {
     True: {"n": 16, "k": 16, "products": 2, "target_s": 1.5},
     False: {"n": 48, "k": 48, "products": 4, "target_s": 8.0},
 }
-# The real-work mode: k fixed (the platform recomputes each checked entry in 2k hashes: ~15 ms at 16384 in
-# CPython), n up to n_max within REAL_MEMORY_SHARE of the card, then as many products as the target takes, at
+# The real-work mode: k fixed (the platform recomputes each revealed row whole: B's k x n hashes once per
+# challenge), n up to n_max within REAL_MEMORY_SHARE of the card, then as many products as the target takes, at
 # most REAL_MAX_PRODUCTS and REAL_MAX_DIGESTS row digests per GPU (kept on the device, 8 bytes each).
 REAL_SIZES = {
     True: {"k": 4096, "n_max": 8192, "target_s": 1.0},
@@ -75,9 +97,10 @@ REAL_N_STEP = 256
 REAL_MEMORY_SHARE = 0.25
 REAL_GENERATION_BYTES = 512 << 20  # the agent's int64 temporaries while it generates a matrix
 DIGEST_FLOOR_BPS = 2.5e8  # SHA-256 of the row digests at no less than this per GPU: added to the wait
-REVEAL_ROWS = 4
+# Rows revealed per GPU, each recomputed whole: a GPU that computed a fraction f of its rows passes <= f^8.
+REVEAL_ROWS = 8
 MIG_LABEL_BASE = 64  # a MIG slice's label in a challenge: above any GPU index (the agent's GPU indices are < 64)
-CHECKED_ENTRIES = 4
+OUTPUT_DTYPES = ("fp32", "bf16")  # what a commitment may say its GEMM output was (none said: fp32, exact)
 PINGS = 3
 PING_TIMEOUT_S = 10.0
 GRACE_S = 5.0  # beyond the time the slowest acceptable card would take, before a GPU counts as not answering
@@ -127,30 +150,42 @@ def a_entry(salt: int, word: int) -> int:
     return (fmix32(word ^ salt) >> 29) - 3
 
 
+def b_key(seed: int) -> int:
+    """B's key: one B per challenge, shared by its GPUs (each GPU's own code matrix and salts make its products
+    its own), so that the platform generates B once to recompute every GPU's revealed rows."""
+    return matrix_key(seed, 0, 0, "B")
+
+
 def expected_entry(seed: int, gpu: int, product: int, k: int, row: int, col: int) -> int:
-    """C[row][col] of the product, from the seed alone: k multiply-adds."""
-    code, b = matrix_key(seed, gpu, 0, "A"), matrix_key(seed, gpu, 0, "B")
+    """C[row][col] of the product, from the seed alone: k multiply-adds (the definition that
+    challenge_rows.expected_rows follows)."""
+    code, b = matrix_key(seed, gpu, 0, "A"), b_key(seed)
     salt = product_salt(seed, gpu, product)
     return sum(a_entry(salt, code_word(code, row, j)) * entry(b, j, col) for j in range(k))
 
 
-def expected_entries(seed: int, gpu: int, product: int, k: int, row: int, cols: list[int]) -> list[int]:
-    """expected_entry at each of `cols` of the row, on lanes (lanes.py): the row of A_p once, then per column B's
-    column and the k products summed, as a' = a + 3 in [0, 7] and e' = e + 2 in [0, 4], so that every lane is
-    unsigned: sum (a' - 3)(e' - 2) = sum a'e' - 2 sum a' - 3 sum e' + 6k."""
-    code, b = matrix_key(seed, gpu, 0, "A"), matrix_key(seed, gpu, 0, "B")
-    j = lanes.iota(0, k, 128)
-    words = lanes.mix64(lanes.broadcast(code, k, 128) ^ (j + lanes.broadcast(row << 32, k, 128)), k)  # code_word
+def a_row(seed: int, gpu: int, product: int, k: int, row: int) -> tuple[int, ...]:
+    """Row `row` of the GPU's A_p plus 3 (each in [0, 7]), on lanes: k code words, mixed under the product's salt."""
+    code = matrix_key(seed, gpu, 0, "A")
+    words = lanes.mix64(lanes.broadcast(code, k, 128) ^ (lanes.iota(0, k, 128) + lanes.broadcast(row << 32, k, 128)),
+                        k)  # code_word
     a = lanes.fmix32((words & lanes.mask(k, 128, 32)) ^ lanes.broadcast(product_salt(seed, gpu, product), k, 128),
-                     k, 128) >> 29 & lanes.mask(k, 128, 3)  # a_entry + 3
-    bits = [(a >> t & lanes.ones(k, 128)) * 7 for t in range(3)]  # each lane 7 where a' has bit t, else 0
-    sum_a, shifted = lanes.total32(a, k, 128), j << 32
-    out = []
-    for col in cols:
-        e = lanes.mod5(lanes.mix64(lanes.broadcast(b, k, 128) ^ (shifted + lanes.broadcast(col, k, 128)), k), k)
-        sum_ae = sum(lanes.total32(bit & e, k, 128) << t for t, bit in enumerate(bits))
-        out.append(sum_ae - 2 * sum_a - 3 * lanes.total32(e, k, 128) + 6 * k)
-    return out
+                     k, 128) >> 29 & lanes.mask(k, 128, 3)
+    return lanes.unpack(a, k, 128)
+
+
+def bf16_round(value: int) -> int:
+    """The integer `value` rounded once to BF16 (8 significant bits), to nearest, ties to even: what a BF16 GEMM
+    output holds when its FP32 accumulator is exact."""
+    size = abs(value)
+    drop = size.bit_length() - 8
+    if drop <= 0:
+        return value
+    q, r = divmod(size, 1 << drop)
+    half = 1 << (drop - 1)
+    if r > half or (r == half and q & 1):
+        q += 1
+    return (q << drop) if value >= 0 else -(q << drop)
 
 
 def column_salts(seed: int, gpu: int, n: int) -> list[int]:
@@ -289,21 +324,22 @@ class Outcome:
     sent_at: float | None = None
     arrivals: dict = field(default_factory=dict)  # gpu -> platform clock at its commitment
     commitments: dict = field(default_factory=dict)  # gpu -> hex
+    output_dtypes: dict = field(default_factory=dict)  # gpu -> what its commitment said its GEMM output was
     node_elapsed_s: dict = field(default_factory=dict)  # gpu -> what the node says (detail only)
-    picks: dict = field(default_factory=dict)  # gpu -> [(product, row, [cols])]
+    picks: dict = field(default_factory=dict)  # gpu -> [(product, row)]
     revealed: dict = field(default_factory=dict)  # gpu -> {"product_digests", "rows"}
     problem: str = ""  # why the exchange ended early: garbage, closed, an error from the node
     node_error: dict | None = None
 
 
 def pick_rows(challenge: Challenge, rng: random.Random) -> dict[int, list]:
-    """Per GPU: the (product, row) pairs to reveal, each with the columns the platform recomputes (kept secret)."""
+    """Per GPU: the (product, row) pairs to reveal, REVEAL_ROWS distinct ones uniformly from all its rows (each
+    recomputed whole by the platform)."""
     picks = {}
     every = challenge.products * challenge.n
     for gpu in challenge.gpu_indices:
         rows = rng.sample(range(every), min(REVEAL_ROWS, every))
-        picks[gpu] = [(r // challenge.n, r % challenge.n,
-                       rng.sample(range(challenge.n), min(CHECKED_ENTRIES, challenge.n))) for r in rows]
+        picks[gpu] = [(r // challenge.n, r % challenge.n) for r in rows]
     return picks
 
 
@@ -324,7 +360,7 @@ def reveal_bytes(challenge: Challenge) -> int:
 
 
 def reveal_request(picks: dict[int, list]) -> dict:
-    return {"reveal": {str(g): [[p, r] for p, r, _ in rows] for g, rows in picks.items()}}
+    return {"reveal": {str(g): [[p, r] for p, r in rows] for g, rows in picks.items()}}
 
 
 def _parse(line: bytes) -> dict:
@@ -372,6 +408,7 @@ def run(exchange: Exchange, challenge: Challenge, time_limit_s: int, rng: random
                 return _ended(out, message, "sent something other than a commitment of a challenged GPU")
             waiting.discard(gpu)
             out.arrivals[gpu], out.commitments[gpu] = at, message["commitment"]
+            out.output_dtypes[gpu] = message.get("output_dtype")  # said before the pick: how its rows round
             elapsed = message.get("node_elapsed_s")
             out.node_elapsed_s[gpu] = elapsed if isinstance(elapsed, (int, float)) else None
         out.picks = pick_rows(challenge, rng)  # only now, after every commitment

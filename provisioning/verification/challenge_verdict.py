@@ -1,6 +1,7 @@
 """The challenge's verdict (challenge.py draws it and runs the exchange): each GPU's revealed rows against its
-commitment and the entries the platform recomputes itself, and its rate on the platform's clock against the
-claimed card's BF16 band and the node's median."""
+commitment and, whole, against the rows the platform recomputes itself (challenge.py's docstring argues why every
+entry of a revealed row must be checked), and its rate on the platform's clock against the claimed card's BF16 band
+and the node's median."""
 from __future__ import annotations
 
 import math
@@ -10,15 +11,17 @@ from typing import Any
 
 from provisioning.verification import round_trip
 from provisioning.verification.challenge import (
+    OUTPUT_DTYPES,
     Challenge,
     Outcome,
     bf16_band,
+    bf16_round,
     column_salt_lanes,
-    expected_entries,
     joined_digest,
     packed_digest,
     row_digest_lanes,
 )
+from provisioning.verification.challenge_rows import expected_rows
 from provisioning.verification.model import DEGRADE, REJECT, DeclaredModel, Finding
 from provisioning.verification.tolerances import TOLERANCES
 
@@ -29,28 +32,32 @@ def _integers(values: Any, n: int) -> bool:
                     for v in values))
 
 
-def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, revealed: Any) -> str:
-    """'' if the GPU's revealed rows prove its commitment and every checked entry is right; else why not."""
+def check_committed(challenge: Challenge, gpu: int, commitment: str, picks: list, revealed: Any,
+                    output_dtype: Any = None) -> tuple[str, list]:
+    """('', the revealed rows' values in the order of `picks`) if they prove the GPU's commitment (row digests ->
+    product digests -> commitment); else (why not, []). Cheap: no entry is recomputed here."""
+    if output_dtype is not None and output_dtype not in OUTPUT_DTYPES:
+        return f"its commitment named the output dtype {str(output_dtype)[:20]!r}, not one of fp32 or bf16", []
     if not isinstance(revealed, dict) or not isinstance(revealed.get("rows"), list):
-        return "no revealed rows"
+        return "no revealed rows", []
     products = revealed.get("product_digests")
     if (not isinstance(products, list) or len(products) != challenge.products
             or not all(isinstance(d, str) for d in products) or joined_digest(products) != commitment):
-        return "its product digests do not match its commitment"
+        return "its product digests do not match its commitment", []
     packed_of = revealed.get("row_digests")
     if not isinstance(packed_of, dict):
-        return "no row digests"
+        return "no row digests", []
     rows = {(r.get("product"), r.get("row")): r for r in revealed["rows"]
             if isinstance(r, dict) and type(r.get("product")) is int and type(r.get("row")) is int}
     salts = column_salt_lanes(challenge.seed, gpu, challenge.n)
-    tolerance = TOLERANCES["challenge_entry_rel_tolerance"]
-    for product, row, cols in picks:
+    found = []
+    for product, row in picks:
         got = rows.get((product, row))
         if got is None:
-            return f"row {row} of product {product} was not revealed"
+            return f"row {row} of product {product} was not revealed", []
         values: Any = got.get("values")
         if not _integers(values, challenge.n):
-            return f"row {row} of product {product} is not {challenge.n} integers"
+            return f"row {row} of product {product} is not {challenge.n} integers", []
         packed_hex = packed_of.get(str(product))
         try:
             packed = bytes.fromhex(packed_hex) if isinstance(packed_hex, str) else b""
@@ -58,13 +65,47 @@ def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, reve
             packed = b""
         if (len(packed) != 8 * challenge.n or packed_digest(packed) != products[product]
                 or struct.unpack_from("<Q", packed, 8 * row)[0] != row_digest_lanes(values, salts)):
-            return f"row {row} of product {product} does not match what the GPU committed to"
-        for col, want in zip(cols, expected_entries(challenge.seed, gpu, product, challenge.k, row, cols),
-                             strict=True):
-            if abs(values[col] - want) > tolerance * abs(want):
-                return (f"entry ({row}, {col}) of product {product} is {values[col]:g}; the right value is "
-                        f"{want}")
+            return f"row {row} of product {product} does not match what the GPU committed to", []
+        found.append(values)
+    return "", found
+
+
+def check_rows(picks: list, found: list, expected: list, output_dtype: Any = None) -> str:
+    """'' if every entry of every revealed row is the platform's own (rounded once to BF16 where the commitment
+    said bf16); else the first wrong entry. No tolerance: any freedom per entry would let a node steer the row's
+    digest to what it committed without the product."""
+    for (product, row), values, want in zip(picks, found, expected, strict=True):
+        if output_dtype == "bf16":
+            want = [bf16_round(v) for v in want]
+        if values != want:  # an integral float equals its int
+            col = next(c for c, (v, w) in enumerate(zip(values, want, strict=True)) if v != w)
+            return f"entry ({row}, {col}) of product {product} is {values[col]:g}; the right value is {want[col]}"
     return ""
+
+
+def check_gpus(challenge: Challenge, answers: dict[int, tuple]) -> dict[int, str]:
+    """Per GPU of `answers` ({gpu: (commitment, picks, revealed, output_dtype)}): '' if its revealed rows prove
+    its commitment and each is, whole, the platform's own; else why not. B is generated once for all of them
+    (challenge_rows.expected_rows), only for the rows that proved their commitment."""
+    verdicts: dict[int, str] = {}
+    committed: dict[int, tuple[list, list, Any]] = {}
+    for gpu, (commitment, picks, revealed, dtype) in answers.items():
+        why, found = check_committed(challenge, gpu, commitment, picks, revealed, dtype)
+        if why:
+            verdicts[gpu] = why
+        else:
+            committed[gpu] = (picks, found, dtype)
+    wanted = [(gpu, product, row) for gpu, (picks, _, _) in committed.items() for product, row in picks]
+    expected = iter(expected_rows(challenge.seed, challenge.k, challenge.n, wanted))
+    for gpu, (picks, found, dtype) in committed.items():
+        verdicts[gpu] = check_rows(picks, found, [next(expected) for _ in picks], dtype)
+    return verdicts
+
+
+def check_gpu(challenge: Challenge, gpu: int, commitment: str, picks: list, revealed: Any,
+              output_dtype: Any = None) -> str:
+    """check_gpus for one GPU."""
+    return check_gpus(challenge, {gpu: (commitment, picks, revealed, output_dtype)})[gpu]
 
 
 def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[list[Finding], dict]:
@@ -77,6 +118,10 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
                                "round_trip_s": round(trip, 6) if out.round_trip_s is not None else None,
                                "round_trips": round_trip.figures(out.round_trips), "gpus": {}}
     rates: dict[int, float] = {}
+    revealed = out.revealed if isinstance(out.revealed, dict) else {}
+    answered = [gpu for gpu in challenge.gpu_indices if gpu in out.arrivals and out.sent_at is not None]
+    wrongs = check_gpus(challenge, {gpu: (out.commitments[gpu], out.picks.get(gpu, []), revealed.get(str(gpu)),
+                                          out.output_dtypes.get(gpu)) for gpu in answered})
     for gpu in challenge.gpu_indices:
         row: dict[str, Any] = {"node_elapsed_s": out.node_elapsed_s.get(gpu)}
         figures["gpus"][str(gpu)] = row
@@ -94,8 +139,7 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
         lenient_ratio = lenient / challenge.datasheet_tflops
         rates[gpu] = lenient
         row.update(platform_elapsed_s=round(seconds, 4), bf16_tflops=_figure(tflops), of_datasheet=_figure(ratio))
-        wrong = check_gpu(challenge, gpu, out.commitments[gpu], out.picks.get(gpu, []),
-                          out.revealed.get(str(gpu)) if isinstance(out.revealed, dict) else None)
+        wrong = wrongs[gpu]
         row["correct"] = not wrong
         if wrong:
             why = wrong if out.revealed else (out.problem or wrong)

@@ -81,9 +81,6 @@ TOLERANCES: dict[str, Any] = {  # values of many shapes, each read where its rul
     "fleet_mad_k": 4.0,
     # Relative (Frobenius) error of a matmul against FP64 on the same inputs.
     "matmul_max_rel_error": {"fp32": 1e-3, "bf16": 2e-2},
-    # The platform's challenge (challenge.py): entries are exact integers; a BF16-rounded output is off by at most
-    # 2^-8 of the value (8 significant bits), an FP32 one not at all.
-    "challenge_entry_rel_tolerance": 2 ** -8,
     # Seconds of the platform's own scheduling and SSH jitter (a busy control plane, a loaded worker) given to the
     # node before "too slow" or "outlier" is judged: ~10 % of the quick target, ~2 % of the full one. "Too fast"
     # is judged on the raw time, so each judgement gives the node the benefit of the doubt.

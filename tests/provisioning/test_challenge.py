@@ -12,7 +12,7 @@ import pytest
 
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent import challenge as node
-from provisioning.verification import challenge, challenge_verdict
+from provisioning.verification import challenge, challenge_rows, challenge_verdict
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from provisioning.verification.profiles import PROFILES_DIR, simulated_challenge
 
@@ -33,8 +33,10 @@ def test_the_platform_and_the_agent_generate_the_same_matrices_and_products():
         seed, gpu, product = rng.getrandbits(64), rng.randrange(8), rng.randrange(4)
         for matrix in ("A", "B"):
             assert node.matrix_key(seed, gpu, product, matrix) == challenge.matrix_key(seed, gpu, product, matrix)
+        assert node.b_key(seed) == challenge.b_key(seed)  # one B per challenge, on both sides
         rows = node.product_rows(seed, gpu, product, 6, 9)
         assert rows == [[challenge.expected_entry(seed, gpu, product, 9, r, c) for c in range(6)] for r in range(6)]
+        assert rows == challenge_rows.expected_rows(seed, 9, 6, [(gpu, product, r) for r in range(6)])
         salts = node.column_salts(seed, gpu, 6)
         assert salts == challenge.column_salts(seed, gpu, 6)
         assert [node.row_digest(r, salts) for r in rows] == [challenge.row_digest(r, salts) for r in rows]
@@ -116,13 +118,13 @@ def off_by(drawn, gpu, work, product, row, col, delta):
 def test_a_single_wrong_entry_on_one_gpu_of_eight_is_caught():
     drawn = challenge.draw(A100, list(range(8)), quick=True)
     out, results = honest_outcome(A100, drawn, profile="a100-80gb-sxm-x8-one-slow")
-    gpu, (product, row, cols) = 6, out.picks[6][2]
-    results[gpu] = off_by(drawn, gpu, results[gpu], product, row, cols[1], 1)
+    gpu, (product, row), col = 6, out.picks[6][2], drawn.n - 3  # any column: each revealed row is checked whole
+    results[gpu] = off_by(drawn, gpu, results[gpu], product, row, col, 1)
     out.commitments[gpu] = results[gpu].commitment()
     out.revealed = node.reveal_rows(challenge.reveal_request(out.picks)["reveal"], results)
     findings, figures = challenge_verdict.judge(A100, drawn, out)
     assert codes(findings) == [("challenge_wrong_result", "reject", 6)]
-    assert f"entry ({row}, {cols[1]}) of product {product}" in findings[0].message
+    assert f"entry ({row}, {col}) of product {product}" in findings[0].message
     assert [figures["gpus"][str(g)]["correct"] for g in range(8)] == [g != 6 for g in range(8)]
 
 
@@ -151,18 +153,40 @@ def test_revealed_rows_that_do_not_prove_the_commitment_are_wrong_results(tamper
     assert reason in findings[0].message
 
 
-def test_a_bf16_rounded_output_is_allowed_its_rounding_and_no_more():
-    """Entries large enough for BF16 to round them (|C| >= 512 needs k in the thousands), still integers."""
+def test_a_bf16_output_is_the_exact_product_rounded_once_to_nearest_even_and_nothing_else():
+    """Entries large enough for BF16 to round them (|C| >= 256 needs k in the thousands). A GPU whose commitment
+    said bf16 must give every entry rounded once to nearest even: not the exact value, not a neighbouring BF16
+    value (each such freedom would let a node steer a row's digest), and an fp32 GPU not the rounded one."""
     drawn = challenge.draw_real(312.0, 81920, [0], quick=True, rng=random.Random(4), sizes=(8, 8192, 1))
     rows = node.product_rows(drawn.seed, 0, 0, drawn.n, drawn.k)
-    want, row, col = max((abs(v), r, c) for r, vals in enumerate(rows) for c, v in enumerate(vals))
-    assert want >= 512
-    honest = node.Work([b""], lambda p, picked: [rows[r] for r in picked])
-    for delta, ok in ((want // 2 ** 9, True), (-(-want // 2 ** 7), False)):
-        work = off_by(drawn, 0, honest, 0, row, col, delta)
-        picks = {0: [(0, row, [col])]}
-        revealed = node.reveal_rows(challenge.reveal_request(picks)["reveal"], {0: work})["0"]
-        assert (challenge_verdict.check_gpu(drawn, 0, work.commitment(), picks[0], revealed) == "") is ok, delta
+    _, row, col = max((abs(v), r, c) for r, vals in enumerate(rows) for c, v in enumerate(vals)
+                      if challenge.bf16_round(v) != v)
+    rounded = [[challenge.bf16_round(v) for v in vals] for vals in rows]
+    assert rounded != rows
+
+    def answer(values_of, dtype):
+        salts = node.column_salts(drawn.seed, 0, drawn.n)
+        work = node.Work([node.packed_digests([node.row_digest(r, salts) for r in values_of])],
+                         lambda p, picked: [values_of[r] for r in picked])
+        picks = [(0, row)]
+        revealed = node.reveal_rows(challenge.reveal_request({0: picks})["reveal"], {0: work})["0"]
+        return challenge_verdict.check_gpu(drawn, 0, work.commitment(), picks, revealed, dtype)
+
+    assert answer(rows, "fp32") == answer(rows, None) == answer(rounded, "bf16") == ""
+
+    def but(values_of, value):  # the same rows with (row, col) set to `value`
+        changed = [list(r) for r in values_of]
+        changed[row][col] = value
+        return changed
+
+    where = f"entry ({row}, {col}) of product 0 is "
+    assert where in answer(but(rounded, rows[row][col]), "bf16")  # one entry unrounded where bf16 was said
+    assert where in answer(but(rows, rounded[row][col]), "fp32")  # one entry rounded where fp32 was
+    assert answer(rows, "bf16").startswith("entry (")
+    ulp = 1 << max(0, abs(rounded[row][col]).bit_length() - 8)
+    # the next BF16 value up: within the 2^-8 of the value once allowed, and a freedom to steer the digest with
+    assert where in answer(but(rounded, rounded[row][col] + ulp), "bf16")
+    assert "output dtype 'fp16'" in answer(rounded, "fp16")
 
 
 # ------------------------------------------------------------------------------------------------ timing

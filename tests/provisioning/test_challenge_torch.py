@@ -14,7 +14,7 @@ import pytest
 
 from provisioning.agent.gpumarket_agent import challenge as node
 from provisioning.agent.gpumarket_agent import challenge_torch as node_torch
-from provisioning.verification import challenge, challenge_verdict
+from provisioning.verification import challenge, challenge_rows, challenge_verdict
 from provisioning.verification.model import DeclaredModel, load_catalogue
 from tests.provisioning.test_challenge_agent import hear, say, start
 
@@ -68,17 +68,18 @@ def test_code_words_a_matrices_and_row_digests_on_the_device_are_the_platforms()
         assert got.tolist() == [challenge.row_digest(v, salts) for v in values]
 
 
-def test_the_products_are_the_platforms_within_its_tolerance():
+def test_the_products_are_exactly_the_platforms():
     seed = random.Random(3).getrandbits(64)
     code = node_torch.generate(torch, CPU, challenge.matrix_key(seed, 1, 0, "A"), 64, 2048, code=True)
     a = node_torch.a_matrix(torch, code, challenge.product_salt(seed, 1, 2))
-    b = node_torch.generate(torch, CPU, challenge.matrix_key(seed, 1, 0, "B"), 2048, 64)
+    b = node_torch.generate(torch, CPU, challenge.b_key(seed), 2048, 64)
     c, out_dtype = node_torch.multiply(torch, a, b)
     assert c.dtype == torch.float32 and out_dtype in ("fp32", "bf16")
-    tolerance = 0 if out_dtype == "fp32" else challenge.TOLERANCES["challenge_entry_rel_tolerance"]
-    for row, col in [(0, 0), (5, 63), (63, 17)]:
-        want = challenge.expected_entry(seed, 1, 2, 2048, row, col)
-        assert abs(float(c[row, col]) - want) <= tolerance * abs(want)
+    # Exactly: an fp32 output is the integer product, a bf16 one that integer rounded once to nearest even.
+    rounding = (lambda v: v) if out_dtype == "fp32" else challenge.bf16_round
+    rows = [0, 5, 63]
+    for row, want in zip(rows, challenge_rows.expected_rows(seed, 2048, 64, [(1, 2, r) for r in rows]), strict=True):
+        assert c[row].tolist() == [rounding(v) for v in want]
 
 
 def pipes():
@@ -134,7 +135,8 @@ def test_a_real_work_challenge_on_the_cpu_is_verified_by_the_platforms_own_check
     assert (final["ok"], status, out.problem) == (True, [0], "")
     for gpu in (0, 1):
         revealed = out.revealed[str(gpu)]
-        assert challenge_verdict.check_gpu(drawn, gpu, out.commitments[gpu], out.picks[gpu], revealed) == ""
+        assert challenge_verdict.check_gpu(drawn, gpu, out.commitments[gpu], out.picks[gpu], revealed,
+                                           out.output_dtypes.get(gpu)) == ""
     commits = [m for m in lines if "commitment" in m]
     assert {m["output_dtype"] for m in commits} <= {"fp32", "bf16"}
     assert all(0 < m["node_compute_s"] <= m["node_elapsed_s"] for m in commits)
@@ -145,20 +147,22 @@ def test_a_real_work_challenge_on_the_cpu_is_verified_by_the_platforms_own_check
 def test_one_flipped_value_on_one_gpu_is_caught(monkeypatch):
     drawn = tiny(gpus=(0,), seed=5)
     picks = challenge.pick_rows(drawn, random.Random(99))[0]  # the rows run() will ask for with the same rng
-    product, row, cols = picks[0]
+    product, row = picks[0]
+    col = drawn.n // 3
     done = []
 
     def corrupt(torch_, a, b):
         c, out_dtype = real_multiply(torch_, a, b)
         if len(done) == product:
-            c[row, cols[0]] = -c[row, cols[0]] - 3  # never within the tolerance of the right value
+            c[row, col] = -c[row, col] - 3  # never the right value, whatever the rounding
         done.append(1)
         return c, out_dtype
     real_multiply = node_torch.multiply
     monkeypatch.setattr(node_torch, "multiply", corrupt)
     out, final, status, _ = real_exchange(drawn, rng=random.Random(99))
     assert final["ok"] is True and out.picks[0] == picks
-    why = challenge_verdict.check_gpu(drawn, 0, out.commitments[0], out.picks[0], out.revealed["0"])
+    why = challenge_verdict.check_gpu(drawn, 0, out.commitments[0], out.picks[0], out.revealed["0"],
+                                      out.output_dtypes.get(0))
     # the corrupted GEMM went into the row's digest on the device; the row recomputed at the reveal is right, so
     # it no longer matches what the GPU committed to
     assert why == f"row {row} of product {product} does not match what the GPU committed to"

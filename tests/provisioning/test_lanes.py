@@ -52,13 +52,15 @@ def test_mod5_on_every_lane_is_each_value_mod_5():
 
 
 @pytest.mark.parametrize("k", [1, 5, 300])
-def test_the_challenges_entries_and_row_digests_on_lanes_are_the_one_word_ones(k):
-    from provisioning.verification import challenge
+def test_the_challenges_whole_rows_and_row_digests_are_the_one_word_ones(k):
+    from provisioning.verification import challenge, challenge_rows
     rng = random.Random(k)
-    seed, cols = rng.getrandbits(64), [0, 3, 4095, (1 << 32) - 1]
-    for gpu, product, row in ((0, 0, 0), (3, 7, 16383), (64, 1, (1 << 32) - 1)):
-        assert challenge.expected_entries(seed, gpu, product, k, row, cols) == [
-            challenge.expected_entry(seed, gpu, product, k, row, col) for col in cols]
+    seed, width = rng.getrandbits(64), 7
+    wanted = [(0, 0, 0), (3, 7, 16383), (64, 1, (1 << 32) - 1)]
+    # whole rows on lanes (B shared by the GPUs, generated once) against the one-entry definition
+    assert challenge_rows.expected_rows(seed, k, width, wanted) == [
+        [challenge.expected_entry(seed, gpu, product, k, row, col) for col in range(width)]
+        for gpu, product, row in wanted]
     n = 257
     values = [rng.randrange(-(2 ** 31) + 1, 2 ** 31) for _ in range(n)] + [-(2 ** 31) + 1, 2 ** 31 - 1, 0, -1, 4.0]
     salts = challenge.column_salts(seed, 2, len(values))

@@ -186,7 +186,7 @@ def test_a_real_node_challenges_a_slice_in_a_child_that_sees_only_it(tmp_path):
     out = run_on_a_real_slice(tmp_path, "challenge", challenge.run, drawn)
     label = challenge.MIG_LABEL_BASE
     assert challenge_verdict.check_gpu(drawn, label, out.commitments[label], out.picks[label],
-                                       out.revealed[str(label)]) == ""
+                                       out.revealed[str(label)], out.output_dtypes.get(label)) == ""
     # one slice per exchange on a real node: CUDA shows a process one MIG device
     proc = start(tmp_path, runtime="docker")
     say(proc, {"challenge": tiny_slice((UUID, "MIG-25ed6b80-d9fe-5162-3cab-5650f90cb68e")).request(60)})

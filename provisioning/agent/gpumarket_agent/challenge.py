@@ -11,14 +11,16 @@ then revealed row by row where the platform asks. Interactive, one JSON object a
                                                           one line per revealed GPU
     node -> {"ok": true, "agent_version": ...}   (or {"ok": false, "error": {...}} at any point, then the end)
 
-Per GPU: B (k x n) has entries entry(key_B, row, col) in [-2, 2] from a counter-based 64-bit hash; a code
-matrix (n x k) of 32-bit words from the same hash; product p is A_p x B with A_p's entry a_entry(salt_p, word) =
-(fmix32(word ^ salt_p) >> 29) - 3, in [-3, 4]: every product is exact in FP32 accumulation from BF16 inputs, and
-the platform recomputes any entry on its own. Digests: a row's is the 64-bit sum over its entries of
-fmix32(value ^ the column's salt) (nonlinear: no shortcut through A (B w)), computed where the product is; a
-product's is SHA-256 of its row digests packed as little-endian uint64; the commitment is SHA-256 of the product
-digests (hex, joined). provisioning/verification/challenge.py implements the same on the platform,
-independently (a test holds them equal).
+One B (k x n) per challenge, shared by its GPUs (key b_key(seed)), has entries entry(key_B, row, col) in [-2, 2]
+from a counter-based 64-bit hash; per GPU a code matrix (n x k) of 32-bit words from the same hash; product p of a
+GPU is A_p x B with A_p's entry a_entry(salt_p, word) = (fmix32(word ^ salt_p) >> 29) - 3, in [-3, 4]: every
+product is exact in FP32 accumulation from BF16 inputs, and the platform recomputes every revealed row whole, on
+its own, and wants it exactly (a BF16 output: each entry the exact integer rounded once to BF16, as the
+commitment's `output_dtype` says). Digests: a row's is the 64-bit sum over its entries of fmix32(value ^ the
+column's salt) (nonlinear: no shortcut through A (B w)), computed where the product is; a product's is SHA-256
+of its row digests packed as little-endian uint64; the commitment is SHA-256 of the product digests (hex,
+joined). provisioning/verification/challenge.py implements the same on the platform, independently (a test holds
+them equal).
 
 In sim mode the node really computes the products (pure Python, the small sizes the platform asks for) and then
 answers each GPU no sooner than the profile's real card would finish the platform's nominal work
@@ -90,6 +92,11 @@ def code_word(key, row, col):
     return mix64(key ^ ((row << 32) | col)) & M32
 
 
+def b_key(seed):
+    """B's key: one B per challenge, shared by its GPUs (their own codes and salts keep their products apart)."""
+    return matrix_key(seed, 0, 0, "B")
+
+
 def product_salt(seed, gpu, product):
     return matrix_key(seed, gpu, product, "S") & M32
 
@@ -104,7 +111,7 @@ def column_salts(seed, gpu, n):
 
 
 def product_rows(seed, gpu, product, n, k):
-    code, key_b = matrix_key(seed, gpu, 0, "A"), matrix_key(seed, gpu, 0, "B")
+    code, key_b = matrix_key(seed, gpu, 0, "A"), b_key(seed)
     salt = product_salt(seed, gpu, product)
     a = [[a_entry(salt, code_word(code, r, c)) for c in range(k)] for r in range(n)]
     cols = list(zip(*[[entry(key_b, r, c) for c in range(n)] for r in range(k)]))  # noqa: B905 - python3.8

@@ -8,8 +8,9 @@ the code in int32, multiplied in BF16 with FP32 accumulation, and each output ro
 device, so only the n x 8 bytes of row digests per product reach the host (one SHA-256 each): the platform's
 clock times the GPU, not the node's CPU. The output is FP32 straight from the GEMM where the device's PyTorch has
 `torch.mm(..., out_dtype=torch.float32)` (exact integers), otherwise the BF16 output of torch.matmul upcast (the
-FP32 accumulator rounded once, within the platform's `challenge_entry_rel_tolerance`); the commitment says which
-(`output_dtype`). The rows the platform picks are recomputed on the device at the reveal (a row costs k x n; its
+exact FP32 accumulator rounded once to nearest even, which the platform recomputes exactly: reduced-precision
+split-K reductions are turned off); the commitment says which (`output_dtype`), before the platform picks rows.
+The rows the platform picks are recomputed on the device at the reveal (a row costs k x n; its
 digest, committed before the pick, needed the whole product). A real node answers only real-work challenges
 (`flop_per_gpu` = products x 2 n^2 k, the platform's `draw(real_work=True)`): the nominal work of a sim challenge
 cannot be done for real and is refused as `challenge_unsupported`.
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 
-from .challenge import GEN_CHUNK, M32, Work, column_salts, matrix_key, product_salt
+from .challenge import GEN_CHUNK, M32, Work, b_key, column_salts, matrix_key, product_salt
 from .core import AgentError, at_once
 from .mig import MIG_LABEL_BASE
 
@@ -155,7 +156,7 @@ def torch_work(req, lines, clock=time.monotonic):
 
     def work(i, dev):
         code = generate(torch, dev, matrix_key(seed, i, 0, "A"), n, k, code=True)
-        b = generate(torch, dev, matrix_key(seed, i, 0, "B"), k, n)
+        b = generate(torch, dev, b_key(seed), k, n)  # the challenge's one B, on each device
         salts = torch.tensor([_signed32(s) for s in column_salts(seed, i, n)], dtype=torch.int32, device=dev)
         digests = torch.empty(req["products"], n, dtype=torch.int64, device=dev)
         a = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
