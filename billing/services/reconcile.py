@@ -33,7 +33,7 @@ or failing Stripe ends this run (the next one tries again), any other error skip
 """
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -60,6 +60,20 @@ class StripeUnavailable(Exception):
     """Stripe cannot be reached or failed: stop this run, the next one tries again."""
 
 
+def _each_until_stripe_is_away(ids: list[int], follow: Callable[[int], str], what: str) -> dict[str, int]:
+    """`follow` each id in turn, counting its outcomes; Stripe unreachable ends the run there (counted as
+    `stripe_unavailable`): the rest wait for the next run rather than each timing out in turn."""
+    summary: Counter[str] = Counter()
+    for pk in ids:
+        try:
+            summary[follow(pk)] += 1
+        except StripeUnavailable as exc:
+            log.warning("%s: %s; the next run tries again", what, exc)
+            summary["stripe_unavailable"] += 1
+            break
+    return dict(summary)
+
+
 def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> Mapping[str, int | str]:
     """Settle the top-ups still processing after BILLING_TOP_UP_RECONCILE_AFTER_S with what Stripe says (one run
     at a time). Returns how many were credited, failed, left processing, or could not be looked up."""
@@ -72,15 +86,7 @@ def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
         ids = list(TopUp.objects.filter(status=TopUpStatus.PROCESSING, payment_intent_id__isnull=False,
                                         updated_at__lt=cutoff)
                    .order_by("updated_at", "pk").values_list("pk", flat=True)[:limit])
-        summary: Counter[str] = Counter()
-        for top_up_id in ids:
-            try:
-                summary[top_up_reconcile(top_up_id=top_up_id, now=now)] += 1
-            except StripeUnavailable as exc:
-                log.warning("top-up reconcile: %s; the next run tries again", exc)
-                summary["stripe_unavailable"] += 1
-                break
-        return dict(summary)
+        return _each_until_stripe_is_away(ids, lambda pk: top_up_reconcile(top_up_id=pk, now=now), "top-up reconcile")
 
 
 def top_ups_charge_pending(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> int:
@@ -111,15 +117,7 @@ def top_ups_find_lost(*, now: datetime | None = None, limit: int = RECONCILE_BAT
         cutoff = now - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
         ids = list(TopUp.objects.filter(status=TopUpStatus.FAILED, outcome_unknown=True, updated_at__lt=cutoff)
                    .order_by("updated_at", "pk").values_list("pk", flat=True)[:limit])
-        summary: Counter[str] = Counter()
-        for top_up_id in ids:
-            try:
-                summary[top_up_find_lost(top_up_id=top_up_id, now=now)] += 1
-            except StripeUnavailable as exc:
-                log.warning("lost charges: %s; the next run tries again", exc)
-                summary["stripe_unavailable"] += 1
-                break
-        return dict(summary)
+        return _each_until_stripe_is_away(ids, lambda pk: top_up_find_lost(top_up_id=pk, now=now), "lost charges")
 
 
 # How far before the top-up's row the payment may be stamped (the two clocks differ a little).
@@ -232,15 +230,7 @@ def refunds_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
         cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
         ids = list(Refund.objects.filter(status=RefundStatus.PENDING, created_at__lt=cutoff)
                    .order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
-        summary: Counter[str] = Counter()
-        for refund_id in ids:
-            try:
-                summary[refund_reconcile(refund_id=refund_id)] += 1
-            except StripeUnavailable as exc:
-                log.warning("refund reconcile: %s; the next run tries again", exc)
-                summary["stripe_unavailable"] += 1
-                break
-        return dict(summary)
+        return _each_until_stripe_is_away(ids, lambda pk: refund_reconcile(refund_id=pk), "refund reconcile")
 
 
 def refund_reconcile(*, refund_id: int) -> str:

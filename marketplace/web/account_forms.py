@@ -33,6 +33,28 @@ class _LockoutMixin:
             raise ValidationError("Your password was entered incorrectly.", code="password_incorrect")
 
 
+def current_password_field(help_text: str = "") -> forms.CharField:
+    return forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False, help_text=help_text,
+                           widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
+
+
+class PasswordConfirmedForm(_LockoutMixin, forms.Form):
+    """A form for a change a session alone (a copied cookie) must not make: the account's password is asked and
+    checked behind the log-in lock-out. Subclasses word the field's help for their change (`why_asked`)."""
+
+    why_asked = "Your account's password."
+
+    def __init__(self, *args, user, request, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user, self.request = user, request
+        self.fields["password"] = current_password_field(self.why_asked)
+
+    def clean_password(self):
+        password = self.cleaned_data["password"]
+        self._check_password(self.user, password, self.request)
+        return password
+
+
 class ThrottledPasswordChangeForm(_LockoutMixin, PasswordChangeForm):
     """Django's form; the old password is checked behind the log-in lock-out."""
 
@@ -57,10 +79,8 @@ class TwoFactorLoginForm(forms.Form):
 
 
 class TwoFactorConfirmForm(forms.Form):
-    password = forms.CharField(
-        max_length=PASSWORD_MAX_LENGTH, strip=False,
-        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
-        help_text="Your account's password: turning two-factor on logs out every other browser.")
+    # Checked by the service with the code (two_factor.totp_enrol_confirm), not here.
+    password = current_password_field("Your account's password: turning two-factor on logs out every other browser.")
     code = forms.CharField(
         label="Code from the app", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
@@ -68,8 +88,7 @@ class TwoFactorConfirmForm(forms.Form):
 
 
 class TwoFactorDisableForm(_LockoutMixin, forms.Form):
-    password = forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False,
-                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
+    password = current_password_field()
     code = forms.CharField(
         label="Code", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),

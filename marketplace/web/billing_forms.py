@@ -14,9 +14,8 @@ from billing.selectors import cards_for_user
 from billing.services.cards import SETUP_INTENT_ID
 from billing.services.profiles import CONNECT_ACCOUNT_ID, CONNECT_ACCOUNT_MESSAGE
 from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, parse_cents
-from marketplace.validators import PASSWORD_MAX_LENGTH
 
-from .account_forms import _LockoutMixin
+from .account_forms import PasswordConfirmedForm
 
 
 class _CardChoices(forms.ModelChoiceField):
@@ -100,24 +99,14 @@ class UsageFilterForm(forms.Form):
             lambda i: f"#{i.pk}{' · ' + i.label if i.label else ''} ({i.num_gpus} × {i.gpu_model.name})")
 
 
-class PayoutAccountForm(_LockoutMixin, forms.Form):
-    """Where the earnings go: a session alone (a copied cookie) must not redirect them, so the password is asked
-    (behind the log-in lock-out), and the change is e-mailed (billing.services.profiles)."""
+class PayoutAccountForm(PasswordConfirmedForm):
+    """Where the earnings go: a session alone (a copied cookie) must not redirect them, so the password is asked,
+    and the change is e-mailed (billing.services.profiles)."""
+
+    why_asked = "Your account's password, to change where your earnings go."
 
     stripe_connect_account_id = forms.RegexField(
         label="Stripe Connect account", regex=CONNECT_ACCOUNT_ID, max_length=100, required=False,
         error_messages={"invalid": CONNECT_ACCOUNT_MESSAGE},
         help_text="Where your weekly payouts go (acct_...). Leave empty to stop payouts.")
-    password = forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False,
-                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
-                               help_text="Your account's password, to change where your earnings go.")
-
-    def __init__(self, *args, user, request, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.user, self.request = user, request
-
-    def clean_password(self):
-        password = self.cleaned_data["password"]
-        self._check_password(self.user, password, self.request)
-        return password
 

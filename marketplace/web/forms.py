@@ -27,7 +27,7 @@ from marketplace.validators import (
     validate_instance_keys,
 )
 
-from .account_forms import _LockoutMixin
+from .account_forms import PasswordConfirmedForm
 from .rent_options import RentOptionsMixin
 from .rent_volumes import RentVolumesMixin
 
@@ -100,9 +100,11 @@ class SignupConfirmForm(forms.Form):
     token = forms.CharField(max_length=SIGNUP_TOKEN_MAX_LENGTH, widget=forms.HiddenInput)
 
 
-class ApiKeyForm(_LockoutMixin, forms.Form):
+class ApiKeyForm(PasswordConfirmedForm):
     """A key outlives the session and a password change: a session alone (a copied cookie) must not make one, so
-    the password is asked (behind the log-in lock-out), as POST /api/v1/auth/login/ does."""
+    the password is asked, as POST /api/v1/auth/login/ does."""
+
+    why_asked = "Your account's password: a key works until it is revoked, even after the password changes."
 
     name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Something to tell your keys apart, e.g. “laptop” or “CI”.")
@@ -115,19 +117,6 @@ class ApiKeyForm(_LockoutMixin, forms.Form):
         label="Expires", coerce=int, initial=0,
         choices=[(0, "never"), (7, "in 7 days"), (30, "in 30 days"), (90, "in 90 days"), (365, "in a year")],
         help_text="After this the key is refused (401, saying it expired).")
-    password = forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False,
-                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
-                               help_text="Your account's password: a key works until it is revoked, even after the "
-                                         "password changes.")
-
-    def __init__(self, *args, user, request, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.user, self.request = user, request
-
-    def clean_password(self):
-        password = self.cleaned_data["password"]
-        self._check_password(self.user, password, self.request)
-        return password
 
 
 class _KeyChoices(forms.ModelMultipleChoiceField):
