@@ -384,3 +384,21 @@ def test_throughput_figures_keep_their_digits_below_one():
     _figure = challenge_verdict._figure
     assert _figure(0.000412345) == 0.000412 and _figure(0.5) == 0.5
     assert _figure(312.51234) == 312.512 and _figure(1.0004) == 1.0
+
+
+@pytest.mark.parametrize(("values", "ok"), [
+    ([0, -3, 2 ** 31 - 1, -(2 ** 31 - 1)], True),
+    ([0, 1.0, -2.0, 5], True),  # integral floats, as JSON may carry them
+    ([0, 1, 2], False),  # not n of them
+    ([0, 1, 2, True], False),  # a bool is not a number here
+    ([0, 1, 2, "3"], False),
+    ([0, 1, 2, 0.5], False),
+    ([0, 1, 2, float("nan")], False),
+    ([0, 1, 2, float("inf")], False),
+    ([0, 1, 2, 2 ** 31], False),  # past int32, which the row digest packs
+    ([0, 1, 2, 10 ** 400], False),  # past float64 itself
+    ([0, 1, 2, None], False),
+    ("0123", False),
+])
+def test_a_revealed_row_is_n_integers_of_int32(values, ok):
+    assert challenge_verdict._integers(values, 4) is ok
