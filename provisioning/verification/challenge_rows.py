@@ -14,8 +14,10 @@ CPU the check cost a worker for no gain in time. bench/challenge_verify_real.py 
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Any
+
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from provisioning.verification.challenge import a_row, b_key
 
@@ -24,6 +26,17 @@ BLOCK_WORDS = 1 << 21  # B's words generated at once (16 MiB of uint64, and as m
 _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S27, _S30, _S31, _S32 = (np.uint64(s) for s in (27, 30, 31, 32))
 _FIVE = np.uint64(5)
+
+
+def _one_blas_thread() -> Any:
+    """BLAS held to one thread while the rows are recomputed. threadpoolctl is the platform's (requirements.txt);
+    scripts/gpu-selfcheck runs this code on a GPU machine that may have numpy beside PyTorch but not threadpoolctl,
+    where the GEMM then only costs more CPU."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def expected_rows(seed: int, k: int, n: int, wanted: list[tuple[int, int, int]]) -> list[list[int]]:
@@ -40,7 +53,7 @@ def expected_rows(seed: int, k: int, n: int, wanted: list[tuple[int, int, int]])
     block = max(1, min(k, BLOCK_WORDS // n))
     z = np.empty((block, n), dtype=np.uint64)
     t = np.empty_like(z)
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _one_blas_thread():
         _accumulate(a, cols, k, z, t, out)
     return out.astype(np.int64).tolist()
 
