@@ -7,7 +7,19 @@ from typing import TYPE_CHECKING, TypedDict
 from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, MigSlice, Node, NodeState, SliceStatus, User
+from marketplace.models import (
+    Gpu,
+    GpuAllocation,
+    GpuStatus,
+    Instance,
+    InstanceStatus,
+    MigSlice,
+    MigSliceAllocation,
+    Node,
+    NodeState,
+    SliceStatus,
+    User,
+)
 from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
@@ -148,3 +160,18 @@ def instance_ssh_command(instance: Instance) -> str | None:
     if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
         return None
     return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
+
+
+def instances_awaiting_cleanup(*, node_id: int) -> list[int]:
+    """Instances of the node that are over (destroyed or failed) but whose VM may still be on it: they still
+    hold a GPU or a MIG slice, or were destroyed while the node could not be reached (`vm_cleanup_pending`: a
+    stopped instance holds no GPU that would say so). The reconciler removes their VMs; a node is not retired
+    before. Asked of the allocations, not through the instance's reverse relations, where
+    `released_at__isnull=True` would also match an instance with none at all."""
+    over = (InstanceStatus.DESTROYED, InstanceStatus.FAILED)
+    gpus = GpuAllocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True, instance__status__in=over)
+    slices = MigSliceAllocation.objects.filter(mig_slice__node_id=node_id, released_at__isnull=True,
+                                               instance__status__in=over)
+    pending = Instance.objects.filter(node_id=node_id, status=InstanceStatus.DESTROYED, vm_cleanup_pending=True)
+    return sorted({*gpus.values_list("instance_id", flat=True), *slices.values_list("instance_id", flat=True),
+                   *pending.values_list("pk", flat=True)})

@@ -266,6 +266,11 @@ def held_stays_rented(row: Gpu | MigSlice, what: str) -> None:
     stored = rows.values_list("status", flat=True).first()
     if stored is None or stored == row.status:
         return
+    if isinstance(row, Gpu) and stored == GpuStatus.MIG:
+        # Split into slices, it is held through its slices' allocations, and leaves `mig` only through its
+        # node's check (provisioning.services.mig), which re-reads the card; the Node page's GPU rows too.
+        raise ValidationError({"status": "This GPU is split into MIG slices: it leaves MIG only through its "
+                                         "node's check (declare the node's MIG layout without it, then verify)."})
     holder = row.allocations.filter(released_at__isnull=True).values_list("instance_id", "instance__status").first()
     if holder is not None:
         raise ValidationError({"status": (

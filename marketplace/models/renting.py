@@ -189,6 +189,9 @@ class Instance(StatefulModel, models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text="When it last became running.")
     stopped_at = models.DateTimeField(null=True, blank=True)
     destroyed_at = models.DateTimeField(null=True, blank=True)
+    vm_cleanup_pending = models.BooleanField(
+        default=False, help_text="Destroyed while its node could not be reached: its VM and disk are still to be "
+                                 "removed by the reconciler (a stopped instance holds no GPU that would say so).")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -27,6 +27,7 @@ from marketplace.models import (
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_to_micros
+from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
 from provisioning.models import NodeEvent
@@ -218,9 +219,12 @@ def node_return_state(*, node: Node) -> str:
 
 
 def node_unreachable(node: Node) -> bool:
-    """Offline, or missing enough health checks in a row that its running instances are interrupted (as
-    instance_destroy judges it)."""
-    return node.state == NodeState.OFFLINE or node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS
+    """Whether the health checks say the node cannot be reached: enough failures in a row that its running
+    instances are interrupted, or offline with its last check failed. Offline alone is not enough: a check that
+    failed on the platform's side (a lost worker, a busy node) sends a node offline that still answers, and
+    retiring it as unreachable would fail instances its reconciler could still resume."""
+    failures = node.health_failures
+    return failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS or (node.state == NodeState.OFFLINE and failures > 0)
 
 
 # Said when a retired node's interrupted instances are ended (the renter reads it, with the credit).
@@ -230,16 +234,6 @@ RETIRED_WHILE_INTERRUPTED = ("its server stopped answering and its provider then
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
-
-
-def _over_but_holding(node: Node) -> list[int]:
-    """Instances of the node that are over (destroyed or failed) but still hold a GPU or a MIG slice: their VM is
-    yet to be removed (the reconciler does it, or the destroy's job). Asked of the allocations, not through the
-    instance's reverse relations, where `released_at__isnull` would also match an instance with none at all."""
-    gpus = GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True, instance__status__in=FINAL_STATUSES)
-    slices = MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True,
-                                               instance__status__in=FINAL_STATUSES)
-    return sorted({*gpus.values_list("instance_id", flat=True), *slices.values_list("instance_id", flat=True)})
 
 
 def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
@@ -261,10 +255,12 @@ def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
                        "retired once their renters have destroyed or deleted them")
     if not reasons and not unreachable:
         # Destroyed while the node was away: the reconciler removes their VMs at its next pass (minutes).
-        cleanup = len(_over_but_holding(node))
+        cleanup = len(instances_awaiting_cleanup(node_id=node.pk))
         if cleanup:
             vms = _count(cleanup, "destroyed instance", "destroyed instances")
-            reasons.append(f"the platform is still removing the VM of {vms} from it; try again in a few minutes")
+            later = ("once an operator has accepted its new host key, so that the platform can reach it again"
+                     if node.state == NodeState.QUARANTINED else "try again in a few minutes")
+            reasons.append(f"the platform is still removing the VM of {vms} from it; {later}")
     if not reasons:
         return ""
     return ("This node cannot be retired yet: " + "; ".join(reasons)
@@ -281,7 +277,7 @@ def _release_unreachable(node: Node, interrupted: list[int]) -> list[str]:
         instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_INTERRUPTED}.")
     if interrupted:
         done.append(f"interrupted instance(s) {', '.join(map(str, interrupted))} ended as failed (credited)")
-    held = _over_but_holding(node)
+    held = instances_awaiting_cleanup(node_id=node.pk)
     for instance_id in held:
         if not instance_svc.instance_cleanup_done(instance_id=instance_id):  # destroyed: its GPUs; failed: here
             instance_svc.instance_mark_failed(instance_id=instance_id, message="")

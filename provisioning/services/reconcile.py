@@ -9,9 +9,8 @@ import logging
 import re
 from typing import Any
 
-from django.db.models import Q
-
 from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
+from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
 from provisioning.services.nodes import node_event, node_session
@@ -48,9 +47,12 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # Read the database after the node, so an instance created meanwhile is known.
         known: dict[int | None, Instance] = {
             i.pk: i for i in Instance.objects.filter(node=node).exclude(status=InstanceStatus.DESTROYED)}
-        destroyed = set(Instance.objects.filter(node=node, status=InstanceStatus.DESTROYED)
-                        .filter(Q(allocations__released_at__isnull=True) | Q(pk__in=_vm_instance_ids(vms)))
-                        .values_list("pk", flat=True).distinct())
+        # Destroyed ones whose VM the node still has, or that wait for their cleanup (GPUs held, or destroyed
+        # while the node was away): the node answered its list, so each is cleaned up below.
+        destroyed = set(Instance.objects.filter(node=node, status=InstanceStatus.DESTROYED,
+                                                pk__in=_vm_instance_ids(vms)).values_list("pk", flat=True))
+        destroyed |= set(Instance.objects.filter(pk__in=instances_awaiting_cleanup(node_id=node.pk),
+                                                 status=InstanceStatus.DESTROYED).values_list("pk", flat=True))
         seen = {}
         for vm in vms:
             match = _VM_ID.match(vm.get("vm_id", ""))

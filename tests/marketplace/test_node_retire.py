@@ -15,7 +15,7 @@ from marketplace.services import instances as svc
 from marketplace.services import nodes as node_svc
 from provisioning.models import NodeEvent
 from tests.factories import UserFactory, make_listed_node
-from tests.marketplace.renting_helpers import book, run
+from tests.marketplace.renting_helpers import book, run, sent_jobs_fixture  # noqa: F401 (the sent_jobs fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -119,3 +119,82 @@ def test_an_instance_on_a_retired_node_cannot_start_and_is_told_why():
     instance.refresh_from_db()
     with pytest.raises(Conflict, match="its node was retired by its provider and never comes back"):
         svc.instance_start(instance=instance)
+
+
+def test_a_stopped_instance_destroyed_while_the_node_was_away_holds_the_retire_until_its_vm_is_removed(sent_jobs):
+    """Destroyed while its node could not be reached, a stopped instance (it holds no GPU) keeps the retire back
+    until the reconciler removed its VM and disk (found by review: the node was retired with the disk on it)."""
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    type(node).objects.filter(pk=node.pk).update(state=NodeState.OFFLINE, health_failures=5)
+    instance.refresh_from_db()
+    svc.instance_destroy(instance=instance)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.DESTROYED and instance.vm_cleanup_pending
+    type(node).objects.filter(pk=node.pk).update(state=NodeState.ACTIVE, health_failures=0)  # it answers again
+    node.refresh_from_db()
+    assert "still removing the VM of 1 destroyed instance" in _retire_refusal(node)
+    svc.instance_cleanup_done(instance_id=instance.pk)  # what the reconciler calls once the VM is gone
+    instance.refresh_from_db()
+    assert not instance.vm_cleanup_pending
+    node_svc.node_retire(node=node)
+
+
+def test_a_node_sent_offline_by_a_check_that_failed_on_the_platforms_side_is_not_retired_as_unreachable(sent_jobs):
+    """Offline alone is not unreachable: a check the platform lost (a reaped job) sends a node offline that answers
+    every health check; its renter's interrupted instance, which the reconciler would restart, is not failed."""
+    from provisioning.models import Job, JobKind
+    from provisioning.services.verification import node_verify_failed, node_verify_request
+    from provisioning.ssh_errors import NodeError
+
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.VM_LOST,
+                           detail="the VM stopped")
+    node_svc.node_update(node=node, maintenance=True)
+    node_verify_request(node=node, reason="provider")
+    node_verify_failed(job=Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY).latest("pk"),
+                       error=NodeError("The job did not finish in time and was stopped by the platform."))
+    node.refresh_from_db()
+    assert node.state == NodeState.OFFLINE and node.health_failures == 0
+    assert "renters' instances are live on it (1 interrupted)" in _retire_refusal(node)
+    assert not node_svc.node_unreachable(node)
+    type(node).objects.filter(pk=node.pk).update(health_failures=1)  # its health check failed too: unreachable
+    node.refresh_from_db()
+    assert node_svc.node_unreachable(node)
+
+
+def test_a_quarantined_nodes_refusal_says_what_it_waits_for(sent_jobs):
+    """A destroy that met a changed host key leaves the VM for later; a quarantined node is never reconciled until
+    an operator accepts its key, so "a few minutes" would never come."""
+    from provisioning.models import Job, JobKind
+    from provisioning.services.vms import vm_destroy_failed
+    from provisioning.ssh_errors import HostKeyMismatch
+
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_destroy(instance=instance)
+    type(node).objects.filter(pk=node.pk).update(state=NodeState.QUARANTINED)
+    vm_destroy_failed(job=Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_DESTROY).latest("pk"),
+                      error=HostKeyMismatch("SHA256:old", "SHA256:new"))
+    node.refresh_from_db()
+    message = _retire_refusal(node)
+    assert "once an operator has accepted its new host key" in message and "a few minutes" not in message
+
+
+def test_a_gpu_split_into_mig_slices_keeps_its_status_in_any_form(admin_client):
+    """Held through its slices' allocations, a split GPU was freed from the Node page's GPU rows while a renter's
+    slice ran on it, and the next whole-GPU booking took the same card (found by review)."""
+    from django.core.exceptions import ValidationError
+
+    from tests.marketplace.mig_helpers import make_mig_node
+
+    node = make_mig_node({0: ["7g.80gb"]}, gpu_count=1)
+    run(book(UserFactory(), node, num_gpus=1, mig_profile="7g.80gb"))
+    split = node.gpus.get(index=0)
+    for status in (GpuStatus.FREE, GpuStatus.UNAVAILABLE):
+        split.status = status
+        with pytest.raises(ValidationError, match="split into MIG slices"):
+            split.full_clean()

@@ -122,19 +122,23 @@ def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) 
                        "answers again; nothing is charged meanwhile." + credit)
         instance.transition_to(S.DESTROYED, message)
         instance.destroyed_at = now
+        instance.vm_cleanup_pending = cleanup_pending
         _stop_clock(instance, now)
         if not cleanup_pending:
             instance_release_gpus(instance=instance, at=now)
-        _save(instance, "destroyed_at", "stopped_at", *instance_forget_secrets(instance))
+        _save(instance, "destroyed_at", "stopped_at", "vm_cleanup_pending", *instance_forget_secrets(instance))
     return instance
 
 
 @transaction.atomic
 def instance_cleanup_done(*, instance_id: int) -> list[int]:
-    """The reconciler removed a destroyed instance's VM from its node: free the GPUs it still held."""
+    """The reconciler removed a destroyed instance's VM from its node (or found none): free the GPUs it still
+    held, and it is no longer waiting for its cleanup. Returns the GPUs freed."""
     instance = _locked(instance_id)
     if instance is None or instance.status != S.DESTROYED:
         return []
+    if instance.vm_cleanup_pending:
+        Instance.objects.filter(pk=instance.pk).update(vm_cleanup_pending=False, updated_at=timezone.now())
     return instance_release_gpus(instance=instance)
 
 
