@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
@@ -52,9 +53,11 @@ def ask_replayed(*, renter: User, fingerprint: str, idempotency_key: str) -> Ins
     return earlier if earlier is not None and _replayable(earlier) else None
 
 
+@transaction.atomic
 def ask_book(*, renter: User, fingerprint: str, idempotency_key: str, **booking: Any) -> Instance:
     """instance_create with the create's key: the explicit one, else `vast-ask:<fingerprint>`. A concurrent
-    identical create that inserted first is answered (instance_create's unique-index race)."""
+    identical create that inserted first is answered (instance_create's unique-index race). One transaction: a
+    booking refused (no funds, taken GPUs) leaves the key on the instance that held it."""
     key = idempotency_key or REPLAY_KEY_PREFIX + fingerprint
     if not idempotency_key:
         stale = Instance.objects.filter(renter=renter, idempotency_key=key).first()

@@ -132,3 +132,19 @@ def test_two_identical_creates_at_once_book_once(client_for):
     assert _contract(results[0]) == _contract(results[1])
     assert Instance.objects.count() == 1
     assert Gpu.objects.filter(node=node, status=GpuStatus.RENTED).count() == 2
+
+
+def test_a_refused_create_leaves_the_key_on_the_instance_that_held_it(api, node):
+    """Giving up a stale holder's key and booking are one transaction: a refused booking (here the node was
+    unlisted) left the stopped instance without its key, so a retry after it was started again booked twice."""
+    add_key(api.user)
+    ask = node.pk * 100 + 1
+    first = _contract(_create(api, ask, label="a"))
+    svc.instance_stop(instance=svc.instance_mark_running(instance_id=svc.instance_mark_provisioning(
+        instance_id=first).pk, ssh_host="10.0.0.1", ssh_port=40001, ssh_user="root"))
+    key = Instance.objects.get(pk=first).idempotency_key
+    assert key.startswith("vast-ask:")
+    Node.objects.filter(pk=node.pk).update(listed=False)
+    assert _create(api, ask, label="a").status_code == 409
+    assert Instance.objects.get(pk=first).idempotency_key == key
+    assert Instance.objects.filter(renter=api.user).count() == 1
