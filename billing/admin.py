@@ -27,7 +27,7 @@ from billing.models import (
     TopUp,
     UsageInterval,
 )
-from billing.services import ledger, payments, payouts
+from billing.services import ledger, payments, payouts, profiles
 from billing.services.refunds import REFUND_NOTE
 from core.errors import ApplicationError
 from marketplace.money import micros_to_usd, usd_to_micros
@@ -271,9 +271,22 @@ class PayoutAdmin(ReadOnlyAdmin):
             self.message_user(request, f"payout {payout.pk}: {payout.status} {payout.failure_message}")
 
 
+class BillingProfileAdminForm(forms.ModelForm):
+    stripe_connect_account_id = forms.RegexField(
+        regex=profiles.CONNECT_ACCOUNT_ID, max_length=100, required=False, label="Stripe Connect account id",
+        error_messages={"invalid": profiles.CONNECT_ACCOUNT_MESSAGE})
+
+    class Meta:
+        model = BillingProfile
+        fields = ["stripe_connect_account_id"]
+
+
 @admin.register(BillingProfile)
 class BillingProfileAdmin(admin.ModelAdmin):
-    """Operators may set a provider's Connect account; nothing else here is editable."""
+    """Operators may set a provider's Connect account, through the same service as the provider (the account's
+    pattern, and the e-mail that tells the owner where the earnings go now); nothing else here is editable."""
+
+    form = BillingProfileAdminForm
 
     list_display = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
                     "low_balance_warned_at", "depleted_at"]
@@ -283,6 +296,11 @@ class BillingProfileAdmin(admin.ModelAdmin):
               "auto_top_up_threshold_micros", "auto_top_up_amount_micros", "auto_top_up_card",
               "low_balance_warned_at", "depleted_at", "destroy_warned_at", "created_at"]
     readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]  # type: ignore[misc]  # names only
+
+    def save_model(self, request, obj, form, change):
+        if "stripe_connect_account_id" in form.changed_data:
+            profiles.profile_update(user=obj.user, base_url=request.build_absolute_uri("/"), changes=(
+                profiles.ProfileChanges(stripe_connect_account_id=form.cleaned_data["stripe_connect_account_id"])))
 
     def has_add_permission(self, request, obj=None):
         return False

@@ -20,7 +20,7 @@ from billing.services.profiles import CONNECT_ACCOUNT_ID
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
-from core.api.scopes import RENTER_ONLY, RENTER_OR_PROVIDER
+from core.api.scopes import PROVIDER, RENTER_ONLY, RENTER_OR_PROVIDER
 from marketplace.models import ApiKey
 from marketplace.money import micros_to_usd, usd_to_micros
 
@@ -219,6 +219,18 @@ class ProfileOutSerializer(serializers.Serializer):
 
 
 @extend_schema(tags=["billing"])
+def _payout_account_change_allowed(request) -> None:
+    """Where the earnings go is changed with an API key that may act as a provider (payouts are the provider
+    scope's), never by a browser session alone (a copied cookie): the Payouts page asks for the password, and a key
+    was made with it. Sending back the account as it is changes nothing and is not refused."""
+    if not isinstance(request.auth, ApiKey):
+        raise PermissionDenied("Change the payout account on the Payouts page (it asks for your password) or "
+                               "with an API key; a browser session alone cannot.")
+    if PROVIDER not in request.auth.scopes:
+        raise PermissionDenied("Changing the payout account needs an API key with the provider scope (payouts are "
+                               "a provider's); this key does not hold it.")
+
+
 class ProfileView(APIView):
     api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
 
@@ -227,21 +239,19 @@ class ProfileView(APIView):
         return Response(_profile_data(profile_for(user=request.user)))
 
     @extend_schema(summary="Change your billing settings (payout account, auto top-up)",
-                   description="A new payout account is e-mailed to your address. Changing it needs an API key: "
-                               "from a browser session, the Payouts page asks for the password.",
+                   description="A new payout account is e-mailed to your address. Changing it needs an API key with "
+                               "the provider scope: from a browser session, the Payouts page asks for the password.",
                    request=ProfileSerializer, responses={
                        200: ProfileOutSerializer,
-                       403: error_response("The payout account asked to change with a browser session, not an API "
-                                           "key; nothing was changed.")})
+                       403: error_response("The payout account asked to change with a browser session, or with an "
+                                           "API key without the provider scope; nothing was changed.")})
     def patch(self, request):
         data = ProfileSerializer(data=request.data, context={"request": request}, partial=True)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        if "stripe_connect_account_id" in v and not isinstance(request.auth, ApiKey):
-            # A browser session alone (a copied cookie) must not redirect the earnings: the Payouts page asks for
-            # the password; an API key was made with it.
-            raise PermissionDenied("Change the payout account on the Payouts page (it asks for your password) or "
-                                   "with an API key; a browser session alone cannot.")
+        new_account = v.get("stripe_connect_account_id")
+        if new_account is not None and new_account != profile_for(user=request.user).stripe_connect_account_id:
+            _payout_account_change_allowed(request)
         micros = {name: usd_to_micros(v[name]) for name in ("auto_top_up_threshold", "auto_top_up_amount") if name in v}
         changes = profiles.ProfileChanges(
             stripe_connect_account_id=v.get("stripe_connect_account_id"),

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from hashlib import sha256
 
 import paramiko
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, ValidationFailed
 from marketplace.models import SshKey, User
+from marketplace.services import passwords
 from marketplace.validators import MAX_INSTANCE_KEYS
 
 # What a VM accepts: the types of `ssh-keygen -t ed25519|ecdsa|rsa`.
@@ -152,7 +154,9 @@ def parse_public_key(text: str) -> ParsedKey:
 
 
 def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
-    """Store a key for `user`. Raises InvalidSshKey (400) or Conflict (409: the same key twice, or
+    """Store a key for `user`, and tell the account's address: a saved key goes on the instances its owner rents
+    later (every saved key, through the Vast-compatible API), so one added by whoever holds a session (a copied
+    cookie) must not go unseen. Raises InvalidSshKey (400) or Conflict (409: the same key twice, or
     MAX_SAVED_SSH_KEYS saved already)."""
     parsed = parse_public_key(public_key)
     key = SshKey(user=user, name=(name or parsed.comment)[:100], public_key=parsed.public_key,
@@ -166,6 +170,11 @@ def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
                                "API puts every saved key on an instance, and one instance takes at most "
                                f"{MAX_INSTANCE_KEYS}); delete one you no longer use first.")
             key.save()
+            passwords.security_change_notify(
+                user=user, subject="An SSH key was added to your account",
+                change=(f"An SSH key was just added to your {settings.PLATFORM_NAME} account: "
+                        f"{key.name or 'no name'} ({key.fingerprint}). Saved keys are put on the instances you "
+                        "rent with them; delete it on the SSH keys page if you do not know it."))
     except IntegrityError as exc:
         if "sshkey_unique_per_user" not in str(exc):
             raise

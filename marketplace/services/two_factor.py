@@ -118,12 +118,18 @@ def _recovery_codes_make(user: User) -> list[str]:
     return codes
 
 
-def recovery_codes_regenerate(*, user: User) -> list[str]:
-    """New recovery codes in place of the old ones (which stop working)."""
+def recovery_codes_regenerate(*, user: User, base_url: str = "") -> list[str]:
+    """New recovery codes in place of the old ones (which stop working), told to the address by e-mail: whoever
+    made them can log in with them. The caller checked the password (web/two_factor.py)."""
     if not two_factor_enabled(user=user):
         raise Conflict("Two-factor log-in is off: there are no recovery codes to replace.")
     with transaction.atomic():
-        return _recovery_codes_make(user)
+        codes = _recovery_codes_make(user)
+        passwords.security_change_notify(
+            user=user, subject="New two-factor recovery codes were made", base_url=base_url,
+            change=(f"New two-factor recovery codes were just made for your {settings.PLATFORM_NAME} account; "
+                    "the ones you had stopped working."))
+        return codes
 
 
 def recovery_codes_left(*, user: User) -> int:
@@ -154,8 +160,11 @@ def two_factor_disable(*, user: User, base_url: str = "") -> None:
     """Turn two-factor off: forget the authenticator and the recovery codes, and tell the address by e-mail. The
     caller checked the password and a code (or is an operator, in the admin)."""
     with transaction.atomic():
+        was_on = two_factor_enabled(user=user)
         AuthenticatorDevice.objects.filter(user=user).delete()
         RecoveryCodeDevice.objects.filter(user=user).delete()
+        if not was_on:  # nothing changed (an operator's action over many users, an unconfirmed enrolment)
+            return
         passwords.security_change_notify(
             user=user, subject="Two-factor log-in was turned off", base_url=base_url,
             change=(f"Two-factor log-in was just turned off for your {settings.PLATFORM_NAME} account: a password "

@@ -55,6 +55,12 @@ class PasswordConfirmedForm(_LockoutMixin, forms.Form):
         return password
 
 
+class RecoveryCodesForm(PasswordConfirmedForm):
+    """New recovery codes log in as the account: not for a session alone (a copied cookie)."""
+
+    why_asked = "Your account's password: the codes you have now stop working."
+
+
 class ThrottledPasswordChangeForm(_LockoutMixin, PasswordChangeForm):
     """Django's form; the old password is checked behind the log-in lock-out."""
 

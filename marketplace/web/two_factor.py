@@ -19,7 +19,7 @@ from core.web_errors import form_error
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.services import two_factor as svc
 
-from .account_forms import TwoFactorConfirmForm, TwoFactorDisableForm, TwoFactorLoginForm
+from .account_forms import RecoveryCodesForm, TwoFactorConfirmForm, TwoFactorDisableForm, TwoFactorLoginForm
 
 PENDING = "two_factor_pending"
 
@@ -29,13 +29,21 @@ def _no_store(response):
     return response
 
 
-@login_required
-def security(request):
+def _security_page(request, recovery_form: RecoveryCodesForm, status: int = 200):
     user = request.user
-    return render(request, "marketplace/account_security.html", {
+    response = render(request, "marketplace/account_security.html", {
         "two_factor": svc.two_factor_enabled(user=user),
         "codes_left": svc.recovery_codes_left(user=user),
-    })
+        "recovery_form": recovery_form,
+    }, status=status)
+    if recovery_form.locked:
+        response["Retry-After"] = str(recovery_form.locked.retry_after)
+    return response
+
+
+@login_required
+def security(request):
+    return _security_page(request, RecoveryCodesForm(user=request.user, request=request))
 
 
 @login_required
@@ -88,8 +96,12 @@ def two_factor_restart(request):
 @login_required
 @require_POST
 def recovery_codes_regenerate(request):
+    """New recovery codes, with the password (on the security page's form)."""
+    form = RecoveryCodesForm(request.POST, user=request.user, request=request)
+    if not form.is_valid():
+        return _security_page(request, form, status=429 if form.locked else 400)
     try:
-        codes = svc.recovery_codes_regenerate(user=request.user)
+        codes = svc.recovery_codes_regenerate(user=request.user, base_url=request.build_absolute_uri("/"))
     except ApplicationError as exc:
         messages.info(request, exc.message)
         return redirect("account-security")

@@ -189,12 +189,20 @@ def test_turning_it_off_needs_the_password_and_a_code(renter):
     assert password_step(Client(), renter)["Location"] == "/"
 
 
-def test_new_recovery_codes_replace_the_old(renter):
+def test_new_recovery_codes_replace_the_old(renter, mailoutbox, django_capture_on_commit_callbacks):
     old = enrol(renter)
     web = logged_in(renter)
-    r = web.post("/account/two-factor/recovery-codes/")
+    # A session alone (a copied cookie) makes no codes: they log in as the account
+    refused = web.post("/account/two-factor/recovery-codes/")
+    assert refused.status_code == 400 and 'id="id_password_errors"' in refused.content.decode()
+    wrong = web.post("/account/two-factor/recovery-codes/", {"password": "not it"})
+    assert wrong.status_code == 400 and "password was entered incorrectly" in wrong.content.decode()
+    assert two_factor.recovery_codes_left(user=renter) == two_factor.RECOVERY_CODES and not mailoutbox
+    with django_capture_on_commit_callbacks(execute=True):
+        r = web.post("/account/two-factor/recovery-codes/", {"password": PASSWORD})
     new = re.findall(r"<li>([a-z0-9]+)</li>", r.content.decode())
     assert len(new) == two_factor.RECOVERY_CODES and not set(new) & set(old)
+    assert mailoutbox[-1].subject.endswith("New two-factor recovery codes were made")
     client = Client()
     password_step(client, renter)
     assert client.post(CODE, {"code": old[1]}).status_code == 400
