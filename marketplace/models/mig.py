@@ -39,7 +39,8 @@ class MigSlice(StatefulModel, models.Model):
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_slices", help_text="The parent GPU.")
     profile = models.CharField(max_length=20, help_text="The MIG profile, e.g. 3g.40gb (marketplace.mig).")
     device = models.PositiveSmallIntegerField(help_text="The MIG device number on its GPU (`nvidia-smi -L`).")
-    uuid = models.CharField(max_length=64, help_text="MIG-... as `nvidia-smi -L` prints it.")
+    uuid = models.CharField(max_length=64, blank=True,
+                            help_text="MIG-... as `nvidia-smi -L` prints it; empty once its node is retired.")
     memory_mib = models.PositiveIntegerField(help_text="What the check measured the slice to hold.")
     status = models.CharField(max_length=12, choices=SliceStatus.choices, default=SliceStatus.FREE)
     created_at = models.DateTimeField(default=timezone.now)
@@ -48,7 +49,8 @@ class MigSlice(StatefulModel, models.Model):
         ordering = ["node_id", "gpu_id", "device"]
         verbose_name = "MIG slice"
         constraints = [
-            models.UniqueConstraint(fields=["uuid"], name="mig_slice_unique_uuid"),
+            # A retired node's slices let go of their UUIDs, as its GPUs do: the card may be registered again.
+            models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="mig_slice_unique_uuid"),
             SLICE_TRANSITIONS.check_constraint("status", "mig_slice_status_declared"),
         ]
         indexes = [

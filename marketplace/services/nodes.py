@@ -20,6 +20,7 @@ from marketplace.models import (
     MigSliceAllocation,
     Node,
     NodeState,
+    SliceStatus,
     User,
     Volume,
     VolumeState,
@@ -315,5 +316,7 @@ def node_retire(*, node: Node) -> None:
     if done:
         NodeEvent.objects.create(node=node, kind="retired_unreachable", level=NodeEvent.Level.WARNING,
                                  message="Retired while unreachable: " + "; ".join(done) + ".")
-    # Its GPUs are free to be registered again, on another node (constraint gpu_unique_uuid).
+    # Its GPUs and MIG slices are free to be registered again, on another node (constraints gpu_unique_uuid and
+    # mig_slice_unique_uuid); a slice of a retired server is never rented again.
     node.gpus.exclude(uuid="").update(uuid="")
+    node.mig_slices.exclude(uuid="", status=SliceStatus.UNAVAILABLE).update(uuid="", status=SliceStatus.UNAVAILABLE)

@@ -1,14 +1,17 @@
 """MIG slices in the marketplace: the catalogue's profiles, declaring a layout (and every bad one), slices in
 offers (both paths write the same fields), booking slices, and billing at the slice price."""
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from billing.services.metering import usage_close
 from marketplace.mig import layout_problems, profiles_for
 from marketplace.models import Gpu, GpuModel, GpuStatus, Instance, MigSlice, Node
 from marketplace.services import instances as svc
+from provisioning.services.mig import node_apply_mig_slices
 from tests.factories import UserFactory, make_listed_node
 
 from .mig_helpers import SEVEN, make_mig_node, prove
@@ -222,3 +225,24 @@ def test_an_operator_cannot_move_a_split_gpu_out_of_mig_in_the_admin(admin_clien
     assert page.status_code == 200 and 'name="status"' not in page.content.decode()
     page = admin_client.get(reverse("admin:marketplace_gpu_change", args=[whole.pk]))
     assert page.status_code == 200 and 'name="status"' in page.content.decode()
+
+
+def test_a_retired_mig_server_lets_go_of_its_slices_and_registered_again_they_are_listed(api, user):
+    """Its GPUs let go of their UUIDs on retire; its slices kept theirs, so the same server registered again had
+    none listed (each an IntegrityError on mig_slice_unique_uuid, said as 'the same card listed twice')."""
+    from marketplace.models import SliceStatus
+    from provisioning.models import NodeEvent
+
+    first = make_mig_node({0: ["3g.40gb", "3g.40gb"]}, gpu_count=1, provider=user)
+    uuids = sorted(first.mig_slices.values_list("uuid", flat=True))
+    assert api.delete(f"{NODES}{first.pk}/").status_code == 204
+    assert set(first.mig_slices.values_list("uuid", "status")) == {("", SliceStatus.UNAVAILABLE)}
+    again = make_listed_node(gpu_model="a100-80gb-sxm", gpu_count=1, provider=user,
+                             mig_layout=[{"gpu": 0, "profiles": ["3g.40gb", "3g.40gb"]}],
+                             mig_prices={"3g.40gb": Decimal("0.70")})
+    slices = [{"gpu": 0, "device": n, "profile": "3g.40gb", "uuid": uuid, "memory_mib": 40192, "proven": True}
+              for n, uuid in enumerate(uuids)]
+    with transaction.atomic():
+        node_apply_mig_slices(node=Node.objects.select_for_update().get(pk=again.pk), slices=slices, listable=True)
+    assert sorted(MigSlice.objects.filter(node=again, status=SliceStatus.FREE).values_list("uuid", flat=True)) == uuids
+    assert not NodeEvent.objects.filter(node=again, kind="mig_slices_duplicate").exists()
