@@ -21,7 +21,7 @@ from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
 from core.api.scopes import PROVIDER, RENTER_ONLY, RENTER_OR_PROVIDER
-from marketplace.models import ApiKey
+from marketplace.api.authentication import refuse_session_alone
 from marketplace.money import micros_to_usd, usd_to_micros
 
 # ------------------------------------------------------------------------------------- balance
@@ -223,9 +223,7 @@ def _payout_account_change_allowed(request) -> None:
     """Where the earnings go is changed with an API key that may act as a provider (payouts are the provider
     scope's), never by a browser session alone (a copied cookie): the Payouts page asks for the password, and a key
     was made with it. Sending back the account as it is changes nothing and is not refused."""
-    if not isinstance(request.auth, ApiKey):
-        raise PermissionDenied("Change the payout account on the Payouts page (it asks for your password) or "
-                               "with an API key; a browser session alone cannot.")
+    refuse_session_alone(request, instead="on the Payouts page (it asks for your password)")
     if PROVIDER not in request.auth.scopes:
         raise PermissionDenied("Changing the payout account needs an API key with the provider scope (payouts are "
                                "a provider's); this key does not hold it.")

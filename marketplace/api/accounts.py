@@ -3,7 +3,6 @@ from django.contrib.auth import password_validation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -13,6 +12,7 @@ from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
 from core.api.throttling import ScopedRateThrottle
 from core.client_address import client_ip
 from core.validators import no_control_characters
+from marketplace.api.authentication import refuse_session_alone
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.models import ApiKey, User
 from marketplace.services import accounts as svc
@@ -221,11 +221,9 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
         409: error_response("You hold API_KEYS_PER_USER_MAX keys (50 by default) already: revoke one first; "
                             "nothing was made.")})
     def create(self, request):
-        if not isinstance(request.auth, ApiKey):
-            # A key outlives the session and a password change: a browser session alone (a copied cookie) must not
-            # make one. The API keys page asks for the password; POST /api/v1/auth/login/ takes it.
-            raise PermissionDenied("Make API keys on the API keys page (it asks for your password), with "
-                                   "POST /api/v1/auth/login/ or with an API key; a browser session alone cannot.")
+        # A key outlives the session and a password change. POST /api/v1/auth/login/ takes the password.
+        refuse_session_alone(request, instead="on the API keys page (it asks for your password), with "
+                                              "POST /api/v1/auth/login/")
         data = ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         made_with = request.auth

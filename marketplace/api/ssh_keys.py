@@ -7,6 +7,7 @@ from core.api.fields import StrictFieldsMixin
 from core.api.schema import ErrorDetailSerializer
 from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
+from marketplace.api.authentication import refuse_session_alone
 from marketplace.models import SshKey
 from marketplace.services import ssh_keys as svc
 from marketplace.validators import NAME_MAX_LENGTH
@@ -44,6 +45,8 @@ class SshKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
     retrieve=extend_schema(summary="One of your SSH keys"),
     create=extend_schema(summary="Add an SSH key", request=SshKeySerializer, responses={
         201: SshKeySerializer,
+        403: OpenApiResponse(ErrorDetailSerializer, "Asked with a browser session, not an API key: the SSH keys page "
+                                                    "asks for the password; nothing was saved."),
         409: OpenApiResponse(ErrorDetailSerializer,
                              "You already added this key, or have 32 saved keys, the most an account keeps."),
     }),
@@ -64,6 +67,8 @@ class SshKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
         return SshKey.objects.filter(user=self.request.user)
 
     def create(self, request):
+        # A saved key goes on every instance rented later: a session alone (a copied cookie) must not add one.
+        refuse_session_alone(request, instead="on the SSH keys page (it asks for your password)")
         data = SshKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         key = svc.ssh_key_create(user=request.user, **data.validated_data)

@@ -17,7 +17,7 @@ class PasswordResetRequestForm(forms.Form):
                              help_text="The address you log in with.")
 
 
-class _LockoutMixin:
+class LockoutMixin:
     """A lock-out (too many wrong passwords or codes) becomes a form error saying how long to wait; `locked` keeps
     it for the view's 429."""
 
@@ -33,12 +33,24 @@ class _LockoutMixin:
             raise ValidationError("Your password was entered incorrectly.", code="password_incorrect")
 
 
+def with_form_status(response, form):
+    """A page's answer to its form: 400 when the form has errors, 429 with Retry-After when the log-in lock-out
+    refused the password (`form.locked`), else as rendered."""
+    if form.errors:
+        response.status_code = 400
+    locked = getattr(form, "locked", None)
+    if locked is not None:
+        response.status_code = 429
+        response["Retry-After"] = str(locked.retry_after)
+    return response
+
+
 def current_password_field(help_text: str = "") -> forms.CharField:
     return forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False, help_text=help_text,
                            widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
 
 
-class PasswordConfirmedForm(_LockoutMixin, forms.Form):
+class PasswordConfirmedForm(LockoutMixin, forms.Form):
     """A form for a change a session alone (a copied cookie) must not make: the account's password is asked and
     checked behind the log-in lock-out. Subclasses word the field's help for their change (`why_asked`)."""
 
@@ -61,7 +73,7 @@ class RecoveryCodesForm(PasswordConfirmedForm):
     why_asked = "Your account's password: the codes you have now stop working."
 
 
-class ThrottledPasswordChangeForm(_LockoutMixin, PasswordChangeForm):
+class ThrottledPasswordChangeForm(LockoutMixin, PasswordChangeForm):
     """Django's form; the old password is checked behind the log-in lock-out."""
 
     def __init__(self, user, *args, request=None, **kwargs):
@@ -93,7 +105,7 @@ class TwoFactorConfirmForm(forms.Form):
         help_text="The 6 digits the app shows for this account once you have added it.")
 
 
-class TwoFactorDisableForm(_LockoutMixin, forms.Form):
+class TwoFactorDisableForm(LockoutMixin, forms.Form):
     password = current_password_field()
     code = forms.CharField(
         label="Code", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,

@@ -17,6 +17,7 @@ from marketplace.services import accounts as account_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.services import two_factor as two_factor_svc
 
+from .account_forms import with_form_status
 from .forms import ApiKeyForm, LoginForm, SignupConfirmForm, SignupForm, SshKeyForm
 from .two_factor import start_code_step
 
@@ -86,7 +87,7 @@ def logout_view(request):
 @login_required
 @require_http_methods(["GET", "POST"])
 def ssh_keys(request):
-    form = SshKeyForm(request.POST or None)
+    form = SshKeyForm(request.POST or None, user=request.user, request=request)
     if request.method == "POST" and form.is_valid():
         try:
             key = ssh_svc.ssh_key_create(user=request.user, public_key=form.cleaned_data["public_key"],
@@ -97,8 +98,7 @@ def ssh_keys(request):
             messages.success(request, f"Key “{key.name or key.fingerprint}” added ({key.fingerprint}).")
             return redirect("ssh-keys")
     keys = SshKey.objects.filter(user=request.user).order_by("-created_at", "-id")
-    status = 400 if form.errors else 200
-    return render(request, "marketplace/ssh_keys.html", {"form": form, "keys": keys}, status=status)
+    return with_form_status(render(request, "marketplace/ssh_keys.html", {"form": form, "keys": keys}), form)
 
 
 @login_required
@@ -130,11 +130,8 @@ def api_keys(request):
             created = {"key": key, "raw": raw}
             form = ApiKeyForm(user=request.user, request=request)
     keys = ApiKey.objects.active().filter(user=request.user)
-    status = (429 if form.locked else 400) if form.errors else 200
-    response = render(request, "marketplace/api_keys.html", {"form": form, "keys": keys, "created": created},
-                      status=status)
-    if form.locked:
-        response["Retry-After"] = str(form.locked.retry_after)
+    response = with_form_status(
+        render(request, "marketplace/api_keys.html", {"form": form, "keys": keys, "created": created}), form)
     if created:
         response["Cache-Control"] = "no-store"
     return response

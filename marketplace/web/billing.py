@@ -31,6 +31,7 @@ from marketplace.models import Node
 from marketplace.money import parse_cents, usd_to_micros
 from marketplace.services import instances as instance_svc
 
+from .account_forms import with_form_status
 from .billing_forms import ElementsCardForm, PayoutAccountForm, TestCardForm, TopUpForm, UsageFilterForm
 
 _REAL_PUBLISHABLE_KEY = re.compile(r"pk_(test|live)_[A-Za-z0-9]{20,}")
@@ -263,11 +264,8 @@ def payouts_page(request):
             messages.success(request, "Payout account saved." if account_id
                              else "Payout account removed: earnings stay here until you set one.")
             return redirect("web-payouts")
-    response = render(request, "marketplace/payouts.html", {
+    return with_form_status(render(request, "marketplace/payouts.html", {
         "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form,
         "balance_micros": selectors.earnings_for(user=user).balance_micros,
         "payout_minimum_micros": payouts.payout_minimum_micros(),
-    }, status=(429 if form.locked else 400) if form.errors else 200)
-    if form.locked:
-        response["Retry-After"] = str(form.locked.retry_after)
-    return response
+    }), form)

@@ -27,7 +27,7 @@ from marketplace.validators import (
     validate_instance_keys,
 )
 
-from .account_forms import PasswordConfirmedForm
+from .account_forms import LockoutMixin, PasswordConfirmedForm
 from .rent_options import RentOptionsMixin
 from .rent_volumes import RentVolumesMixin
 
@@ -79,7 +79,11 @@ def _parse_key(value: str) -> str:
         raise ValidationError(str(exc)) from None
 
 
-class SshKeyForm(forms.Form):
+class SshKeyForm(PasswordConfirmedForm):
+    """A saved key goes on every instance rented later: a session alone (a copied cookie) must not add one."""
+
+    why_asked = "Your account's password: a saved key opens every instance you rent later."
+
     name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Optional; the key's comment is used when empty.")
     public_key = forms.CharField(
@@ -129,7 +133,7 @@ class _ImageChoices(forms.ModelChoiceField):
         return image.name
 
 
-class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
+class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     image = _ImageChoices(queryset=Image.objects.none(), to_field_name="slug", empty_label=None,
                           widget=forms.RadioSelect)
     num_gpus = forms.IntegerField(label="Number of GPUs", min_value=1, initial=1)
@@ -142,6 +146,10 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
         help_text="One OpenSSH public key (the .pub file). It is put on this instance only, unless you save it.",
     )
     save_key = forms.BooleanField(label="Also save this key to my SSH keys", required=False)
+    save_key_password = forms.CharField(
+        label="Your password, to save the key", required=False, max_length=PASSWORD_MAX_LENGTH, strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+        help_text="Only when you save the key: a saved key opens every instance you rent later.")
     disk_gb = forms.IntegerField(label="Disk (GB)", required=False, min_value=1, max_value=instance_svc.MAX_DISK_GB,
                                  help_text="Leave empty for the image's minimum.")
     label = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
@@ -149,8 +157,9 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
     # Makes a double submission (a double click, a resent form) book once: the page's own token.
     request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
 
-    def __init__(self, *args, user, node, **kwargs):
+    def __init__(self, *args, user, node, request=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.user, self.request = user, request
         images = Image.objects.filter(active=True).order_by("name")
         runnable = [image.pk for image in images if image.supports(node.runtime)]
         self.fields["image"].queryset = images.filter(pk__in=runnable)
@@ -228,8 +237,22 @@ class RentForm(RentOptionsMixin, RentVolumesMixin, forms.Form):
         cleaned = super().clean()
         if not cleaned.get("ssh_keys") and not cleaned.get("ssh_public_key") and "ssh_public_key" not in self.errors:
             self.add_error("ssh_keys", "Choose at least one of your keys, or paste a public key.")
+        if cleaned.get("save_key") and cleaned.get("ssh_public_key"):
+            self._confirm_save_key(cleaned.get("save_key_password") or "")
         self.clean_options()
         return cleaned
+
+    def _confirm_save_key(self, password: str) -> None:
+        """Saving the pasted key needs the password, as the SSH keys page does (a copied cookie must not add a key
+        to every later instance); checked before anything is booked, behind the log-in lock-out."""
+        if not password:
+            self.add_error("save_key_password", "Type your password to save this key, or untick “Also save this "
+                                                "key”: a saved key opens every instance you rent later.")
+            return
+        try:
+            self._check_password(self.user, password, self.request)
+        except ValidationError as exc:
+            self.add_error("save_key_password", exc)
 
     def public_keys(self) -> list[str]:
         keys = [k.public_key for k in self.cleaned_data.get("ssh_keys", [])]

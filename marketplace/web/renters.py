@@ -30,6 +30,7 @@ from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.templatetags.marketplace_web import duration, usd, usd_rate
 
+from .account_forms import with_form_status
 from .figures import COMPARED, WORKLOAD, gpu_comparison
 from .forms import RentForm
 from .rent_options import OPTION_FIELDS
@@ -333,15 +334,17 @@ def _render_rent(request, offer, form, status=200):
 
 
 def _fingerprint_body(post) -> dict:
-    """The posted form for the double-booking check, with no plain hash of a registry password or env in it."""
-    body = {k: v for k, v in post.lists() if k not in ("csrfmiddlewaretoken", "registry_password", "env")}
+    """The posted form for the double-booking check, with no plain hash of a registry password or env in it (and
+    not the account's password at all: it saves a key, it does not shape the booking)."""
+    body = {k: v for k, v in post.lists()
+            if k not in ("csrfmiddlewaretoken", "registry_password", "env", "save_key_password")}
     for name in ("registry_password", "env"):
         if post.get(name):
             body[name] = salted_hmac(f"rent-{name.replace('_', '-')}", post[name]).hexdigest()
     return body
 
 
-@sensitive_post_parameters("registry_password")
+@sensitive_post_parameters("registry_password", "save_key_password")
 @login_required
 @require_http_methods(["GET", "POST"])
 def rent(request, node_id: int):
@@ -352,7 +355,7 @@ def rent(request, node_id: int):
             initial["mig_profile"] = request.GET["mig_profile"]
         form = RentForm(user=request.user, node=offer, initial=initial)
         return _render_rent(request, offer, form)
-    form = RentForm(request.POST, user=request.user, node=offer)
+    form = RentForm(request.POST, user=request.user, node=offer, request=request)
     if form.is_valid():
         data = form.cleaned_data
         token = data.get("request_token") or ""
@@ -370,7 +373,7 @@ def rent(request, node_id: int):
             # This page's form was already used to book, with other choices (back button): a fresh token.
             data = request.POST.copy()
             data["request_token"] = get_random_string(32)
-            form = RentForm(data, user=request.user, node=offer)
+            form = RentForm(data, user=request.user, node=offer, request=request)
             form.is_valid()
             form.add_error(None, "This form was already used to book an instance with other choices. "
                                  "Check the choices below and book again.")
@@ -387,4 +390,4 @@ def rent(request, node_id: int):
                 except ApplicationError as exc:  # MAX_SAVED_SSH_KEYS saved: the booking stands, the key is unsaved
                     messages.warning(request, f"The key was not saved to your SSH keys: {exc.message}")
             return redirect("instance", pk=instance.pk)
-    return _render_rent(request, offer, form, status=400)
+    return with_form_status(_render_rent(request, offer, form, status=400), form)

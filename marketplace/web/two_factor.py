@@ -19,7 +19,13 @@ from core.web_errors import form_error
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.services import two_factor as svc
 
-from .account_forms import RecoveryCodesForm, TwoFactorConfirmForm, TwoFactorDisableForm, TwoFactorLoginForm
+from .account_forms import (
+    RecoveryCodesForm,
+    TwoFactorConfirmForm,
+    TwoFactorDisableForm,
+    TwoFactorLoginForm,
+    with_form_status,
+)
 
 PENDING = "two_factor_pending"
 
@@ -119,11 +125,7 @@ def two_factor_disable(request):
         svc.two_factor_disable(user=request.user, base_url=request.build_absolute_uri("/"))
         messages.success(request, "Two-factor log-in is off: a password alone logs in to your account again.")
         return redirect("account-security")
-    response = render(request, "marketplace/two_factor_disable.html", {"form": form},
-                      status=(429 if form.locked else 400) if form.errors else 200)
-    if form.locked:
-        response["Retry-After"] = str(form.locked.retry_after)
-    return response
+    return with_form_status(render(request, "marketplace/two_factor_disable.html", {"form": form}), form)
 
 
 # ------------------------------------------------------------------------------------------- the log-in's code step

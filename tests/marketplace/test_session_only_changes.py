@@ -123,6 +123,17 @@ def test_the_admins_turn_off_two_factor_tells_only_those_who_had_it(admin_client
     assert [m.to for m in mailoutbox] == [[had.email]]
 
 
+def test_a_browser_session_alone_saves_no_ssh_key(user, api):
+    """A saved key goes on every instance rented later (found by review: a copied cookie could add one)."""
+    from marketplace.models import SshKey
+    from tests.marketplace.renting_helpers import ed25519_key
+
+    refused = _session(user).post("/api/v1/ssh-keys/", {"public_key": ed25519_key()}, format="json")
+    assert refused.status_code == 403 and "SSH keys page" in refused.json()["detail"]
+    assert not SshKey.objects.filter(user=user).exists()
+    assert _session(user).get("/api/v1/ssh-keys/").status_code == 200  # listing them is not a change
+
+
 def test_a_saved_ssh_key_is_told_to_the_address(user, api, mailoutbox, django_capture_on_commit_callbacks):
     """A saved key goes on the instances its owner rents later (every saved key, through the Vast API): one added
     from a copied cookie must not go unseen (found by review)."""

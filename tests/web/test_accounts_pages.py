@@ -81,7 +81,8 @@ def test_private_pages_send_anonymous_visitors_to_log_in(client, url):
 # ------------------------------------------------------------------------------------------- SSH keys
 
 def test_ssh_key_is_added_and_listed_with_its_fingerprint(web, renter):
-    r = web.post("/account/ssh-keys/", {"name": "laptop", "public_key": ed25519_key("me@laptop")})
+    r = web.post("/account/ssh-keys/", {"name": "laptop", "public_key": ed25519_key("me@laptop"),
+                                          "password": PASSWORD})
     assert r.status_code == 302
     key = SshKey.objects.get(user=renter)
     page = web.get("/account/ssh-keys/").content.decode()
@@ -89,7 +90,8 @@ def test_ssh_key_is_added_and_listed_with_its_fingerprint(web, renter):
 
 
 def test_a_bad_ssh_key_is_explained_next_to_the_field_and_kept(web):
-    r = web.post("/account/ssh-keys/", {"name": "mine", "public_key": "ssh-ed25519 notbase64!"})
+    r = web.post("/account/ssh-keys/", {"name": "mine", "public_key": "ssh-ed25519 notbase64!",
+                                          "password": PASSWORD})
     assert r.status_code == 400
     page = r.content.decode()
     assert 'value="mine"' in page and "ssh-ed25519 notbase64!</textarea>" in page
@@ -100,7 +102,7 @@ def test_a_bad_ssh_key_is_explained_next_to_the_field_and_kept(web):
 def test_a_pasted_private_key_is_refused_and_never_shown_back(web):
     private = ed25519.Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
-    r = web.post("/account/ssh-keys/", {"name": "oops", "public_key": private})
+    r = web.post("/account/ssh-keys/", {"name": "oops", "public_key": private, "password": PASSWORD})
     page = r.content.decode()
     assert r.status_code == 400 and "private key" in page
     body = private.splitlines()[1]
@@ -110,9 +112,29 @@ def test_a_pasted_private_key_is_refused_and_never_shown_back(web):
 
 def test_the_same_key_twice_is_explained(web, renter):
     key = ed25519_key()
-    web.post("/account/ssh-keys/", {"name": "a", "public_key": key})
-    r = web.post("/account/ssh-keys/", {"name": "b", "public_key": key})
+    assert web.post("/account/ssh-keys/", {"name": "a", "public_key": key, "password": PASSWORD}).status_code == 302
+    r = web.post("/account/ssh-keys/", {"name": "b", "public_key": key, "password": PASSWORD})
     assert r.status_code == 400 and "already added this key" in r.content.decode()
+
+
+def test_an_ssh_key_is_saved_only_with_the_password(web, renter):
+    """A saved key opens every instance rented later: a session alone (a copied cookie) adds none."""
+    key = ed25519_key("thief@host")
+    for password, said in (("", "This field is required"), ("not it", "Your password was entered incorrectly")):
+        r = web.post("/account/ssh-keys/", {"name": "x", "public_key": key, "password": password})
+        page = r.content.decode()
+        assert r.status_code == 400 and said in page and 'id="id_password_errors"' in page
+        assert "thief@host" in page and "value=" not in re.findall(r'<input[^>]*name="password"[^>]*', page)[0]
+    assert not SshKey.objects.filter(user=renter).exists()
+
+
+def test_the_ssh_key_page_is_behind_the_log_in_lock_out(web, renter, settings):
+    settings.LOGIN_FAILURES_PER_ACCOUNT = 2
+    for _ in range(2):
+        web.post("/account/ssh-keys/", {"public_key": ed25519_key(), "password": "wrong"})
+    r = web.post("/account/ssh-keys/", {"public_key": ed25519_key(), "password": PASSWORD})
+    assert r.status_code == 429 and int(r["Retry-After"]) > 0
+    assert not SshKey.objects.filter(user=renter).exists()
 
 
 def test_ssh_key_delete_is_owner_only_and_needs_csrf(web, csrf_web, renter, stranger):

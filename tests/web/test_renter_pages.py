@@ -8,7 +8,7 @@ from marketplace.models import Instance, Node, NodeState, SshKey, Verdict
 from provisioning.models import Job, VerificationRun
 from tests.factories import make_listed_node, make_node
 from tests.marketplace.renting_helpers import add_key, book, ed25519_key, run
-from tests.web.conftest import fund, logged_in
+from tests.web.conftest import PASSWORD, fund, logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -138,7 +138,8 @@ def test_rent_with_a_pasted_key_books_and_opens_the_instance(web, funded_renter,
     node = fleet["a6000"]
     key = ed25519_key("me@laptop")
     r = web.post(f"/offers/{node.pk}/rent/", {"image": "pytorch-2-5", "num_gpus": "2", "ssh_public_key": key,
-                                              "save_key": "on", "label": "training", "request_token": "t1"})
+                                              "save_key": "on", "save_key_password": PASSWORD, "label": "training",
+                                              "request_token": "t1"})
     assert r.status_code == 302
     instance = Instance.objects.get(renter=funded_renter)
     assert r["Location"] == f"/instances/{instance.pk}/"
@@ -221,9 +222,26 @@ def test_a_refused_booking_saves_no_pasted_key(web, renter, fleet, settings):
     """"Also save this key" saved it before booking: a booking refused (no funds here) left a saved key behind."""
     settings.BILLING_REQUIRE_FUNDS = True
     r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on",
+                                                        "save_key_password": PASSWORD,
                                                         "ssh_public_key": ed25519_key(), "request_token": "t"})
     assert r.status_code == 400 and "balance" in r.content.decode()
     assert not Instance.objects.exists() and not SshKey.objects.filter(user=renter).exists()
+
+
+@pytest.mark.parametrize("password, said", [("", "Type your password to save this key"),
+                                             ("not it", "Your password was entered incorrectly")])
+def test_saving_a_pasted_key_needs_the_password_and_without_it_nothing_is_booked(web, funded_renter, fleet,
+                                                                                password, said):
+    """A saved key opens every instance rented later: the rent page's "also save" asks what the SSH keys page asks,
+    before anything is booked; unticked, the pasted key goes on this instance only and no password is needed."""
+    url = f"/offers/{fleet['a6000'].pk}/rent/"
+    r = web.post(url, {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on", "save_key_password": password,
+                       "ssh_public_key": ed25519_key(), "request_token": "t"})
+    assert r.status_code == 400 and said in r.content.decode() and 'id="id_save_key_password_errors"' in \
+        r.content.decode()
+    assert not Instance.objects.exists() and not SshKey.objects.exists()
+    r = web.post(url, {"image": "cuda-12-4", "num_gpus": "1", "ssh_public_key": ed25519_key(), "request_token": "t"})
+    assert r.status_code == 302 and Instance.objects.count() == 1 and not SshKey.objects.exists()
 
 
 def test_a_booking_stands_when_its_key_cannot_be_saved_and_the_page_says_why(web, funded_renter, fleet, settings):
@@ -231,6 +249,7 @@ def test_a_booking_stands_when_its_key_cannot_be_saved_and_the_page_says_why(web
     for n in range(MAX_SAVED_SSH_KEYS):
         add_key(funded_renter, f"key {n}")
     r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on",
+                                                        "save_key_password": PASSWORD,
                                                         "ssh_public_key": ed25519_key(), "request_token": "t"},
                  follow=True)
     instance = Instance.objects.get(renter=funded_renter)
@@ -241,9 +260,10 @@ def test_a_booking_stands_when_its_key_cannot_be_saved_and_the_page_says_why(web
 
 def test_rent_with_a_pasted_key_saved_already_books_and_keeps_one(web, funded_renter, fleet):
     key = ed25519_key("me@laptop")
-    add = web.post("/account/ssh-keys/", {"public_key": key})
-    assert add.status_code in (200, 302) and SshKey.objects.filter(user=funded_renter).count() == 1
+    add = web.post("/account/ssh-keys/", {"public_key": key, "password": PASSWORD})
+    assert add.status_code == 302 and SshKey.objects.filter(user=funded_renter).count() == 1
     r = web.post(f"/offers/{fleet['a6000'].pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1", "save_key": "on",
+                                                        "save_key_password": PASSWORD,
                                                         "ssh_public_key": key, "request_token": "t"})
     assert r.status_code == 302 and SshKey.objects.filter(user=funded_renter).count() == 1
 
