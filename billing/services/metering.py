@@ -9,7 +9,8 @@ instance's disk, and volumes, are storage: billed apart (billing.services.storag
 The tick bills no further than the last moment the instance's node was seen healthy (`Node.last_seen_at`,
 written by every successful health check): time after a node stopped answering is never billed (when it
 answers again the meter catches up; when its instances are interrupted, their billing closes at that moment,
-see marketplace.services.instances.interruptions). A state change the renter asks for bills up to its moment.
+see marketplace.services.instances.interruptions). A state change bills up to its moment, or, while the node's
+latest health check failed, up to its last healthy moment (node_billable_until).
 
 Each closed stretch of time is a `UsageInterval` [start, end) with one ledger transaction: the
 renter's wallet pays `amount`, the provider earns `amount - fee`, the platform keeps `fee`. Rounding
@@ -67,6 +68,16 @@ ADVISORY_LOCK_KEY = lock_key(ADVISORY_LOCK_NAME)
 
 
 # ------------------------------------------------------------------------- one instance (services)
+
+
+def node_billable_until(*, node_id: int, now: datetime) -> datetime:
+    """Where a charge closed by a state change (a stop, a destroy, a failure) ends: `now`, or the node's last
+    healthy moment while its latest health check failed. Time after a node stopped answering is never billed, a
+    stop asked in the checks before the interruption included; while the node answers, the change's moment."""
+    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures").first()
+    if row is None or not row[1] or row[0] is None:
+        return now
+    return min(now, row[0])
 
 
 def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageInterval | None:

@@ -164,6 +164,29 @@ def test_an_instance_that_started_after_the_probe_is_not_judged_by_it(rented, cl
     assert instance.status == "running"
 
 
+@pytest.mark.parametrize("change", ["stop", "destroy"])
+def test_a_change_asked_while_the_node_is_silent_bills_only_to_its_last_healthy_moment(rented, clock, change):
+    """In the checks before an interruption, a stop or destroy billed up to the request: time the node was not
+    answering, which the meter and the interruption never bill. While the node answers, it bills to the moment."""
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    last_healthy = Node.objects.get(pk=host.pk).last_seen_at
+    clock.advance(90)
+    assert _fail_checks(host, 1) == []  # silent, not yet interrupted
+    clock.advance(20)
+    getattr(svc, f"instance_{change}")(instance=Instance.objects.get(pk=instance.pk))
+    instance.refresh_from_db()
+    assert instance.billed_seconds == 60 and instance.billed_until == last_healthy
+    assert balance(renter) == 50_000_000 - cost_for(3_000_000, 60)
+
+    other = running(renter, host, num_gpus=1)  # on the same node, answering again: billed to the moment
+    node_record_health(node_id=host.pk, ok=True)
+    clock.advance(45)
+    svc.instance_stop(instance=Instance.objects.get(pk=other.pk))
+    assert Instance.objects.get(pk=other.pk).billed_seconds == 45
+
+
 def test_destroying_an_interrupted_instance_ends_it_at_once_and_keeps_its_gpus_until_clean_up(rented, clock, sent_jobs):
     renter, host, instance = rented
     _fail_checks(host, 2)

@@ -5,7 +5,7 @@ from datetime import datetime
 from django.db.models import F, Prefetch, QuerySet
 from django.utils import timezone
 
-from billing.services.metering import usage_close
+from billing.services.metering import node_billable_until, usage_close
 from billing.services.storage import instance_disk_close, storage_billed_until
 from core.errors import IdempotencyKeyReused
 from marketplace.models import (
@@ -164,8 +164,8 @@ def _stop_clock(instance: Instance, now: datetime) -> None:
 def _leave_running(instance: Instance, now: datetime) -> None:
     """The instance stops being billed: charge its usage up to now (call before it leaves `running`), or its
     disk's while stopped (call before it leaves `stopped`)."""
-    if instance.status == S.RUNNING:
-        usage_close(instance=instance, until=now)
+    if instance.status == S.RUNNING:  # not past its node's last healthy moment while the node is silent
+        usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
     elif instance.status == S.STOPPED:  # not past its node's last healthy moment (destroyed during an outage)
         instance_disk_close(instance=instance, until=storage_billed_until(node_id=instance.node_id, now=now))
 
