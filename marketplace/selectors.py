@@ -1,6 +1,7 @@
 """Reads that encode marketplace rules."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
@@ -166,12 +167,24 @@ def instances_awaiting_cleanup(*, node_id: int) -> list[int]:
     """Instances of the node that are over (destroyed or failed) but whose VM may still be on it: they still
     hold a GPU or a MIG slice, or were destroyed while the node could not be reached (`vm_cleanup_pending`: a
     stopped instance holds no GPU that would say so). The reconciler removes their VMs; a node is not retired
-    before. Asked of the allocations, not through the instance's reverse relations, where
-    `released_at__isnull=True` would also match an instance with none at all."""
+    before."""
+    return sorted(instances_awaiting_cleanup_by_node(node_ids=[node_id]).get(node_id, set()))
+
+
+def instances_awaiting_cleanup_by_node(*, node_ids: Iterable[int]) -> dict[int, set[int]]:
+    """instances_awaiting_cleanup for several nodes at once: {node id: instance ids}, nodes with none left out.
+    Asked of the allocations, not through the instance's reverse relations, where `released_at__isnull=True`
+    would also match an instance with none at all (every MIG instance has no GPU allocation)."""
+    node_ids = list(node_ids)
     over = (InstanceStatus.DESTROYED, InstanceStatus.FAILED)
-    gpus = GpuAllocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True, instance__status__in=over)
-    slices = MigSliceAllocation.objects.filter(mig_slice__node_id=node_id, released_at__isnull=True,
-                                               instance__status__in=over)
-    pending = Instance.objects.filter(node_id=node_id, status=InstanceStatus.DESTROYED, vm_cleanup_pending=True)
-    return sorted({*gpus.values_list("instance_id", flat=True), *slices.values_list("instance_id", flat=True),
-                   *pending.values_list("pk", flat=True)})
+    gpus = GpuAllocation.objects.filter(gpu__node_id__in=node_ids, released_at__isnull=True,
+                                        instance__status__in=over).values_list("gpu__node_id", "instance_id")
+    slices = MigSliceAllocation.objects.filter(mig_slice__node_id__in=node_ids, released_at__isnull=True,
+                                               instance__status__in=over).values_list("mig_slice__node_id",
+                                                                                      "instance_id")
+    pending = Instance.objects.filter(node_id__in=node_ids, status=InstanceStatus.DESTROYED,
+                                      vm_cleanup_pending=True).values_list("node_id", "pk")
+    found: dict[int, set[int]] = {}
+    for node_id, instance_id in (*gpus, *slices, *pending):
+        found.setdefault(node_id, set()).add(instance_id)
+    return found

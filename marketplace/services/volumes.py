@@ -30,6 +30,7 @@ from marketplace.models import Instance, Node, User, Volume, VolumeMount, Volume
 from marketplace.models.nodes import OFFERABLE
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
+from marketplace.selectors import instances_awaiting_cleanup
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
@@ -55,9 +56,21 @@ def volume_live_instance_ids(volume: Volume) -> list[int]:
     return sorted(m.instance_id for m in volume.mounts.all() if m.instance.status not in FINAL_STATUSES)
 
 
-def _live_mount(volume_id: int) -> VolumeMount | None:
-    return (VolumeMount.objects.filter(volume_id=volume_id).exclude(instance__status__in=FINAL_STATUSES)
-            .order_by("instance_id").first())
+def _live_mount(volume: Volume) -> tuple[VolumeMount | None, bool]:
+    """A mount that holds the volume, and whether its instance is over with its VM still on the node (destroyed
+    while the node was away, or its destroy gave up: that VM may still mount it until the reconciler removes it,
+    as it may still use its GPUs)."""
+    mounts = VolumeMount.objects.filter(volume_id=volume.pk).order_by("instance_id")
+    live = mounts.exclude(instance__status__in=FINAL_STATUSES).first()
+    if live is not None:
+        return live, False
+    leaving = instances_awaiting_cleanup(node_id=volume.node_id)
+    return (mounts.filter(instance_id__in=leaving).first() if leaving else None), True
+
+
+def _vm_leaving(instance_id: int) -> str:
+    return (f"instance {instance_id} is destroyed, but its VM, which mounts it, is still to be removed from the "
+            "node (when the node answers); try again then")
 
 
 # ------------------------------------------------------------------------------------- API side
@@ -103,9 +116,10 @@ def volume_delete(*, volume: Volume, confirm: str) -> Volume:
         return volume
     if volume.state == VolumeState.DELETED:
         raise Conflict("The volume is already deleted.")
-    mount = _live_mount(volume.pk)
+    mount, leaving = _live_mount(volume)
     if mount is not None:
-        raise Conflict(f"Instance {mount.instance_id} mounts this volume; destroy the instance first.")
+        raise Conflict(f"The volume cannot be deleted yet: {_vm_leaving(mount.instance_id)}." if leaving
+                       else f"Instance {mount.instance_id} mounts this volume; destroy the instance first.")
     if not volume.allows("delete"):
         raise Conflict(f"The volume is {volume.state}; delete it once it is created.")
     now = timezone.now()
@@ -174,10 +188,11 @@ def volume_mounts_for_booking(*, renter: User, node_id: int, specs: list[dict[st
                                    "on that node to mount it.", field="volumes")
         if volume.state != VolumeState.AVAILABLE:
             raise Conflict(f"Volume {volume_id} is {volume.state}; it can be mounted once it is available.")
-        live = _live_mount(volume.pk)
+        live, leaving = _live_mount(volume)
         if live is not None:
-            raise Conflict(f"Volume {volume_id} is mounted by instance {live.instance_id}; an instance that is not "
-                           "destroyed keeps it.")
+            raise Conflict(f"Volume {volume_id} cannot be mounted yet: {_vm_leaving(live.instance_id)}." if leaving
+                           else f"Volume {volume_id} is mounted by instance {live.instance_id}; an instance that is "
+                                "not destroyed keeps it.")
         requests.append(MountRequest(volume=volume, mount=mount))
     return requests
 

@@ -33,12 +33,12 @@ from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
-from django.db.models import Q
 from django.utils import timezone
 
 from core import dispatch, metrics
 from core.locks import advisory_lock
 from marketplace.models import Instance, InstanceStatus, Node, NodeState
+from marketplace.selectors import instances_awaiting_cleanup_by_node
 from provisioning.concurrency import SLOT_TTL_S, NodeBusy, slot_key
 from provisioning.services.fleet_record import nodes_record_health
 from provisioning.services.nodes import (
@@ -353,12 +353,13 @@ def _recovered(counts: Mapping[str, int]) -> int:
 
 
 def _nodes_with_instances_to_recover(node_ids: list[int]) -> set[int]:
-    """Nodes with interrupted instances, or destroyed ones whose VM is still to be removed (GPUs still held)."""
+    """Nodes with interrupted instances, or over ones whose VM is still to be removed (the retire's question,
+    selectors.instances_awaiting_cleanup)."""
     if not node_ids:
         return set()
-    waiting = Q(status=InstanceStatus.INTERRUPTED) | Q(status=InstanceStatus.DESTROYED,
-                                                       allocations__released_at__isnull=True)
-    return set(Instance.objects.filter(waiting, node_id__in=node_ids).values_list("node_id", flat=True).distinct())
+    interrupted = Instance.objects.filter(status=InstanceStatus.INTERRUPTED, node_id__in=node_ids)
+    return {*interrupted.values_list("node_id", flat=True).distinct(),
+            *instances_awaiting_cleanup_by_node(node_ids=node_ids)}
 
 
 # ------------------------------------------------------------------------------------ reconcile

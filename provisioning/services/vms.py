@@ -16,7 +16,8 @@ from core.transitions import InvalidTransition
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
-from provisioning.models import Job
+from provisioning.concurrency import NodeBusy
+from provisioning.models import OPEN, Job, JobKind
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts
@@ -60,8 +61,32 @@ def _progress(job: Job, instance: Instance, message: str) -> None:
     instance_svc.instance_set_status_message(instance_id=instance.pk, message=message)
 
 
-# The renter destroyed the instance while its VM was being created, started or restarted.
+# The renter destroyed the instance while a job created, started, restarted or stopped its VM.
 _DESTROYED_MEANWHILE = (InstanceStatus.DESTROYING, InstanceStatus.DESTROYED)
+# The jobs that create, start or stop an instance's VM: its destroy waits until none is open (vm_destroy).
+VM_JOB_KINDS = (JobKind.INSTANCE_PROVISION, JobKind.INSTANCE_START, JobKind.INSTANCE_RESTART, JobKind.INSTANCE_STOP)
+
+
+def _destroyed_meanwhile(job: Job, instance: Instance) -> bool:
+    """After this job drove the VM, is the instance being destroyed? Then the job leaves it so, and it is not a
+    failure (which would fail the instance, and its destroy then do nothing). A destroy job waits for this one
+    and removes the VM; an instance destroyed at once (its node was away, or its destroy job gave up) had its
+    GPUs kept for this VM, which this job removes now, in a session of its own, before they are freed."""
+    now = Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first()
+    if now not in _DESTROYED_MEANWHILE:
+        return False
+    if now == InstanceStatus.DESTROYING:
+        job_step(job=job, message="a destroy was asked meanwhile: the VM is left to its job")
+        return True
+    job_step(job=job, message="the instance was destroyed meanwhile: removing the VM")
+    try:
+        with node_session(instance.node) as session:
+            session.agent("vm", "destroy", _request(instance))
+    except NodeError as exc:  # the reconciler removes it when the node answers (its GPUs are still held)
+        job_step(job=job, message=f"the VM could not be removed now: {exc.message}")
+    else:
+        instance_svc.instance_cleanup_done(instance_id=instance.pk)
+    return True
 
 
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
@@ -72,12 +97,8 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
                                            ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"],
                                            message=message, vm=answer)
     except InvalidTransition:
-        now = Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first()
-        if now not in _DESTROYED_MEANWHILE:
+        if not _destroyed_meanwhile(job, instance):
             raise
-        # Not a failure (which would fail the instance and stop the VM, and the destroy then do nothing): the
-        # destroy's own job removes the VM, or the reconciler does if that job ran first.
-        job_step(job=job, message="a destroy was asked meanwhile: the VM is left to it")
     job_finish(job=job)
 
 
@@ -173,13 +194,22 @@ def vm_stop(*, job: Job) -> None:
     with node_session(instance.node) as session:
         _progress(job, instance, "stopping the VM (the disk is kept)")
         session.agent("vm", "stop", _request(instance))
-    instance_svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
+    try:
+        instance_svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
+    except InvalidTransition:
+        if not _destroyed_meanwhile(job, instance):
+            raise
     job_finish(job=job)
 
 
 def vm_destroy(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.DESTROYING, "destroying")) is None:
         return
+    # A job still creating or starting the VM would make it after this destroy found none, on GPUs this freed.
+    other = Job.objects.filter(OPEN, instance_id=instance.pk, kind__in=VM_JOB_KINDS).exclude(pk=job.pk).first()
+    if other is not None:
+        raise NodeBusy(f"job {other.pk} ({other.get_kind_display().lower()}) is still under way; the destroy "
+                       "follows it.")
     with node_session(instance.node) as session:
         _progress(job, instance, "destroying the VM and its disk")
         session.agent("vm", "destroy", _request(instance))
@@ -205,7 +235,11 @@ def vm_failed(*, job: Job, error: str) -> None:
     A VM that never became running is destroyed; an existing one is stopped (its disk is kept
     for the renter to destroy). An unreachable node is left to the reconciler.
     """
-    instance = instance_svc.instance_mark_failed(instance_id=_instance_id(job), message=error)
+    instance = instance_svc.instance_mark_failed(instance_id=_instance_id(job), message=error, destroy_wins=True)
+    if instance.status in _DESTROYED_MEANWHILE:
+        # The renter's destroy stands: its job follows this one and removes the VM (or the reconciler does).
+        job_finish(job=job, error=f"{error} A destroy was asked meanwhile: the VM is left to it.")
+        return
     job_finish(job=job, error=error)
     verb = "destroy" if instance.started_at is None else "stop"
     try:

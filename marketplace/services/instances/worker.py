@@ -143,14 +143,17 @@ def instance_cleanup_done(*, instance_id: int) -> list[int]:
 
 
 @transaction.atomic
-def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
+def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool = False) -> Instance:
     """Any state but failed/destroyed → failed, with the reason; its GPUs are freed.
 
-    A failed or destroyed instance stays as it is (the first reason is kept).
+    A failed or destroyed instance stays as it is (the first reason is kept); with `destroy_wins` (a VM job
+    that failed), so does a destroying one: the renter asked for a destroy, which its own job does.
     """
     instance = _locked(instance_id)
     if instance is None:
         raise Instance.DoesNotExist(instance_id)
+    if destroy_wins and instance.status == S.DESTROYING:
+        return instance
     if instance.status not in FINAL_STATUSES:
         now = timezone.now()
         _leave_running(instance, now)
@@ -161,7 +164,7 @@ def instance_mark_failed(*, instance_id: int, message: str) -> Instance:
         instance_release_gpus(instance=instance, at=now)
         _save(instance, "stopped_at", *instance_forget_secrets(instance))
         instance_notify(instance, Kind.INSTANCE_FAILED, "failed")
-    else:
+    elif not instance.vm_cleanup_pending:  # those GPUs are kept for a VM still to be removed
         instance_release_gpus(instance=instance)  # no-op unless something left one live
     return instance
 
