@@ -8,7 +8,17 @@ import json
 import re
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,100}")  # 1-100 printable ASCII characters
+IDEMPOTENCY_KEY_MAX_LENGTH = 100  # the columns that store it (Instance, TopUp) hold as many
+IDEMPOTENCY_KEY_RE = re.compile(rf"[\x21-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}")  # printable ASCII
+# A page's form carries its own token (a double submission books or charges once): stored with this prefix, so
+# that it never meets an API client's key; the token is as long as the column leaves room for.
+WEB_KEY_PREFIX = "web-"
+WEB_REQUEST_TOKEN_MAX_LENGTH = IDEMPOTENCY_KEY_MAX_LENGTH - len(WEB_KEY_PREFIX)
+
+
+def web_idempotency_key(token: str) -> str:
+    """The idempotency key of a page's form token ('' for none)."""
+    return WEB_KEY_PREFIX + token if token else ""
 
 
 def request_fingerprint(data: object) -> str:

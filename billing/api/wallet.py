@@ -20,8 +20,9 @@ from billing.services.profiles import CONNECT_ACCOUNT_ID
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
-from core.api.scopes import PROVIDER, RENTER_ONLY, RENTER_OR_PROVIDER
+from core.api.scopes import PROVIDER, RENTER, RENTER_ONLY, RENTER_OR_PROVIDER
 from marketplace.api.authentication import refuse_session_alone
+from marketplace.models import ApiKey
 from marketplace.money import micros_to_usd, usd_to_micros
 
 # ------------------------------------------------------------------------------------- balance
@@ -218,7 +219,6 @@ class ProfileOutSerializer(serializers.Serializer):
     auto_top_up_card = serializers.IntegerField(allow_null=True)
 
 
-@extend_schema(tags=["billing"])
 def _payout_account_change_allowed(request) -> None:
     """Where the earnings go is changed with an API key that may act as a provider (payouts are the provider
     scope's), never by a browser session alone (a copied cookie): the Payouts page asks for the password, and a key
@@ -229,6 +229,21 @@ def _payout_account_change_allowed(request) -> None:
                                "a provider's); this key does not hold it.")
 
 
+def _auto_top_up_change_allowed(request, profile: BillingProfile, v: dict) -> None:
+    """Auto top-up charges a saved card: the renter scope's (balance, cards, top-ups). A key that may act only as
+    a provider turned it on (found by review). Sending back the settings as they are is no change."""
+    stored = {"auto_top_up_enabled": profile.auto_top_up_enabled,
+              "auto_top_up_threshold": micros_to_usd(profile.auto_top_up_threshold_micros),
+              "auto_top_up_amount": micros_to_usd(profile.auto_top_up_amount_micros),
+              "auto_top_up_card": profile.auto_top_up_card_id}
+    if not any(name in v and v[name] != value for name, value in stored.items()):
+        return
+    if isinstance(request.auth, ApiKey) and RENTER not in request.auth.scopes:
+        raise PermissionDenied("Changing auto top-up needs an API key with the renter scope (it charges your saved "
+                               "card); this key does not hold it.")
+
+
+@extend_schema(tags=["billing"])
 class ProfileView(APIView):
     api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
 
@@ -238,18 +253,22 @@ class ProfileView(APIView):
 
     @extend_schema(summary="Change your billing settings (payout account, auto top-up)",
                    description="A new payout account is e-mailed to your address. Changing it needs an API key with "
-                               "the provider scope: from a browser session, the Payouts page asks for the password.",
+                               "the provider scope: from a browser session, the Payouts page asks for the password. "
+                               "Changing auto top-up with an API key needs the renter scope (it charges your card).",
                    request=ProfileSerializer, responses={
                        200: ProfileOutSerializer,
                        403: error_response("The payout account asked to change with a browser session, or with an "
-                                           "API key without the provider scope; nothing was changed.")})
+                                           "API key without the provider scope; or auto top-up with an API key "
+                                           "without the renter scope; nothing was changed.")})
     def patch(self, request):
         data = ProfileSerializer(data=request.data, context={"request": request}, partial=True)
         data.is_valid(raise_exception=True)
         v = data.validated_data
+        profile = profile_for(user=request.user)
         new_account = v.get("stripe_connect_account_id")
-        if new_account is not None and new_account != profile_for(user=request.user).stripe_connect_account_id:
+        if new_account is not None and new_account != profile.stripe_connect_account_id:
             _payout_account_change_allowed(request)
+        _auto_top_up_change_allowed(request, profile, v)
         micros = {name: usd_to_micros(v[name]) for name in ("auto_top_up_threshold", "auto_top_up_amount") if name in v}
         changes = profiles.ProfileChanges(
             stripe_connect_account_id=v.get("stripe_connect_account_id"),

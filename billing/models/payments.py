@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.idempotency import IDEMPOTENCY_KEY_MAX_LENGTH
 from core.transitions import StatefulModel, Transitions
 
 from .ledger import LedgerTransaction
@@ -87,7 +88,7 @@ class TopUp(StatefulModel, models.Model):
         "The charge's answer was lost: whether Stripe charged is not known until the follow-up finds the payment "
         "among the customer's (or finds none)."))
     payment_intent_id = models.CharField(max_length=100, null=True, blank=True, unique=True)
-    idempotency_key = models.CharField(max_length=100, blank=True)
+    idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="top_up")

@@ -1,4 +1,5 @@
 from django.urls import path
+from rest_framework import permissions
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from core.api.scopes import PUBLIC
@@ -8,9 +9,10 @@ from . import accounts, catalogue, images, instances, nodes, offers, ssh_keys, v
 
 
 class ApiRootView(APIRootView):
-    """GET /api/v1/: links to the resources; public."""
+    """GET /api/v1/: links to the resources; public (it declared PUBLIC but kept DRF's IsAuthenticated: a 401)."""
 
     api_scope = PUBLIC
+    permission_classes = [permissions.AllowAny]
 
 
 class ApiRouter(DefaultRouter):

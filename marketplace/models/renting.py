@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from core.idempotency import IDEMPOTENCY_KEY_MAX_LENGTH
 from core.transitions import StatefulModel, Transitions
 
 from .catalogue import GpuModel
@@ -182,7 +183,7 @@ class Instance(StatefulModel, models.Model):
     disk_billed_seconds = models.BigIntegerField(default=0)
     disk_cost_micros = models.BigIntegerField(default=0)
 
-    idempotency_key = models.CharField(max_length=100, blank=True)
+    idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the create request.")
 
     created_at = models.DateTimeField(default=timezone.now)

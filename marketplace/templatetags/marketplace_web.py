@@ -127,3 +127,13 @@ def duration(seconds) -> str:
     if minutes:
         return f"{minutes} min {secs:02d} s"
     return f"{secs} s"
+
+
+@register.filter
+def form_wide_errors(form) -> list[str]:
+    """The errors shown above a form: its non-field errors, and those of its hidden fields (a page's own token,
+    which no field marked below could show)."""
+    errors = list(form.non_field_errors())
+    for hidden in form.hidden_fields():
+        errors += [f"{hidden.label}: {error}" for error in hidden.errors]
+    return errors

@@ -25,7 +25,7 @@ from billing import selectors
 from billing.models import TopUpStatus
 from billing.services import metering, payments, payouts, profiles
 from core.errors import ApplicationError, IdempotencyKeyReused
-from core.idempotency import request_fingerprint
+from core.idempotency import request_fingerprint, web_idempotency_key
 from core.web_errors import form_error
 from marketplace.models import Node
 from marketplace.money import parse_cents, usd_to_micros
@@ -127,7 +127,7 @@ def top_up(request):
     try:
         top_up, created = payments.top_up_create(
             user=request.user, amount_micros=usd_to_micros(data["amount"]), card=data["card"],
-            idempotency_key=f"web-{token}" if token else "",
+            idempotency_key=web_idempotency_key(token),
             request_fingerprint=request_fingerprint(body) if token else "")
     except IdempotencyKeyReused:  # worded for the page: it is this form's token, not a header
         form = _fresh_token(form, request.user)

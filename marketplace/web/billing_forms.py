@@ -13,6 +13,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from billing.selectors import cards_for_user
 from billing.services.cards import SETUP_INTENT_ID
 from billing.services.profiles import CONNECT_ACCOUNT_ID, CONNECT_ACCOUNT_MESSAGE
+from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
 from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, parse_cents
 
 from .account_forms import PasswordConfirmedForm
@@ -54,7 +55,8 @@ class TopUpForm(forms.Form):
     amount = CentsField(label="Amount (USD)", widget=forms.NumberInput(attrs={"step": "0.01", "inputmode": "decimal"}))
     card = _CardChoices(label="Card", queryset=None, empty_label=None, widget=forms.RadioSelect)
     # Makes a double submission (a double click, a resent form) charge once: the page's own token.
-    request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
+    request_token = forms.CharField(widget=forms.HiddenInput, required=False,
+                                    max_length=WEB_REQUEST_TOKEN_MAX_LENGTH)
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)

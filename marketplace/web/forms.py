@@ -12,6 +12,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
+from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
@@ -155,7 +156,8 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     label = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                             help_text="Optional: a name to find it by.")
     # Makes a double submission (a double click, a resent form) book once: the page's own token.
-    request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=100)
+    request_token = forms.CharField(widget=forms.HiddenInput, required=False,
+                                    max_length=WEB_REQUEST_TOKEN_MAX_LENGTH)
 
     def __init__(self, *args, user, node, request=None, **kwargs):
         super().__init__(*args, **kwargs)

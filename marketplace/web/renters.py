@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from billing.services.ledger import funds_required_micros
 from core import charts
 from core.errors import ApplicationError, IdempotencyKeyReused
+from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, page_wording
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
@@ -365,7 +366,7 @@ def rent(request, node_id: int):
                 renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"],
                 image=data.get("own_image") or data["image"], options=form.options(),
                 ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
-                idempotency_key=f"web-{token}" if token else "",
+                idempotency_key=web_idempotency_key(token),
                 request_fingerprint=svc.request_fingerprint(body) if token else "",
                 volumes=data.get("volumes") or [], mig_profile=data.get("mig_profile") or "",
             )

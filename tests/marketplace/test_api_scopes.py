@@ -114,6 +114,20 @@ def test_a_key_without_the_views_scope_is_refused_naming_it(path, rule):
     assert f"`{rule[0]}`" in text and "`read`" in text, text
 
 
+def test_every_view_declared_public_answers_an_anonymous_get():
+    """A PUBLIC scope is a promise: GET /api/v1/ declared it and kept DRF's IsAuthenticated (found by review)."""
+    refused = []
+    for route, pattern in _api_patterns():
+        cls = _view_class(pattern)
+        if getattr(cls, "api_scope", None) != PUBLIC or "get" not in getattr(cls, "http_method_names", ()):
+            continue
+        path = _sample_path(route)
+        status = APIClient().get(path).status_code
+        if status in (401, 403):
+            refused.append(f"{path}: {status}")
+    assert not refused, refused
+
+
 def test_the_rules_are_the_ones_published():
     rules = {_sample_path(route): _view_class(p).api_scope for route, p in _api_patterns()}
     assert rules["/api/v1/instances/"] == (RENTER,)

@@ -92,6 +92,26 @@ def test_a_renter_only_key_cannot_redirect_the_payouts_and_an_unchanged_account_
     assert same.status_code == 200, same.content
 
 
+def test_a_provider_only_key_cannot_turn_on_auto_top_up_which_charges_the_card(user, client_for):
+    """Auto top-up charges a saved card, the renter scope's (found by review: a provider-only key turned it on).
+    Sent back unchanged, as a client that PATCHes its whole settings does, it is no change and not refused."""
+    from billing.models import Card
+    from marketplace.services.accounts import api_key_create
+
+    card = Card.objects.create(user=user, stripe_payment_method_id="pm_review_1")
+    _, raw = api_key_create(user=user, name="provider only", scopes=["provider"])
+    provider_only = APIClient()
+    provider_only.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    turn_on = {"auto_top_up_enabled": True, "auto_top_up_card": card.pk, "auto_top_up_threshold": "10.00",
+               "auto_top_up_amount": "500.00"}
+    refused = provider_only.patch(PROFILE, turn_on, format="json")
+    assert refused.status_code == 403 and "renter scope" in refused.json()["detail"]
+    assert profile_for(user=user).auto_top_up_enabled is False
+    assert client_for(user).patch(PROFILE, turn_on, format="json").status_code == 200  # an all-scope key
+    assert provider_only.patch(PROFILE, {**turn_on, "stripe_connect_account_id": "acct_mine"},
+                               format="json").status_code == 200
+
+
 def test_an_operator_sets_a_payout_account_through_the_same_rules_and_the_owner_is_told(
         admin_client, user, mailoutbox, django_capture_on_commit_callbacks):
     from django.urls import reverse

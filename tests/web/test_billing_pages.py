@@ -127,6 +127,33 @@ def test_bad_top_up_amounts_are_field_errors_kept_in_the_form_and_nothing_is_wri
     assert not TopUp.objects.exists() and wallet_balance(user_id=renter.pk) == 0
 
 
+@pytest.fixture
+def fleet_node(db):
+    from tests.factories import make_listed_node
+    return make_listed_node(gpu_count=2)
+
+
+def test_a_form_token_longer_than_its_key_column_leaves_room_for_is_a_400_not_a_500(web, renter, fleet_node):
+    """The pages store their form's token as the idempotency key `web-<token>` in a 100-character column; the
+    forms took 100 characters, so a token of 97 to 100 was a DataError, a 500 (found by review)."""
+    from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
+    from marketplace.models import Instance
+    from tests.marketplace.renting_helpers import ed25519_key
+    from tests.web.conftest import fund
+
+    too_long = "t" * (WEB_REQUEST_TOKEN_MAX_LENGTH + 1)
+    r = web.post("/account/balance/top-up/", {"amount": "25.00", "card": card_for(renter).pk,
+                                              "request_token": too_long})
+    assert r.status_code == 400 and "at most 96 characters" in r.content.decode()
+    assert not TopUp.objects.exists()
+    fund(renter)
+    rent = {"image": "pytorch-2-5", "num_gpus": "1", "ssh_public_key": ed25519_key(), "request_token": too_long}
+    r = web.post(f"/offers/{fleet_node.pk}/rent/", rent)
+    assert r.status_code == 400 and not Instance.objects.exists()
+    r = web.post(f"/offers/{fleet_node.pk}/rent/", {**rent, "request_token": too_long[:-1]})
+    assert r.status_code == 302 and Instance.objects.get().idempotency_key == "web-" + too_long[:-1]
+
+
 def test_a_top_up_with_another_users_card_or_none_is_refused(web, renter, stranger):
     theirs = card_for(stranger)
     card_for(renter)
