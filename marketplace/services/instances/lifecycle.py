@@ -110,6 +110,11 @@ def instance_start(*, instance: Instance) -> Instance:
         return instance
     if not instance.allows("start"):
         raise _refuse("start", instance)
+    now = timezone.now()
+    # Its disk is billed up to now first: that posting locks the renter's wallet in id order with the other
+    # accounts, as the meter does; the funds check locking the wallet first and the posting then the others
+    # deadlocked with a tick (found by review). The check sees the balance after the disk's charge.
+    _leave_running(instance, now)
     _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance")
     node = _lock_node_for_booking(instance.node_id)
     assert node is not None  # an instance's node outlives it (PROTECT)
@@ -119,8 +124,6 @@ def instance_start(*, instance: Instance) -> Instance:
     if node.state != NodeState.ACTIVE:
         reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
-    now = timezone.now()
-    _leave_running(instance, now)  # its disk is billed up to now
     instance_release_gpus(instance=instance, at=now)  # nothing is live when stopped; this only makes sure
     if instance.mig_profile:  # a MIG VM keeps the slices it was created with (their UUIDs are in its spec)
         if not reallocate_slices(instance, now):
