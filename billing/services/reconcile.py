@@ -40,6 +40,7 @@ from typing import Any
 import stripe
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from billing.models import BillingProfile, Refund, RefundStatus, TopUp, TopUpStatus
@@ -115,9 +116,27 @@ def top_ups_find_lost(*, now: datetime | None = None, limit: int = RECONCILE_BAT
             return {"skipped": "another run is looking up lost charges"}
         now = now or timezone.now()
         cutoff = now - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+        _pending_answers_lost(cutoff, now)
         ids = list(TopUp.objects.filter(status=TopUpStatus.FAILED, outcome_unknown=True, updated_at__lt=cutoff)
                    .order_by("updated_at", "pk").values_list("pk", flat=True)[:limit])
         return _each_until_stripe_is_away(ids, lambda pk: top_up_find_lost(top_up_id=pk, now=now), "lost charges")
+
+
+def _pending_answers_lost(cutoff: datetime, now: datetime) -> None:
+    """Top-ups still pending at the cutoff that no other follow-up charges (a manual one, whose request died
+    while Stripe was charging: a worker killed at its timeout raises no StripeError; an automatic one whose card
+    was removed) had their answer lost: they are looked up from here as such (found by review: a charged card was
+    never credited, and the balance page showed it in flight for good)."""
+    stale = TopUp.objects.filter(Q(automatic=False) | Q(card__isnull=True), status=TopUpStatus.PENDING,
+                                 created_at__lt=cutoff)
+    # updated_at as old as the top-up: this same run looks them up.
+    moved = TopUp.transition_rows(stale, TopUpStatus.FAILED, outcome_unknown=True, updated_at=F("created_at"),
+                                  failure_message=(
+        "The payment provider's answer was lost. If your card was charged, the top-up is credited within minutes; "
+        "do not top up again until then."))
+    if moved:
+        log.warning("%s top-up(s) still pending past %s: their answer was lost; looking them up at Stripe", moved,
+                    now - cutoff)
 
 
 # How far before the top-up's row the payment may be stamped (the two clocks differ a little).

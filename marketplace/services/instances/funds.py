@@ -97,7 +97,8 @@ def _check_funds(renter_id: int, price_per_hour_micros: int, what: str) -> None:
     wallet row, so two bookings of one renter run it one after the other and the second counts the first's
     instance. The wallet row, not the user or billing profile: it is the row every charge to this renter
     locks already (ledger_post, the meter), it is locked last and alone here (after the node's share lock
-    or the instance's lock), so it adds no lock-order cycle, and other renters never wait for it.
+    or the instance's lock; a start bills the stopped disk before, which takes it in id order with the other
+    accounts), so it adds no lock-order cycle, and other renters never wait for it.
     """
     if not settings.BILLING_REQUIRE_FUNDS:
         return
