@@ -15,7 +15,7 @@ from core.api.fields import MoneyField
 from core.api.schema import error_response
 from core.api.scopes import RENTER_OR_PROVIDER
 
-_MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
+_MONTH_RE = re.compile(r"(\d{4})-(\d{2})", re.ASCII)  # as the schema says: not ٢٠٢٤-٠١
 
 
 class StatementSummarySerializer(serializers.Serializer):

@@ -35,7 +35,7 @@ from .account_forms import with_form_status
 from .billing_forms import ElementsCardForm, PayoutAccountForm, TestCardForm, TopUpForm, UsageFilterForm
 
 _REAL_PUBLISHABLE_KEY = re.compile(r"pk_(test|live)_[A-Za-z0-9]{20,}")
-_MONTH = re.compile(r"(\d{4})-(\d{2})")
+_MONTH = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
 IN_FLIGHT = (TopUpStatus.PENDING, TopUpStatus.PROCESSING)
 USAGE_PER_PAGE = 50
 

@@ -110,8 +110,8 @@ def test_a_monthly_statement_has_usage_per_instance_top_ups_refunds_and_totals_t
     empty = other_api.get("/api/v1/billing/statements/2026-03/").json()
     assert empty["usage_lines"] == [] and empty["closing_balance"] == "0.000000"
     assert other_api.get("/api/v1/billing/statements/").json() == []
-    for bad in ("2026-13", "26-03", "march", "1999-01"):
-        assert api.get(f"/api/v1/billing/statements/{bad}/").status_code == 404
+    for bad in ("2026-13", "26-03", "march", "1999-01", "\u0662\u0660\u0662\u0666-\u0660\u0663"):  # and Arabic digits
+        assert api.get(f"/api/v1/billing/statements/{bad}/").status_code == 404, bad
 
 
 def test_the_profile_sets_a_payout_account_and_auto_top_up(api, other_api):

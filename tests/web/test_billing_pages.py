@@ -289,6 +289,7 @@ def test_statements_by_month_add_up_and_are_private(web, renter, stranger):
     assert "$999" not in detail
     for bad in ("2026-13", "1999-01", "march", "2026-3"):
         assert web.get(f"/account/statements/{bad}/").status_code == 404
+    assert web.get("/account/statements/\u0662\u0660\u0662\u0666-\u0660\u0663/").status_code == 404  # ASCII only
     empty = web.get("/account/statements/2001-01/")
     assert empty.status_code == 200 and "No usage this month." in empty.content.decode()
 
