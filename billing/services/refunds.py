@@ -98,6 +98,10 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
         refund = Refund.objects.select_for_update().select_related("top_up__user").get(pk=refund_id)
         if refund.status == RefundStatus.SUCCEEDED:
             return refund
+        if refund.status == RefundStatus.FAILED and refund.stripe_refund_id == stripe_refund_id:
+            # Stripe's refund.failed for this very refund came while its create's answer was on the way (found
+            # by review: the wallet was debited for a refund Stripe said failed). Failed stays failed.
+            return refund
         top_up = refund.top_up
         txn, _ = ledger_post(
             idempotency_key=f"refund:{stripe_refund_id}", kind=TransactionKind.REFUND,
@@ -133,7 +137,10 @@ def refund_failed_at_stripe(*, stripe_refund: dict[str, Any]) -> bool:
     why = (stripe_refund.get("failure_reason") or "").replace("_", " ")
     told = f"The payment provider says the refund {stripe_refund.get('status')}{f' ({why})' if why else ''}."
     if refund.status == RefundStatus.PENDING:
+        # Its Stripe id recorded with it: refund_confirm, with the create's answer still on its way, must not
+        # take this refund for one that was made after all.
         Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
+                               stripe_refund_id=refund.stripe_refund_id or stripe_refund.get("id") or None,
                                failure_message=f"{told} Nothing was debited."[:500])
         return True
     if refund.status != RefundStatus.SUCCEEDED or refund.transaction is None:

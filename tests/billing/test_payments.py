@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 import stripe as stripe_sdk
+from django.db import transaction
 
 from billing.models import (
     BillingEvent,
@@ -301,6 +302,26 @@ def test_an_operator_refunds_a_top_up_and_the_wallet_is_debited_once(localstripe
     assert too_much.status_code == 409 and "$25.00" in too_much.json()["detail"]
     assert api.get(f"/api/v1/billing/top-ups/{top_up.pk}/").json()["refunded"] == "15.000000"
     assert BillingEvent.objects.filter(user=api.user, kind="refund").exists()
+
+
+@pytest.mark.django_db
+def test_a_refund_stripe_says_failed_before_its_answer_is_recorded_debits_nothing(localstripe, api):
+    """refund.failed can reach the webhook between Stripe's answer to the create and its recording: the refund,
+    still pending, failed; refund_confirm then took it for one made after all and debited the wallet."""
+    from billing.services.refunds import refund_failed_at_stripe
+
+    top_up = _credited_top_up(localstripe, api)
+    refund = Refund.objects.create(top_up=top_up, amount_micros=15_000_000, reason="customer asked",
+                                   created_by=UserFactory(is_staff=True))
+    with transaction.atomic():
+        assert refund_failed_at_stripe(stripe_refund={"id": "re_raced", "status": "failed",
+                                                      "failure_reason": "expired_or_canceled_card",
+                                                      "metadata": {"refund_id": str(refund.pk)}})
+    payments.refund_confirm(refund_id=refund.pk, stripe_refund_id="re_raced")  # the create's answer, recorded
+    refund.refresh_from_db()
+    assert refund.status == "failed" and refund.transaction is None and "expired or canceled card" in \
+        refund.failure_message
+    assert balance(api.user) == 40_000_000
 
 
 @pytest.mark.django_db
