@@ -8,7 +8,9 @@ from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.validators import RegexValidator
 from django.template.response import TemplateResponse
+from django.utils.crypto import get_random_string
 from django.utils.html import format_html
 
 from billing.models import (
@@ -29,7 +31,7 @@ from billing.models import (
 )
 from billing.services import ledger, payments, payouts, profiles
 from billing.services.refunds import REFUND_NOTE
-from core.errors import ApplicationError
+from core.errors import ApplicationError, Conflict
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -73,6 +75,24 @@ class CreditForm(ReasonForm):
     customer_note_default = ledger.CREDIT_NOTE
     amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
                                 help_text="USD credited to each selected wallet.")
+    # A form sent twice (a double click, a page sent again) credits once: each wallet's credit is keyed by it.
+    form_token = forms.CharField(widget=forms.HiddenInput, max_length=64,
+                                 validators=[RegexValidator(r"^[A-Za-z0-9]+$", "Not a token of this form.")])
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            self.initial.setdefault("form_token", get_random_string(32))
+
+
+def _credit(account: Account, data: dict, operator) -> None:
+    assert account.user is not None  # a customer wallet (the action takes no other)
+    _, created = ledger.credit_grant(
+        user=account.user, amount_micros=usd_to_micros(data["amount"]), reason=data["reason"],
+        customer_note=data["customer_note"], created_by=operator,
+        idempotency_key=f"admin-credit:{data['form_token']}:{account.pk}")
+    if not created:
+        raise Conflict("already credited by this form, which was sent twice; nothing more was credited.")
 
 
 class RefundForm(ReasonForm):
@@ -138,10 +158,8 @@ class AccountAdmin(ReadOnlyAdmin):
         if wallets.count() != queryset.count():
             self.message_user(request, "Only customer wallets can be credited.", messages.ERROR)
             return None
-        return _form_action(self, request, wallets, CreditForm, "Credit wallets", lambda account, data: (
-            ledger.credit_grant(user=account.user, amount_micros=usd_to_micros(data["amount"]),
-                                reason=data["reason"], customer_note=data["customer_note"],
-                                created_by=request.user)))
+        return _form_action(self, request, wallets, CreditForm, "Credit wallets",
+                            lambda account, data: _credit(account, data, request.user))
 
 
 class EntryInline(admin.TabularInline):

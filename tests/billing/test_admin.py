@@ -1,5 +1,7 @@
 """The operators' panel: everything about money is visible and read-only; credits, reversals and refunds
 go through actions that record the operator and a reason. And the demo's starting credit."""
+import re
+
 import pytest
 from django.test import Client
 
@@ -69,14 +71,19 @@ def test_an_operator_credits_a_wallet_with_a_reason_through_an_action(operator):
     wallet = Account.objects.get(user=renter, kind=AccountKind.CUSTOMER_WALLET)
     form = operator.post(_url(Account), {"action": "credit", "_selected_action": [wallet.pk]})
     assert form.status_code == 200 and b"reason" in form.content
-    done = operator.post(_url(Account), {"action": "credit", "_selected_action": [wallet.pk], "apply": "1",
-                                         "amount": "12.50", "reason": "outage on node 7"})
+    token = re.search(r'name="form_token" value="([A-Za-z0-9]+)"', form.content.decode()).group(1)
+    apply = {"action": "credit", "_selected_action": [wallet.pk], "apply": "1", "amount": "12.50",
+             "reason": "outage on node 7", "form_token": token}
+    done = operator.post(_url(Account), apply)
     assert done.status_code == 302
+    assert wallet_balance(user_id=renter.pk) == 13_500_000
+    again = operator.post(_url(Account), apply)  # the form sent twice (found by review: it credited twice)
+    assert again.status_code == 400 and b"already credited by this form" in again.content
     assert wallet_balance(user_id=renter.pk) == 13_500_000
     txn = LedgerTransaction.objects.filter(kind="credit").latest("pk")
     assert txn.created_by == operator.user and txn.reason == "outage on node 7"
     refused = operator.post(_url(Account), {"action": "credit", "_selected_action": [wallet.pk], "apply": "1",
-                                            "amount": "5", "reason": ""})
+                                            "amount": "5", "reason": "", "form_token": "t2"})
     assert refused.status_code == 400 and wallet_balance(user_id=renter.pk) == 13_500_000
     assert b'value="5"' in refused.content  # the form comes back with what was typed
 

@@ -55,7 +55,7 @@ def test_a_credit_and_its_reversal_tell_the_customer_only_the_customer_wording(o
     assert b"Internal reason (operators only)" in form.content and b"What the customer reads" in form.content
     done = operator.post(_changelist(Account), {
         "action": "credit", "_selected_action": [wallet.pk], "apply": "1", "amount": "15.00",
-        "reason": INTERNAL, "customer_note": FOR_CUSTOMER})
+        "reason": INTERNAL, "customer_note": FOR_CUSTOMER, "form_token": "t1"})
     assert done.status_code == 302 and wallet_balance(user_id=customer.pk) == 15_000_000
     txn = LedgerTransaction.objects.get(kind="credit")
     assert txn.reason == INTERNAL and txn.customer_note == FOR_CUSTOMER and txn.created_by == operator.user
@@ -81,7 +81,8 @@ def test_a_credit_without_customer_wording_shows_a_neutral_default(operator):
     customer = UserFactory()
     wallet = Account.objects.create(user=customer, kind=AccountKind.CUSTOMER_WALLET)
     operator.post(_changelist(Account), {"action": "credit", "_selected_action": [wallet.pk], "apply": "1",
-                                         "amount": "2.00", "reason": INTERNAL, "customer_note": ""})
+                                         "amount": "2.00", "reason": INTERNAL, "customer_note": "",
+                                         "form_token": "t1"})
     seen = _seen_by(customer)
     assert "A credit from the platform." in seen and "ticket 4711" not in seen
 
