@@ -23,7 +23,7 @@ import hashlib
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.cache import cache, caches
@@ -195,3 +195,23 @@ def password_reset_mail_allowed(*, account: str) -> bool:
     PASSWORD_RESET_EMAIL_WINDOW_S, counted whether or not the address has an account."""
     return _mail_allowed("reset", account, settings.PASSWORD_RESET_EMAILS_PER_ADDRESS,
                          settings.PASSWORD_RESET_EMAIL_WINDOW_S)
+
+
+class PasswordHolder(Protocol):
+    """What password_confirm needs of a user (core imports no app's model)."""
+
+    email: str
+
+    def check_password(self, raw_password: str) -> bool: ...
+
+
+def password_confirm(*, user: PasswordHolder, password: str, client_address: str | None) -> bool:
+    """Is this the user's password? Behind the log-in lock-out (LoginLocked), counted as a log-in: a session
+    someone else got hold of must not become a way to guess the password (the change form, turning two-factor on
+    or off, the payout account, an API key, an SSH key or a webhook endpoint made on a page)."""
+    with login_attempt(account=user.email, address=client_address) as attempt:
+        if user.check_password(password):
+            attempt.succeeded()
+            return True
+        attempt.failed()
+        return False

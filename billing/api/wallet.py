@@ -21,9 +21,9 @@ from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
 from core.api.scopes import PROVIDER, RENTER, RENTER_ONLY, RENTER_OR_PROVIDER
-from marketplace.api.authentication import refuse_session_alone
 from marketplace.models import ApiKey
 from marketplace.money import micros_to_usd, usd_to_micros
+from marketplace.reauth import refuse_session_alone
 
 # ------------------------------------------------------------------------------------- balance
 

@@ -12,9 +12,9 @@ from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
 from core.api.throttling import ScopedRateThrottle
 from core.client_address import client_ip
 from core.validators import no_control_characters
-from marketplace.api.authentication import refuse_session_alone
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.models import ApiKey, User
+from marketplace.reauth import refuse_session_alone
 from marketplace.services import accounts as svc
 from marketplace.services import email_verification
 from marketplace.validators import EMAIL_MAX_LENGTH, NAME_MAX_LENGTH, PASSWORD_MAX_LENGTH, SIGNUP_TOKEN_MAX_LENGTH

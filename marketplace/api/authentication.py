@@ -9,7 +9,6 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS, is_rule, missing_scopes, read_methods_of, refusal
-from marketplace.models import ApiKey
 from marketplace.services.accounts import ApiKeyExpired, api_key_authenticate
 
 
@@ -64,10 +63,3 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
                                "A request outside the key's scopes is a 403 naming the scope it needs; a key past "
                                "its `expires_at` is a 401."}
 
-
-def refuse_session_alone(request, *, instead: str) -> None:
-    """A change that outlives the session (a key, where earnings go) is not made by a browser session alone (a
-    copied cookie): an API key, or a page that asks for the password, proves more. `instead` says where to do it,
-    e.g. "on the SSH keys page (it asks for your password)"."""
-    if not isinstance(request.auth, ApiKey):
-        raise exceptions.PermissionDenied(f"Do this {instead} or with an API key; a browser session alone cannot.")

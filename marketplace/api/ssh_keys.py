@@ -7,8 +7,8 @@ from core.api.fields import StrictFieldsMixin
 from core.api.schema import ErrorDetailSerializer
 from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
-from marketplace.api.authentication import refuse_session_alone
 from marketplace.models import SshKey
+from marketplace.reauth import refuse_session_alone
 from marketplace.services import ssh_keys as svc
 from marketplace.validators import NAME_MAX_LENGTH
 

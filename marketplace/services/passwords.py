@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from core.login_throttle import login_attempt, password_reset_mail_allowed
+from core.login_throttle import password_confirm, password_reset_mail_allowed
 from marketplace.models import User
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,5 @@ def security_change_notify(*, user: User, subject: str, change: str, base_url: s
 
 
 def password_check(*, user: User, password: str, client_address: str | None) -> bool:
-    """Is this the user's password? Behind the log-in lock-out (LoginLocked), counted as a log-in: a session
-    someone else got hold of must not become a way to guess the password (the change form, turning two-factor on
-    or off, the payout account, making an API key on the page)."""
-    with login_attempt(account=user.email, address=client_address) as attempt:
-        if user.check_password(password):
-            attempt.succeeded()
-            return True
-        attempt.failed()
-        return False
+    """Is this the user's password? Behind the log-in lock-out (core.login_throttle.password_confirm)."""
+    return password_confirm(user=user, password=password, client_address=client_address)

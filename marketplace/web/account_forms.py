@@ -1,70 +1,20 @@
 """Forms of the account pages: password reset and change, two-factor. Django's own auth forms where there is one;
-the checks of a typed password go through the log-in lock-out (marketplace/services/passwords.py)."""
+the checks of a typed password go through the log-in lock-out (marketplace/reauth.py)."""
 from django import forms
 from django.contrib.auth.forms import PasswordChangeForm
 from django.core.exceptions import ValidationError
 
 from core.client_address import client_ip
 from marketplace.auth import LoginLocked, lockout_message
-from marketplace.services import passwords as password_svc
+from marketplace.reauth import LockoutMixin, PasswordConfirmedForm, current_password_field
 from marketplace.services import two_factor as two_factor_svc
-from marketplace.validators import EMAIL_MAX_LENGTH, PASSWORD_MAX_LENGTH
+from marketplace.validators import EMAIL_MAX_LENGTH
 
 
 class PasswordResetRequestForm(forms.Form):
     email = forms.EmailField(max_length=EMAIL_MAX_LENGTH,
                              widget=forms.EmailInput(attrs={"autocomplete": "email", "autofocus": True}),
                              help_text="The address you log in with.")
-
-
-class LockoutMixin:
-    """A lock-out (too many wrong passwords or codes) becomes a form error saying how long to wait; `locked` keeps
-    it for the view's 429."""
-
-    locked: LoginLocked | None = None
-
-    def _check_password(self, user, password: str, request) -> None:
-        try:
-            ok = password_svc.password_check(user=user, password=password, client_address=client_ip(request))
-        except LoginLocked as locked:
-            self.locked = locked
-            raise ValidationError(lockout_message(locked), code="throttled") from None
-        if not ok:
-            raise ValidationError("Your password was entered incorrectly.", code="password_incorrect")
-
-
-def with_form_status(response, form):
-    """A page's answer to its form: 400 when the form has errors, 429 with Retry-After when the log-in lock-out
-    refused the password (`form.locked`), else as rendered."""
-    if form.errors:
-        response.status_code = 400
-    locked = getattr(form, "locked", None)
-    if locked is not None:
-        response.status_code = 429
-        response["Retry-After"] = str(locked.retry_after)
-    return response
-
-
-def current_password_field(help_text: str = "") -> forms.CharField:
-    return forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False, help_text=help_text,
-                           widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
-
-
-class PasswordConfirmedForm(LockoutMixin, forms.Form):
-    """A form for a change a session alone (a copied cookie) must not make: the account's password is asked and
-    checked behind the log-in lock-out. Subclasses word the field's help for their change (`why_asked`)."""
-
-    why_asked = "Your account's password."
-
-    def __init__(self, *args, user, request, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.user, self.request = user, request
-        self.fields["password"] = current_password_field(self.why_asked)
-
-    def clean_password(self):
-        password = self.cleaned_data["password"]
-        self._check_password(self.user, password, self.request)
-        return password
 
 
 class RecoveryCodesForm(PasswordConfirmedForm):

@@ -13,11 +13,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 from core.errors import ApplicationError
 from core.web_errors import form_error
 from marketplace.models import ApiKey, SshKey
+from marketplace.reauth import with_form_status
 from marketplace.services import accounts as account_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.services import two_factor as two_factor_svc
 
-from .account_forms import with_form_status
 from .forms import ApiKeyForm, LoginForm, SignupConfirmForm, SignupForm, SshKeyForm
 from .two_factor import start_code_step
 

@@ -29,9 +29,9 @@ from core.idempotency import request_fingerprint, web_idempotency_key
 from core.web_errors import form_error
 from marketplace.models import Node
 from marketplace.money import parse_cents, usd_to_micros
+from marketplace.reauth import with_form_status
 from marketplace.services import instances as instance_svc
 
-from .account_forms import with_form_status
 from .billing_forms import ElementsCardForm, PayoutAccountForm, TestCardForm, TopUpForm, UsageFilterForm
 
 _REAL_PUBLISHABLE_KEY = re.compile(r"pk_(test|live)_[A-Za-z0-9]{20,}")

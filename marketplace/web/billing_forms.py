@@ -15,8 +15,7 @@ from billing.services.cards import SETUP_INTENT_ID
 from billing.services.profiles import CONNECT_ACCOUNT_ID, CONNECT_ACCOUNT_MESSAGE
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
 from core.money import CENTS_MAX_DIGITS, CENTS_PLACES, parse_cents
-
-from .account_forms import PasswordConfirmedForm
+from marketplace.reauth import PasswordConfirmedForm
 
 
 class _CardChoices(forms.ModelChoiceField):

@@ -18,6 +18,7 @@ from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
 from marketplace.models import Image, SshKey, User
 from marketplace.money import usd_rate_text
+from marketplace.reauth import LockoutMixin, PasswordConfirmedForm
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.validators import (
@@ -28,7 +29,6 @@ from marketplace.validators import (
     validate_instance_keys,
 )
 
-from .account_forms import LockoutMixin, PasswordConfirmedForm
 from .rent_options import RentOptionsMixin
 from .rent_volumes import RentVolumesMixin
 

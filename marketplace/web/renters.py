@@ -27,11 +27,11 @@ from core.web_errors import form_error, page_wording
 from marketplace import selectors
 from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel
+from marketplace.reauth import with_form_status
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.templatetags.marketplace_web import duration, usd, usd_rate
 
-from .account_forms import with_form_status
 from .figures import COMPARED, WORKLOAD, gpu_comparison
 from .forms import RentForm
 from .rent_options import OPTION_FIELDS

@@ -17,6 +17,7 @@ from core.client_address import client_ip
 from core.errors import ApplicationError
 from core.web_errors import form_error
 from marketplace.auth import LoginLocked, lockout_message
+from marketplace.reauth import with_form_status
 from marketplace.services import two_factor as svc
 
 from .account_forms import (
@@ -24,7 +25,6 @@ from .account_forms import (
     TwoFactorConfirmForm,
     TwoFactorDisableForm,
     TwoFactorLoginForm,
-    with_form_status,
 )
 
 PENDING = "two_factor_pending"

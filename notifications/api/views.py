@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from core.api.filtering import reject_unknown_params
 from core.api.schema import error_response
 from core.api.scopes import ANY
+from marketplace.reauth import refuse_session_alone
 from notifications import selectors
 from notifications.models import PREFERENCE_KINDS, Notification, WebhookDelivery, WebhookEndpoint
 from notifications.services import notify as notify_svc
@@ -105,13 +106,22 @@ class PreferenceDetailView(APIView):
         return Response(PreferenceSerializer(row).data)
 
 
+SETTINGS_PAGE = "on the notification settings page (it asks for your password)"
+SESSION_REFUSED = ("{what} asked with a browser session, not an API key: the notification settings page asks for "
+                   "the password; nothing was changed.")
+
+
 @extend_schema_view(
     list=extend_schema(summary="Your webhook endpoints"),
     retrieve=extend_schema(summary="One of your webhook endpoints"),
     create=extend_schema(summary="Add a webhook endpoint (its signing secret is in this answer only)",
-                         request=WebhookEndpointInputSerializer, responses={201: WebhookEndpointCreatedSerializer}),
+                         request=WebhookEndpointInputSerializer, responses={
+                             201: WebhookEndpointCreatedSerializer,
+                             403: error_response(SESSION_REFUSED.format(what="An endpoint"))}),
     partial_update=extend_schema(summary="Change an endpoint's URL, description or active flag",
-                                 request=WebhookEndpointInputSerializer, responses={200: WebhookEndpointSerializer}),
+                                 request=WebhookEndpointInputSerializer, responses={
+                                     200: WebhookEndpointSerializer,
+                                     403: error_response(SESSION_REFUSED.format(what="A new URL"))}),
     destroy=extend_schema(summary="Delete a webhook endpoint and its delivery log"),
 )
 @extend_schema(tags=["notifications"])
@@ -128,6 +138,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         return selectors.endpoints_for(user=self.request.user)
 
     def create(self, request):
+        # An endpoint receives the account's events until it is deleted: not for a session alone (a copied cookie).
+        refuse_session_alone(request, instead=SETTINGS_PAGE)
         data = WebhookEndpointInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
@@ -144,6 +156,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         endpoint = self.get_object()
         data = WebhookEndpointInputSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
+        if "url" in data.validated_data and data.validated_data["url"] != endpoint.url:  # where the events go
+            refuse_session_alone(request, instead=SETTINGS_PAGE)
         endpoint = webhook_svc.endpoint_update(endpoint=endpoint, **data.validated_data)
         return Response(WebhookEndpointSerializer(endpoint).data)
 

@@ -1,11 +1,17 @@
 from django import forms
 
 from core.validators import no_control_characters
+from marketplace.reauth import PasswordConfirmedForm
 from notifications.services.urls import URL_MAX_LENGTH
 from notifications.services.webhooks import DESCRIPTION_MAX_LENGTH
 
 
-class EndpointForm(forms.Form):
+class EndpointForm(PasswordConfirmedForm):
+    """An endpoint receives the account's events until it is deleted: a session alone (a copied cookie) must not
+    add one."""
+
+    why_asked = "Your account's password: the endpoint receives your account's events until you delete it."
+
     url = forms.CharField(label="URL", max_length=URL_MAX_LENGTH, validators=[no_control_characters],
                           widget=forms.URLInput(attrs={"placeholder": "https://example.com/hooks/gpumarket",
                                                        "autocomplete": "off"}),

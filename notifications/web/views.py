@@ -8,6 +8,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from core.errors import ApplicationError
 from core.web_errors import form_error, message_error
+from marketplace.reauth import with_form_status
 from notifications import selectors
 from notifications.services import notify as notify_svc
 from notifications.services import webhooks as webhook_svc
@@ -41,11 +42,11 @@ def notifications_read_all(request):
     return redirect("notifications")
 
 
-def _settings_page(request, form, created=None, status=200):
+def _settings_page(request, form, created=None):
     response = render(request, "notifications/settings.html", {
         "preferences": selectors.preferences_for(user=request.user),
         "endpoints": selectors.endpoints_for(user=request.user), "form": form, "created": created,
-    }, status=status)
+    })
     if created:
         response["Cache-Control"] = "no-store"
     return response
@@ -55,7 +56,7 @@ def _settings_page(request, form, created=None, status=200):
 @require_http_methods(["GET", "POST"])
 def notification_settings(request):
     """The channels grid (POSTed with `preferences`) and the endpoint form (POSTed with `url`)."""
-    form = EndpointForm(request.POST if "url" in request.POST else None)
+    form = EndpointForm(request.POST if "url" in request.POST else None, user=request.user, request=request)
     if request.method == "POST" and "preferences" in request.POST:
         for row in selectors.preferences_for(user=request.user):
             chosen = {channel: f"{row.kind}:{channel}" in request.POST for channel in CHANNELS}
@@ -71,8 +72,9 @@ def notification_settings(request):
             form_error(form, exc, default_field="url")
         else:
             # Rendered, not redirected: the secret exists only in this one answer.
-            return _settings_page(request, EndpointForm(), created={"endpoint": endpoint, "secret": secret})
-    return _settings_page(request, form, status=400 if form.errors else 200)
+            return _settings_page(request, EndpointForm(user=request.user, request=request),
+                                  created={"endpoint": endpoint, "secret": secret})
+    return with_form_status(_settings_page(request, form), form)
 
 
 @login_required

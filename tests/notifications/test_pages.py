@@ -7,6 +7,8 @@ from notifications.models import Kind, Preference, WebhookEndpoint
 from notifications.services import webhooks
 from notifications.services.notify import notify
 
+PASSWORD = "correct horse battery staple"  # tests.factories.UserFactory's
+
 pytestmark = pytest.mark.django_db
 
 
@@ -36,6 +38,13 @@ def test_settings_save_channels_and_add_an_endpoint_showing_the_secret_once(web,
     assert web.post("/account/notifications/settings/", {"preferences": "1", **checked}).status_code == 302
     assert list(Preference.objects.filter(user=owner).values_list("kind", "email")) == [("payout_sent", False)]
     r = web.post("/account/notifications/settings/", {"url": receiver.url, "description": "mine"})
+    assert r.status_code == 400 and not WebhookEndpoint.objects.exists()  # a session alone adds none
+    assert 'id="id_password_errors"' in r.content.decode()
+    r = web.post("/account/notifications/settings/", {"url": receiver.url, "description": "mine",
+                                                      "password": "not it"})
+    assert r.status_code == 400 and b"Your password was entered incorrectly" in r.content
+    r = web.post("/account/notifications/settings/", {"url": receiver.url, "description": "mine",
+                                                      "password": PASSWORD})
     endpoint = WebhookEndpoint.objects.get(user=owner)
     secret = webhooks.endpoint_secret(endpoint=endpoint)
     assert r.status_code == 200 and secret.encode() in r.content and r["Cache-Control"] == "no-store"
@@ -43,9 +52,28 @@ def test_settings_save_channels_and_add_an_endpoint_showing_the_secret_once(web,
 
 
 def test_a_bad_url_is_shown_on_the_field_with_what_was_typed(web):
-    r = web.post("/account/notifications/settings/", {"url": "https://10.0.0.5/hook", "description": "lab"})
+    r = web.post("/account/notifications/settings/", {"url": "https://10.0.0.5/hook", "description": "lab",
+                                                      "password": PASSWORD})
     assert r.status_code == 400 and b"private" in r.content and b"https://10.0.0.5/hook" in r.content
     assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_browser_session_alone_adds_no_endpoint_and_moves_none_through_the_api(owner, owner_api, receiver):
+    """An endpoint receives the account's events until it is deleted (found by review: a copied cookie could add
+    one, or point one elsewhere). Pausing it, or its description, stays open to the session."""
+    from rest_framework.test import APIClient
+
+    session = APIClient()
+    session.force_login(owner)
+    refused = session.post("/api/v1/webhook-endpoints/", {"url": receiver.url}, format="json")
+    assert refused.status_code == 403 and "notification settings page" in refused.json()["detail"]
+    assert not WebhookEndpoint.objects.exists()
+    made = owner_api.post("/api/v1/webhook-endpoints/", {"url": receiver.url}, format="json").json()
+    path = f"/api/v1/webhook-endpoints/{made['id']}/"
+    assert session.patch(path, {"url": "https://example.com/elsewhere"}, format="json").status_code == 403
+    assert session.patch(path, {"url": receiver.url, "active": False, "description": "paused"},
+                         format="json").status_code == 200
+    assert WebhookEndpoint.objects.get().url == receiver.url
 
 
 def test_endpoint_page_logs_deliveries_and_sends_a_test(web, owner, receiver, queued,
