@@ -79,6 +79,7 @@ class Statement:
     opening_micros: int = 0
     closing_micros: int = 0
     usage_micros: int = 0  # positive: what was charged
+    storage_micros: int = 0  # positive: charged for volumes and stopped instances' disks
     top_ups_micros: int = 0
     refunds_micros: int = 0  # positive: what was given back
     adjustments_micros: int = 0  # credits and reversals, signed
@@ -86,10 +87,18 @@ class Statement:
     top_ups: list[TopUp] = field(default_factory=list)
     refunds: list[Refund] = field(default_factory=list)
     adjustments: list[dict[str, Any]] = field(default_factory=list)
+    storage: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def net_micros(self) -> int:
+        """What the month added to the balance (signed): closing = opening + this."""
+        return (self.top_ups_micros - self.usage_micros - self.storage_micros - self.refunds_micros
+                + self.adjustments_micros)
 
 
 _KIND_TOTALS: dict[str, str] = {
     TransactionKind.USAGE: "usage_micros",
+    TransactionKind.STORAGE: "storage_micros",  # storage was counted as "credits and corrections" (found by review)
     TransactionKind.TOP_UP: "top_ups_micros",
     TransactionKind.REFUND: "refunds_micros",
 }
@@ -97,7 +106,7 @@ _KIND_TOTALS: dict[str, str] = {
 
 def _apply_totals(statement: Statement, kind: str, total: int) -> None:
     attr = _KIND_TOTALS.get(kind)
-    if attr in ("usage_micros", "refunds_micros"):
+    if attr in ("usage_micros", "storage_micros", "refunds_micros"):
         setattr(statement, attr, getattr(statement, attr) - total)
     elif attr:
         setattr(statement, attr, getattr(statement, attr) + total)
@@ -120,14 +129,19 @@ def statement_months(*, user: User) -> list[Statement]:
     running = 0
     for statement in months.values():  # oldest first
         statement.opening_micros = running
-        running += (statement.top_ups_micros - statement.usage_micros - statement.refunds_micros
-                    + statement.adjustments_micros)
+        running += statement.net_micros
         statement.closing_micros = running
     return sorted(months.values(), key=lambda s: s.month, reverse=True)
 
 
+def _entry_lines(entries: QuerySet[Entry]) -> list[dict[str, Any]]:
+    return [{"at": e.transaction.created_at, "kind": e.transaction.kind, "amount_micros": e.amount_micros,
+             "memo": e.transaction.memo, "note": e.transaction.customer_note}
+            for e in entries.select_related("transaction").order_by("transaction__created_at", "pk")]
+
+
 def statement_for(*, user: User, month: date) -> Statement:
-    """The statement of one month: usage per instance, top-ups, refunds, adjustments, and totals."""
+    """The statement of one month: usage per instance, storage, top-ups, refunds, adjustments, and totals."""
     start, end = month_bounds(month)
     statement = Statement(month=start.date())
     wallet = _account(user, AccountKind.CUSTOMER_WALLET)
@@ -139,8 +153,7 @@ def statement_for(*, user: User, month: date) -> Statement:
     in_month = entries.filter(transaction__created_at__gte=start, transaction__created_at__lt=end)
     for row in in_month.values("transaction__kind").annotate(total=Sum("amount_micros")).order_by():
         _apply_totals(statement, row["transaction__kind"], row["total"])
-    statement.closing_micros = (statement.opening_micros + statement.top_ups_micros - statement.usage_micros
-                                - statement.refunds_micros + statement.adjustments_micros)
+    statement.closing_micros = statement.opening_micros + statement.net_micros
     lines = (UsageInterval.objects.filter(instance__renter=user, created_at__gte=start, created_at__lt=end)
              .values("instance_id", "instance__label", "instance__gpu_model__slug", "instance__num_gpus",
                      "price_per_hour_micros")
@@ -159,12 +172,8 @@ def statement_for(*, user: User, month: date) -> Statement:
     statement.refunds = list(Refund.objects.filter(top_up__user=user, transaction__created_at__gte=start,
                                                    transaction__created_at__lt=end)
                              .order_by("transaction__created_at"))
-    statement.adjustments = [
-        {"at": e.transaction.created_at, "kind": e.transaction.kind, "amount_micros": e.amount_micros,
-         "memo": e.transaction.memo, "note": e.transaction.customer_note}
-        for e in in_month.exclude(transaction__kind__in=list(_KIND_TOTALS)).select_related("transaction")
-        .order_by("transaction__created_at", "pk")
-    ]
+    statement.adjustments = _entry_lines(in_month.exclude(transaction__kind__in=list(_KIND_TOTALS)))
+    statement.storage = _entry_lines(in_month.filter(transaction__kind=TransactionKind.STORAGE))
     return statement
 
 

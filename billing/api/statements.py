@@ -23,10 +23,11 @@ class StatementSummarySerializer(serializers.Serializer):
     opening_balance = MoneyField(source="opening_micros")
     top_ups = MoneyField(source="top_ups_micros")
     usage = MoneyField(source="usage_micros", help_text="Charged for running instances.")
+    storage = MoneyField(source="storage_micros", help_text="Charged for volumes and stopped instances' disks.")
     refunds = MoneyField(source="refunds_micros")
     adjustments = MoneyField(source="adjustments_micros", help_text="Credits and corrections (signed).")
     closing_balance = MoneyField(source="closing_micros",
-                               help_text="opening_balance + top_ups - usage - refunds + adjustments.")
+                               help_text="opening_balance + top_ups - usage - storage - refunds + adjustments.")
 
     def to_representation(self, statement):
         data = super().to_representation(statement)
@@ -71,6 +72,8 @@ class StatementSerializer(StatementSummarySerializer):
     top_up_lines = TopUpSerializer(source="top_ups", many=True)
     refund_lines = RefundLineSerializer(source="refunds", many=True)
     adjustment_lines = AdjustmentLineSerializer(source="adjustments", many=True)
+    storage_lines = AdjustmentLineSerializer(source="storage", many=True,
+                                             help_text="Each storage charge (a volume's or a stopped disk's).")
 
 
 @extend_schema(tags=["billing"])

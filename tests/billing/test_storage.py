@@ -184,3 +184,27 @@ def test_a_stopped_disk_or_a_volume_removed_during_an_outage_is_not_billed_for_i
     volume.refresh_from_db()
     assert instance.disk_billed_seconds == 600 and volume.billed_seconds == 600
     assert instance.disk_cost_micros == instance.disk_gb * 300_000 * 600 // SECONDS_PER_MONTH
+
+
+def test_a_statement_counts_storage_as_storage_not_as_credits(clock, user, tick, client_for):
+    """Storage charges were summed under "credits and corrections" (found by review): the sums were right, the
+    label was not. Now the month has a storage total and its lines, and the closing balance adds up."""
+    on = node()
+    on.disk_price_per_gb_month_micros = 250_000
+    on.save()
+    fund(user, "10")
+    _volume(user, on, size_gb=100)
+    clock.advance(3600)
+    tick()
+    api = client_for(user)
+    month = f"{clock.now:%Y-%m}"
+    statement = api.get(f"/api/v1/billing/statements/{month}/").json()
+    charged = 100 * 250_000 * 3600 // SECONDS_PER_MONTH
+    assert statement["storage"] == f"{charged / 1e6:.6f}" and statement["adjustments"] == "10.000000"  # the fund
+    assert [line["kind"] for line in statement["storage_lines"]] == ["storage"]
+    assert [line["kind"] for line in statement["adjustment_lines"]] == ["credit"]
+    opening, adjustments, closing = (int(round(float(statement[k]) * 1e6))
+                                     for k in ("opening_balance", "adjustments", "closing_balance"))
+    assert closing == opening + adjustments - charged == balance(user)
+    (summary,) = api.get("/api/v1/billing/statements/").json()
+    assert summary["storage"] == statement["storage"] and summary["closing_balance"] == statement["closing_balance"]
