@@ -61,3 +61,22 @@ def test_a_destroy_past_its_deadline_ends_the_instance_destroyed_and_keeps_its_g
     assert instance.status == "destroyed" and "removed when it answers again" in instance.status_message
     assert _held(inst) == 1  # until the reconciler has removed the VM (instance_cleanup_done)
     assert svc.instance_cleanup_done(instance_id=inst.pk) and _held(inst) == 0
+
+
+@pytest.mark.parametrize("kind, reached", [("provision", "running"), ("stop", "stopped")])
+def test_a_job_whose_worker_was_lost_after_the_vm_got_there_is_closed_as_done_not_failing_the_instance(
+        inst, settings, kind, reached):
+    """The worker died between marking the instance (running, stopped) and closing its job (found by review): the
+    reaper failed a healthy running instance, its GPUs freed under a live VM, and the job counted as failed."""
+    run(inst)
+    job = Job.objects.get(instance=inst, kind=JobKind.INSTANCE_PROVISION)
+    if kind == "stop":
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+        svc.instance_stop(instance=Instance.objects.get(pk=inst.pk))
+        svc.instance_mark_stopped(instance_id=inst.pk)
+        job = Job.objects.get(instance=inst, kind=JobKind.INSTANCE_STOP)
+    _past_deadline(job, heartbeat_s_ago=settings.JOB_HEARTBEAT_STALE_S + 5)
+    assert jobs_reap() == {"reaped": 1}
+    assert Instance.objects.get(pk=inst.pk).status == reached
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+    assert _held(inst) == (1 if reached == "running" else 0)

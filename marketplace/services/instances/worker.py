@@ -143,16 +143,18 @@ def instance_cleanup_done(*, instance_id: int) -> list[int]:
 
 
 @transaction.atomic
-def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool = False) -> Instance:
+def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool = False,
+                         only_in: tuple[str, ...] | None = None) -> Instance:
     """Any state but failed/destroyed → failed, with the reason; its GPUs are freed.
 
     A failed or destroyed instance stays as it is (the first reason is kept); with `destroy_wins` (a VM job
-    that failed), so does a destroying one: the renter asked for a destroy, which its own job does.
+    that failed), so does a destroying one: the renter asked for a destroy, which its own job does. With
+    `only_in`, an instance in another state is left as it is too (decided under its row lock).
     """
     instance = _locked(instance_id)
     if instance is None:
         raise Instance.DoesNotExist(instance_id)
-    if destroy_wins and instance.status == S.DESTROYING:
+    if (destroy_wins and instance.status == S.DESTROYING) or (only_in is not None and instance.status not in only_in):
         return instance
     if instance.status not in FINAL_STATUSES:
         now = timezone.now()
