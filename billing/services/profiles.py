@@ -13,9 +13,9 @@ from billing.models import BillingProfile, Card
 from billing.services.customers import profile_for
 from billing.services.top_ups import top_up_bounds
 from core.errors import ValidationFailed
+from core.security_mail import security_change_notify
 from marketplace.models import User
 from marketplace.money import usd_text
-from marketplace.services import passwords
 
 # A Stripe Connect account id, or "" for none; the API's schema publishes this pattern and the payouts form uses it.
 CONNECT_ACCOUNT_ID = r"^(acct_[A-Za-z0-9]{1,90})?$"
@@ -64,7 +64,7 @@ def profile_update(*, user: User, changes: ProfileChanges, base_url: str = "") -
             raise ValidationFailed(CONNECT_ACCOUNT_MESSAGE, field="stripe_connect_account_id")
         before, after = profile.stripe_connect_account_id, changes.stripe_connect_account_id
         if after != before:
-            passwords.security_change_notify(
+            security_change_notify(
                 user=user, subject="Your payout account was changed", base_url=base_url,
                 change=(f"The Stripe Connect account your {settings.PLATFORM_NAME} earnings are paid out to was "
                         f"just changed: from {before or 'none'} to {after or 'none'}"

@@ -5,7 +5,7 @@ PASSWORD_RESET_EMAILS_PER_ADDRESS e-mails to one address per window. The link ca
 default_token_generator token, which is bound to the password's hash and the last log-in: it works once and for
 PASSWORD_RESET_TIMEOUT seconds. Setting a new password (reset or change) ends every other session of the user
 (Django checks each session's password hash) and tells the address by e-mail, as a change of another security
-setting does (security_change_notify). API keys are not touched: they are
+setting does (core.security_mail.security_change_notify). API keys are not touched: they are
 listed, and revocable, on the API keys page.
 
 An account that an operator made in the admin has no usable password; its owner sets one through a reset, which
@@ -17,7 +17,6 @@ from urllib.parse import urljoin
 from django.conf import settings
 from django.contrib.auth.tokens import default_token_generator
 from django.core.mail import send_mail
-from django.db import transaction
 from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
@@ -69,17 +68,6 @@ def password_changed_notify(*, user: User, base_url: str) -> None:
         "in to it was logged out.\n\n"
         "If it was not you, reset it now and revoke the API keys you do not recognise:\n\n"
         f"  {urljoin(base_url, reverse('password-reset'))}\n"))
-
-
-def security_change_notify(*, user: User, subject: str, change: str, base_url: str = "") -> None:
-    """Tell the account's address that a security setting changed (`change`, a sentence: two-factor on or off,
-    the payout account), with the way back if it was not its owner: whoever holds a session (a stolen cookie)
-    must not change these unseen. Sent once the caller's transaction commits."""
-    reset = (f":\n\n  {urljoin(base_url, reverse('password-reset'))}\n" if base_url
-             else " (\"Forgot your password?\" on the log-in page).\n")
-    message = (f"{change}\n\nIf it was not you, someone can use your account: reset your password now, which logs "
-               f"out every browser, and revoke the API keys you do not recognise{reset}")
-    transaction.on_commit(lambda: _send(user.email, subject, message))
 
 
 def password_check(*, user: User, password: str, client_address: str | None) -> bool:

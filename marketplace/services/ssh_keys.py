@@ -19,8 +19,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, ValidationFailed
+from core.security_mail import security_change_notify
 from marketplace.models import SshKey, User
-from marketplace.services import passwords
 from marketplace.validators import MAX_INSTANCE_KEYS
 
 # What a VM accepts: the types of `ssh-keygen -t ed25519|ecdsa|rsa`.
@@ -170,7 +170,7 @@ def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
                                "API puts every saved key on an instance, and one instance takes at most "
                                f"{MAX_INSTANCE_KEYS}); delete one you no longer use first.")
             key.save()
-            passwords.security_change_notify(
+            security_change_notify(
                 user=user, subject="An SSH key was added to your account",
                 change=(f"An SSH key was just added to your {settings.PLATFORM_NAME} account: "
                         f"{key.name or 'no name'} ({key.fingerprint}). Saved keys are put on the instances you "

@@ -27,6 +27,7 @@ from django_otp.models import Device
 
 from core.errors import Conflict, ValidationFailed
 from core.login_throttle import login_attempt
+from core.security_mail import security_change_notify
 from marketplace.models import AuthenticatorDevice, RecoveryCode, RecoveryCodeDevice, User
 from marketplace.services import passwords
 
@@ -96,7 +97,7 @@ def totp_enrol_confirm(*, user: User, code: str, password: str, client_address: 
         codes = _recovery_codes_make(user)
         # A session someone else holds (a shared computer, a stolen cookie) must not outlive the upgrade.
         user.end_other_sessions()
-        passwords.security_change_notify(
+        security_change_notify(
             user=user, subject="Two-factor log-in was turned on", base_url=base_url,
             change=(f"Two-factor log-in was just turned on for your {settings.PLATFORM_NAME} account: logging in "
                     "now needs a code from an authenticator app after the password. Every other browser logged in "
@@ -125,7 +126,7 @@ def recovery_codes_regenerate(*, user: User, base_url: str = "") -> list[str]:
         raise Conflict("Two-factor log-in is off: there are no recovery codes to replace.")
     with transaction.atomic():
         codes = _recovery_codes_make(user)
-        passwords.security_change_notify(
+        security_change_notify(
             user=user, subject="New two-factor recovery codes were made", base_url=base_url,
             change=(f"New two-factor recovery codes were just made for your {settings.PLATFORM_NAME} account; "
                     "the ones you had stopped working."))
@@ -165,7 +166,7 @@ def two_factor_disable(*, user: User, base_url: str = "") -> None:
         RecoveryCodeDevice.objects.filter(user=user).delete()
         if not was_on:  # nothing changed (an operator's action over many users, an unconfirmed enrolment)
             return
-        passwords.security_change_notify(
+        security_change_notify(
             user=user, subject="Two-factor log-in was turned off", base_url=base_url,
             change=(f"Two-factor log-in was just turned off for your {settings.PLATFORM_NAME} account: a password "
                     "alone logs in to it again."))

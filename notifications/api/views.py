@@ -144,7 +144,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         data.is_valid(raise_exception=True)
         values = data.validated_data
         endpoint, secret = webhook_svc.endpoint_create(user=request.user, url=values["url"],
-                                                       description=values.get("description", ""))
+                                                       description=values.get("description", ""),
+                                                       base_url=request.build_absolute_uri("/"))
         if values.get("active") is False:
             webhook_svc.endpoint_update(endpoint=endpoint, active=False)
         body = {**WebhookEndpointSerializer(endpoint).data, "secret": secret}  # as WebhookEndpointCreatedSerializer
@@ -158,7 +159,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         data.is_valid(raise_exception=True)
         if "url" in data.validated_data and data.validated_data["url"] != endpoint.url:  # where the events go
             refuse_session_alone(request, instead=SETTINGS_PAGE)
-        endpoint = webhook_svc.endpoint_update(endpoint=endpoint, **data.validated_data)
+        endpoint = webhook_svc.endpoint_update(endpoint=endpoint, **data.validated_data,
+                                               base_url=request.build_absolute_uri("/"))
         return Response(WebhookEndpointSerializer(endpoint).data)
 
     def perform_destroy(self, instance):

@@ -23,6 +23,7 @@ from requests.adapters import HTTPAdapter
 
 from core import dispatch
 from core.errors import TooManyRequests, ValidationFailed
+from core.security_mail import security_change_notify
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import User
 from notifications.models import DeliveryStatus, Kind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -52,8 +53,10 @@ def _description(description: str) -> str:
     return description
 
 
-def endpoint_create(*, user: User, url: str, description: str = "") -> tuple[WebhookEndpoint, str]:
-    """A new endpoint and its signing secret (returned this once, never again)."""
+def endpoint_create(*, user: User, url: str, description: str = "",
+                    base_url: str = "") -> tuple[WebhookEndpoint, str]:
+    """A new endpoint and its signing secret (returned this once, never again). It receives the account's events
+    until deleted: the address is told (as of a saved SSH key)."""
     url = webhook_url_check(url)
     description = _description(description)
     with transaction.atomic():
@@ -64,14 +67,24 @@ def endpoint_create(*, user: User, url: str, description: str = "") -> tuple[Web
         endpoint = WebhookEndpoint.objects.create(user=user, url=url, description=description,
                                                   secret_encrypted=encrypt_secret(secret.encode()),
                                                   secret_hint=secret[:10])
+        security_change_notify(user=user, subject="A webhook endpoint was added to your account", base_url=base_url,
+                               change=f"A webhook endpoint was added to your account: {url}. It receives your "
+                                      "account's events (instances, balance, payouts) until it is deleted.")
     return endpoint, secret
 
 
 def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, description: str | None = None,
-                    active: bool | None = None) -> WebhookEndpoint:
+                    active: bool | None = None, base_url: str = "") -> WebhookEndpoint:
+    """A new URL is told to the account's address: the events go elsewhere from now on."""
     fields = []
     if url is not None:
-        endpoint.url = webhook_url_check(url)
+        new = webhook_url_check(url)
+        if new != endpoint.url:
+            security_change_notify(user=endpoint.user, subject="A webhook endpoint now sends elsewhere",
+                                   base_url=base_url, change=f"Your webhook endpoint {endpoint.pk} now sends your "
+                                                             f"account's events to {new} (it sent them to "
+                                                             f"{endpoint.url}).")
+        endpoint.url = new
         fields.append("url")
     if description is not None:
         endpoint.description = _description(description)

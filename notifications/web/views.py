@@ -67,7 +67,8 @@ def notification_settings(request):
     if request.method == "POST" and form.is_valid():
         try:
             endpoint, secret = webhook_svc.endpoint_create(user=request.user, url=form.cleaned_data["url"],
-                                                           description=form.cleaned_data["description"])
+                                                           description=form.cleaned_data["description"],
+                                                           base_url=request.build_absolute_uri("/"))
         except ApplicationError as exc:
             form_error(form, exc, default_field="url")
         else:

@@ -58,7 +58,8 @@ def test_a_bad_url_is_shown_on_the_field_with_what_was_typed(web):
     assert not WebhookEndpoint.objects.exists()
 
 
-def test_a_browser_session_alone_adds_no_endpoint_and_moves_none_through_the_api(owner, owner_api, receiver):
+def test_a_browser_session_alone_adds_no_endpoint_and_moves_none_through_the_api(
+        owner, owner_api, receiver, mailoutbox, django_capture_on_commit_callbacks):
     """An endpoint receives the account's events until it is deleted (found by review: a copied cookie could add
     one, or point one elsewhere). Pausing it, or its description, stays open to the session."""
     from rest_framework.test import APIClient
@@ -68,12 +69,22 @@ def test_a_browser_session_alone_adds_no_endpoint_and_moves_none_through_the_api
     refused = session.post("/api/v1/webhook-endpoints/", {"url": receiver.url}, format="json")
     assert refused.status_code == 403 and "notification settings page" in refused.json()["detail"]
     assert not WebhookEndpoint.objects.exists()
-    made = owner_api.post("/api/v1/webhook-endpoints/", {"url": receiver.url}, format="json").json()
+    with django_capture_on_commit_callbacks(execute=True):
+        made = owner_api.post("/api/v1/webhook-endpoints/", {"url": receiver.url}, format="json").json()
+    (added,) = mailoutbox  # told to the address, as a saved SSH key is
+    assert added.to == [owner.email] and added.subject.endswith("A webhook endpoint was added to your account")
+    assert receiver.url in added.body and "reset your password" in added.body
     path = f"/api/v1/webhook-endpoints/{made['id']}/"
     assert session.patch(path, {"url": "https://example.com/elsewhere"}, format="json").status_code == 403
-    assert session.patch(path, {"url": receiver.url, "active": False, "description": "paused"},
-                         format="json").status_code == 200
-    assert WebhookEndpoint.objects.get().url == receiver.url
+    with django_capture_on_commit_callbacks(execute=True):
+        assert session.patch(path, {"url": receiver.url, "active": False, "description": "paused"},
+                             format="json").status_code == 200
+    assert WebhookEndpoint.objects.get().url == receiver.url and len(mailoutbox) == 1  # no new URL: no e-mail
+    with django_capture_on_commit_callbacks(execute=True):
+        moved = owner_api.patch(path, {"url": receiver.url + "elsewhere"}, format="json")
+    assert moved.status_code == 200, moved.content
+    assert mailoutbox[-1].subject.endswith("A webhook endpoint now sends elsewhere")
+    assert receiver.url + "elsewhere" in mailoutbox[-1].body
 
 
 def test_endpoint_page_logs_deliveries_and_sends_a_test(web, owner, receiver, queued,
