@@ -172,8 +172,9 @@ def statement_for(*, user: User, month: date) -> Statement:
     statement.refunds = list(Refund.objects.filter(top_up__user=user, transaction__created_at__gte=start,
                                                    transaction__created_at__lt=end)
                              .order_by("transaction__created_at"))
-    statement.adjustments = _entry_lines(in_month.exclude(transaction__kind__in=list(_KIND_TOTALS)))
-    statement.storage = _entry_lines(in_month.filter(transaction__kind=TransactionKind.STORAGE))
+    listed = [kind for kind in _KIND_TOTALS if kind != TransactionKind.STORAGE]  # usage, top-ups, refunds: above
+    for line in _entry_lines(in_month.exclude(transaction__kind__in=listed)):  # one query for both lists
+        (statement.storage if line["kind"] == TransactionKind.STORAGE else statement.adjustments).append(line)
     return statement
 
 
