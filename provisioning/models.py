@@ -37,6 +37,9 @@ JOB_TRANSITIONS = Transitions({
 # Open: not final (queued, running).
 OPEN_JOB_STATUSES = tuple(s for s in JobStatus if s not in JOB_TRANSITIONS.final)
 OPEN = Q(status__in=OPEN_JOB_STATUSES)
+# The jobs that create, start or stop an instance's VM. While one is open, a destroy waits for it, and the
+# reconciler frees no GPU of the instance: the job may be making a VM on them (services.vms, reconcile).
+VM_JOB_KINDS = (JobKind.INSTANCE_PROVISION, JobKind.INSTANCE_START, JobKind.INSTANCE_RESTART, JobKind.INSTANCE_STOP)
 
 
 class Job(StatefulModel, models.Model):

@@ -89,7 +89,10 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
         Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
                                failure_message=f"The payment provider says the refund {answer.status}.")
         raise Conflict(f"The payment provider says the refund {answer.status}; nothing was debited.")
-    return refund_confirm(refund_id=refund.pk, stripe_refund_id=answer.id)
+    confirmed = refund_confirm(refund_id=refund.pk, stripe_refund_id=answer.id)
+    if confirmed.status == RefundStatus.FAILED:  # Stripe's refund.failed came first (refund_confirm leaves it)
+        raise Conflict(f"{confirmed.failure_message} The refund failed; nothing was debited.")
+    return confirmed
 
 
 def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:

@@ -12,7 +12,7 @@ from typing import Any
 from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
-from provisioning.models import NodeEvent
+from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.nodes import node_event, node_session
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed
@@ -43,7 +43,11 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # judged next time, not failed for a VM the list could not show yet.
         judged_before = set(Instance.objects.filter(
             node=node, status__in=[InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED]).values_list("pk", flat=True))
+        making = _making_vms(node)
         vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
+        # A job open before or after the list may make a VM the list could not show: its instance keeps its GPUs
+        # (the job removes a VM of an instance destroyed meanwhile, then frees them; found by review).
+        making |= _making_vms(node)
         # Read the database after the node, so an instance created meanwhile is known.
         known: dict[int | None, Instance] = {
             i.pk: i for i in Instance.objects.filter(node=node).exclude(status=InstanceStatus.DESTROYED)}
@@ -78,7 +82,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             elif instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
                 # A failed instance holds no GPUs any more: its VM must not keep using them.
                 session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-        for instance_id in destroyed:
+        for instance_id in destroyed - making:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
             vm = seen.get(instance.pk)
@@ -104,6 +108,12 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 counts["instances_failed"] += 1
         _reconcile_volumes(node, session, counts)
     return counts
+
+
+def _making_vms(node: Node) -> set[int]:
+    """The node's instances with a job open that creates, starts or stops their VM."""
+    return set(Job.objects.filter(OPEN, node=node, kind__in=VM_JOB_KINDS, instance__isnull=False)
+               .values_list("instance_id", flat=True))
 
 
 def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int]) -> None:

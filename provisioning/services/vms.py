@@ -17,7 +17,7 @@ from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.concurrency import NodeBusy
-from provisioning.models import OPEN, Job, JobKind
+from provisioning.models import OPEN, VM_JOB_KINDS, Job
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts
@@ -63,8 +63,6 @@ def _progress(job: Job, instance: Instance, message: str) -> None:
 
 # The renter destroyed the instance while a job created, started, restarted or stopped its VM.
 _DESTROYED_MEANWHILE = (InstanceStatus.DESTROYING, InstanceStatus.DESTROYED)
-# The jobs that create, start or stop an instance's VM: its destroy waits until none is open (vm_destroy).
-VM_JOB_KINDS = (JobKind.INSTANCE_PROVISION, JobKind.INSTANCE_START, JobKind.INSTANCE_RESTART, JobKind.INSTANCE_STOP)
 
 
 def _destroyed_meanwhile(job: Job, instance: Instance) -> bool:
@@ -237,8 +235,11 @@ def vm_failed(*, job: Job, error: str) -> None:
     """
     instance = instance_svc.instance_mark_failed(instance_id=_instance_id(job), message=error, destroy_wins=True)
     if instance.status in _DESTROYED_MEANWHILE:
-        # The renter's destroy stands: its job follows this one and removes the VM (or the reconciler does).
-        job_finish(job=job, error=f"{error} A destroy was asked meanwhile: the VM is left to it.")
+        # The renter's destroy stands: its job follows this one and removes the VM; destroyed at once, the
+        # reconciler does (the instance keeps its GPUs until then).
+        later = ("its destroy job removes the VM" if instance.status == InstanceStatus.DESTROYING
+                 else "the reconciler removes the VM")
+        job_finish(job=job, error=f"{error} The instance was being destroyed meanwhile: {later}.")
         return
     job_finish(job=job, error=error)
     verb = "destroy" if instance.started_at is None else "stop"

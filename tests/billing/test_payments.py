@@ -20,6 +20,7 @@ from billing.models import (
 )
 from billing.services import payments
 from billing.services.metering import usage_close
+from core.errors import Conflict
 from tests.billing.conftest import WEBHOOK_SECRET
 from tests.billing.helpers import balance, node, running
 from tests.factories import UserFactory
@@ -322,6 +323,30 @@ def test_a_refund_stripe_says_failed_before_its_answer_is_recorded_debits_nothin
     assert refund.status == "failed" and refund.transaction is None and "expired or canceled card" in \
         refund.failure_message
     assert balance(api.user) == 40_000_000
+
+
+@pytest.mark.django_db
+def test_an_operator_is_told_a_refund_stripe_failed_while_its_answer_travelled(localstripe, api, monkeypatch):
+    """The same race through refund_create: it returned the failed refund as if made, and the admin action said
+    'done' (found by review). Stripe's answer is held back while its refund.failed webhook is applied."""
+    from types import SimpleNamespace
+
+    from billing.services import refunds
+
+    top_up = _credited_top_up(localstripe, api)
+
+    def create(params, options):
+        with transaction.atomic():  # Stripe's refund.failed webhook, applied while the answer travels
+            refunds.refund_failed_at_stripe(stripe_refund={"id": "re_raced", "status": "failed",
+                                                           "metadata": {"refund_id": params["metadata"]["refund_id"]}})
+        return SimpleNamespace(id="re_raced", status="pending")
+
+    monkeypatch.setattr(refunds, "client", lambda: SimpleNamespace(v1=SimpleNamespace(
+        refunds=SimpleNamespace(create=create))))
+    with pytest.raises(Conflict, match="The refund failed; nothing was debited"):
+        payments.refund_create(top_up=top_up, amount_micros=15_000_000, reason="asked",
+                               created_by=UserFactory(is_staff=True))
+    assert Refund.objects.get().status == "failed" and balance(api.user) == 40_000_000
 
 
 @pytest.mark.django_db

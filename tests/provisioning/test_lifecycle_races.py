@@ -9,8 +9,10 @@ from marketplace.models import Gpu, GpuAllocation, Instance, InstanceStatus, Int
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning import tasks
-from provisioning.models import Job, JobKind, JobStatus
-from provisioning.ssh_errors import AgentFailed
+from provisioning.models import OPEN, Job, JobKind, JobStatus
+from provisioning.services.reconcile import node_reconcile
+from provisioning.services.vms import vm_destroy_failed
+from provisioning.ssh_errors import AgentFailed, NodeError
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
 
@@ -252,3 +254,55 @@ def test_same_after_a_destroy_job_that_could_not_reach_an_otherwise_healthy_node
     from core.errors import Conflict
     with pytest.raises(Conflict):
         book(owner, node, volumes=[{"volume": volume.pk, "mount": "/data"}])
+
+
+# ------------------------------------------------------------------------------------------------ 6
+
+class ListingNode(FakeNode):
+    def session(self, node, *args, **kwargs):
+        inner = super().session(node, *args, **kwargs)
+        fake = self
+        base_agent = inner.agent
+
+        def agent(cmd, sub=None, request=None, timeout=None):
+            if (cmd, sub) == ("vm", "list"):
+                return {"vms": [{"vm_id": v, "state": s} for v, s in fake.vms.items()]}
+            if (cmd, sub) == ("volume", "list"):
+                return {"volumes": []}
+            return base_agent(cmd, sub, request, timeout)
+
+        inner.agent = agent
+        return inner
+
+
+def test_the_reconciler_frees_no_gpu_while_a_job_making_the_vm_is_open(monkeypatch):
+    """A provision may run 900 s (an image pull), a destroy waits 300 s: given up, the instance is destroyed for
+    its renter, its GPU kept for the VM still to be made. The periodic reconcile listed no VM yet and freed the
+    GPU under the job about to make it (found by review). Now the job removes the VM and frees it."""
+    fake = ListingNode()
+    monkeypatch.setattr("provisioning.services.vms.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node = make_listed_node(gpu_count=1)
+    instance = book(UserFactory(), node)
+    provision = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_PROVISION)
+    seen = {}
+
+    def destroyed_for_renter_then_reconcile():
+        # Pulling the image (long): the renter destroys; the destroy job waits for this job until its 300 s
+        # deadline (NodeBusy) and gives up: destroyed for the renter, GPU kept "for a VM still to be made".
+        destroy(instance.pk)
+        vm_destroy_failed(job=Job.objects.get(instance=instance, kind=JobKind.INSTANCE_DESTROY),
+                          error=NodeError("The node stayed busy until this job's deadline."))
+        # The node is healthy: the periodic reconcile lists its VMs (none yet) and cleans the instance up.
+        node_reconcile(node)
+        seen["gpu"] = Gpu.objects.get(node=node, index=0).status
+        seen["job_open"] = Job.objects.filter(OPEN, pk=provision.pk).exists()
+
+    fake.hooks[("vm", "create")] = destroyed_for_renter_then_reconcile
+    run_in_worker(tasks.instance_provision, provision)
+    assert seen["job_open"]
+    # The VM is created right after this on the GPU: it must not be free for the next renter meanwhile.
+    assert seen["gpu"] == "rented", "the reconciler freed the GPU while the provision job was still making the VM"
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.DESTROYED and not instance.vm_cleanup_pending
+    assert instance.vm_id not in fake.vms and Gpu.objects.get(node=node, index=0).status == "free"
