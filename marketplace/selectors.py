@@ -5,7 +5,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Subquery, Value
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from marketplace.models import (
@@ -161,6 +161,20 @@ def instance_ssh_command(instance: Instance) -> str | None:
     if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
         return None
     return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
+
+
+def node_in_use_q() -> Q:
+    """Node filter: renters are on the node. An instance of it not destroyed or failed (stopped ones too: their
+    disk is there), a GPU or MIG slice still allocated, or an instance destroyed while the node was away whose VM
+    is still to be removed (instances_awaiting_cleanup). Such a node stays where the platform watches it
+    (provisioning.services.nodes.watched_nodes), never pending or rejected; its verdict keeps it off the offers."""
+    node = OuterRef("pk")
+    over = (InstanceStatus.DESTROYED, InstanceStatus.FAILED)
+    return (Q(Exists(Instance.objects.filter(node_id=node).exclude(status__in=over)))
+            | Q(Exists(GpuAllocation.objects.filter(gpu__node_id=node, released_at__isnull=True)))
+            | Q(Exists(MigSliceAllocation.objects.filter(mig_slice__node_id=node, released_at__isnull=True)))
+            | Q(Exists(Instance.objects.filter(node_id=node, status=InstanceStatus.DESTROYED,
+                                               vm_cleanup_pending=True))))
 
 
 def instances_awaiting_cleanup(*, node_id: int) -> list[int]:

@@ -13,11 +13,9 @@ from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.mig import layout_problems, price_problems
 from marketplace.models import (
     Gpu,
-    GpuAllocation,
     GpuModel,
     Instance,
     InstanceStatus,
-    MigSliceAllocation,
     Node,
     NodeState,
     SliceStatus,
@@ -28,7 +26,7 @@ from marketplace.models import (
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_to_micros
-from marketplace.selectors import instances_awaiting_cleanup
+from marketplace.selectors import instances_awaiting_cleanup, node_in_use_q
 from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
 from provisioning.models import NodeEvent
@@ -198,13 +196,8 @@ def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal
 
 
 def node_in_use(*, node_id: int) -> bool:
-    """Whether renters are on the node: an instance of it not destroyed or failed (stopped ones too: their disk
-    is there), or a GPU or MIG slice still allocated (a destroyed instance whose VM the reconciler has yet to
-    remove). Such a node stays where the platform watches it (provisioning.services.nodes.WATCHED_STATES:
-    health checks, reconciling, metering), never pending or rejected; its verdict keeps it off the offers."""
-    return (Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES).exists()
-            or GpuAllocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True).exists()
-            or MigSliceAllocation.objects.filter(mig_slice__node_id=node_id, released_at__isnull=True).exists())
+    """Whether renters are on the node (marketplace.selectors.node_in_use_q says what counts)."""
+    return Node.objects.filter(node_in_use_q(), pk=node_id).exists()
 
 
 def node_return_state(*, node: Node) -> str:

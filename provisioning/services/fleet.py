@@ -43,12 +43,12 @@ from provisioning.concurrency import SLOT_TTL_S, NodeBusy, slot_key
 from provisioning.services.fleet_record import nodes_record_health
 from provisioning.services.nodes import (
     HEALTH_TIMEOUTS,
-    WATCHED_STATES,
     HealthResult,
     connection_identity,
     health_result,
     node_health_probe,
     running_vm_ids_by_node,
+    watched_nodes,
 )
 from provisioning.services.reconcile import node_reconcile
 from provisioning.ssh import NodeSession
@@ -90,7 +90,7 @@ def fleet_batches(node_ids: Sequence[int], size: int) -> list[list[int]]:
 
 
 def _watched_ids() -> list[int]:
-    return list(Node.objects.filter(state__in=WATCHED_STATES).order_by("pk").values_list("pk", flat=True))
+    return list(watched_nodes().order_by("pk").values_list("pk", flat=True))
 
 
 # ------------------------------------------------------------------------------------ dispatchers
@@ -304,7 +304,7 @@ def nodes_health_batch(node_ids: Sequence[int], *, cycle: str | None = None, poo
     summary = dict.fromkeys(HEALTH_SUMMARY, 0)
     with node_locks("health", node_ids) as held:
         summary["locked"] = len(set(node_ids)) - len(held)
-        nodes = list(Node.objects.filter(pk__in=held, state__in=WATCHED_STATES).order_by("pk"))
+        nodes = list(watched_nodes().filter(pk__in=held).order_by("pk"))
         results = nodes_probe(nodes, parallelism, pool=pool)
         _health_apply(nodes, results, pool, summary)
     return summary
@@ -386,7 +386,7 @@ def nodes_reconcile_batch(node_ids: Sequence[int], *, cycle: str | None = None, 
     summary = dict.fromkeys(RECONCILE_SUMMARY, 0)
     with node_locks("reconcile", node_ids) as held:
         summary["locked"] = len(set(node_ids)) - len(held)
-        nodes = list(Node.objects.filter(pk__in=held, state__in=WATCHED_STATES).order_by("pk"))
+        nodes = list(watched_nodes().filter(pk__in=held).order_by("pk"))
         if not nodes:
             return summary
         with ThreadPoolExecutor(max_workers=min(parallelism, len(nodes))) as threads:

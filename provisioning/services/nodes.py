@@ -11,11 +11,13 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core import metrics
 from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, Node, NodeState
 from marketplace.models.renting import vm_id_of
+from marketplace.selectors import node_in_use_q
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import NodeEvent
@@ -30,6 +32,13 @@ log = logging.getLogger(__name__)
 OFFLINE_AFTER_FAILED_CHECKS = 3
 # States in which the platform talks to a node on its own (health checks, reconciling).
 WATCHED_STATES = (NodeState.ACTIVE, NodeState.OFFLINE, NodeState.MAINTENANCE)
+
+
+def watched_nodes() -> QuerySet[Node]:
+    """The nodes the fleet's health checks and reconciler visit: those in WATCHED_STATES, and one being verified
+    while renters are on it (verified again from offline or maintenance). Left out for the check's length, such a
+    node's interrupted instances waited for it to end to be resumed, and a VM lost meanwhile went unnoticed."""
+    return Node.objects.filter(Q(state__in=WATCHED_STATES) | Q(node_in_use_q(), state=NodeState.VERIFYING))
 
 
 class DuplicateHardware(NodeError):

@@ -108,6 +108,10 @@ def test_a_node_with_renters_comes_back_active_whatever_its_verdict():
     node.gpus.update(status=GpuStatus.FREE)
     GpuAllocation.objects.filter(gpu__node=node).update(released_at=timezone.now())
     assert node_svc.node_return_state(node=node) == NodeState.PENDING
+    # A stopped instance destroyed while the node was away holds no GPU, but its VM is still there to remove:
+    # the node stays watched (active) so that the reconciler removes it (pending, nothing would).
+    svc.Instance.objects.filter(node=node).update(vm_cleanup_pending=True)
+    assert node_svc.node_return_state(node=node) == NodeState.ACTIVE
 
 
 def test_an_instance_on_a_retired_node_cannot_start_and_is_told_why():

@@ -259,3 +259,38 @@ def test_a_batch_takes_and_gives_back_the_nodes_ssh_slots_in_one_round_trip_each
         assert cache.get(slot_key(mine.pk, 0)) is None
     finally:
         cache.delete(slot_key(theirs.pk, 0))
+
+
+def test_a_node_verified_again_while_renters_are_on_it_stays_watched(db, monkeypatch):
+    """A node verified again from offline or maintenance (node_verify_request: -> verifying) with renters on it is
+    still health-checked and reconciled: its interrupted instances are resumed without waiting up to the check's
+    length for it to end, and a VM lost meanwhile is noticed. One being verified with nobody on it is left to its
+    check (its key may not be installed yet: failed probes would send it offline mid-check)."""
+    from marketplace.models import GpuAllocation, Instance, InstanceStatus
+
+    renter = UserFactory()
+    fund(renter, "50")
+    host = billing_node()
+    instance = running(renter, host)
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.INTERRUPTED)
+    Node.objects.filter(pk=host.pk).update(state=NodeState.VERIFYING)
+    alone = listed(NodeState.VERIFYING)
+    ended = billing_node()
+    gone = running(renter, ended)
+    Instance.objects.filter(pk=gone.pk).update(status=InstanceStatus.DESTROYED)
+    Node.objects.filter(pk=ended.pk).update(state=NodeState.VERIFYING)
+    assert fleet._watched_ids() == [host.pk, ended.pk]  # the destroyed one's GPUs are held: its VM is to remove
+    GpuAllocation.objects.filter(instance=gone).update(released_at=timezone.now())
+    assert fleet._watched_ids() == [host.pk]
+
+    reconciled = []
+    monkeypatch.setattr(fleet, "nodes_probe", lambda nodes, parallelism, pool=None: [
+        HealthResult(n.pk, True, vms={}, probed_at=timezone.now()) for n in nodes])
+    monkeypatch.setattr(fleet, "node_reconcile", lambda node, pool=None: reconciled.append(node.pk) or {
+        "resumed": 1, "restarted": 0, "instances_failed": 0})
+    summary = fleet.nodes_health_batch([host.pk, alone.pk, ended.pk], pool=object())
+    assert (summary["checked"], summary["recovered"], reconciled) == (1, 1, [host.pk])
+    assert fleet.nodes_reconcile_batch([host.pk, alone.pk, ended.pk], pool=object())["nodes"] == 1
+    assert reconciled == [host.pk, host.pk]
+    host.refresh_from_db()
+    assert host.state == NodeState.VERIFYING  # the check decides where it goes next
