@@ -174,7 +174,10 @@ def statement_for(*, user: User, month: date) -> Statement:
                              .order_by("transaction__created_at"))
     listed = [kind for kind in _KIND_TOTALS if kind != TransactionKind.STORAGE]  # usage, top-ups, refunds: above
     for line in _entry_lines(in_month.exclude(transaction__kind__in=listed)):  # one query for both lists
-        (statement.storage if line["kind"] == TransactionKind.STORAGE else statement.adjustments).append(line)
+        if line["kind"] == TransactionKind.STORAGE:
+            statement.storage.append({**line, "charged_micros": -line["amount_micros"]})  # as usage: positive
+        else:
+            statement.adjustments.append(line)
     return statement
 
 

@@ -67,12 +67,18 @@ class AdjustmentLineSerializer(serializers.Serializer):
     note = serializers.CharField(help_text="What the platform tells you about it.")
 
 
+class StorageLineSerializer(AdjustmentLineSerializer):
+    amount = MoneyField(source="charged_micros",
+                        help_text="Charged: positive, as `storage` and the usage lines (a storage credit: negative).")
+
+
 class StatementSerializer(StatementSummarySerializer):
     usage_lines = UsageLineSerializer(many=True, help_text="Usage per instance.")
     top_up_lines = TopUpSerializer(source="top_ups", many=True)
     refund_lines = RefundLineSerializer(source="refunds", many=True)
-    adjustment_lines = AdjustmentLineSerializer(source="adjustments", many=True)
-    storage_lines = AdjustmentLineSerializer(source="storage", many=True,
+    adjustment_lines = AdjustmentLineSerializer(source="adjustments", many=True, help_text=(
+        "Credits and corrections, each signed as it moved the balance, as `adjustments`."))
+    storage_lines = StorageLineSerializer(source="storage", many=True,
                                              help_text="Each storage charge (a volume's or a stopped disk's).")
 
 

@@ -202,6 +202,8 @@ def test_a_statement_counts_storage_as_storage_not_as_credits(clock, user, tick,
     charged = 100 * 250_000 * 3600 // SECONDS_PER_MONTH
     assert statement["storage"] == f"{charged / 1e6:.6f}" and statement["adjustments"] == "10.000000"  # the fund
     assert [line["kind"] for line in statement["storage_lines"]] == ["storage"]
+    # Each line is what was charged, as the storage total and the usage lines say it (it was the signed entry).
+    assert statement["storage_lines"][0]["amount"] == statement["storage"]
     assert [line["kind"] for line in statement["adjustment_lines"]] == ["credit"]
     opening, adjustments, closing = (int(round(float(statement[k]) * 1e6))
                                      for k in ("opening_balance", "adjustments", "closing_balance"))
