@@ -135,6 +135,31 @@ def test_show_instances_json_parameters_nested_too_deep_are_a_400(api, db):
         assert r.status_code == 400 and "`select_filters`: JSON nested deeper than 64 levels" in msg(r), depth
 
 
+def test_an_unpaired_surrogate_anywhere_is_a_400_not_a_500(api, market):
+    """The compat views read bodies and query JSON by hand, not through DRF's CharField: a lone "\\ud800" reached
+    the database (a label, onstart, an image lookup), str.encode (env) or the error renderer (a field name echoed)
+    as a 500 (found by review). core.api.parsers refuses it in every JSON read."""
+    _, a6000, _ = market
+    add_key(api.user)
+    ask = f"{V0}/asks/{a6000.pk * 100 + 1}/"
+    base = '{"image": "cuda-12-4", "disk": 20, '
+    instance = book(api.user, a6000)
+    for method, path, body in [
+        ("put", f"{V0}/instances/{instance.pk}/", '{"label": "a\\ud800b"}'),
+        ("put", ask, '{"image": "cuda\\ud800", "disk": 20}'),
+        ("put", ask, base + '"env": {"A": "x\\ud800"}}'),
+        ("put", ask, base + '"onstart": "echo \\ud800"}'),
+        ("put", ask, base + '"label": "x\\ud800"}'),
+        ("post", f"{V0}/bundles/", '{"colour\\ud800": {"eq": 1}}'),
+        ("post", f"{V0}/ssh/", '{"ssh_key": "ssh-ed25519 AAAA \\ud800"}'),
+    ]:
+        r = getattr(api, method)(path, body, content_type="application/json")
+        assert r.status_code == 400 and "unpaired UTF-16 surrogate" in msg(r), (path, body, r.content)
+    r = api.get("/compat/vast/api/v1/instances/", {"select_filters": '{"colour\\ud800": {"eq": 1}}'})
+    assert r.status_code == 400 and "`select_filters`: JSON text holds an unpaired UTF-16 surrogate" in msg(r)
+    assert Instance.objects.filter(renter=api.user).count() == 1
+
+
 # ----------------------------------------------------------------------------------------------------- instances
 
 

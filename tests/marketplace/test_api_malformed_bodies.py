@@ -96,6 +96,23 @@ def test_a_body_nested_too_deep_is_400(api, target, method, path, valid, depth):
     assert rows() == before
 
 
+@pytest.mark.parametrize(("method", "path", "valid"), WRITES, ids=IDS)
+def test_a_body_with_an_unpaired_surrogate_is_400_naming_where(api, target, method, path, valid):
+    """JSON's "\\ud800" alone is no Unicode: DRF's CharField refused it, but a JSONField or a hand-read body
+    took it to the database driver (a 500). core.api.parsers refuses it for every body, keys too, saying where."""
+    before = rows()
+    for body, where in (('{"name": "a\\ud800"}', "name"), ('{"env": {"A": ["x", "\\udfff"]}}', "env.A[1]"),
+                        ('{"\\ud800": 1}', "'\\ud800'")):
+        r = api.generic(method.upper(), target(path), body, content_type="application/json")
+        assert r.status_code == 400, r.content
+        assert r.json() == {"detail": "JSON parse error - JSON text holds an unpaired UTF-16 surrogate (an escape "
+                                      f"such as \\ud800 alone), which is not Unicode, at `{where}`."}
+    assert rows() == before
+    # A pair is one character (U+1F600), as any JSON encoder writes it: read.
+    r = api.post("/api/v1/api-keys/", '{"name": "ci \\ud83d\\ude00"}', content_type="application/json")
+    assert r.status_code == 201 and r.json()["name"] == "ci \U0001f600"
+
+
 def test_a_body_nested_too_deep_is_400_before_authentication(anon):
     body = '{"email": ' * 2000 + "1" + "}" * 2000
     r = anon.post("/api/v1/auth/login/", body, content_type="application/json")

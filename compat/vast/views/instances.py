@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.idempotency import idempotency_key as idempotency_key_of
-from core.api.parsers import TOO_DEEP, TooDeep, loads
+from core.api.parsers import Refused, loads
 from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from marketplace.mig import profiles_for
@@ -108,8 +108,8 @@ def _json_param(request: Request, name: str, default: Any) -> Any:
         return default
     try:
         return loads(text)
-    except TooDeep:
-        raise ValidationFailed(f"`{name}`: {TOO_DEEP}", field=name) from None
+    except Refused as exc:
+        raise ValidationFailed(f"`{name}`: {exc}", field=name) from None
     except ValueError:
         raise ValidationFailed(f"`{name}` is JSON.", field=name) from None
 
