@@ -29,6 +29,7 @@ from pathlib import Path
 
 import paramiko
 
+from core import untrusted_json
 from provisioning.agent.gpumarket_agent.bundle import build_zipapp
 from provisioning.ssh_channels import MAX_ANSWER_BYTES, AgentExchange, AgentServe
 from provisioning.ssh_errors import (
@@ -239,7 +240,7 @@ class NodeSession:
         payload = json.dumps(request or {}).encode()
         out = self._exec(cmd, payload, timeout or self.timeouts.command)
         try:
-            answer = json.loads(out)
+            answer = untrusted_json.loads(out)  # a node's nesting past the recursion limit too (it was a crash)
         except ValueError:
             raise AgentGarbage(f"The agent's answer to {' '.join(argv)} is not JSON: {out[:200]!r}") from None
         if not isinstance(answer, dict) or "ok" not in answer:

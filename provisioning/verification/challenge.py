@@ -71,6 +71,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from core import untrusted_json
 from provisioning.verification import lanes, round_trip
 from provisioning.verification.model import DeclaredModel
 from provisioning.verification.tolerances import TOLERANCES
@@ -365,9 +366,9 @@ def reveal_request(picks: dict[int, list]) -> dict:
 
 def _parse(line: bytes) -> dict:
     try:
-        message = json.loads(line)
-    except ValueError:
-        raise ValueError(f"not JSON: {line[:120]!r}") from None
+        message = untrusted_json.loads(line)  # RecursionError, too deep, not Unicode: all ValueError
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc}): {line[:120]!r}") from None
     if not isinstance(message, dict):
         raise ValueError(f"not a JSON object: {line[:120]!r}")
     return message

@@ -12,9 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.idempotency import idempotency_key as idempotency_key_of
-from core.api.parsers import Refused, loads
 from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
+from core.untrusted_json import Refused, loads
 from marketplace.mig import profiles_for
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
@@ -96,10 +96,11 @@ INSTANCE_COLUMNS = {"id", "machine_id", "actual_status", "intended_status", "lab
                     "verification", "geolocation", "image_uuid", "start_date", "dph_total", "disk_space"}
 
 
-def _compare(op: str, have: Any, want: Any) -> bool:
+def _compare(column: str, op: str, have: Any, want: Any) -> bool:
     if op in query.ORDERED_OPERATORS and not isinstance(have, int | float):
         return False
-    return query.compare(op, have, want, lambda v: v)
+    # As search offers compares: the CLI sends `--gpu-name RTX_A6000` as typed (the row says "RTX A6000").
+    return query.compare(op, have, want, query.norm_for(column))
 
 
 def _json_param(request: Request, name: str, default: Any) -> Any:
@@ -145,7 +146,7 @@ class InstanceListView(VastView):
                     raise ValidationFailed(f"Unknown operator `{op}` for `{column}`.", field="select_filters")
                 if op in query.ORDERED_OPERATORS and not isinstance(value, int | float):
                     raise ValidationFailed(f"`{column}` `{op}` takes a number.", field="select_filters")
-                rows = [r for r in rows if _compare(op, r[column], value)]
+                rows = [r for r in rows if _compare(column, op, r[column], value)]
         if not isinstance(order_by, list):
             raise ValidationFailed("`order_by` is [{\"col\": ..., \"dir\": \"asc\"|\"desc\"}].", field="order_by")
         order = []
@@ -258,13 +259,14 @@ def _split_env(env: Any) -> tuple[dict[str, Any], list[int]]:
         raise ValidationFailed("`env` is an object (what `--env '-e NAME=value -p 8888:8888'` becomes).", field="env")
     variables, ports = {}, []
     for key, value in env.items():
-        if isinstance(key, str) and key.startswith("-p "):
+        if isinstance(key, str) and (key == "-p" or key.startswith("-p ")):
             match = _PORT_RE.fullmatch(key)
             if match is None:
                 raise ValidationFailed(f"{key[:40]!r}: only TCP ports map here, as -p [HOST:]CONTAINER (the node "
                                        "picks the host port).", field="env")
             ports.append(int(match[1]))
-        elif isinstance(key, str) and key[:3] in ("-v ", "-n ", "-h "):
+        # Any other docker option: parse_env keys -v and -n with their value ("-v /a:/b") but -h alone ("-h").
+        elif isinstance(key, str) and key.startswith("-"):
             raise ValidationFailed(f"{key[:40]!r}: only -e variables and -p ports are taken from --env here.",
                                    field="env")
         else:
