@@ -15,6 +15,11 @@ from typing import Any
 
 from core.errors import ValidationFailed
 
+
+class Version:
+    """The kind of `driver_version`: shown as the driver prints it ("535.104.05"), compared as the CLI's
+    numeric_version makes of it (535104005), which is what parse_query sends for a dotted value."""
+
 # The fields of an offer row (compat.vast.offers) a query may filter and order on, by type.
 FIELDS: dict[str, type] = {
     "id": int, "ask_contract_id": int, "machine_id": int, "num_gpus": int,
@@ -25,9 +30,10 @@ FIELDS: dict[str, type] = {
     "verified": bool, "rentable": bool, "rented": bool, "external": bool,
     # The host's measured facts (compat.vast.offers.host_fields): absent on a row until measured.
     "cpu_name": str, "cpu_cores": int, "cpu_ram": float, "disk_space": float, "disk_bw": float, "inet_down": float,
-    "driver_version": str, "cuda_max_good": float, "pci_gen": float,
+    "driver_version": Version, "cuda_max_good": float, "pci_gen": float,
 }
-KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false",
+              Version: "a driver version (535.104.05, or 535104005 as the CLI sends it)"}
 ALIASES = {"dph": "dph_total", "reliability_2": "reliability2"}
 # Vast fields this platform does not measure or offer: named in the 400, so that nobody wonders why.
 NOT_OFFERED = {
@@ -68,6 +74,25 @@ def gpu_name_key(name: str) -> str:
     return " ".join(words)
 
 
+_VERSION_RE = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})(?:\.([0-9]{1,3}))?")
+
+
+def version_number(value: Any) -> int | None:
+    """A driver version as the CLI's numeric_version: major * 10**6 + minor * 10**3 + patch ("535.104.05" is
+    535104005, "550.54" is 550054000); an int is taken as that number already. None for anything else (a driver
+    that printed its version otherwise is not comparable, as if not measured)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value < 10**9 else None
+    if isinstance(value, float):
+        return version_number(int(value)) if value.is_integer() else None
+    match = _VERSION_RE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        return None
+    return int(match[1]) * 10**6 + int(match[2]) * 10**3 + int(match[3] or 0)
+
+
 def _field_name(name: str) -> str:
     name = ALIASES.get(name, name)
     if name in FIELDS:
@@ -94,6 +119,11 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, str) and len(value) <= 200:
             return value
         raise wrong
+    if kind is Version:
+        version = version_number(value)
+        if version is None:
+            raise wrong
+        return version
     if isinstance(value, bool):
         raise wrong
     try:
@@ -173,29 +203,34 @@ def parse(body: Any) -> Query:
 
 
 def compare(op: str, have: Any, want: Any, norm: Callable[[Any], Any]) -> bool:
+    # Normalised for the ordered operators too: a row's driver_version is text, compared as its number.
+    have = norm(have)
     if op == "in":
-        return norm(have) in [norm(w) for w in want]
+        return have in [norm(w) for w in want]
     if op == "notin":
-        return norm(have) not in [norm(w) for w in want]
+        return have not in [norm(w) for w in want]
+    want = norm(want)
     if op == "eq":
-        return norm(have) == norm(want)
+        return have == want
     if op == "neq":
-        return norm(have) != norm(want)
+        return have != want
     if have is None:
         return False  # not measured: never "greater" or "less" than anything
     return {"gt": have > want, "gte": have >= want, "lt": have < want, "lte": have <= want}[op]
 
 
-def _norm_for(name: str) -> Callable[[Any], Any]:
+def norm_for(name: str) -> Callable[[Any], Any]:
+    """How a field's values compare: GPU names by gpu_name_key, a driver version by its number, other text
+    without case. `show instances` filters its columns the same way."""
     if name == "gpu_name":
         return lambda v: gpu_name_key(v) if isinstance(v, str) else v
-    if FIELDS[name] is str:
-        return lambda v: v.casefold() if isinstance(v, str) else v
-    return lambda v: v
+    if FIELDS.get(name) is Version:
+        return lambda v: version_number(v) if isinstance(v, str) else v
+    return lambda v: v.casefold() if isinstance(v, str) else v
 
 
 def matches(row: Mapping[str, Any], conditions: list[Condition]) -> bool:
-    return all(compare(c.op, row.get(c.field), c.value, _norm_for(c.field)) for c in conditions)
+    return all(compare(c.op, row.get(c.field), c.value, norm_for(c.field)) for c in conditions)
 
 
 def _key(name: str, norm: Callable[[Any], Any]) -> Callable[[dict[str, Any]], Any]:
@@ -206,8 +241,9 @@ def sort(rows: list[dict[str, Any]], order: list[tuple[str, bool]]) -> list[dict
     """Stable sorts from the last key to the first; rows without a value (null) last either way; `id` breaks ties."""
     rows = sorted(rows, key=lambda r: r["id"])
     for name, descending in reversed(order):
-        norm = _norm_for(name)
-        present = [r for r in rows if r.get(name) is not None]
-        absent = [r for r in rows if r.get(name) is None]
+        norm = norm_for(name)
+        # By the normalised value: a driver version that is not a number sorts with the unmeasured.
+        present = [r for r in rows if norm(r.get(name)) is not None]
+        absent = [r for r in rows if norm(r.get(name)) is None]
         rows = sorted(present, key=_key(name, norm), reverse=descending) + absent
     return rows

@@ -86,6 +86,30 @@ def test_offers_carry_the_hosts_measured_facts_in_vasts_fields_and_filter_on_the
     assert search(anon, cuda_max_good={"gte": 12.5}).json()["offers"] == []
 
 
+def test_driver_version_filters_and_orders_as_the_cli_sends_it(anon, market):
+    """`vastai search offers 'driver_version>=535.104.05'`: the CLI's parse_query sends a dotted version as
+    numeric_version(...), 535104005; the row keeps the driver's text."""
+    _, a6000, a100 = market
+    a6000.driver_version, a100.driver_version = "550.54.15", "535.86.05"
+    a6000.save()
+    a100.save()
+    r = search(anon, driver_version={"gte": 535104005})
+    assert r.status_code == 200, r.content
+    assert {(o["machine_id"], o["driver_version"]) for o in r.json()["offers"]} == {(a6000.pk, "550.54.15")}
+    # Dotted text (the API's own users, and `in` values the CLI leaves as text) compares the same.
+    assert {o["machine_id"] for o in search(anon, driver_version={"lt": "550.54.15"}).json()["offers"]} == {a100.pk}
+    assert {o["machine_id"] for o in search(anon, driver_version={"in": ["550.54.15"]}).json()["offers"]} == {
+        a6000.pk}
+    # By the number, not the text: "550.54.15" < "99.0.0" as text.
+    a100.driver_version = "99.0.0"
+    a100.save()
+    ordered = search(anon, order=[["driver_version", "desc"]], num_gpus={"eq": 1}).json()["offers"]
+    assert [o["machine_id"] for o in ordered] == [a6000.pk, a100.pk]
+    for bad in ("latest", "535", True, -1):
+        r = search(anon, driver_version={"gte": bad})
+        assert r.status_code == 400 and "`driver_version` takes a driver version" in msg(r), bad
+
+
 def test_degraded_offers_are_not_verified(anon, db):
     node = make_node(gpu_model="rtx-a4000", gpu_count=1, state="active", verdict="degraded")
     assert search(anon).json()["offers"] == []  # the CLI's default asks verified=true
@@ -189,6 +213,9 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
     ({"env": {"-p 8080:8080/udp": "1"}}, 400, "only TCP ports"),
     ({"env": {"-p 22:22": "1"}}, 400, "Port 22"),
     ({"env": {"-v /data:/data": "1"}}, 400, "only -e variables and -p ports"),
+    # parse_env keys -h alone, with the host name as its value (`--env '-h myhost'`)
+    ({"env": {"-h": "myhost"}}, 400, "only -e variables and -p ports"),
+    ({"env": {"-p": "8080"}}, 400, "only TCP ports"),
     ({"env": {"lower": "x"}}, 400, "Not an allowed variable name"),
     ({"env": "-e A=1"}, 400, "`env` is an object"),
     ({"onstart": 5}, 400, "`onstart` is a string"),
@@ -287,6 +314,18 @@ def test_show_instance_and_instances(api, market):
                           ({"order_by": '[{"col": ["id"]}]'}, "order_by")]:
         bad = api.get("/compat/vast/api/v1/instances/", params)
         assert bad.status_code == 400 and words in msg(bad)
+
+
+def test_show_instances_filters_text_columns_as_search_offers_does(api, market):
+    """`vastai show instances --gpu-name RTX_A6000` sends the name as typed; the row says "RTX A6000"."""
+    _, a6000, a100 = market
+    instance = book(api.user, a6000, label="Training")
+    book(api.user, a100)
+    for filters in ('{"gpu_name": {"in": ["RTX_A6000"]}}', '{"gpu_name": {"eq": "nvidia rtx a6000"}}',
+                    '{"label": {"in": ["training"]}}'):
+        r = api.get("/compat/vast/api/v1/instances/", {"select_filters": filters})
+        assert r.status_code == 200, r.content
+        assert [i["id"] for i in r.json()["instances"]] == [instance.pk], filters
 
 
 def test_stop_start_label_destroy(api, market):
