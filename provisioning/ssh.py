@@ -204,6 +204,8 @@ class NodeSession:
         data, remote = agent_bundle()
         try:
             with self._client.open_sftp() as sftp:
+                # Each SFTP request waits on its channel: bounded, a node that stops answering mid-upload ends it.
+                sftp.get_channel().settimeout(self.timeouts.command)
                 try:
                     if sftp.stat(remote).st_size == len(data):
                         self._agent_path = sftp.normalize(remote)
@@ -327,7 +329,8 @@ class NodeSession:
                 chan.sendall(chunk)
                 sent += len(chunk)
             chan.shutdown_write()
-            status = chan.recv_exit_status()  # the node has read (and discarded) every byte
+            # The node has read (and discarded) every byte.
+            status = _exit_status(chan, deadline, f"The network test did not finish within {limit:.0f}s.")
             elapsed = time.perf_counter() - started
             chan.close()
         except (OSError, paramiko.SSHException, EOFError) as exc:
@@ -365,7 +368,7 @@ class NodeSession:
                     if len(out) > MAX_ANSWER_BYTES:
                         chan.close()
                         raise AgentGarbage("The agent's answer is larger than 8 MiB.")
-            chan.recv_exit_status()
+            _exit_status(chan, deadline, f"The node did not answer within {timeout:.0f}s.")
             while chan.recv_stderr_ready():  # what came after the last stdout bytes
                 err += chan.recv_stderr(65536)
             chan.close()
@@ -377,3 +380,15 @@ class NodeSession:
                 raise missing
             raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
         return bytes(out)
+
+
+def _exit_status(chan: paramiko.Channel, deadline: float, late: str) -> int:
+    """The command's exit status, by `deadline` (time.monotonic()) or AgentTimeout(`late`). paramiko's
+    recv_exit_status() waits with no bound (settimeout does not cover it): a node that read everything, or closed
+    its output, but never sent a status held the check until Celery's hard limit (found by review)."""
+    while not chan.exit_status_ready():
+        if time.monotonic() > deadline:
+            chan.close()
+            raise AgentTimeout(late)
+        time.sleep(0.01)
+    return chan.recv_exit_status()

@@ -223,6 +223,29 @@ def test_the_ssh_command_timeout_bounds_the_benchmark_even_if_the_agent_does_not
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("step", ["command", "network test"])
+def test_a_node_that_closes_its_output_but_never_exits_is_ended_by_the_step_bound(db, simnode, simbase, monkeypatch,
+                                                                                   step):
+    """paramiko's recv_exit_status() waits with no bound: a node whose command read its input (or closed its
+    output) and then never exited held the check until Celery's hard limit (found by review). Real sshd: the
+    command closes its stdout and stderr (the channel's EOF) and sleeps on."""
+    from provisioning import ssh
+
+    node = register(simnode, simbase, "rtx-a4000-x2")
+    endpoint = Endpoint(node.address, node.ssh_port, node.ssh_user, node_private_key(node=node),
+                        node.host_key_fingerprint)
+    linger = "exec >&- 2>&-; sleep 20"
+    started = time.monotonic()
+    with NodeSession(endpoint, Timeouts(connect=5, command=60, attempts=1)) as session:
+        with pytest.raises(AgentTimeout):
+            if step == "command":
+                session._exec(f"sh -c 'echo {{}}; {linger}'", b"", 1.5)
+            else:
+                monkeypatch.setattr(ssh, "NET_TEST_COMMAND", f"sh -c 'cat > /dev/null; {linger}'")
+                session.upload_throughput(1 << 16, timeout=1.5)
+    assert time.monotonic() - started < 10
+
+
 def test_a_changed_inventory_queues_a_verification(db, simnode, simbase):
     node, _ = verify(register(simnode, simbase, "rtx-a4000-x2"))
     probe = node_health_probe(node)
