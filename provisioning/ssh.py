@@ -205,7 +205,9 @@ class NodeSession:
         try:
             with self._client.open_sftp() as sftp:
                 # Each SFTP request waits on its channel: bounded, a node that stops answering mid-upload ends it.
-                sftp.get_channel().settimeout(self.timeouts.command)
+                channel = sftp.get_channel()
+                if channel is not None:
+                    channel.settimeout(self.timeouts.command)
                 try:
                     if sftp.stat(remote).st_size == len(data):
                         self._agent_path = sftp.normalize(remote)
