@@ -4,6 +4,8 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
 from core.api.fields import StrictFieldsMixin, UsdField
+from core.api.idempotency import idempotency_key as idempotency_key_of
+from core.api.idempotency import idempotency_parameter
 from core.api.schema import ErrorDetailSerializer
 from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
@@ -63,10 +65,15 @@ _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "An instance that is not dest
 @extend_schema_view(
     list=extend_schema(summary="Your volumes (deleted ones are left out)"),
     retrieve=extend_schema(summary="One of your volumes"),
-    create=extend_schema(summary="Create a volume on an offer's node", request=VolumeCreateSerializer, responses={
+    create=extend_schema(summary="Create a volume on an offer's node", request=VolumeCreateSerializer, parameters=[
+        idempotency_parameter("Makes retries safe: the same key and body return the same volume (200), billed "
+                              "once; the same key with another body is a 422. 1-100 printable ASCII characters."),
+    ], responses={
         201: VolumeSerializer,
+        200: OpenApiResponse(VolumeSerializer, "The volume an earlier request with this Idempotency-Key created."),
         402: OpenApiResponse(ErrorDetailSerializer, "Your balance is at zero or below."),
         409: OpenApiResponse(ErrorDetailSerializer, "The offer takes no new rentals now."),
+        422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
     }),
     destroy=extend_schema(
         summary="Delete a volume for good (confirmed by its name)",
@@ -99,11 +106,19 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
         return Response(VolumeSerializer(fresh).data, status=code)
 
     def create(self, request):
+        idempotency_key, fingerprint = idempotency_key_of(request)
+        if idempotency_key:  # a retry gets what the first request made, even if its input would not validate now
+            earlier = svc.volume_for_idempotency_key(owner=request.user, idempotency_key=idempotency_key,
+                                                     request_fingerprint=fingerprint)
+            if earlier is not None:
+                return self._render(earlier)
         data = VolumeCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        volume = svc.volume_create(owner=request.user, node_id=v["offer"], size_gb=v["size_gb"], label=v["label"])
-        return self._render(volume, status.HTTP_201_CREATED)
+        volume, created = svc.volume_create_once(
+            owner=request.user, node_id=v["offer"], size_gb=v["size_gb"], label=v["label"],
+            idempotency_key=idempotency_key, request_fingerprint=fingerprint)
+        return self._render(volume, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     def destroy(self, request, pk=None):
         volume = self.get_object()

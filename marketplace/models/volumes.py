@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.idempotency import IDEMPOTENCY_KEY_MAX_LENGTH
 from core.transitions import StatefulModel, Transitions
 
 from .nodes import Node
@@ -68,6 +69,9 @@ class Volume(StatefulModel, models.Model):
     billed_until = models.DateTimeField(null=True, blank=True)
     billed_seconds = models.BigIntegerField(default=0)
     cost_micros = models.BigIntegerField(default=0)
+    # A create sent twice (an Idempotency-Key, a page's form token) makes one volume: unique per owner.
+    idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the create request.")
     created_at = models.DateTimeField(default=timezone.now)
     available_at = models.DateTimeField(null=True, blank=True, help_text="When it was created on its node.")
     deleted_at = models.DateTimeField(null=True, blank=True, help_text="When its deletion was asked for.")
@@ -81,6 +85,8 @@ class Volume(StatefulModel, models.Model):
             models.CheckConstraint(condition=Q(billed_seconds__gte=0, cost_micros__gte=0),
                                    name="volume_billing_totals_non_negative"),
             VOLUME_TRANSITIONS.check_constraint("state", "volume_state_declared"),
+            models.UniqueConstraint(fields=["owner", "idempotency_key"], condition=~Q(idempotency_key=""),
+                                    name="volume_unique_idempotency_key"),
         ]
         indexes = [models.Index(fields=["state"], name="volume_state_idx")]
 

@@ -1,10 +1,10 @@
 """Volumes: a renter's storage on one node, created there by a job, mounted into instances on that node at their
 creation, kept across stop/start and after the instances are gone, deleted only when asked (and confirmed).
 
-API side: `volume_create`, `volume_delete`, and `volume_mounts_for_booking` (the booking's checks of
-`volumes: [{"volume": id, "mount": "/data"}]`). Worker side: the `volume_mark_*` functions, each in its own short
-transaction with the volume's row locked, idempotent. Billing: billing.services.storage (from `available_at`
-until the deletion is asked for).
+API side: `volume_create` (`volume_create_once` for a create that may be sent twice), `volume_delete`, and
+`volume_mounts_for_booking` (the booking's checks of `volumes: [{"volume": id, "mount": "/data"}]`). Worker side:
+the `volume_mark_*` functions, each in its own short transaction with the volume's row locked, idempotent.
+Billing: billing.services.storage (from `available_at` until the deletion is asked for).
 
 A volume is mounted by at most one instance that is not destroyed or failed. A constraint cannot see the
 instance's state, so the booking locks the volumes' rows (FOR UPDATE, in id order) and then looks for a live
@@ -18,14 +18,14 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from billing.services.ledger import wallet_balance
 from billing.services.metering import platform_fee_bps
 from billing.services.storage import storage_billed_until, volume_storage_close
-from core.errors import Conflict, NotFound, PaymentRequired, ValidationFailed
+from core.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired, ValidationFailed
 from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
 from marketplace.models.nodes import OFFERABLE
 from marketplace.models.renting import FINAL_STATUSES
@@ -76,12 +76,52 @@ def _vm_leaving(instance_id: int) -> str:
 # ------------------------------------------------------------------------------------- API side
 
 
-@transaction.atomic
 def volume_create(*, owner: User, node_id: int, size_gb: int, label: str = "") -> Volume:
     """Create a volume on a node renters can book, at its published price per GB-month, and queue its creation.
 
     Raises ValidationFailed (no such offer, size out of range), Conflict (the node takes no new rentals) or
     PaymentRequired (the renter's balance is at zero or below while funds are required)."""
+    return volume_create_once(owner=owner, node_id=node_id, size_gb=size_gb, label=label)[0]
+
+
+def volume_for_idempotency_key(*, owner: User, idempotency_key: str, request_fingerprint: str) -> Volume | None:
+    """The volume an earlier request with this key created, or None.
+
+    Raises IdempotencyKeyReused when that request had another body."""
+    existing = Volume.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
+    if existing is not None and existing.request_fingerprint != request_fingerprint:
+        raise IdempotencyKeyReused(
+            f"This Idempotency-Key was already used for a different request (it created volume {existing.pk}). "
+            "Send the same body to get that volume again, or use a new key for a new request.")
+    return existing
+
+
+def volume_create_once(*, owner: User, node_id: int, size_gb: int, label: str = "", idempotency_key: str = "",
+                       request_fingerprint: str = "") -> tuple[Volume, bool]:
+    """volume_create for a request that may come twice (a retry, a double-clicked form): returns (volume, created);
+    with an `idempotency_key` seen before and the same body, the earlier volume and False (nothing is billed
+    twice). Raises as volume_create does, and IdempotencyKeyReused (422) for the same key with another body."""
+    if idempotency_key:
+        existing = volume_for_idempotency_key(owner=owner, idempotency_key=idempotency_key,
+                                              request_fingerprint=request_fingerprint)
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            return _volume_insert(owner=owner, node_id=node_id, size_gb=size_gb, label=label,
+                                  idempotency_key=idempotency_key, request_fingerprint=request_fingerprint), True
+    except IntegrityError:
+        # The same key's other request won the race (volume_unique_idempotency_key): answer with its volume.
+        if idempotency_key:
+            existing = volume_for_idempotency_key(owner=owner, idempotency_key=idempotency_key,
+                                                  request_fingerprint=request_fingerprint)
+            if existing is not None:
+                return existing, False
+        raise
+
+
+def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idempotency_key: str,
+                   request_fingerprint: str) -> Volume:
     if not 1 <= size_gb <= MAX_VOLUME_GB:
         raise ValidationFailed(f"A volume is 1 to {MAX_VOLUME_GB} GB.", field="size_gb")
     node = Node.objects.select_for_update().filter(pk=node_id).first()
@@ -97,6 +137,7 @@ def volume_create(*, owner: User, node_id: int, size_gb: int, label: str = "") -
         status_message="Waiting for a worker to create it",
         price_per_gb_month_micros=node.disk_price_per_gb_month_micros,
         platform_fee_bps=platform_fee_bps(),
+        idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
     )
     job_create(kind=JobKind.VOLUME_CREATE, node=node, volume=volume)
     return volume

@@ -5,9 +5,11 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.crypto import get_random_string
 from django.views.decorators.http import require_http_methods, require_POST
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, IdempotencyKeyReused
+from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH, request_fingerprint, web_idempotency_key
 from core.validators import no_control_characters
 from core.web_errors import form_error, message_error
 from marketplace import selectors
@@ -29,6 +31,9 @@ class VolumeForm(forms.Form):
                                    help_text="A volume lives on one server; instances on that server can mount it.")
     size_gb = forms.IntegerField(label="Size (GB)", min_value=1, max_value=MAX_VOLUME_GB, initial=50)
     label = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
+    # Makes a double submission (a double click, a resent form) create one volume, billed once: the page's token.
+    request_token = forms.CharField(widget=forms.HiddenInput, required=False,
+                                    max_length=WEB_REQUEST_TOKEN_MAX_LENGTH)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -38,12 +43,25 @@ class VolumeForm(forms.Form):
 @login_required
 @require_http_methods(["GET", "POST"])
 def volumes(request):
-    form = VolumeForm(request.POST or None, initial={"offer": request.GET.get("offer")})
+    form = VolumeForm(request.POST or None,
+                      initial={"offer": request.GET.get("offer"), "request_token": get_random_string(32)})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
+        token = data.get("request_token") or ""
+        body = {k: v for k, v in request.POST.lists() if k != "csrfmiddlewaretoken"}
         try:
-            volume = svc.volume_create(owner=request.user, node_id=data["offer"], size_gb=data["size_gb"],
-                                       label=data["label"])
+            volume, _ = svc.volume_create_once(
+                owner=request.user, node_id=data["offer"], size_gb=data["size_gb"], label=data["label"],
+                idempotency_key=web_idempotency_key(token),
+                request_fingerprint=request_fingerprint(body) if token else "")
+        except IdempotencyKeyReused:
+            # This page's form already made a volume, with other choices (back button): a fresh token.
+            fresh = request.POST.copy()
+            fresh["request_token"] = get_random_string(32)
+            form = VolumeForm(fresh)
+            form.is_valid()
+            form.add_error(None, "This form was already used to create a volume with other choices. Check them "
+                                 "and create it again.")
         except ApplicationError as exc:
             form_error(form, exc)
         else:

@@ -53,6 +53,25 @@ def test_create_snapshots_the_nodes_disk_price_and_queues_the_creation(api, user
     assert node_verify_request(node=node).kind == JobKind.NODE_VERIFY
 
 
+def test_a_create_retried_with_its_idempotency_key_makes_one_volume(api, other_api):
+    """A client that lost the answer sends the create again: one volume, billed once, as instances and top-ups."""
+    node = make_listed_node()
+
+    def keyed(client, size_gb, key="vol-k1"):
+        return client.post(URL, {"offer": node.pk, "size_gb": size_gb}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+    first, again = keyed(api, 50), keyed(api, 50)
+    assert (first.status_code, again.status_code) == (201, 200), again.content
+    assert again.json()["id"] == first.json()["id"] and Volume.objects.count() == 1
+    assert Job.objects.filter(kind=JobKind.VOLUME_CREATE).count() == 1
+    # The same key with another body is refused; another user's key is their own.
+    other = keyed(api, 60)
+    assert other.status_code == 422 and "different request" in other.json()["detail"]
+    assert keyed(other_api, 50).status_code == 201
+    assert keyed(api, 50, key="x" * 101).status_code == 400
+    assert Volume.objects.count() == 2
+
+
 @pytest.mark.parametrize(("data", "field"), [
     ({"size_gb": 0}, "size_gb"), ({"size_gb": 65537}, "size_gb"), ({"size_gb": "5"}, "size_gb"),
     ({"offer": 999_999}, "offer"), ({"offer": "x"}, "offer"), ({"label": "a\nb"}, "label"),

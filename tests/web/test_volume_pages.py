@@ -54,6 +54,29 @@ def test_bad_input_is_shown_next_to_the_field(web, data, field):
     assert not Volume.objects.exists()
 
 
+def _token(page: str) -> str:
+    match = re.search(r'name="request_token" value="([A-Za-z0-9]+)"', page)
+    assert match is not None, "the form carries no request token"
+    return match[1]
+
+
+def test_a_double_submitted_volume_form_makes_one_billed_volume(web, funded_renter):
+    """A double click (site.js does not disable the button) posts the page's form twice."""
+    node = make_listed_node(gpu_model="rtx-a4000", gpu_count=2)
+    data = {"offer": node.pk, "size_gb": 500, "label": "datasets",
+            "request_token": _token(web.get("/volumes/").content.decode())}
+    for _ in range(2):
+        assert web.post("/volumes/", data).status_code == 302
+    assert Volume.objects.filter(owner=funded_renter).count() == 1, "two volumes, both billed per GB-month"
+    # The same form sent again with other choices (the back button) is refused, with a fresh token to send.
+    r = web.post("/volumes/", {**data, "size_gb": 20})
+    assert r.status_code == 400 and "already used to create a volume" in r.content.decode()
+    fresh = _token(r.content.decode())
+    assert fresh != data["request_token"]
+    assert web.post("/volumes/", {**data, "size_gb": 20, "request_token": fresh}).status_code == 302
+    assert sorted(Volume.objects.filter(owner=funded_renter).values_list("size_gb", flat=True)) == [20, 500]
+
+
 def test_another_users_volume_cannot_be_deleted(web, stranger):
     node = _node_with_host_facts()
     theirs = volume_svc.volume_mark_available(
