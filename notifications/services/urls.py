@@ -3,6 +3,9 @@ every attempt (a name that resolved to a public address may later resolve to a p
 to the very address it checked (`webhook_target`): the name is resolved once, so a DNS answer that changes
 between the check and the connection (DNS rebinding) cannot send the request to an internal host.
 
+A host name that is not ASCII (an IDN, `хуки.пример`) is kept as typed in the URL and used in its IDNA (punycode)
+form everywhere it goes on the wire: the DNS lookup, the Host header, TLS SNI and the certificate check.
+
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
 """
 import ipaddress
@@ -31,7 +34,8 @@ def _addresses(host: str, port: int) -> list[Address]:
 @dataclass(frozen=True)
 class WebhookTarget:
     """Where one attempt goes: `connect_url` is the URL with its host replaced by the checked `address`; the
-    request carries the name in `host_header`, and TLS uses `hostname` for SNI and the certificate check."""
+    request carries the name in `host_header`, and TLS uses `hostname` for SNI and the certificate check (both
+    ASCII: an IDN in its punycode form)."""
 
     url: str
     hostname: str
@@ -50,11 +54,21 @@ def webhook_target(url: str) -> WebhookTarget:
     webhook_url_check); the attempt connects to the first."""
     url, parts, addresses = _checked(url, "url")
     address = addresses[0]
-    host = f"[{address}]" if address.version == 6 else str(address)
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    connect_url = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
-    return WebhookTarget(url=url, hostname=str(parts.hostname), address=address, connect_url=connect_url,
-                         host_header=parts.netloc)
+    hostname = _ascii_host(str(parts.hostname))  # checked by _checked: it encodes
+    connect_url = urlunsplit((parts.scheme, _netloc(str(address), parts.port), parts.path or "/", parts.query, ""))
+    return WebhookTarget(url=url, hostname=hostname, address=address, connect_url=connect_url,
+                         host_header=_netloc(hostname, parts.port))
+
+
+def _netloc(host: str, port: int | None) -> str:
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return f"{host}:{port}" if port else host
+
+
+def _ascii_host(hostname: str) -> str:
+    """The host as it goes on the wire: an IDN in punycode (http.client refuses a non-ASCII Host header).
+    UnicodeError for a name IDNA cannot encode (an empty or over-long label)."""
+    return hostname if hostname.isascii() else hostname.encode("idna").decode("ascii")
 
 
 def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
@@ -75,7 +89,11 @@ def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
                                "instead.", field=field)
     if parts.fragment:
         raise ValidationFailed("Not a webhook URL: it has no #fragment.", field=field)
-    addresses = _addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+    try:
+        hostname = _ascii_host(parts.hostname)
+    except UnicodeError:
+        raise ValidationFailed(f"Not a valid host name: {parts.hostname}.", field=field) from None
+    addresses = _addresses(hostname, port or (443 if parts.scheme == "https" else 80))
     if not addresses:
         raise ValidationFailed(f"The host name does not resolve: {parts.hostname}.", field=field)
     loopback_ok = settings.NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK

@@ -2,15 +2,19 @@
 
 An endpoint gets a random signing secret, stored encrypted (marketplace.encryption) and shown once. A delivery is
 tried by the worker (`webhook_attempt`, from notifications.tasks.webhook_deliver): one POST with a short timeout
-and no redirects, to the address the URL's check resolved (the name is not resolved again, so no DNS rebinding to
-an internal host; no proxy from the environment either, which would resolve it again); a 2xx answer delivers it;
-anything else is retried by the task with exponential backoff (Celery's retry, NOTIFICATIONS_WEBHOOK_BACKOFF_S ×
-2^(attempt-1)) until NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS. Every attempt is logged (status code or error, time,
-duration) for the user to read.
+for the whole attempt (not per read: `_Deadline`) and no redirects, to the address the URL's check resolved (the
+name is not resolved again, so no DNS rebinding to an internal host; no proxy from the environment either, which
+would resolve it again); a 2xx answer delivers it;
+anything else (an exception too) is retried by the task with exponential backoff (Celery's retry,
+NOTIFICATIONS_WEBHOOK_BACKOFF_S × 2^(attempt-1)) until NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS. Every attempt is logged
+(status code or error, time, duration) for the user to read. A paused endpoint is sent only test events.
 """
 import logging
 import secrets
+import socket
+import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,13 +24,21 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from core import dispatch
 from core.errors import TooManyRequests, ValidationFailed
 from core.security_mail import security_change_notify
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import User
-from notifications.models import DeliveryStatus, Kind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from notifications.models import (
+    DeliveryStatus,
+    Kind,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
 from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
@@ -138,19 +150,103 @@ def backoff_s(attempt: int) -> float:
 
 
 def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
-    """Count the attempt about to be made (row locked), or None when the delivery is over or gone."""
+    """Count the attempt about to be made (row locked), or None when there is none to make: the delivery is over
+    or gone, or it is finished here as failed without sending (a real event to a paused endpoint; a delivery
+    whose attempts are all used, the last one lost with its worker, which the resender would queue forever)."""
     with transaction.atomic():
         delivery = (WebhookDelivery.objects.select_for_update().select_related("endpoint")
                     .filter(pk=delivery_id).first())
         if delivery is None or delivery.status in (DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED):
+            return None
+        refusal = ""
+        if not delivery.endpoint.active and delivery.kind != Kind.TEST:  # the page: "receives only test events"
+            refusal = "Not sent: the endpoint is paused."
+        elif delivery.attempts >= settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS:
+            refusal = f"Given up after {delivery.attempts} attempts."
+        if refusal:
+            WebhookDelivery.transition_rows(WebhookDelivery.objects.filter(pk=delivery.pk), DeliveryStatus.FAILED,
+                                            last_error=refusal, finished_at=timezone.now(), next_attempt_at=None)
             return None
         delivery.attempts += 1
         delivery.save(update_fields=["attempts"])
         return delivery, delivery.attempts
 
 
-class _PinnedTLSAdapter(HTTPAdapter):
-    """HTTPS to an address, with the URL's host name for SNI and the certificate check."""
+class _Deadline:
+    """The whole attempt's time limit. requests' timeout bounds each socket read, so an endpoint that drips a
+    byte per read would hold the worker (shared with the fleet's health checks) as long as it likes: when the
+    time is up this shuts every socket the attempt opened, and the read blocked on it returns at once."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Deadline":
+        self._token = _deadline.set(self)
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _deadline.reset(self._token)
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # not close(): another thread's blocked recv wakes only on a shutdown
+    except OSError:
+        pass  # closed already
+
+
+_deadline: ContextVar[_Deadline | None] = ContextVar("webhook_attempt_deadline", default=None)
+
+
+def _watched(sock: socket.socket) -> socket.socket:
+    deadline = _deadline.get()
+    if deadline is not None:
+        deadline.watch(sock)
+    return sock
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    """Hands each socket it opens to the attempt's _Deadline (before TLS, so a slow handshake is bounded too)."""
+
+    def _new_conn(self) -> socket.socket:
+        return _watched(super()._new_conn())
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        return _watched(super()._new_conn())
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _AttemptAdapter(HTTPAdapter):
+    """Sockets watched by the attempt's _Deadline; HTTPS to an address, with the URL's host name for SNI and the
+    certificate check (urllib3 drops the TLS arguments for plain http)."""
 
     def __init__(self, hostname: str):
         self._hostname = hostname  # before HTTPAdapter's __init__, which makes the pool manager
@@ -159,12 +255,15 @@ class _PinnedTLSAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         kwargs.update(server_hostname=self._hostname, assert_hostname=self._hostname)
         super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
 
 
 def _send(target: WebhookTarget, body: bytes, headers: dict[str, str]) -> requests.Response:
     with requests.Session() as session:
         session.trust_env = False
-        session.mount("https://", _PinnedTLSAdapter(target.hostname))
+        adapter = _AttemptAdapter(target.hostname)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
         answer = session.post(target.connect_url, data=body, headers={**headers, "Host": target.host_header},
                               allow_redirects=False, timeout=settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S, stream=True,
                               verify=settings.NOTIFICATIONS_WEBHOOK_CA_BUNDLE or True)
@@ -173,25 +272,33 @@ def _send(target: WebhookTarget, body: bytes, headers: dict[str, str]) -> reques
 
 
 def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
-    """(status code, error): one signed POST; nothing raised."""
+    """(status code, error): one signed POST, within NOTIFICATIONS_WEBHOOK_TIMEOUT_S in all; nothing raised (an
+    exception that escaped would leave the counted attempt unlogged and the delivery unfinished)."""
+    timeout_s = settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S
+    deadline = _Deadline(timeout_s)
     try:
         target = webhook_target(delivery.endpoint.url)
+        body = delivery.body.encode()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"{settings.PLATFORM_NAME}-webhooks/1",
+            "X-GPUMarket-Event": delivery.kind,
+            "X-GPUMarket-Delivery": str(delivery.event_id),
+            SIGNATURE_HEADER: signature_header(secret=endpoint_secret(endpoint=delivery.endpoint), body=body),
+        }
+        with deadline:
+            answer = _send(target, body, headers)
     except ValidationFailed as exc:
         return None, f"Not sent: {exc.message}"
-    body = delivery.body.encode()
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": f"{settings.PLATFORM_NAME}-webhooks/1",
-        "X-GPUMarket-Event": delivery.kind,
-        "X-GPUMarket-Delivery": str(delivery.event_id),
-        SIGNATURE_HEADER: signature_header(secret=endpoint_secret(endpoint=delivery.endpoint), body=body),
-    }
-    try:
-        answer = _send(target, body, headers)
-    except requests.Timeout:
-        return None, f"No answer within {settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S} s."
-    except requests.RequestException as exc:
-        return None, f"Could not connect: {type(exc).__name__}: {exc}"[:500]
+    except Exception as exc:  # noqa: BLE001 (recorded as this attempt's failure, whatever it is)
+        if deadline.expired or isinstance(exc, requests.Timeout):
+            return None, f"No answer within {timeout_s} s."
+        if isinstance(exc, requests.RequestException):
+            return None, f"Could not connect: {type(exc).__name__}: {exc}"[:500]
+        log.exception("webhook delivery %s: the attempt failed unexpectedly", delivery.pk)
+        return None, f"Not sent: {type(exc).__name__}: {exc}"[:500]
+    if deadline.expired:  # cut off mid-answer: a partial status line may still have parsed
+        return None, f"No answer within {timeout_s} s."
     if 200 <= answer.status_code < 300:
         return answer.status_code, ""
     return answer.status_code, f"Answered {answer.status_code} {answer.reason or ''}".strip()[:500]
