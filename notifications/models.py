@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.idempotency import IDEMPOTENCY_KEY_MAX_LENGTH
 from core.transitions import StatefulModel, Transitions
 
 
@@ -95,12 +96,32 @@ class WebhookEndpoint(models.Model):
     secret_hint = models.CharField(max_length=16, help_text="The secret's first characters, to tell them apart.")
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    request_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True, default="", help_text=(
+        "The page form's token it was added with: the same form submitted twice adds one endpoint."))
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "request_key"], condition=~Q(request_key=""),
+                                    name="webhook_endpoint_once_per_request"),
+        ]
 
     def __str__(self):
         return f"webhook endpoint {self.pk} ({self.url})"
+
+
+class WebhookTestEvent(models.Model):
+    """A test event a user asked for. The hourly limit counts these rather than the test deliveries, which are
+    deleted with their endpoint: deleting and adding an endpoint again must not start the limit afresh."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "at"], name="webhook_test_event_user_idx")]
+
+    def __str__(self):
+        return f"test event of {self.user_id} at {self.at}"
 
 
 class DeliveryStatus(models.TextChoices):

@@ -38,6 +38,7 @@ from notifications.models import (
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
+    WebhookTestEvent,
 )
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
@@ -65,24 +66,51 @@ def _description(description: str) -> str:
     return description
 
 
-def endpoint_create(*, user: User, url: str, description: str = "",
-                    base_url: str = "") -> tuple[WebhookEndpoint, str]:
+class EndpointRequestReused(ValidationFailed):
+    """The page form's token already added an endpoint, and this submission is not a replay of it to answer
+    again (other values, or too late to show the secret again)."""
+
+
+# How long the same form submitted again shows the endpoint's secret again: a double click or a slow page's second
+# submission replaces the first answer, the only one that showed it. Later, the secret stays unshown.
+REQUEST_REPLAY_S = 600
+
+
+def endpoint_create(*, user: User, url: str, description: str = "", base_url: str = "",
+                    idempotency_key: str = "") -> tuple[WebhookEndpoint, str]:
     """A new endpoint and its signing secret (returned this once, never again). It receives the account's events
-    until deleted: the address is told (as of a saved SSH key)."""
+    until deleted: the address is told (as of a saved SSH key).
+
+    With `idempotency_key` (a page form's token) the same submission again returns the endpoint it added and its
+    secret (within REQUEST_REPLAY_S), adding and telling nothing; EndpointRequestReused otherwise."""
     url = webhook_url_check(url)
     description = _description(description)
     with transaction.atomic():
-        User.objects.select_for_update().filter(pk=user.pk).first()  # one count at a time per user
+        User.objects.select_for_update().filter(pk=user.pk).first()  # one count (and one key look-up) at a time
+        if idempotency_key:
+            added = WebhookEndpoint.objects.filter(user=user, request_key=idempotency_key).first()
+            if added is not None:
+                return _replayed(added, url=url, description=description), endpoint_secret(endpoint=added)
         if WebhookEndpoint.objects.filter(user=user).count() >= ENDPOINTS_PER_USER:
             raise ValidationFailed(f"At most {ENDPOINTS_PER_USER} endpoints; delete one first.", field="url")
         secret = _secret_new()
         endpoint = WebhookEndpoint.objects.create(user=user, url=url, description=description,
                                                   secret_encrypted=encrypt_secret(secret.encode()),
-                                                  secret_hint=secret[:10])
+                                                  secret_hint=secret[:10], request_key=idempotency_key)
         security_change_notify(user=user, subject="A webhook endpoint was added to your account", base_url=base_url,
                                change=f"A webhook endpoint was added to your account: {url}. It receives your "
                                       "account's events (instances, balance, payouts) until it is deleted.")
     return endpoint, secret
+
+
+def _replayed(endpoint: WebhookEndpoint, *, url: str, description: str) -> WebhookEndpoint:
+    if (endpoint.url, endpoint.description) != (url, description):
+        raise EndpointRequestReused(f"This form already added the endpoint {endpoint.url}. Check the values below "
+                                    "and add again to add another.")
+    if timezone.now() - endpoint.created_at > timedelta(seconds=REQUEST_REPLAY_S):
+        raise EndpointRequestReused(f"This form already added the endpoint {endpoint.url}; its secret was shown "
+                                    "then. Add again to add another.")
+    return endpoint
 
 
 def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, description: str | None = None,
@@ -120,13 +148,16 @@ def endpoint_test(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
     NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS signed requests to a URL the user chose, which must not make the platform
     a way to flood someone else's server."""
     limit = settings.NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR
+    hour_ago = timezone.now() - timedelta(hours=1)
     with transaction.atomic():
-        WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first()  # one count at a time
-        sent = WebhookDelivery.objects.filter(endpoint__user_id=endpoint.user_id, kind=Kind.TEST,
-                                              created_at__gte=timezone.now() - timedelta(hours=1)).count()
-        if sent >= limit:
+        User.objects.select_for_update().filter(pk=endpoint.user_id).first()  # one count at a time per user
+        # Counted from their own rows: the deliveries go with a deleted endpoint, the limit must not.
+        tests = WebhookTestEvent.objects.filter(user_id=endpoint.user_id)
+        tests.filter(at__lt=hour_ago).delete()  # past the window: never counted again
+        if tests.count() >= limit:
             raise TooManyRequests(f"At most {limit} test events an hour: try again later. Real events are "
                                   "not limited.")
+        WebhookTestEvent.objects.create(user_id=endpoint.user_id)
         return delivery_queue(endpoint=endpoint, kind=Kind.TEST, title="Test event",
                               message="A test event from the GPU marketplace: your endpoint receives and verifies "
                                       "signed events.",

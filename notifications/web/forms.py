@@ -1,5 +1,6 @@
 from django import forms
 
+from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
 from core.validators import no_control_characters
 from marketplace.reauth import PasswordConfirmedForm
 from notifications.services.urls import URL_MAX_LENGTH
@@ -19,3 +20,5 @@ class EndpointForm(PasswordConfirmedForm):
                                     "endpoint's secret.")
     description = forms.CharField(max_length=DESCRIPTION_MAX_LENGTH, required=False,
                                   validators=[no_control_characters])
+    # The page's own token: the form submitted twice (a double click) adds one endpoint and shows its secret again.
+    request_token = forms.CharField(widget=forms.HiddenInput, required=False, max_length=WEB_REQUEST_TOKEN_MAX_LENGTH)

@@ -4,9 +4,11 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.crypto import get_random_string
 from django.views.decorators.http import require_http_methods, require_POST
 
 from core.errors import ApplicationError
+from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, message_error
 from marketplace.reauth import with_form_status
 from notifications import selectors
@@ -42,6 +44,10 @@ def notifications_read_all(request):
     return redirect("notifications")
 
 
+def _new_endpoint_form(request) -> EndpointForm:
+    return EndpointForm(user=request.user, request=request, initial={"request_token": get_random_string(32)})
+
+
 def _settings_page(request, form, created=None):
     response = render(request, "notifications/settings.html", {
         "preferences": selectors.preferences_for(user=request.user),
@@ -56,7 +62,10 @@ def _settings_page(request, form, created=None):
 @require_http_methods(["GET", "POST"])
 def notification_settings(request):
     """The channels grid (POSTed with `preferences`) and the endpoint form (POSTed with `url`)."""
-    form = EndpointForm(request.POST if "url" in request.POST else None, user=request.user, request=request)
+    if "url" in request.POST:
+        form = EndpointForm(request.POST, user=request.user, request=request)
+    else:
+        form = _new_endpoint_form(request)
     if request.method == "POST" and "preferences" in request.POST:
         for row in selectors.preferences_for(user=request.user):
             chosen = {channel: f"{row.kind}:{channel}" in request.POST for channel in CHANNELS}
@@ -66,14 +75,21 @@ def notification_settings(request):
         return redirect("notification-settings")
     if request.method == "POST" and form.is_valid():
         try:
-            endpoint, secret = webhook_svc.endpoint_create(user=request.user, url=form.cleaned_data["url"],
-                                                           description=form.cleaned_data["description"],
-                                                           base_url=request.build_absolute_uri("/"))
+            endpoint, secret = webhook_svc.endpoint_create(
+                user=request.user, url=form.cleaned_data["url"], description=form.cleaned_data["description"],
+                base_url=request.build_absolute_uri("/"),
+                idempotency_key=web_idempotency_key(form.cleaned_data["request_token"]))
+        except webhook_svc.EndpointRequestReused as exc:
+            # This page's form added one already: shown again with a fresh token (not validated again, which
+            # would check the password once more), so that adding again adds another.
+            form.data = form.data.copy()
+            form.data["request_token"] = get_random_string(32)
+            form_error(form, exc)
         except ApplicationError as exc:
             form_error(form, exc, default_field="url")
         else:
-            # Rendered, not redirected: the secret exists only in this one answer.
-            return _settings_page(request, EndpointForm(user=request.user, request=request),
+            # Rendered, not redirected: the secret exists only in this answer (and its replay by the same form).
+            return _settings_page(request, _new_endpoint_form(request),
                                   created={"endpoint": endpoint, "secret": secret})
     return with_form_status(_settings_page(request, form), form)
 

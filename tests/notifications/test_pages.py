@@ -1,7 +1,11 @@
 """The pages: notifications list (mark read), settings (channels, endpoints, the secret once), an endpoint's
 delivery log with the test button. Another user's endpoint is a 404; a bad URL is a 400 on the form."""
+import re
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from notifications.models import Kind, Preference, WebhookEndpoint
 from notifications.services import webhooks
@@ -136,3 +140,42 @@ def test_a_test_event_past_the_hourly_limit_is_told_on_the_page(web, owner, rece
     r = web.post(f"/account/notifications/webhooks/{endpoint.pk}/test/", follow=True)
     assert r.status_code == 200 and b"At most 0 test events an hour" in r.content
     assert not endpoint.deliveries.exists()
+
+
+def _token(page: str) -> str:
+    return re.search(r'name="request_token" value="([^"]+)"', page).group(1)
+
+
+def test_the_endpoint_form_submitted_twice_adds_one_endpoint_and_shows_its_secret_again(
+        web, owner, receiver, mailoutbox, django_capture_on_commit_callbacks):
+    """A double click (found by review): the second answer replaced the one showing the secret, and a second
+    endpoint, whose secret was never shown either, was sent the account's events."""
+    token = _token(web.get("/account/notifications/settings/").content.decode())
+    form = {"url": receiver.url, "description": "ci", "password": PASSWORD, "request_token": token}
+    answers = []
+    for _ in range(2):
+        with django_capture_on_commit_callbacks(execute=True):
+            answers.append(web.post("/account/notifications/settings/", form))
+    endpoint = WebhookEndpoint.objects.get(user=owner)
+    secret = webhooks.endpoint_secret(endpoint=endpoint).encode()
+    assert [(r.status_code, secret in r.content) for r in answers] == [(200, True), (200, True)]
+    assert len(mailoutbox) == 1  # told once
+    assert _token(answers[1].content.decode()) != token  # the next form is a new one
+
+    # The same form with other values (the back button): refused with a fresh token, the secret not shown.
+    r = web.post("/account/notifications/settings/", {**form, "description": "other"})
+    assert r.status_code == 400 and b"This form already added the endpoint" in r.content
+    assert secret not in r.content and _token(r.content.decode()) != token
+    assert WebhookEndpoint.objects.filter(user=owner).count() == 1
+    r = web.post("/account/notifications/settings/", {**form, "description": "other",
+                                                      "request_token": _token(r.content.decode())})
+    assert r.status_code == 200 and WebhookEndpoint.objects.filter(user=owner).count() == 2
+
+
+def test_the_same_form_much_later_shows_no_secret(web, owner, receiver):
+    form = {"url": receiver.url, "description": "", "password": PASSWORD, "request_token": "t1"}
+    assert web.post("/account/notifications/settings/", form).status_code == 200
+    WebhookEndpoint.objects.update(created_at=timezone.now() - timedelta(seconds=webhooks.REQUEST_REPLAY_S + 1))
+    r = web.post("/account/notifications/settings/", form)
+    secret = webhooks.endpoint_secret(endpoint=WebhookEndpoint.objects.get(user=owner)).encode()
+    assert r.status_code == 400 and b"its secret was shown then" in r.content and secret not in r.content

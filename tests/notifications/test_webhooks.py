@@ -8,7 +8,7 @@ from django.db import connection
 from django.utils import timezone
 
 from billing.services.ledger import credit_grant
-from notifications.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
+from notifications.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint, WebhookTestEvent
 from notifications.services import webhooks
 from notifications.services.signing import SIGNATURE_HEADER, signature_header, signature_verify
 from tests.live import wait_until
@@ -236,6 +236,22 @@ def test_test_events_are_limited_per_user_and_hour_real_events_are_not(owner_api
     refused = owner_api.post(f"/api/v1/webhook-endpoints/{second['id']}/test/")
     assert refused.status_code == 429 and "At most 3 test events an hour" in refused.json()["detail"]
     assert WebhookDelivery.objects.filter(kind="test").count() == 3
-    WebhookDelivery.objects.filter(kind="test").update(created_at=timezone.now() - timedelta(minutes=61))
+    WebhookTestEvent.objects.filter(user=owner).update(at=timezone.now() - timedelta(minutes=61))
     assert owner_api.post(f"/api/v1/webhook-endpoints/{second['id']}/test/").status_code == 202
+    assert WebhookTestEvent.objects.filter(user=owner).count() == 1  # the hour-old ones are gone
     credit_grant(user=owner, amount_micros=1_000_000, reason="goodwill")  # a real event: not counted, not refused
+
+
+@pytest.mark.django_db
+def test_deleting_the_endpoint_does_not_start_the_hourly_test_limit_again(owner_api, receiver, settings, owner):
+    """The test deliveries go with their endpoint (found by review: the limit counted them, so deleting the
+    endpoint and adding it again started the hour afresh)."""
+    settings.NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR = 2
+    first = _endpoint(owner_api, receiver.url)
+    for _ in range(2):
+        assert owner_api.post(f"/api/v1/webhook-endpoints/{first['id']}/test/").status_code == 202
+    assert owner_api.delete(f"/api/v1/webhook-endpoints/{first['id']}/").status_code == 204
+    assert not WebhookDelivery.objects.exists()
+    again = _endpoint(owner_api, receiver.url)
+    refused = owner_api.post(f"/api/v1/webhook-endpoints/{again['id']}/test/")
+    assert refused.status_code == 429 and "At most 2 test events an hour" in refused.json()["detail"]
