@@ -2,13 +2,15 @@
 verification service (a GPU model's fleet reference)."""
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 
 from django.conf import settings
 from django.db.models import Max
 
 from marketplace.models import NodeState
-from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.models.nodes import Verdict
 from provisioning.models import Job, JobKind, JobStatus, VerificationRun
 from provisioning.verification.performance import FleetReference
 
@@ -30,17 +32,28 @@ def verification_runs_of(jobs: Iterable[Job | None]) -> dict[int, VerificationRu
     return {run.job_id: run for run in runs if run.job_id is not None}  # not None: filtered on it
 
 
-def fleet_reference(gpu_model_id: int, exclude_node_id: int | None = None) -> FleetReference | None:
-    """What the model measures across the platform: each live node's latest verification, when it was verified or
-    degraded and measured its GPUs on CUDA, gives its per-GPU medians; their median and MAD per figure (the
-    acceptance policy's FleetReference). None below settings.FLEET_REFERENCE_MIN_NODES such nodes.
-    `exclude_node_id`: the node being judged, left out of its own reference. One query."""
+def fleet_reference(gpu_model_id: int, exclude_node_id: int | None = None,
+                    exclude_provider_id: int | None = None) -> FleetReference | None:
+    """What the model measures across the platform: each live node's latest verification, when it was verified
+    and measured its GPUs on CUDA, gives its per-GPU medians. Each provider counts once (the median of its nodes),
+    and the reference is the median and MAD over providers (the acceptance policy's FleetReference). None below
+    settings.FLEET_REFERENCE_MIN_NODES such nodes or FLEET_REFERENCE_MIN_PROVIDERS providers.
+
+    Degraded nodes do not count: those degraded for sitting below the fleet would drag its median down to them;
+    and one provider's many nodes would make it (found by review). `exclude_node_id`, `exclude_provider_id`: the
+    node being judged and its provider, never part of its own reference. One query."""
     latest = (VerificationRun.objects.filter(node__gpu_model_id=gpu_model_id)
               .exclude(node__state__in=(NodeState.RETIRED, NodeState.REJECTED))
               .order_by("node_id", "-created_at", "-id").distinct("node_id")
-              .values_list("node_id", "verdict", "figures__device", "figures__median"))
-    medians = [median for node_id, verdict, device, median in latest
-               if node_id != exclude_node_id and verdict in LISTABLE_VERDICTS and device == "cuda" and median]
-    if len(medians) < settings.FLEET_REFERENCE_MIN_NODES:
+              .values_list("node_id", "node__provider_id", "verdict", "figures__device", "figures__median"))
+    by_provider: dict[int, list[dict[str, float]]] = defaultdict(list)
+    for node_id, provider_id, verdict, device, median in latest:
+        if node_id != exclude_node_id and provider_id != exclude_provider_id and verdict == Verdict.VERIFIED \
+                and device == "cuda" and median:
+            by_provider[provider_id].append(median)
+    nodes = sum(map(len, by_provider.values()))
+    if nodes < settings.FLEET_REFERENCE_MIN_NODES or len(by_provider) < settings.FLEET_REFERENCE_MIN_PROVIDERS:
         return None
-    return FleetReference.from_node_medians(medians)
+    reference = FleetReference.from_node_medians(
+        [FleetReference.from_node_medians(medians).median for medians in by_provider.values()])
+    return replace(reference, nodes=nodes, providers=len(by_provider))

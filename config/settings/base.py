@@ -311,9 +311,11 @@ REVERIFY_MAX_S = env_int("REVERIFY_MAX_S", 10 * 24 * 3600)
 SPOT_CHECK_MIN_S = env_int("SPOT_CHECK_MIN_S", 6 * 3600)
 SPOT_CHECK_MAX_S = env_int("SPOT_CHECK_MAX_S", 42 * 3600)
 REVERIFY_BEAT_S = env_int("REVERIFY_BEAT_S", 300)
-# A GPU model's fleet reference (the median of what its verified/degraded nodes measured) is used once this many
-# other nodes of the model have a measured latest run; fewer, and nodes are judged against the datasheet only.
+# A GPU model's fleet reference (the median, over providers, of what its verified nodes measured) is used once this
+# many other nodes of the model, of this many other providers, have a measured latest run; fewer, and nodes are
+# judged against the datasheet only.
 FLEET_REFERENCE_MIN_NODES = env_int("FLEET_REFERENCE_MIN_NODES", 5)
+FLEET_REFERENCE_MIN_PROVIDERS = env_int("FLEET_REFERENCE_MIN_PROVIDERS", 3)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)
 RECONCILE_INTERVAL_S = env_int("RECONCILE_INTERVAL_S", 300)

@@ -238,9 +238,11 @@ def node_verify_run(*, job: Job) -> None:
                              inventory=inventory, figures={"rented_gpus": rented})
         return
     job_step(job=job, message="judging the GPUs against the catalogue")
-    fleet = fleet_reference(node.gpu_model_id, exclude_node_id=node.pk) if bench is not None else None
+    fleet = (fleet_reference(node.gpu_model_id, exclude_node_id=node.pk, exclude_provider_id=node.provider_id)
+             if bench is not None else None)
     if fleet is not None:
-        job_step(job=job, message=f"comparing with {fleet.nodes} other {node.gpu_model.name} nodes")
+        job_step(job=job, message=f"comparing with {fleet.nodes} {node.gpu_model.name} nodes of {fleet.providers} "
+                                  "other providers")
     mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node), disproved)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig,

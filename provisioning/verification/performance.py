@@ -182,12 +182,14 @@ def _check_node_median(gpus: list[dict]) -> list[Finding]:
 
 @dataclass(frozen=True)
 class FleetReference:
-    """What a model's other verified/degraded nodes measured (each node's per-GPU median, latest run): per figure,
-    the median over the nodes and the median absolute deviation. The service builds it (provisioning.selectors)."""
+    """What a model's other verified nodes measured (each node's per-GPU median, latest run): per figure, the
+    median over the nodes (over providers, each its own nodes' median: provisioning.selectors builds it) and the
+    median absolute deviation."""
 
     nodes: int
-    median: dict = field(default_factory=dict)  # figure -> median over the nodes
-    mad: dict = field(default_factory=dict)  # figure -> median absolute deviation over the nodes
+    median: dict = field(default_factory=dict)  # figure -> median over the nodes (or providers)
+    mad: dict = field(default_factory=dict)  # figure -> median absolute deviation over them
+    providers: int | None = None  # how many providers' nodes (None: built from nodes alone, as the sim's profiles)
 
     @classmethod
     def from_node_medians(cls, node_medians: Sequence[dict]) -> FleetReference:

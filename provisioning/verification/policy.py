@@ -135,7 +135,8 @@ def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dic
     verdict = verdict_for(findings)
     figures = summarize(declared, bench) if bench is not None else {}
     if figures and fleet is not None:  # what this node was compared with, kept with its figures
-        figures["fleet"] = {"nodes": fleet.nodes, "median": {k: round(v, 3) for k, v in fleet.median.items()}}
+        figures["fleet"] = {"nodes": fleet.nodes, "median": {k: round(v, 3) for k, v in fleet.median.items()},
+                            **({"providers": fleet.providers} if fleet.providers is not None else {})}
     if figures and (topology or p2p):
         figures["p2p"] = list(p2p or [])
         figures["nvlink"] = nvlink_summary(topology, p2p)

@@ -16,8 +16,9 @@ def a10():
     return GpuModel.objects.get(slug="a10")
 
 
-def fleet_node(bf16: float, verdict=Verdict.VERIFIED, state=NodeState.ACTIVE, slug="a10", device="cuda"):
-    node = make_node(UserFactory(), gpu_model=slug, gpu_count=1, state=state, verdict=verdict)
+def fleet_node(bf16: float, verdict=Verdict.VERIFIED, state=NodeState.ACTIVE, slug="a10", device="cuda",
+               provider=None):
+    node = make_node(provider or UserFactory(), gpu_model=slug, gpu_count=1, state=state, verdict=verdict)
     VerificationRun.objects.create(node=node, verdict=verdict,
                                    figures={"device": device, "median": {"bf16_tflops": bf16, "fp32_tflops": 24.0}})
     return node
@@ -36,9 +37,10 @@ def test_no_reference_below_the_settings_number_of_nodes(settings):
     assert fleet_reference(a10().pk) is None
 
 
-def test_only_each_live_nodes_latest_listable_cuda_run_counts(settings):
+def test_only_each_live_nodes_latest_verified_cuda_run_counts(settings):
     settings.FLEET_REFERENCE_MIN_NODES = 3
-    counted = [fleet_node(100.0), fleet_node(102.0, verdict=Verdict.DEGRADED), fleet_node(98.0)]
+    counted = [fleet_node(100.0), fleet_node(102.0), fleet_node(98.0)]
+    fleet_node(10.0, verdict=Verdict.DEGRADED)  # degraded: perhaps for being below this very reference
     fleet_node(10.0, verdict=Verdict.REJECTED, state=NodeState.REJECTED)  # rejected: not the model
     fleet_node(10.0, state=NodeState.RETIRED)  # gone
     fleet_node(10.0, device="cpu")  # measured on the host CPU (tests)
@@ -68,3 +70,43 @@ def test_a_seeded_fleet_of_honest_a10s_puts_the_impostor_under_its_floor(setting
     impostor, = fleet_figures("slow-card-posing-as-a10-x2", 1)
     assert all(g["bf16_tflops"] >= ref.floor("bf16_tflops") for g in honest["gpus"])
     assert all(g["bf16_tflops"] < ref.floor("bf16_tflops") for g in impostor["gpus"])
+
+
+def test_nodes_degraded_below_the_fleet_do_not_drag_its_median_down(settings):
+    """Impostors degraded for sitting below the fleet (below_fleet_median) are listable: counted, once they were
+    as many as the honest nodes the median was theirs and the next impostor was not below it (found by review)."""
+    settings.FLEET_REFERENCE_MIN_NODES = 5
+    for value in (100.0, 101.0, 99.0, 100.5, 98.5):
+        fleet_node(value)
+    for value in (85.0, 85.5, 84.5, 86.0, 85.2, 84.8):
+        fleet_node(value, verdict=Verdict.DEGRADED)
+    ref = fleet_reference(a10().pk)
+    assert ref.median["bf16_tflops"] == 100.0 and ref.floor("bf16_tflops") > 86.0
+
+
+def test_each_provider_counts_once_and_never_in_its_own_nodes_reference(settings):
+    """Six nodes of one provider against five others' honest nodes: counted per node, that provider's figures were
+    the median, and its next impostor passed (found by review). Each provider is the median of its nodes now, and
+    the node judged is compared with other providers only."""
+    settings.FLEET_REFERENCE_MIN_NODES = 5
+    for value in (100.0, 101.0, 99.0, 100.5, 98.5):
+        fleet_node(value)
+    cartel = UserFactory()
+    for value in (85.0, 85.5, 84.5, 86.0, 85.2, 84.8):
+        fleet_node(value, provider=cartel)
+    ref = fleet_reference(a10().pk)
+    assert (ref.nodes, ref.providers) == (11, 6)
+    assert ref.median["bf16_tflops"] == 99.5 and ref.floor("bf16_tflops") > 86.0  # 98.5 .. 101 and 85.1
+    mine = fleet_reference(a10().pk, exclude_provider_id=cartel.pk)
+    assert (mine.nodes, mine.providers, mine.median["bf16_tflops"]) == (5, 5, 100.0)
+
+
+def test_no_reference_from_fewer_providers_than_the_setting(settings):
+    settings.FLEET_REFERENCE_MIN_NODES, settings.FLEET_REFERENCE_MIN_PROVIDERS = 5, 3
+    one, two = UserFactory(), UserFactory()
+    for provider in (one, one, one, two, two):
+        fleet_node(100.0, provider=provider)
+    assert fleet_reference(a10().pk) is None
+    fleet_node(100.0)
+    assert fleet_reference(a10().pk).providers == 3
+    assert fleet_reference(a10().pk, exclude_provider_id=two.pk) is None
