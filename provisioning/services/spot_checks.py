@@ -64,7 +64,10 @@ def node_spot_check_run(*, job: Job) -> None:
 @transaction.atomic
 def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[str, Any]],
                              figures: dict[str, Any]) -> Job | None:
-    """Record the spot check's outcome; with findings, queue a full verification naming them (returned)."""
+    """Record the spot check's outcome; with findings the node's verdict does not already carry, queue a full
+    verification naming them (returned). One it carries (a GPU degraded at the last verification, seen again)
+    changes nothing: a full check queued each time made the spot checks' rhythm (6-42 h) the full check's
+    (found by review)."""
     node = Node.objects.select_for_update().get(pk=job.node_id)
     which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
@@ -78,13 +81,24 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
         return None
     codes = ", ".join(sorted({f["code"] for f in findings}))
     job_step(job=job, message=f"spot check of {which}: {codes}")
+    new = _not_on_the_verdict(node, findings)
     node_event(node=node, kind="spot_check_failed",
                message=f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
-               + " A full verification was queued.", level=NodeEvent.Level.WARNING)
+               + (" A full verification was queued." if new else " The node's verdict already says so."),
+               level=NodeEvent.Level.WARNING)
     job_finish(job=job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
-    if not node.verify_allowed():
+    if not new or not node.verify_allowed():
         return None
     return node_verify_request(node=node, reason=f"spot check found {codes}")
+
+
+def _not_on_the_verdict(node: Node, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings the node's latest verification did not make (the same code on the same GPU), and every one
+    that rejects: a node listed with it must be judged again."""
+    run = node.verifications.order_by("-created_at", "-id").only("findings").first()
+    known = {(f.get("code"), f.get("gpu_index")) for f in (run.findings if run else [])}
+    return [f for f in findings
+            if f.get("severity") == "reject" or (f.get("code"), f.get("gpu_index")) not in known]
 
 
 def spot_check_dodged(error: NodeError) -> bool:

@@ -240,3 +240,30 @@ def test_a_spot_check_leaves_rented_gpus_alone_and_skips_a_fully_rented_node(db,
     instance_svc.instance_mark_failed(instance_id=instance.pk, message="gone")  # GPU 0 free again: checked again
     job = spot_check(node)
     assert "challenge_wrong_result" in NodeEvent.objects.get(node=node, kind="spot_check_failed").message
+
+
+def test_a_degradation_the_verdict_carries_seen_again_queues_no_full_verification(db):
+    """A node degraded for challenge_outlier on GPU 1 (listed, flagged): each spot check (6-42 h apart) saw the same
+    GPU and queued a full verification, which found it again: the full check's 4-10 day rhythm became the spot
+    checks' (found by review). A new finding, or the same on another GPU, or any that rejects, still queues one."""
+    from marketplace.models import Verdict
+    from provisioning.models import VerificationRun
+    from provisioning.services.spot_checks import node_spot_check_conclude
+
+    node = make_node(state=NodeState.ACTIVE, verdict=Verdict.DEGRADED)
+    slow = {"severity": "degrade", "code": "challenge_outlier", "message": "GPU 1 is slow.", "gpu_index": 1}
+    VerificationRun.objects.create(node=node, verdict=Verdict.DEGRADED, findings=[slow], figures={})
+
+    def spot(findings):
+        job = job_begin(job_id=node_spot_check_request(node=node).pk)
+        return node_spot_check_conclude(job=job, gpus=[0, 1], findings=findings, figures={})
+
+    assert spot([slow]) is None
+    event = NodeEvent.objects.filter(node=node, kind="spot_check_failed").latest("pk")
+    assert event.message.endswith("The node's verdict already says so.")
+    queued = spot([slow, {**slow, "gpu_index": 0, "message": "GPU 0 is slow."}])
+    assert queued is not None and queued.kind == JobKind.NODE_VERIFY
+    Job.objects.filter(pk=queued.pk).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    wrong = {"severity": "reject", "code": "challenge_wrong", "message": "GPU 1's products are wrong.", "gpu_index": 1}
+    VerificationRun.objects.create(node=node, verdict=Verdict.DEGRADED, findings=[slow, wrong], figures={})
+    assert spot([wrong]) is not None  # listed with a rejection's code (rented, kept active): judged again
