@@ -94,6 +94,10 @@ def test_the_vastai_cli_end_to_end(worker, live_server, sim_node_factory, client
     offers = _json(cli("search", "offers", "gpu_name=RTX_A4000 num_gpus>=1 reliability>=0", "-o", "dph-"))
     assert [(o["id"], o["num_gpus"]) for o in offers] == [(node.pk * 100 + 2, 2), (node.pk * 100 + 1, 1)]
     assert offers[0]["dph_total"] == pytest.approx(0.9)
+    # parse_query sends a dotted driver_version as numeric_version(...), 535104005 (a 400 when it was text here).
+    Node.objects.filter(pk=node.pk).update(driver_version="550.54.15")
+    assert {o["machine_id"] for o in _json(cli("search", "offers", "driver_version>=535.104.05"))} == {node.pk}
+    assert _json(cli("search", "offers", "driver_version>=560.28.03")) == []
     created = _json(cli("create", "instance", str(offers[0]["id"]), "--image", "cuda-12-4", "--disk", "20",
                         "--ssh", "--label", "from-cli"))
     assert created["success"] is True
@@ -111,6 +115,8 @@ def test_the_vastai_cli_end_to_end(worker, live_server, sim_node_factory, client
     # The tables (not --raw) format every field they find.
     assert f"{shown['ssh_port']}" in cli("show", "instance", str(instance_id), raw=False).stdout
     assert "from-cli" in cli("show", "instances", raw=False).stdout
+    # --gpu-name as typed (underscores, as search offers takes it): the row says "RTX A4000".
+    assert [i["id"] for i in _json(cli("show", "instances", "--gpu-name", "RTX_A4000"))] == [instance_id]
     assert renter.email in cli("show", "user", raw=False).stdout
     assert "RTX_A4000" in host("show", "machines", raw=False).stdout
 
