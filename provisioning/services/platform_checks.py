@@ -105,15 +105,23 @@ def node_slice_challenge(job: Job, session: NodeSession, declared: DeclaredModel
     return findings, figures, disproved
 
 
-def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel,
-                      gpus: list[int]) -> tuple[list[Finding], dict[str, Any]]:
+def ecc_mode_of(inventory: dict[str, Any], gpus: list[int]) -> str | None:
+    """The ECC mode the inventory reports for all of `gpus` alike (the memory proof's size); None when they differ
+    or it does not say (the proof then asks for the smaller of the model's sizes)."""
+    rows = [g for g in inventory.get("gpus") or [] if isinstance(g, dict) and g.get("index") in gpus]
+    modes = {str(g.get("ecc_mode") or "").lower() for g in rows}
+    return modes.pop() if len(modes) == 1 and len(rows) == len(gpus) else None
+
+
+def node_memory_proof(job: Job, session: NodeSession, declared: DeclaredModel, gpus: list[int],
+                      inventory: dict[str, Any] | None = None) -> tuple[list[Finding], dict[str, Any]]:
     """The platform's memory proof (verification/memproof.py): each GPU fills 95 % of the claimed memory from a
     secret seed, commits, re-reads it under a fresh salt on the platform's clock, opens chunks the platform
     picks. Judged on sim nodes only: the agent's PyTorch path computes it, but its deadline on a real card is not
     measured yet (no GPU so far), so a real node's run records why it was not run."""
     if job.node.runtime != "sim":
         return [], {"not_run": MEMPROOF_NOT_RUN}
-    drawn = memproof.draw(declared, gpus)
+    drawn = memproof.draw(declared, gpus, ecc_mode=ecc_mode_of(inventory or job.node.inventory or {}, gpus))
     job_step(job=job, message=f"memory proof on GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} "
                               f"({drawn.nominal_bytes / 2 ** 30:.1f} GiB each)")
     return _judged(memproof_verdict.judge, declared, drawn, _over_exchange(session, "memproof", memproof.run, drawn))

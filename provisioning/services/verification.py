@@ -218,7 +218,7 @@ def node_verify_run(*, job: Job) -> None:
                     bench = None
                 if free:
                     challenged = node_challenge(job, session, declared, free)
-                    proved = node_memory_proof(job, session, declared, free)
+                    proved = node_memory_proof(job, session, declared, free, inventory)
                     challenged = (challenged[0] + proved[0], {**challenged[1], "memory_proof": proved[1]})
                 if slices:
                     found, slice_figures, disproved = node_slice_challenge(job, session, declared, inventory, slices)

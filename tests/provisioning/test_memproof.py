@@ -543,3 +543,21 @@ def test_the_agent_takes_a_second_fresh_salt_and_refuses_a_third():
     lines = request + '{"fresh": 1}\n{"fresh": 2}\n{"fresh": 3}\n'
     assert node.run_exchange(cfg, io.StringIO(lines), out, sleep=lambda s: None) == 2
     assert json.loads(out.getvalue().splitlines()[-1])["error"]["field"] == "open"
+
+
+def test_the_fill_is_95_percent_of_the_memory_a_card_has_in_its_ecc_mode():
+    """The catalogue's memory_mib of the RTX A4000/A5000/A6000 and RTX 4090 is their ECC-off size; with ECC on a
+    card has 1/16 less. The proof asked 95 % of memory_mib whatever the mode: more than an honest RTX A4000 with
+    ECC on has at all, an out-of-memory on a real card (found by review)."""
+    from provisioning.services.platform_checks import ecc_mode_of
+
+    a4000 = DeclaredModel.from_catalogue(CATALOGUE["rtx-a4000"])
+    on, off = a4000.memory_mib_ecc_on, a4000.memory_mib_ecc_off
+    assert on < off
+    for mode, size in (("Enabled", on), ("Disabled", off), (None, on)):
+        nominal = memproof.draw(a4000, [0], ecc_mode=mode).nominal_bytes
+        assert 0.95 * size * 2 ** 20 <= nominal <= size * 2 ** 20, mode
+    gpus = [{"index": 0, "ecc_mode": "Enabled"}, {"index": 1, "ecc_mode": "Disabled"}]
+    assert ecc_mode_of({"gpus": gpus}, [0]) == "enabled" and ecc_mode_of({"gpus": gpus}, [1]) == "disabled"
+    assert ecc_mode_of({"gpus": gpus}, [0, 1]) is None and ecc_mode_of({}, [0]) is None  # mixed, or not said
+    assert ecc_mode_of({"gpus": "garbage"}, [0]) is None
