@@ -1,6 +1,6 @@
 """What makes a retried create safe: the Idempotency-Key a client sends and the body it sent with it.
 
-Shared by every create that may be retried (instances, top-ups). The services store the key and the
+Shared by every create that may be retried (instances, top-ups, volumes). The services store the key and the
 body's fingerprint under a unique constraint; the same key with another body is refused.
 """
 import hashlib
@@ -8,7 +8,7 @@ import json
 import re
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-IDEMPOTENCY_KEY_MAX_LENGTH = 100  # the columns that store it (Instance, TopUp) hold as many
+IDEMPOTENCY_KEY_MAX_LENGTH = 100  # the columns that store it (Instance, TopUp, Volume) hold as many
 IDEMPOTENCY_KEY_RE = re.compile(rf"[\x21-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}")  # printable ASCII
 # A page's form carries its own token (a double submission books or charges once): stored with this prefix, so
 # that it never meets an API client's key; the token is as long as the column leaves room for.
