@@ -64,8 +64,10 @@ def draw_slices(declared: DeclaredModel, devices: Sequence[dict], uuids: Sequenc
         profile = profiles.get(name)
         if profile is None:
             continue
-        model = replace(slice_model(declared, profile),
-                        memory_mib=profile.memory_mib(card_memory_mib or declared.memory_mib))
+        # The slice's memory comes from the card's as it reports it (its ECC mode counted): one size, whatever mode.
+        memory = profile.memory_mib(card_memory_mib or declared.memory_mib)
+        model = replace(slice_model(declared, profile), memory_mib=memory, memory_mib_ecc_on=memory,
+                        memory_mib_ecc_off=memory)
         labels = [MIG_LABEL_BASE + i for i in range(len(devs))]
         uuids_of = tuple(d["uuid"] for d in devs)
         drawn = replace(draw(model, labels, quick, rng=rng, real_work=real_work), mig_uuids=uuids_of)
