@@ -39,6 +39,7 @@ from provisioning.services.platform_checks import (
 )
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
+from provisioning.verification import challenge_verdict
 from provisioning.verification.answers import MalformedAnswer, benchmark_problems, inventory_problems, storable
 from provisioning.verification.mig import judge_mig
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
@@ -246,7 +247,7 @@ def node_verify_run(*, job: Job) -> None:
     mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node), disproved)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig,
-                   malformed=malformed)
+                   malformed=malformed, platform_rates=challenge_verdict.platform_rates(challenged[1]))
     figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
     if challenged[1]:
         figures["challenge"] = challenged[1]

@@ -180,6 +180,14 @@ def judge(declared: DeclaredModel, challenge: Challenge, out: Outcome) -> tuple[
     return findings, figures
 
 
+def platform_rates(figures: dict[str, Any]) -> dict[int, float]:
+    """{GPU index: BF16 TFLOP/s the platform measured} of a challenge's figures (judge's), for the GPUs that
+    answered correctly; what the fleet reference compares (policy.judge's `platform_rates`)."""
+    rows = figures.get("gpus") if isinstance(figures, dict) else None
+    return {int(gpu): row["bf16_tflops"] for gpu, row in (rows or {}).items()
+            if isinstance(row, dict) and row.get("correct") and isinstance(row.get("bf16_tflops"), int | float)}
+
+
 def _figure(value: float) -> float:
     """Three decimals, or three significant digits below 1: a CPU's or a throttled card's TFLOP/s (0.0004 on a
     loaded CPU) must not print as 0.0."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from provisioning.verification.identity import check_memory_size
 from provisioning.verification.model import DEGRADE, REJECT, DeclaredModel, Finding
-from provisioning.verification.tolerances import CNN_FIGURES, FIGURES, TOLERANCES
+from provisioning.verification.tolerances import CNN_FIGURES, FIGURES, PLATFORM_FIGURES, TOLERANCES
 
 
 def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: Sequence[dict] = (),
@@ -219,7 +219,7 @@ def check_fleet(declared: DeclaredModel, gpus: Sequence[dict], fleet: FleetRefer
         for key in TOLERANCES["fleet_max_gap"]:
             floor, value = fleet.floor(key), gpu.get(key)
             if floor is not None and value is not None and value < floor:
-                label, unit = FIGURES.get(key) or CNN_FIGURES[key]
+                label, unit = FIGURES.get(key) or CNN_FIGURES.get(key) or PLATFORM_FIGURES[key]
                 below.append(f"{label} {value:,.4g} {unit}, {1 - value / fleet.median[key]:.0%} under the fleet's "
                              f"{fleet.median[key]:,.4g}")
         if below:

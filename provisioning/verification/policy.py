@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from provisioning.verification.identity import check_identity
 from provisioning.verification.interconnect import check_topology, nvlink_summary
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
 from provisioning.verification.performance import FleetReference, check_performance
-from provisioning.verification.tolerances import FIGURES, TOLERANCES
+from provisioning.verification.tolerances import FIGURES, PLATFORM_FIGURES, TOLERANCES
 
 
 def verdict_for(findings: list[Finding]) -> str:
@@ -89,7 +89,7 @@ def per_watt(gpu: dict) -> dict:
 def summarize(declared: DeclaredModel, bench: dict) -> dict:
     """What a verification run keeps of the benchmark: per GPU figures, their share of the datasheet, a score."""
     keep = ("index", "uuid", "name", "sm_count", *FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s",
-            "cnn_infer_images_s", "matmul_rel_error", "matmul_shapes_tflops", "telemetry")
+            "cnn_infer_images_s", *PLATFORM_FIGURES, "matmul_rel_error", "matmul_shapes_tflops", "telemetry")
     gpus = []
     for gpu in bench.get("gpus") or []:
         row = {k: gpu.get(k) for k in keep}
@@ -101,7 +101,8 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
             row.update(per_watt(gpu))
         gpus.append(row)
     medians = {}
-    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s", *PER_WATT_FIGURES):
+    for key in (*FIGURES, "h2d_gbs", "d2h_gbs", "cnn_train_images_s", "cnn_infer_images_s", *PLATFORM_FIGURES,
+                *PER_WATT_FIGURES):
         values = [g[key] for g in gpus if g.get(key) is not None]
         places = 5 if key == "bf16_tflops_per_w" else 3  # ~0.5-2 TFLOP/s per W: 3 places would be 3 digits
         medians[key] = round(statistics.median(values), places) if values else None
@@ -115,12 +116,16 @@ def judge(declared: DeclaredModel, declared_count: int, inventory_gpus: list[dic
           bench_error: str = "", fleet: FleetReference | None = None,
           challenge: Sequence[Finding] = (), topology: dict | None = None,
           nvlink_declared: bool = False, mig: MigJudgement | None = None,
-          malformed: Sequence[Finding] = ()) -> Judgement:
+          malformed: Sequence[Finding] = (), platform_rates: Mapping[int, float] | None = None) -> Judgement:
     """The whole policy: identity, then the benchmark's figures (when there are any) against the datasheet and,
     when the model has one, its fleet reference; with the platform's own challenge findings (challenge_verdict.judge)
     and `malformed`, the findings on answers that failed their check (answers.py; such a benchmark is given as
-    None); verdict and score."""
+    None); verdict and score. `platform_rates`: each GPU's BF16 TFLOP/s the challenge measured on the platform's
+    clock (challenge_verdict.platform_rates), kept and judged against the fleet beside the agent's figures."""
     mig = mig or MigJudgement()
+    if bench is not None and platform_rates:
+        bench = {**bench, "gpus": [{**g, "platform_bf16_tflops": platform_rates.get(g["index"])}
+                                   for g in bench.get("gpus") or [] if isinstance(g, dict)]}
     findings = check_identity(declared, declared_count, inventory_gpus, mig.gpus)
     if bench is not None:
         findings += check_performance(declared, bench, inventory_gpus, fleet)

@@ -49,7 +49,7 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     if layout:
         bench["mig_slices"] = agent.bench_slices(cfg, quick, [d["uuid"] for d in devices if d["gpu"] in layout])
     model = DeclaredModel.from_catalogue(entry)
-    found, _ = simulated_challenge(path, model, whole, quick) if whole else ([], {})
+    found, challenge_figures = simulated_challenge(path, model, whole, quick) if whole else ([], {})
     if whole:
         found += simulated_memory_proof(path, model, whole)[0]
     slice_found, _, disproved = simulated_slice_challenge(path, model, gpus, [d for d in devices if d["gpu"] in layout],
@@ -59,7 +59,8 @@ def judge_profile(name: str, catalogue: dict | None = None, quick: bool = True,
     topology = agent.read_topology(SimpleNamespace(runtime="sim"), gpus, profile)
     mig = judge_mig(model, layout, {"gpus": gpus, "mig": devices}, bench, disproved=disproved)
     return judge(model, declared["gpu_count"], gpus, bench, challenge=found, fleet=fleet or None, topology=topology,
-                 nvlink_declared=declared.get("nvlink", False), mig=mig)
+                 nvlink_declared=declared.get("nvlink", False), mig=mig,
+                 platform_rates=challenge_verdict.platform_rates(challenge_figures))
 
 
 def fleet_figures(name: str, nodes: int, catalogue: dict | None = None, quick: bool = True) -> list[dict]:

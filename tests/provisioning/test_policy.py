@@ -430,7 +430,7 @@ def test_the_fleet_reference_is_a_median_and_mad_over_nodes():
 
 def test_a_gpu_clearly_below_its_models_fleet_is_degraded_with_its_own_code():
     fast = bench_gpu(0)
-    fleet = fleet_of({k: fast[k] for k in TOLERANCES["fleet_max_gap"]})
+    fleet = fleet_of({k: fast[k] for k in TOLERANCES["fleet_max_gap"] if k in fast})
     assert check_performance(model(), bench(fast, bench_gpu(1)), [smi_gpu(0), smi_gpu(1)], fleet) == []
     slow = bench_gpu(1, share={"bf16_tflops": 0.70})  # inside the datasheet band (0.65), 18 % under the fleet
     assert check_performance(model(), bench(slow), [smi_gpu(1)]) == []
@@ -440,6 +440,29 @@ def test_a_gpu_clearly_below_its_models_fleet_is_degraded_with_its_own_code():
     assert "18% under the fleet" in found[0].message and "6 other A100 80GB SXM nodes" in found[0].message
     near = bench_gpu(1, share={"bf16_tflops": 0.85 * 0.93})  # 7 % under: within the fleet's spread
     assert check_performance(model(), bench(near), [smi_gpu(1)], fleet) == []
+
+
+def test_the_platforms_own_challenge_rate_is_kept_and_judged_against_the_fleet():
+    """The agent's figures are the node's word: a shim reported an honest A10's while the cards did 68 % on the
+    platform's clock, inside every datasheet band, and the fleet compared only the reported figures (found by
+    review). The rate the challenge measured is kept per GPU and in the run's medians, and judged like them."""
+    from provisioning.verification.challenge_verdict import platform_rates
+
+    honest = bench_gpu(0)
+    fleet = fleet_of({**{k: honest[k] for k in TOLERANCES["fleet_max_gap"] if k in honest},
+                      "platform_bf16_tflops": 250.0})
+    gpus = [smi_gpu(0), smi_gpu(1)]
+    shimmed = bench(bench_gpu(0), bench_gpu(1))  # reports honest figures for both
+    rates = platform_rates({"gpus": {"0": {"bf16_tflops": 248.0, "correct": True},
+                                     "1": {"bf16_tflops": 205.0, "correct": True},  # 18 % under the fleet's
+                                     "2": {"bf16_tflops": 999.0, "correct": False}}})  # wrong: not a rate
+    assert rates == {0: 248.0, 1: 205.0}
+    result = judge(model(), 2, gpus, shimmed, fleet=fleet, platform_rates=rates)
+    assert codes(result.findings) == {("below_fleet_median", 1)}
+    assert "BF16 of the platform's challenge, timed by the platform 205" in result.findings[0].message
+    assert [g["platform_bf16_tflops"] for g in result.figures["gpus"]] == [248.0, 205.0]
+    assert result.figures["median"]["platform_bf16_tflops"] == 226.5  # what the next node's fleet reads
+    assert codes(judge(model(), 2, gpus, shimmed, fleet=fleet).findings) == set()  # the reported figures alone
 
 
 def test_the_cnn_workload_is_judged_against_the_fleet():
