@@ -315,6 +315,10 @@ REVERIFY_BEAT_S = env_int("REVERIFY_BEAT_S", 300)
 # many other nodes of the model, of this many other providers, have a measured latest run; fewer, and nodes are
 # judged against the datasheet only.
 FLEET_REFERENCE_MIN_NODES = env_int("FLEET_REFERENCE_MIN_NODES", 5)
+# Whether a provider may register a node of the `sim` runtime (simulated GPUs: tests and demos). Its checks are
+# sized for a CPU, so a GPU-less box running the sim agent with an honest profile would pass them: off unless set
+# (config/settings/local.py and test.py turn it on).
+SIM_NODES_ALLOWED = env_bool("SIM_NODES_ALLOWED", False)
 FLEET_REFERENCE_MIN_PROVIDERS = env_int("FLEET_REFERENCE_MIN_PROVIDERS", 3)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)

@@ -3,3 +3,4 @@ from .base import *  # noqa: F403
 from .env import env_bool
 
 DEBUG = env_bool("DEBUG", True)
+SIM_NODES_ALLOWED = env_bool("SIM_NODES_ALLOWED", True)  # `make demo` registers simulated servers

@@ -28,6 +28,8 @@ os.environ.setdefault("STRIPE_MAX_NETWORK_RETRIES", "0")
 os.environ.setdefault("BILLING_REQUIRE_FUNDS", "0")
 # Webhook endpoints in the tests are local HTTP servers; their retries come after a second.
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", "1")
+# The tests' GPU servers are sim nodes (sshd on loopback with the sim agent).
+os.environ.setdefault("SIM_NODES_ALLOWED", "1")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "0.5")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", "3")
 # Lost workers noticed in seconds, not the production minute: the worker-kill tests wait for exactly this.

@@ -18,6 +18,7 @@ from marketplace.models import (
     InstanceStatus,
     Node,
     NodeState,
+    Runtime,
     SliceStatus,
     User,
     Volume,
@@ -64,6 +65,11 @@ def node_install_command(*, node: Node) -> str:
     )
 
 
+# Simulated GPUs are checked with CPU-sized work: a GPU-less box with the sim agent would pass (found by review).
+SIM_REFUSED = ("This platform takes real GPU servers only: the `sim` runtime (simulated GPUs) is for tests and "
+               "demos. Choose docker or libvirt.")
+
+
 @transaction.atomic
 def node_register(
     *,
@@ -91,6 +97,8 @@ def node_register(
     so is a second live node at the same address and port (Conflict); so is a provider whose e-mail address is
     not verified (EmailNotVerified, 403)."""
     email_verified_required(user=provider)
+    if runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
+        raise ValidationFailed(SIM_REFUSED, field="runtime")
     layout, prices = _check_mig(gpu_model.slug, gpu_count, mig_layout, mig_prices)
     node = Node(
         provider=provider,

@@ -6,6 +6,7 @@ core.validators), and the MIG rules are the service's (tests/web/test_same_rules
 import re
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django_countries import countries
 
@@ -65,6 +66,11 @@ class NodeRegisterForm(forms.Form):
     gpu_count = forms.IntegerField(label="Number of GPUs", min_value=1, max_value=MAX_GPUS_PER_NODE)
     price_per_gpu_hour = PriceField(help_text="What a renter pays per GPU per hour.")
     runtime = forms.ChoiceField(choices=Runtime.choices, initial=Runtime.DOCKER, widget=forms.RadioSelect)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not settings.SIM_NODES_ALLOWED:  # simulated GPUs: tests and demos only (services.nodes.SIM_REFUSED)
+            self.fields["runtime"].choices = [c for c in Runtime.choices if c[0] != Runtime.SIM]
 
     def clean_address(self):
         return self.cleaned_data["address"].lower()

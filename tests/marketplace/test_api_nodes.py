@@ -76,6 +76,19 @@ def test_register_a_node(api, user):
     assert node.gpus.count() == 2
 
 
+def test_a_sim_node_is_refused_unless_the_platform_takes_them(api, settings):
+    """Simulated GPUs are checked with CPU-sized work (a 16x16 challenge, a tiny memory fill): a GPU-less box
+    running the sim agent with an honest H100 profile passed every check and was listed (found by review). Only
+    tests and demos (SIM_NODES_ALLOWED) take them."""
+    settings.SIM_NODES_ALLOWED = False
+    r = api.post(URL, valid_payload(runtime="sim"))
+    assert r.status_code == 400 and "runtime" in r.json() and "real GPU servers only" in str(r.json())
+    assert not Node.objects.exists()
+    assert api.post(URL, valid_payload(runtime="docker")).status_code == 201
+    settings.SIM_NODES_ALLOWED = True
+    assert api.post(URL, valid_payload(runtime="sim", ssh_port=2223)).status_code == 201
+
+
 def test_register_answers_the_public_key_and_an_install_command_holding_it(api):
     body = api.post(URL, valid_payload()).json()
     assert body["public_key"].startswith("ssh-ed25519 ")

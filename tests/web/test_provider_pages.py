@@ -77,6 +77,16 @@ def test_register_a_server_then_see_the_install_command(web, provider):
     assert "Verify now" in page
 
 
+def test_the_register_page_offers_the_sim_runtime_only_where_the_platform_takes_it(web, provider, settings):
+    settings.SIM_NODES_ALLOWED = False
+    page = web.get("/nodes/new/").content.decode()
+    assert 'value="docker"' in page and 'value="sim"' not in page
+    r = web.post("/nodes/new/", {**REGISTER, "runtime": "sim"})
+    assert r.status_code == 400 and 'id="id_runtime_errors"' in r.content.decode() and not Node.objects.exists()
+    settings.SIM_NODES_ALLOWED = True
+    assert 'value="sim"' in web.get("/nodes/new/").content.decode()
+
+
 def test_register_errors_show_next_to_the_fields_and_keep_the_input(web, provider):
     bad = {**REGISTER, "address": "not a host!", "ssh_user": "Root", "price_per_gpu_hour": "500",
            "host_key_fingerprint": "MD5:aa"}
