@@ -49,9 +49,18 @@ from provisioning.verification.memproof import (  # noqa: E402
     merkle_verify,
     position_salts,
 )
-from provisioning.verification.memproof_verdict import _chunk, _hex  # noqa: E402
+from provisioning.verification.memproof_verdict import _hex  # noqa: E402
 
 SHAPE = {"chunks": 4096, "words": 4096}
+
+
+def _chunk(proof: memproof.MemProof, gpu_opened: list, block: int, chunk: int) -> dict | None:
+    """memproof_verdict's lookup of one opening as it was then (a scan of the list per chunk needed)."""
+    for item in gpu_opened:
+        if (isinstance(item, dict) and type(item.get("block")) is int and type(item.get("chunk")) is int
+                and item["block"] == block and item["chunk"] == chunk):
+            return item
+    return None
 
 
 def check_chunk_before(proof, item, roots, salts):

@@ -24,14 +24,16 @@ from provisioning.verification.memproof import (
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
 
 
-def _chunk(proof: MemProof, gpu_opened: list, block: int, chunk: int) -> dict | None:
-    """The opening of (block, chunk). Its numbers must be integers: 3.0 == 3 in Python, and a float would reach
-    the slices and Merkle path below (a TypeError of ours, not the node's failed proof)."""
+def _openings(gpu_opened: list) -> dict[tuple[int, int], dict]:
+    """Each opening by its (block, chunk), the first of any repeated; read once, not once per chunk needed (a list
+    padded with millions of entries cost seconds of the platform's CPU per chunk: found by review). Its numbers
+    must be integers: 3.0 == 3 in Python, and a float would reach the slices and Merkle path below (a TypeError of
+    ours, not the node's failed proof)."""
+    found: dict[tuple[int, int], dict] = {}
     for item in gpu_opened:
-        if (isinstance(item, dict) and type(item.get("block")) is int and type(item.get("chunk")) is int
-                and item["block"] == block and item["chunk"] == chunk):
-            return item
-    return None
+        if isinstance(item, dict) and type(item.get("block")) is int and type(item.get("chunk")) is int:
+            found.setdefault((item["block"], item["chunk"]), item)
+    return found
 
 
 def _hex(value: Any, length: int) -> bytes | None:
@@ -104,6 +106,7 @@ def check_gpu(proof: MemProof, out: Outcome, gpu: int) -> str:
     size, count = proof.chunks * proof.words, proof.words
     salts = (_position_lanes(key(proof.seed, gpu, "digest"), count), _position_lanes(out.fresh_salt or 0, count))
     roots = (out.roots.get(gpu, ""), out.fresh_roots.get(gpu, ""))
+    openings = _openings(opened)
     checked: dict[tuple[int, int], bytes] = {}  # a chunk several openings reach is checked once
     for block, chunk in out.picks.get(gpu, []):
         refs, salt = links(proof.seed, gpu, block, size)
@@ -111,7 +114,7 @@ def check_gpu(proof: MemProof, out: Outcome, gpu: int) -> str:
         needed = {(block, chunk), (block - 1, chunk)}
         needed |= {(p, ((start + t + rot) % size) // count) for p, rot in refs for t in (0, count - 1)}
         for b, c in sorted(needed - set(checked)):
-            why, checked[b, c] = _check_chunk(proof, _chunk(proof, opened, b, c), roots, salts)
+            why, checked[b, c] = _check_chunk(proof, openings.get((b, c)), roots, salts)
             if why:
                 return f"chunk {c} of block {b} {why}"
             if b == 0 and checked[b, c] != _block_zero_raw(proof, gpu, c):

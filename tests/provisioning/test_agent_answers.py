@@ -160,6 +160,28 @@ def test_a_memory_proof_opening_numbered_with_floats_fails_the_proof():
     assert memproof_verdict.check_gpu(drawn, out, 0).endswith("was not opened")
 
 
+def test_openings_among_padding_and_repeats_are_found_once_each():
+    """The openings are indexed once by (block, chunk): each chunk needed was a scan of the whole list (a node
+    padding it with millions of entries cost the platform seconds of CPU per chunk: found by review). The first
+    of a repeated opening counts, as before; a later right one does not mend a wrong first one."""
+    drawn, out, _, _ = exchange_with_agent(PROFILES_DIR / "a100-80gb-sxm-x4.json", A100, [0])
+    honest = out.opened["0"]
+    read = []
+    padding = [{}] * 50_000
+
+    class Counted(list):
+        def __iter__(self):
+            read.append(1)
+            return super().__iter__()
+
+    out.opened["0"] = Counted([*padding, *honest, *honest])
+    assert memproof_verdict.check_gpu(drawn, out, 0) == "" and len(read) == 1
+    wrong = json.loads(json.dumps(honest[0]))
+    wrong["words"] = ("ff" if wrong["words"][:2] != "ff" else "00") + wrong["words"][2:]
+    out.opened["0"] = [*padding, wrong, *honest]
+    assert memproof_verdict.check_gpu(drawn, out, 0) != ""
+
+
 def test_an_agent_error_that_is_not_an_object_is_its_message():
     error = AgentFailed("boom")
     assert (error.code, error.message, error.field) == ("agent_error", "the agent reported an error: boom", None)
