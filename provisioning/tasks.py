@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from celery import shared_task
-from celery.exceptions import Retry
+from celery.exceptions import Retry, SoftTimeLimitExceeded
 from celery.signals import worker_process_shutdown, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
@@ -33,7 +33,7 @@ from provisioning.services.verification import (
     node_verify_failed,
     node_verify_run,
 )
-from provisioning.ssh_errors import NodeError
+from provisioning.ssh_errors import AgentTimeout, NodeError
 from provisioning.ssh_pool import worker_pool_close
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,12 @@ def _run(task, job: Job) -> None:
             job_release(job, retry_at=timezone.now() + timedelta(seconds=countdown))
             raise task.retry(countdown=countdown, exc=exc) from None
         _fail(job, exc)
+    except SoftTimeLimitExceeded:
+        # Every step is bounded well inside the task's limit, but a node answering each just inside its own bound
+        # adds them up past it: the node was too slow to check (a dropped check, as a silent node's), not an
+        # internal error that left an active node its listing (found by review).
+        _fail(job, AgentTimeout(f"The job ran past its time limit ({task.soft_time_limit} s): the node answered "
+                                "each step too slowly. Make sure it lets the platform's checks run promptly."))
     except Exception as exc:
         # Our own bug or an unexpected failure: close the job and free what it held, then re-raise.
         log.exception("job %s crashed", job.pk)

@@ -292,6 +292,28 @@ def test_a_platform_side_failure_keeps_an_active_nodes_verdict(db):
     assert (node.state, node.verdict) == ("active", "verified") and not node.verifications.exists()
 
 
+def test_a_check_run_past_the_tasks_soft_limit_is_the_node_dropping_it_not_an_internal_error(db, monkeypatch):
+    """A node answering each step just inside its own bound adds them up past the task's soft limit; Celery's
+    SoftTimeLimitExceeded was an internal error (not the node's doing), so an active node kept its listing check
+    after check (found by review). It is a dropped check now: two in a row reject the node."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    def slow(job):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setitem(tasks.RUNNERS, JobKind.NODE_VERIFY, (slow, tasks.RUNNERS[JobKind.NODE_VERIFY][1]))
+    node = make_listed_node(UserFactory())
+    VerificationRun.objects.create(node=node, verdict="verified")
+    task = SimpleNamespace(request=SimpleNamespace(retries=0), max_retries=3, soft_time_limit=840)
+    for expected in ("verified", "rejected"):
+        job = node_verify_request(node=node)
+        tasks.run_job(task, job.pk)
+        job.refresh_from_db()
+        node.refresh_from_db()
+        assert job.status == JobStatus.FAILED and "ran past its time limit (840 s)" in job.error
+        assert "Internal error" not in job.error and node.verdict == expected
+
+
 def test_an_active_node_that_drops_two_verifications_in_a_row_is_rejected(db):
     node = make_listed_node(UserFactory())
     VerificationRun.objects.create(node=node, verdict="verified")
