@@ -231,5 +231,11 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
         api_key.key = raw
         return Response(ApiKeyCreatedSerializer(api_key).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(responses={204: None, 403: error_response(
+        "The key asked with lacks a scope of the key to revoke (a key revokes only keys within its own scopes, "
+        "and itself); nothing was revoked.")})
+    def destroy(self, request, *args, **kwargs):
+        return super().destroy(request, *args, **kwargs)
+
     def perform_destroy(self, instance):
-        svc.api_key_revoke(api_key=instance)
+        svc.api_key_revoke(api_key=instance, revoked_with=self.request.auth)

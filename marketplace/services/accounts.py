@@ -115,7 +115,16 @@ def api_key_create(*, user: User, name: str = "", scopes: list[str] | tuple[str,
     return key, raw
 
 
-def api_key_revoke(*, api_key: ApiKey) -> None:
+def api_key_revoke(*, api_key: ApiKey, revoked_with: ApiKey | None = None) -> None:
+    """Revoke `api_key`. `revoked_with`: the key the request came with (None for a browser session): as a key
+    makes no key with scopes it lacks, it revokes none with scopes it lacks (itself always); a leaked `read` key
+    revoked the account's renter and provider keys, stopping its automation."""
+    if revoked_with is not None and revoked_with.pk != api_key.pk:
+        beyond = sorted(set(api_key.scopes) - set(revoked_with.scopes))
+        if beyond:
+            raise PermissionDenied(f"This API key cannot revoke a key with scopes it does not have itself "
+                                   f"({', '.join(beyond)}). Revoke it on the API keys page, or with a key that "
+                                   "holds them.")
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])

@@ -251,3 +251,22 @@ def test_a_key_cannot_make_a_key_that_may_do_more_or_live_longer():
     assert expiring.post("/api/v1/api-keys/", {"expires_at": later}, format="json").status_code == 403
     earlier = (soon - timedelta(hours=1)).isoformat()
     assert expiring.post("/api/v1/api-keys/", {"expires_at": earlier}, format="json").status_code == 201
+
+
+def test_a_key_revokes_only_keys_within_its_own_scopes_and_itself():
+    """As a key makes no key with scopes it lacks, it revokes none: a renter key (a training script's) revoked the
+    account's provider keys, stopping its hosting automation. A read key writes nothing, revoking included."""
+    user = UserFactory()
+    renter_raw = _key(user, [RENTER])
+    _key(user, [PROVIDER])
+    _key(user, [READ])
+    provider, reader = (ApiKey.objects.get(user=user, name=name) for name in ("provider", "read"))
+    r = _client(renter_raw).delete(f"/api/v1/api-keys/{provider.pk}/")
+    assert r.status_code == 403 and "scopes it does not have itself (provider)" in r.json()["detail"]
+    provider.refresh_from_db()
+    assert provider.revoked_at is None
+    wide_raw = _key(user, [READ, RENTER])
+    assert _client(wide_raw).delete(f"/api/v1/api-keys/{reader.pk}/").status_code == 204  # within its scopes
+    wide = ApiKey.objects.get(user=user, name="read-renter")
+    assert _client(wide_raw).delete(f"/api/v1/api-keys/{wide.pk}/").status_code == 204  # itself
+    assert _client(_key(user, list(ALL_SCOPES))).delete(f"/api/v1/api-keys/{provider.pk}/").status_code == 204
