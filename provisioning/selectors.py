@@ -2,7 +2,7 @@
 verification service (a GPU model's fleet reference)."""
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -54,6 +54,17 @@ def fleet_reference(gpu_model_id: int, exclude_node_id: int | None = None,
     nodes = sum(map(len, by_provider.values()))
     if nodes < settings.FLEET_REFERENCE_MIN_NODES or len(by_provider) < settings.FLEET_REFERENCE_MIN_PROVIDERS:
         return None
-    reference = FleetReference.from_node_medians(
-        [FleetReference.from_node_medians(medians).median for medians in by_provider.values()])
-    return replace(reference, nodes=nodes, providers=len(by_provider))
+    per_provider = [FleetReference.from_node_medians(medians).median for medians in by_provider.values()]
+    reference = FleetReference.from_node_medians(per_provider)
+    # Each figure by the same minimums: one measured by few (a figure new to the runs, platform_bf16_tflops) would
+    # be the first re-verified node's alone, its MAD 0 (found by review).
+    nodes_with = Counter(key for medians in by_provider.values() for median in medians for key in median
+                         if median[key])
+    providers_with = Counter(key for median in per_provider for key in median)
+    kept = {key for key in reference.median if nodes_with[key] >= settings.FLEET_REFERENCE_MIN_NODES
+            and providers_with[key] >= settings.FLEET_REFERENCE_MIN_PROVIDERS}
+    if not kept:
+        return None
+    return replace(reference, nodes=nodes, providers=len(by_provider),
+                   median={k: v for k, v in reference.median.items() if k in kept},
+                   mad={k: v for k, v in reference.mad.items() if k in kept})

@@ -171,6 +171,7 @@ class MemProof:
     device: str = ""  # "cpu": a real fill on the node's CPU (tests)
     mig_uuids: tuple = ()  # MIG slices proved: gpu_indices are their labels (challenge.MIG_LABEL_BASE + position)
     digest: str = ""  # the agent's digest path ("fused", "eager"; its own choice, "auto", when empty)
+    memory_mib: int = 0  # the memory the card has in its ECC mode, which nominal_bytes is MEMORY_SHARE of (0: sizes)
 
     def request(self, time_limit_s: int) -> dict:
         req = {"seed": self.seed, "blocks": self.blocks, "chunks": self.chunks, "words": self.words,
@@ -195,7 +196,8 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
     The claimed memory is the model's for the cards' ECC mode (`ecc_mode` as nvidia-smi says it, the smaller size
     when unknown): a GDDR card with ECC on has 1/16 less, and 95 % of the catalogue's ECC-off size was more than
     an honest RTX A4000 with ECC on has at all (found by review)."""
-    nominal = int(math.ceil(MEMORY_SHARE * declared.memory_sizes(ecc_mode)[0] * 2 ** 20))
+    memory_mib = declared.memory_sizes(ecc_mode)[0]
+    nominal = int(math.ceil(MEMORY_SHARE * memory_mib * 2 ** 20))
     shape = dict(SIM_SIZES)
     if sizes:
         shape = dict(sizes)
@@ -208,7 +210,8 @@ def draw(declared: DeclaredModel, gpu_indices: list[int], rng: random.Random | N
     setup = SETUP_S if real or sizes else 0.0
     return MemProof(seed=seed, gpu_indices=tuple(gpu_indices), nominal_bytes=nominal, read_s=nominal / rate,
                     fill_wait_s=FILL_PASSES * nominal / rate + GRACE_S + setup, device=device, digest=digest,
-                    blocks=shape["blocks"], chunks=shape["chunks"], words=shape["words"])
+                    blocks=shape["blocks"], chunks=shape["chunks"], words=shape["words"],
+                    memory_mib=0 if sizes else memory_mib)
 
 
 # ------------------------------------------------------------------------------------------ the exchange

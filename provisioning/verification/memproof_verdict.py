@@ -36,6 +36,13 @@ def _openings(gpu_opened: list) -> dict[tuple[int, int], dict]:
     return found
 
 
+def _share_of(proof: MemProof, declared: DeclaredModel) -> str:
+    """What the fill stood for: MEMORY_SHARE of the memory the card has in its ECC mode (memproof.draw)."""
+    if proof.memory_mib:
+        return f"{MEMORY_SHARE:.0%} of the {proof.memory_mib} MiB {declared.a_label} has"
+    return f"{MEMORY_SHARE:.0%} of the memory declared"
+
+
 def _hex(value: Any, length: int) -> bytes | None:
     """`value` decoded from hex when it is exactly `length` bytes; else None."""
     if not isinstance(value, str) or len(value) != 2 * length:
@@ -152,7 +159,7 @@ def judge(declared: DeclaredModel, proof: MemProof, out: Outcome) -> tuple[list[
         if gpu not in out.fresh_arrivals or out.fresh_sent_at is None:
             findings.append(Finding(REJECT, "memory_proof_no_answer",
                                     f"GPU {gpu} did not complete the platform's memory proof ({gib:.1f} GiB, "
-                                    f"{MEMORY_SHARE:.0%} of the {declared.memory_mib} MiB declared): the node "
+                                    f"{_share_of(proof, declared)}): the node "
                                     f"{out.problem or 'did not answer'}. Check that the agent runs and the GPU "
                                     "responds (`nvidia-smi`), then verify again.", gpu))
             continue

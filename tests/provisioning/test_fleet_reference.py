@@ -110,3 +110,18 @@ def test_no_reference_from_fewer_providers_than_the_setting(settings):
     fleet_node(100.0)
     assert fleet_reference(a10().pk).providers == 3
     assert fleet_reference(a10().pk, exclude_provider_id=two.pk) is None
+
+
+def test_a_figure_too_few_nodes_or_providers_measured_is_left_out_of_the_reference(settings):
+    """The minimums hold per figure: platform_bf16_tflops is in no run from before it was kept, so the first node
+    re-verified since would have been that figure's whole fleet (one node, MAD 0: a floor 10 % under it for every
+    honest node; found by review)."""
+    settings.FLEET_REFERENCE_MIN_NODES, settings.FLEET_REFERENCE_MIN_PROVIDERS = 5, 3
+    for value in (100.0, 101.0, 99.0, 100.5, 98.5):
+        fleet_node(value)
+    first = make_node(UserFactory(), gpu_model="a10", gpu_count=1, state=NodeState.ACTIVE, verdict=Verdict.VERIFIED)
+    VerificationRun.objects.create(node=first, verdict=Verdict.VERIFIED, figures={
+        "device": "cuda", "median": {"bf16_tflops": 100.0, "fp32_tflops": 24.0, "platform_bf16_tflops": 140.0}})
+    ref = fleet_reference(a10().pk)
+    assert ref.providers == 6 and set(ref.median) == {"bf16_tflops", "fp32_tflops"}
+    assert ref.floor("platform_bf16_tflops") is None

@@ -561,3 +561,13 @@ def test_the_fill_is_95_percent_of_the_memory_a_card_has_in_its_ecc_mode():
     assert ecc_mode_of({"gpus": gpus}, [0]) == "enabled" and ecc_mode_of({"gpus": gpus}, [1]) == "disabled"
     assert ecc_mode_of({"gpus": gpus}, [0, 1]) is None and ecc_mode_of({}, [0]) is None  # mixed, or not said
     assert ecc_mode_of({"gpus": "garbage"}, [0]) is None
+
+
+def test_a_finding_names_the_memory_the_fill_stood_for():
+    """The fill is 95 % of the card's memory in its ECC mode; the finding said 95 % of the catalogue's ECC-off size
+    (found by review), not the number the proof asked for."""
+    a4000 = DeclaredModel.from_catalogue(CATALOGUE["rtx-a4000"])
+    proof = memproof.draw(a4000, [0], ecc_mode="Enabled")
+    (finding,) = memproof_verdict.judge(a4000, proof, memproof.Outcome(problem="did not answer"))[0]
+    assert f"95% of the {a4000.memory_mib_ecc_on} MiB an RTX A4000 has" in finding.message
+    assert str(a4000.memory_mib_ecc_off) not in finding.message
