@@ -5,6 +5,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
+from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
@@ -18,6 +19,7 @@ from marketplace.models import (
     MigSliceAllocation,
     Node,
     NodeState,
+    Runtime,
     SliceStatus,
     User,
 )
@@ -85,7 +87,8 @@ def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Off
     millisecond of each offers request. `values_list`: the same rows as tuples of these fields (the
     offers list's fast path), also built once.
     """
-    return _offers_search(values_list).all()
+    found = _offers_search(values_list).all()
+    return found if settings.SIM_NODES_ALLOWED else found.exclude(runtime=Runtime.SIM)  # models.nodes.offerable
 
 
 @cache

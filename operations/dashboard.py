@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing.selectors import revenue_between
 from core import charts
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, Verdict
-from marketplace.models.nodes import OFFERABLE
+from marketplace.models.nodes import offerable
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent, VerificationRun
 
 STATE_CSS = {
@@ -56,7 +56,7 @@ def fleet_figures(now=None) -> dict:
     # "Free" means bookable: a free GPU of a node renters cannot book (rejected, offline, pending, unlisted, ...:
     # the offers' rule, OFFERABLE) is counted as "not offered" instead.
     per_model: dict[str, dict] = {}
-    offered = Case(When(node_id__in=Node.objects.filter(OFFERABLE).values("pk"), then=Value(True)),
+    offered = Case(When(node_id__in=Node.objects.filter(offerable()).values("pk"), then=Value(True)),
                    default=Value(False), output_field=BooleanField())
     gpu_rows = (Gpu.objects.exclude(node__state=NodeState.RETIRED).order_by()
                 .values_list("gpu_model__name", "gpu_model_id", "status").annotate(offered=offered, n=Count("id")))

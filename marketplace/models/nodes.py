@@ -74,6 +74,12 @@ LISTABLE_VERDICTS = (Verdict.VERIFIED, Verdict.DEGRADED)
 # the partial indexes `node_offer_idx` and `node_offer_spd_idx` are built on it (PostgreSQL
 # uses a partial index only when the query's WHERE implies the index's condition).
 OFFERABLE = Q(state=NodeState.ACTIVE, verdict__in=LISTABLE_VERDICTS, listed=True)
+
+
+def offerable() -> Q:
+    """OFFERABLE, and, where the platform takes no simulated GPUs (settings.SIM_NODES_ALLOWED off), not a sim node
+    registered before it was turned off: its checks were sized for a CPU (found by review)."""
+    return OFFERABLE if settings.SIM_NODES_ALLOWED else OFFERABLE & ~Q(runtime=Runtime.SIM)
 # Score per USD per GPU-hour (the offers' default order); the expression of `node_offer_spd_idx`.
 SCORE_PER_DOLLAR = models.ExpressionWrapper(
     models.F("score") * 1_000_000.0 / models.F("price_per_gpu_hour_micros"), output_field=models.FloatField()

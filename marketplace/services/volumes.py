@@ -27,7 +27,7 @@ from billing.services.metering import platform_fee_bps
 from billing.services.storage import storage_billed_until, volume_storage_close
 from core.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired, ValidationFailed
 from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
-from marketplace.models.nodes import OFFERABLE
+from marketplace.models.nodes import offerable
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
@@ -127,7 +127,7 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     node = Node.objects.select_for_update().filter(pk=node_id).first()
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
-    if not Node.objects.filter(OFFERABLE, pk=node.pk).exists():
+    if not Node.objects.filter(offerable(), pk=node.pk).exists():
         raise Conflict(f"Offer {node_id} takes no new rentals now; create the volume on another offer.")
     if settings.BILLING_REQUIRE_FUNDS and wallet_balance(user_id=owner.pk) <= 0:
         raise PaymentRequired("A volume is billed while it exists: top up your balance first "

@@ -19,11 +19,11 @@ from django.utils import timezone
 
 from core.errors import Conflict
 from marketplace.mig import layout_by_gpu
-from marketplace.models import GpuAllocation, Instance, MigSliceAllocation, Node, NodeState, Verdict
+from marketplace.models import GpuAllocation, Instance, MigSliceAllocation, Node, NodeState, Runtime, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
-from marketplace.services.nodes import node_in_use
+from marketplace.services.nodes import SIM_REFUSED, node_in_use
 from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
@@ -164,6 +164,11 @@ def node_verify_run(*, job: Job) -> None:
     node = job.node
     if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
         job_finish(job=job, error=f"The node is {node.state}, not verifying; nothing done.")
+        return
+    if node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
+        # Registered while the platform took simulated GPUs: its checks would be sized for a CPU (found by review).
+        node_verify_conclude(job=job, verdict=Verdict.REJECTED, inventory={}, figures={},
+                             findings=[Finding(REJECT, "sim_not_accepted", SIM_REFUSED).as_dict()])
         return
     declared = DeclaredModel.from_gpu_model(node.gpu_model)
     rented = rented_gpu_indices(node)

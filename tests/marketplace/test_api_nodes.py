@@ -8,7 +8,7 @@ from marketplace.encryption import decrypt_secret
 from marketplace.models import Gpu, Node, NodeState, Verdict
 from tests.factories import UserFactory, make_listed_node, make_node
 
-from .renting_helpers import book, run
+from .renting_helpers import add_key, book, run
 
 pytestmark = pytest.mark.django_db
 
@@ -87,6 +87,35 @@ def test_a_sim_node_is_refused_unless_the_platform_takes_them(api, settings):
     assert api.post(URL, valid_payload(runtime="docker")).status_code == 201
     settings.SIM_NODES_ALLOWED = True
     assert api.post(URL, valid_payload(runtime="sim", ssh_port=2223)).status_code == 201
+
+
+def test_a_sim_node_registered_before_is_not_offered_booked_or_verified_where_they_are_no_longer_taken(
+        api, settings, monkeypatch):
+    """Turning SIM_NODES_ALLOWED off must not leave the sim nodes registered before listed: offers, booking and
+    volumes leave them out at once, and their next verification rejects them (found by review)."""
+    from core.errors import Conflict
+    from marketplace.selectors import offers_search
+    from marketplace.services.volumes import volume_create
+    from provisioning.models import VerificationRun
+    from provisioning.services.runner import job_begin
+    from provisioning.services.verification import node_verify_request, node_verify_run
+
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    sim, real = make_listed_node(runtime="sim"), make_listed_node(runtime="docker")
+    assert set(offers_search().values_list("pk", flat=True)) == {sim.pk, real.pk}
+    settings.SIM_NODES_ALLOWED = False
+    assert set(offers_search().values_list("pk", flat=True)) == {real.pk}
+    assert api.get("/api/v1/offers/").json()["count"] == 1
+    key = add_key(api.user)
+    r = api.post("/api/v1/instances/", {"offer": sim.pk, "num_gpus": 1, "image": "cuda-12-4", "ssh_keys": [key.pk]},
+                 format="json")
+    assert r.status_code == 409 and "simulated" in str(r.json()), r.json()
+    with pytest.raises(Conflict):
+        volume_create(owner=api.user, node_id=sim.pk, size_gb=10)
+    node_verify_run(job=job_begin(job_id=node_verify_request(node=sim).pk))
+    sim.refresh_from_db()
+    assert (sim.state, sim.verdict) == (NodeState.REJECTED, Verdict.REJECTED)
+    assert VerificationRun.objects.get(node=sim).findings[0]["code"] == "sim_not_accepted"
 
 
 def test_register_answers_the_public_key_and_an_install_command_holding_it(api):

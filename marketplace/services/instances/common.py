@@ -2,6 +2,7 @@
 check is in funds.py, the booking's statements in allocation.py."""
 from datetime import datetime
 
+from django.conf import settings
 from django.db.models import F, Prefetch, QuerySet
 from django.utils import timezone
 
@@ -17,6 +18,7 @@ from marketplace.models import (
     MigSliceAllocation,
     Node,
     NodeState,
+    Runtime,
     User,
     VolumeMount,
 )
@@ -102,6 +104,8 @@ def _booking_refusal(node: Node) -> str | None:
         return "its node has not passed the benchmark check"
     if not node.listed:
         return "its provider has unlisted it"
+    if node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:  # models.nodes.offerable
+        return "its node's GPUs are simulated, which this platform does not take"
     return None
 
 
