@@ -120,7 +120,7 @@ def _run(task, job: Job) -> None:
         # adds them up past it: the node was too slow to check (a dropped check, as a silent node's), not an
         # internal error that left an active node its listing (found by review).
         _fail(job, AgentTimeout(f"The job ran past its time limit ({task.soft_time_limit} s): the node answered "
-                                "each step too slowly. Make sure it lets the platform's checks run promptly."))
+                                "too slowly."))
     except Exception as exc:
         # Our own bug or an unexpected failure: close the job and free what it held, then re-raise.
         log.exception("job %s crashed", job.pk)
