@@ -4,7 +4,9 @@ to the very address it checked (`webhook_target`): the name is resolved once, so
 between the check and the connection (DNS rebinding) cannot send the request to an internal host.
 
 A host name that is not ASCII (an IDN, `хуки.пример`) is kept as typed in the URL and used in its IDNA (punycode)
-form everywhere it goes on the wire: the DNS lookup, the Host header, TLS SNI and the certificate check.
+form everywhere it goes on the wire: the DNS lookup, the Host header, TLS SNI and the certificate check. The form is
+IDNA 2008 with UTS 46 (the `idna` package, as browsers and registries), not Python's "idna" codec (IDNA 2003,
+which maps `faß.example` to `fass.example`, someone else's domain).
 
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
 """
@@ -13,6 +15,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+import idna
 from django.conf import settings
 
 from core.addresses import is_public
@@ -67,8 +70,9 @@ def _netloc(host: str, port: int | None) -> str:
 
 def _ascii_host(hostname: str) -> str:
     """The host as it goes on the wire: an IDN in punycode (http.client refuses a non-ASCII Host header).
-    UnicodeError for a name IDNA cannot encode (an empty or over-long label)."""
-    return hostname if hostname.isascii() else hostname.encode("idna").decode("ascii")
+    idna.IDNAError for a name IDNA cannot encode (an empty or over-long label, a disallowed character)."""
+    # UTS 46 non-transitional (idna's default): ß, ς and the joiners are kept, not mapped to another name.
+    return hostname if hostname.isascii() else idna.encode(hostname, uts46=True).decode("ascii")
 
 
 def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
@@ -91,7 +95,7 @@ def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
         raise ValidationFailed("Not a webhook URL: it has no #fragment.", field=field)
     try:
         hostname = _ascii_host(parts.hostname)
-    except UnicodeError:
+    except idna.IDNAError:
         raise ValidationFailed(f"Not a valid host name: {parts.hostname}.", field=field) from None
     addresses = _addresses(hostname, port or (443 if parts.scheme == "https" else 80))
     if not addresses:

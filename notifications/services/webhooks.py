@@ -26,6 +26,7 @@ from django.utils import timezone
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.response import HTTPResponse
 
 from core import dispatch
 from core.errors import TooManyRequests, ValidationFailed
@@ -206,11 +207,18 @@ def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
 class _Deadline:
     """The whole attempt's time limit. requests' timeout bounds each socket read, so an endpoint that drips a
     byte per read would hold the worker (shared with the fleet's health checks) as long as it likes: when the
-    time is up this shuts every socket the attempt opened, and the read blocked on it returns at once."""
+    time is up this shuts every connection the attempt opened, and the read blocked on it returns at once.
+
+    It shuts its own duplicate of each socket's descriptor: over TLS the socket urllib3 opened is detached into
+    an SSLSocket (before the handshake) and no longer names the connection, a duplicate still does, and
+    shutdown() acts on the connection whichever descriptor names it. The outcome is decided once, under the lock:
+    the answer's status and headers in first (`answered`), and the deadline no longer does anything; the deadline
+    first, and the attempt had no answer, whatever a cut-off read parsed."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.expired = False
+        self._decided = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._expire)
@@ -224,15 +232,31 @@ class _Deadline:
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
         _deadline.reset(self._token)
+        with self._lock:
+            self._decided = True  # a timer firing now (cancel() cannot stop one already running) changes nothing
+            for sock in self._sockets:
+                sock.close()  # the duplicates only: the attempt's own sockets are closed with its session
+            self._sockets.clear()
 
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
-            self._sockets.append(sock)
+            if self._decided:
+                return
+            duplicate = sock.dup()
+            self._sockets.append(duplicate)
             if self.expired:
-                _shut(sock)
+                _shut(duplicate)
+
+    def answered(self) -> None:
+        """The status line and headers are in, within the time: a deadline passing from now on (a worker busy
+        before it got to cancel the timer) must not turn a delivered answer into "no answer"."""
+        with self._lock:
+            self._decided = True
 
     def _expire(self) -> None:
         with self._lock:
+            if self._decided:
+                return
             self.expired = True
             for sock in self._sockets:
                 _shut(sock)
@@ -242,7 +266,7 @@ def _shut(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)  # not close(): another thread's blocked recv wakes only on a shutdown
     except OSError:
-        pass  # closed already
+        pass  # the connection is gone already
 
 
 _deadline: ContextVar[_Deadline | None] = ContextVar("webhook_attempt_deadline", default=None)
@@ -255,16 +279,30 @@ def _watched(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def _answered(response: HTTPResponse) -> HTTPResponse:
+    deadline = _deadline.get()
+    if deadline is not None:
+        deadline.answered()
+    return response
+
+
 class _WatchedHTTPConnection(HTTPConnection):
-    """Hands each socket it opens to the attempt's _Deadline (before TLS, so a slow handshake is bounded too)."""
+    """Hands each socket it opens to the attempt's _Deadline (before TLS, so a slow handshake is bounded too),
+    and tells it when the answer's status and headers are in."""
 
     def _new_conn(self) -> socket.socket:
         return _watched(super()._new_conn())
+
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # as urllib3 itself, over http.client
+        return _answered(super().getresponse())
 
 
 class _WatchedHTTPSConnection(HTTPSConnection):
     def _new_conn(self) -> socket.socket:
         return _watched(super()._new_conn())
+
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # as urllib3 itself, over http.client
+        return _answered(super().getresponse())
 
 
 class _WatchedHTTPPool(HTTPConnectionPool):
@@ -328,7 +366,7 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
             return None, f"Could not connect: {type(exc).__name__}: {exc}"[:500]
         log.exception("webhook delivery %s: the attempt failed unexpectedly", delivery.pk)
         return None, f"Not sent: {type(exc).__name__}: {exc}"[:500]
-    if deadline.expired:  # cut off mid-answer: a partial status line may still have parsed
+    if deadline.expired:  # cut off before the answer was in: a partial status line may still have parsed
         return None, f"No answer within {timeout_s} s."
     if 200 <= answer.status_code < 300:
         return answer.status_code, ""

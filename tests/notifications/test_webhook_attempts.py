@@ -2,9 +2,10 @@
 attempt raises is recorded as a failed attempt; a delivery whose attempts are used up is finished, not re-queued
 forever; an attempt has one deadline in all, not per socket read; a paused endpoint is sent no real event.
 
-The receivers are real sockets on 127.0.0.1; the DNS answer for the made-up IDN name is scripted (socket.getaddrinfo,
+The receivers are real sockets on 127.0.0.1; the DNS answers for the made-up names are scripted (socket.getaddrinfo,
 the resolver every lookup here goes through)."""
 import socket
+import ssl
 import threading
 import time
 
@@ -14,20 +15,23 @@ from notifications.models import DeliveryStatus, Kind, WebhookDelivery
 from notifications.services import webhooks
 from notifications.services.notify import notify
 from notifications.services.urls import webhook_target
+from tests.notifications.test_webhook_pinning import _certificate
 
 pytestmark = pytest.mark.django_db
 
 IDN = "хуки.пример"
 PUNYCODE = "xn--h1ad0ah.xn--e1afmkfd"
+SHARP_S = "faß.example"  # IDNA 2008 / UTS 46: xn--fa-hia.example; IDNA 2003 maps it to fass.example, another domain
+TLS_NAME = "hooks.drip.test"
 
 
 @pytest.fixture
 def dns(monkeypatch):
-    """IDN (in either form) resolves to 127.0.0.1; the names looked up are recorded."""
+    """The made-up names (an IDN in either form) resolve to 127.0.0.1; the names looked up are recorded."""
     real, asked = socket.getaddrinfo, []
 
     def scripted(host, port, *args, **kwargs):
-        if host in (IDN, PUNYCODE):
+        if host in (IDN, PUNYCODE, SHARP_S, "xn--fa-hia.example", "fass.example", TLS_NAME):
             asked.append(host)
             return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", int(port or 0)))]
         return real(host, port, *args, **kwargs)
@@ -49,6 +53,14 @@ def test_an_idn_host_is_looked_up_and_sent_in_punycode(owner, receiver, dns, set
     assert attempt is not None and (attempt.status_code, attempt.error) == (200, "")
     (request,) = receiver.requests
     assert request["headers"]["Host"] == f"{PUNYCODE}:{port}" and set(dns) == {PUNYCODE}
+
+
+def test_an_idn_with_sharp_s_is_sent_to_its_own_domain_not_the_idna2003_mapping(dns):
+    """Python's "idna" codec is IDNA 2003, which maps ß to ss: the signed events went to whoever owns
+    fass.example (found by review)."""
+    target = webhook_target(f"https://{SHARP_S}/hooks")
+    assert (target.hostname, target.host_header) == ("xn--fa-hia.example", "xn--fa-hia.example")
+    assert set(dns) == {"xn--fa-hia.example"}
 
 
 def test_a_host_name_idna_cannot_encode_is_a_400_naming_the_field(owner_api):
@@ -93,9 +105,10 @@ def test_a_delivery_whose_attempts_are_used_up_is_finished_not_sent_again(owner,
 class Dripper:
     """An endpoint that answers one byte every `interval_s`: each read is well inside the timeout, the whole
     status line (up to 64 KiB for http.client) would take minutes; it gives up after `seconds` (so that the test
-    fails in time where the attempt has no deadline)."""
+    fails in time where the attempt has no deadline). With `tls` (a server context) it drips over TLS."""
 
-    def __init__(self, interval_s: float, seconds: float):
+    def __init__(self, interval_s: float, seconds: float, tls: ssl.SSLContext | None = None):
+        self.tls = tls
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1)
@@ -109,13 +122,15 @@ class Dripper:
         with conn:
             conn.settimeout(1)
             try:
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
                 conn.recv(65536)
                 until = time.monotonic() + self.seconds
                 for byte in b"HTTP/1.1 200 " + b"O" * 10000:
                     if self.stop.wait(self.interval_s) or time.monotonic() > until:
                         break
                     conn.sendall(bytes([byte]))
-            except OSError:
+            except OSError:  # ssl.SSLError too
                 pass  # the client hung up: what the test wants
 
     def close(self):
@@ -140,6 +155,51 @@ def test_an_attempt_has_one_deadline_not_one_per_read(owner, settings):
     assert attempt is not None and (attempt.status_code, attempt.error) == (None, "No answer within 1 s.")
     delivery.refresh_from_db()
     assert delivery.status == DeliveryStatus.FAILED and delivery.attempt_log.get().error == "No answer within 1 s."
+
+
+def test_the_attempt_deadline_also_bounds_an_https_endpoint(owner, dns, settings, tmp_path):
+    """The deadline shut the socket urllib3 opened, but TLS detaches it into an SSLSocket (same connection, a new
+    object): the shutdown failed (EBADF, ignored) and the read over TLS went on as long as the endpoint dripped
+    (found by review)."""
+    settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S = 1
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    cert_path, key_path = _certificate(tmp_path, TLS_NAME)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    settings.NOTIFICATIONS_WEBHOOK_CA_BUNDLE = str(cert_path)
+    drip = Dripper(interval_s=0.2, seconds=6, tls=context)
+    try:
+        url = drip.url.replace("http://127.0.0.1", f"https://{TLS_NAME}")
+        endpoint, _ = webhooks.endpoint_create(user=owner, url=url)
+        delivery = webhooks.endpoint_test(endpoint=endpoint)
+        started = time.monotonic()
+        attempt = webhooks.webhook_attempt(delivery_id=delivery.pk)
+        took = time.monotonic() - started
+    finally:
+        drip.close()
+    assert took < 2.5, f"one HTTPS attempt took {took:.1f} s with a 1 s deadline"
+    assert attempt is not None and (attempt.status_code, attempt.error) == (None, "No answer within 1 s.")
+
+
+def test_an_answer_in_time_is_delivered_even_if_the_deadline_passes_before_the_attempt_ends(owner, receiver,
+                                                                                           settings, monkeypatch):
+    """The outcome is whether the answer came in time, not whether the timer fired by the time the worker got
+    round to cancelling it (a busy worker, a slow close): a 2xx the endpoint sent in time is delivered, not
+    retried as "no answer" (found by review)."""
+    settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S = 1
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    send = webhooks._send
+
+    def then_stalled(*args, **kwargs):  # the real send, then the worker held up past the deadline
+        answer = send(*args, **kwargs)
+        time.sleep(1.3)
+        return answer
+
+    monkeypatch.setattr(webhooks, "_send", then_stalled)
+    attempt = webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    assert attempt is not None and (attempt.status_code, attempt.error) == (200, "")
+    assert len(receiver.requests) == 1
 
 
 def test_a_paused_endpoint_is_sent_no_real_event_already_queued_but_test_events(owner, receiver):
