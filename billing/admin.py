@@ -55,6 +55,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+# What each action needs. The rows stay read-only to everyone (ReadOnlyAdmin), so an action cannot ride on the
+# model's change permission; each asks for the permission to create what it posts (a superuser has them all).
+# billing/api/top_ups.py asks the API's refunds for REFUND_PERMISSION too.
+POST_TRANSACTION_PERMISSION = "billing.add_ledgertransaction"  # a manual credit, a reversal
+REFUND_PERMISSION = "billing.add_refund"
+
+
 class ReasonForm(forms.Form):
     """Two wordings: the operator's reason stays with the operators; the customer reads only `customer_note`."""
 
@@ -152,7 +159,10 @@ class AccountAdmin(ReadOnlyAdmin):
     def balance(self, account):
         return usd(account.balance_micros)
 
-    @admin.action(description="Credit selected customer wallets (asks for amount and reason)")
+    def has_credit_permission(self, request):
+        return request.user.has_perm(POST_TRANSACTION_PERMISSION)
+
+    @admin.action(description="Credit selected customer wallets (asks for amount and reason)", permissions=["credit"])
     def credit(self, request, queryset):
         wallets = queryset.filter(kind=AccountKind.CUSTOMER_WALLET)
         if wallets.count() != queryset.count():
@@ -191,7 +201,10 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     inlines = [EntryInline]
     actions = ["reverse"]
 
-    @admin.action(description="Reverse selected transactions (asks for a reason)")
+    def has_reverse_permission(self, request):
+        return request.user.has_perm(POST_TRANSACTION_PERMISSION)
+
+    @admin.action(description="Reverse selected transactions (asks for a reason)", permissions=["reverse"])
     def reverse(self, request, queryset):
         return _form_action(self, request, queryset, ReasonForm, "Reverse transactions", lambda txn, data: (
             ledger.ledger_reverse(txn=txn, reason=data["reason"], customer_note=data["customer_note"],
@@ -231,7 +244,11 @@ class TopUpAdmin(ReadOnlyAdmin):
     def amount(self, top_up):
         return usd(top_up.amount_micros)
 
-    @admin.action(description="Refund selected top-ups to their cards (asks for amount and reason)")
+    def has_refund_permission(self, request):
+        return request.user.has_perm(REFUND_PERMISSION)
+
+    @admin.action(description="Refund selected top-ups to their cards (asks for amount and reason)",
+                  permissions=["refund"])
     def refund(self, request, queryset):
         def apply(top_up, data):
             amount = usd_to_micros(data["amount"]) if data["amount"] else payments.refundable_micros(top_up=top_up)
@@ -261,7 +278,10 @@ class StripeEventAdmin(ReadOnlyAdmin):
     readonly_fields = ["event_id", "type", "status", "error", "deliveries", "received_at", "processed_at", "payload"]
     actions = ["process_again"]
 
-    @admin.action(description="Process selected failed events again")
+    def has_process_again_permission(self, request):
+        return request.user.has_perm("billing.change_stripeevent")
+
+    @admin.action(description="Process selected failed events again", permissions=["process_again"])
     def process_again(self, request, queryset):
         for event in queryset.filter(status=StripeEventStatus.FAILED):
             event = payments.stripe_event_process(event_id=event.pk)
@@ -282,7 +302,10 @@ class PayoutAdmin(ReadOnlyAdmin):
     def amount(self, payout):
         return usd(payout.amount_micros)
 
-    @admin.action(description="Send selected pending payouts again")
+    def has_send_again_permission(self, request):
+        return request.user.has_perm("billing.change_payout")
+
+    @admin.action(description="Send selected pending payouts again", permissions=["send_again"])
     def send_again(self, request, queryset):
         for payout in queryset.filter(status=PayoutStatus.PENDING):
             payout = payouts.payout_send(payout=payout)

@@ -153,11 +153,16 @@ class RefundSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+# The permission the admin's Refund action asks for (billing/admin.py REFUND_PERMISSION): a staff account the admin
+# lets only view could otherwise refund here.
+REFUND_PERMISSION = "billing.add_refund"
+
+
 class IsOperator(permissions.BasePermission):
-    message = "Only operators can refund."
+    message = "Only operators allowed to refund (permission billing.add_refund) can refund."
 
     def has_permission(self, request, view):
-        return bool(request.user and request.user.is_staff)
+        return bool(request.user and request.user.is_staff and request.user.has_perm(REFUND_PERMISSION))
 
 
 @extend_schema(tags=["billing"])
@@ -165,7 +170,7 @@ class RefundView(APIView):
     api_scope = ANY  # core/api/scopes.py
     permission_classes = [permissions.IsAuthenticated, IsOperator]
 
-    @extend_schema(summary="Refund (part of) a customer's top-up to their card (operators)",
+    @extend_schema(summary="Refund (part of) a customer's top-up to their card (operators with billing.add_refund)",
                    description=PAYMENT_ERRORS, request=RefundCreateSerializer,
                    responses={201: RefundSerializer, 409: E409, 502: E502, 503: E503})
     def post(self, request):

@@ -71,7 +71,8 @@ class UserAdmin(BaseUserAdmin):
             obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
         super().save_model(request, obj, form, change)
 
-    @admin.action(description="Turn off two-factor log-in (after checking who is asking)")
+    # Every action names the permission it needs: without one, an account that may only view the list could run it.
+    @admin.action(description="Turn off two-factor log-in (after checking who is asking)", permissions=["change"])
     def turn_off_two_factor(self, request, queryset):
         for user in queryset:
             two_factor_disable(user=user)
@@ -96,7 +97,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # keys are created by their owners, who alone see the secret
 
-    @admin.action(description="Revoke selected API keys")
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
         for key in queryset.filter(revoked_at__isnull=True):
             api_key_revoke(api_key=key)

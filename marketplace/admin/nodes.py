@@ -69,12 +69,12 @@ class NodeAdmin(admin.ModelAdmin):
     def price(self, node):
         return micros_to_usd(node.price_per_gpu_hour_micros)
 
-    @admin.action(description="Put selected nodes into maintenance")
+    @admin.action(description="Put selected nodes into maintenance", permissions=["change"])
     def set_maintenance(self, request, queryset):
         self._update_each(request, queryset.exclude(state=NodeState.MAINTENANCE), "put into maintenance",
                           maintenance=True)
 
-    @admin.action(description="Unlist selected nodes (no new rentals)")
+    @admin.action(description="Unlist selected nodes (no new rentals)", permissions=["change"])
     def unlist(self, request, queryset):
         self._update_each(request, queryset.filter(listed=True), "unlisted", listed=False)
 
@@ -92,7 +92,7 @@ class NodeAdmin(admin.ModelAdmin):
         for line in refused:
             messages.warning(request, line)
 
-    @admin.action(description="Re-verify selected nodes")
+    @admin.action(description="Re-verify selected nodes", permissions=["change"])
     def reverify_nodes(self, request, queryset):
         done = 0
         for node in queryset:
@@ -103,7 +103,7 @@ class NodeAdmin(admin.ModelAdmin):
                 messages.warning(request, f"{node.name}: {exc}")
         messages.info(request, f"Verification queued for {done} node(s).")
 
-    @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify")
+    @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify", permissions=["change"])
     def accept_new_host_key(self, request, queryset):
         for node in queryset:
             try:

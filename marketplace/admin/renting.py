@@ -124,11 +124,12 @@ class InstanceAdmin(admin.ModelAdmin):
         for line in refused:
             messages.warning(request, line)
 
-    @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs)")
+    @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs)",
+                  permissions=["change"])  # marketplace.change_instance: view-only staff run no action
     def force_stop(self, request, queryset):
         self._apply(request, queryset, instance_stop, "stopping")
 
-    @admin.action(description="Destroy selected instances (VM and disk)")
+    @admin.action(description="Destroy selected instances (VM and disk)", permissions=["change"])
     def force_destroy(self, request, queryset):
         self._apply(request, queryset, instance_destroy, "destroying")
 

@@ -5,7 +5,7 @@ access:
   PUBLIC    anyone, no log-in: `ok` for an anonymous caller.
   USER      a logged-in user; anonymous is a 401. With `owned`, the object in the path belongs to the caller:
             anyone else gets a 404 (an operator: `operator_other`), never a 403 and never the object.
-  OPERATOR  staff only: anonymous 401, any other user 403.
+  OPERATOR  staff with the permission (refunds: billing.add_refund): anonymous 401, any other user 403.
   STRIPE    Stripe itself: no log-in, a signed body; unsigned is a 400.
 """
 import hashlib

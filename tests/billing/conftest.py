@@ -88,3 +88,13 @@ def clock(monkeypatch):
 
 
 # localstripe and stripe_webhooks: tests/localstripe.py (shared with tests/web), through tests/conftest.py.
+
+
+@pytest.fixture
+def refund_operator_api(operator_api):
+    """A staff account's API client with the permission the refunds need (the admin's Refund action asks the same)."""
+    from django.contrib.auth.models import Permission
+
+    operator_api.user.user_permissions.add(Permission.objects.get(content_type__app_label="billing",
+                                                                  codename="add_refund"))
+    return operator_api

@@ -175,13 +175,23 @@ def test_offers_and_instances_publish_the_platform_fee(api, settings):
     assert api.get(f"/api/v1/offers/{on.pk}/").json()["platform_fee_percent"] == "12.50"
 
 
-def test_only_operators_refund(api, operator_api):
+def test_only_operators_refund(api, refund_operator_api):
     user = UserFactory()
     top_up = TopUp.objects.create(user=user, amount_micros=10_000_000, status=TopUpStatus.PENDING)
     body = {"top_up": top_up.pk, "amount": "1.00", "reason": "x"}
     assert api.post("/api/v1/billing/refunds/", body, format="json").status_code == 403
-    response = operator_api.post("/api/v1/billing/refunds/", body, format="json")
+    response = refund_operator_api.post("/api/v1/billing/refunds/", body, format="json")
     assert response.status_code == 409 and "credited" in response.json()["detail"]
+
+
+def test_staff_without_the_refund_permission_cannot_refund(operator_api):
+    """The admin shows a staff account without permissions nothing; the API let it refund (found by review)."""
+    user = UserFactory()
+    top_up = TopUp.objects.create(user=user, amount_micros=10_000_000, status=TopUpStatus.PENDING)
+    response = operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": "1.00", "reason": "x"},
+                                 format="json")
+    assert response.status_code == 403 and "billing.add_refund" in response.json()["detail"]
+    assert not Refund.objects.exists()
 
 
 def test_usage_filters_refuse_what_the_database_cannot_compare(api):

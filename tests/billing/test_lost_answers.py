@@ -31,8 +31,8 @@ def lossy(localstripe, settings):
     proxy.close()
 
 
-def _refund(operator_api, top_up, amount):
-    return operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": amount,
+def _refund(refund_operator_api, top_up, amount):
+    return refund_operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": amount,
                                                           "reason": "customer asked"}, format="json")
 
 
@@ -40,10 +40,10 @@ def _stripe_refunds(localstripe, top_up):
     return stripe_client(localstripe).refunds.list(params={"payment_intent": top_up.payment_intent_id}).data
 
 
-def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(localstripe, lossy, api, operator_api):
+def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(localstripe, lossy, api, refund_operator_api):
     top_up = _credited_top_up(localstripe, api)  # $40
     lossy.lose.add(("POST", "/v1/refunds"))
-    response = _refund(operator_api, top_up, "15.00")
+    response = _refund(refund_operator_api, top_up, "15.00")
     assert response.status_code == 503, response.content
     body = response.json()
     assert "stays pending" in body["detail"] and "do not refund it again" in body["detail"]
@@ -52,7 +52,7 @@ def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(locals
     assert len(_stripe_refunds(localstripe, top_up)) == 1  # Stripe made it
     assert balance(api.user) == 40_000_000  # not debited yet, but reserved:
     assert payments.refundable_micros(top_up=top_up) == 25_000_000
-    again = _refund(operator_api, top_up, "30.00")
+    again = _refund(refund_operator_api, top_up, "30.00")
     assert again.status_code == 409 and "$25.00" in again.json()["detail"]
 
     assert refunds_reconcile(now=timezone.now()) == {}  # too early: its answer may still be on its way
@@ -66,11 +66,11 @@ def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(locals
     assert BillingEvent.objects.filter(user=api.user, kind="refund").count() == 1
 
 
-def test_a_refund_that_never_reached_stripe_fails_at_the_lookup_and_is_refundable_again(localstripe, api,
-                                                                                       operator_api, settings):
+def test_a_refund_that_never_reached_stripe_fails_at_the_lookup_and_is_refundable_again(
+        localstripe, api, refund_operator_api, settings):
     top_up = _credited_top_up(localstripe, api)
     settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # the request never arrives
-    response = _refund(operator_api, top_up, "15.00")
+    response = _refund(refund_operator_api, top_up, "15.00")
     assert response.status_code == 503 and "stays pending" in response.json()["detail"]
     assert payments.refundable_micros(top_up=top_up) == 25_000_000
     assert refunds_reconcile(now=timezone.now() + LATER) == {"stripe_unavailable": 1}  # still down: asked later
@@ -81,7 +81,7 @@ def test_a_refund_that_never_reached_stripe_fails_at_the_lookup_and_is_refundabl
     assert refund.status == RefundStatus.FAILED and "made no refund" in refund.failure_message
     assert payments.refundable_micros(top_up=top_up) == 40_000_000 and balance(api.user) == 40_000_000
     assert _stripe_refunds(localstripe, top_up) == []
-    assert _refund(operator_api, top_up, "15.00").status_code == 201  # once Stripe answers, refunds work again
+    assert _refund(refund_operator_api, top_up, "15.00").status_code == 201  # once Stripe answers, refunds work again
     assert balance(api.user) == 25_000_000
 
 
@@ -226,12 +226,13 @@ def test_an_automatic_top_up_whose_answer_was_lost_is_tried_again_after_an_hour_
     assert TopUp.objects.filter(user=api.user).count() == 2  # an hour later, once more
 
 
-def test_a_refund_that_fails_at_stripe_after_it_was_made_gives_the_debit_back_once(localstripe, api, operator_api):
+def test_a_refund_that_fails_at_stripe_after_it_was_made_gives_the_debit_back_once(localstripe, api,
+                                                                                   refund_operator_api):
     from billing.models import LedgerTransaction
     from tests.billing.test_payments import deliver
 
     top_up = _credited_top_up(localstripe, api)  # $40
-    assert _refund(operator_api, top_up, "15.00").status_code == 201
+    assert _refund(refund_operator_api, top_up, "15.00").status_code == 201
     refund = Refund.objects.get(top_up=top_up)
     assert refund.status == RefundStatus.SUCCEEDED and balance(api.user) == 25_000_000
     made = stripe_client(localstripe).refunds.retrieve(refund.stripe_refund_id).to_dict()

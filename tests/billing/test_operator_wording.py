@@ -112,10 +112,13 @@ def test_an_over_refund_is_refused_and_the_form_keeps_what_was_typed(localstripe
 
 
 def test_the_refund_api_takes_the_customer_wording_too(localstripe, api):
+    from django.contrib.auth.models import Permission
+    from rest_framework.test import APIClient
+
     from tests.billing.test_payments import _credited_top_up
 
     operator = UserFactory(is_staff=True)
-    from rest_framework.test import APIClient
+    operator.user_permissions.add(Permission.objects.get(content_type__app_label="billing", codename="add_refund"))
 
     from tests.factories import api_key_for
 

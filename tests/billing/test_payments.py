@@ -284,22 +284,22 @@ def _credited_top_up(localstripe, api, amount="40.00") -> TopUp:
 
 
 @pytest.mark.django_db
-def test_an_operator_refunds_a_top_up_and_the_wallet_is_debited_once(localstripe, api, operator_api):
+def test_an_operator_refunds_a_top_up_and_the_wallet_is_debited_once(localstripe, api, refund_operator_api):
     top_up = _credited_top_up(localstripe, api)
     assert balance(api.user) == 40_000_000
     body = {"top_up": top_up.pk, "amount": "15.00", "reason": "customer asked"}
     assert api.post("/api/v1/billing/refunds/", body, format="json").status_code == 403
-    response = operator_api.post("/api/v1/billing/refunds/", body, format="json")
+    response = refund_operator_api.post("/api/v1/billing/refunds/", body, format="json")
     assert response.status_code == 201, response.content
     refund = response.json()
     assert refund["status"] == "succeeded" and refund["stripe_refund_id"].startswith("re_")
-    assert refund["created_by"] == operator_api.user.email
+    assert refund["created_by"] == refund_operator_api.user.email
     assert balance(api.user) == 25_000_000
     payments.refund_confirm(refund_id=refund["id"], stripe_refund_id=refund["stripe_refund_id"])  # again: no-op
     assert balance(api.user) == 25_000_000
     txn = Refund.objects.get(pk=refund["id"]).transaction
-    assert txn.created_by == operator_api.user and txn.reason == "customer asked"
-    too_much = operator_api.post("/api/v1/billing/refunds/", {**body, "amount": "25.01"}, format="json")
+    assert txn.created_by == refund_operator_api.user and txn.reason == "customer asked"
+    too_much = refund_operator_api.post("/api/v1/billing/refunds/", {**body, "amount": "25.01"}, format="json")
     assert too_much.status_code == 409 and "$25.00" in too_much.json()["detail"]
     assert api.get(f"/api/v1/billing/top-ups/{top_up.pk}/").json()["refunded"] == "15.000000"
     assert BillingEvent.objects.filter(user=api.user, kind="refund").exists()
@@ -350,20 +350,20 @@ def test_an_operator_is_told_a_refund_stripe_failed_while_its_answer_travelled(l
 
 
 @pytest.mark.django_db
-def test_a_refund_cannot_give_back_money_already_spent(localstripe, api, operator_api):
+def test_a_refund_cannot_give_back_money_already_spent(localstripe, api, refund_operator_api):
     top_up = _credited_top_up(localstripe, api, "10.00")
     instance = running(api.user, node("3.600000"))
     usage_close(instance=instance, until=instance.started_at + timedelta(seconds=3000))  # $3 spent
-    response = operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": "10.00",
+    response = refund_operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": "10.00",
                                                               "reason": "full refund"}, format="json")
     assert response.status_code == 409 and "spent" in response.json()["detail"]
-    assert operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": "7.00",
+    assert refund_operator_api.post("/api/v1/billing/refunds/", {"top_up": top_up.pk, "amount": "7.00",
                                                           "reason": "what is left"}, format="json").status_code == 201
     assert balance(api.user) == 0
     for bad in ({"top_up": top_up.pk, "amount": "1.00", "reason": ""}, {"top_up": 10**9, "amount": "1.00",
                                                                         "reason": "x"},
                 {"top_up": top_up.pk, "amount": "0.001", "reason": "x"}):
-        assert operator_api.post("/api/v1/billing/refunds/", bad, format="json").status_code == 400, bad
+        assert refund_operator_api.post("/api/v1/billing/refunds/", bad, format="json").status_code == 400, bad
 
 
 @pytest.mark.django_db
