@@ -4,6 +4,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.forms import UserChangeForm as BaseUserChangeForm
 from django.core.exceptions import ValidationError
 from django.db.models import Count
 from django_otp.plugins.otp_static.models import StaticDevice
@@ -29,10 +30,7 @@ class UserAddForm(forms.ModelForm):
         fields = ["email"]
 
     def clean_email(self):
-        email = User.objects.normalize_email(self.cleaned_data["email"]).lower()
-        if User.objects.filter(email__iexact=email).exists():
-            raise ValidationError("An account has this address already.")
-        return email
+        return _unused_email(self.cleaned_data["email"])
 
     def save(self, commit=True):
         user = super().save(commit=False)
@@ -40,6 +38,28 @@ class UserAddForm(forms.ModelForm):
         if commit:
             user.save()
         return user
+
+
+def _unused_email(value: str, *, exclude_pk: int | None = None) -> str:
+    """The address as sign-up keeps it (lower case), refused when another account has it in any case."""
+    email = User.objects.normalize_email(value).lower()
+    others = User.objects.filter(email__iexact=email)
+    if exclude_pk is not None:
+        others = others.exclude(pk=exclude_pk)
+    if others.exists():
+        raise ValidationError("An account has this address already.")
+    return email
+
+
+class UserChangeForm(BaseUserChangeForm):
+    """Django's change form, with the add form's rule on the address: Renter@Example.com next to
+    renter@example.com would be a second account for one mailbox."""
+
+    class Meta(BaseUserChangeForm.Meta):
+        model = User
+
+    def clean_email(self):
+        return _unused_email(self.cleaned_data["email"], exclude_pk=self.instance.pk)
 
 
 @admin.register(User)
@@ -57,6 +77,7 @@ class UserAdmin(BaseUserAdmin):
     ]
     readonly_fields = ["email_verified_at"]
     add_form = UserAddForm
+    form = UserChangeForm
     add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email"],
                              "description": "The account gets no password: its owner sets one from the log-in "
                                             "page's “Forgot your password?”, which e-mails this address."})]

@@ -1,5 +1,6 @@
 """The operators' panel for the catalogue and the fleet: GPU models, nodes (re-verify, accept a new host key,
 maintenance), their GPUs and MIG slices."""
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
@@ -26,8 +27,31 @@ class GpuModelAdmin(admin.ModelAdmin):
     search_fields = ["name", "smi_name", "slug"]
 
 
+class GpuStatusForm(forms.ModelForm):
+    """An operator takes a free GPU out of service or puts it back, nothing else: `rented` is set by a booking,
+    `mig` by its node's check proving slices on it (provisioning.services.mig); set by hand, a GPU would be rented
+    to nobody or split into no slice, and never booked whole again. Other statuses are shown, not editable."""
+
+    EDITABLE = (GpuStatus.FREE, GpuStatus.UNAVAILABLE)
+
+    class Meta:
+        model = Gpu
+        fields = ["status"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("status")
+        if field is None:
+            return
+        if self.instance.pk is not None and self.instance.status not in self.EDITABLE:
+            field.disabled = True  # the posted value is ignored; the stored one stays
+        else:
+            field.choices = [(value, label) for value, label in GpuStatus.choices if value in self.EDITABLE]
+
+
 class GpuInline(admin.TabularInline):
     model = Gpu
+    form = GpuStatusForm
     fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "status"]
     readonly_fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
     extra = 0
@@ -46,10 +70,10 @@ class NodeAdmin(admin.ModelAdmin):
               "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour_micros", "runtime", "state",
               "state_changed_at", "verdict", "listed", "score", "reliability", "last_error", "next_check_at",
               "next_spot_check_at", "ssh_public_key", "created_at", "updated_at"]
-    readonly_fields = ["provider", "address", "ssh_port", "ssh_user", "host_key_fingerprint", "gpu_model",
-                       "gpu_count", "runtime", "state", "state_changed_at", "verdict", "score", "reliability",
-                       "last_error", "next_check_at", "next_spot_check_at", "ssh_public_key", "created_at",
-                       "updated_at"]  # the next checks' times: drawn at random, never shown to providers
+    # All read-only (the next checks' times: drawn at random, never shown to providers). What a provider sets (name,
+    # place, price, listed) changes only through node_update, whose rules a form here skipped (it relisted a
+    # retired node): operators unlist and put into maintenance with the actions below, which call it.
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     inlines = [GpuInline, VerificationRunInline, NodeEventInline]
     actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key"]
 
@@ -120,6 +144,7 @@ class GpuAdmin(admin.ModelAdmin):
     search_fields = ["uuid", "node__name", "node__address"]
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+    form = GpuStatusForm
 
     def get_readonly_fields(self, request, obj=None):
         # A split GPU leaves `mig` only through its node's check (provisioning.services.mig), under its row lock

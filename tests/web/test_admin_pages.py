@@ -1,14 +1,15 @@
 """The operators' panel: the dashboard on the admin index, list filters and actions, readable reasons."""
 from datetime import timedelta
+from html.parser import HTMLParser
 
 import pytest
 from django.utils import timezone
 
-from marketplace.models import Node, NodeState, Verdict
+from marketplace.models import Gpu, GpuStatus, Node, NodeState, Verdict
 from provisioning.models import Job, NodeEvent, VerificationRun
 from tests.factories import make_listed_node, make_node
 from tests.marketplace.renting_helpers import book
-from tests.web.conftest import logged_in
+from tests.web.conftest import fund, logged_in
 from tests.web.test_provider_pages import FIGURES, FINDINGS
 
 pytestmark = pytest.mark.django_db
@@ -160,3 +161,122 @@ def test_the_dashboard_counts_gpus_split_into_mig_slices(ops):
     assert (fleet_figures()["gpus"]["mig"], fleet_figures()["gpus"]["free"]) == (1, 1)
     page = ops.get("/admin/")
     assert page.status_code == 200 and "split into MIG slices" in page.content.decode()
+
+
+# ------------------------------------------------------------------ change forms: what a browser would send
+
+
+class _FormParser(HTMLParser):
+    """The name/value pairs a browser sends for a form (inputs, checked boxes, selected options, textareas)."""
+
+    def __init__(self, form_id):
+        super().__init__()
+        self.form_id, self.inside, self.data = form_id, False, []
+        self._select = self._textarea = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "form" and a.get("id") == self.form_id:
+            self.inside = True
+        if not self.inside:
+            return
+        if tag == "input" and a.get("name") and a.get("type") not in ("submit", "button", "file"):
+            if a.get("type") in ("checkbox", "radio") and "checked" not in a:
+                return
+            self.data.append((a["name"], a.get("value", "on" if a.get("type") == "checkbox" else "")))
+        elif tag == "select" and a.get("name"):
+            self._select = a["name"]
+        elif tag == "option" and self._select and "selected" in a:
+            self.data.append((self._select, a.get("value", "")))
+        elif tag == "textarea" and a.get("name"):
+            self._textarea = [a["name"], ""]
+
+    def handle_data(self, data):
+        if self._textarea is not None:
+            self._textarea[1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "form" and self.inside:
+            self.inside = False
+        elif tag == "select":
+            self._select = None
+        elif tag == "textarea" and self._textarea is not None:
+            self.data.append(tuple(self._textarea))
+            self._textarea = None
+
+
+def change_form(client, url, form_id) -> dict:
+    page = client.get(url)
+    assert page.status_code == 200
+    parser = _FormParser(form_id)
+    parser.feed(page.content.decode())
+    data: dict = {"_save": ["Save"]}
+    for name, value in parser.data:
+        data.setdefault(name, []).append(value)
+    return data
+
+
+def test_the_user_change_form_refuses_an_address_that_differs_only_in_case(ops, renter, stranger):
+    """Only the add form lower-cased and checked the address (found by review): Renter@Example.com was saved next
+    to renter@example.com, a second account for one mailbox."""
+    url = f"/admin/marketplace/user/{stranger.pk}/change/"
+    data = change_form(ops, url, "user_form")
+    data["email"] = ["Renter@Example.com"]
+    r = ops.post(url, data)
+    assert r.status_code == 200 and "An account has this address already." in r.content.decode()
+    stranger.refresh_from_db()
+    assert stranger.email == "stranger@example.com"
+    data["email"] = ["New.Address@Example.COM"]
+    assert ops.post(url, data).status_code == 302
+    stranger.refresh_from_db()
+    assert stranger.email == "new.address@example.com" and stranger.email_verified_at is None
+    data["email"] = ["new.address@example.com"]  # its own address again: not another account's
+    assert ops.post(url, data).status_code == 302
+
+
+def test_the_node_change_form_cannot_relist_a_retired_node(ops, stranger):
+    """The form saved name, place, price and `listed` past node_update, which refuses a retired node: it relisted
+    one (found by review). They are read-only; the actions call the service."""
+    node = make_listed_node(stranger, name="gone", gpu_count=1)
+    Node.objects.filter(pk=node.pk).update(state=NodeState.RETIRED, listed=False)
+    url = f"/admin/marketplace/node/{node.pk}/change/"
+    data = change_form(ops, url, "node_form")
+    data.update(listed=["on"], price_per_gpu_hour_micros=["9000000"], name=["renamed"])
+    ops.post(url, data)
+    node.refresh_from_db()
+    assert (node.listed, node.price_per_gpu_hour_micros, node.name) == (False, 1_500_000, "gone")
+
+
+@pytest.mark.parametrize("page", ["gpu", "node"])
+def test_an_operator_cannot_mark_a_whole_free_gpu_as_split_into_mig_slices(ops, stranger, page):
+    """`mig` means its node's check proved slices on it (provisioning.services.mig); set by hand, the GPU had no
+    slices and was never booked whole again (found by review). Free and unavailable are the operator's choice."""
+    node = make_listed_node(stranger, name="n-gpu", gpu_count=1)
+    gpu = Gpu.objects.get(node=node)
+    url, form_id, field = ((f"/admin/marketplace/gpu/{gpu.pk}/change/", "gpu_form", "status") if page == "gpu" else
+                           (f"/admin/marketplace/node/{node.pk}/change/", "node_form", "gpus-0-status"))
+    data = change_form(ops, url, form_id)
+    for status in (GpuStatus.MIG, GpuStatus.RENTED):
+        ops.post(url, {**data, field: [status]})
+        gpu.refresh_from_db()
+        assert gpu.status == GpuStatus.FREE, status
+    assert ops.post(url, {**data, field: [GpuStatus.UNAVAILABLE]}).status_code == 302
+    gpu.refresh_from_db()
+    assert gpu.status == GpuStatus.UNAVAILABLE
+
+
+def test_a_rented_gpus_status_is_shown_not_editable(ops, renter, stranger):
+    fund(renter)
+    node = make_listed_node(stranger, name="n-rented", gpu_count=1)
+    book(renter, node)
+    gpu = Gpu.objects.get(node=node)
+    assert gpu.status == GpuStatus.RENTED
+    url = f"/admin/marketplace/gpu/{gpu.pk}/change/"
+    data = change_form(ops, url, "gpu_form")
+    assert ops.post(url, {**data, "status": [GpuStatus.FREE]}).status_code == 302
+    gpu.refresh_from_db()
+    assert gpu.status == GpuStatus.RENTED
+    node_url = f"/admin/marketplace/node/{node.pk}/change/"
+    assert ops.post(node_url, {**change_form(ops, node_url, "node_form"), "gpus-0-status": ["free"]}).status_code == 302
+    gpu.refresh_from_db()
+    assert gpu.status == GpuStatus.RENTED
