@@ -57,6 +57,38 @@ def _has_nul(value: object) -> bool:
     return False
 
 
+REDACTED = "[redacted]"
+
+
+def _is_secret_key(key: object) -> bool:
+    # A PaymentIntent's or SetupIntent's client_secret confirms the payment from a browser; nothing here needs it.
+    return isinstance(key, str) and (key == "secret" or key.endswith("_secret"))
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of a Stripe payload with every secret's value replaced (client_secret, ...): stored events and the
+    operators' page keep only what processing and support read. Iterative: a deep body costs no recursion."""
+    out: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, out, 0)]
+    while stack:
+        item, parent, slot = stack.pop()
+        if isinstance(item, dict):
+            copy: dict[Any, Any] = {}
+            parent[slot] = copy
+            for key, child in item.items():
+                copy[key] = None  # keeps the keys' order
+                if _is_secret_key(key) and child not in (None, ""):
+                    copy[key] = REDACTED
+                else:
+                    stack.append((child, copy, key))
+        elif isinstance(item, list):
+            parent[slot] = items = [None] * len(item)
+            stack.extend((child, items, index) for index, child in enumerate(item))
+        else:
+            parent[slot] = item
+    return out[0]
+
+
 def _event_problem(data: object) -> str | None:
     """Why a parsed body is not a Stripe event (an object with an `id`, a `type` and `data.object`), or None."""
     if not isinstance(data, dict):
@@ -99,7 +131,8 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
         raise WebhookInvalid(problem)
     try:
         with transaction.atomic():
-            event = StripeEvent.objects.create(event_id=data["id"][:100], type=data["type"][:100], payload=data)
+            event = StripeEvent.objects.create(event_id=data["id"][:100], type=data["type"][:100],
+                                               payload=redact_secrets(data))
     except IntegrityError:
         event = StripeEvent.objects.get(event_id=data["id"][:100])
         StripeEvent.objects.filter(pk=event.pk).update(deliveries=F("deliveries") + 1)

@@ -126,3 +126,13 @@ def test_an_operator_refunds_a_top_up_through_an_action(localstripe, operator, a
     assert refund.status == "succeeded" and refund.amount_micros == 20_000_000
     assert refund.transaction.created_by == operator.user and refund.transaction.reason == "duplicate payment"
     assert wallet_balance(user_id=api.user.pk) == 0
+
+
+def test_the_stripe_event_page_does_not_show_a_payment_intent_client_secret(operator):
+    """Events stored before webhook_receive redacted them still hold the secret (found by review)."""
+    event = StripeEvent.objects.create(event_id="evt_1", type="payment_intent.succeeded", payload={
+        "id": "evt_1", "type": "payment_intent.succeeded",
+        "data": {"object": {"id": "pi_3Abc", "client_secret": "pi_3Abc_secret_ZZZtopsecretZZZ", "amount": 100}}})
+    page = operator.get(_url(StripeEvent, "change", event.pk)).content.decode()
+    assert "ZZZtopsecretZZZ" not in page
+    assert "pi_3Abc" in page and "[redacted]" in page

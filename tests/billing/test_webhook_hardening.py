@@ -142,3 +142,17 @@ def test_a_genuine_event_still_credits_once(anon, top_up):
     assert deliver(anon, event).json() == {"received": True, "status": "processed"}
     assert StripeEvent.objects.get(event_id="evt_genuine").deliveries == 2
     assert balance(top_up.user) == 10_000_000
+
+
+def test_a_payment_intents_client_secret_is_not_stored(anon, top_up):
+    """The stored event was shown whole on the operators' page, with the secret that confirms the payment from a
+    browser (found by review). The event still credits the top-up."""
+    event = succeeded(top_up, "evt_secret")
+    event["data"]["object"]["client_secret"] = "pi_1_secret_ZZZtopsecretZZZ"
+    event["data"]["object"]["next_action"] = {"use_stripe_sdk": {"ephemeral_key_secret": "ek_ZZZalsosecretZZZ"}}
+    assert deliver(anon, event).json() == {"received": True, "status": "processed"}
+    stored = StripeEvent.objects.get(event_id="evt_secret").payload
+    assert "ZZZ" not in json.dumps(stored)
+    assert stored["data"]["object"]["client_secret"] == "[redacted]"
+    assert stored["data"]["object"]["metadata"] == {"top_up_id": str(top_up.pk)}
+    assert balance(top_up.user) == 10_000_000
