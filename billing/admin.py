@@ -104,6 +104,13 @@ def _credit(account: Account, data: dict, operator) -> None:
         raise Conflict("already credited by this form, which was sent twice; nothing more was credited.")
 
 
+def _reverse(txn: LedgerTransaction, data: dict, operator) -> None:
+    reversal, created = ledger.ledger_reverse(txn=txn, reason=data["reason"], customer_note=data["customer_note"],
+                                              created_by=operator)
+    if not created:  # a transaction is reversed once: this one was before, and nothing was posted now
+        raise Conflict(f"already reversed by #{reversal.pk}; nothing more was reversed.")
+
+
 class RefundForm(ReasonForm):
     customer_note_default = REFUND_NOTE
     amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
@@ -208,9 +215,8 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Reverse selected transactions (asks for a reason)", permissions=["reverse"])
     def reverse(self, request, queryset):
-        return _form_action(self, request, queryset, ReasonForm, "Reverse transactions", lambda txn, data: (
-            ledger.ledger_reverse(txn=txn, reason=data["reason"], customer_note=data["customer_note"],
-                                  created_by=request.user)))
+        return _form_action(self, request, queryset, ReasonForm, "Reverse transactions",
+                            lambda txn, data: _reverse(txn, data, request.user))
 
 
 @admin.register(UsageInterval)

@@ -136,3 +136,17 @@ def test_the_stripe_event_page_does_not_show_a_payment_intent_client_secret(oper
     page = operator.get(_url(StripeEvent, "change", event.pk)).content.decode()
     assert "ZZZtopsecretZZZ" not in page
     assert "pi_3Abc" in page and "[redacted]" in page
+
+
+def test_reversing_a_transaction_twice_is_refused_not_reported_as_done(operator):
+    """The second reversal posted nothing yet was reported "1 done" (found by review)."""
+    from billing.services.ledger import credit_grant, ledger_reverse
+
+    txn, _ = credit_grant(user=UserFactory(), amount_micros=5_000_000, reason="r")
+    first, _ = ledger_reverse(txn=txn, reason="first")
+    r = operator.post(_url(LedgerTransaction), {"action": "reverse", "_selected_action": [txn.pk], "apply": "1",
+                                                "reason": "again", "customer_note": ""})
+    assert r.status_code == 400
+    assert f"already reversed by #{first.pk}" in r.content.decode()
+    assert "done" not in " ".join(str(m) for m in r.context["messages"])
+    assert LedgerTransaction.objects.filter(reverses=txn).count() == 1
