@@ -106,6 +106,9 @@ def test_a_sim_node_registered_before_is_not_offered_booked_or_verified_where_th
     settings.SIM_NODES_ALLOWED = False
     assert set(offers_search().values_list("pk", flat=True)) == {real.pk}
     assert api.get("/api/v1/offers/").json()["count"] == 1
+    settings.SIM_NODES_ALLOWED = True  # the offers' SQL learned with it off is not reused with it on
+    assert api.get("/api/v1/offers/").json()["count"] == 2
+    settings.SIM_NODES_ALLOWED = False
     key = add_key(api.user)
     r = api.post("/api/v1/instances/", {"offer": sim.pk, "num_gpus": 1, "image": "cuda-12-4", "ssh_keys": [key.pk]},
                  format="json")
