@@ -20,8 +20,8 @@ from django.db.models import Case, Count, F, Sum, Value, When
 from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
-from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.services import instances as instance_svc
+from marketplace.services.nodes import node_return_state
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import HealthSample, Job, JobStatus, NodeEvent
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event
@@ -85,7 +85,10 @@ def _apply(node: Node, result: HealthResult, now: datetime) -> list[NodeEvent]:
         node.health_failures = 0
         node.last_seen_at = now
         if node.state == NodeState.OFFLINE:
-            node.transition_to(NodeState.ACTIVE if node.verdict in LISTABLE_VERDICTS else NodeState.PENDING)
+            # As node_record_health: active while renters are on it whatever its verdict (watched, not listed).
+            # Sent pending instead, a rejected node's renters were no longer checked nor their instances resumed
+            # (found by review).
+            node.transition_to(node_return_state(node=node))
             node.last_error = ""
             return [NodeEvent(node=node, kind="back_online", message="The node answers health checks again.",
                               level=NodeEvent.Level.INFO)]

@@ -294,3 +294,21 @@ def test_a_node_verified_again_while_renters_are_on_it_stays_watched(db, monkeyp
     assert reconciled == [host.pk, host.pk]
     host.refresh_from_db()
     assert host.state == NodeState.VERIFYING  # the check decides where it goes next
+
+
+def test_a_rejected_node_with_renters_back_from_offline_is_active_through_the_batch_too(db):
+    """The batch path sent an offline node back to pending when its verdict was not listable, where the per-node
+    path (node_record_health) keeps a node with renters active: watched, not listed. Pending, its renters' VMs were
+    no longer checked nor their interrupted instances resumed (found by review)."""
+    renter = UserFactory()
+    fund(renter, "50")
+    host = billing_node()
+    running(renter, host)
+    Node.objects.filter(pk=host.pk).update(state=NodeState.OFFLINE, verdict=Verdict.REJECTED, health_failures=3)
+    alone = listed(NodeState.OFFLINE, verdict=Verdict.REJECTED, health_failures=3)
+    nodes_record_health([HealthResult(n.pk, True, probed_at=timezone.now()) for n in (host, alone)],
+                        running_vm_ids={})
+    host.refresh_from_db()
+    alone.refresh_from_db()
+    assert (host.state, alone.state) == (NodeState.ACTIVE, NodeState.PENDING)
+    assert Node.objects.get(pk=host.pk, verdict=Verdict.REJECTED)  # still not listed
