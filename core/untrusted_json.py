@@ -35,33 +35,52 @@ class NotUnicode(Refused):
 
 def check_json(value: Any) -> Any:
     """`value` itself; TooDeep if its lists and objects nest deeper than MAX_DEPTH, NotUnicode (naming where) if a
-    key or string is not encodable text. Iterative: no recursion."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    key or string is not encodable text. Iterative: no recursion. Where an item sits is kept as its parent's entry
+    and its own key, and spelled out only for a refusal: a node's answer may hold a list of 100,000 numbers."""
+    stack: list[tuple[Any, int, Any]] = [(value, 1, None)]
     while stack:
-        item, depth, where = stack.pop()
+        item, depth, at = stack.pop()
         if isinstance(item, str):
-            _check_text(item, where)
+            if not item.isascii():  # the common case costs one scan in C
+                _check_text(item, at)
             continue
         if isinstance(item, dict):
             for key in item:
-                _check_text(key, f"{where}.{key!a}" if where else ascii(key))
-            children: Any = ((child, f"{where}.{key}" if where else key) for key, child in item.items())
+                if not key.isascii():
+                    _check_text(key, (at, key), key=True)
+            children: Any = item.items()
         elif isinstance(item, list):
-            children = ((child, f"{where}[{i}]") for i, child in enumerate(item))
+            children = enumerate(item)
         else:
             continue
         if depth > MAX_DEPTH:
             raise TooDeep
-        stack.extend((child, depth + 1, at) for child, at in children if isinstance(child, dict | list | str))
+        stack.extend((child, depth + 1, (at, key)) for key, child in children if isinstance(child, dict | list | str))
     return value
 
 
-def _check_text(text: str, where: str) -> None:
-    if not text.isascii():  # the common case costs one scan in C
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise NotUnicode(where) from None
+def _where(at: Any, *, key: bool = False) -> str:
+    """`a.b[3]` from the chain (parent, key): an object's member by name (a refused key in ascii()), a list's item
+    by index."""
+    names = []
+    while at is not None:
+        at, name = at
+        names.append(name)
+    where = ""
+    for i, name in enumerate(reversed(names)):
+        if isinstance(name, int):
+            where += f"[{name}]"
+        else:
+            text = ascii(name) if key and i == len(names) - 1 else name
+            where += f".{text}" if where else text
+    return where
+
+
+def _check_text(text: str, at: Any, *, key: bool = False) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotUnicode(_where(at, key=key)) from None
 
 
 def loads(text: str | bytes) -> Any:

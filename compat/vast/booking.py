@@ -53,6 +53,13 @@ def ask_replayed(*, renter: User, fingerprint: str, idempotency_key: str) -> Ins
     return earlier if earlier is not None and _replayable(earlier) else None
 
 
+def replay_message(instance: Instance) -> str:
+    """What a replayed create says beside the instance's id."""
+    age = max(0, int((timezone.now() - instance.created_at).total_seconds()))
+    return (f"The same create was sent {age} s ago: this is instance {instance.pk}, which it made, not a new one. "
+            "To book another instance of this offer, give it another --label.")
+
+
 @transaction.atomic
 def ask_book(*, renter: User, fingerprint: str, idempotency_key: str, **booking: Any) -> Instance:
     """instance_create with the create's key: the explicit one, else `vast-ask:<fingerprint>`. A concurrent

@@ -37,8 +37,13 @@ def node(db):
 def test_the_same_create_sent_again_answers_the_same_instance(api, node):
     add_key(api.user)
     ask = node.pk * 100 + 2
-    first = _contract(_create(api, ask, label="train"))
-    assert _contract(_create(api, ask, label="train")) == first  # the client's retry
+    made = _create(api, ask, label="train")
+    first = _contract(made)
+    assert "msg" not in made.json()
+    again = _create(api, ask, label="train")
+    assert _contract(again) == first  # the client's retry, which says so (the CLI prints the answer)
+    assert again.json()["msg"].startswith("The same create was sent ") and f"instance {first}," in again.json()["msg"]
+    assert "--label" in again.json()["msg"]
     assert _contract(_create(api, ask, label="train")) == first  # and its third try
     assert list(Instance.objects.values_list("pk", flat=True)) == [first]
     assert Gpu.objects.filter(node=node, status=GpuStatus.RENTED).count() == 2

@@ -339,7 +339,9 @@ class OfferCreateView(VastView):
         # A retry gets what the first request made, even if its input would not validate now (keys deleted...).
         earlier = booking.ask_replayed(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key)
         if earlier is not None:
-            return Response({"success": True, "new_contract": earlier.pk})
+            # The CLI prints the whole answer ("Started. {...}"): someone who meant a second identical instance
+            # reads why there is one and what to change.
+            return Response({"success": True, "new_contract": earlier.pk, "msg": booking.replay_message(earlier)})
         _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED | _CREATE_MAPPED)
         for name, (unset, what) in _CREATE_UNSET.items():
             if not _unset(body.get(name), unset):
