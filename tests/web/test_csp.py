@@ -58,10 +58,14 @@ class CspWatch:
         assert response.status == status, f"{url}: {response.status}"
         policy = response.headers.get("content-security-policy", "")
         assert "default-src 'self'" in policy and "unsafe-inline" not in policy, f"{url}: {policy!r}"
-        self.settle()
+        # goto waited for the load event, so every script, style and image of the page was fetched (or blocked);
+        # a 100 ms timer lets the violation events queued meanwhile reach the page's listener. What a page loads
+        # later (Stripe Elements' frames) is waited for by the test that makes it load, with settle().
+        self.page.evaluate("new Promise((done) => setTimeout(done, 100))")
         self.collect()
 
     def settle(self) -> None:
+        """Until the network has been idle for half a second (or 5 s have passed)."""
         try:
             self.page.wait_for_load_state("networkidle", timeout=5_000)
         except Exception:  # noqa: S110 (a page that polls may never be idle for long: what loaded is enough)
