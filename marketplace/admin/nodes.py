@@ -14,7 +14,7 @@ from marketplace.models import (
     NodeState,
 )
 from marketplace.money import micros_to_usd
-from marketplace.services.nodes import node_update
+from marketplace.services.nodes import node_retire, node_update
 from provisioning.admin import NodeEventInline, VerificationRunInline
 from provisioning.services.verification import node_accept_host_key, node_verify_request
 
@@ -75,10 +75,15 @@ class NodeAdmin(admin.ModelAdmin):
     # retired node): operators unlist and put into maintenance with the actions below, which call it.
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     inlines = [GpuInline, VerificationRunInline, NodeEventInline]
-    actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key"]
+    actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key", "retire"]
 
     def has_add_permission(self, request):
         return False  # nodes are registered by providers, which creates their key pair
+
+    def has_delete_permission(self, request, obj=None):
+        # Retire instead (the action below): a delete took the node's checks, events and jobs with it, under a job
+        # that may be running, and nodes that ever rented are protected anyway by their instances and volumes.
+        return False
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
@@ -126,6 +131,22 @@ class NodeAdmin(admin.ModelAdmin):
             except Conflict as exc:
                 messages.warning(request, f"{node.name}: {exc}")
         messages.info(request, f"Verification queued for {done} node(s).")
+
+    @admin.action(description="Retire selected nodes (for good: never checked or booked again)",
+                  permissions=["change"])
+    def retire(self, request, queryset):
+        """The provider's own retire (node_retire): refused, with what stands in the way, while renters' instances
+        or volumes are on the node."""
+        done, refused = 0, []
+        for node in queryset.exclude(state=NodeState.RETIRED):
+            try:
+                node_retire(node=node)
+                done += 1
+            except Conflict as exc:
+                refused.append(f"{node.name}: {exc}")
+        messages.info(request, f"{done} node(s) retired.")
+        for line in refused:
+            messages.warning(request, line)
 
     @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify", permissions=["change"])
     def accept_new_host_key(self, request, queryset):

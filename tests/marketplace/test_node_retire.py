@@ -202,3 +202,24 @@ def test_a_gpu_split_into_mig_slices_keeps_its_status_in_any_form(admin_client):
         split.status = status
         with pytest.raises(ValidationError, match="split into MIG slices"):
             split.full_clean()
+
+
+def test_operators_retire_nodes_in_the_admin_and_cannot_delete_them(admin_client):
+    """The admin's Retire calls node_retire (its refusals named per node); deleting a node there took its checks,
+    events and jobs with it (nodes never rented had no instance or volume to protect them)."""
+    from django.urls import reverse
+
+    from marketplace.models import Node
+
+    idle, rented = make_listed_node(gpu_count=1, name="idle-one"), make_listed_node(gpu_count=1, name="rented-one")
+    run(book(UserFactory(), rented))
+    url = reverse("admin:marketplace_node_changelist")
+    r = admin_client.post(url, {"action": "retire", "_selected_action": [idle.pk, rented.pk]}, follow=True)
+    said = [str(m) for m in r.context["messages"]]
+    assert "1 node(s) retired." in said
+    assert any(m.startswith("rented-one: ") and "live on it" in m for m in said), said
+    assert Node.objects.get(pk=idle.pk).state == NodeState.RETIRED
+    assert Node.objects.get(pk=rented.pk).state != NodeState.RETIRED
+    assert admin_client.get(reverse("admin:marketplace_node_delete", args=[idle.pk])).status_code == 403
+    r = admin_client.post(url, {"action": "delete_selected", "_selected_action": [idle.pk]})
+    assert Node.objects.filter(pk=idle.pk).exists()
