@@ -3,6 +3,7 @@ password asked again behind the log-in lock-out (core.login_throttle.password_co
 the API's refusal, for every app (notifications' webhook endpoints too, which import no marketplace services or
 pages)."""
 from django import forms
+from django.contrib.auth.forms import PasswordChangeForm
 from django.core.exceptions import ValidationError
 from rest_framework import exceptions
 
@@ -69,3 +70,18 @@ class PasswordConfirmedForm(LockoutMixin, forms.Form):
         password = self.cleaned_data["password"]
         self._check_password(self.user, password, self.request)
         return password
+
+
+class ThrottledPasswordChangeForm(LockoutMixin, PasswordChangeForm):
+    """Django's password change form; the old password is checked behind the log-in lock-out. The site's page
+    (/account/password/) and the admin's (/admin/password_change/) both use it: neither may be a way to guess the
+    password with a session alone."""
+
+    def __init__(self, user, *args, request=None, **kwargs):
+        super().__init__(user, *args, **kwargs)
+        self.request = request
+
+    def clean_old_password(self):
+        old = self.cleaned_data["old_password"]
+        self._check_password(self.user, old, self.request)
+        return old

@@ -1,12 +1,21 @@
 """The operators' panel for accounts: users (with two-factor turned off for one who lost both factors), API keys
-and SSH keys, and the admin's own log-in. No secret is ever shown."""
+and SSH keys, and the admin's own log-in and password pages. No secret is ever shown.
+
+The admin checks no password outside the log-in lock-out: its log-in form and its own password change form are
+the site's (marketplace/auth.py, marketplace/reauth.py), and a user's "set password" page does not take the
+operator's own account (that needs the old password, on /account/password/). Every password set here is told to
+its address."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.forms import UserChangeForm as BaseUserChangeForm
+from django.contrib.auth.views import PasswordChangeView
 from django.core.exceptions import ValidationError
 from django.db.models import Count
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 from django_otp.plugins.otp_static.models import StaticDevice
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
@@ -16,6 +25,8 @@ from marketplace.models import (
     SshKey,
     User,
 )
+from marketplace.reauth import ThrottledPasswordChangeForm, with_form_status
+from marketplace.services import passwords as password_svc
 from marketplace.services.accounts import api_key_revoke
 from marketplace.services.two_factor import two_factor_disable, two_factor_enabled
 
@@ -103,6 +114,22 @@ class UserAdmin(BaseUserAdmin):
     def node_count(self, user):
         return user._nodes
 
+    def user_change_password(self, request, id, form_url=""):
+        """Django's "set password" page, which asks no old password: not for the operator's own account (a copied
+        operator session would take the account over for good; /account/password/ asks the old password behind
+        the lock-out). For another account the owner is e-mailed; every session of theirs ends with the old
+        password (its hash is in the session's), their API keys stay, as after a change on the site."""
+        target = self.get_object(request, unquote(id))
+        if target is not None and target.pk == request.user.pk:  # the object, not the URL: "01" is 1
+            messages.error(request, "Change your own password on your Security page: it asks for the current one.")
+            return HttpResponseRedirect(reverse("password-change"))
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and target is not None:
+            after = User.objects.filter(pk=target.pk).first()
+            if after is not None and after.password != target.password:
+                password_svc.password_set_by_operator_notify(user=after, base_url=request.build_absolute_uri("/"))
+        return response
+
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
@@ -154,6 +181,45 @@ class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
 
 
 admin.site.login_form = AdminLoginForm
+
+
+class AdminPasswordChangeForm(ThrottledPasswordChangeForm):
+    required_css_class = "required"  # as Django's admin form
+
+
+class AdminPasswordChangeView(PasswordChangeView):
+    """/admin/password_change/ with the site's form: the old password behind the log-in lock-out (a 429 once
+    locked), the address told, every other session of the account ended (Django re-hashes this one)."""
+
+    form_class = AdminPasswordChangeForm
+
+    def get_form_kwargs(self):
+        return {**super().get_form_kwargs(), "request": self.request}
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        password_svc.password_changed_notify(user=form.user, base_url=self.request.build_absolute_uri("/"))
+        return response
+
+    def form_invalid(self, form):
+        return with_form_status(super().form_invalid(form), form)
+
+
+def _admin_password_change(request, extra_context=None):
+    """AdminSite.password_change with AdminPasswordChangeView in place of Django's view."""
+    site = admin.site
+    defaults = {
+        "success_url": reverse("admin:password_change_done", current_app=site.name),
+        "extra_context": {**site.each_context(request), **(extra_context or {})},
+    }
+    if site.password_change_template is not None:
+        defaults["template_name"] = site.password_change_template
+    request.current_app = site.name
+    return AdminPasswordChangeView.as_view(**defaults)(request)
+
+
+# Read when the admin's URLs are built (config/urls.py, after every admin module is imported).
+admin.site.password_change = _admin_password_change  # type: ignore[method-assign]
 
 # django-otp's own admin pages would show the TOTP secrets and the recovery codes (their tables are empty since the
 # project's encrypted devices replaced them, marketplace/models/two_factor.py), and operators never see a secret:

@@ -70,6 +70,16 @@ def password_changed_notify(*, user: User, base_url: str) -> None:
         f"  {urljoin(base_url, reverse('password-reset'))}\n"))
 
 
+def password_set_by_operator_notify(*, user: User, base_url: str) -> None:
+    """Tell the address that an operator set the account's password (or turned password log-in off) in the admin:
+    its owner did not type the old one, so they hear of it (marketplace/admin/accounts.py)."""
+    _send(user.email, "An operator set your password", (
+        f"An operator of {settings.PLATFORM_NAME} just set a new password for your account (or turned log-in with a "
+        "password off), and every browser logged in to it was logged out. Your API keys keep working.\n\n"
+        "If you did not ask for this, choose a new password yourself now and revoke the API keys you do not "
+        f"recognise:\n\n  {urljoin(base_url, reverse('password-reset'))}\n"))
+
+
 def password_check(*, user: User, password: str, client_address: str | None) -> bool:
     """Is this the user's password? Behind the log-in lock-out (core.login_throttle.password_confirm)."""
     return password_confirm(user=user, password=password, client_address=client_address)

@@ -1,7 +1,6 @@
 """Forms of the account pages: password reset and change, two-factor. Django's own auth forms where there is one;
 the checks of a typed password go through the log-in lock-out (marketplace/reauth.py)."""
 from django import forms
-from django.contrib.auth.forms import PasswordChangeForm
 from django.core.exceptions import ValidationError
 
 from core.client_address import client_ip
@@ -21,19 +20,6 @@ class RecoveryCodesForm(PasswordConfirmedForm):
     """New recovery codes log in as the account: not for a session alone (a copied cookie)."""
 
     why_asked = "Your account's password: the codes you have now stop working."
-
-
-class ThrottledPasswordChangeForm(LockoutMixin, PasswordChangeForm):
-    """Django's form; the old password is checked behind the log-in lock-out."""
-
-    def __init__(self, user, *args, request=None, **kwargs):
-        super().__init__(user, *args, **kwargs)
-        self.request = request
-
-    def clean_old_password(self):
-        old = self.cleaned_data["old_password"]
-        self._check_password(self.user, old, self.request)
-        return old
 
 
 CODE_FIELD = forms.CharField(

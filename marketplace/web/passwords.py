@@ -7,10 +7,11 @@ from django.contrib.auth.forms import SetPasswordForm
 from django.http import HttpResponseRedirect
 from django.urls import reverse_lazy
 
+from marketplace.reauth import ThrottledPasswordChangeForm
 from marketplace.services import email_verification as email_svc
 from marketplace.services import passwords as password_svc
 
-from .account_forms import PasswordResetRequestForm, ThrottledPasswordChangeForm
+from .account_forms import PasswordResetRequestForm
 
 
 class PasswordResetView(auth_views.PasswordResetView):

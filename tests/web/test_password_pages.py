@@ -161,3 +161,62 @@ def test_the_security_page(web, client):
     for link in ('href="/account/password/"', 'href="/account/two-factor/enable/"', 'href="/account/api-keys/"'):
         assert link in page
     assert client.get("/account/security/").status_code == 302
+
+
+# --- the admin's password pages: the same rules as the site's --------------------------------------------------
+
+ADMIN_CHANGE = "/admin/password_change/"
+
+
+def test_the_admins_password_change_page_checks_the_old_password_behind_the_log_in_lockout(operator, settings):
+    """A copied operator cookie must not be a way to guess the password without limit (it was Django's own form)."""
+    admin = logged_in(operator)
+    wrong = {"old_password": "not it", "new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD}
+    for _ in range(settings.LOGIN_FAILURES_PER_ACCOUNT):
+        assert admin.post(ADMIN_CHANGE, wrong).status_code == 400
+    r = admin.post(ADMIN_CHANGE, {**wrong, "old_password": PASSWORD})
+    assert r.status_code == 429 and "Too many failed log-ins" in r.content.decode() and int(r["Retry-After"]) > 0
+    operator.refresh_from_db()
+    assert operator.check_password(PASSWORD)
+    assert Client().post("/accounts/login/", {"username": operator.email, "password": PASSWORD}).status_code == 429
+
+
+def test_the_admins_password_change_page_tells_the_address_and_ends_the_other_sessions(operator, mailoutbox):
+    here, elsewhere = logged_in(operator), logged_in(operator)
+    r = here.post(ADMIN_CHANGE, {"old_password": PASSWORD, "new_password1": NEW_PASSWORD,
+                                 "new_password2": NEW_PASSWORD})
+    assert r.status_code == 302 and r["Location"] == "/admin/password_change/done/"
+    operator.refresh_from_db()
+    assert operator.check_password(NEW_PASSWORD)
+    assert here.get("/admin/").status_code == 200 and elsewhere.get("/admin/").status_code == 302
+    assert [(m.to, m.subject.endswith("Your password was changed")) for m in mailoutbox] == [([operator.email], True)]
+
+
+@pytest.mark.parametrize("pk_text", ["{pk}", "0{pk}"])
+def test_the_admins_set_password_page_refuses_the_operators_own_account(operator, mailoutbox, pk_text):
+    """Django's "set password" page asks no old password: on one's own account a copied session would keep the
+    account for good. The operator is sent to the site's page, which asks the old one behind the lock-out."""
+    admin = logged_in(operator)
+    url = f"/admin/marketplace/user/{pk_text.format(pk=operator.pk)}/password/"
+    assert admin.get(url)["Location"] == CHANGE
+    r = admin.post(url, {"password1": NEW_PASSWORD, "password2": NEW_PASSWORD, "usable_password": "true"})
+    assert r.status_code == 302 and r["Location"] == CHANGE
+    operator.refresh_from_db()
+    assert operator.check_password(PASSWORD) and mailoutbox == []
+
+
+def test_an_operator_setting_someones_password_tells_them_and_ends_their_sessions_but_not_their_keys(
+        operator, renter, mailoutbox):
+    from tests.factories import api_key_for
+
+    theirs = logged_in(renter)
+    key = api_key_for(renter)
+    r = logged_in(operator).post(f"/admin/marketplace/user/{renter.pk}/password/",
+                                 {"password1": NEW_PASSWORD, "password2": NEW_PASSWORD, "usable_password": "true"})
+    assert r.status_code == 302
+    renter.refresh_from_db()
+    assert renter.check_password(NEW_PASSWORD)
+    assert not is_logged_in(theirs)  # as after a change on the site
+    assert Client().get("/api/v1/auth/me/", HTTP_AUTHORIZATION=f"Bearer {key}").status_code == 200
+    assert [(m.to, m.subject.endswith("An operator set your password")) for m in mailoutbox] == [
+        ([renter.email], True)]
