@@ -31,9 +31,10 @@ from billing.models import (
     UsageInterval,
 )
 from billing.services import ledger, payments, payouts, profiles
-from billing.services.refunds import REFUND_NOTE
+from billing.services.refunds import REFUND_NOTE, refund_create_once, refundable_micros
 from billing.services.webhooks import redact_secrets
 from core.errors import ApplicationError, Conflict
+from core.idempotency import web_idempotency_key
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -80,11 +81,10 @@ class ReasonForm(forms.Form):
             f"Shown on their statement and in the notice they get. Empty: “{self.customer_note_default}”")
 
 
-class CreditForm(ReasonForm):
-    customer_note_default = ledger.CREDIT_NOTE
-    amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
-                                help_text="USD credited to each selected wallet.")
-    # A form sent twice (a double click, a page sent again) credits once: each wallet's credit is keyed by it.
+class TokenForm(ReasonForm):
+    """A form that does its work once however often it is sent (a double click, a page sent again): what it posts
+    is keyed by `form_token`, drawn when the form is shown."""
+
     form_token = forms.CharField(widget=forms.HiddenInput, max_length=64,
                                  validators=[RegexValidator(r"^[A-Za-z0-9]+$", "Not a token of this form.")])
 
@@ -92,6 +92,12 @@ class CreditForm(ReasonForm):
         super().__init__(*args, **kwargs)
         if not self.is_bound:
             self.initial.setdefault("form_token", get_random_string(32))
+
+
+class CreditForm(TokenForm):
+    customer_note_default = ledger.CREDIT_NOTE
+    amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
+                                help_text="USD credited to each selected wallet.")
 
 
 def _credit(account: Account, data: dict, operator) -> None:
@@ -111,10 +117,22 @@ def _reverse(txn: LedgerTransaction, data: dict, operator) -> None:
         raise Conflict(f"already reversed by #{reversal.pk}; nothing more was reversed.")
 
 
-class RefundForm(ReasonForm):
+class RefundForm(TokenForm):
     customer_note_default = REFUND_NOTE
     amount = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal("100000"), decimal_places=2,
                                 required=False, help_text="USD; leave empty to refund all that is left of each.")
+
+
+def _refund(top_up: TopUp, data: dict, operator) -> None:
+    """Each top-up's refund is keyed by the form's token (refund_unique_idempotency_key, per operator): the form
+    sent again finds the refund it made instead of refunding again (found by review: $20 back for a $10 refund)."""
+    amount = usd_to_micros(data["amount"]) if data["amount"] else refundable_micros(top_up=top_up)
+    refund, created = refund_create_once(
+        top_up=top_up, amount_micros=amount, reason=data["reason"], customer_note=data["customer_note"],
+        created_by=operator, idempotency_key=web_idempotency_key(f"{data['form_token']}:{top_up.pk}"))
+    if not created:
+        raise Conflict(f"already refunded by this form, which was sent twice (refund {refund.pk}, "
+                       f"{refund.status}); nothing more was refunded. Open the action again for another refund.")
 
 
 def _form_action(modeladmin, request, queryset, form_class, title, apply):
@@ -258,11 +276,8 @@ class TopUpAdmin(ReadOnlyAdmin):
     @admin.action(description="Refund selected top-ups to their cards (asks for amount and reason)",
                   permissions=["refund"])
     def refund(self, request, queryset):
-        def apply(top_up, data):
-            amount = usd_to_micros(data["amount"]) if data["amount"] else payments.refundable_micros(top_up=top_up)
-            payments.refund_create(top_up=top_up, amount_micros=amount, reason=data["reason"],
-                                   customer_note=data["customer_note"], created_by=request.user)
-        return _form_action(self, request, queryset, RefundForm, "Refund top-ups", apply)
+        return _form_action(self, request, queryset, RefundForm, "Refund top-ups",
+                            lambda top_up, data: _refund(top_up, data, request.user))
 
 
 @admin.register(Refund)
@@ -271,7 +286,7 @@ class RefundAdmin(ReadOnlyAdmin):
     list_filter = ["status"]
     search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
     readonly_fields = ["top_up", "amount_micros", "status", "stripe_refund_id", "reason", "customer_note",
-                       "created_by", "failure_message", "transaction", "created_at"]
+                       "created_by", "failure_message", "transaction", "idempotency_key", "created_at"]
 
     @admin.display(ordering="amount_micros")
     def amount(self, refund):

@@ -20,7 +20,7 @@ from billing.api.common import (
     top_up_amount_field,
 )
 from billing.models import Card, Refund, RefundStatus, TopUp, TopUpStatus
-from billing.services.refunds import refund_create
+from billing.services.refunds import refund_create_once, refund_for_idempotency_key
 from billing.services.top_ups import top_up_create, top_up_for_idempotency_key
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import reject_unknown_params
@@ -172,15 +172,33 @@ class RefundView(APIView):
 
     @extend_schema(summary="Refund (part of) a customer's top-up to their card (operators with billing.add_refund)",
                    description=PAYMENT_ERRORS, request=RefundCreateSerializer,
-                   responses={201: RefundSerializer, 409: E409, 502: E502, 503: E503})
+                   parameters=[idempotency_parameter(
+                       "Makes retries safe: the same key and body (from the same operator) return the refund the "
+                       "first request made (200), as it is now, without refunding again; the same key with another "
+                       "body is a 422.",
+                   )],
+                   responses={201: RefundSerializer,
+                              200: OpenApiResponse(RefundSerializer, "The refund an earlier request with this "
+                                                                     "Idempotency-Key made."),
+                              409: E409,
+                              422: error_response("The Idempotency-Key was used for a different refund."),
+                              502: E502, 503: E503})
     def post(self, request):
+        key, fingerprint = idempotency_key(request)
+        if key:  # a retry gets what the first request made, even if its input would not validate now
+            earlier = refund_for_idempotency_key(created_by=request.user, idempotency_key=key,
+                                                 request_fingerprint=fingerprint)
+            if earlier is not None:
+                return Response(RefundSerializer(earlier).data)
         data = RefundCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         top_up = TopUp.objects.filter(pk=data.validated_data["top_up"]).first()
         if top_up is None:
             raise ValidationError({"top_up": ["No such top-up."]})
-        refund = refund_create(top_up=top_up, amount_micros=usd_to_micros(data.validated_data["amount"]),
-                                        reason=data.validated_data["reason"], created_by=request.user,
-                                        customer_note=data.validated_data.get("customer_note", ""))
+        refund, created = refund_create_once(
+            top_up=top_up, amount_micros=usd_to_micros(data.validated_data["amount"]),
+            reason=data.validated_data["reason"], created_by=request.user,
+            customer_note=data.validated_data.get("customer_note", ""), idempotency_key=key,
+            request_fingerprint=fingerprint)
         return Response(RefundSerializer(Refund.objects.select_related("created_by").get(pk=refund.pk)).data,
-                        status=status.HTTP_201_CREATED)
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

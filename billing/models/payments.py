@@ -145,12 +145,18 @@ class Refund(StatefulModel, models.Model):
     failure_message = models.CharField(max_length=500, blank=True)
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="refund")
+    # What makes an operator's refund sent twice (a retried API call, an admin form sent again) refund once: the
+    # API's Idempotency-Key, or the admin form's token per top-up ("web-<token>:<top-up id>"), unique per operator.
+    idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True, default="")
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
             models.CheckConstraint(condition=Q(amount_micros__gt=0), name="refund_amount_positive"),
+            models.UniqueConstraint(fields=["created_by", "idempotency_key"], condition=~Q(idempotency_key=""),
+                                    name="refund_unique_idempotency_key"),
             REFUND_TRANSITIONS.check_constraint("status", "refund_status_declared"),
             # refund_confirm posts the debit and marks it succeeded in one write.
             models.CheckConstraint(condition=~Q(status=R.SUCCEEDED)

@@ -12,14 +12,14 @@ or canceled): the card never got the money, so the wallet's debit is reversed an
 from typing import Any
 
 import stripe
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from billing.models import Account, AccountKind, EventKind, Refund, RefundStatus, TopUp, TopUpStatus, TransactionKind
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
-from core.errors import Conflict, Unavailable, ValidationFailed
+from core.errors import Conflict, IdempotencyKeyReused, Unavailable, ValidationFailed
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text
 
@@ -35,6 +35,18 @@ def refundable_micros(*, top_up: TopUp) -> int:
 REFUND_NOTE = "Refunded to your card."
 
 
+def refund_for_idempotency_key(*, created_by: User, idempotency_key: str, request_fingerprint: str) -> Refund | None:
+    """The refund an earlier request of this operator with this key made, or None.
+
+    Raises IdempotencyKeyReused (422) when that request had another body."""
+    existing = Refund.objects.filter(created_by=created_by, idempotency_key=idempotency_key).first()
+    if existing is not None and existing.request_fingerprint != request_fingerprint:
+        raise IdempotencyKeyReused(
+            f"This Idempotency-Key was already used for a different refund ({existing.pk}, of top-up "
+            f"{existing.top_up_id}). Send the same body to get that refund again, or use a new key.")
+    return existing
+
+
 def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User,
                   customer_note: str = "") -> Refund:
     """Give (part of) a top-up back to its card and debit the wallet. Operators only.
@@ -45,10 +57,46 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
     The amount is reserved first (a pending refund, under locks on the top-up and the wallet), so that
     two refunds at once cannot give back more than was paid, or more than the customer has left.
     """
+    refund, _ = refund_create_once(top_up=top_up, amount_micros=amount_micros, reason=reason,
+                                   created_by=created_by, customer_note=customer_note)
+    return refund
+
+
+def refund_create_once(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User,
+                       customer_note: str = "", idempotency_key: str = "",
+                       request_fingerprint: str = "") -> tuple[Refund, bool]:
+    """refund_create for a request that may come twice (an API retry, an admin form sent again): returns (refund,
+    created). With an `idempotency_key` this operator used before and the same body: the earlier refund (in
+    whatever state it is now) and False, and nothing is refunded again; with another body, IdempotencyKeyReused
+    (422). The database decides a race between the two (refund_unique_idempotency_key), not a look before."""
     if type(amount_micros) is not int or amount_micros <= 0 or amount_micros % MICROS_PER_CENT:
         raise ValidationFailed("Refund a positive amount in whole cents.", field="amount")
     if not reason.strip():
         raise ValidationFailed("Give a reason.", field="reason")
+    fingerprint = request_fingerprint if idempotency_key else ""
+    if idempotency_key:
+        existing = refund_for_idempotency_key(created_by=created_by, idempotency_key=idempotency_key,
+                                              request_fingerprint=fingerprint)
+        if existing is not None:
+            return existing, False
+    try:
+        refund = _refund_reserve(top_up=top_up, amount_micros=amount_micros, reason=reason, created_by=created_by,
+                                 customer_note=customer_note, idempotency_key=idempotency_key,
+                                 request_fingerprint=fingerprint)
+    except IntegrityError:
+        # The same key's other request reserved first (refund_unique_idempotency_key): answer with its refund.
+        if idempotency_key:
+            existing = refund_for_idempotency_key(created_by=created_by, idempotency_key=idempotency_key,
+                                                  request_fingerprint=fingerprint)
+            if existing is not None:
+                return existing, False
+        raise
+    return _refund_send(refund=refund), True
+
+
+def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User, customer_note: str,
+                    idempotency_key: str, request_fingerprint: str) -> Refund:
+    """The pending refund, its amount reserved under locks on the top-up and the wallet."""
     with transaction.atomic():
         top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
         if top_up.status != TopUpStatus.SUCCEEDED or not top_up.payment_intent_id:
@@ -65,11 +113,18 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
                 f"The customer's balance is {usd_text(wallet.balance_micros - reserved)}: the rest was spent. "
                 "Refund at most that much."
             )
-        refund = Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
-                                       customer_note=customer_note.strip() or REFUND_NOTE, created_by=created_by)
+        return Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
+                                     customer_note=customer_note.strip() or REFUND_NOTE, created_by=created_by,
+                                     idempotency_key=idempotency_key, request_fingerprint=request_fingerprint)
+
+
+def _refund_send(*, refund: Refund) -> Refund:
+    """Ask Stripe for a reserved refund (outside any transaction) and record its answer."""
+    top_up = refund.top_up
+    assert top_up.payment_intent_id is not None  # _refund_reserve refunds only a top-up Stripe charged
     try:
         answer = client().v1.refunds.create(
-            params={"payment_intent": top_up.payment_intent_id, "amount": cents(amount_micros),
+            params={"payment_intent": top_up.payment_intent_id, "amount": cents(refund.amount_micros),
                     "metadata": {"refund_id": str(refund.pk), "top_up_id": str(top_up.pk)}},
             options={"idempotency_key": f"refund-{refund.pk}"},
         )

@@ -121,11 +121,32 @@ def test_an_operator_refunds_a_top_up_through_an_action(localstripe, operator, a
 
     top_up = _credited_top_up(localstripe, api, "20.00")
     operator.post(_url(TopUp), {"action": "refund", "_selected_action": [top_up.pk], "apply": "1",
-                                "amount": "", "reason": "duplicate payment"})
+                                "amount": "", "reason": "duplicate payment", "form_token": "t1"})
     refund = Refund.objects.get(top_up=top_up)
     assert refund.status == "succeeded" and refund.amount_micros == 20_000_000
     assert refund.transaction.created_by == operator.user and refund.transaction.reason == "duplicate payment"
     assert wallet_balance(user_id=api.user.pk) == 0
+
+
+def test_an_operators_refund_form_sent_twice_refunds_once(localstripe, operator, api):
+    """A double click or a page sent again refunded twice: $20 back for a $10 refund (found by review). Each top-up's
+    refund is keyed by the form's token; a fresh form refunds again."""
+    from tests.billing.test_payments import _credited_top_up
+
+    top_up = _credited_top_up(localstripe, api, "50.00")
+    form = operator.post(_url(TopUp), {"action": "refund", "_selected_action": [top_up.pk]})
+    token = re.search(r'name="form_token" value="([A-Za-z0-9]+)"', form.content.decode()).group(1)
+    apply = {"action": "refund", "_selected_action": [top_up.pk], "apply": "1", "amount": "10.00",
+             "reason": "goodwill", "customer_note": "", "form_token": token}
+    assert operator.post(_url(TopUp), apply).status_code == 302
+    again = operator.post(_url(TopUp), apply)
+    assert again.status_code == 400 and b"already refunded by this form" in again.content
+    assert Refund.objects.filter(top_up=top_up).count() == 1
+    assert wallet_balance(user_id=api.user.pk) == 40_000_000
+    assert operator.post(_url(TopUp), {**apply, "form_token": "another"}).status_code == 302  # a new form
+    assert wallet_balance(user_id=api.user.pk) == 30_000_000
+    assert operator.post(_url(TopUp), {**apply, "form_token": ""}).status_code == 400  # no token: refused
+    assert Refund.objects.filter(top_up=top_up).count() == 2
 
 
 def test_the_stripe_event_page_does_not_show_a_payment_intent_client_secret(operator):

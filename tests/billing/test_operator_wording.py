@@ -93,17 +93,17 @@ def test_an_over_refund_is_refused_and_the_form_keeps_what_was_typed(localstripe
     top_up = _credited_top_up(localstripe, api, "20.00")
     refused = operator.post(_changelist(TopUp), {
         "action": "refund", "_selected_action": [top_up.pk], "apply": "1", "amount": "25.00",
-        "reason": "internal: customer asked twice", "customer_note": "Your refund, as asked."})
+        "reason": "internal: customer asked twice", "customer_note": "Your refund, as asked.", "form_token": "t1"})
     assert refused.status_code == 400
     page = refused.content.decode()
     assert "At most $20.00 of this top-up can still be refunded" in page
     assert 'value="25.00"' in page and "internal: customer asked twice" in page and "Your refund, as asked." in page
-    assert f'name="_selected_action" value="{top_up.pk}"' in page
+    assert f'name="_selected_action" value="{top_up.pk}"' in page and 'name="form_token" value="t1"' in page
     assert not Refund.objects.exists() and wallet_balance(user_id=api.user.pk) == 20_000_000
 
     done = operator.post(_changelist(TopUp), {
         "action": "refund", "_selected_action": [top_up.pk], "apply": "1", "amount": "20.00",
-        "reason": "internal: customer asked twice", "customer_note": "Your refund, as asked."})
+        "reason": "internal: customer asked twice", "customer_note": "Your refund, as asked.", "form_token": "t1"})
     assert done.status_code == 302
     refund = Refund.objects.get()
     assert refund.reason == "internal: customer asked twice" and refund.customer_note == "Your refund, as asked."

@@ -306,6 +306,52 @@ def test_an_operator_refunds_a_top_up_and_the_wallet_is_debited_once(localstripe
 
 
 @pytest.mark.django_db
+def test_a_refund_retried_with_its_idempotency_key_refunds_once(localstripe, api, refund_operator_api):
+    """A retry after a lost answer refunded again (found by review). The same key and body answer with the first
+    refund (200); another body is a 422; the key is the operator's own."""
+    top_up = _credited_top_up(localstripe, api, "50.00")
+    body = {"top_up": top_up.pk, "amount": "10.00", "reason": "goodwill"}
+    first = refund_operator_api.post("/api/v1/billing/refunds/", body, format="json",
+                                     HTTP_IDEMPOTENCY_KEY="refund-once-1")
+    again = refund_operator_api.post("/api/v1/billing/refunds/", body, format="json",
+                                     HTTP_IDEMPOTENCY_KEY="refund-once-1")
+    assert first.status_code == 201 and again.status_code == 200, again.content
+    assert again.json() == first.json()
+    assert Refund.objects.filter(top_up=top_up).count() == 1 and balance(api.user) == 40_000_000
+    other = refund_operator_api.post("/api/v1/billing/refunds/", {**body, "amount": "5.00"}, format="json",
+                                     HTTP_IDEMPOTENCY_KEY="refund-once-1")
+    assert other.status_code == 422 and str(first.json()["id"]) in other.json()["detail"]
+    assert refund_operator_api.post("/api/v1/billing/refunds/", body, format="json",
+                                    HTTP_IDEMPOTENCY_KEY="refund-once-2").status_code == 201  # a new key: new refund
+    assert balance(api.user) == 30_000_000
+
+
+@pytest.mark.django_db
+def test_two_refunds_sent_at_once_with_one_idempotency_key_refund_once(localstripe, api, monkeypatch):
+    """The database decides (refund_unique_idempotency_key), not a look before the insert: a request that looked
+    before the other one's refund was there loses at the insert and answers with that refund."""
+    from billing.services import refunds
+
+    top_up = _credited_top_up(localstripe, api, "50.00")
+    operator = UserFactory(is_staff=True)
+    first, created = refunds.refund_create_once(top_up=top_up, amount_micros=10_000_000, reason="goodwill",
+                                                created_by=operator, idempotency_key="k", request_fingerprint="f")
+    looks = []
+    look = refunds.refund_for_idempotency_key
+
+    def too_early_then_found(**kwargs):
+        looks.append(kwargs)
+        return None if len(looks) == 1 else look(**kwargs)
+
+    monkeypatch.setattr(refunds, "refund_for_idempotency_key", too_early_then_found)
+    again, created_again = refunds.refund_create_once(
+        top_up=top_up, amount_micros=10_000_000, reason="goodwill", created_by=operator, idempotency_key="k",
+        request_fingerprint="f")
+    assert created and not created_again and again.pk == first.pk and len(looks) == 2
+    assert Refund.objects.filter(top_up=top_up).count() == 1 and balance(api.user) == 40_000_000
+
+
+@pytest.mark.django_db
 def test_a_refund_stripe_says_failed_before_its_answer_is_recorded_debits_nothing(localstripe, api):
     """refund.failed can reach the webhook between Stripe's answer to the create and its recording: the refund,
     still pending, failed; refund_confirm then took it for one made after all and debited the wallet."""
