@@ -10,8 +10,9 @@ how often the meter runs:
 - A volume is billed from `available_at` (created on its node) until its deletion is asked for (volume_delete
   closes it at that moment); a volume whose deletion the node refused is billed again from where it stopped.
 - A stopped instance's disk is billed from `stopped_at` while it is stopped; leaving `stopped` (start, destroy,
-  failure) closes it at that moment (marketplace.services.instances.common._leave_running), or at its node's
-  last healthy moment if that is earlier (storage_billed_until), as a volume's deletion does.
+  failure) closes it at that moment (marketplace.services.instances.common._leave_running), or, while its node's
+  latest health check failed, at its last healthy moment (storage_billed_until), as a volume's deletion does.
+- The size billed is the one booked (`Instance.disk_gb`, `Volume.size_gb`): what a node reports never changes it.
 
 Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
 (idempotency key `storage:volume:<id>:<start µs>` or `storage:disk:<id>:<start µs>`) and the totals on the row.
@@ -29,6 +30,7 @@ from django.utils import timezone
 from billing.models import AccountKind, TransactionKind
 from billing.pricing import EPOCH, MICROSECOND, SECOND
 from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
+from billing.services.metering import node_billable_until
 from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
 from marketplace.models.host import SECONDS_PER_MONTH
 
@@ -58,19 +60,26 @@ class _Charge:
     fee: int
 
 
-def _next(*, since: datetime, until: datetime, billed_seconds: int, cost_micros: int, size_gb: int, price: int,
+def _next(*, since: datetime, until: datetime, billed_seconds: int, size_gb: int, price: int,
           bps: int) -> _Charge | None:
+    """The charge for the seconds from `since` to `until` after `billed_seconds` already billed: the cumulative
+    cost at this size over all of them less that over the billed ones, so time billed already is never priced
+    again (a size that changed, which nothing should do, would reach only new seconds) and the amount is never
+    negative: what the ledger is posted is what the row adds."""
     seconds = int((until - since).total_seconds())
     if seconds <= 0:
         return None
+    billed = storage_cost(size_gb=size_gb, price_per_gb_month_micros=price, seconds=billed_seconds)
     new_cost = storage_cost(size_gb=size_gb, price_per_gb_month_micros=price, seconds=billed_seconds + seconds)
-    amount = new_cost - cost_micros
-    fee = new_cost * bps // 10_000 - cost_micros * bps // 10_000
+    amount = new_cost - billed
+    fee = new_cost * bps // 10_000 - billed * bps // 10_000
     return _Charge(start=since, end=since + seconds * SECOND, seconds=seconds, amount=amount, fee=fee)
 
 
 def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str, at: datetime) -> None:
-    if charge.amount <= 0:
+    if charge.amount < 0:  # cannot happen (_next); were it to, neither the ledger nor the row takes it
+        raise LedgerError(f"{key}: a storage charge of {charge.amount} µ$")
+    if charge.amount == 0:  # nothing to post (a free or tiny disk): the row adds 0 too
         return
     provider_id = Node.objects.values_list("provider_id", flat=True).get(pk=node_id)
     lines = [(user_account(user_id=renter_id, kind=AccountKind.CUSTOMER_WALLET), -charge.amount)]
@@ -90,7 +99,7 @@ def volume_storage_close(*, volume: Volume, until: datetime | None = None) -> in
     if volume.available_at is None or volume.state not in (VolumeState.AVAILABLE, VolumeState.DELETING):
         return 0
     since = max(volume.billed_until or volume.available_at, volume.available_at)
-    charge = _next(since=since, until=until, billed_seconds=volume.billed_seconds, cost_micros=volume.cost_micros,
+    charge = _next(since=since, until=until, billed_seconds=volume.billed_seconds,
                    size_gb=volume.size_gb, price=volume.price_per_gb_month_micros, bps=volume.platform_fee_bps)
     if charge is None:
         return 0
@@ -113,8 +122,7 @@ def instance_disk_close(*, instance: Instance, until: datetime | None = None) ->
     if instance.status != InstanceStatus.STOPPED or instance.stopped_at is None:
         return 0
     since = max(instance.disk_billed_until or instance.stopped_at, instance.stopped_at)
-    charge = _next(since=since, until=until, billed_seconds=instance.disk_billed_seconds,
-                   cost_micros=instance.disk_cost_micros, size_gb=instance.disk_gb,
+    charge = _next(since=since, until=until, billed_seconds=instance.disk_billed_seconds, size_gb=instance.disk_gb,
                    price=instance.disk_price_per_gb_month_micros, bps=instance.platform_fee_bps)
     if charge is None:
         return 0
@@ -153,10 +161,12 @@ class StorageMeterResult:
 
 
 def storage_billed_until(*, node_id: int, now: datetime) -> datetime:
-    """Where a storage charge closed by a state change ends: `now`, or the node's last healthy moment if that is
-    earlier (a disk or volume on a node that stopped answering is not billed for the outage, as the meter does)."""
-    seen = Node.objects.filter(pk=node_id).values_list("last_seen_at", flat=True).first()
-    return min(now, seen or now)
+    """Where a storage charge closed by a state change ends: GPU time's rule (node_billable_until): `now` while
+    the node answers, or its last healthy moment while its latest health check failed (a disk or volume on a
+    node that stopped answering is not billed for the outage, as the meter does). Before, it was the last health
+    check even on a healthy node: each deletion, start or destroy of a stopped instance dropped up to a health
+    interval of storage, which the provider lost."""
+    return node_billable_until(node_id=node_id, now=now)
 
 
 def storage_meter(*, now: datetime | None = None) -> StorageMeterResult:

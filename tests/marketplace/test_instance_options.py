@@ -197,21 +197,25 @@ def test_options_are_stored_shown_and_sent_to_the_agent_as_json(api):
     assert not {"env", "onstart", "ports", "registry_auth"} & set(create_request(plain))
 
 
-def test_the_agents_answer_gives_the_instance_its_ports_os_and_disk(api):
+def test_the_agents_answer_gives_the_instance_its_ports_and_os_but_never_another_disk_size(api, caplog):
+    """The disk stays the size the renter booked (and pays for while stopped): the node's (the provider's) report of
+    another size is logged, never recorded (before, it replaced the booked size, and billing followed it)."""
     node = make_listed_node(gpu_count=4)
     instance = Instance.objects.get(pk=post(api, body(node, ports=[8888])).json()["id"])
+    booked = instance.disk_gb
     svc.instance_mark_provisioning(instance_id=instance.pk)
     svc.instance_mark_running(instance_id=instance.pk, ssh_host="203.0.113.7", ssh_port=40001, ssh_user="root", vm={
         "ports": {"8888/tcp": {"host": "203.0.113.7", "port": 40123}}, "os": "Debian GNU/Linux 13 (trixie)",
-        "disk_gb": 40})
+        "disk_gb": 60000})
     got = api.get(f"{URL}{instance.pk}/").json()
     assert got["ports"] == {"8888/tcp": {"host": "203.0.113.7", "port": 40123}}
-    assert got["os"] == "Debian GNU/Linux 13 (trixie)" and got["disk_gb"] == 40
+    assert got["os"] == "Debian GNU/Linux 13 (trixie)" and got["disk_gb"] == booked
+    assert f"reports a 60000 GB disk; {booked} GB were booked" in caplog.text
     # An answer with something malformed in it records none of that part.
     svc.instance_mark_running(instance_id=instance.pk, ssh_host="203.0.113.7", ssh_port=40001, ssh_user="root",
                               vm={"ports": {"8888/tcp": {"host": 1, "port": "x"}}, "os": 5, "disk_gb": True})
     again = api.get(f"{URL}{instance.pk}/").json()
-    assert again["ports"] == got["ports"] and again["os"] == got["os"] and again["disk_gb"] == 40
+    assert again["ports"] == got["ports"] and again["os"] == got["os"] and again["disk_gb"] == booked
 
 
 # ---------------------------------------------------------------------- the registry password

@@ -36,7 +36,8 @@ def instance_mark_provisioning(*, instance_id: int) -> Instance | None:
 
 
 def _vm_facts(instance: Instance, vm: dict[str, Any]) -> list[str]:
-    """Record what the node says the VM has: mapped ports, OS, disk. Only well-formed values are kept."""
+    """Record what the node says the VM has: mapped ports, OS. Only well-formed values are kept; its disk size is
+    only compared with the booked one."""
     fields = []
     ports = vm.get("ports")
     if isinstance(ports, dict) and all(
@@ -48,10 +49,16 @@ def _vm_facts(instance: Instance, vm: dict[str, Any]) -> list[str]:
     if isinstance(os_name, str) and os_name:
         instance.os = "".join(c for c in os_name if c.isprintable())[:200]
         fields.append("os")
+    # The disk is the size the renter booked, sent to the node and billed while stopped: the node's (the
+    # provider's) report is information, never a new size (before, a node answering 60000 GB on a start had the
+    # disk's whole stopped past billed again at that size). A different one is logged for operators.
     disk = vm.get("disk_gb")
-    if isinstance(disk, int) and not isinstance(disk, bool) and disk > 0:
-        instance.disk_gb = disk
-        fields.append("disk_gb")
+    if isinstance(disk, int) and not isinstance(disk, bool) and disk != instance.disk_gb:
+        import logging  # (here: this function is all of this module that the storage fix may touch)
+
+        logging.getLogger(__name__).warning(
+            "instance %s: its node reports a %s GB disk; %s GB were booked (and are billed)", instance.pk,
+            str(disk)[:20], instance.disk_gb)
     return fields
 
 
