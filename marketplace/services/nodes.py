@@ -156,7 +156,9 @@ def node_update(
     mig_prices: dict[str, Decimal] | None = None,
 ) -> Node:
     """Change what a provider may change. Price changes never touch booked instances or created volumes. A new
-    MIG layout takes effect at the next check (its slices are proven then); prices at once."""
+    MIG layout takes effect at the next check (its slices are proven then); prices at once. Putting an unlisted node
+    back on the offers (`listed` True) is listing: EmailNotVerified (403) while the provider's address is not
+    verified, as for node_register."""
     node = Node.objects.select_for_update().select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
@@ -175,6 +177,10 @@ def node_update(
         node.price_per_gpu_hour_micros = usd_to_micros(price_per_gpu_hour)
     if disk_price_per_gb_month is not None:
         node.disk_price_per_gb_month_micros = usd_to_micros(disk_price_per_gb_month)
+    if listed and not node.listed:
+        # Back on the offers is listing again: the rule node_register applies (an operator may have changed the
+        # address since; the provider proves the new one first).
+        email_verified_required(user=User.objects.get(pk=node.provider_id))
     if listed is not None:
         node.listed = listed
     if maintenance is True and node.state != NodeState.MAINTENANCE:

@@ -31,6 +31,7 @@ from marketplace.models.nodes import offerable
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
+from marketplace.services.email_verification import email_verified_required
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
@@ -79,8 +80,9 @@ def _vm_leaving(instance_id: int) -> str:
 def volume_create(*, owner: User, node_id: int, size_gb: int, label: str = "") -> Volume:
     """Create a volume on a node renters can book, at its published price per GB-month, and queue its creation.
 
-    Raises ValidationFailed (no such offer, size out of range), Conflict (the node takes no new rentals) or
-    PaymentRequired (the renter's balance is at zero or below while funds are required)."""
+    Raises EmailNotVerified (403: the renter's address is not verified), ValidationFailed (no such offer, size out
+    of range), Conflict (the node takes no new rentals) or PaymentRequired (the renter's balance is at zero or below
+    while funds are required)."""
     return volume_create_once(owner=owner, node_id=node_id, size_gb=size_gb, label=label)[0]
 
 
@@ -101,6 +103,7 @@ def volume_create_once(*, owner: User, node_id: int, size_gb: int, label: str = 
     """volume_create for a request that may come twice (a retry, a double-clicked form): returns (volume, created);
     with an `idempotency_key` seen before and the same body, the earlier volume and False (nothing is billed
     twice). Raises as volume_create does, and IdempotencyKeyReused (422) for the same key with another body."""
+    email_verified_required(user=owner)  # a volume is rented storage: the rule of booking an instance
     if idempotency_key:
         existing = volume_for_idempotency_key(owner=owner, idempotency_key=idempotency_key,
                                               request_fingerprint=request_fingerprint)

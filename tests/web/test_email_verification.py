@@ -13,9 +13,9 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.test import Client
 from rest_framework.test import APIClient
 
-from marketplace.models import Gpu, Instance, Node, User
+from marketplace.models import Gpu, Instance, Node, NodeState, User, Verdict, Volume
 from provisioning.models import Job
-from tests.factories import UserFactory, api_key_for, make_listed_node
+from tests.factories import UserFactory, api_key_for, make_listed_node, make_node
 from tests.marketplace.renting_helpers import ed25519_key
 from tests.web.conftest import PASSWORD, logged_in
 
@@ -78,6 +78,45 @@ def test_the_vast_compatible_api_refuses_too(unverified):
         format="json")
     assert r.status_code == 403 and r.json()["error"] == CODE and "Verify your e-mail" in r.json()["msg"]
     assert _nothing_rented(node)
+
+
+def _unlisted_node_of_a_provider_made_unverified():
+    """A verified provider's node, unlisted; then an operator changes the provider's address (UserAdmin.save_model)."""
+    provider = UserFactory()
+    node = make_node(provider, state=NodeState.ACTIVE, verdict=Verdict.VERIFIED, listed=False)
+    User.objects.filter(pk=provider.pk).update(email_verified_at=None)
+    provider.refresh_from_db()
+    return provider, node
+
+
+def test_an_unverified_provider_cannot_put_a_node_back_on_the_offers_by_any_path(settings):
+    """Relisting is listing: the API's PATCH, `vastai list machine` and the node's settings form are refused as
+    registering is, and the node stays off the offers."""
+    provider, node = _unlisted_node_of_a_provider_made_unverified()
+    client = _api(provider)
+    r = client.patch(f"/api/v1/nodes/{node.pk}/", {"listed": True}, format="json")
+    assert r.status_code == 403 and r.json()["code"] == CODE, r.content
+    r = client.put("/compat/vast/api/v0/machines/create_asks/", {"machine": node.pk, "price_gpu": 1.0}, format="json")
+    assert r.status_code == 403 and r.json()["error"] == CODE, r.content
+    r = logged_in(provider).post(f"/nodes/{node.pk}/settings/", {"price_per_gpu_hour": "0.25", "listed": "on"})
+    assert r.status_code == 400 and "Verify your e-mail address" in r.content.decode()
+    node.refresh_from_db()
+    assert not node.listed and node.price_per_gpu_hour_micros == 1_500_000
+    # What is not listing still works: another price on the unlisted node, unlisting a listed one.
+    assert client.patch(f"/api/v1/nodes/{node.pk}/", {"price_per_gpu_hour": "0.9"}, format="json").status_code == 200
+    Node.objects.filter(pk=node.pk).update(listed=True)
+    assert client.patch(f"/api/v1/nodes/{node.pk}/", {"listed": True}, format="json").status_code == 200
+    assert client.patch(f"/api/v1/nodes/{node.pk}/", {"listed": False}, format="json").status_code == 200
+
+
+def test_an_unverified_renter_cannot_create_a_volume_on_the_api_or_the_page(unverified):
+    """A volume is rented storage, billed while it exists: the rule of renting an instance."""
+    node = make_listed_node()
+    r = _api(unverified).post("/api/v1/volumes/", {"offer": node.pk, "size_gb": 10}, format="json")
+    assert r.status_code == 403 and r.json()["code"] == CODE, r.content
+    r = logged_in(unverified).post("/volumes/", {"offer": node.pk, "size_gb": 10, "label": "data"})
+    assert r.status_code == 400 and "Verify your e-mail address" in r.content.decode()
+    assert not Volume.objects.exists() and not Job.objects.exists()
 
 
 def test_the_pages_say_it_with_the_resend_button_and_write_nothing(unverified):
