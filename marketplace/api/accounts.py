@@ -114,7 +114,18 @@ class LoginResultSerializer(AuthResultSerializer):
         many=True, help_text="Your keys of the same name that this log-in revoked (requests with them now get 401).")
 
 
-class _AuthView(APIView):
+class NoStoreMixin:
+    """For the views whose answers carry a secret shown once (a new API key: sign-up's confirm, log-in, POST
+    /api-keys/): every answer says Cache-Control: no-store, so that no browser, proxy or client cache keeps the
+    only copy a stranger could read later, as the pages that show a new key and the webhook endpoint API do."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class _AuthView(NoStoreMixin, APIView):
     api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []
@@ -199,7 +210,7 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 
 
 @extend_schema(tags=["api-keys"])
-class ApiKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class ApiKeyViewSet(NoStoreMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     """Your API keys that are not revoked (expired ones too, marked `expired`), those made by log-ins (one per
     `key_name`) included. The secret is shown only in the answer to POST. Keys made before scopes existed, by
     sign-up and by log-ins hold all three scopes."""

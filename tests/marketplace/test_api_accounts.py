@@ -237,6 +237,18 @@ def test_create_key_shows_it_once_and_stores_only_its_sha256(api, user):
     assert raw not in str(listed)
 
 
+def test_every_answer_that_shows_a_new_key_says_no_store(anon, api, mailoutbox):
+    """The key is in that answer only: no browser, proxy or client cache may keep it (as the key pages and the
+    webhook endpoint API say)."""
+    anon.post(REGISTER, {"email": "fresh@example.com", "password": GOOD_PASSWORD})
+    confirmed = anon.post(CONFIRM, {"token": signup_token(mailoutbox, "fresh@example.com")})
+    logged_in = anon.post(LOGIN, {"email": "fresh@example.com", "password": GOOD_PASSWORD})
+    made = api.post(KEYS, {"name": "ci"})
+    for r, status in ((confirmed, 201), (logged_in, 200), (made, 201)):
+        assert r.status_code == status and r.json().get("api_key", r.json().get("key", "")).startswith("gpm_")
+        assert r["Cache-Control"] == "no-store", (r.request["PATH_INFO"], r.get("Cache-Control"))
+
+
 def test_an_account_holds_at_most_the_configured_number_of_keys(anon, api, user, settings):
     settings.API_KEYS_PER_USER_MAX = 3  # the key `api` is authenticated with is one of them
     assert [api.post(KEYS, {"name": f"k{i}"}).status_code for i in range(2)] == [201, 201]
