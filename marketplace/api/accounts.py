@@ -120,7 +120,7 @@ class NoStoreMixin:
     only copy a stranger could read later, as the pages that show a new key and the webhook endpoint API do."""
 
     def finalize_response(self, request, response, *args, **kwargs):
-        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        response = super().finalize_response(request, response, *args, **kwargs)
         response["Cache-Control"] = "no-store"
         return response
 
