@@ -8,8 +8,8 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
-from django.db.models.functions import TruncMonth
+from django.db.models import BigIntegerField, Count, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models.functions import Cast, Coalesce, StrIndex, Substr, TruncMonth
 from django.utils import timezone
 
 from billing.models import (
@@ -26,7 +26,7 @@ from billing.models import (
     UsageInterval,
 )
 from billing.pricing import instance_cost_so_far
-from marketplace.models import Instance, InstanceStatus, User
+from marketplace.models import Instance, InstanceStatus, User, Volume
 
 
 def usage_for_user(*, user: User) -> QuerySet[UsageInterval]:
@@ -186,39 +186,52 @@ def statement_for(*, user: User, month: date) -> Statement:
 
 @dataclass
 class Earnings:
+    """A provider's earnings, all from the ledger: gross_micros - fees_micros + adjustments_micros == earned_micros,
+    and earned_micros - paid_out_micros == balance_micros."""
+
     balance_micros: int = 0  # earned and not paid out yet
     earned_micros: int = 0  # all time, after the platform fee
     paid_out_micros: int = 0
-    gross_micros: int = 0  # what renters paid for the provider's instances
+    gross_micros: int = 0  # what renters paid for the provider's GPU time and storage, net of reversals
     fees_micros: int = 0  # the platform's share of it
-    seconds: int = 0
+    adjustments_micros: int = 0  # service credits charged to the provider, and other corrections (negative: taken)
+    seconds: int = 0  # GPU time sold
     months: list[dict[str, Any]] = field(default_factory=list)
 
 
 def earnings_for(*, user: User) -> Earnings:
+    """What a provider earned, was paid and has left, what renters paid for it and the platform kept of it.
+
+    gross_micros and fees_micros come from the same ledger transactions as the earnings (GPU time and storage: the
+    provider's share, and the platform-revenue entry beside it), so that "renters paid" less "platform fees" is
+    what the sales earned; before, they were summed from GPU-time intervals only and left storage out (found by
+    review). A charge of which the platform kept all (a micro-dollar's fee rounding) has no line for the provider
+    and is counted in neither.
+    """
     account = _account(user, AccountKind.PROVIDER_EARNINGS)
     result = Earnings()
     if account is None:
         return result
     result.balance_micros = account.balance_micros
+    payouts = Q(transaction__kind__in=[TransactionKind.PAYOUT, TransactionKind.PAYOUT_REVERSAL])
     rows = (Entry.objects.filter(account=account)
             .annotate(month=TruncMonth("transaction__created_at", tzinfo=UTC))
             .values("month").order_by("-month")
-            .annotate(earned=Sum("amount_micros", filter=Q(transaction__kind=TransactionKind.USAGE)),
-                      paid=Sum("amount_micros", filter=Q(transaction__kind__in=[TransactionKind.PAYOUT,
-                                                                                TransactionKind.PAYOUT_REVERSAL])),
-                      other=Sum("amount_micros", filter=~Q(transaction__kind__in=[
-                          TransactionKind.USAGE, TransactionKind.PAYOUT, TransactionKind.PAYOUT_REVERSAL]))))
+            .annotate(paid=Sum("amount_micros", filter=payouts), other=Sum("amount_micros", filter=~payouts)))
     for row in rows:
-        earned, paid = (row["earned"] or 0) + (row["other"] or 0), -(row["paid"] or 0)
+        earned, paid = row["other"] or 0, -(row["paid"] or 0)
         result.earned_micros += earned
         result.paid_out_micros += paid
         result.months.append({"month": row["month"].date(), "earned_micros": earned, "paid_out_micros": paid})
-    fees = (UsageInterval.objects.filter(instance__node__provider=user)
-            .aggregate(amount=Sum("amount_micros"), fee=Sum("fee_micros"), seconds=Sum("seconds")))
-    result.gross_micros = fees["amount"] or 0
-    result.fees_micros = fees["fee"] or 0
-    result.seconds = fees["seconds"] or 0
+    sold = Entry.objects.filter(_sales(), account=account).values("transaction_id")
+    split = Entry.objects.filter(transaction_id__in=sold).aggregate(
+        earned=Sum("amount_micros", filter=Q(account=account)),
+        fee=Sum("amount_micros", filter=Q(account__kind=AccountKind.PLATFORM_REVENUE)))
+    result.fees_micros = split["fee"] or 0
+    result.gross_micros = (split["earned"] or 0) + result.fees_micros
+    result.adjustments_micros = result.earned_micros - (split["earned"] or 0)
+    result.seconds = UsageInterval.objects.filter(instance__node__provider=user).aggregate(
+        seconds=Sum("seconds"))["seconds"] or 0
     return result
 
 
@@ -258,20 +271,68 @@ def instance_cost(*, instance: Instance) -> dict[str, int]:
     return {"amount_micros": instance_cost_so_far(instance=instance), "billed_seconds": instance.billed_seconds}
 
 
+# The ledger keys billing.services.storage.storage_key gives storage charges: storage:<volume|disk>:<id>:<start µs>.
+_STORAGE_KEY_OF = {"volume": "storage:volume:", "disk": "storage:disk:"}
+
+
 def earnings_by_node(*, user: User) -> dict[int, int]:
-    """A provider's earnings (after the platform fee) per node id, all time."""
-    rows = (UsageInterval.objects.filter(instance__node__provider=user).values("instance__node_id")
-            .annotate(amount=Sum("amount_micros"), fee=Sum("fee_micros")).order_by())
-    return {r["instance__node_id"]: r["amount"] - r["fee"] for r in rows}
+    """A provider's earnings (after the platform fee) per node id, all time, from the ledger: GPU time (through its
+    usage interval's instance), volumes and stopped instances' disks (through the volume or instance their storage
+    key names), each net of its reversals. Before, only GPU time counted (found by review). Service credits and
+    other corrections are the provider's, not a node's: they are in earnings_for's adjustments."""
+    account = _account(user, AccountKind.PROVIDER_EARNINGS)
+    if account is None:
+        return {}
+    mine = Entry.objects.filter(account=account)
+    per_node: dict[int, int] = {}
+
+    def add(node_id: int | None, amount: int | None) -> None:
+        if node_id is not None and amount:
+            per_node[node_id] = per_node.get(node_id, 0) + amount
+
+    usage = Q(transaction__kind=TransactionKind.USAGE) | Q(transaction__reverses__kind=TransactionKind.USAGE)
+    for row in (mine.filter(usage)
+                .annotate(node=Coalesce("transaction__reverses__usage_interval__instance__node_id",
+                                        "transaction__usage_interval__instance__node_id"))
+                .values("node").annotate(amount=Sum("amount_micros")).order_by()):
+        add(row["node"], row["amount"])
+    storage = Q(transaction__kind=TransactionKind.STORAGE) | Q(transaction__reverses__kind=TransactionKind.STORAGE)
+    charges = mine.filter(storage).annotate(key=Coalesce("transaction__reverses__idempotency_key",
+                                                         "transaction__idempotency_key"))
+    for what, model in (("volume", Volume), ("disk", Instance)):
+        prefix = _STORAGE_KEY_OF[what]
+        rest = Substr("key", len(prefix) + 1)  # "<id>:<start µs>"
+        rows = (charges.filter(key__startswith=prefix)
+                .annotate(object_id=Cast(Substr(rest, 1, StrIndex(rest, Value(":")) - 1), BigIntegerField()))
+                .values("object_id").annotate(amount=Sum("amount_micros")).order_by())
+        amounts = {row["object_id"]: row["amount"] for row in rows}
+        for object_id, node_id in model.objects.filter(pk__in=amounts).values_list("pk", "node_id"):
+            add(node_id, amounts[object_id])
+    return per_node
+
+
+# What renters buy: GPU time (metering) and storage (volumes, stopped instances' disks). Each such transaction
+# debits the renter's wallet, credits the provider's earnings with the amount less the platform's fee, and the
+# platform-revenue account with the fee.
+SALES = (TransactionKind.USAGE, TransactionKind.STORAGE)
+
+
+def _sales() -> Q:
+    """An entry of a sale, or of the reversal of one (an operator's correction)."""
+    return Q(transaction__kind__in=SALES) | Q(transaction__reverses__kind__in=SALES)
 
 
 def revenue_between(*, start: datetime, end: datetime) -> dict[str, int]:
-    """Usage charged to renters and the platform's fees posted in [start, end), from the ledger.
+    """What renters were charged for GPU time and storage, and what the platform-revenue account received, posted
+    in [start, end), from the ledger; both net of reversals. Integer micro-dollars: {"charged_micros",
+    "fee_micros"}.
 
-    Net of reversals of usage transactions. Integer micro-dollars: {"charged_micros", "fee_micros"}.
+    "fee_micros" is every entry of the platform-revenue account in the window, whatever posted it: its fees on GPU
+    time and on storage, less their reversals (found by review: only GPU time was counted, so the platform's fee
+    on storage never reached the operators' dashboard).
     """
-    usage = Q(transaction__kind=TransactionKind.USAGE) | Q(transaction__reverses__kind=TransactionKind.USAGE)
-    row = (Entry.objects.filter(usage, transaction__created_at__gte=start, transaction__created_at__lt=end)
-           .aggregate(charged=Sum("amount_micros", filter=Q(account__kind=AccountKind.CUSTOMER_WALLET)),
-                      fee=Sum("amount_micros", filter=Q(account__kind=AccountKind.PLATFORM_REVENUE))))
+    revenue = Q(account__kind=AccountKind.PLATFORM_REVENUE)
+    charged = Q(account__kind=AccountKind.CUSTOMER_WALLET) & _sales()
+    row = (Entry.objects.filter(revenue | charged, transaction__created_at__gte=start, transaction__created_at__lt=end)
+           .aggregate(charged=Sum("amount_micros", filter=charged), fee=Sum("amount_micros", filter=revenue)))
     return {"charged_micros": -(row["charged"] or 0), "fee_micros": row["fee"] or 0}

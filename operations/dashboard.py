@@ -40,7 +40,8 @@ def _changelist(model: str, **filters) -> str:
 
 def revenue_figures(now=None) -> dict:
     """Revenue today and this month (UTC), from billing's ledger (billing.selectors.revenue_between: integer
-    micro-dollars under "charged_micros", what renters paid, and "fee_micros", the platform's share)."""
+    micro-dollars under "charged_micros", what renters paid for GPU time and storage, and "fee_micros", what the
+    platform-revenue account received; both net of reversals)."""
     now = now or timezone.now()
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     month = day.replace(day=1)

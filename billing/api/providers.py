@@ -28,9 +28,13 @@ class EarningsSerializer(serializers.Serializer):
     balance = MoneyField(source="balance_micros", help_text="Earned and not paid out yet.")
     earned = MoneyField(source="earned_micros", help_text="All time, after the platform fee.")
     paid_out = MoneyField(source="paid_out_micros")
-    renters_paid = MoneyField(source="gross_micros", help_text="What renters paid for your instances.")
+    renters_paid = MoneyField(source="gross_micros", help_text=(
+        "What renters paid for your GPU time and storage (volumes, stopped instances' disks), net of corrections."))
     platform_fees = MoneyField(source="fees_micros", help_text="The platform's share of it.")
-    billed_seconds = serializers.IntegerField(source="seconds")
+    adjustments = MoneyField(source="adjustments_micros", help_text=(
+        "Service credits charged to your earnings (interruptions) and other corrections; negative when taken. "
+        "renters_paid - platform_fees + adjustments = earned."))
+    billed_seconds = serializers.IntegerField(source="seconds", help_text="GPU time sold, in seconds.")
     platform_fee_percent = serializers.CharField(help_text="For new rentals; each rental keeps the fee it "
                                                            "was booked with.")
     payout_minimum = MoneyField()
