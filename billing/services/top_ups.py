@@ -14,6 +14,7 @@ from decimal import Decimal
 import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from billing.models import AccountKind, BillingProfile, Card, EventKind, TopUp, TopUpStatus, TransactionKind
@@ -222,13 +223,17 @@ def auto_top_up_start(*, user_id: int) -> TopUp | None:
             return None
         if wallet_balance(user_id=user_id) >= profile.auto_top_up_threshold_micros:
             return None
-        # One under way (pending, processing), or one that failed within the hour since the user last changed
-        # their auto top-up: not another yet.
+        # One under way, however old (pending, processing, or failed with its outcome unknown: the card may have
+        # been charged, and the follow-ups settle it), or one that definitely failed within the hour since the
+        # user last changed their auto top-up: not another yet. (Before, the hour bounded the ones under way too:
+        # one still processing after an hour, its webhook lost, no longer counted and the card was charged again
+        # every hour.)
         since = timezone.now() - AUTO_TOP_UP_RETRY_AFTER
-        recent = TopUp.objects.filter(user_id=user_id, automatic=True, created_at__gte=since)
+        automatic = TopUp.objects.filter(user_id=user_id, automatic=True)
         failed_since = max(since, profile.auto_top_up_changed_at or since)
-        if (recent.filter(status__in=[TopUpStatus.PENDING, TopUpStatus.PROCESSING]).exists()
-                or recent.filter(status=TopUpStatus.FAILED, created_at__gt=failed_since).exists()):
+        if (automatic.filter(Q(status__in=[TopUpStatus.PENDING, TopUpStatus.PROCESSING])
+                             | Q(status=TopUpStatus.FAILED, outcome_unknown=True)).exists()
+                or automatic.filter(status=TopUpStatus.FAILED, created_at__gt=failed_since).exists()):
             return None
         top_up = TopUp.objects.create(
             user_id=user_id, amount_micros=profile.auto_top_up_amount_micros, card_id=profile.auto_top_up_card_id,

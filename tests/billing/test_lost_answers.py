@@ -12,6 +12,7 @@ from django.utils import timezone
 from billing.models import BillingEvent, BillingProfile, Card, Refund, RefundStatus, TopUp, TopUpStatus
 from billing.services import payments, reconcile
 from billing.services.reconcile import refunds_reconcile
+from billing.services.top_ups import auto_top_up_start
 from billing.services.webhooks import payment_intent_apply
 from billing.tasks import top_ups_reconcile as reconcile_task
 from billing.tasks import usage_meter_tick
@@ -224,6 +225,34 @@ def test_an_automatic_top_up_whose_answer_was_lost_is_tried_again_after_an_hour_
     TopUp.objects.filter(pk=top_up.pk).update(created_at=top_up.created_at - timedelta(minutes=61))
     _ticks(1, django_capture_on_commit_callbacks)
     assert TopUp.objects.filter(user=api.user).count() == 2  # an hour later, once more
+
+
+def test_auto_top_up_is_not_started_again_while_one_is_still_processing(clock, user):
+    """An automatic top-up still processing after an hour (its webhook lost, or Stripe still says processing) no
+    longer counted as under way, and the card was charged again every hour (found by review)."""
+    fund(user, "1")
+    card = Card.objects.create(user=user, stripe_payment_method_id="pm_processing_1")
+    BillingProfile.objects.create(user=user, auto_top_up_enabled=True, auto_top_up_card=card,
+                                  auto_top_up_threshold_micros=5_000_000, auto_top_up_amount_micros=20_000_000)
+    first = auto_top_up_start(user_id=user.pk)
+    assert first is not None
+    # (TopUp.created_at's default is bound before the clock fixture patches timezone.now: set it.)
+    TopUp.objects.filter(pk=first.pk).update(status=TopUpStatus.PROCESSING, payment_intent_id="pi_processing_1",
+                                             created_at=clock.now)
+    clock.advance(minutes=30)
+    assert auto_top_up_start(user_id=user.pk) is None
+    clock.advance(hours=5)  # still processing: charged at Stripe, not credited yet
+    assert auto_top_up_start(user_id=user.pk) is None
+    # Nor while one is pending (its charge task not run yet), however old.
+    TopUp.objects.filter(pk=first.pk).update(status=TopUpStatus.PENDING, payment_intent_id=None)
+    assert auto_top_up_start(user_id=user.pk) is None
+    # Nor while its charge's answer was lost (failed, outcome unknown: it may have charged) until the follow-up
+    # (top_ups_find_lost) knows.
+    TopUp.objects.filter(pk=first.pk).update(status=TopUpStatus.FAILED, outcome_unknown=True)
+    assert auto_top_up_start(user_id=user.pk) is None
+    # Once it definitely failed, over an hour ago, another one starts.
+    TopUp.objects.filter(pk=first.pk).update(outcome_unknown=False)
+    assert auto_top_up_start(user_id=user.pk) is not None
 
 
 def test_a_refund_that_fails_at_stripe_after_it_was_made_gives_the_debit_back_once(localstripe, api,
