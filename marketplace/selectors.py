@@ -183,8 +183,9 @@ def node_in_use_q() -> Q:
 def instances_awaiting_cleanup(*, node_id: int) -> list[int]:
     """Instances of the node that are over (destroyed or failed) but whose VM may still be on it: they still
     hold a GPU or a MIG slice, or were destroyed while the node could not be reached (`vm_cleanup_pending`: a
-    stopped instance holds no GPU that would say so). The reconciler removes their VMs; a node is not retired
-    before."""
+    stopped instance holds no GPU that would say so); and stopped or failed ones whose job gave up before the
+    node confirmed their VM stopped or gone (`vm_cleanup_pending`, GPUs kept). The reconciler removes their VMs;
+    a node is not retired before."""
     return sorted(instances_awaiting_cleanup_by_node(node_ids=[node_id]).get(node_id, set()))
 
 
@@ -199,8 +200,7 @@ def instances_awaiting_cleanup_by_node(*, node_ids: Iterable[int]) -> dict[int, 
     slices = MigSliceAllocation.objects.filter(mig_slice__node_id__in=node_ids, released_at__isnull=True,
                                                instance__status__in=over).values_list("mig_slice__node_id",
                                                                                       "instance_id")
-    pending = Instance.objects.filter(node_id__in=node_ids, status=InstanceStatus.DESTROYED,
-                                      vm_cleanup_pending=True).values_list("node_id", "pk")
+    pending = Instance.objects.filter(node_id__in=node_ids, vm_cleanup_pending=True).values_list("node_id", "pk")
     found: dict[int, set[int]] = {}
     for node_id, instance_id in (*gpus, *slices, *pending):
         found.setdefault(node_id, set()).add(instance_id)

@@ -86,7 +86,8 @@ INSTANCE_TRANSITIONS = Transitions({
     # FAILED: the VM is gone; DESTROYED: the renter deleted it while the node was unreachable (the VM is
     # removed when the node answers again).
     IS.INTERRUPTED: {IS.RUNNING, IS.STARTING, IS.FAILED, IS.DESTROYING, IS.DESTROYED},
-    IS.STOPPING: {IS.STOPPED, IS.FAILED, IS.DESTROYING},
+    # RUNNING: a stop that never reached the node (the VM runs as before: vms.vm_failed).
+    IS.STOPPING: {IS.STOPPED, IS.RUNNING, IS.FAILED, IS.DESTROYING},
     # FAILED: its VM vanished from the node; DESTROYED: deleted while its node is unreachable.
     IS.STOPPED: {IS.STARTING, IS.DESTROYING, IS.FAILED, IS.DESTROYED},
     IS.STARTING: {IS.RUNNING, IS.STOPPED, IS.FAILED, IS.DESTROYING},

@@ -40,6 +40,7 @@ from provisioning.services.verification import (
     node_verify_failed,
     node_verify_request,
 )
+from provisioning.services.vms import WAITING_ON, vm_failed
 from provisioning.services.volumes import volume_job_failed
 from provisioning.ssh_errors import NodeError
 
@@ -120,28 +121,16 @@ def _dispatch_note(job: Job, now: datetime) -> None:
     Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(log=[*job.log, line][-MAX_LOG_LINES:])
 
 
-# An instance job fails its instance only while the instance still waits on it; what each brings about.
-_WAITING_ON: dict[JobKind, tuple[str, ...]] = {
-    JobKind.INSTANCE_PROVISION: (InstanceStatus.REQUESTED, InstanceStatus.PROVISIONING),
-    JobKind.INSTANCE_START: (InstanceStatus.STARTING,),
-    JobKind.INSTANCE_RESTART: (InstanceStatus.STARTING,),
-    JobKind.INSTANCE_STOP: (InstanceStatus.STOPPING,),
-}
-_BRINGS_ABOUT: dict[JobKind, str] = {
-    JobKind.INSTANCE_PROVISION: InstanceStatus.RUNNING, JobKind.INSTANCE_START: InstanceStatus.RUNNING,
-    JobKind.INSTANCE_RESTART: InstanceStatus.RUNNING, JobKind.INSTANCE_STOP: InstanceStatus.STOPPED,
-}
-
-
 def jobs_reap() -> Summary:
     """Fail jobs still open past their deadline, releasing what they held.
 
     A job whose execution still beats (its heartbeat younger than JOB_HEARTBEAT_STALE_S) is left to it: it may
     be creating a VM on the GPUs the reaper would free for the next renter, and it ends by itself (its task's
     time limit, then the task's own failure handler, which cleans up on the node). A deadline counts from the
-    job's creation, so a job that waited in a busy queue can pass it while it runs. An instance is failed only
-    while it still waits on the job (a worker lost after the VM came up leaves a running instance: the job is
-    closed as done, and that instance is not failed).
+    job's creation, so a job that waited in a busy queue can pass it while it runs. An instance job ends as its
+    task's own failure would (vms.vm_failed), without asking the node: a worker lost after the VM came up leaves
+    the instance where the job brought it, a start goes back to stopped, and GPUs the VM may still use stay
+    held until the node confirms it stopped or gone.
     """
     now = timezone.now()
     alive = Q(status=JobStatus.RUNNING,
@@ -165,14 +154,10 @@ def jobs_reap() -> Summary:
                 # The renter asked for the end: it ends for them, and the GPUs stay held until the
                 # reconciler has removed the VM (as a destroy that could not reach the node).
                 instance_svc.instance_mark_destroyed(instance_id=job.instance_id, cleanup_pending=True)
-            elif job.instance_id and not newer:
-                failed = instance_svc.instance_mark_failed(instance_id=job.instance_id, message=error,
-                                                           only_in=_WAITING_ON.get(JobKind(job.kind), ()))
-                if failed.status == _BRINGS_ABOUT.get(JobKind(job.kind)):
-                    # Its worker was lost after the VM got there (before the job was closed): done, not failed.
-                    job_finish(job=job)
-                    reaped += 1
-                    continue
+            elif job.instance_id and not newer and job.kind in WAITING_ON:
+                vm_failed(job=job, error=error, reach_node=False)
+                reaped += 1
+                continue
             job_finish(job=job, error=error)
         reaped += 1
     return {"reaped": reaped}

@@ -143,14 +143,15 @@ def job_step(*, job: Job, message: str) -> None:
         raise JobLost(f"job {job.pk} was taken over by another execution, or closed")
 
 
-def job_finish(*, job: Job, error: str = "") -> None:
-    """Close the job: succeeded, or failed with `error` (in words a provider or renter can act on)."""
+def job_finish(*, job: Job, error: str = "", note: str = "") -> None:
+    """Close the job: succeeded (`note`: why there was nothing to do, for the log), or failed with `error` (in
+    words a provider or renter can act on; counted against the node's reliability for an instance job)."""
     target = JobStatus.FAILED if error else JobStatus.SUCCEEDED
     job.status = target  # in memory as written below; the row moves only if the table lets it (still open)
     job.error = error
     job.finished_at = timezone.now()
     job.step = "failed" if error else "done"
-    job.log = _log_line(job, error or "done", job.finished_at)
+    job.log = _log_line(job, error or (f"done: {note}" if note else "done"), job.finished_at)
     # Only an open job is closed: a reaper or another attempt may have closed it meanwhile; and only by the
     # execution holding it (or by the reaper and services, which hold no claim).
     jobs = Job.objects.filter(pk=job.pk)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
+from datetime import timedelta
 from typing import Any
 
 from core.errors import Conflict, Unavailable
@@ -17,9 +18,9 @@ from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.concurrency import NodeBusy
-from provisioning.models import OPEN, VM_JOB_KINDS, Job
+from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobKind
 from provisioning.services.nodes import node_session
-from provisioning.services.runner import job_finish, job_step
+from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts
 from provisioning.ssh_errors import AgentFailed, NodeError
 
@@ -54,6 +55,22 @@ def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> 
             last = str(exc)
         time.sleep(0.5)
     raise NodeError(f"The VM's SSH server at {host}:{port} did not answer within {timeout:.0f}s ({last}).")
+
+
+# Steps logged just before a command that changes the VM goes to the node. A job whose log has none of them never
+# touched the VM, which is as it was before the job: its failure needs nothing confirmed by the node.
+_CREATING = "pulling the image and creating the VM"
+_STARTING = "starting the VM"
+_STOPPING = "stopping the VM (the disk is kept)"
+_RESTART_STOPPING = "stopping the VM for a restart"
+_TOUCHING = frozenset({_CREATING, _STARTING, _STOPPING, _RESTART_STOPPING, "starting the VM again"})
+
+
+def _touched_vm(job: Job) -> bool:
+    log = Job.objects.filter(pk=job.pk).values_list("log", flat=True).first() or []
+    # A full log may have lost its first lines: then assume it did.
+    return len(log) >= MAX_LOG_LINES or any(isinstance(line, dict) and line.get("message") in _TOUCHING
+                                             for line in log)
 
 
 def _progress(job: Job, instance: Instance, message: str) -> None:
@@ -136,11 +153,11 @@ def create_request(instance: Instance) -> dict[str, Any]:
 def vm_provision(*, job: Job) -> None:
     instance = instance_svc.instance_mark_provisioning(instance_id=_instance_id(job))
     if instance is None:
-        job_finish(job=job, error="The instance is no longer waiting to be provisioned; nothing done.")
+        job_finish(job=job, note="the instance is no longer waiting to be provisioned; nothing to do")
         return
     _progress(job, instance, f"connecting to node {instance.node_id}")
     with node_session(instance.node) as session:
-        _progress(job, instance, "pulling the image and creating the VM")
+        _progress(job, instance, _CREATING)
         try:
             answer = session.agent("vm", "create", create_request(instance))
         except AgentFailed as exc:
@@ -152,10 +169,11 @@ def vm_provision(*, job: Job) -> None:
 
 
 def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
-    """The job's instance if it is still `status`; otherwise close the job as having nothing to do."""
+    """The job's instance if it is still `status`; otherwise close the job as having nothing to do (superseded
+    by the renter's destroy, or done by an earlier delivery whose worker died before closing it: no failure)."""
     instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
     if instance.status != status:
-        job_finish(job=job, error=f"The instance is {instance.status}, not {doing}; nothing done.")
+        job_finish(job=job, note=f"the instance is {instance.status}, not {doing}; nothing to do")
         return None
     return instance
 
@@ -170,7 +188,7 @@ def vm_start(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STARTING, "starting")) is None:
         return
     with node_session(instance.node) as session:
-        _progress(job, instance, "starting the VM")
+        _progress(job, instance, _STARTING)
         answer = _start(session, instance)
     _running(job, instance, answer, "Running")
 
@@ -179,7 +197,7 @@ def vm_restart(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STARTING, "restarting")) is None:
         return
     with node_session(instance.node) as session:
-        _progress(job, instance, "stopping the VM for a restart")
+        _progress(job, instance, _RESTART_STOPPING)
         session.agent("vm", "stop", _request(instance))
         _progress(job, instance, "starting the VM again")
         answer = _start(session, instance)
@@ -190,7 +208,7 @@ def vm_stop(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STOPPING, "stopping")) is None:
         return
     with node_session(instance.node) as session:
-        _progress(job, instance, "stopping the VM (the disk is kept)")
+        _progress(job, instance, _STOPPING)
         session.agent("vm", "stop", _request(instance))
     try:
         instance_svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
@@ -206,6 +224,12 @@ def vm_destroy(*, job: Job) -> None:
     # A job still creating or starting the VM would make it after this destroy found none, on GPUs this freed.
     other = Job.objects.filter(OPEN, instance_id=instance.pk, kind__in=VM_JOB_KINDS).exclude(pk=job.pk).first()
     if other is not None:
+        # It waits as long as that job may run (a provision's deadline is longer than a destroy's): the node is
+        # not at fault for the wait, and its end is not "the server could not be reached".
+        wait_until = other.deadline + timedelta(seconds=60)
+        if wait_until > job.deadline:
+            Job.objects.filter(pk=job.pk).update(deadline=wait_until)
+            job.deadline = wait_until
         raise NodeBusy(f"job {other.pk} ({other.get_kind_display().lower()}) is still under way; the destroy "
                        "follows it.")
     with node_session(instance.node) as session:
@@ -227,27 +251,86 @@ def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
                           "the node answers again.")
 
 
-def vm_failed(*, job: Job, error: str) -> None:
-    """A job gave up: the instance fails and its GPUs are released, so the VM must not keep them.
+# What each instance job waits on (the instance states it acts in), and what it brings about.
+WAITING_ON: dict[str, tuple[str, ...]] = {
+    JobKind.INSTANCE_PROVISION: (InstanceStatus.REQUESTED, InstanceStatus.PROVISIONING),
+    JobKind.INSTANCE_START: (InstanceStatus.STARTING,),
+    JobKind.INSTANCE_RESTART: (InstanceStatus.STARTING,),
+    JobKind.INSTANCE_STOP: (InstanceStatus.STOPPING,),
+}
+BRINGS_ABOUT: dict[str, str] = {
+    JobKind.INSTANCE_PROVISION: InstanceStatus.RUNNING, JobKind.INSTANCE_START: InstanceStatus.RUNNING,
+    JobKind.INSTANCE_RESTART: InstanceStatus.RUNNING, JobKind.INSTANCE_STOP: InstanceStatus.STOPPED,
+}
 
-    A VM that never became running is destroyed; an existing one is stopped (its disk is kept
-    for the renter to destroy). An unreachable node is left to the reconciler.
-    """
-    instance = instance_svc.instance_mark_failed(instance_id=_instance_id(job), message=error, destroy_wins=True)
-    if instance.status in _DESTROYED_MEANWHILE:
-        # The renter's destroy stands: its job follows this one and removes the VM; destroyed at once, the
-        # reconciler does (the instance keeps its GPUs until then).
-        later = ("its destroy job removes the VM" if instance.status == InstanceStatus.DESTROYING
-                 else "the reconciler removes the VM")
-        job_finish(job=job, error=f"{error} The instance was being destroyed meanwhile: {later}.")
-        return
-    job_finish(job=job, error=error)
-    verb = "destroy" if instance.started_at is None else "stop"
+
+def _vm_settled(instance: Instance, verb: str) -> bool:
+    """Ask the node to stop or destroy the VM; whether it confirmed that nothing runs on the GPUs any more."""
     try:
         with node_session(instance.node) as session:
             session.agent("vm", verb, _request(instance))
+    except AgentFailed as exc:
+        return exc.code == "not_found"  # no such VM there
     except NodeError:
-        pass  # unreachable now: the reconciler cleans up when the node answers again
+        return False
+    return True
+
+
+def vm_failed(*, job: Job, error: str, reach_node: bool = True) -> None:
+    """A provision, start, restart or stop job gave up (retries spent, deadline, lost worker, crash).
+
+    An instance no longer waiting on the job is left as it is: a destroy asked meanwhile stands, and one already
+    where the job was to bring it (the error came after the work: a time limit, a lost worker) closes the job
+    as done. Otherwise, by kind:
+
+    - provision: failed (nothing is billed);
+    - start: stopped again, its disk kept (the renter may start it again);
+    - stop and restart: running as before when the job never sent its command to the node; else stopped.
+
+    GPUs are freed only where no VM can use them: the job never touched the VM, or the node confirmed it
+    stopped or destroyed (asked here unless `reach_node` is False: the reaper). Otherwise the instance keeps
+    them (vm_cleanup_pending) until the node confirms it (instance_cleanup_done), so that no GPU its VM may
+    still use is given to the next renter.
+    """
+    instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
+    kind = JobKind(job.kind)
+    waiting_on = WAITING_ON[kind]
+    if instance.status == BRINGS_ABOUT[kind]:
+        job_finish(job=job, note=f"the instance is {instance.status} already ({error})")
+        return
+    if instance.status not in waiting_on:
+        if instance.status in _DESTROYED_MEANWHILE:
+            # Its destroy job follows this one and removes the VM; destroyed at once, the reconciler does (the
+            # instance keeps its GPUs until then).
+            later = ("its destroy job removes the VM" if instance.status == InstanceStatus.DESTROYING
+                     else "the reconciler removes the VM")
+            job_finish(job=job, error=f"{error} The instance was being destroyed meanwhile: {later}.")
+        else:
+            job_finish(job=job, error=error)
+        return
+    touched = _touched_vm(job)
+    if not touched and kind in (JobKind.INSTANCE_STOP, JobKind.INSTANCE_RESTART):
+        what = "stop" if kind == JobKind.INSTANCE_STOP else "restart"
+        instance_svc.instance_mark_running_again(
+            instance_id=instance.pk, only_in=waiting_on,
+            message=f"The {what} did not reach the server: {error} It is still running (and billed); "
+                    f"{what} it again.")
+        job_finish(job=job, error=error)
+        return
+    provision = kind == JobKind.INSTANCE_PROVISION
+    settled = not touched or (reach_node and _vm_settled(instance, "destroy" if provision else "stop"))
+    if provision:
+        instance_svc.instance_mark_failed(instance_id=instance.pk, message=error, only_in=waiting_on,
+                                          cleanup_pending=not settled)
+    else:
+        failed_verb = {JobKind.INSTANCE_START: "The start", JobKind.INSTANCE_RESTART: "The restart"}.get(kind)
+        message = (f"{failed_verb} did not go through: {error} It is stopped, its disk kept; start it again."
+                   if failed_verb else "Stopped; the disk is kept.")
+        if not settled:
+            message += " (Its server did not confirm it yet: it is stopped there when it answers again.)"
+        instance_svc.instance_mark_stopped(instance_id=instance.pk, message=message, cleanup_pending=not settled,
+                                           only_in=waiting_on)
+    job_finish(job=job, error=error)
 
 
 def vm_logs(*, instance: Instance, tail: int) -> list[str]:

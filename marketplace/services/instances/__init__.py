@@ -54,6 +54,7 @@ from .worker import (
     instance_mark_failed,
     instance_mark_provisioning,
     instance_mark_running,
+    instance_mark_running_again,
     instance_mark_stopped,
     instance_set_status_message,
 )
@@ -67,7 +68,8 @@ __all__ = [
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
     "instance_gpu_indices", "instance_on_one_nvlink_island",
     "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
-    "instance_mark_running", "instance_mark_stopped", "instance_release_gpus", "instance_restart",
+    "instance_mark_running", "instance_mark_running_again", "instance_mark_stopped", "instance_release_gpus",
+    "instance_restart",
     "instance_registry_auth", "instance_env", "env_masked", "ENV_VALUE_MASK",
     "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",
 ]

@@ -124,13 +124,19 @@ def instance_start(*, instance: Instance) -> Instance:
     if node.state != NodeState.ACTIVE:
         reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
-    instance_release_gpus(instance=instance, at=now)  # nothing is live when stopped; this only makes sure
+    if node.health_failures:  # the start job would not reach it either
+        raise Conflict("The instance cannot start now: its node did not answer its last health check. Try again "
+                       "in a few minutes, or destroy it.")
+    # Live only when a stop or start did not get the node's confirmation (vm_cleanup_pending): the start job
+    # takes the VM over, on the GPUs taken again below (the same ones first).
+    instance_release_gpus(instance=instance, at=now)
+    instance.vm_cleanup_pending = False
     if instance.mig_profile:  # a MIG VM keeps the slices it was created with (their UUIDs are in its spec)
         if not reallocate_slices(instance, now):
             raise Conflict("Its MIG slices are in use by another instance now or no longer listed; try again "
                            "later, or destroy the instance.")
         instance.transition_to(S.STARTING, f"{WAITING} to start it on its MIG {instance.mig_profile} slices")
-        _save(instance)
+        _save(instance, "vm_cleanup_pending")
         job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
         return instance
     last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
@@ -146,7 +152,7 @@ def instance_start(*, instance: Instance) -> Instance:
     _allocate(instance, gpus, now)
     indices = ", ".join(str(g.index) for g in sorted(gpus, key=lambda g: g.index))
     instance.transition_to(S.STARTING, f"{WAITING} to start it on GPU{'s' if len(gpus) > 1 else ''} {indices}")
-    _save(instance)
+    _save(instance, "vm_cleanup_pending")
     job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
     return instance
 

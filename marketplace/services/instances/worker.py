@@ -89,21 +89,45 @@ def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh
 
 
 @transaction.atomic
-def instance_mark_stopped(*, instance_id: int, message: str = "") -> Instance:
+def instance_mark_stopped(*, instance_id: int, message: str = "", cleanup_pending: bool = False,
+                          only_in: tuple[str, ...] | None = None) -> Instance:
     """stopping/starting → stopped: the VM is stopped, its disk kept, and its GPUs freed.
 
-    Already stopped: nothing changes. Raises InvalidTransition from any other state.
+    With `cleanup_pending` the node did not confirm the VM stopped (a stop or start job gave up): the instance is
+    stopped for the renter all the same (nothing is billed for GPU time), but it keeps its GPUs, which its VM may
+    still use, until the VM is confirmed stopped (`instance_cleanup_done`), started again or destroyed.
+    Already stopped: nothing changes. With `only_in`, an instance in another state is left as it is; without it,
+    raises InvalidTransition from any other state.
     """
     instance = _locked(instance_id)
     if instance is None:
         raise Instance.DoesNotExist(instance_id)
+    if only_in is not None and instance.status not in only_in:
+        return instance
     if instance.status != S.STOPPED:
         now = timezone.now()
         instance.transition_to(S.STOPPED, message or "Stopped; the disk is kept. Start it again at any time.")
         instance.stopped_at = now
-        instance_release_gpus(instance=instance, at=now)
-        _save(instance, "stopped_at")
+        instance.vm_cleanup_pending = cleanup_pending
+        if not cleanup_pending:
+            instance_release_gpus(instance=instance, at=now)
+        _save(instance, "stopped_at", "vm_cleanup_pending")
         instance_notify(instance, Kind.INSTANCE_STOPPED, now.isoformat())
+    return instance
+
+
+@transaction.atomic
+def instance_mark_running_again(*, instance_id: int, message: str, only_in: tuple[str, ...]) -> Instance:
+    """stopping/starting → running: a stop or restart that never reached the node, so the VM runs as before.
+    Billing resumes from now (the time it waited is not billed). An instance not in `only_in` is left as it is."""
+    instance = _locked(instance_id)
+    if instance is None:
+        raise Instance.DoesNotExist(instance_id)
+    if instance.status not in only_in:
+        return instance
+    instance.transition_to(S.RUNNING, message)
+    instance.started_at, instance.stopped_at = timezone.now(), None
+    _save(instance, "started_at", "stopped_at")
     return instance
 
 
@@ -139,10 +163,13 @@ def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) 
 
 @transaction.atomic
 def instance_cleanup_done(*, instance_id: int) -> list[int]:
-    """The reconciler removed a destroyed instance's VM from its node (or found none): free the GPUs it still
-    held, and it is no longer waiting for its cleanup. Returns the GPUs freed."""
+    """The node confirmed that an over instance's VM is gone, or a stopped one's is stopped (the reconciler, or
+    the job that removed it): free the GPUs it still held, and it is no longer waiting for its cleanup. Returns
+    the GPUs freed. A stopped instance not waiting for its cleanup holds none; any other state keeps them."""
     instance = _locked(instance_id)
-    if instance is None or instance.status != S.DESTROYED:
+    if instance is None or instance.status not in (S.DESTROYED, S.FAILED, S.STOPPED):
+        return []
+    if instance.status == S.STOPPED and not instance.vm_cleanup_pending:
         return []
     if instance.vm_cleanup_pending:
         Instance.objects.filter(pk=instance.pk).update(vm_cleanup_pending=False, updated_at=timezone.now())
@@ -151,12 +178,13 @@ def instance_cleanup_done(*, instance_id: int) -> list[int]:
 
 @transaction.atomic
 def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool = False,
-                         only_in: tuple[str, ...] | None = None) -> Instance:
+                         only_in: tuple[str, ...] | None = None, cleanup_pending: bool = False) -> Instance:
     """Any state but failed/destroyed → failed, with the reason; its GPUs are freed.
 
     A failed or destroyed instance stays as it is (the first reason is kept); with `destroy_wins` (a VM job
     that failed), so does a destroying one: the renter asked for a destroy, which its own job does. With
-    `only_in`, an instance in another state is left as it is too (decided under its row lock).
+    `only_in`, an instance in another state is left as it is too (decided under its row lock). With
+    `cleanup_pending` the node did not confirm its VM gone: it keeps its GPUs until `instance_cleanup_done`.
     """
     instance = _locked(instance_id)
     if instance is None:
@@ -170,8 +198,10 @@ def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool =
                                                              outcome=InterruptionOutcome.FAILED, reason=message)
         instance.transition_to(S.FAILED, message)
         _stop_clock(instance, now)
-        instance_release_gpus(instance=instance, at=now)
-        _save(instance, "stopped_at", *instance_forget_secrets(instance))
+        instance.vm_cleanup_pending = cleanup_pending
+        if not cleanup_pending:
+            instance_release_gpus(instance=instance, at=now)
+        _save(instance, "stopped_at", "vm_cleanup_pending", *instance_forget_secrets(instance))
         instance_notify(instance, Kind.INSTANCE_FAILED, "failed")
     elif not instance.vm_cleanup_pending:  # those GPUs are kept for a VM still to be removed
         instance_release_gpus(instance=instance)  # no-op unless something left one live
