@@ -68,7 +68,8 @@ RECONCILE_PARALLELISM = 32
 _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked")
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
-                     "orphan_volumes_deleted", "volumes_missing", "unreachable", "busy", "locked")
+                     "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "unreachable", "busy",
+                     "locked")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ from provisioning.ssh_errors import AgentFailed
 from provisioning.ssh_pool import SshPool
 
 _VM_ID = re.compile(r"^inst-(\d+)$")
+# The instances the node's VM list judges (each only if in the same state before and after the list).
+_JUDGED = (InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED, InstanceStatus.STOPPED)
 log = logging.getLogger(__name__)
 
 
@@ -31,18 +33,21 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
       when its VM is gone; a running instance whose VM vanished fails;
     - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
       never ran is destroyed with its disk;
+    - a stopped instance fails when its VM is gone (its disk went with it: no longer billed, and it could never
+      start again), and its VM is stopped when found running (its GPUs were released: another renter may hold
+      them); not while a job that starts or stops it is open (the list cannot show what that job does);
     - then the volumes (`_reconcile_volumes`).
 
     With a `pool`, over the worker's kept connection to the node (provisioning.ssh_pool).
     """
     counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0,
-              "orphan_volumes_deleted": 0, "volumes_missing": 0}
+              "stopped_vms_stopped": 0, "orphan_volumes_deleted": 0, "volumes_missing": 0}
     with node_session(node, pool=pool) as session:
-        # Which instances were running or interrupted before the node was asked: only those can be judged by
-        # the list. One that became running while the node answered (its VM made just after the list) is
-        # judged next time, not failed for a VM the list could not show yet.
-        judged_before = set(Instance.objects.filter(
-            node=node, status__in=[InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED]).values_list("pk", flat=True))
+        # Which instances were running, interrupted or stopped before the node was asked: only those can be
+        # judged by the list, and only in the same state after it. One that became running while the node
+        # answered (its VM made just after the list) is judged next time, not failed for a VM the list could not
+        # show yet; so is one stopped meanwhile (its VM listed as still running).
+        judged_before = dict(Instance.objects.filter(node=node, status__in=_JUDGED).values_list("pk", "status"))
         making = _making_vms(node)
         vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
         # A job open before or after the list may make a VM the list could not show: its instance keeps its GPUs
@@ -86,7 +91,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
             vm = seen.get(instance.pk)
-            if instance.pk not in judged_before:
+            if judged_before.get(instance.pk) != instance.status:
                 continue
             if instance.status == InstanceStatus.INTERRUPTED:
                 if vm is None:
@@ -106,8 +111,39 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 node_event(node=node, kind="vm_vanished", message=f"The VM of instance {instance.pk} vanished.",
                            level=NodeEvent.Level.WARNING)
                 counts["instances_failed"] += 1
+            elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
+                _judge_stopped(node, session, instance, vm, counts)
         _reconcile_volumes(node, session, counts)
     return counts
+
+
+def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dict[str, Any] | None,
+                   counts: dict[str, int]) -> None:
+    """A stopped instance (stopped before and after the list, no VM job open): its VM must be there, stopped."""
+    if vm is None:
+        # Decided under its row lock: a start asked since the database was read is left to its job.
+        failed = instance_svc.instance_mark_failed(
+            instance_id=instance.pk, only_in=(InstanceStatus.STOPPED,),
+            message="Its VM and disk are no longer on the server (removed there while the instance was stopped), "
+                    "so it cannot be started again; its disk is not billed any more. Destroy it, and rent "
+                    "another instance to carry on.")
+        if failed.status == InstanceStatus.FAILED:
+            node_event(node=node, kind="vm_vanished",
+                       message=f"The VM of instance {instance.pk} (stopped) vanished with its disk.",
+                       level=NodeEvent.Level.WARNING)
+            counts["instances_failed"] += 1
+    elif vm.get("state") == "running":
+        # Its GPUs were released when it stopped. A start asked since the list (a job open now, or the instance
+        # no longer stopped) owns the VM: leave it to that job. Asked after this check, its job starts the VM
+        # again, or the health check finds it not running and the instance is restarted.
+        if instance.pk in _making_vms(node) or not Instance.objects.filter(
+                pk=instance.pk, status=InstanceStatus.STOPPED).exists():
+            return
+        session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
+        node_event(node=node, kind="stopped_vm_running",
+                   message=f"Stopped VM {vm['vm_id']}, found running while instance {instance.pk} is stopped "
+                           "(its GPUs were released).", level=NodeEvent.Level.WARNING)
+        counts["stopped_vms_stopped"] += 1
 
 
 def _making_vms(node: Node) -> set[int]:

@@ -1,0 +1,173 @@
+"""The reconciler's rules for instances that are not running (provisioning/services/reconcile.py): a stopped
+instance whose VM vanished, a stopped instance whose VM runs (found by review; each test failed before its
+fix). The node is a fake session answering `vm list` with the VMs it keeps, as the agent does (stopped ones
+included)."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from billing.services.storage import storage_meter
+from marketplace.models import Instance, InstanceStatus
+from marketplace.services import instances as svc
+from provisioning.models import OPEN, Job, JobKind, JobStatus, NodeEvent
+from provisioning.services.reconcile import node_reconcile
+from tests.factories import UserFactory, make_listed_node
+from tests.marketplace.renting_helpers import book, run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def sent_jobs(monkeypatch):
+    sent = []
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: sent.append((job_id, kind)))
+    return sent
+
+
+class FakeNode:
+    """A node's VMs as the agent keeps them (vm_id -> state); `on_list` runs right after it answers `vm list`."""
+
+    def __init__(self):
+        self.vms: dict[str, str] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.on_list = []
+
+    def session(self, node, *args, **kwargs):
+        fake = self
+
+        class Session:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def agent(self, cmd, sub=None, request=None, timeout=None):
+                vm_id = (request or {}).get("vm_id", "")
+                fake.calls.append((cmd, sub, vm_id))
+                if (cmd, sub) == ("vm", "list"):
+                    answer = {"vms": [{"vm_id": k, "state": v} for k, v in fake.vms.items()]}
+                    while fake.on_list:
+                        fake.on_list.pop(0)()
+                    return answer
+                if (cmd, sub) == ("volume", "list"):
+                    return {"volumes": []}
+                if (cmd, sub) == ("vm", "destroy"):
+                    return {"vm_id": vm_id, "existed": fake.vms.pop(vm_id, None) is not None}
+                if (cmd, sub) == ("vm", "stop"):
+                    fake.vms[vm_id] = "stopped"
+                elif (cmd, sub) == ("vm", "start"):
+                    fake.vms[vm_id] = "running"
+                return {"vm_id": vm_id, "state": fake.vms.get(vm_id)}
+
+        return Session()
+
+
+@pytest.fixture
+def fake_node(monkeypatch):
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    return fake
+
+
+def _close_jobs(instance) -> None:
+    Job.objects.filter(OPEN, instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+
+
+def running_instance(node, fake) -> Instance:
+    instance = run(book(UserFactory(), node))
+    _close_jobs(instance)
+    fake.vms[instance.vm_id] = "running"
+    return Instance.objects.get(pk=instance.pk)
+
+
+def stopped_instance(node, fake, *, stopped_ago=timedelta(0)) -> Instance:
+    """A renter's stopped instance (its stop job done), its VM stopped on the node, its disk billed from
+    `stopped_ago` before now."""
+    instance = running_instance(node, fake)
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
+    _close_jobs(instance)
+    fake.vms[instance.vm_id] = "stopped"
+    if stopped_ago:
+        Instance.objects.filter(pk=instance.pk).update(stopped_at=timezone.now() - stopped_ago)
+    return Instance.objects.get(pk=instance.pk)
+
+
+# ------------------------------------------------------------------------------------------------ stopped
+
+def test_a_stopped_instance_whose_vm_vanished_fails_and_its_disk_is_billed_no_more(fake_node):
+    """Its VM and disk were removed on the node (reinstalled, an operator's cleanup): before, the reconciler judged
+    only running and interrupted instances, so it stayed `stopped`, its missing disk billed every minute and its
+    start bound to fail."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node, stopped_ago=timedelta(hours=1))
+    del fake_node.vms[instance.vm_id]
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, (instance.status, instance.status_message)
+    assert counts["instances_failed"] == 1
+    assert "disk" in instance.status_message and "destroy" in instance.status_message.lower()
+    assert NodeEvent.objects.filter(node=node, kind="vm_vanished", message__contains=f"instance {instance.pk}")
+    # Billed up to the moment it was found gone, then never again.
+    assert instance.disk_billed_seconds >= 3600
+    billed = (instance.disk_billed_seconds, instance.disk_cost_micros)
+    storage_meter(now=timezone.now() + timedelta(hours=2))
+    instance.refresh_from_db()
+    assert (instance.disk_billed_seconds, instance.disk_cost_micros) == billed
+
+
+def test_a_stopped_instance_whose_vm_is_there_is_left_as_it_is(fake_node):
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node)
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STOPPED and counts["instances_failed"] == 0
+    assert not any(call[:2] in (("vm", "stop"), ("vm", "destroy")) for call in fake_node.calls)
+
+
+def test_a_stopped_instance_with_a_vm_job_open_is_not_judged_by_the_list(fake_node):
+    """A start asked and its job done, or one still open, while the node listed its VMs (the list cannot show
+    what that job does): judged next time, not failed nor stopped now."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node)
+    del fake_node.vms[instance.vm_id]
+    # A START job open for it (e.g. one the worker lost after it marked the instance stopped again).
+    Job.objects.create(kind=JobKind.INSTANCE_START, node=node, instance=instance, status=JobStatus.RUNNING,
+                       deadline=timezone.now() + timedelta(minutes=5))
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STOPPED and counts["instances_failed"] == 0
+
+
+def test_an_instance_stopped_while_the_node_listed_its_vms_is_judged_next_time(fake_node):
+    """Stopping when the node answered its list (the VM listed running), stopped by the time the database is
+    read: its VM is not stopped again nor its instance judged on that list."""
+    node = make_listed_node(gpu_count=1)
+    instance = running_instance(node, fake_node)
+    svc.instance_stop(instance=instance)
+
+    def stopped_meanwhile():
+        svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
+        _close_jobs(instance)
+    fake_node.on_list.append(stopped_meanwhile)
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STOPPED
+    assert ("vm", "stop", instance.vm_id) not in fake_node.calls
+
+
+def test_a_vm_found_running_for_a_stopped_instance_is_stopped(fake_node):
+    """A stopped instance's GPUs were released (another renter may hold them now): a VM of it that runs (started
+    behind the platform's back, or a stop the node did not carry out) is stopped, as a failed instance's is."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node)
+    fake_node.vms[instance.vm_id] = "running"
+    node_reconcile(node)
+    assert ("vm", "stop", instance.vm_id) in fake_node.calls
+    assert fake_node.vms[instance.vm_id] == "stopped"
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STOPPED
+    assert NodeEvent.objects.filter(node=node, kind="stopped_vm_running", message__contains=instance.vm_id)
+
