@@ -9,7 +9,9 @@
   same cycle runs once (a claim in the cache per cycle and batch), and each node is checked by one batch at a
   time (a PostgreSQL advisory lock per node, taken for the batch: a node still being checked by an earlier,
   slow batch is skipped and counted `locked`). Each SSH session still takes its per-node slot
-  (provisioning.concurrency), over the worker's kept connection to the node (provisioning.ssh_pool).
+  (provisioning.concurrency), over the worker's kept connection to the node (provisioning.ssh_pool). What one
+  node's reconcile raises stays with that node: a NodeError as the node's outcome, anything else logged with the
+  node and counted `errors`; the batch goes on with its other nodes.
 - A health batch probes its nodes at once (one thread per node), then writes what it learnt in a few
   set-based statements for the whole batch (fleet_record.nodes_record_health); only the rare cases (a node
   back after failures, interrupted instances, changed GPUs) take a statement or a session per node.
@@ -66,10 +68,12 @@ HEALTH_PARALLELISM = 256
 RECONCILE_PARALLELISM = 32
 # The advisory-lock class of each kind of batch (two-key form: (class, node id); apart from core.locks' keys).
 _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
-HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked")
+# `errors`: nodes whose reconcile raised something other than a NodeError (a bug, a refusal): logged with the
+# node, and the batch goes on with its other nodes.
+HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors")
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
                      "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "unreachable", "busy",
-                     "locked")
+                     "locked", "errors")
 
 
 @contextlib.contextmanager
@@ -335,6 +339,10 @@ def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool,
                 continue  # recorded next time, once reconciled: it must not take rentals before
             except NodeError as exc:
                 result = HealthResult(node.pk, False, f"it answered, but reconciling its VMs failed: {exc}")
+            except Exception:  # noqa: BLE001 (one node's error must not cost the batch the others' checks)
+                log.exception("health: node %s answered, but reconciling it raised; judged next time", node.pk)
+                summary["errors"] += 1
+                continue  # not recorded, as a busy node: it must not take rentals before it is reconciled
         record.append(result)
     interrupted = nodes_record_health(record, running_vm_ids=running)
     for result in record:
@@ -346,6 +354,9 @@ def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool,
                 summary["recovered"] += _recovered(node_reconcile(by_id[result.node_id], pool=pool))
             except NodeError as exc:
                 log.info("health: node %s: reconcile after lost VMs failed: %s", result.node_id, exc)
+            except Exception:  # noqa: BLE001 (the batch goes on; the next check reconciles it again)
+                log.exception("health: node %s: reconcile after lost VMs raised", result.node_id)
+                summary["errors"] += 1
         summary["failed"] += not result.ok
 
 
@@ -407,4 +418,7 @@ def _reconcile_one(node: Node, pool: SshPool) -> dict[str, int]:
     except NodeError as exc:
         log.info("reconcile: node %s unreachable: %s", node.pk, exc)
         return {"unreachable": 1}
+    except Exception:  # noqa: BLE001 (a bug or a refusal on one node must not lose the batch's other nodes)
+        log.exception("reconcile: node %s: reconcile raised; tried again next cycle", node.pk)
+        return {"errors": 1}
     return {"nodes": 1, **counts}

@@ -312,3 +312,47 @@ def test_a_rejected_node_with_renters_back_from_offline_is_active_through_the_ba
     alone.refresh_from_db()
     assert (host.state, alone.state) == (NodeState.ACTIVE, NodeState.PENDING)
     assert Node.objects.get(pk=host.pk, verdict=Verdict.REJECTED)  # still not listed
+
+
+def test_a_reconcile_batch_goes_on_past_a_node_whose_reconcile_raised(db, monkeypatch, caplog):
+    """Any error on one node (a bug, or a refusal such as a JobConflict from queuing a restart) crashed the whole
+    batch: only a NodeError was caught, so the other nodes' outcomes were lost (found by review). Now it is
+    logged with its node, counted, and the batch goes on."""
+    broken, fine = listed(), listed()
+
+    def reconcile(node, pool=None):
+        if node.pk == broken.pk:
+            raise RuntimeError("a bug")
+        return {"resumed": 1}
+    monkeypatch.setattr(fleet, "node_reconcile", reconcile)
+    summary = fleet.nodes_reconcile_batch([broken.pk, fine.pk], pool=object())
+    assert (summary["nodes"], summary["resumed"], summary["errors"]) == (1, 1, 1)
+    assert any(f"node {broken.pk}" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_a_health_batch_records_its_other_nodes_when_one_nodes_reconcile_raised(db, monkeypatch, caplog):
+    """A node back after failures is reconciled before its check is recorded, and a node with lost VMs after:
+    an error other than a NodeError there made the batch raise before any node of it was recorded (found by
+    review). Now the node whose reconcile raised is counted and left to the next check (not taking rentals
+    before it is reconciled); the others are recorded."""
+    back = listed(health_failures=2)
+    fine = listed(health_failures=1)
+    lost = listed()
+    monkeypatch.setattr(fleet, "nodes_probe", lambda nodes, parallelism, pool=None: [
+        HealthResult(n.pk, True, vms={}, probed_at=timezone.now()) for n in nodes])
+    record = fleet.nodes_record_health
+    monkeypatch.setattr(fleet, "nodes_record_health", lambda results, running_vm_ids: {
+        **record(results, running_vm_ids=running_vm_ids), lost.pk: [0]})  # as if a VM of `lost` stopped
+
+    def reconcile(node, pool=None):
+        if node.pk in (back.pk, lost.pk):
+            raise RuntimeError("a bug")
+        return {"resumed": 0, "restarted": 0, "instances_failed": 0}
+    monkeypatch.setattr(fleet, "node_reconcile", reconcile)
+    summary = fleet.nodes_health_batch([back.pk, fine.pk, lost.pk], pool=object())
+    assert (summary["checked"], summary["errors"], summary["failed"]) == (3, 2, 0)
+    rows = {n.pk: n for n in Node.objects.filter(pk__in=[back.pk, fine.pk, lost.pk])}
+    assert rows[fine.pk].health_failures == 0 and rows[lost.pk].last_seen_at is not None
+    assert rows[back.pk].health_failures == 2  # judged again next time, once reconciled
+    assert {back.pk, lost.pk} <= {pk for pk in (back.pk, lost.pk) for r in caplog.records
+                                  if f"node {pk}" in r.getMessage() and r.exc_info}

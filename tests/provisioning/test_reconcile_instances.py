@@ -1,16 +1,17 @@
 """The reconciler's rules for instances that are not running (provisioning/services/reconcile.py): a stopped
-instance whose VM vanished, a stopped instance whose VM runs (found by review; each test failed before its
-fix). The node is a fake session answering `vm list` with the VMs it keeps, as the agent does (stopped ones
-included)."""
+instance whose VM vanished, a stopped instance whose VM runs, an interrupted instance whose START job is still
+open (found by review; each test failed before its fix). The node is a fake session answering `vm list` with the
+VMs it keeps, as the agent does (stopped ones included)."""
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from billing.services.storage import storage_meter
-from marketplace.models import Instance, InstanceStatus
+from marketplace.models import Instance, InstanceStatus, InterruptionCause
 from marketplace.services import instances as svc
 from provisioning.models import OPEN, Job, JobKind, JobStatus, NodeEvent
+from provisioning.services.jobs import job_create
 from provisioning.services.reconcile import node_reconcile
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
@@ -171,3 +172,25 @@ def test_a_vm_found_running_for_a_stopped_instance_is_stopped(fake_node):
     assert instance.status == InstanceStatus.STOPPED
     assert NodeEvent.objects.filter(node=node, kind="stopped_vm_running", message__contains=instance.vm_id)
 
+# ------------------------------------------------------------------------------------------------ interrupted
+
+def test_an_interrupted_instance_whose_start_job_is_still_open_waits_for_it_then_is_started_again(fake_node):
+    """Interrupted while its START job was still open (the worker marked it running and was lost before closing
+    the job; then the node dropped off). When the node answers with the VM stopped, queuing its start again met
+    the open job (JobConflict) and the reconcile raised. It stays interrupted until that job is closed (the
+    reaper's, at its deadline), then is started again."""
+    node = make_listed_node(gpu_count=1)
+    instance = running_instance(node, fake_node)
+    fake_node.vms[instance.vm_id] = "stopped"
+    stale = job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
+    svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.NODE_LOST,
+                           detail="no answer")
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.INTERRUPTED and counts["restarted"] == 0
+    assert instance.interruptions.get().ended_at is None  # still out of reach: credited, not billed
+    Job.objects.filter(pk=stale.pk).update(status=JobStatus.FAILED, finished_at=timezone.now())
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STARTING and counts["restarted"] == 1
+    assert Job.objects.filter(OPEN, instance=instance, kind=JobKind.INSTANCE_START).exclude(pk=stale.pk).exists()

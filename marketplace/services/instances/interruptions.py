@@ -13,6 +13,7 @@ Hardware found worse while rented (a lower benchmark score, or a rejection): the
 moment of the check the instance's price is cut in proportion to the score measured now against the score its
 node had before (billing.services.metering keeps cumulative rounding across the change).
 """
+import logging
 from datetime import datetime
 
 from django.db import transaction
@@ -27,9 +28,11 @@ from marketplace.models.renting import FINAL_STATUSES, vm_id_of
 from marketplace.money import micros_to_usd, usd_text
 from notifications.services.notify import Kind
 from provisioning.models import JobKind
-from provisioning.services.jobs import job_create
+from provisioning.services.jobs import JobConflict, job_create
 
 from .common import S, _leave_running, _locked, _save, instance_notify
+
+log = logging.getLogger(__name__)
 
 
 def node_instances_price_cut(*, node_id: int, ratio: float, reason: str) -> list[int]:
@@ -165,7 +168,16 @@ def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, ev
         _save(instance, *fields)
         text, credited = _credited_text(_interruption_end(instance, now, outcome), now)
         if to == S.STARTING:
-            job_create(kind=JobKind.INSTANCE_START, node=instance.node, instance=instance)
+            try:
+                job_create(kind=JobKind.INSTANCE_START, node=instance.node, instance=instance)
+            except JobConflict:
+                # A START job of its own is still open: one whose worker marked it running, then was lost before
+                # closing the job. It stays interrupted (credited, not billed), all of this undone, until that
+                # job is closed (run again it finds nothing to do; the reaper ends it at its deadline); the next
+                # reconcile starts it then.
+                transaction.set_rollback(True)
+                log.info("instance %s: not started again yet: its START job is still open", instance_id)
+                return None
         told = event_create(user=instance.renter, kind=EventKind.INSTANCE_RESUMED, email=to != S.RUNNING,
                             message=event.format(instance=instance.pk, at=_at(now)) + text,
                             data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
@@ -182,7 +194,8 @@ def instance_resume(*, instance_id: int) -> Instance | None:
 
 
 def instance_restart_interrupted(*, instance_id: int) -> Instance | None:
-    """interrupted → starting: the node answered again but the VM is stopped; queue its start (same GPUs)."""
+    """interrupted → starting: the node answered again but the VM is stopped; queue its start (same GPUs).
+    None, the instance left interrupted, while a START job of its own is still open (asked again later)."""
     return _leave_interrupted(instance_id, S.STARTING, "Its server is back; starting the VM again.",
                               InterruptionOutcome.RESTARTED,
                               "Instance {instance}'s server is back, with the VM stopped: it is being started "
