@@ -1,6 +1,8 @@
 """Passwords: reset by e-mail (Django's token generator) and checks of a password a logged-in user types again.
 
-Reset: the request answers the same whether the address has an account (the page never says), at most
+Reset: the request answers the same whether the address has an account (the page never says), and takes as long:
+either way it sends the address one e-mail (a link, or a note that no account uses the address), as sign-up does
+(services/accounts.user_register), so that waiting on the mail server tells nothing. At most
 PASSWORD_RESET_EMAILS_PER_ADDRESS e-mails to one address per window. The link carries Django's
 default_token_generator token, which is bound to the password's hash and the last log-in: it works once and for
 PASSWORD_RESET_TIMEOUT seconds. Setting a new password (reset or change) ends every other session of the user
@@ -41,14 +43,22 @@ def password_reset_link(*, user: User, base_url: str) -> str:
 
 
 def password_reset_request(*, email: str, base_url: str) -> None:
-    """E-mail a reset link to the active account with this address, if there is one. Nothing is returned or
-    raised either way; over the per-address limit nothing is sent (and that is not said either)."""
+    """E-mail a reset link to the active account with this address, or a note that no account uses it: one e-mail
+    either way, so that the answer takes as long (the time of the mail server must not tell which addresses have
+    accounts). Nothing is returned or raised either way; over the per-address limit nothing is sent (and that is not
+    said either)."""
     email = User.objects.normalize_email(email).lower()
     if not password_reset_mail_allowed(account=email):
         log.warning("password-reset e-mail to an address over its hourly limit: not sent")
         return
     user = User.objects.filter(email__iexact=email, is_active=True).first()
     if user is None:
+        _send(email, "About resetting a password", (
+            f"Someone (perhaps you) asked to reset the password of a {settings.PLATFORM_NAME} account with this email "
+            "address, but no account that can log in uses it. Nothing was changed.\n\n"
+            "If you have an account, it is under another address. To open one with this address: "
+            f"{urljoin(base_url, reverse('signup'))}\n\n"
+            "If it was not you, ignore this e-mail.\n"))
         return
     minutes = settings.PASSWORD_RESET_TIMEOUT // 60
     _send(user.email, "Reset your password", (
