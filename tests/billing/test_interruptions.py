@@ -293,3 +293,26 @@ def test_operators_see_interruptions_and_their_credits_in_the_admin(rented, cloc
     assert b"The node stopped answering health checks" in page.content and b"0.50" in page.content
     detail = client.get(f"/admin/marketplace/instance/{instance.pk}/change/")
     assert detail.status_code == 200 and b"Resumed: the VM was intact" in detail.content
+
+
+def test_a_price_cut_while_the_node_fails_its_checks_bills_no_further_than_its_last_healthy_moment(rented, clock):
+    """A re-check's price cut closes the usage so far at the old price. It closed it at the moment of the cut, even
+    while the node's latest health check had failed: the time since its last healthy probe was billed, and the
+    interruption that followed could not take it back (billing stops at the last healthy moment, never before
+    what was billed). Now it closes where the meter would (node_billable_until)."""
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    last_healthy = Node.objects.get(pk=host.pk).last_seen_at
+    clock.advance(60)
+    assert _fail_checks(host, 1) == []
+    clock.advance(30)
+    assert svc.instance_price_cut(instance_id=instance.pk, ratio=0.5, reason="lower score") is not None
+    instance.refresh_from_db()
+    assert instance.billed_until <= last_healthy and instance.billed_seconds == 60
+    assert instance.price_per_hour_micros == 1_500_000
+    clock.advance(30)
+    assert _fail_checks(host, 1) == [instance.pk]
+    instance.refresh_from_db()
+    assert instance.billed_seconds == 60  # the outage was never billed, at either price
+    assert Interruption.objects.get(instance=instance).started_at == last_healthy

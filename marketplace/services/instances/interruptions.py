@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from billing.models import EventKind
 from billing.services.credits import interruption_credit
-from billing.services.metering import usage_close
+from billing.services.metering import node_billable_until, usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES, vm_id_of
@@ -43,8 +43,10 @@ def node_instances_price_cut(*, node_id: int, ratio: float, reason: str) -> list
 
 
 def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instance | None:
-    """From now on the instance pays `ratio` of its price; what ran until now is billed at the old price.
-    None when nothing changed (over already, or not cheaper)."""
+    """From now on the instance pays `ratio` of its price; what ran until now is billed at the old price, up to its
+    node's last healthy moment while the node fails its checks (as the meter: node_billable_until), and any time
+    after that, if the node answers again, at the new one. None when nothing changed (over already, or not
+    cheaper)."""
     now = timezone.now()
     ratio = min(max(ratio, 0.0), 1.0)
     with transaction.atomic():
@@ -55,8 +57,10 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instan
         per_gpu = int(instance.price_per_gpu_hour_micros * ratio)
         if per_gpu * instance.num_gpus >= old:
             return None
-        if instance.status == S.RUNNING:
-            usage_close(instance=instance, until=now)  # the time so far, at the price it ran at
+        cut_at = now
+        if instance.status == S.RUNNING:  # the time so far, at the price it ran at
+            usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
+            cut_at = instance.billed_until or instance.started_at or now  # billed at the new price from there
         instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
         instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
         instance.save(update_fields=["rate_base_seconds", "rate_base_cost_micros", "price_per_gpu_hour_micros",
@@ -64,7 +68,7 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instan
         event_create(
             user=instance.renter, kind=EventKind.PRICE_CUT, email=True,
             message=(f"Instance {instance.pk}'s server measured worse in its latest benchmark check ({reason}). From "
-                     f"{_at(now)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
+                     f"{_at(cut_at)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
                      f"{usd_text(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
                      "You can keep it, or destroy it and rent another server."),
             data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
