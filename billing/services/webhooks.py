@@ -13,7 +13,7 @@ from typing import Any
 import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp
@@ -27,6 +27,21 @@ log = logging.getLogger(__name__)
 
 class WebhookInvalid(Exception):
     """Not a genuine Stripe event (bad or missing signature, or not an event): HTTP 400."""
+
+
+class EventUnusable(ValueError):
+    """A genuine event whose object cannot be matched safely (it has no id): ignored, the reason recorded on it
+    (Stripe's next delivery would carry the same object, so failing it would only bring it back)."""
+
+
+def _object_id(obj: dict[str, Any]) -> str:
+    """The id of the object an event acts on; raises EventUnusable without one. (A missing id made the top-up
+    lookup `payment_intent_id IS NULL`: any user's newest top-up not yet given a PaymentIntent.)"""
+    object_id = obj.get("id")
+    if not isinstance(object_id, str) or not object_id:
+        raise EventUnusable(f"The event's {str(obj.get('object') or 'object')[:40]} has no id: it cannot be matched "
+                            "to a payment here, so nothing was done.")
+    return object_id
 
 
 # Stripe's own tolerance (stripe.Webhook.DEFAULT_TOLERANCE): a signature made more than this long ago, or this
@@ -150,6 +165,10 @@ def stripe_event_process(*, event_id: int) -> StripeEvent:
                 handled = _handle(event.type, event.payload)
             event.transition_to(StripeEventStatus.PROCESSED if handled else StripeEventStatus.IGNORED)
             event.error = ""
+        except EventUnusable as exc:
+            log.warning("Stripe event %s (%s) ignored: %s", event.event_id, event.type, exc)
+            event.transition_to(StripeEventStatus.IGNORED)
+            event.error = str(exc)[:2000]
         except Exception as exc:  # noqa: BLE001 (recorded on the event for operators; Stripe will retry)
             log.exception("Stripe event %s (%s) failed", event.event_id, event.type)
             metrics.WEBHOOK_FAILURES.labels(type=event.type).inc()
@@ -160,13 +179,37 @@ def stripe_event_process(*, event_id: int) -> StripeEvent:
     return event
 
 
+def _metadata(intent: dict[str, Any]) -> dict[str, Any]:
+    metadata = intent.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _top_up_of(intent: dict[str, Any]) -> TopUp | None:
-    metadata = intent.get("metadata") or {}
-    top_up_id = metadata.get("top_up_id")
-    query = Q(payment_intent_id=intent.get("id"))
-    if isinstance(top_up_id, str) and top_up_id.isascii() and top_up_id.isdigit():
-        query |= Q(pk=int(top_up_id))
-    return TopUp.objects.filter(query).select_related("user").first()
+    """The top-up an intent pays: the one that recorded its id, else the one its metadata names, unless that one
+    recorded another PaymentIntent (ValueError: for operators). Raises EventUnusable for an intent without an id."""
+    intent_id = _object_id(intent)
+    top_up = TopUp.objects.filter(payment_intent_id=intent_id).select_related("user").first()
+    top_up_id = _metadata(intent).get("top_up_id")
+    if top_up is None and isinstance(top_up_id, str) and top_up_id.isascii() and top_up_id.isdigit():
+        top_up = TopUp.objects.filter(pk=int(top_up_id)).select_related("user").first()
+        if top_up is not None and top_up.payment_intent_id not in (None, intent_id):
+            raise ValueError(f"payment intent {intent_id} names top-up {top_up.pk}, which is paid by "
+                             f"{top_up.payment_intent_id}")
+    return top_up
+
+
+def _of_its_customer(intent: dict[str, Any], top_up: TopUp) -> bool:
+    """Whether an intent may be the top-up's. The top-up row says whose it is: the PaymentIntent it recorded, or
+    one whose metadata (written with the charge) names its user, is; otherwise the intent's customer must be the
+    user's current one. (A customer Stripe lost is replaced when a card is saved (customers.customer_for): a top-up
+    charged on the old one that succeeded afterwards failed this check for good, the card charged, nothing
+    credited.)"""
+    if top_up.payment_intent_id == intent.get("id") or _metadata(intent).get("user_id") == str(top_up.user_id):
+        return True
+    customer = intent.get("customer")
+    current = BillingProfile.objects.filter(user_id=top_up.user_id).values_list("stripe_customer_id",
+                                                                                  flat=True).first()
+    return not customer or not current or customer == current
 
 
 # A refund's later failure: `refund.failed` (Stripe's API since 2024) or `charge.refund.updated` (before), whose
@@ -180,6 +223,7 @@ def _handle(kind: str, payload: dict[str, Any]) -> bool:
     if kind in REFUND_EVENTS:
         if not isinstance(obj, dict) or obj.get("status") not in ("failed", "canceled"):
             return False
+        _object_id(obj)  # matched by its id first: one without is refused, not matched by its metadata alone
         return refund_failed_at_stripe(stripe_refund=obj)
     if kind not in ("payment_intent.succeeded", "payment_intent.payment_failed"):
         return False
@@ -192,14 +236,13 @@ def payment_intent_apply(*, intent: dict[str, Any], succeeded: bool) -> bool:
     The one path for the webhook and for the follow-up of top-ups whose webhook never came
     (billing.services.reconcile): whichever comes first credits, the other changes nothing (top_up_credit
     locks the top-up and posts under the ledger key `top-up:<id>`). Call inside a transaction. False when the
-    intent is no top-up's; raises ValueError when it does not match its top-up (customer, currency, amount).
+    intent is no top-up's; raises EventUnusable (a ValueError) for an intent without an id, and ValueError when it
+    does not match its top-up (another PaymentIntent recorded, customer, currency, amount).
     """
     top_up = _top_up_of(intent)
     if top_up is None:
         return False
-    profile = BillingProfile.objects.filter(user_id=top_up.user_id).first()
-    if intent.get("customer") and profile and profile.stripe_customer_id \
-            and intent["customer"] != profile.stripe_customer_id:
+    if not _of_its_customer(intent, top_up):
         raise ValueError(f"payment intent {intent.get('id')} is not of top-up {top_up.pk}'s customer")
     if succeeded:
         if intent.get("currency") != "usd":

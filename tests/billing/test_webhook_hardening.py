@@ -156,3 +156,75 @@ def test_a_payment_intents_client_secret_is_not_stored(anon, top_up):
     assert stored["data"]["object"]["client_secret"] == "[redacted]"
     assert stored["data"]["object"]["metadata"] == {"top_up_id": str(top_up.pk)}
     assert balance(top_up.user) == 10_000_000
+
+
+# --- what an event's object must carry to be matched ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["payment_intent.succeeded", "payment_intent.payment_failed"])
+@pytest.mark.parametrize("intent_id", ["missing", None, "", 7])
+def test_a_signed_intent_without_an_id_is_ignored_with_the_reason_not_matched_to_anyones_top_up(
+        anon, intent_id, kind):
+    """Matching by `payment_intent_id = <the intent's id>` became `IS NULL` for an intent without one: the newest
+    top-up of any user not yet given a PaymentIntent was taken for it, and credited (`"id": null`) or failed
+    (found by review)."""
+    from tests.factories import UserFactory
+
+    someone = UserFactory()
+    theirs = TopUp.objects.create(user=someone, amount_micros=10_000_000, status=TopUpStatus.PENDING)
+    event = {"id": "evt_no_id", "object": "event", "type": kind, "created": int(time.time()),
+             "data": {"object": {"object": "payment_intent", "currency": "usd", "amount": 1000, "metadata": {}}}}
+    if intent_id != "missing":
+        event["data"]["object"]["id"] = intent_id
+    assert deliver(anon, event).json() == {"received": True, "status": "ignored"}
+    stored = StripeEvent.objects.get(event_id="evt_no_id")
+    assert "has no id" in stored.error
+    theirs.refresh_from_db()
+    assert theirs.status == TopUpStatus.PENDING and balance(someone) == 0
+
+
+def test_a_failed_refund_event_without_an_id_is_ignored_with_the_reason(anon):
+    event = {"id": "evt_rf_no_id", "object": "event", "type": "refund.failed", "created": int(time.time()),
+             "data": {"object": {"object": "refund", "status": "failed", "metadata": {"refund_id": "1"}}}}
+    assert deliver(anon, event).json() == {"received": True, "status": "ignored"}
+    assert "has no id" in StripeEvent.objects.get(event_id="evt_rf_no_id").error
+
+
+def test_an_intent_naming_a_top_up_another_payment_pays_is_not_credited_to_it(anon, top_up):
+    TopUp.objects.filter(pk=top_up.pk).update(payment_intent_id="pi_the_real_one")
+    event = succeeded(top_up, "evt_other_pi")  # pi_<id>, naming the top-up in its metadata
+    assert deliver(anon, event).status_code == 500
+    stored = StripeEvent.objects.get(event_id="evt_other_pi")
+    assert stored.status == "failed" and "pi_the_real_one" in stored.error
+    assert balance(top_up.user) == 0
+
+
+def test_a_top_up_charged_on_a_customer_stripe_later_lost_is_still_credited_when_it_succeeds(localstripe, api):
+    """Saving a card replaces a Stripe customer that Stripe says is gone (customers.customer_for(verify=True)); a
+    top-up charged on the old one that succeeds afterwards failed the customer check for good: the card was charged
+    and nothing credited. The top-up row says whose it is: its recorded PaymentIntent (or the intent's metadata
+    naming its user) is enough; an intent of another customer naming it is still refused."""
+    from tests.billing.test_payments import deliver as deliver_signed
+    from tests.billing.test_payments import save_card, stripe_client
+
+    card = save_card(api)
+    answer = api.post("/api/v1/billing/top-ups/", {"amount": "40.00", "card": card["id"]}, format="json")
+    top_up = TopUp.objects.get(pk=answer.json()["id"])
+    assert top_up.status == TopUpStatus.PROCESSING
+    intent = stripe_client(localstripe).payment_intents.retrieve(top_up.payment_intent_id).to_dict()
+    old_customer = api.user.billing_profile.stripe_customer_id
+    assert intent["customer"] == old_customer
+    localstripe.wipe()  # Stripe no longer knows the customer: the next card saved makes a new one
+    save_card(api)
+    api.user.billing_profile.refresh_from_db()
+    assert api.user.billing_profile.stripe_customer_id != old_customer
+    # Another customer's intent naming this top-up, neither its recorded intent nor of its user: refused.
+    stranger = {**intent, "id": "pi_stranger", "customer": "cus_stranger", "metadata": {"top_up_id": str(top_up.pk)}}
+    TopUp.objects.filter(pk=top_up.pk).update(payment_intent_id=None)
+    assert deliver_signed(api, {"id": "evt_stranger", "type": "payment_intent.succeeded",
+                                "data": {"object": stranger}}).status_code == 500
+    TopUp.objects.filter(pk=top_up.pk).update(payment_intent_id=intent["id"])
+    event = {"id": "evt_old_customer", "type": "payment_intent.succeeded", "data": {"object": intent}}
+    assert deliver_signed(api, event).json() == {"received": True, "status": "processed"}
+    top_up.refresh_from_db()
+    assert top_up.status == TopUpStatus.SUCCEEDED and balance(api.user) == 40_000_000
