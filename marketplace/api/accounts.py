@@ -238,7 +238,8 @@ class ApiKeyViewSet(NoStoreMixin, mixins.ListModelMixin, mixins.DestroyModelMixi
         data = ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         made_with = request.auth
-        api_key, raw = svc.api_key_create(user=request.user, **data.validated_data, made_with=made_with)
+        api_key, raw = svc.api_key_create(user=request.user, **data.validated_data, made_with=made_with,
+                                           base_url=request.build_absolute_uri("/"))
         api_key.key = raw
         return Response(ApiKeyCreatedSerializer(api_key).data, status=status.HTTP_201_CREATED)
 

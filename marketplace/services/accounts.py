@@ -27,6 +27,7 @@ from django.utils.crypto import salted_hmac
 from core.api.scopes import ALL_SCOPES
 from core.errors import Conflict, PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
+from core.security_mail import security_change_notify
 from marketplace.models import ApiKey, User
 from marketplace.services import two_factor
 
@@ -85,12 +86,29 @@ def _clean_scopes(scopes: list[str] | tuple[str, ...] | None) -> list[str]:
 
 
 def api_key_create(*, user: User, name: str = "", scopes: list[str] | tuple[str, ...] | None = None,
-                   expires_at: datetime | None = None, made_with: ApiKey | None = None) -> tuple[ApiKey, str]:
+                   expires_at: datetime | None = None, made_with: ApiKey | None = None,
+                   base_url: str = "") -> tuple[ApiKey, str]:
     """Create a key and return it with the raw value, which is never stored or shown again.
 
     `scopes` None means all of them. `made_with`: the key the request came with (None for a browser session or a
     log-in); a key cannot make a key that may do more than itself or outlive it. Conflict (409) when the user holds
-    API_KEYS_PER_USER_MAX keys already."""
+    API_KEYS_PER_USER_MAX keys already. The address is told (core.security_mail), as for a new SSH key or webhook
+    endpoint: a key outlives a password change. (The keys that sign-up and log-in make come with the password,
+    which the owner typed there: _api_key_make, no notice.)"""
+    with transaction.atomic():
+        key, raw = _api_key_make(user=user, name=name, scopes=scopes, expires_at=expires_at, made_with=made_with)
+        expiry = f"expires {key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "does not expire"
+        security_change_notify(
+            user=user, subject="An API key was made for your account", base_url=base_url,
+            change=(f"An API key was just made for your {settings.PLATFORM_NAME} account: "
+                    f"{key.name or 'no name'} ({key.prefix}…, scopes {', '.join(key.scopes)}; it {expiry}). A key "
+                    "works until it is revoked or expires, also after a password change: revoke it on the API keys "
+                    "page if you do not know it."))
+    return key, raw
+
+
+def _api_key_make(*, user: User, name: str = "", scopes: list[str] | tuple[str, ...] | None = None,
+                  expires_at: datetime | None = None, made_with: ApiKey | None = None) -> tuple[ApiKey, str]:
     clean = _clean_scopes(scopes)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("The expiry must be in the future.", field="expires_at")
@@ -158,7 +176,7 @@ def api_key_rotate(*, user: User, name: str) -> tuple[ApiKey, str, list[ApiKey]]
         ApiKey.objects.filter(pk__in=[k.pk for k in replaced]).update(revoked_at=now)
         for key in replaced:
             key.revoked_at = now
-        key, raw = api_key_create(user=user, name=name)
+        key, raw = _api_key_make(user=user, name=name)  # a log-in: the password was typed, no notice
     return key, raw, replaced
 
 
@@ -241,7 +259,7 @@ def user_register_confirm(*, token: str) -> tuple[User, ApiKey, str]:
             # The token came back from the address: it is verified (marketplace/services/email_verification.py).
             user = User(email=email, password=data["password"], email_verified_at=timezone.now())
             user.save()
-            key, raw = api_key_create(user=user, name=SIGNUP_KEY_NAME)
+            key, raw = _api_key_make(user=user, name=SIGNUP_KEY_NAME)
     except IntegrityError:  # the same token confirmed twice at once
         raise InvalidSignupToken() from None
     return user, key, raw

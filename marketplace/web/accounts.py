@@ -122,7 +122,8 @@ def api_keys(request):
         try:
             key, raw = account_svc.api_key_create(
                 user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"],
-                expires_at=timezone.now() + timedelta(days=days) if days else None)
+                expires_at=timezone.now() + timedelta(days=days) if days else None,
+                base_url=request.build_absolute_uri("/"))
         except ApplicationError as exc:
             form_error(form, exc, default_field="scopes")
         else:

@@ -165,3 +165,30 @@ def test_a_saved_ssh_key_is_told_to_the_address(user, api, mailoutbox, django_ca
     (mail,) = mailoutbox
     assert mail.to == [user.email] and mail.subject.endswith("An SSH key was added to your account")
     assert made.json()["fingerprint"] in mail.body and "laptop" in mail.body
+
+
+def test_a_new_api_key_is_told_to_the_address_but_not_the_keys_that_log_in_and_sign_up_make(
+        user, api, mailoutbox, django_capture_on_commit_callbacks):
+    """A key outlives a password change: one made from a stolen key or on the page must not go unseen, as a saved
+    SSH key or webhook endpoint does not. A log-in's key comes with the password its owner typed: no e-mail."""
+    from django.test import Client
+
+    with django_capture_on_commit_callbacks(execute=True):
+        made = api.post(KEYS, {"name": "ci", "scopes": ["read"]}, format="json")
+    assert made.status_code == 201
+    (mail,) = mailoutbox
+    assert mail.to == [user.email] and mail.subject.endswith("An API key was made for your account")
+    assert "ci (" in mail.body and made.json()["prefix"] in mail.body and "scopes read" in mail.body
+    assert made.json()["key"] not in mail.body  # the secret is in the answer only
+
+    page = Client()
+    page.force_login(user)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert page.post("/account/api-keys/", {"name": "laptop", "scopes": ["read", "renter"],
+                                                "expires_in_days": "0", "password": PASSWORD}).status_code == 200
+    assert len(mailoutbox) == 2 and "laptop (" in mailoutbox[1].body
+
+    with django_capture_on_commit_callbacks(execute=True):
+        logged_in = APIClient().post("/api/v1/auth/login/", {"email": user.email, "password": PASSWORD},
+                                     format="json")
+    assert logged_in.status_code == 200 and len(mailoutbox) == 2
