@@ -15,7 +15,7 @@ from marketplace.services import instances as instance_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.nodes import node_event, node_session
 from provisioning.ssh import NodeSession
-from provisioning.ssh_errors import AgentFailed
+from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from provisioning.ssh_pool import SshPool
 
 _VM_ID = re.compile(r"^inst-(\d+)$")
@@ -49,7 +49,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # show yet; so is one stopped meanwhile (its VM listed as still running).
         judged_before = dict(Instance.objects.filter(node=node, status__in=_JUDGED).values_list("pk", "status"))
         making = _making_vms(node)
-        vms = session.agent("vm", "list", {"runtime": node.runtime})["vms"]
+        vms = _listed(session.agent("vm", "list", {"runtime": node.runtime}), "vms", "vm_id")
         # A job open before or after the list may make a VM the list could not show: its instance keeps its GPUs
         # (the job removes a VM of an instance destroyed meanwhile, then frees them; found by review).
         making |= _making_vms(node)
@@ -63,6 +63,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         destroyed |= set(Instance.objects.filter(pk__in=instances_awaiting_cleanup(node_id=node.pk),
                                                  status=InstanceStatus.DESTROYED).values_list("pk", flat=True))
         seen = {}
+        settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
         for vm in vms:
             match = _VM_ID.match(vm.get("vm_id", ""))
             instance_id = int(match.group(1)) if match else None
@@ -84,9 +85,12 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # It never ran (its provisioning failed or was reaped while the VM was being made): nothing of
                 # the renter's is on it, so the VM goes with its disk, as the task's own failure handler does.
                 session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
+                settled.add(instance.pk)
             elif instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
-                # A failed instance holds no GPUs any more: its VM must not keep using them.
+                # A failed instance's GPUs are released, or held until its VM is seen stopped (below): its VM
+                # must not keep using them.
                 session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
+                settled.add(instance.pk)
         for instance_id in destroyed - making:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
@@ -112,14 +116,44 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                            level=NodeEvent.Level.WARNING)
                 counts["instances_failed"] += 1
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
-                _judge_stopped(node, session, instance, vm, counts)
+                if _judge_stopped(node, session, instance, vm, counts):
+                    settled.add(instance.pk)
+        _release_held(node, known, seen, settled, making, counts)
         _reconcile_volumes(node, session, counts)
     return counts
 
 
+def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int, dict[str, Any]],
+                  settled: set[int], making: set[int], counts: dict[str, int]) -> None:
+    """A stopped or failed instance whose VM job gave up before the node confirmed the VM stopped or gone kept
+    its GPUs (`vm_cleanup_pending`): released once the list shows its VM gone or not running, or this pass had
+    it stopped or removed. Not while a VM job of it is open (a start takes the VM over), and instance_cleanup_done
+    decides again under the row lock (a start asked since leaves them held)."""
+    waiting = set(instances_awaiting_cleanup(node_id=node.pk)) - making
+    for instance_id in sorted(waiting):
+        instance = known.get(instance_id)
+        if instance is None or instance.status not in (InstanceStatus.STOPPED, InstanceStatus.FAILED):
+            continue  # destroyed ones are cleaned up above; another state is a job's
+        vm = seen.get(instance_id)
+        if vm is None or vm.get("state") != "running" or instance_id in settled:
+            counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
+
+
+def _listed(answer: dict[str, Any], key: str, name: str) -> list[dict[str, Any]]:
+    """The node's list (`vms` or `volumes`): a list of objects, each naming itself by a string `name`. Anything
+    else is the node's garbage, a NodeError like a node that does not answer, never a TypeError that ended the
+    fleet's whole batch (found by review)."""
+    items = answer.get(key)
+    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get(name), str) for i in items):
+        raise AgentGarbage(f"The agent's `{key}` list is not a list of objects each with a string `{name}`: "
+                           "update the agent, or tell operators.")
+    return items
+
+
 def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dict[str, Any] | None,
-                   counts: dict[str, int]) -> None:
-    """A stopped instance (stopped before and after the list, no VM job open): its VM must be there, stopped."""
+                   counts: dict[str, int]) -> bool:
+    """A stopped instance (stopped before and after the list, no VM job open): its VM must be there, stopped.
+    True when its running VM was stopped here."""
     if vm is None:
         # Decided under its row lock: a start asked since the database was read is left to its job.
         failed = instance_svc.instance_mark_failed(
@@ -132,18 +166,21 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
                        message=f"The VM of instance {instance.pk} (stopped) vanished with its disk.",
                        level=NodeEvent.Level.WARNING)
             counts["instances_failed"] += 1
-    elif vm.get("state") == "running":
+        return False
+    if vm.get("state") == "running":
         # Its GPUs were released when it stopped. A start asked since the list (a job open now, or the instance
         # no longer stopped) owns the VM: leave it to that job. Asked after this check, its job starts the VM
         # again, or the health check finds it not running and the instance is restarted.
         if instance.pk in _making_vms(node) or not Instance.objects.filter(
                 pk=instance.pk, status=InstanceStatus.STOPPED).exists():
-            return
+            return False
         session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
         node_event(node=node, kind="stopped_vm_running",
-                   message=f"Stopped VM {vm['vm_id']}, found running while instance {instance.pk} is stopped "
-                           "(its GPUs were released).", level=NodeEvent.Level.WARNING)
+                   message=f"Stopped VM {vm['vm_id']}, found running while instance {instance.pk} is stopped.",
+                   level=NodeEvent.Level.WARNING)
         counts["stopped_vms_stopped"] += 1
+        return True
+    return False
 
 
 def _making_vms(node: Node) -> set[int]:
@@ -168,8 +205,8 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
     time (else a volume just made would be reported missing, and one just deleted deleted twice)."""
     before = dict(Volume.objects.filter(node=node).values_list("name", "state"))
     try:
-        listed = session.agent("volume", "list", {})["volumes"]
-    except AgentFailed as exc:  # the VMs are reconciled already: this node is not "unreachable" for it
+        listed = _listed(session.agent("volume", "list", {}), "volumes", "name")
+    except (AgentFailed, AgentGarbage) as exc:  # the VMs are reconciled already: the node is not "unreachable"
         log.warning("reconcile: node %s could not list its volumes: %s", node.pk, exc)
         return
     # Read the database after the node, so a volume created meanwhile is known.

@@ -8,11 +8,13 @@ import pytest
 from django.utils import timezone
 
 from billing.services.storage import storage_meter
-from marketplace.models import Instance, InstanceStatus, InterruptionCause
+from marketplace.models import Gpu, Instance, InstanceStatus, InterruptionCause
+from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as svc
 from provisioning.models import OPEN, Job, JobKind, JobStatus, NodeEvent
 from provisioning.services.jobs import job_create
 from provisioning.services.reconcile import node_reconcile
+from provisioning.ssh_errors import AgentGarbage
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
 
@@ -194,3 +196,100 @@ def test_an_interrupted_instance_whose_start_job_is_still_open_waits_for_it_then
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.STARTING and counts["restarted"] == 1
     assert Job.objects.filter(OPEN, instance=instance, kind=JobKind.INSTANCE_START).exclude(pk=stale.pk).exists()
+
+
+# ------------------------------------------------------------------ GPUs held until the node confirms the VM
+
+def _gpu(node) -> str:
+    return Gpu.objects.get(node=node, index=0).status
+
+
+def stopped_unconfirmed(node, fake, vm_state: str) -> Instance:
+    """Stopped for its renter, but the node never confirmed its VM stopped (the stop job gave up after sending
+    it): it keeps its GPU, waiting for its cleanup. The node has the VM in `vm_state`."""
+    instance = running_instance(node, fake)
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped.", cleanup_pending=True)
+    _close_jobs(instance)
+    fake.vms[instance.vm_id] = vm_state
+    return Instance.objects.get(pk=instance.pk)
+
+
+@pytest.mark.parametrize("vm_state", ["stopped", "running", None])
+def test_a_stopped_instances_held_gpu_is_freed_once_the_node_shows_its_vm_stopped_or_gone(fake_node, vm_state):
+    """Its stop's answer was lost: the GPU stays held until the node shows the VM not running (listed stopped,
+    stopped here, or gone). Before, only destroyed instances were cleaned up: the GPU stayed held for good."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_unconfirmed(node, fake_node, vm_state or "stopped")
+    if vm_state is None:
+        del fake_node.vms[instance.vm_id]
+    assert _gpu(node) == "rented" and instance.pk in instances_awaiting_cleanup(node_id=node.pk)
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert _gpu(node) == "free" and not instance.vm_cleanup_pending
+    assert counts["cleaned_up"] == (0 if vm_state is None else 1)  # gone: failed, its GPU released with it
+    if vm_state == "running":
+        assert fake_node.vms[instance.vm_id] == "stopped"  # stopped first, then the GPU freed
+    assert instance.status == (InstanceStatus.FAILED if vm_state is None else InstanceStatus.STOPPED)
+
+
+def test_a_held_gpu_stays_held_while_a_job_of_its_instance_is_open(fake_node):
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_unconfirmed(node, fake_node, "running")
+    Job.objects.create(kind=JobKind.INSTANCE_START, node=node, instance=instance, status=JobStatus.RUNNING,
+                       deadline=timezone.now() + timedelta(minutes=5))
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert _gpu(node) == "rented" and instance.vm_cleanup_pending
+    assert ("vm", "stop", instance.vm_id) not in fake_node.calls
+
+
+@pytest.mark.parametrize("vm_state", ["running", None])
+def test_a_failed_provisions_held_gpu_is_freed_once_its_vm_is_removed_or_gone(fake_node, vm_state):
+    """A provision whose answer was lost failed with its GPU held (the VM may run on it): the reconciler
+    removes the VM (it never ran for the renter) or finds it gone, then frees the GPU."""
+    node = make_listed_node(gpu_count=1)
+    instance = book(UserFactory(), node)
+    svc.instance_mark_failed(instance_id=instance.pk, message="lost", cleanup_pending=True)
+    _close_jobs(instance)
+    if vm_state:
+        fake_node.vms[instance.vm_id] = vm_state
+    assert _gpu(node) == "rented"
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert _gpu(node) == "free" and not instance.vm_cleanup_pending and instance.vm_id not in fake_node.vms
+
+
+# ----------------------------------------------------------------------------------- the node's garbage
+
+@pytest.mark.parametrize("vms", [[5], [{"vm_id": 5, "state": "running"}], None, {"inst-1": "running"}, "x"])
+def test_a_malformed_vm_list_is_the_nodes_error_not_a_crash(fake_node, monkeypatch, vms):
+    """Indexed unchecked, {"vms": [5]} raised AttributeError or TypeError, which the fleet's batches did not
+    catch (found by review): one provider's node stopped the health recording and reconciling of its batch."""
+    node = make_listed_node(gpu_count=1)
+    session = fake_node.session(node)
+
+    class Garbage(type(session)):
+        def agent(self, cmd, sub=None, request=None, timeout=None):
+            return {"vms": vms} if (cmd, sub) == ("vm", "list") else super().agent(cmd, sub, request, timeout)
+
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", lambda *a, **k: Garbage())
+    with pytest.raises(AgentGarbage, match="`vms` list"):
+        node_reconcile(node)
+
+
+def test_a_malformed_volume_list_leaves_the_vms_reconciled(fake_node, monkeypatch):
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node)
+    fake_node.vms[instance.vm_id] = "running"
+    session = fake_node.session(node)
+
+    class Garbage(type(session)):
+        def agent(self, cmd, sub=None, request=None, timeout=None):
+            if (cmd, sub) == ("volume", "list"):
+                return {"volumes": [{"name": None}]}
+            return super().agent(cmd, sub, request, timeout)
+
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", lambda *a, **k: Garbage())
+    counts = node_reconcile(node)
+    assert counts["stopped_vms_stopped"] == 1 and fake_node.vms[instance.vm_id] == "stopped"
