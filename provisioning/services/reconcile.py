@@ -64,6 +64,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                                                  status=InstanceStatus.DESTROYED).values_list("pk", flat=True))
         seen = {}
         settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
+        vm: dict[str, Any] | None
         for vm in vms:
             match = _VM_ID.match(vm.get("vm_id", ""))
             instance_id = int(match.group(1)) if match else None
