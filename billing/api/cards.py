@@ -18,6 +18,7 @@ from billing.services.cards import (
     setup_intent_create,
 )
 from core.api.fields import StrictFieldsMixin
+from core.api.no_store import NoStoreMixin
 from core.api.scopes import RENTER_ONLY
 
 
@@ -60,7 +61,7 @@ class SetupIntentSerializer(serializers.Serializer):
                                responses={201: SetupIntentSerializer, 502: E502, 503: E503}),
 )
 @extend_schema(tags=["billing"])
-class CardViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class CardViewSet(NoStoreMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     """Cards are saved at Stripe; here only their brand, last digits and expiry are kept."""
 
     api_scope = RENTER_ONLY  # core/api/scopes.py

@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.fields import StrictFieldsMixin
+from core.api.no_store import NoStoreMixin
 from core.api.schema import error_response
 from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
 from core.api.throttling import ScopedRateThrottle
@@ -112,17 +113,6 @@ class AuthResultSerializer(serializers.Serializer):
 class LoginResultSerializer(AuthResultSerializer):
     replaced_keys = ApiKeySerializer(
         many=True, help_text="Your keys of the same name that this log-in revoked (requests with them now get 401).")
-
-
-class NoStoreMixin:
-    """For the views whose answers carry a secret shown once (a new API key: sign-up's confirm, log-in, POST
-    /api-keys/): every answer says Cache-Control: no-store, so that no browser, proxy or client cache keeps the
-    only copy a stranger could read later, as the pages that show a new key and the webhook endpoint API do."""
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        response = super().finalize_response(request, response, *args, **kwargs)
-        response["Cache-Control"] = "no-store"
-        return response
 
 
 class _AuthView(NoStoreMixin, APIView):

@@ -79,6 +79,7 @@ def test_a_card_is_saved_through_a_setup_intent(localstripe, api, other_api):
     assert response.status_code == 201
     intent = response.json()
     assert intent["client_secret"].startswith(intent["setup_intent"]) and intent["publishable_key"]
+    assert response["Cache-Control"] == "no-store"  # a secret for Stripe.js: no cache keeps it
     stripe_client(localstripe).setup_intents.confirm(intent["setup_intent"],
                                                      params={"payment_method": "pm_card_visa"})  # Stripe.js's part
     response = api.post("/api/v1/billing/cards/", {"setup_intent": intent["setup_intent"]}, format="json")
