@@ -25,8 +25,9 @@ not charged.
 
 A refund whose Stripe answer was lost stays pending, its amount reserved (billing.services.refunds). After the
 same delay the same run looks for Stripe's refund carrying its id in the metadata (`refunds_reconcile`): found
-and succeeded (or pending at Stripe), the wallet is debited once (`refund_confirm`); found failed, or not found
-at all (the request never reached Stripe), the refund fails and its amount is refundable again.
+and not failed (succeeded, or not finished at Stripe: pending, requires_action), the wallet is debited once
+(`refund_confirm`; a later failure at Stripe gives it back); found failed or canceled, or not found at all (the
+request never reached Stripe), the refund fails and its amount is refundable again.
 
 Stripe is called outside any database transaction. A Stripe error never stops the loop for good: an unreachable
 or failing Stripe ends this run (the next one tries again), any other error skips that top-up until its next turn.
@@ -254,7 +255,8 @@ def refunds_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
 
 def refund_reconcile(*, refund_id: int) -> str:
     """Look one pending refund up at Stripe (its top-up's refunds, by the refund id in their metadata) and apply
-    the answer: "succeeded", "failed", "pending" (Stripe has it pending: debited, as refund_create does), "settled"
+    the answer: "succeeded", "failed" (Stripe failed or canceled it, or made none), "pending" (Stripe has not finished
+    it, pending or requires_action: debited, as refund_create does), "settled"
     (no longer pending) or "error" (logged; looked up again next run). Raises StripeUnavailable."""
     refund = Refund.objects.select_related("top_up").filter(pk=refund_id, status=RefundStatus.PENDING).first()
     if refund is None:
@@ -270,7 +272,11 @@ def refund_reconcile(*, refund_id: int) -> str:
         log.error("refund %s: Stripe refused to list the refunds of %s: %s", refund_id,
                   refund.top_up.payment_intent_id, error.message)
         return "error"
-    done = next((r for r in made if r.status in ("succeeded", "pending")), None)
+    # Made unless Stripe failed or canceled it: succeeded, or not finished (pending, requires_action) is debited as
+    # refund_create debits it, and a later failure gives the debit back (refund_failed_at_stripe). requires_action
+    # was taken for a failure: refundable again, and the card got the money when Stripe finished it (found by
+    # review).
+    done = next((r for r in made if r.status not in ("failed", "canceled")), None)
     if done is not None:
         refund_confirm(refund_id=refund.pk, stripe_refund_id=done.id)
         log.info("refund %s: its answer was lost; Stripe made it (%s, %s): debited", refund_id, done.id, done.status)

@@ -67,6 +67,31 @@ def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(locals
     assert BillingEvent.objects.filter(user=api.user, kind="refund").count() == 1
 
 
+@pytest.mark.parametrize("status", ["requires_action", "pending"])
+def test_a_lost_refund_stripe_has_not_finished_is_debited_and_not_refundable_again(localstripe, api, monkeypatch,
+                                                                                  status):
+    """The lookup took a refund Stripe reported as requires_action (not finished) for a failed one: refundable
+    again, and when Stripe finished it (refund.updated, succeeded: not acted on) the card had the money and the
+    wallet kept it (found by review). Any refund Stripe has not failed or canceled is debited, as refund_create
+    does; if Stripe fails it later, refund_failed_at_stripe gives the debit back."""
+    from types import SimpleNamespace
+
+    from tests.factories import UserFactory
+
+    top_up = _credited_top_up(localstripe, api)  # $40
+    refund = Refund.objects.create(top_up=top_up, amount_micros=15_000_000, reason="customer asked",
+                                   created_by=UserFactory(is_staff=True))
+    made = SimpleNamespace(id="re_unfinished", status=status,
+                           to_dict=lambda: {"metadata": {"refund_id": str(refund.pk)}})
+    page = SimpleNamespace(auto_paging_iter=lambda: iter([made]))
+    monkeypatch.setattr(reconcile, "client", lambda: SimpleNamespace(v1=SimpleNamespace(
+        refunds=SimpleNamespace(list=lambda params: page))))
+    assert reconcile.refund_reconcile(refund_id=refund.pk) == "pending"
+    refund.refresh_from_db()
+    assert refund.status == RefundStatus.SUCCEEDED and refund.stripe_refund_id == "re_unfinished"
+    assert balance(api.user) == 25_000_000 and payments.refundable_micros(top_up=top_up) == 25_000_000
+
+
 def test_a_refund_that_never_reached_stripe_fails_at_the_lookup_and_is_refundable_again(
         localstripe, api, refund_operator_api, settings):
     top_up = _credited_top_up(localstripe, api)
