@@ -13,6 +13,7 @@ from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.forms import UserChangeForm as BaseUserChangeForm
 from django.contrib.auth.views import PasswordChangeView
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import Count
 from django.http import HttpResponseRedirect
 from django.urls import reverse
@@ -98,10 +99,21 @@ class UserAdmin(BaseUserAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))
 
+    def get_readonly_fields(self, request, obj=None):
+        # Not the operator's own address: with it, a copied operator session would send the password reset to an
+        # address of its choosing and keep the account for good (as the own password, user_change_password).
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "email"] if obj is not None and obj.pk == request.user.pk else fields
+
     def save_model(self, request, obj, form, change):
+        old_address = form.initial.get("email", "") if change else ""
         if change and "email" in form.changed_data:
             obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
         super().save_model(request, obj, form, change)
+        if old_address and old_address != obj.email:
+            new_address = obj.email
+            transaction.on_commit(lambda: password_svc.address_changed_by_operator_notify(
+                old_address=old_address, new_address=new_address))
 
     # Every action names the permission it needs: without one, an account that may only view the list could run it.
     @admin.action(description="Turn off two-factor log-in (after checking who is asking)", permissions=["change"])

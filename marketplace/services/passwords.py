@@ -90,6 +90,16 @@ def password_set_by_operator_notify(*, user: User, base_url: str) -> None:
         f"recognise:\n\n  {urljoin(base_url, reverse('password-reset'))}\n"))
 
 
+def address_changed_by_operator_notify(*, old_address: str, new_address: str) -> None:
+    """Tell the address an account had that an operator changed it in the admin: from now on its e-mails and its
+    password resets go to the new one, so its owner hears of it at the old one (marketplace/admin/accounts.py)."""
+    _send(old_address, "An operator changed your account's address", (
+        f"An operator of {settings.PLATFORM_NAME} just changed the e-mail address of your account from "
+        f"{old_address} to {new_address}. From now on the account's e-mails and password resets go there, and "
+        "the account may not rent or list until that address is verified.\n\n"
+        f"If you did not ask for this, reply to this e-mail or contact {settings.PLATFORM_NAME}'s support now.\n"))
+
+
 def password_check(*, user: User, password: str, client_address: str | None) -> bool:
     """Is this the user's password? Behind the log-in lock-out (core.login_throttle.password_confirm)."""
     return password_confirm(user=user, password=password, client_address=client_address)

@@ -257,6 +257,30 @@ def test_an_operator_changing_the_address_makes_it_unverified(renter, operator):
     assert _rent(_api(renter), make_listed_node()).status_code == 403
 
 
+def test_the_old_address_is_told_when_an_operator_changes_it(renter, operator, mailoutbox,
+                                                             django_capture_on_commit_callbacks):
+    """From then on the account's e-mails and password resets go to the new address: its owner hears of it at the
+    old one (before, nothing was sent)."""
+    old = renter.email
+    with django_capture_on_commit_callbacks(execute=True):
+        assert _admin_change_email(logged_in(operator), renter, "someone.else@example.com").status_code == 302
+    told = [m for m in mailoutbox if m.to == [old]]
+    assert len(told) == 1 and "someone.else@example.com" in told[0].body, [(m.to, m.subject) for m in mailoutbox]
+    assert "changed your account's address" in told[0].subject
+
+
+def test_an_operator_cannot_change_their_own_address_in_the_admin(operator):
+    """A copied operator session would set its own address, then have the password reset sent there and keep the
+    account for good; the own password is refused there the same way."""
+    admin = logged_in(operator)
+    before = operator.email
+    _admin_change_email(admin, operator, "taken.over@example.com")
+    operator.refresh_from_db()
+    assert operator.email == before
+    page = admin.get(f"/admin/marketplace/user/{operator.pk}/change/").content.decode()
+    assert 'name="email"' not in page
+
+
 def test_a_link_sent_to_the_old_address_is_void_once_it_changed(unverified, operator, mailoutbox):
     logged_in(unverified).post(RESEND)
     old_link = _link(mailoutbox)
