@@ -244,7 +244,9 @@ class ProviderChangesOwnNode(permissions.BasePermission):
                          responses={201: NodeSerializer, 409: _CONFLICT,
                                     403: OpenApiResponse(CodedErrorSerializer, _EMAIL_NOT_VERIFIED)}),
     partial_update=extend_schema(summary="Change price, listing or maintenance", request=NodeUpdateSerializer,
-                                 responses={200: NodeSerializer, 409: _CONFLICT}),
+                                 responses={200: NodeSerializer, 409: _CONFLICT,
+                                            403: OpenApiResponse(CodedErrorSerializer, "Putting the node back on the "
+                                                                 "offers (`listed` true): " + _EMAIL_NOT_VERIFIED)}),
     destroy=extend_schema(summary="Retire a node", responses={204: None, 409: _CONFLICT}),
 )
 @extend_schema(tags=["nodes"])

@@ -6,7 +6,7 @@ from rest_framework.response import Response
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.idempotency import idempotency_parameter
-from core.api.schema import ErrorDetailSerializer
+from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer
 from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
 from marketplace.models import Volume
@@ -72,6 +72,10 @@ _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "An instance that is not dest
         201: VolumeSerializer,
         200: OpenApiResponse(VolumeSerializer, "The volume an earlier request with this Idempotency-Key created."),
         402: OpenApiResponse(ErrorDetailSerializer, "Your balance is at zero or below."),
+        403: OpenApiResponse(CodedErrorSerializer, "`code` `email_not_verified`: your e-mail address is not "
+                                                   "verified yet (POST /api/v1/auth/verify-email/ sends the link "
+                                                   "again); or the API key lacks the `renter` scope (a browser "
+                                                   "session: a missing CSRF token)."),
         409: OpenApiResponse(ErrorDetailSerializer, "The offer takes no new rentals now."),
         422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
     }),
