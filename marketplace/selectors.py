@@ -1,6 +1,7 @@
 """Reads that encode marketplace rules."""
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
@@ -160,10 +161,13 @@ def node_not_offered_reason(node: Node) -> str:
 
 
 def instance_ssh_command(instance: Instance) -> str | None:
-    """How the renter logs in (the API's `ssh_command`, the instance page's line): only while it runs."""
+    """How the renter logs in (the API's `ssh_command`, the instance page's line): only while it runs.
+
+    Renters paste it into their shell, and its parts are the node's word (checked when recorded:
+    provisioning.services.vms.vm_address): each is shell-quoted all the same."""
     if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
         return None
-    return f"ssh -p {instance.ssh_port} {instance.ssh_user or 'root'}@{instance.ssh_host}"
+    return shlex.join(["ssh", "-p", str(instance.ssh_port), f"{instance.ssh_user or 'root'}@{instance.ssh_host}"])
 
 
 def node_in_use_q() -> Q:

@@ -31,6 +31,8 @@ _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 _SSH_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # What `ssh-keygen -lf` prints for a SHA-256 fingerprint: 32 bytes, unpadded base64.
 _FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
+# A VM's mapped port as a node's agent names it: the renter's container port, "8888/tcp".
+VM_PORT_NAME = re.compile(r"[1-9][0-9]{0,4}/tcp", re.ASCII)
 
 
 def validate_address(value: str) -> None:
@@ -46,6 +48,11 @@ def validate_address(value: str) -> None:
         or labels[-1].isdigit()  # "1.2.3.999" is a broken IP, not a hostname
     ):
         raise ValidationError(f"{value!r} is neither a hostname nor an IP address.")
+
+
+def is_port_number(value: object) -> bool:
+    """A TCP port: an int (not a bool) from 1 to 65535."""
+    return isinstance(value, int) and not isinstance(value, bool) and SSH_PORT_MIN <= value <= SSH_PORT_MAX
 
 
 # RegexValidators, not functions: the API schema publishes their patterns (drf-spectacular reads them).

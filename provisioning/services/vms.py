@@ -7,22 +7,29 @@ commands are), so a retried or redelivered job finishes what an earlier one bega
 """
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
+
+from core.addresses import Address, is_public
 from core.errors import Conflict, Unavailable
 from core.transitions import InvalidTransition
-from marketplace.models import Instance, InstanceStatus
+from marketplace.models import Instance, InstanceStatus, Node
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
+from marketplace.services.instances.options import PORTS_MAX
+from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobKind
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts
-from provisioning.ssh_errors import AgentFailed, NodeError
+from provisioning.ssh_errors import AgentFailed, AgentGarbage, NodeError, NodeUnreachable
 
 SSH_READY_TIMEOUT_S = 120
 # Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.
@@ -55,6 +62,183 @@ def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> 
             last = str(exc)
         time.sleep(0.5)
     raise NodeError(f"The VM's SSH server at {host}:{port} did not answer within {timeout:.0f}s ({last}).")
+
+
+# ------------------------------------------------------------------ where renters log in: the node's word, checked
+#
+# The `vm create`/`vm start` answer says where renters log in (ssh_host, ssh_port, ssh_user) and where the VM's
+# ports are mapped (ports[*].host/port). It is the provider's word: the platform shows it to renters as a command
+# they paste into their shell (marketplace.selectors.instance_ssh_command) and its worker connects to ssh_host to
+# wait for the VM's SSH server. So it is checked before any use, and anything else is AgentGarbage:
+#
+# - ssh_user is a POSIX user name (the rule for a node's own SSH user);
+# - ssh_port and every ports[*].port a TCP port, 1 to 65535;
+# - ssh_host and every ports[*].host an IP address or a hostname; null (the agent's answer where the node has no
+#   GPUMARKET_PUBLIC_HOST) is the node's own address. A host other than the node's own address must be (resolve
+#   to) public unicast addresses, or addresses of the same kind as the node's own: loopback for a node on
+#   loopback (simulated nodes, tests), private for a node registered at a private address (a lab or on-premises
+#   platform, which reaches that network already). Never link-local (169.254.169.254, a cloud's metadata
+#   service), multicast, unspecified or reserved. The worker then connects to the address it checked, not to the
+#   name again (whose next answer could be another address).
+
+_ANSWER = "The node's answer about the VM is unusable"
+# 100.64.0.0/10 (carrier-grade NAT) is neither global nor "private" for Python 3.11: a private network here.
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+
+
+@dataclass(frozen=True)
+class VmAddress:
+    """Where renters log in to a VM, checked; `probe` is the address the worker waits on for its SSH server."""
+
+    host: str
+    port: int
+    user: str
+    probe: str
+    ports: dict[str, dict[str, Any]] | None = field(default=None)  # the answer's mapped ports, None if it had none
+
+
+def _shown(value: Any) -> str:
+    return repr(value if isinstance(value, int | type(None)) else str(value)[:40])
+
+
+def _kind(address: Address) -> str:
+    """public, loopback, private, or what else it is (accepted only as the node's own address)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if is_public(address):  # also refuses an IPv6 form (NAT64, 6to4) carrying a private IPv4 address
+        return "public"
+    if address.is_loopback:
+        return "loopback"
+    if address.is_link_local:
+        return "link-local"
+    if address.is_multicast:
+        return "multicast"
+    if address.is_unspecified:
+        return "unspecified"
+    if address.is_reserved:
+        return "reserved"
+    if address.is_private or (address.version == 4 and address in _SHARED):
+        return "private"
+    return "non-public"
+
+
+def _resolve(host: str) -> list[Address]:
+    """The IP addresses `host` names (itself for an IP address). OSError (or UnicodeError) when it does not resolve."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    found: list[Address] = []
+    for *_, sockaddr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
+        address = ipaddress.ip_address(sockaddr[0])
+        if address not in found:
+            found.append(address)
+    if not found:
+        raise OSError("no address")
+    return found
+
+
+def _same_host(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a.rstrip(".").lower() == b.rstrip(".").lower()
+
+
+class _HostRule:
+    """The hosts one node may name for its VMs (see above), each checked once."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self._probes: dict[str, str] = {}
+        self._node_kinds: set[str] | None = None
+
+    def node_kinds(self) -> set[str]:
+        if self._node_kinds is None:
+            try:
+                self._node_kinds = {_kind(address) for address in _resolve(self.node.address)}
+            except (OSError, UnicodeError, ValueError):
+                self._node_kinds = set()
+            self._node_kinds &= {"loopback", "private"}
+        return self._node_kinds
+
+    def host(self, value: Any, what: str) -> str:
+        """The host renters are shown (null: the node's own address), checked; AgentGarbage otherwise."""
+        if value is None:
+            return self.node.address
+        try:
+            if not isinstance(value, str) or "%" in value:  # an IPv6 zone (fe80::1%eth0) is the node's own
+                raise ValidationError("not an address")
+            validate_address(value)
+        except ValidationError:
+            raise AgentGarbage(f"{_ANSWER}: its {what} {_shown(value)} is neither an IP address nor a hostname "
+                               "(null means the node's own address).") from None
+        self.probe(value, what)
+        return value
+
+    def probe(self, host: str, what: str) -> str:
+        """The address the worker may connect to for `host`: the node's own address as registered, or the one
+        address `host` resolves to that was checked. AgentGarbage for an address the node may not name;
+        NodeUnreachable for a name that does not resolve (now)."""
+        if host in self._probes:
+            return self._probes[host]
+        if _same_host(host, self.node.address):
+            probe = self.node.address
+        else:
+            try:
+                addresses = _resolve(host)
+            except (OSError, UnicodeError, ValueError) as exc:
+                raise NodeUnreachable(f"The VM's {what} {host} does not resolve ({exc}). GPUMARKET_PUBLIC_HOST on "
+                                      "the node names the address renters reach; unset, the node's own address "
+                                      "is used.") from None
+            allowed = {"public"} | self.node_kinds()
+            for address in addresses:
+                kind = _kind(address)
+                if kind not in allowed:
+                    named = f"{host}, which resolves to {address}," if str(address) != host else str(address)
+                    article = "an" if kind[0] in "aeiou" else "a"
+                    raise AgentGarbage(
+                        f"{_ANSWER}: its {what} {named} is {article} {kind} address, which a node at "
+                        f"{self.node.address} may not name. Set GPUMARKET_PUBLIC_HOST on the node to the public "
+                        "address renters reach, or leave it unset for the node's own address.")
+            probe = str(addresses[0])
+        self._probes[host] = probe
+        return probe
+
+
+def _port(value: Any, what: str) -> int:
+    if not is_port_number(value):
+        raise AgentGarbage(f"{_ANSWER}: its {what} {_shown(value)} is not a port number (1 to 65535).")
+    return int(value)
+
+
+def vm_address(node: Node, answer: dict[str, Any]) -> VmAddress:
+    """Where renters log in to the VM, from a `vm create`/`vm start` answer, checked (see above); AgentGarbage
+    for an answer the platform may not use, NodeUnreachable for a host name that does not resolve."""
+    rule = _HostRule(node)
+    user = answer.get("ssh_user")
+    try:
+        if not isinstance(user, str):
+            raise ValidationError("not text")
+        validate_ssh_user(user)
+    except ValidationError:
+        raise AgentGarbage(f"{_ANSWER}: its ssh_user {_shown(user)} is not a POSIX user name (lower-case letters, "
+                           "digits, '_' or '-', starting with a letter or '_', at most 32).") from None
+    port = _port(answer.get("ssh_port"), "ssh_port")
+    host = rule.host(answer.get("ssh_host"), "ssh_host")
+    ports = answer.get("ports")
+    mapped: dict[str, dict[str, Any]] | None = None
+    if ports is not None:
+        if not isinstance(ports, dict) or len(ports) > PORTS_MAX:
+            raise AgentGarbage(f"{_ANSWER}: its ports are not an object of at most {PORTS_MAX} mapped ports.")
+        mapped = {}
+        for name, target in ports.items():
+            if not (isinstance(name, str) and VM_PORT_NAME.fullmatch(name) and isinstance(target, dict)):
+                raise AgentGarbage(f"{_ANSWER}: its ports hold {_shown(name)}, not a mapped port "
+                                   "(\"8888/tcp\": {\"host\": ..., \"port\": ...}).")
+            mapped[name] = {"host": rule.host(target.get("host"), f"ports[{name}].host"),
+                            "port": _port(target.get("port"), f"ports[{name}].port")}
+    return VmAddress(host=host, port=port, user=user, probe=rule.probe(host, "ssh_host"), ports=mapped)
 
 
 # Steps logged just before a command that changes the VM goes to the node. A job whose log has none of them never
@@ -105,12 +289,13 @@ def _destroyed_meanwhile(job: Job, instance: Instance) -> bool:
 
 
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
+    address = vm_address(instance.node, answer)
     _progress(job, instance, "waiting for SSH on the VM")
-    wait_for_ssh(answer["ssh_host"], answer["ssh_port"])
+    wait_for_ssh(address.probe, address.port)
+    vm = answer if address.ports is None else {**answer, "ports": address.ports}
     try:
-        instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=answer["ssh_host"],
-                                           ssh_port=answer["ssh_port"], ssh_user=answer["ssh_user"],
-                                           message=message, vm=answer)
+        instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=address.host, ssh_port=address.port,
+                                           ssh_user=address.user, message=message, vm=vm)
     except InvalidTransition:
         if not _destroyed_meanwhile(job, instance):
             raise

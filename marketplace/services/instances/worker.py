@@ -1,11 +1,13 @@
 """What the provisioning tasks record: each move in its own short transaction, idempotent."""
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from marketplace.models import Instance, InterruptionOutcome
 from marketplace.models.renting import FINAL_STATUSES
+from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address
 from notifications.services.notify import Kind
 
 from .common import (
@@ -35,15 +37,29 @@ def instance_mark_provisioning(*, instance_id: int) -> Instance | None:
     return instance
 
 
+def _address(value: Any) -> bool:
+    try:
+        validate_address(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def _mapped_port(name: Any, target: Any) -> bool:
+    """A mapped port: "8888/tcp": {"host": an IP address or hostname, "port": 1 to 65535}. The worker checked the node's
+    answer already (provisioning.services.vms.vm_address: its null hosts are the node's address, and which hosts a
+    node may name); this keeps anything else out of what renters are shown."""
+    return (isinstance(name, str) and VM_PORT_NAME.fullmatch(name) is not None and isinstance(target, dict)
+            and isinstance(target.get("host"), str) and _address(target["host"]) and is_port_number(target.get("port")))
+
+
 def _vm_facts(instance: Instance, vm: dict[str, Any]) -> list[str]:
     """Record what the node says the VM has: mapped ports, OS. Only well-formed values are kept; its disk size is
     only compared with the booked one."""
     fields = []
     ports = vm.get("ports")
-    if isinstance(ports, dict) and all(
-            isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("host"), str)
-            and isinstance(v.get("port"), int) and not isinstance(v.get("port"), bool) for k, v in ports.items()):
-        instance.ports = {k: {"host": v["host"][:253], "port": v["port"]} for k, v in ports.items()}
+    if isinstance(ports, dict) and all(_mapped_port(k, v) for k, v in ports.items()):
+        instance.ports = {k: {"host": v["host"], "port": v["port"]} for k, v in ports.items()}
         fields.append("ports")
     os_name = vm.get("os")
     if isinstance(os_name, str) and os_name:
