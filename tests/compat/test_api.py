@@ -218,6 +218,11 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
     ({"env": {"-p": "8080"}}, 400, "only TCP ports"),
     ({"env": {"lower": "x"}}, 400, "Not an allowed variable name"),
     ({"env": "-e A=1"}, 400, "`env` is an object"),
+    # What the node's agent refuses (it failed at `vm create`, after booking): found by review
+    ({"env": {"NVIDIA_VISIBLE_DEVICES": "all"}}, 400, "NVIDIA_VISIBLE_DEVICES is reserved"),
+    ({"env": {"PEM": "-----BEGIN KEY-----\nabc\n-----END KEY-----"}}, 400, "The value of PEM is one line"),
+    ({"image": "r.example.com/app:1", "image_login": "-u robot:ci -p secret r.example.com"}, 400,
+     "`registry_auth.username` may not hold ':'"),
     ({"onstart": 5}, 400, "`onstart` is a string"),
     ({"image_login": "-u me -p secret docker.io"}, 400, "needs no registry login"),
     ({"image": "r.example.com/app:1", "image_login": "me secret"}, 400, "'-u USER -p PASSWORD"),

@@ -8,11 +8,14 @@ import logging
 import pytest
 from django.db import connection
 
+from core.errors import ValidationFailed
 from core.idempotency import request_fingerprint
 from marketplace.encryption import decrypt_secret
 from marketplace.models import Instance, Node
 from marketplace.services import instances as svc
 from marketplace.services.instances import options as opts
+from provisioning.agent.gpumarket_agent import AgentError
+from provisioning.agent.gpumarket_agent import options as agent_options
 from provisioning.services.vms import create_request
 from tests.factories import UserFactory, make_listed_node
 
@@ -68,6 +71,7 @@ BAD = [
     ({"image": "r.example.com/app:1", "registry_auth": {"username": "u", "password": "p" * 4097}}, "registry_auth"),
     ({"image": "r.example.com/app:1", "registry_auth": {"username": "u\n", "password": "p"}}, "registry_auth"),
     ({"image": "r.example.com/app:1", "registry_auth": {"username": "u", "password": 5}}, "registry_auth"),
+    ({"image": "r.example.com/app:1", "registry_auth": {"username": "robot:ci", "password": "p"}}, "registry_auth"),
     ({"registry_auth": {"username": "u", "password": "p"}}, "registry_auth"),  # a catalogue image needs none
     # env
     ({"env": ["A=1"]}, "env"),
@@ -82,6 +86,11 @@ BAD = [
     ({"env": {"A": "a\x00b"}}, "env"),
     ({"env": {f"V{i}": "x" for i in range(65)}}, "env"),
     ({"env": {f"V{i}": "x" * 4000 for i in range(9)}}, "env"),  # 36 kB in all
+    ({"env": {f"V{i:02d}": "x" * 509 for i in range(64)}}, "env"),  # 32768 bytes + 64 '=' (NAME=value)
+    ({"env": {"PEM": "-----BEGIN KEY-----\nabc\n-----END KEY-----"}}, "env"),
+    ({"env": {"A": "a\rb"}}, "env"),
+    ({"env": {"NVIDIA_VISIBLE_DEVICES": "all"}}, "env"),
+    ({"env": {"NVIDIA_DRIVER_CAPABILITIES": "all"}}, "env"),
     ({"env": None}, "env"),
     # onstart
     ({"onstart": "x" * 16385}, "onstart"),
@@ -169,6 +178,63 @@ def test_min_cuda_version_refuses_an_older_driver_and_an_unknown_one_naming_the_
         r = post(api, body(node, min_cuda_version=fits))
         assert r.status_code == 201, (fits, r.content)
         assert r.json()["min_cuda_version"] == fits
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+     "NVIDIA_VISIBLE_DEVICES is reserved: names starting with NVIDIA_ steer the server's GPU container runtime"),
+    ({"env": {"PEM": "-----BEGIN KEY-----\nabc\n-----END KEY-----"}},
+     "The value of PEM is one line (no line breaks): encode a multi-line value, e.g. in base64"),
+    ({"env": {f"V{i:02d}": "x" * 509 for i in range(64)}},
+     "at most 32768 bytes in all (NAME=value for each variable, UTF-8); it has 32832"),
+    ({"image": "r.example.com/app:1", "registry_auth": {"username": "robot:ci", "password": "p"}},
+     "`registry_auth.username` may not hold ':'"),
+])
+def test_what_the_node_would_refuse_is_a_400_that_says_why(api, overrides, words):
+    """Found by review: these were booked, then failed at `vm create` (the agent's invalid_request)."""
+    node = make_listed_node(gpu_count=4)
+    r = post(api, body(node, **overrides))
+    assert r.status_code == 400, r.content
+    (field,) = r.json()
+    assert words in r.json()[field][0], r.json()
+
+
+AGENT_CASES = [
+    ({"A": "x"}, None), ({"A": ""}, None), ({"CUDA_VISIBLE_DEVICES": "0"}, None), ({"NVIDIA": "x"}, None),
+    ({"NVIDIA_VISIBLE_DEVICES": "all"}, None), ({"NVIDIA_": "x"}, None), ({"A": "a\nb"}, None),
+    ({"A": "a\rb"}, None), ({"A": "a\x00b"}, None), ({"A": "tab\there"}, None), ({"A": "žluťoučký 🐎"}, None),
+    ({"A": "x" * 4096}, None), ({"A": "x" * 4097}, None), ({"A": "\ud800"}, None),
+    ({f"V{i:02d}": "x" * 509 for i in range(64)}, None),  # 32832 bytes by the agent's count
+    ({f"V{i:02d}": "x" * 508 for i in range(64)}, None),  # 32768
+    ({f"V{i:02d}": "é" * 254 for i in range(64)}, None),  # 64 * (4 + 508) = 32768
+    ({f"V{i:02d}": "é" * 255 for i in range(64)}, None),
+    ({}, {"username": "robot", "password": "p"}), ({}, {"username": "robot:ci", "password": "p"}),
+    ({}, {"username": "u" * 256, "password": "p"}), ({}, {"username": "u\x7f", "password": "p"}),
+    ({}, {"username": "u", "password": "p\x00"}), ({}, {"username": "u", "password": "p" * 4097}),
+    ({}, {"username": "u", "password": "\ud800"}),
+]
+# The platform refuses more here: control characters anywhere in a registry login, text that is not Unicode.
+PLATFORM_STRICTER = [({}, {"username": "u", "password": "p\tq"}), ({}, {"username": "\ud800", "password": "p"})]
+
+
+def _accepts(error, check_env, check_auth, env, auth) -> bool:
+    try:
+        check_env(env)
+        check_auth(auth)
+    except error:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("env", "auth"), AGENT_CASES + PLATFORM_STRICTER)
+def test_the_platform_accepts_only_what_the_nodes_agent_accepts(env, auth):
+    """The limits are the node agent's (provisioning/agent/gpumarket_agent/options.py): what the platform accepts
+    must not be refused at `vm create`, after the renter booked (found by review: multi-line values, the agent's
+    '=' per variable, ':' in a registry user name, NVIDIA_ names)."""
+    platform = _accepts(ValidationFailed, opts.clean_env, opts.clean_registry_auth, env, auth)
+    agent = _accepts(AgentError, agent_options.validate_env, agent_options.validate_registry_auth, env, auth)
+    assert not platform or agent
+    assert platform == agent or (env, auth) in PLATFORM_STRICTER
 
 
 # ------------------------------------------------------------------------ options reach the agent

@@ -36,9 +36,12 @@ NAME_MAX = 255  # the grammar's limit on the name (registry and path), as distri
 REFERENCE_MAX = 512
 
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII)
+# Names the node's GPU container runtime reads from a container's environment (NVIDIA_VISIBLE_DEVICES=all would
+# give the container every GPU of the node): never the renter's to set. The agent refuses them too.
+ENV_RESERVED_PREFIXES = ("NVIDIA_",)
 ENV_MAX_NAMES = 64
 ENV_MAX_VALUE = 4096
-ENV_MAX_TOTAL = 32768  # bytes of names and values together, UTF-8
+ENV_MAX_TOTAL = 32768  # bytes of NAME=value for every variable together, UTF-8 (the agent's count)
 ONSTART_MAX = 16384
 PORTS_MAX = 16
 USERNAME_MAX = 255
@@ -135,13 +138,26 @@ def clean_registry_auth(value: Any, field_name: str = "registry_auth") -> dict[s
             raise _fail(field_name, f"`registry_auth.{key}` has at most {limit} characters.")
         if has_control_character(text):
             raise _fail(field_name, f"`registry_auth.{key}` may not hold control characters.")
+        if not _is_unicode(text):
+            raise _fail(field_name, f"`registry_auth.{key}` is not Unicode text.")
+        if key == "username" and ":" in text:  # a registry login goes as user:password: no user name has one
+            raise _fail(field_name, "`registry_auth.username` may not hold ':'.")
         out[key] = text
     return out
 
 
+def _is_unicode(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (an unpaired surrogate does not): the agent refuses anything else."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def clean_env(value: Any, field_name: str = "env") -> dict[str, str]:
-    """Environment variables: at most 64 names [A-Z_][A-Z0-9_]{0,127}, values up to 4096 characters without NUL,
-    32768 bytes in all."""
+    """Environment variables: at most 64 names [A-Z_][A-Z0-9_]{0,127}, none starting with NVIDIA_; values of one
+    line (no CR or LF) up to 4096 characters without NUL; 32768 bytes of NAME=value in all."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -153,15 +169,24 @@ def clean_env(value: Any, field_name: str = "env") -> dict[str, str]:
         if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
             raise _fail(field_name, f"Not an allowed variable name: {str(name)[:140]!r} (upper-case letters, "
                                     "digits and `_`, not starting with a digit, at most 128 characters).")
+        if name.startswith(ENV_RESERVED_PREFIXES):
+            raise _fail(field_name, f"{name} is reserved: names starting with {' or '.join(ENV_RESERVED_PREFIXES)} "
+                                    "steer the server's GPU container runtime, not your program.")
         if not isinstance(text, str):
             raise _fail(field_name, f"The value of {name} is a string.")
         if len(text) > ENV_MAX_VALUE:
             raise _fail(field_name, f"The value of {name} has at most {ENV_MAX_VALUE} characters.")
         if "\x00" in text:
             raise _fail(field_name, f"The value of {name} may not hold a NUL character.")
-        total += len(name.encode()) + len(text.encode())
+        if "\n" in text or "\r" in text:
+            raise _fail(field_name, f"The value of {name} is one line (no line breaks): encode a multi-line value, "
+                                    "e.g. in base64, and decode it in the instance.")
+        if not _is_unicode(text):
+            raise _fail(field_name, f"The value of {name} is not Unicode text.")
+        total += len(name) + 1 + len(text.encode())  # NAME=value (names are ASCII)
     if total > ENV_MAX_TOTAL:
-        raise _fail(field_name, f"The environment has at most {ENV_MAX_TOTAL} bytes in all; it has {total}.")
+        raise _fail(field_name, f"The environment has at most {ENV_MAX_TOTAL} bytes in all (NAME=value for each "
+                                f"variable, UTF-8); it has {total}.")
     return dict(value)
 
 
@@ -175,6 +200,8 @@ def clean_onstart(value: Any, field_name: str = "onstart") -> str:
         raise _fail(field_name, f"`onstart` has at most {ONSTART_MAX} characters.")
     if "\x00" in value:
         raise _fail(field_name, "`onstart` may not hold a NUL character.")
+    if not _is_unicode(value):
+        raise _fail(field_name, "`onstart` is not Unicode text.")
     return value
 
 
