@@ -12,6 +12,8 @@ class EventKind(models.TextChoices):
     TOP_UP_SUCCEEDED = "top_up_succeeded", "Top-up credited"
     TOP_UP_FAILED = "top_up_failed", "Top-up failed"
     REFUND = "refund", "Refund"
+    CHARGEBACK = "chargeback", "Card payment disputed: debited"
+    CHARGEBACK_REVERSED = "chargeback_reversed", "Dispute won: amount back"
     CREDIT = "credit", "Credit"
     CREDIT_REVERSED = "credit_reversed", "Credit reversed"
     PAYOUT_PAID = "payout_paid", "Payout sent"

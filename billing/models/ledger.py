@@ -56,6 +56,7 @@ class TransactionKind(models.TextChoices):
     PAYOUT_REVERSAL = "payout_reversal", "Payout returned"
     REVERSAL = "reversal", "Reversal"
     SERVICE_CREDIT = "service_credit", "Service credit (interruption, charged to the provider)"
+    CHARGEBACK = "chargeback", "Chargeback (a card payment disputed at the bank)"
 
 
 class LedgerTransaction(models.Model):

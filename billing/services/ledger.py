@@ -145,6 +145,7 @@ NOT_REVERSIBLE = {
     TransactionKind.REFUND: "the card got the money back at Stripe; post a manual credit if the customer is owed",
     TransactionKind.PAYOUT: "its transfer was sent at Stripe; a payout whose transfer failed is reversed by itself",
     TransactionKind.PAYOUT_REVERSAL: "it gave back a failed payout's earnings; they go with the next payout",
+    TransactionKind.CHARGEBACK: "the bank took the card payment back; a dispute won gives the debit back by itself",
 }
 
 

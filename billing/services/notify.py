@@ -17,6 +17,8 @@ SUBJECTS = {
     "destroy_warning": "Your stopped instances will be destroyed soon",
     "instances_destroyed": "Your stopped instances were destroyed",
     "top_up_failed": "Your top-up failed",
+    "chargeback": "A disputed card payment was debited from your balance",
+    "chargeback_reversed": "A disputed card payment is back in your balance",
     "payout_failed": "Your payout failed",
     "instance_interrupted": "Your instance was interrupted: billing stopped",
     "instance_resumed": "Your instance is running again",

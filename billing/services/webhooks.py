@@ -3,7 +3,8 @@
 The wallet is credited by `payment_intent.succeeded`, once: the event is stored under its unique Stripe id,
 and the credit's ledger key is `top-up:<id>`, so a replayed or duplicated event, or two events for one
 payment, credit nothing more. A `payment_intent.payment_failed` arriving after the success (out of order)
-changes nothing.
+changes nothing. Card money taken back at Stripe (`charge.dispute.*`, and `charge.refunded` for a refund made in
+Stripe's dashboard) is debited from the wallet by billing.services.disputes.
 """
 import json
 import logging
@@ -17,6 +18,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp
+from billing.services.disputes import (
+    CHARGE_REFUNDED,
+    DISPUTE_EVENTS,
+    ChargeEventUnusable,
+    charge_refunded_apply,
+    dispute_apply,
+)
 from billing.services.refunds import refund_failed_at_stripe
 from billing.services.stripe_gateway import MICROS_PER_CENT
 from billing.services.top_ups import top_up_credit, top_up_fail
@@ -165,7 +173,7 @@ def stripe_event_process(*, event_id: int) -> StripeEvent:
                 handled = _handle(event.type, event.payload)
             event.transition_to(StripeEventStatus.PROCESSED if handled else StripeEventStatus.IGNORED)
             event.error = ""
-        except EventUnusable as exc:
+        except (EventUnusable, ChargeEventUnusable) as exc:
             log.warning("Stripe event %s (%s) ignored: %s", event.event_id, event.type, exc)
             event.transition_to(StripeEventStatus.IGNORED)
             event.error = str(exc)[:2000]
@@ -225,6 +233,10 @@ def _handle(kind: str, payload: dict[str, Any]) -> bool:
             return False
         _object_id(obj)  # matched by its id first: one without is refused, not matched by its metadata alone
         return refund_failed_at_stripe(stripe_refund=obj)
+    if kind in DISPUTE_EVENTS:
+        return dispute_apply(kind=kind, dispute=obj)
+    if kind == CHARGE_REFUNDED:
+        return charge_refunded_apply(charge=obj)
     if kind not in ("payment_intent.succeeded", "payment_intent.payment_failed"):
         return False
     return payment_intent_apply(intent=obj, succeeded=kind == "payment_intent.succeeded")
