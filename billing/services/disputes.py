@@ -88,7 +88,8 @@ def _cents(obj: dict[str, Any], name: str, what: str, object_id: str) -> int:
 def _top_up_of(obj: dict[str, Any], what: str, object_id: str) -> TopUp:
     """The credited top-up the charge paid, locked."""
     intent_id = _payment_intent_id(obj, what, object_id)
-    top_up = TopUp.objects.select_for_update().select_related("user").filter(payment_intent_id=intent_id).first()
+    top_up = (TopUp.objects.select_for_update(of=("self",)).select_related("user")
+              .filter(payment_intent_id=intent_id).first())
     if top_up is None:
         raise ChargeEventUnusable(f"{what} {object_id} is of payment {intent_id[:100]}, which paid no top-up here: "
                                   "not a charge of this platform's wallet, so nothing was done.")
