@@ -80,6 +80,22 @@ def test_bad_env(env):
     assert refusal(request(env=env)) == "env"
 
 
+@pytest.mark.parametrize("name", ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA",
+                                  "NVIDIA_DISABLE_REQUIRE", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_"])
+def test_renter_env_cannot_steer_the_nodes_nvidia_container_runtime(name):
+    # The NVIDIA container runtime reads NVIDIA_* from the container's environment: NVIDIA_VISIBLE_DEVICES=all
+    # would hand a container every GPU of a node whose dockerd runs nvidia by default without --gpus.
+    with pytest.raises(agent.AgentError) as exc:
+        agent.validate_env({name: "all"})
+    assert exc.value.field == "env" and "reserved" in exc.value.message and name in exc.value.message
+    assert refusal(request(env={"A": "1", name: "all"})) == "env"
+
+
+def test_env_that_only_changes_what_cuda_sees_inside_the_container_is_allowed():
+    env = {"CUDA_VISIBLE_DEVICES": "0", "NVIDIAX": "1", "MY_NVIDIA_TOKEN": "x", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert agent.validate_env(env) == dict(sorted(env.items()))
+
+
 def test_env_at_its_limits_is_accepted():
     env = {f"V{i}": "y" * 500 for i in range(64)}
     assert agent.validate_create(request(env=env), "docker", [0])[1]["env"] == env

@@ -7,6 +7,12 @@ import re
 from .core import invalid
 
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+# Names the host's container runtime hooks read from a container's environment, never a renter's to set: the
+# NVIDIA container runtime/toolkit takes NVIDIA_VISIBLE_DEVICES (=all: every GPU of the node where --gpus is not
+# used), NVIDIA_DRIVER_CAPABILITIES, NVIDIA_REQUIRE_*, NVIDIA_DISABLE_REQUIRE, NVIDIA_MIG_*... So: every name
+# starting with NVIDIA_. CUDA_VISIBLE_DEVICES and the like only change what CUDA sees of the GPUs the container
+# already has, and stay allowed.
+RESERVED_ENV_PREFIXES = ("NVIDIA_",)
 VOLUME_NAME_RE = re.compile(r"vol-[a-z0-9]{8,32}")
 MAX_ENV, MAX_ENV_VALUE, MAX_ENV_BYTES = 64, 4096, 32768
 MAX_ONSTART, MAX_PORTS, MAX_VOLUMES = 16384, 16, 8
@@ -46,6 +52,9 @@ def validate_env(value):
     for name in sorted(value):
         if not ENV_NAME_RE.fullmatch(name):
             raise invalid("env", "env name %r must match [A-Z_][A-Z0-9_]{0,127}" % name[:140])
+        if name.startswith(RESERVED_ENV_PREFIXES):
+            raise invalid("env", "env name %s is reserved: names starting with %s steer the node's GPU container "
+                          "runtime" % (name, " or ".join(RESERVED_ENV_PREFIXES)))
         text = _text(value[name], "env", MAX_ENV_VALUE)
         if "\n" in text or "\r" in text:
             raise invalid("env", "env.%s must be one line (no CR or LF)" % name)
