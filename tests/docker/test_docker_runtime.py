@@ -6,8 +6,10 @@ destroy + recreate, onstart run once, pulls with and without the right credentia
 Replaced here: only GPU device injection. GPUMARKET_DOCKER_GPUS=devices:<char device per index> puts a test
 character device at /dev/nvidia<index> where the NVIDIA container toolkit (--gpus) would put the real ones.
 Untested here: the toolkit itself (its --gpus parsing, driver libraries and nvidia-smi mounted into the
-container, /dev/nvidiactl and /dev/nvidia-uvm), CUDA inside the container, and disk quotas (disk_gb is recorded;
-the local volume driver and overlay2 without xfs project quotas enforce no size)."""
+container, /dev/nvidiactl and /dev/nvidia-uvm), CUDA inside the container, an enforced disk limit (this engine's
+overlay2 is not on xfs with project quotas: the agent answers "disk_limit": "not_enforced", checked here), and
+inter-container traffic being dropped (the test engine runs with --iptables=false, which icc=false needs: the
+network's option is checked, not the packets)."""
 import json
 import os
 import socket
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from provisioning.agent import gpumarket_agent as agent
+from provisioning.agent.gpumarket_agent.runtimes import docker as docker_runtime
 from tests.docker.engine import REGISTRY_PASSWORD, REGISTRY_USER
 from tests.provisioning.sshkit import new_keypair, pinned_client, run
 
@@ -56,6 +59,7 @@ def node(docker_engine, tmp_path, monkeypatch):
 
     call.state_dir = tmp_path / "state"
     call.engine = docker_engine
+    call.env = env
     yield call
     for vm in call("vm list")["vms"]:
         call("vm destroy", {"vm_id": vm["vm_id"]})
@@ -207,3 +211,56 @@ def test_containers_without_a_record_are_found(node):
         assert node("vm list")["vms"] == []
     finally:
         engine.docker("rm", "-f", "unrelated")
+
+
+def test_a_renters_container_is_bounded_and_kept_apart_and_sshd_still_logs_in(node):
+    engine = node.engine
+    renter, public = new_keypair()
+    vm = node("vm create", {"vm_id": "dk-iso", "gpu_indices": [0], "ssh_public_keys": [public], "disk_gb": 5,
+                            "image": {"docker": engine.remote_image}, "registry_auth": AUTH})
+    info = json.loads(engine.docker("inspect", "gpumarket-dk-iso", check=True).stdout)[0]
+    host = info["HostConfig"]
+    # A share of memory (no swap beyond it), CPUs and process ids: 1 of the 4 GPUs.
+    cores, ram_mib, pids = docker_runtime.host_resources()
+    cpus, memory_mib, pid_limit = docker_runtime.container_share(cores, ram_mib, pids, 1, 4)
+    assert (host["Memory"], host["MemorySwap"]) == (memory_mib << 20, memory_mib << 20)
+    assert (host["NanoCpus"], host["PidsLimit"]) == (int(cpus * 1e9), pid_limit)
+    assert "CAP_NET_RAW" in host["CapDrop"] and "no-new-privileges" in host["SecurityOpt"]
+    assert list(info["NetworkSettings"]["Networks"]) == ["gpumarket-vms"]  # not docker's default bridge
+    network = json.loads(engine.docker("network", "inspect", "gpumarket-vms", check=True).stdout)[0]
+    assert network["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+    # This engine cannot limit a container's disk (overlay2 off xfs+pquota): the answer says so.
+    driver = engine.docker("info", "--format", "{{.Driver}} {{json .DriverStatus}}", check=True).stdout
+    expected = "enforced" if "xfs" in driver else "not_enforced"
+    assert vm["disk_limit"] == expected, driver
+    assert (host.get("StorageOpt") or {}).get("size") == ("5G" if expected == "enforced" else None)
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "3", "max-size": "10m"}}
+    with ssh(vm, renter) as client:  # sshd's privilege separation works with those capabilities and flags
+        status, out, err = run(client, "perl -MSocket -e 'socket(my $s, 17, 3, 0) or die \"raw: $!\\n\"; "
+                                       "print \"raw socket\\n\"'")  # AF_PACKET, SOCK_RAW: ARP spoofing, sniffing
+        assert status != 0 and "raw: Operation not permitted" in err, (status, out, err)
+        status, out, _ = run(client, "grep -E '^(NoNewPrivs|CapEff)' /proc/self/status; echo ok > /root/x; cat /root/x")
+        assert status == 0 and "NoNewPrivs:\t1" in out and out.endswith("ok\n"), out
+        # The container's own environment, which an nvidia runtime hook reads: no GPU but the devices given.
+        assert run(client, "tr '\\0' '\\n' < /proc/1/environ | grep ^NVIDIA_")[1] == "NVIDIA_VISIBLE_DEVICES=void\n"
+    stopped = node("vm stop", {"vm_id": "dk-iso"})
+    assert stopped["state"] == "stopped" and node("vm start", {"vm_id": "dk-iso"})["state"] == "running"
+
+
+def test_destroy_removes_the_containers_anonymous_volumes(node):
+    engine = node.engine
+    maker = engine.docker("create", engine.image, check=True).stdout.strip()
+    try:  # an image that declares a VOLUME, as postgres, jupyter and many ML images do
+        engine.docker("commit", "--change", "VOLUME /anon", maker, "gpumarket-test/with-volume:1", check=True)
+    finally:
+        engine.docker("rm", "-f", maker)
+    node.env["GPUMARKET_DOCKER_PULL"] = "missing"
+    renter, public = new_keypair()
+    vm = node("vm create", {"vm_id": "dk-anon", "gpu_indices": [0], "ssh_public_keys": [public],
+                            "image": {"docker": "gpumarket-test/with-volume:1"}})
+    with ssh(vm, renter) as client:
+        assert run(client, "echo renter-data > /anon/file && cat /anon/file")[1] == "renter-data\n"
+    info = json.loads(engine.docker("inspect", "gpumarket-dk-anon", check=True).stdout)[0]
+    (anonymous,) = [m["Name"] for m in info["Mounts"] if m["Type"] == "volume" and m["Destination"] == "/anon"]
+    assert node("vm destroy", {"vm_id": "dk-anon"})["existed"] is True
+    assert engine.docker("volume", "inspect", anonymous).returncode != 0  # the renter's data is gone with it

@@ -1,12 +1,20 @@
 """The exact docker commands the agent runs for the `docker` runtime."""
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
+import pytest
+
 from provisioning.agent import gpumarket_agent as agent
+from provisioning.agent.gpumarket_agent.runtimes import docker as docker_runtime
 from tests.provisioning.sshkit import new_keypair
 
 SAMPLES = Path(__file__).parent / "fixtures" / "nvidia_smi"
+ISOLATION = ["--network", "gpumarket-vms", "--cap-drop", "NET_RAW", "--cap-drop", "MKNOD", "--cap-drop", "SETFCAP",
+             "--cap-drop", "AUDIT_WRITE", "--security-opt", "no-new-privileges"]
+LOGS = ["--log-driver", "json-file", "--log-opt", "max-size=10m", "--log-opt", "max-file=3"]
 
 
 def test_create_argv_for_two_gpus():
@@ -18,6 +26,7 @@ def test_create_argv_for_two_gpus():
         "--name", "gpumarket-inst-42",
         "--hostname", "inst-42",
         "--label", "gpumarket.vm_id=inst-42",
+        *ISOLATION, *LOGS,
         # One argv element with literal quotes: docker splits an unquoted "device=0,1" at the comma.
         "--gpus", '"device=0,1"',
         "-p", "40007:22",
@@ -40,15 +49,16 @@ def test_create_argv_with_the_renters_options():
         volumes=[{"name": "vol-abcdefgh", "mount": "/data"}, {"name": "vol-ijklmnop", "mount": '/a,b "c"'}],
         box="/s/vms/a", env_path="/s/vms/a/env.list", command=["/usr/sbin/sshd", "-D"])
     assert argv[argv.index("--hostname") + 2:] == [
-        "--label", "gpumarket.vm_id=a",
+        "--label", "gpumarket.vm_id=a", *ISOLATION, *LOGS,
         "--device", "/dev/test-gpu2:/dev/nvidia2", "--device", "/dev/test-gpu5:/dev/nvidia5",
         "-p", "127.0.0.1:40000:22", "-p", "127.0.0.1:40002:6006", "-p", "127.0.0.1:40001:8888",
         "-v", "/s/vms/a/authorized_keys:/root/.ssh/authorized_keys:ro",
-        "-v", "/s/vms/a/box:/.gpumarket:ro", "-v", "/s/vms/a/state:/.gpumarket-state",
+        "-v", "/s/vms/a/box:/.gpumarket:ro",  # nothing the renter writes lands in a host folder
         "--init", "--entrypoint", "/bin/sh",
         "--mount", "type=volume,src=vol-abcdefgh,dst=/data",
         "--mount", 'type=volume,src=vol-ijklmnop,"dst=/a,b ""c"""',  # CSV, as docker's --mount parser reads it
         "--env-file", "/s/vms/a/env.list",
+        "-e", "NVIDIA_VISIBLE_DEVICES=void",  # no GPU through an nvidia default runtime but the devices given
         "--restart", "unless-stopped", "127.0.0.1:5000/t/app:1",
         "/.gpumarket/entry.sh", "/usr/sbin/sshd", "-D",
     ]
@@ -75,7 +85,9 @@ def test_pull_config_holds_only_the_renters_credentials():
 def test_lifecycle_argvs():
     assert agent.docker_verb_argv("start", "inst-42") == ["docker", "start", "gpumarket-inst-42"]
     assert agent.docker_verb_argv("stop", "inst-42") == ["docker", "stop", "--time", "20", "gpumarket-inst-42"]
-    assert agent.docker_verb_argv("rm", "inst-42") == ["docker", "rm", "-f", "gpumarket-inst-42"]
+    # -v: the anonymous volumes an image declares (VOLUME /var/lib/postgresql/data...) go with the container,
+    # never left on the provider's disk holding the renter's data; named gpumarket volumes are kept.
+    assert agent.docker_verb_argv("rm", "inst-42") == ["docker", "rm", "-f", "-v", "gpumarket-inst-42"]
     assert agent.docker_verb_argv("inspect", "inst-42") == [
         "docker", "inspect", "--format", "{{.State.Status}}", "gpumarket-inst-42"
     ]
@@ -107,17 +119,46 @@ def missing(name):
     sys.stderr.write("Error response from daemon: No such container: %s\n" % name)
     sys.exit(1)
 verb, name = args[0], args[-1]
-if verb == "info":
+networks = state.setdefault("networks", {})
+if verb == "network" and args[1] == "inspect":
+    if name not in networks:
+        sys.stderr.write("Error: No such network: %s\n" % name)
+        sys.exit(1)
+    print(json.dumps(networks[name]))
+elif verb == "network" and args[1] == "create":
+    networks[name] = dict(a.split("=", 1) for i, a in enumerate(args) if args[i - 1] == "--opt")
+elif verb == "volume" and args[1] == "inspect":
+    if name not in state.setdefault("volumes", {}):
+        sys.stderr.write("Error: No such volume: %s\n" % name)
+        sys.exit(1)
+    print(json.dumps(state["volumes"][name]))
+elif verb == "volume" and args[1] == "create":
+    if "--opt" in args and os.environ.get("FAKE_DOCKER_NO_QUOTA"):
+        sys.stderr.write("Error response from daemon: create %s: quota size requested but no quota support\n" % name)
+        sys.exit(1)
+    state.setdefault("volumes", {})[name] = dict(a.split("=", 1) for i, a in enumerate(args) if args[i - 1] == "--opt")
+elif verb == "volume":
+    state.setdefault("volumes", {}).pop(name, None)
+elif verb == "info":
     print("24.0.7")
 elif verb == "ps":
     for n, status in sorted(state.items()):
-        print("%s\t%s" % (n[len("gpumarket-"):], status))
+        if n not in ("networks", "volumes"):
+            print("%s\t%s" % (n[len("gpumarket-"):], status))
 elif verb == "--config":
     assert os.stat(args[1]).st_mode & 0o777 == 0o700
+    if os.environ.get("FAKE_DOCKER_PULL_WAIT") and "slow" in args[-1]:  # a slow pull: until that file exists
+        import time
+        while not os.path.exists(os.environ["FAKE_DOCKER_PULL_WAIT"]):
+            time.sleep(0.02)
     print("Status: Downloaded newer image for " + args[-1])
 elif verb == "image":
     print(json.dumps({"Cmd": ["/usr/sbin/sshd", "-D"]}))
 elif verb == "create":
+    if any(a.startswith("size=") for a in args) and os.environ.get("FAKE_DOCKER_NO_QUOTA"):
+        sys.stderr.write("Error response from daemon: --storage-opt is supported only for overlay over xfs "
+                         "with 'pquota' mount option\n")
+        sys.exit(1)
     state[args[args.index("--name") + 1]] = "created"
 elif verb == "exec":
     print("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfTheContainerXXXXXXXXXXXXXXXXXXX")
@@ -190,8 +231,195 @@ def test_docker_runtime_lifecycle(tmp_path, monkeypatch):
     assert [(v["vm_id"], v["state"]) for v in listed] == [("inst-7", "running"), ("ghost", "stopped")]
 
     assert call("vm destroy", {"vm_id": "inst-7"})["existed"] is True
-    assert ["rm", "-f", "gpumarket-inst-7"] in docker_calls()
+    assert ["rm", "-f", "-v", "gpumarket-inst-7"] in docker_calls()
     assert not keys_file.parent.exists()
     assert call("vm destroy", {"vm_id": "inst-7"})["existed"] is False
     health = call("health", {})
     assert (health["runtime_ok"], health["runtime_detail"], health["gpu_count"]) == (True, "24.0.7", 4)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# One renter's container against the host and the other renters (found by review): limits, network, capabilities,
+# volumes left behind, GPUs checked before every start, and reads of what the container controls.
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A docker node (stand-in docker CLI, 4 x A100) called in-process; docker_calls() lists every docker argv."""
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "docker").write_text(FAKE_DOCKER)
+    (fakebin / "nvidia-smi").write_text(
+        f"#!/bin/sh\ncase \"$1\" in --query-gpu=*) cat {SAMPLES / 'a100_sxm4_80gb_x4.csv'};; "
+        f"*) cat {SAMPLES / 'h100_sxm_x1_table.txt'};; esac\n")
+    for script in fakebin.iterdir():
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DOCKER_STATE", str(tmp_path / "containers.json"))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "docker.log"))
+    env = {"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
+           "GPUMARKET_PORT_RANGE": "41000-41999"}
+    key = new_keypair()[1]
+
+    class Node:
+        def call(self, command, request):
+            return agent.handle(command.split(), json.dumps(request), env)[0]
+
+        def docker_calls(self):
+            path = tmp_path / "docker.log"
+            return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+        def creates(self):
+            return [c for c in self.docker_calls() if c[0] == "create"]
+
+        def create(self, vm_id, gpus, image="ghcr.io/x/app:1", **extra):
+            return self.call("vm create", {"vm_id": vm_id, "gpu_indices": gpus, "ssh_public_keys": [key],
+                                           "image": {"docker": image}, **extra})
+
+        def states(self):
+            return {v["vm_id"]: v["state"] for v in self.call("vm list", {})["vms"]}
+
+    return Node()
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_each_container_gets_a_share_of_memory_cpus_and_processes_in_proportion_to_its_gpus():
+    share = docker_runtime.container_share
+    # 1 of 4 GPUs on 64 cores, 512 GiB, pid_max 4194304: a quarter of the CPUs, of 90 % of RAM, of half the pids.
+    assert share(64, 524288, 4194304, 1, 4) == (16.0, 117964, 524288)
+    assert share(64, 524288, 4194304, 4, 4) == (64.0, 471859, 2097152)
+    assert share(8, 16000, 32768, 1, 8) == (1.0, 2048, 2048)  # floors: one CPU, 2 GiB
+    assert share(2, 8000, 32768, 1 / 7, 1) == (1.0, 2048, 2340)  # a MIG slice: 1/7 of its GPU, the floors
+    assert share(128, 1 << 20, 32768, 1, 1000) == (1.0, 2048, 1024)  # never below the floors
+    argv = agent.docker_run_argv("a", [0], "x", 1, "/k", limits={"cpus": 16.0, "memory_mib": 117964,
+                                                                 "pids": 4096, "disk_gb": 30, "disk_limit": "enforced"})
+    # Memory and memory+swap equal: no swap beyond the share.
+    assert (flag(argv, "--memory"), flag(argv, "--memory-swap"), flag(argv, "--cpus"), flag(argv, "--pids-limit"),
+            flag(argv, "--storage-opt")) == ("117964m", "117964m", "16", "4096", "size=30G")
+
+
+def test_a_renters_container_cannot_take_the_hosts_memory_cpus_or_process_ids(node):
+    assert node.create("inst-1", [0])["ok"]
+    (argv,) = node.creates()
+    cores, ram_mib, pids = docker_runtime.host_resources()
+    cpus, memory, pid_limit = docker_runtime.container_share(cores, ram_mib, pids, 1, 4)  # 1 of the 4 A100s
+    assert flag(argv, "--memory") == flag(argv, "--memory-swap") == f"{memory}m"
+    assert (float(flag(argv, "--cpus")), int(flag(argv, "--pids-limit"))) == (cpus, pid_limit)
+    assert memory < ram_mib * 0.9 or memory == 2048
+
+
+def test_container_disk_is_limited_to_the_booked_disk_gb_and_the_answer_says_so(node):
+    vm = node.create("inst-1", [0], disk_gb=7)
+    assert (vm["disk_gb"], vm["disk_limit"]) == (7, "enforced")
+    (argv,) = node.creates()
+    assert flag(argv, "--storage-opt") == "size=7G"
+
+
+def test_where_the_engine_cannot_limit_a_containers_disk_the_answer_says_not_enforced(node, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_NO_QUOTA", "1")  # overlay2 off xfs with pquota: docker refuses --storage-opt
+    vm = node.create("inst-1", [0], disk_gb=7)
+    assert (vm["state"], vm["disk_gb"], vm["disk_limit"]) == ("running", 7, "not_enforced")
+    first, second = node.creates()
+    assert "--storage-opt" in first and "--storage-opt" not in second
+    assert node.call("vm status", {"vm_id": "inst-1"})["disk_limit"] == "not_enforced"
+    lines = node.call("vm logs", {"vm_id": "inst-1"})["lines"]
+    assert any("disk limit is not enforced" in line for line in lines), lines
+
+
+def test_renters_containers_share_no_bridge_with_inter_container_traffic_or_raw_sockets(node):
+    assert node.create("inst-1", [0])["ok"] and node.create("inst-2", [1])["ok"]
+    made = [c for c in node.docker_calls() if c[:2] == ["network", "create"]]
+    assert made == [["network", "create", "--driver", "bridge", "--label", "gpumarket.network=1", "--opt",
+                     "com.docker.network.bridge.enable_icc=false", "gpumarket-vms"]]  # once, for every VM
+    for argv in node.creates():
+        assert flag(argv, "--network") == "gpumarket-vms"
+        assert "NET_RAW" in [a for i, a in enumerate(argv) if argv[i - 1] == "--cap-drop"]
+        assert flag(argv, "--security-opt") == "no-new-privileges"
+
+
+def test_a_network_of_that_name_that_lets_containers_talk_is_refused_not_used(node, tmp_path):
+    state = {"networks": {"gpumarket-vms": {}}}  # made by someone else, without enable_icc=false
+    (tmp_path / "containers.json").write_text(json.dumps(state))
+    answer = node.create("inst-1", [0])
+    assert not answer["ok"] and answer["error"]["code"] == "bad_node_config", answer
+    assert "enable_icc" in answer["error"]["message"] and node.creates() == []
+
+
+def test_a_retried_create_does_not_start_a_vm_on_a_gpu_another_running_vm_holds(node):
+    assert node.create("inst-1", [2])["ok"]
+    assert node.call("vm stop", {"vm_id": "inst-1"})["state"] == "stopped"  # the platform frees GPU 2
+    assert node.create("inst-2", [2])["state"] == "running"  # another renter gets GPU 2
+    again = node.create("inst-1", [2])  # the first VM's create, retried (or redelivered)
+    assert not again["ok"] and again["error"]["code"] == "gpu_busy", again
+    assert node.states() == {"inst-1": "stopped", "inst-2": "running"}
+    assert node.call("vm destroy", {"vm_id": "inst-2"})["ok"]
+    assert node.create("inst-1", [2])["state"] == "running"  # free again: the retry completes
+
+
+def test_a_vm_being_created_holds_its_gpus_through_its_pull(node, tmp_path, monkeypatch):
+    release = tmp_path / "pull-done"
+    monkeypatch.setenv("FAKE_DOCKER_PULL_WAIT", str(release))
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(node.create("inst-1", [2], image="ghcr.io/x/slow:1")))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any("pull" in c for c in node.docker_calls()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        second = node.create("inst-2", [2])  # while inst-1 pulls: recorded, no container yet
+        assert not second["ok"] and second["error"]["code"] == "gpu_busy", second
+        assert node.create("inst-3", [3])["state"] == "running"  # another GPU is free
+    finally:
+        release.touch()
+        thread.join(30)
+    assert first["state"] == "running" and node.states()["inst-1"] == "running"
+    assert "provisioning" not in json.loads((tmp_path / "state" / "vms" / "inst-1" / "vm.json").read_text())
+    monkeypatch.delenv("FAKE_DOCKER_PULL_WAIT")
+    assert node.call("vm stop", {"vm_id": "inst-1"})["state"] == "stopped"
+    assert node.create("inst-2", [2])["state"] == "running"  # created and stopped: it holds nothing
+
+
+def test_volume_size_is_limited_where_the_engine_can_and_the_answer_says_when_not(node, monkeypatch):
+    made = node.call("volume create", {"name": "vol-abcdefgh", "size_gb": 10})
+    assert (made["created"], made["size_limit"]) == (True, "enforced")
+    assert ["volume", "create", "--label", "gpumarket.volume=vol-abcdefgh", "--opt", "size=10G",
+            "vol-abcdefgh"] in node.docker_calls()
+    assert node.call("volume create", {"name": "vol-abcdefgh", "size_gb": 10})["size_limit"] == "enforced"
+    monkeypatch.setenv("FAKE_DOCKER_NO_QUOTA", "1")  # the local driver without xfs project quotas
+    made = node.call("volume create", {"name": "vol-ijklmnop", "size_gb": 10})
+    assert (made["created"], made["size_limit"]) == (True, "not_enforced")
+    assert ["volume", "create", "--label", "gpumarket.volume=vol-ijklmnop", "vol-ijklmnop"] in node.docker_calls()
+    assert node.call("volume create", {"name": "vol-ijklmnop", "size_gb": 10})["size_limit"] == "not_enforced"
+
+
+def test_reads_of_what_the_container_controls_are_bounded(tmp_path):
+    script = tmp_path / "talk"
+    script.write_text("#!/bin/sh\nprintf 'first\\n'; head -c 50000000 /dev/zero | tr '\\0' x; "
+                      "printf '\\nshort\\nlast\\n'\n")
+    script.chmod(0o755)
+    lines = docker_runtime.container_log_tail([str(script)], 3, max_line=100)
+    assert lines == ["x" * 100, "short", "last"]  # the 50 MB line cut at 100 bytes
+    lines = docker_runtime.container_log_tail([str(script)], 3, max_line=100, max_bytes=1 << 20)
+    assert lines == ["first", "x" * 100]  # stopped reading after about 1 MiB
+    forever = tmp_path / "forever"
+    forever.write_text("#!/bin/sh\nexec cat /dev/zero\n")
+    forever.chmod(0o755)
+    code, out, too_long = docker_runtime.bounded_output([str(forever)], 4096)
+    assert too_long and len(out) == 4096
+    assert docker_runtime.bounded_output(["printf", "abc"], 4096) == (0, b"abc", False)
+
+
+def test_a_recorded_vm_whose_container_is_missing_holds_its_gpus(node, tmp_path):
+    # Recorded mid-create by an agent without the `provisioning` mark (or its container removed by hand): until
+    # a create finishes it or a destroy removes it, its GPUs are not given to another VM.
+    from provisioning.agent.gpumarket_agent.records import save_record
+    cfg = agent.Config({"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state")})
+    spec = {"gpu_indices": [2], "ssh_public_keys": [new_keypair()[1]], "image": {"docker": "ghcr.io/x/app:1"},
+            "disk_gb": 50}
+    save_record(cfg, {"vm_id": "inst-1", "runtime": "docker", "spec": spec, "ssh_port": 41000, "ports": {}})
+    answer = node.create("inst-2", [2])
+    assert not answer["ok"] and answer["error"]["code"] == "gpu_busy", answer
+    assert node.call("vm destroy", {"vm_id": "inst-1"})["existed"] is True
+    assert node.create("inst-2", [2])["state"] == "running"

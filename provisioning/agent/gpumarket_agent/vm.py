@@ -3,6 +3,7 @@ import contextlib
 import shutil
 import time
 
+from .allocation import check_and_start, check_gpus_free
 from .core import RUNTIMES, AgentError, invalid
 from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
@@ -31,7 +32,7 @@ def describe(cfg, rt, rec, state):
             "ssh_host_key": rec.get("ssh_host_key"), "gpu_indices": rec["spec"]["gpu_indices"],
             "created_at": rec.get("created_at"),
             "ports": {name: {"host": host, "port": port} for name, port in sorted((rec.get("ports") or {}).items())},
-            "os": rec.get("os"), "disk_gb": rec["spec"].get("disk_gb")}
+            "os": rec.get("os"), "disk_gb": rec["spec"].get("disk_gb"), "disk_limit": rt.disk_limit(rec)}
 
 
 def vm_create(cfg, req):
@@ -53,38 +54,30 @@ def vm_create(cfg, req):
                 others = all_records(cfg)
                 check_gpus_free(rt, others, spec["gpu_indices"], spec.get("mig_uuids"))
                 check_volumes_exist(cfg, spec)
-                rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec,
+                # `provisioning`: it holds its GPUs from now until this create ends (allocation.holds_gpus)
+                rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec, "provisioning": True,
                        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 rt.allocate(rec, others)
                 save_record(cfg, rec)  # first, so a crash below leaves a record that a retry completes
                 vm_log(cfg, vm_id, "created VM %s (%s runtime)" % (vm_id, runtime))
         try:
-            rt.provision(rec, registry_auth)  # idempotent: finishes what an earlier, interrupted create began
+            # Idempotent: finishes what an earlier, interrupted create began. It starts the VM only after the GPU
+            # check under the allocate lock (Runtime.checked_start): a retried create of a VM whose GPUs another
+            # VM took meanwhile fails with gpu_busy rather than starting it beside that one.
+            rt.provision(rec, registry_auth)
         except Exception:
             if created:
                 with contextlib.suppress(Exception):
                     rt.destroy(rec)
                 shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
+            elif rec.pop("provisioning", None):
+                save_record(cfg, rec)  # a retry that failed: the VM holds no GPUs unless it runs
             raise
+        rec.pop("provisioning", None)
         save_record(cfg, rec)
         answer = describe(cfg, rt, rec, rt.state(rec))
         answer["created"] = created
         return answer
-
-
-def check_gpus_free(rt, others, indices, mig_uuids=None):
-    """Only running VMs hold GPUs: the platform releases a stopped VM's GPUs to other renters. A VM given MIG
-    slices holds only those slices of its GPU; a VM given a whole GPU holds it and every slice of it."""
-    running = [r["spec"] for r in others if rt.state(r) == "running"]
-    whole = {i for s in running if not s.get("mig_uuids") for i in s["gpu_indices"]}
-    sliced = {i for s in running if s.get("mig_uuids") for i in s["gpu_indices"]}
-    slices = {u for s in running for u in s.get("mig_uuids") or ()}
-    busy = sorted(whole & set(indices)) if mig_uuids else sorted((whole | sliced) & set(indices))
-    if busy:
-        raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % busy[0])
-    taken = sorted(slices & set(mig_uuids or ()))
-    if taken:
-        raise AgentError("gpu_busy", "MIG device %s is in use by another running VM" % taken[0])
 
 
 def check_mig_uuids(cfg, gpus, spec):
@@ -107,9 +100,7 @@ def vm_start(cfg, rt, rec, req):
                 raise AgentError("conflict", "VM %s is running; stop it before moving it to other GPUs" % rec["vm_id"])
             rec["spec"]["gpu_indices"] = wanted
             rt.rebind(rec)
-        others = [r for r in all_records(cfg) if r["vm_id"] != rec["vm_id"]]
-        check_gpus_free(rt, others, rec["spec"]["gpu_indices"], rec["spec"].get("mig_uuids"))
-        rt.start(rec)
+        check_and_start(rt, rec)
     save_record(cfg, rec)  # the port or the GPUs may have changed
 
 

@@ -64,13 +64,14 @@ def volume_create(cfg, rt, req):
         if rec is not None and rec["size_gb"] != size:
             raise AgentError("conflict", "volume %s exists with %d GB" % (name, rec["size_gb"]))
         os.makedirs(volume_dir(cfg, name), mode=0o700, exist_ok=True)
-        rt.volume_create(name, size)  # idempotent: finishes an earlier, interrupted create
+        # Idempotent: finishes an earlier, interrupted create. size_limit: whether the engine enforces size_gb.
+        size_limit = rt.volume_create(name, size)
         if rec is None:
-            rec = {"name": name, "size_gb": size, "runtime": rt.name,
+            rec = {"name": name, "size_gb": size, "runtime": rt.name, "size_limit": size_limit,
                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             write_file(os.path.join(volume_dir(cfg, name), "volume.json"), json.dumps(rec, indent=1, sort_keys=True))
-            return {"name": name, "size_gb": size, "created": True}
-        return {"name": name, "size_gb": size, "created": False}
+            return {"name": name, "size_gb": size, "created": True, "size_limit": size_limit}
+        return {"name": name, "size_gb": size, "created": False, "size_limit": size_limit}
 
 
 def volume_delete(cfg, rt, req):

@@ -3,6 +3,7 @@ import contextlib
 import os
 import shutil
 
+from ..allocation import checked_start
 from ..core import AgentError
 from ..records import log_path, pick_host_port, tail_lines
 
@@ -34,6 +35,14 @@ class Runtime:
         """VMs of ours that have no record (a crash between creating one and recording it)."""
         return []
 
+    def disk_limit(self, rec):
+        """Whether the VM's disk_gb is "enforced" on the node or "not_enforced" (then only recorded and billed)."""
+        return "not_enforced"
+
+    def checked_start(self, rec):
+        """start(), after checking under the allocate lock that no other VM holds the GPUs (allocation.py)."""
+        checked_start(self, rec)
+
     def rebind(self, rec):
         """Give a stopped VM the GPUs now in rec's spec (the platform may hand back other ones)."""
         raise AgentError("rebind_unsupported", "a %s VM keeps the GPUs it was created with" % rec["runtime"])
@@ -46,7 +55,9 @@ class Runtime:
         return os.path.join(self.cfg.state_dir, "volumes", name, "data")
 
     def volume_create(self, name, size_gb):
+        """Make the volume; answer whether its size is "enforced" or "not_enforced" (a plain folder: not)."""
         os.makedirs(self.volume_path(name), mode=0o755, exist_ok=True)
+        return "not_enforced"
 
     def volume_delete(self, name):
         with contextlib.suppress(FileNotFoundError):

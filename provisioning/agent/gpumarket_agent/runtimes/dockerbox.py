@@ -1,7 +1,9 @@
 """What the docker runtime puts beside a container: the entry wrapper and the env files for SSH sessions.
 
-The box folder (<vm dir>/box) is mounted read-only at /.gpumarket; <vm dir>/state is mounted read-write at
-/.gpumarket-state (the onstart marker). The container runs `/bin/sh /.gpumarket/entry.sh <image's own command>`."""
+The box folder (<vm dir>/box) is mounted read-only at /.gpumarket; the wrapper keeps its state (the onstart
+marker) in /.gpumarket-state inside the container's own writable layer (kept across stop/start, bounded by the
+container's disk limit: nothing the renter writes lands in a host folder), or in $HOME when the image's user
+cannot write /. The container runs `/bin/sh /.gpumarket/entry.sh <image's own command>`."""
 import shlex
 
 # POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it as the
@@ -12,6 +14,7 @@ ENTRY_SH = r"""#!/bin/sh
 G=/.gpumarket
 S=/.gpumarket-state
 say() { echo "[gpumarket] $*"; }
+mkdir -p "$S" 2>/dev/null && [ -w "$S" ] || { S="${HOME:-/tmp}/.gpumarket-state"; mkdir -p "$S" 2>/dev/null; }
 if [ -w /etc ]; then
     if [ -f "$G/profile.sh" ]; then
         mkdir -p /etc/profile.d && cp "$G/profile.sh" /etc/profile.d/gpumarket-env.sh &&

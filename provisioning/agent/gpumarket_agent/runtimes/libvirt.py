@@ -103,6 +103,9 @@ class LibvirtRuntime(Runtime):
     def provision(self, rec, registry_auth=None):
         self.provision_vm(rec)
 
+    def disk_limit(self, rec):
+        return "enforced"  # the qcow2 overlay has disk_gb as its virtual size
+
     def provision_vm(self, rec):
         vm_id, spec = rec["vm_id"], rec["spec"]
         base = os.path.join(self.cfg.libvirt_images, spec["image"]["libvirt"] + ".qcow2")
@@ -118,7 +121,7 @@ class LibvirtRuntime(Runtime):
         write_file(paths["meta-data"], cloud_init_meta_data(vm_id), 0o644)
         run(seed_iso_argv(paths["seed.iso"], paths["user-data"], paths["meta-data"]))
         self.rebind(rec)
-        self.start(rec)
+        self.checked_start(rec)
 
     def rebind(self, rec):
         # (Re)define the domain with the spec's GPUs as hostdevs; the disk overlay is kept.

@@ -117,7 +117,7 @@ class SimRuntime(Runtime):
         if rec["spec"].get("onstart"):
             write_file(os.path.join(vmdir, "onstart.sh"), rec["spec"]["onstart"], 0o700)
         rec["os"] = host_os()
-        self.start(rec)
+        self.checked_start(rec)
 
     def rebind(self, rec):
         # The VM's own nvidia-smi and CUDA_VISIBLE_DEVICES show only its GPUs (sshd_config is written at start).
