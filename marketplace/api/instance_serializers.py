@@ -166,11 +166,11 @@ class _OwnKeys(serializers.PrimaryKeyRelatedField):
 
 
 # The options' JSON shapes as the schema publishes them; marketplace.services.instances.options checks them all
-# (and what a schema cannot say: env names, the environment's total size).
+# (and what a schema cannot say: env names and the reserved NVIDIA_ ones, the environment's total size).
 @extend_schema_field({"type": "object", "required": ["username", "password"], "additionalProperties": False,
                       "properties": {
                           "username": {"type": "string", "minLength": 1, "maxLength": opts.USERNAME_MAX,
-                                       "pattern": string_pattern(refused=CONTROL, nonblank=False)},
+                                       "pattern": string_pattern(refused=CONTROL + ":", nonblank=False)},
                           "password": {"type": "string", "minLength": 1, "maxLength": opts.PASSWORD_MAX,
                                        "pattern": string_pattern(refused=CONTROL, nonblank=False)}}})
 class _RegistryAuthField(serializers.JSONField):
@@ -179,7 +179,8 @@ class _RegistryAuthField(serializers.JSONField):
 
 @extend_schema_field({"type": "object", "maxProperties": opts.ENV_MAX_NAMES,
                       "additionalProperties": {"type": "string", "maxLength": opts.ENV_MAX_VALUE,
-                                               "pattern": string_pattern(refused=NUL, nonblank=False)}})
+                                               # one line, as the node's agent takes it
+                                               "pattern": string_pattern(refused=NUL + r"\n\r", nonblank=False)}})
 class _EnvField(serializers.JSONField):
     pass
 

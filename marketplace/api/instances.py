@@ -100,7 +100,10 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                         request=None, responses={202: InstanceSerializer, 409: _CONFLICT,
                                                  402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less "
                                                                       "than one hour of what your running and "
-                                                                      "starting instances cost with this one.")}),
+                                                                      "starting instances cost with this one."),
+                                                 403: OpenApiResponse(CodedErrorSerializer, "`code` "
+                                                                      "`email_not_verified`: your e-mail address "
+                                                                      "is not verified (again) yet.")}),
     restart=extend_schema(summary="Restart (reboot) a running instance", **_VERB),
     logs=extend_schema(
         summary="The last lines of an instance's log (image pull, boot, onstart)",

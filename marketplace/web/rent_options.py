@@ -92,7 +92,9 @@ class RentOptionsMixin(forms.Form):
             self.cleaned_data["registry_auth"] = opts.clean_registry_auth({"username": user or "",
                                                                            "password": password or ""})
         except ValidationFailed as exc:
-            self.add_error("registry_password" if user else "registry_username", exc.message)
+            # Under the part it is about (the service's messages name `username` or `password`).
+            about_user = not user or "`registry_auth.username`" in exc.message or "`username`" in exc.message
+            self.add_error("registry_username" if about_user else "registry_password", exc.message)
 
     def options(self) -> opts.InstanceOptions:
         data = self.cleaned_data

@@ -257,6 +257,21 @@ def test_an_operator_changing_the_address_makes_it_unverified(renter, operator):
     assert _rent(_api(renter), make_listed_node()).status_code == 403
 
 
+def test_an_unverified_renter_cannot_start_a_stopped_instance_again(renter):
+    """Starting takes GPUs again, as booking does: refused until the changed address is proven (before, only
+    booking checked; found by review)."""
+    from marketplace.services import instances as svc
+    from tests.marketplace.renting_helpers import book, run
+
+    instance = run(book(renter, make_listed_node()))
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    User.objects.filter(pk=renter.pk).update(email_verified_at=None)
+    r = _api(renter).post(f"/api/v1/instances/{instance.pk}/start/")
+    assert r.status_code == 403 and r.json()["code"] == "email_not_verified", r.content
+    assert Instance.objects.get(pk=instance.pk).status == "stopped"
+
+
 def test_the_old_address_is_told_when_an_operator_changes_it(renter, operator, mailoutbox,
                                                              django_capture_on_commit_callbacks):
     """From then on the account's e-mails and password resets go to the new address: its owner hears of it at the

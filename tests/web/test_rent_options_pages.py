@@ -64,7 +64,7 @@ def test_rent_with_every_option(web, funded_renter, node):
     ({"env": "A=" + "x" * 4097}, "env"),
     ({"env": "NVIDIA_VISIBLE_DEVICES=all"}, "env"),  # the node's agent refuses it (found by review)
     ({"own_image": "r.example.com/app:1", "registry_username": "robot:ci", "registry_password": PASSWORD},
-     "registry_password"),  # the agent refuses ':' in the user name (the error sits under the login's last field)
+     "registry_username"),  # the agent refuses ':' in the user name: said under the user name
     ({"onstart": "x" * 16385}, "onstart"),
     ({"ports": "22"}, "ports"),
     ({"ports": "8888 8888"}, "ports"),

@@ -17,6 +17,7 @@ from marketplace.models import (
     NodeState,
     Runtime,
 )
+from marketplace.services.email_verification import email_verified_required
 from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
@@ -110,6 +111,8 @@ def instance_start(*, instance: Instance) -> Instance:
         return instance
     if not instance.allows("start"):
         raise _refuse("start", instance)
+    # Taking GPUs again is renting, as booking is (an operator changed the address: proven again first).
+    email_verified_required(user=instance.renter)
     now = timezone.now()
     # Its disk is billed up to now first: that posting locks the renter's wallet in id order with the other
     # accounts, as the meter does; the funds check locking the wallet first and the posting then the others
