@@ -103,7 +103,9 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                                                       "starting instances cost with this one."),
                                                  403: OpenApiResponse(CodedErrorSerializer, "`code` "
                                                                       "`email_not_verified`: your e-mail address "
-                                                                      "is not verified (again) yet.")}),
+                                                                      "is not verified (again) yet; or the API "
+                                                                      "key lacks the `renter` scope (a browser "
+                                                                      "session: a missing CSRF token).")}),
     restart=extend_schema(summary="Restart (reboot) a running instance", **_VERB),
     logs=extend_schema(
         summary="The last lines of an instance's log (image pull, boot, onstart)",
