@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BigIntegerField, Count, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Count, F, Max, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Cast, Coalesce, StrIndex, Substr, TruncMonth
 from django.utils import timezone
 
@@ -26,7 +26,8 @@ from billing.models import (
     UsageInterval,
 )
 from billing.pricing import instance_cost_so_far
-from marketplace.models import Instance, InstanceStatus, User, Volume
+from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeState
+from marketplace.models.host import SECONDS_PER_MONTH
 
 
 def usage_for_user(*, user: User) -> QuerySet[UsageInterval]:
@@ -55,9 +56,55 @@ def payout_account(*, user: User) -> str:
 
 
 def burn_rate_micros(*, user: User) -> int:
-    """What the user's running instances cost per hour now."""
+    """What the user's running instances cost per hour now (GPU time only: burn_rate adds storage)."""
     return Instance.objects.filter(renter=user, status=InstanceStatus.RUNNING).aggregate(
         rate=Sum("price_per_hour_micros"))["rate"] or 0
+
+
+def storage_burn_per_hour(*, renter_id: int | None = None) -> dict[int, int]:
+    """Renter -> micro-dollars per hour of their available volumes (at their size) and stopped instances' disks
+    (at the size booked), each at the price per GB-month it was created with (billing.services.storage), rounded
+    down once per renter; only renters with some. `renter_id`: that renter's alone.
+
+    The one rule for storage's burn rate: the low-balance warning (billing.services.enforcement, through
+    billing.services.storage) and the balance's API and page (burn_rate) read it here."""
+    volumes = Volume.objects.filter(state=VolumeState.AVAILABLE)
+    disks = Instance.objects.filter(status=InstanceStatus.STOPPED)
+    if renter_id is not None:
+        volumes, disks = volumes.filter(owner_id=renter_id), disks.filter(renter_id=renter_id)
+    volume_rows = (volumes.order_by().values("owner_id")
+                   .annotate(gb_price=Sum(F("size_gb") * F("price_per_gb_month_micros")))
+                   .values_list("owner_id", "gb_price"))
+    disk_rows = (disks.order_by().values("renter_id")
+                 .annotate(gb_price=Sum(F("disk_gb") * F("disk_price_per_gb_month_micros")))
+                 .values_list("renter_id", "gb_price"))
+    rates: dict[int, int] = {}
+    for renter, gb_price in volume_rows.union(disk_rows, all=True):  # one query
+        rates[renter] = rates.get(renter, 0) + (gb_price or 0)
+    return {renter: gb_price * 3600 // SECONDS_PER_MONTH for renter, gb_price in rates.items() if gb_price}
+
+
+@dataclass(frozen=True)
+class BurnRate:
+    """What a renter is billed per hour now, in its parts (micro-dollars)."""
+
+    instances_micros: int  # running instances' GPU time, at their booked price
+    storage_micros: int  # volumes and stopped instances' disks (storage_burn_per_hour)
+
+    @property
+    def total_micros(self) -> int:
+        return self.instances_micros + self.storage_micros
+
+
+def burn_rate(*, user: User) -> BurnRate:
+    """Everything the user is billed per second now, per hour: GPU time and storage, as enforcement counts it."""
+    return BurnRate(instances_micros=burn_rate_micros(user=user),
+                    storage_micros=storage_burn_per_hour(renter_id=user.pk).get(user.pk, 0))
+
+
+def seconds_left(*, balance_micros: int, rate_micros: int) -> int | None:
+    """How long the balance lasts at `rate_micros` per hour (0 once it is at or below zero); None at no rate."""
+    return max(balance_micros, 0) * 3600 // rate_micros if rate_micros else None
 
 
 def month_bounds(month: date) -> tuple[datetime, datetime]:
@@ -245,22 +292,27 @@ def current_month() -> date:
 @dataclass
 class BalanceStatus:
     balance_micros: int
-    rate_micros: int  # what the running instances cost per hour now
-    seconds_left: int | None  # at that rate; None when nothing runs
-    low: bool  # less than BILLING_LOW_BALANCE_WARNING_S of running time left
+    rate_micros: int  # what the user is billed per hour now: instances_rate_micros + storage_rate_micros
+    seconds_left: int | None  # at that rate; None when nothing is billed (nothing runs, no storage)
+    low: bool  # less than BILLING_LOW_BALANCE_WARNING_S left at that rate (enforcement's low-balance warning)
     depleted_at: datetime | None  # when the balance reached zero (instances were stopped), until it recovers
+    instances_rate_micros: int = 0  # of rate_micros: the running instances' GPU time
+    storage_rate_micros: int = 0  # of rate_micros: volumes and stopped instances' disks
 
 
 def balance_status(*, user: User) -> BalanceStatus:
-    """The wallet balance, the burn rate, how long it lasts, and whether the user is being warned."""
+    """The wallet balance, the burn rate (GPU time and storage), how long it lasts, and whether the user is being
+    warned. Before, the rate left storage out: a renter with only volumes or stopped instances' disks was told
+    the balance was not being used while enforcement warned them and then deleted that storage (found by review)."""
     balance = _account(user, AccountKind.CUSTOMER_WALLET)
     micros = balance.balance_micros if balance else 0
-    rate = burn_rate_micros(user=user)
-    left = max(micros, 0) * 3600 // rate if rate else None
+    rate = burn_rate(user=user)
+    left = seconds_left(balance_micros=micros, rate_micros=rate.total_micros)
     depleted = BillingProfile.objects.filter(user=user).values_list("depleted_at", flat=True).first()
-    return BalanceStatus(balance_micros=micros, rate_micros=rate, seconds_left=left,
+    return BalanceStatus(balance_micros=micros, rate_micros=rate.total_micros, seconds_left=left,
                          low=left is not None and left < settings.BILLING_LOW_BALANCE_WARNING_S,
-                         depleted_at=depleted)
+                         depleted_at=depleted, instances_rate_micros=rate.instances_micros,
+                         storage_rate_micros=rate.storage_micros)
 
 
 def instance_cost(*, instance: Instance) -> dict[str, int]:

@@ -38,9 +38,15 @@ class AutoTopUpSerializer(serializers.Serializer):
 class BalanceSerializer(serializers.Serializer):
     balance = MoneyField(help_text="Your prepaid balance. It can dip below zero by at most one minute of usage.")
     currency = serializers.CharField()
-    running_cost_per_hour = MoneyField(help_text="What your running instances cost per hour now.")
+    running_cost_per_hour = MoneyField(help_text="What your running instances cost per hour now (GPU time).")
+    storage_cost_per_hour = MoneyField(
+        help_text="What your storage costs per hour now: your volumes at their size, and your stopped instances' "
+                  "disks at the size booked, each at the price per GB-month it was created with.")
+    cost_per_hour = MoneyField(
+        help_text="All you are billed per hour now: `running_cost_per_hour` plus `storage_cost_per_hour`.")
     seconds_left = serializers.IntegerField(
-        allow_null=True, help_text="How long the balance lasts at that rate; null when nothing runs.")
+        allow_null=True, help_text="How long the balance lasts at `cost_per_hour` (running instances and storage; "
+                                   "0 at or below zero); null when nothing is billed.")
     low_balance_warning_seconds = serializers.IntegerField(
         help_text="You are warned (events, email) when less than this much time is left.")
     funds_required_seconds = serializers.IntegerField(
@@ -55,15 +61,16 @@ class BalanceView(APIView):
     @extend_schema(summary="Your balance and how long it lasts", responses={200: BalanceSerializer})
     def get(self, request):
         balance = ledger.wallet_balance(user_id=request.user.pk)
-        rate = selectors.burn_rate_micros(user=request.user)
+        rate = selectors.burn_rate(user=request.user)  # GPU time and storage, as the low-balance warning counts
         profile = BillingProfile.objects.filter(user=request.user).first()
         auto = {"enabled": False, "threshold": None, "amount": None, "card": None}
         if profile is not None and profile.auto_top_up_enabled:
             auto = {"enabled": True, "threshold": profile.auto_top_up_threshold_micros,
                     "amount": profile.auto_top_up_amount_micros, "card": profile.auto_top_up_card_id}
         return Response(BalanceSerializer({
-            "balance": balance, "currency": "usd", "running_cost_per_hour": rate,
-            "seconds_left": max(balance, 0) * 3600 // rate if rate else None,
+            "balance": balance, "currency": "usd", "running_cost_per_hour": rate.instances_micros,
+            "storage_cost_per_hour": rate.storage_micros, "cost_per_hour": rate.total_micros,
+            "seconds_left": selectors.seconds_left(balance_micros=balance, rate_micros=rate.total_micros),
             "low_balance_warning_seconds": settings.BILLING_LOW_BALANCE_WARNING_S,
             "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S, "auto_top_up": auto,
         }).data)

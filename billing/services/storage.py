@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import F
 from django.utils import timezone
 
+from billing import selectors
 from billing.models import AccountKind, TransactionKind
 from billing.pricing import EPOCH, MICROSECOND, SECOND
 from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
@@ -140,17 +141,9 @@ def instance_disk_close(*, instance: Instance, until: datetime | None = None) ->
 
 
 def storage_burn_per_hour() -> dict[int, int]:
-    """Renter -> micro-dollars per hour of their available volumes and stopped instances' disks (rounded down)."""
-    rates: dict[int, int] = {}
-    volumes = (Volume.objects.filter(state=VolumeState.AVAILABLE).order_by().values("owner_id")
-               .annotate(gb_price=Sum(F("size_gb") * F("price_per_gb_month_micros")))
-               .values_list("owner_id", "gb_price"))
-    disks = (Instance.objects.filter(status=InstanceStatus.STOPPED).order_by().values("renter_id")
-             .annotate(gb_price=Sum(F("disk_gb") * F("disk_price_per_gb_month_micros")))
-             .values_list("renter_id", "gb_price"))
-    for renter_id, gb_price in [*volumes, *disks]:
-        rates[renter_id] = rates.get(renter_id, 0) + (gb_price or 0)
-    return {renter: gb_price * 3600 // SECONDS_PER_MONTH for renter, gb_price in rates.items() if gb_price}
+    """Renter -> micro-dollars per hour of their available volumes and stopped instances' disks (rounded down):
+    billing.selectors.storage_burn_per_hour, the rule the balance's API and page read too."""
+    return selectors.storage_burn_per_hour()
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Zero balance: renting needs an hour of funds; warnings once per crossing; stopped at zero within one tick;
 destroyed only after the grace period, warned before."""
+from decimal import Decimal
+
 import pytest
 from django.core import mail
 
@@ -9,6 +11,7 @@ from billing.services.storage import storage_cost
 from billing.tasks import usage_meter_tick
 from marketplace.models import Instance
 from marketplace.services import instances as svc
+from marketplace.services import volumes as volume_svc
 from tests.billing.helpers import ED25519, balance, fund, node, run, running, stop
 from tests.factories import UserFactory
 
@@ -165,9 +168,57 @@ def test_the_balance_endpoint_says_how_long_the_money_lasts(clock, api, other_ap
     running(api.user, node("1.500000"))
     body = api.get("/api/v1/billing/balance/").json()
     assert body == {
-        "balance": "3.000000", "currency": "usd", "running_cost_per_hour": "1.500000", "seconds_left": 7200,
+        "balance": "3.000000", "currency": "usd", "running_cost_per_hour": "1.500000",
+        "storage_cost_per_hour": "0.000000", "cost_per_hour": "1.500000", "seconds_left": 7200,
         "low_balance_warning_seconds": 3600, "funds_required_seconds": 3600,
         "auto_top_up": {"enabled": False, "threshold": None, "amount": None, "card": None},
     }
     assert other_api.get("/api/v1/billing/balance/").json()["balance"] == "0.000000"
     assert other_api.get("/api/v1/billing/balance/").json()["seconds_left"] is None
+
+
+def _storage_node(price: str = "1.500000"):
+    """A node whose disks cost $0.72 per GB-month: 1,000 micro-dollars per GB-hour."""
+    on = node(price)
+    on.disk_price_per_gb_month_micros = 720_000
+    on.save()
+    return on
+
+
+def _volume(owner, on, size_gb: int):
+    volume = volume_svc.volume_create(owner=owner, node_id=on.pk, size_gb=size_gb)
+    return volume_svc.volume_mark_available(volume_id=volume.pk)
+
+
+def test_the_balance_endpoint_counts_volumes_and_stopped_disks_in_the_burn_rate_and_the_time_left(clock, api):
+    """Storage is billed per second as GPU time is: a renter with only a volume and a stopped instance's disk is
+    told what they cost and how long the balance lasts (before: seconds_left null, as if nothing were billed,
+    while enforcement warned and then deleted their storage)."""
+    on = _storage_node()
+    fund(api.user, "3.00")
+    _volume(api.user, on, size_gb=500)  # at its size: 500 × 1,000 µ$ an hour
+    disk = stop(running(api.user, on))  # at the size booked and the price snapshotted at booking
+    storage = (500 + disk.disk_gb) * 1_000
+    body = api.get("/api/v1/billing/balance/").json()
+    assert (body["running_cost_per_hour"], body["storage_cost_per_hour"], body["cost_per_hour"]) == (
+        "0.000000", f"{storage / 1e6:.6f}", f"{storage / 1e6:.6f}")
+    assert body["seconds_left"] == balance(api.user) * 3600 // storage
+    running(api.user, node("1.500000"))  # GPU time on top: the total, and the time left at it
+    body = api.get("/api/v1/billing/balance/").json()
+    assert (body["running_cost_per_hour"], body["storage_cost_per_hour"], body["cost_per_hour"]) == (
+        "1.500000", f"{storage / 1e6:.6f}", f"{(1_500_000 + storage) / 1e6:.6f}")
+    assert body["seconds_left"] == balance(api.user) * 3600 // (1_500_000 + storage)
+
+
+def test_the_balance_endpoint_says_the_time_left_the_low_balance_warning_says(clock, api, settings):
+    """One figure: what the API answers for a renter billed for storage alone is what the warning e-mail said."""
+    settings.BILLING_LOW_BALANCE_WARNING_S = 30 * 86400
+    on = _storage_node()
+    fund(api.user, "2.00")
+    _volume(api.user, on, size_gb=250)
+    stop(running(api.user, on))
+    assert balances_enforce().warned == 1
+    [warning] = BillingEvent.objects.filter(user=api.user, kind="low_balance")
+    body = api.get("/api/v1/billing/balance/").json()
+    assert body["seconds_left"] == warning.data["seconds_left"] > 0
+    assert Decimal(body["cost_per_hour"]) == Decimal(warning.data["per_hour"])

@@ -12,6 +12,7 @@ from billing.models import BillingProfile, Card, LedgerTransaction, Payout, TopU
 from billing.services.ledger import wallet_balance
 from billing.services.metering import usage_close
 from marketplace.models import Instance
+from marketplace.services import volumes as volume_svc
 from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import book, run
 from tests.web.conftest import PASSWORD, fund, logged_in
@@ -108,6 +109,33 @@ def test_the_balance_page_warns_when_the_balance_runs_low(web, renter):
     assert "Low balance." in page and "per hour" in page
     BillingProfile.objects.update_or_create(user=renter, defaults={"depleted_at": timezone.now()})
     assert "Your balance ran out" in web.get("/account/balance/").content.decode()
+
+
+def test_the_balance_page_counts_volumes_and_stopped_disks_in_how_long_the_balance_lasts(web, renter, settings):
+    """A renter billed for storage alone is told what it costs and how long the balance lasts, and warned when it
+    runs low, as the e-mail warns them (before: "Nothing is running: the balance is not being used")."""
+    settings.BILLING_LOW_BALANCE_WARNING_S = 3600
+    on = make_listed_node(price="1.000000")
+    on.disk_price_per_gb_month_micros = 720_000  # 1,000 micro-dollars per GB-hour
+    on.save()
+    volume = volume_svc.volume_create(owner=renter, node_id=on.pk, size_gb=500)
+    volume_svc.volume_mark_available(volume_id=volume.pk)
+    fund(renter, 1)  # $1.00 at $0.50 per hour: 2 h
+    for url in ("/account/balance/", "/account/balance/live/"):
+        page = web.get(url).content.decode()
+        assert "not being used" not in page, url
+        assert "Your storage (volumes and stopped instances' disks) costs <strong>$0.50</strong> per hour" in page, url
+        assert "lasts about <strong>2 h</strong>" in page and "Low balance." not in page, url
+    settings.BILLING_LOW_BALANCE_WARNING_S = 3 * 3600
+    page = web.get("/account/balance/").content.decode()
+    assert "Low balance." in page and "2 h" in page and "$0.50 per hour" in page
+    assert "your volumes and stopped instances are deleted after a grace period" in page
+    fund(renter, 10)
+    run(book(renter, on))  # GPU time on top: both parts and the sum
+    page = web.get("/account/balance/").content.decode()
+    assert ("Your running instances cost <strong>$1.00</strong> per hour and your storage (volumes and stopped "
+            "instances' disks) <strong>$0.50</strong> per hour, <strong>$1.50</strong> per hour in all: the balance "
+            "lasts about <strong>7 h 20 min</strong>") in page
 
 
 @pytest.mark.parametrize("amount, error", [
