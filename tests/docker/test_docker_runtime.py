@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def node(docker_engine, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
     monkeypatch.setenv("DOCKER_HOST", docker_engine.env["DOCKER_HOST"])
     monkeypatch.setenv("DOCKER_CONFIG", docker_engine.env["DOCKER_CONFIG"])
+    # The agent's temporary folders (a pull's DOCKER_CONFIG) in one of this test's own: what it leaves there is
+    # its own, not another test's that runs at the same time.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     env = {"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
            "GPUMARKET_PORT_RANGE": "46100-46499", "GPUMARKET_PUBLIC_HOST": "127.0.0.1",
            "GPUMARKET_DOCKER_BIND": "127.0.0.1", "GPUMARKET_DOCKER_GPUS": f"devices:{tmp_path}/gpu{{index}}"}
@@ -58,6 +63,7 @@ def node(docker_engine, tmp_path, monkeypatch):
         return answer
 
     call.state_dir = tmp_path / "state"
+    call.tmp_dir = tmp_path / "tmp"
     call.engine = docker_engine
     call.env = env
     yield call
@@ -135,7 +141,7 @@ def test_a_renters_container_end_to_end(node):
     for path in node.state_dir.rglob("*"):
         assert not path.is_file() or REGISTRY_PASSWORD not in path.read_text(errors="replace"), path
     assert REGISTRY_PASSWORD not in engine.docker("inspect", "gpumarket-dk-1").stdout
-    assert not list(Path("/tmp").glob("gpumarket-pull-*"))  # the temporary DOCKER_CONFIG is gone
+    assert not list(node.tmp_dir.glob("gpumarket-pull-*"))  # the temporary DOCKER_CONFIG is gone
 
     assert node("vm stop", {"vm_id": "dk-1"})["state"] == "stopped"
     assert not port_open(vm["ssh_port"])

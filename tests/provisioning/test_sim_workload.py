@@ -65,7 +65,7 @@ def test_env_onstart_ports_volumes_and_logs(node):
     renter, public = new_keypair()
     vol = call(node, "volume create", {"name": "vol-data0001", "size_gb": 20})
     assert vol == {"name": "vol-data0001", "size_gb": 20, "created": True, "ok": True,
-                   "agent_version": agent.AGENT_VERSION}
+                   "agent_version": agent.AGENT_VERSION, "size_limit": "not_enforced"}  # a folder on the sim
     assert call(node, "volume create", {"name": "vol-data0001", "size_gb": 20})["created"] is False
     onstart = 'echo "onstart ran as $(id -u) with API_KEY=$API_KEY"\necho run >> "$HOME/onstart-count"\n'
     request = {"vm_id": "work-1", "gpu_indices": [1], "ssh_public_keys": [public], "disk_gb": 80,
