@@ -116,9 +116,11 @@ def _warn_low(renter_id: int, balance: int, rate: int, remaining: int, now: date
         profile.low_balance_warned_at = now
         profile.save(update_fields=["low_balance_warned_at"])
         user = User.objects.get(pk=renter_id)
+        # What happens at zero, said for what the renter has: a renter billed for storage alone runs nothing.
+        grace = _duration(settings.BILLING_GRACE_PERIOD_S)
         message = (f"Your balance is {usd_text(balance)}: about {_duration(remaining)} of your running "
-                   f"instances and storage ({usd_text(rate)} per hour). At zero running instances are stopped; "
-                   "top up to keep them running.")
+                   f"instances and storage ({usd_text(rate)} per hour). At zero running instances are stopped, "
+                   f"and {grace} later stopped instances and volumes are deleted; top up to keep them.")
         data = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
                 "seconds_left": remaining}
         # The e-mail goes out through notifications, on the channels the renter chose.

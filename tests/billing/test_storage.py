@@ -126,7 +126,9 @@ def test_storage_counts_in_the_low_balance_warning_and_the_grace_period_deletes_
     fund(user, "0.10")
     volume = _volume(user, on, size_gb=1000)  # $1000 a month: about $1.39 an hour, so $0.10 lasts ~4 minutes
     tick()
-    assert "low_balance" in BillingEvent.objects.filter(user=user).values_list("kind", flat=True)
+    low = BillingEvent.objects.get(user=user, kind="low_balance")
+    # Said for a renter whose storage alone is billed (before: only "running instances are stopped").
+    assert "2 days later stopped instances and volumes are deleted" in low.message
     clock.advance(600)
     tick()
     assert balance(user) <= 0
