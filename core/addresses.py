@@ -4,8 +4,13 @@ carries a private IPv4 address.
 ipaddress's is_global judges an IPv6 address by its own prefix only (Python 3.11): 64:ff9b::a9fe:a9fe, the NAT64
 form of 169.254.169.254, and 2002:a00:1::1, the 6to4 form of 10.0.0.1, are "global", yet a NAT64 gateway (an
 IPv6-only cloud subnet) or a 6to4 relay delivers them to the IPv4 address inside.
+
+Also the one rule for where providers' nodes may be (node_address_allowed, node_address_targets; see below).
 """
+import functools
 import ipaddress
+import socket
+from typing import Any
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -37,3 +42,116 @@ def is_public(address: Address) -> bool:
         return False
     inner = embedded_ipv4(address)
     return inner is None or is_public(inner)
+
+
+# ------------------------------------------------------------------------------------ where nodes may be
+#
+# The platform's workers open SSH connections (and wait for VMs' SSH servers) at addresses providers type. Left
+# unchecked, a provider registering 127.0.0.1, 10.0.0.5 or 169.254.169.254 would make them connect to services
+# inside the platform's own network and read what is there from the errors and timings. So a node's address is
+# public (is_public) or in a network the operator allows (settings.NODE_ADDRESS_ALLOWED_NETWORKS: tests and
+# demos, loopback; a platform whose providers' servers are on its private VPN, that network). One rule, checked at
+# registration (marketplace.services.nodes) and again at every connection (provisioning.ssh, the VM's SSH wait),
+# which connects to the address it checked, never to the name again: a name that resolved to a public address
+# may resolve to a private one later (DNS rebinding).
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class AddressNotAllowed(ValueError):
+    """A node's address (or one its name resolves to) is outside the rule; the message says which and why."""
+
+    def __init__(self, message: str, address: Address, *, by_name: bool):
+        super().__init__(message)
+        self.message = message
+        self.address = address
+        self.by_name = by_name  # the host was a name that resolved to `address`, not the address itself
+
+
+def address_kind(address: Address) -> str:
+    """public, loopback, private, link-local, multicast, unspecified, reserved, or non-public (an IPv6 form
+    carrying a private IPv4 address, say); an IPv4-mapped IPv6 address is judged by its IPv4 address."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if is_public(address):
+        return "public"
+    for kind in ("loopback", "link-local", "multicast", "unspecified", "reserved"):
+        if getattr(address, "is_" + kind.replace("-", "_")):
+            return kind
+    # 100.64.0.0/10 (carrier-grade NAT) is neither global nor "private" for Python 3.11: a private network here.
+    if address.is_private or (address.version == 4 and address in _SHARED):
+        return "private"
+    return "non-public"
+
+
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+
+
+def allowed_node_networks() -> tuple[Network, ...]:
+    """settings.NODE_ADDRESS_ALLOWED_NETWORKS, parsed (config/settings/env.py checked each entry at start)."""
+    from django.conf import settings
+
+    return _networks(tuple(getattr(settings, "NODE_ADDRESS_ALLOWED_NETWORKS", ()) or ()))
+
+
+@functools.lru_cache(maxsize=8)
+def _networks(values: tuple[str, ...]) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(value, strict=False) for value in values)
+
+
+def node_address_allowed(address: Address, networks: tuple[Network, ...] | None = None) -> bool:
+    """Whether the platform may connect to a node at `address`: a public address, or one in `networks` (default:
+    the allowed networks of the settings). Never an unspecified address (0.0.0.0 and :: reach this very
+    machine) nor a multicast one, whatever is allowed. An IPv4-mapped address (::ffff:10.0.0.1) is the IPv4
+    address it maps: the socket reaches that."""
+    networks = allowed_node_networks() if networks is None else networks
+    inner = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    candidates = (address,) if inner is None else (address, inner)
+    if any(a.is_unspecified or a.is_multicast for a in candidates):
+        return False
+    if is_public(address):
+        return True
+    return any(a in net for a in candidates for net in networks if a.version == net.version)
+
+
+def node_address_refusal(host: str, address: Address) -> str:
+    """Why the platform does not connect to `host` (which is, or resolves to, `address`), for the provider."""
+    kind = address_kind(address)
+    inner = embedded_ipv4(address)
+    if inner is not None and kind in ("reserved", "non-public"):
+        # NAT64, 6to4...: the IPv4 address it carries is what a gateway would deliver it to
+        what = f"IPv6 address carrying the {address_kind(inner)} IPv4 address {inner}"
+    else:
+        what = f"{kind} address" if kind != "non-public" else "address that is not public"
+    article = "an" if what[0] in "aeiouI" else "a"
+    named = host if _is_literal(host) else f"{host} resolves to {address}, which"
+    return (f"{named} is {article} {what}, and the platform connects only to servers at public addresses (or in "
+            "networks its operator allows).")
+
+
+def node_address_targets(host: str, port: int) -> list[tuple[socket.AddressFamily, tuple[Any, ...]]]:
+    """Resolve `host` (an IP address: itself) and check every address it has against node_address_allowed:
+    the (family, sockaddr) pairs to connect to, in the resolver's order, duplicates dropped. AddressNotAllowed
+    naming the first address outside the rule (one is enough: which of them a connection would use is the
+    resolver's choice); OSError (socket.gaierror) when the name does not resolve."""
+    networks = allowed_node_networks()
+    targets: list[tuple[socket.AddressFamily, tuple[Any, ...]]] = []
+    for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if not node_address_allowed(address, networks):
+            raise AddressNotAllowed(node_address_refusal(host, address), address, by_name=not _is_literal(host))
+        if (family, sockaddr) not in targets:
+            targets.append((family, sockaddr))
+    if not targets:
+        raise socket.gaierror(socket.EAI_NONAME, "no IPv4 or IPv6 address")
+    return targets
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -166,6 +166,9 @@ BUSINESS_RULES = [
     ("url", "Not a webhook URL"),
     ("url", "Not a public address"),
     ("url", "The host name does not resolve"),
+    # a node's address: where the platform may connect (public, or a network its operator allows), resolved
+    ("address", "Not a public address"),
+    ("address", "The host name does not resolve"),
     ("url", "At most 10 endpoints"),
     ("detail", "Invalid email or password."),  # credentials
     ("email", "An account with this email already exists."),

@@ -319,6 +319,12 @@ FLEET_REFERENCE_MIN_NODES = env_int("FLEET_REFERENCE_MIN_NODES", 5)
 # sized for a CPU, so a GPU-less box running the sim agent with an honest profile would pass them: off unless set
 # (config/settings/local.py and test.py turn it on).
 SIM_NODES_ALLOWED = env_bool("SIM_NODES_ALLOWED", False)
+# The networks (IPs or CIDRs), besides public addresses, that providers' nodes may be in (core/addresses.py,
+# node_address_allowed): checked when a node is registered and again at every connection the workers open to it,
+# so that a provider cannot make them connect inside the platform's own network. None by default; list a private
+# VPN that providers' servers are on. config/settings/local.py and test.py allow loopback (the simulated nodes'
+# sshds); production refuses loopback, link-local and unspecified networks here.
+NODE_ADDRESS_ALLOWED_NETWORKS = env_networks("NODE_ADDRESS_ALLOWED_NETWORKS", [])
 FLEET_REFERENCE_MIN_PROVIDERS = env_int("FLEET_REFERENCE_MIN_PROVIDERS", 3)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)

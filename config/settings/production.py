@@ -1,4 +1,5 @@
 """Production: the same settings, but refuse to start with the development defaults, and HTTPS only."""
+import ipaddress
 import re
 
 from django.core.exceptions import ImproperlyConfigured
@@ -13,11 +14,28 @@ from .base import (
     DEFAULT_SECRET_KEY,
     FIELD_ENCRYPTION_KEYS,
     LOGGING,
+    NODE_ADDRESS_ALLOWED_NETWORKS,
     NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK,
     SECRET_KEY,
     log_format,
 )
 from .env import env_bool, env_int, env_str
+
+# Never where providers' nodes may be: this machine (loopback; 0.0.0.0 and :: reach it too) and link-local
+# addresses (169.254.169.254 is a cloud's metadata service), also as IPv4-mapped IPv6 addresses.
+_NEVER_NODE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "127.0.0.0/8", "0.0.0.0/8", "169.254.0.0/16", "::1/128", "::/128", "fe80::/10",
+    "::ffff:127.0.0.0/104", "::ffff:0.0.0.0/104", "::ffff:169.254.0.0/112"))
+
+
+def unsafe_node_networks(values: list[str]) -> list[str]:
+    """The entries of NODE_ADDRESS_ALLOWED_NETWORKS that overlap _NEVER_NODE_NETWORKS."""
+    unsafe = []
+    for value in values:
+        network = ipaddress.ip_network(value, strict=False)
+        if any(network.version == never.version and network.overlaps(never) for never in _NEVER_NODE_NETWORKS):
+            unsafe.append(value)
+    return unsafe
 
 
 def check_production_settings() -> None:
@@ -36,6 +54,11 @@ def check_production_settings() -> None:
                         "set CACHE_URL, or a Redis CELERY_BROKER_URL")
     if NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK:
         problems.append("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK is on: users' webhooks could reach this machine")
+    unsafe = unsafe_node_networks(NODE_ADDRESS_ALLOWED_NETWORKS)
+    if unsafe:
+        problems.append(f"NODE_ADDRESS_ALLOWED_NETWORKS lists {', '.join(unsafe)}, which holds loopback, link-local or "
+                        "unspecified addresses (this machine, a cloud's metadata service): providers could make the "
+                        "platform's workers connect there; list only the private networks providers' servers are on")
     if any(host == "*" or host.startswith(".") and host.count(".") < 2 for host in ALLOWED_HOSTS):
         # The e-mailed sign-up, reset and verification links are built from the request's Host header.
         problems.append("ALLOWED_HOSTS accepts any host (*): e-mailed links could name an attacker's domain; "

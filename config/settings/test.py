@@ -30,6 +30,10 @@ os.environ.setdefault("BILLING_REQUIRE_FUNDS", "0")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", "1")
 # The tests' GPU servers are sim nodes (sshd on loopback with the sim agent).
 os.environ.setdefault("SIM_NODES_ALLOWED", "1")
+# Nodes on loopback (those sshds), and in 10.0.0.0/8, where tests/factories.py registers the nodes no test's sshd
+# is behind (a connection to one fails as an unreachable server's). The refusals have their own tests, which set
+# it empty.
+os.environ.setdefault("NODE_ADDRESS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128,10.0.0.0/8")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "0.5")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", "3")
 # Lost workers noticed in seconds, not the production minute: the worker-kill tests wait for exactly this.

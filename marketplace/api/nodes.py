@@ -164,7 +164,11 @@ class AddressField(serializers.CharField):
 
 class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=NAME_MAX_LENGTH, validators=[no_control_characters])
-    address = AddressField(max_length=ADDRESS_MAX_LENGTH, validators=[_django_validator(validate_address)])
+    address = AddressField(
+        max_length=ADDRESS_MAX_LENGTH, validators=[_django_validator(validate_address)],
+        help_text="The server's public IP address, or a name that resolves only to public addresses (or to networks "
+                  "the platform's operator allows): the platform connects there over SSH. A loopback, private, "
+                  "link-local or reserved address, or a name that does not resolve, is a 400 on `address`.")
     ssh_port = serializers.IntegerField(min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, default=22)
     ssh_user = serializers.CharField(max_length=SSH_USER_MAX_LENGTH, validators=[validate_ssh_user])
     # Exactly an alpha-2 code: django-countries' CountryField would also take "Germany", "DEU" or 276.

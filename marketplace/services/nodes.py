@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count
 
+from core.addresses import AddressNotAllowed, node_address_targets
 from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.mig import layout_problems, price_problems
@@ -70,7 +71,21 @@ SIM_REFUSED = ("This platform takes real GPU servers only: the `sim` runtime (si
                "demos. Choose docker or libvirt.")
 
 
-@transaction.atomic
+def node_address_check(*, address: str, ssh_port: int) -> None:
+    """ValidationFailed on `address` unless the platform may connect to a server there (core.addresses: a public
+    address, or one in settings.NODE_ADDRESS_ALLOWED_NETWORKS): a name is resolved, and every address it has must
+    be, since a connection may take any of them. The workers check again at every connection (a name's answer may
+    change: provisioning.ssh)."""
+    try:
+        node_address_targets(address, ssh_port)
+    except AddressNotAllowed as exc:
+        raise ValidationFailed(f"Not a public address: {exc.message} Give the server's public IP address, or a "
+                               "name that resolves only to public addresses.", field="address") from None
+    except (OSError, UnicodeError):  # socket.gaierror: no such name (now), or no IPv4/IPv6 address for it
+        raise ValidationFailed(f"The host name does not resolve: {address}. Check its DNS records, or give the "
+                               "server's public IP address.", field="address") from None
+
+
 def node_register(
     *,
     provider: User,
@@ -95,11 +110,26 @@ def node_register(
 
     A host key another live node has is refused (ValidationFailed on `host_key_fingerprint`, nothing written);
     so is a second live node at the same address and port (Conflict); so is a provider whose e-mail address is
-    not verified (EmailNotVerified, 403)."""
+    not verified (EmailNotVerified, 403); so is an address the platform does not connect to (node_address_check:
+    ValidationFailed on `address`, checked before the transaction: a name is resolved)."""
     email_verified_required(user=provider)
     if runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
         raise ValidationFailed(SIM_REFUSED, field="runtime")
     layout, prices = _check_mig(gpu_model.slug, gpu_count, mig_layout, mig_prices)
+    node_address_check(address=address, ssh_port=ssh_port)
+    with transaction.atomic():
+        return _node_create(provider=provider, name=name, address=address, ssh_port=ssh_port, ssh_user=ssh_user,
+                            country=country, city=city, datacenter=datacenter, gpu_model=gpu_model,
+                            gpu_count=gpu_count, nvlink_declared=nvlink_declared, layout=layout, prices=prices,
+                            price_per_gpu_hour=price_per_gpu_hour, runtime=runtime,
+                            host_key_fingerprint=host_key_fingerprint,
+                            disk_price_per_gb_month=disk_price_per_gb_month)
+
+
+def _node_create(*, provider: User, name: str, address: str, ssh_port: int, ssh_user: str, country: str, city: str,
+                 datacenter: str, gpu_model: GpuModel, gpu_count: int, nvlink_declared: bool,
+                 layout: list[dict[str, Any]], prices: dict[str, int], price_per_gpu_hour: Decimal, runtime: str,
+                 host_key_fingerprint: str, disk_price_per_gb_month: Decimal | None) -> Node:
     node = Node(
         provider=provider,
         name=name,

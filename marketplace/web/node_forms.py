@@ -48,7 +48,8 @@ class NodeRegisterForm(forms.Form):
     name = forms.CharField(max_length=NAME_MAX_LENGTH, validators=[no_control_characters],
                            help_text="Your name for the server, e.g. rack1-a6000.")
     address = forms.CharField(max_length=ADDRESS_MAX_LENGTH, validators=[validate_address],
-                              help_text="Hostname or IP address the platform connects to over SSH.")
+                              help_text="The server's public IP address, or a name that resolves to it: the platform "
+                                        "connects there over SSH.")
     ssh_port = forms.IntegerField(label="SSH port", min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, initial=22)
     ssh_user = forms.CharField(label="SSH user", max_length=SSH_USER_MAX_LENGTH, validators=[validate_ssh_user],
                                help_text="The user the platform logs in as; it needs sudo for the runtime.")

@@ -22,7 +22,7 @@ def test_register_then_use_key(anon, mailoutbox):
 
 def test_node_register_and_offer(api):
     r = api.post("/api/v1/nodes/", {
-        "name": "box1", "address": "gpu1.example.com", "ssh_port": 22, "ssh_user": "ubuntu", "country": "DE",
+        "name": "box1", "address": "9.9.9.9", "ssh_port": 22, "ssh_user": "ubuntu", "country": "DE",
         "gpu_model": "rtx-a6000", "gpu_count": 8, "price_per_gpu_hour": "0.79", "runtime": "docker",
     }, format="json")
     assert r.status_code == 201, r.content
