@@ -3,6 +3,8 @@
 - Key auth with the node's own ed25519 key, decrypted in memory only.
 - Host key pinned: the fingerprint the provider gave, or the one recorded on first
   contact. A different key raises HostKeyMismatch before anything is sent.
+- Only to addresses the platform may connect to (checked_connection: public, or in the operator's
+  NODE_ADDRESS_ALLOWED_NETWORKS), checked at every connection and connected to as checked: AddressRefused else.
 - Connect/command timeouts, keepalive, bounded retries with backoff on transient
   failures only (a refused key or a changed host key is not retried).
 - One connection for all the steps of a task (use NodeSession as a context manager).
@@ -26,13 +28,16 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
 from core import untrusted_json
+from core.addresses import AddressNotAllowed, node_address_targets
 from provisioning.agent.gpumarket_agent.bundle import build_zipapp
 from provisioning.ssh_channels import MAX_ANSWER_BYTES, AgentExchange, AgentServe
 from provisioning.ssh_errors import (
+    AddressRefused,
     AgentEnded,
     AgentFailed,
     AgentGarbage,
@@ -85,6 +90,43 @@ class _PinnedHostKey(paramiko.MissingHostKeyPolicy):
         self.seen = fingerprint(key)
         if self.pinned and self.seen != self.pinned:
             raise HostKeyMismatch(self.pinned, self.seen)
+
+
+Target = tuple[socket.AddressFamily, tuple[Any, ...]]
+
+
+def checked_addresses(host: str, port: int) -> list[Target]:
+    """Where the platform may connect for a node's `host`:`port`: `host` resolved once, and every address it has
+    checked (core.addresses.node_address_targets: public, or in settings.NODE_ADDRESS_ALLOWED_NETWORKS); the
+    (family, sockaddr) pairs to connect to. AddressRefused (not retried) when an address is outside the rule;
+    NodeUnreachable (retried) when the name does not resolve now."""
+    try:
+        return node_address_targets(host, port)
+    except AddressNotAllowed as exc:
+        again = f"Point {host} at the server's public address again, or r" if exc.by_name else "R"
+        raise AddressRefused(f"The platform does not connect to {host}:{port}: {exc.message} No connection was "
+                             f"opened. {again}egister the server at its public address and retire this node.") from None
+    except (OSError, UnicodeError) as exc:
+        raise NodeUnreachable(f"Cannot reach {host}:{port}: the name does not resolve ({exc}).") from None
+
+
+def checked_connection(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to `host`:`port` at an address checked_addresses gave, never to the name again: a DNS
+    answer that changes between the check and the connection (rebinding) cannot send it into the platform's own
+    network. Its errors, raised before any socket is opened; else the connection's OSError (TimeoutError) when no
+    address answers."""
+    targets = checked_addresses(host, port)
+    failure: OSError = OSError(f"no address of {host} to connect to")
+    for family, sockaddr in targets:  # as socket.create_connection, over the checked addresses only
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            failure = exc
+    raise failure
 
 
 def _setting(name: str, default):
@@ -161,14 +203,16 @@ class NodeSession:
         client.set_missing_host_key_policy(policy)  # no known_hosts is loaded: the policy decides
         t = self.timeouts.connect
         try:
-            sock = socket.create_connection((ep.address, ep.port), timeout=t)
+            sock = checked_connection(ep.address, ep.port, t)
             # Without it, key exchange's small writes wait on delayed ACKs: 73 ms → 25 ms per connect.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Over the socket to the checked address; the registered name and port are what the host-key policy
+            # is asked about, as before.
             client.connect(
                 ep.address, port=ep.port, username=ep.user, pkey=pkey, timeout=t, banner_timeout=t,
                 auth_timeout=t, channel_timeout=t, allow_agent=False, look_for_keys=False, sock=sock,
             )
-        except HostKeyMismatch:
+        except NodeError:  # a changed host key, an address the platform does not connect to
             client.close()
             raise
         except paramiko.AuthenticationException:

@@ -21,6 +21,16 @@ class NodeUnreachable(NodeError):
     transient = True
 
 
+class AddressRefused(NodeUnreachable):
+    """The node's address is, or now resolves to, an address the platform does not connect to (core.addresses:
+    not public, nor in settings.NODE_ADDRESS_ALLOWED_NETWORKS). No connection was opened. Not retried: it stays so
+    until the name's DNS records (or the operator's setting) change; a health check counts it as a failed check,
+    with this message as the node's last error."""
+
+    code = "address_refused"
+    transient = False
+
+
 class HostKeyMismatch(NodeError):
     code = "host_key_changed"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from core.addresses import Address, is_public
+from core.addresses import Address, address_kind, node_address_allowed
 from core.errors import Conflict, Unavailable
 from core.transitions import InvalidTransition
 from marketplace.models import Instance, InstanceStatus, Node
@@ -28,8 +28,8 @@ from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobKind
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
-from provisioning.ssh import NodeSession, Timeouts
-from provisioning.ssh_errors import AgentFailed, AgentGarbage, NodeError, NodeUnreachable
+from provisioning.ssh import NodeSession, Timeouts, checked_addresses
+from provisioning.ssh_errors import AddressRefused, AgentFailed, AgentGarbage, NodeError, NodeUnreachable
 
 SSH_READY_TIMEOUT_S = 120
 # Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.
@@ -77,13 +77,13 @@ def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> 
 #   GPUMARKET_PUBLIC_HOST) is the node's own address. A host other than the node's own address must be (resolve
 #   to) public unicast addresses, or addresses of the same kind as the node's own: loopback for a node on
 #   loopback (simulated nodes, tests), private for a node registered at a private address (a lab or on-premises
-#   platform, which reaches that network already). Never link-local (169.254.169.254, a cloud's metadata
-#   service), multicast, unspecified or reserved. The worker then connects to the address it checked, not to the
-#   name again (whose next answer could be another address).
+#   platform, which reaches that network already), and in any case where the platform connects to nodes at all
+#   (core.addresses.node_address_allowed: public, or in NODE_ADDRESS_ALLOWED_NETWORKS). Never link-local
+#   (169.254.169.254, a cloud's metadata service), multicast, unspecified or reserved. The node's own address is
+#   checked again as every connection to a node is (provisioning.ssh.checked_addresses). The worker then connects
+#   to the address it checked, not to the name again (whose next answer could be another address).
 
 _ANSWER = "The node's answer about the VM is unusable"
-# 100.64.0.0/10 (carrier-grade NAT) is neither global nor "private" for Python 3.11: a private network here.
-_SHARED = ipaddress.ip_network("100.64.0.0/10")
 
 
 @dataclass(frozen=True)
@@ -99,27 +99,6 @@ class VmAddress:
 
 def _shown(value: Any) -> str:
     return repr(value if isinstance(value, int | type(None)) else str(value)[:40])
-
-
-def _kind(address: Address) -> str:
-    """public, loopback, private, or what else it is (accepted only as the node's own address)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if is_public(address):  # also refuses an IPv6 form (NAT64, 6to4) carrying a private IPv4 address
-        return "public"
-    if address.is_loopback:
-        return "loopback"
-    if address.is_link_local:
-        return "link-local"
-    if address.is_multicast:
-        return "multicast"
-    if address.is_unspecified:
-        return "unspecified"
-    if address.is_reserved:
-        return "reserved"
-    if address.is_private or (address.version == 4 and address in _SHARED):
-        return "private"
-    return "non-public"
 
 
 def _resolve(host: str) -> list[Address]:
@@ -156,7 +135,7 @@ class _HostRule:
     def node_kinds(self) -> set[str]:
         if self._node_kinds is None:
             try:
-                self._node_kinds = {_kind(address) for address in _resolve(self.node.address)}
+                self._node_kinds = {address_kind(address) for address in _resolve(self.node.address)}
             except (OSError, UnicodeError, ValueError):
                 self._node_kinds = set()
             self._node_kinds &= {"loopback", "private"}
@@ -177,13 +156,17 @@ class _HostRule:
         return value
 
     def probe(self, host: str, what: str) -> str:
-        """The address the worker may connect to for `host`: the node's own address as registered, or the one
-        address `host` resolves to that was checked. AgentGarbage for an address the node may not name;
-        NodeUnreachable for a name that does not resolve (now)."""
+        """The address the worker may connect to for `host`: the one address `host` resolves to that was checked
+        (the node's own address: by the rule of every connection to a node, provisioning.ssh.checked_addresses).
+        AgentGarbage for an address the node may not name; AddressRefused for the node's own address where the
+        platform does not connect (any more); NodeUnreachable for a name that does not resolve (now)."""
         if host in self._probes:
             return self._probes[host]
         if _same_host(host, self.node.address):
-            probe = self.node.address
+            try:
+                probe = str(checked_addresses(self.node.address, 0)[0][1][0])
+            except AddressRefused as exc:
+                raise AddressRefused(f"Waiting for the VM's {what}, the node's own address: {exc.message}") from None
         else:
             try:
                 addresses = _resolve(host)
@@ -193,14 +176,19 @@ class _HostRule:
                                       "is used.") from None
             allowed = {"public"} | self.node_kinds()
             for address in addresses:
-                kind = _kind(address)
-                if kind not in allowed:
+                kind = address_kind(address)
+                # Of its own kind, and where the platform connects to nodes at all (core.addresses): a node in an
+                # allowed private network names no other private address.
+                if kind not in allowed or not node_address_allowed(address):
                     named = f"{host}, which resolves to {address}," if str(address) != host else str(address)
                     article = "an" if kind[0] in "aeiou" else "a"
+                    outside = "" if kind not in allowed else (
+                        " (outside the networks the platform connects to: public addresses and those its operator "
+                        "allows)")
                     raise AgentGarbage(
                         f"{_ANSWER}: its {what} {named} is {article} {kind} address, which a node at "
-                        f"{self.node.address} may not name. Set GPUMARKET_PUBLIC_HOST on the node to the public "
-                        "address renters reach, or leave it unset for the node's own address.")
+                        f"{self.node.address} may not name{outside}. Set GPUMARKET_PUBLIC_HOST on the node to the "
+                        "public address renters reach, or leave it unset for the node's own address.")
             probe = str(addresses[0])
         self._probes[host] = probe
         return probe

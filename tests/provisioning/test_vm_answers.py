@@ -185,7 +185,6 @@ def test_a_public_node_may_name_another_public_address_and_the_worker_waits_ther
     ("10.0.0.1", "127.0.0.1", False),  # but not its worker's own loopback
     ("10.0.0.1", "169.254.169.254", False),
     ("10.0.0.1", "9.9.9.10", True),
-    ("169.254.10.10", "169.254.10.10", True),  # the node's own address, whatever it is: the platform SSHes there
 ])
 def test_a_node_at_a_loopback_or_private_address_may_name_addresses_of_its_own_kind(monkeypatch, waited, node, host,
                                                                                     ok):
@@ -216,12 +215,42 @@ def test_a_hostname_resolving_to_an_internal_address_is_the_nodes_garbage(monkey
         instance.status_message
 
 
-def test_the_nodes_own_hostname_is_taken_as_registered(monkeypatch, waited, dns):
-    """The platform connects to a node registered by name already: answering that name (any case, a final dot)
-    needs no other check, and the worker waits on the name as registered."""
+def test_the_nodes_own_hostname_is_checked_as_every_connection_to_the_node_is(monkeypatch, waited, dns):
+    """A node registered by name answering that name (any case, a final dot): renters are shown the name, and the
+    worker waits at the address the name resolved to and was checked at (provisioning.ssh.checked_addresses), not
+    at the name again. Before, it connected to the name, whose answer could have changed meanwhile (DNS rebinding),
+    with no check at all."""
+    dns["gpu1.provider.example"] = ["9.9.9.11"]
     instance = provision(monkeypatch, {**ANSWER, "ssh_host": "GPU1.Provider.Example."}, address="gpu1.provider.example")
     assert instance.status == InstanceStatus.RUNNING, instance.status_message
-    assert waited == [("gpu1.provider.example", 40001)]
+    assert waited == [("9.9.9.11", 40001)] and instance.ssh_host == "GPU1.Provider.Example."
+
+
+@pytest.mark.parametrize(("own", "host"), [("169.254.10.10", None), ("gpu1.provider.example", None),
+                                           ("gpu1.provider.example", "gpu1.provider.example")])
+def test_the_worker_does_not_wait_at_the_nodes_own_address_where_it_may_not_connect(monkeypatch, waited, dns, own,
+                                                                                      host):
+    """The node's own address (ssh_host null, or the node's name), refused by the rule of every connection to a
+    node (core.addresses): a node registered before the rule, or whose name now resolves inside the platform's
+    network. Before, the worker connected there (169.254.10.10 "whatever it is: the platform SSHes there")."""
+    dns["gpu1.provider.example"] = ["169.254.169.254"]
+    instance = provision(monkeypatch, {**ANSWER, "ssh_host": host}, address=own)
+    job = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_PROVISION)
+    assert job.status == JobStatus.FAILED and "link-local address" in job.error, job.error
+    assert "Waiting for the VM's ssh_host, the node's own address" in job.error
+    assert instance.status == InstanceStatus.FAILED and waited == []
+
+
+def test_a_node_in_an_allowed_private_network_names_no_other_private_address(monkeypatch, waited, settings):
+    """A node in the operator's private network (NODE_ADDRESS_ALLOWED_NETWORKS) may name addresses of its own
+    kind only inside the networks allowed: before, any private address (the platform's own network's too)."""
+    settings.NODE_ADDRESS_ALLOWED_NETWORKS = ["10.8.0.0/16", "10.0.0.1/32"]  # the latter: where provision() registers
+    instance = provision(monkeypatch, {**ANSWER, "ssh_host": "10.9.0.1"}, address="10.8.0.1")
+    assert_refused(instance, waited, "ssh_host")
+    assert "10.9.0.1 is a private address, which a node at 10.8.0.1 may not name (outside the networks" in \
+        instance.status_message
+    ok = provision(monkeypatch, {**ANSWER, "ssh_host": "10.8.7.7"}, address="10.8.0.2")
+    assert ok.status == InstanceStatus.RUNNING and waited == [("10.8.7.7", 40001)], ok.status_message
 
 
 def test_a_hostname_that_does_not_resolve_is_retried_then_fails_naming_it(monkeypatch, waited, dns):
