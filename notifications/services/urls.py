@@ -8,11 +8,18 @@ form everywhere it goes on the wire: the DNS lookup, the Host header, TLS SNI an
 IDNA 2008 with UTS 46 (the `idna` package, as browsers and registries), not Python's "idna" codec (IDNA 2003,
 which maps `faß.example` to `fass.example`, someone else's domain).
 
+The lookup has a time limit (NOTIFICATIONS_WEBHOOK_TIMEOUT_S when an endpoint is saved; within the attempt's own
+deadline before each attempt): getaddrinfo has none, and a user's slow name server would otherwise hold a web
+request, or the worker that also runs the fleet's health checks, as long as the resolver waits.
+
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
 """
 import ipaddress
 import socket
+import threading
+import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import idna
@@ -26,10 +33,48 @@ URL_MAX_LENGTH = 500
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def _addresses(host: str, port: int) -> list[Address]:
+# Lookups still waiting on a resolver, at most. Each runs in its own thread, which cannot be stopped and lives as
+# long as the resolver waits (glibc: 5 s per try and name server); past this many, a lookup waits for a free one
+# within its own time limit, so slow names cannot pile up threads without end.
+LOOKUPS_AT_ONCE = 16
+_lookups = threading.BoundedSemaphore(LOOKUPS_AT_ONCE)
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def _getaddrinfo_within(host: str, port: int, timeout_s: float) -> list[tuple[Any, ...]]:
+    """socket.getaddrinfo, or _TooSlow after `timeout_s`: the lookup runs in a daemon thread that is left to
+    finish on its own when the time is up."""
+    until = time.monotonic() + max(timeout_s, 0)
+    if not _lookups.acquire(timeout=max(timeout_s, 0)):
+        raise _TooSlow
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (UnicodeError, OSError) as exc:  # socket.gaierror is an OSError
+            outcome.append(exc)
+        finally:
+            _lookups.release()
+            done.set()
+
+    threading.Thread(target=lookup, name="webhook-dns-lookup", daemon=True).start()
+    if not done.wait(max(until - time.monotonic(), 0)):
+        raise _TooSlow
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return list(outcome[0])
+
+
+def _addresses(host: str, port: int, timeout_s: float) -> list[Address]:
+    """The host's addresses ([] when it does not resolve); _TooSlow when the answer takes over `timeout_s`."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError, OSError):
+        infos = _getaddrinfo_within(host, port, timeout_s)
+    except (UnicodeError, OSError):
         return []
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
@@ -48,14 +93,18 @@ class WebhookTarget:
 
 
 def webhook_url_check(url: str, *, field: str = "url") -> str:
-    """The URL as it will be used, or ValidationFailed naming `field`."""
-    return _checked(url, field)[0]
+    """The URL as it will be used, or ValidationFailed naming `field` (also when its host name takes longer than
+    NOTIFICATIONS_WEBHOOK_TIMEOUT_S to resolve)."""
+    return _checked(url, field, settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S)[0]
 
 
-def webhook_target(url: str) -> WebhookTarget:
-    """Resolve the URL's host once and check every address it has (ValidationFailed on `url` as
+def webhook_target(url: str, *, timeout_s: float | None = None) -> WebhookTarget:
+    """Resolve the URL's host once, within `timeout_s` (an attempt: what is left of its time;
+    NOTIFICATIONS_WEBHOOK_TIMEOUT_S by default), and check every address it has (ValidationFailed on `url` as
     webhook_url_check); the attempt connects to the first."""
-    url, parts, addresses = _checked(url, "url")
+    if timeout_s is None:
+        timeout_s = settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S
+    url, parts, addresses = _checked(url, "url", timeout_s)
     address = addresses[0]
     hostname = _ascii_host(str(parts.hostname))  # checked by _checked: it encodes
     connect_url = urlunsplit((parts.scheme, _netloc(str(address), parts.port), parts.path or "/", parts.query, ""))
@@ -75,7 +124,7 @@ def _ascii_host(hostname: str) -> str:
     return hostname if hostname.isascii() else idna.encode(hostname, uts46=True).decode("ascii")
 
 
-def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
+def _checked(url: str, field: str, timeout_s: float) -> tuple[str, SplitResult, list[Address]]:
     url = url.strip()
     if not url:
         raise ValidationFailed("Give the URL that should receive the events.", field=field)
@@ -97,7 +146,12 @@ def _checked(url: str, field: str) -> tuple[str, SplitResult, list[Address]]:
         hostname = _ascii_host(parts.hostname)
     except idna.IDNAError:
         raise ValidationFailed(f"Not a valid host name: {parts.hostname}.", field=field) from None
-    addresses = _addresses(hostname, port or (443 if parts.scheme == "https" else 80))
+    try:
+        addresses = _addresses(hostname, port or (443 if parts.scheme == "https" else 80), timeout_s)
+    except _TooSlow:
+        # The limit named is the setting: at an attempt the lookup had what was left of that much time.
+        raise ValidationFailed(f"Could not resolve {parts.hostname} within "
+                               f"{settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S} s.", field=field) from None
     if not addresses:
         raise ValidationFailed(f"The host name does not resolve: {parts.hostname}.", field=field)
     loopback_ok = settings.NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK

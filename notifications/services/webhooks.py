@@ -8,6 +8,17 @@ would resolve it again); a 2xx answer delivers it;
 anything else (an exception too) is retried by the task with exponential backoff (Celery's retry,
 NOTIFICATIONS_WEBHOOK_BACKOFF_S × 2^(attempt-1)) until NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS. Every attempt is logged
 (status code or error, time, duration) for the user to read. A paused endpoint is sent only test events.
+
+One attempt of a delivery at a time: an attempt is claimed (`claimed_at`, under the row's lock) and the claim ends
+when it is recorded; another task for the same delivery, or the resender, leaves it alone until then, or until
+`in_flight_bound_s()` has passed (its worker was lost). Delivery is at least once: a worker lost after the POST and
+before recording it makes the next attempt send the event again, with the same event id for the receiver to
+de-duplicate (X-GPUMarket-Delivery, the body's "id").
+
+An endpoint deleted while its events are written or sent: the endpoint's row is locked (FOR KEY SHARE, as a foreign
+key would) while a delivery is written for it, a delivery's row while an attempt is recorded for it, and the DELETE
+locks both before it collects what goes with the endpoint; an attempt whose delivery is gone by the time it is
+recorded ends with nothing recorded.
 """
 import logging
 import secrets
@@ -22,6 +33,7 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -29,7 +41,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.response import HTTPResponse
 
 from core import dispatch
-from core.errors import TooManyRequests, ValidationFailed
+from core.errors import NotFound, TooManyRequests, ValidationFailed
 from core.security_mail import security_change_notify
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import User
@@ -139,7 +151,15 @@ def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, descri
 
 
 def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
-    endpoint.delete()
+    """Delete the endpoint with its deliveries and their attempts. The endpoint's row and then its deliveries' are
+    locked before Django collects what goes with it: a delivery being written for it (notify, a test event) or an
+    attempt being recorded commits first and is collected too, instead of failing this DELETE at its commit on a
+    row it had not seen."""
+    with transaction.atomic():
+        if WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first() is None:
+            return  # deleted meanwhile
+        list(WebhookDelivery.objects.select_for_update().filter(endpoint_id=endpoint.pk).values_list("pk", flat=True))
+        endpoint.delete()
 
 
 def endpoint_test(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
@@ -152,6 +172,9 @@ def endpoint_test(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
     hour_ago = timezone.now() - timedelta(hours=1)
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=endpoint.user_id).first()  # one count at a time per user
+        # The endpoint stays until this commits (a DELETE meanwhile waits, then takes the delivery along).
+        if WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first() is None:
+            raise NotFound("This webhook endpoint was deleted.")
         # Counted from their own rows: the deliveries go with a deleted endpoint, the limit must not.
         tests = WebhookTestEvent.objects.filter(user_id=endpoint.user_id)
         tests.filter(at__lt=hour_ago).delete()  # past the window: never counted again
@@ -181,15 +204,25 @@ def backoff_s(attempt: int) -> float:
     return float(min(settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S * 2 ** (attempt - 1), BACKOFF_CAP_S))
 
 
+def in_flight_bound_s() -> float:
+    """How long after its claim an attempt not yet recorded counts as in flight: its deadline, and a margin for
+    recording it. Past that its worker was lost, and another attempt may be made."""
+    return float(settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S + 60)
+
+
 def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
-    """Count the attempt about to be made (row locked), or None when there is none to make: the delivery is over
-    or gone, or it is finished here as failed without sending (a real event to a paused endpoint; a delivery
-    whose attempts are all used, the last one lost with its worker, which the resender would queue forever)."""
+    """Count and claim the attempt about to be made (row locked), or None when there is none to make: the delivery
+    is over or gone, another attempt of it is in flight, or it is finished here as failed without sending (a real
+    event to a paused endpoint; a delivery whose attempts are all used, the last one lost with its worker, which
+    the resender would queue forever)."""
+    now = timezone.now()
     with transaction.atomic():
-        delivery = (WebhookDelivery.objects.select_for_update().select_related("endpoint")
+        delivery = (WebhookDelivery.objects.select_for_update(of=("self",)).select_related("endpoint")
                     .filter(pk=delivery_id).first())
         if delivery is None or delivery.status in (DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED):
             return None
+        if delivery.claimed_at is not None and now - delivery.claimed_at < timedelta(seconds=in_flight_bound_s()):
+            return None  # a duplicate task (a redelivery, the resender): the attempt in flight decides what follows
         refusal = ""
         if not delivery.endpoint.active and delivery.kind != Kind.TEST:  # the page: "receives only test events"
             refusal = "Not sent: the endpoint is paused."
@@ -200,7 +233,8 @@ def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
                                             last_error=refusal, finished_at=timezone.now(), next_attempt_at=None)
             return None
         delivery.attempts += 1
-        delivery.save(update_fields=["attempts"])
+        delivery.claimed_at = now
+        delivery.save(update_fields=["attempts", "claimed_at"])
         return delivery, delivery.attempts
 
 
@@ -226,8 +260,13 @@ class _Deadline:
 
     def __enter__(self) -> "_Deadline":
         self._token = _deadline.set(self)
+        self._started = time.monotonic()
         self._timer.start()
         return self
+
+    def remaining(self) -> float:
+        """Seconds left (inside the `with`): what a step that cannot be shut down, the DNS lookup, may wait."""
+        return max(self.seconds - (time.monotonic() - self._started), 0.0)
 
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
@@ -346,7 +385,6 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
     timeout_s = settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S
     deadline = _Deadline(timeout_s)
     try:
-        target = webhook_target(delivery.endpoint.url)
         body = delivery.body.encode()
         headers = {
             "Content-Type": "application/json",
@@ -355,7 +393,8 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
             "X-GPUMarket-Delivery": str(delivery.event_id),
             SIGNATURE_HEADER: signature_header(secret=endpoint_secret(endpoint=delivery.endpoint), body=body),
         }
-        with deadline:
+        with deadline:  # the name's lookup too: a slow name server must not hold the worker past the limit
+            target = webhook_target(delivery.endpoint.url, timeout_s=deadline.remaining())
             answer = _send(target, body, headers)
     except ValidationFailed as exc:
         return None, f"Not sent: {exc.message}"
@@ -374,7 +413,8 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
 
 
 def webhook_attempt(*, delivery_id: int) -> Attempt | None:
-    """Make the delivery's next attempt and record it; None when there was nothing to do."""
+    """Make the delivery's next attempt and record it; None when there was nothing to do, or when the delivery
+    was deleted (with its endpoint) while the attempt was in flight: there is nothing to record it on."""
     claimed = _claim(delivery_id)
     if claimed is None:
         return None
@@ -391,9 +431,13 @@ def webhook_attempt(*, delivery_id: int) -> Attempt | None:
     else:
         target, retry_in = DeliveryStatus.RETRYING, backoff_s(number)
     with transaction.atomic():
+        # Locked while the attempt is written: a DELETE of the endpoint waits for it (endpoint_delete).
+        if WebhookDelivery.objects.select_for_update().filter(pk=delivery.pk).values_list("pk").first() is None:
+            log.info("webhook delivery %s was deleted during attempt %s: nothing recorded", delivery.pk, number)
+            return None
         WebhookAttempt.objects.get_or_create(delivery_id=delivery.pk, number=number, defaults={
             "status_code": status_code, "error": error, "duration_ms": duration_ms, "at": now})
-        values: dict[str, Any] = {"last_status_code": status_code, "last_error": error}
+        values: dict[str, Any] = {"last_status_code": status_code, "last_error": error, "claimed_at": None}
         if retry_in is None:
             values.update(finished_at=now, next_attempt_at=None)
         else:
@@ -404,9 +448,12 @@ def webhook_attempt(*, delivery_id: int) -> Attempt | None:
 
 def deliveries_resend(*, overdue_s: int = 300) -> int:
     """Queue again the deliveries whose next attempt is `overdue_s` late (a broker that refused them, a worker
-    lost with its retry): the number queued."""
-    due = timezone.now() - timedelta(seconds=overdue_s)
-    ids = list(WebhookDelivery.objects.filter(status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING],
+    lost with its retry) and that have no attempt in flight (a queue backlog longer than `overdue_s`): the number
+    queued."""
+    now = timezone.now()
+    due = now - timedelta(seconds=overdue_s)
+    idle = Q(claimed_at=None) | Q(claimed_at__lt=now - timedelta(seconds=in_flight_bound_s()))
+    ids = list(WebhookDelivery.objects.filter(idle, status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING],
                                               next_attempt_at__lt=due).values_list("pk", flat=True)[:500])
     for delivery_id in ids:
         try:

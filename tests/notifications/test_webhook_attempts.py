@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from notifications.models import DeliveryStatus, Kind, WebhookDelivery
+from notifications.models import DeliveryStatus, Kind, WebhookDelivery, WebhookEndpoint
 from notifications.services import webhooks
 from notifications.services.notify import notify
 from notifications.services.urls import webhook_target
@@ -217,3 +217,55 @@ def test_a_paused_endpoint_is_sent_no_real_event_already_queued_but_test_events(
     assert len(receiver.requests) == 1
     test = webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
     assert test is not None and test.status_code == 200 and len(receiver.requests) == 2
+
+
+SLOW_NAME = "slow.dns.test"
+
+
+@pytest.fixture
+def slow_dns(monkeypatch):
+    """SLOW_NAME resolves to 127.0.0.1 after 4 s: the resolver waiting on a user's slow name server (glibc waits
+    5 s per try by default)."""
+    real = socket.getaddrinfo
+
+    def slow(host, port, *args, **kwargs):
+        if host == SLOW_NAME:
+            time.sleep(4)
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", int(port or 0)))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+
+
+def test_a_slow_dns_answer_is_inside_the_attempts_deadline(owner, receiver, slow_dns, settings):
+    """The name was resolved before the attempt's deadline started: an endpoint whose name server answers slowly
+    held the worker (shared with the fleet's health checks) as long as the resolver waited (found by review)."""
+    settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S = 1
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    # The name's DNS became slow after the endpoint was saved.
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=receiver.url.replace("127.0.0.1", SLOW_NAME))
+    delivery = webhooks.endpoint_test(endpoint=endpoint)
+    started = time.monotonic()
+    attempt = webhooks.webhook_attempt(delivery_id=delivery.pk)
+    took = time.monotonic() - started
+    assert took < 2, f"one attempt took {took:.1f} s with a 1 s deadline"
+    assert attempt is not None and attempt.status_code is None
+    assert attempt.error == f"Not sent: Could not resolve {SLOW_NAME} within 1 s."
+    assert receiver.requests == []
+
+
+def test_a_slow_dns_answer_at_saving_is_a_400_within_the_time_limit(owner_api, receiver, slow_dns, settings):
+    """Saving an endpoint resolves its name inside the web request: a slow name server held a web worker."""
+    settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S = 1
+    started = time.monotonic()
+    r = owner_api.post("/api/v1/webhook-endpoints/", {"url": receiver.url.replace("127.0.0.1", SLOW_NAME)},
+                       format="json")
+    took = time.monotonic() - started
+    assert r.status_code == 400 and r.json()["url"] == [f"Could not resolve {SLOW_NAME} within 1 s."], r.content
+    assert took < 2, f"saving took {took:.1f} s with a 1 s limit"
+    created = owner_api.post("/api/v1/webhook-endpoints/", {"url": receiver.url}, format="json")
+    assert created.status_code == 201
+    r = owner_api.patch(f"/api/v1/webhook-endpoints/{created.json()['id']}/",
+                        {"url": receiver.url.replace("127.0.0.1", SLOW_NAME)}, format="json")
+    assert r.status_code == 400 and "within 1 s" in r.json()["url"][0]
