@@ -14,7 +14,7 @@ from billing.selectors import revenue_between
 from core import charts
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, Verdict
 from marketplace.models.nodes import offerable
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent, VerificationRun
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, JobStatus, NodeEvent, VerificationRun
 
 STATE_CSS = {
     NodeState.ACTIVE: "ok", NodeState.VERIFYING: "", NodeState.PENDING: "neutral", NodeState.MAINTENANCE: "warn",
@@ -97,9 +97,16 @@ def fleet_figures(now=None) -> dict:
         "degraded_count": Node.objects.filter(verdict=Verdict.DEGRADED).exclude(state=NodeState.RETIRED).count(),
         "rejected_runs_week": VerificationRun.objects.filter(verdict=Verdict.REJECTED,
                                                              created_at__gte=week_ago).count(),
+        # The node's failures (provisioning.services.faults: what counts against a node) apart from the platform's
+        # own, which are the platform's trouble to look into.
         "failed_verify_jobs_day": Job.objects.filter(kind=JobKind.NODE_VERIFY, status=JobStatus.FAILED,
-                                                     finished_at__gte=day_ago).count(),
-        "failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED),
+                                                     fault=JobFault.NODE, finished_at__gte=day_ago).count(),
+        "failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED,
+                                       fault__exact=JobFault.NODE),
+        "platform_failed_jobs_day": Job.objects.filter(status=JobStatus.FAILED, fault=JobFault.PLATFORM,
+                                                       finished_at__gte=day_ago).count(),
+        "platform_failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED,
+                                                fault__exact=JobFault.PLATFORM),
         # Critical: events marked so, and a node going offline (its renters' instances are cut off).
         "critical_events": list(NodeEvent.objects.filter(Q(level=NodeEvent.Level.CRITICAL) | Q(kind__in=CRITICAL_KINDS),
                                                          created_at__gte=week_ago)

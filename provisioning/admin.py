@@ -70,14 +70,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "kind", "node", "instance", "status", "step", "attempts", "created_at", "finished_at",
-                    "deadline"]
-    list_filter = [StuckFilter, "status", "kind", "created_at"]
+    list_display = ["id", "kind", "node", "instance", "status", "fault", "step", "attempts", "created_at",
+                    "finished_at", "deadline"]
+    # fault: whose failure a failed job is; only the node's count against its reliability (the platform's are
+    # the platform's own trouble to look into).
+    list_filter = [StuckFilter, "status", "fault", "kind", "created_at"]
     search_fields = ["=id", "node__name", "node__address", "error"]
     list_select_related = ["node", "instance"]
-    readonly_fields = ["kind", "node", "instance", "status", "step", "attempts", "error", "log_lines", "created_at",
-                       "started_at", "finished_at", "deadline", "sent_at", "send_attempts", "send_error", "runner",
-                       "heartbeat_at", "lost_runs"]
+    readonly_fields = ["kind", "node", "instance", "status", "fault", "step", "attempts", "error", "log_lines",
+                       "created_at", "started_at", "finished_at", "deadline", "sent_at", "send_attempts", "send_error",
+                       "runner", "heartbeat_at", "lost_runs"]
     exclude = ["log"]
 
     @admin.display(description="log")

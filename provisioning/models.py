@@ -25,6 +25,17 @@ class JobStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class JobFault(models.TextChoices):
+    """Whose failure a failed job is (runner.job_finish records it where the failure is decided). Only the node's
+    count against it (reliability.RELIABILITY): a failure the platform caused (its own SSH sessions holding the
+    node, its time running out while it waited on itself, a lost worker, its own bug, a refusal of its own) or the
+    renter's (their image, their destroy superseding the job) says nothing about the node."""
+
+    NODE = "node", "The node's"
+    PLATFORM = "platform", "The platform's"
+    RENTER = "renter", "The renter's"
+
+
 J = JobStatus
 JOB_TRANSITIONS = Transitions({
     # SUCCEEDED/FAILED from QUEUED: closed by a service or the reaper before any worker claimed it.
@@ -55,6 +66,9 @@ class Job(StatefulModel, models.Model):
     step = models.CharField(max_length=200, blank=True, help_text="What the job is doing now.")
     attempts = models.PositiveSmallIntegerField(default=0)
     error = models.TextField(blank=True)
+    fault = models.CharField(max_length=8, choices=JobFault.choices, blank=True, default="",
+                             help_text="Whose failure it is (failed jobs only); only the node's count against its "
+                                       "reliability.")
     log = models.JSONField(default=list, blank=True, help_text="[{at, message}] of the steps taken.")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -79,6 +93,9 @@ class Job(StatefulModel, models.Model):
             JOB_TRANSITIONS.check_constraint("status", "job_status_declared"),
             # runner.job_finish closes a job and stamps it in one write.
             models.CheckConstraint(condition=OPEN | Q(finished_at__isnull=False), name="job_finished_has_finished_at"),
+            # A fault is one of the declared ones, and only a failed job has one.
+            models.CheckConstraint(condition=Q(fault="") | Q(status=JobStatus.FAILED, fault__in=JobFault.values),
+                                   name="job_fault_of_a_failed_job"),
             # One open job of each kind per instance: each instance job is queued with the *ing state that asks
             # for it (a verb asked again in that state queues nothing). Kinds differ when one overlaps another
             # by design: a destroy asked while the provision still runs. provisioning.services.jobs.job_create

@@ -6,6 +6,10 @@ A busy node (every SSH slot the platform allows per node taken: NodeBusy) is not
 NODE_BUSY_RETRY_S and tries again, as often as its deadline allows, without using up the few retries meant
 for an unreachable node.
 
+Each failure is recorded with whose it is (Job.fault, provisioning.services.faults): only the node's count
+against its reliability. Waiting for the platform's own work past the deadline, a lost worker, the platform's own
+exception, and a time limit that ran out while the platform waited on itself are the platform's.
+
 Jobs reach workers through the outbox (provisioning/services/jobs.py: sent on commit, and by `jobs_dispatch`
 every JOB_DISPATCH_INTERVAL_S). A job task claims its job (runner.job_begin: one live execution at a time) and
 renews its heartbeat while it runs (runner.JobHeartbeat), so that a lost worker's job is sent again within a
@@ -19,13 +23,15 @@ from celery import shared_task
 from celery.exceptions import Retry, SoftTimeLimitExceeded
 from celery.signals import worker_process_shutdown, worker_shutdown
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from core.logging_context import log_context
 from provisioning.concurrency import NodeBusy
-from provisioning.models import Job, JobKind
+from provisioning.models import Job, JobFault, JobKind
 from provisioning.services import fleet, maintenance, vms
 from provisioning.services import volumes as volume_jobs
+from provisioning.services.faults import ON_DATABASE, PlatformError, error_fault, time_ran_out_on
 from provisioning.services.jobs import JOB_TASKS
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_held, job_release, job_step
 from provisioning.services.spot_checks import node_spot_check_failed, node_spot_check_run
@@ -73,7 +79,7 @@ def _fail(job: Job, exc: NodeError) -> None:
     if on_failure is not None:
         on_failure(job=job, error=exc)
     else:
-        vms.vm_failed(job=job, error=exc.message)
+        vms.vm_failed(job=job, error=exc.message, fault=error_fault(exc))
 
 
 def run_job(task, job_id: int) -> None:
@@ -85,8 +91,8 @@ def run_job(task, job_id: int) -> None:
     # Log lines of this job carry its ids (core/logging_context.py).
     with log_context(job_id=job.pk, node_id=job.node_id, instance_id=job.instance_id), JobHeartbeat(job):
         if job.lost_runs > settings.JOB_MAX_LOST_RUNS:
-            _fail(job, NodeError(f"The worker running this job was lost {job.lost_runs} times; the platform "
-                                 "stopped trying. Operators have been told."))
+            _fail(job, PlatformError(f"The worker running this job was lost {job.lost_runs} times; the platform "
+                                     "stopped trying. Operators have been told."))
             return
         try:
             _run(task, job)
@@ -107,7 +113,10 @@ def _run(task, job: Job) -> None:
             job_step(job=job, message=f"waiting for the node: {exc.message} Trying again in {countdown:.0f} s.")
             job_release(job, retry_at=timezone.now() + timedelta(seconds=countdown))
             raise _retry_uncounted(task, countdown=countdown, exc=exc) from None
-        _fail(job, NodeBusy(f"The node stayed busy until this job's deadline: {exc.message} Try again later."))
+        # The slots were taken by the platform's own work (or the job waited for another of its jobs): the
+        # platform's failure, whatever the node did (NodeBusy's fault, faults.error_fault).
+        _fail(job, NodeBusy(f"The platform's own work kept this job waiting until its deadline: {exc.message} "
+                            "Try again later."))
     except NodeError as exc:
         if exc.transient and task.request.retries < task.max_retries:
             log.info("job %s: %s; retrying", job.pk, exc)
@@ -115,17 +124,32 @@ def _run(task, job: Job) -> None:
             job_release(job, retry_at=timezone.now() + timedelta(seconds=countdown))
             raise task.retry(countdown=countdown, exc=exc) from None
         _fail(job, exc)
-    except SoftTimeLimitExceeded:
+    except SoftTimeLimitExceeded as exc:
         # Every step is bounded well inside the task's limit, but a node answering each just inside its own bound
         # adds them up past it: the node was too slow to check (a dropped check, as a silent node's), not an
-        # internal error that left an active node its listing (found by review).
-        _fail(job, AgentTimeout(f"The job ran past its time limit ({task.soft_time_limit} s): the node answered "
-                                "too slowly."))
+        # internal error that left an active node its listing (found by review). But the time may also have
+        # gone to the platform: waiting for one of its own SSH slots for the node, a lock of its database, its own
+        # work. Who was being waited for when the time ran out decides (faults.time_ran_out_on says why).
+        limit = _soft_time_limit(task)
+        fault, doing = time_ran_out_on(exc.__traceback__)
+        if doing == ON_DATABASE:  # the query it cut short still runs on that connection: a new one records the end
+            connection.close()
+        if fault == JobFault.NODE:
+            _fail(job, AgentTimeout(f"The job ran past its time limit ({limit} s) while the platform {doing}: the "
+                                    "node answered too slowly."))
+        else:
+            _fail(job, PlatformError(f"The job ran past its time limit ({limit} s) while the platform {doing}."))
     except Exception as exc:
         # Our own bug or an unexpected failure: close the job and free what it held, then re-raise.
         log.exception("job %s crashed", job.pk)
-        _fail(job, NodeError(f"Internal error: {type(exc).__name__}. Operators have been told."))
+        _fail(job, PlatformError(f"Internal error: {type(exc).__name__}. Operators have been told."))
         raise
+
+
+def _soft_time_limit(task) -> float | None:
+    """The soft time limit this delivery ran under (one sent with its own, else the task's)."""
+    limits = getattr(task.request, "timelimit", None) or (None, None)
+    return limits[1] or task.soft_time_limit
 
 
 def _retry_uncounted(task, *, countdown: float, exc: Exception) -> Retry:

@@ -23,9 +23,9 @@ from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_return_state
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
-from provisioning.models import HealthSample, Job, JobStatus, NodeEvent
+from provisioning.models import HealthSample, NodeEvent
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event
-from provisioning.services.reliability import RELIABILITY, node_inventory_changed
+from provisioning.services.reliability import RELIABILITY, failed_jobs_counted, node_inventory_changed
 
 NODE_FIELDS = ["health_failures", "last_seen_at", "state", "last_error", "reliability", "updated_at"]
 
@@ -142,8 +142,7 @@ def nodes_reliability(*, node_ids: Sequence[int], now: datetime) -> dict[int, fl
     checks = {row["node_id"]: (row["ok_sum"] or 0, row["failed_sum"] or 0) for row in
               HealthSample.objects.filter(node_id__in=node_ids, day__gt=since.date()).values("node_id")
               .annotate(ok_sum=Sum("ok"), failed_sum=Sum("failed")).order_by()}
-    failed_jobs = dict(Job.objects.filter(node_id__in=node_ids, kind__in=RELIABILITY["job_kinds"],
-                                          status=JobStatus.FAILED, finished_at__gt=since)
+    failed_jobs = dict(failed_jobs_counted(since=since).filter(node_id__in=node_ids)
                        .values("node_id").annotate(n=Count("id")).order_by().values_list("node_id", "n"))
     values = {}
     for node_id in node_ids:

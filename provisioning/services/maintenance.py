@@ -19,7 +19,8 @@ from django.utils import timezone
 from marketplace.models import Instance, InstanceStatus, Node, NodeState, Verdict
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, JobStatus, NodeEvent
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, JobStatus, NodeEvent
+from provisioning.services.faults import PlatformError
 from provisioning.services.fleet import (  # noqa: F401 (re-exported: the fleet's periodic jobs)
     HEALTH_PARALLELISM,
     Summary,
@@ -42,7 +43,6 @@ from provisioning.services.verification import (
 )
 from provisioning.services.vms import WAITING_ON, vm_failed
 from provisioning.services.volumes import volume_job_failed
-from provisioning.ssh_errors import NodeError
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -131,6 +131,10 @@ def jobs_reap() -> Summary:
     task's own failure would (vms.vm_failed), without asking the node: a worker lost after the VM came up leaves
     the instance where the job brought it, a start goes back to stopped, and GPUs the VM may still use stay
     held until the node confirms it stopped or gone.
+
+    A reaped job is the platform's failure, never the node's (JobFault): no execution of it is alive, so it was
+    never started (no worker took it), its worker was lost, or the retry it waited for never came. A node that
+    failed it would have failed it through its task.
     """
     now = timezone.now()
     alive = Q(status=JobStatus.RUNNING,
@@ -138,9 +142,9 @@ def jobs_reap() -> Summary:
     reaped = 0
     for job in (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now).exclude(alive)
                 .select_related("node")):
-        error = "The job did not finish in time and was stopped by the platform."
+        error = PlatformError("The job did not finish in time and was stopped by the platform.")
         if job.kind == JobKind.NODE_VERIFY:
-            node_verify_failed(job=job, error=NodeError(error))
+            node_verify_failed(job=job, error=error)
         elif job.volume_id is not None:
             volume_job_failed(job=job, error=error)
         else:
@@ -155,10 +159,10 @@ def jobs_reap() -> Summary:
                 # reconciler has removed the VM (as a destroy that could not reach the node).
                 instance_svc.instance_mark_destroyed(instance_id=job.instance_id, cleanup_pending=True)
             elif job.instance_id and not newer and job.kind in WAITING_ON:
-                vm_failed(job=job, error=error, reach_node=False)
+                vm_failed(job=job, error=error.message, fault=JobFault.PLATFORM, reach_node=False)
                 reaped += 1
                 continue
-            job_finish(job=job, error=error)
+            job_finish(job=job, error=error.message, fault=JobFault.PLATFORM)
         reaped += 1
     return {"reaped": reaped}
 
@@ -198,12 +202,14 @@ def _automatic(job: Job) -> bool:
 
 
 def _failures_in_a_row(jobs: list[Job]) -> int:
-    """Failed verifications, newest first, back to a success or to the first one not queued by this loop."""
+    """Failed verifications, newest first, back to a success or to the first one not queued by this loop. Only
+    the node's failures count (Job.fault): the platform's own (busy, lost, its own error) say nothing the provider
+    could fix on the server, and neither stop the retries nor break the series."""
     failures = 0
     for job in jobs:
         if job.status != JobStatus.FAILED:
             break
-        failures += 1
+        failures += job.fault == JobFault.NODE
         if not _automatic(job):
             break
     return failures

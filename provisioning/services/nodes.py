@@ -20,7 +20,7 @@ from marketplace.models.renting import vm_id_of
 from marketplace.selectors import node_in_use_q
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
-from provisioning.models import NodeEvent
+from provisioning.models import JobFault, NodeEvent
 from provisioning.ssh import SERVED_COMMANDS, Endpoint, NodeSession, Timeouts
 from provisioning.ssh_errors import AgentFailed, AgentMissing, HostKeyMismatch, NodeError, NodeUnreachable
 from provisioning.ssh_pool import SshPool
@@ -44,6 +44,8 @@ def watched_nodes() -> QuerySet[Node]:
 class DuplicateHardware(NodeError):
     """The server's host key, or one of its GPUs, belongs to another live node: the same hardware registered
     twice. Nothing was pinned or claimed; a verification rejects the node with `finding`. Not retried."""
+
+    fault = JobFault.NODE  # the provider registered it twice (faults.error_fault)
 
     def __init__(self, finding: Finding):
         super().__init__(finding.message)

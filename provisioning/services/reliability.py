@@ -3,8 +3,11 @@ instances it interrupts) and what it leaves behind: a count per node and day, th
 a re-verification when the GPUs the node reports have changed.
 
 reliability = (health checks answered / health checks made, over the last 30 days)
-              - 0.02 for each instance job on the node that failed in those 30 days, kept within 0..1.
-A node nobody has checked yet has reliability 0.
+              - 0.02 for each instance job on the node that failed by the node's fault in those 30 days, kept
+                within 0..1.
+A node nobody has checked yet has reliability 0. A failed job counts only when the failure was the node's
+(Job.fault, decided where the job failed: provisioning.services.faults); the platform's (its own sessions holding
+the node, a lost worker, its own error or time) and the renter's (their image, their destroy) do not.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import TypedDict
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from marketplace.models import InterruptionCause, Node, NodeState
@@ -21,7 +24,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_return_state
 from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
-from provisioning.models import OPEN_JOB_STATUSES, HealthSample, Job, JobKind, JobStatus, NodeEvent
+from provisioning.models import OPEN_JOB_STATUSES, HealthSample, Job, JobFault, JobKind, JobStatus, NodeEvent
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, node_event, running_vm_ids_by_node
 from provisioning.services.verification import node_verify_request
 
@@ -30,6 +33,7 @@ class _ReliabilityRule(TypedDict):
     window_days: int
     failed_job_penalty: float
     job_kinds: tuple[str, ...]
+    job_fault: str
 
 
 RELIABILITY: _ReliabilityRule = {
@@ -38,7 +42,15 @@ RELIABILITY: _ReliabilityRule = {
     # Jobs whose failure a renter feels; a failed verification already shows in the verdict.
     "job_kinds": (JobKind.INSTANCE_PROVISION, JobKind.INSTANCE_START, JobKind.INSTANCE_STOP,
                   JobKind.INSTANCE_RESTART, JobKind.INSTANCE_DESTROY),
+    # Only the node's failures: the platform's and the renter's say nothing about it.
+    "job_fault": JobFault.NODE,
 }
+
+
+def failed_jobs_counted(*, since: datetime) -> QuerySet[Job]:
+    """The failed jobs that count against their node since `since` (every node's; filter by node)."""
+    return Job.objects.filter(kind__in=RELIABILITY["job_kinds"], status=JobStatus.FAILED,
+                              fault=RELIABILITY["job_fault"], finished_at__gt=since)
 
 
 def health_sample_record(*, node_id: int, ok: bool, now: datetime | None = None) -> None:
@@ -62,8 +74,7 @@ def node_reliability(*, node_id: int, now: datetime | None = None) -> float:
     checks = (counts["ok"] or 0) + (counts["failed"] or 0)
     if not checks:
         return 0.0
-    failed_jobs = Job.objects.filter(node_id=node_id, kind__in=RELIABILITY["job_kinds"], status=JobStatus.FAILED,
-                                     finished_at__gt=since).count()
+    failed_jobs = failed_jobs_counted(since=since).filter(node_id=node_id).count()
     value = (counts["ok"] or 0) / checks - RELIABILITY["failed_job_penalty"] * failed_jobs
     return round(min(1.0, max(0.0, value)), 4)
 

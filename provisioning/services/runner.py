@@ -29,7 +29,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobStatus
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobStatus
+from provisioning.services.faults import NOT_COUNTED
 
 MAX_LOG_LINES = 200
 
@@ -143,12 +144,19 @@ def job_step(*, job: Job, message: str) -> None:
         raise JobLost(f"job {job.pk} was taken over by another execution, or closed")
 
 
-def job_finish(*, job: Job, error: str = "", note: str = "") -> None:
+def job_finish(*, job: Job, error: str = "", note: str = "", fault: str = "") -> None:
     """Close the job: succeeded (`note`: why there was nothing to do, for the log), or failed with `error` (in
-    words a provider or renter can act on; counted against the node's reliability for an instance job)."""
+    words a provider or renter can act on) and `fault`, whose failure it is (JobFault, decided by the caller,
+    usually faults.error_fault): only the node's counts against its reliability; any other says so in the error,
+    which its provider and renter read."""
+    if error and fault not in JobFault.values:
+        raise ValueError(f"job {job.pk} failed without saying whose failure it is ({fault!r}): {error[:200]}")
+    if error and fault != JobFault.NODE and NOT_COUNTED[fault] not in error:
+        error = f"{error.rstrip()} {NOT_COUNTED[fault]}"
     target = JobStatus.FAILED if error else JobStatus.SUCCEEDED
     job.status = target  # in memory as written below; the row moves only if the table lets it (still open)
     job.error = error
+    job.fault = fault if error else ""
     job.finished_at = timezone.now()
     job.step = "failed" if error else "done"
     job.log = _log_line(job, error or (f"done: {note}" if note else "done"), job.finished_at)
@@ -157,4 +165,5 @@ def job_finish(*, job: Job, error: str = "", note: str = "") -> None:
     jobs = Job.objects.filter(pk=job.pk)
     if job.runner:
         jobs = jobs.filter(runner=job.runner)
-    Job.transition_rows(jobs, target, error=error, finished_at=job.finished_at, step=job.step, log=job.log)
+    Job.transition_rows(jobs, target, error=error, fault=job.fault, finished_at=job.finished_at, step=job.step,
+                        log=job.log)

@@ -10,7 +10,8 @@ from typing import Any
 from django.db import transaction
 
 from marketplace.models import GpuStatus, Node, NodeState
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, NodeEvent
+from provisioning.services.faults import NOT_COUNTED, counts_against_node, error_fault
 from provisioning.services.jobs import job_create
 from provisioning.services.nodes import node_event, node_session
 from provisioning.services.platform_checks import node_challenge, node_memory_proof
@@ -44,7 +45,8 @@ def node_spot_check_run(*, job: Job) -> None:
     nothing. Raises NodeError if the node cannot be reached."""
     node = job.node
     if node.state != NodeState.ACTIVE:
-        job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.")
+        # Superseded (the provider's maintenance, an operator, the health checks): nothing failed in the check.
+        job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.", fault=JobFault.PLATFORM)
         return
     free = list(node.gpus.filter(status=GpuStatus.FREE).order_by("index").values_list("index", flat=True))
     if not free:
@@ -103,10 +105,11 @@ def _not_on_the_verdict(node: Node, findings: list[dict[str, Any]]) -> list[dict
 
 def spot_check_dodged(error: NodeError) -> bool:
     """Whether the spot check failed by the node's doing: the connection broke or the node fell silent (past the
-    task's retries), its agent answered garbage or refused, it refused the platform's key. Not a busy node (the
-    platform's own sessions), a changed host key (quarantined already) nor the platform's own failure (a plain
-    NodeError: an internal error, a lost worker)."""
-    return isinstance(error, NodeUnreachable | AgentTimeout | AgentGarbage | AgentFailed | AuthFailed)
+    task's retries), its agent answered garbage or refused, it refused the platform's key. Not a changed host key
+    (quarantined already), nor any failure that is not the node's (faults.error_fault: a busy node, whose
+    sessions are the platform's own, an address the platform refuses, the platform's own failure or time)."""
+    return counts_against_node(error) and isinstance(
+        error, NodeUnreachable | AgentTimeout | AgentGarbage | AgentFailed | AuthFailed)
 
 
 def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
@@ -114,12 +117,14 @@ def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
     full verification is brought forward, at most one per SPOT_CHECK_MIN_S after its last (node_check_forward),
     so that dropping the challenge is no way out of it and an honestly flaky node is not checked in a loop. Else
     (busy till the deadline, the platform's own failure) the next spot check comes at its drawn time."""
-    dodged = spot_check_dodged(error)
+    dodged, fault = spot_check_dodged(error), error_fault(error)
     message = f"Spot check could not run: {error.message}"
     if dodged:
         message = message.rstrip(".") + ". A full verification follows."
+    elif fault != JobFault.NODE:
+        message = f"{message.rstrip()} {NOT_COUNTED[fault]}"
     node_event(node=job.node, kind="spot_check_failed_to_run", message=message,
                level=NodeEvent.Level.WARNING if dodged else NodeEvent.Level.INFO)
-    job_finish(job=job, error=error.message)  # closed first: one node job at a time
+    job_finish(job=job, error=error.message, fault=fault)  # closed first: one node job at a time
     if dodged:
         node_check_forward(node_id=job.node_id)

@@ -25,8 +25,9 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import SIM_REFUSED, node_in_use
 from notifications.services.notify import Kind, notify
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind, NodeEvent, VerificationRun
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
+from provisioning.services.faults import NOT_COUNTED, counts_against_node, error_fault
 from provisioning.services.host_facts import node_apply_host_facts
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
 from provisioning.services.mig import node_apply_mig_slices
@@ -54,6 +55,7 @@ class BenchmarkTimeout(NodeError):
     """The benchmark ran past its bound. Not retried: a benchmark that hangs once likely hangs again."""
 
     code = "benchmark_timeout"
+    fault = JobFault.NODE  # faults.error_fault
 
 
 # The node-level job kinds (no instance): one of them open per node at a time (job_one_open_node_job_per_node).
@@ -163,7 +165,8 @@ def node_verify_run(*, job: Job) -> None:
     cannot be reached (the task decides whether to retry) or the benchmark runs past its bound."""
     node = job.node
     if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
-        job_finish(job=job, error=f"The node is {node.state}, not verifying; nothing done.")
+        # Superseded (the provider's maintenance or retirement, an operator): nothing failed on the node.
+        job_finish(job=job, error=f"The node is {node.state}, not verifying; nothing done.", fault=JobFault.PLATFORM)
         return
     if node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
         # Registered while the platform took simulated GPUs: its checks would be sized for a CPU (found by review).
@@ -284,7 +287,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                          figures: dict[str, Any] | None = None, score: float | None = None,
                          error: str = "") -> VerificationRun:
     """Record the check's verdict and act on it (state, offers, renters, provider). `error`: the job fails with
-    it (a verification that could not be completed, judged by why: node_verify_failed)."""
+    it (a verification that could not be completed by the node's doing, judged by why: node_verify_failed)."""
     node = Node.objects.select_for_update().get(pk=job.node_id)
     previous_verdict, previous_score = node.verdict, node.score
     # What the platform derived from the node's answers (the challenge's and memory proof's figures, messages
@@ -337,7 +340,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                         "Your instance keeps running; consider moving your work to another server.")
     if renters and previous_verdict in LISTABLE_VERDICTS:
         _price_cut_if_worse(node, verdict, score, previous_score, findings)
-    job_finish(job=job, error=error)
+    job_finish(job=job, error=error, fault=JobFault.NODE if error else "")
     return run
 
 
@@ -371,18 +374,20 @@ VERIFICATIONS_DROPPED_TO_REJECT = 2
 
 
 def node_dropped(error: NodeError) -> bool:
-    """The node stopped answering the check (the connection broke or stayed silent, past the task's retries)."""
-    return isinstance(error, NodeUnreachable | AgentTimeout)
+    """The node stopped answering the check (the connection broke or stayed silent, past the task's retries). Never
+    a failure that is not the node's (faults.error_fault): an address the platform refuses, a time limit that ran
+    out while the platform waited on itself."""
+    return isinstance(error, NodeUnreachable | AgentTimeout) and counts_against_node(error)
 
 
 def node_at_fault(error: NodeError) -> bool:
     """Whether a verification that could not be completed failed by the node's doing: its agent answered garbage
     or refused (AgentFailed, but for a request the platform got wrong: invalid_request), its benchmark hung, it
     refused the platform's key. Not the network's (unreachable, timeouts: the health check judges those), a busy
-    node's, nor the platform's own (an internal error, a lost worker: plain NodeError)."""
-    if isinstance(error, AgentFailed):
-        return error.code != "invalid_request"
-    return isinstance(error, AgentGarbage | BenchmarkTimeout | AuthFailed)
+    node's, nor the platform's own (an internal error, a lost worker: faults.error_fault)."""
+    if not counts_against_node(error):
+        return False
+    return isinstance(error, AgentFailed | AgentGarbage | BenchmarkTimeout | AuthFailed)
 
 
 @transaction.atomic
@@ -410,7 +415,8 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
                              figures={"rented_gpus": rented_gpu_indices(node), "failed": error.code},
                              error=storable(error.message))
         return
-    node.last_error = storable(error.message)
+    fault = error_fault(error)
+    node.last_error = storable(error.message if fault == JobFault.NODE else f"{error.message} {NOT_COUNTED[fault]}")
     if node.state == NodeState.VERIFYING:
         node.transition_to(NodeState.PENDING if node.verdict == Verdict.UNVERIFIED else NodeState.OFFLINE)
     node_draw_next_checks(node)  # an active node checked in place stays active: it is due again at a new time
@@ -418,4 +424,4 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
     # A drop is counted (VERIFICATIONS_DROPPED_TO_REJECT); any other failure is only told.
     node_event(node=node, kind="verification_dropped" if dropped else "verification_failed", message=node.last_error,
                level=NodeEvent.Level.WARNING)
-    job_finish(job=job, error=node.last_error)
+    job_finish(job=job, error=node.last_error, fault=fault)

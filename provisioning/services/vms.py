@@ -25,7 +25,8 @@ from marketplace.services import volumes as volume_svc
 from marketplace.services.instances.options import PORTS_MAX
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
-from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobKind
+from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
+from provisioning.services.faults import error_fault
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
@@ -61,7 +62,14 @@ def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> 
         except OSError as exc:
             last = str(exc)
         time.sleep(0.5)
-    raise NodeError(f"The VM's SSH server at {host}:{port} did not answer within {timeout:.0f}s ({last}).")
+    raise VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within {timeout:.0f}s ({last}).")
+
+
+class VmSshSilent(NodeError):
+    """The VM the node made never opened its SSH server to renters: the node's failure (faults.error_fault)."""
+
+    code = "vm_ssh_silent"
+    fault = JobFault.NODE
 
 
 # ------------------------------------------------------------------ where renters log in: the node's word, checked
@@ -335,8 +343,10 @@ def vm_provision(*, job: Job) -> None:
             answer = session.agent("vm", "create", create_request(instance))
         except AgentFailed as exc:
             if exc.code == "pull_failed":  # the registry's own reason, for the renter to act on
-                raise AgentFailed({"code": exc.code,
-                                   "message": f"The image could not be pulled: {exc.message}"}) from None
+                failed = AgentFailed({"code": exc.code, "message": f"The image could not be pulled: {exc.message}"})
+                if instance.image is None:  # the renter's own reference: theirs to fix, not the node's failure
+                    failed.fault = JobFault.RENTER  # type: ignore[attr-defined]  # read by faults.error_fault
+                raise failed from None
             raise
     _running(job, instance, answer, "Running")
 
@@ -416,12 +426,13 @@ def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
     """A destroy that could not reach the node: the renter's side ends all the same (nothing is billed after
     the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers."""
     instance = Instance.objects.get(pk=_instance_id(job))
+    fault = error_fault(error)
     if instance.status != InstanceStatus.DESTROYING:  # it moved on meanwhile (e.g. an operator's action)
-        job_finish(job=job, error=error.message)
+        job_finish(job=job, error=error.message, fault=fault)
         return
     instance_svc.instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
     job_finish(job=job, error=f"{error.message} The instance was destroyed for its renter; the VM is removed when "
-                          "the node answers again.")
+                          "the node answers again.", fault=fault)
 
 
 # What each instance job waits on (the instance states it acts in), and what it brings about.
@@ -449,8 +460,9 @@ def _vm_settled(instance: Instance, verb: str) -> bool:
     return True
 
 
-def vm_failed(*, job: Job, error: str, reach_node: bool = True) -> None:
-    """A provision, start, restart or stop job gave up (retries spent, deadline, lost worker, crash).
+def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> None:
+    """A provision, start, restart or stop job gave up (retries spent, deadline, lost worker, crash); `fault`:
+    whose failure `error` is (faults.error_fault).
 
     An instance no longer waiting on the job is left as it is: a destroy asked meanwhile stands, and one already
     where the job was to bring it (the error came after the work: a time limit, a lost worker) closes the job
@@ -477,9 +489,9 @@ def vm_failed(*, job: Job, error: str, reach_node: bool = True) -> None:
             # instance keeps its GPUs until then).
             later = ("its destroy job removes the VM" if instance.status == InstanceStatus.DESTROYING
                      else "the reconciler removes the VM")
-            job_finish(job=job, error=f"{error} The instance was being destroyed meanwhile: {later}.")
+            job_finish(job=job, error=f"{error} The instance was being destroyed meanwhile: {later}.", fault=fault)
         else:
-            job_finish(job=job, error=error)
+            job_finish(job=job, error=error, fault=fault)
         return
     touched = _touched_vm(job)
     if not touched and kind in (JobKind.INSTANCE_STOP, JobKind.INSTANCE_RESTART):
@@ -488,7 +500,7 @@ def vm_failed(*, job: Job, error: str, reach_node: bool = True) -> None:
             instance_id=instance.pk, only_in=waiting_on,
             message=f"The {what} did not reach the server: {error} It is still running (and billed); "
                     f"{what} it again.")
-        job_finish(job=job, error=error)
+        job_finish(job=job, error=error, fault=fault)
         return
     provision = kind == JobKind.INSTANCE_PROVISION
     settled = not touched or (reach_node and _vm_settled(instance, "destroy" if provision else "stop"))
@@ -503,7 +515,7 @@ def vm_failed(*, job: Job, error: str, reach_node: bool = True) -> None:
             message += " (Its server did not confirm it yet: it is stopped there when it answers again.)"
         instance_svc.instance_mark_stopped(instance_id=instance.pk, message=message, cleanup_pending=not settled,
                                            only_in=waiting_on)
-    job_finish(job=job, error=error)
+    job_finish(job=job, error=error, fault=fault)
 
 
 def vm_logs(*, instance: Instance, tail: int) -> list[str]:

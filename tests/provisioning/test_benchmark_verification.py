@@ -288,9 +288,12 @@ def test_reliability_is_uptime_over_30_days_minus_failed_jobs(db):
     # Old days fall out of the window; failed instance jobs cost 0.02 each.
     HealthSample.objects.create(node=node, day=(now - timedelta(days=40)).date(), ok=0, failed=1000)
     for kind in (JobKind.INSTANCE_PROVISION, JobKind.INSTANCE_START, JobKind.NODE_VERIFY):
-        Job.objects.create(kind=kind, node=node, status=JobStatus.FAILED, deadline=now, finished_at=now)
-    Job.objects.create(kind=JobKind.INSTANCE_START, node=node, status=JobStatus.FAILED, deadline=now,
+        Job.objects.create(kind=kind, node=node, status=JobStatus.FAILED, fault="node", deadline=now, finished_at=now)
+    Job.objects.create(kind=JobKind.INSTANCE_START, node=node, status=JobStatus.FAILED, fault="node", deadline=now,
                        finished_at=now - timedelta(days=31))
+    for fault in ("platform", "renter"):  # failures that are not the node's do not count (Job.fault)
+        Job.objects.create(kind=JobKind.INSTANCE_PROVISION, node=node, status=JobStatus.FAILED, fault=fault,
+                           deadline=now, finished_at=now)
     assert reliability.node_reliability_update(node_id=node.pk) == pytest.approx(0.95 - 2 * 0.02)
     assert Node.objects.get(pk=node.pk).reliability == pytest.approx(0.91)
 

@@ -17,7 +17,7 @@ from marketplace.models import GpuAllocation, Image, Instance, InstanceStatus, N
 from marketplace.services import instances as instance_svc
 from provisioning import concurrency, sim, tasks
 from provisioning.concurrency import MAX_SESSIONS_PER_NODE, NodeBusy, node_slot
-from provisioning.models import Job, JobKind, JobStatus, NodeEvent
+from provisioning.models import Job, JobFault, JobKind, JobStatus, NodeEvent
 from provisioning.services import maintenance
 from provisioning.services.maintenance import nodes_reconcile, nodes_verify_pending
 from provisioning.services.nodes import node_health_probe
@@ -123,7 +123,8 @@ def test_a_node_busy_past_the_jobs_deadline_fails_it_in_words(db, short_slot_wai
     assert resent == []
     job.refresh_from_db()
     instance.refresh_from_db()
-    assert job.status == JobStatus.FAILED and "stayed busy until this job's deadline" in job.error
+    assert job.status == JobStatus.FAILED and "kept this job waiting until its deadline" in job.error
+    assert job.fault == JobFault.PLATFORM and "does not count against the node" in job.error
     assert "Internal error" not in job.error and instance.status == InstanceStatus.FAILED
     assert not GpuAllocation.objects.filter(instance=instance, released_at__isnull=True).exists()
 
@@ -256,7 +257,7 @@ def test_a_success_ends_the_series_and_an_open_job_is_waited_for(db):
     Node.objects.filter(pk=node.pk).update(state=NodeState.PENDING, verdict=Verdict.UNVERIFIED)
     for _ in range(3):  # three automatic failures after a success: not yet four in a row
         Job.objects.create(kind=JobKind.NODE_VERIFY, node=node, status=JobStatus.FAILED, error="unreachable",
-                           finished_at=timezone.now(), deadline=timezone.now(),
+                           fault=JobFault.NODE, finished_at=timezone.now(), deadline=timezone.now(),
                            log=[{"at": "", "message": "queued: automatic retry (try 1 of 4)"}])
     assert maintenance._failures_in_a_row(list(Job.objects.filter(node=node).order_by("-created_at", "-id"))) == 3
 

@@ -182,7 +182,7 @@ def test_a_batch_is_recorded_in_a_fixed_number_of_statements_with_the_per_node_o
         probed_at = timezone.now()
         one_by_one, batched = _fleet(size), _fleet(size)
         for node in (one_by_one[1], batched[1]):  # a failed job counts against the reliability figure
-            Job.objects.create(node=node, kind=JobKind.INSTANCE_START, status=JobStatus.FAILED,
+            Job.objects.create(node=node, kind=JobKind.INSTANCE_START, status=JobStatus.FAILED, fault="node",
                                finished_at=timezone.now(), deadline=timezone.now())
         for node in (one_by_one[0], batched[0]):  # today's row exists already
             HealthSample.objects.create(node=node, day=timezone.now().date(), ok=5, failed=1)

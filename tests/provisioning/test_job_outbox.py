@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from marketplace.models import GpuAllocation, InstanceStatus, NodeState
 from provisioning import tasks
-from provisioning.models import Job, JobKind, JobStatus
+from provisioning.models import Job, JobFault, JobKind, JobStatus
 from provisioning.services import jobs as job_svc
 from provisioning.services import maintenance
 from provisioning.services.runner import JobHeartbeat, JobLost, job_begin, job_finish, job_release, job_step
@@ -167,7 +167,7 @@ def test_one_execution_at_a_time_holds_a_job(db, settings):
     # The lost execution, should it still run, changes nothing any more and stops at its next step.
     with pytest.raises(JobLost):
         job_step(job=first, message="benchmarking")
-    job_finish(job=first, error="too late")
+    job_finish(job=first, error="too late", fault=JobFault.PLATFORM)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.runner == again.runner and job.error == ""
     # Its heartbeat stops: after JOB_HEARTBEAT_STALE_S another copy takes it over.
@@ -181,7 +181,8 @@ def test_one_execution_at_a_time_holds_a_job(db, settings):
 def test_an_execution_whose_job_was_reaped_stops_at_its_next_step(db):
     job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
     begun = job_begin(job_id=job.pk, task_id="job-7-a")
-    job_finish(job=Job.objects.get(pk=job.pk), error="The job did not finish in time and was stopped by the platform.")
+    job_finish(job=Job.objects.get(pk=job.pk), error="The job did not finish in time and was stopped by the platform.",
+               fault=JobFault.PLATFORM)
     with pytest.raises(JobLost):
         job_step(job=begun, message="judging the GPUs against the catalogue")
     job.refresh_from_db()

@@ -23,7 +23,7 @@ from provisioning.services.verification import (
     node_verify_request,
     node_verify_run,
 )
-from provisioning.ssh_errors import NodeError
+from provisioning.ssh_errors import NodeError, NodeUnreachable
 from tests.factories import make_node
 from tests.provisioning.test_benchmark_verification import register, rent, simbase, simnode, use_hardware, verify
 
@@ -164,7 +164,7 @@ def test_a_spot_check_that_cannot_reach_the_node_fails_without_judging_it(db, bo
     job = job_begin(job_id=node_spot_check_request(node=node).pk)
     with pytest.raises(NodeError):
         node_spot_check_run(job=job)  # the task retries transient errors, then fails the job as below
-    tasks._fail(job, NodeError("connection refused"))
+    tasks._fail(job, NodeUnreachable("connection refused"))
     job.refresh_from_db()
     node.refresh_from_db()
     assert (job.status, job.error) == (JobStatus.FAILED, "connection refused")
