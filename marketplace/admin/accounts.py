@@ -208,6 +208,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # keys are created by their owners, who alone see the secret
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoke instead (the action below): a revoked key keeps its record, when it was last used
+
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
         for key in queryset.filter(revoked_at__isnull=True):
@@ -225,6 +228,11 @@ class SshKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # keys are added by their owners through the API, which parses them
+
+    def has_delete_permission(self, request, obj=None):
+        # Their owners' to remove (ssh_key_delete, from the API or their page): deleted here, a renter's next
+        # instance silently lacked a key they had added, with no record of who removed it.
+        return False
 
     @admin.display(description="type")
     def key_type(self, key):
