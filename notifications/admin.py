@@ -50,6 +50,6 @@ class WebhookDeliveryAdmin(ReadOnly):
     search_fields = ["endpoint__user__email", "endpoint__url", "event_id"]
     list_select_related = ["endpoint"]
     fields = ["endpoint", "notification", "event_id", "kind", "status", "attempts", "last_status_code", "last_error",
-              "body", "created_at", "next_attempt_at", "finished_at"]
+              "body", "created_at", "next_attempt_at", "claimed_at", "finished_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here
     inlines = [AttemptInline]

@@ -157,6 +157,8 @@ class WebhookDelivery(StatefulModel, models.Model):
     last_error = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When the attempt in flight was claimed; cleared when it is recorded."))
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -4,13 +4,21 @@ and SSH keys, and the admin's own log-in and password pages. No secret is ever s
 The admin checks no password outside the log-in lock-out: its log-in form and its own password change form are
 the site's (marketplace/auth.py, marketplace/reauth.py), and a user's "set password" page does not take the
 operator's own account (that needs the old password, on /account/password/). Every password set here is told to
-its address."""
+its address.
+
+Only a superuser grants: is_superuser, is_staff, groups and user_permissions are read-only to other staff, and so
+are groups. Only a superuser changes, deletes, sets the password of or turns off the two-factor log-in of a staff
+account (a superuser's or not): a staff account holds permissions its peer may lack, so taking it over (its
+address, then a password reset; its password; its second factor) would be the same escalation. Holders of
+change_user keep managing renters' and providers' accounts (a changed address, a lost second factor)."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import unquote
+from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.forms import UserChangeForm as BaseUserChangeForm
+from django.contrib.auth.models import Group
 from django.contrib.auth.views import PasswordChangeView
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -99,11 +107,23 @@ class UserAdmin(BaseUserAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))
 
+    GRANTS = ["is_staff", "is_superuser", "groups", "user_permissions"]
+
     def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        if not request.user.is_superuser:
+            fields += self.GRANTS  # shown, not editable: each grants permissions
         # Not the operator's own address: with it, a copied operator session would send the password reset to an
         # address of its choosing and keep the account for good (as the own password, user_change_password).
-        fields = list(super().get_readonly_fields(request, obj))
         return [*fields, "email"] if obj is not None and obj.pk == request.user.pk else fields
+
+    # One rule for the change form, the password page, the delete page and the actions (Django asks these with the
+    # account): a staff account is a superuser's to change. Without change, a viewer gets the read-only page.
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and not _staff_of_a_non_superuser(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and not _staff_of_a_non_superuser(request, obj)
 
     def save_model(self, request, obj, form, change):
         old_address = form.initial.get("email", "") if change else ""
@@ -118,9 +138,18 @@ class UserAdmin(BaseUserAdmin):
     # Every action names the permission it needs: without one, an account that may only view the list could run it.
     @admin.action(description="Turn off two-factor log-in (after checking who is asking)", permissions=["change"])
     def turn_off_two_factor(self, request, queryset):
+        refused = []
         for user in queryset:
-            two_factor_disable(user=user)
-        messages.success(request, "Two-factor log-in is off for the selected accounts.")
+            if self.has_change_permission(request, user):
+                two_factor_disable(user=user)
+            else:
+                refused.append(user.email)
+        if refused:
+            messages.error(request, "Only a superuser turns off a staff account's two-factor log-in; left on for "
+                                    + ", ".join(refused) + ".")
+        if len(refused) < len(queryset):
+            messages.success(request, "Two-factor log-in is off for the other selected accounts." if refused
+                             else "Two-factor log-in is off for the selected accounts.")
 
     @admin.display(ordering="_nodes", description="nodes")
     def node_count(self, user):
@@ -143,6 +172,28 @@ class UserAdmin(BaseUserAdmin):
         return response
 
 
+def _staff_of_a_non_superuser(request, obj) -> bool:
+    return obj is not None and (obj.is_staff or obj.is_superuser) and not request.user.is_superuser
+
+
+# A group's permissions are granted to its members: editing one is granting, a superuser's alone (a member with
+# change_group gave its own group every permission). Other staff may view groups.
+if admin.site.is_registered(Group):
+    admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class GroupAdmin(BaseGroupAdmin):
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
@@ -156,6 +207,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # keys are created by their owners, who alone see the secret
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoke instead (the action below): a revoked key keeps its record, when it was last used
 
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
@@ -174,6 +228,11 @@ class SshKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # keys are added by their owners through the API, which parses them
+
+    def has_delete_permission(self, request, obj=None):
+        # Their owners' to remove (ssh_key_delete, from the API or their page): deleted here, a renter's next
+        # instance silently lacked a key they had added, with no record of who removed it.
+        return False
 
     @admin.display(description="type")
     def key_type(self, key):

@@ -167,6 +167,14 @@ class GpuAdmin(admin.ModelAdmin):
     readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
     form = GpuStatusForm
 
+    def has_add_permission(self, request):
+        return False  # a node's inventory creates its GPUs (a GPU added here was a 500: no node, no index)
+
+    def has_delete_permission(self, request, obj=None):
+        # The node's gpu_count says how many it has, its allocations and slices hang on each: a node is retired,
+        # a GPU taken out of service (status unavailable), never deleted.
+        return False
+
     def get_readonly_fields(self, request, obj=None):
         # A split GPU leaves `mig` only through its node's check (provisioning.services.mig), under its row lock
         # and with none of its slices allocated: an operator's edit here would skip both.
@@ -176,10 +184,21 @@ class GpuAdmin(admin.ModelAdmin):
 
 @admin.register(MigSlice)
 class MigSliceAdmin(admin.ModelAdmin):
-    """The slices checks proved: operators see who holds which (the check alone writes them)."""
+    """The slices checks proved: operators see who holds which (the check alone writes them).
+
+    The status too: `rented` is a booking's, `free` and `unavailable` its node's check's, which sets every proven
+    slice free again at its next run (provisioning.services.mig); set here, a slice was rented to nobody. An operator
+    takes a node out with its maintenance action."""
 
     list_display = ["__str__", "node", "gpu", "profile", "device", "uuid", "memory_mib", "status"]
     list_filter = ["status", "profile"]
     search_fields = ["uuid", "node__name", "node__address"]
     list_select_related = ["node", "gpu"]
-    readonly_fields = ["node", "gpu", "profile", "device", "uuid", "memory_mib", "created_at"]
+    fields = ["node", "gpu", "profile", "device", "uuid", "memory_mib", "status", "created_at"]
+    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+
+    def has_add_permission(self, request):
+        return False  # a check creates slices (one added here was a 500: no device, no GPU)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a check marks a slice gone unavailable; its allocations keep pointing at it
