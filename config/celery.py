@@ -57,6 +57,7 @@ _FLEET_TASKS = (
     "notifications.tasks.email_send",
     "notifications.tasks.webhook_deliver",
     "notifications.tasks.deliveries_resend",
+    "notifications.tasks.emails_resend",
 )
 _MONEY_TASKS = (
     "billing.tasks.usage_meter_tick",

@@ -14,11 +14,12 @@ class ReadOnly(admin.ModelAdmin):
 
 @admin.register(Notification)
 class NotificationAdmin(ReadOnly):
-    list_display = ["id", "created_at", "user", "kind", "title", "in_app", "emailed_at", "read_at"]
-    list_filter = ["kind", "in_app"]
+    list_display = ["id", "created_at", "user", "kind", "title", "in_app", "email_status", "emailed_at", "read_at"]
+    list_filter = ["kind", "in_app", "email_status"]
     search_fields = ["user__email", "dedupe_key", "title"]
     list_select_related = ["user"]
-    readonly_fields = ["user", "kind", "title", "body", "payload", "dedupe_key", "in_app", "emailed_at", "read_at",
+    readonly_fields = ["user", "kind", "title", "body", "payload", "dedupe_key", "in_app", "email_status",
+                       "email_attempts", "email_error", "email_next_at", "email_claimed_at", "emailed_at", "read_at",
                        "created_at"]
 
 

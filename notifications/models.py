@@ -57,8 +57,30 @@ class Preference(Channels):
         return f"{self.kind} for {self.user_id}"
 
 
-class Notification(models.Model):
-    """One event told to one user: at most one per (user, dedupe_key), whatever the callers do twice."""
+class EmailStatus(models.TextChoices):
+    NONE = "none", "Not e-mailed"  # the user's choice for the kind, or no address
+    PENDING = "pending", "To send"
+    SENDING = "sending", "Being sent"  # claimed by a worker (notifications/services/email.py)
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Not sent"
+
+
+_E = EmailStatus
+EMAIL_TRANSITIONS = Transitions({
+    _E.NONE: set(),
+    _E.PENDING: {_E.SENDING, _E.SENT, _E.FAILED},
+    _E.SENDING: {_E.PENDING, _E.SENT, _E.FAILED},  # pending again: a failure to retry, or a claim lost with its worker
+    _E.SENT: set(),
+    _E.FAILED: set(),
+})
+
+
+class Notification(StatefulModel, models.Model):
+    """One event told to one user: at most one per (user, dedupe_key), whatever the callers do twice. Its e-mail,
+    when the user gets one, is claimed before it is sent (`email_status`, notifications/services/email.py)."""
+
+    transitions = EMAIL_TRANSITIONS
+    state_field = "email_status"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
     kind = models.CharField(max_length=32, choices=Kind.choices)
@@ -68,6 +90,11 @@ class Notification(models.Model):
     dedupe_key = models.CharField(max_length=200)
     in_app = models.BooleanField(default=True, help_text="Shown in the user's list (their preference then).")
     emailed_at = models.DateTimeField(null=True, blank=True)
+    email_status = models.CharField(max_length=12, choices=EmailStatus.choices, default=EmailStatus.NONE)
+    email_attempts = models.PositiveSmallIntegerField(default=0)
+    email_next_at = models.DateTimeField(null=True, blank=True, help_text="When a pending e-mail is due (again).")
+    email_claimed_at = models.DateTimeField(null=True, blank=True, help_text="When the worker sending it claimed it.")
+    email_error = models.CharField(max_length=500, blank=True, help_text="The last attempt's error, or why not sent.")
     read_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -75,8 +102,13 @@ class Notification(models.Model):
         ordering = ["-created_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["user", "dedupe_key"], name="notification_once_per_key"),
+            EMAIL_TRANSITIONS.check_constraint("email_status", "notification_email_status_valid"),
         ]
         indexes = [
+            models.Index(fields=["email_next_at"], condition=Q(email_status="pending"),
+                         name="notification_email_due_idx"),
+            models.Index(fields=["email_claimed_at"], condition=Q(email_status="sending"),
+                         name="notification_email_sending_idx"),
             models.Index(fields=["user", "-created_at"], condition=Q(in_app=True), name="notification_list_idx"),
             models.Index(fields=["user"], condition=Q(in_app=True, read_at=None), name="notification_unread_idx"),
         ]

@@ -6,6 +6,7 @@ from notifications.services import email, webhooks
 from notifications.services.notify import EMAIL_SEND, WEBHOOK_DELIVER
 
 RESEND = "notifications.tasks.deliveries_resend"
+EMAILS_RESEND = "notifications.tasks.emails_resend"
 
 
 @shared_task(name=WEBHOOK_DELIVER, bind=True, max_retries=None, acks_late=True)
@@ -19,14 +20,21 @@ def webhook_deliver(self, delivery_id: int) -> str:
     return f"attempt {attempt.number}: {attempt.status_code or attempt.error}"
 
 
-@shared_task(name=EMAIL_SEND, bind=True, max_retries=5, acks_late=True)
+@shared_task(name=EMAIL_SEND, bind=True, max_retries=None, acks_late=True)
 def email_send(self, notification_id: int) -> bool:
-    try:
-        return email.notification_email_send(notification_id=notification_id)
-    except OSError as exc:  # SMTP down: smtplib's errors are OSErrors
-        raise self.retry(exc=exc, countdown=60 * 2 ** self.request.retries) from None
+    """One attempt; one that may go through later is retried after the service's backoff. The service counts
+    the attempts and gives up (max_retries=None here: its count outlives a lost retry)."""
+    outcome = email.notification_email_send(notification_id=notification_id)
+    if outcome.retry_in_s is not None:
+        raise self.retry(countdown=outcome.retry_in_s)
+    return outcome.sent
 
 
 @shared_task(name=RESEND)
 def deliveries_resend() -> int:
     return webhooks.deliveries_resend()
+
+
+@shared_task(name=EMAILS_RESEND)
+def emails_resend() -> int:
+    return email.emails_resend()

@@ -3,7 +3,8 @@
 Called by the other apps' services where the event really happens, inside their transaction: the notice is
 written with the state change (or not at all, if that rolls back), once per (user, dedupe_key) as the unique
 constraint decides, and its e-mail and webhook deliveries are queued when the transaction commits. A broker that
-refuses them is logged; `deliveries_resend` (on the beat) sends the webhook deliveries again.
+refuses them is logged; the beat's resenders queue them again: `deliveries_resend` the webhook deliveries,
+`emails_resend` the e-mails (pending, notifications/services/email.py).
 """
 import json
 import logging
@@ -19,6 +20,7 @@ from core.errors import ValidationFailed
 from marketplace.models import User
 from notifications.models import (
     PREFERENCE_KINDS,
+    EmailStatus,
     Kind,
     Notification,
     Preference,
@@ -77,16 +79,19 @@ def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -
         raise ValueError("a notification needs a dedupe_key")
     payload = json.loads(json.dumps(payload, default=str))  # what is stored is what is sent
     in_app, email, webhook = channels_for(user_id=user.pk, kind=kind)
+    emailed = email and bool(user.email)
     now = timezone.now()
     with transaction.atomic():
         try:
             with transaction.atomic():
                 notification = Notification.objects.create(
                     user=user, kind=kind, title=_title(kind, payload), body=str(payload.get("message", ""))[:5000],
-                    payload=payload, dedupe_key=dedupe_key[:200], in_app=in_app, created_at=now)
+                    payload=payload, dedupe_key=dedupe_key[:200], in_app=in_app, created_at=now,
+                    email_status=EmailStatus.PENDING if emailed else EmailStatus.NONE,
+                    email_next_at=now if emailed else None)
         except IntegrityError:
             return None
-        if email and user.email:
+        if emailed:
             dispatch.enqueue_on_commit(EMAIL_SEND, notification.pk)
         if webhook:
             for endpoint in _endpoints_kept(user_id=user.pk):
