@@ -46,6 +46,7 @@ from provisioning.ssh_errors import (
     HostKeyMismatch,
     NodeError,
     NodeUnreachable,
+    PlatformKeyUnreadable,
     missing_agent,
 )
 
@@ -197,7 +198,7 @@ class NodeSession:
         try:
             pkey = paramiko.Ed25519Key.from_private_key(io.StringIO(ep.private_key.decode()))
         except (paramiko.SSHException, ValueError) as exc:
-            raise AuthFailed(f"The platform's key for this node cannot be read: {exc}") from None
+            raise PlatformKeyUnreadable(f"The platform's key for this node cannot be read: {exc}") from None
         client = paramiko.SSHClient()
         policy = _PinnedHostKey(ep.host_key_fingerprint)
         client.set_missing_host_key_policy(policy)  # no known_hosts is loaded: the policy decides

@@ -46,6 +46,13 @@ class AuthFailed(NodeError):
     code = "auth_failed"
 
 
+class PlatformKeyUnreadable(AuthFailed):
+    """The platform's own private key for this node cannot be read (a broken row, a key the encryption settings no
+    longer open): nothing was asked of the node, so not its failure (provisioning.services.faults)."""
+
+    code = "platform_key_unreadable"
+
+
 class AgentTimeout(NodeError):
     code = "agent_timeout"
     transient = True

@@ -6,9 +6,9 @@ A failure is the node's only when the node did it: it could not be reached, stay
 refused, refused the platform's key, showed another host key. Anything else is not held against it:
 
 - the platform's: every SSH session the platform allows per node taken by its own work (NodeBusy), its worker
-  lost, its own exception (a bug, a database error), its time running out while it waited on itself, a refusal
-  of its own before anything was sent (an address it does not connect to), a request its own agent called
-  invalid; and any error it cannot place (the benefit of the doubt goes to the provider);
+  lost, its own exception (a bug, a database error), its time running out while it waited on itself, a node key
+  of its own it cannot read, a request its own agent called invalid; and any error it cannot place (the benefit
+  of the doubt goes to the provider);
 - the renter's: set where the platform knows it (their own image failing to pull, their destroy superseding the
   job), as the error's `fault`.
 """
@@ -39,8 +39,10 @@ class PlatformError(NodeError):
 # Errors the platform raises on its own side, by their stable code (provisioning.ssh_errors, concurrency): nothing
 # was asked of the node, or the node was not at fault. By code, not class: an error keeps its code wherever it is
 # declared. Never read from an AgentFailed, whose code is the node's own word (below).
-PLATFORM_CODES = frozenset({"node_busy", "address_refused", "platform_error"})
-# The node's doing (AddressRefused, a NodeUnreachable, is the platform's: its code comes first).
+PLATFORM_CODES = frozenset({"node_busy", "platform_key_unreadable", "platform_error"})
+# The node's doing. AddressRefused (a NodeUnreachable) is too: the provider registered the address, or points its
+# name at, one the platform does not connect to, and only the provider can change that (were it the platform's, a
+# pending node would be retried forever, and a listed node could dodge spot checks by pointing its name inside).
 NODE_ERRORS = (NodeUnreachable, AgentTimeout, AgentGarbage, AgentFailed, AuthFailed, HostKeyMismatch)
 
 

@@ -107,7 +107,7 @@ def spot_check_dodged(error: NodeError) -> bool:
     """Whether the spot check failed by the node's doing: the connection broke or the node fell silent (past the
     task's retries), its agent answered garbage or refused, it refused the platform's key. Not a changed host key
     (quarantined already), nor any failure that is not the node's (faults.error_fault: a busy node, whose
-    sessions are the platform's own, an address the platform refuses, the platform's own failure or time)."""
+    sessions are the platform's own, a node key of its own it cannot read, the platform's own failure or time)."""
     return counts_against_node(error) and isinstance(
         error, NodeUnreachable | AgentTimeout | AgentGarbage | AgentFailed | AuthFailed)
 

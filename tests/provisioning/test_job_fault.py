@@ -28,7 +28,15 @@ from provisioning.services.fleet_record import nodes_reliability
 from provisioning.services.reliability import health_sample_record, node_reliability_update
 from provisioning.services.runner import job_begin, job_finish
 from provisioning.services.verification import node_verify_request
-from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, NodeError, NodeUnreachable
+from provisioning.ssh_errors import (
+    AddressRefused,
+    AgentFailed,
+    AgentGarbage,
+    AgentTimeout,
+    NodeError,
+    NodeUnreachable,
+    PlatformKeyUnreadable,
+)
 from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import book
 from tests.web.conftest import logged_in
@@ -329,12 +337,18 @@ def test_a_request_the_platforms_agent_refuses_as_invalid_is_not_the_nodes_failu
     assert reliability(node) == 1.0
 
 
-def test_an_address_the_platform_refuses_to_connect_to_is_not_the_nodes_failure():
-    refused = getattr(__import__("provisioning.ssh_errors", fromlist=["AddressRefused"]), "AddressRefused", None)
-    if refused is None:
-        pytest.skip("no AddressRefused in provisioning.ssh_errors yet")
-    assert faults.error_fault(refused("The platform does not connect to 10.0.0.1:22.")) == JobFault.PLATFORM
-    assert not spot_checks.spot_check_dodged(refused("refused"))
+def test_an_address_the_platform_refuses_to_connect_to_is_the_nodes_failure():
+    """The provider registered it, or points the node's name at it: only they can change that. Were it the
+    platform's, a pending node would be retried for ever and a listed one could dodge its spot checks."""
+    refused = AddressRefused("The platform does not connect to 10.0.0.1:22.")
+    assert faults.error_fault(refused) == JobFault.NODE
+    assert spot_checks.spot_check_dodged(refused)
+
+
+def test_a_node_key_the_platform_cannot_read_is_not_the_nodes_failure():
+    unreadable = PlatformKeyUnreadable("The platform's key for this node cannot be read: bad padding")
+    assert faults.error_fault(unreadable) == JobFault.PLATFORM
+    assert not spot_checks.spot_check_dodged(unreadable)
 
 
 def test_the_renters_own_image_that_does_not_pull_is_not_the_nodes_failure(fake_node):
