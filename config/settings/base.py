@@ -357,6 +357,10 @@ CELERY_BEAT_SCHEDULE = {
     # Webhook deliveries whose next attempt is overdue (a broker outage, a lost retry) are queued again.
     "notifications-deliveries-resend": {"task": "notifications.tasks.deliveries_resend", "schedule": 60,
                                         "options": {"expires": 55}},
+    # E-mails of notifications still to send five minutes after they were due (the same causes), or whose worker
+    # was lost while sending, are queued again; past 24 h or 8 attempts they are given up, recorded.
+    "notifications-emails-resend": {"task": "notifications.tasks.emails_resend", "schedule": 60,
+                                    "options": {"expires": 55}},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
