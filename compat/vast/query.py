@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ValidationFailed
+from core.validators import whole_number
 
 
 class Version:
@@ -188,11 +189,12 @@ def parse(body: Any) -> Query:
         query.order = _order(body["order"])
     if body.get("limit") is not None:
         limit = body["limit"]
-        text = str(limit)
-        if isinstance(limit, bool) or not isinstance(limit, int | str) or not (text.isascii() and text.isdigit()) \
-                or not 1 <= int(text) <= MAX_LIMIT:
+        # A JSON number or its text ("25", as the CLI may send it); by type: True is 1 in Python.
+        text = str(limit) if type(limit) is int and 0 <= limit <= MAX_LIMIT else limit
+        number = whole_number(text, low=1, high=MAX_LIMIT)
+        if number is None:
             raise ValidationFailed(f"`limit` is a whole number from 1 to {MAX_LIMIT}.", field="limit")
-        query.limit = int(limit)
+        query.limit = number
     storage = body.get("allocated_storage")
     if storage is not None and (isinstance(storage, bool) or not isinstance(storage, int | float)):
         raise ValidationFailed("`allocated_storage` is a number (GiB).", field="allocated_storage")

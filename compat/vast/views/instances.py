@@ -15,6 +15,7 @@ from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.scopes import RENTER_ONLY
 from core.errors import NotFound, ValidationFailed
 from core.untrusted_json import Refused, loads
+from core.validators import whole_number
 from marketplace.mig import profiles_for
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
@@ -119,9 +120,10 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+    value = whole_number(text, low=low, high=high)
+    if value is None:
         raise ValidationFailed(f"`{name}` is a whole number from {low} to {high}.", field=name)
-    return int(text)
+    return value
 
 
 class InstanceListView(VastView):
