@@ -20,6 +20,7 @@ from billing.models import (
     BillingEvent,
     BillingProfile,
     Card,
+    Dispute,
     Entry,
     LedgerTransaction,
     Payout,
@@ -127,6 +128,8 @@ def _refund(top_up: TopUp, data: dict, operator) -> None:
     """Each top-up's refund is keyed by the form's token (refund_unique_idempotency_key, per operator): the form
     sent again finds the refund it made instead of refunding again (found by review: $20 back for a $10 refund)."""
     amount = usd_to_micros(data["amount"]) if data["amount"] else refundable_micros(top_up=top_up)
+    if not amount:
+        raise Conflict("nothing of it can still be refunded (refunded already, or held by a dispute).")
     refund, created = refund_create_once(
         top_up=top_up, amount_micros=amount, reason=data["reason"], customer_note=data["customer_note"],
         created_by=operator, idempotency_key=web_idempotency_key(f"{data['form_token']}:{top_up.pk}"))
@@ -259,11 +262,16 @@ class UsageIntervalAdmin(ReadOnlyAdmin):
 class TopUpAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "user", "amount", "status", "automatic", "card_label", "payment_intent_id"]
     list_filter = ["status", "automatic", "created_at"]
-    search_fields = ["user__email", "payment_intent_id"]
+    search_fields = ["user__email", "payment_intent_id", "charge_id"]
     list_select_related = ["user"]
-    readonly_fields = ["user", "amount_micros", "card", "card_label", "automatic", "status", "failure_message",
-                       "payment_intent_id", "idempotency_key", "transaction", "created_at", "updated_at",
-                       "credited_at"]
+    readonly_fields = ["user", "amount_micros", "refundable", "card", "card_label", "automatic", "status",
+                       "failure_message", "payment_intent_id", "charge_id", "idempotency_key", "transaction",
+                       "created_at", "updated_at", "credited_at"]
+
+    @admin.display(description="refundable now")
+    def refundable(self, top_up):
+        # Less every refund not failed (the platform's and those made at Stripe) and what disputes hold.
+        return usd(refundable_micros(top_up=top_up))
     actions = ["refund"]
 
     @admin.display(ordering="amount_micros")
@@ -282,15 +290,35 @@ class TopUpAdmin(ReadOnlyAdmin):
 
 @admin.register(Refund)
 class RefundAdmin(ReadOnlyAdmin):
-    list_display = ["id", "created_at", "top_up", "amount", "status", "created_by", "stripe_refund_id"]
-    list_filter = ["status"]
+    list_display = ["id", "created_at", "top_up", "amount", "status", "origin", "created_by", "stripe_refund_id"]
+    list_filter = ["status", "origin"]
     search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
-    readonly_fields = ["top_up", "amount_micros", "status", "stripe_refund_id", "reason", "customer_note",
+    list_select_related = ["top_up", "created_by"]  # created_by may be null: the admin's default would not join it
+    readonly_fields = ["top_up", "amount_micros", "status", "origin", "stripe_refund_id", "reason", "customer_note",
                        "created_by", "failure_message", "transaction", "idempotency_key", "created_at"]
 
     @admin.display(ordering="amount_micros")
     def amount(self, refund):
         return usd(refund.amount_micros)
+
+
+@admin.register(Dispute)
+class DisputeAdmin(ReadOnlyAdmin):
+    list_display = ["stripe_dispute_id", "created_at", "top_up", "amount", "state", "bank_reason"]
+    search_fields = ["stripe_dispute_id", "top_up__user__email", "top_up__payment_intent_id", "top_up__charge_id"]
+    list_select_related = ["top_up"]
+    readonly_fields = ["stripe_dispute_id", "top_up", "amount_micros", "state", "bank_reason", "debit", "reversal",
+                       "created_at", "updated_at"]
+
+    @admin.display(ordering="amount_micros")
+    def amount(self, dispute):
+        return usd(dispute.amount_micros)
+
+    @admin.display(description="state")
+    def state(self, dispute):
+        if dispute.reversal_id:
+            return "won: the debit was given back"
+        return "debited: under dispute, or lost (not refundable)" if dispute.debit_id else "not debited"
 
 
 @admin.register(StripeEvent)

@@ -1,4 +1,5 @@
-"""Money: a double-entry ledger, usage intervals, cards and top-ups, Stripe events, refunds, payouts.
+"""Money: a double-entry ledger, usage intervals, cards and top-ups, Stripe events, refunds,
+disputes, payouts.
 
 Amounts are integers of micro-dollars (1e-6 USD) everywhere; decimals exist only at the API edge.
 
@@ -16,6 +17,7 @@ platform's revenue grows with fees. Money arriving from Stripe is taken from `pa
 (which goes negative: what Stripe holds for the platform), money leaving for providers' banks goes to
 `payout_clearing`, and credits the platform gives away come from `promotions`.
 """
+from .disputes import Dispute
 from .events import BillingEvent, EventKind
 from .ledger import USER_ACCOUNT_KINDS, Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
 from .payments import (
@@ -25,6 +27,7 @@ from .payments import (
     BillingProfile,
     Card,
     Refund,
+    RefundOrigin,
     RefundStatus,
     StripeEvent,
     StripeEventStatus,
@@ -39,6 +42,7 @@ __all__ = [
     "BillingEvent",
     "BillingProfile",
     "Card",
+    "Dispute",
     "Entry",
     "EventKind",
     "LedgerTransaction",
@@ -47,6 +51,7 @@ __all__ = [
     "PayoutStatus",
     "REFUND_TRANSITIONS",
     "Refund",
+    "RefundOrigin",
     "RefundStatus",
     "STRIPE_EVENT_TRANSITIONS",
     "StripeEvent",

@@ -88,6 +88,9 @@ class TopUp(StatefulModel, models.Model):
         "The charge's answer was lost: whether Stripe charged is not known until the follow-up finds the payment "
         "among the customer's (or finds none)."))
     payment_intent_id = models.CharField(max_length=100, null=True, blank=True, unique=True)
+    # The charge (ch_...) that paid it, recorded from the PaymentIntent when credited (or learned from Stripe): a
+    # dispute or refund event naming only its charge is matched by it (billing.services.charges).
+    charge_id = models.CharField(max_length=100, null=True, blank=True, unique=True)
     idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
@@ -115,9 +118,14 @@ class TopUp(StatefulModel, models.Model):
 
 
 class RefundStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", "Pending"  # reserved, not debited: Stripe's answer not recorded yet
+    SUCCEEDED = "succeeded", "Succeeded"  # Stripe has it pending, requires_action or succeeded: the wallet is debited
+    FAILED = "failed", "Failed"  # failed or canceled at Stripe (or never made): nothing debited, or given back
+
+
+class RefundOrigin(models.TextChoices):
+    PLATFORM = "platform", "An operator, through the platform"
+    STRIPE = "stripe", "Made at Stripe (its dashboard), not through the platform"
 
 
 R = RefundStatus
@@ -131,17 +139,20 @@ REFUND_TRANSITIONS = Transitions({
 
 
 class Refund(StatefulModel, models.Model):
-    """Money given back to the card of a top-up; the wallet is debited when Stripe confirms it."""
+    """Money given back to the card of a top-up, whoever made it; the wallet is debited when Stripe has it (pending,
+    requires_action or succeeded) and given back when it fails or is canceled (billing.services.refunds)."""
 
     transitions = REFUND_TRANSITIONS
 
     top_up = models.ForeignKey(TopUp, on_delete=models.PROTECT, related_name="refunds")
     amount_micros = models.BigIntegerField()
     status = models.CharField(max_length=12, choices=RefundStatus.choices, default=RefundStatus.PENDING)
+    origin = models.CharField(max_length=10, choices=RefundOrigin.choices, default=RefundOrigin.PLATFORM)
     stripe_refund_id = models.CharField(max_length=100, null=True, blank=True, unique=True)
     reason = models.TextField(help_text="Why the operator refunded (operators only).")
     customer_note = models.TextField(blank=True, db_default="", help_text="What the customer reads about it.")
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                                   related_name="+", help_text="The operator; none for a refund made at Stripe.")
     failure_message = models.CharField(max_length=500, blank=True)
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="refund")
@@ -158,10 +169,14 @@ class Refund(StatefulModel, models.Model):
             models.UniqueConstraint(fields=["created_by", "idempotency_key"], condition=~Q(idempotency_key=""),
                                     name="refund_unique_idempotency_key"),
             REFUND_TRANSITIONS.check_constraint("status", "refund_status_declared"),
-            # refund_confirm posts the debit and marks it succeeded in one write.
+            # refund_confirm posts the debit and marks it succeeded in one write. (Refunds made at Stripe that were
+            # debited before they were kept one by one have no Stripe id: migration 0013.)
             models.CheckConstraint(condition=~Q(status=R.SUCCEEDED)
-                                   | Q(transaction__isnull=False, stripe_refund_id__isnull=False),
+                                   | Q(transaction__isnull=False, stripe_refund_id__isnull=False)
+                                   | Q(transaction__isnull=False, origin=RefundOrigin.STRIPE),
                                    name="refund_succeeded_is_posted"),
+            models.CheckConstraint(condition=Q(origin=RefundOrigin.STRIPE) | Q(created_by__isnull=False),
+                                   name="refund_platform_has_operator"),
         ]
 
     def __str__(self):

@@ -273,7 +273,7 @@ def refund_reconcile(*, refund_id: int) -> str:
                   refund.top_up.payment_intent_id, error.message)
         return "error"
     # Made unless Stripe failed or canceled it: succeeded, or not finished (pending, requires_action) is debited as
-    # refund_create debits it, and a later failure gives the debit back (refund_failed_at_stripe). requires_action
+    # refund_create debits it, and a later failure gives the debit back (refunds.stripe_refund_apply). requires_action
     # was taken for a failure: refundable again, and the card got the money when Stripe finished it (found by
     # review).
     done = next((r for r in made if r.status not in ("failed", "canceled")), None)
@@ -283,8 +283,9 @@ def refund_reconcile(*, refund_id: int) -> str:
         return "succeeded" if done.status == "succeeded" else "pending"
     why = (f"The payment provider says the refund {made[0].status}; nothing was debited." if made else
            "The payment provider made no refund for it: nothing was refunded or debited.")
+    # Stripe's failed refund's id kept with it: a late event saying it was pending finds it failed, debits nothing.
     Refund.transition_rows(Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING), RefundStatus.FAILED,
-                           failure_message=why)
+                           failure_message=why, stripe_refund_id=made[0].id if made else None)
     log.info("refund %s: its answer was lost; %s", refund_id, why)
     return "failed"
 

@@ -1,13 +1,21 @@
-"""Refunds: (part of) a top-up given back to its card, by an operator.
+"""Refunds: (part of) a top-up given back to its card, by an operator here or by someone in Stripe's dashboard.
 
-A refund reserves its amount (a `pending` Refund, under a lock on the top-up and the wallet), calls
-Stripe, and on success posts the reversal (wallet → payment clearing) keyed by the Stripe refund id.
-When Stripe's answer is lost (no answer, a 5xx, an idempotency conflict), Stripe may have refunded: the refund
-stays pending, its amount reserved so that no second refund can give it back again, until
-billing.services.reconcile.refunds_reconcile finds Stripe's refund for it (by its metadata) and settles it.
-A refund Stripe made can still fail later (its `refund.failed` or `charge.refund.updated` webhook, status failed
-or canceled): the card never got the money, so the wallet's debit is reversed and the customer told
-(`refund_failed_at_stripe`).
+One rule for every refund, whoever made it (`stripe_refund_apply`): the wallet is debited while Stripe has the
+refund pending, requires_action or succeeded (once: ledger key `refund:<Stripe refund id>`), and given back once when
+it fails or is canceled (`refund-failed:<refund id>`, a reversal of the debit; the customer told). Stripe's events
+may come twice and in any order: a refund told failed is failed for good, and a later (stale) event saying it is
+pending or succeeded debits nothing.
+
+An operator's refund reserves its amount (a `pending` Refund, under a lock on the top-up and the wallet), calls
+Stripe, and on Stripe's answer is debited (refund_confirm). When Stripe's answer is lost (no answer, a 5xx, an
+idempotency conflict), Stripe may have refunded: the refund stays pending, its amount reserved so that no second
+refund can give it back again, until Stripe's refund event or billing.services.reconcile.refunds_reconcile finds
+Stripe's refund for it (by its metadata) and settles it.
+
+A refund made in Stripe's dashboard is recorded when Stripe tells it (`refund.created`/`.updated`/`.failed`,
+`charge.refund.updated`, or `charge.refunded` with the charge's refunds): a Refund of origin `stripe`, without an
+operator, under the same rule. What a top-up has left to refund (`refundable_micros`) counts every refund not
+failed, and what a dispute holds (billing.services.disputes): Stripe no longer has that money.
 """
 from typing import Any
 
@@ -15,8 +23,27 @@ import stripe
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
-from billing.models import Account, AccountKind, EventKind, Refund, RefundStatus, TopUp, TopUpStatus, TransactionKind
-from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.models import (
+    Account,
+    AccountKind,
+    Dispute,
+    EventKind,
+    Refund,
+    RefundOrigin,
+    RefundStatus,
+    TopUp,
+    TopUpStatus,
+    TransactionKind,
+)
+from billing.services.charges import (
+    ChargeEventUnusable,
+    StripeLookups,
+    object_id,
+    refund_matched,
+    top_up_for,
+    whole_cents,
+)
+from billing.services.ledger import ledger_post, platform_account, user_account, wallet_balance
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
 from core.errors import Conflict, IdempotencyKeyReused, Unavailable, ValidationFailed
@@ -25,11 +52,20 @@ from marketplace.money import micros_to_usd, usd_text
 
 
 def refundable_micros(*, top_up: TopUp) -> int:
+    """What of a top-up can still be refunded: its amount less every refund not failed (the platform's, pending or
+    debited, and those made at Stripe) and what disputes hold (under dispute, or lost to a chargeback: the bank took
+    it, so Stripe has it no more). Never below zero."""
     if top_up.status != TopUpStatus.SUCCEEDED:
         return 0
     taken = top_up.refunds.filter(status__in=[RefundStatus.PENDING, RefundStatus.SUCCEEDED]).aggregate(
         total=Sum("amount_micros"))["total"] or 0
-    return top_up.amount_micros - taken
+    return max(0, top_up.amount_micros - taken - disputed_micros(top_up=top_up))
+
+
+def disputed_micros(*, top_up: TopUp) -> int:
+    """What disputes of a top-up hold: debited and not given back (under dispute, or lost)."""
+    return Dispute.objects.filter(top_up=top_up, debit__isnull=False, reversal__isnull=True).aggregate(
+        total=Sum("amount_micros"))["total"] or 0
 
 
 REFUND_NOTE = "Refunded to your card."
@@ -103,7 +139,10 @@ def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_b
             raise Conflict(f"Only a credited top-up can be refunded; this one is {top_up.status}.")
         left = refundable_micros(top_up=top_up)
         if amount_micros > left:
-            raise Conflict(f"At most {usd_text(left)} of this top-up can still be refunded.")
+            held = disputed_micros(top_up=top_up)
+            raise Conflict(f"At most {usd_text(left)} of this top-up can still be refunded"
+                           + (f" ({usd_text(held)} of it is under dispute or was taken back by the card holder's bank)"
+                              if held else "") + ".")
         wallet = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET)
         wallet = Account.objects.select_for_update().get(pk=wallet.pk)
         reserved = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING).aggregate(
@@ -137,12 +176,15 @@ def _refund_send(*, refund: Refund) -> Refund:
                 f"The payment provider's answer to refund {refund.pk} was lost, so whether the card was refunded is "
                 "not known yet. The refund stays pending, its amount reserved, and is settled with what the payment "
                 "provider says within a few minutes: do not refund it again.", extra={"refund": refund.pk}) from None
-        Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
+        # Stripe made no refund: failed, unless its event said otherwise meanwhile (then that stands).
+        Refund.transition_rows(Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING), RefundStatus.FAILED,
                                failure_message=error.message[:500])
         raise error from None
-    if answer.status in ("failed", "canceled"):
-        Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
-                               failure_message=f"The payment provider says the refund {answer.status}.")
+    if answer.status in REFUND_GIVEN_BACK:
+        # The one rule, as for its events: failed with its Stripe id kept (a late event finds it failed and debits
+        # nothing), and a debit its event made while this answer travelled given back.
+        with transaction.atomic():
+            _give_back(refund=_locked(refund.pk), stripe_refund={"id": answer.id, "status": answer.status})
         raise Conflict(f"The payment provider says the refund {answer.status}; nothing was debited.")
     confirmed = refund_confirm(refund_id=refund.pk, stripe_refund_id=answer.id)
     if confirmed.status == RefundStatus.FAILED:  # Stripe's refund.failed came first (refund_confirm leaves it)
@@ -153,7 +195,7 @@ def _refund_send(*, refund: Refund) -> Refund:
 def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
     """Post the refund's reversal (wallet → payment clearing), once: idempotent on the Stripe refund id."""
     with transaction.atomic():
-        refund = Refund.objects.select_for_update().select_related("top_up__user").get(pk=refund_id)
+        refund = _locked(refund_id)
         if refund.status == RefundStatus.SUCCEEDED:
             return refund
         if refund.status == RefundStatus.FAILED and refund.stripe_refund_id == stripe_refund_id:
@@ -173,42 +215,122 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
         refund.transaction = txn
         refund.failure_message = ""
         refund.save(update_fields=["status", "stripe_refund_id", "transaction", "failure_message"])
-        event_create(user=top_up.user, kind=EventKind.REFUND,
-                     message=f"{usd_text(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
-                             f"your card: {refund.customer_note or REFUND_NOTE}",
-                     data={"top_up": top_up.pk, "refund": refund.pk,
-                           "amount": str(micros_to_usd(refund.amount_micros))})
+        data = {"top_up": top_up.pk, "refund": refund.pk, "amount": str(micros_to_usd(refund.amount_micros))}
+        if refund.origin == RefundOrigin.STRIPE:  # not asked for here: told by e-mail, with the balance left
+            event_create(user=top_up.user, kind=EventKind.REFUND, email=True,
+                         message=f"{usd_text(refund.amount_micros)} of your top-up {top_up.pk} was refunded to your "
+                                 "card, so it was debited from your balance, which is now "
+                                 f"{usd_text(wallet_balance(user_id=top_up.user_id))}.",
+                         data={**data, "transaction": txn.pk, "outside_platform": True})
+        else:
+            event_create(user=top_up.user, kind=EventKind.REFUND,
+                         message=f"{usd_text(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
+                                 f"your card: {refund.customer_note or REFUND_NOTE}", data=data)
     return refund
 
 
+def _locked(refund_id: int) -> Refund:
+    """A refund locked after its top-up: the order every refund path takes (a webhook of its charge locks the top-up
+    first), so that two of them never wait on each other."""
+    top_up_id = Refund.objects.filter(pk=refund_id).values_list("top_up_id", flat=True).get()
+    list(TopUp.objects.select_for_update().filter(pk=top_up_id).values_list("pk", flat=True))
+    return Refund.objects.select_for_update(of=("self",)).select_related("top_up__user").get(pk=refund_id)
+
+
+REFUND_DEBITED = ("pending", "requires_action", "succeeded")
+REFUND_GIVEN_BACK = ("failed", "canceled")
+OUTSIDE_REFUND_NOTE = "Refunded to your card."
+REFUND_FAILED_NOTE = "The refund to your card failed at the payment provider: the amount is back in your balance."
+
+
+def stripe_refund_apply(*, stripe_refund: dict[str, Any], looked: StripeLookups | None = None,
+                        top_up: TopUp | None = None) -> bool:
+    """Apply what Stripe says of one refund, whoever made it (the one rule: the module's docstring). A refund that is
+    not the platform's is recorded first, as made at Stripe, against the top-up its charge paid (`top_up` when the
+    caller found it already: a charge.refunded's). Call inside a transaction. Raises ChargeEventUnusable for a refund
+    that cannot be read or is no top-up's, ValueError for one of a top-up not credited yet."""
+    refund_id = object_id(stripe_refund, "refund")
+    status = stripe_refund.get("status")
+    if status not in REFUND_DEBITED + REFUND_GIVEN_BACK:
+        raise ChargeEventUnusable(f"Refund {refund_id} has status {str(status)[:40]!r}, not one this platform acts on: "
+                                  "nothing was done.")
+    refund = refund_matched(stripe_refund)
+    if refund is None:
+        if top_up is None:
+            top_up = top_up_for(stripe_refund, "Refund", refund_id, looked)
+        refund = _made_at_stripe(top_up=top_up, stripe_refund=stripe_refund, refund_id=refund_id)
+    elif top_up is not None and refund.top_up_id != top_up.pk:
+        raise ChargeEventUnusable(f"Refund {refund_id} is listed with the charge of top-up {top_up.pk}, but is a "
+                                  f"refund of top-up {refund.top_up_id} here: nothing was done.")
+    if status in REFUND_GIVEN_BACK:
+        _give_back(refund=refund, stripe_refund=stripe_refund)
+    else:
+        refund_confirm(refund_id=refund.pk, stripe_refund_id=refund_id)
+    return True
+
+
+def _made_at_stripe(*, top_up: TopUp, stripe_refund: dict[str, Any], refund_id: str) -> Refund:
+    """The record of a refund made at Stripe (pending here: stripe_refund_apply debits it or fails it next), made
+    once: under the top-up's lock, found again by its Stripe id. One debited before refunds made at Stripe were kept
+    one by one (migration 0013: no Stripe id) is the one of the same amount: it takes this id."""
+    currency = stripe_refund.get("currency")
+    if not isinstance(currency, str) or currency.lower() != "usd":
+        raise ChargeEventUnusable(f"Refund {refund_id} is in {str(currency)[:10]!r}, not in usd as top-up {top_up.pk} "
+                                  "was: nothing was done.")
+    amount = whole_cents(stripe_refund, "amount", "Refund", refund_id) * MICROS_PER_CENT
+    if not 0 < amount <= top_up.amount_micros:
+        raise ChargeEventUnusable(f"Refund {refund_id} is for {usd_text(amount)}, not an amount of top-up {top_up.pk} "
+                                  f"({usd_text(top_up.amount_micros)}): nothing was done.")
+    mine = Refund.objects.select_for_update(of=("self",)).select_related("top_up__user")
+    refund = mine.filter(stripe_refund_id=refund_id).first()
+    if refund is not None:
+        return refund
+    earlier = mine.filter(top_up=top_up, origin=RefundOrigin.STRIPE, stripe_refund_id__isnull=True,
+                          amount_micros=amount).order_by("pk").first()
+    if earlier is not None:
+        earlier.stripe_refund_id = refund_id
+        earlier.save(update_fields=["stripe_refund_id"])
+        return earlier
+    why = str(stripe_refund.get("reason") or "not given")[:60]
+    return Refund.objects.create(
+        top_up=top_up, amount_micros=amount, origin=RefundOrigin.STRIPE, stripe_refund_id=refund_id,
+        reason=f"Refunded at Stripe (its dashboard), not through the platform: Stripe refund {refund_id}, reason: "
+               f"{why}.",
+        customer_note=OUTSIDE_REFUND_NOTE)
+
+
 def refund_failed_at_stripe(*, stripe_refund: dict[str, Any]) -> bool:
-    """Stripe says a refund failed or was canceled after it was made. Debited here already: the debit is
-    reversed (once: ledger key `refund-failed:<id>`), the refund failed, and the customer told; still pending
-    here: failed, its amount refundable again. Call inside a transaction. False when it is no refund of ours."""
-    refund_id = str((stripe_refund.get("metadata") or {}).get("refund_id") or "")
-    query = Refund.objects.select_for_update().select_related("top_up__user")
-    refund = query.filter(stripe_refund_id=stripe_refund.get("id")).first() if stripe_refund.get("id") else None
-    if refund is None and refund_id.isascii() and refund_id.isdigit():
-        refund = query.filter(pk=int(refund_id)).first()
+    """Stripe says a refund of the platform's failed or was canceled (stripe_refund_apply's rule). Call inside a
+    transaction. False when it is no refund known here."""
+    refund = refund_matched(stripe_refund)
     if refund is None:
         return False
+    _give_back(refund=refund, stripe_refund=stripe_refund)
+    return True
+
+
+def _give_back(*, refund: Refund, stripe_refund: dict[str, Any]) -> None:
+    """A refund Stripe says failed or was canceled (`refund` locked). Debited here already: the debit is reversed
+    (once: ledger key `refund-failed:<id>`), the refund failed, and the customer told; still pending here: failed,
+    nothing debited, its amount refundable again; failed here already: nothing."""
     why = (stripe_refund.get("failure_reason") or "").replace("_", " ")
     told = f"The payment provider says the refund {stripe_refund.get('status')}{f' ({why})' if why else ''}."
     if refund.status == RefundStatus.PENDING:
-        # Its Stripe id recorded with it: refund_confirm, with the create's answer still on its way, must not
-        # take this refund for one that was made after all.
+        # Its Stripe id recorded with it: refund_confirm, with the create's answer (or an older event saying it was
+        # pending) still on its way, must not take this refund for one that was made after all.
         Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
                                stripe_refund_id=refund.stripe_refund_id or stripe_refund.get("id") or None,
                                failure_message=f"{told} Nothing was debited."[:500])
-        return True
+        return
     if refund.status != RefundStatus.SUCCEEDED or refund.transaction is None:
-        return True  # failed here already: nothing was debited
+        return  # failed here already: nothing was debited, or it was given back
     top_up = refund.top_up
     ledger_post(
         idempotency_key=f"refund-failed:{refund.pk}", kind=TransactionKind.REVERSAL, reverses=refund.transaction,
         lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), refund.amount_micros),
                (platform_account(kind=AccountKind.PAYMENT_CLEARING), -refund.amount_micros)],
         memo=f"Refund {refund.pk} of top-up {top_up.pk} failed at Stripe ({refund.stripe_refund_id})",
+        customer_note=REFUND_FAILED_NOTE,
     )
     refund.transition_to(RefundStatus.FAILED)
     refund.failure_message = f"{told} The amount is back in the balance."[:500]
@@ -218,4 +340,23 @@ def refund_failed_at_stripe(*, stripe_refund: dict[str, Any]) -> bool:
                          f"failed at the payment provider; {usd_text(refund.amount_micros)} is back in your balance.",
                  data={"top_up": top_up.pk, "refund": refund.pk, "failed": True,
                        "amount": str(micros_to_usd(refund.amount_micros))}, email=True)
+
+
+def charge_refunded_apply(*, charge: dict[str, Any], looked: StripeLookups | None = None) -> bool:
+    """Apply `charge.refunded`: each of the charge's refunds (listed in the event by API versions before 2022-11-15,
+    else listed at Stripe before the event's transaction: billing.services.charges.stripe_lookups) by the one rule.
+    The charge's refunded total is not read: each refund is debited or given back by its own id and status."""
+    charge_id = object_id(charge, "charge")
+    top_up = top_up_for(charge, "Charge", charge_id, looked)
+    listed = charge.get("refunds")
+    if isinstance(listed, dict) and isinstance(listed.get("data"), list) and listed.get("has_more") is False:
+        refunds = listed["data"]
+    elif looked is not None and charge_id in looked.refunds:
+        refunds = looked.refunds[charge_id]
+    else:  # matched to a top-up only now (its credit came meanwhile): Stripe is asked on the next delivery
+        raise ValueError(f"Charge {charge_id}: its refunds were not listed, nor looked up at Stripe")
+    for stripe_refund in refunds:
+        if not isinstance(stripe_refund, dict):
+            raise ChargeEventUnusable(f"Charge {charge_id} lists a refund that is not an object: nothing was done.")
+        stripe_refund_apply(stripe_refund=stripe_refund, looked=looked, top_up=top_up)
     return True

@@ -3,8 +3,11 @@
 The wallet is credited by `payment_intent.succeeded`, once: the event is stored under its unique Stripe id,
 and the credit's ledger key is `top-up:<id>`, so a replayed or duplicated event, or two events for one
 payment, credit nothing more. A `payment_intent.payment_failed` arriving after the success (out of order)
-changes nothing. Card money taken back at Stripe (`charge.dispute.*`, and `charge.refunded` for a refund made in
-Stripe's dashboard) is debited from the wallet by billing.services.disputes.
+changes nothing. Card money taken back by the bank (`charge.dispute.*`) is debited by billing.services.disputes;
+every refund, the platform's or one made in Stripe's dashboard (`refund.*`, `charge.refund.updated`,
+`charge.refunded`), is debited and given back by billing.services.refunds' one rule. What such an event does not say
+and Stripe must be asked (the PaymentIntent of a charge named alone, the refunds of a charge) is asked before the
+event's transaction (billing.services.charges.stripe_lookups).
 """
 import json
 import logging
@@ -18,14 +21,17 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp
-from billing.services.disputes import (
+from billing.services.charges import (
     CHARGE_REFUNDED,
-    DISPUTE_EVENTS,
+    REFUND_EVENTS,
     ChargeEventUnusable,
-    charge_refunded_apply,
-    dispute_apply,
+    StripeLookups,
+    charge_remember,
+    intent_charge,
+    stripe_lookups,
 )
-from billing.services.refunds import refund_failed_at_stripe
+from billing.services.disputes import DISPUTE_EVENTS, dispute_apply
+from billing.services.refunds import charge_refunded_apply, stripe_refund_apply
 from billing.services.stripe_gateway import MICROS_PER_CENT
 from billing.services.top_ups import top_up_credit, top_up_fail
 from core import metrics
@@ -164,13 +170,23 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
 
 def stripe_event_process(*, event_id: int) -> StripeEvent:
     """Process a stored event unless it was already: processed and ignored events stay as they are."""
+    stored = StripeEvent.objects.get(pk=event_id)
+    if stored.status in StripeEvent.transitions.final:
+        return stored
+    looked: StripeLookups | Exception
+    try:  # Stripe is asked outside the transaction (stripe_gateway's rule); not answering fails the event below
+        looked = stripe_lookups(kind=stored.type, payload=stored.payload)
+    except Exception as exc:  # noqa: BLE001 (recorded on the event, as a failure of its processing)
+        looked = exc
     with transaction.atomic():
         event = StripeEvent.objects.select_for_update().get(pk=event_id)
         if event.status in StripeEvent.transitions.final:  # processed or ignored: stays as it is
             return event
         try:
+            if isinstance(looked, Exception):
+                raise looked
             with transaction.atomic():
-                handled = _handle(event.type, event.payload)
+                handled = _handle(event.type, event.payload, looked)
             event.transition_to(StripeEventStatus.PROCESSED if handled else StripeEventStatus.IGNORED)
             event.error = ""
         except (EventUnusable, ChargeEventUnusable) as exc:
@@ -220,23 +236,16 @@ def _of_its_customer(intent: dict[str, Any], top_up: TopUp) -> bool:
     return not customer or not current or customer == current
 
 
-# A refund's later failure: `refund.failed` (Stripe's API since 2024) or `charge.refund.updated` (before), whose
-# object is the Refund; `refund.updated` too, acted on only when its status is failed or canceled.
-REFUND_EVENTS = ("refund.failed", "refund.updated", "charge.refund.updated")
-
-
-def _handle(kind: str, payload: dict[str, Any]) -> bool:
+def _handle(kind: str, payload: dict[str, Any], looked: StripeLookups) -> bool:
     """Act on one event; False when it is not one this platform acts on."""
     obj = (payload.get("data") or {}).get("object") or {}
-    if kind in REFUND_EVENTS:
-        if not isinstance(obj, dict) or obj.get("status") not in ("failed", "canceled"):
-            return False
+    if kind in REFUND_EVENTS:  # any status: debited, or given back (billing.services.refunds)
         _object_id(obj)  # matched by its id first: one without is refused, not matched by its metadata alone
-        return refund_failed_at_stripe(stripe_refund=obj)
+        return stripe_refund_apply(stripe_refund=obj, looked=looked)
     if kind in DISPUTE_EVENTS:
-        return dispute_apply(kind=kind, dispute=obj)
+        return dispute_apply(kind=kind, dispute=obj, looked=looked)
     if kind == CHARGE_REFUNDED:
-        return charge_refunded_apply(charge=obj)
+        return charge_refunded_apply(charge=obj, looked=looked)
     if kind not in ("payment_intent.succeeded", "payment_intent.payment_failed"):
         return False
     return payment_intent_apply(intent=obj, succeeded=kind == "payment_intent.succeeded")
@@ -261,6 +270,7 @@ def payment_intent_apply(*, intent: dict[str, Any], succeeded: bool) -> bool:
             raise ValueError(f"payment intent {intent.get('id')} is in {intent.get('currency')}, not usd")
         top_up_credit(top_up_id=top_up.pk, payment_intent_id=intent["id"],
                       amount_micros=int(intent["amount"]) * MICROS_PER_CENT)
+        charge_remember(top_up=top_up, charge_id=intent_charge(intent))  # a dispute may name only the charge
         return True
     error = intent.get("last_payment_error") or {}
     reason = error.get("message") or ("The payment was canceled." if intent.get("status") == "canceled"

@@ -9,6 +9,7 @@ from billing.models import (
     AccountKind,
     BillingEvent,
     Card,
+    Dispute,
     EventKind,
     Payout,
     Refund,
@@ -120,11 +121,13 @@ def payout(user: User) -> Payout:
 
 
 def extras(user: User, *, running_on: Node) -> None:
-    """One more row of each model only the admin lists: refunds, Stripe events, node events,
+    """One more row of each model only the admin lists: refunds, disputes, Stripe events, node events,
     interruptions, and a user with a billing profile."""
     n = next(_seq)
     now = timezone.now()
-    Refund.objects.create(top_up=top_up(user), amount_micros=1_000_000, reason="admin list", created_by=user)
+    refunded = top_up(user)
+    Refund.objects.create(top_up=refunded, amount_micros=1_000_000, reason="admin list", created_by=user)
+    Dispute.objects.create(stripe_dispute_id=f"dp_contract_{n}", top_up=refunded, amount_micros=1_000_000)
     StripeEvent.objects.create(event_id=f"evt_contract_{n}", type="customer.created", payload={"id": n})
     NodeEvent.objects.create(node=running_on, kind="note", message="admin list")
     Interruption.objects.create(instance=running_on.instances.first(), cause=InterruptionCause.values[0],

@@ -1,0 +1,225 @@
+"""Which top-up a Stripe charge, dispute or refund is about.
+
+An object names its PaymentIntent (a top-up's `payment_intent_id`), or only its charge: a dispute or refund of a
+charge made without a PaymentIntent, or sent by an API version older than the field. A charge is matched by the
+charge id recorded with its top-up when it was credited (`TopUp.charge_id`), else asked of Stripe: which
+PaymentIntent made it (and then remembered). A charge Stripe does not know, or that no PaymentIntent made, paid no
+top-up here. Stripe is asked before the event's transaction (`stripe_lookups`: never a network call under a lock);
+the handlers read the answers from what it returns.
+"""
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import stripe
+from django.db import IntegrityError, transaction
+
+from billing.models import Refund, RefundOrigin, TopUp, TopUpStatus
+from billing.services.stripe_gateway import client, translate
+from core.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+DISPUTE_PREFIX = "charge.dispute."
+CHARGE_REFUNDED = "charge.refunded"
+# A refund's own events: `refund.*` (Stripe's API since 2024), `charge.refund.updated` (before). The object is the
+# Refund.
+REFUND_EVENTS = ("refund.created", "refund.updated", "refund.failed", "charge.refund.updated")
+
+
+class ChargeEventUnusable(ValueError):
+    """A genuine event about a charge that is not applied here: not a top-up's, or its object cannot be read safely.
+    Ignored, the reason recorded on the event (Stripe's next delivery would carry the same object)."""
+
+
+@dataclass
+class StripeLookups:
+    """What Stripe said, asked before the event's transaction."""
+
+    intents: dict[str, str | None] = field(default_factory=dict)  # charge → the PaymentIntent that made it, or None
+    refunds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # charge → all its refunds
+
+
+def object_id(obj: dict[str, Any], what: str) -> str:
+    value = obj.get("id")
+    if not isinstance(value, str) or not value or len(value) > 100:
+        raise ChargeEventUnusable(f"The event's {what} has no usable id: nothing was done.")
+    return value
+
+
+def whole_cents(obj: dict[str, Any], name: str, what: str, object_id: str) -> int:
+    value = obj.get(name)
+    if type(value) is not int or value < 0:
+        raise ChargeEventUnusable(f"{what} {object_id}: `{name}` is not a whole number of cents ({str(value)[:40]!r}), "
+                                  "so nothing was done.")
+    return value
+
+
+def _id_of(value: object) -> str | None:
+    """An id, or an expanded object's id; None when absent or not one."""
+    if isinstance(value, dict):
+        value = value.get("id")
+    return value if isinstance(value, str) and value and len(value) <= 100 else None
+
+
+def payment_intent_named(obj: dict[str, Any]) -> str | None:
+    """The PaymentIntent a charge, dispute or refund names (an id, an expanded object, or its expanded charge's)."""
+    intent = obj.get("payment_intent")
+    if intent is None and isinstance(obj.get("charge"), dict):  # a dispute or refund with its charge expanded
+        intent = obj["charge"].get("payment_intent")
+    return _id_of(intent)
+
+
+def charge_named(obj: dict[str, Any]) -> str | None:
+    """The charge an object is about: a charge's own id, a dispute's or refund's `charge`."""
+    return _id_of(obj.get("id")) if obj.get("object") == "charge" else _id_of(obj.get("charge"))
+
+
+def _charge_unmatched(charge_id: str) -> bool:
+    return not TopUp.objects.filter(charge_id=charge_id).exists()
+
+
+def stripe_lookups(*, kind: str, payload: dict[str, Any]) -> StripeLookups:
+    """Ask Stripe what an event's handler will need and the event does not say: the PaymentIntent of a charge that
+    is named alone and matches no recorded charge; the refunds of a charge.refunded that does not list them all
+    (API versions since 2022-11-15 leave them out). Call outside any transaction. Raises Unavailable (the event
+    fails, and Stripe delivers it again) when Stripe does not answer."""
+    looked = StripeLookups()
+    obj = (payload.get("data") or {}).get("object")
+    if not isinstance(obj, dict):
+        return looked
+    if not (kind.startswith(DISPUTE_PREFIX) or kind in REFUND_EVENTS or kind == CHARGE_REFUNDED):
+        return looked
+    charge_id = charge_named(obj)
+    if kind in REFUND_EVENTS and _refund_known(obj):
+        return looked
+    if _names_only_its_charge(obj) and charge_id and _charge_unmatched(charge_id):
+        looked.intents[charge_id] = _charge_intent(charge_id)
+    if kind == CHARGE_REFUNDED and charge_id and not _refunds_listed(obj) and _is_ours(obj, charge_id, looked):
+        looked.refunds[charge_id] = _charge_refunds(charge_id)
+    return looked
+
+
+def _names_only_its_charge(obj: dict[str, Any]) -> bool:
+    """No PaymentIntent named (one named but unreadable is refused by top_up_for, not looked up)."""
+    return obj.get("payment_intent") is None and payment_intent_named(obj) is None
+
+
+def _refund_known(obj: dict[str, Any]) -> bool:
+    return refund_matched(obj, lock=False) is not None
+
+
+def refund_matched(stripe_refund: dict[str, Any], *, lock: bool = True) -> Refund | None:
+    """The platform's record of a Stripe refund: by its Stripe id, else (the platform's own, its create's answer not
+    recorded yet) by the `refund_id` of its metadata, unless that refund is recorded with another Stripe refund.
+    Locked (after its top-up: the order every refund path takes) unless `lock` is False."""
+    query = Refund.objects.select_related("top_up__user")
+    refund_id = _id_of(stripe_refund.get("id"))
+    refund = query.filter(stripe_refund_id=refund_id).first() if refund_id else None
+    metadata = stripe_refund.get("metadata")
+    ours = str((metadata if isinstance(metadata, dict) else {}).get("refund_id") or "")
+    if refund is None and ours.isascii() and ours.isdigit() and len(ours) < 19:
+        refund = query.filter(pk=int(ours), origin=RefundOrigin.PLATFORM, stripe_refund_id__isnull=True).first()
+    if refund is None or not lock:
+        return refund
+    list(TopUp.objects.select_for_update().filter(pk=refund.top_up_id).values_list("pk", flat=True))
+    return query.select_for_update(of=("self",)).get(pk=refund.pk)
+
+
+def _refunds_listed(charge: dict[str, Any]) -> bool:
+    refunds = charge.get("refunds")
+    return isinstance(refunds, dict) and isinstance(refunds.get("data"), list) and refunds.get("has_more") is False
+
+
+def _is_ours(charge: dict[str, Any], charge_id: str, looked: StripeLookups) -> bool:
+    intent = payment_intent_named(charge) or looked.intents.get(charge_id)
+    return (TopUp.objects.filter(charge_id=charge_id).exists()
+            or (intent is not None and TopUp.objects.filter(payment_intent_id=intent).exists()))
+
+
+def _stripe_failed(exc: stripe.StripeError, doing: str) -> Unavailable:
+    return Unavailable(f"{translate(exc, doing).message} The event is processed again when Stripe sends it again.")
+
+
+def _charge_intent(charge_id: str) -> str | None:
+    """The PaymentIntent that made a charge, asked of Stripe; None when Stripe has no such charge or none made it."""
+    try:
+        charge = client().v1.charges.retrieve(charge_id)
+    except stripe.InvalidRequestError as exc:
+        if exc.http_status == 404:
+            log.warning("Stripe has no charge %s (named by a webhook event)", charge_id)
+            return None
+        raise _stripe_failed(exc, f"looking up charge {charge_id}") from None
+    except stripe.StripeError as exc:
+        raise _stripe_failed(exc, f"looking up charge {charge_id}") from None
+    return _id_of(charge.to_dict().get("payment_intent"))
+
+
+def _charge_refunds(charge_id: str) -> list[dict[str, Any]]:
+    try:
+        page = client().v1.refunds.list(params={"charge": charge_id, "limit": 100})
+        return [refund.to_dict() for refund in page.auto_paging_iter()]
+    except stripe.StripeError as exc:
+        raise _stripe_failed(exc, f"listing the refunds of charge {charge_id}") from None
+
+
+def top_up_for(obj: dict[str, Any], what: str, object_id: str, looked: StripeLookups | None) -> TopUp:
+    """The credited top-up a charge, dispute or refund is about, locked (events about one charge apply one at a
+    time). Raises ChargeEventUnusable when it is no top-up's, or not in usd; ValueError when the top-up is not
+    credited yet (the event fails, and Stripe delivers it again: by then the credit is there)."""
+    intent_id = payment_intent_named(obj)
+    charge_id = charge_named(obj)
+    locked = TopUp.objects.select_for_update(of=("self",)).select_related("user")
+    top_up = None
+    if intent_id is None:
+        if not _names_only_its_charge(obj):
+            raise ChargeEventUnusable(f"{what} {object_id} names no PaymentIntent that can be read: it cannot be "
+                                      "matched to a top-up here, so nothing was done.")
+        if charge_id is None:
+            raise ChargeEventUnusable(f"{what} {object_id} names neither a PaymentIntent nor a charge: it cannot be "
+                                      "matched to a top-up here, so nothing was done.")
+        top_up = locked.filter(charge_id=charge_id).first()
+        if top_up is None:
+            if looked is None or charge_id not in looked.intents:  # matched when looked at, gone since: try again
+                raise ValueError(f"{what} {object_id}: charge {charge_id} was not looked up at Stripe")
+            intent_id = looked.intents[charge_id]
+            if intent_id is None:
+                raise ChargeEventUnusable(f"{what} {object_id} is of charge {charge_id}, which Stripe does not know or "
+                                          "no PaymentIntent made: it paid no top-up here, so nothing was done.")
+    if top_up is None:
+        top_up = locked.filter(payment_intent_id=intent_id).first()
+        if top_up is None:
+            raise ChargeEventUnusable(f"{what} {object_id} is of payment {str(intent_id)[:100]}, which paid no top-up "
+                                      "here: not a charge of this platform's wallet, so nothing was done.")
+        if charge_id and top_up.charge_id is None:
+            charge_remember(top_up=top_up, charge_id=charge_id)
+    currency = obj.get("currency")
+    if not isinstance(currency, str) or currency.lower() != "usd":
+        raise ChargeEventUnusable(f"{what} {object_id} is in {str(currency)[:10]!r}, not in usd as top-up {top_up.pk} "
+                                  "was: nothing was done.")
+    if top_up.status != TopUpStatus.SUCCEEDED:
+        raise ValueError(f"{what} {object_id} is of top-up {top_up.pk}, which is {top_up.status}, not credited yet")
+    return top_up
+
+
+def charge_remember(*, top_up: TopUp, charge_id: str | None) -> None:
+    """Record the charge that paid a top-up, once; a charge id another top-up holds is left alone (logged)."""
+    if not charge_id or top_up.charge_id:
+        return
+    try:
+        with transaction.atomic():
+            TopUp.objects.filter(pk=top_up.pk, charge_id__isnull=True).update(charge_id=charge_id)
+        top_up.charge_id = charge_id
+    except IntegrityError:
+        log.error("charge %s is recorded with another top-up than %s; not recorded again", charge_id, top_up.pk)
+
+
+def intent_charge(intent: dict[str, Any]) -> str | None:
+    """The charge a succeeded PaymentIntent made: `latest_charge` (API versions since 2022-11-15), or the first of its
+    `charges` (before)."""
+    latest = _id_of(intent.get("latest_charge"))
+    if latest:
+        return latest
+    charges = intent.get("charges")
+    data = charges.get("data") if isinstance(charges, dict) else None
+    return _id_of(data[0]) if isinstance(data, list) and data else None
