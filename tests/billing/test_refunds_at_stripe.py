@@ -270,3 +270,23 @@ def test_a_refund_its_event_debited_while_the_create_answer_travelled_is_given_b
     refund = Refund.objects.get()
     assert refund.status == "failed" and balance(api.user) == 40_000_000
     assert LedgerTransaction.objects.filter(idempotency_key=f"refund-failed:{refund.pk}").count() == 1
+
+
+def test_the_renters_statement_lists_a_dashboard_refund_and_the_failures_give_back_in_its_words(anon, user,
+                                                                                                 client_for):
+    """The statement's refunds total counted a dashboard refund its lines left out (it had no Refund row); a failed
+    refund's give-back said nothing to the renter (no customer note)."""
+    from django.utils import timezone
+
+    from billing.services.refunds import REFUND_FAILED_NOTE
+
+    credited_top_up(user)
+    assert answer(anon, charge_refunded("evt_1", [refund_obj(status="pending")])) == PROCESSED
+    assert answer(anon, refund_event("evt_2", kind="refund.failed", status="failed")) == PROCESSED
+    statement = client_for(user).get(f"/api/v1/billing/statements/{timezone.now():%Y-%m}/").json()
+    assert statement["refunds"] == "25.000000"
+    assert [(line["amount"], line["note"]) for line in statement["refund_lines"]] == [
+        ("25.000000", "Refunded to your card.")]
+    assert [(line["amount"], line["note"]) for line in statement["adjustment_lines"]] == [
+        ("25.000000", REFUND_FAILED_NOTE)]
+    assert statement["closing_balance"] == "100.000000"
