@@ -1,9 +1,10 @@
-"""Operators' view of jobs, node events and verification runs; the node page's inlines of them (shown by
+"""Operators' view of jobs, node events and verification runs; the node page's latest of them (shown by
 marketplace.admin.NodeAdmin, whose actions call provisioning's services)."""
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from core.admin_history import History
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
 from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.wording import reasons, reasons_text
@@ -119,25 +120,9 @@ class VerificationRunAdmin(ReadOnlyAdmin):
         return findings_list(run.findings)
 
 
-class NodeEventInline(admin.TabularInline):
-    model = NodeEvent
-    fields = ["created_at", "level", "kind", "message"]
-    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
-    extra = 0
-    max_num = 0
-    can_delete = False
-    ordering = ["-created_at"]
-
-
-class VerificationRunInline(admin.TabularInline):
-    model = VerificationRun
-    fields = ["created_at", "verdict", "score", "reasons"]
-    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
-    extra = 0
-    max_num = 0
-    can_delete = False
-    ordering = ["-created_at"]
-
-    @admin.display(description="reasons")
-    def reasons(self, run):
-        return findings_list(run.findings)
+# A node's history on its page (marketplace.admin.NodeAdmin): the latest rows, and a link to all of them.
+node_events = History(NodeEvent, "node", ["created_at", "level", "kind", "message"], title="Events")
+node_verification_runs = History(
+    VerificationRun, "node",
+    ["created_at", "verdict", "score", ("reasons", lambda run: findings_list(run.findings))],
+    title="Verification runs")

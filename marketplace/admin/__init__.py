@@ -4,19 +4,17 @@ Importing the package registers every ModelAdmin (Django's autodiscovery imports
 """
 from .accounts import AdminLoginForm, ApiKeyAdmin, SshKeyAdmin, UserAddForm, UserAdmin
 from .nodes import GpuAdmin, GpuInline, GpuModelAdmin, MigSliceAdmin, NodeAdmin
-from .renting import GpuAllocationInline, ImageAdmin, InstanceAdmin, InterruptionAdmin, InterruptionInline, VolumeAdmin
+from .renting import ImageAdmin, InstanceAdmin, InterruptionAdmin, VolumeAdmin
 
 __all__ = [
     "AdminLoginForm",
     "ApiKeyAdmin",
     "GpuAdmin",
-    "GpuAllocationInline",
     "GpuInline",
     "GpuModelAdmin",
     "ImageAdmin",
     "InstanceAdmin",
     "InterruptionAdmin",
-    "InterruptionInline",
     "MigSliceAdmin",
     "NodeAdmin",
     "SshKeyAdmin",

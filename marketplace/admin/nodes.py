@@ -4,6 +4,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
+from core.admin_history import HistoryAdmin
 from core.errors import Conflict
 from marketplace.models import (
     Gpu,
@@ -15,7 +16,7 @@ from marketplace.models import (
 )
 from marketplace.money import micros_to_usd
 from marketplace.services.nodes import node_retire, node_update
-from provisioning.admin import NodeEventInline, VerificationRunInline
+from provisioning.admin import node_events, node_verification_runs
 from provisioning.services.verification import node_accept_host_key, node_verify_request
 
 
@@ -59,7 +60,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(HistoryAdmin):
     list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
                     "verdict", "listed", "score", "reliability", "state_changed_at"]
     list_filter = ["state", "verdict", "listed", "runtime", "gpu_model", "country"]
@@ -74,7 +75,10 @@ class NodeAdmin(admin.ModelAdmin):
     # place, price, listed) changes only through node_update, whose rules a form here skipped (it relisted a
     # retired node): operators unlist and put into maintenance with the actions below, which call it.
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
-    inlines = [GpuInline, VerificationRunInline, NodeEventInline]
+    inlines = [GpuInline]
+    # The latest runs and events, and links to all of them: inlines showed every one the node ever had.
+    latest_runs, latest_events = node_verification_runs, node_events
+    histories = ["latest_runs", "latest_events"]
     actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key", "retire"]
 
     def has_add_permission(self, request):

@@ -1,6 +1,7 @@
 """The operators' panel for rentals: images, instances (stop and destroy), their interruptions, volumes."""
 from django.contrib import admin, messages
 
+from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
 from marketplace.models import (
     GpuAllocation,
@@ -21,38 +22,17 @@ class ImageAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
 
 
-class GpuAllocationInline(admin.TabularInline):
-    model = GpuAllocation
-    fields = ["gpu", "gpu_index", "allocated_at", "released_at"]
-    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
-    extra = 0
-    can_delete = False
-    ordering = ["-allocated_at", "gpu__index"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="index")
-    def gpu_index(self, allocation):
-        return allocation.gpu.index
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).select_related("gpu")
-
-
-class InterruptionInline(admin.TabularInline):
-    model = Interruption
-    fields = ["cause", "detail", "started_at", "detected_at", "ended_at", "outcome", "credited_seconds", "credited"]
-    readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="credited USD")
-    def credited(self, interruption):
-        return micros_to_usd(interruption.credited_micros)
+# An instance's history on its page: the latest rows, and a link to all of them (inlines showed every one; an
+# instance gets a set of allocations at each start, and an interruption each time its node or VM is lost).
+instance_allocations = History(
+    GpuAllocation, "instance",
+    ["gpu", ("index", lambda allocation: allocation.gpu.index), "allocated_at", "released_at"],
+    ordering=["-allocated_at", "gpu__index", "-id"], select_related=["gpu"], title="GPU allocations")
+instance_interruptions = History(
+    Interruption, "instance",
+    ["cause", "detail", "started_at", "detected_at", "ended_at", "outcome", "credited_seconds",
+     ("credited USD", lambda interruption: micros_to_usd(interruption.credited_micros))],
+    title="Interruptions")
 
 
 @admin.register(Interruption)
@@ -83,7 +63,7 @@ class InterruptionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Instance)
-class InstanceAdmin(admin.ModelAdmin):
+class InstanceAdmin(HistoryAdmin):
     list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
                     "started_at"]
     list_filter = ["status", "node__runtime", "gpu_model", "image"]
@@ -99,7 +79,8 @@ class InstanceAdmin(admin.ModelAdmin):
               "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
               "stopped_at", "destroyed_at", "updated_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
-    inlines = [GpuAllocationInline, InterruptionInline]
+    latest_allocations, latest_interruptions = instance_allocations, instance_interruptions
+    histories = ["latest_allocations", "latest_interruptions"]
     actions = ["force_stop", "force_destroy"]
 
     def has_add_permission(self, request):
