@@ -3,7 +3,8 @@
 Each function runs on a worker for one job, opens one SSH session for all its steps,
 and reports through marketplace's instance services, which own the instance states
 and the GPU allocations. Every step is idempotent on the node (the agent's `vm`
-commands are), so a retried or redelivered job finishes what an earlier one began.
+commands are), so a retried or redelivered job finishes what an earlier one began,
+and a command whose answer was lost is confirmed by the VM's state (_vm_command).
 """
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ from provisioning.services.faults import error_fault
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
-from provisioning.ssh_errors import AddressRefused, AgentFailed, AgentGarbage, NodeError, NodeUnreachable
+from provisioning.ssh_errors import (
+    AddressRefused,
+    AgentFailed,
+    AgentGarbage,
+    AgentTimeout,
+    NodeError,
+    NodeUnreachable,
+)
 
 SSH_READY_TIMEOUT_S = 120
 # Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.
@@ -258,6 +266,71 @@ def _progress(job: Job, instance: Instance, message: str) -> None:
     instance_svc.instance_set_status_message(instance_id=instance.pk, message=message)
 
 
+# ------------------------------------------------------------------------ a VM command whose answer is lost
+#
+# An answer can be lost on its way back: the connection drops after the node ran the command (the platform then
+# reads that the agent "printed nothing", or that the connection broke), or the node answers after the command's
+# time ran out. The command may have run to its end, in part, or not at all; the error does not say which. Taken
+# as a failure, a start that had started the VM was undone and told "did not go through", a create that had made
+# the VM was destroyed and the instance failed, and a stop or destroy that had done its work failed its job and
+# kept the GPUs held until the reconciler came by (tests/marketplace/test_renting_lost_answers.py).
+#
+# Every `vm` command is idempotent on the agent, and the VM's state can be read (`vm status`). So before a command
+# is taken as failed, the platform reads the VM's state over a new connection: a VM where the command brings it
+# (running after a create or a start, stopped after a stop, gone after a destroy) is the command done, and its
+# state is the answer; anywhere else the command is sent once more, and that answer is the command's. Only when
+# the node cannot be asked either does the command fail, as a node that cannot be reached: the job's task tries
+# again later (each step of a job is idempotent too), and once its tries are spent its failure handler decides.
+
+_ANSWER_LOST = (NodeUnreachable, AgentTimeout, AgentGarbage)  # errors that can come after the node ran the command
+# Where each command brings the VM, in the words of `vm status` (None: no such VM on the node any more).
+_BRINGS_VM_TO: dict[str, str | None] = {"create": "running", "start": "running", "stop": "stopped", "destroy": None}
+
+
+def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
+                request: dict[str, Any]) -> dict[str, Any]:
+    """`vm <verb>` with `request` over `session`: the agent's answer or, when it was lost, the VM's state confirmed
+    over a new connection (above). A command sent afterwards over a session whose connection dropped fails at once,
+    and is confirmed the same way. Raises what the agent answered (AgentFailed; `not_found` for a VM the node does
+    not have, but for a destroy), and NodeUnreachable (transient) when the node could not be asked again."""
+    try:
+        return session.agent("vm", verb, request)
+    except _ANSWER_LOST as lost:
+        return _vm_confirmed(job, instance, verb, request, lost)
+
+
+def _vm_confirmed(job: Job, instance: Instance, verb: str, request: dict[str, Any],
+                  lost: NodeError) -> dict[str, Any]:
+    job_step(job=job, message=f"no answer to vm {verb} ({lost.message[:200]}); reading the VM's state")
+    goal = _BRINGS_VM_TO[verb]
+    try:
+        with node_session(instance.node) as session:
+            status = _vm_status(session, instance)
+            if (status.get("state") if status else None) == goal:
+                job_step(job=job, message=f"the VM is {goal or 'gone'}: vm {verb} was done")
+                return status or {"vm_id": instance.vm_id, "state": "destroyed", "existed": None}
+            if status is None and verb in ("start", "stop"):
+                raise AgentFailed({"code": "not_found", "message": f"There is no VM {instance.vm_id} on the node."})
+            job_step(job=job, message=f"the VM is {status['state'] if status else 'not there'}: vm {verb} again")
+            return session.agent("vm", verb, request)
+    except _ANSWER_LOST as exc:
+        if not exc.transient:  # garbage again (a node that cannot answer), or a refusal of the platform's own
+            raise
+        # The next try sends the command again, which undoes nothing done already.
+        raise NodeUnreachable(f"No answer to vm {verb}: {lost.message} The VM's state could not be read either: "
+                              f"{exc.message}") from None
+
+
+def _vm_status(session: NodeSession, instance: Instance) -> dict[str, Any] | None:
+    """The node's `vm status` of the instance's VM; None when it has no such VM."""
+    try:
+        return session.agent("vm", "status", _request(instance))
+    except AgentFailed as exc:
+        if exc.code == "not_found":
+            return None
+        raise
+
+
 # The renter destroyed the instance while a job created, started, restarted or stopped its VM.
 _DESTROYED_MEANWHILE = (InstanceStatus.DESTROYING, InstanceStatus.DESTROYED)
 
@@ -340,7 +413,7 @@ def vm_provision(*, job: Job) -> None:
     with node_session(instance.node) as session:
         _progress(job, instance, _CREATING)
         try:
-            answer = session.agent("vm", "create", create_request(instance))
+            answer = _vm_command(job, instance, session, "create", create_request(instance))
         except AgentFailed as exc:
             if exc.code == "pull_failed":  # the registry's own reason, for the renter to act on
                 failed = AgentFailed({"code": exc.code, "message": f"The image could not be pulled: {exc.message}"})
@@ -361,9 +434,9 @@ def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
     return instance
 
 
-def _start(session: NodeSession, instance: Instance) -> dict[str, Any]:
+def _start(job: Job, session: NodeSession, instance: Instance) -> dict[str, Any]:
     # The GPUs it holds now: after a stop they may differ from the ones the VM had before.
-    return session.agent("vm", "start", _request(
+    return _vm_command(job, instance, session, "start", _request(
         instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
 
 
@@ -372,7 +445,7 @@ def vm_start(*, job: Job) -> None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, _STARTING)
-        answer = _start(session, instance)
+        answer = _start(job, session, instance)
     _running(job, instance, answer, "Running")
 
 
@@ -381,9 +454,9 @@ def vm_restart(*, job: Job) -> None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, _RESTART_STOPPING)
-        session.agent("vm", "stop", _request(instance))
+        _vm_command(job, instance, session, "stop", _request(instance))
         _progress(job, instance, "starting the VM again")
-        answer = _start(session, instance)
+        answer = _start(job, session, instance)
     _running(job, instance, answer, "Running (restarted)")
 
 
@@ -392,7 +465,7 @@ def vm_stop(*, job: Job) -> None:
         return
     with node_session(instance.node) as session:
         _progress(job, instance, _STOPPING)
-        session.agent("vm", "stop", _request(instance))
+        _vm_command(job, instance, session, "stop", _request(instance))
     try:
         instance_svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped; the disk is kept.")
     except InvalidTransition:
@@ -417,7 +490,7 @@ def vm_destroy(*, job: Job) -> None:
                        "follows it.")
     with node_session(instance.node) as session:
         _progress(job, instance, "destroying the VM and its disk")
-        session.agent("vm", "destroy", _request(instance))
+        _vm_command(job, instance, session, "destroy", _request(instance))
     instance_svc.instance_mark_destroyed(instance_id=instance.pk)
     job_finish(job=job)
 

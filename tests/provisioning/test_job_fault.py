@@ -278,6 +278,7 @@ def test_a_job_redelivered_after_its_worker_died_and_then_failing_by_the_node_st
         raise AgentGarbage("The agent's answer to vm create is not JSON: b'\\x00'")
 
     fake_node.hooks[("vm", "create")] = garbage
+    fake_node.hooks[("vm", "status")] = garbage  # not a lost answer: the node answers garbage again when asked
     run_in_worker(tasks.instance_provision, job, task_id="msg-1")  # reject_on_worker_lost: the same message again
     job = failed(job)
     assert job.lost_runs == 1 and job.fault == JobFault.NODE
@@ -381,6 +382,7 @@ def test_a_node_that_stays_unreachable_still_counts(fake_node):
         raise NodeUnreachable("connection timed out")
 
     fake_node.hooks[("vm", "create")] = away
+    fake_node.hooks[("vm", "status")] = away  # nor can it be asked whether the VM was made
     run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
     assert failed(job).fault == JobFault.NODE
     assert reliability(node) == pytest.approx(0.98)
@@ -483,6 +485,7 @@ def test_operators_see_and_filter_whose_failure_it_was(fake_node):
         raise NodeUnreachable("connection timed out")
 
     fake_node.hooks[("vm", "create")] = away
+    fake_node.hooks[("vm", "status")] = away
     run_in_worker(tasks.instance_provision, node_job, retries=RETRIES_SPENT)
     ops = as_user(UserFactory(is_staff=True, is_superuser=True))
     page = ops.get("/admin/provisioning/job/?fault__exact=platform").content.decode()

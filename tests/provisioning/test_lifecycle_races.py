@@ -64,6 +64,8 @@ class FakeNode:
                     fake.vms[vm_id] = "stopped"
                 elif (cmd, sub) == ("vm", "start"):
                     fake.vms[vm_id] = "running"
+                elif (cmd, sub) == ("vm", "status") and vm_id not in fake.vms:
+                    raise AgentFailed({"code": "not_found", "message": f"no VM {vm_id} on this node"})
                 return {"vm_id": vm_id, "state": fake.vms.get(vm_id, "running"), "ssh_host": "10.0.0.9",
                         "ssh_port": 40022, "ssh_user": "root"}
 

@@ -33,12 +33,14 @@ def sent_jobs(monkeypatch):
 
 
 class AwayNode(FakeNode):
-    """A FakeNode that opens no session while `unreachable` is set."""
+    """A FakeNode that opens no session while `unreachable` is set, nor the next `away_for` sessions."""
 
     unreachable = False
+    away_for = 0
 
     def session(self, node, *args, **kwargs):
-        if self.unreachable:
+        if self.unreachable or self.away_for:
+            self.away_for = max(self.away_for - 1, 0)
             raise NodeUnreachable("connection timed out")
         return super().session(node, *args, **kwargs)
 
@@ -98,13 +100,15 @@ def test_a_start_that_cannot_reach_the_node_leaves_the_stopped_instance_stopped(
 
 
 def test_a_start_lost_after_it_reached_the_node_is_stopped_again_on_the_node(fake_node):
-    """The start reached the node, then the node went quiet: the job's failure stops the VM (the node answers
-    that) and the instance is stopped, its GPU freed."""
+    """The start reached the node, then the node went quiet (its answer lost, and the VM's state could not be
+    read either): the job's failure stops the VM (the node answers that) and the instance is stopped, its GPU
+    freed. (A node that answers the state read confirms the start: tests/marketplace/test_renting_lost_answers.)"""
     node = make_listed_node(gpu_count=1)
     instance = stopped_instance(node, fake_node)
     instance_svc.instance_start(instance=instance)
 
     def started_then_lost():
+        fake_node.away_for = 1
         raise NodeUnreachable("connection reset while reading the answer")
 
     fake_node.hooks[("vm", "start")] = started_then_lost
