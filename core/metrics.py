@@ -141,11 +141,15 @@ class QueueDepthCollector(Collector):
 
 
 _scrape_collectors: dict[str, Collector] = {}
+_session_permissions: dict[str, tuple[str, ...]] = {}
 
 
-def register_scrape_collector(name: str, collector: Collector) -> None:
-    """Add a collector computed at each scrape (called once, at import, by the module that defines it)."""
+def register_scrape_collector(name: str, collector: Collector, permissions: Iterable[str] = ()) -> None:
+    """Add a collector computed at each scrape (called once, at import, by the module that defines it).
+    `permissions`: the view permissions of the records it counts, which a staff session needs to read the page (the
+    admin's rule for those records; the bearer token reads it whole)."""
     _scrape_collectors[name] = collector
+    _session_permissions[name] = tuple(permissions)
 
 
 class _ScrapeTime(Collector):
@@ -197,9 +201,19 @@ class MetricsUnauthorized(Exception):
     pass
 
 
+class MetricsForbidden(Exception):
+    """A staff session without some of the view permissions of what the page counts."""
+
+    def __init__(self, missing: list[str]):
+        super().__init__(missing)
+        self.missing = missing
+
+
 def metrics_allowed(request: HttpRequest) -> bool:
-    """True for a staff session or the right bearer token; False (→ 404) without credentials; raises
-    MetricsUnauthorized (→ 401) for a bearer token that is wrong or not accepted (no METRICS_TOKEN set)."""
+    """True for the right bearer token, or a staff session holding every collector's view permissions; False
+    (→ 404) without credentials; raises MetricsUnauthorized (→ 401) for a bearer token that is wrong or not
+    accepted (no METRICS_TOKEN set), MetricsForbidden (→ 403) for a staff session short of a permission (found by
+    review: any staff account, with no permission at all, read the fleet's figures here)."""
     header = request.headers.get("Authorization", "")
     if header:
         scheme, _, token = header.partition(" ")
@@ -209,17 +223,25 @@ def metrics_allowed(request: HttpRequest) -> bool:
                 return True
             raise MetricsUnauthorized
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff)
+    if not (user is not None and user.is_authenticated and user.is_active and user.is_staff):
+        return False
+    missing = sorted({p for perms in _session_permissions.values() for p in perms if not user.has_perm(p)})
+    if missing:
+        raise MetricsForbidden(missing)
+    return True
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """GET /metrics: the Prometheus text format, for a staff session or the bearer token."""
+    """GET /metrics: the Prometheus text format, for the bearer token or a staff session with the permissions."""
     try:
         allowed = metrics_allowed(request)
     except MetricsUnauthorized:
         response = HttpResponse("Unauthorized: wrong metrics token.\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
+    except MetricsForbidden as exc:
+        return HttpResponse("Forbidden: this page needs the permissions " + ", ".join(exc.missing) + ".\n",
+                            status=403, content_type="text/plain")
     if not allowed:
         raise Http404
     if request.method not in ("GET", "HEAD"):

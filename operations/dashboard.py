@@ -2,8 +2,10 @@
 
 Reads only, across every app (nodes and instances from marketplace, jobs and events from provisioning, revenue
 from billing's ledger): that is why it lives in `operations`, above the apps, and not in one of them. Shown by the
-admin index template (operations/templates/admin/gpumarket_index.html) through the `fleet_dashboard` template tag.
+admin index template (operations/templates/admin/gpumarket_index.html) through the `fleet_dashboard` template tag,
+each part to the holders of its view permission only (PARTS).
 """
+from collections.abc import Collection
 from datetime import timedelta
 
 from django.db.models import BooleanField, Case, Count, Q, Value, When
@@ -48,12 +50,77 @@ def revenue_figures(now=None) -> dict:
     return {"today": revenue_between(start=day, end=now), "month": revenue_between(start=month, end=now)}
 
 
-def fleet_figures(now=None) -> dict:
+# Each part of the dashboard and the view permission that shows it: the admin's own rule for the records it is
+# made of (found by review: any staff account, with no permission at all, read the revenue, providers' addresses
+# and nodes' error text). A part not shown is not computed either.
+PARTS = {
+    "nodes": "marketplace.view_node",  # counts by state, rejected and offline nodes (their providers, errors)
+    "gpus": "marketplace.view_gpu",
+    "instances": "marketplace.view_instance",
+    "jobs": "provisioning.view_job",
+    "events": "provisioning.view_nodeevent",
+    "runs": "provisioning.view_verificationrun",
+    "revenue": "billing.view_ledgertransaction",
+}
+
+
+def parts_for(user) -> frozenset[str]:
+    """The parts `user` may read (a superuser all; an inactive account none)."""
+    return frozenset(part for part, permission in PARTS.items() if user.has_perm(permission))
+
+
+def fleet_figures(parts: Collection[str], now=None) -> dict:
+    """The figures of the given parts (PARTS) only, with "parts" itself."""
     now = now or timezone.now()
+    day_ago, week_ago = now - timedelta(days=1), now - timedelta(days=7)
+    figures: dict = {"now": now, "parts": frozenset(parts)}
+    if "nodes" in parts:
+        figures.update(_nodes())
+    if "gpus" in parts:
+        figures.update(_gpus())
+    if "instances" in parts:
+        figures.update(_instances())
+    if "jobs" in parts:
+        figures.update(_jobs(now, day_ago))
+    if "runs" in parts:
+        figures["rejected_runs_week"] = VerificationRun.objects.filter(verdict=Verdict.REJECTED,
+                                                                       created_at__gte=week_ago).count()
+    if "events" in parts:
+        # Critical: events marked so, and a node going offline (its renters' instances are cut off).
+        figures["critical_events"] = list(
+            NodeEvent.objects.filter(Q(level=NodeEvent.Level.CRITICAL) | Q(kind__in=CRITICAL_KINDS),
+                                     created_at__gte=week_ago).select_related("node")[:LIST_LIMIT])
+    if "revenue" in parts:
+        figures["revenue"] = revenue_figures(now)
+    return figures
+
+
+def _nodes() -> dict:
     by_state = dict(Node.objects.order_by().values_list("state").annotate(n=Count("id")))
     states = [{"state": s, "label": s.label, "count": by_state.get(s.value, 0),
                "url": _changelist("marketplace_node", state__exact=s.value)} for s in NodeState]
+    rejected = (Node.objects.filter(verdict=Verdict.REJECTED).exclude(state=NodeState.RETIRED)
+                .select_related("provider", "gpu_model").order_by("-state_changed_at"))
+    offline = (Node.objects.filter(state=NodeState.OFFLINE).select_related("provider", "gpu_model")
+               .order_by("-state_changed_at"))
+    return {
+        "nodes_total": sum(s["count"] for s in states if s["state"] != NodeState.RETIRED),
+        "states": states,
+        "rejected_count": rejected.count(),
+        "rejected": list(rejected[:LIST_LIMIT]),
+        "rejected_url": _changelist("marketplace_node", verdict__exact=Verdict.REJECTED),
+        "degraded_count": Node.objects.filter(verdict=Verdict.DEGRADED).exclude(state=NodeState.RETIRED).count(),
+        "offline_count": offline.count(),
+        "offline": list(offline[:LIST_LIMIT]),
+        "offline_url": _changelist("marketplace_node", state__exact=NodeState.OFFLINE),
+        "state_chart": charts.hbar_chart(
+            [charts.Group("", [charts.Bar(_short(s["state"].label), s["count"], STATE_CSS.get(s["state"], ""),
+                                          str(s["count"])) for s in states])],
+            title="Nodes by state"),
+    }
 
+
+def _gpus() -> dict:
     # "Free" means bookable: a free GPU of a node renters cannot book (rejected, offline, pending, unlisted, ...:
     # the offers' rule, OFFERABLE) is counted as "not offered" instead.
     per_model: dict[str, dict] = {}
@@ -67,36 +134,36 @@ def fleet_figures(now=None) -> dict:
     models = sorted(per_model.values(), key=lambda r: (-sum(r[c] for c in GPU_COLUMNS), r["name"]))
     for row in models:
         row["url"] = _changelist("marketplace_gpu", gpu_model__id__exact=row["model_id"])
-    gpus = {c: sum(r[c] for r in models) for c in GPU_COLUMNS}
+    return {
+        "gpus": {c: sum(r[c] for r in models) for c in GPU_COLUMNS},
+        "gpu_models": models,
+        "gpu_chart": charts.stacked_bar_chart(
+            [(r["name"], [charts.Segment(r["rented"], "rented", "rented"), charts.Segment(r["free"], "free", "free"),
+                          charts.Segment(r["mig"], "mig", "split into MIG slices"),
+                          charts.Segment(r["not_offered"], "not-offered", "not offered"),
+                          charts.Segment(r["unavailable"], "unavailable", "unavailable")]) for r in models],
+            title="GPUs by model: rented, free (bookable), split into MIG slices, not offered, unavailable"),
+    }
 
-    stuck = (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now)
-             .select_related("node", "instance").order_by("deadline"))
-    rejected = (Node.objects.filter(verdict=Verdict.REJECTED).exclude(state=NodeState.RETIRED)
-                .select_related("provider", "gpu_model").order_by("-state_changed_at"))
-    offline = (Node.objects.filter(state=NodeState.OFFLINE).select_related("provider", "gpu_model")
-               .order_by("-state_changed_at"))
-    day_ago, week_ago = now - timedelta(days=1), now - timedelta(days=7)
+
+def _instances() -> dict:
     instances = dict(Instance.objects.exclude(status=InstanceStatus.DESTROYED).order_by()
                      .values_list("status").annotate(n=Count("id")))
     return {
-        "now": now,
-        "nodes_total": sum(s["count"] for s in states if s["state"] != NodeState.RETIRED),
-        "states": states,
-        "gpus": gpus,
-        "gpu_models": models,
         "instances_running": instances.get(InstanceStatus.RUNNING, 0),
         "instances_live": sum(n for s, n in instances.items() if s != InstanceStatus.FAILED),
         "instances_failed": instances.get(InstanceStatus.FAILED, 0),
+    }
+
+
+def _jobs(now, day_ago) -> dict:
+    stuck = (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now)
+             .select_related("node", "instance").order_by("deadline"))
+    return {
         "stuck_count": stuck.count(),
         "stuck": list(stuck[:LIST_LIMIT]),
         "stuck_url": _changelist("provisioning_job", stuck="yes"),
         "open_jobs": Job.objects.filter(status__in=OPEN_JOB_STATUSES).count(),
-        "rejected_count": rejected.count(),
-        "rejected": list(rejected[:LIST_LIMIT]),
-        "rejected_url": _changelist("marketplace_node", verdict__exact=Verdict.REJECTED),
-        "degraded_count": Node.objects.filter(verdict=Verdict.DEGRADED).exclude(state=NodeState.RETIRED).count(),
-        "rejected_runs_week": VerificationRun.objects.filter(verdict=Verdict.REJECTED,
-                                                             created_at__gte=week_ago).count(),
         # The node's failures (provisioning.services.faults: what counts against a node) apart from the platform's
         # own, which are the platform's trouble to look into.
         "failed_verify_jobs_day": Job.objects.filter(kind=JobKind.NODE_VERIFY, status=JobStatus.FAILED,
@@ -107,22 +174,4 @@ def fleet_figures(now=None) -> dict:
                                                        finished_at__gte=day_ago).count(),
         "platform_failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED,
                                                 fault__exact=JobFault.PLATFORM),
-        # Critical: events marked so, and a node going offline (its renters' instances are cut off).
-        "critical_events": list(NodeEvent.objects.filter(Q(level=NodeEvent.Level.CRITICAL) | Q(kind__in=CRITICAL_KINDS),
-                                                         created_at__gte=week_ago)
-                                .select_related("node")[:LIST_LIMIT]),
-        "offline_count": offline.count(),
-        "offline": list(offline[:LIST_LIMIT]),
-        "offline_url": _changelist("marketplace_node", state__exact=NodeState.OFFLINE),
-        "revenue": revenue_figures(now),
-        "state_chart": charts.hbar_chart(
-            [charts.Group("", [charts.Bar(_short(s["state"].label), s["count"], STATE_CSS.get(s["state"], ""),
-                                          str(s["count"])) for s in states])],
-            title="Nodes by state"),
-        "gpu_chart": charts.stacked_bar_chart(
-            [(r["name"], [charts.Segment(r["rented"], "rented", "rented"), charts.Segment(r["free"], "free", "free"),
-                          charts.Segment(r["mig"], "mig", "split into MIG slices"),
-                          charts.Segment(r["not_offered"], "not-offered", "not offered"),
-                          charts.Segment(r["unavailable"], "unavailable", "unavailable")]) for r in models],
-            title="GPUs by model: rented, free (bookable), split into MIG slices, not offered, unavailable"),
     }

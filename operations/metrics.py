@@ -101,7 +101,9 @@ def _queues() -> list[str]:
     return sorted(q.name for q in current_app.conf.task_queues or ())
 
 
-metrics.register_scrape_collector("platform", PlatformCollector())
+# A staff session reads the page only with the view permissions of what it counts (core.metrics.metrics_allowed).
+metrics.register_scrape_collector("platform", PlatformCollector(), permissions=[
+    "marketplace.view_node", "marketplace.view_instance", "provisioning.view_job", "billing.view_stripeevent"])
 metrics.register_scrape_collector("queues", metrics.QueueDepthCollector(_queues))
 
 metrics_view = metrics.metrics_view

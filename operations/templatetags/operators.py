@@ -1,11 +1,11 @@
-"""The operators' dashboard on the admin index page."""
+"""The operators' dashboard on the admin index page: the parts the operator's permissions show (PARTS)."""
 from django import template
 
-from operations.dashboard import fleet_figures
+from operations.dashboard import fleet_figures, parts_for
 
 register = template.Library()
 
 
-@register.inclusion_tag("admin/includes/fleet_dashboard.html")
-def fleet_dashboard():
-    return {"fleet": fleet_figures()}
+@register.inclusion_tag("admin/includes/fleet_dashboard.html", takes_context=True)
+def fleet_dashboard(context):
+    return {"fleet": fleet_figures(parts_for(context["request"].user))}

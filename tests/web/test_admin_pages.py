@@ -154,11 +154,11 @@ def test_the_dashboard_shows_revenue_today_and_this_month_from_the_ledger(ops, r
 
 def test_the_dashboard_counts_gpus_split_into_mig_slices(ops):
     """A GPU in status `mig` once made the operators' dashboard answer 500 (a column it did not know)."""
-    from operations.dashboard import fleet_figures
+    from operations.dashboard import PARTS, fleet_figures
     from tests.marketplace.mig_helpers import SEVEN, make_mig_node
 
     make_mig_node({0: SEVEN}, gpu_count=2)  # GPU 0 split, GPU 1 whole and free
-    assert (fleet_figures()["gpus"]["mig"], fleet_figures()["gpus"]["free"]) == (1, 1)
+    assert (fleet_figures(PARTS)["gpus"]["mig"], fleet_figures(PARTS)["gpus"]["free"]) == (1, 1)
     page = ops.get("/admin/")
     assert page.status_code == 200 and "split into MIG slices" in page.content.decode()
 
