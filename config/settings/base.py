@@ -33,7 +33,7 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 FIELD_ENCRYPTION_KEYS = env_list("FIELD_ENCRYPTION_KEYS", [DEFAULT_FIELD_ENCRYPTION_KEY])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "core.admin_site.AdminConfig",  # django.contrib.admin with the project's site (core/admin_site.py)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
