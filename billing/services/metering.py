@@ -10,7 +10,7 @@ The tick bills no further than the last moment the instance's node was seen heal
 written by every successful health check): time after a node stopped answering is never billed (when it
 answers again the meter catches up; when its instances are interrupted, their billing closes at that moment,
 see marketplace.services.instances.interruptions). A state change bills up to its moment, or, while the node's
-latest health check failed, up to its last healthy moment (node_billable_until).
+latest health check failed or the platform no longer checks it, up to its last healthy moment (node_billable_until).
 
 Each closed stretch of time is a `UsageInterval` [start, end) with one ledger transaction: the
 renter's wallet pays `amount`, the provider earns `amount - fee`, the platform keeps `fee`. Rounding
@@ -59,7 +59,7 @@ from billing.pricing import (  # noqa: F401 (the arithmetic is imported from her
 )
 from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
 from core.locks import advisory_lock, lock_key
-from marketplace.models import Instance, InstanceStatus, Node
+from marketplace.models import Instance, InstanceStatus, Node, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +70,24 @@ ADVISORY_LOCK_KEY = lock_key(ADVISORY_LOCK_NAME)
 # ------------------------------------------------------------------------- one instance (services)
 
 
+# Nodes the platform no longer checks: quarantined (its host key changed: neither a health check nor a job talks to
+# it until an operator decides) or retired. Nothing after their last health check is known of their VMs.
+UNSEEN_NODE_STATES = (NodeState.QUARANTINED, NodeState.RETIRED)
+
+
 def node_billable_until(*, node_id: int, now: datetime) -> datetime:
     """Where a charge closed by a state change (a stop, a destroy, a failure) ends: `now`, or the node's last
-    healthy moment while its latest health check failed. Time after a node stopped answering is never billed, a
-    stop asked in the checks before the interruption included; while the node answers, the change's moment."""
-    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures").first()
-    if row is None or not row[1] or row[0] is None:
+    healthy moment while its latest health check failed or the platform no longer checks it (UNSEEN_NODE_STATES).
+    Time after a node stopped answering is never billed, a stop asked in the checks before the interruption
+    included; while the node answers, the change's moment. (Before, a stop on a quarantined node, whose checks had
+    stopped without a failure, was billed up to the stop: hours of a VM nobody could see.)"""
+    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures", "state").first()
+    if row is None:
         return now
-    return min(now, row[0])
+    last_seen, failures, state = row
+    if last_seen is None or (not failures and state not in UNSEEN_NODE_STATES):
+        return now
+    return min(now, last_seen)
 
 
 def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageInterval | None:

@@ -15,9 +15,10 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core import metrics
-from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, Node, NodeState
+from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, InterruptionCause, Node, NodeState
 from marketplace.models.renting import vm_id_of
 from marketplace.selectors import node_in_use_q
+from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import JobFault, NodeEvent
@@ -141,18 +142,25 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)
 
 
-@transaction.atomic
 def node_quarantine(*, node_id: int, seen: str) -> None:
-    node = Node.objects.select_for_update().get(pk=node_id)
-    node.seen_host_key_fingerprint = seen
-    node.last_error = (
-        f"The server's SSH host key changed (expected {node.host_key_fingerprint}, got {seen}). "
-        "The node is quarantined until an operator confirms the new key."
-    )
-    if node.state != NodeState.QUARANTINED and node.can_transition_to(NodeState.QUARANTINED):
-        node.transition_to(NodeState.QUARANTINED)
-    node.save()
-    node_event(node=node, kind="host_key_changed", message=node.last_error, level=NodeEvent.Level.CRITICAL)
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        node.seen_host_key_fingerprint = seen
+        node.last_error = (
+            f"The server's SSH host key changed (expected {node.host_key_fingerprint}, got {seen}). "
+            "The node is quarantined until an operator confirms the new key."
+        )
+        if node.state != NodeState.QUARANTINED and node.can_transition_to(NodeState.QUARANTINED):
+            node.transition_to(NodeState.QUARANTINED)
+        node.save()
+        node_event(node=node, kind="host_key_changed", message=node.last_error, level=NodeEvent.Level.CRITICAL)
+    # No check or job talks to it from now: its running instances are interrupted as those of a node that stopped
+    # answering, billed up to its last healthy check (before, they stayed `running`, their renters never told, as
+    # its checks stopped before they could interrupt them). After the node's row is released: instance rows are
+    # locked before node rows everywhere else.
+    instance_svc.node_instances_interrupt(
+        node_id=node_id, since=node.last_seen_at, cause=InterruptionCause.NODE_LOST,
+        detail="its SSH host key changed; the platform no longer talks to it until an operator confirms the key")
 
 
 @dataclass

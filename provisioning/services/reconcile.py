@@ -9,7 +9,7 @@ import logging
 import re
 from typing import Any
 
-from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
+from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, Volume, VolumeState
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
@@ -30,7 +30,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     - a VM no instance owns is removed (an orphan), as is the VM of an instance destroyed while the node was
       unreachable (whose GPUs are then freed);
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
-      when its VM is gone; a running instance whose VM vanished fails;
+      when its VM is gone; a running instance whose VM vanished or is not running is interrupted, as the health
+      check does it (billed up to the VM's last sighting, the renter told and credited), then fails or is started
+      again (`_running_vm_lost`);
     - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
       never ran is destroyed with its disk;
     - a stopped instance fails when its VM is gone (its disk went with it: no longer billed, and it could never
@@ -109,19 +111,40 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 else:
                     counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) \
                         is not None
-            elif instance.status == InstanceStatus.RUNNING and vm is None:
-                instance_svc.instance_mark_failed(
-                    instance_id=instance.pk, message="The VM disappeared from the node; the GPUs were released."
-                )
-                node_event(node=node, kind="vm_vanished", message=f"The VM of instance {instance.pk} vanished.",
-                           level=NodeEvent.Level.WARNING)
-                counts["instances_failed"] += 1
+            elif instance.status == InstanceStatus.RUNNING and (vm is None or vm.get("state") != "running"):
+                _running_vm_lost(node, instance, vm, counts)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
         _release_held(node, known, seen, settled, making, counts)
         _reconcile_volumes(node, session, counts)
     return counts
+
+
+def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, counts: dict[str, int]) -> None:
+    """A running instance whose VM the list shows gone, or not running: interrupted as the health check does it
+    (billing closed at the VM's last sighting, the renter told and credited), then failed when the VM is gone
+    (there is nothing to start again) or started again. Before, a gone VM's instance failed with its billing
+    closed at this pass, up to a health interval after the VM was last seen, and without the interruption's word
+    or credit; a stopped one was left running, billed until the next health check saw it."""
+    gone = vm is None
+    state = "gone" if vm is None else str(vm.get("state"))[:40]
+    interruption = instance_svc.instance_interrupt(
+        instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
+        cause=InterruptionCause.VM_LOST,
+        detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
+    if interruption is None:  # no longer running: a stop, restart or destroy was asked since the list
+        return
+    node_event(node=node, kind="vm_vanished" if gone else "vm_not_running",
+               message=f"The VM of instance {instance.pk} was {state} while it was running; interrupted.",
+               level=NodeEvent.Level.WARNING)
+    if gone:
+        instance_svc.instance_mark_failed(
+            instance_id=instance.pk, only_in=(InstanceStatus.INTERRUPTED,),
+            message="The VM disappeared from the server; the GPUs were released.")
+        counts["instances_failed"] += 1
+    else:
+        counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) is not None
 
 
 def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int, dict[str, Any]],

@@ -521,16 +521,24 @@ BRINGS_ABOUT: dict[str, str] = {
 }
 
 
-def _vm_settled(instance: Instance, verb: str) -> bool:
-    """Ask the node to stop or destroy the VM; whether it confirmed that nothing runs on the GPUs any more."""
+# What the node said of the VM that a job giving up asked it to stop or destroy (_vm_settled).
+_SETTLED, _GONE, _UNKNOWN = "settled", "gone", "unknown"
+_VM_GONE = ("Its VM and disk are no longer on the server (removed there, or lost by it), so it cannot run again; "
+           "nothing more is billed for it. Destroy it, and rent another instance to carry on.")
+
+
+def _vm_settled(job: Job, instance: Instance, verb: str) -> str:
+    """Ask the node to stop or destroy the VM, confirmed as every VM command is when its answer is lost: _SETTLED
+    (nothing runs on the GPUs any more), _GONE (the node has no such VM: nothing runs, and no disk is left to
+    keep), or _UNKNOWN (the node did not say)."""
     try:
         with node_session(instance.node) as session:
-            session.agent("vm", verb, _request(instance))
+            _vm_command(job, instance, session, verb, _request(instance))
     except AgentFailed as exc:
-        return exc.code == "not_found"  # no such VM there
+        return _GONE if exc.code == "not_found" else _UNKNOWN
     except NodeError:
-        return False
-    return True
+        return _UNKNOWN
+    return _SETTLED
 
 
 def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> None:
@@ -543,7 +551,9 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
 
     - provision: failed (nothing is billed);
     - start: stopped again, its disk kept (the renter may start it again);
-    - stop and restart: running as before when the job never sent its command to the node; else stopped.
+    - stop and restart: running as before when the job never sent its command to the node; else stopped;
+    - start, restart and stop of a VM the node no longer has: failed (its disk went with it: stopped, it was
+      billed for a disk that was not there until the reconciler's pass, and offered a start that could not work).
 
     GPUs are freed only where no VM can use them: the job never touched the VM, or the node confirmed it
     stopped or destroyed (asked here unless `reach_node` is False: the reaper). Otherwise the instance keeps
@@ -576,10 +586,18 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         job_finish(job=job, error=error, fault=fault)
         return
     provision = kind == JobKind.INSTANCE_PROVISION
-    settled = not touched or (reach_node and _vm_settled(instance, "destroy" if provision else "stop"))
+    if not touched:
+        outcome = _SETTLED
+    elif reach_node:
+        outcome = _vm_settled(job, instance, "destroy" if provision else "stop")
+    else:
+        outcome = _UNKNOWN
+    settled = outcome != _UNKNOWN
     if provision:
         instance_svc.instance_mark_failed(instance_id=instance.pk, message=error, only_in=waiting_on,
                                           cleanup_pending=not settled)
+    elif outcome == _GONE:
+        instance_svc.instance_mark_failed(instance_id=instance.pk, message=_VM_GONE, only_in=waiting_on)
     else:
         failed_verb = {JobKind.INSTANCE_START: "The start", JobKind.INSTANCE_RESTART: "The restart"}.get(kind)
         message = (f"{failed_verb} did not go through: {error} It is stopped, its disk kept; start it again."

@@ -44,6 +44,7 @@ from .interruptions import (
     instance_resume,
     node_instances_interrupt,
     node_instances_price_cut,
+    vm_last_seen_at,
 )
 from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
 from .mig import instance_slice_uuids
@@ -65,7 +66,7 @@ __all__ = [
     "funds_for", "instance_create",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut",
-    "instance_restart_interrupted", "instance_resume", "node_instances_interrupt",
+    "instance_restart_interrupted", "instance_resume", "node_instances_interrupt", "vm_last_seen_at",
     "instance_gpu_indices", "instance_on_one_nvlink_island",
     "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
     "instance_mark_running", "instance_mark_running_again", "instance_mark_stopped", "instance_release_gpus",

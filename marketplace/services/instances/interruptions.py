@@ -1,7 +1,8 @@
 """Interruptions (the platform lost a running instance's node or VM, through no fault of the renter), and
 price cuts (a re-verification found a rented node's hardware worse than when it was booked).
 
-One rule, applied here for every cause (health checks failing, the VM found not running):
+One rule, applied here for every cause (health checks failing, the node quarantined because its host key changed,
+the VM found gone or not running by a health check or by the reconciler):
 - the instance moves to `interrupted` at once, and its billing is closed at the last moment its node was
   seen healthy (`since`), never at the moment the loss was noticed;
 - the renter gets an event (API and email) at once, and a service credit by the published rule
@@ -23,7 +24,7 @@ from billing.models import EventKind
 from billing.services.credits import interruption_credit
 from billing.services.metering import node_billable_until, usage_close
 from billing.services.notify import event_create
-from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome
+from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome, Node
 from marketplace.models.renting import FINAL_STATUSES, vm_id_of
 from marketplace.money import micros_to_usd, usd_text
 from notifications.services.notify import Kind
@@ -79,6 +80,16 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instan
 
 def _at(moment: datetime) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def vm_last_seen_at(*, instance: Instance) -> datetime | None:
+    """The last moment the platform saw a running instance's VM alive, where its billing ends when the VM is found
+    gone or not running: its node's last health check, whose answer lists the node's VMs (a running instance whose
+    VM it does not show running is interrupted by that check, so every one still running was seen by it), or the
+    instance's start when that came later (its VM's SSH answered then). None when neither is known."""
+    seen = Node.objects.filter(pk=instance.node_id).values_list("last_seen_at", flat=True).first()
+    started = instance.started_at
+    return max(seen, started) if seen is not None and started is not None else seen or started
 
 
 def node_instances_interrupt(*, node_id: int, since: datetime | None, cause: str, detail: str,
