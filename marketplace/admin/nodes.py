@@ -2,7 +2,8 @@
 maintenance), their GPUs and MIG slices."""
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
@@ -90,9 +91,11 @@ class NodeAdmin(HistoryAdmin):
         return False
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            _free=Count("gpus", filter=Q(gpus__status=GpuStatus.FREE))
-        )
+        # A subquery, not Count("gpus", filter=...): that aggregate made both of the list's counts of nodes join every
+        # GPU under a GROUP BY; Django leaves an unused subquery out of count(), and runs it for the rows shown.
+        free = (Gpu.objects.filter(node=OuterRef("pk"), status=GpuStatus.FREE).order_by().values("node")
+                .annotate(n=Count("pk")).values("n"))
+        return super().get_queryset(request).annotate(_free=Coalesce(Subquery(free), 0))
 
     @admin.display(ordering="_free", description="free GPUs")
     def gpus_free(self, node):
