@@ -11,6 +11,11 @@ class ReadOnly(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    # Nor deleted: a notification or delivery is the record of what a user was told, and an endpoint is its
+    # owner's to delete (notifications.services.webhooks.endpoint_delete locks its deliveries first, and tells them).
+    def has_delete_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(Notification)
 class NotificationAdmin(ReadOnly):

@@ -88,3 +88,22 @@ def _request(user):
     request = RequestFactory().get("/admin/")
     request.user = user
     return request
+
+
+def test_notifications_and_webhooks_are_not_deleted_by_hand(ops, renter):
+    """A notification or a delivery is the record of what a user was told; an endpoint is its owner's to delete
+    (its service locks the deliveries being written first)."""
+    from notifications.models import Notification, WebhookDelivery, WebhookEndpoint
+    from notifications.services.notify import notify
+    from notifications.services.webhooks import endpoint_create
+
+    endpoint = endpoint_create(user=renter, url="http://127.0.0.1:9/x")[0]
+    told = notify(user=renter, kind="low_balance", payload={"balance_micros": 1_000_000}, dedupe_key="admin-delete")
+    assert told is not None
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    for model, pk in (("notification", told.pk), ("webhookendpoint", endpoint.pk), ("webhookdelivery", delivery.pk)):
+        assert ops.post(f"/admin/notifications/{model}/{pk}/delete/", {"post": "yes"}).status_code == 403, model
+        act(ops, f"notifications/{model}", "delete_selected", pk, post="yes")
+    assert Notification.objects.filter(pk=told.pk).exists()
+    assert WebhookEndpoint.objects.filter(pk=endpoint.pk).exists()
+    assert WebhookDelivery.objects.filter(pk=delivery.pk).exists()
