@@ -267,7 +267,7 @@ def _offer_or_404(node_id: int):
 
 def _funds(user, unit_price_micros: int) -> dict:
     """The renter's balance against what renting one GPU (or one MIG slice) of this offer needs: the booking's
-    own funds check (one hour of all their running and starting instances plus this one)."""
+    own funds check (one hour of all their running and starting instances and their storage plus this one)."""
     funds = svc.funds_for(renter_id=user.pk, price_per_hour_micros=unit_price_micros)
     minimum = int(settings.BILLING_TOP_UP_MIN_USD)
     return {"balance_micros": funds.balance_micros, "required_micros": funds.required_micros,
@@ -280,13 +280,14 @@ def _funds(user, unit_price_micros: int) -> dict:
 
 @page_wording(svc.InsufficientFunds)
 def funds_refusal(exc: svc.InsufficientFunds) -> str:
-    """The 402 of renting or starting in a page's words (the service's message names the API's endpoint)."""
+    """The 402 of renting, starting or creating a volume in a page's words (the service's message names the API's
+    endpoint)."""
     funds = exc.funds
     if funds.committed_rate_micros:
-        rate = (f"your running and starting instances cost {usd_rate(funds.committed_rate_micros)} per hour, "
-                f"{usd_rate(funds.rate_micros)} with this one")
+        rate = (f"your running and starting instances and your storage cost "
+                f"{usd_rate(funds.committed_rate_micros)} per hour, {usd_rate(funds.rate_micros)} with this one")
     else:
-        rate = f"this instance costs {usd_rate(funds.added_rate_micros)} per hour"
+        rate = f"this {funds.thing} costs {usd_rate(funds.added_rate_micros)} per hour"
     return (f"Not enough balance: {rate}, and {duration(funds.required_s)} of that is {usd(funds.required_micros)}. "
             f"Your balance is {usd(funds.balance_micros)}: top up at least {usd(funds.missing_micros)} "
             "on the Balance page.")
@@ -294,8 +295,8 @@ def funds_refusal(exc: svc.InsufficientFunds) -> str:
 
 def _estimate(funds: dict, unit_price_micros: int, num_gpus: int, profile: str) -> dict:
     """What booking `num_gpus` GPUs (or MIG slices of `profile`) costs per hour, and how long the balance lasts at
-    the renter's whole burn rate with it (the funds check's figures: their running and starting instances plus
-    this one). site.js redoes the sum from the data-* figures when the number or the profile changes."""
+    the renter's whole burn rate with it (the funds check's figures: their running and starting instances and their
+    storage plus this one). site.js redoes the sum from the data-* figures when the number or the profile changes."""
     per_hour = unit_price_micros * num_gpus
     total = funds["committed_rate_micros"] + per_hour
     balance = funds["balance_micros"]

@@ -1,8 +1,9 @@
 """The funds check counts what already runs: renting or starting needs one hour of the renter's whole burn rate
-(running, booked and starting instances plus the new one), checked under the wallet's lock."""
+(running, booked and starting instances, their storage, plus the new one), checked under the wallet's lock."""
 import pytest
 from django.db import connection
 
+from billing.services.storage import storage_rate_per_hour_micros
 from marketplace.models import GpuAllocation, GpuStatus, Instance
 from marketplace.services import instances as svc
 from provisioning.models import Job
@@ -69,9 +70,13 @@ def test_which_instances_count(a100, status, counted):
     fund(renter, "10.00")
     instance = book(renter, a100, num_gpus=2)
     Instance.objects.filter(pk=instance.pk).update(status=status)
-    assert svc.committed_rate_micros(renter_id=renter.pk) == (3_000_000 if counted else 0)
+    # A stopped one's disk is billed as storage, and counts as such (not its GPU time).
+    disk = storage_rate_per_hour_micros(size_gb=instance.disk_gb,
+                                        price_per_gb_month_micros=instance.disk_price_per_gb_month_micros)
+    committed = 3_000_000 if counted else disk if status == "stopped" else 0
+    assert svc.committed_rate_micros(renter_id=renter.pk) == committed
     funds = svc.funds_for(renter_id=renter.pk, price_per_hour_micros=1_000_000)
-    assert funds.rate_micros == (4_000_000 if counted else 1_000_000)
+    assert funds.rate_micros == committed + 1_000_000
 
 
 def test_starting_a_stopped_instance_counts_the_others(clock, a100):
@@ -87,7 +92,7 @@ def test_starting_a_stopped_instance_counts_the_others(clock, a100):
     book(renter, a100, num_gpus=1)  # requested: it will be billed, so it counts
     with pytest.raises(svc.InsufficientFunds) as refused:
         svc.instance_start(instance=stopped)
-    assert "Your running and starting instances cost $3.00/h; with this one $4.50/h" \
+    assert "Your running and starting instances and your storage cost $3.00/h; with this one $4.50/h" \
         in refused.value.message
     stopped.refresh_from_db()
     assert stopped.status == "stopped" and not stopped.allocations.filter(released_at=None).exists()

@@ -124,7 +124,9 @@ def test_storage_counts_in_the_low_balance_warning_and_the_grace_period_deletes_
     on.disk_price_per_gb_month_micros = 1_000_000  # $1 per GB-month
     on.save()
     fund(user, "0.10")
+    settings.BILLING_REQUIRE_FUNDS = False  # made when the balance held its hour (the funds check's rule)
     volume = _volume(user, on, size_gb=1000)  # $1000 a month: about $1.39 an hour, so $0.10 lasts ~4 minutes
+    settings.BILLING_REQUIRE_FUNDS = True
     tick()
     low = BillingEvent.objects.get(user=user, kind="low_balance")
     # Said for a renter whose storage alone is billed (before: only "running instances are stopped").
@@ -149,6 +151,8 @@ def test_a_volume_an_instance_mounts_is_not_deleted_with_it_at_the_end_of_the_gr
     settings.BILLING_GRACE_PERIOD_S = 86400
     fund(user, "1.00")
     on = node("1.000000")
+    on.disk_price_per_gb_month_micros = 0  # the $1.00 is the GPU hour alone (storage counts in the funds check)
+    on.save(update_fields=["disk_price_per_gb_month_micros"])
     volume = _volume(user, on, size_gb=10)
     instance, _ = svc.instance_create(renter=user, node_id=on.pk, num_gpus=1, image=Image.objects.get(
         slug="pytorch-2-5"), ssh_public_keys=[ED25519], volumes=[{"volume": volume.pk, "mount": "/data"}])

@@ -70,7 +70,7 @@ def test_the_rent_page_counts_what_already_runs_and_the_refusal_names_no_api(web
                                               "ssh_public_key": ed25519_key(), "request_token": "t1"})
     page = r.content.decode()
     assert r.status_code == 400 and not Instance.objects.filter(node=h100).exists()
-    assert "your running and starting instances cost $3.00 per hour, $5.25 with this one" in page
+    assert "your running and starting instances and your storage cost $3.00 per hour, $5.25 with this one" in page
     assert "top up at least $0.25" in page and "/api/v1/" not in page
 
 
@@ -78,6 +78,8 @@ def test_a_refused_start_counts_the_others_and_names_no_api(web, renter, setting
     settings.BILLING_REQUIRE_FUNDS = True
     fund(renter, 3)
     on = make_listed_node(price="1.500000", gpu_count=4)
+    on.disk_price_per_gb_month_micros = 0  # the stopped disk, storage, would count in the funds check too
+    on.save(update_fields=["disk_price_per_gb_month_micros"])
     stopped = run(book(renter, on))
     web.post(f"/instances/{stopped.pk}/stop/")
     svc.instance_mark_stopped(instance_id=stopped.pk)

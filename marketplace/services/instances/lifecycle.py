@@ -118,7 +118,7 @@ def instance_start(*, instance: Instance) -> Instance:
     # accounts, as the meter does; the funds check locking the wallet first and the posting then the others
     # deadlocked with a tick (found by review). The check sees the balance after the disk's charge.
     _leave_running(instance, now)
-    _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance")
+    _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance", starting=instance.pk)
     node = _lock_node_for_booking(instance.node_id)
     assert node is not None  # an instance's node outlives it (PROTECT)
     if node.state == NodeState.RETIRED:  # for good: "later" would never come
