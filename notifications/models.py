@@ -17,6 +17,7 @@ class Kind(models.TextChoices):
     INSTANCE_STOPPED = "instance_stopped", "Instance stopped"
     INSTANCE_FAILED = "instance_failed", "Instance failed"
     INSTANCE_INTERRUPTED = "instance_interrupted", "Instance interrupted"
+    VOLUME_LOST = "volume_lost", "Volume lost with its retired server"
     NODE_OFFLINE = "node_offline", "Node offline"
     NODE_REJECTED = "node_rejected", "Node rejected by the benchmark check"
     NODE_DEGRADED = "node_degraded", "Node listed as degraded"

@@ -16,13 +16,21 @@ how often the meter runs:
 
 Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
 (idempotency key `storage:volume:<id>:<start µs>` or `storage:disk:<id>:<start µs>`) and the totals on the row.
-The renter's wallet pays, the provider earns the amount minus the platform's fee, as for GPU time. Time after the
-node was last seen healthy is not billed (the meter catches up when it answers again).
+The renter's wallet pays, the provider earns the amount minus the platform's fee, as for GPU time.
+
+A node that does not answer: GPU time's rule. The meter bills no further than the node's last healthy moment
+(`Node.last_seen_at`). A short silence (fewer than NODE_INTERRUPT_AFTER_FAILED_CHECKS failed checks in a row, which
+interrupts no instance either) is caught up when the node answers. An outage (that many failed checks or more) is
+never billed: when the node answers again, the reconciler (which runs before the node takes anything again) calls
+`node_storage_outage_end`, which bills its volumes and stopped disks up to the last healthy moment and moves their
+billing on to that moment of its answer, so the meter starts from there. Storage closed by a state change during
+an outage (a deletion, a destroy, a start) ends at the last healthy moment (storage_billed_until).
 """
 import logging
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -156,10 +164,53 @@ class StorageMeterResult:
 def storage_billed_until(*, node_id: int, now: datetime) -> datetime:
     """Where a storage charge closed by a state change ends: GPU time's rule (node_billable_until): `now` while
     the node answers, or its last healthy moment while its latest health check failed (a disk or volume on a
-    node that stopped answering is not billed for the outage, as the meter does). Before, it was the last health
-    check even on a healthy node: each deletion, start or destroy of a stopped instance dropped up to a health
-    interval of storage, which the provider lost."""
+    node that stopped answering is not billed for the outage; the meter stops there too, and an outage is never
+    caught up: node_storage_outage_end). Before, it was the last health check even on a healthy node: each
+    deletion, start or destroy of a stopped instance dropped up to a health interval of storage, which the
+    provider lost."""
     return node_billable_until(node_id=node_id, now=now)
+
+
+def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int:
+    """The node answers again (its reconciler calls this first): when its health checks had failed long enough to
+    be an outage (NODE_INTERRUPT_AFTER_FAILED_CHECKS in a row, as interrupts its instances), its available volumes
+    and stopped instances' disks are billed up to its last healthy moment and not for the outage: their billing
+    goes on from `now`. The meter caught the outage up before (found by review: a volume kept through a 3-hour
+    outage was billed the 3 hours when the node came back, though the renter could not reach it). A shorter
+    silence is left to the meter, which catches it up as it does GPU time. Returns how many were moved on.
+
+    One short transaction each, the row locked (waiting for a meter or a change that holds it: both end quickly,
+    and neither takes the node's row); never moves billing backwards, so a second call changes nothing."""
+    now = now or timezone.now()
+    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures").first()
+    if row is None or row[0] is None or row[1] < settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
+        return 0
+    last_healthy, moved = min(row[0], now), 0
+    for volume_id in (Volume.objects.filter(node_id=node_id, state=VolumeState.AVAILABLE).order_by("pk")
+                      .values_list("pk", flat=True)):
+        with transaction.atomic():
+            volume = Volume.objects.select_for_update().filter(pk=volume_id, state=VolumeState.AVAILABLE).first()
+            if volume is None or volume.available_at is None:
+                continue
+            volume_storage_close(volume=volume, until=last_healthy)
+            if max(volume.billed_until or volume.available_at, volume.available_at) < now:
+                Volume.objects.filter(pk=volume.pk).update(billed_until=now)
+                moved += 1
+    for instance_id in (Instance.objects.filter(node_id=node_id, status=InstanceStatus.STOPPED,
+                                                stopped_at__isnull=False).order_by("pk").values_list("pk", flat=True)):
+        with transaction.atomic():
+            instance = (Instance.objects.select_for_update(of=("self",))
+                        .filter(pk=instance_id, status=InstanceStatus.STOPPED).first())
+            if instance is None or instance.stopped_at is None:
+                continue
+            instance_disk_close(instance=instance, until=last_healthy)
+            if max(instance.disk_billed_until or instance.stopped_at, instance.stopped_at) < now:
+                Instance.objects.filter(pk=instance.pk).update(disk_billed_until=now)
+                moved += 1
+    if moved:
+        log.info("storage: node %s answered after an outage from %s; %s volume(s) and disk(s) billed on from %s",
+                 node_id, last_healthy, moved, now)
+    return moved
 
 
 def storage_meter(*, now: datetime | None = None) -> StorageMeterResult:

@@ -156,6 +156,11 @@ PASSWORD_RESET_EMAIL_WINDOW_S = env_int("PASSWORD_RESET_EMAIL_WINDOW_S", 3600)
 # API keys one account may hold at once (not revoked; expired ones count until revoked): a stolen session or key
 # cannot mint keys without end, and a list stays one a person can review. Past it, making one is a 409.
 API_KEYS_PER_USER_MAX = env_int("API_KEYS_PER_USER_MAX", 50)
+# Volumes one renter may hold at once (being created or available), and their total size in GB: past either, a
+# new one is a 409 naming the cap. The funds check (one hour of the whole burn rate) bounds paid storage; these
+# bound it on nodes that price disk at zero, and a mistaken loop.
+VOLUMES_PER_USER_MAX = env_int("VOLUMES_PER_USER_MAX", 50)
+VOLUMES_TOTAL_GB_PER_USER_MAX = env_int("VOLUMES_TOTAL_GB_PER_USER_MAX", 128 * 1024)
 # Two-factor log-in (optional, per user): the code step must follow the password within this many seconds.
 TWO_FACTOR_LOGIN_TIMEOUT_S = env_int("TWO_FACTOR_LOGIN_TIMEOUT_S", 300)
 # The Vast.ai-compatible API (compat/vast): an identical `create instance` (same user, offer id and body) within

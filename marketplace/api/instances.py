@@ -74,8 +74,9 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
             200: OpenApiResponse(InstanceSerializer, "The instance an earlier request with this Idempotency-Key "
                                                      "created."),
             402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less than one hour of what your running "
-                                                        "and starting instances cost with this one; `detail` gives "
-                                                        "the burn rate counted and how much to top up."),
+                                                        "and starting instances and your storage cost with this "
+                                                        "one; `detail` gives the burn rate counted and how much to "
+                                                        "top up."),
             403: OpenApiResponse(CodedErrorSerializer, "`code` `email_not_verified`: your e-mail address is not "
                                                        "verified yet (POST /api/v1/auth/verify-email/ sends the "
                                                        "link again); or the "
@@ -95,12 +96,14 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                    "billed per second at `disk_price_per_gb_month` (the node's published disk "
                                    "price at booking).", **_VERB),
     start=extend_schema(summary="Start a stopped instance (on the same GPUs when free)",
-                        description="Needs one hour of what your running and starting instances cost with this "
-                                    "one in your balance (else 402). Billing resumes once it is running.",
+                        description="Needs one hour of what your running and starting instances and your "
+                                    "storage cost with this one in your balance (else 402). Billing resumes once "
+                                    "it is running.",
                         request=None, responses={202: InstanceSerializer, 409: _CONFLICT,
                                                  402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less "
                                                                       "than one hour of what your running and "
-                                                                      "starting instances cost with this one."),
+                                                                      "starting instances and your storage cost "
+                                                                      "with this one."),
                                                  403: OpenApiResponse(CodedErrorSerializer, "`code` "
                                                                       "`email_not_verified`: your e-mail address "
                                                                       "is not verified (again) yet; or the API "

@@ -71,19 +71,26 @@ _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "An instance that is not dest
     ], responses={
         201: VolumeSerializer,
         200: OpenApiResponse(VolumeSerializer, "The volume an earlier request with this Idempotency-Key created."),
-        402: OpenApiResponse(ErrorDetailSerializer, "Your balance is at zero or below."),
+        402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less than one hour of what your running and "
+                                                    "starting instances and your storage (volumes, those being "
+                                                    "created too, and stopped instances' disks) cost with this "
+                                                    "volume; `detail` names the figures and how much to top up."),
         403: OpenApiResponse(CodedErrorSerializer, "`code` `email_not_verified`: your e-mail address is not "
                                                    "verified yet (POST /api/v1/auth/verify-email/ sends the link "
                                                    "again); or the API key lacks the `renter` scope (a browser "
                                                    "session: a missing CSRF token)."),
-        409: OpenApiResponse(ErrorDetailSerializer, "The offer takes no new rentals now."),
+        409: OpenApiResponse(ErrorDetailSerializer, "The offer takes no new rentals now; its server has less free "
+                                                    "disk than the size; or you would pass your account's caps on "
+                                                    "volumes (how many, how many GB in all). `detail` names it."),
         422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
     }),
     destroy=extend_schema(
         summary="Delete a volume for good (confirmed by its name)",
         description="Send `{\"confirm\": \"<its name>\"}` as the body. Billing ends "
-                    "now; a worker deletes it on its node. Refused (409) while an instance that is not destroyed "
-                    "or failed mounts it.",
+                    "now; a worker deletes it on its node (if the node cannot be reached, it stays `deleting` and "
+                    "is deleted when the node answers again; only the node's refusal, a VM there still mounting "
+                    "it, makes it `available` again). Refused (409) while an instance that is not destroyed or "
+                    "failed mounts it.",
         request=VolumeDeleteSerializer,
         responses={202: VolumeSerializer, 409: _CONFLICT},
     ),

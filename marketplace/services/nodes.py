@@ -31,6 +31,7 @@ from marketplace.money import micros_to_usd, usd_to_micros
 from marketplace.selectors import instances_awaiting_cleanup, node_in_use_q
 from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
+from marketplace.services.volumes import node_volumes_lost
 from provisioning.models import NodeEvent
 
 # Said to whoever brings a server that a live node already has; it never names that node or its provider.
@@ -280,7 +281,13 @@ def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
     instances = Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).exclude(pk__in=ending)
     by_status: dict[str, int] = dict(instances.values("status").annotate(n=Count("pk")).values_list("status", "n"))
     stopped = by_status.pop(InstanceStatus.STOPPED, 0)
-    volumes = Volume.objects.filter(node=node).exclude(state__in=(VolumeState.DELETED, VolumeState.FAILED)).count()
+    # An unreachable node's volumes end with the retire (node_volumes_lost); a reachable one's are renters' data,
+    # and those being deleted are the platform's to finish (their job, or the reconciler, in minutes).
+    volumes = deleting = 0
+    if not unreachable:
+        live = Volume.objects.filter(node=node).exclude(state__in=(VolumeState.DELETED, VolumeState.FAILED))
+        deleting = live.filter(state=VolumeState.DELETING).count()
+        volumes = live.count() - deleting
     reasons = []
     if by_status:
         states = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
@@ -291,6 +298,9 @@ def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
             (volumes, _count(volumes, "volume", "volumes"))) if n)
         reasons.append(f"{held} keep renters' data on it, and a retired server never comes back: it can be "
                        "retired once their renters have destroyed or deleted them")
+    if deleting:
+        reasons.append(f"the platform is still deleting {_count(deleting, 'volume', 'volumes')} on it; try again "
+                       "in a few minutes")
     if not reasons and not unreachable:
         # Destroyed while the node was away: the reconciler removes their VMs at its next pass (minutes).
         cleanup = len(instances_awaiting_cleanup(node_id=node.pk))
@@ -309,7 +319,8 @@ def _release_unreachable(node: Node, interrupted: list[int]) -> list[str]:
     """Retiring an unreachable node: end what its renters can no longer get back (the VMs cannot be reached, and
     a retired server is never reconciled). Its `interrupted` instances fail, credited and told as the
     interruption path does (interruption_close); destroyed ones whose VM was still to be removed let go of their
-    GPUs. Returns what was done, for the node's event."""
+    GPUs; its volumes are deleted, billed up to its last healthy moment, their renters told (node_volumes_lost).
+    Returns what was done, for the node's event."""
     done = []
     for instance_id in interrupted:
         instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_INTERRUPTED}.")
@@ -322,6 +333,9 @@ def _release_unreachable(node: Node, interrupted: list[int]) -> list[str]:
     if held:
         done.append(f"the GPUs of destroyed instance(s) {', '.join(map(str, held))} released without removing "
                     "their VMs, which could not be reached")
+    lost = node_volumes_lost(node_id=node.pk)
+    if lost:
+        done.append(f"volume(s) {', '.join(map(str, lost))} ended with it (billed up to its last healthy moment)")
     return done
 
 
@@ -333,9 +347,10 @@ def node_retire(*, node: Node) -> None:
     Refused (Conflict naming what stands in the way, nothing changed) while renters' instances are on it that
     are not over, while stopped instances or volumes keep renters' data on it (a retired server never comes
     back: re-registered, its reconciler would delete them as unknown), or while the reconciler still has to
-    remove a destroyed instance's VM. An unreachable node (node_unreachable) can be retired all the same: its
-    interrupted instances fail with the interruption's credit and the GPUs of destroyed ones are released, said
-    in an event for the provider."""
+    remove a destroyed instance's VM or a volume being deleted. An unreachable node (node_unreachable) can be
+    retired all the same: its interrupted instances fail with the interruption's credit, the GPUs of destroyed
+    ones are released, and its volumes are deleted (billed up to its last healthy moment, their renters told),
+    said in an event for the provider."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         return

@@ -6,6 +6,15 @@ API side: `volume_create` (`volume_create_once` for a create that may be sent tw
 the `volume_mark_*` functions, each in its own short transaction with the volume's row locked, idempotent.
 Billing: billing.services.storage (from `available_at` until the deletion is asked for).
 
+Creating one is renting: the balance must hold one hour of the renter's whole burn rate with it (the funds check of
+marketplace.services.funds, 402), within the caps per renter (VOLUMES_PER_USER_MAX, VOLUMES_TOTAL_GB_PER_USER_MAX,
+409) and the node's reported free disk (409).
+
+A deletion is undone only when the node refuses it (a VM there still mounts the volume: `volume_delete_refused`).
+One that could not reach the node stays `deleting`, its billing closed at the request, and is finished when the node
+answers (the reconciler, provisioning.services.reconcile); a node retired while unreachable ends its volumes with it
+(`node_volumes_lost`).
+
 A volume is mounted by at most one instance that is not destroyed or failed. A constraint cannot see the
 instance's state, so the booking locks the volumes' rows (FOR UPDATE, in id order) and then looks for a live
 mount; a deletion locks the row and looks the same way. Two bookings of one volume run one after the other, and
@@ -19,20 +28,26 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
-from billing.services.ledger import wallet_balance
 from billing.services.metering import platform_fee_bps
-from billing.services.storage import storage_billed_until, volume_storage_close
-from core.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired, ValidationFailed
+from billing.services.storage import (
+    node_storage_outage_end,
+    storage_billed_until,
+    storage_rate_per_hour_micros,
+    volume_storage_close,
+)
+from core.errors import Conflict, IdempotencyKeyReused, NotFound, ValidationFailed
 from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
 from marketplace.models.nodes import offerable
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services.email_verification import email_verified_required
-from provisioning.models import JobKind
+from marketplace.services.funds import funds_for, funds_refuse_if_short
+from notifications.services.notify import Kind, notify
+from provisioning.models import OPEN, Job, JobKind
 from provisioning.services.jobs import job_create
 
 MAX_VOLUMES_PER_INSTANCE = 8
@@ -81,8 +96,9 @@ def volume_create(*, owner: User, node_id: int, size_gb: int, label: str = "") -
     """Create a volume on a node renters can book, at its published price per GB-month, and queue its creation.
 
     Raises EmailNotVerified (403: the renter's address is not verified), ValidationFailed (no such offer, size out
-    of range), Conflict (the node takes no new rentals) or PaymentRequired (the renter's balance is at zero or below
-    while funds are required)."""
+    of range), Conflict (the node takes no new rentals, has less free disk, or the renter's caps would be passed)
+    or InsufficientFunds (402, while funds are required: the balance does not hold one hour of everything the
+    renter pays for with this volume)."""
     return volume_create_once(owner=owner, node_id=node_id, size_gb=size_gb, label=label)[0]
 
 
@@ -132,9 +148,16 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
     if not Node.objects.filter(offerable(), pk=node.pk).exists():
         raise Conflict(f"Offer {node_id} takes no new rentals now; create the volume on another offer.")
-    if settings.BILLING_REQUIRE_FUNDS and wallet_balance(user_id=owner.pk) <= 0:
-        raise PaymentRequired("A volume is billed while it exists: top up your balance first "
-                              "(POST /api/v1/billing/top-ups/).")
+    _check_free_disk(node, size_gb)
+    # One create of this renter at a time (the count, the sum and the funds below): the user's row, as the caps
+    # on API keys and webhook endpoints lock it; after the node's lock, before the wallet's (the booking's order).
+    User.objects.select_for_update().filter(pk=owner.pk).first()
+    _check_caps(owner, size_gb)
+    if settings.BILLING_REQUIRE_FUNDS:
+        rate = storage_rate_per_hour_micros(size_gb=size_gb,
+                                            price_per_gb_month_micros=node.disk_price_per_gb_month_micros)
+        funds_refuse_if_short(funds_for(renter_id=owner.pk, price_per_hour_micros=rate, lock=True, thing="volume"),
+                              "Creating this volume")
     volume = Volume.objects.create(
         owner=owner, node=node, size_gb=size_gb, label=label, state=VolumeState.CREATING,
         status_message="Waiting for a worker to create it",
@@ -144,6 +167,39 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     )
     job_create(kind=JobKind.VOLUME_CREATE, node=node, volume=volume)
     return volume
+
+
+# The volumes that count towards a renter's caps: those that are, or are about to be, on a node for them.
+_HELD = (VolumeState.CREATING, VolumeState.AVAILABLE)
+
+
+def _check_caps(owner: User, size_gb: int) -> None:
+    """Conflict naming the cap when one more volume of `size_gb` passes the renter's count or total size."""
+    held = Volume.objects.filter(owner=owner, state__in=_HELD).order_by().aggregate(n=Count("pk"), gb=Sum("size_gb"))
+    count, total = held["n"], held["gb"] or 0
+    most, most_gb = settings.VOLUMES_PER_USER_MAX, settings.VOLUMES_TOTAL_GB_PER_USER_MAX
+    if count + 1 > most:
+        raise Conflict(f"You have {count} volumes; at most {most} volumes per account. Delete one you no longer "
+                       "need first.")
+    if total + size_gb > most_gb:
+        raise Conflict(f"Your volumes hold {total} GB; at most {most_gb} GB in all per account, so this one can be "
+                       f"{max(most_gb - total, 0)} GB at most. Delete one you no longer need, or make it smaller.")
+
+
+def _check_free_disk(node: Node, size_gb: int) -> None:
+    """Conflict naming the room left when the node's reported free disk, less the volumes made there since it
+    reported (which it has not counted), is smaller than `size_gb`. A node that never reported is not judged."""
+    if node.disk_free_gb is None:
+        return
+    since = Volume.objects.filter(node=node, state__in=_HELD).order_by()
+    if node.host_checked_at is not None:
+        since = since.filter(created_at__gte=node.host_checked_at)
+    left = max(node.disk_free_gb - (since.aggregate(gb=Sum("size_gb"))["gb"] or 0), 0)
+    if size_gb > left:
+        made = node.disk_free_gb - left
+        also = f", less {made} GB of volumes made there since: {left} GB are left" if made else ""
+        raise Conflict(f"Offer {node.pk}'s server reported {node.disk_free_gb} GB of free disk{also}; a volume of "
+                       f"{size_gb} GB does not fit. Make it smaller, or create it on another offer.")
 
 
 @transaction.atomic
@@ -293,6 +349,7 @@ def volume_mark_failed(*, volume_id: int, message: str) -> Volume | None:
 
 @transaction.atomic
 def volume_mark_deleted(*, volume_id: int) -> Volume | None:
+    """deleting → deleted: gone from its node (its billing closed when the deletion was asked for)."""
     volume = _locked(volume_id)
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
@@ -304,10 +361,12 @@ def volume_mark_deleted(*, volume_id: int) -> Volume | None:
 
 @transaction.atomic
 def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
-    """deleting → available: the node could not delete it (still mounted there, or unreachable). It exists, so
-    it is billed again from where billing stopped (billed_until). A volume whose creation had failed (never
-    available, never billed) goes back to failed instead: the renter was told it could not be created, and it
-    is not billed or mountable now; the reconciler deletes its disk if the node has one."""
+    """deleting → available: the node refused to delete it (a VM there still mounts it). It exists, so it is billed
+    again from where billing stopped (billed_until). A volume whose creation had failed (never available, never
+    billed) goes back to failed instead: the renter was told it could not be created, and it is not billed or
+    mountable now; the reconciler deletes its disk if the node has one.
+
+    Only for the node's refusal: a deletion that could not reach the node is not undone (volume_delete_waiting)."""
     volume = _locked(volume_id)
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
@@ -316,3 +375,68 @@ def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
     volume.status_message = f"Not deleted: {message}"[:500]
     volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
     return volume
+
+
+@transaction.atomic
+def volume_delete_waiting(*, volume_id: int, message: str) -> Volume | None:
+    """The delete job gave up without the node's answer (unreachable, or the job was lost or reaped): the volume
+    stays `deleting`, billed up to the request as it was, and the reconciler deletes it when the node answers.
+    Undone, it was billed again from the node's last healthy moment, the outage and every second after the
+    renter's request with it, and the grace period's deletion asked again at every tick (found by review)."""
+    volume = _locked(volume_id)
+    if volume is None or volume.state != VolumeState.DELETING:
+        return volume
+    volume.status_message = (f"Deleting: its server could not be reached ({message[:300]}). Billing stopped when "
+                             "the deletion was asked for; it is deleted there when the server answers again.")[:500]
+    volume.save(update_fields=["status_message", "updated_at"])
+    return volume
+
+
+def node_storage_answers(*, node_id: int) -> int:
+    """The node answers (its reconciler, before anything else of the node's): an outage of it is not billed to
+    the storage on it (billing.services.storage.node_storage_outage_end). Returns how many were moved on."""
+    return node_storage_outage_end(node_id=node_id)
+
+
+def volumes_to_finish_deleting(*, node_id: int) -> list[Volume]:
+    """The node's volumes still `deleting` with no job of theirs open: their job gave up without the node's answer
+    (volume_delete_waiting), for its reconciler to finish now that the node answers."""
+    open_jobs = Job.objects.filter(OPEN, kind=JobKind.VOLUME_DELETE, volume_id=OuterRef("pk"))
+    return list(Volume.objects.filter(node_id=node_id, state=VolumeState.DELETING)
+                .exclude(Exists(open_jobs)).order_by("pk"))
+
+
+# Said to the renter when the server of their volume is retired while unreachable.
+LOST_WITH_NODE = ("its server stopped answering and its provider then retired it, so the volume and its data cannot "
+                  "be recovered")
+
+
+def node_volumes_lost(*, node_id: int) -> list[int]:
+    """A node retired while unreachable (marketplace.services.nodes.node_retire; nothing can reach it again): its
+    volumes end with it. An available one is deleted, billed up to the node's last healthy moment (never for the
+    outage), and its renter is told; one being deleted is deleted (billed up to its request already); one being
+    created fails (never billed). Returns the ids of the volumes ended. Call inside the retire's transaction."""
+    ended = []
+    for volume in (Volume.objects.select_for_update().filter(node_id=node_id).order_by("pk")
+                   .exclude(state__in=(VolumeState.DELETED, VolumeState.FAILED))):
+        ended.append(volume.pk)
+        if volume.state == VolumeState.CREATING:
+            volume.transition_to(VolumeState.FAILED)
+            volume.status_message = f"Failed: {LOST_WITH_NODE}."
+            volume.save(update_fields=["state", "status_message", "updated_at"])
+            continue
+        if volume.state == VolumeState.AVAILABLE:
+            now = timezone.now()
+            volume_storage_close(volume=volume, until=storage_billed_until(node_id=node_id, now=now))
+            volume.transition_to(VolumeState.DELETING)
+            volume.deleted_at = now
+            notify(user=User.objects.get(pk=volume.owner_id), kind=Kind.VOLUME_LOST,
+                   dedupe_key=f"volume_lost:{volume.pk}",
+                   payload={"volume": volume.pk, "name": volume.name, "label": volume.label,
+                            "message": f"Volume {volume.name} ({volume.size_gb} GB) is deleted: {LOST_WITH_NODE}. "
+                                       f"It was billed up to its server's last healthy moment "
+                                       f"({volume.billed_until or volume.available_at:%Y-%m-%d %H:%M:%S} UTC)."})
+        volume.transition_to(VolumeState.DELETED)
+        volume.status_message = f"Deleted: {LOST_WITH_NODE}."
+        volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
+    return ended

@@ -40,6 +40,7 @@ TITLES = {
     Kind.INSTANCE_STOPPED: "Instance {instance} stopped",
     Kind.INSTANCE_FAILED: "Instance {instance} failed",
     Kind.INSTANCE_INTERRUPTED: "Instance {instance} was interrupted",
+    Kind.VOLUME_LOST: "Volume {name} was lost with its server",
     Kind.NODE_OFFLINE: "Node {node} is offline",
     Kind.NODE_REJECTED: "Node {node} did not pass the benchmark check",
     Kind.NODE_DEGRADED: "Node {node} is listed as degraded",

@@ -72,8 +72,8 @@ _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 # node, and the batch goes on with its other nodes.
 HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors")
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
-                     "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "unreachable", "busy",
-                     "locked", "errors")
+                     "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "volumes_deleted",
+                     "unreachable", "busy", "locked", "errors")
 
 
 @contextlib.contextmanager

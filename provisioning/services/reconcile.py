@@ -12,6 +12,7 @@ from typing import Any
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, Volume, VolumeState
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
+from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.nodes import node_event, node_session
 from provisioning.ssh import NodeSession
@@ -43,7 +44,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     With a `pool`, over the worker's kept connection to the node (provisioning.ssh_pool).
     """
     counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0,
-              "stopped_vms_stopped": 0, "orphan_volumes_deleted": 0, "volumes_missing": 0}
+              "stopped_vms_stopped": 0, "orphan_volumes_deleted": 0, "volumes_missing": 0, "volumes_deleted": 0}
     with node_session(node, pool=pool) as session:
         # Which instances were running, interrupted or stopped before the node was asked: only those can be
         # judged by the list, and only in the same state after it. One that became running while the node
@@ -223,10 +224,17 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
     - so is one whose creation failed on the platform (its job gave up or was reaped while the node made it):
       the renter was told it could not be created, and it is never billed;
     - a volume the platform bills as available on this node that the node does not have is reported (a warning
-      event for operators, once; its state and billing are theirs to settle).
-    Volumes being created or deleted are left to their jobs. Each rule needs the volume's state from before the
-    node was asked as well as after: a create or delete that finished while the node answered is judged next
-    time (else a volume just made would be reported missing, and one just deleted deleted twice)."""
+      event for operators, once; its state and billing are theirs to settle);
+    - a volume whose deletion's job gave up without reaching the node (still `deleting`, no job open) is deleted
+      there now, and marked deleted (its billing closed at the request); the node's refusal (a VM mounts it)
+      undoes the deletion, as the job's would.
+    Volumes being created or deleted by an open job are left to it. Each rule needs the volume's state from before
+    the node was asked as well as after: a create or delete that finished while the node answered is judged next
+    time (else a volume just made would be reported missing, and one just deleted deleted twice).
+
+    First, the node answers: an outage it had is not billed to the storage on it (node_storage_answers)."""
+    volume_svc.node_storage_answers(node_id=node.pk)
+    _finish_deletions(node, session, counts)
     before = dict(Volume.objects.filter(node=node).values_list("name", "state"))
     try:
         listed = _listed(session.agent("volume", "list", {}), "volumes", "name")
@@ -264,6 +272,26 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
                        message=f"Volume {name} (volume {row.pk}) is available on the platform but "
                                "missing on the node.", level=NodeEvent.Level.WARNING)
             counts["volumes_missing"] += 1
+
+
+def _finish_deletions(node: Node, session: NodeSession, counts: dict[str, int]) -> None:
+    """Delete on the node the volumes whose delete job gave up without its answer (the agent's delete is
+    idempotent: gone already is done). Before the list below, which would otherwise see them as known."""
+    for volume in volume_svc.volumes_to_finish_deleting(node_id=node.pk):
+        try:
+            session.agent("volume", "delete", {"name": volume.name})
+        except AgentFailed as exc:
+            if exc.code == "volume_in_use":  # the node's refusal, as the job's: the volume stays, billed again
+                volume_svc.volume_delete_refused(volume_id=volume.pk, message=f"its node says: {exc.message}")
+            else:  # tried again at the next pass
+                log.warning("reconcile: node %s could not delete volume %s: %s", node.pk, volume.name, exc)
+            continue
+        done = volume_svc.volume_mark_deleted(volume_id=volume.pk)
+        if done is not None and done.state == VolumeState.DELETED:
+            node_event(node=node, kind="volume_deleted_late",
+                       message=f"Deleted volume {volume.name} (volume {volume.pk}), whose deletion was asked for "
+                               "while the node could not be reached.")
+            counts["volumes_deleted"] += 1
 
 
 def _vm_instance_ids(vms: list[dict[str, Any]]) -> list[int]:

@@ -64,11 +64,13 @@ def _superseded_by(volume: Volume) -> str:
 
 def volume_job_failed(*, job: Job, error: NodeError) -> None:
     """A volume job gave up (the node stayed unreachable, or the reaper): a creation fails (nothing was billed);
-    a deletion is undone (the volume still exists on its node, and is billed again)."""
+    a deletion stays asked for (volume_delete_waiting: not billed past the request, finished by the reconciler
+    when the node answers). Only the node's refusal undoes a deletion (volume_delete_run): without an answer
+    nothing says the volume must stay, and the renter asked for it to go."""
     message = error.message
     if job.volume_id is not None:
         if job.kind == JobKind.VOLUME_CREATE:
             volume_svc.volume_mark_failed(volume_id=job.volume_id, message=message)
         else:
-            volume_svc.volume_delete_refused(volume_id=job.volume_id, message=message)
+            volume_svc.volume_delete_waiting(volume_id=job.volume_id, message=message)
     job_finish(job=job, error=message, fault=error_fault(error))

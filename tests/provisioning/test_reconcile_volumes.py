@@ -6,10 +6,12 @@ import pytest
 from billing.services.ledger import credit_grant
 from marketplace.models import Volume, VolumeState
 from marketplace.services import volumes as volume_svc
-from provisioning.models import NodeEvent
+from provisioning.models import Job, JobKind, NodeEvent
 from provisioning.services.nodes import node_session
 from provisioning.services.reconcile import node_reconcile
+from provisioning.services.volumes import volume_job_failed
 from provisioning.sim import nodes as sim
+from provisioning.ssh_errors import NodeUnreachable
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, ed25519_key
 
@@ -106,11 +108,11 @@ def test_a_failed_volume_whose_disk_the_node_made_is_deleted_there_and_stays_fai
     assert Volume.objects.get(pk=volume.pk).state == VolumeState.FAILED
 
 
-def test_a_failed_volume_whose_delete_gives_up_is_failed_again_not_available_and_unbilled(node):
+def test_a_failed_volume_whose_delete_the_node_refuses_is_failed_again_not_available_and_unbilled(node):
     volume = volume_svc.volume_create(owner=UserFactory(), node_id=node.pk, size_gb=1)
     volume_svc.volume_mark_failed(volume_id=volume.pk, message="the node was unreachable")
     volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
-    volume_svc.volume_delete_refused(volume_id=volume.pk, message="the node stayed unreachable")
+    volume_svc.volume_delete_refused(volume_id=volume.pk, message="its node says: in use")
     volume.refresh_from_db()
     # Before: available with no available_at, so never billed, and mountable though it may not exist.
     assert volume.state == VolumeState.FAILED and volume.available_at is None
@@ -183,3 +185,69 @@ def test_a_volume_made_or_deleted_while_the_node_lists_its_volumes_is_judged_nex
     assert counts["volumes_missing"] == 0 and counts["orphan_volumes_deleted"] == 0
     assert not NodeEvent.objects.filter(node=node, kind__in=["volume_missing", "orphan_volume_deleted"]).exists()
     assert node_reconcile(node) == {**counts}  # and the next run, with both settled, finds nothing either
+
+
+def _delete_gave_up(volume) -> None:
+    """The renter deleted it; its job could not reach the node and gave up (the volume stays `deleting`)."""
+    volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
+    job = Job.objects.get(volume=volume, kind=JobKind.VOLUME_DELETE)
+    volume_job_failed(job=job, error=NodeUnreachable("the node did not answer"))
+
+
+def test_a_deletion_whose_job_could_not_reach_the_node_is_finished_when_the_node_answers(node):
+    """Found by review: the job's giving up undid the deletion, and the volume was billed again from the node's
+    last healthy moment. Now it stays `deleting` (billed up to the request) and the reconciler deletes it."""
+    gone = _platform_volume(node, on_node=True)
+    never_made = _platform_volume(node, on_node=False)  # deleted there already: the agent's delete is idempotent
+    kept = _platform_volume(node, on_node=True)
+    _delete_gave_up(gone)
+    _delete_gave_up(never_made)
+    assert Volume.objects.get(pk=gone.pk).state == VolumeState.DELETING
+    counts = node_reconcile(node)
+    assert counts["volumes_deleted"] == 2 and counts["orphan_volumes_deleted"] == 0
+    assert _on_node(node) == {kept.name}
+    assert dict(Volume.objects.filter(node=node).values_list("pk", "state")) == {
+        gone.pk: VolumeState.DELETED, never_made.pk: VolumeState.DELETED, kept.pk: VolumeState.AVAILABLE}
+    assert NodeEvent.objects.filter(node=node, kind="volume_deleted_late").count() == 2
+    assert node_reconcile(node)["volumes_deleted"] == 0
+
+
+def test_a_deletion_left_to_its_open_job_is_not_finished_by_the_reconciler(node):
+    volume = _platform_volume(node, on_node=True)
+    volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)  # its job is queued
+    assert node_reconcile(node)["volumes_deleted"] == 0
+    assert _on_node(node) == {volume.name} and Volume.objects.get(pk=volume.pk).state == VolumeState.DELETING
+
+
+def test_a_late_deletion_the_node_refuses_is_undone_as_the_jobs_would_be(node):
+    renter = UserFactory()
+    credit_grant(user=renter, amount_micros=100_000_000, reason="tests")
+    volume = _platform_volume(node, on_node=True)
+    instance = book(renter, node)  # a VM the platform knows, which mounts it there
+    with node_session(node) as session:
+        session.agent("vm", "create", {"runtime": "sim", "vm_id": f"inst-{instance.pk}", "gpu_indices": [0],
+                                       "ssh_public_keys": [ed25519_key()],
+                                       "volumes": [{"name": volume.name, "mount": "/data"}]})
+    _delete_gave_up(volume)
+    counts = node_reconcile(node)
+    volume.refresh_from_db()
+    assert counts["volumes_deleted"] == 0 and volume.state == VolumeState.AVAILABLE
+    assert "Not deleted" in volume.status_message and volume.name in _on_node(node)
+
+
+def test_a_node_that_answers_after_an_outage_bills_its_volumes_from_its_answer(node, settings):
+    """The reconciler runs before the node's answer is recorded: it moves the storage's billing on, so that the meter
+    does not catch the outage up (billing.services.storage.node_storage_outage_end)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    volume = _platform_volume(node, on_node=True)
+    healthy = timezone.now() - timedelta(hours=3)
+    Volume.objects.filter(pk=volume.pk).update(available_at=healthy - timedelta(minutes=10))
+    node.last_seen_at, node.health_failures = healthy, settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS
+    node.save(update_fields=["last_seen_at", "health_failures"])
+    before = timezone.now()
+    node_reconcile(node)
+    volume.refresh_from_db()
+    assert volume.billed_seconds == 600 and volume.billed_until >= before  # ten minutes, then from its answer

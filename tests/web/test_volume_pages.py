@@ -121,3 +121,22 @@ def test_host_filters_work_on_the_offers_page_as_in_the_api(client, query):
     assert web_ids == api_ids
     if query.startswith("ordering"):
         assert api_ids[0] == node.pk
+
+
+def test_a_volume_the_balance_cannot_hold_an_hour_of_is_refused_in_the_pages_words(web, renter, settings):
+    """The funds check of renting (found by review: a volume needed only a balance above zero), worded for the page."""
+    from tests.billing.helpers import fund
+
+    settings.BILLING_REQUIRE_FUNDS = True
+    node = _node_with_host_facts()  # USD 0.08 per GB-month: 3000 GB is USD 0.33 per hour
+    fund(renter, "0.10")
+    r = web.post("/volumes/", {"offer": node.pk, "size_gb": 3000})
+    page = r.content.decode()
+    assert r.status_code == 400 and "Not enough balance: this volume costs $0.333333 per hour" in page, page
+    (said,) = re.findall(r'<ul class="errorlist nonfield"[^>]*><li>(.*?)</li>', page)
+    assert "top up at least $0.23 on the Balance page" in said and "/api/v1/" not in said
+    assert not Volume.objects.exists()
+    # The node's reported free disk (3500 GB) is a limit too, said on the page.
+    fund(renter, "10")
+    page = web.post("/volumes/", {"offer": node.pk, "size_gb": 4000}).content.decode()
+    assert "reported 3500 GB of free disk" in page and not Volume.objects.exists()
