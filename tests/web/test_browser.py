@@ -355,7 +355,7 @@ def test_operator_finds_a_rejected_node_and_its_reasons(
 
     page.get_by_role("link", name=re.compile("nodes rejected")).click()
     page.get_by_role("link", name="cheap-a100").click()
-    reasons = page.locator(".inline-group", has_text="verification")
+    reasons = page.locator("fieldset", has=page.get_by_role("heading", name="Verification runs"))  # the latest
     text = reasons.inner_text()
     assert "sm_count" in text and "bf16_low" in text and "streaming multiprocessors" in text
     shot(page, "admin-rejected-node")
