@@ -269,6 +269,8 @@ def node_unreachable(node: Node) -> bool:
 # Said when a retired node's interrupted instances are ended (the renter reads it, with the credit).
 RETIRED_WHILE_INTERRUPTED = ("its server stopped answering and its provider then retired it, so the VM and its "
                              "disk cannot be recovered")
+RETIRED_WHILE_STOPPED = ("its server stopped answering and its provider then retired it, so its disk cannot be "
+                         "recovered; the disk is billed up to the server's last healthy moment")
 
 
 def _count(n: int, one: str, many: str) -> str:
@@ -277,7 +279,7 @@ def _count(n: int, one: str, many: str) -> str:
 
 def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
     """Why the node cannot be retired now, in words its provider can act on; '' when it can. `ending`: the
-    interrupted instances the retire ends."""
+    interrupted and stopped instances the retire ends (an unreachable node's)."""
     instances = Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).exclude(pk__in=ending)
     by_status: dict[str, int] = dict(instances.values("status").annotate(n=Count("pk")).values_list("status", "n"))
     stopped = by_status.pop(InstanceStatus.STOPPED, 0)
@@ -315,17 +317,24 @@ def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
             + ". Unlist it meanwhile so that it takes no new rentals.")
 
 
-def _release_unreachable(node: Node, interrupted: list[int]) -> list[str]:
+def _release_unreachable(node: Node, interrupted: list[int], stopped: list[int]) -> list[str]:
     """Retiring an unreachable node: end what its renters can no longer get back (the VMs cannot be reached, and
     a retired server is never reconciled). Its `interrupted` instances fail, credited and told as the
-    interruption path does (interruption_close); destroyed ones whose VM was still to be removed let go of their
-    GPUs; its volumes are deleted, billed up to its last healthy moment, their renters told (node_volumes_lost).
-    Returns what was done, for the node's event."""
+    interruption path does (interruption_close); its `stopped` ones fail too, their disks billed up to its last
+    healthy moment (the storage rule), their renters told; destroyed ones whose VM was still to be removed let go
+    of their GPUs; its volumes are deleted, billed up to its last healthy moment, their renters told
+    (node_volumes_lost). Returns what was done, for the node's event."""
     done = []
     for instance_id in interrupted:
         instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_INTERRUPTED}.")
     if interrupted:
         done.append(f"interrupted instance(s) {', '.join(map(str, interrupted))} ended as failed (credited)")
+    for instance_id in stopped:
+        instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_STOPPED}.",
+                                          only_in=(InstanceStatus.STOPPED,))
+    if stopped:
+        done.append(f"stopped instance(s) {', '.join(map(str, stopped))} ended as failed (their disks billed up to "
+                    "its last healthy moment)")
     held = instances_awaiting_cleanup(node_id=node.pk)
     for instance_id in held:
         if not instance_svc.instance_cleanup_done(instance_id=instance_id):  # destroyed: its GPUs; failed: here
@@ -348,9 +357,9 @@ def node_retire(*, node: Node) -> None:
     are not over, while stopped instances or volumes keep renters' data on it (a retired server never comes
     back: re-registered, its reconciler would delete them as unknown), or while the reconciler still has to
     remove a destroyed instance's VM or a volume being deleted. An unreachable node (node_unreachable) can be
-    retired all the same: its interrupted instances fail with the interruption's credit, the GPUs of destroyed
-    ones are released, and its volumes are deleted (billed up to its last healthy moment, their renters told),
-    said in an event for the provider."""
+    retired all the same: its interrupted instances fail with the interruption's credit, its stopped ones fail
+    (their disks billed up to its last healthy moment), the GPUs of destroyed ones are released, and its volumes
+    are deleted (billed up to its last healthy moment, their renters told), said in an event for the provider."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         return
@@ -358,10 +367,14 @@ def node_retire(*, node: Node) -> None:
     # Locked before they are counted: no reconcile resumes one between the count and its end here.
     ending = list(Instance.objects.select_for_update().filter(node=node, status=InstanceStatus.INTERRUPTED)
                   .order_by("pk").values_list("pk", flat=True)) if unreachable else []
-    refusal = _retire_refusal(node, unreachable, ending)
+    # Stopped ones too: their disks are on a server that no longer answers (before, they held the retire back for
+    # good, their renters billed for disks nobody could reach until they destroyed them).
+    stopped = list(Instance.objects.select_for_update().filter(node=node, status=InstanceStatus.STOPPED)
+                   .order_by("pk").values_list("pk", flat=True)) if unreachable else []
+    refusal = _retire_refusal(node, unreachable, ending + stopped)
     if refusal:
         raise Conflict(refusal)
-    done = _release_unreachable(node, ending) if unreachable else []
+    done = _release_unreachable(node, ending, stopped) if unreachable else []
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])

@@ -13,6 +13,7 @@ from core.errors import Conflict
 from marketplace.models import GpuAllocation, GpuStatus, InstanceStatus, InterruptionCause, NodeState, Verdict
 from marketplace.services import instances as svc
 from marketplace.services import nodes as node_svc
+from notifications.models import Notification
 from provisioning.models import NodeEvent
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run, sent_jobs_fixture  # noqa: F401 (the sent_jobs fixture)
@@ -223,3 +224,36 @@ def test_operators_retire_nodes_in_the_admin_and_cannot_delete_them(admin_client
     assert admin_client.get(reverse("admin:marketplace_node_delete", args=[idle.pk])).status_code == 403
     r = admin_client.post(url, {"action": "delete_selected", "_selected_action": [idle.pk]})
     assert Node.objects.filter(pk=idle.pk).exists()
+
+
+def test_an_unreachable_nodes_stopped_instances_end_with_the_retire_their_disks_billed_to_its_last_check():
+    """Before, a stopped instance held an unreachable node's retire back for good (its renter billed for a disk
+    nobody could reach, until they destroyed it). Now it fails with the retire, its renter told, and its disk is
+    billed no further than the node's last healthy moment."""
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    now = timezone.now()
+    last_healthy = now - timedelta(hours=2)  # stopped three hours ago, then its server went silent
+    type(node).objects.filter(pk=node.pk).update(state=NodeState.OFFLINE, health_failures=9,
+                                                 last_seen_at=last_healthy)
+    svc.Instance.objects.filter(pk=instance.pk).update(stopped_at=now - timedelta(hours=3))
+    node.refresh_from_db()
+    node_svc.node_retire(node=node)
+    node.refresh_from_db()
+    instance.refresh_from_db()
+    assert node.state == NodeState.RETIRED
+    assert instance.status == InstanceStatus.FAILED and node_svc.RETIRED_WHILE_STOPPED in instance.status_message
+    assert instance.disk_billed_until == last_healthy and instance.disk_billed_seconds == 3600
+    assert Notification.objects.filter(user=instance.renter, kind="instance_failed").exists()
+    event = NodeEvent.objects.get(node=node, kind="retired_unreachable")
+    assert f"stopped instance(s) {instance.pk} ended as failed" in event.message
+
+
+def test_the_same_stopped_instance_on_a_reachable_node_still_refuses_the_retire():
+    node = make_listed_node(gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    svc.instance_stop(instance=instance)
+    svc.instance_mark_stopped(instance_id=instance.pk)
+    assert "1 stopped instance keep renters' data on it" in _retire_refusal(node)
