@@ -19,7 +19,10 @@ from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from provisioning.ssh_pool import SshPool
 
-_VM_ID = re.compile(r"^inst-(\d+)$")
+# What the platform names its VMs (inst-<instance id>), read from the node's answer, which its provider controls: ASCII
+# digits only (\d took "inst-١", an Arabic-Indic one, as instance 1), whole (no trailing newline, which "$" let
+# through) and bounded (int() refuses over 4,300 digits: a ValueError that failed the node's whole pass).
+_VM_ID = re.compile(r"inst-([1-9][0-9]{0,18})", re.ASCII)
 # The instances the node's VM list judges (each only if in the same state before and after the list).
 _JUDGED = (InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED, InstanceStatus.STOPPED)
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
         vm: dict[str, Any] | None
         for vm in vms:
-            match = _VM_ID.match(vm.get("vm_id", ""))
+            match = _VM_ID.fullmatch(vm.get("vm_id", ""))
             instance_id = int(match.group(1)) if match else None
             instance = known.get(instance_id)
             if instance is None:
@@ -295,4 +298,4 @@ def _finish_deletions(node: Node, session: NodeSession, counts: dict[str, int]) 
 
 
 def _vm_instance_ids(vms: list[dict[str, Any]]) -> list[int]:
-    return [int(m.group(1)) for vm in vms if (m := _VM_ID.match(vm.get("vm_id", "")))]
+    return [int(m.group(1)) for vm in vms if (m := _VM_ID.fullmatch(vm.get("vm_id", "")))]

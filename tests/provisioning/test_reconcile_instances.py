@@ -293,3 +293,36 @@ def test_a_malformed_volume_list_leaves_the_vms_reconciled(fake_node, monkeypatc
     monkeypatch.setattr("provisioning.services.reconcile.node_session", lambda *a, **k: Garbage())
     counts = node_reconcile(node)
     assert counts["stopped_vms_stopped"] == 1 and fake_node.vms[instance.vm_id] == "stopped"
+
+
+# ------------------------------------------------------------------------------------------------ odd VM names
+
+def test_a_vm_name_the_platform_never_gave_is_an_orphan_not_an_instances_vm(fake_node):
+    """The node's answer is its provider's to write: "inst-<Arabic-Indic digits of an instance's id>" (\\d took
+    them, int() read them as the id) passed for that instance's VM, so an instance whose VM was gone stayed running
+    and billed; a name with a trailing newline ("$" let it through) did too. Only the platform's own spelling
+    counts: the instance is judged by its real VM (gone: interrupted), the others are orphans, destroyed."""
+    node = make_listed_node(gpu_count=1)
+    instance = running_instance(node, fake_node)
+    del fake_node.vms[instance.vm_id]
+    arabic = "inst-" + str(instance.pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    fake_node.vms[arabic] = "running"
+    fake_node.vms[instance.vm_id + "\n"] = "running"
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status != InstanceStatus.RUNNING, instance.status_message
+    destroyed = {vm_id for cmd, sub, vm_id in fake_node.calls if (cmd, sub) == ("vm", "destroy")}
+    assert {arabic, instance.vm_id + "\n"} <= destroyed
+
+
+def test_a_vm_name_with_thousands_of_digits_does_not_end_the_nodes_pass(fake_node):
+    """int() refuses over 4,300 digits: the ValueError ended the node's whole pass, every pass (its vanished VMs
+    never judged). Now it is a name the platform never gave: an orphan, destroyed."""
+    node = make_listed_node(gpu_count=1)
+    instance = running_instance(node, fake_node)
+    huge = "inst-" + "9" * 5000
+    fake_node.vms[huge] = "running"
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING
+    assert ("vm", "destroy", huge) in fake_node.calls
