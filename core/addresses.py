@@ -10,6 +10,8 @@ Also the one rule for where providers' nodes may be (node_address_allowed, node_
 import functools
 import ipaddress
 import socket
+import threading
+import time
 from typing import Any
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -129,14 +131,60 @@ def node_address_refusal(host: str, address: Address) -> str:
             "networks its operator allows).")
 
 
-def node_address_targets(host: str, port: int) -> list[tuple[socket.AddressFamily, tuple[Any, ...]]]:
+# ------------------------------------------------------------------------------------ a lookup with a time limit
+#
+# getaddrinfo has none: a slow name server (a user's webhook host, a provider's node name) would hold a web request,
+# or the worker that also runs the fleet's health checks, as long as the resolver waits (glibc: 5 s per try and
+# name server). Each lookup runs in its own thread, which cannot be stopped and lives as long as the resolver
+# waits; past LOOKUPS_AT_ONCE such threads, a lookup waits for a free one within its own time limit, so slow names
+# cannot pile up threads without end.
+LOOKUPS_AT_ONCE = 16
+_lookups = threading.BoundedSemaphore(LOOKUPS_AT_ONCE)
+# A node's name at registration (a web request), where no connection's own timeout applies.
+NODE_LOOKUP_TIMEOUT_S = 10.0
+
+
+class LookupTooSlow(TimeoutError):
+    """The name's lookup took longer than its time limit (an OSError, as a failed lookup is)."""
+
+
+def getaddrinfo_within(host: str, port: int | None, timeout_s: float) -> list[tuple[Any, ...]]:
+    """socket.getaddrinfo (SOCK_STREAM), or LookupTooSlow after `timeout_s`: the lookup runs in a daemon thread
+    that is left to finish on its own when the time is up."""
+    until = time.monotonic() + max(timeout_s, 0)
+    if not _lookups.acquire(timeout=max(timeout_s, 0)):
+        raise LookupTooSlow(f"could not resolve {host} within {timeout_s:g} s")
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (UnicodeError, OSError) as exc:  # socket.gaierror is an OSError
+            outcome.append(exc)
+        finally:
+            _lookups.release()
+            done.set()
+
+    threading.Thread(target=lookup, name="dns-lookup", daemon=True).start()
+    if not done.wait(max(until - time.monotonic(), 0)):
+        raise LookupTooSlow(f"could not resolve {host} within {timeout_s:g} s")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return list(outcome[0])
+
+
+def node_address_targets(host: str, port: int, timeout_s: float | None = None,
+                         ) -> list[tuple[socket.AddressFamily, tuple[Any, ...]]]:
     """Resolve `host` (an IP address: itself) and check every address it has against node_address_allowed:
     the (family, sockaddr) pairs to connect to, in the resolver's order, duplicates dropped. AddressNotAllowed
     naming the first address outside the rule (one is enough: which of them a connection would use is the
-    resolver's choice); OSError (socket.gaierror) when the name does not resolve."""
+    resolver's choice); OSError (socket.gaierror) when the name does not resolve, LookupTooSlow (an OSError too)
+    when it does not within `timeout_s` (default NODE_LOOKUP_TIMEOUT_S)."""
+    timeout_s = NODE_LOOKUP_TIMEOUT_S if timeout_s is None else timeout_s
     networks = allowed_node_networks()
     targets: list[tuple[socket.AddressFamily, tuple[Any, ...]]] = []
-    for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    for family, _, _, _, sockaddr in getaddrinfo_within(host, port, timeout_s):
         if family not in (socket.AF_INET, socket.AF_INET6):
             continue
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

@@ -96,13 +96,13 @@ class _PinnedHostKey(paramiko.MissingHostKeyPolicy):
 Target = tuple[socket.AddressFamily, tuple[Any, ...]]
 
 
-def checked_addresses(host: str, port: int) -> list[Target]:
+def checked_addresses(host: str, port: int, timeout: float | None = None) -> list[Target]:
     """Where the platform may connect for a node's `host`:`port`: `host` resolved once, and every address it has
     checked (core.addresses.node_address_targets: public, or in settings.NODE_ADDRESS_ALLOWED_NETWORKS); the
     (family, sockaddr) pairs to connect to. AddressRefused (not retried) when an address is outside the rule;
-    NodeUnreachable (retried) when the name does not resolve now."""
+    NodeUnreachable (retried) when the name does not resolve now, or not within `timeout` seconds."""
     try:
-        return node_address_targets(host, port)
+        return node_address_targets(host, port, timeout)
     except AddressNotAllowed as exc:
         again = f"Point {host} at the server's public address again, or r" if exc.by_name else "R"
         raise AddressRefused(f"The platform does not connect to {host}:{port}: {exc.message} No connection was "
@@ -116,7 +116,7 @@ def checked_connection(host: str, port: int, timeout: float) -> socket.socket:
     answer that changes between the check and the connection (rebinding) cannot send it into the platform's own
     network. Its errors, raised before any socket is opened; else the connection's OSError (TimeoutError) when no
     address answers."""
-    targets = checked_addresses(host, port)
+    targets = checked_addresses(host, port, timeout)
     failure: OSError = OSError(f"no address of {host} to connect to")
     for family, sockaddr in targets:  # as socket.create_connection, over the checked addresses only
         sock = socket.socket(family, socket.SOCK_STREAM)

@@ -8,7 +8,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count
 
-from core.addresses import AddressNotAllowed, node_address_targets
+from core import addresses as core_addresses
+from core.addresses import AddressNotAllowed, LookupTooSlow, node_address_targets
 from core.errors import Conflict, ValidationFailed
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.mig import layout_problems, price_problems
@@ -82,6 +83,10 @@ def node_address_check(*, address: str, ssh_port: int) -> None:
     except AddressNotAllowed as exc:
         raise ValidationFailed(f"Not a public address: {exc.message} Give the server's public IP address, or a "
                                "name that resolves only to public addresses.", field="address") from None
+    except LookupTooSlow:
+        within = core_addresses.NODE_LOOKUP_TIMEOUT_S
+        raise ValidationFailed(f"The host name did not resolve within {within:g} s: {address}. Check its name "
+                               "servers, or give the server's public IP address.", field="address") from None
     except (OSError, UnicodeError):  # socket.gaierror: no such name (now), or no IPv4/IPv6 address for it
         raise ValidationFailed(f"The host name does not resolve: {address}. Check its DNS records, or give the "
                                "server's public IP address.", field="address") from None

@@ -15,17 +15,13 @@ request, or the worker that also runs the fleet's health checks, as long as the 
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
 """
 import ipaddress
-import socket
-import threading
-import time
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import idna
 from django.conf import settings
 
-from core.addresses import is_public
+from core.addresses import LookupTooSlow, getaddrinfo_within, is_public
 from core.errors import ValidationFailed
 
 URL_MAX_LENGTH = 500
@@ -33,47 +29,12 @@ URL_MAX_LENGTH = 500
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-# Lookups still waiting on a resolver, at most. Each runs in its own thread, which cannot be stopped and lives as
-# long as the resolver waits (glibc: 5 s per try and name server); past this many, a lookup waits for a free one
-# within its own time limit, so slow names cannot pile up threads without end.
-LOOKUPS_AT_ONCE = 16
-_lookups = threading.BoundedSemaphore(LOOKUPS_AT_ONCE)
-
-
-class _TooSlow(Exception):
-    pass
-
-
-def _getaddrinfo_within(host: str, port: int, timeout_s: float) -> list[tuple[Any, ...]]:
-    """socket.getaddrinfo, or _TooSlow after `timeout_s`: the lookup runs in a daemon thread that is left to
-    finish on its own when the time is up."""
-    until = time.monotonic() + max(timeout_s, 0)
-    if not _lookups.acquire(timeout=max(timeout_s, 0)):
-        raise _TooSlow
-    outcome: list[Any] = []
-    done = threading.Event()
-
-    def lookup() -> None:
-        try:
-            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        except (UnicodeError, OSError) as exc:  # socket.gaierror is an OSError
-            outcome.append(exc)
-        finally:
-            _lookups.release()
-            done.set()
-
-    threading.Thread(target=lookup, name="webhook-dns-lookup", daemon=True).start()
-    if not done.wait(max(until - time.monotonic(), 0)):
-        raise _TooSlow
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    return list(outcome[0])
-
-
 def _addresses(host: str, port: int, timeout_s: float) -> list[Address]:
-    """The host's addresses ([] when it does not resolve); _TooSlow when the answer takes over `timeout_s`."""
+    """The host's addresses ([] when it does not resolve); LookupTooSlow when the answer takes over `timeout_s`."""
     try:
-        infos = _getaddrinfo_within(host, port, timeout_s)
+        infos = getaddrinfo_within(host, port, timeout_s)
+    except LookupTooSlow:
+        raise
     except (UnicodeError, OSError):
         return []
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
@@ -148,7 +109,7 @@ def _checked(url: str, field: str, timeout_s: float) -> tuple[str, SplitResult, 
         raise ValidationFailed(f"Not a valid host name: {parts.hostname}.", field=field) from None
     try:
         addresses = _addresses(hostname, port or (443 if parts.scheme == "https" else 80), timeout_s)
-    except _TooSlow:
+    except LookupTooSlow:
         # The limit named is the setting: at an attempt the lookup had what was left of that much time.
         raise ValidationFailed(f"Could not resolve {parts.hostname} within "
                                f"{settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S} s.", field=field) from None

@@ -17,7 +17,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from core.addresses import Address, address_kind, node_address_allowed
+from core import addresses as core_addresses
+from core.addresses import Address, address_kind, getaddrinfo_within, node_address_allowed
 from core.errors import Conflict, Unavailable
 from core.transitions import InvalidTransition
 from marketplace.models import Instance, InstanceStatus, Node
@@ -124,7 +125,8 @@ def _resolve(host: str) -> list[Address]:
     except ValueError:
         pass
     found: list[Address] = []
-    for *_, sockaddr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
+    # bounded: a name server may be slow
+    for *_, sockaddr in getaddrinfo_within(host, None, core_addresses.NODE_LOOKUP_TIMEOUT_S):
         address = ipaddress.ip_address(sockaddr[0])
         if address not in found:
             found.append(address)

@@ -153,3 +153,30 @@ def test_production_takes_a_private_network(tmp_path):
 def test_a_malformed_network_is_refused_at_start(tmp_path):
     result = _production(tmp_path, "10.8.0.0/33")
     assert result.returncode != 0 and "NODE_ADDRESS_ALLOWED_NETWORKS: '10.8.0.0/33'" in result.stderr
+
+
+def test_a_name_whose_name_server_is_slow_is_refused_within_the_lookup_limit(api, monkeypatch):
+    """getaddrinfo has no time limit of its own: a provider's slow name server held the registration's web request
+    as long as the resolver waited. The lookup is bounded (core.addresses.getaddrinfo_within, as webhooks' is)."""
+    import socket
+    import threading
+
+    from core import addresses
+
+    released = threading.Event()
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "slow.example.net":
+            released.wait(5)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    monkeypatch.setattr(addresses, "NODE_LOOKUP_TIMEOUT_S", 0.5)
+    try:
+        r = api.post(URL, valid_payload(address="slow.example.net"))
+    finally:
+        released.set()
+    assert r.status_code == 400, r.content
+    assert r.json()["address"][0].startswith("The host name did not resolve within 0.5 s: slow.example.net."), r.content
+    assert counts() == (0, 0)

@@ -10,6 +10,7 @@ while loopback is allowed (the tests' settings); then the setting is emptied, as
 addresses only. The servers are real: an sshd that accepts the node's key, or a TCP listener that counts what
 reaches it."""
 import socket
+import threading
 import time
 from contextlib import closing
 
@@ -22,7 +23,7 @@ from provisioning.models import Job, JobStatus, NodeEvent
 from provisioning.services import fleet
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, node_endpoint, node_health_probe
 from provisioning.services.verification import node_verify_request
-from provisioning.ssh import NodeSession, Timeouts
+from provisioning.ssh import NodeSession, Timeouts, checked_connection
 from provisioning.ssh_errors import AddressRefused, NodeUnreachable
 from provisioning.ssh_pool import SshPool
 from tests.factories import UserFactory, make_listed_node, make_node
@@ -105,6 +106,26 @@ def test_no_socket_is_opened_to_a_refused_address(listener, settings, address):
     assert time.monotonic() - start < 4  # one try, not three with 5 s and 10 s between them
     assert REFUSED in refused.value.message and not refused.value.transient
     assert reached(listener) == 0
+
+
+def test_a_slow_name_server_is_bounded_by_the_connections_timeout(monkeypatch):
+    """The name is looked up within the connection's own timeout (getaddrinfo has none: a provider's slow name
+    server held the worker, which also runs the fleet's health checks): unreachable, retried as such."""
+    released = threading.Event()
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "slow.example.net":
+            released.wait(5)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    try:
+        with pytest.raises(NodeUnreachable) as unreachable:
+            checked_connection("slow.example.net", 22, 0.5)
+    finally:
+        released.set()
+    assert "could not resolve slow.example.net within 0.5 s" in unreachable.value.message
 
 
 def test_the_health_checks_report_it_and_take_the_node_offline(simbase, settings):
