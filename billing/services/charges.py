@@ -95,7 +95,7 @@ def stripe_lookups(*, kind: str, payload: dict[str, Any]) -> StripeLookups:
         return looked
     if _names_only_its_charge(obj) and charge_id and _charge_unmatched(charge_id):
         looked.intents[charge_id] = _charge_intent(charge_id)
-    if kind == CHARGE_REFUNDED and charge_id and not _refunds_listed(obj) and _is_ours(obj, charge_id, looked):
+    if kind == CHARGE_REFUNDED and charge_id and not refunds_listed(obj) and _is_ours(obj, charge_id, looked):
         looked.refunds[charge_id] = _charge_refunds(charge_id)
     return looked
 
@@ -126,7 +126,8 @@ def refund_matched(stripe_refund: dict[str, Any], *, lock: bool = True) -> Refun
     return query.select_for_update(of=("self",)).get(pk=refund.pk)
 
 
-def _refunds_listed(charge: dict[str, Any]) -> bool:
+def refunds_listed(charge: dict[str, Any]) -> bool:
+    """Whether the charge lists all its refunds itself (API versions before 2022-11-15)."""
     refunds = charge.get("refunds")
     return isinstance(refunds, dict) and isinstance(refunds.get("data"), list) and refunds.get("has_more") is False
 

@@ -40,6 +40,7 @@ from billing.services.charges import (
     StripeLookups,
     object_id,
     refund_matched,
+    refunds_listed,
     top_up_for,
     whole_cents,
 )
@@ -239,7 +240,6 @@ def _locked(refund_id: int) -> Refund:
 
 REFUND_DEBITED = ("pending", "requires_action", "succeeded")
 REFUND_GIVEN_BACK = ("failed", "canceled")
-OUTSIDE_REFUND_NOTE = "Refunded to your card."
 REFUND_FAILED_NOTE = "The refund to your card failed at the payment provider: the amount is back in your balance."
 
 
@@ -296,7 +296,7 @@ def _made_at_stripe(*, top_up: TopUp, stripe_refund: dict[str, Any], refund_id: 
         top_up=top_up, amount_micros=amount, origin=RefundOrigin.STRIPE, stripe_refund_id=refund_id,
         reason=f"Refunded at Stripe (its dashboard), not through the platform: Stripe refund {refund_id}, reason: "
                f"{why}.",
-        customer_note=OUTSIDE_REFUND_NOTE)
+        customer_note=REFUND_NOTE)
 
 
 def refund_failed_at_stripe(*, stripe_refund: dict[str, Any]) -> bool:
@@ -348,9 +348,8 @@ def charge_refunded_apply(*, charge: dict[str, Any], looked: StripeLookups | Non
     The charge's refunded total is not read: each refund is debited or given back by its own id and status."""
     charge_id = object_id(charge, "charge")
     top_up = top_up_for(charge, "Charge", charge_id, looked)
-    listed = charge.get("refunds")
-    if isinstance(listed, dict) and isinstance(listed.get("data"), list) and listed.get("has_more") is False:
-        refunds = listed["data"]
+    if refunds_listed(charge):
+        refunds = charge["refunds"]["data"]
     elif looked is not None and charge_id in looked.refunds:
         refunds = looked.refunds[charge_id]
     else:  # matched to a top-up only now (its credit came meanwhile): Stripe is asked on the next delivery

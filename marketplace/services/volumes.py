@@ -45,7 +45,7 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services.email_verification import email_verified_required
-from marketplace.services.funds import funds_for, funds_refuse_if_short
+from marketplace.services.funds import COMMITTED_VOLUME_STATES, funds_for, funds_refuse_if_short
 from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN, Job, JobKind
 from provisioning.services.jobs import job_create
@@ -169,8 +169,9 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     return volume
 
 
-# The volumes that count towards a renter's caps: those that are, or are about to be, on a node for them.
-_HELD = (VolumeState.CREATING, VolumeState.AVAILABLE)
+# The volumes that count towards a renter's caps: those that are, or are about to be, on a node for them (the
+# funds check's committed volumes: the same states).
+_HELD = COMMITTED_VOLUME_STATES
 
 
 def _check_caps(owner: User, size_gb: int) -> None:
@@ -417,8 +418,10 @@ def node_volumes_lost(*, node_id: int) -> list[int]:
     outage), and its renter is told; one being deleted is deleted (billed up to its request already); one being
     created fails (never billed). Returns the ids of the volumes ended. Call inside the retire's transaction."""
     ended = []
-    for volume in (Volume.objects.select_for_update().filter(node_id=node_id).order_by("pk")
-                   .exclude(state__in=(VolumeState.DELETED, VolumeState.FAILED))):
+    now = timezone.now()
+    until = storage_billed_until(node_id=node_id, now=now)  # the node's, the same for each of its volumes
+    for volume in (Volume.objects.select_for_update(of=("self",)).select_related("owner").filter(node_id=node_id)
+                   .order_by("pk").exclude(state__in=(VolumeState.DELETED, VolumeState.FAILED))):
         ended.append(volume.pk)
         if volume.state == VolumeState.CREATING:
             volume.transition_to(VolumeState.FAILED)
@@ -426,11 +429,10 @@ def node_volumes_lost(*, node_id: int) -> list[int]:
             volume.save(update_fields=["state", "status_message", "updated_at"])
             continue
         if volume.state == VolumeState.AVAILABLE:
-            now = timezone.now()
-            volume_storage_close(volume=volume, until=storage_billed_until(node_id=node_id, now=now))
+            volume_storage_close(volume=volume, until=until)
             volume.transition_to(VolumeState.DELETING)
             volume.deleted_at = now
-            notify(user=User.objects.get(pk=volume.owner_id), kind=Kind.VOLUME_LOST,
+            notify(user=volume.owner, kind=Kind.VOLUME_LOST,
                    dedupe_key=f"volume_lost:{volume.pk}",
                    payload={"volume": volume.pk, "name": volume.name, "label": volume.label,
                             "message": f"Volume {volume.name} ({volume.size_gb} GB) is deleted: {LOST_WITH_NODE}. "
