@@ -50,12 +50,20 @@ class GpuStatusForm(forms.ModelForm):
         else:
             field.choices = [(value, label) for value, label in GpuStatus.choices if value in self.EDITABLE]
 
+    def clean(self):
+        cleaned = super().clean()
+        if "status" in self.changed_data:
+            # The operator's decision takes over from a loss's: a lost GPU freed by hand is no longer lost (the
+            # next health check judges it again if it is still missing).
+            self.instance.lost_at = None
+        return cleaned
+
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     form = GpuStatusForm
-    fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "status"]
-    readonly_fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
+    fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "status", "lost_at"]
+    readonly_fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "lost_at"]
     extra = 0
     can_delete = False
 

@@ -230,6 +230,10 @@ class Gpu(StatefulModel, models.Model):
     memory_mib = models.PositiveIntegerField()
     pci_bus_id = models.CharField(max_length=32, blank=True)
     status = models.CharField(max_length=12, choices=GpuStatus.choices, default=GpuStatus.FREE)
+    lost_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When a health check first found this GPU missing from the node's nvidia-smi (fallen off the bus); "
+                  "empty while it answers. A lost GPU is not rented, and its instance waits interrupted.")
 
     class Meta:
         ordering = ["node_id", "index"]

@@ -257,6 +257,7 @@ class GpuAllocation(models.Model):
 class InterruptionCause(models.TextChoices):
     NODE_LOST = "node_lost", "The node stopped answering health checks"
     VM_LOST = "vm_lost", "The VM stopped running on the node"
+    GPU_LOST = "gpu_lost", "A GPU of the instance vanished from the node (fell off the bus)"
 
 
 class InterruptionOutcome(models.TextChoices):

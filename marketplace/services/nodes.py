@@ -252,7 +252,7 @@ def node_in_use(*, node_id: int) -> bool:
 
 def node_return_state(*, node: Node) -> str:
     """The state a node goes back to from maintenance (node_update) or from offline once it answered and was
-    reconciled (provisioning.services.reliability.node_record_health): offline while its last health check
+    reconciled (provisioning.services.fleet_record.nodes_record_health): offline while its last health check
     failed (the health check reconciles it before it takes rentals again); active if its verdict lists it or
     renters are on it (node_in_use); pending otherwise (it waits for a verification)."""
     if node.health_failures > 0:

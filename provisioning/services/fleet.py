@@ -243,7 +243,7 @@ def _probe_served(nodes: list[Node], held: set[int], pool: SshPool) -> dict[int,
                 result = HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
             else:
                 pool.give_back(node.pk, identity, session)
-                result = health_result(node.pk, answer, seconds=time.monotonic() - start, probed_at=probed_at)
+                result = health_result(node, answer, seconds=time.monotonic() - start, probed_at=probed_at)
             metrics.ssh_probe_observe(result)
             done[node.pk] = result
     except BaseException:  # a bug or an interrupt: no taken connection may stay open outside the pool

@@ -1,13 +1,15 @@
-"""Recording a batch of health checks at once: what reliability.node_record_health does for one node, in a few
-set-based statements for the whole batch.
+"""Recording health checks, a batch at once, in a few set-based statements for the whole batch (a single check
+is a batch of one: node_record_health). Offline after failures in a row (a node in maintenance stays there), back
+when it answers, the instances a check interrupts (node silent, VM not running, GPU gone: gpu_presence).
 
 For a batch of any size, in the common case (nodes answering, or failing, with nothing else to do):
 two statements for the day's health samples (insert the missing rows, then count every node up in one UPDATE),
 two reads for the reliability figures (the samples of the window and the failed jobs, grouped by node), then in
 one transaction the nodes locked (SELECT ... FOR UPDATE), updated (one UPDATE ... CASE, Django's bulk_update)
 and their events inserted (one INSERT); when some nodes have been silent long enough to interrupt their
-instances, one read for those with running instances. Only the rare cases take statements per node: instances
-to interrupt, and GPUs that changed (a re-verification to queue).
+instances, one read for those with running instances; when answers list their GPUs, one read of those GPUs.
+Only the rare cases take statements per node: a node gone offline (its provider told), instances to interrupt,
+GPUs gone or back, and GPUs that changed (a re-verification to queue).
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from django.utils import timezone
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_return_state
+from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import HealthSample, NodeEvent
-from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event
+from provisioning.services.gpu_presence import gpus_presence, node_gpus_presence
+from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event, running_vm_ids_by_node
 from provisioning.services.reliability import RELIABILITY, failed_jobs_counted, node_inventory_changed
 
 NODE_FIELDS = ["health_failures", "last_seen_at", "state", "last_error", "reliability", "updated_at"]
@@ -46,7 +50,9 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     reliability = nodes_reliability(node_ids=ids, now=now)
     last_healthy: dict[int, datetime | None] = {}
     with transaction.atomic():
-        nodes = list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        # The providers come along (not locked) for the rare node that goes offline: its provider is told.
+        nodes = list(Node.objects.select_for_update(of=("self",)).select_related("provider").filter(pk__in=ids)
+                     .order_by("pk"))
         events = []
         for node in nodes:
             result = by_id[node.pk]
@@ -57,11 +63,17 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
         Node.objects.bulk_update(nodes, NODE_FIELDS)
         if events:
             NodeEvent.objects.bulk_create(events)
+    went_offline = {e.node_id for e in events if e.kind == "offline"}
+    for node in nodes:  # rare: once per outage
+        if node.pk in went_offline:
+            _tell_offline(node)
     # Nodes silent for long enough to interrupt their instances: those with running instances, in one read.
     threshold = settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS
     silent = [n.pk for n in nodes if not by_id[n.pk].ok and n.health_failures >= threshold]
     renting = set(Instance.objects.filter(node_id__in=silent, status=InstanceStatus.RUNNING)
                   .values_list("node_id", flat=True).distinct()) if silent else set()
+    # Cards gone from, or back in, nvidia-smi: one read for the batch.
+    presence = gpus_presence({r.node_id: r.gpu_uuids for r in results if r.ok and r.gpu_uuids is not None})
     interrupted: dict[int, list[int]] = {}
     for node in nodes:
         result = by_id[node.pk]
@@ -74,6 +86,10 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
                        message=f"Instance(s) {', '.join(map(str, lost))} interrupted: "
                        f"{'the node is unreachable' if not result.ok else 'their VM is not running'}.",
                        level=NodeEvent.Level.CRITICAL)
+        if node.pk in presence:
+            lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=last_healthy[node.pk])
+            if lost:
+                interrupted[node.pk] = lost
         if result.ok and result.inventory_hash and _gpus_changed(node, result.inventory_hash):
             node_inventory_changed(node_id=node.pk, reported_hash=result.inventory_hash)
     return interrupted
@@ -95,12 +111,36 @@ def _apply(node: Node, result: HealthResult, now: datetime) -> list[NodeEvent]:
         return []
     node.health_failures += 1
     node.last_error = result.error
+    # A node in maintenance stays there: its provider ends it, and node_update sends it offline then. (Sent
+    # offline here, its next answer ended the provider's maintenance and listed it again.)
     if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
-            and node.state != NodeState.OFFLINE:
+            and node.state not in (NodeState.OFFLINE, NodeState.MAINTENANCE):
         node.transition_to(NodeState.OFFLINE)
         return [NodeEvent(node=node, kind="offline", level=NodeEvent.Level.WARNING,
                           message=f"{node.health_failures} health checks failed in a row: {result.error}")]
     return []
+
+
+def _tell_offline(node: Node) -> None:
+    """The provider hears that its node went offline (once per time it went), on the channels it chose."""
+    notify(user=node.provider, kind=Kind.NODE_OFFLINE,
+           dedupe_key=f"node_offline:{node.pk}:{node.state_changed_at.isoformat()}", payload={
+               "node": node.pk, "name": node.name, "message": f"Node {node.name} is offline: "
+               f"{node.health_failures} health checks failed in a row ({node.last_error[:300]}). It takes no new "
+               "rentals until it answers again."})
+
+
+def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_hash: str | None = None,
+                       vms: dict[str, str] | None = None, probed_at: datetime | None = None,
+                       running_vm_ids: set[str] | None = None, gpu_uuids: list[str] | None = None) -> list[int]:
+    """One node's health check, recorded as a batch of one (one rule for both: a copy kept for single checks had
+    drifted from the batch the fleet runs, which sent a node in maintenance offline and told no provider that its
+    node went offline). Returns the ids of the instances it interrupted."""
+    result = HealthResult(node_id, ok, error, inventory_hash=inventory_hash, vms=vms, probed_at=probed_at,
+                          gpu_uuids=gpu_uuids)
+    if running_vm_ids is None:
+        running_vm_ids = running_vm_ids_by_node(node_ids=[node_id], probed_before=probed_at).get(node_id, set())
+    return nodes_record_health([result], running_vm_ids={node_id: running_vm_ids}).get(node_id, [])
 
 
 def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, running: set[str]) -> list[int]:

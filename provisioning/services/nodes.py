@@ -1,5 +1,5 @@
 """Node-side use cases: open a pinned session, record contact, quarantine, the health probe, inventory.
-(Applying a health check's result: reliability.node_record_health.)"""
+(Applying a health check's result: fleet_record.nodes_record_health.)"""
 from __future__ import annotations
 
 import contextlib
@@ -22,9 +22,11 @@ from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import JobFault, NodeEvent
+from provisioning.services.gpu_presence import gpus_returned
 from provisioning.ssh import SERVED_COMMANDS, Endpoint, NodeSession, Timeouts
 from provisioning.ssh_errors import AgentFailed, AgentMissing, HostKeyMismatch, NodeError, NodeUnreachable
 from provisioning.ssh_pool import SshPool
+from provisioning.verification.health_answer import HOST_SEES_GPUS, health_problem
 from provisioning.verification.identity import duplicate_gpus, duplicate_host_key
 from provisioning.verification.model import Finding
 
@@ -171,6 +173,8 @@ class HealthResult:
     seconds: float = 0.0
     inventory_hash: str | None = None  # the agent's digest of its GPUs (a change triggers a re-verification)
     vms: dict[str, str] | None = None  # vm_id -> state ("running", "stopped") as the agent saw them
+    # The GPUs nvidia-smi lists now, where the host sees every card (HOST_SEES_GPUS); None where it does not.
+    gpu_uuids: list[str] | None = None
     probed_at: datetime | None = None  # when the probe began: instances running since then are not judged by it
     # The platform's own SSH sessions to the node were all taken (NodeBusy): nothing was learned either way (ok is
     # False only for that). Not a failed check: the health loop should count it and record nothing.
@@ -200,17 +204,23 @@ def node_health_probe(node: Node, timeouts: Timeouts | None = None, *, pool: Ssh
     try:
         answer = node_agent_call(node, "health", timeouts=timeouts or HEALTH_TIMEOUTS, pool=pool,
                                  slot_held=slot_held)
-        return health_result(node.pk, answer, seconds=time.monotonic() - start, probed_at=probed_at)
+        return health_result(node, answer, seconds=time.monotonic() - start, probed_at=probed_at)
     except NodeBusy as exc:
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at, busy=True)
     except NodeError as exc:
         return HealthResult(node.pk, False, exc.message, time.monotonic() - start, probed_at=probed_at)
 
 
-def health_result(node_id: int, answer: dict[str, Any], *, seconds: float, probed_at: datetime) -> HealthResult:
-    """What a `health` answer (ok) tells about the node."""
-    return HealthResult(node_id, True, seconds=seconds, inventory_hash=answer.get("inventory_hash"),
-                        vms=answer.get("vms"), probed_at=probed_at)
+def health_result(node: Node, answer: Any, *, seconds: float, probed_at: datetime) -> HealthResult:
+    """What a `health` answer tells about the node: a failed check, naming why, unless it shows the node able to
+    host its VMs (provisioning.verification.health_answer); before, any answer passed, one without its VM list or
+    with its runtime down included, and its renters stayed billed."""
+    problem = health_problem(answer, runtime=node.runtime)
+    if problem:
+        return HealthResult(node.pk, False, f"The node answers, but {problem}.", seconds, probed_at=probed_at)
+    return HealthResult(node.pk, True, seconds=seconds, inventory_hash=answer.get("inventory_hash"),
+                        vms=answer["vms"], probed_at=probed_at,
+                        gpu_uuids=answer["gpu_uuids"] if node.runtime in HOST_SEES_GPUS else None)
 
 
 def node_agent_call(node: Node, command: str, sub: str | None = None, request: dict[str, Any] | None = None, *,
@@ -290,3 +300,5 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     if stale:
         Gpu.objects.filter(pk__in=stale).update(uuid="")
     Gpu.objects.bulk_update(changed, ["uuid", "pci_bus_id", "memory_mib", "gpu_model"])
+    # A lost card the server reports again (its row claims a UUID): no longer lost (gpu_presence).
+    gpus_returned(gpu_ids=[gpu.pk for gpu in changed if gpu.uuid and gpu.lost_at is not None])

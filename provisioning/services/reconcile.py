@@ -14,6 +14,7 @@ from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
+from provisioning.services.gpu_presence import instance_waits_for_gpu
 from provisioning.services.nodes import node_event, node_session
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed, AgentGarbage
@@ -110,6 +111,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                         instance_id=instance.pk,
                         message="Its server answered again, but the VM was gone; the GPUs were released.")
                     counts["instances_failed"] += 1
+                elif instance_waits_for_gpu(instance_id=instance.pk):
+                    continue  # its VM may run, its card does not: it resumes once the card answers again
                 elif vm.get("state") == "running":
                     counts["resumed"] += instance_svc.instance_resume(instance_id=instance.pk) is not None
                 else:

@@ -14,7 +14,7 @@ from marketplace.models import Gpu, Instance, Interruption, Node
 from marketplace.services import instances as svc
 from notifications.models import Notification
 from provisioning.models import Job, JobKind
-from provisioning.services.reliability import node_record_health
+from provisioning.services.fleet_record import node_record_health
 from tests.billing.helpers import balance, fund, node, running
 from tests.factories import UserFactory
 

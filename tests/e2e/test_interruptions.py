@@ -5,6 +5,7 @@ runs it: the instance is interrupted within two checks, billing stops at the las
 told and credited; when the node answers again the instance resumes, or is cleaned up when the renter
 destroyed it meanwhile, or fails with a reason when its VM is gone.
 """
+import json
 import shutil
 import time
 from pathlib import Path
@@ -16,10 +17,12 @@ from billing.services.metering import usage_meter
 from marketplace.models import Gpu, Instance, Interruption, Node
 from provisioning import sim
 from provisioning.agent.gpumarket_agent import procs
+from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.services.maintenance import nodes_health_check
 from provisioning.services.nodes import node_session
 from tests.billing.invariants import assert_billing_invariants
 from tests.e2e.test_instances import _renter_key, _ssh, _status, _verified_node
+from tests.live import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -139,3 +142,42 @@ def test_a_vm_that_stops_on_a_healthy_node_is_started_again(worker, sim_node_fac
     body = other_api.get(f"/api/v1/instances/{instance.pk}/").json()
     seen = _ssh(body["ssh_command"], key_path, "echo alive")
     assert seen.returncode == 0 and "alive" in seen.stdout, seen.stderr
+
+
+def test_a_card_that_falls_off_the_bus_interrupts_its_instance_until_it_answers_again(
+        worker, sim_node_factory, api, other_api, tmp_path):
+    """The server answers and the VM runs, but nvidia-smi no longer lists the instance's card: interrupted at the
+    last check that saw it, left waiting (not resumed while its VM runs), resumed once the card is back. The
+    other card stays free; the changed inventory has the node verified again (rejected while a card is missing)."""
+    node, info = _verified_node(api, sim_node_factory)
+    instance, _ = _rent(node, other_api, tmp_path)
+    gpu = Gpu.objects.get(allocations__instance=instance, allocations__released_at__isnull=True)
+    assert nodes_health_check()["failed"] == 0
+    seen = Node.objects.get(pk=node.pk).last_seen_at
+    profile = Path(info["node_dir"]) / "profile.json"
+    whole = profile.read_text()
+    data = json.loads(whole)
+    data["nvidia_smi"] = [line for line in data["nvidia_smi"] if not line.startswith(f"{gpu.index},")]
+    profile.write_text(json.dumps(data))
+
+    summary = nodes_health_check()
+    assert summary["failed"] == 0 and summary["interrupted"] == 1, summary
+    instance.refresh_from_db()
+    assert instance.status == "interrupted", instance.status_message
+    interruption = Interruption.objects.get(instance=instance)
+    assert interruption.cause == "gpu_lost" and interruption.started_at == seen
+    assert Gpu.objects.get(pk=gpu.pk).lost_at is not None
+    assert Gpu.objects.filter(node=node, status="free").exclude(pk=gpu.pk).exists()
+    wait_until(lambda: not Job.objects.filter(node=node, kind="node_verify", status__in=OPEN_JOB_STATUSES).exists(),
+               90, what="the re-verification of the changed inventory")
+    assert nodes_health_check()["failed"] == 0
+    assert Instance.objects.get(pk=instance.pk).status == "interrupted"  # its VM runs, its card does not
+
+    profile.write_text(whole)  # the card answers again (after the provider's restart, say)
+    nodes_health_check()
+    wait_until(lambda: not Job.objects.filter(node=node, kind="node_verify", status__in=OPEN_JOB_STATUSES).exists(),
+               90, what="the re-verification of the restored inventory")
+    assert Gpu.objects.get(pk=gpu.pk).lost_at is None
+    nodes_health_check()
+    instance = _status(instance.pk, "running")
+    assert Interruption.objects.get(instance=instance).outcome == "resumed"

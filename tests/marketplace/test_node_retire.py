@@ -83,7 +83,7 @@ def test_the_same_interrupted_instance_on_a_reachable_node_refuses_the_retire():
 
 
 def test_maintenance_ends_offline_while_the_health_check_fails_and_a_failure_keeps_it_in_maintenance():
-    from provisioning.services.reliability import node_record_health
+    from provisioning.services.fleet_record import node_record_health
 
     node = make_listed_node(gpu_count=1)
     node_svc.node_update(node=node, maintenance=True)

@@ -9,8 +9,8 @@ from billing.services.ledger import credit_grant, ledger_reverse
 from marketplace.models import NodeState
 from notifications.models import Notification
 from provisioning.models import Job, JobKind
+from provisioning.services.fleet_record import node_record_health
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS
-from provisioning.services.reliability import node_record_health
 from provisioning.services.verification import node_verify_conclude
 from tests.billing.helpers import fund, node, run, running, stop
 from tests.factories import UserFactory, make_node

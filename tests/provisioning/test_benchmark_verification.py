@@ -23,9 +23,9 @@ from marketplace.services.nodes import node_private_key
 from provisioning import sim, tasks
 from provisioning.models import HealthSample, Job, JobKind, JobStatus, NodeEvent, VerificationRun
 from provisioning.services import reliability
+from provisioning.services.fleet_record import node_record_health
 from provisioning.services.maintenance import nodes_reverify_due
 from provisioning.services.nodes import node_health_probe
-from provisioning.services.reliability import node_record_health
 from provisioning.services.runner import job_begin
 from provisioning.services.verification import node_verify_request, node_verify_run
 from provisioning.sim import PROFILES_DIR

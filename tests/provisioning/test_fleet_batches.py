@@ -18,9 +18,8 @@ from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.concurrency import slot_key
 from provisioning.models import HealthSample, Job, JobKind, JobStatus, NodeEvent
 from provisioning.services import fleet
-from provisioning.services.fleet_record import nodes_record_health
-from provisioning.services.nodes import HealthResult
-from provisioning.services.reliability import node_record_health
+from provisioning.services.fleet_record import node_record_health, nodes_record_health
+from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult
 from provisioning.ssh_pool import SshPool
 from tests.billing.helpers import fund, running
 from tests.billing.helpers import node as billing_node
@@ -197,8 +196,9 @@ def test_a_batch_is_recorded_in_a_fixed_number_of_statements_with_the_per_node_o
         counts[size] = [q["sql"] for q in captured.captured_queries
                         if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
     # samples: INSERT ... ON CONFLICT DO NOTHING, one UPDATE; reliability: two grouped reads; nodes: SELECT ...
-    # FOR UPDATE, one UPDATE; events: one INSERT; silent nodes with running instances: one read.
-    assert len(counts[4]) == len(counts[12]) == 8, "\n".join(counts[12])
+    # FOR UPDATE, one UPDATE; events: one INSERT; silent nodes with running instances: one read. And per node gone
+    # offline (one in four here), its provider's notification: its preference read, the row, its webhooks read.
+    assert len(counts[4]) == 8 + 3 * 1 and len(counts[12]) == 8 + 3 * 3, "\n".join(counts[12])
 
 
 def test_changed_gpus_queue_a_verification_from_a_batch_too(db, sent_jobs):
@@ -356,3 +356,16 @@ def test_a_health_batch_records_its_other_nodes_when_one_nodes_reconcile_raised(
     assert rows[back.pk].health_failures == 2  # judged again next time, once reconciled
     assert {back.pk, lost.pk} <= {pk for pk in (back.pk, lost.pk) for r in caplog.records
                                   if f"node {pk}" in r.getMessage() and r.exc_info}
+
+
+def test_a_node_in_maintenance_stays_there_through_failed_checks(db):
+    """The fleet's batch sent it offline, and its next answer then ended the provider's maintenance and listed it
+    again (the single-node copy of the rule, which kept it, was only ever run by tests)."""
+    node = listed(NodeState.MAINTENANCE)
+    for _ in range(OFFLINE_AFTER_FAILED_CHECKS + 1):
+        nodes_record_health([HealthResult(node.pk, False, "No SSH answer")], running_vm_ids={})
+    node.refresh_from_db()
+    assert node.state == NodeState.MAINTENANCE and node.health_failures == OFFLINE_AFTER_FAILED_CHECKS + 1
+    nodes_record_health([HealthResult(node.pk, True, vms={}, probed_at=timezone.now())], running_vm_ids={})
+    node.refresh_from_db()
+    assert node.state == NodeState.MAINTENANCE and node.health_failures == 0

@@ -140,6 +140,9 @@ def instance_release_gpus(*, instance: Instance, at: datetime | None = None) -> 
         return []
     gpu_ids = [a.gpu_id for a in live]
     GpuAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at)
+    # A lost card (gone from the node's nvidia-smi: provisioning.services.gpu_presence) is not offered again
+    # until it answers; the others are free.
+    Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids, lost_at__isnull=False), GpuStatus.UNAVAILABLE)
     Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids), GpuStatus.FREE, action="release")
     return sorted(a.gpu.index for a in live)
 

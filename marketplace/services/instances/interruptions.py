@@ -2,13 +2,15 @@
 price cuts (a re-verification found a rented node's hardware worse than when it was booked).
 
 One rule, applied here for every cause (health checks failing, the node quarantined because its host key changed,
-the VM found gone or not running by a health check or by the reconciler):
+the VM found gone or not running by a health check or by the reconciler, a GPU it holds gone from the node's
+nvidia-smi: provisioning.services.gpu_presence):
 - the instance moves to `interrupted` at once, and its billing is closed at the last moment its node was
   seen healthy (`since`), never at the moment the loss was noticed;
 - the renter gets an event (API and email) at once, and a service credit by the published rule
   (billing.services.credits), charged to the provider, topped up until the interruption ends;
-- it ends when the node answers again: the VM is intact → `running` (billing restarts); the VM is stopped →
-  `starting` (the platform starts it again); the VM is gone → `failed` with a reason; or the renter deletes it.
+- it ends when the node answers again (a lost GPU's: once the card is listed again): the VM is intact →
+  `running` (billing restarts); the VM is stopped → `starting` (the platform starts it again); the VM is gone →
+  `failed` with a reason; or the renter deletes it.
 
 Hardware found worse while rented (a lower benchmark score, or a rejection): the renter is told, and from the
 moment of the check the instance's price is cut in proportion to the score measured now against the score its
@@ -125,8 +127,11 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
         assert started is not None  # running: it has started
         since = min(max(since or now, started, instance.billed_until or started), now)
         _leave_running(instance, since)
-        what = ("its server stopped answering" if cause == InterruptionCause.NODE_LOST
-                else "its VM stopped running on the server")
+        what = {str(InterruptionCause.NODE_LOST): "its server stopped answering",
+                str(InterruptionCause.GPU_LOST): "a GPU it holds vanished from its server (fallen off the bus)",
+                }.get(cause, "its VM stopped running on the server")
+        back = ("once the card answers again (usually after the provider restarts the server)"
+                if cause == InterruptionCause.GPU_LOST else "if the server comes back with the VM intact")
         instance.transition_to(S.INTERRUPTED, f"Interrupted: {what} ({detail[:200]}). Billing stopped at "
                                               f"{_at(since)}; it resumes only when the instance runs again.")
         instance.stopped_at = since
@@ -139,7 +144,7 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
             message=(f"Instance {instance.pk} was interrupted: {what}. Billing stopped at {_at(since)}, the last "
                      "moment it was seen healthy, and you are credited for the time lost "
                      f"({usd_text(credit.total_micros)} so far, charged to the provider). It resumes by "
-                     "itself if the server comes back with the VM intact; you can also destroy it now at no charge."),
+                     f"itself {back}; you can also destroy it now at no charge."),
             data={"instance": instance.pk, "cause": cause, "billing_stopped_at": since.isoformat(),
                   "credited": str(micros_to_usd(credit.total_micros))},
         )

@@ -38,13 +38,15 @@ def cmd_health(cfg, req):
     reject_unknown(req, ())
     answer = {"runtime": cfg.runtime, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "load": list(os.getloadavg()), "uptime_s": None, "gpu_count": None, "gpu_error": None,
-              "inventory_hash": None}
+              "inventory_hash": None, "gpu_uuids": None}
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/uptime") as f:
             answer["uptime_s"] = float(f.read().split()[0])
     try:
         gpus = read_gpus(cfg)[0]
         answer["gpu_count"], answer["inventory_hash"] = len(gpus), inventory_hash(gpus)
+        # Which cards nvidia-smi lists now: the platform notices one that fell off the bus within one interval.
+        answer["gpu_uuids"] = [g.get("uuid") for g in gpus]
     except AgentError as exc:
         answer["gpu_error"] = exc.message
     try:

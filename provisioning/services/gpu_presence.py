@@ -1,0 +1,123 @@
+"""GPUs that vanish from a node that still answers (a card fallen off the bus, Xid 79, a riser that lost contact),
+and come back.
+
+The health answer lists the UUIDs nvidia-smi shows (where the host sees every card: HOST_SEES_GPUS). A GPU of the
+node missing from that list is lost: marked (`Gpu.lost_at`), kept off the offers (a free one becomes unavailable, a
+rented one does when its instance lets it go: instances.common.instance_release_gpus), and every running instance
+holding it, whole or through a MIG slice, is interrupted at the check before (the last moment the card was seen),
+by the interruptions' one rule (billing closed there, the renter told and credited, charged to the provider).
+Before, nothing noticed: the node answered, its VM ran, and its renter paid for a card that was gone until a
+re-verification (queued by the changed inventory) judged the node, and even then the renter stayed billed.
+
+Such an instance waits interrupted while its card is lost (the reconciler does not resume it: its VM may run, its
+GPU does not); the renter may destroy it at no charge. When the card is listed again (usually after the provider
+restarts the server, which stops the VM: the reconciler starts it again), it is no longer lost, a GPU the loss made
+unavailable is free again, and the instance resumes.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.models import (
+    Gpu,
+    GpuAllocation,
+    GpuStatus,
+    InterruptionCause,
+    MigSliceAllocation,
+    Node,
+)
+from marketplace.services import instances as instance_svc
+from provisioning.models import NodeEvent
+
+
+@dataclass
+class Presence:
+    missing: list[int] = field(default_factory=list)  # ids of the node's GPUs not in the answer
+    newly_missing: list[tuple[int, str]] = field(default_factory=list)  # (index, uuid) of those lost just now
+    back: list[int] = field(default_factory=list)  # ids of lost GPUs listed again
+
+
+def gpus_presence(listed_by_node: Mapping[int, Collection[str]]) -> dict[int, Presence]:
+    """Per node whose healthy answer lists its GPUs (their UUIDs), what changed or stays wrong (one query for all
+    of them); nodes with every card present and none lost before are left out."""
+    listed = {node_id: set(uuids) for node_id, uuids in listed_by_node.items()}
+    found: dict[int, Presence] = {}
+    if not listed:
+        return found
+    rows = Gpu.objects.filter(node_id__in=listed).exclude(uuid="").values_list(
+        "pk", "node_id", "index", "uuid", "lost_at", "status")
+    for pk, node_id, index, uuid, lost_at, status in rows:
+        if status == GpuStatus.UNAVAILABLE and lost_at is None:
+            continue  # taken out by its provider or an operator: nobody rents it, whether it answers or not
+        present = uuid in listed[node_id]
+        if present and lost_at is not None:
+            found.setdefault(node_id, Presence()).back.append(pk)
+        elif not present:
+            presence = found.setdefault(node_id, Presence())
+            presence.missing.append(pk)
+            if lost_at is None:
+                presence.newly_missing.append((index, uuid))
+    return found
+
+
+def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | None) -> list[int]:
+    """Act on what one check found about the node's GPUs; the ids of the instances interrupted now. `last_seen`:
+    the node's last healthy check before this one (the last moment its missing cards were listed)."""
+    now = timezone.now()
+    if presence.back:
+        gpus_returned(gpu_ids=presence.back)
+        NodeEvent.objects.create(node=node, kind="gpu_back",
+                                 message=f"{len(presence.back)} lost GPU(s) listed by nvidia-smi again.")
+    if not presence.missing:
+        return []
+    with transaction.atomic():
+        Gpu.objects.filter(pk__in=presence.missing, lost_at__isnull=True).update(lost_at=now)
+        # Only a free one is taken out now: a held one stays the instance's until it lets it go (held_stays_rented).
+        Gpu.objects.filter(pk__in=presence.missing, status=GpuStatus.FREE).update(status=GpuStatus.UNAVAILABLE)
+    if presence.newly_missing:
+        cards = ", ".join(f"GPU {index} ({uuid})" for index, uuid in presence.newly_missing)
+        NodeEvent.objects.create(node=node, kind="gpu_lost", level=NodeEvent.Level.CRITICAL,
+                   message=f"{cards} no longer listed by nvidia-smi while the server answers (fallen off the bus?). "
+                           "Taken off the offers; the instances on it are interrupted until it answers again "
+                           "(usually after a restart of the server).")
+    holders = set(GpuAllocation.objects.filter(gpu_id__in=presence.missing, released_at__isnull=True)
+                  .values_list("instance_id", flat=True))
+    holders |= set(MigSliceAllocation.objects.filter(mig_slice__gpu_id__in=presence.missing,
+                                                     released_at__isnull=True).values_list("instance_id", flat=True))
+    interrupted = []
+    for instance_id in sorted(holders):
+        if instance_svc.instance_interrupt(
+                instance_id=instance_id, since=last_seen, cause=InterruptionCause.GPU_LOST,
+                detail="a GPU it holds is no longer listed by nvidia-smi on the server") is not None:
+            interrupted.append(instance_id)
+    return interrupted
+
+
+def gpus_returned(*, gpu_ids: Iterable[int]) -> None:
+    """Lost GPUs listed again (by a health check, or a verification's inventory): no longer lost, and one the
+    loss made unavailable free again, unless an instance still holds it."""
+    gpu_ids = list(gpu_ids)
+    if not gpu_ids:
+        return
+    with transaction.atomic():
+        returned = list(Gpu.objects.select_for_update().filter(pk__in=gpu_ids, lost_at__isnull=False)
+                        .values_list("pk", flat=True))
+        held = set(GpuAllocation.objects.filter(gpu_id__in=returned, released_at__isnull=True)
+                   .values_list("gpu_id", flat=True))
+        Gpu.objects.filter(pk__in=returned, status=GpuStatus.UNAVAILABLE).exclude(pk__in=held).update(
+            status=GpuStatus.FREE)
+        Gpu.objects.filter(pk__in=returned).update(lost_at=None)
+
+
+def instance_waits_for_gpu(*, instance_id: int) -> bool:
+    """Whether an interrupted instance holds a GPU that is lost (it is not resumed before the card answers)."""
+    return (GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True,
+                                         gpu__lost_at__isnull=False).exists()
+            or MigSliceAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True,
+                                                 mig_slice__gpu__lost_at__isnull=False).exists())
+
