@@ -8,8 +8,8 @@ one kind of work never waits behind another (docs/SCALING.md):
   A node stuck in a 5-minute benchmark holds an `ssh` worker slot, nothing else.
 - `fleet`: periodic upkeep of the whole fleet (health checks and reconciles in batches, re-checks that queue
   verifications, the job outbox's sender, the reaper) and users' notifications (e-mail, outgoing webhooks).
-- `money`: metering ticks and balance enforcement (zero-balance stops), top-up charges and the follow-up of
-  top-ups whose webhook never came, payouts.
+- `money`: metering ticks and balance enforcement (zero-balance stops), the stops of deactivated accounts'
+  instances, top-up charges and the follow-up of top-ups whose webhook never came, payouts.
 
 Every task of the project is named in TASK_ROUTES below (tests/test_queues.py fails for a registered task
 without a route). Beat and `core.dispatch.send` queue by task name, and Celery routes a name sent with
@@ -64,6 +64,7 @@ _MONEY_TASKS = (
     "billing.tasks.top_up_charge",
     "billing.tasks.top_ups_reconcile",
     "billing.tasks.payouts_run",
+    "marketplace.tasks.accounts_deactivated_sweep",
 )
 
 TASK_ROUTES: dict[str, dict[str, str]] = {

@@ -24,7 +24,7 @@ from marketplace.models import (
     SliceStatus,
     User,
 )
-from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict
+from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict, provider_active
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
 
@@ -70,7 +70,8 @@ def _free_gpu_count() -> Coalesce:
 
 
 def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:
-    """Every node a renter can book now: active, verified or degraded, listed, with free GPUs or MIG slices.
+    """Every node a renter can book now: active, verified or degraded, listed, its provider's account active (not
+    deactivated by an operator), with free GPUs or MIG slices (models.nodes.offerable).
 
     Annotates `num_gpus_free` and `score_per_dollar` (score per USD per GPU-hour) so
     that filters and ordering run in SQL.
@@ -97,7 +98,7 @@ def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
     if values_list is not None:
         return _offers_search(None).values_list(*values_list)
     return (
-        Node.objects.filter(OFFERABLE)
+        Node.objects.filter(OFFERABLE, provider_active())
         .filter(Exists(_free_gpus()) | Exists(free_slices()))
         .annotate(num_gpus_free=_free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR)
         .select_related("gpu_model")
@@ -148,7 +149,8 @@ def node_not_offered_reason(node: Node) -> str:
     """Why renters cannot book the node's free GPUs now, in words; "" when they can (given a free GPU).
 
     The offers' own rule (OFFERABLE: active, verified or degraded, listed), so that a page never calls a GPU
-    "free" that no renter can book.
+    "free" that no renter can book. Its other part, the provider's account active, is not asked: the pages that
+    call this show providers their own nodes, and a deactivated provider cannot log in.
     """
     if node.state != NodeState.ACTIVE:
         return _NOT_OFFERED_STATES.get(node.state, f"the server is {node.state}")

@@ -24,11 +24,16 @@ class Kind(models.TextChoices):
     PAYOUT_SENT = "payout_sent", "Payout sent"
     CREDIT_POSTED = "credit_posted", "Credit posted"
     CREDIT_REVERSED = "credit_reversed", "Credit reversed"
+    ACCOUNT_DEACTIVATED = "account_deactivated", "Account deactivated by the operators"
+    ACCOUNT_REACTIVATED = "account_reactivated", "Account reactivated"
     TEST = "test", "Test event"
 
 
-# The kinds a user can choose channels for (the test event is sent only to the endpoint it is asked for).
-PREFERENCE_KINDS = [k for k in Kind if k != Kind.TEST]
+# The kinds a user can choose channels for. Not the test event (sent only to the endpoint it is asked for), nor an
+# account's deactivation and reactivation: told on every channel, since a deactivated owner cannot log in to read
+# the list or change a preference (marketplace.services.account_status).
+ALWAYS_ON_KINDS = (Kind.TEST, Kind.ACCOUNT_DEACTIVATED, Kind.ACCOUNT_REACTIVATED)
+PREFERENCE_KINDS = [k for k in Kind if k not in ALWAYS_ON_KINDS]
 
 
 class Channels(models.Model):

@@ -357,6 +357,9 @@ CELERY_BEAT_SCHEDULE = {
     # payouts whose Stripe answer was lost, are settled with what Stripe says.
     "billing-top-ups-reconcile": {"task": "billing.tasks.top_ups_reconcile", "schedule": 60,
                                   "options": {"expires": 55}},
+    # Deactivated accounts: what came to run after their deactivation's pass is stopped (and billed no longer).
+    "accounts-deactivated-sweep": {"task": "marketplace.tasks.accounts_deactivated_sweep", "schedule": 60,
+                                   "options": {"expires": 55}},
     "billing-payouts": {"task": "billing.tasks.payouts_run",
                         "schedule": crontab(minute="0", hour="3", day_of_week="mon")},
     # Webhook deliveries whose next attempt is overdue (a broker outage, a lost retry) are queued again.

@@ -6,6 +6,10 @@ the site's (marketplace/auth.py, marketplace/reauth.py), and a user's "set passw
 operator's own account (that needs the old password, on /account/password/). Every password set here is told to
 its address.
 
+Deactivating an account (unticking "active" on its page, or the list's action) and reactivating it go through
+marketplace.services.account_status, with the reason typed next to it: its instances stop, its servers leave the
+offers, its owner is told. Not the operator's own account.
+
 Only a superuser grants: is_superuser, is_staff, groups and user_permissions are read-only to other staff, and so
 are groups. Only a superuser changes, deletes, sets the password of or turns off the two-factor log-in of a staff
 account (a superuser's or not): a staff account holds permissions its peer may lack, so taking it over (its
@@ -14,6 +18,7 @@ change_user keep managing renters' and providers' accounts (a changed address, a
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.admin.helpers import ActionForm
 from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
@@ -29,8 +34,11 @@ from django.urls import reverse
 from django_otp.plugins.otp_static.models import StaticDevice
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from core.admin_history import History, HistoryAdmin
+from core.errors import ApplicationError
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.models import (
+    AccountStatusChange,
     ApiKey,
     Node,
     SshKey,
@@ -38,6 +46,12 @@ from marketplace.models import (
 )
 from marketplace.reauth import ThrottledPasswordChangeForm, with_form_status
 from marketplace.services import passwords as password_svc
+from marketplace.services.account_status import (
+    REASON_MAX_LENGTH,
+    account_deactivate,
+    account_reactivate,
+    status_reason_clean,
+)
 from marketplace.services.accounts import api_key_revoke
 from marketplace.services.two_factor import two_factor_disable, two_factor_enabled
 
@@ -73,9 +87,18 @@ def _unused_email(value: str, *, exclude_pk: int | None = None) -> str:
     return email
 
 
+_REASON_HELP = "Told to the account's owner in the notice (e-mail, webhooks, their list)."
+
+
 class UserChangeForm(BaseUserChangeForm):
     """Django's change form, with the add form's rule on the address: Renter@Example.com next to
-    renter@example.com would be a second account for one mailbox."""
+    renter@example.com would be a second account for one mailbox; and the reason for a change of "active"."""
+
+    status_reason = forms.CharField(
+        label="Reason for (de)activating", required=False, max_length=REASON_MAX_LENGTH,
+        help_text="When you change “Active”: " + _REASON_HELP + " Deactivating stops the account's running "
+                  "instances (disks kept), cancels its bookings not running yet and takes its servers off the "
+                  "offers; reactivating restarts nothing.")
 
     class Meta(BaseUserChangeForm.Meta):
         model = User
@@ -83,9 +106,27 @@ class UserChangeForm(BaseUserChangeForm):
     def clean_email(self):
         return _unused_email(self.cleaned_data["email"], exclude_pk=self.instance.pk)
 
+    def clean_status_reason(self):
+        try:
+            return status_reason_clean(self.cleaned_data["status_reason"])
+        except ApplicationError as exc:
+            raise ValidationError(exc.message) from None
+
+
+class UserActionForm(ActionForm):
+    """The list's actions bar, with the reason the (de)activation actions tell the accounts' owners."""
+
+    reason = forms.CharField(label="Reason:", required=False, max_length=REASON_MAX_LENGTH, help_text=_REASON_HELP)
+
+
+status_changes = History(
+    AccountStatusChange, "user", [("change", lambda c: "reactivated" if c.active else "deactivated"), "by", "reason",
+                                  "at"],
+    ordering=["-at", "-id"], select_related=["by"], title="Deactivations and reactivations")
+
 
 @admin.register(User)
-class UserAdmin(BaseUserAdmin):
+class UserAdmin(HistoryAdmin, BaseUserAdmin):
     ordering = ["email"]
     list_display = ["email", "is_staff", "is_active", "node_count", "date_joined", "last_login"]
     list_filter = ["is_staff", "is_active", "date_joined"]
@@ -104,7 +145,10 @@ class UserAdmin(BaseUserAdmin):
                              "description": "The account gets no password: its owner sets one from the log-in "
                                             "page's “Forgot your password?”, which e-mails this address."})]
 
-    actions = ["turn_off_two_factor"]
+    actions = ["turn_off_two_factor", "deactivate_accounts", "reactivate_accounts"]
+    action_form = UserActionForm
+    latest_status_changes = status_changes
+    histories = ["latest_status_changes"]
 
     def get_queryset(self, request):
         # A subquery, not Count("nodes"): that aggregate made both of the list's counts of accounts join every node
@@ -120,8 +164,17 @@ class UserAdmin(BaseUserAdmin):
         if not request.user.is_superuser:
             fields += self.GRANTS  # shown, not editable: each grants permissions
         # Not the operator's own address: with it, a copied operator session would send the password reset to an
-        # address of its choosing and keep the account for good (as the own password, user_change_password).
-        return [*fields, "email"] if obj is not None and obj.pk == request.user.pk else fields
+        # address of its choosing and keep the account for good (as the own password, user_change_password). Nor
+        # its own "active": an operator locked out of the panel (account_status refuses it too).
+        return [*fields, "email", "is_active"] if obj is not None and obj.pk == request.user.pk else fields
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or obj.pk == request.user.pk or not self.has_change_permission(request, obj):
+            return fieldsets
+        # The reason goes under "Active" for those who may change it (a form field, not the model's).
+        return [(name, {**options, "fields": [*options["fields"], "status_reason"]}) if name == "Permissions"
+                else (name, options) for name, options in fieldsets]
 
     # One rule for the change form, the password page, the delete page and the actions (Django asks these with the
     # account): a staff account is a superuser's to change. Without change, a viewer gets the read-only page.
@@ -135,7 +188,17 @@ class UserAdmin(BaseUserAdmin):
         old_address = form.initial.get("email", "") if change else ""
         if change and "email" in form.changed_data:
             obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
+        # "Active" is turned by account_status, not by this save: deactivating stops what the account runs.
+        turned_on = change and "is_active" in form.changed_data and not form.initial.get("is_active")
+        turned_off = change and "is_active" in form.changed_data and bool(form.initial.get("is_active"))
+        if turned_on or turned_off:
+            obj.is_active = bool(form.initial.get("is_active"))
         super().save_model(request, obj, form, change)
+        reason = form.cleaned_data.get("status_reason", "")
+        if turned_off:
+            account_deactivate(user=obj, by=request.user, reason=reason)
+        elif turned_on:
+            account_reactivate(user=obj, by=request.user, reason=reason)
         if old_address and old_address != obj.email:
             new_address = obj.email
             transaction.on_commit(lambda: password_svc.address_changed_by_operator_notify(
@@ -156,6 +219,44 @@ class UserAdmin(BaseUserAdmin):
         if len(refused) < len(queryset):
             messages.success(request, "Two-factor log-in is off for the other selected accounts." if refused
                              else "Two-factor log-in is off for the selected accounts.")
+
+    @admin.action(description="Deactivate selected accounts (stops their instances, takes their servers off the "
+                               "offers; with the reason above)", permissions=["change"])
+    def deactivate_accounts(self, request, queryset):
+        self._turn(request, queryset, account_deactivate, "deactivated")
+
+    @admin.action(description="Reactivate selected accounts (nothing is restarted; with the reason above)",
+                  permissions=["change"])
+    def reactivate_accounts(self, request, queryset):
+        self._turn(request, queryset, account_reactivate, "reactivated")
+
+    def _turn(self, request, queryset, service, done_word):
+        """Each selected account through the service, as its page would; refused: the operator's own account, a
+        staff account for a non-superuser (has_change_permission), a reason the service refuses."""
+        reason = request.POST.get("reason", "")
+        done, unchanged, refused = [], [], []
+        for user in queryset.order_by("pk"):
+            if user.pk == request.user.pk or not self.has_change_permission(request, user):
+                refused.append(f"{user.email}: " + ("not your own account" if user.pk == request.user.pk
+                                                    else "only a superuser changes a staff account"))
+                continue
+            try:
+                change = service(user=user, by=request.user, reason=reason)
+            except ApplicationError as exc:
+                refused.append(f"{user.email}: {exc}")
+                continue
+            if change is None:
+                unchanged.append(user.email)
+            else:
+                done.append(user.email)
+                self.log_change(request, user, f"{done_word.capitalize()}" + (f": {reason.strip()}" if reason.strip()
+                                                                             else "") + ".")
+        if done:
+            messages.success(request, f"{done_word.capitalize()}: {', '.join(done)}.")
+        if unchanged:
+            messages.info(request, f"{done_word.capitalize()} already: {', '.join(unchanged)}.")
+        for line in refused:
+            messages.error(request, f"Left as it was: {line}.")
 
     @admin.display(ordering="_nodes", description="nodes")
     def node_count(self, user):

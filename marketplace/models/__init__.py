@@ -1,6 +1,6 @@
 from core.transitions import InvalidTransition  # defined once there; re-exported for the apps' imports
 
-from .accounts import ApiKey, User
+from .accounts import AccountStatusChange, ApiKey, User
 from .catalogue import GpuModel
 from .mig import MigSlice, MigSliceAllocation, SliceStatus
 from .nodes import Gpu, GpuStatus, Node, NodeState, Runtime, Verdict
@@ -18,6 +18,7 @@ from .two_factor import AuthenticatorDevice, RecoveryCode, RecoveryCodeDevice
 from .volumes import Volume, VolumeMount, VolumeState
 
 __all__ = [
+    "AccountStatusChange",
     "ApiKey",
     "AuthenticatorDevice",
     "Gpu",

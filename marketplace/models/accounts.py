@@ -1,4 +1,4 @@
-"""Users (email + password) and their API keys (stored hashed, shown once)."""
+"""Users (email + password), their API keys (stored hashed, shown once), and who turned an account off or on."""
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
 from django.utils import timezone
@@ -52,6 +52,10 @@ class User(AbstractUser):  # type: ignore[django-manager-missing]
 
     class Meta:
         ordering = ["id"]
+        indexes = [
+            # The few deactivated accounts, read by every offers search (models.nodes.provider_active).
+            models.Index(fields=["id"], condition=models.Q(is_active=False), name="user_inactive_idx"),
+        ]
 
     def __str__(self):
         return self.email
@@ -71,6 +75,25 @@ class User(AbstractUser):  # type: ignore[django-manager-missing]
         (django.contrib.auth.update_session_auth_hash) to keep it."""
         User.objects.filter(pk=self.pk).update(sessions_epoch=models.F("sessions_epoch") + 1)
         self.refresh_from_db(fields=["sessions_epoch"])
+
+
+class AccountStatusChange(models.Model):
+    """An operator deactivated or reactivated an account (marketplace.services.account_status): who, when, why.
+    `reason` is told to the account's owner in the notice."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="status_changes")
+    active = models.BooleanField(help_text="The account's state after the change: on (reactivated) or off.")
+    by = models.ForeignKey(User, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                           help_text="The operator; empty when no operator was named (a script).")
+    reason = models.CharField(max_length=500, blank=True, help_text="Told to the account's owner.")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name = "account status change"
+
+    def __str__(self):
+        return f"{self.user} {'reactivated' if self.active else 'deactivated'} at {self.at:%Y-%m-%d %H:%M}"
 
 
 def all_scopes() -> list[str]:

@@ -16,6 +16,7 @@ from django_countries.fields import CountryField
 
 from core.transitions import StatefulModel, Transitions
 
+from .accounts import User
 from .catalogue import GpuModel
 from .host import DEFAULT_DISK_PRICE_PER_GB_MONTH_MICROS, NodeHostFacts
 
@@ -70,16 +71,27 @@ class Runtime(models.TextChoices):
 
 
 LISTABLE_VERDICTS = (Verdict.VERIFIED, Verdict.DEGRADED)
-# A node renters can book (given a free GPU): the offers search filters on exactly this, and
-# the partial indexes `node_offer_idx` and `node_offer_spd_idx` are built on it (PostgreSQL
-# uses a partial index only when the query's WHERE implies the index's condition).
+# What of a node renters can book (given a free GPU) its own row says: the partial indexes `node_offer_idx` and
+# `node_offer_spd_idx` are built on it (PostgreSQL uses a partial index only when the query's WHERE implies the
+# index's condition). The whole rule is offerable(): also its provider's account active (provider_active(), which
+# no index condition on the node can hold).
 OFFERABLE = Q(state=NodeState.ACTIVE, verdict__in=LISTABLE_VERDICTS, listed=True)
 
 
+def provider_active() -> Q:
+    """Its provider's account is not deactivated (marketplace.services.account_status). Asked as "not one of the
+    deactivated accounts": PostgreSQL reads those few once (the index `user_inactive_idx`) and probes a hash per
+    node, where a join looked up every offered node's provider (the offers' count and first page on
+    bench/offers_search.py's data: 16.7 ms with the join, 13.4 this way, 12.7 without the rule)."""
+    return ~Q(provider__in=User.objects.filter(is_active=False).values("pk"))
+
+
 def offerable() -> Q:
-    """OFFERABLE, and, where the platform takes no simulated GPUs (settings.SIM_NODES_ALLOWED off), not a sim node
-    registered before it was turned off: its checks were sized for a CPU (found by review)."""
-    return OFFERABLE if settings.SIM_NODES_ALLOWED else OFFERABLE & ~Q(runtime=Runtime.SIM)
+    """OFFERABLE, with its provider's account active (an operator's deactivation takes its nodes off the offers),
+    and, where the platform takes no simulated GPUs (settings.SIM_NODES_ALLOWED off), not a sim node registered
+    before it was turned off: its checks were sized for a CPU (found by review)."""
+    rule = OFFERABLE & provider_active()
+    return rule if settings.SIM_NODES_ALLOWED else rule & ~Q(runtime=Runtime.SIM)
 # Score per USD per GPU-hour (the offers' default order); the expression of `node_offer_spd_idx`.
 SCORE_PER_DOLLAR = models.ExpressionWrapper(
     models.F("score") * 1_000_000.0 / models.F("price_per_gpu_hour_micros"), output_field=models.FloatField()

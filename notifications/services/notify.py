@@ -47,6 +47,8 @@ TITLES = {
     Kind.PAYOUT_SENT: "Payout {payout} sent: {amount} USD",
     Kind.CREDIT_POSTED: "{amount} USD was credited to your balance",
     Kind.CREDIT_REVERSED: "A credit of {amount} USD was reversed",
+    Kind.ACCOUNT_DEACTIVATED: "Your account was deactivated",
+    Kind.ACCOUNT_REACTIVATED: "Your account is active again",
     Kind.TEST: "Test event",
 }
 
@@ -63,7 +65,10 @@ def envelope(*, event_id: str, kind: str, title: str, message: str, payload: dic
 
 
 def channels_for(*, user_id: int, kind: str) -> tuple[bool, bool, bool]:
-    """(in_app, email, webhook) for this user and kind: their preference, or every channel."""
+    """(in_app, email, webhook) for this user and kind: their preference, or every channel (always for a kind no
+    preference covers: PREFERENCE_KINDS)."""
+    if kind not in PREFERENCE_KINDS:
+        return (True, True, True)
     row = Preference.objects.filter(user_id=user_id, kind=kind).values_list("in_app", "email", "webhook").first()
     return row if row is not None else (True, True, True)
 

@@ -131,7 +131,7 @@ def test_a_booking_with_volumes_locks_the_wallet_after_them(settings):
                                           image=Image.objects.get(slug="cuda-12-4"), ssh_public_keys=[ED25519],
                                           volumes=[{"volume": volume.pk, "mount": "/data"}])
     sql = [q["sql"] for q in captured.captured_queries]
-    node_at = next(i for i, s in enumerate(sql) if "FROM marketplace_node n WHERE n.id" in s)
+    node_at = next(i for i, s in enumerate(sql) if "FOR SHARE OF n" in s)
     volume_at = next(i for i, s in enumerate(sql) if Volume._meta.db_table in s and "FOR UPDATE" in s)
     wallet_at = next(i for i, s in enumerate(sql) if "billing_account" in s and "FOR UPDATE" in s)
     assert node_at < volume_at < wallet_at, sql

@@ -4,8 +4,9 @@ and the instance's INSERT. On PostgreSQL a booking is four round trips: BEGIN, t
 the committed burn rate, the instance, its GPUs or slices and its provisioning job), COMMIT. Each statement is
 fixed SQL that PostgreSQL prepares once per connection (core/sql.py).
 
-Lock order, the same in every booking: the node's row (share), the volumes the renter attaches, the renter's wallet
-row, then free GPUs (SKIP LOCKED, so never waited for)."""
+Lock order, the same in every booking: the node's row (share) with its provider's account row (key share: an
+operator's deactivation, which locks it for update, waits for the bookings in flight and the later ones see it), the
+volumes the renter attaches, the renter's wallet row, then free GPUs (SKIP LOCKED, so never waited for)."""
 import functools
 import json
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from django.db.models import Case, IntegerField, Value, When
 from billing.models import Account, AccountKind
 from core.errors import Conflict
 from core.sql import ModelInsert, prepared_cursor
-from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node
+from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node, User
 from provisioning.models import Job
 from provisioning.services.jobs import job_create, job_insert_for_new_instance, job_new, job_queued
 
@@ -30,6 +31,8 @@ from .mig import LIVE_SLICE_INDEX, SLICES_TAKEN_MESSAGE, allocate_free_slices_or
 def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of: int | None = None) -> Node | None:
     """Read the node and hold a share lock on its row until the transaction ends.
 
+    Also sets `node.provider_active`: whether its provider's account is active, read under that row's key-share
+    lock (a deactivation, marketplace.services.account_status, is not missed by a booking in flight).
     `count_gpus`: also set `node.gpu_total` (all its GPUs, any status), in the same round trip. `wallet_of`: also
     lock that user's wallet row FOR UPDATE, in the same round trip and after the node's row (the order a booking
     takes them in: the module's docstring), and set `node.wallet_balance_micros` (0 for a user with no wallet
@@ -50,16 +53,20 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of:
             return None
         if wallet_of is not None:
             *row, balance = row
-        *columns, total, islands = row
+        *columns, total, islands, provider_active = row
         node = Node.from_db(connection.alias, _NODE_FOR_BOOKING_FIELDS,
                             [_NODE_JSON[i](v) if i in _NODE_JSON else v for i, v in enumerate(columns)])
         node.nvlink_islands = islands  # type: ignore[attr-defined]  # for node_nvlink_islands
+        node.provider_active = provider_active  # type: ignore[attr-defined]  # for _booking_refusal
         if count_gpus:
             node.gpu_total = total  # type: ignore[attr-defined]
         if wallet_of is not None:
             node.wallet_balance_micros = balance or 0  # type: ignore[attr-defined]
         return node
     found = Node.objects.select_for_update().filter(pk=node_id).first()  # SQLite: writes are serialised anyway
+    if found is not None:
+        found.provider_active = User.objects.filter(pk=found.provider_id).values_list(  # type: ignore[attr-defined]
+            "is_active", flat=True).first()
     if found is not None and count_gpus:
         found.gpu_total = Gpu.objects.filter(node_id=node_id).count()  # type: ignore[attr-defined]
     if found is not None and wallet_of is not None:
@@ -78,12 +85,18 @@ _NODE_JSON = {i: (lambda v: None if v is None else json.loads(v))
 
 
 def _node_for_booking_sql(count_gpus: bool) -> str:
-    table, gpu_table = Node._meta.db_table, Gpu._meta.db_table
+    table, gpu_table, user_table = Node._meta.db_table, Gpu._meta.db_table, User._meta.db_table
     total = f"(SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id)" if count_gpus else "NULL"  # noqa: S608
     return (f"SELECT {', '.join(f'n.{name}' for name in _NODE_FOR_BOOKING_FIELDS)}, {total} AS gpu_total, "  # noqa: S608
             # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
-            f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands "
-            f"FROM {table} n WHERE n.id = %s FOR SHARE OF n")
+            f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands, "
+            # Its provider's account, locked: a row locked by this statement is read as committed after any wait
+            # (a plain read, or a subquery, would keep the statement's snapshot: active, when a deactivation this
+            # statement waited for had just committed). KEY SHARE: the account's ordinary updates (a log-in's
+            # last_login) do not wait for bookings.
+            f"u.is_active AS provider_active "
+            f"FROM {table} n JOIN {user_table} u ON u.id = n.provider_id "
+            f"WHERE n.id = %s FOR SHARE OF n FOR KEY SHARE OF u")
 
 
 def _node_and_wallet_sql(node_sql: str) -> str:

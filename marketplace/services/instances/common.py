@@ -98,6 +98,10 @@ _NODE_STATE_REASONS: dict[str, str] = {
 
 
 def _booking_refusal(node: Node) -> str | None:
+    """Why `node` (as allocation._lock_node_for_booking reads it) takes no booking now; None when it does. The
+    offers' rule (models.nodes.offerable), checked under the node's lock."""
+    if not node.provider_active:  # type: ignore[attr-defined]  # set by _lock_node_for_booking
+        return "its provider's account was deactivated by the platform's operators"
     if node.state != NodeState.ACTIVE:
         return _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
     if node.verdict not in LISTABLE_VERDICTS:
