@@ -30,6 +30,9 @@ transactions doing the same allocation, with 0 double allocations.
 the instance and its slice allocation and marks the slice rented. The checks add the parent rule: no GPU both
 allocated whole and holding an allocated slice. The goal is the same: >= 0.5 x bare, 0 double allocations.
 
+`--history N` gives each renter N destroyed instances first (a renter who has booked and destroyed many short jobs):
+what a booking reads of a renter's instances (the funds check's committed rate) must not grow with them.
+
 `--compare-send` adds a third path to the rotation: the service handing each job to the broker in the request's
 thread (JOB_SEND_IN_BACKGROUND off), to show what the sender thread is worth.
 
@@ -89,6 +92,8 @@ def parse_args() -> argparse.Namespace:
                    help="then, one client in this process: N bookings of each kind, interleaved in blocks, to "
                         "split the service's CPU into its transaction and the broker publish (0: skip)")
     p.add_argument("--slices", action="store_true", help="book MIG slices (every card split into 7 x 1g.10gb)")
+    p.add_argument("--history", type=int, default=0, metavar="N",
+                   help="destroyed instances per renter seeded first (%(default)s)")
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     return p.parse_args()
@@ -125,6 +130,28 @@ def seed(n_clients: int) -> list[int]:
         credit_grant(user=user, amount_micros=10**12, reason="bench")
         renters.append(user.pk)
     return renters
+
+
+def seed_history(renters: list[int], node_id: int, per_renter: int) -> None:
+    """`per_renter` destroyed instances for each renter: one booked through the service and destroyed, then copied
+    in SQL; its job and allocation removed and its GPU freed (they are a booking's, not history's)."""
+    from django.db import connection
+
+    from marketplace.models import Image, Instance, User
+    from marketplace.services.instances import instance_create
+
+    columns = ", ".join(f.column for f in Instance._meta.concrete_fields if f.column != "id")
+    for renter_id in renters:
+        instance, _ = instance_create(renter=User.objects.get(pk=renter_id), node_id=node_id, num_gpus=1,
+                                      image=Image.objects.get(slug="cuda-12-4"), ssh_public_keys=[SSH_KEY])
+        with connection.cursor() as c:
+            c.execute("DELETE FROM provisioning_job WHERE instance_id = %s", [instance.pk])
+            c.execute("DELETE FROM marketplace_gpuallocation WHERE instance_id = %s", [instance.pk])
+            c.execute("UPDATE marketplace_instance SET status = 'destroyed' WHERE id = %s", [instance.pk])
+            c.execute(f"INSERT INTO marketplace_instance ({columns}) SELECT {columns} "  # noqa: S608 (model's columns)
+                      f"FROM marketplace_instance, generate_series(2, %s) WHERE id = %s", [per_renter, instance.pk])
+            c.execute("UPDATE marketplace_gpu SET status = 'free' WHERE node_id = %s", [node_id])
+        connection.cursor().execute("VACUUM ANALYZE marketplace_instance")
 
 
 def seed_slices(node_id: int) -> None:
@@ -504,7 +531,7 @@ def check(expected: int) -> int:
                   "JOIN marketplace_migsliceallocation sa ON sa.mig_slice_id = s.id AND sa.released_at IS NULL "
                   "WHERE ga.released_at IS NULL")
         doubles += c.fetchone()[0]
-        c.execute("SELECT count(*) FROM marketplace_instance")
+        c.execute("SELECT count(*) FROM marketplace_instance WHERE status <> 'destroyed'")  # not --history's
         instances = c.fetchone()[0]
     if mismatched or instances != expected:
         sys.exit(f"bench: {mismatched} GPUs rented without a live allocation or the reverse; "
@@ -519,7 +546,7 @@ def reset() -> None:
         c.execute("DELETE FROM provisioning_job")
         c.execute("DELETE FROM marketplace_gpuallocation")
         c.execute("DELETE FROM marketplace_migsliceallocation")
-        c.execute("DELETE FROM marketplace_instance")
+        c.execute("DELETE FROM marketplace_instance WHERE status <> 'destroyed'")  # --history's stay
         c.execute("UPDATE marketplace_gpu SET status = %s", ["mig" if SLICES else "free"])
         c.execute("UPDATE marketplace_migslice SET status = 'free'")
         c.execute("VACUUM ANALYZE provisioning_job, marketplace_gpuallocation, marketplace_instance, marketplace_gpu, "
@@ -559,12 +586,15 @@ def main() -> None:
         t = time.perf_counter()
         renters = seed(args.clients)
         node_ids = list(Node.objects.values_list("pk", flat=True))
+        if args.history:
+            seed_history(renters, node_ids[0], args.history)
         with connection.cursor() as c:
             c.execute("VACUUM ANALYZE")
             if args.no_notify:
                 c.execute("DROP TRIGGER provisioning_job_outbox_notify ON provisioning_job")
         split = f", each split into {SLICES_PER_GPU} x MIG {SLICE_PROFILE}" if SLICES else ""
-        print(f"seeded {N_NODES} nodes x {GPUS_PER_NODE} GPUs{split}, {args.clients} funded renters "
+        history = f", {args.history} destroyed instances each" if args.history else ""
+        print(f"seeded {N_NODES} nodes x {GPUS_PER_NODE} GPUs{split}, {args.clients} funded renters{history} "
               f"in {time.perf_counter() - t:.1f} s")
         kind = "threads of one process" if args.threads else "processes"
         per_round = args.clients * args.per_client

@@ -109,6 +109,10 @@ LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.INTERRUPTED, IS.S
                  IS.DESTROYING)
 # States the instance never leaves by itself (no worker is acting on it).
 FINAL_STATUSES = (IS.DESTROYED, IS.FAILED)
+# A renter's instances that their burn rate counts (GPU time, or a stopped one's disk: services.funds), indexed
+# apart from their history (`instance_renter_live_idx`): a renter who booked and destroyed thousands of short jobs
+# made every booking of theirs read all of them.
+RATE_COUNTED_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.STARTING, IS.RUNNING, IS.STOPPED)
 
 
 def vm_id_of(instance_id: int) -> str:
@@ -213,7 +217,9 @@ class Instance(StatefulModel, models.Model):
                                                                                      & ~Q(image_ref="")),
                                    name="instance_image_xor_reference"),
         ]
-        indexes = [models.Index(fields=["status"], name="instance_status_idx")]
+        indexes = [models.Index(fields=["status"], name="instance_status_idx"),
+                   models.Index(fields=["renter"], name="instance_renter_live_idx",
+                                condition=Q(status__in=RATE_COUNTED_STATUSES))]
 
     def __str__(self):
         return f"instance {self.pk} ({self.status})"

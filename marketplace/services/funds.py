@@ -12,6 +12,7 @@ from core.errors import PaymentRequired
 from core.sql import prepared_cursor
 from marketplace.models import Instance, InstanceStatus, Volume, VolumeState
 from marketplace.models.host import SECONDS_PER_MONTH
+from marketplace.models.renting import RATE_COUNTED_STATUSES
 from marketplace.money import usd_text
 
 S = InstanceStatus
@@ -69,9 +70,9 @@ def committed_rate_micros(*, renter_id: int, starting: int | None = None) -> int
     if connection.vendor == "postgresql":  # every booking runs it: the SQL once, not an aggregate compiled each time
         with prepared_cursor() as cursor:
             if starting is None:
-                cursor.execute(COMMITTED_RATE_SQL, [renter_id, list(COMMITTED_STATUSES)])
+                cursor.execute(COMMITTED_RATE_SQL, [renter_id])
             else:
-                cursor.execute(_COMMITTED_RATE_STARTING_SQL, [renter_id, list(COMMITTED_STATUSES), starting])
+                cursor.execute(_COMMITTED_RATE_STARTING_SQL, [renter_id, starting])
             return int(cursor.fetchone()[0])
     instances = (Instance.objects.filter(renter_id=renter_id, status__in=COMMITTED_STATUSES).order_by()
                  .aggregate(rate=Sum("price_per_hour_micros"))["rate"] or 0)
@@ -88,22 +89,28 @@ def _sql_in(values: tuple[str, ...]) -> str:
     return ", ".join(f"'{value}'" for value in values)  # the code's own constants, never input
 
 
+assert set(COMMITTED_STATUSES) | {S.STOPPED} == set(RATE_COUNTED_STATUSES)  # the partial index holds what is summed
+
+
 def _committed_rate_sql(*, starting: bool) -> str:
-    """[renter_id, COMMITTED_STATUSES(, the id of the instance starting)] -> one column: the committed rate. The
-    storage part sums GB × price per GB-month in numeric (no bigint overflow), as the selector does."""
+    """[renter_id(, the id of the instance starting)] -> one column: the committed rate. One pass over the renter's
+    counted instances (the partial index instance_renter_live_idx: the statuses are written into the SQL, so that
+    even a generic plan of the prepared statement can use it), summing their GPU time and their disks; the storage
+    part sums GB × price per GB-month in numeric (no bigint overflow), as the selector does."""
     instance, volume = Instance._meta.db_table, Volume._meta.db_table
-    skip = " AND id <> r.skip" if starting else ""
-    return (f"SELECT COALESCE((SELECT SUM(price_per_hour_micros) FROM {instance} "  # noqa: S608 (our constants)
-            f"WHERE renter_id = r.id AND status = ANY(r.statuses)), 0) + FLOOR(("
+    skip = " AND i.id <> r.skip" if starting else ""
+    return (f"SELECT COALESCE(SUM(i.price_per_hour_micros) FILTER (WHERE "  # noqa: S608 (our constants)
+            f"i.status IN ({_sql_in(COMMITTED_STATUSES)})), 0) + FLOOR(("
             f"COALESCE((SELECT SUM(size_gb::numeric * price_per_gb_month_micros) FROM {volume} "
             f"WHERE owner_id = r.id AND state IN ({_sql_in(COMMITTED_VOLUME_STATES)})), 0) + "
-            f"COALESCE((SELECT SUM(disk_gb::numeric * disk_price_per_gb_month_micros) FROM {instance} "
-            f"WHERE renter_id = r.id AND status = '{S.STOPPED.value}'{skip}), 0)) * 3600 / {SECONDS_PER_MONTH}"
-            f")::bigint FROM (SELECT %s::bigint AS id, %s::varchar[] AS statuses"
-            f"{', %s::bigint AS skip' if starting else ''}) r")
+            f"COALESCE(SUM(i.disk_gb::numeric * i.disk_price_per_gb_month_micros) FILTER (WHERE "
+            f"i.status = '{S.STOPPED.value}'{skip}), 0)) * 3600 / {SECONDS_PER_MONTH})::bigint "
+            f"FROM (SELECT %s::bigint AS id{', %s::bigint AS skip' if starting else ''}) r "
+            f"LEFT JOIN {instance} i ON i.renter_id = r.id AND i.status IN ({_sql_in(RATE_COUNTED_STATUSES)}) "
+            f"GROUP BY r.id{', r.skip' if starting else ''}")
 
 
-# A booking's own statement reads it too (allocation.py), after the wallet's lock: [renter_id, COMMITTED_STATUSES].
+# A booking's own statement reads it too (allocation.py), after the wallet's lock: [renter_id].
 COMMITTED_RATE_SQL = _committed_rate_sql(starting=False)
 _COMMITTED_RATE_STARTING_SQL = _committed_rate_sql(starting=True)
 

@@ -24,7 +24,7 @@ from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSlice
 from provisioning.models import Job
 from provisioning.services.jobs import job_create, job_insert_for_new_instance, job_new, job_queued
 
-from .funds import COMMITTED_RATE_SQL, COMMITTED_STATUSES, committed_rate_micros
+from .funds import COMMITTED_RATE_SQL, committed_rate_micros
 from .mig import LIVE_SLICE_INDEX, SLICES_TAKEN_MESSAGE, allocate_free_slices_orm, free_slices_ctes
 
 
@@ -265,7 +265,7 @@ def _book_units(instance: Instance, node: Node, taking: str, taking_params: list
     outputs = ["(SELECT id FROM inst)", "(SELECT count(*) FROM alloc)"]
     if rate_of is not None:
         ctes.insert(0, f"rate AS ({COMMITTED_RATE_SQL})")
-        params[:0] = [rate_of, list(COMMITTED_STATUSES)]
+        params[:0] = [rate_of]
         outputs.append("(SELECT * FROM rate)")
     job = None
     if job_kind is not None:
