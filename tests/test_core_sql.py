@@ -35,7 +35,7 @@ def test_a_bookings_statements_are_prepared_once_per_connection_and_still_logged
         book(user, node)
     book(user, node)
     prepared = _prepared()
-    starts = ("WITH node_row AS (SELECT n.id", "WITH rate AS (SELECT COALESCE((SELECT SUM(price_per_hour_micros)")
+    starts = ("WITH node_row AS (SELECT n.id", "WITH rate AS (SELECT COALESCE(SUM(i.price_per_hour_micros) FILTER")
     for start in starts:
         assert sum(s.startswith(start) for s in prepared) == 1, (start, prepared)  # once, however many bookings
     assert any("FOR SHARE OF n" in q["sql"] for q in first.captured_queries)  # the query log still sees them

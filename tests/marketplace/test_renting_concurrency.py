@@ -297,7 +297,7 @@ def test_a_booking_is_one_short_transaction_without_savepoints(user, sent_jobs, 
     assert statements == ["BEGIN", "WITH", "WITH", "COMMIT"], statements
     locks, booking = captured.captured_queries[1]["sql"], captured.captured_queries[2]["sql"]
     assert locks.startswith("WITH node_row AS (SELECT") and "FOR SHARE OF n" in locks and "FOR UPDATE" in locks
-    assert booking.startswith("WITH rate AS (SELECT COALESCE((SELECT SUM(price_per_hour_micros)")
+    assert booking.startswith("WITH rate AS (SELECT COALESCE(SUM(i.price_per_hour_micros) FILTER")
     assert "size_gb::numeric * price_per_gb_month_micros" in booking  # the renter's storage counts too
     assert 'inst AS (INSERT INTO "marketplace_instance"' in booking
     assert 'job AS (INSERT INTO "provisioning_job"' in booking
