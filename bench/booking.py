@@ -151,7 +151,6 @@ def seed_history(renters: list[int], node_id: int, per_renter: int) -> None:
             c.execute(f"INSERT INTO marketplace_instance ({columns}) SELECT {columns} "  # noqa: S608 (model's columns)
                       f"FROM marketplace_instance, generate_series(2, %s) WHERE id = %s", [per_renter, instance.pk])
             c.execute("UPDATE marketplace_gpu SET status = 'free' WHERE node_id = %s", [node_id])
-        connection.cursor().execute("VACUUM ANALYZE marketplace_instance")
 
 
 def seed_slices(node_id: int) -> None:

@@ -316,9 +316,9 @@ class DisputeAdmin(ReadOnlyAdmin):
 
     @admin.display(description="state")
     def state(self, dispute):
-        if dispute.reversal_id:
-            return "won: the debit was given back"
-        return "debited: under dispute, or lost (not refundable)" if dispute.debit_id else "not debited"
+        if dispute.held:
+            return "debited: under dispute, or lost (not refundable)"
+        return "won: the debit was given back" if dispute.reversal_id else "not debited"
 
 
 @admin.register(StripeEvent)

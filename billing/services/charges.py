@@ -75,10 +75,6 @@ def charge_named(obj: dict[str, Any]) -> str | None:
     return _id_of(obj.get("id")) if obj.get("object") == "charge" else _id_of(obj.get("charge"))
 
 
-def _charge_unmatched(charge_id: str) -> bool:
-    return not TopUp.objects.filter(charge_id=charge_id).exists()
-
-
 def stripe_lookups(*, kind: str, payload: dict[str, Any]) -> StripeLookups:
     """Ask Stripe what an event's handler will need and the event does not say: the PaymentIntent of a charge that
     is named alone and matches no recorded charge; the refunds of a charge.refunded that does not list them all
@@ -91,11 +87,16 @@ def stripe_lookups(*, kind: str, payload: dict[str, Any]) -> StripeLookups:
     if not (kind.startswith(DISPUTE_PREFIX) or kind in REFUND_EVENTS or kind == CHARGE_REFUNDED):
         return looked
     charge_id = charge_named(obj)
-    if kind in REFUND_EVENTS and _refund_known(obj):
+    if not charge_id or (kind in REFUND_EVENTS and _refund_known(obj)):
         return looked
-    if _names_only_its_charge(obj) and charge_id and _charge_unmatched(charge_id):
+    intent_unknown = _names_only_its_charge(obj)
+    refunds_unlisted = kind == CHARGE_REFUNDED and not refunds_listed(obj)
+    if not (intent_unknown or refunds_unlisted):
+        return looked
+    recorded = TopUp.objects.filter(charge_id=charge_id).exists()  # asked once: both questions need it
+    if intent_unknown and not recorded:
         looked.intents[charge_id] = _charge_intent(charge_id)
-    if kind == CHARGE_REFUNDED and charge_id and not refunds_listed(obj) and _is_ours(obj, charge_id, looked):
+    if refunds_unlisted and _is_ours(obj, charge_id, looked, recorded=recorded):
         looked.refunds[charge_id] = _charge_refunds(charge_id)
     return looked
 
@@ -132,10 +133,10 @@ def refunds_listed(charge: dict[str, Any]) -> bool:
     return isinstance(refunds, dict) and isinstance(refunds.get("data"), list) and refunds.get("has_more") is False
 
 
-def _is_ours(charge: dict[str, Any], charge_id: str, looked: StripeLookups) -> bool:
+def _is_ours(charge: dict[str, Any], charge_id: str, looked: StripeLookups, *, recorded: bool) -> bool:
+    """Whether a charge paid a top-up here: its id `recorded` with one, or the PaymentIntent that made it."""
     intent = payment_intent_named(charge) or looked.intents.get(charge_id)
-    return (TopUp.objects.filter(charge_id=charge_id).exists()
-            or (intent is not None and TopUp.objects.filter(payment_intent_id=intent).exists()))
+    return recorded or (intent is not None and TopUp.objects.filter(payment_intent_id=intent).exists())
 
 
 def _stripe_failed(exc: stripe.StripeError, doing: str) -> Unavailable:

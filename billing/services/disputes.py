@@ -19,8 +19,6 @@ billing.services.refunds'.
 """
 from typing import Any
 
-from django.db.models import Sum
-
 from billing.models import AccountKind, Dispute, EventKind, TopUp, TransactionKind
 from billing.services.charges import ChargeEventUnusable, StripeLookups, object_id, top_up_for, whole_cents
 from billing.services.ledger import ledger_post, platform_account, user_account, wallet_balance
@@ -106,8 +104,7 @@ def _credit_back(*, top_up: TopUp, record: Dispute) -> None:
         return
     debit, dispute_id = record.debit, record.stripe_dispute_id
     assert debit is not None  # _debit posted it
-    amount = -(debit.entries.filter(account__kind=AccountKind.CUSTOMER_WALLET)
-               .aggregate(total=Sum("amount_micros"))["total"] or 0)
+    amount = record.amount_micros  # what _debit took from the wallet
     txn, created = ledger_post(
         idempotency_key=f"dispute-won:{dispute_id}", kind=TransactionKind.REVERSAL, reverses=debit,
         lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), amount),

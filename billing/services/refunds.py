@@ -299,16 +299,6 @@ def _made_at_stripe(*, top_up: TopUp, stripe_refund: dict[str, Any], refund_id: 
         customer_note=REFUND_NOTE)
 
 
-def refund_failed_at_stripe(*, stripe_refund: dict[str, Any]) -> bool:
-    """Stripe says a refund of the platform's failed or was canceled (stripe_refund_apply's rule). Call inside a
-    transaction. False when it is no refund known here."""
-    refund = refund_matched(stripe_refund)
-    if refund is None:
-        return False
-    _give_back(refund=refund, stripe_refund=stripe_refund)
-    return True
-
-
 def _give_back(*, refund: Refund, stripe_refund: dict[str, Any]) -> None:
     """A refund Stripe says failed or was canceled (`refund` locked). Debited here already: the debit is reversed
     (once: ledger key `refund-failed:<id>`), the refund failed, and the customer told; still pending here: failed,

@@ -240,7 +240,7 @@ def _handle(kind: str, payload: dict[str, Any], looked: StripeLookups) -> bool:
     """Act on one event; False when it is not one this platform acts on."""
     obj = (payload.get("data") or {}).get("object") or {}
     if kind in REFUND_EVENTS:  # any status: debited, or given back (billing.services.refunds)
-        _object_id(obj)  # matched by its id first: one without is refused, not matched by its metadata alone
+        # stripe_refund_apply reads the refund's id first: one without is refused, not matched by its metadata alone
         return stripe_refund_apply(stripe_refund=obj, looked=looked)
     if kind in DISPUTE_EVENTS:
         return dispute_apply(kind=kind, dispute=obj, looked=looked)

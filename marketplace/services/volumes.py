@@ -33,7 +33,6 @@ from django.utils import timezone
 
 from billing.services.metering import platform_fee_bps
 from billing.services.storage import (
-    node_storage_outage_end,
     storage_billed_until,
     storage_rate_per_hour_micros,
     volume_storage_close,
@@ -391,12 +390,6 @@ def volume_delete_waiting(*, volume_id: int, message: str) -> Volume | None:
                              "the deletion was asked for; it is deleted there when the server answers again.")[:500]
     volume.save(update_fields=["status_message", "updated_at"])
     return volume
-
-
-def node_storage_answers(*, node_id: int) -> int:
-    """The node answers (its reconciler, before anything else of the node's): an outage of it is not billed to
-    the storage on it (billing.services.storage.node_storage_outage_end). Returns how many were moved on."""
-    return node_storage_outage_end(node_id=node_id)
 
 
 def volumes_to_finish_deleting(*, node_id: int) -> list[Volume]:

@@ -9,6 +9,7 @@ import logging
 import re
 from typing import Any
 
+from billing.services.storage import node_storage_outage_end
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, Volume, VolumeState
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
@@ -238,8 +239,8 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
     the node was asked as well as after: a create or delete that finished while the node answered is judged next
     time (else a volume just made would be reported missing, and one just deleted deleted twice).
 
-    First, the node answers: an outage it had is not billed to the storage on it (node_storage_answers)."""
-    volume_svc.node_storage_answers(node_id=node.pk)
+    First, the node answers: an outage it had is not billed to the storage on it (node_storage_outage_end)."""
+    node_storage_outage_end(node_id=node.pk)
     _finish_deletions(node, session, counts)
     before = dict(Volume.objects.filter(node=node).values_list("name", "state"))
     try:

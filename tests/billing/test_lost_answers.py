@@ -73,7 +73,7 @@ def test_a_lost_refund_stripe_has_not_finished_is_debited_and_not_refundable_aga
     """The lookup took a refund Stripe reported as requires_action (not finished) for a failed one: refundable
     again, and when Stripe finished it (refund.updated, succeeded: not acted on) the card had the money and the
     wallet kept it (found by review). Any refund Stripe has not failed or canceled is debited, as refund_create
-    does; if Stripe fails it later, refund_failed_at_stripe gives the debit back."""
+    does; if Stripe fails it later, stripe_refund_apply gives the debit back."""
     from types import SimpleNamespace
 
     from tests.factories import UserFactory

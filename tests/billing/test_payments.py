@@ -356,15 +356,15 @@ def test_two_refunds_sent_at_once_with_one_idempotency_key_refund_once(localstri
 def test_a_refund_stripe_says_failed_before_its_answer_is_recorded_debits_nothing(localstripe, api):
     """refund.failed can reach the webhook between Stripe's answer to the create and its recording: the refund,
     still pending, failed; refund_confirm then took it for one made after all and debited the wallet."""
-    from billing.services.refunds import refund_failed_at_stripe
+    from billing.services.refunds import stripe_refund_apply
 
     top_up = _credited_top_up(localstripe, api)
     refund = Refund.objects.create(top_up=top_up, amount_micros=15_000_000, reason="customer asked",
                                    created_by=UserFactory(is_staff=True))
     with transaction.atomic():
-        assert refund_failed_at_stripe(stripe_refund={"id": "re_raced", "status": "failed",
-                                                      "failure_reason": "expired_or_canceled_card",
-                                                      "metadata": {"refund_id": str(refund.pk)}})
+        assert stripe_refund_apply(stripe_refund={"id": "re_raced", "status": "failed",
+                                                  "failure_reason": "expired_or_canceled_card",
+                                                  "metadata": {"refund_id": str(refund.pk)}})
     payments.refund_confirm(refund_id=refund.pk, stripe_refund_id="re_raced")  # the create's answer, recorded
     refund.refresh_from_db()
     assert refund.status == "failed" and refund.transaction is None and "expired or canceled card" in \
@@ -384,8 +384,8 @@ def test_an_operator_is_told_a_refund_stripe_failed_while_its_answer_travelled(l
 
     def create(params, options):
         with transaction.atomic():  # Stripe's refund.failed webhook, applied while the answer travels
-            refunds.refund_failed_at_stripe(stripe_refund={"id": "re_raced", "status": "failed",
-                                                           "metadata": {"refund_id": params["metadata"]["refund_id"]}})
+            refunds.stripe_refund_apply(stripe_refund={"id": "re_raced", "status": "failed",
+                                                       "metadata": {"refund_id": params["metadata"]["refund_id"]}})
         return SimpleNamespace(id="re_raced", status="pending")
 
     monkeypatch.setattr(refunds, "client", lambda: SimpleNamespace(v1=SimpleNamespace(

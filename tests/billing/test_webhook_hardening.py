@@ -187,7 +187,7 @@ def test_a_failed_refund_event_without_an_id_is_ignored_with_the_reason(anon):
     event = {"id": "evt_rf_no_id", "object": "event", "type": "refund.failed", "created": int(time.time()),
              "data": {"object": {"object": "refund", "status": "failed", "metadata": {"refund_id": "1"}}}}
     assert deliver(anon, event).json() == {"received": True, "status": "ignored"}
-    assert "has no id" in StripeEvent.objects.get(event_id="evt_rf_no_id").error
+    assert "has no usable id" in StripeEvent.objects.get(event_id="evt_rf_no_id").error
 
 
 def test_an_intent_naming_a_top_up_another_payment_pays_is_not_credited_to_it(anon, top_up):

@@ -25,6 +25,7 @@ destroy, failure) its last usage interval is charged in the same transaction tha
 """
 from core.idempotency import request_fingerprint
 from marketplace.models import Image, Instance  # noqa: F401 (callers reach the models through here)
+from marketplace.services.funds import COMMITTED_STATUSES, Funds, InsufficientFunds, committed_rate_micros, funds_for
 
 from .booking import instance_create
 from .common import (
@@ -36,7 +37,6 @@ from .common import (
     instance_release_gpus,
     instances_for_user,
 )
-from .funds import COMMITTED_STATUSES, Funds, InsufficientFunds, committed_rate_micros, funds_for
 from .interruptions import (
     instance_interrupt,
     instance_price_cut,

@@ -21,10 +21,10 @@ from billing.models import Account, AccountKind
 from core.errors import Conflict
 from core.sql import ModelInsert, prepared_cursor
 from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node, User
+from marketplace.services.funds import COMMITTED_RATE_SQL, committed_rate_micros
 from provisioning.models import Job
 from provisioning.services.jobs import job_create, job_insert_for_new_instance, job_new, job_queued
 
-from .funds import COMMITTED_RATE_SQL, committed_rate_micros
 from .mig import LIVE_SLICE_INDEX, SLICES_TAKEN_MESSAGE, allocate_free_slices_orm, free_slices_ctes
 
 

@@ -17,6 +17,7 @@ from marketplace.models import (
 )
 from marketplace.models.nodes import Node
 from marketplace.services.email_verification import email_verified_required
+from marketplace.services.funds import _check_funds, funds_of, funds_refuse_if_short
 from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
 from marketplace.validators import MAX_INSTANCE_KEYS
 from provisioning.models import JobKind
@@ -30,7 +31,6 @@ from .common import (
     _gpus_text,
     instance_for_idempotency_key,
 )
-from .funds import _check_funds, funds_of, funds_refuse_if_short
 from .mig import free_slice_count
 from .options import InstanceOptions, cuda_tuple
 from .secrets import env_encrypt

@@ -18,6 +18,7 @@ from marketplace.models import (
     Runtime,
 )
 from marketplace.services.email_verification import email_verified_required
+from marketplace.services.funds import _check_funds
 from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
@@ -32,7 +33,6 @@ from .common import (
     _save,
     instance_release_gpus,
 )
-from .funds import _check_funds
 from .mig import reallocate_slices
 from .worker import instance_mark_destroyed
 
