@@ -64,7 +64,10 @@ def free_slices_by_node(node_ids: list[int]) -> dict[int, dict[str, int]]:
     return out
 
 
-def _free_gpu_count() -> Coalesce:
+def free_gpu_count() -> Coalesce:
+    """A node's free GPUs (OuterRef("pk")), for an annotation. A subquery, not Count("gpus", filter=...): that
+    aggregate joins every GPU under a GROUP BY, also in a list's count of nodes; Django leaves an unused subquery
+    out of count() and runs it for the rows shown only."""
     free = _free_gpus().order_by().values("node").annotate(n=Count("*")).values("n")
     return Coalesce(Subquery(free), Value(0))
 
@@ -100,7 +103,7 @@ def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
     return (
         Node.objects.filter(OFFERABLE, provider_active())
         .filter(Exists(_free_gpus()) | Exists(free_slices()))
-        .annotate(num_gpus_free=_free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR)
+        .annotate(num_gpus_free=free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR)
         .select_related("gpu_model")
         .defer(*OFFER_DEFERRED)
     )

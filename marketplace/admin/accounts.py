@@ -231,19 +231,18 @@ class UserAdmin(HistoryAdmin, BaseUserAdmin):
         self._turn(request, queryset, account_reactivate, "reactivated")
 
     def _turn(self, request, queryset, service, done_word):
-        """Each selected account through the service, as its page would; refused: the operator's own account, a
-        staff account for a non-superuser (has_change_permission), a reason the service refuses."""
+        """Each selected account through the service, as its page would; refused: a staff account for a
+        non-superuser (has_change_permission), what the service refuses (the operator's own account, a reason)."""
         reason = request.POST.get("reason", "")
         done, unchanged, refused = [], [], []
         for user in queryset.order_by("pk"):
-            if user.pk == request.user.pk or not self.has_change_permission(request, user):
-                refused.append(f"{user.email}: " + ("not your own account" if user.pk == request.user.pk
-                                                    else "only a superuser changes a staff account"))
+            if not self.has_change_permission(request, user):
+                refused.append(f"{user.email}: only a superuser changes a staff account")
                 continue
             try:
                 change = service(user=user, by=request.user, reason=reason)
             except ApplicationError as exc:
-                refused.append(f"{user.email}: {exc}")
+                refused.append(f"{user.email}: {str(exc).rstrip('.')}")  # the service's sentence, one full stop
                 continue
             if change is None:
                 unchanged.append(user.email)

@@ -2,8 +2,6 @@
 maintenance), their GPUs and MIG slices."""
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, OuterRef, Subquery
-from django.db.models.functions import Coalesce
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
@@ -16,6 +14,7 @@ from marketplace.models import (
     NodeState,
 )
 from marketplace.money import micros_to_usd
+from marketplace.selectors import free_gpu_count
 from marketplace.services.nodes import node_retire, node_update
 from provisioning.admin import node_events, node_verification_runs
 from provisioning.services.verification import node_accept_host_key, node_verify_request
@@ -99,11 +98,8 @@ class NodeAdmin(HistoryAdmin):
         return False
 
     def get_queryset(self, request):
-        # A subquery, not Count("gpus", filter=...): that aggregate made both of the list's counts of nodes join every
-        # GPU under a GROUP BY; Django leaves an unused subquery out of count(), and runs it for the rows shown.
-        free = (Gpu.objects.filter(node=OuterRef("pk"), status=GpuStatus.FREE).order_by().values("node")
-                .annotate(n=Count("pk")).values("n"))
-        return super().get_queryset(request).annotate(_free=Coalesce(Subquery(free), 0))
+        # The offers' own count (a subquery: the list's counts of nodes leave it out, the rows shown run it).
+        return super().get_queryset(request).annotate(_free=free_gpu_count())
 
     @admin.display(ordering="_free", description="free GPUs")
     def gpus_free(self, node):

@@ -81,8 +81,8 @@ OFFERABLE = Q(state=NodeState.ACTIVE, verdict__in=LISTABLE_VERDICTS, listed=True
 def provider_active() -> Q:
     """Its provider's account is not deactivated (marketplace.services.account_status). Asked as "not one of the
     deactivated accounts": PostgreSQL reads those few once (the index `user_inactive_idx`) and probes a hash per
-    node, where a join looked up every offered node's provider (the offers' count and first page on
-    bench/offers_search.py's data: 16.7 ms with the join, 13.4 this way, 12.7 without the rule)."""
+    node, where a join looked up every offered node's provider (the join was the slower of the two on the offers'
+    count and first page over bench/offers_search.py's data; no figures were recorded)."""
     return ~Q(provider__in=User.objects.filter(is_active=False).values("pk"))
 
 

@@ -29,12 +29,12 @@ from django.utils import timezone
 from core import dispatch
 from notifications.models import EmailStatus, Notification
 from notifications.services.notify import EMAIL_SEND
+from notifications.services.retry import backoff_s
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8  # with the backoff: about two hours of a mail server that does not answer
 BACKOFF_S = 60
-BACKOFF_CAP_S = 3600
 MAX_AGE = timedelta(hours=24)
 CLAIM_LOST_AFTER_S = 600  # far beyond one message's SMTP conversation (EMAIL_TIMEOUT per step)
 RESEND_OVERDUE_S = 300
@@ -49,10 +49,6 @@ _OURS = (smtplib.SMTPAuthenticationError, smtplib.SMTPSenderRefused, smtplib.SMT
 class Outcome:
     sent: bool
     retry_in_s: float | None = None  # the task retries after this long
-
-
-def backoff_s(attempt: int) -> float:
-    return float(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_CAP_S))
 
 
 def _give_up_reason(notification: Notification, now: datetime) -> str:
@@ -126,7 +122,7 @@ def _failed(notification: Notification, exc: Exception) -> Outcome:
                 email_next_at=None)
         log.warning("notification %s: e-mail %s", notification.pk, reason)
         return Outcome(False)
-    retry_in = backoff_s(notification.email_attempts)
+    retry_in = backoff_s(notification.email_attempts, base_s=BACKOFF_S)
     _finish(notification, EmailStatus.PENDING, email_error=error, email_claimed_at=None,
             email_next_at=timezone.now() + timedelta(seconds=retry_in))
     return Outcome(False, retry_in)

@@ -11,7 +11,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -110,7 +110,10 @@ def _endpoints_kept(*, user_id: int) -> list[WebhookEndpoint]:
     """The user's active endpoints, each kept until the caller commits (FOR KEY SHARE, the lock a foreign key
     takes; Django has no such lock): a DELETE of one meanwhile waits and takes its new delivery along, where it
     would otherwise commit first and fail the caller's whole transaction on the delivery's foreign key. Updates
-    (a pause) and other notices are not held up."""
+    (a pause) and other notices are not held up. PostgreSQL only: SQLite (the demo's default) has no row locks
+    and serialises writes anyway, so there a plain read."""
+    if connection.vendor != "postgresql":
+        return list(WebhookEndpoint.objects.filter(user_id=user_id, active=True).order_by("pk"))
     table = WebhookEndpoint._meta.db_table
     sql = f"SELECT * FROM {table} WHERE user_id = %s AND active ORDER BY id FOR KEY SHARE"  # noqa: S608 (our table)
     return list(WebhookEndpoint.objects.raw(sql, [user_id]))

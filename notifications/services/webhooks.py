@@ -54,6 +54,7 @@ from notifications.models import (
     WebhookTestEvent,
 )
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
+from notifications.services.retry import backoff_s
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
 from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
 
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 
 DESCRIPTION_MAX_LENGTH = 200
 ENDPOINTS_PER_USER = 10
-BACKOFF_CAP_S = 3600
 
 
 def _secret_new() -> str:
@@ -197,11 +197,6 @@ class Attempt:
     status_code: int | None
     error: str
     retry_in_s: float | None  # None: delivered, or given up
-
-
-def backoff_s(attempt: int) -> float:
-    """Seconds before the attempt after `attempt` (1-based): the base, doubled each time, capped at an hour."""
-    return float(min(settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S * 2 ** (attempt - 1), BACKOFF_CAP_S))
 
 
 def in_flight_bound_s() -> float:
@@ -429,7 +424,7 @@ def webhook_attempt(*, delivery_id: int) -> Attempt | None:
     elif number >= settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS:
         target = DeliveryStatus.FAILED
     else:
-        target, retry_in = DeliveryStatus.RETRYING, backoff_s(number)
+        target, retry_in = DeliveryStatus.RETRYING, backoff_s(number, base_s=settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S)
     with transaction.atomic():
         # Locked while the attempt is written: a DELETE of the endpoint waits for it (endpoint_delete).
         if WebhookDelivery.objects.select_for_update().filter(pk=delivery.pk).values_list("pk").first() is None:

@@ -178,8 +178,9 @@ def test_a_deactivated_providers_nodes_leave_the_offers_and_refuse_bookings_but_
         volume_create(owner=renter, node_id=node.pk, size_gb=10, label="data")
     # What renters have there is theirs: still running, and billed.
     assert _status(theirs) == InstanceStatus.RUNNING
+    backdate(theirs, minutes=10)
     usage_meter()
-    assert Instance.objects.get(pk=theirs.pk).billed_seconds >= 0
+    assert Instance.objects.get(pk=theirs.pk).billed_seconds >= 600
     assert _status(theirs) == InstanceStatus.RUNNING
     assert accounts_deactivated_enforce().stopped == []
 
