@@ -150,7 +150,15 @@ class LookupTooSlow(TimeoutError):
 
 def getaddrinfo_within(host: str, port: int | None, timeout_s: float) -> list[tuple[Any, ...]]:
     """socket.getaddrinfo (SOCK_STREAM), or LookupTooSlow after `timeout_s`: the lookup runs in a daemon thread
-    that is left to finish on its own when the time is up."""
+    that is left to finish on its own when the time is up. An IP address is no lookup: answered at once, with no
+    thread and none of the bounded slots (a node registered by IP waited behind slow names, webhooks' included,
+    and its health check failed with "could not resolve 203.0.113.7")."""
+    try:
+        ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        pass  # a name: looked up below
+    else:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
     until = time.monotonic() + max(timeout_s, 0)
     if not _lookups.acquire(timeout=max(timeout_s, 0)):
         raise LookupTooSlow(f"could not resolve {host} within {timeout_s:g} s")

@@ -43,6 +43,7 @@ from marketplace.models import Instance, InstanceStatus, Node, NodeState
 from marketplace.selectors import instances_awaiting_cleanup_by_node
 from provisioning.concurrency import SLOT_TTL_S, NodeBusy, slot_key
 from provisioning.services.fleet_record import nodes_record_health
+from provisioning.services.gpu_presence import holds_lost_gpu
 from provisioning.services.nodes import (
     HEALTH_TIMEOUTS,
     HealthResult,
@@ -366,10 +367,13 @@ def _recovered(counts: Mapping[str, int]) -> int:
 
 def _nodes_with_instances_to_recover(node_ids: list[int]) -> set[int]:
     """Nodes with interrupted instances, or over ones whose VM is still to be removed (the retire's question,
-    selectors.instances_awaiting_cleanup)."""
+    selectors.instances_awaiting_cleanup). Not for an instance that waits for a lost GPU (gpu_presence): the
+    reconciler would pass it by at every check, over SSH, for as long as the card is gone; once the card is listed
+    again it counts, and the next check resumes it."""
     if not node_ids:
         return set()
-    interrupted = Instance.objects.filter(status=InstanceStatus.INTERRUPTED, node_id__in=node_ids)
+    interrupted = Instance.objects.filter(status=InstanceStatus.INTERRUPTED, node_id__in=node_ids).exclude(
+        holds_lost_gpu())
     return {*interrupted.values_list("node_id", flat=True).distinct(),
             *instances_awaiting_cleanup_by_node(node_ids=node_ids)}
 

@@ -50,9 +50,7 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     reliability = nodes_reliability(node_ids=ids, now=now)
     last_healthy: dict[int, datetime | None] = {}
     with transaction.atomic():
-        # The providers come along (not locked) for the rare node that goes offline: its provider is told.
-        nodes = list(Node.objects.select_for_update(of=("self",)).select_related("provider").filter(pk__in=ids)
-                     .order_by("pk"))
+        nodes = list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
         events = []
         for node in nodes:
             result = by_id[node.pk]

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from marketplace.models import (
     Gpu,
     GpuAllocation,
     GpuStatus,
+    Instance,
     InterruptionCause,
     MigSliceAllocation,
     Node,
@@ -114,10 +116,14 @@ def gpus_returned(*, gpu_ids: Iterable[int]) -> None:
         Gpu.objects.filter(pk__in=returned).update(lost_at=None)
 
 
+def holds_lost_gpu() -> Q:
+    """A filter on Instance: it holds a lost GPU, whole or by a MIG slice (it waits interrupted for the card)."""
+    whole = GpuAllocation.objects.filter(instance=OuterRef("pk"), released_at__isnull=True, gpu__lost_at__isnull=False)
+    sliced = MigSliceAllocation.objects.filter(instance=OuterRef("pk"), released_at__isnull=True,
+                                               mig_slice__gpu__lost_at__isnull=False)
+    return Q(Exists(whole)) | Q(Exists(sliced))
+
+
 def instance_waits_for_gpu(*, instance_id: int) -> bool:
     """Whether an interrupted instance holds a GPU that is lost (it is not resumed before the card answers)."""
-    return (GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True,
-                                         gpu__lost_at__isnull=False).exists()
-            or MigSliceAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True,
-                                                 mig_slice__gpu__lost_at__isnull=False).exists())
-
+    return Instance.objects.filter(holds_lost_gpu(), pk=instance_id).exists()

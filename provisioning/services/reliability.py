@@ -10,16 +10,14 @@ the node, a lost worker, its own error or time) and the renter's (their image, t
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TypedDict
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, QuerySet, Sum
-from django.utils import timezone
+from django.db.models import QuerySet
 
 from marketplace.models import Node, NodeState
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
-from provisioning.models import OPEN_JOB_STATUSES, HealthSample, Job, JobFault, JobKind, JobStatus, NodeEvent
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, JobStatus, NodeEvent
 from provisioning.services.nodes import node_event
 from provisioning.services.verification import node_verify_request
 
@@ -46,38 +44,6 @@ def failed_jobs_counted(*, since: datetime) -> QuerySet[Job]:
     """The failed jobs that count against their node since `since` (every node's; filter by node)."""
     return Job.objects.filter(kind__in=RELIABILITY["job_kinds"], status=JobStatus.FAILED,
                               fault=RELIABILITY["job_fault"], finished_at__gt=since)
-
-
-def health_sample_record(*, node_id: int, ok: bool, now: datetime | None = None) -> None:
-    """Count one health check in the node's row for today (one row per node and day)."""
-    day = (now or timezone.now()).date()
-    counter = "ok" if ok else "failed"
-    if HealthSample.objects.filter(node_id=node_id, day=day).update(**{counter: F(counter) + 1}):
-        return
-    try:
-        with transaction.atomic():
-            HealthSample.objects.create(node_id=node_id, day=day, **{counter: 1})
-    except IntegrityError:  # another check created today's row first
-        HealthSample.objects.filter(node_id=node_id, day=day).update(**{counter: F(counter) + 1})
-
-
-def node_reliability(*, node_id: int, now: datetime | None = None) -> float:
-    now = now or timezone.now()
-    since = now - timedelta(days=RELIABILITY["window_days"])
-    counts = HealthSample.objects.filter(node_id=node_id, day__gt=since.date()).aggregate(ok=Sum("ok"),
-                                                                                          failed=Sum("failed"))
-    checks = (counts["ok"] or 0) + (counts["failed"] or 0)
-    if not checks:
-        return 0.0
-    failed_jobs = failed_jobs_counted(since=since).filter(node_id=node_id).count()
-    value = (counts["ok"] or 0) / checks - RELIABILITY["failed_job_penalty"] * failed_jobs
-    return round(min(1.0, max(0.0, value)), 4)
-
-
-def node_reliability_update(*, node_id: int, now: datetime | None = None) -> float:
-    value = node_reliability(node_id=node_id, now=now)
-    Node.objects.filter(pk=node_id).update(reliability=value)
-    return value
 
 
 def node_inventory_changed(*, node_id: int, reported_hash: str) -> bool:

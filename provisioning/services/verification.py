@@ -19,7 +19,16 @@ from django.utils import timezone
 
 from core.errors import Conflict
 from marketplace.mig import layout_by_gpu
-from marketplace.models import GpuAllocation, Instance, MigSliceAllocation, Node, NodeState, Runtime, Verdict
+from marketplace.models import (
+    GpuAllocation,
+    Instance,
+    InstanceStatus,
+    MigSliceAllocation,
+    Node,
+    NodeState,
+    Runtime,
+    Verdict,
+)
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
@@ -332,7 +341,10 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
         node_event(node=node, kind="failed_while_rented",
                    message=f"The node failed its benchmark check while {len(renters)} instance(s) use it; it stays "
                            f"up for them and takes no new rentals. {reasons}", level=NodeEvent.Level.CRITICAL)
-        for instance_id in renters:
+        # Only a running instance "keeps running": an interrupted one keeps saying why it is (a lost GPU, found by
+        # walking the demo: the rejection its loss caused told its renter it was running), a stopped one its own.
+        for instance_id in Instance.objects.filter(pk__in=renters, status=InstanceStatus.RUNNING).values_list(
+                "pk", flat=True):
             instance_svc.instance_set_status_message(
                 instance_id=instance_id,
                 message="This instance's server failed its latest benchmark check "

@@ -120,14 +120,10 @@ def _shown(value: Any) -> str:
 
 def _resolve(host: str) -> list[Address]:
     """The IP addresses `host` names (itself for an IP address). OSError (or UnicodeError) when it does not resolve."""
-    try:
-        return [ipaddress.ip_address(host)]
-    except ValueError:
-        pass
     found: list[Address] = []
-    # bounded: a name server may be slow
+    # bounded: a name server may be slow (an IP address is answered at once)
     for *_, sockaddr in getaddrinfo_within(host, None, core_addresses.NODE_LOOKUP_TIMEOUT_S):
-        address = ipaddress.ip_address(sockaddr[0])
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if address not in found:
             found.append(address)
     if not found:

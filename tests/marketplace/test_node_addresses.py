@@ -180,3 +180,41 @@ def test_a_name_whose_name_server_is_slow_is_refused_within_the_lookup_limit(api
     assert r.status_code == 400, r.content
     assert r.json()["address"][0].startswith("The host name did not resolve within 0.5 s: slow.example.net."), r.content
     assert counts() == (0, 0)
+
+
+def test_an_ip_address_is_answered_while_slow_names_hold_every_lookup(monkeypatch):
+    """Every connection to a node went through the bounded lookup, a node registered by IP too: with its slots all
+    held by slow names (a provider's name server, a webhook's), the connection failed with "could not resolve
+    203.0.113.7" and the node's health check with it. An IP address is no lookup: answered at once."""
+    import socket
+    import threading
+
+    from core import addresses
+
+    released = threading.Event()
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host.endswith(".example.net") and not kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+            released.wait(5)  # a name server that does not answer
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    holders = [threading.Thread(target=lambda: addresses.getaddrinfo_within("slow.example.net", 22, 5), daemon=True)
+               for _ in range(addresses.LOOKUPS_AT_ONCE)]
+    try:
+        for holder in holders:
+            holder.start()
+        for _ in range(500):  # every slot taken by a slow name
+            if not addresses._lookups._value:
+                break
+            threading.Event().wait(0.01)
+        with pytest.raises(addresses.LookupTooSlow):
+            addresses.getaddrinfo_within("another.example.net", 22, 0.2)
+        found = addresses.getaddrinfo_within("203.0.113.7", 22, 0.2)
+        assert {sockaddr[0] for *_, sockaddr in found} == {"203.0.113.7"}
+    finally:
+        released.set()
+        for holder in holders:
+            holder.join(5)

@@ -22,8 +22,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_private_key
 from provisioning import sim, tasks
 from provisioning.models import HealthSample, Job, JobKind, JobStatus, NodeEvent, VerificationRun
-from provisioning.services import reliability
-from provisioning.services.fleet_record import node_record_health
+from provisioning.services.fleet_record import node_record_health, nodes_reliability
 from provisioning.services.maintenance import nodes_reverify_due
 from provisioning.services.nodes import node_health_probe
 from provisioning.services.runner import job_begin
@@ -277,7 +276,7 @@ def test_the_beat_schedule_runs_the_reverification_task(settings):
 def test_reliability_is_uptime_over_30_days_minus_failed_jobs(db):
     node = make_node(state=NodeState.ACTIVE, verdict="verified")
     now = timezone.now()
-    assert reliability.node_reliability(node_id=node.pk, now=now) == 0.0  # never checked
+    assert nodes_reliability(node_ids=[node.pk], now=now) == {node.pk: 0.0}  # never checked
     for _ in range(95):
         node_record_health(node_id=node.pk, ok=True)
     for _ in range(5):
@@ -294,8 +293,7 @@ def test_reliability_is_uptime_over_30_days_minus_failed_jobs(db):
     for fault in ("platform", "renter"):  # failures that are not the node's do not count (Job.fault)
         Job.objects.create(kind=JobKind.INSTANCE_PROVISION, node=node, status=JobStatus.FAILED, fault=fault,
                            deadline=now, finished_at=now)
-    assert reliability.node_reliability_update(node_id=node.pk) == pytest.approx(0.95 - 2 * 0.02)
-    assert Node.objects.get(pk=node.pk).reliability == pytest.approx(0.91)
+    assert nodes_reliability(node_ids=[node.pk], now=timezone.now())[node.pk] == pytest.approx(0.95 - 2 * 0.02)
 
 
 def test_the_check_records_bf16_per_watt_drawn_under_load_and_offers_show_it(db, simnode, simbase):

@@ -8,16 +8,19 @@ import pytest
 from django.utils import timezone
 
 from billing.models import BillingEvent, EventKind
-from marketplace.models import Gpu, GpuStatus, Interruption, NodeState
+from marketplace.models import Gpu, GpuStatus, Instance, Interruption, NodeState
 from marketplace.selectors import offers_search
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
+from provisioning.services.fleet import _nodes_with_instances_to_recover
 from provisioning.services.fleet_record import nodes_record_health
 from provisioning.services.gpu_presence import instance_waits_for_gpu
 from provisioning.services.nodes import HealthResult, node_apply_inventory
+from provisioning.services.reconcile import node_reconcile
 from tests.billing.helpers import fund, running
 from tests.billing.helpers import node as billing_node
 from tests.factories import UserFactory
+from tests.provisioning.test_reconcile_instances import fake_node  # noqa: F401 (a fixture, by name)
 
 
 @pytest.fixture(autouse=True)
@@ -135,17 +138,49 @@ def test_a_verification_that_claims_the_card_again_ends_its_loss(db):
     assert gpu.lost_at is None and gpu.status == GpuStatus.FREE
 
 
-def test_the_reconciler_leaves_an_instance_waiting_for_its_card(db):
-    """Its VM may still run: resumed, it would be billed for a card that does not answer."""
+def test_the_reconciler_leaves_an_instance_waiting_for_its_card(db, fake_node):  # noqa: F811
+    """Its VM may still run: resumed, it would be billed for a card that does not answer. Nor is its node reconciled
+    at every health check for it (an SSH pass that would pass it by), until the card answers again."""
     renter = UserFactory()
     fund(renter, "50")
     host = billing_node(gpu_count=1)
     uuids = with_uuids(host)
     check(host, uuids.values())
     instance = running(renter, host)
-    check(host, [], vms={f"inst-{instance.pk}": "running"}, at=timezone.now() + timedelta(seconds=1))
-    assert instance_waits_for_gpu(instance_id=instance.pk)
-    check(host, uuids.values(), vms={f"inst-{instance.pk}": "running"})
-    assert not instance_waits_for_gpu(instance_id=instance.pk)
+    fake_node.vms[instance.vm_id] = "running"
+    check(host, [], vms={instance.vm_id: "running"}, at=timezone.now() + timedelta(seconds=1))
+    assert Instance.objects.get(pk=instance.pk).status == "interrupted"
+    assert _nodes_with_instances_to_recover([host.pk]) == set()
+    node_reconcile(host)
+    assert Instance.objects.get(pk=instance.pk).status == "interrupted"  # not resumed while the card is lost
+
+    check(host, uuids.values(), vms={instance.vm_id: "running"})
+    assert _nodes_with_instances_to_recover([host.pk]) == {host.pk}
+    node_reconcile(host)
+    assert Instance.objects.get(pk=instance.pk).status == "running"
     host.refresh_from_db()
     assert host.state == NodeState.ACTIVE
+
+
+def test_a_rejection_while_interrupted_does_not_tell_its_renter_it_runs(db):
+    """Walking the demo: the card's loss changed the node's inventory, its re-verification rejected it (gpu_count),
+    and the interrupted instance's status then read "Your instance keeps running". Only running ones are told so."""
+    from provisioning.models import Job, JobKind
+    from provisioning.services.verification import node_verify_conclude
+
+    renter = UserFactory()
+    fund(renter, "50")
+    host = billing_node(gpu_count=2)
+    uuids = with_uuids(host)
+    check(host, uuids.values())
+    lost, kept = running(renter, host), running(UserFactory(), host)
+    check(host, [uuids[held_gpu(kept).index]], vms={lost.vm_id: "running", kept.vm_id: "running"},
+          at=timezone.now() + timedelta(seconds=1))
+    said = Instance.objects.get(pk=lost.pk).status_message
+    assert said.startswith("Interrupted: a GPU it holds vanished")
+    job = Job.objects.create(kind=JobKind.NODE_VERIFY, node=host, status="running",
+                             deadline=timezone.now() + timedelta(hours=1))
+    node_verify_conclude(job=job, verdict="rejected", score=None, inventory={}, findings=[
+        {"severity": "reject", "code": "gpu_count", "message": "1 GPU of 2", "gpu_index": None}])
+    assert Instance.objects.get(pk=lost.pk).status_message == said
+    assert "keeps running" in Instance.objects.get(pk=kept.pk).status_message

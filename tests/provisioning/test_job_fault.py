@@ -24,8 +24,7 @@ from provisioning import tasks
 from provisioning.concurrency import MAX_SESSIONS_PER_NODE, node_slot
 from provisioning.models import Job, JobFault, JobKind, JobStatus, NodeEvent
 from provisioning.services import faults, maintenance, spot_checks, vms
-from provisioning.services.fleet_record import nodes_reliability
-from provisioning.services.reliability import health_sample_record, node_reliability_update
+from provisioning.services.fleet_record import health_samples_record, nodes_reliability
 from provisioning.services.runner import job_begin, job_finish
 from provisioning.services.verification import node_verify_request
 from provisioning.ssh_errors import (
@@ -89,17 +88,14 @@ def checked_node(**fields) -> Node:
     """A listed node that answered its ten health checks: reliability 1.0 until a failed job counts."""
     node = make_listed_node(UserFactory(), gpu_count=2, **fields)
     for _ in range(10):
-        health_sample_record(node_id=node.pk, ok=True)
-    assert node_reliability_update(node_id=node.pk) == 1.0
+        health_samples_record(ok_ids=[node.pk], failed_ids=[], day=timezone.now().date())
+    assert reliability(node) == 1.0
     return node
 
 
 def reliability(node: Node) -> float:
-    """The figure each way it is computed (one node after a health check, the fleet's batch), which agree."""
-    one = node_reliability_update(node_id=node.pk)
-    assert nodes_reliability(node_ids=[node.pk], now=timezone.now()) == {node.pk: one}
-    assert Node.objects.get(pk=node.pk).reliability == one
-    return one
+    """The node's figure as the health checks compute it (fleet_record.nodes_reliability)."""
+    return nodes_reliability(node_ids=[node.pk], now=timezone.now())[node.pk]
 
 
 def take_every_slot(node: Node) -> None:

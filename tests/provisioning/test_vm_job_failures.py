@@ -13,8 +13,8 @@ from marketplace.services import instances as instance_svc
 from provisioning import tasks
 from provisioning.models import Job, JobKind, JobStatus
 from provisioning.services import vms
+from provisioning.services.fleet_record import health_samples_record, nodes_reliability
 from provisioning.services.maintenance import jobs_reap
-from provisioning.services.reliability import health_sample_record, node_reliability
 from provisioning.ssh_errors import AgentFailed, NodeUnreachable
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
@@ -265,7 +265,7 @@ def test_a_renter_destroying_before_provisioning_does_not_count_a_failed_job_aga
     the node's reliability lost 0.02 each time, for nothing the node did."""
     node = make_listed_node(gpu_count=1)
     for _ in range(10):
-        health_sample_record(node_id=node.pk, ok=True)
+        health_samples_record(ok_ids=[node.pk], failed_ids=[], day=timezone.now().date())
     for _ in range(3):
         instance = book(UserFactory(), node)
         instance_svc.instance_destroy(instance=instance)
@@ -273,7 +273,7 @@ def test_a_renter_destroying_before_provisioning_does_not_count_a_failed_job_aga
         run_in_worker(tasks.instance_destroy, Job.objects.get(instance=instance, kind=JobKind.INSTANCE_DESTROY))
         assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.DESTROYED
     assert not Job.objects.filter(node=node, status=JobStatus.FAILED).exists()
-    assert node_reliability(node_id=node.pk) == 1.0
+    assert nodes_reliability(node_ids=[node.pk], now=timezone.now()) == {node.pk: 1.0}
 
 
 def test_a_stop_job_redelivered_after_its_worker_died_post_commit_ends_succeeded(fake_node, monkeypatch):
