@@ -74,8 +74,9 @@ class TermsView(APIView):
             },
             "hardware_found_worse": {
                 "price_cut": "from the re-check on, each instance on the node pays its price times the new score "
-                             "over the score the node had before (a rejection without a score: nothing); the "
-                             "renter is told at once",
+                             "over the score the node had before (a rejection without a score: nothing, for the "
+                             "instances on the GPUs it names, or every one for a finding about the whole server; a "
+                             "GPU missing from the server interrupts its holder instead); the renter is told at once",
                 "tolerance": str(settings.HARDWARE_PRICE_CUT_TOLERANCE),
             },
         }).data)

@@ -359,24 +359,56 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
 def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float,
                         findings: list[dict[str, Any]]) -> None:
     """Hardware found worse while rented: cut its renters' prices in proportion to the score (the published rule:
-    docs/ARCHITECTURE.md). A rejection without a usable score is a full cut; noise within the tolerance is not.
+    docs/ARCHITECTURE.md). A rejection without a usable score is a full cut for the renters it is about
+    (renters_concerned); noise within the tolerance is no cut.
     A check that measured nothing (every GPU rented: no benchmark, score None) is no evidence of worse hardware:
     verified or degraded, it cuts nothing."""
+    only = None
     if verdict == Verdict.REJECTED and not score:
-        ratio = 0.0
+        # No measure of how much worse: the renters whose hardware the rejection is about pay nothing, the others
+        # (on cards the findings do not name) go on as they are.
+        ratio, only = 0.0, renters_concerned(node, findings)
+        if not only:
+            return
     elif score is None or not previous_score or previous_score <= 0:
         return  # nothing measured now, or nothing to compare with
     else:
         ratio = score / previous_score
     if ratio >= 1 - float(settings.HARDWARE_PRICE_CUT_TOLERANCE):
         return
-    codes = sorted({f["code"] for f in findings if f["severity"] in ("reject", "degrade")}) or ["lower score"]
-    cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes))
+    named = {f["code"] for f in findings if f["severity"] in ("reject", "degrade")} - NOT_ABOUT_RENTERS
+    codes = sorted(named) or ["lower score"]
+    cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes), only=only)
     if cut:
         node_event(node=node, kind="renters_price_cut",
                    message=f"Measured {ratio:.0%} of the score it had before ({', '.join(codes)}): "
                            f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.",
                    level=NodeEvent.Level.WARNING)
+
+
+# Rejection codes that are no evidence against any renter's hardware: a card missing from the server is the loss
+# rule's (gpu_presence: its holder interrupted, credited and unbilled while it is gone, full price again when it is
+# back), and one more than declared harms nobody. Before, a card fallen off the bus cut every renter of the node
+# to $0/h for good (found by walking the demo), and so did a libvirt node's re-check (a rented card is bound to
+# vfio-pci, out of the host's nvidia-smi).
+NOT_ABOUT_RENTERS = frozenset({"gpu_count"})
+
+
+def renters_concerned(node: Node, findings: list[dict[str, Any]]) -> set[int]:
+    """The node's live instances a rejection's findings are about: all of them for a finding about the whole server,
+    the holders of that GPU (whole or by a MIG slice) for one naming a GPU."""
+    rejects = [f for f in findings if f["severity"] == "reject" and f["code"] not in NOT_ABOUT_RENTERS]
+    live = Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES)
+    if any(f.get("gpu_index") is None for f in rejects):
+        return set(live.values_list("pk", flat=True))
+    indices = {f["gpu_index"] for f in rejects}
+    if not indices:
+        return set()
+    whole = GpuAllocation.objects.filter(gpu__node=node, gpu__index__in=indices, released_at__isnull=True)
+    sliced = MigSliceAllocation.objects.filter(mig_slice__gpu__node=node, mig_slice__gpu__index__in=indices,
+                                               released_at__isnull=True)
+    return set(live.filter(pk__in=whole.values("instance_id")).values_list("pk", flat=True)) | set(
+        live.filter(pk__in=sliced.values("instance_id")).values_list("pk", flat=True))
 
 
 # An active node whose verifications were dropped (unreachable or silent past every retry) this many times in a

@@ -241,7 +241,7 @@ def test_the_terms_endpoint_publishes_the_rule(client):
     assert rule["detected_after_failed_health_checks"] == 2 and rule["charged_to"] == "provider_earnings"
 
 
-def _recheck(host, verdict, score, code="bf16_slow"):
+def _recheck(host, verdict, score, code="bf16_slow", gpu_index=0):
     from datetime import timedelta as td
 
     from provisioning.services.verification import node_verify_conclude
@@ -250,7 +250,8 @@ def _recheck(host, verdict, score, code="bf16_slow"):
                              deadline=host.created_at + td(days=1))
     severity = "reject" if verdict == "rejected" else "degrade"
     node_verify_conclude(job=job, verdict=verdict, score=score, inventory={},
-                         findings=[{"severity": severity, "code": code, "message": f"{code} measured", "gpu_index": 0}])
+                         findings=[{"severity": severity, "code": code, "message": f"{code} measured",
+                                           "gpu_index": gpu_index}])
 
 
 def test_hardware_found_worse_while_rented_cuts_the_price_from_the_check_on(rented, clock):
@@ -280,6 +281,48 @@ def test_a_rejection_without_a_score_while_rented_makes_the_instance_free(rented
     instance.refresh_from_db()
     assert instance.status == "running" and instance.price_per_hour_micros == 0
     assert "failed its latest benchmark check" in instance.status_message
+
+
+def _funded():
+    user = UserFactory()
+    fund(user, "50")
+    return user
+
+
+def _gpu_indices(instance):
+    return sorted(Gpu.objects.filter(allocations__instance=instance, allocations__released_at__isnull=True)
+                  .values_list("index", flat=True))
+
+
+def test_a_rejection_naming_one_gpu_frees_only_the_instance_holding_it(rented, clock):
+    renter, host, instance = rented
+    other = running(_funded(), host, num_gpus=1)
+    named = _gpu_indices(other)[0]
+    assert named not in _gpu_indices(instance)
+    _recheck(host, "rejected", None, code="gpu_name", gpu_index=named)
+    assert Instance.objects.get(pk=other.pk).price_per_hour_micros == 0
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 3_000_000  # its cards were not named
+    assert not BillingEvent.objects.filter(user=renter, kind=EventKind.PRICE_CUT).exists()
+
+
+def test_a_rejection_about_the_whole_server_frees_every_renter(rented, clock):
+    renter, host, instance = rented
+    other = running(_funded(), host, num_gpus=1)
+    _recheck(host, "rejected", None, code="verification_failed", gpu_index=None)
+    assert {i.price_per_hour_micros for i in Instance.objects.filter(pk__in=[instance.pk, other.pk])} == {0}
+
+
+def test_a_card_missing_from_a_recheck_cuts_no_renters_price(rented, clock):
+    """Found walking the demo: a card fallen off the bus made the re-check reject the node for its GPU count, and
+    that rejection cut every renter of the node to $0/h for good, the one whose card came back included. The card's
+    holder is the GPU-loss rule's (interrupted, credited, unbilled while it is gone); the others lost nothing."""
+    renter, host, instance = rented
+    other = running(_funded(), host, num_gpus=1)
+    _recheck(host, "rejected", None, code="gpu_count", gpu_index=None)
+    assert Node.objects.get(pk=host.pk).verdict == "rejected"
+    prices = dict(Instance.objects.filter(pk__in=[instance.pk, other.pk]).values_list("pk", "price_per_hour_micros"))
+    assert prices == {instance.pk: 3_000_000, other.pk: 1_500_000}
+    assert not BillingEvent.objects.filter(kind=EventKind.PRICE_CUT).exists()
 
 
 def test_operators_see_interruptions_and_their_credits_in_the_admin(rented, clock, client):

@@ -151,6 +151,7 @@ def test_a_card_that_falls_off_the_bus_interrupts_its_instance_until_it_answers_
     other card stays free; the changed inventory has the node verified again (rejected while a card is missing)."""
     node, info = _verified_node(api, sim_node_factory)
     instance, _ = _rent(node, other_api, tmp_path)
+    booked = instance.price_per_hour_micros
     gpu = Gpu.objects.get(allocations__instance=instance, allocations__released_at__isnull=True)
     assert nodes_health_check()["failed"] == 0
     seen = Node.objects.get(pk=node.pk).last_seen_at
@@ -181,3 +182,4 @@ def test_a_card_that_falls_off_the_bus_interrupts_its_instance_until_it_answers_
     nodes_health_check()
     instance = _status(instance.pk, "running")
     assert Interruption.objects.get(instance=instance).outcome == "resumed"
+    assert booked > 0 and instance.price_per_hour_micros == booked  # the loss cut no price: it was not billed

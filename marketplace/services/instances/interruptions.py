@@ -17,6 +17,7 @@ moment of the check the instance's price is cut in proportion to the score measu
 node had before (billing.services.metering keeps cumulative rounding across the change).
 """
 import logging
+from collections.abc import Collection
 from datetime import datetime
 
 from django.db import transaction
@@ -38,11 +39,15 @@ from .common import S, _leave_running, _locked, _save, instance_notify
 log = logging.getLogger(__name__)
 
 
-def node_instances_price_cut(*, node_id: int, ratio: float, reason: str) -> list[int]:
-    """Cut the price of the node's instances that are not over yet to `ratio` (0..1) of what they pay now."""
-    open_ids = (Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES)
-                .order_by("pk").values_list("pk", flat=True))
-    return [pk for pk in open_ids if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason) is not None]
+def node_instances_price_cut(*, node_id: int, ratio: float, reason: str,
+                             only: Collection[int] | None = None) -> list[int]:
+    """Cut the price of the node's instances that are not over yet (of those in `only`, when given) to `ratio`
+    (0..1) of what they pay now."""
+    still_open = Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES)
+    if only is not None:
+        still_open = still_open.filter(pk__in=only)
+    return [pk for pk in still_open.order_by("pk").values_list("pk", flat=True)
+            if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason) is not None]
 
 
 def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instance | None:
