@@ -99,7 +99,13 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                         description="Needs one hour of what your running and starting instances and your "
                                     "storage cost with this one in your balance (else 402). Billing resumes once "
                                     "it is running.",
-                        request=None, responses={202: InstanceSerializer, 409: _CONFLICT,
+                        request=None, responses={202: InstanceSerializer,
+                                                 409: OpenApiResponse(ErrorDetailSerializer, "It is not stopped, "
+                                                                      "or its node cannot run it now (retired, "
+                                                                      "offline, in maintenance, its GPUs taken, "
+                                                                      "or its provider's account deactivated: it "
+                                                                      "stays stopped, its disk kept); `detail` "
+                                                                      "says why."),
                                                  402: OpenApiResponse(ErrorDetailSerializer, "Your balance is less "
                                                                       "than one hour of what your running and "
                                                                       "starting instances and your storage cost "

@@ -8,8 +8,10 @@ api_key_authenticate refuse an inactive account), so nobody could stop what it r
   An instance that comes to run later (a start or restart under way at that moment, an interruption that resumes, a
   stop that never reached its server) is stopped by the sweep (`accounts_deactivated_enforce`, beat every minute),
   as is everything of an account turned off some other way (a script setting `is_active`).
-- as a provider: its nodes leave the offers and refuse bookings (409) and new volumes (models.nodes.offerable; a
-  booking reads the account under its row lock: instances/allocation.py); what renters have on them stays theirs.
+- as a provider: its nodes leave the offers and refuse new load, each with a 409 saying why: bookings, new volumes
+  (models.nodes.offerable) and starting a renter's stopped instance (instances/lifecycle.py: its disk stays as it
+  is); a booking and a start read the account under its row lock (instances/allocation.py). What renters run on
+  them stays theirs, an interrupted one resuming too.
 - its owner is told (notification `account_deactivated`, on every channel), with the operator's reason.
 On again (`account_reactivate`): nothing restarts by itself, its nodes are offered again, its owner is told.
 

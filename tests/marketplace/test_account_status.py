@@ -12,11 +12,14 @@ platform's services and jobs, PostgreSQL."""
 import re
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test import Client
+from django.utils import timezone
 
+from billing.models import LedgerTransaction
 from billing.services.metering import usage_meter
 from core.errors import Conflict, ValidationFailed
 from marketplace.models import AccountStatusChange, Gpu, Instance, InstanceStatus, User
@@ -30,9 +33,10 @@ from marketplace.services.volumes import volume_create
 from notifications.models import Notification
 from provisioning import tasks
 from provisioning.models import Job, JobKind
+from tests.billing.helpers import fund
 from tests.billing.invariants import assert_billing_invariants
 from tests.factories import UserFactory, make_listed_node
-from tests.marketplace.renting_helpers import book, run
+from tests.marketplace.renting_helpers import book, run, snapshot
 
 from .sim_renting import (  # noqa: F401 (fixtures)
     backdate,
@@ -240,3 +244,105 @@ def test_a_booking_waits_for_a_deactivation_under_way_and_is_refused():
     second.join(10)
     assert "provider's account was deactivated" in outcome.get("refused", ""), outcome
     assert not Instance.objects.filter(node=node).exists()
+
+
+# ------------------------------------------------------- new load on a deactivated provider's node: a stopped one
+
+def _stopped(renter, node, *, hours: float = 1) -> Instance:
+    """A stopped instance whose disk has `hours` of storage not billed yet (a start would bill it first)."""
+    instance = run(book(renter, node))
+    instance_svc.instance_stop(instance=instance)
+    instance_svc.instance_mark_stopped(instance_id=instance.pk)
+    Instance.objects.filter(pk=instance.pk).update(stopped_at=timezone.now() - timedelta(hours=hours))
+    return Instance.objects.get(pk=instance.pk)
+
+
+def _kept(instance: Instance) -> dict:
+    """What a refused start must leave as it was: the GPUs, allocations, instances and jobs, the disk's billing."""
+    return {**snapshot(), "ledger": LedgerTransaction.objects.count(),
+            "disk": Instance.objects.values_list("disk_billed_until", "disk_billed_seconds", "disk_cost_micros",
+                                                 "vm_cleanup_pending").get(pk=instance.pk)}
+
+
+def test_a_stopped_instance_on_a_deactivated_providers_node_does_not_start(client_for, settings):
+    """Found last session: the renter's stopped instance started on a deactivated provider's server, taking its
+    GPUs again, although the server takes no booking. A start is new load: now refused as a booking is (409 saying
+    why, from the API, the Vast-compatible API and the page's button), nothing written, the disk kept and billed as
+    before; a short balance is not asked to top up for a start that cannot happen."""
+    provider, renter = UserFactory(), UserFactory()
+    node = make_listed_node(provider, gpu_count=2)
+    stopped = _stopped(renter, node)
+    account_deactivate(user=provider, reason="Fraud review")
+    settings.BILLING_REQUIRE_FUNDS = True  # the renter has no funds: the refusal that no top-up mends comes first
+    before = _kept(stopped)
+    api = client_for(renter)
+
+    r = api.post(f"/api/v1/instances/{stopped.pk}/start/")
+
+    # Before: a 402 asking for a top-up, and once topped up a 202, the instance taking the node's GPUs again.
+    assert r.status_code == 409, r.content
+    detail = r.json()["detail"]
+    assert "provider account was deactivated" in detail and "stays stopped with its disk kept" in detail, detail
+    assert _kept(stopped) == before  # still stopped, no GPU taken, no job, its disk's billing where it was
+    assert _status(stopped) == InstanceStatus.STOPPED
+    vast = api.put(f"/compat/vast/api/v0/instances/{stopped.pk}/", {"state": "running"}, format="json")
+    assert vast.status_code == 409 and "provider account was deactivated" in vast.json()["msg"], vast.content
+    web = Client()
+    web.force_login(renter)
+    page = web.post(f"/instances/{stopped.pk}/start/", follow=True).content.decode()
+    assert "provider account was deactivated" in page
+    # Its other new load is refused too: a volume there (the booking's refusal is the first test's).
+    volume = api.post("/api/v1/volumes/", {"offer": node.pk, "size_gb": 10}, format="json")
+    assert volume.status_code == 409 and "takes no new rentals" in volume.json()["detail"], volume.content
+    assert _kept(stopped) == before
+
+    account_reactivate(user=provider)
+    r = api.post(f"/api/v1/instances/{stopped.pk}/start/")
+    assert r.status_code == 402, r.content  # the funds check still holds, after the node's refusals
+    fund(renter, "100")
+    r = api.post(f"/api/v1/instances/{stopped.pk}/start/")
+    assert r.status_code == 202 and r.json()["status"] == InstanceStatus.STARTING, r.content
+    assert Job.objects.filter(instance=stopped, kind=JobKind.INSTANCE_START).count() == 1
+    assert Instance.objects.get(pk=stopped.pk).disk_billed_seconds > before["disk"][1]  # billed up to the start
+    assert_billing_invariants()
+
+
+def test_a_start_waits_for_a_deactivation_under_way_and_is_refused():
+    """The start reads the provider's account under its row lock, as a booking does: a deactivation not committed
+    yet holds it, and the start that waited reads it as committed."""
+    provider, renter = UserFactory(), UserFactory()
+    node = make_listed_node(provider, gpu_count=2)
+    stopped = _stopped(renter, node)
+    deactivated, release, outcome = threading.Event(), threading.Event(), {}
+
+    def deactivate():
+        try:
+            with transaction.atomic():
+                account_deactivate(user=User.objects.get(pk=provider.pk))
+                deactivated.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def start():
+        try:
+            instance_svc.instance_start(instance=Instance.objects.get(pk=stopped.pk))
+            outcome["started"] = True
+        except Conflict as exc:
+            outcome["refused"] = str(exc)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=deactivate)
+    first.start()
+    assert deactivated.wait(10)
+    second = threading.Thread(target=start)
+    second.start()
+    time.sleep(0.5)
+    assert not outcome, "the start did not wait for the deactivation"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert "provider account was deactivated" in outcome.get("refused", ""), outcome
+    assert _status(stopped) == InstanceStatus.STOPPED
+    assert not Job.objects.filter(instance=stopped, kind=JobKind.INSTANCE_START).exists()

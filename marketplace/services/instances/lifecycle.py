@@ -67,6 +67,13 @@ _REFUSALS: dict[str, dict[str, str]] = {
 }
 
 
+# Worded as the booking's refusal (instances.common._booking_refusal), with what becomes of the instance.
+_PROVIDER_DEACTIVATED = (
+    "The instance cannot start: its server's provider account was deactivated by the platform's operators, so the "
+    "server takes no new load. The instance stays stopped with its disk kept as it is (billed as storage while you "
+    "keep it); destroy it if you no longer need it, or keep it: it can start again if that account is reactivated.")
+
+
 def _refuse(verb: str, instance: Instance) -> Conflict:
     message = _REFUSALS.get(verb, {}).get(instance.status) or _FINAL_REFUSALS.get(instance.status)
     return Conflict(message or f"Cannot {verb} an instance that is {instance.status}.")
@@ -118,18 +125,25 @@ def instance_start(*, instance: Instance) -> Instance:
     # accounts, as the meter does; the funds check locking the wallet first and the posting then the others
     # deadlocked with a tick (found by review). The check sees the balance after the disk's charge.
     _leave_running(instance, now)
-    _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance", starting=instance.pk)
+    # With its provider's account read under that row's key-share lock, as a booking reads it: a deactivation
+    # committing meanwhile is waited for and seen (marketplace.services.account_status).
     node = _lock_node_for_booking(instance.node_id)
     assert node is not None  # an instance's node outlives it (PROTECT)
     if node.state == NodeState.RETIRED:  # for good: "later" would never come
         raise Conflict("The instance cannot start: its node was retired by its provider and never comes back. "
                        "Destroy it, and rent another server.")
+    if not node.provider_active:  # type: ignore[attr-defined]  # set by _lock_node_for_booking
+        # A start takes GPUs again: new load, refused as a booking is; what runs there already is left alone.
+        raise Conflict(_PROVIDER_DEACTIVATED)
     if node.state != NodeState.ACTIVE:
         reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
     if node.health_failures:  # the start job would not reach it either
         raise Conflict("The instance cannot start now: its node did not answer its last health check. Try again "
                        "in a few minutes, or destroy it.")
+    # After the node's refusals: no top-up is asked for a start that could not happen anyway. The wallet is locked
+    # after the node's row, as a booking locks them (or already, by the disk's posting above).
+    _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance", starting=instance.pk)
     # Live only when a stop or start did not get the node's confirmation (vm_cleanup_pending): the start job
     # takes the VM over, on the GPUs taken again below (the same ones first).
     instance_release_gpus(instance=instance, at=now)
