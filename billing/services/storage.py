@@ -23,8 +23,10 @@ A node that does not answer: GPU time's rule. The meter bills no further than th
 interrupts no instance either) is caught up when the node answers. An outage (that many failed checks or more) is
 never billed: when the node answers again, the reconciler (which runs before the node takes anything again) calls
 `node_storage_outage_end`, which bills its volumes and stopped disks up to the last healthy moment and moves their
-billing on to that moment of its answer, so the meter starts from there. Storage closed by a state change during
-an outage (a deletion, a destroy, a start) ends at the last healthy moment (storage_billed_until).
+billing on to that moment of its answer, so the meter starts from there. The first answer counts (the periodic
+reconciler's, between two health checks, as for the GPU time it resumes), unless a check failed again after it.
+Storage closed by a state change during an outage (a deletion, a destroy, a start) ends at the last healthy moment
+(storage_billed_until).
 """
 import logging
 from dataclasses import dataclass
@@ -179,13 +181,25 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int
     outage was billed the 3 hours when the node came back, though the renter could not reach it). A shorter
     silence is left to the meter, which catches it up as it does GPU time. Returns how many were moved on.
 
+    Both reconcilers call it: the periodic one when it reaches the node between two health checks, then the
+    health check's own, before its answer is recorded (which ends the outage: health_failures back to 0). Billing
+    moved on at an answer after the node's last check stays there, as GPU time resumed by that reconcile is billed
+    from it: moved again, the time from the first answer to the health check's was never billed (found by
+    test_storage_outage_sequence: up to a health interval, each outage the periodic reconciler saw end first). A
+    check recorded since (one that failed again: the node flapped) moves it on again, as GPU time is interrupted
+    again: that silence is an outage too. The node's last check is `Node.updated_at`, which every check writes
+    (fleet_record.nodes_record_health); any other change of the node since counts as one (moved again: never
+    more billed).
+
     One short transaction each, the row locked (waiting for a meter or a change that holds it: both end quickly,
-    and neither takes the node's row); never moves billing backwards, so a second call changes nothing."""
+    and neither takes the node's row); never moves billing backwards, so a second call before the next check
+    changes nothing."""
     now = now or timezone.now()
-    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures").first()
+    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures", "updated_at").first()
     if row is None or row[0] is None or row[1] < settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
         return 0
     last_healthy, moved = min(row[0], now), 0
+    answered_after = max(last_healthy, row[2])  # billing moved on after this: at an answer since the last check
     for volume_id in (Volume.objects.filter(node_id=node_id, state=VolumeState.AVAILABLE).order_by("pk")
                       .values_list("pk", flat=True)):
         with transaction.atomic():
@@ -193,7 +207,8 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int
             if volume is None or volume.available_at is None:
                 continue
             volume_storage_close(volume=volume, until=last_healthy)
-            if max(volume.billed_until or volume.available_at, volume.available_at) < now:
+            if _to_move_on(start=volume.available_at, billed_until=volume.billed_until, after=answered_after,
+                           now=now):
                 Volume.objects.filter(pk=volume.pk).update(billed_until=now)
                 moved += 1
     for instance_id in (Instance.objects.filter(node_id=node_id, status=InstanceStatus.STOPPED,
@@ -204,13 +219,23 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int
             if instance is None or instance.stopped_at is None:
                 continue
             instance_disk_close(instance=instance, until=last_healthy)
-            if max(instance.disk_billed_until or instance.stopped_at, instance.stopped_at) < now:
+            if _to_move_on(start=instance.stopped_at, billed_until=instance.disk_billed_until,
+                           after=answered_after, now=now):
                 Instance.objects.filter(pk=instance.pk).update(disk_billed_until=now)
                 moved += 1
     if moved:
         log.info("storage: node %s answered after an outage from %s; %s volume(s) and disk(s) billed on from %s",
                  node_id, last_healthy, moved, now)
     return moved
+
+
+def _to_move_on(*, start: datetime, billed_until: datetime | None, after: datetime, now: datetime) -> bool:
+    """Whether storage billed from `start` up to `billed_until` is to be billed on from `now`: not when it is
+    there already, nor when it was moved on at an answer `after` the node's last check (past its start: the close
+    of an earlier stop, before this one began, is not a move)."""
+    if max(billed_until or start, start) >= now:
+        return False
+    return not (billed_until is not None and billed_until > start and billed_until > after)
 
 
 def storage_meter(*, now: datetime | None = None) -> StorageMeterResult:
