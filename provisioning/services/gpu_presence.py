@@ -9,6 +9,10 @@ by the interruptions' one rule (billing closed there, the renter told and credit
 Before, nothing noticed: the node answered, its VM ran, and its renter paid for a card that was gone until a
 re-verification (queued by the changed inventory) judged the node, and even then the renter stayed billed.
 
+A verification's inventory is judged by the same rule before it is stored (nodes.node_apply_inventory): it may
+see a card gone before any health check does; a lost card's row keeps its UUID while nvidia-smi lists nothing at
+its index.
+
 Such an instance waits interrupted while its card is lost (the reconciler does not resume it: its VM may run, its
 GPU does not); the renter may destroy it at no charge. When the card is listed again (usually after the provider
 restarts the server, which stops the VM: the reconciler starts it again), it is no longer lost, a GPU the loss made

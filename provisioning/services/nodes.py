@@ -22,7 +22,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_private_key
 from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import JobFault, NodeEvent
-from provisioning.services.gpu_presence import gpus_returned
+from provisioning.services.gpu_presence import gpus_presence, gpus_returned, node_gpus_presence
 from provisioning.ssh import SERVED_COMMANDS, Endpoint, NodeSession, Timeouts
 from provisioning.ssh_errors import AgentFailed, AgentMissing, HostKeyMismatch, NodeError, NodeUnreachable
 from provisioning.ssh_pool import SshPool
@@ -258,7 +258,17 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
     The GPUs' UUIDs are claimed under the unique constraint `gpu_unique_uuid` (no check-then-insert: of two
     nodes claiming a GPU at once, the second waits for the first to commit, then fails). If another live node
     holds one of them, this node claims none, the rest is stored, and DuplicateHardware says which GPUs.
+
+    A card of a node whose host sees every card (HOST_SEES_GPUS) that the inventory no longer lists is lost first,
+    by the health check's rule (gpu_presence): a verification may see it before a health check does. Before, the
+    row let go of its UUID here, so no health check judged it again and its renter paid on for a card that was gone.
     """
+    if node.runtime in HOST_SEES_GPUS:
+        listed = [g["uuid"] for g in inventory.get("gpus", []) if g.get("uuid")]
+        presence = gpus_presence({node.pk: listed}).get(node.pk)
+        if presence is not None:
+            last_seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
+            node_gpus_presence(node=node, presence=presence, last_seen=last_seen)
     try:
         _apply_inventory(node.pk, inventory, claim=True)
         return
@@ -275,15 +285,24 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
 def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) -> None:
     node = Node.objects.select_for_update().get(pk=node_id)
     node.inventory = inventory
-    node.last_seen_at = timezone.now()
-    node.save(update_fields=["inventory", "last_seen_at", "updated_at"])
+    fields = ["inventory", "updated_at"]
+    if node.health_failures == 0:
+        # Its last healthy moment, which the meter bills up to: not while its health checks fail (an offline node
+        # may be verified), else the meter billed the outage's storage up to this answer (found by review).
+        node.last_seen_at = timezone.now()
+        fields.append("last_seen_at")
+    node.save(update_fields=fields)
     reported = inventory.get("gpus", [])
     uuids = [g["uuid"] for g in reported if g.get("uuid")]
     claim = claim and len(uuids) == len(set(uuids))  # one UUID on two GPUs: claimed by none, the policy rejects it
     models = {m.smi_name: m for m in GpuModel.objects.filter(smi_name__in={g.get("name") for g in reported})}
     rows = {gpu.index: gpu for gpu in node.gpus.all()}
     before = {gpu.pk: gpu.uuid for gpu in rows.values()}
-    after = dict.fromkeys(before, "")  # a GPU the server no longer reports is no longer claimed
+    # A GPU the server no longer reports is no longer claimed, but a lost one (gpu_presence) keeps its UUID: the
+    # health checks go on judging it, and know it when it is back. Rows follow nvidia-smi's index, by which the
+    # agent addresses a card; a new card at a lost one's index (put in for it) takes its row.
+    listed = {g.get("uuid") for g in reported}
+    after = {gpu.pk: gpu.uuid if gpu.lost_at is not None and gpu.uuid not in listed else "" for gpu in rows.values()}
     changed = []
     for gpu_info in reported:
         gpu = rows.get(gpu_info.get("index"))

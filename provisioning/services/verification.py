@@ -169,6 +169,13 @@ def rented_gpu_indices(node: Node) -> list[int]:
                   .values_list("gpu__index", flat=True))
 
 
+def rented_gpu_uuids(node: Node) -> set[str]:
+    """The same GPUs by UUID: when a card has left the bus, nvidia-smi numbers the others anew, and a rented card
+    may answer at a free one's index."""
+    return set(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).exclude(gpu__uuid="")
+               .values_list("gpu__uuid", flat=True))
+
+
 def node_verify_run(*, job: Job) -> None:
     """The check itself, on a worker: inventory, benchmark, policy, verdict. Raises NodeError if the node
     cannot be reached (the task decides whether to retry) or the benchmark runs past its bound."""
@@ -200,6 +207,9 @@ def node_verify_run(*, job: Job) -> None:
             if problems:  # nothing of it is read or stored: it is the node's verdict
                 inventory = {}
                 raise MalformedAnswer("inventory", problems)
+            # The cards renters hold, by UUID as they were before this inventory: one may now answer at another
+            # index (nvidia-smi numbers the cards anew when one has left the bus).
+            held = rented_gpu_uuids(node)
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
             net_mbps = node_network_test(job, session)
@@ -207,7 +217,7 @@ def node_verify_run(*, job: Job) -> None:
             rented_slices = rented_slice_uuids(node)
             # A card split into MIG slices is measured per slice (its free slices), never whole.
             free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
-                    and g.get("index") not in layout]
+                    and g.get("uuid") not in held and g.get("index") not in layout]
             slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
                       and d.get("uuid") not in rented_slices]
             if free or slices:

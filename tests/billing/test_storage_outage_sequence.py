@@ -173,3 +173,17 @@ def test_checks_that_fail_again_after_the_reconcilers_answer_are_not_billed(cloc
     for _ in range(5):
         _check(on, clock)
     assert _billed(volume, disk, gpu) == (600 + 240, 600 + 240, 600 + 240)
+
+
+def test_a_verification_reaching_the_node_during_an_outage_bills_none_of_it(clock, fleet_of_one):
+    """A verification that reaches the node while its health checks fail (an offline node may be verified) set its
+    last healthy moment to now: the meter then billed the volume and the disk for the whole outage."""
+    from provisioning.services.nodes import node_apply_inventory
+
+    on, server, volume, disk, gpu = fleet_of_one
+    for _ in range(10):
+        _check(on, clock)
+    _outage(on, server, clock)
+    node_apply_inventory(node=Node.objects.get(pk=on.pk), inventory={"gpus": []})
+    usage_meter_tick()
+    assert _billed(volume, disk, gpu) == (600, 600, 600)

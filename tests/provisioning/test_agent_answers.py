@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from marketplace.models import Node, NodeState
+from marketplace.models import Instance, Node, NodeState
 from marketplace.models.nodes import OFFERABLE
 from provisioning import tasks
 from provisioning.models import Job, JobKind, JobStatus, NodeEvent, VerificationRun
@@ -343,6 +343,24 @@ def test_a_recheck_of_a_fully_rented_node_cuts_no_price(db, simnode, simbase):
     instance.refresh_from_db()
     assert instance.price_per_hour_micros == price
     assert not NodeEvent.objects.filter(node=node, kind="renters_price_cut").exists()
+
+
+def test_a_rented_card_numbered_anew_is_not_benchmarked(db, simnode, simbase):
+    """Card 0 leaves the bus; nvidia-smi lists the rented card 1 as GPU 0. Judged by index alone, the re-check took
+    it for the free one and ran the benchmark on the renter's card."""
+    from marketplace.models import Gpu, GpuStatus
+
+    node, _ = verify(register(simnode, simbase, "rtx-a4000-x2"))
+    Gpu.objects.filter(node=node, index=0).update(status=GpuStatus.UNAVAILABLE)  # so the renter gets card 1
+    instance = rent(node, num_gpus=1)
+    assert list(Gpu.objects.filter(allocations__instance=instance).values_list("index", flat=True)) == [1]
+    data = profile_data("rtx-a4000-x2")
+    data["nvidia_smi"] = ["0" + data["nvidia_smi"][1][1:]]  # card 1 alone, numbered 0
+    use_hardware(simnode, data)
+    node, job = verify(node)
+    said = " / ".join(line["message"] for line in job.log)
+    assert "every GPU is rented" in said and "benchmarking" not in said, said
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == instance.price_per_hour_micros
 
 
 # ------------------------------------------------------------------------------------ spot checks dodged

@@ -184,3 +184,51 @@ def test_a_rejection_while_interrupted_does_not_tell_its_renter_it_runs(db):
         {"severity": "reject", "code": "gpu_count", "message": "1 GPU of 2", "gpu_index": None}])
     assert Instance.objects.get(pk=lost.pk).status_message == said
     assert "keeps running" in Instance.objects.get(pk=kept.pk).status_message
+
+
+def _inventory(listed):
+    """An inventory as nvidia-smi numbers what it lists: 0, 1, 2... whichever cards those are."""
+    return {"gpus": [{"index": i, "uuid": uuid, "name": "x"} for i, uuid in enumerate(listed)]}
+
+
+def test_a_verification_that_sees_a_card_missing_first_interrupts_its_holder(db):
+    """A verification may read the inventory before any health check sees the card gone. It let go of the row's
+    UUID, so no health check judged the card again: its renter paid on for a card that was gone."""
+    renter = UserFactory()
+    fund(renter, "50")
+    host = billing_node(gpu_count=2)
+    uuids = with_uuids(host)
+    check(host, uuids.values())
+    instance = running(renter, host)
+    gpu, vm = held_gpu(instance), {instance.vm_id: "running"}
+    check(host, uuids.values(), vms=vm)
+    seen = host.__class__.objects.get(pk=host.pk).last_seen_at
+
+    left = [{"index": i, "uuid": u, "name": "x"} for i, u in uuids.items() if i != gpu.index]
+    node_apply_inventory(node=host, inventory={"gpus": left})
+    instance.refresh_from_db()
+    assert instance.status == "interrupted"
+    assert Interruption.objects.get(instance=instance).started_at == seen
+    gpu.refresh_from_db()
+    assert gpu.lost_at is not None and gpu.uuid == uuids[gpu.index]  # still its card's row
+    assert check(host, [u for i, u in uuids.items() if i != gpu.index], vms=vm) == []  # judged, still lost
+    assert Gpu.objects.get(pk=gpu.pk).lost_at is not None
+    check(host, uuids.values(), vms=vm)
+    assert Gpu.objects.get(pk=gpu.pk).lost_at is None
+
+
+def test_a_lost_cards_row_keeps_it_until_a_new_card_takes_its_index(db):
+    """Card 1 of 4 gone from nvidia-smi: its row keeps the card's UUID (the health checks judge it, and know it
+    when it is back), where it was let go before; a new card put in at its index takes the row, free again."""
+    host = billing_node(gpu_count=4)
+    uuids = with_uuids(host)
+    check(host, uuids.values())
+    listed = [g for g in _inventory(uuids.values())["gpus"] if g["index"] != 1]  # as numbered before
+    node_apply_inventory(node=host, inventory={"gpus": listed})
+    rows = {g.index: g for g in host.gpus.all()}
+    assert {i: rows[i].uuid for i in rows} == uuids
+    assert rows[1].lost_at is not None and all(rows[i].lost_at is None for i in (0, 2, 3))
+
+    node_apply_inventory(node=host, inventory=_inventory([uuids[0], "GPU-new", uuids[2], uuids[3]]))
+    row = host.gpus.get(index=1)
+    assert row.uuid == "GPU-new" and row.lost_at is None and row.status == GpuStatus.FREE
