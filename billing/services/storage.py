@@ -187,19 +187,19 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int
     from it: moved again, the time from the first answer to the health check's was never billed (found by
     test_storage_outage_sequence: up to a health interval, each outage the periodic reconciler saw end first). A
     check recorded since (one that failed again: the node flapped) moves it on again, as GPU time is interrupted
-    again: that silence is an outage too. The node's last check is `Node.updated_at`, which every check writes
-    (fleet_record.nodes_record_health); any other change of the node since counts as one (moved again: never
-    more billed).
+    again: that silence is an outage too. The node's last check is `Node.last_checked_at`
+    (fleet_record.nodes_record_health writes it at every check, answered or failed).
 
     One short transaction each, the row locked (waiting for a meter or a change that holds it: both end quickly,
     and neither takes the node's row); never moves billing backwards, so a second call before the next check
     changes nothing."""
     now = now or timezone.now()
-    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures", "updated_at").first()
+    row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures", "last_checked_at").first()
     if row is None or row[0] is None or row[1] < settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
         return 0
     last_healthy, moved = min(row[0], now), 0
-    answered_after = max(last_healthy, row[2])  # billing moved on after this: at an answer since the last check
+    # Billing moved on after this moment was moved at an answer since the node's last check: it stays.
+    answered_after = max(last_healthy, row[2] or last_healthy)
     for volume_id in (Volume.objects.filter(node_id=node_id, state=VolumeState.AVAILABLE).order_by("pk")
                       .values_list("pk", flat=True)):
         with transaction.atomic():

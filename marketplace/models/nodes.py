@@ -139,6 +139,8 @@ class Node(StatefulModel, NodeHostFacts):
     last_error = models.TextField(blank=True, help_text="The last failure, in words a provider can act on.")
     last_seen_at = models.DateTimeField(null=True, blank=True, help_text="Last successful contact.")
     health_failures = models.PositiveIntegerField(default=0, help_text="Consecutive failed health checks.")
+    last_checked_at = models.DateTimeField(null=True, blank=True,
+                                           help_text="The last health check recorded, answered or failed.")
     inventory = models.JSONField(default=dict, blank=True, help_text="The agent's last inventory.")
     benchmark_summary = models.JSONField(
         default=dict, blank=True, help_text="What renters see of the last verification: when, verdict, medians."

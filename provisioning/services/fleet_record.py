@@ -31,7 +31,8 @@ from provisioning.services.gpu_presence import gpus_presence, node_gpus_presence
 from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event, running_vm_ids_by_node
 from provisioning.services.reliability import RELIABILITY, failed_jobs_counted, node_inventory_changed
 
-NODE_FIELDS = ["health_failures", "last_seen_at", "state", "last_error", "reliability", "updated_at"]
+NODE_FIELDS = ["health_failures", "last_seen_at", "last_checked_at", "state", "last_error", "reliability",
+               "updated_at"]
 
 
 def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapping[int, set[str]],
@@ -57,7 +58,7 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
             last_healthy[node.pk] = node.last_seen_at  # the last moment the node was known to be well
             events += _apply(node, result, now)
             node.reliability = reliability.get(node.pk, 0.0)
-            node.updated_at = now
+            node.last_checked_at = node.updated_at = now
         Node.objects.bulk_update(nodes, NODE_FIELDS)
         if events:
             NodeEvent.objects.bulk_create(events)

@@ -157,7 +157,7 @@ def test_the_periodic_reconciler_reaching_the_node_first_bills_from_its_answer(c
 def test_checks_that_fail_again_after_the_reconcilers_answer_are_not_billed(clock, fleet_of_one):
     """The node answers the reconciler, then its next checks fail again (it flaps): the second silence is an
     outage too, for storage as for GPU time (interrupted again at the reconciler's answer). Storage moved on at
-    the reconciler's answer is moved on again because a check was recorded since (Node.updated_at): without that,
+    the reconciler's answer is moved on again because a check was recorded since (Node.last_checked_at): without that,
     the whole second silence was billed."""
     on, server, volume, disk, gpu = fleet_of_one
     for _ in range(10):
