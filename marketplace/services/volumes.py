@@ -39,12 +39,12 @@ from billing.services.storage import (
 )
 from core.errors import Conflict, IdempotencyKeyReused, NotFound, ValidationFailed
 from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
-from marketplace.models.nodes import offerable
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import COMMITTED_VOLUME_STATES, funds_for, funds_refuse_if_short
+from marketplace.services.offer_rules import node_refusal
 from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN, Job, JobKind
 from provisioning.services.jobs import job_create
@@ -145,8 +145,10 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     node = Node.objects.select_for_update().filter(pk=node_id).first()
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
-    if not Node.objects.filter(offerable(), pk=node.pk).exists():
-        raise Conflict(f"Offer {node_id} takes no new rentals now; create the volume on another offer.")
+    refusal = node_refusal(node, provider_active=bool(
+        User.objects.filter(pk=node.provider_id).values_list("is_active", flat=True).first()))
+    if refusal:  # the booking's rule and words (it named no reason, a deactivated provider's included)
+        raise Conflict(f"Offer {node_id} takes no new rentals now: {refusal}. Create the volume on another offer.")
     _check_free_disk(node, size_gb)
     # One create of this renter at a time (the count, the sum and the funds below): the user's row, as the caps
     # on API keys and webhook endpoints lock it; after the node's lock, before the wallet's (the booking's order).

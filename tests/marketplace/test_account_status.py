@@ -293,7 +293,8 @@ def test_a_stopped_instance_on_a_deactivated_providers_node_does_not_start(clien
     assert "provider account was deactivated" in page
     # Its other new load is refused too: a volume there (the booking's refusal is the first test's).
     volume = api.post("/api/v1/volumes/", {"offer": node.pk, "size_gb": 10}, format="json")
-    assert volume.status_code == 409 and "takes no new rentals" in volume.json()["detail"], volume.content
+    assert volume.status_code == 409, volume.content
+    assert "takes no new rentals now: its provider's account was deactivated" in volume.json()["detail"]
     assert _kept(stopped) == before
 
     account_reactivate(user=provider)

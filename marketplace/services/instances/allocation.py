@@ -57,7 +57,7 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of:
         node = Node.from_db(connection.alias, _NODE_FOR_BOOKING_FIELDS,
                             [_NODE_JSON[i](v) if i in _NODE_JSON else v for i, v in enumerate(columns)])
         node.nvlink_islands = islands  # type: ignore[attr-defined]  # for node_nvlink_islands
-        node.provider_active = provider_active  # type: ignore[attr-defined]  # for _booking_refusal
+        node.provider_active = provider_active  # type: ignore[attr-defined]  # for offer_rules.node_refusal
         if count_gpus:
             node.gpu_total = total  # type: ignore[attr-defined]
         if wallet_of is not None:

@@ -18,6 +18,7 @@ from marketplace.models import (
 from marketplace.models.nodes import Node
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds, funds_of, funds_refuse_if_short
+from marketplace.services.offer_rules import node_refusal
 from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for_booking
 from marketplace.validators import MAX_INSTANCE_KEYS
 from provisioning.models import JobKind
@@ -27,7 +28,6 @@ from .common import (
     MAX_DISK_GB,
     WAITING,
     S,
-    _booking_refusal,
     _gpus_text,
     instance_for_idempotency_key,
 )
@@ -175,7 +175,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     node = _lock_node_for_booking(node_id, count_gpus=True, wallet_of=renter.pk if wallet_with_node else None)
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
-    refusal = _booking_refusal(node)
+    refusal = node_refusal(node, provider_active=node.provider_active)  # type: ignore[attr-defined]
     if refusal:
         raise Conflict(f"Offer {node_id} is not available: {refusal}.")
     total: int = node.gpu_total  # type: ignore[attr-defined]  # set by _lock_node_for_booking

@@ -2,7 +2,6 @@
 check is in funds.py, the booking's statements in allocation.py."""
 from datetime import datetime
 
-from django.conf import settings
 from django.db.models import F, Prefetch, QuerySet
 from django.utils import timezone
 
@@ -16,13 +15,9 @@ from marketplace.models import (
     Instance,
     InstanceStatus,
     MigSliceAllocation,
-    Node,
-    NodeState,
-    Runtime,
     User,
     VolumeMount,
 )
-from marketplace.models.nodes import LISTABLE_VERDICTS
 from notifications.services.notify import notify
 
 from .allocation import parse_islands
@@ -86,31 +81,6 @@ def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_
 
 
 
-_NODE_STATE_REASONS: dict[str, str] = {
-    NodeState.PENDING: "its node has not been verified yet",
-    NodeState.VERIFYING: "its node is being verified",
-    NodeState.REJECTED: "its node did not pass the benchmark check",
-    NodeState.MAINTENANCE: "its node is in maintenance",
-    NodeState.OFFLINE: "its node is offline",
-    NodeState.QUARANTINED: "its node is quarantined",
-    NodeState.RETIRED: "its node was retired by its provider",
-}
-
-
-def _booking_refusal(node: Node) -> str | None:
-    """Why `node` (as allocation._lock_node_for_booking reads it) takes no booking now; None when it does. The
-    offers' rule (models.nodes.offerable), checked under the node's lock."""
-    if not node.provider_active:  # type: ignore[attr-defined]  # set by _lock_node_for_booking
-        return "its provider's account was deactivated by the platform's operators"
-    if node.state != NodeState.ACTIVE:
-        return _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
-    if node.verdict not in LISTABLE_VERDICTS:
-        return "its node has not passed the benchmark check"
-    if not node.listed:
-        return "its provider has unlisted it"
-    if node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:  # models.nodes.offerable
-        return "its node's GPUs are simulated, which this platform does not take"
-    return None
 
 
 def instance_on_one_nvlink_island(*, instance: Instance) -> bool | None:

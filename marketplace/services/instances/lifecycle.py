@@ -19,13 +19,13 @@ from marketplace.models import (
 )
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds
+from marketplace.services.offer_rules import NODE_STATE_REASONS
 from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
 from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking
 from .common import (
-    _NODE_STATE_REASONS,
     WAITING,
     S,
     _gpus_text,
@@ -67,7 +67,7 @@ _REFUSALS: dict[str, dict[str, str]] = {
 }
 
 
-# Worded as the booking's refusal (instances.common._booking_refusal), with what becomes of the instance.
+# Worded as the booking's refusal (offer_rules.node_refusal), with what becomes of the instance.
 _PROVIDER_DEACTIVATED = (
     "The instance cannot start: its server's provider account was deactivated by the platform's operators, so the "
     "server takes no new load. The instance stays stopped with its disk kept as it is (billed as storage while you "
@@ -136,7 +136,7 @@ def instance_start(*, instance: Instance) -> Instance:
         # A start takes GPUs again: new load, refused as a booking is; what runs there already is left alone.
         raise Conflict(_PROVIDER_DEACTIVATED)
     if node.state != NodeState.ACTIVE:
-        reason = _NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
+        reason = NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
     if node.health_failures:  # the start job would not reach it either
         raise Conflict("The instance cannot start now: its node did not answer its last health check. Try again "
