@@ -28,6 +28,7 @@ class InterruptionTermsSerializer(serializers.Serializer):
 
 class HardwareTermsSerializer(serializers.Serializer):
     price_cut = serializers.CharField(help_text="What renters pay when a re-check finds their node worse.")
+    price_back = serializers.CharField(help_text="What they pay when a later re-check finds it better again.")
     tolerance = serializers.CharField(help_text="Score drops within this share are measurement noise: no cut.")
 
 
@@ -77,6 +78,10 @@ class TermsView(APIView):
                              "over the score the node had before (a rejection without a score: nothing, for the "
                              "instances on the GPUs it names, or every one for a finding about the whole server; a "
                              "GPU missing from the server interrupts its holder instead); the renter is told at once",
+                "price_back": "a later re-check that lists the node again raises a cut price back in proportion "
+                              "to its score against the score before the cut, up to the price before the cut and "
+                              "never above (within the tolerance of it: in full; a rejection's full cut ends when "
+                              "the node passes again, measured or not); the renter is told at once",
                 "tolerance": str(settings.HARDWARE_PRICE_CUT_TOLERANCE),
             },
         }).data)

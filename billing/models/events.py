@@ -23,6 +23,7 @@ class EventKind(models.TextChoices):
     INSTANCE_LOST = "instance_lost", "Instance lost with its node"
     SERVICE_CREDIT = "service_credit", "Service credit"
     PRICE_CUT = "price_cut", "Price cut: hardware measured worse"
+    PRICE_RAISED_BACK = "price_raised_back", "Price raised back: hardware measured better again"
 
 
 class BillingEvent(models.Model):

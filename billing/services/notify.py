@@ -25,6 +25,7 @@ SUBJECTS = {
     "instance_lost": "Your instance was lost with its server",
     "service_credit": "A service credit was charged to your earnings",
     "price_cut": "Your instance's price was cut: its server measured worse",
+    "price_raised_back": "Your instance's price went back up: its server measured better again",
 }
 
 

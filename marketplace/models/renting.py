@@ -175,11 +175,16 @@ class Instance(StatefulModel, models.Model):
     billed_until = models.DateTimeField(null=True, blank=True)
     billed_seconds = models.BigIntegerField(default=0)
     cost_micros = models.BigIntegerField(default=0)
-    # A price cut while rented (hardware found worse: billing.services.metering.instance_price_cut) starts a new
+    # A price change while rented (hardware measured worse, or better again: instances.pricing) starts a new
     # stretch at the new price: cost_micros == rate_base_cost_micros + floor(price_per_hour_micros ×
     # (billed_seconds − rate_base_seconds) / 3600). Both are 0 for an instance whose price never changed.
     rate_base_seconds = models.BigIntegerField(default=0)
     rate_base_cost_micros = models.BigIntegerField(default=0)
+    # Its price per GPU-hour before its first cut, and its node's score then: a later re-check that measures the
+    # node better raises the price back towards it, never above (instances.pricing). Null when never cut, or
+    # since its price is back in full.
+    price_before_cut_per_gpu_hour_micros = models.BigIntegerField(null=True, blank=True)
+    score_before_cut = models.FloatField(null=True, blank=True)
     # Its disk while stopped (billing.services.storage): the node's price per GB-month at booking, billed per
     # second from `stopped_at` while stopped; disk_cost_micros == floor(disk_gb × price × disk_billed_seconds /
     # SECONDS_PER_MONTH) (cumulative rounding, as for its GPU time).

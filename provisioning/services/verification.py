@@ -362,6 +362,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                         "Your instance keeps running; consider moving your work to another server.")
     if renters and previous_verdict in LISTABLE_VERDICTS:
         _price_cut_if_worse(node, verdict, score, previous_score, findings)
+    if renters and verdict in LISTABLE_VERDICTS:
+        _price_back_if_better(node, score)
     job_finish(job=job, error=error, fault=JobFault.NODE if error else "")
     return run
 
@@ -388,12 +390,23 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
         return
     named = {f["code"] for f in findings if f["severity"] in ("reject", "degrade")} - NOT_ABOUT_RENTERS
     codes = sorted(named) or ["lower score"]
-    cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes), only=only)
+    cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes),
+                                                score_before=previous_score or 0.0, only=only)
     if cut:
         node_event(node=node, kind="renters_price_cut",
                    message=f"Measured {ratio:.0%} of the score it had before ({', '.join(codes)}): "
                            f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.",
                    level=NodeEvent.Level.WARNING)
+
+
+def _price_back_if_better(node: Node, score: float | None) -> None:
+    """A check that lists the node: the renters whose price an earlier one cut pay what this score earns, up to
+    their price before the cut (instances.pricing)."""
+    raised = instance_svc.node_instances_price_follow(node_id=node.pk, score=score)
+    if raised:
+        node_event(node=node, kind="renters_price_raised_back",
+                   message=f"Measured better again: the price of instance(s) {', '.join(map(str, raised))} went "
+                           "back up with it (never above their price before the cut).")
 
 
 # Rejection codes that are no evidence against any renter's hardware: a card missing from the server is the loss

@@ -48,8 +48,16 @@ def assert_billing_invariants() -> None:
         # Cumulative rounding: the total depends only on the seconds billed (since the last price cut, if any).
         assert instance.cost_micros == instance.rate_base_cost_micros + cost_for(
             instance.price_per_hour_micros, instance.billed_seconds - instance.rate_base_seconds)
-        assert sum(i.amount_micros for i in intervals if i.price_per_hour_micros != instance.price_per_hour_micros) \
-            == instance.rate_base_cost_micros
+        # The stretch before the last price change (rate_base_*), then the current price (a change re-bases the
+        # meter: instances.pricing; a price raised back to the booked one is equal to the first stretch's).
+        seconds, before_base = 0, []
+        for i in intervals:
+            seconds += i.seconds
+            (before_base if seconds <= instance.rate_base_seconds else []).append(i)
+        assert sum(i.amount_micros for i in before_base) == instance.rate_base_cost_micros
+        assert all(i.price_per_hour_micros == instance.price_per_hour_micros for i in intervals[len(before_base):])
+        booked = (instance.price_before_cut_per_gpu_hour_micros or instance.price_per_gpu_hour_micros) \
+            * instance.num_gpus
         assert sum(i.fee_micros for i in intervals) == fee_for(instance.cost_micros, instance.platform_fee_bps)
         if intervals:
             assert instance.billed_until == intervals[-1].ended_at
@@ -57,8 +65,8 @@ def assert_billing_invariants() -> None:
             assert b.started_at >= a.ended_at, f"instance {instance.pk}: {a} overlaps {b}"
         for i in intervals:
             assert i.ended_at - i.started_at == i.seconds * SECOND, f"{i}: not whole seconds"
-            # The booking's snapshot, or (before a price cut) a higher one.
-            assert i.price_per_hour_micros >= instance.price_per_hour_micros
+            # The booking's snapshot, or one a re-check cut (never above the price before the first cut).
+            assert i.price_per_hour_micros <= booked
             assert i.platform_fee_bps == instance.platform_fee_bps
             if i.amount_micros == 0:
                 assert i.transaction_id is None

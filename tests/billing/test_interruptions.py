@@ -239,6 +239,8 @@ def test_the_terms_endpoint_publishes_the_rule(client):
     rule = r.json()["interruptions"]
     assert rule["credit_multiple"] == "1" and rule["credit_max_seconds"] == 86400
     assert rule["detected_after_failed_health_checks"] == 2 and rule["charged_to"] == "provider_earnings"
+    worse = r.json()["hardware_found_worse"]
+    assert "never above" in worse["price_back"] and worse["tolerance"] == "0.05"
 
 
 def _recheck(host, verdict, score, code="bf16_slow", gpu_index=0):
@@ -323,6 +325,56 @@ def test_a_card_missing_from_a_recheck_cuts_no_renters_price(rented, clock):
     prices = dict(Instance.objects.filter(pk__in=[instance.pk, other.pk]).values_list("pk", "price_per_hour_micros"))
     assert prices == {instance.pk: 3_000_000, other.pk: 1_500_000}
     assert not BillingEvent.objects.filter(kind=EventKind.PRICE_CUT).exists()
+
+
+def test_hardware_measured_better_again_raises_the_price_back_from_that_check_on(rented, clock):
+    """Before, a cut was for good: a throttled card fixed, the renters paid the cut price for the rest of their
+    rental. A check that measures the node as it was booked gives the provider its price back, from then on."""
+    renter, host, instance = rented
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    _recheck(host, "degraded", 0.6)
+    clock.advance(120)
+    node_record_health(node_id=host.pk, ok=True)
+    _recheck(host, "verified", 1.0)
+    instance.refresh_from_db()
+    assert instance.price_per_hour_micros == 3_000_000 and instance.price_per_gpu_hour_micros == 1_500_000
+    assert instance.price_before_cut_per_gpu_hour_micros is None and instance.score_before_cut is None
+    assert instance.billed_seconds == 180 and instance.cost_micros == 50_000 + 1_800_000 * 120 // 3600
+    event = BillingEvent.objects.get(user=renter, kind=EventKind.PRICE_RAISED_BACK)
+    assert "$3.00/h instead of $1.80/h" in event.message and "full price again" in event.message
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=True)
+    usage_meter()
+    instance.refresh_from_db()
+    assert instance.cost_micros == 50_000 + 60_000 + 3_000_000 * 60 // 3600  # the booked price again
+
+
+def test_the_price_follows_the_score_back_up_but_not_noise_nor_above_the_price_before_the_cut(rented, clock):
+    renter, host, instance = rented
+    _recheck(host, "degraded", 0.5)
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 1_500_000
+    _recheck(host, "degraded", 0.8)  # 80 % of the score it was booked at
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 2_400_000
+    _recheck(host, "degraded", 0.82)  # within the tolerance of what it pays: noise
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 2_400_000
+    _recheck(host, "verified", 0.97)  # within the tolerance of the score before the cut: in full
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 3_000_000
+    _recheck(host, "verified", 1.3)  # never above
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 3_000_000
+    assert BillingEvent.objects.filter(user=renter, kind=EventKind.PRICE_RAISED_BACK).count() == 2
+
+
+def test_a_rejections_full_cut_ends_when_the_node_passes_again_even_unmeasured(rented, clock):
+    renter, host, instance = rented
+    _recheck(host, "rejected", None, code="gpu_name", gpu_index=_gpu_indices(instance)[0])
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 0
+    _recheck(host, "degraded", None)  # every GPU rented: nothing measured, but it passes again
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 3_000_000
+    # A score cut is not undone by a check that measured nothing.
+    _recheck(host, "degraded", 0.6)
+    _recheck(host, "verified", None)
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 1_800_000
 
 
 def test_operators_see_interruptions_and_their_credits_in_the_admin(rented, clock, client):

@@ -39,15 +39,14 @@ from .common import (
 )
 from .interruptions import (
     instance_interrupt,
-    instance_price_cut,
     instance_restart_interrupted,
     instance_resume,
     node_instances_interrupt,
-    node_instances_price_cut,
     vm_last_seen_at,
 )
 from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
 from .mig import instance_slice_uuids
+from .pricing import instance_price_cut, instance_price_follow, node_instances_price_cut, node_instances_price_follow
 from .secrets import ENV_VALUE_MASK, env_masked, instance_env, instance_registry_auth
 from .worker import (
     instance_cleanup_done,
@@ -65,7 +64,7 @@ __all__ = [
     "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
     "funds_for", "instance_create",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
-    "instance_price_cut", "node_instances_price_cut",
+    "instance_price_cut", "node_instances_price_cut", "instance_price_follow", "node_instances_price_follow",
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt", "vm_last_seen_at",
     "instance_gpu_indices", "instance_on_one_nvlink_island",
     "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",

@@ -1,5 +1,5 @@
-"""Interruptions (the platform lost a running instance's node or VM, through no fault of the renter), and
-price cuts (a re-verification found a rented node's hardware worse than when it was booked).
+"""Interruptions: the platform lost a running instance's node or VM, through no fault of the renter. (Price cuts,
+when a re-verification finds a rented node's hardware worse, are pricing.py's.)
 
 One rule, applied here for every cause (health checks failing, the node quarantined because its host key changed,
 the VM found gone or not running by a health check or by the reconciler, a GPU it holds gone from the node's
@@ -11,13 +11,8 @@ nvidia-smi: provisioning.services.gpu_presence):
 - it ends when the node answers again (a lost GPU's: once the card is listed again): the VM is intact →
   `running` (billing restarts); the VM is stopped → `starting` (the platform starts it again); the VM is gone →
   `failed` with a reason; or the renter deletes it.
-
-Hardware found worse while rented (a lower benchmark score, or a rejection): the renter is told, and from the
-moment of the check the instance's price is cut in proportion to the score measured now against the score its
-node had before (billing.services.metering keeps cumulative rounding across the change).
 """
 import logging
-from collections.abc import Collection
 from datetime import datetime
 
 from django.db import transaction
@@ -25,10 +20,9 @@ from django.utils import timezone
 
 from billing.models import EventKind
 from billing.services.credits import interruption_credit
-from billing.services.metering import node_billable_until, usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome, Node
-from marketplace.models.renting import FINAL_STATUSES, vm_id_of
+from marketplace.models.renting import vm_id_of
 from marketplace.money import micros_to_usd, usd_text
 from notifications.services.notify import Kind
 from provisioning.models import JobKind
@@ -37,52 +31,6 @@ from provisioning.services.jobs import JobConflict, job_create
 from .common import S, _leave_running, _locked, _save, instance_notify
 
 log = logging.getLogger(__name__)
-
-
-def node_instances_price_cut(*, node_id: int, ratio: float, reason: str,
-                             only: Collection[int] | None = None) -> list[int]:
-    """Cut the price of the node's instances that are not over yet (of those in `only`, when given) to `ratio`
-    (0..1) of what they pay now."""
-    still_open = Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES)
-    if only is not None:
-        still_open = still_open.filter(pk__in=only)
-    return [pk for pk in still_open.order_by("pk").values_list("pk", flat=True)
-            if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason) is not None]
-
-
-def instance_price_cut(*, instance_id: int, ratio: float, reason: str) -> Instance | None:
-    """From now on the instance pays `ratio` of its price; what ran until now is billed at the old price, up to its
-    node's last healthy moment while the node fails its checks (as the meter: node_billable_until), and any time
-    after that, if the node answers again, at the new one. None when nothing changed (over already, or not
-    cheaper)."""
-    now = timezone.now()
-    ratio = min(max(ratio, 0.0), 1.0)
-    with transaction.atomic():
-        instance = _locked(instance_id)
-        if instance is None or instance.status in FINAL_STATUSES:
-            return None
-        old = instance.price_per_hour_micros
-        per_gpu = int(instance.price_per_gpu_hour_micros * ratio)
-        if per_gpu * instance.num_gpus >= old:
-            return None
-        cut_at = now
-        if instance.status == S.RUNNING:  # the time so far, at the price it ran at
-            usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
-            cut_at = instance.billed_until or instance.started_at or now  # billed at the new price from there
-        instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
-        instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
-        instance.save(update_fields=["rate_base_seconds", "rate_base_cost_micros", "price_per_gpu_hour_micros",
-                                     "price_per_hour_micros", "updated_at"])
-        event_create(
-            user=instance.renter, kind=EventKind.PRICE_CUT, email=True,
-            message=(f"Instance {instance.pk}'s server measured worse in its latest benchmark check ({reason}). From "
-                     f"{_at(cut_at)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
-                     f"{usd_text(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
-                     "You can keep it, or destroy it and rent another server."),
-            data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
-                  "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
-        )
-    return instance
 
 
 def _at(moment: datetime) -> str:

@@ -1,0 +1,141 @@
+"""What a rented instance pays when a re-verification measures its node differently from when it was booked (the
+published rule: docs/ARCHITECTURE.md, GET /api/v1/billing/terms/).
+
+- Worse (a lower score, or a rejection about its hardware): from the check on, its price is cut in proportion to
+  the score measured now against the score its node had before (instance_price_cut).
+- Better again (a later check that lists the node): the price follows the score back up, towards the price it had
+  before its first cut and never above it; a rejection's full cut ends when the node passes again
+  (instance_price_follow). Before, a cut was for good: a card fallen off the bus for a minute, or a fan replaced,
+  left every renter of the node paying the cut price for the rest of their rental.
+
+Each change bills the time so far at the old price, up to the node's last healthy moment while it fails its checks
+(as the meter: node_billable_until), and re-bases the meter there (rate_base_*: billing.services.metering keeps
+cumulative rounding across it); the renter is told at once (API and email).
+"""
+from collections.abc import Collection
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import EventKind
+from billing.services.metering import node_billable_until, usage_close
+from billing.services.notify import event_create
+from marketplace.models import Instance
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.money import micros_to_usd, usd_text
+
+from .common import S, _locked
+
+_PRICE_FIELDS = ["rate_base_seconds", "rate_base_cost_micros", "price_per_gpu_hour_micros", "price_per_hour_micros",
+                 "price_before_cut_per_gpu_hour_micros", "score_before_cut", "updated_at"]
+
+
+def node_instances_price_cut(*, node_id: int, ratio: float, reason: str, score_before: float,
+                             only: Collection[int] | None = None) -> list[int]:
+    """Cut the price of the node's instances that are not over yet (of those in `only`, when given) to `ratio`
+    (0..1) of what they pay now. `score_before`: the node's score before this check (what a later one is compared
+    with to raise the price back)."""
+    still_open = Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES)
+    if only is not None:
+        still_open = still_open.filter(pk__in=only)
+    return [pk for pk in still_open.order_by("pk").values_list("pk", flat=True)
+            if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason, score_before=score_before) is not None]
+
+
+def instance_price_cut(*, instance_id: int, ratio: float, reason: str, score_before: float = 0.0) -> Instance | None:
+    """From now on the instance pays `ratio` of its price; what ran until now is billed at the old price. None when
+    nothing changed (over already, or not cheaper). Its first cut keeps the price and score before it."""
+    ratio = min(max(ratio, 0.0), 1.0)
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None or instance.status in FINAL_STATUSES:
+            return None
+        old = instance.price_per_hour_micros
+        per_gpu = int(instance.price_per_gpu_hour_micros * ratio)
+        if per_gpu * instance.num_gpus >= old:
+            return None
+        if instance.price_before_cut_per_gpu_hour_micros is None:
+            instance.price_before_cut_per_gpu_hour_micros = instance.price_per_gpu_hour_micros
+            instance.score_before_cut = score_before
+        since = _reprice(instance, per_gpu)
+        event_create(
+            user=instance.renter, kind=EventKind.PRICE_CUT, email=True,
+            message=(f"Instance {instance.pk}'s server measured worse in its latest benchmark check ({reason}). From "
+                     f"{_at(since)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
+                     f"{usd_text(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
+                     "You can keep it, or destroy it and rent another server."),
+            data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
+                  "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
+        )
+    return instance
+
+
+def node_instances_price_follow(*, node_id: int, score: float | None) -> list[int]:
+    """A check that lists the node again (verified or degraded, `score` its measure, None when every GPU was
+    rented and nothing was measured): each of its instances whose price was cut pays again what the score earns,
+    up to the price before its first cut. The ids of those whose price rose."""
+    cut = (Instance.objects.filter(node_id=node_id, price_before_cut_per_gpu_hour_micros__isnull=False)
+           .exclude(status__in=FINAL_STATUSES).order_by("pk").values_list("pk", flat=True))
+    return [pk for pk in cut if instance_price_follow(instance_id=pk, score=score) is not None]
+
+
+def instance_price_follow(*, instance_id: int, score: float | None) -> Instance | None:
+    """Raise a cut instance's price to what `score` earns against the score before its first cut (in full once it
+    is within the published tolerance of it). With no score, only a rejection's full cut ends (the node passed
+    again; what a score cut measured stays until a score says otherwise). Within the tolerance of what it pays
+    now, nothing changes (noise). None when nothing changed."""
+    tolerance = float(settings.HARDWARE_PRICE_CUT_TOLERANCE)
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None or instance.status in FINAL_STATUSES:
+            return None
+        before = instance.price_before_cut_per_gpu_hour_micros
+        if before is None:
+            return None
+        basis = instance.score_before_cut or 0.0
+        if score is None:
+            if instance.price_per_gpu_hour_micros:
+                return None
+            share = 1.0
+        else:
+            share = 1.0 if basis <= 0 else min(score / basis, 1.0)
+        if share >= 1 - tolerance:
+            share = 1.0
+        per_gpu = int(before * share)
+        now_per_gpu = instance.price_per_gpu_hour_micros
+        if per_gpu <= now_per_gpu or (share < 1.0 and per_gpu - now_per_gpu < before * tolerance):
+            return None
+        old = instance.price_per_hour_micros
+        if share == 1.0:  # back where it was booked: a later cut starts afresh
+            instance.price_before_cut_per_gpu_hour_micros, instance.score_before_cut = None, None
+        since = _reprice(instance, per_gpu)
+        event_create(
+            user=instance.renter, kind=EventKind.PRICE_RAISED_BACK, email=True,
+            message=(f"Instance {instance.pk}'s server measured better in its latest benchmark check. From "
+                     f"{_at(since)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
+                     f"{usd_text(old)}/h ({share:.0%} of its price before the cut"
+                     f"{', its full price again' if share == 1.0 else ''})."),
+            data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
+                  "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "share": round(share, 4)},
+        )
+    return instance
+
+
+def _reprice(instance: Instance, per_gpu: int) -> datetime:
+    """Bill the time so far at the old price, re-base the meter, and charge `per_gpu` from then (the moment,
+    returned). Under the instance's lock."""
+    now = timezone.now()
+    since = now
+    if instance.status == S.RUNNING:  # the time so far, at the price it ran at
+        usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
+        since = instance.billed_until or instance.started_at or now  # billed at the new price from there
+    instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
+    instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
+    instance.save(update_fields=_PRICE_FIELDS)
+    return since
+
+
+def _at(moment: datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
