@@ -82,8 +82,9 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                                        "link again); or the "
                                                        "API key lacks the `renter` scope (a browser session: a "
                                                        "missing CSRF token)."),
-            409: OpenApiResponse(ErrorDetailSerializer, "Not enough free GPUs on the node, or the offer is not "
-                                                        "available now."),
+            409: OpenApiResponse(ErrorDetailSerializer, "Not enough free GPUs on the node, the offer is not "
+                                                        "available now (the reason named), or its server has less "
+                                                        "free disk left than `disk_gb` (the room left named)."),
             422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
         },
     ),

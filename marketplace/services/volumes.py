@@ -42,6 +42,7 @@ from marketplace.models import Instance, Node, User, Volume, VolumeMount, Volume
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
+from marketplace.services.disk_room import node_disk_room, refusal_text
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import COMMITTED_VOLUME_STATES, funds_for, funds_refuse_if_short
 from marketplace.services.offer_rules import node_refusal
@@ -189,19 +190,12 @@ def _check_caps(owner: User, size_gb: int) -> None:
 
 
 def _check_free_disk(node: Node, size_gb: int) -> None:
-    """Conflict naming the room left when the node's reported free disk, less the volumes made there since it
-    reported (which it has not counted), is smaller than `size_gb`. A node that never reported is not judged."""
-    if node.disk_free_gb is None:
-        return
-    since = Volume.objects.filter(node=node, state__in=_HELD).order_by()
-    if node.host_checked_at is not None:
-        since = since.filter(created_at__gte=node.host_checked_at)
-    left = max(node.disk_free_gb - (since.aggregate(gb=Sum("size_gb"))["gb"] or 0), 0)
-    if size_gb > left:
-        made = node.disk_free_gb - left
-        also = f", less {made} GB of volumes made there since: {left} GB are left" if made else ""
-        raise Conflict(f"Offer {node.pk}'s server reported {node.disk_free_gb} GB of free disk{also}; a volume of "
-                       f"{size_gb} GB does not fit. Make it smaller, or create it on another offer.")
+    """Conflict naming the room left when `size_gb` is more than the node's disk has left to promise
+    (disk_room: what its server reported free, less the instance disks and volumes promised there since)."""
+    room = node_disk_room(node)
+    if room is not None and size_gb > room.left_gb:
+        raise Conflict(refusal_text(node.pk, room, size_gb, "a volume",
+                                    "Make it smaller, or create it on another offer."))
 
 
 @transaction.atomic
