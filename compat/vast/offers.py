@@ -5,13 +5,19 @@ with some free GPUs. So node 12 with 3 free GPUs is shown as the offers 1201, 12
 GPUs`): the id names the same node and count in every search, and booking it asks for that many GPUs.
 
 The rows come from the same selector and FilterSet as GET /api/v1/offers/ (marketplace.selectors.offers_search,
-marketplace.api.offers.OfferFilter): the query's conditions that the FilterSet knows narrow the nodes in SQL,
-then every condition is applied exactly to the per-count rows. The host's measured facts fill Vast's fields
+marketplace.api.offers.OfferFilter): the query's conditions that map onto a node's columns narrow the nodes in SQL
+(a superset of the answer), then every condition is applied exactly to the per-count rows. When the first key of
+the order maps onto the nodes' columns, the nodes are read in that order, a batch at a time, until no node left
+can have a row before the last one kept (`_scan`): the default search reads a few dozen nodes instead of every
+offered one (docs/BENCHMARKS.md, "Vast.ai-compatible offer search"). The host's measured facts fill Vast's fields
 where they mean the same (`host_fields`); a fact not measured yet is absent, never invented, and so are the fields
 this platform does not measure at all (upload speed, DLPerf, CPU architecture...).
 """
+from collections.abc import Callable
 from typing import Any
 
+from django.db.models import F, Q
+from django.db.models.expressions import Combinable, OrderBy
 from django.http import QueryDict
 
 from core.errors import NotFound
@@ -22,7 +28,7 @@ from marketplace.models.host import cuda_version_text
 from marketplace.selectors import offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
 
-from .query import Condition, Query, gpu_name_key, matches, sort
+from .query import Condition, Query, gpu_name_key, matches, norm_for, sort
 
 ID_BASE = 100  # above MAX_GPUS_PER_NODE: the last two digits are the GPU count
 assert MAX_GPUS_PER_NODE < ID_BASE
@@ -71,18 +77,23 @@ def host_fields(node: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in facts.items() if value is not None}
 
 
-def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """The offers of one node of offers_search, given as its NODE_VALUES."""
-    pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
-    per_gpu_micros = node["price_per_gpu_hour_micros"]
+def node_fields(node: dict[str, Any]) -> dict[str, Any]:
+    """The fields every offer of a node of offers_search (given as its NODE_VALUES) has alike."""
     medians = (node["benchmark_summary"] or {}).get("median_per_gpu") or {}
-    common = {
-        "machine_id": pk, "gpu_name": node["gpu_model__name"], "gpu_ram": memory_mib,
+    return {
+        "machine_id": node["id"], "gpu_name": node["gpu_model__name"], "gpu_ram": node["gpu_model__memory_mib"],
         "reliability": node["reliability"], "reliability2": node["reliability"], "score": node["score"],
         "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node["country"]) or None,
         "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
         "rentable": True, "rented": False, "external": False, "runtime": node["runtime"], **host_fields(node),
     }
+
+
+def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The offers of one node of offers_search, given as its NODE_VALUES."""
+    pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
+    per_gpu_micros = node["price_per_gpu_hour_micros"]
+    common = node_fields(node)
     return [
         {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n, "gpu_total_ram": memory_mib * n,
          "dph_total": usd(per_gpu_micros * n), "dph_base": usd(per_gpu_micros * n), **common}
@@ -121,14 +132,115 @@ def _narrowing(conditions: list[Condition]) -> QueryDict | None:
     return params
 
 
+# Row fields equal to a node column's value (or a non-decreasing function of it: ram_gb * 1024, float(...)), with
+# whether that column is an integer. A condition on them narrows the nodes in SQL, and ordering on them is a scan.
+NODE_COLUMNS: dict[str, tuple[str, bool]] = {
+    "machine_id": ("id", True), "gpu_ram": ("gpu_model__memory_mib", True), "reliability": ("reliability", False),
+    "reliability2": ("reliability", False), "score": ("score", False), "cpu_cores": ("cpu_cores", True),
+    "cpu_ram": ("ram_gb", True), "disk_space": ("disk_free_gb", True), "disk_bw": ("disk_bandwidth_mbs", False),
+    "inet_down": ("net_mbps", False), "pci_gen": ("pcie_gen", True),
+}
+LOOKUPS = {"eq": "exact", "gt": "gt", "gte": "gte", "lt": "lt", "lte": "lte", "in": "in"}
+
+
+def _number(value: Any, integer: bool) -> bool:
+    # An integer column compares with a whole number only: Django rounds a fraction for an IntegerField's lookup.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not integer or isinstance(value, int) or value.is_integer()
+
+
+def _column_filters(conditions: list[Condition]) -> Q:
+    """The conditions that are exactly a comparison of a node column, as SQL (what OfferFilter does not say):
+    `verified` and the NODE_COLUMNS but cpu_ram (a multiple of the column). None compares unlike NULL in SQL,
+    and neq/notin keep a null row: those stay in Python only."""
+    q = Q()
+    for c in conditions:
+        if c.field == "verified" and c.op == "eq" and isinstance(c.value, bool):
+            q &= Q(verdict=Verdict.VERIFIED) if c.value else ~Q(verdict=Verdict.VERIFIED)
+        elif c.field in NODE_COLUMNS and c.field != "cpu_ram" and c.op in LOOKUPS:
+            column, integer = NODE_COLUMNS[c.field]
+            values = c.value if c.op == "in" else [c.value]
+            if values and all(_number(v, integer) for v in values):
+                q &= Q(**{f"{column}__{LOOKUPS[c.op]}": [int(v) for v in values] if c.op == "in" and integer
+                          else c.value})
+    return q
+
+
 def offers_find(query: Query) -> list[dict[str, Any]]:
     params = _narrowing(query.conditions)
     if params is None:
         return []
     filtered = OfferFilter(data=params, queryset=offers_search())
-    nodes = (filtered.qs if filtered.is_valid() else offers_search()).values(*NODE_VALUES)
-    rows = [row for node in nodes for row in offer_rows(node) if matches(row, query.conditions)]
+    nodes = (filtered.qs if filtered.is_valid() else offers_search()).filter(_column_filters(query.conditions))
+    field, descending = query.order[0]
+    scan = _scan_order(field, descending)
+    if scan is not None:
+        return _scan(nodes, query, *scan)
+    return every_offer(nodes, query)
+
+
+def every_offer(nodes, query: Query) -> list[dict[str, Any]]:
+    """The answer from every row of every node (an order whose first key is no node column's)."""
+    rows = [row for node in nodes.values(*NODE_VALUES) for row in offer_rows(node) if matches(row, query.conditions)]
     return sort(rows, query.order)[: query.limit]
+
+
+Bound = Callable[[dict[str, Any]], Any]
+
+
+def _scan_order(field: str, descending: bool) -> tuple[OrderBy, Bound] | None:
+    """How to read the nodes in the order of their rows' `field`: the SQL order of the nodes, and the bound of a
+    node's rows, its lowest value of `field` (ascending) or highest (descending), which never decreases (increases)
+    along that order. None where there is no such order (text, a JSON value, `num_gpus` ascending: 1 on every node).
+    """
+    price, free, memory = F("price_per_gpu_hour_micros"), F("num_gpus_free"), F("gpu_model__memory_mib")
+    order: Combinable
+    bound: Bound
+    if field in NODE_COLUMNS:  # the same on every row of a node
+        order, bound = F(NODE_COLUMNS[field][0]), lambda node: node_fields(node).get(field)
+    elif field in ("dph_total", "dph_base"):
+        order, bound = ((price * free, lambda node: usd(node["price_per_gpu_hour_micros"] * node["num_gpus_free"]))
+                        if descending else (price, lambda node: usd(node["price_per_gpu_hour_micros"])))
+    elif field == "gpu_total_ram":
+        order, bound = ((memory * free, lambda node: node["gpu_model__memory_mib"] * node["num_gpus_free"])
+                        if descending else (memory, lambda node: node["gpu_model__memory_mib"]))
+    elif field == "num_gpus" and descending:
+        order, bound = free, lambda node: node["num_gpus_free"]
+    elif field in ("id", "ask_contract_id"):
+        order = F("id")
+        bound = (lambda node: offer_id(node["id"], node["num_gpus_free"])) if descending else (
+            lambda node: offer_id(node["id"], 1))
+    else:
+        return None
+    return (order.desc(nulls_last=True) if descending else order.asc(nulls_last=True)), bound
+
+
+FIRST_BATCH = 32  # nodes read beyond the limit at first; each next batch is 4 times the one before
+
+
+def _scan(nodes, query: Query, order: OrderBy, bound: Bound) -> list[dict[str, Any]]:
+    """The answer, reading the nodes in `order` a batch at a time until the query's limit of matching rows is kept
+    and every node left can only have rows after the last of them: each node left has a bound at or past the last
+    node read's (the order), and a row after that bound (strictly: a tie could still come first by a later key or
+    its id). A node with no value (NULLS LAST) bounds nothing: the scan then reads to the end."""
+    field, descending = query.order[0]
+    norm = norm_for(field)
+    ordered = nodes.order_by(order, "id").values(*NODE_VALUES)
+    kept: list[dict[str, Any]] = []
+    start, size = 0, query.limit + FIRST_BATCH
+    while True:
+        batch = list(ordered[start:start + size])
+        kept.extend(row for node in batch for row in offer_rows(node) if matches(row, query.conditions))
+        if len(batch) < size:
+            break  # every node read
+        start, size = start + size, size * 4
+        if len(kept) >= query.limit:
+            kept = sort(kept, query.order)[: query.limit]  # a row past the limit now stays past it
+            last, left = norm(kept[-1].get(field)), norm(bound(batch[-1]))
+            if last is not None and left is not None and (last > left if descending else last < left):
+                break
+    return sort(kept, query.order)[: query.limit]
 
 
 def node_for_offer(ask_id: int) -> Node:
