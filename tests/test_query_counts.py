@@ -27,8 +27,9 @@ from tests.factories import UserFactory, api_key_for
 BASELINES = Path(__file__).with_name("query_counts.json")
 UPDATE = os.environ.get("QUERY_COUNTS_UPDATE") == "1"
 SIZES = (3, 10)
-# The mark makes pytest-django set the test database up; the counts are taken once, by `measured`.
-pytestmark = pytest.mark.django_db
+# The mark makes pytest-django set the test database up; the counts are taken once, by `measured`. One xdist
+# worker runs the module (`make test`'s --dist loadgroup): spread over three, each measured it again (6 s each).
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("query_counts")]
 
 # GET collections, and the two reads whose size follows N under one object: a node's benchmarks, a month.
 API_LISTS = [c.path for c in CALLS if c.method == "get" and "{" not in c.path] + [

@@ -25,6 +25,10 @@ from tests.billing.helpers import balance, running
 from tests.factories import UserFactory, make_listed_node, make_node
 from tests.live import Worker, wait_until
 
+# The tests of `queue_workers` (two Celery workers, module scope) on one xdist worker (`make test`'s --dist
+# loadgroup): spread over two, each started its own pair (3 to 4 s each).
+ONE_PAIR_OF_WORKERS = pytest.mark.xdist_group("test_queues_workers")
+
 
 def _project_tasks() -> set[str]:
     celery_app.loader.import_default_modules()  # what a worker registers: every app's tasks module
@@ -121,6 +125,7 @@ def _received(worker: Worker, task_id: str) -> bool:
     return f"[{task_id}] received" in worker.log_path.read_text(errors="replace")
 
 
+@ONE_PAIR_OF_WORKERS
 def test_two_workers_on_different_queues_each_take_only_their_tasks(queue_workers, sender, prefix,
                                                                      transactional_db):
     ssh, money = queue_workers[SSH], queue_workers[MONEY]
@@ -165,6 +170,7 @@ def hung_node_port():
     server.close()
 
 
+@ONE_PAIR_OF_WORKERS
 def test_a_long_ssh_job_does_not_delay_the_meter_tick_or_a_zero_balance_stop(
         queue_workers, send_through, hung_node_port, transactional_db):
     ssh = queue_workers[SSH]

@@ -24,6 +24,11 @@ TOP_KEYS = {"mode", "device", "quick", "plan", "torch_version", "cuda_runtime", 
             "ok", "agent_version"}
 
 
+# The tests of `cpu_run` (a real CPU benchmark, module scope) on one xdist worker (`make test`'s --dist
+# loadgroup): spread over two, each ran the benchmark again (about 3 s each).
+ONE_CPU_RUN = pytest.mark.xdist_group("benchmark_agent_cpu_run")
+
+
 @pytest.fixture(scope="module")
 def cpu_run():
     """One quick benchmark of this machine's CPU with the real measuring code (PyTorch CPU build)."""
@@ -32,6 +37,7 @@ def cpu_run():
     return answer, status, time.monotonic() - started
 
 
+@ONE_CPU_RUN
 def test_the_measuring_code_runs_on_cpu_in_bounded_time(cpu_run):
     answer, status, seconds = cpu_run
     assert status == 0, answer
@@ -52,6 +58,7 @@ def test_the_measuring_code_runs_on_cpu_in_bounded_time(cpu_run):
     assert (gpu["h2d_gbs"], gpu["d2h_gbs"], gpu["telemetry"]) == (None, None, None)  # no GPU, no PCIe link
 
 
+@ONE_CPU_RUN
 def test_cpu_matmuls_agree_with_fp64(cpu_run):
     errors = cpu_run[0]["gpus"][0]["matmul_rel_error"]
     assert 0 < errors["fp32"] < 1e-5  # FP32 with K=256: ~1e-7
@@ -62,6 +69,7 @@ def sim_cfg(name):
     return SimpleNamespace(sim_profile=str(PROFILES_DIR / f"{name}.json"))
 
 
+@ONE_CPU_RUN
 def test_sim_answers_have_the_shape_of_a_measured_one(cpu_run):
     env = {"GPUMARKET_RUNTIME": "sim", "GPUMARKET_SIM_PROFILE": str(PROFILES_DIR / "rtx-a4000-x2.json"),
            "GPUMARKET_SIM_ROOT": "/nonexistent"}
