@@ -170,8 +170,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 count = [0]
                 offer_rows = module.offer_rows
 
-                def counting(node, _rows=offer_rows, _count=count):
-                    rows = _rows(node)
+                def counting(node, *more, _rows=offer_rows, _count=count):
+                    rows = _rows(node, *more)
                     _count[0] += len(rows)
                     return rows
 

@@ -89,11 +89,11 @@ def node_fields(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def offer_rows(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """The offers of one node of offers_search, given as its NODE_VALUES."""
+def offer_rows(node: dict[str, Any], common: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The offers of one node of offers_search, given as its NODE_VALUES (and its node_fields, if at hand)."""
     pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
     per_gpu_micros = node["price_per_gpu_hour_micros"]
-    common = node_fields(node)
+    common = node_fields(node) if common is None else common
     return [
         {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n, "gpu_total_ram": memory_mib * n,
          "dph_total": usd(per_gpu_micros * n), "dph_base": usd(per_gpu_micros * n), **common}
@@ -180,10 +180,26 @@ def offers_find(query: Query) -> list[dict[str, Any]]:
     return every_offer(nodes, query)
 
 
+# The fields offer_rows sets per GPU count; every other field is the node's (node_fields), alike on all its rows.
+PER_ROW = {"id", "ask_contract_id", "num_gpus", "gpu_total_ram", "dph_total", "dph_base"}
+
+
+def matching_rows(nodes: list[dict[str, Any]], conditions: list[Condition]) -> list[dict[str, Any]]:
+    """The rows of these nodes that match: a condition on a node's field is checked once per node, not per row
+    (the same answer: the row has the node's value), and a node that fails one builds no rows."""
+    of_node = [c for c in conditions if c.field not in PER_ROW]
+    of_row = [c for c in conditions if c.field in PER_ROW]
+    rows: list[dict[str, Any]] = []
+    for node in nodes:
+        common = node_fields(node)
+        if matches(common, of_node):
+            rows.extend(row for row in offer_rows(node, common) if matches(row, of_row))
+    return rows
+
+
 def every_offer(nodes, query: Query) -> list[dict[str, Any]]:
     """The answer from every row of every node (an order whose first key is no node column's)."""
-    rows = [row for node in nodes.values(*NODE_VALUES) for row in offer_rows(node) if matches(row, query.conditions)]
-    return sort(rows, query.order)[: query.limit]
+    return sort(matching_rows(list(nodes.values(*NODE_VALUES)), query.conditions), query.order)[: query.limit]
 
 
 Bound = Callable[[dict[str, Any]], Any]
@@ -231,7 +247,7 @@ def _scan(nodes, query: Query, order: OrderBy, bound: Bound) -> list[dict[str, A
     start, size = 0, query.limit + FIRST_BATCH
     while True:
         batch = list(ordered[start:start + size])
-        kept.extend(row for node in batch for row in offer_rows(node) if matches(row, query.conditions))
+        kept.extend(matching_rows(batch, query.conditions))
         if len(batch) < size:
             break  # every node read
         start, size = start + size, size * 4
