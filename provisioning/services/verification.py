@@ -169,11 +169,18 @@ def rented_gpu_indices(node: Node) -> list[int]:
                   .values_list("gpu__index", flat=True))
 
 
-def rented_gpu_uuids(node: Node) -> set[str]:
-    """The same GPUs by UUID: when a card has left the bus, nvidia-smi numbers the others anew, and a rented card
-    may answer at a free one's index."""
-    return set(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).exclude(gpu__uuid="")
-               .values_list("gpu__uuid", flat=True))
+def gpu_holders_by_uuid(node: Node) -> dict[str, set[int]]:
+    """The instances holding each of the node's cards (whole or by a MIG slice), by the card's UUID: when a card
+    has left the bus, nvidia-smi numbers the others anew, and a rented card may answer at another's index. Read
+    before an inventory is stored (its rows follow nvidia-smi's index)."""
+    holders: dict[str, set[int]] = {}
+    whole = GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).exclude(gpu__uuid="")
+    sliced = MigSliceAllocation.objects.filter(mig_slice__gpu__node=node, released_at__isnull=True).exclude(
+        mig_slice__gpu__uuid="")
+    for uuid, instance_id in [*whole.values_list("gpu__uuid", "instance_id"),
+                              *sliced.values_list("mig_slice__gpu__uuid", "instance_id")]:
+        holders.setdefault(uuid, set()).add(instance_id)
+    return holders
 
 
 def node_verify_run(*, job: Job) -> None:
@@ -199,6 +206,7 @@ def node_verify_run(*, job: Job) -> None:
     challenged: tuple[list[Finding], dict[str, Any]] = ([], {})
     disproved: set[str] = set()  # MIG slices that failed the platform's challenge
     malformed: list[Finding] = []  # an answer that failed its check (verification/answers.py)
+    holders: dict[str, set[int]] = {}
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job=job, message="reading the hardware inventory")
@@ -209,7 +217,7 @@ def node_verify_run(*, job: Job) -> None:
                 raise MalformedAnswer("inventory", problems)
             # The cards renters hold, by UUID as they were before this inventory: one may now answer at another
             # index (nvidia-smi numbers the cards anew when one has left the bus).
-            held = rented_gpu_uuids(node)
+            holders = gpu_holders_by_uuid(node)
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
             net_mbps = node_network_test(job, session)
@@ -217,7 +225,7 @@ def node_verify_run(*, job: Job) -> None:
             rented_slices = rented_slice_uuids(node)
             # A card split into MIG slices is measured per slice (its free slices), never whole.
             free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
-                    and g.get("uuid") not in held and g.get("index") not in layout]
+                    and g.get("uuid") not in holders and g.get("index") not in layout]
             slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
                       and d.get("uuid") not in rented_slices]
             if free or slices:
@@ -281,7 +289,7 @@ def node_verify_run(*, job: Job) -> None:
     if bench is not None:
         figures["agent_version"] = bench.get("agent_version")
     node_verify_conclude(job=job, verdict=result.verdict, findings=[f.as_dict() for f in result.findings],
-                         inventory=inventory, figures=figures, score=result.score)
+                         inventory=inventory, figures=figures, score=result.score, holders=holders)
 
 
 # The measured medians a renter compares offers by (the full figures stay on the VerificationRun).
@@ -304,11 +312,18 @@ def offer_summary(run: VerificationRun) -> dict[str, Any]:
 @transaction.atomic
 def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any]], inventory: dict[str, Any],
                          figures: dict[str, Any] | None = None, score: float | None = None,
-                         error: str = "") -> VerificationRun:
+                         error: str = "", holders: dict[str, set[int]] | None = None) -> VerificationRun:
     """Record the check's verdict and act on it (state, offers, renters, provider). `error`: the job fails with
-    it (a verification that could not be completed by the node's doing, judged by why: node_verify_failed)."""
+    it (a verification that could not be completed by the node's doing, judged by why: node_verify_failed).
+    `holders`: the instances holding each card, by UUID, before the inventory was stored (gpu_holders_by_uuid)."""
     node = Node.objects.select_for_update().get(pk=job.node_id)
-    previous_verdict, previous_score = node.verdict, node.score
+    previous_verdict = node.verdict
+    # What renters' prices are measured against: the last score of a check that listed the node (a rejection's
+    # score says nothing of how fast it is; compared with it, the next check cut no one).
+    listed_score = (VerificationRun.objects.filter(node=node, verdict__in=LISTABLE_VERDICTS, score__isnull=False)
+                    .order_by("-created_at", "-pk").values_list("score", flat=True).first())
+    if listed_score is None and previous_verdict in LISTABLE_VERDICTS:
+        listed_score = node.score  # listed with no check recorded (made so by hand, or before checks were kept)
     # What the platform derived from the node's answers (the challenge's and memory proof's figures, messages
     # quoting the node) may carry NaN or NUL, which no JSON or text column takes.
     findings, inventory, figures = storable(findings), storable(inventory), storable(figures or {})
@@ -360,16 +375,17 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                 message="This instance's server failed its latest benchmark check "
                         f"({', '.join(sorted({f['code'] for f in findings if f['severity'] == 'reject'}))}). "
                         "Your instance keeps running; consider moving your work to another server.")
-    if renters and previous_verdict in LISTABLE_VERDICTS:
-        _price_cut_if_worse(node, verdict, score, previous_score, findings)
+    if renters:
+        _price_cut_if_worse(node, verdict, score, listed_score or 0.0, findings, inventory, holders or {})
     if renters and verdict in LISTABLE_VERDICTS:
-        _price_back_if_better(node, score)
+        _price_back_if_better(node, score, listed_score)
     job_finish(job=job, error=error, fault=JobFault.NODE if error else "")
     return run
 
 
 def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float,
-                        findings: list[dict[str, Any]]) -> None:
+                        findings: list[dict[str, Any]], inventory: dict[str, Any],
+                        holders: dict[str, set[int]]) -> None:
     """Hardware found worse while rented: cut its renters' prices in proportion to the score (the published rule:
     docs/ARCHITECTURE.md). A rejection without a usable score is a full cut for the renters it is about
     (renters_concerned); noise within the tolerance is no cut.
@@ -379,7 +395,7 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
     if verdict == Verdict.REJECTED and not score:
         # No measure of how much worse: the renters whose hardware the rejection is about pay nothing, the others
         # (on cards the findings do not name) go on as they are.
-        ratio, only = 0.0, renters_concerned(node, findings)
+        ratio, only = 0.0, renters_concerned(node, findings, inventory, holders)
         if not only:
             return
     elif score is None or not previous_score or previous_score <= 0:
@@ -399,10 +415,14 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
                    level=NodeEvent.Level.WARNING)
 
 
-def _price_back_if_better(node: Node, score: float | None) -> None:
-    """A check that lists the node: the renters whose price an earlier one cut pay what this score earns, up to
-    their price before the cut (instances.pricing)."""
-    raised = instance_svc.node_instances_price_follow(node_id=node.pk, score=score)
+def _price_back_if_better(node: Node, score: float | None, listed_score: float | None) -> None:
+    """A check that lists the node: the renters whose price an earlier one cut pay what this score earns (with no
+    score, the last listed one's), up to their price before the cut (instances.pricing). Not while the node's
+    health checks fail: raised then, the price would reach back to its last healthy moment; the next check that
+    lists it raises it."""
+    if node.health_failures:
+        return
+    raised = instance_svc.node_instances_price_follow(node_id=node.pk, score=score, last_score=listed_score)
     if raised:
         node_event(node=node, kind="renters_price_raised_back",
                    message=f"Measured better again: the price of instance(s) {', '.join(map(str, raised))} went "
@@ -417,21 +437,32 @@ def _price_back_if_better(node: Node, score: float | None) -> None:
 NOT_ABOUT_RENTERS = frozenset({"gpu_count"})
 
 
-def renters_concerned(node: Node, findings: list[dict[str, Any]]) -> set[int]:
+def renters_concerned(node: Node, findings: list[dict[str, Any]], inventory: dict[str, Any] | None = None,
+                      holders: dict[str, set[int]] | None = None) -> set[int]:
     """The node's live instances a rejection's findings are about: all of them for a finding about the whole server,
-    the holders of that GPU (whole or by a MIG slice) for one naming a GPU."""
-    rejects = [f for f in findings if f["severity"] == "reject" and f["code"] not in NOT_ABOUT_RENTERS]
+    the holders of that GPU (whole or by a MIG slice) for one naming a GPU: found by the card's UUID in this
+    inventory when `holders` knows it (nvidia-smi numbers the cards anew when one has left the bus), else by the
+    row at that index. A MIG slice's own finding is about a free slice (a re-check never tests a rented one)."""
+    rejects = [f for f in findings if f["severity"] == "reject" and f["code"] not in NOT_ABOUT_RENTERS
+               and not f["code"].startswith("mig_slice_")]
     live = Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES)
     if any(f.get("gpu_index") is None for f in rejects):
         return set(live.values_list("pk", flat=True))
-    indices = {f["gpu_index"] for f in rejects}
-    if not indices:
-        return set()
-    whole = GpuAllocation.objects.filter(gpu__node=node, gpu__index__in=indices, released_at__isnull=True)
-    sliced = MigSliceAllocation.objects.filter(mig_slice__gpu__node=node, mig_slice__gpu__index__in=indices,
-                                               released_at__isnull=True)
-    return set(live.filter(pk__in=whole.values("instance_id")).values_list("pk", flat=True)) | set(
-        live.filter(pk__in=sliced.values("instance_id")).values_list("pk", flat=True))
+    uuid_at = {g.get("index"): g.get("uuid") for g in (inventory or {}).get("gpus", [])}
+    found: set[int] = set()
+    by_row: set[int] = set()
+    for index in {f["gpu_index"] for f in rejects}:
+        uuid = uuid_at.get(index)
+        if holders and uuid in holders:
+            found |= holders[uuid]
+        elif not holders or uuid is None:
+            by_row.add(index)
+    if by_row:
+        whole = GpuAllocation.objects.filter(gpu__node=node, gpu__index__in=by_row, released_at__isnull=True)
+        sliced = MigSliceAllocation.objects.filter(mig_slice__gpu__node=node, mig_slice__gpu__index__in=by_row,
+                                                   released_at__isnull=True)
+        found |= set(whole.values_list("instance_id", flat=True)) | set(sliced.values_list("instance_id", flat=True))
+    return set(live.filter(pk__in=found).values_list("pk", flat=True)) if found else set()
 
 
 # An active node whose verifications were dropped (unreachable or silent past every retry) this many times in a

@@ -377,6 +377,64 @@ def test_a_rejections_full_cut_ends_when_the_node_passes_again_even_unmeasured(r
     assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 1_800_000
 
 
+def test_after_a_rejection_the_next_measured_check_cuts_every_renter_alike(rented, clock):
+    """Review: the rejection cut only the renter it named, and the next check, compared with the rejection's
+    score, cut no one: the other renter paid in full for hardware measured at half speed."""
+    renter, host, instance = rented
+    other = running(_funded(), host, num_gpus=1)
+    _recheck(host, "verified", 1.0)
+    _recheck(host, "rejected", None, code="gpu_name", gpu_index=_gpu_indices(other)[0])
+    _recheck(host, "degraded", 0.5)
+    prices = dict(Instance.objects.filter(pk__in=[instance.pk, other.pk]).values_list("pk", "price_per_hour_micros"))
+    assert prices == {instance.pk: 1_500_000, other.pk: 750_000}
+
+
+def test_an_unmeasured_pass_ends_a_rejections_cut_but_not_a_score_cut_before_it(rented, clock):
+    """Review: a score cut to 60 %, then a rejection's to nothing, then a pass that measured nothing: the price
+    came back in full, where the last measure earns 60 %."""
+    renter, host, instance = rented
+    _recheck(host, "verified", 1.0)
+    _recheck(host, "degraded", 0.6)
+    _recheck(host, "rejected", None, code="gpu_name", gpu_index=_gpu_indices(instance)[0])
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 0
+    _recheck(host, "verified", None)
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 1_800_000
+
+
+def test_no_raise_while_the_nodes_health_checks_fail(rented, clock):
+    """Review: raised while the node's checks failed, the new price reached back to its last healthy moment (the
+    meter catches the gap up at the price of the moment). The next check that lists it raises it."""
+    renter, host, instance = rented
+    _recheck(host, "rejected", None, code="gpu_name", gpu_index=_gpu_indices(instance)[0])
+    clock.advance(60)
+    node_record_health(node_id=host.pk, ok=False, error="[Errno 111] Connection refused")
+    _recheck(host, "verified", 1.0)
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 0
+    node_record_health(node_id=host.pk, ok=True)
+    _recheck(host, "verified", 1.0)
+    assert Instance.objects.get(pk=instance.pk).price_per_hour_micros == 3_000_000
+
+
+def test_a_finding_names_the_renter_of_the_card_not_of_the_index_it_moved_to(rented, clock):
+    """Review: a card gone, nvidia-smi numbers the others anew: GPU 1 of the inventory is the card of the row at
+    index 2. The finding's renter is found by the card's UUID, as held before the inventory was stored; a MIG
+    slice's own finding is about a free slice and names no renter."""
+    from provisioning.services.verification import gpu_holders_by_uuid, renters_concerned
+
+    renter, host, instance = rented
+    for gpu in Gpu.objects.filter(node=host):
+        Gpu.objects.filter(pk=gpu.pk).update(uuid=f"GPU-{gpu.index}")
+    other = running(_funded(), host, num_gpus=1)
+    theirs = f"GPU-{_gpu_indices(other)[0]}"
+    holders = gpu_holders_by_uuid(host)
+    assert holders[theirs] == {other.pk}
+    inventory = {"gpus": [{"index": 0, "uuid": "GPU-0"}, {"index": 1, "uuid": theirs}]}
+    finding = {"severity": "reject", "code": "gpu_name", "message": "x", "gpu_index": 1}
+    assert renters_concerned(host, [finding], inventory, holders) == {other.pk}
+    assert renters_concerned(host, [{**finding, "code": "mig_slice_memory", "gpu_index": 0}], inventory,
+                             holders) == set()
+
+
 def test_operators_see_interruptions_and_their_credits_in_the_admin(rented, clock, client):
     renter, host, instance = rented
     _fail_checks(host, 2)

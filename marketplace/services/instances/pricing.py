@@ -2,11 +2,13 @@
 published rule: docs/ARCHITECTURE.md, GET /api/v1/billing/terms/).
 
 - Worse (a lower score, or a rejection about its hardware): from the check on, its price is cut in proportion to
-  the score measured now against the score its node had before (instance_price_cut).
+  the score measured now against the last score of a check that listed its node (instance_price_cut); a
+  rejection about its own hardware cuts it to nothing.
 - Better again (a later check that lists the node): the price follows the score back up, towards the price it had
   before its first cut and never above it; a rejection's full cut ends when the node passes again
-  (instance_price_follow). Before, a cut was for good: a card fallen off the bus for a minute, or a fan replaced,
-  left every renter of the node paying the cut price for the rest of their rental.
+  (instance_price_follow), not while the node's health checks fail. Before, a cut was for good: a card fallen off
+  the bus for a minute, or a fan replaced, left every renter of the node paying the cut price for the rest of their
+  rental.
 
 Each change bills the time so far at the old price, up to the node's last healthy moment while it fails its checks
 (as the meter: node_billable_until), and re-bases the meter there (rate_base_*: billing.services.metering keeps
@@ -72,20 +74,23 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str, score_bef
     return instance
 
 
-def node_instances_price_follow(*, node_id: int, score: float | None) -> list[int]:
+def node_instances_price_follow(*, node_id: int, score: float | None, last_score: float | None = None) -> list[int]:
     """A check that lists the node again (verified or degraded, `score` its measure, None when every GPU was
-    rented and nothing was measured): each of its instances whose price was cut pays again what the score earns,
-    up to the price before its first cut. The ids of those whose price rose."""
+    rented and nothing was measured; `last_score`: the last listed check's score before it): each of its instances
+    whose price was cut pays again what the score earns, up to the price before its first cut. The ids of those
+    whose price rose."""
     cut = (Instance.objects.filter(node_id=node_id, price_before_cut_per_gpu_hour_micros__isnull=False)
            .exclude(status__in=FINAL_STATUSES).order_by("pk").values_list("pk", flat=True))
-    return [pk for pk in cut if instance_price_follow(instance_id=pk, score=score) is not None]
+    return [pk for pk in cut
+            if instance_price_follow(instance_id=pk, score=score, last_score=last_score) is not None]
 
 
-def instance_price_follow(*, instance_id: int, score: float | None) -> Instance | None:
+def instance_price_follow(*, instance_id: int, score: float | None,
+                          last_score: float | None = None) -> Instance | None:
     """Raise a cut instance's price to what `score` earns against the score before its first cut (in full once it
     is within the published tolerance of it). With no score, only a rejection's full cut ends (the node passed
-    again; what a score cut measured stays until a score says otherwise). Within the tolerance of what it pays
-    now, nothing changes (noise). None when nothing changed."""
+    again), to what `last_score` earns: what a score cut measured stays until a score says otherwise. Within the
+    tolerance of what it pays now, nothing changes (noise). None when nothing changed."""
     tolerance = float(settings.HARDWARE_PRICE_CUT_TOLERANCE)
     with transaction.atomic():
         instance = _locked(instance_id)
@@ -98,9 +103,8 @@ def instance_price_follow(*, instance_id: int, score: float | None) -> Instance 
         if score is None:
             if instance.price_per_gpu_hour_micros:
                 return None
-            share = 1.0
-        else:
-            share = 1.0 if basis <= 0 else min(score / basis, 1.0)
+            score = last_score
+        share = 1.0 if basis <= 0 or score is None else min(score / basis, 1.0)
         if share >= 1 - tolerance:
             share = 1.0
         per_gpu = int(before * share)
