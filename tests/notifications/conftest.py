@@ -33,7 +33,8 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/gpumarket"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # stop() waits for serve_forever to see the shutdown: every poll_interval (0.5 s by default)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def start(self):
         self.thread.start()

@@ -53,7 +53,8 @@ class MailServer:
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Session)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # stop() waits for serve_forever to see the shutdown: every poll_interval (0.5 s by default)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def stop(self):
         self.server.shutdown()
