@@ -173,7 +173,7 @@ def storage_billed_until(*, node_id: int, now: datetime) -> datetime:
     return node_billable_until(node_id=node_id, now=now)
 
 
-def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int:
+def node_storage_outage_end(*, node_id: int, now: datetime | None = None, unseen: bool = False) -> int:
     """The node answers again (its reconciler calls this first): when its health checks had failed long enough to
     be an outage (NODE_INTERRUPT_AFTER_FAILED_CHECKS in a row, as interrupts its instances), its available volumes
     and stopped instances' disks are billed up to its last healthy moment and not for the outage: their billing
@@ -190,12 +190,15 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None) -> int
     again: that silence is an outage too. The node's last check is `Node.last_checked_at`
     (fleet_record.nodes_record_health writes it at every check, answered or failed).
 
+    `unseen`: the platform did not check the node at all since its last healthy moment (it was quarantined: an
+    operator accepted its new host key), which is an outage whatever its failed checks say.
+
     One short transaction each, the row locked (waiting for a meter or a change that holds it: both end quickly,
     and neither takes the node's row); never moves billing backwards, so a second call before the next check
     changes nothing."""
     now = now or timezone.now()
     row = Node.objects.filter(pk=node_id).values_list("last_seen_at", "health_failures", "last_checked_at").first()
-    if row is None or row[0] is None or row[1] < settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
+    if row is None or row[0] is None or (row[1] < settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS and not unseen):
         return 0
     last_healthy, moved = min(row[0], now), 0
     # Billing moved on after this moment was moved at an answer since the node's last check: it stays.

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from billing.services.storage import node_storage_outage_end
 from core.errors import Conflict
 from marketplace.mig import layout_by_gpu
 from marketplace.models import (
@@ -154,6 +155,16 @@ def node_accept_host_key(*, node: Node, operator_email: str) -> None:
     node_event(node=node, kind="host_key_accepted",
                message=f"{operator_email} accepted host key {node.host_key_fingerprint} "
                        f"(was {old}).", level=NodeEvent.Level.WARNING)
+    # Nobody checked it while it was quarantined: its storage is not billed for that time (as for an outage),
+    # moved on before the verification can make it healthy again. After the commit: the node's row is released
+    # first (storage rows are locked before node rows elsewhere).
+    node_id = node.pk
+    transaction.on_commit(lambda: node_storage_outage_end(node_id=node_id, unseen=True))
+    # The operator's action is what takes a quarantined node back to verification (the provider's verify does
+    # not: Node.verify_allowed). Before, this went straight to node_verify_request, which refused a quarantined
+    # node: every accept was rolled back, and the node stayed quarantined for good.
+    node.transition_to(NodeState.VERIFYING)
+    node.save(update_fields=["state", "state_changed_at", "updated_at"])
     node_verify_request(node=node)
 
 

@@ -215,6 +215,25 @@ def test_an_operator_cannot_accept_a_new_host_key_that_another_live_node_has():
     assert (moved.state, moved.host_key_fingerprint) == (NodeState.QUARANTINED, "SHA256:" + "M" * 43)
 
 
+@pytest.mark.django_db
+def test_an_operator_accepts_a_quarantined_nodes_new_key_from_the_admin(monkeypatch):
+    """The admin's action was answered "A quarantined node cannot be verified" and rolled back: the accept asked
+    for a verification a quarantined node may not have, so the node stayed quarantined for good."""
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    moved = make_node(host_key_fingerprint="SHA256:" + "M" * 43, state=NodeState.QUARANTINED)
+    Node.objects.filter(pk=moved.pk).update(seen_host_key_fingerprint=FINGERPRINT)
+    admin = Client()
+    admin.force_login(UserFactory(is_staff=True, is_superuser=True))
+    page = admin.post("/admin/marketplace/node/", {"action": "accept_new_host_key", "_selected_action": [moved.pk]},
+                      follow=True).content.decode()
+    assert "cannot be verified" not in page
+    moved.refresh_from_db()
+    assert (moved.state, moved.host_key_fingerprint, moved.seen_host_key_fingerprint) == (
+        NodeState.VERIFYING, FINGERPRINT, "")
+    assert Job.objects.filter(node=moved, kind="node_verify").exists()
+    assert NodeEvent.objects.filter(node=moved, kind="host_key_accepted").exists()
+
+
 # ------------------------------------------------------------------------------------- inventory rules
 
 def inventory(*uuid_list: str) -> dict:
