@@ -10,8 +10,9 @@ Before, nothing noticed: the node answered, its VM ran, and its renter paid for 
 re-verification (queued by the changed inventory) judged the node, and even then the renter stayed billed.
 
 A verification's inventory is judged by the same rule before it is stored (nodes.node_apply_inventory): it may
-see a card gone before any health check does; a lost card's row keeps its UUID while nvidia-smi lists nothing at
-its index.
+see a card gone before any health check does. Each card keeps its row, by UUID, when nvidia-smi numbers the others
+anew (nodes._match_cards); a lost card a renter holds keeps its row's UUID (its renter waits for it), a free one
+lets it go (another server may claim the card).
 
 Such an instance waits interrupted while its card is lost (the reconciler does not resume it: its VM may run, its
 GPU does not); the renter may destroy it at no charge. When the card is listed again (usually after the provider

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -15,7 +16,16 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core import metrics
-from marketplace.models import Gpu, GpuModel, Instance, InstanceStatus, InterruptionCause, Node, NodeState
+from marketplace.models import (
+    Gpu,
+    GpuAllocation,
+    GpuModel,
+    Instance,
+    InstanceStatus,
+    InterruptionCause,
+    Node,
+    NodeState,
+)
 from marketplace.models.renting import vm_id_of
 from marketplace.selectors import node_in_use_q
 from marketplace.services import instances as instance_svc
@@ -296,23 +306,25 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     uuids = [g["uuid"] for g in reported if g.get("uuid")]
     claim = claim and len(uuids) == len(set(uuids))  # one UUID on two GPUs: claimed by none, the policy rejects it
     models = {m.smi_name: m for m in GpuModel.objects.filter(smi_name__in={g.get("name") for g in reported})}
-    rows = {gpu.index: gpu for gpu in node.gpus.all()}
-    before = {gpu.pk: gpu.uuid for gpu in rows.values()}
-    # A GPU the server no longer reports is no longer claimed, but a lost one (gpu_presence) keeps its UUID: the
-    # health checks go on judging it, and know it when it is back. Rows follow nvidia-smi's index, by which the
-    # agent addresses a card; a new card at a lost one's index (put in for it) takes its row.
-    listed = {g.get("uuid") for g in reported}
-    after = {gpu.pk: gpu.uuid if gpu.lost_at is not None and gpu.uuid not in listed else "" for gpu in rows.values()}
+    rows = sorted(node.gpus.all(), key=lambda gpu: gpu.index)
+    before = {gpu.pk: gpu.uuid for gpu in rows}
+    held = set(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("gpu_id", flat=True))
+    matched = _match_cards(rows, reported, held) if claim else {
+        gpu.pk: info for gpu in rows for info in reported if info.get("index") == gpu.index}
+    # A GPU the server no longer reports is no longer claimed, but a lost one a renter holds (gpu_presence) keeps
+    # its UUID: the health checks go on judging it (its renter waits), and know it when it is back.
+    after = {gpu.pk: gpu.uuid if gpu.lost_at is not None and gpu.pk in held and claim else "" for gpu in rows}
     changed = []
-    for gpu_info in reported:
-        gpu = rows.get(gpu_info.get("index"))
-        if gpu is None:
-            continue  # more GPUs than declared: the verification reports it
+    for gpu in rows:
+        gpu_info = matched.get(gpu.pk)
+        if gpu_info is None:
+            continue
         gpu.uuid = after[gpu.pk] = (gpu_info.get("uuid") or "") if claim else ""
         gpu.pci_bus_id = gpu_info.get("pci_bus_id") or ""
         gpu.memory_mib = gpu_info.get("memory_total_mib") or gpu.memory_mib
-        gpu.gpu_model = models.get(gpu_info.get("name")) or gpu.gpu_model
+        gpu.gpu_model = models.get(gpu_info.get("name") or "") or gpu.gpu_model
         changed.append(gpu)
+    _renumber(rows, {pk: info.get("index") for pk, info in matched.items()})
     # Let go of the UUIDs that change first: a UUID moving between this node's own rows (one UPDATE, checked
     # row by row) must not collide with itself.
     stale = [pk for pk, uuid in before.items() if uuid and uuid != after[pk]]
@@ -321,3 +333,58 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     Gpu.objects.bulk_update(changed, ["uuid", "pci_bus_id", "memory_mib", "gpu_model"])
     # A lost card the server reports again (its row claims a UUID): no longer lost (gpu_presence).
     gpus_returned(gpu_ids=[gpu.pk for gpu in changed if gpu.uuid and gpu.lost_at is not None])
+
+
+def _match_cards(rows: list[Gpu], reported: list[dict[str, Any]], held: set[int]) -> dict[int, dict[str, Any]]:
+    """Which card the server lists each GPU row is now (row id -> the card's answer). A card keeps the row that
+    holds its UUID, wherever nvidia-smi lists it: when one leaves the bus the others are numbered anew, and matched
+    by index a lost card's row took another card's UUID and was marked back (its renter resumed and billed for a
+    card that was gone), a renter's row another's card. A card no row knows (a new node's, or one put in) takes a
+    row whose card is not listed, at its own index first, never a lost card a renter still holds (it waits)."""
+    by_uuid = {gpu.uuid: gpu for gpu in rows if gpu.uuid}
+    matched: dict[int, dict[str, Any]] = {}
+    unknown = []
+    for info in reported:
+        gpu = by_uuid.get(info.get("uuid") or "")
+        if gpu is not None:
+            matched[gpu.pk] = info
+        else:
+            unknown.append(info)
+    listed = {info.get("uuid") for info in reported if info.get("uuid")}
+    open_rows = [gpu for gpu in rows if gpu.pk not in matched and gpu.uuid not in listed
+                 and not (gpu.lost_at is not None and gpu.pk in held)]
+    for info in unknown:
+        if not open_rows:
+            break  # more GPUs than declared: the verification reports it
+        gpu = next((g for g in open_rows if g.index == info.get("index")), open_rows[0])
+        open_rows.remove(gpu)
+        matched[gpu.pk] = info
+    return matched
+
+
+def _renumber(rows: list[Gpu], index_of: dict[int, Any]) -> None:
+    """Give each matched row its card's nvidia-smi index (the agent addresses a card by it); a row whose card is not
+    listed keeps its index unless a listed card took it, else gets the lowest one left. Through indices out of the
+    way first: (node, index) is unique, checked row by row."""
+    final = {pk: index for pk, index in index_of.items() if isinstance(index, int) and not isinstance(index, bool)}
+    if len(set(final.values())) != len(final):
+        return  # one index twice: a malformed answer, which the verification names; the rows stay as they are
+    used = set(final.values())
+    rest = [gpu for gpu in rows if gpu.pk not in final]
+    for gpu in rest:
+        if gpu.index not in used:
+            final[gpu.pk] = gpu.index
+            used.add(gpu.index)
+    for gpu in rest:
+        if gpu.pk not in final:
+            final[gpu.pk] = next(i for i in itertools.count() if i not in used)
+            used.add(final[gpu.pk])
+    moving = [gpu for gpu in rows if final[gpu.pk] != gpu.index]
+    if not moving:
+        return
+    for n, gpu in enumerate(moving):
+        gpu.index = 30000 + n
+    Gpu.objects.bulk_update(moving, ["index"])
+    for gpu in moving:
+        gpu.index = final[gpu.pk]
+    Gpu.objects.bulk_update(moving, ["index"])

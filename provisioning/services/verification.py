@@ -159,7 +159,7 @@ def node_accept_host_key(*, node: Node, operator_email: str) -> None:
     # moved on before the verification can make it healthy again. After the commit: the node's row is released
     # first (storage rows are locked before node rows elsewhere).
     node_id = node.pk
-    transaction.on_commit(lambda: node_storage_outage_end(node_id=node_id, unseen=True))
+    transaction.on_commit(lambda: node_storage_outage_end(node_id=node_id, unseen=True), robust=True)
     # The operator's action is what takes a quarantined node back to verification (the provider's verify does
     # not: Node.verify_allowed). Before, this went straight to node_verify_request, which refused a quarantined
     # node: every accept was rolled back, and the node stayed quarantined for good.

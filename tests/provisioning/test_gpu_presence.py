@@ -217,18 +217,44 @@ def test_a_verification_that_sees_a_card_missing_first_interrupts_its_holder(db)
     assert Gpu.objects.get(pk=gpu.pk).lost_at is None
 
 
-def test_a_lost_cards_row_keeps_it_until_a_new_card_takes_its_index(db):
-    """Card 1 of 4 gone from nvidia-smi: its row keeps the card's UUID (the health checks judge it, and know it
-    when it is back), where it was let go before; a new card put in at its index takes the row, free again."""
+def test_a_free_lost_cards_row_lets_it_go_and_a_new_card_takes_it(db):
+    """Card 1 of 4 gone, nobody renting it: its row stays lost and off the offers but lets go of the UUID (the
+    provider may put the card in another server, which claims it: review); a new card takes the row, free again."""
     host = billing_node(gpu_count=4)
     uuids = with_uuids(host)
     check(host, uuids.values())
     listed = [g for g in _inventory(uuids.values())["gpus"] if g["index"] != 1]  # as numbered before
     node_apply_inventory(node=host, inventory={"gpus": listed})
     rows = {g.index: g for g in host.gpus.all()}
-    assert {i: rows[i].uuid for i in rows} == uuids
-    assert rows[1].lost_at is not None and all(rows[i].lost_at is None for i in (0, 2, 3))
+    assert {i: rows[i].uuid for i in rows} == {**uuids, 1: ""}
+    assert rows[1].lost_at is not None and rows[1].status == GpuStatus.UNAVAILABLE
+    other = billing_node(gpu_count=1)
+    node_apply_inventory(node=other, inventory=_inventory([uuids[1]]))  # no DuplicateHardware
+    assert other.gpus.get().uuid == uuids[1]
 
     node_apply_inventory(node=host, inventory=_inventory([uuids[0], "GPU-new", uuids[2], uuids[3]]))
     row = host.gpus.get(index=1)
     assert row.uuid == "GPU-new" and row.lost_at is None and row.status == GpuStatus.FREE
+
+
+def test_cards_keep_their_rows_when_nvidia_smi_numbers_them_anew(db):
+    """Review: card 0 gone, nvidia-smi lists card 1 as GPU 0. Matched by index, the lost card's row took card 1's
+    UUID and was marked back: its renter resumed and was billed for a card that was gone. Each card keeps its row
+    (its index follows nvidia-smi's, by which the agent addresses it); the lost one, held, keeps waiting."""
+    renter = UserFactory()
+    fund(renter, "50")
+    host = billing_node(gpu_count=2)
+    uuids = with_uuids(host)
+    check(host, uuids.values())
+    instance = running(renter, host)
+    lost = held_gpu(instance)
+    kept = host.gpus.exclude(pk=lost.pk).get()
+    assert (lost.index, kept.index) == (0, 1)
+    vm = {instance.vm_id: "running"}
+    check(host, [uuids[kept.index]], vms=vm, at=timezone.now() + timedelta(seconds=1))
+    node_apply_inventory(node=host, inventory=_inventory([uuids[kept.index]]))  # numbered anew: it is GPU 0
+    lost.refresh_from_db()
+    kept.refresh_from_db()
+    assert (kept.uuid, kept.index, lost.uuid, lost.index) == (uuids[1], 0, uuids[0], 1)
+    assert lost.lost_at is not None and instance_waits_for_gpu(instance_id=instance.pk)
+    assert Instance.objects.get(pk=instance.pk).status == "interrupted"
