@@ -13,9 +13,11 @@ offered one (docs/BENCHMARKS.md, "Vast.ai-compatible offer search"). The host's 
 where they mean the same (`host_fields`); a fact not measured yet is absent, never invented, and so are the fields
 this platform does not measure at all (upload speed, DLPerf, CPU architecture...).
 """
+import itertools
 from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.expressions import Combinable, OrderBy
 from django.http import QueryDict
@@ -242,20 +244,24 @@ def _scan(nodes, query: Query, order: OrderBy, bound: Bound) -> list[dict[str, A
     its id). A node with no value (NULLS LAST) bounds nothing: the scan then reads to the end."""
     field, descending = query.order[0]
     norm = norm_for(field)
-    ordered = nodes.order_by(order, "id").values(*NODE_VALUES)
     kept: list[dict[str, Any]] = []
-    start, size = 0, query.limit + FIRST_BATCH
-    while True:
-        batch = list(ordered[start:start + size])
-        kept.extend(matching_rows(batch, query.conditions))
-        if len(batch) < size:
-            break  # every node read
-        start, size = start + size, size * 4
-        if len(kept) >= query.limit:
-            kept = sort(kept, query.order)[: query.limit]  # a row past the limit now stays past it
-            last, left = norm(kept[-1].get(field)), norm(bound(batch[-1]))
-            if last is not None and left is not None and (last > left if descending else last < left):
-                break
+    size = query.limit + FIRST_BATCH
+    # One statement read a batch at a time (a server-side cursor, inside a transaction on PostgreSQL): one state of
+    # the market. A batch per statement skipped a node, or read one twice, when a booking between two of them moved
+    # the nodes across the point reached (found by review).
+    with transaction.atomic():
+        nodes_read = nodes.order_by(order, "id").values(*NODE_VALUES).iterator(chunk_size=size)
+        while True:
+            batch = list(itertools.islice(nodes_read, size))
+            kept.extend(matching_rows(batch, query.conditions))
+            if len(batch) < size:
+                break  # every node read
+            size *= 4
+            if len(kept) >= query.limit:
+                kept = sort(kept, query.order)[: query.limit]  # a row past the limit now stays past it
+                last, left = norm(kept[-1].get(field)), norm(bound(batch[-1]))
+                if last is not None and left is not None and (last > left if descending else last < left):
+                    break
     return sort(kept, query.order)[: query.limit]
 
 

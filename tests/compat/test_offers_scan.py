@@ -83,3 +83,24 @@ def test_the_scan_answers_as_every_row_in_python(market, monkeypatch, body):
         if body != {"rented": {"eq": True}}:
             assert expected, f"limit {limit}: a query with no answer proves nothing"
         assert offers.offers_find(q) == expected, f"limit {limit}"
+
+
+def test_a_booking_during_the_scan_neither_drops_an_offer_nor_repeats_one(market, monkeypatch):
+    """Review: a statement per batch saw the market move between two of them (a node rented out, or freed), and
+    the next batch skipped a node or read one again. One statement reads the whole scan from one state."""
+    monkeypatch.setattr(offers, "FIRST_BATCH", -9)  # batches of 1, 4, 16... nodes
+    q = query.parse({"order": [["machine_id", "asc"]], "limit": 10})
+    expected = offers.offers_find(q)
+    first = []
+    real = offers.matching_rows
+
+    def then_book(batch, conditions):
+        if not first:  # after the first batch, its first node is rented out whole
+            first.append(batch[0]["id"])
+            Gpu.objects.filter(node_id=batch[0]["id"]).update(status="rented")
+        return real(batch, conditions)
+
+    monkeypatch.setattr(offers, "matching_rows", then_book)
+    got = offers.offers_find(q)
+    assert first and got == expected
+    assert len({row["id"] for row in got}) == len(got)
