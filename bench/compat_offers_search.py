@@ -149,13 +149,19 @@ def measure(args: argparse.Namespace) -> list[dict]:
     connection.ensure_connection()
     raw = connection.connection  # the psycopg connection Django holds: same session, same settings
 
-    def bare(statements: list[str]) -> tuple[float, int]:
+    def bare(statements: list[str], nodes_read: int) -> tuple[float, int]:
+        """The statements the request ran, each as it ran: a scan's server-side cursor (BEGIN, DECLARE ... CURSOR
+        FOR SELECT, COMMIT as captured; its FETCHes are not) is declared and FETCHed the nodes the request read, in
+        one FETCH (fewer round trips than the request's batches: the stricter baseline)."""
         total, rows = 0.0, 0
         with raw.cursor() as cur:
             for sql in statements:
                 t0 = time.perf_counter()
                 cur.execute(sql)
-                rows += len(cur.fetchall())
+                if sql.startswith("DECLARE "):
+                    cur.execute(f"FETCH FORWARD {int(nodes_read)} FROM {sql.split()[1]}")
+                if cur.description is not None:
+                    rows += len(cur.fetchall())
                 total += time.perf_counter() - t0
         return total, rows
 
@@ -163,24 +169,30 @@ def measure(args: argparse.Namespace) -> list[dict]:
     try:
         for label, query in QUERIES:
             body = body_of(query)
-            sqls, built, answers = {}, {}, {}
+            sqls, built, answers, nodes_read = {}, {}, {}, {}
             for tree, module in trees.items():
                 for _ in range(args.warmup):
                     post(tree, body)
-                count = [0]
-                offer_rows = module.offer_rows
+                count, read = [0], [0]
+                offer_rows, matching_rows = module.offer_rows, module.matching_rows
 
                 def counting(node, *more, _rows=offer_rows, _count=count):
                     rows = _rows(node, *more)
                     _count[0] += len(rows)
                     return rows
 
-                module.offer_rows = counting  # how many rows Python builds: offers_find calls it by global name
+                def reading(nodes, *more, _match=matching_rows, _read=read):
+                    _read[0] += len(nodes)
+                    return _match(nodes, *more)
+
+                # How many rows Python builds and nodes it reads: offers_find calls both by global name.
+                module.offer_rows, module.matching_rows = counting, reading
                 try:
                     with CaptureQueriesContext(connection) as captured:
                         answers[tree] = post(tree, body).json()["offers"]
                 finally:
-                    module.offer_rows = offer_rows
+                    module.offer_rows, module.matching_rows = offer_rows, matching_rows
+                nodes_read[tree] = read[0]
                 sqls[tree] = [q["sql"] for q in captured.captured_queries]
                 built[tree] = count[0]
             if args.before and answers["before"] != answers["now"]:
@@ -188,7 +200,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                          f"({len(answers['before'])} and {len(answers['now'])} offers)")
             sides = [(tree, kind) for tree in trees for kind in ("request", "bare")]
             times: dict[tuple[str, str], list[float]] = {side: [] for side in sides}
-            fetched = {tree: bare(sqls[tree])[1] for tree in trees}
+            fetched = {tree: bare(sqls[tree], nodes_read[tree])[1] for tree in trees}
             for i in range(args.requests):  # interleaved, rotating: drift hits every side alike
                 for tree, kind in sides[i % len(sides):] + sides[:i % len(sides)]:
                     if kind == "request":
@@ -196,7 +208,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                         post(tree, body)
                         times[tree, kind].append(time.perf_counter() - t0)
                     else:
-                        times[tree, kind].append(bare(sqls[tree])[0])
+                        times[tree, kind].append(bare(sqls[tree], nodes_read[tree])[0])
             results.append({"label": label, "offers": len(answers["now"]), "times": times, "built": built,
                             "fetched": fetched, "n_queries": {tree: len(sqls[tree]) for tree in trees},
                             "bytes": len(json.dumps(answers["now"]))})
