@@ -15,7 +15,6 @@ Each change bills the time so far at the old price, up to the node's last health
 cumulative rounding across it); the renter is told at once (API and email).
 """
 from collections.abc import Collection
-from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -29,6 +28,7 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_text
 
 from .common import S, _locked
+from .interruptions import _at
 
 _PRICE_FIELDS = ["rate_base_seconds", "rate_base_cost_micros", "price_per_gpu_hour_micros", "price_per_hour_micros",
                  "price_before_cut_per_gpu_hour_micros", "score_before_cut", "updated_at"]
@@ -54,23 +54,16 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str, score_bef
         instance = _locked(instance_id)
         if instance is None or instance.status in FINAL_STATUSES:
             return None
-        old = instance.price_per_hour_micros
         per_gpu = int(instance.price_per_gpu_hour_micros * ratio)
-        if per_gpu * instance.num_gpus >= old:
+        if per_gpu * instance.num_gpus >= instance.price_per_hour_micros:
             return None
         if instance.price_before_cut_per_gpu_hour_micros is None:
             instance.price_before_cut_per_gpu_hour_micros = instance.price_per_gpu_hour_micros
             instance.score_before_cut = score_before
-        since = _reprice(instance, per_gpu)
-        event_create(
-            user=instance.renter, kind=EventKind.PRICE_CUT, email=True,
-            message=(f"Instance {instance.pk}'s server measured worse in its latest benchmark check ({reason}). From "
-                     f"{_at(since)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
-                     f"{usd_text(old)}/h ({ratio:.0%} of the price, in proportion to the performance measured). "
-                     "You can keep it, or destroy it and rent another server."),
-            data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
-                  "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
-        )
+        _reprice(instance, per_gpu, kind=EventKind.PRICE_CUT,
+                 measured=f"worse in its latest benchmark check ({reason})",
+                 share=f"{ratio:.0%} of the price, in proportion to the performance measured", ratio=ratio,
+                 then=" You can keep it, or destroy it and rent another server.")
     return instance
 
 
@@ -111,35 +104,32 @@ def instance_price_follow(*, instance_id: int, score: float | None,
         now_per_gpu = instance.price_per_gpu_hour_micros
         if per_gpu <= now_per_gpu or (share < 1.0 and per_gpu - now_per_gpu < before * tolerance):
             return None
-        old = instance.price_per_hour_micros
         if share == 1.0:  # back where it was booked: a later cut starts afresh
             instance.price_before_cut_per_gpu_hour_micros, instance.score_before_cut = None, None
-        since = _reprice(instance, per_gpu)
-        event_create(
-            user=instance.renter, kind=EventKind.PRICE_RAISED_BACK, email=True,
-            message=(f"Instance {instance.pk}'s server measured better in its latest benchmark check. From "
-                     f"{_at(since)} it costs {usd_text(instance.price_per_hour_micros)}/h instead of "
-                     f"{usd_text(old)}/h ({share:.0%} of its price before the cut"
-                     f"{', its full price again' if share == 1.0 else ''})."),
-            data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
-                  "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "share": round(share, 4)},
-        )
+        _reprice(instance, per_gpu, kind=EventKind.PRICE_RAISED_BACK, measured="better in its latest benchmark check",
+                 share=f"{share:.0%} of its price before the cut{', its full price again' if share == 1.0 else ''}",
+                 ratio=share)
     return instance
 
 
-def _reprice(instance: Instance, per_gpu: int) -> datetime:
-    """Bill the time so far at the old price, re-base the meter, and charge `per_gpu` from then (the moment,
-    returned). Under the instance's lock."""
+def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, share: str, ratio: float,
+             then: str = "") -> None:
+    """Bill the time so far at the old price, re-base the meter, charge `per_gpu` from then, and tell the renter
+    (`measured`: how the check found its server; `share`: the new price against the old). Under the instance's
+    lock."""
     now = timezone.now()
     since = now
     if instance.status == S.RUNNING:  # the time so far, at the price it ran at
         usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
         since = instance.billed_until or instance.started_at or now  # billed at the new price from there
+    old = instance.price_per_hour_micros
     instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
     instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
     instance.save(update_fields=_PRICE_FIELDS)
-    return since
-
-
-def _at(moment: datetime) -> str:
-    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+    event_create(
+        user=instance.renter, kind=kind, email=True,
+        message=(f"Instance {instance.pk}'s server measured {measured}. From {_at(since)} it costs "
+                 f"{usd_text(instance.price_per_hour_micros)}/h instead of {usd_text(old)}/h ({share}).{then}"),
+        data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
+              "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
+    )
