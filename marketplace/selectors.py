@@ -3,12 +3,27 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from functools import cache
 from typing import TYPE_CHECKING, TypedDict
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest
 
 from marketplace.models import (
     Gpu,
@@ -23,8 +38,11 @@ from marketplace.models import (
     Runtime,
     SliceStatus,
     User,
+    Volume,
 )
 from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict, provider_active
+from marketplace.models.renting import FINAL_STATUSES
+from marketplace.models.volumes import COMMITTED_VOLUME_STATES
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
 
@@ -34,6 +52,7 @@ class OfferAnnotations(TypedDict):
 
     num_gpus_free: int
     score_per_dollar: float | None
+    disk_left_gb: int | None
 
 
 if TYPE_CHECKING:  # django-stubs' helper, for the type checker only
@@ -72,12 +91,31 @@ def free_gpu_count() -> Coalesce:
     return Coalesce(Subquery(free), Value(0))
 
 
+# Before any instance or volume: "since the last report" for a node never reported (its room is not judged then).
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def disk_left_gb() -> Case:
+    """services/disk_room.py's room left (GB; null when never reported) of each node of a Node queryset, as an
+    annotation: computed for the rows a page shows, or for every candidate when a filter or an ordering asks."""
+    since = Coalesce(OuterRef("host_checked_at"), Value(_EPOCH))
+    disks = (Instance.objects.filter(node_id=OuterRef("pk"), created_at__gte=since)
+             .exclude(status__in=FINAL_STATUSES).order_by().values("node_id").annotate(gb=Sum("disk_gb")).values("gb"))
+    volumes = (Volume.objects.filter(node_id=OuterRef("pk"), created_at__gte=since, state__in=COMMITTED_VOLUME_STATES)
+               .order_by().values("node_id").annotate(gb=Sum("size_gb")).values("gb"))
+    promised = Coalesce(Subquery(disks), 0) + Coalesce(Subquery(volumes), 0)
+    return Case(When(disk_free_gb__isnull=True, then=Value(None)),
+                default=Greatest(F("disk_free_gb") - promised, Value(0)),
+                output_field=IntegerField())
+
+
+
 def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:
     """Every node a renter can book now: active, verified or degraded, listed, its provider's account active (not
     deactivated by an operator), with free GPUs or MIG slices (models.nodes.offerable).
 
-    Annotates `num_gpus_free` and `score_per_dollar` (score per USD per GPU-hour) so
-    that filters and ordering run in SQL.
+    Annotates `num_gpus_free`, `score_per_dollar` (score per USD per GPU-hour) and `disk_left_gb` (the disk room
+    a booking can still ask for, disk_left_gb) so that filters and ordering run in SQL.
 
     "Has a free GPU" is an EXISTS, not `num_gpus_free > 0`: PostgreSQL runs it as a
     semi-join over the partial indexes node_offer_idx and gpu_free_node_idx, and the
@@ -103,7 +141,7 @@ def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
     return (
         Node.objects.filter(OFFERABLE, provider_active())
         .filter(Exists(_free_gpus()) | Exists(free_slices()))
-        .annotate(num_gpus_free=free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR)
+        .annotate(num_gpus_free=free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR, disk_left_gb=disk_left_gb())
         .select_related("gpu_model")
         .defer(*OFFER_DEFERRED)
     )

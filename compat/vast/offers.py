@@ -56,7 +56,7 @@ def usd(micros: int) -> float:
 
 # What offer_rows reads of a node of offers_search: plain values, not a Node and a GpuModel per node (a search
 # reads every matching node, thousands of them; issue 14).
-HOST_VALUES = ("cpu_model", "cpu_cores", "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "net_mbps",
+HOST_VALUES = ("cpu_model", "cpu_cores", "ram_gb", "disk_left_gb", "disk_bandwidth_mbs", "net_mbps",
                "driver_version", "cuda_version", "pcie_gen")
 NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_hour_micros", "benchmark_summary",
                "reliability", "score", "country", "verdict", "runtime", "num_gpus_free", *HOST_VALUES)
@@ -64,14 +64,15 @@ NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_
 
 def host_fields(node: dict[str, Any]) -> dict[str, Any]:
     """Vast's host fields from the node's measured facts (marketplace.models.host), only those measured:
-    cpu_name, cpu_cores (logical CPUs), cpu_ram (MiB, as gpu_ram), disk_space (free GB), disk_bw (MB/s),
+    cpu_name, cpu_cores (logical CPUs), cpu_ram (MiB, as gpu_ram), disk_space (GB left to book:
+    selectors.disk_left_gb), disk_bw (MB/s),
     inet_down (Mbit/s from the platform to the node, the only direction measured: no inet_up), driver_version,
     cuda_max_good (the highest CUDA version the driver runs) and pci_gen."""
     cuda = cuda_version_text(node["cuda_version"])
     facts = {
         "cpu_name": node["cpu_model"] or None, "cpu_cores": node["cpu_cores"],
         "cpu_ram": node["ram_gb"] * 1024 if node["ram_gb"] is not None else None,
-        "disk_space": float(node["disk_free_gb"]) if node["disk_free_gb"] is not None else None,
+        "disk_space": float(node["disk_left_gb"]) if node["disk_left_gb"] is not None else None,
         "disk_bw": node["disk_bandwidth_mbs"], "inet_down": node["net_mbps"],
         "driver_version": node["driver_version"] or None, "cuda_max_good": float(cuda) if cuda else None,
         "pci_gen": float(node["pcie_gen"]) if node["pcie_gen"] is not None else None,
@@ -139,7 +140,7 @@ def _narrowing(conditions: list[Condition]) -> QueryDict | None:
 NODE_COLUMNS: dict[str, tuple[str, bool]] = {
     "machine_id": ("id", True), "gpu_ram": ("gpu_model__memory_mib", True), "reliability": ("reliability", False),
     "reliability2": ("reliability", False), "score": ("score", False), "cpu_cores": ("cpu_cores", True),
-    "cpu_ram": ("ram_gb", True), "disk_space": ("disk_free_gb", True), "disk_bw": ("disk_bandwidth_mbs", False),
+    "cpu_ram": ("ram_gb", True), "disk_space": ("disk_left_gb", True), "disk_bw": ("disk_bandwidth_mbs", False),
     "inet_down": ("net_mbps", False), "pci_gen": ("pcie_gen", True),
 }
 LOOKUPS = {"eq": "exact", "gt": "gt", "gte": "gte", "lt": "lt", "lte": "lte", "in": "in"}

@@ -18,7 +18,7 @@ OFFER_COLUMNS = (
     "id", "gpu_model__slug", "gpu_model__name", "num_gpus_free", "gpu_count", "gpu_model__memory_gb",
     "price_per_gpu_hour_micros", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
     "verdict", "runtime", "benchmark_summary", "disk_price_per_gb_month_micros", "cpu_model", "cpu_cores",
-    "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version", "pcie_gen", "pcie_width",
+    "ram_gb", "disk_left_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version", "pcie_gen", "pcie_width",
     "net_mbps", "host_checked_at", "mig_prices_micros",
 )
 MEDIAN_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",

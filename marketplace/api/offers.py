@@ -103,8 +103,11 @@ class OfferSerializer(serializers.ModelSerializer):
     cpu_model = serializers.CharField(read_only=True, help_text="Read by the check from /proc/cpuinfo.")
     cpu_cores = serializers.IntegerField(read_only=True, allow_null=True, help_text="Logical CPUs of the host.")
     ram_gb = serializers.IntegerField(read_only=True, allow_null=True, help_text="Host RAM, GiB.")
-    disk_free_gb = serializers.IntegerField(read_only=True, allow_null=True,
-                                            help_text="Free disk where instances and volumes live, GB.")
+    disk_free_gb = serializers.IntegerField(
+        source="disk_left_gb", read_only=True, allow_null=True,
+        help_text="GB of disk a booking or a volume can still ask for: what the server last reported free where "
+                  "instances and volumes live, less the disks and volumes promised there since. A larger `disk_gb` "
+                  "is refused (409). Null until the server reports its disk (not judged then).")
     disk_bandwidth_mbs = serializers.FloatField(
         read_only=True, allow_null=True,
         help_text="MB/s measured by the check on that disk: the slower of a write (with fsync) and a read back.")
@@ -178,7 +181,7 @@ class IntegerFilter(django_filters.NumberFilter):
 
 # ordering name -> node column, for the host facts (nullable: ordered with nulls last)
 HOST_ORDERINGS = {
-    "cpu_cores": "cpu_cores", "ram_gb": "ram_gb", "disk_free_gb": "disk_free_gb",
+    "cpu_cores": "cpu_cores", "ram_gb": "ram_gb", "disk_free_gb": "disk_left_gb",
     "disk_bandwidth_mbs": "disk_bandwidth_mbs", "cuda_version": "cuda_version", "pcie_gen": "pcie_gen",
     "pcie_width": "pcie_width", "platform_to_node_mbps": "net_mbps",
 }
@@ -266,8 +269,8 @@ class OfferFilter(StrictFilterSet):
     # The host's facts, as the check measured them (a node not measured yet has null and matches no minimum).
     min_cpu_cores = IntegerFilter(field_name="cpu_cores", lookup_expr="gte", min_value=0, max_value=100_000)
     min_ram_gb = IntegerFilter(field_name="ram_gb", lookup_expr="gte", min_value=0, max_value=100_000_000)
-    min_disk_free_gb = IntegerFilter(field_name="disk_free_gb", lookup_expr="gte", min_value=0,
-                                     max_value=100_000_000)
+    min_disk_free_gb = IntegerFilter(field_name="disk_left_gb", lookup_expr="gte", min_value=0,
+                                     max_value=100_000_000, help_text="GB of disk left to book (disk_free_gb).")
     min_disk_bandwidth_mbs = django_filters.NumberFilter(field_name="disk_bandwidth_mbs", lookup_expr="gte",
                                                          min_value=0, max_value=1_000_000)
     min_pcie_gen = IntegerFilter(field_name="pcie_gen", lookup_expr="gte", min_value=1, max_value=10)

@@ -223,6 +223,10 @@ class Instance(StatefulModel, models.Model):
                                    name="instance_image_xor_reference"),
         ]
         indexes = [models.Index(fields=["status"], name="instance_status_idx"),
+                   # A node's instances booked since its last check, without its history: the offers' disk room
+                   # (services/disk_room.py) reads it per node listed.
+                   models.Index(fields=["node", "created_at"], include=["disk_gb"], name="instance_node_live_idx",
+                                condition=~Q(status__in=FINAL_STATUSES)),
                    models.Index(fields=["renter"], name="instance_renter_live_idx",
                                 condition=Q(status__in=RATE_COUNTED_STATUSES))]
 

@@ -36,6 +36,9 @@ class VolumeState(models.TextChoices):
 
 
 V = VolumeState
+# The volumes that hold room on their node's disk (services/disk_room.py) and count in a renter's commitments
+# (services/funds.py, whose comment says why the ones being created count too).
+COMMITTED_VOLUME_STATES = (VolumeState.CREATING, VolumeState.AVAILABLE)
 VOLUME_TRANSITIONS = Transitions({
     V.CREATING: {V.AVAILABLE, V.FAILED},
     # DELETING -> AVAILABLE: the node refused (an instance still mounts it there); -> FAILED: the same for a volume
@@ -88,7 +91,11 @@ class Volume(StatefulModel, models.Model):
             models.UniqueConstraint(fields=["owner", "idempotency_key"], condition=~Q(idempotency_key=""),
                                     name="volume_unique_idempotency_key"),
         ]
-        indexes = [models.Index(fields=["state"], name="volume_state_idx")]
+        indexes = [models.Index(fields=["state"], name="volume_state_idx"),
+                   # A node's volumes made since its last check, without its deleted ones: the offers' disk room
+                   # (services/disk_room.py) reads it per node listed.
+                   models.Index(fields=["node", "created_at"], include=["size_gb"], name="volume_node_held_idx",
+                                condition=Q(state__in=COMMITTED_VOLUME_STATES))]
 
     def __str__(self):
         return f"{self.name} ({self.size_gb} GB, {self.state})"

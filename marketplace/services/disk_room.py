@@ -5,8 +5,11 @@ what does not fit (409 naming the room left); before, only a volume did, and cou
 instance's disk could be promised beyond the server's free space (its runtime enforces a size limit, not room
 that exists: the renters' disks then fill up together).
 
-Two forms of one rule: the ORM's (volumes, SQLite) and a SQL column the booking's node statement computes in the
-same round trip (instances.allocation). tests/marketplace/test_disk_room.py holds them equal.
+Three forms of one rule: the ORM's (volumes, SQLite), a SQL column the booking's node statement computes in the
+same round trip (instances.allocation), and an annotation the offers show and filter as `disk_free_gb`
+(selectors.disk_left_gb): a renter who filters on free disk is shown only offers whose booking that disk fits.
+tests/marketplace/test_disk_room.py holds them equal. The partial indexes instance_node_live_idx and
+volume_node_held_idx answer a node's part without reading its history (docs/BENCHMARKS.md).
 
 Bookings on one node take its row FOR SHARE and run side by side: two at once may each see the room the other
 takes (a volume's node lock is exclusive). The next report of the server corrects the figure; what is promised
@@ -18,9 +21,10 @@ from dataclasses import dataclass
 
 from django.db.models import Q, Sum
 
+from core.errors import Conflict
 from marketplace.models import Instance, Node, Volume
 from marketplace.models.renting import FINAL_STATUSES
-from marketplace.services.funds import COMMITTED_VOLUME_STATES
+from marketplace.models.volumes import COMMITTED_VOLUME_STATES
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,25 @@ def _room(reported: int, promised: int) -> DiskRoom:
     return DiskRoom(reported_gb=reported, promised_gb=promised, left_gb=max(reported - promised, 0))
 
 
-def refusal_text(node_id: int, room: DiskRoom, wanted_gb: int, what: str, instead: str) -> str:
+class DiskDoesNotFit(Conflict):
+    """A disk larger than the node's room left (409): the figures ride along, so that another API (compat.vast)
+    can say it in its own words."""
+
+    def __init__(self, node_id: int, room: DiskRoom, wanted_gb: int, what: str, instead: str, field: str):
+        super().__init__(_refusal_text(f"Offer {node_id}'s server", room, wanted_gb, what, instead), field=field)
+        self.room, self.wanted_gb, self.what = room, wanted_gb, what
+
+    def reworded(self, server: str, instead: str) -> str:
+        """The same refusal naming the server and the way out otherwise."""
+        return _refusal_text(server, self.room, self.wanted_gb, self.what, instead)
+
+
+def _refusal_text(server: str, room: DiskRoom, wanted_gb: int, what: str, instead: str) -> str:
     """The 409's words: what the server reported, what was promised since, what is left, what to do."""
     also = (f", less {room.promised_gb} GB promised to instances and volumes there since: {room.left_gb} GB are "
             "left" if room.promised_gb else "")
-    return (f"Offer {node_id}'s server reported {room.reported_gb} GB of free disk{also}; {what} of {wanted_gb} GB "
-            f"does not fit. {instead}")
+    return (f"{server} reported {room.reported_gb} GB of free disk{also}; {what} of {wanted_gb} GB does not fit. "
+            f"{instead}")
 
 
 def _promised_sql() -> str:

@@ -10,9 +10,10 @@ from django.db.models import F, Sum
 from billing.services.ledger import funds_required_micros, wallet_balance
 from core.errors import PaymentRequired
 from core.sql import prepared_cursor
-from marketplace.models import Instance, InstanceStatus, Volume, VolumeState
+from marketplace.models import Instance, InstanceStatus, Volume
 from marketplace.models.host import SECONDS_PER_MONTH
 from marketplace.models.renting import RATE_COUNTED_STATUSES
+from marketplace.models.volumes import COMMITTED_VOLUME_STATES
 from marketplace.money import usd_text
 
 S = InstanceStatus
@@ -41,7 +42,7 @@ COMMITTED_STATUSES = (S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING)
 # renter carrying large volumes could otherwise rent on one hour of GPU time alone, and a volume was checked
 # against nothing but a balance above zero (found by review: one cent bought any number of 64 TiB volumes).
 # Starting a stopped instance leaves its own disk out: it stops being billed as storage once the instance runs.
-COMMITTED_VOLUME_STATES = (VolumeState.CREATING, VolumeState.AVAILABLE)
+# (COMMITTED_VOLUME_STATES, models/volumes.py: its node's disk room counts the same volumes.)
 
 
 @dataclass(frozen=True)

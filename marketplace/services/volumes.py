@@ -42,7 +42,7 @@ from marketplace.models import Instance, Node, User, Volume, VolumeMount, Volume
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.selectors import instances_awaiting_cleanup
-from marketplace.services.disk_room import node_disk_room, refusal_text
+from marketplace.services.disk_room import DiskDoesNotFit, node_disk_room
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import COMMITTED_VOLUME_STATES, funds_for, funds_refuse_if_short
 from marketplace.services.offer_rules import node_refusal
@@ -194,8 +194,8 @@ def _check_free_disk(node: Node, size_gb: int) -> None:
     (disk_room: what its server reported free, less the instance disks and volumes promised there since)."""
     room = node_disk_room(node)
     if room is not None and size_gb > room.left_gb:
-        raise Conflict(refusal_text(node.pk, room, size_gb, "a volume",
-                                    "Make it smaller, or create it on another offer."))
+        raise DiskDoesNotFit(node.pk, room, size_gb, "a volume", "Make it smaller, or create it on another offer.",
+                             field="size_gb")
 
 
 @transaction.atomic

@@ -65,7 +65,8 @@ FILTER_LABELS = {
     "min_cuda_version": ("CUDA version, at least", "What the server's driver runs, e.g. 12.2."),
     "min_cpu_cores": ("CPU threads, at least", ""),
     "min_ram_gb": ("RAM, at least (GB)", ""),
-    "min_disk_free_gb": ("Free disk, at least (GB)", ""),
+    "min_disk_free_gb": ("Free disk, at least (GB)", "What a booking can still ask for: the server's free disk "
+                                                     "less what was promised there since its last check."),
     "min_disk_bandwidth_mbs": ("Disk speed, at least (MB/s)", "Measured by the check: the slower of write and read."),
     "min_pcie_gen": ("PCIe generation, at least", ""),
     "min_pcie_width": ("PCIe lanes, at least", "e.g. 16 for ×16."),

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.models import Node
+from marketplace.selectors import disk_left_gb
 from marketplace.services import instances as svc
 from marketplace.services import volumes as volume_svc
 from marketplace.services.disk_room import node_disk_room
@@ -80,8 +81,14 @@ def test_a_node_that_never_reported_its_disk_is_not_judged(api, user):
     assert _book(api, node, 500).status_code == 201
 
 
+def _offer_room(node_id):
+    """The offers' annotation (selectors.disk_left_gb) for one node, listed or not."""
+    return Node.objects.annotate(left=disk_left_gb()).values_list("left", flat=True).get(pk=node_id)
+
+
 def test_the_booking_statements_room_is_the_services(user):
-    """Two forms of one rule: the column the booking's node statement computes, and the ORM's (volumes)."""
+    """Three forms of one rule: the column the booking's node statement computes, the ORM's (volumes) and the
+    offers' annotation."""
     node = _node(free_gb=1000)
     book(user, node, disk_gb=100)
     book(user, node, disk_gb=40)
@@ -92,9 +99,61 @@ def test_the_booking_statements_room_is_the_services(user):
         with transaction.atomic():
             locked = _lock_node_for_booking(node.pk, count_gpus=True)
         assert locked.disk_room == node_disk_room(Node.objects.get(pk=node.pk))
+        assert _offer_room(node.pk) == locked.disk_room.left_gb
     assert locked.disk_room.promised_gb == 0
     Node.objects.filter(pk=node.pk).update(host_checked_at=None)  # never dated: everything live counts
     with transaction.atomic():
         locked = _lock_node_for_booking(node.pk, count_gpus=True)
     assert locked.disk_room == node_disk_room(Node.objects.get(pk=node.pk))
-    assert locked.disk_room.promised_gb == 170
+    assert locked.disk_room.promised_gb == 170 and _offer_room(node.pk) == 1000 - 170
+    Node.objects.filter(pk=node.pk).update(disk_free_gb=100)  # less than promised (a disk filled since): 0, not < 0
+    assert _offer_room(node.pk) == 0 and node_disk_room(Node.objects.get(pk=node.pk)).left_gb == 0
+    Node.objects.filter(pk=node.pk).update(disk_free_gb=None)
+    assert _offer_room(node.pk) is None and node_disk_room(Node.objects.get(pk=node.pk)) is None
+
+
+def _three_nodes(user):
+    """300 GB left of 1000 reported, 500 left of 500, and a node that never reported its disk."""
+    booked, free, unread = _node(free_gb=1000), _node(free_gb=500), _node(free_gb=None)
+    book(user, booked, disk_gb=700)
+    return booked, free, unread
+
+
+def test_offers_show_filter_and_order_the_room_left_not_the_reported_free_disk(anon, user):
+    """An offer listed for `min_disk_free_gb=400` was then refused a 400 GB disk: the offers showed the reported
+    free disk, the booking judged the room left."""
+    booked, free, unread = _three_nodes(user)
+    shown = {o["id"]: o["disk_free_gb"] for o in anon.get("/api/v1/offers/").json()["results"]}
+    assert shown == {booked.pk: 300, free.pk: 500, unread.pk: None}
+    assert anon.get(f"/api/v1/offers/{booked.pk}/").json()["disk_free_gb"] == 300
+    assert [o["id"] for o in anon.get("/api/v1/offers/?min_disk_free_gb=400").json()["results"]] == [free.pk]
+    assert [o["id"] for o in anon.get("/api/v1/offers/?min_disk_free_gb=300").json()["results"]] in (
+        [booked.pk, free.pk], [free.pk, booked.pk])
+    ordered = anon.get("/api/v1/offers/?ordering=-disk_free_gb").json()["results"]
+    assert [o["id"] for o in ordered] == [free.pk, booked.pk, unread.pk]  # unknown last
+    ordered = anon.get("/api/v1/offers/?ordering=disk_free_gb").json()["results"]
+    assert [o["id"] for o in ordered] == [booked.pk, free.pk, unread.pk]
+
+
+def test_vast_search_shows_and_filters_the_room_left_and_its_refusal_speaks_vasts_words(anon, api, user):
+    booked, free, _ = _three_nodes(user)
+    bundles = "/compat/vast/api/v0/bundles/"
+    rows = anon.post(bundles, {"order": [["disk_space", "desc"]], "num_gpus": {"eq": 1}}, format="json").json()
+    spaces = [(o["machine_id"], o.get("disk_space")) for o in rows["offers"]]
+    assert spaces[:2] == [(free.pk, 500.0), (booked.pk, 300.0)]
+    rows = anon.post(bundles, {"disk_space": {"gte": 400}}, format="json").json()["offers"]
+    assert {o["machine_id"] for o in rows} == {free.pk}
+    add_key(api.user)
+    ask = booked.pk * 100 + 1
+    refused = api.put(f"/compat/vast/api/v0/asks/{ask}/", {"image": "cuda-12-4", "disk": 400, "runtype": "ssh"},
+                      format="json")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["msg"] == (
+        f"Offer {ask}'s machine reported 1000 GB of free disk, less 700 GB promised to instances and volumes there "
+        "since: 300 GB are left; an instance disk of 400 GB does not fit. Ask for less disk (--disk), or take "
+        "another offer from `vastai search offers` (its disk_space is the room left).")
+    too_small = api.put(f"/compat/vast/api/v0/asks/{ask}/", {"image": "cuda-12-4", "disk": 5, "runtype": "ssh"},
+                        format="json")
+    assert too_small.status_code == 400 and "needs 20 to" in too_small.json()["msg"]
+    assert api.put(f"/compat/vast/api/v0/asks/{ask}/", {"image": "cuda-12-4", "disk": 300, "runtype": "ssh"},
+                   format="json").status_code == 200

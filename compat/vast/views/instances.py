@@ -13,12 +13,13 @@ from rest_framework.response import Response
 
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.scopes import RENTER_ONLY
-from core.errors import NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from core.untrusted_json import Refused, loads
 from core.validators import whole_number
 from marketplace.mig import profiles_for
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
+from marketplace.services.disk_room import DiskDoesNotFit
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.instances import options as opts
 
@@ -316,9 +317,16 @@ def _unset(value: Any, unset: Any) -> bool:
     return value is False
 
 
-def _offer_refusal(exc: ValidationFailed, ask_id: int, num_gpus: int) -> ValidationFailed | NotFound:
-    """The booking's refusals that name the node and a GPU count, in the terms a vastai user has: the offer id
-    they typed (its GPU count is fixed by the id)."""
+def _offer_refusal(exc: ValidationFailed | DiskDoesNotFit, ask_id: int, num_gpus: int,
+                   ) -> ValidationFailed | NotFound | Conflict:
+    """The booking's refusals that name the node, a GPU count or the disk, in the terms a vastai user has: the
+    offer id they typed (its GPU count is fixed by the id) and `--disk`."""
+    if isinstance(exc, DiskDoesNotFit):
+        return Conflict(exc.reworded(f"Offer {ask_id}'s machine", "Ask for less disk (--disk), or take another "
+                                     "offer from `vastai search offers` (its disk_space is the room left)."),
+                        field="disk")
+    if exc.field == "disk_gb":  # the image's range: the same words, Vast's field
+        return ValidationFailed(exc.message, field="disk")
     if exc.field == "offer":
         return NotFound(f"There is no offer {ask_id}: take an id from `vastai search offers`.", field="id")
     if exc.field == "num_gpus":
@@ -366,6 +374,6 @@ class OfferCreateView(VastView):
             instance = booking.ask_book(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key,
                                         node_id=node_id, num_gpus=num_gpus, image=image, ssh_public_keys=keys,
                                         disk_gb=disk, label=label, options=options)
-        except ValidationFailed as exc:
+        except (ValidationFailed, DiskDoesNotFit) as exc:
             raise _offer_refusal(exc, ask_id, num_gpus) from None
         return Response({"success": True, "new_contract": instance.pk})

@@ -16,7 +16,7 @@ from marketplace.models import (
     User,
 )
 from marketplace.models.nodes import Node
-from marketplace.services.disk_room import refusal_text
+from marketplace.services.disk_room import DiskDoesNotFit
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds, funds_of, funds_refuse_if_short
 from marketplace.services.offer_rules import node_refusal
@@ -194,8 +194,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         raise ValidationFailed(f"{what} needs {min_disk} to {MAX_DISK_GB} GB of disk.", field="disk_gb")
     room = node.disk_room  # type: ignore[attr-defined]  # set by _lock_node_for_booking
     if room is not None and disk > room.left_gb:
-        raise Conflict(refusal_text(node_id, room, disk, "an instance disk",
-                                    "Ask for less disk (disk_gb), or rent another offer."))
+        raise DiskDoesNotFit(node_id, room, disk, "an instance disk", "Ask for less disk (disk_gb), or rent another "
+                             "offer.", field="disk_gb")
     mounts = volume_mounts_for_booking(renter=renter, node_id=node.pk, specs=volumes)  # locks the volumes
     if funds_required and not wallet_with_node:
         _check_funds(renter.pk, price * num_gpus, "Renting this instance")
