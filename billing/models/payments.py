@@ -28,6 +28,10 @@ class BillingProfile(models.Model):
     low_balance_warned_at = models.DateTimeField(null=True, blank=True)
     depleted_at = models.DateTimeField(null=True, blank=True, help_text="When the balance reached zero.")
     destroy_warned_at = models.DateTimeField(null=True, blank=True)
+    stop_not_before = models.DateTimeField(
+        null=True, blank=True,
+        help_text="A price raised on a running instance found the balance low: the renter was warned then, and their "
+                  "running instances are not stopped at zero before this (billing.services.low_balance).")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -5,7 +5,9 @@
   recovered above the threshold, or nothing ran, in between).
 - Empty (balance ≤ 0): their running instances are stopped (disk kept; billing ends at the stop) in the
   same tick, with a `balance_depleted` event and email. The balance can dip below zero by at most one
-  tick of usage; that is owed, and the next top-up settles it.
+  tick of usage; that is owed, and the next top-up settles it. Not before a price raise's notice ends:
+  a raise that found the balance low warned then, and its renter keeps running until
+  BILLING_LOW_BALANCE_WARNING_S after it (billing.services.low_balance), owing what runs meanwhile.
 - Grace: stopped instances of a renter whose balance stays at or below zero are destroyed
   BILLING_GRACE_PERIOD_S after it reached zero, with a `destroy_warning` event and email
   BILLING_DESTROY_WARNING_S before; so are their volumes that no live instance mounts (storage is billed
@@ -26,16 +28,16 @@ from django.utils import timezone
 
 from billing.models import Account, AccountKind, BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
+from billing.services.low_balance import billing_profile_lock, low_balance_warn, raise_grace_holds
+from billing.services.low_balance import duration_text as _duration
 from billing.services.notify import event_create
 from billing.services.storage import storage_burn_per_hour
 from billing.services.top_ups import auto_top_up_start
 from core.errors import ApplicationError
 from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeMount, VolumeState
 from marketplace.models.renting import FINAL_STATUSES
-from marketplace.money import micros_to_usd, usd_text
 from marketplace.services.instances import instance_destroy, instance_stop
 from marketplace.services.volumes import volume_delete
-from notifications.services.notify import Kind, notify
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +50,6 @@ class EnforceResult:
     destroy_warned: int = 0
     destroyed: int = 0
     auto_top_ups: int = 0
-
-
-def _duration(seconds: int) -> str:
-    if seconds >= 2 * 86400:
-        return f"{seconds // 86400} days"
-    if seconds >= 2 * 3600:
-        return f"{seconds // 3600} hours"
-    if seconds >= 120:
-        return f"{seconds // 60} minutes"
-    return f"{max(seconds, 0)} seconds"
 
 
 def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
@@ -90,7 +82,8 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
             continue
         if rate and balance * 3600 // rate < settings.BILLING_LOW_BALANCE_WARNING_S:
             if not warned:
-                result.warned += _warn_low(renter_id, balance, rate, max(balance, 0) * 3600 // rate, now)
+                result.warned += low_balance_warn(renter_id=renter_id, balance=balance, rate=rate,
+                                                  remaining=max(balance, 0) * 3600 // rate, now=now)
         elif warned and profile is not None:  # recovered, or nothing runs: the next low balance is a new crossing
             BillingProfile.objects.filter(pk=profile.pk).update(low_balance_warned_at=None)
         if balance > 0:
@@ -107,35 +100,14 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
     return result
 
 
-def _warn_low(renter_id: int, balance: int, rate: int, remaining: int, now: datetime) -> int:
-    with transaction.atomic():
-        profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
-        profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
-        if profile.low_balance_warned_at is not None:
-            return 0
-        profile.low_balance_warned_at = now
-        profile.save(update_fields=["low_balance_warned_at"])
-        user = User.objects.get(pk=renter_id)
-        # What happens at zero, said for what the renter has: a renter billed for storage alone runs nothing.
-        grace = _duration(settings.BILLING_GRACE_PERIOD_S)
-        message = (f"Your balance is {usd_text(balance)}: about {_duration(remaining)} of your running "
-                   f"instances and storage ({usd_text(rate)} per hour). At zero running instances are stopped, "
-                   f"and {grace} later stopped instances and volumes are deleted; top up to keep them.")
-        data = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
-                "seconds_left": remaining}
-        # The e-mail goes out through notifications, on the channels the renter chose.
-        event_create(user=user, kind=EventKind.LOW_BALANCE, message=message, data=data)
-        notify(user=user, kind=Kind.LOW_BALANCE, payload={**data, "message": message},
-               dedupe_key=f"low_balance:{renter_id}:{now.isoformat()}")
-    return 1
-
-
 def _deplete(renter_id: int, now: datetime) -> int:
-    """Stop the renter's running instances (their balance is at or below zero); how many were stopped."""
+    """Stop the renter's running instances (their balance is at or below zero); how many were stopped. None while
+    a price raise's notice holds (billing.services.low_balance)."""
     with transaction.atomic():
-        profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
-        profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
+        profile = billing_profile_lock(user_id=renter_id)
         if wallet_balance(user_id=renter_id) > 0:  # topped up meanwhile
+            return 0
+        if raise_grace_holds(profile=profile, now=now):  # warned at the raise; stopped no sooner than it said
             return 0
         stopped = []
         for instance in Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.RUNNING).order_by("pk"):

@@ -1,0 +1,110 @@
+"""The low-balance warning, and the notice it gives before a stop at zero when a price raise made the balance low.
+
+- The warning (`low_balance_warn`): a `low_balance` event and notification saying how long the balance lasts at
+  the renter's burn rate and what happens at zero. billing.services.enforcement sends it after a meter tick, once
+  per crossing of BILLING_LOW_BALANCE_WARNING_S.
+- A raise (`balance_recheck_after_raise`): a re-check that raises the price of a running instance (or of one that
+  will run without another funds check: starting, provisioning) can make a balance low, or find it at zero, at
+  once: at $0/h nothing burned, so nothing warned (found by review: the next tick stopped a renter who had done
+  nothing wrong, with no warning). The raise re-reads the balance against the new burn rate; when it is low, the
+  renter is warned then (again, with the new figures, if warned before) and their running instances are not
+  stopped at zero before BILLING_LOW_BALANCE_WARNING_S after the raise (`stop_not_before`): the notice the
+  ordinary warning gives. What runs meanwhile is billed as always and owed if the balance goes below zero; a
+  later raise within that notice keeps its deadline. An ordinary low balance is untouched.
+"""
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from billing import selectors
+from billing.models import BillingProfile, EventKind
+from billing.services.ledger import wallet_balance
+from billing.services.notify import event_create
+from marketplace.models import User
+from marketplace.money import micros_to_usd, usd_text
+from notifications.services.notify import Kind, notify
+
+
+def duration_text(seconds: int) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds // 86400} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds // 3600} hours"
+    if seconds >= 120:
+        return f"{seconds // 60} minutes"
+    return f"{max(seconds, 0)} seconds"
+
+
+def billing_profile_lock(*, user_id: int) -> BillingProfile:
+    """The user's billing profile (created if missing), locked FOR UPDATE until the transaction ends. Taken before
+    the user's instances (enforcement stops them under it; a raise takes it before the instance's lock)."""
+    profile, _ = BillingProfile.objects.get_or_create(user_id=user_id)
+    return BillingProfile.objects.select_for_update().get(pk=profile.pk)
+
+
+def low_balance_warn(*, renter_id: int, balance: int, rate: int, remaining: int, now: datetime,
+                     again: bool = False, stop_not_before: datetime | None = None) -> int:
+    """Warn the renter that `balance` lasts `remaining` seconds at `rate` micro-dollars an hour: 1 when warned, 0
+    when they had been (since the last crossing) and not `again`. `stop_not_before`: a raise's notice, said."""
+    with transaction.atomic():
+        profile = billing_profile_lock(user_id=renter_id)
+        if profile.low_balance_warned_at is not None and not again:
+            return 0
+        profile.low_balance_warned_at = now
+        profile.save(update_fields=["low_balance_warned_at"])
+        user = User.objects.get(pk=renter_id)
+        # What happens at zero, said for what the renter has: a renter billed for storage alone runs nothing.
+        grace = duration_text(settings.BILLING_GRACE_PERIOD_S)
+        message = (f"Your balance is {usd_text(balance)}: about {duration_text(remaining)} of your running "
+                   f"instances and storage ({usd_text(rate)} per hour). At zero running instances are stopped, "
+                   f"and {grace} later stopped instances and volumes are deleted; top up to keep them.")
+        data: dict[str, str | int] = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
+                                      "seconds_left": remaining}
+        if stop_not_before is not None:
+            message += (f" An instance's price was raised just now, so they are not stopped before "
+                        f"{stop_not_before:%Y-%m-%d %H:%M:%S} UTC.")
+            data["stop_not_before"] = stop_not_before.isoformat()
+        # The e-mail goes out through notifications, on the channels the renter chose.
+        event_create(user=user, kind=EventKind.LOW_BALANCE, message=message, data=data)
+        notify(user=user, kind=Kind.LOW_BALANCE, payload={**data, "message": message},
+               dedupe_key=f"low_balance:{renter_id}:{now.isoformat()}")
+    return 1
+
+
+@dataclass(frozen=True)
+class LowAfterRaise:
+    """A renter's balance found low by a price raise: the figures, and the stop's earliest moment."""
+
+    balance_micros: int
+    rate_micros: int  # per hour: running instances, storage, and the raised instance when it is not running yet
+    seconds_left: int
+    stop_not_before: datetime
+
+
+def balance_recheck_after_raise(*, renter_id: int, now: datetime, pending_micros: int = 0) -> LowAfterRaise | None:
+    """After a price raise (committed with it): the renter's balance against their burn rate now, as enforcement
+    counts it, plus `pending_micros` an hour (the raised instance's price when it is not running yet). None when
+    the balance is not low. When it is: warn now and keep their running instances from a stop at zero until
+    BILLING_LOW_BALANCE_WARNING_S from now (an earlier raise's deadline, still ahead, is kept). Call it under
+    the renter's billing profile lock taken before the instance's (billing_profile_lock)."""
+    user = User.objects.get(pk=renter_id)
+    rate = selectors.burn_rate(user=user).total_micros + pending_micros
+    balance = wallet_balance(user_id=renter_id)
+    left = selectors.seconds_left(balance_micros=balance, rate_micros=rate)
+    if left is None or left >= settings.BILLING_LOW_BALANCE_WARNING_S:
+        return None
+    profile = billing_profile_lock(user_id=renter_id)
+    if profile.stop_not_before is None or profile.stop_not_before <= now:
+        profile.stop_not_before = now + timedelta(seconds=settings.BILLING_LOW_BALANCE_WARNING_S)
+        profile.save(update_fields=["stop_not_before"])
+        low_balance_warn(renter_id=renter_id, balance=balance, rate=rate, remaining=left, now=now, again=True,
+                         stop_not_before=profile.stop_not_before)
+    return LowAfterRaise(balance_micros=balance, rate_micros=rate, seconds_left=left,
+                         stop_not_before=profile.stop_not_before)
+
+
+def raise_grace_holds(*, profile: BillingProfile, now: datetime) -> bool:
+    """Whether a raise's notice still keeps the renter's running instances from a stop at zero."""
+    return profile.stop_not_before is not None and now < profile.stop_not_before
