@@ -13,6 +13,11 @@ published rule: docs/ARCHITECTURE.md, GET /api/v1/billing/terms/).
 Each change bills the time so far at the old price, up to the node's last healthy moment while it fails its checks
 (as the meter: node_billable_until), and re-bases the meter there (rate_base_*: billing.services.metering keeps
 cumulative rounding across it); the renter is told at once (API and email).
+
+A raise re-reads the renter's balance against what they now pay (billing.services.low_balance): when it is low, or
+at zero (at $0/h nothing burned, so nothing had warned), they get the low-balance warning then, the raise's message
+says so, and their instances are not stopped at zero before the warning's notice (BILLING_LOW_BALANCE_WARNING_S)
+has passed. Before, the next meter tick stopped them at once (found by review).
 """
 from collections.abc import Collection
 
@@ -21,11 +26,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import EventKind
+from billing.services.low_balance import LowAfterRaise, balance_recheck_after_raise, billing_profile_lock, duration_text
 from billing.services.metering import node_billable_until, usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_text
+from marketplace.services.funds import COMMITTED_STATUSES
 
 from .common import S, _locked
 from .interruptions import _at
@@ -86,6 +93,12 @@ def instance_price_follow(*, instance_id: int, score: float | None,
     tolerance of what it pays now, nothing changes (noise). None when nothing changed."""
     tolerance = float(settings.HARDWARE_PRICE_CUT_TOLERANCE)
     with transaction.atomic():
+        renter_id = Instance.objects.filter(pk=instance_id).values_list("renter_id", flat=True).first()
+        if renter_id is None:
+            return None
+        # A raise may warn and hold the renter's billing profile: locked first, as enforcement does before it
+        # stops their instances (profile, then instance: no lock-order cycle with the meter tick).
+        billing_profile_lock(user_id=renter_id)
         instance = _locked(instance_id)
         if instance is None or instance.status in FINAL_STATUSES:
             return None
@@ -116,7 +129,7 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
              then: str = "") -> None:
     """Bill the time so far at the old price, re-base the meter, charge `per_gpu` from then, and tell the renter
     (`measured`: how the check found its server; `share`: the new price against the old). Under the instance's
-    lock."""
+    lock; a raise, under the renter's billing profile lock taken before it (instance_price_follow)."""
     now = timezone.now()
     since = now
     if instance.status == S.RUNNING:  # the time so far, at the price it ran at
@@ -126,10 +139,30 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
     instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
     instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
     instance.save(update_fields=_PRICE_FIELDS)
+    data = {"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
+            "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)}
+    if instance.price_per_hour_micros > old and instance.status in COMMITTED_STATUSES:  # billed now, or once it runs
+        pending = 0 if instance.status == S.RUNNING else instance.price_per_hour_micros
+        low = balance_recheck_after_raise(renter_id=instance.renter_id, now=now, pending_micros=pending)
+        if low is not None:
+            then += _low_balance_note(low)
+            data.update(balance=str(micros_to_usd(low.balance_micros)),
+                        stop_not_before=low.stop_not_before.isoformat())
     event_create(
         user=instance.renter, kind=kind, email=True,
         message=(f"Instance {instance.pk}'s server measured {measured}. From {_at(since)} it costs "
                  f"{usd_text(instance.price_per_hour_micros)}/h instead of {usd_text(old)}/h ({share}).{then}"),
-        data={"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
-              "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)},
+        data=data,
     )
+
+
+def _low_balance_note(low: LowAfterRaise) -> str:
+    """What the raise's message adds when it left the balance low: the figures, and until when nothing stops."""
+    rate, until = f"{usd_text(low.rate_micros)}/h for your instances and storage", _at(low.stop_not_before)
+    if low.balance_micros <= 0:
+        return (f" Your balance is {usd_text(low.balance_micros)}, which does not cover the {rate}: top up before "
+                f"{until}. Until then your instances keep running (what they use is owed); after it, they are "
+                f"stopped while the balance is at zero.")
+    return (f" Your balance, {usd_text(low.balance_micros)}, lasts about {duration_text(low.seconds_left)} at "
+            f"{rate}: top up to keep your instances running. Should it reach zero, they are not stopped before "
+            f"{until}.")
