@@ -82,7 +82,10 @@ class TermsView(APIView):
                 "price_back": "a later re-check that lists the node again raises a cut price back in proportion "
                               "to its score against the score before the cut, up to the price before the cut and "
                               "never above (within the tolerance of it: in full; a rejection's full cut ends when "
-                              "the node passes again, measured or not); the renter is told at once",
+                              "the node passes again, measured or not); the renter is told at once. A raise that "
+                              "leaves the balance low (less than low_balance_warning_seconds of the new burn rate) "
+                              "warns at once, and running instances are not stopped at zero before "
+                              "low_balance_warning_seconds after it (what runs meanwhile is owed)",
                 "tolerance": str(settings.HARDWARE_PRICE_CUT_TOLERANCE),
             },
         }).data)
