@@ -6,6 +6,14 @@ body's fingerprint under a unique constraint; the same key with another body is 
 import hashlib
 import json
 import re
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import IntegrityError
+
+from core.errors import ApplicationError
+
+T = TypeVar("T")
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = 100  # the columns that store it (Instance, TopUp, Volume) hold as many
@@ -27,3 +35,24 @@ def request_fingerprint(data: object) -> str:
         data = dict(data.lists())
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_once(key: str, earlier: Callable[[], T | None], create: Callable[[], T]) -> tuple[T, bool]:
+    """(what `key` made before, False) when `earlier` finds it, else (create(), True); no key: create() alone.
+
+    `earlier` is asked again when the create fails: on the key's unique index (a concurrent request with the same
+    key inserted first; this one waited for it to commit), and on any refusal. A retry whose original committed
+    between the first look and the create's own checks was refused against the original's own effects (the GPUs
+    or the disk it took, the funds it committed, the refundable amount it used): it gets the original instead.
+    `earlier` raises IdempotencyKeyReused (422) for the same key with another body, also then."""
+    if key:
+        existing = earlier()
+        if existing is not None:
+            return existing, False
+    try:
+        return create(), True
+    except (IntegrityError, ApplicationError):
+        existing = earlier() if key else None
+        if existing is None:
+            raise
+        return existing, False

@@ -20,7 +20,7 @@ failed, and what a dispute holds (billing.services.disputes): Stripe no longer h
 from typing import Any
 
 import stripe
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Sum
 
 from billing.models import (
@@ -48,6 +48,7 @@ from billing.services.ledger import ledger_post, platform_account, user_account,
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
 from core.errors import Conflict, IdempotencyKeyReused, Unavailable, ValidationFailed
+from core.idempotency import create_once
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text
 
@@ -111,24 +112,14 @@ def refund_create_once(*, top_up: TopUp, amount_micros: int, reason: str, create
     if not reason.strip():
         raise ValidationFailed("Give a reason.", field="reason")
     fingerprint = request_fingerprint if idempotency_key else ""
-    if idempotency_key:
-        existing = refund_for_idempotency_key(created_by=created_by, idempotency_key=idempotency_key,
-                                              request_fingerprint=fingerprint)
-        if existing is not None:
-            return existing, False
-    try:
-        refund = _refund_reserve(top_up=top_up, amount_micros=amount_micros, reason=reason, created_by=created_by,
-                                 customer_note=customer_note, idempotency_key=idempotency_key,
-                                 request_fingerprint=fingerprint)
-    except IntegrityError:
-        # The same key's other request reserved first (refund_unique_idempotency_key): answer with its refund.
-        if idempotency_key:
-            existing = refund_for_idempotency_key(created_by=created_by, idempotency_key=idempotency_key,
-                                                  request_fingerprint=fingerprint)
-            if existing is not None:
-                return existing, False
-        raise
-    return _refund_send(refund=refund), True
+    # The database decides a race between two requests with the key (refund_unique_idempotency_key); a retry
+    # refused because its original used the refundable amount gets the original.
+    refund, created = create_once(idempotency_key, lambda: refund_for_idempotency_key(
+        created_by=created_by, idempotency_key=idempotency_key, request_fingerprint=fingerprint),
+        lambda: _refund_reserve(top_up=top_up, amount_micros=amount_micros, reason=reason, created_by=created_by,
+                                customer_note=customer_note, idempotency_key=idempotency_key,
+                                request_fingerprint=fingerprint))
+    return (_refund_send(refund=refund), True) if created else (refund, False)
 
 
 def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User, customer_note: str,

@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import stripe
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -31,6 +31,7 @@ from billing.services.stripe_gateway import (
 )
 from core import dispatch
 from core.errors import ApplicationError, IdempotencyKeyReused, ValidationFailed
+from core.idempotency import create_once
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 
@@ -71,24 +72,19 @@ def top_up_create(*, user: User, amount_micros: int, card: Card, idempotency_key
         raise ValidationFailed("Amounts are in whole cents.", field="amount")
     if card.user_id != user.pk:
         raise ValidationFailed("No such card.", field="card")
-    if idempotency_key:
-        existing = top_up_for_idempotency_key(user=user, idempotency_key=idempotency_key,
-                                              request_fingerprint=request_fingerprint)
-        if existing is not None:
-            return existing, False
-    try:
-        with transaction.atomic():
-            top_up = TopUp.objects.create(
-                user=user, amount_micros=amount_micros, card=card, card_label=str(card),
-                idempotency_key=idempotency_key, request_fingerprint=request_fingerprint if idempotency_key else "",
-            )
-    except IntegrityError:  # a concurrent request with the same key won
-        existing = top_up_for_idempotency_key(user=user, idempotency_key=idempotency_key,
-                                              request_fingerprint=request_fingerprint)
-        if existing is None:
-            raise
-        return existing, False
-    return top_up_charge(top_up=top_up), True
+    top_up, created = create_once(idempotency_key, lambda: top_up_for_idempotency_key(
+        user=user, idempotency_key=idempotency_key, request_fingerprint=request_fingerprint),
+        lambda: _top_up_insert(user=user, amount_micros=amount_micros, card=card, idempotency_key=idempotency_key,
+                               request_fingerprint=request_fingerprint))
+    return (top_up_charge(top_up=top_up), True) if created else (top_up, False)
+
+
+def _top_up_insert(*, user: User, amount_micros: int, card: Card, idempotency_key: str,
+                   request_fingerprint: str) -> TopUp:
+    with transaction.atomic():  # a savepoint: the key's unique index may refuse it inside a caller's transaction
+        return TopUp.objects.create(
+            user=user, amount_micros=amount_micros, card=card, card_label=str(card), idempotency_key=idempotency_key,
+            request_fingerprint=request_fingerprint if idempotency_key else "")
 
 
 def top_up_charge(*, top_up: TopUp) -> TopUp:

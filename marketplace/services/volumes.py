@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
@@ -38,6 +38,7 @@ from billing.services.storage import (
     volume_storage_close,
 )
 from core.errors import Conflict, IdempotencyKeyReused, NotFound, ValidationFailed
+from core.idempotency import create_once
 from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
@@ -120,23 +121,14 @@ def volume_create_once(*, owner: User, node_id: int, size_gb: int, label: str = 
     with an `idempotency_key` seen before and the same body, the earlier volume and False (nothing is billed
     twice). Raises as volume_create does, and IdempotencyKeyReused (422) for the same key with another body."""
     email_verified_required(user=owner)  # a volume is rented storage: the rule of booking an instance
-    if idempotency_key:
-        existing = volume_for_idempotency_key(owner=owner, idempotency_key=idempotency_key,
-                                              request_fingerprint=request_fingerprint)
-        if existing is not None:
-            return existing, False
-    try:
+
+    def insert() -> Volume:
         with transaction.atomic():
             return _volume_insert(owner=owner, node_id=node_id, size_gb=size_gb, label=label,
-                                  idempotency_key=idempotency_key, request_fingerprint=request_fingerprint), True
-    except IntegrityError:
-        # The same key's other request won the race (volume_unique_idempotency_key): answer with its volume.
-        if idempotency_key:
-            existing = volume_for_idempotency_key(owner=owner, idempotency_key=idempotency_key,
-                                                  request_fingerprint=request_fingerprint)
-            if existing is not None:
-                return existing, False
-        raise
+                                  idempotency_key=idempotency_key, request_fingerprint=request_fingerprint)
+
+    return create_once(idempotency_key, lambda: volume_for_idempotency_key(
+        owner=owner, idempotency_key=idempotency_key, request_fingerprint=request_fingerprint), insert)
 
 
 def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idempotency_key: str,

@@ -353,6 +353,35 @@ def test_two_refunds_sent_at_once_with_one_idempotency_key_refund_once(localstri
 
 
 @pytest.mark.django_db
+def test_a_retry_of_a_whole_refund_that_looked_too_early_gets_the_refund_not_a_409(localstripe, api, monkeypatch):
+    """The same race where the first refund used the whole refundable amount: the retry was refused by the amount
+    check ("At most $0.00 ... can still be refunded", a 409) before it reached the key's index; it answers with the
+    first refund."""
+    from billing.services import refunds
+
+    top_up = _credited_top_up(localstripe, api, "50.00")
+    operator = UserFactory(is_staff=True)
+    first, _ = refunds.refund_create_once(top_up=top_up, amount_micros=50_000_000, reason="all", created_by=operator,
+                                          idempotency_key="whole", request_fingerprint="f")
+    looks = []
+    look = refunds.refund_for_idempotency_key
+
+    def too_early_then_found(**kwargs):
+        looks.append(kwargs)
+        return None if len(looks) == 1 else look(**kwargs)
+
+    monkeypatch.setattr(refunds, "refund_for_idempotency_key", too_early_then_found)
+    again, created = refunds.refund_create_once(top_up=top_up, amount_micros=50_000_000, reason="all",
+                                                created_by=operator, idempotency_key="whole", request_fingerprint="f")
+    assert not created and again.pk == first.pk and len(looks) == 2
+    looks.clear()
+    with pytest.raises(Conflict, match=r"At most \$0\.00"):  # another key: the amount check's own answer
+        refunds.refund_create_once(top_up=top_up, amount_micros=50_000_000, reason="all", created_by=operator,
+                                   idempotency_key="other", request_fingerprint="f")
+    assert Refund.objects.filter(top_up=top_up).count() == 1 and balance(api.user) == 0
+
+
+@pytest.mark.django_db
 def test_a_refund_stripe_says_failed_before_its_answer_is_recorded_debits_nothing(localstripe, api):
     """refund.failed can reach the webhook between Stripe's answer to the create and its recording: the refund,
     still pending, failed; refund_confirm then took it for one made after all and debited the wallet."""

@@ -11,7 +11,7 @@ from marketplace.models import Node
 from marketplace.selectors import disk_left_gb
 from marketplace.services import instances as svc
 from marketplace.services import volumes as volume_svc
-from marketplace.services.disk_room import node_disk_room
+from marketplace.services.disk_room import DiskDoesNotFit, node_disk_room
 from marketplace.services.instances.allocation import _lock_node_for_booking
 from tests.factories import make_listed_node
 
@@ -157,3 +157,39 @@ def test_vast_search_shows_and_filters_the_room_left_and_its_refusal_speaks_vast
     assert too_small.status_code == 400 and "needs 20 to" in too_small.json()["msg"]
     assert api.put(f"/compat/vast/api/v0/asks/{ask}/", {"image": "cuda-12-4", "disk": 300, "runtype": "ssh"},
                    format="json").status_code == 200
+
+
+def _too_early_then_found(monkeypatch, module, name):
+    """The key's first look finds nothing (made before the original committed); later looks are the real one."""
+    looks, look = [], getattr(module, name)
+
+    def lookup(**kwargs):
+        looks.append(kwargs)
+        return None if len(looks) == 1 else look(**kwargs)
+
+    monkeypatch.setattr(module, name, lookup)
+    return looks
+
+
+def test_a_retry_that_looked_before_its_original_committed_gets_it_not_the_disk_409(user, monkeypatch):
+    """A retry with the original's Idempotency-Key whose look came before the original's commit was refused
+    against the original's own disk (a 409, checked before the key's unique index could answer it); the same for
+    a volume. Both answer with what the original made (core.idempotency.create_once)."""
+    from marketplace.services.instances import booking
+
+    node = _node(free_gb=200)
+    first = book(user, node, disk_gb=150, idempotency_key="once", request_fingerprint="f")
+    looks = _too_early_then_found(monkeypatch, booking, "instance_for_idempotency_key")
+    again, created = svc.instance_create(renter=user, node_id=node.pk, num_gpus=1, image=first.image,
+                                         ssh_public_keys=first.ssh_public_keys, disk_gb=150,
+                                         idempotency_key="once", request_fingerprint="f")
+    assert (again.pk, created, len(looks)) == (first.pk, False, 2)
+
+    volume, made = volume_svc.volume_create_once(owner=user, node_id=node.pk, size_gb=50, idempotency_key="v",
+                                                 request_fingerprint="g")
+    looks = _too_early_then_found(monkeypatch, volume_svc, "volume_for_idempotency_key")
+    same, made_again = volume_svc.volume_create_once(owner=user, node_id=node.pk, size_gb=50, idempotency_key="v",
+                                                     request_fingerprint="g")
+    assert made and (same.pk, made_again, len(looks)) == (volume.pk, False, 2)
+    with pytest.raises(DiskDoesNotFit):  # without the key: the disk's own answer
+        volume_svc.volume_create_once(owner=user, node_id=node.pk, size_gb=50)

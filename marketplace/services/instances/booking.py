@@ -3,12 +3,13 @@ import json
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from billing.services.metering import platform_fee_bps
 from core import metrics
 from core.errors import Conflict, ValidationFailed
+from core.idempotency import create_once
 from marketplace.encryption import encrypt_secret
 from marketplace.models import (
     Image,
@@ -65,39 +66,26 @@ def instance_create(
     IdempotencyKeyReused (422); on any of them nothing was written.
     """
     email_verified_required(user=renter)
-    if idempotency_key:
-        existing = instance_for_idempotency_key(
-            renter=renter, idempotency_key=idempotency_key, request_fingerprint=request_fingerprint
-        )
-        if existing is not None:
-            return existing, False
-    keys = list(dict.fromkeys(ssh_public_keys))
-    if not keys:
-        raise ValidationFailed("Give at least one SSH key: `ssh_keys` (ids of your keys) and/or `ssh_public_key`.",
-                               field="ssh_keys")
-    # Here and not in each caller: every path (API, compat, web) joins saved and pasted keys its own way, and the
-    # agent refuses more than MAX_INSTANCE_KEYS, so a longer list would be booked and then fail on the node.
-    if len(keys) > MAX_INSTANCE_KEYS:
-        raise ValidationFailed(f"At most {MAX_INSTANCE_KEYS} SSH keys go on one instance; this request names "
-                               f"{len(keys)} (saved and pasted together).",
-                               field="ssh_keys")
-    try:
+
+    def book_it() -> Instance:
+        keys = list(dict.fromkeys(ssh_public_keys))
+        if not keys:
+            raise ValidationFailed("Give at least one SSH key: `ssh_keys` (ids of your keys) and/or "
+                                   "`ssh_public_key`.", field="ssh_keys")
+        # Here and not in each caller: every path (API, compat, web) joins saved and pasted keys its own way, and
+        # the agent refuses more than MAX_INSTANCE_KEYS, so a longer list would be booked and then fail on the node.
+        if len(keys) > MAX_INSTANCE_KEYS:
+            raise ValidationFailed(f"At most {MAX_INSTANCE_KEYS} SSH keys go on one instance; this request names "
+                                   f"{len(keys)} (saved and pasted together).", field="ssh_keys")
         with transaction.atomic():
-            instance = _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
-                             disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
-                             idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
-                             volumes=volumes or [], mig_profile=mig_profile)
-    except IntegrityError:
-        # Another request with the same Idempotency-Key won the race (it held the unique index
-        # entry; this one waited for it to commit). Answer with the winner.
-        if idempotency_key:
-            existing = instance_for_idempotency_key(
-                renter=renter, idempotency_key=idempotency_key, request_fingerprint=request_fingerprint
-            )
-            if existing is not None:
-                return existing, False
-        raise
-    return instance, True
+            return _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
+                         disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
+                         idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
+                         volumes=volumes or [], mig_profile=mig_profile)
+
+    # A retry racing its original gets the original, also where the original's GPUs or disk would refuse it.
+    return create_once(idempotency_key, lambda: instance_for_idempotency_key(
+        renter=renter, idempotency_key=idempotency_key, request_fingerprint=request_fingerprint), book_it)
 
 
 # The disk an image of the renter's own gets when they name none (the catalogue's smallest minimum).
