@@ -1,6 +1,13 @@
-"""Which VMs hold which GPUs, checked under the node-wide allocate lock immediately before any VM starts."""
+"""Which VMs hold which GPUs, checked under the node-wide allocate lock immediately before any VM starts; and
+whether the cards a VM was given are still where the platform thinks they are.
+
+nvidia-smi numbers the cards anew when one falls off the bus: index 3 may be another card than when the platform
+allocated it. A VM's spec keeps the cards' UUIDs beside their indices (`gpu_uuids`, where the platform sent them)
+and no VM starts unless each index still carries its UUID (cards_now); VMs are compared as the cards they hold,
+not as the numbers those cards had when each VM was recorded (card_ids)."""
 from .core import AgentError
 from .records import all_records, file_lock
+from .smi import read_gpus
 
 
 def holds_gpus(rt, rec):
@@ -11,14 +18,47 @@ def holds_gpus(rt, rec):
     return bool(rec.get("provisioning")) or rt.state(rec) in ("running", "missing")
 
 
-def check_gpus_free(rt, others, indices, mig_uuids=None):
+def cards_now(gpus, indices, uuids=None):
+    """The node's GPUs (read_gpus rows) at `indices`, in that order, after checking that each index still carries
+    the card the platform allocated (`uuids`, aligned with `indices`; None, or a None entry: judged by index)."""
+    at = {g["index"]: g for g in gpus}
+    where = {g["uuid"]: g["index"] for g in gpus if g.get("uuid")}
+    for index, uuid in zip(indices, uuids or [None] * len(indices)):  # noqa: B905 - python3.8
+        if uuid is not None and uuid not in where:
+            raise AgentError("gpu_missing", "GPU %s (index %d when it was allocated) is not on this node now "
+                                            "(fallen off the bus?)" % (uuid, index))
+        if uuid is not None and where[uuid] != index:
+            now = ("GPU index %d is now %s, not %s" % (index, at[index].get("uuid") or "a card without a UUID", uuid)
+                   if index in at
+                   else "there is no GPU index %d now" % index)
+            raise AgentError("gpu_moved", "%s: nvidia-smi numbered the cards anew (%s is index %d now)" % (
+                now, uuid, where[uuid]))
+        if index not in at:
+            raise AgentError("gpu_missing", "no GPU with index %d on this node now (fallen off the bus?)" % index)
+    return [at[i] for i in indices]
+
+
+def card_ids(indices, uuids, at):
+    """{index: the card}: its UUID as recorded, else the UUID at that index now (a record from before gpu_uuids,
+    judged by index as then), else the bare index. `at` None (the node's cards unknown): by index alone."""
+    uuids = uuids if uuids and at is not None else [None] * len(indices)
+    at = at or {}
+    return {i: u or at.get(i) or "index %d" % i for i, u in zip(indices, uuids)}  # noqa: B905
+
+
+def check_gpus_free(rt, others, indices, mig_uuids=None, uuids=None, gpus=None):
     """A VM given MIG slices holds only those slices of its GPU; a VM given a whole GPU holds it and every slice
-    of it."""
+    of it. Compared as cards (card_ids, with `gpus` the node's GPUs now: without, by index alone)."""
+    at = None if gpus is None else {g["index"]: g.get("uuid") for g in gpus}
     holding = [r["spec"] for r in others if holds_gpus(rt, r)]
-    whole = {i for s in holding if not s.get("mig_uuids") for i in s["gpu_indices"]}
-    sliced = {i for s in holding if s.get("mig_uuids") for i in s["gpu_indices"]}
+
+    def cards(specs):
+        return {c for s in specs for c in card_ids(s["gpu_indices"], s.get("gpu_uuids"), at).values()}
+    whole = cards(s for s in holding if not s.get("mig_uuids"))
+    sliced = cards(s for s in holding if s.get("mig_uuids"))
     slices = {u for s in holding for u in s.get("mig_uuids") or ()}
-    busy = sorted(whole & set(indices)) if mig_uuids else sorted((whole | sliced) & set(indices))
+    taken = whole if mig_uuids else whole | sliced
+    busy = sorted(i for i, card in card_ids(indices, uuids, at).items() if card in taken)
     if busy:
         raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % busy[0])
     taken = sorted(slices & set(mig_uuids or ()))
@@ -26,15 +66,20 @@ def check_gpus_free(rt, others, indices, mig_uuids=None):
         raise AgentError("gpu_busy", "MIG device %s is in use by another running VM" % taken[0])
 
 
-def check_and_start(rt, rec):
-    """The GPU check and the start, with the allocate lock already held (vm start holds it while it rebinds)."""
+def check_and_start(rt, rec, gpus=None):
+    """The card check, the GPU check and the start, with the allocate lock already held (vm start holds it while
+    it rebinds). `gpus`: the node's GPUs as just read (read here when not given)."""
+    spec = rec["spec"]
+    gpus = read_gpus(rt.cfg)[0] if gpus is None else gpus
+    cards_now(gpus, spec["gpu_indices"], spec.get("gpu_uuids"))
     others = [r for r in all_records(rt.cfg) if r["vm_id"] != rec["vm_id"]]
-    check_gpus_free(rt, others, rec["spec"]["gpu_indices"], rec["spec"].get("mig_uuids"))
+    check_gpus_free(rt, others, spec["gpu_indices"], spec.get("mig_uuids"), spec.get("gpu_uuids"), gpus)
     rt.start(rec)
 
 
 def checked_start(rt, rec):
-    """Start a VM only if no other VM holds its GPUs, under the allocate lock: every start goes through here
-    (a create's, a retried create's, vm start's), so two VMs never run on one GPU whatever the order of calls."""
+    """Start a VM only if its cards are where its spec says and no other VM holds them, under the allocate lock:
+    every start goes through here (a create's, a retried create's, vm start's), so two VMs never run on one GPU,
+    nor one on a card it was not given, whatever the order of calls."""
     with file_lock(rt.cfg, "allocate", timeout=60):
         check_and_start(rt, rec)

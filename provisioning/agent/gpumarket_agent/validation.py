@@ -12,6 +12,8 @@ KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa
 _B64_RE = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _COMMENT_RE = re.compile(r"[\x21-\x7e]+( [\x21-\x7e]+)*")  # printable ASCII words, single spaces
 _LIBVIRT_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+# A card's UUID as nvidia-smi prints it: it names the card wherever nvidia-smi numbers it (allocation.cards_now).
+GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 def reject_unknown(req, allowed):
@@ -53,8 +55,8 @@ def validate_public_key(value):
     return value
 
 
-CREATE_FIELDS = ("vm_id", "gpu_indices", "ssh_public_keys", "image", "disk_gb", "registry_auth", "env", "onstart",
-                 "ports", "volumes", "mig_uuids")
+CREATE_FIELDS = ("vm_id", "gpu_indices", "gpu_uuids", "ssh_public_keys", "image", "disk_gb", "registry_auth", "env",
+                 "onstart", "ports", "volumes", "mig_uuids")
 
 
 def validate_create(req, runtime, gpu_indices_present):
@@ -62,7 +64,7 @@ def validate_create(req, runtime, gpu_indices_present):
     caller takes it with options.validate_registry_auth."""
     reject_unknown(req, CREATE_FIELDS)
     vm_id = validate_vm_id(req.get("vm_id"))
-    indices = validate_gpu_indices(req.get("gpu_indices"), gpu_indices_present)
+    indices, uuids = validate_gpus(req, gpu_indices_present)
     keys = req.get("ssh_public_keys")
     if not isinstance(keys, list) or not 0 < len(keys) <= 32:
         raise invalid("ssh_public_keys", "ssh_public_keys must be a list of 1 to 32 keys")
@@ -85,8 +87,10 @@ def validate_create(req, runtime, gpu_indices_present):
     disk_gb = req.get("disk_gb", 50)
     if type(disk_gb) is not int or not 1 <= disk_gb <= 65536:
         raise invalid("disk_gb", "disk_gb must be an integer from 1 to 65536")
-    spec = {"gpu_indices": sorted(indices), "ssh_public_keys": list(keys),
+    spec = {"gpu_indices": indices, "ssh_public_keys": list(keys),
             "image": {k: image[k] for k in sorted(image)}, "disk_gb": disk_gb}
+    if uuids is not None:
+        spec["gpu_uuids"] = uuids
     if req.get("mig_uuids") is not None:  # MIG slices of those GPUs: the VM sees only these (mig.py checks them)
         if not isinstance(req["mig_uuids"], list) or not req["mig_uuids"]:
             raise invalid("mig_uuids", "mig_uuids must be a non-empty list of MIG-... UUIDs")
@@ -96,10 +100,44 @@ def validate_create(req, runtime, gpu_indices_present):
 
 
 def validate_gpu_indices(value, present):
+    """The indices, sorted; `present` None: their shape only (the cards are checked when the VM starts)."""
     if not isinstance(value, list) or not 0 < len(value) <= 64 or \
             not all(type(i) is int for i in value) or len(set(value)) != len(value):
         raise invalid("gpu_indices", "gpu_indices must be a non-empty list of distinct integers")
-    missing = sorted(set(value) - set(present))
+    missing = sorted(set(value) - set(present if present is not None else value))
     if missing:
         raise invalid("gpu_indices", "no GPU with index %s on this node" % missing[0])
     return sorted(value)
+
+
+def validate_gpu_uuids(value, indices):
+    """The allocated cards' UUIDs, one per entry of `indices` (the request's gpu_indices, in its order), null for
+    a card the platform knows no UUID of (that one is judged by its index alone). None when none were sent."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid("gpu_uuids", "gpu_uuids must be a list of GPU-... UUIDs (or null), one per entry of gpu_indices")
+    if len(value) != len(indices):
+        raise invalid("gpu_uuids", "gpu_uuids must have one entry per entry of gpu_indices (%d), not %d" % (
+            len(indices), len(value)))
+    for n, uuid in enumerate(value):
+        if uuid is not None and not (isinstance(uuid, str) and GPU_UUID_RE.fullmatch(uuid)):
+            raise invalid("gpu_uuids", "gpu_uuids entry %d is not a GPU UUID "
+                                       "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, hexadecimal) or null" % n)
+    known = [u for u in value if u is not None]
+    if len(set(known)) != len(known):
+        twice = next(u for u in known if known.count(u) > 1)
+        raise invalid("gpu_uuids", "gpu_uuids names %s more than once" % twice)
+    return value
+
+
+def validate_gpus(req, present):
+    """(gpu_indices sorted, gpu_uuids in that order or None) of a create or start request. Without UUIDs an index
+    must be on the node; with them the VM's start checks each card (allocation.cards_now), naming one that is gone."""
+    value, uuids = req.get("gpu_indices"), req.get("gpu_uuids")
+    indices = validate_gpu_indices(value, present if uuids is None else None)
+    uuids = validate_gpu_uuids(uuids, value)
+    if uuids is None:
+        return indices, None
+    by_index = dict(zip(value, uuids))  # noqa: B905 - python3.8
+    return indices, [by_index[i] for i in indices]

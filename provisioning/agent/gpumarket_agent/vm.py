@@ -3,14 +3,14 @@ import contextlib
 import shutil
 import time
 
-from .allocation import check_and_start, check_gpus_free
+from .allocation import cards_now, check_and_start, check_gpus_free
 from .core import RUNTIMES, AgentError, invalid
 from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
 from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
 from .runtimes import RUNTIME_CLASSES
 from .smi import read_gpus
-from .validation import reject_unknown, validate_create, validate_gpu_indices, validate_vm_id
+from .validation import reject_unknown, validate_create, validate_gpus, validate_vm_id
 from .volumes import check_volumes_exist, cmd_volume
 
 MAX_LOG_TAIL = 5000
@@ -39,6 +39,7 @@ def vm_create(cfg, req):
     runtime, rt = pick_runtime(cfg, req)
     gpus = read_gpus(cfg)[0]
     vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus])
+    cards_now(gpus, spec["gpu_indices"], spec.get("gpu_uuids"))  # refused before anything is recorded
     if "mig_uuids" in spec:
         check_mig_uuids(cfg, gpus, spec)
     registry_auth = validate_registry_auth(req.get("registry_auth"))  # used for the pull only, never recorded
@@ -48,11 +49,11 @@ def vm_create(cfg, req):
             # GPUs, ports and volumes are node-wide; a volume cannot be deleted while a VM mounting it is recorded
             rec = load_record(cfg, vm_id)
             created = rec is None
-            if rec is not None and (rec["spec"] != spec or rec["runtime"] != runtime):
+            if rec is not None and (not same_spec(rec["spec"], spec) or rec["runtime"] != runtime):
                 raise AgentError("conflict", "VM %s exists with a different spec" % vm_id)
             if created:
                 others = all_records(cfg)
-                check_gpus_free(rt, others, spec["gpu_indices"], spec.get("mig_uuids"))
+                check_gpus_free(rt, others, spec["gpu_indices"], spec.get("mig_uuids"), spec.get("gpu_uuids"), gpus)
                 check_volumes_exist(cfg, spec)
                 # `provisioning`: it holds its GPUs from now until this create ends (allocation.holds_gpus)
                 rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec, "provisioning": True,
@@ -80,6 +81,14 @@ def vm_create(cfg, req):
         return answer
 
 
+def same_spec(recorded, spec):
+    """Whether a retried create asks for the VM recorded. A record made before the platform sent gpu_uuids takes
+    them from the retry (the start checks them)."""
+    if "gpu_uuids" in spec and "gpu_uuids" not in recorded and dict(recorded, gpu_uuids=spec["gpu_uuids"]) == spec:
+        recorded["gpu_uuids"] = spec["gpu_uuids"]
+    return recorded == spec
+
+
 def check_mig_uuids(cfg, gpus, spec):
     """The MIG devices asked for exist on the node, on the GPUs asked for."""
     validate_mig_uuids(spec["mig_uuids"])
@@ -90,23 +99,51 @@ def check_mig_uuids(cfg, gpus, spec):
 
 
 def vm_start(cfg, rt, rec, req):
-    """Start a VM; with `gpu_indices`, first move it onto those GPUs (they may differ after a stop)."""
-    wanted = req.get("gpu_indices")
-    if wanted is not None:
-        wanted = validate_gpu_indices(wanted, [g["index"] for g in read_gpus(cfg)[0]])
+    """Start a VM; with `gpu_indices` (and their `gpu_uuids`), first move it onto those GPUs (they may differ after
+    a stop, or be its own cards numbered anew). Without, it starts on the cards its record names, checked."""
+    gpus = read_gpus(cfg)[0]
+    wanted = uuids = None
+    if req.get("gpu_indices") is not None:
+        wanted, uuids = validate_gpus(req, [g["index"] for g in gpus])
+    elif req.get("gpu_uuids") is not None:
+        raise invalid("gpu_uuids", "gpu_uuids comes with gpu_indices: one UUID per index")
     with file_lock(cfg, "allocate", timeout=60):
-        if wanted is not None and wanted != rec["spec"]["gpu_indices"]:
-            if rt.state(rec) == "running":
-                raise AgentError("conflict", "VM %s is running; stop it before moving it to other GPUs" % rec["vm_id"])
-            rec["spec"]["gpu_indices"] = wanted
-            rt.rebind(rec)
-        check_and_start(rt, rec)
+        if wanted is not None:
+            take_gpus(rt, rec, wanted, uuids)
+        check_and_start(rt, rec, gpus)
     save_record(cfg, rec)  # the port or the GPUs may have changed
+
+
+def compatible(a, b):
+    """Two UUID lists for the same indices that name no card differently (a None names none)."""
+    return all(x is None or y is None or x == y for x, y in zip(a, b))  # noqa: B905 - python3.8
+
+
+def take_gpus(rt, rec, indices, uuids):
+    """Give the VM the GPUs of a start request. The same indices keep the cards recorded (their UUIDs completed
+    from the request); the same cards numbered anew stay the VM's, running or not; other cards are bound to a
+    stopped VM only. rt.rebind does either: where a runtime names its cards by UUID or PCI address (docker, libvirt),
+    the same cards need no change; where by index, it refuses what it cannot do safely."""
+    spec = rec["spec"]
+    old = spec.get("gpu_uuids")
+    if indices == spec["gpu_indices"] and (uuids is None or old is None or compatible(old, uuids)):
+        if uuids is not None:
+            spec["gpu_uuids"] = [x or y for x, y in zip(old or uuids, uuids)]  # noqa: B905 - python3.8
+        return
+    same_cards = bool(old and uuids) and None not in old and None not in uuids and set(old) == set(uuids)
+    if not same_cards and rt.state(rec) == "running":
+        raise AgentError("conflict", "VM %s is running; stop it before moving it to other GPUs" % rec["vm_id"])
+    spec["gpu_indices"] = indices
+    if uuids is None:
+        spec.pop("gpu_uuids", None)  # other indices, cards unnamed: the recorded UUIDs are not theirs
+    else:
+        spec["gpu_uuids"] = uuids
+    rt.rebind(rec)  # a runtime that names its cards by UUID or PCI address has nothing to change for the same cards
 
 
 def vm_simple(cfg, req, action):
     _, rt = pick_runtime(cfg, req)
-    allowed = {"start": ("vm_id", "gpu_indices"), "logs": ("vm_id", "tail")}.get(action, ("vm_id",))
+    allowed = {"start": ("vm_id", "gpu_indices", "gpu_uuids"), "logs": ("vm_id", "tail")}.get(action, ("vm_id",))
     reject_unknown(req, allowed)
     vm_id = validate_vm_id(req.get("vm_id"))
     if action == "logs":

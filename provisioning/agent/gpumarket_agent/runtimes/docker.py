@@ -141,6 +141,16 @@ def gpu_argv(mode, gpu_indices):
     return ["--gpus", '"device=%s"' % ",".join(str(i) for i in gpu_indices)]  # indices, or MIG-... UUIDs
 
 
+def container_devices(spec, mode):
+    """What the container's `--gpus device=` names (the toolkit): its MIG slices, else its cards' UUIDs where the
+    platform sent every one (nvidia-smi numbers the cards anew when one falls off the bus; a UUID stays the card's),
+    else their indices. Stand-in device nodes ("devices:") go by index. UUIDs only as validation.py matched them."""
+    if mode != "toolkit":
+        return spec["gpu_indices"]
+    uuids = spec.get("gpu_uuids")
+    return spec.get("mig_uuids") or (uuids if uuids and None not in uuids else spec["gpu_indices"])
+
+
 def publish(bind, host_port, port):
     return ["-p", ("%s:%d:%d" % (bind, host_port, port)) if bind else "%d:%d" % (host_port, port)]
 
@@ -350,11 +360,11 @@ class DockerRuntime(Runtime):
             self.ensure_network()
             rec["limits"] = self.limits(spec)
             vmdir, env_path = self.write_box(rec)
-            # A MIG instance gets its slices only (the toolkit takes MIG-... UUIDs as devices).
-            devices = spec.get("mig_uuids") if self.cfg.docker_gpus == "toolkit" else None
+            # A MIG instance gets its slices only (the toolkit takes MIG-... UUIDs as devices), others their cards.
+            devices = rec["gpu_devices"] = container_devices(spec, self.cfg.docker_gpus)
 
             def argv_for(limits):
-                return docker_run_argv(vm_id, devices or spec["gpu_indices"], spec["image"]["docker"],
+                return docker_run_argv(vm_id, devices, spec["image"]["docker"],
                                        rec["ssh_port"], keys_path, gpus=self.cfg.docker_gpus, bind=self.cfg.docker_bind,
                                        ports=rec.get("ports"), volumes=spec.get("volumes", ()), box=vmdir,
                                        env_path=env_path, command=command, limits=limits)
@@ -406,6 +416,15 @@ class DockerRuntime(Runtime):
     def disk_limit(self, rec):
         """A container made before the limits (no `limits` in its record) has none."""
         return (rec.get("limits") or {}).get("disk_limit") or "not_enforced"
+
+    def rebind(self, rec):
+        """A container keeps the devices it was made with: the same cards numbered anew need nothing where it names
+        them by UUID; any other change of GPUs needs a new container."""
+        made = rec.get("gpu_devices")
+        if made and all(isinstance(d, str) for d in made) and \
+                sorted(made) == sorted(container_devices(rec["spec"], self.cfg.docker_gpus)):
+            return
+        super().rebind(rec)
 
     def start(self, rec):
         run(docker_verb_argv("start", rec["vm_id"]))

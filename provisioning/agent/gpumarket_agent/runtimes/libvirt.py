@@ -6,6 +6,7 @@ import shutil
 import time
 import xml.etree.ElementTree as ET
 
+from ..allocation import cards_now
 from ..core import AgentError, invalid, run, write_file
 from ..smi import host_facts, read_gpus
 from ..validation import VM_ID_RE
@@ -124,17 +125,20 @@ class LibvirtRuntime(Runtime):
         self.checked_start(rec)
 
     def rebind(self, rec):
-        # (Re)define the domain with the spec's GPUs as hostdevs; the disk overlay is kept.
+        # (Re)define the domain with the spec's GPUs as hostdevs; the disk overlay is kept. A hostdev is the card's
+        # PCI address, looked up now for the card the spec names (cards_now: by its UUID where recorded), so the
+        # domain keeps its cards however nvidia-smi numbers them later.
         vm_id, spec = rec["vm_id"], rec["spec"]
         work = os.path.join(self.cfg.libvirt_dir, vm_id)
-        gpus = {g["index"]: g for g in read_gpus(self.cfg)[0]}
+        gpus = read_gpus(self.cfg)[0]
+        cards = cards_now(gpus, spec["gpu_indices"], spec.get("gpu_uuids"))
         facts = host_facts(self.cfg)
         vcpus, mem = libvirt_share(facts["cpu"]["cores"] or 1, facts["ram_mib"] or 4096,
-                                   len(spec["gpu_indices"]), len(gpus))
+                                   len(cards), len(gpus))
         domain = os.path.join(work, "domain.xml")
         write_file(domain, libvirt_domain_xml(
             vm_id, vcpus, mem, os.path.join(work, "disk.qcow2"), os.path.join(work, "seed.iso"), rec["ssh_port"],
-            [gpus[i]["pci_bus_id"] for i in spec["gpu_indices"]]), 0o644)
+            [g["pci_bus_id"] for g in cards]), 0o644)
         run(virsh_argv(self.cfg.libvirt_uri, "define", domain))
 
     def start(self, rec):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from ..allocation import cards_now
 from ..bundle import copy_agent
 from ..core import AgentError, read_json, run, write_file
 from ..mig import list_text, sim_slices
@@ -120,10 +121,13 @@ class SimRuntime(Runtime):
         self.checked_start(rec)
 
     def rebind(self, rec):
-        # The VM's own nvidia-smi and CUDA_VISIBLE_DEVICES show only its GPUs (sshd_config is written at start).
+        # The VM's own nvidia-smi and CUDA_VISIBLE_DEVICES show only its GPUs (sshd_config is written at start):
+        # the cards the spec names, by UUID where recorded, checked as a real runtime's are (cards_now): a card
+        # the profile no longer lists, or lists at another index, is refused, never swapped for another.
         profile, gpus = load_profile(self.cfg.sim_profile)
         rows = [ln for ln in profile["nvidia_smi"] if ln.strip()]  # in parse_gpu_csv's order
-        mine = [n for n, g in enumerate(gpus) if g["index"] in rec["spec"]["gpu_indices"]]
+        cards = cards_now(gpus, rec["spec"]["gpu_indices"], rec["spec"].get("gpu_uuids"))
+        mine = sorted(gpus.index(g) for g in cards)
         mig = rec["spec"].get("mig_uuids")
         write_file(os.path.join(vm_dir(self.cfg, rec["vm_id"]), "gpus.json"), json.dumps({
             "cuda_version": profile.get("cuda_version"), "nvidia_smi": [rows[n] for n in mine],
