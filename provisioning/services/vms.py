@@ -380,6 +380,7 @@ def create_request(instance: Instance) -> dict[str, Any]:
     request = _request(
         instance,
         gpu_indices=instance_svc.instance_gpu_indices(instance=instance),
+        gpu_uuids=instance_svc.instance_gpu_uuids(instance=instance),  # the cards, wherever nvidia-smi numbers them
         ssh_public_keys=list(instance.ssh_public_keys),
         image=images,
         disk_gb=instance.disk_gb,
@@ -433,9 +434,11 @@ def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
 
 
 def _start(job: Job, session: NodeSession, instance: Instance) -> dict[str, Any]:
-    # The GPUs it holds now: after a stop they may differ from the ones the VM had before.
+    # The GPUs it holds now: after a stop they may differ from the ones the VM had before. With their UUIDs, the
+    # agent refuses to start the VM on another card at one of those indices (one fallen off the bus renumbers them).
     return _vm_command(job, instance, session, "start", _request(
-        instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance)))
+        instance, gpu_indices=instance_svc.instance_gpu_indices(instance=instance),
+        gpu_uuids=instance_svc.instance_gpu_uuids(instance=instance)))
 
 
 def vm_start(*, job: Job) -> None:

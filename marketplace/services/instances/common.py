@@ -63,6 +63,23 @@ def instance_gpu_indices(*, instance: Instance) -> list[int]:
     )
 
 
+def instance_gpu_uuids(*, instance: Instance) -> list[str | None]:
+    """The UUIDs of the GPUs instance_gpu_indices names, in its order; None for a row with no UUID (older data).
+    The node's agent starts the VM only if each index still carries its card: nvidia-smi numbers the cards anew
+    when one falls off the bus."""
+    if instance.mig_profile:
+        slices = getattr(instance, "live_slices", None)
+        cards = ({a.mig_slice.gpu.index: a.mig_slice.gpu.uuid for a in slices} if slices is not None else dict(
+            MigSliceAllocation.objects.filter(instance=instance, released_at__isnull=True)
+            .values_list("mig_slice__gpu__index", "mig_slice__gpu__uuid")))
+    else:
+        live = getattr(instance, "live_allocations", None)
+        cards = ({a.gpu.index: a.gpu.uuid for a in live} if live is not None else dict(
+            GpuAllocation.objects.filter(instance=instance, released_at__isnull=True)
+            .values_list("gpu__index", "gpu__uuid")))
+    return [cards[index] or None for index in sorted(cards)]
+
+
 def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_fingerprint: str) -> Instance | None:
     """The instance an earlier request with this key created, or None.
 
