@@ -5,7 +5,7 @@ import shlex
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from functools import cache
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.db.models import (
@@ -23,7 +23,8 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.expressions import Combinable
+from django.db.models.functions import Coalesce, Greatest, Least
 
 from marketplace.models import (
     Gpu,
@@ -98,16 +99,20 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def disk_left_gb() -> Case:
     """services/disk_room.py's room left (GB; null when never reported) of each node of a Node queryset, as an
     annotation: computed for the rows a page shows, or for every candidate when a filter or an ordering asks."""
-    since = Coalesce(OuterRef("host_checked_at"), Value(_EPOCH))
-    disks = (Instance.objects.filter(node_id=OuterRef("pk"), created_at__gte=since)
-             .exclude(status__in=FINAL_STATUSES).order_by().values("node_id").annotate(gb=Sum("disk_gb")).values("gb"))
-    volumes = (Volume.objects.filter(node_id=OuterRef("pk"), created_at__gte=since, state__in=COMMITTED_VOLUME_STATES)
-               .order_by().values("node_id").annotate(gb=Sum("size_gb")).values("gb"))
-    promised = Coalesce(Subquery(disks), 0) + Coalesce(Subquery(volumes), 0)
-    return Case(When(disk_free_gb__isnull=True, then=Value(None)),
-                default=Greatest(F("disk_free_gb") - promised, Value(0)),
-                output_field=IntegerField())
+    since = {"created_at__gte": Coalesce(OuterRef("host_checked_at"), Value(_EPOCH))}
 
+    def promised(**when: Any) -> Combinable:
+        disks = (Instance.objects.filter(node_id=OuterRef("pk"), **when).exclude(status__in=FINAL_STATUSES)
+                 .order_by().values("node_id").annotate(gb=Sum("disk_gb")).values("gb"))
+        volumes = (Volume.objects.filter(node_id=OuterRef("pk"), state__in=COMMITTED_VOLUME_STATES, **when)
+                   .order_by().values("node_id").annotate(gb=Sum("size_gb")).values("gb"))
+        return Coalesce(Subquery(disks), 0) + Coalesce(Subquery(volumes), 0)
+
+    by_report = F("disk_free_gb") - promised(**since)
+    return Case(When(disk_free_gb__isnull=True, then=Value(None)),
+                When(disk_total_gb__isnull=True, then=Greatest(by_report, Value(0))),
+                default=Greatest(Least(by_report, F("disk_total_gb") - promised()), Value(0)),
+                output_field=IntegerField())
 
 
 def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:

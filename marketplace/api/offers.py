@@ -106,8 +106,9 @@ class OfferSerializer(serializers.ModelSerializer):
     disk_free_gb = serializers.IntegerField(
         source="disk_left_gb", read_only=True, allow_null=True,
         help_text="GB of disk a booking or a volume can still ask for: what the server last reported free where "
-                  "instances and volumes live, less the disks and volumes promised there since. A larger `disk_gb` "
-                  "is refused (409). Null until the server reports its disk (not judged then).")
+                  "instances and volumes live, less the disks and volumes promised there since, and at most that "
+                  "disk's size less every disk and volume live there (they fill as they are used). A larger "
+                  "`disk_gb` is refused (409). Null until the server reports its disk (not judged then).")
     disk_bandwidth_mbs = serializers.FloatField(
         read_only=True, allow_null=True,
         help_text="MB/s measured by the check on that disk: the slower of a write (with fsync) and a read back.")

@@ -35,6 +35,7 @@ class NodeHostFacts(models.Model):
     cpu_cores = models.PositiveIntegerField(null=True, blank=True, help_text="Logical CPUs.")
     ram_gb = models.PositiveIntegerField(null=True, blank=True)
     disk_free_gb = models.PositiveIntegerField(null=True, blank=True, help_text="Free on the VMs' file system.")
+    disk_total_gb = models.PositiveIntegerField(null=True, blank=True, help_text="The size of that file system.")
     disk_bandwidth_mbs = models.FloatField(
         null=True, blank=True, help_text="MB/s: the lower of write (with fsync) and read, measured by the agent.")
     driver_version = models.CharField(max_length=32, blank=True)

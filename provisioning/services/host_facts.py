@@ -34,11 +34,13 @@ def host_facts_from(inventory: dict[str, Any], net_mbps: float | None) -> dict[s
     gens = [g for g in (_int(gpu.get("pcie_link_gen_max")) for gpu in gpus) if g is not None]
     widths = [w for w in (_int(gpu.get("pcie_link_width_max")) for gpu in gpus) if w is not None]
     cuda = inventory.get("cuda_version")
+    free, total = _int(disk.get("free_gb", inventory.get("disk_free_gb"))), _int(disk.get("total_gb"))
     return {
         "cpu_model": str(cpu.get("model") or "")[:200],
         "cpu_cores": _int(cpu.get("cores")),
         "ram_gb": round(ram_mib / 1024) if ram_mib is not None else None,
-        "disk_free_gb": _int(disk.get("free_gb", inventory.get("disk_free_gb"))),
+        "disk_free_gb": free,
+        "disk_total_gb": total if total is not None and (free is None or total >= free) else None,  # else garbled
         # Both ways were measured: the slower one is what a workload gets at worst.
         "disk_bandwidth_mbs": min(speeds) if len(speeds) == 2 else None,
         "driver_version": str(inventory.get("driver_version") or "")[:32],

@@ -94,14 +94,15 @@ def test_the_booking_statements_room_is_the_services(user):
     book(user, node, disk_gb=40)
     volume_svc.volume_create(owner=user, node_id=node.pk, size_gb=30)
     _gone(book(user, node, disk_gb=300))
-    for reported_ago in (timedelta(hours=1), timedelta(0)):  # everything since, then nothing since
-        Node.objects.filter(pk=node.pk).update(host_checked_at=timezone.now() - reported_ago)
+    for reported_ago, size in ((timedelta(hours=1), None), (timedelta(0), None), (timedelta(hours=1), 1200),
+                               (timedelta(0), 1200), (timedelta(0), 1100)):  # all since, none since; sizes
+        Node.objects.filter(pk=node.pk).update(host_checked_at=timezone.now() - reported_ago, disk_total_gb=size)
         with transaction.atomic():
             locked = _lock_node_for_booking(node.pk, count_gpus=True)
         assert locked.disk_room == node_disk_room(Node.objects.get(pk=node.pk))
         assert _offer_room(node.pk) == locked.disk_room.left_gb
-    assert locked.disk_room.promised_gb == 0
-    Node.objects.filter(pk=node.pk).update(host_checked_at=None)  # never dated: everything live counts
+    assert (locked.disk_room.promised_gb, locked.disk_room.promised_all_gb, locked.disk_room.left_gb) == (0, 170, 930)
+    Node.objects.filter(pk=node.pk).update(host_checked_at=None, disk_total_gb=None)  # never dated: all live counts
     with transaction.atomic():
         locked = _lock_node_for_booking(node.pk, count_gpus=True)
     assert locked.disk_room == node_disk_room(Node.objects.get(pk=node.pk))
@@ -193,3 +194,29 @@ def test_a_retry_that_looked_before_its_original_committed_gets_it_not_the_disk_
     assert made and (same.pk, made_again, len(looks)) == (volume.pk, False, 2)
     with pytest.raises(DiskDoesNotFit):  # without the key: the disk's own answer
         volume_svc.volume_create_once(owner=user, node_id=node.pk, size_gb=50)
+
+
+def test_the_disks_size_bounds_what_reports_of_free_space_let_grow(api, user):
+    """A disk takes its room as it fills: a report after a booking still counted its empty disk as free, and the
+    promises grew past the disk's size, report after report. The size (disk_total_gb) bounds them: every live disk
+    and volume counts against it, whenever promised."""
+    node = _node(free_gb=1000)
+    Node.objects.filter(pk=node.pk).update(disk_total_gb=1200)
+    assert _book(api, node, 300).status_code == 201
+    Node.objects.filter(pk=node.pk).update(host_checked_at=timezone.now())  # reported again: still 1000 GB free
+    room = node_disk_room(Node.objects.get(pk=node.pk))
+    assert (room.left_gb, room.by_size) == (900, True) and _offer_room(node.pk) == 900
+    with transaction.atomic():
+        assert _lock_node_for_booking(node.pk, count_gpus=True).disk_room == room
+    refused = _book(api, node, 901)
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["detail"] == (
+        f"Offer {node.pk}'s server has a 1200 GB disk, and 300 GB of it are promised to instances and volumes there: "
+        "900 GB are left; an instance disk of 901 GB does not fit. Ask for less disk (disk_gb), or rent another offer.")
+    volume = api.post("/api/v1/volumes/", {"offer": node.pk, "size_gb": 901}, format="json")
+    assert volume.status_code == 409 and "900 GB are left" in volume.json()["detail"], volume.content
+    assert _book(api, node, 900).status_code == 201
+    assert _offer_room(node.pk) == 0
+    assert api.post("/api/v1/volumes/", {"offer": node.pk, "size_gb": 1}, format="json").status_code == 409
+    Node.objects.filter(pk=node.pk).update(disk_total_gb=None)  # its size never reported: the free space alone
+    assert _offer_room(node.pk) == 100 and node_disk_room(Node.objects.get(pk=node.pk)).left_gb == 100

@@ -10,7 +10,7 @@ from provisioning.services.host_facts import host_facts_from
 
 INVENTORY = {
     "cpu": {"model": "AMD EPYC 7543 32-Core Processor", "cores": 64}, "ram_mib": 515_000, "disk_free_gb": 3500,
-    "disk": {"free_gb": 3500, "write_mbs": 1800.5, "read_mbs": 2500.0, "test_mib": 32},
+    "disk": {"free_gb": 3500, "total_gb": 3840, "write_mbs": 1800.5, "read_mbs": 2500.0, "test_mib": 32},
     "driver_version": "550.54.15", "cuda_version": "12.4",
     "gpus": [{"index": 0, "pcie_link_gen_max": 4, "pcie_link_width_max": 16},
              {"index": 1, "pcie_link_gen_max": 3, "pcie_link_width_max": 8}],
@@ -35,10 +35,25 @@ def test_host_facts_from_an_inventory():
     facts = host_facts_from(INVENTORY, 941.26)
     assert facts == {
         "cpu_model": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 64, "ram_gb": 503, "disk_free_gb": 3500,
-        "disk_bandwidth_mbs": 1800.5, "driver_version": "550.54.15", "cuda_version": 12040,
+        "disk_total_gb": 3840, "disk_bandwidth_mbs": 1800.5, "driver_version": "550.54.15", "cuda_version": 12040,
         "pcie_gen": 3, "pcie_width": 8,  # the weakest GPU's link
         "net_mbps": 941.26,
     }
+
+
+def test_a_disk_smaller_than_its_free_space_is_no_size():
+    """A size below the free space is garbled: the room is then judged by the free space alone, not by nonsense."""
+    assert host_facts_from({**INVENTORY, "disk": {"free_gb": 3500, "total_gb": 100}}, None)["disk_total_gb"] is None
+    assert host_facts_from({**INVENTORY, "disk": {"free_gb": 3500, "total_gb": "big"}}, None)["disk_total_gb"] is None
+
+
+def test_the_agent_reports_its_file_systems_size_beside_its_free_space(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUMARKET_DISK_PATH", str(tmp_path))
+    monkeypatch.setenv("GPUMARKET_DISK_TEST_MIB", "1")
+    cfg = type("Cfg", (), {"runtime": "docker", "state_dir": str(tmp_path)})()
+    disk = smi.host_facts(cfg)["disk"]
+    usage = os.statvfs(tmp_path)
+    assert disk["total_gb"] == usage.f_blocks * usage.f_frsize // 10**9 and 0 <= disk["free_gb"] <= disk["total_gb"]
 
 
 @pytest.mark.parametrize("broken", [

@@ -100,13 +100,17 @@ def test_the_instance_page_shows_its_volumes_and_the_disk_price(web, renter):
     assert Instance.objects.get(pk=instance.pk).volume_mounts.count() == 1
 
 
-def test_offers_and_rent_pages_show_the_host_facts(client, web):
+def test_offers_and_rent_pages_show_the_host_facts(client, web, renter):
     node = _node_with_host_facts()
+    node.disk_total_gb = 3840
+    node.save()
+    book(renter, node, disk_gb=100)  # promised since the report: the pages show the room left, as bookings judge it
     offers = client.get("/offers/").content.decode()
     assert "PCIe 4.0 ×16" in offers and "CUDA 12.4" in offers and "64 CPU threads" in offers
+    assert "3400 GB disk free to book" in offers
     rent = web.get(f"/offers/{node.pk}/rent/").content.decode()
-    for text in ("AMD EPYC 7543", "512 GB RAM", "3500 GB free", "1,850 MB/s", "550.54.15", "940 Mbit/s",
-                 "measured by the platform over SSH"):
+    for text in ("AMD EPYC 7543", "512 GB RAM", "3400 GB free to book (a 3840 GB disk)", "1,850 MB/s", "550.54.15",
+                 "940 Mbit/s", "measured by the platform over SSH"):
         assert text in rent, text
 
 

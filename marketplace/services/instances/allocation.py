@@ -21,7 +21,12 @@ from billing.models import Account, AccountKind
 from core.errors import Conflict
 from core.sql import ModelInsert, prepared_cursor
 from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node, User
-from marketplace.services.disk_room import DISK_PROMISED_SQL, disk_room_from_columns, node_disk_room
+from marketplace.services.disk_room import (
+    DISK_PROMISED_ALL_SQL,
+    DISK_PROMISED_SQL,
+    disk_room_from_columns,
+    node_disk_room,
+)
 from marketplace.services.funds import COMMITTED_RATE_SQL, committed_rate_micros
 from provisioning.models import Job
 from provisioning.services.jobs import job_create, job_insert_for_new_instance, job_new, job_queued
@@ -54,14 +59,15 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of:
             return None
         if wallet_of is not None:
             *row, balance = row
-        *columns, total, islands, provider_active, disk_promised = row
+        *columns, total, islands, provider_active, disk_promised, disk_promised_all = row
         node = Node.from_db(connection.alias, _NODE_FOR_BOOKING_FIELDS,
                             [_NODE_JSON[i](v) if i in _NODE_JSON else v for i, v in enumerate(columns)])
         node.nvlink_islands = islands  # type: ignore[attr-defined]  # for node_nvlink_islands
         node.provider_active = provider_active  # type: ignore[attr-defined]  # for offer_rules.node_refusal
         if count_gpus:
             node.gpu_total = total  # type: ignore[attr-defined]
-            node.disk_room = disk_room_from_columns(node.disk_free_gb, disk_promised)  # type: ignore[attr-defined]
+            node.disk_room = disk_room_from_columns(  # type: ignore[attr-defined]
+                node.disk_free_gb, disk_promised, node.disk_total_gb, disk_promised_all)
         if wallet_of is not None:
             node.wallet_balance_micros = balance or 0  # type: ignore[attr-defined]
         return node
@@ -81,7 +87,7 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of:
 # In the model's field order: Model.from_db takes a subset's values in that order.
 _NODE_FOR_BOOKING_FIELDS = tuple(f.attname for f in Node._meta.concrete_fields if f.attname in {
     "id", "state", "verdict", "listed", "runtime", "gpu_model_id", "price_per_gpu_hour_micros",
-    "disk_price_per_gb_month_micros", "inventory", "mig_prices_micros", "disk_free_gb"})
+    "disk_price_per_gb_month_micros", "inventory", "mig_prices_micros", "disk_free_gb", "disk_total_gb"})
 # jsonb reaches Django as text (its psycopg loaders): decoded here as JSONField.from_db_value would
 _NODE_JSON = {i: (lambda v: None if v is None else json.loads(v))
               for i, name in enumerate(_NODE_FOR_BOOKING_FIELDS) if name in ("inventory", "mig_prices_micros")}
@@ -91,6 +97,7 @@ def _node_for_booking_sql(count_gpus: bool) -> str:
     table, gpu_table, user_table = Node._meta.db_table, Gpu._meta.db_table, User._meta.db_table
     total = f"(SELECT count(*) FROM {gpu_table} g WHERE g.node_id = n.id)" if count_gpus else "NULL"  # noqa: S608
     promised = DISK_PROMISED_SQL if count_gpus else "NULL"  # a booking's disk must fit (disk_room)
+    promised_all = DISK_PROMISED_ALL_SQL if count_gpus else "NULL"
     return (f"SELECT {', '.join(f'n.{name}' for name in _NODE_FOR_BOOKING_FIELDS)}, {total} AS gpu_total, "  # noqa: S608
             # the NVLink islands the check found, for a topology-aware allocation (_allocate_free_gpus)
             f"(n.benchmark_summary -> 'nvlink' -> 'islands')::text AS nvlink_islands, "
@@ -98,7 +105,7 @@ def _node_for_booking_sql(count_gpus: bool) -> str:
             # (a plain read, or a subquery, would keep the statement's snapshot: active, when a deactivation this
             # statement waited for had just committed). KEY SHARE: the account's ordinary updates (a log-in's
             # last_login) do not wait for bookings.
-            f"u.is_active AS provider_active, {promised} AS disk_promised "
+            f"u.is_active AS provider_active, {promised} AS disk_promised, {promised_all} AS disk_promised_all "
             f"FROM {table} n JOIN {user_table} u ON u.id = n.provider_id "
             f"WHERE n.id = %s FOR SHARE OF n FOR KEY SHARE OF u")
 

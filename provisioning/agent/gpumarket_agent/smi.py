@@ -148,7 +148,7 @@ def host_facts(cfg):
     disk = disk_bandwidth(cfg.state_dir, _disk_test_mib())
     if cfg.runtime == "sim":
         host = load_profile(cfg.sim_profile)[0].get("host", {})
-        disk["free_gb"] = host.get("disk_free_gb")
+        disk["free_gb"], disk["total_gb"] = host.get("disk_free_gb"), host.get("disk_total_gb")
         return {"cpu": {"model": host.get("cpu_model"), "cores": host.get("cpu_cores")},
                 "ram_mib": host.get("ram_mib"), "disk_free_gb": host.get("disk_free_gb"), "disk": disk,
                 "os": {"name": host.get("os"), "kernel": host.get("kernel"), "arch": host.get("arch", "x86_64")}}
@@ -164,7 +164,9 @@ def host_facts(cfg):
             os_name = next((ln.split("=", 1)[1].strip().strip('"') for ln in f
                             if ln.startswith("PRETTY_NAME=")), None)
     usage = shutil.disk_usage(os.environ.get("GPUMARKET_DISK_PATH") or "/")
-    disk["free_gb"] = usage.free // 10**9
+    # Free now, and the file system's size: the platform never promises more disk than the size (disks and
+    # volumes take their room as they fill, not when promised: marketplace/services/disk_room.py).
+    disk["free_gb"], disk["total_gb"] = usage.free // 10**9, usage.total // 10**9
     return {"cpu": {"model": cpu_model, "cores": os.cpu_count()}, "ram_mib": ram_mib,
             "disk_free_gb": usage.free // 10**9, "disk": disk,
             "os": {"name": os_name, "kernel": platform.release(), "arch": platform.machine()}}
