@@ -109,6 +109,7 @@ def seed_host_facts() -> None:
               cpu_cores = (ARRAY[16, 32, 64, 128])[1 + id % 4],
               ram_gb = (ARRAY[128, 256, 512, 1024])[1 + (id / 4) % 4],
               disk_free_gb = 200 + (id * 37) % 3000,
+              disk_total_gb = 200 + (id * 37) % 3000 + 100 + (id * 13) % 2000,
               disk_bandwidth_mbs = 800 + (id * 53) % 2500,
               driver_version = (ARRAY['535.183.01', '550.90.07', '560.35.03'])[1 + id % 3],
               cuda_version = (ARRAY[12020, 12040, 12060])[1 + id % 3],

@@ -304,6 +304,7 @@ def seed(rng: random.Random) -> None:
         )
         if checked:  # the host facts of its last check: the disk room's base (marketplace/services/disk_room.py)
             node.disk_free_gb = rng.randint(200, 3000)
+            node.disk_total_gb = node.disk_free_gb + rng.randint(100, 2000)  # the disk's size (the room's bound)
             node.host_checked_at = now - timedelta(days=rng.uniform(0, 7))
         if has_inventory and checked:
             node.inventory = inventory(rng, m, n, node_id)
