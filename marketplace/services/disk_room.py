@@ -18,8 +18,8 @@ tests/marketplace/test_disk_room.py holds them equal. The partial indexes instan
 volume_node_held_idx answer a node's part without reading its history (docs/BENCHMARKS.md).
 
 Bookings on one node take its row FOR SHARE and run side by side: two at once may each see the room the other
-takes (a volume's node lock is exclusive). What is promised is never more than the room, plus at most one disk
-per booking running at that moment.
+takes (a volume's node lock, FOR NO KEY UPDATE, and theirs wait for each other). What is promised is never more
+than the room, plus at most one disk per booking running at that moment.
 """
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def node_update(
     MIG layout takes effect at the next check (its slices are proven then); prices at once. Putting an unlisted node
     back on the offers (`listed` True) is listing: EmailNotVerified (403) while the provider's address is not
     verified, as for node_register."""
-    node = Node.objects.select_for_update().select_related("gpu_model").get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
     if mig_layout is not None or mig_prices is not None:
@@ -365,7 +365,7 @@ def node_retire(*, node: Node) -> None:
     retired all the same: its interrupted instances fail with the interruption's credit, its stopped ones fail
     (their disks billed up to its last healthy moment), the GPUs of destroyed ones are released, and its volumes
     are deleted (billed up to its last healthy moment, their renters told), said in an event for the provider."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         return
     unreachable = node_unreachable(node)

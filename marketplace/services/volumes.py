@@ -135,7 +135,7 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
                    request_fingerprint: str) -> Volume:
     if not 1 <= size_gb <= MAX_VOLUME_GB:
         raise ValidationFailed(f"A volume is 1 to {MAX_VOLUME_GB} GB.", field="size_gb")
-    node = Node.objects.select_for_update().filter(pk=node_id).first()
+    node = Node.objects.select_for_update(no_key=True).filter(pk=node_id).first()
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
     refusal = node_refusal(node, provider_active=bool(

@@ -5,9 +5,9 @@ when it answers, the instances a check interrupts (node silent, VM not running, 
 For a batch of any size, in the common case (nodes answering, or failing, with nothing else to do):
 two statements for the day's health samples (insert the missing rows, then count every node up in one UPDATE),
 two reads for the reliability figures (the samples of the window and the failed jobs, grouped by node), then in
-one transaction the nodes locked (SELECT ... FOR UPDATE), updated (one UPDATE ... CASE, Django's bulk_update)
-and their events inserted (one INSERT); when some nodes have been silent long enough to interrupt their
-instances, one read for those with running instances; when answers list their GPUs, one read of those GPUs.
+one transaction the nodes locked (SELECT ... FOR NO KEY UPDATE), updated (one UPDATE ... CASE, Django's
+bulk_update) and their events inserted (one INSERT); when some nodes have been silent long enough to interrupt
+their instances, one read for those with running instances; when answers list their GPUs, one read of those GPUs.
 Only the rare cases take statements per node: a node gone offline (its provider told), instances to interrupt,
 GPUs gone or back, and GPUs that changed (a re-verification to queue).
 """
@@ -51,7 +51,7 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     reliability = nodes_reliability(node_ids=ids, now=now)
     last_healthy: dict[int, datetime | None] = {}
     with transaction.atomic():
-        nodes = list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        nodes = list(Node.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk"))
         events = []
         for node in nodes:
             result = by_id[node.pk]

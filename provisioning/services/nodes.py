@@ -156,7 +156,7 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
 
 def node_quarantine(*, node_id: int, seen: str) -> None:
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
         node.seen_host_key_fingerprint = seen
         node.last_error = (
             f"The server's SSH host key changed (expected {node.host_key_fingerprint}, got {seen}). "
@@ -293,7 +293,7 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
 
 @transaction.atomic
 def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) -> None:
-    node = Node.objects.select_for_update().get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     node.inventory = inventory
     fields = ["inventory", "updated_at"]
     if node.health_failures == 0:

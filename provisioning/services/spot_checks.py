@@ -26,7 +26,7 @@ def node_spot_check_request(*, node: Node) -> Job | None:
     """Queue a spot check of an active node's idle GPUs (maintenance.nodes_reverify_due, at a random time).
     None, with nothing queued, while any node job (a verification, another spot check) is open: the two never
     run at once. The node stays active and bookable; nothing is allocated."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state != NodeState.ACTIVE:
         return None
     if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
@@ -70,7 +70,7 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     verification naming them (returned). One it carries (a GPU degraded at the last verification, seen again)
     changes nothing: a full check queued each time made the spot checks' rhythm (6-42 h) the full check's
     (found by review)."""
-    node = Node.objects.select_for_update().get(pk=job.node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
     which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
     measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""

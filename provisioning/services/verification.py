@@ -98,7 +98,7 @@ def node_check_forward(*, node_id: int, now: datetime | None = None) -> datetime
     None when nothing was moved (not active, or due sooner already)."""
     now = now or timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
         if node.state != NodeState.ACTIVE:
             return None
         last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()
@@ -114,7 +114,7 @@ def node_check_forward(*, node_id: int, now: datetime | None = None) -> datetime
 def node_verify_request(*, node: Node, reason: str = "") -> Job:
     """Queue a verification (the provider after installing the key, the schedule, a changed inventory).
     Idempotent: while one is queued or running, that one is returned. An active node stays active."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, status__in=OPEN_JOB_STATUSES).first()
     if open_job is not None and open_job.kind == JobKind.NODE_SPOT_CHECK:
         # A spot check lasts a minute or two: the verification waits for it (job_one_open_node_job_per_node).
@@ -136,7 +136,7 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
 @transaction.atomic
 def node_accept_host_key(*, node: Node, operator_email: str) -> None:
     """An operator confirms a quarantined node's new host key: pin it and verify again."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state != NodeState.QUARANTINED or not node.seen_host_key_fingerprint:
         return
     old, node.host_key_fingerprint = node.host_key_fingerprint, node.seen_host_key_fingerprint
@@ -327,7 +327,9 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     """Record the check's verdict and act on it (state, offers, renters, provider). `error`: the job fails with
     it (a verification that could not be completed by the node's doing, judged by why: node_verify_failed).
     `holders`: the instances holding each card, by UUID, before the inventory was stored (gpu_holders_by_uuid)."""
-    node = Node.objects.select_for_update().get(pk=job.node_id)
+    # No key update: the renters' billing profiles are locked below (a raise back), while enforcement holds one
+    # and inserts a stop job naming this node (FOR KEY SHARE, which FOR UPDATE blocked: a deadlock).
+    node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
     previous_verdict = node.verdict
     # What renters' prices are measured against: the last score of a check that listed the node (a rejection's
     # score says nothing of how fast it is; compared with it, the next check cut no one).
@@ -505,7 +507,7 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
     failed by its own doing (node_at_fault) is not left listed on its last verdict: the check is recorded as a
     rejection naming the failure, as any rejection (its renters keep their instances). A pending node keeps its
     retries (maintenance.nodes_verify_pending)."""
-    node = Node.objects.select_for_update().get(pk=job.node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
     dropped = node.state == NodeState.ACTIVE and node_dropped(error)
     said = ""
     if node.state == NodeState.ACTIVE and node_at_fault(error):

@@ -9,12 +9,18 @@ All instance rules live here. Two kinds of callers:
   did. Each runs in its own short transaction, locks the instance row, and is idempotent.
 
 GPU allocation: one transaction locks the node row FOR SHARE (so a provider's change of the node,
-which takes FOR UPDATE, waits for bookings in flight, while bookings on the same node run side by
+which takes FOR NO KEY UPDATE, waits for bookings in flight, while bookings on the same node run side by
 side) and the free GPUs it takes with FOR UPDATE SKIP LOCKED (concurrent bookings never wait for
 each other's GPUs, and never take the same one). The partial unique constraint
 `gpu_in_at_most_one_live_allocation` makes a double allocation impossible even if this code had
 a bug. Duplicate requests with one Idempotency-Key are decided by the unique constraint
 `instance_unique_idempotency_key`, never by "check, then insert".
+
+A node's row is locked for a change FOR NO KEY UPDATE, never FOR UPDATE (nothing changes its id): FOR UPDATE
+also blocks every insert of a row that names the node (a job, an event, an instance, a volume), whose foreign key
+takes FOR KEY SHARE on it. A transaction holding another lock and then inserting such a row deadlocked with the
+node's holder wanting that lock next: enforcement at zero balance (the renter's billing profile, then a stop job)
+against a verification raising that renter's price back (the node, then the profile).
 
 Money (billing.services): booking and starting need one hour of the renter's whole burn rate with the
 new instance (every instance of theirs running or about to: COMMITTED_STATUSES) in their balance, checked
