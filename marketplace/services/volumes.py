@@ -145,7 +145,9 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     _check_free_disk(node, size_gb)
     # One create of this renter at a time (the count, the sum and the funds below): the user's row, as the caps
     # on API keys and webhook endpoints lock it; after the node's lock, before the wallet's (the booking's order).
-    User.objects.select_for_update().filter(pk=owner.pk).first()
+    # No key update: a booking of theirs holds the wallet and then inserts its instance, whose foreign key to
+    # them takes FOR KEY SHARE on this row (FOR UPDATE blocked it: a deadlock).
+    User.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
     _check_caps(owner, size_gb)
     if settings.BILLING_REQUIRE_FUNDS:
         rate = storage_rate_per_hour_micros(size_gb=size_gb,
