@@ -18,6 +18,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from core import addresses as core_addresses
+from core import dispatch
 from core.addresses import Address, address_kind, getaddrinfo_within, node_address_allowed
 from core.errors import Conflict, Unavailable
 from core.transitions import InvalidTransition
@@ -285,6 +286,12 @@ _ANSWER_LOST = (NodeUnreachable, AgentTimeout, AgentGarbage)  # errors that can 
 _BRINGS_VM_TO: dict[str, str | None] = {"create": "running", "start": "running", "stop": "stopped", "destroy": None}
 
 
+# What the agent answers for a card it was given that is not where it was (agent allocation.cards_now).
+_CARD_GONE = ("gpu_missing", "gpu_moved")
+# Declared here, not imported from fleet (whose reconcile imports this module): the node's health batch, by name.
+_HEALTH_NOW = dispatch.task_name("provisioning.tasks.fleet_health_batch")
+
+
 def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
                 request: dict[str, Any]) -> dict[str, Any]:
     """`vm <verb>` with `request` over `session`: the agent's answer or, when it was lost, the VM's state confirmed
@@ -295,6 +302,13 @@ def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
         return session.agent("vm", verb, request)
     except _ANSWER_LOST as lost:
         return _vm_confirmed(job, instance, verb, request, lost)
+    except AgentFailed as exc:
+        if exc.code in _CARD_GONE:
+            # The agent saw a card of this node gone (or numbered anew) before the health check did: the node's
+            # check now, not at the next beat, marks it lost (gpu_presence), so that no other booking lands on it.
+            job_step(job=job, message=f"a GPU is gone or moved ({exc.code}): the node's health check is queued")
+            dispatch.enqueue_on_commit(_HEALTH_NOW, [instance.node_id])
+        raise
 
 
 def _vm_confirmed(job: Job, instance: Instance, verb: str, request: dict[str, Any],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core import dispatch
 from marketplace.models import Gpu, Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from provisioning import tasks
@@ -99,7 +100,10 @@ def test_a_start_after_its_card_fell_off_is_refused_and_the_renter_told_which_ca
     assert job.status == JobStatus.FAILED and cards[index] in job.error
 
 
-def test_a_create_on_a_card_that_fell_off_fails_the_instance_and_bills_nothing(sim_node, simnode, cards):
+def test_a_create_on_a_card_that_fell_off_fails_the_instance_and_bills_nothing(sim_node, simnode, cards,
+                                                                              monkeypatch):
+    queued = []
+    monkeypatch.setattr(dispatch, "send", lambda name, *args, **kw: queued.append((name, *args)))
     instance = book(UserFactory(), sim_node)
     index = instance_svc.instance_gpu_indices(instance=instance)[0]
     fall_off(simnode, index)
@@ -110,4 +114,9 @@ def test_a_create_on_a_card_that_fell_off_fails_the_instance_and_bills_nothing(s
         in instance.status_message, instance.status_message
     assert vm_state(instance) is None  # no VM on the card at that index now
     assert instance.billed_seconds == 0 and not instance.usage_intervals.exists()
-    assert Gpu.objects.get(node=sim_node, index=index).status == "free"  # released; its health check finds it lost
+    assert Gpu.objects.get(node=sim_node, index=index).status == "free"  # released: its health check finds it lost
+    # ... queued at once, not at the next beat, so that no other booking lands on it meanwhile.
+    assert ("provisioning.tasks.fleet_health_batch", [sim_node.pk]) in queued
+    tasks.fleet_health_batch([sim_node.pk])  # as a worker runs it
+    lost = Gpu.objects.get(node=sim_node, uuid=cards[index])
+    assert lost.lost_at is not None and lost.status == "unavailable"
