@@ -107,6 +107,12 @@ def seconds_left(*, balance_micros: int, rate_micros: int) -> int | None:
     return max(balance_micros, 0) * 3600 // rate_micros if rate_micros else None
 
 
+def stop_notice_until(*, stop_not_before: datetime | None, now: datetime | None = None) -> datetime | None:
+    """A billing profile's `stop_not_before` while it is ahead (a cost rise's notice holds: the renter's running
+    instances are not stopped at zero before it; billing.services.low_balance), else None."""
+    return stop_not_before if stop_not_before is not None and (now or timezone.now()) < stop_not_before else None
+
+
 def month_bounds(month: date) -> tuple[datetime, datetime]:
     start = datetime(month.year, month.month, 1, tzinfo=UTC)
     end = datetime(month.year + (month.month == 12), month.month % 12 + 1, 1, tzinfo=UTC)

@@ -5,9 +5,10 @@
   recovered above the threshold, or nothing ran, in between).
 - Empty (balance ≤ 0): their running instances are stopped (disk kept; billing ends at the stop) in the
   same tick, with a `balance_depleted` event and email. The balance can dip below zero by at most one
-  tick of usage; that is owed, and the next top-up settles it. Not before a price raise's notice ends:
-  a raise that found the balance low warned then, and its renter keeps running until
-  BILLING_LOW_BALANCE_WARNING_S after it (billing.services.low_balance), owing what runs meanwhile.
+  tick of usage; that is owed, and the next top-up settles it. Not before a cost rise's notice ends:
+  a price raise, or an interrupted instance's resume, that found the balance low warned then, and its renter
+  keeps running until BILLING_LOW_BALANCE_WARNING_S after it (billing.services.low_balance), owing what runs
+  meanwhile.
 - Grace: stopped instances of a renter whose balance stays at or below zero are destroyed
   BILLING_GRACE_PERIOD_S after it reached zero, with a `destroy_warning` event and email
   BILLING_DESTROY_WARNING_S before; so are their volumes that no live instance mounts (storage is billed
@@ -28,7 +29,7 @@ from django.utils import timezone
 
 from billing.models import Account, AccountKind, BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
-from billing.services.low_balance import billing_profile_lock, low_balance_warn, raise_grace_holds
+from billing.services.low_balance import billing_profile_lock, low_balance_warn, stop_notice_holds
 from billing.services.low_balance import duration_text as _duration
 from billing.services.notify import event_create
 from billing.services.storage import storage_burn_per_hour
@@ -102,12 +103,12 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
 
 def _deplete(renter_id: int, now: datetime) -> int:
     """Stop the renter's running instances (their balance is at or below zero); how many were stopped. None while
-    a price raise's notice holds (billing.services.low_balance)."""
+    a cost rise's notice holds (a raise, a resume: billing.services.low_balance)."""
     with transaction.atomic():
         profile = billing_profile_lock(user_id=renter_id)
         if wallet_balance(user_id=renter_id) > 0:  # topped up meanwhile
             return 0
-        if raise_grace_holds(profile=profile, now=now):  # warned at the raise; stopped no sooner than it said
+        if stop_notice_holds(profile=profile, now=now):  # warned at the rise; stopped no sooner than it said
             return 0
         stopped = []
         for instance in Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.RUNNING).order_by("pk"):

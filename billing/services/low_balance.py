@@ -1,16 +1,24 @@
-"""The low-balance warning, and the notice it gives before a stop at zero when a price raise made the balance low.
+"""The low-balance warning, and the notice it gives before a stop at zero when a renter's cost per second went up
+without a funds check and left the balance low.
 
 - The warning (`low_balance_warn`): a `low_balance` event and notification saying how long the balance lasts at
   the renter's burn rate and what happens at zero. billing.services.enforcement sends it after a meter tick, once
   per crossing of BILLING_LOW_BALANCE_WARNING_S.
-- A raise (`balance_recheck_after_raise`): a re-check that raises the price of a running instance (or of one that
-  will run without another funds check: starting, provisioning) can make a balance low, or find it at zero, at
-  once: at $0/h nothing burned, so nothing warned (found by review: the next tick stopped a renter who had done
-  nothing wrong, with no warning). The raise re-reads the balance against the new burn rate; when it is low, the
-  renter is warned then (again, with the new figures, if warned before) and their running instances are not
-  stopped at zero before BILLING_LOW_BALANCE_WARNING_S after the raise (`stop_not_before`): the notice the
-  ordinary warning gives. What runs meanwhile is billed as always and owed if the balance goes below zero; a
-  later raise within that notice keeps its deadline. An ordinary low balance is untouched.
+- A cost that rises without a funds check (`balance_recheck_on_cost_rise`) can make a balance low, or find it at
+  zero, at once, with nothing warned before (at $0/h, or while not billed, nothing burned):
+  - a raise: a re-check that raises the price of a running instance (or of one that will run without another
+    funds check: starting, provisioning): marketplace.services.instances.pricing (found by review: the next tick
+    stopped a renter who had done nothing wrong, with no warning);
+  - a resume: an interrupted instance (not billed while its node or GPU was lost) that runs again, or is started
+    again by the platform: marketplace.services.instances.interruptions (found the same way: a balance that went
+    to zero meanwhile, by other instances or storage, stopped it at the next tick; at zero, with nothing else of
+    theirs running, nothing had warned).
+  Each re-reads the balance against the new burn rate; when it is low, the renter is warned then (again, with the
+  new figures, if warned before) and their running instances are not stopped at zero before
+  BILLING_LOW_BALANCE_WARNING_S after it (`stop_not_before`): the notice the ordinary warning gives. What runs
+  meanwhile is billed as always and owed if the balance goes below zero; a later rise within that notice keeps
+  its deadline. An ordinary low balance is untouched. The deadline is shown while it holds: the balance's API and
+  page (billing.selectors), and the operators' BillingProfile admin.
 """
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,6 +34,19 @@ from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text
 from notifications.services.notify import Kind, notify
 
+# What made the cost rise, said in the warning before "so they are not stopped before ...".
+RAISED = "An instance's price was raised just now"
+
+
+def resumed_text(*, instance_id: int, running: bool) -> str:
+    """A resume's `why`: the interrupted instance runs again, or is being started again (billed once it runs)."""
+    return (f"Instance {instance_id} runs again after an interruption just now" if running else
+            f"Instance {instance_id} is being started again after an interruption (billed once it runs)")
+
+
+def _at(moment: datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
 
 def duration_text(seconds: int) -> str:
     if seconds >= 2 * 86400:
@@ -39,15 +60,16 @@ def duration_text(seconds: int) -> str:
 
 def billing_profile_lock(*, user_id: int) -> BillingProfile:
     """The user's billing profile (created if missing), locked FOR UPDATE until the transaction ends. Taken before
-    the user's instances (enforcement stops them under it; a raise takes it before the instance's lock)."""
+    the user's instances (enforcement stops them under it; a raise or a resume takes it before the instance's)."""
     profile, _ = BillingProfile.objects.get_or_create(user_id=user_id)
     return BillingProfile.objects.select_for_update().get(pk=profile.pk)
 
 
 def low_balance_warn(*, renter_id: int, balance: int, rate: int, remaining: int, now: datetime,
-                     again: bool = False, stop_not_before: datetime | None = None) -> int:
+                     again: bool = False, stop_not_before: datetime | None = None, why: str = RAISED) -> int:
     """Warn the renter that `balance` lasts `remaining` seconds at `rate` micro-dollars an hour: 1 when warned, 0
-    when they had been (since the last crossing) and not `again`. `stop_not_before`: a raise's notice, said."""
+    when they had been (since the last crossing) and not `again`. `stop_not_before`: a cost rise's notice, said
+    after `why` (what rose: RAISED, or resumed_text)."""
     with transaction.atomic():
         profile = billing_profile_lock(user_id=renter_id)
         if profile.low_balance_warned_at is not None and not again:
@@ -63,8 +85,7 @@ def low_balance_warn(*, renter_id: int, balance: int, rate: int, remaining: int,
         data: dict[str, str | int] = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
                                       "seconds_left": remaining}
         if stop_not_before is not None:
-            message += (f" An instance's price was raised just now, so they are not stopped before "
-                        f"{stop_not_before:%Y-%m-%d %H:%M:%S} UTC.")
+            message += f" {why}, so they are not stopped before {_at(stop_not_before)}."
             data["stop_not_before"] = stop_not_before.isoformat()
         # The e-mail goes out through notifications, on the channels the renter chose.
         event_create(user=user, kind=EventKind.LOW_BALANCE, message=message, data=data)
@@ -74,21 +95,39 @@ def low_balance_warn(*, renter_id: int, balance: int, rate: int, remaining: int,
 
 
 @dataclass(frozen=True)
-class LowAfterRaise:
-    """A renter's balance found low by a price raise: the figures, and the stop's earliest moment."""
+class LowBalanceNotice:
+    """A renter's balance found low by a cost rise: the figures, and the stop's earliest moment."""
 
     balance_micros: int
-    rate_micros: int  # per hour: running instances, storage, and the raised instance when it is not running yet
+    rate_micros: int  # per hour: running instances, storage, and the instance whose cost rose if not running yet
     seconds_left: int
     stop_not_before: datetime
 
+    def as_data(self) -> dict[str, str]:
+        """What the rise's own event adds to its data."""
+        return {"balance": str(micros_to_usd(self.balance_micros)),
+                "stop_not_before": self.stop_not_before.isoformat()}
 
-def balance_recheck_after_raise(*, renter_id: int, now: datetime, pending_micros: int = 0) -> LowAfterRaise | None:
-    """After a price raise (committed with it): the renter's balance against their burn rate now, as enforcement
-    counts it, plus `pending_micros` an hour (the raised instance's price when it is not running yet). None when
-    the balance is not low. When it is: warn now and keep their running instances from a stop at zero until
-    BILLING_LOW_BALANCE_WARNING_S from now (an earlier raise's deadline, still ahead, is kept). Call it under
-    the renter's billing profile lock taken before the instance's (billing_profile_lock)."""
+    def note(self) -> str:
+        """What the rise's own message adds: the figures, and until when nothing stops."""
+        rate, until = f"{usd_text(self.rate_micros)}/h for your instances and storage", _at(self.stop_not_before)
+        if self.balance_micros <= 0:
+            return (f" Your balance is {usd_text(self.balance_micros)}, which does not cover the {rate}: top up "
+                    f"before {until}. Until then your instances keep running (what they use is owed); after it, "
+                    f"they are stopped while the balance is at zero.")
+        return (f" Your balance, {usd_text(self.balance_micros)}, lasts about {duration_text(self.seconds_left)} at "
+                f"{rate}: top up to keep your instances running. Should it reach zero, they are not stopped before "
+                f"{until}.")
+
+
+def balance_recheck_on_cost_rise(*, renter_id: int, now: datetime, pending_micros: int = 0,
+                                 why: str = RAISED) -> LowBalanceNotice | None:
+    """After the renter's cost per second rose without a funds check (committed with it: a raise, a resume): their
+    balance against their burn rate now, as enforcement counts it, plus `pending_micros` an hour (the instance's
+    price when it is not running yet). None when the balance is not low. When it is: warn now (saying `why`) and
+    keep their running instances from a stop at zero until BILLING_LOW_BALANCE_WARNING_S from now (an earlier
+    rise's deadline, still ahead, is kept, and not warned again). Call it under the renter's billing profile lock
+    taken before the instance's (billing_profile_lock)."""
     user = User.objects.get(pk=renter_id)
     rate = selectors.burn_rate(user=user).total_micros + pending_micros
     balance = wallet_balance(user_id=renter_id)
@@ -96,15 +135,16 @@ def balance_recheck_after_raise(*, renter_id: int, now: datetime, pending_micros
     if left is None or left >= settings.BILLING_LOW_BALANCE_WARNING_S:
         return None
     profile = billing_profile_lock(user_id=renter_id)
-    if profile.stop_not_before is None or profile.stop_not_before <= now:
+    if not stop_notice_holds(profile=profile, now=now):
         profile.stop_not_before = now + timedelta(seconds=settings.BILLING_LOW_BALANCE_WARNING_S)
         profile.save(update_fields=["stop_not_before"])
         low_balance_warn(renter_id=renter_id, balance=balance, rate=rate, remaining=left, now=now, again=True,
-                         stop_not_before=profile.stop_not_before)
-    return LowAfterRaise(balance_micros=balance, rate_micros=rate, seconds_left=left,
-                         stop_not_before=profile.stop_not_before)
+                         stop_not_before=profile.stop_not_before, why=why)
+    assert profile.stop_not_before is not None  # set above, or held
+    return LowBalanceNotice(balance_micros=balance, rate_micros=rate, seconds_left=left,
+                            stop_not_before=profile.stop_not_before)
 
 
-def raise_grace_holds(*, profile: BillingProfile, now: datetime) -> bool:
-    """Whether a raise's notice still keeps the renter's running instances from a stop at zero."""
-    return profile.stop_not_before is not None and now < profile.stop_not_before
+def stop_notice_holds(*, profile: BillingProfile, now: datetime) -> bool:
+    """Whether a cost rise's notice still keeps the renter's running instances from a stop at zero."""
+    return selectors.stop_notice_until(stop_not_before=profile.stop_not_before, now=now) is not None

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import EventKind
-from billing.services.low_balance import LowAfterRaise, balance_recheck_after_raise, billing_profile_lock, duration_text
+from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock
 from billing.services.metering import node_billable_until, usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance
@@ -143,11 +143,10 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
             "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)}
     if instance.price_per_hour_micros > old and instance.status in COMMITTED_STATUSES:  # billed now, or once it runs
         pending = 0 if instance.status == S.RUNNING else instance.price_per_hour_micros
-        low = balance_recheck_after_raise(renter_id=instance.renter_id, now=now, pending_micros=pending)
+        low = balance_recheck_on_cost_rise(renter_id=instance.renter_id, now=now, pending_micros=pending)
         if low is not None:
-            then += _low_balance_note(low)
-            data.update(balance=str(micros_to_usd(low.balance_micros)),
-                        stop_not_before=low.stop_not_before.isoformat())
+            then += low.note()
+            data.update(low.as_data())
     event_create(
         user=instance.renter, kind=kind, email=True,
         message=(f"Instance {instance.pk}'s server measured {measured}. From {_at(since)} it costs "
@@ -155,14 +154,3 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
         data=data,
     )
 
-
-def _low_balance_note(low: LowAfterRaise) -> str:
-    """What the raise's message adds when it left the balance low: the figures, and until when nothing stops."""
-    rate, until = f"{usd_text(low.rate_micros)}/h for your instances and storage", _at(low.stop_not_before)
-    if low.balance_micros <= 0:
-        return (f" Your balance is {usd_text(low.balance_micros)}, which does not cover the {rate}: top up before "
-                f"{until}. Until then your instances keep running (what they use is owed); after it, they are "
-                f"stopped while the balance is at zero.")
-    return (f" Your balance, {usd_text(low.balance_micros)}, lasts about {duration_text(low.seconds_left)} at "
-            f"{rate}: top up to keep your instances running. Should it reach zero, they are not stopped before "
-            f"{until}.")
