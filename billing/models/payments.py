@@ -30,8 +30,9 @@ class BillingProfile(models.Model):
     destroy_warned_at = models.DateTimeField(null=True, blank=True)
     stop_not_before = models.DateTimeField(
         null=True, blank=True,
-        help_text="A price raised on a running instance found the balance low: the renter was warned then, and their "
-                  "running instances are not stopped at zero before this (billing.services.low_balance).")
+        help_text="A cost that rose without a funds check (a price raised back, an interrupted instance resumed) found "
+                  "the balance low: the renter was warned then, and their running instances are not stopped at zero "
+                  "before this (billing.services.low_balance).")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

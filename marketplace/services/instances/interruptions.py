@@ -11,6 +11,12 @@ nvidia-smi: provisioning.services.gpu_presence):
 - it ends when the node answers again (a lost GPU's: once the card is listed again): the VM is intact →
   `running` (billing restarts); the VM is stopped → `starting` (the platform starts it again); the VM is gone →
   `failed` with a reason; or the renter deletes it.
+- billed again with no funds check of the renter's (`running`, or `starting`: billed once it runs), the resume
+  re-reads their balance against what they now pay, as a price raise does (billing.services.low_balance): when
+  it went low or to zero meanwhile (other instances, storage), they are warned at once, the resume's message says
+  so, and their instances are not stopped at zero before the warning's notice (BILLING_LOW_BALANCE_WARNING_S) has
+  passed. Before, the next meter tick stopped a renter whose balance was at zero with no warning at all (nothing of
+  theirs burned while it was interrupted), or one whose balance was low with a minute's.
 """
 import logging
 from datetime import datetime
@@ -20,6 +26,7 @@ from django.utils import timezone
 
 from billing.models import EventKind
 from billing.services.credits import interruption_credit
+from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock, resumed_text
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome, Node
 from marketplace.models.renting import vm_id_of
@@ -127,9 +134,16 @@ def _credited_text(interruption: Interruption | None, now: datetime) -> tuple[st
 
 def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, event: str) -> Instance | None:
     """interrupted → `to`: end the interruption, post the rest of the credit and tell the renter `event` (plus
-    what was credited), all in one transaction. None when the instance is not interrupted (any more)."""
+    what was credited, and the balance's notice when it is low now), all in one transaction. None when the instance
+    is not interrupted (any more)."""
     now = timezone.now()
     with transaction.atomic():
+        renter_id = Instance.objects.filter(pk=instance_id).values_list("renter_id", flat=True).first()
+        if renter_id is None:
+            return None
+        # Billed again: the balance re-read below may warn and hold the renter's billing profile. Locked first, as
+        # enforcement does before it stops their instances and a raise before the instance (no lock-order cycle).
+        billing_profile_lock(user_id=renter_id)
         instance = _locked(instance_id)
         if instance is None or instance.status != S.INTERRUPTED:
             return None
@@ -151,9 +165,15 @@ def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, ev
                 transaction.set_rollback(True)
                 log.info("instance %s: not started again yet: its START job is still open", instance_id)
                 return None
+        # After the credit (it counts): the renter's balance against what they pay with it billed again.
+        low = balance_recheck_on_cost_rise(
+            renter_id=instance.renter_id, now=now, why=resumed_text(instance_id=instance.pk, running=to == S.RUNNING),
+            pending_micros=0 if to == S.RUNNING else instance.price_per_hour_micros)
+        text += low.note() if low is not None else ""
         told = event_create(user=instance.renter, kind=EventKind.INSTANCE_RESUMED, email=to != S.RUNNING,
                             message=event.format(instance=instance.pk, at=_at(now)) + text,
-                            data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
+                            data={"instance": instance.pk, "credited": str(micros_to_usd(credited)),
+                                  **(low.as_data() if low is not None else {})})
         if to == S.RUNNING:  # e-mailed by notifications, on the channels the renter chose
             instance_notify(instance, Kind.INSTANCE_RUNNING, now.isoformat(), told.message)
     return instance
