@@ -387,12 +387,12 @@ class BillingProfileAdmin(admin.ModelAdmin):
     form = BillingProfileAdminForm
 
     list_display = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
-                    "low_balance_warned_at", "depleted_at"]
+                    "low_balance_warned_at", "depleted_at", "stop_not_before"]
     search_fields = ["user__email", "stripe_customer_id", "stripe_connect_account_id"]
     list_select_related = ["user"]
     fields = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
               "auto_top_up_threshold_micros", "auto_top_up_amount_micros", "auto_top_up_card",
-              "low_balance_warned_at", "depleted_at", "destroy_warned_at", "created_at"]
+              "low_balance_warned_at", "depleted_at", "destroy_warned_at", "stop_not_before", "created_at"]
     readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]  # type: ignore[misc]  # names only
 
     def save_model(self, request, obj, form, change):

@@ -302,6 +302,9 @@ class BalanceStatus:
     seconds_left: int | None  # at that rate; None when nothing is billed (nothing runs, no storage)
     low: bool  # less than BILLING_LOW_BALANCE_WARNING_S left at that rate (enforcement's low-balance warning)
     depleted_at: datetime | None  # when the balance reached zero (instances were stopped), until it recovers
+    # While a cost rise's notice holds (a raise, a resume that found the balance low): running instances are not
+    # stopped at zero before it (stop_notice_until).
+    stop_not_before: datetime | None = None
     instances_rate_micros: int = 0  # of rate_micros: the running instances' GPU time
     storage_rate_micros: int = 0  # of rate_micros: volumes and stopped instances' disks
 
@@ -314,11 +317,13 @@ def balance_status(*, user: User) -> BalanceStatus:
     micros = balance.balance_micros if balance else 0
     rate = burn_rate(user=user)
     left = seconds_left(balance_micros=micros, rate_micros=rate.total_micros)
-    depleted = BillingProfile.objects.filter(user=user).values_list("depleted_at", flat=True).first()
+    depleted, held = BillingProfile.objects.filter(user=user).values_list(
+        "depleted_at", "stop_not_before").first() or (None, None)
     return BalanceStatus(balance_micros=micros, rate_micros=rate.total_micros, seconds_left=left,
                          low=left is not None and left < settings.BILLING_LOW_BALANCE_WARNING_S,
                          depleted_at=depleted, instances_rate_micros=rate.instances_micros,
-                         storage_rate_micros=rate.storage_micros)
+                         storage_rate_micros=rate.storage_micros,
+                         stop_not_before=stop_notice_until(stop_not_before=held))
 
 
 def instance_cost(*, instance: Instance) -> dict[str, int]:

@@ -51,6 +51,13 @@ class BalanceSerializer(serializers.Serializer):
         help_text="You are warned (events, email) when less than this much time is left.")
     funds_required_seconds = serializers.IntegerField(
         help_text="Renting or starting an instance needs this much of its price in the balance.")
+    stop_not_before = serializers.DateTimeField(
+        allow_null=True, read_only=True,
+        help_text="While a notice holds: your running instances are not stopped at zero balance before this time "
+                  "(UTC). It is set when what you pay went up without a funds check and left the balance low or at "
+                  "zero: an instance's price raised back after a cut, or an interrupted instance running again. You "
+                  "were warned then (a `low_balance` event, with this time); top up before it. What runs meanwhile "
+                  "is billed as always and owed. Null when no such notice holds.")
     auto_top_up = AutoTopUpSerializer()
 
 
@@ -73,6 +80,8 @@ class BalanceView(APIView):
             "seconds_left": selectors.seconds_left(balance_micros=balance, rate_micros=rate.total_micros),
             "low_balance_warning_seconds": settings.BILLING_LOW_BALANCE_WARNING_S,
             "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S, "auto_top_up": auto,
+            "stop_not_before": selectors.stop_notice_until(
+                stop_not_before=profile.stop_not_before if profile is not None else None),
         }).data)
 
 

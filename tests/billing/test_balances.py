@@ -172,6 +172,7 @@ def test_the_balance_endpoint_says_how_long_the_money_lasts(clock, api, other_ap
         "storage_cost_per_hour": "0.000000", "cost_per_hour": "1.500000", "seconds_left": 7200,
         "low_balance_warning_seconds": 3600, "funds_required_seconds": 3600,
         "auto_top_up": {"enabled": False, "threshold": None, "amount": None, "card": None},
+        "stop_not_before": None,  # no cost rise's notice holds (tests/billing/test_resume_balance.py)
     }
     assert other_api.get("/api/v1/billing/balance/").json()["balance"] == "0.000000"
     assert other_api.get("/api/v1/billing/balance/").json()["seconds_left"] is None

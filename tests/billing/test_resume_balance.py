@@ -3,12 +3,13 @@ the same rule as a price raise (tests/billing/test_price_raise_balance.py). Foun
 went to zero while their instance was interrupted was never warned (nothing of theirs burned), and the first meter
 tick after the resume stopped the instance at once. Now the resume re-reads the balance against what they pay with
 it running; when it is low, they are warned then and their instances run until BILLING_LOW_BALANCE_WARNING_S after
-it."""
+it. The deadline is shown where the renter and the operators look: the balance's API and page, the admin."""
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.core import mail
+from django.test import Client
 
 from billing.models import BillingEvent, BillingProfile, EventKind
 from billing.services.ledger import credit_grant, ledger_reverse
@@ -129,12 +130,14 @@ def test_a_resume_warns_a_low_balance_and_stops_only_after_the_warnings_notice(c
     assert clock.now >= stop_at
 
 
-def test_a_resume_with_plenty_of_balance_warns_nobody(clock, tick, on_commit):
+def test_a_resume_with_plenty_of_balance_warns_nobody_and_shows_no_deadline(clock, tick, on_commit, client_for):
     renter, host, instance = _interrupted_then_drained(clock, tick, keep=None, plenty=True)
     assert on_commit(svc.instance_resume, instance_id=instance.pk) is not None
     resumed = BillingEvent.objects.get(user=renter, kind=EventKind.INSTANCE_RESUMED)
     assert "balance" not in resumed.message and "stop_not_before" not in resumed.data
     assert BillingProfile.objects.get(user=renter).stop_not_before is None
+    shown = client_for(renter).get("/api/v1/billing/balance/").json()
+    assert "stop_not_before" in shown and shown["stop_not_before"] is None
     tick(host)
     assert _status(instance) == "running" and "low_balance" not in _kinds(renter)
 
@@ -158,3 +161,26 @@ def test_an_interrupted_instance_started_again_by_the_platform_gets_the_notice_t
     tick(host)
     assert _status(instance) == "stopping"
 
+
+def test_the_balance_api_page_and_admin_show_the_deadline_while_it_holds(clock, tick, on_commit, client_for):
+    renter, host, instance = _interrupted_then_drained(clock, tick, keep=None)
+    on_commit(svc.instance_resume, instance_id=instance.pk)
+    stop_at = clock.now + timedelta(seconds=NOTICE_S)
+    api = client_for(renter)
+    assert _when(api.get("/api/v1/billing/balance/").json()["stop_not_before"]) == stop_at
+    web = Client()
+    web.force_login(renter)
+    page = web.get("/account/balance/").content.decode()
+    assert 'id="stop-not-before"' in page and f"{stop_at:%Y-%m-%d %H:%M} UTC" in page
+    assert "Your balance ran out" not in page
+    operator = Client()
+    operator.force_login(UserFactory(is_staff=True, is_superuser=True))
+    profile = BillingProfile.objects.get(user=renter)
+    admin_page = operator.get(f"/admin/billing/billingprofile/{profile.pk}/change/").content.decode()
+    assert "Stop not before" in admin_page and 'name="stop_not_before"' not in admin_page  # shown, read-only
+    listed = operator.get("/admin/billing/billingprofile/").content.decode()
+    assert "column-stop_not_before" in listed
+    # Once it has passed, it is no longer shown to the renter (the operators keep the record).
+    clock.advance(NOTICE_S)
+    assert api.get("/api/v1/billing/balance/").json()["stop_not_before"] is None
+    assert 'id="stop-not-before"' not in web.get("/account/balance/").content.decode()
