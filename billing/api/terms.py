@@ -24,6 +24,7 @@ class InterruptionTermsSerializer(serializers.Serializer):
     credit_max_seconds = serializers.IntegerField(help_text="The time lost counted per interruption, at most.")
     charged_to = serializers.CharField(help_text="Who pays the credit: the provider's earnings.")
     unreachable_destroy = serializers.CharField(help_text="What deleting an instance on an unreachable node does.")
+    resumed = serializers.CharField(help_text="What happens when an interrupted instance runs again.")
 
 
 class HardwareTermsSerializer(serializers.Serializer):
@@ -72,6 +73,10 @@ class TermsView(APIView):
                 "charged_to": rule["charged_to"],
                 "unreachable_destroy": "ends at once for the renter (billing stops); the VM is removed when the "
                                        "node answers again",
+                "resumed": "billing starts again when the node (or the lost GPU) is back and the instance runs; a "
+                           "resume that leaves the balance low (less than low_balance_warning_seconds of the burn "
+                           "rate with it counted) warns at once, and running instances are not stopped at zero "
+                           "before low_balance_warning_seconds after it (what runs meanwhile is owed)",
             },
             "hardware_found_worse": {
                 "price_cut": "from the re-check on, each instance on the node pays its price times the new score "
