@@ -7,288 +7,71 @@ Each container is bounded and kept apart from the others (limits_argv, ISOLATION
 (no swap beyond it), CPUs and process ids in proportion to its GPUs; its writable layer limited to the booked
 disk_gb where the engine's storage driver can enforce it (the VM's answer says "disk_limit": "enforced" or
 "not_enforced"); its log files capped; on the gpumarket network, where containers cannot reach one another; without
-raw sockets (no ARP spoofing or sniffing), device nodes or setuid/file-capability privilege gains."""
-import base64
-import collections
+raw sockets (no ARP spoofing or sniffing), device nodes or setuid/file-capability privilege gains.
+
+Here: the DockerRuntime itself (a VM's container made, started, stopped, inspected, listed; volumes; health).
+Beside it: dockerargv.py (the command lines and the GPUs a container names), dockerlimits.py (the container's
+share of the host), dockerpull.py (the image pull), dockerread.py (bounded reads of what a container controls),
+dockerbox.py (the entry wrapper and env files). This module re-exports their names."""
 import contextlib
-import csv
-import io
 import json
 import os
-import shutil
-import subprocess
-import tarfile
-import tempfile
 import time
 
 from ..core import AgentError, run, write_file
 from ..records import log_path, tail_lines, vm_dir, vm_log
-from ..reference import registry_key
 from ..smi import read_gpus
 from ..validation import VM_ID_RE
-from .base import Runtime, os_release_pretty_name, vm_name
+from .base import Runtime, vm_name
+from .dockerargv import (
+    DOCKER_LIST_ARGV,
+    DROPPED_CAPS,
+    ISOLATION_ARGV,
+    LABEL,
+    LOG_ARGV,
+    NETWORK,
+    NETWORK_ARGV,
+    container_devices,
+    docker_run_argv,
+    docker_state,
+    docker_verb_argv,
+    gpu_argv,
+    mount_arg,
+    publish,
+)
 from .dockerbox import ENTRY_SH, env_file, pam_environment, profile_sh
+from .dockerlimits import (
+    HOST_RAM_KEPT,
+    MIG_SLICES_PER_GPU,
+    PIDS_PER_GPU_MIN,
+    container_share,
+    host_resources,
+    limits_argv,
+    limits_text,
+    unsupported_size_option,
+)
+from .dockerpull import docker_config_json, docker_pull, image_command, pull_reason
+from .dockerread import (
+    MAX_HOST_KEY,
+    MAX_LOG_BYTES,
+    MAX_LOG_LINE,
+    MAX_OS_RELEASE,
+    bounded_output,
+    container_log_tail,
+    read_os,
+)
 
-LABEL = "gpumarket.vm_id"
-# Every renter's container joins this bridge, made by the agent with inter-container traffic off (icc=false):
-# a container reaches the outside world and its published ports are reached from it, never another renter's.
-NETWORK = "gpumarket-vms"
-NETWORK_ARGV = ["docker", "network", "create", "--driver", "bridge", "--label", "gpumarket.network=1",
-                "--opt", "com.docker.network.bridge.enable_icc=false", NETWORK]
-# Capabilities sshd and a renter's root never need: raw sockets (ARP spoofing, sniffing the bridge), device nodes,
-# file capabilities, the host's audit log. sshd keeps what privilege separation uses (SETUID, SETGID, SYS_CHROOT,
-# CHOWN for the pty). no-new-privileges: no setuid binary or file capability raises a process's privileges (sshd
-# runs as root and drops them, which it allows; a non-root user in the container cannot `sudo`).
-DROPPED_CAPS = ("NET_RAW", "MKNOD", "SETFCAP", "AUDIT_WRITE")
-ISOLATION_ARGV = ["--network", NETWORK] + [a for cap in DROPPED_CAPS for a in ("--cap-drop", cap)] + [
-    "--security-opt", "no-new-privileges"]
-# The container's log (docker logs, the VM's logs command) stays under 3 x 10 MB on the node's disk.
-LOG_ARGV = ["--log-driver", "json-file", "--log-opt", "max-size=10m", "--log-opt", "max-file=3"]
-HOST_RAM_KEPT = 0.1  # of the host's RAM, never given to containers (as libvirt_share)
-PIDS_PER_GPU_MIN = 1024
-MIG_SLICES_PER_GPU = 7  # a MIG device counts as 1/7 of its GPU in the share
-
-
-def container_share(host_cores, host_ram_mib, host_pids, gpus, total_gpus):
-    """(cpus, memory MiB, pids) for a container of `gpus` GPUs (a fraction for MIG slices) of `total_gpus`:
-    in proportion, as libvirt_share; 10 % of RAM and half the process ids stay with the host."""
-    part = min(1.0, float(gpus) / max(1, total_gpus))
-    cpus = max(1.0, round(host_cores * part, 2))
-    memory = max(2048, int(int(host_ram_mib * (1 - HOST_RAM_KEPT)) * part))
-    pids = max(PIDS_PER_GPU_MIN, int(host_pids // 2 * part))
-    return min(cpus, float(max(1, host_cores))), memory, pids
-
-
-def limits_text(limits):
-    return "%g CPUs, %d MiB memory, %d processes, disk %s GB %s" % (
-        limits["cpus"], limits["memory_mib"], limits["pids"], limits.get("disk_gb"),
-        "enforced" if limits.get("disk_limit") == "enforced" else "NOT enforced")
-
-
-def limits_argv(limits):
-    """docker create's resource limits: memory with no swap beyond it, CPUs, process ids, and the disk."""
-    argv = ["--memory", "%dm" % limits["memory_mib"], "--memory-swap", "%dm" % limits["memory_mib"],
-            "--cpus", "%g" % limits["cpus"], "--pids-limit", str(limits["pids"])]
-    if limits.get("disk_gb") and limits.get("disk_limit") == "enforced":
-        argv += ["--storage-opt", "size=%dG" % limits["disk_gb"]]
-    return argv
-
-
-def host_resources():
-    """(cores, RAM MiB, process ids the kernel allows) of this host: cheap reads, no disk test."""
-    ram_mib, pids = 4096, 32768
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo") as f:
-            ram_mib = next(int(ln.split()[1]) // 1024 for ln in f if ln.startswith("MemTotal:"))
-    for path in ("/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"):
-        with contextlib.suppress(OSError, ValueError):
-            with open(path) as f:
-                pids = min(pids, int(f.read().strip())) if path.endswith("threads-max") else int(f.read().strip())
-    return os.cpu_count() or 1, ram_mib, pids
-
-
-def unsupported_size_option(stderr):
-    """docker's refusal of a size option the storage or volume driver cannot enforce (overlay2 off xfs+pquota,
-    the local volume driver without quota support), as opposed to any other failure."""
-    text = stderr.lower()
-    return any(needle in text for needle in ("storage-opt", "storage opt", "storage option", "quota",
-                                             "invalid option", "size option", "not supported"))
-
-
-def bounded_output(argv, limit, timeout=30):
-    """(returncode, stdout bytes, too_long) of a command whose output the container controls: at most `limit`
-    bytes are read; past that the command is killed and too_long is True."""
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise AgentError("command_not_found", "%s is not installed on this node" % argv[0]) from None
-    chunks, size, deadline = [], 0, time.monotonic() + timeout
-    try:
-        while size <= limit and time.monotonic() < deadline:
-            chunk = proc.stdout.read1(min(65536, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        too_long = size > limit or time.monotonic() >= deadline
-        if too_long:
-            proc.kill()
-        proc.stdout.close()
-        try:
-            code = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-    return code, b"".join(chunks)[:limit], too_long
-
-
-MAX_OS_RELEASE = 64 * 1024  # the tar of /etc/os-release as docker cp streams it
-MAX_HOST_KEY = 4096
-MAX_LOG_LINE = 4096  # a container's log line longer than this is cut
-MAX_LOG_BYTES = 64 * 1024 * 1024  # read from `docker logs` for one logs command
-
-
-def gpu_argv(mode, gpu_indices):
-    if mode == "none":
-        return []
-    if mode.startswith("devices:"):  # a stand-in device node per GPU, where the toolkit would put /dev/nvidiaN
-        out = []
-        for i in gpu_indices:
-            out += ["--device", "%s:/dev/nvidia%d" % (mode[len("devices:"):].replace("{index}", str(i)), i)]
-        return out
-    # --gpus parses its value as CSV, so "device=0,1" needs literal double quotes to stay one item.
-    return ["--gpus", '"device=%s"' % ",".join(str(i) for i in gpu_indices)]  # indices, or MIG-... UUIDs
-
-
-def container_devices(spec, mode):
-    """What the container's `--gpus device=` names (the toolkit): its MIG slices, else its cards' UUIDs where the
-    platform sent every one (nvidia-smi numbers the cards anew when one falls off the bus; a UUID stays the card's),
-    else their indices. Stand-in device nodes ("devices:") go by index. UUIDs only as validation.py matched them."""
-    if mode != "toolkit":
-        return spec["gpu_indices"]
-    uuids = spec.get("gpu_uuids")
-    return spec.get("mig_uuids") or (uuids if uuids and None not in uuids else spec["gpu_indices"])
-
-
-def publish(bind, host_port, port):
-    return ["-p", ("%s:%d:%d" % (bind, host_port, port)) if bind else "%d:%d" % (host_port, port)]
-
-
-def mount_arg(**fields):
-    """A --mount value: CSV, so a path holding ',' or '"' is quoted as docker's parser expects."""
-    out = io.StringIO()
-    csv.writer(out, lineterminator="").writerow("%s=%s" % kv for kv in fields.items())
-    return out.getvalue()
-
-
-def docker_run_argv(vm_id, gpu_indices, image, host_port, keys_path, gpus="toolkit", bind=None, ports=None,
-                    volumes=(), box=None, env_path=None, command=(), limits=None):
-    """`docker create` (run_argv's name is kept: `docker run -d` minus the start) for one VM."""
-    argv = ["docker", "create", "--name", vm_name(vm_id), "--hostname", vm_id, "--label", LABEL + "=" + vm_id]
-    argv += ISOLATION_ARGV + LOG_ARGV
-    if limits:
-        argv += limits_argv(limits)
-    argv += gpu_argv(gpus, gpu_indices)
-    argv += publish(bind, host_port, 22)
-    for name, hp in sorted((ports or {}).items()):
-        argv += publish(bind, hp, int(name.split("/")[0]))
-    argv += ["-v", keys_path + ":/root/.ssh/authorized_keys:ro"]
-    if box:  # (the entry wrapper's own state lives in the container's writable layer, under its disk limit)
-        argv += ["-v", os.path.join(box, "box") + ":/.gpumarket:ro", "--init", "--entrypoint", "/bin/sh"]
-    for vol in volumes:
-        argv += ["--mount", mount_arg(type="volume", src=vol["name"], dst=vol["mount"])]
-    if env_path:
-        argv += ["--env-file", env_path]
-    if gpus != "toolkit":
-        # No GPU through an nvidia default runtime either: the image's own ENV (every nvidia/cuda image has
-        # NVIDIA_VISIBLE_DEVICES=all) must not hand the container the node's GPUs. (--gpus sets the variable.)
-        argv += ["-e", "NVIDIA_VISIBLE_DEVICES=void"]
-    argv += ["--restart", "unless-stopped", image]
-    if box:
-        argv += ["/.gpumarket/entry.sh"] + list(command)
-    return argv
-
-
-def docker_verb_argv(verb, vm_id):
-    return {"start": ["docker", "start", vm_name(vm_id)],
-            "stop": ["docker", "stop", "--time", "20", vm_name(vm_id)],
-            "rm": ["docker", "rm", "-f", "-v", vm_name(vm_id)],  # -v: its anonymous volumes too
-            "inspect": ["docker", "inspect", "--format", "{{.State.Status}}", vm_name(vm_id)]}[verb]
-
-
-DOCKER_LIST_ARGV = ["docker", "ps", "-a", "--filter", "label=" + LABEL,
-                    "--format", '{{.Label "gpumarket.vm_id"}}\t{{.State}}']
-
-
-def docker_state(status):
-    return "running" if status in ("running", "restarting") else "stopped"
-
-
-def docker_config_json(reference, registry_auth):
-    """A DOCKER_CONFIG's config.json: credentials for the reference's registry only, or none at all."""
-    auths = {}
-    if registry_auth:
-        token = "%s:%s" % (registry_auth["username"], registry_auth["password"])
-        auths[registry_key(reference)] = {"auth": base64.b64encode(token.encode()).decode()}
-    return json.dumps({"auths": auths})
-
-
-def pull_reason(text, registry_auth):
-    """The registry's reason from docker's stderr, without docker's prefix and never with the password."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    reason = (lines[-1] if lines else "docker pull failed").replace("Error response from daemon: ", "")
-    if registry_auth:
-        reason = reason.replace(registry_auth["password"], "***")
-    return reason[-800:]
-
-
-def container_log_tail(argv, tail, max_line=MAX_LOG_LINE, max_bytes=MAX_LOG_BYTES, timeout=60):
-    """The last `tail` lines a command prints (stdout and stderr), each cut at max_line bytes, reading at most
-    max_bytes: memory stays bounded however long a line the container wrote. [] if the command fails."""
-    lines, current, size, cut = collections.deque(maxlen=tail), bytearray(), 0, False
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except FileNotFoundError:
-        return []
-    deadline = time.monotonic() + timeout
-    ended = False
-    try:
-        while size < max_bytes and time.monotonic() < deadline:
-            chunk = proc.stdout.read1(65536)
-            if not chunk:
-                ended = True
-                break
-            size += len(chunk)
-            for n, piece in enumerate(chunk.split(b"\n")):
-                if n:
-                    lines.append(bytes(current))
-                    current, cut = bytearray(), False
-                if not cut:
-                    current += piece[:max_line - len(current)]
-                    cut = len(current) >= max_line
-        if current:
-            lines.append(bytes(current))
-    finally:
-        if not ended:
-            proc.kill()  # past the bounds: what was read is kept
-        proc.stdout.close()
-        code = proc.wait()
-    if ended and code != 0:
-        return []
-    return [ln.decode("utf-8", "replace") for ln in lines]
+__all__ = [
+    "DOCKER_LIST_ARGV", "DROPPED_CAPS", "HOST_RAM_KEPT", "ISOLATION_ARGV", "LABEL", "LOG_ARGV", "MAX_HOST_KEY",
+    "MAX_LOG_BYTES", "MAX_LOG_LINE", "MAX_OS_RELEASE", "MIG_SLICES_PER_GPU", "NETWORK", "NETWORK_ARGV",
+    "PIDS_PER_GPU_MIN", "DockerRuntime", "bounded_output", "container_devices", "container_log_tail",
+    "container_share", "docker_config_json", "docker_run_argv", "docker_state", "docker_verb_argv", "gpu_argv",
+    "host_resources", "limits_argv", "limits_text", "mount_arg", "publish", "pull_reason", "unsupported_size_option",
+]
 
 
 class DockerRuntime(Runtime):
     name = "docker"
-
-    def pull(self, rec, registry_auth):
-        """docker pull with a fresh, private DOCKER_CONFIG: the renter's credentials or none (never the node's)."""
-        image, vm_id = rec["spec"]["image"]["docker"], rec["vm_id"]
-        present = self.cfg.docker_pull == "missing" and \
-            run(["docker", "image", "inspect", image], check=False).returncode == 0
-        if present:
-            vm_log(self.cfg, vm_id, "image %s is present; not pulled (GPUMARKET_DOCKER_PULL=missing)" % image)
-            return
-        vm_log(self.cfg, vm_id, "pulling %s%s" % (image, " with registry credentials" if registry_auth else ""))
-        config_dir = tempfile.mkdtemp(prefix="gpumarket-pull-")  # mode 0700
-        try:
-            write_file(os.path.join(config_dir, "config.json"), docker_config_json(image, registry_auth), 0o600)
-            proc = run(["docker", "--config", config_dir, "pull", image], timeout=900, check=False)
-        finally:
-            shutil.rmtree(config_dir, ignore_errors=True)
-        if proc.returncode != 0:
-            reason = pull_reason(proc.stderr or proc.stdout, registry_auth)
-            vm_log(self.cfg, vm_id, "pull failed: " + reason)
-            raise AgentError("pull_failed", reason)
-        done = [ln for ln in proc.stdout.splitlines() if ln.startswith(("Digest:", "Status:"))]
-        vm_log(self.cfg, vm_id, "pulled %s%s" % (image, (": " + "; ".join(done)) if done else ""))
-
-    def image_command(self, image):
-        """The image's own entrypoint + cmd, which the entry wrapper runs after its work."""
-        proc = run(["docker", "image", "inspect", "--format", "{{json .Config}}", image])
-        config = json.loads(proc.stdout) or {}
-        return list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
 
     def write_box(self, rec):
         vmdir, spec = vm_dir(self.cfg, rec["vm_id"]), rec["spec"]
@@ -355,8 +138,8 @@ class DockerRuntime(Runtime):
         keys_path = os.path.join(vm_dir(self.cfg, vm_id), "authorized_keys")
         write_file(keys_path, "\n".join(spec["ssh_public_keys"]) + "\n", 0o600)
         if self.state(rec) == "missing":
-            self.pull(rec, registry_auth)
-            command = self.image_command(spec["image"]["docker"])
+            docker_pull(self.cfg, rec, registry_auth)
+            command = image_command(spec["image"]["docker"])
             self.ensure_network()
             rec["limits"] = self.limits(spec)
             vmdir, env_path = self.write_box(rec)
@@ -373,28 +156,12 @@ class DockerRuntime(Runtime):
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(env_path)  # the container holds the env now; the record keeps the spec
-            rec["os"] = self.read_os(vm_id)
+            rec["os"] = read_os(vm_id)
             vm_log(self.cfg, vm_id, "created container %s (%s; %s)" % (
                 vm_name(vm_id), rec["os"] or "OS unknown", limits_text(rec["limits"])))
         self.checked_start(rec)
         if not rec.get("ssh_host_key"):
             rec["ssh_host_key"] = self.read_host_key(vm_id)
-
-    def read_os(self, vm_id):
-        """PRETTY_NAME of the container's /etc/os-release (a created container is enough: docker cp reads it).
-        The image controls that file: at most MAX_OS_RELEASE bytes are read."""
-        for path in ("/etc/os-release", "/usr/lib/os-release"):
-            with contextlib.suppress(OSError, subprocess.SubprocessError, tarfile.TarError, AttributeError, AgentError):
-                code, out, too_long = bounded_output(
-                    ["docker", "cp", "-L", "%s:%s" % (vm_name(vm_id), path), "-"], MAX_OS_RELEASE)
-                if code == 0 and not too_long:
-                    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
-                        member = tar.next()
-                        if member is None or not member.isfile() or member.size > MAX_OS_RELEASE:
-                            continue
-                        text = tar.extractfile(member).read(MAX_OS_RELEASE).decode("utf-8", "replace")
-                        return os_release_pretty_name(text)
-        return None
 
     def read_host_key(self, vm_id, timeout=30.0):
         """The container's sshd ed25519 host key (made by the entry wrapper at first boot), for pinning."""
