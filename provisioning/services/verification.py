@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from billing.services.low_balance import billing_profile_lock
 from billing.services.storage import node_storage_outage_end
 from core.errors import Conflict
 from marketplace.mig import layout_by_gpu
@@ -330,6 +331,12 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     # No key update: the renters' billing profiles are locked below (a raise back), while enforcement holds one
     # and inserts a stop job naming this node (FOR KEY SHARE, which FOR UPDATE blocked: a deadlock).
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
+    # Its renters' billing profiles next, in id order, before any of their instances: a cut then a raise back in
+    # this check lock an instance, then its renter's profile (for the low-balance notice), where enforcement locks
+    # the profile, then the instance, to stop it at zero (found by review: "deadlock detected").
+    for renter_id in sorted(set(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES)
+                                .values_list("renter_id", flat=True))):
+        billing_profile_lock(user_id=renter_id)
     previous_verdict = node.verdict
     # What renters' prices are measured against: the last score of a check that listed the node (a rejection's
     # score says nothing of how fast it is; compared with it, the next check cut no one).
@@ -347,7 +354,10 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
         node.score = score
     node.benchmark_summary = offer_summary(run)
     if inventory:
-        node_apply_host_facts(node, inventory, (figures or {}).get("platform_to_node_mbps"), run.created_at)
+        # Dated when the job began, before the agent read its disk (not the verdict's moment, minutes later): a
+        # disk booked meanwhile is one the free space read could not count (found by review; disk_room).
+        node_apply_host_facts(node, inventory, (figures or {}).get("platform_to_node_mbps"),
+                              min(run.created_at, job.started_at or job.created_at))
     renters = list(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES).values_list("pk", flat=True))
     if verdict == Verdict.REJECTED:
         reasons = reasons_text(findings, severity="reject")  # each said once, with the GPUs it concerns

@@ -220,3 +220,22 @@ def test_the_disks_size_bounds_what_reports_of_free_space_let_grow(api, user):
     assert api.post("/api/v1/volumes/", {"offer": node.pk, "size_gb": 1}, format="json").status_code == 409
     Node.objects.filter(pk=node.pk).update(disk_total_gb=None)  # its size never reported: the free space alone
     assert _offer_room(node.pk) == 100 and node_disk_room(Node.objects.get(pk=node.pk)).left_gb == 100
+
+
+def test_a_disk_booked_while_the_check_ran_counts_against_the_free_space_it_read(user):
+    """The host facts were dated at the verdict, minutes after the agent read the free disk: a disk booked in
+    between was neither in the free space read nor counted as promised since. They are dated at the job's start."""
+    from provisioning.models import Job, JobKind
+    from provisioning.services.verification import node_verify_conclude
+
+    node = _node(free_gb=1000, reported_ago=timedelta(days=1))
+    started = timezone.now() - timedelta(minutes=5)
+    job = Job.objects.create(kind=JobKind.NODE_VERIFY, node=node, status="running", started_at=started,
+                             deadline=timezone.now() + timedelta(hours=1))
+    during = book(user, node, disk_gb=300)  # after the agent read 1000 GB free, before the verdict
+    Node.objects.filter(pk=node.pk).update(score=1.0)
+    node_verify_conclude(job=job, verdict="verified", score=1.0, findings=[],
+                         inventory={"disk": {"free_gb": 1000, "total_gb": 2000}})
+    checked = Node.objects.get(pk=node.pk)
+    assert checked.host_checked_at == started and during.created_at > started
+    assert node_disk_room(checked).left_gb == 700 and _offer_room(node.pk) == 700

@@ -4,7 +4,9 @@ back, wanted the renter's billing profile; enforcement (balances_enforce) held t
 instance on the node, whose stop job's foreign key to the node takes FOR KEY SHARE on its row, which FOR UPDATE
 blocks. Each waited for the other and PostgreSQL aborted one ("deadlock detected": the stop at zero failed, or the
 verification's result was lost). The node's row is now locked FOR NO KEY UPDATE (nothing changes its key): it still
-serialises the node's writers and the bookings' FOR SHARE, and lets the inserts of the node's children through."""
+serialises the node's writers and the bookings' FOR SHARE, and lets the inserts of the node's children through. And
+the check takes its renters' billing profiles right after the node's row, before any of their instances, as
+enforcement takes a profile before its instances (a second cycle, on the instance's row)."""
 import threading
 import time
 from datetime import timedelta
@@ -14,6 +16,7 @@ import pytest
 from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
+from billing.models import BillingProfile
 from billing.services.enforcement import balances_enforce
 from billing.services.ledger import credit_grant, ledger_reverse
 from marketplace.models import Gpu, Instance, Node
@@ -107,10 +110,15 @@ def test_a_verification_raising_a_price_back_while_enforcement_stops_the_renter_
         go.set()
     assert not v.is_alive() and not e.is_alive(), "a transaction hung"
     assert not errors, {k: f"{type(v).__name__}: {v}" for k, v in errors.items()}
-    assert enforced_meanwhile  # the stop jobs went in while the verification held the node's row
-    # Both happened: the renter was stopped at zero, and the check was recorded and raised the cut price back.
-    assert set(Instance.objects.filter(pk__in=[cut.pk, billed.pk]).values_list("status", flat=True)) == {"stopping"}
-    assert Job.objects.filter(kind=JobKind.INSTANCE_STOP, instance_id__in=[cut.pk, billed.pk]).count() == 2
+    # Enforcement waited for the check: the check takes its renters' profiles right after the node's row (the next
+    # test's cycle), so the stop comes after it, not in a deadlock.
+    assert not enforced_meanwhile
+    # Both happened, in that order: the check was recorded and raised the cut price back, which at zero balance
+    # gave the renter the raise's notice (billing.services.low_balance); enforcement then found it holding and
+    # stopped nothing yet.
+    assert set(Instance.objects.filter(pk__in=[cut.pk, billed.pk]).values_list("status", flat=True)) == {"running"}
+    assert not Job.objects.filter(kind=JobKind.INSTANCE_STOP, instance_id__in=[cut.pk, billed.pk]).exists()
+    assert BillingProfile.objects.get(user=renter).stop_not_before > timezone.now()
     assert VerificationRun.objects.filter(node=host).order_by("-pk").values_list("verdict", flat=True)[0] == "verified"
     assert Instance.objects.get(pk=cut.pk).price_per_hour_micros == 1_500_000
 
@@ -139,3 +147,54 @@ def test_the_node_lock_still_waits_for_a_booking_in_flight_and_no_longer_for_a_r
         other.rollback()
     finally:
         other.close()
+
+
+def test_a_check_that_cuts_a_renter_while_enforcement_stops_them_does_not_deadlock(broker, monkeypatch):
+    """A second cycle, on the instance's row (found by review): a check scoring the node lower cuts each renter's
+    price (the instance's lock), and its price-back pass then asks for the renter's billing profile; enforcement
+    holds that profile and stops the instance. The check now takes its renters' profiles first, as enforcement
+    does: enforcement waits for the check, and both complete."""
+    renter = UserFactory()
+    booked_with, _ = credit_grant(user=renter, amount_micros=usd_to_micros(Decimal("3.00")), reason="test funds")
+    host = node(price="1.500000", gpu_count=4)
+    Node.objects.filter(pk=host.pk).update(score=1.0)
+    node_record_health(node_id=host.pk, ok=True)
+    instance = running(renter, host)
+    ledger_reverse(txn=booked_with, reason="credited by mistake")  # at zero: enforcement stops them
+
+    holding, go = threading.Event(), threading.Event()
+    real_lock = pricing.billing_profile_lock
+    errors: dict[str, BaseException] = {}
+
+    def pause_before_the_profile(**kwargs):
+        holding.set()  # the check has cut the instance (its row locked) and asks for the renter's profile
+        go.wait(10)
+        return real_lock(**kwargs)
+
+    monkeypatch.setattr(pricing, "billing_profile_lock", pause_before_the_profile)
+
+    def run(name, work):
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors[name] = exc
+        finally:
+            connection.close()
+
+    degraded = [{"severity": "degrade", "code": "bf16_tflops", "message": "half the datasheet's BF16"}]
+    v = threading.Thread(target=run, args=("verify", lambda: _conclude(host, "degraded", 0.5, degraded)))
+    e = threading.Thread(target=run, args=("enforce", lambda: balances_enforce(now=timezone.now())))
+    try:
+        v.start()
+        assert holding.wait(10)
+        e.start()
+        _waiting_for_a_lock_or_done(e)
+        go.set()
+        v.join(30)
+        e.join(30)
+    finally:
+        go.set()
+    assert not v.is_alive() and not e.is_alive(), "a transaction hung"
+    assert not errors, {k: f"{type(v).__name__}: {v}" for k, v in errors.items()}
+    stopped = Instance.objects.get(pk=instance.pk)
+    assert stopped.status == "stopping" and stopped.price_per_hour_micros == 750_000  # cut, then stopped at zero
