@@ -43,7 +43,7 @@ from marketplace.models import (
 )
 from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict, provider_active
 from marketplace.models.renting import FINAL_STATUSES
-from marketplace.models.volumes import COMMITTED_VOLUME_STATES
+from marketplace.models.volumes import DISK_VOLUME_STATES
 
 OFFER_DEFERRED = ("ssh_public_key", "ssh_private_key_encrypted", "inventory", "last_error")
 
@@ -104,7 +104,7 @@ def disk_left_gb() -> Case:
     def promised(**when: Any) -> Combinable:
         disks = (Instance.objects.filter(node_id=OuterRef("pk"), **when).exclude(status__in=FINAL_STATUSES)
                  .order_by().values("node_id").annotate(gb=Sum("disk_gb")).values("gb"))
-        volumes = (Volume.objects.filter(node_id=OuterRef("pk"), state__in=COMMITTED_VOLUME_STATES, **when)
+        volumes = (Volume.objects.filter(node_id=OuterRef("pk"), state__in=DISK_VOLUME_STATES, **when)
                    .order_by().values("node_id").annotate(gb=Sum("size_gb")).values("gb"))
         return Coalesce(Subquery(disks), 0) + Coalesce(Subquery(volumes), 0)
 

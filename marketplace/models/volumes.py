@@ -36,9 +36,13 @@ class VolumeState(models.TextChoices):
 
 
 V = VolumeState
-# The volumes that hold room on their node's disk (services/disk_room.py) and count in a renter's commitments
-# (services/funds.py, whose comment says why the ones being created count too).
+# The volumes that count in a renter's commitments (services/funds.py, whose comment says why the ones being
+# created count too) and caps.
 COMMITTED_VOLUME_STATES = (VolumeState.CREATING, VolumeState.AVAILABLE)
+# The volumes that hold room on their node's disk (services/disk_room.py): those committed, and those being
+# deleted, whose data is there until their node deletes it (found by review: an instance being destroyed counted,
+# a volume being deleted did not).
+DISK_VOLUME_STATES = (*COMMITTED_VOLUME_STATES, VolumeState.DELETING)
 VOLUME_TRANSITIONS = Transitions({
     V.CREATING: {V.AVAILABLE, V.FAILED},
     # DELETING -> AVAILABLE: the node refused (an instance still mounts it there); -> FAILED: the same for a volume
@@ -95,7 +99,7 @@ class Volume(StatefulModel, models.Model):
                    # A node's volumes made since its last check, without its deleted ones: the offers' disk room
                    # (services/disk_room.py) reads it per node listed.
                    models.Index(fields=["node", "created_at"], include=["size_gb"], name="volume_node_held_idx",
-                                condition=Q(state__in=COMMITTED_VOLUME_STATES))]
+                                condition=Q(state__in=DISK_VOLUME_STATES))]
 
     def __str__(self):
         return f"{self.name} ({self.size_gb} GB, {self.state})"

@@ -2,7 +2,7 @@
 
 - What its server last reported free (`disk_free_gb`, at `host_checked_at`), less what was promised there since,
   which that report could not count: the disks of the instances booked since (not over) and the volumes made since
-  (not deleted).
+  (not deleted: one being deleted holds its room until its node deletes it).
 - The size of that file system (`disk_total_gb`, reported with it), less every disk and volume promised there
   that is live, whenever it was promised. A disk or a volume takes its room as it fills, not when it is promised:
   a report after a booking still counts its empty disk as free, and the first bound alone let a server's promises
@@ -30,7 +30,7 @@ from django.db.models import Q, Sum
 from core.errors import Conflict
 from marketplace.models import Instance, Node, Volume
 from marketplace.models.renting import FINAL_STATUSES
-from marketplace.models.volumes import COMMITTED_VOLUME_STATES
+from marketplace.models.volumes import DISK_VOLUME_STATES
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def node_disk_room(node: Node) -> DiskRoom | None:
         return None
     since = None if node.host_checked_at is None else Q(created_at__gte=node.host_checked_at)  # None: all of it
     live_disks = Instance.objects.filter(node_id=node.pk).exclude(status__in=FINAL_STATUSES).order_by()
-    held_volumes = Volume.objects.filter(node_id=node.pk, state__in=COMMITTED_VOLUME_STATES).order_by()
+    held_volumes = Volume.objects.filter(node_id=node.pk, state__in=DISK_VOLUME_STATES).order_by()
     disks = live_disks.aggregate(since=Sum("disk_gb", filter=since), all=Sum("disk_gb"))
     volumes = held_volumes.aggregate(since=Sum("size_gb", filter=since), all=Sum("size_gb"))
     return _room(node.disk_free_gb, (disks["since"] or 0) + (volumes["since"] or 0), node.disk_total_gb,
@@ -103,7 +103,7 @@ def _refusal_text(server: str, room: DiskRoom, wanted_gb: int, what: str, instea
 def _promised_sql(since: bool) -> str:
     instance, volume = Instance._meta.db_table, Volume._meta.db_table
     over = ", ".join(f"'{status}'" for status in FINAL_STATUSES)  # the model's constants, not input
-    held = ", ".join(f"'{state}'" for state in COMMITTED_VOLUME_STATES)
+    held = ", ".join(f"'{state}'" for state in DISK_VOLUME_STATES)
     after = " AND (n.host_checked_at IS NULL OR {t}.created_at >= n.host_checked_at)" if since else ""
     return ("CASE WHEN n.disk_free_gb IS NULL THEN NULL ELSE "  # noqa: S608 (the models' tables and constants)
             f"(SELECT COALESCE(SUM(di.disk_gb), 0) FROM {instance} di WHERE di.node_id = n.id "

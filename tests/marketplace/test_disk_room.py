@@ -239,3 +239,16 @@ def test_a_disk_booked_while_the_check_ran_counts_against_the_free_space_it_read
     checked = Node.objects.get(pk=node.pk)
     assert checked.host_checked_at == started and during.created_at > started
     assert node_disk_room(checked).left_gb == 700 and _offer_room(node.pk) == 700
+
+
+def test_a_volume_being_deleted_holds_its_room_until_its_node_deletes_it(user):
+    """As an instance being destroyed does (found by review: a volume in `deleting` counted for nothing)."""
+    node = _node(free_gb=200)
+    volume = volume_svc.volume_mark_available(volume_id=volume_svc.volume_create(owner=user, node_id=node.pk,
+                                                                                 size_gb=50).pk)
+    volume_svc.volume_delete(volume=volume, confirm=volume.name)
+    assert node_disk_room(Node.objects.get(pk=node.pk)).left_gb == 150 and _offer_room(node.pk) == 150
+    with transaction.atomic():
+        assert _lock_node_for_booking(node.pk, count_gpus=True).disk_room.left_gb == 150
+    volume_svc.volume_mark_deleted(volume_id=volume.pk)
+    assert node_disk_room(Node.objects.get(pk=node.pk)).left_gb == 200 and _offer_room(node.pk) == 200
