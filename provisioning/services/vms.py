@@ -41,6 +41,7 @@ from provisioning.ssh_errors import (
     NodeError,
     NodeUnreachable,
 )
+from provisioning.verification.health_answer import HOST_SEES_GPUS
 
 SSH_READY_TIMEOUT_S = 120
 # Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.
@@ -299,11 +300,12 @@ def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
     and is confirmed the same way. Raises what the agent answered (AgentFailed; `not_found` for a VM the node does
     not have, but for a destroy), and NodeUnreachable (transient) when the node could not be asked again."""
     try:
-        return session.agent("vm", verb, request)
-    except _ANSWER_LOST as lost:
-        return _vm_confirmed(job, instance, verb, request, lost)
+        try:
+            return session.agent("vm", verb, request)
+        except _ANSWER_LOST as lost:
+            return _vm_confirmed(job, instance, verb, request, lost)  # may send it again: its refusal counts too
     except AgentFailed as exc:
-        if exc.code in _CARD_GONE:
+        if exc.code in _CARD_GONE and instance.node.runtime in HOST_SEES_GPUS:  # else its check cannot judge cards
             # The agent saw a card of this node gone (or numbered anew) before the health check did: the node's
             # check now, not at the next beat, marks it lost (gpu_presence), so that no other booking lands on it.
             job_step(job=job, message=f"a GPU is gone or moved ({exc.code}): the node's health check is queued")
