@@ -4,10 +4,16 @@ whether the cards a VM was given are still where the platform thinks they are.
 nvidia-smi numbers the cards anew when one falls off the bus: index 3 may be another card than when the platform
 allocated it. A VM's spec keeps the cards' UUIDs beside their indices (`gpu_uuids`, where the platform sent them)
 and no VM starts unless each index still carries its UUID (cards_now); VMs are compared as the cards they hold,
-not as the numbers those cards had when each VM was recorded (card_ids)."""
+not as the numbers those cards had when each VM was recorded (card_ids).
+
+A runtime that hands a running VM's cards to it out of the host's view (Runtime.hides_cards: libvirt binds them to
+vfio-pci) leaves nvidia-smi listing only the cards no VM runs on, numbered anew: there a card is judged by its UUID
+alone, and one nvidia-smi does not list is held by one of our VMs or gone (cards_held)."""
 from .core import AgentError
 from .records import all_records, file_lock
 from .smi import read_gpus
+
+NO_DEVICES = "No devices were found"  # nvidia-smi, when every card is bound to another driver
 
 
 def holds_gpus(rt, rec):
@@ -36,6 +42,60 @@ def cards_now(gpus, indices, uuids=None):
         if index not in at:
             raise AgentError("gpu_missing", "no GPU with index %d on this node now (fallen off the bus?)" % index)
     return [at[i] for i in indices]
+
+
+def visible_gpus(rt):
+    """The cards the host's nvidia-smi lists now (read_gpus rows). Where the runtime hands a running VM's cards out
+    of the host's view, nvidia-smi finds none once every card is handed out: none listed, not a failure."""
+    try:
+        return read_gpus(rt.cfg)[0]
+    except AgentError as exc:
+        if rt.hides_cards and exc.code == "command_failed" and NO_DEVICES in exc.message:
+            return []
+        raise
+
+
+def cards_held(rt, rec, gpus, others=None):
+    """rec's cards now (read_gpus rows, in its spec's index order). Where the host sees every card: cards_now. Where
+    the runtime hides a running VM's cards (rt.hides_cards), by UUID wherever nvidia-smi numbers it: a card it does
+    not list is held by one of our VMs (`others`, every other record when None: gpu_busy; rec itself, running: its
+    row says where it was last seen, rec's `pci_bus_ids`) or gone (gpu_missing). A card without a UUID (a record
+    from before gpu_uuids): by index, as before."""
+    spec = rec["spec"]
+    indices, uuids = spec["gpu_indices"], spec.get("gpu_uuids")
+    if not rt.hides_cards:
+        return cards_now(gpus, indices, uuids)
+    listed = {g["uuid"]: g for g in gpus if g.get("uuid")}
+    cards = []
+    for index, uuid in zip(indices, uuids or [None] * len(indices)):  # noqa: B905 - python3.8
+        if uuid is None:
+            cards += cards_now(gpus, [index])
+        elif uuid in listed:
+            cards.append(listed[uuid])
+        else:
+            if others is None:
+                others = [r for r in all_records(rt.cfg) if r["vm_id"] != rec["vm_id"]]
+            cards.append(held_card(rt, rec, others, index, uuid))
+    return cards
+
+
+def held_card(rt, rec, others, index, uuid):
+    """A card of rec's spec that the host's nvidia-smi does not list: another VM of ours holding it makes it busy
+    (as check_gpus_free would, were it listed); rec running holds it itself (a retried start or create of a VM that
+    runs: present); else it is gone."""
+    if any(uuid in (r["spec"].get("gpu_uuids") or ()) and holds_gpus(rt, r) for r in others):
+        raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % index)
+    if rt.state(rec) == "running":
+        return {"index": index, "uuid": uuid, "pci_bus_id": (rec.get("pci_bus_ids") or {}).get(uuid)}
+    raise AgentError("gpu_missing", "GPU %s (index %d when it was allocated) is not on this node now "
+                                    "(fallen off the bus?)" % (uuid, index))
+
+
+def remember_addresses(rt, rec, cards):
+    """Where the runtime hides a running VM's cards, the record keeps each card's PCI address ({UUID: bus id}): the
+    card can still be addressed (a domain redefined) while nvidia-smi does not list it."""
+    if rt.hides_cards:
+        rec["pci_bus_ids"] = {c["uuid"]: c["pci_bus_id"] for c in cards if c.get("uuid") and c.get("pci_bus_id")}
 
 
 def card_ids(indices, uuids, at):
@@ -70,9 +130,9 @@ def check_and_start(rt, rec, gpus=None):
     """The card check, the GPU check and the start, with the allocate lock already held (vm start holds it while
     it rebinds). `gpus`: the node's GPUs as just read (read here when not given)."""
     spec = rec["spec"]
-    gpus = read_gpus(rt.cfg)[0] if gpus is None else gpus
-    cards_now(gpus, spec["gpu_indices"], spec.get("gpu_uuids"))
+    gpus = visible_gpus(rt) if gpus is None else gpus
     others = [r for r in all_records(rt.cfg) if r["vm_id"] != rec["vm_id"]]
+    remember_addresses(rt, rec, cards_held(rt, rec, gpus, others))
     check_gpus_free(rt, others, spec["gpu_indices"], spec.get("mig_uuids"), spec.get("gpu_uuids"), gpus)
     rt.start(rec)
 

@@ -3,13 +3,12 @@ import contextlib
 import shutil
 import time
 
-from .allocation import cards_now, check_and_start, check_gpus_free
+from .allocation import cards_held, check_and_start, check_gpus_free, remember_addresses, visible_gpus
 from .core import RUNTIMES, AgentError, invalid
 from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
 from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
 from .runtimes import RUNTIME_CLASSES
-from .smi import read_gpus
 from .validation import reject_unknown, validate_create, validate_gpus, validate_vm_id
 from .volumes import check_volumes_exist, cmd_volume
 
@@ -37,9 +36,9 @@ def describe(cfg, rt, rec, state):
 
 def vm_create(cfg, req):
     runtime, rt = pick_runtime(cfg, req)
-    gpus = read_gpus(cfg)[0]
+    gpus = visible_gpus(rt)
     vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus])
-    cards_now(gpus, spec["gpu_indices"], spec.get("gpu_uuids"))  # refused before anything is recorded
+    cards = cards_held(rt, {"vm_id": vm_id, "spec": spec}, gpus)  # refused before anything is recorded
     if "mig_uuids" in spec:
         check_mig_uuids(cfg, gpus, spec)
     registry_auth = validate_registry_auth(req.get("registry_auth"))  # used for the pull only, never recorded
@@ -59,6 +58,7 @@ def vm_create(cfg, req):
                 rec = {"vm_id": vm_id, "runtime": runtime, "spec": spec, "provisioning": True,
                        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 rt.allocate(rec, others)
+                remember_addresses(rt, rec, cards)
                 save_record(cfg, rec)  # first, so a crash below leaves a record that a retry completes
                 vm_log(cfg, vm_id, "created VM %s (%s runtime)" % (vm_id, runtime))
         try:
@@ -101,7 +101,7 @@ def check_mig_uuids(cfg, gpus, spec):
 def vm_start(cfg, rt, rec, req):
     """Start a VM; with `gpu_indices` (and their `gpu_uuids`), first move it onto those GPUs (they may differ after
     a stop, or be its own cards numbered anew). Without, it starts on the cards its record names, checked."""
-    gpus = read_gpus(cfg)[0]
+    gpus = visible_gpus(rt)
     wanted = uuids = None
     if req.get("gpu_indices") is not None:
         wanted, uuids = validate_gpus(req, [g["index"] for g in gpus])

@@ -12,6 +12,9 @@ class Runtime:
     """One runtime's operations on a VM record. Every operation is idempotent; state is running|stopped|missing."""
     name = "base"
     ssh_user = "root"
+    # Whether a running VM's cards leave the host's nvidia-smi (libvirt hands them to the VM as VFIO devices): the
+    # cards are then judged by UUID, and one not listed may be held by one of our VMs (allocation.cards_held).
+    hides_cards = False
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -6,9 +6,10 @@ import shutil
 import time
 import xml.etree.ElementTree as ET
 
-from ..allocation import cards_now
+from ..allocation import cards_held, remember_addresses, visible_gpus
 from ..core import AgentError, invalid, run, write_file
-from ..smi import host_facts, read_gpus
+from ..records import all_records
+from ..smi import host_facts
 from ..validation import VM_ID_RE
 from .base import Runtime, vm_name
 
@@ -95,6 +96,7 @@ def virsh_argv(uri, verb, *args):
 class LibvirtRuntime(Runtime):
     name = "libvirt"
     ssh_user = LIBVIRT_SSH_USER
+    hides_cards = True  # managed hostdevs: libvirt binds a running domain's cards to vfio-pci, out of nvidia-smi
 
     def check_spec(self, spec):
         for option in ("env", "onstart", "ports", "volumes", "mig_uuids"):  # MIG in KVM needs vGPU
@@ -121,20 +123,28 @@ class LibvirtRuntime(Runtime):
         write_file(paths["user-data"], cloud_init_user_data(spec["ssh_public_keys"]), 0o644)
         write_file(paths["meta-data"], cloud_init_meta_data(vm_id), 0o644)
         run(seed_iso_argv(paths["seed.iso"], paths["user-data"], paths["meta-data"]))
-        self.rebind(rec)
+        if self.state(rec) != "running":  # a retried create of a VM that runs: its domain is defined, and in use
+            self.rebind(rec)
         self.checked_start(rec)
 
     def rebind(self, rec):
         # (Re)define the domain with the spec's GPUs as hostdevs; the disk overlay is kept. A hostdev is the card's
-        # PCI address, looked up now for the card the spec names (cards_now: by its UUID where recorded), so the
-        # domain keeps its cards however nvidia-smi numbers them later.
-        vm_id, spec = rec["vm_id"], rec["spec"]
+        # PCI address, looked up now for the card the spec names (cards_held: by its UUID where recorded, wherever
+        # nvidia-smi lists it, or as recorded while this VM runs on it), so the domain keeps its cards however
+        # nvidia-smi numbers them later.
+        vm_id = rec["vm_id"]
         work = os.path.join(self.cfg.libvirt_dir, vm_id)
-        gpus = read_gpus(self.cfg)[0]
-        cards = cards_now(gpus, spec["gpu_indices"], spec.get("gpu_uuids"))
+        gpus = visible_gpus(self)
+        records = all_records(self.cfg)
+        cards = cards_held(self, rec, gpus, [r for r in records if r["vm_id"] != vm_id])
+        unknown = [c["uuid"] for c in cards if c not in gpus and not c.get("pci_bus_id")]  # held, from before
+        if unknown:
+            raise AgentError("conflict", "VM %s runs on GPU %s, whose PCI address was not recorded; stop it before "
+                                         "moving it" % (vm_id, unknown[0]))
+        remember_addresses(self, rec, cards)
         facts = host_facts(self.cfg)
         vcpus, mem = libvirt_share(facts["cpu"]["cores"] or 1, facts["ram_mib"] or 4096,
-                                   len(cards), len(gpus))
+                                   len(cards), max(len(cards), len(gpus)))
         domain = os.path.join(work, "domain.xml")
         write_file(domain, libvirt_domain_xml(
             vm_id, vcpus, mem, os.path.join(work, "disk.qcow2"), os.path.join(work, "seed.iso"), rec["ssh_port"],

@@ -1,0 +1,203 @@
+"""libvirt hands a running VM's cards to it (managed VFIO hostdevs): the host's nvidia-smi stops listing them and
+numbers the rest anew, or finds no device at all once every card is handed out. The agent judges a libvirt VM's
+cards by UUID: a card nvidia-smi lists (at any index) is there, one it does not list is held by one of our VMs
+(another: gpu_busy; the same, running: a retried start or create answers its state) or gone (gpu_missing). Through
+agent.handle, against stand-in virsh, nvidia-smi, qemu-img and genisoimage commands. (docker's cards:
+test_agent_gpu_uuids.py.)"""
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from provisioning.agent import gpumarket_agent as agent
+from tests.provisioning.sshkit import new_keypair
+from tests.provisioning.test_agent_docker import SAMPLES
+from tests.provisioning.test_agent_gpu_uuids import A, B, C, D
+
+KEY = new_keypair()[1]
+
+# Domains in a JSON file: {name: {"state": ..., "hostdevs": [[domain, bus, slot, function], ...]}}; `start` hands the
+# domain's hostdevs out of the host's view, as libvirt's managed hostdevs do.
+FAKE_VIRSH = r'''#!PYTHON
+import json, os, sys
+import xml.etree.ElementTree as ET
+path = os.environ["FAKE_VIRSH_STATE"]
+doms = json.load(open(path)) if os.path.exists(path) else {}
+verb, args = sys.argv[3], sys.argv[4:]
+def fail(msg):
+    sys.stderr.write(msg + "\n")
+    sys.exit(1)
+if verb == "define":
+    dom = ET.parse(args[0]).getroot()
+    devs = [[int(a.get(k), 16) for k in ("domain", "bus", "slot", "function")]
+            for a in dom.findall("devices/hostdev/source/address")]
+    name = dom.findtext("name")
+    doms[name] = {"state": doms.get(name, {}).get("state", "shut off"), "hostdevs": devs,
+                  "vcpu": dom.findtext("vcpu"), "memory": dom.findtext("memory")}
+elif verb == "list":
+    print("\n".join(sorted(doms)))
+elif verb == "version":
+    print("Running against daemon: 9.0.0")
+elif args[0] not in doms:
+    fail("error: failed to get domain '%s'" % args[0])
+elif verb == "domstate":
+    print(doms[args[0]]["state"])
+elif verb == "start":
+    if doms[args[0]]["state"] == "running":
+        fail("error: Domain is already active")
+    doms[args[0]]["state"] = "running"
+elif verb in ("shutdown", "destroy"):
+    doms[args[0]]["state"] = "shut off"
+elif verb == "undefine":
+    del doms[args[0]]
+json.dump(doms, open(path, "w"))
+'''
+
+# The host's nvidia-smi: the node's cards less those a running domain holds, numbered anew from 0.
+FAKE_NVIDIA_SMI = r'''#!PYTHON
+import json, os, sys
+if not sys.argv[1:] or not sys.argv[1].startswith("--query-gpu="):
+    sys.stdout.write(open(os.environ["FAKE_SMI_TABLE"]).read())
+    sys.exit(0)
+path = os.environ["FAKE_VIRSH_STATE"]
+doms = json.load(open(path)) if os.path.exists(path) else {}
+held = {tuple(h) for d in doms.values() if d["state"] == "running" for h in d["hostdevs"]}
+rows = []
+for line in open(os.environ["FAKE_SMI_CSV"]).read().splitlines():
+    cells = [c.strip() for c in line.split(",")]
+    domain, bus, rest = cells[4].split(":")
+    slot, function = rest.split(".")
+    if (int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)) not in held:
+        rows.append(cells)
+if not rows:
+    print("No devices were found")
+    sys.exit(6)
+for n, cells in enumerate(rows):
+    print(", ".join([str(n)] + cells[1:]))
+'''
+
+TOUCH_OVERLAY = "#!/bin/sh\nwhile [ $# -gt 2 ]; do shift; done\n: > \"$1\"\n"  # qemu-img create ... <overlay> <size>
+TOUCH_OUTPUT = "#!/bin/sh\n: > \"$2\"\n"  # genisoimage -output <iso> ...
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A libvirt node with the four cards of SAMPLES/a100_sxm4_80gb_x4.csv (A, B, C, D at indices 0-3)."""
+    fakebin, images = tmp_path / "bin", tmp_path / "images"
+    fakebin.mkdir()
+    images.mkdir()
+    (images / "ubuntu-22.04.qcow2").write_text("")
+    csv = tmp_path / "gpus.csv"
+    csv.write_text((SAMPLES / "a100_sxm4_80gb_x4.csv").read_text())
+    python = "#!" + sys.executable
+    (fakebin / "virsh").write_text(FAKE_VIRSH.replace("#!PYTHON", python))
+    (fakebin / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.replace("#!PYTHON", python))
+    (fakebin / "qemu-img").write_text(TOUCH_OVERLAY)
+    (fakebin / "genisoimage").write_text(TOUCH_OUTPUT)
+    for script in fakebin.iterdir():
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_VIRSH_STATE", str(tmp_path / "domains.json"))
+    monkeypatch.setenv("FAKE_SMI_CSV", str(csv))
+    monkeypatch.setenv("FAKE_SMI_TABLE", str(SAMPLES / "h100_sxm_x1_table.txt"))
+    monkeypatch.setenv("GPUMARKET_DISK_TEST_MIB", "1")
+    env = {"GPUMARKET_RUNTIME": "libvirt", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
+           "GPUMARKET_PORT_RANGE": "42000-42999", "GPUMARKET_LIBVIRT_DIR": str(tmp_path / "domains"),
+           "GPUMARKET_LIBVIRT_IMAGES": str(images)}
+
+    class Node:
+        def call(self, command, req):
+            return agent.handle(command.split(), json.dumps(req), env)[0]
+
+        def create(self, vm_id, indices, uuids):
+            return self.call("vm create", {"vm_id": vm_id, "gpu_indices": indices, "gpu_uuids": uuids,
+                                           "ssh_public_keys": [KEY], "image": {"libvirt": "ubuntu-22.04"}})
+
+        def listed(self):
+            """The UUIDs the host's nvidia-smi lists now."""
+            return [g["uuid"] for g in agent.read_gpus(agent.Config(env))[0]]
+
+        def domains_running(self):
+            return sum(len(d["hostdevs"]) for d in self.domains().values() if d["state"] == "running")
+
+        def domains(self):
+            return json.loads((tmp_path / "domains.json").read_text())
+
+        def domain_xml(self, vm_id):
+            return ET.parse(tmp_path / "domains" / vm_id / "domain.xml").getroot()  # noqa: S314 - our own
+
+        def record(self, vm_id):
+            return json.loads((tmp_path / "state" / "vms" / vm_id / "vm.json").read_text())
+
+        def fall_off(self, uuid):
+            csv.write_text("".join(line + "\n" for line in csv.read_text().splitlines() if uuid not in line))
+
+    return Node()
+
+
+def hostdev_buses(xml):
+    return [a.get("bus") for a in xml.findall("devices/hostdev/source/address")]
+
+
+def test_two_vms_run_on_one_libvirt_node_each_on_its_own_card(node, tmp_path):
+    first = node.create("inst-1", [0], [A])
+    assert first["state"] == "running", first
+    assert (tmp_path / "domains" / "inst-1" / "disk.qcow2").exists()
+    assert node.listed() == [B, C, D]  # A handed to inst-1: B is index 0 now
+    second = node.create("inst-2", [1], [B])  # the reviewer's case: answered gpu_moved before
+    assert second["state"] == "running", second
+    assert hostdev_buses(node.domain_xml("inst-1")) == ["0x07"]
+    assert hostdev_buses(node.domain_xml("inst-2")) == ["0x0f"]  # B's own address, not index 1's (C) now
+    assert node.record("inst-2")["pci_bus_ids"] == {B: "00000000:0F:00.0"}
+    assert node.listed() == [C, D]
+    third = node.create("inst-3", [2, 3], [C, D])
+    assert third["state"] == "running", third
+    assert node.domains_running() == 4
+    with pytest.raises(agent.AgentError, match="No devices were found"):
+        node.listed()  # nvidia-smi finds no device now: not a failure to the libvirt runtime
+    again = node.call("vm start", {"vm_id": "inst-3", "gpu_indices": [2, 3], "gpu_uuids": [C, D]})
+    assert (again.get("error"), again["state"]) == (None, "running"), again
+    assert [v["state"] for v in node.call("vm list", {})["vms"]] == ["running"] * 3
+
+
+def test_a_retried_start_or_create_of_a_running_vm_answers_its_state(node):
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    assert node.create("inst-2", [1], [B])["state"] == "running"
+    for start in ({"vm_id": "inst-2"}, {"vm_id": "inst-2", "gpu_indices": [1], "gpu_uuids": [B]}):
+        again = node.call("vm start", start)  # the reviewer's case: answered gpu_missing before
+        assert (again.get("error"), again["state"]) == (None, "running"), again
+    again = node.create("inst-2", [1], [B])
+    assert (again.get("error"), again["state"], again["created"]) == (None, "running", False), again
+    assert node.record("inst-2")["pci_bus_ids"] == {B: "00000000:0F:00.0"}
+    assert {n: d["state"] for n, d in node.domains().items()} == {
+        "gpumarket-inst-1": "running", "gpumarket-inst-2": "running"}
+
+
+def test_a_card_another_vm_of_ours_holds_is_busy_not_missing(node):
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    refused = node.create("inst-2", [0], [A])
+    assert (refused["error"]["code"], refused["error"]["message"]) == (
+        "gpu_busy", "GPU 0 is in use by another running VM"), refused
+    assert not node.call("vm list", {})["vms"][1:]  # nothing recorded, no domain defined
+    assert node.call("vm stop", {"vm_id": "inst-1"})["state"] == "stopped"
+    assert node.create("inst-2", [0], [A])["state"] == "running"  # a stopped VM holds no card
+    refused = node.call("vm start", {"vm_id": "inst-1"})
+    assert refused["error"]["code"] == "gpu_busy", refused
+    assert node.call("vm status", {"vm_id": "inst-1"})["state"] == "stopped"
+
+
+def test_a_card_that_is_gone_is_still_missing(node):
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    node.fall_off(C)
+    refused = node.create("inst-3", [2], [C])
+    assert refused["error"]["code"] == "gpu_missing", refused
+    assert refused["error"]["message"] == f"GPU {C} (index 2 when it was allocated) is not on this node now " \
+                                          "(fallen off the bus?)"
+    assert node.create("inst-4", [3], [D])["state"] == "running"  # D is index 1 now: found by its UUID
+    assert node.call("vm stop", {"vm_id": "inst-4"})["state"] == "stopped"
+    node.fall_off(D)
+    refused = node.call("vm start", {"vm_id": "inst-4"})  # a stopped VM's card is nobody's if not listed
+    assert refused["error"]["code"] == "gpu_missing", refused
+    assert node.call("vm status", {"vm_id": "inst-4"})["state"] == "stopped"
