@@ -201,3 +201,17 @@ def test_a_card_that_is_gone_is_still_missing(node):
     refused = node.call("vm start", {"vm_id": "inst-4"})  # a stopped VM's card is nobody's if not listed
     assert refused["error"]["code"] == "gpu_missing", refused
     assert node.call("vm status", {"vm_id": "inst-4"})["state"] == "stopped"
+
+
+def test_the_share_counts_the_cards_our_vms_hold(node, tmp_path):
+    """vCPUs and memory are shared by the node's four cards, not by the ones nvidia-smi still lists."""
+    facts = agent.host_facts(agent.Config({"GPUMARKET_RUNTIME": "libvirt", "GPUMARKET_STATE_DIR": str(tmp_path)}))
+    cores, ram = facts["cpu"]["cores"] or 1, facts["ram_mib"] or 4096
+    one_of_four = agent.libvirt_share(cores, ram, 1, 4)
+    assert one_of_four != agent.libvirt_share(cores, ram, 1, 3)  # so the test tells them apart
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    assert node.create("inst-2", [1], [B])["state"] == "running"
+    assert node.create("inst-3", [3], [D])["state"] == "running"
+    for vm_id in ("inst-1", "inst-2", "inst-3"):
+        domain = node.domains()["gpumarket-" + vm_id]
+        assert (int(domain["vcpu"]), int(domain["memory"])) == one_of_four, vm_id

@@ -98,6 +98,21 @@ def remember_addresses(rt, rec, cards):
         rec["pci_bus_ids"] = {c["uuid"]: c["pci_bus_id"] for c in cards if c.get("uuid") and c.get("pci_bus_id")}
 
 
+def cards_out_of_view(rt, gpus, records):
+    """How many of the node's cards our VMs hold out of the host's view (0 where the host sees every card): those
+    of running VMs that nvidia-smi does not list (a record's card without a UUID: a running VM's, counted)."""
+    if not rt.hides_cards:
+        return 0
+    listed = {g.get("uuid") for g in gpus}
+    held = set()
+    for rec in records:
+        if rt.state(rec) == "running":
+            spec = rec["spec"]
+            pairs = zip(spec["gpu_indices"], spec.get("gpu_uuids") or [None] * len(spec["gpu_indices"]))  # noqa: B905
+            held.update(u or (rec["vm_id"], i) for i, u in pairs if u is None or u not in listed)
+    return len(held)
+
+
 def card_ids(indices, uuids, at):
     """{index: the card}: its UUID as recorded, else the UUID at that index now (a record from before gpu_uuids,
     judged by index as then), else the bare index. `at` None (the node's cards unknown): by index alone."""

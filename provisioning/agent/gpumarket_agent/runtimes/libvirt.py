@@ -6,7 +6,7 @@ import shutil
 import time
 import xml.etree.ElementTree as ET
 
-from ..allocation import cards_held, remember_addresses, visible_gpus
+from ..allocation import cards_held, cards_out_of_view, remember_addresses, visible_gpus
 from ..core import AgentError, invalid, run, write_file
 from ..records import all_records
 from ..smi import host_facts
@@ -131,7 +131,7 @@ class LibvirtRuntime(Runtime):
         # (Re)define the domain with the spec's GPUs as hostdevs; the disk overlay is kept. A hostdev is the card's
         # PCI address, looked up now for the card the spec names (cards_held: by its UUID where recorded, wherever
         # nvidia-smi lists it, or as recorded while this VM runs on it), so the domain keeps its cards however
-        # nvidia-smi numbers them later.
+        # nvidia-smi numbers them later. The share counts the node's cards, those our running VMs hold too.
         vm_id = rec["vm_id"]
         work = os.path.join(self.cfg.libvirt_dir, vm_id)
         gpus = visible_gpus(self)
@@ -144,7 +144,7 @@ class LibvirtRuntime(Runtime):
         remember_addresses(self, rec, cards)
         facts = host_facts(self.cfg)
         vcpus, mem = libvirt_share(facts["cpu"]["cores"] or 1, facts["ram_mib"] or 4096,
-                                   len(cards), max(len(cards), len(gpus)))
+                                   len(cards), max(len(cards), len(gpus) + cards_out_of_view(self, gpus, records)))
         domain = os.path.join(work, "domain.xml")
         write_file(domain, libvirt_domain_xml(
             vm_id, vcpus, mem, os.path.join(work, "disk.qcow2"), os.path.join(work, "seed.iso"), rec["ssh_port"],
