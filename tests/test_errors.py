@@ -22,6 +22,7 @@ from core.transitions import InvalidTransition
 from core.web_errors import error_message, form_error, message_error
 from marketplace.models import User
 from marketplace.services.accounts import InvalidSignupToken, TwoFactorRequired
+from marketplace.services.disk_room import DiskDoesNotFit, DiskRoom
 from marketplace.services.email_verification import EmailNotVerified, InvalidVerificationLink
 from marketplace.services.instances import Funds, InsufficientFunds
 from marketplace.services.ssh_keys import InvalidSshKey
@@ -53,6 +54,8 @@ SAMPLES = [
     InvalidTransition("node 5", "retired", "active"),
     EmailNotVerified(User(email="renter@example.com")),
     InvalidVerificationLink(),
+    DiskDoesNotFit(7, DiskRoom(reported_gb=200, promised_gb=150, left_gb=50), 80, "an instance disk",
+                   "Ask for less disk (disk_gb), or rent another offer.", field="disk_gb"),
 ]
 
 
