@@ -76,7 +76,8 @@ class TermsView(APIView):
                 "resumed": "billing starts again when the node (or the lost GPU) is back and the instance runs; a "
                            "resume that leaves the balance low (less than low_balance_warning_seconds of the burn "
                            "rate with it counted) warns at once, and running instances are not stopped at zero "
-                           "before low_balance_warning_seconds after it (what runs meanwhile is owed)",
+                           "before low_balance_warning_seconds after it (what runs meanwhile is owed); one such "
+                           "notice per low balance, as for a raise",
             },
             "hardware_found_worse": {
                 "price_cut": "from the re-check on, each instance on the node pays its price times the new score "
@@ -90,7 +91,9 @@ class TermsView(APIView):
                               "the node passes again, measured or not); the renter is told at once. A raise that "
                               "leaves the balance low (less than low_balance_warning_seconds of the new burn rate) "
                               "warns at once, and running instances are not stopped at zero before "
-                              "low_balance_warning_seconds after it (what runs meanwhile is owed)",
+                              "low_balance_warning_seconds after it (what runs meanwhile is owed); one such notice "
+                              "per low balance: none after a stop at zero or a notice run out, until the balance "
+                              "recovers",
                 "tolerance": str(settings.HARDWARE_PRICE_CUT_TOLERANCE),
             },
         }).data)

@@ -63,7 +63,7 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
     storage = storage_burn_per_hour()  # renter -> micro-dollars per hour of their volumes and stopped disks
     with_stopped = set(Instance.objects.filter(status=InstanceStatus.STOPPED).order_by()
                        .values_list("renter_id", flat=True).distinct()) | set(storage)
-    flagged = set(BillingProfile.objects.exclude(low_balance_warned_at=None, depleted_at=None)
+    flagged = set(BillingProfile.objects.exclude(low_balance_warned_at=None, depleted_at=None, stop_not_before=None)
                   .values_list("user_id", flat=True))
     renters = set(burn) | with_stopped | flagged
     balances = dict(Account.objects.filter(kind=AccountKind.CUSTOMER_WALLET, user_id__in=renters)
@@ -87,6 +87,11 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
                                                   remaining=max(balance, 0) * 3600 // rate, now=now)
         elif warned and profile is not None:  # recovered, or nothing runs: the next low balance is a new crossing
             BillingProfile.objects.filter(pk=profile.pk).update(low_balance_warned_at=None)
+        if balance > 0 and profile is not None and profile.stop_not_before is not None and not (
+                rate and balance * 3600 // rate < settings.BILLING_LOW_BALANCE_WARNING_S):
+            # Recovered (not merely nothing running, at zero): a later cost rise may give a new notice
+            # (low_balance.balance_recheck_on_cost_rise gives one per low balance).
+            BillingProfile.objects.filter(pk=profile.pk).update(stop_not_before=None)
         if balance > 0:
             if profile is not None and profile.depleted_at is not None:
                 BillingProfile.objects.filter(pk=profile.pk).update(depleted_at=None, destroy_warned_at=None)

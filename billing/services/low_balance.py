@@ -17,7 +17,10 @@ without a funds check and left the balance low.
   new figures, if warned before) and their running instances are not stopped at zero before
   BILLING_LOW_BALANCE_WARNING_S after it (`stop_not_before`): the notice the ordinary warning gives. What runs
   meanwhile is billed as always and owed if the balance goes below zero; a later rise within that notice keeps
-  its deadline. An ordinary low balance is untouched. The deadline is shown while it holds: the balance's API and
+  its deadline. One notice per low balance (found by review: an interruption spanning each deadline renewed it,
+  and an instance ran hour after hour at zero; a renter stopped at zero was given an hour more): none after a stop
+  at zero or a notice run out, until the balance recovers (enforcement then clears both). An ordinary low balance
+  is untouched. The deadline is shown while it holds: the balance's API and
   page (billing.selectors), and the operators' BillingProfile admin.
 """
 from dataclasses import dataclass
@@ -101,16 +104,24 @@ class LowBalanceNotice:
     balance_micros: int
     rate_micros: int  # per hour: running instances, storage, and the instance whose cost rose if not running yet
     seconds_left: int
-    stop_not_before: datetime
+    stop_not_before: datetime | None  # None: this low balance had its notice (or its stop at zero) already
 
-    def as_data(self) -> dict[str, str]:
+    def as_data(self) -> dict[str, str | None]:
         """What the rise's own event adds to its data."""
         return {"balance": str(micros_to_usd(self.balance_micros)),
-                "stop_not_before": self.stop_not_before.isoformat()}
+                "stop_not_before": self.stop_not_before.isoformat() if self.stop_not_before else None}
 
     def note(self) -> str:
         """What the rise's own message adds: the figures, and until when nothing stops."""
-        rate, until = f"{usd_text(self.rate_micros)}/h for your instances and storage", _at(self.stop_not_before)
+        rate = f"{usd_text(self.rate_micros)}/h for your instances and storage"
+        if self.stop_not_before is None:
+            if self.balance_micros <= 0:
+                return (f" Your balance is {usd_text(self.balance_micros)}, which does not cover the {rate}: top up "
+                        "now. While it is at zero your running instances are stopped (this low balance had its "
+                        "notice already).")
+            return (f" Your balance, {usd_text(self.balance_micros)}, lasts about {duration_text(self.seconds_left)} "
+                    f"at {rate}: top up to keep your instances running; at zero they are stopped.")
+        until = _at(self.stop_not_before)
         if self.balance_micros <= 0:
             return (f" Your balance is {usd_text(self.balance_micros)}, which does not cover the {rate}: top up "
                     f"before {until}. Until then your instances keep running (what they use is owed); after it, "
@@ -126,8 +137,9 @@ def balance_recheck_on_cost_rise(*, renter_id: int, now: datetime, pending_micro
     balance against their burn rate now, as enforcement counts it, plus `pending_micros` an hour (the instance's
     price when it is not running yet). None when the balance is not low. When it is: warn now (saying `why`) and
     keep their running instances from a stop at zero until BILLING_LOW_BALANCE_WARNING_S from now (an earlier
-    rise's deadline, still ahead, is kept, and not warned again). Call it under the renter's billing profile lock
-    taken before the instance's (billing_profile_lock)."""
+    rise's deadline, still ahead, is kept, and not warned again), once per low balance: none for a renter stopped at
+    zero already, or whose notice ran out with no recovery since (then `stop_not_before` is None: the note says so).
+    Call it under the renter's billing profile lock taken before the instance's (billing_profile_lock)."""
     user = User.objects.get(pk=renter_id)
     rate = selectors.burn_rate(user=user).total_micros + pending_micros
     balance = wallet_balance(user_id=renter_id)
@@ -135,12 +147,18 @@ def balance_recheck_on_cost_rise(*, renter_id: int, now: datetime, pending_micro
     if left is None or left >= settings.BILLING_LOW_BALANCE_WARNING_S:
         return None
     profile = billing_profile_lock(user_id=renter_id)
-    if not stop_notice_holds(profile=profile, now=now):
-        profile.stop_not_before = now + timedelta(seconds=settings.BILLING_LOW_BALANCE_WARNING_S)
-        profile.save(update_fields=["stop_not_before"])
-        low_balance_warn(renter_id=renter_id, balance=balance, rate=rate, remaining=left, now=now, again=True,
-                         stop_not_before=profile.stop_not_before, why=why)
-    assert profile.stop_not_before is not None  # set above, or held
+    if stop_notice_holds(profile=profile, now=now):  # an earlier rise's notice, still ahead: kept
+        return LowBalanceNotice(balance_micros=balance, rate_micros=rate, seconds_left=left,
+                                stop_not_before=profile.stop_not_before)
+    if profile.depleted_at is not None or profile.stop_not_before is not None:
+        # One notice per low balance (found by review): a renter stopped at zero already, or whose notice has run
+        # out with no recovery since (enforcement clears both when the balance recovers), gets none again: else an
+        # interruption spanning each deadline renewed it, and an instance ran hour after hour at zero.
+        return LowBalanceNotice(balance_micros=balance, rate_micros=rate, seconds_left=left, stop_not_before=None)
+    profile.stop_not_before = now + timedelta(seconds=settings.BILLING_LOW_BALANCE_WARNING_S)
+    profile.save(update_fields=["stop_not_before"])
+    low_balance_warn(renter_id=renter_id, balance=balance, rate=rate, remaining=left, now=now, again=True,
+                     stop_not_before=profile.stop_not_before, why=why)
     return LowBalanceNotice(balance_micros=balance, rate_micros=rate, seconds_left=left,
                             stop_not_before=profile.stop_not_before)
 

@@ -184,3 +184,63 @@ def test_the_balance_api_page_and_admin_show_the_deadline_while_it_holds(clock, 
     clock.advance(NOTICE_S)
     assert api.get("/api/v1/billing/balance/").json()["stop_not_before"] is None
     assert 'id="stop-not-before"' not in web.get("/account/balance/").content.decode()
+
+
+def test_one_notice_per_low_balance_an_interruption_spanning_its_deadline_does_not_renew_it(clock, tick, on_commit):
+    """Found by review: interrupted before its notice ended and resumed after it, the instance got a fresh hour, and
+    again, hour after hour at zero (a provider cutting the node's network for a few minutes each hour could do it).
+    Now the second resume gets no notice; the renter is told the balance is at zero and the next tick stops it."""
+    renter, host, instance = _interrupted_then_drained(clock, tick, keep=None)
+    on_commit(svc.instance_resume, instance_id=instance.pk)
+    first = BillingProfile.objects.get(user=renter).stop_not_before
+    clock.advance(NOTICE_S - 600)
+    tick(host)
+    for _ in range(2):  # interrupted again before the deadline
+        node_record_health(node_id=host.pk, ok=False, error="[Errno 113] No route to host")
+    assert _status(instance) == "interrupted"
+    clock.advance(1200)
+    tick()  # after the deadline: nothing of theirs runs, nothing to stop
+    node_record_health(node_id=host.pk, ok=True)
+    on_commit(svc.instance_resume, instance_id=instance.pk)
+    assert BillingProfile.objects.get(user=renter).stop_not_before == first  # not renewed
+    resumed = BillingEvent.objects.filter(user=renter, kind=EventKind.INSTANCE_RESUMED).order_by("pk").last()
+    assert "had its notice already" in resumed.message and resumed.data["stop_not_before"] is None
+    assert _kinds(renter).count("low_balance") == 1
+    tick(host)
+    assert _status(instance) == "stopping" and "balance_depleted" in _kinds(renter)
+
+
+def test_a_renter_stopped_at_zero_gets_no_notice_when_another_instance_resumes(clock, tick, on_commit):
+    """Found by review: stopped at zero (told so), then an interrupted instance of theirs on another node resumed
+    and ran an hour more at zero under a fresh notice."""
+    renter, host, instance = _interrupted_then_drained(clock, tick, keep=None)
+    lent = _credit(renter, "5.00")
+    other = running(renter, node(price="1.000000", gpu_count=2))
+    ledger_reverse(txn=lent, reason="credited by mistake")
+    tick()  # at zero with a paid instance running: stopped, `depleted_at` set
+    assert _status(other) == "stopping" and "balance_depleted" in _kinds(renter)
+    on_commit(svc.instance_resume, instance_id=instance.pk)
+    assert BillingProfile.objects.get(user=renter).stop_not_before is None
+    tick(host)
+    assert _status(instance) == "stopping"
+
+
+def test_a_recovered_balance_gives_the_next_low_balance_its_own_notice(clock, tick, on_commit):
+    renter, host, instance = _interrupted_then_drained(clock, tick, keep=None)
+    on_commit(svc.instance_resume, instance_id=instance.pk)
+    assert BillingProfile.objects.get(user=renter).stop_not_before is not None
+    _credit(renter, "50.00")
+    tick(host)  # recovered: the episode is over
+    assert BillingProfile.objects.get(user=renter).stop_not_before is None
+
+
+def test_a_renter_whose_notice_ran_out_with_nothing_running_is_given_one_again_once_topped_up(clock, tick, on_commit):
+    renter, host, instance = _interrupted_then_drained(clock, tick, keep=None)
+    on_commit(svc.instance_resume, instance_id=instance.pk)
+    svc.instance_destroy(instance=Instance.objects.get(pk=instance.pk))
+    clock.advance(NOTICE_S + 60)
+    tick()  # nothing runs, at zero: the notice stays spent
+    assert BillingProfile.objects.get(user=renter).stop_not_before is not None
+    _credit(renter, "50.00")
+    tick()  # recovered, although nothing of theirs runs (found only among the flagged renters)
+    assert BillingProfile.objects.get(user=renter).stop_not_before is None
