@@ -108,6 +108,8 @@ def node(tmp_path, monkeypatch):
            "GPUMARKET_LIBVIRT_IMAGES": str(images)}
 
     class Node:
+        state, cfg = tmp_path / "state", agent.Config(env)
+
         def call(self, command, req):
             return agent.handle(command.split(), json.dumps(req), env)[0]
 
@@ -215,3 +217,55 @@ def test_the_share_counts_the_cards_our_vms_hold(node, tmp_path):
     for vm_id in ("inst-1", "inst-2", "inst-3"):
         domain = node.domains()["gpumarket-" + vm_id]
         assert (int(domain["vcpu"]), int(domain["memory"])) == one_of_four, vm_id
+
+
+def old_vm(node, vm_id, indices, addresses=True):
+    """A VM created without gpu_uuids (as before the platform sent them), running; `addresses` False: its record
+    from before pci_bus_ids too."""
+    made = node.call("vm create", {"vm_id": vm_id, "gpu_indices": indices, "ssh_public_keys": [KEY],
+                                   "image": {"libvirt": "ubuntu-22.04"}})
+    assert made["state"] == "running", made
+    if not addresses:
+        path = node.state / "vms" / vm_id / "vm.json"
+        rec = json.loads(path.read_text())
+        del rec["pci_bus_ids"]
+        path.write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("addresses", [True, False])
+def test_a_running_vm_without_uuids_claims_no_card_nvidia_smi_lists(node, addresses):
+    """Its cards are out of the host's view: the free card now at its old index is not its."""
+    old_vm(node, "inst-1", [0], addresses)
+    assert node.listed() == [B, C, D]  # B is index 0 now
+    second = node.create("inst-2", [1], [B])  # the reviewer's case: answered gpu_busy (GPU 1) before
+    assert (second.get("error"), second.get("state")) == (None, "running"), second
+    assert hostdev_buses(node.domain_xml("inst-2")) == ["0x0f"]
+    third = node.call("vm create", {"vm_id": "inst-3", "gpu_indices": [0], "ssh_public_keys": [KEY],
+                                    "image": {"libvirt": "ubuntu-22.04"}})  # no UUIDs either: C, index 0 now
+    assert (third.get("error"), third.get("state")) == (None, "running"), third
+    assert hostdev_buses(node.domain_xml("inst-3")) == ["0x47"]
+    assert node.listed() == [D]
+
+
+def test_a_running_vm_without_uuids_still_holds_the_card_it_was_bound_to(node):
+    old_vm(node, "inst-1", [0])
+    assert node.record("inst-1")["pci_bus_ids"] == {A: "00000000:07:00.0"}
+    again = node.call("vm start", {"vm_id": "inst-1"})  # a retried start: B at index 0 now is not its card
+    assert (again.get("error"), again.get("state")) == (None, "running"), again
+    assert node.record("inst-1")["pci_bus_ids"] == {A: "00000000:07:00.0"}
+    refused = node.create("inst-2", [0], [A])  # answered gpu_missing before: A is held, not gone
+    assert (refused["error"]["code"], refused["error"]["message"]) == (
+        "gpu_busy", "GPU 0 is in use by another running VM"), refused
+    assert node.create("inst-2", [1], [B])["state"] == "running"
+
+
+def test_the_gpu_check_matches_a_running_vm_without_uuids_by_its_recorded_addresses(node):
+    """check_gpus_free itself, with the node's cards as nvidia-smi lists them while inst-1 runs on A."""
+    old_vm(node, "inst-1", [0])
+    rt = agent.LibvirtRuntime(node.cfg)
+    gpus = agent.read_gpus(node.cfg)[0]
+    others = agent.all_records(node.cfg)
+    with pytest.raises(agent.AgentError, match="GPU 0 is in use by another running VM"):
+        agent.check_gpus_free(rt, others, [0], uuids=[A], gpus=gpus)
+    agent.check_gpus_free(rt, others, [1], uuids=[B], gpus=gpus)  # B, listed at index 0: free
+    agent.check_gpus_free(rt, others, [0], gpus=gpus)  # index 0 now (B): free

@@ -8,7 +8,8 @@ not as the numbers those cards had when each VM was recorded (card_ids).
 
 A runtime that hands a running VM's cards to it out of the host's view (Runtime.hides_cards: libvirt binds them to
 vfio-pci) leaves nvidia-smi listing only the cards no VM runs on, numbered anew: there a card is judged by its UUID
-alone, and one nvidia-smi does not list is held by one of our VMs or gone (cards_held)."""
+alone, and one nvidia-smi does not list is held by one of our VMs or gone (cards_held). A running VM's card recorded
+without a UUID is not the one nvidia-smi lists at its index now, but the one it was bound to (bound_uuids)."""
 from .core import AgentError
 from .records import all_records, file_lock
 from .smi import read_gpus
@@ -60,15 +61,20 @@ def cards_held(rt, rec, gpus, others=None):
     the runtime hides a running VM's cards (rt.hides_cards), by UUID wherever nvidia-smi numbers it: a card it does
     not list is held by one of our VMs (`others`, every other record when None: gpu_busy; rec itself, running: its
     row says where it was last seen, rec's `pci_bus_ids`) or gone (gpu_missing). A card without a UUID (a record
-    from before gpu_uuids): by index, as before."""
+    from before gpu_uuids): by index, as before; rec running, by the card it was bound to (bound_uuids), else as
+    out of view, address unknown: never the card nvidia-smi lists at that index now."""
     spec = rec["spec"]
     indices, uuids = spec["gpu_indices"], spec.get("gpu_uuids")
     if not rt.hides_cards:
         return cards_now(gpus, indices, uuids)
+    running = None in (uuids or [None]) and rt.state(rec) == "running"
+    uuids = bound_uuids(rec) if running else uuids
     listed = {g["uuid"]: g for g in gpus if g.get("uuid")}
     cards = []
     for index, uuid in zip(indices, uuids or [None] * len(indices)):  # noqa: B905 - python3.8
-        if uuid is None:
+        if uuid is None and running:
+            cards.append({"index": index, "uuid": None, "pci_bus_id": None})
+        elif uuid is None:
             cards += cards_now(gpus, [index])
         elif uuid in listed:
             cards.append(listed[uuid])
@@ -83,12 +89,24 @@ def held_card(rt, rec, others, index, uuid):
     """A card of rec's spec that the host's nvidia-smi does not list: another VM of ours holding it makes it busy
     (as check_gpus_free would, were it listed); rec running holds it itself (a retried start or create of a VM that
     runs: present); else it is gone."""
-    if any(uuid in (r["spec"].get("gpu_uuids") or ()) and holds_gpus(rt, r) for r in others):
+    if any(uuid in bound_uuids(r) and holds_gpus(rt, r) for r in others):
         raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % index)
     if rt.state(rec) == "running":
         return {"index": index, "uuid": uuid, "pci_bus_id": (rec.get("pci_bus_ids") or {}).get(uuid)}
     raise AgentError("gpu_missing", "GPU %s (index %d when it was allocated) is not on this node now "
                                     "(fallen off the bus?)" % (uuid, index))
+
+
+def bound_uuids(rec):
+    """rec's cards' UUIDs, in its spec's index order (None: unknown): as its spec records them, a card recorded
+    without one (a record from before gpu_uuids) completed from its `pci_bus_ids` (the cards it was last bound to,
+    in that order) where those name one card for each index."""
+    spec = rec["spec"]
+    uuids = spec.get("gpu_uuids") or [None] * len(spec["gpu_indices"])
+    bound = list(rec.get("pci_bus_ids") or ())
+    if None in uuids and len(bound) == len(uuids):
+        uuids = [u or b for u, b in zip(uuids, bound)]  # noqa: B905 - python3.8
+    return uuids
 
 
 def remember_addresses(rt, rec, cards):
@@ -121,17 +139,30 @@ def card_ids(indices, uuids, at):
     return {i: u or at.get(i) or "index %d" % i for i, u in zip(indices, uuids)}  # noqa: B905
 
 
+def held_ids(rt, rec, at):
+    """The cards another VM that holds GPUs holds, named as card_ids names them. Where the runtime hides a running
+    VM's cards, nvidia-smi lists none of them: a card its record names without a UUID is the one it was bound to
+    (bound_uuids), else one out of view that no listed card is, never the card at that index now."""
+    spec = rec["spec"]
+    hides = getattr(rt, "hides_cards", False)  # check_gpus_free asks only state() of a runtime otherwise
+    if not (hides and at is not None and None in (spec.get("gpu_uuids") or [None])
+            and rt.state(rec) == "running"):
+        return set(card_ids(spec["gpu_indices"], spec.get("gpu_uuids"), at).values())
+    return {u or "GPU %d of running VM %s, out of view" % (i, rec["vm_id"])
+            for i, u in zip(spec["gpu_indices"], bound_uuids(rec))}  # noqa: B905 - python3.8
+
+
 def check_gpus_free(rt, others, indices, mig_uuids=None, uuids=None, gpus=None):
     """A VM given MIG slices holds only those slices of its GPU; a VM given a whole GPU holds it and every slice
-    of it. Compared as cards (card_ids, with `gpus` the node's GPUs now: without, by index alone)."""
+    of it. Compared as cards (card_ids, held_ids; with `gpus` the node's GPUs now: without, by index alone)."""
     at = None if gpus is None else {g["index"]: g.get("uuid") for g in gpus}
-    holding = [r["spec"] for r in others if holds_gpus(rt, r)]
+    holding = [r for r in others if holds_gpus(rt, r)]
 
-    def cards(specs):
-        return {c for s in specs for c in card_ids(s["gpu_indices"], s.get("gpu_uuids"), at).values()}
-    whole = cards(s for s in holding if not s.get("mig_uuids"))
-    sliced = cards(s for s in holding if s.get("mig_uuids"))
-    slices = {u for s in holding for u in s.get("mig_uuids") or ()}
+    def cards(recs):
+        return {c for r in recs for c in held_ids(rt, r, at)}
+    whole = cards(r for r in holding if not r["spec"].get("mig_uuids"))
+    sliced = cards(r for r in holding if r["spec"].get("mig_uuids"))
+    slices = {u for r in holding for u in r["spec"].get("mig_uuids") or ()}
     taken = whole if mig_uuids else whole | sliced
     busy = sorted(i for i, card in card_ids(indices, uuids, at).items() if card in taken)
     if busy:
