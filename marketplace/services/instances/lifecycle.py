@@ -113,6 +113,15 @@ def instance_start(*, instance: Instance) -> Instance:
     Raises Conflict when the node cannot run it now or has too few free GPUs.
     Asking again while starting changes nothing.
     """
+    # The node's row first (share), then the instance's: every writer of a node (a verification cutting or raising
+    # its renters' prices, a retire ending its stopped instances) locks the node, then its instances. Taken after
+    # the instance's, a start deadlocked with a verification concluding on its node (found by review: "deadlock
+    # detected ... in relation marketplace_node", a 500). A node id never changes: the caller's copy names it.
+    # With its provider's account read under that row's key-share lock, as a booking reads it: a deactivation
+    # committing meanwhile is waited for and seen (marketplace.services.account_status). Not the wallet with it
+    # (no `wallet_of`): the disk's posting below locks it, in id order with the other accounts.
+    node = _lock_node_for_booking(instance.node_id)
+    assert node is not None  # an instance's node outlives it (PROTECT)
     instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STARTING:
         return instance
@@ -125,10 +134,6 @@ def instance_start(*, instance: Instance) -> Instance:
     # accounts, as the meter does; the funds check locking the wallet first and the posting then the others
     # deadlocked with a tick (found by review). The check sees the balance after the disk's charge.
     _leave_running(instance, now)
-    # With its provider's account read under that row's key-share lock, as a booking reads it: a deactivation
-    # committing meanwhile is waited for and seen (marketplace.services.account_status).
-    node = _lock_node_for_booking(instance.node_id)
-    assert node is not None  # an instance's node outlives it (PROTECT)
     if node.state == NodeState.RETIRED:  # for good: "later" would never come
         raise Conflict("The instance cannot start: its node was retired by its provider and never comes back. "
                        "Destroy it, and rent another server.")
