@@ -168,8 +168,8 @@ def node_quarantine(*, node_id: int, seen: str) -> None:
         node_event(node=node, kind="host_key_changed", message=node.last_error, level=NodeEvent.Level.CRITICAL)
     # No check or job talks to it from now: its running instances are interrupted as those of a node that stopped
     # answering, billed up to its last healthy check (before, they stayed `running`, their renters never told, as
-    # its checks stopped before they could interrupt them). After the node's row is released: instance rows are
-    # locked before node rows everywhere else.
+    # its checks stopped before they could interrupt them). After the node's row is released: the interruptions
+    # need no lock on it (where both are locked, the node's comes first: verification, retire, a start).
     instance_svc.node_instances_interrupt(
         node_id=node_id, since=node.last_seen_at, cause=InterruptionCause.NODE_LOST,
         detail="its SSH host key changed; the platform no longer talks to it until an operator confirms the key")
