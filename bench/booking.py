@@ -120,10 +120,11 @@ def seed(n_clients: int) -> list[int]:
                              ssh_port=22, ssh_user="gpu", country="DE", gpu_model=model, gpu_count=GPUS_PER_NODE,
                              price_per_gpu_hour=Decimal("1.5"), runtime="sim", city="Frankfurt",
                              mig_layout=layout, mig_prices=prices)
-        # Its free disk reported, as a verified server's is: a booking counts what was promised there since.
+        # Its free disk and the disk's size reported, as a verified server's are: a booking counts what was
+        # promised there since, and every live disk there against the size (marketplace/services/disk_room.py).
         Node.objects.filter(pk=node.pk).update(state=NodeState.ACTIVE, verdict=Verdict.VERIFIED, listed=True,
                                                score=1.0, reliability=0.99, disk_free_gb=100_000,
-                                               host_checked_at=timezone.now())
+                                               disk_total_gb=120_000, host_checked_at=timezone.now())
         if SLICES:
             seed_slices(node.pk)
     renters = []
