@@ -76,6 +76,40 @@ def test_a_failed_start_goes_back_to_stopped_and_frees_the_gpus(inst, node):
     assert stopped.status == "stopped" and free_count(node) == 4
 
 
+@pytest.mark.parametrize("taken_by", ["lost", "out_of_service", "another_instance"])
+def test_a_container_whose_card_is_not_free_is_refused_a_start_that_says_why(user, taken_by):
+    """A container starts only on its own GPUs: the refusal names which of them is not free and why (it said "in
+    use by another instance" for a card its health check lost, where waiting never helps)."""
+    from django.utils import timezone
+
+    from core.errors import Conflict
+
+    node = make_listed_node(gpu_count=3, runtime="docker")
+    inst = book(user, node, num_gpus=2)
+    run(inst)
+    svc.instance_stop(instance=inst)
+    svc.instance_mark_stopped(instance_id=inst.pk)
+    card = Gpu.objects.get(node=node, index=1)
+    if taken_by == "another_instance":
+        Gpu.objects.filter(node=node, index__in=[0, 2]).update(status=GpuStatus.UNAVAILABLE)  # it takes card 1
+        book(UserFactory(), node, num_gpus=1)
+        Gpu.objects.filter(node=node, index=0).update(status=GpuStatus.FREE)
+        assert Gpu.objects.get(pk=card.pk).status == GpuStatus.RENTED
+    else:
+        Gpu.objects.filter(pk=card.pk).update(
+            status=GpuStatus.UNAVAILABLE, lost_at=timezone.now() if taken_by == "lost" else None)
+    with pytest.raises(Conflict) as refused:
+        svc.instance_start(instance=Instance.objects.get(pk=inst.pk))
+    message = str(refused.value.message)
+    assert message.startswith("A container can only start on the GPUs it was created with, and GPU 1 is ")
+    assert {"lost": "missing from its server (its health check lost it)",
+            "out_of_service": "out of service (it failed a check, or its provider took it out)",
+            "another_instance": "rented by another instance now"}[taken_by] in message
+    assert ("Try again later" in message) == (taken_by == "another_instance")
+    assert Instance.objects.get(pk=inst.pk).status == "stopped"
+    assert Gpu.objects.get(node=node, index=0).status == GpuStatus.FREE  # nothing half-taken
+
+
 def test_mark_stopped_from_running_is_refused(inst):
     run(inst)
     with pytest.raises(InvalidTransition):

@@ -12,6 +12,8 @@ from core.errors import Conflict, ValidationFailed
 from core.request_guard import has_control_character
 from core.validators import CONTROL_CHARACTERS_MESSAGE
 from marketplace.models import (
+    Gpu,
+    GpuStatus,
     Instance,
     Node,
     NodeState,
@@ -166,8 +168,7 @@ def instance_start(*, instance: Instance) -> Instance:
     gpus = _lock_free_gpus(node.pk, instance.num_gpus, prefer=previous)
     if node.runtime == Runtime.DOCKER and {g.pk for g in gpus} != set(previous):
         # A container keeps the GPUs it was created with (the agent cannot move it to others).
-        raise Conflict("Its GPUs are in use by another instance now; a container can only start on "
-                               "the GPUs it was created with. Try again later, or destroy the instance.")
+        raise Conflict(_container_gpus_refusal(set(previous) - {g.pk for g in gpus}))
     if len(gpus) < instance.num_gpus:
         have = "No GPUs are" if not gpus else f"Only {_gpus_text(len(gpus))} of the {instance.num_gpus} it needs are"
         raise Conflict(f"{have} free on this node now; try again later, or destroy the instance.")
@@ -177,6 +178,26 @@ def instance_start(*, instance: Instance) -> Instance:
     _save(instance, "vm_cleanup_pending")
     job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
     return instance
+
+
+def _container_gpus_refusal(missing: set[int]) -> str:
+    """Why a container cannot start: which of the GPUs it was created with are not free, and why each. A card lost
+    or taken out of service may never come back (destroy), one rented by another instance comes free (later)."""
+    reasons = []
+    for index, status, lost_at in (Gpu.objects.filter(pk__in=missing).order_by("index")
+                                   .values_list("index", "status", "lost_at")):
+        if lost_at is not None:
+            reasons.append(f"GPU {index} is missing from its server (its health check lost it)")
+        elif status == GpuStatus.UNAVAILABLE:
+            reasons.append(f"GPU {index} is out of service (it failed a check, or its provider took it out)")
+        elif status == GpuStatus.MIG:
+            reasons.append(f"GPU {index} is split into MIG slices now")
+        else:
+            reasons.append(f"GPU {index} is rented by another instance now")
+    out_for_good = any(not r.endswith("rented by another instance now") for r in reasons)
+    then = ("It may not come back: destroy the instance and rent another server, or try again once its provider "
+            "has brought the card back." if out_for_good else "Try again later, or destroy the instance.")
+    return (f"A container can only start on the GPUs it was created with, and {'; '.join(reasons)}. {then}")
 
 
 @transaction.atomic
