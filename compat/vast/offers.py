@@ -23,14 +23,14 @@ from django.db.models.expressions import Combinable, OrderBy
 from django.http import QueryDict
 
 from core.errors import NotFound
-from core.money import micros_to_usd
+from core.money import MICROS_PER_USD
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import cuda_version_text
 from marketplace.selectors import offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
 
-from .query import Condition, Query, gpu_name_key, matches, norm_for, sort
+from .query import Condition, Query, gpu_name_key, matcher, norm_for, sort
 
 ID_BASE = 100  # above MAX_GPUS_PER_NODE: the last two digits are the GPU count
 assert MAX_GPUS_PER_NODE < ID_BASE
@@ -50,8 +50,10 @@ def offer_of(ask_id: int) -> tuple[int, int]:
 
 def usd(micros: int) -> float:
     """Integer micro-dollars as the JSON number Vast sends. Sums and products are taken in micros, then converted
-    once: $0.10 × 3 as floats is 0.30000000000000004, which `dph_total<=0.3` would not match."""
-    return float(micros_to_usd(micros))
+    once: $0.10 × 3 as floats is 0.30000000000000004, which `dph_total<=0.3` would not match. Python's division of
+    two integers is correctly rounded, so this is float(micros_to_usd(micros)) exactly, without a Decimal per row
+    (tests/compat/test_matching.py holds them equal)."""
+    return micros / MICROS_PER_USD
 
 
 # What offer_rows reads of a node of offers_search: plain values, not a Node and a GpuModel per node (a search
@@ -94,14 +96,20 @@ def node_fields(node: dict[str, Any]) -> dict[str, Any]:
 
 def offer_rows(node: dict[str, Any], common: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The offers of one node of offers_search, given as its NODE_VALUES (and its node_fields, if at hand)."""
+    common = node_fields(node) if common is None else common
+    return [{**own, **common} for own in _own_fields(node)]
+
+
+def _own_fields(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """What each offer of the node has of its own (PER_ROW), one per GPU count."""
     pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
     per_gpu_micros = node["price_per_gpu_hour_micros"]
-    common = node_fields(node) if common is None else common
-    return [
-        {"id": offer_id(pk, n), "ask_contract_id": offer_id(pk, n), "num_gpus": n, "gpu_total_ram": memory_mib * n,
-         "dph_total": usd(per_gpu_micros * n), "dph_base": usd(per_gpu_micros * n), **common}
-        for n in range(1, node["num_gpus_free"] + 1)
-    ]
+    own = []
+    for n in range(1, node["num_gpus_free"] + 1):
+        ask, price = pk * ID_BASE + n, usd(per_gpu_micros * n)
+        own.append({"id": ask, "ask_contract_id": ask, "num_gpus": n, "gpu_total_ram": memory_mib * n,
+                    "dph_total": price, "dph_base": price})
+    return own
 
 
 def _narrowing(conditions: list[Condition]) -> QueryDict | None:
@@ -190,13 +198,20 @@ PER_ROW = {"id", "ask_contract_id", "num_gpus", "gpu_total_ram", "dph_total", "d
 def matching_rows(nodes: list[dict[str, Any]], conditions: list[Condition]) -> list[dict[str, Any]]:
     """The rows of these nodes that match: a condition on a node's field is checked once per node, not per row
     (the same answer: the row has the node's value), and a node that fails one builds no rows."""
-    of_node = [c for c in conditions if c.field not in PER_ROW]
+    node_matches = matcher([c for c in conditions if c.field not in PER_ROW])
     of_row = [c for c in conditions if c.field in PER_ROW]
+    row_matches = matcher(of_row)
     rows: list[dict[str, Any]] = []
     for node in nodes:
         common = node_fields(node)
-        if matches(common, of_node):
-            rows.extend(row for row in offer_rows(node, common) if matches(row, of_row))
+        if not node_matches(common):
+            continue
+        if not of_row:
+            rows.extend(offer_rows(node, common))
+            continue
+        # A row's own fields are checked before the node's are copied into it: most rows of a price or count
+        # condition fail it (the price scraper's 1,000 answers came from 6,700 rows built whole).
+        rows.extend({**own, **common} for own in _own_fields(node) if row_matches(own))
     return rows
 
 

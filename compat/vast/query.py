@@ -8,6 +8,7 @@ measure: filtering on it would silently drop or keep everything) and any field i
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -233,6 +234,41 @@ def norm_for(name: str) -> Callable[[Any], Any]:
 
 def matches(row: Mapping[str, Any], conditions: list[Condition]) -> bool:
     return all(compare(c.op, row.get(c.field), c.value, norm_for(c.field)) for c in conditions)
+
+
+_ORDERED = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
+
+
+def _check(c: Condition) -> Callable[[Mapping[str, Any]], bool]:
+    """compare() of one condition with its wanted value normalised once, not once per row: what `matcher` is made
+    of. The same answer for every row (tests/compat/test_matching.py holds them equal)."""
+    field, norm = c.field, norm_for(c.field)
+    if c.op in ("in", "notin"):
+        wanted = [norm(w) for w in c.value]
+        if c.op == "in":
+            return lambda row: norm(row.get(field)) in wanted
+        return lambda row: norm(row.get(field)) not in wanted
+    want = norm(c.value)
+    if c.op == "eq":
+        return lambda row: norm(row.get(field)) == want
+    if c.op == "neq":
+        return lambda row: norm(row.get(field)) != want
+    ordered = _ORDERED[c.op]
+
+    def check(row: Mapping[str, Any]) -> bool:
+        have = norm(row.get(field))
+        return have is not None and ordered(have, want)
+    return check
+
+
+def matcher(conditions: list[Condition]) -> Callable[[Mapping[str, Any]], bool]:
+    """matches(row, conditions) as one function of the row, for many rows (a search checks hundreds)."""
+    checks = [_check(c) for c in conditions]
+    if not checks:
+        return lambda row: True
+    if len(checks) == 1:
+        return checks[0]
+    return lambda row: all(check(row) for check in checks)
 
 
 def _key(name: str, norm: Callable[[Any], Any]) -> Callable[[dict[str, Any]], Any]:
