@@ -166,6 +166,9 @@ elif verb == "cp":
     sys.exit(1)
 elif name not in state:
     missing(name)
+elif verb in ("start", "rm") and os.environ.get("FAKE_DOCKER_FAIL_" + verb.upper()):  # the engine refuses it
+    sys.stderr.write("Error response from daemon: %s: device or resource busy\n" % name)
+    sys.exit(1)
 elif verb == "inspect":
     print(state[name])
 elif verb == "start":
@@ -411,15 +414,109 @@ def test_reads_of_what_the_container_controls_are_bounded(tmp_path):
     assert docker_runtime.bounded_output(["printf", "abc"], 4096) == (0, b"abc", False)
 
 
-def test_a_recorded_vm_whose_container_is_missing_holds_its_gpus(node, tmp_path):
-    # Recorded mid-create by an agent without the `provisioning` mark (or its container removed by hand): until
-    # a create finishes it or a destroy removes it, its GPUs are not given to another VM.
+def _record(tmp_path, vm_id, gpus, **extra):
+    """A VM record as the agent writes it, without its container (made by hand)."""
     from provisioning.agent.gpumarket_agent.records import save_record
     cfg = agent.Config({"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state")})
-    spec = {"gpu_indices": [2], "ssh_public_keys": [new_keypair()[1]], "image": {"docker": "ghcr.io/x/app:1"},
+    spec = {"gpu_indices": gpus, "ssh_public_keys": [new_keypair()[1]], "image": {"docker": "ghcr.io/x/app:1"},
             "disk_gb": 50}
-    save_record(cfg, {"vm_id": "inst-1", "runtime": "docker", "spec": spec, "ssh_port": 41000, "ports": {}})
+    save_record(cfg, {"vm_id": vm_id, "runtime": "docker", "spec": spec, "ssh_port": 41000, "ports": {}, **extra})
+
+
+def _prune(tmp_path, name):
+    """The provider removes a container behind the agent's back (`docker rm`, `docker container prune`)."""
+    state = json.loads((tmp_path / "containers.json").read_text())
+    del state[name]
+    (tmp_path / "containers.json").write_text(json.dumps(state))
+
+
+def test_a_vm_whose_create_has_not_finished_holds_its_gpus(node, tmp_path):
+    # Recorded by a create that did not end (the agent killed mid-pull): until a create finishes it or a destroy
+    # removes it, its GPUs are not given to another VM.
+    _record(tmp_path, "inst-1", [2], provisioning=True)
     answer = node.create("inst-2", [2])
     assert not answer["ok"] and answer["error"]["code"] == "gpu_busy", answer
     assert node.call("vm destroy", {"vm_id": "inst-1"})["existed"] is True
     assert node.create("inst-2", [2])["state"] == "running"
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_vm_whose_container_was_removed_holds_no_gpus_and_cannot_start(node, tmp_path, stopped):
+    """A finished VM whose container the provider removed (running, or stopped and pruned): before, its record
+    held its GPUs for good (every later create on them: gpu_busy), `vm start` failed with command_failed ("No
+    such container") and `vm stop` answered ok, so the platform marked it stopped, "start it again", at every
+    try. Now start and stop answer not_found (the platform fails the instance), and its GPUs go to the next VM."""
+    assert node.create("inst-1", [2])["state"] == "running"
+    if stopped:
+        assert node.call("vm stop", {"vm_id": "inst-1"})["state"] == "stopped"
+    _prune(tmp_path, "gpumarket-inst-1")
+    assert node.states() == {"inst-1": "missing"}
+    for verb in ("vm start", "vm stop"):
+        answer = node.call(verb, {"vm_id": "inst-1"})
+        assert not answer["ok"] and answer["error"]["code"] == "not_found", answer
+        assert "container is gone" in answer["error"]["message"] and "destroy it" in answer["error"]["message"]
+    assert not any(c[0] == "start" for c in node.docker_calls()[-6:])  # no docker start tried
+    assert node.create("inst-2", [2])["state"] == "running"  # its GPU is free for the next renter
+    assert node.call("vm destroy", {"vm_id": "inst-1"})["existed"] is True  # the record goes
+    assert node.states() == {"inst-2": "running"}
+
+
+def test_a_create_retried_for_a_record_without_its_container_holds_its_gpus_again(node, tmp_path, monkeypatch):
+    """A finished record without its container holds nothing; a create retried for it (the same request) holds
+    its GPUs through its pull again, as a first create does, and makes the container anew."""
+    release = tmp_path / "pull-done"
+    release.touch()
+    monkeypatch.setenv("FAKE_DOCKER_PULL_WAIT", str(release))
+    assert node.create("inst-1", [2], image="ghcr.io/x/slow:1")["state"] == "running"
+    _prune(tmp_path, "gpumarket-inst-1")
+    release.unlink()
+    retry = {}
+    thread = threading.Thread(target=lambda: retry.update(node.create("inst-1", [2], image="ghcr.io/x/slow:1")))
+    pulls = sum("pull" in c for c in node.docker_calls())
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sum("pull" in c for c in node.docker_calls()) == pulls and time.monotonic() < deadline:
+            time.sleep(0.02)
+        second = node.create("inst-2", [2])  # while the retry pulls
+        assert not second["ok"] and second["error"]["code"] == "gpu_busy", second
+    finally:
+        release.touch()
+        thread.join(30)
+    assert (retry["state"], retry["created"]) == ("running", False), retry
+    assert len(node.creates()) == 2  # its container made anew
+    assert "provisioning" not in json.loads((tmp_path / "state" / "vms" / "inst-1" / "vm.json").read_text())
+
+
+def test_destroy_removes_a_container_of_ours_that_has_no_record(node, tmp_path):
+    """unrecorded() lists such a container so that the reconciler destroys it; `vm destroy` answered existed:
+    false without touching it, so it stayed for good (an orphan_destroyed event at every pass)."""
+    (tmp_path / "containers.json").write_text(json.dumps({"gpumarket-ghost": "running"}))
+    assert node.states() == {"ghost": "running"}
+    answer = node.call("vm destroy", {"vm_id": "ghost"})
+    assert (answer["ok"], answer["existed"]) == (True, True), answer
+    assert ["rm", "-f", "-v", "gpumarket-ghost"] in node.docker_calls()
+    assert node.states() == {}
+    assert node.call("vm destroy", {"vm_id": "ghost"})["existed"] is False  # nothing left: nothing removed
+    answer = node.call("vm destroy", {"vm_id": "gpumarket-ghost; rm -rf /"})
+    assert answer["error"]["code"] == "invalid_request" and answer["error"]["field"] == "vm_id", answer
+
+
+def test_a_failed_create_whose_container_cannot_be_removed_keeps_its_record_for_a_destroy(node, monkeypatch):
+    """A create that failed after making its container, whose cleanup `docker rm` failed too: the record was
+    deleted all the same, leaving an unrecorded container that `vm destroy` did not remove. The record stays
+    (no longer holding GPUs unless the container runs), and the platform's destroy removes both."""
+    monkeypatch.setenv("FAKE_DOCKER_FAIL_START", "1")
+    monkeypatch.setenv("FAKE_DOCKER_FAIL_RM", "1")
+    answer = node.create("inst-1", [2])
+    assert not answer["ok"] and answer["error"]["code"] == "command_failed", answer
+    assert "device or resource busy" in answer["error"]["message"]  # the create's own error, not the cleanup's
+    assert node.states() == {"inst-1": "stopped"}  # recorded, its container made and never started
+    status = node.call("vm status", {"vm_id": "inst-1"})
+    assert status["state"] == "stopped" and "provisioning" not in status
+    assert any("could not remove its VM" in line for line in node.call("vm logs", {"vm_id": "inst-1"})["lines"])
+    monkeypatch.delenv("FAKE_DOCKER_FAIL_START")
+    assert node.create("inst-2", [2])["state"] == "running"  # a stopped container holds no GPU
+    monkeypatch.delenv("FAKE_DOCKER_FAIL_RM")
+    assert node.call("vm destroy", {"vm_id": "inst-1"})["existed"] is True
+    assert node.states() == {"inst-2": "running"}

@@ -269,3 +269,39 @@ def test_the_gpu_check_matches_a_running_vm_without_uuids_by_its_recorded_addres
         agent.check_gpus_free(rt, others, [0], uuids=[A], gpus=gpus)
     agent.check_gpus_free(rt, others, [1], uuids=[B], gpus=gpus)  # B, listed at index 0: free
     agent.check_gpus_free(rt, others, [0], gpus=gpus)  # index 0 now (B): free
+
+
+# ------------------------------------------------------------------------------ domains removed on the node
+
+def test_a_vm_whose_domain_was_undefined_holds_no_card_and_cannot_start(node, tmp_path):
+    """A finished VM whose domain the provider removed (`virsh undefine`): its record held its card for good
+    (every later create on it: gpu_busy) and `vm start` failed with command_failed, so its instance was stopped
+    again at every start. Start and stop answer not_found now (the platform fails the instance); the card is
+    free for the next VM, and a destroy removes the record and the work folder."""
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    domains = node.domains()
+    del domains["gpumarket-inst-1"]  # the card goes back to the host with it
+    (tmp_path / "domains.json").write_text(json.dumps(domains))
+    assert [(v["vm_id"], v["state"]) for v in node.call("vm list", {})["vms"]] == [("inst-1", "missing")]
+    for verb in ("vm start", "vm stop"):
+        answer = node.call(verb, {"vm_id": "inst-1"})
+        assert answer["error"]["code"] == "not_found", answer
+        assert "domain is gone" in answer["error"]["message"]
+    assert "gpumarket-inst-1" not in node.domains()  # not defined again by the start
+    assert node.create("inst-2", [0], [A])["state"] == "running"
+    assert node.call("vm destroy", {"vm_id": "inst-1"})["existed"] is True
+    assert not (tmp_path / "domains" / "inst-1").exists()
+    assert [v["vm_id"] for v in node.call("vm list", {})["vms"]] == ["inst-2"]
+
+
+def test_destroy_removes_a_domain_of_ours_that_has_no_record(node, tmp_path):
+    """unrecorded() lists it so that the reconciler destroys it; `vm destroy` left it (existed: false)."""
+    (tmp_path / "domains.json").write_text(json.dumps({"gpumarket-ghost": {"state": "running", "hostdevs": []}}))
+    (tmp_path / "domains" / "ghost").mkdir(parents=True)
+    (tmp_path / "domains" / "ghost" / "disk.qcow2").write_text("")
+    assert [(v["vm_id"], v["state"]) for v in node.call("vm list", {})["vms"]] == [("ghost", "running")]
+    answer = node.call("vm destroy", {"vm_id": "ghost"})
+    assert (answer.get("error"), answer["existed"]) == (None, True), answer
+    assert node.domains() == {} and not (tmp_path / "domains" / "ghost").exists()
+    assert node.call("vm list", {})["vms"] == []
+    assert node.call("vm destroy", {"vm_id": "ghost"})["existed"] is False

@@ -69,6 +69,11 @@ def test_benchmark_requests_check_mig_uuids():
         agent.validate_mig_uuids(["GPU-1234"])
     with pytest.raises(AgentError, match="mig_uuids"):
         agent.validate_mig_uuids(["MIG-0b7f3f31-5ad1", "MIG-0b7f3f31-5ad1"])
+    # Whole: re.match with "$" let a trailing newline through (found by review).
+    for bad in ("MIG-0b7f3f31-5ad1\n", "MIG-0b7f3f31-5ad1\nx", " MIG-0b7f3f31-5ad1"):
+        with pytest.raises(AgentError, match="mig_uuids"):
+            agent.validate_mig_uuids([bad])
+    assert agent.validate_mig_uuids(["MIG-0b7f3f31-5ad1"]) == ["MIG-0b7f3f31-5ad1"]
 
 
 class _Rt:

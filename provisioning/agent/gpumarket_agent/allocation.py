@@ -19,10 +19,12 @@ NO_DEVICES = "No devices were found"  # nvidia-smi, when every card is bound to 
 
 def holds_gpus(rt, rec):
     """A running VM holds its GPUs; so does one whose create has not finished (recorded, maybe pulling, its
-    container not made or not started yet: `provisioning` in its record, or a recorded VM whose container or
-    domain is missing, as one recorded by an older agent mid-create), until that create ends or the VM is
-    destroyed. The platform releases a stopped VM's GPUs to other renters: a stopped VM holds none."""
-    return bool(rec.get("provisioning")) or rt.state(rec) in ("running", "missing")
+    container not made or not started yet: `provisioning` in its record), until that create ends or the VM is
+    destroyed. The platform releases a stopped VM's GPUs to other renters: a stopped VM holds none, and neither
+    does a finished record whose container or domain is missing (removed on the node: `docker container prune`,
+    an undefined domain). Counted as holding, such a record kept its cards from every later booking (gpu_busy)
+    while the platform failed its instance; a create retried for it marks it `provisioning` again."""
+    return bool(rec.get("provisioning")) or rt.state(rec) == "running"
 
 
 def cards_now(gpus, indices, uuids=None):

@@ -19,7 +19,7 @@ from .smi import load_profile, read_gpus
 
 _GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9A-Za-z-]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[0-9A-Za-z/-]+)\)\s*$")
-UUID_RE = re.compile(r"^MIG-[0-9A-Za-z-]{8,60}$")
+UUID_RE = re.compile(r"MIG-[0-9A-Za-z-]{8,60}")  # fullmatch: "$" let a trailing newline through
 COMPUTE_SLICES, MEMORY_SLICES = 7, 8
 MIG_LABEL_BASE = 64  # a MIG slice's label in gpu_indices: MIG_LABEL_BASE + its position in mig_uuids
 SLICE_CHILD = "GPUMARKET_MIG_SLICE"  # set in the child that works on one MIG slice: that slice's UUID
@@ -72,7 +72,7 @@ def validate_mig_uuids(value, field="mig_uuids"):
     if value is None:
         return None
     if not isinstance(value, list) or len(set(value)) != len(value) or not all(
-            isinstance(u, str) and UUID_RE.match(u) for u in value):
+            isinstance(u, str) and UUID_RE.fullmatch(u) for u in value):
         raise invalid(field, "%s must be a list of distinct MIG-... UUIDs" % field)
     return value
 

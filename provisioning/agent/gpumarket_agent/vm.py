@@ -1,5 +1,5 @@
 """The vm commands: create, start, stop, destroy, list, status, logs."""
-import contextlib
+import os
 import shutil
 import time
 
@@ -61,6 +61,16 @@ def vm_create(cfg, req):
                 remember_addresses(rt, rec, cards)
                 save_record(cfg, rec)  # first, so a crash below leaves a record that a retry completes
                 vm_log(cfg, vm_id, "created VM %s (%s runtime)" % (vm_id, runtime))
+            elif rt.state(rec) == "missing":
+                # A create retried for a record without its container or domain (the first failed before making
+                # it, or it was removed on the node): it holds its GPUs through its pull again, as a first create
+                # does (a finished record whose VM is missing holds none: allocation.holds_gpus), once no other VM
+                # holds them.
+                others = [r for r in all_records(cfg) if r["vm_id"] != vm_id]
+                held = rec["spec"]
+                check_gpus_free(rt, others, held["gpu_indices"], held.get("mig_uuids"), held.get("gpu_uuids"), gpus)
+                rec["provisioning"] = True
+                save_record(cfg, rec)
         try:
             # Idempotent: finishes what an earlier, interrupted create began. It starts the VM only after the GPU
             # check under the allocate lock (Runtime.checked_start): a retried create of a VM whose GPUs another
@@ -68,9 +78,7 @@ def vm_create(cfg, req):
             rt.provision(rec, registry_auth)
         except Exception:
             if created:
-                with contextlib.suppress(Exception):
-                    rt.destroy(rec)
-                shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
+                discard(cfg, rt, rec)
             elif rec.pop("provisioning", None):
                 save_record(cfg, rec)  # a retry that failed: the VM holds no GPUs unless it runs
             raise
@@ -79,6 +87,44 @@ def vm_create(cfg, req):
         answer = describe(cfg, rt, rec, rt.state(rec))
         answer["created"] = created
         return answer
+
+
+def discard(cfg, rt, rec):
+    """Undo a first create that failed: its container or domain, then its record. A removal that fails keeps the
+    record (no longer `provisioning`), so that the VM stays listed as recorded and a later `vm destroy` (the
+    platform's, for the failed create) finishes it. Before, the record went all the same: the VM was left on the
+    node as an unrecorded one that `vm destroy` did not remove."""
+    try:
+        rt.destroy(rec)
+    except Exception as exc:  # noqa: BLE001 - the create's own error is the one raised
+        rec.pop("provisioning", None)
+        save_record(cfg, rec)
+        vm_log(cfg, rec["vm_id"], "the failed create could not remove its VM (%s); a destroy removes it"
+               % str(getattr(exc, "message", exc))[:300])
+        return
+    shutil.rmtree(vm_dir(cfg, rec["vm_id"]), ignore_errors=True)
+
+
+def destroy_unrecorded(cfg, rt, vm_id):
+    """`vm destroy` of a VM with no record: what the runtime has of it (a container or domain unrecorded() lists:
+    a crash between making it and recording it) is removed all the same, with its folder; `existed` says whether
+    anything was. Before, it answered existed: false and left it, so the reconciler "destroyed" the same orphan at
+    every pass."""
+    existed = rt.destroy_unrecorded(vm_id)
+    if os.path.isdir(vm_dir(cfg, vm_id)):
+        shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
+        existed = True
+    return {"vm_id": vm_id, "state": "destroyed", "existed": bool(existed)}
+
+
+def vm_gone(rt, rec):
+    """The not_found answer for a recorded VM whose container or domain is missing (removed on the node: `docker
+    container prune`, an undefined domain): it cannot be started or stopped, only destroyed. The platform takes it
+    as a VM gone (the instance failed, its disk no longer billed, its GPUs freed); before, a start failed with
+    command_failed and the instance was stopped again, "start it again", at every try."""
+    what = "domain" if rt.name == "libvirt" else "container"
+    return AgentError("not_found", "VM %s is recorded on this node, but its %s is gone (removed on the node): it "
+                                   "cannot run again; destroy it" % (rec["vm_id"], what))
 
 
 def same_spec(recorded, spec):
@@ -159,8 +205,10 @@ def vm_simple(cfg, req, action):
         rec = load_record(cfg, vm_id)
         if rec is None:
             if action == "destroy":
-                return {"vm_id": vm_id, "state": "destroyed", "existed": False}
+                return destroy_unrecorded(cfg, rt, vm_id)
             raise AgentError("not_found", "no VM %s on this node" % vm_id)
+        if action in ("start", "stop") and rt.state(rec) == "missing":
+            raise vm_gone(rt, rec)
         if action == "start":
             vm_log(cfg, vm_id, "starting")
             vm_start(cfg, rt, rec, req)

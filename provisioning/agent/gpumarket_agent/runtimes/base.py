@@ -38,6 +38,11 @@ class Runtime:
         """VMs of ours that have no record (a crash between creating one and recording it)."""
         return []
 
+    def destroy_unrecorded(self, vm_id):
+        """Remove what this runtime has of VM `vm_id` (a validated id), which has no record: what unrecorded()
+        lists, so that `vm destroy` removes it. Idempotent; True when something was removed."""
+        return False
+
     def disk_limit(self, rec):
         """Whether the VM's disk_gb is "enforced" on the node or "not_enforced" (then only recorded and billed)."""
         return "not_enforced"

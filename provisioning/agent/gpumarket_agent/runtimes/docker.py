@@ -201,9 +201,17 @@ class DockerRuntime(Runtime):
             run(docker_verb_argv("stop", rec["vm_id"]), timeout=60)
 
     def destroy(self, rec):
-        proc = run(docker_verb_argv("rm", rec["vm_id"]), check=False)
+        self.remove_container(rec["vm_id"])
+
+    def destroy_unrecorded(self, vm_id):
+        return self.remove_container(vm_id)
+
+    def remove_container(self, vm_id):
+        """docker rm -f -v gpumarket-<vm_id>: True when it removed one, False when there was none."""
+        proc = run(docker_verb_argv("rm", vm_id), check=False)
         if proc.returncode != 0 and "No such container" not in proc.stderr:
             raise AgentError("command_failed", "docker rm: " + proc.stderr.strip()[-800:])
+        return proc.returncode == 0
 
     def state(self, rec):
         proc = run(docker_verb_argv("inspect", rec["vm_id"]), check=False)

@@ -173,6 +173,12 @@ class LibvirtRuntime(Runtime):
             run(virsh_argv(self.cfg.libvirt_uri, "undefine", name))
         shutil.rmtree(os.path.join(self.cfg.libvirt_dir, rec["vm_id"]), ignore_errors=True)
 
+    def destroy_unrecorded(self, vm_id):
+        rec = {"vm_id": vm_id}
+        found = self.state(rec) != "missing" or os.path.isdir(os.path.join(self.cfg.libvirt_dir, vm_id))
+        self.destroy(rec)  # its domain and its work folder (disk, seed)
+        return found
+
     def state(self, rec):
         proc = run(virsh_argv(self.cfg.libvirt_uri, "domstate", vm_name(rec["vm_id"])), check=False)
         if proc.returncode != 0:

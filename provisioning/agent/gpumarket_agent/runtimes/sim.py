@@ -207,6 +207,12 @@ class SimRuntime(Runtime):
     def destroy(self, rec):
         self.stop(rec)
 
+    def destroy_unrecorded(self, vm_id):
+        rec = {"vm_id": vm_id}
+        found = self.state(rec) == "running" or bool(pids_matching(self.box_needle(rec)))
+        self.stop(rec)
+        return found
+
     def state(self, rec):
         config = os.path.join(vm_dir(self.cfg, rec["vm_id"]), "sshd_config")
         return "running" if pids_matching(config) else "stopped"
