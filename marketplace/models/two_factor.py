@@ -13,6 +13,7 @@ from urllib.parse import quote, urlencode
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 from django_otp.models import Device, ThrottlingMixin
 from django_otp.oath import TOTP
 
@@ -32,6 +33,8 @@ class AuthenticatorDevice(ThrottlingMixin, Device):
     drift = models.SmallIntegerField(default=0)
     last_t = models.BigIntegerField(default=-1, help_text="The time step of the last code accepted: a code works "
                                                          "once.")
+    created_at = models.DateTimeField(default=timezone.now, help_text="When the secret was made: an unconfirmed one "
+                                                                      "can be confirmed for 15 minutes.")
 
     class Meta(Device.Meta):
         verbose_name = "authenticator app"

@@ -5,6 +5,12 @@ the first right code, with the account's password, confirms it and makes RECOVER
 once. From then on a log-in (web, API, admin) needs a code after the password. Disabling needs the password and a
 code.
 
+An unconfirmed secret belongs to the session that made it (the page keeps its id in the session) and lasts
+ENROL_TIMEOUT: any other session, or the same one later, gets a new secret in its place, and only the secret a
+session was shown can be confirmed from it. Else someone holding a copied cookie could open the page before the
+owner turns two-factor on, be shown the same secret, and keep valid codes after the owner confirmed it (turning it
+on ends the other sessions, not what they saw).
+
 Code guessing is behind the log-in lock-out (core/login_throttle.py) with a counter of its own per account
 (`two-factor:<email>`), which a right password does not reset, and the address's counter, shared with passwords;
 django-otp's own per-device throttling (a growing delay after each failure) comes on top.
@@ -17,12 +23,14 @@ turning it off does; either way the address is told by e-mail.
 import base64
 import os
 import re
+from datetime import timedelta
 from io import BytesIO
 
 import qrcode
 import qrcode.image.svg
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from django_otp.models import Device
 
 from core.errors import Conflict, ValidationFailed
@@ -36,6 +44,10 @@ CODE_MAX_LENGTH = 32
 TOTP_NAME = "authenticator app"
 RECOVERY_NAME = "recovery codes"
 _TOTP_CODE = re.compile(r"[0-9]{6}")
+ALREADY_ON = "Two-factor log-in is on already: turn it off first to move it to another app."
+ENROL_TIMEOUT = timedelta(minutes=15)  # how long an unconfirmed secret can be confirmed
+ENROL_GONE = ("This secret expired or was replaced: a secret works for 15 minutes, in the browser that showed it. "
+              "Add the new secret shown here to your app (delete the old one there), then enter its code.")
 
 
 class WrongCode(ValidationFailed):
@@ -52,23 +64,33 @@ def two_factor_enabled(*, user: User) -> bool:
     return bool(AuthenticatorDevice.objects.filter(user=user, confirmed=True).exists())
 
 
-def totp_pending(*, user: User) -> AuthenticatorDevice | None:
-    device: AuthenticatorDevice | None = (
-        AuthenticatorDevice.objects.filter(user=user, confirmed=False).order_by("-id").first())
+def totp_pending(*, user: User, device_id: object) -> AuthenticatorDevice | None:
+    """The unconfirmed authenticator `device_id` (the one a session was shown), while it is the user's and younger
+    than ENROL_TIMEOUT; else None."""
+    if not isinstance(device_id, int) or isinstance(device_id, bool):
+        return None
+    device: AuthenticatorDevice | None = AuthenticatorDevice.objects.filter(
+        user=user, pk=device_id, confirmed=False, created_at__gt=timezone.now() - ENROL_TIMEOUT).first()
     return device
 
 
-def totp_enrol_start(*, user: User) -> AuthenticatorDevice:
-    """The user's unconfirmed authenticator (a new secret when there is none yet). Conflict when two-factor is on."""
+def totp_enrol_start(*, user: User, device_id: object = None) -> AuthenticatorDevice:
+    """The unconfirmed authenticator `device_id` while it is still pending (totp_pending); otherwise a new secret,
+    in place of every other unconfirmed one of the user (another session's, an expired one): a secret is shown to
+    one session only. Conflict when two-factor is on."""
     if two_factor_enabled(user=user):
-        raise Conflict("Two-factor log-in is on already: turn it off first to move it to another app.")
-    return totp_pending(user=user) or AuthenticatorDevice.new(user=user, name=TOTP_NAME)
+        raise Conflict(ALREADY_ON)
+    device = totp_pending(user=user, device_id=device_id)
+    if device is not None:
+        return device
+    with transaction.atomic():
+        AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
+        return AuthenticatorDevice.new(user=user, name=TOTP_NAME)
 
 
 def totp_enrol_restart(*, user: User) -> AuthenticatorDevice:
     """Forget the unconfirmed secret and make a new one (when the first was never added to an app)."""
-    AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
-    return totp_enrol_start(user=user)
+    return totp_enrol_start(user=user, device_id=None)
 
 
 class WrongPassword(ValidationFailed):
@@ -76,24 +98,33 @@ class WrongPassword(ValidationFailed):
         super().__init__("Your password was entered incorrectly.", field="password")
 
 
-def totp_enrol_confirm(*, user: User, code: str, password: str, client_address: str | None,
+def totp_enrol_confirm(*, user: User, device_id: object, code: str, password: str, client_address: str | None,
                        base_url: str = "") -> list[str]:
-    """Confirm the unconfirmed authenticator with a code it shows; two-factor is on from now. Returns the new
-    recovery codes (shown once).
+    """Confirm the unconfirmed authenticator `device_id` (the one this session was shown: totp_enrol_start) with a
+    code it shows; two-factor is on from now. Returns the new recovery codes (shown once). ValidationFailed on
+    `code` (ENROL_GONE) when that secret expired or another was made in its place.
 
     Needs the account's password (behind the log-in lock-out: LoginLocked, WrongPassword): turning it on ends every
     other session, so a session alone (a copied cookie) must not be able to, which would lock the owner out. The
     address is told by e-mail."""
-    device = totp_pending(user=user)
-    if device is None:
-        raise ValidationFailed("Start again: there is no authenticator waiting to be confirmed.", field="code")
+    if totp_pending(user=user, device_id=device_id) is None:
+        raise ValidationFailed(ENROL_GONE, field="code")
     if not passwords.password_check(user=user, password=password, client_address=client_address):
         raise WrongPassword()
     with transaction.atomic():
+        # The user's row first: two sessions confirming at once (each with a secret of its own, made in a race)
+        # end with one authenticator, not two.
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        if two_factor_enabled(user=user):
+            raise Conflict(ALREADY_ON)
+        device = totp_pending(user=user, device_id=device_id)
+        if device is None:  # expired, or replaced, while the password was checked
+            raise ValidationFailed(ENROL_GONE, field="code")
         if not device.verify_token(_normalise(code)):
             raise WrongCode()
         device.confirmed = True
         device.save(update_fields=["confirmed"])
+        AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
         codes = _recovery_codes_make(user)
         # A session someone else holds (a shared computer, a stolen cookie) must not outlive the upgrade.
         user.end_other_sessions()

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_otp import login as otp_login
 
 from core.client_address import client_ip
-from core.errors import ApplicationError
+from core.errors import ApplicationError, Conflict
 from core.web_errors import form_error
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.reauth import with_form_status
@@ -28,6 +28,7 @@ from .account_forms import (
 )
 
 PENDING = "two_factor_pending"
+ENROLLING = "two_factor_enrolling"  # the id of the unconfirmed authenticator this session was shown
 
 
 def _no_store(response):
@@ -57,31 +58,47 @@ def security(request):
 @require_http_methods(["GET", "POST"])
 def two_factor_enable(request):
     """GET: the secret to add to an app; POST: confirm with the password and the app's code, then the recovery
-    codes, once."""
+    codes, once. The secret is this session's (its id in the session, ENROLLING): another session opening the page
+    makes a new one, and one older than the service's ENROL_TIMEOUT is replaced."""
+    held = request.session.get(ENROLLING)
     try:
-        device = svc.totp_enrol_start(user=request.user)
+        device = svc.totp_enrol_start(user=request.user, device_id=held)
     except ApplicationError as exc:
         messages.info(request, exc.message)
         return redirect("account-security")
+    request.session[ENROLLING] = device.pk
     form = TwoFactorConfirmForm(request.POST or None)
     locked = None
     if request.method == "POST" and form.is_valid():
         try:
-            codes = svc.totp_enrol_confirm(user=request.user, code=form.cleaned_data["code"],
+            # `held`, not device.pk: a secret made just now, in place of one that expired or another session
+            # replaced, was never shown, so no code for it can be right (ENROL_GONE says to add the new one).
+            codes = svc.totp_enrol_confirm(user=request.user, device_id=held, code=form.cleaned_data["code"],
                                            password=form.cleaned_data["password"], client_address=client_ip(request),
                                            base_url=request.build_absolute_uri("/"))
         except LoginLocked as exc:
             locked = exc
             form.add_error(None, lockout_message(exc))
+        except Conflict as exc:  # turned on meanwhile, from another session
+            messages.info(request, exc.message)
+            return redirect("account-security")
         except ApplicationError as exc:
             form_error(form, exc, default_field="code")
+            try:
+                device = svc.totp_enrol_start(user=request.user, device_id=device.pk)  # a new one if it expired
+            except ApplicationError as gone:
+                messages.info(request, gone.message)
+                return redirect("account-security")
+            request.session[ENROLLING] = device.pk
         else:
+            request.session.pop(ENROLLING, None)
             update_session_auth_hash(request, request.user)  # the other sessions ended; this one stays
             otp_login(request, device)
             return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": True}))
     uri = device.config_url
     response = _no_store(render(request, "marketplace/two_factor_enable.html", {
         "form": form, "secret": svc.secret_base32(device), "uri": uri, "qr_svg": svc.qr_svg(uri),
+        "minutes": int(svc.ENROL_TIMEOUT.total_seconds() // 60),
     }, status=(429 if locked else 400) if form.errors else 200))
     if locked:
         response["Retry-After"] = str(locked.retry_after)
@@ -92,10 +109,11 @@ def two_factor_enable(request):
 @require_POST
 def two_factor_restart(request):
     try:
-        svc.totp_enrol_restart(user=request.user)
+        device = svc.totp_enrol_restart(user=request.user)
     except ApplicationError as exc:
         messages.info(request, exc.message)
         return redirect("account-security")
+    request.session[ENROLLING] = device.pk
     return redirect("two-factor-enable")
 
 

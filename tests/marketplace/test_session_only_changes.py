@@ -59,13 +59,14 @@ def test_two_factor_is_turned_on_with_the_password_and_told_by_e_mail(mailoutbox
     user = UserFactory()
     device = two_factor.totp_enrol_start(user=user)
     with pytest.raises(two_factor.WrongPassword):
-        two_factor.totp_enrol_confirm(user=user, code=f"{totp(device.bin_key):06d}", password="not it",
-                                      client_address=None)
+        two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=f"{totp(device.bin_key):06d}",
+                                      password="not it", client_address=None)
     assert not two_factor.two_factor_enabled(user=user) and not mailoutbox
 
     with django_capture_on_commit_callbacks(execute=True):
-        codes = two_factor.totp_enrol_confirm(user=user, code=f"{totp(device.bin_key):06d}", password=PASSWORD,
-                                              client_address=None, base_url="https://gpu.example/")
+        codes = two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=f"{totp(device.bin_key):06d}",
+                                              password=PASSWORD, client_address=None,
+                                              base_url="https://gpu.example/")
     assert two_factor.two_factor_enabled(user=user) and len(codes) == two_factor.RECOVERY_CODES
     (on,) = mailoutbox
     assert on.subject.endswith("Two-factor log-in was turned on") and "https://gpu.example/" in on.body
@@ -134,8 +135,8 @@ def test_the_admins_turn_off_two_factor_tells_only_those_who_had_it(admin_client
 
     had, never = UserFactory(), UserFactory()
     device = two_factor.totp_enrol_start(user=had)
-    two_factor.totp_enrol_confirm(user=had, code=f"{totp(device.bin_key):06d}", password=PASSWORD,
-                                  client_address=None)
+    two_factor.totp_enrol_confirm(user=had, device_id=device.pk, code=f"{totp(device.bin_key):06d}",
+                                  password=PASSWORD, client_address=None)
     with django_capture_on_commit_callbacks(execute=True):
         admin_client.post(reverse("admin:marketplace_user_changelist"),
                           {"action": "turn_off_two_factor", "_selected_action": [had.pk, never.pk]})

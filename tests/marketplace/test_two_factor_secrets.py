@@ -51,7 +51,8 @@ def test_the_totp_secret_and_recovery_codes_are_not_in_the_database_as_they_are(
     user = UserFactory()
     device = two_factor.totp_enrol_start(user=user)
     secret = device.bin_key
-    codes = two_factor.totp_enrol_confirm(user=user, code=_code(secret), password=PASSWORD, client_address=None)
+    codes = two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=_code(secret), password=PASSWORD,
+                                          client_address=None)
 
     (stored_key,) = _raw_column("marketplace_authenticatordevice", "key_encrypted")
     assert len(secret) == 20 and not any(form in stored_key for form in _forms_of(secret))

@@ -1,11 +1,15 @@
 """Optional two-factor log-in (TOTP, recovery codes): enrol with a code, the log-in's code step on the pages, the
 API and the admin, code guessing behind the log-in lock-out, turning it off with the password and a code."""
+import base64
 import re
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from django_otp.oath import totp
 
+from core.errors import ValidationFailed
 from marketplace.models import AuthenticatorDevice
 from marketplace.services import two_factor
 from tests.factories import UserFactory
@@ -34,8 +38,9 @@ def code_now(user) -> str:
 
 
 def enrol(user) -> list[str]:
-    two_factor.totp_enrol_start(user=user)
-    return two_factor.totp_enrol_confirm(user=user, code=code_now(user), password=PASSWORD, client_address=None)
+    device = two_factor.totp_enrol_start(user=user)
+    return two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=code_now(user), password=PASSWORD,
+                                         client_address=None)
 
 
 def password_step(client, user, **extra):
@@ -104,9 +109,115 @@ def test_a_wrong_code_ends_no_session(renter):
 
 
 def test_a_new_secret_replaces_the_unconfirmed_one(web, renter):
-    first = two_factor.totp_enrol_start(user=renter).bin_key
+    first = secret_on(web.get(ENABLE))
     assert web.post("/account/two-factor/restart/").status_code == 302
-    assert two_factor.totp_pending(user=renter).bin_key != first
+    second = secret_on(web.get(ENABLE))
+    assert second != first and AuthenticatorDevice.objects.filter(user=renter).count() == 1
+    assert web.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)}).status_code == 200  # the new one
+    assert two_factor.two_factor_enabled(user=renter)
+
+
+# --- the secret is the session's that was shown it, for ENROL_TIMEOUT (a copied cookie must not learn it) ---------
+
+def secret_on(page) -> str:
+    return re.search(r'id="totp-secret" class="mono">([A-Z2-7]+)<', page.content.decode()).group(1)
+
+
+def code_for(secret: str) -> str:
+    key = base64.b32decode(secret + "=" * (-len(secret) % 8))
+    return f"{totp(key, step=30, t0=0, digits=6):06d}"
+
+
+def test_a_secret_another_session_saw_is_never_the_one_turned_on(renter):
+    """The reviewer's case: a thief with a copied cookie opens the page first; the owner, later, in their own
+    browser, is shown a secret of their own, and the thief's copy never gives a code that logs in."""
+    thief = logged_in(renter)
+    seen_by_thief = secret_on(thief.get(ENABLE))
+    owner = logged_in(renter)
+    shown_to_owner = secret_on(owner.get(ENABLE))
+    assert shown_to_owner != seen_by_thief
+    assert secret_on(owner.get(ENABLE)) == shown_to_owner  # kept for this session while it waits
+
+    done = owner.post(ENABLE, {"password": PASSWORD, "code": code_for(shown_to_owner)})
+    assert done.status_code == 200 and two_factor.two_factor_enabled(user=renter)
+    assert two_factor.secret_base32(AuthenticatorDevice.objects.get(user=renter, confirmed=True)) == shown_to_owner
+    assert not is_logged_in(thief)
+    # The thief's secret is gone: its codes are not the account's.
+    assert password_step(thief, renter)["Location"] == CODE
+    assert thief.post(CODE, {"code": code_for(seen_by_thief)}).status_code == 400 and not is_logged_in(thief)
+
+
+def test_a_session_cannot_confirm_a_secret_another_session_was_shown(renter):
+    """Even with the password and a right code for it (the owner typed the code, the thief read it): another
+    session's secret is refused with a clear error and a new secret of this session's own."""
+    owner, other = logged_in(renter), logged_in(renter)
+    owners = secret_on(owner.get(ENABLE))
+    r = other.post(ENABLE, {"password": PASSWORD, "code": code_for(owners)})
+    page = r.content.decode()
+    assert r.status_code == 400 and "expired or was replaced" in page
+    fresh = secret_on(r)
+    assert fresh != owners and not two_factor.two_factor_enabled(user=renter)
+    # The owner's secret was replaced meanwhile: the owner is told so, and shown a new one, which works.
+    r = owner.post(ENABLE, {"password": PASSWORD, "code": code_for(owners)})
+    assert r.status_code == 400 and "expired or was replaced" in r.content.decode()
+    newest = secret_on(r)
+    assert newest not in (owners, fresh) and AuthenticatorDevice.objects.filter(user=renter).count() == 1
+    assert owner.post(ENABLE, {"password": PASSWORD, "code": code_for(newest)}).status_code == 200
+    assert two_factor.two_factor_enabled(user=renter)
+
+
+def test_a_session_that_never_opened_the_page_cannot_confirm(renter):
+    web = logged_in(renter)
+    device = two_factor.totp_enrol_start(user=renter)  # a secret no session of this test was shown
+    r = web.post(ENABLE, {"password": PASSWORD, "code": code_for(two_factor.secret_base32(device))})
+    assert r.status_code == 400 and "expired or was replaced" in r.content.decode()
+    assert not two_factor.two_factor_enabled(user=renter)
+
+
+def test_a_pending_secret_expires(web, renter):
+    first = secret_on(web.get(ENABLE))
+    waited = timezone.now() - two_factor.ENROL_TIMEOUT - timedelta(seconds=1)
+    AuthenticatorDevice.objects.filter(user=renter).update(created_at=waited)
+    r = web.post(ENABLE, {"password": PASSWORD, "code": code_for(first)})
+    assert r.status_code == 400 and "expired or was replaced" in r.content.decode()
+    second = secret_on(r)
+    assert second != first and not two_factor.two_factor_enabled(user=renter)
+    assert AuthenticatorDevice.objects.filter(user=renter).count() == 1  # the expired one is gone
+    # Just before the end it still works.
+    almost = timezone.now() - two_factor.ENROL_TIMEOUT + timedelta(seconds=30)
+    AuthenticatorDevice.objects.filter(user=renter).update(created_at=almost)
+    assert secret_on(web.get(ENABLE)) == second
+    assert web.post(ENABLE, {"password": PASSWORD, "code": code_for(second)}).status_code == 200
+    assert two_factor.two_factor_enabled(user=renter)
+
+
+def test_an_expired_secret_is_replaced_when_the_page_is_opened_again(web, renter):
+    first = secret_on(web.get(ENABLE))
+    AuthenticatorDevice.objects.filter(user=renter).update(
+        created_at=timezone.now() - two_factor.ENROL_TIMEOUT - timedelta(seconds=1))
+    assert secret_on(web.get(ENABLE)) != first
+
+
+def test_the_service_confirms_only_the_secret_named_while_it_lasts(renter):
+    first = two_factor.totp_enrol_start(user=renter)
+    second = two_factor.totp_enrol_start(user=renter)  # another session: a new secret in place of the first
+    assert second.pk != first.pk and not AuthenticatorDevice.objects.filter(pk=first.pk).exists()
+    assert two_factor.totp_enrol_start(user=renter, device_id=second.pk).pk == second.pk
+    for device_id in (first.pk, None, "1", True):
+        with pytest.raises(ValidationFailed) as gone:
+            two_factor.totp_enrol_confirm(user=renter, device_id=device_id, code=code_now(renter),
+                                          password=PASSWORD, client_address=None)
+        assert gone.value.field == "code" and gone.value.message == two_factor.ENROL_GONE
+    other = UserFactory()
+    with pytest.raises(ValidationFailed):  # another user's pending secret
+        two_factor.totp_enrol_confirm(user=other, device_id=second.pk, code=code_now(renter), password=PASSWORD,
+                                      client_address=None)
+    AuthenticatorDevice.objects.filter(pk=second.pk).update(
+        created_at=timezone.now() - two_factor.ENROL_TIMEOUT - timedelta(seconds=1))
+    with pytest.raises(ValidationFailed):
+        two_factor.totp_enrol_confirm(user=renter, device_id=second.pk, code=code_now(renter), password=PASSWORD,
+                                      client_address=None)
+    assert not two_factor.two_factor_enabled(user=renter)
 
 
 def test_log_in_asks_for_the_code_after_the_password(client, renter):
