@@ -1,5 +1,7 @@
 """Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
+import math
 from datetime import timedelta
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.contrib import messages
@@ -10,6 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from core.api.throttling import ScopedRateThrottle
 from core.errors import ApplicationError
 from core.web_errors import form_error
 from marketplace.models import ApiKey, SshKey
@@ -26,10 +29,43 @@ def home(request):
     return render(request, "marketplace/home.html")
 
 
+# ------------------------------------------------------------------------------------------- the `auth` rate
+
+class _AuthRate(ScopedRateThrottle):
+    """The API's sign-up and log-in rate (marketplace/api/accounts.py `_AuthView`: scope `auth`, AUTH_THROTTLE_RATE),
+    in the same counter per client address (core.client_address; an IPv6 /64), a logged-in visitor's too: the pages
+    and the API share one budget, so the requests cannot move between them."""
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+_AUTH_SCOPE = SimpleNamespace(throttle_scope="auth")
+
+
+def auth_rate_refusal(request):
+    """A 429 page (with Retry-After) when this client has used up the `auth` rate; else None, and the request is
+    counted. Called first thing on the POSTs of the sign-up, log-in and password-reset pages: before any password
+    is hashed or e-mail sent, and alike whatever address was typed (it says nothing about accounts)."""
+    throttle = _AuthRate()
+    if throttle.allow_request(request, _AUTH_SCOPE):
+        return None
+    retry_after = max(1, math.ceil(throttle.wait() or 1))
+    wait = (f"{retry_after} second{'s' if retry_after != 1 else ''}" if retry_after < 120
+            else f"{math.ceil(retry_after / 60)} minutes")
+    response = render(request, "marketplace/too_many_requests.html", {"wait": wait, "back": request.path},
+                      status=429)
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
 class EmailLoginView(LoginView):
     template_name = "marketplace/login.html"
     authentication_form = LoginForm
     redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        return auth_rate_refusal(request) or super().post(request, *args, **kwargs)
 
     def form_valid(self, form):
         user = form.get_user()
@@ -47,6 +83,8 @@ class EmailLoginView(LoginView):
 
 @require_http_methods(["GET", "POST"])
 def signup(request):
+    if request.method == "POST" and (refused := auth_rate_refusal(request)):
+        return refused
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         account_svc.user_register(email=form.cleaned_data["email"], password=form.cleaned_data["password"],
@@ -60,6 +98,8 @@ def signup(request):
 def signup_confirm(request, token: str):
     """The link in the sign-up e-mail. GET only shows a button: mail scanners that open links must not use up
     the token (and see the API key)."""
+    if request.method == "POST" and (refused := auth_rate_refusal(request)):
+        return refused
     form = SignupConfirmForm(request.POST or None, initial={"token": token})
     if request.method == "POST" and form.is_valid():
         try:

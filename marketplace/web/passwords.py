@@ -1,5 +1,6 @@
 """Password reset by e-mail and password change: Django's own views and token generator, with our templates, the
-per-address limit on reset e-mails and the log-in lock-out on the old password (marketplace/services/passwords.py).
+per-address limit on reset e-mails, the per-client `auth` rate on asking for one (web/accounts.py
+auth_rate_refusal) and the log-in lock-out on the old password (marketplace/services/passwords.py).
 """
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -12,6 +13,7 @@ from marketplace.services import email_verification as email_svc
 from marketplace.services import passwords as password_svc
 
 from .account_forms import PasswordResetRequestForm
+from .accounts import auth_rate_refusal
 
 
 class PasswordResetView(auth_views.PasswordResetView):
@@ -20,6 +22,11 @@ class PasswordResetView(auth_views.PasswordResetView):
     template_name = "marketplace/password_reset.html"
     form_class = PasswordResetRequestForm  # type: ignore[assignment]  # ours sends through the service
     success_url = reverse_lazy("password-reset-done")
+
+    def post(self, request, *args, **kwargs):
+        # Per client, before anything is sent: the per-address limit alone let one client mail any number of
+        # addresses.
+        return auth_rate_refusal(request) or super().post(request, *args, **kwargs)
 
     def form_valid(self, form):
         password_svc.password_reset_request(email=form.cleaned_data["email"],
