@@ -25,8 +25,9 @@ PRICE_LIMITS = {"min_value": Decimal("0.001"), "max_value": Decimal("100")}  # U
 DISK_PRICE_LIMITS = {"min_value": Decimal("0"), "max_value": Decimal("10")}  # USD per GB-month
 MAX_INSTANCE_KEYS = 32  # SSH keys put on one instance
 
-# RFC 1123 hostname: dot-separated labels of letters, digits and inner hyphens.
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+# RFC 1123 hostname: dot-separated labels of letters, digits and inner hyphens. Matched whole (fullmatch): with
+# `match`, "$" also matched before a newline, and "gpu1\n.example.com" passed.
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$", re.ASCII)
 # A POSIX login name as useradd accepts it.
 _SSH_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # What `ssh-keygen -lf` prints for a SHA-256 fingerprint: 32 bytes, unpadded base64.
@@ -44,7 +45,7 @@ def validate_address(value: str) -> None:
     labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
     if (
         len(value) > ADDRESS_MAX_LENGTH
-        or not all(_HOST_LABEL.match(label) for label in labels)
+        or not all(_HOST_LABEL.fullmatch(label) for label in labels)
         or labels[-1].isdigit()  # "1.2.3.999" is a broken IP, not a hostname
     ):
         raise ValidationError(f"{value!r} is neither a hostname nor an IP address.")
@@ -55,11 +56,21 @@ def is_port_number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and SSH_PORT_MIN <= value <= SSH_PORT_MAX
 
 
+class WholeValueValidator(RegexValidator):
+    """A RegexValidator whose pattern must match the whole value: Django's searches, and its "$" also matches before
+    a trailing newline ("root\n" was a valid user name where nothing stripped it). The pattern stays "^...$", as
+    the API schema publishes it."""
+
+    def __call__(self, value: object) -> None:
+        if not isinstance(value, str) or self.regex.fullmatch(value) is None:
+            raise ValidationError(self.message, code=self.code, params={"value": value})
+
+
 # RegexValidators, not functions: the API schema publishes their patterns (drf-spectacular reads them).
-validate_ssh_user = RegexValidator(
+validate_ssh_user = WholeValueValidator(
     _SSH_USER, "Must be a POSIX user name: lower-case letters, digits, '_' or '-', starting with a letter or '_'."
 )
-validate_host_key_fingerprint = RegexValidator(
+validate_host_key_fingerprint = WholeValueValidator(
     _FINGERPRINT, "Must be a SHA-256 fingerprint as `ssh-keygen -lf` prints it: 'SHA256:' and 43 base64 characters."
 )
 

@@ -16,7 +16,7 @@ DEFAULT_DISK_PRICE_PER_GB_MONTH_MICROS = 100_000  # USD 0.10 per GB-month until 
 
 def cuda_version_code(text: str) -> int | None:
     """"12.2" -> 12020 (CUDA's own major*1000 + minor*10 encoding, so that 12.10 > 12.2 in SQL); None if not X.Y."""
-    match = CUDA_VERSION_RE.match(text.strip()) if isinstance(text, str) else None
+    match = CUDA_VERSION_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         return None
     return int(match.group(1)) * 1000 + int(match.group(2)) * 10

