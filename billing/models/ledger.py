@@ -15,6 +15,9 @@ class AccountKind(models.TextChoices):
     PAYMENT_CLEARING = "payment_clearing", "Payment clearing (Stripe)"
     PAYOUT_CLEARING = "payout_clearing", "Payout clearing (Stripe Connect)"
     PROMOTIONS = "promotions", "Promotions and manual credits"
+    # Money an operator's refund holds back from the wallet while Stripe's answer is awaited (billing.services.refunds):
+    # moved to payment clearing when the refund is made, back to the wallet when it is not.
+    REFUNDS_PENDING = "refunds_pending", "Refunds pending (held for a refund to the card)"
 
 
 USER_ACCOUNT_KINDS = (AccountKind.CUSTOMER_WALLET, AccountKind.PROVIDER_EARNINGS)
@@ -50,6 +53,7 @@ class TransactionKind(models.TextChoices):
     STORAGE = "storage", "Storage (volumes, stopped instances' disks)"
     TOP_UP = "top_up", "Top-up"
     REFUND = "refund", "Refund"
+    REFUND_HOLD = "refund_hold", "Refund (held until the card is refunded)"
     CREDIT = "credit", "Manual credit"
     DEBIT = "debit", "Manual debit"
     PAYOUT = "payout", "Payout"

@@ -123,9 +123,9 @@ class TopUp(StatefulModel, models.Model):
 
 
 class RefundStatus(models.TextChoices):
-    PENDING = "pending", "Pending"  # reserved, not debited: Stripe's answer not recorded yet
+    PENDING = "pending", "Pending"  # Stripe's answer not recorded yet: its amount held (Refund.hold), not refunded
     SUCCEEDED = "succeeded", "Succeeded"  # Stripe has it pending, requires_action or succeeded: the wallet is debited
-    FAILED = "failed", "Failed"  # failed or canceled at Stripe (or never made): nothing debited, or given back
+    FAILED = "failed", "Failed"  # failed or canceled at Stripe (or never made): its hold or debit given back
 
 
 class RefundOrigin(models.TextChoices):
@@ -145,7 +145,8 @@ REFUND_TRANSITIONS = Transitions({
 
 class Refund(StatefulModel, models.Model):
     """Money given back to the card of a top-up, whoever made it; the wallet is debited when Stripe has it (pending,
-    requires_action or succeeded) and given back when it fails or is canceled (billing.services.refunds)."""
+    requires_action or succeeded) and given back when it fails or is canceled (billing.services.refunds). An
+    operator's refund takes its amount from the wallet at once (`hold`), before Stripe is asked."""
 
     transitions = REFUND_TRANSITIONS
 
@@ -161,6 +162,12 @@ class Refund(StatefulModel, models.Model):
     failure_message = models.CharField(max_length=500, blank=True)
     transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="refund")
+    hold = models.OneToOneField(
+        LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True, related_name="refund_held",
+        help_text="The amount taken from the wallet when the operator asked for the refund (to the refunds-pending "
+                  "account), so that it cannot be spent while Stripe's answer is awaited. None for a refund made at "
+                  "Stripe and for one reserved before holds were posted (migration 0017): those are debited when "
+                  "Stripe has them.")
     # What makes an operator's refund sent twice (a retried API call, an admin form sent again) refund once: the
     # API's Idempotency-Key, or the admin form's token per top-up ("web-<token>:<top-up id>"), unique per operator.
     idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True, default="")
@@ -182,6 +189,9 @@ class Refund(StatefulModel, models.Model):
                                    name="refund_succeeded_is_posted"),
             models.CheckConstraint(condition=Q(origin=RefundOrigin.STRIPE) | Q(created_by__isnull=False),
                                    name="refund_platform_has_operator"),
+            # Only an operator's refund is held before Stripe is asked; one made at Stripe is settled when told.
+            models.CheckConstraint(condition=Q(hold__isnull=True) | Q(origin=RefundOrigin.PLATFORM),
+                                   name="refund_hold_platform_only"),
         ]
 
     def __str__(self):

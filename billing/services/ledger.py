@@ -137,12 +137,15 @@ def _lock_accounts(account_ids: Iterable[int]) -> None:
 CREDIT_NOTE = "A credit from the platform."
 REVERSAL_NOTE = "A correction: an earlier credit to your balance was taken back."
 REVERSIBLE_CREDITS = (TransactionKind.CREDIT, TransactionKind.SERVICE_CREDIT)
-# Money that came in or went out through Stripe has its own way back; reversing its ledger rows would leave
-# Stripe's side standing and pay twice (a payout's earnings back while its transfer stands, a top-up's money gone
-# from the wallet while the top-up stays refundable, a refund's debit undone while the card keeps the money).
+# Money that came in or went out through Stripe (or is held for it) has its own way back; reversing its ledger
+# rows would leave Stripe's side standing and pay twice (a payout's earnings back while its transfer stands, a
+# top-up's money gone from the wallet while the top-up stays refundable, a refund's debit or hold undone while the
+# card keeps the money).
 NOT_REVERSIBLE = {
     TransactionKind.TOP_UP: "refund the top-up instead (Top-ups: Refund), which gives it back to the card",
     TransactionKind.REFUND: "the card got the money back at Stripe; post a manual credit if the customer is owed",
+    TransactionKind.REFUND_HOLD: "a refund's hold is given back by itself if the refund is not made, and goes to the "
+                                 "card if it is; post a manual credit if the customer is owed",
     TransactionKind.PAYOUT: "its transfer was sent at Stripe; a payout whose transfer failed is reversed by itself",
     TransactionKind.PAYOUT_REVERSAL: "it gave back a failed payout's earnings; they go with the next payout",
     TransactionKind.CHARGEBACK: "the bank took the card payment back; a dispute won gives the debit back by itself",
