@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BigIntegerField, Count, F, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Cast, Coalesce, StrIndex, Substr, TruncMonth
 from django.utils import timezone
 
@@ -134,7 +134,7 @@ class Statement:
     usage_micros: int = 0  # positive: what was charged
     storage_micros: int = 0  # positive: charged for volumes and stopped instances' disks
     top_ups_micros: int = 0
-    refunds_micros: int = 0  # positive: what was given back
+    refunds_micros: int = 0  # positive: what was given back, or held for a refund to the card (refund holds)
     adjustments_micros: int = 0  # credits and reversals, signed
     usage_lines: list[dict[str, Any]] = field(default_factory=list)
     top_ups: list[TopUp] = field(default_factory=list)
@@ -154,6 +154,9 @@ _KIND_TOTALS: dict[str, str] = {
     TransactionKind.STORAGE: "storage_micros",  # storage was counted as "credits and corrections" (found by review)
     TransactionKind.TOP_UP: "top_ups_micros",
     TransactionKind.REFUND: "refunds_micros",
+    # An operator's refund leaves the balance when it is asked for (its hold; billing.services.refunds): a refund
+    # then, listed with its status. A hold given back (the refund not made) is a reversal: an adjustment line.
+    TransactionKind.REFUND_HOLD: "refunds_micros",
 }
 
 
@@ -222,9 +225,15 @@ def statement_for(*, user: User, month: date) -> Statement:
     ]
     statement.top_ups = list(TopUp.objects.filter(user=user, transaction__created_at__gte=start,
                                                   transaction__created_at__lt=end).order_by("transaction__created_at"))
-    statement.refunds = list(Refund.objects.filter(top_up__user=user, transaction__created_at__gte=start,
-                                                   transaction__created_at__lt=end)
-                             .order_by("transaction__created_at"))
+    # Each refund in the month its amount left the balance: held when an operator asked for it, or debited when
+    # Stripe had it (one made at Stripe, one pending from before holds, one made after its hold was given back).
+    held = Q(hold__created_at__gte=start, hold__created_at__lt=end)
+    debited = Q(transaction__created_at__gte=start, transaction__created_at__lt=end,
+                transaction__in=Entry.objects.filter(account=wallet).values("transaction_id"))
+    statement.refunds = list(Refund.objects.filter(held | debited, top_up__user=user)
+                             .annotate(debited_at=Case(When(held, then=F("hold__created_at")),
+                                                       default=F("transaction__created_at")))
+                             .order_by("debited_at", "pk"))
     listed = [kind for kind in _KIND_TOTALS if kind != TransactionKind.STORAGE]  # usage, top-ups, refunds: above
     for line in _entry_lines(in_month.exclude(transaction__kind__in=listed)):  # one query for both lists
         if line["kind"] == TransactionKind.STORAGE:

@@ -3,14 +3,14 @@ import re
 from datetime import date
 
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import selectors
 from billing.api.top_ups import TopUpSerializer
-from billing.models import Refund
+from billing.models import Refund, RefundStatus
 from core.api.fields import MoneyField
 from core.api.schema import error_response
 from core.api.scopes import RENTER_OR_PROVIDER
@@ -48,15 +48,31 @@ class UsageLineSerializer(serializers.Serializer):
     ended_at = serializers.DateTimeField(source="to")
 
 
+# The refunds API's `status` values (RefundStatusEnum), as a schema of their own (RefundLineStatusEnum): a second
+# ChoiceField of the same choices made drf-spectacular rename RefundStatusEnum to a hash for both.
+@extend_schema_field({"type": "string", "enum": list(RefundStatus.values)})
+class RefundStatusField(serializers.CharField):
+    pass
+
+
 class RefundLineSerializer(serializers.ModelSerializer):
     top_up = serializers.IntegerField(source="top_up_id")
     amount = MoneyField(source="amount_micros")
-    refunded_at = serializers.DateTimeField(source="transaction.created_at")
+    status = RefundStatusField(
+        read_only=True,
+        help_text="Now: `pending`, its amount held from your balance for the refund, which the payment provider has "
+                  "not confirmed yet; `succeeded`, refunded to your card; `failed`, not made (or failed after it was "
+                  "made): the amount is back in your balance, an adjustment line.")
+    debited_at = serializers.DateTimeField(
+        read_only=True, help_text="When the amount left your balance: when the refund was asked for (held for it), "
+                                  "or for a refund made at the payment provider, when it told us.")
+    refunded_at = serializers.DateTimeField(source="transaction.created_at", allow_null=True, help_text=(
+        "When the payment provider took the refund; null while it is pending, or if it never did."))
     note = serializers.CharField(source="customer_note", help_text="What the platform tells you about it.")
 
     class Meta:
         model = Refund
-        fields = ["id", "top_up", "amount", "note", "refunded_at"]
+        fields = ["id", "top_up", "amount", "status", "note", "debited_at", "refunded_at"]
 
 
 class AdjustmentLineSerializer(serializers.Serializer):
@@ -75,7 +91,8 @@ class StorageLineSerializer(AdjustmentLineSerializer):
 class StatementSerializer(StatementSummarySerializer):
     usage_lines = UsageLineSerializer(many=True, help_text="Usage per instance.")
     top_up_lines = TopUpSerializer(source="top_ups", many=True)
-    refund_lines = RefundLineSerializer(source="refunds", many=True)
+    refund_lines = RefundLineSerializer(source="refunds", many=True, help_text=(
+        "Each refund whose amount left your balance this month (as `refunds`)."))
     adjustment_lines = AdjustmentLineSerializer(source="adjustments", many=True, help_text=(
         "Credits and corrections, each signed as it moved the balance, as `adjustments`."))
     storage_lines = StorageLineSerializer(source="storage", many=True,
