@@ -295,7 +295,7 @@ class RefundAdmin(ReadOnlyAdmin):
     search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
     list_select_related = ["top_up", "created_by"]  # created_by may be null: the admin's default would not join it
     readonly_fields = ["top_up", "amount_micros", "status", "origin", "stripe_refund_id", "reason", "customer_note",
-                       "created_by", "failure_message", "transaction", "idempotency_key", "created_at"]
+                       "created_by", "failure_message", "hold", "transaction", "idempotency_key", "created_at"]
 
     @admin.display(ordering="amount_micros")
     def amount(self, refund):

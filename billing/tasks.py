@@ -49,7 +49,7 @@ def top_ups_reconcile():
     lost = reconcile.top_ups_find_lost()
     if lost:
         log.info("lost charges: %s", lost)
-    # Refunds whose Stripe answer was lost (still pending, their amount reserved).
+    # Refunds whose Stripe answer was lost (still pending, their amount held from the wallet).
     refunds = reconcile.refunds_reconcile()
     if refunds:
         log.info("refunds reconcile: %s", refunds)

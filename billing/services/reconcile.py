@@ -23,11 +23,13 @@ top-up id in their metadata (`top_ups_find_lost`): found, it is applied as the w
 or processing and followed as above); not found, the charge never reached Stripe and the top-up says the card was
 not charged.
 
-A refund whose Stripe answer was lost stays pending, its amount reserved (billing.services.refunds). After the
-same delay the same run looks for Stripe's refund carrying its id in the metadata (`refunds_reconcile`): found
-and not failed (succeeded, or not finished at Stripe: pending, requires_action), the wallet is debited once
-(`refund_confirm`; a later failure at Stripe gives it back); found failed or canceled, or not found at all (the
-request never reached Stripe), the refund fails and its amount is refundable again.
+A refund whose Stripe answer was lost stays pending, its amount held from the wallet (billing.services.refunds).
+After the same delay the same run looks for Stripe's refund carrying its id in the metadata (`refunds_reconcile`):
+found and not failed (succeeded, or not finished at Stripe: pending, requires_action), it is made once
+(`refund_confirm`: its hold goes to payment clearing, or the wallet is debited for one pending from before holds;
+a later failure at Stripe gives it back); found failed or canceled, or not found at all (the request never reached
+Stripe), the refund fails, its hold goes back to the wallet once (`refund_not_made`), and its amount is refundable
+again.
 
 Stripe is called outside any database transaction. A Stripe error never stops the loop for good: an unreachable
 or failing Stripe ends this run (the next one tries again), any other error skips that top-up until its next turn.
@@ -45,7 +47,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from billing.models import BillingProfile, Refund, RefundStatus, TopUp, TopUpStatus
-from billing.services.refunds import refund_confirm
+from billing.services.refunds import refund_confirm, refund_not_made
 from billing.services.stripe_gateway import client, translate
 from billing.services.top_ups import top_up_charge_by_id
 from billing.services.webhooks import payment_intent_apply
@@ -256,7 +258,7 @@ def refunds_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
 def refund_reconcile(*, refund_id: int) -> str:
     """Look one pending refund up at Stripe (its top-up's refunds, by the refund id in their metadata) and apply
     the answer: "succeeded", "failed" (Stripe failed or canceled it, or made none), "pending" (Stripe has not finished
-    it, pending or requires_action: debited, as refund_create does), "settled"
+    it, pending or requires_action: made, as refund_create does), "settled"
     (no longer pending) or "error" (logged; looked up again next run). Raises StripeUnavailable."""
     refund = Refund.objects.select_related("top_up").filter(pk=refund_id, status=RefundStatus.PENDING).first()
     if refund is None:
@@ -279,13 +281,14 @@ def refund_reconcile(*, refund_id: int) -> str:
     done = next((r for r in made if r.status not in ("failed", "canceled")), None)
     if done is not None:
         refund_confirm(refund_id=refund.pk, stripe_refund_id=done.id)
-        log.info("refund %s: its answer was lost; Stripe made it (%s, %s): debited", refund_id, done.id, done.status)
+        log.info("refund %s: its answer was lost; Stripe made it (%s, %s): posted", refund_id, done.id, done.status)
         return "succeeded" if done.status == "succeeded" else "pending"
-    why = (f"The payment provider says the refund {made[0].status}; nothing was debited." if made else
-           "The payment provider made no refund for it: nothing was refunded or debited.")
-    # Stripe's failed refund's id kept with it: a late event saying it was pending finds it failed, debits nothing.
-    Refund.transition_rows(Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING), RefundStatus.FAILED,
-                           failure_message=why, stripe_refund_id=made[0].id if made else None)
+    why = (f"The payment provider says the refund {made[0].status}." if made else
+           "The payment provider made no refund for it.")
+    # Failed, its hold given back to the wallet (once); Stripe's failed refund's id kept with it: a late event saying
+    # it was pending finds it failed, debits nothing. Settled meanwhile (its event came): that stands.
+    if not refund_not_made(refund_id=refund.pk, failure_message=why, stripe_refund_id=made[0].id if made else None):
+        return "settled"
     log.info("refund %s: its answer was lost; %s", refund_id, why)
     return "failed"
 

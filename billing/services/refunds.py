@@ -6,16 +6,28 @@ it fails or is canceled (`refund-failed:<refund id>`, a reversal of the debit; t
 may come twice and in any order: a refund told failed is failed for good, and a later (stale) event saying it is
 pending or succeeded debits nothing.
 
-An operator's refund reserves its amount (a `pending` Refund, under a lock on the top-up and the wallet), calls
-Stripe, and on Stripe's answer is debited (refund_confirm). When Stripe's answer is lost (no answer, a 5xx, an
-idempotency conflict), Stripe may have refunded: the refund stays pending, its amount reserved so that no second
-refund can give it back again, until Stripe's refund event or billing.services.reconcile.refunds_reconcile finds
-Stripe's refund for it (by its metadata) and settles it.
+An operator's refund takes its amount from the wallet before Stripe is asked: a `pending` Refund and, in the same
+transaction and under the same locks (the top-up, then the wallet and the refunds-pending account), its hold: wallet
+→ the platform's `refunds_pending` account (ledger key `refund-hold:<refund id>`, kind `refund_hold`, the customer
+told that the amount is held for a refund to their card). Every balance reader (the booking and start funds check,
+enforcement, auto top-up, the balance API) sees the held money as gone, so it cannot be spent while the refund is
+pending (before, only other refunds were held back from it, and a confirmed refund drove the wallet below zero:
+found by review). Stripe is called outside the transaction; on its answer the refund is made (refund_confirm: the
+hold → payment clearing, under `refund:<Stripe refund id>`; the wallet is not touched again). When Stripe says it
+made none (a definite error, a failed or canceled refund, or refunds_reconcile finding none), the refund fails and
+its hold goes back to the wallet, once (`refund-hold-release:<refund id>`, a reversal of the hold: refund_not_made).
+When Stripe's answer is lost (no answer, a 5xx, an idempotency conflict), Stripe may have refunded: the refund stays
+pending, its amount held, so that no second refund can give it back again and it cannot be spent, until Stripe's
+refund event or billing.services.reconcile.refunds_reconcile finds Stripe's refund for it (by its metadata) and
+settles it. A refund pending from before holds were posted (migration 0017: no `hold`) is still debited from the
+wallet when made, and the reservation check counts its amount as before; so is one made at Stripe after it failed
+here (its hold given back).
 
 A refund made in Stripe's dashboard is recorded when Stripe tells it (`refund.created`/`.updated`/`.failed`,
 `charge.refund.updated`, or `charge.refunded` with the charge's refunds): a Refund of origin `stripe`, without an
 operator, under the same rule. What a top-up has left to refund (`refundable_micros`) counts every refund not
-failed, and what a dispute holds (billing.services.disputes): Stripe no longer has that money.
+failed, and what a dispute holds (billing.services.disputes): Stripe no longer has that money. A refund made at
+Stripe has no hold: it is recorded and settled (debited or failed) in the transaction of Stripe's event.
 """
 from typing import Any
 
@@ -28,6 +40,7 @@ from billing.models import (
     AccountKind,
     Dispute,
     EventKind,
+    LedgerTransaction,
     Refund,
     RefundOrigin,
     RefundStatus,
@@ -71,6 +84,9 @@ def disputed_micros(*, top_up: TopUp) -> int:
 
 
 REFUND_NOTE = "Refunded to your card."
+REFUND_HOLD_NOTE = ("Held for a refund to your card: taken from your balance now, and back in it if the refund is "
+                    "not made.")
+REFUND_RELEASED_NOTE = "The refund to your card was not made: the amount held for it is back in your balance."
 
 
 def refund_for_idempotency_key(*, created_by: User, idempotency_key: str, request_fingerprint: str) -> Refund | None:
@@ -92,8 +108,9 @@ def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by:
     `reason` is the operator's (operators only); `customer_note` is what the customer reads (REFUND_NOTE when not
     given).
 
-    The amount is reserved first (a pending refund, under locks on the top-up and the wallet), so that
-    two refunds at once cannot give back more than was paid, or more than the customer has left.
+    The amount is held first (a pending refund and its hold, taken from the wallet under locks on the top-up and the
+    wallet), so that two refunds at once cannot give back more than was paid, or more than the customer has left,
+    and the customer cannot spend it while Stripe is asked.
     """
     refund, _ = refund_create_once(top_up=top_up, amount_micros=amount_micros, reason=reason,
                                    created_by=created_by, customer_note=customer_note)
@@ -124,7 +141,8 @@ def refund_create_once(*, top_up: TopUp, amount_micros: int, reason: str, create
 
 def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User, customer_note: str,
                     idempotency_key: str, request_fingerprint: str) -> Refund:
-    """The pending refund, its amount reserved under locks on the top-up and the wallet."""
+    """The pending refund and its hold (its amount from the wallet to the refunds-pending account), in one
+    transaction under locks on the top-up, then the wallet and the refunds-pending account."""
     with transaction.atomic():
         top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
         if top_up.status != TopUpStatus.SUCCEEDED or not top_up.payment_intent_id:
@@ -135,22 +153,36 @@ def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_b
             raise Conflict(f"At most {usd_text(left)} of this top-up can still be refunded"
                            + (f" ({usd_text(held)} of it is under dispute or was taken back by the card holder's bank)"
                               if held else "") + ".")
-        wallet = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET)
-        wallet = Account.objects.select_for_update().get(pk=wallet.pk)
-        reserved = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING).aggregate(
-            total=Sum("amount_micros"))["total"] or 0
-        if amount_micros > wallet.balance_micros - reserved:
+        wallet_id = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET).pk
+        pending_id = platform_account(kind=AccountKind.REFUNDS_PENDING).pk
+        # Both locked now, in id order as ledger_post locks them (a hold given back meanwhile locks the same two):
+        # the balance read here is the one the hold is posted against.
+        locked = {account.pk: account for account in
+                  Account.objects.select_for_update().filter(pk__in=[wallet_id, pending_id]).order_by("pk")}
+        wallet, pending = locked[wallet_id], locked[pending_id]
+        # Refunds pending from before holds were posted (migration 0017) are still in the balance: held back here.
+        unheld = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING,
+                                       hold__isnull=True).aggregate(total=Sum("amount_micros"))["total"] or 0
+        if amount_micros > wallet.balance_micros - unheld:
             raise Conflict(
-                f"The customer's balance is {usd_text(wallet.balance_micros - reserved)}: the rest was spent. "
+                f"The customer's balance is {usd_text(wallet.balance_micros - unheld)}: the rest was spent. "
                 "Refund at most that much."
             )
-        return Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
-                                     customer_note=customer_note.strip() or REFUND_NOTE, created_by=created_by,
-                                     idempotency_key=idempotency_key, request_fingerprint=request_fingerprint)
+        refund = Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
+                                       customer_note=customer_note.strip() or REFUND_NOTE, created_by=created_by,
+                                       idempotency_key=idempotency_key, request_fingerprint=request_fingerprint)
+        refund.hold, _ = ledger_post(
+            idempotency_key=f"refund-hold:{refund.pk}", kind=TransactionKind.REFUND_HOLD,
+            lines=[(wallet, -amount_micros), (pending, amount_micros)],
+            memo=f"Refund {refund.pk} of top-up {top_up.pk}: held until the card is refunded", reason=reason,
+            customer_note=REFUND_HOLD_NOTE, created_by=created_by,
+        )
+        refund.save(update_fields=["hold"])
+        return refund
 
 
 def _refund_send(*, refund: Refund) -> Refund:
-    """Ask Stripe for a reserved refund (outside any transaction) and record its answer."""
+    """Ask Stripe for a held refund (outside any transaction) and record its answer."""
     top_up = refund.top_up
     assert top_up.payment_intent_id is not None  # _refund_reserve refunds only a top-up Stripe charged
     try:
@@ -161,31 +193,36 @@ def _refund_send(*, refund: Refund) -> Refund:
         )
     except stripe.StripeError as exc:
         error = translate(exc, "refunding the card")
-        if not is_definite(exc):  # Stripe may have refunded: the amount stays reserved until it is asked
+        if not is_definite(exc):  # Stripe may have refunded: the amount stays held until it is asked
             Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING).update(
                 failure_message=f"Outcome unknown: {error.message}"[:500])
             raise Unavailable(
                 f"The payment provider's answer to refund {refund.pk} was lost, so whether the card was refunded is "
-                "not known yet. The refund stays pending, its amount reserved, and is settled with what the payment "
-                "provider says within a few minutes: do not refund it again.", extra={"refund": refund.pk}) from None
-        # Stripe made no refund: failed, unless its event said otherwise meanwhile (then that stands).
-        Refund.transition_rows(Refund.objects.filter(pk=refund.pk, status=RefundStatus.PENDING), RefundStatus.FAILED,
-                               failure_message=error.message[:500])
+                "not known yet. The refund stays pending, its amount held from the customer's balance, and is settled "
+                "with what the payment provider says within a few minutes: do not refund it again.",
+                extra={"refund": refund.pk}) from None
+        # Stripe made no refund: failed and its hold given back, unless its event said otherwise meanwhile (then that
+        # stands).
+        refund_not_made(refund_id=refund.pk, failure_message=error.message)
         raise error from None
     if answer.status in REFUND_GIVEN_BACK:
         # The one rule, as for its events: failed with its Stripe id kept (a late event finds it failed and debits
         # nothing), and a debit its event made while this answer travelled given back.
         with transaction.atomic():
             _give_back(refund=_locked(refund.pk), stripe_refund={"id": answer.id, "status": answer.status})
-        raise Conflict(f"The payment provider says the refund {answer.status}; nothing was debited.")
+        raise Conflict(f"The payment provider says the refund {answer.status}; nothing was refunded, and the amount "
+                       "held for it is back in the customer's balance.")
     confirmed = refund_confirm(refund_id=refund.pk, stripe_refund_id=answer.id)
     if confirmed.status == RefundStatus.FAILED:  # Stripe's refund.failed came first (refund_confirm leaves it)
-        raise Conflict(f"{confirmed.failure_message} The refund failed; nothing was debited.")
+        raise Conflict(f"{confirmed.failure_message} The refund failed; the customer's balance is as it was.")
     return confirmed
 
 
 def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
-    """Post the refund's reversal (wallet → payment clearing), once: idempotent on the Stripe refund id."""
+    """Post the refund (to payment clearing), once: idempotent on the Stripe refund id. A pending refund with a hold
+    moves its hold (refunds pending → payment clearing: the wallet gave the amount when it was held); any other (made
+    at Stripe, pending from before holds, or failed here, its hold given back, and made at Stripe after all) is
+    debited from the wallet."""
     with transaction.atomic():
         refund = _locked(refund_id)
         if refund.status == RefundStatus.SUCCEEDED:
@@ -195,9 +232,14 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
             # by review: the wallet was debited for a refund Stripe said failed). Failed stays failed.
             return refund
         top_up = refund.top_up
+        # A refund's hold stands while it is pending: every way out of pending but this one gives it back
+        # (refund_not_made, _give_back).
+        source = (platform_account(kind=AccountKind.REFUNDS_PENDING)
+                  if refund.hold_id is not None and refund.status == RefundStatus.PENDING
+                  else user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET))
         txn, _ = ledger_post(
             idempotency_key=f"refund:{stripe_refund_id}", kind=TransactionKind.REFUND,
-            lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), -refund.amount_micros),
+            lines=[(source, -refund.amount_micros),
                    (platform_account(kind=AccountKind.PAYMENT_CLEARING), refund.amount_micros)],
             memo=f"Refund {refund.pk} of top-up {top_up.pk} ({stripe_refund_id})", reason=refund.reason,
             customer_note=refund.customer_note, created_by=refund.created_by,
@@ -219,6 +261,40 @@ def refund_confirm(*, refund_id: int, stripe_refund_id: str) -> Refund:
                          message=f"{usd_text(refund.amount_micros)} of your top-up {top_up.pk} was refunded to "
                                  f"your card: {refund.customer_note or REFUND_NOTE}", data=data)
     return refund
+
+
+def refund_not_made(*, refund_id: int, failure_message: str, stripe_refund_id: str | None = None) -> bool:
+    """A pending refund Stripe did not make (its definite error, or none found at Stripe, or one it failed or
+    canceled: `stripe_refund_id`): failed, and its hold given back to the wallet (once). False, and nothing done,
+    when it is no longer pending (an event settled it meanwhile)."""
+    with transaction.atomic():
+        refund = _locked(refund_id)
+        if refund.status != RefundStatus.PENDING:
+            return False
+        _fail_pending(refund=refund, failure_message=failure_message, stripe_refund_id=stripe_refund_id)
+    return True
+
+
+def _fail_pending(*, refund: Refund, failure_message: str, stripe_refund_id: str | None) -> None:
+    """Fail a pending refund (`refund` locked, in a transaction) and give its hold back to the wallet: a reversal of
+    the hold, once (ledger key `refund-hold-release:<refund id>`, and a hold is reversed at most once). Its Stripe id
+    is kept (refund_confirm, with the create's answer or an older event still on its way, must not take it for a
+    refund that was made after all)."""
+    outcome = " Nothing was debited."
+    if refund.hold_id is not None:
+        top_up = refund.top_up
+        hold = LedgerTransaction.objects.get(pk=refund.hold_id)
+        ledger_post(
+            idempotency_key=f"refund-hold-release:{refund.pk}", kind=TransactionKind.REVERSAL, reverses=hold,
+            lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), refund.amount_micros),
+                   (platform_account(kind=AccountKind.REFUNDS_PENDING), -refund.amount_micros)],
+            memo=f"Refund {refund.pk} of top-up {top_up.pk} not made: its hold given back",
+            customer_note=REFUND_RELEASED_NOTE,
+        )
+        outcome = " Nothing was refunded: the amount held for it is back in the balance."
+    Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
+                           stripe_refund_id=refund.stripe_refund_id or stripe_refund_id,
+                           failure_message=f"{failure_message}{outcome}"[:500])
 
 
 def _locked(refund_id: int) -> Refund:
@@ -293,15 +369,13 @@ def _made_at_stripe(*, top_up: TopUp, stripe_refund: dict[str, Any], refund_id: 
 def _give_back(*, refund: Refund, stripe_refund: dict[str, Any]) -> None:
     """A refund Stripe says failed or was canceled (`refund` locked). Debited here already: the debit is reversed
     (once: ledger key `refund-failed:<id>`), the refund failed, and the customer told; still pending here: failed,
-    nothing debited, its amount refundable again; failed here already: nothing."""
+    its hold (if it has one) given back (_fail_pending), its amount refundable again; failed here already:
+    nothing."""
     why = (stripe_refund.get("failure_reason") or "").replace("_", " ")
     told = f"The payment provider says the refund {stripe_refund.get('status')}{f' ({why})' if why else ''}."
     if refund.status == RefundStatus.PENDING:
-        # Its Stripe id recorded with it: refund_confirm, with the create's answer (or an older event saying it was
-        # pending) still on its way, must not take this refund for one that was made after all.
-        Refund.transition_rows(Refund.objects.filter(pk=refund.pk), RefundStatus.FAILED,
-                               stripe_refund_id=refund.stripe_refund_id or stripe_refund.get("id") or None,
-                               failure_message=f"{told} Nothing was debited."[:500])
+        _fail_pending(refund=refund, failure_message=told,
+                      stripe_refund_id=stripe_refund.get("id") or None)
         return
     if refund.status != RefundStatus.SUCCEEDED or refund.transaction is None:
         return  # failed here already: nothing was debited, or it was given back

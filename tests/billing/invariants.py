@@ -4,7 +4,16 @@ from itertools import pairwise
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
-from billing.models import Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
+from billing.models import (
+    Account,
+    AccountKind,
+    Entry,
+    LedgerTransaction,
+    Refund,
+    RefundStatus,
+    TransactionKind,
+    UsageInterval,
+)
 from billing.services.metering import SECOND, cost_for, fee_for
 from marketplace.models import Instance
 
@@ -33,6 +42,7 @@ def assert_billing_invariants() -> None:
     assert paid == earned + kept
     assert paid == (UsageInterval.objects.aggregate(t=Coalesce(Sum("amount_micros"), 0))["t"])
     assert not LedgerTransaction.objects.filter(kind=TransactionKind.USAGE, usage_interval__isnull=True).exists()
+    _assert_refund_holds()
 
     intervals_by_instance: dict[int, list[UsageInterval]] = {}
     for interval in UsageInterval.objects.select_related("transaction").order_by("instance_id", "started_at"):
@@ -77,3 +87,32 @@ def assert_billing_invariants() -> None:
             if i.fee_micros:
                 expected[(AccountKind.PLATFORM_REVENUE, None)] = i.fee_micros
             assert entries_by_txn[i.transaction_id] == expected, f"{i}: entries"
+
+
+def _entries(txn_id: int | None) -> dict[tuple[str, int | None], int]:
+    return {(e.account.kind, e.account.user_id): e.amount_micros
+            for e in Entry.objects.filter(transaction_id=txn_id).select_related("account")}
+
+
+def _assert_refund_holds() -> None:
+    """A refund's hold (billing.services.refunds) stands while it is pending and leaves the refunds-pending account
+    exactly once after: to payment clearing when made, back to the wallet when not."""
+    held = Account.objects.filter(kind=AccountKind.REFUNDS_PENDING).values_list("balance_micros", flat=True).first()
+    standing = Refund.objects.filter(status=RefundStatus.PENDING, hold__isnull=False).aggregate(
+        t=Coalesce(Sum("amount_micros"), 0))["t"]
+    assert (held or 0) == standing, f"refunds pending holds {held}, pending refunds' holds {standing}"
+    assert not LedgerTransaction.objects.filter(kind=TransactionKind.REFUND_HOLD, refund_held__isnull=True).exists()
+    for refund in Refund.objects.filter(hold__isnull=False).select_related("top_up"):
+        wallet = (AccountKind.CUSTOMER_WALLET, refund.top_up.user_id)
+        pending = (AccountKind.REFUNDS_PENDING, None)
+        assert _entries(refund.hold_id) == {wallet: -refund.amount_micros, pending: refund.amount_micros}, refund
+        release = LedgerTransaction.objects.filter(reverses_id=refund.hold_id).first()
+        if release is not None:
+            assert release.idempotency_key == f"refund-hold-release:{refund.pk}", refund
+            assert _entries(release.pk) == {wallet: refund.amount_micros, pending: -refund.amount_micros}, refund
+        made_from_hold = refund.transaction_id is not None and pending in _entries(refund.transaction_id)
+        if made_from_hold:
+            assert _entries(refund.transaction_id) == {
+                pending: -refund.amount_micros, (AccountKind.PAYMENT_CLEARING, None): refund.amount_micros}, refund
+        assert int(release is not None) + int(made_from_hold) == (refund.status != RefundStatus.PENDING), \
+            f"{refund}: its hold left {int(release is not None) + int(made_from_hold)} times"

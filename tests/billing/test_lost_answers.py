@@ -1,5 +1,5 @@
 """Money when Stripe's answer is lost or its card keeps declining: a refund Stripe made but whose answer never came
-is reserved and settled once, never made twice; a declined automatic top-up is not charged again every minute.
+is held and settled once, never made twice; a declined automatic top-up is not charged again every minute.
 
 Against a real localstripe; a lost answer is a proxy that lets the request through and drops the connection
 before the answer (tests/billing/lossy_proxy.py)."""
@@ -41,7 +41,7 @@ def _stripe_refunds(localstripe, top_up):
     return stripe_client(localstripe).refunds.list(params={"payment_intent": top_up.payment_intent_id}).data
 
 
-def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(localstripe, lossy, api, refund_operator_api):
+def test_a_refund_whose_answer_is_lost_stays_held_and_is_debited_once(localstripe, lossy, api, refund_operator_api):
     top_up = _credited_top_up(localstripe, api)  # $40
     lossy.lose.add(("POST", "/v1/refunds"))
     response = _refund(refund_operator_api, top_up, "15.00")
@@ -51,7 +51,7 @@ def test_a_refund_whose_answer_is_lost_stays_reserved_and_is_debited_once(locals
     refund = Refund.objects.get(pk=body["refund"])
     assert refund.status == RefundStatus.PENDING and "Outcome unknown" in refund.failure_message
     assert len(_stripe_refunds(localstripe, top_up)) == 1  # Stripe made it
-    assert balance(api.user) == 40_000_000  # not debited yet, but reserved:
+    assert balance(api.user) == 25_000_000  # not refunded yet, but held from the balance (cannot be spent)
     assert payments.refundable_micros(top_up=top_up) == 25_000_000
     again = _refund(refund_operator_api, top_up, "30.00")
     assert again.status_code == 409 and "$25.00" in again.json()["detail"]

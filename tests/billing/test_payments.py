@@ -419,7 +419,8 @@ def test_an_operator_is_told_a_refund_stripe_failed_while_its_answer_travelled(l
 
     monkeypatch.setattr(refunds, "client", lambda: SimpleNamespace(v1=SimpleNamespace(
         refunds=SimpleNamespace(create=create))))
-    with pytest.raises(Conflict, match="The refund failed; nothing was debited"):
+    with pytest.raises(Conflict, match="the amount held for it is back in the balance. The refund failed; the "
+                                       "customer's balance is as it was"):
         payments.refund_create(top_up=top_up, amount_micros=15_000_000, reason="asked",
                                created_by=UserFactory(is_staff=True))
     assert Refund.objects.get().status == "failed" and balance(api.user) == 40_000_000
