@@ -7,6 +7,7 @@ Rules that need the database or the state of something live in the services.
 import ipaddress
 import re
 from decimal import Decimal
+from typing import cast
 
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
@@ -62,7 +63,8 @@ class WholeValueValidator(RegexValidator):
     the API schema publishes it."""
 
     def __call__(self, value: object) -> None:
-        if not isinstance(value, str) or self.regex.fullmatch(value) is None:
+        pattern = cast(re.Pattern[str], self.regex)  # compiled by RegexValidator (lazily)
+        if not isinstance(value, str) or pattern.fullmatch(value) is None:
             raise ValidationError(self.message, code=self.code, params={"value": value})
 
 
