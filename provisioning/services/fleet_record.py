@@ -28,7 +28,13 @@ from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import HealthSample, NodeEvent
 from provisioning.services.gpu_presence import gpus_presence, node_gpus_presence
-from provisioning.services.nodes import OFFLINE_AFTER_FAILED_CHECKS, HealthResult, node_event, running_vm_ids_by_node
+from provisioning.services.nodes import (
+    OFFLINE_AFTER_FAILED_CHECKS,
+    VM_MISSING,
+    HealthResult,
+    node_event,
+    running_vm_ids_by_node,
+)
 from provisioning.services.reliability import RELIABILITY, failed_jobs_counted, node_inventory_changed
 
 NODE_FIELDS = ["health_failures", "last_seen_at", "last_checked_at", "state", "last_error", "reliability",
@@ -148,12 +154,19 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
             node_id=node.pk, since=last_healthy, cause=InterruptionCause.NODE_LOST,
             detail=f"{node.health_failures} health checks failed in a row: {result.error}")
     if result.ok and result.vms is not None:
-        stopped = {vm_id for vm_id, state in result.vms.items() if state != "running"}
-        missing_or_stopped = running - (set(result.vms) - stopped)
-        if missing_or_stopped:
-            return instance_svc.node_instances_interrupt(
-                node_id=node.pk, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=missing_or_stopped,
-                started_before=result.probed_at, detail="the server answers, but the VM is not running on it")
+        # Gone: not listed, or listed `missing` (recorded on the node, its container or domain removed there); the
+        # reconciler that follows fails its instance. Stopped: started again by that reconciler.
+        gone = running & ({vm_id for vm_id, state in result.vms.items() if state == VM_MISSING}
+                          | (running - set(result.vms)))
+        stopped = running & {vm_id for vm_id, state in result.vms.items() if state not in ("running", VM_MISSING)}
+        lost = []
+        for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
+                               (stopped, "the server answers, but the VM is not running on it")):
+            if vm_ids:
+                lost += instance_svc.node_instances_interrupt(
+                    node_id=node.pk, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=vm_ids,
+                    started_before=result.probed_at, detail=detail)
+        return sorted(lost)
     return []
 
 

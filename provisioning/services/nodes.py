@@ -43,6 +43,10 @@ from provisioning.verification.model import Finding
 log = logging.getLogger(__name__)
 
 OFFLINE_AFTER_FAILED_CHECKS = 3
+# The state the agent lists (`vm list`, `vm status`, the health answer's `vms`) for a VM it has a record of whose
+# container or domain is gone (removed on the node: `docker container prune`, `virsh undefine`). The platform takes
+# it as a VM gone, as one not listed at all: it cannot run again, and no disk of it is left to bill.
+VM_MISSING = "missing"
 # States in which the platform talks to a node on its own (health checks, reconciling).
 WATCHED_STATES = (NodeState.ACTIVE, NodeState.OFFLINE, NodeState.MAINTENANCE)
 
@@ -182,7 +186,7 @@ class HealthResult:
     error: str = ""
     seconds: float = 0.0
     inventory_hash: str | None = None  # the agent's digest of its GPUs (a change triggers a re-verification)
-    vms: dict[str, str] | None = None  # vm_id -> state ("running", "stopped") as the agent saw them
+    vms: dict[str, str] | None = None  # vm_id -> state ("running", "stopped", VM_MISSING) as the agent saw them
     # The GPUs nvidia-smi lists now, where the host sees every card (HOST_SEES_GPUS); None where it does not.
     gpu_uuids: list[str] | None = None
     probed_at: datetime | None = None  # when the probe began: instances running since then are not judged by it

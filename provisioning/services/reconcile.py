@@ -16,7 +16,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.gpu_presence import instance_waits_for_gpu
-from provisioning.services.nodes import node_event, node_session
+from provisioning.services.nodes import VM_MISSING, node_event, node_session
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from provisioning.ssh_pool import SshPool
@@ -34,7 +34,10 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     """Compare the node's VMs with the database, and act on every difference:
 
     - a VM no instance owns is removed (an orphan), as is the VM of an instance destroyed while the node was
-      unreachable (whose GPUs are then freed);
+      unreachable (whose GPUs are then freed); one the node fails to remove is reported once (`vm_destroy_failed`)
+      and tried again at the next pass, its instance's GPUs kept, the rest of the pass carried on;
+    - a VM the node lists as `missing` (recorded there, its container or domain removed on the node) is judged as
+      gone: it can neither run nor be started again, and no disk of it is left;
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
       when its VM is gone; a running instance whose VM vanished or is not running is interrupted, as the health
       check does it (billed up to the VM's last sighting, the renter told and credited), then fails or is started
@@ -72,35 +75,39 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                                                  status=InstanceStatus.DESTROYED).values_list("pk", flat=True))
         seen = {}
         settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
+        unremoved: set[int | None] = set()  # instances whose VM the node failed to remove in this pass
         vm: dict[str, Any] | None
         for vm in vms:
             match = _VM_ID.fullmatch(vm.get("vm_id", ""))
             instance_id = int(match.group(1)) if match else None
             instance = known.get(instance_id)
             if instance is None:
-                session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-                if instance_id in destroyed:
+                answer = _remove_vm(node, session, vm["vm_id"])
+                if answer is None:
+                    unremoved.add(instance_id)
+                elif instance_id in destroyed:
                     node_event(node=node, kind="vm_cleaned_up",
                                message=f"Removed VM {vm['vm_id']}: its instance was destroyed "
                                        "while the node was unreachable.")
-                else:
+                elif answer.get("existed") is not False:  # the node removed it (not gone already by itself)
                     node_event(node=node, kind="orphan_destroyed",
                                message=f"Destroyed VM {vm['vm_id']}, which no instance owns.",
                                level=NodeEvent.Level.WARNING)
                     counts["orphans_destroyed"] += 1
                 continue
-            seen[instance.pk] = vm
+            if vm.get("state") != VM_MISSING:  # a missing VM is judged as gone, as one not listed
+                seen[instance.pk] = vm
             if instance.status == InstanceStatus.FAILED and instance.started_at is None:
                 # It never ran (its provisioning failed or was reaped while the VM was being made): nothing of
                 # the renter's is on it, so the VM goes with its disk, as the task's own failure handler does.
-                session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-                settled.add(instance.pk)
+                if _remove_vm(node, session, vm["vm_id"]) is not None:
+                    settled.add(instance.pk)
             elif instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
                 # A failed instance's GPUs are released, or held until its VM is seen stopped (below): its VM
                 # must not keep using them.
                 session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
                 settled.add(instance.pk)
-        for instance_id in destroyed - making:
+        for instance_id in destroyed - making - unremoved:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
             vm = seen.get(instance.pk)
@@ -169,6 +176,24 @@ def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int,
         vm = seen.get(instance_id)
         if vm is None or vm.get("state") != "running" or instance_id in settled:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
+
+
+def _remove_vm(node: Node, session: NodeSession, vm_id: str) -> dict[str, Any] | None:
+    """`vm destroy` of a listed VM that must go: the node's answer, or None when it refused (its engine could not
+    remove it). A refusal is reported once per VM (a `vm_destroy_failed` warning for operators; logged at every
+    pass after) and tried again at the next pass; the pass goes on. Before, it ended the node's whole pass, every
+    pass: its instances were no longer judged, nor its volumes."""
+    try:
+        return session.agent("vm", "destroy", {"runtime": node.runtime, "vm_id": vm_id})
+    except AgentFailed as exc:
+        log.warning("reconcile: node %s could not remove VM %s: %s", node.pk, vm_id, exc)
+        reported = NodeEvent.objects.filter(node=node, kind="vm_destroy_failed",
+                                            message__startswith=f"Could not remove VM {vm_id}:").exists()
+        if not reported and exc.code != "busy":  # busy: another agent run holds the VM's lock; next pass
+            node_event(node=node, kind="vm_destroy_failed",
+                       message=f"Could not remove VM {vm_id}: {exc.message[:500]} It is tried again at every "
+                               "reconcile.", level=NodeEvent.Level.WARNING)
+        return None
 
 
 def _listed(answer: dict[str, Any], key: str, name: str) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from marketplace.validators import VM_PORT_NAME, is_port_number, validate_addres
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
 from provisioning.services.faults import error_fault
-from provisioning.services.nodes import node_session
+from provisioning.services.nodes import VM_MISSING, node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
 from provisioning.ssh_errors import (
@@ -298,12 +298,19 @@ def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
     """`vm <verb>` with `request` over `session`: the agent's answer or, when it was lost, the VM's state confirmed
     over a new connection (above). A command sent afterwards over a session whose connection dropped fails at once,
     and is confirmed the same way. Raises what the agent answered (AgentFailed; `not_found` for a VM the node does
-    not have, but for a destroy), and NodeUnreachable (transient) when the node could not be asked again."""
+    not have, but for a destroy, or has only as a record whose container or domain is gone: VM_MISSING), and
+    NodeUnreachable (transient) when the node could not be asked again."""
     try:
         try:
-            return session.agent("vm", verb, request)
+            answer = session.agent("vm", verb, request)
         except _ANSWER_LOST as lost:
-            return _vm_confirmed(job, instance, verb, request, lost)  # may send it again: its refusal counts too
+            answer = _vm_confirmed(job, instance, verb, request, lost)  # may send it again: its refusal counts too
+        if verb in ("start", "stop") and answer.get("state") == VM_MISSING:
+            # Started or stopped, a VM the node lists as missing is nowhere: taken as ok, its instance was stopped
+            # again ("start it again", at every start) and its absent disk billed (found by review).
+            raise AgentFailed({"code": "not_found", "message": f"The VM {instance.vm_id} is no longer on the node "
+                                                               "(its container or domain was removed there)."})
+        return answer
     except AgentFailed as exc:
         if exc.code in _CARD_GONE and instance.node.runtime in HOST_SEES_GPUS:  # else its check cannot judge cards
             # The agent saw a card of this node gone (or numbered anew) before the health check did: the node's
@@ -319,7 +326,8 @@ def _vm_confirmed(job: Job, instance: Instance, verb: str, request: dict[str, An
     goal = _BRINGS_VM_TO[verb]
     try:
         with node_session(instance.node) as session:
-            status = _vm_status(session, instance)
+            # A destroy is done only once the record of a missing VM is gone too: sent again for it.
+            status = _vm_status(session, instance, missing_is_gone=verb != "destroy")
             if (status.get("state") if status else None) == goal:
                 job_step(job=job, message=f"the VM is {goal or 'gone'}: vm {verb} was done")
                 return status or {"vm_id": instance.vm_id, "state": "destroyed", "existed": None}
@@ -335,14 +343,16 @@ def _vm_confirmed(job: Job, instance: Instance, verb: str, request: dict[str, An
                               f"{exc.message}") from None
 
 
-def _vm_status(session: NodeSession, instance: Instance) -> dict[str, Any] | None:
-    """The node's `vm status` of the instance's VM; None when it has no such VM."""
+def _vm_status(session: NodeSession, instance: Instance, *, missing_is_gone: bool = True) -> dict[str, Any] | None:
+    """The node's `vm status` of the instance's VM; None when it has no such VM, or (`missing_is_gone`) has only
+    its record (its container or domain removed on the node: VM_MISSING)."""
     try:
-        return session.agent("vm", "status", _request(instance))
+        status = session.agent("vm", "status", _request(instance))
     except AgentFailed as exc:
         if exc.code == "not_found":
             return None
         raise
+    return None if missing_is_gone and status.get("state") == VM_MISSING else status
 
 
 # The renter destroyed the instance while a job created, started, restarted or stopped its VM.

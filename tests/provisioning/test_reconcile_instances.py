@@ -14,7 +14,7 @@ from marketplace.services import instances as svc
 from provisioning.models import OPEN, Job, JobKind, JobStatus, NodeEvent
 from provisioning.services.jobs import job_create
 from provisioning.services.reconcile import node_reconcile
-from provisioning.ssh_errors import AgentGarbage
+from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
 
@@ -35,6 +35,7 @@ class FakeNode:
         self.vms: dict[str, str] = {}
         self.calls: list[tuple[str, str, str]] = []
         self.on_list = []
+        self.refused: set[str] = set()  # VMs whose `vm destroy` the node fails (its engine cannot remove them)
 
     def session(self, node, *args, **kwargs):
         fake = self
@@ -56,6 +57,8 @@ class FakeNode:
                     return answer
                 if (cmd, sub) == ("volume", "list"):
                     return {"volumes": []}
+                if (cmd, sub) == ("vm", "destroy") and vm_id in fake.refused:
+                    raise AgentFailed({"code": "command_failed", "message": "docker rm: device or resource busy"})
                 if (cmd, sub) == ("vm", "destroy"):
                     return {"vm_id": vm_id, "existed": fake.vms.pop(vm_id, None) is not None}
                 if (cmd, sub) == ("vm", "stop"):
@@ -326,3 +329,70 @@ def test_a_vm_name_with_thousands_of_digits_does_not_end_the_nodes_pass(fake_nod
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.RUNNING
     assert ("vm", "destroy", huge) in fake_node.calls
+
+
+# ------------------------------------------------------------------ a VM the node lists as missing, orphans
+
+@pytest.mark.parametrize("status", [InstanceStatus.STOPPED, InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED])
+def test_a_vm_the_node_lists_as_missing_is_judged_gone(fake_node, status):
+    """The agent lists a recorded VM whose container or domain was removed on the node with state `missing`.
+    Taken as there: a stopped instance stayed stopped (its absent disk billed for good), a running or interrupted
+    one was started again, and that start failed (found by review). Now it is gone, as a VM not listed: failed,
+    its GPU freed."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node) if status == InstanceStatus.STOPPED \
+        else running_instance(node, fake_node)
+    if status == InstanceStatus.INTERRUPTED:
+        svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.NODE_LOST,
+                               detail="no answer")
+    fake_node.vms[instance.vm_id] = "missing"
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, (instance.status, instance.status_message)
+    assert counts["instances_failed"] == 1 and counts["restarted"] == 0
+    assert not Job.objects.filter(OPEN, instance=instance).exists()  # no start queued
+    assert _gpu(node) == "free"
+
+
+def test_an_orphan_the_node_cannot_remove_is_reported_once_and_the_pass_goes_on(fake_node):
+    """A `vm destroy` the node refused ended the node's whole pass, every pass: a stopped instance whose VM
+    vanished beside it stayed stopped and billed. Now the pass goes on; the refusal is one warning event, not
+    one per pass, and the orphan is tried again each time."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node)
+    del fake_node.vms[instance.vm_id]
+    fake_node.vms["ghost"] = "running"
+    fake_node.refused.add("ghost")
+    for _ in range(2):
+        counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    assert counts["orphans_destroyed"] == 0 and fake_node.calls.count(("vm", "destroy", "ghost")) == 2
+    assert list(NodeEvent.objects.filter(node=node, kind__in=("vm_destroy_failed", "orphan_destroyed"))
+                .values_list("kind", flat=True)) == ["vm_destroy_failed"]
+    fake_node.refused.clear()
+    assert node_reconcile(node)["orphans_destroyed"] == 1 and "ghost" not in fake_node.vms
+
+
+def test_a_destroyed_instances_vm_the_node_cannot_remove_keeps_its_gpu(fake_node):
+    node = make_listed_node(gpu_count=1)
+    instance = running_instance(node, fake_node)
+    svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.NODE_LOST,
+                           detail="no answer")
+    svc.instance_destroy(instance=Instance.objects.get(pk=instance.pk))  # at once: its node away, GPU kept
+    assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.DESTROYED and _gpu(node) == "rented"
+    fake_node.refused.add(instance.vm_id)
+    node_reconcile(node)
+    assert _gpu(node) == "rented" and instance.vm_id in fake_node.vms
+    fake_node.refused.clear()
+    node_reconcile(node)
+    assert _gpu(node) == "free" and instance.vm_id not in fake_node.vms
+
+
+def test_an_orphan_gone_by_itself_before_its_destroy_is_no_event(fake_node):
+    """Listed, then gone when its destroy came (existed: false): nothing was destroyed, nothing is reported."""
+    node = make_listed_node(gpu_count=1)
+    fake_node.vms["ghost"] = "stopped"
+    fake_node.on_list.append(lambda: fake_node.vms.pop("ghost"))
+    assert node_reconcile(node)["orphans_destroyed"] == 0
+    assert not NodeEvent.objects.filter(node=node, kind="orphan_destroyed").exists()

@@ -318,3 +318,63 @@ def test_a_destroy_during_a_long_provision_waits_for_it_instead_of_failing(fake_
     instance.refresh_from_db()
     assert destroy.status != JobStatus.FAILED and destroy.deadline > Job.objects.get(pk=provision.pk).deadline
     assert instance.status == InstanceStatus.DESTROYING and "could not be reached" not in instance.status_message
+
+
+# -------------------------------------------------------------- a VM the node answers for as `missing`
+
+class PrunedNode(AwayNode):
+    """A node whose agent answers for VMs in `pruned` (recorded there, their container removed on the node) as the
+    agent did before it answered not_found for them: a start fails (command_failed), a stop and a status answer
+    ok with state `missing`."""
+
+    def __init__(self):
+        super().__init__()
+        self.pruned: set[str] = set()
+
+    def session(self, node, *args, **kwargs):
+        inner = super().session(node, *args, **kwargs)
+        fake = self
+
+        class Session(type(inner)):
+            def agent(self, cmd, sub=None, request=None, timeout=None):
+                vm_id = (request or {}).get("vm_id", "")
+                if cmd != "vm" or vm_id not in fake.pruned or sub not in ("start", "stop", "status"):
+                    return super().agent(cmd, sub, request, timeout)
+                fake.calls.append((cmd, sub, vm_id))
+                if sub == "start":
+                    raise AgentFailed({"code": "command_failed", "message": f"docker start gpumarket-{vm_id} exited "
+                                       f"1: Error response from daemon: No such container: gpumarket-{vm_id}"})
+                return {"vm_id": vm_id, "state": "missing", "ssh_host": "10.0.0.9", "ssh_port": 40022,
+                        "ssh_user": "root"}
+
+        return Session()
+
+
+@pytest.fixture
+def pruned_node(monkeypatch):
+    fake = PrunedNode()
+    monkeypatch.setattr("provisioning.services.vms.node_session", fake.session)
+    return fake
+
+
+@pytest.mark.parametrize("kind", [JobKind.INSTANCE_START, JobKind.INSTANCE_STOP])
+def test_a_vm_the_node_answers_for_as_missing_fails_its_instance(pruned_node, kind):
+    """Its start failed and the job's failure sent `vm stop`, answered ok (state `missing`): the instance was
+    stopped, "start it again", at every start, its absent disk billed; a renter's stop of it was "Stopped; the
+    disk is kept" (found by review). A VM answered `missing` is gone: the instance fails, its GPU freed."""
+    node = make_listed_node(gpu_count=1)
+    if kind == JobKind.INSTANCE_START:
+        instance = stopped_instance(node, pruned_node)
+        pruned_node.pruned.add(instance.vm_id)
+        instance_svc.instance_start(instance=instance)
+        task = tasks.instance_start
+    else:
+        instance = running_instance(node, pruned_node)
+        pruned_node.pruned.add(instance.vm_id)
+        instance_svc.instance_stop(instance=instance)
+        task = tasks.instance_stop
+    run_in_worker(task, Job.objects.get(instance=instance, kind=kind))
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    assert instance.status_message == vms._VM_GONE and not instance.vm_cleanup_pending
+    assert gpu0(node) == "free"

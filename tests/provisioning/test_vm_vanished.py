@@ -1,0 +1,176 @@
+"""A renter's VM whose container was removed on its node (`docker rm`, `docker container prune`), end to end: the
+platform's jobs, health record and reconciler against the real agent, called in-process with the stand-in `docker`
+CLI of test_agent_docker.py (found by review; each test failed before its fix).
+
+Before: the agent kept the record holding its GPU, answered `vm start` with command_failed ("No such container")
+and `vm stop` with ok, so the start job's failure marked the instance "stopped, start it again" at every start,
+its absent disk billed for good, and every later booking on that GPU failed gpu_busy."""
+import json
+import os
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from billing.services.storage import storage_meter
+from marketplace.models import Gpu, Instance, InstanceStatus
+from marketplace.services import instances as instance_svc
+from provisioning import tasks
+from provisioning.agent import gpumarket_agent as agent
+from provisioning.models import Job, JobKind, JobStatus, NodeEvent
+from provisioning.services.fleet_record import node_record_health
+from provisioning.services.reconcile import node_reconcile
+from provisioning.ssh_errors import AgentFailed
+from tests.factories import UserFactory, make_listed_node
+from tests.marketplace.renting_helpers import book
+from tests.provisioning.test_agent_docker import FAKE_DOCKER, SAMPLES
+from tests.provisioning.test_agent_gpu_uuids import A
+
+pytestmark = pytest.mark.django_db
+
+
+class DockerNode:
+    """A docker node: the agent in-process behind the platform's session, its engine the stand-in CLI."""
+
+    def __init__(self, tmp_path, env):
+        self.tmp_path, self.env = tmp_path, env
+
+    def session(self, node, *args, **kwargs):
+        env = self.env
+
+        class Session:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def agent(self, cmd, sub=None, request=None, timeout=None):
+                answer, _ = agent.handle([cmd] + ([sub] if sub else []), json.dumps(request or {}), env)
+                if not answer["ok"]:
+                    raise AgentFailed(answer["error"])
+                return answer
+
+        return Session()
+
+    def containers(self):
+        path = self.tmp_path / "containers.json"
+        state = json.loads(path.read_text()) if path.exists() else {}
+        return {k: v for k, v in state.items() if k.startswith("gpumarket-")}
+
+    def prune(self, vm_id):
+        """The provider removes the container behind the platform's back."""
+        path = self.tmp_path / "containers.json"
+        state = json.loads(path.read_text())
+        del state["gpumarket-" + vm_id]
+        path.write_text(json.dumps(state))
+
+
+@pytest.fixture
+def docker_node(tmp_path, monkeypatch):
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "docker").write_text(FAKE_DOCKER)
+    (fakebin / "nvidia-smi").write_text(
+        f"#!/bin/sh\ncase \"$1\" in --query-gpu=*) cat {SAMPLES / 'a100_sxm4_80gb_x4.csv'};; "
+        f"*) cat {SAMPLES / 'h100_sxm_x1_table.txt'};; esac\n")
+    for script in fakebin.iterdir():
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DOCKER_STATE", str(tmp_path / "containers.json"))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "docker.log"))
+    fake = DockerNode(tmp_path, {"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
+                                 "GPUMARKET_PORT_RANGE": "41000-41999", "GPUMARKET_PUBLIC_HOST": "10.0.0.9"})
+    for module in ("vms", "reconcile"):
+        monkeypatch.setattr(f"provisioning.services.{module}.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", lambda host, port, timeout=0: None)
+    return fake
+
+
+def run_job(task, instance, kind):
+    job = Job.objects.get(instance=instance, kind=kind, status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+    task.push_request(id=f"task-{job.pk}", args=[job.pk], kwargs={}, retries=tasks.JOB_TASK_OPTIONS["max_retries"],
+                      called_directly=False, delivery_info={"exchange": "", "routing_key": "celery"})
+    try:
+        tasks.run_job(task, job.pk)
+    finally:
+        task.pop_request()
+    instance.refresh_from_db()
+    return instance
+
+
+def node_with_one_gpu():
+    """A docker node whose one GPU is the stand-in nvidia-smi's card A at index 0."""
+    node = make_listed_node(gpu_count=1, runtime="docker")
+    Gpu.objects.filter(node=node, index=0).update(uuid=A)
+    return node
+
+
+def rented(node):
+    instance = run_job(tasks.instance_provision, book(UserFactory(), node), JobKind.INSTANCE_PROVISION)
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    return instance
+
+
+def gpu0(node) -> str:
+    return Gpu.objects.get(node=node, index=0).status
+
+
+def test_a_stopped_instance_whose_container_was_removed_fails_at_its_start_and_frees_its_gpu(docker_node):
+    node = node_with_one_gpu()
+    instance = rented(node)
+    instance_svc.instance_stop(instance=instance)
+    assert run_job(tasks.instance_stop, instance, JobKind.INSTANCE_STOP).status == InstanceStatus.STOPPED
+    docker_node.prune(instance.vm_id)
+
+    instance_svc.instance_start(instance=instance)
+    instance = run_job(tasks.instance_start, instance, JobKind.INSTANCE_START)
+    assert instance.status == InstanceStatus.FAILED, instance.status_message  # before: stopped, "start it again"
+    assert "no longer on the server" in instance.status_message and "Destroy it" in instance.status_message
+    assert gpu0(node) == "free" and not instance.vm_cleanup_pending
+    billed = (instance.disk_billed_seconds, instance.disk_cost_micros)
+    storage_meter(now=timezone.now() + timedelta(hours=5))
+    instance.refresh_from_db()
+    assert (instance.disk_billed_seconds, instance.disk_cost_micros) == billed  # its absent disk: billed no more
+
+    second = rented(node)  # the next renter gets the GPU (before: gpu_busy on the node)
+    assert docker_node.containers() == {f"gpumarket-{second.vm_id}": "running"}
+
+    instance_svc.instance_destroy(instance=instance)
+    instance = run_job(tasks.instance_destroy, instance, JobKind.INSTANCE_DESTROY)
+    assert instance.status == InstanceStatus.DESTROYED
+    assert not (docker_node.tmp_path / "state" / "vms" / instance.vm_id).exists()  # its record removed
+
+
+def test_a_stopped_instance_whose_container_was_removed_fails_at_the_reconcilers_pass(docker_node):
+    node = node_with_one_gpu()
+    instance = rented(node)
+    instance_svc.instance_stop(instance=instance)
+    run_job(tasks.instance_stop, instance, JobKind.INSTANCE_STOP)
+    docker_node.prune(instance.vm_id)
+    counts = node_reconcile(node)  # the node lists it `missing` (before: taken as stopped, left stopped)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED and counts["instances_failed"] == 1, instance.status_message
+    assert NodeEvent.objects.filter(node=node, kind="vm_vanished", message__contains=f"instance {instance.pk}")
+    assert gpu0(node) == "free"
+    assert rented(node).status == InstanceStatus.RUNNING
+
+
+def test_a_running_instance_whose_container_was_removed_fails_at_the_health_check(docker_node):
+    """The health answer lists it `missing`: interrupted as gone (before: as stopped, then started again by the
+    reconciler, whose start failed and stopped it for good)."""
+    node = node_with_one_gpu()
+    instance = rented(node)
+    Instance.objects.filter(pk=instance.pk).update(started_at=timezone.now() - timedelta(minutes=5))
+    docker_node.prune(instance.vm_id)
+    health = docker_node.session(node).agent("health", None, {})
+    assert health["vms"] == {instance.vm_id: "missing"}
+    assert node_record_health(node_id=node.pk, ok=True, vms=health["vms"], probed_at=timezone.now()) == [instance.pk]
+    assert "no longer on it" in instance.interruptions.get().detail
+    node_reconcile(node)  # as the health batch does after lost VMs
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).exists()  # not started again
+    assert gpu0(node) == "free"
+    assert rented(node).status == InstanceStatus.RUNNING
