@@ -37,6 +37,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
 from marketplace.auth import ThrottledLoginFormMixin
+from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import (
     AccountStatusChange,
     ApiKey,
@@ -358,6 +359,19 @@ class AdminLoginForm(ThrottledLoginFormMixin, AdminAuthenticationForm):
 
 
 admin.site.login_form = AdminLoginForm
+_django_admin_login = admin.site.login
+
+
+def _admin_login(request, extra_context=None):
+    """AdminSite.login behind the per-client `auth` rate of the pages' and the API's log-in (one budget), as the
+    site's log-in page: the lock-out (AdminLoginForm) counts only failures."""
+    if request.method == "POST" and (refused := auth_rate_refusal(request)):
+        return refused
+    return _django_admin_login(request, extra_context)
+
+
+# Read when the admin's URLs are built (config/urls.py), as password_change below.
+admin.site.login = _admin_login  # type: ignore[method-assign]
 
 
 class AdminPasswordChangeForm(ThrottledPasswordChangeForm):

@@ -1,7 +1,5 @@
 """Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
-import math
 from datetime import timedelta
-from types import SimpleNamespace
 
 from django.conf import settings
 from django.contrib import messages
@@ -12,9 +10,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from core.api.throttling import ScopedRateThrottle
 from core.errors import ApplicationError
 from core.web_errors import form_error
+from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import ApiKey, SshKey
 from marketplace.reauth import with_form_status
 from marketplace.services import accounts as account_svc
@@ -27,36 +25,6 @@ from .two_factor import start_code_step
 
 def home(request):
     return render(request, "marketplace/home.html")
-
-
-# ------------------------------------------------------------------------------------------- the `auth` rate
-
-class _AuthRate(ScopedRateThrottle):
-    """The API's sign-up and log-in rate (marketplace/api/accounts.py `_AuthView`: scope `auth`, AUTH_THROTTLE_RATE),
-    in the same counter per client address (core.client_address; an IPv6 /64), a logged-in visitor's too: the pages
-    and the API share one budget, so the requests cannot move between them."""
-
-    def get_cache_key(self, request, view):
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
-
-
-_AUTH_SCOPE = SimpleNamespace(throttle_scope="auth")
-
-
-def auth_rate_refusal(request):
-    """A 429 page (with Retry-After) when this client has used up the `auth` rate; else None, and the request is
-    counted. Called first thing on the POSTs of the sign-up, log-in and password-reset pages: before any password
-    is hashed or e-mail sent, and alike whatever address was typed (it says nothing about accounts)."""
-    throttle = _AuthRate()
-    if throttle.allow_request(request, _AUTH_SCOPE):
-        return None
-    retry_after = max(1, math.ceil(throttle.wait() or 1))
-    wait = (f"{retry_after} second{'s' if retry_after != 1 else ''}" if retry_after < 120
-            else f"{math.ceil(retry_after / 60)} minutes")
-    response = render(request, "marketplace/too_many_requests.html", {"wait": wait, "back": request.path},
-                      status=429)
-    response["Retry-After"] = str(retry_after)
-    return response
 
 
 class EmailLoginView(LoginView):

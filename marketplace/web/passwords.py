@@ -1,5 +1,5 @@
 """Password reset by e-mail and password change: Django's own views and token generator, with our templates, the
-per-address limit on reset e-mails, the per-client `auth` rate on asking for one (web/accounts.py
+per-address limit on reset e-mails, the per-client `auth` rate on asking for one (marketplace/auth_rate.py
 auth_rate_refusal) and the log-in lock-out on the old password (marketplace/services/passwords.py).
 """
 from django.contrib import messages
@@ -8,12 +8,12 @@ from django.contrib.auth.forms import SetPasswordForm
 from django.http import HttpResponseRedirect
 from django.urls import reverse_lazy
 
+from marketplace.auth_rate import auth_rate_refusal
 from marketplace.reauth import ThrottledPasswordChangeForm
 from marketplace.services import email_verification as email_svc
 from marketplace.services import passwords as password_svc
 
 from .account_forms import PasswordResetRequestForm
-from .accounts import auth_rate_refusal
 
 
 class PasswordResetView(auth_views.PasswordResetView):

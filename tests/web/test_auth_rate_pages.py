@@ -117,6 +117,21 @@ def test_the_web_log_in_has_the_rate_too_on_top_of_the_lock_out(renter):
         LOGIN, {"username": renter.email, "password": PASSWORD}).status_code == 302
 
 
+def test_the_admin_log_in_has_the_rate_too(operator):
+    """The admin's own log-in page (/admin/login/) counts in the same budget: it had the lock-out alone."""
+    limit = auth_limit()
+    for _ in range(limit):
+        r = Client(REMOTE_ADDR="203.0.113.51").post("/admin/login/?next=/admin/",
+                                                     {"username": operator.email, "password": PASSWORD})
+        assert r.status_code == 302 and r["Location"] == "/admin/"
+    browser = Client(REMOTE_ADDR="203.0.113.51")
+    r = browser.post("/admin/login/?next=/admin/", {"username": operator.email, "password": PASSWORD})
+    assert refused(r) and browser.session.get("_auth_user_id") is None
+    assert browser.get("/admin/login/").status_code == 200  # a GET is not counted
+    assert Client(REMOTE_ADDR="203.0.113.52").post(
+        "/admin/login/", {"username": operator.email, "password": PASSWORD}).status_code == 302
+
+
 def test_the_pages_and_the_api_share_one_budget(mailoutbox):
     limit = auth_limit()
     web = Client(REMOTE_ADDR="203.0.113.51")
