@@ -270,3 +270,21 @@ def test_a_refund_made_at_stripe_has_no_hold_and_is_debited_as_before(localstrip
     refund = Refund.objects.get(stripe_refund_id="re_dash")
     assert refund.origin == "stripe" and refund.hold is None and refund.status == RefundStatus.SUCCEEDED
     assert balance(api.user) == 10_000_000 and _held() == 0
+
+
+def test_the_statement_page_says_a_refund_is_being_made_then_that_it_was_not(localstripe, api, client):
+    """The month's page lists a held refund as being made, and one Stripe did not make as not made (its hold's
+    release is the adjustment line beside it): before, both read as a plain refund of the top-up."""
+    top_up = _credited_top_up(localstripe, api)
+    refund = _reserve(top_up, 15_000_000)
+    client.force_login(api.user)
+    month = timezone.now().strftime("%Y-%m")
+
+    def row() -> str:
+        page = client.get(f"/account/statements/{month}/").content.decode()
+        return next(line for line in page.splitlines() if f"Refund of top-up #{top_up.pk}" in line)
+
+    assert "(held for it: being made to your card)" in row() and "−$15.00" in row()
+    assert refund_not_made(refund_id=refund.pk, failure_message="Stripe made no refund.")
+    assert "(not made: the amount went back to your balance)" in row() and "being made" not in row()
+    assert REFUND_RELEASED_NOTE in client.get(f"/account/statements/{month}/").content.decode()
