@@ -99,6 +99,16 @@ def payout_send(*, payout: Payout) -> Payout:
             return payout
         try:
             transfer = _transfer_made(payout) if payout.attempts else None
+        except stripe.StripeError as exc:
+            # Whether the earlier try made its transfer is not known, whatever the error: failed on it (its earnings
+            # given back), a payout Stripe had made was paid again with the next one (found by review). It stays
+            # pending, its earnings reserved, until a lookup answers.
+            message = translate(exc, "looking up the transfer an earlier try may have made").message
+            Payout.objects.filter(pk=payout.pk).update(failure_message=message[:500])
+            log.warning("payout %s: %s", payout.pk, message)
+            payout.refresh_from_db()
+            return payout
+        try:
             if transfer is None:
                 Payout.objects.filter(pk=payout.pk).update(attempts=F("attempts") + 1)
                 transfer = client(connect=True).v1.transfers.create(

@@ -41,6 +41,10 @@ class ConnectServer:
                 group = parse_qs(query).get("transfer_group", [None])[0]
                 if server.mode == "down":
                     self._answer(503, {"error": {"type": "api_error", "message": "Service unavailable"}})
+                elif server.mode == "lookup_refused":  # a restricted key may create transfers, not list them
+                    self._answer(403, {"error": {"type": "invalid_request_error", "code": "secret_key_required",
+                                                 "message": "The provided key does not have the required "
+                                                            "permissions for this endpoint."}})
                 elif path != "/v1/transfers":
                     self._answer(404, {"error": {"type": "invalid_request_error", "message": "Unrecognized URL"}})
                 else:
@@ -214,6 +218,27 @@ def test_a_transfer_whose_answer_was_lost_is_found_and_recorded_not_sent_again(c
     assert lookup.startswith("/v1/transfers?") and f"transfer_group=payout-{payout.pk}" in lookup
     assert earnings_balance(user_id=provider.pk) == 0 and not LedgerTransaction.objects.filter(
         kind="payout_reversal").exists()
+
+
+def test_a_lookup_stripe_refuses_leaves_the_payout_pending_never_failed(clock, connect):
+    """Review: after a lost answer, a definite error of the lookup (here a 403) failed the payout and gave its
+    earnings back, though Stripe had made the transfer: the next payout paid them again. Not known is not failed."""
+    provider = _provider_with_earnings(clock)
+    connect.mode = "lose"
+    [payout] = payouts.payouts_run(today=MONDAY)
+    assert payout.status == PayoutStatus.PENDING and len(connect.made) == 1
+    connect.mode = "lookup_refused"
+    for _ in range(2):
+        payouts.payouts_run(today=MONDAY)
+        payout.refresh_from_db()
+        assert payout.status == PayoutStatus.PENDING and payout.reversal is None
+        assert earnings_balance(user_id=provider.pk) == 0  # still reserved: nothing to pay a second time
+    assert "permissions" in payout.failure_message and len(connect.requests) == 1  # not sent again either
+    connect.mode = "ok"
+    payouts.payouts_run(today=MONDAY)
+    payout.refresh_from_db()
+    assert payout.status == PayoutStatus.PAID and payout.transfer_id == connect.made[0]["id"]
+    assert len(connect.made) == 1 and not LedgerTransaction.objects.filter(kind="payout_reversal").exists()
 
 
 def test_a_lost_answer_for_a_transfer_that_was_not_made_sends_it_once_more(clock, connect):
