@@ -126,9 +126,11 @@ def _replayed(endpoint: WebhookEndpoint, *, url: str, description: str) -> Webho
     return endpoint
 
 
+@transaction.atomic
 def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, description: str | None = None,
                     active: bool | None = None, base_url: str = "") -> WebhookEndpoint:
-    """A new URL is told to the account's address: the events go elsewhere from now on."""
+    """A new URL is told to the account's address: the events go elsewhere from now on. In one transaction: the
+    e-mail goes when the change is saved (security_change_notify sends on commit), not for a change that was not."""
     fields = []
     if url is not None:
         new = webhook_url_check(url)

@@ -255,3 +255,17 @@ def test_deleting_the_endpoint_does_not_start_the_hourly_test_limit_again(owner_
     again = _endpoint(owner_api, receiver.url)
     refused = owner_api.post(f"/api/v1/webhook-endpoints/{again['id']}/test/")
     assert refused.status_code == 429 and "At most 2 test events an hour" in refused.json()["detail"]
+
+
+def test_a_change_refused_halfway_sends_no_e_mail_about_a_new_url(owner_api, receiver, mailoutbox,
+                                                                  django_capture_on_commit_callbacks):
+    """The "now sends elsewhere" e-mail was queued before the rest of the change was checked: a new URL with a
+    description too long was refused (nothing saved) and the address was told the endpoint had moved."""
+    from core.errors import ValidationFailed
+
+    endpoint = WebhookEndpoint.objects.get(pk=_endpoint(owner_api, receiver.url)["id"])
+    mailoutbox.clear()
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(ValidationFailed):
+        webhooks.endpoint_update(endpoint=endpoint, url=receiver.url + "elsewhere",
+                                 description="d" * (webhooks.DESCRIPTION_MAX_LENGTH + 1))
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).url == receiver.url and mailoutbox == []
