@@ -195,7 +195,9 @@ def _signup_cipher() -> MultiFernet:
 
 def _signup_token(*, email: str, password_hash: str) -> str:
     # Encrypted, not just signed: the token carries the password's hash, and e-mails get forwarded and stored.
-    payload = json.dumps({"purpose": _SIGNUP_PURPOSE, "email": email, "password": password_hash})
+    # As UTF-8, not \u escapes: an address of non-ASCII characters took 6 bytes a character, and with a production
+    # password hash a long (valid) one made a token over SIGNUP_TOKEN_MAX_LENGTH that no form could confirm.
+    payload = json.dumps({"purpose": _SIGNUP_PURPOSE, "email": email, "password": password_hash}, ensure_ascii=False)
     return _signup_cipher().encrypt(payload.encode()).decode("ascii")
 
 

@@ -68,6 +68,23 @@ def test_register_sends_a_token_that_creates_the_account_and_a_working_key(anon,
     assert User.objects.count() == 1 and ApiKey.objects.count() == 1
 
 
+def test_a_sign_up_token_for_the_longest_address_fits_the_confirm_forms():
+    """The token carries the address: written as \\u escapes, a long address of non-ASCII characters with a
+    production password hash (PBKDF2) made a token longer than SIGNUP_TOKEN_MAX_LENGTH, which the page's and the
+    API's confirm refuse: such an account could never be confirmed (found by review)."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    from marketplace.services import accounts
+    from marketplace.validators import EMAIL_MAX_LENGTH, SIGNUP_TOKEN_MAX_LENGTH
+
+    password_hash = PBKDF2PasswordHasher().encode("a long enough pass 42x", PBKDF2PasswordHasher().salt())
+    for character in ("a", "é", "漢", "\U0001f600"):  # 1 to 4 bytes in UTF-8
+        email = ("x@" + character * EMAIL_MAX_LENGTH)[:EMAIL_MAX_LENGTH]
+        token = accounts._signup_token(email=email, password_hash=password_hash)
+        assert len(token) <= SIGNUP_TOKEN_MAX_LENGTH, (character, len(token))
+        assert accounts._signup_payload(token)["email"] == email
+
+
 @pytest.mark.parametrize("token", ["", "garbage", "gAAAAABnot-a-real-token==", "x" * 2001])
 def test_confirm_refuses_a_bad_token(anon, token):
     r = anon.post(CONFIRM, {"token": token})
