@@ -7,21 +7,21 @@ may come twice and in any order: a refund told failed is failed for good, and a 
 pending or succeeded debits nothing.
 
 An operator's refund takes its amount from the wallet before Stripe is asked: a `pending` Refund and, in the same
-transaction and under the same locks (the top-up, then the wallet and the refunds-pending account), its hold: wallet
-→ the platform's `refunds_pending` account (ledger key `refund-hold:<refund id>`, kind `refund_hold`, the customer
-told that the amount is held for a refund to their card). Every balance reader (the booking and start funds check,
-enforcement, auto top-up, the balance API) sees the held money as gone, so it cannot be spent while the refund is
-pending (before, only other refunds were held back from it, and a confirmed refund drove the wallet below zero:
-found by review). Stripe is called outside the transaction; on its answer the refund is made (refund_confirm: the
-hold → payment clearing, under `refund:<Stripe refund id>`; the wallet is not touched again). When Stripe says it
-made none (a definite error, a failed or canceled refund, or refunds_reconcile finding none), the refund fails and
-its hold goes back to the wallet, once (`refund-hold-release:<refund id>`, a reversal of the hold: refund_not_made).
-When Stripe's answer is lost (no answer, a 5xx, an idempotency conflict), Stripe may have refunded: the refund stays
-pending, its amount held, so that no second refund can give it back again and it cannot be spent, until Stripe's
-refund event or billing.services.reconcile.refunds_reconcile finds Stripe's refund for it (by its metadata) and
-settles it. A refund pending from before holds were posted (migration 0017: no `hold`) is still debited from the
-wallet when made, and the reservation check counts its amount as before; so is one made at Stripe after it failed
-here (its hold given back).
+transaction and under the same locks (the top-up, then every account a refund touches, in one id-sorted step:
+_accounts_locked), its hold: wallet → the platform's `refunds_pending` account (ledger key `refund-hold:<refund id>`,
+kind `refund_hold`, the customer told that the amount is held for a refund to their card). Every balance reader (the
+booking and start funds check, enforcement, auto top-up, the balance API) sees the held money as gone, so it cannot be
+spent while the refund is pending (before, only other refunds were held back from it, and a confirmed refund drove the
+wallet below zero: found by review). Stripe is called outside the transaction; on its answer the refund is made
+(refund_confirm: the hold → payment clearing, under `refund:<Stripe refund id>`; the wallet is not touched again). When
+Stripe says it made none (a definite error, a failed or canceled refund, or refunds_reconcile finding none), the refund
+fails and its hold goes back to the wallet, once (`refund-hold-release:<refund id>`, a reversal of the hold:
+refund_not_made). When Stripe's answer is lost (no answer, a 5xx, an idempotency conflict), Stripe may have refunded:
+the refund stays pending, its amount held, so that no second refund can give it back again and it cannot be spent,
+until Stripe's refund event or billing.services.reconcile.refunds_reconcile finds Stripe's refund for it (by its
+metadata) and settles it. A refund pending from before holds were posted (migration 0017: no `hold`) is still debited
+from the wallet when made, and the reservation check counts its amount as before; so is one made at Stripe after it
+failed here (its hold given back).
 
 A refund made in Stripe's dashboard is recorded when Stripe tells it (`refund.created`/`.updated`/`.failed`,
 `charge.refund.updated`, or `charge.refunded` with the charge's refunds): a Refund of origin `stripe`, without an
@@ -142,7 +142,7 @@ def refund_create_once(*, top_up: TopUp, amount_micros: int, reason: str, create
 def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User, customer_note: str,
                     idempotency_key: str, request_fingerprint: str) -> Refund:
     """The pending refund and its hold (its amount from the wallet to the refunds-pending account), in one
-    transaction under locks on the top-up, then the wallet and the refunds-pending account."""
+    transaction under locks on the top-up, then every account a refund touches (_accounts_locked)."""
     with transaction.atomic():
         top_up = TopUp.objects.select_for_update().get(pk=top_up.pk)
         if top_up.status != TopUpStatus.SUCCEEDED or not top_up.payment_intent_id:
@@ -153,20 +153,24 @@ def _refund_reserve(*, top_up: TopUp, amount_micros: int, reason: str, created_b
             raise Conflict(f"At most {usd_text(left)} of this top-up can still be refunded"
                            + (f" ({usd_text(held)} of it is under dispute or was taken back by the card holder's bank)"
                               if held else "") + ".")
-        wallet_id = user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET).pk
-        pending_id = platform_account(kind=AccountKind.REFUNDS_PENDING).pk
-        # Both locked now, in id order as ledger_post locks them (a hold given back meanwhile locks the same two):
-        # the balance read here is the one the hold is posted against.
-        locked = {account.pk: account for account in
-                  Account.objects.select_for_update().filter(pk__in=[wallet_id, pending_id]).order_by("pk")}
-        wallet, pending = locked[wallet_id], locked[pending_id]
+        # Every account a refund can touch, locked now in one step in id order (_accounts_locked): the balance read
+        # here is the one the hold is posted against.
+        accounts = _accounts_locked(user_id=top_up.user_id)
+        wallet, pending = accounts[AccountKind.CUSTOMER_WALLET], accounts[AccountKind.REFUNDS_PENDING]
+        mine = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING)
         # Refunds pending from before holds were posted (migration 0017) are still in the balance: held back here.
-        unheld = Refund.objects.filter(top_up__user_id=top_up.user_id, status=RefundStatus.PENDING,
-                                       hold__isnull=True).aggregate(total=Sum("amount_micros"))["total"] or 0
+        unheld = mine.filter(hold__isnull=True).aggregate(total=Sum("amount_micros"))["total"] or 0
         if amount_micros > wallet.balance_micros - unheld:
+            # What else is not in the balance: held for their other pending refunds (out of the balance already),
+            # or spent, or debited (refunds, disputes, corrections). "The rest was spent" was said of held money too.
+            held = mine.filter(hold__isnull=False).aggregate(total=Sum("amount_micros"))["total"] or 0
             raise Conflict(
-                f"The customer's balance is {usd_text(wallet.balance_micros - unheld)}: the rest was spent. "
-                "Refund at most that much."
+                f"The customer's balance is {usd_text(wallet.balance_micros)}"
+                + (f", {usd_text(unheld)} of it kept back for their refunds pending from before refunds were held"
+                   if unheld else "")
+                + (f"; {usd_text(held)} more is held for their other refunds, still pending" if held else "")
+                + ". The rest of what they paid in was spent or debited. Refund at most "
+                + f"{usd_text(max(0, wallet.balance_micros - unheld))}."
             )
         refund = Refund.objects.create(top_up=top_up, amount_micros=amount_micros, reason=reason,
                                        customer_note=customer_note.strip() or REFUND_NOTE, created_by=created_by,
@@ -298,11 +302,30 @@ def _fail_pending(*, refund: Refund, failure_message: str, stripe_refund_id: str
 
 
 def _locked(refund_id: int) -> Refund:
-    """A refund locked after its top-up: the order every refund path takes (a webhook of its charge locks the top-up
-    first), so that two of them never wait on each other."""
-    top_up_id = Refund.objects.filter(pk=refund_id).values_list("top_up_id", flat=True).get()
+    """A refund locked after its top-up and the accounts a refund touches: the order every refund path takes (a
+    webhook of its charge locks the top-up first), so that two of them never wait on each other."""
+    top_up_id, user_id = Refund.objects.filter(pk=refund_id).values_list("top_up_id", "top_up__user_id").get()
     list(TopUp.objects.select_for_update().filter(pk=top_up_id).values_list("pk", flat=True))
+    _accounts_locked(user_id=user_id)
     return Refund.objects.select_for_update(of=("self",)).select_related("top_up__user").get(pk=refund_id)
+
+
+def _accounts_locked(*, user_id: int) -> dict[str, Account]:
+    """Every account a refund of the customer's top-ups can touch (their wallet, payment clearing, refunds pending),
+    locked in one step, in id order, by kind. Each refund path takes it right after the top-up's lock and before its
+    first posting; then the postings of one transaction (charge.refunded settles each of a charge's refunds: a hold
+    made, a hold given back, a dashboard refund debited) lock nothing more. ledger_post locks one posting's accounts
+    in id order, but a second posting locked its own after holding the first's: settling a held refund (payment
+    clearing, refunds pending) and then debiting the wallet for a dashboard refund, while an operator's refund of
+    another top-up held the wallet and waited for refunds pending, or a top-up credited held payment clearing and
+    waited for the wallet, deadlocked (found by review). A top-up's credit and a dispute post once (or twice to the
+    same two accounts) and lock in one step already."""
+    accounts = {AccountKind.CUSTOMER_WALLET: user_account(user_id=user_id, kind=AccountKind.CUSTOMER_WALLET),
+                AccountKind.PAYMENT_CLEARING: platform_account(kind=AccountKind.PAYMENT_CLEARING),
+                AccountKind.REFUNDS_PENDING: platform_account(kind=AccountKind.REFUNDS_PENDING)}
+    locked = {account.pk: account for account in Account.objects.select_for_update().filter(
+        pk__in=[account.pk for account in accounts.values()]).order_by("pk")}
+    return {kind: locked[account.pk] for kind, account in accounts.items()}
 
 
 REFUND_DEBITED = ("pending", "requires_action", "succeeded")
@@ -321,14 +344,18 @@ def stripe_refund_apply(*, stripe_refund: dict[str, Any], looked: StripeLookups 
     if status not in REFUND_DEBITED + REFUND_GIVEN_BACK:
         raise ChargeEventUnusable(f"Refund {refund_id} has status {str(status)[:40]!r}, not one this platform acts on: "
                                   "nothing was done.")
-    refund = refund_matched(stripe_refund)
+    # Another top-up's refund listed with a charge is refused before its top-up is locked: not after this one's.
+    refund = refund_matched(stripe_refund, lock=top_up is None)
+    if refund is not None and top_up is not None:
+        if refund.top_up_id != top_up.pk:
+            raise ChargeEventUnusable(f"Refund {refund_id} is listed with the charge of top-up {top_up.pk}, but is a "
+                                      f"refund of top-up {refund.top_up_id} here: nothing was done.")
+        refund = refund_matched(stripe_refund)
     if refund is None:
         if top_up is None:
             top_up = top_up_for(stripe_refund, "Refund", refund_id, looked)
         refund = _made_at_stripe(top_up=top_up, stripe_refund=stripe_refund, refund_id=refund_id)
-    elif top_up is not None and refund.top_up_id != top_up.pk:
-        raise ChargeEventUnusable(f"Refund {refund_id} is listed with the charge of top-up {top_up.pk}, but is a "
-                                  f"refund of top-up {refund.top_up_id} here: nothing was done.")
+    _accounts_locked(user_id=refund.top_up.user_id)  # before the first posting (_accounts_locked)
     if status in REFUND_GIVEN_BACK:
         _give_back(refund=refund, stripe_refund=stripe_refund)
     else:
@@ -403,6 +430,7 @@ def charge_refunded_apply(*, charge: dict[str, Any], looked: StripeLookups | Non
     The charge's refunded total is not read: each refund is debited or given back by its own id and status."""
     charge_id = object_id(charge, "charge")
     top_up = top_up_for(charge, "Charge", charge_id, looked)
+    _accounts_locked(user_id=top_up.user_id)  # every posting below (each refund's) under one step's locks
     if refunds_listed(charge):
         refunds = charge["refunds"]["data"]
     elif looked is not None and charge_id in looked.refunds:

@@ -227,6 +227,22 @@ def test_a_refund_failed_here_that_stripe_made_after_all_is_debited_from_the_wal
     assert _keys(refund) == [f"refund-hold:{refund.pk}", f"refund-hold-release:{refund.pk}", "refund:re_late"]
 
 
+def test_a_refund_over_the_balance_says_what_is_held_for_other_refunds_not_that_it_was_spent(localstripe, api):
+    """The 409 said "The customer's balance is $X: the rest was spent" when the rest was held for another pending
+    refund (found by review): it names what is held, and the most that can be refunded."""
+    first, second = _credited_top_up(localstripe, api), _credited_top_up(localstripe, api)  # $40 each
+    _reserve(first, 30_000_000)  # pending: $30 held
+    instance = running(api.user, node("10.000000"))
+    usage_close(instance=instance, until=instance.started_at + timedelta(hours=2))  # $20 spent
+    assert balance(api.user) == 30_000_000
+    with pytest.raises(Conflict) as refused:
+        _reserve(second, 40_000_000)
+    assert refused.value.message == (
+        "The customer's balance is $30.00; $30.00 more is held for their other refunds, still pending. The rest of "
+        "what they paid in was spent or debited. Refund at most $30.00.")
+    assert balance(api.user) == 30_000_000 and _held() == 30_000_000  # nothing written
+
+
 # --- refunds without a hold ------------------------------------------------------------------------------------------
 
 
@@ -237,7 +253,8 @@ def test_a_refund_pending_from_before_holds_still_settles_from_the_wallet(locals
     old = Refund.objects.create(top_up=first, amount_micros=15_000_000, reason="asked before migration 0017",
                                 created_by=UserFactory(is_staff=True))  # as migration 0017 left it: pending, no hold
     assert balance(api.user) == 30_000_000
-    with pytest.raises(Conflict, match=r"balance is \$15\.00"):  # still held back from other refunds
+    # still held back from other refunds
+    with pytest.raises(Conflict, match=r"balance is \$30\.00, \$15\.00 of it kept back .* at most \$15\.00\."):
         _reserve(second, 15_010_000)
     new = _reserve(second, 15_000_000)
     assert balance(api.user) == 15_000_000 and _held() == 15_000_000
