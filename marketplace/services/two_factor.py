@@ -1,15 +1,16 @@
 """Optional two-factor log-in: a TOTP authenticator app and one-time recovery codes (django-otp devices).
 
-Enrolling makes an unconfirmed TOTP device whose secret the page shows (and as an otpauth:// URI and QR code);
-the first right code, with the account's password, confirms it and makes RECOVERY_CODES recovery codes, shown
-once. From then on a log-in (web, API, admin) needs a code after the password. Disabling needs the password and a
-code.
+Enrolling starts with the account's password (behind the log-in lock-out) and makes an unconfirmed TOTP device
+whose secret is shown once, in the answer to that password (as text, an otpauth:// URI and a QR code); a right code
+from the app for it then confirms it and makes RECOVERY_CODES recovery codes, also shown once. From then on a log-in
+(web, API, admin) needs a code after the password. Disabling needs the password and a code.
 
-An unconfirmed secret belongs to the session that made it (the page keeps its id in the session) and lasts
-ENROL_TIMEOUT: any other session, or the same one later, gets a new secret in its place, and only the secret a
-session was shown can be confirmed from it. Else someone holding a copied cookie could open the page before the
-owner turns two-factor on, be shown the same secret, and keep valid codes after the owner confirmed it (turning it
-on ends the other sessions, not what they saw).
+The secret is revealed only to whoever proves the password, and never again: a copied session cookie is the same
+session as the owner's, so nothing tied to the session alone can tell the owner from its copy. A new start (the
+password again) replaces the user's unconfirmed secret; nothing else does, so whoever lacks the password can
+neither learn the secret the owner turns on nor disturb the owner's enrolment. An unconfirmed secret can be
+confirmed for ENROL_TIMEOUT, by the code of the secret the caller names (the page keeps its id in the session);
+wrong enrolment codes count in the lock-out like the log-in's.
 
 Code guessing is behind the log-in lock-out (core/login_throttle.py) with a counter of its own per account
 (`two-factor:<email>`), which a right password does not reset, and the address's counter, shared with passwords;
@@ -46,8 +47,9 @@ RECOVERY_NAME = "recovery codes"
 _TOTP_CODE = re.compile(r"[0-9]{6}")
 ALREADY_ON = "Two-factor log-in is on already: turn it off first to move it to another app."
 ENROL_TIMEOUT = timedelta(minutes=15)  # how long an unconfirmed secret can be confirmed
-ENROL_GONE = ("This secret expired or was replaced: a secret works for 15 minutes, in the browser that showed it. "
-              "Add the new secret shown here to your app (delete the old one there), then enter its code.")
+ENROL_GONE = ("That secret can no longer be turned on: it expired (a secret works for 15 minutes) or a newer one "
+              "was made in its place (starting again, in any tab or browser, makes a new one). Start again: your "
+              "password, then a new secret for your app (delete the old one there).")
 
 
 class WrongCode(ValidationFailed):
@@ -64,9 +66,15 @@ def two_factor_enabled(*, user: User) -> bool:
     return bool(AuthenticatorDevice.objects.filter(user=user, confirmed=True).exists())
 
 
+def totp_confirmed(*, user: User) -> AuthenticatorDevice | None:
+    """The user's authenticator, when two-factor is on."""
+    device: AuthenticatorDevice | None = AuthenticatorDevice.objects.filter(user=user, confirmed=True).first()
+    return device
+
+
 def totp_pending(*, user: User, device_id: object) -> AuthenticatorDevice | None:
-    """The unconfirmed authenticator `device_id` (the one a session was shown), while it is the user's and younger
-    than ENROL_TIMEOUT; else None."""
+    """The unconfirmed authenticator `device_id` (the one a start made), while it is the user's and younger than
+    ENROL_TIMEOUT; else None."""
     if not isinstance(device_id, int) or isinstance(device_id, bool):
         return None
     device: AuthenticatorDevice | None = AuthenticatorDevice.objects.filter(
@@ -74,65 +82,71 @@ def totp_pending(*, user: User, device_id: object) -> AuthenticatorDevice | None
     return device
 
 
-def totp_enrol_start(*, user: User, device_id: object = None) -> AuthenticatorDevice:
-    """The unconfirmed authenticator `device_id` while it is still pending (totp_pending); otherwise a new secret,
-    in place of every other unconfirmed one of the user (another session's, an expired one): a secret is shown to
-    one session only. Conflict when two-factor is on."""
-    if two_factor_enabled(user=user):
-        raise Conflict(ALREADY_ON)
-    device = totp_pending(user=user, device_id=device_id)
-    if device is not None:
-        return device
-    with transaction.atomic():
-        AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
-        return AuthenticatorDevice.new(user=user, name=TOTP_NAME)
-
-
-def totp_enrol_restart(*, user: User) -> AuthenticatorDevice:
-    """Forget the unconfirmed secret and make a new one (when the first was never added to an app)."""
-    return totp_enrol_start(user=user, device_id=None)
-
-
 class WrongPassword(ValidationFailed):
     def __init__(self) -> None:
         super().__init__("Your password was entered incorrectly.", field="password")
 
 
-def totp_enrol_confirm(*, user: User, device_id: object, code: str, password: str, client_address: str | None,
-                       base_url: str = "") -> list[str]:
-    """Confirm the unconfirmed authenticator `device_id` (the one this session was shown: totp_enrol_start) with a
-    code it shows; two-factor is on from now. Returns the new recovery codes (shown once). ValidationFailed on
-    `code` (ENROL_GONE) when that secret expired or another was made in its place.
-
-    Needs the account's password (behind the log-in lock-out: LoginLocked, WrongPassword): turning it on ends every
-    other session, so a session alone (a copied cookie) must not be able to, which would lock the owner out. The
-    address is told by e-mail."""
-    if totp_pending(user=user, device_id=device_id) is None:
-        raise ValidationFailed(ENROL_GONE, field="code")
+def totp_enrol_start(*, user: User, password: str, client_address: str | None) -> AuthenticatorDevice:
+    """A new secret to add to an app, for whoever proves the account's password (behind the log-in lock-out:
+    LoginLocked, WrongPassword), in place of every unconfirmed one of the user. The caller shows it once, to that
+    caller only: it is the only way to learn it. Conflict when two-factor is on."""
+    if two_factor_enabled(user=user):
+        raise Conflict(ALREADY_ON)
     if not passwords.password_check(user=user, password=password, client_address=client_address):
         raise WrongPassword()
     with transaction.atomic():
-        # The user's row first: two sessions confirming at once (each with a secret of its own, made in a race)
-        # end with one authenticator, not two.
         User.objects.select_for_update().filter(pk=user.pk).first()
         if two_factor_enabled(user=user):
             raise Conflict(ALREADY_ON)
-        device = totp_pending(user=user, device_id=device_id)
-        if device is None:  # expired, or replaced, while the password was checked
-            raise ValidationFailed(ENROL_GONE, field="code")
-        if not device.verify_token(_normalise(code)):
-            raise WrongCode()
-        device.confirmed = True
-        device.save(update_fields=["confirmed"])
         AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
-        codes = _recovery_codes_make(user)
-        # A session someone else holds (a shared computer, a stolen cookie) must not outlive the upgrade.
-        user.end_other_sessions()
-        security_change_notify(
-            user=user, subject="Two-factor log-in was turned on", base_url=base_url,
-            change=(f"Two-factor log-in was just turned on for your {settings.PLATFORM_NAME} account: logging in "
-                    "now needs a code from an authenticator app after the password. Every other browser logged in "
-                    "to it was logged out."))
+        return AuthenticatorDevice.new(user=user, name=TOTP_NAME)
+
+
+def totp_enrol_confirm(*, user: User, device_id: object, code: str, client_address: str | None,
+                       base_url: str = "") -> list[str]:
+    """Confirm the unconfirmed authenticator `device_id` (made by totp_enrol_start, whose caller proved the
+    password) with a code it shows; two-factor is on from now. Returns the new recovery codes (shown once).
+    ValidationFailed on `code` (ENROL_GONE) when that secret expired or a newer start replaced it; WrongCode for a
+    wrong code, which leaves the secret pending (the owner may mistype) and counts in the log-in lock-out like the
+    log-in's code step (LoginLocked): guessing it would turn two-factor on and show the recovery codes.
+
+    The code is the proof that the caller holds the secret, which only the password's answer showed: a session
+    alone (a copied cookie) cannot confirm, nor learn what was confirmed. Turning it on ends every other session
+    and is told to the address by e-mail."""
+    if two_factor_enabled(user=user):
+        raise Conflict(ALREADY_ON)
+    if totp_pending(user=user, device_id=device_id) is None:
+        raise ValidationFailed(ENROL_GONE, field="code")
+    code = _normalise(code)
+    # The place in the lock-out's counters is taken before the code is looked at (exact under parallel guesses).
+    with login_attempt(account=_throttle_account(user), address=client_address) as attempt:
+        with transaction.atomic():
+            # The user's row first: two confirmations at once end with one authenticator, not two.
+            User.objects.select_for_update().filter(pk=user.pk).first()
+            if two_factor_enabled(user=user):
+                raise Conflict(ALREADY_ON)
+            device = totp_pending(user=user, device_id=device_id)
+            if device is None:  # expired, or replaced, meanwhile
+                raise ValidationFailed(ENROL_GONE, field="code")
+            confirmed = device.verify_token(code)
+            if confirmed:
+                device.confirmed = True
+                device.save(update_fields=["confirmed"])
+                AuthenticatorDevice.objects.filter(user=user, confirmed=False).delete()
+                codes = _recovery_codes_make(user)
+                # A session someone else holds (a shared computer, a stolen cookie) must not outlive the upgrade.
+                user.end_other_sessions()
+                security_change_notify(
+                    user=user, subject="Two-factor log-in was turned on", base_url=base_url,
+                    change=(f"Two-factor log-in was just turned on for your {settings.PLATFORM_NAME} account: "
+                            "logging in now needs a code from an authenticator app after the password. Every other "
+                            "browser logged in to it was logged out."))
+        # Outside the transaction: a wrong code's throttling (django-otp's delay) is written, not rolled back.
+        if not confirmed:
+            attempt.failed()
+            raise WrongCode()
+        attempt.succeeded()
         return codes
 
 

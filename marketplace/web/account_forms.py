@@ -32,13 +32,19 @@ class TwoFactorLoginForm(forms.Form):
     code = CODE_FIELD
 
 
+class TwoFactorStartForm(forms.Form):
+    # Checked by the service, behind the log-in lock-out (two_factor.totp_enrol_start), not here.
+    password = current_password_field("Your account's password: the secret is shown only after it.")
+
+
 class TwoFactorConfirmForm(forms.Form):
-    # Checked by the service with the code (two_factor.totp_enrol_confirm), not here.
-    password = current_password_field("Your account's password: turning two-factor on logs out every other browser.")
     code = forms.CharField(
         label="Code from the app", max_length=two_factor_svc.CODE_MAX_LENGTH, strip=True,
-        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
-        help_text="The 6 digits the app shows for this account once you have added it.")
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autofocus": True}),
+        help_text="The 6 digits the app shows for this account once you have added it. Turning two-factor on logs "
+                  "out every other browser.")
+    # The secret the page showed (its id, no secret): a newer start, in another tab, is told apart from a wrong code.
+    enrolment = forms.IntegerField(required=False, widget=forms.HiddenInput)
 
 
 class TwoFactorDisableForm(LockoutMixin, forms.Form):

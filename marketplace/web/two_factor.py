@@ -1,5 +1,6 @@
-"""The account's security page and two-factor log-in: enrol (secret, otpauth URI, QR code), confirm, recovery
-codes, disable (password and code), and the code step of the log-in. Thin: marketplace/services/two_factor.py."""
+"""The account's security page and two-factor log-in: enrol (the password, then the secret, otpauth URI and QR
+code, shown once), confirm with a code, recovery codes, disable (password and code), and the code step of the
+log-in. Thin: marketplace/services/two_factor.py."""
 import time
 
 from django.conf import settings
@@ -25,10 +26,11 @@ from .account_forms import (
     TwoFactorConfirmForm,
     TwoFactorDisableForm,
     TwoFactorLoginForm,
+    TwoFactorStartForm,
 )
 
 PENDING = "two_factor_pending"
-ENROLLING = "two_factor_enrolling"  # the id of the unconfirmed authenticator this session was shown
+ENROLLING = "two_factor_enrolling"  # the id of the unconfirmed authenticator this session's password started
 
 
 def _no_store(response):
@@ -53,68 +55,84 @@ def security(request):
     return _security_page(request, RecoveryCodesForm(user=request.user, request=request))
 
 
-@login_required
-@never_cache
-@require_http_methods(["GET", "POST"])
-def two_factor_enable(request):
-    """GET: the secret to add to an app; POST: confirm with the password and the app's code, then the recovery
-    codes, once. The secret is this session's (its id in the session, ENROLLING): another session opening the page
-    makes a new one, and one older than the service's ENROL_TIMEOUT is replaced."""
-    held = request.session.get(ENROLLING)
-    try:
-        device = svc.totp_enrol_start(user=request.user, device_id=held)
-    except ApplicationError as exc:
-        messages.info(request, exc.message)
-        return redirect("account-security")
-    request.session[ENROLLING] = device.pk
-    form = TwoFactorConfirmForm(request.POST or None)
-    locked = None
-    if request.method == "POST" and form.is_valid():
-        try:
-            # `held`, not device.pk: a secret made just now, in place of one that expired or another session
-            # replaced, was never shown, so no code for it can be right (ENROL_GONE says to add the new one).
-            codes = svc.totp_enrol_confirm(user=request.user, device_id=held, code=form.cleaned_data["code"],
-                                           password=form.cleaned_data["password"], client_address=client_ip(request),
-                                           base_url=request.build_absolute_uri("/"))
-        except LoginLocked as exc:
-            locked = exc
-            form.add_error(None, lockout_message(exc))
-        except Conflict as exc:  # turned on meanwhile, from another session
-            messages.info(request, exc.message)
-            return redirect("account-security")
-        except ApplicationError as exc:
-            form_error(form, exc, default_field="code")
-            try:
-                device = svc.totp_enrol_start(user=request.user, device_id=device.pk)  # a new one if it expired
-            except ApplicationError as gone:
-                messages.info(request, gone.message)
-                return redirect("account-security")
-            request.session[ENROLLING] = device.pk
-        else:
-            request.session.pop(ENROLLING, None)
-            update_session_auth_hash(request, request.user)  # the other sessions ended; this one stays
-            otp_login(request, device)
-            return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": True}))
-    uri = device.config_url
-    response = _no_store(render(request, "marketplace/two_factor_enable.html", {
-        "form": form, "secret": svc.secret_base32(device), "uri": uri, "qr_svg": svc.qr_svg(uri),
-        "minutes": int(svc.ENROL_TIMEOUT.total_seconds() // 60),
-    }, status=(429 if locked else 400) if form.errors else 200))
-    if locked:
+def _enable_page(request, *, start_form=None, code_form=None, device=None, gone="", locked=None, status=200):
+    """The enable page: the password form (start_form, after `gone`: why a secret can no longer be turned on), or
+    the code form (code_form), with the secret only when `device` is given: in the answer to the password, never
+    again."""
+    context = {"start_form": start_form, "code_form": code_form, "gone": gone,
+               "minutes": int(svc.ENROL_TIMEOUT.total_seconds() // 60)}
+    if device is not None:
+        uri = device.config_url
+        context.update(secret=svc.secret_base32(device), uri=uri, qr_svg=svc.qr_svg(uri))
+    response = _no_store(render(request, "marketplace/two_factor_enable.html", context, status=status))
+    if locked is not None:
+        response.status_code = 429
         response["Retry-After"] = str(locked.retry_after)
     return response
 
 
 @login_required
-@require_POST
-def two_factor_restart(request):
+@never_cache
+@require_http_methods(["GET", "POST"])
+def two_factor_enable(request):
+    """GET: the password form (nothing is made or changed: a session alone, a copied cookie, can neither learn nor
+    disturb an enrolment). POST with the right password: a new secret in place of any unconfirmed one, shown in
+    this answer only (its id kept in the session), with the code form."""
+    if svc.two_factor_enabled(user=request.user):
+        messages.info(request, svc.ALREADY_ON)
+        return redirect("account-security")
+    form = TwoFactorStartForm(request.POST or None)
+    if request.method != "POST" or not form.is_valid():
+        return _enable_page(request, start_form=form, status=400 if form.errors else 200)
     try:
-        device = svc.totp_enrol_restart(user=request.user)
-    except ApplicationError as exc:
+        device = svc.totp_enrol_start(user=request.user, password=form.cleaned_data["password"],
+                                      client_address=client_ip(request))
+    except LoginLocked as locked:
+        form.add_error(None, lockout_message(locked))
+        return _enable_page(request, start_form=form, locked=locked)
+    except Conflict as exc:  # turned on meanwhile, from another session
         messages.info(request, exc.message)
         return redirect("account-security")
+    except ApplicationError as exc:
+        form_error(form, exc, default_field="password")
+        return _enable_page(request, start_form=form, status=400)
+    # The password was right: this session moves to a new key, so a copy of its cookie made before is logged out.
+    request.session.cycle_key()
     request.session[ENROLLING] = device.pk
-    return redirect("two-factor-enable")
+    return _enable_page(request, code_form=TwoFactorConfirmForm(initial={"enrolment": device.pk}), device=device)
+
+
+@login_required
+@never_cache
+@require_POST
+def two_factor_confirm(request):
+    """The code of the secret the password's answer showed turns two-factor on, then the recovery codes, once. A
+    wrong code shows the code form again, never the secret (whoever holds a copy of the cookie could post one to
+    read it); a secret expired or replaced by a newer start (another tab) sends back to the password."""
+    form = TwoFactorConfirmForm(request.POST)
+    if not form.is_valid():
+        return _enable_page(request, code_form=form, status=400)
+    held = request.session.get(ENROLLING)
+    # The page's secret, if still this session's newest: else ENROL_GONE, not a wrong code for another secret.
+    device_id = held if form.cleaned_data["enrolment"] in (held, None) else None
+    try:
+        codes = svc.totp_enrol_confirm(user=request.user, device_id=device_id, code=form.cleaned_data["code"],
+                                       client_address=client_ip(request), base_url=request.build_absolute_uri("/"))
+    except LoginLocked as locked:
+        form.add_error(None, lockout_message(locked))
+        return _enable_page(request, code_form=form, locked=locked)
+    except Conflict as exc:  # on already (from another session)
+        messages.info(request, exc.message)
+        return redirect("account-security")
+    except svc.WrongCode as exc:
+        form_error(form, exc, default_field="code")
+        return _enable_page(request, code_form=form, status=400)
+    except ApplicationError as exc:  # ENROL_GONE: the password again, for a new secret
+        return _enable_page(request, start_form=TwoFactorStartForm(), gone=exc.message, status=400)
+    request.session.pop(ENROLLING, None)
+    update_session_auth_hash(request, request.user)  # the other sessions ended; this one stays
+    otp_login(request, svc.totp_confirmed(user=request.user))
+    return _no_store(render(request, "marketplace/two_factor_codes.html", {"codes": codes, "new": True}))
 
 
 @login_required

@@ -132,9 +132,9 @@ def test_parallel_password_checks_of_a_logged_in_user_are_checked_at_most_the_li
 
 def test_parallel_two_factor_codes_are_checked_at_most_the_limit(settings):
     user = UserFactory()
-    device = two_factor.totp_enrol_start(user=user)
+    device = two_factor.totp_enrol_start(user=user, password="correct horse battery staple", client_address=None)
     two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=f"{totp(device.bin_key):06d}",
-                                  password="correct horse battery staple", client_address=None)
+                                  client_address=None)
     right = f"{totp(device.bin_key):06d}"
     wrong = f"{(int(right) + 1) % 1_000_000:06d}"
 

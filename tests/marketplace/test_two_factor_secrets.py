@@ -49,10 +49,9 @@ def _api_login(email: str, otp_code: str):
 
 def test_the_totp_secret_and_recovery_codes_are_not_in_the_database_as_they_are():
     user = UserFactory()
-    device = two_factor.totp_enrol_start(user=user)
+    device = two_factor.totp_enrol_start(user=user, password=PASSWORD, client_address=None)
     secret = device.bin_key
-    codes = two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=_code(secret), password=PASSWORD,
-                                          client_address=None)
+    codes = two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=_code(secret), client_address=None)
 
     (stored_key,) = _raw_column("marketplace_authenticatordevice", "key_encrypted")
     assert len(secret) == 20 and not any(form in stored_key for form in _forms_of(secret))

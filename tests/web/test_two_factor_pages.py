@@ -1,15 +1,18 @@
-"""Optional two-factor log-in (TOTP, recovery codes): enrol with a code, the log-in's code step on the pages, the
-API and the admin, code guessing behind the log-in lock-out, turning it off with the password and a code."""
+"""Optional two-factor log-in (TOTP, recovery codes): enrol (the password, then the secret shown once, then a code),
+the log-in's code step on the pages, the API and the admin, code guessing behind the log-in lock-out, turning it
+off with the password and a code."""
 import base64
 import re
 from datetime import timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.test import Client
 from django.utils import timezone
 from django_otp.oath import totp
 
-from core.errors import ValidationFailed
+from core.errors import Conflict, ValidationFailed
+from core.login_throttle import LoginLocked
 from marketplace.models import AuthenticatorDevice
 from marketplace.services import two_factor
 from tests.factories import UserFactory
@@ -18,6 +21,7 @@ from tests.web.conftest import PASSWORD, logged_in
 pytestmark = pytest.mark.django_db
 
 ENABLE = "/account/two-factor/enable/"
+CONFIRM = "/account/two-factor/confirm/"
 DISABLE = "/account/two-factor/disable/"
 LOGIN = "/accounts/login/"
 CODE = "/accounts/login/code/"
@@ -38,9 +42,8 @@ def code_now(user) -> str:
 
 
 def enrol(user) -> list[str]:
-    device = two_factor.totp_enrol_start(user=user)
-    return two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=code_now(user), password=PASSWORD,
-                                         client_address=None)
+    device = two_factor.totp_enrol_start(user=user, password=PASSWORD, client_address=None)
+    return two_factor.totp_enrol_confirm(user=user, device_id=device.pk, code=code_now(user), client_address=None)
 
 
 def password_step(client, user, **extra):
@@ -51,40 +54,86 @@ def is_logged_in(client) -> bool:
     return client.get("/account/security/").status_code == 200
 
 
-def test_enrol_shows_the_secret_uri_and_qr_then_the_recovery_codes_once(web, renter):
-    page = web.get(ENABLE)
+def secret_on(page) -> str:
+    return re.search(r'id="totp-secret" class="mono">([A-Z2-7]+)<', page.content.decode()).group(1)
+
+
+def shows_no_secret(page, *secrets: str) -> bool:
     html = page.content.decode()
-    assert page.status_code == 200 and "no-store" in page["Cache-Control"]
-    secret = re.search(r'id="totp-secret" class="mono">([A-Z2-7]+)<', html).group(1)
+    return ("totp-secret" not in html and "otpauth" not in html and "<svg" not in html
+            and not any(secret in html for secret in secrets))
+
+
+def code_for(secret: str) -> str:
+    key = base64.b32decode(secret + "=" * (-len(secret) % 8))
+    return f"{totp(key, step=30, t0=0, digits=6):06d}"
+
+
+def start(client, password: str = PASSWORD):
+    return client.post(ENABLE, {"password": password})
+
+
+def confirm(client, code: str, page=None):
+    """The code form's post; `page`: the page it is on (its hidden enrolment id), else none (as a script)."""
+    data = {"code": code}
+    if page is not None:
+        data["enrolment"] = re.search(r'name="enrolment" value="(\d+)"', page.content.decode()).group(1)
+    return client.post(CONFIRM, data)
+
+
+def copy_of(client) -> Client:
+    """Another browser holding a copy of `client`'s session cookie: the same session, as the server sees it."""
+    copy = Client()
+    copy.cookies[django_settings.SESSION_COOKIE_NAME] = client.cookies[django_settings.SESSION_COOKIE_NAME].value
+    return copy
+
+
+def test_enrol_asks_the_password_then_shows_the_secret_once_then_the_recovery_codes(web, renter):
+    page = web.get(ENABLE)
+    assert page.status_code == 200 and "no-store" in page["Cache-Control"] and shows_no_secret(page)
+    assert 'name="password"' in page.content.decode() and not AuthenticatorDevice.objects.filter(user=renter).exists()
+    no = start(web, "")
+    assert no.status_code == 400 and shows_no_secret(no)
+    no = start(web, "not it")
+    assert no.status_code == 400 and "password was entered incorrectly" in no.content.decode() and shows_no_secret(no)
+    assert not AuthenticatorDevice.objects.filter(user=renter).exists()
+
+    shown = start(web)
+    html = shown.content.decode()
+    assert shown.status_code == 200 and "no-store" in shown["Cache-Control"]
+    secret = secret_on(shown)
     uri = re.search(r'id="totp-uri" class="mono">([^<]+)<', html).group(1)
     assert uri.startswith("otpauth://totp/gpumarket%3Arenter%40example.com?") and f"secret={secret}" in uri
     assert "<svg" in html and "<path" in html
-    assert f'id="totp-secret" class="mono">{secret}<' in web.get(ENABLE).content.decode()  # kept until confirmed
-
-    wrong = web.post(ENABLE, {"password": PASSWORD, "code": "000000"})
-    assert wrong.status_code == 400 and "not right" in wrong.content.decode()
-    assert web.post(ENABLE, {"password": PASSWORD, "code": ""}).status_code == 400
-    # The right code without the password (a session alone, e.g. a copied cookie, must not turn it on: that ends
-    # every other session and would lock the owner out)
-    assert web.post(ENABLE, {"code": code_now(renter)}).status_code == 400
-    no = web.post(ENABLE, {"password": "not it", "code": code_now(renter)})
-    assert no.status_code == 400 and "password was entered incorrectly" in no.content.decode()
+    assert two_factor.secret_base32(AuthenticatorDevice.objects.get(user=renter, confirmed=False)) == secret
+    # Never again: not on the page opened again, nor after a wrong or empty code (a copy of the cookie could post
+    # one to read it).
+    again = web.get(ENABLE)
+    assert again.status_code == 200 and shows_no_secret(again, secret)
+    wrong = confirm(web, "000000", shown)
+    assert wrong.status_code == 400 and "not right" in wrong.content.decode() and shows_no_secret(wrong, secret)
+    assert 'name="code"' in wrong.content.decode() and "Start again" in wrong.content.decode()
+    empty = confirm(web, "", shown)
+    assert empty.status_code == 400 and shows_no_secret(empty, secret)
     assert not two_factor.two_factor_enabled(user=renter)
 
-    done = web.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)})
+    done = confirm(web, code_for(secret), wrong)  # the code form shown again after a wrong code works
     codes = re.findall(r"<li>([a-z0-9]+)</li>", done.content.decode())
     assert done.status_code == 200 and len(codes) == two_factor.RECOVERY_CODES and "no-store" in done["Cache-Control"]
-    assert two_factor.two_factor_enabled(user=renter)
+    assert two_factor.two_factor_enabled(user=renter) and shows_no_secret(done, secret)
+    assert two_factor.secret_base32(two_factor.totp_confirmed(user=renter)) == secret
     security = web.get("/account/security/").content.decode()
     assert "10 recovery codes left" in security and codes[0] not in security
     assert web.get(ENABLE)["Location"] == "/account/security/"  # on already
+    assert start(web)["Location"] == "/account/security/"
+    assert confirm(web, code_now(renter))["Location"] == "/account/security/"
 
 
 def test_turning_it_on_keeps_this_session_and_ends_the_others(renter):
     here, elsewhere, untouched = logged_in(renter), logged_in(renter), logged_in(UserFactory())
     assert is_logged_in(elsewhere)
-    here.get(ENABLE)
-    assert here.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)}).status_code == 200
+    start(here)
+    assert confirm(here, code_now(renter)).status_code == 200
     assert is_logged_in(here) and not is_logged_in(elsewhere) and is_logged_in(untouched)
     # The session that ended logs in again as any other: password, then code.
     assert password_step(elsewhere, renter)["Location"] == CODE
@@ -93,8 +142,8 @@ def test_turning_it_on_keeps_this_session_and_ends_the_others(renter):
 
 def test_after_it_a_password_change_still_keeps_this_session_and_ends_the_others(renter):
     here = logged_in(renter)
-    here.get(ENABLE)
-    here.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)})
+    start(here)
+    confirm(here, code_now(renter))
     elsewhere = logged_in(renter)  # logged in after two-factor went on
     new = "a brand new passphrase 7"
     r = here.post("/account/password/", {"old_password": PASSWORD, "new_password1": new, "new_password2": new})
@@ -103,121 +152,167 @@ def test_after_it_a_password_change_still_keeps_this_session_and_ends_the_others
 
 def test_a_wrong_code_ends_no_session(renter):
     here, elsewhere = logged_in(renter), logged_in(renter)
-    here.get(ENABLE)
-    assert here.post(ENABLE, {"password": PASSWORD, "code": "000000"}).status_code == 400
+    start(here)
+    assert confirm(here, "000000").status_code == 400
     assert is_logged_in(here) and is_logged_in(elsewhere)
 
 
-def test_a_new_secret_replaces_the_unconfirmed_one(web, renter):
-    first = secret_on(web.get(ENABLE))
-    assert web.post("/account/two-factor/restart/").status_code == 302
-    second = secret_on(web.get(ENABLE))
+def test_starting_again_replaces_the_unconfirmed_secret_and_an_older_tab_is_told_so(web, renter):
+    """Two tabs of one browser: the second start replaces the first's secret; the first tab's code is refused as
+    replaced (start again), not as a wrong code, and shows no secret."""
+    tab1 = start(web)
+    tab2 = start(web)
+    first, second = secret_on(tab1), secret_on(tab2)
     assert second != first and AuthenticatorDevice.objects.filter(user=renter).count() == 1
-    assert web.post(ENABLE, {"password": PASSWORD, "code": code_now(renter)}).status_code == 200  # the new one
-    assert two_factor.two_factor_enabled(user=renter)
+    r = confirm(web, code_for(first), tab1)
+    assert r.status_code == 400 and "newer one was made" in r.content.decode() and shows_no_secret(r, first, second)
+    assert 'name="password"' in r.content.decode()  # start again: the password
+    assert confirm(web, code_for(second), tab2).status_code == 200  # the newer one still works
+    assert two_factor.secret_base32(two_factor.totp_confirmed(user=renter)) == second
 
 
-# --- the secret is the session's that was shown it, for ENROL_TIMEOUT (a copied cookie must not learn it) ---------
+# --- the secret is shown only to whoever proves the password, once (a copied cookie must not learn it) ------------
 
-def secret_on(page) -> str:
-    return re.search(r'id="totp-secret" class="mono">([A-Z2-7]+)<', page.content.decode()).group(1)
-
-
-def code_for(secret: str) -> str:
-    key = base64.b32decode(secret + "=" * (-len(secret) % 8))
-    return f"{totp(key, step=30, t0=0, digits=6):06d}"
-
-
-def test_a_secret_another_session_saw_is_never_the_one_turned_on(renter):
-    """The reviewer's case: a thief with a copied cookie opens the page first; the owner, later, in their own
-    browser, is shown a secret of their own, and the thief's copy never gives a code that logs in."""
-    thief = logged_in(renter)
-    seen_by_thief = secret_on(thief.get(ENABLE))
+@pytest.mark.parametrize("thief_first", [True, False])
+def test_a_copied_cookie_never_sees_the_secret_the_owner_turns_on(renter, thief_first):
+    """The reviewer's case: the thief holds a copy of the owner's session cookie (the same session, not one of its
+    own), taken before the owner turns two-factor on or after the owner's password, and opens the enable page
+    before the owner does, or after; nothing the copy does without the password shows a secret or replaces the
+    owner's, and the secret the owner turns on is in no answer the copy gets."""
     owner = logged_in(renter)
-    shown_to_owner = secret_on(owner.get(ENABLE))
-    assert shown_to_owner != seen_by_thief
-    assert secret_on(owner.get(ENABLE)) == shown_to_owner  # kept for this session while it waits
+    early = copy_of(owner)
+    assert is_logged_in(early)
+    seen_by_thief = []
 
-    done = owner.post(ENABLE, {"password": PASSWORD, "code": code_for(shown_to_owner)})
+    def thief_tries(thief):
+        seen_by_thief.extend([thief.get(ENABLE), confirm(thief, "123456"), start(thief, "guess")])
+
+    if thief_first:
+        thief_tries(early)
+    shown = start(owner)
+    secret = secret_on(shown)
+    late = copy_of(owner)  # a copy taken after the password: the same session as the owner's now
+    assert is_logged_in(late) and not is_logged_in(early)  # the start moved the session to a new key
+    thief_tries(late)
+    if not thief_first:
+        thief_tries(early)
+    pending = AuthenticatorDevice.objects.get(user=renter)
+    assert not pending.confirmed and two_factor.secret_base32(pending) == secret  # none of it replaced it
+    done = confirm(owner, code_for(secret), shown)
     assert done.status_code == 200 and two_factor.two_factor_enabled(user=renter)
-    assert two_factor.secret_base32(AuthenticatorDevice.objects.get(user=renter, confirmed=True)) == shown_to_owner
-    assert not is_logged_in(thief)
-    # The thief's secret is gone: its codes are not the account's.
-    assert password_step(thief, renter)["Location"] == CODE
-    assert thief.post(CODE, {"code": code_for(seen_by_thief)}).status_code == 400 and not is_logged_in(thief)
+    assert two_factor.secret_base32(two_factor.totp_confirmed(user=renter)) == secret
+    assert is_logged_in(owner) and not is_logged_in(late)  # turning it on moved the session to a new key again
+    assert seen_by_thief and all(shows_no_secret(page, secret) for page in seen_by_thief)
+    # With the password (phished, reused) the thief reaches the code step, and has no code.
+    assert password_step(late, renter)["Location"] == CODE
 
 
-def test_a_session_cannot_confirm_a_secret_another_session_was_shown(renter):
-    """Even with the password and a right code for it (the owner typed the code, the thief read it): another
-    session's secret is refused with a clear error and a new secret of this session's own."""
+def test_proving_the_password_logs_out_a_copy_of_the_cookie_made_before(renter):
+    owner = logged_in(renter)
+    thief = copy_of(owner)
+    start(owner)
+    assert is_logged_in(owner) and not is_logged_in(thief)
+
+
+def test_another_session_cannot_disturb_the_owners_enrolment(renter):
+    """Opening the page or posting codes in another session (without the password) replaces nothing."""
     owner, other = logged_in(renter), logged_in(renter)
-    owners = secret_on(owner.get(ENABLE))
-    r = other.post(ENABLE, {"password": PASSWORD, "code": code_for(owners)})
-    page = r.content.decode()
-    assert r.status_code == 400 and "expired or was replaced" in page
-    fresh = secret_on(r)
-    assert fresh != owners and not two_factor.two_factor_enabled(user=renter)
-    # The owner's secret was replaced meanwhile: the owner is told so, and shown a new one, which works.
-    r = owner.post(ENABLE, {"password": PASSWORD, "code": code_for(owners)})
-    assert r.status_code == 400 and "expired or was replaced" in r.content.decode()
-    newest = secret_on(r)
-    assert newest not in (owners, fresh) and AuthenticatorDevice.objects.filter(user=renter).count() == 1
-    assert owner.post(ENABLE, {"password": PASSWORD, "code": code_for(newest)}).status_code == 200
-    assert two_factor.two_factor_enabled(user=renter)
+    shown = start(owner)
+    secret = secret_on(shown)
+    assert other.get(ENABLE).status_code == 200
+    r = confirm(other, code_for(secret), shown)  # even with the right code: it started nothing
+    assert r.status_code == 400 and "can no longer be turned on" in r.content.decode() and shows_no_secret(r, secret)
+    assert not two_factor.two_factor_enabled(user=renter)
+    assert confirm(owner, code_for(secret), shown).status_code == 200
+    assert two_factor.secret_base32(two_factor.totp_confirmed(user=renter)) == secret
 
 
-def test_a_session_that_never_opened_the_page_cannot_confirm(renter):
+def test_a_wrong_password_is_refused_and_counts_in_the_log_in_lock_out(web, renter, settings):
+    for _ in range(settings.LOGIN_FAILURES_PER_ACCOUNT):
+        r = start(web, "not it")
+        assert r.status_code == 400 and shows_no_secret(r)
+    r = start(web)  # the right password too, while locked
+    assert r.status_code == 429 and int(r["Retry-After"]) > 0 and "Too many failed" in r.content.decode()
+    assert shows_no_secret(r) and not AuthenticatorDevice.objects.filter(user=renter).exists()
+    # The same lock-out as the log-in's: the account's log-in is locked too.
+    assert "Too many failed" in password_step(Client(), renter).content.decode()
+
+
+def test_wrong_enrolment_codes_count_in_the_log_in_lock_out(web, renter, settings):
+    """Guessing the code would turn two-factor on and show the recovery codes: bounded like the log-in's."""
+    shown = start(web)
+    for n in range(settings.LOGIN_FAILURES_PER_ACCOUNT):
+        assert confirm(web, f"{n:06d}", shown).status_code == 400
+    r = confirm(web, code_for(secret_on(shown)), shown)
+    assert r.status_code == 429 and int(r["Retry-After"]) > 0 and shows_no_secret(r, secret_on(shown))
+    assert not two_factor.two_factor_enabled(user=renter)
+
+
+def test_a_session_that_never_started_cannot_confirm(renter):
     web = logged_in(renter)
-    device = two_factor.totp_enrol_start(user=renter)  # a secret no session of this test was shown
-    r = web.post(ENABLE, {"password": PASSWORD, "code": code_for(two_factor.secret_base32(device))})
-    assert r.status_code == 400 and "expired or was replaced" in r.content.decode()
+    device = two_factor.totp_enrol_start(user=renter, password=PASSWORD, client_address=None)  # not this session's
+    r = confirm(web, code_for(two_factor.secret_base32(device)))
+    assert r.status_code == 400 and "can no longer be turned on" in r.content.decode()
     assert not two_factor.two_factor_enabled(user=renter)
 
 
 def test_a_pending_secret_expires(web, renter):
-    first = secret_on(web.get(ENABLE))
+    shown = start(web)
+    first = secret_on(shown)
     waited = timezone.now() - two_factor.ENROL_TIMEOUT - timedelta(seconds=1)
     AuthenticatorDevice.objects.filter(user=renter).update(created_at=waited)
-    r = web.post(ENABLE, {"password": PASSWORD, "code": code_for(first)})
-    assert r.status_code == 400 and "expired or was replaced" in r.content.decode()
-    second = secret_on(r)
-    assert second != first and not two_factor.two_factor_enabled(user=renter)
-    assert AuthenticatorDevice.objects.filter(user=renter).count() == 1  # the expired one is gone
-    # Just before the end it still works.
+    r = confirm(web, code_for(first), shown)
+    html = r.content.decode()
+    assert r.status_code == 400 and "can no longer be turned on" in html and "15 minutes" in html
+    assert shows_no_secret(r, first) and not two_factor.two_factor_enabled(user=renter)
+    assert re.search(rf'<form method="post" action="{ENABLE}"[^>]*>.*name="password"', html, re.S)  # its form
+    # Start again: a new secret in place of the expired one, which works until just before its end.
+    shown = start(web)
+    second = secret_on(shown)
+    assert second != first and AuthenticatorDevice.objects.filter(user=renter).count() == 1
     almost = timezone.now() - two_factor.ENROL_TIMEOUT + timedelta(seconds=30)
     AuthenticatorDevice.objects.filter(user=renter).update(created_at=almost)
-    assert secret_on(web.get(ENABLE)) == second
-    assert web.post(ENABLE, {"password": PASSWORD, "code": code_for(second)}).status_code == 200
+    assert confirm(web, code_for(second), shown).status_code == 200
     assert two_factor.two_factor_enabled(user=renter)
 
 
-def test_an_expired_secret_is_replaced_when_the_page_is_opened_again(web, renter):
-    first = secret_on(web.get(ENABLE))
-    AuthenticatorDevice.objects.filter(user=renter).update(
-        created_at=timezone.now() - two_factor.ENROL_TIMEOUT - timedelta(seconds=1))
-    assert secret_on(web.get(ENABLE)) != first
-
-
-def test_the_service_confirms_only_the_secret_named_while_it_lasts(renter):
-    first = two_factor.totp_enrol_start(user=renter)
-    second = two_factor.totp_enrol_start(user=renter)  # another session: a new secret in place of the first
+def test_the_service_shows_a_secret_only_for_the_password_and_confirms_only_the_newest_while_it_lasts(renter):
+    with pytest.raises(two_factor.WrongPassword):
+        two_factor.totp_enrol_start(user=renter, password="not it", client_address=None)
+    assert not AuthenticatorDevice.objects.filter(user=renter).exists()
+    first = two_factor.totp_enrol_start(user=renter, password=PASSWORD, client_address=None)
+    second = two_factor.totp_enrol_start(user=renter, password=PASSWORD, client_address=None)
     assert second.pk != first.pk and not AuthenticatorDevice.objects.filter(pk=first.pk).exists()
-    assert two_factor.totp_enrol_start(user=renter, device_id=second.pk).pk == second.pk
     for device_id in (first.pk, None, "1", True):
         with pytest.raises(ValidationFailed) as gone:
-            two_factor.totp_enrol_confirm(user=renter, device_id=device_id, code=code_now(renter),
-                                          password=PASSWORD, client_address=None)
+            two_factor.totp_enrol_confirm(user=renter, device_id=device_id, code=code_now(renter), client_address=None)
         assert gone.value.field == "code" and gone.value.message == two_factor.ENROL_GONE
     other = UserFactory()
     with pytest.raises(ValidationFailed):  # another user's pending secret
-        two_factor.totp_enrol_confirm(user=other, device_id=second.pk, code=code_now(renter), password=PASSWORD,
-                                      client_address=None)
+        two_factor.totp_enrol_confirm(user=other, device_id=second.pk, code=code_now(renter), client_address=None)
+    with pytest.raises(two_factor.WrongCode):  # a wrong code leaves it pending
+        two_factor.totp_enrol_confirm(user=renter, device_id=second.pk, code="000000", client_address=None)
+    assert two_factor.totp_pending(user=renter, device_id=second.pk) == second
     AuthenticatorDevice.objects.filter(pk=second.pk).update(
         created_at=timezone.now() - two_factor.ENROL_TIMEOUT - timedelta(seconds=1))
     with pytest.raises(ValidationFailed):
-        two_factor.totp_enrol_confirm(user=renter, device_id=second.pk, code=code_now(renter), password=PASSWORD,
-                                      client_address=None)
+        two_factor.totp_enrol_confirm(user=renter, device_id=second.pk, code=code_now(renter), client_address=None)
     assert not two_factor.two_factor_enabled(user=renter)
+
+    third = two_factor.totp_enrol_start(user=renter, password=PASSWORD, client_address=None)
+    two_factor.totp_enrol_confirm(user=renter, device_id=third.pk, code=code_now(renter), client_address=None)
+    assert two_factor.totp_confirmed(user=renter) == third
+    with pytest.raises(Conflict):  # on already: no new secret, even with the password
+        two_factor.totp_enrol_start(user=renter, password=PASSWORD, client_address=None)
+
+
+def test_the_service_start_is_behind_the_lock_out(renter, settings):
+    for _ in range(settings.LOGIN_FAILURES_PER_ACCOUNT):
+        with pytest.raises(two_factor.WrongPassword):
+            two_factor.totp_enrol_start(user=renter, password="not it", client_address=None)
+    with pytest.raises(LoginLocked):
+        two_factor.totp_enrol_start(user=renter, password=PASSWORD, client_address=None)
+    assert not AuthenticatorDevice.objects.filter(user=renter).exists()
 
 
 def test_log_in_asks_for_the_code_after_the_password(client, renter):
