@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from tests.web.conftest import logged_in
+from tests.web.conftest import PASSWORD, logged_in
 from tests.web.test_browser import log_in
 from tests.web.test_csp import marketplace  # noqa: F401 (a fixture)
 from tests.web.test_page_layout import FINE_AMOUNTS, NO_SIDEWAYS_SCROLL, odd_money, wide_offers  # noqa: F401
@@ -236,6 +236,18 @@ def _walk_with_axe(page, base: str, who: str, pages, found: list[str], *, phone:
         page.locator("summary", has_text="Account").click()
         page.locator("summary", has_text="Delete").first.click()
         found += [f"{who} /account/ssh-keys/ (menu and confirmation open): {v}" for v in _axe(page)]
+        # The two-factor secret (its QR code) and code form: only in the answer to the password, so not a GET.
+        _visit(page, f"{base}/account/two-factor/enable/", 200)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Show the secret").click()
+        page.locator("#totp-secret").wait_for()
+        found += [f"{who} the two-factor secret: {v}" for v in _axe(page)]
+        if not page.evaluate(NO_SIDEWAYS_SCROLL):
+            found.append(f"{who} the two-factor secret: scrolls sideways")
+        page.get_by_label("Code from the app").fill("000000")
+        page.get_by_role("button", name="Confirm and turn on").click()
+        page.get_by_text("That code is not right").wait_for()
+        found += [f"{who} the two-factor code, wrong: {v}" for v in _axe(page)]
 
 
 @pytest.mark.slow
