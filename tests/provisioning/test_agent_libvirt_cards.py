@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from provisioning.agent import gpumarket_agent as agent
+from provisioning.agent.gpumarket_agent.allocation import holds_gpus
 from tests.provisioning.sshkit import new_keypair
 from tests.provisioning.test_agent_docker import SAMPLES
 from tests.provisioning.test_agent_gpu_uuids import A, B, C, D
@@ -29,6 +30,15 @@ verb, args = sys.argv[3], sys.argv[4:]
 def fail(msg):
     sys.stderr.write(msg + "\n")
     sys.exit(1)
+# A transient lookup failure (libvirtd or virtqemud restarting, a keepalive timeout, an ACL denial) while the file
+# FAKE_VIRSH_GLITCH names exists: virsh prints the same words as for a domain that is not there, since it resets
+# libvirt's own error first (tools/virsh-util.c, virshLookupDomainInternal). "list" in the file: the list fails too.
+glitch = os.environ.get("FAKE_VIRSH_GLITCH", "")
+if glitch and os.path.exists(glitch):
+    if verb == "list" and "list" in open(glitch).read():
+        fail("error: failed to connect to the hypervisor")
+    if verb not in ("list", "version", "define"):
+        fail("error: failed to get domain '%s'" % args[0])
 if verb == "define":
     dom = ET.parse(args[0]).getroot()
     devs = [[int(a.get(k), 16) for k in ("domain", "bus", "slot", "function")]
@@ -100,6 +110,7 @@ def node(tmp_path, monkeypatch):
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_VIRSH_STATE", str(tmp_path / "domains.json"))
+    monkeypatch.setenv("FAKE_VIRSH_GLITCH", str(tmp_path / "virsh-glitch"))
     monkeypatch.setenv("FAKE_SMI_CSV", str(csv))
     monkeypatch.setenv("FAKE_SMI_TABLE", str(SAMPLES / "h100_sxm_x1_table.txt"))
     monkeypatch.setenv("GPUMARKET_DISK_TEST_MIB", "1")
@@ -132,6 +143,14 @@ def node(tmp_path, monkeypatch):
 
         def record(self, vm_id):
             return json.loads((tmp_path / "state" / "vms" / vm_id / "vm.json").read_text())
+
+        def glitch(self, on=True, list_too=False):
+            """virsh's lookups fail for a while, as while libvirtd restarts (FAKE_VIRSH_GLITCH above)."""
+            flag = tmp_path / "virsh-glitch"
+            if on:
+                flag.write_text("list" if list_too else "")
+            elif flag.exists():
+                flag.unlink()
 
         def fall_off(self, uuid):
             csv.write_text("".join(line + "\n" for line in csv.read_text().splitlines() if uuid not in line))
@@ -305,3 +324,33 @@ def test_destroy_removes_a_domain_of_ours_that_has_no_record(node, tmp_path):
     assert node.domains() == {} and not (tmp_path / "domains" / "ghost").exists()
     assert node.call("vm list", {})["vms"] == []
     assert node.call("vm destroy", {"vm_id": "ghost"})["existed"] is False
+
+
+@pytest.mark.parametrize("list_too", [False, True])
+def test_a_failed_lookup_of_a_defined_domain_is_no_missing_vm(node, list_too):
+    """virsh prints "error: failed to get domain '<name>'" for every lookup that fails, whatever the reason (an RPC
+    error while libvirtd restarts, a keepalive timeout, an ACL denial): the agent took each as the domain gone, so
+    one glitch answered `vm stop` not_found (the platform failed the renter's running instance), listed the VM
+    `missing` (the health check and reconciler failed it, freed its card, and then stopped its VM as a failed
+    instance's) and counted its card free (found by review). A domain is missing only when the domain list, whose
+    failure raises, does not name it; while virsh cannot say, every answer about it is command_failed."""
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    node.glitch(list_too=list_too)
+    listed = node.call("vm list", {})
+    assert listed["error"]["code"] == "command_failed", listed  # before: [("inst-1", "missing")]
+    assert node.call("health", {})["vms"] is None  # no VM's state, rather than a wrong one
+    for verb in ("vm stop", "vm start", "vm status"):
+        answer = node.call(verb, {"vm_id": "inst-1"})
+        assert answer["error"]["code"] == "command_failed", (verb, answer)  # before: not_found, or "missing"
+    rt = agent.LibvirtRuntime(node.cfg)
+    with pytest.raises(agent.AgentError) as raised:
+        holds_gpus(rt, node.record("inst-1"))  # before: False, its card free for the next VM
+    assert raised.value.code == "command_failed"
+    refused = node.create("inst-2", [1], [B])  # whether inst-1 holds A cannot be told: nothing is made
+    assert refused["error"]["code"] == "command_failed", refused
+    assert node.domains()["gpumarket-inst-1"]["state"] == "running" and "gpumarket-inst-2" not in node.domains()
+    node.glitch(on=False)
+    assert [(v["vm_id"], v["state"]) for v in node.call("vm list", {})["vms"]] == [("inst-1", "running")]
+    assert node.call("health", {})["vms"] == {"inst-1": "running"}
+    assert holds_gpus(rt, node.record("inst-1")) is True
+    assert node.create("inst-2", [1], [B])["state"] == "running"

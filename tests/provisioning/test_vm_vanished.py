@@ -1,12 +1,15 @@
 """A renter's VM whose container was removed on its node (`docker rm`, `docker container prune`), end to end: the
 platform's jobs, health record and reconciler against the real agent, called in-process with the stand-in `docker`
-CLI of test_agent_docker.py (found by review; each test failed before its fix).
+CLI of test_agent_docker.py (found by review; each test failed before its fix). At the end, a libvirt node whose
+virsh fails a lookup for a while (libvirtd restarting), with the stand-in virsh of test_agent_libvirt_cards.py: no
+VM of it is missing then.
 
 Before: the agent kept the record holding its GPU, answered `vm start` with command_failed ("No such container")
 and `vm stop` with ok, so the start job's failure marked the instance "stopped, start it again" at every start,
 its absent disk billed for good, and every later booking on that GPU failed gpu_busy."""
 import json
 import os
+import sys
 from datetime import timedelta
 
 import pytest
@@ -25,12 +28,13 @@ from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book
 from tests.provisioning.test_agent_docker import FAKE_DOCKER, SAMPLES
 from tests.provisioning.test_agent_gpu_uuids import A
+from tests.provisioning.test_agent_libvirt_cards import FAKE_NVIDIA_SMI, FAKE_VIRSH, TOUCH_OUTPUT, TOUCH_OVERLAY
 
 pytestmark = pytest.mark.django_db
 
 
-class DockerNode:
-    """A docker node: the agent in-process behind the platform's session, its engine the stand-in CLI."""
+class AgentNode:
+    """A node: the agent in-process behind the platform's session, its engine a stand-in CLI."""
 
     def __init__(self, tmp_path, env):
         self.tmp_path, self.env = tmp_path, env
@@ -53,6 +57,8 @@ class DockerNode:
 
         return Session()
 
+
+class DockerNode(AgentNode):
     def containers(self):
         path = self.tmp_path / "containers.json"
         state = json.loads(path.read_text()) if path.exists() else {}
@@ -174,3 +180,90 @@ def test_a_running_instance_whose_container_was_removed_fails_at_the_health_chec
     assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).exists()  # not started again
     assert gpu0(node) == "free"
     assert rented(node).status == InstanceStatus.RUNNING
+
+
+# ------------------------------------------------------------------- libvirt: a lookup that fails for a while
+
+class LibvirtNode(AgentNode):
+    def domains(self) -> dict[str, str]:
+        return {name: d["state"] for name, d in json.loads((self.tmp_path / "domains.json").read_text()).items()}
+
+    def glitch(self, on=True):
+        """virsh's lookups fail with "error: failed to get domain '<name>'", as while libvirtd restarts."""
+        flag = self.tmp_path / "virsh-glitch"
+        flag.touch() if on else flag.unlink()
+
+
+@pytest.fixture
+def libvirt_node(tmp_path, monkeypatch):
+    fakebin, images = tmp_path / "bin", tmp_path / "images"
+    fakebin.mkdir()
+    images.mkdir()
+    (images / "ubuntu-22.04-cuda-12.4-pytorch-2.5.1.qcow2").write_text("")  # the pytorch-2-5 image's
+    python = "#!" + sys.executable
+    (fakebin / "virsh").write_text(FAKE_VIRSH.replace("#!PYTHON", python))
+    (fakebin / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.replace("#!PYTHON", python))
+    (fakebin / "qemu-img").write_text(TOUCH_OVERLAY)
+    (fakebin / "genisoimage").write_text(TOUCH_OUTPUT)
+    for script in fakebin.iterdir():
+        script.chmod(0o755)
+    csv = tmp_path / "gpus.csv"
+    csv.write_text((SAMPLES / "a100_sxm4_80gb_x4.csv").read_text())
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_VIRSH_STATE", str(tmp_path / "domains.json"))
+    monkeypatch.setenv("FAKE_VIRSH_GLITCH", str(tmp_path / "virsh-glitch"))
+    monkeypatch.setenv("FAKE_SMI_CSV", str(csv))
+    monkeypatch.setenv("FAKE_SMI_TABLE", str(SAMPLES / "h100_sxm_x1_table.txt"))
+    monkeypatch.setenv("GPUMARKET_DISK_TEST_MIB", "1")
+    fake = LibvirtNode(tmp_path, {"GPUMARKET_RUNTIME": "libvirt", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
+                                  "GPUMARKET_PORT_RANGE": "42000-42999", "GPUMARKET_PUBLIC_HOST": "10.0.0.9",
+                                  "GPUMARKET_LIBVIRT_DIR": str(tmp_path / "domains"),
+                                  "GPUMARKET_LIBVIRT_IMAGES": str(images)})
+    for module in ("vms", "reconcile"):
+        monkeypatch.setattr(f"provisioning.services.{module}.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", lambda host, port, timeout=0: None)
+    return fake
+
+
+def health_and_reconcile(fake, node):
+    """A health check of the node, then the reconciler's pass, as the fleet runs them; the pass's counts, or the
+    node's error that ended it (the fleet counts that node unreachable for this pass)."""
+    health = fake.session(node).agent("health", None, {})
+    node_record_health(node_id=node.pk, ok=True, vms=health["vms"], probed_at=timezone.now())
+    try:
+        return node_reconcile(node)
+    except AgentFailed as exc:
+        return exc
+
+
+def test_a_failed_virsh_lookup_leaves_a_running_instance_and_its_vm_alone(libvirt_node):
+    """The reviewer's case: virsh prints "error: failed to get domain '<name>'" for any lookup that fails (libvirtd
+    restarting, a keepalive timeout), and the agent took it as the domain gone. One glitch: the health check
+    interrupted the renter's running instance as gone, the reconciler failed it and freed its GPU, and once virsh
+    answered again the next pass found a failed instance whose VM runs, and stopped it. Now the VM's state is
+    unknown while virsh cannot say: nothing is judged, nothing stopped, its GPU held; then it is running as before."""
+    node = make_listed_node(gpu_count=1, runtime="libvirt")
+    Gpu.objects.filter(node=node, index=0).update(uuid=A)
+    instance = rented(node)
+    Instance.objects.filter(pk=instance.pk).update(started_at=timezone.now() - timedelta(minutes=5))
+    domain = f"gpumarket-{instance.vm_id}"
+    assert libvirt_node.domains() == {domain: "running"}
+
+    libvirt_node.glitch()
+    for _ in range(2):
+        answer = health_and_reconcile(libvirt_node, node)
+        assert isinstance(answer, AgentFailed) and answer.code == "command_failed", answer
+        instance.refresh_from_db()
+        assert instance.status == InstanceStatus.RUNNING, instance.status_message  # before: failed
+        assert not instance.interruptions.exists() and gpu0(node) == "rented"
+        assert libvirt_node.domains() == {domain: "running"}
+
+    libvirt_node.glitch(on=False)
+    for _ in range(2):
+        counts = health_and_reconcile(libvirt_node, node)
+        assert counts["instances_failed"] == 0 and counts["stopped_vms_stopped"] == 0, counts
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING and gpu0(node) == "rented"
+    assert libvirt_node.domains() == {domain: "running"}  # before: stopped, as a failed instance's VM
+    assert not NodeEvent.objects.filter(node=node, kind__in=("vm_vanished", "vm_not_running")).exists()

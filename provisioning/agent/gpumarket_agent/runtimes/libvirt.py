@@ -180,16 +180,27 @@ class LibvirtRuntime(Runtime):
         return found
 
     def state(self, rec):
-        proc = run(virsh_argv(self.cfg.libvirt_uri, "domstate", vm_name(rec["vm_id"])), check=False)
-        if proc.returncode != 0:
-            # Only a domain libvirt does not know is missing; libvirtd being down must not look like it.
-            if "failed to get domain" in proc.stderr or "Domain not found" in proc.stderr:
-                return "missing"
-            raise AgentError("command_failed", "virsh domstate: " + proc.stderr.strip()[-800:])
-        return "running" if proc.stdout.strip() in ("running", "paused", "in shutdown") else "stopped"
+        name = vm_name(rec["vm_id"])
+        proc = run(virsh_argv(self.cfg.libvirt_uri, "domstate", name), check=False)
+        if proc.returncode == 0:
+            return "running" if proc.stdout.strip() in ("running", "paused", "in shutdown") else "stopped"
+        # Missing only when the domain list, whose failure raises, does not name it. virsh's words cannot tell:
+        # it prints "error: failed to get domain '<name>'" for every lookup that fails (tools/virsh-util.c resets
+        # libvirt's own error first), also for an RPC error while libvirtd or virtqemud restarts, a keepalive
+        # timeout or an ACL denial. Read as missing, one such glitch failed a renter's running instance, freed its
+        # GPUs and then had its VM stopped (found by review). A defined domain whose state virsh cannot read is
+        # command_failed: its state is unknown, not missing.
+        if name not in self.domain_names():
+            return "missing"
+        raise AgentError("command_failed", "virsh domstate %s failed, though the domain is defined (its state is "
+                                           "unknown): %s" % (name, proc.stderr.strip()[-800:]))
+
+    def domain_names(self):
+        """The names of every domain libvirt has, running or not; command_failed when virsh cannot list them."""
+        return set(run(virsh_argv(self.cfg.libvirt_uri, "list", "--all", "--name")).stdout.split())
 
     def unrecorded(self, known):
-        names = run(virsh_argv(self.cfg.libvirt_uri, "list", "--all", "--name")).stdout.split()
+        names = sorted(self.domain_names())
         found = []
         for name in names:
             vm_id = name[len("gpumarket-"):] if name.startswith("gpumarket-") else ""
