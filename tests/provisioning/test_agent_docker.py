@@ -117,6 +117,11 @@ with open(log_file, "a") as f:
     f.write(json.dumps(args) + "\n")
 def missing(name):
     sys.stderr.write("Error response from daemon: No such container: %s\n" % name)
+    # `docker rm -f` of no container exits 0 since Docker 20.10 (docker/cli#2678), its error printed all the same
+    sys.exit(0 if args[:2] == ["rm", "-f"] else 1)
+if os.environ.get("FAKE_DOCKER_DOWN") and os.path.exists(os.environ["FAKE_DOCKER_DOWN"]):  # the daemon is away
+    sys.stderr.write("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon "
+                     "running?\n")
     sys.exit(1)
 verb, name = args[0], args[-1]
 networks = state.setdefault("networks", {})
@@ -497,7 +502,10 @@ def test_destroy_removes_a_container_of_ours_that_has_no_record(node, tmp_path):
     assert (answer["ok"], answer["existed"]) == (True, True), answer
     assert ["rm", "-f", "-v", "gpumarket-ghost"] in node.docker_calls()
     assert node.states() == {}
-    assert node.call("vm destroy", {"vm_id": "ghost"})["existed"] is False  # nothing left: nothing removed
+    # Nothing left, nothing removed: `docker rm -f` of no container exits 0 since Docker 20.10, printing "No such
+    # container", which was taken as removed (existed: true; the reconciler's orphan_destroyed for nothing)
+    gone = node.call("vm destroy", {"vm_id": "ghost"})
+    assert (gone["ok"], gone["existed"]) == (True, False), gone
     answer = node.call("vm destroy", {"vm_id": "gpumarket-ghost; rm -rf /"})
     assert answer["error"]["code"] == "invalid_request" and answer["error"]["field"] == "vm_id", answer
 
@@ -520,3 +528,27 @@ def test_a_failed_create_whose_container_cannot_be_removed_keeps_its_record_for_
     monkeypatch.delenv("FAKE_DOCKER_FAIL_RM")
     assert node.call("vm destroy", {"vm_id": "inst-1"})["existed"] is True
     assert node.states() == {"inst-2": "running"}
+
+
+def test_a_daemon_that_does_not_answer_is_no_missing_container(node, tmp_path, monkeypatch):
+    """Only the engine's own "No such object/container" makes a VM missing; a daemon that cannot be reached (it
+    restarts, its socket is gone) is command_failed: the VM's state is unknown, so it is neither gone (not_found to
+    the platform, which fails the instance) nor free of its GPUs."""
+    assert node.create("inst-1", [2])["state"] == "running"
+    monkeypatch.setenv("FAKE_DOCKER_DOWN", str(tmp_path / "docker-down"))
+    (tmp_path / "docker-down").touch()
+    assert node.call("vm list", {})["error"]["code"] == "command_failed"
+    assert node.call("health", {})["vms"] is None
+    for verb in ("vm stop", "vm start", "vm status"):
+        answer = node.call(verb, {"vm_id": "inst-1"})
+        assert answer["error"]["code"] == "command_failed", (verb, answer)
+        assert "Cannot connect to the Docker daemon" in answer["error"]["message"]
+    from provisioning.agent.gpumarket_agent.allocation import holds_gpus
+    from provisioning.agent.gpumarket_agent.records import load_record
+    rt = agent.DockerRuntime(agent.Config({"GPUMARKET_RUNTIME": "docker",
+                                           "GPUMARKET_STATE_DIR": str(tmp_path / "state")}))
+    with pytest.raises(agent.AgentError) as raised:
+        holds_gpus(rt, load_record(rt.cfg, "inst-1"))
+    assert raised.value.code == "command_failed"
+    (tmp_path / "docker-down").unlink()
+    assert node.states() == {"inst-1": "running"}

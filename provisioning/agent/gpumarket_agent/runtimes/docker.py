@@ -16,6 +16,7 @@ dockerbox.py (the entry wrapper and env files). This module re-exports their nam
 import contextlib
 import json
 import os
+import re
 import time
 
 from ..core import AgentError, run, write_file
@@ -68,6 +69,11 @@ __all__ = [
     "container_share", "docker_config_json", "docker_run_argv", "docker_state", "docker_verb_argv", "gpu_argv",
     "host_resources", "limits_argv", "limits_text", "mount_arg", "publish", "pull_reason", "unsupported_size_option",
 ]
+
+# The engine's word that it has no such container: `docker inspect`'s "Error: No such object: <name>" and the
+# daemon's "No such container: <name>" (lower case from some engines). Not "no such file or directory" (a daemon
+# socket that is gone) nor "no such host": those leave a VM's state unknown.
+NO_SUCH = re.compile(r"\bno such (?:object|container)\b", re.IGNORECASE)
 
 
 class DockerRuntime(Runtime):
@@ -207,16 +213,21 @@ class DockerRuntime(Runtime):
         return self.remove_container(vm_id)
 
     def remove_container(self, vm_id):
-        """docker rm -f -v gpumarket-<vm_id>: True when it removed one, False when there was none."""
+        """docker rm -f -v gpumarket-<vm_id>: True when it removed one, False when there was none. Since Docker
+        20.10 (docker/cli#2678) `rm -f` of no container exits 0, its "No such container" printed all the same:
+        taken as removed, the reconciler reported an orphan destroyed where nothing was (found by review)."""
         proc = run(docker_verb_argv("rm", vm_id), check=False)
-        if proc.returncode != 0 and "No such container" not in proc.stderr:
+        none = bool(NO_SUCH.search(proc.stderr))
+        if proc.returncode != 0 and not none:
             raise AgentError("command_failed", "docker rm: " + proc.stderr.strip()[-800:])
-        return proc.returncode == 0
+        return proc.returncode == 0 and not none
 
     def state(self, rec):
         proc = run(docker_verb_argv("inspect", rec["vm_id"]), check=False)
         if proc.returncode != 0:
-            if "No such" in proc.stderr:
+            # Missing only on the engine's own word that it has no such container. Anything else (the daemon
+            # restarting or away: "Cannot connect to the Docker daemon ...", a timeout) leaves its state unknown.
+            if NO_SUCH.search(proc.stderr):
                 return "missing"
             raise AgentError("command_failed", "docker inspect: " + proc.stderr.strip()[-800:])
         return docker_state(proc.stdout.strip())
