@@ -41,7 +41,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
       when its VM is gone; a running instance whose VM vanished or is not running is interrupted, as the health
       check does it (billed up to the VM's last sighting, the renter told and credited), then fails or is started
-      again (`_running_vm_lost`);
+      again (`_running_vm_lost`); one whose VM is listed `missing` is only interrupted, and fails at a later look
+      that finds it missing still (two looks, not one answer of the node's engine);
     - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
       never ran is destroyed with its disk;
     - a stopped instance fails when its VM is gone (its disk went with it: no longer billed, and it could never
@@ -74,6 +75,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         destroyed |= set(Instance.objects.filter(pk__in=instances_awaiting_cleanup(node_id=node.pk),
                                                  status=InstanceStatus.DESTROYED).values_list("pk", flat=True))
         seen = {}
+        missing: set[int] = set()  # instances whose VM the node lists as missing
         settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
         unremoved: set[int | None] = set()  # instances whose VM the node failed to remove in this pass
         vm: dict[str, Any] | None
@@ -95,7 +97,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                                level=NodeEvent.Level.WARNING)
                     counts["orphans_destroyed"] += 1
                 continue
-            if vm.get("state") != VM_MISSING:  # a missing VM is judged as gone, as one not listed
+            if vm.get("state") == VM_MISSING:  # a missing VM is judged as gone, as one not listed
+                missing.add(instance.pk)
+            else:
                 seen[instance.pk] = vm
             if instance.status == InstanceStatus.FAILED and instance.started_at is None:
                 # It never ran (its provisioning failed or was reaped while the VM was being made): nothing of
@@ -117,7 +121,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 if vm is None:
                     instance_svc.instance_mark_failed(
                         instance_id=instance.pk,
-                        message="Its server answered again, but the VM was gone; the GPUs were released.")
+                        message=_MISSING_FAILED if instance.pk in missing else
+                        "Its server answered again, but the VM was gone; the GPUs were released.")
                     counts["instances_failed"] += 1
                 elif instance_waits_for_gpu(instance_id=instance.pk):
                     continue  # its VM may run, its card does not: it resumes once the card answers again
@@ -127,7 +132,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                     counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) \
                         is not None
             elif instance.status == InstanceStatus.RUNNING and (vm is None or vm.get("state") != "running"):
-                _running_vm_lost(node, instance, vm, counts)
+                _running_vm_lost(node, instance, vm, counts, missing=instance.pk in missing)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
@@ -136,19 +141,36 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     return counts
 
 
-def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, counts: dict[str, int]) -> None:
+_MISSING_FAILED = ("Its VM is no longer on the server (its container or domain was removed there); the GPUs "
+                   "were released.")
+
+
+def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, counts: dict[str, int], *,
+                     missing: bool = False) -> None:
     """A running instance whose VM the list shows gone, or not running: interrupted as the health check does it
     (billing closed at the VM's last sighting, the renter told and credited), then failed when the VM is gone
     (there is nothing to start again) or started again. Before, a gone VM's instance failed with its billing
     closed at this pass, up to a health interval after the VM was last seen, and without the interruption's word
-    or credit; a stopped one was left running, billed until the next health check saw it."""
+    or credit; a stopped one was left running, billed until the next health check saw it.
+
+    A VM the node lists as `missing` (its record there, its container or domain not found by the engine) is only
+    interrupted here: a later look (the next pass, or the one after the next health check) fails the instance if
+    it is missing still, or resumes it if it runs. Its GPUs stay held meanwhile. One engine answer is not enough to
+    fail a renter's running instance and free its GPUs for good: a lookup that failed for a moment read as missing
+    (libvirt's, found by review), and the pass after found a failed instance whose VM ran, and stopped it."""
     gone = vm is None
-    state = "gone" if vm is None else str(vm.get("state"))[:40]
+    state = "missing" if missing else "gone" if vm is None else str(vm.get("state"))[:40]
     interruption = instance_svc.instance_interrupt(
         instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
         cause=InterruptionCause.VM_LOST,
         detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
     if interruption is None:  # no longer running: a stop, restart or destroy was asked since the list
+        return
+    if missing:
+        node_event(node=node, kind="vm_missing",
+                   message=f"The node lists the VM of instance {instance.pk} as missing (its container or domain "
+                           "not found) while it was running; interrupted. It fails if a later look finds it "
+                           "missing still.", level=NodeEvent.Level.WARNING)
         return
     node_event(node=node, kind="vm_vanished" if gone else "vm_not_running",
                message=f"The VM of instance {instance.pk} was {state} while it was running; interrupted.",

@@ -338,7 +338,7 @@ def test_a_vm_the_node_lists_as_missing_is_judged_gone(fake_node, status):
     """The agent lists a recorded VM whose container or domain was removed on the node with state `missing`.
     Taken as there: a stopped instance stayed stopped (its absent disk billed for good), a running or interrupted
     one was started again, and that start failed (found by review). Now it is gone, as a VM not listed: failed,
-    its GPU freed."""
+    its GPU freed; a running one at the second look (the first interrupts it)."""
     node = make_listed_node(gpu_count=1)
     instance = stopped_instance(node, fake_node) if status == InstanceStatus.STOPPED \
         else running_instance(node, fake_node)
@@ -346,6 +346,8 @@ def test_a_vm_the_node_lists_as_missing_is_judged_gone(fake_node, status):
         svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.NODE_LOST,
                                detail="no answer")
     fake_node.vms[instance.vm_id] = "missing"
+    if status == InstanceStatus.RUNNING:
+        node_reconcile(node)
     counts = node_reconcile(node)
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.FAILED, (instance.status, instance.status_message)
@@ -396,3 +398,24 @@ def test_an_orphan_gone_by_itself_before_its_destroy_is_no_event(fake_node):
     fake_node.on_list.append(lambda: fake_node.vms.pop("ghost"))
     assert node_reconcile(node)["orphans_destroyed"] == 0
     assert not NodeEvent.objects.filter(node=node, kind="orphan_destroyed").exists()
+
+
+def test_a_running_instance_whose_vm_is_listed_missing_once_is_interrupted_not_failed(fake_node):
+    """Belt and braces over the agent's own check (a libvirt lookup that failed for a moment read as missing, found
+    by review): one `missing` in the list fails no running instance. It is interrupted (billing stops, the renter
+    is told and credited), keeps its GPU, and no start is queued; found running at the next look, it resumes. Before,
+    the one answer failed it and freed its GPU, and the next pass stopped its VM as a failed instance's."""
+    node = make_listed_node(gpu_count=1)
+    instance = running_instance(node, fake_node)
+    fake_node.vms[instance.vm_id] = "missing"
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.INTERRUPTED, instance.status_message  # before: failed
+    assert counts["instances_failed"] == 0 and _gpu(node) == "rented"
+    assert not Job.objects.filter(OPEN, instance=instance).exists()  # nothing to start: its VM may be gone
+    assert NodeEvent.objects.filter(node=node, kind="vm_missing", message__contains=f"instance {instance.pk} ")
+    fake_node.vms[instance.vm_id] = "running"
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING and counts["resumed"] == 1
+    assert ("vm", "stop", instance.vm_id) not in fake_node.calls and _gpu(node) == "rented"
