@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BigIntegerField, Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
+from django.db.models import BigIntegerField, Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Cast, Coalesce, StrIndex, Substr, TruncMonth
 from django.utils import timezone
 
@@ -19,6 +19,7 @@ from billing.models import (
     BillingProfile,
     Card,
     Entry,
+    LedgerTransaction,
     Payout,
     Refund,
     TopUp,
@@ -126,6 +127,28 @@ def _account(user: User, kind: str) -> Account | None:
 # ------------------------------------------------------------------------------------ statements
 
 
+class RefundLineKind:
+    HOLD = "hold"  # held from the balance when an operator asked for the refund (ledger kind refund_hold)
+    DEBIT = "debit"  # debited when the payment provider had it (ledger kind refund)
+
+
+@dataclass
+class RefundLine:
+    """One movement of a refund's money out of the balance, in the month it moved: its hold, or its debit. A refund
+    held, its hold given back (not made), and made at Stripe after all has two: its money left the balance twice
+    and came back once (the release, an adjustment line). Lines of a month sum to its `refunds`."""
+
+    refund: Refund
+    kind: str  # RefundLineKind
+    amount_micros: int  # positive: what left the balance
+    at: datetime  # when it left
+    given_back: bool  # came back since (the hold given back, or the debit reversed): an adjustment line, in its month
+
+    @property
+    def made_after_its_hold_was_given_back(self) -> bool:
+        return self.kind == RefundLineKind.DEBIT and self.refund.hold_id is not None
+
+
 @dataclass
 class Statement:
     month: date
@@ -138,7 +161,7 @@ class Statement:
     adjustments_micros: int = 0  # credits and reversals, signed
     usage_lines: list[dict[str, Any]] = field(default_factory=list)
     top_ups: list[TopUp] = field(default_factory=list)
-    refunds: list[Refund] = field(default_factory=list)
+    refunds: list[RefundLine] = field(default_factory=list)
     adjustments: list[dict[str, Any]] = field(default_factory=list)
     storage: list[dict[str, Any]] = field(default_factory=list)
 
@@ -155,7 +178,8 @@ _KIND_TOTALS: dict[str, str] = {
     TransactionKind.TOP_UP: "top_ups_micros",
     TransactionKind.REFUND: "refunds_micros",
     # An operator's refund leaves the balance when it is asked for (its hold; billing.services.refunds): a refund
-    # then, listed with its status. A hold given back (the refund not made) is a reversal: an adjustment line.
+    # line then. A hold given back (the refund not made) is a reversal: an adjustment line; a debit after it (made at
+    # Stripe after all) is a refund line of its own (_refund_lines).
     TransactionKind.REFUND_HOLD: "refunds_micros",
 }
 
@@ -196,6 +220,25 @@ def _entry_lines(entries: QuerySet[Entry]) -> list[dict[str, Any]]:
             for e in entries.select_related("transaction").order_by("transaction__created_at", "pk")]
 
 
+def _refund_lines(in_month: QuerySet[Entry]) -> list[RefundLine]:
+    """The month's refund lines: one per wallet entry of a refund's hold or debit, so that they sum to `refunds`
+    exactly. Before, a refund was listed once if its hold or its debit fell in the month: held, given back and made
+    after all, its money left the balance twice and was listed once, and across months in both (found by review)."""
+    moved = list(in_month.filter(transaction__kind__in=[TransactionKind.REFUND_HOLD, TransactionKind.REFUND])
+                 .annotate(given_back=Exists(LedgerTransaction.objects.filter(reverses_id=OuterRef("transaction_id"))))
+                 .values_list("transaction_id", "transaction__kind", "transaction__created_at", "amount_micros",
+                              "given_back")
+                 .order_by("transaction__created_at", "pk"))
+    ids = [txn_id for txn_id, *_ in moved]
+    refunds = Refund.objects.filter(Q(hold_id__in=ids) | Q(transaction_id__in=ids)).select_related("transaction")
+    by_txn: dict[int | None, Refund] = {}  # every refund and hold transaction has its Refund (tests' invariants)
+    for refund in refunds:
+        by_txn[refund.hold_id] = by_txn[refund.transaction_id] = refund
+    return [RefundLine(refund=by_txn[txn_id], amount_micros=-amount, at=at, given_back=given_back,
+                       kind=RefundLineKind.HOLD if kind == TransactionKind.REFUND_HOLD else RefundLineKind.DEBIT)
+            for txn_id, kind, at, amount, given_back in moved]
+
+
 def statement_for(*, user: User, month: date) -> Statement:
     """The statement of one month: usage per instance, storage, top-ups, refunds, adjustments, and totals."""
     start, end = month_bounds(month)
@@ -225,15 +268,7 @@ def statement_for(*, user: User, month: date) -> Statement:
     ]
     statement.top_ups = list(TopUp.objects.filter(user=user, transaction__created_at__gte=start,
                                                   transaction__created_at__lt=end).order_by("transaction__created_at"))
-    # Each refund in the month its amount left the balance: held when an operator asked for it, or debited when
-    # Stripe had it (one made at Stripe, one pending from before holds, one made after its hold was given back).
-    held = Q(hold__created_at__gte=start, hold__created_at__lt=end)
-    debited = Q(transaction__created_at__gte=start, transaction__created_at__lt=end,
-                transaction__in=Entry.objects.filter(account=wallet).values("transaction_id"))
-    statement.refunds = list(Refund.objects.filter(held | debited, top_up__user=user)
-                             .annotate(debited_at=Case(When(held, then=F("hold__created_at")),
-                                                       default=F("transaction__created_at")))
-                             .order_by("debited_at", "pk"))
+    statement.refunds = _refund_lines(in_month)
     listed = [kind for kind in _KIND_TOTALS if kind != TransactionKind.STORAGE]  # usage, top-ups, refunds: above
     for line in _entry_lines(in_month.exclude(transaction__kind__in=listed)):  # one query for both lists
         if line["kind"] == TransactionKind.STORAGE:

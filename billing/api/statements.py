@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 
 from billing import selectors
 from billing.api.top_ups import TopUpSerializer
-from billing.models import Refund, RefundStatus
+from billing.models import RefundStatus
 from core.api.fields import MoneyField
 from core.api.schema import error_response
 from core.api.scopes import RENTER_OR_PROVIDER
@@ -55,24 +55,34 @@ class RefundStatusField(serializers.CharField):
     pass
 
 
-class RefundLineSerializer(serializers.ModelSerializer):
-    top_up = serializers.IntegerField(source="top_up_id")
-    amount = MoneyField(source="amount_micros")
-    status = RefundStatusField(
-        read_only=True,
-        help_text="Now: `pending`, its amount held from your balance for the refund, which the payment provider has "
-                  "not confirmed yet; `succeeded`, refunded to your card; `failed`, not made (or failed after it was "
-                  "made): the amount is back in your balance, an adjustment line.")
-    debited_at = serializers.DateTimeField(
-        read_only=True, help_text="When the amount left your balance: when the refund was asked for (held for it), "
-                                  "or for a refund made at the payment provider, when it told us.")
-    refunded_at = serializers.DateTimeField(source="transaction.created_at", allow_null=True, help_text=(
-        "When the payment provider took the refund; null while it is pending, or if it never did."))
-    note = serializers.CharField(source="customer_note", help_text="What the platform tells you about it.")
+@extend_schema_field({"type": "string", "enum": [selectors.RefundLineKind.HOLD, selectors.RefundLineKind.DEBIT]})
+class RefundLineKindField(serializers.CharField):
+    pass
 
-    class Meta:
-        model = Refund
-        fields = ["id", "top_up", "amount", "status", "note", "debited_at", "refunded_at"]
+
+class RefundLineSerializer(serializers.Serializer):  # a selectors.RefundLine
+    """One time a refund's money left your balance: its hold, or its debit."""
+
+    id = serializers.IntegerField(source="refund.pk", help_text="The refund's id (a refund can have two lines).")
+    top_up = serializers.IntegerField(source="refund.top_up_id")
+    kind = RefundLineKindField(help_text=(
+        "`hold`: the amount was held from your balance when the refund was asked for; `debit`: debited when the "
+        "payment provider had the refund (one made there, or one made after its hold was given back)."))
+    amount = MoneyField(source="amount_micros", help_text="What left your balance on this line.")
+    status = RefundStatusField(
+        source="refund.status",
+        help_text="The refund's, now: `pending`, its amount held from your balance for the refund, which the payment "
+                  "provider has not confirmed yet; `succeeded`, refunded to your card; `failed`, not made (or failed "
+                  "after it was made).")
+    given_back = serializers.BooleanField(help_text=(
+        "This line's amount came back to your balance since (the hold given back when the refund was not made, or "
+        "the debit when it failed): an adjustment line, in the month it came back."))
+    note = serializers.CharField(source="refund.customer_note", help_text="What the platform tells you about it.")
+    debited_at = serializers.DateTimeField(source="at", help_text=(
+        "When this line's amount left your balance: when the refund was asked for (`hold`), or when the payment "
+        "provider had it (`debit`)."))
+    refunded_at = serializers.DateTimeField(source="refund.transaction.created_at", allow_null=True, help_text=(
+        "When the payment provider took the refund; null while it is pending, or if it never did."))
 
 
 class AdjustmentLineSerializer(serializers.Serializer):
@@ -92,7 +102,7 @@ class StatementSerializer(StatementSummarySerializer):
     usage_lines = UsageLineSerializer(many=True, help_text="Usage per instance.")
     top_up_lines = TopUpSerializer(source="top_ups", many=True)
     refund_lines = RefundLineSerializer(source="refunds", many=True, help_text=(
-        "Each refund whose amount left your balance this month (as `refunds`)."))
+        "Each time a refund's amount left your balance this month, its hold or its debit: they sum to `refunds`."))
     adjustment_lines = AdjustmentLineSerializer(source="adjustments", many=True, help_text=(
         "Credits and corrections, each signed as it moved the balance, as `adjustments`."))
     storage_lines = StorageLineSerializer(source="storage", many=True,

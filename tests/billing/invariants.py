@@ -102,6 +102,9 @@ def _assert_refund_holds() -> None:
         t=Coalesce(Sum("amount_micros"), 0))["t"]
     assert (held or 0) == standing, f"refunds pending holds {held}, pending refunds' holds {standing}"
     assert not LedgerTransaction.objects.filter(kind=TransactionKind.REFUND_HOLD, refund_held__isnull=True).exists()
+    # Every refund's debit of a wallet is its Refund's: a statement lists each as a refund line (selectors).
+    assert not LedgerTransaction.objects.filter(kind=TransactionKind.REFUND, refund__isnull=True,
+                                                entries__account__kind=AccountKind.CUSTOMER_WALLET).exists()
     for refund in Refund.objects.filter(hold__isnull=False).select_related("top_up"):
         wallet = (AccountKind.CUSTOMER_WALLET, refund.top_up.user_id)
         pending = (AccountKind.REFUNDS_PENDING, None)

@@ -5,7 +5,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.utils import DatabaseError
 
-from billing.models import Account, AccountKind, Entry, LedgerTransaction, TransactionKind
+from billing.models import Account, AccountKind, Entry, LedgerTransaction, Refund, TopUp, TransactionKind
 from billing.services.ledger import (
     LedgerError,
     credit_grant,
@@ -118,6 +118,9 @@ def test_money_that_moved_at_stripe_is_not_reversed_in_the_ledger(kind, says):
     txn, _ = ledger_post(idempotency_key=f"moved-{kind}", kind=kind,
                          lines=[(_wallet(user), 1_000_000), (platform_account(kind=AccountKind.PAYMENT_CLEARING),
                                                              -1_000_000)])
+    if kind == TransactionKind.REFUND:  # a refund's posting is always its Refund's (statements list it by it)
+        Refund.objects.create(top_up=TopUp.objects.create(user=user, amount_micros=1_000_000), amount_micros=1_000_000,
+                              origin="stripe", status="succeeded", stripe_refund_id="re_moved", transaction=txn)
     with pytest.raises(LedgerError, match=says):
         ledger_reverse(txn=txn, reason="operator mistake")
     assert not LedgerTransaction.objects.filter(reverses=txn).exists() and wallet_balance(user_id=user.pk) == 1_000_000
