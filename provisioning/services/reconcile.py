@@ -35,7 +35,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
 
     - a VM no instance owns is removed (an orphan), as is the VM of an instance destroyed while the node was
       unreachable (whose GPUs are then freed); one the node fails to remove is reported once (`vm_destroy_failed`)
-      and tried again at the next pass, its instance's GPUs kept, the rest of the pass carried on;
+      and tried again at the next pass, its instance's GPUs kept, the rest of the pass carried on. Only under a
+      name the platform gives (inst-<id>): any other the node lists is no VM of ours, and is left as it is,
+      reported once (`foreign_vm`);
     - a VM the node lists as `missing` (recorded there, its container or domain removed on the node) is judged as
       gone: it can neither run nor be started again, and no disk of it is left;
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
@@ -83,6 +85,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             match = _VM_ID.fullmatch(vm.get("vm_id", ""))
             instance_id = int(match.group(1)) if match else None
             instance = known.get(instance_id)
+            if instance is None and match is None:
+                _foreign(node, vm["vm_id"])
+                continue
             if instance is None:
                 answer = _remove_vm(node, session, vm["vm_id"])
                 if answer is None:
@@ -216,6 +221,19 @@ def _remove_vm(node: Node, session: NodeSession, vm_id: str) -> dict[str, Any] |
                        message=f"Could not remove VM {vm_id}: {exc.message[:500]} It is tried again at every "
                                "reconcile.", level=NodeEvent.Level.WARNING)
         return None
+
+
+def _foreign(node: Node, vm_id: str) -> None:
+    """A VM the node lists under a name the platform never gives (not inst-<id>, whole, in ASCII digits): not
+    ours to remove, whatever made it (a person's gpumarket-* container or domain, a name the node's answer spelled
+    oddly). Reported once per name, for operators; left as it is. Before, it was destroyed as an orphan: on libvirt
+    the node undefined the domain and deleted its work folder, disk and all (found by review)."""
+    shown = ascii(vm_id[:80])
+    if NodeEvent.objects.filter(node=node, kind="foreign_vm", message__startswith=f"VM {shown} ").exists():
+        return
+    node_event(node=node, kind="foreign_vm",
+               message=f"VM {shown} on the node is not one the platform makes (inst-<instance id>); left as it "
+                       "is.", level=NodeEvent.Level.WARNING)
 
 
 def _listed(answer: dict[str, Any], key: str, name: str) -> list[dict[str, Any]]:

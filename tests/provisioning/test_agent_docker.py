@@ -496,18 +496,30 @@ def test_a_create_retried_for_a_record_without_its_container_holds_its_gpus_agai
 def test_destroy_removes_a_container_of_ours_that_has_no_record(node, tmp_path):
     """unrecorded() lists such a container so that the reconciler destroys it; `vm destroy` answered existed:
     false without touching it, so it stayed for good (an orphan_destroyed event at every pass)."""
-    (tmp_path / "containers.json").write_text(json.dumps({"gpumarket-ghost": "running"}))
-    assert node.states() == {"ghost": "running"}
-    answer = node.call("vm destroy", {"vm_id": "ghost"})
+    (tmp_path / "containers.json").write_text(json.dumps({"gpumarket-inst-41": "running"}))
+    assert node.states() == {"inst-41": "running"}
+    answer = node.call("vm destroy", {"vm_id": "inst-41"})
     assert (answer["ok"], answer["existed"]) == (True, True), answer
-    assert ["rm", "-f", "-v", "gpumarket-ghost"] in node.docker_calls()
+    assert ["rm", "-f", "-v", "gpumarket-inst-41"] in node.docker_calls()
     assert node.states() == {}
     # Nothing left, nothing removed: `docker rm -f` of no container exits 0 since Docker 20.10, printing "No such
     # container", which was taken as removed (existed: true; the reconciler's orphan_destroyed for nothing)
-    gone = node.call("vm destroy", {"vm_id": "ghost"})
+    gone = node.call("vm destroy", {"vm_id": "inst-41"})
     assert (gone["ok"], gone["existed"]) == (True, False), gone
     answer = node.call("vm destroy", {"vm_id": "gpumarket-ghost; rm -rf /"})
     assert answer["error"]["code"] == "invalid_request" and answer["error"]["field"] == "vm_id", answer
+
+
+@pytest.mark.parametrize("name", ["ghost", "inst-0", "inst-01", "inst-1-old", "inst-" + "9" * 20])
+def test_destroy_leaves_an_unrecorded_container_under_a_name_the_platform_never_gives(node, tmp_path, name):
+    """Only inst-<instance id> is the platform's: any other gpumarket-* container (one a person made on the node)
+    is listed, but `vm destroy` of it removes nothing (found by review: it was removed, volumes and all)."""
+    (tmp_path / "containers.json").write_text(json.dumps({"gpumarket-" + name: "running"}))
+    assert node.states() == {name: "running"}
+    answer = node.call("vm destroy", {"vm_id": name})
+    assert (answer["ok"], answer["existed"]) == (True, False), answer
+    assert not [c for c in node.docker_calls() if c[0] == "rm"]
+    assert node.states() == {name: "running"}
 
 
 def test_a_failed_create_whose_container_cannot_be_removed_keeps_its_record_for_a_destroy(node, monkeypatch):

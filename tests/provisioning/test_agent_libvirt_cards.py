@@ -315,15 +315,28 @@ def test_a_vm_whose_domain_was_undefined_holds_no_card_and_cannot_start(node, tm
 
 def test_destroy_removes_a_domain_of_ours_that_has_no_record(node, tmp_path):
     """unrecorded() lists it so that the reconciler destroys it; `vm destroy` left it (existed: false)."""
+    (tmp_path / "domains.json").write_text(json.dumps({"gpumarket-inst-41": {"state": "running", "hostdevs": []}}))
+    (tmp_path / "domains" / "inst-41").mkdir(parents=True)
+    (tmp_path / "domains" / "inst-41" / "disk.qcow2").write_text("")
+    assert [(v["vm_id"], v["state"]) for v in node.call("vm list", {})["vms"]] == [("inst-41", "running")]
+    answer = node.call("vm destroy", {"vm_id": "inst-41"})
+    assert (answer.get("error"), answer["existed"]) == (None, True), answer
+    assert node.domains() == {} and not (tmp_path / "domains" / "inst-41").exists()
+    assert node.call("vm list", {})["vms"] == []
+    assert node.call("vm destroy", {"vm_id": "inst-41"})["existed"] is False
+
+
+def test_destroy_leaves_an_unrecorded_domain_under_a_name_the_platform_never_gives(node, tmp_path):
+    """A gpumarket-* domain that is not inst-<instance id> (one a person defined on the node) is listed, but `vm
+    destroy` of it undefined it and deleted its work folder, disk and all (found by review): it is left alone."""
     (tmp_path / "domains.json").write_text(json.dumps({"gpumarket-ghost": {"state": "running", "hostdevs": []}}))
     (tmp_path / "domains" / "ghost").mkdir(parents=True)
-    (tmp_path / "domains" / "ghost" / "disk.qcow2").write_text("")
+    (tmp_path / "domains" / "ghost" / "disk.qcow2").write_text("theirs")
     assert [(v["vm_id"], v["state"]) for v in node.call("vm list", {})["vms"]] == [("ghost", "running")]
     answer = node.call("vm destroy", {"vm_id": "ghost"})
-    assert (answer.get("error"), answer["existed"]) == (None, True), answer
-    assert node.domains() == {} and not (tmp_path / "domains" / "ghost").exists()
-    assert node.call("vm list", {})["vms"] == []
-    assert node.call("vm destroy", {"vm_id": "ghost"})["existed"] is False
+    assert (answer.get("error"), answer["existed"]) == (None, False), answer
+    assert node.domains()["gpumarket-ghost"]["state"] == "running"
+    assert (tmp_path / "domains" / "ghost" / "disk.qcow2").read_text() == "theirs"
 
 
 @pytest.mark.parametrize("list_too", [False, True])

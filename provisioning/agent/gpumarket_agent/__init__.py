@@ -119,6 +119,7 @@ from .topology import (
 )
 from .validation import (
     KEY_TYPES,
+    PLATFORM_VM_ID_RE,
     VM_ID_RE,
     reject_unknown,
     validate_create,
@@ -135,8 +136,9 @@ __all__ = [
     "parse_topo_matrix", "read_topology", "sim_nvlink_text", "sim_p2p_gbs", "sim_topo_text",
     "AGENT_VERSION", "AgentError", "BENCH_LIMIT_S", "CLOCK_EVENT_BITS", "COMMANDS", "Config", "DOCKER_LIST_ARGV",
     "Deadline", "DockerRuntime", "IDENTITY_FIELDS", "KEY_TYPES", "LIBVIRT_SSH_USER", "LOAD_PHASES",
-    "LibvirtRuntime", "MATMUL_DTYPES", "MAX_REQUEST_BYTES", "NVIDIA_SMI_QUERY", "PACKAGE_DIR", "QUERY_FIELDS",
-    "RUNTIMES", "RUNTIME_CLASSES", "Runtime", "SIM_CNN", "SimRuntime", "TELEMETRY_FIELDS", "Telemetry", "VM_ID_RE",
+    "LibvirtRuntime", "MATMUL_DTYPES", "MAX_REQUEST_BYTES", "NVIDIA_SMI_QUERY", "PACKAGE_DIR", "PLATFORM_VM_ID_RE",
+    "QUERY_FIELDS", "RUNTIMES", "RUNTIME_CLASSES", "Runtime", "SIM_CNN", "SimRuntime", "TELEMETRY_FIELDS",
+    "Telemetry", "VM_ID_RE",
     "all_records", "bench_plan", "build_zipapp", "check_gpus_free", "clock_event_names", "cloud_init_meta_data",
     "cloud_init_user_data", "cmd_benchmark", "cmd_health", "cmd_inventory", "cmd_vm", "copy_agent", "copy_gbs",
     "describe", "describe_device", "docker_run_argv", "docker_state", "docker_verb_argv", "emit",

@@ -7,6 +7,10 @@ from .options import validate_options
 from .reference import parse_reference
 
 VM_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+# The names the platform gives its VMs (inst-<instance id>: marketplace.models.renting.vm_id_of; the reconciler
+# reads them with the same pattern). `vm destroy` removes a container or domain the agent has no record of only
+# under such a name: anything else of ours on the node (a gpumarket-* a person made) is left alone.
+PLATFORM_VM_ID_RE = re.compile(r"inst-[1-9][0-9]{0,18}")
 KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
              "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
 _B64_RE = re.compile(r"[A-Za-z0-9+/]+={0,2}")

@@ -9,7 +9,7 @@ from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
 from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
 from .runtimes import RUNTIME_CLASSES
-from .validation import reject_unknown, validate_create, validate_gpus, validate_vm_id
+from .validation import PLATFORM_VM_ID_RE, reject_unknown, validate_create, validate_gpus, validate_vm_id
 from .volumes import check_volumes_exist, cmd_volume
 
 MAX_LOG_TAIL = 5000
@@ -109,7 +109,11 @@ def destroy_unrecorded(cfg, rt, vm_id):
     """`vm destroy` of a VM with no record: what the runtime has of it (a container or domain unrecorded() lists:
     a crash between making it and recording it) is removed all the same, with its folder; `existed` says whether
     anything was. Before, it answered existed: false and left it, so the reconciler "destroyed" the same orphan at
-    every pass."""
+    every pass. Only under a name the platform gives (PLATFORM_VM_ID_RE): any other gpumarket-* container or
+    domain is no VM of the platform's, and is left as it is (existed: false), its disk and folder too (found by
+    review: libvirt's removal undefined any such domain and deleted its work folder)."""
+    if not PLATFORM_VM_ID_RE.fullmatch(vm_id):
+        return {"vm_id": vm_id, "state": "destroyed", "existed": False}
     existed = rt.destroy_unrecorded(vm_id)
     if os.path.isdir(vm_dir(cfg, vm_id)):
         shutil.rmtree(vm_dir(cfg, vm_id), ignore_errors=True)
