@@ -17,6 +17,7 @@ from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.gpu_presence import instance_waits_for_gpu
 from provisioning.services.nodes import VM_MISSING, node_event, node_session
+from provisioning.services.vms import vm_forget_missing
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from provisioning.ssh_pool import SshPool
@@ -46,7 +47,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
       again (`_running_vm_lost`); one whose VM is listed `missing` is only interrupted, and fails at a later look
       that finds it missing still (two looks, not one answer of the node's engine);
     - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
-      never ran is destroyed with its disk;
+      never ran is destroyed with its disk; the node's record of a failed instance's VM it lists as missing is
+      removed (it held the instance's volumes there: `_forget_missing`);
     - a stopped instance fails when its VM is gone (its disk went with it: no longer billed, and it could never
       start again), and its VM is stopped when found running (its GPUs were released: another renter may hold
       them); not while a job that starts or stops it is open (the list cannot show what that job does);
@@ -141,6 +143,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
+        _forget_missing(node, session, known, missing - making - settled)
         _release_held(node, known, seen, settled, making, counts)
         _reconcile_volumes(node, session, counts)
     return counts
@@ -187,6 +190,21 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
         counts["instances_failed"] += 1
     else:
         counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) is not None
+
+
+def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, Instance],
+                    instance_ids: set[int]) -> None:
+    """The failed instances (failed before this pass or in it) whose VM the node lists as missing: the node
+    removes its record of the VM, and only if its container or domain is still gone (vms.vm_forget_missing).
+    The record counted as mounting the instance's volumes there: the renter's volume delete was refused until the
+    instance was destroyed (found by review). Before the volumes are listed, so that they are free in this pass."""
+    failed = set(Instance.objects.filter(pk__in=instance_ids, status=InstanceStatus.FAILED)
+                 .values_list("pk", flat=True))
+    for instance_id in sorted(failed):
+        instance = known[instance_id]
+        if vm_forget_missing(session=session, instance=instance):
+            log.info("reconcile: node %s removed its record of VM %s (instance %s failed, its VM gone)", node.pk,
+                     instance.vm_id, instance_id)
 
 
 def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int, dict[str, Any]],

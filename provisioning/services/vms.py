@@ -9,6 +9,7 @@ and a command whose answer was lost is confirmed by the VM's state (_vm_command)
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ SSH_READY_TIMEOUT_S = 120
 # Logs are read while the renter waits (GET .../logs/): one short SSH call, bounded everywhere.
 LOGS_TIMEOUTS = Timeouts(connect=5.0, command=15.0, attempts=1)
 LOGS_SLOT_WAIT_S = 5.0
+log = logging.getLogger(__name__)
 
 
 def _request(instance: Instance, **extra: Any) -> dict[str, Any]:
@@ -557,15 +559,37 @@ _VM_GONE = ("Its VM and disk are no longer on the server (removed there, or lost
 def _vm_settled(job: Job, instance: Instance, verb: str) -> str:
     """Ask the node to stop or destroy the VM, confirmed as every VM command is when its answer is lost: _SETTLED
     (nothing runs on the GPUs any more), _GONE (the node has no such VM: nothing runs, and no disk is left to
-    keep), or _UNKNOWN (the node did not say)."""
+    keep; the node's record of it, if it kept one, is removed: vm_forget_missing), or _UNKNOWN (the node did not
+    say)."""
     try:
         with node_session(instance.node) as session:
-            _vm_command(job, instance, session, verb, _request(instance))
-    except AgentFailed as exc:
-        return _GONE if exc.code == "not_found" else _UNKNOWN
-    except NodeError:
+            try:
+                _vm_command(job, instance, session, verb, _request(instance))
+            except AgentFailed as exc:
+                if exc.code != "not_found":
+                    raise
+                if vm_forget_missing(session=session, instance=instance):
+                    job_step(job=job, message="the node's record of the VM, whose container or domain is gone, "
+                                              "was removed")
+                return _GONE
+    except NodeError:  # AgentFailed included
         return _UNKNOWN
     return _SETTLED
+
+
+def vm_forget_missing(*, session: NodeSession, instance: Instance) -> bool:
+    """Have the node remove its record of the instance's VM if, and only if, its container or domain is gone
+    (`vm destroy` with only_if_missing: the agent decides under the VM's lock, and leaves a VM its engine still
+    has). For an instance failed because its VM is gone: the record counted as mounting its volumes on the node, so
+    the renter's volume delete was refused (volume_in_use, the volume billed again) until the instance was
+    destroyed (found by review). True when a record was removed; False when there was none, the VM is there, or the
+    node did not answer (the reconciler asks again at its next pass)."""
+    try:
+        answer = session.agent("vm", "destroy", _request(instance, only_if_missing=True))
+    except NodeError as exc:
+        log.info("node %s kept its record of VM %s: %s", instance.node_id, instance.vm_id, exc)
+        return False
+    return answer.get("existed") is True
 
 
 def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> None:

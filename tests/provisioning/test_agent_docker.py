@@ -564,3 +564,36 @@ def test_a_daemon_that_does_not_answer_is_no_missing_container(node, tmp_path, m
     assert raised.value.code == "command_failed"
     (tmp_path / "docker-down").unlink()
     assert node.states() == {"inst-1": "running"}
+
+
+def test_destroy_only_if_missing_removes_the_record_of_a_removed_container_and_nothing_else(node, tmp_path):
+    """The platform's `vm destroy` with only_if_missing, for an instance it failed because its VM was gone: the
+    record of a container removed on the node counted as mounting its volumes, so the renter's volume delete was
+    refused (volume_in_use) until the instance was destroyed (found by review). The record goes; a VM whose
+    container is there is left as it is (conflict), and an unrecorded container of that name too."""
+    assert node.call("volume create", {"name": "vol-abcdefgh", "size_gb": 5})["created"] is True
+    volumes = [{"name": "vol-abcdefgh", "mount": "/data"}]
+    assert node.create("inst-1", [2], volumes=volumes)["state"] == "running"
+    assert node.create("inst-2", [3])["state"] == "running"
+    refused = node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})
+    assert refused["error"]["code"] == "conflict" and "running" in refused["error"]["message"], refused
+    assert node.states() == {"inst-1": "running", "inst-2": "running"}  # nothing removed
+    _prune(tmp_path, "gpumarket-inst-1")
+    in_use = node.call("volume delete", {"name": "vol-abcdefgh"})
+    assert in_use["error"]["code"] == "volume_in_use", in_use  # the reviewer's case
+    rms = len([c for c in node.docker_calls() if c[0] == "rm"])
+    answer = node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})
+    assert (answer["ok"], answer["existed"]) == (True, True), answer
+    assert len([c for c in node.docker_calls() if c[0] == "rm"]) == rms  # no engine command
+    assert not (tmp_path / "state" / "vms" / "inst-1").exists()
+    assert node.call("volume delete", {"name": "vol-abcdefgh"})["deleted"] is True
+    again = node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})
+    assert (again["ok"], again["existed"]) == (True, False), again
+    (tmp_path / "containers.json").write_text(json.dumps({**json.loads((tmp_path / "containers.json").read_text()),
+                                                          "gpumarket-inst-1": "running"}))  # unrecorded
+    assert node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})["existed"] is False
+    assert node.states() == {"inst-1": "running", "inst-2": "running"}
+    for bad in ("yes", 1, None):
+        answer = node.call("vm destroy", {"vm_id": "inst-2", "only_if_missing": bad})
+        assert answer["error"]["field"] == "only_if_missing", answer
+    assert node.call("vm stop", {"vm_id": "inst-2", "only_if_missing": True})["error"]["field"] == "only_if_missing"

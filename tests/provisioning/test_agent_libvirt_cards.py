@@ -367,3 +367,21 @@ def test_a_failed_lookup_of_a_defined_domain_is_no_missing_vm(node, list_too):
     assert node.call("health", {})["vms"] == {"inst-1": "running"}
     assert holds_gpus(rt, node.record("inst-1")) is True
     assert node.create("inst-2", [1], [B])["state"] == "running"
+
+
+def test_destroy_only_if_missing_leaves_a_domain_whose_lookup_fails(node, tmp_path):
+    """The platform's `vm destroy` with only_if_missing removes the record of a VM whose domain is gone (and its
+    work folder), never a domain libvirt still has: one whose lookup fails for a while is command_failed."""
+    assert node.create("inst-1", [0], [A])["state"] == "running"
+    node.glitch()
+    answer = node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})
+    assert answer["error"]["code"] == "command_failed", answer
+    node.glitch(on=False)
+    assert node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})["error"]["code"] == "conflict"
+    assert node.domains()["gpumarket-inst-1"]["state"] == "running" and node.record("inst-1")
+    domains = node.domains()
+    del domains["gpumarket-inst-1"]  # undefined on the node
+    (tmp_path / "domains.json").write_text(json.dumps(domains))
+    answer = node.call("vm destroy", {"vm_id": "inst-1", "only_if_missing": True})
+    assert (answer.get("error"), answer["existed"]) == (None, True), answer
+    assert not (tmp_path / "domains" / "inst-1").exists() and not (node.state / "vms" / "inst-1").exists()

@@ -59,6 +59,10 @@ class FakeNode:
                     return {"volumes": []}
                 if (cmd, sub) == ("vm", "destroy") and vm_id in fake.refused:
                     raise AgentFailed({"code": "command_failed", "message": "docker rm: device or resource busy"})
+                if (cmd, sub) == ("vm", "destroy") and request.get("only_if_missing"):
+                    if fake.vms.get(vm_id, "missing") != "missing":
+                        raise AgentFailed({"code": "conflict", "message": f"VM {vm_id} is on this node"})
+                    return {"vm_id": vm_id, "existed": fake.vms.pop(vm_id, None) is not None}
                 if (cmd, sub) == ("vm", "destroy"):
                     return {"vm_id": vm_id, "existed": fake.vms.pop(vm_id, None) is not None}
                 if (cmd, sub) == ("vm", "stop"):
@@ -385,6 +389,24 @@ def test_a_vm_the_node_lists_as_missing_is_judged_gone(fake_node, status):
     assert counts["instances_failed"] == 1 and counts["restarted"] == 0
     assert not Job.objects.filter(OPEN, instance=instance).exists()  # no start queued
     assert _gpu(node) == "free"
+    assert instance.vm_id not in fake_node.vms  # its record removed on the node, in the pass that failed it
+    assert fake_node.calls.count(("vm", "destroy", instance.vm_id)) == 1
+
+
+def test_the_record_of_a_failed_instances_missing_vm_is_removed_and_no_other(fake_node):
+    """A failed instance whose VM the node lists as missing: the node is asked to remove that record (only if
+    missing: it counted as mounting the instance's volumes, found by review). A failed instance whose VM is there,
+    stopped, is not asked; nor one whose VM is missing while a job of it is open."""
+    node = make_listed_node(gpu_count=3)
+    gone, there, busy = (stopped_instance(node, fake_node) for _ in range(3))
+    for instance in (gone, there, busy):
+        svc.instance_mark_failed(instance_id=instance.pk, message="failed")
+    fake_node.vms[gone.vm_id] = fake_node.vms[busy.vm_id] = "missing"
+    job_create(kind=JobKind.INSTANCE_STOP, node=node, instance=busy)
+    node_reconcile(node)
+    destroys = [c[2] for c in fake_node.calls if c[:2] == ("vm", "destroy")]
+    assert destroys == [gone.vm_id], destroys
+    assert fake_node.vms == {there.vm_id: "stopped", busy.vm_id: "missing"}
 
 
 def test_an_orphan_the_node_cannot_remove_is_reported_once_and_the_pass_goes_on(fake_node):

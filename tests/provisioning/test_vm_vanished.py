@@ -16,8 +16,9 @@ import pytest
 from django.utils import timezone
 
 from billing.services.storage import storage_meter
-from marketplace.models import Gpu, Instance, InstanceStatus
+from marketplace.models import Gpu, Instance, InstanceStatus, Volume, VolumeState
 from marketplace.services import instances as instance_svc
+from marketplace.services import volumes as volume_svc
 from provisioning import tasks
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.models import Job, JobKind, JobStatus, NodeEvent
@@ -87,22 +88,24 @@ def docker_node(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "docker.log"))
     fake = DockerNode(tmp_path, {"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
                                  "GPUMARKET_PORT_RANGE": "41000-41999", "GPUMARKET_PUBLIC_HOST": "10.0.0.9"})
-    for module in ("vms", "reconcile"):
+    for module in ("vms", "reconcile", "volumes"):
         monkeypatch.setattr(f"provisioning.services.{module}.node_session", fake.session)
     monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
     monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", lambda host, port, timeout=0: None)
     return fake
 
 
-def run_job(task, instance, kind):
-    job = Job.objects.get(instance=instance, kind=kind, status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+def run_job(task, instance, kind, **which):
+    job = Job.objects.get(**(which or {"instance": instance}), kind=kind,
+                          status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
     task.push_request(id=f"task-{job.pk}", args=[job.pk], kwargs={}, retries=tasks.JOB_TASK_OPTIONS["max_retries"],
                       called_directly=False, delivery_info={"exchange": "", "routing_key": "celery"})
     try:
         tasks.run_job(task, job.pk)
     finally:
         task.pop_request()
-    instance.refresh_from_db()
+    if instance is not None:
+        instance.refresh_from_db()
     return instance
 
 
@@ -180,6 +183,52 @@ def test_a_running_instance_whose_container_was_removed_fails_at_the_health_chec
     assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).exists()  # not started again
     assert gpu0(node) == "free"
     assert rented(node).status == InstanceStatus.RUNNING
+
+
+@pytest.mark.parametrize("found_by", ["start", "reconcile"])
+def test_the_volume_of_an_instance_failed_for_its_removed_container_can_be_deleted(docker_node, found_by):
+    """The agent kept the record of a VM whose container was removed until the renter destroyed the instance, and
+    the record counted as mounting its volumes: the renter's volume delete was refused by the node (volume_in_use:
+    the volume available again, and billed again; found by review). Failing the instance for its gone VM, the
+    platform has the node remove that record (only if its container is still gone), and the volume goes."""
+    node = node_with_one_gpu()
+    renter = UserFactory()
+    volume = volume_svc.volume_create(owner=renter, node_id=node.pk, size_gb=1)
+    run_job(tasks.volume_create, None, JobKind.VOLUME_CREATE, volume=volume)
+    assert Volume.objects.get(pk=volume.pk).state == VolumeState.AVAILABLE
+    instance = run_job(tasks.instance_provision, book(renter, node, volumes=[{"volume": volume.pk, "mount": "/data"}]),
+                       JobKind.INSTANCE_PROVISION)
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    instance_svc.instance_stop(instance=instance)
+    run_job(tasks.instance_stop, instance, JobKind.INSTANCE_STOP)
+    docker_node.prune(instance.vm_id)
+    if found_by == "start":
+        instance_svc.instance_start(instance=instance)
+        instance = run_job(tasks.instance_start, instance, JobKind.INSTANCE_START)
+    else:
+        node_reconcile(node)
+        instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    assert not (docker_node.tmp_path / "state" / "vms" / instance.vm_id).exists()  # before: kept until destroyed
+
+    volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
+    run_job(tasks.volume_delete, None, JobKind.VOLUME_DELETE, volume=volume)
+    assert Volume.objects.get(pk=volume.pk).state == VolumeState.DELETED  # before: refused, available again
+    instance_svc.instance_destroy(instance=instance)
+    assert run_job(tasks.instance_destroy, instance, JobKind.INSTANCE_DESTROY).status == InstanceStatus.DESTROYED
+
+
+def test_the_record_of_a_failed_instances_vm_that_is_there_is_kept(docker_node):
+    """Only a VM the node lists as missing loses its record: a failed instance's VM whose container is there
+    (stopped) is left as it is by the reconciler."""
+    node = node_with_one_gpu()
+    instance = rented(node)
+    instance_svc.instance_stop(instance=instance)
+    run_job(tasks.instance_stop, instance, JobKind.INSTANCE_STOP)
+    instance_svc.instance_mark_failed(instance_id=instance.pk, message="failed for another reason")
+    node_reconcile(node)
+    assert docker_node.containers() == {f"gpumarket-{instance.vm_id}": "exited"}
+    assert (docker_node.tmp_path / "state" / "vms" / instance.vm_id / "vm.json").exists()
 
 
 # ------------------------------------------------------------------- libvirt: a lookup that fails for a while

@@ -121,6 +121,20 @@ def destroy_unrecorded(cfg, rt, vm_id):
     return {"vm_id": vm_id, "state": "destroyed", "existed": bool(existed)}
 
 
+def destroy_missing(cfg, rt, rec):
+    """`vm destroy` with only_if_missing: the record (and what is left of the VM: libvirt's work folder) of a VM
+    whose container or domain is gone, decided under the VM's lock; a VM whose container or domain is there is
+    left as it is (conflict). The platform sends it for an instance it failed because its VM was gone: the record
+    counted as mounting its volumes, so the renter's volume delete was refused (volume_in_use) until the instance
+    was destroyed, and a VM the engine still has must not be removed on that ground (found by review)."""
+    state = rt.state(rec)
+    if state != "missing":
+        raise AgentError("conflict", "VM %s is on this node (%s), not missing: not removed" % (rec["vm_id"], state))
+    rt.remove_leftovers(rec)  # no engine command: nothing of the VM is there to stop or remove
+    shutil.rmtree(vm_dir(cfg, rec["vm_id"]), ignore_errors=True)
+    return {"vm_id": rec["vm_id"], "state": "destroyed", "existed": True}
+
+
 def vm_gone(rt, rec):
     """The not_found answer for a recorded VM whose container or domain is missing (removed on the node: `docker
     container prune`, an undefined domain): it cannot be started or stopped, only destroyed. The platform takes it
@@ -193,9 +207,13 @@ def take_gpus(rt, rec, indices, uuids):
 
 def vm_simple(cfg, req, action):
     _, rt = pick_runtime(cfg, req)
-    allowed = {"start": ("vm_id", "gpu_indices", "gpu_uuids"), "logs": ("vm_id", "tail")}.get(action, ("vm_id",))
+    allowed = {"start": ("vm_id", "gpu_indices", "gpu_uuids"), "logs": ("vm_id", "tail"),
+               "destroy": ("vm_id", "only_if_missing")}.get(action, ("vm_id",))
     reject_unknown(req, allowed)
     vm_id = validate_vm_id(req.get("vm_id"))
+    only_if_missing = req.get("only_if_missing", False)
+    if type(only_if_missing) is not bool:
+        raise invalid("only_if_missing", "only_if_missing must be true or false")
     if action == "logs":
         tail = req.get("tail", 200)
         if type(tail) is not int or not 1 <= tail <= MAX_LOG_TAIL:
@@ -209,8 +227,12 @@ def vm_simple(cfg, req, action):
         rec = load_record(cfg, vm_id)
         if rec is None:
             if action == "destroy":
+                if only_if_missing:  # no record to remove; a container or domain of that name is not missing
+                    return {"vm_id": vm_id, "state": "destroyed", "existed": False}
                 return destroy_unrecorded(cfg, rt, vm_id)
             raise AgentError("not_found", "no VM %s on this node" % vm_id)
+        if only_if_missing:
+            return destroy_missing(cfg, rt, rec)
         if action in ("start", "stop") and rt.state(rec) == "missing":
             raise vm_gone(rt, rec)
         if action == "start":

@@ -171,7 +171,10 @@ class LibvirtRuntime(Runtime):
         if self.state(rec) != "missing":
             run(virsh_argv(self.cfg.libvirt_uri, "destroy", name), check=False)
             run(virsh_argv(self.cfg.libvirt_uri, "undefine", name))
-        shutil.rmtree(os.path.join(self.cfg.libvirt_dir, rec["vm_id"]), ignore_errors=True)
+        self.remove_leftovers(rec)
+
+    def remove_leftovers(self, rec):
+        shutil.rmtree(os.path.join(self.cfg.libvirt_dir, rec["vm_id"]), ignore_errors=True)  # disk, seed, xml
 
     def destroy_unrecorded(self, vm_id):
         rec = {"vm_id": vm_id}
