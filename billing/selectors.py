@@ -234,9 +234,20 @@ def _refund_lines(in_month: QuerySet[Entry]) -> list[RefundLine]:
     by_txn: dict[int | None, Refund] = {}  # every refund and hold transaction has its Refund (tests' invariants)
     for refund in refunds:
         by_txn[refund.hold_id] = by_txn[refund.transaction_id] = refund
-    return [RefundLine(refund=by_txn[txn_id], amount_micros=-amount, at=at, given_back=given_back,
-                       kind=RefundLineKind.HOLD if kind == TransactionKind.REFUND_HOLD else RefundLineKind.DEBIT)
-            for txn_id, kind, at, amount, given_back in moved]
+    # A hold made into the refund (hold -> payment clearing, the wallet untouched) comes back to the wallet by the
+    # refund's reversal when Stripe fails it after all: that reversal names the refund's transaction, not the hold's
+    # (found by review: such a hold line said given_back false, for money back in the balance).
+    made = [r.transaction_id for r in refunds if r.hold_id is not None and r.transaction_id is not None]
+    made_reversed = set(LedgerTransaction.objects.filter(reverses_id__in=made).values_list("reverses_id", flat=True))
+    lines = []
+    for txn_id, kind, at, amount, given_back in moved:
+        refund = by_txn[txn_id]
+        hold = kind == TransactionKind.REFUND_HOLD
+        if hold and not given_back and refund.transaction_id in made_reversed:
+            given_back = True
+        lines.append(RefundLine(refund=refund, amount_micros=-amount, at=at, given_back=given_back,
+                                kind=RefundLineKind.HOLD if hold else RefundLineKind.DEBIT))
+    return lines
 
 
 def statement_for(*, user: User, month: date) -> Statement:

@@ -136,3 +136,27 @@ def test_a_refund_held_and_made_is_one_line_and_one_pending_says_so(clock, api, 
     assert [(line["id"], line["kind"], line["status"], line["given_back"]) for line in month["refund_lines"]] == [
         (made.pk, "hold", "succeeded", False), (pending.pk, "hold", "pending", False)]
     assert "(" not in month["page_rows"][0] and "(held for it: being made to your card)" in month["page_rows"][1]
+
+
+def test_a_refund_made_from_its_hold_then_failed_at_stripe_reads_given_back(clock, api, client):
+    """Made from its hold (hold -> payment clearing), then failed at Stripe: the refund's reversal (which names the
+    refund's transaction, not the hold's) puts the money back in the wallet, and the hold line said given_back false
+    and read as a plain refund (found by review)."""
+    from billing.services.refunds import refund_confirm
+
+    top_up = credited_top_up(api.user, 40_000_000, intent="pi_failed_late")
+    refund = _refund_reserve(top_up=top_up, amount_micros=15_000_000, reason="asked",
+                             created_by=UserFactory(is_staff=True), customer_note="", idempotency_key="",
+                             request_fingerprint="")
+    clock.advance(hours=1)
+    refund_confirm(refund_id=refund.pk, stripe_refund_id="re_1")
+    clock.advance(hours=1)
+    with transaction.atomic():
+        stripe_refund_apply(stripe_refund={"id": "re_1", "object": "refund", "status": "failed", "amount": 1_500,
+                                           "currency": "usd", "metadata": {"refund_id": str(refund.pk)}})
+    refund.refresh_from_db()
+    assert refund.status == RefundStatus.FAILED and balance(api.user) == 40_000_000
+    month = _month(api, client, "2026-03")
+    assert [(line["kind"], line["status"], line["given_back"]) for line in month["refund_lines"]] == [
+        ("hold", "failed", True)]
+    assert "(not made: the amount went back to your balance)" in month["page_rows"][0]
