@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import timedelta
 from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
 
 from billing.services.storage import node_storage_outage_end
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, Volume, VolumeState
@@ -48,7 +52,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
       that finds it missing still (two looks, not one answer of the node's engine);
     - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
       never ran is destroyed with its disk; the node's record of a failed instance's VM it lists as missing is
-      removed (it held the instance's volumes there: `_forget_missing`);
+      removed once the instance has been failed a while (it held the instance's volumes there: `_forget_missing`);
+      a stop the node refuses never ends the pass (`_stop_vm`: a running VM it has no record of is removed as
+      unrecorded, any other refusal reported once);
     - a stopped instance fails when its VM is gone (its disk went with it: no longer billed, and it could never
       start again), and its VM is stopped when found running (its GPUs were released: another renter may hold
       them); not while a job that starts or stops it is open (the list cannot show what that job does);
@@ -116,8 +122,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             elif instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
                 # A failed instance's GPUs are released, or held until its VM is seen stopped (below): its VM
                 # must not keep using them.
-                session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
-                settled.add(instance.pk)
+                if _stop_vm(node, session, vm["vm_id"], instance.pk):
+                    settled.add(instance.pk)
         for instance_id in destroyed - making - unremoved:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
@@ -198,8 +204,12 @@ def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, In
     removes its record of the VM, and only if its container or domain is still gone (vms.vm_forget_missing).
     The record counted as mounting the instance's volumes there: the renter's volume delete was refused until the
     instance was destroyed (found by review). Before the volumes are listed, so that they are free in this pass."""
-    failed = set(Instance.objects.filter(pk__in=instance_ids, status=InstanceStatus.FAILED)
-                 .values_list("pk", flat=True))
+    # Only once failed for a while (no change to the row for VM_FORGET_MISSING_AFTER_S), never in the pass that
+    # failed it: an engine outage (dockerd started on another data root) lists every VM missing, and once it
+    # ends the engine may bring a container back running with no record left to stop it by (found by review).
+    quiet_since = timezone.now() - timedelta(seconds=getattr(settings, "VM_FORGET_MISSING_AFTER_S", 3600))
+    failed = set(Instance.objects.filter(pk__in=instance_ids, status=InstanceStatus.FAILED,
+                                         updated_at__lte=quiet_since).values_list("pk", flat=True))
     for instance_id in sorted(failed):
         instance = known[instance_id]
         if vm_forget_missing(session=session, instance=instance):
@@ -221,6 +231,36 @@ def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int,
         vm = seen.get(instance_id)
         if vm is None or vm.get("state") != "running" or instance_id in settled:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
+
+
+def _stop_vm(node: Node, session: NodeSession, vm_id: str, instance_id: int) -> bool:
+    """`vm stop` of a listed VM that must not run (a failed or stopped instance's): True when the node stopped or
+    removed it. The node's refusal never ends the pass (found by review: every pass, and every health check that
+    reconciles, failed for good, and the node went offline). A running VM the node has no record of (not_found:
+    the record was removed as missing, then the engine brought the container back, `--restart unless-stopped`,
+    on GPUs given to another renter) is removed as an unrecorded VM is (`_remove_vm`), said once
+    (`unrecorded_vm_removed`). Any other refusal is reported once (`vm_stop_failed`) and tried at the next pass."""
+    try:
+        session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm_id})
+        return True
+    except AgentFailed as exc:
+        if exc.code == "not_found":
+            if _remove_vm(node, session, vm_id) is None:
+                return False
+            if not NodeEvent.objects.filter(node=node, kind="unrecorded_vm_removed",
+                                            message__startswith=f"Removed VM {vm_id},").exists():
+                node_event(node=node, kind="unrecorded_vm_removed",
+                           message=f"Removed VM {vm_id}, found running though the node has no record of it "
+                                   f"(instance {instance_id} is not to run).", level=NodeEvent.Level.WARNING)
+            return True
+        log.warning("reconcile: node %s could not stop VM %s: %s", node.pk, vm_id, exc)
+        if exc.code != "busy" and not NodeEvent.objects.filter(
+                node=node, kind="vm_stop_failed", message__startswith=f"Could not stop VM {vm_id}:").exists():
+            node_event(node=node, kind="vm_stop_failed",
+                       message=f"Could not stop VM {vm_id}: {exc.message[:500]} Instance {instance_id} is not "
+                               "to run; it is tried again at every reconcile.",
+                       level=NodeEvent.Level.WARNING)
+        return False
 
 
 def _remove_vm(node: Node, session: NodeSession, vm_id: str) -> dict[str, Any] | None:
@@ -289,7 +329,8 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
         if instance.pk in _making_vms(node) or not Instance.objects.filter(
                 pk=instance.pk, status=InstanceStatus.STOPPED).exists():
             return False
-        session.agent("vm", "stop", {"runtime": node.runtime, "vm_id": vm["vm_id"]})
+        if not _stop_vm(node, session, vm["vm_id"], instance.pk):
+            return False
         node_event(node=node, kind="stopped_vm_running",
                    message=f"Stopped VM {vm['vm_id']}, found running while instance {instance.pk} is stopped.",
                    level=NodeEvent.Level.WARNING)

@@ -559,7 +559,7 @@ _VM_GONE = ("Its VM and disk are no longer on the server (removed there, or lost
 def _vm_settled(job: Job, instance: Instance, verb: str) -> str:
     """Ask the node to stop or destroy the VM, confirmed as every VM command is when its answer is lost: _SETTLED
     (nothing runs on the GPUs any more), _GONE (the node has no such VM: nothing runs, and no disk is left to
-    keep; the node's record of it, if it kept one, is removed: vm_forget_missing), or _UNKNOWN (the node did not
+    keep; the node's record of it, if it kept one, is removed later by the reconciler), or _UNKNOWN (the node did not
     say)."""
     try:
         with node_session(instance.node) as session:
@@ -568,9 +568,8 @@ def _vm_settled(job: Job, instance: Instance, verb: str) -> str:
             except AgentFailed as exc:
                 if exc.code != "not_found":
                     raise
-                if vm_forget_missing(session=session, instance=instance):
-                    job_step(job=job, message="the node's record of the VM, whose container or domain is gone, "
-                                              "was removed")
+                # The node's record of it is left: the reconciler removes it once the instance has been failed a
+                # while (_forget_missing), not at once, as an engine outage may list a VM missing that comes back.
                 return _GONE
     except NodeError:  # AgentFailed included
         return _UNKNOWN
@@ -582,7 +581,8 @@ def vm_forget_missing(*, session: NodeSession, instance: Instance) -> bool:
     (`vm destroy` with only_if_missing: the agent decides under the VM's lock, and leaves a VM its engine still
     has). For an instance failed because its VM is gone: the record counted as mounting its volumes on the node, so
     the renter's volume delete was refused (volume_in_use, the volume billed again) until the instance was
-    destroyed (found by review). True when a record was removed; False when there was none, the VM is there, or the
+    destroyed (found by review). Sent by the reconciler only for an instance failed a while ago (an engine outage
+    must have time to end first). True when a record was removed; False when there was none, the VM is there, or the
     node did not answer (the reconciler asks again at its next pass)."""
     try:
         answer = session.agent("vm", "destroy", _request(instance, only_if_missing=True))

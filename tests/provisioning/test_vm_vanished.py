@@ -209,6 +209,8 @@ def test_the_volume_of_an_instance_failed_for_its_removed_container_can_be_delet
         node_reconcile(node)
         instance.refresh_from_db()
     assert instance.status == InstanceStatus.FAILED, instance.status_message
+    failed_long_ago(instance)  # the record is removed only a while after the failure (an outage may end)
+    node_reconcile(node)
     assert not (docker_node.tmp_path / "state" / "vms" / instance.vm_id).exists()  # before: kept until destroyed
 
     volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
@@ -229,6 +231,87 @@ def test_the_record_of_a_failed_instances_vm_that_is_there_is_kept(docker_node):
     node_reconcile(node)
     assert docker_node.containers() == {f"gpumarket-{instance.vm_id}": "exited"}
     assert (docker_node.tmp_path / "state" / "vms" / instance.vm_id / "vm.json").exists()
+
+
+def failed_long_ago(instance, hours=2):
+    """As if the instance had been failed (its row last changed) `hours` ago."""
+    Instance.objects.filter(pk=instance.pk).update(updated_at=timezone.now() - timedelta(hours=hours))
+
+
+def test_a_container_back_after_its_record_was_removed_is_removed_and_the_pass_goes_on(docker_node, settings):
+    """The reviewer's scenario (found by review): the container pruned (or dockerd on another data root), the health
+    check and the reconciler fail the instance; the node's record of its VM is removed; dockerd comes back on its
+    data root and `--restart unless-stopped` brings the container back running, on a GPU given to another renter.
+    The reconciler sent `vm stop` of it, the agent answered not_found (no record), and that ended every pass (and
+    every health check that reconciles: the node offline for good). Now the unrecorded container is removed, said
+    once, and the pass goes on; the record is not removed in the pass that failed the instance, only a while
+    after."""
+    node = node_with_one_gpu()
+    instance = rented(node)
+    Instance.objects.filter(pk=instance.pk).update(started_at=timezone.now() - timedelta(minutes=5))
+    containers = docker_node.tmp_path / "containers.json"
+    saved = containers.read_text()
+    docker_node.prune(instance.vm_id)
+    health = docker_node.session(node).agent("health", None, {})
+    node_record_health(node_id=node.pk, ok=True, vms=health["vms"], probed_at=timezone.now())
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    record = docker_node.tmp_path / "state" / "vms" / instance.vm_id / "vm.json"
+    assert record.exists()  # before: removed in the pass that failed it
+    node_reconcile(node)
+    assert record.exists()  # not yet: an engine outage has time to end
+
+    failed_long_ago(instance)
+    node_reconcile(node)
+    assert not record.exists()
+    second = rented(node)
+    # dockerd back on its real data root: the container runs again, no record of it on the node
+    state = json.loads(containers.read_text())
+    state["gpumarket-" + instance.vm_id] = json.loads(saved)["gpumarket-" + instance.vm_id]
+    containers.write_text(json.dumps(state))
+    assert docker_node.containers()[f"gpumarket-{instance.vm_id}"] == "running"
+    counts = node_reconcile(node)  # before: AgentFailed not_found, the pass ended
+    assert isinstance(counts, dict)
+    assert docker_node.containers() == {f"gpumarket-{second.vm_id}": "running"}
+    events = NodeEvent.objects.filter(node=node, kind="unrecorded_vm_removed")
+    assert events.count() == 1 and instance.vm_id in events.get().message
+    node_reconcile(node)
+    assert events.count() == 1
+
+
+def test_a_refused_stop_of_a_failed_instances_vm_is_reported_once_and_the_pass_goes_on(docker_node, monkeypatch):
+    """Any other refusal of the stop of a VM that must not run: one event, the rest of the pass done."""
+    node = node_with_one_gpu()
+    instance = rented(node)
+    instance_svc.instance_mark_failed(instance_id=instance.pk, message="failed for another reason",
+                                      cleanup_pending=True)
+    real = docker_node.session
+
+    def session(node, *args, **kwargs):
+        inner = real(node)
+
+        class Refusing:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def agent(self, cmd, sub=None, request=None, timeout=None):
+                if (cmd, sub) == ("vm", "stop"):
+                    raise AgentFailed({"code": "command_failed", "message": "docker stop: device busy"})
+                return inner.agent(cmd, sub, request, timeout)
+
+        return Refusing()
+
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", session)
+    for _ in range(2):
+        counts = node_reconcile(node)  # before: AgentFailed ended the pass
+        assert isinstance(counts, dict)
+    events = NodeEvent.objects.filter(node=node, kind="vm_stop_failed")
+    assert events.count() == 1 and instance.vm_id in events.get().message
+    assert docker_node.containers() == {f"gpumarket-{instance.vm_id}": "running"}
 
 
 # ------------------------------------------------------------------- libvirt: a lookup that fails for a while

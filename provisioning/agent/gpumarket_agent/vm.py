@@ -122,15 +122,17 @@ def destroy_unrecorded(cfg, rt, vm_id):
 
 
 def destroy_missing(cfg, rt, rec):
-    """`vm destroy` with only_if_missing: the record (and what is left of the VM: libvirt's work folder) of a VM
-    whose container or domain is gone, decided under the VM's lock; a VM whose container or domain is there is
-    left as it is (conflict). The platform sends it for an instance it failed because its VM was gone: the record
-    counted as mounting its volumes, so the renter's volume delete was refused (volume_in_use) until the instance
-    was destroyed, and a VM the engine still has must not be removed on that ground (found by review)."""
+    """`vm destroy` with only_if_missing: the record of a VM whose container or domain is gone, decided under the
+    VM's lock; a VM whose container or domain is there is left as it is (conflict). The platform sends it for an
+    instance it failed because its VM was gone: the record counted as mounting its volumes, so the renter's volume
+    delete was refused (volume_in_use) until the instance was destroyed, and a VM the engine still has must not be
+    removed on that ground (found by review). Only the record: no engine command, and what the runtime keeps beside
+    the engine stays (libvirt's work folder with disk.qcow2: an undefined domain's disk is the renter's data, and
+    'missing' may be a libvirt that lost its definitions for a while; found by review). The instance's destroy
+    removes it (an unrecorded destroy: destroy_unrecorded deletes the work folder of an inst-<id>)."""
     state = rt.state(rec)
     if state != "missing":
         raise AgentError("conflict", "VM %s is on this node (%s), not missing: not removed" % (rec["vm_id"], state))
-    rt.remove_leftovers(rec)  # no engine command: nothing of the VM is there to stop or remove
     shutil.rmtree(vm_dir(cfg, rec["vm_id"]), ignore_errors=True)
     return {"vm_id": rec["vm_id"], "state": "destroyed", "existed": True}
 

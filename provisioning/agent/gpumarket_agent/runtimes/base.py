@@ -44,8 +44,7 @@ class Runtime:
         return False
 
     def remove_leftovers(self, rec):
-        """Remove what this runtime keeps of a VM beside its container or domain (found missing: see vm.py's
-        destroy_missing), never through the engine."""
+        """Remove what this runtime keeps of a VM beside its container or domain, never through the engine."""
 
     def disk_limit(self, rec):
         """Whether the VM's disk_gb is "enforced" on the node or "not_enforced" (then only recorded and billed)."""
