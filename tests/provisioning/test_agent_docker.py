@@ -116,6 +116,8 @@ args = sys.argv[1:]
 with open(log_file, "a") as f:
     f.write(json.dumps(args) + "\n")
 def missing(name):
+    if args[:2] == ["rm", "-f"] and os.environ.get("FAKE_DOCKER_RM_SILENT"):
+        sys.exit(0)  # current Docker CLI (docker/cli#7110): `rm -f` of no container prints nothing, exits 0
     sys.stderr.write("Error response from daemon: No such container: %s\n" % name)
     # `docker rm -f` of no container exits 0 since Docker 20.10 (docker/cli#2678), its error printed all the same
     sys.exit(0 if args[:2] == ["rm", "-f"] else 1)
@@ -182,6 +184,7 @@ elif verb == "stop":
     state[name] = "exited"
 elif verb == "rm":
     del state[name]
+    print(name)  # docker rm prints the name of each container it removed
 json.dump(state, open(state_file, "w"))
 '''
 
@@ -493,9 +496,14 @@ def test_a_create_retried_for_a_record_without_its_container_holds_its_gpus_agai
     assert "provisioning" not in json.loads((tmp_path / "state" / "vms" / "inst-1" / "vm.json").read_text())
 
 
-def test_destroy_removes_a_container_of_ours_that_has_no_record(node, tmp_path):
+@pytest.mark.parametrize("silent", [False, True])
+def test_destroy_removes_a_container_of_ours_that_has_no_record(node, tmp_path, monkeypatch, silent):
     """unrecorded() lists such a container so that the reconciler destroys it; `vm destroy` answered existed:
-    false without touching it, so it stayed for good (an orphan_destroyed event at every pass)."""
+    false without touching it, so it stayed for good (an orphan_destroyed event at every pass). Removed is what
+    `docker rm` names on stdout: of no container it prints "No such container" (Docker 20.10 on) or, silent, nothing
+    (current CLI, docker/cli#7110), exiting 0 both ways (found by review: silent was taken as removed)."""
+    if silent:
+        monkeypatch.setenv("FAKE_DOCKER_RM_SILENT", "1")
     (tmp_path / "containers.json").write_text(json.dumps({"gpumarket-inst-41": "running"}))
     assert node.states() == {"inst-41": "running"}
     answer = node.call("vm destroy", {"vm_id": "inst-41"})

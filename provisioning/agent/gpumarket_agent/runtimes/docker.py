@@ -213,14 +213,15 @@ class DockerRuntime(Runtime):
         return self.remove_container(vm_id)
 
     def remove_container(self, vm_id):
-        """docker rm -f -v gpumarket-<vm_id>: True when it removed one, False when there was none. Since Docker
-        20.10 (docker/cli#2678) `rm -f` of no container exits 0, its "No such container" printed all the same:
-        taken as removed, the reconciler reported an orphan destroyed where nothing was (found by review)."""
+        """docker rm -f -v gpumarket-<vm_id>: True when it removed one, False when there was none. Removed is what
+        docker rm says on stdout, the name of each container it removed. Of no container, `rm -f` exits 0 since
+        Docker 20.10 (docker/cli#2678), printing "No such container", and on current CLIs silently
+        (docker/cli#7110): neither the exit status nor stderr tells (found by review: taken as removed, the
+        reconciler reported an orphan destroyed where nothing was)."""
         proc = run(docker_verb_argv("rm", vm_id), check=False)
-        none = bool(NO_SUCH.search(proc.stderr))
-        if proc.returncode != 0 and not none:
+        if proc.returncode != 0 and not NO_SUCH.search(proc.stderr):
             raise AgentError("command_failed", "docker rm: " + proc.stderr.strip()[-800:])
-        return proc.returncode == 0 and not none
+        return proc.returncode == 0 and vm_name(vm_id) in proc.stdout.split()
 
     def state(self, rec):
         proc = run(docker_verb_argv("inspect", rec["vm_id"]), check=False)
