@@ -31,9 +31,11 @@ from provisioning.services.gpu_presence import gpus_presence, node_gpus_presence
 from provisioning.services.nodes import (
     OFFLINE_AFTER_FAILED_CHECKS,
     VM_MISSING,
+    VM_UNKNOWN,
     HealthResult,
     node_event,
     running_vm_ids_by_node,
+    vm_state_unknown_reported,
 )
 from provisioning.services.reliability import RELIABILITY, failed_jobs_counted, node_inventory_changed
 
@@ -158,7 +160,12 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
         # reconciler that follows fails its instance. Stopped: started again by that reconciler.
         gone = running & ({vm_id for vm_id, state in result.vms.items() if state == VM_MISSING}
                           | (running - set(result.vms)))
-        stopped = running & {vm_id for vm_id, state in result.vms.items() if state not in ("running", VM_MISSING)}
+        # Unknown (its engine has it but cannot give its state now): not judged, neither stopped nor gone (found by
+        # review: one such domain failed the whole answer, and every renter on the node was interrupted).
+        for vm_id in sorted(vm_id for vm_id, state in result.vms.items() if state == VM_UNKNOWN):
+            vm_state_unknown_reported(node=node, vm_id=vm_id)
+        stopped = running & {vm_id for vm_id, state in result.vms.items()
+                             if state not in ("running", VM_MISSING, VM_UNKNOWN)}
         lost = []
         for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
                                (stopped, "the server answers, but the VM is not running on it")):

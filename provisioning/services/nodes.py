@@ -47,6 +47,11 @@ OFFLINE_AFTER_FAILED_CHECKS = 3
 # container or domain is gone (removed on the node: `docker container prune`, `virsh undefine`). The platform takes
 # it as a VM gone, as one not listed at all: it cannot run again, and no disk of it is left to bill.
 VM_MISSING = "missing"
+# The state the agent lists for a VM its engine has but cannot give the state of now (libvirt: a defined domain whose
+# domstate fails), with the engine's words as `error` (`vm list`) or in `vm_errors` (the health answer). Left
+# unjudged: neither interrupted, resumed, restarted, stopped nor failed, its GPUs held (one such domain failed the
+# whole list and health answer: every renter on the node interrupted, then the node offline; found by review).
+VM_UNKNOWN = "unknown"
 # States in which the platform talks to a node on its own (health checks, reconciling).
 WATCHED_STATES = (NodeState.ACTIVE, NodeState.OFFLINE, NodeState.MAINTENANCE)
 
@@ -392,3 +397,14 @@ def _renumber(rows: list[Gpu], index_of: dict[int, Any]) -> None:
     for gpu in moving:
         gpu.index = final[gpu.pk]
     Gpu.objects.bulk_update(moving, ["index"])
+
+
+def vm_state_unknown_reported(*, node: Node, vm_id: str, error: str = "") -> None:
+    """One warning event per VM whose state the node cannot give (VM_UNKNOWN), naming it, for operators."""
+    shown = ascii(vm_id[:80])
+    prefix = f"The node cannot read the state of VM {shown}"
+    if NodeEvent.objects.filter(node=node, kind="vm_state_unknown", message__startswith=prefix).exists():
+        return
+    node_event(node=node, kind="vm_state_unknown",
+               message=f"{prefix} (left as it is, unjudged, until it can): {str(error)[:500]}".rstrip(": "),
+               level=NodeEvent.Level.WARNING)

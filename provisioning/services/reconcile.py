@@ -20,7 +20,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.gpu_presence import instance_waits_for_gpu
-from provisioning.services.nodes import VM_MISSING, node_event, node_session
+from provisioning.services.nodes import VM_MISSING, VM_UNKNOWN, node_event, node_session, vm_state_unknown_reported
 from provisioning.services.vms import vm_forget_missing
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed, AgentGarbage
@@ -88,10 +88,17 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         missing: set[int] = set()  # instances whose VM the node lists as missing
         settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
         unremoved: set[int | None] = set()  # instances whose VM the node failed to remove in this pass
+        unknown: set[int | None] = set()  # instances whose VM's state the node cannot give (VM_UNKNOWN): unjudged
         vm: dict[str, Any] | None
         for vm in vms:
             match = _VM_ID.fullmatch(vm.get("vm_id", ""))
             instance_id = int(match.group(1)) if match else None
+            if vm.get("state") == VM_UNKNOWN:
+                # Its engine has it but cannot say now (a libvirt domain whose domstate fails): neither removed,
+                # stopped, failed, resumed nor started again, its GPUs held; reported once (found by review).
+                vm_state_unknown_reported(node=node, vm_id=vm["vm_id"], error=str(vm.get("error") or ""))
+                unknown.add(instance_id)
+                continue
             instance = known.get(instance_id)
             if instance is None and match is None:
                 _foreign(node, vm["vm_id"])
@@ -124,11 +131,11 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # must not keep using them.
                 if _stop_vm(node, session, vm["vm_id"], instance.pk):
                     settled.add(instance.pk)
-        for instance_id in destroyed - making - unremoved:
+        for instance_id in destroyed - making - unremoved - unknown:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
             vm = seen.get(instance.pk)
-            if judged_before.get(instance.pk) != instance.status:
+            if judged_before.get(instance.pk) != instance.status or instance.pk in unknown:
                 continue
             if instance.status == InstanceStatus.INTERRUPTED:
                 if vm is None:
@@ -150,7 +157,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
         _forget_missing(node, session, known, missing - making - settled)
-        _release_held(node, known, seen, settled, making, counts)
+        _release_held(node, known, seen, settled, making | {i for i in unknown if i is not None}, counts)
         _reconcile_volumes(node, session, counts)
     return counts
 

@@ -32,12 +32,14 @@ def fail(msg):
     sys.exit(1)
 # A transient lookup failure (libvirtd or virtqemud restarting, a keepalive timeout, an ACL denial) while the file
 # FAKE_VIRSH_GLITCH names exists: virsh prints the same words as for a domain that is not there, since it resets
-# libvirt's own error first (tools/virsh-util.c, virshLookupDomainInternal). "list" in the file: the list fails too.
+# libvirt's own error first (tools/virsh-util.c, virshLookupDomainInternal). "list" in the file: the list fails too;
+# "only=<name>": only that domain's lookups fail.
 glitch = os.environ.get("FAKE_VIRSH_GLITCH", "")
 if glitch and os.path.exists(glitch):
-    if verb == "list" and "list" in open(glitch).read():
+    how = open(glitch).read()
+    if verb == "list" and "list" in how:
         fail("error: failed to connect to the hypervisor")
-    if verb not in ("list", "version", "define"):
+    if verb not in ("list", "version", "define") and (not how.startswith("only=") or args[0] == how[5:]):
         fail("error: failed to get domain '%s'" % args[0])
 if verb == "define":
     dom = ET.parse(args[0]).getroot()
@@ -350,8 +352,14 @@ def test_a_failed_lookup_of_a_defined_domain_is_no_missing_vm(node, list_too):
     assert node.create("inst-1", [0], [A])["state"] == "running"
     node.glitch(list_too=list_too)
     listed = node.call("vm list", {})
-    assert listed["error"]["code"] == "command_failed", listed  # before: [("inst-1", "missing")]
-    assert node.call("health", {})["vms"] is None  # no VM's state, rather than a wrong one
+    health = node.call("health", {})
+    if list_too:  # no domain list: no VM's state, rather than a wrong one
+        assert listed["error"]["code"] == "command_failed", listed  # before: [("inst-1", "missing")]
+        assert health["vms"] is None
+    else:  # the VM alone is "unknown", with virsh's words (before: the whole list and health answer failed)
+        assert [(v["vm_id"], v["state"]) for v in listed["vms"]] == [("inst-1", "unknown")], listed
+        assert "failed to get domain" in listed["vms"][0]["error"]
+        assert health["vms"] == {"inst-1": "unknown"} and "failed to get domain" in health["vm_errors"]["inst-1"]
     for verb in ("vm stop", "vm start", "vm status"):
         answer = node.call(verb, {"vm_id": "inst-1"})
         assert answer["error"]["code"] == "command_failed", (verb, answer)  # before: not_found, or "missing"

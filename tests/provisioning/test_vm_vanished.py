@@ -28,7 +28,7 @@ from provisioning.ssh_errors import AgentFailed
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book
 from tests.provisioning.test_agent_docker import FAKE_DOCKER, SAMPLES
-from tests.provisioning.test_agent_gpu_uuids import A
+from tests.provisioning.test_agent_gpu_uuids import A, B
 from tests.provisioning.test_agent_libvirt_cards import FAKE_NVIDIA_SMI, FAKE_VIRSH, TOUCH_OUTPUT, TOUCH_OVERLAY
 
 pytestmark = pytest.mark.django_db
@@ -385,7 +385,7 @@ def test_a_failed_virsh_lookup_leaves_a_running_instance_and_its_vm_alone(libvir
     libvirt_node.glitch()
     for _ in range(2):
         answer = health_and_reconcile(libvirt_node, node)
-        assert isinstance(answer, AgentFailed) and answer.code == "command_failed", answer
+        assert not isinstance(answer, AgentFailed) and answer["instances_failed"] == 0, answer  # its VM unknown
         instance.refresh_from_db()
         assert instance.status == InstanceStatus.RUNNING, instance.status_message  # before: failed
         assert not instance.interruptions.exists() and gpu0(node) == "rented"
@@ -399,3 +399,33 @@ def test_a_failed_virsh_lookup_leaves_a_running_instance_and_its_vm_alone(libvir
     assert instance.status == InstanceStatus.RUNNING and gpu0(node) == "rented"
     assert libvirt_node.domains() == {domain: "running"}  # before: stopped, as a failed instance's VM
     assert not NodeEvent.objects.filter(node=node, kind__in=("vm_vanished", "vm_not_running")).exists()
+
+
+def test_one_domain_whose_state_cannot_be_read_leaves_the_other_renters_and_the_node_alone(libvirt_node):
+    """One domain whose domstate fails made `vm list` and the health answer fail as a whole (`vms: null`): every
+    check failed, after two every running instance on the node was interrupted, after three the node was offline,
+    and nobody was told which domain (found by review). Now that VM is "unknown": left unjudged, its renter running,
+    the healthy renter beside it running, the node active, and one event names the domain."""
+    node = make_listed_node(gpu_count=2, runtime="libvirt")
+    Gpu.objects.filter(node=node, index=0).update(uuid=A)
+    Gpu.objects.filter(node=node, index=1).update(uuid=B)
+    sick, healthy = rented(node), rented(node)
+    Instance.objects.filter(pk__in=(sick.pk, healthy.pk)).update(started_at=timezone.now() - timedelta(minutes=5))
+    assert set(libvirt_node.domains().values()) == {"running"} and len(libvirt_node.domains()) == 2
+    (libvirt_node.tmp_path / "virsh-glitch").write_text(f"only=gpumarket-{sick.vm_id}")
+    for _ in range(4):
+        health = libvirt_node.session(node).agent("health", None, {})
+        assert health["vms"] == {sick.vm_id: "unknown", healthy.vm_id: "running"}, health  # before: None
+        ok = health["vms"] is not None
+        node_record_health(node_id=node.pk, ok=ok, vms=health["vms"], probed_at=timezone.now())
+        counts = node_reconcile(node)  # before: AgentFailed command_failed, the pass ended
+        assert counts["instances_failed"] == counts["restarted"] == counts["resumed"] == 0, counts
+    for instance in (sick, healthy):
+        instance.refresh_from_db()
+        assert instance.status == InstanceStatus.RUNNING and not instance.interruptions.exists()
+    node.refresh_from_db()
+    assert node.state == "active" and node.health_failures == 0
+    assert set(libvirt_node.domains().values()) == {"running"}
+    events = NodeEvent.objects.filter(node=node, kind="vm_state_unknown")
+    assert events.count() == 1 and sick.vm_id in events.get().message, list(events.values_list("message"))
+    assert not Gpu.objects.filter(node=node).exclude(status="rented").exists()

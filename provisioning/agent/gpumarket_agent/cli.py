@@ -8,7 +8,7 @@ import time
 
 from .benchmark import _WATCHDOG, cmd_benchmark, emit
 from .challenge import main_challenge
-from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid
+from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid, state_or_unknown
 from .memproof import main_memproof
 from .mig import read_mig
 from .records import all_records
@@ -59,7 +59,12 @@ def cmd_health(cfg, req):
     if cfg.runtime:
         with contextlib.suppress(AgentError, OSError, ValueError):
             rt = RUNTIME_CLASSES[cfg.runtime](cfg)
-            answer["vms"] = {rec["vm_id"]: rt.state(rec) for rec in all_records(cfg)}
+            vms, errors = {}, {}
+            for rec in all_records(cfg):  # one VM whose state cannot be read is "unknown", not every VM's null
+                vms[rec["vm_id"]], error = state_or_unknown(rt, rec)
+                if error:
+                    errors[rec["vm_id"]] = error
+            answer["vms"], answer["vm_errors"] = vms, errors
     return answer
 
 

@@ -4,7 +4,7 @@ import shutil
 import time
 
 from .allocation import cards_held, check_and_start, check_gpus_free, remember_addresses, visible_gpus
-from .core import RUNTIMES, AgentError, invalid
+from .core import RUNTIMES, AgentError, invalid, state_or_unknown
 from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
 from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
@@ -255,7 +255,10 @@ def vm_list(cfg, req):
     _, rt = pick_runtime(cfg, req)
     reject_unknown(req, ())
     records = all_records(cfg)
-    vms = [describe(cfg, rt, rec, rt.state(rec)) for rec in records]
+    vms = []
+    for rec in records:  # a VM whose state the engine cannot give is "unknown", the others listed all the same
+        state, error = state_or_unknown(rt, rec)
+        vms.append(dict(describe(cfg, rt, rec, state), **({"error": error} if error else {})))
     vms += rt.unrecorded({r["vm_id"] for r in records})
     return {"vms": vms}
 

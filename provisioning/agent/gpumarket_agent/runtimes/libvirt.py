@@ -7,7 +7,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from ..allocation import cards_held, cards_out_of_view, remember_addresses, visible_gpus
-from ..core import AgentError, invalid, run, write_file
+from ..core import AgentError, StateUnknown, invalid, run, state_or_unknown, write_file
 from ..records import all_records
 from ..smi import host_facts
 from ..validation import VM_ID_RE
@@ -195,8 +195,8 @@ class LibvirtRuntime(Runtime):
         # command_failed: its state is unknown, not missing.
         if name not in self.domain_names():
             return "missing"
-        raise AgentError("command_failed", "virsh domstate %s failed, though the domain is defined (its state is "
-                                           "unknown): %s" % (name, proc.stderr.strip()[-800:]))
+        raise StateUnknown("virsh domstate %s failed, though the domain is defined (its state is unknown): %s"
+                           % (name, proc.stderr.strip()[-800:]))
 
     def domain_names(self):
         """The names of every domain libvirt has, running or not; command_failed when virsh cannot list them."""
@@ -208,7 +208,8 @@ class LibvirtRuntime(Runtime):
         for name in names:
             vm_id = name[len("gpumarket-"):] if name.startswith("gpumarket-") else ""
             if VM_ID_RE.fullmatch(vm_id) and vm_id not in known:
-                found.append({"vm_id": vm_id, "state": self.state({"vm_id": vm_id})})
+                state, error = state_or_unknown(self, {"vm_id": vm_id})
+                found.append({"vm_id": vm_id, "state": state, **({"error": error} if error else {})})
         return found
 
     def health(self):
