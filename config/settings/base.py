@@ -334,6 +334,10 @@ FLEET_REFERENCE_MIN_PROVIDERS = env_int("FLEET_REFERENCE_MIN_PROVIDERS", 3)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)
 RECONCILE_INTERVAL_S = env_int("RECONCILE_INTERVAL_S", 300)
+# The node's record of a failed instance's VM whose container or domain is missing is removed by the reconciler
+# only once the instance has been failed this long: an engine that came back on an empty data root has time to find
+# its containers again (provisioning/services/reconcile.py _forget_missing).
+VM_FORGET_MISSING_AFTER_S = env_int("VM_FORGET_MISSING_AFTER_S", 3600)
 # The fleet's health checks and reconciles run as batch tasks of this many nodes each, which any worker takes
 # (provisioning/services/fleet.py). Each worker process keeps up to FLEET_SSH_POOL_SIZE SSH connections to nodes
 # open between checks, closing one idle for FLEET_SSH_POOL_IDLE_S (provisioning/ssh_pool.py).

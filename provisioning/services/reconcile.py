@@ -214,7 +214,7 @@ def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, In
     # Only once failed for a while (no change to the row for VM_FORGET_MISSING_AFTER_S), never in the pass that
     # failed it: an engine outage (dockerd started on another data root) lists every VM missing, and once it
     # ends the engine may bring a container back running with no record left to stop it by (found by review).
-    quiet_since = timezone.now() - timedelta(seconds=getattr(settings, "VM_FORGET_MISSING_AFTER_S", 3600))
+    quiet_since = timezone.now() - timedelta(seconds=settings.VM_FORGET_MISSING_AFTER_S)
     failed = set(Instance.objects.filter(pk__in=instance_ids, status=InstanceStatus.FAILED,
                                          updated_at__lte=quiet_since).values_list("pk", flat=True))
     for instance_id in sorted(failed):
