@@ -173,6 +173,9 @@ class Refund(StatefulModel, models.Model):
     idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True, default="")
     request_fingerprint = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # When the follow-up last looked it up at Stripe (its answer lost): the least recently looked up go first, so
+    # that refunds whose lookup Stripe keeps refusing do not hide the others.
+    last_tried_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -41,6 +41,9 @@ class Payout(StatefulModel, models.Model):
     reversal = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, null=True, blank=True,
                                     related_name="payout_reversed")
     created_at = models.DateTimeField(default=timezone.now)
+    # When a sender last took it up (sent it, or looked its transfer up): the follow-up takes the least recently
+    # tried first, so that payouts whose lookup Stripe keeps refusing do not hide the others.
+    last_tried_at = models.DateTimeField(null=True, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

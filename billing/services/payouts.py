@@ -40,6 +40,8 @@ from notifications.services.notify import Kind, notify
 
 log = logging.getLogger(__name__)
 
+PAYOUT_FOLLOW_UP_BATCH = 100  # pending payouts taken up per follow-up run at most
+
 
 def payout_period(today: date) -> tuple[date, date]:
     """The last full week before `today`: (its Monday, its Sunday)."""
@@ -97,6 +99,7 @@ def payout_send(*, payout: Payout) -> Payout:
         payout.refresh_from_db()
         if payout.status != PayoutStatus.PENDING:
             return payout
+        Payout.objects.filter(pk=payout.pk).update(last_tried_at=timezone.now())
         try:
             transfer = _transfer_made(payout) if payout.attempts else None
         except stripe.StripeError as exc:
@@ -185,9 +188,12 @@ def _payout_failed(payout_id: int, message: str) -> None:
 
 def payouts_send_pending(*, now: datetime | None = None) -> int:
     """Send again the payouts still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (a lost answer, a crash between
-    reserving and sending): minutes later, not next week. Each looks its transfer up first (payout_send)."""
+    reserving and sending): minutes later, not next week. Each looks its transfer up first (payout_send). At most
+    PAYOUT_FOLLOW_UP_BATCH a run, the least recently tried first: payouts whose lookup Stripe keeps refusing went
+    first every run and hid the others for good (each tried again only a run later than the rest)."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
-    pending = list(Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff).order_by("pk")[:100])
+    pending = list(Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff)
+                   .order_by(F("last_tried_at").asc(nulls_first=True), "pk")[:PAYOUT_FOLLOW_UP_BATCH])
     for payout in pending:
         payout_send(payout=payout)
     return len(pending)

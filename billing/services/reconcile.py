@@ -250,8 +250,11 @@ def refunds_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
         if not acquired:
             return {"skipped": "another run is reconciling refunds"}
         cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+        # The least recently looked up first: refunds whose lookup Stripe keeps refusing went first every run and
+        # hid the newer ones for good.
         ids = list(Refund.objects.filter(status=RefundStatus.PENDING, created_at__lt=cutoff)
-                   .order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
+                   .order_by(F("last_tried_at").asc(nulls_first=True), "created_at", "pk")
+                   .values_list("pk", flat=True)[:limit])
         return _each_until_stripe_is_away(ids, lambda pk: refund_reconcile(refund_id=pk), "refund reconcile")
 
 
@@ -263,6 +266,7 @@ def refund_reconcile(*, refund_id: int) -> str:
     refund = Refund.objects.select_related("top_up").filter(pk=refund_id, status=RefundStatus.PENDING).first()
     if refund is None:
         return "settled"
+    Refund.objects.filter(pk=refund_id).update(last_tried_at=timezone.now())
     try:
         page = client().v1.refunds.list(params={"payment_intent": refund.top_up.payment_intent_id or "",
                                                 "limit": 100})

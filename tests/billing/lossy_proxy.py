@@ -1,7 +1,10 @@
 """An HTTP proxy in front of localstripe that can lose answers: the request reaches localstripe (which acts on
 it), and the connection is dropped before the answer comes back, as a timeout looks to the platform; or lose the
-request itself (`drop`), which never reaches localstripe and looks the same to the platform."""
+request itself (`drop`), which never reaches localstripe and looks the same to the platform; or refuse it
+(`refuse`): never sent on, answered with Stripe's 403 for a key that may not do it (a definite error, not an
+outage)."""
 import http.client
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -13,6 +16,8 @@ class LossyProxy:
         self.lose: set[tuple[str, str]] = set()  # (method, path without the query) whose answers are lost
         self.lost: list[str] = []
         self.drop: set[tuple[str, str]] = set()  # (method, path) never sent on: the connection drops first
+        self.refuse: set[tuple[str, str]] = set()  # (method, path) never sent on: answered 403
+        self.refused: list[str] = []  # "METHOD path?query" of each request refused
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -23,6 +28,17 @@ class LossyProxy:
                 if (self.command, self.path.partition("?")[0]) in proxy.drop:
                     proxy.lost.append(f"{self.command} {self.path} (never sent)")
                     self.close_connection = True
+                    return
+                if (self.command, self.path.partition("?")[0]) in proxy.refuse:
+                    proxy.refused.append(f"{self.command} {self.path}")
+                    data = json.dumps({"error": {"type": "invalid_request_error", "code": "secret_key_required",
+                                                 "message": "The provided key does not have the required "
+                                                            "permissions for this endpoint."}}).encode()
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                     return
                 upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}

@@ -310,3 +310,24 @@ def test_a_refund_that_fails_at_stripe_after_it_was_made_gives_the_debit_back_on
     assert deliver(api, {"id": "evt_rf_4", "type": "refund.failed", "data": {"object": {
         "id": "re_not_ours", "status": "failed", "metadata": {}}}}).json()["status"] == "ignored"
     assert balance(api.user) == 40_000_000
+
+
+def test_refunds_whose_lookup_stripe_refuses_do_not_hide_the_others_from_the_follow_up(localstripe, lossy, api,
+                                                                                       refund_operator_api):
+    """The follow-up took the oldest pending refunds first, and one whose lookup Stripe kept refusing (a definite
+    error: looked up again next run) stayed first: with a full batch of them, newer lost refunds were never looked
+    up. The least recently looked up go first now."""
+    first, second = _credited_top_up(localstripe, api), _credited_top_up(localstripe, api)
+    lossy.lose.add(("POST", "/v1/refunds"))
+    for top_up in (first, second):
+        assert _refund(refund_operator_api, top_up, "5.00").status_code == 503
+    lossy.refuse.add(("GET", "/v1/refunds"))
+    for _ in range(2):  # a batch of one: each run looks up one refund
+        assert refunds_reconcile(now=timezone.now() + LATER, limit=1) == {"error": 1}
+    looked_up = [next(t.pk for t in (first, second) if t.payment_intent_id in path) for path in lossy.refused]
+    assert looked_up == [first.pk, second.pk]
+    lossy.refuse.clear()
+    for _ in range(2):
+        assert refunds_reconcile(now=timezone.now() + LATER, limit=1) == {"succeeded": 1}
+    assert set(Refund.objects.values_list("status", flat=True)) == {RefundStatus.SUCCEEDED}
+    assert balance(api.user) == 70_000_000

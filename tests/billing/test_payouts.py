@@ -301,3 +301,29 @@ def test_the_per_minute_follow_up_tries_a_lost_payout_again_within_minutes_not_n
     payout.refresh_from_db()
     assert payout.status == PayoutStatus.PAID and payout.transfer_id == connect.made[0]["id"]
     assert len(connect.made) == 1
+
+
+def test_payouts_whose_lookup_stripe_refuses_do_not_hide_the_others_from_the_follow_up(clock, connect, monkeypatch):
+    """The per-minute follow-up took the 100 oldest pending payouts, and one whose lookup Stripe keeps refusing stays
+    pending (rightly): with a full batch of them, newer payouts were never tried again. The least recently tried go
+    first now."""
+    from datetime import UTC, datetime, timedelta
+
+    monkeypatch.setattr(payouts, "PAYOUT_FOLLOW_UP_BATCH", 1)
+    _provider_with_earnings(clock), _provider_with_earnings(clock, account="acct_2TestProvider")
+    connect.mode = "lose"
+    first, second = payouts.payouts_run(today=MONDAY)
+    assert {first.status, second.status} == {PayoutStatus.PENDING} and len(connect.made) == 2
+    connect.mode = "lookup_refused"
+    later = datetime.now(UTC) + timedelta(hours=1)  # rows' created_at are real (the field's default)
+    for _ in range(2):
+        clock.advance(seconds=60)
+        assert payouts.payouts_send_pending(now=later) == 1
+    groups = [parse_qs(path.partition("?")[2])["transfer_group"][0] for path in connect.lookups]
+    assert groups == [f"payout-{first.pk}", f"payout-{second.pk}"]
+    connect.mode = "ok"
+    for _ in range(2):
+        clock.advance(seconds=60)
+        payouts.payouts_send_pending(now=later)
+    assert set(Payout.objects.values_list("status", flat=True)) == {PayoutStatus.PAID}
+    assert len(connect.made) == 2 and len(connect.requests) == 2  # found by their lookups, not sent again
