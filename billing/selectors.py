@@ -4,7 +4,7 @@ Statements and earnings are built from ledger entries grouped by the month (UTC)
 posted, so that each month's opening balance plus its movements is its closing balance, exactly.
 """
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,8 +21,11 @@ from billing.models import (
     Entry,
     LedgerTransaction,
     Payout,
+    PayoutStatus,
     Refund,
+    RefundStatus,
     TopUp,
+    TopUpStatus,
     TransactionKind,
     UsageInterval,
 )
@@ -454,3 +457,30 @@ def revenue_between(*, start: datetime, end: datetime) -> dict[str, int]:
     row = (Entry.objects.filter(revenue | charged, transaction__created_at__gte=start, transaction__created_at__lt=end)
            .aggregate(charged=Sum("amount_micros", filter=charged), fee=Sum("amount_micros", filter=revenue)))
     return {"charged_micros": -(row["charged"] or 0), "fee_micros": row["fee"] or 0}
+
+
+WAITING_LIST_LIMIT = 10
+
+
+def waiting_on_stripe(*, kind: str, now: datetime | None = None) -> dict[str, Any]:
+    """Money whose Stripe answer is still not known past the follow-up's delay (BILLING_TOP_UP_RECONCILE_AFTER_S),
+    for operators: "payouts" (earnings reserved, transfer not known made), "refunds" (held from a wallet) or
+    "top_ups" (processing, or charged-or-not unknown). {"count", "amount_micros", "oldest": the WAITING_LIST_LIMIT
+    oldest rows, with their failure_message}. Each stays so while Stripe refuses to answer its lookup (a key
+    without the permission, an account closed): the follow-up tries again every minute, and nothing else tells
+    anyone."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+    rows: QuerySet[Any]
+    if kind == "payouts":
+        rows = Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff).select_related("provider")
+    elif kind == "refunds":
+        rows = Refund.objects.filter(status=RefundStatus.PENDING, created_at__lt=cutoff).select_related("top_up__user")
+    elif kind == "top_ups":
+        rows = TopUp.objects.filter(Q(status=TopUpStatus.PROCESSING) | Q(status=TopUpStatus.FAILED,
+                                                                          outcome_unknown=True),
+                                    created_at__lt=cutoff).select_related("user")
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    totals = rows.aggregate(count=Count("id"), amount=Sum("amount_micros"))
+    return {"count": totals["count"], "amount_micros": totals["amount"] or 0,
+            "oldest": list(rows.order_by("created_at", "pk")[:WAITING_LIST_LIMIT])}

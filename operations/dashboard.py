@@ -12,7 +12,7 @@ from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.selectors import revenue_between
+from billing.selectors import revenue_between, waiting_on_stripe
 from core import charts
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, Verdict
 from marketplace.models.nodes import offerable
@@ -61,6 +61,15 @@ PARTS = {
     "events": "provisioning.view_nodeevent",
     "runs": "provisioning.view_verificationrun",
     "revenue": "billing.view_ledgertransaction",
+    # Money whose Stripe answer is still unknown past the follow-up's delay (billing.selectors.waiting_on_stripe)
+    "payouts": "billing.view_payout",
+    "refunds": "billing.view_refund",
+    "top_ups": "billing.view_topup",
+}
+WAITING_ON_STRIPE = {  # part: (its changelist, the filter of the rows it counts)
+    "payouts": ("billing_payout", {"status__exact": "pending"}),
+    "refunds": ("billing_refund", {"status__exact": "pending"}),
+    "top_ups": ("billing_topup", {}),
 }
 
 
@@ -92,6 +101,12 @@ def fleet_figures(parts: Collection[str], now=None) -> dict:
                                      created_at__gte=week_ago).select_related("node")[:LIST_LIMIT])
     if "revenue" in parts:
         figures["revenue"] = revenue_figures(now)
+    # Each only while something waits: a payout or refund whose lookup Stripe keeps refusing stays pending with
+    # nothing else to tell an operator (a warning in the worker's log, every minute).
+    figures["waiting"] = [
+        {"part": part, **waiting, "url": _changelist(model, **filters)}
+        for part, (model, filters) in WAITING_ON_STRIPE.items()
+        if part in parts and (waiting := waiting_on_stripe(kind=part, now=now))["count"]]
     return figures
 
 

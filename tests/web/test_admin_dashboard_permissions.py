@@ -10,7 +10,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.models import Entry, LedgerTransaction
+from billing.models import Entry, LedgerTransaction, Payout, Refund, TopUp
 from marketplace.models import Gpu, Instance, Node, NodeState, User, Verdict
 from provisioning.models import Job, NodeEvent, VerificationRun
 from tests.factories import UserFactory, make_listed_node, make_node
@@ -30,7 +30,11 @@ SHOWN_BY = {
     "provisioning.view_job": ["benchmarking GPU 0", "stuck jobs", "jobs failed by the platform"],
     "provisioning.view_nodeevent": ["host key changed on the node"],
     "provisioning.view_verificationrun": ["rejections in 7 days"],
+    "billing.view_payout": ["1 payout pending", "$42.50", "key does not have the required permissions"],
+    "billing.view_refund": ["1 refund pending", "$15.00", "Outcome unknown: no answer"],
+    "billing.view_topup": ["1 top-up not known charged or not", "$7.00", "pi_waiting"],
 }
+WAITING = ("billing.view_payout", "billing.view_refund", "billing.view_topup")
 
 
 @pytest.fixture
@@ -47,6 +51,29 @@ def fleet():
     NodeEvent.objects.create(node=rejected, level="critical", kind="host_key_changed",
                              message="host key changed on the node")
     _usage_txn("today", UserFactory(), provider, 12_340_000, 1_851_000, timezone.now() - timedelta(microseconds=1))
+    _money_waiting_on_stripe(UserFactory(), since=timezone.now() - timedelta(hours=2))
+
+
+def _money_waiting_on_stripe(provider: User, since, payout_usd_micros=42_500_000) -> None:
+    """A payout whose transfer lookup Stripe refuses, a refund whose answer was lost, a top-up still processing:
+    each past the follow-up's delay."""
+    from billing.models import AccountKind, Payout, Refund, TopUp
+    from billing.services.ledger import ledger_post, platform_account, user_account
+    from billing.services.top_ups import top_up_credit
+
+    txn, _ = ledger_post(idempotency_key=f"payout:{provider.pk}:test", kind="payout", lines=[
+        (user_account(user_id=provider.pk, kind=AccountKind.PROVIDER_EARNINGS), -payout_usd_micros),
+        (platform_account(kind=AccountKind.PAYOUT_CLEARING), payout_usd_micros)])
+    Payout.objects.create(provider=provider, period_start=since.date(), period_end=since.date(), attempts=1,
+                          amount_micros=payout_usd_micros, destination="acct_1Test", transaction=txn, created_at=since,
+                          failure_message="The provided key does not have the required permissions for this endpoint.")
+    renter = UserFactory()
+    paid = TopUp.objects.create(user=renter, amount_micros=40_000_000, status="processing", payment_intent_id="pi_paid")
+    assert top_up_credit(top_up_id=paid.pk, payment_intent_id="pi_paid", amount_micros=40_000_000)
+    Refund.objects.create(top_up=paid, amount_micros=15_000_000, reason="asked", created_by=UserFactory(),
+                          created_at=since, failure_message="Outcome unknown: no answer")
+    TopUp.objects.create(user=renter, amount_micros=7_000_000, status="processing", payment_intent_id="pi_waiting",
+                         created_at=since)
 
 
 def staff(*perms: str) -> User:
@@ -70,7 +97,7 @@ def test_a_staff_account_without_permissions_reads_none_of_the_fleet_and_nothing
     for marker in sum(SHOWN_BY.values(), []):
         assert marker not in page, f"a staff account with no permission reads {marker!r}"
     tables = [m._meta.db_table for m in (Node, Gpu, Instance, Job, NodeEvent, VerificationRun, Entry,
-                                         LedgerTransaction)]
+                                         LedgerTransaction, Payout, Refund, TopUp)]
     read = [q["sql"] for q in queries.captured_queries if any(f'"{t}"' in q["sql"] for t in tables)]
     assert read == [], "the dashboard computed figures it does not show"
     assert "may view none of the fleet's records" in page
@@ -85,6 +112,23 @@ def test_each_part_is_shown_to_the_holders_of_its_view_permission_only(fleet, pe
         if other != perm:
             for marker in markers:
                 assert marker not in page, f"{perm} alone shows {marker!r} (needs {other})"
+
+
+def test_money_waiting_on_stripe_is_shown_only_past_the_follow_ups_delay_and_linked_to_its_rows(fleet):
+    """A payout whose transfer lookup Stripe keeps refusing stayed pending with nothing to tell an operator but a
+    warning in the worker's log every minute: the dashboard lists what still waits on Stripe, and why."""
+    page = dashboard(staff(*WAITING))
+    payout, refund, top_up = Payout.objects.get(), Refund.objects.get(status="pending"), TopUp.objects.get(
+        status="processing")
+    assert "Money waiting on Stripe" in page
+    for url in (f"/admin/billing/payout/{payout.pk}/change/", f"/admin/billing/refund/{refund.pk}/change/",
+                f"/admin/billing/topup/{top_up.pk}/change/", "/admin/billing/payout/?status__exact=pending"):
+        assert url in page
+    # Younger than the follow-up's delay: its answer may still come; nothing to look into yet.
+    for model in (Payout, Refund, TopUp):
+        model.objects.update(created_at=timezone.now())
+    page = dashboard(staff(*WAITING))
+    assert "Money waiting on Stripe" not in page and "1 payout pending" not in page
 
 
 def test_a_part_not_shown_is_not_computed(fleet):
