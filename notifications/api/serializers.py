@@ -59,7 +59,7 @@ class WebhookEndpointInputSerializer(StrictFieldsMixin, serializers.Serializer[A
                                 help_text="https:// to a public address; it receives signed JSON POSTs.")
     description = serializers.CharField(max_length=DESCRIPTION_MAX_LENGTH, required=False, allow_blank=True,
                                         validators=[no_control_characters])
-    active = serializers.BooleanField(required=False, help_text="Inactive endpoints receive no events.")
+    active = serializers.BooleanField(required=False, help_text="A paused endpoint receives only test events.")
 
 
 class WebhookAttemptSerializer(serializers.ModelSerializer[WebhookAttempt]):

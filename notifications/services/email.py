@@ -29,7 +29,7 @@ from django.utils import timezone
 from core import dispatch
 from notifications.models import EmailStatus, Notification
 from notifications.services.notify import EMAIL_SEND
-from notifications.services.retry import backoff_s
+from notifications.services.retry import backoff_s, not_due_yet
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ def _claim(notification_id: int) -> Notification | None:
                         .filter(pk=notification_id).first())
         if notification is None or notification.email_status != EmailStatus.PENDING:
             return None
+        if not_due_yet(notification.email_next_at, now):
+            return None  # a duplicate task after a failed attempt: the retry queued with it comes when it is due
         reason = _give_up_reason(notification, now)
         if not notification.user.email:
             reason = "Not sent: the account has no e-mail address."

@@ -54,7 +54,7 @@ from notifications.models import (
     WebhookTestEvent,
 )
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
-from notifications.services.retry import backoff_s
+from notifications.services.retry import backoff_s, not_due_yet
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
 from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
 
@@ -220,6 +220,8 @@ def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
             return None
         if delivery.claimed_at is not None and now - delivery.claimed_at < timedelta(seconds=in_flight_bound_s()):
             return None  # a duplicate task (a redelivery, the resender): the attempt in flight decides what follows
+        if not_due_yet(delivery.next_attempt_at, now):
+            return None  # a duplicate task after a failed attempt: the retry queued with it comes when it is due
         refusal = ""
         if not delivery.endpoint.active and delivery.kind != Kind.TEST:  # the page: "receives only test events"
             refusal = "Not sent: the endpoint is paused."
