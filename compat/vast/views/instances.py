@@ -205,14 +205,16 @@ class InstanceView(VastView):
                                    field="state")
         label = _label(body["label"]) if "label" in body else None
         # One transaction: a refused stop or start (a 409) leaves the label as it was. The jobs they queue are
-        # sent on commit.
+        # sent on commit. The state first, the label after it: a start locks the node's row, then the instance's,
+        # as every writer of both does (a retire, a verification); the label's UPDATE first locked the instance
+        # before the node and deadlocked with a retire of its node (found by review: a 500).
         with transaction.atomic():
-            if label is not None:
-                instance = instance_svc.instance_label(instance=instance, label=label)
             if state == "stopped":
-                instance_svc.instance_stop(instance=instance)
+                instance = instance_svc.instance_stop(instance=instance)
             elif state == "running":
-                instance_svc.instance_start(instance=instance)
+                instance = instance_svc.instance_start(instance=instance)
+            if label is not None:
+                instance_svc.instance_label(instance=instance, label=label)
         return Response({"success": True})
 
     def delete(self, request, instance_id: int):
