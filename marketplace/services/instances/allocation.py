@@ -126,8 +126,21 @@ _NODE_AND_WALLET_FOR_BOOKING_SQL = _node_and_wallet_sql(_NODE_FOR_BOOKING_SQL)
 _NODE_AND_WALLET_FOR_START_SQL = _node_and_wallet_sql(_NODE_FOR_START_SQL)
 
 
-def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = ()) -> list[Gpu]:
-    """Lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED), `prefer` ids first, then by index."""
+def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = (),
+                    islands: Sequence[Sequence[int]] | None = None) -> list[Gpu]:
+    """Lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED), `prefer` ids first, then by index.
+
+    With the node's NVLink `islands` (two or more GPUs; PostgreSQL), chosen as a booking chooses them
+    (`_island_picked_sql`, the one ranking): all the `prefer` ids when all are free, else the booking's island,
+    keeping as many of them as that rule allows. A start of a stopped instance that may move (not a container)
+    takes its GPUs so; without islands, or on SQLite (whose booking ranks by index too), as before."""
+    island_of = island_of_index(islands) if count > 1 and connection.vendor == "postgresql" else []
+    if island_of:
+        q = connection.ops.quote_name
+        sql = (f"WITH {_island_picked_sql(prefer=True)} "  # noqa: S608 (fixed SQL)
+               f"SELECT g.* FROM {q(Gpu._meta.db_table)} g WHERE g.id IN (SELECT id FROM picked) "
+               f"ORDER BY g.{q('index')}")
+        return list(Gpu.objects.raw(sql, _island_picked_params(island_of, node_id, count, prefer=prefer)))
     gpus = Gpu.objects.select_for_update(skip_locked=True).filter(node_id=node_id, status=GpuStatus.FREE)
     if prefer:
         rank = Case(When(pk__in=list(prefer), then=Value(0)), default=Value(1), output_field=IntegerField())
@@ -174,6 +187,42 @@ def island_of_index(islands: Sequence[Sequence[int]] | None) -> list[int | None]
                 out.extend([None] * (index + 1 - len(out)))
                 out[index] = number
     return out
+
+
+def _island_picked_sql(*, prefer: bool) -> str:
+    """The NVLink ranking of free GPUs, booking's and a moving start's (`_lock_free_gpus`): the CTEs `free`, `sizes`
+    and `picked`, the ids of up to `count` free GPUs of the node, locked FOR UPDATE SKIP LOCKED. Each GPU off the
+    islands is an island of its own (-1 - index). Best fit first: the smallest island with `count` free (the
+    larger stay whole for larger bookings), else the island with the most free first; then by island, then by
+    index. Parameters: `_island_picked_params`.
+
+    `prefer` (the GPUs a stopped instance held): all of them first when all are free (keeping them is best);
+    otherwise the same ranking, with, among islands ranked alike, those holding more of them first, and in an
+    island them first. The text without `prefer` is the booking's prepared statement's: leave it unchanged."""
+    q = connection.ops.quote_name
+    gpu, state, index = q(Gpu._meta.db_table), q(Gpu.state_field), q("index")  # the column is named as the field
+    island = f"COALESCE((%s::int[])[g.{index} + 1], -1 - g.{index})"
+    was = ", g.id = ANY(%s::bigint[]) AS was" if prefer else ""
+    kept = ", count(*) FILTER (WHERE was) AS kept" if prefer else ""
+    keep_all = "CASE WHEN f.was AND (SELECT count(*) FROM free WHERE was) >= %s THEN 0 ELSE 1 END, " if prefer else ""
+    fit = "CASE WHEN s.n >= %s THEN s.n ELSE 100000 - s.n END"
+    order = (f"{keep_all}{fit}, s.kept DESC, f.island, f.was DESC, g.{index}" if prefer
+             else f"{fit}, f.island, g.{index}")
+    return (f"free AS (SELECT g.id, {island} AS island{was} FROM {gpu} g "  # noqa: S608 (fixed SQL)
+            f"WHERE g.node_id = %s AND g.{state} = %s), "
+            f"sizes AS (SELECT island, count(*) AS n{kept} FROM free GROUP BY island), "
+            f"picked AS (SELECT g.id FROM {gpu} g JOIN free f ON f.id = g.id JOIN sizes s ON s.island = f.island "
+            f"WHERE g.node_id = %s AND g.{state} = %s "
+            f"ORDER BY {order} "
+            f"LIMIT %s FOR UPDATE OF g SKIP LOCKED)")
+
+
+def _island_picked_params(island_of: list[int | None], node_id: int, count: int,
+                          prefer: Sequence[int] | None = None) -> list[Any]:
+    """`_island_picked_sql`'s parameters, in its order (`prefer` given: its text with `prefer=True`)."""
+    if prefer is None:
+        return [island_of, node_id, GpuStatus.FREE, node_id, GpuStatus.FREE, count, count]
+    return [island_of, list(prefer), node_id, GpuStatus.FREE, node_id, GpuStatus.FREE, count, count, count]
 
 
 @dataclass(frozen=True)
@@ -223,16 +272,8 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
     sources = sorted(Gpu.transitions.action_sources("rent"))  # the transition table's rule, as transition_rows
     island_of = island_of_index(islands) if count > 1 else []
     if island_of:
-        # Each GPU off the islands is an island of its own (-1 - index); best fit first, then by index.
-        island = f"COALESCE((%s::int[])[g.{q('index')} + 1], -1 - g.{q('index')})"
-        picked = (f"free AS (SELECT g.id, {island} AS island FROM {gpu} g "  # noqa: S608
-                  f"WHERE g.node_id = %s AND g.{state} = %s), "
-                  f"sizes AS (SELECT island, count(*) AS n FROM free GROUP BY island), "
-                  f"picked AS (SELECT g.id FROM {gpu} g JOIN free f ON f.id = g.id JOIN sizes s ON s.island = f.island "
-                  f"WHERE g.node_id = %s AND g.{state} = %s "
-                  f"ORDER BY CASE WHEN s.n >= %s THEN s.n ELSE 100000 - s.n END, f.island, g.{q('index')} "
-                  f"LIMIT %s FOR UPDATE OF g SKIP LOCKED), ")
-        gpu_params: list[Any] = [island_of, node.pk, GpuStatus.FREE, node.pk, GpuStatus.FREE, count, count]
+        picked = _island_picked_sql(prefer=False) + ", "
+        gpu_params: list[Any] = _island_picked_params(island_of, node.pk, count)
     else:
         picked = (f"picked AS (SELECT id FROM {gpu} WHERE node_id = %s AND {state} = %s "  # noqa: S608
                   f"ORDER BY {q('index')} LIMIT %s FOR UPDATE SKIP LOCKED), ")

@@ -26,7 +26,7 @@ from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
-from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking
+from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking, node_nvlink_islands
 from .common import (
     WAITING,
     S,
@@ -110,7 +110,8 @@ def instance_stop(*, instance: Instance) -> Instance:
 
 @transaction.atomic
 def instance_start(*, instance: Instance) -> Instance:
-    """stopped → starting: take GPUs again on the same node (the same ones when free), queue the start.
+    """stopped → starting: take GPUs again on the same node (the same ones when free; else, a VM, as a booking
+    takes them: allocation._lock_free_gpus), queue the start.
 
     Raises Conflict when the node cannot run it now or has too few free GPUs.
     Asking again while starting changes nothing.
@@ -165,7 +166,12 @@ def instance_start(*, instance: Instance) -> Instance:
         return instance
     last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
     previous = list(instance.allocations.filter(released_at=last_release).values_list("gpu_id", flat=True))
-    gpus = _lock_free_gpus(node.pk, instance.num_gpus, prefer=previous)
+    # Its GPUs again when all are free. Else a VM may move (not a container: below), and takes them as a booking
+    # would: one NVLink island when one has enough free (keeping as many of its own as that allows); by index only,
+    # a start took its remaining card and the next by index, across islands beside a whole free one (found by
+    # review).
+    islands = node_nvlink_islands(node) if node.runtime != Runtime.DOCKER else None
+    gpus = _lock_free_gpus(node.pk, instance.num_gpus, prefer=previous, islands=islands)
     if node.runtime == Runtime.DOCKER and {g.pk for g in gpus} != set(previous):
         # A container keeps the GPUs it was created with (the agent cannot move it to others).
         raise Conflict(_container_gpus_refusal(set(previous) - {g.pk for g in gpus}))
