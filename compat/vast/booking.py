@@ -17,12 +17,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from core.idempotency import request_fingerprint
-from marketplace.models import Instance, InstanceStatus, User
+from marketplace.models import Instance, InstanceStatus, Node, User
 from marketplace.services import instances as instance_svc
 
 REPLAY_KEY_PREFIX = "vast-ask:"
@@ -60,6 +60,17 @@ def replay_message(instance: Instance) -> str:
             "To book another instance of this offer, give it another --label.")
 
 
+def _share_lock_node(node_id: int) -> None:
+    """The node's row locked FOR SHARE until the transaction ends: the lock a booking takes on it first
+    (marketplace.services.instances.allocation), so bookings on it still run side by side. Django has no FOR SHARE;
+    elsewhere than PostgreSQL the booking's own lock is enough (SQLite serialises writes)."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {connection.ops.quote_name(Node._meta.db_table)} "  # noqa: S608 (a table name)
+                       "WHERE id = %s FOR SHARE", [node_id])
+
+
 @transaction.atomic
 def ask_book(*, renter: User, fingerprint: str, idempotency_key: str, **booking: Any) -> Instance:
     """instance_create with the create's key: the explicit one, else `vast-ask:<fingerprint>`. A concurrent
@@ -69,6 +80,11 @@ def ask_book(*, renter: User, fingerprint: str, idempotency_key: str, **booking:
     if not idempotency_key:
         stale = Instance.objects.filter(renter=renter, idempotency_key=key).first()
         if stale is not None and not _replayable(stale):
+            # The node's row before the instance's, as every writer of both takes them (the booking below, a
+            # retire ending the node's stopped instances, a verification repricing them): the instance's UPDATE
+            # first deadlocked with a retire of its node (found by review: a 500). The same node (its key names the
+            # same offer id), with the lock the booking takes on it.
+            _share_lock_node(booking["node_id"])
             # Given up by its primary key and key together: never a newer holder's (a concurrent create may have
             # given it up and booked meanwhile).
             Instance.objects.filter(pk=stale.pk, idempotency_key=key).update(idempotency_key="",
