@@ -27,6 +27,24 @@ class GpuModelAdmin(admin.ModelAdmin):
     list_filter = ["architecture", "form_factor", "memory_type"]
     search_fields = ["name", "smi_name", "slug"]
 
+    # A model's row is catalogue data: marketplace/data/gpu_models.json, loaded by the migrations
+    # (marketplace.catalogue_data, which a later catalogue migration runs again, by slug, over every field), and read
+    # as it stands by gpu-selfcheck and the benches. The checks judge nodes against it (DeclaredModel.from_gpu_model:
+    # the nvidia-smi name, memory sizes, lanes and PCIe generation, the datasheet figures, the tensor cores and
+    # MIG), and the slug keys the PCI device ids, the MIG profiles and the API's filters: renamed here, the PCI id
+    # check said nothing for that model's nodes and every MIG check failed on a profile it no longer found (found by
+    # review). So a model is added here, with its slug, and read-only once saved; it changes through the data file
+    # and a migration, like every other row of the catalogue.
+    CATALOGUE_FIELDS = [f.name for f in GpuModel._meta.concrete_fields if not f.primary_key]
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, *(f for f in self.CATALOGUE_FIELDS if f not in fields)] if obj is not None else fields
+
+    def save_model(self, request, obj, form, change):
+        if not change:  # a saved model has nothing editable: its row is not written again
+            super().save_model(request, obj, form, change)
+
 
 class GpuStatusForm(forms.ModelForm):
     """An operator takes a free GPU out of service or puts it back, nothing else: `rented` is set by a booking,
