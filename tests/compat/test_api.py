@@ -394,6 +394,80 @@ def test_destroyed_instances_are_gone(api, market):
     assert api.get("/compat/vast/api/v1/instances/").json()["total_instances"] == 0
 
 
+INSTANCES = "/compat/vast/api/v1/instances/"
+
+
+def _pages(client, limit, **params) -> list[list[int]]:
+    """Every page of `show instances`, as the CLI reads them: next_token sent back as after_token until empty."""
+    pages, token = [], None
+    while True:
+        r = client.get(INSTANCES, {"limit": limit, **params, **({"after_token": token} if token else {})})
+        assert r.status_code == 200, r.content
+        pages.append([i["id"] for i in r.json()["instances"]])
+        token = r.json()["next_token"]
+        if not token:
+            return pages
+
+
+def test_show_instances_pages_after_the_last_row_shown_so_a_destroyed_one_skips_none(api, market):
+    """next_token was a row offset: an instance destroyed between two pages (destroyed ones are left out) moved
+    every later row one place up, and the one at the page's edge was never shown (found by review)."""
+    _, a6000, _ = market
+    first, second, third = (book(api.user, a6000) for _ in range(3))
+    page = api.get(INSTANCES, {"limit": 2}).json()
+    assert [i["id"] for i in page["instances"]] == [first.pk, second.pk] and page["total_instances"] == 3
+    svc.instance_destroy(instance=first)
+    svc.instance_mark_destroyed(instance_id=first.pk)
+    page = api.get(INSTANCES, {"limit": 2, "after_token": page["next_token"]}).json()
+    assert [i["id"] for i in page["instances"]] == [third.pk] and page["next_token"] is None
+    assert page["total_instances"] == 2
+
+
+def test_show_instances_pages_in_any_order_each_row_once(api, market):
+    """The token holds the last row's order-by values and its id: rows strictly after it, in the same order, a
+    missing value (no label) last either way."""
+    _, a6000, a100 = market
+    made = [book(api.user, a6000, label="b"), book(api.user, a6000), book(api.user, a6000, label="a"),
+            book(api.user, a100, label="b")]
+    b1, none, a, b2 = (i.pk for i in made)
+    for order_by, expected in [
+        ('[{"col": "label", "dir": "desc"}]', [b1, b2, a, none]),
+        ('[{"col": "label", "dir": "asc"}, {"col": "id", "dir": "desc"}]', [a, b2, b1, none]),
+        ('[{"col": "gpu_name", "dir": "asc"}, {"col": "dph_total", "dir": "desc"}]', [b2, b1, none, a]),
+        ('[{"col": "id", "dir": "desc"}]', [b2, a, none, b1]),
+    ]:
+        whole = api.get(INSTANCES, {"order_by": order_by}).json()
+        assert [i["id"] for i in whole["instances"]] == expected and whole["next_token"] is None, order_by
+        assert _pages(api, 1, order_by=order_by) == [[pk] for pk in expected], order_by
+        assert _pages(api, 3, order_by=order_by) == [expected[:3], expected[3:]], order_by
+    # Filtered: the filter holds on every page.
+    assert _pages(api, 1, select_filters='{"label": {"eq": "b"}}') == [[b1], [b2]]
+
+
+def test_show_instances_refuses_a_token_no_page_handed_out(api, market):
+    import base64
+    import json as json_module
+
+    _, a6000, _ = market
+    book(api.user, a6000), book(api.user, a6000)
+    token = api.get(INSTANCES, {"limit": 1}).json()["next_token"]
+
+    def encoded(data) -> str:
+        return base64.urlsafe_b64encode(json_module.dumps(data).encode()).decode()
+
+    for bad in ["1", "25", "not a token!", "x" * 3000, encoded([1, 2]), encoded({"o": [["id", False]]}),
+                encoded({"o": [["id", False]], "v": ["text"]}),  # text where the id is a number
+                encoded({"o": [["id", False]], "v": [True]}), encoded({"o": [["id", False]], "v": [[1]]}),
+                base64.urlsafe_b64encode(b"\xff\xfe").decode()]:
+        r = api.get(INSTANCES, {"limit": 1, "after_token": bad})
+        assert r.status_code == 400, (bad, r.content)
+        assert r.json()["error"] == "invalid" and "`after_token` is the `next_token`" in msg(r), bad
+    # A token of another order (the CLI sends the same order_by on every page).
+    r = api.get(INSTANCES, {"limit": 1, "after_token": token, "order_by": '[{"col": "id", "dir": "desc"}]'})
+    assert r.status_code == 400 and "same order_by" in msg(r)
+    assert api.get(INSTANCES, {"limit": 1, "after_token": token}).status_code == 200
+
+
 # ----------------------------------------------------------------------------------------------------- account
 
 

@@ -199,3 +199,25 @@ def test_the_vastai_sdk_end_to_end(worker, live_server, sim_node_factory, client
     assert [i["label"] for i in vast.show_instances()] == ["sdk"]
     assert vast.destroy_instance(instance_id)["success"] is True
     _status(instance_id, "destroyed")
+
+
+def test_show_instances_pages_through_every_instance_with_the_cli_and_sdk(live_server, vastai_venv, vast_home):
+    """More instances than one page (25): the CLI and the SDK send next_token back as after_token, as is, until it
+    is empty (the token is a keyset cursor, urlsafe base64)."""
+    from tests.factories import make_listed_node
+    from tests.marketplace.renting_helpers import book
+
+    url = live_server.url + "/compat/vast"
+    renter = UserFactory()
+    key = api_key_for(renter)
+    made = [book(renter, node, label=f"n{n}").pk
+            for n, node in enumerate(make_listed_node(gpu_count=14) for _ in range(2)) for _ in range(14)]
+    assert len(made) == 28
+    assert [i["id"] for i in _json(_vastai(url, key, "show", "instances"))] == made  # --raw: every page
+    ids = _vastai(url, key, "show", "instances", "-q", raw=False).stdout.split()
+    assert [int(i) for i in ids] == made
+    first = _json(_vastai(url, key, "show", "instances", "--limit", "25"))
+    assert [i["id"] for i in first["instances"]] == made[:25] and first["next_token"]
+    rest = _json(_vastai(url, key, "show", "instances", "--next-token", first["next_token"]))
+    assert [i["id"] for i in rest["instances"]] == made[25:] and rest["next_token"] is None
+    assert [i["id"] for i in Sdk(url, key).show_instances()] == made

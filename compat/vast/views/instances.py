@@ -1,8 +1,11 @@
 """Instances: `create instance` (PUT /asks/ID/), `show instance(s)`, stop/start/label/destroy; our states on Vast's
 four (`actual_status`), ours in `status_msg`."""
+import base64
+import json
 import math
 import re
 from collections import Counter
+from functools import cmp_to_key
 from typing import Any
 
 from django.db import transaction
@@ -127,6 +130,73 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
     return value
 
 
+# `next_token`: the last row's order-by values (the order's columns and `id`, which makes the order total), so the
+# next page starts strictly after that row. An offset skipped an instance whenever one before it was destroyed
+# between two pages (found by review); the CLI and SDK page until next_token is empty and send it back as is.
+TOKEN_MAX_CHARS = 4096
+PAGE_CURSOR_REFUSED = ("`after_token` is the `next_token` of an earlier page of `show instances`, sent back as it "
+                       "is, with the same order_by.")
+
+
+def _order_of(order_by: Any) -> list[tuple[str, bool]]:
+    """`order_by` as (column, descending) pairs, `id` ascending appended when absent: a total order."""
+    if not isinstance(order_by, list):
+        raise ValidationFailed("`order_by` is [{\"col\": ..., \"dir\": \"asc\"|\"desc\"}].", field="order_by")
+    order = []
+    for item in order_by:
+        # isinstance before `in`: a list or an object is no key of the set (a TypeError, a 500).
+        if not isinstance(item, dict) or not isinstance(item.get("col"), str) \
+                or item["col"] not in INSTANCE_COLUMNS or item.get("dir", "asc") not in ("asc", "desc"):
+            raise ValidationFailed(f"`order_by` is [{{\"col\": COLUMN, \"dir\": \"asc\"|\"desc\"}}], columns: "
+                                   f"{', '.join(sorted(INSTANCE_COLUMNS))}.", field="order_by")
+        order.append((item["col"], item.get("dir") == "desc"))
+    if "id" not in {column for column, _ in order}:
+        order.append(("id", False))
+    return order
+
+
+def _key(row: dict[str, Any], order: list[tuple[str, bool]]) -> list[Any]:
+    return [row.get(column) for column, _ in order]
+
+
+def _compare_keys(a: list[Any], b: list[Any], order: list[tuple[str, bool]]) -> int:
+    """-1, 0 or 1 as row key `a` comes before, with or after `b`: column by column, each in its direction, a
+    missing value (None) after every other in either direction."""
+    for (_, descending), x, y in zip(order, a, b, strict=True):
+        if x == y:
+            continue
+        if x is None or y is None:
+            return 1 if x is None else -1
+        before = x < y
+        return -1 if before != descending else 1
+    return 0
+
+
+def _token_of(row: dict[str, Any], order: list[tuple[str, bool]]) -> str:
+    text = json.dumps({"o": [[column, descending] for column, descending in order], "v": _key(row, order)},
+                      separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _after(token: str, order: list[tuple[str, bool]]) -> list[Any]:
+    """The key of the row `token` names; a 400 for one no earlier page of this order handed out."""
+    bad = ValidationFailed(PAGE_CURSOR_REFUSED, field="after_token")
+    if len(token) > TOKEN_MAX_CHARS:
+        raise bad
+    try:
+        data = loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode())
+    except ValueError:  # not base64, not UTF-8, not JSON (binascii.Error, UnicodeDecodeError, Refused)
+        raise bad from None
+    if not isinstance(data, dict) or data.get("o") != [[column, descending] for column, descending in order]:
+        raise bad
+    values = data.get("v")
+    # By type: True is no column's value (and would compare as 1).
+    if not isinstance(values, list) or len(values) != len(order) \
+            or not all(v is None or type(v) in (str, int, float) for v in values):
+        raise bad
+    return values
+
+
 class InstanceListView(VastView):
     """GET /api/v1/instances/ (under /compat/vast): `vastai show instances`, all columns, one page at a time."""
 
@@ -134,9 +204,10 @@ class InstanceListView(VastView):
 
     def get(self, request):
         filters = _json_param(request, "select_filters", {})
-        order_by = _json_param(request, "order_by", [{"col": "id", "dir": "asc"}])
+        order = _order_of(_json_param(request, "order_by", [{"col": "id", "dir": "asc"}]))
         limit = _whole(request, "limit", 25, 1, 25)
-        offset = _whole(request, "after_token", 0, 0, 10**9)
+        token = request.query_params.get("after_token") or ""
+        after = _after(token, order) if token else None
         rows = [instance_row(i) for i in _own_instances(request).exclude(status=S.DESTROYED).order_by("id")]
         if not isinstance(filters, dict):
             raise ValidationFailed("`select_filters` is {column: {operator: value}}.", field="select_filters")
@@ -150,25 +221,17 @@ class InstanceListView(VastView):
                 if op in query.ORDERED_OPERATORS and not isinstance(value, int | float):
                     raise ValidationFailed(f"`{column}` `{op}` takes a number.", field="select_filters")
                 rows = [r for r in rows if _compare(column, op, r[column], value)]
-        if not isinstance(order_by, list):
-            raise ValidationFailed("`order_by` is [{\"col\": ..., \"dir\": \"asc\"|\"desc\"}].", field="order_by")
-        order = []
-        for item in order_by:
-            # isinstance before `in`: a list or an object is no key of the set (a TypeError, a 500).
-            if not isinstance(item, dict) or not isinstance(item.get("col"), str) \
-                    or item["col"] not in INSTANCE_COLUMNS or item.get("dir", "asc") not in ("asc", "desc"):
-                raise ValidationFailed(f"`order_by` is [{{\"col\": COLUMN, \"dir\": \"asc\"|\"desc\"}}], columns: "
-                                       f"{', '.join(sorted(INSTANCE_COLUMNS))}.", field="order_by")
-            order.append((item["col"], item.get("dir") == "desc"))
-        for column, descending in reversed(order):
-            present = [r for r in rows if r.get(column) is not None]
-            rows = sorted(present, key=lambda r, c=column: r[c], reverse=descending) + [
-                r for r in rows if r.get(column) is None]
-        page = rows[offset:offset + limit]
-        more = offset + limit < len(rows)
+        rows.sort(key=cmp_to_key(lambda a, b: _compare_keys(_key(a, order), _key(b, order), order)))
+        left = rows
+        if after is not None:
+            try:
+                left = [r for r in rows if _compare_keys(_key(r, order), after, order) > 0]
+            except TypeError:  # a value of another type than the column's (text for a number)
+                raise ValidationFailed(PAGE_CURSOR_REFUSED, field="after_token") from None
+        page = left[:limit]
         return Response({
-            "instances": page, "next_token": str(offset + limit) if more else None, "total_instances": len(rows),
-            "label_counts": dict(Counter(r["label"] or "" for r in rows)),
+            "instances": page, "next_token": _token_of(page[-1], order) if len(left) > limit else None,
+            "total_instances": len(rows), "label_counts": dict(Counter(r["label"] or "" for r in rows)),
         })
 
 
