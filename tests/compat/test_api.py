@@ -292,6 +292,19 @@ def test_create_instance_needs_a_key_an_offer_and_a_key_holder(api, anon, market
     assert not Instance.objects.exists()
 
 
+def test_a_refused_booking_names_the_offer_id_typed_not_the_node_id(api, market):
+    """The booking says "Offer NODE is not available" (its offer ids are node ids); the vastai user typed
+    node × 100 + GPUs (found by review)."""
+    _, a6000, _ = market
+    add_key(api.user)
+    Node.objects.filter(pk=a6000.pk).update(listed=False)  # unlisted since the search
+    ask = a6000.pk * 100 + 2
+    r = _create(api, ask)
+    assert r.status_code == 409 and r.json()["error"] == "conflict"
+    assert msg(r) == f"Offer {ask} is not available: its provider has unlisted it.", msg(r)
+    assert not Instance.objects.exists()
+
+
 def test_show_instance_and_instances(api, market):
     _, a6000, _ = market
     instance = book(api.user, a6000, num_gpus=2, label="mine")

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.scopes import RENTER_ONLY
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.untrusted_json import Refused, loads
 from core.validators import whole_number
 from marketplace.mig import profiles_for
@@ -382,14 +382,20 @@ def _unset(value: Any, unset: Any) -> bool:
     return value is False
 
 
-def _offer_refusal(exc: ValidationFailed | DiskDoesNotFit, ask_id: int, num_gpus: int,
-                   ) -> ValidationFailed | NotFound | Conflict:
+def _offer_refusal(exc: ApplicationError, ask_id: int, node_id: int, num_gpus: int) -> ApplicationError:
     """The booking's refusals that name the node, a GPU count or the disk, in the terms a vastai user has: the
     offer id they typed (its GPU count is fixed by the id) and `--disk`."""
     if isinstance(exc, DiskDoesNotFit):
         return Conflict(exc.reworded(f"Offer {ask_id}'s machine", "Ask for less disk (--disk), or take another "
                                      "offer from `vastai search offers` (its disk_space is the room left)."),
                         field="disk")
+    if isinstance(exc, Conflict):
+        # "Offer NODE is not available: ..." (a node unlisted, offline, retired since the search): the booking's
+        # offer ids are node ids; the user typed node × 100 + GPUs.
+        message = re.sub(rf"\b([Oo])ffer {node_id}\b", rf"\g<1>ffer {ask_id}", exc.message)
+        return exc if message == exc.message else Conflict(message, field=exc.field, extra=exc.extra)
+    if not isinstance(exc, ValidationFailed):
+        return exc
     if exc.field == "disk_gb":  # the image's range: the same words, Vast's field
         return ValidationFailed(exc.message, field="disk")
     if exc.field == "offer":
@@ -439,6 +445,9 @@ class OfferCreateView(VastView):
             instance = booking.ask_book(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key,
                                         node_id=node_id, num_gpus=num_gpus, image=image, ssh_public_keys=keys,
                                         disk_gb=disk, label=label, options=options)
-        except (ValidationFailed, DiskDoesNotFit) as exc:
-            raise _offer_refusal(exc, ask_id, num_gpus) from None
+        except (ValidationFailed, Conflict) as exc:  # DiskDoesNotFit is a Conflict
+            refusal = _offer_refusal(exc, ask_id, node_id, num_gpus)
+            if refusal is exc:
+                raise
+            raise refusal from None
         return Response({"success": True, "new_contract": instance.pk})
