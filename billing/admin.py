@@ -10,6 +10,7 @@ from decimal import Decimal
 from django import forms
 from django.contrib import admin, messages
 from django.core.validators import RegexValidator
+from django.db import transaction
 from django.template.response import TemplateResponse
 from django.utils.crypto import get_random_string
 from django.utils.html import format_html
@@ -370,13 +371,30 @@ class PayoutAdmin(ReadOnlyAdmin):
 
 
 class BillingProfileAdminForm(forms.ModelForm):
+    """The change goes through profile_update while the form is checked: what the service refuses is shown on the
+    form (it was a 500), and nothing of it is written (the service's own transaction is undone)."""
+
     stripe_connect_account_id = forms.RegexField(
         regex=profiles.CONNECT_ACCOUNT_ID, max_length=100, required=False, label="Stripe Connect account id",
         error_messages={"invalid": profiles.CONNECT_ACCOUNT_MESSAGE})
+    base_url = ""  # the e-mail's links (BillingProfileAdmin.get_form sets the request's)
 
     class Meta:
         model = BillingProfile
         fields = ["stripe_connect_account_id"]
+
+    def clean(self):
+        cleaned = super().clean()
+        if "stripe_connect_account_id" not in cleaned or "stripe_connect_account_id" not in self.changed_data:
+            return cleaned
+        try:
+            with transaction.atomic():  # refused: undone, whatever it had written
+                profiles.profile_update(user=self.instance.user, base_url=self.base_url, changes=(
+                    profiles.ProfileChanges(stripe_connect_account_id=cleaned["stripe_connect_account_id"])))
+        except ApplicationError as exc:
+            field = getattr(exc, "field", None)
+            self.add_error(field if field in self.fields else None, exc.message)
+        return cleaned
 
 
 @admin.register(BillingProfile)
@@ -395,10 +413,12 @@ class BillingProfileAdmin(admin.ModelAdmin):
               "low_balance_warned_at", "depleted_at", "destroy_warned_at", "stop_not_before", "created_at"]
     readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]  # type: ignore[misc]  # names only
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"base_url": request.build_absolute_uri("/")})
+
     def save_model(self, request, obj, form, change):
-        if "stripe_connect_account_id" in form.changed_data:
-            profiles.profile_update(user=obj.user, base_url=request.build_absolute_uri("/"), changes=(
-                profiles.ProfileChanges(stripe_connect_account_id=form.cleaned_data["stripe_connect_account_id"])))
+        pass  # the form's check made the change, through profile_update
 
     def has_add_permission(self, request, obj=None):
         return False

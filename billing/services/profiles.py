@@ -53,12 +53,13 @@ class ProfileChanges:
 def profile_update(*, user: User, changes: ProfileChanges, base_url: str = "") -> BillingProfile:
     """Apply the changes; refused (ValidationFailed naming the field, nothing written) when the result breaks a rule.
 
-    Auto top-up, when on (switched on now or before), needs a saved card of the user's, an amount within the top-up
-    bounds and a threshold above zero. A new payout account is e-mailed to the account's address (whoever changed
-    it, the owner learns where the earnings go now); `base_url` makes the e-mail's reset link.
+    Auto top-up, when on (switched on now or before) and changed now, needs a saved card of the user's, an amount
+    within the top-up bounds and a threshold above zero. A new payout account is e-mailed to the account's address
+    (whoever changed it, the owner learns where the earnings go now); `base_url` makes the e-mail's reset link.
     """
     profile = profile_for(user=user)
     profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
+    auto_top_up_before = _auto_top_up_settings(profile)
     if changes.stripe_connect_account_id is not None:
         if not _CONNECT_ACCOUNT_RE.fullmatch(changes.stripe_connect_account_id):
             raise ValidationFailed(CONNECT_ACCOUNT_MESSAGE, field="stripe_connect_account_id")
@@ -83,12 +84,20 @@ def profile_update(*, user: User, changes: ProfileChanges, base_url: str = "") -
         profile.auto_top_up_amount_micros = changes.auto_top_up_amount_micros
     if changes.auto_top_up_enabled is not None:
         profile.auto_top_up_enabled = changes.auto_top_up_enabled
-    if profile.auto_top_up_enabled:
+    # Judged when this change moves a setting of it (sent back as they are, they are no change): the bounds may
+    # have moved since auto top-up was set, and setting only the payout account was refused for an amount it does
+    # not touch (the admin's save a 500, found by review).
+    if profile.auto_top_up_enabled and _auto_top_up_settings(profile) != auto_top_up_before:
         _check_auto_top_up(profile)
     if changes.touches_auto_top_up():
         profile.auto_top_up_changed_at = timezone.now()
     profile.save()
     return profile
+
+
+def _auto_top_up_settings(profile: BillingProfile) -> tuple[bool, int, int, int | None]:
+    return (profile.auto_top_up_enabled, profile.auto_top_up_threshold_micros, profile.auto_top_up_amount_micros,
+            profile.auto_top_up_card_id)
 
 
 def _check_auto_top_up(profile: BillingProfile) -> None:
