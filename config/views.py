@@ -80,30 +80,43 @@ def _is_api(request) -> bool:
     return request.path_info.startswith(("/api/", "/compat/"))
 
 
+# The Vast.ai-compatible API (compat/vast, docs/vast-cli.md): its clients (the `vastai` CLI) print `msg`.
+COMPAT_VAST_PREFIX = "/compat/vast"
+
+
+def _api_error(request, status: int, code: str, message: str) -> JsonResponse:
+    """The API's error body: `{"detail": ...}` under /api/, the documented `{"success": false, "error": CODE,
+    "msg": ...}` under /compat/vast (as compat.vast.errors answers every refusal of its views)."""
+    path = request.path_info
+    if path == COMPAT_VAST_PREFIX or path.startswith(COMPAT_VAST_PREFIX + "/"):
+        return JsonResponse({"success": False, "error": code, "msg": message}, status=status)
+    return JsonResponse({"detail": message}, status=status)
+
+
 def not_found(request, exception=None):
     """404 for URLs no route matches: JSON under /api/ (clients parse it), the site's page elsewhere."""
     if _is_api(request):
-        return JsonResponse({"detail": "Not found."}, status=404)
+        return _api_error(request, 404, "not_found", "Not found.")
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request):
     """500: under /api/ a JSON body that tells nothing of the cause (it is in the log, with the traceback)."""
     if _is_api(request):
-        return JsonResponse({"detail": "Internal server error."}, status=500)
+        return _api_error(request, 500, "server_error", "Internal server error.")
     return defaults.server_error(request)
 
 
 def bad_request(request, exception=None):
     """400 from Django itself (a disallowed Host header, a suspicious request)."""
     if _is_api(request):
-        return JsonResponse({"detail": "Bad request."}, status=400)
+        return _api_error(request, 400, "bad_request", "Bad request.")
     return defaults.bad_request(request, exception)
 
 
 def permission_denied(request, exception=None):
     if _is_api(request):
-        return JsonResponse({"detail": "You do not have permission to perform this action."}, status=403)
+        return _api_error(request, 403, "permission_denied", "You do not have permission to perform this action.")
     return defaults.permission_denied(request, exception)
 
 
