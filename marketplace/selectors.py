@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.db.models import (
+    BooleanField,
     Case,
     Count,
     Exists,
     F,
+    Func,
     IntegerField,
     OuterRef,
     Prefetch,
@@ -25,6 +27,7 @@ from django.db.models import (
 )
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Coalesce, Greatest, Least
+from django.db.models.lookups import In
 
 from marketplace.models import (
     Gpu,
@@ -41,7 +44,14 @@ from marketplace.models import (
     User,
     Volume,
 )
-from marketplace.models.nodes import LISTABLE_VERDICTS, OFFERABLE, SCORE_PER_DOLLAR, Verdict, provider_active
+from marketplace.models.nodes import (
+    LISTABLE_VERDICTS,
+    MIG_RUNTIMES,
+    OFFERABLE,
+    SCORE_PER_DOLLAR,
+    Verdict,
+    provider_active,
+)
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import DISK_VOLUME_STATES
 
@@ -66,19 +76,45 @@ def _free_gpus() -> QuerySet[Gpu]:
     return Gpu.objects.filter(node=OuterRef("pk"), status=GpuStatus.FREE)
 
 
+class _HasKey(Func):
+    """Whether a JSON object (the first expression) has the key the second expression gives: Django's `has_key`
+    lookup takes a constant key only. PostgreSQL's jsonb `?`; elsewhere (SQLite, the demo) JSON_TYPE of the key's
+    path, `$."<key>"` (a profile's name has a dot, never a quote)."""
+
+    output_field = BooleanField()
+    arity = 2
+    template = "(JSON_TYPE(%(expressions)s || '\"') IS NOT NULL)"
+    arg_joiner = ", '$.\"' || "
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, Any]:
+        return self.as_sql(compiler, connection, template="(%(expressions)s)", arg_joiner=" ? ", **extra_context)
+
+
+def _bookable_slices(prices: Any, runtime: Any) -> QuerySet[MigSlice]:
+    """The MIG slices a renter can book (the offers' rule for slices; booking asks the same: instances.booking and
+    instances.mig): free, on a GPU still split (status `mig`) and not lost (fallen off the bus:
+    provisioning.services.gpu_presence), of a profile its node prices now (`mig_prices_micros`: a layout declared
+    anew takes effect at the next check, its prices at once, so the old profiles' slices leave the offers at once),
+    on a node whose runtime rents slices (MIG_RUNTIMES: not libvirt). `prices`, `runtime`: its node's
+    `mig_prices_micros` and `runtime`, as expressions (an outer query's, or through the slice's node)."""
+    return MigSlice.objects.filter(In(runtime, list(MIG_RUNTIMES)), _HasKey(prices, F("profile")),
+                                   status=SliceStatus.FREE, gpu__status=GpuStatus.MIG, gpu__lost_at__isnull=True)
+
+
 def free_slices(profile: str | None = None) -> QuerySet[MigSlice]:
-    """A node's bookable MIG slices (OuterRef("pk")): free, on a GPU still split (status `mig`)."""
-    slices = MigSlice.objects.filter(node=OuterRef("pk"), status=SliceStatus.FREE, gpu__status=GpuStatus.MIG)
+    """A node's bookable MIG slices (OuterRef("pk")), by _bookable_slices' rule."""
+    slices = _bookable_slices(OuterRef("mig_prices_micros"), OuterRef("runtime")).filter(node=OuterRef("pk"))
     return slices.filter(profile=profile) if profile else slices
 
 
 def free_slices_by_node(node_ids: list[int]) -> dict[int, dict[str, int]]:
-    """{node id: {profile: free slices}} for these nodes, in one query (the offers page's rows)."""
+    """{node id: {profile: bookable slices}} for these nodes (_bookable_slices' rule: every profile in it has a
+    price), in one query (the offers page's rows)."""
     out: dict[int, dict[str, int]] = {}
     if not node_ids:
         return out
-    rows = (MigSlice.objects.filter(node_id__in=node_ids, status=SliceStatus.FREE, gpu__status=GpuStatus.MIG)
-            .order_by().values_list("node_id", "profile").annotate(n=Count("*")))
+    rows = (_bookable_slices(F("node__mig_prices_micros"), F("node__runtime"))
+            .filter(node_id__in=node_ids).order_by().values_list("node_id", "profile").annotate(n=Count("*")))
     for node_id, profile, n in rows:
         out.setdefault(node_id, {})[profile] = n
     return out
@@ -117,7 +153,7 @@ def disk_left_gb() -> Case:
 
 def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:
     """Every node a renter can book now: active, verified or degraded, listed, its provider's account active (not
-    deactivated by an operator), with free GPUs or MIG slices (models.nodes.offerable).
+    deactivated by an operator), with free GPUs or bookable MIG slices (models.nodes.offerable; free_slices).
 
     Annotates `num_gpus_free`, `score_per_dollar` (score per USD per GPU-hour) and `disk_left_gb` (the disk room
     a booking can still ask for, disk_left_gb) so that filters and ordering run in SQL.

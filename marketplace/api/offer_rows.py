@@ -90,12 +90,14 @@ def benchmark_summary(summary: Any) -> dict[str, Any] | None:
 
 
 def mig_slices(slug: str, prices: dict[str, int] | None, free: dict[str, int] | None) -> list[dict[str, Any]]:
-    """OfferSerializer's `mig_slices`: per MIG profile with a free slice, its count and price per slice-hour."""
-    profiles = profiles_for(slug)
+    """OfferSerializer's `mig_slices`: per MIG profile with a free slice, its count and price per slice-hour. A
+    profile the node prices no more is left out, never shown at 0 (booking it is refused): the selector counts none
+    (marketplace.selectors.free_slices_by_node), and this holds it to the prices it was given."""
+    profiles, prices = profiles_for(slug), prices or {}
     return [{"gpu_model": slug, "mig_profile": name,
              "memory_gb": profiles[name].memory_gb if name in profiles else None, "num_free": n,
-             "price_per_slice_hour": usd_text((prices or {}).get(name, 0))}
-            for name, n in sorted((free or {}).items())]
+             "price_per_slice_hour": usd_text(prices[name])}
+            for name, n in sorted((free or {}).items()) if name in prices]
 
 
 def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str, int]] | None = None,

@@ -76,6 +76,9 @@ LISTABLE_VERDICTS = (Verdict.VERIFIED, Verdict.DEGRADED)
 # index's condition). The whole rule is offerable(): also its provider's account active (provider_active(), which
 # no index condition on the node can hold).
 OFFERABLE = Q(state=NodeState.ACTIVE, verdict__in=LISTABLE_VERDICTS, listed=True)
+# The runtimes that rent MIG slices: a KVM guest gets a MIG slice only through NVIDIA vGPU, which the libvirt runtime
+# does not do (its agent refuses `mig_uuids`); services.nodes refuses a layout on it, the offers and booking its slices.
+MIG_RUNTIMES = (Runtime.DOCKER, Runtime.SIM)
 
 
 def provider_active() -> Q:

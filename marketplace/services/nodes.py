@@ -26,7 +26,7 @@ from marketplace.models import (
     Volume,
     VolumeState,
 )
-from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.models.nodes import LISTABLE_VERDICTS, MIG_RUNTIMES
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_to_micros
 from marketplace.selectors import instances_awaiting_cleanup, node_in_use_q
@@ -121,7 +121,7 @@ def node_register(
     email_verified_required(user=provider)
     if runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
         raise ValidationFailed(SIM_REFUSED, field="runtime")
-    layout, prices = _check_mig(gpu_model.slug, gpu_count, mig_layout, mig_prices)
+    layout, prices = _check_mig(gpu_model.slug, gpu_count, mig_layout, mig_prices, runtime=runtime)
     node_address_check(address=address, ssh_port=ssh_port)
     with transaction.atomic():
         return _node_create(provider=provider, name=name, address=address, ssh_port=ssh_port, ssh_user=ssh_user,
@@ -202,7 +202,8 @@ def node_update(
         layout = node.mig_layout if mig_layout is None else mig_layout
         prices = ({k: micros_to_usd(v) for k, v in node.mig_prices_micros.items()} if mig_prices is None
                   else mig_prices)
-        node.mig_layout, node.mig_prices_micros = _check_mig(node.gpu_model.slug, node.gpu_count, layout, prices)
+        node.mig_layout, node.mig_prices_micros = _check_mig(node.gpu_model.slug, node.gpu_count, layout, prices,
+                                                             runtime=node.runtime)
     if name is not None:
         node.name = name
     if city is not None:
@@ -231,12 +232,21 @@ def node_update(
     return node
 
 
-def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal] | None,
+MIG_RUNTIME_REFUSED = ("The {runtime} runtime cannot rent MIG slices: a KVM virtual machine gets a MIG slice only "
+                       "through NVIDIA vGPU, which it does not use. Declare no layout (an empty list), or run the "
+                       "server with the docker runtime.")
+
+
+def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal] | None, *, runtime: str,
                ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The declared MIG layout and its prices per slice-hour (micro-dollars), or ValidationFailed naming the field."""
+    """The declared MIG layout and its prices per slice-hour (micro-dollars), or ValidationFailed naming the field.
+    A layout on a node whose runtime rents no slices (models.nodes.MIG_RUNTIMES: libvirt) is refused: its agent
+    refuses them, and its slices were offered and booked, then failed on the node."""
     problem = layout_problems(slug, gpu_count, layout)
     if problem:
         raise ValidationFailed(problem, field="mig_layout")
+    if layout and runtime not in MIG_RUNTIMES:
+        raise ValidationFailed(MIG_RUNTIME_REFUSED.format(runtime=runtime), field="mig_layout")
     layout = sorted(layout or [], key=lambda entry: entry["gpu"])
     micros = {name: usd_to_micros(price) for name, price in (prices or {}).items()}
     problem = price_problems(layout, micros)

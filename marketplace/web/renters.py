@@ -121,11 +121,13 @@ def _filter_params(query: QueryDict) -> QueryDict:
 
 
 def _with_free_slices(rows) -> None:
-    """Set each offer's `mig_free`: [(profile, free slices, price per slice-hour in micros)], one query."""
+    """Set each offer's `mig_free`: [(profile, free slices, price per slice-hour in micros)], one query; only
+    profiles the node prices (a missing price is never shown as 0: offer_rows.mig_slices)."""
     free = selectors.free_slices_by_node([o.pk for o in rows if o.mig_prices_micros])
     for offer in rows:
-        offer.mig_free = [(profile, n, offer.mig_prices_micros.get(profile, 0))
-                          for profile, n in sorted(free.get(offer.pk, {}).items())]
+        prices = offer.mig_prices_micros
+        offer.mig_free = [(profile, n, prices[profile])
+                          for profile, n in sorted(free.get(offer.pk, {}).items()) if profile in prices]
 
 
 @require_GET

@@ -3,7 +3,9 @@ and come back.
 
 The health answer lists the UUIDs nvidia-smi shows (where the host sees every card: HOST_SEES_GPUS). A GPU of the
 node missing from that list is lost: marked (`Gpu.lost_at`), kept off the offers (a free one becomes unavailable, a
-rented one does when its instance lets it go: instances.common.instance_release_gpus), and every running instance
+rented one does when its instance lets it go: instances.common.instance_release_gpus; a split one's free slices are
+left out by the offers' and booking's rule, marketplace.selectors.free_slices, and a rented slice becomes unavailable
+when its instance lets it go: instances.mig.instance_release_slices), and every running instance
 holding it, whole or through a MIG slice, is interrupted at the check before (the last moment the card was seen),
 by the interruptions' one rule (billing closed there, the renter told and credited, charged to the provider).
 Before, nothing noticed: the node answered, its VM ran, and its renter paid for a card that was gone until a
@@ -16,8 +18,8 @@ lets it go (another server may claim the card).
 
 Such an instance waits interrupted while its card is lost (the reconciler does not resume it: its VM may run, its
 GPU does not); the renter may destroy it at no charge. When the card is listed again (usually after the provider
-restarts the server, which stops the VM: the reconciler starts it again), it is no longer lost, a GPU the loss made
-unavailable is free again, and the instance resumes.
+restarts the server, which stops the VM: the reconciler starts it again), it is no longer lost, a GPU (or MIG slice)
+the loss made unavailable is free again, and the instance resumes.
 """
 from __future__ import annotations
 
@@ -35,8 +37,10 @@ from marketplace.models import (
     GpuStatus,
     Instance,
     InterruptionCause,
+    MigSlice,
     MigSliceAllocation,
     Node,
+    SliceStatus,
 )
 from marketplace.services import instances as instance_svc
 from provisioning.models import NodeEvent
@@ -107,7 +111,11 @@ def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | 
 
 def gpus_returned(*, gpu_ids: Iterable[int]) -> None:
     """Lost GPUs listed again (by a health check, or a verification's inventory): no longer lost, and one the
-    loss made unavailable free again, unless an instance still holds it."""
+    loss made unavailable free again, unless an instance still holds it. So for a split GPU's slices: those its
+    loss made unavailable (let go by their instance while it was lost: instances.mig.instance_release_slices) are
+    free again, unless an instance holds them; those free all along are offered again with the card (the offers
+    and booking leave a lost GPU's slices out: marketplace.selectors.free_slices). A slice its last check did not
+    prove (unavailable before the loss, and not rented since) stays so."""
     gpu_ids = list(gpu_ids)
     if not gpu_ids:
         return
@@ -118,6 +126,13 @@ def gpus_returned(*, gpu_ids: Iterable[int]) -> None:
                    .values_list("gpu_id", flat=True))
         Gpu.objects.filter(pk__in=returned, status=GpuStatus.UNAVAILABLE).exclude(pk__in=held).update(
             status=GpuStatus.FREE)
+        let_go_while_lost = MigSliceAllocation.objects.filter(mig_slice=OuterRef("pk"),
+                                                              released_at__gte=OuterRef("gpu__lost_at"))
+        live = MigSliceAllocation.objects.filter(mig_slice=OuterRef("pk"), released_at__isnull=True)
+        MigSlice.transition_rows(
+            MigSlice.objects.filter(Exists(let_go_while_lost), ~Exists(live), gpu_id__in=returned,
+                                    gpu__status=GpuStatus.MIG),
+            SliceStatus.FREE)
         Gpu.objects.filter(pk__in=returned).update(lost_at=None)
 
 

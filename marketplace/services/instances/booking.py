@@ -16,7 +16,7 @@ from marketplace.models import (
     Instance,
     User,
 )
-from marketplace.models.nodes import Node
+from marketplace.models.nodes import MIG_RUNTIMES, Node
 from marketplace.services.disk_room import DiskDoesNotFit
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds, funds_of, funds_refuse_if_short
@@ -112,7 +112,12 @@ def _check_image(image: Image | str, node: Node) -> int:
 
 
 def _slice_price(node: Node, mig_profile: str) -> int:
-    """A MIG booking's price per slice-hour; 400 naming the field for a profile the node does not rent out."""
+    """A MIG booking's price per slice-hour; 400 naming the field for a profile the node does not rent out, or on a
+    node whose runtime rents no slices (libvirt: services.nodes refuses it a layout; one declared before is left)."""
+    if node.runtime not in MIG_RUNTIMES:
+        raise ValidationFailed(f"This offer rents no MIG slices: its node runs {node.runtime} virtual machines, which "
+                               "get whole GPUs only. Leave out `mig_profile`, or pick a docker offer.",
+                               field="mig_profile")
     prices = node.mig_prices_micros or {}  # read by _lock_node_for_booking
     if mig_profile not in prices:
         offered = ", ".join(sorted(prices)) or "none"

@@ -1,7 +1,8 @@
 """MIG slices for instances: allocation by the same rules as whole GPUs (one statement, FOR UPDATE SKIP LOCKED,
-a unique index on live allocations) plus the parent rule: a slice is taken only while its GPU is split (`mig`),
-read under a share lock on the GPU's row, so that the GPU cannot go back to whole renting meanwhile
-(provisioning.services.mig takes that row FOR UPDATE and finds the allocation)."""
+a unique index on live allocations) plus the parent rule: a slice is taken only while its GPU is split (`mig`) and
+not lost (`lost_at`: fallen off the bus, provisioning.services.gpu_presence), read under a share lock on the GPU's
+row, so that the GPU cannot go back to whole renting meanwhile (provisioning.services.mig takes that row FOR UPDATE
+and finds the allocation). The offers count the same slices (marketplace.selectors.free_slices)."""
 from datetime import datetime
 from typing import Any
 
@@ -15,18 +16,20 @@ _LIVE_INDEX = "mig_slice_in_at_most_one_live_allocation"
 
 
 def free_slice_count(node_id: int, profile: str) -> int:
+    """The node's free slices of `profile` that a booking may take (a priced profile, asked first by the booking)."""
     return MigSlice.objects.filter(node_id=node_id, profile=profile, status=SliceStatus.FREE,
-                                   gpu__status=GpuStatus.MIG).count()
+                                   gpu__status=GpuStatus.MIG, gpu__lost_at__isnull=True).count()
 
 
 def free_slices_ctes(node_id: int, profile: str, count: int) -> tuple[str, list[Any]]:
     """The CTEs of a booking's statement (allocation._allocate_free_units) that take up to `count` free slices of
-    `profile` on the node whose GPU is split: their GPUs' rows under a share lock, the slices FOR UPDATE SKIP LOCKED,
-    marked rented; `rented` holds their ids. PostgreSQL."""
+    `profile` on the node whose GPU is split and not lost: their GPUs' rows under a share lock, the slices FOR UPDATE
+    SKIP LOCKED, marked rented; `rented` holds their ids. PostgreSQL."""
     q = connection.ops.quote_name
     gpu, sl = (q(m._meta.db_table) for m in (Gpu, MigSlice))
     sources = sorted(MigSlice.transitions.action_sources("rent"))
-    sql = (f"parents AS (SELECT id FROM {gpu} WHERE node_id = %s AND status = %s FOR SHARE), "  # noqa: S608
+    sql = (f"parents AS (SELECT id FROM {gpu} WHERE node_id = %s AND status = %s AND lost_at IS NULL "  # noqa: S608
+           f"FOR SHARE), "
            f"picked AS (SELECT s.id FROM {sl} s JOIN parents p ON p.id = s.gpu_id WHERE s.node_id = %s "
            f"AND s.status = %s AND s.profile = %s ORDER BY s.gpu_id, s.device LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
            f"rented AS (UPDATE {sl} s SET status = %s FROM picked WHERE s.id = picked.id AND s.status = ANY(%s) "
@@ -37,7 +40,7 @@ def free_slices_ctes(node_id: int, profile: str, count: int) -> tuple[str, list[
 def allocate_free_slices_orm(instance: Instance, node_id: int, profile: str, count: int, at: datetime) -> int:
     """SQLite (the demo), where writes are serialised anyway: the same allocation through the ORM. Returns how many
     it took (fewer: the caller raises and rolls back)."""
-    parents = list(Gpu.objects.select_for_update().filter(node_id=node_id, status=GpuStatus.MIG)
+    parents = list(Gpu.objects.select_for_update().filter(node_id=node_id, status=GpuStatus.MIG, lost_at__isnull=True)
                    .values_list("pk", flat=True))
     picked = list(MigSlice.objects.filter(node_id=node_id, profile=profile, status=SliceStatus.FREE,
                                           gpu_id__in=parents).order_by("gpu_id", "device")[:count])
@@ -55,14 +58,17 @@ LIVE_SLICE_INDEX = _LIVE_INDEX
 
 def instance_release_slices(*, instance: Instance, at: datetime | None = None) -> list[str]:
     """End the instance's live slice allocations and free the slices (a slice made unavailable meanwhile stays
-    so); the UUIDs released. Idempotent. Call with the instance's row locked."""
+    so); the UUIDs released. A slice of a lost GPU (gone from the node's nvidia-smi) becomes unavailable, as a lost
+    whole GPU does (instances.common.instance_release_gpus): provisioning.services.gpu_presence frees it when the
+    card is listed again. Idempotent. Call with the instance's row locked."""
     live = list(MigSliceAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
                 .select_related("mig_slice"))
     if not live:
         return []
     MigSliceAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at or timezone.now())
-    MigSlice.transition_rows(MigSlice.objects.filter(pk__in=[a.mig_slice_id for a in live]), SliceStatus.FREE,
-                             action="release")
+    released = MigSlice.objects.filter(pk__in=[a.mig_slice_id for a in live])
+    MigSlice.transition_rows(released.filter(gpu__lost_at__isnull=False), SliceStatus.UNAVAILABLE)
+    MigSlice.transition_rows(released, SliceStatus.FREE, action="release")
     return sorted(a.mig_slice.uuid for a in live)
 
 
@@ -86,7 +92,7 @@ def instance_slice_gpu_indices(*, instance: Instance) -> list[int]:
 
 def reallocate_slices(instance: Instance, at: datetime) -> bool:
     """A stopped MIG instance takes back the slices it last held (locked as at booking); False when one of them
-    is taken, unavailable, or its GPU no longer split. Call with the instance's row locked."""
+    is taken, unavailable, or its GPU no longer split or lost. Call with the instance's row locked."""
     last = MigSliceAllocation.objects.filter(instance=instance).order_by("-released_at").values_list(
         "released_at", flat=True).first()
     previous = list(MigSliceAllocation.objects.filter(instance=instance, released_at=last)
@@ -94,7 +100,7 @@ def reallocate_slices(instance: Instance, at: datetime) -> bool:
     if not previous:
         return False
     parents = list(Gpu.objects.select_for_update(of=("self",)).filter(
-        mig_slices__in=previous, status=GpuStatus.MIG).values_list("pk", flat=True))
+        mig_slices__in=previous, status=GpuStatus.MIG, lost_at__isnull=True).values_list("pk", flat=True))
     slices = list(MigSlice.objects.select_for_update(skip_locked=True).filter(
         pk__in=previous, status=SliceStatus.FREE, gpu_id__in=parents))
     if len(slices) != len(previous):
