@@ -192,7 +192,9 @@
     input.addEventListener("input", update);
     document.querySelectorAll('input[name="mig_profile"]').forEach(function (radio) {
       radio.addEventListener("change", function () { if (radio.checked) chooseProfile(radio.value); });
-      if (radio.checked && prices) { unit = radio.value ? "MIG " + radio.value + " slice" : "GPU"; }
+      /* A profile already chosen when the page opens (an offer whose GPUs are all split, a Rent link from offers
+         filtered by a profile, the form shown again after an error): its price and unit, not the whole GPU's. */
+      if (radio.checked) chooseProfile(radio.value);
     });
   }
 })();
