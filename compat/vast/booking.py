@@ -53,9 +53,14 @@ def ask_replayed(*, renter: User, fingerprint: str, idempotency_key: str) -> Ins
     return earlier if earlier is not None and _replayable(earlier) else None
 
 
-def replay_message(instance: Instance) -> str:
-    """What a replayed create says beside the instance's id."""
+def replay_message(instance: Instance, *, idempotency_key: str) -> str:
+    """What a replayed create says beside the instance's id, and what books another: with the client's own
+    Idempotency-Key, another key (that key answers this instance for good, whatever the label); with the automatic
+    key, another --label (another body)."""
     age = max(0, int((timezone.now() - instance.created_at).total_seconds()))
+    if idempotency_key:
+        return (f"A create with the same Idempotency-Key was sent {age} s ago: this is instance {instance.pk}, which "
+                "it made, not a new one. To book another instance, send it with another Idempotency-Key.")
     return (f"The same create was sent {age} s ago: this is instance {instance.pk}, which it made, not a new one. "
             "To book another instance of this offer, give it another --label.")
 

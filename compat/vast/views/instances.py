@@ -422,7 +422,8 @@ class OfferCreateView(VastView):
         if earlier is not None:
             # The CLI prints the whole answer ("Started. {...}"): someone who meant a second identical instance
             # reads why there is one and what to change.
-            return Response({"success": True, "new_contract": earlier.pk, "msg": booking.replay_message(earlier)})
+            return Response({"success": True, "new_contract": earlier.pk, "msg": booking.replay_message(
+                earlier, idempotency_key=idempotency_key)})
         _refuse_unknown(body, set(_CREATE_UNSET) | _CREATE_IGNORED | _CREATE_MAPPED)
         for name, (unset, what) in _CREATE_UNSET.items():
             if not _unset(body.get(name), unset):
