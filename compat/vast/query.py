@@ -183,7 +183,7 @@ def parse(body: Any) -> Query:
         raise ValidationFailed("The query is a JSON object: {field: {operator: value}, \"order\": ..., ...}.")
     query = Query()
     kind = body.get("type", "on-demand")
-    if kind not in ("on-demand", "ask"):
+    if kind != "on-demand":  # what the CLI sends by default (search offers -t/-d); -b, -i, -r send bid, reserved
         raise ValidationFailed(f"Only on-demand offers exist here (`type` {kind!r}): no interruptible (bid) or "
                                "reserved pricing.", field="type")
     if "order" in body:

@@ -130,6 +130,10 @@ def test_degraded_offers_are_not_verified(anon, db):
     ({"order": [["colour", "asc"]]}, "Unknown field `colour`"),
     ({"order": "score"}, "`order`"),
     ({"type": "bid"}, "Only on-demand"),
+    ({"type": "reserved"}, "Only on-demand"),
+    # Any type but on-demand, as docs/vast-cli.md says ("ask" was taken too; the vastai CLI sends on-demand,
+    # reserved or bid, never "ask").
+    ({"type": "ask"}, "Only on-demand"),
     ({"limit": 0}, "`limit`"),
     # Beyond a float's range (float() raised OverflowError: a 500).
     ({"num_gpus": {"eq": 10**400}}, "`num_gpus` takes a whole number, not a number that large"),
