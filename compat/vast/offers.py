@@ -25,7 +25,7 @@ from django.http import QueryDict
 from core.errors import NotFound
 from core.money import MICROS_PER_USD
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
-from marketplace.models import GpuModel, Node, Verdict
+from marketplace.models import GpuModel, Verdict
 from marketplace.models.host import cuda_version_text
 from marketplace.selectors import offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
@@ -279,11 +279,3 @@ def _scan(nodes, query: Query, order: OrderBy, bound: Bound) -> list[dict[str, A
                 if last is not None and left is not None and (last > left if descending else last < left):
                     break
     return sort(kept, query.order)[: query.limit]
-
-
-def node_for_offer(ask_id: int) -> Node:
-    node_id, _ = offer_of(ask_id)
-    node = Node.objects.filter(pk=node_id).first()
-    if node is None:
-        raise NotFound(f"There is no offer {ask_id}: take an id from `vastai search offers`.")
-    return node
