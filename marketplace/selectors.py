@@ -45,6 +45,7 @@ from marketplace.models import (
     Volume,
 )
 from marketplace.models.nodes import (
+    ANSWERING,
     LISTABLE_VERDICTS,
     MIG_RUNTIMES,
     OFFERABLE,
@@ -152,8 +153,9 @@ def disk_left_gb() -> Case:
 
 
 def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Offer]:
-    """Every node a renter can book now: active, verified or degraded, listed, its provider's account active (not
-    deactivated by an operator), with free GPUs or bookable MIG slices (models.nodes.offerable; free_slices).
+    """Every node a renter can book now: active, verified or degraded, listed, its last health check answered, its
+    provider's account active (not deactivated by an operator), with free GPUs or bookable MIG slices
+    (models.nodes.offerable; free_slices).
 
     Annotates `num_gpus_free`, `score_per_dollar` (score per USD per GPU-hour) and `disk_left_gb` (the disk room
     a booking can still ask for, disk_left_gb) so that filters and ordering run in SQL.
@@ -180,7 +182,7 @@ def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
     if values_list is not None:
         return _offers_search(None).values_list(*values_list)
     return (
-        Node.objects.filter(OFFERABLE, provider_active())
+        Node.objects.filter(OFFERABLE, ANSWERING, provider_active())
         .filter(Exists(_free_gpus()) | Exists(free_slices()))
         .annotate(num_gpus_free=free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR, disk_left_gb=disk_left_gb())
         .select_related("gpu_model")
@@ -230,9 +232,10 @@ _NOT_OFFERED_STATES: dict[str, str] = {
 def node_not_offered_reason(node: Node) -> str:
     """Why renters cannot book the node's free GPUs now, in words; "" when they can (given a free GPU).
 
-    The offers' own rule (OFFERABLE: active, verified or degraded, listed), so that a page never calls a GPU
-    "free" that no renter can book. Its other part, the provider's account active, is not asked: the pages that
-    call this show providers their own nodes, and a deactivated provider cannot log in.
+    The offers' own rule (OFFERABLE: active, verified or degraded, listed; ANSWERING: its last health check
+    answered), so that a page never calls a GPU "free" that no renter can book. Its other part, the provider's
+    account active, is not asked: the pages that call this show providers their own nodes, and a deactivated
+    provider cannot log in.
     """
     if node.state != NodeState.ACTIVE:
         return _NOT_OFFERED_STATES.get(node.state, f"the server is {node.state}")
@@ -241,6 +244,8 @@ def node_not_offered_reason(node: Node) -> str:
                 else "it has not passed the benchmark check")
     if not node.listed:
         return "it is not listed"
+    if node.health_failures:
+        return "it did not answer its last health check"
     return ""
 
 

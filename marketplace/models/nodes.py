@@ -73,9 +73,14 @@ class Runtime(models.TextChoices):
 LISTABLE_VERDICTS = (Verdict.VERIFIED, Verdict.DEGRADED)
 # What of a node renters can book (given a free GPU) its own row says: the partial indexes `node_offer_idx` and
 # `node_offer_spd_idx` are built on it (PostgreSQL uses a partial index only when the query's WHERE implies the
-# index's condition). The whole rule is offerable(): also its provider's account active (provider_active(), which
-# no index condition on the node can hold).
+# index's condition). The whole rule is offerable(): also its last health check answered (ANSWERING) and its
+# provider's account active (provider_active(), which no index condition on the node can hold).
 OFFERABLE = Q(state=NodeState.ACTIVE, verdict__in=LISTABLE_VERDICTS, listed=True)
+# Its last health check answered (`health_failures`, back to 0 at its next answer): a node that missed one takes no
+# new load (offer_rules.node_refusal, and the start of a stopped instance: its jobs would not reach it), and its
+# renters are interrupted once NODE_INTERRUPT_AFTER_FAILED_CHECKS are missed in a row. Beside OFFERABLE, not in it:
+# the partial indexes keep their condition (no index to rebuild, and a node does not leave them at each miss).
+ANSWERING = Q(health_failures=0)
 # The runtimes that rent MIG slices: a KVM guest gets a MIG slice only through NVIDIA vGPU, which the libvirt runtime
 # does not do (its agent refuses `mig_uuids`); services.nodes refuses a layout on it, the offers and booking its slices.
 MIG_RUNTIMES = (Runtime.DOCKER, Runtime.SIM)
@@ -90,10 +95,11 @@ def provider_active() -> Q:
 
 
 def offerable() -> Q:
-    """OFFERABLE, with its provider's account active (an operator's deactivation takes its nodes off the offers),
-    and, where the platform takes no simulated GPUs (settings.SIM_NODES_ALLOWED off), not a sim node registered
-    before it was turned off: its checks were sized for a CPU (found by review)."""
-    rule = OFFERABLE & provider_active()
+    """OFFERABLE, with its last health check answered (ANSWERING), its provider's account active (an operator's
+    deactivation takes its nodes off the offers), and, where the platform takes no simulated GPUs
+    (settings.SIM_NODES_ALLOWED off), not a sim node registered before it was turned off: its checks were sized for
+    a CPU (found by review)."""
+    rule = OFFERABLE & ANSWERING & provider_active()
     return rule if settings.SIM_NODES_ALLOWED else rule & ~Q(runtime=Runtime.SIM)
 # Score per USD per GPU-hour (the offers' default order); the expression of `node_offer_spd_idx`.
 SCORE_PER_DOLLAR = models.ExpressionWrapper(

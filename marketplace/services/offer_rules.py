@@ -15,6 +15,10 @@ NODE_STATE_REASONS: dict[str, str] = {
     NodeState.RETIRED: "its node was retired by its provider",
 }
 
+# A node whose last health check failed: its jobs would not reach it, and once NODE_INTERRUPT_AFTER_FAILED_CHECKS
+# fail in a row its renters are interrupted (the offers leave it out: models.nodes.ANSWERING).
+NODE_NOT_ANSWERING = "its node did not answer its last health check"
+
 
 def node_refusal(node: Node, *, provider_active: bool) -> str | None:
     """Why `node` takes no new rentals now; None when it does. `provider_active`: its provider's account, read
@@ -23,6 +27,8 @@ def node_refusal(node: Node, *, provider_active: bool) -> str | None:
         return "its provider's account was deactivated by the platform's operators"
     if node.state != NodeState.ACTIVE:
         return NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
+    if node.health_failures:  # models.nodes.ANSWERING; the start of a stopped instance refuses it in these words
+        return NODE_NOT_ANSWERING
     if node.verdict not in LISTABLE_VERDICTS:
         return "its node has not passed the benchmark check"
     if not node.listed:

@@ -86,7 +86,7 @@ def _lock_node_for_booking(node_id: int, *, count_gpus: bool = False, wallet_of:
 
 # In the model's field order: Model.from_db takes a subset's values in that order.
 _NODE_FOR_BOOKING_FIELDS = tuple(f.attname for f in Node._meta.concrete_fields if f.attname in {
-    "id", "state", "verdict", "listed", "runtime", "gpu_model_id", "price_per_gpu_hour_micros",
+    "id", "state", "verdict", "listed", "health_failures", "runtime", "gpu_model_id", "price_per_gpu_hour_micros",
     "disk_price_per_gb_month_micros", "inventory", "mig_prices_micros", "disk_free_gb", "disk_total_gb"})
 # jsonb reaches Django as text (its psycopg loaders): decoded here as JSONField.from_db_value would
 _NODE_JSON = {i: (lambda v: None if v is None else json.loads(v))
