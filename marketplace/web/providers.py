@@ -14,7 +14,7 @@ from core.errors import ApplicationError
 from core.web_errors import form_error, message_error
 from marketplace import selectors
 from marketplace.mig import profiles_for
-from marketplace.models import GpuModel, GpuStatus, NodeState, Verdict
+from marketplace.models import GpuModel, GpuStatus, NodeState, SliceStatus, Verdict
 from marketplace.services import nodes as svc
 from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
@@ -46,11 +46,19 @@ def _node_or_404(user, pk: int):
 
 
 def _utilisation(node) -> dict:
-    """The node's GPUs by status; `not_offered` says why its free ones are not bookable ("" when they are)."""
+    """The node's GPUs by status, and a split GPU's MIG slices apart (a split GPU is rented per slice, never whole:
+    `whole` counts the others); `not_offered` says why its free ones are not bookable ("" when they are)."""
     gpus = list(node.gpus.all())
-    return {"total": len(gpus), "rented": sum(g.status == GpuStatus.RENTED for g in gpus),
+    split = {g.pk for g in gpus if g.status == GpuStatus.MIG}
+    # Slices of a GPU no longer split stay as unavailable rows: only a split GPU's slices are on offer.
+    slices = [s for s in node.mig_slices.all() if s.gpu_id in split]
+    return {"total": len(gpus), "whole": len(gpus) - len(split), "split": len(split),
+            "rented": sum(g.status == GpuStatus.RENTED for g in gpus),
             "free": sum(g.status == GpuStatus.FREE for g in gpus),
             "unavailable": sum(g.status == GpuStatus.UNAVAILABLE for g in gpus),
+            "slices": len(slices), "slices_rented": sum(s.status == SliceStatus.RENTED for s in slices),
+            "slices_free": sum(s.status == SliceStatus.FREE for s in slices),
+            "slices_unavailable": sum(s.status == SliceStatus.UNAVAILABLE for s in slices),
             "not_offered": selectors.node_not_offered_reason(node)}
 
 
