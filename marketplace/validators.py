@@ -77,6 +77,26 @@ validate_host_key_fingerprint = WholeValueValidator(
 )
 
 
+# The nodes' agent's pattern for a libvirt image name (provisioning/agent/gpumarket_agent/validation.py,
+# _LIBVIRT_IMAGE_RE): not imported from there, notifications reads this module and may import nothing of provisioning
+# (.importlinter); tests/web/test_admin_images.py holds the two the same.
+LIBVIRT_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+LIBVIRT_IMAGE_SUFFIX = ".qcow2"  # the agent appends it: <GPUMARKET_LIBVIRT_IMAGES>/<name>.qcow2 (runtimes/libvirt.py)
+
+
+def validate_libvirt_image(value: str) -> None:
+    """A catalogue image's name for `libvirt` nodes, as their agent takes it (validation.py, `vm create`): lower-case
+    letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128, no '..'; and without the
+    suffix the agent adds (ubuntu.qcow2 was looked for as ubuntu.qcow2.qcow2)."""
+    if value.endswith(LIBVIRT_IMAGE_SUFFIX):
+        raise ValidationError(f"Give the name without {LIBVIRT_IMAGE_SUFFIX}: the node adds it "
+                              f"({value.removesuffix(LIBVIRT_IMAGE_SUFFIX)!r} is read as "
+                              f"<images folder>/{value.removesuffix(LIBVIRT_IMAGE_SUFFIX)}{LIBVIRT_IMAGE_SUFFIX}).")
+    if not LIBVIRT_IMAGE_RE.fullmatch(value) or ".." in value:
+        raise ValidationError("A libvirt image name is 1 to 128 lower-case letters, digits, '.', '_' or '-', starting "
+                              "with a letter or digit, without '..' (the nodes' agent refuses any other).")
+
+
 def validate_instance_keys(keys: list) -> None:
     """At most MAX_INSTANCE_KEYS keys on one instance (a saved key or a pasted one each)."""
     if len(keys) > MAX_INSTANCE_KEYS:

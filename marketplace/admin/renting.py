@@ -1,4 +1,5 @@
 """The operators' panel for rentals: images, instances (stop and destroy), their interruptions, volumes."""
+from django import forms
 from django.contrib import admin, messages
 
 from core.admin_history import History, HistoryAdmin
@@ -12,10 +13,38 @@ from marketplace.models import (
 )
 from marketplace.money import micros_to_usd
 from marketplace.services.instances import instance_destroy, instance_stop
+from marketplace.services.instances.options import clean_image_reference
+from marketplace.validators import validate_libvirt_image
+
+
+class ImageForm(forms.ModelForm):
+    """A catalogue image's names are checked as the nodes take them: the container image as a renter's own reference
+    (clean_image_reference, the booking's rule), the libvirt image by the agent's pattern. Before, anything was
+    saved, and every rental of the image failed on its node ("pytorch/pytorch latest", "ubuntu 22.04.qcow2")."""
+
+    class Meta:
+        model = Image
+        fields = ["name", "slug", "description", "docker_image", "libvirt_image", "min_disk_gb", "active"]
+
+    def clean_docker_image(self):
+        value = self.cleaned_data["docker_image"]
+        if value:
+            try:
+                clean_image_reference(value, "docker_image")
+            except ApplicationError as exc:
+                raise forms.ValidationError(exc.message) from None
+        return value
+
+    def clean_libvirt_image(self):
+        value = self.cleaned_data["libvirt_image"]
+        if value:
+            validate_libvirt_image(value)
+        return value
 
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
+    form = ImageForm
     list_display = ["name", "slug", "docker_image", "libvirt_image", "min_disk_gb", "active"]
     list_filter = ["active"]
     search_fields = ["name", "slug", "docker_image", "libvirt_image"]
