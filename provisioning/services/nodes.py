@@ -23,6 +23,7 @@ from marketplace.models import (
     Instance,
     InstanceStatus,
     InterruptionCause,
+    MigSliceAllocation,
     Node,
     NodeState,
 )
@@ -317,7 +318,11 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     models = {m.smi_name: m for m in GpuModel.objects.filter(smi_name__in={g.get("name") for g in reported})}
     rows = sorted(node.gpus.all(), key=lambda gpu: gpu.index)
     before = {gpu.pk: gpu.uuid for gpu in rows}
+    # Held: a whole card rented, or a slice of a split one (its renter waits for the card just the same; found by
+    # review: a verification while a split card was lost let go of its UUID, and no health check saw it back).
     held = set(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("gpu_id", flat=True))
+    held |= set(MigSliceAllocation.objects.filter(mig_slice__gpu__node=node, released_at__isnull=True)
+                .values_list("mig_slice__gpu_id", flat=True))
     matched = _match_cards(rows, reported, held) if claim else {
         gpu.pk: info for gpu in rows for info in reported if info.get("index") == gpu.index}
     # A GPU the server no longer reports is no longer claimed, but a lost one a renter holds (gpu_presence) keeps

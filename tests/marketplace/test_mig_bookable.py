@@ -200,3 +200,25 @@ def test_a_node_with_no_layout_left_and_every_gpu_still_split_is_not_listed(anon
     assert Gpu.objects.get(node=node).status == GpuStatus.MIG  # until the next check
     assert offer(anon, node) is None
     assert f"/offers/{node.pk}/rent/" not in client.get("/offers/").content.decode()
+
+
+def test_a_verification_while_a_split_card_is_lost_keeps_its_uuid_for_its_slice_renter(user):
+    """A verification reading the inventory while a split card was lost let go of the card's UUID when only a slice
+    of it was rented (its holders were counted by whole-card allocations only): no health check could see the card
+    come back, and its renter waited for a card the platform no longer knew (found by review)."""
+    from provisioning.services.nodes import node_apply_inventory
+
+    node = make_mig_node({0: ["3g.40gb", "3g.40gb"]}, gpu_count=2)
+    uuids = with_uuids(node)
+    health_check(node, uuids.values())
+    fund(user, "50")
+    instance = run(book(user, node, mig_profile="3g.40gb"))
+    vm = {f"inst-{instance.pk}": "running"}
+    health_check(node, uuids.values(), vms=vm)
+    health_check(node, [uuids[1]], vms=vm)  # the split card is gone; its renter is interrupted and waits
+    assert Instance.objects.get(pk=instance.pk).status == "interrupted"
+    node_apply_inventory(node=node, inventory={"gpus": [{"index": 0, "uuid": uuids[1], "name": "x"}]})
+    card = Gpu.objects.filter(node=node, uuid=uuids[0]).first()
+    assert card is not None and card.lost_at is not None, "the lost card's row let go of its UUID"
+    health_check(node, uuids.values(), vms=vm)  # back: known, no longer lost
+    assert Gpu.objects.get(node=node, uuid=uuids[0]).lost_at is None
