@@ -306,7 +306,12 @@ class Earnings:
     gross_micros: int = 0  # what renters paid for the provider's GPU time and storage, net of reversals
     fees_micros: int = 0  # the platform's share of it
     adjustments_micros: int = 0  # service credits charged to the provider, and other corrections (negative: taken)
-    seconds: int = 0  # GPU time sold
+    # Running time billed, an instance counted once whatever its GPUs (the API's billed_seconds, kept as it was).
+    seconds: int = 0
+    gpu_seconds: int = 0  # whole-GPU time sold: each instance's billed seconds x its GPUs (MIG slices not in it)
+    # MIG slice time sold per profile: billed seconds x slices. Not GPU time: a slice is a part of a GPU, and
+    # slices of different profiles are different parts, so they are neither added to GPU time nor to each other.
+    mig_slice_seconds: dict[str, int] = field(default_factory=dict)
     months: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -318,9 +323,25 @@ def earnings_for(*, user: User) -> Earnings:
     what the sales earned; before, they were summed from GPU-time intervals only and left storage out (found by
     review). A charge of which the platform kept all (a micro-dollar's fee rounding) has no line for the provider
     and is counted in neither.
+
+    Time sold: gpu_seconds counts every GPU of an instance and mig_slice_seconds every slice, by profile; before,
+    "GPU time sold" was running time with an instance counted once (a 4-GPU instance's hour read "1 h", found by
+    review). That figure stays as `seconds`, the API's billed_seconds.
     """
-    account = _account(user, AccountKind.PROVIDER_EARNINGS)
     result = Earnings()
+    # Time sold, from the usage intervals (an interval whose amount rounds to zero has no ledger line, so this
+    # does not wait for an earnings account).
+    billed = (UsageInterval.objects.filter(instance__node__provider=user)
+              .values("instance__mig_profile").order_by("instance__mig_profile")
+              .annotate(running=Sum("seconds"),
+                        units=Sum(F("seconds") * F("instance__num_gpus"), output_field=BigIntegerField())))
+    for row in billed:
+        result.seconds += row["running"] or 0
+        if row["instance__mig_profile"]:
+            result.mig_slice_seconds[row["instance__mig_profile"]] = row["units"] or 0
+        else:
+            result.gpu_seconds = row["units"] or 0
+    account = _account(user, AccountKind.PROVIDER_EARNINGS)
     if account is None:
         return result
     result.balance_micros = account.balance_micros
@@ -341,8 +362,6 @@ def earnings_for(*, user: User) -> Earnings:
     result.fees_micros = split["fee"] or 0
     result.gross_micros = (split["earned"] or 0) + result.fees_micros
     result.adjustments_micros = result.earned_micros - (split["earned"] or 0)
-    result.seconds = UsageInterval.objects.filter(instance__node__provider=user).aggregate(
-        seconds=Sum("seconds"))["seconds"] or 0
     return result
 
 

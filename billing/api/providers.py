@@ -34,7 +34,16 @@ class EarningsSerializer(serializers.Serializer):
     adjustments = MoneyField(source="adjustments_micros", help_text=(
         "Service credits charged to your earnings (interruptions) and other corrections; negative when taken. "
         "renters_paid - platform_fees + adjustments = earned."))
-    billed_seconds = serializers.IntegerField(source="seconds", help_text="GPU time sold, in seconds.")
+    billed_seconds = serializers.IntegerField(source="seconds", help_text=(
+        "Running time billed on your servers, in seconds, each instance counted once whatever its GPUs or slices "
+        "(a 4-GPU instance for an hour is 3600). GPU time is gpu_seconds_sold."))
+    gpu_seconds_sold = serializers.IntegerField(source="gpu_seconds", help_text=(
+        "Whole-GPU time sold, in GPU-seconds: each instance's billed seconds times its GPUs (a 4-GPU instance for "
+        "an hour is 14400). MIG slices are not in it (mig_slice_seconds_sold)."))
+    mig_slice_seconds_sold = serializers.DictField(
+        source="mig_slice_seconds", child=serializers.IntegerField(), help_text=(
+            "MIG slice time sold by profile, in slice-seconds: each instance's billed seconds times its slices, e.g. "
+            "{\"1g.10gb\": 50400}. A slice is a part of a GPU, so this is not GPU time; profiles are not added up."))
     platform_fee_percent = serializers.CharField(help_text="For new rentals; each rental keeps the fee it "
                                                            "was booked with.")
     payout_minimum = MoneyField()
