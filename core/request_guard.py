@@ -27,6 +27,7 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import render
 
 CONTROL_CHARACTERS = "Control characters (such as NUL) are not allowed in a URL."
+COMPAT_ERROR_CODES = {400: "bad_request", 413: "request_too_large", 414: "uri_too_long"}
 
 
 def has_control_character(value: str) -> bool:
@@ -75,5 +76,6 @@ class RequestGuardMiddleware:
         if request.path_info.startswith("/api/"):
             return JsonResponse({"detail": message}, status=status)
         if request.path_info.startswith("/compat/"):  # other marketplaces' clients (the `vastai` CLI) read `msg`
-            return JsonResponse({"success": False, "msg": message}, status=status)
+            # The shape of every other compat error (docs/vast-cli.md), its code included.
+            return JsonResponse({"success": False, "error": COMPAT_ERROR_CODES[status], "msg": message}, status=status)
         return render(request, "400.html", {"title": title, "message": message}, status=status)

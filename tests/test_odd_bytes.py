@@ -181,7 +181,8 @@ def test_every_url_pattern_refuses_a_nul_lookup_value(operator_api, client, valu
                 if path.startswith("/api/"):
                     assert_api_400(response)
                 elif path.startswith("/compat/"):  # the `vastai` CLI's API (compat/vast): its error body
-                    assert response.status_code == 400 and response.json() == {"success": False, "msg": CONTROL}
+                    assert response.status_code == 400 and response.json() == {"success": False, "error": "bad_request",
+                                                                           "msg": CONTROL}
                 else:
                     assert_page_400(response)
 

@@ -59,3 +59,14 @@ def test_every_bare_handler_answers_in_the_shape_of_its_api(path, compat):
         else:
             assert set(body) == {"detail"}, (path, body)
     assert [r.status_code for r in answers.values()] == [404, 500, 400, 403]
+
+
+def test_requests_refused_before_any_view_have_the_compat_shape_too(client, settings):
+    """core/request_guard answered {"success": false, "msg": ...} with no `error` code under /compat/."""
+    too_long = client.get("/compat/vast/api/v0/instances/?q=" + "a" * settings.REQUEST_URL_MAX_CHARS)
+    assert too_long.status_code == 414 and too_long.json()["error"] == "uri_too_long"
+    too_big = client.generic("PUT", "/compat/vast/api/v0/instances/1/", "x",
+                             CONTENT_LENGTH=str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1))
+    assert too_big.status_code == 413 and too_big.json()["error"] == "request_too_large"
+    nul = client.get("/compat/vast/api/v0/instances/?q=%00")
+    assert nul.status_code == 400 and nul.json()["error"] == "bad_request" and nul.json()["success"] is False
