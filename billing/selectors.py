@@ -335,12 +335,13 @@ def earnings_for(*, user: User) -> Earnings:
               .values("instance__mig_profile").order_by("instance__mig_profile")
               .annotate(running=Sum("seconds"),
                         units=Sum(F("seconds") * F("instance__num_gpus"), output_field=BigIntegerField())))
-    for row in billed:
-        result.seconds += row["running"] or 0
-        if row["instance__mig_profile"]:
-            result.mig_slice_seconds[row["instance__mig_profile"]] = row["units"] or 0
+    for sold_row in billed:
+        profile, units = sold_row["instance__mig_profile"], sold_row["units"] or 0
+        result.seconds += sold_row["running"] or 0
+        if profile:
+            result.mig_slice_seconds[profile] = units
         else:
-            result.gpu_seconds = row["units"] or 0
+            result.gpu_seconds = units
     account = _account(user, AccountKind.PROVIDER_EARNINGS)
     if account is None:
         return result
