@@ -2,6 +2,7 @@
 maintenance), their GPUs and MIG slices."""
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
@@ -75,6 +76,33 @@ class GpuStatusForm(forms.ModelForm):
             self.instance.lost_at = None
         return cleaned
 
+    def changed_columns(self) -> list[str]:
+        """What the operator changed, and what the status rule sets with it (clean): nothing when nothing changed."""
+        field = self.fields.get("status")
+        if field is None or field.disabled or "status" not in self.changed_data:
+            return []
+        return ["status", "lost_at"]
+
+    def save(self, commit=True):
+        """Only the changed columns are written (changed_columns). The row was read locked (GpuAdmin.get_object,
+        GpuInline.get_queryset): a whole-row save wrote back the status it had read, a GPU rented meanwhile went
+        back to free under its instance, or one released meanwhile stayed rented to nobody (found by review)."""
+        if not commit or self.instance.pk is None:
+            return super().save(commit=commit)
+        if self.errors:
+            return super().save(commit=commit)  # Django's ValueError
+        columns = self.changed_columns()
+        if columns:
+            self.instance.save(update_fields=columns)
+        self._save_m2m()
+        return self.instance
+
+
+def _locked_for_a_post(request, queryset):
+    """The rows a form will write, read under their lock when it is sent (the admin's form and save share one
+    transaction): nothing moves them between the form's read, its checks (Gpu.clean) and its save."""
+    return queryset.select_for_update() if request.method == "POST" else queryset
+
 
 class GpuInline(admin.TabularInline):
     model = Gpu
@@ -83,6 +111,9 @@ class GpuInline(admin.TabularInline):
     readonly_fields = ["index", "uuid", "gpu_model", "memory_mib", "pci_bus_id", "lost_at"]
     extra = 0
     can_delete = False
+
+    def get_queryset(self, request):
+        return _locked_for_a_post(request, super().get_queryset(request))
 
 
 @admin.register(Node)
@@ -118,6 +149,12 @@ class NodeAdmin(HistoryAdmin):
     def get_queryset(self, request):
         # The offers' own count (a subquery: the list's counts of nodes leave it out, the rows shown run it).
         return super().get_queryset(request).annotate(_free=free_gpu_count())
+
+    def save_model(self, request, obj, form, change):
+        # Every field of the node is read-only: the page saves its GPUs' rows (the inline), never the node's. The
+        # whole-row save wrote back, on a GPU's change, every column as read, over what a check, a booking or its
+        # provider had changed meanwhile (found by review).
+        pass
 
     @admin.display(ordering="_free", description="free GPUs")
     def gpus_free(self, node):
@@ -203,6 +240,23 @@ class GpuAdmin(admin.ModelAdmin):
         # The node's gpu_count says how many it has, its allocations and slices hang on each: a node is retired,
         # a GPU taken out of service (status unavailable), never deleted.
         return False
+
+    def get_object(self, request, object_id, from_field=None):
+        # Locked when the form is sent (_locked_for_a_post); Django's get_object, with that queryset.
+        queryset = _locked_for_a_post(request, self.get_queryset(request))
+        field = self.model._meta.pk if from_field is None else self.model._meta.get_field(from_field)
+        try:
+            return queryset.get(**{field.name: field.to_python(object_id)})
+        except (self.model.DoesNotExist, ValidationError, ValueError):
+            return None
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            columns = form.changed_columns()
+            if columns:
+                obj.save(update_fields=columns)
+        else:
+            super().save_model(request, obj, form, change)
 
     def get_readonly_fields(self, request, obj=None):
         # A split GPU leaves `mig` only through its node's check (provisioning.services.mig), under its row lock
