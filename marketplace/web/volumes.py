@@ -12,8 +12,8 @@ from core.errors import ApplicationError, IdempotencyKeyReused
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH, request_fingerprint, web_idempotency_key
 from core.validators import no_control_characters
 from core.web_errors import form_error, message_error
-from marketplace import selectors
-from marketplace.models import Volume
+from marketplace.models import Node, Volume
+from marketplace.models.nodes import offerable
 from marketplace.models.volumes import MAX_VOLUME_GB
 from marketplace.services import volumes as svc
 from marketplace.templatetags.marketplace_web import usd_rate
@@ -21,7 +21,11 @@ from marketplace.validators import NAME_MAX_LENGTH
 
 
 def _offer_choices():
-    offers = selectors.offers_search().order_by("country", "city", "pk")
+    """The servers the volume service takes (its rule, offer_rules.node_refusal, is models.nodes.offerable): a
+    free GPU is not needed, so a renter whose instance holds a server's only GPU can put a volume beside it. The
+    offers search (a free GPU or slice) left those out: "Select a valid choice" where the API said 201."""
+    offers = (Node.objects.filter(offerable()).select_related("gpu_model").order_by("country", "city", "pk")
+              .only("city", "country", "disk_price_per_gb_month_micros", "gpu_model__name"))  # not its keys
     return [(o.pk, f"#{o.pk} · {o.gpu_model.name} · {o.city + ', ' if o.city else ''}{o.country.name} · "
                    f"{usd_rate(o.disk_price_per_gb_month_micros)} per GB-month") for o in offers]
 
