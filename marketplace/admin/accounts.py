@@ -104,8 +104,42 @@ class UserChangeForm(BaseUserChangeForm):
     class Meta(BaseUserChangeForm.Meta):
         model = User
 
+    # Fields whose change acts or grants: "active" (account_status stops or restarts what the account runs and tells
+    # its owner), the address (its verification starts again, the old one is told), staff and superuser status. The
+    # page sends back the value it was opened with (a hidden initial), and the save is refused when the stored value
+    # moved since and the save would write over it: a page opened before another operator deactivated the account,
+    # saved for an address, reactivated it and told the owner "Your account is active again" (found by review).
+    GUARDED = ("email", "is_active", "is_staff", "is_superuser")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in self.GUARDED:
+            field = self.fields.get(name)
+            if field is not None and not field.disabled:
+                field.show_hidden_initial = True
+
     def clean_email(self):
         return _unused_email(self.cleaned_data["email"], exclude_pk=self.instance.pk)
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in self.GUARDED:
+            field = self.fields.get(name)
+            if field is None or not field.show_hidden_initial or name not in cleaned:
+                continue
+            initial_name = self[name].html_initial_name
+            if initial_name not in self.data:
+                continue  # a client that sends no page's value claims none (the value is judged as sent)
+            try:
+                seen = field.to_python(field.hidden_widget().value_from_datadict(self.data, self.files, initial_name))
+            except ValidationError:
+                seen = None
+            stored = self.get_initial_for_field(field, name)
+            if seen != stored and cleaned[name] != stored:
+                now = ("on" if stored else "off") if isinstance(field, forms.BooleanField) else f"“{stored}”"
+                self.add_error(name, f"Changed by someone else since you opened this page: it is {now} now. Nothing "
+                                     "was saved; reload the page, and make your change again if it still holds.")
+        return cleaned
 
     def clean_status_reason(self):
         try:
@@ -186,14 +220,17 @@ class UserAdmin(HistoryAdmin, BaseUserAdmin):
         return super().has_delete_permission(request, obj) and not _staff_of_a_non_superuser(request, obj)
 
     def save_model(self, request, obj, form, change):
+        # Against the stored values (form.initial, read with the row), not form.changed_data: that compares with the
+        # page's values (the guarded fields' hidden initials, UserChangeForm.clean).
         old_address = form.initial.get("email", "") if change else ""
-        if change and "email" in form.changed_data:
+        if change and obj.email != old_address:
             obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
         # "Active" is turned by account_status, not by this save: deactivating stops what the account runs.
-        turned_on = change and "is_active" in form.changed_data and not form.initial.get("is_active")
-        turned_off = change and "is_active" in form.changed_data and bool(form.initial.get("is_active"))
+        stored_active = bool(form.initial.get("is_active"))
+        turned_on = change and bool(obj.is_active) and not stored_active
+        turned_off = change and stored_active and not obj.is_active
         if turned_on or turned_off:
-            obj.is_active = bool(form.initial.get("is_active"))
+            obj.is_active = stored_active
         super().save_model(request, obj, form, change)
         reason = form.cleaned_data.get("status_reason", "")
         if turned_off:
