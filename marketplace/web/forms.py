@@ -29,6 +29,7 @@ from marketplace.validators import (
     validate_instance_keys,
 )
 
+from .fields import TextareaField
 from .rent_options import RentOptionsMixin
 from .rent_volumes import RentVolumesMixin
 
@@ -87,7 +88,7 @@ class SshKeyForm(PasswordConfirmedForm):
 
     name = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters],
                            help_text="Optional; the key's comment is used when empty.")
-    public_key = forms.CharField(
+    public_key = TextareaField(
         label="Public key", max_length=ssh_svc.MAX_KEY_CHARS, strip=False,
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "autocomplete": "off",
                                      "placeholder": "ssh-ed25519 AAAA... you@laptop"}),
@@ -140,7 +141,7 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     num_gpus = forms.IntegerField(label="Number of GPUs", min_value=1, initial=1)
     ssh_keys = _KeyChoices(label="Your SSH keys", queryset=SshKey.objects.none(), required=False,
                            widget=forms.CheckboxSelectMultiple)
-    ssh_public_key = forms.CharField(
+    ssh_public_key = TextareaField(
         label="Or paste a public key", required=False, max_length=ssh_svc.MAX_KEY_CHARS, strip=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
                                      "placeholder": "ssh-ed25519 AAAA... you@laptop"}),

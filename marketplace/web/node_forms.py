@@ -27,6 +27,8 @@ from marketplace.validators import (
     validate_ssh_user,
 )
 
+from .fields import TextareaField
+
 
 class _ModelChoices(forms.ModelChoiceField):
     def label_from_instance(self, model):
@@ -89,8 +91,9 @@ _LAYOUT_LINE = re.compile(r"\s*GPU\s*(\d+)\s*:\s*(.*)", re.IGNORECASE)
 _PRICE_LINE = re.compile(r"\s*(\S+)\s*:\s*\$?\s*(\S+)\s*")
 
 
-class _LinesField(forms.CharField):
-    """A textarea of lines; its max_length applies to the text typed (the parsed value is a list or a dict)."""
+class _LinesField(TextareaField):
+    """A textarea of lines; its max_length applies to the text typed, line breaks as LF (the parsed value is a
+    list or a dict)."""
 
     def lines(self, value) -> list[str]:
         text = super().to_python(value) or ""

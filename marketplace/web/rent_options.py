@@ -5,6 +5,8 @@ from django import forms
 from core.errors import ValidationFailed
 from marketplace.services.instances import options as opts
 
+from .fields import TextareaField
+
 OPTION_FIELDS = ("own_image", "registry_username", "registry_password", "env", "onstart", "ports",
                  "min_cuda_version")
 
@@ -26,7 +28,7 @@ class RentOptionsMixin(forms.Form):
         label="Environment variables", required=False, strip=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "placeholder": "API_KEY=...\nMODE=train"}),
         help_text=f"One NAME=value a line; names in capitals, digits and _; at most {opts.ENV_MAX_NAMES}.")
-    onstart = forms.CharField(
+    onstart = TextareaField(
         label="On-start script", required=False, strip=False, max_length=opts.ONSTART_MAX,
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false",
                                      "placeholder": "pip install -r /workspace/requirements.txt"}),
@@ -65,7 +67,7 @@ class RentOptionsMixin(forms.Form):
         return self._check("env", opts.clean_env, variables)
 
     def clean_onstart(self):
-        return self._check("onstart", opts.clean_onstart, self.cleaned_data["onstart"].replace("\r\n", "\n"))
+        return self._check("onstart", opts.clean_onstart, self.cleaned_data["onstart"])  # LF: TextareaField
 
     def clean_ports(self):
         words = [w for w in self.cleaned_data["ports"].replace(",", " ").split() if w]
