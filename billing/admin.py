@@ -35,6 +35,7 @@ from billing.models import (
 from billing.services import ledger, payments, payouts, profiles
 from billing.services.refunds import REFUND_NOTE, refund_create_once, refundable_micros
 from billing.services.webhooks import redact_secrets
+from core.admin_paginator import EstimatedCountPaginator
 from core.errors import ApplicationError, Conflict
 from core.idempotency import web_idempotency_key
 from marketplace.money import micros_to_usd, usd_to_micros
@@ -227,6 +228,9 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "created_at"]
     search_fields = ["idempotency_key", "memo", "reason", "created_by__email"]
     list_select_related = ["created_by", "reverses"]
+    # Millions of rows: no COUNT(*) of them all per page (core/admin_paginator.py).
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     fields = ["idempotency_key", "kind", "memo", "reason", "customer_note", "created_by", "reverses", "created_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     inlines = [EntryInline]
@@ -247,6 +251,15 @@ class UsageIntervalAdmin(ReadOnlyAdmin):
     list_filter = ["ended_at"]
     search_fields = ["instance__id", "instance__renter__email"]
     raw_id_fields = ["instance"]
+    # The largest table (a row per instance per meter run). Newest first by the primary key's index: the model's
+    # (-started_at, -id) has none, and sorted the whole table for each page. The instance column shows its id and
+    # status only: without names, Django's select_related() joined the instance's renter, node, provider and GPU
+    # models. No COUNT(*) of every row per page: an estimate when unfiltered, and no second "N total" count
+    # (core/admin_paginator.py). Found by review: 2 s a page at 2 million rows, growing with the table.
+    ordering = ["-id"]
+    list_select_related = ["instance"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     readonly_fields = ["instance", "started_at", "ended_at", "seconds", "price_per_hour_micros", "platform_fee_bps",
                        "amount_micros", "fee_micros", "transaction", "created_at"]
 
