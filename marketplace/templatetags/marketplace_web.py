@@ -107,8 +107,10 @@ def field(bound_field, css_class=""):
         form = bound_field.form
         if next((name for name in form.fields if name in form.errors), None) == bound_field.name:
             attrs["autofocus"] = True
-    return {"f": bound_field, "kind": kind, "attrs": attrs, "widget_html": bound_field.as_widget(attrs=attrs),
-            "css_class": css_class}
+    widget_html = bound_field.as_widget(attrs=attrs)
+    if bound_field.field.show_hidden_initial:  # the value the page showed, for form.changed_data (as {{ field }})
+        widget_html += bound_field.as_hidden(only_initial=True)
+    return {"f": bound_field, "kind": kind, "attrs": attrs, "widget_html": widget_html, "css_class": css_class}
 
 
 @register.filter

@@ -80,11 +80,35 @@ class NodeRegisterForm(forms.Form):
 
 
 class NodeSettingsForm(forms.Form):
-    price_per_gpu_hour = PriceField(help_text="New rentals pay it; running instances keep their price.")
-    listed = forms.BooleanField(required=False, label="Listed: renters can book it",
+    """Each field carries the value the page showed (show_hidden_initial), so that changed_since_shown is what its
+    user changed since the page was opened: the view saves only that, and an unlisting (or a price) set meanwhile
+    by an operator or through the API is not undone by a save of the other fields (found by review)."""
+
+    price_per_gpu_hour = PriceField(help_text="New rentals pay it; running instances keep their price.",
+                                    show_hidden_initial=True)
+    listed = forms.BooleanField(required=False, label="Listed: renters can book it", show_hidden_initial=True,
                                 help_text="Untick to take it off the offers; running instances are not touched.")
-    maintenance = forms.BooleanField(required=False, label="In maintenance",
+    maintenance = forms.BooleanField(required=False, label="In maintenance", show_hidden_initial=True,
                                      help_text="No new rentals and no scheduled checks until you switch it off.")
+
+    def changed_since_shown(self) -> list[str]:
+        """The fields whose value differs from what the page showed (its hidden initial values), or, for a post
+        without them, from the node's current values (the form's initial)."""
+        changed = []
+        for name, field in self.fields.items():
+            bound = self[name]
+            if bound.html_initial_name not in self.data:
+                shown = bound.initial
+            else:
+                try:
+                    shown = field.to_python(field.hidden_widget().value_from_datadict(
+                        self.data, self.files, bound.html_initial_name))
+                except ValidationError:  # not a value the page could have shown: take the field as changed
+                    changed.append(name)
+                    continue
+            if field.has_changed(shown, bound.data):
+                changed.append(name)
+        return changed
 
 
 _LAYOUT_LINE = re.compile(r"\s*GPU\s*(\d+)\s*:\s*(.*)", re.IGNORECASE)

@@ -254,7 +254,8 @@ def node_settings(request, pk: int):
     form = _settings_form(node, request.POST)
     if form.is_valid():
         try:
-            svc.node_update(node=node, **form.cleaned_data)
+            # Only what was changed on the page: the others may have been changed since it was opened.
+            svc.node_update(node=node, **{name: form.cleaned_data[name] for name in form.changed_since_shown()})
         except ApplicationError as exc:  # a Conflict, InvalidTransition among them
             form_error(form, exc)
         else:
