@@ -36,6 +36,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
+from marketplace.admin.common import NothingEditableAdmin
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import (
@@ -339,7 +340,7 @@ class GroupAdmin(BaseGroupAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter), "created_at"]
     search_fields = ["user__email", "prefix", "name"]
@@ -363,7 +364,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(SshKey)
-class SshKeyAdmin(admin.ModelAdmin):
+class SshKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
     list_display = ["__str__", "user", "key_type", "fingerprint", "created_at"]
     search_fields = ["user__email", "name", "fingerprint"]
     list_select_related = ["user"]

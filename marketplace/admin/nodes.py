@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
+from marketplace.admin.common import NothingEditableAdmin
 from marketplace.models import (
     Gpu,
     GpuModel,
@@ -117,7 +118,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(HistoryAdmin):
+class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
                     "verdict", "listed", "score", "reliability", "state_changed_at"]
     list_filter = ["state", "verdict", "listed", "runtime", "gpu_model", "country"]
@@ -128,7 +129,8 @@ class NodeAdmin(HistoryAdmin):
               "datacenter", "gpu_model", "gpu_count", "price_per_gpu_hour_micros", "runtime", "state",
               "state_changed_at", "verdict", "listed", "score", "reliability", "last_error", "next_check_at",
               "next_spot_check_at", "ssh_public_key", "created_at", "updated_at"]
-    # All read-only (the next checks' times: drawn at random, never shown to providers). What a provider sets (name,
+    # All read-only (the next checks' times: drawn at random, never shown to providers): the page saves its GPUs'
+    # rows (the inline), never the node's (NothingEditableAdmin). What a provider sets (name,
     # place, price, listed) changes only through node_update, whose rules a form here skipped (it relisted a
     # retired node): operators unlist and put into maintenance with the actions below, which call it.
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
@@ -149,12 +151,6 @@ class NodeAdmin(HistoryAdmin):
     def get_queryset(self, request):
         # The offers' own count (a subquery: the list's counts of nodes leave it out, the rows shown run it).
         return super().get_queryset(request).annotate(_free=free_gpu_count())
-
-    def save_model(self, request, obj, form, change):
-        # Every field of the node is read-only: the page saves its GPUs' rows (the inline), never the node's. The
-        # whole-row save wrote back, on a GPU's change, every column as read, over what a check, a booking or its
-        # provider had changed meanwhile (found by review).
-        pass
 
     @admin.display(ordering="_free", description="free GPUs")
     def gpus_free(self, node):
@@ -266,7 +262,7 @@ class GpuAdmin(admin.ModelAdmin):
 
 
 @admin.register(MigSlice)
-class MigSliceAdmin(admin.ModelAdmin):
+class MigSliceAdmin(NothingEditableAdmin, admin.ModelAdmin):
     """The slices checks proved: operators see who holds which (the check alone writes them).
 
     The status too: `rented` is a booking's, `free` and `unavailable` its node's check's, which sets every proven

@@ -4,6 +4,7 @@ from django.contrib import admin, messages
 
 from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
+from marketplace.admin.common import NothingEditableAdmin
 from marketplace.models import (
     GpuAllocation,
     Image,
@@ -65,7 +66,7 @@ instance_interruptions = History(
 
 
 @admin.register(Interruption)
-class InterruptionAdmin(admin.ModelAdmin):
+class InterruptionAdmin(NothingEditableAdmin, admin.ModelAdmin):
     """Every interruption of the fleet: which nodes lose renters' instances, and what it cost their providers."""
 
     list_display = ["id", "instance", "node", "cause", "started_at", "detected_at", "ended_at", "outcome", "credited"]
@@ -92,7 +93,7 @@ class InterruptionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Instance)
-class InstanceAdmin(HistoryAdmin):
+class InstanceAdmin(NothingEditableAdmin, HistoryAdmin):
     list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
                     "started_at"]
     list_filter = ["status", "node__runtime", "gpu_model", "image"]
@@ -145,7 +146,7 @@ class InstanceAdmin(HistoryAdmin):
 
 
 @admin.register(Volume)
-class VolumeAdmin(admin.ModelAdmin):
+class VolumeAdmin(NothingEditableAdmin, admin.ModelAdmin):
     """Renters' volumes, read-only: they are created, mounted and deleted through the API and the pages (the
     deletion needs the owner's confirmation), and billed by billing.services.storage."""
 
