@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from billing.selectors import earnings_by_node
 from core import charts
-from core.errors import ApplicationError
+from core.errors import ApplicationError, Conflict
 from core.web_errors import form_error, message_error
 from marketplace import selectors
 from marketplace.mig import profiles_for
@@ -82,8 +82,10 @@ def node_register(request):
     if request.method == "POST" and form.is_valid():
         try:
             node = svc.node_register(provider=request.user, **form.cleaned_data)
-        except ApplicationError as exc:  # a live node at that address, or with that host key (on its field)
-            form_error(form, exc, default_field="address")
+        except ApplicationError as exc:
+            # A live node at that address (a Conflict, naming no field) under Address; a host key, the runtime or
+            # the address's checks on their own fields; a refusal about the account (EmailNotVerified) above all.
+            form_error(form, exc, default_field="address" if isinstance(exc, Conflict) else None)
         else:
             messages.success(request, f"Server “{node.name}” registered. Install the platform's key on it, "
                                       "then verify it.")

@@ -10,7 +10,6 @@ import pytest
 from celery import current_app
 from django.core import mail
 from django.core.mail.backends import locmem
-from django.utils import timezone
 
 from config.celery import TASK_ROUTES
 from notifications.models import EmailStatus, Kind, Notification
@@ -46,14 +45,8 @@ def _notify(user, key="payout_sent:4") -> Notification:
 
 
 def _send_task(notification_id: int) -> None:
-    """The task as the worker runs it, and each retry it asks for when it is due (Celery's apply runs a retry at once,
-    in this process, before it is due: refused as early, so each later one is run here with the clock past it)."""
-    for _ in range(email_svc.MAX_ATTEMPTS + 1):
-        current_app.tasks[EMAIL_SEND].apply(args=(notification_id,))
-        n = Notification.objects.get(pk=notification_id)
-        if n.email_status != EmailStatus.PENDING or n.email_next_at is None or n.email_next_at <= timezone.now():
-            return
-        _minutes_later(n, (n.email_next_at - timezone.now()).total_seconds() / 60)
+    """The task as the worker runs it (Celery's apply: a retry runs at once, in this process)."""
+    current_app.tasks[EMAIL_SEND].apply(args=(notification_id,))
 
 
 def _minutes_later(notification: Notification, minutes: float) -> None:
@@ -216,20 +209,3 @@ def test_a_user_deleted_while_their_email_is_sent_ends_the_task_quietly(owner, s
     result = current_app.tasks[EMAIL_SEND].apply(args=(notification.pk,))
     assert result.successful(), result.traceback
     assert len(mail.outbox) == 1 and not Notification.objects.filter(pk=notification.pk).exists()
-
-
-def test_a_duplicate_task_after_a_failed_attempt_waits_for_the_retry_and_spends_no_attempt(owner, smtp):
-    """A duplicate of the e-mail's task (the resender's during a queue backlog, a redelivered message) coming after a
-    failed attempt sent again at once and started a second retry chain: the attempts were spent twice as fast and
-    the mail server never got the backoff (found by review)."""
-    smtp.rcpt_answers.append("451 4.7.1 greylisted, try again later")
-    notification = _notify(owner)
-    assert email_svc.notification_email_send(notification_id=notification.pk).retry_in_s == email_svc.BACKOFF_S
-    duplicate = email_svc.notification_email_send(notification_id=notification.pk)
-    notification.refresh_from_db()
-    assert duplicate == email_svc.Outcome(False) and notification.email_attempts == 1 and smtp.messages == []
-    _minutes_later(notification, 1)  # the retry, when it is due
-    assert email_svc.notification_email_send(notification_id=notification.pk).sent
-    notification.refresh_from_db()
-    assert (notification.email_status, notification.email_attempts) == (EmailStatus.SENT, 2)
-    assert [to for to, _ in smtp.messages] == [[owner.email]]
