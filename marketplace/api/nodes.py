@@ -107,8 +107,8 @@ class MigPricesField(serializers.DictField):
 
 _MIG_LAYOUT_HELP = ("MIG layout per GPU: [{\"gpu\": 0, \"profiles\": [\"3g.40gb\", ...]}] with profiles of the model "
                     "(/api/v1/gpu-models/); per card at most 7 compute and 8 memory slices. The check holds it against "
-                    "nvidia-smi; each proven slice is rented on its own. Only container nodes (docker, sim) split cards: a "
-                    "libvirt node's layout is a 400 (MIG in a VM needs vGPU).")
+                    "nvidia-smi; each proven slice is rented on its own. Only container nodes (docker, sim) split "
+                    "cards: a libvirt node's layout is a 400 (MIG in a VM needs vGPU).")
 _MIG_PRICES_HELP = "USD per slice-hour for each profile of mig_layout, e.g. {\"3g.40gb\": \"1.10\"}."
 
 
