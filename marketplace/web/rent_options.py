@@ -17,7 +17,8 @@ class RentOptionsMixin(forms.Form):
         widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off",
                                       "placeholder": "registry.example.com/team/app:1.0"}),
         help_text="Any image reference ([registry/]name[:tag][@sha256:…]); used instead of the image chosen above. "
-                  "Not on servers that run virtual machines.")
+                  "A bare word is a catalogue image's name, as in the API: a public image needs a tag or a path "
+                  "(ubuntu:24.04, library/ubuntu). Not on servers that run virtual machines.")
     registry_username = forms.CharField(label="Registry user name", required=False, max_length=opts.USERNAME_MAX,
                                         widget=forms.TextInput(attrs={"autocomplete": "off"}))
     registry_password = forms.CharField(
@@ -50,8 +51,10 @@ class RentOptionsMixin(forms.Form):
             raise forms.ValidationError(exc.message) from None
 
     def clean_own_image(self):
+        """The API's rule (opts.image_of): a reference (with a `/`, `:` or `@`), or a bare word naming a catalogue
+        image, which it then is; a misspelt bare word is refused, not pulled as a public image of that name."""
         value = self.cleaned_data["own_image"]
-        return self._check("own_image", opts.clean_image_reference, value) if value else ""
+        return self._check("own_image", opts.image_of, value) if value else ""
 
     def clean_env(self):
         variables: dict[str, str] = {}
@@ -87,7 +90,8 @@ class RentOptionsMixin(forms.Form):
         if not user and not password:
             self.cleaned_data["registry_auth"] = None
             return
-        if not self.cleaned_data.get("own_image") and "own_image" not in self.errors:
+        own = self.cleaned_data.get("own_image")  # none, a reference, or a catalogue image named by its slug
+        if not (isinstance(own, str) and own) and "own_image" not in self.errors:
             self.add_error("registry_username", "A registry login goes with an image of your own only.")
             return
         try:
