@@ -29,7 +29,7 @@ from django.utils import timezone
 from core import dispatch
 from notifications.models import EmailStatus, Notification
 from notifications.services.notify import EMAIL_SEND
-from notifications.services.retry import backoff_s, not_due_yet
+from notifications.services.retry import backoff_s
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ _OURS = (smtplib.SMTPAuthenticationError, smtplib.SMTPSenderRefused, smtplib.SMT
 class Outcome:
     sent: bool
     retry_in_s: float | None = None  # the task retries after this long
+    attempts: int = 0  # the attempts made so far (what the retry's task is queued after)
 
 
 def _give_up_reason(notification: Notification, now: datetime) -> str:
@@ -59,7 +60,7 @@ def _give_up_reason(notification: Notification, now: datetime) -> str:
     return ""
 
 
-def _claim(notification_id: int) -> Notification | None:
+def _claim(notification_id: int, after_attempts: int | None = None) -> Notification | None:
     """Claim the e-mail for sending (row locked; the attempt counted), or None when there is none to send: the
     notification is gone, sent, given up, not e-mailed, or being sent by another worker; or it is given up here."""
     now = timezone.now()
@@ -68,8 +69,8 @@ def _claim(notification_id: int) -> Notification | None:
                         .filter(pk=notification_id).first())
         if notification is None or notification.email_status != EmailStatus.PENDING:
             return None
-        if not_due_yet(notification.email_next_at, now):
-            return None  # a duplicate task after a failed attempt: the retry queued with it comes when it is due
+        if after_attempts is not None and notification.email_attempts != after_attempts:
+            return None  # a task queued before an attempt made since: a duplicate (webhooks._claim)
         reason = _give_up_reason(notification, now)
         if not notification.user.email:
             reason = "Not sent: the account has no e-mail address."
@@ -91,9 +92,10 @@ def _finish(notification: Notification, target: str, **values: Any) -> int:
     return Notification.transition_rows(rows, target, **values)
 
 
-def notification_email_send(*, notification_id: int) -> Outcome:
-    """Send the notification's e-mail if it is due to be sent; what the task does next."""
-    notification = _claim(notification_id)
+def notification_email_send(*, notification_id: int, after_attempts: int | None = None) -> Outcome:
+    """Send the notification's e-mail if it is due to be sent; what the task does next. `after_attempts`: the
+    attempts made when the task was queued; another count means it is a duplicate (_claim)."""
+    notification = _claim(notification_id, after_attempts)
     if notification is None:
         return Outcome(False)
     text = notification.body or notification.title
@@ -127,7 +129,7 @@ def _failed(notification: Notification, exc: Exception) -> Outcome:
     retry_in = backoff_s(notification.email_attempts, base_s=BACKOFF_S)
     _finish(notification, EmailStatus.PENDING, email_error=error, email_claimed_at=None,
             email_next_at=timezone.now() + timedelta(seconds=retry_in))
-    return Outcome(False, retry_in)
+    return Outcome(False, retry_in, notification.email_attempts)
 
 
 def _for_good(exc: Exception) -> bool:
@@ -172,15 +174,15 @@ def emails_resend(*, overdue_s: int = RESEND_OVERDUE_S) -> int:
     Notification.transition_rows(lost, EmailStatus.PENDING, email_next_at=F("email_claimed_at"),
                                  email_claimed_at=None, email_error="The worker sending it was lost.")
     due = now - timedelta(seconds=overdue_s)
-    ids = list(Notification.objects.filter(email_status=EmailStatus.PENDING, email_next_at__lt=due)
-               .order_by("email_next_at").values_list("pk", flat=True)[:RESEND_BATCH])
-    for notification_id in ids:
+    rows = list(Notification.objects.filter(email_status=EmailStatus.PENDING, email_next_at__lt=due)
+                .order_by("email_next_at").values_list("pk", "email_attempts")[:RESEND_BATCH])
+    for notification_id, attempts in rows:
         try:
-            dispatch.send(EMAIL_SEND, notification_id)
+            dispatch.send(EMAIL_SEND, notification_id, attempts)
         except Exception as exc:  # noqa: BLE001 (kombu's many errors: the beat tries again)
             log.warning("the e-mail of notification %s could not be queued (%s)", notification_id, exc)
             break
         # Not queued again for another `overdue_s`: a long queue only waits.
         Notification.objects.filter(pk=notification_id, email_status=EmailStatus.PENDING).update(
             email_next_at=timezone.now())
-    return len(ids)
+    return len(rows)

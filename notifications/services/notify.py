@@ -98,7 +98,7 @@ def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -
         except IntegrityError:
             return None
         if emailed:
-            dispatch.enqueue_on_commit(EMAIL_SEND, notification.pk)
+            dispatch.enqueue_on_commit(EMAIL_SEND, notification.pk, 0)
         if webhook:
             for endpoint in _endpoints_kept(user_id=user.pk):
                 delivery_queue(endpoint=endpoint, kind=kind, notification=notification, payload=payload,
@@ -127,7 +127,7 @@ def delivery_queue(*, endpoint: WebhookEndpoint, kind: str, payload: dict[str, A
     delivery.body = envelope(event_id=str(delivery.event_id), kind=kind, title=title, message=message,
                              payload=payload, at=delivery.created_at.isoformat())
     delivery.save()
-    dispatch.enqueue_on_commit(WEBHOOK_DELIVER, delivery.pk)
+    dispatch.enqueue_on_commit(WEBHOOK_DELIVER, delivery.pk, 0)
     return delivery
 
 

@@ -54,7 +54,7 @@ from notifications.models import (
     WebhookTestEvent,
 )
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
-from notifications.services.retry import backoff_s, not_due_yet
+from notifications.services.retry import backoff_s
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
 from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
 
@@ -207,7 +207,7 @@ def in_flight_bound_s() -> float:
     return float(settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S + 60)
 
 
-def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
+def _claim(delivery_id: int, after_attempts: int | None = None) -> tuple[WebhookDelivery, int] | None:
     """Count and claim the attempt about to be made (row locked), or None when there is none to make: the delivery
     is over or gone, another attempt of it is in flight, or it is finished here as failed without sending (a real
     event to a paused endpoint; a delivery whose attempts are all used, the last one lost with its worker, which
@@ -220,8 +220,12 @@ def _claim(delivery_id: int) -> tuple[WebhookDelivery, int] | None:
             return None
         if delivery.claimed_at is not None and now - delivery.claimed_at < timedelta(seconds=in_flight_bound_s()):
             return None  # a duplicate task (a redelivery, the resender): the attempt in flight decides what follows
-        if not_due_yet(delivery.next_attempt_at, now):
-            return None  # a duplicate task after a failed attempt: the retry queued with it comes when it is due
+        if after_attempts is not None and delivery.attempts != after_attempts:
+            # A task queued before an attempt that has been made since (a duplicate coming after a failed attempt:
+            # the resender's during a queue backlog, a redelivered message): it attempted at once and started a
+            # second retry chain, spending the attempts twice as fast (found by review). The chain that made the
+            # attempt has queued its own retry. Counted, not timed: the workers' clocks need not agree.
+            return None
         refusal = ""
         if not delivery.endpoint.active and delivery.kind != Kind.TEST:  # the page: "receives only test events"
             refusal = "Not sent: the endpoint is paused."
@@ -411,10 +415,11 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str]:
     return answer.status_code, f"Answered {answer.status_code} {answer.reason or ''}".strip()[:500]
 
 
-def webhook_attempt(*, delivery_id: int) -> Attempt | None:
+def webhook_attempt(*, delivery_id: int, after_attempts: int | None = None) -> Attempt | None:
     """Make the delivery's next attempt and record it; None when there was nothing to do, or when the delivery
-    was deleted (with its endpoint) while the attempt was in flight: there is nothing to record it on."""
-    claimed = _claim(delivery_id)
+    was deleted (with its endpoint) while the attempt was in flight: there is nothing to record it on.
+    `after_attempts`: the attempts made when the task was queued; another count means it is a duplicate (_claim)."""
+    claimed = _claim(delivery_id, after_attempts)
     if claimed is None:
         return None
     delivery, number = claimed
@@ -452,13 +457,13 @@ def deliveries_resend(*, overdue_s: int = 300) -> int:
     now = timezone.now()
     due = now - timedelta(seconds=overdue_s)
     idle = Q(claimed_at=None) | Q(claimed_at__lt=now - timedelta(seconds=in_flight_bound_s()))
-    ids = list(WebhookDelivery.objects.filter(idle, status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING],
-                                              next_attempt_at__lt=due).values_list("pk", flat=True)[:500])
-    for delivery_id in ids:
+    rows = list(WebhookDelivery.objects.filter(idle, status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING],
+                                               next_attempt_at__lt=due).values_list("pk", "attempts")[:500])
+    for delivery_id, attempts in rows:
         try:
-            dispatch.send(WEBHOOK_DELIVER, delivery_id)
+            dispatch.send(WEBHOOK_DELIVER, delivery_id, attempts)
         except Exception as exc:  # noqa: BLE001 (kombu's many errors: the beat tries again)
             log.warning("delivery %s could not be queued (%s)", delivery_id, exc)
             break
         WebhookDelivery.objects.filter(pk=delivery_id).update(next_attempt_at=timezone.now())
-    return len(ids)
+    return len(rows)

@@ -269,3 +269,44 @@ def test_a_change_refused_halfway_sends_no_e_mail_about_a_new_url(owner_api, rec
         webhooks.endpoint_update(endpoint=endpoint, url=receiver.url + "elsewhere",
                                  description="d" * (webhooks.DESCRIPTION_MAX_LENGTH + 1))
     assert WebhookEndpoint.objects.get(pk=endpoint.pk).url == receiver.url and mailoutbox == []
+
+
+@pytest.mark.django_db
+def test_a_duplicate_task_after_a_failed_attempt_sends_nothing_and_spends_no_attempt(owner, receiver, settings,
+                                                                                      queued):
+    """A duplicate of the delivery's task (the resender's during a queue backlog of more than 5 minutes, a
+    redelivered message) coming after a failed attempt POSTed again at once and started a second retry chain: the
+    endpoint got no backoff and the attempts were given up twice as fast (found by review). A task carries the
+    attempts made when it was queued; one queued before an attempt made since sends nothing. Counted, not timed:
+    the workers' clocks need not agree."""
+    settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S = 30
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    receiver.answers = [500, 500, 200]
+    delivery = webhooks.endpoint_test(endpoint=endpoint)
+    assert webhooks.webhook_attempt(delivery_id=delivery.pk, after_attempts=0).retry_in_s == 30
+    assert webhooks.webhook_attempt(delivery_id=delivery.pk, after_attempts=0) is None  # the first task again
+    # Its retry stuck in a backlog: 6 minutes overdue, the resender queues another; the retry comes first.
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now() - timedelta(minutes=6))
+    assert webhooks.deliveries_resend() == 1 and queued[-1] == ("notifications.tasks.webhook_deliver", (delivery.pk, 1))
+    assert webhooks.webhook_attempt(delivery_id=delivery.pk, after_attempts=1).number == 2  # the retry
+    assert webhooks.webhook_attempt(delivery_id=delivery.pk, after_attempts=1) is None  # the resender's
+    delivery.refresh_from_db()
+    assert delivery.attempts == 2 and delivery.status == DeliveryStatus.RETRYING and len(receiver.requests) == 2
+    assert webhooks.webhook_attempt(delivery_id=delivery.pk, after_attempts=2).number == 3  # its chain goes on
+    assert WebhookDelivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SUCCEEDED
+
+
+@pytest.mark.django_db
+def test_the_task_retries_with_the_attempts_made(owner, receiver, settings, monkeypatch):
+    """What the retry's task carries: the attempts made when it was queued (Celery's apply runs it at once)."""
+    from celery import current_app
+
+    settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S = 30
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    receiver.answers = [500, 500, 200]
+    delivery = webhooks.endpoint_test(endpoint=endpoint)
+    calls = []
+    real = webhooks.webhook_attempt
+    monkeypatch.setattr(webhooks, "webhook_attempt", lambda **kw: calls.append(kw["after_attempts"]) or real(**kw))
+    current_app.tasks["notifications.tasks.webhook_deliver"].apply(args=(delivery.pk, 0))
+    assert calls == [0, 1, 2] and WebhookDelivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SUCCEEDED
