@@ -65,11 +65,24 @@ def instance_release_slices(*, instance: Instance, at: datetime | None = None) -
                 .select_related("mig_slice"))
     if not live:
         return []
+    _lock_parents_shared(sorted({a.mig_slice.gpu_id for a in live}))
     MigSliceAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at or timezone.now())
     released = MigSlice.objects.filter(pk__in=[a.mig_slice_id for a in live])
     MigSlice.transition_rows(released.filter(gpu__lost_at__isnull=False), SliceStatus.UNAVAILABLE)
     MigSlice.transition_rows(released, SliceStatus.FREE, action="release")
     return sorted(a.mig_slice.uuid for a in live)
+
+
+def _lock_parents_shared(gpu_ids: list[int]) -> None:
+    """The slices' GPUs under a share lock (in id order, card before slices as bookings and gpu_presence take them),
+    so that whether a card is lost is read as committed: read unlocked, a card found back meanwhile
+    (gpu_presence.gpus_returned, which saw the allocation still live and left the slice) was taken as lost and the
+    slice stayed unavailable on a card that is back, off the offers until the next check (found by review)."""
+    if connection.vendor != "postgresql":
+        return  # SQLite serialises writes
+    table = connection.ops.quote_name(Gpu._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE id = ANY(%s) ORDER BY id FOR SHARE", [gpu_ids])  # noqa: S608
 
 
 def instance_slice_uuids(*, instance: Instance) -> list[str]:
