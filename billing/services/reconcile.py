@@ -277,6 +277,9 @@ def refund_reconcile(*, refund_id: int) -> str:
             raise StripeUnavailable(f"refund {refund_id}: {error.message}") from None
         log.error("refund %s: Stripe refused to list the refunds of %s: %s", refund_id,
                   refund.top_up.payment_intent_id, error.message)
+        # Kept with it for operators (the dashboard's money waiting on Stripe shows it), as a payout's is.
+        Refund.objects.filter(pk=refund_id, status=RefundStatus.PENDING).update(
+            failure_message=f"Outcome unknown; the lookup was refused: {error.message}"[:500])
         return "error"
     # Made unless Stripe failed or canceled it: succeeded, or not finished (pending, requires_action) is debited as
     # refund_create debits it, and a later failure gives the debit back (refunds.stripe_refund_apply). requires_action

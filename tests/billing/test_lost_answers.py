@@ -326,6 +326,9 @@ def test_refunds_whose_lookup_stripe_refuses_do_not_hide_the_others_from_the_fol
         assert refunds_reconcile(now=timezone.now() + LATER, limit=1) == {"error": 1}
     looked_up = [next(t.pk for t in (first, second) if t.payment_intent_id in path) for path in lossy.refused]
     assert looked_up == [first.pk, second.pk]
+    for refund in Refund.objects.all():  # why, for operators (the dashboard shows it)
+        assert refund.failure_message.startswith("Outcome unknown; the lookup was refused: ")
+        assert "permissions" in refund.failure_message
     lossy.refuse.clear()
     for _ in range(2):
         assert refunds_reconcile(now=timezone.now() + LATER, limit=1) == {"succeeded": 1}
