@@ -461,6 +461,22 @@ def test_show_instances_pages_in_any_order_each_row_once(api, market):
     assert _pages(api, 1, select_filters='{"label": {"eq": "b"}}') == [[b1], [b2]]
 
 
+def test_a_column_ordered_by_again_is_left_out_of_the_page_token(api, market):
+    """A label ordered by three times (and columns after `id`, which order nothing more) went into the token once
+    each: a 100-character label made a 414 of the next page's URL (found by review)."""
+    import base64
+    import json as json_module
+
+    _, a6000, _ = market
+    long_label = "\u2603" * 100
+    first, second = book(api.user, a6000, label=long_label), book(api.user, a6000, label=long_label)
+    order_by = json_module.dumps([{"col": "label", "dir": "asc"}] * 3 + [{"col": "id"}, {"col": "gpu_name"}])
+    page = api.get(INSTANCES, {"limit": 1, "order_by": order_by}).json()
+    token = json_module.loads(base64.urlsafe_b64decode(page["next_token"] + "=" * (-len(page["next_token"]) % 4)))
+    assert [column for column, _ in token["o"]] == ["label", "id"]
+    assert _pages(api, 1, order_by=order_by) == [[first.pk], [second.pk]]
+
+
 def test_show_instances_refuses_a_token_no_page_handed_out(api, market):
     import base64
     import json as json_module
