@@ -337,6 +337,14 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     for renter_id in sorted(set(Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES)
                                 .values_list("renter_id", flat=True))):
         billing_profile_lock(user_id=renter_id)
+    # Then its instances not over, in id order, before any GPU row (node_apply_mig_slices takes them FOR UPDATE):
+    # a destroy's or stop's confirmation locks its instance, then its GPUs (instance_release_gpus, and a MIG
+    # release's share lock on the slices' cards), where this check locked the GPUs and then, cutting or raising
+    # prices or telling renters, those instances (found by review: "deadlock detected", the confirmation or the
+    # whole verdict rolled back).
+    # FOR UPDATE, the mode those later steps take (instances.common._locked): no upgrade to wait for.
+    list(Instance.objects.select_for_update().filter(node=node).exclude(status__in=FINAL_STATUSES)
+         .order_by("pk").values_list("pk", flat=True))
     previous_verdict = node.verdict
     # What renters' prices are measured against: the last score of a check that listed the node (a rejection's
     # score says nothing of how fast it is; compared with it, the next check cut no one).

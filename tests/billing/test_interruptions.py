@@ -180,8 +180,8 @@ def test_a_change_asked_while_the_node_is_silent_bills_only_to_its_last_healthy_
     assert instance.billed_seconds == 60 and instance.billed_until == last_healthy
     assert balance(renter) == 50_000_000 - cost_for(3_000_000, 60)
 
-    other = running(renter, host, num_gpus=1)  # on the same node, answering again: billed to the moment
-    node_record_health(node_id=host.pk, ok=True)
+    node_record_health(node_id=host.pk, ok=True)  # answering again (a silent node takes no booking)
+    other = running(renter, host, num_gpus=1)  # on the same node: billed to the moment
     clock.advance(45)
     svc.instance_stop(instance=Instance.objects.get(pk=other.pk))
     assert Instance.objects.get(pk=other.pk).billed_seconds == 45
