@@ -3,10 +3,11 @@ maintenance), their GPUs and MIG slices."""
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db import connections
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
-from marketplace.admin.common import NothingEditableAdmin
+from marketplace.admin.common import NothingEditableAdmin, refuse_stale_value, to_write
 from marketplace.models import (
     Gpu,
     GpuModel,
@@ -51,7 +52,15 @@ class GpuModelAdmin(admin.ModelAdmin):
 class GpuStatusForm(forms.ModelForm):
     """An operator takes a free GPU out of service or puts it back, nothing else: `rented` is set by a booking,
     `mig` by its node's check proving slices on it (provisioning.services.mig); set by hand, a GPU would be rented
-    to nobody or split into no slice, and never booked whole again. Other statuses are shown, not editable."""
+    to nobody or split into no slice, and never booked whole again. Other statuses are shown, not editable.
+
+    The page sends back the status it showed (a hidden initial), and a GPU counts as changed when the operator
+    changed that, not when the row moved since: compared with the row as read at the save, a GPU a health check found
+    missing after the page opened (unavailable, lost_at set: provisioning.services.gpu_presence) was written back
+    free and no longer lost by a save of another GPU of the node's page, or a Save of its own page that changed
+    nothing, and was offered and booked again (found by review). A GPU whose status moved since the page showed it
+    is refused on the form (marketplace.admin.common.refuse_stale_value), nothing of the page saved, unless the
+    page's value agrees with the new one (nothing to write); one left as shown is not written."""
 
     EDITABLE = (GpuStatus.FREE, GpuStatus.UNAVAILABLE)
 
@@ -68,21 +77,27 @@ class GpuStatusForm(forms.ModelForm):
             field.disabled = True  # the posted value is ignored; the stored one stays
         else:
             field.choices = [(value, label) for value, label in GpuStatus.choices if value in self.EDITABLE]
+            field.show_hidden_initial = True
 
     def clean(self):
         cleaned = super().clean()
-        if "status" in self.changed_data:
+        if refuse_stale_value(self, "status", self._now):
+            return cleaned
+        if to_write(self, "status"):
             # The operator's decision takes over from a loss's: a lost GPU freed by hand is no longer lost (the
             # next health check judges it again if it is still missing).
             self.instance.lost_at = None
         return cleaned
 
+    def _now(self, stored: str) -> str:
+        lost_at = self.instance.lost_at  # as read when the form was sent (the form has no such field)
+        lost = f", lost (no longer listed by its server) since {lost_at:%Y-%m-%d %H:%M} UTC" if lost_at else ""
+        return f"“{stored}”{lost}"
+
     def changed_columns(self) -> list[str]:
-        """What the operator changed, and what the status rule sets with it (clean): nothing when nothing changed."""
-        field = self.fields.get("status")
-        if field is None or field.disabled or "status" not in self.changed_data:
-            return []
-        return ["status", "lost_at"]
+        """What the operator changed (from the page's status to one the row does not hold), and what the status rule
+        sets with it (clean): nothing when nothing changed."""
+        return ["status", "lost_at"] if to_write(self, "status") else []
 
     def save(self, commit=True):
         """Only the changed columns are written (changed_columns). The row was read locked (GpuAdmin.get_object,
@@ -99,10 +114,17 @@ class GpuStatusForm(forms.ModelForm):
         return self.instance
 
 
+def _locks(request, queryset) -> bool:
+    """A form is sent in a transaction: the change form's (the admin's form and save share one). Django calls
+    get_object from views outside one too (the history page, which also answers a POST): a lock there was a
+    TransactionManagementError, a 500 (found by review)."""
+    return request.method == "POST" and connections[queryset.db].in_atomic_block
+
+
 def _locked_for_a_post(request, queryset):
-    """The rows a form will write, read under their lock when it is sent (the admin's form and save share one
-    transaction): nothing moves them between the form's read, its checks (Gpu.clean) and its save."""
-    return queryset.select_for_update() if request.method == "POST" else queryset
+    """The rows a form will write, read under their lock when it is sent: nothing moves them between the form's
+    read, its checks (Gpu.clean) and its save."""
+    return queryset.select_for_update() if _locks(request, queryset) else queryset
 
 
 class GpuInline(admin.TabularInline):
@@ -147,6 +169,16 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
         # Retire instead (the action below): a delete took the node's checks, events and jobs with it, under a job
         # that may be running, and nodes that ever rented are protected anyway by their instances and volumes.
         return False
+
+    def get_formset_kwargs(self, request, obj, inline, prefix):
+        """The node's GPU rows locked first, in one step in id order (the order the release of MIG slices takes
+        them in: instances.mig._lock_parents_shared), not in the inline's (node, index), which is another order once
+        an inventory has numbered the cards anew. The inline's read then finds them locked by this transaction."""
+        if isinstance(inline, GpuInline) and obj is not None:
+            gpus = Gpu.objects.filter(node=obj).order_by("pk")
+            if _locks(request, gpus):
+                list(gpus.select_for_update().values_list("pk", flat=True))
+        return super().get_formset_kwargs(request, obj, inline, prefix)
 
     def get_queryset(self, request):
         # The offers' own count (a subquery: the list's counts of nodes leave it out, the rows shown run it).
@@ -238,7 +270,8 @@ class GpuAdmin(admin.ModelAdmin):
         return False
 
     def get_object(self, request, object_id, from_field=None):
-        # Locked when the form is sent (_locked_for_a_post); Django's get_object, with that queryset.
+        # Locked when the form is sent (_locked_for_a_post: in the change form's transaction, not on the history
+        # page); Django's get_object, with that queryset.
         queryset = _locked_for_a_post(request, self.get_queryset(request))
         field = self.model._meta.pk if from_field is None else self.model._meta.get_field(from_field)
         try:
