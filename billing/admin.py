@@ -10,7 +10,7 @@ from decimal import Decimal
 from django import forms
 from django.contrib import admin, messages
 from django.core.validators import RegexValidator
-from django.db import transaction
+from django.db import connections, transaction
 from django.template.response import TemplateResponse
 from django.utils.crypto import get_random_string
 from django.utils.html import format_html
@@ -38,6 +38,7 @@ from billing.services.webhooks import redact_secrets
 from core.admin_paginator import EstimatedCountPaginator
 from core.errors import ApplicationError, Conflict
 from core.idempotency import web_idempotency_key
+from marketplace.admin.common import refuse_stale_value, to_write
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -385,7 +386,14 @@ class PayoutAdmin(ReadOnlyAdmin):
 
 class BillingProfileAdminForm(forms.ModelForm):
     """The change goes through profile_update while the form is checked: what the service refuses is shown on the
-    form (it was a 500), and nothing of it is written (the service's own transaction is undone)."""
+    form (it was a 500), and nothing of it is written (the service's own transaction is undone).
+
+    The page sends back the account it showed (a hidden initial), and only the operator's change of that is made:
+    compared with the profile as read at the save, a page opened before the provider moved its payouts (the API)
+    and saved unchanged wrote the old account back and e-mailed the owner "Your payout account was changed" (found
+    by review). Sent with a value other than the stored one when that moved since the page showed it, the save is
+    refused on the form. The profile's other fields are read-only here (shown, never written:
+    BillingProfileAdmin.save_model)."""
 
     stripe_connect_account_id = forms.RegexField(
         regex=profiles.CONNECT_ACCOUNT_ID, max_length=100, required=False, label="Stripe Connect account id",
@@ -396,10 +404,16 @@ class BillingProfileAdminForm(forms.ModelForm):
         model = BillingProfile
         fields = ["stripe_connect_account_id"]
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["stripe_connect_account_id"].show_hidden_initial = True
+
     def clean(self):
         cleaned = super().clean()
-        if "stripe_connect_account_id" not in cleaned or "stripe_connect_account_id" not in self.changed_data:
+        if refuse_stale_value(self, "stripe_connect_account_id", lambda stored: f"“{stored or 'none'}”"):
             return cleaned
+        if not to_write(self, "stripe_connect_account_id"):
+            return cleaned  # as the page showed it, or as it is now: nothing to change
         try:
             with transaction.atomic():  # refused: undone, whatever it had written
                 profiles.profile_update(user=self.instance.user, base_url=self.base_url, changes=(
@@ -429,6 +443,15 @@ class BillingProfileAdmin(admin.ModelAdmin):
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change, **kwargs)
         return type(form.__name__, (form,), {"base_url": request.build_absolute_uri("/")})
+
+    def get_object(self, request, object_id, from_field=None):
+        """Read under its lock when the form is sent (in the change form's transaction; never on the history page,
+        outside one), as profile_update reads it: the account the form compares with the page's stays the stored
+        one until the change is made."""
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None and request.method == "POST" and connections[obj._state.db].in_atomic_block:
+            obj = type(obj)._default_manager.select_for_update().filter(pk=obj.pk).first()
+        return obj
 
     def save_model(self, request, obj, form, change):
         pass  # the form's check made the change, through profile_update

@@ -13,6 +13,7 @@ from billing.services.customers import profile_for
 from core.errors import ValidationFailed
 from marketplace.services.accounts import api_key_create
 from tests.web.conftest import logged_in
+from tests.web.test_admin_pages import change_form
 
 pytestmark = pytest.mark.django_db
 
@@ -84,3 +85,47 @@ def test_the_api_sets_the_payout_account_whatever_auto_top_up_holds_and_judges_a
         profiles.profile_update(user=renter, changes=profiles.ProfileChanges(auto_top_up_threshold_micros=7_000_000))
     assert set(refused.value.errors) == {"auto_top_up_amount"}
     assert _stored(auto_top_up_out_of_bounds).auto_top_up_threshold_micros == 5_000_000
+
+
+# ------------------------------------------------------------------ a page opened before the payouts moved
+#
+# The form compared the posted account with the profile as read at the save, not with what the page showed: a page
+# opened on acct_OLD, saved unchanged after the provider moved its payouts to acct_NEW through the API, wrote acct_OLD
+# back and e-mailed the owner "Your payout account was changed" (found by review). The page now sends the account it
+# showed; an account that moved since is refused on the form, nothing saved, unless the page's value agrees with it.
+
+
+def _payout_mails(mailoutbox) -> int:
+    return sum(m.subject.endswith("Your payout account was changed") for m in mailoutbox)
+
+
+def test_a_page_opened_before_the_provider_moved_its_payouts_does_not_write_the_old_account_back(
+        operator, renter, mailoutbox, django_capture_on_commit_callbacks):
+    def committed(call):  # the e-mail goes when the change commits
+        with django_capture_on_commit_callbacks(execute=True):
+            return call()
+
+    def by_the_provider(account: str) -> None:
+        committed(lambda: profiles.profile_update(
+            user=renter, changes=profiles.ProfileChanges(stripe_connect_account_id=account)))
+
+    by_the_provider("acct_OLD")
+    profile, ops = profile_for(user=renter), logged_in(operator)
+    data = change_form(ops, _url(profile), "billingprofile_form")
+    assert data["stripe_connect_account_id"] == data["initial-stripe_connect_account_id"] == ["acct_OLD"]
+    by_the_provider("acct_NEW")
+    assert _payout_mails(mailoutbox) == 2
+    r = committed(lambda: ops.post(_url(profile), data))  # Save, nothing changed
+    assert r.status_code == 200, "refused"  # before: 302, acct_OLD written back and its owner told
+    assert "Changed by someone else since you opened this page: it is “acct_NEW” now." in r.content.decode()
+    assert _stored(profile).stripe_connect_account_id == "acct_NEW"
+    assert _payout_mails(mailoutbox) == 2
+
+    data["stripe_connect_account_id"] = ["acct_NEW"]  # a stale page that agrees: nothing to change, nobody told
+    assert committed(lambda: ops.post(_url(profile), data)).status_code == 302
+    assert _stored(profile).stripe_connect_account_id == "acct_NEW" and _payout_mails(mailoutbox) == 2
+
+    data = change_form(ops, _url(profile), "billingprofile_form")  # opened again: the operator's change is made
+    data["stripe_connect_account_id"] = ["acct_OPS"]
+    assert committed(lambda: ops.post(_url(profile), data)).status_code == 302
+    assert _stored(profile).stripe_connect_account_id == "acct_OPS" and _payout_mails(mailoutbox) == 3
