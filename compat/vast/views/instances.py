@@ -142,7 +142,7 @@ def _order_of(order_by: Any) -> list[tuple[str, bool]]:
     """`order_by` as (column, descending) pairs, `id` ascending appended when absent: a total order."""
     if not isinstance(order_by, list):
         raise ValidationFailed("`order_by` is [{\"col\": ..., \"dir\": \"asc\"|\"desc\"}].", field="order_by")
-    order = []
+    order: list[tuple[str, bool]] = []
     for item in order_by:
         # isinstance before `in`: a list or an object is no key of the set (a TypeError, a 500).
         if not isinstance(item, dict) or not isinstance(item.get("col"), str) \
