@@ -121,7 +121,7 @@ def gpus_returned(*, gpu_ids: Iterable[int]) -> None:
         return
     with transaction.atomic():
         returned = list(Gpu.objects.select_for_update().filter(pk__in=gpu_ids, lost_at__isnull=False)
-                        .values_list("pk", flat=True))
+                        .order_by("pk").values_list("pk", flat=True))  # id order, as every lock of GPU rows
         held = set(GpuAllocation.objects.filter(gpu_id__in=returned, released_at__isnull=True)
                    .values_list("gpu_id", flat=True))
         Gpu.objects.filter(pk__in=returned, status=GpuStatus.UNAVAILABLE).exclude(pk__in=held).update(

@@ -17,7 +17,10 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
     it. A declared GPU becomes `mig` (never rented whole) once free; a GPU no longer declared split goes back to
     `free` when none of its slices is allocated, under its row lock (booking a slice holds a share lock on it)."""
     layout = layout_by_gpu(node.mig_layout)
-    gpus = {g.index: g for g in Gpu.objects.select_for_update().filter(node=node).order_by("index")}
+    # Locked in id order, as every other lock of several GPU rows (the admin's node page, a MIG release's share
+    # lock): by index, once an inventory had numbered the cards anew, it deadlocked with them (found by review).
+    locked = Gpu.objects.select_for_update().filter(node=node).order_by("pk")
+    gpus = {g.index: g for g in sorted(locked, key=lambda g: g.index)}
     live = set(MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True)
                .values_list("mig_slice_id", flat=True))
     existing = {s.uuid: s for s in MigSlice.objects.filter(node=node)}

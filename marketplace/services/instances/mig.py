@@ -29,7 +29,7 @@ def free_slices_ctes(node_id: int, profile: str, count: int) -> tuple[str, list[
     gpu, sl = (q(m._meta.db_table) for m in (Gpu, MigSlice))
     sources = sorted(MigSlice.transitions.action_sources("rent"))
     sql = (f"parents AS (SELECT id FROM {gpu} WHERE node_id = %s AND status = %s AND lost_at IS NULL "  # noqa: S608
-           f"FOR SHARE), "
+           f"ORDER BY id FOR SHARE), "
            f"picked AS (SELECT s.id FROM {sl} s JOIN parents p ON p.id = s.gpu_id WHERE s.node_id = %s "
            f"AND s.status = %s AND s.profile = %s ORDER BY s.gpu_id, s.device LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
            f"rented AS (UPDATE {sl} s SET status = %s FROM picked WHERE s.id = picked.id AND s.status = ANY(%s) "
@@ -113,7 +113,8 @@ def reallocate_slices(instance: Instance, at: datetime) -> bool:
     if not previous:
         return False
     parents = list(Gpu.objects.select_for_update(of=("self",)).filter(
-        mig_slices__in=previous, status=GpuStatus.MIG, lost_at__isnull=True).values_list("pk", flat=True))
+        mig_slices__in=previous, status=GpuStatus.MIG, lost_at__isnull=True).order_by("pk")
+        .values_list("pk", flat=True))
     slices = list(MigSlice.objects.select_for_update(skip_locked=True).filter(
         pk__in=previous, status=SliceStatus.FREE, gpu_id__in=parents))
     if len(slices) != len(previous):
