@@ -32,6 +32,7 @@ from billing.models import (
     TopUp,
     UsageInterval,
 )
+from billing.selectors import WAITING_TOP_UPS
 from billing.services import ledger, payments, payouts, profiles
 from billing.services.refunds import REFUND_NOTE, refund_create_once, refundable_micros
 from billing.services.webhooks import redact_secrets
@@ -273,10 +274,25 @@ class UsageIntervalAdmin(ReadOnlyAdmin):
         return usd(interval.fee_micros)
 
 
+class StripeAnswerFilter(admin.SimpleListFilter):
+    """The top-ups whose outcome Stripe has not told yet: processing, or failed with its answer lost (charged or not
+    is not known). What the dashboard's "money waiting on Stripe" counts (billing.selectors.waiting_on_stripe)."""
+    title = "Stripe's answer"
+    parameter_name = "stripe"
+
+    def lookups(self, request, model_admin):
+        return [("waiting", "not known yet (processing, or its answer lost)")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "waiting":
+            return queryset.filter(WAITING_TOP_UPS)
+        return queryset
+
+
 @admin.register(TopUp)
 class TopUpAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "user", "amount", "status", "automatic", "card_label", "payment_intent_id"]
-    list_filter = ["status", "automatic", "created_at"]
+    list_filter = [StripeAnswerFilter, "status", "automatic", "created_at"]
     search_fields = ["user__email", "payment_intent_id", "charge_id"]
     list_select_related = ["user"]
     readonly_fields = ["user", "amount_micros", "refundable", "card", "card_label", "automatic", "status",

@@ -480,6 +480,8 @@ def revenue_between(*, start: datetime, end: datetime) -> dict[str, int]:
 
 
 WAITING_LIST_LIMIT = 10
+# Top-ups whose outcome Stripe has not told: processing, or failed with the answer lost (charged or not unknown).
+WAITING_TOP_UPS = Q(status=TopUpStatus.PROCESSING) | Q(status=TopUpStatus.FAILED, outcome_unknown=True)
 
 
 def waiting_on_stripe(*, kind: str, now: datetime | None = None) -> dict[str, Any]:
@@ -496,9 +498,7 @@ def waiting_on_stripe(*, kind: str, now: datetime | None = None) -> dict[str, An
     elif kind == "refunds":
         rows = Refund.objects.filter(status=RefundStatus.PENDING, created_at__lt=cutoff).select_related("top_up__user")
     elif kind == "top_ups":
-        rows = TopUp.objects.filter(Q(status=TopUpStatus.PROCESSING) | Q(status=TopUpStatus.FAILED,
-                                                                          outcome_unknown=True),
-                                    created_at__lt=cutoff).select_related("user")
+        rows = TopUp.objects.filter(WAITING_TOP_UPS, created_at__lt=cutoff).select_related("user")
     else:
         raise ValueError(f"unknown kind {kind!r}")
     totals = rows.aggregate(count=Count("id"), amount=Sum("amount_micros"))

@@ -69,7 +69,7 @@ PARTS = {
 WAITING_ON_STRIPE = {  # part: (its changelist, the filter of the rows it counts)
     "payouts": ("billing_payout", {"status__exact": "pending"}),
     "refunds": ("billing_refund", {"status__exact": "pending"}),
-    "top_ups": ("billing_topup", {}),
+    "top_ups": ("billing_topup", {"stripe": "waiting"}),
 }
 
 

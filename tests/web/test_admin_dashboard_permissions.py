@@ -124,6 +124,10 @@ def test_money_waiting_on_stripe_is_shown_only_past_the_follow_ups_delay_and_lin
     for url in (f"/admin/billing/payout/{payout.pk}/change/", f"/admin/billing/refund/{refund.pk}/change/",
                 f"/admin/billing/topup/{top_up.pk}/change/", "/admin/billing/payout/?status__exact=pending"):
         assert url in page
+    # The top-ups' link opens the waiting ones only (its filter is the dashboard's rule).
+    assert "/admin/billing/topup/?stripe=waiting" in page
+    listed = logged_in(staff(*WAITING)).get("/admin/billing/topup/?stripe=waiting").content.decode()
+    assert "pi_waiting" in listed and "pi_paid" not in listed
     # Younger than the follow-up's delay: its answer may still come; nothing to look into yet.
     for model in (Payout, Refund, TopUp):
         model.objects.update(created_at=timezone.now())
