@@ -271,14 +271,29 @@ def _offer_or_404(node_id: int):
 def _funds(user, unit_price_micros: int) -> dict:
     """The renter's balance against what renting one GPU (or one MIG slice) of this offer needs: the booking's
     own funds check (one hour of all their running and starting instances and their storage plus this one)."""
-    funds = svc.funds_for(renter_id=user.pk, price_per_hour_micros=unit_price_micros)
-    minimum = int(settings.BILLING_TOP_UP_MIN_USD)
+    return _funds_figures(svc.funds_for(renter_id=user.pk, price_per_hour_micros=unit_price_micros))
+
+
+def _funds_figures(funds: svc.Funds) -> dict:
     return {"balance_micros": funds.balance_micros, "required_micros": funds.required_micros,
             "missing_micros": funds.missing_micros, "enforced": funds.enforced, "required_s": funds.required_s,
             "per_gpu_micros": funds_required_micros(price_per_hour_micros=funds.added_rate_micros),
             "committed_rate_micros": funds.committed_rate_micros,
             "committed_micros": funds_required_micros(price_per_hour_micros=funds.committed_rate_micros),
-            "suggested_usd": max(-(-funds.missing_micros // 1_000_000), minimum)}
+            "suggested_usd": max(-(-funds.missing_micros // 1_000_000), int(settings.BILLING_TOP_UP_MIN_USD))}
+
+
+def _funds_by_unit(funds: dict, offer) -> str:
+    """The funds panel's words for each unit the form offers ("" = a whole GPU), as JSON: site.js swaps them in
+    when the renter picks another MIG profile. The same rule as _funds, on the balance and committed rate it read."""
+    words = {}
+    for profile, price in _unit_price_map(offer).items():
+        figures = _funds_figures(svc.funds_of(balance_micros=funds["balance_micros"], price_per_hour_micros=price,
+                                              committed_rate_micros=funds["committed_rate_micros"]))
+        words[profile] = {"per_unit": usd(figures["per_gpu_micros"]), "per": "slice" if profile else "GPU",
+                          "missing": usd(figures["missing_micros"]) if figures["missing_micros"] else "",
+                          "top_up": figures["suggested_usd"]}
+    return json.dumps(words)
 
 
 @page_wording(svc.InsufficientFunds)
@@ -320,9 +335,14 @@ def _chosen_gpus(form) -> int:
     return value if 1 <= value <= (field.max_value or value) else 1
 
 
+def _unit_price_map(offer) -> dict[str, int]:
+    """Price per hour of one unit by choice ("" = a whole GPU)."""
+    return {"": offer.price_per_gpu_hour_micros, **{p: int(price) for p, _, price in offer.mig_free}}
+
+
 def _unit_prices(offer) -> str:
-    """Price per hour of one unit by choice ("" = a whole GPU) as JSON, for site.js's estimate."""
-    return json.dumps({"": offer.price_per_gpu_hour_micros, **{p: int(price) for p, _, price in offer.mig_free}})
+    """_unit_price_map as JSON, for site.js's estimate."""
+    return json.dumps(_unit_price_map(offer))
 
 
 def _render_rent(request, offer, form, status=200):
@@ -333,7 +353,7 @@ def _render_rent(request, offer, form, status=200):
     return render(request, "marketplace/rent.html", {
         "offer": offer, "form": form, "funds": funds,
         "estimate": _estimate(funds, unit_price, _chosen_gpus(form), form.chosen_profile()),
-        "unit_prices": _unit_prices(offer),
+        "unit_prices": _unit_prices(offer), "funds_by_unit": _funds_by_unit(funds, offer) if offer.mig_free else "",
         "advanced_open": advanced_open, "volumes_open": volumes_open,
     }, status=status)
 

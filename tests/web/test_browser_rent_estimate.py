@@ -40,3 +40,30 @@ def test_the_filtered_rent_link_prices_the_profile_it_chose(live_server, new_pag
     page.locator('input[name="mig_profile"][value=""]').check()
     assert page.locator('[data-est="per-hour"]').inner_text() == "$4.50"
     assert not page.errors
+
+
+def test_the_balance_panel_follows_the_profile_chosen(live_server, new_page, renter, settings):
+    settings.BILLING_REQUIRE_FUNDS = True
+    settings.BILLING_TOP_UP_MIN_USD = 5
+    fund(renter, usd=1)
+    # GPU 1 whole at $1.50 an hour (an hour of it needs $0.50 more than the $1 balance); GPU 0 split at $0.25 a slice.
+    node = make_mig_node({0: SEVEN}, {"1g.10gb": "0.25"}, gpu_count=2, price="1.500000")
+    page = new_page()
+    log_in(page, live_server.url, renter.email)
+    page.goto(f"{live_server.url}/offers/{node.pk}/rent/")
+    funds = page.locator("#funds")
+    missing = funds.locator('[data-funds="missing_line"]')
+    assert page.locator('input[name="mig_profile"][value=""]').is_checked()
+    assert funds.locator('[data-funds="per_unit"]').inner_text() == "$1.50"
+    assert missing.is_visible() and missing.locator('[data-funds="missing"]').inner_text() == "$0.50"
+
+    page.locator('input[name="mig_profile"][value="1g.10gb"]').check()
+    assert funds.locator('[data-funds="per_unit"]').inner_text() == "$0.25"
+    assert funds.locator('[data-funds="per"]').first.inner_text() == "slice"
+    assert not missing.is_visible()
+    assert "warning" not in funds.get_attribute("class")
+
+    page.locator('input[name="mig_profile"][value=""]').check()
+    assert missing.is_visible() and "warning" in funds.get_attribute("class")
+    assert missing.locator('[data-funds="top_up"]').get_attribute("href") == "/account/balance/?amount=5"
+    assert not page.errors

@@ -31,7 +31,14 @@ destroy, failure) its last usage interval is charged in the same transaction tha
 """
 from core.idempotency import request_fingerprint
 from marketplace.models import Image, Instance  # noqa: F401 (callers reach the models through here)
-from marketplace.services.funds import COMMITTED_STATUSES, Funds, InsufficientFunds, committed_rate_micros, funds_for
+from marketplace.services.funds import (
+    COMMITTED_STATUSES,
+    Funds,
+    InsufficientFunds,
+    committed_rate_micros,
+    funds_for,
+    funds_of,
+)
 
 from .booking import instance_create
 from .common import (
@@ -69,7 +76,7 @@ from .worker import (
 __all__ = [
     "instance_slice_uuids",
     "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
-    "funds_for", "instance_create",
+    "funds_for", "funds_of", "instance_create",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut", "instance_price_follow", "node_instances_price_follow",
     "instance_restart_interrupted", "instance_resume", "node_instances_interrupt", "vm_last_seen_at",

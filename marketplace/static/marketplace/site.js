@@ -12,7 +12,7 @@
  *    results come first; it stays open on wider screens and without JavaScript.
  * 4. The rent page's #estimate follows the number of GPUs (or MIG slices) typed and the profile chosen: the same sums the server made for the first
  *    figure (marketplace/web/renters.py _estimate), rates with their significant decimals as the `usd_rate` filter
- *    shows them.
+ *    shows them; the balance panel above it (#funds) takes the server's words for the chosen profile.
  * 5. A table wider than its box (.table-wrap scrolls sideways, on a phone) becomes a focusable region named
  *    after its table, so that it can be scrolled from the keyboard too; one that fits is no tab stop.
  * 6. The navigation (base.html, marketplace/web/nav.py): on a phone its links fold behind one "Menu" button
@@ -177,7 +177,23 @@
       unit = profile ? "MIG " + profile + " slice" : "GPU";
       per = profile ? "slice" : "GPU";
       set("unit-price", usdRate(price) + " per " + per + "-hour");
+      fundsFor(profile);
       update();
+    }
+    /* The balance panel's "Renting needs ... per GPU/slice" and "Top up first" follow the profile too: the server's
+       own words for each one (renters._funds_by_unit), swapped in. */
+    var fundsBox = document.getElementById("funds");
+    var fundsWords = fundsBox ? JSON.parse(fundsBox.getAttribute("data-by-unit") || "null") : null;
+    function fundsFor(profile) {
+      if (!fundsWords || !(profile in fundsWords)) return;
+      var words = fundsWords[profile];
+      fundsBox.querySelectorAll("[data-funds]").forEach(function (el) {
+        var key = el.getAttribute("data-funds");
+        if (key === "missing_line") el.hidden = !words.missing;
+        else if (key === "top_up") el.setAttribute("href", fundsBox.getAttribute("data-top-up-url") + "?amount=" + words.top_up);
+        else if (key in words && el.textContent !== String(words[key])) el.textContent = words[key];
+      });
+      fundsBox.classList.toggle("warning", Boolean(words.missing));
     }
     function update() {
       var n = parseInt(input.value, 10);
