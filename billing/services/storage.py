@@ -8,7 +8,8 @@ how often the meter runs:
     fee(S seconds)  = floor(cost(S) × platform_fee_bps / 10000)
 
 - A volume is billed from `available_at` (created on its node) until its deletion is asked for (volume_delete
-  closes it at that moment); a volume whose deletion the node refused is billed again from where it stopped.
+  closes it at that moment); a volume whose deletion the node refused is billed again from where it stopped, or
+  from the node's answer when an outage came between (node_storage_outage_end moves a deleting volume on too).
 - A stopped instance's disk is billed from `stopped_at` while it is stopped; leaving `stopped` (start, destroy,
   failure) closes it at that moment (marketplace.services.instances.common._leave_running), or, while its node's
   latest health check failed, at its last healthy moment (storage_billed_until), as a volume's deletion does.
@@ -203,13 +204,18 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None, unseen
     last_healthy, moved = min(row[0], now), 0
     # Billing moved on after this moment was moved at an answer since the node's last check: it stays.
     answered_after = max(last_healthy, row[2] or last_healthy)
-    for volume_id in (Volume.objects.filter(node_id=node_id, state=VolumeState.AVAILABLE).order_by("pk")
+    billed = (VolumeState.AVAILABLE, VolumeState.DELETING)
+    for volume_id in (Volume.objects.filter(node_id=node_id, state__in=billed).order_by("pk")
                       .values_list("pk", flat=True)):
         with transaction.atomic():
-            volume = Volume.objects.select_for_update().filter(pk=volume_id, state=VolumeState.AVAILABLE).first()
+            volume = Volume.objects.select_for_update().filter(pk=volume_id, state__in=billed).first()
             if volume is None or volume.available_at is None:
                 continue
-            volume_storage_close(volume=volume, until=last_healthy)
+            # One being deleted is not charged (its billing stopped when the deletion was asked for) but moved on
+            # too: if the node then refuses the deletion (volume_delete_refused: a VM there still mounts it), it is
+            # billed again from this answer, not across the outage (found by review: 3 h 20 min billed for it).
+            if volume.state == VolumeState.AVAILABLE:
+                volume_storage_close(volume=volume, until=last_healthy)
             if _to_move_on(start=volume.available_at, billed_until=volume.billed_until, after=answered_after,
                            now=now):
                 Volume.objects.filter(pk=volume.pk).update(billed_until=now)

@@ -82,6 +82,31 @@ def test_a_deletion_asked_while_the_node_is_away_is_not_billed_after_the_request
     assert volume.cost_micros == storage_cost(size_gb=100, price_per_gb_month_micros=PRICE, seconds=600)
 
 
+def test_a_deletion_refused_after_an_outage_is_billed_again_from_the_answer_not_across_the_outage(clock, user):
+    """Asked during a 3-hour outage, refused once the node answers (its reconciler's _finish_deletions: a VM still
+    mounts it): billed again from the answer. Before, from the last healthy moment: the outage too (found by
+    review: 12,060 s billed for 660)."""
+    fund(user, "100")
+    on = _on(clock)
+    volume = _available(user, on)
+    clock.advance(600)
+    _silent(on, clock)
+    clock.advance(600)
+    volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
+    volume_job_failed(job=_delete_job(volume), error=NodeUnreachable("the node did not answer"))
+    clock.advance(3 * 3600)
+    assert node_storage_outage_end(node_id=on.pk) == 1  # the node answers: its reconciler, first
+    volume_svc.volume_delete_refused(volume_id=volume.pk, message="its node says: mounted by VM inst-7")
+    _answers(on, clock)
+    clock.advance(60)
+    _answers(on, clock)
+    storage_meter(now=clock.now)
+    volume.refresh_from_db()
+    assert volume.state == VolumeState.AVAILABLE
+    assert volume.billed_seconds == 600 + 60
+    assert volume.cost_micros == storage_cost(size_gb=100, price_per_gb_month_micros=PRICE, seconds=660)
+
+
 def test_a_reaped_delete_job_leaves_the_deletion_asked_for_too(clock, user):
     fund(user, "100")
     on = _on(clock)
