@@ -208,10 +208,16 @@ def offers_with_free_gpus(offers: QuerySet[Node], *, at_least: int) -> QuerySet[
     return offers.filter(pk__in=enough)
 
 
+NODE_VIEW_PERMISSION = "marketplace.view_node"
+NODE_CHANGE_PERMISSION = "marketplace.change_node"
+
+
 def nodes_for_user(*, user: User) -> QuerySet[Node]:
-    """A provider's own live nodes; operators see every live node."""
+    """A provider's own live nodes; operators allowed to view nodes (the admin's permission) see every live node.
+    A staff account without it sees its own only, as the admin refuses it every node's page (found by review: any
+    staff account read every provider's address, SSH user and checks)."""
     nodes = Node.objects.exclude(state=NodeState.RETIRED).select_related("gpu_model")
-    if not user.is_staff:
+    if not (user.is_staff and user.has_perm(NODE_VIEW_PERMISSION)):
         nodes = nodes.filter(provider=user)
     # Not one query per GPU for its model, nor per slice for its GPU.
     return nodes.prefetch_related("gpus__gpu_model",

@@ -1,8 +1,8 @@
 """`GET /api/v1/nodes/{id}/benchmarks/`: a node's verification history, newest first: the verdict, the
 reasons (findings), the score and the measured figures of each run.
 
-The node's provider and operators see it; for anyone else the node does not exist (404), as for the node
-itself. Renters see a summary on the offer instead.
+The node's provider and operators allowed to view nodes (`marketplace.view_node`) see it; for anyone else the
+node does not exist (404), as for the node itself. Renters see a summary on the offer instead.
 """
 from dataclasses import asdict
 

@@ -199,4 +199,11 @@ def other_api(db):
 
 @pytest.fixture
 def operator_api(db):
-    return _client_for(UserFactory(is_staff=True))
+    """A staff account allowed to view and change nodes (as the admin asks): it sees every live node, and may ask
+    for a re-check. Other permissions (refunds, ...) are added by the tests that need them."""
+    from django.contrib.auth.models import Permission
+
+    operator = UserFactory(is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(content_type__app_label="marketplace",
+                                                             codename__in=("view_node", "change_node")))
+    return _client_for(operator)

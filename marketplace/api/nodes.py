@@ -232,14 +232,17 @@ _EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not 
 
 
 class ProviderChangesOwnNode(permissions.BasePermission):
-    """Operators see every live node and may ask for a re-check, but a node's price, listing, maintenance and
-    retirement are its provider's: an operator acts on another provider's node in the admin, not as them here."""
+    """Operators allowed to view nodes see every live node (selectors.nodes_for_user), and those allowed to change
+    them may ask for a re-check (the admin's "Re-verify" action's permission), but a node's price, listing,
+    maintenance and retirement are its provider's: an operator acts on another provider's node in the admin, not as
+    them here."""
 
     message = "Only the node's provider may change or retire it; operators use the admin panel."
 
     def has_object_permission(self, request, view, obj):
-        return request.method in permissions.SAFE_METHODS or view.action == "verify" or \
-            obj.provider_id == request.user.id
+        if request.method in permissions.SAFE_METHODS or obj.provider_id == request.user.id:
+            return True
+        return view.action == "verify" and request.user.has_perm(selectors.NODE_CHANGE_PERMISSION)
 
 
 @extend_schema_view(
@@ -256,8 +259,9 @@ class ProviderChangesOwnNode(permissions.BasePermission):
 )
 @extend_schema(tags=["nodes"])
 class NodeViewSet(viewsets.ModelViewSet):
-    """A provider sees and changes only its own nodes; another provider's node is a 404. Operators see every
-    live node (403 on changing another provider's)."""
+    """A provider sees and changes only its own nodes; another provider's node is a 404. Operators with
+    `marketplace.view_node` see every live node (403 on changing another provider's; a re-check needs
+    `marketplace.change_node`)."""
 
     api_scope = PROVIDER_ONLY  # core/api/scopes.py
     permission_classes = [permissions.IsAuthenticated, ProviderChangesOwnNode]

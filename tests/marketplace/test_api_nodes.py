@@ -6,6 +6,7 @@ from cryptography.hazmat.primitives import serialization
 
 from marketplace.encryption import decrypt_secret
 from marketplace.models import Gpu, Node, NodeState, Verdict
+from provisioning.models import Job
 from tests.factories import UserFactory, make_listed_node, make_node
 
 from .renting_helpers import add_key, book, run
@@ -293,6 +294,27 @@ def test_an_operator_sees_every_node(operator_api):
     assert {n["id"] for n in operator_api.get(URL).json()["results"]} >= nodes
     for node_id in nodes:
         assert operator_api.get(node_url(node_id)).status_code == 200
+
+
+def test_a_staff_account_without_the_node_permissions_sees_and_rechecks_its_own_nodes_only(client_for):
+    """The admin refuses such an account every node's page; the API showed it every provider's address, SSH user
+    and checks, and queued re-checks on them (found by review). Viewing alone does not allow a re-check."""
+    from django.contrib.auth.models import Permission
+
+    node = make_node()
+    staff = UserFactory(is_staff=True)
+    own = make_node(staff)
+    helpdesk = client_for(staff)
+    assert [n["id"] for n in helpdesk.get(URL).json()["results"]] == [own.pk]
+    for response in (helpdesk.get(node_url(node)), helpdesk.get(f"{node_url(node)}benchmarks/"),
+                     helpdesk.post(f"{node_url(node)}verify/")):
+        assert response.status_code == 404, response.content
+    staff.user_permissions.add(Permission.objects.get(content_type__app_label="marketplace", codename="view_node"))
+    staff = type(staff).objects.get(pk=staff.pk)  # a fresh user: permissions are cached on the instance
+    viewer = client_for(staff)
+    assert viewer.get(node_url(node)).status_code == 200
+    assert viewer.post(f"{node_url(node)}verify/").status_code == 403
+    assert not Job.objects.filter(node=node).exists()
 
 
 def test_get_one_of_your_nodes(api, user):
