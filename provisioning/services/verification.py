@@ -521,14 +521,19 @@ def node_at_fault(error: NodeError) -> bool:
 
 @transaction.atomic
 def node_verify_failed(*, job: Job, error: NodeError) -> None:
-    """The node could not be checked: say why, and put it back where a retry can start. An active node that
-    failed by its own doing (node_at_fault) is not left listed on its last verdict: the check is recorded as a
-    rejection naming the failure, as any rejection (its renters keep their instances). A pending node keeps its
-    retries (maintenance.nodes_verify_pending)."""
+    """The node could not be checked: say why, and put it back where a retry can start. A node that failed by its
+    own doing (node_at_fault) is not left listed on its last verdict: active, or verifying (or gone offline or into
+    maintenance meanwhile) with a verdict that lists it, the check is recorded as a rejection naming the failure,
+    as any rejection (its renters keep their instances, judged; one without goes rejected). Before, only an active
+    node was: a verified node checked from offline, or after an operator accepted its new host key, went offline
+    on its old verdict and its next good health check listed it again (found by review). A pending node keeps its
+    retries (maintenance.nodes_verify_pending); a failure not the node's keeps its verdict (offline, checked
+    again)."""
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
     dropped = node.state == NodeState.ACTIVE and node_dropped(error)
     said = ""
-    if node.state == NodeState.ACTIVE and node_at_fault(error):
+    if node_at_fault(error) and (node.state == NodeState.ACTIVE or (
+            node.verdict in LISTABLE_VERDICTS and node.state not in (NodeState.QUARANTINED, NodeState.RETIRED))):
         said = f"The verification could not be completed: {error.message}"
     elif dropped:
         last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()
