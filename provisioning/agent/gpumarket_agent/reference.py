@@ -23,6 +23,9 @@ REFERENCE_RE = re.compile(
     r"(?::(?P<tag>" + _TAG + r"))?(?:@(?P<digest>" + _DIGEST + r"))?", re.ASCII)
 NAME_MAX = 255
 DOCKER_HUB = "https://index.docker.io/v1/"  # the key docker's config.json uses for Docker Hub
+# The names of Docker Hub's own index in a reference: the docker CLI looks their credentials up under DOCKER_HUB, as
+# for a reference without a domain (moby's registry.normalizeIndexName makes "index.docker.io" "docker.io").
+DOCKER_HUB_NAMES = ("docker.io", "index.docker.io")
 
 
 def parse_reference(value):
@@ -42,6 +45,9 @@ def parse_reference(value):
 
 
 def registry_key(value):
-    """The config.json `auths` key for a reference: its registry host[:port], or Docker Hub's."""
+    """The config.json `auths` key for a reference: its registry host[:port], or Docker Hub's (no domain, or one of
+    Docker Hub's own names: keyed "docker.io", the login of `docker.io/team/app` was never sent; found by review)."""
     parsed = parse_reference(value)
-    return parsed["domain"] if parsed and parsed["domain"] else DOCKER_HUB
+    if not parsed or not parsed["domain"] or parsed["domain"] in DOCKER_HUB_NAMES:
+        return DOCKER_HUB
+    return parsed["domain"]
