@@ -56,8 +56,28 @@ PENDING_RETRY_MAX_FAILURES = 4
 PENDING_RETRY_REASON = "automatic retry"  # how such a job is marked in its log ("queued: automatic retry ...")
 
 
-# Jobs looked at per dispatcher run at most (oldest first); the next run takes the rest.
+# Jobs sent per dispatcher run at most; the next run takes the rest.
 DISPATCH_BATCH = 500
+# The longest a queued job waits between two sends (the resend backoff's ceiling), and the doublings before it.
+RESEND_BACKOFF_MAX = timedelta(hours=1)
+RESEND_BACKOFF_DOUBLINGS = 6
+
+
+def resend_backoff(send_attempts: int) -> timedelta:
+    """How long after its last send a job sent but never started is sent again: JOB_RESEND_QUEUED_AFTER_S after
+    the first send, then twice as long after each send (1, 2, 4 ... times), at most RESEND_BACKOFF_MAX."""
+    doublings = min(max(send_attempts - 1, 0), RESEND_BACKOFF_DOUBLINGS)
+    return min(timedelta(seconds=settings.JOB_RESEND_QUEUED_AFTER_S) * (1 << doublings), RESEND_BACKOFF_MAX)
+
+
+def _resend_due(now: datetime) -> Q:
+    """Queued jobs sent before whose backoff (resend_backoff) is over, as a filter: one term per count of sends,
+    the last for every count past the doublings. Jobs still waiting never reach the dispatcher's LIMIT."""
+    last = RESEND_BACKOFF_DOUBLINGS + 1  # from this many sends on, the backoff no longer grows
+    due = Q(send_attempts__gte=last, sent_at__lte=now - resend_backoff(last))
+    for attempts in range(last):
+        due |= Q(send_attempts=attempts, sent_at__lte=now - resend_backoff(attempts))
+    return Q(status=JobStatus.QUEUED, sent_at__isnull=False) & due
 
 
 def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -> Summary:
@@ -65,11 +85,16 @@ def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -
 
     - were never sent (the broker was down when they were committed, or the process died first), once
       JOB_SEND_GRACE_S has passed (the on-commit send's moment);
-    - were sent but never started: the broker may have lost the message (a Redis restarted without its data).
-      Again after JOB_RESEND_QUEUED_AFTER_S, then twice as long after each send (a long queue only waits);
     - are running, but the execution holding them stopped beating for JOB_HEARTBEAT_STALE_S (its worker was
       killed, ran out of memory, lost its machine), or a retry did not come that long after it was due: sent
-      again, so that another worker takes it over (runner.job_begin), at most once per JOB_HEARTBEAT_STALE_S.
+      again, so that another worker takes it over (runner.job_begin), at most once per JOB_HEARTBEAT_STALE_S;
+    - were sent but never started: the broker may have lost the message (a Redis restarted without its data).
+      Again after JOB_RESEND_QUEUED_AFTER_S, then twice as long after each send, at most an hour apart
+      (resend_backoff: a long queue only waits).
+
+    In that order, oldest first in each, at most `limit` in all. The backoff is part of the query, so a run only
+    reads jobs it sends: jobs sitting out their backoff after a burst or an outage cannot fill the batch, and
+    resends cannot crowd out a job never sent or a lost worker's job (every job read is sent and leaves the set).
 
     A copy too many is harmless: one execution at a time holds a job. The first send the broker refuses ends the
     run (it is down: the next run tries again), so an outage costs one failed send per run, not one per job."""
@@ -78,27 +103,20 @@ def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -
             return {"skipped": "another dispatcher is running"}
         now = now or timezone.now()
         stale = now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S)
-        resend_after = timedelta(seconds=settings.JOB_RESEND_QUEUED_AFTER_S)
         unsent = Q(status=JobStatus.QUEUED, sent_at__isnull=True,
                    created_at__lte=now - timedelta(seconds=settings.JOB_SEND_GRACE_S))
-        unstarted = Q(status=JobStatus.QUEUED, sent_at__lte=now - resend_after)
         lost = Q(status=JobStatus.RUNNING, heartbeat_at__lt=stale) & (Q(sent_at__isnull=True) | Q(sent_at__lt=stale))
-        jobs = (Job.objects.filter(unsent | unstarted | lost, deadline__gt=now).order_by("created_at", "id")
-                .only("pk", "kind", "status", "sent_at", "send_attempts", "heartbeat_at", "runner", "log")[:limit])
-        summary = {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0, "waiting": 0}
-        for job in jobs:
-            if job.status == JobStatus.RUNNING:
-                outcome = "recovered"
-            elif job.sent_at is None:
-                outcome = "sent"
-            else:
-                # Backoff: 1, 2, 4 ... times JOB_RESEND_QUEUED_AFTER_S after the last send (at most an hour).
-                backoff = min(resend_after * 2 ** min(max(job.send_attempts - 1, 0), 6), timedelta(hours=1))
-                if job.sent_at > now - backoff:
-                    summary["waiting"] += 1
-                    continue
-                outcome = "resent"
-            if not job_send(job_id=job.pk):
+        batch: list[tuple[str, Job]] = []
+        for outcome, due in (("sent", unsent), ("recovered", lost), ("resent", _resend_due(now))):
+            if len(batch) >= limit:
+                break
+            jobs = (Job.objects.filter(due, deadline__gt=now).order_by("created_at", "id")
+                    .only("pk", "kind", "status", "sent_at", "send_attempts", "heartbeat_at", "runner", "log")
+                    [:limit - len(batch)])
+            batch += [(outcome, job) for job in jobs]
+        summary = {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0}
+        for outcome, job in batch:
+            if not job_send(job_id=job.pk, kind=job.kind):
                 summary["send_failed"] += 1
                 break
             summary[outcome] += 1

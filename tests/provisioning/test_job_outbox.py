@@ -139,9 +139,57 @@ def test_a_job_sent_but_never_started_is_sent_again_with_backoff(db, broker, set
     job.refresh_from_db()
     assert job.send_attempts == 2 and "not started 130 s after it was sent" in job.log[-1]["message"]
     Job.objects.filter(pk=job.pk).update(sent_at=ago(130))  # the second time: 240 s
-    assert maintenance.jobs_dispatch() == {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0, "waiting": 1}
+    assert maintenance.jobs_dispatch() == {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0}
     Job.objects.filter(pk=job.pk).update(sent_at=ago(250))
     assert maintenance.jobs_dispatch()["resent"] == 1
+
+
+def test_the_backoff_is_in_the_query_the_same_as_resend_backoff(db, broker, settings):
+    """Each count of sends waits resend_backoff(count) after the last send: a job is sent again just past it,
+    not just before it."""
+    settings.JOB_RESEND_QUEUED_AFTER_S = 120
+    assert [maintenance.resend_backoff(n).total_seconds() for n in range(1, 10)] == [
+        120, 240, 480, 960, 1920, 3600, 3600, 3600, 3600]
+    for attempts in range(0, 10):
+        backoff = maintenance.resend_backoff(attempts).total_seconds()
+        job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+        Job.objects.filter(pk=job.pk).update(sent_at=ago(backoff - 5), send_attempts=attempts, created_at=ago(4000))
+        assert maintenance.jobs_dispatch()["resent"] == 0, attempts
+        Job.objects.filter(pk=job.pk).update(sent_at=ago(backoff + 5))
+        assert maintenance.jobs_dispatch()["resent"] == 1, attempts
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+
+
+def test_a_backlog_of_jobs_in_their_backoff_does_not_starve_lost_and_never_sent_jobs(db, broker, settings):
+    """Found by review: the dispatcher took the oldest `limit` jobs and only then skipped those still in their
+    backoff, so after a burst or a broker outage older jobs waiting out their backoff filled every run
+    ({"waiting": 500} every 10 s), and a job never sent or held by a dead worker waited for the reaper.
+    limit=2 stands for DISPATCH_BATCH."""
+    settings.JOB_RESEND_QUEUED_AFTER_S = 120
+    backlog = []
+    for _ in range(2):  # older jobs, resent once, in their 240 s backoff (a queue backlog)
+        job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+        Job.objects.filter(pk=job.pk).update(sent_at=ago(200), send_attempts=2, created_at=ago(600))
+        backlog.append(job.pk)
+    lost = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())  # its worker died 5 min ago
+    Job.objects.filter(pk=lost.pk).update(sent_at=ago(400), send_attempts=1, created_at=ago(500))
+    job_begin(job_id=lost.pk, task_id="job-x", worker="dead@host")
+    Job.objects.filter(pk=lost.pk).update(heartbeat_at=ago(300))
+    unsent = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())  # never handed over
+    Job.objects.filter(pk=unsent.pk).update(created_at=ago(60))
+
+    summary = maintenance.jobs_dispatch(limit=2)
+    assert summary == {"sent": 1, "resent": 0, "recovered": 1, "send_failed": 0}
+    assert sorted(broker.job_ids()) == sorted([lost.pk, unsent.pk])
+    assert maintenance.jobs_dispatch(limit=2) == {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0}
+
+    # Resends due come after those, within the same limit.
+    Job.objects.filter(pk__in=backlog).update(sent_at=ago(250))
+    again = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    Job.objects.filter(pk=again.pk).update(created_at=ago(60))
+    assert maintenance.jobs_dispatch(limit=2) == {"sent": 1, "resent": 1, "recovered": 0, "send_failed": 0}
+    assert maintenance.jobs_dispatch(limit=2) == {"sent": 0, "resent": 1, "recovered": 0, "send_failed": 0}
+    assert sorted(broker.job_ids()[2:]) == sorted([again.pk, *backlog])
 
 
 def test_the_dispatcher_runs_one_at_a_time(db, broker):
