@@ -407,7 +407,7 @@ class NodeSession:
                 except TimeoutError:
                     chunk = None
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
+                    _keep_tail(err, chan.recv_stderr(65536))
                 if chunk == b"":
                     break
                 if chunk:
@@ -417,7 +417,7 @@ class NodeSession:
                         raise AgentGarbage("The agent's answer is larger than 8 MiB.")
             _exit_status(chan, deadline, f"The node did not answer within {timeout:.0f}s.")
             while chan.recv_stderr_ready():  # what came after the last stdout bytes
-                err += chan.recv_stderr(65536)
+                _keep_tail(err, chan.recv_stderr(65536))
             chan.close()
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
@@ -427,6 +427,19 @@ class NodeSession:
                 raise missing
             raise AgentGarbage(f"The agent printed nothing (stderr: {bytes(err[-300:])!r}).")
         return bytes(out)
+
+
+# A command's stderr is read only for its last words (missing_agent, the "printed nothing" message): its tail is kept.
+STDERR_TAIL_BYTES = 4096
+
+
+def _keep_tail(err: bytearray, chunk: bytes) -> None:
+    """Append `chunk` to `err`, keeping its last STDERR_TAIL_BYTES only. A node's stderr was read whole for the
+    command's timeout while stdout stopped at MAX_ANSWER_BYTES: a node streaming stderr filled the worker's memory
+    (214 MiB for 200 MiB of stderr; found by review)."""
+    err += chunk
+    if len(err) > STDERR_TAIL_BYTES:
+        del err[:-STDERR_TAIL_BYTES]
 
 
 def _exit_status(chan: paramiko.Channel, deadline: float, late: str) -> int:
