@@ -57,7 +57,12 @@ _MOUNT_RE = re.compile(r"/[A-Za-z0-9._/-]+", re.ASCII)  # fullmatch: "$" let a t
 # The node agent's refusals (provisioning/agent/gpumarket_agent/options.py FORBIDDEN_MOUNTS, RESERVED_MOUNTS: its own
 # mounts in a container), so that no booking the platform takes fails on the node (tests/marketplace/test_volumes.py
 # feeds what this accepts to the agent's check).
-_FORBIDDEN_MOUNT_ROOTS = ("/proc", "/sys", "/dev", "/.gpumarket", "/.gpumarket-state")
+# A volume at one of the agent's mounts (the renter's SSH keys at /root/.ssh/authorized_keys among them) was taken,
+# and the node's docker refused the create ("Duplicate mount point"), counted as the node's failure (found by review):
+# tests/provisioning/test_reserved_mounts.py holds the two lists equal.
+_SYSTEM_MOUNT_ROOTS = ("/proc", "/sys", "/dev")
+_AGENT_MOUNTS = ("/.gpumarket", "/.gpumarket-state", "/root/.ssh/authorized_keys")
+_FORBIDDEN_MOUNT_ROOTS = _SYSTEM_MOUNT_ROOTS + _AGENT_MOUNTS
 
 
 # ----------------------------------------------------------------------------------------- reads
@@ -238,8 +243,11 @@ def _mount_problem(mount: object) -> str:
         return f"is an absolute path of letters, digits and . _ - / (at most {MAX_MOUNT_CHARS} characters)"
     if ".." in mount.split("/") or "//" in mount or posixpath.normpath(mount) != mount:
         return "must be a normalised path (no '..', '.', '//' or trailing '/')"
-    if mount == "/" or any(mount == root or mount.startswith(root + "/") for root in _FORBIDDEN_MOUNT_ROOTS):
-        return "cannot be / or under /proc, /sys, /dev, /.gpumarket or /.gpumarket-state"
+    if mount == "/" or any(mount == root or mount.startswith(root + "/") for root in _SYSTEM_MOUNT_ROOTS):
+        return "cannot be / or under /proc, /sys or /dev"
+    for root in _AGENT_MOUNTS:
+        if mount == root or mount.startswith(root + "/"):
+            return f"cannot be {root} or under it: the platform mounts its own files there in every instance"
     return ""
 
 

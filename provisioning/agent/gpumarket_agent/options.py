@@ -17,7 +17,11 @@ VOLUME_NAME_RE = re.compile(r"vol-[a-z0-9]{8,32}")
 MAX_ENV, MAX_ENV_VALUE, MAX_ENV_BYTES = 64, 4096, 32768
 MAX_ONSTART, MAX_PORTS, MAX_VOLUMES = 16384, 16, 8
 FORBIDDEN_MOUNTS = ("/proc", "/sys", "/dev")
-RESERVED_MOUNTS = ("/.gpumarket", "/.gpumarket-state")  # the agent's own mounts in a container
+AUTHORIZED_KEYS_MOUNT = "/root/.ssh/authorized_keys"  # the renter's SSH keys, bound read-only into the container
+# The agent's own mounts in a container (the platform refuses the same: marketplace/services/volumes.py
+# _FORBIDDEN_MOUNT_ROOTS). A volume at the keys' path was taken, and docker refused the create: "Duplicate mount
+# point", counted as the node's failure (found by review).
+RESERVED_MOUNTS = ("/.gpumarket", "/.gpumarket-state", AUTHORIZED_KEYS_MOUNT)
 
 
 def _text(value, field, limit):

@@ -5,6 +5,7 @@ import csv
 import io
 import os
 
+from ..options import AUTHORIZED_KEYS_MOUNT
 from .base import vm_name
 from .dockerlimits import limits_argv
 
@@ -69,7 +70,7 @@ def docker_run_argv(vm_id, gpu_indices, image, host_port, keys_path, gpus="toolk
     argv += publish(bind, host_port, 22)
     for name, hp in sorted((ports or {}).items()):
         argv += publish(bind, hp, int(name.split("/")[0]))
-    argv += ["-v", keys_path + ":/root/.ssh/authorized_keys:ro"]
+    argv += ["-v", keys_path + ":" + AUTHORIZED_KEYS_MOUNT + ":ro"]
     if box:  # (the entry wrapper's own state lives in the container's writable layer, under its disk limit)
         argv += ["-v", os.path.join(box, "box") + ":/.gpumarket:ro", "--init", "--entrypoint", "/bin/sh"]
     for vol in volumes:
