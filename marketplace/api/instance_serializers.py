@@ -165,6 +165,18 @@ class _OwnKeys(serializers.PrimaryKeyRelatedField):
         return SshKey.objects.filter(user=request.user)
 
 
+class _KeyIds(serializers.ManyRelatedField):
+    """A JSON list of key ids, as the schema says: DRF's own field takes any iterable (`{}` read as `[]`) and
+    answered `[null]` with 'Invalid pk "None"'."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list):
+            self.fail("not_a_list", input_type=type(data).__name__)
+        if any(item is None for item in data):
+            raise serializers.ValidationError("An SSH key id may not be null.")
+        return super().to_internal_value(data)
+
+
 # The options' JSON shapes as the schema publishes them; marketplace.services.instances.options checks them all
 # (and what a schema cannot say: env names and the reserved NVIDIA_ ones, the environment's total size).
 @extend_schema_field({"type": "object", "required": ["username", "password"], "additionalProperties": False,
@@ -240,7 +252,8 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     min_cuda_version = _CudaVersionField(
         required=False, help_text="Refuse the offer (a 400 naming this field) if its driver supports a lower CUDA "
                                   "version, e.g. \"12.2\", or its CUDA version is not known.")
-    ssh_keys = _OwnKeys(many=True, required=False, help_text="Ids of your SSH keys (/api/v1/ssh-keys/).")
+    ssh_keys = _KeyIds(child_relation=_OwnKeys(), required=False,
+                       help_text="Ids of your SSH keys (/api/v1/ssh-keys/).")
     ssh_public_key = serializers.CharField(
         max_length=ssh_svc.MAX_KEY_CHARS, required=False,
         help_text="One more OpenSSH public key, not stored among your keys. "

@@ -93,6 +93,17 @@ def test_saved_and_pasted_keys_together_past_the_agents_limit_are_refused_before
     assert post(api, body(node, ssh_keys=keys[:31])).status_code == 201  # 31 and the pasted one: 32
 
 
+@pytest.mark.parametrize("keys, words", [({}, 'Expected a list of items but got type "dict".'),
+                                          ("1", 'Expected a list of items but got type "str".'),
+                                          ([None], "An SSH key id may not be null.")])
+def test_ssh_keys_is_a_list_of_ids(api, user, keys, words):
+    """`{}` was read as `[]` (a 201 beside a pasted key) and `[null]` answered 'Invalid pk "None"'."""
+    node = make_listed_node()
+    r = post(api, body(node, ssh_keys=keys, ssh_public_key=ed25519_key()))
+    assert r.status_code == 400 and r.json()["ssh_keys"] == [words], r.content
+    assert not Instance.objects.exists() and not Job.objects.exists()
+
+
 def test_an_account_keeps_at_most_32_saved_keys(api, user):
     for _ in range(32):
         add_key(user)
