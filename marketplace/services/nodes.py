@@ -192,9 +192,10 @@ def node_update(
     mig_prices: dict[str, Decimal] | None = None,
 ) -> Node:
     """Change what a provider may change. Price changes never touch booked instances or created volumes. A new
-    MIG layout takes effect at the next check (its slices are proven then); prices at once. Putting an unlisted node
-    back on the offers (`listed` True) is listing: EmailNotVerified (403) while the provider's address is not
-    verified, as for node_register."""
+    MIG layout takes effect at the next check (its slices are proven then; one under way when it is declared applies
+    its slices only to the cards whose layout did not change, and queues another: verification.node_verify_conclude);
+    prices at once. Putting an unlisted node back on the offers (`listed` True) is listing: EmailNotVerified (403)
+    while the provider's address is not verified, as for node_register."""
     node = Node.objects.select_for_update(no_key=True).select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")

@@ -9,14 +9,30 @@ from provisioning.models import NodeEvent
 from provisioning.services.nodes import node_event
 
 
-def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable: bool) -> None:
+def layout_changed_gpus(declared: list[dict[str, Any]] | None, judged: list[dict[str, Any]] | None) -> list[int]:
+    """The GPUs whose declared MIG profiles differ between two layouts (the one a check judged, the one declared
+    now): split, no longer split, or split otherwise. The order of a GPU's profiles is no change."""
+    now, then = layout_by_gpu(declared), layout_by_gpu(judged)
+    return sorted(g for g in set(now) | set(then) if sorted(now.get(g, [])) != sorted(then.get(g, [])))
+
+
+def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable: bool,
+                          judged_layout: list[dict[str, Any]] | None = None) -> list[int]:
     """Make the node's slice rows what the check found (call inside the check's transaction, node row locked).
 
     A proven slice of a listable node is free to rent (created at its first proof); a slice not proven, not seen
     again, or on a node the check did not list is unavailable. A rented slice is left as it is: its renter keeps
     it. A declared GPU becomes `mig` (never rented whole) once free; a GPU no longer declared split goes back to
-    `free` when none of its slices is allocated, under its row lock (booking a slice holds a share lock on it)."""
+    `free` when none of its slices is allocated, under its row lock (booking a slice holds a share lock on it).
+
+    `judged_layout`: the layout the check judged (None: the one declared now). A GPU whose layout the provider
+    changed since (node_update during the check: layout_changed_gpus) is not judged by this check: its slices are
+    unavailable (but rented ones) and its status stays as it was, neither made whole nor split. Before, the
+    declared layout was applied to what the check saw of the old one: a card taken out of the layout mid-check was
+    listed whole while still in MIG mode on the server (found by review). Returns those GPUs' indices."""
     layout = layout_by_gpu(node.mig_layout)
+    changed = set(layout_changed_gpus(node.mig_layout, node.mig_layout if judged_layout is None else judged_layout))
+    layout = {gpu: profiles for gpu, profiles in layout.items() if gpu not in changed}
     # Locked in id order, as every other lock of several GPU rows (the admin's node page, a MIG release's share
     # lock): by index, once an inventory had numbered the cards anew, it deadlocked with them (found by review).
     locked = Gpu.objects.select_for_update().filter(node=node).order_by("pk")
@@ -50,6 +66,8 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
                            "none of its slices is listed.", level=NodeEvent.Level.WARNING)
     sliced_gpus = set(MigSlice.objects.filter(node=node).values_list("gpu__index", flat=True))
     for index, gpu in gpus.items():
+        if index in changed:
+            continue  # the next check judges it under the layout declared now
         if index in layout and index in sliced_gpus and gpu.status == GpuStatus.FREE:
             gpu.status = GpuStatus.MIG
             gpu.save(update_fields=["status"])
@@ -59,3 +77,4 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
                 status=SliceStatus.UNAVAILABLE)
             gpu.status = GpuStatus.FREE
             gpu.save(update_fields=["status"])
+    return sorted(changed)

@@ -206,9 +206,13 @@ def node_verify_run(*, job: Job) -> None:
     if node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
         # Registered while the platform took simulated GPUs: its checks would be sized for a CPU (found by review).
         node_verify_conclude(job=job, verdict=Verdict.REJECTED, inventory={}, figures={},
-                             findings=[Finding(REJECT, "sim_not_accepted", SIM_REFUSED).as_dict()])
+                             findings=[Finding(REJECT, "sim_not_accepted", SIM_REFUSED).as_dict()],
+                             judged_layout=node.mig_layout)
         return
     declared = DeclaredModel.from_gpu_model(node.gpu_model)
+    # The MIG layout this check judges, as it was when it began: the provider may declare another meanwhile
+    # (node_update), and the conclusion applies this check's slices only to the cards whose layout did not change.
+    judged_layout = list(node.mig_layout or [])
     rented = rented_gpu_indices(node)
     limit = settings.BENCHMARK_TIME_LIMIT_S
     bench, bench_error = None, ""
@@ -233,7 +237,7 @@ def node_verify_run(*, job: Job) -> None:
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory)
             net_mbps = node_network_test(job, session)
-            layout = layout_by_gpu(node.mig_layout)
+            layout = layout_by_gpu(judged_layout)
             rented_slices = rented_slice_uuids(node)
             # A card split into MIG slices is measured per slice (its free slices), never whole.
             free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
@@ -277,13 +281,13 @@ def node_verify_run(*, job: Job) -> None:
         # The same server (or its GPUs) registered twice: the node that came first keeps its listing.
         job_step(job=job, message="this server is already registered as another node")
         node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[exc.finding.as_dict()],
-                             inventory=inventory, figures={"rented_gpus": rented})
+                             inventory=inventory, figures={"rented_gpus": rented}, judged_layout=judged_layout)
         return
     except MalformedAnswer as exc:
         # The node's fault, not the platform's: a rejection naming what is wrong, active node or not.
         job_step(job=job, message=f"the node's {exc.command} answer is malformed")
         node_verify_conclude(job=job, verdict=Verdict.REJECTED, findings=[exc.finding.as_dict()],
-                             inventory=inventory, figures={"rented_gpus": rented})
+                             inventory=inventory, figures={"rented_gpus": rented}, judged_layout=judged_layout)
         return
     job_step(job=job, message="judging the GPUs against the catalogue")
     fleet = (fleet_reference(node.gpu_model_id, exclude_node_id=node.pk, exclude_provider_id=node.provider_id)
@@ -291,7 +295,7 @@ def node_verify_run(*, job: Job) -> None:
     if fleet is not None:
         job_step(job=job, message=f"comparing with {fleet.nodes} {node.gpu_model.name} nodes of {fleet.providers} "
                                   "other providers")
-    mig = judge_mig(declared, layout_by_gpu(node.mig_layout), inventory, bench, rented_slice_uuids(node), disproved)
+    mig = judge_mig(declared, layout_by_gpu(judged_layout), inventory, bench, rented_slice_uuids(node), disproved)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig,
                    malformed=malformed, platform_rates=challenge_verdict.platform_rates(challenged[1]))
@@ -301,7 +305,8 @@ def node_verify_run(*, job: Job) -> None:
     if bench is not None:
         figures["agent_version"] = bench.get("agent_version")
     node_verify_conclude(job=job, verdict=result.verdict, findings=[f.as_dict() for f in result.findings],
-                         inventory=inventory, figures=figures, score=result.score, holders=holders)
+                         inventory=inventory, figures=figures, score=result.score, holders=holders,
+                         judged_layout=judged_layout)
 
 
 # The measured medians a renter compares offers by (the full figures stay on the VerificationRun).
@@ -324,10 +329,14 @@ def offer_summary(run: VerificationRun) -> dict[str, Any]:
 @transaction.atomic
 def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any]], inventory: dict[str, Any],
                          figures: dict[str, Any] | None = None, score: float | None = None,
-                         error: str = "", holders: dict[str, set[int]] | None = None) -> VerificationRun:
+                         error: str = "", holders: dict[str, set[int]] | None = None,
+                         judged_layout: list[dict[str, Any]] | None = None) -> VerificationRun:
     """Record the check's verdict and act on it (state, offers, renters, provider). `error`: the job fails with
     it (a verification that could not be completed by the node's doing, judged by why: node_verify_failed).
-    `holders`: the instances holding each card, by UUID, before the inventory was stored (gpu_holders_by_uuid)."""
+    `holders`: the instances holding each card, by UUID, before the inventory was stored (gpu_holders_by_uuid).
+    `judged_layout`: the MIG layout the check judged (None: the one declared now). Where the provider declared
+    another meanwhile, the cards it changed keep their status and their slices are not listed from this check
+    (node_apply_mig_slices), and a new verification is queued to judge the layout declared now."""
     # No key update: the renters' billing profiles are locked below (a raise back), while enforcement holds one
     # and inserts a stop job naming this node (FOR KEY SHARE, which FOR UPDATE blocked: a deadlock).
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
@@ -384,8 +393,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
             node.transition_to(NodeState.ACTIVE)
     node_draw_next_checks(node)
     node.save()
-    node_apply_mig_slices(node=node, slices=(figures or {}).get("mig_slices") or [],
-                          listable=verdict in LISTABLE_VERDICTS)
+    changed = node_apply_mig_slices(node=node, slices=(figures or {}).get("mig_slices") or [],
+                                    listable=verdict in LISTABLE_VERDICTS, judged_layout=judged_layout)
     levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
     level = levels.get(verdict, NodeEvent.Level.WARNING)
     node_event(node=node, kind=f"verified_{verdict}", message=node.last_error or "All checks passed.", level=level)
@@ -411,7 +420,22 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     if renters and verdict in LISTABLE_VERDICTS:
         _price_back_if_better(node, score, listed_score)
     job_finish(job=job, error=error, fault=JobFault.NODE if error else "")
+    if changed:
+        _reverify_new_layout(node, changed)
     return run
+
+
+def _reverify_new_layout(node: Node, changed: list[int]) -> None:
+    """The provider declared another MIG layout for these cards while the check ran (node_update): say so, and
+    queue a verification that judges the layout declared now (this check's job is finished: one open at a time)."""
+    cards = ", ".join(map(str, changed))
+    node_event(node=node, kind="mig_layout_changed_during_check", level=NodeEvent.Level.WARNING,
+               message=f"The MIG layout of GPU {cards} changed during the check: this check's slices of "
+                       f"{'it' if len(changed) == 1 else 'them'} are not listed and "
+                       f"{'its' if len(changed) == 1 else 'their'} status stays as it was; a new check judges the "
+                       "layout declared now.")
+    if node.verify_allowed():
+        node_verify_request(node=node, reason="the MIG layout changed during the check")
 
 
 def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float,
