@@ -17,8 +17,8 @@ from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus, Node, NodeState, Verdict
-from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
+from marketplace.services.nodes import node_in_use
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, JobStatus, NodeEvent
 from provisioning.services.faults import PlatformError
 from provisioning.services.fleet import (  # noqa: F401 (re-exported: the fleet's periodic jobs)
@@ -305,7 +305,10 @@ def _node_recheck(node: WithAnnotations[Node, _LastVerify], now: datetime) -> st
         node.next_check_at = node.last_verify_at + draw_delay(settings.REVERIFY_MIN_S, settings.REVERIFY_MAX_S)
         Node.objects.filter(pk=node.pk, next_check_at__isnull=True).update(next_check_at=node.next_check_at)
     due = node.next_check_at is None or now >= node.next_check_at
-    left = node.verdict == Verdict.REJECTED and not node.instances.exclude(status__in=FINAL_STATUSES).exists()
+    # The conclusion's own rule (verification.node_verify_conclude): a rejected node stays active while it is in
+    # use, a VM still to clean up or a GPU still held included; re-checked before, it would be rejected again,
+    # stay active, and be benchmarked anew every beat until the cleanup ended (found by review).
+    left = node.verdict == Verdict.REJECTED and not node_in_use(node_id=node.pk)
     try:
         if due or left:
             node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")

@@ -24,7 +24,7 @@ from provisioning.services.verification import (
     node_verify_run,
 )
 from provisioning.ssh_errors import NodeError, NodeUnreachable
-from tests.factories import make_node
+from tests.factories import make_listed_node, make_node
 from tests.provisioning.test_benchmark_verification import register, rent, simbase, simnode, use_hardware, verify
 
 __all__ = ["simbase", "simnode"]  # the sim node fixtures, shared with that module's
@@ -267,3 +267,43 @@ def test_a_degradation_the_verdict_carries_seen_again_queues_no_full_verificatio
     wrong = {"severity": "reject", "code": "challenge_wrong", "message": "GPU 1's products are wrong.", "gpu_index": 1}
     VerificationRun.objects.create(node=node, verdict=Verdict.DEGRADED, findings=[slow, wrong], figures={})
     assert spot([wrong]) is not None  # listed with a rejection's code (rented, kept active): judged again
+
+
+@pytest.mark.parametrize("held", ["vm_cleanup_pending", "gpu_still_held"])
+def test_a_rejected_node_waiting_on_a_vm_cleanup_is_rechecked_once_the_cleanup_ends_not_every_beat(db, bounds, held):
+    """Found by review: the beat took a rejected node as left by its renters once no instance of it was live, but
+    the conclusion keeps it active while it is in use (node_in_use: a destroyed instance's VM still to remove, a GPU
+    still held). Each beat (5 min) queued "its renters left", the check rejected it again, it stayed active: a full
+    benchmark and challenge every beat until the cleanup ended. It is re-checked once that is over."""
+    from marketplace.models import Instance, InstanceStatus, Verdict
+
+    node = make_listed_node()
+    inst = rent(node)
+    if held == "vm_cleanup_pending":  # destroyed while the node was away: its VM still to remove, GPUs released
+        Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.DESTROYED, vm_cleanup_pending=True)
+        GpuAllocation.objects.filter(instance=inst).update(released_at=timezone.now())
+    else:  # failed, its GPU kept until the node confirms its VM gone
+        Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.FAILED)
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(verdict=Verdict.REJECTED, next_check_at=now + timedelta(days=5),
+                                           next_spot_check_at=now + timedelta(days=1))
+    rejected = [{"severity": "reject", "code": "challenge_too_slow", "message": "slow", "gpu_index": 0}]
+
+    def beat(minutes):
+        nodes_reverify_due(now=now + timedelta(minutes=minutes))
+        return Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).first()
+
+    for minutes in (0, 5, 10):
+        assert beat(minutes) is None, minutes
+    node.refresh_from_db()
+    assert (node.state, node.verdict) == (NodeState.ACTIVE, Verdict.REJECTED)
+
+    # The cleanup ends (the reconciler removed the VM, released the GPU): the next beat re-checks it.
+    Instance.objects.filter(pk=inst.pk).update(vm_cleanup_pending=False)
+    GpuAllocation.objects.filter(instance=inst).update(released_at=timezone.now())
+    job = beat(15)
+    assert job is not None and job.log[0]["message"] == "queued: its renters left"
+    node_verify_conclude(job=job_begin(job_id=job.pk), verdict=Verdict.REJECTED, inventory={}, findings=rejected)
+    node.refresh_from_db()
+    assert (node.state, node.verdict) == (NodeState.REJECTED, Verdict.REJECTED)
+    assert beat(20) is None  # rejected, no longer active: the beat leaves it
