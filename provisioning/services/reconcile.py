@@ -140,7 +140,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             if instance.status == InstanceStatus.INTERRUPTED:
                 if vm is None:
                     instance_svc.instance_mark_failed(
-                        instance_id=instance.pk,
+                        instance_id=instance.pk, only_in=(InstanceStatus.INTERRUPTED,),
                         message=_MISSING_FAILED if instance.pk in missing else
                         "Its server answered again, but the VM was gone; the GPUs were released.")
                     counts["instances_failed"] += 1

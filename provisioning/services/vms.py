@@ -265,7 +265,37 @@ def _touched_vm(job: Job) -> bool:
 
 def _progress(job: Job, instance: Instance, message: str) -> None:
     job_step(job=job, message=message)
-    instance_svc.instance_set_status_message(instance_id=instance.pk, message=message)
+    # Only while the instance is where the job acts: "waiting for SSH on the VM" stayed on an instance stopped
+    # meanwhile (found by review).
+    instance_svc.instance_set_status_message(instance_id=instance.pk, message=message, only_in=_ACTS_IN[job.kind])
+
+
+# ------------------------------------------------------------------------ only the instance's latest job speaks
+#
+# An instance's jobs follow one another: each is queued with the state that asks for it, and that state is left
+# only by the job (or a destroy). But a job can stay open after its work is done (its worker lost after it marked
+# the instance running, before it closed the job), and the dispatcher sends it again once its heartbeat is stale.
+# By then the instance may have moved on through later jobs and be in "its" state again because of one of them:
+# START and RESTART both act in `starting` (one job of each kind may be open at a time, not one of the two). The
+# old job, run again, took that state for its own: it stopped the VM a later START was starting, and when it
+# failed marked the instance stopped and freed its GPUs while the START ran the VM on them (found by review). So,
+# as the reaper does (maintenance.jobs_reap), a job of which a later job of the same instance exists is superseded:
+# it is closed with a note, and touches neither the instance, its GPUs, the VM, nor its node's fault record.
+
+SUPERSEDED = "a later job of the instance took over"
+
+
+def job_superseded(job: Job) -> bool:
+    """Does a later job of the job's instance exist (then that one, not this, speaks for the instance)?"""
+    return job.instance_id is not None and Job.objects.filter(instance_id=job.instance_id, id__gt=job.pk).exists()
+
+
+def _closed_as_superseded(job: Job, why: str = "") -> bool:
+    """Close the job, with a note, if a later job of its instance exists: True when it did (nothing else to do)."""
+    if not job_superseded(job):
+        return False
+    job_finish(job=job, note=f"{SUPERSEDED} ({why})" if why else SUPERSEDED)
+    return True
 
 
 # ------------------------------------------------------------------------ a VM command whose answer is lost
@@ -432,6 +462,8 @@ def create_request(instance: Instance) -> dict[str, Any]:
 
 
 def vm_provision(*, job: Job) -> None:
+    if _closed_as_superseded(job):
+        return
     instance = instance_svc.instance_mark_provisioning(instance_id=_instance_id(job))
     if instance is None:
         job_finish(job=job, note="the instance is no longer waiting to be provisioned; nothing to do")
@@ -452,8 +484,11 @@ def vm_provision(*, job: Job) -> None:
 
 
 def _instance_in(job: Job, status: str, doing: str) -> Instance | None:
-    """The job's instance if it is still `status`; otherwise close the job as having nothing to do (superseded
-    by the renter's destroy, or done by an earlier delivery whose worker died before closing it: no failure)."""
+    """The job's instance if it is still `status` and the job still speaks for it; otherwise close the job as
+    having nothing to do (superseded by a later job of the instance, the renter's destroy among them, or done by
+    an earlier delivery whose worker died before closing it: no failure)."""
+    if _closed_as_superseded(job):
+        return None
     instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
     if instance.status != status:
         job_finish(job=job, note=f"the instance is {instance.status}, not {doing}; nothing to do")
@@ -526,7 +561,10 @@ def vm_destroy(*, job: Job) -> None:
 
 def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
     """A destroy that could not reach the node: the renter's side ends all the same (nothing is billed after
-    the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers."""
+    the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers. One
+    superseded by a later job of the instance (a destroy asked again) is closed with a note: that one speaks."""
+    if _closed_as_superseded(job, error.message):
+        return
     instance = Instance.objects.get(pk=_instance_id(job))
     fault = error_fault(error)
     if instance.status != InstanceStatus.DESTROYING:  # it moved on meanwhile (e.g. an operator's action)
@@ -548,6 +586,8 @@ BRINGS_ABOUT: dict[str, str] = {
     JobKind.INSTANCE_PROVISION: InstanceStatus.RUNNING, JobKind.INSTANCE_START: InstanceStatus.RUNNING,
     JobKind.INSTANCE_RESTART: InstanceStatus.RUNNING, JobKind.INSTANCE_STOP: InstanceStatus.STOPPED,
 }
+# Where each instance job acts (its progress is shown to the renter only there).
+_ACTS_IN: dict[str, tuple[str, ...]] = {**WAITING_ON, JobKind.INSTANCE_DESTROY: (InstanceStatus.DESTROYING,)}
 
 
 # What the node said of the VM that a job giving up asked it to stop or destroy (_vm_settled).
@@ -596,6 +636,9 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
     """A provision, start, restart or stop job gave up (retries spent, deadline, lost worker, crash); `fault`:
     whose failure `error` is (faults.error_fault).
 
+    A job superseded by a later job of its instance (job_superseded) is closed with a note: the instance, its
+    GPUs and the VM are that job's, even in a state this one waits on too (START and RESTART both act in
+    `starting`), and the node's record counts no failure of a job whose outcome no longer mattered.
     An instance no longer waiting on the job is left as it is: a destroy asked meanwhile stands, and one already
     where the job was to bring it (the error came after the work: a time limit, a lost worker) closes the job
     as done. Otherwise, by kind:
@@ -611,6 +654,8 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
     them (vm_cleanup_pending) until the node confirms it (instance_cleanup_done), so that no GPU its VM may
     still use is given to the next renter.
     """
+    if _closed_as_superseded(job, error):
+        return
     instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
     kind = JobKind(job.kind)
     waiting_on = WAITING_ON[kind]

@@ -224,10 +224,13 @@ def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool =
     return instance
 
 
-def instance_set_status_message(*, instance_id: int, message: str) -> None:
-    """Progress text for the renter ("Pulling the image"); no state change, none once final."""
-    Instance.objects.filter(pk=instance_id).exclude(status__in=FINAL_STATUSES).update(
-        status_message=message[:500], updated_at=timezone.now()
-    )
+def instance_set_status_message(*, instance_id: int, message: str, only_in: tuple[str, ...] | None = None) -> None:
+    """Progress text for the renter ("Pulling the image"); no state change. Written only while the instance is in
+    `only_in` (a job's progress: the states the job acts in), else while it is not final. A job's progress written
+    on an instance that had moved on meanwhile stayed there: "waiting for SSH on the VM" on a stopped one."""
+    instances = Instance.objects.filter(pk=instance_id)
+    instances = (instances.filter(status__in=only_in) if only_in is not None
+                 else instances.exclude(status__in=FINAL_STATUSES))
+    instances.update(status_message=message[:500], updated_at=timezone.now())
 
 
