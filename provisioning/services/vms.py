@@ -416,7 +416,18 @@ def _destroyed_meanwhile(job: Job, instance: Instance) -> bool:
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
     address = vm_address(instance.node, answer)
     _progress(job, instance, "waiting for SSH on the VM")
-    wait_for_ssh(address.probe, address.port)
+    try:
+        wait_for_ssh(address.probe, address.port)
+    except VmSshSilent as exc:
+        if instance.image is not None:
+            raise
+        # The renter's own image: one with no SSH server (ubuntu:24.04 has none) never answers, whatever the node
+        # does. Its failure is the renter's, as an image that cannot be pulled: before, any renter could take a
+        # node's reliability to 0 at no cost (a failed provision is not billed; found by review).
+        theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed in "
+                             "the image; the platform starts it and adds your keys).")
+        theirs.fault = JobFault.RENTER  # type: ignore[misc]  # read by faults.error_fault
+        raise theirs from None
     vm = answer if address.ports is None else {**answer, "ports": address.ports}
     try:
         instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=address.host, ssh_port=address.port,
