@@ -426,7 +426,7 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
         # node's reliability to 0 at no cost (a failed provision is not billed; found by review).
         theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed in "
                              "the image; the platform starts it and adds your keys).")
-        theirs.fault = JobFault.RENTER  # type: ignore[misc]  # read by faults.error_fault
+        theirs.fault = JobFault.RENTER  # read by faults.error_fault
         raise theirs from None
     vm = answer if address.ports is None else {**answer, "ports": address.ports}
     try:
