@@ -102,7 +102,7 @@ def test_list_argv_filters_on_our_label():
 
 def test_container_states_map_to_vm_states():
     assert [agent.docker_state(s) for s in ("running", "restarting", "exited", "created", "paused", "dead")] == [
-        "running", "running", "stopped", "stopped", "stopped", "stopped"
+        "running", "restarting", "stopped", "stopped", "stopped", "stopped"  # restarting: its command exited
     ]
 
 

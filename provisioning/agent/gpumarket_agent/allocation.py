@@ -15,6 +15,9 @@ from .records import all_records, file_lock
 from .smi import read_gpus
 
 NO_DEVICES = "No devices were found"  # nvidia-smi, when every card is bound to another driver
+# States of a VM that holds its GPUs: running, or restarting (docker: its command exited and the engine runs it
+# again, on the same devices; not running to the platform).
+HOLDING = ("running", "restarting")
 
 
 def holds_gpus(rt, rec):
@@ -24,7 +27,7 @@ def holds_gpus(rt, rec):
     does a finished record whose container or domain is missing (removed on the node: `docker container prune`,
     an undefined domain). Counted as holding, such a record kept its cards from every later booking (gpu_busy)
     while the platform failed its instance; a create retried for it marks it `provisioning` again."""
-    return bool(rec.get("provisioning")) or rt.state(rec) == "running"
+    return bool(rec.get("provisioning")) or rt.state(rec) in HOLDING
 
 
 def cards_now(gpus, indices, uuids=None):
@@ -93,7 +96,7 @@ def held_card(rt, rec, others, index, uuid):
     runs: present); else it is gone."""
     if any(uuid in bound_uuids(r) and holds_gpus(rt, r) for r in others):
         raise AgentError("gpu_busy", "GPU %d is in use by another running VM" % index)
-    if rt.state(rec) == "running":
+    if rt.state(rec) in HOLDING:
         return {"index": index, "uuid": uuid, "pci_bus_id": (rec.get("pci_bus_ids") or {}).get(uuid)}
     raise AgentError("gpu_missing", "GPU %s (index %d when it was allocated) is not on this node now "
                                     "(fallen off the bus?)" % (uuid, index))

@@ -197,7 +197,7 @@ def take_gpus(rt, rec, indices, uuids):
             spec["gpu_uuids"] = [x or y for x, y in zip(old or uuids, uuids)]  # noqa: B905 - python3.8
         return
     same_cards = bool(old and uuids) and None not in old and None not in uuids and set(old) == set(uuids)
-    if not same_cards and rt.state(rec) == "running":
+    if not same_cards and rt.state(rec) in ("running", "restarting"):
         raise AgentError("conflict", "VM %s is running; stop it before moving it to other GPUs" % rec["vm_id"])
     spec["gpu_indices"] = indices
     if uuids is None:

@@ -9,7 +9,8 @@ from ..records import log_path, pick_host_port, tail_lines
 
 
 class Runtime:
-    """One runtime's operations on a VM record. Every operation is idempotent; state is running|stopped|missing."""
+    """One runtime's operations on a VM record. Every operation is idempotent; state is running|stopped|missing
+    (docker: restarting too, a container whose command exited and is run again: not running, holding its GPUs)."""
     name = "base"
     ssh_user = "root"
     # Whether a running VM's cards leave the host's nvidia-smi (libvirt hands them to the VM as VFIO devices): the

@@ -40,7 +40,7 @@ from .dockerargv import (
     mount_arg,
     publish,
 )
-from .dockerbox import ENTRY_SH, env_file, pam_environment, profile_sh
+from .dockerbox import ENTRY_SH, container_command, env_file, pam_environment, profile_sh
 from .dockerlimits import (
     HOST_RAM_KEPT,
     MIG_SLICES_PER_GPU,
@@ -80,15 +80,21 @@ class DockerRuntime(Runtime):
     name = "docker"
 
     def write_box(self, rec):
+        """The box folder, mounted read-only at /.gpumarket: read by the wrapper as the image's user, who may not be
+        root (USER jovyan), so the box is 0755 and its files 0644 (0700 and 0600, a non-root image crash-looped on
+        "can't open '/.gpumarket/entry.sh'"; found by review). The renter's env in them is theirs to read in their
+        own container; on the host the VM's folder, 0700, keeps every other user out."""
         vmdir, spec = vm_dir(self.cfg, rec["vm_id"]), rec["spec"]
-        os.makedirs(os.path.join(vmdir, "box"), mode=0o700, exist_ok=True)
         box = os.path.join(vmdir, "box")
+        os.makedirs(box, exist_ok=True)
+        os.chmod(vmdir, 0o700)
+        os.chmod(box, 0o755)  # noqa: S103 - read by the image's user in the container; vmdir keeps others out
         write_file(os.path.join(box, "entry.sh"), ENTRY_SH, 0o755)
         env = spec.get("env", {})
-        write_file(os.path.join(box, "profile.sh"), profile_sh(env), 0o600)  # root in the container reads it
-        write_file(os.path.join(box, "environment"), pam_environment(env), 0o600)
+        write_file(os.path.join(box, "profile.sh"), profile_sh(env), 0o644)
+        write_file(os.path.join(box, "environment"), pam_environment(env), 0o644)
         if spec.get("onstart"):
-            write_file(os.path.join(box, "onstart.sh"), spec["onstart"], 0o600)
+            write_file(os.path.join(box, "onstart.sh"), spec["onstart"], 0o644)
         env_path = os.path.join(vmdir, "env.list")
         write_file(env_path, env_file(env), 0o600)
         return vmdir, env_path
@@ -146,6 +152,10 @@ class DockerRuntime(Runtime):
         if self.state(rec) == "missing":
             docker_pull(self.cfg, rec, registry_auth)
             command = image_command(spec["image"]["docker"])
+            if command and not container_command(command):
+                vm_log(self.cfg, vm_id, "the image's command (%s) is a bare shell, which exits at once without a "
+                       "terminal: the container is kept running without it" % command[0])
+            command = container_command(command)
             self.ensure_network()
             rec["limits"] = self.limits(spec)
             vmdir, env_path = self.write_box(rec)
@@ -203,7 +213,7 @@ class DockerRuntime(Runtime):
         run(docker_verb_argv("start", rec["vm_id"]))
 
     def stop(self, rec):
-        if self.state(rec) == "running":
+        if self.state(rec) in ("running", "restarting"):  # a restarting one is stopped too: its loop ends
             run(docker_verb_argv("stop", rec["vm_id"]), timeout=60)
 
     def destroy(self, rec):

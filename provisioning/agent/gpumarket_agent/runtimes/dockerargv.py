@@ -99,4 +99,11 @@ DOCKER_LIST_ARGV = ["docker", "ps", "-a", "--filter", "label=" + LABEL,
 
 
 def docker_state(status):
-    return "running" if status in ("running", "restarting") else "stopped"
+    """The VM's state from the container's. "restarting" (its command exited and `--restart unless-stopped` runs it
+    again, backing off) is no running VM: taken as running, a container whose command exited at once crash-looped
+    while its instance was billed as running, every restart killing sshd and the renter's sessions (found by
+    review). The platform takes any state but "running" as not running; the container still holds its GPUs
+    (allocation.holds_gpus) and a stop stops it."""
+    if status == "running":
+        return "running"
+    return "restarting" if status == "restarting" else "stopped"

@@ -4,7 +4,20 @@ The box folder (<vm dir>/box) is mounted read-only at /.gpumarket; the wrapper k
 marker) in /.gpumarket-state inside the container's own writable layer (kept across stop/start, bounded by the
 container's disk limit: nothing the renter writes lands in a host folder), or in $HOME when the image's user
 cannot write /. The container runs `/bin/sh /.gpumarket/entry.sh <image's own command>`."""
+import os
 import shlex
+
+# A bare shell as the image's command (ubuntu's and debian's CMD is bash; an nvidia/cuda image with no CMD runs the
+# wrapper's loop): without a terminal (no -i) it reads EOF and exits at once, and `--restart unless-stopped`
+# crash-looped the container (found by review). The wrapper keeps the container running without it instead.
+SHELLS = ("sh", "bash", "dash", "ash", "zsh", "ksh")
+
+
+def container_command(command):
+    """The image's own command for the wrapper to exec, or [] where it would exit at once (a bare shell, no args)."""
+    if len(command) == 1 and os.path.basename(command[0]) in SHELLS:
+        return []
+    return list(command)
 
 # POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it as the
 # container's environment (--env-file) and as files written by the agent; onstart is a file it runs.
