@@ -427,14 +427,21 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
 
 def _reverify_new_layout(node: Node, changed: list[int]) -> None:
     """The provider declared another MIG layout for these cards while the check ran (node_update): say so, and
-    queue a verification that judges the layout declared now (this check's job is finished: one open at a time)."""
+    queue a verification that judges the layout declared now (this check's job is finished: one open at a time).
+    Not out of the provider's maintenance (a verification request takes a node out of it, the provider's own verb;
+    re-splitting the cards is what they are doing): the check is then due at once, and the re-verification beat
+    queues it when the maintenance ends (found by the second review round: the check ran on the old split and
+    rejected the node)."""
     cards = ", ".join(map(str, changed))
+    in_maintenance = node.state == NodeState.MAINTENANCE
     node_event(node=node, kind="mig_layout_changed_during_check", level=NodeEvent.Level.WARNING,
                message=f"The MIG layout of GPU {cards} changed during the check: this check's slices of "
                        f"{'it' if len(changed) == 1 else 'them'} are not listed and "
                        f"{'its' if len(changed) == 1 else 'their'} status stays as it was; a new check judges the "
-                       "layout declared now.")
-    if node.verify_allowed():
+                       f"layout declared now{' once the maintenance ends' if in_maintenance else ''}.")
+    if in_maintenance:
+        Node.objects.filter(pk=node.pk).update(next_check_at=timezone.now())
+    elif node.verify_allowed():
         node_verify_request(node=node, reason="the MIG layout changed during the check")
 
 
@@ -546,18 +553,21 @@ def node_at_fault(error: NodeError) -> bool:
 @transaction.atomic
 def node_verify_failed(*, job: Job, error: NodeError) -> None:
     """The node could not be checked: say why, and put it back where a retry can start. A node that failed by its
-    own doing (node_at_fault) is not left listed on its last verdict: active, or verifying (or gone offline or into
-    maintenance meanwhile) with a verdict that lists it, the check is recorded as a rejection naming the failure,
+    own doing (node_at_fault) is not left listed on its last verdict: active, or verifying (or gone offline
+    meanwhile) with a verdict that lists it, the check is recorded as a rejection naming the failure,
     as any rejection (its renters keep their instances, judged; one without goes rejected). Before, only an active
     node was: a verified node checked from offline, or after an operator accepted its new host key, went offline
     on its old verdict and its next good health check listed it again (found by review). A pending node keeps its
     retries (maintenance.nodes_verify_pending); a failure not the node's keeps its verdict (offline, checked
-    again)."""
+    again). A node its provider put into maintenance during the check is not judged by it (node_verify_run's rule:
+    the provider is working on it; the second review round found this rule rejecting it and cutting its renters'
+    prices to $0): an event says so, as before."""
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
     dropped = node.state == NodeState.ACTIVE and node_dropped(error)
     said = ""
     if node_at_fault(error) and (node.state == NodeState.ACTIVE or (
-            node.verdict in LISTABLE_VERDICTS and node.state not in (NodeState.QUARANTINED, NodeState.RETIRED))):
+            node.verdict in LISTABLE_VERDICTS
+            and node.state not in (NodeState.MAINTENANCE, NodeState.QUARANTINED, NodeState.RETIRED))):
         said = f"The verification could not be completed: {error.message}"
     elif dropped:
         last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()

@@ -65,6 +65,31 @@ def test_a_card_taken_out_of_the_layout_during_the_check_is_not_listed_whole(db,
 
 
 @pytest.mark.slow
+def test_a_layout_changed_with_the_maintenance_begun_during_the_check_waits_for_its_end(db, simnode, simbase,
+                                                                                          monkeypatch):
+    """The provider saves the new layout and goes into maintenance to re-split the cards: the check is not queued
+    (a verification request would take the node out of the provider's maintenance and judge the old split: the
+    first fix did, and rejected the node, found by the second review round); it is due at once, and the beat
+    queues it when the maintenance ends."""
+    from django.utils import timezone
+
+    from marketplace.models import NodeState
+    from provisioning.services.maintenance import nodes_reverify_due
+
+    node = register(simnode, simbase, MIG_PROFILE)
+    node, _ = verify(node)
+    _provider_saves_during_the_check(monkeypatch, node, mig_layout=[], mig_prices={}, maintenance=True)
+    node, job = verify(node)
+    monkeypatch.undo()
+    assert (node.state, node.verdict) == (NodeState.MAINTENANCE, "verified")
+    assert not Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).exists()
+    assert node.next_check_at <= timezone.now()
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=False)
+    nodes_reverify_due()
+    assert _queued_recheck(node)
+
+
+@pytest.mark.slow
 def test_slices_of_the_old_layout_are_not_listed_under_a_new_one(db, simnode, simbase, monkeypatch):
     """The variant: a new layout of other profiles, one of which the old layout had too (priced at once): the old
     layout's proven 3g.40gb slice is not listed as one of the new layout's."""

@@ -98,3 +98,21 @@ def test_a_pending_node_keeps_its_retries(sent_jobs):
     node_verify_request(node=node)
     node = _fails(node, BenchmarkTimeout("The benchmark did not answer"))
     assert (node.state, node.verdict) == (NodeState.PENDING, Verdict.UNVERIFIED)
+
+
+def test_a_node_its_provider_put_into_maintenance_during_the_check_is_not_judged_by_it(sent_jobs):
+    """An active node checked in place goes into maintenance meanwhile (the provider working on it, stopping the
+    benchmark): the failed check is an event, as node_verify_run treats maintenance; its renters keep their price.
+    The first fix rejected it and cut its renter to $0 an hour (found by the second review round)."""
+    from marketplace.services.nodes import node_update
+
+    node = make_listed_node(gpu_count=2)
+    instance = run(book(UserFactory(), node))
+    price = instance.price_per_hour_micros
+    job = job_begin(job_id=node_verify_request(node=node).pk)
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=True)
+    node_verify_failed(job=job, error=BenchmarkTimeout("The benchmark did not answer"))
+    node.refresh_from_db()
+    instance.refresh_from_db()
+    assert (node.state, node.verdict) == (NodeState.MAINTENANCE, Verdict.VERIFIED)
+    assert instance.price_per_hour_micros == price and not node.verifications.exists()
