@@ -53,6 +53,10 @@ VM_MISSING = "missing"
 # unjudged: neither interrupted, resumed, restarted, stopped nor failed, its GPUs held (one such domain failed the
 # whole list and health answer: every renter on the node interrupted, then the node offline; found by review).
 VM_UNKNOWN = "unknown"
+# A container whose command exits and that the engine runs again (docker's "restarting"): not running for its
+# renter, but it holds its GPUs like a running VM, so a VM that must not run is stopped when it restarts too.
+VM_RESTARTING = "restarting"
+VM_HOLDING_GPUS = ("running", VM_RESTARTING)
 # States in which the platform talks to a node on its own (health checks, reconciling).
 WATCHED_STATES = (NodeState.ACTIVE, NodeState.OFFLINE, NodeState.MAINTENANCE)
 

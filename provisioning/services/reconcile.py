@@ -20,7 +20,14 @@ from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
 from provisioning.services.gpu_presence import instance_waits_for_gpu
-from provisioning.services.nodes import VM_MISSING, VM_UNKNOWN, node_event, node_session, vm_state_unknown_reported
+from provisioning.services.nodes import (
+    VM_HOLDING_GPUS,
+    VM_MISSING,
+    VM_UNKNOWN,
+    node_event,
+    node_session,
+    vm_state_unknown_reported,
+)
 from provisioning.services.vms import vm_forget_missing
 from provisioning.ssh import NodeSession
 from provisioning.ssh_errors import AgentFailed, AgentGarbage
@@ -126,7 +133,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # the renter's is on it, so the VM goes with its disk, as the task's own failure handler does.
                 if _remove_vm(node, session, vm["vm_id"]) is not None:
                     settled.add(instance.pk)
-            elif instance.status == InstanceStatus.FAILED and vm.get("state") == "running":
+            elif instance.status == InstanceStatus.FAILED and vm.get("state") in VM_HOLDING_GPUS:
                 # A failed instance's GPUs are released, or held until its VM is seen stopped (below): its VM
                 # must not keep using them.
                 if _stop_vm(node, session, vm["vm_id"], instance.pk):
@@ -236,7 +243,7 @@ def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int,
         if instance is None or instance.status not in (InstanceStatus.STOPPED, InstanceStatus.FAILED):
             continue  # destroyed ones are cleaned up above; another state is a job's
         vm = seen.get(instance_id)
-        if vm is None or vm.get("state") != "running" or instance_id in settled:
+        if vm is None or vm.get("state") not in VM_HOLDING_GPUS or instance_id in settled:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
 
 
@@ -329,7 +336,7 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
                        level=NodeEvent.Level.WARNING)
             counts["instances_failed"] += 1
         return False
-    if vm.get("state") == "running":
+    if vm.get("state") in VM_HOLDING_GPUS:  # a container restarting holds its GPUs too (agent: docker_state)
         # Its GPUs were released when it stopped. A start asked since the list (a job open now, or the instance
         # no longer stopped) owns the VM: leave it to that job. Asked after this check, its job starts the VM
         # again, or the health check finds it not running and the instance is restarted.

@@ -168,12 +168,15 @@ def test_an_instance_stopped_while_the_node_listed_its_vms_is_judged_next_time(f
     assert ("vm", "stop", instance.vm_id) not in fake_node.calls
 
 
-def test_a_vm_found_running_for_a_stopped_instance_is_stopped(fake_node):
+@pytest.mark.parametrize("vm_state", ["running", "restarting"])
+def test_a_vm_found_running_for_a_stopped_instance_is_stopped(fake_node, vm_state):
     """A stopped instance's GPUs were released (another renter may hold them now): a VM of it that runs (started
-    behind the platform's back, or a stop the node did not carry out) is stopped, as a failed instance's is."""
+    behind the platform's back, or a stop the node did not carry out) is stopped, as a failed instance's is. So is
+    a container the engine keeps restarting (the agent's "restarting" since it is no longer called running): it
+    holds its GPUs too."""
     node = make_listed_node(gpu_count=1)
     instance = stopped_instance(node, fake_node)
-    fake_node.vms[instance.vm_id] = "running"
+    fake_node.vms[instance.vm_id] = vm_state
     node_reconcile(node)
     assert ("vm", "stop", instance.vm_id) in fake_node.calls
     assert fake_node.vms[instance.vm_id] == "stopped"
@@ -222,7 +225,7 @@ def stopped_unconfirmed(node, fake, vm_state: str) -> Instance:
     return Instance.objects.get(pk=instance.pk)
 
 
-@pytest.mark.parametrize("vm_state", ["stopped", "running", None])
+@pytest.mark.parametrize("vm_state", ["stopped", "running", "restarting", None])
 def test_a_stopped_instances_held_gpu_is_freed_once_the_node_shows_its_vm_stopped_or_gone(fake_node, vm_state):
     """Its stop's answer was lost: the GPU stays held until the node shows the VM not running (listed stopped,
     stopped here, or gone). Before, only destroyed instances were cleaned up: the GPU stayed held for good."""
@@ -235,7 +238,7 @@ def test_a_stopped_instances_held_gpu_is_freed_once_the_node_shows_its_vm_stoppe
     instance.refresh_from_db()
     assert _gpu(node) == "free" and not instance.vm_cleanup_pending
     assert counts["cleaned_up"] == (0 if vm_state is None else 1)  # gone: failed, its GPU released with it
-    if vm_state == "running":
+    if vm_state in ("running", "restarting"):
         assert fake_node.vms[instance.vm_id] == "stopped"  # stopped first, then the GPU freed
     assert instance.status == (InstanceStatus.FAILED if vm_state is None else InstanceStatus.STOPPED)
 
@@ -251,7 +254,7 @@ def test_a_held_gpu_stays_held_while_a_job_of_its_instance_is_open(fake_node):
     assert ("vm", "stop", instance.vm_id) not in fake_node.calls
 
 
-@pytest.mark.parametrize("vm_state", ["running", None])
+@pytest.mark.parametrize("vm_state", ["running", "restarting", None])
 def test_a_failed_provisions_held_gpu_is_freed_once_its_vm_is_removed_or_gone(fake_node, vm_state):
     """A provision whose answer was lost failed with its GPU held (the VM may run on it): the reconciler
     removes the VM (it never ran for the renter) or finds it gone, then frees the GPU."""
