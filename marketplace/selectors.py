@@ -212,12 +212,17 @@ NODE_VIEW_PERMISSION = "marketplace.view_node"
 NODE_CHANGE_PERMISSION = "marketplace.change_node"
 
 
+def operator_sees_nodes(user: User) -> bool:
+    """A staff account the admin shows every node to: its view or change permission (ModelAdmin's own rule)."""
+    return user.is_staff and (user.has_perm(NODE_VIEW_PERMISSION) or user.has_perm(NODE_CHANGE_PERMISSION))
+
+
 def nodes_for_user(*, user: User) -> QuerySet[Node]:
-    """A provider's own live nodes; operators allowed to view nodes (the admin's permission) see every live node.
+    """A provider's own live nodes; operators allowed to view or change nodes (the admin's rule) see every live node.
     A staff account without it sees its own only, as the admin refuses it every node's page (found by review: any
     staff account read every provider's address, SSH user and checks)."""
     nodes = Node.objects.exclude(state=NodeState.RETIRED).select_related("gpu_model")
-    if not (user.is_staff and user.has_perm(NODE_VIEW_PERMISSION)):
+    if not operator_sees_nodes(user):
         nodes = nodes.filter(provider=user)
     # Not one query per GPU for its model, nor per slice for its GPU.
     return nodes.prefetch_related("gpus__gpu_model",

@@ -1,8 +1,9 @@
 """`GET /api/v1/nodes/{id}/benchmarks/`: a node's verification history, newest first: the verdict, the
 reasons (findings), the score and the measured figures of each run.
 
-The node's provider and operators allowed to view nodes (`marketplace.view_node`) see it; for anyone else the
-node does not exist (404), as for the node itself. Renters see a summary on the offer instead.
+The node's provider sees it, and operators allowed to see the node and its runs in the admin
+(`marketplace.view_node` or `change_node`, and `provisioning.view_verificationrun`); for anyone else the node
+does not exist (404), as for the node itself. Renters see a summary on the offer instead.
 """
 from dataclasses import asdict
 
@@ -73,6 +74,10 @@ class BenchmarkRunSerializer(serializers.ModelSerializer):
         return asdict(checks) if checks is not None else None
 
 
+# The admin shows verification runs to either (ModelAdmin.has_view_permission).
+RUNS_PERMISSIONS = ("provisioning.view_verificationrun", "provisioning.change_verificationrun")
+
+
 @extend_schema(
     tags=["nodes"], summary="The node's benchmark checks, newest first",
     parameters=[OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, description="The node's id.")],
@@ -92,6 +97,7 @@ class NodeBenchmarksView(generics.ListAPIView):
             raise Http404
         # Only whether the caller may see it: not its GPUs.
         node = selectors.nodes_for_user(user=self.request.user).prefetch_related(None).filter(pk=int(node_id)).first()
-        if node is None:
-            raise Http404
+        user = self.request.user
+        if node is None or (node.provider_id != user.pk and not any(map(user.has_perm, RUNS_PERMISSIONS))):
+            raise Http404  # another provider's runs: to operators the admin shows them to (found by review)
         return VerificationRun.objects.filter(node=node).order_by("-created_at", "-id")

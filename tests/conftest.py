@@ -199,11 +199,14 @@ def other_api(db):
 
 @pytest.fixture
 def operator_api(db):
-    """A staff account allowed to view and change nodes (as the admin asks): it sees every live node, and may ask
-    for a re-check. Other permissions (refunds, ...) are added by the tests that need them."""
+    """A staff account allowed to view and change nodes and to view their checks (as the admin asks): it sees every
+    live node and its runs, and may ask for a re-check. Other permissions (refunds, ...) are added by the tests
+    that need them."""
     from django.contrib.auth.models import Permission
 
     operator = UserFactory(is_staff=True)
     operator.user_permissions.add(*Permission.objects.filter(content_type__app_label="marketplace",
-                                                             codename__in=("view_node", "change_node")))
+                                                             codename__in=("view_node", "change_node")),
+                                  Permission.objects.get(content_type__app_label="provisioning",
+                                                         codename="view_verificationrun"))
     return _client_for(operator)

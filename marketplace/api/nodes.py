@@ -232,8 +232,8 @@ _EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not 
 
 
 class ProviderChangesOwnNode(permissions.BasePermission):
-    """Operators allowed to view nodes see every live node (selectors.nodes_for_user), and those allowed to change
-    them may ask for a re-check (the admin's "Re-verify" action's permission), but a node's price, listing,
+    """Operators allowed to view or change nodes see every live node (selectors.nodes_for_user), those allowed to
+    change them may ask for a re-check (the admin's "Re-verify" action's permission), but a node's price, listing,
     maintenance and retirement are its provider's: an operator acts on another provider's node in the admin, not as
     them here."""
 
@@ -260,8 +260,8 @@ class ProviderChangesOwnNode(permissions.BasePermission):
 @extend_schema(tags=["nodes"])
 class NodeViewSet(viewsets.ModelViewSet):
     """A provider sees and changes only its own nodes; another provider's node is a 404. Operators with
-    `marketplace.view_node` see every live node (403 on changing another provider's; a re-check needs
-    `marketplace.change_node`)."""
+    `marketplace.view_node` or `marketplace.change_node` see every live node (403 on changing another provider's;
+    a re-check needs `marketplace.change_node`)."""
 
     api_scope = PROVIDER_ONLY  # core/api/scopes.py
     permission_classes = [permissions.IsAuthenticated, ProviderChangesOwnNode]

@@ -317,6 +317,30 @@ def test_a_staff_account_without_the_node_permissions_sees_and_rechecks_its_own_
     assert not Job.objects.filter(node=node).exists()
 
 
+def test_node_permissions_follow_the_admins_rule(client_for):
+    """The admin shows every node to a holder of change_node alone (view or change), and a node's verification
+    runs only to a holder of provisioning's run permission: the API the same (found by the second review round:
+    change_node alone saw nothing here; view_node alone read every node's runs)."""
+    from django.contrib.auth.models import Group, Permission
+
+    from provisioning.models import VerificationRun
+
+    node = make_node()
+    VerificationRun.objects.create(node=node, verdict="rejected", findings=[], figures={"x": 1}, score=0)
+    staff = UserFactory(is_staff=True)
+    group = Group.objects.create(name="node-ops")
+    group.permissions.add(Permission.objects.get(content_type__app_label="marketplace", codename="change_node"))
+    staff.groups.add(group)
+    operator = client_for(type(staff).objects.get(pk=staff.pk))
+    assert operator.get(node_url(node)).status_code == 200
+    assert operator.post(f"{node_url(node)}verify/").status_code == 202
+    assert operator.get(f"{node_url(node)}benchmarks/").status_code == 404
+    group.permissions.add(Permission.objects.get(content_type__app_label="provisioning",
+                                                 codename="view_verificationrun"))
+    operator = client_for(type(staff).objects.get(pk=staff.pk))
+    assert operator.get(f"{node_url(node)}benchmarks/").json()["count"] == 1
+
+
 def test_get_one_of_your_nodes(api, user):
     node = make_node(user, gpu_count=3)
     r = api.get(node_url(node))
