@@ -65,9 +65,11 @@ RESEND_BACKOFF_DOUBLINGS = 6
 
 def resend_backoff(send_attempts: int) -> timedelta:
     """How long after its last send a job sent but never started is sent again: JOB_RESEND_QUEUED_AFTER_S after
-    the first send, then twice as long after each send (1, 2, 4 ... times), at most RESEND_BACKOFF_MAX."""
+    the first send, then twice as long after each send (1, 2, 4 ... times), at most RESEND_BACKOFF_MAX, but never
+    sooner than JOB_RESEND_QUEUED_AFTER_S (a setting above the ceiling: the rule before the backoff moved into SQL)."""
     doublings = min(max(send_attempts - 1, 0), RESEND_BACKOFF_DOUBLINGS)
-    return min(timedelta(seconds=settings.JOB_RESEND_QUEUED_AFTER_S) * (1 << doublings), RESEND_BACKOFF_MAX)
+    base = timedelta(seconds=settings.JOB_RESEND_QUEUED_AFTER_S)
+    return max(base, min(base * (1 << doublings), RESEND_BACKOFF_MAX))
 
 
 def _resend_due(now: datetime) -> Q:
@@ -92,7 +94,8 @@ def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -
       Again after JOB_RESEND_QUEUED_AFTER_S, then twice as long after each send, at most an hour apart
       (resend_backoff: a long queue only waits).
 
-    In that order, oldest first in each, at most `limit` in all. The backoff is part of the query, so a run only
+    Lost workers' jobs first (few, and their renters wait on them), then those never sent, then the resends;
+    oldest first in each, at most `limit` in all. The backoff is part of the query, so a run only
     reads jobs it sends: jobs sitting out their backoff after a burst or an outage cannot fill the batch, and
     resends cannot crowd out a job never sent or a lost worker's job (every job read is sent and leaves the set).
 
@@ -107,7 +110,7 @@ def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -
                    created_at__lte=now - timedelta(seconds=settings.JOB_SEND_GRACE_S))
         lost = Q(status=JobStatus.RUNNING, heartbeat_at__lt=stale) & (Q(sent_at__isnull=True) | Q(sent_at__lt=stale))
         batch: list[tuple[str, Job]] = []
-        for outcome, due in (("sent", unsent), ("recovered", lost), ("resent", _resend_due(now))):
+        for outcome, due in (("recovered", lost), ("sent", unsent), ("resent", _resend_due(now))):
             if len(batch) >= limit:
                 break
             jobs = (Job.objects.filter(due, deadline__gt=now).order_by("created_at", "id")

@@ -160,6 +160,32 @@ def test_the_backoff_is_in_the_query_the_same_as_resend_backoff(db, broker, sett
         Job.objects.filter(pk=job.pk).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
 
 
+def test_a_resend_setting_above_the_ceiling_is_still_waited(db, broker, settings):
+    """JOB_RESEND_QUEUED_AFTER_S over an hour: each resend waits the setting, not the hour's ceiling (the rule
+    before the backoff moved into the query; found by the second review round)."""
+    settings.JOB_RESEND_QUEUED_AFTER_S = 7200
+    assert {maintenance.resend_backoff(n).total_seconds() for n in range(0, 10)} == {7200}
+    job = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(3700), send_attempts=1, created_at=ago(4000))
+    assert maintenance.jobs_dispatch()["resent"] == 0
+    Job.objects.filter(pk=job.pk).update(sent_at=ago(7205))
+    assert maintenance.jobs_dispatch()["resent"] == 1
+
+
+def test_a_lost_workers_job_is_recovered_before_a_backlog_of_jobs_never_sent(db, broker):
+    """A broker outage leaves thousands of jobs never sent; a job a dead worker holds (a renter waits on it) goes
+    first, as it did when the run took the oldest of all (found by the second review round)."""
+    lost = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+    Job.objects.filter(pk=lost.pk).update(sent_at=ago(400), send_attempts=1, created_at=ago(500))
+    job_begin(job_id=lost.pk, task_id="job-x", worker="dead@host")
+    Job.objects.filter(pk=lost.pk).update(heartbeat_at=ago(300))
+    for _ in range(2):
+        unsent = job_svc.job_create(kind=JobKind.NODE_VERIFY, node=make_node())
+        Job.objects.filter(pk=unsent.pk).update(created_at=ago(60))
+    assert maintenance.jobs_dispatch(limit=2) == {"sent": 1, "resent": 0, "recovered": 1, "send_failed": 0}
+    assert lost.pk in broker.job_ids()
+
+
 def test_a_backlog_of_jobs_in_their_backoff_does_not_starve_lost_and_never_sent_jobs(db, broker, settings):
     """Found by review: the dispatcher took the oldest `limit` jobs and only then skipped those still in their
     backoff, so after a burst or a broker outage older jobs waiting out their backoff filled every run
