@@ -213,7 +213,9 @@ def node_storage_outage_end(*, node_id: int, now: datetime | None = None, unseen
                 continue
             # One being deleted is not charged (its billing stopped when the deletion was asked for) but moved on
             # too: if the node then refuses the deletion (volume_delete_refused: a VM there still mounts it), it is
-            # billed again from this answer, not across the outage (found by review: 3 h 20 min billed for it).
+            # billed again from this answer, not across the outage (found by review: 3 h 20 min billed for it). One
+            # asked before the outage began loses the time from the request to the outage too (its provider's loss,
+            # in the renter's favour: nothing on the row keeps where the outage began, and a refusal is rare).
             if volume.state == VolumeState.AVAILABLE:
                 volume_storage_close(volume=volume, until=last_healthy)
             if _to_move_on(start=volume.available_at, billed_until=volume.billed_until, after=answered_after,
