@@ -56,3 +56,11 @@ def test_a_booking_with_a_volume_on_the_ssh_keys_is_a_400_naming_the_path(api):
     assert r.status_code == 400, r.content
     assert "/root/.ssh/authorized_keys" in str(r.json()["volumes"]), r.json()
     assert snap() == before
+
+
+def test_the_apis_help_names_every_place_a_volume_cannot_be_mounted():
+    from marketplace.api.instance_serializers import VolumeAttachSerializer
+    from marketplace.services.volumes import _FORBIDDEN_MOUNT_ROOTS
+
+    help_text = str(VolumeAttachSerializer().fields["mount"].help_text)
+    assert all(root in help_text for root in _FORBIDDEN_MOUNT_ROOTS), help_text
