@@ -290,11 +290,21 @@ def job_superseded(job: Job) -> bool:
     return job.instance_id is not None and Job.objects.filter(instance_id=job.instance_id, id__gt=job.pk).exists()
 
 
-def _closed_as_superseded(job: Job, why: str = "") -> bool:
-    """Close the job, with a note, if a later job of its instance exists: True when it did (nothing else to do)."""
-    if not job_superseded(job):
+def _closed_as_superseded(job: Job, error: str = "", fault: str = "") -> bool:
+    """Close the job if a later job of its instance exists: True when it did (nothing else to do). Without an
+    `error`, as done with a note. A failure stays a failure (operators and the node's record read it; the second
+    review round found a node's own failure closed as succeeded): the node's or whoever's `fault` says when only a
+    destroy came after (it did not cause it), the platform's when another job took the instance over (the two
+    raced: START and RESTART both act in `starting`)."""
+    later = set(Job.objects.filter(instance_id=job.instance_id, id__gt=job.pk).values_list("kind", flat=True)) \
+        if job.instance_id is not None else set()
+    if not later:
         return False
-    job_finish(job=job, note=f"{SUPERSEDED} ({why})" if why else SUPERSEDED)
+    if not error:
+        job_finish(job=job, note=SUPERSEDED)
+    else:
+        whose = fault if later == {JobKind.INSTANCE_DESTROY} else JobFault.PLATFORM
+        job_finish(job=job, error=f"{error.rstrip()} ({SUPERSEDED}.)", fault=whose)
     return True
 
 
@@ -419,11 +429,13 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
     try:
         wait_for_ssh(address.probe, address.port)
     except VmSshSilent as exc:
-        if instance.image is not None:
+        if instance.image is not None or answer.get("ssh_host_key"):
             raise
-        # The renter's own image: one with no SSH server (ubuntu:24.04 has none) never answers, whatever the node
-        # does. Its failure is the renter's, as an image that cannot be pulled: before, any renter could take a
-        # node's reliability to 0 at no cost (a failed provision is not billed; found by review).
+        # The renter's own image, and no host key came from it: no SSH server in it (ubuntu:24.04 has none), which
+        # never answers whatever the node does. Its failure is the renter's, as an image that cannot be pulled:
+        # before, any renter could take a node's reliability to 0 at no cost (a failed provision is not billed;
+        # found by review). An image whose sshd made its host key and is silent all the same (a firewall, a port
+        # not published) stays the node's (the second review round found every own image's silence the renter's).
         theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed in "
                              "the image; the platform starts it and adds your keys).")
         theirs.fault = JobFault.RENTER  # read by faults.error_fault
@@ -574,10 +586,10 @@ def vm_destroy_failed(*, job: Job, error: NodeError) -> None:
     """A destroy that could not reach the node: the renter's side ends all the same (nothing is billed after
     the request); the instance keeps its GPUs until the reconciler removes the VM when the node answers. One
     superseded by a later job of the instance (a destroy asked again) is closed with a note: that one speaks."""
-    if _closed_as_superseded(job, error.message):
+    fault = error_fault(error)
+    if _closed_as_superseded(job, error.message, fault):
         return
     instance = Instance.objects.get(pk=_instance_id(job))
-    fault = error_fault(error)
     if instance.status != InstanceStatus.DESTROYING:  # it moved on meanwhile (e.g. an operator's action)
         job_finish(job=job, error=error.message, fault=fault)
         return
@@ -665,7 +677,7 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
     them (vm_cleanup_pending) until the node confirms it (instance_cleanup_done), so that no GPU its VM may
     still use is given to the next renter.
     """
-    if _closed_as_superseded(job, error):
+    if _closed_as_superseded(job, error, fault):
         return
     instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
     kind = JobKind(job.kind)

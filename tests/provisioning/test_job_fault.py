@@ -392,6 +392,37 @@ def test_the_renters_own_image_that_never_opens_ssh_does_not_count_against_the_n
     assert reliability(node) == pytest.approx(0.98)
 
 
+def test_an_own_image_whose_sshd_made_its_key_and_stays_silent_counts_against_the_node(fake_node, monkeypatch):
+    """The image has sshd (the agent read the host key it made): a silent port is the node's (a firewall, a port
+    not published), not the renter's (found by the second review round: every own image's silence was theirs)."""
+    node = checked_node()
+    session = fake_node.session
+
+    def with_host_key(node_, *args, **kwargs):
+        opened = session(node_, *args, **kwargs)
+        agent = opened.agent
+
+        def answer(command, sub=None, request=None, timeout=None):
+            out = agent(command, sub, request, timeout)
+            if (command, sub) == ("vm", "create"):
+                out = {**out, "ssh_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEXAMPLEKEY"}
+            return out
+
+        opened.agent = answer
+        return opened
+
+    monkeypatch.setattr("provisioning.services.vms.node_session", with_host_key)
+
+    def refused(host, port, timeout=0):
+        raise vms.VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within 120s "
+                              "([Errno 111] Connection refused).")
+
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    own, job = provision(node, image="registry.example.com/team/with-sshd:1")
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    assert failed(job).fault == JobFault.NODE and "must start an SSH server" not in job.error
+
+
 def test_a_node_that_stays_unreachable_still_counts(fake_node):
     node = checked_node()
     instance, job = provision(node)

@@ -17,7 +17,7 @@ from django.utils import timezone
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus
 from marketplace.services import instances as instance_svc
 from provisioning import tasks
-from provisioning.models import Job, JobKind, JobStatus
+from provisioning.models import Job, JobFault, JobKind, JobStatus
 from provisioning.services import vms
 from provisioning.ssh_errors import AgentFailed
 from tests.factories import make_listed_node
@@ -144,7 +144,8 @@ def test_a_stale_start_job_failing_leaves_a_later_restart_alone(fake_node, monke
     assert Gpu.objects.get(node=node, index=0).status != GpuStatus.FREE
     assert instance.allocations.filter(released_at__isnull=True).exists()
     old = Job.objects.get(pk=old_start.pk)
-    assert old.status == JobStatus.SUCCEEDED and old.fault == "" and SUPERSEDED in old.log[-1]["message"]
+    # Still a failure (operators read it), the platform's: the two jobs raced, the node is not blamed.
+    assert old.status == JobStatus.FAILED and old.fault == JobFault.PLATFORM and SUPERSEDED in old.error
     run_in_worker(tasks.instance_restart, restart)  # the RESTART speaks for the instance
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.RUNNING and instance.status_message == "Running (restarted)"
@@ -161,3 +162,24 @@ def test_a_jobs_progress_is_written_only_while_the_instance_is_where_the_job_act
     instance_svc.instance_set_status_message(instance_id=instance.pk, message="waiting for SSH on the VM",
                                              only_in=(InstanceStatus.STARTING,))
     assert Instance.objects.get(pk=instance.pk).status_message == "Stopped; the disk is kept."
+
+
+def test_a_nodes_own_failure_after_a_destroy_was_asked_stays_a_failure_counted_against_it(fake_node, monkeypatch):
+    """Found by the second review round: a provision the node failed after its renter asked for a destroy closed
+    as succeeded ("a later job took over"), its fault lost; before the superseded rule it failed, the node's."""
+    from tests.provisioning.test_job_fault import RETRIES_SPENT, checked_node, provision, reliability
+    from tests.provisioning.test_job_fault import run_in_worker as run_with_retries
+
+    node = checked_node()
+    instance, job = provision(node)
+
+    def destroyed_then_the_node_fails():
+        instance_svc.instance_destroy(instance=Instance.objects.get(pk=instance.pk))
+        raise AgentFailed({"code": "command_failed",
+                           "message": "docker: Error response from daemon: nvidia-container-cli: initialization error"})
+
+    fake_node.hooks[("vm", "create")] = destroyed_then_the_node_fails
+    run_with_retries(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.fault == JobFault.NODE and SUPERSEDED in job.error
+    assert reliability(node) < 1.0
