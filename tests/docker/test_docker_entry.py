@@ -3,15 +3,21 @@
 agent answered "running"), and one that runs as a non-root user (USER jovyan: the wrapper could not read its own
 box, 0700, and the container crash-looped)."""
 import json
+import os
 import time
+
+import pytest
 
 from tests.docker.test_docker_runtime import node  # noqa: F401 - the fixture
 from tests.provisioning.sshkit import new_keypair
 
 
-def derived_image(engine, ref, *changes):
+def derived_image(engine, ref, *changes, folder=None):
+    """engine.image with `changes` (Dockerfile lines) and, given `folder` (a local folder), a copy of it in /opt."""
     maker = engine.docker("create", engine.image, check=True).stdout.strip()
     try:
+        if folder is not None:
+            engine.docker("cp", str(folder), maker + ":/opt/", check=True)
         argv = ["commit"]
         for change in changes:
             argv += ["--change", change]
@@ -57,3 +63,42 @@ def test_an_image_with_a_non_root_user_runs_the_wrapper_and_onstart(node):  # no
     ran = node.engine.docker("exec", "gpumarket-dk-user", "cat", "/tmp/onstart-ran")
     assert ran.stdout == "nobody renter-secret\n", ran
     assert node("vm status", {"vm_id": "dk-user"})["state"] == "running"
+
+
+# nvidia/cuda:12.x: ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"], no CMD, the script ending so.
+NVIDIA_ENTRYPOINT = """#!/bin/bash
+if [[ $# -eq 0 ]]; then exec "/bin/bash"; else exec "$@"; fi
+"""
+
+
+def nvidia_like(engine, tmp_path):
+    folder = tmp_path / "nvidia"
+    folder.mkdir()
+    (folder / "nvidia_entrypoint.sh").write_text(NVIDIA_ENTRYPOINT)
+    os.chmod(folder / "nvidia_entrypoint.sh", 0o755)  # noqa: S103 - the image's entrypoint, run by its user
+    return derived_image(engine, "gpumarket-test/nvidia-entry:1", 'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"]',
+                         "CMD []", folder=folder)
+
+
+@pytest.mark.parametrize("kind", ["nvidia-entrypoint", "shell-form CMD bash", "bash -l"])
+def test_an_image_whose_command_ends_in_a_bare_shell_keeps_running_and_stops_at_once(node, tmp_path, kind):  # noqa: F811
+    """Found by the second review: only a command that was exactly one bare shell was kept from crash-looping;
+    nvidia/cuda's entrypoint (it execs bash when given no CMD), shell-form `CMD bash` (["/bin/sh", "-c", "bash"])
+    and ["bash", "-l"] exited at once and `--restart unless-stopped` ran them again forever."""
+    engine = node.engine
+    image = {"nvidia-entrypoint": lambda: nvidia_like(engine, tmp_path),
+             "shell-form CMD bash": lambda: derived_image(engine, "gpumarket-test/sh-c-bash:1", "CMD bash"),
+             "bash -l": lambda: derived_image(engine, "gpumarket-test/bash-l:1", 'CMD ["bash", "-l"]')}[kind]()
+    node.env["GPUMARKET_DOCKER_PULL"] = "missing"
+    _, public = new_keypair()
+    vm = node("vm create", {"vm_id": "dk-shell", "gpu_indices": [0], "ssh_public_keys": [public],
+                            "image": {"docker": image}})
+    state = settled(engine, "dk-shell")
+    assert (state["Status"], state["RestartCount"]) == ("running", 0), state
+    assert vm["ssh_host_key"].startswith("ssh-ed25519 ")
+    assert node("vm status", {"vm_id": "dk-shell"})["state"] == "running"
+    logs = engine.docker("logs", "gpumarket-dk-shell", check=True)
+    assert "[gpumarket] the image's command exited 0; the instance stays up for SSH" in logs.stdout + logs.stderr
+    started = time.monotonic()
+    assert node("vm stop", {"vm_id": "dk-shell"})["state"] == "stopped"
+    assert time.monotonic() - started < 10  # the wrapper ends at the TERM, not at docker stop's kill after 20 s

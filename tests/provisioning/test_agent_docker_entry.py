@@ -1,35 +1,131 @@
 """A container whose image's command exits at once, or whose image runs as a non-root user (found by review): the
-entry wrapper keeps it running, the box is readable by the image's user, and a crash-looping container is not
-answered "running" (stand-in docker CLI of test_agent_docker.py; tests/docker/test_docker_entry.py: a real engine)."""
+entry wrapper keeps it running (the wrapper itself runs here too, on this host's /bin/sh), the box is readable by
+the image's user, and a crash-looping container is not answered "running" (stand-in docker CLI of
+test_agent_docker.py; tests/docker/test_docker_entry.py: a real engine)."""
 import json
 import os
+import signal
 import stat
+import subprocess
+import time
 
 import pytest
 
 from provisioning.agent import gpumarket_agent as agent
 from provisioning.agent.gpumarket_agent.runtimes import docker as docker_runtime
-from provisioning.agent.gpumarket_agent.runtimes.dockerbox import container_command
+from provisioning.agent.gpumarket_agent.runtimes.dockerbox import ENTRY_SH
 from tests.provisioning.test_agent_docker import node  # noqa: F401 - the fixture
 
-
-@pytest.mark.parametrize("command", [["/bin/bash"], ["bash"], ["sh"], ["/bin/sh"], ["/usr/bin/dash"], []])
-def test_a_bare_shell_is_no_command_for_the_wrapper(command):
-    assert container_command(command) == []
+# nvidia/cuda's /opt/nvidia/nvidia_entrypoint.sh ends so: with no CMD it execs a bare bash.
+NVIDIA_ENTRYPOINT = 'if [ $# -eq 0 ]; then exec /bin/bash; else exec "$@"; fi\n'
 
 
-@pytest.mark.parametrize("command", [["bash", "-c", "serve"], ["/usr/sbin/sshd", "-D"], ["python3"],
-                                     ["/opt/conda/bin/jupyter", "lab"], ["bashful"]])
-def test_any_other_command_is_the_wrappers_to_exec(command):
-    assert container_command(command) == command
+def wrapper_here(tmp_path, sshd=""):
+    """ENTRY_SH runnable on this host: its box and state in tmp_path, /etc left alone, no sshd (each replaced line
+    must be found, so a change of the wrapper shows here)."""
+    script = ENTRY_SH
+    for old, new in [("G=/.gpumarket\n", f"G={tmp_path}/box\n"), ("S=/.gpumarket-state\n", f"S={tmp_path}/state\n"),
+                     ("if [ -w /etc ]; then", "if false; then"),
+                     ("for candidate in /usr/sbin/sshd /usr/local/sbin/sshd; do", f"for candidate in {sshd}; do")]:
+        assert script.count(old) == 1, old
+        script = script.replace(old, new)
+    (tmp_path / "box").mkdir()
+    (tmp_path / "entry.sh").write_text(script)
+    (tmp_path / "nvidia_entrypoint.sh").write_text(NVIDIA_ENTRYPOINT)
+    return str(tmp_path / "entry.sh")
 
 
-def test_an_image_whose_command_is_bash_gets_a_container_kept_running_without_it(node, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("command", [
+    ["/bin/bash"], ["sh"], ["/bin/sh", "-c", "bash"], ["bash", "-l"], ["/bin/sh", "{nvidia}"], ["true"], ["false"],
+])
+def test_the_wrapper_outlives_an_image_command_that_exits_at_once_and_ends_at_a_stop(tmp_path, command):
+    """Found by review: only ["/bin/bash"] was recognised as a bare shell; nvidia/cuda's entrypoint (it execs bash
+    when given nothing), shell-form `CMD bash` and `bash -l` exited at once and the container crash-looped."""
+    entry = wrapper_here(tmp_path)
+    command = [a.format(nvidia=tmp_path / "nvidia_entrypoint.sh") for a in command]
+    proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()[0]  # still up: the container is not restarted
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # docker stop (through --init)
+        out = proc.communicate(timeout=10)[0]
+        assert time.monotonic() - started < 3, out  # at once, not at docker stop's 20 s kill
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rc = 1 if command == ["false"] else 0
+    assert f"[gpumarket] the image's command exited {rc}; the instance stays up for SSH\n" in out, out
+
+
+@pytest.mark.parametrize(("rc", "wrappers"), [(0, False), (1, True)])
+def test_an_image_whose_command_is_sshd_runs_it_and_the_wrappers_only_if_it_fails(tmp_path, rc, wrappers):
+    """The image's own sshd is SSH (the wrapper starts none beside it); one that exits 0 daemonised and still
+    serves, one that fails is replaced by the wrapper's."""
+    fake = tmp_path / "sshd"
+    fake.write_text('#!/bin/sh\necho "wrapper sshd $*"\n')
+    fake.chmod(0o700)
+    image_sshd = tmp_path / "image-sshd"
+    image_sshd.write_text(f'#!/bin/sh\necho "image sshd $*"\nexit {rc}\n')
+    image_sshd.chmod(0o700)
+    entry = wrapper_here(tmp_path, sshd=str(fake))
+    proc = subprocess.Popen(["/bin/sh", entry, str(image_sshd), "-D"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=10)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out.startswith("image sshd -D\n"), out  # no wrapper's sshd before the image's
+    assert ("wrapper sshd -e\n[gpumarket] sshd started\n" in out) == wrappers, out
+
+
+def test_a_stop_ends_the_images_command_still_running(tmp_path):
+    entry = wrapper_here(tmp_path)
+    marker = tmp_path / "ended"
+    command = ["/bin/sh", "-c", f"trap 'echo term > {marker}; exit 0' TERM; while :; do sleep 0.1; done"]
+    proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=10)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert marker.read_text() == "term\n", out  # the command was told to stop, and the wrapper waited for it
+    assert "exited" not in out
+
+
+def test_the_images_command_gets_no_stdin(tmp_path):
+    entry = wrapper_here(tmp_path)
+    proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "cat; echo read-eof"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)  # stdin kept open here: a command reading the wrapper's stdin would still wait
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=10)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "read-eof\n[gpumarket] the image's command exited 0" in out, out
+
+
+def test_an_image_whose_command_is_bash_gets_the_wrapper_running_it(node, monkeypatch):  # noqa: F811
     monkeypatch.setattr(docker_runtime, "image_command", lambda image: ["/bin/bash"])
     vm = node.create("inst-1", [0], image="ubuntu:22.04")
     assert vm["ok"] and vm["state"] == "running", vm
     (create,) = node.creates()
-    assert create[-2:] == ["ubuntu:22.04", "/.gpumarket/entry.sh"]  # the wrapper's own loop, not bash's EOF
+    assert create[-3:] == ["ubuntu:22.04", "/.gpumarket/entry.sh", "/bin/bash"]  # the wrapper outlives bash's EOF
 
 
 def test_the_box_is_readable_by_the_images_user_and_the_vm_folder_by_nobody_else(node):  # noqa: F811

@@ -40,7 +40,7 @@ from .dockerargv import (
     mount_arg,
     publish,
 )
-from .dockerbox import ENTRY_SH, container_command, env_file, pam_environment, profile_sh
+from .dockerbox import ENTRY_SH, env_file, pam_environment, profile_sh
 from .dockerlimits import (
     HOST_RAM_KEPT,
     MIG_SLICES_PER_GPU,
@@ -151,11 +151,7 @@ class DockerRuntime(Runtime):
         write_file(keys_path, "\n".join(spec["ssh_public_keys"]) + "\n", 0o600)
         if self.state(rec) == "missing":
             docker_pull(self.cfg, rec, registry_auth)
-            command = image_command(spec["image"]["docker"])
-            if command and not container_command(command):
-                vm_log(self.cfg, vm_id, "the image's command (%s) is a bare shell, which exits at once without a "
-                       "terminal: the container is kept running without it" % command[0])
-            command = container_command(command)
+            command = image_command(spec["image"]["docker"])  # run by the wrapper, which outlives it
             self.ensure_network()
             rec["limits"] = self.limits(spec)
             vmdir, env_path = self.write_box(rec)

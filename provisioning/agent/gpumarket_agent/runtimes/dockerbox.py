@@ -3,27 +3,21 @@
 The box folder (<vm dir>/box) is mounted read-only at /.gpumarket; the wrapper keeps its state (the onstart
 marker) in /.gpumarket-state inside the container's own writable layer (kept across stop/start, bounded by the
 container's disk limit: nothing the renter writes lands in a host folder), or in $HOME when the image's user
-cannot write /. The container runs `/bin/sh /.gpumarket/entry.sh <image's own command>`."""
-import os
+cannot write /. The container runs `/bin/sh /.gpumarket/entry.sh <image's own command>`.
+
+The image's command (ENTRYPOINT + CMD) runs as the wrapper's child with stdin from /dev/null, and the container stays
+up when it exits: a command that exits at once without a terminal (a bare shell: ubuntu's and debian's CMD bash,
+nvidia/cuda's entrypoint that execs bash when given nothing, `CMD bash` as `sh -c bash`, `bash -l`) had the
+container crash-loop under `--restart unless-stopped`, killing sshd and the renter's sessions every time (found by
+review: recognising shells in the argv missed all but `["/bin/bash"]`). `docker stop` ends it at once: the wrapper
+traps TERM and INT, stops the command and exits."""
 import shlex
-
-# A bare shell as the image's command (ubuntu's and debian's CMD is bash; an nvidia/cuda image with no CMD runs the
-# wrapper's loop): without a terminal (no -i) it reads EOF and exits at once, and `--restart unless-stopped`
-# crash-looped the container (found by review). The wrapper keeps the container running without it instead.
-SHELLS = ("sh", "bash", "dash", "ash", "zsh", "ksh")
-
-
-def container_command(command):
-    """The image's own command for the wrapper to exec, or [] where it would exit at once (a bare shell, no args)."""
-    if len(command) == 1 and os.path.basename(command[0]) in SHELLS:
-        return []
-    return list(command)
 
 # POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it as the
 # container's environment (--env-file) and as files written by the agent; onstart is a file it runs.
 ENTRY_SH = r"""#!/bin/sh
 # gpumarket entry: env for SSH sessions, host keys, sshd (unless the image's command is one), onstart once,
-# then the image's own command.
+# then the image's own command as a child; the container stays up when it exits.
 G=/.gpumarket
 S=/.gpumarket-state
 say() { echo "[gpumarket] $*"; }
@@ -62,10 +56,39 @@ if [ -f "$G/onstart.sh" ] && [ ! -e "$S/onstart.started" ]; then
     say "onstart: running"
     ( cd "${HOME:-/}" 2>/dev/null; /bin/sh "$G/onstart.sh"; say "onstart: exited $?" ) </dev/null 2>&1 &
 fi
+CHILD=""
+SLEEPER=""
+stop() {
+    trap - TERM INT
+    [ -n "$SLEEPER" ] && kill "$SLEEPER" 2>/dev/null
+    if [ -n "$CHILD" ] && kill "$CHILD" 2>/dev/null; then
+        wait "$CHILD"
+    fi
+    exit 0
+}
+trap stop TERM INT
 if [ $# -gt 0 ]; then
-    exec "$@"
+    # Not exec: a command that exits (a shell reading EOF) must not end the container.
+    "$@" </dev/null &
+    CHILD=$!
+    wait "$CHILD"
+    RC=$?
+    CHILD=""
+    say "the image's command exited $RC; the instance stays up for SSH"
+    case "$1" in
+        *sshd) # The image's own sshd was SSH: a failed one is replaced by the wrapper's (one that daemonised
+               # exited 0 and still serves).
+            if [ "$RC" -ne 0 ] && [ -n "$SSHD" ]; then
+                mkdir -p /run/sshd 2>/dev/null
+                if "$SSHD" -e; then say "sshd started"; else say "sshd did not start"; fi
+            fi ;;
+    esac
 fi
-while :; do sleep 3600; done
+while :; do
+    sleep 3600 &
+    SLEEPER=$!
+    wait "$SLEEPER"
+done
 """
 
 
