@@ -22,6 +22,7 @@ from django.db.models import Case, Count, F, Sum, Value, When
 from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
+from marketplace.models.renting import vm_id_of
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_return_state
 from notifications.services.notify import Kind, notify
@@ -31,6 +32,7 @@ from provisioning.services.gpu_presence import gpus_presence, node_gpus_presence
 from provisioning.services.nodes import (
     OFFLINE_AFTER_FAILED_CHECKS,
     VM_MISSING,
+    VM_RESTARTING,
     VM_UNKNOWN,
     HealthResult,
     node_event,
@@ -164,8 +166,14 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
         # review: one such domain failed the whole answer, and every renter on the node was interrupted).
         for vm_id in sorted(vm_id for vm_id, state in result.vms.items() if state == VM_UNKNOWN):
             vm_state_unknown_reported(node=node, vm_id=vm_id)
+        # Restarting (docker: the container exits and the engine runs it again): the renter's own container, on its
+        # GPUs, billed as running; the renter is told. Taken as stopped, every restart interrupted the instance and
+        # credited the renter at the provider's expense (found by the second review).
+        restarting = running & {vm_id for vm_id, state in result.vms.items() if state == VM_RESTARTING}
+        if restarting:
+            instances_restarting_told(node_id=node.pk, vm_ids=restarting)
         stopped = running & {vm_id for vm_id, state in result.vms.items()
-                             if state not in ("running", VM_MISSING, VM_UNKNOWN)}
+                             if state not in ("running", VM_MISSING, VM_UNKNOWN, VM_RESTARTING)}
         lost = []
         for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
                                (stopped, "the server answers, but the VM is not running on it")):
@@ -175,6 +183,32 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
                     started_before=result.probed_at, detail=detail)
         return sorted(lost)
     return []
+
+
+RESTARTING_MESSAGE = ("Its container keeps exiting and the server starts it again (an image without the /bin/sh the "
+                      "platform's entry script runs on, or one that runs out of memory), so SSH may not answer. See "
+                      "its logs. It holds its GPUs and is billed as running until you stop or destroy it.")
+
+
+def instances_restarting_told(*, node_id: int, vm_ids: set[str]) -> None:
+    """Tell the renters of running instances whose VM the node lists as restarting, once (their status message).
+    Such an instance is neither interrupted nor judged lost: its container is the renter's own image, on the
+    instance's GPUs, and the engine keeps running it; the message goes when the VM is seen running again."""
+    ids = [pk for pk in Instance.objects.filter(node_id=node_id, status=InstanceStatus.RUNNING)
+           .exclude(status_message=RESTARTING_MESSAGE).values_list("pk", flat=True) if vm_id_of(pk) in vm_ids]
+    for instance_id in ids:
+        instance_svc.instance_set_status_message(instance_id=instance_id, message=RESTARTING_MESSAGE,
+                                                 only_in=(InstanceStatus.RUNNING,))
+
+
+def instances_running_again(*, node_id: int, vm_ids: set[str]) -> None:
+    """The restarting message goes from running instances whose VM the node lists as running again."""
+    ids = [pk for pk in Instance.objects.filter(node_id=node_id, status=InstanceStatus.RUNNING,
+                                                status_message=RESTARTING_MESSAGE).values_list("pk", flat=True)
+           if vm_id_of(pk) in vm_ids]
+    if ids:
+        Instance.objects.filter(pk__in=ids, status=InstanceStatus.RUNNING, status_message=RESTARTING_MESSAGE) \
+            .update(status_message="", updated_at=timezone.now())
 
 
 def _gpus_changed(node: Node, reported_hash: str) -> bool:

@@ -19,10 +19,12 @@ from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, NodeEvent
+from provisioning.services.fleet_record import instances_restarting_told, instances_running_again
 from provisioning.services.gpu_presence import instance_waits_for_gpu
 from provisioning.services.nodes import (
     VM_HOLDING_GPUS,
     VM_MISSING,
+    VM_RESTARTING,
     VM_UNKNOWN,
     node_event,
     node_session,
@@ -153,16 +155,23 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                     counts["instances_failed"] += 1
                 elif instance_waits_for_gpu(instance_id=instance.pk):
                     continue  # its VM may run, its card does not: it resumes once the card answers again
-                elif vm.get("state") == "running":
+                elif vm.get("state") in VM_HOLDING_GPUS:  # restarting: the renter's container, as before (below)
                     counts["resumed"] += instance_svc.instance_resume(instance_id=instance.pk) is not None
                 else:
                     counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) \
                         is not None
+            elif instance.status == InstanceStatus.RUNNING and vm is not None and vm.get("state") == VM_RESTARTING:
+                # The renter's own container that the engine keeps running again (docker): not a lost VM (judged
+                # lost, the instance was interrupted and credited at the provider's expense, then restarted, every
+                # pass; found by the second review). Left running on its GPUs, billed; its renter told.
+                instances_restarting_told(node_id=node.pk, vm_ids={instance.vm_id})
             elif instance.status == InstanceStatus.RUNNING and (vm is None or vm.get("state") != "running"):
                 _running_vm_lost(node, instance, vm, counts, missing=instance.pk in missing)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
+        instances_running_again(node_id=node.pk,
+                                vm_ids={v["vm_id"] for v in seen.values() if v.get("state") == "running"})
         _forget_missing(node, session, known, missing - making - settled)
         _release_held(node, known, seen, settled, making | {i for i in unknown if i is not None}, counts)
         _reconcile_volumes(node, session, counts)
