@@ -65,7 +65,8 @@ def test_the_rent_page_counts_what_already_runs_and_the_refusal_names_no_api(web
     h100 = make_listed_node(gpu_model="h100-sxm", price="2.250000", gpu_count=2)
     book(renter, a100, num_gpus=2)  # $3.00/h
     page = web.get(f"/offers/{h100.pk}/rent/").content.decode()
-    assert 'id="burn-rate">$3.00 per hour<' in page and "Top up first" in page and "$0.25 more" in page
+    assert 'id="burn-rate">$3.00 per hour<' in page and "Top up first" in page
+    assert '<span data-funds="missing">$0.25</span> more' in page
     r = web.post(f"/offers/{h100.pk}/rent/", {"image": "cuda-12-4", "num_gpus": "1",
                                               "ssh_public_key": ed25519_key(), "request_token": "t1"})
     page = r.content.decode()
