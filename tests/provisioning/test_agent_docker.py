@@ -55,6 +55,7 @@ def test_create_argv_with_the_renters_options():
         "-v", "/s/vms/a/authorized_keys:/root/.ssh/authorized_keys:ro",
         "-v", "/s/vms/a/box:/.gpumarket:ro",  # nothing the renter writes lands in a host folder
         "--init", "--entrypoint", "/bin/sh",
+        "-e", "TINI_KILL_PROCESS_GROUP=1",  # docker stop's signal reaches the image's command under the wrapper
         "--mount", "type=volume,src=vol-abcdefgh,dst=/data",
         "--mount", 'type=volume,src=vol-ijklmnop,"dst=/a,b ""c"""',  # CSV, as docker's --mount parser reads it
         "--env-file", "/s/vms/a/env.list",

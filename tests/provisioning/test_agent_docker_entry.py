@@ -35,6 +35,12 @@ def wrapper_here(tmp_path, sshd=""):
     return str(tmp_path / "entry.sh")
 
 
+def docker_stop(proc, sig=signal.SIGTERM):
+    """docker stop through docker-init with TINI_KILL_PROCESS_GROUP (dockerargv): the signal to the wrapper's whole
+    process group (the wrapper is started here in a session of its own)."""
+    os.killpg(proc.pid, sig)
+
+
 @pytest.mark.parametrize("command", [
     ["/bin/bash"], ["sh"], ["/bin/sh", "-c", "bash"], ["bash", "-l"], ["/bin/sh", "{nvidia}"], ["true"], ["false"],
 ])
@@ -44,12 +50,12 @@ def test_the_wrapper_outlives_an_image_command_that_exits_at_once_and_ends_at_a_
     entry = wrapper_here(tmp_path)
     command = [a.format(nvidia=tmp_path / "nvidia_entrypoint.sh") for a in command]
     proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         time.sleep(1.0)
         assert proc.poll() is None, proc.communicate()[0]  # still up: the container is not restarted
         started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)  # docker stop (through --init)
+        docker_stop(proc)  # docker stop (through --init)
         out = proc.communicate(timeout=10)[0]
         assert time.monotonic() - started < 3, out  # at once, not at docker stop's 20 s kill
     finally:
@@ -72,11 +78,11 @@ def test_an_image_whose_command_is_sshd_runs_it_and_the_wrappers_only_if_it_fail
     image_sshd.chmod(0o700)
     entry = wrapper_here(tmp_path, sshd=str(fake))
     proc = subprocess.Popen(["/bin/sh", entry, str(image_sshd), "-D"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         time.sleep(1.0)
         assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
+        docker_stop(proc)
         out = proc.communicate(timeout=10)[0]
     finally:
         if proc.poll() is None:
@@ -91,11 +97,11 @@ def test_a_stop_ends_the_images_command_still_running(tmp_path):
     marker = tmp_path / "ended"
     command = ["/bin/sh", "-c", f"trap 'echo term > {marker}; exit 0' TERM; while :; do sleep 0.1; done"]
     proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         time.sleep(1.0)
         assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
+        docker_stop(proc)
         out = proc.communicate(timeout=10)[0]
     finally:
         if proc.poll() is None:
@@ -108,10 +114,10 @@ def test_a_stop_ends_the_images_command_still_running(tmp_path):
 def test_the_images_command_gets_no_stdin(tmp_path):
     entry = wrapper_here(tmp_path)
     proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "cat; echo read-eof"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         time.sleep(1.0)  # stdin kept open here: a command reading the wrapper's stdin would still wait
-        proc.send_signal(signal.SIGTERM)
+        docker_stop(proc)
         out = proc.communicate(timeout=10)[0]
     finally:
         if proc.poll() is None:
@@ -163,3 +169,42 @@ def test_a_restarting_container_is_not_running_holds_its_gpus_and_is_stopped_by_
 
 def test_docker_state_restarting_is_no_running_vm():
     assert agent.docker_state("restarting") not in ("running", "stopped", "missing")
+
+
+def test_the_images_command_keeps_sigint_and_sigquit(tmp_path):
+    """Found by review: run in the background (sh starts those with SIGINT and SIGQUIT ignored), the image's
+    command and all it starts could not be interrupted: no KeyboardInterrupt, no Ctrl-C in a terminal it opens."""
+    entry = wrapper_here(tmp_path)
+    proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "grep SigIgn /proc/self/status"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        time.sleep(1.0)
+        docker_stop(proc)
+        out = proc.communicate(timeout=10)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ignored = int(out.split("SigIgn:")[1].split()[0], 16)
+    assert not ignored & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGQUIT - 1)), out
+
+
+def test_an_images_own_stop_signal_reaches_its_command_and_ends_the_wrapper(tmp_path):
+    """httpd's STOPSIGNAL is WINCH: docker stop sends it, the command shuts down gracefully, the wrapper ends."""
+    entry = wrapper_here(tmp_path)
+    marker = tmp_path / "ended"
+    command = ["/bin/sh", "-c", f"trap 'echo winch > {marker}; exit 0' WINCH; while :; do sleep 0.1; done"]
+    proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        time.sleep(1.0)
+        started = time.monotonic()
+        docker_stop(proc, signal.SIGWINCH)
+        out = proc.communicate(timeout=10)[0]
+        assert time.monotonic() - started < 3, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert marker.read_text() == "winch\n", out

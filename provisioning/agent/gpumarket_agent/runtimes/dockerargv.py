@@ -73,6 +73,9 @@ def docker_run_argv(vm_id, gpu_indices, image, host_port, keys_path, gpus="toolk
     argv += ["-v", keys_path + ":" + AUTHORIZED_KEYS_MOUNT + ":ro"]
     if box:  # (the entry wrapper's own state lives in the container's writable layer, under its disk limit)
         argv += ["-v", os.path.join(box, "box") + ":/.gpumarket:ro", "--init", "--entrypoint", "/bin/sh"]
+        # docker-init (tini) passes docker stop's signal to the whole process group: the image's command runs under
+        # the entry wrapper, not as its only child (dockerbox.ENTRY_SH).
+        argv += ["-e", "TINI_KILL_PROCESS_GROUP=1"]
     for vol in volumes:
         argv += ["--mount", mount_arg(type="volume", src=vol["name"], dst=vol["mount"])]
     if env_path:

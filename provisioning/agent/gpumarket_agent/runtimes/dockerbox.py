@@ -56,24 +56,22 @@ if [ -f "$G/onstart.sh" ] && [ ! -e "$S/onstart.started" ]; then
     say "onstart: running"
     ( cd "${HOME:-/}" 2>/dev/null; /bin/sh "$G/onstart.sh"; say "onstart: exited $?" ) </dev/null 2>&1 &
 fi
-CHILD=""
 SLEEPER=""
 stop() {
-    trap - TERM INT
+    trap - TERM INT QUIT WINCH
     [ -n "$SLEEPER" ] && kill "$SLEEPER" 2>/dev/null
-    if [ -n "$CHILD" ] && kill "$CHILD" 2>/dev/null; then
-        wait "$CHILD"
-    fi
     exit 0
 }
-trap stop TERM INT
+# docker stop's signal (TERM, or the image's STOPSIGNAL: INT, QUIT, httpd's WINCH) reaches the image's command
+# through docker-init, which signals the whole process group (TINI_KILL_PROCESS_GROUP, dockerargv); the wrapper
+# then ends too, once the command has.
+trap stop TERM INT QUIT WINCH
 if [ $# -gt 0 ]; then
-    # Not exec: a command that exits (a shell reading EOF) must not end the container.
-    "$@" </dev/null &
-    CHILD=$!
-    wait "$CHILD"
+    # Not exec: a command that exits (a shell reading EOF) must not end the container. In the foreground: sh starts
+    # a background command with SIGINT and SIGQUIT ignored, for it and everything it starts (no Ctrl-C in a
+    # terminal the image opens; found by review).
+    "$@" </dev/null
     RC=$?
-    CHILD=""
     say "the image's command exited $RC; the instance stays up for SSH"
     case "$1" in
         *sshd) # The image's own sshd was SSH: a failed one is replaced by the wrapper's (one that daemonised
