@@ -423,19 +423,37 @@ def _destroyed_meanwhile(job: Job, instance: Instance) -> bool:
     return True
 
 
+def _ssh_answers_on_node(instance: Instance) -> bool | None:
+    """Whether the VM's SSH server answers on its node itself (`vm status` with probe_ssh); None when the node
+    cannot say (unreachable, a refusal, a runtime that cannot tell)."""
+    try:
+        with node_session(instance.node) as session:
+            status = session.agent("vm", "status", _request(instance, probe_ssh=True))
+    except NodeError:
+        return None
+    answers = status.get("ssh_answers")
+    return answers if isinstance(answers, bool) else None
+
+
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
     address = vm_address(instance.node, answer)
     _progress(job, instance, "waiting for SSH on the VM")
     try:
         wait_for_ssh(address.probe, address.port)
     except VmSshSilent as exc:
-        if instance.image is not None or answer.get("ssh_host_key"):
+        if instance.image is not None:
             raise
-        # The renter's own image, and no host key came from it: no SSH server in it (ubuntu:24.04 has none), which
-        # never answers whatever the node does. Its failure is the renter's, as an image that cannot be pulled:
-        # before, any renter could take a node's reliability to 0 at no cost (a failed provision is not billed;
-        # found by review). An image whose sshd made its host key and is silent all the same (a firewall, a port
-        # not published) stays the node's (the second review round found every own image's silence the renter's).
+        # The renter's own image. One whose SSH server never started (ubuntu:24.04 has none) never answers whatever
+        # the node does: its failure is the renter's, as an image that cannot be pulled (before, any renter could
+        # take a node's reliability to 0 at no cost: a failed provision is not billed; found by review). One whose
+        # SSH answers on the node itself and not from here stays the node's (a firewall, a port not published).
+        # The node's own probe tells them apart; a host key read from the image did not (a renter can put a key
+        # file in an image without sshd; found by review). Where the node cannot say, the key decides.
+        answers = _ssh_answers_on_node(instance)
+        if answers is None:
+            answers = bool(answer.get("ssh_host_key"))
+        if answers:
+            raise
         theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed in "
                              "the image; the platform starts it and adds your keys).")
         theirs.fault = JobFault.RENTER  # read by faults.error_fault

@@ -47,7 +47,35 @@ def test_an_image_whose_command_is_bash_keeps_running_with_sshd(node):  # noqa: 
     state = settled(node.engine, "dk-bash")
     assert (state["Status"], state["RestartCount"]) == ("running", 0), state
     assert vm["ssh_host_key"].startswith("ssh-ed25519 ")  # the wrapper's sshd, up and staying up
-    assert node("vm status", {"vm_id": "dk-bash"})["state"] == "running"
+    status = node("vm status", {"vm_id": "dk-bash", "probe_ssh": True})
+    assert status["state"] == "running" and status["ssh_answers"] is True  # its sshd, on the published port
+
+
+def test_an_image_with_a_host_key_file_and_an_sshd_that_cannot_start_does_not_answer_ssh(node, tmp_path):  # noqa: F811
+    """A renter's image can carry a host key file and no working sshd: the agent reads the key all the same, so the
+    key cannot tell whose the silence is (found by review); the node's probe of the published port can."""
+    folder = tmp_path / "keyonly"
+    folder.mkdir()
+    (folder / "sshd").write_text("#!/bin/sh\necho 'sshd: cannot start' >&2\nexit 1\n")
+    os.chmod(folder / "sshd", 0o755)  # noqa: S103 - run by the image's user
+    (folder / "key.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyFromTheImage renter@image\n")
+    engine = node.engine
+    maker = engine.docker("create", engine.image, check=True).stdout.strip()
+    try:
+        engine.docker("cp", str(folder / "sshd"), maker + ":/usr/sbin/sshd", check=True)
+        engine.docker("cp", str(folder / "key.pub"), maker + ":/etc/ssh/ssh_host_ed25519_key.pub", check=True)
+        engine.docker("cp", str(folder / "key.pub"), maker + ":/etc/ssh/ssh_host_ed25519_key", check=True)
+        image = "gpumarket-test/key-no-sshd:1"
+        engine.docker("commit", "--change", 'CMD ["sleep", "infinity"]', maker, image, check=True)
+    finally:
+        engine.docker("rm", "-f", maker)
+    node.env["GPUMARKET_DOCKER_PULL"] = "missing"
+    _, public = new_keypair()
+    vm = node("vm create", {"vm_id": "dk-keyonly", "gpu_indices": [0], "ssh_public_keys": [public],
+                            "image": {"docker": image}})
+    assert vm["ssh_host_key"].startswith("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKey")  # read from the image
+    status = node("vm status", {"vm_id": "dk-keyonly", "probe_ssh": True})
+    assert status["state"] == "running" and status["ssh_answers"] is False
 
 
 def test_an_image_with_a_non_root_user_runs_the_wrapper_and_onstart(node):  # noqa: F811

@@ -208,3 +208,56 @@ def test_an_images_own_stop_signal_reaches_its_command_and_ends_the_wrapper(tmp_
             proc.kill()
             proc.wait()
     assert marker.read_text() == "winch\n", out
+
+
+class Listener:
+    """A TCP server on 127.0.0.1:`port` that writes `greeting` to each connection (an SSH server's banner, or not)."""
+
+    def __init__(self, port, greeting):
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.sock.settimeout(0.2)
+        self.greeting, self.done = greeting, threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(self.greeting)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def test_vm_status_probes_the_vms_ssh_on_the_node_itself(node):  # noqa: F811
+    """What the platform asks when it cannot reach a renter's own image's SSH: does it answer on the node? A host
+    key file in the image says nothing (found by review); only an SSH server's banner on the published port does."""
+    vm = node.create("inst-6", [0])
+    port = vm["ssh_port"]
+    assert "ssh_answers" not in node.call("vm status", {"vm_id": "inst-6"})  # asked for only
+    assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is False  # nothing there
+    with Listener(port, b"HTTP/1.1 400 Bad Request\r\n\r\n"):
+        assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is False
+    with Listener(port, b"SSH-2.0-OpenSSH_9.2p1\r\n"):
+        assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is True
+    bad = node.call("vm status", {"vm_id": "inst-6", "probe_ssh": "yes"})
+    assert bad["error"]["code"] == "invalid_request" and "probe_ssh" in bad["error"]["message"], bad
+
+
+def test_a_stopped_vms_ssh_does_not_answer(node):  # noqa: F811
+    vm = node.create("inst-7", [0])
+    assert node.call("vm stop", {"vm_id": "inst-7"})["state"] == "stopped"
+    with Listener(vm["ssh_port"], b"SSH-2.0-someone-else\r\n"):  # another process on its port is not its SSH
+        assert node.call("vm status", {"vm_id": "inst-7", "probe_ssh": True})["ssh_answers"] is False

@@ -423,6 +423,71 @@ def test_an_own_image_whose_sshd_made_its_key_and_stays_silent_counts_against_th
     assert failed(job).fault == JobFault.NODE and "must start an SSH server" not in job.error
 
 
+def node_answering(fake_node, monkeypatch, *, host_key, ssh_answers):
+    """The fake node with `vm create` answering `host_key` and `vm status` with probe_ssh answering `ssh_answers`
+    (the node's own look at the VM's SSH port); the probe requests it received are listed."""
+    session, probes = fake_node.session, []
+
+    def answering(node_, *args, **kwargs):
+        opened = session(node_, *args, **kwargs)
+        agent = opened.agent
+
+        def answer(command, sub=None, request=None, timeout=None):
+            out = agent(command, sub, request, timeout)
+            if (command, sub) == ("vm", "create") and host_key:
+                out = {**out, "ssh_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEXAMPLEKEY"}
+            if (command, sub) == ("vm", "status") and (request or {}).get("probe_ssh"):
+                probes.append(request)
+                out = {**out, "ssh_answers": ssh_answers}
+            return out
+
+        opened.agent = answer
+        return opened
+
+    monkeypatch.setattr("provisioning.services.vms.node_session", answering)
+
+    def refused(host, port, timeout=0):
+        raise vms.VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within 120s "
+                              "([Errno 111] Connection refused).")
+
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    return probes
+
+
+def test_an_own_image_with_a_host_key_file_and_no_ssh_server_is_the_renters(fake_node, monkeypatch):
+    """A renter's image can carry /etc/ssh/ssh_host_ed25519_key.pub and no sshd (or an sshd that cannot start as
+    its user): the agent reads that key, and the silence was counted against the node, any renter taking a node's
+    reliability down at no cost (found by review). The node's own probe of the VM's port decides now."""
+    node = checked_node()
+    probes = node_answering(fake_node, monkeypatch, host_key=True, ssh_answers=False)
+    own, job = provision(node, image="registry.example.com/team/key-no-sshd:1")
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER and "must start an SSH server" in job.error
+    assert reliability(node) == 1.0
+    assert [p["vm_id"] for p in probes] == [own.vm_id] and probes[0]["probe_ssh"] is True
+
+
+def test_an_own_image_whose_ssh_answers_on_the_node_and_not_from_outside_is_the_nodes(fake_node, monkeypatch):
+    """Its SSH server answers on the node itself: the silence from outside is the node's network (a firewall, a
+    port not published), whatever the image (no host key read from it here)."""
+    node = checked_node()
+    probes = node_answering(fake_node, monkeypatch, host_key=False, ssh_answers=True)
+    _, job = provision(node, image="registry.example.com/team/app:1")
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.NODE and "must start an SSH server" not in job.error and len(probes) == 1
+    assert reliability(node) == pytest.approx(0.98)
+
+
+def test_a_catalogue_images_silence_asks_the_node_nothing(fake_node, monkeypatch):
+    node = checked_node()
+    probes = node_answering(fake_node, monkeypatch, host_key=False, ssh_answers=False)
+    _, job = provision(node)
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    assert failed(job).fault == JobFault.NODE and probes == []
+
+
 def test_a_node_that_stays_unreachable_still_counts(fake_node):
     node = checked_node()
     instance, job = provision(node)

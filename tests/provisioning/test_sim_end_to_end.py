@@ -156,8 +156,10 @@ def test_vm_lifecycle(node, conn, agent_path, platform_key):
         with pytest.raises(paramiko.AuthenticationException):
             _vm_client(vm, key).close()
 
+    assert call(conn, agent_path, "vm status", {"vm_id": "inst-42", "probe_ssh": True})["ssh_answers"] is True
     stopped = call(conn, agent_path, "vm stop", {"vm_id": "inst-42"})
     assert stopped["state"] == "stopped" and not port_open(port)
+    assert call(conn, agent_path, "vm status", {"vm_id": "inst-42", "probe_ssh": True})["ssh_answers"] is False
     assert call(conn, agent_path, "vm stop", {"vm_id": "inst-42"})["state"] == "stopped"  # idempotent
     assert call(conn, agent_path, "vm list")["vms"][0]["state"] == "stopped"
 

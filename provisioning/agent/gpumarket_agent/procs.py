@@ -72,3 +72,25 @@ def wait_port(host, port, timeout=5.0):
             return True
         time.sleep(0.02)
     return False
+
+
+def local_address(bind):
+    """The address to reach, from the node itself, a port published on `bind` (all interfaces: loopback)."""
+    if not bind or bind == "0.0.0.0":  # noqa: S104 - reading the bind address, not binding
+        return "127.0.0.1"
+    bind = bind.strip("[]")
+    return "::1" if bind == "::" else bind
+
+
+def ssh_banner(host, port, timeout=5.0):
+    """Whether an SSH server answers on host:port with its banner within `timeout`: a listener that says nothing,
+    or something else, is none (the platform's own wait for the VM's SSH reads the same four bytes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2) as sock:
+            sock.settimeout(2)
+            if sock.recv(4).startswith(b"SSH-"):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)

@@ -210,12 +210,14 @@ def take_gpus(rt, rec, indices, uuids):
 def vm_simple(cfg, req, action):
     _, rt = pick_runtime(cfg, req)
     allowed = {"start": ("vm_id", "gpu_indices", "gpu_uuids"), "logs": ("vm_id", "tail"),
-               "destroy": ("vm_id", "only_if_missing")}.get(action, ("vm_id",))
+               "destroy": ("vm_id", "only_if_missing"), "status": ("vm_id", "probe_ssh")}.get(action, ("vm_id",))
     reject_unknown(req, allowed)
     vm_id = validate_vm_id(req.get("vm_id"))
-    only_if_missing = req.get("only_if_missing", False)
+    only_if_missing, probe_ssh = req.get("only_if_missing", False), req.get("probe_ssh", False)
     if type(only_if_missing) is not bool:
         raise invalid("only_if_missing", "only_if_missing must be true or false")
+    if type(probe_ssh) is not bool:
+        raise invalid("probe_ssh", "probe_ssh must be true or false")
     if action == "logs":
         tail = req.get("tail", 200)
         if type(tail) is not int or not 1 <= tail <= MAX_LOG_TAIL:
@@ -248,7 +250,11 @@ def vm_simple(cfg, req, action):
             vm_log(cfg, vm_id, "stopping")
             rt.stop(rec)
             save_record(cfg, rec)
-        return describe(cfg, rt, rec, rt.state(rec))
+        state = rt.state(rec)
+        answer = describe(cfg, rt, rec, state)
+        if probe_ssh:  # does its SSH server answer on the node itself? (the platform could not reach it)
+            answer["ssh_answers"] = rt.ssh_answers(rec) if state == "running" else False
+        return answer
 
 
 def vm_list(cfg, req):

@@ -47,6 +47,12 @@ class Runtime:
     def remove_leftovers(self, rec):
         """Remove what this runtime keeps of a VM beside its container or domain, never through the engine."""
 
+    def ssh_answers(self, rec):
+        """Whether the running VM's SSH server answers its banner on the node itself (`vm status` with probe_ssh):
+        True where the platform cannot reach it from outside puts the silence on the node's network, False on the
+        VM (a renter's own image whose sshd never started). None: this runtime cannot tell."""
+        return None
+
     def disk_limit(self, rec):
         """Whether the VM's disk_gb is "enforced" on the node or "not_enforced" (then only recorded and billed)."""
         return "not_enforced"

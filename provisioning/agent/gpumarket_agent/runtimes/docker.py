@@ -20,6 +20,7 @@ import re
 import time
 
 from ..core import AgentError, run, write_file
+from ..procs import local_address, ssh_banner
 from ..records import log_path, tail_lines, vm_dir, vm_log
 from ..smi import read_gpus
 from ..validation import VM_ID_RE
@@ -191,6 +192,11 @@ class DockerRuntime(Runtime):
                 return None  # stopped (its command exited) or no sshd in the image: no key will come
             time.sleep(0.1)
         return None
+
+    def ssh_answers(self, rec):
+        # The container's port 22 as docker publishes it on this host: a renter's own image whose sshd never
+        # started answers nothing here, whatever host key file it carries (found by review).
+        return bool(rec.get("ssh_port")) and ssh_banner(local_address(self.cfg.docker_bind), rec["ssh_port"])
 
     def disk_limit(self, rec):
         """A container made before the limits (no `limits` in its record) has none."""

@@ -13,7 +13,7 @@ from ..allocation import cards_now
 from ..bundle import copy_agent
 from ..core import AgentError, read_json, run, write_file
 from ..mig import list_text, sim_slices
-from ..procs import kill_trees, pids_matching, port_free, wait_port
+from ..procs import kill_trees, local_address, pids_matching, port_free, ssh_banner, wait_port
 from ..records import vm_dir, vm_log
 from ..smi import QUERY_FIELDS, load_profile, parse_gpu_csv, split_smi_line
 from .base import Runtime, os_release_pretty_name
@@ -134,6 +134,9 @@ class SimRuntime(Runtime):
             # a VM given MIG slices lists only those under its card (`nvidia-smi -L`)
             "mig": {str(i): s for i, s in sim_slices(profile).items()} if mig else {}, "mig_uuids": mig}), 0o644)
         rec["visible_uuids"] = list(mig) if mig else [gpus[n]["uuid"] for n in mine]
+
+    def ssh_answers(self, rec):
+        return bool(rec.get("ssh_port")) and ssh_banner(local_address(self.cfg.sim_listen), rec["ssh_port"])
 
     def free_port(self, port):
         if port and port_free(port, self.cfg.sim_listen):
