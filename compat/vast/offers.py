@@ -9,16 +9,17 @@ marketplace.api.offers.OfferFilter): the query's conditions that map onto a node
 (a superset of the answer), then every condition is applied exactly to the per-count rows. When the first key of
 the order maps onto the nodes' columns, the nodes are read in that order, a batch at a time, until no node left
 can have a row before the last one kept (`_scan`): the default search reads a few dozen nodes instead of every
-offered one (docs/BENCHMARKS.md, "Vast.ai-compatible offer search"). The host's measured facts fill Vast's fields
-where they mean the same (`host_fields`); a fact not measured yet is absent, never invented, and so are the fields
-this platform does not measure at all (upload speed, DLPerf, CPU architecture...).
+offered one (docs/BENCHMARKS.md, "Vast.ai-compatible offer search"). That statement is compiled by Django once
+per query shape, each request's values bound into it (compat.vast.statements). The host's measured facts fill
+Vast's fields where they mean the same (`host_fields`); a fact not measured yet is absent, never invented, and so
+are the fields this platform does not measure at all (upload speed, DLPerf, CPU architecture...).
 """
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import Combinable, OrderBy
 from django.http import QueryDict
 
@@ -30,6 +31,7 @@ from marketplace.models.host import cuda_version_text
 from marketplace.selectors import offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
 
+from . import statements
 from .query import Condition, Query, gpu_name_key, matcher, norm_for, sort
 
 ID_BASE = 100  # above MAX_GPUS_PER_NODE: the last two digits are the GPU count
@@ -120,7 +122,8 @@ def _narrowing(conditions: list[Condition]) -> QueryDict | None:
     for c in conditions:
         if c.field == "gpu_name" and c.op in ("eq", "in"):
             wanted = {gpu_name_key(v) for v in (c.value if c.op == "in" else [c.value]) if isinstance(v, str)}
-            slugs = [m.slug for m in GpuModel.objects.all() if gpu_name_key(m.name) in wanted]
+            catalogue = GpuModel.objects.values_list("slug", "name")
+            slugs = [slug for slug, name in catalogue if gpu_name_key(name) in wanted]
             if not slugs:
                 return None
             params.setlist("gpu_model", slugs)
@@ -151,6 +154,7 @@ NODE_COLUMNS: dict[str, tuple[str, bool]] = {
     "cpu_ram": ("ram_gb", True), "disk_space": ("disk_left_gb", True), "disk_bw": ("disk_bandwidth_mbs", False),
     "inet_down": ("net_mbps", False), "pci_gen": ("pcie_gen", True),
 }
+Bound = Callable[[dict[str, Any]], Any]
 LOOKUPS = {"eq": "exact", "gt": "gt", "gte": "gte", "lt": "lt", "lte": "lte", "in": "in"}
 
 
@@ -161,10 +165,28 @@ def _number(value: Any, integer: bool) -> bool:
     return not integer or isinstance(value, int) or value.is_integer()
 
 
-def _column_filters(conditions: list[Condition]) -> Q:
-    """The conditions that are exactly a comparison of a node column, as SQL (what OfferFilter does not say):
+def _column_terms(conditions: list[Condition]) -> list[statements.Term]:
+    """The conditions that are exactly a comparison of a node column, as SQL terms (what OfferFilter does not say):
     `verified` and the NODE_COLUMNS but cpu_ram (a multiple of the column). None compares unlike NULL in SQL,
-    and neq/notin keep a null row: those stay in Python only."""
+    and neq/notin keep a null row: those stay in Python only. A value is given as Django makes it of the column
+    (an integer column's whole float as an int, an `in` list without repeats), which changes no statement's rows
+    and makes the statement's shape plain (compat.vast.statements)."""
+    terms: list[statements.Term] = []
+    for c in conditions:
+        if c.field == "verified" and c.op == "eq" and isinstance(c.value, bool):
+            terms.append(("verified", None, [c.value]))
+        elif c.field in NODE_COLUMNS and c.field != "cpu_ram" and c.op in LOOKUPS:
+            column, integer = NODE_COLUMNS[c.field]
+            values = c.value if c.op == "in" else [c.value]
+            if values and all(_number(v, integer) for v in values):
+                made = [int(v) if integer else float(v) for v in values]
+                terms.append((column, LOOKUPS[c.op], list(dict.fromkeys(made))))
+    return terms
+
+
+def _column_filters(conditions: list[Condition]) -> Q:
+    """The same conditions as one Q, with their values as given: how the search built its statement before
+    compat.vast.statements (a new shape's template is checked against it, and an uncached shape runs it)."""
     q = Q()
     for c in conditions:
         if c.field == "verified" and c.op == "eq" and isinstance(c.value, bool):
@@ -179,16 +201,33 @@ def _column_filters(conditions: list[Condition]) -> Q:
 
 
 def offers_find(query: Query) -> list[dict[str, Any]]:
+    found = search_of(query)
+    if found is None:
+        return []
+    search, build, scan = found
+    if scan is not None:
+        return _scan(search, build, query, *scan)
+    return every_offer(search.rows(None, build, None), query)
+
+
+def search_of(query: Query) -> tuple[statements.Search, Callable[[], QuerySet], tuple[OrderBy, Bound] | None] | None:
+    """The query's statement (compiled once per query shape, each request's values bound into it:
+    compat.vast.statements), the nodes' queryset as built before that (`build`: OfferFilter's form, then the column
+    conditions; what an uncached shape runs and a new template is checked against) and the scan, if any; None when
+    no offer can match."""
     params = _narrowing(query.conditions)
     if params is None:
-        return []
-    filtered = OfferFilter(data=params, queryset=offers_search())
-    nodes = (filtered.qs if filtered.is_valid() else offers_search()).filter(_column_filters(query.conditions))
+        return None
+
+    def build() -> QuerySet:
+        filtered = OfferFilter(data=params, queryset=offers_search())
+        return (filtered.qs if filtered.is_valid() else offers_search()).filter(_column_filters(query.conditions))
+
     field, descending = query.order[0]
     scan = _scan_order(field, descending)
-    if scan is not None:
-        return _scan(nodes, query, *scan)
-    return every_offer(nodes, query)
+    search = statements.Search(params, _column_terms(query.conditions),
+                               (field, descending) if scan is not None else None, NODE_VALUES)
+    return search, build, scan
 
 
 # The fields offer_rows sets per GPU count; every other field is the node's (node_fields), alike on all its rows.
@@ -215,12 +254,10 @@ def matching_rows(nodes: list[dict[str, Any]], conditions: list[Condition]) -> l
     return rows
 
 
-def every_offer(nodes, query: Query) -> list[dict[str, Any]]:
-    """The answer from every row of every node (an order whose first key is no node column's)."""
-    return sort(matching_rows(list(nodes.values(*NODE_VALUES)), query.conditions), query.order)[: query.limit]
-
-
-Bound = Callable[[dict[str, Any]], Any]
+def every_offer(nodes: Iterable[dict[str, Any]], query: Query) -> list[dict[str, Any]]:
+    """The answer from every row of every node (an order whose first key is no node column's), the nodes given as
+    their NODE_VALUES."""
+    return sort(matching_rows(list(nodes), query.conditions), query.order)[: query.limit]
 
 
 def _scan_order(field: str, descending: bool) -> tuple[OrderBy, Bound] | None:
@@ -253,7 +290,8 @@ def _scan_order(field: str, descending: bool) -> tuple[OrderBy, Bound] | None:
 FIRST_BATCH = 32  # nodes read beyond the limit at first; each next batch is 4 times the one before
 
 
-def _scan(nodes, query: Query, order: OrderBy, bound: Bound) -> list[dict[str, Any]]:
+def _scan(search: statements.Search, build: Callable[[], QuerySet], query: Query, order: OrderBy,
+          bound: Bound) -> list[dict[str, Any]]:
     """The answer, reading the nodes in `order` a batch at a time until the query's limit of matching rows is kept
     and every node left can only have rows after the last of them: each node left has a bound at or past the last
     node read's (the order), and a row after that bound (strictly: a tie could still come first by a later key or
@@ -266,7 +304,7 @@ def _scan(nodes, query: Query, order: OrderBy, bound: Bound) -> list[dict[str, A
     # the market. A batch per statement skipped a node, or read one twice, when a booking between two of them moved
     # the nodes across the point reached (found by review).
     with transaction.atomic():
-        nodes_read = nodes.order_by(order, "id").values(*NODE_VALUES).iterator(chunk_size=size)
+        nodes_read = search.rows(order, build, size)
         while True:
             batch = list(itertools.islice(nodes_read, size))
             kept.extend(matching_rows(batch, query.conditions))
