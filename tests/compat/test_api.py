@@ -3,9 +3,12 @@ ownership. The real `vastai` CLI and SDK drive it in test_cli.py."""
 import json
 
 import pytest
+from rest_framework.test import APIClient
 
 from marketplace.models import Instance, Node, SshKey
 from marketplace.services import instances as svc
+from marketplace.services.accounts import api_key_create
+from tests.billing.helpers import fund
 from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import add_key, book, ed25519_key, run
 
@@ -509,6 +512,20 @@ def test_show_user(api, anon):
     assert body["id"] == api.user.pk and body["email"] == api.user.email
     assert body["balance"] == 0.0 and isinstance(body["credit"], float)
     assert anon.get(f"{V0}/users/current").status_code == 401
+
+
+@pytest.mark.parametrize("scopes, shown", [(["renter"], True), (["read"], True), (["provider"], False),
+                                           (["provider", "renter"], True)])
+def test_show_user_shows_the_balance_to_keys_that_may_read_it_on_api_v1(db, scopes, shown):
+    """A provider-only key may ask who it is, not read the balance that /api/v1/ refuses it (found by review)."""
+    user = UserFactory()
+    fund(user, "12.5")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(user=user, name='k', scopes=scopes)[1]}")
+    native = client.get("/api/v1/billing/balance/")
+    body = client.get(f"{V0}/users/current").json()
+    assert body["id"] == user.pk and (native.status_code == 200) == shown
+    assert (body["balance"], body["credit"]) == ((12.5, 12.5) if shown else (None, None))
 
 
 def test_ssh_keys(api, other_api, anon):

@@ -4,7 +4,7 @@ from typing import Any
 from rest_framework.response import Response
 
 from billing.selectors import balance_status
-from core.api.scopes import ANY, RENTER_ONLY
+from core.api.scopes import ANY, RENTER_ONLY, missing_scopes
 from core.errors import NotFound, ValidationFailed
 from marketplace.models import SshKey
 from marketplace.services import ssh_keys as ssh_svc
@@ -14,13 +14,17 @@ from .base import VastView, _body, _epoch, _refuse_unknown
 
 
 class CurrentUserView(VastView):
-    """GET /api/v0/users/current: `vastai show user`. One prepaid wallet: `balance` and `credit` are both it."""
+    """GET /api/v0/users/current: `vastai show user`. One prepaid wallet: `balance` and `credit` are both it, shown
+    to keys that may read the balance on /api/v1/ (renter or read); null (the CLI's "-") to a provider-only key,
+    which may still ask who it is (found by review: it read the balance /api/v1/ refuses it)."""
 
     api_scope = ANY  # core/api/scopes.py
 
     def get(self, request):
         user = request.user
-        balance = offers.usd(balance_status(user=user).balance_micros)
+        balance = None
+        if not missing_scopes(scopes=request.auth.scopes, rule=RENTER_ONLY, method="GET"):
+            balance = offers.usd(balance_status(user=user).balance_micros)
         return Response({"id": user.pk, "email": user.email, "username": user.email,
                          "balance": balance, "credit": balance})
 
