@@ -363,8 +363,8 @@ def test_stop_start_label_destroy(api, market):
     assert Instance.objects.get(pk=instance.pk).status == "stopping"
     assert api.get(url).json()["instances"]["actual_status"] == "exited"
     svc.instance_mark_stopped(instance_id=instance.pk)
-    r = api.put(url, {"state": "stopped"}, format="json")
-    assert r.status_code == 409 and msg(r)  # the service's refusal, in the CLI's words
+    assert api.put(url, {"state": "stopped"}, format="json").json() == {"success": True}  # the state wanted: as is
+    assert Instance.objects.get(pk=instance.pk).status == "stopped"
     assert api.put(url, {"state": "running"}, format="json").json() == {"success": True}
     assert Instance.objects.get(pk=instance.pk).status == "starting"
     for body, words in [({"state": "paused"}, "`state`"), ({"image": "x"}, "Not supported"),
@@ -412,6 +412,26 @@ def test_destroyed_instances_are_gone(api, market):
     r = api.put(f"{V0}/instances/{instance.pk}/", {"label": "late"}, format="json")
     assert r.status_code == 409 and "destroyed" in msg(r)
     assert api.get("/compat/vast/api/v1/instances/").json()["total_instances"] == 0
+
+
+def test_a_resent_state_change_or_destroy_that_took_effect_already_is_a_success(api, market):
+    """The CLI sends a request again after a 5xx or a timeout: one that finds the instance in the state it asks
+    for answers success and queues nothing (found by review: 409, the CLI reporting a failure of what worked)."""
+    from provisioning.models import Job
+
+    _, a6000, _ = market
+    instance = run(book(api.user, a6000))
+    url = f"{V0}/instances/{instance.pk}/"
+    jobs = Job.objects.filter(instance_id=instance.pk).count()
+    assert api.put(url, {"state": "running", "label": "again"}, format="json").json() == {"success": True}
+    instance.refresh_from_db()
+    assert (instance.status, instance.label) == ("running", "again")
+    assert Job.objects.filter(instance_id=instance.pk).count() == jobs
+    svc.instance_destroy(instance=instance)
+    svc.instance_mark_destroyed(instance_id=instance.pk)
+    assert api.delete(url, {}, format="json").json() == {"success": True}
+    assert Job.objects.filter(instance_id=instance.pk).count() == jobs + 1  # the first destroy's only
+    assert api.put(url, {"state": "stopped"}, format="json").status_code == 409  # nothing to stop: it is gone
 
 
 INSTANCES = "/compat/vast/api/v1/instances/"

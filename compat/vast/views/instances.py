@@ -276,16 +276,21 @@ class InstanceView(VastView):
         # as every writer of both does (a retire, a verification); the label's UPDATE first locked the instance
         # before the node and deadlocked with a retire of its node (found by review: a 500).
         with transaction.atomic():
-            if state == "stopped":
+            # `state` is the one wanted (Vast's PUT is declarative, and the CLI sends it again after a 5xx or a
+            # timeout): an instance in it already is a success, as one on its way there is (found by review: a
+            # resent start of an instance that had started meanwhile answered 409 and the CLI reported a failure).
+            if state == "stopped" and instance.status != S.STOPPED:
                 instance = instance_svc.instance_stop(instance=instance)
-            elif state == "running":
+            elif state == "running" and instance.status != S.RUNNING:
                 instance = instance_svc.instance_start(instance=instance)
             if label is not None:
                 instance_svc.instance_label(instance=instance, label=label)
         return Response({"success": True})
 
     def delete(self, request, instance_id: int):
-        instance_svc.instance_destroy(instance=_own_instance(request, instance_id))
+        instance = _own_instance(request, instance_id)
+        if instance.status != S.DESTROYED:  # destroyed already: the CLI's resent destroy, a success (see put)
+            instance_svc.instance_destroy(instance=instance)
         return Response({"success": True})
 
 
