@@ -130,11 +130,13 @@ def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = (),
                     islands: Sequence[Sequence[int]] | None = None) -> list[Gpu]:
     """Lock up to `count` free GPUs of the node (FOR UPDATE SKIP LOCKED), `prefer` ids first, then by index.
 
-    With the node's NVLink `islands` (two or more GPUs; PostgreSQL), chosen as a booking chooses them
-    (`_island_picked_sql`, the one ranking): all the `prefer` ids when all are free, else the booking's island,
+    With the node's NVLink `islands` (PostgreSQL), chosen as a booking chooses them (`_island_picked_sql`, the one
+    ranking), for one GPU as for several: all the `prefer` ids when all are free, else the booking's island,
     keeping as many of them as that rule allows. A start of a stopped instance that may move (not a container)
     takes its GPUs so; without islands, or on SQLite (whose booking ranks by index too), as before."""
-    island_of = island_of_index(islands) if count > 1 and connection.vendor == "postgresql" else []
+    # One GPU too (found by review): by index a one-GPU start took a card of a whole island beside a free card off
+    # the islands or in a smaller one, breaking up the island a later multi-GPU booking needed.
+    island_of = island_of_index(islands) if connection.vendor == "postgresql" else []
     if island_of:
         q = connection.ops.quote_name
         sql = (f"WITH {_island_picked_sql(prefer=True)} "  # noqa: S608 (fixed SQL)
@@ -251,10 +253,12 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
     A concurrent booking with the same Idempotency-Key waits on the unique index inside the statement, then
     fails it (IntegrityError, which instance_create answers).
 
-    With the node's NVLink `islands` (two or more GPUs), the GPUs come from one island when one has `count` free:
-    the smallest such island (the larger stay whole for larger bookings); else the island with the most free
-    first. The free counts are read in the same statement without locks: a concurrent booking may make the
-    choice less than best, never the allocation wrong (the locks and the unique index still decide).
+    With the node's NVLink `islands`, the GPUs come from one island when one has `count` free: the smallest such
+    island (the larger stay whole for larger bookings); else the island with the most free first. A one-GPU
+    booking too: a free card off every island (an island of one) first, else one of the island with the fewest
+    free; by index it took GPU 0 and broke up the island a later multi-GPU booking needed (found by review). The
+    free counts are read in the same statement without locks: a concurrent booking may make the choice less than
+    best, never the allocation wrong (the locks and the unique index still decide).
 
     No savepoint: on any error here the booking's transaction ends anyway (the caller raises out of it)."""
     if connection.vendor != "postgresql":
@@ -270,7 +274,7 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
     gpu = q(Gpu._meta.db_table)
     state = q(Gpu.state_field)  # the column is named as the field
     sources = sorted(Gpu.transitions.action_sources("rent"))  # the transition table's rule, as transition_rows
-    island_of = island_of_index(islands) if count > 1 else []
+    island_of = island_of_index(islands)
     if island_of:
         picked = _island_picked_sql(prefer=False) + ", "
         gpu_params: list[Any] = _island_picked_params(island_of, node.pk, count)
