@@ -19,6 +19,7 @@ from .forms import EndpointForm
 
 PER_PAGE = 25
 CHANNELS = ("in_app", "email", "webhook")
+ENDPOINT_STATES = {"1": True, "0": False}  # the Pause / Resume form's `active`
 
 
 @login_required
@@ -94,12 +95,15 @@ def notification_settings(request):
     return with_form_status(_settings_page(request, form), form)
 
 
-@login_required
-def endpoint(request, pk: int):
-    endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
+def _endpoint_page(request, endpoint, status: int = 200):
     deliveries = selectors.deliveries_for(user=request.user, endpoint_id=endpoint.pk).prefetch_related("attempt_log")
     page = Paginator(deliveries, PER_PAGE).get_page(request.GET.get("page"))
-    return render(request, "notifications/endpoint.html", {"endpoint": endpoint, "page": page})
+    return render(request, "notifications/endpoint.html", {"endpoint": endpoint, "page": page}, status=status)
+
+
+@login_required
+def endpoint(request, pk: int):
+    return _endpoint_page(request, get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk))
 
 
 @login_required
@@ -118,9 +122,19 @@ def endpoint_test(request, pk: int):
 @login_required
 @require_POST
 def endpoint_toggle(request, pk: int):
+    """Pause or Resume: the form posts the state it asks for (`active`, 1 or 0), and that state is set. Not a flip of
+    the stored one: Pause clicked twice, or on a page opened before a pause made elsewhere, resumed the endpoint
+    (found by review). Without a valid `active` nothing changes (a 400)."""
     endpoint = get_object_or_404(selectors.endpoints_for(user=request.user), pk=pk)
-    webhook_svc.endpoint_update(endpoint=endpoint, active=not endpoint.active)
-    messages.success(request, f"Endpoint {'resumed' if endpoint.active else 'paused'}.")
+    wanted = ENDPOINT_STATES.get(request.POST.get("active", ""))
+    if wanted is None:
+        messages.error(request, "Nothing changed: the form did not say whether to pause or resume the endpoint. "
+                                "Use the button below.")
+        return _endpoint_page(request, endpoint, status=400)
+    was_active = endpoint.active
+    endpoint = webhook_svc.endpoint_update(endpoint=endpoint, active=wanted)
+    verb = "resumed" if wanted else "paused"
+    messages.success(request, f"Endpoint {verb}." if was_active != wanted else f"The endpoint was already {verb}.")
     return redirect("notification-endpoint", pk=endpoint.pk)
 
 

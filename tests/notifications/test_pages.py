@@ -100,7 +100,7 @@ def test_endpoint_page_logs_deliveries_and_sends_a_test(web, owner, receiver, qu
     run_queued(queued)
     r = web.get(f"/account/notifications/webhooks/{endpoint.pk}/")
     assert r.status_code == 200 and b"Test event" in r.content and b"HTTP 200" in r.content
-    assert web.post(f"/account/notifications/webhooks/{endpoint.pk}/toggle/").status_code == 302
+    assert web.post(f"/account/notifications/webhooks/{endpoint.pk}/toggle/", {"active": "0"}).status_code == 302
     endpoint.refresh_from_db()
     assert not endpoint.active
     assert web.post(f"/account/notifications/webhooks/{endpoint.pk}/delete/").status_code == 302
