@@ -4,8 +4,18 @@ An object names its PaymentIntent (a top-up's `payment_intent_id`), or only its 
 charge made without a PaymentIntent, or sent by an API version older than the field. A charge is matched by the
 charge id recorded with its top-up when it was credited (`TopUp.charge_id`), else asked of Stripe: which
 PaymentIntent made it (and then remembered). A charge Stripe does not know, or that no PaymentIntent made, paid no
-top-up here. Stripe is asked before the event's transaction (`stripe_lookups`: never a network call under a lock);
-the handlers read the answers from what it returns.
+top-up here.
+
+A PaymentIntent no top-up has recorded may still be a top-up's: one whose charge answer was lost (pending, or failed
+with its outcome unknown, no PaymentIntent recorded) until its webhook or the follow-up (billing.services.reconcile)
+credits it. While any top-up is in that state, Stripe is asked which top-up the PaymentIntent was made for (the
+`top_up_id` of its metadata, written with the charge); an event about a top-up here not credited yet fails
+(ValueError: Stripe delivers it again, and the credit processes it again, webhooks.charge_events_retry), so a
+chargeback or a dashboard refund that came first is debited once the credit exists. (Found by review: it was ignored
+for good as "paid no top-up here", and the credit that followed stayed in the wallet.)
+
+Stripe is asked before the event's transaction (`stripe_lookups`: never a network call under a lock); the handlers
+read the answers from what it returns.
 """
 import logging
 from dataclasses import dataclass, field
@@ -13,6 +23,7 @@ from typing import Any
 
 import stripe
 from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
 
 from billing.models import Refund, RefundOrigin, TopUp, TopUpStatus
 from billing.services.stripe_gateway import client, translate
@@ -38,6 +49,8 @@ class StripeLookups:
 
     intents: dict[str, str | None] = field(default_factory=dict)  # charge → the PaymentIntent that made it, or None
     refunds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # charge → all its refunds
+    # PaymentIntent no top-up recorded → the top-up here it was made for (its metadata), or None
+    top_ups: dict[str, int | None] = field(default_factory=dict)
 
 
 def object_id(obj: dict[str, Any], what: str) -> str:
@@ -86,19 +99,58 @@ def stripe_lookups(*, kind: str, payload: dict[str, Any]) -> StripeLookups:
         return looked
     if not (kind.startswith(DISPUTE_PREFIX) or kind in REFUND_EVENTS or kind == CHARGE_REFUNDED):
         return looked
+    if kind in REFUND_EVENTS and _refund_known(obj):
+        return looked
     charge_id = charge_named(obj)
-    if not charge_id or (kind in REFUND_EVENTS and _refund_known(obj)):
-        return looked
-    intent_unknown = _names_only_its_charge(obj)
-    refunds_unlisted = kind == CHARGE_REFUNDED and not refunds_listed(obj)
-    if not (intent_unknown or refunds_unlisted):
-        return looked
-    recorded = TopUp.objects.filter(charge_id=charge_id).exists()  # asked once: both questions need it
-    if intent_unknown and not recorded:
+    recorded = charge_id is not None and TopUp.objects.filter(charge_id=charge_id).exists()
+    if charge_id and _names_only_its_charge(obj) and not recorded:
         looked.intents[charge_id] = _charge_intent(charge_id)
-    if refunds_unlisted and _is_ours(obj, charge_id, looked, recorded=recorded):
+    intent_id = payment_intent_named(obj) or (looked.intents.get(charge_id) if charge_id else None)
+    if (intent_id and not recorded and not TopUp.objects.filter(payment_intent_id=intent_id).exists()
+            and top_ups_in_doubt().exists()):
+        looked.top_ups[intent_id] = _intent_top_up(intent_id)
+    if (charge_id and kind == CHARGE_REFUNDED and not refunds_listed(obj)
+            and _is_ours(obj, charge_id, looked, recorded=recorded)):
         looked.refunds[charge_id] = _charge_refunds(charge_id)
     return looked
+
+
+def top_ups_in_doubt() -> QuerySet[TopUp]:
+    """The top-ups a PaymentIntent may have paid though they recorded none: pending (charged, or being charged, its
+    answer not recorded yet) or failed with the outcome unknown (the answer lost). Their rows are committed before
+    their charge is asked for, so any top-up a charge paid exists before anything about that charge can arrive."""
+    return TopUp.objects.filter(Q(status=TopUpStatus.PENDING) | Q(status=TopUpStatus.FAILED, outcome_unknown=True),
+                                payment_intent_id__isnull=True)
+
+
+def _intent_top_up(intent_id: str) -> int | None:
+    """The top-up here not credited yet that a PaymentIntent was made for, by its metadata (`top_up_id`, and
+    `user_id` its user), asked of Stripe; None when Stripe does not know the intent, or it names no such top-up."""
+    try:
+        intent = client().v1.payment_intents.retrieve(intent_id).to_dict()
+    except stripe.InvalidRequestError as exc:
+        if exc.http_status == 404:
+            log.warning("Stripe has no payment %s (named by a webhook event)", intent_id)
+            return None
+        raise _stripe_failed(exc, f"looking up payment {intent_id}") from None
+    except stripe.StripeError as exc:
+        raise _stripe_failed(exc, f"looking up payment {intent_id}") from None
+    metadata = intent.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    top_up_id, user_id = str(metadata.get("top_up_id") or ""), str(metadata.get("user_id") or "")
+    if not (top_up_id.isascii() and top_up_id.isdigit() and len(top_up_id) < 19):
+        return None
+    return _awaiting_credit(int(top_up_id), intent_id, user_id=user_id)
+
+
+def _awaiting_credit(top_up_id: int, intent_id: str, *, user_id: str) -> int | None:
+    """`top_up_id` when that top-up may still be credited by `intent_id`: not credited, no other PaymentIntent
+    recorded, and (when the metadata says) of that user."""
+    top_up = (TopUp.objects.filter(pk=top_up_id).exclude(status=TopUpStatus.SUCCEEDED)
+              .filter(Q(payment_intent_id__isnull=True) | Q(payment_intent_id=intent_id)).first())
+    if top_up is None or (user_id and user_id != str(top_up.user_id)):
+        return None
+    return top_up.pk
 
 
 def _names_only_its_charge(obj: dict[str, Any]) -> bool:
@@ -168,7 +220,8 @@ def _charge_refunds(charge_id: str) -> list[dict[str, Any]]:
 def top_up_for(obj: dict[str, Any], what: str, object_id: str, looked: StripeLookups | None) -> TopUp:
     """The credited top-up a charge, dispute or refund is about, locked (events about one charge apply one at a
     time). Raises ChargeEventUnusable when it is no top-up's, or not in usd; ValueError when the top-up is not
-    credited yet (the event fails, and Stripe delivers it again: by then the credit is there)."""
+    credited yet, its PaymentIntent recorded or (`looked.top_ups`) not (the event fails, and Stripe delivers it
+    again: by then the credit is there)."""
     intent_id = payment_intent_named(obj)
     charge_id = charge_named(obj)
     locked = TopUp.objects.select_for_update(of=("self",)).select_related("user")
@@ -190,6 +243,11 @@ def top_up_for(obj: dict[str, Any], what: str, object_id: str, looked: StripeLoo
                                           "no PaymentIntent made: it paid no top-up here, so nothing was done.")
     if top_up is None:
         top_up = locked.filter(payment_intent_id=intent_id).first()
+        awaited = looked.top_ups.get(str(intent_id)) if top_up is None and looked is not None else None
+        if awaited is not None and _awaiting_credit(awaited, str(intent_id), user_id="") is not None:
+            raise ValueError(f"{what} {object_id} is of payment {intent_id}, made for top-up {awaited}, which is not "
+                             "credited yet (its charge's answer was lost): the event is processed again when Stripe "
+                             "delivers it again, or when the top-up is credited")
         if top_up is None:
             raise ChargeEventUnusable(f"{what} {object_id} is of payment {str(intent_id)[:100]}, which paid no top-up "
                                       "here: not a charge of this platform's wallet, so nothing was done.")

@@ -7,20 +7,23 @@ changes nothing. Card money taken back by the bank (`charge.dispute.*`) is debit
 every refund, the platform's or one made in Stripe's dashboard (`refund.*`, `charge.refund.updated`,
 `charge.refunded`), is debited and given back by billing.services.refunds' one rule. What such an event does not say
 and Stripe must be asked (the PaymentIntent of a charge named alone, the refunds of a charge) is asked before the
-event's transaction (billing.services.charges.stripe_lookups).
+event's transaction (billing.services.charges.stripe_lookups). Such an event about a top-up not credited yet fails
+(Stripe delivers it again); the credit, once committed, processes again the events that failed waiting for it
+(`charge_events_retry`), so a chargeback or a dashboard refund that came first is debited then, once.
 """
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
-from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp
+from billing.models import BillingProfile, StripeEvent, StripeEventStatus, TopUp, TopUpStatus
 from billing.services.charges import (
     CHARGE_REFUNDED,
     REFUND_EVENTS,
@@ -268,12 +271,52 @@ def payment_intent_apply(*, intent: dict[str, Any], succeeded: bool) -> bool:
     if succeeded:
         if intent.get("currency") != "usd":
             raise ValueError(f"payment intent {intent.get('id')} is in {intent.get('currency')}, not usd")
-        top_up_credit(top_up_id=top_up.pk, payment_intent_id=intent["id"],
-                      amount_micros=int(intent["amount"]) * MICROS_PER_CENT)
+        credited = top_up_credit(top_up_id=top_up.pk, payment_intent_id=intent["id"],
+                                 amount_micros=int(intent["amount"]) * MICROS_PER_CENT)
         charge_remember(top_up=top_up, charge_id=intent_charge(intent))  # a dispute may name only the charge
+        if credited:  # a chargeback or refund that came before the credit and failed waiting for it: applied now
+            transaction.on_commit(partial(charge_events_retry, top_up_id=top_up.pk))
         return True
     error = intent.get("last_payment_error") or {}
     reason = error.get("message") or ("The payment was canceled." if intent.get("status") == "canceled"
                                       else "The payment failed.")
     top_up_fail(top_up=top_up, message=reason, payment_intent_id=intent.get("id"), notify=True)
     return True
+
+
+CHARGE_EVENTS = (*DISPUTE_EVENTS, *REFUND_EVENTS, CHARGE_REFUNDED)
+
+
+def charge_events_retry(*, top_up_id: int) -> int:
+    """Process again the failed events about a credited top-up's payment: a chargeback or a refund made in Stripe's
+    dashboard that arrived before the credit (its charge's answer and webhook lost: billing.services.charges) failed
+    waiting for it. Run when the credit is committed, rather than leave the money in the wallet until Stripe's next
+    delivery (hours later, at times); a delivery that comes later still finds the event processed. Call outside any
+    transaction (each event asks Stripe what it needs first). Returns how many were processed; never raises (each
+    event's outcome is recorded on it, an event that fails again is delivered again by Stripe)."""
+    top_up = TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.SUCCEEDED).values(
+        "payment_intent_id", "charge_id").first()
+    if top_up is None:
+        return 0
+    intent_id, charge_id = top_up["payment_intent_id"], top_up["charge_id"]
+    names = Q(pk__in=[])
+    if intent_id:
+        names |= Q(payload__data__object__payment_intent=intent_id)
+        names |= Q(payload__data__object__charge__payment_intent=intent_id)
+    if charge_id:
+        names |= Q(payload__data__object__charge=charge_id) | Q(payload__data__object__charge__id=charge_id)
+        names |= Q(type=CHARGE_REFUNDED, payload__data__object__id=charge_id)
+    waiting = list(StripeEvent.objects.filter(names, status=StripeEventStatus.FAILED, type__in=CHARGE_EVENTS)
+                   .order_by("received_at", "pk").values_list("pk", flat=True))
+    done = 0
+    for pk in waiting:
+        try:
+            event = stripe_event_process(event_id=pk)
+        except Exception:  # noqa: BLE001 (the credit is committed; Stripe's next delivery tries the event again)
+            log.exception("Stripe event %s about top-up %s: processing it again after the credit failed", pk,
+                          top_up_id)
+            continue
+        done += event.status == StripeEventStatus.PROCESSED
+        log.info("Stripe event %s (%s) waited for top-up %s's credit: %s", event.event_id, event.type, top_up_id,
+                 event.status)
+    return done
