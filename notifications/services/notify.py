@@ -149,9 +149,36 @@ def notifications_mark_all_read(*, user: User) -> int:
 # ------------------------------------------------------------------------------------------ preferences
 
 
-def preference_set(*, user: User, kind: str, in_app: bool, email: bool, webhook: bool) -> Preference:
+PREFERENCE_CHANNELS = ("in_app", "email", "webhook")
+
+
+def _preference_kind_check(kind: str) -> None:
     if kind not in PREFERENCE_KINDS:
         raise ValidationFailed(f"Unknown event kind {kind!r}; one of {', '.join(PREFERENCE_KINDS)}.", field="kind")
+
+
+def preference_set(*, user: User, kind: str, in_app: bool, email: bool, webhook: bool) -> Preference:
+    _preference_kind_check(kind)
     preference, _ = Preference.objects.update_or_create(
         user=user, kind=kind, defaults={"in_app": in_app, "email": email, "webhook": webhook})
+    return preference
+
+
+def preference_change(*, user: User, kind: str, channels: dict[str, bool]) -> Preference:
+    """Set only the given channels of the kind, the others left as they are now (every channel on without a row):
+    what a page changed, not what it showed for the others, which may have been changed since (the API, another
+    tab)."""
+    _preference_kind_check(kind)
+    unknown = sorted(set(channels) - set(PREFERENCE_CHANNELS))
+    if unknown:
+        raise ValidationFailed(f"Unknown channel {unknown[0]!r}; one of {', '.join(PREFERENCE_CHANNELS)}.",
+                               field="channels")
+    with transaction.atomic():
+        preference, created = Preference.objects.select_for_update().get_or_create(user=user, kind=kind,
+                                                                                   defaults=channels)
+        changed = [] if created else [name for name, on in channels.items() if getattr(preference, name) != on]
+        for name in changed:
+            setattr(preference, name, channels[name])
+        if changed:
+            preference.save(update_fields=changed)
     return preference

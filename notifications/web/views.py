@@ -15,10 +15,9 @@ from notifications import selectors
 from notifications.services import notify as notify_svc
 from notifications.services import webhooks as webhook_svc
 
-from .forms import EndpointForm
+from .forms import ChannelsForm, EndpointForm
 
 PER_PAGE = 25
-CHANNELS = ("in_app", "email", "webhook")
 ENDPOINT_STATES = {"1": True, "0": False}  # the Pause / Resume form's `active`
 
 
@@ -49,11 +48,11 @@ def _new_endpoint_form(request) -> EndpointForm:
     return EndpointForm(user=request.user, request=request, initial={"request_token": get_random_string(32)})
 
 
-def _settings_page(request, form, created=None):
+def _settings_page(request, form, created=None, status: int = 200):
     response = render(request, "notifications/settings.html", {
-        "preferences": selectors.preferences_for(user=request.user),
+        "channels": ChannelsForm(preferences=selectors.preferences_for(user=request.user)),
         "endpoints": selectors.endpoints_for(user=request.user), "form": form, "created": created,
-    })
+    }, status=status)
     if created:
         response["Cache-Control"] = "no-store"
     return response
@@ -68,10 +67,14 @@ def notification_settings(request):
     else:
         form = _new_endpoint_form(request)
     if request.method == "POST" and "preferences" in request.POST:
-        for row in selectors.preferences_for(user=request.user):
-            chosen = {channel: f"{row.kind}:{channel}" in request.POST for channel in CHANNELS}
-            if chosen != {channel: getattr(row, channel) for channel in CHANNELS}:
-                notify_svc.preference_set(user=request.user, kind=row.kind, **chosen)
+        channels = ChannelsForm(request.POST, preferences=selectors.preferences_for(user=request.user))
+        if not channels.shown_any():  # a page from before the shown values: what it shows may be long out of date
+            messages.error(request, "Nothing was saved: the page was out of date. Check the choices below and save "
+                                    "again.")
+            return _settings_page(request, form, status=400)
+        # Only what was changed on the page: the other choices may have been changed since it was opened.
+        for kind, changes in channels.changes_since_shown().items():
+            notify_svc.preference_change(user=request.user, kind=kind, channels=changes)
         messages.success(request, "Your notification settings were saved.")
         return redirect("notification-settings")
     if request.method == "POST" and form.is_valid():
