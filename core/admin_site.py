@@ -11,6 +11,13 @@ Each was a 500 on every list with such a field. Those parameters are now tried o
 list uses them, and any failure gets the same answer as a misspelt field. A subclass of the site, not a check per
 lookup: the lookups are Django's and PostgreSQL's to judge, and whatever a later list or lookup adds is covered.
 
+No list is filtered by a field that holds a secret (SECRET_FIELDS), whoever asks, superusers too: a lookup answers
+whether a stored value matches, so a page that shows a value redacted or not at all still gave it away, one guess at a
+time (?payload__data__object__client_secret__startswith=pi_..._secret_a read a client_secret that Stripe events stored
+before webhooks were redacted held: found by review). Django accepts every lookup on a list's own fields
+(ModelAdmin.lookup_allowed), so the site refuses these, on the list's model and through its relations, with Django's
+answer to a lookup it forbids (DisallowedModelAdminLookup, a 400).
+
 Installed in place of django.contrib.admin (config/settings/base.py, INSTALLED_APPS: `AdminConfig` below), as
 Django documents for overriding the default site: `admin.site` is this site.
 """
@@ -19,14 +26,69 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig as DjangoAdminConfig
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import build_q_object_from_lookup_parameters
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured, SuspiciousOperation
 from django.db import router, transaction
+from django.db.models import Field, ForeignObjectRel
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
+
+# "app_label.Model.field": what each holds. An app not installed is skipped; a model or field not found is an error.
+SECRET_FIELDS = (
+    # Stripe's events as received: those stored before webhooks were redacted held PaymentIntents' client_secrets
+    # (billing migration 0019 redacted them; the payload's other keys are no list's business either).
+    "billing.StripeEvent.payload",
+    "marketplace.User.password",  # a password's hash (Django's UserAdmin refuses it on the users' list)
+    "marketplace.ApiKey.key_hash",  # the SHA-256 of a bearer token
+    "marketplace.Node.ssh_private_key_encrypted",  # the platform's key to the node (Fernet token)
+    "marketplace.Instance.onstart",  # the renter's first-boot script, never shown: renters put tokens in it
+    "marketplace.Instance.env_encrypted",  # the renter's environment values (Fernet token)
+    "marketplace.Instance.registry_auth_encrypted",  # the renter's registry login (Fernet token)
+    "marketplace.AuthenticatorDevice.key_encrypted",  # a TOTP secret
+    "marketplace.RecoveryCode.code_encrypted",  # a two-factor recovery code
+    "notifications.WebhookEndpoint.secret_encrypted",  # a webhook's signing secret
+    # django-otp's own devices keep their secrets in the clear (installed for marketplace migration 0017 only)
+    "otp_totp.TOTPDevice.key",
+    "otp_static.StaticToken.token",
+    "sessions.Session.session_data",
+)
+
+
+@cache
+def _secret_fields() -> frozenset[Field[Any, Any] | ForeignObjectRel]:
+    fields: set[Field[Any, Any] | ForeignObjectRel] = set()
+    for name in SECRET_FIELDS:
+        app_label, model_name, field_name = name.split(".")
+        try:
+            app = apps.get_app_config(app_label)
+        except LookupError:
+            continue  # not installed: no list reaches its rows
+        fields.add(app.get_model(model_name)._meta.get_field(field_name))
+    return frozenset(fields)
+
+
+def lookup_reads_a_secret(model: Any, lookup: str) -> bool:
+    """Whether a list's lookup (`payload__data__object__client_secret__startswith`, `node__ssh_private_key_...`)
+    names a field of SECRET_FIELDS, on `model` or through its relations: the path as Django's lookup_allowed walks
+    it, up to the first part that is not a field (a transform, a lookup, a JSON key)."""
+    secret = _secret_fields()
+    for part in lookup.split(LOOKUP_SEP):
+        try:
+            field = model._meta.get_field(part)
+        except FieldDoesNotExist:
+            return False
+        if field in secret:
+            return True
+        path_infos = getattr(field, "path_infos", None)
+        if not path_infos:
+            return False
+        model = path_infos[-1].to_opts.model
+    return False
 
 
 class _TriedLookups:
@@ -62,6 +124,11 @@ def _tried(changelist: type[ChangeList]) -> type[ChangeList]:
 
 
 class _TriedLookupsAdmin:
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        if lookup_reads_a_secret(self.model, lookup):  # type: ignore[attr-defined]
+            return False  # whatever Django allows: its own fields, a list filter's path, a limit_choices_to popup
+        return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[misc]
+
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _tried(super().get_changelist(request, **kwargs))  # type: ignore[misc]
 
