@@ -6,7 +6,9 @@
 - Only to addresses the platform may connect to (checked_connection: public, or in the operator's
   NODE_ADDRESS_ALLOWED_NETWORKS), checked at every connection and connected to as checked: AddressRefused else.
 - Connect/command timeouts, keepalive, bounded retries with backoff on transient
-  failures only (a refused key or a changed host key is not retried).
+  failures only (a refused key or a changed host key is not retried). A channel request (exec, the sftp
+  subsystem) waits for the node's answer at most the connect timeout (_channel_request): paramiko waits for it
+  with no bound of its own.
 - One connection for all the steps of a task (use NodeSession as a context manager).
 - The agent (a package) is uploaded over SFTP as one zipapp under a name derived
   from its hash, so it is re-uploaded only when it changes. Commands come from a fixed set; the request
@@ -18,13 +20,16 @@ long-lived `serve` agent) in ssh_channels.py, kept connections in ssh_pool.py.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import re
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -248,11 +253,7 @@ class NodeSession:
         assert self._client is not None, "connect() comes first"
         data, remote = agent_bundle()
         try:
-            with self._client.open_sftp() as sftp:
-                # Each SFTP request waits on its channel: bounded, a node that stops answering mid-upload ends it.
-                channel = sftp.get_channel()
-                if channel is not None:
-                    channel.settimeout(self.timeouts.command)
+            with self._sftp() as sftp:
                 try:
                     if sftp.stat(remote).st_size == len(data):
                         self._agent_path = sftp.normalize(remote)
@@ -275,6 +276,25 @@ class NodeSession:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"Uploading the agent failed: {exc}") from None
         return self._agent_path
+
+    def _sftp(self) -> paramiko.SFTPClient:
+        """An SFTP client on a channel of its own, every step bounded. SSHClient.open_sftp() waited with no bound
+        for the node's answer to the subsystem request, then for its SFTP version: a node that let the platform
+        in and then stopped answering held the check (and its whole fleet batch) forever (found by review)."""
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is None:
+            raise NodeUnreachable("The SSH connection is closed.")
+        chan = transport.open_session(timeout=self.timeouts.connect)
+        try:
+            _channel_request(chan, lambda: chan.invoke_subsystem("sftp"), self.timeouts.connect, "SFTP")
+            chan.settimeout(self.timeouts.connect)  # the server's SFTP version, read in SFTPClient()
+            sftp = paramiko.SFTPClient(chan)
+        except BaseException:
+            chan.close()
+            raise
+        # Each SFTP request waits on its channel: bounded, a node that stops answering mid-upload ends it.
+        chan.settimeout(self.timeouts.command)
+        return sftp
 
     def agent(self, command: str, sub: str | None = None, request: dict | None = None,
               timeout: float | None = None) -> dict:
@@ -309,7 +329,8 @@ class NodeSession:
             if transport is None:
                 raise NodeUnreachable("The SSH connection is closed.")
             chan = transport.open_session(timeout=self.timeouts.connect)
-            chan.exec_command(" ".join(["python3", remote, command]))
+            _channel_request(chan, lambda: chan.exec_command(" ".join(["python3", remote, command])),
+                             self.timeouts.connect, "command")
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise NodeUnreachable(f"The SSH connection broke during a command: {exc}") from None
         return AgentExchange(chan)
@@ -365,7 +386,8 @@ class NodeSession:
                 raise NodeUnreachable("The SSH connection is closed.")
             chan = transport.open_session(timeout=self.timeouts.connect)
             chan.settimeout(max(deadline - time.monotonic(), 1.0))
-            chan.exec_command(NET_TEST_COMMAND)
+            _channel_request(chan, lambda: chan.exec_command(NET_TEST_COMMAND),
+                             max(min(self.timeouts.connect, deadline - time.monotonic()), 0.001), "command")
             started = time.perf_counter()
             sent = 0
             while sent < nbytes:
@@ -394,7 +416,8 @@ class NodeSession:
                 raise NodeUnreachable("The SSH connection is closed.")
             chan = transport.open_session(timeout=self.timeouts.connect)
             chan.settimeout(1.0)
-            chan.exec_command(cmd)
+            _channel_request(chan, lambda: chan.exec_command(cmd),
+                             max(min(self.timeouts.connect, deadline - time.monotonic()), 0.001), "command")
             chan.sendall(stdin)
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
@@ -440,6 +463,35 @@ def _keep_tail(err: bytearray, chunk: bytes) -> None:
     err += chunk
     if len(err) > STDERR_TAIL_BYTES:
         del err[:-STDERR_TAIL_BYTES]
+
+
+def _channel_request(chan: paramiko.Channel, request: Callable[[], None], limit: float, what: str) -> None:
+    """Send a channel request (`request`: exec_command, invoke_subsystem) and wait at most `limit` seconds for the
+    node's answer; AgentTimeout after that, the channel closed. paramiko waits for the answer with no bound
+    (Channel._wait_for_event: neither settimeout nor the keepalive, which expects no reply, covers it): a node whose
+    sshd let the platform in and opened the channel, then never answered (a frozen host, a provider's fake SSH
+    server), held the health check, and the whole fleet batch waiting for it, until the worker was killed (found by
+    review). Closing the channel is what wakes the waiting request."""
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        with contextlib.suppress(OSError, paramiko.SSHException, EOFError):  # the connection broke meanwhile
+            chan.close()
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        request()
+    except (OSError, paramiko.SSHException, EOFError):
+        if not expired.is_set():
+            raise
+    finally:
+        timer.cancel()
+    if expired.is_set():  # woken by the timer, or answered as it fired (the channel is closed either way)
+        raise AgentTimeout(f"The node's SSH server let the platform in but did not answer its {what} request "
+                           f"within {limit:.0f}s.")
 
 
 def _exit_status(chan: paramiko.Channel, deadline: float, late: str) -> int:

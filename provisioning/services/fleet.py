@@ -26,7 +26,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -67,6 +67,15 @@ FLEET_RECONCILE_BATCH = dispatch.task_name("provisioning.tasks.fleet_reconcile_b
 # One thread per node of a batch up to this cap: probes wait on the network.
 HEALTH_PARALLELISM = 256
 RECONCILE_PARALLELISM = 32
+# How long a batch waits for its threads; what has not ended by then is given up, and the batch goes on (before,
+# one node that never answered held back every other node's check and record, and their locks, until the worker
+# was killed; found by review). Every SSH step is bounded (provisioning.ssh), so these are a last guard, past what
+# a thread can take: a health probe waits up to node_slot's 60 s for a slot of a busy node, then connects, opens
+# its channel and asks (HEALTH_TIMEOUTS), twice at most (a kept connection that broke is tried again on a new
+# one). A given-up probe is a failed check. A reconcile has the batch task's 540 s soft limit
+# (provisioning.tasks.fleet_reconcile_batch) less a minute; a given-up one is counted `unfinished`.
+HEALTH_PROBE_DEADLINE_S = 60 + 2 * (2 * HEALTH_TIMEOUTS.connect + HEALTH_TIMEOUTS.command)
+RECONCILE_DEADLINE_S = 480.0
 # The advisory-lock class of each kind of batch (two-key form: (class, node id); apart from core.locks' keys).
 _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 # `errors`: nodes whose reconcile raised something other than a NodeError (a bug, a refusal): logged with the
@@ -74,7 +83,7 @@ _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors")
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
                      "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "volumes_deleted",
-                     "unreachable", "busy", "locked", "errors")
+                     "unreachable", "busy", "locked", "errors", "unfinished")
 
 
 @contextlib.contextmanager
@@ -178,6 +187,24 @@ def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
         connection.close()
 
 
+def _run_all(fn: Callable[[_T], Any], items: Sequence[_T], parallelism: int,
+             deadline_s: float) -> tuple[list[Any], list[_T]]:
+    """fn(item) for every item in threads (_in_thread), waiting `deadline_s` at most: (the results of those that
+    ended, in order; the items whose call had not). Never waits for a thread past the deadline, nor when the wait is
+    interrupted (Celery's soft time limit): the `with ThreadPoolExecutor` it replaces waited for every thread on
+    leaving, so a hung one kept the batch until the worker was killed. A thread left running ends by itself (its SSH
+    steps are bounded); its result is dropped."""
+    threads = ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(items))))
+    try:
+        futures: list[Future[Any]] = [threads.submit(_in_thread, fn, item) for item in items]
+        wait(futures, timeout=deadline_s)
+    finally:
+        threads.shutdown(wait=False, cancel_futures=True)
+    done = [f.result() for f in futures if f.done() and not f.cancelled()]
+    late = [item for item, f in zip(items, futures, strict=True) if not f.done() or f.cancelled()]
+    return done, late
+
+
 # ------------------------------------------------------------------------------------ health
 
 def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM, *,
@@ -187,17 +214,24 @@ def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM, *,
     Each probe holds one of its node's SSH slots (provisioning.concurrency), as every session does. The batch
     takes them for all its nodes in one round trip to Redis and gives them back in another (the same keys,
     tokens and expiry as node_slot); a node whose first slot is taken waits for one in its own probe, as
-    node_slot does."""
+    node_slot does. A probe that has not ended within HEALTH_PROBE_DEADLINE_S is a failed check, saying so."""
     if not nodes:
         return []
     with batch_slots([n.pk for n in nodes]) as held:
         done = _probe_served(nodes, held, pool) if pool is not None else {}
         rest = [n for n in nodes if n.pk not in done]
         if rest:
-            with ThreadPoolExecutor(max_workers=min(parallelism, len(rest))) as threads:
-                for result in threads.map(
-                        lambda n: _in_thread(lambda: node_health_probe(n, pool=pool, slot_held=n.pk in held)), rest):
-                    done[result.node_id] = result
+            probed_at, start = timezone.now(), time.monotonic()
+            results, late = _run_all(lambda n: node_health_probe(n, pool=pool, slot_held=n.pk in held), rest,
+                                     parallelism, HEALTH_PROBE_DEADLINE_S)
+            for result in results:
+                done[result.node_id] = result
+            for node in late:
+                log.warning("health: node %s: no answer within %.0f s; the check is counted as failed", node.pk,
+                            HEALTH_PROBE_DEADLINE_S)
+                done[node.pk] = HealthResult(
+                    node.pk, False, f"The health check got no answer from the node within "
+                    f"{HEALTH_PROBE_DEADLINE_S:.0f}s.", time.monotonic() - start, probed_at=probed_at)
     return [done[n.pk] for n in nodes]
 
 
@@ -405,8 +439,11 @@ def nodes_reconcile_batch(node_ids: Sequence[int], *, cycle: str | None = None, 
         nodes = list(watched_nodes().filter(pk__in=held).order_by("pk"))
         if not nodes:
             return summary
-        with ThreadPoolExecutor(max_workers=min(parallelism, len(nodes))) as threads:
-            outcomes = list(threads.map(lambda n: _in_thread(_reconcile_one, n, pool), nodes))
+        outcomes, late = _run_all(lambda n: _reconcile_one(n, pool), nodes, parallelism, RECONCILE_DEADLINE_S)
+    for node in late:
+        log.warning("reconcile: node %s: not done within %.0f s; left to run, tried again next cycle", node.pk,
+                    RECONCILE_DEADLINE_S)
+    summary["unfinished"] += len(late)
     for outcome in outcomes:
         for key, value in outcome.items():
             summary[key] += value
