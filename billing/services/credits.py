@@ -9,8 +9,15 @@ The rule, published at GET /api/v1/billing/terms/ and in docs/ARCHITECTURE.md:
 - the credit is charged to the provider's earnings (the platform keeps no part of it).
 
 Credits are cumulative, like metering: while an interruption lasts, each posting credits what is due for the
-time lost so far minus what was already credited, so totals do not depend on how often it is posted. Each
-posting is one ledger transaction whose idempotency key names the interruption and the seconds it covers.
+time lost since the last posting (`credited_seconds`) at the instance's price, so totals do not depend on how often
+it is posted (at one price, what is due for the whole time lost, rounded once). The booked price is the one the
+instance had over each stretch of the time lost: a re-check that changes an interrupted instance's price (a cut, or
+a raise back: marketplace.services.instances.pricing) first posts what is due up to then at the old price
+(`interruption_credit_before_reprice`), and only the later seconds are credited at the new one. (Before, the whole
+time lost was credited at the price of the moment of posting: a cut while interrupted shrank or wiped the credit
+for time lost before it, and the provider kept the difference; found by review.) Each posting is one ledger
+transaction, the renter's wallet credited and the provider's earnings debited the same amount, whose idempotency key
+names the interruption and the seconds it covers.
 """
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,7 +57,9 @@ class CreditPosted:
 
 
 def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPosted:
-    """Credit the renter what the interruption has earned up to `until` (its end once ended) and not yet got.
+    """Credit the renter what the interruption has earned up to `until` (its end once ended) and not yet got: the
+    seconds lost since those credited so far, at the instance's price now (its price over them: a price change
+    posts the credit due before it first, interruption_credit_before_reprice).
 
     Runs in its own transaction (or the caller's) with the interruption row locked; idempotent.
     """
@@ -59,10 +68,18 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
         instance = Instance.objects.only("renter_id", "node_id", "price_per_hour_micros").get(
             pk=interruption.instance_id)
         lost = min(interruption.lost_seconds(until), settings.INTERRUPTION_CREDIT_MAX_S)
-        due = credit_due(price_per_hour_micros=instance.price_per_hour_micros, lost_seconds=lost)
-        amount = due - interruption.credited_micros
-        if amount <= 0 or lost <= interruption.credited_seconds:
+        if lost <= interruption.credited_seconds:
             return CreditPosted(0, interruption.credited_micros)
+        price = instance.price_per_hour_micros
+        # Cumulative from the last posting (the base): at one price all along, the whole credit rounded once.
+        amount = (credit_due(price_per_hour_micros=price, lost_seconds=lost)
+                  - credit_due(price_per_hour_micros=price, lost_seconds=interruption.credited_seconds))
+        due = interruption.credited_micros + amount
+        # The seconds are credited even when nothing is due for them (a price of $0/h): a later price must not
+        # credit them again.
+        Interruption.objects.filter(pk=interruption.pk).update(credited_seconds=lost, credited_micros=due)
+        if amount <= 0:
+            return CreditPosted(0, due)
         provider_id = Node.objects.values_list("provider_id", flat=True).get(pk=instance.node_id)
         ledger_post(
             idempotency_key=f"interruption:{interruption.pk}:{lost}", kind=TransactionKind.SERVICE_CREDIT,
@@ -72,7 +89,6 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
             reason="Service credit by the published interruption rule.", at=until,
             customer_note="Service credit for the time your instance was out of your reach.",
         )
-        Interruption.objects.filter(pk=interruption.pk).update(credited_seconds=lost, credited_micros=due)
         event_create(
             user=User.objects.get(pk=provider_id), kind=EventKind.SERVICE_CREDIT,
             message=(f"{usd_text(amount)} was charged to your earnings as a service credit: instance "
@@ -82,6 +98,17 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
                   "interruption": interruption.pk},
         )
         return CreditPosted(amount, due)
+
+
+def interruption_credit_before_reprice(*, instance_id: int, until: datetime) -> CreditPosted | None:
+    """Post what the instance's open interruption has earned up to `until` at the price it has now; None when it
+    has none. Call under the instance's lock (then the interruption's, as every interruption path takes them), just
+    before its price changes: the time lost until then is credited at the price it had, later time at the new one."""
+    interruption_id = (Interruption.objects.filter(instance_id=instance_id, ended_at=None)
+                       .values_list("pk", flat=True).first())
+    if interruption_id is None:
+        return None
+    return interruption_credit(interruption_id=interruption_id, until=until)
 
 
 def credit_terms() -> dict[str, str | int]:

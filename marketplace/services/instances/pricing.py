@@ -12,7 +12,10 @@ published rule: docs/ARCHITECTURE.md, GET /api/v1/billing/terms/).
 
 Each change bills the time so far at the old price, up to the node's last healthy moment while it fails its checks
 (as the meter: node_billable_until), and re-bases the meter there (rate_base_*: billing.services.metering keeps
-cumulative rounding across it); the renter is told at once (API and email).
+cumulative rounding across it); the renter is told at once (API and email). An interrupted instance's service credit
+for the time lost so far is posted at the old price first (billing.services.credits): the new price counts only for
+the time lost after it (before, the whole time lost was credited at the price of the interruption's end: a cut
+shrank or wiped the credit for time lost before it; found by review).
 
 A raise re-reads the renter's balance against what they now pay (billing.services.low_balance): when it is low, or
 at zero (at $0/h nothing burned, so nothing had warned), they get the low-balance warning then, the raise's message
@@ -26,6 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import EventKind
+from billing.services.credits import interruption_credit_before_reprice
 from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock
 from billing.services.metering import node_billable_until, usage_close
 from billing.services.notify import event_create
@@ -135,6 +139,8 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
     if instance.status == S.RUNNING:  # the time so far, at the price it ran at
         usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
         since = instance.billed_until or instance.started_at or now  # billed at the new price from there
+    elif instance.status == S.INTERRUPTED:  # the time lost so far, credited at the price it had
+        interruption_credit_before_reprice(instance_id=instance.pk, until=now)
     old = instance.price_per_hour_micros
     instance.rate_base_seconds, instance.rate_base_cost_micros = instance.billed_seconds, instance.cost_micros
     instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
