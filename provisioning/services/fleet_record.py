@@ -121,9 +121,14 @@ def _apply(node: Node, result: HealthResult, now: datetime) -> list[NodeEvent]:
     node.health_failures += 1
     node.last_error = result.error
     # A node in maintenance stays there: its provider ends it, and node_update sends it offline then. (Sent
-    # offline here, its next answer ended the provider's maintenance and listed it again.)
+    # offline here, its next answer ended the provider's maintenance and listed it again.) A node being verified
+    # is left to its check, which puts it where it belongs when it cannot reach it (node_verify_failed): a check
+    # probed before its provider asked for the verification, recorded after, sent it offline again, told its
+    # provider so once more, and the queued verification ended "The node is offline, not verifying; nothing done"
+    # as the platform's failure (found by review). Its failed checks still count (its renters, if any, are
+    # interrupted as anywhere else).
     if node.health_failures >= OFFLINE_AFTER_FAILED_CHECKS and node.can_transition_to(NodeState.OFFLINE) \
-            and node.state not in (NodeState.OFFLINE, NodeState.MAINTENANCE):
+            and node.state not in (NodeState.OFFLINE, NodeState.MAINTENANCE, NodeState.VERIFYING):
         node.transition_to(NodeState.OFFLINE)
         return [NodeEvent(node=node, kind="offline", level=NodeEvent.Level.WARNING,
                           message=f"{node.health_failures} health checks failed in a row: {result.error}")]
