@@ -135,6 +135,15 @@ class GpuInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
+    # As on the GPUs' own admin (GpuAdmin): a node's inventory makes its GPUs, and a GPU is taken out of service,
+    # never deleted. The inline's own rule was the model's add permission: a superuser's node page offered "Add
+    # another GPU", a row whose form carries only the status, and saving it was a 500 (no index; found by review).
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
     def get_queryset(self, request):
         return _locked_for_a_post(request, super().get_queryset(request))
 
