@@ -13,6 +13,7 @@ event's transaction (billing.services.charges.stripe_lookups). Such an event abo
 """
 import json
 import logging
+import math
 import time
 from functools import partial
 from typing import Any
@@ -38,6 +39,7 @@ from billing.services.refunds import charge_refunded_apply, stripe_refund_apply
 from billing.services.stripe_gateway import MICROS_PER_CENT
 from billing.services.top_ups import top_up_credit, top_up_fail
 from core import metrics
+from core.untrusted_json import TOO_DEEP, Refused, check_json
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,40 @@ def redact_secrets(value: Any) -> Any:
     return out[0]
 
 
+class _Unstorable(ValueError):
+    """JSON that parses but that PostgreSQL's jsonb cannot store."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _Unstorable(f"the body holds {name}, which is not JSON (PostgreSQL cannot store it).")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Unstorable(f"the number {text[:40]} is too large to store (past the float range).")
+    return value
+
+
+def parse_event_body(payload: bytes) -> Any:
+    """The body as JSON that can be stored (jsonb), or WebhookInvalid saying why not: not JSON; NaN or Infinity
+    (Python's json reads them, PostgreSQL refuses them), a number past the float range (1e999 reads as infinity);
+    a lone UTF-16 surrogate (an escape such as \\ud800 alone, not Unicode), nesting deeper than
+    core.untrusted_json's MAX_DEPTH (or than Python's recursion limit). Before, such a signed body passed the event
+    checks and the insert raised DataError: a 500, delivered again and again (found by review; the NUL is
+    _event_problem's)."""
+    try:
+        return check_json(json.loads(payload, parse_constant=_no_constant, parse_float=_finite))
+    except _Unstorable as exc:
+        raise WebhookInvalid(f"Not a Stripe event: {exc}") from None
+    except RecursionError:
+        raise WebhookInvalid(f"Not a Stripe event: {TOO_DEEP}") from None
+    except Refused as exc:  # too deep, not Unicode
+        raise WebhookInvalid(f"Not a Stripe event: {exc}") from None
+    except ValueError:  # not JSON (a JSONDecodeError, bytes that are not UTF-8, an integer of too many digits)
+        raise WebhookInvalid("The body is not JSON.") from None
+
+
 def _event_problem(data: object) -> str | None:
     """Why a parsed body is not a Stripe event (an object with an `id`, a `type` and `data.object`), or None."""
     if not isinstance(data, dict):
@@ -139,7 +175,8 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
     """Verify, store once, and process a Stripe webhook delivery. Raises WebhookInvalid (400).
 
     Nothing is stored for a delivery whose signature does not verify (wrong secret, or signed more than
-    SIGNATURE_TOLERANCE_S before or after now), or whose body is not an event. A second delivery of an event
+    SIGNATURE_TOLERANCE_S before or after now), or whose body is not an event or cannot be stored
+    (parse_event_body, _event_problem). A second delivery of an event
     (same id) is counted and changes nothing else, unless the first one failed to process.
     """
     if not signature:
@@ -154,10 +191,7 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
         raise WebhookInvalid("The body is not JSON.") from None
     if abs(time.time() - signed_at) > SIGNATURE_TOLERANCE_S:
         raise WebhookInvalid(f"The signature's timestamp is more than {SIGNATURE_TOLERANCE_S} s from now.")
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        raise WebhookInvalid("The body is not JSON.") from None
+    data = parse_event_body(payload)
     problem = _event_problem(data)
     if problem:
         raise WebhookInvalid(problem)
