@@ -64,10 +64,11 @@ def _instance_id(job: Job) -> int:
 def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> None:
     """Wait until an SSH server answers on host:port with its banner, as a renter's client would see."""
     deadline = time.monotonic() + timeout
-    last = ""
+    last, reached = "", False
     while time.monotonic() < deadline:
         try:
             with socket.create_connection((host, port), timeout=3) as sock:
+                reached = True
                 sock.settimeout(3)
                 if sock.recv(4).startswith(b"SSH-"):
                     return
@@ -75,7 +76,9 @@ def wait_for_ssh(host: str, port: int, timeout: float = SSH_READY_TIMEOUT_S) -> 
         except OSError as exc:
             last = str(exc)
         time.sleep(0.5)
-    raise VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within {timeout:.0f}s ({last}).")
+    silent = VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within {timeout:.0f}s ({last}).")
+    silent.reached = reached
+    raise silent
 
 
 class VmSshSilent(NodeError):
@@ -83,6 +86,9 @@ class VmSshSilent(NodeError):
 
     code = "vm_ssh_silent"
     fault = JobFault.NODE
+    # Whether a connection to the port was accepted at least once: the way from the platform to it works, and what
+    # listens there (or nothing: docker's proxy accepts for the container) never said SSH.
+    reached = False
 
 
 # ------------------------------------------------------------------ where renters log in: the node's word, checked
@@ -435,29 +441,52 @@ def _ssh_answers_on_node(instance: Instance) -> bool | None:
     return answers if isinstance(answers, bool) else None
 
 
+# A second look from the platform, once the node has seen the VM's SSH answer on the node itself.
+SSH_LOOK_AGAIN_S = 10
+
+
+def _own_image_silence(instance: Instance, answer: dict[str, Any], address: VmAddress, silent: VmSshSilent) -> str:
+    """Whose failure is it that a renter's own image never answered SSH: "renter", "node", or "late" (a second look
+    found it answering: no failure)? The renter's when the image never started
+    an SSH server (ubuntu:24.04 has none), as an image that cannot be pulled: before, any renter could take a
+    node's reliability to 0 at no cost (a failed provision is not billed; found by review). The node's when the way
+    to the VM is shut (a firewall, a port not published).
+
+    What tells them apart cannot be up to the image, whose server can answer some clients and not others (found by
+    review: the image's own host key file, then a server that answered the node's probe only):
+    - the platform reached the port (a connection accepted, no banner): the way works, the silence is the image's;
+    - else the node's own look at the VM's port (`vm status` probe_ssh): no SSH there is the image's; SSH there is
+      the node's unless a second look from here finds it answering (then it was late, not silent);
+    - where the node cannot say, a host key read from the image makes it the node's, as before."""
+    if silent.reached:
+        return "renter"
+    answers = _ssh_answers_on_node(instance)
+    if answers is None:
+        return "node" if answer.get("ssh_host_key") else "renter"
+    if not answers:
+        return "renter"
+    try:
+        wait_for_ssh(address.probe, address.port, timeout=SSH_LOOK_AGAIN_S)
+    except VmSshSilent:
+        return "node"
+    return "late"
+
+
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
     address = vm_address(instance.node, answer)
     _progress(job, instance, "waiting for SSH on the VM")
     try:
         wait_for_ssh(address.probe, address.port)
     except VmSshSilent as exc:
-        if instance.image is not None:
+        whose = "node" if instance.image is not None else _own_image_silence(instance, answer, address, exc)
+        if whose == "node":
             raise
-        # The renter's own image. One whose SSH server never started (ubuntu:24.04 has none) never answers whatever
-        # the node does: its failure is the renter's, as an image that cannot be pulled (before, any renter could
-        # take a node's reliability to 0 at no cost: a failed provision is not billed; found by review). One whose
-        # SSH answers on the node itself and not from here stays the node's (a firewall, a port not published).
-        # The node's own probe tells them apart; a host key read from the image did not (a renter can put a key
-        # file in an image without sshd; found by review). Where the node cannot say, the key decides.
-        answers = _ssh_answers_on_node(instance)
-        if answers is None:
-            answers = bool(answer.get("ssh_host_key"))
-        if answers:
-            raise
-        theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed in "
-                             "the image; the platform starts it and adds your keys).")
-        theirs.fault = JobFault.RENTER  # read by faults.error_fault
-        raise theirs from None
+        if whose == "renter":
+            theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed "
+                                 "in the image; the platform starts it and adds your keys).")
+            theirs.fault = JobFault.RENTER  # read by faults.error_fault
+            raise theirs from None
+        # "late": it answers now, which is no failure
     vm = answer if address.ports is None else {**answer, "ports": address.ports}
     try:
         instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=address.host, ssh_port=address.port,

@@ -480,6 +480,63 @@ def test_an_own_image_whose_ssh_answers_on_the_node_and_not_from_outside_is_the_
     assert reliability(node) == pytest.approx(0.98)
 
 
+def test_an_own_image_reached_from_outside_that_never_says_ssh_is_the_renters_whatever_the_node_sees(
+        fake_node, monkeypatch):
+    """The platform's connection was accepted (the way to the port works) and no banner came: the image's server
+    can answer the node's probe and not the platform (found by the second review round), so the probe is not
+    asked."""
+    node = checked_node()
+    probes = node_answering(fake_node, monkeypatch, host_key=True, ssh_answers=True)
+
+    def accepted_and_closed(host, port, timeout=0):
+        silent = vms.VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within 120s (no SSH banner).")
+        silent.reached = True
+        raise silent
+
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", accepted_and_closed)
+    _, job = provision(node, image="registry.example.com/team/trick:1")
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER and "must start an SSH server" in job.error and probes == []
+    assert reliability(node) == 1.0
+
+
+def test_an_own_image_the_node_sees_answering_gets_a_second_look_and_runs_when_it_answers(fake_node, monkeypatch):
+    """Its SSH answered on the node, not within the platform's wait: a second look from the platform finds it up
+    (it started late), and the instance runs; no one's failure."""
+    node = checked_node()
+    probes = node_answering(fake_node, monkeypatch, host_key=False, ssh_answers=True)
+    looks = []
+
+    def late(host, port, timeout=vms.SSH_READY_TIMEOUT_S):
+        looks.append(timeout)
+        if len(looks) == 1:
+            raise vms.VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within 120s (timed out).")
+
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", late)
+    own, job = provision(node, image="registry.example.com/team/slow:1")
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job.refresh_from_db()
+    own.refresh_from_db()
+    assert (job.status, own.status) == (JobStatus.SUCCEEDED, InstanceStatus.RUNNING), job.error
+    assert looks == [vms.SSH_READY_TIMEOUT_S, vms.SSH_LOOK_AGAIN_S] and len(probes) == 1
+
+
+REAL_WAIT_FOR_SSH = vms.wait_for_ssh  # sent_jobs replaces it in every test
+
+
+def test_wait_for_ssh_says_whether_the_port_was_reached():
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts (the kernel's backlog) and never says SSH
+        with pytest.raises(vms.VmSshSilent) as silent:
+            REAL_WAIT_FOR_SSH("127.0.0.1", server.getsockname()[1], timeout=1)
+        assert silent.value.reached is True
+    with socket.socket() as bound:  # the port held, nothing listening: refused
+        bound.bind(("127.0.0.1", 0))
+        with pytest.raises(vms.VmSshSilent) as refused:
+            REAL_WAIT_FOR_SSH("127.0.0.1", bound.getsockname()[1], timeout=1)
+    assert refused.value.reached is False
+
+
 def test_a_catalogue_images_silence_asks_the_node_nothing(fake_node, monkeypatch):
     node = checked_node()
     probes = node_answering(fake_node, monkeypatch, host_key=False, ssh_answers=False)
