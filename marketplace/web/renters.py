@@ -10,6 +10,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.messages.storage.base import BaseStorage
 from django.core.paginator import Paginator
 from django.http import Http404, QueryDict
 from django.shortcuts import redirect, render
@@ -55,9 +56,9 @@ ORDERING_LABELS = {
 }
 FILTER_LABELS = {
     "gpu_model": ("GPU model", "Any of the ticked models."),
-    "min_gpus": ("At least this many free GPUs", ""),
+    "min_gpus": ("At least this many free GPUs", "Free slices of that profile when a MIG slice is chosen."),
     "min_gpu_memory_gb": ("Memory per GPU, at least (GB)", ""),
-    "max_price_per_gpu_hour": ("Price per GPU-hour, at most (USD)", ""),
+    "max_price_per_gpu_hour": ("Price per GPU-hour, at most (USD)", "Per slice-hour when a MIG slice is chosen."),
     "country": ("Country", ""),
     "city": ("City", ""),
     "min_reliability": ("Reliability, at least (0 to 1)", "Share of health checks answered, e.g. 0.95."),
@@ -358,61 +359,130 @@ def _render_rent(request, offer, form, status=200):
     }, status=status)
 
 
-def _fingerprint_body(post) -> dict:
+def _fingerprint_body(post, node_id: int) -> dict:
     """The posted form for the double-booking check, with no plain hash of a registry password or env in it (and
-    not the account's password at all: it saves a key, it does not shape the booking)."""
+    not the account's password at all: it saves a key, it does not shape the booking). The offer is in the URL,
+    not the form: it goes in too, so that a token sent again for another offer is other choices, not a replay."""
     body = {k: v for k, v in post.lists()
             if k not in ("csrfmiddlewaretoken", "registry_password", "env", "save_key_password")}
     for name in ("registry_password", "env"):
         if post.get(name):
             body[name] = salted_hmac(f"rent-{name.replace('_', '-')}", post[name]).hexdigest()
+    body["offer"] = node_id
     return body
+
+
+def _booked_message(request, instance, *, again: bool = False) -> None:
+    """Says the booking is made; `again` (a form sent again) only where the first sending's word is not still
+    waiting to be shown (a double click: the browser left the first answer's redirect unfollowed)."""
+    text = f"Instance {instance.pk} booked: the node is preparing it."
+    if again:
+        storage = messages.get_messages(request)
+        waiting = any(str(m) == text for m in storage)
+        if isinstance(storage, BaseStorage):  # looked at, not shown: they stay for the next page (Django's way)
+            storage.used = False
+        if waiting:
+            return
+    messages.success(request, text)
+
+
+def _replay(request, node_id: int):
+    """The instance this form's token already booked (a double click's second request, a resent form), or None.
+
+    Asked before the offer and the form are checked: the booking took the offer's last free GPU or slices, so the
+    offers search, or the form's choice of free MIG profiles, would refuse the replay what the booking service
+    gives it (create_once). The lookup is the renter's own (instance_for_idempotency_key); the same token with other
+    choices or another offer raises IdempotencyKeyReused."""
+    try:
+        token = RentForm.base_fields["request_token"].clean(request.POST.get("request_token", ""))
+    except forms.ValidationError:
+        return None  # the form says so
+    if not token:
+        return None
+    return svc.instance_for_idempotency_key(
+        renter=request.user, idempotency_key=web_idempotency_key(token),
+        request_fingerprint=svc.request_fingerprint(_fingerprint_body(request.POST, node_id)))
+
+
+def _replayed(request, node_id: int):
+    """A redirect to the instance this form already booked, the rent page saying that the form was used with other
+    choices, or None (no booking made with this token)."""
+    try:
+        instance = _replay(request, node_id)
+    except IdempotencyKeyReused:
+        offer = _offer_or_404(node_id)
+        form = _reused_form(request, offer)
+        return with_form_status(_render_rent(request, offer, form, status=400), form)
+    if instance is None:
+        return None
+    _booked_message(request, instance, again=True)
+    return redirect("instance", pk=instance.pk)
+
+
+def _reused_form(request, offer) -> RentForm:
+    """This page's form was already used to book, with other choices (back button): the same choices with a fresh
+    token, and the error saying so."""
+    data = request.POST.copy()
+    data["request_token"] = get_random_string(32)
+    form = RentForm(data, user=request.user, node=offer, request=request)
+    form.is_valid()
+    form.add_error(None, "This form was already used to book an instance with other choices. "
+                         "Check the choices below and book again.")
+    return form
 
 
 @sensitive_post_parameters("registry_password", "save_key_password")
 @login_required
 @require_http_methods(["GET", "POST"])
 def rent(request, node_id: int):
-    offer = _offer_or_404(node_id)
     if request.method == "GET":
+        offer = _offer_or_404(node_id)
         initial = {"request_token": get_random_string(32), "image": "pytorch-2-5"}
         if request.GET.get("mig_profile"):  # from the offers page filtered by a profile; the form keeps valid ones
             initial["mig_profile"] = request.GET["mig_profile"]
         form = RentForm(user=request.user, node=offer, initial=initial)
         return _render_rent(request, offer, form)
+    # A form sent again gets what it booked before the offer's availability is asked (its booking may have taken
+    # the last free GPU or slices): once first, and once more where the offer or the form refuses, as the original
+    # may have committed in between.
+    if (replayed := _replayed(request, node_id)) is not None:
+        return replayed
+    try:
+        offer = _offer_or_404(node_id)
+    except Http404:
+        if (replayed := _replayed(request, node_id)) is not None:
+            return replayed
+        raise
     form = RentForm(request.POST, user=request.user, node=offer, request=request)
-    if form.is_valid():
-        data = form.cleaned_data
-        token = data.get("request_token") or ""
-        body = _fingerprint_body(request.POST)
-        try:
-            instance, _ = svc.instance_create(
-                renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"],
-                image=data.get("own_image") or data["image"], options=form.options(),
-                ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
-                idempotency_key=web_idempotency_key(token),
-                request_fingerprint=svc.request_fingerprint(body) if token else "",
-                volumes=data.get("volumes") or [], mig_profile=data.get("mig_profile") or "",
-            )
-        except IdempotencyKeyReused:
-            # This page's form was already used to book, with other choices (back button): a fresh token.
-            data = request.POST.copy()
-            data["request_token"] = get_random_string(32)
-            form = RentForm(data, user=request.user, node=offer, request=request)
-            form.is_valid()
-            form.add_error(None, "This form was already used to book an instance with other choices. "
-                                 "Check the choices below and book again.")
-        except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
-            form_error(form, exc)
-        else:
-            messages.success(request, f"Instance {instance.pk} booked: the node is preparing it.")
-            # Saved only once the booking is made: a refused one (no funds, an unverified address) saves nothing.
-            if data.get("save_key") and data.get("ssh_public_key"):
-                try:
-                    ssh_svc.ssh_key_create(user=request.user, public_key=data["ssh_public_key"])
-                except ssh_svc.SshKeyExists:
-                    pass  # saved already: nothing to do
-                except ApplicationError as exc:  # MAX_SAVED_SSH_KEYS saved: the booking stands, the key is unsaved
-                    messages.warning(request, f"The key was not saved to your SSH keys: {exc.message}")
-            return redirect("instance", pk=instance.pk)
+    if not form.is_valid():
+        if (replayed := _replayed(request, node_id)) is not None:
+            return replayed
+        return with_form_status(_render_rent(request, offer, form, status=400), form)
+    data = form.cleaned_data
+    token = data.get("request_token") or ""
+    body = _fingerprint_body(request.POST, offer.pk)
+    try:
+        instance, _ = svc.instance_create(
+            renter=request.user, node_id=offer.pk, num_gpus=data["num_gpus"],
+            image=data.get("own_image") or data["image"], options=form.options(),
+            ssh_public_keys=form.public_keys(), disk_gb=data.get("disk_gb"), label=data.get("label") or "",
+            idempotency_key=web_idempotency_key(token),
+            request_fingerprint=svc.request_fingerprint(body) if token else "",
+            volumes=data.get("volumes") or [], mig_profile=data.get("mig_profile") or "",
+        )
+    except IdempotencyKeyReused:
+        form = _reused_form(request, offer)
+    except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
+        form_error(form, exc)
+    else:
+        _booked_message(request, instance)
+        # Saved only once the booking is made: a refused one (no funds, an unverified address) saves nothing.
+        if data.get("save_key") and data.get("ssh_public_key"):
+            try:
+                ssh_svc.ssh_key_create(user=request.user, public_key=data["ssh_public_key"])
+            except ssh_svc.SshKeyExists:
+                pass  # saved already: nothing to do
+            except ApplicationError as exc:  # MAX_SAVED_SSH_KEYS saved: the booking stands, the key is unsaved
+                messages.warning(request, f"The key was not saved to your SSH keys: {exc.message}")
+        return redirect("instance", pk=instance.pk)
     return with_form_status(_render_rent(request, offer, form, status=400), form)
