@@ -7,6 +7,7 @@ import django_filters
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Exists, F, Q, QuerySet
+from django.db.models.lookups import LessThanOrEqual
 from django.http import QueryDict
 from django_countries import countries
 from django_filters.fields import ChoiceField
@@ -24,6 +25,7 @@ from marketplace import selectors
 from marketplace.mig import all_profile_names
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
+from marketplace.models.nodes import slice_price_micros, slice_score_per_dollar
 from marketplace.money import usd_to_micros
 
 from .offer_query import OfferQuery
@@ -196,6 +198,18 @@ def _nulls_last(order):
     return column.desc(nulls_last=True) if order.startswith("-") else column.asc(nulls_last=True)
 
 
+# The price orders, by a slice's price under `mig_profile` (OfferFilter.filter_queryset).
+_SLICE_ORDERS = {"price_per_gpu_hour_micros": slice_price_micros, "score_per_dollar": slice_score_per_dollar}
+
+
+def _per_slice(order, profile: str):
+    """`order` by the price per slice-hour of `profile` where it orders by a price; others as they are."""
+    if not isinstance(order, str) or order.lstrip("-") not in _SLICE_ORDERS:
+        return order
+    expression = _SLICE_ORDERS[order.lstrip("-")](profile)
+    return expression.desc(nulls_last=True) if order.startswith("-") else expression.asc(nulls_last=True)
+
+
 def validate_cuda_version(value: str) -> None:
     if cuda_version_code(value) is None:
         raise DjangoValidationError("A CUDA version is major.minor, e.g. 12.2.")
@@ -259,8 +273,10 @@ class OfferFilter(StrictFilterSet):
                                            max_value=1000, help_text="At least this many free GPUs.")
     min_gpu_memory_gb = IntegerFilter(field_name="gpu_model__memory_gb", lookup_expr="gte",
                                                     min_value=0, max_value=100_000)
-    max_price_per_gpu_hour = django_filters.NumberFilter(method="filter_max_price", min_value=0,
-                                                         max_value=Decimal("1000000"), help_text="USD.")
+    max_price_per_gpu_hour = django_filters.NumberFilter(
+        method="filter_max_price", min_value=0, max_value=Decimal("1000000"),
+        help_text="USD per GPU-hour; per slice-hour when mig_profile is given (that profile's price, what booking "
+                  "a slice charges).")
     country = CountryFilter(choices=_country_choices, method="filter_country", help_text=COUNTRY_HELP)
     city = django_filters.CharFilter(field_name="city", lookup_expr="iexact", max_length=100)
     min_reliability = django_filters.NumberFilter(field_name="reliability", lookup_expr="gte", min_value=0,
@@ -295,7 +311,8 @@ class OfferFilter(StrictFilterSet):
             ("reliability", "reliability"),
             *((field, name) for name, field in HOST_ORDERINGS.items()),
         ),
-        help_text="Prefix with - for descending. Default: -score_per_dollar.",
+        help_text="Prefix with - for descending. Default: -score_per_dollar. With mig_profile, price_per_gpu_hour "
+                  "and score_per_dollar order by that profile's price per slice-hour.",
     )
 
     class Meta:
@@ -343,6 +360,12 @@ class OfferFilter(StrictFilterSet):
         return selectors.offers_with_free_gpus(queryset, at_least=value)
 
     def filter_max_price(self, queryset, name, value):
+        profile = self.form.cleaned_data.get("mig_profile")
+        if profile:
+            # The price per slice-hour of that profile, what booking a slice charges (found by review: the whole
+            # GPU's price hid the cheap slices). A node that does not price the profile books none (null here),
+            # and filter_mig_profile leaves it out anyway.
+            return queryset.filter(LessThanOrEqual(slice_price_micros(profile), usd_to_micros(value)))
         return queryset.filter(price_per_gpu_hour_micros__lte=usd_to_micros(value))
 
     def filter_country(self, queryset, name, value):
@@ -365,6 +388,9 @@ class OfferFilter(StrictFilterSet):
             queryset = queryset.order_by("-score_per_dollar")
         else:  # nodes not measured yet (null) come last either way, not first in descending orders
             queryset = queryset.order_by(*(_nulls_last(o) for o in queryset.query.order_by))
+        profile = self.form.cleaned_data.get("mig_profile")
+        if profile:  # by what a slice of it costs, as max_price_per_gpu_hour then (found by review)
+            queryset = queryset.order_by(*(_per_slice(o, profile) for o in queryset.query.order_by))
         # A unique tie-breaker keeps pages stable.
         return queryset.order_by(*queryset.query.order_by, "id")
 

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 from django_countries.fields import CountryField
 
@@ -105,6 +107,21 @@ def offerable() -> Q:
 SCORE_PER_DOLLAR = models.ExpressionWrapper(
     models.F("score") * 1_000_000.0 / models.F("price_per_gpu_hour_micros"), output_field=models.FloatField()
 )
+
+
+def slice_price_micros(profile: str) -> Cast:
+    """The node's price per slice-hour of MIG `profile` (micro-dollars), what booking a slice of it charges
+    (instances.booking._slice_price: `mig_prices_micros[profile]`, never the whole GPU's price); null where the node
+    does not price the profile (booking refuses it, and its slices are not offered: selectors.free_slices). In SQL:
+    `(mig_prices_micros ->> profile)::bigint`, the offers' filter and order under `mig_profile`."""
+    return Cast(KeyTextTransform(profile, "mig_prices_micros"), models.BigIntegerField())
+
+
+def slice_score_per_dollar(profile: str) -> models.ExpressionWrapper:
+    """SCORE_PER_DOLLAR with the price per slice-hour of `profile`: the same ranking of slices of one profile as of
+    their cards (a profile is the same share of every card it splits), by what a slice costs."""
+    return models.ExpressionWrapper(models.F("score") * 1_000_000.0 / slice_price_micros(profile),
+                                    output_field=models.FloatField())
 
 
 class Node(StatefulModel, NodeHostFacts):
