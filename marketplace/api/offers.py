@@ -6,8 +6,8 @@ from typing import Any
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Exists, F, Q, QuerySet
-from django.db.models.lookups import LessThanOrEqual
+from django.db.models import Count, Exists, F, Q, QuerySet, Subquery
+from django.db.models.lookups import GreaterThanOrEqual, LessThanOrEqual
 from django.http import QueryDict
 from django_countries import countries
 from django_filters.fields import ChoiceField
@@ -270,7 +270,9 @@ class OfferFilter(StrictFilterSet):
         help_text="GPU model slug; repeat the parameter for several.",
     )
     min_gpus = IntegerFilter(field_name="num_gpus_free", method="filter_min_gpus", min_value=1,
-                                           max_value=1000, help_text="At least this many free GPUs.")
+                             max_value=1000, help_text=(
+                                 "At least this many free GPUs; with mig_profile, at least this many free slices of "
+                                 "that profile (what num_gpus books then)."))
     min_gpu_memory_gb = IntegerFilter(field_name="gpu_model__memory_gb", lookup_expr="gte",
                                                     min_value=0, max_value=100_000)
     max_price_per_gpu_hour = django_filters.NumberFilter(
@@ -356,6 +358,12 @@ class OfferFilter(StrictFilterSet):
         return OfferFilter._form_classes[cls]
 
     def filter_min_gpus(self, queryset, name, value: int):
+        profile = self.form.cleaned_data.get("mig_profile")
+        if profile:
+            # Slices, as num_gpus counts them in a booking with mig_profile (found by review: whole free GPUs hid a
+            # server whose cards are all split). Counted for the nodes with a free slice of it (filter_mig_profile).
+            free = selectors.free_slices(profile).order_by().values("node").annotate(n=Count("*")).values("n")
+            return queryset.filter(GreaterThanOrEqual(Subquery(free), value))
         # Not num_gpus_free >= value: that counts the free GPUs of every candidate node one by one.
         return selectors.offers_with_free_gpus(queryset, at_least=value)
 

@@ -1,7 +1,8 @@
-"""The offers' price filter and price orders under `mig_profile` (found by review): they read the whole GPU's price,
-so a server whose slices cost $0.30/slice-hour and whose card $4/h was hidden by max_price_per_gpu_hour=1 (booking a
-slice worked, at $0.30), and the price orders ranked slices by their card's price. Under `mig_profile` they now read
-what booking a slice charges: the node's price per slice-hour of that profile."""
+"""The offers' price filter, price orders and min_gpus under `mig_profile` (found by review): they read the whole GPU's
+price and free whole GPUs, so a server whose slices cost $0.30/slice-hour and whose card $4/h was hidden by
+max_price_per_gpu_hour=1 (booking a slice worked, at $0.30), the price orders ranked slices by their card's price,
+and min_gpus=2 hid a server whose cards are all split with seven free slices. Under `mig_profile` they now read
+what booking a slice charges, the node's price per slice-hour of that profile, and count its free slices."""
 import re
 from urllib.parse import urlencode
 
@@ -81,6 +82,22 @@ def test_price_orders_under_a_mig_profile_read_the_slice_price(two_prices):
     assert ids({}) == [cheap_card.pk, cheap_slices.pk]
 
 
+def test_min_gpus_under_a_mig_profile_counts_its_free_slices():
+    all_split = make_mig_node({0: ["1g.10gb"] * 7}, gpu_count=1)  # no whole GPU free, seven slices
+    one_slice = make_mig_node({0: ["7g.80gb"], 1: ["1g.10gb"]}, gpu_count=4)  # two whole GPUs free, one 1g slice
+    assert ids({"mig_profile": "1g.10gb", "min_gpus": "2"}) == [all_split.pk]
+    assert ids({"mig_profile": "1g.10gb", "min_gpus": "7"}) == [all_split.pk]
+    assert ids({"mig_profile": "1g.10gb", "min_gpus": "8"}) == []
+    assert sorted(ids({"mig_profile": "1g.10gb", "min_gpus": "1"})) == sorted([all_split.pk, one_slice.pk])
+    assert ids({"mig_profile": "7g.80gb", "min_gpus": "1"}) == [one_slice.pk]
+    # Without mig_profile, whole free GPUs.
+    assert ids({"min_gpus": "2"}) == [one_slice.pk]
+    # Two slices booked: five left.
+    book(UserFactory(), all_split, 2, mig_profile="1g.10gb")
+    assert ids({"mig_profile": "1g.10gb", "min_gpus": "5"}) == [all_split.pk]
+    assert ids({"mig_profile": "1g.10gb", "min_gpus": "6"}) == []
+
+
 def test_the_offers_page_filters_and_sorts_by_the_slice_price(two_prices):
     cheap_slices, cheap_card = two_prices
     page = Client().get("/offers/", {"mig_profile": "1g.10gb", "max_price_per_gpu_hour": "0.4"}).content.decode()
@@ -96,7 +113,8 @@ MIG_COMBINATIONS = [
     {"mig_profile": "1g.10gb", "ordering": "-price_per_gpu_hour"},
     {"mig_profile": "1g.10gb", "ordering": "score_per_dollar"},
     {"mig_profile": "1g.10gb"},
-    {"mig_profile": "1g.10gb", "min_gpus": "1", "max_price_per_gpu_hour": "5", "ordering": "-reliability"},
+    {"mig_profile": "1g.10gb", "min_gpus": "2", "max_price_per_gpu_hour": "5"},
+    {"mig_profile": "1g.10gb", "min_gpus": "3", "ordering": "-reliability"},
 ]
 
 
@@ -125,10 +143,12 @@ def test_the_cached_sql_of_these_shapes_is_djangos_and_answers_alike(two_prices,
         assert (got.status_code, got.content, got_sql) == (200, expected.content, expected_sql)
 
 
-def test_a_cached_shape_takes_each_requests_price(two_prices, monkeypatch):
+def test_a_cached_shape_takes_each_requests_price_and_count(two_prices, monkeypatch):
     cheap_slices, cheap_card = two_prices
     for price, expected in (("0.4", [cheap_slices.pk]), ("0.6", [cheap_slices.pk, cheap_card.pk]), ("0.2", [])):
         assert ids({"mig_profile": "1g.10gb", "max_price_per_gpu_hour": price}) == expected
+    for count, expected in (("7", [cheap_slices.pk, cheap_card.pk]), ("8", [])):
+        assert ids({"mig_profile": "1g.10gb", "min_gpus": count}) == expected
 
 
 def test_a_whole_gpu_offer_is_untouched_by_the_slice_rules():
