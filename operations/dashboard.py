@@ -3,15 +3,17 @@
 Reads only, across every app (nodes and instances from marketplace, jobs and events from provisioning, revenue
 from billing's ledger): that is why it lives in `operations`, above the apps, and not in one of them. Shown by the
 admin index template (operations/templates/admin/gpumarket_index.html) through the `fleet_dashboard` template tag,
-each part to the holders of its view permission only (PARTS).
+each part to those the admin lets view the records it is made of only (PARTS).
 """
 from collections.abc import Collection
 from datetime import timedelta
 
+from django.contrib import admin
 from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.models import LedgerTransaction, Payout, Refund, TopUp
 from billing.selectors import revenue_between, waiting_on_stripe
 from core import charts
 from marketplace.models import Gpu, GpuStatus, Instance, InstanceStatus, Node, NodeState, Verdict
@@ -50,21 +52,23 @@ def revenue_figures(now=None) -> dict:
     return {"today": revenue_between(start=day, end=now), "month": revenue_between(start=month, end=now)}
 
 
-# Each part of the dashboard and the view permission that shows it: the admin's own rule for the records it is
-# made of (found by review: any staff account, with no permission at all, read the revenue, providers' addresses
-# and nodes' error text). A part not shown is not computed either.
+# Each part of the dashboard and the model whose records it is made of: shown to those the admin lets view them (found
+# by review: any staff account, with no permission at all, read the revenue, providers' addresses and nodes' error
+# text). The admin's own rule (the registered ModelAdmin's has_view_permission: the view or the change permission,
+# or an admin's own), not the view permission alone: an operator holding only a model's change permission opens its
+# list and pages, and saw none of its parts here (found by review). A part not shown is not computed either.
 PARTS = {
-    "nodes": "marketplace.view_node",  # counts by state, rejected and offline nodes (their providers, errors)
-    "gpus": "marketplace.view_gpu",
-    "instances": "marketplace.view_instance",
-    "jobs": "provisioning.view_job",
-    "events": "provisioning.view_nodeevent",
-    "runs": "provisioning.view_verificationrun",
-    "revenue": "billing.view_ledgertransaction",
+    "nodes": Node,  # counts by state, rejected and offline nodes (their providers, errors)
+    "gpus": Gpu,
+    "instances": Instance,
+    "jobs": Job,
+    "events": NodeEvent,
+    "runs": VerificationRun,
+    "revenue": LedgerTransaction,
     # Money whose Stripe answer is still unknown past the follow-up's delay (billing.selectors.waiting_on_stripe)
-    "payouts": "billing.view_payout",
-    "refunds": "billing.view_refund",
-    "top_ups": "billing.view_topup",
+    "payouts": Payout,
+    "refunds": Refund,
+    "top_ups": TopUp,
 }
 WAITING_ON_STRIPE = {  # part: (its changelist, the filter of the rows it counts)
     "payouts": ("billing_payout", {"status__exact": "pending"}),
@@ -73,9 +77,12 @@ WAITING_ON_STRIPE = {  # part: (its changelist, the filter of the rows it counts
 }
 
 
-def parts_for(user) -> frozenset[str]:
-    """The parts `user` may read (a superuser all; an inactive account none)."""
-    return frozenset(part for part, permission in PARTS.items() if user.has_perm(permission))
+def parts_for(request) -> frozenset[str]:
+    """The parts the request's user may read: those whose model the admin site lets them view (a superuser all; an
+    inactive account none; a model the site does not register, none)."""
+    site = admin.site
+    return frozenset(part for part, model in PARTS.items()
+                     if site.is_registered(model) and site.get_model_admin(model).has_view_permission(request))
 
 
 def fleet_figures(parts: Collection[str], now=None) -> dict:

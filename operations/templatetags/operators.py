@@ -1,4 +1,4 @@
-"""The operators' dashboard on the admin index page: the parts the operator's permissions show (PARTS)."""
+"""The operators' dashboard on the admin index page: the parts the operator may view in the admin (PARTS)."""
 from django import template
 
 from operations.dashboard import fleet_figures, parts_for
@@ -8,4 +8,4 @@ register = template.Library()
 
 @register.inclusion_tag("admin/includes/fleet_dashboard.html", takes_context=True)
 def fleet_dashboard(context):
-    return {"fleet": fleet_figures(parts_for(context["request"].user))}
+    return {"fleet": fleet_figures(parts_for(context["request"]))}
