@@ -140,9 +140,10 @@ def _narrowing(conditions: list[Condition]) -> QueryDict | None:
         elif c.field in ("reliability", "reliability2") and c.op == "gte" and 0 <= (c.value or 0) <= 1:
             params["min_reliability"] = str(c.value)
         elif c.field == "geolocation" and c.op == "eq" and isinstance(c.value, str):
-            if c.value.upper() not in countries:
+            code = c.value.casefold().upper()  # as the rows compare it (casefold): "\u212aR" is KR
+            if code not in countries:
                 return None
-            params["country"] = c.value.upper()
+            params["country"] = code
     return params
 
 

@@ -262,12 +262,15 @@ def _template(search: Search, order, build_before: Callable[[], QuerySet]) -> _T
     if search.shape is None:
         return UNCACHED
     key = search.shape
-    template = _cache.get(key)
+    with _lock:
+        template = _cache.pop(key, None)
+        if template is not None:
+            _cache[key] = template  # used last: dropped last (one-off shapes must not push out the CLI's default)
     if template is None:
         template = _learn(search, order, build_before)
         with _lock:  # threads of one process (gthread workers) may fill at once
             while len(_cache) >= MAX_ENTRIES:
-                _cache.pop(next(iter(_cache)))  # the oldest entry
+                _cache.pop(next(iter(_cache)))  # the entry used longest ago
             _cache[key] = template
     return template
 

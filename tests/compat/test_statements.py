@@ -190,3 +190,28 @@ def test_the_cache_is_bounded(monkeypatch):
         assert offers.offers_find(q) == plain(q)
     assert len(statements._cache) == 3
     assert [key[1][0] for key in statements._cache] == orders[-3:]  # the oldest dropped first
+
+
+def test_a_shape_in_use_outlives_one_off_shapes(monkeypatch):
+    """Dropped is the shape used longest ago, not the one filled first: one-off shapes (in lists of every length)
+    must not push out the CLI's default search (found by review: filled first, it was dropped first)."""
+    monkeypatch.setattr(statements, "MAX_ENTRIES", 3)
+    learnt = []
+    real = statements._learn
+    monkeypatch.setattr(statements, "_learn", lambda search, *a: (learnt.append(search.shape), real(search, *a))[1])
+    hot = parse({})
+    for n in range(1, 8):
+        offers.offers_find(hot)
+        q = parse({"machine_id": {"in": list(range(1, n + 1))}, "order": [["dph_total", "asc"]]})
+        assert offers.offers_find(q) == plain(q)
+    assert learnt.count(offers.search_of(hot)[0].shape) == 1 and len(learnt) == 8
+
+
+def test_a_country_is_compared_as_the_rows_compare_it(db):
+    """"\u212aR" (a Kelvin sign, then R) casefolds to "kr", as the rows compare a geolocation: it narrows to KR
+    (found by review: upper() left it unknown and the search answered nothing)."""
+    from tests.factories import make_listed_node
+
+    make_listed_node(gpu_model="rtx-4090", gpu_count=1, country="KR")
+    q = parse({"geolocation": {"eq": "\u212aR"}})
+    assert plain(q) and offers.offers_find(q) == plain(q)
