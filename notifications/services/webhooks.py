@@ -17,7 +17,7 @@ de-duplicate (X-GPUMarket-Delivery, the body's "id").
 
 An endpoint deleted while its events are written or sent: the endpoint's row is locked (FOR KEY SHARE, as a foreign
 key would) while a delivery is written for it, a delivery's row while an attempt is recorded for it, and the DELETE
-locks both before it collects what goes with the endpoint; an attempt whose delivery is gone by the time it is
+locks both before it deletes what goes with the endpoint; an attempt whose delivery is gone by the time it is
 recorded ends with nothing recorded.
 """
 import logging
@@ -32,7 +32,7 @@ from typing import Any
 
 import requests
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
@@ -154,13 +154,27 @@ def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, descri
 
 def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
     """Delete the endpoint with its deliveries and their attempts. The endpoint's row and then its deliveries' are
-    locked before Django collects what goes with it: a delivery being written for it (notify, a test event) or an
-    attempt being recorded commits first and is collected too, instead of failing this DELETE at its commit on a
-    row it had not seen."""
+    locked before what goes with it is deleted: a delivery being written for it (notify, a test event) or an
+    attempt being recorded commits first and is deleted too, instead of failing this DELETE at its commit on a
+    row it had not seen.
+
+    Set-wise, a handful of statements whatever the log's length: the deliveries are locked in the database (one
+    count comes back, not a row per delivery), then the attempts and the deliveries are deleted by their endpoint.
+    Before, every delivery's id was read into a list and Django's collector read them all again to cascade to their
+    attempts: 28 s for 300,000 deliveries, and past gunicorn's timeout the DELETE rolled back and the endpoint kept
+    receiving the account's events (found by review)."""
     with transaction.atomic():
         if WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first() is None:
             return  # deleted meanwhile
-        list(WebhookDelivery.objects.select_for_update().filter(endpoint_id=endpoint.pk).values_list("pk", flat=True))
+        deliveries = WebhookDelivery.objects.filter(endpoint_id=endpoint.pk)
+        with connection.cursor() as cursor:
+            rows = connection.ops.quote_name(WebhookDelivery._meta.db_table)
+            locked = f"SELECT 1 FROM {rows} WHERE endpoint_id = %s FOR UPDATE"  # noqa: S608 (the model's table)
+            cursor.execute(f"SELECT count(*) FROM ({locked}) locked", [endpoint.pk])  # noqa: S608
+        # No collector: attempts, then deliveries, each one DELETE ... WHERE (no signal handlers listen to them).
+        attempts = WebhookAttempt.objects.filter(delivery_id__in=deliveries.values("pk"))
+        attempts._raw_delete(attempts.db)
+        deliveries._raw_delete(deliveries.db)
         endpoint.delete()
 
 
