@@ -80,7 +80,7 @@ RECONCILE_DEADLINE_S = 480.0
 _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 # `errors`: nodes whose reconcile raised something other than a NodeError (a bug, a refusal): logged with the
 # node, and the batch goes on with its other nodes.
-HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors")
+HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors", "stale")
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
                      "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "volumes_deleted",
                      "unreachable", "busy", "locked", "errors", "unfinished")
@@ -358,11 +358,22 @@ def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool,
     running = running_vm_ids_by_node(
         node_ids=answered, probed_before=min((r.probed_at for r in results if r.probed_at), default=None))
     summary["checked"] += len(results)
+    # A failed probe of a node whose state changed after the batch read it (its provider asked for a verification
+    # or ended its maintenance, a verification concluded, an operator moved it) says nothing about the node since:
+    # not recorded (counted `stale`); the next check judges it. Recorded, a failure probed before a verification
+    # that concluded active sent the freshly verified node offline, its provider told so (found by review). One
+    # read, for the failed ones only.
+    failed = [r.node_id for r in results if not r.ok and not r.busy]
+    moved = {pk for pk, changed_at in Node.objects.filter(pk__in=failed).values_list("pk", "state_changed_at")
+             if changed_at != by_id[pk].state_changed_at} if failed else set()
     record: list[HealthResult] = []
     for result in results:
         node = by_id[result.node_id]
         if result.busy:  # its SSH sessions are all taken by work: it is alive; judge it next time
             summary["busy"] += 1
+            continue
+        if result.node_id in moved:
+            summary["stale"] += 1
             continue
         if result.ok and (node.health_failures > 0 or node.state == NodeState.OFFLINE or node.pk in pending):
             # It answers again: before it takes rentals, resume or fail its interrupted instances and

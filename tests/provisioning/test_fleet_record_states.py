@@ -39,10 +39,11 @@ def test_a_probe_from_before_a_verify_request_leaves_the_node_to_its_check(db, m
         return results
 
     monkeypatch.setattr(fleet, "nodes_probe", probe_then_provider_verifies)
-    assert fleet.nodes_health_batch([node.pk])["failed"] == 1
+    summary = fleet.nodes_health_batch([node.pk])
+    assert (summary["failed"], summary.get("stale")) == (0, 1)  # probed before the change: not recorded
     node.refresh_from_db()
     assert node.state == NodeState.VERIFYING
-    assert node.health_failures == OFFLINE_AFTER_FAILED_CHECKS + 1  # still a failed check in a row
+    assert node.health_failures == OFFLINE_AFTER_FAILED_CHECKS
     assert not NodeEvent.objects.filter(node=node, kind="offline").exists()  # no second "offline" notice
     job = Job.objects.get(node=node, kind=JobKind.NODE_VERIFY)
     with pytest.raises(NodeUnreachable):  # the check tried the node (its task retries), not "nothing done"
@@ -62,6 +63,35 @@ def test_a_node_verified_with_renters_on_it_is_not_sent_offline_by_its_checks(db
     node.refresh_from_db()
     assert (node.state, node.health_failures, node.last_error) == (
         NodeState.VERIFYING, OFFLINE_AFTER_FAILED_CHECKS + 1, "No SSH answer")
+
+
+def test_a_failed_probe_from_before_a_verification_concluded_leaves_the_verified_node_active(db, monkeypatch):
+    """A node verified while renters are on it (watched), its last checks failed: the verification reaches it and
+    lists it while a batch that probed it (failing) still runs. Recorded, that failure was the third in a row and
+    sent the node it had just verified offline, its provider told so."""
+    node = make_listed_node(address="127.0.0.1", ssh_port=closed_port())
+    Node.objects.filter(pk=node.pk).update(state=NodeState.VERIFYING,
+                                           health_failures=OFFLINE_AFTER_FAILED_CHECKS - 1)
+    monkeypatch.setattr(fleet, "watched_nodes", lambda: Node.objects.all())  # as with renters on it
+    real_probe = fleet.nodes_probe
+
+    def probe_then_verification_concludes(nodes, parallelism, pool=None):
+        results = real_probe(nodes, parallelism, pool=pool)
+        verified = Node.objects.get(pk=node.pk)
+        if verified.state == NodeState.VERIFYING:
+            verified.transition_to(NodeState.ACTIVE)
+            verified.save()
+        return results
+
+    monkeypatch.setattr(fleet, "nodes_probe", probe_then_verification_concludes)
+    summary = fleet.nodes_health_batch([node.pk])
+    node.refresh_from_db()
+    assert (node.state, node.health_failures) == (NodeState.ACTIVE, OFFLINE_AFTER_FAILED_CHECKS - 1)
+    assert summary.get("stale") == 1
+    assert not NodeEvent.objects.filter(node=node, kind="offline").exists()
+    fleet.nodes_health_batch([node.pk])  # the next check judges it
+    node.refresh_from_db()
+    assert node.state == NodeState.OFFLINE
 
 
 @pytest.mark.parametrize("change", ["maintenance", "retired", "quarantined"])
