@@ -100,8 +100,8 @@ class NodeSettingsForm(forms.Form):
             if bound.html_initial_name not in self.data:
                 shown = bound.initial
             else:
-                try:
-                    shown = field.to_python(field.hidden_widget().value_from_datadict(
+                try:  # cleaned, not only parsed: a price "sNaN" parses, and a signalling NaN raises when compared
+                    shown = field.clean(field.hidden_widget().value_from_datadict(
                         self.data, self.files, bound.html_initial_name))
                 except ValidationError:  # not a value the page could have shown: take the field as changed
                     changed.append(name)
