@@ -1,6 +1,7 @@
 """Operators may read notifications, endpoints (never their secrets) and delivery logs; nothing is edited here."""
 from django.contrib import admin
 
+from core.admin_paginator import EstimatedCountPaginator
 from notifications.models import Notification, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
@@ -23,6 +24,13 @@ class NotificationAdmin(ReadOnly):
     list_filter = ["kind", "in_app", "email_status"]
     search_fields = ["user__email", "dedupe_key", "title"]
     list_select_related = ["user"]
+    # Millions of rows, as the deliveries below: newest first by the primary key's index (the model's
+    # -created_at, -id has none, and sorted the whole table for each page), no COUNT(*) of every row (an estimate
+    # when unfiltered) and no second "N total" count (core/admin_paginator.py). Found by review: 1.7 s a page at
+    # a million notifications, 1.1 s at a million deliveries, growing with the table.
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     readonly_fields = ["user", "kind", "title", "body", "payload", "dedupe_key", "in_app", "email_status",
                        "email_attempts", "email_error", "email_next_at", "email_claimed_at", "emailed_at", "read_at",
                        "created_at"]
@@ -55,6 +63,9 @@ class WebhookDeliveryAdmin(ReadOnly):
     list_filter = ["status", "kind"]
     search_fields = ["endpoint__user__email", "endpoint__url", "event_id"]
     list_select_related = ["endpoint"]
+    ordering = ["-id"]  # as the notifications' list: the primary key's index, an estimated count, no second count
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     fields = ["endpoint", "notification", "event_id", "kind", "status", "attempts", "last_status_code", "last_error",
               "body", "created_at", "next_attempt_at", "claimed_at", "finished_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here
