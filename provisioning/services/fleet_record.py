@@ -2,10 +2,11 @@
 is a batch of one: node_record_health). Offline after failures in a row (a node in maintenance stays there), back
 when it answers, the instances a check interrupts (node silent, VM not running, GPU gone: gpu_presence).
 
-For a batch of any size, in the common case (nodes answering, or failing, with nothing else to do):
-two statements for the day's health samples (insert the missing rows, then count every node up in one UPDATE),
-two reads for the reliability figures (the samples of the window and the failed jobs, grouped by node), then in
-one transaction the nodes locked (SELECT ... FOR NO KEY UPDATE), updated (one UPDATE ... CASE, Django's
+For a batch of any size, in the common case (nodes answering, or failing, with nothing else to do), in one
+transaction: the nodes locked (SELECT ... FOR NO KEY UPDATE), two statements for the day's health samples (insert
+the missing rows, then count every node up in one UPDATE; a failed check of a node in maintenance with nobody on it
+is not counted: announced_downtime, one read when there is one), two reads for the reliability figures (the samples
+of the window and the failed jobs, grouped by node), the nodes updated (one UPDATE ... CASE, Django's
 bulk_update) and their events inserted (one INSERT); when some nodes have been silent long enough to interrupt
 their instances, one read for those with running instances; when answers list their GPUs, one read of those GPUs.
 Only the rare cases take statements per node: a node gone offline (its provider told), instances to interrupt,
@@ -23,6 +24,7 @@ from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
 from marketplace.models.renting import vm_id_of
+from marketplace.selectors import node_in_use_q
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_return_state
 from notifications.services.notify import Kind, notify
@@ -56,12 +58,14 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
         return {}
     now = now or timezone.now()
     ids = sorted(by_id)
-    health_samples_record(ok_ids=[i for i in ids if by_id[i].ok], failed_ids=[i for i in ids if not by_id[i].ok],
-                          day=now.date())
-    reliability = nodes_reliability(node_ids=ids, now=now)
     last_healthy: dict[int, datetime | None] = {}
     with transaction.atomic():
         nodes = list(Node.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk"))
+        # The day's samples once the nodes are locked: each check counted as the state it met (announced_downtime).
+        announced = announced_downtime([n for n in nodes if not by_id[n.pk].ok])
+        health_samples_record(ok_ids=[i for i in ids if by_id[i].ok],
+                              failed_ids=[i for i in ids if not by_id[i].ok and i not in announced], day=now.date())
+        reliability = nodes_reliability(node_ids=ids, now=now)
         events = []
         for node in nodes:
             result = by_id[node.pk]
@@ -220,6 +224,23 @@ def _gpus_changed(node: Node, reported_hash: str) -> bool:
     """Whether an active node reports other GPUs than it was verified with (node_inventory_changed decides)."""
     stored = (node.inventory or {}).get("gpus")
     return node.state == NodeState.ACTIVE and stored is not None and gpus_hash(stored) != reported_hash
+
+
+def announced_downtime(failed: Sequence[Node]) -> set[int]:
+    """Of these nodes whose check failed, those whose provider announced the downtime: in maintenance with no
+    renter on it (marketplace.selectors.node_in_use_q: an instance not over, stopped ones included, or GPUs still
+    held). Their failed checks are counted in neither column of the day's sample, so announced maintenance does not
+    lower the reliability figure (before, a node powered off for an announced maintenance lost as much as one that
+    failed unannounced: 10 checks answered and 10 failed in maintenance gave 0.5; found by review). Its answered
+    checks still count, and its failures in a row still do (node_return_state: offline when maintenance ends on a
+    failed check). With renters on it, maintenance excuses nothing: a provider could otherwise hide an outage its
+    renters lived through (their instances interrupted as on any node) by announcing maintenance once it began.
+    A read only when some node in maintenance failed its check."""
+    in_maintenance = [n.pk for n in failed if n.state == NodeState.MAINTENANCE]
+    if not in_maintenance:
+        return set()
+    rented = set(Node.objects.filter(node_in_use_q(), pk__in=in_maintenance).values_list("pk", flat=True))
+    return set(in_maintenance) - rented
 
 
 def health_samples_record(*, ok_ids: Sequence[int], failed_ids: Sequence[int], day: date) -> None:

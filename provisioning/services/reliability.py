@@ -4,7 +4,9 @@ node and day, the node's reliability figure, and a re-verification when the GPUs
 reliability = (health checks answered / health checks made, over the last 30 days)
               - 0.02 for each instance job on the node that failed by the node's fault in those 30 days, kept
                 within 0..1.
-A node nobody has checked yet has reliability 0. A failed job counts only when the failure was the node's
+A failed check of a node in announced maintenance with no renter on it is counted neither way
+(fleet_record.announced_downtime); with renters on it, it counts as any. A node with no counted check has
+reliability 0 (nobody has checked it yet). A failed job counts only when the failure was the node's
 (Job.fault, decided where the job failed: provisioning.services.faults); the platform's (its own sessions holding
 the node, a lost worker, its own error or time) and the renter's (their image, their destroy) do not.
 """
