@@ -147,7 +147,7 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
                                                        description=values.get("description", ""),
                                                        base_url=request.build_absolute_uri("/"))
         if values.get("active") is False:
-            webhook_svc.endpoint_update(endpoint=endpoint, active=False)
+            endpoint = webhook_svc.endpoint_update(endpoint=endpoint, active=False)
         body = {**WebhookEndpointSerializer(endpoint).data, "secret": secret}  # as WebhookEndpointCreatedSerializer
         response = Response(body, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"

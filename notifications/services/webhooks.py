@@ -126,30 +126,37 @@ def _replayed(endpoint: WebhookEndpoint, *, url: str, description: str) -> Webho
     return endpoint
 
 
-@transaction.atomic
 def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, description: str | None = None,
                     active: bool | None = None, base_url: str = "") -> WebhookEndpoint:
-    """A new URL is told to the account's address: the events go elsewhere from now on. In one transaction: the
-    e-mail goes when the change is saved (security_change_notify sends on commit), not for a change that was not."""
-    fields = []
+    """The endpoint with the given values, read afresh under its row's lock: NotFound (a 404) when it was deleted
+    meanwhile, where saving the caller's copy of a row that is gone raised a DatabaseError (a 500; found by review).
+    The caller's copy gets the values set too.
+
+    A new URL is told to the account's address: the events go elsewhere from now on. In one transaction: the
+    e-mail goes when the change is saved (security_change_notify sends on commit), not for a change that was not.
+    The values are checked before the row is locked (the URL's check resolves its name)."""
+    changes: dict[str, Any] = {}
     if url is not None:
-        new = webhook_url_check(url)
-        if new != endpoint.url:
-            security_change_notify(user=endpoint.user, subject="A webhook endpoint now sends elsewhere",
-                                   base_url=base_url, change=f"Your webhook endpoint {endpoint.pk} now sends your "
-                                                             f"account's events to {new} (it sent them to "
-                                                             f"{endpoint.url}).")
-        endpoint.url = new
-        fields.append("url")
+        changes["url"] = webhook_url_check(url)
     if description is not None:
-        endpoint.description = _description(description)
-        fields.append("description")
+        changes["description"] = _description(description)
     if active is not None:
-        endpoint.active = active
-        fields.append("active")
-    if fields:
-        endpoint.save(update_fields=fields)
-    return endpoint
+        changes["active"] = active
+    with transaction.atomic():
+        current = WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+        if current is None:
+            raise NotFound("This webhook endpoint was deleted.")
+        if "url" in changes and changes["url"] != current.url:
+            security_change_notify(user=current.user, subject="A webhook endpoint now sends elsewhere",
+                                   base_url=base_url, change=f"Your webhook endpoint {current.pk} now sends your "
+                                                             f"account's events to {changes['url']} (it sent them "
+                                                             f"to {current.url}).")
+        for name, value in changes.items():
+            setattr(current, name, value)
+            setattr(endpoint, name, value)
+        if changes:
+            current.save(update_fields=list(changes))
+    return current
 
 
 def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:

@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.crypto import get_random_string
 from django.views.decorators.http import require_http_methods, require_POST
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, NotFound
 from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, message_error
 from marketplace.reauth import with_form_status
@@ -135,7 +135,11 @@ def endpoint_toggle(request, pk: int):
                                 "Use the button below.")
         return _endpoint_page(request, endpoint, status=400)
     was_active = endpoint.active
-    endpoint = webhook_svc.endpoint_update(endpoint=endpoint, active=wanted)
+    try:
+        endpoint = webhook_svc.endpoint_update(endpoint=endpoint, active=wanted)
+    except NotFound as exc:  # deleted meanwhile (another tab, the API)
+        message_error(request, exc)
+        return redirect("notification-settings")
     verb = "resumed" if wanted else "paused"
     messages.success(request, f"Endpoint {verb}." if was_active != wanted else f"The endpoint was already {verb}.")
     return redirect("notification-endpoint", pk=endpoint.pk)
