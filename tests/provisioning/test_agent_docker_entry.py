@@ -211,15 +211,15 @@ def test_an_images_own_stop_signal_reaches_its_command_and_ends_the_wrapper(tmp_
 
 
 class Listener:
-    """A TCP server on 127.0.0.1:`port` that writes `greeting` to each connection (an SSH server's banner, or not)."""
+    """Serves `greeting` to each connection on `sock` (bound by the test, listening from here on: an SSH server's
+    banner, or not)."""
 
-    def __init__(self, port, greeting):
-        import socket
+    def __init__(self, sock, greeting):
         import threading
 
-        self.sock = socket.create_server(("127.0.0.1", port))
-        self.sock.settimeout(0.2)
-        self.greeting, self.done = greeting, threading.Event()
+        sock.listen(8)
+        sock.settimeout(0.2)
+        self.sock, self.greeting, self.done = sock, greeting, threading.Event()
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
@@ -238,26 +238,39 @@ class Listener:
     def __exit__(self, *exc):
         self.done.set()
         self.thread.join()
-        self.sock.close()
 
 
-def test_vm_status_probes_the_vms_ssh_on_the_node_itself(node):  # noqa: F811
+def held_port(monkeypatch):
+    """A port this test holds (bound, not listening: refused) and the VM's SSH port: no other process of a
+    parallel run can answer on it (found by the clean-clone CI run: another's server answered the VM's port)."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    monkeypatch.setattr("provisioning.agent.gpumarket_agent.runtimes.base.pick_host_port",
+                        lambda cfg, records, taken=(): port)
+    return sock
+
+
+def test_vm_status_probes_the_vms_ssh_on_the_node_itself(node, monkeypatch):  # noqa: F811
     """What the platform asks when it cannot reach a renter's own image's SSH: does it answer on the node? A host
     key file in the image says nothing (found by review); only an SSH server's banner on the published port does."""
-    vm = node.create("inst-6", [0])
-    port = vm["ssh_port"]
-    assert "ssh_answers" not in node.call("vm status", {"vm_id": "inst-6"})  # asked for only
-    assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is False  # nothing there
-    with Listener(port, b"HTTP/1.1 400 Bad Request\r\n\r\n"):
-        assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is False
-    with Listener(port, b"SSH-2.0-OpenSSH_9.2p1\r\n"):
-        assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is True
+    with held_port(monkeypatch) as sock:
+        node.create("inst-6", [0])
+        assert "ssh_answers" not in node.call("vm status", {"vm_id": "inst-6"})  # asked for only
+        assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is False  # refused
+        with Listener(sock, b"HTTP/1.1 400 Bad Request\r\n\r\n") as listener:
+            assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is False
+            listener.greeting = b"SSH-2.0-OpenSSH_9.2p1\r\n"
+            assert node.call("vm status", {"vm_id": "inst-6", "probe_ssh": True})["ssh_answers"] is True
     bad = node.call("vm status", {"vm_id": "inst-6", "probe_ssh": "yes"})
     assert bad["error"]["code"] == "invalid_request" and "probe_ssh" in bad["error"]["message"], bad
 
 
-def test_a_stopped_vms_ssh_does_not_answer(node):  # noqa: F811
-    vm = node.create("inst-7", [0])
-    assert node.call("vm stop", {"vm_id": "inst-7"})["state"] == "stopped"
-    with Listener(vm["ssh_port"], b"SSH-2.0-someone-else\r\n"):  # another process on its port is not its SSH
-        assert node.call("vm status", {"vm_id": "inst-7", "probe_ssh": True})["ssh_answers"] is False
+def test_a_stopped_vms_ssh_does_not_answer(node, monkeypatch):  # noqa: F811
+    with held_port(monkeypatch) as sock:
+        node.create("inst-7", [0])
+        assert node.call("vm stop", {"vm_id": "inst-7"})["state"] == "stopped"
+        with Listener(sock, b"SSH-2.0-someone-else\r\n"):  # another process on its port is not its SSH
+            assert node.call("vm status", {"vm_id": "inst-7", "probe_ssh": True})["ssh_answers"] is False
