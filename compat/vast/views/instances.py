@@ -290,7 +290,14 @@ class InstanceView(VastView):
     def delete(self, request, instance_id: int):
         instance = _own_instance(request, instance_id)
         if instance.status != S.DESTROYED:  # destroyed already: the CLI's resent destroy, a success (see put)
-            instance_svc.instance_destroy(instance=instance)
+            try:
+                instance_svc.instance_destroy(instance=instance)
+            except Conflict:
+                # The first sending may have destroyed it while this one waited for the row (an interrupted
+                # instance is destroyed in the request itself): read under that lock, it is, and so a success
+                # (found by the second review round).
+                if Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first() != S.DESTROYED:
+                    raise
         return Response({"success": True})
 
 
