@@ -210,6 +210,9 @@ class WebhookDelivery(StatefulModel, models.Model):
             models.Index(fields=["endpoint", "-created_at"], name="webhook_delivery_endpoint_idx"),
             models.Index(fields=["next_attempt_at"], condition=Q(status__in=["pending", "retrying"]),
                          name="webhook_delivery_due_idx"),
+            # the daily prune's (notifications/services/retention.py)
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False),
+                         name="webhook_delivery_finished_idx"),
         ]
 
     def __str__(self):

@@ -2,11 +2,12 @@
 from celery import shared_task
 from django.conf import settings
 
-from notifications.services import email, webhooks
+from notifications.services import email, retention, webhooks
 from notifications.services.notify import EMAIL_SEND, WEBHOOK_DELIVER
 
 RESEND = "notifications.tasks.deliveries_resend"
 EMAILS_RESEND = "notifications.tasks.emails_resend"
+PRUNE = "notifications.tasks.deliveries_prune"
 
 
 @shared_task(name=WEBHOOK_DELIVER, bind=True, max_retries=None, acks_late=True)
@@ -42,3 +43,8 @@ def deliveries_resend() -> int:
 @shared_task(name=EMAILS_RESEND)
 def emails_resend() -> int:
     return email.emails_resend()
+
+
+@shared_task(name=PRUNE)
+def deliveries_prune() -> int:
+    return retention.deliveries_prune()

@@ -373,6 +373,9 @@ CELERY_BEAT_SCHEDULE = {
     # was lost while sending, are queued again; past 24 h or 8 attempts they are given up, recorded.
     "notifications-emails-resend": {"task": "notifications.tasks.emails_resend", "schedule": 60,
                                     "options": {"expires": 55}},
+    # Finished webhook deliveries older than NOTIFICATIONS_WEBHOOK_LOG_DAYS are deleted, with their attempts.
+    "notifications-deliveries-prune": {"task": "notifications.tasks.deliveries_prune",
+                                       "schedule": crontab(minute="30", hour="4")},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -438,6 +441,9 @@ NOTIFICATIONS_WEBHOOK_BACKOFF_S = float(env_str("NOTIFICATIONS_WEBHOOK_BACKOFF_S
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK = env_bool("NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK", False)
 # Test events one user may send an hour (each is up to NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS requests to their URL).
 NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR = env_int("NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR", 10)
+# Days a finished webhook delivery (delivered or given up) and its attempts are kept for the user to read; a daily
+# beat job deletes older ones (notifications/services/retention.py).
+NOTIFICATIONS_WEBHOOK_LOG_DAYS = env_int("NOTIFICATIONS_WEBHOOK_LOG_DAYS", 30)
 # The CA certificates (a PEM file) that endpoints' certificates must chain to; empty: certifi's public CAs. The
 # environment's REQUESTS_CA_BUNDLE and proxies are not read: an attempt connects to the address it checked.
 NOTIFICATIONS_WEBHOOK_CA_BUNDLE = env_str("NOTIFICATIONS_WEBHOOK_CA_BUNDLE", "")

@@ -178,6 +178,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
 
 @extend_schema_view(
     list=extend_schema(summary="Your webhook deliveries, newest first (every attempt with its answer)",
+                       description="A delivery finished (delivered or given up) more than "
+                                   "NOTIFICATIONS_WEBHOOK_LOG_DAYS (30) days ago is deleted with its attempts.",
                        parameters=[OpenApiParameter("endpoint", {"type": "integer", "minimum": 1},
                                                     description="Only this endpoint's (its id).")]),
     retrieve=extend_schema(summary="One of your webhook deliveries"),
