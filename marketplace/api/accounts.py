@@ -10,10 +10,10 @@ from core.api.fields import StrictFieldsMixin
 from core.api.no_store import NoStoreMixin
 from core.api.schema import error_response
 from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
-from core.api.throttling import ScopedRateThrottle
 from core.client_address import client_ip
 from core.validators import no_control_characters
 from marketplace.auth import LoginLocked, lockout_message
+from marketplace.auth_rate import _AuthRate
 from marketplace.models import ApiKey, User
 from marketplace.reauth import refuse_session_alone
 from marketplace.services import accounts as svc
@@ -119,7 +119,7 @@ class _AuthView(NoStoreMixin, APIView):
     api_scope = PUBLIC  # core/api/scopes.py
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []
-    throttle_classes = [ScopedRateThrottle]
+    throttle_classes = [_AuthRate]  # one budget with the pages' (marketplace/auth_rate.py), counted atomically
     throttle_scope = "auth"
 
 
