@@ -347,8 +347,14 @@ FLEET_SSH_POOL_IDLE_S = env_int("FLEET_SSH_POOL_IDLE_S", 300)
 CELERY_BEAT_SCHEDULE = {
     "jobs-dispatch": {"task": "provisioning.tasks.jobs_dispatch", "schedule": JOB_DISPATCH_INTERVAL_S,
                       "options": {"expires": max(JOB_DISPATCH_INTERVAL_S - 1, 1)}},
-    "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check", "schedule": HEALTH_CHECK_INTERVAL_S},
-    "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile", "schedule": RECONCILE_INTERVAL_S},
+    # The fleet's dispatchers: a tick not taken within (a bit under) its interval is dropped, so a backlog queued
+    # while the fleet workers were busy or restarting does not run as a burst of cycles, each checking every node
+    # again (a node silent for a moment then got several failed checks at once: its renters interrupted, the node
+    # offline). The dispatcher also refuses a cycle too soon after the last one (fleet._dispatch).
+    "nodes-health-check": {"task": "provisioning.tasks.nodes_health_check", "schedule": HEALTH_CHECK_INTERVAL_S,
+                           "options": {"expires": max(HEALTH_CHECK_INTERVAL_S - 5, 1)}},
+    "nodes-reconcile": {"task": "provisioning.tasks.nodes_reconcile", "schedule": RECONCILE_INTERVAL_S,
+                        "options": {"expires": max(RECONCILE_INTERVAL_S - 5, 1)}},
     "jobs-reap": {"task": "provisioning.tasks.jobs_reap", "schedule": 60},
     "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 60},
     "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": REVERIFY_BEAT_S},

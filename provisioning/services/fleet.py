@@ -3,7 +3,8 @@
 - The dispatchers (`nodes_health_dispatch`, `nodes_reconcile_dispatch`; beat, one run at a time) split the
   watched nodes into batches of FLEET_BATCH_SIZE, in node order, and queue one task per batch
   (FLEET_HEALTH_BATCH, FLEET_RECONCILE_BATCH). A batch message expires after one interval: by then the next
-  cycle has queued its nodes again.
+  cycle has queued its nodes again. One cycle per interval: a dispatch less than half an interval after the
+  last cycle (a tick delivered twice, or a backlog of them) queues nothing.
 - A batch (`nodes_health_batch`, `nodes_reconcile_batch`) shares nothing with other batches but the database
   and the cache, so it runs in whichever worker takes it. It is idempotent: a message delivered twice for the
   same cycle runs once (a claim in the cache per cycle and batch), and each node is checked by one batch at a
@@ -124,7 +125,19 @@ def _dispatch(kind: str, task: str, interval_s: int, now: datetime | None) -> Su
     with singleton(f"nodes_{kind}_dispatch", ttl=interval_s) as acquired:
         if not acquired:
             return {"skipped": f"another {kind} dispatcher is running"}
-        cycle = (now or timezone.now()).isoformat()
+        now = now or timezone.now()
+        # One cycle per interval: a dispatch less than half an interval after the last cycle queues nothing. Beat's
+        # ticks expire a bit under their interval (settings.CELERY_BEAT_SCHEDULE), but a tick delivered again (its
+        # worker lost after queuing) or two left in the queue across a restart ran back to back, each a cycle of
+        # its own: a node silent at that moment got several failed checks at once, its renters interrupted after
+        # two and the node offline after three (found by review). Taken before sending: a dispatch cut short is not
+        # sent again; the next tick queues every node.
+        last_key = f"fleet-dispatch:{kind}:last"
+        last = cache.get(last_key)
+        if isinstance(last, (int, float)) and abs(now.timestamp() - last) < interval_s / 2:
+            return {"skipped": f"the last {kind} cycle was queued {abs(now.timestamp() - last):.0f} s ago"}
+        cache.set(last_key, now.timestamp(), timeout=max(2 * interval_s, 60))
+        cycle = now.isoformat()
         ids = _watched_ids()
         batches = fleet_batches(ids, settings.FLEET_BATCH_SIZE)
         sent = 0
