@@ -89,6 +89,11 @@ def version_number(value: Any) -> int | None:
         return value if 0 <= value < 10**9 else None
     if isinstance(value, float):
         return version_number(int(value)) if value.is_integer() else None
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        # The CLI's parse_query makes a number only of a dotted value: `driver_version>=535104005` comes as text.
+        # Below 10**6 it names no major version ("535" meant 535.x, not 0.0.535): refused, as before.
+        number = int(value.strip()[:12])
+        return number if 10**6 <= number < 10**9 and len(value.strip()) <= 12 else None
     match = _VERSION_RE.fullmatch(value.strip()) if isinstance(value, str) else None
     if match is None:
         return None

@@ -51,3 +51,42 @@ def test_a_resent_delete_racing_the_first_is_a_success_not_a_409():
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.DESTROYED
     r = answers["resent"]
     assert r.status_code == 200 and r.json() == {"success": True}, (r.status_code, r.content)
+
+
+def test_a_resent_stop_racing_the_first_stops_failure_is_a_success_not_a_409():
+    """The same for `stop instance`: the resend reads the instance running, waits for its row while the first
+    sending's stop commits and the stop ends `failed` (its VM gone), and then finds it where the stop was going."""
+    renter = UserFactory()
+    instance = run(book(renter, make_listed_node(gpu_count=1)))
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_for(renter)}")
+    stopped, go, answers = threading.Event(), threading.Event(), {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                svc.instance_stop(instance=Instance.objects.get(pk=instance.pk))
+                svc.instance_mark_failed(instance_id=instance.pk, message="its VM vanished during the stop")
+                stopped.set()
+                go.wait(10)
+        finally:
+            connection.close()
+
+    def resent():
+        try:
+            answers["resent"] = client.put(f"/compat/vast/api/v0/instances/{instance.pk}/", {"state": "stopped"},
+                                           format="json")
+        finally:
+            connection.close()
+
+    a, b = threading.Thread(target=first), threading.Thread(target=resent)
+    a.start()
+    assert stopped.wait(10)
+    b.start()
+    _waiting_for_a_lock_or_done(b)
+    go.set()
+    a.join(20)
+    b.join(20)
+    assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.FAILED
+    r = answers["resent"]
+    assert r.status_code == 200 and r.json() == {"success": True}, (r.status_code, r.content)

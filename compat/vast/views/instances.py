@@ -39,6 +39,9 @@ ACTUAL_STATUS: dict[str, str] = {
 INTENDED_STATUS: dict[str, str] = {
     S.STOPPING: "stopped", S.STOPPED: "stopped", S.FAILED: "stopped", S.DESTROYING: "stopped", S.DESTROYED: "stopped",
 }
+# Where a PUT state=stopped has nothing left to do: `show instance` says intended "stopped" (a destroyed one is gone
+# from `show`, and a PUT of it a 409).
+STOP_DONE = {status for status in INTENDED_STATUS if status != S.DESTROYED}
 
 
 
@@ -279,8 +282,17 @@ class InstanceView(VastView):
             # `state` is the one wanted (Vast's PUT is declarative, and the CLI sends it again after a 5xx or a
             # timeout): an instance in it already is a success, as one on its way there is (found by review: a
             # resent start of an instance that had started meanwhile answered 409 and the CLI reported a failure).
-            if state == "stopped" and instance.status != S.STOPPED:
-                instance = instance_svc.instance_stop(instance=instance)
+            # "stopped" is what `show instance` reports as intended for a stopping, failed or destroying one too
+            # (a stop that took effect and then found the VM gone is `failed`): a resent stop of it is a success.
+            if state == "stopped" and instance.status not in STOP_DONE:
+                try:
+                    instance = instance_svc.instance_stop(instance=instance)
+                except Conflict:
+                    # Changed while this request waited for its row (the first sending's stop, then a failure):
+                    # read under that lock, a success if it is now where the stop was going.
+                    now = Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first()
+                    if now not in STOP_DONE:
+                        raise
             elif state == "running" and instance.status != S.RUNNING:
                 instance = instance_svc.instance_start(instance=instance)
             if label is not None:
