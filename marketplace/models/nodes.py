@@ -103,6 +103,9 @@ def offerable() -> Q:
     a CPU (found by review)."""
     rule = OFFERABLE & ANSWERING & provider_active()
     return rule if settings.SIM_NODES_ALLOWED else rule & ~Q(runtime=Runtime.SIM)
+# A live node that proved it controls its server (Node.control_proven_at): the nodes whose address and port, and
+# host key, are unique (node_unique_live_endpoint, node_unique_live_host_key).
+PROVEN_LIVE = ~Q(state="retired") & Q(control_proven_at__isnull=False)
 # Score per USD per GPU-hour (the offers' default order); the expression of `node_offer_spd_idx`.
 SCORE_PER_DOLLAR = models.ExpressionWrapper(
     models.F("score") * 1_000_000.0 / models.F("price_per_gpu_hour_micros"), output_field=models.FloatField()
@@ -180,6 +183,15 @@ class Node(StatefulModel, NodeHostFacts):
     seen_host_key_fingerprint = models.CharField(
         max_length=60, blank=True, help_text="A different host key seen on contact (quarantined nodes)."
     )
+    # Set at first contact (provisioning.services.nodes._pin_host_key): the platform logged in to the server with
+    # this node's own key, which only someone who controls the server could install, and pinned the host key it
+    # showed. Only then does the node hold its address and port and its host key (node_unique_live_endpoint,
+    # node_unique_live_host_key): a node nobody proved (null) holds nothing, else anyone could register someone
+    # else's server (its address, or the host key `ssh-keyscan` reads) first and keep its owner out for good.
+    control_proven_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="When the platform first logged in to the server with this node's key (it pinned its host key "
+                  "then); until then the node reserves neither its address nor its host key.")
 
     ssh_public_key = models.TextField(help_text="The platform's per-node public key (OpenSSH format).")
     ssh_private_key_encrypted = models.BinaryField(editable=False, help_text="Fernet token; never shown.")
@@ -190,19 +202,37 @@ class Node(StatefulModel, NodeHostFacts):
     class Meta:
         ordering = ["id"]
         constraints = [
+            # One server, one live node, among the nodes that proved they control it (control_proven_at): a
+            # node's address and port, or its host key, on two of them is the same server listed twice; the later
+            # one is refused at its first contact (provisioning.services.nodes._pin_host_key: DuplicateHardware).
+            # A node not yet proven reserves neither (registering them never tells an account whether a server is
+            # on the platform, and squats nothing); retired nodes let them go.
             models.UniqueConstraint(
                 fields=["address", "ssh_port"],
-                condition=~Q(state="retired"),
+                condition=PROVEN_LIVE,
                 name="node_unique_live_endpoint",
                 violation_error_message="Another live node already uses this address and SSH port.",
             ),
-            # One server, one live node: a host key pinned (or given at registration) on two live nodes is the
-            # same server listed twice. Retired nodes let it go; a node not yet contacted has none.
             models.UniqueConstraint(
                 fields=["host_key_fingerprint"],
-                condition=~Q(state="retired") & ~Q(host_key_fingerprint=""),
+                condition=PROVEN_LIVE & ~Q(host_key_fingerprint=""),
                 name="node_unique_live_host_key",
                 violation_error_message="Another live node already has this SSH host key.",
+            ),
+            # A provider's own live nodes, proven or not: registering the same server twice is refused at once
+            # (services.nodes._node_create: 409 on the address, 400 on the host key), which tells them nothing
+            # about anyone else's nodes.
+            models.UniqueConstraint(
+                fields=["provider", "address", "ssh_port"],
+                condition=~Q(state="retired"),
+                name="node_unique_own_live_endpoint",
+                violation_error_message="You already have a live node at this address and SSH port.",
+            ),
+            models.UniqueConstraint(
+                fields=["provider", "host_key_fingerprint"],
+                condition=~Q(state="retired") & ~Q(host_key_fingerprint=""),
+                name="node_unique_own_live_host_key",
+                violation_error_message="You already have a live node with this SSH host key.",
             ),
             models.CheckConstraint(condition=Q(ssh_port__gte=1, ssh_port__lte=65535), name="node_port_range"),
             models.CheckConstraint(condition=Q(price_per_gpu_hour_micros__gt=0), name="node_price_positive"),

@@ -35,10 +35,12 @@ from marketplace.services.email_verification import email_verified_required
 from marketplace.services.volumes import node_volumes_lost
 from provisioning.models import NodeEvent
 
-# Said to whoever brings a server that a live node already has; it never names that node or its provider.
+# Said to a provider who registers a host key one of their own live nodes has. Another account's nodes are never
+# looked at when registering: whether a server is on the platform is told only to whoever proved they control it,
+# at its first contact (provisioning.verification.identity.duplicate_host_key).
 DUPLICATE_HOST_KEY_MESSAGE = (
-    "Another live node already has this SSH host key: a server can be registered only once. If you registered "
-    "this server before, use that node or retire it first; otherwise check that this is your server's fingerprint."
+    "Another live node of yours already has this SSH host key: a server can be registered only once. Use that "
+    "node or retire it first; otherwise check that this is your server's fingerprint."
 )
 
 
@@ -114,10 +116,16 @@ def node_register(
 ) -> Node:
     """Create a pending node, its declared GPUs, and the platform's key pair for it.
 
-    A host key another live node has is refused (ValidationFailed on `host_key_fingerprint`, nothing written);
-    so is a second live node at the same address and port (Conflict); so is a provider whose e-mail address is
-    not verified (EmailNotVerified, 403); so is an address the platform does not connect to (node_address_check:
-    ValidationFailed on `address`, checked before the transaction: a name is resolved)."""
+    A host key one of the provider's own live nodes has is refused (ValidationFailed on `host_key_fingerprint`,
+    nothing written); so is a second live node of theirs at the same address and port (Conflict); so is a provider
+    whose e-mail address is not verified (EmailNotVerified, 403); so is an address the platform does not connect to
+    (node_address_check: ValidationFailed on `address`, checked before the transaction: a name is resolved).
+    Another account's node at the same address, or with the same host key, is not looked at: a node reserves its
+    server only once it proved it controls it (Node.control_proven_at, set at first contact), and a server another
+    proven live node holds is refused at this node's first contact (provisioning.services.nodes._pin_host_key).
+    Before, any pending node reserved them: anyone could register someone else's server (its address, or the host
+    key `ssh-keyscan` reads) first and keep its owner out for good, and the refusal told any account whether a
+    server was on the platform (found by review)."""
     email_verified_required(user=provider)
     if runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
         raise ValidationFailed(SIM_REFUSED, field="runtime")
@@ -161,9 +169,11 @@ def _node_create(*, provider: User, name: str, address: str, ssh_port: int, ssh_
         with transaction.atomic():
             node.save()
     except IntegrityError as exc:
-        if "node_unique_live_endpoint" in str(exc):
-            raise Conflict(f"A live node is already registered at {address}:{ssh_port}.") from None
-        if "node_unique_live_host_key" in str(exc):
+        # The provider's own live nodes only (a new node has proved nothing: the constraints on proven nodes
+        # never refuse it).
+        if "node_unique_own_live_endpoint" in str(exc):
+            raise Conflict(f"A live node of yours is already registered at {address}:{ssh_port}.") from None
+        if "node_unique_own_live_host_key" in str(exc):
             raise ValidationFailed(DUPLICATE_HOST_KEY_MESSAGE, field="host_key_fingerprint") from None
         raise
     private_bytes, public_line = _generate_keypair(f"{settings.PLATFORM_NAME}-node-{node.pk}")

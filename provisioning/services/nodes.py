@@ -38,7 +38,7 @@ from provisioning.ssh import SERVED_COMMANDS, Endpoint, NodeSession, Timeouts
 from provisioning.ssh_errors import AgentFailed, AgentMissing, HostKeyMismatch, NodeError, NodeUnreachable
 from provisioning.ssh_pool import SshPool
 from provisioning.verification.health_answer import HOST_SEES_GPUS, health_problem
-from provisioning.verification.identity import duplicate_gpus, duplicate_host_key
+from provisioning.verification.identity import duplicate_address, duplicate_gpus, duplicate_host_key
 from provisioning.verification.model import Finding
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,9 @@ def watched_nodes() -> QuerySet[Node]:
 
 
 class DuplicateHardware(NodeError):
-    """The server's host key, or one of its GPUs, belongs to another live node: the same hardware registered
-    twice. Nothing was pinned or claimed; a verification rejects the node with `finding`. Not retried."""
+    """The server's host key, its address and port, or one of its GPUs, belongs to another live node (one that
+    proved it controls the server, for the first two): the same hardware registered twice. Nothing was pinned or
+    claimed; a verification rejects the node with `finding`. Not retried."""
 
     fault = JobFault.NODE  # the provider registered it twice (faults.error_fault)
 
@@ -139,7 +140,7 @@ def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
         node_quarantine(node_id=node.pk, seen=exc.seen)
         raise
     try:
-        if not node.host_key_fingerprint and session.seen_fingerprint:
+        if node.control_proven_at is None and session.seen_fingerprint:  # its first contact (a declared key too)
             _pin_host_key(node, session.seen_fingerprint)
     except BaseException:
         session.close()
@@ -148,21 +149,32 @@ def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
 
 
 def _pin_host_key(node: Node, fingerprint: str) -> None:
-    # Only the first writer pins; a concurrent session that saw another key loses. A key that another live node
-    # has is the same server registered twice: the unique constraint refuses it (race-free: of two first
-    # contacts at once, the second waits for the first to commit, then fails) and nothing is pinned.
+    """First contact: the platform logged in to the server with the node's own key (only whoever controls the
+    server could install it), and the server showed host key `fingerprint` (one given at registration was checked by
+    the connection already). The node now proves control of its server: the key is pinned and control_proven_at set,
+    from which on the node holds its address and port and its host key (node_unique_live_endpoint,
+    node_unique_live_host_key). Either one another proven live node holds is the same server listed twice: the
+    constraint refuses it (race-free: of two first contacts at once, the second waits for the first to commit, then
+    fails), nothing is pinned, and DuplicateHardware says which. Only the first writer pins; a concurrent session
+    that saw another key loses (quarantined)."""
     try:
         with transaction.atomic():
-            pinned = Node.objects.filter(pk=node.pk, host_key_fingerprint="").update(
-                host_key_fingerprint=fingerprint)
+            pinned = (Node.objects.filter(pk=node.pk, control_proven_at__isnull=True)
+                      .filter(Q(host_key_fingerprint="") | Q(host_key_fingerprint=fingerprint))
+                      .update(host_key_fingerprint=fingerprint, control_proven_at=timezone.now()))
     except IntegrityError as exc:
-        if "node_unique_live_host_key" not in str(exc):
-            raise
-        raise DuplicateHardware(duplicate_host_key(fingerprint)) from None
-    node.refresh_from_db(fields=["host_key_fingerprint"])
+        if "node_unique_live_host_key" in str(exc):
+            raise DuplicateHardware(duplicate_host_key(fingerprint)) from None
+        if "node_unique_live_endpoint" in str(exc):
+            raise DuplicateHardware(duplicate_address(node.address, node.ssh_port)) from None
+        raise
+    declared = node.host_key_fingerprint == fingerprint
+    node.refresh_from_db(fields=["host_key_fingerprint", "control_proven_at"])
     if pinned:
+        said = "given at registration, confirmed" if declared else "recorded"
         node_event(node=node, kind="host_key_pinned",
-                   message=f"Host key {fingerprint} recorded on first contact and pinned.")
+                   message=f"Host key {fingerprint} {said} on first contact and pinned: the platform logged in with "
+                           "this node's key, so the server is this node's.")
     elif node.host_key_fingerprint != fingerprint:
         node_quarantine(node_id=node.pk, seen=fingerprint)
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)

@@ -68,6 +68,14 @@ def duplicate_host_key(fingerprint: str) -> Finding:
                    "its own (remove /etc/ssh/ssh_host_* and run `ssh-keygen -A`), then verify again.")
 
 
+def duplicate_address(address: str, ssh_port: int) -> Finding:
+    """Found at first contact, once this node proved it controls the server: registering tells nobody."""
+    return Finding(REJECT, "duplicate_address",
+                   f"Another live node already reaches its server at {address}:{ssh_port}: a server can be listed "
+                   "only once. If you registered it before, use that node or retire it, then verify this one again. "
+                   "If this address was another server's before it became yours, contact the platform's support.")
+
+
 def duplicate_gpus(gpus: list[tuple[int, str]]) -> Finding:
     """`gpus`: (index, uuid) of this server's GPUs that another live node holds."""
     which = ", ".join(f"GPU {i} ({uuid})" for i, uuid in gpus) or "Its GPUs"

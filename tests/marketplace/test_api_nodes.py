@@ -3,10 +3,12 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+from django.utils import timezone
 
 from marketplace.encryption import decrypt_secret
 from marketplace.models import Gpu, Node, NodeState, Verdict
 from provisioning.models import Job
+from provisioning.services.nodes import DuplicateHardware, _pin_host_key
 from tests.factories import UserFactory, make_listed_node, make_node
 
 from .renting_helpers import add_key, book, run
@@ -163,14 +165,29 @@ def test_no_response_ever_carries_the_private_key(api):
         assert_no_secret(response, node)
 
 
-def test_registering_a_live_address_and_port_twice_is_409(api, other_api):
-    assert api.post(URL, valid_payload()).status_code == 201
-    before = counts()
-    for client in (api, other_api):
-        r = client.post(URL, valid_payload(address="localhost", name="again"))
+def test_registering_a_live_address_and_port_twice_is_409_for_the_same_provider_only(api, other_api, client_for):
+    """Its own provider is told at once (it tells them about their own nodes only). Another account's node there
+    is not looked at when registering, proven or not: a node reserves its server only once it proved it controls
+    it (the platform logged in with its key at first contact), and a server another proven live node holds is
+    refused at the later node's first contact (tests/marketplace/test_node_server_squatting.py). Before, this 409
+    answered every account, for a pending node that never proved anything too: anyone could squat another
+    provider's address, and learn whether an address was on the platform (found by review)."""
+    first = api.post(URL, valid_payload()).json()["id"]
+    for proven, other in ((False, other_api), (True, client_for(UserFactory()))):
+        if proven:
+            Node.objects.filter(pk=first).update(control_proven_at=timezone.now())
+        before = counts()
+        r = api.post(URL, valid_payload(address="localhost", name="again"))
         assert r.status_code == 409
         assert "localhost:2222" in r.json()["detail"]
-    assert counts() == before
+        assert counts() == before
+        r = other.post(URL, valid_payload(address="localhost", name="another account's"))
+        assert r.status_code == 201, r.content
+        assert counts() == (before[0] + 1, before[1] + 2)
+    second = Node.objects.get(pk=r.json()["id"])
+    with pytest.raises(DuplicateHardware) as raised:  # at its first contact, once it proved control
+        _pin_host_key(second, "SHA256:" + "Q" * 43)
+    assert raised.value.code == "duplicate_address"
 
 
 def test_a_retired_nodes_address_can_be_registered_again(api):

@@ -15,6 +15,7 @@ import pytest
 from django.apps import apps
 from django.db import connection, transaction
 from django.test import Client
+from django.utils import timezone
 
 from core.errors import Conflict
 from marketplace.models import Gpu, Node, NodeState, Verdict
@@ -171,21 +172,25 @@ def test_a_health_check_does_not_pin_a_key_another_live_node_has(server, simbase
 # --------------------------------------------------------------------------------------- registration
 
 @pytest.mark.django_db
-def test_registering_a_host_key_a_live_node_has_is_a_400_on_that_field_and_writes_nothing(api, other_api):
-    first = make_node(UserFactory(email="first-owner@example.com"), name="first-of-two-zz9",
-                      host_key_fingerprint=FINGERPRINT)
+def test_registering_a_host_key_ones_own_live_node_has_is_a_400_on_that_field_and_writes_nothing(
+        api, user, other_api):
+    """Only the provider's own live nodes are looked at: another account's node with the key, proven or not, is
+    not (registering tells nobody whether a server is on the platform; a node reserves its host key only once it
+    proved it controls its server, and a later node is refused at its first contact: found by review)."""
+    first = make_node(user, name="first-of-two-zz9", host_key_fingerprint=FINGERPRINT)
+    Node.objects.filter(pk=first.pk).update(control_proven_at=timezone.now())
     body = {"name": "box", "address": "10.9.9.9", "ssh_port": 22, "ssh_user": "ubuntu", "country": "DE",
             "gpu_model": "a100-80gb-sxm", "gpu_count": 4, "price_per_gpu_hour": "1.00", "runtime": "docker",
             "host_key_fingerprint": FINGERPRINT}
     before = Node.objects.count(), Gpu.objects.count()
-    for client in (api, other_api):
-        r = client.post(NODES, body, format="json")
-        assert r.status_code == 400, r.content
-        assert list(r.json()) == ["host_key_fingerprint"]
-        message = r.json()["host_key_fingerprint"][0]
-        assert "another live node" in message.lower()
-        assert_names_no_other_account(r.content.decode(), first)
+    r = api.post(NODES, body, format="json")
+    assert r.status_code == 400, r.content
+    assert list(r.json()) == ["host_key_fingerprint"]
+    assert "another live node of yours" in r.json()["host_key_fingerprint"][0].lower()
     assert (Node.objects.count(), Gpu.objects.count()) == before
+    r = other_api.post(NODES, body, format="json")
+    assert r.status_code == 201, r.content
+    assert_names_no_other_account(r.content.decode(), first)
 
     node_retire(node=first)
     assert api.post(NODES, body, format="json").status_code == 201
@@ -193,9 +198,10 @@ def test_registering_a_host_key_a_live_node_has_is_a_400_on_that_field_and_write
 
 @pytest.mark.django_db
 def test_the_register_page_shows_a_taken_host_key_on_its_field():
-    make_node(host_key_fingerprint=FINGERPRINT)
+    owner = UserFactory()
+    make_node(owner, host_key_fingerprint=FINGERPRINT)
     client = Client()
-    client.force_login(UserFactory())
+    client.force_login(owner)
     form = {"name": "rack1", "address": "localhost", "ssh_port": "22", "ssh_user": "gpumarket",
             "host_key_fingerprint": FINGERPRINT, "country": "DE", "city": "", "datacenter": "",
             "gpu_model": "rtx-a6000", "gpu_count": "2", "price_per_gpu_hour": "0.79", "runtime": "docker"}
@@ -206,8 +212,10 @@ def test_the_register_page_shows_a_taken_host_key_on_its_field():
 
 @pytest.mark.django_db
 def test_an_operator_cannot_accept_a_new_host_key_that_another_live_node_has():
-    make_node(host_key_fingerprint=FINGERPRINT)
+    holder = make_node(host_key_fingerprint=FINGERPRINT)
     moved = make_node(host_key_fingerprint="SHA256:" + "M" * 43, state=NodeState.QUARANTINED)
+    # Both proved control of their servers (first contact): the key is the holder's.
+    Node.objects.filter(pk__in=(holder.pk, moved.pk)).update(control_proven_at=timezone.now())
     Node.objects.filter(pk=moved.pk).update(seen_host_key_fingerprint=FINGERPRINT)
     with pytest.raises(Conflict, match="pinned on live node"):
         node_accept_host_key(node=moved, operator_email="ops@example.com")
