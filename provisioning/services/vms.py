@@ -381,7 +381,8 @@ def _vm_confirmed(job: Job, instance: Instance, verb: str, request: dict[str, An
                 return status or {"vm_id": instance.vm_id, "state": "destroyed", "existed": None}
             if status is None and verb in ("start", "stop"):
                 raise AgentFailed({"code": "not_found", "message": f"There is no VM {instance.vm_id} on the node."})
-            job_step(job=job, message=f"the VM is {status['state'] if status else 'not there'}: vm {verb} again")
+            now = str(status.get("state"))[:40] if status else "not there"
+            job_step(job=job, message=f"the VM is {now}: vm {verb} again")
             return session.agent("vm", verb, request)
     except _ANSWER_LOST as exc:
         if not exc.transient:  # garbage again (a node that cannot answer), or a refusal of the platform's own
@@ -393,14 +394,19 @@ def _vm_confirmed(job: Job, instance: Instance, verb: str, request: dict[str, An
 
 def _vm_status(session: NodeSession, instance: Instance, *, missing_is_gone: bool = True) -> dict[str, Any] | None:
     """The node's `vm status` of the instance's VM; None when it has no such VM, or (`missing_is_gone`) has only
-    its record (its container or domain removed on the node: VM_MISSING)."""
+    its record (its container or domain removed on the node: VM_MISSING). AgentGarbage for an answer without a
+    state (a text): the node's garbage, as any answer the platform cannot use."""
     try:
         status = session.agent("vm", "status", _request(instance))
     except AgentFailed as exc:
         if exc.code == "not_found":
             return None
         raise
-    return None if missing_is_gone and status.get("state") == VM_MISSING else status
+    state = status.get("state")
+    if not isinstance(state, str):  # read, said and compared below: {"ok": true} alone was a KeyError (a crash)
+        raise AgentGarbage(f"{_ANSWER}: its answer to vm status gives no state ({_shown(state)}, not a word such as "
+                           "\"running\").")
+    return None if missing_is_gone and state == VM_MISSING else status
 
 
 # The renter destroyed the instance while a job created, started, restarted or stopped its VM.

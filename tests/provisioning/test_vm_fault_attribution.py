@@ -1,0 +1,174 @@
+"""Whose failure a VM job's failure is, where the renter could make the node take the blame, or the platform's
+own doing failed a job as the node's (found by review):
+
+- a `vm status` answer without a state (confirming a create whose answer was lost) crashed the job (KeyError: the
+  platform's "internal error"): it is the node's garbage;
+"""
+import pytest
+from celery.canvas import Signature
+from django.utils import timezone
+
+from marketplace.models import InstanceStatus
+from provisioning import tasks
+from provisioning.models import Job, JobFault, JobKind, JobStatus
+from provisioning.services import vms
+from provisioning.services.fleet_record import health_samples_record, nodes_reliability
+from provisioning.ssh_errors import AgentGarbage
+from tests.factories import UserFactory, make_listed_node
+from tests.marketplace.renting_helpers import book, run
+from tests.provisioning.test_lifecycle_races import FakeNode
+
+pytestmark = pytest.mark.django_db
+
+RETRIES_SPENT = tasks.JOB_TASK_OPTIONS["max_retries"]
+NOT_COUNTED = "does not count against the node"
+
+
+@pytest.fixture(autouse=True)
+def sent_jobs(monkeypatch):
+    sent = []
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: sent.append((job_id, kind)))
+    return sent
+
+
+@pytest.fixture
+def resent(monkeypatch):
+    """Tasks sent to the broker again (a retry), recorded instead of sent."""
+    sent = []
+    monkeypatch.setattr(Signature, "apply_async", lambda self, *a, **kw: sent.append(self))
+    return sent
+
+
+def run_in_worker(task, job, retries=0):
+    task.push_request(id=f"task-{job.pk}-{timezone.now().timestamp()}", args=[job.pk], kwargs={},
+                      retries=retries, called_directly=False, delivery_info={"exchange": "", "routing_key": "celery"})
+    try:
+        tasks.run_job(task, job.pk)
+    finally:
+        task.pop_request()
+
+
+def checked_node():
+    node = make_listed_node(UserFactory(), gpu_count=2)
+    for _ in range(10):
+        health_samples_record(ok_ids=[node.pk], failed_ids=[], day=timezone.now().date())
+    return node
+
+
+def reliability(node):
+    return nodes_reliability(node_ids=[node.pk], now=timezone.now())[node.pk]
+
+
+def failed(job):
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED, (job.status, job.error)
+    return job
+
+
+def accepted_no_banner(host, port, timeout=0):
+    silent = vms.VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within 120s (no SSH banner).")
+    silent.reached = True  # docker-proxy accepted: the way works
+    raise silent
+
+
+def refused(host, port, timeout=0):
+    raise vms.VmSshSilent(f"The VM's SSH server at {host}:{port} did not answer within 120s "
+                          "([Errno 111] Connection refused).")
+
+
+def running_instance(fake, node, **kwargs):
+    instance = run(book(UserFactory(), node, **kwargs))
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    fake.vms[instance.vm_id] = "running"
+    return instance
+
+
+def probing(fake, monkeypatch, *, ssh_answers):
+    """The fake node whose `vm status` with probe_ssh answers `ssh_answers` (the node's own look at the VM's SSH
+    port); the probe requests it received are listed."""
+    session, probes = fake.session, []
+
+    def answering(node, *args, **kwargs):
+        opened = session(node, *args, **kwargs)
+        agent = opened.agent
+
+        def answer(command, sub=None, request=None, timeout=None):
+            out = agent(command, sub, request, timeout)
+            if (command, sub) == ("vm", "status") and (request or {}).get("probe_ssh"):
+                probes.append(request)
+                out = {**out, "ssh_answers": ssh_answers}
+            return out
+
+        opened.agent = answer
+        return opened
+
+    monkeypatch.setattr("provisioning.services.vms.node_session", answering)
+    return probes
+
+
+# ------------------------------------------------------------------ a garbage `vm status` answer
+
+
+def test_a_vm_status_answer_without_state_after_a_lost_create_answer_is_the_nodes_garbage_not_a_crash(monkeypatch):
+    fake = FakeNode()
+    session = fake.session
+
+    def garbage_node(node, *args, **kwargs):
+        opened = session(node, *args, **kwargs)
+        agent = opened.agent
+
+        def answer(command, sub=None, request=None, timeout=None):
+            if (command, sub) == ("vm", "create"):
+                agent(command, sub, request, timeout)
+                raise AgentGarbage("The agent's answer to vm create is not JSON: b'\\x00'")
+            if (command, sub) == ("vm", "status"):
+                return {"ok": True}
+            return agent(command, sub, request, timeout)
+
+        opened.agent = answer
+        return opened
+
+    monkeypatch.setattr("provisioning.services.vms.node_session", garbage_node)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", lambda host, port, timeout=0: None)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = book(UserFactory(), node)
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    try:
+        run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    except KeyError:
+        pass
+    job = failed(job)
+    assert "KeyError" not in job.error and "Internal error" not in job.error, job.error
+    assert job.fault == JobFault.NODE, (job.fault, job.error)
+    assert "state" in job.error and "vm status" in job.error
+    # The VM the create made is destroyed with the failed provision (the node confirmed it).
+    assert instance.vm_id not in fake.vms
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED and not instance.vm_cleanup_pending
+
+
+@pytest.mark.parametrize("state", [None, 7, ["running"], {"x": 1}])
+def test_a_vm_status_answer_whose_state_is_not_text_is_garbage(state, monkeypatch):
+    fake = FakeNode()
+    session = fake.session
+
+    def odd_status(node, *args, **kwargs):
+        opened = session(node, *args, **kwargs)
+        agent = opened.agent
+
+        def answer(command, sub=None, request=None, timeout=None):
+            out = agent(command, sub, request, timeout)
+            return {**out, "state": state} if (command, sub) == ("vm", "status") else out
+
+        opened.agent = answer
+        return opened
+
+    monkeypatch.setattr("provisioning.services.vms.node_session", odd_status)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = book(UserFactory(), node)
+    fake.vms[instance.vm_id] = "running"
+    with vms.node_session(node) as opened, pytest.raises(AgentGarbage) as garbage:
+        vms._vm_status(opened, instance)
+    assert "state" in garbage.value.message
+
+
