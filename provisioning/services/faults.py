@@ -5,10 +5,11 @@ verifications, pending retries).
 A failure is the node's only when the node did it: it could not be reached, stayed silent, answered garbage or
 refused, refused the platform's key, showed another host key. Anything else is not held against it:
 
-- the platform's: every SSH session the platform allows per node taken by its own work (NodeBusy), its worker
-  lost, its own exception (a bug, a database error), its time running out while it waited on itself, a node key
-  of its own it cannot read, a request its own agent called invalid; and any error it cannot place (the benefit
-  of the doubt goes to the provider);
+- the platform's: every SSH session the platform allows per node taken by its own work (NodeBusy), the agent's
+  own lock held by another of its jobs on the node once the retries are spent (`busy` to a VM command:
+  vms.AgentBusy; elsewhere `busy` stays the node's), its worker lost, its own exception (a bug, a database
+  error), its time running out while it waited on itself, a node key of its own it cannot read, a request its own
+  agent called invalid; and any error it cannot place (the benefit of the doubt goes to the provider);
 - the renter's: set where the platform knows it (their own image failing to pull, their destroy superseding the
   job), as the error's `fault`.
 """

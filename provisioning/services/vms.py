@@ -91,6 +91,18 @@ class VmSshSilent(NodeError):
     reached = False
 
 
+class AgentBusy(AgentFailed):
+    """The agent answered `busy` to a VM command: it waited (60 s for its node-wide allocate or volumes lock, 300 s
+    for the VM's) for a lock another agent run held, which for the platform's VM jobs is another of its own jobs on
+    the node (a create pulling under the VM's lock, a start or create checking the GPUs). The platform's contention,
+    not the node's failure: retried as an unreachable node is (transient), and the platform's failure once the
+    retries run out. Taken so only where the platform's jobs drive VMs (_vm_command); elsewhere `busy` stays an
+    AgentFailed, the node's (faults.error_fault)."""
+
+    transient = True
+    fault = JobFault.PLATFORM
+
+
 # ------------------------------------------------------------------ where renters log in: the node's word, checked
 #
 # The `vm create`/`vm start` answer says where renters log in (ssh_host, ssh_port, ssh_user) and where the VM's
@@ -346,8 +358,8 @@ def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
     """`vm <verb>` with `request` over `session`: the agent's answer or, when it was lost, the VM's state confirmed
     over a new connection (above). A command sent afterwards over a session whose connection dropped fails at once,
     and is confirmed the same way. Raises what the agent answered (AgentFailed; `not_found` for a VM the node does
-    not have, but for a destroy, or has only as a record whose container or domain is gone: VM_MISSING), and
-    NodeUnreachable (transient) when the node could not be asked again."""
+    not have, but for a destroy, or has only as a record whose container or domain is gone: VM_MISSING; `busy`
+    as AgentBusy, retried), and NodeUnreachable (transient) when the node could not be asked again."""
     try:
         try:
             answer = session.agent("vm", verb, request)
@@ -360,6 +372,10 @@ def _vm_command(job: Job, instance: Instance, session: NodeSession, verb: str,
                                                                "(its container or domain was removed there)."})
         return answer
     except AgentFailed as exc:
+        if exc.code == "busy" and not isinstance(exc, AgentBusy):
+            raise AgentBusy({"code": "busy", "message": f"The node's agent waited for a lock that another run on the "
+                                                        f"node held ({exc.message}): the platform's own jobs on the "
+                                                        "node contend for it."}) from None
         if exc.code in _CARD_GONE and instance.node.runtime in HOST_SEES_GPUS:  # else its check cannot judge cards
             # The agent saw a card of this node gone (or numbered anew) before the health check did: the node's
             # check now, not at the next beat, marks it lost (gpu_presence), so that no other booking lands on it.

@@ -3,17 +3,22 @@ own doing failed a job as the node's (found by review):
 
 - a `vm status` answer without a state (confirming a create whose answer was lost) crashed the job (KeyError: the
   platform's "internal error"): it is the node's garbage;
+- the agent's `busy` (it waited 60 s for its node-wide allocate lock, held by another of the platform's jobs on
+  the node) failed the job at once as the node's: it is retried, and the platform's failure once retries run out.
 """
 import pytest
 from celery.canvas import Signature
+from celery.exceptions import Retry
 from django.utils import timezone
 
-from marketplace.models import InstanceStatus
+from marketplace.models import Instance, InstanceStatus
+from marketplace.services import instances as svc
 from provisioning import tasks
 from provisioning.models import Job, JobFault, JobKind, JobStatus
 from provisioning.services import vms
+from provisioning.services.faults import error_fault
 from provisioning.services.fleet_record import health_samples_record, nodes_reliability
-from provisioning.ssh_errors import AgentGarbage
+from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
 from tests.provisioning.test_lifecycle_races import FakeNode
@@ -172,3 +177,54 @@ def test_a_vm_status_answer_whose_state_is_not_text_is_garbage(state, monkeypatc
     assert "state" in garbage.value.message
 
 
+# ------------------------------------------------------------------ the agent's own lock, held by the platform
+
+
+def busy():
+    raise AgentFailed({"code": "busy", "message": "another agent run holds the allocate lock"})
+
+
+def test_a_create_that_waited_for_the_agents_allocate_lock_held_by_another_platform_job_is_retried(
+        monkeypatch, resent):
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.vms.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", lambda host, port, timeout=0: None)
+    fake.hooks[("vm", "create")] = busy
+    node = checked_node()
+    instance = book(UserFactory(), node)
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    with pytest.raises(Retry):
+        run_in_worker(tasks.instance_provision, job, retries=0)
+    job.refresh_from_db()
+    instance.refresh_from_db()
+    assert job.status != JobStatus.FAILED, (job.fault, job.error)
+    assert instance.status != InstanceStatus.FAILED, instance.status_message
+    assert len(resent) == 1 and reliability(node) == 1.0
+    # The retry finds the lock free and makes the VM.
+    run_in_worker(tasks.instance_provision, job, retries=1)
+    job.refresh_from_db()
+    instance.refresh_from_db()
+    assert (job.status, instance.status) == (JobStatus.SUCCEEDED, InstanceStatus.RUNNING), job.error
+
+
+def test_a_start_still_refused_busy_when_its_retries_run_out_is_the_platforms_failure(monkeypatch, resent):
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.vms.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", lambda host, port, timeout=0: None)
+    node = checked_node()
+    instance = running_instance(fake, node)
+    svc.instance_restart(instance=Instance.objects.get(pk=instance.pk))
+    job = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_RESTART)
+    fake.hooks[("vm", "start")] = busy
+    run_in_worker(tasks.instance_restart, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.PLATFORM and NOT_COUNTED in job.error, (job.fault, job.error)
+    assert "lock" in job.error and resent == []
+    assert reliability(node) == pytest.approx(1.0)
+
+
+def test_busy_is_the_platforms_only_as_the_vm_commands_answer():
+    """Read by the VM jobs only (they contend for the agent's locks); elsewhere an AgentFailed stays the node's."""
+    assert error_fault(AgentFailed({"code": "busy", "message": "x"})) == JobFault.NODE
+    converted = vms.AgentBusy({"code": "busy", "message": "x"})
+    assert converted.transient and error_fault(converted) == JobFault.PLATFORM
