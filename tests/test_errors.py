@@ -21,7 +21,7 @@ from core import errors
 from core.transitions import InvalidTransition
 from core.web_errors import error_message, form_error, message_error
 from marketplace.models import User
-from marketplace.services.accounts import InvalidSignupToken, TwoFactorRequired
+from marketplace.services.accounts import InvalidSignupToken, SignupPasswordMismatch, TwoFactorRequired
 from marketplace.services.disk_room import DiskDoesNotFit, DiskRoom
 from marketplace.services.email_verification import EmailNotVerified, InvalidVerificationLink
 from marketplace.services.instances import Funds, InsufficientFunds
@@ -48,6 +48,7 @@ SAMPLES = [
     InsufficientFunds("Renting this instance needs one hour ... (POST /api/v1/billing/top-ups/).", FUNDS),
     InvalidSshKey("Paste one public key, e.g. the contents of ~/.ssh/id_ed25519.pub."),
     InvalidSignupToken(),
+    SignupPasswordMismatch(),
     TwoFactorRequired(),
     WrongCode(),
     WrongPassword(),

@@ -53,6 +53,11 @@ class LoginSerializer(CredentialsSerializer):
 
 class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):
     token = serializers.CharField(max_length=SIGNUP_TOKEN_MAX_LENGTH, help_text="The token from the sign-up e-mail.")
+    password = serializers.CharField(
+        max_length=PASSWORD_MAX_LENGTH, write_only=True, trim_whitespace=False, style={"input_type": "password"},
+        help_text="The password chosen at that sign-up (POST /api/v1/auth/register/). Another one is a 400 on "
+                  "`password` and creates nothing: anyone can sign up with an address, so it may get the e-mail of "
+                  "someone else's sign-up too.")
 
 
 class UserSerializer(serializers.ModelSerializer):
@@ -137,10 +142,14 @@ class RegisterView(_AuthView):
 class ConfirmView(_AuthView):
     @extend_schema(request=ConfirmSerializer, responses={201: AuthResultSerializer}, tags=["auth"])
     def post(self, request):
-        """Finish a sign-up with the token from its e-mail: creates the account and returns its first API key."""
+        """Finish a sign-up with the token from its e-mail and the password chosen at that sign-up: creates the
+        account and returns its first API key. A bad, expired or spent token is a 400 on `token`; another password
+        than that sign-up's a 400 on `password` (the token is from someone else's sign-up with the address, or from
+        another of yours); nothing is created either way. Each try counts in the `auth` rate."""
         data = ConfirmSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user, key, raw_key = svc.user_register_confirm(**data.validated_data)  # InvalidSignupToken: a 400
+        # InvalidSignupToken, SignupPasswordMismatch: a 400
+        user, key, raw_key = svc.user_register_confirm(**data.validated_data)
         return Response(AuthResultSerializer({"user": user, "api_key": raw_key, "key": key}).data,
                         status=status.HTTP_201_CREATED)
 

@@ -17,7 +17,7 @@ from urllib.parse import urljoin
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.contrib.auth import authenticate
-from django.contrib.auth.hashers import make_password
+from django.contrib.auth.hashers import check_password, make_password
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.urls import reverse
@@ -58,6 +58,19 @@ class InvalidSignupToken(ValidationFailed):
 
     def __init__(self) -> None:
         super().__init__("This sign-up token is invalid, has expired, or was used already.", field="token")
+
+
+class SignupPasswordMismatch(ValidationFailed):
+    """The password given to confirm a sign-up is not the one chosen at that sign-up (400 on `password`): a token
+    holds the password of whoever signed up, and an address can get several (someone else may sign up with it), so
+    the owner must not create an account with a password they do not know. Nothing is created."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "This link belongs to a sign-up made with another password: nothing was created. If you signed up more "
+            "than once, type the password you chose that time, or use the link in the other e-mail. If you did not, "
+            "someone else tried to sign up with your address: use the link in the other e-mail (your own "
+            "sign-up's), or sign up again.", field="password")
 
 
 def hash_api_key(raw_key: str) -> str:
@@ -240,20 +253,30 @@ def user_register(*, email: str, password: str, base_url: str) -> None:
     hours = settings.SIGNUP_CONFIRM_TTL_S // 3600
     _send(email, "Confirm your sign-up", (
         f"Someone (we hope you) asked to open a {settings.PLATFORM_NAME} account with this email address.\n\n"
-        f"To create it, open this link within {hours} hours:\n\n"
+        f"To create it, open this link within {hours} hours and type the password you chose when you signed up:\n\n"
         f"  {urljoin(base_url, reverse('signup-confirm', args=[token]))}\n\n"
-        "or confirm through the API, which answers with your first API key:\n\n"
+        "or confirm through the API, which answers with your first API key (put that password in):\n\n"
         f"  curl -X POST {urljoin(base_url, reverse('auth-confirm'))} -H 'Content-Type: application/json' "
-        f"-d '{{\"token\": \"{token}\"}}'\n\n"
+        f"-d '{{\"token\": \"{token}\", \"password\": \"YOUR PASSWORD\"}}'\n\n"
         f"The token: {token}\n\n"
-        "If it was not you, ignore this e-mail: no account is made without it.\n"))
+        "If you got more than one of these e-mails but signed up once, someone else tried to sign up with your "
+        "address: the links of the others ask for their password, not yours.\n"
+        "If it was not you, ignore this e-mail: no account is made without it and the password.\n"))
 
 
-def user_register_confirm(*, token: str) -> tuple[User, ApiKey, str]:
+def user_register_confirm(*, token: str, password: str) -> tuple[User, ApiKey, str]:
     """Create the account a sign-up token stands for, and its first API key (its raw value returned: shown once).
-    A token works once: afterwards its address has an account."""
+    A token works once: afterwards its address has an account.
+
+    `password` must be the one chosen at that sign-up (SignupPasswordMismatch otherwise, nothing created): anyone
+    can sign up with an address, and the token in each e-mail carries the password of whoever did; without the
+    check, an owner who followed the link of someone else's sign-up with their address (an e-mail that came after
+    their own) got the account with that person's password, who could then log in to it. The callers count each
+    try in the client's `auth` rate (marketplace/auth_rate.py), so a token is no way to guess its password."""
     data = _signup_payload(token)
     email = data["email"]
+    if not check_password(password, data["password"]):
+        raise SignupPasswordMismatch()
     try:
         with transaction.atomic():
             if User.objects.filter(email__iexact=email).exists():

@@ -64,17 +64,21 @@ def signup(request):
 
 @require_http_methods(["GET", "POST"])
 def signup_confirm(request, token: str):
-    """The link in the sign-up e-mail. GET only shows a button: mail scanners that open links must not use up
-    the token (and see the API key)."""
+    """The link in the sign-up e-mail. GET only shows the form: mail scanners that open links must not use up
+    the token (and see the API key). The POST needs the password chosen at that sign-up (a link from someone
+    else's sign-up with the address holds their password), behind the `auth` rate as the API's confirm."""
     if request.method == "POST" and (refused := auth_rate_refusal(request)):
         return refused
     form = SignupConfirmForm(request.POST or None, initial={"token": token})
     if request.method == "POST" and form.is_valid():
         try:
-            user, _key, api_key = account_svc.user_register_confirm(token=form.cleaned_data["token"])
+            user, _key, api_key = account_svc.user_register_confirm(token=form.cleaned_data["token"],
+                                                                    password=form.cleaned_data["password"])
         except account_svc.InvalidSignupToken:
             form.add_error(None, "This link is invalid, has expired, or was used already. Sign up again, or log in "
                                  "if you confirmed it before.")
+        except account_svc.SignupPasswordMismatch as exc:
+            form.add_error("password", exc.message)
         else:
             login(request, user, backend=settings.AUTHENTICATION_BACKENDS[0])
             # The key is shown once, on the very next page, then forgotten.

@@ -103,7 +103,14 @@ class SshKeyForm(PasswordConfirmedForm):
 
 
 class SignupConfirmForm(forms.Form):
+    """The link's token and the password chosen at that sign-up: an address may get the e-mail of someone else's
+    sign-up with it too, whose link must not make the owner an account with that person's password."""
+
     token = forms.CharField(max_length=SIGNUP_TOKEN_MAX_LENGTH, widget=forms.HiddenInput)
+    password = forms.CharField(
+        max_length=PASSWORD_MAX_LENGTH, strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+        help_text="The password you chose when you signed up.")
 
 
 class ApiKeyForm(PasswordConfirmedForm):

@@ -141,7 +141,7 @@ def _confirm_body(ctx):
 
     ctx.anon.post("/api/v1/auth/register/", _register_body(ctx), format="json")
     [message] = [m for m in mail.outbox if m.to == ["contract.new@example.com"]]
-    return {"token": re.search(r"^The token: (\S+)$", message.body, re.M)[1]}
+    return {"token": re.search(r"^The token: (\S+)$", message.body, re.M)[1], "password": GOOD_PASSWORD}
 
 
 def _login_body(ctx):

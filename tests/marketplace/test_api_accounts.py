@@ -53,7 +53,7 @@ def test_register_sends_a_token_that_creates_the_account_and_a_working_key(anon,
     token = signup_token(mailoutbox, "new.user@example.com")
     assert GOOD_PASSWORD not in mailoutbox[-1].body and "/accounts/confirm/" in mailoutbox[-1].body
 
-    r = anon.post(CONFIRM, {"token": token})
+    r = anon.post(CONFIRM, {"token": token, "password": GOOD_PASSWORD})
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["user"]["email"] == "new.user@example.com"
@@ -64,7 +64,7 @@ def test_register_sends_a_token_that_creates_the_account_and_a_working_key(anon,
     assert user.check_password(GOOD_PASSWORD)
     assert bearer(anon, body["api_key"]).get(ME).json()["email"] == "new.user@example.com"
     # A token works once.
-    assert anon.post(CONFIRM, {"token": token}).status_code == 400
+    assert anon.post(CONFIRM, {"token": token, "password": GOOD_PASSWORD}).status_code == 400
     assert User.objects.count() == 1 and ApiKey.objects.count() == 1
 
 
@@ -87,7 +87,7 @@ def test_a_sign_up_token_for_the_longest_address_fits_the_confirm_forms():
 
 @pytest.mark.parametrize("token", ["", "garbage", "gAAAAABnot-a-real-token==", "x" * 2001])
 def test_confirm_refuses_a_bad_token(anon, token):
-    r = anon.post(CONFIRM, {"token": token})
+    r = anon.post(CONFIRM, {"token": token, "password": GOOD_PASSWORD})
     assert r.status_code == 400
     assert "token" in r.json()
     assert not User.objects.exists()
@@ -195,7 +195,7 @@ def test_auth_endpoints_are_throttled_after_the_configured_rate(anon):
     assert int(r.headers["Retry-After"]) > 0
     # Register shares the budget: guessing cannot move to the other endpoint.
     assert anon.post(REGISTER, {"email": "new@example.com", "password": GOOD_PASSWORD}).status_code == 429
-    assert anon.post(CONFIRM, {"token": "anything"}).status_code == 429
+    assert anon.post(CONFIRM, {"token": "anything", "password": GOOD_PASSWORD}).status_code == 429
 
 
 def test_other_endpoints_are_not_throttled_by_the_auth_rate(api):
@@ -258,7 +258,7 @@ def test_every_answer_that_shows_a_new_key_says_no_store(anon, api, mailoutbox):
     """The key is in that answer only: no browser, proxy or client cache may keep it (as the key pages and the
     webhook endpoint API say)."""
     anon.post(REGISTER, {"email": "fresh@example.com", "password": GOOD_PASSWORD})
-    confirmed = anon.post(CONFIRM, {"token": signup_token(mailoutbox, "fresh@example.com")})
+    confirmed = anon.post(CONFIRM, {"token": signup_token(mailoutbox, "fresh@example.com"), "password": GOOD_PASSWORD})
     logged_in = anon.post(LOGIN, {"email": "fresh@example.com", "password": GOOD_PASSWORD})
     made = api.post(KEYS, {"name": "ci"})
     for r, status in ((confirmed, 201), (logged_in, 200), (made, 201)):

@@ -239,11 +239,11 @@ def test_a_squatter_cannot_take_an_address_they_do_not_read(anon, mailoutbox):
     anon.post(REGISTER, {"email": "victim@example.com", "password": "the squatter's pass 1"})
     anon.post(REGISTER, {"email": "victim@example.com", "password": GOOD_PASSWORD})
     token = re.search(r"^The token: (\S+)$", mailoutbox[-1].body, re.M).group(1)
-    assert anon.post("/api/v1/auth/confirm/", {"token": token}).status_code == 201
+    assert anon.post("/api/v1/auth/confirm/", {"token": token, "password": GOOD_PASSWORD}).status_code == 201
     assert User.objects.get(email="victim@example.com").check_password(GOOD_PASSWORD)
     # The first e-mail's token is void now: the address has its account.
     first = re.search(r"^The token: (\S+)$", mailoutbox[0].body, re.M).group(1)
-    assert anon.post("/api/v1/auth/confirm/", {"token": first}).status_code == 400
+    assert anon.post("/api/v1/auth/confirm/", {"token": first, "password": "the squatter's pass 1"}).status_code == 400
 
 
 def test_a_sign_up_token_expires(anon, mailoutbox, settings):
@@ -251,7 +251,7 @@ def test_a_sign_up_token_expires(anon, mailoutbox, settings):
     token = re.search(r"^The token: (\S+)$", mailoutbox[-1].body, re.M).group(1)
     settings.SIGNUP_CONFIRM_TTL_S = 60
     with mock.patch("time.time", return_value=time.time() + 120):
-        assert anon.post("/api/v1/auth/confirm/", {"token": token}).status_code == 400
+        assert anon.post("/api/v1/auth/confirm/", {"token": token, "password": GOOD_PASSWORD}).status_code == 400
     assert not User.objects.exists()
 
 

@@ -12,7 +12,7 @@ def test_register_then_use_key(anon, mailoutbox):
                   format="json")
     assert r.status_code == 202, r.content
     token = re.search(r"^The token: (\S+)$", mailoutbox[-1].body, re.M).group(1)
-    r = anon.post("/api/v1/auth/confirm/", {"token": token}, format="json")
+    r = anon.post("/api/v1/auth/confirm/", {"token": token, "password": "a long enough pass 42"}, format="json")
     assert r.status_code == 201, r.content
     key = r.json()["api_key"]
     assert r.json()["user"]["email"] == "a@example.com"

@@ -45,7 +45,7 @@ def test_signup_shows_the_api_key_once_and_logs_in(client, mailoutbox):
     r = client.post("/accounts/signup/", {"email": "new@example.com", "password": "a long passphrase 42"})
     assert r.status_code == 200 and "Check your e-mail" in r.content.decode()
     link = re.search(r"http://testserver(/accounts/confirm/([^/\s]+)/)", mailoutbox[-1].body)
-    r = client.post(link.group(1), {"token": link.group(2)})
+    r = client.post(link.group(1), {"token": link.group(2), "password": "a long passphrase 42"})
     assert r.status_code == 200 and r["Cache-Control"] == "no-store"
     raw = re.search(r'id="api-key">([^<]+)<', r.content.decode()).group(1)
     user = User.objects.get(email="new@example.com")

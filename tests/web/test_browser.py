@@ -135,6 +135,7 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
     # The account is made from the link e-mailed to the address (the test settings keep e-mails in memory).
     link = re.search(r"https?://\S+/accounts/confirm/\S+/", mail.outbox[-1].body).group(0)
     page.goto(link)
+    page.get_by_label("Password").fill("a long passphrase 42")  # the one chosen at sign-up
     page.get_by_role("button", name="Create my account").click()
     page.get_by_role("heading", name="Welcome").wait_for()
     assert page.locator("#api-key").inner_text().startswith("gpm_")

@@ -149,13 +149,15 @@ def test_signup_link_asks_before_it_creates_the_account_then_shows_the_key_once(
     page = client.get(link)
     assert page.status_code == 200 and "Create my account" in page.content.decode()
     assert not User.objects.exists()  # opening the link (a mail scanner does) creates nothing
-    r = client.post(link, {"token": re.search(r"^The token: (\S+)$", mailoutbox[-1].body, re.M).group(1)})
+    r = client.post(link, {"token": re.search(r"^The token: (\S+)$", mailoutbox[-1].body, re.M).group(1),
+                           "password": "a long passphrase 42"})
     assert r.status_code == 200 and r["Cache-Control"] == "no-store"
     raw = re.search(r'id="api-key">([^<]+)<', r.content.decode()).group(1)
     user = User.objects.get(email="new@example.com")
     assert ApiKey.objects.get(user=user).key_hash == hash_api_key(raw)
     assert client.get("/instances/").status_code == 200  # logged in
-    again = Client().post(link, {"token": re.search(r"/accounts/confirm/([^/]+)/", link).group(1)})
+    again = Client().post(link, {"token": re.search(r"/accounts/confirm/([^/]+)/", link).group(1),
+                                 "password": "a long passphrase 42"})
     assert again.status_code == 400 and "invalid, has expired, or was used already" in again.content.decode()
 
 

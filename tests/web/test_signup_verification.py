@@ -54,7 +54,7 @@ def test_no_account_before_the_link_and_renting_works_after_it(client, inbox):
     page = client.get(path)  # a mail scanner opening the link uses nothing up
     assert page.status_code == 200 and not User.objects.filter(email=EMAIL).exists()
     token = re.search(r'name="token" value="([^"]+)"', page.content.decode()).group(1)
-    done = client.post(path, {"token": token})
+    done = client.post(path, {"token": token, "password": PASSWORD})
     raw = re.search(r'id="api-key">([^<]+)<', done.content.decode()).group(1)
     assert done.status_code == 200 and User.objects.get(email=EMAIL).email_verified_at is not None
 
@@ -65,7 +65,7 @@ def test_no_account_before_the_link_and_renting_works_after_it(client, inbox):
 
 
 def _refused(client: Client, path: str, token: str) -> None:
-    r = client.post(path, {"token": token})
+    r = client.post(path, {"token": token, "password": PASSWORD})
     assert r.status_code == 400 and INVALID in r.content.decode()
 
 
@@ -88,7 +88,7 @@ def test_an_expired_link_is_refused_and_creates_nothing(client, inbox, settings)
 def test_a_link_works_once_and_a_second_sign_up_gets_no_new_link(client, inbox):
     path = _sign_up(client, inbox)
     token = path.split("/")[-2]
-    assert client.post(path, {"token": token}).status_code == 200
+    assert client.post(path, {"token": token, "password": PASSWORD}).status_code == 200
     user = User.objects.get(email=EMAIL)
     password_hash = user.password
     _refused(Client(), path, token)
