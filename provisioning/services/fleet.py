@@ -15,7 +15,10 @@
   node and counted `errors`; the batch goes on with its other nodes.
 - A health batch probes its nodes at once (one thread per node), then writes what it learnt in a few
   set-based statements for the whole batch (fleet_record.nodes_record_health); only the rare cases (a node
-  back after failures, interrupted instances, changed GPUs) take a statement or a session per node.
+  back after failures, interrupted instances, changed GPUs) take a statement or a session per node. The nodes
+  back after failures are reconciled after the others are recorded, several at once (threads), until
+  HEALTH_RECONCILE_DEADLINE_S after the batch began, and recorded once reconciled. Celery's soft time limit is
+  never caught with the errors of one node: it ends the batch.
 
 `nodes_health_check` and `nodes_reconcile` run every batch in the calling process, one after another: what
 tests, the bench and a single-process demo call.
@@ -25,13 +28,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from datetime import datetime
 from typing import Any, TypeVar
 
 from celery import current_app
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
@@ -77,11 +82,21 @@ RECONCILE_PARALLELISM = 32
 # (provisioning.tasks.fleet_reconcile_batch) less a minute; a given-up one is counted `unfinished`.
 HEALTH_PROBE_DEADLINE_S = 60 + 2 * (2 * HEALTH_TIMEOUTS.connect + HEALTH_TIMEOUTS.command)
 RECONCILE_DEADLINE_S = 480.0
+# A health batch reconciles the nodes back after failures (or with instances to recover) before recording them,
+# HEALTH_RECONCILE_PARALLELISM at once, and waits for those reconciles until HEALTH_RECONCILE_DEADLINE_S after the
+# batch began: the task's 240 s soft limit (provisioning.tasks.fleet_health_batch) less 40 s to record what they
+# found. A node not reconciled by then is not recorded (counted `unfinished`): it must not take rentals before it
+# is, and the next check reconciles it (a reconcile left running ends by itself).
+HEALTH_RECONCILE_PARALLELISM = 32
+HEALTH_RECONCILE_DEADLINE_S = 200.0
 # The advisory-lock class of each kind of batch (two-key form: (class, node id); apart from core.locks' keys).
 _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 # `errors`: nodes whose reconcile raised something other than a NodeError (a bug, a refusal): logged with the
 # node, and the batch goes on with its other nodes.
-HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors", "stale")
+# `unfinished`: nodes whose reconcile (before recording them, or after lost VMs) was not done by the deadline.
+HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "locked", "errors", "stale", "unfinished")
+# What a health batch's reconcile thread answers besides the counts or a NodeError.
+_NOT_STARTED, _BUSY, _ERROR = object(), object(), object()
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
                      "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "volumes_deleted",
                      "unreachable", "busy", "locked", "errors", "unfinished")
@@ -144,6 +159,8 @@ def _dispatch(kind: str, task: str, interval_s: int, now: datetime | None) -> Su
         for batch in batches:
             try:
                 current_app.send_task(task, args=[batch, cycle], expires=interval_s)
+            except SoftTimeLimitExceeded:
+                raise  # the task's time is up: not the broker's refusal
             except Exception as exc:  # noqa: BLE001 (kombu's many errors: the broker is down; the next cycle tries)
                 log.warning("fleet %s: the broker did not take a batch (%s); %d of %d queued", kind, exc, sent,
                             len(batches))
@@ -353,17 +370,25 @@ def nodes_health_batch(node_ids: Sequence[int], *, cycle: str | None = None, poo
     """Probe these nodes (those still watched), then record every result; returns counts."""
     if not _claim("health", cycle, node_ids):
         return {"skipped": "this batch already ran"}
+    until = time.monotonic() + HEALTH_RECONCILE_DEADLINE_S
     pool = pool if pool is not None else worker_pool()
     summary = dict.fromkeys(HEALTH_SUMMARY, 0)
     with node_locks("health", node_ids) as held:
         summary["locked"] = len(set(node_ids)) - len(held)
         nodes = list(watched_nodes().filter(pk__in=held).order_by("pk"))
         results = nodes_probe(nodes, parallelism, pool=pool)
-        _health_apply(nodes, results, pool, summary)
+        _health_apply(nodes, results, pool, summary, until)
     return summary
 
 
-def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool, summary: dict[str, int]) -> None:
+def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool, summary: dict[str, int],
+                  until: float) -> None:
+    """Record the batch's results: first those that need no reconcile (most of them, in one nodes_record_health),
+    then reconcile the nodes back after failures or with instances to recover, in threads until `until`
+    (time.monotonic()), and record those reconciled; last, reconcile the nodes that answered but whose VMs were
+    found not running. Before, the recovering nodes were reconciled one after another before anything was
+    recorded: a few slow ones (a slot wait of 60 s, SSH steps of up to 120 s each) took the batch past its soft
+    time limit, and none of its 250 nodes was recorded, every cycle (found by review)."""
     by_id = {n.pk: n for n in nodes}
     answered = [r.node_id for r in results if r.ok]
     pending = _nodes_with_instances_to_recover(answered)
@@ -380,43 +405,132 @@ def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool,
     moved = {pk for pk, changed_at in Node.objects.filter(pk__in=failed).values_list("pk", "state_changed_at")
              if changed_at != by_id[pk].state_changed_at} if failed else set()
     record: list[HealthResult] = []
+    recovering: list[HealthResult] = []
     for result in results:
         node = by_id[result.node_id]
         if result.busy:  # its SSH sessions are all taken by work: it is alive; judge it next time
             summary["busy"] += 1
-            continue
-        if result.node_id in moved:
+        elif result.node_id in moved:
             summary["stale"] += 1
-            continue
-        if result.ok and (node.health_failures > 0 or node.state == NodeState.OFFLINE or node.pk in pending):
-            # It answers again: before it takes rentals, resume or fail its interrupted instances and
-            # remove the VMs of instances destroyed while it was unreachable.
-            try:
-                summary["recovered"] += _recovered(node_reconcile(node, pool=pool))
-            except NodeBusy:
-                summary["busy"] += 1
-                continue  # recorded next time, once reconciled: it must not take rentals before
-            except NodeError as exc:
-                result = HealthResult(node.pk, False, f"it answered, but reconciling its VMs failed: {exc}")
-            except Exception:  # noqa: BLE001 (one node's error must not cost the batch the others' checks)
-                log.exception("health: node %s answered, but reconciling it raised; judged next time", node.pk)
-                summary["errors"] += 1
-                continue  # not recorded, as a busy node: it must not take rentals before it is reconciled
-        record.append(result)
-    interrupted = nodes_record_health(record, running_vm_ids=running)
+        elif result.ok and (node.health_failures > 0 or node.state == NodeState.OFFLINE or node.pk in pending):
+            # It answers again: before it takes rentals, resume or fail its interrupted instances and remove the
+            # VMs of instances destroyed while it was unreachable; recorded once that is done.
+            recovering.append(result)
+        else:
+            record.append(result)
+    interrupted = nodes_record_health(record, running_vm_ids=running) if record else {}
+    outcomes, late, limit = _health_reconciles([by_id[r.node_id] for r in recovering], pool, until, summary)
+    back: list[HealthResult] = []
+    for result in recovering:
+        outcome = outcomes.get(result.node_id)
+        if result.node_id in late or outcome is None:
+            continue  # not recorded, as a busy node: it must not take rentals before it is reconciled
+        if isinstance(outcome, NodeError):
+            back.append(HealthResult(result.node_id, False, f"it answered, but reconciling its VMs failed: {outcome}",
+                                     result.seconds, probed_at=result.probed_at))
+        else:
+            summary["recovered"] += _recovered(outcome)
+            back.append(result)
+    if back:
+        interrupted.update(nodes_record_health(back, running_vm_ids=running))
+    if limit is not None:
+        raise limit  # Celery's soft time limit: what was reconciled before it is recorded, nothing more is done
+    record += back
+    # The node answers but those VMs are not running: start them again, or fail them if gone.
+    lost = [by_id[r.node_id] for r in record if r.ok and interrupted.get(r.node_id)]
+    outcomes, late, limit = _health_reconciles(lost, pool, until, summary)
+    for node_id, outcome in outcomes.items():
+        if isinstance(outcome, NodeError):
+            log.info("health: node %s: reconcile after lost VMs failed: %s", node_id, outcome)
+        else:
+            summary["recovered"] += _recovered(outcome)
+    if limit is not None:
+        raise limit
     for result in record:
-        lost = interrupted.get(result.node_id, [])
-        summary["interrupted"] += len(lost)
-        if lost and result.ok:
-            # The node answers but those VMs are not running: start them again, or fail them if gone.
-            try:
-                summary["recovered"] += _recovered(node_reconcile(by_id[result.node_id], pool=pool))
-            except NodeError as exc:
-                log.info("health: node %s: reconcile after lost VMs failed: %s", result.node_id, exc)
-            except Exception:  # noqa: BLE001 (the batch goes on; the next check reconciles it again)
-                log.exception("health: node %s: reconcile after lost VMs raised", result.node_id)
-                summary["errors"] += 1
+        summary["interrupted"] += len(interrupted.get(result.node_id, []))
         summary["failed"] += not result.ok
+
+
+def _health_reconciles(nodes: list[Node], pool: SshPool, until: float, summary: dict[str, int]) -> tuple[
+        dict[int, Mapping[str, int] | NodeError], set[int], SoftTimeLimitExceeded | None]:
+    """node_reconcile of each node, HEALTH_RECONCILE_PARALLELISM at once, in threads (_in_thread) waited for
+    until `until` (time.monotonic(); a node alone runs in the caller's thread): ({node id: its counts, or the
+    NodeError it raised}, the ids of the nodes not done by then, counted `unfinished`, Celery's soft time limit if
+    it came). A node busy (NodeBusy) or whose
+    reconcile raised anything else (logged, counted `errors`) is in neither. What is not done is left running, or
+    not started; the next check (or reconcile batch) does it. The soft time limit is never swallowed (an
+    `except Exception` caught it, and the batch went on until the worker was killed; found by review): raised in
+    the batch's thread while it waits, or by a reconcile, it ends the wait, no reconcile starts after it, and it
+    is returned for the caller to record what was done and raise it."""
+    if not nodes:
+        return {}, set(), None
+    wait_s = until - time.monotonic()
+    if wait_s <= 0:
+        summary["unfinished"] += len(nodes)
+        return {}, {n.pk for n in nodes}, None
+    stop = threading.Event()
+
+    def one(node: Node) -> Any:
+        if stop.is_set():
+            return _NOT_STARTED
+        try:
+            return node_reconcile(node, pool=pool)
+        except SoftTimeLimitExceeded:
+            stop.set()
+            raise
+        except NodeBusy:
+            return _BUSY
+        except NodeError as exc:
+            return exc
+        except Exception:  # noqa: BLE001 (one node's error must not cost the batch the others' checks)
+            log.exception("health: node %s answered, but reconciling it raised; judged next time", node.pk)
+            return _ERROR
+
+    futures: list[tuple[Node, Future[Any]]] = []
+    limit: SoftTimeLimitExceeded | None = None
+    if len(nodes) == 1:
+        # One alone (the usual case) in the batch's own thread: there is nothing to overlap, and the others'
+        # results are recorded already. Its steps are bounded; past the soft limit, the limit ends it.
+        future: Future[Any] = Future()
+        try:
+            future.set_result(one(nodes[0]))
+        except SoftTimeLimitExceeded as exc:
+            future.set_exception(exc)
+        futures = [(nodes[0], future)]
+    else:
+        threads = ThreadPoolExecutor(max_workers=max(1, min(HEALTH_RECONCILE_PARALLELISM, len(nodes))))
+        try:
+            futures = [(node, threads.submit(_in_thread, one, node)) for node in nodes]
+            wait([f for _, f in futures], timeout=wait_s, return_when=FIRST_EXCEPTION)
+        except SoftTimeLimitExceeded as exc:
+            limit = exc
+        finally:
+            stop.set()  # past the deadline, or interrupted: none starts now
+            threads.shutdown(wait=False, cancel_futures=True)
+    outcomes: dict[int, Mapping[str, int] | NodeError] = {}
+    late: set[int] = set()
+    for node, future in futures:
+        if not future.done() or future.cancelled():
+            late.add(node.pk)
+            continue
+        raised = future.exception()
+        if isinstance(raised, SoftTimeLimitExceeded):  # the only Exception `one` lets through
+            limit = limit or raised
+            continue
+        outcome = future.result()
+        if outcome is _NOT_STARTED:
+            late.add(node.pk)
+        elif outcome is _BUSY:
+            summary["busy"] += 1
+        elif outcome is _ERROR:
+            summary["errors"] += 1
+        else:
+            outcomes[node.pk] = outcome
+    for pk in sorted(late):
+        log.warning("health: node %s: its reconcile was not done within the batch's %.0f s; left to the next check",
+                    pk, HEALTH_RECONCILE_DEADLINE_S)
+    summary["unfinished"] += len(late)
+    return outcomes, late, limit
 
 
 def _recovered(counts: Mapping[str, int]) -> int:
@@ -478,6 +592,8 @@ def _reconcile_one(node: Node, pool: SshPool) -> dict[str, int]:
     close_old_connections()
     try:
         counts = node_reconcile(node, pool=pool)
+    except SoftTimeLimitExceeded:
+        raise  # never an `errors` count: the batch's task ends on it (raised where _run_all waits, it starts no more)
     except NodeBusy:
         return {"busy": 1}  # alive and working: reconciled next time
     except NodeError as exc:
