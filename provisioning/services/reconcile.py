@@ -374,7 +374,9 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
 
     - a volume on the node that the platform does not know, or deleted, and that no VM mounts, is deleted there
       (an orphan: a crash between the node's create and the database, or a delete the node never confirmed);
-      one a VM still mounts is reported, not touched;
+      one a VM still mounts is reported, not touched; one whose delete the node refuses (an unrecorded container
+      still mounts it) is reported once and tried again at the next pass, the pass going on
+      (`_delete_orphan_volume`);
     - so is one whose creation failed on the platform (its job gave up or was reaped while the node made it):
       the renter was told it could not be created, and it is never billed;
     - a volume the platform bills as available on this node that the node does not have is reported (a warning
@@ -411,7 +413,8 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
                                f"mounted by VM {', '.join(vol['used_by'])}; left as it is.",
                        level=NodeEvent.Level.WARNING)
             continue
-        session.agent("volume", "delete", {"name": name})
+        if not _delete_orphan_volume(node, session, name):
+            continue
         why = ("which the platform does not know" if row is None else "deleted on the platform"
                if row.state == VolumeState.DELETED else f"whose creation failed on the platform (volume {row.pk})")
         node_event(node=node, kind="orphan_volume_deleted",
@@ -426,6 +429,26 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
                        message=f"Volume {name} (volume {row.pk}) is available on the platform but "
                                "missing on the node.", level=NodeEvent.Level.WARNING)
             counts["volumes_missing"] += 1
+
+
+def _delete_orphan_volume(node: Node, session: NodeSession, name: str) -> bool:
+    """`volume delete` of an orphan volume: True when the node deleted it. The node's refusal never ends the pass
+    (found by review: an unrecorded container the pass could not remove still mounting the volume, its engine
+    refused every pass, and every health check that reconciles the node failed, so it stayed offline, its
+    renters resumed and interrupted again at every check). Reported once per volume (`orphan_volume_delete_failed`,
+    for operators; logged at every pass after) and tried again at the next pass."""
+    try:
+        session.agent("volume", "delete", {"name": name})
+        return True
+    except AgentFailed as exc:
+        log.warning("reconcile: node %s could not delete orphan volume %s: %s", node.pk, name, exc)
+        prefix = f"Could not delete volume {name}:"
+        if exc.code != "busy" and not NodeEvent.objects.filter(
+                node=node, kind="orphan_volume_delete_failed", message__startswith=prefix).exists():
+            node_event(node=node, kind="orphan_volume_delete_failed",
+                       message=f"{prefix} {exc.message[:500]} It is unknown to the platform or deleted or failed "
+                               "there; it is tried again at every reconcile.", level=NodeEvent.Level.WARNING)
+        return False
 
 
 def _finish_deletions(node: Node, session: NodeSession, counts: dict[str, int]) -> None:

@@ -1,0 +1,97 @@
+"""The reconciler's pass against a node that refuses or garbles part of its answer, and against an instance that
+changes while the node lists its VMs (provisioning/services/reconcile.py; found by review, each test failed before
+its fix)."""
+import pytest
+from django.utils import timezone
+
+from marketplace.models import InstanceStatus, InterruptionCause, Node, NodeState
+from marketplace.services import instances as svc
+from provisioning.models import Job, JobStatus, NodeEvent
+from provisioning.services import fleet
+from provisioning.services.nodes import HealthResult
+from provisioning.services.reconcile import node_reconcile
+from provisioning.ssh_errors import AgentFailed
+from tests.factories import UserFactory, make_listed_node
+from tests.marketplace.renting_helpers import book, run
+
+pytestmark = pytest.mark.django_db
+
+ORPHAN = "vol-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def sent_jobs(monkeypatch):
+    sent = []
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: sent.append((job_id, kind)))
+    return sent
+
+
+class VolumeRefusingNode:
+    """A node with one orphan volume (no VM of its records mounts it) whose `volume delete` its engine refuses:
+    an unrecorded container the reconciler failed to remove still mounts it."""
+
+    def __init__(self, vms):
+        self.vms = dict(vms)
+        self.deletes = 0
+
+    def session(self, node, *args, **kwargs):
+        fake = self
+
+        class Session:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def agent(self, cmd, sub=None, request=None, timeout=None):
+                if (cmd, sub) == ("vm", "list"):
+                    return {"vms": [{"vm_id": k, "state": v} for k, v in fake.vms.items()]}
+                if (cmd, sub) == ("volume", "list"):
+                    return {"volumes": [{"name": ORPHAN, "size_gb": 1, "used_by": []}]}
+                if (cmd, sub) == ("volume", "delete"):
+                    fake.deletes += 1
+                    raise AgentFailed({"code": "command_failed", "message": "docker volume rm: volume is in use"})
+                return {"vm_id": (request or {}).get("vm_id"), "state": "running"}
+
+        return Session()
+
+
+# ------------------------------------------------------------------ an orphan volume the node cannot delete
+
+def test_an_orphan_volume_the_node_cannot_delete_does_not_end_the_reconcile_pass(monkeypatch):
+    """Unguarded, the node's refusal (AgentFailed) ended the pass, every pass. Now it is reported once, for
+    operators, and tried again at the next pass."""
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    fake = VolumeRefusingNode({})
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    counts = node_reconcile(node)
+    counts_again = node_reconcile(node)
+    assert fake.deletes == 2  # tried again at the next pass
+    assert counts["orphan_volumes_deleted"] == counts_again["orphan_volumes_deleted"] == 0
+    events = NodeEvent.objects.filter(node=node, kind="orphan_volume_delete_failed")
+    assert events.count() == 1 and ORPHAN in events.get().message and "in use" in events.get().message
+    assert not NodeEvent.objects.filter(node=node, kind="orphan_volume_deleted").exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the health batch reconciles recovering nodes in threads of their own
+def test_a_node_back_after_an_outage_with_an_undeletable_orphan_volume_is_not_kept_offline(monkeypatch):
+    """The health check reconciles a node that answers after an outage: the refusal made its good answer a failed
+    check ("it answered, but reconciling its VMs failed"), the node stayed offline, and its renters were resumed
+    and interrupted again at every check."""
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    svc.instance_interrupt(instance_id=instance.pk, since=timezone.now(), cause=InterruptionCause.NODE_LOST,
+                           detail="silent")
+    Node.objects.filter(pk=node.pk).update(state=NodeState.OFFLINE, health_failures=5)
+    monkeypatch.setattr("provisioning.services.reconcile.node_session",
+                        VolumeRefusingNode({instance.vm_id: "running"}).session)
+    monkeypatch.setattr(fleet, "nodes_probe", lambda nodes, *args, **kwargs: [
+        HealthResult(n.pk, True, "", vms={instance.vm_id: "running"}, probed_at=timezone.now()) for n in nodes])
+    fleet.nodes_health_batch([node.pk], pool=object())
+    node.refresh_from_db()
+    instance.refresh_from_db()
+    assert (node.state, node.health_failures) == (NodeState.ACTIVE, 0), (node.state, node.health_failures,
+                                                                         node.last_error)
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
