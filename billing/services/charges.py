@@ -153,6 +153,24 @@ def _awaiting_credit(top_up_id: int, intent_id: str, *, user_id: str) -> int | N
     return top_up.pk
 
 
+def _awaited_locked(top_up_id: int, intent_id: str, what: str, object_id: str) -> TopUp | None:
+    """The top-up a PaymentIntent no top-up had recorded was made for (`looked.top_ups`), locked and read again: its
+    credit (which locks the top-up first, top_ups.top_up_credit) may have committed since it was looked for by the
+    PaymentIntent. Credited by `intent_id` now: that top-up. Still awaiting its credit: ValueError (the event fails).
+    Else (credited by another PaymentIntent, gone): None. (Found by review: the second read did not lock, so a credit
+    committed between the two reads had the event ignored for good, and the bank's chargeback left in the wallet.)"""
+    top_up = TopUp.objects.select_for_update(of=("self",)).select_related("user").filter(pk=top_up_id).first()
+    if top_up is None:
+        return None
+    if top_up.status == TopUpStatus.SUCCEEDED:
+        return top_up if top_up.payment_intent_id == intent_id else None
+    if top_up.payment_intent_id in (None, intent_id):
+        raise ValueError(f"{what} {object_id} is of payment {intent_id}, made for top-up {top_up_id}, which is not "
+                         "credited yet (its charge's answer was lost): the event is processed again when Stripe "
+                         "delivers it again, or when the top-up is credited")
+    return None
+
+
 def _names_only_its_charge(obj: dict[str, Any]) -> bool:
     """No PaymentIntent named (one named but unreadable is refused by top_up_for, not looked up)."""
     return obj.get("payment_intent") is None and payment_intent_named(obj) is None
@@ -244,10 +262,8 @@ def top_up_for(obj: dict[str, Any], what: str, object_id: str, looked: StripeLoo
     if top_up is None:
         top_up = locked.filter(payment_intent_id=intent_id).first()
         awaited = looked.top_ups.get(str(intent_id)) if top_up is None and looked is not None else None
-        if awaited is not None and _awaiting_credit(awaited, str(intent_id), user_id="") is not None:
-            raise ValueError(f"{what} {object_id} is of payment {intent_id}, made for top-up {awaited}, which is not "
-                             "credited yet (its charge's answer was lost): the event is processed again when Stripe "
-                             "delivers it again, or when the top-up is credited")
+        if awaited is not None:
+            top_up = _awaited_locked(awaited, str(intent_id), what, object_id)
         if top_up is None:
             raise ChargeEventUnusable(f"{what} {object_id} is of payment {str(intent_id)[:100]}, which paid no top-up "
                                       "here: not a charge of this platform's wallet, so nothing was done.")
