@@ -57,10 +57,16 @@ def translate(exc: stripe.StripeError, doing: str) -> ApplicationError:
 
 
 def is_definite(exc: stripe.StripeError) -> bool:
-    """True when Stripe surely did nothing (it answered with a 4xx); False when the outcome is unknown: no answer,
-    a 5xx, or a 409 idempotency conflict (another request with the same key is under way or was made, and may
-    have done it)."""
-    if isinstance(exc, stripe.APIConnectionError) or _idempotency_conflict(exc):
+    """True when Stripe refused for good and surely did nothing (a 4xx: a card declined, a bad destination, a key
+    without the permission), so the caller fails what it asked for; False when it is to be settled or tried again
+    later: no answer, a 5xx, a 409 idempotency conflict (another request with the same key is under way or was made,
+    and may have done it), a rate limit (a 429, or the older 400 `rate_limit`: stripe-python's RateLimitError; Stripe
+    did nothing yet and would do it a little later) or an APIError (an answer stripe-python could not place). The
+    same line as `translate`'s Unavailable. (Found by review: a 429 counted as a refusal, so a rate-limited transfer
+    failed its payout and told the provider to check their Stripe account.)"""
+    if isinstance(exc, stripe.APIConnectionError | stripe.RateLimitError | stripe.APIError):
+        return False
+    if _idempotency_conflict(exc) or exc.http_status == 429:
         return False
     return 400 <= (exc.http_status or 0) < 500
 
