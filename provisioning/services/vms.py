@@ -467,19 +467,65 @@ def _ssh_answers_on_node(instance: Instance) -> bool | None:
 SSH_LOOK_AGAIN_S = 10
 
 
-def _own_image_silence(instance: Instance, answer: dict[str, Any], address: VmAddress, silent: VmSshSilent) -> str:
-    """Whose failure is it that a renter's own image never answered SSH: "renter", "node", or "late" (a second look
-    found it answering: no failure)? The renter's when the image never started
-    an SSH server (ubuntu:24.04 has none), as an image that cannot be pulled: before, any renter could take a
+# Where the renter's own doing can silence the VM's SSH server before the platform judges it, the silence is
+# judged by the renter's rule (_renters_silence), not taken as the node's:
+# - their own image (it may have no sshd at all);
+# - a catalogue image given what runs or takes effect in the VM before SSH is judged: the onstart script (run as
+#   root right after sshd starts: `pkill sshd`), the env (the entry wrapper's own environment: PATH=/nowhere and
+#   no host key is made, so sshd cannot start), volumes (their content, mounted where the renter says: over
+#   /etc/ssh, sshd has no configuration). Before, a catalogue image's silence was always the node's, and any renter
+#   took 0.02 of any node's reliability per booking at no cost (found by review);
+# - any image after a start or restart: the renter had root on the VM, its disk is theirs (an sshd stopped,
+#   disabled or reconfigured there stays so).
+# A catalogue image given none of them, at its provision, runs only what the platform chose: its silence is the
+# node's, and the node is asked nothing.
+_AGAIN = {JobKind.INSTANCE_START: "start", JobKind.INSTANCE_RESTART: "restart"}
+
+
+def _renter_inputs(instance: Instance) -> list[str]:
+    """What the renter gave the VM that runs or takes effect in it before its SSH server is judged (above), each as
+    said to them."""
+    given = []
+    if instance.onstart:
+        given.append("your onstart script runs as root right after it starts")
+    if instance.env_names:
+        given.append("your env is the environment it starts in")
+    if volume_svc.volume_agent_specs(instance=instance):
+        given.append("your volumes are mounted where you chose before it starts")
+    return given
+
+
+def _renters_part(job: Job, instance: Instance) -> str | None:
+    """Said to the renter when the silence is judged theirs: what of theirs can have silenced the VM's SSH server;
+    None when nothing of theirs ran before it was judged (above: then the silence is the node's)."""
+    again = _AGAIN.get(JobKind(job.kind))
+    if again is not None:
+        return (f"The VM's disk is yours: an SSH server stopped, disabled, removed or reconfigured on it stays so "
+                f"after a {again}. See the instance's logs.")
+    if instance.image is None:
+        return ("Your own image must start an SSH server (OpenSSH's sshd installed in the image; the platform starts "
+                "it and adds your keys).")
+    given = _renter_inputs(instance)
+    if not given:
+        return None
+    return (f"The image's SSH server is started by the platform; {'; '.join(given)}: "
+            f"{'any of them' if len(given) > 1 else 'that'} can stop it or keep it from starting (an onstart that "
+            "ends sshd, a volume over /etc/ssh, a PATH without ssh-keygen). See the instance's logs.")
+
+
+def _renters_silence(instance: Instance, answer: dict[str, Any], address: VmAddress, silent: VmSshSilent) -> str:
+    """Whose failure is it that a VM the renter could silence (above) never answered SSH: "renter", "node", or
+    "late" (a second look found it answering: no failure)? The renter's when the VM never started an SSH server
+    (ubuntu:24.04 has none; an onstart ended it), as an image that cannot be pulled: before, any renter could take a
     node's reliability to 0 at no cost (a failed provision is not billed; found by review). The node's when the way
     to the VM is shut (a firewall, a port not published).
 
-    What tells them apart cannot be up to the image, whose server can answer some clients and not others (found by
+    What tells them apart cannot be up to the VM, whose server can answer some clients and not others (found by
     review: the image's own host key file, then a server that answered the node's probe only):
-    - the platform reached the port (a connection accepted, no banner): the way works, the silence is the image's;
-    - else the node's own look at the VM's port (`vm status` probe_ssh): no SSH there is the image's; SSH there is
+    - the platform reached the port (a connection accepted, no banner): the way works, the silence is the VM's;
+    - else the node's own look at the VM's port (`vm status` probe_ssh): no SSH there is the VM's; SSH there is
       the node's unless a second look from here finds it answering (then it was late, not silent);
-    - where the node cannot say, a host key read from the image makes it the node's, as before."""
+    - where the node cannot say, a host key read from the VM makes it the node's, as before."""
     if silent.reached:
         return "renter"
     answers = _ssh_answers_on_node(instance)
@@ -500,14 +546,14 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
     try:
         wait_for_ssh(address.probe, address.port)
     except VmSshSilent as exc:
-        whose = "node" if instance.image is not None else _own_image_silence(instance, answer, address, exc)
+        theirs = _renters_part(job, instance)
+        whose = "node" if theirs is None else _renters_silence(instance, answer, address, exc)
         if whose == "node":
             raise
         if whose == "renter":
-            theirs = VmSshSilent(f"{exc.message} Your own image must start an SSH server (OpenSSH's sshd installed "
-                                 "in the image; the platform starts it and adds your keys).")
-            theirs.fault = JobFault.RENTER  # read by faults.error_fault
-            raise theirs from None
+            renters = VmSshSilent(f"{exc.message} {theirs}")
+            renters.fault = JobFault.RENTER  # read by faults.error_fault
+            raise renters from None
         # "late": it answers now, which is no failure
     vm = answer if address.ports is None else {**answer, "ports": address.ports}
     try:

@@ -1,6 +1,11 @@
 """Whose failure a VM job's failure is, where the renter could make the node take the blame, or the platform's
 own doing failed a job as the node's (found by review):
 
+- a catalogue image's silent SSH server was always the node's, though the renter's onstart (root, run right after
+  sshd starts), env (the entry wrapper's PATH: no host key made, sshd cannot start) or volumes (mounted over
+  /etc/ssh or /usr/sbin) run or take effect before the platform judges SSH: `pkill sshd` in onstart took 0.02 of
+  any node's reliability per booking, free of charge. With any of them the own image's rule decides;
+- after a start or restart the VM's disk is the renter's (they had root on it): every image gets that rule;
 - a `vm status` answer without a state (confirming a create whose answer was lost) crashed the job (KeyError: the
   platform's "internal error"): it is the node's garbage;
 - the agent's `busy` (it waited 60 s for its node-wide allocate lock, held by another of the platform's jobs on
@@ -13,6 +18,8 @@ from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as svc
+from marketplace.services import volumes as volume_svc
+from marketplace.services.instances.options import instance_options
 from provisioning import tasks
 from provisioning.models import Job, JobFault, JobKind, JobStatus
 from provisioning.services import vms
@@ -109,6 +116,138 @@ def probing(fake, monkeypatch, *, ssh_answers):
 
     monkeypatch.setattr("provisioning.services.vms.node_session", answering)
     return probes
+
+
+# ------------------------------------------------------------------ a catalogue image with the renter's code
+
+
+def test_a_catalogue_image_whose_renter_onstart_kills_sshd_does_not_count_against_the_node(monkeypatch):
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.vms.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", accepted_no_banner)
+    node = checked_node()
+    assert reliability(node) == 1.0
+    instance = book(UserFactory(), node, options=instance_options(onstart="pkill -x sshd\n"))
+    assert instance.image is not None and instance.onstart
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER, (job.fault, job.error)
+    assert "onstart" in job.error and NOT_COUNTED in job.error
+    assert "must start an SSH server" not in job.error  # the image is the catalogue's: it has one
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED and "onstart" in instance.status_message
+    assert reliability(node) == 1.0
+
+
+def test_a_catalogue_image_without_renter_code_whose_sshd_is_silent_still_counts_against_the_node(monkeypatch):
+    fake = FakeNode()
+    probes = probing(fake, monkeypatch, ssh_answers=False)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", accepted_no_banner)
+    node = checked_node()
+    instance = book(UserFactory(), node, options=instance_options(ports=[8888]))  # nothing that runs in the VM
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    assert failed(job).fault == JobFault.NODE and probes == []
+    assert reliability(node) == pytest.approx(0.98)
+
+
+def test_a_catalogue_image_with_renter_env_that_the_node_sees_silent_is_the_renters(monkeypatch):
+    """The renter's env is the entry wrapper's environment (PATH=/nowhere: no host key is made, sshd cannot
+    start): the node's own look at the port decides, as for an own image."""
+    fake = FakeNode()
+    probes = probing(fake, monkeypatch, ssh_answers=False)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    node = checked_node()
+    instance = book(UserFactory(), node, options=instance_options(env={"PATH": "/nowhere"}))
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER and "env" in job.error, job.error
+    assert [p["vm_id"] for p in probes] == [instance.vm_id] and reliability(node) == 1.0
+
+
+def test_a_catalogue_image_with_a_renter_volume_that_the_node_sees_silent_is_the_renters(monkeypatch):
+    """A volume mounted over /etc/ssh hides sshd's configuration: the renter's doing."""
+    fake = FakeNode()
+    probes = probing(fake, monkeypatch, ssh_answers=False)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    node = checked_node()
+    owner = UserFactory()
+    volume = volume_svc.volume_create(owner=owner, node_id=node.pk, size_gb=5)
+    volume_svc.volume_mark_available(volume_id=volume.pk)
+    instance = book(owner, node, volumes=[{"volume": volume.pk, "mount": "/etc/ssh"}])
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER and "volumes" in job.error, job.error
+    assert len(probes) == 1 and reliability(node) == 1.0
+
+
+def test_a_catalogue_image_with_renter_code_whose_ssh_answers_on_the_node_only_is_the_nodes(monkeypatch):
+    """The own image's rule, not a free pass: SSH answers on the node and not from outside (a firewall, a port not
+    published) is the node's, onstart or not."""
+    fake = FakeNode()
+    probes = probing(fake, monkeypatch, ssh_answers=True)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    node = checked_node()
+    instance = book(UserFactory(), node, options=instance_options(onstart="echo hi\n"))
+    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
+    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
+    assert failed(job).fault == JobFault.NODE and len(probes) == 1
+    assert reliability(node) == pytest.approx(0.98)
+
+
+# ------------------------------------------------------------------ start and restart: the disk is the renter's
+
+
+def test_a_restart_whose_vm_the_renter_left_without_sshd_does_not_count_against_the_node(monkeypatch):
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.vms.node_session", fake.session)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", accepted_no_banner)
+    node = checked_node()
+    instance = running_instance(fake, node)
+    assert instance.image is not None and not instance.onstart
+    svc.instance_restart(instance=Instance.objects.get(pk=instance.pk))
+    job = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_RESTART)
+    run_in_worker(tasks.instance_restart, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER, (job.fault, job.error)
+    assert "restart" in job.error and NOT_COUNTED in job.error
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STOPPED and "The restart did not go through" in instance.status_message
+    assert reliability(node) == 1.0
+
+
+def test_a_start_whose_vm_the_node_sees_without_ssh_does_not_count_against_the_node(monkeypatch):
+    fake = FakeNode()
+    probes = probing(fake, monkeypatch, ssh_answers=False)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    node = checked_node()
+    instance = running_instance(fake, node)
+    svc.instance_stop(instance=Instance.objects.get(pk=instance.pk))
+    svc.instance_mark_stopped(instance_id=instance.pk, message="Stopped.")
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    fake.vms[instance.vm_id] = "stopped"
+    svc.instance_start(instance=Instance.objects.get(pk=instance.pk))
+    job = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_START)
+    run_in_worker(tasks.instance_start, job, retries=RETRIES_SPENT)
+    job = failed(job)
+    assert job.fault == JobFault.RENTER and "start" in job.error, (job.fault, job.error)
+    assert [p["vm_id"] for p in probes] == [instance.vm_id] and reliability(node) == 1.0
+
+
+def test_a_restart_whose_ssh_answers_on_the_node_and_not_from_outside_still_counts_against_the_node(monkeypatch):
+    fake = FakeNode()
+    probes = probing(fake, monkeypatch, ssh_answers=True)
+    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
+    node = checked_node()
+    instance = running_instance(fake, node)
+    svc.instance_restart(instance=Instance.objects.get(pk=instance.pk))
+    job = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_RESTART)
+    run_in_worker(tasks.instance_restart, job, retries=RETRIES_SPENT)
+    assert failed(job).fault == JobFault.NODE and len(probes) == 1
+    assert reliability(node) == pytest.approx(0.98)
 
 
 # ------------------------------------------------------------------ a garbage `vm status` answer
