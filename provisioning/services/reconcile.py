@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from billing.services.storage import node_storage_outage_end
@@ -39,7 +40,8 @@ from provisioning.ssh_pool import SshPool
 # digits only (\d took "inst-١", an Arabic-Indic one, as instance 1), whole (no trailing newline, which "$" let
 # through) and bounded (int() refuses over 4,300 digits: a ValueError that failed the node's whole pass).
 _VM_ID = re.compile(r"inst-([1-9][0-9]{0,18})", re.ASCII)
-# The instances the node's VM list judges (each only if in the same state before and after the list).
+# The instances the node's VM list judges (each only if in the same state before and after the list, a running one
+# only if its current run began before it).
 _JUDGED = (InstanceStatus.RUNNING, InstanceStatus.INTERRUPTED, InstanceStatus.STOPPED)
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,10 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     - an interrupted instance resumes when its VM runs, is started again when its VM is stopped, and fails
       when its VM is gone; a running instance whose VM vanished or is not running is interrupted, as the health
       check does it (billed up to the VM's last sighting, the renter told and credited), then fails or is started
-      again (`_running_vm_lost`); one whose VM is listed `missing` is only interrupted, and fails at a later look
-      that finds it missing still (two looks, not one answer of the node's engine);
+      again (`_running_vm_lost`), only if its current run began before the list was asked for (one restarted or
+      started while the node answered is judged by the next list, as the health check's `started_before`); one
+      whose VM is listed `missing` is only interrupted, and fails at a later look that finds it missing still (two
+      looks, not one answer of the node's engine);
     - a failed instance's VM that still runs is stopped (its GPUs were released), and one of an instance that
       never ran is destroyed with its disk; the node's record of a failed instance's VM it lists as missing is
       removed once the instance has been failed a while (it held the instance's volumes there: `_forget_missing`);
@@ -80,6 +84,10 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # show yet; so is one stopped meanwhile (its VM listed as still running).
         judged_before = dict(Instance.objects.filter(node=node, status__in=_JUDGED).values_list("pk", "status"))
         making = _making_vms(node)
+        # A running instance is judged only by a list asked for after its current run began: one restarted (or
+        # started) while the node answered was running before and after the list, and its VM, listed mid-restart,
+        # was taken as lost (found by review). The health check's guard (`started_before`).
+        listed_at = timezone.now()
         vms = _listed(session.agent("vm", "list", {"runtime": node.runtime}), "vms", "vm_id")
         # A job open before or after the list may make a VM the list could not show: its instance keeps its GPUs
         # (the job removes a VM of an instance destroyed meanwhile, then frees them; found by review).
@@ -146,6 +154,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             vm = seen.get(instance.pk)
             if judged_before.get(instance.pk) != instance.status or instance.pk in unknown:
                 continue
+            if instance.status == InstanceStatus.RUNNING and not (
+                    instance.started_at is not None and instance.started_at < listed_at):
+                continue  # its current run began while the node answered: judged by the next list
             if instance.status == InstanceStatus.INTERRUPTED:
                 if vm is None:
                     instance_svc.instance_mark_failed(
@@ -166,7 +177,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # pass; found by the second review). Left running on its GPUs, billed; its renter told.
                 instances_restarting_told(node_id=node.pk, vm_ids={instance.vm_id})
             elif instance.status == InstanceStatus.RUNNING and (vm is None or vm.get("state") != "running"):
-                _running_vm_lost(node, instance, vm, counts, missing=instance.pk in missing)
+                _running_vm_lost(node, instance, vm, counts, listed_at=listed_at, missing=instance.pk in missing)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
@@ -183,7 +194,7 @@ _MISSING_FAILED = ("Its VM is no longer on the server (its container or domain w
 
 
 def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, counts: dict[str, int], *,
-                     missing: bool = False) -> None:
+                     listed_at: datetime, missing: bool = False) -> None:
     """A running instance whose VM the list shows gone, or not running: interrupted as the health check does it
     (billing closed at the VM's last sighting, the renter told and credited), then failed when the VM is gone
     (there is nothing to start again) or started again. Before, a gone VM's instance failed with its billing
@@ -194,13 +205,20 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
     interrupted here: a later look (the next pass, or the one after the next health check) fails the instance if
     it is missing still, or resumes it if it runs. Its GPUs stay held meanwhile. One engine answer is not enough to
     fail a renter's running instance and free its GPUs for good: a lookup that failed for a moment read as missing
-    (libvirt's, found by review), and the pass after found a failed instance whose VM ran, and stopped it."""
+    (libvirt's, found by review), and the pass after found a failed instance whose VM ran, and stopped it.
+
+    Only while its current run began before the list (`listed_at`), decided under its row lock: a restart asked
+    and finished since the pass read the instance leaves it running, started after the list (found by review)."""
     gone = vm is None
     state = "missing" if missing else "gone" if vm is None else str(vm.get("state"))[:40]
-    interruption = instance_svc.instance_interrupt(
-        instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
-        cause=InterruptionCause.VM_LOST,
-        detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
+    with transaction.atomic():
+        if not Instance.objects.select_for_update().filter(
+                pk=instance.pk, status=InstanceStatus.RUNNING, started_at__lt=listed_at).exists():
+            return  # no longer running, or running again since the list: judged by the next one
+        interruption = instance_svc.instance_interrupt(
+            instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
+            cause=InterruptionCause.VM_LOST,
+            detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
     if interruption is None:  # no longer running: a stop, restart or destroy was asked since the list
         return
     if missing:

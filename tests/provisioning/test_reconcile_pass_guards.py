@@ -4,9 +4,9 @@ its fix)."""
 import pytest
 from django.utils import timezone
 
-from marketplace.models import InstanceStatus, InterruptionCause, Node, NodeState
+from marketplace.models import Instance, InstanceStatus, Interruption, InterruptionCause, Node, NodeState
 from marketplace.services import instances as svc
-from provisioning.models import Job, JobStatus, NodeEvent
+from provisioning.models import Job, JobKind, JobStatus, NodeEvent
 from provisioning.services import fleet
 from provisioning.services.nodes import HealthResult
 from provisioning.services.reconcile import node_reconcile
@@ -95,3 +95,77 @@ def test_a_node_back_after_an_outage_with_an_undeletable_orphan_volume_is_not_ke
     assert (node.state, node.health_failures) == (NodeState.ACTIVE, 0), (node.state, node.health_failures,
                                                                          node.last_error)
     assert instance.status == InstanceStatus.RUNNING, instance.status_message
+
+
+# ------------------------------------------------------------- an instance restarted while the node listed its VMs
+
+def _restart_done_meanwhile(fake, instance):
+    """The renter's restart, asked and finished while the node answers `vm list` (listed mid-restart: stopped)."""
+    def restart():
+        svc.instance_restart(instance=Instance.objects.get(pk=instance.pk))
+        svc.instance_mark_running(instance_id=instance.pk, ssh_host="10.0.0.1", ssh_port=40001, ssh_user="root",
+                                  message="Running (restarted)")
+        Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+        fake.vms[instance.vm_id] = "running"
+    return restart
+
+
+def test_an_instance_restarted_while_the_node_listed_its_vms_is_not_interrupted(monkeypatch):
+    """Running before and after the list, it was judged by it: interrupted (the renter told, credited at the
+    provider's expense) and a START job queued, for a VM the list showed mid-restart. Only an instance whose
+    current run began before the list is judged by it, as the health check does (`started_before`)."""
+    from tests.provisioning.test_reconcile_instances import FakeNode
+
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    fake.vms[instance.vm_id] = "stopped"  # listed mid-restart
+    fake.on_list.append(_restart_done_meanwhile(fake, instance))
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert not Interruption.objects.filter(instance=instance).exists(), instance.status_message
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).exists()
+
+
+def test_an_instance_restarted_after_the_reconciler_read_it_is_not_interrupted_either(monkeypatch):
+    """The same restart finished after the pass read the database (its running row, started before the list), and
+    before the pass interrupts it: decided under the instance's row lock, by its current run."""
+    from provisioning.services import reconcile
+    from tests.provisioning.test_reconcile_instances import FakeNode
+
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    fake.vms[instance.vm_id] = "stopped"
+    restart = _restart_done_meanwhile(fake, instance)
+    judge = reconcile._running_vm_lost
+
+    def restarted_first(*args, **kwargs):
+        restart()
+        return judge(*args, **kwargs)
+    monkeypatch.setattr(reconcile, "_running_vm_lost", restarted_first)
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert not Interruption.objects.filter(instance=instance).exists(), instance.status_message
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+
+
+def test_an_instance_running_since_before_the_list_whose_vm_it_shows_stopped_is_still_interrupted(monkeypatch):
+    from tests.provisioning.test_reconcile_instances import FakeNode
+
+    fake = FakeNode()
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    fake.vms[instance.vm_id] = "stopped"
+    counts = node_reconcile(node)
+    instance.refresh_from_db()
+    assert Interruption.objects.filter(instance=instance, cause=InterruptionCause.VM_LOST).count() == 1
+    assert counts["restarted"] == 1 and instance.status == InstanceStatus.STARTING
+    assert Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).count() == 1
