@@ -108,10 +108,12 @@ class _Check:
             return
         if type(value) not in (int, float):
             self.add(_at(path, key), "is not a number")
-        elif not math.isfinite(value):
+        elif type(value) is float and not math.isfinite(value):  # an int is finite: math.isfinite(10**400) raises
             self.add(_at(path, key), "is not a finite number")
-        elif not low <= value <= high:
-            self.add(_at(path, key), f"is {value:g}, outside {low:g}..{high:g}")
+        elif not low <= value <= high:  # exact for an int of any size, never converted to a float
+            # `:g` of an int converts it to a float: past the double's range (10**400) that raises OverflowError
+            said = f"is {value:g}, " if type(value) is float or abs(value) < 10**18 else ""
+            self.add(_at(path, key), f"{said}outside {low:g}..{high:g}")
 
     def text(self, obj: dict, key: str, path: str, longest: int, *, required: bool = False) -> None:
         value = obj.get(key)

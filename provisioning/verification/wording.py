@@ -123,6 +123,7 @@ def reasons_text(findings: Iterable[dict], severity: str | None = None) -> str:
 # healthy card (tolerances.TOLERANCES' bands; gpus.md: BF16 80-87 %, device copies 75-90 %, SGEMM 0.70-0.78 on GDDR
 # cards). FP16 and TF32 are left out: their datasheet figures mean different things on GeForce cards.
 HEALTHY_SHARE = {"bf16_tflops": 0.83, "fp32_tflops": 0.78, "memory_bandwidth_gbs": 0.83}
+POSITIVE_MAX = 1e15  # past any figure, SM count or MiB a card has; an int past 1e308 has no float quotient
 FIGURE_NAMES = {"bf16_tflops": "BF16", "fp32_tflops": "FP32", "memory_bandwidth_gbs": "memory bandwidth"}
 
 
@@ -155,8 +156,10 @@ def _distance(model: DeclaredModel, median: dict, sm_count: int | None, memory_m
 
 
 def _positive(value: object) -> bool:
-    """A finite number above zero (not a bool, a string or NaN): what a figure must be to be compared."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """A finite number above zero and below POSITIVE_MAX (not a bool, a string or NaN): what a figure must be to be
+    compared. Compared, not passed to math.isfinite: an int past the double's range (10**400) made it raise
+    OverflowError, and a quotient of one raised in _distance (found by review)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= POSITIVE_MAX
 
 
 def _as_dict(value: object) -> dict:
