@@ -1,4 +1,5 @@
 """MIG slices from a check: the slices a verification proved become rentable units, the rest unavailable."""
+from collections import Counter
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -40,7 +41,11 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
     live = set(MigSliceAllocation.objects.filter(mig_slice__node=node, released_at__isnull=True)
                .values_list("mig_slice_id", flat=True))
     existing = {s.uuid: s for s in MigSlice.objects.filter(node=node)}
-    proven = {s["uuid"]: s for s in slices if s.get("proven") and listable and s["gpu"] in layout and s["gpu"] in gpus}
+    # A UUID the check found on two slices proves neither (verification.mig names it): keyed by UUID, one of them
+    # would have had no row.
+    counted = Counter(s["uuid"] for s in slices)
+    proven = {s["uuid"]: s for s in slices if s.get("proven") and listable and s["gpu"] in layout and s["gpu"] in gpus
+              and counted[s["uuid"]] == 1}
     for uuid, row in existing.items():
         if row.pk in live or uuid in proven:
             continue
@@ -64,11 +69,13 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
         node_event(node=node, kind="mig_slices_duplicate",
                    message="A MIG device of this node belongs to another node's slices; "
                            "none of its slices is listed.", level=NodeEvent.Level.WARNING)
-    sliced_gpus = set(MigSlice.objects.filter(node=node).values_list("gpu__index", flat=True))
     for index, gpu in gpus.items():
         if index in changed:
             continue  # the next check judges it under the layout declared now
-        if index in layout and index in sliced_gpus and gpu.status == GpuStatus.FREE:
+        # A card declared split is never rented whole, slices or none: before, one the check left without a slice
+        # row (a MIG UUID repeated across two cards, one another node's slices hold) stayed free, bookable whole
+        # while in MIG mode on the server (found by review).
+        if index in layout and gpu.status == GpuStatus.FREE:
             gpu.status = GpuStatus.MIG
             gpu.save(update_fields=["status"])
         elif index not in layout and gpu.status == GpuStatus.MIG and not MigSliceAllocation.objects.filter(

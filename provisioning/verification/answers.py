@@ -196,17 +196,32 @@ def inventory_problems(inventory: Any) -> list[str]:
             check.number(gpu, key, path, MEASURE_MAX)
     _unique(check, indices, "GPU index")
     _topology(check, answer.get("topology"))
-    for n, device in enumerate(check.items(answer.get("mig"), "mig", most=MAX_GPUS * 8) or []):
-        path = f"mig[{n}]"
-        if check.obj(device, path, required=True) is None:
-            continue
-        check.integer(device, "gpu", path, MAX_GPUS - 1, required=True)
-        check.integer(device, "device", path, SMALLINT_MAX, required=True)  # MigSlice.device
-        check.text(device, "profile", path, 20, required=True)  # MigSlice.profile
-        check.text(device, "uuid", path, 64, required=True)  # MigSlice.uuid
+    _mig_devices(check, answer.get("mig"))
     _host(check, answer)
     check.json_values(answer, "")
     return check.problems
+
+
+def _mig_devices(check: _Check, value: Any) -> None:
+    """`nvidia-smi -L`'s MIG devices: each UUID once, each device number once per card. A UUID on two cards is no
+    slice of either: the check keys slices by UUID, and one of the two cards, declared split, got no slice and was
+    left rentable whole (found by review)."""
+    uuids: list[tuple[str, Any]] = []
+    devices: list[tuple[str, Any]] = []
+    for n, device in enumerate(check.items(value, "mig", most=MAX_GPUS * 8) or []):
+        path = f"mig[{n}]"
+        if check.obj(device, path, required=True) is None:
+            continue
+        gpu = check.integer(device, "gpu", path, MAX_GPUS - 1, required=True)
+        number = check.integer(device, "device", path, SMALLINT_MAX, required=True)  # MigSlice.device
+        check.text(device, "profile", path, 20, required=True)  # MigSlice.profile
+        check.text(device, "uuid", path, 64, required=True)  # MigSlice.uuid
+        if isinstance(device.get("uuid"), str) and f"{path}.uuid" not in check.found:
+            uuids.append((f"{path}.uuid", device["uuid"]))
+        if gpu is not None and number is not None:
+            devices.append((f"{path}.device", (gpu, number)))
+    _unique(check, uuids, "MIG UUID")
+    _unique(check, [(path, f"{number} of GPU {gpu}") for path, (gpu, number) in devices], "MIG device")
 
 
 def _topology(check: _Check, value: Any) -> None:

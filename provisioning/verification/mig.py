@@ -41,8 +41,20 @@ def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_g
     profiles = profiles_for(declared.slug)
     smi = {g.get("index"): g for g in inventory_gpus}
     by_gpu: dict[int, list[dict]] = {}
+    by_uuid: dict[str, list[int]] = {}
     for dev in devices:
         by_gpu.setdefault(dev["gpu"], []).append(dev)
+        by_uuid.setdefault(dev["uuid"], []).append(dev["gpu"])
+    # A MIG UUID on two devices is no slice of either: slices are known by their UUID (the benchmark's figures,
+    # MigSlice rows), and one of two cards sharing one was left with no slice, rentable whole (found by review).
+    repeated = {uuid for uuid, gpus in by_uuid.items() if len(gpus) > 1}
+    for uuid in sorted(repeated):
+        gpus = by_uuid[uuid]
+        findings.append(Finding(REJECT, "mig_uuid_repeated",
+                                f"MIG devices of GPU{'s' if len(set(gpus)) > 1 else ''} "
+                                f"{', '.join(map(str, sorted(set(gpus))))} report the same UUID {uuid}; every MIG "
+                                "device has its own (check `nvidia-smi -L` and the driver).", min(gpus)))
+    disproved = set(disproved) | repeated
     figures = {row.get("uuid"): row for row in measured or []}
     slices: list[dict] = []
     for gpu, wanted in sorted(layout.items()):
