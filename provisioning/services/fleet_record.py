@@ -112,7 +112,13 @@ def _apply(node: Node, result: HealthResult, now: datetime) -> list[NodeEvent]:
     """The node's row after this check (in memory), and the events it raises."""
     if result.ok:
         node.health_failures = 0
-        node.last_seen_at = now
+        # When it answered (its probe began then: at most the probe's round trip before the answer), not when the
+        # batch recorded it: billing closes at last_seen_at when its instances are interrupted, and the batch
+        # records after its slowest probe (up to HEALTH_PROBE_DEADLINE_S), so renters paid for up to two minutes
+        # past the last healthy answer (found by review). Never moved back (an answer older than the last one).
+        seen = result.probed_at or now
+        if node.last_seen_at is None or seen > node.last_seen_at:
+            node.last_seen_at = seen
         if node.state == NodeState.OFFLINE:
             # As node_record_health: active while renters are on it whatever its verdict (watched, not listed).
             # Sent pending instead, a rejected node's renters were no longer checked nor their instances resumed
