@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -336,14 +337,32 @@ def _foreign(node: Node, vm_id: str) -> None:
 
 
 def _listed(answer: dict[str, Any], key: str, name: str) -> list[dict[str, Any]]:
-    """The node's list (`vms` or `volumes`): a list of objects, each naming itself by a string `name`. Anything
-    else is the node's garbage, a NodeError like a node that does not answer, never a TypeError that ended the
-    fleet's whole batch (found by review)."""
+    """The node's list (`vms` or `volumes`): a list of objects, each naming itself by a string `name`, with every
+    other field the pass reads of the type the agent gives (`_FIELDS`). Anything else is the node's garbage, a
+    NodeError like a node that does not answer, never a TypeError that ended the fleet's whole batch, nor a value
+    read as something it does not say (found by review: a `used_by` of [1] raised TypeError; one of "" was read
+    as no VM mounting the volume, and a VM with no `state` as a VM not running, its instance interrupted)."""
     items = answer.get(key)
-    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get(name), str) for i in items):
-        raise AgentGarbage(f"The agent's `{key}` list is not a list of objects each with a string `{name}`: "
-                           "update the agent, or tell operators.")
+    fields, described = _FIELDS[key]
+    if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get(name), str) and fields(i) for i in items):
+        raise AgentGarbage(f"The agent's `{key}` list is not a list of objects each with a string `{name}` "
+                           f"and {described}: update the agent, or tell operators.")
     return items
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# Per list, the fields the pass reads beside the name, as the agent gives them (vm.py's vm_list, volumes.py's
+# volume_list): a VM's `state`, a string, and its `error` when it has one; a volume's `used_by`, the names of the
+# VMs that mount it (none when left out). `size_gb` is only shown in an event, whatever it is.
+_FIELDS: dict[str, tuple[Callable[[dict[str, Any]], bool], str]] = {
+    "vms": (lambda vm: isinstance(vm.get("state"), str) and isinstance(vm.get("error", ""), str),
+            "a string `state` (and `error`, when given)"),
+    "volumes": (lambda vol: _strings(vol.get("used_by", [])), "a `used_by` list of VM names (when given)"),
+}
 
 
 def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dict[str, Any] | None,

@@ -10,7 +10,7 @@ from provisioning.models import Job, JobKind, JobStatus, NodeEvent
 from provisioning.services import fleet
 from provisioning.services.nodes import HealthResult
 from provisioning.services.reconcile import node_reconcile
-from provisioning.ssh_errors import AgentFailed
+from provisioning.ssh_errors import AgentFailed, AgentGarbage
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book, run
 
@@ -169,3 +169,73 @@ def test_an_instance_running_since_before_the_list_whose_vm_it_shows_stopped_is_
     assert Interruption.objects.filter(instance=instance, cause=InterruptionCause.VM_LOST).count() == 1
     assert counts["restarted"] == 1 and instance.status == InstanceStatus.STARTING
     assert Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).count() == 1
+
+
+# ------------------------------------------------------------------------- the node's garbage in its lists
+
+class Lists:
+    """A node answering `vm list` and `volume list` with what the test gives, as its provider may make it."""
+
+    def __init__(self, vms, volumes):
+        self.vms, self.volumes, self.calls = vms, volumes, []
+
+    def session(self, node, *args, **kwargs):
+        fake = self
+
+        class Session:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def agent(self, cmd, sub=None, request=None, timeout=None):
+                fake.calls.append((cmd, sub))
+                if (cmd, sub) == ("vm", "list"):
+                    return {"vms": fake.vms}
+                if (cmd, sub) == ("volume", "list"):
+                    return {"volumes": fake.volumes}
+                return {}
+        return Session()
+
+
+@pytest.mark.parametrize("used_by", [[1], [None], 5, "inst-1", "", {"inst-1": True}, [["inst-1"]]])
+def test_a_volume_list_whose_used_by_is_no_list_of_vm_names_is_the_nodes_garbage(monkeypatch, used_by):
+    """`', '.join(vol['used_by'])` of [1] raised TypeError out of the pass (the fleet batch counts it an error of
+    its own, not the node's); a string or an object was read as the VMs mounting it, and an empty string as none,
+    so the volume was deleted. The node's garbage (AgentGarbage): its volumes are left for the next pass, its VMs
+    reconciled all the same."""
+    fake = Lists([], [{"name": ORPHAN, "size_gb": 1, "used_by": used_by}])
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    try:
+        counts = node_reconcile(node)
+    except TypeError as exc:
+        raise AssertionError(f"the node's garbage crashed the reconcile: {exc!r}") from exc
+    assert counts["orphan_volumes_deleted"] == 0 and ("volume", "delete") not in fake.calls
+    assert not NodeEvent.objects.filter(node=node, kind__startswith="orphan_volume").exists()
+
+
+def test_a_volume_list_whose_used_by_is_left_out_or_empty_is_no_vm_mounting_it(monkeypatch):
+    fake = Lists([], [{"name": ORPHAN, "size_gb": 1}, {"name": "vol-fedcba9876543210", "size_gb": 1,
+                                                       "used_by": []}])
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    assert node_reconcile(node)["orphan_volumes_deleted"] == 2
+
+
+@pytest.mark.parametrize("vm", [{"state": 5}, {"state": None}, {"state": ["running"]}, {},
+                                {"state": "unknown", "error": {"why": "x"}}])
+def test_a_vm_list_whose_state_is_no_string_is_the_nodes_garbage_not_a_lost_vm(monkeypatch, vm):
+    """A VM listed with no state, or one that is no string, was judged not running: its renter's running instance
+    interrupted (told, credited at the provider's expense) and started again. The node's garbage: nothing is
+    judged by that list."""
+    node = make_listed_node(UserFactory(), gpu_count=1)
+    instance = run(book(UserFactory(), node))
+    Job.objects.filter(instance=instance).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    monkeypatch.setattr("provisioning.services.reconcile.node_session",
+                        Lists([{"vm_id": instance.vm_id, **vm}], []).session)
+    with pytest.raises(AgentGarbage, match="`vms` list"):
+        node_reconcile(node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING and not Interruption.objects.filter(instance=instance).exists()
