@@ -36,7 +36,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
-from marketplace.admin.common import NothingEditableAdmin
+from marketplace.admin.common import NothingEditableAdmin, PageSetsAdmin, PageSetsForm
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import (
@@ -92,7 +92,7 @@ def _unused_email(value: str, *, exclude_pk: int | None = None) -> str:
 _REASON_HELP = "Told to the account's owner in the notice (e-mail, webhooks, their list)."
 
 
-class UserChangeForm(BaseUserChangeForm):
+class UserChangeForm(PageSetsForm, BaseUserChangeForm):
     """Django's change form, with the add form's rule on the address: Renter@Example.com next to
     renter@example.com would be a second account for one mailbox; and the reason for a change of "active"."""
 
@@ -111,6 +111,10 @@ class UserChangeForm(BaseUserChangeForm):
     # moved since and the save would write over it: a page opened before another operator deactivated the account,
     # saved for an address, reactivated it and told the owner "Your account is active again" (found by review).
     GUARDED = ("email", "is_active", "is_staff", "is_superuser")
+    # The grants' sets: the save makes only the operator's change to the set the page showed (PageSetsForm). Written
+    # as shown, a page opened before another superuser revoked a permission or took the account out of a group
+    # gave it back on a save made for the address (found by review).
+    page_sets = ("groups", "user_permissions")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -162,7 +166,7 @@ status_changes = History(
 
 
 @admin.register(User)
-class UserAdmin(HistoryAdmin, BaseUserAdmin):
+class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
     ordering = ["email"]
     list_display = ["email", "is_staff", "is_active", "node_count", "date_joined", "last_login"]
     list_filter = ["is_staff", "is_active", "date_joined"]
@@ -327,8 +331,21 @@ if admin.site.is_registered(Group):
     admin.site.unregister(Group)
 
 
+class GroupForm(PageSetsForm, forms.ModelForm):
+    """A group's permissions: only the operator's change to the set the page showed is made (PageSetsForm); written
+    as shown, a page opened before another superuser revoked one gave it back to every member (found by review)."""
+
+    page_sets = ("permissions",)
+
+    class Meta:
+        model = Group
+        fields = ["name", "permissions"]
+
+
 @admin.register(Group)
-class GroupAdmin(BaseGroupAdmin):
+class GroupAdmin(PageSetsAdmin, BaseGroupAdmin):
+    form = GroupForm
+
     def has_add_permission(self, request):
         return request.user.is_superuser
 

@@ -2,7 +2,10 @@
 from collections.abc import Callable
 from typing import Any
 
+from django import forms
+from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.utils.text import capfirst
 
 
 class NothingEditableAdmin:
@@ -65,3 +68,95 @@ def to_write(form: Any, name: str) -> bool:
     if field is None or field.disabled or name not in form.changed_data or name not in form.cleaned_data:
         return False
     return form.cleaned_data[name] != form.get_initial_for_field(field, name)
+
+
+# ------------------------------------------------------------------ a page's set (groups, permissions)
+#
+# A many-to-many field (a user's groups and permissions, a group's permissions) was written back as the page showed
+# it: Django sets the relation to the posted list, so a page opened before another operator revoked a permission or
+# took a user out of a group gave it back on a Save made for anything else, the address say (found by review). The
+# page now sends the set it showed (a hidden initial) and the save makes only the operator's own change to it, what
+# they added and what they took away from the page's set, to the set as it is stored: what was added or taken away
+# meanwhile stays so. The operator is told when the set had moved (PageSetsAdmin).
+
+
+class PageSetInput(forms.MultipleHiddenInput):
+    """The page's set, with one empty value more: an empty set would send nothing, which says no page's value (a
+    client that sends none has its set written as sent, as Django does)."""
+
+    def format_value(self, value):
+        return [*super().format_value(value), ""]
+
+    def value_from_datadict(self, data, files, name):
+        values = super().value_from_datadict(data, files, name)
+        if values is None:
+            return []
+        return [value for value in ([values] if isinstance(values, str) else values) if value != ""]
+
+
+class PageSetsForm:
+    """A model form mixin: the many-to-many fields named in `page_sets` carry the page's set and the save applies the
+    operator's difference from it (added, taken away) to the stored set. Adding an object sets them as sent."""
+
+    page_sets: tuple[str, ...] = ()
+    moved_sets: list[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.moved_sets = []
+        form: Any = self
+        if form.instance.pk is None:
+            return
+        for name in self.page_sets:
+            field = form.fields.get(name)
+            if field is not None and not field.disabled and field.to_field_name is None:
+                field.show_hidden_initial = True
+                field.hidden_widget = PageSetInput
+
+    def page_and_posted_sets(self, name: str) -> tuple[set, set] | None:
+        """The keys of the page's set and of the posted one, or None when the field is not the form's to write this
+        way (absent, read-only, not cleaned, or no page's set sent)."""
+        form: Any = self
+        field = form.fields.get(name)
+        if (field is None or field.disabled or not field.show_hidden_initial or name not in form.cleaned_data
+                or form[name].html_initial_name not in form.data):
+            return None
+        key = field.queryset.model._meta.pk
+        seen = set()
+        for raw in field.hidden_widget().value_from_datadict(form.data, form.files, form[name].html_initial_name):
+            try:
+                seen.add(key.to_python(raw))
+            except ValidationError:
+                continue  # not a key: nothing the page showed
+        return seen, {obj.pk for obj in form.cleaned_data[name]}
+
+    def _save_m2m(self) -> None:
+        form: Any = self
+        changes = {name: sets for name in self.page_sets if (sets := self.page_and_posted_sets(name)) is not None}
+        everything = form.cleaned_data
+        form.cleaned_data = {name: value for name, value in everything.items() if name not in changes}
+        try:
+            super()._save_m2m()  # type: ignore[misc]  # the other relations, as Django writes them
+        finally:
+            form.cleaned_data = everything
+        for name, (seen, posted) in changes.items():
+            related = getattr(form.instance, name)
+            stored = set(related.values_list("pk", flat=True))
+            if stored != seen:
+                self.moved_sets.append(name)
+            if removed := (seen - posted) & stored:  # what the operator took away, where it still is
+                related.remove(*removed)
+            if added := (posted - seen) - stored:  # what the operator added, where it is not yet
+                related.add(*added)
+
+
+class PageSetsAdmin:
+    """A ModelAdmin whose form is a PageSetsForm: the operator is told when a set had moved since the page opened
+    (only their own change to it was made)."""
+
+    def save_related(self, request: Any, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)  # type: ignore[misc]  # a mixin: ModelAdmin's
+        for name in getattr(form, "moved_sets", []):
+            messages.warning(request, f"{capfirst(form.fields[name].label)}: changed by someone else since you opened "
+                                      "the page. Only your own change to them was made (what you added or took "
+                                      "away); what was changed meanwhile stays so.")
