@@ -10,12 +10,21 @@ JSON's "\\ud800" escape also gives a string no UTF-8 encoder takes (an unpaired 
 refuses it, but a value read without one (a JSONField, /compat/vast's hand-read bodies and query JSON, an error
 message that quotes it) reached the database driver or the renderer as a 500. Refused here (NotUnicode), for every
 key and string.
+
+`loads` also refuses what Python's json takes but JSON does not mean a number by: NaN, Infinity and -Infinity, a
+float beyond the double's range (1e999 is inf), and an integer past 64 bits (10**400 parses; math.isfinite on it
+raises OverflowError, a verification crashed as the platform's failure; jsonb and bigint columns refuse it). A node's
+answer (`answer_loads`) also may not hold a NUL character anywhere: no PostgreSQL text column takes one, and a NUL in
+a key or an error message the platform quoted into `last_error` or a node event failed the write (the batch's).
 """
 import json
+import math
 from typing import Any
 
 MAX_DEPTH = 64
 TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels."
+HAS_NUL = "JSON text holds the NUL character (\\u0000), which no text column takes."
+INT_LIMIT = 2**63  # bigint's; the JSON numbers of this platform are far below it
 NOT_UNICODE = "JSON text holds an unpaired UTF-16 surrogate (an escape such as \\ud800 alone), which is not Unicode."
 
 
@@ -33,21 +42,35 @@ class NotUnicode(Refused):
         super().__init__(f"{NOT_UNICODE[:-1]}, at `{where[:100]}`." if where else NOT_UNICODE)
 
 
-def check_json(value: Any) -> Any:
+class HasNul(Refused):
+    def __init__(self, where: str = "") -> None:
+        super().__init__(f"{HAS_NUL[:-1]}, at `{where[:100]}`." if where else HAS_NUL)
+
+
+class NotANumber(Refused):
+    """NaN, Infinity, a float past the double's range, an integer past 64 bits."""
+
+
+def check_json(value: Any, *, refuse_nul: bool = False) -> Any:
     """`value` itself; TooDeep if its lists and objects nest deeper than MAX_DEPTH, NotUnicode (naming where) if a
-    key or string is not encodable text. Iterative: no recursion. Where an item sits is kept as its parent's entry
-    and its own key, and spelled out only for a refusal: a node's answer may hold a list of 100,000 numbers."""
+    key or string is not encodable text, and with `refuse_nul` HasNul (naming where) if one holds a NUL. Iterative:
+    no recursion. Where an item sits is kept as its parent's entry and its own key, and spelled out only for a
+    refusal: a node's answer may hold a list of 100,000 numbers."""
     stack: list[tuple[Any, int, Any]] = [(value, 1, None)]
     while stack:
         item, depth, at = stack.pop()
         if isinstance(item, str):
             if not item.isascii():  # the common case costs one scan in C
                 _check_text(item, at)
+            if refuse_nul and "\x00" in item:
+                raise HasNul(_where(at))
             continue
         if isinstance(item, dict):
             for key in item:
                 if not key.isascii():
                     _check_text(key, (at, key), key=True)
+                if refuse_nul and "\x00" in key:
+                    raise HasNul(_where((at, key), key=True))
             children: Any = item.items()
         elif isinstance(item, list):
             children = enumerate(item)
@@ -83,9 +106,34 @@ def _check_text(text: str, at: Any, *, key: bool = False) -> None:
         raise NotUnicode(_where(at, key=key)) from None
 
 
-def loads(text: str | bytes) -> Any:
-    """json.loads whose every refusal is a ValueError (a JSONDecodeError, or Refused: TooDeep, NotUnicode)."""
+def _no_constant(name: str) -> Any:
+    raise NotANumber(f"JSON holds {name}, which is not a number.")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise NotANumber(f"JSON number {text[:40]} is out of range.")
+    return value
+
+
+def _bounded(text: str) -> int:
+    # Checked on the digits first: int() of a 4,000-digit text is itself work, past 4,300 a ValueError.
+    if len(text) > 20 or not -INT_LIMIT <= (value := int(text)) < INT_LIMIT:
+        raise NotANumber(f"JSON integer {text[:40]}{'…' if len(text) > 40 else ''} is out of range (64 bits).")
+    return value
+
+
+def loads(text: str | bytes, *, refuse_nul: bool = False) -> Any:
+    """json.loads whose every refusal is a ValueError (a JSONDecodeError, or Refused: TooDeep, NotUnicode,
+    NotANumber, and with `refuse_nul` HasNul)."""
     try:
-        return check_json(json.loads(text))
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded)
     except RecursionError:
         raise TooDeep from None
+    return check_json(value, refuse_nul=refuse_nul)
+
+
+def answer_loads(text: str | bytes) -> Any:
+    """A node's answer: `loads`, and no NUL in any key or string (see the module's note)."""
+    return loads(text, refuse_nul=True)

@@ -43,6 +43,7 @@ from provisioning.agent.gpumarket_agent.bundle import build_zipapp
 from provisioning.ssh_channels import MAX_ANSWER_BYTES, AgentExchange, AgentServe
 from provisioning.ssh_errors import (
     AddressRefused,
+    AgentAnswerRefused,
     AgentEnded,
     AgentFailed,
     AgentGarbage,
@@ -309,7 +310,9 @@ class NodeSession:
         payload = json.dumps(request or {}).encode()
         out = self._exec(cmd, payload, timeout or self.timeouts.command)
         try:
-            answer = untrusted_json.loads(out)  # a node's nesting past the recursion limit too (it was a crash)
+            answer = untrusted_json.answer_loads(out)  # a node's nesting past the recursion limit too (it was a crash)
+        except untrusted_json.Refused as exc:  # JSON, but not what an answer may hold (NaN, a NUL, too deep)
+            raise AgentAnswerRefused(f"The agent's answer to {' '.join(argv)} is refused: {exc}", str(exc)) from None
         except ValueError:
             raise AgentGarbage(f"The agent's answer to {' '.join(argv)} is not JSON: {out[:200]!r}") from None
         if not isinstance(answer, dict) or "ok" not in answer:

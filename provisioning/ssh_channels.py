@@ -55,7 +55,7 @@ class AgentServe:
             self.close()
             raise AgentTimeout(f"The node did not answer within {timeout:.0f}s.")
         try:
-            answer = untrusted_json.loads(line)  # a node's nesting past the recursion limit too (it was a crash)
+            answer = untrusted_json.answer_loads(line)  # a node's nesting past the recursion limit too (it was a crash)
         except ValueError:
             answer = None
         if not isinstance(answer, dict) or answer.get("id") != request_id or "ok" not in answer:

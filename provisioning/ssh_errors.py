@@ -62,6 +62,15 @@ class AgentGarbage(NodeError):
     code = "agent_garbage"
 
 
+class AgentAnswerRefused(AgentGarbage):
+    """The answer is JSON but holds what no answer may (core.untrusted_json: NaN, a number out of range, a NUL, too
+    deep); `reason` says which. A verification takes it as a malformed answer (a rejection naming it)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class AgentMissing(AgentGarbage):
     """The agent file is not on the node (removed, or the node was reinstalled): upload it again."""
 

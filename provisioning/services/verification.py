@@ -31,7 +31,7 @@ from marketplace.models import (
     Runtime,
     Verdict,
 )
-from marketplace.models.nodes import LISTABLE_VERDICTS
+from marketplace.models.nodes import LISTABLE_VERDICTS, PROVEN_LIVE
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import SIM_REFUSED, node_in_use
@@ -50,7 +50,15 @@ from provisioning.services.platform_checks import (
     node_slice_challenge,
 )
 from provisioning.services.runner import job_finish, job_step
-from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
+from provisioning.ssh_errors import (
+    AgentAnswerRefused,
+    AgentFailed,
+    AgentGarbage,
+    AgentTimeout,
+    AuthFailed,
+    NodeError,
+    NodeUnreachable,
+)
 from provisioning.verification import challenge_verdict
 from provisioning.verification.answers import MalformedAnswer, benchmark_problems, inventory_problems, storable
 from provisioning.verification.mig import judge_mig
@@ -147,10 +155,16 @@ def node_accept_host_key(*, node: Node, operator_email: str) -> None:
         with transaction.atomic():
             node.save()
     except IntegrityError as exc:
-        if "node_unique_live_host_key" not in str(exc):
+        # Held by a proven live node (node_unique_live_host_key), or by another live node of the same provider
+        # (node_unique_own_live_host_key): the node named is the one holding it, not any other unproven one.
+        if "node_unique_live_host_key" in str(exc):
+            holders = Node.objects.filter(PROVEN_LIVE)
+        elif "node_unique_own_live_host_key" in str(exc):
+            holders = Node.objects.exclude(state=NodeState.RETIRED).filter(provider_id=node.provider_id)
+        else:
             raise
-        other = (Node.objects.exclude(pk=node.pk).exclude(state=NodeState.RETIRED)
-                 .filter(host_key_fingerprint=node.host_key_fingerprint).values_list("pk", flat=True).first())
+        other = (holders.exclude(pk=node.pk).filter(host_key_fingerprint=node.host_key_fingerprint)
+                 .values_list("pk", flat=True).first())
         raise Conflict(f"Node {node.pk}'s new host key {node.host_key_fingerprint} is pinned on live node "
                            f"{other}: the same server twice. Retire one of them first.") from None
     node_event(node=node, kind="host_key_accepted",
@@ -226,7 +240,10 @@ def node_verify_run(*, job: Job) -> None:
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job=job, message="reading the hardware inventory")
-            inventory = session.agent("inventory")
+            try:
+                inventory = session.agent("inventory")
+            except AgentAnswerRefused as exc:  # NaN, a number out of range, a NUL: malformed, as a check finds
+                raise MalformedAnswer("inventory", [exc.reason]) from None
             problems = inventory_problems(inventory)
             if problems:  # nothing of it is read or stored: it is the node's verdict
                 inventory = {}
@@ -252,6 +269,8 @@ def node_verify_run(*, job: Job) -> None:
                     request["mig_uuids"] = slices
                 try:
                     bench = session.agent("benchmark", request=request, timeout=limit + BENCHMARK_SSH_MARGIN_S)
+                except AgentAnswerRefused as exc:  # as benchmark_problems would name it: judged malformed
+                    malformed.append(MalformedAnswer("benchmark", [exc.reason]).finding)
                 except AgentTimeout:
                     raise BenchmarkTimeout(f"The benchmark did not answer within {limit + BENCHMARK_SSH_MARGIN_S} s "
                                            "and was abandoned. Check that the GPUs and their driver respond "

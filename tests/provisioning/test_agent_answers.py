@@ -248,7 +248,8 @@ def test_an_active_nodes_malformed_inventory_rejects_it_with_the_reason(db, simn
     assert not Node.objects.filter(OFFERABLE, pk=node.pk).exists()
     run = node.verifications.first()
     assert [f["code"] for f in run.findings] == ["inventory_malformed"] and run.inventory == {}
-    assert "inventory answer is malformed: gpus[1].memory_total_mib is not an integer" in node.last_error
+    # NaN is no JSON number: the answer is refused as it is read (core.untrusted_json), a malformed answer all the same
+    assert "inventory answer is malformed: JSON holds NaN, which is not a number" in node.last_error
     assert NodeEvent.objects.filter(node=node, kind="verified_rejected").exists()
 
 
@@ -256,7 +257,9 @@ def test_an_active_nodes_malformed_inventory_rejects_it_with_the_reason(db, simn
     (lambda answer: {"ok": True}, "gpus is missing"),
     (gpus_changed(lambda gpus: gpus.append(dict(gpus[0]))), "gpus[2].index repeats GPU 0"),
     (gpus_changed(lambda gpus: gpus[0].update(index="0")), "gpus[0].index is not an integer"),
-    (gpus_changed(lambda gpus: gpus[0].update(bf16_tflops=math.inf)), "gpus[0].bf16_tflops is not a finite number"),
+    (gpus_changed(lambda gpus: gpus[0].update(bf16_tflops=math.inf)), "JSON holds Infinity, which is not a number"),
+    (gpus_changed(lambda gpus: gpus[0].update(bf16_tflops=10**400)), "JSON integer 1000000000"),
+    (gpus_changed(lambda gpus: gpus[0].update(name="RTX\x00A4000")), "JSON text holds the NUL character"),
 ])
 def test_a_benchmark_answer_that_claims_too_little_or_garbage_rejects(db, simnode, simbase, node_answers, rewrite,
                                                                       problem):

@@ -60,7 +60,7 @@ def test_agent_answer_deeply_nested_is_agent_garbage(monkeypatch):
     session.timeouts = type("T", (), {"command": 5})()
     monkeypatch.setattr(session, "ensure_agent", lambda: "/tmp/agent.py", raising=False)
     monkeypatch.setattr(session, "_exec", lambda cmd, payload, timeout: DEEP, raising=False)
-    with pytest.raises(NodeError, match="not JSON"):
+    with pytest.raises(NodeError, match="refused: JSON nested deeper"):
         session.agent("inventory")
 
 
