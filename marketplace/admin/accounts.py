@@ -36,7 +36,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
-from marketplace.admin.common import NothingEditableAdmin, PageSetsAdmin, PageSetsForm
+from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm, PageSetsAdmin, PageSetsForm
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import (
@@ -331,9 +331,10 @@ if admin.site.is_registered(Group):
     admin.site.unregister(Group)
 
 
-class GroupForm(PageSetsForm, forms.ModelForm):
+class GroupForm(OwnChangesForm, forms.ModelForm):
     """A group's permissions: only the operator's change to the set the page showed is made (PageSetsForm); written
-    as shown, a page opened before another superuser revoked one gave it back to every member (found by review)."""
+    as shown, a page opened before another superuser revoked one gave it back to every member (found by review). Its
+    name as every OwnChangesForm's field: written only when changed, refused when renamed meanwhile."""
 
     page_sets = ("permissions",)
 
@@ -343,7 +344,7 @@ class GroupForm(PageSetsForm, forms.ModelForm):
 
 
 @admin.register(Group)
-class GroupAdmin(PageSetsAdmin, BaseGroupAdmin):
+class GroupAdmin(OwnChangesAdmin, BaseGroupAdmin):
     form = GroupForm
 
     def has_add_permission(self, request):

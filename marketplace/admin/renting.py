@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 
 from core.admin_history import History, HistoryAdmin
 from core.errors import ApplicationError
-from marketplace.admin.common import NothingEditableAdmin
+from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm
 from marketplace.models import (
     GpuAllocation,
     Image,
@@ -18,10 +18,15 @@ from marketplace.services.instances.options import clean_image_reference
 from marketplace.validators import validate_libvirt_image
 
 
-class ImageForm(forms.ModelForm):
+class ImageForm(OwnChangesForm, forms.ModelForm):
     """A catalogue image's names are checked as the nodes take them: the container image as a renter's own reference
     (clean_image_reference, the booking's rule), the libvirt image by the agent's pattern. Before, anything was
-    saved, and every rental of the image failed on its node ("pytorch/pytorch latest", "ubuntu 22.04.qcow2")."""
+    saved, and every rental of the image failed on its node ("pytorch/pytorch latest", "ubuntu 22.04.qcow2").
+
+    Only what the operator changed on the page is written, refused where another operator changed it since
+    (OwnChangesForm): the whole row written as shown put an image taken off the catalogue meanwhile back on it
+    (`active`), or an older container image back under its rentals, by a Save made for its description (found by
+    review)."""
 
     class Meta:
         model = Image
@@ -44,7 +49,7 @@ class ImageForm(forms.ModelForm):
 
 
 @admin.register(Image)
-class ImageAdmin(admin.ModelAdmin):
+class ImageAdmin(OwnChangesAdmin, admin.ModelAdmin):
     form = ImageForm
     list_display = ["name", "slug", "docker_image", "libvirt_image", "min_disk_gb", "active"]
     list_filter = ["active"]
