@@ -13,6 +13,8 @@ node and probe (on both sides). The pool keeps each node's connection open betwe
   each), and a node's connection is only reused while the node's address, port, user, pinned host key and
   platform key (`identity`) are the same as when it was opened;
 - at most `connecting` connections are being opened at once (a fresh worker's first cycle opens one per node);
+  `waiting_to_connect(thread)` says whether a thread still waits for one of those slots (it has not contacted its
+  node yet: a health probe given up then is no failed check);
 - keepalive (NodeSession sets transport.set_keepalive); idle connections are closed after `idle_s`, and the
   least recently used one when the pool holds `max_size`; `close_all()` on worker shutdown;
 - a kept connection keeps the long-lived agent (`serve`) it started, so that a health probe over it is one
@@ -55,6 +57,7 @@ class SshPool:
         # New connections opened at once: a fresh worker's first cycle opens one per node, and a few hundred key
         # exchanges at once on a small control plane would run past the connect timeout.
         self._connecting = threading.BoundedSemaphore(connecting)
+        self._queued: set[int] = set()  # the threads (idents) waiting for a connect slot
         self._idle: OrderedDict[int, _Kept] = OrderedDict()  # least recently used first
         self._agents: dict[int, tuple[Hashable, str, str]] = {}  # node -> (identity, bundle name, absolute path)
         self._next_eviction = 0.0  # time.monotonic() of the next look for idle connections
@@ -74,7 +77,7 @@ class SshPool:
         session = self.take(node_id, identity)
         fresh = session is None
         if session is None:
-            with self._connecting:
+            with self._connect_slot():
                 session = connect()
             self._tune(session)
             with self._lock:
@@ -107,6 +110,27 @@ class SshPool:
         known = self._agents.get(node_id)
         if session._agent_path is None and known and known[0] == identity and known[1] == agent_bundle()[1]:
             session._agent_path = known[2]  # uploaded or checked before on this node: no SFTP round trip
+
+    def waiting_to_connect(self, thread_id: int) -> bool:
+        """Whether that thread (threading.get_ident()) waits for a connect slot now: its connection to the node is
+        not opened yet, held back by this worker's own connects to other nodes."""
+        with self._lock:
+            return thread_id in self._queued
+
+    @contextlib.contextmanager
+    def _connect_slot(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._lock:
+            self._queued.add(me)
+        try:
+            self._connecting.acquire()
+        finally:
+            with self._lock:
+                self._queued.discard(me)
+        try:
+            yield
+        finally:
+            self._connecting.release()
 
     def forget_agent(self, node_id: int) -> None:
         """The node said the agent is not there: the next use checks (and uploads) it again."""

@@ -78,7 +78,10 @@ RECONCILE_PARALLELISM = 32
 # was killed; found by review). Every SSH step is bounded (provisioning.ssh), so these are a last guard, past what
 # a thread can take: a health probe waits up to node_slot's 60 s for a slot of a busy node, then connects, opens
 # its channel and asks (HEALTH_TIMEOUTS), twice at most (a kept connection that broke is tried again on a new
-# one). A given-up probe is a failed check. A reconcile has the batch task's 540 s soft limit
+# one). A given-up probe is a failed check, unless it never contacted the node: still waiting for one of the
+# worker's own connect slots (SshPool `connecting`, held by other nodes' slow connects or an earlier cycle's late
+# probes), or not started; nothing was learnt, as for a busy node (found by review: such a healthy node was counted
+# "no answer", offline after three). A reconcile has the batch task's 540 s soft limit
 # (provisioning.tasks.fleet_reconcile_batch) less a minute; a given-up one is counted `unfinished`.
 HEALTH_PROBE_DEADLINE_S = 60 + 2 * (2 * HEALTH_TIMEOUTS.connect + HEALTH_TIMEOUTS.command)
 RECONCILE_DEADLINE_S = 480.0
@@ -244,7 +247,9 @@ def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM, *,
     Each probe holds one of its node's SSH slots (provisioning.concurrency), as every session does. The batch
     takes them for all its nodes in one round trip to Redis and gives them back in another (the same keys,
     tokens and expiry as node_slot); a node whose first slot is taken waits for one in its own probe, as
-    node_slot does. A probe that has not ended within HEALTH_PROBE_DEADLINE_S is a failed check, saying so."""
+    node_slot does. A probe that has not ended within HEALTH_PROBE_DEADLINE_S is a failed check, saying so, unless
+    it never contacted its node (not started, or still waiting for one of the worker's connect slots): that one is
+    `busy`, nothing recorded."""
     if not nodes:
         return []
     with batch_slots([n.pk for n in nodes]) as held:
@@ -252,11 +257,25 @@ def nodes_probe(nodes: list[Node], parallelism: int = HEALTH_PARALLELISM, *,
         rest = [n for n in nodes if n.pk not in done]
         if rest:
             probed_at, start = timezone.now(), time.monotonic()
-            results, late = _run_all(lambda n: node_health_probe(n, pool=pool, slot_held=n.pk in held), rest,
-                                     parallelism, HEALTH_PROBE_DEADLINE_S)
+            probing: dict[int, int] = {}  # node -> the thread probing it
+
+            def probe(node: Node) -> HealthResult:
+                probing[node.pk] = threading.get_ident()
+                return node_health_probe(node, pool=pool, slot_held=node.pk in held)
+
+            results, late = _run_all(probe, rest, parallelism, HEALTH_PROBE_DEADLINE_S)
             for result in results:
                 done[result.node_id] = result
             for node in late:
+                thread = probing.get(node.pk)
+                if thread is None or (pool is not None and pool.waiting_to_connect(thread)):
+                    log.warning("health: node %s: not contacted within %.0f s (its probe waited for this worker's "
+                                "connect slots or threads); checked again next time", node.pk, HEALTH_PROBE_DEADLINE_S)
+                    done[node.pk] = HealthResult(
+                        node.pk, False, "The health check did not reach the node within "
+                        f"{HEALTH_PROBE_DEADLINE_S:.0f}s: the worker was busy opening its connections to other "
+                        "nodes.", time.monotonic() - start, probed_at=probed_at, busy=True)
+                    continue
                 log.warning("health: node %s: no answer within %.0f s; the check is counted as failed", node.pk,
                             HEALTH_PROBE_DEADLINE_S)
                 done[node.pk] = HealthResult(
