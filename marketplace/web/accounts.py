@@ -1,5 +1,6 @@
 """Accounts: home, sign-up, log in/out, SSH keys and API keys. Thin: the services hold the rules."""
 from datetime import timedelta
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.contrib import messages
@@ -34,6 +35,14 @@ class EmailLoginView(LoginView):
 
     def post(self, request, *args, **kwargs):
         return auth_rate_refusal(request) or super().post(request, *args, **kwargs)
+
+    def get_redirect_url(self):
+        """The page asked for (`next`), unless it is this log-in page itself: then LOGIN_REDIRECT_URL. A signed-in
+        user sent to /accounts/login/?next=/accounts/login/ (a link, a bookmark, a page that asked them to log in
+        again) got a 500: Django's redirect_authenticated_user refuses a redirect to the page it is on ("Redirection
+        loop for authenticated user detected"; found by review), and a log-in would only land on the form again."""
+        url = super().get_redirect_url()
+        return "" if url and unquote(urlsplit(url).path) == self.request.path else url
 
     def form_valid(self, form):
         user = form.get_user()
