@@ -58,6 +58,7 @@ _FLEET_TASKS = (
     "notifications.tasks.webhook_deliver",
     "notifications.tasks.deliveries_resend",
     "notifications.tasks.emails_resend",
+    "notifications.tasks.deliveries_prune",
 )
 _MONEY_TASKS = (
     "billing.tasks.usage_meter_tick",
