@@ -47,6 +47,9 @@ SECRET_FIELDS = (
     "marketplace.ApiKey.key_hash",  # the SHA-256 of a bearer token
     "marketplace.Node.ssh_private_key_encrypted",  # the platform's key to the node (Fernet token)
     "marketplace.Instance.onstart",  # the renter's first-boot script, never shown: renters put tokens in it
+    # The create's fingerprint: those stored before the script was key-hashed in it (marketplace/web/renters.py,
+    # marketplace/api/instances.py) are a plain SHA-256 of the body with the script, the rest of it shown.
+    "marketplace.Instance.request_fingerprint",
     "marketplace.Instance.env_encrypted",  # the renter's environment values (Fernet token)
     "marketplace.Instance.registry_auth_encrypted",  # the renter's registry login (Fernet token)
     "marketplace.AuthenticatorDevice.key_encrypted",  # a TOTP secret

@@ -107,12 +107,14 @@ class InstanceAdmin(NothingEditableAdmin, HistoryAdmin):
     date_hierarchy = "created_at"
     # Everything is read-only: state changes go through the actions, which call the services.
     # Of a renter's options, what operators need to follow an instance; never the registry password (only whether
-    # one was given), nor the env's values (only their names).
+    # one was given), nor the env's values (only their names), nor the onstart script. Nor the create's fingerprint:
+    # those stored before the script was key-hashed in it are a plain SHA-256 of a body whose other fields the page
+    # shows, so a guess at the script could be checked offline (found by review).
     fields = ["renter", "node", "gpu_model", "num_gpus", "image", "image_ref", "registry_auth", "env_names",
               "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb", "status", "status_message",
               "ssh_host", "ssh_port", "ssh_user", "ssh_public_keys", "price_per_gpu_hour_micros",
-              "price_per_hour_micros", "idempotency_key", "request_fingerprint", "created_at", "started_at",
-              "stopped_at", "destroyed_at", "updated_at"]
+              "price_per_hour_micros", "idempotency_key", "created_at", "started_at", "stopped_at", "destroyed_at",
+              "updated_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
     latest_allocations, latest_interruptions = instance_allocations, instance_interruptions
     histories = ["latest_allocations", "latest_interruptions"]

@@ -34,12 +34,14 @@ from .instance_serializers import InstanceCreateSerializer, InstanceLogsSerializ
 
 
 def _fingerprint(request) -> str:
-    """The body's fingerprint for the Idempotency-Key, with a registry login and the env replaced by keyed hashes
-    of them, so that no plain hash of a password or an env value is stored (a retry with the same ones still
-    matches)."""
+    """The body's fingerprint for the Idempotency-Key, with a registry login, the env and an onstart script replaced
+    by keyed hashes of them, so that no plain hash of a password, an env value or a script (renters put tokens in
+    it: found by review) is stored (a retry with the same ones still matches). An empty script stays as sent: the
+    fingerprints of creates without one are those stored before; a create with one made before this and retried
+    with its key is a 422 naming the instance it made, never a second booking."""
     data = request.data
-    for name in ("registry_auth", "env"):
-        if isinstance(data, dict) and name in data:
+    for name in ("registry_auth", "env", "onstart"):
+        if isinstance(data, dict) and name in data and (name != "onstart" or data[name]):
             data = {**data, name: salted_hmac(f"instance-{name.replace('_', '-')}",
                                               request_fingerprint(data[name])).hexdigest()}
     return request_fingerprint(data)

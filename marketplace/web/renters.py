@@ -360,12 +360,20 @@ def _render_rent(request, offer, form, status=200):
 
 
 def _fingerprint_body(post, node_id: int) -> dict:
-    """The posted form for the double-booking check, with no plain hash of a registry password or env in it (and
-    not the account's password at all: it saves a key, it does not shape the booking). The offer is in the URL,
-    not the form: it goes in too, so that a token sent again for another offer is other choices, not a replay."""
+    """The posted form for the double-booking check, with no plain hash of a registry password, env or onstart
+    script in it (and not the account's password at all: it saves a key, it does not shape the booking). The offer
+    is in the URL, not the form: it goes in too, so that a token sent again for another offer is other choices, not
+    a replay.
+
+    The onstart script is a secret as the env is (renters put tokens in it; core/admin_site.SECRET_FIELDS): in the
+    plain SHA-256 the instance stores, shown on its admin page with every other field of the form, a guess at it
+    could be checked offline (found by review). An empty one stays as posted, so the fingerprints of bookings
+    without a script are those stored before; one booked with a script before this and sent again is "other
+    choices" (the form says so): nothing is booked twice."""
+    keyed = ("registry_password", "env", "onstart")
     body = {k: v for k, v in post.lists()
-            if k not in ("csrfmiddlewaretoken", "registry_password", "env", "save_key_password")}
-    for name in ("registry_password", "env"):
+            if k not in ("csrfmiddlewaretoken", "save_key_password", *keyed) or (k == "onstart" and not any(v))}
+    for name in keyed:
         if post.get(name):
             body[name] = salted_hmac(f"rent-{name.replace('_', '-')}", post[name]).hexdigest()
     body["offer"] = node_id
