@@ -292,6 +292,12 @@ class StripeAnswerFilter(admin.SimpleListFilter):
 @admin.register(TopUp)
 class TopUpAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "user", "amount", "status", "automatic", "card_label", "payment_intent_id"]
+    # Grows by the day, read on every page: newest first by the primary key's index (the model's order, newest
+    # first by its time, has none and sorted the whole table), counted once, estimated when unfiltered and large
+    # (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = [StripeAnswerFilter, "status", "automatic", "created_at"]
     search_fields = ["user__email", "payment_intent_id", "charge_id"]
     list_select_related = ["user"]
@@ -355,6 +361,12 @@ class DisputeAdmin(ReadOnlyAdmin):
 @admin.register(StripeEvent)
 class StripeEventAdmin(ReadOnlyAdmin):
     list_display = ["event_id", "type", "status", "deliveries", "received_at", "processed_at"]
+    # Grows by the day, read on every page: newest first by the primary key's index (the model's order, newest
+    # first by its time, has none and sorted the whole table), counted once, estimated when unfiltered and large
+    # (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["status", "type"]
     search_fields = ["event_id", "type"]
     fields = ["event_id", "type", "status", "error", "deliveries", "received_at", "processed_at", "payload_shown"]
@@ -489,6 +501,12 @@ class CardAdmin(ReadOnlyAdmin):
 @admin.register(BillingEvent)
 class BillingEventAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "user", "kind", "short_message", "emailed"]
+    # Grows by the day, read on every page: newest first by the primary key's index (the model's order, newest
+    # first by its time, has none and sorted the whole table), counted once, estimated when unfiltered and large
+    # (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["kind", "emailed"]
     search_fields = ["user__email", "message"]
     readonly_fields = ["user", "kind", "message", "data", "emailed", "created_at"]

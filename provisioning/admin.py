@@ -5,6 +5,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from core.admin_history import History
+from core.admin_paginator import EstimatedCountPaginator
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
 from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.wording import reasons, reasons_text
@@ -59,6 +60,15 @@ class StuckFilter(admin.SimpleListFilter):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """Jobs, node events and verification runs: rows that grow with the fleet's life, read newest first by the
+    primary key's index (their models' -created_at has none, and every page sorted the whole table), no COUNT(*) of
+    every row per page (an estimate when unfiltered and large) and no second "N total" count
+    (core/admin_paginator.py; found by review), as the usage intervals' and the notifications' lists."""
+
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+
     def has_add_permission(self, request):
         return False
 
