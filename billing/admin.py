@@ -328,6 +328,12 @@ class TopUpAdmin(ReadOnlyAdmin):
 @admin.register(Refund)
 class RefundAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "top_up", "amount", "status", "origin", "created_by", "stripe_refund_id"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["status", "origin"]
     search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
     list_select_related = ["top_up", "created_by"]  # created_by may be null: the admin's default would not join it
@@ -342,6 +348,12 @@ class RefundAdmin(ReadOnlyAdmin):
 @admin.register(Dispute)
 class DisputeAdmin(ReadOnlyAdmin):
     list_display = ["stripe_dispute_id", "created_at", "top_up", "amount", "state", "bank_reason"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     search_fields = ["stripe_dispute_id", "top_up__user__email", "top_up__payment_intent_id", "top_up__charge_id"]
     list_select_related = ["top_up"]
     readonly_fields = ["stripe_dispute_id", "top_up", "amount_micros", "state", "bank_reason", "debit", "reversal",
@@ -391,6 +403,12 @@ class StripeEventAdmin(ReadOnlyAdmin):
 @admin.register(Payout)
 class PayoutAdmin(ReadOnlyAdmin):
     list_display = ["id", "provider", "period_start", "period_end", "amount", "status", "transfer_id", "attempts"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its period, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["status", "period_start"]
     search_fields = ["provider__email", "transfer_id", "destination"]
     readonly_fields = ["provider", "period_start", "period_end", "amount_micros", "destination", "status",
@@ -494,6 +512,12 @@ class BillingProfileAdmin(admin.ModelAdmin):
 @admin.register(Card)
 class CardAdmin(ReadOnlyAdmin):
     list_display = ["id", "user", "brand", "last4", "exp_month", "exp_year", "created_at"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     search_fields = ["user__email", "stripe_payment_method_id"]
     readonly_fields = ["user", "stripe_payment_method_id", "brand", "last4", "exp_month", "exp_year", "created_at"]
 

@@ -39,6 +39,12 @@ class NotificationAdmin(ReadOnly):
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(ReadOnly):
     list_display = ["id", "user", "url", "active", "created_at"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["active"]
     search_fields = ["user__email", "url"]
     list_select_related = ["user"]

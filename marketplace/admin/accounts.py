@@ -35,6 +35,7 @@ from django_otp.plugins.otp_static.models import StaticDevice
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.admin_history import History, HistoryAdmin
+from core.admin_paginator import EstimatedCountPaginator
 from core.errors import ApplicationError
 from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm, PageSetsAdmin, PageSetsForm
 from marketplace.auth import ThrottledLoginFormMixin
@@ -360,6 +361,12 @@ class GroupAdmin(OwnChangesAdmin, BaseGroupAdmin):
 @admin.register(ApiKey)
 class ApiKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = [("revoked_at", admin.EmptyFieldListFilter), "created_at"]
     search_fields = ["user__email", "prefix", "name"]
     # key_hash is left out on purpose: operators never need it.
@@ -384,6 +391,12 @@ class ApiKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
 @admin.register(SshKey)
 class SshKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
     list_display = ["__str__", "user", "key_type", "fingerprint", "created_at"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     search_fields = ["user__email", "name", "fingerprint"]
     list_select_related = ["user"]
     fields = ["user", "name", "public_key", "fingerprint", "created_at"]

@@ -3,6 +3,7 @@ from django import forms
 from django.contrib import admin, messages
 
 from core.admin_history import History, HistoryAdmin
+from core.admin_paginator import EstimatedCountPaginator
 from core.errors import ApplicationError
 from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm
 from marketplace.models import (
@@ -75,6 +76,12 @@ class InterruptionAdmin(NothingEditableAdmin, admin.ModelAdmin):
     """Every interruption of the fleet: which nodes lose renters' instances, and what it cost their providers."""
 
     list_display = ["id", "instance", "node", "cause", "started_at", "detected_at", "ended_at", "outcome", "credited"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its start, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["cause", "outcome"]
     search_fields = ["=instance__id", "instance__node__name", "instance__renter__email"]
     list_select_related = ["instance__node"]
@@ -101,6 +108,12 @@ class InterruptionAdmin(NothingEditableAdmin, admin.ModelAdmin):
 class InstanceAdmin(NothingEditableAdmin, HistoryAdmin):
     list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
                     "started_at"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["status", "node__runtime", "gpu_model", "image"]
     search_fields = ["=id", "renter__email", "node__name", "node__address", "label"]
     list_select_related = ["renter", "node", "gpu_model", "image"]
@@ -159,6 +172,12 @@ class VolumeAdmin(NothingEditableAdmin, admin.ModelAdmin):
 
     list_display = ["name", "owner", "node", "size_gb", "state", "price_per_gb_month_micros", "cost_micros",
                     "created_at"]
+    # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
+    # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
+    # large (core/admin_paginator.py; found by review).
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     list_filter = ["state"]
     search_fields = ["name", "owner__email", "label"]
     list_select_related = ["owner", "node"]

@@ -1,9 +1,10 @@
 """The admin's lists of tables that grow with the fleet's life (jobs, node events, verification runs, Stripe events,
-billing events, top-ups) sorted the whole table on every page (found by review): their order, -created_at
-(-received_at), starts no index, and each page counted the table twice (the paginator, then the "N total"). They are
-now read newest first by the primary key, as the usage intervals', the ledger's, the notifications' and the webhook
-deliveries' lists already were: an index serves the order, the unfiltered count is PostgreSQL's estimate once large
-(core/admin_paginator.py) and there is no second count."""
+billing events, top-ups; then instances, interruptions, volumes, refunds, disputes, payouts, cards, API keys, SSH keys
+and webhook endpoints) sorted the whole table on every page (found by review): their order, -created_at
+(-received_at, -started_at, -period_start), starts no index, and each page counted the table twice (the paginator,
+then the "N total"). They are now read newest first by the primary key, as the usage intervals', the ledger's, the
+notifications' and the webhook deliveries' lists already were: an index serves the order, the unfiltered count is
+PostgreSQL's estimate once large (core/admin_paginator.py) and there is no second count."""
 import re
 
 import pytest
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.django_db
 
 LISTS = ["provisioning/job", "provisioning/nodeevent", "provisioning/verificationrun", "billing/stripeevent",
          "billing/billingevent", "billing/topup", "billing/ledgertransaction", "billing/usageinterval",
-         "notifications/notification", "notifications/webhookdelivery"]
+         "notifications/notification", "notifications/webhookdelivery",
+         "marketplace/instance", "marketplace/interruption", "marketplace/volume", "billing/refund", "billing/dispute",
+         "billing/payout", "billing/card", "marketplace/apikey", "marketplace/sshkey", "notifications/webhookendpoint"]
 
 
 def _leading_index_columns(table):
