@@ -445,10 +445,7 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
         if row is not None and not (row.state in removable and before.get(name) == row.state):
             continue
         if vol.get("used_by"):
-            node_event(node=node, kind="orphan_volume_in_use",
-                       message=f"Volume {name}, unknown to the platform or deleted there, is "
-                               f"mounted by VM {', '.join(vol['used_by'])}; left as it is.",
-                       level=NodeEvent.Level.WARNING)
+            _orphan_volume_in_use(node, name, vol["used_by"])
             continue
         if not _delete_orphan_volume(node, session, name):
             continue
@@ -466,6 +463,21 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
                        message=f"Volume {name} (volume {row.pk}) is available on the platform but "
                                "missing on the node.", level=NodeEvent.Level.WARNING)
             counts["volumes_missing"] += 1
+
+
+def _orphan_volume_in_use(node: Node, name: str, used_by: list[str]) -> None:
+    """An orphan volume (unknown to the platform, or deleted or failed there) that VMs still mount: left as it is,
+    reported when this starts and when the VMs mounting it change (the node's latest `orphan_volume_in_use` event
+    for the volume says otherwise), logged at every pass. Before, an event was written at every pass while it
+    lasted (every reconcile cycle, and every health check that reconciled the node), flooding the node's events."""
+    log.info("reconcile: node %s: orphan volume %s is mounted by %s; left as it is", node.pk, name, used_by)
+    prefix = f"Volume {name}, "
+    message = (f"{prefix}unknown to the platform or deleted there, is mounted by VM {', '.join(sorted(used_by))}; "
+               "left as it is.")
+    latest = NodeEvent.objects.filter(node=node, kind="orphan_volume_in_use", message__startswith=prefix) \
+        .order_by("-id").values_list("message", flat=True).first()
+    if latest != message:
+        node_event(node=node, kind="orphan_volume_in_use", message=message, level=NodeEvent.Level.WARNING)
 
 
 def _delete_orphan_volume(node: Node, session: NodeSession, name: str) -> bool:
