@@ -25,6 +25,7 @@ from django.http import QueryDict
 
 from core.errors import NotFound
 from core.money import MICROS_PER_USD
+from marketplace.api.offer_rows import finite_float
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
 from marketplace.models import GpuModel, Verdict
 from marketplace.models.host import cuda_version_text
@@ -90,7 +91,9 @@ def node_fields(node: dict[str, Any]) -> dict[str, Any]:
     return {
         "machine_id": node["id"], "gpu_name": node["gpu_model__name"], "gpu_ram": node["gpu_model__memory_mib"],
         "reliability": node["reliability"], "reliability2": node["reliability"], "score": node["score"],
-        "pcie_bw": medians.get("h2d_gbs"), "geolocation": str(node["country"]) or None,
+        # A stored figure that is no finite float (offer_rows.finite_float) is null: not an int beyond a float's range
+        # in the answer, nor text that `pcie_bw>=N` or an order by it compared with a number (a TypeError, a 500).
+        "pcie_bw": finite_float(medians.get("h2d_gbs")), "geolocation": str(node["country"]) or None,
         "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
         "rentable": True, "rented": False, "external": False, "runtime": node["runtime"], **host_fields(node),
     }

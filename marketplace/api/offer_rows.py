@@ -5,6 +5,7 @@ per row and walking a field tree per value. `OFFER_COLUMNS` is what a row reads 
 writes exactly what OfferSerializer writes for it (tests/marketplace/test_offer_rows.py holds them equal, field by
 field and byte by byte). OfferSerializer stays the documented schema and serves the single-offer read.
 """
+import math
 from typing import Any
 
 from rest_framework import serializers
@@ -40,12 +41,34 @@ def _datetime_text(value: Any) -> Any:
     return value if isinstance(value, str) else _datetime.to_representation(value)
 
 
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+INT_LIMIT = 2**63  # a bigint's: no figure of a node comes near it
 
 
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def finite_float(value: Any) -> float | None:
+    """A figure of a node's stored benchmark summary (a JSON value) as the finite float JSON can carry, or None.
+
+    Stored JSON may hold what no float is (found by review): jsonb keeps any number, and Python's json reads one
+    beyond a float's range back as an int that float() refuses (OverflowError: a 500 on every offers page that held
+    the node) or, with a fraction, as inf, which JSON has no number for (JSONRenderer refuses it, a page printed
+    "inf"). Text that is no number, a list or an object is None too: one node's summary must not fail every offer
+    list. What float() takes otherwise stays as DRF's FloatField writes it (12, "12.5", Decimal("12.5"))."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, ArithmeticError):  # ArithmeticError: OverflowError; Decimal("sNaN"): ValueError
+        return None
+    return number if math.isfinite(number) else None
+
+
+def finite_int(value: Any) -> int | None:
+    """A whole-number figure of a stored summary as DRF's IntegerField writes it (int(12.0) = 12), or None where it
+    is not a finite number or lies beyond 64 bits (JSON's readers, and the renderer past 4,300 digits, fail on it)."""
+    number = finite_float(value)
+    if number is None:
+        return None
+    whole = value if type(value) is int else int(number)
+    return whole if -INT_LIMIT <= whole < INT_LIMIT else None
 
 
 def nvlink_islands(value: Any) -> list[list[int]]:
@@ -53,7 +76,8 @@ def nvlink_islands(value: Any) -> list[list[int]]:
     (provisioning/verification/answers.py) may hold anything, and one node's must not fail every offer list."""
     if not isinstance(value, list):
         return []
-    return [[gpu for gpu in island if type(gpu) is int] for island in value if isinstance(island, list)]
+    return [[gpu for gpu in island if type(gpu) is int and -INT_LIMIT <= gpu < INT_LIMIT]
+            for island in value if isinstance(island, list)]
 
 
 def nvlink_summary(nvlink: Any) -> dict[str, Any] | None:
@@ -62,8 +86,8 @@ def nvlink_summary(nvlink: Any) -> dict[str, Any] | None:
         return None
     return {"connected": bool(nvlink.get("connected")),
             "islands": nvlink_islands(nvlink.get("islands")),
-            "links_per_gpu": _int(nvlink.get("links_per_gpu")), "p2p_gbs": _float(nvlink.get("p2p_gbs")),
-            "pcie_p2p_gbs": _float(nvlink.get("pcie_p2p_gbs"))}
+            "links_per_gpu": finite_int(nvlink.get("links_per_gpu")), "p2p_gbs": finite_float(nvlink.get("p2p_gbs")),
+            "pcie_p2p_gbs": finite_float(nvlink.get("pcie_p2p_gbs"))}
 
 
 def benchmark_summary(summary: Any) -> dict[str, Any] | None:
@@ -80,7 +104,7 @@ def benchmark_summary(summary: Any) -> dict[str, Any] | None:
     if "median_per_gpu" in summary:
         medians = summary["median_per_gpu"]
         out["median_per_gpu"] = None if medians is None else {
-            name: _float(medians.get(name)) for name in MEDIAN_FIGURES}
+            name: finite_float(medians.get(name)) for name in MEDIAN_FIGURES}
     out["nvlink"] = nvlink_summary(summary.get("nvlink"))  # allow_null: an absent key reads as null
     if "findings" in summary:
         findings = summary["findings"]

@@ -29,21 +29,36 @@ from marketplace.models.nodes import slice_price_micros, slice_score_per_dollar
 from marketplace.money import usd_to_micros
 
 from .offer_query import OfferQuery
-from .offer_rows import OFFER_COLUMNS, mig_slices, nvlink_islands, offer_row
+from .offer_rows import OFFER_COLUMNS, finite_float, finite_int, mig_slices, nvlink_islands, offer_row
+from .offer_rows import nvlink_summary as nvlink_summary  # the offers page's NVLink figures (web/renters.py)
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A figure of the stored benchmark summary: null where it is no finite float (offer_rows.finite_float)."""
+
+    def to_representation(self, value: Any) -> Any:  # float | None (the stubs say str)
+        return finite_float(value)
+
+
+class FiniteIntegerField(serializers.IntegerField):
+    """A whole-number figure of the stored summary: null where it is none within 64 bits (offer_rows.finite_int)."""
+
+    def to_representation(self, value: Any) -> Any:  # int | None
+        return finite_int(value)
 
 
 class MedianFiguresSerializer(serializers.Serializer):
-    bf16_tflops = serializers.FloatField(allow_null=True, required=False)
-    tf32_tflops = serializers.FloatField(allow_null=True, required=False)
-    fp32_tflops = serializers.FloatField(allow_null=True, required=False)
-    memory_bandwidth_gbs = serializers.FloatField(allow_null=True, required=False)
-    h2d_gbs = serializers.FloatField(allow_null=True, required=False, help_text="Pinned host-to-device GB/s.")
-    cnn_train_images_s = serializers.FloatField(allow_null=True, required=False,
-                                                help_text="The small CNN's training throughput, images/s.")
-    cnn_infer_images_s = serializers.FloatField(allow_null=True, required=False)
-    power_draw_w = serializers.FloatField(allow_null=True, required=False,
-                                          help_text="The most a GPU drew under the benchmark's load, watts.")
-    bf16_tflops_per_w = serializers.FloatField(
+    bf16_tflops = FiniteFloatField(allow_null=True, required=False)
+    tf32_tflops = FiniteFloatField(allow_null=True, required=False)
+    fp32_tflops = FiniteFloatField(allow_null=True, required=False)
+    memory_bandwidth_gbs = FiniteFloatField(allow_null=True, required=False)
+    h2d_gbs = FiniteFloatField(allow_null=True, required=False, help_text="Pinned host-to-device GB/s.")
+    cnn_train_images_s = FiniteFloatField(allow_null=True, required=False,
+                                          help_text="The small CNN's training throughput, images/s.")
+    cnn_infer_images_s = FiniteFloatField(allow_null=True, required=False)
+    power_draw_w = FiniteFloatField(allow_null=True, required=False,
+                                    help_text="The most a GPU drew under the benchmark's load, watts.")
+    bf16_tflops_per_w = FiniteFloatField(
         allow_null=True, required=False,
         help_text="Measured BF16 TFLOP/s per watt drawn under that load (null until measured; never the datasheet).")
 
@@ -52,11 +67,11 @@ class NvlinkSummarySerializer(serializers.Serializer):
     connected = serializers.BooleanField(help_text="nvidia-smi shows NVLink between GPUs of the node.")
     islands = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()),
                                     help_text="GPU indices joined by NVLink, one list per island.")
-    links_per_gpu = serializers.IntegerField(allow_null=True,
-                                             help_text="The fewest active NVLink links of a GPU in an island.")
-    p2p_gbs = serializers.FloatField(allow_null=True, help_text=(
+    links_per_gpu = FiniteIntegerField(allow_null=True,
+                                       help_text="The fewest active NVLink links of a GPU in an island.")
+    p2p_gbs = FiniteFloatField(allow_null=True, help_text=(
         "Measured peer-to-peer copy GB/s: the median over NVLink pairs (over PCIe pairs without NVLink)."))
-    pcie_p2p_gbs = serializers.FloatField(allow_null=True, help_text="The median over pairs not on NVLink.")
+    pcie_p2p_gbs = FiniteFloatField(allow_null=True, help_text="The median over pairs not on NVLink.")
 
     def to_representation(self, instance: Any) -> Any:
         # Only GPU indices of the stored islands (offer_rows.nvlink_islands): one node's must not fail the offers.

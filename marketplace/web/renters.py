@@ -26,7 +26,7 @@ from core.errors import ApplicationError, IdempotencyKeyReused
 from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, page_wording
 from marketplace import selectors
-from marketplace.api.offers import OfferFilter
+from marketplace.api.offers import OfferFilter, nvlink_summary
 from marketplace.models import GpuModel
 from marketplace.reauth import with_form_status
 from marketplace.services import instances as svc
@@ -131,6 +131,15 @@ def _with_free_slices(rows) -> None:
                           for profile, n in sorted(free.get(offer.pk, {}).items()) if profile in prices]
 
 
+def _with_nvlink(rows) -> None:
+    """Set each offer's `nvlink_figures`: its stored NVLink summary as the API writes it (offer_rows.nvlink_summary),
+    the measured GB/s null unless a finite number: a stored figure beyond a float's range was printed as "inf", or
+    with all its 400 digits (found by review)."""
+    for offer in rows:
+        summary = offer.benchmark_summary if isinstance(offer.benchmark_summary, dict) else {}
+        offer.nvlink_figures = nvlink_summary(summary.get("nvlink"))
+
+
 @require_GET
 def offers(request):
     params = _filter_params(request.GET)
@@ -140,6 +149,7 @@ def offers(request):
     page = Paginator(results, OFFERS_PER_PAGE).get_page(request.GET.get("page"))
     # The page's free MIG slices, one query (none when no row rents slices), as "2 × 1g.10gb $0.25/h" lines.
     _with_free_slices(page.object_list)
+    _with_nvlink(page.object_list)
     return render(request, "marketplace/offers.html", {
         "filter": filterset, "form": filterset.form, "page": page, "query": params.urlencode(),
         "filtered": bool(params), "valid": valid,
