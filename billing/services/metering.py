@@ -9,8 +9,11 @@ instance's disk, and volumes, are storage: billed apart (billing.services.storag
 The tick bills no further than the last moment the instance's node was seen healthy (`Node.last_seen_at`,
 written by every successful health check): time after a node stopped answering is never billed (when it
 answers again the meter catches up; when its instances are interrupted, their billing closes at that moment,
-see marketplace.services.instances.interruptions). A state change bills up to its moment, or, while the node's
-latest health check failed or the platform no longer checks it, up to its last healthy moment (node_billable_until).
+see marketplace.services.instances.interruptions). A check that finds a VM gone or stopped, or a card missing,
+moves `last_seen_at` only once it has interrupted those instances (provisioning.services.fleet_record): moved first,
+a tick between the two billed the lost instance past the check that last saw it, and the interruption, which closes
+billing there, gives nothing back. A state change bills up to its moment, or, while the node's latest health check
+failed or the platform no longer checks it, up to its last healthy moment (node_billable_until).
 
 Each closed stretch of time is a `UsageInterval` [start, end) with one ledger transaction: the
 renter's wallet pays `amount`, the provider earns `amount - fee`, the platform keeps `fee`. Rounding

@@ -19,7 +19,7 @@ from datetime import date, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, Count, F, Sum, Value, When
+from django.db.models import Case, Count, F, Q, Sum, Value, When
 from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
@@ -59,6 +59,13 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     now = now or timezone.now()
     ids = sorted(by_id)
     last_healthy: dict[int, datetime | None] = {}
+    # Cards gone from, or back in, nvidia-smi: one read for the batch.
+    presence = gpus_presence({r.node_id: r.gpu_uuids for r in results if r.ok and r.gpu_uuids is not None})
+    # The answers of nodes where this check finds a VM gone or stopped, or a card missing, are recorded once those
+    # instances are interrupted (below): the meter bills up to last_seen_at, and a tick between the two billed the
+    # lost instance up to this answer, past the check that last saw it, never given back; a check stopped between
+    # them (a soft time limit) left it running and the next check took this answer as the VM's last sighting.
+    answered_later: dict[int, datetime] = {}
     with transaction.atomic():
         nodes = list(Node.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk"))
         # The day's samples once the nodes are locked: each check counted as the state it met (announced_downtime).
@@ -71,6 +78,11 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
             result = by_id[node.pk]
             last_healthy[node.pk] = node.last_seen_at  # the last moment the node was known to be well
             events += _apply(node, result, now)
+            answered = node.last_seen_at
+            if result.ok and answered is not None and answered != last_healthy[node.pk] and (
+                    (node.pk in presence and presence[node.pk].missing)
+                    or any(_vms_lost(result, running_vm_ids.get(node.pk, set())))):
+                answered_later[node.pk], node.last_seen_at = answered, last_healthy[node.pk]
             node.reliability = reliability.get(node.pk, 0.0)
             node.last_checked_at = node.updated_at = now
         Node.objects.bulk_update(nodes, NODE_FIELDS)
@@ -85,8 +97,6 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     silent = [n.pk for n in nodes if not by_id[n.pk].ok and n.health_failures >= threshold]
     renting = set(Instance.objects.filter(node_id__in=silent, status=InstanceStatus.RUNNING)
                   .values_list("node_id", flat=True).distinct()) if silent else set()
-    # Cards gone from, or back in, nvidia-smi: one read for the batch.
-    presence = gpus_presence({r.node_id: r.gpu_uuids for r in results if r.ok and r.gpu_uuids is not None})
     interrupted: dict[int, list[int]] = {}
     for node in nodes:
         result = by_id[node.pk]
@@ -103,6 +113,10 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
             lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=last_healthy[node.pk])
             if lost:
                 interrupted[node.pk] = lost
+        if node.pk in answered_later:  # its losses recorded: the meter may bill its other instances up to it
+            node.last_seen_at = answered_later[node.pk]
+            Node.objects.filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=node.last_seen_at), pk=node.pk) \
+                .update(last_seen_at=node.last_seen_at)
         if result.ok and result.inventory_hash and _gpus_changed(node, result.inventory_hash):
             node_inventory_changed(node_id=node.pk, reported_hash=result.inventory_hash)
     return interrupted
@@ -173,10 +187,7 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
             node_id=node.pk, since=last_healthy, cause=InterruptionCause.NODE_LOST,
             detail=f"{node.health_failures} health checks failed in a row: {result.error}")
     if result.ok and result.vms is not None:
-        # Gone: not listed, or listed `missing` (recorded on the node, its container or domain removed there); the
-        # reconciler that follows fails its instance. Stopped: started again by that reconciler.
-        gone = running & ({vm_id for vm_id, state in result.vms.items() if state == VM_MISSING}
-                          | (running - set(result.vms)))
+        gone, stopped = _vms_lost(result, running)
         # Unknown (its engine has it but cannot give its state now): not judged, neither stopped nor gone (found by
         # review: one such domain failed the whole answer, and every renter on the node was interrupted).
         for vm_id in sorted(vm_id for vm_id, state in result.vms.items() if state == VM_UNKNOWN):
@@ -187,8 +198,6 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
         restarting = running & {vm_id for vm_id, state in result.vms.items() if state == VM_RESTARTING}
         if restarting:
             instances_restarting_told(node_id=node.pk, vm_ids=restarting)
-        stopped = running & {vm_id for vm_id, state in result.vms.items()
-                             if state not in ("running", VM_MISSING, VM_UNKNOWN, VM_RESTARTING)}
         lost = []
         for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
                                (stopped, "the server answers, but the VM is not running on it")):
@@ -198,6 +207,20 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
                     started_before=result.probed_at, detail=detail)
         return sorted(lost)
     return []
+
+
+def _vms_lost(result: HealthResult, running: set[str]) -> tuple[set[str], set[str]]:
+    """Of the VMs `running` (their instances running since before the probe), those an answer shows gone and those
+    it shows stopped."""
+    if not result.ok or result.vms is None:
+        return set(), set()
+    # Gone: not listed, or listed `missing` (recorded on the node, its container or domain removed there); the
+    # reconciler that follows fails its instance. Stopped: started again by that reconciler.
+    gone = running & ({vm_id for vm_id, state in result.vms.items() if state == VM_MISSING}
+                      | (running - set(result.vms)))
+    stopped = running & {vm_id for vm_id, state in result.vms.items()
+                         if state not in ("running", VM_MISSING, VM_UNKNOWN, VM_RESTARTING)}
+    return gone, stopped
 
 
 RESTARTING_MESSAGE = ("Its container keeps exiting and the server starts it again (an image without the /bin/sh the "
