@@ -8,8 +8,8 @@ every refund, the platform's or one made in Stripe's dashboard (`refund.*`, `cha
 `charge.refunded`), is debited and given back by billing.services.refunds' one rule. What such an event does not say
 and Stripe must be asked (the PaymentIntent of a charge named alone, the refunds of a charge) is asked before the
 event's transaction (billing.services.charges.stripe_lookups). Such an event about a top-up not credited yet fails
-(Stripe delivers it again); the credit, once committed, processes again the events that failed waiting for it
-(`charge_events_retry`), so a chargeback or a dashboard refund that came first is debited then, once.
+(Stripe delivers it again); the credit, once committed, processes again the events that failed waiting for it, or
+are failing still (`charge_events_retry`), so a chargeback or a dashboard refund that came first is debited then, once.
 """
 import json
 import logging
@@ -322,26 +322,37 @@ CHARGE_EVENTS = (*DISPUTE_EVENTS, *REFUND_EVENTS, CHARGE_REFUNDED)
 
 
 def charge_events_retry(*, top_up_id: int) -> int:
-    """Process again the failed events about a credited top-up's payment: a chargeback or a refund made in Stripe's
-    dashboard that arrived before the credit (its charge's answer and webhook lost: billing.services.charges) failed
-    waiting for it. Run when the credit is committed, rather than leave the money in the wallet until Stripe's next
-    delivery (hours later, at times); a delivery that comes later still finds the event processed. Call outside any
-    transaction (each event asks Stripe what it needs first). Returns how many were processed; never raises (each
-    event's outcome is recorded on it, an event that fails again is delivered again by Stripe)."""
-    top_up = TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.SUCCEEDED).values(
-        "payment_intent_id", "charge_id").first()
-    if top_up is None:
+    """Process again the events about a credited top-up's payment that are not processed or ignored yet: a
+    chargeback or a refund made in Stripe's dashboard that arrived before the credit (its charge's answer and webhook
+    lost: billing.services.charges) failed waiting for it. Run when the credit is committed, rather than leave the
+    money in the wallet until Stripe's next delivery (hours later, at times); a delivery that comes later still finds
+    the event processed. An event still being processed is taken too: one whose handler found the top-up not
+    credited and is failing it, its FAILED status not committed yet (the top-up's lock, taken in the handler's
+    savepoint, is released before that commit, so the credit can commit in between: found by review; only FAILED
+    events were taken, and that one waited for Stripe's next delivery). stripe_event_process waits for the event's
+    row, then reads its status under that lock: one its handler processed meanwhile is left as it is, one that failed
+    is processed now, never both. Call outside any transaction (each event asks Stripe what it needs first). Returns
+    how many were processed; never raises (each event's outcome is recorded on it, an event that fails again is
+    delivered again by Stripe)."""
+    try:
+        top_up = TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.SUCCEEDED).values(
+            "payment_intent_id", "charge_id").first()
+        if top_up is None:
+            return 0
+        intent_id, charge_id = top_up["payment_intent_id"], top_up["charge_id"]
+        names = Q(pk__in=[])
+        if intent_id:
+            names |= Q(payload__data__object__payment_intent=intent_id)
+            names |= Q(payload__data__object__charge__payment_intent=intent_id)
+        if charge_id:
+            names |= Q(payload__data__object__charge=charge_id) | Q(payload__data__object__charge__id=charge_id)
+            names |= Q(type=CHARGE_REFUNDED, payload__data__object__id=charge_id)
+        waiting = list(StripeEvent.objects.filter(names, type__in=CHARGE_EVENTS)
+                       .exclude(status__in=StripeEvent.transitions.final)
+                       .order_by("received_at", "pk").values_list("pk", flat=True))
+    except Exception:  # noqa: BLE001 (the credit is committed; Stripe's next delivery tries the events again)
+        log.exception("top-up %s: looking for the events that waited for its credit failed", top_up_id)
         return 0
-    intent_id, charge_id = top_up["payment_intent_id"], top_up["charge_id"]
-    names = Q(pk__in=[])
-    if intent_id:
-        names |= Q(payload__data__object__payment_intent=intent_id)
-        names |= Q(payload__data__object__charge__payment_intent=intent_id)
-    if charge_id:
-        names |= Q(payload__data__object__charge=charge_id) | Q(payload__data__object__charge__id=charge_id)
-        names |= Q(type=CHARGE_REFUNDED, payload__data__object__id=charge_id)
-    waiting = list(StripeEvent.objects.filter(names, status=StripeEventStatus.FAILED, type__in=CHARGE_EVENTS)
-                   .order_by("received_at", "pk").values_list("pk", flat=True))
     done = 0
     for pk in waiting:
         try:
