@@ -473,14 +473,14 @@ def _health_apply(nodes: list[Node], results: list[HealthResult], pool: SshPool,
 def _health_reconciles(nodes: list[Node], pool: SshPool, until: float, summary: dict[str, int]) -> tuple[
         dict[int, Mapping[str, int] | NodeError], set[int], SoftTimeLimitExceeded | None]:
     """node_reconcile of each node, HEALTH_RECONCILE_PARALLELISM at once, in threads (_in_thread) waited for
-    until `until` (time.monotonic(); a node alone runs in the caller's thread): ({node id: its counts, or the
-    NodeError it raised}, the ids of the nodes not done by then, counted `unfinished`, Celery's soft time limit if
-    it came). A node busy (NodeBusy) or whose
-    reconcile raised anything else (logged, counted `errors`) is in neither. What is not done is left running, or
-    not started; the next check (or reconcile batch) does it. The soft time limit is never swallowed (an
-    `except Exception` caught it, and the batch went on until the worker was killed; found by review): raised in
-    the batch's thread while it waits, or by a reconcile, it ends the wait, no reconcile starts after it, and it
-    is returned for the caller to record what was done and raise it."""
+    until `until` (time.monotonic(); a node alone too, unless the caller holds a transaction): ({node id: its
+    counts, or the NodeError it raised}, the ids of the nodes not done by then, counted `unfinished`, Celery's soft
+    time limit if it came). A node busy (NodeBusy) or whose reconcile raised anything else (logged, counted
+    `errors`) is in neither. What is not done is left running, or not started; the next check (or reconcile
+    batch) does it. The soft time limit is never swallowed (an `except Exception` caught it, and the batch went on
+    until the worker was killed; found by review): raised in the batch's thread while it waits, or by a reconcile,
+    it ends the wait, no reconcile starts after it, and it is returned for the caller to record what was done and
+    raise it."""
     if not nodes:
         return {}, set(), None
     wait_s = until - time.monotonic()
@@ -507,9 +507,13 @@ def _health_reconciles(nodes: list[Node], pool: SshPool, until: float, summary: 
 
     futures: list[tuple[Node, Future[Any]]] = []
     limit: SoftTimeLimitExceeded | None = None
-    if len(nodes) == 1:
-        # One alone (the usual case) in the batch's own thread: there is nothing to overlap, and the others'
-        # results are recorded already. Its steps are bounded; past the soft limit, the limit ends it.
+    if len(nodes) == 1 and connection.in_atomic_block:
+        # Only when the batch was called inside a transaction (a test's, or a caller's that wrapped it in one; never
+        # the task): a thread's connection would not see its writes and could wait on its locks, so the one node is
+        # reconciled in the batch's thread, bounded by its steps' own timeouts only. Everywhere else one alone runs
+        # in a thread as several do, waited for until `until`: in the batch's thread it had no deadline, so a node
+        # that answered its probe and then hung (a slot wait of 60 s, SSH steps of up to 120 s each) kept the
+        # batch past it, into the soft time limit, which cut the reconcile wherever it was (found by review).
         future: Future[Any] = Future()
         try:
             future.set_result(one(nodes[0]))
