@@ -77,6 +77,20 @@ def test_reset_e_mails_to_one_address_are_limited(client, renter, mailoutbox, se
     assert len(mailoutbox) == settings.PASSWORD_RESET_EMAILS_PER_ADDRESS
 
 
+@pytest.mark.parametrize("address, lookalike", [("sam@example.org", "\u017fam@example.org"),
+                                                 ("kim@example.org", "k\u0131m@example.org")])
+def test_reset_e_mails_to_one_mailbox_are_limited_whatever_its_spelling(mailoutbox, settings, address, lookalike):
+    """PostgreSQL's iexact matches 'ſam' (U+017F) to sam@ and 'kım' (U+0131) to kim@, which Python's lower() keeps
+    apart: the limit counted each spelling as an address of its own while every link went to the one mailbox."""
+    User.objects.create_user(email=address, password=PASSWORD)
+    limit = settings.PASSWORD_RESET_EMAILS_PER_ADDRESS
+    for i in range(limit):
+        Client(REMOTE_ADDR=f"203.0.113.{10 + i}").post(RESET, {"email": address})
+    response = Client(REMOTE_ADDR="198.51.100.7").post(RESET, {"email": lookalike})
+    assert response.status_code == 302
+    assert [m.to for m in mailoutbox] == [[address]] * limit
+
+
 def test_reset_form_errors_are_a_400_on_the_field(client):
     r = client.post(RESET, {"email": "not an address"})
     assert r.status_code == 400 and 'aria-invalid="true"' in r.content.decode()
