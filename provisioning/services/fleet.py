@@ -2,8 +2,9 @@
 
 - The dispatchers (`nodes_health_dispatch`, `nodes_reconcile_dispatch`; beat, one run at a time) split the
   watched nodes into batches of FLEET_BATCH_SIZE, in node order, and queue one task per batch
-  (FLEET_HEALTH_BATCH, FLEET_RECONCILE_BATCH). A batch message expires after one interval: by then the next
-  cycle has queued its nodes again. One cycle per interval: a dispatch less than half an interval after the
+  (FLEET_HEALTH_BATCH, FLEET_RECONCILE_BATCH). A batch message expires BATCH_EXPIRY_MARGIN_S under one interval,
+  as the dispatchers' beat ticks do, and a batch whose cycle is no longer the last one queued runs nothing: the
+  later cycle's batches have its nodes. One cycle per interval: a dispatch less than half an interval after the
   last cycle (a tick delivered twice, or a backlog of them) queues nothing.
 - A batch (`nodes_health_batch`, `nodes_reconcile_batch`) shares nothing with other batches but the database
   and the cache, so it runs in whichever worker takes it. It is idempotent: a message delivered twice for the
@@ -92,6 +93,9 @@ RECONCILE_DEADLINE_S = 480.0
 # is, and the next check reconciles it (a reconcile left running ends by itself).
 HEALTH_RECONCILE_PARALLELISM = 32
 HEALTH_RECONCILE_DEADLINE_S = 200.0
+# A batch message expires this much under its interval, as the dispatchers' beat ticks do
+# (settings.CELERY_BEAT_SCHEDULE): by then the next cycle is due.
+BATCH_EXPIRY_MARGIN_S = 5
 # The advisory-lock class of each kind of batch (two-key form: (class, node id); apart from core.locks' keys).
 _LOCK_CLASS = {"health": 0x6865616C, "reconcile": 0x7265636E}
 # `errors`: nodes whose reconcile raised something other than a NodeError (a bug, a refusal): logged with the
@@ -150,7 +154,7 @@ def _dispatch(kind: str, task: str, interval_s: int, now: datetime | None) -> Su
         # its own: a node silent at that moment got several failed checks at once, its renters interrupted after
         # two and the node offline after three (found by review). Taken before sending: a dispatch cut short is not
         # sent again; the next tick queues every node.
-        last_key = f"fleet-dispatch:{kind}:last"
+        last_key = _last_cycle_key(kind)
         last = cache.get(last_key)
         if isinstance(last, (int, float)) and abs(now.timestamp() - last) < interval_s / 2:
             return {"skipped": f"the last {kind} cycle was queued {abs(now.timestamp() - last):.0f} s ago"}
@@ -161,7 +165,7 @@ def _dispatch(kind: str, task: str, interval_s: int, now: datetime | None) -> Su
         sent = 0
         for batch in batches:
             try:
-                current_app.send_task(task, args=[batch, cycle], expires=interval_s)
+                current_app.send_task(task, args=[batch, cycle], expires=max(interval_s - BATCH_EXPIRY_MARGIN_S, 1))
             except SoftTimeLimitExceeded:
                 raise  # the task's time is up: not the broker's refusal
             except Exception as exc:  # noqa: BLE001 (kombu's many errors: the broker is down; the next cycle tries)
@@ -172,7 +176,29 @@ def _dispatch(kind: str, task: str, interval_s: int, now: datetime | None) -> Su
         return {"nodes": len(ids), "batches": sent, "send_failed": 0}
 
 
+def _last_cycle_key(kind: str) -> str:
+    """The cache key of the time (a POSIX timestamp) of the last cycle of this kind queued."""
+    return f"fleet-dispatch:{kind}:last"
+
+
 # ------------------------------------------------------------------------------------ batch claims and locks
+
+def _superseded(kind: str, cycle: str | None) -> bool:
+    """Whether a later cycle of this kind was queued after this batch's (the time the dispatcher keeps, taken
+    before it sends): its nodes are in that cycle's batches, so this one runs nothing. A batch message expires a
+    little under its interval, but the next cycle may come half an interval after the last (a tick taken late, then
+    the next on time): a late batch then ran after the next cycle's had checked its nodes, and a node silent at that
+    moment got two failed checks back to back, its renters interrupted after two (found by review). No cycle (a run
+    in this process), one not written by a dispatcher, or no time kept (the cache emptied): not superseded."""
+    if cycle is None:
+        return False
+    try:
+        queued = datetime.fromisoformat(cycle).timestamp()
+    except ValueError:
+        return False
+    last = cache.get(_last_cycle_key(kind))
+    return isinstance(last, (int, float)) and last > queued + 0.001
+
 
 def _claim(kind: str, cycle: str | None, node_ids: Sequence[int]) -> bool:
     """False when this cycle's batch already ran (the same message delivered again). No cycle: always True."""
@@ -387,6 +413,8 @@ def nodes_health_check(*, pool: SshPool | None = None) -> Summary:
 def nodes_health_batch(node_ids: Sequence[int], *, cycle: str | None = None, pool: SshPool | None = None,
                        parallelism: int = HEALTH_PARALLELISM) -> Summary:
     """Probe these nodes (those still watched), then record every result; returns counts."""
+    if _superseded("health", cycle):
+        return {"skipped": "a later cycle was queued: its batches check these nodes"}
     if not _claim("health", cycle, node_ids):
         return {"skipped": "this batch already ran"}
     until = time.monotonic() + HEALTH_RECONCILE_DEADLINE_S
@@ -591,6 +619,8 @@ def nodes_reconcile_batch(node_ids: Sequence[int], *, cycle: str | None = None, 
                           parallelism: int = RECONCILE_PARALLELISM) -> Summary:
     """Reconcile these nodes (those still watched), several at once: remove VMs nobody knows, fail instances
     whose VM vanished, resume interrupted ones (provisioning.services.reconcile.node_reconcile)."""
+    if _superseded("reconcile", cycle):
+        return {"skipped": "a later cycle was queued: its batches reconcile these nodes"}
     if not _claim("reconcile", cycle, node_ids):
         return {"skipped": "this batch already ran"}
     pool = pool if pool is not None else worker_pool()
