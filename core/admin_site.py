@@ -18,6 +18,12 @@ before webhooks were redacted held: found by review). Django accepts every looku
 (ModelAdmin.lookup_allowed), so the site refuses these, on the list's model and through its relations, with Django's
 answer to a lookup it forbids (DisallowedModelAdminLookup, a 400).
 
+A list's action runs on the rows the post selects (`_selected_action`), which Django filters by as sent: a value
+that is no key of the list's model (`abc`, `1.5` or an empty value for an integer key, a NUL) raised the field's
+ValueError out of the filter, a 500 on every list with an action (found by review). The selection is now read first,
+and a post naming anything other than keys of the model is refused as a whole, a 400 naming the value: no action
+runs, on none of the rows (a number past the key's range is refused the same way; it selected nothing before).
+
 Installed in place of django.contrib.admin (config/settings/base.py, INSTALLED_APPS: `AdminConfig` below), as
 Django documents for overriding the default site: `admin.site` is this site.
 """
@@ -28,15 +34,16 @@ from typing import Any
 
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.apps import AdminConfig as DjangoAdminConfig
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import build_q_object_from_lookup_parameters
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured, SuspiciousOperation
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured, SuspiciousOperation, ValidationError
 from django.db import router, transaction
 from django.db.models import Field, ForeignObjectRel
 from django.db.models.constants import LOOKUP_SEP
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
 # "app_label.Model.field": what each holds. An app not installed is skipped; a model or field not found is an error.
 SECRET_FIELDS = (
@@ -126,7 +133,33 @@ def _tried(changelist: type[ChangeList]) -> type[ChangeList]:
     return type(changelist.__name__, (_TriedLookups, changelist), {"__module__": changelist.__module__})
 
 
+def not_a_key(model: Any, value: str) -> bool:
+    """Whether a posted value is no key of `model`: one its primary key does not read (`abc` for an integer), one its
+    validators refuse (past the column's range), or one holding a NUL (no text column takes one)."""
+    if "\x00" in value:
+        return True
+    field = model._meta.pk
+    try:
+        field.run_validators(field.to_python(value))
+    except (ValidationError, TypeError, ValueError):
+        return True
+    return False
+
+
 class _TriedLookupsAdmin:
+    def response_action(self, request: HttpRequest, queryset: Any) -> HttpResponse | None:
+        """Django's, after the selection is read: any value that is not a key of the list's model refuses the
+        whole post (a 400 naming it), before the action sees a row."""
+        model = self.model  # type: ignore[attr-defined]
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            if not_a_key(model, value):
+                shown = value if len(value) <= 40 else value[:40] + "…"
+                return HttpResponseBadRequest(
+                    f"Not a key of a {model._meta.verbose_name}: {shown!r} among the selected rows. Nothing was "
+                    "done; select the rows on the list again.", content_type="text/plain; charset=utf-8")
+        response: HttpResponse | None = super().response_action(request, queryset)  # type: ignore[misc]
+        return response
+
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         if lookup_reads_a_secret(self.model, lookup):  # type: ignore[attr-defined]
             return False  # whatever Django allows: its own fields, a list filter's path, a limit_choices_to popup
