@@ -40,8 +40,11 @@ class VolumeAttachSerializer(StrictFieldsMixin, serializers.Serializer):
     volume = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="One of your volumes, on the "
                                                                                   "offer's node, available.")
     mount = serializers.CharField(max_length=255, trim_whitespace=False, help_text=(
-        "An absolute, normalised path in the instance, e.g. /data: not /, not under /proc, /sys or /dev, nor "
-        "where the platform mounts its own files (/.gpumarket, /.gpumarket-state, /root/.ssh/authorized_keys)."))
+        "An absolute, normalised path in the instance, e.g. /data: not /, not a system folder the instance's SSH "
+        "server needs (/bin, /boot, /dev, /etc, /lib, /lib32, /lib64, /libx32, /proc, /run, /sbin, /sys, /usr, "
+        "/var/empty, /var/run), under one or above one (/var), judged as the folder the path names (/usr/../etc is "
+        "/etc), nor where the platform mounts its own files (/.gpumarket, /.gpumarket-state, "
+        "/root/.ssh/authorized_keys)."))
 
 
 class VolumesField(serializers.ListField):

@@ -60,7 +60,13 @@ _MOUNT_RE = re.compile(r"/[A-Za-z0-9._/-]+", re.ASCII)  # fullmatch: "$" let a t
 # A volume at one of the agent's mounts (the renter's SSH keys at /root/.ssh/authorized_keys among them) was taken,
 # and the node's docker refused the create ("Duplicate mount point"), counted as the node's failure (found by review):
 # tests/provisioning/test_reserved_mounts.py holds the two lists equal.
-_SYSTEM_MOUNT_ROOTS = ("/proc", "/sys", "/dev")
+# The system's own folders: the kernel's, and what the instance's SSH server and the platform's entry wrapper need
+# to start it (its program and libraries, its configuration and host keys in /etc, its run-time folders). A volume
+# over one (its content the renter's: over /etc/ssh, sshd has no configuration) could keep sshd from starting, and
+# so a catalogue image's silent SSH server had to be taken as the renter's doing, never the node's (found by review).
+# A path is judged as the folder it names (/usr/../etc is /etc) and refused above one too (/var holds /var/run).
+_SYSTEM_MOUNT_ROOTS = ("/proc", "/sys", "/dev", "/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/run",
+                       "/sbin", "/usr", "/var/empty", "/var/run")
 _AGENT_MOUNTS = ("/.gpumarket", "/.gpumarket-state", "/root/.ssh/authorized_keys")
 _FORBIDDEN_MOUNT_ROOTS = _SYSTEM_MOUNT_ROOTS + _AGENT_MOUNTS
 
@@ -236,15 +242,31 @@ class MountRequest:
     mount: str
 
 
+def _system_folder(mount: str) -> str:
+    """Why `mount` (an absolute path) is refused as a system folder (_SYSTEM_MOUNT_ROOTS), judged as the folder it
+    names once '.', '..', '//' and a trailing '/' are resolved; "" when it is none."""
+    path = posixpath.normpath("/" + mount.lstrip("/"))  # normpath keeps a leading "//", which names / on Linux
+    said = mount if path == mount else f"{mount} (that is {path})"
+    if path == "/":
+        return f"{said} cannot be /"
+    for root in _SYSTEM_MOUNT_ROOTS:
+        if path == root or path.startswith(root + "/"):
+            return f"{said} cannot be {root} or under it: a system folder the instance's SSH server needs"
+        if root.startswith(path + "/"):
+            return f"{said} cannot be {path}: it holds {root}, a system folder the instance's SSH server needs"
+    return ""
+
+
 def _mount_problem(mount: object) -> str:
     if not isinstance(mount, str) or not mount:
         return "is an absolute path, e.g. /data"
     if len(mount) > MAX_MOUNT_CHARS or not _MOUNT_RE.fullmatch(mount):
         return f"is an absolute path of letters, digits and . _ - / (at most {MAX_MOUNT_CHARS} characters)"
+    system = _system_folder(mount)
+    if system:
+        return system
     if ".." in mount.split("/") or "//" in mount or posixpath.normpath(mount) != mount:
         return "must be a normalised path (no '..', '.', '//' or trailing '/')"
-    if mount == "/" or any(mount == root or mount.startswith(root + "/") for root in _SYSTEM_MOUNT_ROOTS):
-        return "cannot be / or under /proc, /sys or /dev"
     for root in _AGENT_MOUNTS:
         if mount == root or mount.startswith(root + "/"):
             return f"cannot be {root} or under it: the platform mounts its own files there in every instance"

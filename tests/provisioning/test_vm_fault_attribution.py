@@ -2,9 +2,10 @@
 own doing failed a job as the node's (found by review):
 
 - a catalogue image's silent SSH server was always the node's, though the renter's onstart (root, run right after
-  sshd starts), env (the entry wrapper's PATH: no host key made, sshd cannot start) or volumes (mounted over
-  /etc/ssh or /usr/sbin) run or take effect before the platform judges SSH: `pkill sshd` in onstart took 0.02 of
-  any node's reliability per booking, free of charge. With any of them the own image's rule decides;
+  sshd starts) or env (the entry wrapper's PATH: no host key made, sshd cannot start) run or take effect before the
+  platform judges SSH: `pkill sshd` in onstart took 0.02 of any node's reliability per booking, free of charge. With
+  any of them the own image's rule decides (a volume can no longer go over /etc/ssh or /usr/sbin:
+  tests/marketplace/test_vm_entry_hardening_volumes.py);
 - after a start or restart the VM's disk is the renter's (they had root on it): every image gets that rule;
 - a `vm status` answer without a state (confirming a create whose answer was lost) crashed the job (KeyError: the
   platform's "internal error"): it is the node's garbage;
@@ -18,7 +19,6 @@ from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as svc
-from marketplace.services import volumes as volume_svc
 from marketplace.services.instances.options import instance_options
 from provisioning import tasks
 from provisioning.models import Job, JobFault, JobKind, JobStatus
@@ -165,23 +165,6 @@ def test_a_catalogue_image_with_renter_env_that_the_node_sees_silent_is_the_rent
     job = failed(job)
     assert job.fault == JobFault.RENTER and "env" in job.error, job.error
     assert [p["vm_id"] for p in probes] == [instance.vm_id] and reliability(node) == 1.0
-
-
-def test_a_catalogue_image_with_a_renter_volume_that_the_node_sees_silent_is_the_renters(monkeypatch):
-    """A volume mounted over /etc/ssh hides sshd's configuration: the renter's doing."""
-    fake = FakeNode()
-    probes = probing(fake, monkeypatch, ssh_answers=False)
-    monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
-    node = checked_node()
-    owner = UserFactory()
-    volume = volume_svc.volume_create(owner=owner, node_id=node.pk, size_gb=5)
-    volume_svc.volume_mark_available(volume_id=volume.pk)
-    instance = book(owner, node, volumes=[{"volume": volume.pk, "mount": "/etc/ssh"}])
-    job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
-    run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
-    job = failed(job)
-    assert job.fault == JobFault.RENTER and "volumes" in job.error, job.error
-    assert len(probes) == 1 and reliability(node) == 1.0
 
 
 def test_a_catalogue_image_with_renter_code_whose_ssh_answers_on_the_node_only_is_the_nodes(monkeypatch):

@@ -16,7 +16,14 @@ RESERVED_ENV_PREFIXES = ("NVIDIA_",)
 VOLUME_NAME_RE = re.compile(r"vol-[a-z0-9]{8,32}")
 MAX_ENV, MAX_ENV_VALUE, MAX_ENV_BYTES = 64, 4096, 32768
 MAX_ONSTART, MAX_PORTS, MAX_VOLUMES = 16384, 16, 8
-FORBIDDEN_MOUNTS = ("/proc", "/sys", "/dev")
+# The system's own folders, never a renter's volume (the platform refuses the same: marketplace/services/volumes.py
+# _SYSTEM_MOUNT_ROOTS): the kernel's (/proc, /sys, /dev) and what the VM's SSH server and the entry wrapper need to
+# start it: its program and libraries (/usr, and /bin, /sbin, /lib* where they are not links into /usr), its
+# configuration and host keys (/etc, /etc/ssh), its run-time and privilege-separation folders (/run, /var/run,
+# /var/empty), and /boot. A volume over one (its content the renter's) could keep sshd from starting, which made
+# a catalogue image's silent SSH server the renter's doing rather than the node's (found by review).
+FORBIDDEN_MOUNTS = ("/proc", "/sys", "/dev", "/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/run",
+                    "/sbin", "/usr", "/var/empty", "/var/run")
 AUTHORIZED_KEYS_MOUNT = "/root/.ssh/authorized_keys"  # the renter's SSH keys, bound read-only into the container
 # The agent's own mounts in a container (the platform refuses the same: marketplace/services/volumes.py
 # _FORBIDDEN_MOUNT_ROOTS). A volume at the keys' path was taken, and docker refused the create: "Duplicate mount
@@ -81,15 +88,39 @@ def validate_ports(value):
     return sorted(value)
 
 
+def normal_mount(mount):
+    """The path a mount point names: '.', '..', '//' and a trailing '/' resolved (posixpath.normpath keeps a
+    leading '//', which names / on Linux)."""
+    return posixpath.normpath("/" + mount.lstrip("/"))
+
+
+def system_folder(path):
+    """(the system folder a normalised path is, is under or holds, whether it holds it), or None: /var holds
+    /var/run and /var/empty, and a volume over it hides them as surely."""
+    for top in FORBIDDEN_MOUNTS:
+        if path == top or path.startswith(top + "/"):
+            return top, False
+        if top.startswith(path + "/"):
+            return top, True
+    return None
+
+
 def validate_mount(mount):
     if not isinstance(mount, str) or not mount.startswith("/") or len(mount) > 255 or \
             any(ord(ch) < 32 or ord(ch) == 127 for ch in mount):
         raise ValueError("must be an absolute path of at most 255 printable characters")
-    if ".." in mount.split("/") or posixpath.normpath(mount) != mount or mount.startswith("//"):
-        raise ValueError("must be a normalised path without '..'")
-    if mount == "/":
+    path = normal_mount(mount)  # compared as the path it names: /usr/../etc is /etc
+    said = mount if path == mount else "%s (that is %s)" % (mount, path)
+    if path == "/":
         raise ValueError("cannot be /")
-    for top in FORBIDDEN_MOUNTS + RESERVED_MOUNTS:
+    system = system_folder(path)
+    if system is not None:
+        top, holds = system
+        raise ValueError("%s cannot be %s (a system folder the VM's SSH server needs)" % (
+            said, ("%s: it holds %s" % (path, top)) if holds else ("%s or under it" % top)))
+    if ".." in mount.split("/") or path != mount:
+        raise ValueError("must be a normalised path (no '..', '.', '//' or trailing '/')")
+    for top in RESERVED_MOUNTS:
         if mount == top or mount.startswith(top + "/"):
             raise ValueError("cannot be under %s" % top)
     return mount
