@@ -68,6 +68,7 @@ from provisioning.verification.wording import reasons_text
 
 # How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.
 BENCHMARK_SSH_MARGIN_S = 30
+BENCHMARK_DEVICE = "cuda"  # the verification's benchmark runs on the GPUs, never the agent's CPU mode
 
 
 class BenchmarkTimeout(NodeError):
@@ -264,7 +265,10 @@ def node_verify_run(*, job: Job) -> None:
             if free or slices:
                 job_step(job=job, message=f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
                                           f"(at most {limit} s)")
-                request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free}
+                # On the GPUs, said so: an answer measured on another device (the agent's "cpu" mode, which the
+                # policy judges as figures only) is malformed (benchmark_problems).
+                request = {"quick": settings.BENCHMARK_QUICK, "time_limit_s": limit, "gpu_indices": free,
+                           "device": BENCHMARK_DEVICE}
                 if slices:
                     request["mig_uuids"] = slices
                 try:
@@ -283,7 +287,8 @@ def node_verify_run(*, job: Job) -> None:
                     if exc.code == "invalid_request":
                         raise
                     bench_error = exc.message  # no PyTorch, no CUDA, a crash: the provider can act on it
-                problems = benchmark_problems(bench, free, slices) if bench is not None else []
+                problems = (benchmark_problems(bench, free, slices, device=BENCHMARK_DEVICE) if bench is not None
+                            else [])
                 if problems:  # e.g. {"ok": true} alone, a GPU twice, NaN: nothing it says is judged or kept
                     malformed.append(MalformedAnswer("benchmark", problems).finding)
                     bench = None

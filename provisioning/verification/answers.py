@@ -279,14 +279,23 @@ _FIGURES = (*FIGURES, "h2d_gbs", "d2h_gbs", *CNN_FIGURES)
 _TELEMETRY = ("sm_clock_mhz", "sm_clock_max_mhz", "power_draw_w", "pcie_link_gen", "pcie_link_width")
 
 
-def benchmark_problems(bench: Any, gpu_indices: Collection[int], mig_uuids: Collection[str] = ()) -> list[str]:
-    """What is wrong with a `benchmark` answer to a request for `gpu_indices` (and `mig_uuids`) ([] when nothing):
-    each GPU asked about measured exactly once and no other, each slice at most once and none not asked about,
-    every figure a finite number in range, the telemetry, the correctness check and the p2p copies well formed."""
+def benchmark_problems(bench: Any, gpu_indices: Collection[int], mig_uuids: Collection[str] = (),
+                       device: str = "cuda") -> list[str]:
+    """What is wrong with a `benchmark` answer to a request for `gpu_indices` (and `mig_uuids`) on `device` ([] when
+    nothing): each GPU asked about measured exactly once and no other, each slice at most once and none not asked
+    about, every figure a finite number in range, the telemetry, the correctness check and the p2p copies well formed,
+    and measured on the device asked for. The policy judges a "cpu" answer as figures only (no CUDA name, SM count,
+    CUDA memory, power or fleet comparison: gpu-selfcheck --device cpu), so an answer saying so to a request for
+    cuda was a shim's one-word way past those checks."""
     check = _Check()
     answer = check.obj(bench, "the answer", required=True)
     if answer is None:
         return check.problems
+    if "device" in answer and answer["device"] != device:  # absent: the agent's default, cuda (as the policy reads it)
+        said = answer["device"]
+        shown = ("null" if said is None else repr(said) if isinstance(said, str) and len(said) <= 64
+                 else "not a device name")
+        check.add("device", f"is {shown}; the benchmark was asked to run on {device}")
     asked = set(gpu_indices)
     seen: list[tuple[str, Any]] = []
     for n, gpu in enumerate(check.items(answer.get("gpus"), "gpus", required=True, most=MAX_GPUS) or []):

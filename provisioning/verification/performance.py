@@ -21,7 +21,7 @@ def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: Sequ
     smi = {g.get("index"): g for g in inventory_gpus}
     for gpu in gpus:
         seen = smi.get(gpu["index"]) or {}
-        if bench.get("device", "cuda") == "cuda":
+        if on_gpu(bench):
             findings += _check_cuda_identity(declared, gpu, seen.get("name"))
             findings += _check_cuda_memory(declared, gpu, seen)
             findings += _check_power(declared, gpu, seen)
@@ -30,9 +30,15 @@ def check_performance(declared: DeclaredModel, bench: dict, inventory_gpus: Sequ
         findings += _check_clocks(gpu)
         findings += check_results(gpu)
     findings += _check_node_median(gpus)
-    if fleet is not None and bench.get("device", "cuda") == "cuda":
+    if fleet is not None and on_gpu(bench):
         findings += check_fleet(declared, gpus, fleet)
     return findings
+
+
+def on_gpu(bench: dict) -> bool:
+    """Whether the answer is judged as measured on GPUs: all but one that says "cpu" (gpu-selfcheck --device cpu,
+    figures only). The verification refuses any device but the one it asked for (answers.benchmark_problems)."""
+    return bench.get("device") != "cpu"
 
 
 def _check_cuda_identity(declared: DeclaredModel, gpu: dict, smi_name: str | None) -> list[Finding]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from provisioning.verification.identity import check_identity
 from provisioning.verification.interconnect import check_topology, nvlink_summary
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
-from provisioning.verification.performance import FleetReference, check_performance
+from provisioning.verification.performance import FleetReference, check_performance, on_gpu
 from provisioning.verification.tolerances import FIGURES, PLATFORM_FIGURES, TOLERANCES
 
 
@@ -97,7 +97,7 @@ def summarize(declared: DeclaredModel, bench: dict) -> dict:
                                if gpu.get(k) and declared.datasheet.get(k)}
         score = gpu_score(gpu)
         row["score"] = round(score, 2) if score is not None else None
-        if bench.get("device", "cuda") == "cuda":
+        if on_gpu(bench):
             row.update(per_watt(gpu))
         gpus.append(row)
     medians = {}
