@@ -47,7 +47,7 @@ def test_create_argv_with_the_renters_options():
         "a", [2, 5], "127.0.0.1:5000/t/app:1", 40000, "/s/vms/a/authorized_keys",
         gpus="devices:/dev/test-gpu{index}", bind="127.0.0.1", ports={"8888/tcp": 40001, "6006/tcp": 40002},
         volumes=[{"name": "vol-abcdefgh", "mount": "/data"}, {"name": "vol-ijklmnop", "mount": '/a,b "c"'}],
-        box="/s/vms/a", env_path="/s/vms/a/env.list", command=["/usr/sbin/sshd", "-D"])
+        box="/s/vms/a", command=["/usr/sbin/sshd", "-D"])
     assert argv[argv.index("--hostname") + 2:] == [
         "--label", "gpumarket.vm_id=a", *ISOLATION, *LOGS,
         "--device", "/dev/test-gpu2:/dev/nvidia2", "--device", "/dev/test-gpu5:/dev/nvidia5",
@@ -58,7 +58,7 @@ def test_create_argv_with_the_renters_options():
         "-e", "TINI_KILL_PROCESS_GROUP=1",  # docker stop's signal reaches the image's command under the wrapper
         "--mount", "type=volume,src=vol-abcdefgh,dst=/data",
         "--mount", 'type=volume,src=vol-ijklmnop,"dst=/a,b ""c"""',  # CSV, as docker's --mount parser reads it
-        "--env-file", "/s/vms/a/env.list",
+        # no --env-file: the renter's env is no part of the container's environment (dockerbox.py)
         "-e", "NVIDIA_VISIBLE_DEVICES=void",  # no GPU through an nvidia default runtime but the devices given
         "--restart", "unless-stopped", "127.0.0.1:5000/t/app:1",
         "/.gpumarket/entry.sh", "/usr/sbin/sshd", "-D",

@@ -146,7 +146,7 @@ def test_the_box_is_readable_by_the_images_user_and_the_vm_folder_by_nobody_else
     assert mode(vmdir) == 0o700  # the env in the box: no other user of the host reaches it
     assert mode(box) == 0o755
     assert {name: mode(os.path.join(box, name)) for name in os.listdir(box)} == {
-        "entry.sh": 0o755, "profile.sh": 0o644, "environment": 0o644, "onstart.sh": 0o644}
+        "entry.sh": 0o755, "profile.sh": 0o644, "environment": 0o644, "renter.env": 0o644, "onstart.sh": 0o644}
 
 
 def set_status(tmp_path, name, status):

@@ -1,7 +1,8 @@
 """The docker runtime: a VM is a container with its GPUs passed through, sshd inside and its ports published.
 
-Every docker command is an argument list. The renter's options reach the container as files the agent writes
-(an --env-file, the box folder of dockerbox.py) and as argv items, never through a shell on the node.
+Every docker command is an argument list. The renter's options reach the container as files the agent writes (the
+box folder of dockerbox.py) and as argv items, never through a shell on the node; the renter's env is no part of the
+container's environment (dockerbox.py: only onstart and SSH sessions get it).
 
 Each container is bounded and kept apart from the others (limits_argv, ISOLATION_ARGV): a share of the host's memory
 (no swap beyond it), CPUs and process ids in proportion to its GPUs; its writable layer limited to the booked
@@ -84,7 +85,8 @@ class DockerRuntime(Runtime):
         """The box folder, mounted read-only at /.gpumarket: read by the wrapper as the image's user, who may not be
         root (USER jovyan), so the box is 0755 and its files 0644 (0700 and 0600, a non-root image crash-looped on
         "can't open '/.gpumarket/entry.sh'"; found by review). The renter's env in them is theirs to read in their
-        own container; on the host the VM's folder, 0700, keeps every other user out."""
+        own container; on the host the VM's folder, 0700, keeps every other user out. The env is in the box only:
+        the container's environment is the image's and the platform's (dockerbox.py)."""
         vmdir, spec = vm_dir(self.cfg, rec["vm_id"]), rec["spec"]
         box = os.path.join(vmdir, "box")
         os.makedirs(box, exist_ok=True)
@@ -94,11 +96,10 @@ class DockerRuntime(Runtime):
         env = spec.get("env", {})
         write_file(os.path.join(box, "profile.sh"), profile_sh(env), 0o644)
         write_file(os.path.join(box, "environment"), pam_environment(env), 0o644)
+        write_file(os.path.join(box, "renter.env"), env_file(env), 0o644)  # exported for onstart only
         if spec.get("onstart"):
             write_file(os.path.join(box, "onstart.sh"), spec["onstart"], 0o644)
-        env_path = os.path.join(vmdir, "env.list")
-        write_file(env_path, env_file(env), 0o600)
-        return vmdir, env_path
+        return vmdir
 
     def ensure_network(self):
         """The gpumarket bridge, made once per node with inter-container traffic off; one of that name made
@@ -155,7 +156,7 @@ class DockerRuntime(Runtime):
             command = image_command(spec["image"]["docker"])  # run by the wrapper, which outlives it
             self.ensure_network()
             rec["limits"] = self.limits(spec)
-            vmdir, env_path = self.write_box(rec)
+            vmdir = self.write_box(rec)
             # A MIG instance gets its slices only (the toolkit takes MIG-... UUIDs as devices), others their cards.
             devices = rec["gpu_devices"] = container_devices(spec, self.cfg.docker_gpus)
 
@@ -163,12 +164,8 @@ class DockerRuntime(Runtime):
                 return docker_run_argv(vm_id, devices, spec["image"]["docker"],
                                        rec["ssh_port"], keys_path, gpus=self.cfg.docker_gpus, bind=self.cfg.docker_bind,
                                        ports=rec.get("ports"), volumes=spec.get("volumes", ()), box=vmdir,
-                                       env_path=env_path, command=command, limits=limits)
-            try:
-                self.create_container(rec, argv_for)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(env_path)  # the container holds the env now; the record keeps the spec
+                                       command=command, limits=limits)
+            self.create_container(rec, argv_for)
             rec["os"] = read_os(vm_id)
             vm_log(self.cfg, vm_id, "created container %s (%s; %s)" % (
                 vm_name(vm_id), rec["os"] or "OS unknown", limits_text(rec["limits"])))

@@ -1,6 +1,6 @@
-"""The docker runtime's command lines: `docker create` for one VM (its isolation, log cap, limits, ports, volumes,
-env file and the entry wrapper), the GPUs it names (gpu_argv, container_devices), the lifecycle verbs and the
-listing of our containers. Argument lists only: nothing here runs a command."""
+"""The docker runtime's command lines: `docker create` for one VM (its isolation, log cap, limits, ports, volumes
+and the entry wrapper; no renter's env: dockerbox.py), the GPUs it names (gpu_argv, container_devices), the
+lifecycle verbs and the listing of our containers. Argument lists only: nothing here runs a command."""
 import csv
 import io
 import os
@@ -60,7 +60,7 @@ def mount_arg(**fields):
 
 
 def docker_run_argv(vm_id, gpu_indices, image, host_port, keys_path, gpus="toolkit", bind=None, ports=None,
-                    volumes=(), box=None, env_path=None, command=(), limits=None):
+                    volumes=(), box=None, command=(), limits=None):
     """`docker create` (run_argv's name is kept: `docker run -d` minus the start) for one VM."""
     argv = ["docker", "create", "--name", vm_name(vm_id), "--hostname", vm_id, "--label", LABEL + "=" + vm_id]
     argv += ISOLATION_ARGV + LOG_ARGV
@@ -78,8 +78,6 @@ def docker_run_argv(vm_id, gpu_indices, image, host_port, keys_path, gpus="toolk
         argv += ["-e", "TINI_KILL_PROCESS_GROUP=1"]
     for vol in volumes:
         argv += ["--mount", mount_arg(type="volume", src=vol["name"], dst=vol["mount"])]
-    if env_path:
-        argv += ["--env-file", env_path]
     if gpus != "toolkit":
         # No GPU through an nvidia default runtime either: the image's own ENV (every nvidia/cuda image has
         # NVIDIA_VISIBLE_DEVICES=all) must not hand the container the node's GPUs. (--gpus sets the variable.)

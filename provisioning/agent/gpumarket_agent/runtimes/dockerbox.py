@@ -10,17 +10,40 @@ up when it exits: a command that exits at once without a terminal (a bare shell:
 nvidia/cuda's entrypoint that execs bash when given nothing, `CMD bash` as `sh -c bash`, `bash -l`) had the
 container crash-loop under `--restart unless-stopped`, killing sshd and the renter's sessions every time (found by
 review: recognising shells in the argv missed all but `["/bin/bash"]`). `docker stop` ends it at once: the wrapper
-traps TERM and INT, stops the command and exits."""
+traps TERM and INT, stops the command and exits.
+
+The renter's env is no part of the container's environment: the wrapper's own steps (the env files for SSH
+sessions, the host key, sshd) run in the image's environment with the platform's PATH, and the image's command in the
+image's own environment. Only what the renter runs gets the env: onstart (the wrapper exports each NAME=value line of
+the box's renter.env, taken literally, in onstart's subshell alone) and their SSH sessions (/etc/environment for
+pam_env, /etc/profile.d for login shells). Before, the env was the container's environment, so the wrapper's own:
+PATH=/nowhere and no host key was made (ssh-keygen not found), sshd could not start, and the wrapper's last loop spun
+(sleep not found); and the image's command (every catalogue image's runs a bash script: provisioning/images) ran
+with it, where BASH_ENV alone runs code as root (bash expands it). So the renter's env could silence the VM's SSH
+server, and a catalogue image's silence with any env had to be taken as the renter's (found by review)."""
 import shlex
 
-# POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it as the
-# container's environment (--env-file) and as files written by the agent; onstart is a file it runs.
+# POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it only as files
+# written by the agent (renter.env, read line by line and exported as it is, never parsed as shell code; profile.sh
+# and environment, copied for SSH sessions); onstart is a file it runs.
 ENTRY_SH = r"""#!/bin/sh
 # gpumarket entry: env for SSH sessions, host keys, sshd (unless the image's command is one), onstart once,
 # then the image's own command as a child; the container stays up when it exits.
 G=/.gpumarket
 S=/.gpumarket-state
+# The wrapper's own steps find their programs on the platform's PATH; the image's command gets the image's.
+IMAGE_PATH=${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
 say() { echo "[gpumarket] $*"; }
+renter_env() {
+    # The renter's env, for the renter's own processes only: NAME=value lines (names checked by the agent, values
+    # one line each), each exported as it is (a name the shell keeps read-only is skipped).
+    [ -f "$G/renter.env" ] || return 0
+    while IFS= read -r line; do
+        command export "$line" 2>/dev/null || say "env: ${line%%=*} cannot be set here"
+    done < "$G/renter.env"
+}
 mkdir -p "$S" 2>/dev/null && [ -w "$S" ] || { S="${HOME:-/tmp}/.gpumarket-state"; mkdir -p "$S" 2>/dev/null; }
 if [ -w /etc ]; then
     if [ -f "$G/profile.sh" ]; then
@@ -33,9 +56,13 @@ if [ -w /etc ]; then
         fi
         cat "$S/environment.orig" "$G/environment" > /etc/environment
     fi
-    if [ -x /usr/bin/ssh-keygen ] && [ -d /etc/ssh ] && ! ls /etc/ssh/ssh_host_*_key >/dev/null 2>&1; then
+    KEYGEN=""
+    for candidate in /usr/bin/ssh-keygen /usr/local/bin/ssh-keygen; do
+        [ -x "$candidate" ] && KEYGEN=$candidate && break
+    done
+    if [ -n "$KEYGEN" ] && [ -d /etc/ssh ] && ! ls /etc/ssh/ssh_host_*_key >/dev/null 2>&1; then
         # One ed25519 host key per container (an image must not carry keys; RSA ones take seconds to make).
-        ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key </dev/null >/dev/null 2>&1
+        "$KEYGEN" -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key </dev/null >/dev/null 2>&1
     fi
 fi
 SSHD=""
@@ -54,7 +81,8 @@ esac
 if [ -f "$G/onstart.sh" ] && [ ! -e "$S/onstart.started" ]; then
     : > "$S/onstart.started"
     say "onstart: running"
-    ( cd "${HOME:-/}" 2>/dev/null; /bin/sh "$G/onstart.sh"; say "onstart: exited $?" ) </dev/null 2>&1 &
+    ( PATH=$IMAGE_PATH; renter_env; cd "${HOME:-/}" 2>/dev/null; /bin/sh "$G/onstart.sh"; say "onstart: exited $?"
+    ) </dev/null 2>&1 &
 fi
 SLEEPER=""
 stop() {
@@ -69,8 +97,8 @@ trap stop TERM INT QUIT WINCH
 if [ $# -gt 0 ]; then
     # Not exec: a command that exits (a shell reading EOF) must not end the container. In the foreground: sh starts
     # a background command with SIGINT and SIGQUIT ignored, for it and everything it starts (no Ctrl-C in a
-    # terminal the image opens; found by review).
-    "$@" </dev/null
+    # terminal the image opens; found by review). In the image's environment, not the renter's env (above).
+    ( PATH=$IMAGE_PATH; exec "$@" ) </dev/null
     RC=$?
     say "the image's command exited $RC; the instance stays up for SSH"
     case "$1" in
@@ -91,7 +119,8 @@ done
 
 
 def env_file(env):
-    """docker --env-file: NAME=value lines, taken literally (values hold no CR/LF: options.validate_env)."""
+    """The box's renter.env: NAME=value lines, each exported as it is by the wrapper for onstart (values hold no
+    CR/LF: options.validate_env)."""
     return "".join("%s=%s\n" % (k, v) for k, v in sorted(env.items()))
 
 

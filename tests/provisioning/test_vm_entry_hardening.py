@@ -1,0 +1,177 @@
+"""The entry wrapper of a docker VM runs its own steps in the platform's environment (found by review).
+
+Before, the renter's env was the container's environment, so the wrapper's own: with PATH=/nowhere it found neither
+ssh-keygen nor ls, made no host key, and sshd could not start. The platform had to judge a catalogue image's silent
+SSH server with any env as the renter's doing, and a node's own fault went uncounted. Now the env reaches onstart
+(exported from the box's renter.env, each value as it is) and SSH sessions only, and the image's command runs in the
+image's own environment. (Volumes: test_vm_entry_hardening_mounts.py.)
+
+Here the wrapper that the agent put in the box runs on this host's /bin/sh, as the container would run it: its
+environment is what the `docker create` argv gives it (the image's, then --env-file and -e), /etc is a folder of the
+test's, the host key is made by the host's ssh-keygen, and sshd is the host's OpenSSH on a loopback port."""
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from provisioning.agent.gpumarket_agent.runtimes import docker as docker_runtime
+from tests.provisioning.test_agent_docker import node  # noqa: F401 - the fixture
+from tests.provisioning.test_agent_docker_entry import docker_stop
+
+SSHD, KEYGEN = "/usr/sbin/sshd", "/usr/bin/ssh-keygen"
+PLATFORM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+IMAGE_PATH = "/opt/image/bin:" + PLATFORM_PATH  # an image's own ENV PATH (conda, CUDA)
+TRICKY = "it's $HOME \"q\" `id` $(id) \\n #x"
+RENTER_ENV = {"PATH": "/nowhere", "API_KEY": "sk-1", "TRICKY": TRICKY, "HOME": "/nowhere-home"}
+ONSTART = 'echo "onstart PATH=$PATH API_KEY=$API_KEY HOME=$HOME"\nprintf "%s\\n" "TRICKY=$TRICKY"\n'
+COMMAND = ["/bin/sh", "-c", 'echo "command PATH=$PATH API_KEY=${API_KEY-unset}"']
+
+needs_openssh = pytest.mark.skipif(not (os.access(SSHD, os.X_OK) and os.access(KEYGEN, os.X_OK)
+                                        and os.path.isdir("/run/sshd")),
+                                   reason="needs OpenSSH's sshd and ssh-keygen (and /run/sshd) on this host")
+
+
+def created(node, monkeypatch, **options):  # noqa: F811
+    """Create a VM on the stand-in docker node; answer the `docker create` argv and its --env-file's text as the
+    engine read it (the agent deletes that file after the create)."""
+    env_files = []
+    real_run = docker_runtime.run
+
+    def snooping(argv, *args, **kwargs):
+        if argv[:2] == ["docker", "create"]:
+            if "--env-file" in argv:
+                with open(argv[argv.index("--env-file") + 1]) as f:
+                    env_files.append(f.read())
+            else:
+                env_files.append(None)
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(docker_runtime, "run", snooping)
+    monkeypatch.setattr(docker_runtime, "image_command", lambda image: list(COMMAND))
+    vm = node.create("inst-1", [0], **options)
+    assert vm["ok"], vm
+    (argv,) = node.creates()  # as the stand-in docker logged it: without "docker"
+    (env_file_text,) = env_files
+    return argv, env_file_text
+
+
+def container_environment(argv, env_file_text, home):
+    """The environment docker gives the container's first process: the image's ENV, then --env-file, then -e."""
+    env = {"PATH": IMAGE_PATH, "HOME": home, "HOSTNAME": "inst-1"}
+    for line in (env_file_text or "").splitlines():
+        name, _, value = line.partition("=")
+        env[name] = value
+    for flag, value in zip(argv, argv[1:]):  # noqa: B905 - python3.8 style as the agent's tests
+        if flag == "-e":
+            name, _, value = value.partition("=")
+            env[name] = value
+    return env
+
+
+def wrapper_as_the_container_runs_it(argv, tmp_path, fake_sshd):
+    """The box's entry.sh with /etc and the wrapper's state in tmp_path and `fake_sshd` its only sshd."""
+    (box,) = [a[:-len(":/.gpumarket:ro")] for a in argv if a.endswith(":/.gpumarket:ro")]
+    with open(os.path.join(box, "entry.sh")) as f:
+        script = f.read()
+    for old, new in [("G=/.gpumarket\n", f"G={box}\n"), ("S=/.gpumarket-state\n", f"S={tmp_path}/state\n"),
+                     ("/etc", f"{tmp_path}/etc"),
+                     ("for candidate in /usr/sbin/sshd /usr/local/sbin/sshd; do", f"for candidate in {fake_sshd}; do")]:
+        assert old in script, old
+        script = script.replace(old, new)
+    (tmp_path / "etc" / "ssh").mkdir(parents=True)  # an image's /etc/ssh, without host keys
+    entry = tmp_path / "entry.sh"
+    entry.write_text(script)
+    return str(entry)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def banner(port, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                return sock.recv(64)
+        except OSError:
+            if time.monotonic() > deadline:
+                return b""
+            time.sleep(0.1)
+
+
+def wait_for(path, *texts, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if all(t in text for t in texts):
+            return text
+        time.sleep(0.1)
+    return path.read_text() if path.exists() else ""
+
+
+@needs_openssh
+def test_a_vm_whose_renter_env_sets_path_nowhere_still_gets_its_host_key_and_sshd(node, tmp_path,  # noqa: F811
+                                                                                  monkeypatch):
+    argv, env_file_text = created(node, monkeypatch, env=RENTER_ENV, onstart=ONSTART)
+    port = free_port()
+    config = tmp_path / "sshd_config"
+    config.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path}/etc/ssh/ssh_host_ed25519_key\n"
+                      f"PidFile {tmp_path}/sshd.pid\nUsePAM no\nPasswordAuthentication no\n")
+    fake_sshd = tmp_path / "sshd"  # the host's sshd on a port of the test's, telling the environment it got
+    fake_sshd.write_text(f'#!/bin/sh\necho "sshd PATH=$PATH API_KEY=${{API_KEY-unset}}" > {tmp_path}/sshd.env\n'
+                         f'exec {SSHD} "$@" -f {config}\n')
+    fake_sshd.chmod(0o755)
+    entry = wrapper_as_the_container_runs_it(argv, tmp_path, fake_sshd)
+    (tmp_path / "home").mkdir()
+    env = container_environment(argv, env_file_text, str(tmp_path / "home"))
+    out = tmp_path / "out.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen(["/bin/sh", entry, *COMMAND], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        text = wait_for(out, "[gpumarket] onstart: exited", "the image's command exited")
+        assert "[gpumarket] sshd started\n" in text, text
+        assert banner(port).startswith(b"SSH-2.0-OpenSSH"), text  # the VM's SSH answers
+        assert (tmp_path / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().startswith("ssh-ed25519 ")
+        # sshd ran in the platform's environment, never the renter's
+        assert (tmp_path / "sshd.env").read_text() == f"sshd PATH={PLATFORM_PATH} API_KEY=unset\n"
+        # onstart got the renter's env, every value as given (none read as shell code)
+        assert "onstart PATH=/nowhere API_KEY=sk-1 HOME=/nowhere-home\n" in text, text
+        assert f"TRICKY={TRICKY}\n" in text, text
+        # the image's command, the image's environment
+        assert f"command PATH={IMAGE_PATH} API_KEY=unset\n" in text, text
+        # and SSH sessions still get the env (pam_env for every session, /etc/profile.d for login shells)
+        assert "API_KEY=sk-1\n" in (tmp_path / "etc" / "environment").read_text()
+        login = subprocess.run(["/bin/sh", "-c", f'. {tmp_path}/etc/profile.d/gpumarket-env.sh && '
+                                                 'printf "%s|%s" "$API_KEY" "$TRICKY"'],
+                               capture_output=True, text=True, env={"PATH": PLATFORM_PATH}, check=True)
+        assert login.stdout == f"sk-1|{TRICKY}"
+    finally:
+        if proc.poll() is None:
+            docker_stop(proc)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        pid_file = tmp_path / "sshd.pid"
+        if pid_file.exists():  # the sshd this test started (it daemonised: a session of its own)
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def test_the_renters_env_is_in_the_box_only_never_the_containers_environment(node, monkeypatch):  # noqa: F811
+    argv, env_file_text = created(node, monkeypatch, env=RENTER_ENV, onstart=ONSTART)
+    assert "--env-file" not in argv and env_file_text is None
+    env = container_environment(argv, env_file_text, "/root")
+    assert not (set(RENTER_ENV) - {"PATH", "HOME"}) & set(env) and env["PATH"] == IMAGE_PATH
+    for call in node.docker_calls():  # no value of theirs on any command line of the node
+        assert not any(value in arg for value in ("sk-1", TRICKY, "/nowhere") for arg in call), call
+    (box,) = [a[:-len(":/.gpumarket:ro")] for a in argv if a.endswith(":/.gpumarket:ro")]
+    with open(os.path.join(box, "renter.env")) as f:
+        assert f.read() == "".join(f"{k}={RENTER_ENV[k]}\n" for k in sorted(RENTER_ENV))
