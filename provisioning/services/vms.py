@@ -470,29 +470,26 @@ SSH_LOOK_AGAIN_S = 10
 # Where the renter's own doing can silence the VM's SSH server before the platform judges it, the silence is
 # judged by the renter's rule (_renters_silence), not taken as the node's:
 # - their own image (it may have no sshd at all);
-# - a catalogue image given what runs or takes effect in the VM before SSH is judged: the onstart script (run as
-#   root right after sshd starts: `pkill sshd`), the env (the entry wrapper's own environment: PATH=/nowhere and
-#   no host key is made, so sshd cannot start), volumes (their content, mounted where the renter says: over
-#   /etc/ssh, sshd has no configuration). Before, a catalogue image's silence was always the node's, and any renter
-#   took 0.02 of any node's reliability per booking at no cost (found by review);
+# - a catalogue image given an onstart script: it runs as root right after sshd starts (`pkill sshd`). Before, a
+#   catalogue image's silence was always the node's, and any renter took 0.02 of any node's reliability per booking
+#   at no cost (found by review);
 # - any image after a start or restart: the renter had root on the VM, its disk is theirs (an sshd stopped,
 #   disabled or reconfigured there stays so).
-# A catalogue image given none of them, at its provision, runs only what the platform chose: its silence is the
-# node's, and the node is asked nothing.
+# The env and volumes no longer count: the env is no part of the entry wrapper's environment nor the image's command's
+# (the node agent's runtimes/dockerbox.py: only onstart and SSH sessions get it; before, PATH=/nowhere left the
+# wrapper without ssh-keygen, and BASH_ENV ran code in the image's bash entrypoint), and no volume is mounted over a
+# folder sshd needs (marketplace.services.volumes._SYSTEM_MOUNT_ROOTS, refused at booking and by the agent; before,
+# one over /etc/ssh hid its configuration). Counted, they put a node's own fault (a catalogue image's sshd silent)
+# on any renter who gave an env or a volume, the node not blamed (found by review).
+# A catalogue image without an onstart script, at its provision, runs only what the platform chose: its silence is
+# the node's, and the node is asked nothing.
 _AGAIN = {JobKind.INSTANCE_START: "start", JobKind.INSTANCE_RESTART: "restart"}
 
 
 def _renter_inputs(instance: Instance) -> list[str]:
     """What the renter gave the VM that runs or takes effect in it before its SSH server is judged (above), each as
-    said to them."""
-    given = []
-    if instance.onstart:
-        given.append("your onstart script runs as root right after it starts")
-    if instance.env_names:
-        given.append("your env is the environment it starts in")
-    if volume_svc.volume_agent_specs(instance=instance):
-        given.append("your volumes are mounted where you chose before it starts")
-    return given
+    said to them: only the onstart script."""
+    return ["your onstart script runs as root right after it starts"] if instance.onstart else []
 
 
 def _renters_part(job: Job, instance: Instance) -> str | None:
@@ -508,9 +505,8 @@ def _renters_part(job: Job, instance: Instance) -> str | None:
     given = _renter_inputs(instance)
     if not given:
         return None
-    return (f"The image's SSH server is started by the platform; {'; '.join(given)}: "
-            f"{'any of them' if len(given) > 1 else 'that'} can stop it or keep it from starting (an onstart that "
-            "ends sshd, a volume over /etc/ssh, a PATH without ssh-keygen). See the instance's logs.")
+    return (f"The image's SSH server is started by the platform; {'; '.join(given)}: that can stop it (an onstart "
+            "that ends sshd). See the instance's logs.")
 
 
 def _renters_silence(instance: Instance, answer: dict[str, Any], address: VmAddress, silent: VmSshSilent) -> str:

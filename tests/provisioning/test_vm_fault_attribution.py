@@ -2,10 +2,10 @@
 own doing failed a job as the node's (found by review):
 
 - a catalogue image's silent SSH server was always the node's, though the renter's onstart (root, run right after
-  sshd starts) or env (the entry wrapper's PATH: no host key made, sshd cannot start) run or take effect before the
-  platform judges SSH: `pkill sshd` in onstart took 0.02 of any node's reliability per booking, free of charge. With
-  any of them the own image's rule decides (a volume can no longer go over /etc/ssh or /usr/sbin:
-  tests/marketplace/test_vm_entry_hardening_volumes.py);
+  sshd starts) runs before the platform judges SSH: `pkill sshd` in onstart took 0.02 of any node's reliability per
+  booking, free of charge. With one the own image's rule decides. The env and volumes no longer can silence it (the
+  env is not the entry wrapper's environment, no volume goes over a system folder): with them, the silence is the
+  node's (tests/provisioning/test_vm_entry_hardening*.py, tests/marketplace/test_vm_entry_hardening_volumes.py);
 - after a start or restart the VM's disk is the renter's (they had root on it): every image gets that rule;
 - a `vm status` answer without a state (confirming a create whose answer was lost) crashed the job (KeyError: the
   platform's "internal error"): it is the node's garbage;
@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus
 from marketplace.services import instances as svc
+from marketplace.services import volumes as volume_svc
 from marketplace.services.instances.options import instance_options
 from provisioning import tasks
 from provisioning.models import Job, JobFault, JobKind, JobStatus
@@ -152,19 +153,27 @@ def test_a_catalogue_image_without_renter_code_whose_sshd_is_silent_still_counts
     assert reliability(node) == pytest.approx(0.98)
 
 
-def test_a_catalogue_image_with_renter_env_that_the_node_sees_silent_is_the_renters(monkeypatch):
-    """The renter's env is the entry wrapper's environment (PATH=/nowhere: no host key is made, sshd cannot
-    start): the node's own look at the port decides, as for an own image."""
+def test_a_catalogue_image_with_renter_env_and_volumes_whose_sshd_is_silent_is_the_nodes(monkeypatch):
+    """Found by review: the renter's env was the entry wrapper's environment (PATH=/nowhere: no host key made, sshd
+    cannot start) and a volume could go over /etc/ssh, so with either the silence was judged the renter's and a
+    node's own fault went uncounted. The env now reaches only onstart and SSH sessions, and no volume goes over a
+    system folder: the silence is the node's, and the node is asked nothing."""
     fake = FakeNode()
     probes = probing(fake, monkeypatch, ssh_answers=False)
     monkeypatch.setattr("provisioning.services.vms.wait_for_ssh", refused)
     node = checked_node()
-    instance = book(UserFactory(), node, options=instance_options(env={"PATH": "/nowhere"}))
+    owner = UserFactory()
+    volume = volume_svc.volume_create(owner=owner, node_id=node.pk, size_gb=5)
+    volume_svc.volume_mark_available(volume_id=volume.pk)
+    instance = book(owner, node, options=instance_options(env={"PATH": "/nowhere"}),
+                    volumes=[{"volume": volume.pk, "mount": "/data"}])
+    assert instance.image is not None and instance.env_names and not instance.onstart
     job = instance.jobs.get(kind=JobKind.INSTANCE_PROVISION)
     run_in_worker(tasks.instance_provision, job, retries=RETRIES_SPENT)
     job = failed(job)
-    assert job.fault == JobFault.RENTER and "env" in job.error, job.error
-    assert [p["vm_id"] for p in probes] == [instance.vm_id] and reliability(node) == 1.0
+    assert job.fault == JobFault.NODE and NOT_COUNTED not in job.error, (job.fault, job.error)
+    assert "your env" not in job.error and "your volumes" not in job.error, job.error
+    assert probes == [] and reliability(node) == pytest.approx(0.98)
 
 
 def test_a_catalogue_image_with_renter_code_whose_ssh_answers_on_the_node_only_is_the_nodes(monkeypatch):
