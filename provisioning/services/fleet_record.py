@@ -202,11 +202,36 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
         for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
                                (stopped, "the server answers, but the VM is not running on it")):
             if vm_ids:
-                lost += instance_svc.node_instances_interrupt(
-                    node_id=node.pk, since=last_healthy, cause=InterruptionCause.VM_LOST, vm_ids=vm_ids,
-                    started_before=result.probed_at, detail=detail)
+                lost += _vms_lost_interrupt(node, since=last_healthy, vm_ids=vm_ids, started_before=result.probed_at,
+                                            detail=detail)
         return sorted(lost)
     return []
+
+
+def _vms_lost_interrupt(node: Node, *, since: datetime | None, vm_ids: set[str], started_before: datetime | None,
+                        detail: str) -> list[int]:
+    """Interrupt the node's running instances whose VM (in `vm_ids`) the answer shows gone or stopped, each only if
+    its current run began before the probe (`started_before`), decided under its row lock as the reconciler does
+    (reconcile._running_vm_lost). The instances were read without a lock, then each interrupted under its lock
+    asking only whether it still ran: a renter's restart that finished in between (the probe caught its VM
+    mid-restart) left it running, started after the probe, and it was interrupted all the same, for a VM that
+    runs (its renter told, credited at the provider's expense, a start queued; found by review). Returns the ids
+    interrupted now."""
+    if started_before is None:  # no probe time: every running instance of the node is judged by the answer
+        return instance_svc.node_instances_interrupt(node_id=node.pk, since=since, cause=InterruptionCause.VM_LOST,
+                                                     vm_ids=vm_ids, detail=detail)
+    candidates = Instance.objects.filter(node_id=node.pk, status=InstanceStatus.RUNNING,
+                                         started_at__lt=started_before).order_by("pk").values_list("pk", flat=True)
+    done = []
+    for instance_id in [pk for pk in candidates if vm_id_of(pk) in vm_ids]:
+        with transaction.atomic():
+            if not Instance.objects.select_for_update().filter(
+                    pk=instance_id, status=InstanceStatus.RUNNING, started_at__lt=started_before).exists():
+                continue  # stopped, or running again since the probe: judged by the next check
+            if instance_svc.instance_interrupt(instance_id=instance_id, since=since, cause=InterruptionCause.VM_LOST,
+                                               detail=detail) is not None:
+                done.append(instance_id)
+    return done
 
 
 def _vms_lost(result: HealthResult, running: set[str]) -> tuple[set[str], set[str]]:
