@@ -322,9 +322,14 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     node.inventory = inventory
     fields = ["inventory", "updated_at"]
-    if node.health_failures == 0:
-        # Its last healthy moment, which the meter bills up to: not while its health checks fail (an offline node
-        # may be verified), else the meter billed the outage's storage up to this answer (found by review).
+    # Its last healthy moment, which the meter bills up to: not while its health checks fail (an offline node may be
+    # verified), else the meter billed the outage's storage up to this answer (found by review); nor while renters
+    # run on it. A verification does not look at the VMs, and last_seen_at is also the last sighting of every
+    # running VM (vm_last_seen_at): moved here, the meter billed a VM gone since the last health check up to this
+    # verification, and the check that found it gone interrupted it from here, a verification inside that check's
+    # wait (fleet_record) included. Its health checks, which list the VMs, move it for those nodes.
+    if node.health_failures == 0 and not Instance.objects.filter(
+            node_id=node_id, status=InstanceStatus.RUNNING).exists():
         node.last_seen_at = timezone.now()
         fields.append("last_seen_at")
     node.save(update_fields=fields)
