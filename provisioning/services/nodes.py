@@ -163,9 +163,14 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
                       .filter(Q(host_key_fingerprint="") | Q(host_key_fingerprint=fingerprint))
                       .update(host_key_fingerprint=fingerprint, control_proven_at=timezone.now()))
     except IntegrityError as exc:
-        if "node_unique_live_host_key" in str(exc):
+        # Read by name from PostgreSQL's report, not found in the message's text: "node_unique_live_host_key" is
+        # no substring of "node_unique_own_live_host_key" (the key declared by another live node of the same
+        # provider, proven or not), which was re-raised, an internal error at every retry of the node's first
+        # contact.
+        violated = constraint_violated(exc)
+        if violated in ("node_unique_live_host_key", "node_unique_own_live_host_key"):
             raise DuplicateHardware(duplicate_host_key(fingerprint)) from None
-        if "node_unique_live_endpoint" in str(exc):
+        if violated == "node_unique_live_endpoint":
             raise DuplicateHardware(duplicate_address(node.address, node.ssh_port)) from None
         raise
     declared = node.host_key_fingerprint == fingerprint
@@ -178,6 +183,13 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
     elif node.host_key_fingerprint != fingerprint:
         node_quarantine(node_id=node.pk, seen=fingerprint)
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)
+
+
+def constraint_violated(exc: IntegrityError) -> str:
+    """The name of the constraint an IntegrityError broke, as PostgreSQL reports it ("" where it does not say:
+    SQLite names the columns only)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) or ""
 
 
 def node_quarantine(*, node_id: int, seen: str) -> None:

@@ -42,7 +42,13 @@ from provisioning.services.faults import NOT_COUNTED, counts_against_node, error
 from provisioning.services.host_facts import node_apply_host_facts
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
 from provisioning.services.mig import node_apply_mig_slices
-from provisioning.services.nodes import DuplicateHardware, node_apply_inventory, node_event, node_session
+from provisioning.services.nodes import (
+    DuplicateHardware,
+    constraint_violated,
+    node_apply_inventory,
+    node_event,
+    node_session,
+)
 from provisioning.services.platform_checks import (
     node_challenge,
     node_memory_proof,
@@ -158,9 +164,10 @@ def node_accept_host_key(*, node: Node, operator_email: str) -> None:
     except IntegrityError as exc:
         # Held by a proven live node (node_unique_live_host_key), or by another live node of the same provider
         # (node_unique_own_live_host_key): the node named is the one holding it, not any other unproven one.
-        if "node_unique_live_host_key" in str(exc):
+        violated = constraint_violated(exc)
+        if violated == "node_unique_live_host_key":
             holders = Node.objects.filter(PROVEN_LIVE)
-        elif "node_unique_own_live_host_key" in str(exc):
+        elif violated == "node_unique_own_live_host_key":
             holders = Node.objects.exclude(state=NodeState.RETIRED).filter(provider_id=node.provider_id)
         else:
             raise
