@@ -22,6 +22,7 @@ from django.contrib.admin.helpers import ActionForm
 from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.forms import AdminPasswordChangeForm as BaseSetPasswordForm
 from django.contrib.auth.forms import UserChangeForm as BaseUserChangeForm
 from django.contrib.auth.models import Group
 from django.contrib.auth.views import PasswordChangeView
@@ -154,6 +155,18 @@ class UserChangeForm(PageSetsForm, BaseUserChangeForm):
             raise ValidationError(exc.message) from None
 
 
+class UserSetPasswordForm(BaseSetPasswordForm):
+    """Django's "set password" form, writing the password alone: it wrote the whole row as read before the new
+    password was hashed (the slow step), over a log-in or the address proved by the owner meanwhile (found by
+    review)."""
+
+    def save(self, commit=True):
+        user = super().save(commit=False)
+        if commit:
+            user.save(update_fields=["password"])
+        return user
+
+
 class UserActionForm(ActionForm):
     """The list's actions bar, with the reason the (de)activation actions tell the accounts' owners."""
 
@@ -179,9 +192,12 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
         ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser", "groups", "user_permissions"]}),
         ("Dates", {"fields": ["last_login", "date_joined"]}),
     ]
-    readonly_fields = ["email_verified_at"]
+    # What the system writes is shown, never posted: an editable "last login" wrote the log-in the page had shown over
+    # one made while it was open (found by review). The address's proof is the verification's.
+    readonly_fields = ["email_verified_at", "last_login", "date_joined"]
     add_form = UserAddForm
     form = UserChangeForm
+    change_password_form = UserSetPasswordForm
     add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email"],
                              "description": "The account gets no password: its owner sets one from the log-in "
                                             "page's “Forgot your password?”, which e-mails this address."})]
@@ -237,7 +253,15 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
         turned_off = change and stored_active and not obj.is_active
         if turned_on or turned_off:
             obj.is_active = stored_active
-        super().save_model(request, obj, form, change)
+        if change:
+            # Only the columns the operator changed: the row was read when the form was sent, and a whole-row save
+            # wrote back what its owner committed meanwhile (a new password, the sessions ended by sessions_epoch, a
+            # log-in; found by review). Nothing when nothing changed.
+            columns = self.changed_columns(form, obj)
+            if columns:
+                obj.save(update_fields=columns)
+        else:
+            super().save_model(request, obj, form, change)
         reason = form.cleaned_data.get("status_reason", "")
         if turned_off:
             account_deactivate(user=obj, by=request.user, reason=reason)
@@ -247,6 +271,16 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
             new_address = obj.email
             transaction.on_commit(lambda: password_svc.address_changed_by_operator_notify(
                 old_address=old_address, new_address=new_address))
+
+    @staticmethod
+    def changed_columns(form, obj) -> list[str]:
+        """The page's own columns whose value the save would change from the row as read (`form.initial`; "active"
+        is account_status's to write, restored to the stored value above), and the address's proof with the
+        address. The sets are PageSetsForm's."""
+        columns = {f.name for f in obj._meta.concrete_fields if not f.primary_key}
+        changed = [name for name, field in form.fields.items()
+                   if name in columns and not field.disabled and getattr(obj, name) != form.initial.get(name)]
+        return [*changed, "email_verified_at"] if "email" in changed else changed
 
     # Every action names the permission it needs: without one, an account that may only view the list could run it.
     @admin.action(description="Turn off two-factor log-in (after checking who is asking)", permissions=["change"])
