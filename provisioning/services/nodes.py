@@ -140,7 +140,10 @@ def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
         node_quarantine(node_id=node.pk, seen=exc.seen)
         raise
     try:
-        if node.control_proven_at is None and session.seen_fingerprint:  # its first contact (a declared key too)
+        # Its first contact (a declared key too), or a node with no key pinned: one marked proven without a key
+        # (migration 0034's backfill of a node 0008 had cleared the key of) connected with an empty pin, which
+        # takes any key, and never recorded one: any server at its address was taken for it.
+        if (node.control_proven_at is None or not node.host_key_fingerprint) and session.seen_fingerprint:
             _pin_host_key(node, session.seen_fingerprint)
     except BaseException:
         session.close()
@@ -156,10 +159,12 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
     node_unique_live_host_key). Either one another proven live node holds is the same server listed twice: the
     constraint refuses it (race-free: of two first contacts at once, the second waits for the first to commit, then
     fails), nothing is pinned, and DuplicateHardware says which. Only the first writer pins; a concurrent session
-    that saw another key loses (quarantined)."""
+    that saw another key loses (quarantined). A node marked proven with no key pinned is pinned the same way."""
+    was_proven = node.control_proven_at is not None
     try:
         with transaction.atomic():
-            pinned = (Node.objects.filter(pk=node.pk, control_proven_at__isnull=True)
+            pinned = (Node.objects.filter(pk=node.pk)
+                      .filter(Q(control_proven_at__isnull=True) | Q(host_key_fingerprint=""))
                       .filter(Q(host_key_fingerprint="") | Q(host_key_fingerprint=fingerprint))
                       .update(host_key_fingerprint=fingerprint, control_proven_at=timezone.now()))
     except IntegrityError as exc:
@@ -176,9 +181,10 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
     declared = node.host_key_fingerprint == fingerprint
     node.refresh_from_db(fields=["host_key_fingerprint", "control_proven_at"])
     if pinned:
-        said = "given at registration, confirmed" if declared else "recorded"
+        said = ("given at registration, confirmed" if declared else "recorded") + (
+            " (the node had none pinned)" if was_proven and not declared else " on first contact")
         node_event(node=node, kind="host_key_pinned",
-                   message=f"Host key {fingerprint} {said} on first contact and pinned: the platform logged in with "
+                   message=f"Host key {fingerprint} {said} and pinned: the platform logged in with "
                            "this node's key, so the server is this node's.")
     elif node.host_key_fingerprint != fingerprint:
         node_quarantine(node_id=node.pk, seen=fingerprint)
