@@ -29,7 +29,7 @@ from django.utils import timezone
 from core import dispatch
 from notifications.models import EmailStatus, Notification
 from notifications.services.notify import EMAIL_SEND
-from notifications.services.retry import backoff_s
+from notifications.services.retry import backoff_s, recordable
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ def _claim(notification_id: int, after_attempts: int | None = None) -> Notificat
 def _finish(notification: Notification, target: str, **values: Any) -> int:
     """Move this claim's row to `target` (nothing when another worker has claimed it since, or it is gone: a user
     deleted meanwhile takes their notifications along)."""
+    if "email_error" in values:  # it quotes the mail server's answer: a NUL in it failed the recording
+        values["email_error"] = recordable(values["email_error"])
     rows = Notification.objects.filter(pk=notification.pk, email_claimed_at=notification.email_claimed_at)
     return Notification.transition_rows(rows, target, **values)
 

@@ -54,7 +54,7 @@ from notifications.models import (
     WebhookTestEvent,
 )
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
-from notifications.services.retry import backoff_s
+from notifications.services.retry import backoff_s, recordable
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
 from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
 
@@ -445,7 +445,10 @@ def webhook_attempt(*, delivery_id: int, after_attempts: int | None = None) -> A
         return None
     delivery, number = claimed
     started = time.monotonic()
-    status_code, error = _post(delivery)
+    status_code, answered = _post(delivery)
+    # The error quotes what the receiver sent (its reason phrase, an exception's message): a NUL in it failed the
+    # recording below, and the counted attempt went unlogged (found by review).
+    error = (recordable(answered) or "Failed.") if answered else ""
     duration_ms = int((time.monotonic() - started) * 1000)
     now = timezone.now()
     retry_in: float | None = None
