@@ -197,14 +197,17 @@ def instance_restart_interrupted(*, instance_id: int) -> Instance | None:
 
 def interruption_close(*, instance: Instance, now: datetime, outcome: str, reason: str = "") -> str:
     """For the failure and destroy paths (instance row locked, still `interrupted`): end the interruption,
-    post the rest of the credit, and, when it failed, tell the renter why. Returns the sentence about the
-    credit ('' if the instance was not interrupted)."""
+    post the rest of the credit, and, when it failed, record why on the renter's billing events. Returns the
+    sentence about the credit ('' if the instance was not interrupted), for the caller's message: the renter is
+    told of a failure by its INSTANCE_FAILED notice (instance_mark_failed), which carries it."""
     if instance.status != S.INTERRUPTED:
         return ""
     interruption = _interruption_end(instance, now, outcome)
     text, credited = _credited_text(interruption, now)
     if outcome == InterruptionOutcome.FAILED:
-        event_create(user=instance.renter, kind=EventKind.INSTANCE_LOST, email=True,
+        # Not e-mailed: this e-mailed the renter directly whatever they chose for failed instances, besides the
+        # failure's notice on the channels they chose (found by review).
+        event_create(user=instance.renter, kind=EventKind.INSTANCE_LOST,
                      message=f"Instance {instance.pk} could not be recovered: {reason}{text}",
                      data={"instance": instance.pk, "credited": str(micros_to_usd(credited))})
     return text

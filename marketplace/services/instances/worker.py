@@ -210,9 +210,10 @@ def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool =
     if instance.status not in FINAL_STATUSES:
         now = timezone.now()
         _leave_running(instance, now)
-        message = (message or "Failed") + interruption_close(instance=instance, now=now,
-                                                             outcome=InterruptionOutcome.FAILED, reason=message)
-        instance.transition_to(S.FAILED, message)
+        credit = interruption_close(instance=instance, now=now, outcome=InterruptionOutcome.FAILED, reason=message)
+        # The sentence about an interruption's credit is kept whole (a long reason is cut, not it): the failure's
+        # notice below, on the channels the renter chose, is how they are told of it.
+        instance.transition_to(S.FAILED, (message or "Failed")[:max(500 - len(credit), 0)] + credit)
         _stop_clock(instance, now)
         instance.vm_cleanup_pending = cleanup_pending
         if not cleanup_pending:
