@@ -164,7 +164,12 @@ class MigPricesLinesField(_LinesField):
 class NodeMigForm(forms.Form):
     """A node's MIG layout and slice prices, typed as lines; parsed into the API's JSON shapes, whose rules
     (profiles of the model, no overfilled card, a price for each profile used and none other) are the service's
-    (marketplace.services.nodes._check_mig), answered on the field they concern."""
+    (marketplace.services.nodes._check_mig), answered on the field they concern.
+
+    Each field carries the text the page showed (show_hidden_initial), so that changed_since_shown is what its user
+    changed since the page was opened, and the view saves only that: both were written as the page showed them, so
+    a Save made for the prices wrote back the layout the page had shown over one declared meanwhile (through the
+    API, or the page in another tab), and the reverse (found by review). As NodeSettingsForm."""
 
     mig_layout = MigLayoutLinesField(
         label="MIG layout", required=False, max_length=2000,
@@ -177,3 +182,26 @@ class NodeMigForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off",
                                      "placeholder": "3g.40gb: 0.70\n1g.10gb: 0.25"}),
         help_text="One line per profile of the layout: the profile, then its price.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            field.show_hidden_initial = True
+
+    def changed_since_shown(self) -> list[str]:
+        """The fields whose parsed value differs from what the page showed (its hidden initial text), or, for a
+        post without it, from the node's current declaration (the form's initial); compared parsed, so a line
+        break or a space more is no change."""
+        changed = []
+        for name, field in self.fields.items():
+            bound = self[name]
+            shown_text = (bound.initial if bound.html_initial_name not in self.data else
+                          field.hidden_widget().value_from_datadict(self.data, self.files, bound.html_initial_name))
+            try:
+                shown = field.clean(shown_text)
+            except ValidationError:  # not a value the page could have shown: take the field as changed
+                changed.append(name)
+                continue
+            if field.has_changed(shown, bound.data):
+                changed.append(name)
+        return changed

@@ -273,14 +273,22 @@ def node_mig(request, pk: int):
     node = _node_or_404(request.user, pk)
     form = _mig_form(node, request.POST)
     if form.is_valid():
+        # Only what was changed on the page (the service keeps the other as stored, and checks the two together):
+        # the layout or the prices may have been declared anew since it was opened.
+        changed = form.changed_since_shown()
         try:
-            svc.node_update(node=node, mig_layout=form.cleaned_data["mig_layout"],
-                            mig_prices=form.cleaned_data["mig_prices"])
+            if changed:
+                svc.node_update(node=node, **{name: form.cleaned_data[name] for name in changed})
         except ApplicationError as exc:  # ValidationFailed naming mig_layout or mig_prices, a Conflict
             form_error(form, exc)
         else:
-            messages.success(request, "MIG layout saved: the next check proves the slices; press “Verify now” "
-                                      "to run it.")
+            if "mig_layout" in changed:
+                messages.success(request, "MIG layout saved: the next check proves the slices; press “Verify now” "
+                                          "to run it.")
+            elif changed:
+                messages.success(request, "MIG prices saved.")
+            else:
+                messages.info(request, "Nothing changed.")
             return redirect("node", pk=node.pk)
     return _render_node(request, node, mig_form=form, status=400)
 
