@@ -77,6 +77,7 @@ from provisioning.verification.model import DeclaredModel
 from provisioning.verification.tolerances import TOLERANCES
 
 M64 = (1 << 64) - 1
+NODE_TEXT_MAX = 500  # of a node's own error message in an exchange's problem (node_error_text)
 M32 = (1 << 32) - 1
 MATRICES = {"A": 1, "B": 2, "S": 3, "D": 4}  # code matrix, B, a product's salt, the digest's column salts
 # The matrices' sizes and the time the nominal work takes on the claimed card at its datasheet BF16 rate: quick
@@ -436,10 +437,19 @@ def run(exchange: Exchange, challenge: Challenge, time_limit_s: int, rng: random
     return out
 
 
+def node_error_text(error: dict) -> str:
+    """What the problem says of the node's own error message: at most NODE_TEXT_MAX characters, the rest counted.
+    An answer line may hold megabytes, and the problem is kept once per GPU (findings, last_error, node events)."""
+    said = str(error.get("message"))
+    if len(said) <= NODE_TEXT_MAX:
+        return said
+    return f"{said[:NODE_TEXT_MAX]}… ({len(said) - NODE_TEXT_MAX} more characters)"
+
+
 def _ended(out: Outcome, message: dict, what: str) -> Outcome:
     if message.get("ok") is False and isinstance(message.get("error"), dict):
         out.node_error = message["error"]
-        out.problem = f"stopped with an error: {message['error'].get('message')}"
+        out.problem = f"stopped with an error: {node_error_text(message['error'])}"
     else:
         out.problem = f"{what}: {json.dumps(message)[:120]}"
     return out

@@ -55,6 +55,7 @@ from provisioning.verification.challenge import (
     answer_wait_s,
     fmix32,
     mix64,
+    node_error_text,
 )
 from provisioning.verification.model import DeclaredModel
 from provisioning.verification.tolerances import TOLERANCES
@@ -251,7 +252,7 @@ def _roots(exchange: Exchange, proof: MemProof, until: float, what: str, into: d
         gpu, root = message.get("gpu"), message.get("root")
         if type(gpu) is not int or gpu not in waiting or not isinstance(root, str):
             if message.get("ok") is False and isinstance(message.get("error"), dict):
-                return f"stopped with an error: {message['error'].get('message')}"
+                return f"stopped with an error: {node_error_text(message['error'])}"
             return f"sent something other than a {what}: {json.dumps(message)[:120]}"
         waiting.discard(gpu)
         into[gpu] = root
@@ -298,7 +299,7 @@ def _openings(exchange: Exchange, proof: MemProof, until: float, out: Outcome) -
         gpu = message.get("gpu")
         if type(gpu) is not int or gpu not in waiting or not isinstance(message.get("opened"), list):
             if message.get("ok") is False and isinstance(message.get("error"), dict):
-                return f"stopped with an error: {message['error'].get('message')}"
+                return f"stopped with an error: {node_error_text(message['error'])}"
             return f"sent something other than its openings: {json.dumps(message)[:120]}"
         waiting.discard(gpu)
         out.opened[str(gpu)] = message["opened"]

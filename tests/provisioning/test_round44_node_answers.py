@@ -5,9 +5,12 @@ run, figures only: no CUDA name, SM count, CUDA memory, power or fleet compariso
 changed one word and "rejected" became "verified". The answer must be measured on the device asked for
 (answers.benchmark_problems); the policy's CPU mode stays for gpu-selfcheck --device cpu, where the answer says
 so because it was asked to."""
+import json
+
 import pytest
 
 from provisioning.models import JobStatus
+from provisioning.verification import challenge, challenge_verdict, memproof, memproof_verdict
 from provisioning.verification.answers import benchmark_problems
 from provisioning.verification.challenge_verdict import platform_rates
 from provisioning.verification.policy import judge
@@ -21,6 +24,12 @@ from tests.provisioning.test_agent_answers import (
     simnode,
     verify,
 )
+from tests.provisioning.test_challenge import A4000
+from tests.provisioning.test_challenge import PONGS as CHALLENGE_PONGS
+from tests.provisioning.test_challenge import FakeExchange as ChallengeExchange
+from tests.provisioning.test_memproof import A100
+from tests.provisioning.test_memproof import PONGS as MEMPROOF_PONGS
+from tests.provisioning.test_memproof import FakeExchange as MemproofExchange
 from tests.provisioning.test_policy import bench, bench_gpu, codes, fleet_of, model, smi_gpu
 
 __all__ = ["node_answers", "simbase", "simnode"]
@@ -92,3 +101,34 @@ def test_a_benchmark_answer_saying_cpu_does_not_escape_the_cuda_identity_checks(
     found = {f["code"] for f in run.findings}
     assert (node.verdict, run.score) == ("rejected", None) and "benchmark_malformed" in found, (node.verdict, found)
     assert "device is 'cpu'; the benchmark was asked to run on cuda" in node.last_error
+
+
+# ------------------------------------------------------------------------------------ the node's own words, bounded
+
+HUGE = "x" * (8 << 20)  # an answer line may hold megabytes; the problem is kept once per GPU
+
+
+def _stopped(message: str) -> bytes:
+    return json.dumps({"ok": False, "error": {"code": "internal_error", "message": message}}).encode()
+
+
+def test_a_nodes_error_message_in_the_challenge_is_kept_to_a_bound():
+    drawn = challenge.draw(A4000, [0, 1], quick=True)
+    out = challenge.run(ChallengeExchange(*CHALLENGE_PONGS, _stopped(HUGE)), drawn, 300)
+    findings, _ = challenge_verdict.judge(A4000, drawn, out)
+    assert [f.code for f in findings] == ["challenge_no_answer", "challenge_no_answer"]
+    for finding in findings:
+        assert len(finding.message) < 1000 and f"stopped with an error: {'x' * 500}… ({len(HUGE) - 500} more " \
+                                                 "characters)" in finding.message
+    out = challenge.run(ChallengeExchange(*CHALLENGE_PONGS, _stopped("boom")), drawn, 300)
+    assert out.problem == "stopped with an error: boom"  # a short one as it is
+
+
+@pytest.mark.parametrize("roots", [[], [b'{"gpu": 0, "root": "ab"}'], [b'{"gpu": 0, "root": "ab"}',
+                                                                     b'{"gpu": 0, "root": "cd"}']])
+def test_a_nodes_error_message_in_the_memory_proof_is_kept_to_a_bound(roots):
+    drawn = memproof.draw(A100, [0])
+    out = memproof.run(MemproofExchange(*MEMPROOF_PONGS, *roots, _stopped(HUGE)), drawn, 300)
+    findings, _ = memproof_verdict.judge(A100, drawn, out)
+    assert findings and all(len(f.message) < 1000 for f in findings), [len(f.message) for f in findings]
+    assert "more characters)" in out.problem and len(out.problem) < 600
