@@ -181,6 +181,7 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
         self._add_mig_choice(node, free)
         self.fields["ssh_keys"].queryset = keys = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
         self.setup_volumes(user=user, node=node)
+        self.limit_options(node=node)
         if not self.is_bound:
             saved = list(keys.values_list("pk", flat=True)[:2])
             if not saved:

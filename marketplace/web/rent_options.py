@@ -4,6 +4,7 @@ from django import forms
 
 from core.errors import ValidationFailed
 from marketplace.services.instances import options as opts
+from marketplace.services.instances.booking import runtime_option_refusal, runtime_refused_options
 
 from .fields import TextareaField
 
@@ -43,6 +44,16 @@ class RentOptionsMixin(forms.Form):
         label="Minimum CUDA version", required=False, max_length=8,
         widget=forms.TextInput(attrs={"placeholder": "12.2"}),
         help_text="Refuse this server if its driver supports an older CUDA.")
+
+    def limit_options(self, *, node) -> None:
+        """The options this server's agent refuses (libvirt: env, on-start script, ports; the booking's rule,
+        runtime_refused_options) shown disabled and saying why. Sent anyway, the booking refuses them, naming the
+        field."""
+        for name in runtime_refused_options(node.runtime):
+            if name in self.fields and name in OPTION_FIELDS:
+                field = self.fields[name]
+                field.widget.attrs["disabled"] = True
+                field.help_text = runtime_option_refusal(node.runtime, name)
 
     def _check(self, name: str, fn, value):
         try:

@@ -23,11 +23,19 @@ class RentVolumesMixin(forms.Form):
     volumes = _VolumeIds(label="Volumes to mount", required=False, widget=forms.CheckboxSelectMultiple)
 
     def setup_volumes(self, *, user, node) -> None:
-        """The renter's volumes on this server as choices, each with its mount-path field `mount_<id>`."""
-        self.volume_rows: list[Volume] = list(
+        """The renter's volumes on this server as choices, each with its mount-path field `mount_<id>`; none, and
+        the reason (`volumes_refused`), on a server whose VMs mount no volume (the booking refuses them there)."""
+        self.volumes_refused = "" if volume_svc.node_mounts_volumes(node) else (
+            "This server runs virtual machines (libvirt), which cannot mount volumes yet: pick a docker server to "
+            "mount one.")
+        self.volume_rows: list[Volume] = [] if self.volumes_refused else list(
             volume_svc.volumes_for_user(user=user).filter(node_id=node.pk).order_by("pk"))
         volumes_field = self.fields["volumes"]
         assert isinstance(volumes_field, forms.ChoiceField)
+        if self.volumes_refused:
+            volumes_field.choices = []
+            volumes_field.help_text = self.volumes_refused
+            return
         volumes_field.choices = [
             (str(v.pk), f"{v.name}{f' ({v.label})' if v.label else ''}: {v.size_gb} GB, {v.get_state_display()}")
             for v in self.volume_rows]

@@ -23,8 +23,10 @@ from marketplace.validators import NAME_MAX_LENGTH
 def _offer_choices():
     """The servers the volume service takes (its rule, offer_rules.node_refusal, is models.nodes.offerable): a
     free GPU is not needed, so a renter whose instance holds a server's only GPU can put a volume beside it. The
-    offers search (a free GPU or slice) left those out: "Select a valid choice" where the API said 201."""
-    offers = (Node.objects.filter(offerable()).select_related("gpu_model").order_by("country", "city", "pk")
+    offers search (a free GPU or slice) left those out: "Select a valid choice" where the API said 201. Not a
+    server whose VMs mount no volume (libvirt: svc.node_mounts_volumes), which the service refuses."""
+    offers = (Node.objects.filter(offerable()).exclude(runtime__in=svc.VOLUMELESS_RUNTIMES)
+              .select_related("gpu_model").order_by("country", "city", "pk")
               .only("city", "country", "disk_price_per_gb_month_micros", "gpu_model__name"))  # not its keys
     return [(o.pk, f"#{o.pk} · {o.gpu_model.name} · {o.city + ', ' if o.city else ''}{o.country.name} · "
                    f"{usd_rate(o.disk_price_per_gb_month_micros)} per GB-month") for o in offers]
@@ -32,7 +34,9 @@ def _offer_choices():
 
 class VolumeForm(forms.Form):
     offer = forms.TypedChoiceField(label="Server (offer)", coerce=int, choices=(),
-                                   help_text="A volume lives on one server; instances on that server can mount it.")
+                                   help_text="A volume lives on one server; instances on that server can mount "
+                                             "it. Servers that run virtual machines (libvirt) are not listed: they "
+                                             "cannot mount volumes yet.")
     size_gb = forms.IntegerField(label="Size (GB)", min_value=1, max_value=MAX_VOLUME_GB, initial=50)
     label = forms.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
     # Makes a double submission (a double click, a resent form) create one volume, billed once: the page's token.

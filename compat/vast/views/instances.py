@@ -410,6 +410,11 @@ def _unset(value: Any, unset: Any) -> bool:
     return value is False
 
 
+# The booking's options a node's runtime may refuse (instances.booking.RUNTIME_REFUSED_OPTIONS), as `create` gives
+# them: `-e` and `-p` in --env, --onstart.
+_VAST_OPTION_WORDS = {"env": "the -e variables", "ports": "the -p ports", "onstart": "--onstart"}
+
+
 def _offer_refusal(exc: ApplicationError, ask_id: int, node_id: int, num_gpus: int) -> ApplicationError:
     """The booking's refusals that name the node, a GPU count or the disk, in the terms a vastai user has: the
     offer id they typed (its GPU count is fixed by the id) and `--disk`."""
@@ -424,6 +429,13 @@ def _offer_refusal(exc: ApplicationError, ask_id: int, node_id: int, num_gpus: i
         return exc if message == exc.message else Conflict(message, field=exc.field, extra=exc.extra)
     if not isinstance(exc, ValidationFailed):
         return exc
+    if exc.extra.get("runtime") and exc.field in _VAST_OPTION_WORDS:  # the node's agent takes no such option
+        given = [_VAST_OPTION_WORDS[name] for name in _VAST_OPTION_WORDS if name in exc.errors]
+        return ValidationFailed(
+            f"Offer {ask_id}'s machine runs virtual machines from cloud images ({exc.extra['runtime']}), which take no "
+            f"-e variables, -p ports or --onstart script yet: leave out {' and '.join(given)}, or take an offer whose "
+            "runtime is docker (`vastai search offers --raw` shows each offer's runtime).",
+            field="onstart" if given == [_VAST_OPTION_WORDS["onstart"]] else "env")
     if exc.field == "disk_gb":  # the image's range: the same words, Vast's field
         return ValidationFailed(exc.message, field="disk")
     if exc.field == "offer":

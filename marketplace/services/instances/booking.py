@@ -16,7 +16,7 @@ from marketplace.models import (
     Instance,
     User,
 )
-from marketplace.models.nodes import MIG_RUNTIMES, Node
+from marketplace.models.nodes import MIG_RUNTIMES, Node, Runtime
 from marketplace.services.disk_room import DiskDoesNotFit
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds, funds_of, funds_refuse_if_short
@@ -111,6 +111,45 @@ def _check_image(image: Image | str, node: Node) -> int:
     return image.min_disk_gb
 
 
+# What a node's agent refuses in a `vm create`, by the node's runtime (the booking's fields; the agent's own check is
+# provisioning/agent/gpumarket_agent/runtimes/libvirt.py LibvirtRuntime.check_spec, whose `mig_uuids` is the booking's
+# `mig_profile`, refused by _slice_price). Booked, such an instance failed on the node minutes after the 201, its GPUs
+# held meanwhile, and a volume there was billed with nothing able to mount it (found by review).
+# tests/marketplace/test_round44_libvirt_options.py holds this equal to what check_spec refuses.
+RUNTIME_REFUSED_OPTIONS: dict[str, tuple[str, ...]] = {Runtime.LIBVIRT: ("env", "onstart", "ports", "volumes")}
+_OPTION_WORDS = {"env": "environment variables", "onstart": "an on-start script", "ports": "exposed ports",
+                 "volumes": "volumes"}
+
+
+def runtime_refused_options(runtime: str) -> tuple[str, ...]:
+    """The booking fields (env, onstart, ports, volumes) a node of this runtime cannot honour."""
+    return RUNTIME_REFUSED_OPTIONS.get(runtime, ())
+
+
+def runtime_option_refusal(runtime: str, field: str) -> str:
+    """Why a node of this runtime takes no `field` (a sentence), or "" when it does."""
+    if field not in runtime_refused_options(runtime):
+        return ""
+    if field == "volumes":
+        return ("This offer's server runs virtual machines from cloud images (libvirt), which cannot mount volumes "
+                "yet.")
+    return (f"This offer's server runs virtual machines from cloud images (libvirt), which take no "
+            f"{_OPTION_WORDS[field]} yet.")
+
+
+def _check_runtime_options(node: Node, options: InstanceOptions, volumes: list[dict[str, Any]]) -> None:
+    """400 naming each option given that the node's agent would refuse (RUNTIME_REFUSED_OPTIONS); nothing written.
+    `extra["runtime"]` says which runtime refused them (compat.vast words it in its own options' names)."""
+    given = {"env": bool(options.env), "onstart": bool(options.onstart), "ports": bool(options.ports),
+             "volumes": bool(volumes)}
+    problems = {field: f"{runtime_option_refusal(node.runtime, field)} Leave out `{field}`, or pick a docker offer."
+                for field in runtime_refused_options(node.runtime) if given[field]}
+    if problems:
+        field, message = next(iter(problems.items()))
+        raise ValidationFailed(message, field=field, errors={name: [text] for name, text in problems.items()},
+                               extra={"runtime": node.runtime})
+
+
 def _slice_price(node: Node, mig_profile: str) -> int:
     """A MIG booking's price per slice-hour; 400 naming the field for a profile the node does not rent out, or on a
     node whose runtime rents no slices (libvirt: services.nodes refuses it a layout; one declared before is left)."""
@@ -180,6 +219,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     else:
         price = node.price_per_gpu_hour_micros
     min_disk = _check_image(image, node)
+    _check_runtime_options(node, options, volumes)
     _check_cuda(node, options.min_cuda_version)
     disk = min_disk if disk_gb is None else disk_gb
     if not min_disk <= disk <= MAX_DISK_GB:
