@@ -61,6 +61,12 @@ def node_instances_interrupt(*, node_id: int, since: datetime | None, cause: str
     `since` is the last moment the node (or the VM) was seen healthy. Instances that became running after
     `started_before` (the probe that found the loss began before they ran) are left alone.
     Returns the ids interrupted now.
+
+    The list is read without a lock; each instance is interrupted only if it is still running and, with
+    `started_before`, its current run still began before it, both decided under its row lock in the transaction that
+    interrupts it (instance_interrupt). Asking only "still running?" there, a renter's restart that finished in
+    between (the probe caught its VM mid-restart) left it running, started after the probe, and it was interrupted
+    all the same (as the health check's own copy of this was, ccdc738). Its node and VM id never change.
     """
     running = Instance.objects.filter(node_id=node_id, status=S.RUNNING)
     if started_before is not None:
@@ -69,17 +75,23 @@ def node_instances_interrupt(*, node_id: int, since: datetime | None, cause: str
     for instance_id in running.order_by("pk").values_list("pk", flat=True):
         if vm_ids is not None and vm_id_of(instance_id) not in vm_ids:
             continue
-        if instance_interrupt(instance_id=instance_id, since=since, cause=cause, detail=detail) is not None:
+        if instance_interrupt(instance_id=instance_id, since=since, cause=cause, detail=detail,
+                              started_before=started_before) is not None:
             done.append(instance_id)
     return done
 
 
-def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, detail: str) -> Interruption | None:
-    """running → interrupted, billed up to `since` and not after; None if it is not running (any more)."""
+def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, detail: str,
+                       started_before: datetime | None = None) -> Interruption | None:
+    """running → interrupted, billed up to `since` and not after; None if it is not running (any more), or, with
+    `started_before`, its current run did not begin before that (running again since: not judged by what was seen
+    then). Both decided under its row lock."""
     now = timezone.now()
     with transaction.atomic():
         instance = _locked(instance_id)
         if instance is None or instance.status != S.RUNNING:
+            return None
+        if started_before is not None and (instance.started_at is None or instance.started_at >= started_before):
             return None
         # Never before it started running, nor before what was already billed (which stopped at the node's
         # last healthy moment anyway: the meter bills no further than that).
