@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
@@ -163,8 +163,7 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     node = Node.objects.select_for_update(no_key=True).filter(pk=node_id).first()
     if node is None:
         raise ValidationFailed(f"There is no offer {node_id}; pick one from /api/v1/offers/.", field="offer")
-    refusal = node_refusal(node, provider_active=bool(
-        User.objects.filter(pk=node.provider_id).values_list("is_active", flat=True).first()))
+    refusal = node_refusal(node, provider_active=_provider_active(node))
     if refusal:  # the booking's rule and words (it named no reason, a deactivated provider's included)
         raise Conflict(f"Offer {node_id} takes no new rentals now: {refusal}. Create the volume on another offer.")
     if not node_mounts_volumes(node):
@@ -192,6 +191,20 @@ def _volume_insert(*, owner: User, node_id: int, size_gb: int, label: str, idemp
     )
     job_create(kind=JobKind.VOLUME_CREATE, node=node, volume=volume)
     return volume
+
+
+def _provider_active(node: Node) -> bool:
+    """Whether the node's provider's account is active, read under a key-share lock on its row, as a booking reads
+    it (instances.allocation._lock_node_for_booking): a deactivation under way (account_status.account_deactivate,
+    FOR UPDATE) is waited for and what it committed is read. Read unlocked, a create overlapping a deactivation put a
+    new billed volume on the deactivated provider's node (found by review)."""
+    if connection.vendor != "postgresql":  # SQLite: writes are serialised anyway; Django has no FOR KEY SHARE
+        return bool(User.objects.filter(pk=node.provider_id).values_list("is_active", flat=True).first())
+    with connection.cursor() as cursor:  # a locked row is read as last committed, after any wait (READ COMMITTED)
+        cursor.execute(f"SELECT is_active FROM {User._meta.db_table} WHERE id = %s FOR KEY SHARE",  # noqa: S608
+                       [node.provider_id])
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 # The volumes that count towards a renter's caps: those that are, or are about to be, on a node for them (the
