@@ -584,6 +584,11 @@ def create_request(instance: Instance) -> dict[str, Any]:
         request["env"] = env
     if instance.onstart:
         request["onstart"] = instance.onstart
+    if image is None:
+        # The renter's own image: its command gets the env (a vLLM, TGI or Jupyter image reads MODEL_ID, HF_TOKEN or
+        # JUPYTER_TOKEN from it), as its SSH server is theirs (_renters_part). A catalogue image's command runs
+        # without it (the agent's entry wrapper, dockerbox.py).
+        request["image_env"] = True
     if instance.ports_requested:
         request["ports"] = list(instance.ports_requested)
     volumes = volume_svc.volume_agent_specs(instance=instance)

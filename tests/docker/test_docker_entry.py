@@ -130,3 +130,30 @@ def test_an_image_whose_command_ends_in_a_bare_shell_keeps_running_and_stops_at_
     started = time.monotonic()
     assert node("vm stop", {"vm_id": "dk-shell"})["state"] == "stopped"
     assert time.monotonic() - started < 10  # the wrapper ends at the TERM, not at docker stop's kill after 20 s
+
+
+def test_the_command_of_a_renters_own_image_gets_the_env_and_a_catalogue_images_does_not(node):  # noqa: F811
+    """A renter's own image reads its settings from the env (vLLM's MODEL_ID, HF_TOKEN, JUPYTER_TOKEN, as `docker run
+    -e` gives them): after 741bc7c no image's command got it (found by review). The platform's "image_env" says which
+    image is the renter's own; its command gets the env, every value as given, and a catalogue image's does not."""
+    tricky = "it's $HOME \"q\" `id` $(id) #x"
+    image = derived_image(node.engine, "gpumarket-test/reads-env:1", 'CMD ["/bin/sh", "-c", '
+                          '"printf \'%s|%s\\\\n\' \\"${MODEL_ID-unset}\\" \\"${TRICKY-unset}\\" > /tmp/cmd-env; '
+                          'exec sleep infinity"]')
+    node.env["GPUMARKET_DOCKER_PULL"] = "missing"
+    _, public = new_keypair()
+    env = {"MODEL_ID": "meta-llama/Llama-3.1-8B", "TRICKY": tricky}
+    for vm_id, gpu, options, expected in (("dk-own", 0, {"image_env": True}, f"meta-llama/Llama-3.1-8B|{tricky}\n"),
+                                          ("dk-catalogue", 1, {}, "unset|unset\n")):
+        node("vm create", {"vm_id": vm_id, "gpu_indices": [gpu], "ssh_public_keys": [public],
+                           "image": {"docker": image}, "env": env, **options})
+        deadline = time.monotonic() + 15
+        while True:
+            got = node.engine.docker("exec", "gpumarket-" + vm_id, "cat", "/tmp/cmd-env")
+            if got.returncode == 0 and got.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert got.stdout == expected, (vm_id, got)
+        state = container(node.engine, vm_id)
+        assert (state["Status"], state["RestartCount"]) == ("running", 0), state
+

@@ -9,6 +9,7 @@ image's own environment. (Volumes: test_vm_entry_hardening_mounts.py.)
 Here the wrapper that the agent put in the box runs on this host's /bin/sh, as the container would run it: its
 environment is what the `docker create` argv gives it (the image's, then --env-file and -e), /etc is a folder of the
 test's, the host key is made by the host's ssh-keygen, and sshd is the host's OpenSSH on a loopback port."""
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,12 @@ import time
 
 import pytest
 
+from marketplace.models import Instance
 from provisioning.agent.gpumarket_agent.runtimes import docker as docker_runtime
+from provisioning.agent.gpumarket_agent.validation import validate_create
+from provisioning.services.vms import create_request
+from tests.factories import make_listed_node
+from tests.marketplace.test_instance_options import body, post
 from tests.provisioning.test_agent_docker import node  # noqa: F401 - the fixture
 from tests.provisioning.test_agent_docker_entry import docker_stop
 
@@ -34,7 +40,7 @@ needs_openssh = pytest.mark.skipif(not (os.access(SSHD, os.X_OK) and os.access(K
                                    reason="needs OpenSSH's sshd and ssh-keygen (and /run/sshd) on this host")
 
 
-def created(node, monkeypatch, **options):  # noqa: F811
+def created(node, monkeypatch, command=tuple(COMMAND), **options):  # noqa: F811
     """Create a VM on the stand-in docker node; answer the `docker create` argv and its --env-file's text as the
     engine read it (the agent deletes that file after the create)."""
     env_files = []
@@ -50,7 +56,7 @@ def created(node, monkeypatch, **options):  # noqa: F811
         return real_run(argv, *args, **kwargs)
 
     monkeypatch.setattr(docker_runtime, "run", snooping)
-    monkeypatch.setattr(docker_runtime, "image_command", lambda image: list(COMMAND))
+    monkeypatch.setattr(docker_runtime, "image_command", lambda image: list(command))
     vm = node.create("inst-1", [0], **options)
     assert vm["ok"], vm
     (argv,) = node.creates()  # as the stand-in docker logged it: without "docker"
@@ -175,3 +181,80 @@ def test_the_renters_env_is_in_the_box_only_never_the_containers_environment(nod
     (box,) = [a[:-len(":/.gpumarket:ro")] for a in argv if a.endswith(":/.gpumarket:ro")]
     with open(os.path.join(box, "renter.env")) as f:
         assert f.read() == "".join(f"{k}={RENTER_ENV[k]}\n" for k in sorted(RENTER_ENV))
+
+
+# ------------------------------------------------------------- the renter's own image: its command gets the env
+#
+# A renter's own image (the renter named a docker image) reads its settings from the env (a vLLM, TGI or Jupyter image
+# reading MODEL_ID, HF_TOKEN, JUPYTER_TOKEN, as `docker run -e` gives them on other GPU clouds); after 741bc7c no
+# image's command got it (found by review). The platform says which image is the renter's ("image_env": true in the
+# create request), the agent marks the box, and the wrapper exports renter.env (each line as it is) in the command's
+# subshell for that image only; a catalogue image's command (the platform's bash entrypoint) still runs without it.
+
+OWN_COMMAND = ["/bin/sh", "-c", 'echo "command PATH=$PATH API_KEY=${API_KEY-unset}"; printf "%s\\n" "cmd=${TRICKY-}"']
+
+
+@pytest.mark.parametrize("image_env", [True, False, None])
+def test_the_command_of_a_renters_own_image_gets_the_env_and_a_catalogue_images_does_not(node, tmp_path,  # noqa: F811
+                                                                                       monkeypatch, image_env):
+    options = {} if image_env is None else {"image_env": image_env}
+    argv, env_file_text = created(node, monkeypatch, command=OWN_COMMAND, env=RENTER_ENV, **options)
+    assert argv[-len(OWN_COMMAND):] == OWN_COMMAND
+    fake_sshd = tmp_path / "sshd"  # no SSH here: this test looks at the command's environment only
+    fake_sshd.write_text("#!/bin/sh\nexit 0\n")
+    fake_sshd.chmod(0o755)
+    entry = wrapper_as_the_container_runs_it(argv, tmp_path, fake_sshd)
+    (tmp_path / "home").mkdir()
+    env = container_environment(argv, env_file_text, str(tmp_path / "home"))
+    out = tmp_path / "out.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen(["/bin/sh", entry, *OWN_COMMAND], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        text = wait_for(out, "the image's command exited")
+    finally:
+        if proc.poll() is None:
+            docker_stop(proc)
+            proc.wait(timeout=10)
+    assert "the image's command exited 0" in text, text
+    if image_env:  # every value as given, none read as shell code ($(id), backquotes, quotes stay text)
+        assert "command PATH=/nowhere API_KEY=sk-1\n" in text and f"cmd={TRICKY}\n" in text, text
+    else:
+        assert f"command PATH={IMAGE_PATH} API_KEY=unset\n" in text and "cmd=\n" in text, text
+    # SSH sessions get the env either way
+    assert "API_KEY=sk-1\n" in (tmp_path / "etc" / "environment").read_text()
+
+
+def test_image_env_is_a_boolean_recorded_only_when_true(node):  # noqa: F811
+    for bad in ("true", 1, 0, None, [], {}):
+        answer = node.create("inst-1", [0], env={"A": "1"}, image_env=bad)
+        assert not answer["ok"] and answer["error"]["code"] == "invalid_request", answer
+        assert answer["error"]["field"] == "image_env", answer
+    assert node.creates() == []  # nothing made for a refused request
+    box = None
+    for n, image_env in enumerate((True, False)):
+        assert node.create(f"inst-{n + 1}", [n], image_env=image_env)["ok"]
+        argv = node.creates()[-1]
+        (box,) = [a[:-len(":/.gpumarket:ro")] for a in argv if a.endswith(":/.gpumarket:ro")]
+        assert os.path.exists(os.path.join(box, "image-env")) is image_env
+    # a create retried with the same word is the same VM; with the other, a different spec
+    assert node.create("inst-1", [0], image_env=True)["ok"]
+    retried = node.create("inst-1", [0])
+    assert not retried["ok"] and retried["error"]["code"] == "conflict", retried
+
+
+@pytest.mark.django_db
+def test_the_platform_says_image_env_for_the_renters_own_image_only(api):
+    listed = make_listed_node(gpu_count=4)
+    own = post(api, body(listed, image="ghcr.io/org/vllm:1", env={"MODEL_ID": "m"}))
+    catalogue = post(api, body(listed, env={"MODEL_ID": "m"}))
+    assert own.status_code == catalogue.status_code == 201, (own.content, catalogue.content)
+    own_request = create_request(Instance.objects.get(pk=own.json()["id"]))
+    catalogue_request = create_request(Instance.objects.get(pk=catalogue.json()["id"]))
+    assert own_request["image_env"] is True and "image_env" not in catalogue_request
+    # what the node's agent accepts, recorded as such (a JSON boolean, checked there)
+    for request, recorded in ((own_request, True), (catalogue_request, None)):
+        request = json.loads(json.dumps(request))
+        _, spec = validate_create({k: v for k, v in request.items() if k != "registry_auth"}, "docker", [0, 1, 2, 3])
+        assert spec.get("image_env") is recorded
+

@@ -1,4 +1,5 @@
-"""The renter's own options on `vm create`: registry_auth, env, onstart, ports, volumes (contract: issue 12).
+"""The renter's own options on `vm create`: registry_auth, env, onstart, ports, volumes (contract: issue 12), and
+image_env, the platform's word that the image is the renter's own, whose command gets the env (dockerbox.py).
 
 Only options actually given go into the spec, so a VM recorded before they existed compares equal on a retry."""
 import posixpath
@@ -167,4 +168,11 @@ def validate_options(req):
         options["volumes"] = validate_volumes(req["volumes"])
     elif "volumes" in req:
         validate_volumes(req["volumes"])
+    # The image's own command (ENTRYPOINT + CMD) gets the renter's env: true for a renter's own image (a vLLM, TGI
+    # or Jupyter image reading MODEL_ID, HF_TOKEN, JUPYTER_TOKEN), false or absent for a catalogue image.
+    image_env = req.get("image_env", False)
+    if type(image_env) is not bool:
+        raise invalid("image_env", "image_env must be true or false")
+    if image_env:
+        options["image_env"] = True
     return options, validate_registry_auth(req.get("registry_auth"))

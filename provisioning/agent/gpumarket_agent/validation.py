@@ -60,7 +60,7 @@ def validate_public_key(value):
 
 
 CREATE_FIELDS = ("vm_id", "gpu_indices", "gpu_uuids", "ssh_public_keys", "image", "disk_gb", "registry_auth", "env",
-                 "onstart", "ports", "volumes", "mig_uuids")
+                 "onstart", "ports", "volumes", "mig_uuids", "image_env")
 
 
 def validate_create(req, runtime, gpu_indices_present):

@@ -2,7 +2,7 @@
 
 Every docker command is an argument list. The renter's options reach the container as files the agent writes (the
 box folder of dockerbox.py) and as argv items, never through a shell on the node; the renter's env is no part of the
-container's environment (dockerbox.py: only onstart and SSH sessions get it).
+container's environment (dockerbox.py: only onstart, SSH sessions and the command of the renter's own image get it).
 
 Each container is bounded and kept apart from the others (limits_argv, ISOLATION_ARGV): a share of the host's memory
 (no swap beyond it), CPUs and process ids in proportion to its GPUs; its writable layer limited to the booked
@@ -86,7 +86,8 @@ class DockerRuntime(Runtime):
         root (USER jovyan), so the box is 0755 and its files 0644 (0700 and 0600, a non-root image crash-looped on
         "can't open '/.gpumarket/entry.sh'"; found by review). The renter's env in them is theirs to read in their
         own container; on the host the VM's folder, 0700, keeps every other user out. The env is in the box only:
-        the container's environment is the image's and the platform's (dockerbox.py)."""
+        the container's environment is the image's and the platform's (dockerbox.py). The image-env marker: the
+        image is the renter's own (the request's image_env), whose command the wrapper gives the env."""
         vmdir, spec = vm_dir(self.cfg, rec["vm_id"]), rec["spec"]
         box = os.path.join(vmdir, "box")
         os.makedirs(box, exist_ok=True)
@@ -96,7 +97,13 @@ class DockerRuntime(Runtime):
         env = spec.get("env", {})
         write_file(os.path.join(box, "profile.sh"), profile_sh(env), 0o644)
         write_file(os.path.join(box, "environment"), pam_environment(env), 0o644)
-        write_file(os.path.join(box, "renter.env"), env_file(env), 0o644)  # exported for onstart only
+        write_file(os.path.join(box, "renter.env"), env_file(env), 0o644)  # exported for onstart (and below)
+        marker = os.path.join(box, "image-env")
+        if spec.get("image_env"):  # the renter's own image: its command gets the env too (dockerbox.py)
+            write_file(marker, "", 0o644)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(marker)
         if spec.get("onstart"):
             write_file(os.path.join(box, "onstart.sh"), spec["onstart"], 0o644)
         return vmdir

@@ -13,19 +13,24 @@ review: recognising shells in the argv missed all but `["/bin/bash"]`). `docker 
 traps TERM and INT, stops the command and exits.
 
 The renter's env is no part of the container's environment: the wrapper's own steps (the env files for SSH
-sessions, the host key, sshd) run in the image's environment with the platform's PATH, and the image's command in the
-image's own environment. Only what the renter runs gets the env: onstart (the wrapper exports each NAME=value line of
-the box's renter.env, taken literally, in onstart's subshell alone) and their SSH sessions (/etc/environment for
-pam_env, /etc/profile.d for login shells). Before, the env was the container's environment, so the wrapper's own:
-PATH=/nowhere and no host key was made (ssh-keygen not found), sshd could not start, and the wrapper's last loop spun
-(sleep not found); and the image's command (every catalogue image's runs a bash script: provisioning/images) ran
-with it, where BASH_ENV alone runs code as root (bash expands it). So the renter's env could silence the VM's SSH
-server, and a catalogue image's silence with any env had to be taken as the renter's (found by review)."""
+sessions, the host key, sshd) run in the image's environment with the platform's PATH, and a catalogue image's command
+in the image's own environment. Only what the renter runs gets the env: onstart (the wrapper exports each NAME=value
+line of the box's renter.env, taken literally, in onstart's subshell alone), their SSH sessions (/etc/environment for
+pam_env, /etc/profile.d for login shells) and the command of the renter's own image (the platform's "image_env": the
+agent puts an image-env marker in the box, and the wrapper exports renter.env the same way in the command's subshell):
+a vLLM, TGI or Jupyter image reads MODEL_ID, HF_TOKEN or JUPYTER_TOKEN from it, and that image's SSH server is the
+renter's to keep up anyway (provisioning/services/vms.py). Before, the env was the container's environment, so the
+wrapper's own: PATH=/nowhere and no host key was made (ssh-keygen not found), sshd could not start, and the wrapper's
+last loop spun (sleep not found); and the image's command (every catalogue image's runs a bash script:
+provisioning/images) ran with it, where BASH_ENV alone runs code as root (bash expands it). So the renter's env could
+silence the VM's SSH server, and a catalogue image's silence with any env had to be taken as the renter's (found by
+review). Then no image's command got the env, and a renter's own image reading its settings from it (docker run -e,
+as on other GPU clouds) lost them (found by review)."""
 import shlex
 
 # POSIX sh, run as the image's user. Nothing in it comes from a request: the renter's env reaches it only as files
 # written by the agent (renter.env, read line by line and exported as it is, never parsed as shell code; profile.sh
-# and environment, copied for SSH sessions); onstart is a file it runs.
+# and environment, copied for SSH sessions; image-env, an empty marker); onstart is a file it runs.
 ENTRY_SH = r"""#!/bin/sh
 # gpumarket entry: env for SSH sessions, host keys, sshd (unless the image's command is one), onstart once,
 # then the image's own command as a child; the container stays up when it exits.
@@ -97,8 +102,9 @@ trap stop TERM INT QUIT WINCH
 if [ $# -gt 0 ]; then
     # Not exec: a command that exits (a shell reading EOF) must not end the container. In the foreground: sh starts
     # a background command with SIGINT and SIGQUIT ignored, for it and everything it starts (no Ctrl-C in a
-    # terminal the image opens; found by review). In the image's environment, not the renter's env (above).
-    ( PATH=$IMAGE_PATH; exec "$@" ) </dev/null
+    # terminal the image opens; found by review). In the image's environment, with the renter's env for their own
+    # image only (above).
+    ( PATH=$IMAGE_PATH; if [ -f "$G/image-env" ]; then renter_env; fi; exec "$@" ) </dev/null
     RC=$?
     say "the image's command exited $RC; the instance stays up for SSH"
     case "$1" in
@@ -119,8 +125,8 @@ done
 
 
 def env_file(env):
-    """The box's renter.env: NAME=value lines, each exported as it is by the wrapper for onstart (values hold no
-    CR/LF: options.validate_env)."""
+    """The box's renter.env: NAME=value lines, each exported as it is by the wrapper for onstart and for the command
+    of the renter's own image (values hold no CR/LF: options.validate_env)."""
     return "".join("%s=%s\n" % (k, v) for k, v in sorted(env.items()))
 
 
