@@ -5,11 +5,12 @@ box, 0700, and the container crash-looped)."""
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.docker.test_docker_runtime import node  # noqa: F401 - the fixture
-from tests.provisioning.sshkit import new_keypair
+from tests.docker.test_docker_runtime import node, ssh  # noqa: F401 - the fixture
+from tests.provisioning.sshkit import new_keypair, run
 
 
 def derived_image(engine, ref, *changes, folder=None):
@@ -157,3 +158,51 @@ def test_the_command_of_a_renters_own_image_gets_the_env_and_a_catalogue_images_
         state = container(node.engine, vm_id)
         assert (state["Status"], state["RestartCount"]) == ("running", 0), state
 
+
+IMAGES = Path(__file__).resolve().parents[2] / "provisioning" / "images"
+
+
+def catalogue_like(engine):
+    """engine.image made as provisioning/images/Dockerfile makes a catalogue image (its entrypoint.sh as the
+    command, its sshd_config), without the network: no apt-get (the test image has OpenSSH) and no tini."""
+    ref = "gpumarket-test/catalogue-like:1"
+    maker = engine.docker("create", engine.image, check=True).stdout.strip()
+    try:
+        engine.docker("cp", str(IMAGES / "sshd_config"), maker + ":/etc/ssh/sshd_config.d/00-gpumarket.conf",
+                      check=True)
+        engine.docker("cp", str(IMAGES / "entrypoint.sh"), maker + ":/usr/local/sbin/gpumarket-entrypoint", check=True)
+        engine.docker("commit", "--change", "ENV CUDA_VERSION=12.4.1", "--change",
+                      'ENTRYPOINT ["/usr/local/sbin/gpumarket-entrypoint"]', "--change", "CMD []", maker, ref,
+                      check=True)
+    finally:
+        engine.docker("rm", "-f", maker)
+    return ref
+
+
+def test_a_catalogue_image_under_the_wrapper_keeps_the_renters_env_for_ssh_and_its_command_runs_on(node):  # noqa: F811
+    """The catalogue image's entrypoint.sh runs after the wrapper: it truncated /etc/environment, wiping the renter's
+    env the wrapper had put there for every SSH session (pam_env), and its `sshd -D -e` found port 22 taken by the
+    wrapper's sshd and exited 1 (found by review). Now it keeps the wrapper's lines and waits."""
+    engine = node.engine
+    image = catalogue_like(engine)
+    node.env["GPUMARKET_DOCKER_PULL"] = "missing"
+    renter, public = new_keypair()
+    vm = node("vm create", {"vm_id": "dk-cat", "gpu_indices": [0], "ssh_public_keys": [public],
+                            "image": {"docker": image}, "env": {"API_KEY": "sk-cat-1"}})
+    deadline = time.monotonic() + 30
+    while True:  # the entrypoint has written its lines (after the wrapper's start)
+        environment = engine.docker("exec", "gpumarket-dk-cat", "cat", "/etc/environment").stdout
+        if "CUDA_VERSION" in environment or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert 'CUDA_VERSION="12.4.1"' in environment and "API_KEY=sk-cat-1" in environment, environment
+    with ssh(vm, renter) as client:
+        status, out, _ = run(client, "env")  # not a login shell: pam_env's /etc/environment only
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        assert status == 0 and env["API_KEY"] == "sk-cat-1" and env["CUDA_VERSION"] == "12.4.1", out
+    state = container(engine, "dk-cat")
+    assert (state["Status"], state["RestartCount"]) == ("running", 0), state
+    logs = engine.docker("logs", "gpumarket-dk-cat", check=True)
+    assert "the image's command exited" not in logs.stdout + logs.stderr, logs
+    top = engine.docker("top", "gpumarket-dk-cat", check=True).stdout
+    assert "sleep infinity" in top and "sshd -D" not in top, top

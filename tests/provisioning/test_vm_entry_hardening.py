@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,7 +88,7 @@ def wrapper_as_the_container_runs_it(argv, tmp_path, fake_sshd):
                      ("for candidate in /usr/sbin/sshd /usr/local/sbin/sshd; do", f"for candidate in {fake_sshd}; do")]:
         assert old in script, old
         script = script.replace(old, new)
-    (tmp_path / "etc" / "ssh").mkdir(parents=True)  # an image's /etc/ssh, without host keys
+    (tmp_path / "etc" / "ssh").mkdir(parents=True, exist_ok=True)  # an image's /etc/ssh, without host keys
     entry = tmp_path / "entry.sh"
     entry.write_text(script)
     return str(entry)
@@ -258,3 +259,89 @@ def test_the_platform_says_image_env_for_the_renters_own_image_only(api):
         _, spec = validate_create({k: v for k, v in request.items() if k != "registry_auth"}, "docker", [0, 1, 2, 3])
         assert spec.get("image_env") is recorded
 
+
+# ------------------------------------------------------------- the catalogue image's command under the wrapper
+#
+# provisioning/images/entrypoint.sh, the catalogue images' command, runs after the wrapper (as its child). It
+# truncated /etc/environment and wrote the image's variables only, wiping the renter's env lines the wrapper had just
+# put there for pam_env (every non-login SSH session), and then ran `sshd -D -e` on port 22, which the wrapper's sshd
+# held: it exited 1 (found by review). Under the wrapper (/.gpumarket there) it now keeps the wrapper's lines after
+# the image's and waits instead; run without it (a plain `docker run` of the image) it does as before.
+
+ENTRYPOINT = os.path.join(os.path.dirname(__file__), "..", "..", "provisioning", "images", "entrypoint.sh")
+IMAGE_ENV = {"PATH": IMAGE_PATH, "CUDA_VERSION": "12.4.1", "LANG": "C.UTF-8", "HOME": "/root", "OTHER": "not-kept"}
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="entrypoint.sh installs root-owned files (run as root)")
+
+
+def entrypoint_in(tmp_path, box="/nonexistent-box"):
+    """entrypoint.sh with its root in tmp_path (/etc, /run, the mounted keys), the wrapper's box at `box` and a
+    stand-in /usr/sbin/sshd that says it ran and exits 1, as one on a port already taken does."""
+    with open(ENTRYPOINT) as f:
+        script = f.read()
+    (tmp_path / "etc" / "ssh").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "etc" / "profile.d").mkdir(exist_ok=True)
+    (tmp_path / "keys").write_text("ssh-ed25519 AAAA renter\n")
+    fake = tmp_path / "image-sshd"
+    fake.write_text(f'#!/bin/sh\necho "image sshd $*" >> {tmp_path}/image-sshd.log\nexit 1\n')
+    fake.chmod(0o755)
+    for old, new in [("/root/.ssh/authorized_keys", f"{tmp_path}/keys"), ("/etc/", f"{tmp_path}/etc/"),
+                     ("ssh-keygen -A", f"ssh-keygen -A -f {tmp_path}"), ("/run/sshd", f"{tmp_path}/run/sshd"),
+                     ("/usr/sbin/sshd", str(fake))]:
+        assert old in script, old
+        script = script.replace(old, new)
+    script = script.replace("/.gpumarket", box)
+    path = tmp_path / "gpumarket-entrypoint"
+    path.write_text(script)
+    path.chmod(0o755)
+    return str(path)
+
+
+@needs_root
+@needs_openssh
+def test_the_catalogue_entrypoint_under_the_wrapper_keeps_the_renters_env_and_starts_no_second_sshd(
+        node, tmp_path, monkeypatch):  # noqa: F811
+    entrypoint = str(tmp_path / "gpumarket-entrypoint")
+    argv, env_file_text = created(node, monkeypatch, command=[entrypoint], env=RENTER_ENV, onstart="true\n")
+    (box,) = [a[:-len(":/.gpumarket:ro")] for a in argv if a.endswith(":/.gpumarket:ro")]
+    assert entrypoint_in(tmp_path, box) == entrypoint
+    (tmp_path / "etc" / "environment").write_text('PATH="/usr/local/sbin:/usr/bin"\n')  # the image's own file
+    wrapper_sshd = tmp_path / "wrapper-sshd"  # the wrapper's sshd, started (daemonised) before the command runs
+    wrapper_sshd.write_text(f"#!/bin/sh\necho started >> {tmp_path}/wrapper-sshd.log\nexit 0\n")
+    wrapper_sshd.chmod(0o755)
+    entry = wrapper_as_the_container_runs_it(argv, tmp_path, wrapper_sshd)
+    env = {**container_environment(argv, env_file_text, "/root"), **IMAGE_ENV}
+    out = tmp_path / "out.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen(["/bin/sh", entry, entrypoint], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        environment = tmp_path / "etc" / "environment"
+        wait_for(environment, 'CUDA_VERSION="12.4.1"\n')
+        wait_for(out, "the image's command exited", timeout=3.0)  # it must not: it waits
+        text = out.read_text()
+        assert "[gpumarket] sshd started" in text and "the image's command exited" not in text, text
+        assert proc.poll() is None
+    finally:
+        docker_stop(proc)
+        proc.wait(timeout=10)
+    assert not (tmp_path / "image-sshd.log").exists()  # no second sshd (port 22 is the wrapper's)
+    lines = environment.read_text().splitlines()
+    # the image's variables, then the renter's env as the wrapper wrote it (pam_env: a name's last line wins)
+    assert lines[:3] == ['CUDA_VERSION="12.4.1"', 'LANG="C.UTF-8"', f'PATH="{IMAGE_PATH}"'], lines
+    assert lines[3:] == ["API_KEY=sk-1", "HOME=/nowhere-home", "PATH=/nowhere"], lines  # (TRICKY: not pam-safe)
+    assert lines[3:] == (Path(box) / "environment").read_text().splitlines()
+    assert "API_KEY=sk-1" in (tmp_path / "etc" / "profile.d" / "gpumarket-env.sh").read_text()
+    own = (tmp_path / "etc" / "profile.d" / "00-gpumarket-env.sh").read_text()
+    assert "export CUDA_VERSION=12.4.1\n" in own and "API_KEY" not in own and "OTHER" not in own
+
+
+@needs_root
+def test_the_catalogue_entrypoint_without_the_wrapper_starts_its_sshd_as_before(tmp_path):
+    entrypoint = entrypoint_in(tmp_path)  # no /.gpumarket: a plain `docker run` of the image
+    (tmp_path / "etc" / "environment").write_text("OLD=1\n")
+    proc = subprocess.run(["/bin/bash", entrypoint], env=IMAGE_ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc  # the stand-in sshd's exit, the script's own (exec)
+    assert (tmp_path / "image-sshd.log").read_text() == "image sshd -D -e\n"
+    assert (tmp_path / "etc" / "environment").read_text() == \
+        f'CUDA_VERSION="12.4.1"\nLANG="C.UTF-8"\nPATH="{IMAGE_PATH}"\n'
+    assert (tmp_path / "etc" / "ssh" / "gpumarket" / "authorized_keys").read_text() == "ssh-ed25519 AAAA renter\n"
