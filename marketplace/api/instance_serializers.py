@@ -246,9 +246,9 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     env = _EnvField(
         required=False, help_text=f"Environment variables: {{\"NAME\": \"value\"}}, names [A-Z_][A-Z0-9_]*, at "
                                   f"most {opts.ENV_MAX_NAMES} names, values up to {opts.ENV_MAX_VALUE} characters, "
-                                  f"{opts.ENV_MAX_TOTAL} bytes in all. Set for what you run: your SSH sessions and "
-                                  "the `onstart` script; not for the platform's SSH server nor the image's own "
-                                  "command.")
+                                  f"{opts.ENV_MAX_TOTAL} bytes in all. Set for what you run: your SSH sessions, the "
+                                  "`onstart` script and, with your own image, its command (as `docker run -e`); "
+                                  "not for the platform's SSH server nor a catalogue image's command.")
     onstart = _OnstartField(
         required=False, help_text=f"A script run once by /bin/sh at the first boot, inside the instance (at most "
                                   f"{opts.ONSTART_MAX} characters); its output is in the logs.")
