@@ -43,6 +43,21 @@ def sim_vm_env(vmdir, visible_indices, visible_uuids, renter_env=None, mig_uuids
     return env
 
 
+def image_command_line(spec):
+    """The VM's log line for the image's own command at each start. A sim VM runs no image, so no command: the line
+    says what environment the docker runtime's entry wrapper would give it (dockerbox.py), the renter's env for
+    the renter's own image only (the request's image_env, options.validate_options; a catalogue image's command
+    runs without it), so that the platform's word is seen where its instance's logs are read. Names only: the
+    values may be secrets, and the VM's log is on the node. The names the sim's own win over are left out, as in
+    the VM's sessions and onstart (sim_vm_env)."""
+    if not spec.get("image_env"):
+        return ("the image's command (sim: none is run) would run without the renter's env, which onstart and SSH "
+                "sessions get (not the renter's own image)")
+    names = sorted(k for k in spec.get("env", {}) if k not in SIM_OWN_ENV)
+    return "the image's command (sim: none is run) would get the renter's env: %s (the renter's own image)" % (
+        ", ".join(names) or "none given")
+
+
 def sshd_quote(value):
     # sshd_config splits arguments like a shell: inside double quotes only \\ and \" are escapes (misc.c argv_split).
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -75,7 +90,8 @@ class SimRuntime(Runtime):
 
     Modelled as a container would do it: the renter's env in every session and in onstart; onstart run once;
     each container port answered on its mapped host port; a volume mounted at /m is ~/m in the VM (a link to the
-    volume's folder on the node, which outlives the VM); the OS is the node's own (a sim VM runs no image)."""
+    volume's folder on the node, which outlives the VM); the OS is the node's own (a sim VM runs no image, so no
+    image's command: the VM's log says at each start whether it would get the renter's env, image_command_line)."""
     name = "sim"
 
     @property
@@ -151,6 +167,8 @@ class SimRuntime(Runtime):
             vm_log(self.cfg, rec["vm_id"], "sshd listening on %s:%d" % (self.cfg.sim_listen, rec["ssh_port"]))
         if not pids_matching(self.box_needle(rec)):
             self.start_box(rec)
+            # as a container's command runs at each start of its container (not again while it runs)
+            vm_log(self.cfg, rec["vm_id"], image_command_line(rec["spec"]))
 
     def box_needle(self, rec):
         return os.path.join(vm_dir(self.cfg, rec["vm_id"]), "bin", "gpumarket_agent.pyz") + " _sim-box "
