@@ -9,6 +9,7 @@ statement in Python and planning it in PostgreSQL cost more than running it.
   preparing off (a transaction-pooling PgBouncer older than 1.21 cannot keep prepared statements).
 - `ModelInsert`: a model's `INSERT ... RETURNING id` written once, and the values of an unsaved instance computed by
   the same field methods `Model.save()` uses (defaults, auto_now, JSON and encrypted fields alike).
+- `constraint_violated(exc)`: the name of the constraint an IntegrityError broke, from PostgreSQL's diagnostics.
 """
 import functools
 import re
@@ -136,3 +137,14 @@ class ModelInsert:
         obj._state.adding = False
         obj._state.db = DEFAULT_DB_ALIAS
         return obj
+
+
+def constraint_violated(exc: BaseException) -> str:
+    """The name of the constraint (or unique index) a database error broke, as PostgreSQL reports it in the
+    error's diagnostics; "" where it does not say (SQLite names the columns only; an error built by hand).
+
+    Never look for a name in `str(exc)`: PostgreSQL's message carries a DETAIL line with the offending values (the
+    key's columns, or the whole failing row for a CHECK or NOT NULL violation), anyone's input among them, so a
+    value that spells another constraint's name is taken for that constraint; and one name may contain another."""
+    diag = getattr(exc, "diag", None) or getattr(exc.__cause__, "diag", None)  # psycopg's, or under Django's
+    return getattr(diag, "constraint_name", None) or ""

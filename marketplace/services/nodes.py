@@ -11,6 +11,7 @@ from django.db.models import Count
 from core import addresses as core_addresses
 from core.addresses import AddressNotAllowed, LookupTooSlow, node_address_targets
 from core.errors import Conflict, ValidationFailed
+from core.sql import constraint_violated
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.mig import layout_problems, price_problems
 from marketplace.models import (
@@ -170,10 +171,11 @@ def _node_create(*, provider: User, name: str, address: str, ssh_port: int, ssh_
             node.save()
     except IntegrityError as exc:
         # The provider's own live nodes only (a new node has proved nothing: the constraints on proven nodes
-        # never refuse it).
-        if "node_unique_own_live_endpoint" in str(exc):
+        # never refuse it). By name, never in the error's text, whose DETAIL quotes the provider's own values.
+        violated = constraint_violated(exc)
+        if violated == "node_unique_own_live_endpoint":
             raise Conflict(f"A live node of yours is already registered at {address}:{ssh_port}.") from None
-        if "node_unique_own_live_host_key" in str(exc):
+        if violated == "node_unique_own_live_host_key":
             raise ValidationFailed(DUPLICATE_HOST_KEY_MESSAGE, field="host_key_fingerprint") from None
         raise
     private_bytes, public_line = _generate_keypair(f"{settings.PLATFORM_NAME}-node-{node.pk}")

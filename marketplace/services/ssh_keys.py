@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, ValidationFailed
 from core.security_mail import security_change_notify
+from core.sql import constraint_violated
 from marketplace.models import SshKey, User
 from marketplace.validators import MAX_INSTANCE_KEYS
 
@@ -176,7 +177,7 @@ def ssh_key_create(*, user: User, public_key: str, name: str = "") -> SshKey:
                         f"{key.name or 'no name'} ({key.fingerprint}). Saved keys are put on the instances you "
                         "rent with them; delete it on the SSH keys page if you do not know it."))
     except IntegrityError as exc:
-        if "sshkey_unique_per_user" not in str(exc):
+        if constraint_violated(exc) != "sshkey_unique_per_user":  # by name, never in the text (core.sql)
             raise
         existing = SshKey.objects.filter(user=user, fingerprint=parsed.fingerprint).first()
         label = f" as '{existing.name}' (id {existing.pk})" if existing and existing.name else (

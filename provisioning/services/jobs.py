@@ -36,7 +36,7 @@ from django.utils import timezone
 from core import dispatch
 from core.background import BackgroundBatcher
 from core.errors import Conflict
-from core.sql import ModelInsert, prepared_cursor
+from core.sql import ModelInsert, constraint_violated, prepared_cursor
 from marketplace.models import Instance, Node, Volume
 from provisioning.models import Job, JobKind, JobStatus
 
@@ -87,7 +87,7 @@ def job_create(*, kind: str, node: Node, instance: Instance | None = None, volum
             job = job_new(kind=kind, node=node, instance=instance, volume=volume)
             _insert_job(job)
     except IntegrityError as exc:
-        if "job_one_open_" not in str(exc):
+        if not constraint_violated(exc).startswith("job_one_open_"):  # by name, never in the text (core.sql)
             raise
         what = (f"instance {instance.pk}" if instance is not None else
                 f"volume {volume.pk}" if volume is not None else f"node {node.pk}")

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from core.sql import constraint_violated
 from marketplace.mig import layout_by_gpu
 from marketplace.models import Gpu, GpuStatus, MigSlice, MigSliceAllocation, Node, SliceStatus
 from provisioning.models import NodeEvent
@@ -64,7 +65,7 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
                     known.memory_mib, known.status = found["memory_mib"] or 0, SliceStatus.FREE
                     known.save(update_fields=["gpu", "profile", "device", "memory_mib", "status"])
     except IntegrityError as exc:  # a MIG UUID another node's slice holds: the same card listed twice
-        if "mig_slice_unique_uuid" not in str(exc):
+        if constraint_violated(exc) != "mig_slice_unique_uuid":  # by name, never in the text (core.sql)
             raise
         node_event(node=node, kind="mig_slices_duplicate",
                    message="A MIG device of this node belongs to another node's slices; "

@@ -16,6 +16,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core import metrics
+from core.sql import constraint_violated
 from marketplace.models import (
     Gpu,
     GpuAllocation,
@@ -191,13 +192,6 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)
 
 
-def constraint_violated(exc: IntegrityError) -> str:
-    """The name of the constraint an IntegrityError broke, as PostgreSQL reports it ("" where it does not say:
-    SQLite names the columns only)."""
-    diag = getattr(exc.__cause__, "diag", None)
-    return getattr(diag, "constraint_name", None) or ""
-
-
 def node_quarantine(*, node_id: int, seen: str) -> None:
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
@@ -327,7 +321,7 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
         _apply_inventory(node.pk, inventory, claim=True)
         return
     except IntegrityError as exc:
-        if "gpu_unique_uuid" not in str(exc):
+        if constraint_violated(exc) != "gpu_unique_uuid":  # by name, never in the text (core.sql)
             raise
     _apply_inventory(node.pk, inventory, claim=False)
     reported = {g["uuid"]: g.get("index") for g in inventory.get("gpus", []) if g.get("uuid")}

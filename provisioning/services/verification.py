@@ -20,6 +20,7 @@ from django.utils import timezone
 from billing.services.low_balance import billing_profile_lock
 from billing.services.storage import node_storage_outage_end
 from core.errors import Conflict
+from core.sql import constraint_violated
 from marketplace.mig import layout_by_gpu
 from marketplace.models import (
     GpuAllocation,
@@ -44,7 +45,6 @@ from provisioning.services.jobs import JobConflict, job_create, job_send_again_i
 from provisioning.services.mig import node_apply_mig_slices
 from provisioning.services.nodes import (
     DuplicateHardware,
-    constraint_violated,
     node_apply_inventory,
     node_event,
     node_session,

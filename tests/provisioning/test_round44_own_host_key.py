@@ -5,10 +5,11 @@ name does not contain: the IntegrityError was re-raised, the job failed as the p
 import pytest
 from django.db import IntegrityError, transaction
 
+from core.sql import constraint_violated
 from marketplace.models import Node
 from provisioning import sim
 from provisioning.models import JobStatus
-from provisioning.services.nodes import DuplicateHardware, _pin_host_key, constraint_violated
+from provisioning.services.nodes import DuplicateHardware, _pin_host_key
 from tests.factories import UserFactory, make_node
 from tests.provisioning.test_duplicate_nodes import FINGERPRINT, register, verify
 

@@ -19,7 +19,7 @@ from django.db.models import Case, IntegerField, Value, When
 
 from billing.models import Account, AccountKind
 from core.errors import Conflict
-from core.sql import ModelInsert, prepared_cursor
+from core.sql import ModelInsert, constraint_violated, prepared_cursor
 from marketplace.models import Gpu, GpuAllocation, GpuStatus, Instance, MigSliceAllocation, Node, User
 from marketplace.services.disk_room import (
     DISK_PROMISED_ALL_SQL,
@@ -158,7 +158,7 @@ def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
         with transaction.atomic():
             GpuAllocation.objects.bulk_create(GpuAllocation(instance=instance, gpu=g, allocated_at=at) for g in gpus)
     except IntegrityError as exc:  # the database's guarantee caught a GPU marked free while allocated
-        if "gpu_in_at_most_one_live_allocation" in str(exc):
+        if constraint_violated(exc) == "gpu_in_at_most_one_live_allocation":  # by name, not in the text (core.sql)
             raise Conflict("The GPUs were taken by another booking meanwhile; try again.") from None
         raise
 
@@ -336,7 +336,7 @@ def _book_units(instance: Instance, node: Node, taking: str, taking_params: list
             cursor.execute(sql, params)
             row = cursor.fetchone()
     except IntegrityError as exc:  # the database's guarantee caught a unit marked free while allocated
-        if live_index in str(exc):
+        if constraint_violated(exc) == live_index:  # by name, never in the text (core.sql)
             raise Conflict(taken_meanwhile) from None
         raise
     instance.pk, taken = row[0], int(row[1])

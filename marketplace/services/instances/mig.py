@@ -10,6 +10,7 @@ from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from core.errors import Conflict
+from core.sql import constraint_violated
 from marketplace.models import Gpu, GpuStatus, Instance, MigSlice, MigSliceAllocation, SliceStatus
 
 _LIVE_INDEX = "mig_slice_in_at_most_one_live_allocation"
@@ -124,7 +125,7 @@ def reallocate_slices(instance: Instance, at: datetime) -> bool:
         MigSliceAllocation.objects.bulk_create(
             MigSliceAllocation(instance=instance, mig_slice=s, allocated_at=at) for s in slices)
     except IntegrityError as exc:
-        if _LIVE_INDEX in str(exc):
+        if constraint_violated(exc) == _LIVE_INDEX:  # by name, never in the text (core.sql)
             raise Conflict(SLICES_TAKEN_MESSAGE) from None
         raise
     return True
