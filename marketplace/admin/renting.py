@@ -1,6 +1,12 @@
 """The operators' panel for rentals: images, instances (stop and destroy), their interruptions, volumes."""
+import datetime
+
 from django import forms
 from django.contrib import admin, messages
+from django.db import connections, models
+from django.utils import formats, timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.functional import cached_property
 
 from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
@@ -58,6 +64,105 @@ class ImageAdmin(OwnChangesAdmin, admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
 
 
+def _period(year: int, month: int | None = None, day: int | None = None) -> tuple[datetime.datetime, datetime.datetime]:
+    """A year, a month or a day, from its first moment to the next one's, in the current time zone."""
+    zone = timezone.get_current_timezone()
+    start = datetime.datetime(year, month or 1, day or 1, tzinfo=zone)
+    if day is not None:
+        end = datetime.datetime.combine(start.date() + datetime.timedelta(days=1), datetime.time(), tzinfo=zone)
+    elif month is not None:
+        end = datetime.datetime(year + month // 12, month % 12 + 1, 1, tzinfo=zone)
+    else:
+        end = datetime.datetime(year + 1, 1, 1, tzinfo=zone)
+    return start, end
+
+
+class DateDrillDown(admin.DateFieldListFilter):
+    """Django's date filter (any date, today, the past 7 days, this month, this year) and a drill-down: the years
+    that have rows, the chosen year's months that have rows, the chosen month's days that have rows. Every choice is
+    a range on the column (`<field>__gte`, `<field>__lt`), read in its index.
+
+    It replaces the lists' date_hierarchy, which on every opening of the list read the whole table twice: MIN and
+    MAX of the column with no index, then SELECT DISTINCT date_trunc('year', ...) over every row (and with a year
+    chosen, every row of the year for its months), 150 ms at 200,000 instances and growing with the platform's
+    life. Here the bounds are a MIN and a MAX read at the ends of the column's index, and which periods have rows
+    one query of a MIN per period, each read in the index (PostgreSQL plans a MIN as the index's first entry in
+    the range; an EXISTS or LIMIT 1 can be planned as a sequential scan, which on a table written in time order
+    reads all the older rows first). The periods are those of the whole table, not of the list's other filters (a
+    period may then list nothing); years, months and days are those of the current time zone (UTC)."""
+
+    def __init__(self, field, request, params, model, model_admin, field_path):
+        super().__init__(field, request, params, model, model_admin, field_path)
+        self.model = model
+
+    @property  # Django's class sets `links` in its __init__: the relative links, followed here by the drill-down
+    def links(self):
+        return self.relative_links + self.drill_down
+
+    @links.setter
+    def links(self, value):
+        self.relative_links = value
+
+    @cached_property
+    def drill_down(self) -> tuple:
+        """The links to the years, and to the months and days of the one chosen (read once, when the list shows
+        its filters)."""
+        first_last = self.model._default_manager.aggregate(first=models.Min(self.field_path),
+                                                           last=models.Max(self.field_path))
+        if first_last["first"] is None:
+            return ()
+        first, last = (timezone.localtime(first_last[end]) for end in ("first", "last"))
+        periods: list[tuple[tuple[int, ...], tuple[datetime.datetime, datetime.datetime]]]
+        periods = [((year,), _period(year)) for year in range(first.year, min(last.year, datetime.MAXYEAR - 1) + 1)]
+        chosen = self.chosen_month()
+        if chosen is not None:
+            year, month = chosen
+            periods += [((year, m), _period(year, m)) for m in range(1, 13)]
+            if month is not None:
+                days = (_period(year, month)[1] - datetime.timedelta(days=1)).day
+                periods += [((year, month, d), _period(year, month, d)) for d in range(1, days + 1)]
+        found = self.with_rows([bounds for _, bounds in periods])
+        shown = sorted(key for (key, _), there in zip(periods, found, strict=True) if there)
+        links = []
+        for key in shown:
+            start, end = _period(*key)
+            title = (str(key[0]) if len(key) == 1 else formats.date_format(start, "YEAR_MONTH_FORMAT")
+                     if len(key) == 2 else formats.date_format(start, "DATE_FORMAT"))
+            links.append((title, {self.lookup_kwarg_since: start, self.lookup_kwarg_until: end}))
+        return tuple(links)
+
+    def chosen_month(self) -> tuple[int, int | None] | None:
+        """(year, None) when one of the drill-down's years is chosen, (year, month) when one of its months or days
+        is; None for any other range (the relative links, a hand-written one, one that does not parse)."""
+        try:
+            since = parse_datetime(self.date_params.get(self.lookup_kwarg_since, ""))
+            until = parse_datetime(self.date_params.get(self.lookup_kwarg_until, ""))
+        except ValueError:
+            return None
+        if since is None or until is None or timezone.is_naive(since) or since.year >= datetime.MAXYEAR:
+            return None
+        since = timezone.localtime(since)
+        for key in ((since.year,), (since.year, since.month), (since.year, since.month, since.day)):
+            if _period(*key) == (since, until):
+                return key[0], (key[1] if len(key) > 1 else None)
+        return None
+
+    def with_rows(self, periods: list[tuple[datetime.datetime, datetime.datetime]]) -> list[bool]:
+        """Whether each period has a row: one query, SELECT (SELECT MIN(column) ... in the period), ..."""
+        if not periods:
+            return []
+        connection = connections[self.model._default_manager.db]
+        table = connection.ops.quote_name(self.model._meta.db_table)
+        assert self.field.column is not None  # the list's own date field, a concrete column
+        column = connection.ops.quote_name(self.field.column)
+        one = f"(SELECT MIN({column}) FROM {table} WHERE {column} >= %s AND {column} < %s)"  # noqa: S608 (quoted)
+        params = [self.field.get_db_prep_value(moment, connection) for period in periods for moment in period]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join([one] * len(periods)), params)
+            row = cursor.fetchone()
+        return [value is not None for value in row]
+
+
 # An instance's history on its page: the latest rows, and a link to all of them (inlines showed every one; an
 # instance gets a set of allocations at each start, and an interruption each time its node or VM is lost).
 instance_allocations = History(
@@ -82,10 +187,9 @@ class InterruptionAdmin(NothingEditableAdmin, admin.ModelAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = ["cause", "outcome"]
+    list_filter = ["cause", "outcome", ("started_at", DateDrillDown)]  # not date_hierarchy (DateDrillDown's why)
     search_fields = ["=instance__id", "instance__node__name", "instance__renter__email"]
     list_select_related = ["instance__node"]
-    date_hierarchy = "started_at"
     readonly_fields = ["instance", "cause", "detail", "started_at", "detected_at", "ended_at", "outcome",
                        "credited_seconds", "credited_micros"]
 
@@ -114,10 +218,10 @@ class InstanceAdmin(NothingEditableAdmin, HistoryAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = ["status", "node__runtime", "gpu_model", "image"]
+    list_filter = ["status", "node__runtime", "gpu_model", "image",
+                   ("created_at", DateDrillDown)]  # not date_hierarchy (DateDrillDown's why)
     search_fields = ["=id", "renter__email", "node__name", "node__address", "label"]
     list_select_related = ["renter", "node", "gpu_model", "image"]
-    date_hierarchy = "created_at"
     # Everything is read-only: state changes go through the actions, which call the services.
     # Of a renter's options, what operators need to follow an instance; never the registry password (only whether
     # one was given), nor the env's values (only their names), nor the onstart script. Nor the create's fingerprint:
