@@ -25,7 +25,7 @@ from django.http import QueryDict
 
 from core.errors import NotFound
 from core.money import MICROS_PER_USD
-from marketplace.api.offer_rows import finite_float
+from marketplace import stored_figures
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
 from marketplace.models import GpuModel, Verdict
 from marketplace.models.host import cuda_version_text
@@ -87,13 +87,14 @@ def host_fields(node: dict[str, Any]) -> dict[str, Any]:
 
 def node_fields(node: dict[str, Any]) -> dict[str, Any]:
     """The fields every offer of a node of offers_search (given as its NODE_VALUES) has alike."""
-    medians = (node["benchmark_summary"] or {}).get("median_per_gpu") or {}
     return {
         "machine_id": node["id"], "gpu_name": node["gpu_model__name"], "gpu_ram": node["gpu_model__memory_mib"],
         "reliability": node["reliability"], "reliability2": node["reliability"], "score": node["score"],
-        # A stored figure that is no finite float (offer_rows.finite_float) is null: not an int beyond a float's range
-        # in the answer, nor text that `pcie_bw>=N` or an order by it compared with a number (a TypeError, a 500).
-        "pcie_bw": finite_float(medians.get("h2d_gbs")), "geolocation": str(node["country"]) or None,
+        # The stored figure only as a finite number (stored_figures.median): not an int beyond a float's range in the
+        # answer, nor text that `pcie_bw>=N` or an order by it compared with a number (a TypeError, a 500), nor a
+        # summary or medians of the wrong kind (an AttributeError, a 500).
+        "pcie_bw": stored_figures.median(node["benchmark_summary"], "h2d_gbs"),
+        "geolocation": str(node["country"]) or None,
         "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
         "rentable": True, "rented": False, "external": False, "runtime": node["runtime"], **host_fields(node),
     }

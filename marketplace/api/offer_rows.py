@@ -5,7 +5,6 @@ per row and walking a field tree per value. `OFFER_COLUMNS` is what a row reads 
 writes exactly what OfferSerializer writes for it (tests/marketplace/test_offer_rows.py holds them equal, field by
 field and byte by byte). OfferSerializer stays the documented schema and serves the single-offer read.
 """
-import math
 from typing import Any
 
 from rest_framework import serializers
@@ -13,6 +12,9 @@ from rest_framework import serializers
 from marketplace.mig import profiles_for
 from marketplace.models import Verdict
 from marketplace.models.host import cuda_version_text
+from marketplace.stored_figures import finite_float as finite_float  # the stored summary's readers, moved there
+from marketplace.stored_figures import nvlink_summary as nvlink_summary
+from marketplace.stored_figures import summary as stored_summary
 
 # The order of offer_row's unpacking.
 OFFER_COLUMNS = (
@@ -22,8 +24,6 @@ OFFER_COLUMNS = (
     "ram_gb", "disk_left_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version", "pcie_gen", "pcie_width",
     "net_mbps", "host_checked_at", "mig_prices_micros",
 )
-MEDIAN_FIGURES = ("bf16_tflops", "tf32_tflops", "fp32_tflops", "memory_bandwidth_gbs", "h2d_gbs",
-                  "cnn_train_images_s", "cnn_infer_images_s", "power_draw_w", "bf16_tflops_per_w")
 
 # DRF's own field for datetimes: the current time zone and its "Z" are DRF's rules, not restated here.
 _datetime = serializers.DateTimeField()
@@ -41,76 +41,9 @@ def _datetime_text(value: Any) -> Any:
     return value if isinstance(value, str) else _datetime.to_representation(value)
 
 
-INT_LIMIT = 2**63  # a bigint's: no figure of a node comes near it
-
-
-def finite_float(value: Any) -> float | None:
-    """A figure of a node's stored benchmark summary (a JSON value) as the finite float JSON can carry, or None.
-
-    Stored JSON may hold what no float is (found by review): jsonb keeps any number, and Python's json reads one
-    beyond a float's range back as an int that float() refuses (OverflowError: a 500 on every offers page that held
-    the node) or, with a fraction, as inf, which JSON has no number for (JSONRenderer refuses it, a page printed
-    "inf"). Text that is no number, a list or an object is None too: one node's summary must not fail every offer
-    list. What float() takes otherwise stays as DRF's FloatField writes it (12, "12.5", Decimal("12.5"))."""
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError, ArithmeticError):  # ArithmeticError: OverflowError; Decimal("sNaN"): ValueError
-        return None
-    return number if math.isfinite(number) else None
-
-
-def finite_int(value: Any) -> int | None:
-    """A whole-number figure of a stored summary as DRF's IntegerField writes it (int(12.0) = 12), or None where it
-    is not a finite number or lies beyond 64 bits (JSON's readers, and the renderer past 4,300 digits, fail on it)."""
-    number = finite_float(value)
-    if number is None:
-        return None
-    whole = value if type(value) is int else int(number)
-    return whole if -INT_LIMIT <= whole < INT_LIMIT else None
-
-
-def nvlink_islands(value: Any) -> list[list[int]]:
-    """The stored islands, keeping only GPU indices: a node's summary written before its inventory was checked
-    (provisioning/verification/answers.py) may hold anything, and one node's must not fail every offer list."""
-    if not isinstance(value, list):
-        return []
-    return [[gpu for gpu in island if type(gpu) is int and -INT_LIMIT <= gpu < INT_LIMIT]
-            for island in value if isinstance(island, list)]
-
-
-def nvlink_summary(nvlink: Any) -> dict[str, Any] | None:
-    """NvlinkSummarySerializer's output (the check always writes `connected` and `islands`)."""
-    if not isinstance(nvlink, dict):
-        return None
-    return {"connected": bool(nvlink.get("connected")),
-            "islands": nvlink_islands(nvlink.get("islands")),
-            "links_per_gpu": finite_int(nvlink.get("links_per_gpu")), "p2p_gbs": finite_float(nvlink.get("p2p_gbs")),
-            "pcie_p2p_gbs": finite_float(nvlink.get("pcie_p2p_gbs"))}
-
-
 def benchmark_summary(summary: Any) -> dict[str, Any] | None:
-    """BenchmarkSummarySerializer's output: absent keys stay absent, except those that allow null (the medians,
-    nvlink): null when absent."""
-    if summary is None:
-        return None
-    out: dict[str, Any] = {}
-    if "checked_at" in summary:
-        out["checked_at"] = _datetime_text(summary["checked_at"])
-    if "verdict" in summary:
-        verdict = summary["verdict"]
-        out["verdict"] = None if verdict is None else str(verdict)
-    if "median_per_gpu" in summary:
-        medians = summary["median_per_gpu"]
-        out["median_per_gpu"] = None if medians is None else {
-            name: finite_float(medians.get(name)) for name in MEDIAN_FIGURES}
-    out["nvlink"] = nvlink_summary(summary.get("nvlink"))  # allow_null: an absent key reads as null
-    if "findings" in summary:
-        findings = summary["findings"]
-        out["findings"] = None if findings is None else [
-            None if code is None else str(code) for code in findings]
-    return out
+    """BenchmarkSummarySerializer's output: the stored summary's well-typed values (stored_figures.summary)."""
+    return stored_summary(summary)
 
 
 def mig_slices(slug: str, prices: dict[str, int] | None, free: dict[str, int] | None) -> list[dict[str, Any]]:
@@ -132,6 +65,8 @@ def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str
      score_per_dollar, verdict, runtime, summary, disk_price, cpu_model, cpu_cores, ram_gb, disk_free_gb,
      disk_bandwidth_mbs, driver_version, cuda_version, pcie_gen, pcie_width, net_mbps, host_checked_at,
      mig_prices) = row
+    benchmark = benchmark_summary(summary)
+    nvlink = benchmark and benchmark["nvlink"]
     return {
         "id": pk,
         "gpu_model": slug,
@@ -150,7 +85,7 @@ def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str
         "verdict": verdict,
         "runtime": runtime,
         "platform_fee_percent": fee_percent,
-        "benchmark": benchmark_summary(summary),
+        "benchmark": benchmark,
         "disk_price_per_gb_month": usd_text(disk_price),
         "cpu_model": cpu_model,
         "cpu_cores": cpu_cores,
@@ -163,6 +98,6 @@ def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str
         "pcie_width": pcie_width,
         "platform_to_node_mbps": net_mbps,
         "host_checked_at": _datetime_text(host_checked_at),
-        "nvlink": bool(((summary or {}).get("nvlink") or {}).get("connected")),
+        "nvlink": bool(nvlink and nvlink["connected"]),  # stored_figures.nvlink_connected, read once
         "mig_slices": mig_slices(slug, mig_prices, (slices or {}).get(pk)),
     }

@@ -21,27 +21,27 @@ from core.api.fields import UsdField
 from core.api.filtering import FilterBackend, StrictFilterSet
 from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
-from marketplace import selectors
+from marketplace import selectors, stored_figures
 from marketplace.mig import all_profile_names
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.models.nodes import slice_price_micros, slice_score_per_dollar
 from marketplace.money import usd_to_micros
+from marketplace.stored_figures import finite_float, finite_int, nvlink_islands
 
 from .offer_query import OfferQuery
-from .offer_rows import OFFER_COLUMNS, finite_float, finite_int, mig_slices, nvlink_islands, offer_row
-from .offer_rows import nvlink_summary as nvlink_summary  # the offers page's NVLink figures (web/renters.py)
+from .offer_rows import OFFER_COLUMNS, mig_slices, offer_row
 
 
 class FiniteFloatField(serializers.FloatField):
-    """A figure of the stored benchmark summary: null where it is no finite float (offer_rows.finite_float)."""
+    """A figure of the stored benchmark summary: null where it is no finite float (stored_figures.finite_float)."""
 
     def to_representation(self, value: Any) -> Any:  # float | None (the stubs say str)
         return finite_float(value)
 
 
 class FiniteIntegerField(serializers.IntegerField):
-    """A whole-number figure of the stored summary: null where it is none within 64 bits (offer_rows.finite_int)."""
+    """A whole-number figure of the stored summary: null where it is none within 64 bits (stored_figures.finite_int)."""
 
     def to_representation(self, value: Any) -> Any:  # int | None
         return finite_int(value)
@@ -74,7 +74,7 @@ class NvlinkSummarySerializer(serializers.Serializer):
     pcie_p2p_gbs = FiniteFloatField(allow_null=True, help_text="The median over pairs not on NVLink.")
 
     def to_representation(self, instance: Any) -> Any:
-        # Only GPU indices of the stored islands (offer_rows.nvlink_islands): one node's must not fail the offers.
+        # Only GPU indices of the stored islands (stored_figures.nvlink_islands): one node's must not fail the offers.
         if isinstance(instance, dict):
             instance = {**instance, "islands": nvlink_islands(instance.get("islands"))}
         return super().to_representation(instance)
@@ -95,6 +95,12 @@ class BenchmarkSummarySerializer(serializers.Serializer):
     nvlink = NvlinkSummarySerializer(required=False, allow_null=True, help_text=(
         "The GPUs' interconnect as the check read and measured it; null for one GPU or before it was read."))
     findings = serializers.ListField(child=serializers.CharField(), required=False)
+
+    def to_representation(self, instance: Any) -> Any:
+        # The stored summary's well-typed values only (stored_figures.summary, offer_rows.benchmark_summary's): a
+        # value of the wrong kind is null, never a 500 (found by review).
+        read = stored_figures.summary(instance)
+        return None if read is None else super().to_representation(read)
 
 
 class OfferSerializer(serializers.ModelSerializer):
@@ -173,7 +179,7 @@ class OfferSerializer(serializers.ModelSerializer):
         return mig_slices(node.gpu_model.slug, node.mig_prices_micros, free.get(node.pk))
 
     def get_nvlink(self, node) -> bool:
-        return bool(((node.benchmark_summary or {}).get("nvlink") or {}).get("connected"))
+        return stored_figures.nvlink_connected(node.benchmark_summary)
 
     def get_verified(self, node) -> bool:
         return node.verdict == Verdict.VERIFIED

@@ -1,7 +1,9 @@
 """Reads behind the pages' figures: the GPU comparison and a node's benchmark history. No writes.
 
 Measured figures come from verification runs (provisioning.models.VerificationRun.figures, as the acceptance
-policy summarises them: per GPU, the node's medians, and the datasheet they were judged against).
+policy summarises them: per GPU, the node's medians, and the datasheet they were judged against). They are JSON
+written from a node's answers, and a run stored before those were checked may hold values of any kind: the runs
+read here carry their figures and findings as marketplace.stored_figures reads them (_readable), well-typed only.
 """
 import statistics
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from marketplace import selectors
 from marketplace.models import GpuModel, Node, NodeState, Verdict
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.money import micros_to_usd
+from marketplace.stored_figures import run_figures, run_findings
 from provisioning.models import VerificationRun
 from provisioning.verification.tolerances import FIGURES, TOLERANCES
 
@@ -34,8 +37,17 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _readable(run: VerificationRun) -> VerificationRun:
+    """The run with its figures and findings as the pages read them (stored_figures.run_figures, run_findings): a
+    figure that is text, a bool or a list, `gpus` that is no list, a finding that is no object... are left out, not
+    a 500 or a figure read out of text as if measured (found by review). For showing only: never saved."""
+    run.figures, run.findings = run_figures(run.figures), run_findings(run.findings)
+    return run
+
+
 def latest_runs(node_ids: list[int], *, listable_only: bool = False) -> dict[int, VerificationRun]:
-    """The newest verification run of each node (optionally only runs that listed the node), in two queries."""
+    """The newest verification run of each node (optionally only runs that listed the node), in two queries;
+    each _readable."""
     runs = VerificationRun.objects.filter(node=OuterRef("pk"))
     if listable_only:
         runs = runs.filter(verdict__in=LISTABLE_VERDICTS)
@@ -43,7 +55,7 @@ def latest_runs(node_ids: list[int], *, listable_only: bool = False) -> dict[int
         run_id=Subquery(runs.order_by("-created_at", "-id").values("id")[:1])
     ).values_list("run_id", flat=True)
     found = VerificationRun.objects.filter(id__in=[r for r in latest if r is not None])
-    return {run.node_id: run for run in found}
+    return {run.node_id: _readable(run) for run in found}
 
 
 @dataclass
@@ -145,8 +157,8 @@ def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
 # ------------------------------------------------------------------------------------ a node's history
 
 def node_runs(node: Node, limit: int = 12) -> list[VerificationRun]:
-    """The node's newest verification runs, newest first."""
-    return list(VerificationRun.objects.filter(node=node).order_by("-created_at", "-id")[:limit])
+    """The node's newest verification runs, newest first, each _readable."""
+    return [_readable(run) for run in VerificationRun.objects.filter(node=node).order_by("-created_at", "-id")[:limit]]
 
 
 def figure_bands() -> dict:
@@ -156,7 +168,8 @@ def figure_bands() -> dict:
 
 
 def run_shares(run: VerificationRun) -> dict[str, float | None]:
-    """A run's median figures as shares of the datasheet it was judged against."""
-    median, sheet = run.figures.get("median") or {}, run.figures.get("datasheet") or {}
+    """A run's median figures as shares of the datasheet it was judged against (its figures read well-typed)."""
+    figures = run_figures(run.figures)
+    median, sheet = figures.get("median") or {}, figures.get("datasheet") or {}
     return {key: (median[key] / sheet[key] if median.get(key) and sheet.get(key) else None) for key in FIGURES}
 

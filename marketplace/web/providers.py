@@ -140,7 +140,7 @@ def _gpu_chart(node, run):
                 (reject, "bad", f"rejected below {reject:.0%}"),
                 (degrade, "warn", f"degraded below {degrade:.0%}"),
             ]))
-        groups.append(charts.Group(f"GPU {gpu.get('index')}", bars))
+        groups.append(charts.Group(f"GPU {gpu.get('index', '?')}", bars))
     if not groups:
         return None
     return charts.hbar_chart(groups, title="Measured as a share of the datasheet, per GPU (latest check)",

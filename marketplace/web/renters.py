@@ -25,8 +25,8 @@ from core import charts
 from core.errors import ApplicationError, IdempotencyKeyReused
 from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, page_wording
-from marketplace import selectors
-from marketplace.api.offers import OfferFilter, nvlink_summary
+from marketplace import selectors, stored_figures
+from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel
 from marketplace.reauth import with_form_status
 from marketplace.services import instances as svc
@@ -132,12 +132,11 @@ def _with_free_slices(rows) -> None:
 
 
 def _with_nvlink(rows) -> None:
-    """Set each offer's `nvlink_figures`: its stored NVLink summary as the API writes it (offer_rows.nvlink_summary),
-    the measured GB/s null unless a finite number: a stored figure beyond a float's range was printed as "inf", or
-    with all its 400 digits (found by review)."""
+    """Set each offer's `nvlink_figures`: its stored NVLink summary as the API writes it (stored_figures.summary),
+    each value null unless of its kind: a stored figure beyond a float's range was printed as "inf", or with all its
+    400 digits, and one stored as text ("400") or a `connected` of "yes" was shown as measured (found by review)."""
     for offer in rows:
-        summary = offer.benchmark_summary if isinstance(offer.benchmark_summary, dict) else {}
-        offer.nvlink_figures = nvlink_summary(summary.get("nvlink"))
+        offer.nvlink_figures = (stored_figures.summary(offer.benchmark_summary) or {}).get("nvlink")
 
 
 @require_GET
