@@ -27,6 +27,8 @@ from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.models.nodes import slice_price_micros, slice_score_per_dollar
 from marketplace.money import usd_to_micros
+from marketplace.services.instances.booking import RUNTIME_REFUSED_OPTIONS
+from marketplace.services.volumes import VOLUMELESS_RUNTIMES
 from marketplace.stored_figures import finite_float, finite_int, nvlink_islands
 
 from .offer_query import OfferQuery
@@ -103,6 +105,21 @@ class BenchmarkSummarySerializer(serializers.Serializer):
         return None if read is None else super().to_representation(read)
 
 
+def _runtime_help() -> str:
+    """The offer's `runtime`'s help: what a booking on each runtime may not ask for (found by review: the booking
+    refuses env, onstart, ports and volumes on a libvirt offer, b066232, and neither the field nor the schema said
+    so). Written from the booking's and the volumes' own lists, so that it says what they refuse."""
+    words = ["How the node runs instances."]  # the schema lists the runtimes (its enum's descriptions)
+    for runtime, fields in RUNTIME_REFUSED_OPTIONS.items():
+        named = [f"`{field}`" for field in fields]
+        listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} or {named[-1]}"
+        words.append(f"A `{runtime}` offer takes no {listed} (its VMs cannot honour them yet): a booking "
+                     "(POST /api/v1/instances/) giving any of them is refused with a 400 naming each, nothing booked.")
+    for runtime in sorted(VOLUMELESS_RUNTIMES):
+        words.append(f"No volume can be created on a `{runtime}` offer (POST /api/v1/volumes/: a 400 on `offer`).")
+    return " ".join(words)
+
+
 class OfferSerializer(serializers.ModelSerializer):
     gpu_model: serializers.SlugRelatedField[GpuModel] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpu_model_name = serializers.CharField(source="gpu_model.name", read_only=True)
@@ -164,6 +181,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at", "nvlink", "mig_slices",
         ]
         read_only_fields = fields
+        extra_kwargs = {"runtime": {"help_text": _runtime_help()}}
 
     def get_platform_fee_percent(self, node) -> str:
         if not hasattr(self, "_fee_percent"):  # once per response, not per row

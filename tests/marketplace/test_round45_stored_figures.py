@@ -13,14 +13,17 @@ pages), the rest as before.
 """
 import copy
 import json
+from pathlib import Path
 
 import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
 from marketplace.api.offer_rows import benchmark_summary
-from marketplace.api.offers import BenchmarkSummarySerializer
+from marketplace.api.offers import BenchmarkSummarySerializer, OfferSerializer
 from marketplace.models import Node
+from marketplace.services.instances.booking import RUNTIME_REFUSED_OPTIONS
+from marketplace.services.volumes import VOLUMELESS_RUNTIMES
 from provisioning.models import VerificationRun
 from tests.factories import UserFactory, make_listed_node
 
@@ -267,3 +270,21 @@ def test_whole(stored, read):
 
     assert stored_figures.whole(stored) == read
 
+
+# ------------------------------------------------------------------ what the offer's runtime says of bookings
+
+def test_the_offers_runtime_says_what_a_booking_there_may_not_give():
+    """b066232 made a booking on a libvirt offer refuse env, onstart, ports and volumes (and a volume there), and
+    neither the offer's field nor the published schema said so: a client learnt it from the 400."""
+    help_text = str(OfferSerializer().fields["runtime"].help_text)
+    schema = (Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml").read_text()
+    offer = schema.split("\n    Offer:\n", 1)[1].split("\n    Paginated", 1)[0]
+    runtime = offer.split("\n        runtime:\n", 1)[1].split("\n        platform_fee_percent:", 1)[0]
+    for kind, fields in RUNTIME_REFUSED_OPTIONS.items():
+        assert kind in VOLUMELESS_RUNTIMES or "volumes" not in fields
+        for field in fields:
+            assert f"`{field}`" in help_text and f"`{field}`" in runtime, field
+        assert f"A `{kind}` offer takes no" in help_text and f"A `{kind}` offer takes no" in runtime
+    for kind in VOLUMELESS_RUNTIMES:
+        assert f"No volume can be created on a `{kind}` offer" in help_text
+        assert f"No volume can be created on a `{kind}` offer" in runtime
