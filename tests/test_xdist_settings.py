@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.test_settings import run_python
+from tests.test_settings import ROOT, run_python
 
 SHOW = ["-c", "import json, os; import config.settings.test as s; "
               "print(json.dumps([s.CELERY_BROKER_URL, s.CACHE_URL, os.environ.get('TEST_XDIST_REDIS_FOR')]))"]
@@ -43,3 +43,13 @@ def test_a_worker_without_databases_is_refused_by_name(tmp_path):
     result = run_python(SHOW, {**BASE, "PYTEST_XDIST_WORKER": "gw2", "TEST_XDIST_REDIS_DBS": "10,11"}, tmp_path)
     assert result.returncode != 0
     assert "pytest-xdist worker gw2 has no Redis databases: TEST_XDIST_REDIS_DBS" in result.stderr
+
+
+def test_the_default_gives_each_of_make_tests_workers_databases_of_its_own(tmp_path):
+    """`make test` runs five workers (PYTEST_XDIST in the Makefile): with no TEST_XDIST_REDIS_DBS each gets its own
+    broker and cache databases (before, gw3 and gw4 had none and the run stopped at collection)."""
+    import re
+    workers = int(re.search(r"^PYTEST_XDIST \?= -n (\d+)", (ROOT / "Makefile").read_text(), re.M).group(1))
+    seen = [settings_of({"PYTEST_XDIST_WORKER": f"gw{n}"}, tmp_path)[:2] for n in range(workers)]
+    databases = [url.split("?")[0].rsplit("/", 1)[1] for pair in seen for url in pair]
+    assert workers >= 5 and len(set(databases)) == 2 * workers

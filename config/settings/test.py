@@ -13,7 +13,7 @@ os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/15")
 _xdist_worker = os.environ.get("PYTEST_XDIST_WORKER") or "gw0"
 if _xdist_worker != "gw0" and os.environ.get("TEST_XDIST_REDIS_FOR") != _xdist_worker:
     _n = int(_xdist_worker.removeprefix("gw"))
-    _dbs = os.environ.get("TEST_XDIST_REDIS_DBS", "12,13,10,11").split(",")
+    _dbs = os.environ.get("TEST_XDIST_REDIS_DBS", "12,13,10,11,8,9,6,7").split(",")
     if len(_dbs) < 2 * _n:
         raise RuntimeError(f"pytest-xdist worker {_xdist_worker} has no Redis databases: TEST_XDIST_REDIS_DBS "
                            f"lists {len(_dbs) // 2} pairs (broker,cache) for the workers after gw0")
