@@ -5,6 +5,14 @@ ipaddress's is_global judges an IPv6 address by its own prefix only (Python 3.11
 form of 169.254.169.254, and 2002:a00:1::1, the 6to4 form of 10.0.0.1, are "global", yet a NAT64 gateway (an
 IPv6-only cloud subnet) or a 6to4 relay delivers them to the IPv4 address inside.
 
+Nor is Python 3.11's list of what is not global complete: its is_global is `not is_private`, and the private list
+lacks site-local fec0::/10 (deprecated by RFC 3879, yet routed by the kernel like any unicast address, and still
+used inside some networks), every block outside global unicast 2000::/3 (4000::1, 5f00::/16 segment routing's
+SIDs, IPv4-compatible ::8.8.8.8), the documentation block 3fff::/20, the 6bone's 3ffe::/16 (returned), and in
+IPv4 most of 192.0.0.0/24 (IETF protocol assignments: 192.0.0.8, the dummy address) and the deprecated 6to4 relay
+anycast 192.88.99.0/24. None of them is reached from the internet; any of them may be the platform's own network.
+is_public refuses them all, whatever Python's version says.
+
 Also the one rule for where providers' nodes may be (node_address_allowed, node_address_targets; see below).
 """
 import functools
@@ -22,6 +30,28 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LAST_32_BITS = tuple(ipaddress.ip_network(n) for n in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96"))
 # Local-use NAT64 prefixes (RFC 8215) place the IPv4 address where their operator chose: never public here.
 _LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+# Global unicast (RFC 4291, IANA's IPv6 address space): no other IPv6 address is routed on the internet. Outside
+# it only two forms are public, judged by the IPv4 address they carry: IPv4-mapped (the socket reaches that IPv4
+# address) and NAT64's well-known prefix (a NAT64 gateway delivers to it). So are refused: site-local fec0::/10
+# (RFC 3879), IPv4-compatible ::/96 (deprecated, RFC 4291) and IPv4-translated ::ffff:0:0:0/96 (RFC 2765's, gone
+# from RFC 6145) addresses, 5f00::/16 (SRv6 SIDs, RFC 9602) and every unallocated block (4000::/3 ... fe00::/9).
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+_PUBLIC_OUTSIDE_GLOBAL_UNICAST = (ipaddress.ip_network("::ffff:0:0/96"), ipaddress.ip_network("64:ff9b::/96"))
+# Inside global unicast, blocks IANA's special-purpose registry says are not globally reachable. Python 3.11 has
+# 2001::/23 (Teredo 2001::/32 included), 2001:db8::/32 and the others of that registry but not 3fff::/20; Teredo
+# is named here as well so that no newer Python's exceptions to 2001::/23 (3.12.4 and on) could let it through: a
+# Teredo relay delivers to the IPv4 address the address carries.
+_NOT_GLOBAL_V6 = tuple(ipaddress.ip_network(n) for n in (
+    "2001::/32",    # Teredo (RFC 4380)
+    "2001:db8::/32",  # documentation (RFC 3849)
+    "3ffe::/16",    # the 6bone's test addresses, returned to IANA in 2006 (RFC 3701)
+    "3fff::/20",    # documentation (RFC 9637)
+))
+# IPv4 blocks Python 3.11 calls global that are not: 192.0.0.0/24 but its two anycast services 192.0.0.9 (PCP)
+# and 192.0.0.10 (TURN) (RFC 6890; 3.11 has 192.0.0.0/29 and 192.0.0.170/31 only, so 192.0.0.8, the dummy address
+# of RFC 7600, was "global"), and the 6to4 relay anycast 192.88.99.0/24 (deprecated, RFC 7526).
+_NOT_GLOBAL_V4 = tuple(ipaddress.ip_network(n) for n in ("192.0.0.0/24", "192.88.99.0/24"))
+_GLOBAL_V4_EXCEPTIONS = (ipaddress.ip_address("192.0.0.9"), ipaddress.ip_address("192.0.0.10"))
 
 
 def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
@@ -36,11 +66,16 @@ def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
 
 
 def is_public(address: Address) -> bool:
-    """Globally routable, not multicast, and, for IPv6, neither a local-use NAT64 address nor one carrying an
-    IPv4 address that is not public itself."""
+    """Globally routable (ipaddress's is_global, with the blocks above it misses), not multicast, and, for IPv6,
+    global unicast (or an IPv4-mapped or NAT64 address), neither a local-use NAT64 address nor one carrying an IPv4
+    address that is not public itself."""
     if not address.is_global or address.is_multicast:
         return False
-    if address.version == 6 and address in _LOCAL_NAT64:
+    if address.version == 4:
+        return address in _GLOBAL_V4_EXCEPTIONS or not any(address in net for net in _NOT_GLOBAL_V4)
+    if address not in _GLOBAL_UNICAST and not any(address in net for net in _PUBLIC_OUTSIDE_GLOBAL_UNICAST):
+        return False
+    if address in _LOCAL_NAT64 or any(address in net for net in _NOT_GLOBAL_V6):
         return False
     inner = embedded_ipv4(address)
     return inner is None or is_public(inner)
@@ -71,14 +106,14 @@ class AddressNotAllowed(ValueError):
 
 
 def address_kind(address: Address) -> str:
-    """public, loopback, private, link-local, multicast, unspecified, reserved, or non-public (an IPv6 form
-    carrying a private IPv4 address, say); an IPv4-mapped IPv6 address is judged by its IPv4 address."""
+    """public, loopback, private, link-local, site-local, multicast, unspecified, reserved, or non-public (an IPv6
+    form carrying a private IPv4 address, say); an IPv4-mapped IPv6 address is judged by its IPv4 address."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     if is_public(address):
         return "public"
-    for kind in ("loopback", "link-local", "multicast", "unspecified", "reserved"):
-        if getattr(address, "is_" + kind.replace("-", "_")):
+    for kind in ("loopback", "link-local", "site-local", "multicast", "unspecified", "reserved"):
+        if getattr(address, "is_" + kind.replace("-", "_"), False):  # site-local: IPv6 only (fec0::/10)
             return kind
     # 100.64.0.0/10 (carrier-grade NAT) is neither global nor "private" for Python 3.11: a private network here.
     if address.is_private or (address.version == 4 and address in _SHARED):
@@ -120,8 +155,9 @@ def node_address_refusal(host: str, address: Address) -> str:
     """Why the platform does not connect to `host` (which is, or resolves to, `address`), for the provider."""
     kind = address_kind(address)
     inner = embedded_ipv4(address)
-    if inner is not None and kind in ("reserved", "non-public"):
-        # NAT64, 6to4...: the IPv4 address it carries is what a gateway would deliver it to
+    if inner is not None and kind in ("reserved", "non-public") and not is_public(inner):
+        # NAT64, 6to4...: the IPv4 address it carries is what a gateway would deliver it to (an IPv4-compatible
+        # address carrying a public one is refused as the reserved, deprecated form it is)
         what = f"IPv6 address carrying the {address_kind(inner)} IPv4 address {inner}"
     else:
         what = f"{kind} address" if kind != "non-public" else "address that is not public"
