@@ -8,11 +8,12 @@ puts it back to `pending` and it is sent again. So the e-mail is sent at least o
 lost between the mail server's acceptance and the `sent` mark (a short window; an e-mail lost for good would be
 worse, and one sent cannot be taken back whichever rule is chosen).
 
-Failures: the recipient or the message refused for good (a 5xx answer) is `failed` at once, recorded, not retried.
-Anything that may go through later (a 4xx, no connection, and the platform's own SMTP set-up refused: its log-in,
-its sender address) is `pending` again, retried by the task after BACKOFF_S × 2^(attempt−1) and, when that retry
-is lost (the broker refused it, the worker was lost), by the resender. It is given up, `failed` with the reason,
-after MAX_ATTEMPTS attempts or MAX_AGE after the event (an e-mail a day late tells nothing useful).
+Failures: the recipient or the message refused for good (a 5xx answer to RCPT TO for every recipient, or to DATA
+or the message's end) is `failed` at once, recorded, not retried. Anything that may go through later (a 4xx, no
+connection, and the platform's own SMTP set-up refused, even with a 5xx: the relay's greeting, HELO/EHLO, STARTTLS,
+the log-in, the sender address) is `pending` again, retried by the task after BACKOFF_S × 2^(attempt−1) and, when
+that retry is lost (the broker refused it, the worker was lost), by the resender. It is given up, `failed` with the
+reason, after MAX_ATTEMPTS attempts or MAX_AGE after the event (an e-mail a day late tells nothing useful).
 """
 import logging
 import smtplib
@@ -40,9 +41,6 @@ CLAIM_LOST_AFTER_S = 600  # far beyond one message's SMTP conversation (EMAIL_TI
 RESEND_OVERDUE_S = 300
 RESEND_BATCH = 500
 
-# 5xx answers about the platform's own set-up, not about this message or its recipient: retried (an operator
-# fixes them), not failed for good.
-_OURS = (smtplib.SMTPAuthenticationError, smtplib.SMTPSenderRefused, smtplib.SMTPHeloError)
 
 
 @dataclass(frozen=True)
@@ -135,13 +133,20 @@ def _failed(notification: Notification, exc: Exception) -> Outcome:
 
 
 def _for_good(exc: Exception) -> bool:
-    """The message or its recipient refused with a 5xx answer (or an error that retrying cannot change)."""
+    """The message or its recipient refused with a 5xx answer (or an error that retrying cannot change).
+
+    Only the answers about this message are: RCPT TO (every recipient refused, SMTPRecipientsRefused) and DATA or
+    the message's end (SMTPDataError). Every other SMTP answer, 5xx or not, is about the platform's own set-up and
+    retried (an operator fixes it): the relay's greeting (SMTPConnectError: the platform's address blocklisted, not
+    on the relay's access list), HELO/EHLO (SMTPHeloError), STARTTLS (a bare SMTPResponseException: the relay's
+    certificate missing), the log-in (SMTPAuthenticationError), MAIL FROM (SMTPSenderRefused). Before, all but the
+    last three were judged by their code, and a 5xx greeting or STARTTLS answer failed every e-mail for good."""
     if not isinstance(exc, OSError):
         return True  # e.g. a header Django refuses: the same message fails the same way again
     if isinstance(exc, smtplib.SMTPRecipientsRefused):
         codes = [code for code, _ in exc.recipients.values()]
         return bool(codes) and all(500 <= code < 600 for code in codes)
-    if isinstance(exc, smtplib.SMTPResponseException) and not isinstance(exc, _OURS):
+    if isinstance(exc, smtplib.SMTPDataError):
         return 500 <= exc.smtp_code < 600
     return False
 
