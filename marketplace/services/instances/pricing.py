@@ -10,12 +10,18 @@ published rule: docs/ARCHITECTURE.md, GET /api/v1/billing/terms/).
   the bus for a minute, or a fan replaced, left every renter of the node paying the cut price for the rest of their
   rental.
 
-Each change bills the time so far at the old price, up to the node's last healthy moment while it fails its checks
-(as the meter: node_billable_until), and re-bases the meter there (rate_base_*: billing.services.metering keeps
-cumulative rounding across it); the renter is told at once (API and email). An interrupted instance's service credit
-for the time lost so far is posted at the old price first (billing.services.credits): the new price counts only for
-the time lost after it (before, the whole time lost was credited at the price of the interruption's end: a cut
-shrank or wiped the credit for time lost before it; found by review).
+Each change bills a running instance's time so far at the old price as far as the meter's tick would: up to the
+node's last sighting (`Node.last_seen_at`, the last health check that saw its VMs), never past it, and re-bases the
+meter there (rate_base_*: billing.services.metering keeps cumulative rounding across it); the time from that
+sighting to the change is billed at the new price by the next tick, once a check has seen the VM again (a VM found
+gone is interrupted from its last sighting, with nothing billed past it). Before, it billed up to the change (the
+state changes' rule, node_billable_until): a VM gone since the last check was paid for up to the change, and its
+interruption and credit started there (found by review). The renter is told at once (API and email).
+
+An interrupted instance's service credit for the time lost so far is posted at the old price first
+(billing.services.credits): the new price counts only for the time lost after it (before, the whole time lost was
+credited at the price of the interruption's end: a cut shrank or wiped the credit for time lost before it; found by
+review).
 
 A raise re-reads the renter's balance against what they now pay (billing.services.low_balance): when it is low, or
 at zero (at $0/h nothing burned, so nothing had warned), they get the low-balance warning then, the raise's message
@@ -23,6 +29,7 @@ says so, and their instances are not stopped at zero before the warning's notice
 has passed. Before, the next meter tick stopped them at once (found by review).
 """
 from collections.abc import Collection
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -31,9 +38,9 @@ from django.utils import timezone
 from billing.models import EventKind
 from billing.services.credits import interruption_credit_before_reprice
 from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock
-from billing.services.metering import node_billable_until, usage_close
+from billing.services.metering import usage_close
 from billing.services.notify import event_create
-from marketplace.models import Instance
+from marketplace.models import Instance, Node
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.money import micros_to_usd, usd_text
 from marketplace.services.funds import COMMITTED_STATUSES
@@ -129,16 +136,30 @@ def instance_price_follow(*, instance_id: int, score: float | None,
     return instance
 
 
+def _meter_bound(*, node_id: int, now: datetime) -> datetime:
+    """How far the meter's tick bills a running instance of the node now: `now`, or the node's `last_seen_at` (the
+    last sighting of its VMs) when earlier, as usage_meter does (LEAST(now, COALESCE(last_seen_at, now))). A price
+    change closes a running instance's usage there, never further: billed up to the change instead (the rule for
+    state changes, node_billable_until), a VM gone since the last health check was billed up to the change, and
+    the check that then found it gone interrupted it there (instance_interrupt keeps what was billed: the renter
+    paid for a dead VM's time and lost its credit; found by review)."""
+    seen = Node.objects.filter(pk=node_id).values_list("last_seen_at", flat=True).first()
+    return min(now, seen or now)
+
+
 def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, share: str, ratio: float,
              then: str = "") -> None:
-    """Bill the time so far at the old price, re-base the meter, charge `per_gpu` from then, and tell the renter
+    """Bill the time so far at the old price (a running instance's up to the node's last sighting, as the meter's
+    tick: _meter_bound), re-base the meter there, charge `per_gpu` from then, and tell the renter
     (`measured`: how the check found its server; `share`: the new price against the old). Under the instance's
     lock; a raise, under the renter's billing profile lock taken before it (instance_price_follow)."""
     now = timezone.now()
     since = now
-    if instance.status == S.RUNNING:  # the time so far, at the price it ran at
-        usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
-        since = instance.billed_until or instance.started_at or now  # billed at the new price from there
+    if instance.status == S.RUNNING:  # the time so far, at the price it ran at: as far as the meter's tick bills
+        usage_close(instance=instance, until=_meter_bound(node_id=instance.node_id, now=now))
+        started = instance.started_at
+        if started is not None:  # billed at the new price from there: where the meter resumes (its from_ts)
+            since = max(instance.billed_until or started, started)
     elif instance.status == S.INTERRUPTED:  # the time lost so far, credited at the price it had
         interruption_credit_before_reprice(instance_id=instance.pk, until=now)
     old = instance.price_per_hour_micros
