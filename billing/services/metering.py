@@ -12,8 +12,10 @@ answers again the meter catches up; when its instances are interrupted, their bi
 see marketplace.services.instances.interruptions). A check that finds a VM gone or stopped, or a card missing,
 moves `last_seen_at` only once it has interrupted those instances (provisioning.services.fleet_record): moved first,
 a tick between the two billed the lost instance past the check that last saw it, and the interruption, which closes
-billing there, gives nothing back. A state change bills up to its moment, or, while the node's latest health check
-failed or the platform no longer checks it, up to its last healthy moment (node_billable_until).
+billing there, gives nothing back. A stop (restart, destroy) asked between such a check's answer and its
+interruption bills up to its moment and is not interrupted: what it billed after the last sighting is given back
+(usage_give_back, a partial reversal of the charges). A state change bills up to its moment, or, while the node's
+latest health check failed or the platform no longer checks it, up to its last healthy moment (node_billable_until).
 
 Each closed stretch of time is a `UsageInterval` [start, end) with one ledger transaction: the
 renter's wallet pays `amount`, the provider earns `amount - fee`, the platform keeps `fee`. Rounding
@@ -41,8 +43,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from billing.models import Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
@@ -133,6 +135,119 @@ def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageIn
     instance.billed_seconds += charge.seconds
     instance.cost_micros += charge.amount
     return interval
+
+
+# ------------------------------------------------------------------------ usage billed past a loss
+
+
+@dataclass(frozen=True)
+class GivenBack:
+    amount_micros: int  # back to the renter's wallet
+    fee_micros: int  # of it, taken back from the platform's revenue (the rest from the provider's earnings)
+    seconds: int
+    start: datetime  # the whole second of the run at or before `since`: the renter's charge for that run ends here
+    end: datetime  # where the run's billing had ended
+    transactions: list[int]  # the reversals posted, one per charge (usage interval) involved
+
+
+def usage_give_back(*, instance: Instance, since: datetime, seen_at: datetime, memo: str,
+                    customer_note: str) -> GivenBack | None:
+    """Give back what a run of the instance was billed for its time after `since`: the run it was in when a look
+    at its node (a health probe, the reconciler's list) began at `seen_at` and found its VM (or card) lost, last
+    seen at `since`, when its billing was closed after that look began by something other than the interruption
+    (a stop, restart or destroy, a failure): the interruption, which would have closed it at `since`, found it no
+    longer running. None, and nothing posted, when there is nothing to give back: its run began at or after
+    `seen_at`, its billing was closed before the look began (it was not running then: its VM may have been
+    stopped by its own stop), it was billed nothing after `since`, or it was given back already.
+
+    The renter's charge for the run ends where a close at `since` would have ended it (its last whole second at or
+    before `since`), to the micro-dollar with the meter's cumulative rounding (cost and fee alike): each usage
+    charge after that point is reversed in full, the one across it in part, each by one REVERSAL transaction
+    (`reverses` it: at most once, ledger key `reversal:<id>`, as an operator's reversal), the renter's wallet
+    credited, the provider's earnings and the platform's revenue debited in the proportions the charge used. The
+    instance's own totals and intervals stay what was charged (as after an operator's reversal). Call it under the
+    instance's row lock, as every writer of its billing; the accounts are locked in id order by ledger_post.
+
+    One exception to the micro-dollar: a charge across `since` that was made before a later price change of the
+    instance (a re-check cutting or raising it in between) is split as if its own start were a base of the
+    cumulative rounding (the base it had is not kept): at most one micro-dollar from the exact split."""
+    later = list(UsageInterval.objects.filter(instance_id=instance.pk, ended_at__gt=since).order_by("started_at"))
+    if instance.started_at is not None and instance.started_at >= seen_at:
+        later = [i for i in later if i.started_at < instance.started_at]  # a run begun after the look: not judged
+    if not later:
+        return None
+    run = [later[-1]]  # the last run with time billed after `since`: its intervals follow each other exactly
+    for interval in reversed(later[:-1]):
+        if interval.ended_at != run[0].started_at:
+            break
+        run.insert(0, interval)
+    if run[0].started_at >= seen_at or run[-1].created_at < seen_at:
+        return None  # begun after the look, or closed before it (created_at: the moment a state change closed it)
+    charged = [i for i in run if i.transaction_id is not None]
+    if not charged or LedgerTransaction.objects.filter(reverses_id__in=[i.transaction_id for i in charged]).exists():
+        return None  # nothing was charged, or given back (or reversed by an operator) already
+    first = run[0]
+    cut = first.started_at if since <= first.started_at else \
+        first.started_at + ((since - first.started_at) // SECOND) * SECOND
+    before = UsageInterval.objects.filter(instance_id=instance.pk, started_at__lt=first.started_at).aggregate(
+        seconds=Sum("seconds"), amount=Sum("amount_micros"))
+    billed_seconds, cost = before["seconds"] or 0, before["amount"] or 0  # the instance's totals where run begins
+    back: list[tuple[UsageInterval, int, int]] = []  # (interval, amount back, fee back)
+    for interval in run:
+        if interval.ended_at > cut:
+            if interval.started_at >= cut:
+                back.append((interval, interval.amount_micros, interval.fee_micros))
+            else:  # across it: the seconds before `cut` stay charged, by the meter's arithmetic
+                kept_seconds = (cut - interval.started_at) // SECOND
+                if instance.rate_base_seconds <= billed_seconds:  # no price change since this charge: exact
+                    kept = instance_cost_at(instance, billed_seconds + kept_seconds) - cost
+                else:
+                    kept = cost_for(interval.price_per_hour_micros, kept_seconds)
+                kept = min(max(kept, 0), interval.amount_micros)
+                fee_kept = fee_for(cost + kept, interval.platform_fee_bps) - fee_for(cost, interval.platform_fee_bps)
+                back.append((interval, interval.amount_micros - kept, interval.fee_micros - fee_kept))
+        billed_seconds += interval.seconds
+        cost += interval.amount_micros
+    back = [(interval, amount, fee) for interval, amount, fee in back if amount > 0]
+    try:
+        with transaction.atomic():
+            posted = [_reverse_in_part(instance, interval, amount, fee, memo, customer_note)
+                      for interval, amount, fee in back]
+    except (IntegrityError, _ReversedMeanwhile):  # an operator's reversal of one of them came first: all undone
+        return None
+    if not posted:
+        return None
+    return GivenBack(amount_micros=sum(a for _, a, _ in back), fee_micros=sum(f for _, _, f in back),
+                     seconds=(run[-1].ended_at - cut) // SECOND, start=cut, end=run[-1].ended_at, transactions=posted)
+
+
+class _ReversedMeanwhile(Exception):
+    pass
+
+
+def _reverse_in_part(instance: Instance, interval: UsageInterval, amount: int, fee: int, memo: str,
+                     customer_note: str) -> int:
+    """Reverse `amount` of an interval's charge, `fee` of it the platform's, on the accounts the charge used."""
+    assert interval.transaction_id is not None  # an amount to give back was charged
+    txn = LedgerTransaction.objects.get(pk=interval.transaction_id)
+    accounts = {e.account.kind: e.account for e in txn.entries.select_related("account")}
+    lines = [(accounts.get(AccountKind.CUSTOMER_WALLET)
+              or user_account(user_id=instance.renter_id, kind=AccountKind.CUSTOMER_WALLET), amount)]
+    if amount - fee:
+        provider_id = Node.objects.values_list("provider_id", flat=True).get(pk=instance.node_id)
+        lines.append((accounts.get(AccountKind.PROVIDER_EARNINGS)
+                      or user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS), -(amount - fee)))
+    if fee:
+        lines.append((accounts.get(AccountKind.PLATFORM_REVENUE)
+                      or platform_account(kind=AccountKind.PLATFORM_REVENUE), -fee))
+    whole = "" if amount == interval.amount_micros else f" ({amount} of its {interval.amount_micros} micro-dollars)"
+    reversal, created = ledger_post(
+        idempotency_key=f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL, lines=lines, reverses=txn,
+        memo=f"Reverses #{txn.pk}{whole}: {memo}", customer_note=customer_note,
+        reason="Usage billed after the last sighting of a VM found lost, given back (metering.usage_give_back).")
+    if not created:
+        raise _ReversedMeanwhile(txn.pk)
+    return reversal.pk
 
 
 # ------------------------------------------------------------------------------------- the tick

@@ -30,7 +30,7 @@ from marketplace.services.nodes import node_return_state
 from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import HealthSample, NodeEvent
-from provisioning.services.gpu_presence import gpus_presence, node_gpus_presence
+from provisioning.services.gpu_presence import Presence, gpus_presence, held_when, node_gpus_presence
 from provisioning.services.nodes import (
     OFFLINE_AFTER_FAILED_CHECKS,
     VM_MISSING,
@@ -119,6 +119,8 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
                 .update(last_seen_at=node.last_seen_at)
         if result.ok and result.inventory_hash and _gpus_changed(node, result.inventory_hash):
             node_inventory_changed(node_id=node.pk, reported_hash=result.inventory_hash)
+    # Once every interruption of the batch is done: those a stop, restart or destroy overtook (below).
+    _usage_after_loss_given_back(by_id, last_healthy, presence)
     return interrupted
 
 
@@ -232,6 +234,51 @@ def _vms_lost_interrupt(node: Node, *, since: datetime | None, vm_ids: set[str],
                                                detail=detail) is not None:
                 done.append(instance_id)
     return done
+
+
+def _usage_after_loss_given_back(by_id: Mapping[int, HealthResult], last_healthy: Mapping[int, datetime | None],
+                                 presence: Mapping[int, Presence]) -> None:
+    """The instances whose VM an answer shows gone or stopped (or that held a card it shows missing), but that the
+    check did not interrupt: their billing was closed after the probe began, by a stop, restart or destroy (a
+    zero-balance stop, a failure) that came between the answer and the interruption, up to that moment, for a VM
+    already lost. What their run was billed after the node's last healthy check (the VM's last sighting, where the
+    interruption would have closed it) is given back (interruptions.lost_usage_give_back, which decides under the
+    instance's lock and gives it once). Before, the interruption found them no longer running and did nothing: the
+    renter paid up to a health interval for a VM that was gone. One read for the batch, usually empty: instances
+    billed past their node's last healthy check that are not running since before its probe."""
+    looked: dict[int, tuple[HealthResult, datetime, datetime]] = {}  # node id: (answer, probe began, last healthy)
+    for node_id, result in by_id.items():
+        since = last_healthy.get(node_id)
+        if result.ok and result.probed_at is not None and since is not None and (
+                result.vms is not None or (node_id in presence and presence[node_id].missing)):
+            looked[node_id] = (result, result.probed_at, since)
+    if not looked:
+        return
+    rows = (Instance.objects.filter(node_id__in=looked, billed_until__gt=min(s for _, _, s in looked.values()))
+            .exclude(status=InstanceStatus.RUNNING, started_at__lt=min(p for _, p, _ in looked.values()))
+            .order_by("pk").values_list("pk", "node_id", "status", "started_at", "billed_until"))
+    moved: dict[int, list[int]] = {}
+    for pk, node_id, status, started_at, billed_until in rows:
+        _, probed_at, since = looked[node_id]
+        if billed_until is not None and billed_until > since and not (
+                status == InstanceStatus.RUNNING and started_at is not None and started_at < probed_at):
+            moved.setdefault(node_id, []).append(pk)
+    for node_id, ids in moved.items():
+        result, probed_at, since = looked[node_id]
+        gone, stopped = _vms_lost(result, {vm_id_of(pk) for pk in ids})
+        cards = held_when(instance_ids=ids, gpu_ids=presence[node_id].missing, at=probed_at) \
+            if node_id in presence else set()
+        answered_at = probed_at + timedelta(seconds=result.seconds)
+        for pk in ids:
+            if pk in cards:  # a card is not taken down by a job of the instance: no job is asked about
+                instance_svc.lost_usage_give_back(
+                    instance_id=pk, since=since, looked_at=probed_at, answered_at=None,
+                    detail="a GPU it holds is no longer listed by nvidia-smi on the server")
+            elif vm_id_of(pk) in gone | stopped:
+                instance_svc.lost_usage_give_back(
+                    instance_id=pk, since=since, looked_at=probed_at, answered_at=answered_at,
+                    detail="the server answers, but the VM is " + (
+                        "no longer on it" if vm_id_of(pk) in gone else "not running on it"))
 
 
 def _vms_lost(result: HealthResult, running: set[str]) -> tuple[set[str], set[str]]:

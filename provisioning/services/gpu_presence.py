@@ -109,6 +109,19 @@ def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | 
     return interrupted
 
 
+def held_when(*, instance_ids: Collection[int], gpu_ids: Collection[int], at: datetime) -> set[int]:
+    """Of `instance_ids`, those that held one of `gpu_ids`, whole or by a MIG slice, at `at` (allocated before it,
+    let go after it or not yet): the holders a check whose probe began then judged by the cards' loss."""
+    if not instance_ids or not gpu_ids:
+        return set()
+    live = Q(released_at__isnull=True) | Q(released_at__gt=at)
+    held = set(GpuAllocation.objects.filter(live, instance_id__in=instance_ids, gpu_id__in=gpu_ids,
+                                            allocated_at__lt=at).values_list("instance_id", flat=True))
+    return held | set(MigSliceAllocation.objects.filter(
+        live, instance_id__in=instance_ids, mig_slice__gpu_id__in=gpu_ids, allocated_at__lt=at)
+        .values_list("instance_id", flat=True))
+
+
 def gpus_returned(*, gpu_ids: Iterable[int]) -> None:
     """Lost GPUs listed again (by a health check, or a verification's inventory): no longer lost, and one the
     loss made unavailable free again, unless an instance still holds it. So for a split GPU's slices: those its

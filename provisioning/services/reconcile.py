@@ -90,6 +90,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # was taken as lost (found by review). The health check's guard (`started_before`).
         listed_at = timezone.now()
         vms = _listed(session.agent("vm", "list", {"runtime": node.runtime}), "vms", "vm_id")
+        answered_at = timezone.now()
         # A job open before or after the list may make a VM the list could not show: its instance keeps its GPUs
         # (the job removes a VM of an instance destroyed meanwhile, then frees them; found by review).
         making |= _making_vms(node)
@@ -153,6 +154,13 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
             vm = seen.get(instance.pk)
+            if judged_before.get(instance.pk) == InstanceStatus.RUNNING and instance.pk not in unknown and not (
+                    instance.status == InstanceStatus.RUNNING and instance.started_at is not None
+                    and instance.started_at < listed_at) and (vm is None or vm.get("state") not in _SEEN_RUNNING):
+                # Running before the list, not since: its billing closed while the node answered (a stop, restart
+                # or destroy), for a VM the list shows lost.
+                _given_back_after_list(node, instance.pk, vm, listed_at=listed_at, answered_at=answered_at,
+                                       missing=instance.pk in missing)
             if judged_before.get(instance.pk) != instance.status or instance.pk in unknown:
                 continue
             if instance.status == InstanceStatus.RUNNING and not (
@@ -178,7 +186,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # pass; found by the second review). Left running on its GPUs, billed; its renter told.
                 instances_restarting_told(node_id=node.pk, vm_ids={instance.vm_id})
             elif instance.status == InstanceStatus.RUNNING and (vm is None or vm.get("state") != "running"):
-                _running_vm_lost(node, instance, vm, counts, listed_at=listed_at, missing=instance.pk in missing)
+                _running_vm_lost(node, instance, vm, counts, listed_at=listed_at, answered_at=answered_at,
+                                 missing=instance.pk in missing)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
                 if _judge_stopped(node, session, instance, vm, counts):
                     settled.add(instance.pk)
@@ -195,7 +204,7 @@ _MISSING_FAILED = ("Its VM is no longer on the server (its container or domain w
 
 
 def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, counts: dict[str, int], *,
-                     listed_at: datetime, missing: bool = False) -> None:
+                     listed_at: datetime, answered_at: datetime | None = None, missing: bool = False) -> None:
     """A running instance whose VM the list shows gone, or not running: interrupted as the health check does it
     (billing closed at the VM's last sighting, the renter told and credited), then failed when the VM is gone
     (there is nothing to start again) or started again. Before, a gone VM's instance failed with its billing
@@ -209,18 +218,23 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
     (libvirt's, found by review), and the pass after found a failed instance whose VM ran, and stopped it.
 
     Only while its current run began before the list (`listed_at`), decided under its row lock: a restart asked
-    and finished since the pass read the instance leaves it running, started after the list (found by review)."""
+    and finished since the pass read the instance leaves it running, started after the list (found by review).
+    One no longer running because its billing was closed since the list (a stop, restart or destroy asked
+    meanwhile) is given back what that close billed after the VM's last sighting (_given_back_after_list)."""
     gone = vm is None
     state = "missing" if missing else "gone" if vm is None else str(vm.get("state"))[:40]
     with transaction.atomic():
-        if not Instance.objects.select_for_update().filter(
+        if Instance.objects.select_for_update().filter(
                 pk=instance.pk, status=InstanceStatus.RUNNING, started_at__lt=listed_at).exists():
-            return  # no longer running, or running again since the list: judged by the next one
-        interruption = instance_svc.instance_interrupt(
-            instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
-            cause=InterruptionCause.VM_LOST,
-            detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
+            interruption = instance_svc.instance_interrupt(
+                instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
+                cause=InterruptionCause.VM_LOST,
+                detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
+        else:
+            interruption = None  # no longer running, or running again since the list: judged by the next one
     if interruption is None:  # no longer running: a stop, restart or destroy was asked since the list
+        _given_back_after_list(node, instance.pk, vm, listed_at=listed_at, answered_at=answered_at or listed_at,
+                               missing=missing)
         return
     if missing:
         node_event(node=node, kind="vm_missing",
@@ -238,6 +252,25 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
         counts["instances_failed"] += 1
     else:
         counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) is not None
+
+
+# A VM state the list shows for a VM that runs (a docker container the engine keeps running again: the renter's own)
+_SEEN_RUNNING = ("running", VM_RESTARTING)
+
+
+def _given_back_after_list(node: Node, instance_id: int, vm: dict[str, Any] | None, *, listed_at: datetime,
+                           answered_at: datetime, missing: bool) -> None:
+    """An instance running before the list, whose VM the list shows gone or not running, but that was not interrupted:
+    its billing was closed since the list was asked for (a stop, restart or destroy), up to then. What its run was
+    billed after the VM's last sighting (the node's last health check, or the list itself when a check recorded
+    since) is given back, once (interruptions.lost_usage_give_back: not when a job of it that takes the VM down
+    began while the node answered)."""
+    seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
+    state = "missing" if missing else "gone" if vm is None else str(vm.get("state"))[:40]
+    instance_svc.lost_usage_give_back(
+        instance_id=instance_id, since=min(seen, listed_at) if seen is not None else None, looked_at=listed_at,
+        answered_at=answered_at,
+        detail="the VM is no longer on the server" if vm is None else f"the VM was found {state} on the server")
 
 
 def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, Instance],

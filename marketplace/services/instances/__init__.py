@@ -55,6 +55,7 @@ from .interruptions import (
     instance_interrupt,
     instance_restart_interrupted,
     instance_resume,
+    lost_usage_give_back,
     node_instances_interrupt,
     vm_last_seen_at,
 )
@@ -79,7 +80,8 @@ __all__ = [
     "funds_for", "funds_of", "instance_create",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut", "instance_price_follow", "node_instances_price_follow",
-    "instance_restart_interrupted", "instance_resume", "node_instances_interrupt", "vm_last_seen_at",
+    "instance_restart_interrupted", "instance_resume", "lost_usage_give_back", "node_instances_interrupt",
+    "vm_last_seen_at",
     "instance_gpu_indices", "instance_gpu_uuids", "instance_on_one_nvlink_island",
     "instance_mark_destroyed", "instance_mark_failed", "instance_mark_provisioning",
     "instance_mark_running", "instance_mark_running_again", "instance_mark_stopped", "instance_release_gpus",

@@ -8,6 +8,9 @@ nvidia-smi: provisioning.services.gpu_presence):
   seen healthy (`since`), never at the moment the loss was noticed;
 - the renter gets an event (API and email) at once, and a service credit by the published rule
   (billing.services.credits), charged to the provider, topped up until the interruption ends;
+- a VM (or card) found lost whose instance is no longer running when the interruption comes, its billing closed
+  after the look began by a stop, restart or destroy asked between the answer and the interruption, up to that
+  moment: what that run was billed after `since` is given back, once (lost_usage_give_back);
 - it ends when the node answers again (a lost GPU's: once the card is listed again): the VM is intact →
   `running` (billing restarts); the VM is stopped → `starting` (the platform starts it again); the VM is gone →
   `failed` with a reason; or the renter deletes it.
@@ -27,12 +30,13 @@ from django.utils import timezone
 from billing.models import EventKind
 from billing.services.credits import interruption_credit
 from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock, resumed_text
+from billing.services.metering import usage_give_back
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome, Node
 from marketplace.models.renting import vm_id_of
 from marketplace.money import micros_to_usd, usd_text
 from notifications.services.notify import Kind
-from provisioning.models import JobKind
+from provisioning.models import Job, JobKind
 from provisioning.services.jobs import JobConflict, job_create
 
 from .common import S, _leave_running, _locked, _save, instance_notify
@@ -122,6 +126,58 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
         )
         instance_notify(instance, Kind.INSTANCE_INTERRUPTED, str(interruption.pk), told.message)
     return interruption
+
+
+# The jobs that take a VM down: one of them at work while a look at the node was under way may be why its answer
+# did not show the VM running.
+_VM_DOWN_JOBS = (JobKind.INSTANCE_STOP, JobKind.INSTANCE_RESTART, JobKind.INSTANCE_DESTROY)
+
+
+def lost_usage_give_back(*, instance_id: int, since: datetime | None, looked_at: datetime,
+                         answered_at: datetime | None, detail: str) -> int:
+    """A look at the node (a health probe that began at `looked_at`, the reconciler's list) found the instance's VM,
+    or a card it holds, lost, last seen at `since`, but the instance was not interrupted: its billing had been closed
+    after the look began, by its renter's stop, restart or destroy (or a zero-balance stop, a failure) between the
+    answer and the interruption, up to that moment, for a VM that was gone. Give that time back: what its run was
+    billed after `since` (billing.services.metering.usage_give_back: reversed in the ledger, the renter's wallet
+    credited, the provider's earnings and the platform's fee debited in the charge's proportions, once), and tell
+    the renter. Nothing for an instance the interruption judges (running since before the look), one whose billing
+    closed before the look began (not running then: its own stop may have stopped its VM) or at `since`, nor when
+    `answered_at` is given (a VM judged by the answer, not a card) and a stop, restart or destroy job of it began
+    between the look and its answer (that job may be why the VM was not listed running). Returns the micro-dollars
+    given back (0: nothing done, no event).
+
+    Its row lock, then the accounts' in id order (ledger_post), as every writer of its billing: no node lock is
+    held, and none taken."""
+    if since is None:
+        return 0
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None or (instance.status == S.RUNNING and instance.started_at is not None
+                                and instance.started_at < looked_at):
+            return 0  # running since before the look: the interruption's to judge
+        if answered_at is not None and Job.objects.filter(
+                instance_id=instance_id, kind__in=_VM_DOWN_JOBS, started_at__gte=looked_at,
+                started_at__lte=answered_at).exists():
+            return 0
+        given = usage_give_back(
+            instance=instance, since=since, seen_at=looked_at,
+            memo=f"instance {instance.pk}: billed after its VM's last sighting ({detail[:120]})",
+            customer_note=("Given back: time billed after your instance's VM was last seen, found lost by a check "
+                           "just as the instance stopped running."))
+        if given is None:
+            return 0
+        event_create(
+            user=instance.renter, kind=EventKind.CREDIT,
+            message=(f"{usd_text(given.amount_micros)} given back for instance {instance.pk}: a check found its VM "
+                     f"lost ({detail[:200]}) just as it stopped running, and it was billed up to then; it was last "
+                     f"seen at {_at(since)}, so its billing for that run now ends at {_at(given.start)} "
+                     f"({given.seconds} s given back)."),
+            data={"instance": instance.pk, "amount": str(micros_to_usd(given.amount_micros)),
+                  "billing_stopped_at": given.start.isoformat(), "seconds": given.seconds,
+                  "transactions": given.transactions},
+        )
+    return given.amount_micros
 
 
 def _interruption_end(instance: Instance, now: datetime, outcome: str) -> Interruption | None:
