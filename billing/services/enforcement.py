@@ -16,7 +16,8 @@
 - Storage counts: the burn rate the low-balance warning uses includes the renter's volumes and their stopped
   instances' disks (billing.services.storage), and a balance taken to zero by storage alone starts the grace
   period all the same.
-- Auto top-up: renters who turned it on and are below their threshold get a top-up started.
+- Auto top-up: renters who turned it on and are below their threshold get a top-up started; not those whose account
+  an operator deactivated (billing.services.top_ups).
 """
 import logging
 from dataclasses import dataclass
@@ -100,7 +101,10 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
             result.destroy_warned += outcome == "warned"
             result.destroyed += outcome == "destroyed"
 
-    for user_id in BillingProfile.objects.filter(auto_top_up_enabled=True).values_list("user_id", flat=True):
+    # Not for a deactivated account: its owner can no longer log in to turn auto top-up off, and storage stays billed,
+    # so each tick would charge their card again (auto_top_up_start checks it too, under the profile's lock).
+    for user_id in (BillingProfile.objects.filter(auto_top_up_enabled=True, user__is_active=True)
+                    .values_list("user_id", flat=True)):
         if auto_top_up_start(user_id=user_id) is not None:
             result.auto_top_ups += 1
     return result

@@ -15,6 +15,9 @@ An automatic top-up is charged by a task queued when it is created (billing.task
 was never queued (the broker was down) or its message was lost, the top-up would stay pending: the same run
 charges the automatic top-ups still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (`top_ups_charge_pending`).
 The charge's Stripe idempotency key (`top-up-<id>`) makes a charge that ran meanwhile answer the same payment.
+Either way the charge first reads the owner's profile and account again (top_ups._auto_top_up_still_wanted): one
+whose owner turned auto top-up off or changed its card or amount since, or whose account was deactivated, is
+ended as not charged instead.
 
 A manual or automatic top-up whose charge answer was lost (no answer, a 5xx, a 409) is failed with
 `outcome_unknown`: Stripe may have charged. Its webhook credits it if it did; if that webhook is lost too, the
@@ -95,7 +98,8 @@ def top_ups_reconcile(*, now: datetime | None = None, limit: int = RECONCILE_BAT
 
 def top_ups_charge_pending(*, now: datetime | None = None, limit: int = RECONCILE_BATCH) -> int:
     """Charge the automatic top-ups still pending after BILLING_TOP_UP_RECONCILE_AFTER_S: their charge task was
-    never queued (the broker was down) or was lost. One run at a time; returns how many were charged (or failed)."""
+    never queued (the broker was down) or was lost. One run at a time; returns how many were charged (or failed, or
+    ended as not charged: auto top-up turned off or changed since, or the account deactivated)."""
     with advisory_lock("billing.top_ups_charge_pending") as acquired:
         if not acquired:
             return 0

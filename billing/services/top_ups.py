@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import stripe
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -91,6 +91,8 @@ def top_up_charge(*, top_up: TopUp) -> TopUp:
     """Charge a pending top-up's card off-session (outside any transaction) and record Stripe's answer."""
     if top_up.status != TopUpStatus.PENDING or top_up.card is None:
         return top_up
+    if top_up.automatic and not _auto_top_up_still_wanted(top_up=top_up):
+        return top_up  # ended as not charged (or charged meanwhile by another path): top_up holds what it is now
     user = top_up.user
     try:
         customer = customer_for(user=user)
@@ -142,6 +144,11 @@ def top_up_fail(*, top_up: TopUp, message: str, payment_intent_id: str | None = 
     """Mark a top-up failed. `outcome_unknown`: Stripe's answer was lost, so it may have charged; the follow-up
     (reconcile.top_ups_find_lost) looks the payment up and credits it if it did."""
     with transaction.atomic():
+        if notify and top_up.automatic:
+            # A decline turns auto top-up off (_auto_top_up_stop writes the profile): the profile's lock first, then
+            # the top-up's, the order every automatic top-up's writer takes (auto_top_up_start, the charge's
+            # re-check _auto_top_up_still_wanted, a card's removal).
+            BillingProfile.objects.select_for_update().filter(user_id=top_up.user_id).first()
         locked = TopUp.objects.select_for_update().get(pk=top_up.pk)
         if locked.can_transition_to(TopUpStatus.FAILED):
             locked.transition_to(TopUpStatus.FAILED)
@@ -208,14 +215,78 @@ def _auto_top_up_stop(*, user_id: int, card_id: int | None) -> bool:
                                               auto_top_up_card_id=card_id).update(auto_top_up_enabled=False))
 
 
-def auto_top_up_start(*, user_id: int) -> TopUp | None:
-    """Start an automatic top-up for a user below their threshold, unless one is under way already.
+# Why an automatic top-up, pending since it was started, is ended before its charge (_auto_top_up_still_wanted).
+NOT_CHARGED_DEACTIVATED = ("Not charged: the account is deactivated, so automatic top-ups no longer charge its card. "
+                           "Your card was not charged.")
+NOT_CHARGED_TURNED_OFF = ("Not charged: automatic top-ups were turned off before this one was charged. Your card was "
+                          "not charged.")
+NOT_CHARGED_CHANGED = ("Not charged: the card or the amount of automatic top-ups was changed before this one was "
+                       "charged; the next one follows the new settings. Your card was not charged.")
 
-    Called by the meter tick; the charge itself runs in a task (TOP_UP_CHARGE).
+
+def _account_active(*, user_id: int) -> bool:
+    """Whether the account is active, read under a key-share lock on its row, as a booking reads its provider's
+    (marketplace.services.instances.allocation): a deactivation under way (account_status.account_deactivate, FOR
+    UPDATE) is waited for and what it committed is read; a log-in's update of the row does not wait for it."""
+    if connection.vendor != "postgresql":  # SQLite: writes are serialised anyway; Django has no FOR KEY SHARE
+        return bool(User.objects.filter(pk=user_id).values_list("is_active", flat=True).first())
+    with connection.cursor() as cursor:  # a locked row is read as last committed, after any wait (READ COMMITTED)
+        cursor.execute(f"SELECT is_active FROM {User._meta.db_table} WHERE id = %s FOR KEY SHARE",  # noqa: S608
+                       [user_id])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def _auto_top_up_not_wanted(*, profile: BillingProfile | None, user_id: int, card_id: int | None,
+                            amount_micros: int) -> str | None:
+    """Why an automatic top-up of `amount_micros` on card `card_id` may not be charged now, or None when it may:
+    auto top-up on with that card and that amount, and the account active. Call under the profile's lock."""
+    if profile is None or not profile.auto_top_up_enabled or profile.auto_top_up_card_id is None:
+        return NOT_CHARGED_TURNED_OFF
+    if profile.auto_top_up_card_id != card_id or profile.auto_top_up_amount_micros != amount_micros:
+        return NOT_CHARGED_CHANGED
+    if not _account_active(user_id=user_id):
+        return NOT_CHARGED_DEACTIVATED
+    return None
+
+
+def _auto_top_up_still_wanted(*, top_up: TopUp) -> bool:
+    """Right before an automatic top-up's charge: whether it may go out. Its owner's profile and account are read
+    again under the profile's lock (then the account's key share, then the top-up's lock: the order of
+    auto_top_up_start, of a card's removal, and of a decline's top_up_fail), so that a switch-off (profile_update
+    holds the profile's lock), a card or amount changed since it started, or a deactivation (the account's row,
+    FOR UPDATE) committed before this point is seen, and one under way is waited for. Otherwise it is ended as not
+    charged, in the same transaction: failed, `outcome_unknown` False, no event (its owner made the change, or
+    cannot log in to read one). Stripe is called after this commits, outside any transaction: a change that
+    commits after this check comes after the charge started, as one a moment after the charge would.
+    False also when the top-up is no longer pending (another path charged or ended it meanwhile)."""
+    with transaction.atomic():
+        profile = BillingProfile.objects.select_for_update().filter(user_id=top_up.user_id).first()
+        why = _auto_top_up_not_wanted(profile=profile, user_id=top_up.user_id, card_id=top_up.card_id,
+                                      amount_micros=top_up.amount_micros)
+        status = TopUp.objects.select_for_update().filter(pk=top_up.pk).values_list("status", flat=True).first()
+        if status != TopUpStatus.PENDING:  # charged (processing) or ended by another path meanwhile: left as it is
+            top_up.refresh_from_db()
+            return False
+        if why is None:
+            return True
+        log.info("automatic top-up %s of user %s: %s", top_up.pk, top_up.user_id, why)
+        top_up_fail(top_up=top_up, message=why, notify=False)  # locks the top-up; refreshes `top_up`
+        return False
+
+
+def auto_top_up_start(*, user_id: int) -> TopUp | None:
+    """Start an automatic top-up for a user below their threshold, unless one is under way already, or the account
+    is deactivated (its owner cannot log in to turn auto top-up off; the platform does not charge their card).
+
+    Called by the meter tick; the charge itself runs in a task (TOP_UP_CHARGE), which checks again right before
+    charging (_auto_top_up_still_wanted).
     """
     with transaction.atomic():
         profile = BillingProfile.objects.select_for_update().filter(user_id=user_id).first()
         if profile is None or not profile.auto_top_up_enabled or profile.auto_top_up_card_id is None:
+            return None
+        if not _account_active(user_id=user_id):  # after the profile's lock, as the charge's re-check takes them
             return None
         if wallet_balance(user_id=user_id) >= profile.auto_top_up_threshold_micros:
             return None
