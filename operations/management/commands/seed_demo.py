@@ -1,19 +1,24 @@
 """Seed the demo: an operator, a provider whose servers are simulated GPU nodes on this machine
 (registered, keyed and queued for verification like real ones), and a customer with a starting credit
-(billing's demo_credit_grant, an ordinary ledger credit). Safe to run again. It calls the services of every
-app, so it lives in `operations`, above them."""
+(billing's demo_credit_grant, an ordinary ledger credit). Safe to run again, whatever the last demo left on
+servers that are gone since (volumes, stopped instances, destroyed ones awaiting clean-up: _retire_gone). It calls
+the services of every app, so it lives in `operations`, above them."""
+import contextlib
 import json
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import transaction
 
 from billing.services.ledger import demo_credit_grant, wallet_balance
-from marketplace.models import GpuModel, Instance, Node, NodeState, User
+from marketplace.models import GpuModel, Instance, InstanceStatus, Node, NodeState, User
 from marketplace.models.renting import LIVE_STATUSES
 from marketplace.money import micros_to_usd
 from marketplace.services.instances import instance_mark_failed
-from marketplace.services.nodes import node_register, node_retire
+from marketplace.services.nodes import node_register, node_retire, node_unreachable
 from provisioning import sim
+from provisioning.services.fleet_record import node_record_health
 from provisioning.services.verification import node_verify_request
 
 DEMO_USERS = {
@@ -59,18 +64,50 @@ class Command(BaseCommand):
         node = Node.objects.filter(provider=provider, name=name).exclude(state=NodeState.RETIRED).first()
         if node is not None and node.ssh_port in running_ports:
             return  # its simulated server still runs: keep it
-        if node is not None:
-            # The simulated server went away with the last demo: end what ran on it and retire it.
-            for instance in Instance.objects.filter(node=node, status__in=LIVE_STATUSES):
-                instance_mark_failed(instance_id=instance.pk, message="The demo's simulated server was restarted.")
-            node_retire(node=node)
         info = sim.node_up(profile)
-        node = node_register(
-            provider=provider, name=name, address=info["address"], ssh_port=info["ssh_port"],
-            ssh_user=info["ssh_user"], host_key_fingerprint=info["host_key_fingerprint"], country=country,
-            city=city, datacenter=f"{city[:3].upper()}1", gpu_model=GpuModel.objects.get(slug=model),
-            gpu_count=count, price_per_gpu_hour=Decimal(price), runtime="sim",
-        )
-        # What a provider does by hand: install the platform's key on the server, then ask for verification.
-        sim.node_authorize(info["ssh_port"], node.ssh_public_key)
-        node_verify_request(node=node)
+        try:
+            # One transaction for the old node's end and the new one's registration: if anything fails, the old
+            # node is as it was and the new server is stopped again (below), so that the next run starts afresh.
+            with transaction.atomic():
+                if node is not None:
+                    _retire_gone(node)
+                node = node_register(
+                    provider=provider, name=name, address=info["address"], ssh_port=info["ssh_port"],
+                    ssh_user=info["ssh_user"], host_key_fingerprint=info["host_key_fingerprint"], country=country,
+                    city=city, datacenter=f"{city[:3].upper()}1", gpu_model=GpuModel.objects.get(slug=model),
+                    gpu_count=count, price_per_gpu_hour=Decimal(price), runtime="sim",
+                )
+                # What a provider does by hand: install the platform's key on the server, then ask for verification.
+                sim.node_authorize(info["ssh_port"], node.ssh_public_key)
+                node_verify_request(node=node)
+        except BaseException:
+            with contextlib.suppress(Exception):  # what failed is what the operator needs to read
+                sim.node_down(info["ssh_port"])
+            raise
+
+
+GONE = "its simulated server was stopped when the last demo ended (simnodes down), and it never comes back"
+
+
+def _retire_gone(node: Node) -> None:
+    """Retire a demo node whose simulated server went away with the last demo, whatever its renters left on it.
+
+    The server is gone for good, so it is recorded as such, through the fleet's own health record (failed checks
+    until node_unreachable: its running instances are interrupted, credited from its last healthy moment), and then
+    retired as unreachable (node_retire's money rules: interrupted instances failed with their credit, stopped ones
+    failed with their disks billed up to its last healthy moment, the GPUs of destroyed ones awaiting their VM's
+    removal released, volumes deleted and billed up to its last healthy moment, their renters told). Those caught
+    between two states (requested, provisioning, starting, stopping, destroying) are failed first, as no job can
+    finish them. Before, the node was retired as reachable (no failed check had been recorded while the demo was
+    down), which refused for a volume, a stopped instance or a destroyed one awaiting clean-up, and the next
+    `make demo` stopped halfway. Call inside a transaction."""
+    for _ in range(settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS + 1):
+        if node_unreachable(node):
+            break
+        node_record_health(node_id=node.pk, ok=False, error=f"The demo's server is gone: {GONE}.")
+        node.refresh_from_db()
+    caught = (Instance.objects.filter(node=node, status__in=LIVE_STATUSES)
+              .exclude(status=InstanceStatus.INTERRUPTED).order_by("pk").values_list("pk", flat=True))
+    for instance_id in list(caught):
+        instance_mark_failed(instance_id=instance_id, message=f"Failed: {GONE}.")
+    node_retire(node=node)
