@@ -11,8 +11,9 @@ the order maps onto the nodes' columns, the nodes are read in that order, a batc
 can have a row before the last one kept (`_scan`): the default search reads a few dozen nodes instead of every
 offered one (docs/BENCHMARKS.md, "Vast.ai-compatible offer search"). That statement is compiled by Django once
 per query shape, each request's values bound into it (compat.vast.statements). The host's measured facts fill
-Vast's fields where they mean the same (`host_fields`); a fact not measured yet is absent, never invented, and so
-are the fields this platform does not measure at all (upload speed, DLPerf, CPU architecture...).
+Vast's fields where they mean the same (`host_fields`), and so do the benchmark's memory and NVLink bandwidths
+(`measured_fields`); a fact not measured yet is absent, never invented, and so are the fields this platform does
+not measure at all (upload speed, DLPerf, CPU architecture...).
 """
 import itertools
 from collections.abc import Callable, Iterable
@@ -27,7 +28,7 @@ from core.errors import NotFound
 from core.money import MICROS_PER_USD
 from marketplace import stored_figures
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
-from marketplace.models import GpuModel, Verdict
+from marketplace.models import GpuModel, Runtime, Verdict
 from marketplace.models.host import cuda_version_text
 from marketplace.selectors import offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
@@ -64,7 +65,8 @@ def usd(micros: int) -> float:
 HOST_VALUES = ("cpu_model", "cpu_cores", "ram_gb", "disk_left_gb", "disk_bandwidth_mbs", "net_mbps",
                "driver_version", "cuda_version", "pcie_gen")
 NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_hour_micros", "benchmark_summary",
-               "reliability", "score", "country", "verdict", "runtime", "num_gpus_free", *HOST_VALUES)
+               "reliability", "score", "country", "verdict", "runtime", "num_gpus_free",
+               "disk_price_per_gb_month_micros", *HOST_VALUES)
 
 
 def host_fields(node: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +87,28 @@ def host_fields(node: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in facts.items() if value is not None}
 
 
+def measured_fields(stored: Any) -> dict[str, Any]:
+    """Vast's figures from the node's benchmark summary (what /api/v1/offers/ shows as `benchmark`), only those
+    measured, each read through stored_figures (a value of the wrong kind is not measured):
+    gpu_mem_bw, the median GPU memory bandwidth per GPU (GB/s: median_per_gpu.memory_bandwidth_gbs), and bw_nvlink,
+    the NVLink peer-to-peer bandwidth (GB/s): the measured `nvlink.p2p_gbs` where the GPUs are NVLink-connected, and
+    0 where the check found them not connected (Vast's 0 for no NVLink). A connected node whose p2p figure is its
+    PCIe one (interconnect.nvlink_summary takes the median over every pair when no NVLink pair was measured, and then
+    p2p_gbs is pcie_p2p_gbs) has no NVLink figure: absent, never the PCIe one under NVLink's name."""
+    fields: dict[str, Any] = {}
+    memory_bw = stored_figures.median(stored, "memory_bandwidth_gbs")
+    if memory_bw is not None:
+        fields["gpu_mem_bw"] = memory_bw
+    nvlink = stored_figures.as_object(stored).get("nvlink")
+    if isinstance(nvlink, dict):
+        connected, p2p = nvlink.get("connected"), stored_figures.number(nvlink.get("p2p_gbs"))
+        if connected is False:
+            fields["bw_nvlink"] = 0.0
+        elif connected is True and p2p is not None and p2p != stored_figures.number(nvlink.get("pcie_p2p_gbs")):
+            fields["bw_nvlink"] = p2p
+    return fields
+
+
 def node_fields(node: dict[str, Any]) -> dict[str, Any]:
     """The fields every offer of a node of offers_search (given as its NODE_VALUES) has alike."""
     return {
@@ -96,7 +120,11 @@ def node_fields(node: dict[str, Any]) -> dict[str, Any]:
         "pcie_bw": stored_figures.median(node["benchmark_summary"], "h2d_gbs"),
         "geolocation": str(node["country"]) or None,
         "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
-        "rentable": True, "rented": False, "external": False, "runtime": node["runtime"], **host_fields(node),
+        "rentable": True, "rented": False, "external": False,
+        "runtime": node["runtime"], "vms_enabled": node["runtime"] == Runtime.LIBVIRT,
+        # USD per GB per 30-day month, from integer micros as dph_total: /api/v1/offers/' disk_price_per_gb_month.
+        "storage_cost": usd(node["disk_price_per_gb_month_micros"]),
+        **measured_fields(node["benchmark_summary"]), **host_fields(node),
     }
 
 
@@ -278,6 +306,9 @@ def _scan_order(field: str, descending: bool) -> tuple[OrderBy, Bound] | None:
     elif field in ("dph_total", "dph_base"):
         order, bound = ((price * free, lambda node: usd(node["price_per_gpu_hour_micros"] * node["num_gpus_free"]))
                         if descending else (price, lambda node: usd(node["price_per_gpu_hour_micros"])))
+    elif field == "storage_cost":  # usd() of the column: the same order
+        order, bound = (F("disk_price_per_gb_month_micros"),
+                        lambda node: usd(node["disk_price_per_gb_month_micros"]))
     elif field == "gpu_total_ram":
         order, bound = ((memory * free, lambda node: node["gpu_model__memory_mib"] * node["num_gpus_free"])
                         if descending else (memory, lambda node: node["gpu_model__memory_mib"]))

@@ -30,21 +30,30 @@ FIELDS: dict[str, type] = {
     "reliability": float, "reliability2": float, "score": float, "pcie_bw": float,
     "geolocation": str, "verification": str,
     "verified": bool, "rentable": bool, "rented": bool, "external": bool,
+    # The node's disk price (USD per GB per 30-day month, what a stopped instance's disk and a volume cost), its
+    # runtime (`docker`, `libvirt`, `sim`: a booking on libvirt takes no env, ports or onstart) and Vast's flag for
+    # the same fact (vms_enabled: the offer's instances are virtual machines, runtime libvirt).
+    "storage_cost": float, "runtime": str, "vms_enabled": bool,
+    # The benchmark's measured GPU memory and NVLink bandwidth (GB/s, compat.vast.offers.measured_fields): absent
+    # on a row until measured.
+    "gpu_mem_bw": float, "bw_nvlink": float,
     # The host's measured facts (compat.vast.offers.host_fields): absent on a row until measured.
     "cpu_name": str, "cpu_cores": int, "cpu_ram": float, "disk_space": float, "disk_bw": float, "inet_down": float,
     "driver_version": Version, "cuda_max_good": float, "pci_gen": float,
 }
 KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false",
               Version: "a driver version (535.104.05, or 535104005 as the CLI sends it)"}
-ALIASES = {"dph": "dph_total", "reliability_2": "reliability2"}
+# Vast's own aliases (the CLI rewrites them; the SDK and raw API users send them as they are).
+ALIASES = {"dph": "dph_total", "reliability_2": "reliability2", "cuda_vers": "cuda_max_good"}
 # Vast fields this platform does not measure or offer: named in the 400, so that nobody wonders why.
 NOT_OFFERED = {
-    "bw_nvlink", "compute_cap", "cpu_arch", "cpu_cores_effective", "cpu_ghz", "cuda_vers", "datacenter",
+    "compute_cap", "cpu_arch", "cpu_cores_effective", "cpu_ghz", "datacenter",
     "direct_port_count", "dlperf", "dlperf_per_dphtotal", "dlperf_usd", "duration", "flops_per_dphtotal",
     "flops_usd", "gpu_arch", "gpu_display_active", "display_active", "gpu_frac", "gpu_max_power", "gpu_max_temp",
-    "gpu_mem_bw", "has_avx", "host_id", "inet_down_cost", "inet_up", "inet_up_cost", "min_bid", "mobo_name",
-    "static_ip", "storage_cost", "total_flops", "ubuntu_version", "vms_enabled", "cluster_id",
+    "has_avx", "host_id", "inet_down_cost", "inet_up", "inet_up_cost", "min_bid", "mobo_name",
+    "static_ip", "total_flops", "ubuntu_version", "cluster_id",
 }
+assert not NOT_OFFERED & (set(FIELDS) | set(ALIASES))
 OPERATORS = ("eq", "neq", "gt", "gte", "lt", "lte", "in", "notin")
 ORDERED_OPERATORS = {"gt", "gte", "lt", "lte"}
 # Keys of the body that are not filters.

@@ -616,7 +616,8 @@ def test_machines_bad_input_and_ownership(client_for, other_api, anon, market):
     url = f"{V0}/machines/create_asks/"
     for body, words in [({"machine": a6000.pk, "price_gpu": 1000}, "price_gpu"),
                         ({"machine": a6000.pk, "price_gpu": "cheap"}, "price_gpu"),
-                        ({"machine": a6000.pk, "price_disk": 0.1}, "price_disk (-s) is not offered"),
+                        ({"machine": a6000.pk, "price_inetu": 0.1}, "price_inetu (-u) is not offered"),
+                        ({"machine": a6000.pk, "price_disk": 11}, "price_disk is USD per GB per month"),
                         ({"machine": a6000.pk, "min_chunk": 2}, "min_chunk"),
                         ({"machine": a6000.pk, "min_chunk": True}, "min_chunk"),  # True == 1 in Python
                         ({"machine": a6000.pk, "min_chunk": 1.0}, "min_chunk"),

@@ -38,6 +38,10 @@ QUERIES = [
     {"order": [["geolocation", "asc"], ["dph_total", "asc"]]},  # text: every row, as before
     {"order": [["pcie_bw", "desc"]]},
     {"rented": {"eq": True}},
+    {"order": [["storage_cost", "asc"], ["dph_total", "asc"]]},
+    {"storage_cost": {"lte": 0.1}, "runtime": {"eq": "docker"}, "order": [["storage_cost", "desc"]]},
+    {"vms_enabled": {"eq": True}, "order": [["gpu_mem_bw", "desc"]]},
+    {"bw_nvlink": {"gte": 0.0}, "order": [["bw_nvlink", "desc"], ["storage_cost", "asc"]]},
 ]
 
 
@@ -46,6 +50,7 @@ def market(db):
     """Nodes with ties on every key the scan orders on (price, score, reliability, host facts), some host facts
     unmeasured (null), partly rented, degraded ones and one not listed."""
     rng = random.Random(7)
+    more = random.Random(45)  # the disk price, runtime and bandwidths (round 45): rng's draws as before
     provider = UserFactory()
     for i in range(36):
         node = make_listed_node(provider, gpu_model=rng.choice(MODELS), gpu_count=rng.choice((1, 2, 4, 8)),
@@ -61,7 +66,12 @@ def market(db):
             disk_bandwidth_mbs=rng.choice((900.0, 1800.0)) if measured else None,
             net_mbps=rng.choice((940.0, 5000.0, 9400.0)) if measured else None,
             pcie_gen=rng.choice((3, 4)) if measured else None,
-            benchmark_summary={"median_per_gpu": {"h2d_gbs": rng.choice((12.0, 24.5))}} if measured else {})
+            benchmark_summary={"median_per_gpu": {"h2d_gbs": rng.choice((12.0, 24.5)),
+                                                  "memory_bandwidth_gbs": more.choice((768.0, 2039.0))},
+                               "nvlink": {"connected": more.random() < 0.5, "p2p_gbs": more.choice((25.0, 90.0))}}
+            if measured else {},
+            disk_price_per_gb_month_micros=more.choice((50_000, 100_000, 100_000, 250_000)),
+            runtime=more.choice(("docker", "libvirt", "sim")))
         rented = rng.randint(0, node.gpu_count)
         Gpu.objects.filter(node=node, index__lt=rented).update(status="rented")
     make_node(provider, gpu_model="rtx-4090", gpu_count=2)  # not offered: pending

@@ -434,7 +434,7 @@ def _offer_refusal(exc: ApplicationError, ask_id: int, node_id: int, num_gpus: i
         return ValidationFailed(
             f"Offer {ask_id}'s machine runs virtual machines from cloud images ({exc.extra['runtime']}), which take no "
             f"-e variables, -p ports or --onstart script yet: leave out {' and '.join(given)}, or take an offer whose "
-            "runtime is docker (`vastai search offers --raw` shows each offer's runtime).",
+            "runtime is docker (`vastai search offers 'runtime=docker'`).",
             field="onstart" if given == [_VAST_OPTION_WORDS["onstart"]] else "env")
     if exc.field == "disk_gb":  # the image's range: the same words, Vast's field
         return ValidationFailed(exc.message, field="disk")
