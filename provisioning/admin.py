@@ -6,6 +6,7 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin_history import History
 from core.admin_paginator import EstimatedCountPaginator
+from marketplace.stored_figures import run_figures, run_findings
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
 from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.wording import reasons, reasons_text
@@ -13,7 +14,9 @@ from provisioning.verification.wording import reasons, reasons_text
 
 def findings_list(findings) -> str:
     """A verification run's findings as a readable list, each said once with the GPUs it concerns: severity,
-    message, code (no style attribute: the Content-Security-Policy refuses inline styles)."""
+    message, code (no style attribute: the Content-Security-Policy refuses inline styles). Stored JSON of any
+    shape: only the findings stored_figures.run_findings reads (an object with a text code and message) are shown."""
+    findings = run_findings(findings)
     if not findings:
         return "-"
     return format_html("<ul class=\"findings\">{}</ul>", format_html_join(
@@ -27,8 +30,9 @@ def _value(value, unit="", places=2) -> str:
 
 def platform_checks_table(figures) -> str:
     """What the platform measured itself in a run (platform_figures.platform_checks) as a table: per GPU and MIG
-    slice the challenge on the platform's clock and the memory proof; '-' for a run without the challenge."""
-    checks = platform_checks(figures or {})
+    slice the challenge on the platform's clock and the memory proof; '-' for a run without the challenge. Stored
+    JSON of any shape: read as stored_figures.run_figures reads it (a value of the wrong kind left out)."""
+    checks = platform_checks(run_figures(figures))
     if checks is None:
         return "-"
     answered = {None: "no answer", True: "right", False: "WRONG"}
@@ -123,7 +127,7 @@ class VerificationRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="reasons")
     def reason_summary(self, run):
-        return reasons_text(run.findings)[:300] or "-"
+        return reasons_text(run_findings(run.findings))[:300] or "-"
 
     @admin.display(description="reasons (findings)")
     def reasons(self, run):

@@ -14,16 +14,34 @@ from rest_framework import generics, serializers
 
 from core.api.scopes import PROVIDER_ONLY
 from marketplace import selectors
+from marketplace.stored_figures import run_figures, run_findings
 from provisioning.models import VerificationRun
+from provisioning.verification.model import DEGRADE, REJECT
 from provisioning.verification.platform_figures import platform_checks
+
+SEVERITIES = (REJECT, DEGRADE)  # a finding's, as the policy writes them
+
+
+class ReadableFindingsSerializer(serializers.ListSerializer):
+    """A run's stored findings (JSON of any shape, written from a node's answers; a row from before they were
+    checked may hold a string, a list of strings, a finding whose message is no text) as the schema says them:
+    only those stored_figures.run_findings reads whose severity is one of SEVERITIES; the rest left out, not a
+    500 (found by review)."""
+
+    def to_representation(self, data):
+        return super().to_representation(
+            [finding for finding in run_findings(data) if finding.get("severity") in SEVERITIES])
 
 
 class FindingSerializer(serializers.Serializer):
-    severity = serializers.ChoiceField(choices=["reject", "degrade"],
+    severity = serializers.ChoiceField(choices=list(SEVERITIES),
                                        help_text="reject: the node is not listed; degrade: listed, flagged.")
     code = serializers.CharField(help_text="Stable code, e.g. bf16_low, power_capped, wrong_results.")
     message = serializers.CharField(help_text="What was found and what to do about it.")
     gpu_index = serializers.IntegerField(allow_null=True, help_text="The GPU concerned (nvidia-smi index).")
+
+    class Meta:
+        list_serializer_class = ReadableFindingsSerializer
 
 
 class PlatformCheckSerializer(serializers.Serializer):
@@ -51,9 +69,17 @@ class PlatformChecksSerializer(serializers.Serializer):
     memory_not_run = serializers.CharField(help_text="Why the memory proof was not run; empty when it was.")
 
 
+class StoredFiguresField(serializers.JSONField):
+    """A run's stored figures as stored when they are an object; {} otherwise (a list or a string stored before the
+    node's answers were checked reads as nothing measured)."""
+
+    def to_representation(self, value):
+        return super().to_representation(value if isinstance(value, dict) else {})
+
+
 class BenchmarkRunSerializer(serializers.ModelSerializer):
     findings = FindingSerializer(many=True, read_only=True)
-    figures = serializers.JSONField(
+    figures = StoredFiguresField(
         read_only=True, help_text="Measured figures per GPU (TFLOP/s, GB/s, images/s), their share of the "
                                   "datasheet, telemetry, and the node's medians. Empty when nothing was measured.")
     score = serializers.FloatField(allow_null=True, read_only=True,
@@ -70,7 +96,9 @@ class BenchmarkRunSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(PlatformChecksSerializer(allow_null=True))
     def get_platform_checks(self, run: VerificationRun) -> dict | None:
-        checks = platform_checks(run.figures or {})
+        # Read well-typed (stored_figures.run_figures): figures that are a list, a challenge GPU key that is no
+        # index ("x"), a figure that is text were a 500 (found by review).
+        checks = platform_checks(run_figures(run.figures))
         return asdict(checks) if checks is not None else None
 
 

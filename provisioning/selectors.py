@@ -11,6 +11,7 @@ from django.db.models import Max
 
 from marketplace.models import NodeState
 from marketplace.models.nodes import Verdict
+from marketplace.stored_figures import run_figures
 from provisioning.models import Job, JobKind, JobStatus, VerificationRun
 from provisioning.verification.performance import FleetReference
 
@@ -47,7 +48,10 @@ def fleet_reference(gpu_model_id: int, exclude_node_id: int | None = None,
               .order_by("node_id", "-created_at", "-id").distinct("node_id")
               .values_list("node_id", "node__provider_id", "verdict", "figures__device", "figures__median"))
     by_provider: dict[int, list[dict[str, float]]] = defaultdict(list)
-    for node_id, provider_id, verdict, device, median in latest:
+    for node_id, provider_id, verdict, device, stored in latest:
+        # The stored medians read well-typed (stored_figures.run_figures: numbers only): one run's medians that are
+        # a list or hold text were a TypeError in every verification of the model (found by review).
+        median = run_figures({"median": stored}).get("median")
         if node_id != exclude_node_id and provider_id != exclude_provider_id and verdict == Verdict.VERIFIED \
                 and device == "cuda" and median:
             by_provider[provider_id].append(median)

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 
 from marketplace.models import GpuStatus, Node, NodeState
+from marketplace.stored_figures import run_findings
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, NodeEvent
 from provisioning.services.faults import NOT_COUNTED, counts_against_node, error_fault
 from provisioning.services.jobs import job_create
@@ -98,7 +99,9 @@ def _not_on_the_verdict(node: Node, findings: list[dict[str, Any]]) -> list[dict
     """The findings the node's latest verification did not make (the same code on the same GPU), and every one
     that rejects: a node listed with it must be judged again."""
     run = node.verifications.order_by("-created_at", "-id").only("findings").first()
-    known = {(f.get("code"), f.get("gpu_index")) for f in (run.findings if run else [])}
+    # Its stored findings read well-typed (stored_figures.run_findings): a string or a list of strings stored before
+    # the answers were checked was an AttributeError, the spot check's job lost (found by review).
+    known = {(f.get("code"), f.get("gpu_index")) for f in run_findings(run.findings if run else [])}
     return [f for f in findings
             if f.get("severity") == "reject" or (f.get("code"), f.get("gpu_index")) not in known]
 

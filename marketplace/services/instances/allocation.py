@@ -165,9 +165,14 @@ def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
 
 def node_nvlink_islands(node: Node) -> list[list[int]]:
     """The NVLink islands _lock_node_for_booking read with the node (JSON text), or those of its last check."""
+    from marketplace.stored_figures import as_object, nvlink_summary
+
     raw = getattr(node, "nvlink_islands", None)
     if raw is None and "benchmark_summary" in node.__dict__:  # the ORM path (SQLite) loads the whole row
-        raw = ((node.benchmark_summary or {}).get("nvlink") or {}).get("islands")
+        # Stored JSON of any shape (a summary or nvlink that is no object was an AttributeError, a booking's or a
+        # start's 500 on this path; found by review): read as stored_figures reads it, GPU indices only.
+        nvlink = nvlink_summary(as_object(node.benchmark_summary).get("nvlink"))
+        raw = nvlink["islands"] if nvlink is not None else None
     return parse_islands(raw)
 
 
