@@ -135,7 +135,11 @@ class WebhookEndpoint(models.Model):
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     request_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True, default="", help_text=(
-        "The page form's token it was added with: the same form submitted twice adds one endpoint."))
+        "The page form's token (web-...) or the API request's Idempotency-Key it was added with: the same request "
+        "sent twice adds one endpoint."))
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="", help_text=(
+        "SHA-256 of the API request's body (core.idempotency.request_fingerprint): the same Idempotency-Key with "
+        "another body is refused. Empty for the page form's, whose values are compared instead."))
 
     class Meta:
         ordering = ["-created_at", "-id"]

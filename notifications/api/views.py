@@ -1,7 +1,7 @@
 """The notifications API: your notifications (list, mark read), your channels per event kind, your webhook
 endpoints (CRUD, a test event) and their delivery logs. Another user's object is a 404."""
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.filtering import reject_unknown_params
+from core.api.idempotency import idempotency_key, idempotency_parameter
 from core.api.schema import error_response
 from core.api.scopes import ANY
 from marketplace.reauth import refuse_session_alone
@@ -114,10 +115,20 @@ SESSION_REFUSED = ("{what} asked with a browser session, not an API key: the not
 @extend_schema_view(
     list=extend_schema(summary="Your webhook endpoints"),
     retrieve=extend_schema(summary="One of your webhook endpoints"),
-    create=extend_schema(summary="Add a webhook endpoint (its signing secret is in this answer only)",
-                         request=WebhookEndpointInputSerializer, responses={
-                             201: WebhookEndpointCreatedSerializer,
-                             403: error_response(SESSION_REFUSED.format(what="An endpoint"))}),
+    create=extend_schema(
+        summary="Add a webhook endpoint (its signing secret is in this answer only)",
+        request=WebhookEndpointInputSerializer,
+        parameters=[idempotency_parameter(
+            "Makes retries safe: the same key and body within REQUEST_REPLAY_S (10 minutes) return the same "
+            "endpoint with its secret again (200), adding none; later, or with another body, the same key is a "
+            "422. 1-100 printable ASCII characters.")],
+        responses={
+            201: WebhookEndpointCreatedSerializer,
+            200: OpenApiResponse(WebhookEndpointCreatedSerializer,
+                                 "The endpoint an earlier request with this Idempotency-Key added, and its secret."),
+            403: error_response(SESSION_REFUSED.format(what="An endpoint")),
+            422: error_response("The Idempotency-Key was used for a different request, or added its endpoint "
+                                "more than 10 minutes ago (its secret is not shown again).")}),
     partial_update=extend_schema(summary="Change an endpoint's URL, description or active flag",
                                  request=WebhookEndpointInputSerializer, responses={
                                      200: WebhookEndpointSerializer,
@@ -140,16 +151,25 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
     def create(self, request):
         # An endpoint receives the account's events until it is deleted: not for a session alone (a copied cookie).
         refuse_session_alone(request, instead=SETTINGS_PAGE)
+        key, fingerprint = idempotency_key(request)
+        if key:  # a retry gets the answer it lost, even if its URL would not pass the check now (its DNS)
+            earlier = webhook_svc.endpoint_for_idempotency_key(user=request.user, idempotency_key=key,
+                                                               request_fingerprint=fingerprint)
+            if earlier is not None:
+                return self._created(*earlier, code=status.HTTP_200_OK)
         data = WebhookEndpointInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        endpoint, secret = webhook_svc.endpoint_create(user=request.user, url=values["url"],
-                                                       description=values.get("description", ""),
-                                                       base_url=request.build_absolute_uri("/"))
-        if values.get("active") is False:
-            endpoint = webhook_svc.endpoint_update(endpoint=endpoint, active=False)
+        endpoint, secret, created = webhook_svc.endpoint_create_once(
+            user=request.user, url=values["url"], description=values.get("description", ""),
+            active=values.get("active", True), base_url=request.build_absolute_uri("/"),
+            idempotency_key=key, request_fingerprint=fingerprint)
+        return self._created(endpoint, secret, code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @staticmethod
+    def _created(endpoint: WebhookEndpoint, secret: str, *, code: int) -> Response:
         body = {**WebhookEndpointSerializer(endpoint).data, "secret": secret}  # as WebhookEndpointCreatedSerializer
-        response = Response(body, status=status.HTTP_201_CREATED)
+        response = Response(body, status=code)
         response["Cache-Control"] = "no-store"
         return response
 

@@ -41,7 +41,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.response import HTTPResponse
 
 from core import dispatch
-from core.errors import NotFound, TooManyRequests, ValidationFailed
+from core.errors import IdempotencyKeyReused, NotFound, TooManyRequests, ValidationFailed
 from core.security_mail import security_change_notify
 from marketplace.encryption import decrypt_secret, encrypt_secret
 from marketplace.models import User
@@ -96,24 +96,63 @@ def endpoint_create(*, user: User, url: str, description: str = "", base_url: st
 
     With `idempotency_key` (a page form's token) the same submission again returns the endpoint it added and its
     secret (within REQUEST_REPLAY_S), adding and telling nothing; EndpointRequestReused otherwise."""
+    endpoint, secret, _ = endpoint_create_once(user=user, url=url, description=description, base_url=base_url,
+                                               idempotency_key=idempotency_key)
+    return endpoint, secret
+
+
+def endpoint_create_once(*, user: User, url: str, description: str = "", active: bool = True, base_url: str = "",
+                         idempotency_key: str = "", request_fingerprint: str = "",
+                         ) -> tuple[WebhookEndpoint, str, bool]:
+    """endpoint_create, and whether it added the endpoint (False: the request's replay answered the earlier one).
+
+    `request_fingerprint` (an API request's Idempotency-Key, core.idempotency): the key's earlier endpoint is
+    answered as endpoint_for_idempotency_key says (its body's fingerprint compared, IdempotencyKeyReused
+    otherwise); without it (a page form's token) its values are compared (EndpointRequestReused)."""
     url = webhook_url_check(url)
     description = _description(description)
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=user.pk).first()  # one count (and one key look-up) at a time
-        if idempotency_key:
+        if idempotency_key and request_fingerprint:
+            earlier = endpoint_for_idempotency_key(user=user, idempotency_key=idempotency_key,
+                                                   request_fingerprint=request_fingerprint)
+            if earlier is not None:
+                return *earlier, False
+        elif idempotency_key:
             added = WebhookEndpoint.objects.filter(user=user, request_key=idempotency_key).first()
             if added is not None:
-                return _replayed(added, url=url, description=description), endpoint_secret(endpoint=added)
+                return _replayed(added, url=url, description=description), endpoint_secret(endpoint=added), False
         if WebhookEndpoint.objects.filter(user=user).count() >= ENDPOINTS_PER_USER:
             raise ValidationFailed(f"At most {ENDPOINTS_PER_USER} endpoints; delete one first.", field="url")
         secret = _secret_new()
-        endpoint = WebhookEndpoint.objects.create(user=user, url=url, description=description,
+        endpoint = WebhookEndpoint.objects.create(user=user, url=url, description=description, active=active,
                                                   secret_encrypted=encrypt_secret(secret.encode()),
-                                                  secret_hint=secret[:10], request_key=idempotency_key)
+                                                  secret_hint=secret[:10], request_key=idempotency_key,
+                                                  request_fingerprint=request_fingerprint)
         security_change_notify(user=user, subject="A webhook endpoint was added to your account", base_url=base_url,
                                change=f"A webhook endpoint was added to your account: {url}. It receives your "
                                       "account's events (instances, balance, payouts) until it is deleted.")
-    return endpoint, secret
+    return endpoint, secret, True
+
+
+def endpoint_for_idempotency_key(*, user: User, idempotency_key: str,
+                                 request_fingerprint: str) -> tuple[WebhookEndpoint, str] | None:
+    """The endpoint an API request of the user's with this Idempotency-Key added, and its secret: a client that
+    lost the answer (a timeout, a 502 after the commit) sends the request again and gets the answer it lost, the
+    only one with the secret, as a page form submitted twice does (REQUEST_REPLAY_S). None when the key added
+    none. IdempotencyKeyReused (422) when that request had another body, or when it is older than
+    REQUEST_REPLAY_S: its secret was shown then and is not shown again."""
+    added = WebhookEndpoint.objects.filter(user=user, request_key=idempotency_key).first()
+    if added is None:
+        return None
+    if added.request_fingerprint != request_fingerprint:
+        raise IdempotencyKeyReused(f"This Idempotency-Key was used for another request: it added the webhook "
+                                   f"endpoint {added.pk}. Use a new key for a new endpoint.")
+    if timezone.now() - added.created_at > timedelta(seconds=REQUEST_REPLAY_S):
+        raise IdempotencyKeyReused(f"This Idempotency-Key added the webhook endpoint {added.pk} more than "
+                                   f"{REQUEST_REPLAY_S // 60} minutes ago; its secret was shown then and is not "
+                                   "shown again. Use a new key for a new endpoint.")
+    return added, endpoint_secret(endpoint=added)
 
 
 def _replayed(endpoint: WebhookEndpoint, *, url: str, description: str) -> WebhookEndpoint:
