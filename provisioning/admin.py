@@ -8,6 +8,7 @@ from core.admin_history import History
 from core.admin_paginator import EstimatedCountPaginator
 from marketplace.stored_figures import run_figures, run_findings
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
+from provisioning.services.runner import log_lines
 from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.wording import reasons, reasons_text
 
@@ -100,7 +101,7 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description="log")
     def log_lines(self, job):
         return format_html_join("\n", "<div><code>{}</code> {}</div>",
-                                ((line.get("at", ""), line.get("message", "")) for line in job.log))
+                                ((line.get("at") or "", line.get("message", "")) for line in log_lines(job.log)))
 
 
 @admin.register(NodeEvent)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypedDict
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
@@ -34,7 +35,7 @@ from provisioning.services.fleet import (  # noqa: F401 (re-exported: the fleet'
 from provisioning.services.jobs import JobConflict, job_send
 from provisioning.services.nodes import node_event
 from provisioning.services.reconcile import node_reconcile  # noqa: F401 (re-exported)
-from provisioning.services.runner import MAX_LOG_LINES, job_finish
+from provisioning.services.runner import MAX_LOG_LINES, job_finish, log_lines
 from provisioning.services.spot_checks import node_spot_check_request
 from provisioning.services.verification import (
     draw_delay,
@@ -139,7 +140,8 @@ def _dispatch_note(job: Job, now: datetime) -> None:
     log.info("job %s: %s", job.pk, message)
     line = {"at": now.isoformat(), "message": message}
     # Unless a worker claimed it meanwhile: its own lines come first.
-    Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(log=[*job.log, line][-MAX_LOG_LINES:])
+    Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(
+        log=[*log_lines(job.log), line][-MAX_LOG_LINES:])
 
 
 def jobs_reap() -> Summary:
@@ -156,36 +158,49 @@ def jobs_reap() -> Summary:
     A reaped job is the platform's failure, never the node's (JobFault): no execution of it is alive, so it was
     never started (no worker took it), its worker was lost, or the retry it waited for never came. A node that
     failed it would have failed it through its task.
+
+    Each job is reaped in its own savepoint: one that raises is logged, counted ("errors") and tried again next
+    run, and the jobs after it (older: newest first) are reaped all the same.
     """
     now = timezone.now()
     alive = Q(status=JobStatus.RUNNING,
               heartbeat_at__gte=now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S))
-    reaped = 0
+    reaped = errors = 0
     for job in (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now).exclude(alive)
                 .select_related("node")):
-        error = PlatformError("The job did not finish in time and was stopped by the platform.")
-        if job.kind == JobKind.NODE_VERIFY:
-            node_verify_failed(job=job, error=error)
-        elif job.volume_id is not None:
-            volume_job_failed(job=job, error=error)
+        try:
+            with transaction.atomic():  # a failed job's writes go back alone (a savepoint inside a transaction)
+                _job_reap(job)
+        except Exception:  # one job's trouble must not keep the others (older ones: read newest first) open
+            log.exception("reap: job %s", job.pk)
+            errors += 1
         else:
-            # Only the instance's latest job speaks for it: an old stuck job must not fail an
-            # instance that a later job has already brought back.
-            newer = job.instance_id is not None and Job.objects.filter(instance_id=job.instance_id,
-                                                                       id__gt=job.pk).exists()
-            destroying = job.kind == JobKind.INSTANCE_DESTROY and job.instance_id is not None and (
-                Instance.objects.filter(pk=job.instance_id, status=InstanceStatus.DESTROYING).exists())
-            if job.instance_id and not newer and destroying:
-                # The renter asked for the end: it ends for them, and the GPUs stay held until the
-                # reconciler has removed the VM (as a destroy that could not reach the node).
-                instance_svc.instance_mark_destroyed(instance_id=job.instance_id, cleanup_pending=True)
-            elif job.instance_id and not newer and job.kind in WAITING_ON:
-                vm_failed(job=job, error=error.message, fault=JobFault.PLATFORM, reach_node=False)
-                reaped += 1
-                continue
-            job_finish(job=job, error=error.message, fault=JobFault.PLATFORM)
-        reaped += 1
-    return {"reaped": reaped}
+            reaped += 1
+    return {"reaped": reaped, "errors": errors} if errors else {"reaped": reaped}
+
+
+def _job_reap(job: Job) -> None:
+    """End one job past its deadline (jobs_reap) as its task's own failure would."""
+    error = PlatformError("The job did not finish in time and was stopped by the platform.")
+    if job.kind == JobKind.NODE_VERIFY:
+        node_verify_failed(job=job, error=error)
+    elif job.volume_id is not None:
+        volume_job_failed(job=job, error=error)
+    else:
+        # Only the instance's latest job speaks for it: an old stuck job must not fail an
+        # instance that a later job has already brought back.
+        newer = job.instance_id is not None and Job.objects.filter(instance_id=job.instance_id,
+                                                                   id__gt=job.pk).exists()
+        destroying = job.kind == JobKind.INSTANCE_DESTROY and job.instance_id is not None and (
+            Instance.objects.filter(pk=job.instance_id, status=InstanceStatus.DESTROYING).exists())
+        if job.instance_id and not newer and destroying:
+            # The renter asked for the end: it ends for them, and the GPUs stay held until the
+            # reconciler has removed the VM (as a destroy that could not reach the node).
+            instance_svc.instance_mark_destroyed(instance_id=job.instance_id, cleanup_pending=True)
+        elif job.instance_id and not newer and job.kind in WAITING_ON:
+            vm_failed(job=job, error=error.message, fault=JobFault.PLATFORM, reach_node=False)
+            return
+        job_finish(job=job, error=error.message, fault=JobFault.PLATFORM)
 
 
 def nodes_verify_pending(*, now: datetime | None = None) -> Summary:
@@ -219,7 +234,8 @@ def nodes_verify_pending(*, now: datetime | None = None) -> Summary:
 
 
 def _automatic(job: Job) -> bool:
-    return any(str(line.get("message", "")).startswith(f"queued: {PENDING_RETRY_REASON}") for line in job.log[:3])
+    return any(str(line.get("message", "")).startswith(f"queued: {PENDING_RETRY_REASON}")
+               for line in log_lines(job.log)[:3])
 
 
 def _failures_in_a_row(jobs: list[Job]) -> int:

@@ -23,7 +23,7 @@ import secrets
 import socket
 import threading
 from datetime import datetime, timedelta
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -42,8 +42,18 @@ class JobLost(Exception):
     was closed meanwhile (the reaper, past its deadline)."""
 
 
-def _log_line(job: Job, message: str, at: datetime | None = None) -> list[dict[str, str]]:
-    return [*job.log, {"at": (at or timezone.now()).isoformat(), "message": message}][-MAX_LOG_LINES:]
+def log_lines(log: object) -> list[dict[str, Any]]:
+    """A job's stored log (`Job.log`) as its lines, {"at", "message"} objects. What is written is always such a
+    list, but jsonb keeps any shape (a row fixed by hand, a data migration, an older version): a log that is no
+    list reads as no lines, and a line that is no object as its text (at: None), so the operator still sees it
+    and a reader may call .get on every line."""
+    if not isinstance(log, list):
+        return []
+    return [line if isinstance(line, dict) else {"at": None, "message": str(line)[:500]} for line in log]
+
+
+def _log_line(job: Job, message: str, at: datetime | None = None) -> list[dict[str, Any]]:
+    return [*log_lines(job.log), {"at": (at or timezone.now()).isoformat(), "message": message}][-MAX_LOG_LINES:]
 
 
 def job_begin(*, job_id: int, task_id: str = "", worker: str = "") -> Job | None:
