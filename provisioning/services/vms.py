@@ -276,6 +276,8 @@ _TOUCHING = frozenset({_CREATING, _STARTING, _STOPPING, _RESTART_STOPPING, "star
 
 def _touched_vm(job: Job) -> bool:
     log = Job.objects.filter(pk=job.pk).values_list("log", flat=True).first() or []
+    if not isinstance(log, list):  # a stored log of another shape (jsonb keeps any) tells nothing: assume it did
+        return True
     # A full log may have lost its first lines: then assume it did.
     return len(log) >= MAX_LOG_LINES or any(isinstance(line, dict) and line.get("message") in _TOUCHING
                                              for line in log)

@@ -120,3 +120,15 @@ def test_the_reader_keeps_object_lines_and_shows_the_others_as_text():
     assert log_lines([LINE, "odd", 7]) == [LINE, {"at": None, "message": "odd"}, {"at": None, "message": "7"}]
     assert log_lines(5) == log_lines(None) == log_lines("text") == log_lines({"a": 1}) == []
     assert log_lines(["x" * 900])[0]["message"] == "x" * 500
+
+
+@pytest.mark.parametrize("log", [5, "some text", {"at": "x", "message": "y"}])
+def test_a_vm_job_whose_log_is_no_list_counts_as_having_touched_the_vm(log):
+    """vms._touched_vm did len() on the stored log: a provision job with log=5 past its deadline raised in
+    vm_failed at every reaper run, its instance left provisioning with its GPUs held. A log of another shape tells
+    nothing of what the job did, so the VM counts as touched (its failure waits for the node's confirmation)."""
+    from provisioning.services import vms
+    job = _node_job(log=log)
+    assert vms._touched_vm(job) is True
+    Job.objects.filter(pk=job.pk).update(log=[LINE])
+    assert vms._touched_vm(job) is False
