@@ -109,6 +109,12 @@ def measured_fields(stored: Any) -> dict[str, Any]:
     return fields
 
 
+def runtime_fields(runtime: str) -> dict[str, Any]:
+    """A node's runtime as its offers show it: `runtime` itself and Vast's flag for the same fact, vms_enabled (the
+    offer's instances are virtual machines: libvirt)."""
+    return {"runtime": runtime, "vms_enabled": runtime == Runtime.LIBVIRT}
+
+
 def node_fields(node: dict[str, Any]) -> dict[str, Any]:
     """The fields every offer of a node of offers_search (given as its NODE_VALUES) has alike."""
     return {
@@ -120,8 +126,7 @@ def node_fields(node: dict[str, Any]) -> dict[str, Any]:
         "pcie_bw": stored_figures.median(node["benchmark_summary"], "h2d_gbs"),
         "geolocation": str(node["country"]) or None,
         "verification": node["verdict"], "verified": node["verdict"] == Verdict.VERIFIED,
-        "rentable": True, "rented": False, "external": False,
-        "runtime": node["runtime"], "vms_enabled": node["runtime"] == Runtime.LIBVIRT,
+        "rentable": True, "rented": False, "external": False, **runtime_fields(node["runtime"]),
         # USD per GB per 30-day month, from integer micros as dph_total: /api/v1/offers/' disk_price_per_gb_month.
         "storage_cost": usd(node["disk_price_per_gb_month_micros"]),
         **measured_fields(node["benchmark_summary"]), **host_fields(node),
@@ -198,9 +203,29 @@ def _number(value: Any, integer: bool) -> bool:
     return not integer or isinstance(value, int) or value.is_integer()
 
 
+# The fields of a row that depend on the node's runtime alone (runtime_fields).
+RUNTIME_FIELDS = {"runtime", "vms_enabled"}
+
+
+def _runtimes(conditions: list[Condition]) -> list[str] | None:
+    """The runtimes whose rows pass every condition on `runtime` and `vms_enabled` (runtime_fields), each runtime's
+    fields put through the rows' own check (matcher): a node column condition `runtime IN (...)` that keeps exactly
+    the nodes the rows' check keeps, for every operator (eq, neq, in, notin; null, case; query._coerce refuses a
+    value that names no runtime). None where no condition says anything of the runtime: all of them pass (a node's
+    runtime is one of Runtime's, what node_register and node_update take); [] where none does."""
+    of_runtime = [c for c in conditions if c.field in RUNTIME_FIELDS]
+    if not of_runtime:
+        return None
+    keeps = matcher(of_runtime)
+    passing = [runtime for runtime in Runtime.values if keeps(runtime_fields(runtime))]
+    return None if len(passing) == len(Runtime.values) else passing
+
+
 def _column_terms(conditions: list[Condition]) -> list[statements.Term]:
     """The conditions that are exactly a comparison of a node column, as SQL terms (what OfferFilter does not say):
-    `verified` and the NODE_COLUMNS but cpu_ram (a multiple of the column). None compares unlike NULL in SQL,
+    `verified`, the NODE_COLUMNS but cpu_ram (a multiple of the column), and last the runtimes the conditions on
+    `runtime` and `vms_enabled` keep (_runtimes: one `in`, left out where they keep every runtime; the search
+    answers nothing without SQL where they keep none). None compares unlike NULL in SQL,
     and neq/notin keep a null row: those stay in Python only. A value is given as Django makes it of the column
     (an integer column's whole float as an int, an `in` list without repeats), which changes no statement's rows
     and makes the statement's shape plain (compat.vast.statements)."""
@@ -214,6 +239,9 @@ def _column_terms(conditions: list[Condition]) -> list[statements.Term]:
             if values and all(_number(v, integer) for v in values):
                 made = [int(v) if integer else float(v) for v in values]
                 terms.append((column, LOOKUPS[c.op], list(dict.fromkeys(made))))
+    runtimes = _runtimes(conditions)
+    if runtimes:
+        terms.append(("runtime", "in", runtimes))
     return terms
 
 
@@ -230,6 +258,9 @@ def _column_filters(conditions: list[Condition]) -> Q:
             if values and all(_number(v, integer) for v in values):
                 q &= Q(**{f"{column}__{LOOKUPS[c.op]}": [int(v) for v in values] if c.op == "in" and integer
                           else c.value})
+    runtimes = _runtimes(conditions)
+    if runtimes:
+        q &= Q(runtime__in=runtimes)
     return q
 
 
@@ -249,7 +280,7 @@ def search_of(query: Query) -> tuple[statements.Search, Callable[[], QuerySet], 
     conditions; what an uncached shape runs and a new template is checked against) and the scan, if any; None when
     no offer can match."""
     params = _narrowing(query.conditions)
-    if params is None:
+    if params is None or _runtimes(query.conditions) == []:
         return None
 
     def build() -> QuerySet:

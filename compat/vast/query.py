@@ -16,6 +16,7 @@ from typing import Any
 
 from core.errors import ValidationFailed
 from core.validators import whole_number
+from marketplace.models import Runtime
 
 
 class Version:
@@ -132,9 +133,14 @@ def _coerce(name: str, value: Any) -> Any:
             return value.lower() == "true"
         raise wrong
     if kind is str:
-        if isinstance(value, str) and len(value) <= 200:
-            return value
-        raise wrong
+        if not isinstance(value, str) or len(value) > 200:
+            raise wrong
+        # A runtime is one of the node's (compared without case, as the rows compare text): a word that names none
+        # (a typo, Vast's `kvm`) is a 400, not a search that silently answers nothing (or everything, for neq).
+        if name == "runtime" and value.casefold() not in Runtime.values:
+            raise ValidationFailed(f"`runtime` is one of {', '.join(Runtime.values)} (how the node runs instances), "
+                                   f"not {value[:100]!r}.", field=name)
+        return value
     if kind is Version:
         version = version_number(value)
         if version is None:

@@ -7,7 +7,8 @@ compiling it was 2-6 ms of every search, as much as its SQL on the selective que
 - which OfferFilter parameters narrow the nodes (compat.vast.offers._narrowing), and for `gpu_model` how many
   models (one OR'ed predicate each);
 - each node-column condition's column and lookup (compat.vast.offers._column_filters), how many distinct values an
-  `in` has (Django drops duplicates), and `verified`'s true or false (= or NOT =);
+  `in` has (Django drops duplicates; the runtimes a condition on `runtime` or `vms_enabled` keeps are one `in`),
+  and `verified`'s true or false (= or NOT =);
 - the scan's order (the first order key and its direction), or none (every node);
 - settings.SIM_NODES_ALLOWED (offers_search leaves sim nodes out in SQL where the platform takes none).
 
@@ -115,7 +116,7 @@ def _shape(cleaned: dict[str, Any], terms: list[Term], order_key, fields: tuple[
             if type(value) is int:
                 if (low is not None and value < low) or (high is not None and value > high):
                     return None  # Django drops the condition or answers nothing: another text
-            elif type(value) is not float:
+            elif type(value) not in (float, str):  # str: the runtimes of `runtime IN (...)` (offers._runtimes)
                 return None
         shape.append(("term", column, lookup, len(values)))
     return (tuple(shape), order_key, fields, settings.SIM_NODES_ALLOWED)
