@@ -40,6 +40,12 @@ from .worker import instance_mark_destroyed
 
 # ---------------------------------------------------------------------------- verbs (API side)
 
+# Why no job can reach a node now (_node_reach).
+_UNREACHABLE, _QUARANTINED = "unreachable", "quarantined"
+# The states in which no job of the instance is under way (a destroy asked in another one follows its open job).
+_NO_JOB_UNDER_WAY = (S.RUNNING, S.FAILED)
+
+
 _FINAL_REFUSALS: dict[str, str] = {
     S.DESTROYING: "The instance is being destroyed.",
     S.DESTROYED: "The instance is already destroyed.",
@@ -222,8 +228,9 @@ def instance_restart(*, instance: Instance) -> Instance:
 def instance_destroy(*, instance: Instance) -> Instance:
     """Any state but destroying/destroyed → destroying, and queue the destroy.
 
-    An interrupted instance, or a stopped one whose node is unreachable, is destroyed at once for the renter
-    (no job can reach the node); its VM is removed by the reconciler when the node answers again.
+    An interrupted instance, a stopped one whose node is unreachable, or a stopped, running or failed one whose
+    node is quarantined (_node_reach), is destroyed at once for the renter (no job can reach the node); its VM is
+    removed by the reconciler when the node answers again.
 
     Asking again while destroying changes nothing (no second job); a destroyed instance is a conflict.
     GPUs stay allocated until the worker confirms the VM is gone (instance_mark_destroyed).
@@ -233,8 +240,14 @@ def instance_destroy(*, instance: Instance) -> Instance:
         return instance
     if not instance.allows("destroy"):
         raise _refuse("destroy", instance)
-    if instance.status == S.INTERRUPTED or (instance.status == S.STOPPED and _node_unreachable(instance.node_id)):
-        # Its node cannot be reached: end the renter's side now; the reconciler removes the VM when it answers.
+    reach = _node_reach(instance.node_id)
+    if instance.status == S.INTERRUPTED or (instance.status == S.STOPPED and reach) or (
+            instance.status in _NO_JOB_UNDER_WAY and reach == _QUARANTINED):
+        # No job can reach its node: end the renter's side now; the reconciler removes the VM when it answers.
+        if instance.status in _NO_JOB_UNDER_WAY:  # not straight to destroyed from these (the instance table)
+            _leave_running(instance, timezone.now())
+            instance.transition_to(S.DESTROYING, "Destroying it")
+            _save(instance)
         return instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
     return _queue(instance, S.DESTROYING, "destroy it", JobKind.INSTANCE_DESTROY)
 
@@ -251,7 +264,19 @@ def instance_label(*, instance: Instance, label: str) -> Instance:
     instance.label = label
     return instance
 
-def _node_unreachable(node_id: int) -> bool:
-    """The node is offline, or has missed enough health checks in a row that its instances are interrupted."""
+def _node_reach(node_id: int) -> str:
+    """Why no job can reach the node now; '' when one may.
+
+    _QUARANTINED: its SSH host key changed. Neither a health check nor a job talks to it until an operator accepts
+    the new key (provisioning.services.nodes.node_quarantine; billing.services.metering.UNSEEN_NODE_STATES): a job
+    would fail at once on the changed key, counted against the node, and quarantine it again. Accepted, it is
+    verified again and, with a VM still to remove, watched and reconciled (selectors.node_in_use_q), which removes
+    the VM of an instance destroyed meanwhile (vm_cleanup_pending). (Before, only _UNREACHABLE was asked: a stopped
+    instance's destroy on a quarantined node queued a job that failed at once.)
+    _UNREACHABLE: it is offline, or has missed enough health checks in a row that its instances are interrupted."""
     state, failures = Node.objects.values_list("state", "health_failures").get(pk=node_id)
-    return state == NodeState.OFFLINE or failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS
+    if state == NodeState.QUARANTINED:
+        return _QUARANTINED
+    if state == NodeState.OFFLINE or failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
+        return _UNREACHABLE
+    return ""
