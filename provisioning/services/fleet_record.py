@@ -14,6 +14,7 @@ GPUs gone or back, and GPUs that changed (a re-verification to queue).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 
@@ -88,6 +89,11 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
         Node.objects.bulk_update(nodes, NODE_FIELDS)
         if events:
             NodeEvent.objects.bulk_create(events)
+    # Instances whose billing a stop, restart or destroy closed since the probe began, for a VM (or card) the answer
+    # shows lost: given back now, before any interruption or notice of the batch, so that a check stopped there
+    # (Celery's soft time limit) has given it already; no later check can (its look begins after the stop). Again
+    # once the interruptions are done, for those stopped meanwhile (once each: the reversal's key).
+    _usage_after_loss_given_back(by_id, last_healthy, presence)
     went_offline = {e.node_id for e in events if e.kind == "offline"}
     for node in nodes:  # rare: once per outage
         if node.pk in went_offline:
@@ -119,7 +125,8 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
                 .update(last_seen_at=node.last_seen_at)
         if result.ok and result.inventory_hash and _gpus_changed(node, result.inventory_hash):
             node_inventory_changed(node_id=node.pk, reported_hash=result.inventory_hash)
-    # Once every interruption of the batch is done: those a stop, restart or destroy overtook (below).
+    # Once every interruption of the batch is done: those a stop, restart or destroy overtook since the first call
+    # (a VM's own interruption gives back one it finds stopped under its lock: _vms_lost_interrupt).
     _usage_after_loss_given_back(by_id, last_healthy, presence)
     return interrupted
 
@@ -201,39 +208,58 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
         if restarting:
             instances_restarting_told(node_id=node.pk, vm_ids=restarting)
         lost = []
+        answered_at = result.probed_at + timedelta(seconds=result.seconds) if result.probed_at else None
         for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
                                (stopped, "the server answers, but the VM is not running on it")):
             if vm_ids:
                 lost += _vms_lost_interrupt(node, since=last_healthy, vm_ids=vm_ids, started_before=result.probed_at,
-                                            detail=detail)
+                                            answered_at=answered_at, detail=detail)
         return sorted(lost)
     return []
 
 
 def _vms_lost_interrupt(node: Node, *, since: datetime | None, vm_ids: set[str], started_before: datetime | None,
-                        detail: str) -> list[int]:
+                        detail: str, answered_at: datetime | None = None) -> list[int]:
     """Interrupt the node's running instances whose VM (in `vm_ids`) the answer shows gone or stopped, each only if
     its current run began before the probe (`started_before`), decided under its row lock as the reconciler does
     (reconcile._running_vm_lost). The instances were read without a lock, then each interrupted under its lock
     asking only whether it still ran: a renter's restart that finished in between (the probe caught its VM
     mid-restart) left it running, started after the probe, and it was interrupted all the same, for a VM that
     runs (its renter told, credited at the provider's expense, a start queued; found by review). Returns the ids
-    interrupted now."""
+    interrupted now.
+
+    One that is no longer running under its lock, its billing closed since the probe began by a stop, restart or
+    destroy (the renter's, a zero-balance stop, a failure) for a VM the answer shows lost, is given back what that
+    close billed after `since` in the same transaction (interruptions.lost_usage_give_back, once: its reversal key).
+    Before, that was left to a step after every node of the batch was interrupted (_usage_after_loss_given_back, still
+    run for the rest): a check stopped in between (Celery's soft time limit, another node's interruptions taking
+    long) gave nothing back, and no later check can, as its look began after the stop."""
     if started_before is None:  # no probe time: every running instance of the node is judged by the answer
         return instance_svc.node_instances_interrupt(node_id=node.pk, since=since, cause=InterruptionCause.VM_LOST,
                                                      vm_ids=vm_ids, detail=detail)
-    candidates = Instance.objects.filter(node_id=node.pk, status=InstanceStatus.RUNNING,
-                                         started_at__lt=started_before).order_by("pk").values_list("pk", flat=True)
+    # The instances the fleet read as running since before the probe (`vm_ids`: their VMs, named by the platform),
+    # whatever their state now (a stopped one keeps its run's start): those no longer running are given back, below.
+    # One whose run began since (a restart done meanwhile) is left to _usage_after_loss_given_back.
+    ids = sorted(int(m.group(1)) for m in map(_OUR_VM_ID.fullmatch, vm_ids) if m is not None)
     done = []
-    for instance_id in [pk for pk in candidates if vm_id_of(pk) in vm_ids]:
+    for instance_id in Instance.objects.filter(node_id=node.pk, pk__in=ids, started_at__lt=started_before) \
+            .order_by("pk").values_list("pk", flat=True):
         with transaction.atomic():
             if not Instance.objects.select_for_update().filter(
                     pk=instance_id, status=InstanceStatus.RUNNING, started_at__lt=started_before).exists():
-                continue  # stopped, or running again since the probe: judged by the next check
+                # Stopped, or running again since the probe: not interrupted (a run begun since is judged by the next
+                # check). One whose billing a stop closed since the probe began is given back its time after `since`.
+                instance_svc.lost_usage_give_back(instance_id=instance_id, since=since, looked_at=started_before,
+                                                  answered_at=answered_at, detail=detail)
+                continue
             if instance_svc.instance_interrupt(instance_id=instance_id, since=since, cause=InterruptionCause.VM_LOST,
                                                detail=detail) is not None:
                 done.append(instance_id)
     return done
+
+
+# A VM name the platform gives (marketplace.models.renting.vm_id_of): inst-<instance id>, in ASCII digits.
+_OUR_VM_ID = re.compile(r"inst-([1-9][0-9]{0,18})", re.ASCII)
 
 
 def _usage_after_loss_given_back(by_id: Mapping[int, HealthResult], last_healthy: Mapping[int, datetime | None],

@@ -158,9 +158,12 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                     instance.status == InstanceStatus.RUNNING and instance.started_at is not None
                     and instance.started_at < listed_at) and (vm is None or vm.get("state") not in _SEEN_RUNNING):
                 # Running before the list, not since: its billing closed while the node answered (a stop, restart
-                # or destroy), for a VM the list shows lost.
+                # or destroy), for a VM the list shows lost. Given back before any instance is judged (a pass
+                # stopped among them, by Celery's soft time limit, gave nothing back; no later pass can).
                 _given_back_after_list(node, instance.pk, vm, listed_at=listed_at, answered_at=answered_at,
                                        missing=instance.pk in missing)
+        for instance in known.values():
+            vm = seen.get(instance.pk)
             if judged_before.get(instance.pk) != instance.status or instance.pk in unknown:
                 continue
             if instance.status == InstanceStatus.RUNNING and not (
@@ -231,10 +234,14 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
                 cause=InterruptionCause.VM_LOST,
                 detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
         else:
-            interruption = None  # no longer running, or running again since the list: judged by the next one
-    if interruption is None:  # no longer running: a stop, restart or destroy was asked since the list
-        _given_back_after_list(node, instance.pk, vm, listed_at=listed_at, answered_at=answered_at or listed_at,
-                               missing=missing)
+            # No longer running, or running again since the list: judged by the next one. One whose billing a stop,
+            # restart or destroy asked since the list closed is given back its time after the VM's last sighting,
+            # in this transaction (its row locked): left for a step after it, a pass stopped in between (Celery's
+            # soft time limit) gave nothing back, and no later pass can (its list is asked for after the stop).
+            interruption = None
+            _given_back_after_list(node, instance.pk, vm, listed_at=listed_at,
+                                   answered_at=answered_at or listed_at, missing=missing)
+    if interruption is None:
         return
     if missing:
         node_event(node=node, kind="vm_missing",
