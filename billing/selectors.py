@@ -3,12 +3,13 @@
 Statements and earnings are built from ledger entries grouped by the month (UTC) in which they were
 posted, so that each month's opening balance plus its movements is its closing balance, exactly.
 """
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BigIntegerField, Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Cast, Coalesce, StrIndex, Substr, TruncMonth
 from django.utils import timezone
 
@@ -34,8 +35,47 @@ from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeSta
 from marketplace.models.host import SECONDS_PER_MONTH
 
 
+def _given_back(kind: str) -> Coalesce:
+    """What the reversal of an interval's charge (an operator's, or usage given back after a VM was found lost:
+    billing.services.metering.usage_give_back; at most one per charge) moved on the account of `kind` (signed as
+    posted; 0 when the charge was not reversed)."""
+    moved = (Entry.objects.filter(transaction__reverses_id=OuterRef("transaction_id"), account__kind=kind)
+             .order_by().values("transaction__reverses_id").annotate(total=Sum("amount_micros")).values("total"))
+    return Coalesce(Subquery(moved, output_field=BigIntegerField()), Value(0), output_field=BigIntegerField())
+
+
+def usage_net(intervals: QuerySet[UsageInterval]) -> QuerySet[UsageInterval]:
+    """Usage intervals with what the ledger says of them now, reversals included (integer micro-dollars):
+    `given_back_micros` (back to the renter's wallet since), `fee_given_back_micros` (of it, taken back from the
+    platform's fee), and their net: `net_amount_micros` (what the renter paid), `net_fee_micros`,
+    `net_provider_micros` (what the provider earned). An interval's own amount_micros and fee_micros stay what was
+    charged (the meter's cumulative arithmetic reads them); every reader of what was paid or earned reads these.
+    Before, the usage API and page showed what was charged: a charge given back (or reversed by an operator) still
+    read as paid there, while the statement and the balance counted it back (found by review)."""
+    return intervals.annotate(
+        given_back_micros=_given_back(AccountKind.CUSTOMER_WALLET),
+        fee_given_back_micros=-_given_back(AccountKind.PLATFORM_REVENUE),
+    ).annotate(
+        net_amount_micros=F("amount_micros") - F("given_back_micros"),
+        net_fee_micros=F("fee_micros") - F("fee_given_back_micros"),
+        net_provider_micros=F("amount_micros") - F("given_back_micros") - F("fee_micros") + F("fee_given_back_micros"),
+    )
+
+
 def usage_for_user(*, user: User) -> QuerySet[UsageInterval]:
-    return UsageInterval.objects.filter(instance__renter=user).select_related("instance")
+    """The user's usage intervals, with what was paid for each net of what was given back since (usage_net)."""
+    return usage_net(UsageInterval.objects.filter(instance__renter=user).select_related("instance"))
+
+
+def usage_given_back_micros(*, instance_ids: Collection[int]) -> dict[int, int]:
+    """Instance id -> what was given back to its renter of its GPU time's charges (reversals of them), for those
+    with any: one query for a page of instances."""
+    rows = (Entry.objects.filter(account__kind=AccountKind.CUSTOMER_WALLET,
+                                 transaction__reverses__usage_interval__instance_id__in=list(instance_ids))
+            .values("transaction__reverses__usage_interval__instance_id").annotate(total=Sum("amount_micros"))
+            .order_by())
+    return {row["transaction__reverses__usage_interval__instance_id"]: row["total"] for row in rows
+            if row["total"]}
 
 
 def top_ups_for_user(*, user: User) -> QuerySet[TopUp]:
@@ -405,11 +445,16 @@ def balance_status(*, user: User) -> BalanceStatus:
 
 
 def instance_cost(*, instance: Instance) -> dict[str, int]:
-    """What an instance has cost so far, including the whole seconds of this run not metered yet.
+    """What an instance has cost so far, including the whole seconds of this run not metered yet, net of what was
+    given back of its charges since (reversals: usage billed after its VM's last sighting, an operator's), as the
+    ledger and the usage page count it.
 
-    {"amount_micros", "billed_seconds"} (seconds in closed usage intervals).
+    {"amount_micros", "billed_seconds" (seconds in closed usage intervals), "given_back_micros"}. Before, the
+    amount was what was charged: a give-back still read as paid on the instance's page (found by review).
     """
-    return {"amount_micros": instance_cost_so_far(instance=instance), "billed_seconds": instance.billed_seconds}
+    given_back = usage_given_back_micros(instance_ids=[instance.pk]).get(instance.pk, 0)
+    return {"amount_micros": instance_cost_so_far(instance=instance) - given_back,
+            "billed_seconds": instance.billed_seconds, "given_back_micros": given_back}
 
 
 # The ledger keys billing.services.storage.storage_key gives storage charges: storage:<volume|disk>:<id>:<start µs>.

@@ -93,10 +93,15 @@ class UsageIntervalSerializer(serializers.ModelSerializer):
     price_per_hour = MoneyField(source="price_per_hour_micros", read_only=True,
                               help_text="The instance's price, fixed at booking.")
     platform_fee_percent = serializers.SerializerMethodField()
-    amount = MoneyField(source="amount_micros", read_only=True, help_text="What you paid for these seconds.")
-    platform_fee = MoneyField(source="fee_micros", read_only=True, help_text="The platform's share of `amount`.")
-    provider_earnings = MoneyField(source="provider_micros", read_only=True,
-                                 help_text="The provider's share of `amount`.")
+    # Net of what was given back since (billing.selectors.usage_net): what the ledger, the statement and the
+    # balance count. Before, what was charged: a charge given back still read as paid here (found by review).
+    amount = MoneyField(source="net_amount_micros", read_only=True, help_text=(
+        "What you paid for these seconds: what was charged, less what was given back of it since (a reversal, an "
+        "adjustment line of your statement: e.g. time billed after your instance's VM was last seen, found lost "
+        "just as it stopped running)."))
+    platform_fee = MoneyField(source="net_fee_micros", read_only=True, help_text="The platform's share of `amount`.")
+    provider_earnings = MoneyField(source="net_provider_micros", read_only=True,
+                                   help_text="The provider's share of `amount`.")
 
     class Meta:
         model = UsageInterval

@@ -199,7 +199,9 @@ def usage(request):
         rows = rows.none()
     elif form.is_bound and form.cleaned_data.get("instance"):
         rows = rows.filter(instance=form.cleaned_data["instance"])
-    totals = rows.aggregate(amount=Sum("amount_micros"), seconds=Sum("seconds"), count=Count("id"))
+    # What was paid: net of what was given back since (selectors.usage_net), as the statement and the balance say.
+    totals = rows.aggregate(amount=Sum("net_amount_micros"), given_back=Sum("given_back_micros"),
+                            seconds=Sum("seconds"), count=Count("id"))
     page = Paginator(rows, USAGE_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
