@@ -222,6 +222,7 @@ NOT_CHARGED_TURNED_OFF = ("Not charged: automatic top-ups were turned off before
                           "not charged.")
 NOT_CHARGED_CHANGED = ("Not charged: the card or the amount of automatic top-ups was changed before this one was "
                        "charged; the next one follows the new settings. Your card was not charged.")
+NOT_CHARGED = (NOT_CHARGED_DEACTIVATED, NOT_CHARGED_TURNED_OFF, NOT_CHARGED_CHANGED)
 
 
 def _account_active(*, user_id: int) -> bool:
@@ -295,12 +296,16 @@ def auto_top_up_start(*, user_id: int) -> TopUp | None:
         # user last changed their auto top-up: not another yet. (Before, the hour bounded the ones under way too:
         # one still processing after an hour, its webhook lost, no longer counted and the card was charged again
         # every hour.)
+        # A top-up ended before its charge (_auto_top_up_still_wanted: the account deactivated, auto top-up turned
+        # off or changed) reached no card: it holds none back. Before, one ended by a deactivation held the next
+        # back for an hour after the account was reactivated, its balance below the threshold (found by review).
         since = timezone.now() - AUTO_TOP_UP_RETRY_AFTER
         automatic = TopUp.objects.filter(user_id=user_id, automatic=True)
         failed_since = max(since, profile.auto_top_up_changed_at or since)
         if (automatic.filter(Q(status__in=[TopUpStatus.PENDING, TopUpStatus.PROCESSING])
                              | Q(status=TopUpStatus.FAILED, outcome_unknown=True)).exists()
-                or automatic.filter(status=TopUpStatus.FAILED, created_at__gt=failed_since).exists()):
+                or automatic.filter(status=TopUpStatus.FAILED, created_at__gt=failed_since)
+                .exclude(failure_message__in=NOT_CHARGED).exists()):
             return None
         top_up = TopUp.objects.create(
             user_id=user_id, amount_micros=profile.auto_top_up_amount_micros, card_id=profile.auto_top_up_card_id,
@@ -311,6 +316,19 @@ def auto_top_up_start(*, user_id: int) -> TopUp | None:
         # it after BILLING_TOP_UP_RECONCILE_AFTER_S.
         dispatch.enqueue_on_commit(TOP_UP_CHARGE, top_up.pk)
     return top_up
+
+
+def auto_top_up_rearm(*, user_id: int) -> TopUp | None:
+    """An account turned on again (marketplace.services.account_status.account_reactivate): its auto top-up, left
+    as its owner set it while it was off, starts at once if the balance is below the threshold, not at the next
+    tick. auto_top_up_start decides, under the profile's lock (one under way already: none; the charge re-checks
+    under it too), so a tick at the same moment starts no second one. Never raises: a failure is logged, and the
+    next tick (every minute) tries as always."""
+    try:
+        return auto_top_up_start(user_id=user_id)
+    except Exception:
+        log.exception("auto top-up of reactivated account %s not started now; the next tick tries", user_id)
+        return None
 
 
 def top_up_charge_by_id(*, top_up_id: int) -> None:

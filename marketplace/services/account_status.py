@@ -13,7 +13,11 @@ api_key_authenticate refuse an inactive account), so nobody could stop what it r
   is); a booking and a start read the account under its row lock (instances/allocation.py). What renters run on
   them stays theirs, an interrupted one resuming too.
 - its owner is told (notification `account_deactivated`, on every channel), with the operator's reason.
-On again (`account_reactivate`): nothing restarts by itself, its nodes are offered again, its owner is told.
+Its auto top-up setting is left as its owner set it (billing does not charge the card of an account that is off:
+billing.services.top_ups; one pending then ends as not charged).
+On again (`account_reactivate`): nothing restarts by itself, its nodes are offered again, its owner is told, and its
+auto top-up is re-armed at once: a top-up starts if the balance is below the threshold (before, it waited for the
+next tick, and up to an hour behind the top-up the deactivation had ended).
 
 One transaction per step, as the instance verbs: the account's row, its record and the notice first, then each
 instance on its own. Idempotent: an account already off is not turned off again (no record, no notice), and the pass
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from billing.services.top_ups import auto_top_up_rearm
 from core.errors import ApplicationError, ValidationFailed
 from core.request_guard import has_control_character
 from core.validators import CONTROL_CHARACTERS_MESSAGE
@@ -113,6 +118,9 @@ def account_reactivate(*, user: User, by: User | None = None, reason: str = "") 
         notify(user=locked, kind=Kind.ACCOUNT_REACTIVATED, dedupe_key=f"account_status:{change.pk}",
                payload={"message": message, "reason": reason})
     user.is_active = True
+    # After the commit, in its own transaction (the profile's lock is not taken with the account's row): the
+    # account's auto top-up, on as its owner left it, starts now if the balance is below its threshold.
+    transaction.on_commit(lambda: auto_top_up_rearm(user_id=user.pk), robust=True)
     return change
 
 
