@@ -81,6 +81,9 @@ def instance_row(instance: Instance) -> dict[str, Any]:
         "ssh_port": instance.ssh_port if running else None,
         "ssh_user": (instance.ssh_user or "root") if running else None,
         "dph_total": offers.usd(instance.price_per_hour_micros), "dph_base": offers.usd(instance.price_per_hour_micros),
+        # USD per GB per 30-day month for its disk while stopped: its node's disk price at booking (what
+        # /api/v1/instances/' disk_price_per_gb_month says), exact from integer micros as search offers' storage_cost.
+        "storage_cost": offers.usd(instance.disk_price_per_gb_month_micros),
         "start_date": _epoch(instance.created_at), "end_date": None,
         "uptime_mins": (timezone.now() - instance.started_at).total_seconds() / 60
         if running and instance.started_at else None,
@@ -101,7 +104,8 @@ def _own_instance(request: Request, instance_id: int) -> Instance:
 
 # What `show instances` may filter (`--status`, `--label`, `--gpu-name`, `--verification`) and order on.
 INSTANCE_COLUMNS = {"id", "machine_id", "actual_status", "intended_status", "label", "gpu_name", "num_gpus",
-                    "verification", "geolocation", "image_uuid", "start_date", "dph_total", "disk_space"}
+                    "verification", "geolocation", "image_uuid", "start_date", "dph_total", "disk_space",
+                    "storage_cost"}
 
 
 def _compare(column: str, op: str, have: Any, want: Any) -> bool:
