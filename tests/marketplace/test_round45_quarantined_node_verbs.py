@@ -138,3 +138,63 @@ def test_a_destroy_on_a_reachable_node_still_sends_its_job():
     instance = stopped(node)
     assert svc.instance_destroy(instance=instance).status == InstanceStatus.DESTROYING
     assert Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_DESTROY).exists()
+
+
+# ------------------------------------------------------------------------------------ stop, restart, start
+
+def test_a_stop_on_a_quarantined_node_ends_at_once_its_gpus_held_until_the_node_is_back(changed_key, monkeypatch):
+    """A running instance on a quarantined node (a job's session opened before the quarantine finished after it):
+    its stop queued a job that met the changed key, never touched the VM, and so put the instance back to running
+    ("It is still running (and billed); stop it again"), every stop alike, held against the node and quarantining
+    it again each time. Now stopped at once, as by a stop job that gave up unconfirmed: its GPU kept (the VM may
+    still use it) until the node's reconcile, once the key is accepted, stops the VM and frees it."""
+    node = make_listed_node(gpu_count=1)
+    instance = running(node)
+    quarantine(node)
+    events = critical_events(node)
+
+    assert svc.instance_stop(instance=instance).status == InstanceStatus.STOPPED
+    run_open_jobs()  # the old code's stop job, run as a worker would
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.STOPPED and instance.vm_cleanup_pending, instance.status_message
+    assert "host key" in instance.status_message
+    assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_STOP).exists()
+    assert no_job_held_against_the_node(node) and critical_events(node) == events
+    assert Gpu.objects.get(node=node, index=0).status == "rented"
+
+    fake = FakeNode()
+    fake.vms[instance.vm_id] = "running"
+    Node.objects.filter(pk=node.pk).update(state=NodeState.ACTIVE, host_key_fingerprint=NEW_KEY,
+                                           seen_host_key_fingerprint="")
+    node.refresh_from_db()
+    monkeypatch.setattr("provisioning.services.reconcile.node_session", fake.session)
+    node_reconcile(node)
+    instance.refresh_from_db()
+    assert fake.vms[instance.vm_id] == "stopped" and not instance.vm_cleanup_pending
+    assert instance.status == InstanceStatus.STOPPED and Gpu.objects.get(node=node, index=0).status == "free"
+
+
+def test_a_restart_on_a_quarantined_node_is_refused_at_once(changed_key):
+    """Its restart job met the changed key and failed (held against the node, the node quarantined again); the
+    instance went back to running. Now a 409 that says why."""
+    from core.errors import Conflict
+
+    node = make_listed_node(gpu_count=1)
+    instance = running(node)
+    quarantine(node)
+    with pytest.raises(Conflict, match="quarantined.*host key"):
+        svc.instance_restart(instance=instance)
+    assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.RUNNING
+    assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_RESTART).exists()
+
+
+def test_a_start_on_a_quarantined_node_was_and_is_refused():
+    """Coverage (passed before): a start takes GPUs on the node again, refused as a booking is."""
+    from core.errors import Conflict
+
+    node = make_listed_node(gpu_count=1)
+    instance = stopped(node)
+    quarantine(node)
+    with pytest.raises(Conflict, match="quarantined"):
+        svc.instance_start(instance=instance)
+    assert not Job.objects.filter(instance=instance, kind=JobKind.INSTANCE_START).exists()

@@ -36,7 +36,7 @@ from .common import (
     instance_release_gpus,
 )
 from .mig import reallocate_slices
-from .worker import instance_mark_destroyed
+from .worker import instance_mark_destroyed, instance_mark_stopped
 
 # ---------------------------------------------------------------------------- verbs (API side)
 
@@ -75,6 +75,13 @@ _REFUSALS: dict[str, dict[str, str]] = {
 }
 
 
+# Why a quarantined node's instance is not restarted, and what its stop means.
+_QUARANTINED_REASON = (f"{NODE_STATE_REASONS[NodeState.QUARANTINED]}: its SSH host key changed, and the platform "
+                       "does not talk to it until an operator has accepted the new key")
+_STOPPED_UNREACHED = (f"Stopped; the disk is kept. Its server cannot be reached now ({_QUARANTINED_REASON}), so its "
+                      "VM is stopped there when the platform reaches it again.")
+
+
 # Worded as the booking's refusal (offer_rules.node_refusal), with what becomes of the instance.
 _PROVIDER_DEACTIVATED = (
     "The instance cannot start: its server's provider account was deactivated by the platform's operators, so the "
@@ -104,13 +111,23 @@ def _node_of(instance: Instance) -> Node:
 def instance_stop(*, instance: Instance) -> Instance:
     """running → stopping, and queue the stop. Stop keeps the disk; the worker frees the GPUs.
 
-    Asking again while stopping changes nothing (no second job).
+    On a quarantined node (_node_reach), which no job reaches, stopped at once, its GPUs held until the node is back
+    (vm_cleanup_pending). Asking again while stopping changes nothing (no second job).
     """
     instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STOPPING:
         return instance
     if not instance.allows("stop"):
         raise _refuse("stop", instance)
+    if _node_reach(instance.node_id) == _QUARANTINED:
+        # No job reaches it (its stop would fail at once on the changed key, and the instance go back to running,
+        # "stop it again", for good): stopped for the renter now, as by a stop job that gave up before the node
+        # confirmed it (vms.vm_failed): its GPUs held until the reconciler finds the VM stopped, or stops it, once
+        # the node is back.
+        _leave_running(instance, timezone.now())
+        instance.transition_to(S.STOPPING, "Stopping it")
+        _save(instance)
+        return instance_mark_stopped(instance_id=instance.pk, cleanup_pending=True, message=_STOPPED_UNREACHED)
     return _queue(instance, S.STOPPING, "stop it", JobKind.INSTANCE_STOP)
 
 
@@ -214,12 +231,17 @@ def _container_gpus_refusal(missing: set[int]) -> str:
 
 @transaction.atomic
 def instance_restart(*, instance: Instance) -> Instance:
-    """running → starting with the same GPUs, and queue a restart (a reboot of the VM)."""
+    """running → starting with the same GPUs, and queue a restart (a reboot of the VM).
+
+    Raises Conflict on a quarantined node (_node_reach), which no job reaches."""
     instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STARTING:
         return instance
     if not instance.allows("restart"):
         raise _refuse("restart", instance)
+    if _node_reach(instance.node_id) == _QUARANTINED:  # its restart job would fail at once on the changed key
+        raise Conflict(f"The instance cannot restart now: {_QUARANTINED_REASON}. Stop or destroy it, or try again "
+                       "once the node is back.")
     # Billing pauses for the restart and resumes when it is running again.
     return _queue(instance, S.STARTING, "restart it", JobKind.INSTANCE_RESTART)
 
