@@ -20,6 +20,17 @@ NODE_STATE_REASONS: dict[str, str] = {
 NODE_NOT_ANSWERING = "its node did not answer its last health check"
 
 
+# Where the platform takes no simulated GPUs (settings.SIM_NODES_ALLOWED off), a sim node registered before takes
+# no new load: neither a booking (models.nodes.offerable, node_refusal) nor the start of a stopped instance, which
+# takes GPUs again (instances.lifecycle.instance_start).
+SIMULATED_NOT_TAKEN = "its node's GPUs are simulated, which this platform does not take"
+
+
+def node_simulated_not_taken(node: Node) -> bool:
+    """Whether `node`'s GPUs are simulated where the platform takes none (SIMULATED_NOT_TAKEN)."""
+    return node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED
+
+
 def node_refusal(node: Node, *, provider_active: bool) -> str | None:
     """Why `node` takes no new rentals now; None when it does. `provider_active`: its provider's account, read
     by the caller (a booking reads it under the account row's key-share lock: instances.allocation)."""
@@ -33,6 +44,6 @@ def node_refusal(node: Node, *, provider_active: bool) -> str | None:
         return "its node has not passed the benchmark check"
     if not node.listed:
         return "its provider has unlisted it"
-    if node.runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
-        return "its node's GPUs are simulated, which this platform does not take"
+    if node_simulated_not_taken(node):
+        return SIMULATED_NOT_TAKEN
     return None

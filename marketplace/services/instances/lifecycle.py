@@ -21,7 +21,7 @@ from marketplace.models import (
 )
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds
-from marketplace.services.offer_rules import NODE_STATE_REASONS
+from marketplace.services.offer_rules import NODE_STATE_REASONS, SIMULATED_NOT_TAKEN, node_simulated_not_taken
 from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
@@ -172,6 +172,12 @@ def instance_start(*, instance: Instance) -> Instance:
     if node.health_failures:  # the start job would not reach it either
         raise Conflict("The instance cannot start now: its node did not answer its last health check. Try again "
                        "in a few minutes, or destroy it.")
+    if node_simulated_not_taken(node):
+        # A sim node registered before the platform stopped taking simulated GPUs: a start takes its GPUs again,
+        # new load on hardware that is no GPU, refused as a booking is (before, it started). What runs there already
+        # is left alone (a restart keeps the GPUs it holds), as for a deactivated provider.
+        raise Conflict(f"The instance cannot start: {SIMULATED_NOT_TAKEN}. It stays stopped with its disk kept as "
+                       "it is; destroy it, and rent a server with real GPUs.")
     # After the node's refusals: no top-up is asked for a start that could not happen anyway. The wallet is locked
     # after the node's row, as a booking locks them (or already, by the disk's posting above).
     _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance", starting=instance.pk)
