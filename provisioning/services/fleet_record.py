@@ -8,7 +8,8 @@ the missing rows, then count every node up in one UPDATE; a failed check of a no
 is not counted: announced_downtime, one read when there is one), two reads for the reliability figures (the samples
 of the window and the failed jobs, grouped by node), the nodes updated (one UPDATE ... CASE, Django's
 bulk_update) and their events inserted (one INSERT); when some nodes have been silent long enough to interrupt
-their instances, one read for those with running instances; when answers list their GPUs, one read of those GPUs.
+their instances, one read for those with running instances; when answers list their GPUs, one read of those GPUs;
+when answers list their VMs, one read of the stopped instances whose VM (and disk) may be gone (_stopped_vms_lost).
 Only the rare cases take statements per node: a node gone offline (its provider told), instances to interrupt,
 GPUs gone or back, and GPUs that changed (a re-verification to queue).
 """
@@ -30,7 +31,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_return_state
 from notifications.services.notify import Kind, notify
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
-from provisioning.models import HealthSample, NodeEvent
+from provisioning.models import OPEN, VM_JOB_KINDS, HealthSample, Job, NodeEvent
 from provisioning.services.gpu_presence import Presence, gpus_presence, held_when, node_gpus_presence
 from provisioning.services.nodes import (
     OFFLINE_AFTER_FAILED_CHECKS,
@@ -62,6 +63,8 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     last_healthy: dict[int, datetime | None] = {}
     # Cards gone from, or back in, nvidia-smi: one read for the batch.
     presence = gpus_presence({r.node_id: r.gpu_uuids for r in results if r.ok and r.gpu_uuids is not None})
+    # Stopped instances whose VM (and disk) the answer no longer lists: one read for the batch, usually empty.
+    disks_lost = _stopped_vms_lost(by_id)
     # The answers of nodes where this check finds a VM gone or stopped, or a card missing, are recorded once those
     # instances are interrupted (below): the meter bills up to last_seen_at, and a tick between the two billed the
     # lost instance up to this answer, past the check that last saw it, never given back; a check stopped between
@@ -81,7 +84,7 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
             events += _apply(node, result, now)
             answered = node.last_seen_at
             if result.ok and answered is not None and answered != last_healthy[node.pk] and (
-                    (node.pk in presence and presence[node.pk].missing)
+                    (node.pk in presence and presence[node.pk].missing) or node.pk in disks_lost
                     or any(_vms_lost(result, running_vm_ids.get(node.pk, set())))):
                 answered_later[node.pk], node.last_seen_at = answered, last_healthy[node.pk]
             node.reliability = reliability.get(node.pk, 0.0)
@@ -119,6 +122,9 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
             lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=last_healthy[node.pk])
             if lost:
                 interrupted[node.pk] = lost
+        if node.pk in disks_lost:  # before last_seen_at moves on: the storage meter bills stopped disks up to it
+            _stopped_vms_lost_fail(node, disks_lost[node.pk], since=last_healthy[node.pk],
+                                   probed_at=by_id[node.pk].probed_at)
         if node.pk in answered_later:  # its losses recorded: the meter may bill its other instances up to it
             node.last_seen_at = answered_later[node.pk]
             Node.objects.filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=node.last_seen_at), pk=node.pk) \
@@ -256,6 +262,52 @@ def _vms_lost_interrupt(node: Node, *, since: datetime | None, vm_ids: set[str],
                                                detail=detail) is not None:
                 done.append(instance_id)
     return done
+
+
+_DISK_LOST = ("Its VM and disk are no longer on the server (removed there while the instance was stopped), so it "
+              "cannot be started again; its disk is billed up to the last health check that still listed it. "
+              "Destroy it, and rent another instance to carry on.")
+
+
+def _stopped_vms_lost(by_id: Mapping[int, HealthResult]) -> dict[int, list[int]]:
+    """Per node whose answer lists its VMs, its stopped instances (stopped before the probe, no VM job open) whose
+    VM the answer does not list, or lists missing (its container or domain removed on the node): their disk is
+    gone. One read for the batch. Before, the check judged only running VMs: it ignored a stopped one's absence
+    and moved the node's last_seen_at on, and the storage meter billed the vanished disk up to each check until
+    the reconciler failed the instance, billed up to its own pass (found by review)."""
+    looked = {node_id: r for node_id, r in by_id.items() if r.ok and r.vms is not None and r.probed_at is not None}
+    if not looked:
+        return {}
+    rows = (Instance.objects.filter(node_id__in=looked, status=InstanceStatus.STOPPED, stopped_at__isnull=False)
+            .exclude(pk__in=Job.objects.filter(OPEN, kind__in=VM_JOB_KINDS, instance__isnull=False)
+                     .values("instance_id"))
+            .order_by("pk").values_list("pk", "node_id", "stopped_at"))
+    lost: dict[int, list[int]] = {}
+    for pk, node_id, stopped_at in rows:
+        vms, probed_at = looked[node_id].vms or {}, looked[node_id].probed_at
+        state = vms.get(vm_id_of(pk))
+        if stopped_at is not None and probed_at is not None and stopped_at < probed_at and (
+                state is None or state == VM_MISSING):
+            lost.setdefault(node_id, []).append(pk)
+    return lost
+
+
+def _stopped_vms_lost_fail(node: Node, instance_ids: Sequence[int], *, since: datetime | None,
+                           probed_at: datetime | None) -> None:
+    """Fail the stopped instances whose VM and disk the answer no longer lists, as the reconciler does
+    (reconcile._judge_stopped), with their disk billed up to `since`: the node's previous answer, which listed the
+    VM (had it not, that check would have failed the instance), or its stop when that came later. Decided under
+    each instance's row lock: one started, destroyed, or stopped again since the probe is left as it is."""
+    if since is None:  # never answered before: no sighting to bill up to; left to the reconciler
+        return
+    for instance_id in instance_ids:
+        failed = instance_svc.instance_mark_failed(
+            instance_id=instance_id, only_in=(InstanceStatus.STOPPED,), message=_DISK_LOST, disk_seen_at=since,
+            stopped_before=probed_at)
+        if failed.status == InstanceStatus.FAILED:
+            node_event(node=node, kind="vm_vanished",
+                       message=f"The VM of instance {instance_id} (stopped) vanished with its disk.",
+                       level=NodeEvent.Level.WARNING)
 
 
 # A VM name the platform gives (marketplace.models.renting.vm_id_of): inst-<instance id>, in ASCII digits.

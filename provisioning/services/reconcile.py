@@ -410,9 +410,12 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
     """A stopped instance (stopped before and after the list, no VM job open): its VM must be there, stopped.
     True when its running VM was stopped here."""
     if vm is None:
-        # Decided under its row lock: a start asked since the database was read is left to its job.
+        # Decided under its row lock: a start asked since the database was read is left to its job. Its disk is
+        # billed up to the VM's last sighting: the node's last health check, whose answer listed it (one that did
+        # not failed the instance: fleet_record._stopped_vms_lost), not up to this pass.
+        seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
         failed = instance_svc.instance_mark_failed(
-            instance_id=instance.pk, only_in=(InstanceStatus.STOPPED,),
+            instance_id=instance.pk, only_in=(InstanceStatus.STOPPED,), disk_seen_at=seen,
             message="Its VM and disk are no longer on the server (removed there while the instance was stopped), "
                     "so it cannot be started again; its disk is not billed any more. Destroy it, and rent "
                     "another instance to carry on.")

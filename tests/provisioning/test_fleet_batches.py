@@ -198,9 +198,10 @@ def test_a_batch_is_recorded_in_a_fixed_number_of_statements_with_the_per_node_o
         counts[size] = [q["sql"] for q in captured.captured_queries
                         if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
     # samples: INSERT ... ON CONFLICT DO NOTHING, one UPDATE; reliability: two grouped reads; nodes: SELECT ...
-    # FOR UPDATE, one UPDATE; events: one INSERT; silent nodes with running instances: one read. And per node gone
-    # offline (one in four here), its provider's notification: the provider, its preference, the row, its webhooks.
-    assert len(counts[4]) == 8 + 4 * 1 and len(counts[12]) == 8 + 4 * 3, "\n".join(counts[12])
+    # FOR UPDATE, one UPDATE; events: one INSERT; silent nodes with running instances: one read; stopped instances
+    # of the nodes whose answers list their VMs (a VM gone with its disk): one read. And per node gone offline (one
+    # in four here), its provider's notification: the provider, its preference, the row, its webhooks.
+    assert len(counts[4]) == 9 + 4 * 1 and len(counts[12]) == 9 + 4 * 3, "\n".join(counts[12])
 
 
 def test_changed_gpus_queue_a_verification_from_a_batch_too(db, sent_jobs):

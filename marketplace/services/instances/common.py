@@ -159,13 +159,15 @@ def _stop_clock(instance: Instance, now: datetime) -> None:
         instance.stopped_at = now
 
 
-def _leave_running(instance: Instance, now: datetime) -> None:
+def _leave_running(instance: Instance, now: datetime, *, disk_until: datetime | None = None) -> None:
     """The instance stops being billed: charge its usage up to now (call before it leaves `running`), or its
-    disk's while stopped (call before it leaves `stopped`)."""
+    disk's while stopped (call before it leaves `stopped`). `disk_until`: a stopped instance's disk is billed no
+    further than that (its VM's last sighting, when the node no longer lists it: instance_mark_failed)."""
     if instance.status == S.RUNNING:  # not past its node's last healthy moment while the node is silent
         usage_close(instance=instance, until=node_billable_until(node_id=instance.node_id, now=now))
     elif instance.status == S.STOPPED:  # not past its node's last healthy moment (destroyed during an outage)
-        instance_disk_close(instance=instance, until=storage_billed_until(node_id=instance.node_id, now=now))
+        until = storage_billed_until(node_id=instance.node_id, now=now)
+        instance_disk_close(instance=instance, until=until if disk_until is None else min(until, disk_until))
 
 
 def _gpus_text(n: int) -> str:

@@ -1,4 +1,5 @@
 """What the provisioning tasks record: each move in its own short transaction, idempotent."""
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -194,22 +195,30 @@ def instance_cleanup_done(*, instance_id: int) -> list[int]:
 
 @transaction.atomic
 def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool = False,
-                         only_in: tuple[str, ...] | None = None, cleanup_pending: bool = False) -> Instance:
+                         only_in: tuple[str, ...] | None = None, cleanup_pending: bool = False,
+                         disk_seen_at: datetime | None = None, stopped_before: datetime | None = None) -> Instance:
     """Any state but failed/destroyed → failed, with the reason; its GPUs are freed.
 
     A failed or destroyed instance stays as it is (the first reason is kept); with `destroy_wins` (a VM job
     that failed), so does a destroying one: the renter asked for a destroy, which its own job does. With
     `only_in`, an instance in another state is left as it is too (decided under its row lock). With
     `cleanup_pending` the node did not confirm its VM gone: it keeps its GPUs until `instance_cleanup_done`.
+
+    `disk_seen_at`: a stopped instance whose VM (and disk) the node no longer lists has its disk billed up to that
+    moment, the VM's last sighting, not up to now. `stopped_before`: a stopped instance whose stop came at or after
+    that moment (a start and stop since the look that found its VM gone) is left as it is (decided under its lock).
     """
     instance = _locked(instance_id)
     if instance is None:
         raise Instance.DoesNotExist(instance_id)
     if (destroy_wins and instance.status == S.DESTROYING) or (only_in is not None and instance.status not in only_in):
         return instance
+    if stopped_before is not None and instance.status == S.STOPPED and (
+            instance.stopped_at is None or instance.stopped_at >= stopped_before):
+        return instance
     if instance.status not in FINAL_STATUSES:
         now = timezone.now()
-        _leave_running(instance, now)
+        _leave_running(instance, now, disk_until=disk_seen_at)
         credit = interruption_close(instance=instance, now=now, outcome=InterruptionOutcome.FAILED, reason=message)
         # The sentence about an interruption's credit is kept whole (a long reason is cut, not it): the failure's
         # notice below, on the channels the renter chose, is how they are told of it.
