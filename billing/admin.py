@@ -34,7 +34,7 @@ from billing.models import (
 )
 from billing.selectors import WAITING_TOP_UPS
 from billing.services import ledger, payments, payouts, profiles
-from billing.services.refunds import REFUND_NOTE, refund_create_once, refundable_micros
+from billing.services.refunds import OWN_ACCOUNT_REFUSED, REFUND_NOTE, refund_create_once, refundable_micros
 from billing.services.webhooks import redact_secrets
 from core.admin_paginator import EstimatedCountPaginator
 from core.errors import ApplicationError, Conflict
@@ -105,8 +105,17 @@ class CreditForm(TokenForm):
                                 help_text="USD credited to each selected wallet.")
 
 
+def _refuse_own_account(operator, user_ids) -> None:
+    """Separation of duties: an operator does not post money to or from their own accounts (a credit to their own
+    wallet, a reversal of their own usage or earnings, a refund of their own top-up), superuser or not; another
+    operator does. Raised per row, so a bulk action still does the other rows (_form_action)."""
+    if operator.pk in set(user_ids):
+        raise Conflict(OWN_ACCOUNT_REFUSED)
+
+
 def _credit(account: Account, data: dict, operator) -> None:
     assert account.user is not None  # a customer wallet (the action takes no other)
+    _refuse_own_account(operator, [account.user_id])
     _, created = ledger.credit_grant(
         user=account.user, amount_micros=usd_to_micros(data["amount"]), reason=data["reason"],
         customer_note=data["customer_note"], created_by=operator,
@@ -116,6 +125,7 @@ def _credit(account: Account, data: dict, operator) -> None:
 
 
 def _reverse(txn: LedgerTransaction, data: dict, operator) -> None:
+    _refuse_own_account(operator, txn.entries.values_list("account__user_id", flat=True))
     reversal, created = ledger.ledger_reverse(txn=txn, reason=data["reason"], customer_note=data["customer_note"],
                                               created_by=operator)
     if not created:  # a transaction is reversed once: this one was before, and nothing was posted now
@@ -130,7 +140,9 @@ class RefundForm(TokenForm):
 
 def _refund(top_up: TopUp, data: dict, operator) -> None:
     """Each top-up's refund is keyed by the form's token (refund_unique_idempotency_key, per operator): the form
-    sent again finds the refund it made instead of refunding again (found by review: $20 back for a $10 refund)."""
+    sent again finds the refund it made instead of refunding again (found by review: $20 back for a $10 refund).
+    Not the operator's own top-up (refund_create_once refuses it too, for the API)."""
+    _refuse_own_account(operator, [top_up.user_id])
     amount = usd_to_micros(data["amount"]) if data["amount"] else refundable_micros(top_up=top_up)
     if not amount:
         raise Conflict("nothing of it can still be refunded (refunded already, or held by a dispute).")

@@ -101,6 +101,13 @@ def refund_for_idempotency_key(*, created_by: User, idempotency_key: str, reques
     return existing
 
 
+# Separation of duties: no operator moves money on their own account, superuser or not (a refund of their own top-up
+# would send their wallet, credits included, to their card). Another operator does it. billing/admin.py refuses
+# credits and reversals on the operator's own accounts with the same words.
+OWN_ACCOUNT_REFUSED = ("an operator does not move money on their own account (separation of duties); "
+                       "ask another operator.")
+
+
 def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User,
                   customer_note: str = "") -> Refund:
     """Give (part of) a top-up back to its card and debit the wallet. Operators only.
@@ -123,7 +130,11 @@ def refund_create_once(*, top_up: TopUp, amount_micros: int, reason: str, create
     """refund_create for a request that may come twice (an API retry, an admin form sent again): returns (refund,
     created). With an `idempotency_key` this operator used before and the same body: the earlier refund (in
     whatever state it is now) and False, and nothing is refunded again; with another body, IdempotencyKeyReused
-    (422). The database decides a race between the two (refund_unique_idempotency_key), not a look before."""
+    (422). The database decides a race between the two (refund_unique_idempotency_key), not a look before.
+
+    Refused (Conflict) for the operator's own top-up (OWN_ACCOUNT_REFUSED)."""
+    if top_up.user_id == created_by.pk:
+        raise Conflict(OWN_ACCOUNT_REFUSED)
     if type(amount_micros) is not int or amount_micros <= 0 or amount_micros % MICROS_PER_CENT:
         raise ValidationFailed("Refund a positive amount in whole cents.", field="amount")
     if not reason.strip():
