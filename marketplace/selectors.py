@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.db.models import (
+    BigIntegerField,
     BooleanField,
     Case,
     Count,
@@ -29,6 +30,7 @@ from django.db.models.expressions import Combinable
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.db.models.lookups import In
 
+from billing.models import AccountKind, Entry
 from marketplace.models import (
     Gpu,
     GpuAllocation,
@@ -268,6 +270,22 @@ def instance_ssh_command(instance: Instance) -> str | None:
     if instance.status != InstanceStatus.RUNNING or not (instance.ssh_host and instance.ssh_port):
         return None
     return shlex.join(["ssh", "-p", str(instance.ssh_port), f"{instance.ssh_user or 'root'}@{instance.ssh_host}"])
+
+
+def instances_with_usage_given_back(instances: QuerySet[Instance]) -> QuerySet[Instance]:
+    """The instances, each annotated with `usage_given_back_micros`: what was given back to its renter of its GPU
+    time's charges since (the reversals of its usage intervals' ledger transactions: usage billed after its VM's
+    last sighting, billing.services.metering.usage_give_back, or an operator's; 0 when none), in the list's own
+    query (a correlated subquery; billing.selectors.usage_given_back_micros says the same for a set of ids).
+
+    The instance's cost_micros stays what was charged (the meter's cumulative arithmetic reads it); what the
+    renter paid, as the ledger, the statement and the balance count it, is that less this."""
+    moved = (Entry.objects.filter(account__kind=AccountKind.CUSTOMER_WALLET,
+                                  transaction__reverses__usage_interval__instance_id=OuterRef("pk"))
+             .order_by().values("transaction__reverses__usage_interval__instance_id")
+             .annotate(total=Sum("amount_micros")).values("total"))
+    return instances.annotate(usage_given_back_micros=Coalesce(
+        Subquery(moved, output_field=BigIntegerField()), Value(0), output_field=BigIntegerField()))
 
 
 def node_in_use_q() -> Q:

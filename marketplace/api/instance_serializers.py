@@ -12,6 +12,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers
 
+from billing.selectors import usage_given_back_micros
 from billing.services.metering import fee_percent, instance_cost_so_far
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.schema import CONTROL, NUL, string_pattern
@@ -108,8 +109,10 @@ class InstanceSerializer(serializers.ModelSerializer):
         help_text="The platform's share of the price, fixed at booking (a decimal string, e.g. \"15.00\"); "
                   "the provider earns the rest.")
     cost_so_far = serializers.SerializerMethodField(
-        help_text="USD charged so far for its GPU time, including this run's seconds not metered yet. Billed "
-                  "per second while running; a stopped instance's disk is billed apart (`disk_cost_so_far`).")
+        help_text="USD paid so far for its GPU time, including this run's seconds not metered yet: what was "
+                  "charged, less what was given back of it since (an adjustment line of your statement: e.g. time "
+                  "billed after its VM was last seen, found lost just as it stopped). Billed per second while "
+                  "running; a stopped instance's disk is billed apart (`disk_cost_so_far`).")
     disk_price_per_gb_month = UsdField(
         source="disk_price_per_gb_month_micros", read_only=True,
         help_text="USD per GB per 30-day month for its disk while it is stopped: the node's published disk price "
@@ -141,7 +144,13 @@ class InstanceSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(UsdField(read_only=True, max_digits=18))
     def get_cost_so_far(self, instance):
-        return UsdField(max_digits=18).to_representation(instance_cost_so_far(instance=instance))
+        # Net of what was given back (reversals of its usage charges), as the ledger, the usage API and the instance
+        # page say; before, what was charged (found by review). The viewset's queryset carries the sum
+        # (marketplace.selectors.instances_with_usage_given_back: no query per instance); one query otherwise.
+        given_back = getattr(instance, "usage_given_back_micros", None)
+        if given_back is None:
+            given_back = usage_given_back_micros(instance_ids=[instance.pk]).get(instance.pk, 0)
+        return UsdField(max_digits=18).to_representation(instance_cost_so_far(instance=instance) - given_back)
 
     @extend_schema_field(InstanceVolumeSerializer(many=True))
     def get_volumes(self, instance):
