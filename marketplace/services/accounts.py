@@ -308,9 +308,15 @@ def user_login(*, email: str, password: str, client_address: str | None = None,
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
         raise InvalidCredentials()
+    name = key_name or LOGIN_KEY_NAME
     if two_factor.two_factor_enabled(user=user):
         if not otp_code:
             raise TwoFactorRequired()
-        two_factor.code_check(user=user, code=otp_code, client_address=client_address)
-    key, raw, replaced = api_key_rotate(user=user, name=key_name or LOGIN_KEY_NAME)
+        # The code is used up in the key's transaction: a refusal (Conflict at API_KEYS_PER_USER_MAX) rolls its use
+        # back. It was used up first, on its own, and a 409 cost a recovery code (or the authenticator's time step)
+        # for no key; retries at the cap could use up every recovery code (found by review).
+        with two_factor.code_spent(user=user, code=otp_code, client_address=client_address):
+            key, raw, replaced = api_key_rotate(user=user, name=name)
+    else:
+        key, raw, replaced = api_key_rotate(user=user, name=name)
     return LoginResult(user=user, key=key, raw_key=raw, replaced_keys=replaced)

@@ -24,6 +24,8 @@ turning it off does; either way the address is told by e-mail.
 import base64
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from io import BytesIO
 
@@ -188,16 +190,35 @@ def _normalise(code: str) -> str:
 
 def code_check(*, user: User, code: str, client_address: str | None) -> Device:
     """The device (authenticator or recovery codes) that accepts `code`, behind the lock-out; WrongCode if none.
-    A recovery code is used up."""
+    A recovery code is used up (an authenticator's code too: its time step cannot be used again). For a step that
+    the code allows and that may still be refused, code_spent: the code is used up only with that step."""
+    with code_spent(user=user, code=code, client_address=client_address) as device:
+        return device
+
+
+@contextmanager
+def code_spent(*, user: User, code: str, client_address: str | None) -> Iterator[Device]:
+    """code_check for a step that the code allows: the body runs inside the transaction that uses the code up (a
+    recovery code deleted, the authenticator's last time step moved on), so a refusal raised in it (a Conflict at the
+    API key cap, say) rolls that back and the code works again; the code is spent only with what it bought. The
+    device rows stay locked (FOR UPDATE) until then: a second log-in with the same code waits, and then finds it
+    used (or, after a refusal, unused). A wrong code's throttling is committed (no body runs), and the lock-out's
+    counters, in the cache, are outside the transaction: a right code gives its place back even when the body is
+    refused, which is no wrong guess."""
     code = _normalise(code)
     device_class = AuthenticatorDevice if _TOTP_CODE.fullmatch(code) else RecoveryCodeDevice
     # The place in the lock-out's counters is taken before the code is looked at (exact under parallel guesses).
     with login_attempt(account=_throttle_account(user), address=client_address) as attempt:
         with transaction.atomic():
+            accepted = None
             for device in device_class.objects.filter(user=user, confirmed=True).select_for_update():
                 if device.verify_token(code):
-                    attempt.succeeded()
-                    return device
+                    accepted = device
+                    break
+            if accepted is not None:
+                attempt.succeeded()
+                yield accepted  # an error here rolls the code's use back with the body's writes
+                return
         attempt.failed()
     raise WrongCode()
 
