@@ -415,11 +415,27 @@ class ApiKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # revoke instead (the action below): a revoked key keeps its record, when it was last used
 
+    # A key follows its owner's rule (UserAdmin.has_change_permission): a staff account's keys are a superuser's to
+    # revoke. Revoking them cuts the account off as deactivating it does; before, any staff account with
+    # change_apikey revoked a superuser's keys (found by review). The key's page and the action ask this.
+    def has_change_permission(self, request, obj=None):
+        return (super().has_change_permission(request, obj)
+                and not (obj is not None and _staff_of_a_non_superuser(request, obj.user)))
+
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
-        for key in queryset.filter(revoked_at__isnull=True):
+        refused, revoked = [], 0
+        for key in queryset.filter(revoked_at__isnull=True).select_related("user"):
+            if not self.has_change_permission(request, key):
+                refused.append(f"{key.prefix} ({key.user.email})")
+                continue
             api_key_revoke(api_key=key)
-        messages.success(request, "Revoked.")
+            revoked += 1
+        if refused:
+            messages.error(request, "Only a superuser revokes a staff account's API keys; left as they are: "
+                                    + ", ".join(refused) + ".")
+        if revoked or not refused:
+            messages.success(request, "Revoked the other selected keys." if refused else "Revoked.")
 
 
 @admin.register(SshKey)
