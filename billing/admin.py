@@ -263,7 +263,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 class UsageIntervalAdmin(ReadOnlyAdmin):
     list_display = ["id", "instance", "started_at", "ended_at", "seconds", "amount", "fee"]
     list_filter = ["ended_at"]
-    search_fields = ["instance__id", "instance__renter__email"]
+    search_fields = ["=instance__id", "instance__renter__email"]
     raw_id_fields = ["instance"]
     # The largest table (a row per instance per meter run). Newest first by the primary key's index: the model's
     # (-started_at, -id) has none, and sorted the whole table for each page. The instance column shows its id and

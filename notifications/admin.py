@@ -67,7 +67,7 @@ class AttemptInline(admin.TabularInline):
 class WebhookDeliveryAdmin(ReadOnly):
     list_display = ["id", "created_at", "endpoint", "kind", "status", "attempts", "last_status_code"]
     list_filter = ["status", "kind"]
-    search_fields = ["endpoint__user__email", "endpoint__url", "event_id"]
+    search_fields = ["endpoint__user__email", "endpoint__url", "=event_id"]
     list_select_related = ["endpoint"]
     ordering = ["-id"]  # as the notifications' list: the primary key's index, an estimated count, no second count
     paginator = EstimatedCountPaginator
