@@ -76,9 +76,18 @@ def gpus_presence(listed_by_node: Mapping[int, Collection[str]]) -> dict[int, Pr
     return found
 
 
-def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | None) -> list[int]:
+def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | None,
+                       looked_at: datetime | None = None) -> list[int]:
     """Act on what one check found about the node's GPUs; the ids of the instances interrupted now. `last_seen`:
-    the node's last healthy check before this one (the last moment its missing cards were listed)."""
+    the node's last healthy check before this one (the last moment its missing cards were listed).
+
+    `looked_at`: when the look that found them missing began (a verification's inventory: nodes.node_apply_inventory).
+    With it, an instance that held a missing card then but is not interrupted (its renter's stop, restart or destroy
+    closed its billing between the look and here, up to that moment) is given back what its run was billed after
+    `last_seen` (interruptions.lost_usage_give_back, once: the reversal's key), as the health check
+    (fleet_record._usage_after_loss_given_back) and the reconciler do. Before, a verification's inventory gave nothing
+    back: the renter paid for the card's loss up to their own stop. The health check passes none: it gives back in
+    its own steps."""
     now = timezone.now()
     if presence.back:
         gpus_returned(gpu_ids=presence.back)
@@ -100,13 +109,29 @@ def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | 
                   .values_list("instance_id", flat=True))
     holders |= set(MigSliceAllocation.objects.filter(mig_slice__gpu_id__in=presence.missing,
                                                      released_at__isnull=True).values_list("instance_id", flat=True))
+    # Those that held one when the look began and let it go since (a stop releases its GPUs): given back below.
+    held_then = _holders_at(gpu_ids=presence.missing, at=looked_at) if looked_at is not None else set()
+    detail = "a GPU it holds is no longer listed by nvidia-smi on the server"
     interrupted = []
-    for instance_id in sorted(holders):
-        if instance_svc.instance_interrupt(
+    for instance_id in sorted(holders | held_then):
+        if instance_id in holders and instance_svc.instance_interrupt(
                 instance_id=instance_id, since=last_seen, cause=InterruptionCause.GPU_LOST,
-                detail="a GPU it holds is no longer listed by nvidia-smi on the server") is not None:
+                detail=detail) is not None:
             interrupted.append(instance_id)
+        elif looked_at is not None and instance_id in held_then:
+            instance_svc.lost_usage_give_back(instance_id=instance_id, since=last_seen, looked_at=looked_at,
+                                              answered_at=None, detail=detail)
     return interrupted
+
+
+def _holders_at(*, gpu_ids: Collection[int], at: datetime) -> set[int]:
+    """The instances that held one of `gpu_ids`, whole or by a MIG slice, at `at` (allocated before it, let go
+    after it or not yet)."""
+    live = Q(released_at__isnull=True) | Q(released_at__gt=at)
+    held = set(GpuAllocation.objects.filter(live, gpu_id__in=gpu_ids, allocated_at__lt=at)
+               .values_list("instance_id", flat=True))
+    return held | set(MigSliceAllocation.objects.filter(live, mig_slice__gpu_id__in=gpu_ids, allocated_at__lt=at)
+                      .values_list("instance_id", flat=True))
 
 
 def held_when(*, instance_ids: Collection[int], gpu_ids: Collection[int], at: datetime) -> set[int]:

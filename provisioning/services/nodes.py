@@ -300,7 +300,7 @@ def node_agent_call(node: Node, command: str, sub: str | None = None, request: d
     raise AssertionError("not reached: the loop returns or raises")
 
 
-def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
+def node_apply_inventory(*, node: Node, inventory: dict[str, Any], looked_at: datetime | None = None) -> None:
     """Store the agent's inventory and update the node's GPU rows with what was read.
 
     The GPUs' UUIDs are claimed under the unique constraint `gpu_unique_uuid` (no check-then-insert: of two
@@ -310,13 +310,15 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any]) -> None:
     A card of a node whose host sees every card (HOST_SEES_GPUS) that the inventory no longer lists is lost first,
     by the health check's rule (gpu_presence): a verification may see it before a health check does. Before, the
     row let go of its UUID here, so no health check judged it again and its renter paid on for a card that was gone.
+    `looked_at`: when the inventory was asked for; with it, a holder of a missing card whose billing a stop, restart
+    or destroy closed since then is given back what it was billed after the node's last health check (gpu_presence).
     """
     if node.runtime in HOST_SEES_GPUS:
         listed = [g["uuid"] for g in inventory.get("gpus", []) if g.get("uuid")]
         presence = gpus_presence({node.pk: listed}).get(node.pk)
         if presence is not None:
             last_seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
-            node_gpus_presence(node=node, presence=presence, last_seen=last_seen)
+            node_gpus_presence(node=node, presence=presence, last_seen=last_seen, looked_at=looked_at)
     try:
         _apply_inventory(node.pk, inventory, claim=True)
         return

@@ -248,6 +248,7 @@ def node_verify_run(*, job: Job) -> None:
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job=job, message="reading the hardware inventory")
+            looked_at = timezone.now()  # a card it finds missing was last seen before: gpu_presence
             try:
                 inventory = session.agent("inventory")
             except AgentAnswerRefused as exc:  # NaN, a number out of range, a NUL: malformed, as a check finds
@@ -260,7 +261,7 @@ def node_verify_run(*, job: Job) -> None:
             # index (nvidia-smi numbers the cards anew when one has left the bus).
             holders = gpu_holders_by_uuid(node)
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
-            node_apply_inventory(node=node, inventory=inventory)
+            node_apply_inventory(node=node, inventory=inventory, looked_at=looked_at)
             net_mbps = node_network_test(job, session)
             layout = layout_by_gpu(judged_layout)
             rented_slices = rented_slice_uuids(node)
