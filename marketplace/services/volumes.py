@@ -15,10 +15,16 @@ One that could not reach the node stays `deleting`, its billing closed at the re
 answers (the reconciler, provisioning.services.reconcile); a node retired while unreachable ends its volumes with it
 (`node_volumes_lost`).
 
-A volume is mounted by at most one instance that is not destroyed or failed. A constraint cannot see the
-instance's state, so the booking locks the volumes' rows (FOR UPDATE, in id order) and then looks for a live
-mount; a deletion locks the row and looks the same way. Two bookings of one volume run one after the other, and
-the second sees the first's mount.
+A volume is held by at most one instance (`_live_mount`): one that is not destroyed or failed, or one whose VM may
+still be on the node, mounting it (the node's agent counts every VM record it has: it refuses the volume's delete,
+and mounts it in a second VM all the same). A failed instance that ran (`started_at`) keeps its VM there, stopped,
+or the node's record of it, until it is destroyed (its destroy job removes the VM); one over with its VM still to be
+removed holds it too (`instances_awaiting_cleanup`). A failed instance that never ran holds it no more: its VM was
+removed with its failure (or it waits for the cleanup above). A constraint cannot see the instance's state, so the
+booking locks the volumes' rows (FOR UPDATE, in id order) and then looks for a live mount; a deletion locks the row
+and looks the same way. Two bookings of one volume run one after the other, and the second sees the first's mount;
+a later mount means the earlier ones were let go for good (a failed instance let go and destroyed after does not
+take the volume back).
 """
 import posixpath
 import re
@@ -39,7 +45,7 @@ from billing.services.storage import (
 )
 from core.errors import Conflict, IdempotencyKeyReused, NotFound, ValidationFailed
 from core.idempotency import create_once
-from marketplace.models import Instance, Node, User, Volume, VolumeMount, VolumeState
+from marketplace.models import Instance, InstanceStatus, Node, User, Volume, VolumeMount, VolumeState
 from marketplace.models.nodes import Runtime
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
@@ -94,25 +100,61 @@ def volumes_for_user(*, user: User, include_deleted: bool = False) -> QuerySet[V
 
 
 def volume_live_instance_ids(volume: Volume) -> list[int]:
-    """The instances (not destroyed or failed) that mount it: with prefetched mounts, no query."""
-    return sorted(m.instance_id for m in volume.mounts.all() if m.instance.status not in FINAL_STATUSES)
+    """The instances that hold it (_live_mount, less the GPU cleanup it reads): not destroyed or failed, or failed
+    with their VM still on the node; with prefetched mounts, no query."""
+    mounts = list(volume.mounts.all())
+    latest = max((m.pk for m in mounts), default=None)
+    return sorted(m.instance_id for m in mounts if _holds(m.instance, superseded=m.pk != latest))
 
 
-def _live_mount(volume: Volume) -> tuple[VolumeMount | None, bool]:
-    """A mount that holds the volume, and whether its instance is over with its VM still on the node (destroyed
-    while the node was away, or its destroy gave up: that VM may still mount it until the reconciler removes it,
-    as it may still use its GPUs)."""
-    mounts = VolumeMount.objects.filter(volume_id=volume.pk).order_by("instance_id")
-    live = mounts.exclude(instance__status__in=FINAL_STATUSES).first()
-    if live is not None:
-        return live, False
+def _failed_vm_kept(instance: Instance) -> bool:
+    """A failed instance whose VM may still be on its node, mounting its volumes: it ran (its VM was made and kept,
+    stopped, by its failure; or gone with the node's record of it kept, which counts as a mount there too). Only its
+    destroy removes that VM for sure. One that never ran had its VM removed by its failure (vms.vm_failed destroys
+    it, or waits for the cleanup: instances_awaiting_cleanup), as the reconciler does (started_at None)."""
+    return instance.status == InstanceStatus.FAILED and instance.started_at is not None
+
+
+def _holds(instance: Instance, *, superseded: bool) -> bool:
+    """Whether the instance's mount holds the volume, read from its row only. `superseded`: a later instance mounts
+    the volume, so this one had let it go (failed with its VM gone) when that one was booked; its destroy, asked
+    since (failed → destroying), takes nothing back."""
+    if instance.status in FINAL_STATUSES:
+        return _failed_vm_kept(instance)
+    return not (superseded and instance.status == InstanceStatus.DESTROYING)
+
+
+# Why a mount holds a volume (_live_mount).
+_LIVE, _FAILED_VM, _LEAVING = "live", "failed", "leaving"
+
+
+def _live_mount(volume: Volume) -> tuple[VolumeMount | None, str]:
+    """A mount that holds the volume, and why: _LIVE (its instance is not destroyed or failed), _FAILED_VM (failed,
+    its VM kept on the node: _failed_vm_kept) or _LEAVING (over, with its VM still on the node: destroyed while the
+    node was away, or its destroy gave up; that VM may still mount it until the reconciler removes it, as it may
+    still use its GPUs).
+
+    A failed instance's mount was let go as soon as it failed: the node's record of its VM still mounted the volume,
+    so a deletion was accepted (billing stopped), refused by the node and billed again, and a second instance
+    mounted it beside the old VM (found by review)."""
+    mounts = VolumeMount.objects.filter(volume_id=volume.pk).select_related("instance").order_by("instance_id")
+    latest = mounts.order_by("-pk").values_list("pk", flat=True).first()
+    for mount in mounts.exclude(instance__status=InstanceStatus.DESTROYED):
+        if _holds(mount.instance, superseded=mount.pk != latest):
+            return mount, _FAILED_VM if mount.instance.status == InstanceStatus.FAILED else _LIVE
     leaving = instances_awaiting_cleanup(node_id=volume.node_id)
-    return (mounts.filter(instance_id__in=leaving).first() if leaving else None), True
+    return (mounts.filter(instance_id__in=leaving).first() if leaving else None), _LEAVING
 
 
-def _vm_leaving(instance_id: int) -> str:
-    return (f"instance {instance_id} is destroyed, but its VM, which mounts it, is still to be removed from the "
-            "node (when the node answers); try again then")
+def _held_by(mount: VolumeMount, why: str) -> str:
+    """Why `mount` keeps the volume, to the renter."""
+    if why == _LEAVING:
+        return (f"instance {mount.instance_id} is destroyed, but its VM, which mounts it, is still to be removed from "
+                "the node (when the node answers); try again then")
+    if why == _FAILED_VM:
+        return (f"instance {mount.instance_id} failed, but its VM, which mounts it, is still on the node; destroy the "
+                "instance first (that removes its VM)")
+    return f"instance {mount.instance_id} mounts it; destroy the instance first"
 
 
 # ------------------------------------------------------------------------------------- API side
@@ -248,9 +290,9 @@ def volume_delete(*, volume: Volume, confirm: str) -> Volume:
         return volume
     if volume.state == VolumeState.DELETED:
         raise Conflict("The volume is already deleted.")
-    mount, leaving = _live_mount(volume)
+    mount, why = _live_mount(volume)
     if mount is not None:
-        raise Conflict(f"The volume cannot be deleted yet: {_vm_leaving(mount.instance_id)}." if leaving
+        raise Conflict(f"The volume cannot be deleted yet: {_held_by(mount, why)}." if why != _LIVE
                        else f"Instance {mount.instance_id} mounts this volume; destroy the instance first.")
     if not volume.allows("delete"):
         raise Conflict(f"The volume is {volume.state}; delete it once it is created.")
@@ -339,9 +381,9 @@ def volume_mounts_for_booking(*, renter: User, node_id: int, specs: list[dict[st
                                    "on that node to mount it.", field="volumes")
         if volume.state != VolumeState.AVAILABLE:
             raise Conflict(f"Volume {volume_id} is {volume.state}; it can be mounted once it is available.")
-        live, leaving = _live_mount(volume)
+        live, why = _live_mount(volume)
         if live is not None:
-            raise Conflict(f"Volume {volume_id} cannot be mounted yet: {_vm_leaving(live.instance_id)}." if leaving
+            raise Conflict(f"Volume {volume_id} cannot be mounted yet: {_held_by(live, why)}." if why != _LIVE
                            else f"Volume {volume_id} is mounted by instance {live.instance_id}; an instance that is "
                                 "not destroyed keeps it.")
         requests.append(MountRequest(volume=volume, mount=mount))
@@ -413,18 +455,29 @@ def volume_mark_deleted(*, volume_id: int) -> Volume | None:
 @transaction.atomic
 def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
     """deleting → available: the node refused to delete it (a VM there still mounts it). It exists, so it is billed
-    again from where billing stopped (billed_until). A volume whose creation had failed (never available, never
-    billed) goes back to failed instead: the renter was told it could not be created, and it is not billed or
-    mountable now; the reconciler deletes its disk if the node has one.
+    again, from the refusal on (billed_until moved to now, never back): the platform took the deletion, having found
+    no instance that holds it (_live_mount), and told the renter that billing stopped; the time from the request to
+    the node's answer is not charged. (It was billed again from where billing stopped, the request, and the renter
+    charged for time they had been told was not billed; found by review.) A volume whose creation had failed (never
+    available, never billed) goes back to failed instead: the renter was told it could not be created, and it is not
+    billed or mountable now; the reconciler deletes its disk if the node has one.
 
     Only for the node's refusal: a deletion that could not reach the node is not undone (volume_delete_waiting)."""
     volume = _locked(volume_id)
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
-    volume.transition_to(VolumeState.AVAILABLE if volume.available_at is not None else VolumeState.FAILED)
+    fields = ["state", "deleted_at", "status_message", "updated_at"]
+    if volume.available_at is not None:
+        volume.transition_to(VolumeState.AVAILABLE)
+        now = timezone.now()
+        if volume.billed_until is None or volume.billed_until < now:
+            volume.billed_until = max(now, volume.available_at)
+            fields.append("billed_until")
+    else:
+        volume.transition_to(VolumeState.FAILED)
     volume.deleted_at = None
     volume.status_message = f"Not deleted: {message}"[:500]
-    volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
+    volume.save(update_fields=fields)
     return volume
 
 

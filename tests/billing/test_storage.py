@@ -75,11 +75,16 @@ def test_deleting_a_volume_ends_its_billing_at_the_request(clock, user, tick):
     volume.refresh_from_db()
     assert volume.state == "deleting" and volume.billed_seconds == 600
     assert balance(user) == charged
-    # The node refused (an instance still mounts it there): it exists, so it is billed again from where it stopped.
+    # The node refused (a VM still mounts it there): it exists, so it is billed again, from the refusal on, not
+    # across the time the renter was told billing had stopped (r46c).
     volume_svc.volume_delete_refused(volume_id=volume.pk, message="in use")
     tick()
     volume.refresh_from_db()
-    assert volume.state == "available" and volume.billed_seconds == 7800
+    assert volume.state == "available" and volume.billed_seconds == 600
+    clock.advance(60)
+    tick()
+    volume.refresh_from_db()
+    assert volume.billed_seconds == 660
 
 
 def test_a_failed_volume_costs_nothing(clock, user, tick):
