@@ -3,9 +3,11 @@
 Reset: the request answers the same whether the address has an account (the page never says), and takes as long:
 either way it sends the address one e-mail (a link, or a note that no account uses the address), as sign-up does
 (services/accounts.user_register), so that waiting on the mail server tells nothing. At most
-PASSWORD_RESET_EMAILS_PER_ADDRESS e-mails to one address per window. The link carries Django's
-default_token_generator token, which is bound to the password's hash and the last log-in: it works once and for
-PASSWORD_RESET_TIMEOUT seconds. Setting a new password (reset or change) ends every other session of the user
+PASSWORD_RESET_EMAILS_PER_ADDRESS e-mails to one address per window. The link carries a token of Django's
+PasswordResetTokenGenerator (`reset_tokens`), which is bound to the password's hash, the last log-in and the
+address, and here also to the account's state: it works once, for PASSWORD_RESET_TIMEOUT seconds, and not once the
+account is deactivated, nor after it is reactivated (links are sent to active accounts only). Setting a new
+password (reset or change) ends every other session of the user
 (Django checks each session's password hash) and tells the address by e-mail, as a change of another security
 setting does (core.security_mail.security_change_notify). API keys are not touched: they are
 listed, and revocable, on the API keys page.
@@ -17,14 +19,15 @@ import logging
 from urllib.parse import urljoin
 
 from django.conf import settings
-from django.contrib.auth.tokens import default_token_generator
+from django.contrib.auth.tokens import PasswordResetTokenGenerator
 from django.core.mail import send_mail
+from django.db.models import Max, Model
 from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
 from core.login_throttle import password_confirm, password_reset_mail_allowed
-from marketplace.models import User
+from marketplace.models import AccountStatusChange, User
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +39,25 @@ def _send(address: str, subject: str, message: str) -> None:
         log.exception("could not send an account e-mail")
 
 
+class ResetTokenGenerator(PasswordResetTokenGenerator):
+    """Django's reset token, also bound to the account's state: whether it is on, and its last status change (an
+    operator's deactivation or reactivation, marketplace/services/account_status.py). A link sent before a
+    deactivation set the password of the account that was off (and marked its address verified), a password live
+    the moment it was turned on again; with is_active alone a reactivation would revive it (found by review)."""
+
+    def _make_hash_value(self, user: Model, timestamp: int) -> str:
+        assert isinstance(user, User)
+        last_change = AccountStatusChange.objects.filter(user_id=user.pk).aggregate(last=Max("pk"))["last"]
+        return f"{super()._make_hash_value(user, timestamp)}|{user.is_active}|{last_change or 0}"
+
+
+# The one generator that makes and checks reset links (web/passwords.PasswordResetConfirmView).
+reset_tokens = ResetTokenGenerator()
+
+
 def password_reset_link(*, user: User, base_url: str) -> str:
     uid = urlsafe_base64_encode(force_bytes(user.pk))
-    token = default_token_generator.make_token(user)
+    token = reset_tokens.make_token(user)
     return urljoin(base_url, reverse("password-reset-confirm", args=[uid, token]))
 
 

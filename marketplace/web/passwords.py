@@ -1,6 +1,7 @@
-"""Password reset by e-mail and password change: Django's own views and token generator, with our templates, the
-per-address limit on reset e-mails, the per-client `auth` rate on asking for one (marketplace/auth_rate.py
-auth_rate_refusal) and the log-in lock-out on the old password (marketplace/services/passwords.py).
+"""Password reset by e-mail and password change: Django's own views, with our templates and our token generator
+(services/passwords.reset_tokens: bound to the account's state too), the per-address limit on reset e-mails, the
+per-client `auth` rate on asking for one (marketplace/auth_rate.py auth_rate_refusal) and the log-in lock-out on the
+old password (marketplace/services/passwords.py).
 """
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -51,6 +52,13 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
     form_class = SetPasswordForm  # type: ignore[assignment]  # Django's own form (stubs want it parametrised)
     success_url = reverse_lazy("password-reset-complete")
     post_reset_login = False
+    token_generator = password_svc.reset_tokens  # bound to the account's state too: the one that made the link
+
+    def get_user(self, uidb64):
+        """The account, while it is on: a deactivated account's link is an invalid link (as the verification
+        link's; reset links are mailed to active accounts only). Its token is void too (reset_tokens)."""
+        user = super().get_user(uidb64)
+        return user if user is not None and user.is_active else None
 
     def form_valid(self, form):
         response = super().form_valid(form)
