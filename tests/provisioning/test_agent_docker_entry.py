@@ -7,6 +7,7 @@ import os
 import signal
 import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -35,6 +36,41 @@ def wrapper_here(tmp_path, sshd=""):
     return str(tmp_path / "entry.sh")
 
 
+class Output:
+    """The wrapper's output read as it comes (a thread), so that a test waits for what it needs to have happened
+    before the stop, not a fixed second: on a loaded machine (CI's two cores under five xdist workers) `bash -l`
+    took longer than that to exit, and the stop came first."""
+
+    def __init__(self, proc):
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, needle: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            if self.proc.poll() is not None:
+                self.thread.join(5)
+                assert needle in self.text, f"the wrapper ended without {needle!r}: {self.text}"
+                return
+            assert time.monotonic() < deadline, f"no {needle!r} after {timeout} s: {self.text}"
+            time.sleep(0.05)
+
+    def rest(self, timeout: float = 10.0) -> str:
+        """Everything, once the wrapper has ended (after the stop)."""
+        self.proc.wait(timeout)
+        self.thread.join(timeout)
+        return self.text
+
+
 def docker_stop(proc, sig=signal.SIGTERM):
     """docker stop through docker-init with TINI_KILL_PROCESS_GROUP (dockerargv): the signal to the wrapper's whole
     process group (the wrapper is started here in a session of its own)."""
@@ -51,19 +87,20 @@ def test_the_wrapper_outlives_an_image_command_that_exits_at_once_and_ends_at_a_
     command = [a.format(nvidia=tmp_path / "nvidia_entrypoint.sh") for a in command]
     proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = Output(proc)
+    rc = 1 if command == ["false"] else 0
     try:
-        time.sleep(1.0)
-        assert proc.poll() is None, proc.communicate()[0]  # still up: the container is not restarted
+        output.wait_for(f"[gpumarket] the image's command exited {rc}; the instance stays up for SSH\n")
+        time.sleep(0.5)
+        assert proc.poll() is None, output.text  # still up after its command ended: the container is not restarted
         started = time.monotonic()
         docker_stop(proc)  # docker stop (through --init)
-        out = proc.communicate(timeout=10)[0]
+        out = output.rest()
         assert time.monotonic() - started < 3, out  # at once, not at docker stop's 20 s kill
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    rc = 1 if command == ["false"] else 0
-    assert f"[gpumarket] the image's command exited {rc}; the instance stays up for SSH\n" in out, out
 
 
 @pytest.mark.parametrize(("rc", "wrappers"), [(0, False), (1, True)])
@@ -79,11 +116,16 @@ def test_an_image_whose_command_is_sshd_runs_it_and_the_wrappers_only_if_it_fail
     entry = wrapper_here(tmp_path, sshd=str(fake))
     proc = subprocess.Popen(["/bin/sh", entry, str(image_sshd), "-D"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = Output(proc)
     try:
-        time.sleep(1.0)
+        if wrappers:
+            output.wait_for("[gpumarket] sshd started\n")
+        else:
+            output.wait_for("image sshd -D\n")
+            time.sleep(1.0)  # and no wrapper's sshd after it
         assert proc.poll() is None
         docker_stop(proc)
-        out = proc.communicate(timeout=10)[0]
+        out = output.rest()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -95,14 +137,15 @@ def test_an_image_whose_command_is_sshd_runs_it_and_the_wrappers_only_if_it_fail
 def test_a_stop_ends_the_images_command_still_running(tmp_path):
     entry = wrapper_here(tmp_path)
     marker = tmp_path / "ended"
-    command = ["/bin/sh", "-c", f"trap 'echo term > {marker}; exit 0' TERM; while :; do sleep 0.1; done"]
+    command = ["/bin/sh", "-c", f"trap 'echo term > {marker}; exit 0' TERM; echo ready; while :; do sleep 0.1; done"]
     proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = Output(proc)
     try:
-        time.sleep(1.0)
+        output.wait_for("ready\n")  # its trap is set
         assert proc.poll() is None
         docker_stop(proc)
-        out = proc.communicate(timeout=10)[0]
+        out = output.rest()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -115,10 +158,12 @@ def test_the_images_command_gets_no_stdin(tmp_path):
     entry = wrapper_here(tmp_path)
     proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "cat; echo read-eof"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = Output(proc)
     try:
-        time.sleep(1.0)  # stdin kept open here: a command reading the wrapper's stdin would still wait
+        # stdin kept open here: a command reading the wrapper's stdin would still wait (and this times out)
+        output.wait_for("[gpumarket] the image's command exited")
         docker_stop(proc)
-        out = proc.communicate(timeout=10)[0]
+        out = output.rest()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -178,10 +223,11 @@ def test_the_images_command_keeps_sigint_and_sigquit(tmp_path):
     proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "grep SigIgn /proc/self/status"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    output = Output(proc)
     try:
-        time.sleep(1.0)
+        output.wait_for("[gpumarket] the image's command exited")
         docker_stop(proc)
-        out = proc.communicate(timeout=10)[0]
+        out = output.rest()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -194,14 +240,15 @@ def test_an_images_own_stop_signal_reaches_its_command_and_ends_the_wrapper(tmp_
     """httpd's STOPSIGNAL is WINCH: docker stop sends it, the command shuts down gracefully, the wrapper ends."""
     entry = wrapper_here(tmp_path)
     marker = tmp_path / "ended"
-    command = ["/bin/sh", "-c", f"trap 'echo winch > {marker}; exit 0' WINCH; while :; do sleep 0.1; done"]
+    command = ["/bin/sh", "-c", f"trap 'echo winch > {marker}; exit 0' WINCH; echo ready; while :; do sleep 0.1; done"]
     proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = Output(proc)
     try:
-        time.sleep(1.0)
+        output.wait_for("ready\n")  # its trap is set
         started = time.monotonic()
         docker_stop(proc, signal.SIGWINCH)
-        out = proc.communicate(timeout=10)[0]
+        out = output.rest()
         assert time.monotonic() - started < 3, out
     finally:
         if proc.poll() is None:
