@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.docker.engine import VAR, Engine, Registry, cannot_run_dockerd, setup_machine
+from tests.docker.engine import CACHE, Engine, Registry, cannot_run_dockerd, setup_machine
 
 
 def pytest_collection_modifyitems(items):
@@ -24,11 +24,12 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def docker_engine(tmp_path_factory):
-    rootfs = setup_machine()
-    VAR.mkdir(parents=True, exist_ok=True)
-    # One engine at a time on this machine: the engines share the host's default bridge (docker0).
-    lock = open(VAR / "engine.lock", "w")  # noqa: SIM115 - held for the whole session
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # One engine at a time on this machine: the engines share the host's default bridge (docker0). Taken before the
+    # set-up, so that two checkouts never build the cached root file system at once.
+    lock = open(CACHE / "engine.lock", "w")  # noqa: SIM115 - held for the whole session
     fcntl.flock(lock, fcntl.LOCK_EX)
+    rootfs = setup_machine()
     engine = Engine(tmp_path_factory.mktemp("dockerd"))
     registry = Registry(tmp_path_factory.mktemp("registry"))
     try:

@@ -2,10 +2,11 @@
 
 - dockerd (Debian's docker.io) with its own data root, exec root, socket and pid file under a temporary folder;
 - Debian's docker-registry (registry v2) on a spare loopback port with htpasswd (bcrypt) authentication;
-- the test image: a Debian root file system made by mmdebstrap (scripts/docker-test-setup, cached under var/),
-  `docker import`ed with sshd as its command, and pushed to the registry.
+- the test image: a Debian root file system made by mmdebstrap (scripts/docker-test-setup, cached per machine, see
+  CACHE), `docker import`ed with sshd as its command, and pushed to the registry.
 Containers sit on the engine's own bridge; the tests reach them only through ports published on 127.0.0.1."""
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -20,7 +21,10 @@ import bcrypt
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / "scripts" / "docker-test-setup"
-VAR = ROOT / "var" / "docker-test"
+# Per machine, outside any checkout: the root file system (about 40 s of mmdebstrap, most of it CPU) outlives a clean
+# clone (CI clones main afresh for every run) and is built again whenever scripts/docker-test-setup changes (its hash
+# names the folder); the engine lock (tests/docker/conftest.py) is the machine's one, whichever checkout runs.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpumarket" / "docker-test"
 IMAGE = "gpumarket-test/debian-sshd:bookworm"  # what `docker import` makes
 REGISTRY_USER, REGISTRY_PASSWORD = "tester", "registry-pass-8d3f"
 
@@ -52,9 +56,14 @@ def wait_for(check, timeout, what, log=None):
     raise RuntimeError(f"{what} did not come up within {timeout}s\n{tail}")
 
 
+def rootfs_dir():
+    """Where the root file system of this version of scripts/docker-test-setup is cached."""
+    return CACHE / hashlib.sha256(SETUP.read_bytes()).hexdigest()[:16]
+
+
 def setup_machine():
-    """Packages and the cached root file system tarball (slow only the first time)."""
-    proc = subprocess.run([str(SETUP), str(VAR)], capture_output=True, text=True, timeout=1200)
+    """Packages and the cached root file system tarball (slow only the first time on a machine)."""
+    proc = subprocess.run([str(SETUP), str(rootfs_dir())], capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError("scripts/docker-test-setup failed:\n" + proc.stderr[-3000:])
     return Path(proc.stdout.strip().splitlines()[-1])
