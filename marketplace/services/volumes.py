@@ -12,8 +12,9 @@ marketplace.services.funds, 402), within the caps per renter (VOLUMES_PER_USER_M
 
 A deletion is undone only when the node refuses it (a VM there still mounts the volume: `volume_delete_refused`).
 One that could not reach the node stays `deleting`, its billing closed at the request, and is finished when the node
-answers (the reconciler, provisioning.services.reconcile); a node retired while unreachable ends its volumes with it
-(`node_volumes_lost`).
+answers (the reconciler, provisioning.services.reconcile); one on a quarantined node is left so at once, no job
+sent (none reaches that node until an operator accepts its new host key); a node retired while unreachable ends its
+volumes with it (`node_volumes_lost`).
 
 A volume is held by at most one instance (`_live_mount`): one that is not destroyed or failed, or one whose VM may
 still be on the node, mounting it (the node's agent counts every VM record it has: it refuses the volume's delete,
@@ -45,7 +46,7 @@ from billing.services.storage import (
 )
 from core.errors import Conflict, IdempotencyKeyReused, NotFound, ValidationFailed
 from core.idempotency import create_once
-from marketplace.models import Instance, InstanceStatus, Node, User, Volume, VolumeMount, VolumeState
+from marketplace.models import Instance, InstanceStatus, Node, NodeState, User, Volume, VolumeMount, VolumeState
 from marketplace.models.nodes import Runtime
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
@@ -53,7 +54,7 @@ from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services.disk_room import DiskDoesNotFit, node_disk_room
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import COMMITTED_VOLUME_STATES, funds_for, funds_refuse_if_short
-from marketplace.services.offer_rules import node_refusal
+from marketplace.services.offer_rules import NODE_STATE_REASONS, node_refusal
 from notifications.services.notify import Kind, notify
 from provisioning.models import OPEN, Job, JobKind
 from provisioning.services.jobs import job_create
@@ -276,9 +277,17 @@ def _check_free_disk(node: Node, size_gb: int) -> None:
                              field="size_gb")
 
 
+# Said to the renter of a volume deleted while its node is quarantined (worded as an instance's refused restart there).
+DELETING_ON_QUARANTINED_NODE = (
+    f"Deleting: {NODE_STATE_REASONS[NodeState.QUARANTINED]}: its SSH host key changed, and the platform does not "
+    "talk to it until an operator has accepted the new key. It is no longer billed, and is deleted there once the "
+    "key is accepted.")
+
+
 @transaction.atomic
 def volume_delete(*, volume: Volume, confirm: str) -> Volume:
-    """Delete a volume for good: `confirm` must be its name. Billing ends now; a job deletes it on its node.
+    """Delete a volume for good: `confirm` must be its name. Billing ends now; a job deletes it on its node (on a
+    quarantined node, the node's reconcile once an operator has accepted its new host key).
 
     Raises ValidationFailed (`confirm` is not its name), Conflict (an instance that is not destroyed or failed
     mounts it, or it is still being created). Asked again while deleting: nothing changes."""
@@ -300,9 +309,17 @@ def volume_delete(*, volume: Volume, confirm: str) -> Volume:
     volume_storage_close(volume=volume, until=storage_billed_until(node_id=volume.node_id, now=now))
     volume.transition_to(VolumeState.DELETING)
     volume.deleted_at = now
-    volume.status_message = "Waiting for a worker to delete it"
+    node = Node.objects.get(pk=volume.node_id)
+    quarantined = node.state == NodeState.QUARANTINED
+    volume.status_message = DELETING_ON_QUARANTINED_NODE if quarantined else "Waiting for a worker to delete it"
     volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
-    job_create(kind=JobKind.VOLUME_DELETE, node=Node.objects.get(pk=volume.node_id), volume=volume)
+    if not quarantined:
+        job_create(kind=JobKind.VOLUME_DELETE, node=node, volume=volume)
+    # A quarantined node (its SSH host key changed) is talked to by no job until an operator accepts the new key:
+    # its delete job met the changed key at once, failed against the node and quarantined it again. The deletion
+    # is taken all the same (as an instance's destroy there: lifecycle._node_reach), left `deleting` with no job
+    # open, as a delete job that gave up is (volume_delete_waiting): the node's reconcile deletes it there once
+    # the key is accepted and the node verified again (volumes_to_finish_deleting).
     return volume
 
 
