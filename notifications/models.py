@@ -26,6 +26,8 @@ class Kind(models.TextChoices):
     CREDIT_REVERSED = "credit_reversed", "Credit reversed"
     ACCOUNT_DEACTIVATED = "account_deactivated", "Account deactivated by the operators"
     ACCOUNT_REACTIVATED = "account_reactivated", "Account reactivated"
+    BILLING_NOTICE = "billing_notice", (
+        "Billing notices by e-mail (a zero balance, top-ups, refunds, disputes, price changes, failed payouts)")
     TEST = "test", "Test event"
 
 
@@ -34,6 +36,11 @@ class Kind(models.TextChoices):
 # the list or change a preference (marketplace.services.account_status).
 ALWAYS_ON_KINDS = (Kind.TEST, Kind.ACCOUNT_DEACTIVATED, Kind.ACCOUNT_REACTIVATED)
 PREFERENCE_KINDS = [k for k in Kind if k not in ALWAYS_ON_KINDS]
+
+# Kinds whose only channel is e-mail: the billing events (billing.services.notify.event_create) that are e-mailed,
+# read otherwise in the billing events list, not as notices; no notice of these kinds is written (notify() refuses
+# them), so their in-app and webhook choices would decide nothing and the settings page offers only the e-mail box.
+EMAIL_ONLY_KINDS = (Kind.BILLING_NOTICE,)
 
 
 class Channels(models.Model):

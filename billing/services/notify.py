@@ -6,8 +6,9 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
 
-from billing.models import BillingEvent
+from billing.models import BillingEvent, EventKind
 from marketplace.models import User
+from notifications.services.notify import Kind, email_wanted
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,33 @@ SUBJECTS = {
 }
 
 
+# The notification preference whose e-mail channel decides whether each event kind is e-mailed: the kind of the
+# notice told of the same event where there is one (an instance resumed to `starting` as one resumed to `running`,
+# whose notice is INSTANCE_RUNNING), else the billing notices' own. Before, every `email=True` event was sent
+# whatever the user chose (found by review). Every EventKind is listed (tests/notifications/test_round47_*).
+EMAIL_PREFERENCE: dict[str, str] = {
+    EventKind.LOW_BALANCE: Kind.LOW_BALANCE,
+    EventKind.CREDIT: Kind.CREDIT_POSTED,
+    EventKind.CREDIT_REVERSED: Kind.CREDIT_REVERSED,
+    EventKind.PAYOUT_PAID: Kind.PAYOUT_SENT,
+    EventKind.INSTANCE_INTERRUPTED: Kind.INSTANCE_INTERRUPTED,
+    EventKind.INSTANCE_RESUMED: Kind.INSTANCE_RUNNING,
+    EventKind.INSTANCE_LOST: Kind.INSTANCE_FAILED,
+    **{kind: Kind.BILLING_NOTICE for kind in (
+        EventKind.BALANCE_DEPLETED, EventKind.DESTROY_WARNING, EventKind.INSTANCES_DESTROYED,
+        EventKind.TOP_UP_SUCCEEDED, EventKind.TOP_UP_FAILED, EventKind.REFUND, EventKind.CHARGEBACK,
+        EventKind.CHARGEBACK_REVERSED, EventKind.PAYOUT_FAILED, EventKind.SERVICE_CREDIT, EventKind.PRICE_CUT,
+        EventKind.PRICE_RAISED_BACK)},
+}
+
+
 def event_create(*, user: User, kind: str, message: str, data: dict[str, Any] | None = None,
                  email: bool = False) -> BillingEvent:
-    """Record the event; with `email`, send it to the user once the caller's transaction commits."""
+    """Record the event; with `email`, send it to the user once the caller's transaction commits, if the
+    preference that covers its kind (EMAIL_PREFERENCE) has e-mail on. `emailed`: whether it is e-mailed."""
+    email = email and email_wanted(user=user, kind=EMAIL_PREFERENCE.get(kind, Kind.BILLING_NOTICE))
     event = BillingEvent.objects.create(user=user, kind=kind, message=message, data=data or {}, emailed=email)
-    if email and user.email:
+    if email:
         transaction.on_commit(lambda: _send(user.email, kind, message))
     return event
 

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from core import dispatch
 from notifications.models import EmailStatus, Notification
-from notifications.services.notify import EMAIL_SEND
+from notifications.services.notify import EMAIL_SEND, channels_for
 from notifications.services.retry import backoff_s, recordable
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ def _give_up_reason(notification: Notification, now: datetime) -> str:
 
 def _claim(notification_id: int, after_attempts: int | None = None) -> Notification | None:
     """Claim the e-mail for sending (row locked; the attempt counted), or None when there is none to send: the
-    notification is gone, sent, given up, not e-mailed, or being sent by another worker; or it is given up here."""
+    notification is gone, sent, given up, not e-mailed, or being sent by another worker; or it is given up here
+    (too late, too many attempts, no address, or the user's preference for its kind turned e-mail off since)."""
     now = timezone.now()
     with transaction.atomic():
         notification = (Notification.objects.select_for_update(of=("self",)).select_related("user")
@@ -72,6 +73,9 @@ def _claim(notification_id: int, after_attempts: int | None = None) -> Notificat
         reason = _give_up_reason(notification, now)
         if not notification.user.email:
             reason = "Not sent: the account has no e-mail address."
+        elif not channels_for(user_id=notification.user_id, kind=notification.kind)[1]:
+            # Chosen since the notice was written (a retry an hour later, a backlog): the choice now decides.
+            reason = "Not sent: e-mail was turned off for these events since."
         if reason:
             _finish(notification, EmailStatus.FAILED, email_error=reason[:500])
             log.warning("notification %s: e-mail %s", notification.pk, reason)

@@ -19,6 +19,7 @@ from core import dispatch
 from core.errors import ValidationFailed
 from marketplace.models import User
 from notifications.models import (
+    EMAIL_ONLY_KINDS,
     PREFERENCE_KINDS,
     EmailStatus,
     Kind,
@@ -73,6 +74,15 @@ def channels_for(*, user_id: int, kind: str) -> tuple[bool, bool, bool]:
     return row if row is not None else (True, True, True)
 
 
+def email_wanted(*, user: User, kind: str) -> bool:
+    """Whether an e-mail of `kind` that another app sends itself (billing.services.notify.event_create) may go to
+    the user: an address, and the e-mail channel of their preference for the kind on. The mails that must always go
+    (sign-up, password reset, e-mail verification, the security changes of core.security_mail) ask nothing here."""
+    if kind not in Kind.values or kind == Kind.TEST:
+        raise ValueError(f"unknown notification kind {kind!r}")
+    return bool(user.email) and channels_for(user_id=user.pk, kind=kind)[1]
+
+
 def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -> Notification | None:
     """Tell `user` about an event of `kind`, once per `dedupe_key`, on the channels they chose.
 
@@ -81,6 +91,8 @@ def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -
     """
     if kind not in Kind.values or kind == Kind.TEST:
         raise ValueError(f"unknown notification kind {kind!r}")
+    if kind in EMAIL_ONLY_KINDS:
+        raise ValueError(f"{kind!r} is only e-mailed (email_wanted), never a notice")
     if not dedupe_key:
         raise ValueError("a notification needs a dedupe_key")
     payload = json.loads(json.dumps(payload, default=str))  # what is stored is what is sent

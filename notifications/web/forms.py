@@ -5,6 +5,7 @@ from django import forms
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
 from core.validators import no_control_characters
 from marketplace.reauth import PasswordConfirmedForm
+from notifications.models import EMAIL_ONLY_KINDS
 from notifications.selectors import KindChannels
 from notifications.services.notify import PREFERENCE_CHANNELS
 from notifications.services.urls import URL_MAX_LENGTH
@@ -34,7 +35,7 @@ CHANNEL_HEADINGS = {"in_app": "In the list", "email": "E-mail", "webhook": "Webh
 @dataclass(frozen=True)
 class ChannelCell:
     heading: str
-    field: forms.BoundField
+    field: forms.BoundField | None  # None: a channel the kind is never told on (EMAIL_ONLY_KINDS)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class ChannelsForm(forms.Form):
         for preference in preferences:
             cells = []
             for channel in PREFERENCE_CHANNELS:
+                if preference.kind in EMAIL_ONLY_KINDS and channel != "email":
+                    cells.append(ChannelCell(CHANNEL_HEADINGS[channel], None))
+                    continue
                 name = f"{preference.kind}:{channel}"
                 self.fields[name] = forms.BooleanField(
                     required=False, show_hidden_initial=True, initial=getattr(preference, channel),
