@@ -119,7 +119,10 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
                        f"{'the node is unreachable' if not result.ok else 'their VM is not running'}.",
                        level=NodeEvent.Level.CRITICAL)
         if node.pk in presence:
-            lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=last_healthy[node.pk])
+            # With the probe's start: a holder stopped since the first give-back is given back before the
+            # interruptions of the card's other holders, or with the decision not to interrupt it (gpu_presence).
+            lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=last_healthy[node.pk],
+                                       looked_at=result.probed_at)
             if lost:
                 interrupted[node.pk] = lost
         if node.pk in disks_lost:  # before last_seen_at moves on: the storage meter bills stopped disks up to it

@@ -86,9 +86,23 @@ def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | 
     closed its billing between the look and here, up to that moment) is given back what its run was billed after
     `last_seen` (interruptions.lost_usage_give_back, once: the reversal's key), as the health check
     (fleet_record._usage_after_loss_given_back) and the reconciler do. Before, a verification's inventory gave nothing
-    back: the renter paid for the card's loss up to their own stop. The health check passes none: it gives back in
-    its own steps."""
+    back: the renter paid for the card's loss up to their own stop. The health check passes its probe's start (it
+    also gives back in its own steps: fleet_record._usage_after_loss_given_back; once each, by the reversal's key).
+
+    The give-back comes first, right after the look, before any interruption or notice (those of other holders take
+    a while), and again for a holder that a stop overtakes just before its own interruption, in the transaction that
+    finds it no longer running. Before, it came in the loop with the interruptions: Celery's soft time limit landing
+    in an earlier holder's interruption gave nothing back, and no later look can (it begins after the stop)."""
     now = timezone.now()
+    detail = "a GPU it holds is no longer listed by nvidia-smi on the server"
+    held_then: set[int] = set()  # those that held a missing card when the look began (a stop lets it go)
+    if looked_at is not None and presence.missing:
+        held_then = _holders_at(gpu_ids=presence.missing, at=looked_at)
+        # Given back now, of those billed past the last sighting (one waiting interrupted for its card is not).
+        for instance_id in Instance.objects.filter(pk__in=held_then, billed_until__gt=last_seen) \
+                .order_by("pk").values_list("pk", flat=True) if last_seen is not None else ():
+            instance_svc.lost_usage_give_back(instance_id=instance_id, since=last_seen, looked_at=looked_at,
+                                              answered_at=None, detail=detail)
     if presence.back:
         gpus_returned(gpu_ids=presence.back)
         NodeEvent.objects.create(node=node, kind="gpu_back",
@@ -109,18 +123,16 @@ def node_gpus_presence(*, node: Node, presence: Presence, last_seen: datetime | 
                   .values_list("instance_id", flat=True))
     holders |= set(MigSliceAllocation.objects.filter(mig_slice__gpu_id__in=presence.missing,
                                                      released_at__isnull=True).values_list("instance_id", flat=True))
-    # Those that held one when the look began and let it go since (a stop releases its GPUs): given back below.
-    held_then = _holders_at(gpu_ids=presence.missing, at=looked_at) if looked_at is not None else set()
-    detail = "a GPU it holds is no longer listed by nvidia-smi on the server"
     interrupted = []
-    for instance_id in sorted(holders | held_then):
-        if instance_id in holders and instance_svc.instance_interrupt(
-                instance_id=instance_id, since=last_seen, cause=InterruptionCause.GPU_LOST,
-                detail=detail) is not None:
-            interrupted.append(instance_id)
-        elif looked_at is not None and instance_id in held_then:
-            instance_svc.lost_usage_give_back(instance_id=instance_id, since=last_seen, looked_at=looked_at,
-                                              answered_at=None, detail=detail)
+    for instance_id in sorted(holders):
+        with transaction.atomic():  # its row locked by the interruption: a stop comes before or after both
+            if instance_svc.instance_interrupt(instance_id=instance_id, since=last_seen,
+                                               cause=InterruptionCause.GPU_LOST, detail=detail) is not None:
+                interrupted.append(instance_id)
+            elif looked_at is not None and instance_id in held_then:
+                # No longer running: a stop, restart or destroy since the give-back above closed its billing.
+                instance_svc.lost_usage_give_back(instance_id=instance_id, since=last_seen, looked_at=looked_at,
+                                                  answered_at=None, detail=detail)
     return interrupted
 
 
