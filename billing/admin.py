@@ -37,6 +37,7 @@ from billing.services import ledger, payments, payouts, profiles
 from billing.services.refunds import OWN_ACCOUNT_REFUSED, REFUND_NOTE, refund_create_once, refundable_micros
 from billing.services.webhooks import redact_secrets
 from core.admin_paginator import EstimatedCountPaginator
+from core.admin_search import KeySearchAdmin
 from core.errors import ApplicationError, Conflict
 from core.idempotency import web_idempotency_key
 from marketplace.admin.common import refuse_stale_value, to_write
@@ -50,8 +51,9 @@ def usd(micros: int | None) -> str:
     return f"{'−' if micros < 0 else ''}${micros_to_usd(abs(micros))}"
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """View only: money is changed by services, never by editing rows."""
+class ReadOnlyAdmin(KeySearchAdmin):
+    """View only: money is changed by services, never by editing rows. An id searched by its index
+    (core/admin_search.py)."""
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -264,6 +266,9 @@ class UsageIntervalAdmin(ReadOnlyAdmin):
     list_display = ["id", "instance", "started_at", "ended_at", "seconds", "amount", "fee"]
     list_filter = ["ended_at"]
     search_fields = ["=instance__id", "instance__renter__email"]
+    # A number is an instance id, found by the (instance, started_at) index; "5" OR'd with the renter's e-mail
+    # LIKE '%5%' over the join read the whole table again (core/admin_search.py).
+    key_terms_search_keys_only = True
     raw_id_fields = ["instance"]
     # The largest table (a row per instance per meter run). Newest first by the primary key's index: the model's
     # (-started_at, -id) has none, and sorted the whole table for each page. The instance column shows its id and

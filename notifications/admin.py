@@ -2,10 +2,11 @@
 from django.contrib import admin
 
 from core.admin_paginator import EstimatedCountPaginator
+from core.admin_search import KeySearchAdmin
 from notifications.models import Notification, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
-class ReadOnly(admin.ModelAdmin):
+class ReadOnly(KeySearchAdmin):  # an id searched by its index (core/admin_search.py)
     def has_add_permission(self, request, obj=None):
         return False
 
@@ -68,6 +69,7 @@ class WebhookDeliveryAdmin(ReadOnly):
     list_display = ["id", "created_at", "endpoint", "kind", "status", "attempts", "last_status_code"]
     list_filter = ["status", "kind"]
     search_fields = ["endpoint__user__email", "endpoint__url", "=event_id"]
+    key_terms_search_keys_only = True  # a whole UUID is an event id, found by its unique index
     list_select_related = ["endpoint"]
     ordering = ["-id"]  # as the notifications' list: the primary key's index, an estimated count, no second count
     paginator = EstimatedCountPaginator

@@ -6,6 +6,7 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin_history import History
 from core.admin_paginator import EstimatedCountPaginator
+from core.admin_search import KeySearchAdmin
 from marketplace.stored_figures import run_figures, run_findings
 from provisioning.models import OPEN_JOB_STATUSES, Job, NodeEvent, VerificationRun
 from provisioning.services.runner import log_lines
@@ -64,11 +65,12 @@ class StuckFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(KeySearchAdmin):
     """Jobs, node events and verification runs: rows that grow with the fleet's life, read newest first by the
     primary key's index (their models' -created_at has none, and every page sorted the whole table), no COUNT(*) of
     every row per page (an estimate when unfiltered and large) and no second "N total" count
-    (core/admin_paginator.py; found by review), as the usage intervals' and the notifications' lists."""
+    (core/admin_paginator.py; found by review), as the usage intervals' and the notifications' lists. A job's id
+    searched by its index (core/admin_search.py)."""
 
     ordering = ["-id"]
     paginator = EstimatedCountPaginator

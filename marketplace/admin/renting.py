@@ -10,6 +10,7 @@ from django.utils.functional import cached_property
 
 from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
+from core.admin_search import KeySearchAdmin
 from core.errors import ApplicationError
 from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm
 from marketplace.models import (
@@ -177,7 +178,7 @@ instance_interruptions = History(
 
 
 @admin.register(Interruption)
-class InterruptionAdmin(NothingEditableAdmin, admin.ModelAdmin):
+class InterruptionAdmin(NothingEditableAdmin, KeySearchAdmin):  # the id by its index (core/admin_search.py)
     """Every interruption of the fleet: which nodes lose renters' instances, and what it cost their providers."""
 
     list_display = ["id", "instance", "node", "cause", "started_at", "detected_at", "ended_at", "outcome", "credited"]
@@ -209,7 +210,7 @@ class InterruptionAdmin(NothingEditableAdmin, admin.ModelAdmin):
 
 
 @admin.register(Instance)
-class InstanceAdmin(NothingEditableAdmin, HistoryAdmin):
+class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the id by its index: core/admin_search
     list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
                     "started_at"]
     # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
