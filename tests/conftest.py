@@ -4,7 +4,7 @@ import pytest
 from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
 
-from tests import run_lock
+from tests import db_template, run_lock
 from tests.factories import UserFactory, api_key_for
 from tests.live import celery_worker, sim_node_factory, simnodes_dir, worker  # noqa: F401 (fixtures for e2e and web)
 from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web tests)
@@ -47,6 +47,35 @@ def _may_turn_triggers_off(connection) -> bool:
 
 
 _flush_deletes_rows_not_files()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(request, django_test_environment, django_db_blocker, django_db_use_migrations, django_db_keepdb,
+                    django_db_createdb, django_db_modify_db_settings):
+    """pytest-django's, except that each test database is copied from a template migrated once for all xdist
+    workers (tests/db_template.py) instead of being migrated in each of them. --reuse-db and --no-migrations are
+    pytest-django's own."""
+    from django.db import connections
+    from django.test.utils import setup_databases, teardown_databases
+    from pytest_django.fixtures import _disable_migrations, _get_databases_for_setup
+
+    if not django_db_use_migrations:
+        _disable_migrations()
+    keepdb = django_db_keepdb and not django_db_createdb
+    aliases, serialized_aliases = _get_databases_for_setup(request.session.items)
+    verbosity = request.config.option.verbose
+    with django_db_blocker.unblock():
+        with db_template.test_databases_from_template(connections, enabled=django_db_use_migrations,
+                                                      say=lambda line: print(line, file=sys.stderr, flush=True)):
+            db_cfg = setup_databases(verbosity=verbosity, interactive=False, aliases=aliases,
+                                     serialized_aliases=serialized_aliases, keepdb=keepdb)
+    yield
+    if not django_db_keepdb:
+        with django_db_blocker.unblock():
+            try:
+                teardown_databases(db_cfg, verbosity=verbosity)
+            except Exception as exc:  # noqa: BLE001 (pytest-django's: a warning, not a failed run)
+                request.node.warn(pytest.PytestWarning(f"Error when trying to teardown test databases: {exc!r}"))
 
 
 def pytest_configure(config):
