@@ -36,6 +36,7 @@ from .common import (
     instance_release_gpus,
 )
 from .mig import reallocate_slices
+from .worker import QUARANTINED_REASON as _QUARANTINED_REASON
 from .worker import instance_mark_destroyed, instance_mark_stopped
 
 # ---------------------------------------------------------------------------- verbs (API side)
@@ -76,8 +77,6 @@ _REFUSALS: dict[str, dict[str, str]] = {
 
 
 # Why a quarantined node's instance is not restarted, and what its stop means.
-_QUARANTINED_REASON = (f"{NODE_STATE_REASONS[NodeState.QUARANTINED]}: its SSH host key changed, and the platform "
-                       "does not talk to it until an operator has accepted the new key")
 _STOPPED_UNREACHED = (f"Stopped; the disk is kept. Its server cannot be reached now ({_QUARANTINED_REASON}), so its "
                       "VM is stopped there when the platform reaches it again.")
 

@@ -6,8 +6,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.models import Instance, InterruptionOutcome
+from marketplace.models import Instance, InterruptionOutcome, Node, NodeState
 from marketplace.models.renting import FINAL_STATUSES
+from marketplace.services.offer_rules import NODE_STATE_REASONS
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address
 from notifications.services.notify import Kind
 
@@ -24,6 +25,14 @@ from .interruptions import interruption_close
 from .secrets import instance_forget_secrets
 
 # ------------------------------------------------------------------------- worker side (tasks)
+
+# Why no job reaches a quarantined node (the renter's verbs there say it: lifecycle, instance_mark_destroyed).
+QUARANTINED_REASON = (f"{NODE_STATE_REASONS[NodeState.QUARANTINED]}: its SSH host key changed, and the platform "
+                      "does not talk to it until an operator has accepted the new key")
+_DESTROYED_UNREACHED = ("Destroyed. Its server could not be reached, so the VM and its disk are removed when it "
+                        "answers again; nothing is charged meanwhile.")
+_DESTROYED_QUARANTINED = (f"Destroyed. Its server cannot be reached now ({QUARANTINED_REASON}), so the VM and its "
+                          "disk are removed there once the key is accepted; nothing is charged meanwhile.")
 
 
 @transaction.atomic
@@ -166,8 +175,10 @@ def instance_mark_destroyed(*, instance_id: int, cleanup_pending: bool = False) 
         credit = interruption_close(instance=instance, now=now, outcome=InterruptionOutcome.DESTROYED)
         message = "Destroyed"
         if cleanup_pending:
-            message = ("Destroyed. Its server could not be reached, so the VM and its disk are removed when it "
-                       "answers again; nothing is charged meanwhile." + credit)
+            # Quarantined, the node answers (it was not "unreachable"), but no job talks to it until an operator
+            # has accepted its new host key: said so, as the 409 of a restart there says it.
+            quarantined = Node.objects.filter(pk=instance.node_id, state=NodeState.QUARANTINED).exists()
+            message = (_DESTROYED_QUARANTINED if quarantined else _DESTROYED_UNREACHED) + credit
         instance.transition_to(S.DESTROYED, message)
         instance.destroyed_at = now
         instance.vm_cleanup_pending = cleanup_pending
