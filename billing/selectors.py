@@ -9,8 +9,23 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BigIntegerField, Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Cast, Coalesce, StrIndex, Substr, TruncMonth
+from django.db.models import (
+    BigIntegerField,
+    CharField,
+    Count,
+    Exists,
+    F,
+    Func,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+)
+from django.db.models.functions import Cast, Coalesce, Concat, StrIndex, Substr, TruncMonth
 from django.utils import timezone
 
 from billing.models import (
@@ -76,6 +91,33 @@ def usage_given_back_micros(*, instance_ids: Collection[int]) -> dict[int, int]:
             .order_by())
     return {row["transaction__reverses__usage_interval__instance_id"]: row["total"] for row in rows
             if row["total"]}
+
+
+def usage_given_back(instance: OuterRef) -> Coalesce:
+    """Correlated: what was given back to the renter of the instance's GPU time's charges (the reversals of its
+    usage intervals' ledger transactions; 0 when none). usage_given_back_micros says the same for a set of ids."""
+    moved = (Entry.objects.filter(account__kind=AccountKind.CUSTOMER_WALLET,
+                                  transaction__reverses__usage_interval__instance_id=instance)
+             .order_by().values(total=Func(F("amount_micros"), function="SUM")))
+    return Coalesce(Subquery(moved, output_field=BigIntegerField()), Value(0), output_field=BigIntegerField())
+
+
+# The ledger keys billing.services.storage.storage_key gives storage charges: storage:<volume|disk>:<id>:<start µs>.
+_STORAGE_KEY_OF = {"volume": "storage:volume:", "disk": "storage:disk:"}
+
+
+def storage_given_back(what: str, *, object_id: OuterRef, owner_id: OuterRef) -> Coalesce:
+    """Correlated: what was given back to the owner of a volume (`what` "volume") or of a stopped instance's disk
+    ("disk") of its storage charges, by their reversals (an operator's; 0 when none). Storage charges name what they
+    bill by their ledger key only (billing.services.storage.storage_key: storage:<what>:<id>:<start µs>), so they
+    are found by its prefix, the trailing ':' keeping id 1 from matching 12. The volume's cost_micros and the
+    instance's disk_cost_micros stay what was charged (the meter's cumulative arithmetic reads them)."""
+    prefix = Concat(Value(_STORAGE_KEY_OF[what]), Cast(object_id, CharField()), Value(":"))
+    moved = (Entry.objects.filter(account__kind=AccountKind.CUSTOMER_WALLET, account__user_id=owner_id,
+                                  transaction__reverses__kind=TransactionKind.STORAGE,
+                                  transaction__reverses__idempotency_key__startswith=prefix)
+             .order_by().values(total=Func(F("amount_micros"), function="SUM")))
+    return Coalesce(Subquery(moved, output_field=BigIntegerField()), Value(0), output_field=BigIntegerField())
 
 
 def top_ups_for_user(*, user: User) -> QuerySet[TopUp]:
@@ -447,18 +489,32 @@ def balance_status(*, user: User) -> BalanceStatus:
 def instance_cost(*, instance: Instance) -> dict[str, int]:
     """What an instance has cost so far, including the whole seconds of this run not metered yet, net of what was
     given back of its charges since (reversals: usage billed after its VM's last sighting, an operator's), as the
-    ledger and the usage page count it.
+    ledger and the usage page count it; and what its disk cost while stopped, net of its reversals too.
 
-    {"amount_micros", "billed_seconds" (seconds in closed usage intervals), "given_back_micros"}. Before, the
-    amount was what was charged: a give-back still read as paid on the instance's page (found by review).
+    {"amount_micros", "billed_seconds" (seconds in closed usage intervals), "given_back_micros",
+    "disk_amount_micros", "disk_given_back_micros"}, in one query. Before, the amount was what was charged: a
+    give-back still read as paid on the instance's page (found by review); so did an operator's reversal of a disk
+    charge (the page read disk_cost_micros).
     """
-    given_back = usage_given_back_micros(instance_ids=[instance.pk]).get(instance.pk, 0)
+    given_back, disk_given_back = (
+        Instance.objects.filter(pk=instance.pk)
+        .annotate(usage=usage_given_back(OuterRef("pk")),
+                  disk=storage_given_back("disk", object_id=OuterRef("pk"), owner_id=OuterRef("renter_id")))
+        .values_list("usage", "disk").first() or (0, 0))
     return {"amount_micros": instance_cost_so_far(instance=instance) - given_back,
-            "billed_seconds": instance.billed_seconds, "given_back_micros": given_back}
+            "billed_seconds": instance.billed_seconds, "given_back_micros": given_back,
+            "disk_amount_micros": instance.disk_cost_micros - disk_given_back,
+            "disk_given_back_micros": disk_given_back}
 
 
-# The ledger keys billing.services.storage.storage_key gives storage charges: storage:<volume|disk>:<id>:<start µs>.
-_STORAGE_KEY_OF = {"volume": "storage:volume:", "disk": "storage:disk:"}
+def storage_given_back_micros(what: str, *, ids: Collection[int]) -> dict[int, int]:
+    """Volume (`what` "volume") or instance ("disk") id -> what was given back to its owner of its storage charges
+    (storage_given_back), for those with any: one query for a page of them (a reader without the annotation)."""
+    model, owner = (Volume, "owner_id") if what == "volume" else (Instance, "renter_id")
+    rows = (model.objects.filter(pk__in=list(ids))
+            .annotate(given_back=storage_given_back(what, object_id=OuterRef("pk"), owner_id=OuterRef(owner)))
+            .values_list("pk", "given_back"))
+    return {pk: amount for pk, amount in rows if amount}
 
 
 def earnings_by_node(*, user: User) -> dict[int, int]:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.db.models import (
-    BigIntegerField,
     BooleanField,
     Case,
     Count,
@@ -30,7 +29,7 @@ from django.db.models.expressions import Combinable
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.db.models.lookups import In
 
-from billing.models import AccountKind, Entry
+from billing.selectors import storage_given_back, usage_given_back
 from marketplace.models import (
     Gpu,
     GpuAllocation,
@@ -272,20 +271,29 @@ def instance_ssh_command(instance: Instance) -> str | None:
     return shlex.join(["ssh", "-p", str(instance.ssh_port), f"{instance.ssh_user or 'root'}@{instance.ssh_host}"])
 
 
-def instances_with_usage_given_back(instances: QuerySet[Instance]) -> QuerySet[Instance]:
-    """The instances, each annotated with `usage_given_back_micros`: what was given back to its renter of its GPU
-    time's charges since (the reversals of its usage intervals' ledger transactions: usage billed after its VM's
-    last sighting, billing.services.metering.usage_give_back, or an operator's; 0 when none), in the list's own
-    query (a correlated subquery; billing.selectors.usage_given_back_micros says the same for a set of ids).
+def instances_with_given_back(instances: QuerySet[Instance]) -> QuerySet[Instance]:
+    """The instances, each annotated with what was given back to its renter of its charges since, in the list's own
+    query (correlated subqueries; 0 when none): `usage_given_back_micros` of its GPU time's (the reversals of its
+    usage intervals' ledger transactions: usage billed after its VM's last sighting,
+    billing.services.metering.usage_give_back, or an operator's; billing.selectors.usage_given_back_micros says
+    the same for a set of ids) and `disk_given_back_micros` of its disk's while stopped (an operator's reversal of
+    a storage charge: billing.selectors.storage_given_back).
 
-    The instance's cost_micros stays what was charged (the meter's cumulative arithmetic reads it); what the
-    renter paid, as the ledger, the statement and the balance count it, is that less this."""
-    moved = (Entry.objects.filter(account__kind=AccountKind.CUSTOMER_WALLET,
-                                  transaction__reverses__usage_interval__instance_id=OuterRef("pk"))
-             .order_by().values("transaction__reverses__usage_interval__instance_id")
-             .annotate(total=Sum("amount_micros")).values("total"))
-    return instances.annotate(usage_given_back_micros=Coalesce(
-        Subquery(moved, output_field=BigIntegerField()), Value(0), output_field=BigIntegerField()))
+    The instance's cost_micros and disk_cost_micros stay what was charged (the meter's cumulative arithmetic reads
+    them); what the renter paid, as the ledger, the statement and the balance count it, is each less its own.
+    Before, the disk's was not carried: disk_cost_so_far read as charged after an operator's reversal."""
+    return instances.annotate(
+        usage_given_back_micros=usage_given_back(OuterRef("pk")),
+        disk_given_back_micros=storage_given_back("disk", object_id=OuterRef("pk"), owner_id=OuterRef("renter_id")))
+
+
+def volumes_with_given_back(volumes: QuerySet[Volume]) -> QuerySet[Volume]:
+    """The volumes, each annotated with `given_back_micros`: what an operator's reversals of its storage charges gave
+    back to its owner (billing.selectors.storage_given_back), in the list's own query. Its cost_micros stays what was
+    charged; what the owner paid, as the ledger says, is that less this. Before, the volumes API and page read
+    cost_micros. (No net annotation: one on top of it repeats the subquery in the SQL.)"""
+    return volumes.annotate(
+        given_back_micros=storage_given_back("volume", object_id=OuterRef("pk"), owner_id=OuterRef("owner_id")))
 
 
 def node_in_use_q() -> Q:

@@ -12,7 +12,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers
 
-from billing.selectors import usage_given_back_micros
+from billing.selectors import storage_given_back_micros, usage_given_back_micros
 from billing.services.metering import fee_percent, instance_cost_so_far
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.schema import CONTROL, NUL, string_pattern
@@ -117,8 +117,9 @@ class InstanceSerializer(serializers.ModelSerializer):
         source="disk_price_per_gb_month_micros", read_only=True,
         help_text="USD per GB per 30-day month for its disk while it is stopped: the node's published disk price "
                   "at booking. Billed per second from the stop until it starts again or is destroyed.")
-    disk_cost_so_far = UsdField(source="disk_cost_micros", read_only=True, max_digits=18,
-                                help_text="USD charged so far for its disk while stopped (metered every minute).")
+    disk_cost_so_far = serializers.SerializerMethodField(
+        help_text="USD paid so far for its disk while stopped (metered every minute): what was charged, less what "
+                  "was given back of it since (an adjustment line of your statement).")
     volumes = serializers.SerializerMethodField(help_text="The volumes mounted in it: [{volume, name, mount}].")
 
     class Meta:
@@ -146,11 +147,21 @@ class InstanceSerializer(serializers.ModelSerializer):
     def get_cost_so_far(self, instance):
         # Net of what was given back (reversals of its usage charges), as the ledger, the usage API and the instance
         # page say; before, what was charged (found by review). The viewset's queryset carries the sum
-        # (marketplace.selectors.instances_with_usage_given_back: no query per instance); one query otherwise.
+        # (marketplace.selectors.instances_with_given_back: no query per instance); one query otherwise.
         given_back = getattr(instance, "usage_given_back_micros", None)
         if given_back is None:
             given_back = usage_given_back_micros(instance_ids=[instance.pk]).get(instance.pk, 0)
         return UsdField(max_digits=18).to_representation(instance_cost_so_far(instance=instance) - given_back)
+
+    @extend_schema_field(UsdField(read_only=True, max_digits=18))
+    def get_disk_cost_so_far(self, instance):
+        # Net of an operator's reversals of its disk's storage charges, as the ledger and the instance page say;
+        # before, disk_cost_micros (what was charged). Carried by the viewset's queryset
+        # (marketplace.selectors.instances_with_given_back); one query otherwise.
+        given_back = getattr(instance, "disk_given_back_micros", None)
+        if given_back is None:
+            given_back = storage_given_back_micros("disk", ids=[instance.pk]).get(instance.pk, 0)
+        return UsdField(max_digits=18).to_representation(instance.disk_cost_micros - given_back)
 
     @extend_schema_field(InstanceVolumeSerializer(many=True))
     def get_volumes(self, instance):

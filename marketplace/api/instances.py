@@ -26,7 +26,7 @@ from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer
 from core.api.scopes import RENTER_ONLY
 from core.idempotency import request_fingerprint
 from marketplace.models import Instance, InstanceStatus
-from marketplace.selectors import instances_with_usage_given_back
+from marketplace.selectors import instances_with_given_back
 from marketplace.services import instances as svc
 from marketplace.services.instances import options as opts
 from provisioning.services.vms import vm_logs
@@ -144,8 +144,9 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        # cost_so_far is net of what was given back of its charges: carried in the list's own query.
-        return instances_with_usage_given_back(svc.instances_for_user(user=self.request.user))
+        # cost_so_far and disk_cost_so_far are net of what was given back of their charges: carried in the list's
+        # own query.
+        return instances_with_given_back(svc.instances_for_user(user=self.request.user))
 
     def _render(self, instance, code=status.HTTP_200_OK):
         fresh = self.get_queryset().get(pk=instance.pk)

@@ -1,8 +1,9 @@
 """Renters' volumes: create on an offer's node, list, read, delete (explicit, confirmed by the volume's name)."""
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
+from billing.selectors import storage_given_back_micros
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.idempotency import idempotency_parameter
@@ -11,6 +12,7 @@ from core.api.scopes import RENTER_ONLY
 from core.validators import no_control_characters
 from marketplace.models import Volume
 from marketplace.models.volumes import MAX_VOLUME_GB
+from marketplace.selectors import volumes_with_given_back
 from marketplace.services import volumes as svc
 from marketplace.validators import NAME_MAX_LENGTH
 
@@ -26,8 +28,9 @@ class VolumeSerializer(serializers.ModelSerializer):
     price_per_gb_month = UsdField(source="price_per_gb_month_micros", read_only=True, help_text=(
         "USD per GB per 30-day month, the node's published disk price when the volume was created; billed per "
         "second while the volume exists (from `available_at` until its deletion is asked for)."))
-    cost_so_far = UsdField(source="cost_micros", read_only=True, max_digits=18,
-                           help_text="USD charged so far (metered every minute).")
+    cost_so_far = serializers.SerializerMethodField(
+        help_text="USD paid so far (metered every minute): what was charged, less what was given back of it since "
+                  "(an adjustment line of your statement).")
     mounts = VolumeMountSerializer(many=True, read_only=True,
                                    help_text="The instances it was mounted in, and where (live or not).")
     in_use_by = serializers.SerializerMethodField(
@@ -39,6 +42,16 @@ class VolumeSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "label", "node", "size_gb", "state", "status_message", "price_per_gb_month",
                   "cost_so_far", "mounts", "in_use_by", "created_at", "available_at", "deleted_at"]
         read_only_fields = fields
+
+    @extend_schema_field(UsdField(read_only=True, max_digits=18))
+    def get_cost_so_far(self, volume):
+        # Net of an operator's reversals of its storage charges, as the ledger says; before, cost_micros (what was
+        # charged). Carried by the viewset's queryset (marketplace.selectors.volumes_with_given_back); one query
+        # otherwise.
+        given_back = getattr(volume, "given_back_micros", None)
+        if given_back is None:
+            given_back = storage_given_back_micros("volume", ids=[volume.pk]).get(volume.pk, 0)
+        return UsdField(max_digits=18).to_representation(volume.cost_micros - given_back)
 
     def get_in_use_by(self, volume) -> list[int]:
         return svc.volume_live_instance_ids(volume)
@@ -108,12 +121,14 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
+        # cost_so_far is net of what was given back of its charges: carried in the list's own query.
         if self.action == "list":
-            return svc.volumes_for_user(user=self.request.user)
-        return svc.volumes_for_user(user=self.request.user, include_deleted=True)
+            return volumes_with_given_back(svc.volumes_for_user(user=self.request.user))
+        return volumes_with_given_back(svc.volumes_for_user(user=self.request.user, include_deleted=True))
 
     def _render(self, volume, code=status.HTTP_200_OK):
-        fresh = svc.volumes_for_user(user=self.request.user, include_deleted=True).get(pk=volume.pk)
+        fresh = volumes_with_given_back(svc.volumes_for_user(user=self.request.user, include_deleted=True)).get(
+            pk=volume.pk)
         return Response(VolumeSerializer(fresh).data, status=code)
 
     def create(self, request):

@@ -15,6 +15,7 @@ from core.web_errors import form_error, message_error
 from marketplace.models import Node, Volume
 from marketplace.models.nodes import offerable
 from marketplace.models.volumes import MAX_VOLUME_GB
+from marketplace.selectors import volumes_with_given_back
 from marketplace.services import volumes as svc
 from marketplace.templatetags.marketplace_web import usd_rate
 from marketplace.validators import NAME_MAX_LENGTH
@@ -76,8 +77,10 @@ def volumes(request):
             messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is being created; it is billed "
                                       f"at {usd_rate(volume.price_per_gb_month_micros)} per GB-month once it exists.")
             return redirect("volumes")
-    listed = svc.volumes_for_user(user=request.user).order_by("-created_at", "-id")
-    rows = [{"volume": v, "in_use_by": svc.volume_live_instance_ids(v)} for v in listed]
+    # What each cost so far, net of what was given back of its charges (the ledger's figure), in the list's query.
+    listed = volumes_with_given_back(svc.volumes_for_user(user=request.user)).order_by("-created_at", "-id")
+    rows = [{"volume": v, "in_use_by": svc.volume_live_instance_ids(v), "paid": v.cost_micros - v.given_back_micros}
+            for v in listed]
     return render(request, "marketplace/volumes.html", {"form": form, "rows": rows},
                   status=400 if form.errors else 200)
 
