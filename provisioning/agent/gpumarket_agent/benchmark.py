@@ -2,14 +2,12 @@
 only: every other command stays stdlib-only. With device "cpu" the same code measures the host CPU (how it is
 tested without a GPU). In sim mode the figures come from the profile's `performance` section, with run-to-run
 noise, in the same shape."""
-import json
 import os
 import random
-import sys
 import threading
 import time
 
-from .core import AGENT_VERSION, AgentError, invalid
+from .core import _WATCHDOG, AGENT_VERSION, AgentError, emit, invalid
 from .measurements import MATMUL_DTYPES, bench_plan, import_torch, measure
 from .mig import bench_slices, validate_mig_uuids
 from .smi import load_profile
@@ -21,9 +19,6 @@ BENCH_LIMIT_S = (300, 1, 900)  # default, least and most time_limit_s a request 
 
 # The sim's small-CNN figures: ~13.8 MFLOP per training image (forward ~4.6), at this share of FP32 throughput.
 SIM_CNN = {"train_flop": 13.8e6, "infer_flop": 4.6e6, "efficiency": 0.1}
-_WATCHDOG = []  # set by main(): a hard stop for a benchmark stuck where Python cannot interrupt it
-_EMIT_LOCK = threading.Lock()
-_EMITTED = []
 
 
 def validate_benchmark(req):
@@ -40,18 +35,6 @@ def validate_benchmark(req):
                                 or not all(type(i) is int and 0 <= i < 64 for i in indices)):
         raise invalid("gpu_indices", "gpu_indices must be a list of distinct GPU indices")
     return quick, device, limit, indices
-
-
-def emit(answer, out=None):
-    """Print the one answer; False if one was printed already (the watchdog and main() may race)."""
-    with _EMIT_LOCK:
-        if _EMITTED:
-            return False
-        _EMITTED.append(True)
-        out = out or sys.stdout
-        out.write(json.dumps(answer, sort_keys=True) + "\n")
-        out.flush()
-        return True
 
 
 def start_watchdog(seconds):

@@ -6,23 +6,16 @@ import socket
 import sys
 import time
 
-from .benchmark import _WATCHDOG, cmd_benchmark, emit
-from .challenge import main_challenge
-from .core import AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, invalid, state_or_unknown
-from .memproof import main_memproof
-from .mig import read_mig
+from .core import _WATCHDOG, AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, emit, invalid, state_or_unknown
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
-from .runtimes.sim import sim_nvidia_smi
-from .runtimes.simbox import main_sim_box
-from .serve import serve
 from .smi import host_facts, inventory_hash, load_profile, read_gpus
-from .topology import read_topology
 from .validation import reject_unknown
-from .vm import cmd_vm, cmd_volumes
 
 
 def cmd_inventory(cfg, req):
+    from .mig import read_mig
+    from .topology import read_topology
     reject_unknown(req, ())
     gpus, cuda = read_gpus(cfg)
     profile = load_profile(cfg.sim_profile)[0] if cfg.runtime == "sim" else None
@@ -68,6 +61,11 @@ def cmd_health(cfg, req):
     return answer
 
 
+def cmd_benchmark(cfg, req):
+    from .benchmark import cmd_benchmark
+    return cmd_benchmark(cfg, req)
+
+
 COMMANDS = {"inventory": cmd_inventory, "health": cmd_health, "benchmark": cmd_benchmark}
 SERVED = {"health": cmd_health}  # what `serve` answers: read-only commands (serve.py)
 
@@ -83,8 +81,10 @@ def handle(argv, stdin_text, env):
         if not isinstance(req, dict):
             raise invalid("request", "the request must be a JSON object")
         if argv[:1] == ["vm"] and len(argv) == 2:
+            from .vm import cmd_vm
             answer = cmd_vm(cfg, req, argv[1])
         elif argv[:1] == ["volume"] and len(argv) == 2:
+            from .vm import cmd_volumes
             answer = cmd_volumes(cfg, req, argv[1])
         elif len(argv) == 1 and argv[0] in COMMANDS:
             answer = COMMANDS[argv[0]](cfg, req)
@@ -107,10 +107,13 @@ def main():
     _WATCHDOG.append(True)
     argv = sys.argv[1:]
     if argv[:1] == ["_sim-nvidia-smi"] and len(argv) >= 2:  # the fake nvidia-smi of a sim VM
+        from .runtimes.sim import sim_nvidia_smi
         return sim_nvidia_smi(argv[2:], argv[1])
     if argv[:1] == ["_sim-box"]:  # the ports and onstart of a sim VM (runtimes/simbox.py)
+        from .runtimes.simbox import main_sim_box
         return main_sim_box(argv[1:])
     if argv == ["serve"]:  # long-lived: one JSON request a line, one answer a line (serve.py)
+        from .serve import serve
         return serve(os.environ, SERVED)
     if argv in (["challenge"], ["memproof"]):  # interactive: one JSON object a line both ways
         try:
@@ -118,7 +121,11 @@ def main():
         except AgentError as exc:
             emit({"ok": False, "agent_version": AGENT_VERSION, "error": {"code": exc.code, "message": exc.message}})
             return 1
-        return main_challenge(cfg) if argv == ["challenge"] else main_memproof(cfg)
+        if argv == ["challenge"]:
+            from .challenge import main_challenge
+            return main_challenge(cfg)
+        from .memproof import main_memproof
+        return main_memproof(cfg)
     stdin_text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(MAX_REQUEST_BYTES + 1)
     if len(stdin_text) > MAX_REQUEST_BYTES:
         answer, status = {"ok": False, "agent_version": AGENT_VERSION, "error": {

@@ -10,7 +10,6 @@ import sys
 import time
 
 from ..allocation import cards_now
-from ..bundle import copy_agent
 from ..core import AgentError, read_json, run, write_file
 from ..mig import list_text, sim_slices
 from ..procs import kill_trees, local_address, pids_matching, port_free, ssh_banner, wait_port
@@ -123,6 +122,8 @@ class SimRuntime(Runtime):
         self.rebind(rec)
         # A private copy of the agent, so re-uploading or moving the agent never breaks a running VM.
         agent_copy = os.path.join(vmdir, "bin", "gpumarket_agent.pyz")
+        from ..bundle import copy_agent  # only here: zipfile and the rest are not needed for a health check
+
         copy_agent(agent_copy)
         write_file(os.path.join(vmdir, "bin", "nvidia-smi"), fake_nvidia_smi_script(
             sys.executable, agent_copy, os.path.join(vmdir, "gpus.json")), 0o755)
