@@ -17,16 +17,18 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db import transaction
 
 from core import addresses as core_addresses
 from core import dispatch
 from core.addresses import Address, address_kind, getaddrinfo_within, node_address_allowed
 from core.errors import Conflict, Unavailable
 from core.transitions import InvalidTransition
-from marketplace.models import Instance, InstanceStatus, Node
+from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from marketplace.services.instances.options import PORTS_MAX
+from marketplace.services.instances.worker import QUARANTINE_INTERRUPTION, STOPPED_ON_QUARANTINED_NODE
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
@@ -815,6 +817,10 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         return
     touched = _touched_vm(job)
     if not touched and kind in (JobKind.INSTANCE_STOP, JobKind.INSTANCE_RESTART):
+        if instance.node.state == NodeState.QUARANTINED:
+            _unreached_on_quarantined_node(instance, kind, waiting_on)
+            job_finish(job=job, error=error, fault=fault)
+            return
         what = "stop" if kind == JobKind.INSTANCE_STOP else "restart"
         instance_svc.instance_mark_running_again(
             instance_id=instance.pk, only_in=waiting_on,
@@ -844,6 +850,26 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         instance_svc.instance_mark_stopped(instance_id=instance.pk, message=message, cleanup_pending=not settled,
                                            only_in=waiting_on)
     job_finish(job=job, error=error, fault=fault)
+
+
+def _unreached_on_quarantined_node(instance: Instance, kind: JobKind, waiting_on: tuple[str, ...]) -> None:
+    """A stop or restart that never reached the VM, whose node is quarantined now (its SSH host key changed: the
+    job, opened before, met the new key). Not running again, "stop it again": on a node no check and no job talks
+    to until an operator accepts the key, the renter could not stop it, was told it was billed, and it escaped the
+    interruption node_quarantine gave the node's running instances (found in r47: reproduced with a sim server
+    whose key changed between the renter's stop and its job). It ends as the renter's verbs there end
+    (marketplace.services.instances.lifecycle): a stop is stopped, its GPUs held until the node's reconcile,
+    after the key is accepted, finds the VM stopped or stops it; a restart is interrupted as the node's running
+    instances were (billed up to its last healthy moment; resumed or started again by that reconcile)."""
+    if kind == JobKind.INSTANCE_STOP:
+        instance_svc.instance_mark_stopped(instance_id=instance.pk, message=STOPPED_ON_QUARANTINED_NODE,
+                                           cleanup_pending=True, only_in=waiting_on)
+        return
+    with transaction.atomic():
+        instance_svc.instance_mark_running_again(instance_id=instance.pk, only_in=waiting_on,
+                                                 message="The restart did not reach the server.")
+        instance_svc.instance_interrupt(instance_id=instance.pk, since=instance.node.last_seen_at,
+                                        cause=InterruptionCause.NODE_LOST, detail=QUARANTINE_INTERRUPTION)
 
 
 def vm_logs(*, instance: Instance, tail: int) -> list[str]:

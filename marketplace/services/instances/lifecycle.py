@@ -37,6 +37,7 @@ from .common import (
 )
 from .mig import reallocate_slices
 from .worker import QUARANTINED_REASON as _QUARANTINED_REASON
+from .worker import STOPPED_ON_QUARANTINED_NODE as _STOPPED_UNREACHED
 from .worker import instance_mark_destroyed, instance_mark_stopped
 
 # ---------------------------------------------------------------------------- verbs (API side)
@@ -74,11 +75,6 @@ _REFUSALS: dict[str, dict[str, str]] = {
         S.STOPPED: "The instance is stopped; use start.",
     },
 }
-
-
-# Why a quarantined node's instance is not restarted, and what its stop means.
-_STOPPED_UNREACHED = (f"Stopped; the disk is kept. Its server cannot be reached now ({_QUARANTINED_REASON}), so its "
-                      "VM is stopped there when the platform reaches it again.")
 
 
 # Worded as the booking's refusal (offer_rules.node_refusal), with what becomes of the instance.

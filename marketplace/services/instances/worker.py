@@ -29,6 +29,12 @@ from .secrets import instance_forget_secrets
 # Why no job reaches a quarantined node (the renter's verbs there say it: lifecycle, instance_mark_destroyed).
 QUARANTINED_REASON = (f"{NODE_STATE_REASONS[NodeState.QUARANTINED]}: its SSH host key changed, and the platform "
                       "does not talk to it until an operator has accepted the new key")
+# A stop that no job could carry to a quarantined node (lifecycle.instance_stop, vms.vm_failed).
+STOPPED_ON_QUARANTINED_NODE = (f"Stopped; the disk is kept. Its server cannot be reached now ({QUARANTINED_REASON}), "
+                               "so its VM is stopped there when the platform reaches it again.")
+# How node_quarantine's interruptions name their cause (and a restart's that met the changed key: vms.vm_failed).
+QUARANTINE_INTERRUPTION = ("its SSH host key changed; the platform no longer talks to it until an operator confirms "
+                           "the key")
 _DESTROYED_UNREACHED = ("Destroyed. Its server could not be reached, so the VM and its disk are removed when it "
                         "answers again; nothing is charged meanwhile.")
 _DESTROYED_QUARANTINED = (f"Destroyed. Its server cannot be reached now ({QUARANTINED_REASON}), so the VM and its "
