@@ -16,7 +16,7 @@ from billing.api.common import top_up_amount_field
 from billing.models import BillingEvent, BillingProfile, EventKind, UsageInterval
 from billing.services import ledger, metering, profiles
 from billing.services.customers import profile_for
-from billing.services.profiles import CONNECT_ACCOUNT_ID
+from billing.services.profiles import CONNECT_ACCOUNT_ID_SET
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
@@ -211,7 +211,7 @@ class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 class ProfileSerializer(StrictFieldsMixin, serializers.Serializer):
     # Parses only: billing.services.profiles holds the rules (a card of yours, what auto top-up needs).
     stripe_connect_account_id = serializers.RegexField(
-        CONNECT_ACCOUNT_ID, max_length=100, required=False, allow_blank=True,
+        CONNECT_ACCOUNT_ID_SET, max_length=100, required=False, allow_blank=True,
         help_text="Your Stripe Connect account (acct_...), where payouts of your earnings go. Blank: none.")
     auto_top_up_enabled = serializers.BooleanField(required=False)
     auto_top_up_threshold = CentsField(

@@ -17,8 +17,11 @@ from core.security_mail import security_change_notify
 from marketplace.models import User
 from marketplace.money import usd_text
 
-# A Stripe Connect account id, or "" for none; the API's schema publishes this pattern and the payouts form uses it.
+# A Stripe Connect account id, or "" for none; the payouts form uses it.
 CONNECT_ACCOUNT_ID = r"^(acct_[A-Za-z0-9]{1,90})?$"
+# The same without "": for a field that allows blank by itself. The schema publishes such a field as oneOf(this
+# pattern, maxLength 0), and a pattern that also matched "" made "" match both, which oneOf forbids.
+CONNECT_ACCOUNT_ID_SET = r"^acct_[A-Za-z0-9]{1,90}$"
 _CONNECT_ACCOUNT_RE = re.compile(CONNECT_ACCOUNT_ID)
 CONNECT_ACCOUNT_MESSAGE = "A Stripe Connect account id looks like acct_1A2b3C4d."
 
