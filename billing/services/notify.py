@@ -50,11 +50,21 @@ EMAIL_PREFERENCE: dict[str, str] = {
 }
 
 
+# E-mailed whatever the preferences say: the last warning before a renter's instances and disks are destroyed for
+# an unpaid balance. Data lost cannot be brought back; a renter who turned billing notices off still gets this one
+# (as a cloud's notice of a deletion goes to every account, whatever its marketing or notice settings).
+ALWAYS_EMAILED = frozenset({EventKind.DESTROY_WARNING})
+
+
 def event_create(*, user: User, kind: str, message: str, data: dict[str, Any] | None = None,
                  email: bool = False) -> BillingEvent:
     """Record the event; with `email`, send it to the user once the caller's transaction commits, if the
-    preference that covers its kind (EMAIL_PREFERENCE) has e-mail on. `emailed`: whether it is e-mailed."""
-    email = email and email_wanted(user=user, kind=EMAIL_PREFERENCE.get(kind, Kind.BILLING_NOTICE))
+    preference that covers its kind (EMAIL_PREFERENCE) has e-mail on, or always (ALWAYS_EMAILED). `emailed`:
+    whether it is e-mailed."""
+    if email and kind in ALWAYS_EMAILED:
+        email = bool(user.email)
+    else:
+        email = email and email_wanted(user=user, kind=EMAIL_PREFERENCE.get(kind, Kind.BILLING_NOTICE))
     event = BillingEvent.objects.create(user=user, kind=kind, message=message, data=data or {}, emailed=email)
     if email:
         transaction.on_commit(lambda: _send(user.email, kind, message))

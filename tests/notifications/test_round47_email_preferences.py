@@ -18,7 +18,7 @@ from django.test import Client
 from billing.models import BillingEvent, EventKind
 from billing.services.enforcement import balances_enforce
 from billing.services.ledger import credit_grant, ledger_reverse
-from billing.services.notify import EMAIL_PREFERENCE, event_create
+from billing.services.notify import ALWAYS_EMAILED, EMAIL_PREFERENCE, event_create
 from marketplace.models import Instance
 from marketplace.money import usd_to_micros
 from marketplace.services import instances as instance_svc
@@ -106,7 +106,7 @@ def test_every_billing_event_kind_has_the_preference_that_covers_its_e_mail():
     assert EMAIL_PREFERENCE[EventKind.BALANCE_DEPLETED] == Kind.BILLING_NOTICE
 
 
-@pytest.mark.parametrize("kind", list(EventKind))
+@pytest.mark.parametrize("kind", [k for k in EventKind if k not in ALWAYS_EMAILED])
 def test_no_billing_event_is_e_mailed_with_every_e_mail_turned_off(kind, owner,
                                                                     django_capture_on_commit_callbacks):
     """Without reading EMAIL_PREFERENCE: fails on the old code for every kind."""
@@ -116,8 +116,20 @@ def test_no_billing_event_is_e_mailed_with_every_e_mail_turned_off(kind, owner,
     assert mail.outbox == [] and not event.emailed
 
 
+def test_the_last_warning_before_a_destroy_is_e_mailed_whatever_the_preferences(owner,
+                                                                              django_capture_on_commit_callbacks):
+    """The one billing e-mail that ignores the preferences: the warning that instances and disks will be destroyed
+    for an unpaid balance (data lost cannot be brought back)."""
+    assert ALWAYS_EMAILED == {EventKind.DESTROY_WARNING}
+    _all_off(owner)
+    with django_capture_on_commit_callbacks(execute=True):
+        event = event_create(user=owner, kind=EventKind.DESTROY_WARNING, message="Destroyed tomorrow.", email=True)
+        quiet = event_create(user=owner, kind=EventKind.DESTROY_WARNING, message="Only recorded.")
+    assert [m.body for m in mail.outbox] == ["Destroyed tomorrow."] and event.emailed and not quiet.emailed
+
+
 @pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
-@pytest.mark.parametrize("kind", list(EventKind))
+@pytest.mark.parametrize("kind", [k for k in EventKind if k not in ALWAYS_EMAILED])
 def test_each_billing_event_follows_the_e_mail_choice_of_its_preference(kind, on, owner,
                                                                        django_capture_on_commit_callbacks):
     covering = EMAIL_PREFERENCE[kind]
@@ -215,5 +227,5 @@ def test_the_settings_page_offers_only_the_e_mail_box_of_an_e_mail_only_kind_and
     assert web.post(page, fields).status_code == 302
     assert svc.channels_for(user_id=owner.pk, kind=Kind.BILLING_NOTICE)[1] is False
     with django_capture_on_commit_callbacks(execute=True):
-        event_create(user=owner, kind=EventKind.DESTROY_WARNING, message="Soon.", email=True)
+        event_create(user=owner, kind=EventKind.INSTANCES_DESTROYED, message="Soon.", email=True)
     assert mail.outbox == []
