@@ -69,6 +69,20 @@ def watched_nodes() -> QuerySet[Node]:
     return Node.objects.filter(Q(state__in=WATCHED_STATES) | Q(node_in_use_q(), state=NodeState.VERIFYING))
 
 
+class HostKeyStillChanged(HostKeyMismatch):
+    """The changed host key the node is quarantined for already (the same key seen again): a job opened before the
+    quarantine met it. Nothing new about the node: the quarantine counted it once (its critical event; a job that met
+    it first failed by the node's fault), so this job's failure is not held against it again. A key other than both
+    the pinned and the recorded one is new, and is a plain HostKeyMismatch (quarantined again, counted)."""
+
+    fault = JobFault.PLATFORM  # faults.error_fault: the platform ran a job on a node it had quarantined
+
+    def __init__(self, expected: str, seen: str):
+        super().__init__(expected, seen)
+        self.message = self.message.rstrip() + " The node is quarantined for this key already."
+        self.args = (self.message,)
+
+
 class DuplicateHardware(NodeError):
     """The server's host key, its address and port, or one of its GPUs, belongs to another live node (one that
     proved it controls the server, for the first two): the same hardware registered twice. Nothing was pinned or
@@ -99,7 +113,8 @@ def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool 
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
     On first contact the host key is recorded and pinned from then on; a changed
-    key quarantines the node and re-raises HostKeyMismatch; a key another live node
+    key quarantines the node and re-raises HostKeyMismatch (HostKeyStillChanged, not the node's fault again, when
+    it is quarantined for that key already); a key another live node
     has is not pinned and raises DuplicateHardware.
 
     With a `pool` (provisioning.ssh_pool), the node's kept connection is used when there is one (the per-node
@@ -138,7 +153,8 @@ def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
     try:
         session.connect()
     except HostKeyMismatch as exc:
-        node_quarantine(node_id=node.pk, seen=exc.seen)
+        if not node_quarantine(node_id=node.pk, seen=exc.seen):
+            raise HostKeyStillChanged(exc.expected, exc.seen) from None
         raise
     try:
         # Its first contact (a declared key too), or a node with no key pinned: one marked proven without a key
@@ -188,22 +204,33 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
                    message=f"Host key {fingerprint} {said} and pinned: the platform logged in with "
                            "this node's key, so the server is this node's.")
     elif node.host_key_fingerprint != fingerprint:
-        node_quarantine(node_id=node.pk, seen=fingerprint)
+        if not node_quarantine(node_id=node.pk, seen=fingerprint):
+            raise HostKeyStillChanged(node.host_key_fingerprint, fingerprint)
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)
 
 
-def node_quarantine(*, node_id: int, seen: str) -> None:
+def node_quarantine(*, node_id: int, seen: str) -> bool:
+    """The server showed host key `seen`, not the pinned one: the node is quarantined (a critical event, its running
+    instances interrupted). False when it is quarantined for that very key already (a job opened before the
+    quarantine met it, or two sessions met it at once): nothing is recorded again, the caller raises
+    HostKeyStillChanged. Before, each such job wrote another critical event for the one change and failed by the
+    node's fault, held against its reliability once more. A third key (neither pinned nor recorded) is recorded."""
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
-        node.seen_host_key_fingerprint = seen
-        node.last_error = (
-            f"The server's SSH host key changed (expected {node.host_key_fingerprint}, got {seen}). "
-            "The node is quarantined until an operator confirms the new key."
-        )
-        if node.state != NodeState.QUARANTINED and node.can_transition_to(NodeState.QUARANTINED):
-            node.transition_to(NodeState.QUARANTINED)
-        node.save()
-        node_event(node=node, kind="host_key_changed", message=node.last_error, level=NodeEvent.Level.CRITICAL)
+        if node.state == NodeState.QUARANTINED and node.seen_host_key_fingerprint == seen:
+            known = True
+        else:
+            known = False
+            node.seen_host_key_fingerprint = seen
+            node.last_error = (
+                f"The server's SSH host key changed (expected {node.host_key_fingerprint}, got {seen}). "
+                "The node is quarantined until an operator confirms the new key."
+            )
+            if node.state != NodeState.QUARANTINED and node.can_transition_to(NodeState.QUARANTINED):
+                node.transition_to(NodeState.QUARANTINED)
+            node.save()
+            node_event(node=node, kind="host_key_changed", message=node.last_error,
+                       level=NodeEvent.Level.CRITICAL)
     # No check or job talks to it from now: its running instances are interrupted as those of a node that stopped
     # answering, billed up to its last healthy check (before, they stayed `running`, their renters never told, as
     # its checks stopped before they could interrupt them). After the node's row is released: the interruptions
@@ -211,6 +238,7 @@ def node_quarantine(*, node_id: int, seen: str) -> None:
     instance_svc.node_instances_interrupt(
         node_id=node_id, since=node.last_seen_at, cause=InterruptionCause.NODE_LOST,
         detail="its SSH host key changed; the platform no longer talks to it until an operator confirms the key")
+    return not known
 
 
 @dataclass

@@ -28,7 +28,11 @@ from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from marketplace.services.instances.options import PORTS_MAX
-from marketplace.services.instances.worker import QUARANTINE_INTERRUPTION, STOPPED_ON_QUARANTINED_NODE
+from marketplace.services.instances.worker import (
+    QUARANTINE_INTERRUPTION,
+    START_ON_QUARANTINED_NODE,
+    STOPPED_ON_QUARANTINED_NODE,
+)
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
@@ -787,7 +791,8 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
     as done. Otherwise, by kind:
 
     - provision: failed (nothing is billed);
-    - start: stopped again, its disk kept (the renter may start it again);
+    - start: stopped again, its disk kept (the renter may start it again; on a node quarantined meanwhile, once the
+      key is accepted: START_ON_QUARANTINED_NODE, as a restart that stopped its VM there);
     - stop and restart: running as before when the job never sent its command to the node; else stopped;
     - start, restart and stop of a VM the node no longer has: failed (its disk went with it: stopped, it was
       billed for a disk that was not there until the reconciler's pass, and offered a start that could not work).
@@ -829,9 +834,10 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         job_finish(job=job, error=error, fault=fault)
         return
     provision = kind == JobKind.INSTANCE_PROVISION
+    quarantined = instance.node.state == NodeState.QUARANTINED
     if not touched:
         outcome = _SETTLED
-    elif reach_node:
+    elif reach_node and not quarantined:  # no session reaches a quarantined node: it would meet the key again
         outcome = _vm_settled(job, instance, "destroy" if provision else "stop")
     else:
         outcome = _UNKNOWN
@@ -845,6 +851,9 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         failed_verb = {JobKind.INSTANCE_START: "The start", JobKind.INSTANCE_RESTART: "The restart"}.get(kind)
         message = (f"{failed_verb} did not go through: {error} It is stopped, its disk kept; start it again."
                    if failed_verb else "Stopped; the disk is kept.")
+        if failed_verb and quarantined:
+            # A start there is refused until the key is accepted: not "start it again" (found in r47).
+            message = START_ON_QUARANTINED_NODE.format(verb=failed_verb)
         if not settled:
             message += " (Its server did not confirm it yet: it is stopped there when it answers again.)"
         instance_svc.instance_mark_stopped(instance_id=instance.pk, message=message, cleanup_pending=not settled,

@@ -32,6 +32,11 @@ QUARANTINED_REASON = (f"{NODE_STATE_REASONS[NodeState.QUARANTINED]}: its SSH hos
 # A stop that no job could carry to a quarantined node (lifecycle.instance_stop, vms.vm_failed).
 STOPPED_ON_QUARANTINED_NODE = (f"Stopped; the disk is kept. Its server cannot be reached now ({QUARANTINED_REASON}), "
                                "so its VM is stopped there when the platform reaches it again.")
+# A start (or a restart) whose job gave up on a node quarantined meanwhile (opened before the quarantine, it met the
+# changed key), with "The start"/"The restart": a start there is refused until the key is accepted (its node is not
+# active), so not "start it again" (vms.vm_failed).
+START_ON_QUARANTINED_NODE = ("{verb} did not go through: its server cannot be reached now (" + QUARANTINED_REASON
+                             + "). It is stopped, its disk kept; it can be started again once the key is accepted.")
 # How node_quarantine's interruptions name their cause (and a restart's that met the changed key: vms.vm_failed).
 QUARANTINE_INTERRUPTION = ("its SSH host key changed; the platform no longer talks to it until an operator confirms "
                            "the key")
