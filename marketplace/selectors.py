@@ -64,6 +64,7 @@ class OfferAnnotations(TypedDict):
     """What offers_search annotates on each node."""
 
     num_gpus_free: int
+    nvlink_gpus_free: int
     score_per_dollar: float | None
     disk_left_gb: int | None
 
@@ -130,6 +131,49 @@ def free_gpu_count() -> Coalesce:
     return Coalesce(Subquery(free), Value(0))
 
 
+class NvlinkGpusFree(Func):
+    """A node's most free GPUs on one NVLink island (0 where the check found no NVLink): its stored islands
+    (benchmark_summary.nvlink.islands, read only where `connected` is a JSON true) against its free GPUs, in the
+    offers' own query. The `nvlink` of an offer was the server's (found by review: with islands [[0,1],[2,3]] and
+    GPUs 1 and 2 free, nvlink=true&min_gpus=2 listed it and the booking got two GPUs over PCIe). Expressions:
+    the node's benchmark_summary and id. Constants only, no parameters (offer_query's slots stay the filters')."""
+
+    output_field = IntegerField()
+    arity = 2
+
+    def _sql(self, compiler: Any, connection: Any, template: str) -> tuple[str, list[Any]]:
+        (summary, summary_params), (node, node_params) = (compiler.compile(e) for e in self.get_source_expressions())
+        q = connection.ops.quote_name
+        sql = template.format(s=summary, node=node, gpu=q(Gpu._meta.db_table), index=q("index"),
+                              status=q("status"), free=GpuStatus.FREE.value)
+        # The summary's column appears three times in the text, the node's once.
+        return sql, [*summary_params, *summary_params, *summary_params, *node_params]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, Any]:  # the demo
+        return self._sql(compiler, connection, (
+            "(SELECT COALESCE(MAX(c), 0) FROM (SELECT COUNT(*) AS c FROM json_each(CASE WHEN "
+            "json_type({s}, '$.nvlink.connected') = 'true' AND json_type({s}, '$.nvlink.islands') = 'array' "
+            "THEN json_extract({s}, '$.nvlink.islands') ELSE '[]' END) AS isl "
+            "JOIN {gpu} g ON g.node_id = {node} AND g.{status} = '{free}' AND EXISTS (SELECT 1 FROM "
+            "json_each(CASE WHEN isl.type = 'array' THEN isl.value ELSE '[]' END) AS m "
+            "WHERE m.type = 'integer' AND m.value = g.{index}) GROUP BY isl.key) AS per_island)"))
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, Any]:
+        # A JSON array contains a number it lists (`[0, 1] @> 1`); a member that is no array contains no index.
+        return self._sql(compiler, connection, (
+            "(SELECT COALESCE(MAX(c), 0) FROM (SELECT COUNT(*) AS c FROM jsonb_array_elements(CASE WHEN "
+            "{s} @> '{{\"nvlink\": {{\"connected\": true}}}}' AND jsonb_typeof({s} -> 'nvlink' -> 'islands') = "
+            "'array' THEN {s} -> 'nvlink' -> 'islands' ELSE '[]'::jsonb END) WITH ORDINALITY AS isl(members, k) "
+            "JOIN {gpu} g ON g.node_id = {node} AND g.{status} = '{free}' AND jsonb_typeof(isl.members) = 'array' "
+            "AND isl.members @> to_jsonb(g.{index}) GROUP BY isl.k) AS per_island)"))
+
+
+def nvlink_gpus_free() -> NvlinkGpusFree:
+    """NvlinkGpusFree of each node of a Node queryset (an annotation; computed for the rows a page shows, or for
+    every candidate when the `nvlink` filter asks)."""
+    return NvlinkGpusFree(F("benchmark_summary"), F("pk"))
+
+
 # Before any instance or volume: "since the last report" for a node never reported (its room is not judged then).
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -158,8 +202,9 @@ def offers_search(*, values_list: tuple[str, ...] | None = None) -> QuerySet[Off
     provider's account active (not deactivated by an operator), with free GPUs or bookable MIG slices
     (models.nodes.offerable; free_slices).
 
-    Annotates `num_gpus_free`, `score_per_dollar` (score per USD per GPU-hour) and `disk_left_gb` (the disk room
-    a booking can still ask for, disk_left_gb) so that filters and ordering run in SQL.
+    Annotates `num_gpus_free`, `nvlink_gpus_free` (the most free GPUs on one NVLink island: NvlinkGpusFree),
+    `score_per_dollar` (score per USD per GPU-hour) and `disk_left_gb` (the disk room a booking can still ask for,
+    disk_left_gb) so that filters and ordering run in SQL.
 
     "Has a free GPU" is an EXISTS, not `num_gpus_free > 0`: PostgreSQL runs it as a
     semi-join over the partial indexes node_offer_idx and gpu_free_node_idx, and the
@@ -185,7 +230,8 @@ def _offers_search(values_list: tuple[str, ...] | None) -> QuerySet[Offer]:
     return (
         Node.objects.filter(OFFERABLE, ANSWERING, provider_active())
         .filter(Exists(_free_gpus()) | Exists(free_slices()))
-        .annotate(num_gpus_free=free_gpu_count(), score_per_dollar=SCORE_PER_DOLLAR, disk_left_gb=disk_left_gb())
+        .annotate(num_gpus_free=free_gpu_count(), nvlink_gpus_free=nvlink_gpus_free(),
+                  score_per_dollar=SCORE_PER_DOLLAR, disk_left_gb=disk_left_gb())
         .select_related("gpu_model")
         .defer(*OFFER_DEFERRED)
     )

@@ -66,7 +66,7 @@ HOST_VALUES = ("cpu_model", "cpu_cores", "ram_gb", "disk_left_gb", "disk_bandwid
                "driver_version", "cuda_version", "pcie_gen")
 NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_hour_micros", "benchmark_summary",
                "reliability", "score", "country", "verdict", "runtime", "num_gpus_free",
-               "disk_price_per_gb_month_micros", *HOST_VALUES)
+               "disk_price_per_gb_month_micros", "nvlink_gpus_free", *HOST_VALUES)
 
 
 def host_fields(node: dict[str, Any]) -> dict[str, Any]:
@@ -89,24 +89,30 @@ def host_fields(node: dict[str, Any]) -> dict[str, Any]:
 
 def measured_fields(stored: Any) -> dict[str, Any]:
     """Vast's figures from the node's benchmark summary (what /api/v1/offers/ shows as `benchmark`), only those
-    measured, each read through stored_figures (a value of the wrong kind is not measured):
-    gpu_mem_bw, the median GPU memory bandwidth per GPU (GB/s: median_per_gpu.memory_bandwidth_gbs), and bw_nvlink,
-    the NVLink peer-to-peer bandwidth (GB/s): the measured `nvlink.p2p_gbs` where the GPUs are NVLink-connected, and
-    0 where the check found them not connected (Vast's 0 for no NVLink). A connected node whose p2p figure is its
-    PCIe one (interconnect.nvlink_summary takes the median over every pair when no NVLink pair was measured, and then
-    p2p_gbs is pcie_p2p_gbs) has no NVLink figure: absent, never the PCIe one under NVLink's name."""
+    measured, each read through stored_figures (a value of the wrong kind is not measured): gpu_mem_bw, the median
+    GPU memory bandwidth per GPU (GB/s: median_per_gpu.memory_bandwidth_gbs). bw_nvlink is an offer's own
+    (nvlink_bandwidth, _own_fields)."""
     fields: dict[str, Any] = {}
     memory_bw = stored_figures.median(stored, "memory_bandwidth_gbs")
     if memory_bw is not None:
         fields["gpu_mem_bw"] = memory_bw
+    return fields
+
+
+def nvlink_bandwidth(stored: Any) -> float | None:
+    """The server's NVLink peer-to-peer bandwidth (GB/s), what an offer whose GPUs can all be on one island shows
+    as bw_nvlink: the measured `nvlink.p2p_gbs` where the GPUs are NVLink-connected, and 0 where the check found
+    them not connected (Vast's 0 for no NVLink). A connected node whose p2p figure is its PCIe one
+    (interconnect.nvlink_summary takes the median over every pair when no NVLink pair was measured, and then p2p_gbs
+    is pcie_p2p_gbs) has no NVLink figure: None (absent), never the PCIe one under NVLink's name."""
     nvlink = stored_figures.as_object(stored).get("nvlink")
     if isinstance(nvlink, dict):
         connected, p2p = nvlink.get("connected"), stored_figures.number(nvlink.get("p2p_gbs"))
         if connected is False:
-            fields["bw_nvlink"] = 0.0
-        elif connected is True and p2p is not None and p2p != stored_figures.number(nvlink.get("pcie_p2p_gbs")):
-            fields["bw_nvlink"] = p2p
-    return fields
+            return 0.0
+        if connected is True and p2p is not None and p2p != stored_figures.number(nvlink.get("pcie_p2p_gbs")):
+            return p2p
+    return None
 
 
 def runtime_fields(runtime: str) -> dict[str, Any]:
@@ -140,14 +146,21 @@ def offer_rows(node: dict[str, Any], common: dict[str, Any] | None = None) -> li
 
 
 def _own_fields(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """What each offer of the node has of its own (PER_ROW), one per GPU count."""
+    """What each offer of the node has of its own (PER_ROW), one per GPU count. bw_nvlink (nvlink_bandwidth) only
+    for a count of GPUs that can all be on one NVLink island now (the node's `nvlink_gpus_free`, its free GPUs
+    against its islands), 0 above it: the node's figure on every count was a 2-GPU offer at 230 GB/s whose booking
+    got two GPUs of different islands, 21 GB/s over PCIe (found by review)."""
     pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
     per_gpu_micros = node["price_per_gpu_hour_micros"]
+    bandwidth, on_one_island = nvlink_bandwidth(node["benchmark_summary"]), node["nvlink_gpus_free"]
     own = []
     for n in range(1, node["num_gpus_free"] + 1):
         ask, price = pk * ID_BASE + n, usd(per_gpu_micros * n)
-        own.append({"id": ask, "ask_contract_id": ask, "num_gpus": n, "gpu_total_ram": memory_mib * n,
-                    "dph_total": price, "dph_base": price})
+        row = {"id": ask, "ask_contract_id": ask, "num_gpus": n, "gpu_total_ram": memory_mib * n,
+               "dph_total": price, "dph_base": price}
+        if bandwidth is not None:
+            row["bw_nvlink"] = bandwidth if n <= on_one_island else 0.0
+        own.append(row)
     return own
 
 
@@ -295,7 +308,7 @@ def search_of(query: Query) -> tuple[statements.Search, Callable[[], QuerySet], 
 
 
 # The fields offer_rows sets per GPU count; every other field is the node's (node_fields), alike on all its rows.
-PER_ROW = {"id", "ask_contract_id", "num_gpus", "gpu_total_ram", "dph_total", "dph_base"}
+PER_ROW = {"id", "ask_contract_id", "num_gpus", "gpu_total_ram", "dph_total", "dph_base", "bw_nvlink"}
 
 
 def matching_rows(nodes: list[dict[str, Any]], conditions: list[Condition]) -> list[dict[str, Any]]:

@@ -255,6 +255,11 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
                                                   "how many slices of that profile).")
     mig_profile = serializers.CharField(required=False, default="", max_length=20, help_text=(
         "Rent MIG slices of this profile instead of whole GPUs (the offer's `mig_slices`), priced per slice-hour."))
+    require_nvlink = serializers.BooleanField(required=False, default=False, help_text=(
+        "Book only GPUs all on one NVLink island of the node: when no island has num_gpus free GPUs (the offer's "
+        "nvlink_gpus_free is less), the booking is refused with a 409 and nothing is booked, instead of taking GPUs "
+        "of several islands (PCIe between them). Needs num_gpus of 2 or more, without mig_profile (else a 400). "
+        "Without it, booking still takes one island when one has enough free."))
     image = _ImageField(
         max_length=opts.REFERENCE_MAX, trim_whitespace=False, validators=[no_control_characters],
         help_text="An image `slug` from /api/v1/images/, or any image reference of your own "

@@ -168,7 +168,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             public_keys.append(v["ssh_public_key"])
         instance, created = svc.instance_create(
             renter=request.user, node_id=v["offer"], num_gpus=v["num_gpus"], image=v["image"],
-            mig_profile=v["mig_profile"],
+            mig_profile=v["mig_profile"], require_nvlink=v["require_nvlink"],
             ssh_public_keys=public_keys, disk_gb=v.get("disk_gb"), label=v["label"], options=data.options(),
             idempotency_key=idempotency_key, request_fingerprint=fingerprint, volumes=v.get("volumes"),
         )

@@ -22,7 +22,7 @@ OFFER_COLUMNS = (
     "price_per_gpu_hour_micros", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
     "verdict", "runtime", "benchmark_summary", "disk_price_per_gb_month_micros", "cpu_model", "cpu_cores",
     "ram_gb", "disk_left_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version", "pcie_gen", "pcie_width",
-    "net_mbps", "host_checked_at", "mig_prices_micros",
+    "net_mbps", "host_checked_at", "mig_prices_micros", "nvlink_gpus_free",
 )
 
 # DRF's own field for datetimes: the current time zone and its "Z" are DRF's rules, not restated here.
@@ -64,9 +64,8 @@ def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str
     (pk, slug, model_name, free, total, memory_gb, price, country, city, datacenter, reliability, score,
      score_per_dollar, verdict, runtime, summary, disk_price, cpu_model, cpu_cores, ram_gb, disk_free_gb,
      disk_bandwidth_mbs, driver_version, cuda_version, pcie_gen, pcie_width, net_mbps, host_checked_at,
-     mig_prices) = row
+     mig_prices, nvlink_free) = row
     benchmark = benchmark_summary(summary)
-    nvlink = benchmark and benchmark["nvlink"]
     return {
         "id": pk,
         "gpu_model": slug,
@@ -98,6 +97,7 @@ def offer_row(row: tuple[Any, ...], fee_percent: str, slices: dict[int, dict[str
         "pcie_width": pcie_width,
         "platform_to_node_mbps": net_mbps,
         "host_checked_at": _datetime_text(host_checked_at),
-        "nvlink": bool(nvlink and nvlink["connected"]),  # stored_figures.nvlink_connected, read once
+        "nvlink": nvlink_free >= 2,  # OfferSerializer.get_nvlink
+        "nvlink_gpus_free": nvlink_free,
         "mig_slices": mig_slices(slug, mig_prices, (slices or {}).get(pk)),
     }

@@ -6,7 +6,8 @@ from typing import Any
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Count, Exists, F, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Greatest
 from django.db.models.lookups import GreaterThanOrEqual, LessThanOrEqual
 from django.http import QueryDict
 from django_countries import countries
@@ -167,7 +168,13 @@ class OfferSerializer(serializers.ModelSerializer):
     host_checked_at = serializers.DateTimeField(read_only=True, allow_null=True,
                                                 help_text="When the host facts were measured.")
     nvlink = serializers.SerializerMethodField(help_text=(
-        "true when the check found the GPUs NVLink-connected (details: benchmark.nvlink)."))
+        "true when at least two of the free GPUs share an NVLink island (nvlink_gpus_free >= 2), so that a booking "
+        "of up to nvlink_gpus_free GPUs can get them on one island (require_nvlink in POST /api/v1/instances/). "
+        "The server's own interconnect, free GPUs or not, is benchmark.nvlink."))
+    nvlink_gpus_free = serializers.IntegerField(read_only=True, help_text=(
+        "The most free GPUs on one NVLink island of the server (benchmark.nvlink.islands, as the check read them): "
+        "a booking of that many or fewer can get GPUs all joined by NVLink; more span islands (PCIe between them). "
+        "0 where the check found no NVLink."))
     mig_slices = serializers.SerializerMethodField(help_text=(
         "MIG slices rentable on their own (POST /api/v1/instances/ with mig_profile), per profile with a free one."))
 
@@ -178,7 +185,8 @@ class OfferSerializer(serializers.ModelSerializer):
             "price_per_gpu_hour", "country", "city", "datacenter", "reliability", "score", "score_per_dollar",
             "verified", "verdict", "runtime", "platform_fee_percent", "benchmark", "disk_price_per_gb_month",
             "cpu_model", "cpu_cores", "ram_gb", "disk_free_gb", "disk_bandwidth_mbs", "driver_version", "cuda_version",
-            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at", "nvlink", "mig_slices",
+            "pcie_gen", "pcie_width", "platform_to_node_mbps", "host_checked_at", "nvlink", "nvlink_gpus_free",
+            "mig_slices",
         ]
         read_only_fields = fields
         extra_kwargs = {"runtime": {"help_text": _runtime_help()}}
@@ -197,7 +205,7 @@ class OfferSerializer(serializers.ModelSerializer):
         return mig_slices(node.gpu_model.slug, node.mig_prices_micros, free.get(node.pk))
 
     def get_nvlink(self, node) -> bool:
-        return stored_figures.nvlink_connected(node.benchmark_summary)
+        return node.nvlink_gpus_free >= 2  # offer_row's
 
     def get_verified(self, node) -> bool:
         return node.verdict == Verdict.VERIFIED
@@ -247,6 +255,10 @@ def _per_slice(order, profile: str):
         return order
     expression = _SLICE_ORDERS[order.lstrip("-")](profile)
     return expression.desc(nulls_last=True) if order.startswith("-") else expression.asc(nulls_last=True)
+
+
+# Servers the check found NVLink-connected (containment: a node never read, no "nvlink" key, is not one).
+_NVLINK_NODE = Q(benchmark_summary__contains={"nvlink": {"connected": True}})
 
 
 def validate_cuda_version(value: str) -> None:
@@ -342,8 +354,10 @@ class OfferFilter(StrictFilterSet):
     mig_profile = django_filters.ChoiceFilter(method="filter_mig_profile", choices=[
         (name, name) for name in all_profile_names()], help_text=(
         "Only nodes with a free MIG slice of this profile, e.g. 3g.40gb (/api/v1/gpu-models/)."))
-    nvlink = TrueFalseFilter(method="filter_nvlink", help_text="true: only nodes whose GPUs the check found "
-                                                               "NVLink-connected; false: only nodes without.")
+    nvlink = TrueFalseFilter(method="filter_nvlink", help_text=(
+        "true: only offers with at least min_gpus (at least 2) free GPUs on one NVLink island (nvlink_gpus_free), "
+        "which a booking of that many with require_nvlink gets; false: only offers whose `nvlink` is false (fewer "
+        "than 2 free GPUs share an island)."))
     ordering = django_filters.OrderingFilter(
         fields=(
             ("price_per_gpu_hour_micros", "price_per_gpu_hour"),
@@ -398,6 +412,10 @@ class OfferFilter(StrictFilterSet):
 
     def filter_min_gpus(self, queryset, name, value: int):
         profile = self.form.cleaned_data.get("mig_profile")
+        if not profile and self.form.cleaned_data.get("nvlink") == "true":
+            # That many free on one island (filter_nvlink leaves it to this, so that the request's min_gpus is one
+            # parameter of the SQL: offer_query's slots). It implies num_gpus_free >= value.
+            return queryset.filter(_NVLINK_NODE, nvlink_gpus_free__gte=Greatest(Value(value), Value(2)))
         if profile:
             # Slices, as num_gpus counts them in a booking with mig_profile (found by review: whole free GPUs hid a
             # server whose cards are all split). Counted for the nodes with a free slice of it (filter_mig_profile).
@@ -422,9 +440,14 @@ class OfferFilter(StrictFilterSet):
         return queryset.filter(Exists(selectors.free_slices(value)))
 
     def filter_nvlink(self, queryset, name, value):
-        # Containment, not a key lookup: a node never read (no "nvlink" key) is "false", not left out of both.
-        connected = Q(benchmark_summary__contains={"nvlink": {"connected": True}})
-        return queryset.filter(connected) if value == "true" else queryset.exclude(connected)
+        # About the free GPUs, not the server (found by review: islands [[0,1],[2,3]] with GPUs 1 and 2 free was
+        # listed for min_gpus=2, and its booking got two GPUs over PCIe). The containment first: only NVLink
+        # servers' free GPUs are counted against their islands.
+        if value == "true":
+            if self.form.cleaned_data.get("min_gpus") and not self.form.cleaned_data.get("mig_profile"):
+                return queryset  # filter_min_gpus: that many on one island
+            return queryset.filter(_NVLINK_NODE, nvlink_gpus_free__gte=2)
+        return queryset.exclude(_NVLINK_NODE & Q(nvlink_gpus_free__gte=2))
 
     def filter_min_cuda_version(self, queryset, name, value):
         return queryset.filter(cuda_version__gte=cuda_version_code(value))
@@ -469,5 +492,6 @@ class OfferViewSet(viewsets.ReadOnlyModelViewSet):
         rows = self.paginate_queryset(OfferQuery(filterset, base))
         fee = str(fee_percent(platform_fee_bps()))
         # The free MIG slices of the page's nodes that have MIG prices: one query, none on a page without MIG.
-        slices = selectors.free_slices_by_node([row[0] for row in rows if row[-1]])
+        mig_prices = OFFER_COLUMNS.index("mig_prices_micros")
+        slices = selectors.free_slices_by_node([row[0] for row in rows if row[mig_prices]])
         return self.get_paginated_response([offer_row(row, fee, slices) for row in rows])

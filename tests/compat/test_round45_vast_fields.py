@@ -89,7 +89,9 @@ def test_cuda_vers_is_vasts_alias_of_cuda_max_good(anon, db):
     ({"nvlink": {"connected": True, "p2p_gbs": True}}, {}),
     # Connected, but no NVLink pair measured: p2p_gbs is the median over the PCIe pairs, not NVLink's figure.
     ({"nvlink": {"connected": True, "p2p_gbs": 25.0, "pcie_p2p_gbs": 25.0}}, {}),
-    ({"nvlink": {"connected": True, "p2p_gbs": 90.0, "pcie_p2p_gbs": 25.0}}, {"bw_nvlink": 90.0}),
+    # (with its islands, as every check writes them: an offer's bw_nvlink is for GPUs on one island, round 47)
+    ({"nvlink": {"connected": True, "p2p_gbs": 90.0, "pcie_p2p_gbs": 25.0, "islands": [[0, 1]]}},
+     {"bw_nvlink": 90.0}),
     ({"nvlink": {"connected": "yes", "p2p_gbs": 90.0}}, {}),
     ({"nvlink": "NV4"}, {}),
     ({"median_per_gpu": {"memory_bandwidth_gbs": 1500.5}}, {"gpu_mem_bw": 1500.5}),

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Case, Exists, IntegerField, OuterRef, Q, Value, When
 
 from billing.models import Account, AccountKind
 from core.errors import Conflict
@@ -174,6 +174,18 @@ def node_nvlink_islands(node: Node) -> list[list[int]]:
         nvlink = nvlink_summary(as_object(node.benchmark_summary).get("nvlink"))
         raw = nvlink["islands"] if nvlink is not None else None
     return parse_islands(raw)
+
+
+def gpus_held_and_free(instance: Instance, node_id: int) -> tuple[set[int], set[int]]:
+    """(indices of the GPUs the instance holds, indices of the node's free GPUs), in one query: a booking with
+    require_nvlink checks what it took against the islands (booking._refuse_across_islands)."""
+    held = GpuAllocation.objects.filter(gpu_id=OuterRef("pk"), instance_id=instance.pk, released_at__isnull=True)
+    rows = (Gpu.objects.filter(node_id=node_id).annotate(held=Exists(held))
+            .filter(Q(held=True) | Q(status=GpuStatus.FREE)).values_list("index", "held"))
+    found: tuple[set[int], set[int]] = (set(), set())
+    for index, is_held in rows:
+        found[0 if is_held else 1].add(index)
+    return found
 
 
 def parse_islands(raw: object) -> list[list[int]]:

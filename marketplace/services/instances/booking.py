@@ -25,7 +25,13 @@ from marketplace.services.volumes import volume_mounts_attach, volume_mounts_for
 from marketplace.validators import MAX_INSTANCE_KEYS
 from provisioning.models import JobKind
 
-from .allocation import _allocate_free_gpus, _allocate_free_slices, _lock_node_for_booking, node_nvlink_islands
+from .allocation import (
+    _allocate_free_gpus,
+    _allocate_free_slices,
+    _lock_node_for_booking,
+    gpus_held_and_free,
+    node_nvlink_islands,
+)
 from .common import (
     MAX_DISK_GB,
     WAITING,
@@ -55,17 +61,22 @@ def instance_create(
     request_fingerprint: str = "",
     volumes: list[dict[str, Any]] | None = None,
     mig_profile: str = "",
+    require_nvlink: bool = False,
 ) -> tuple[Instance, bool]:
     """Book `num_gpus` GPUs of a node as a new instance and queue its provisioning.
 
     `image` is a catalogue Image or the renter's own OCI reference (a str, already checked by
     options.clean_image_reference); `options` (env, onstart, ports, registry login, minimum CUDA version) are
     already validated (options.instance_options). `ssh_public_keys` are already validated and normalised.
+    `require_nvlink`: the GPUs all on one NVLink island of the node, or a 409 (never booked across islands).
     Returns (instance, created): with an Idempotency-Key seen before (same body), the earlier instance and False.
     Raises EmailNotVerified (403), ValidationFailed (400), Conflict (409), InsufficientFunds (402) or
     IdempotencyKeyReused (422); on any of them nothing was written.
     """
     email_verified_required(user=renter)
+    if require_nvlink and (mig_profile or num_gpus < 2):
+        raise ValidationFailed("NVLink joins two or more whole GPUs: ask for num_gpus of 2 or more without "
+                               "mig_profile, or leave out require_nvlink.", field="require_nvlink")
 
     def book_it() -> Instance:
         keys = list(dict.fromkeys(ssh_public_keys))
@@ -81,7 +92,7 @@ def instance_create(
             return _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
                          disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
                          idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
-                         volumes=volumes or [], mig_profile=mig_profile)
+                         volumes=volumes or [], mig_profile=mig_profile, require_nvlink=require_nvlink)
 
     # A retry racing its original gets the original, also where the original's GPUs or disk would refuse it.
     return create_once(idempotency_key, lambda: instance_for_idempotency_key(
@@ -177,6 +188,18 @@ def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> No
                    f"booking took them meanwhile. Try again.")
 
 
+def _refuse_across_islands(instance: Instance, node_id: int, num_gpus: int, islands: list[list[int]]) -> None:
+    """409 (rolling the booking back) where the GPUs just allocated span NVLink islands: no island had `num_gpus`
+    free (or a concurrent booking held them locked). Says how many do share one, the offer's nvlink_gpus_free."""
+    held, free = gpus_held_and_free(instance, node_id)
+    if any(held <= set(island) for island in islands):
+        return
+    most = max((len((held | free) & set(island)) for island in islands), default=0)
+    raise Conflict(f"No {num_gpus} free GPUs of offer {node_id} share an NVLink island now (at most {most} do): "
+                   f"book {most} or fewer with require_nvlink, or leave it out to book GPUs across islands "
+                   f"(PCIe between them).")
+
+
 def _refuse_if_short(node: Node, committed_rate: int, price_per_hour_micros: int) -> None:
     """The funds check on the balance read with the node (under the wallet's lock) and the committed rate read
     after it; 402 when short."""
@@ -200,7 +223,7 @@ def _check_cuda(node: Node, wanted: str) -> None:
 
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
           label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
-          volumes: list[dict[str, Any]], mig_profile: str = "") -> Instance:
+          volumes: list[dict[str, Any]], mig_profile: str = "", require_nvlink: bool = False) -> Instance:
     # The funds check's wallet lock comes with the node's read, unless volumes are attached: their locks come
     # between the two (allocation.py's lock order), and the wallet is locked by _check_funds after them.
     funds_required = settings.BILLING_REQUIRE_FUNDS
@@ -259,7 +282,11 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         booked = _allocate_free_slices(instance, node, mig_profile, num_gpus, now, rate_of=rate_of,
                                        job_kind=JobKind.INSTANCE_PROVISION)
     else:
-        booked = _allocate_free_gpus(instance, node, num_gpus, now, islands=node_nvlink_islands(node),
+        islands = node_nvlink_islands(node)
+        if require_nvlink and not any(len(island) >= num_gpus for island in islands):
+            raise Conflict(f"Offer {node_id} has no NVLink island of {num_gpus} GPUs (its islands: "
+                           f"{islands or 'none'}); book fewer GPUs, another offer, or leave out require_nvlink.")
+        booked = _allocate_free_gpus(instance, node, num_gpus, now, islands=islands,
                                      rate_of=rate_of, job_kind=JobKind.INSTANCE_PROVISION)
     if booked.committed_rate_micros is not None:  # short of funds comes first: the rollback undoes the rest
         _refuse_if_short(node, booked.committed_rate_micros, price * num_gpus)
@@ -269,6 +296,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     if taken < num_gpus:  # raising rolls back the instance and whatever was taken
         free = "No GPU is" if not taken else f"Only {_gpus_text(taken)} {'is' if taken == 1 else 'are'}"
         raise Conflict(f"{free} free on this node now; you asked for {num_gpus}.")
+    if require_nvlink:  # the allocation takes one island when one has enough free; else it spanned them
+        _refuse_across_islands(instance, node_id, num_gpus, islands)
     if mounts:
         volume_mounts_attach(instance=instance, requests=mounts)
     return instance
