@@ -67,7 +67,7 @@ from provisioning.ssh_errors import (
 )
 from provisioning.verification import challenge_verdict
 from provisioning.verification.answers import MalformedAnswer, benchmark_problems, inventory_problems, storable
-from provisioning.verification.mig import judge_mig
+from provisioning.verification.mig import judge_mig, pending_layout
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
 from provisioning.verification.policy import judge
 from provisioning.verification.wording import reasons_text
@@ -217,6 +217,43 @@ def gpu_holders_by_uuid(node: Node) -> dict[str, set[int]]:
     return holders
 
 
+def held_cards(node: Node, inventory: dict[str, Any]) -> dict[int, frozenset[str]]:
+    """The cards renters hold, by their index in `inventory`, each with the UUIDs of the rented MIG slices on it
+    (empty: held whole): what verification.mig.pending_layout takes. A card is found by its UUID (nvidia-smi numbers
+    the cards anew when one has left the bus), by its stored index only when it has none; a rented slice by its
+    own UUID first. Read before the inventory is stored (the GPU rows follow nvidia-smi's index)."""
+    gpus = inventory.get("gpus") or []
+    by_uuid = {g.get("uuid"): g.get("index") for g in gpus if g.get("uuid")}
+    indices = {g.get("index") for g in gpus}
+    slice_at = {d.get("uuid"): d.get("gpu") for d in inventory.get("mig") or []}
+
+    def index_of(card_uuid: str, card_index: int) -> int | None:
+        return by_uuid.get(card_uuid) if card_uuid else (card_index if card_index in indices else None)
+
+    held: dict[int, set[str]] = {}
+    for card_uuid, card_index in GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list(
+            "gpu__uuid", "gpu__index"):
+        index = index_of(card_uuid, card_index)
+        if index is not None:
+            held.setdefault(index, set())
+    for uuid, card_uuid, card_index in MigSliceAllocation.objects.filter(
+            mig_slice__node=node, released_at__isnull=True).values_list(
+            "mig_slice__uuid", "mig_slice__gpu__uuid", "mig_slice__gpu__index"):
+        index = slice_at[uuid] if uuid in slice_at else index_of(card_uuid, card_index)
+        if index is not None:
+            held.setdefault(index, set()).add(uuid)
+    return {index: frozenset(uuids) for index, uuids in held.items()}
+
+
+def mig_pending_text(layout: list[dict[str, Any]] | None, pending: list[int]) -> str:
+    """What the provider is told of the cards whose declared layout waits for their renters (pending_layout)."""
+    declared = layout_by_gpu(layout)
+    cards = "; ".join(f"GPU {g} ({', '.join(declared[g]) if g in declared else 'whole'})" for g in pending)
+    held = "this card" if len(pending) == 1 else "these cards"
+    return (f"Declared MIG layout pending for {cards}: renters hold {held}, so the check leaves the layout they "
+            "have and judges the declared one once the card is free.")
+
+
 def node_verify_run(*, job: Job) -> None:
     """The check itself, on a worker: inventory, benchmark, policy, verdict. Raises NodeError if the node
     cannot be reached (the task decides whether to retry) or the benchmark runs past its bound."""
@@ -245,6 +282,8 @@ def node_verify_run(*, job: Job) -> None:
     disproved: set[str] = set()  # MIG slices that failed the platform's challenge
     malformed: list[Finding] = []  # an answer that failed its check (verification/answers.py)
     holders: dict[str, set[int]] = {}
+    held: dict[int, frozenset[str]] = {}
+    pending: list[int] = []  # cards whose declared MIG layout waits for their renters (pending_layout)
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job=job, message="reading the hardware inventory")
@@ -260,16 +299,21 @@ def node_verify_run(*, job: Job) -> None:
             # The cards renters hold, by UUID as they were before this inventory: one may now answer at another
             # index (nvidia-smi numbers the cards anew when one has left the bus).
             holders = gpu_holders_by_uuid(node)
+            held = held_cards(node, inventory)
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
             node_apply_inventory(node=node, inventory=inventory, looked_at=looked_at)
             net_mbps = node_network_test(job, session)
             layout = layout_by_gpu(judged_layout)
             rented_slices = rented_slice_uuids(node)
-            # A card split into MIG slices is measured per slice (its free slices), never whole.
+            pending = pending_layout(layout, inventory.get("gpus") or [], inventory.get("mig") or [], held)
+            if pending:
+                job_step(job=job, message=mig_pending_text(judged_layout, pending))
+            # A card split into MIG slices is measured per slice (its free slices), never whole; a card whose
+            # layout is pending is not judged, nor its free slices measured.
             free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
                     and g.get("uuid") not in holders and g.get("index") not in layout]
             slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
-                      and d.get("uuid") not in rented_slices]
+                      and d.get("gpu") not in pending and d.get("uuid") not in rented_slices]
             if free or slices:
                 job_step(job=job, message=f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
                                           f"(at most {limit} s)")
@@ -327,11 +371,14 @@ def node_verify_run(*, job: Job) -> None:
     if fleet is not None:
         job_step(job=job, message=f"comparing with {fleet.nodes} {node.gpu_model.name} nodes of {fleet.providers} "
                                   "other providers")
-    mig = judge_mig(declared, layout_by_gpu(judged_layout), inventory, bench, rented_slice_uuids(node), disproved)
+    mig = judge_mig(declared, layout_by_gpu(judged_layout), inventory, bench, rented_slice_uuids(node), disproved,
+                    held)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig,
                    malformed=malformed, platform_rates=challenge_verdict.platform_rates(challenged[1]))
     figures = {**result.figures, "rented_gpus": rented, "platform_to_node_mbps": net_mbps}
+    if pending:
+        figures["mig_pending"] = pending
     if challenged[1]:
         figures["challenge"] = challenged[1]
     if bench is not None:
@@ -423,6 +470,11 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
         node.last_error = reasons_text(findings)
         if node.state == NodeState.VERIFYING:
             node.transition_to(NodeState.ACTIVE)
+    pending = (figures or {}).get("mig_pending") or []
+    if pending:  # told where the check's outcome is (the API's last_error, the node's events)
+        note = mig_pending_text(judged_layout if judged_layout is not None else node.mig_layout, pending)
+        node.last_error = f"{node.last_error} {note}".strip()
+        node_event(node=node, kind="mig_layout_pending", message=note)
     node_draw_next_checks(node)
     node.save()
     changed = node_apply_mig_slices(node=node, slices=(figures or {}).get("mig_slices") or [],

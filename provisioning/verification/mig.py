@@ -3,7 +3,7 @@ proof (its memory and throughput against its profile's share of the card's datas
 whole card's figures). Pure, like policy.py: the service gives it what the agent answered."""
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from marketplace.mig import profiles_for
@@ -30,13 +30,46 @@ def slice_model(declared: DeclaredModel, profile) -> DeclaredModel:
     return replace(declared, datasheet=sheet, name=f"{declared.label} MIG {profile.name}")
 
 
+def pending_layout(layout: Mapping[int, Sequence[str]], inventory_gpus: Sequence[dict], devices: Sequence[dict],
+                   held: Mapping[int, Collection[str]]) -> list[int]:
+    """The cards whose declared layout cannot be applied yet because renters hold them, so that the check does not
+    judge them against it: their layout stays pending until they are free. `held`: {inventory index: the UUIDs of
+    the rented MIG slices on that card} for each card renters hold (an empty set: held whole).
+    - Held whole and declared split but not configured so: MIG mode cannot be turned on under its renter.
+    - Holding rented slices, each still on it, and configured otherwise than declared (or declared whole): the
+      rented slices stay until their renters leave (the free part may be re-split meanwhile, and is then judged).
+    A card whose rented slice is gone, or held whole and in MIG mode though declared whole, is judged as any other:
+    that is about the renters' hardware. Before, such a card was judged against the new declaration, the node was
+    rejected and every renter on it cut to $0/h (found by review)."""
+    smi = {g.get("index"): g for g in inventory_gpus}
+    by_gpu: dict[int, list[dict]] = {}
+    for dev in devices:
+        by_gpu.setdefault(dev["gpu"], []).append(dev)
+    pending = []
+    for gpu, rented in held.items():
+        seen = by_gpu.get(gpu, [])
+        if rented and not set(rented) <= {d.get("uuid") for d in seen}:
+            continue  # a renter's slice is gone: the card is not what they rented
+        if gpu not in layout:
+            if rented:  # declared whole again: MIG mode stays on until its slices' renters leave
+                pending.append(gpu)
+            continue
+        mode = ((smi.get(gpu) or {}).get("mig_mode") or "").lower()
+        if mode != "enabled" or not seen or sorted(d["profile"] for d in seen) != sorted(layout[gpu]):
+            pending.append(gpu)
+    return sorted(pending)
+
+
 def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_gpus: Sequence[dict],
               devices: Sequence[dict], measured: Sequence[dict] | None,
-              skip_uuids: Sequence[str] = (), disproved: Collection[str] = ()) -> tuple[list[Finding], list[dict]]:
+              skip_uuids: Sequence[str] = (), disproved: Collection[str] = (),
+              pending: Collection[int] = ()) -> tuple[list[Finding], list[dict]]:
     """(findings, slices): the configured layout against `layout` ({gpu index: [profile, ...]}), then each
     measured slice against its profile. `slices` lists every configured slice of a declared GPU with its figures
     and whether it was proven (a slice in `skip_uuids` is rented: not measured, not judged, kept as it was; one in
-    `disproved` failed the platform's own challenge (slice_challenge.py): not proven, whatever it reported)."""
+    `disproved` failed the platform's own challenge (slice_challenge.py): not proven, whatever it reported).
+    A card in `pending` (pending_layout: renters hold it) is not judged against its declared layout: no finding,
+    none of its slices listed by this check."""
     findings: list[Finding] = []
     profiles = profiles_for(declared.slug)
     smi = {g.get("index"): g for g in inventory_gpus}
@@ -58,6 +91,8 @@ def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_g
     figures = {row.get("uuid"): row for row in measured or []}
     slices: list[dict] = []
     for gpu, wanted in sorted(layout.items()):
+        if gpu in pending:
+            continue
         seen = by_gpu.get(gpu, [])
         mode = ((smi.get(gpu) or {}).get("mig_mode") or "").lower()
         if mode != "enabled" or not seen:
@@ -127,15 +162,20 @@ def card_equivalent(slices: Sequence[dict], slug: str) -> list[dict]:
 
 
 def judge_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory: dict, bench: dict | None,
-              skip_uuids: Sequence[str] = (), disproved: Collection[str] = ()) -> MigJudgement:
+              skip_uuids: Sequence[str] = (), disproved: Collection[str] = (),
+              held: Mapping[int, Collection[str]] | None = None) -> MigJudgement:
     """What policy.judge takes of MIG: nothing for a node without a declared layout (an undeclared MIG card is
-    then rejected by check_identity, as always). `disproved`: slices the platform's challenge failed."""
-    if not layout:
+    then rejected by check_identity, as always). `disproved`: slices the platform's challenge failed. `held`: the
+    cards renters hold (pending_layout); a card whose layout is pending is not judged against it, and MIG mode is
+    expected on one declared whole again while its rented slices are still on it."""
+    pending = pending_layout(layout, inventory.get("gpus") or [], inventory.get("mig") or [], held or {})
+    if not layout and not pending:
         return MigJudgement()
     findings, slices = check_mig(declared, layout, inventory.get("gpus") or [], inventory.get("mig") or [],
-                                 (bench or {}).get("mig_slices"), skip_uuids, disproved)
-    return MigJudgement(findings=findings, slices=slices, gpus=frozenset(layout),
+                                 (bench or {}).get("mig_slices"), skip_uuids, disproved, pending)
+    return MigJudgement(findings=findings, slices=slices, gpus=frozenset(layout) | frozenset(pending),
                         card_figures=card_equivalent([s for s in slices if s["proven"]], declared.slug))
 
 
-__all__ = ["judge_mig", "SLICE_MEMORY_MIN_FRACTION", "TOLERANCES", "card_equivalent", "check_mig", "slice_model"]
+__all__ = ["judge_mig", "pending_layout", "SLICE_MEMORY_MIN_FRACTION", "TOLERANCES", "card_equivalent", "check_mig",
+           "slice_model"]
