@@ -66,7 +66,8 @@ class GpuColumn:
     measured: dict = field(default_factory=dict)  # key -> median over the measured nodes (None: not measured)
     nodes_measured: int = 0
     score: float | None = None  # median Node.score of listed nodes (per GPU; 100 = A100 80GB SXM datasheet)
-    offers: int = 0
+    offers: int = 0  # every bookable offer of the model, whole GPUs or MIG slices
+    slice_only_offers: int = 0  # of those, offers of MIG slices only (no free whole GPU): not in the prices
     gpus_free: int = 0
     cheapest_micros: int | None = None
     median_micros: int | None = None
@@ -110,7 +111,7 @@ class GpuColumn:
 
 def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
     """Every model in `models` with its measured medians (latest listed run of each verified or degraded,
-    live node), its median score, and the prices of its offers (bookable now)."""
+    live node), its median score, and the per-GPU prices of its offers with a free whole GPU (bookable now)."""
     columns = {m.pk: GpuColumn(model=m) for m in models}
     nodes = list(
         Node.objects.filter(gpu_model_id__in=columns, verdict__in=LISTABLE_VERDICTS)
@@ -144,9 +145,14 @@ def gpu_comparison(models: QuerySet[GpuModel]) -> list[GpuColumn]:
         rows = prices.get(model_id, [])
         column.offers = len(rows)
         column.gpus_free = sum(free for _, free in rows)
-        if rows:
-            column.cheapest_micros = min(m for m, _ in rows)
-            column.median_micros = int(statistics.median(m for m, _ in rows))
+        # A node with no free whole GPU is an offer of MIG slices only (offers_search: free GPUs or bookable
+        # slices), rented per slice-hour at mig_prices_micros: its per-GPU price is charged to no one, so it is
+        # no price of a GPU-hour here (found by review: a split node's $0.10 shown as the cheapest A100).
+        whole = [m for m, free in rows if free > 0]
+        column.slice_only_offers = len(rows) - len(whole)
+        if whole:
+            column.cheapest_micros = min(whole)
+            column.median_micros = int(statistics.median(whole))
     result = list(columns.values())
     priced = [c for c in result if c.cheapest_per_tflop is not None]
     if len(priced) > 1:

@@ -170,7 +170,7 @@ def gpu_compare(request):
     price_chart = charts.hbar_chart(
         [charts.Group("", [charts.Bar(c.model.name, c.cheapest_per_tflop, "ok" if c.best_value else "",
                                       _cents(c.cheapest_per_tflop) if c.cheapest_per_tflop is not None
-                                      else "no offer now") for c in columns])],
+                                      else "MIG slices only" if c.offers else "no offer now") for c in columns])],
         title="US cents per BF16 TFLOP/s per hour at the cheapest offer (lower is better)",
     )
     share_chart = charts.hbar_chart(
@@ -237,7 +237,14 @@ def _compare_table(columns) -> list[dict]:
         if not c.offers:
             return format_html('<span class="muted">{}</span>', "none now")
         url = reverse("offers") + "?" + urlencode({"gpu_model": c.model.slug})
-        return format_html('<a href="{}">{} ({} GPUs free)</a>', url, c.offers, c.gpus_free)
+        whole = c.offers - c.slice_only_offers
+        if not c.slice_only_offers:
+            return format_html('<a href="{}">{} ({} GPUs free)</a>', url, whole, c.gpus_free)
+        # Slices are priced per slice-hour, never per GPU-hour: counted apart, and left out of the prices below.
+        slices = f"{c.slice_only_offers} with MIG slices only"
+        if not whole:
+            return format_html('<a href="{}">{}</a>', url, slices)
+        return format_html('<a href="{}">{} ({} GPUs free), {}</a>', url, whole, c.gpus_free, slices)
 
     return [
         {"title": "Datasheet (dense, no sparsity)", "rows": [
@@ -260,7 +267,7 @@ def _compare_table(columns) -> list[dict]:
         ]},
         {"title": "Price now", "rows": [
             row("Offers", offers),
-            row("Cheapest per GPU-hour", lambda c: usd_rate(c.cheapest_micros)),
+            row("Cheapest per GPU-hour", lambda c: usd_rate(c.cheapest_micros), "a whole GPU"),
             row("Median per GPU-hour", lambda c: usd_rate(c.median_micros)),
             row("Per BF16 TFLOP/s-hour, cheapest", per_tflop("cheapest_per_tflop"), "lower is better"),
             row("Per BF16 TFLOP/s-hour, median", per_tflop("median_per_tflop")),
