@@ -326,23 +326,53 @@ def _retire_refusal(node: Node, unreachable: bool, ending: list[int]) -> str:
         held = " and ".join(text for n, text in (
             (stopped, _count(stopped, "stopped instance", "stopped instances")),
             (volumes, _count(volumes, "volume", "volumes"))) if n)
-        reasons.append(f"{held} keep renters' data on it, and a retired server never comes back: it can be "
-                       "retired once their renters have destroyed or deleted them")
+        done = "destroyed or deleted" if stopped and volumes else "destroyed" if stopped else "deleted"
+        # The verb agrees with what is held ("1 volume keeps", "1 stopped instance and 1 volume keep").
+        if stopped + volumes == 1:
+            reasons.append(f"{held} keeps a renter's data on it, and a retired server never comes back: it can be "
+                           f"retired once its renter has {done} it")
+        else:
+            reasons.append(f"{held} keep renters' data on it, and a retired server never comes back: it can be "
+                           f"retired once their renters have {done} them")
+    # The platform finishes a deletion or a VM's removal at the node's next reconcile (minutes), except on a
+    # quarantined node: no job talks to it until an operator has accepted its new host key (volumes.volume_delete).
+    later = ("it can be retired once an operator has accepted its new host key, so that the platform can reach it "
+             "again" if node.state == NodeState.QUARANTINED else "try again in a few minutes")
     if deleting:
-        reasons.append(f"the platform is still deleting {_count(deleting, 'volume', 'volumes')} on it; try again "
-                       "in a few minutes")
+        reasons.append(f"the platform is still deleting {_count(deleting, 'volume', 'volumes')} on it; {later}")
     if not reasons and not unreachable:
         # Destroyed while the node was away: the reconciler removes their VMs at its next pass (minutes).
         cleanup = len(instances_awaiting_cleanup(node_id=node.pk))
         if cleanup:
             vms = _count(cleanup, "destroyed instance", "destroyed instances")
-            later = ("once an operator has accepted its new host key, so that the platform can reach it again"
-                     if node.state == NodeState.QUARANTINED else "try again in a few minutes")
             reasons.append(f"the platform is still removing the VM of {vms} from it; {later}")
     if not reasons:
         return ""
     return ("This node cannot be retired yet: " + "; ".join(reasons)
             + ". Unlist it meanwhile so that it takes no new rentals.")
+
+
+def _retire_ends(node: Node, unreachable: bool, *, lock: bool) -> tuple[list[int], list[int]]:
+    """The interrupted and the stopped instances a retire of `node` ends (an unreachable node's; none otherwise),
+    locked when `lock` (the retire itself: no reconcile resumes one between the count and its end)."""
+    if not unreachable:
+        return [], []
+    instances = Instance.objects.select_for_update() if lock else Instance.objects.all()
+
+    def ids(status: str) -> list[int]:
+        return list(instances.filter(node=node, status=status).order_by("pk").values_list("pk", flat=True))
+    return ids(InstanceStatus.INTERRUPTED), ids(InstanceStatus.STOPPED)
+
+
+def node_retire_refusal(*, node: Node) -> str:
+    """Why node_retire would refuse `node` now, in the refusal's own words ('' when it would retire it, or when it
+    is retired already). Read-only, no locks: for pages, so that they offer the retire only where the service
+    takes it (found by review: the node page offered it on a node with a renter's volume; the click was refused)."""
+    if node.state == NodeState.RETIRED:
+        return ""
+    unreachable = node_unreachable(node)
+    ending, stopped = _retire_ends(node, unreachable, lock=False)
+    return _retire_refusal(node, unreachable, ending + stopped)
 
 
 def _release_unreachable(node: Node, interrupted: list[int], stopped: list[int]) -> list[str]:
@@ -392,13 +422,10 @@ def node_retire(*, node: Node) -> None:
     if node.state == NodeState.RETIRED:
         return
     unreachable = node_unreachable(node)
-    # Locked before they are counted: no reconcile resumes one between the count and its end here.
-    ending = list(Instance.objects.select_for_update().filter(node=node, status=InstanceStatus.INTERRUPTED)
-                  .order_by("pk").values_list("pk", flat=True)) if unreachable else []
-    # Stopped ones too: their disks are on a server that no longer answers (before, they held the retire back for
-    # good, their renters billed for disks nobody could reach until they destroyed them).
-    stopped = list(Instance.objects.select_for_update().filter(node=node, status=InstanceStatus.STOPPED)
-                   .order_by("pk").values_list("pk", flat=True)) if unreachable else []
+    # Locked before they are counted: no reconcile resumes one between the count and its end here. Stopped ones
+    # too: their disks are on a server that no longer answers (before, they held the retire back for good, their
+    # renters billed for disks nobody could reach until they destroyed them).
+    ending, stopped = _retire_ends(node, unreachable, lock=True)
     refusal = _retire_refusal(node, unreachable, ending + stopped)
     if refusal:
         raise Conflict(refusal)

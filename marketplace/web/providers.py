@@ -212,6 +212,8 @@ def _render_node(request, node, settings_form=None, status=200, mig_form=None):
         "mig_slices": list(node.mig_slices.select_related("gpu").order_by("gpu__index", "device")),
         "poll_url": (reverse("node-live", args=[node.pk]) + (f"?watching={live['job'].pk}" if live["job_open"]
                                                              else "")),
+        # The retire service's own refusal ('' = it would retire it): the button only where the click is taken.
+        "retire_refusal": svc.node_retire_refusal(node=node) if live["can_retire"] else "",
         "needs_key": node.verdict == Verdict.UNVERIFIED and node.state in (NodeState.PENDING, NodeState.VERIFYING),
     }
     return render(request, "marketplace/node.html", context, status=status)

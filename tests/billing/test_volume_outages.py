@@ -202,7 +202,7 @@ def test_a_reachable_nodes_volumes_still_refuse_the_retire(clock, user):
     fund(user, "100")
     on = _on(clock)
     volume = _available(user, on)
-    with pytest.raises(Conflict, match="1 volume keep renters' data"):
+    with pytest.raises(Conflict, match="1 volume keeps a renter's data"):
         node_svc.node_retire(node=on)
     volume_svc.volume_delete(volume=volume, confirm=volume.name)
     with pytest.raises(Conflict, match="still deleting 1 volume"):

@@ -37,7 +37,7 @@ def test_live_and_stopped_instances_refuse_the_retire_naming_them():
     svc.instance_mark_stopped(instance_id=stopped.pk)
     message = _retire_refusal(node)
     assert "renters' instances are live on it (1 running)" in message
-    assert "1 stopped instance keep renters' data on it" in message and "Unlist it meanwhile" in message
+    assert "1 stopped instance keeps a renter's data on it" in message and "Unlist it meanwhile" in message
     svc.instance_mark_failed(instance_id=live.pk, message="gone")
     assert "live on it" not in _retire_refusal(node)
     svc.instance_mark_failed(instance_id=stopped.pk, message="gone")
@@ -256,4 +256,4 @@ def test_the_same_stopped_instance_on_a_reachable_node_still_refuses_the_retire(
     instance = run(book(UserFactory(), node))
     svc.instance_stop(instance=instance)
     svc.instance_mark_stopped(instance_id=instance.pk)
-    assert "1 stopped instance keep renters' data on it" in _retire_refusal(node)
+    assert "1 stopped instance keeps a renter's data on it" in _retire_refusal(node)
