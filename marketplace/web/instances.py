@@ -18,6 +18,7 @@ from marketplace import selectors
 from marketplace.models import InstanceStatus, InvalidTransition
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as svc
+from marketplace.services.instances import lifecycle as svc_lifecycle
 from marketplace.services.instances import options as opts
 from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.services.vms import vm_logs
@@ -26,7 +27,8 @@ from . import renters  # noqa: F401 (registers the pages' wording of Insufficien
 
 VERBS = {
     # verb: (service, button words, question, danger). The states that show a button are the instance table's
-    # (`Instance.allows(verb)`, marketplace.models.renting), the same rule the service applies.
+    # (`Instance.allows(verb)`, marketplace.models.renting), the same rule the service applies; start and restart
+    # are also refused for their node's sake (NODE_REFUSALS), the service's own check, said instead of a button.
     "stop": (svc.instance_stop, "Stop", "Stop it? The disk is kept and its GPUs are freed; start it again later.",
              False),
     "start": (svc.instance_start, "Start", "Start it again? It takes its GPUs back when they are free.", False),
@@ -34,6 +36,9 @@ VERBS = {
     "destroy": (svc.instance_destroy, "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.",
                 True),
 }
+# The services' own checks of the node for a verb the instance's state allows ('' = the node takes it): found by
+# review, the page offered Start on a node in maintenance and Restart on a quarantined one, and the click was refused.
+NODE_REFUSALS = {"start": svc_lifecycle.instance_start_refusal, "restart": svc_lifecycle.instance_restart_refusal}
 SETTLED = {InstanceStatus.RUNNING, InstanceStatus.STOPPED, InstanceStatus.INTERRUPTED}  # polled slowly
 
 
@@ -42,8 +47,26 @@ def _instance_or_404(user, pk: int):
     return get_object_or_404(svc.instances_for_user(user=user), pk=pk)
 
 
+def _verbs(instance) -> tuple[list[dict], list[dict]]:
+    """The verbs the page offers (the instance's state allows them and its node takes them), and those its state
+    allows but its node refuses now, each with the service's reason."""
+    offered, refused = [], []
+    for verb, (_, words, question, danger) in VERBS.items():
+        if not instance.allows(verb):
+            continue
+        check = NODE_REFUSALS.get(verb)
+        reason = check(instance=instance) if check else ""
+        if reason:
+            refused.append({"verb": verb, "button": words, "reason": reason})
+        else:
+            offered.append({"verb": verb, "button": words, "question": question, "danger": danger,
+                            "url": reverse("instance-verb", args=[instance.pk, verb])})
+    return offered, refused
+
+
 def _live_context(instance, user) -> dict:
     job = Job.objects.filter(instance=instance).order_by("-id").first()
+    verbs, refused = _verbs(instance)
     return {
         "instance": instance,
         "status": billing_selectors.balance_status(user=user),  # the low-balance warning, as on the balance page
@@ -53,9 +76,8 @@ def _live_context(instance, user) -> dict:
         "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
         "final": instance.status in FINAL_STATUSES,
         "cost": billing_selectors.instance_cost(instance=instance),
-        "verbs": [{"verb": verb, "button": words, "question": question, "danger": danger,
-                   "url": reverse("instance-verb", args=[instance.pk, verb])}
-                  for verb, (_, words, question, danger) in VERBS.items() if instance.allows(verb)],
+        "verbs": verbs,
+        "refused_verbs": refused,
     }
 
 

@@ -155,24 +155,10 @@ def instance_start(*, instance: Instance) -> Instance:
     # accounts, as the meter does; the funds check locking the wallet first and the posting then the others
     # deadlocked with a tick (found by review). The check sees the balance after the disk's charge.
     _leave_running(instance, now)
-    if node.state == NodeState.RETIRED:  # for good: "later" would never come
-        raise Conflict("The instance cannot start: its node was retired by its provider and never comes back. "
-                       "Destroy it, and rent another server.")
-    if not node.provider_active:  # type: ignore[attr-defined]  # set by _lock_node_for_booking
-        # A start takes GPUs again: new load, refused as a booking is; what runs there already is left alone.
-        raise Conflict(_PROVIDER_DEACTIVATED)
-    if node.state != NodeState.ACTIVE:
-        reason = NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
-        raise Conflict(f"The instance cannot start now: {reason}. Try again later, or destroy it.")
-    if node.health_failures:  # the start job would not reach it either
-        raise Conflict("The instance cannot start now: its node did not answer its last health check. Try again "
-                       "in a few minutes, or destroy it.")
-    if node_simulated_not_taken(node):
-        # A sim node registered before the platform stopped taking simulated GPUs: a start takes its GPUs again,
-        # new load on hardware that is no GPU, refused as a booking is (before, it started). What runs there already
-        # is left alone (a restart keeps the GPUs it holds), as for a deactivated provider.
-        raise Conflict(f"The instance cannot start: {SIMULATED_NOT_TAKEN}. It stays stopped with its disk kept as "
-                       "it is; destroy it, and rent a server with real GPUs.")
+    # `provider_active`: set by _lock_node_for_booking, under the node's row lock.
+    refusal = _start_node_refusal(node, provider_active=node.provider_active)  # type: ignore[attr-defined]
+    if refusal:
+        raise Conflict(refusal)
     # After the node's refusals: no top-up is asked for a start that could not happen anyway. The wallet is locked
     # after the node's row, as a booking locks them (or already, by the disk's posting above).
     _check_funds(instance.renter_id, instance.price_per_hour_micros, "Starting this instance", starting=instance.pk)
@@ -210,6 +196,47 @@ def instance_start(*, instance: Instance) -> Instance:
     return instance
 
 
+def _start_node_refusal(node: Node, *, provider_active: bool) -> str:
+    """Why a stopped instance on `node` cannot start now for the node's sake, in instance_start's words; '' when
+    its node takes the start (the renter's e-mail, funds and free GPUs are asked by the start itself)."""
+    if node.state == NodeState.RETIRED:  # for good: "later" would never come
+        return ("The instance cannot start: its node was retired by its provider and never comes back. "
+                "Destroy it, and rent another server.")
+    if not provider_active:
+        # A start takes GPUs again: new load, refused as a booking is; what runs there already is left alone.
+        return _PROVIDER_DEACTIVATED
+    if node.state != NodeState.ACTIVE:
+        reason = NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
+        return f"The instance cannot start now: {reason}. Try again later, or destroy it."
+    if node.health_failures:  # the start job would not reach it either
+        return ("The instance cannot start now: its node did not answer its last health check. Try again "
+                "in a few minutes, or destroy it.")
+    if node_simulated_not_taken(node):
+        # A sim node registered before the platform stopped taking simulated GPUs: a start takes its GPUs again,
+        # new load on hardware that is no GPU, refused as a booking is (before, it started). What runs there already
+        # is left alone (a restart keeps the GPUs it holds), as for a deactivated provider.
+        return (f"The instance cannot start: {SIMULATED_NOT_TAKEN}. It stays stopped with its disk kept as "
+                "it is; destroy it, and rent a server with real GPUs.")
+    return ""
+
+
+def instance_start_refusal(*, instance: Instance) -> str:
+    """instance_start's refusal for the sake of the instance's node, read now without locks ('' when the node takes
+    the start): for pages, so that they offer Start only where the service would (found by review: a stopped
+    instance on a node in maintenance was offered Start, and the click refused)."""
+    node = Node.objects.select_related("provider").get(pk=instance.node_id)
+    return _start_node_refusal(node, provider_active=node.provider.is_active)
+
+
+def instance_restart_refusal(*, instance: Instance) -> str:
+    """instance_restart's refusal for the sake of the instance's node ('' when none): no job reaches a quarantined
+    node, so its restart job would fail at once on the changed key. Read without locks; pages ask it too."""
+    if _node_reach(instance.node_id) == _QUARANTINED:
+        return (f"The instance cannot restart now: {_QUARANTINED_REASON}. Stop or destroy it, or try again once "
+                "the node is back.")
+    return ""
+
+
 def _container_gpus_refusal(missing: set[int]) -> str:
     """Why a container cannot start: which of the GPUs it was created with are not free, and why each. A card lost
     or taken out of service may never come back (destroy), one rented by another instance comes free (later)."""
@@ -240,9 +267,9 @@ def instance_restart(*, instance: Instance) -> Instance:
         return instance
     if not instance.allows("restart"):
         raise _refuse("restart", instance)
-    if _node_reach(instance.node_id) == _QUARANTINED:  # its restart job would fail at once on the changed key
-        raise Conflict(f"The instance cannot restart now: {_QUARANTINED_REASON}. Stop or destroy it, or try again "
-                       "once the node is back.")
+    refusal = instance_restart_refusal(instance=instance)  # its restart job would fail at once on the changed key
+    if refusal:
+        raise Conflict(refusal)
     # Billing pauses for the restart and resumes when it is running again.
     return _queue(instance, S.STARTING, "restart it", JobKind.INSTANCE_RESTART)
 
