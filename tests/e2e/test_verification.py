@@ -28,6 +28,13 @@ def _settled(node_id):
     return node if node.state != NodeState.VERIFYING else None
 
 
+def _job_closed(node):
+    """The node's job once it has recorded its end: the node settles a moment before (its state is written in a
+    transaction of its own), so a job read at once may still be `running` on a loaded machine."""
+    return wait_until(lambda: Job.objects.filter(node=node).exclude(status__in=("queued", "running")).first(), 30,
+                      what="the node's job to close")
+
+
 def test_honest_node_is_verified_and_listed(worker, sim_node_factory, api, anon):
     node, info = sim_node_factory(api, profile="rtx-a4000-x2", gpu_model="rtx-a4000", gpu_count=2)
     r = api.post(f"/api/v1/nodes/{node.pk}/verify/")
@@ -39,9 +46,7 @@ def test_honest_node_is_verified_and_listed(worker, sim_node_factory, api, anon)
     assert all(g.uuid.startswith("GPU-") and g.pci_bus_id for g in gpus)
     run = VerificationRun.objects.get(node=node)
     assert run.verdict == "verified" and run.inventory["gpus"][0]["name"] == "NVIDIA RTX A4000"
-    # The node settles a moment before its job records the end.
-    job = wait_until(lambda: Job.objects.filter(node=node).exclude(status__in=("queued", "running")).first(), 30,
-                     what="the verification job to close")
+    job = _job_closed(node)
     assert job.status == "succeeded" and [step["message"] for step in job.log][-1] == "done"
     offers = anon.get("/api/v1/offers/?gpu_model=rtx-a4000").json()["results"]
     assert [o["id"] for o in offers] == [node.pk]
@@ -76,7 +81,7 @@ def test_changed_host_key_quarantines_and_sends_nothing(worker, sim_node_factory
     assert node.state == "quarantined", (node.state, node.last_error)
     assert "host key changed" in node.last_error
     assert NodeEvent.objects.filter(node=node, kind="host_key_changed", level="critical").exists()
-    assert Job.objects.get(node=node).status == "failed"
+    assert _job_closed(node).status == "failed"
     # Nothing was sent: the agent was never uploaded to the new server.
     home = node_dir / "home"
     assert not (home / ".gpumarket").exists()
@@ -90,6 +95,7 @@ def test_missing_key_is_explained_to_the_provider(worker, sim_node_factory, api,
     node = wait_until(lambda: _settled(node.pk), 60, what="the verification to end")
     assert node.state == "pending"
     assert "refused the platform's key" in node.last_error
+    assert _job_closed(node).status == "failed"
     assert api.get(f"/api/v1/nodes/{node.pk}/").json()["current_job"]["status"] == "failed"
 
 
@@ -100,5 +106,5 @@ def test_unreachable_node_fails_the_job_with_a_reason(worker, sim_node_factory, 
     node = wait_until(lambda: _settled(node.pk), 120, what="the verification to give up")
     assert node.state == "pending"
     assert "Cannot reach" in node.last_error or "No SSH answer" in node.last_error
-    job = Job.objects.get(node=node)
+    job = _job_closed(node)
     assert job.status == "failed" and job.attempts == 4  # the first try and three retries with backoff
