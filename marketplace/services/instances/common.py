@@ -21,7 +21,7 @@ from marketplace.models import (
 from notifications.services.notify import notify
 
 from .allocation import parse_islands
-from .mig import instance_release_slices, instance_slice_gpu_indices
+from .mig import hold_cards_declared_split, instance_release_slices, instance_slice_gpu_indices
 
 S = InstanceStatus
 MAX_DISK_GB = 2000
@@ -135,6 +135,7 @@ def instance_release_gpus(*, instance: Instance, at: datetime | None = None) -> 
     # until it answers; the others are free.
     Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids, lost_at__isnull=False), GpuStatus.UNAVAILABLE)
     Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids), GpuStatus.FREE, action="release")
+    hold_cards_declared_split(gpu_ids, instance.node_id)
     return sorted(a.gpu.index for a in live)
 
 

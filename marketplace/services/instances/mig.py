@@ -3,15 +3,18 @@ a unique index on live allocations) plus the parent rule: a slice is taken only 
 not lost (`lost_at`: fallen off the bus, provisioning.services.gpu_presence), read under a share lock on the GPU's
 row, so that the GPU cannot go back to whole renting meanwhile (provisioning.services.mig takes that row FOR UPDATE
 and finds the allocation). The offers count the same slices (marketplace.selectors.free_slices)."""
+from collections import Counter
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from core.errors import Conflict
 from core.sql import constraint_violated
-from marketplace.models import Gpu, GpuStatus, Instance, MigSlice, MigSliceAllocation, SliceStatus
+from marketplace.mig import layout_by_gpu
+from marketplace.models import Gpu, GpuStatus, Instance, MigSlice, MigSliceAllocation, Node, SliceStatus
 
 _LIVE_INDEX = "mig_slice_in_at_most_one_live_allocation"
 
@@ -63,15 +66,81 @@ def instance_release_slices(*, instance: Instance, at: datetime | None = None) -
     whole GPU does (instances.common.instance_release_gpus): provisioning.services.gpu_presence frees it when the
     card is listed again. Idempotent. Call with the instance's row locked."""
     live = list(MigSliceAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
-                .select_related("mig_slice"))
+                .select_related("mig_slice__gpu"))
     if not live:
         return []
     _lock_parents_shared(sorted({a.mig_slice.gpu_id for a in live}))
     MigSliceAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at or timezone.now())
     released = MigSlice.objects.filter(pk__in=[a.mig_slice_id for a in live])
     MigSlice.transition_rows(released.filter(gpu__lost_at__isnull=False), SliceStatus.UNAVAILABLE)
+    withheld, pending = _slices_outside_declaration([a.mig_slice for a in live])
+    MigSlice.transition_rows(released.filter(pk__in=withheld), SliceStatus.UNAVAILABLE)
     MigSlice.transition_rows(released, SliceStatus.FREE, action="release")
+    if pending:
+        queue_layout_check(instance.node_id)
     return sorted(a.mig_slice.uuid for a in live)
+
+
+def _slices_outside_declaration(released: list[MigSlice]) -> tuple[list[int], bool]:
+    """(the released slices the card's declared layout no longer has room for, whether a card its last renter
+    left has a declared layout other than its slices): the former are not offered again (unavailable until the
+    check judges the card), the latter queues that check. Before, such a slice came back free on release and the
+    declaration waited for the periodic check (days): a card declared whole again was still rented by the slice."""
+    layout = layout_by_gpu(Node.objects.filter(pk=released[0].node_id).values_list("mig_layout", flat=True).first())
+    withheld: list[int] = []
+    pending = False
+    for gpu_id in sorted({s.gpu_id for s in released}):
+        mine = [s for s in released if s.gpu_id == gpu_id]
+        declared = layout.get(mine[0].gpu.index, [])
+        others = Counter(MigSlice.objects.filter(gpu_id=gpu_id, status__in=[SliceStatus.FREE, SliceStatus.RENTED])
+                         .exclude(pk__in=[s.pk for s in mine]).values_list("profile", flat=True))
+        room = Counter(declared) - others
+        kept, out = [], []
+        for s in sorted(mine, key=lambda s: s.device):
+            if room[s.profile] > 0:
+                room[s.profile] -= 1
+                kept.append(s.profile)
+            else:
+                out.append(s.pk)
+        withheld += out
+        left = not MigSliceAllocation.objects.filter(mig_slice__gpu_id=gpu_id, released_at__isnull=True).exists()
+        if left and (out or sorted(declared) != sorted([*others.elements(), *kept])):
+            pending = True
+    return withheld, pending
+
+
+def hold_cards_declared_split(gpu_ids: list[int], node_id: int) -> None:
+    """Whole cards just released (free again) that their provider declared split meanwhile (the layout waited for
+    the renter: verification.mig.pending_layout): `mig`, which whole booking never takes, with no slice until a
+    check proves the declared ones; and that check queued now. Before, they went back free, bookable whole, until
+    the periodic check (days later)."""
+    layout = layout_by_gpu(Node.objects.filter(pk=node_id).values_list("mig_layout", flat=True).first())
+    if not layout:
+        return
+    if Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids, status=GpuStatus.FREE, index__in=list(layout)),
+                           GpuStatus.MIG):
+        queue_layout_check(node_id)
+
+
+def queue_layout_check(node_id: int) -> None:
+    """Once the release commits: the verification "Verify now" queues (verification.node_verify_request), so that
+    the declared layout is judged and offered now. A node that cannot be verified now (maintenance, offline, a
+    spot check under way) is made due: the re-verification beat queues it when it can."""
+    transaction.on_commit(partial(_queue_layout_check, node_id))
+
+
+def _queue_layout_check(node_id: int) -> None:
+    from provisioning.services.verification import node_verify_request  # imports this package
+
+    with transaction.atomic():
+        node = Node.objects.filter(pk=node_id).first()
+        if node is None:
+            return
+        try:
+            with transaction.atomic():
+                node_verify_request(node=node, reason="a card's declared MIG layout is free to apply")
+        except Conflict:
+            Node.objects.filter(pk=node_id).update(next_check_at=timezone.now())
 
 
 def _lock_parents_shared(gpu_ids: list[int]) -> None:
