@@ -7,12 +7,14 @@ import copy
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from core.errors import ApplicationError
 from marketplace.models import Image, Instance, MigSlice, Node
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_update
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind
+from provisioning.services.maintenance import nodes_reverify_due
 from provisioning.services.runner import job_begin
 from provisioning.services.verification import node_verify_run
 from tests.factories import UserFactory
@@ -67,6 +69,15 @@ def _open_verification(node) -> Job | None:
     return Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status__in=OPEN_JOB_STATUSES).first()
 
 
+def _due_check_queued(node) -> Job:
+    """The release made the node's full check due; the re-verification beat queues it."""
+    assert Node.objects.get(pk=node.pk).next_check_at <= timezone.now(), "the release makes the check due now"
+    nodes_reverify_due()
+    job = _open_verification(node)
+    assert job is not None, "the beat queues the check that applies the declared layout"
+    return job
+
+
 def _run(job: Job, node) -> Node:
     node_verify_run(job=job_begin(job_id=job.pk))
     return Node.objects.get(pk=node.pk)
@@ -107,8 +118,7 @@ def test_a_whole_card_declared_split_is_not_booked_whole_after_its_renter_leaves
     gpu1 = node.gpus.get(index=1)
     assert gpu1.status != "free", "GPU 1 is declared split: not offered whole again"
     assert not _bookable(node)  # GPU 0 is split, GPU 1 declared split: no whole GPU to book
-    job = _open_verification(node)
-    assert job is not None, "the release queues the check that applies the declared layout"
+    job = _due_check_queued(node)
     _split_gpu1(simnode)  # the provider applies the declaration now that the card is free
     node = _run(job, node)
     assert node.verdict == "verified", node.last_error
@@ -130,8 +140,7 @@ def test_a_slice_of_a_card_declared_whole_again_does_not_come_back_free(
     assert _open_verification(node) is None
     _leave(sliced, django_capture_on_commit_callbacks)
     assert not node.mig_slices.filter(status="free").exists(), "GPU 0 is declared whole: its slices not offered"
-    job = _open_verification(node)
-    assert job is not None, "the release queues the check that applies the declared layout"
+    job = _due_check_queued(node)
     _whole_gpu0(simnode)
     node = _run(job, node)
     assert node.verdict == "verified", node.last_error

@@ -5,10 +5,9 @@ row, so that the GPU cannot go back to whole renting meanwhile (provisioning.ser
 and finds the allocation). The offers count the same slices (marketplace.selectors.free_slices)."""
 from collections import Counter
 from datetime import datetime
-from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from core.errors import Conflict
@@ -123,24 +122,10 @@ def hold_cards_declared_split(gpu_ids: list[int], node_id: int) -> None:
 
 
 def queue_layout_check(node_id: int) -> None:
-    """Once the release commits: the verification "Verify now" queues (verification.node_verify_request), so that
-    the declared layout is judged and offered now. A node that cannot be verified now (maintenance, offline, a
-    spot check under way) is made due: the re-verification beat queues it when it can."""
-    transaction.on_commit(partial(_queue_layout_check, node_id))
-
-
-def _queue_layout_check(node_id: int) -> None:
-    from provisioning.services.verification import node_verify_request  # imports this package
-
-    with transaction.atomic():
-        node = Node.objects.filter(pk=node_id).first()
-        if node is None:
-            return
-        try:
-            with transaction.atomic():
-                node_verify_request(node=node, reason="a card's declared MIG layout is free to apply")
-        except Conflict:
-            Node.objects.filter(pk=node_id).update(next_check_at=timezone.now())
+    """Make the node's full check due now: the re-verification beat (nodes_reverify_due, every REVERIFY_BEAT_S)
+    queues it, so that the declared layout is judged and offered within minutes, not at the drawn time days later.
+    Not node_verify_request itself: provisioning's services import this package (no import circle between them)."""
+    Node.objects.filter(pk=node_id).update(next_check_at=timezone.now())
 
 
 def _lock_parents_shared(gpu_ids: list[int]) -> None:
