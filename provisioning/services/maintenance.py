@@ -120,28 +120,33 @@ def jobs_dispatch(*, now: datetime | None = None, limit: int = DISPATCH_BATCH) -
             batch += [(outcome, job) for job in jobs]
         summary = {"sent": 0, "resent": 0, "recovered": 0, "send_failed": 0}
         for outcome, job in batch:
+            # The note before the send: once sent, a worker may claim the job (its runner changes) before the note
+            # is written, and the note (written only while the job is as the dispatcher read it) was lost: the
+            # clean-clone CI run of round 47 found a taken-over job without its "no sign of life" line.
+            if outcome != "sent":
+                _dispatch_note(job, now)
             if not job_send(job_id=job.pk, kind=job.kind):
+                if outcome != "sent":
+                    _dispatch_note(job, now, "not sent after all: the broker did not take it, the next pass tries")
                 summary["send_failed"] += 1
                 break
             summary[outcome] += 1
-            if outcome != "sent":
-                _dispatch_note(job, now)
         return summary
 
 
-def _dispatch_note(job: Job, now: datetime) -> None:
-    """Say in the job's log why it was sent again (operators read it beside the steps)."""
-    if job.status == JobStatus.RUNNING:
+def _dispatch_note(job: Job, now: datetime, message: str = "") -> None:
+    """Say in the job's log why it is sent again (operators read it beside the steps), or `message`."""
+    if not message and job.status == JobStatus.RUNNING:
         since = f"{job.heartbeat_at:%H:%M:%S} UTC" if job.heartbeat_at else "never"
         message = f"sent again: no sign of life from {job.runner or 'its retry'} since {since}"
-    else:
+    elif not message:
         assert job.sent_at is not None  # queued and sent before: only such a job is sent *again*
         message = f"sent again: not started {int((now - job.sent_at).total_seconds())} s after it was sent"
     log.info("job %s: %s", job.pk, message)
     line = {"at": now.isoformat(), "message": message}
+    job.log = [*log_lines(job.log), line][-MAX_LOG_LINES:]
     # Unless a worker claimed it meanwhile: its own lines come first.
-    Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(
-        log=[*log_lines(job.log), line][-MAX_LOG_LINES:])
+    Job.objects.filter(pk=job.pk, status=job.status, runner=job.runner).update(log=job.log)
 
 
 def jobs_reap() -> Summary:
