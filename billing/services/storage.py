@@ -13,6 +13,9 @@ how often the meter runs:
 - A stopped instance's disk is billed from `stopped_at` while it is stopped; leaving `stopped` (start, destroy,
   failure) closes it at that moment (marketplace.services.instances.common._leave_running), or, while its node's
   latest health check failed, at its last healthy moment (storage_billed_until), as a volume's deletion does.
+  A look that finds its VM and disk gone ends its charge at their last sighting (the check fails it there); a
+  start or destroy asked between that look and the check bills up to its own moment, and what it billed after
+  the sighting is given back (disk_give_back, once), as GPU time is in the same race (metering.usage_give_back).
 - The size billed is the one booked (`Instance.disk_gb`, `Volume.size_gb`): what a node reports never changes it.
 
 Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
@@ -34,12 +37,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from billing import selectors
-from billing.models import AccountKind, TransactionKind
+from billing.models import AccountKind, LedgerTransaction, TransactionKind
 from billing.pricing import EPOCH, MICROSECOND, SECOND
 from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
 from billing.services.metering import node_billable_until
@@ -149,6 +152,134 @@ def instance_disk_close(*, instance: Instance, until: datetime | None = None) ->
     instance.disk_billed_seconds += charge.seconds
     instance.disk_cost_micros += charge.amount
     return charge.amount
+
+
+# ------------------------------------------------------------------------ disk billed past a loss
+
+
+@dataclass(frozen=True)
+class DiskGivenBack:
+    amount_micros: int  # back to the renter's wallet
+    fee_micros: int  # of it, taken back from the platform's revenue (the rest from the provider's earnings)
+    seconds: int
+    start: datetime  # the whole second of the disk's billing at or before `since`: its charge ends here now
+    end: datetime  # where its billing had ended (the request that closed it)
+    transactions: list[int]  # the reversals posted, one per storage charge involved
+
+
+def _disk_charges(instance_id: int) -> list[tuple[datetime, LedgerTransaction]]:
+    """The disk's storage charges (ledger transactions keyed storage:disk:<id>:<start µs>), by their start."""
+    prefix = f"storage:disk:{instance_id}:"
+    rows = LedgerTransaction.objects.filter(kind=TransactionKind.STORAGE, idempotency_key__startswith=prefix)
+    return sorted(((EPOCH + int(t.idempotency_key[len(prefix):]) * MICROSECOND, t) for t in rows),
+                  key=lambda row: row[0])
+
+
+def disk_give_back(*, instance: Instance, since: datetime, seen_at: datetime, memo: str,
+                   customer_note: str) -> DiskGivenBack | None:
+    """Give back what a stopped instance's disk was billed for its time after `since`: a look at its node (a health
+    probe, the reconciler's list) began at `seen_at` and found its VM and disk gone, last seen at `since`, but the
+    instance had left `stopped` after that look began (its renter's start or destroy, between the probe and the
+    check that fails it), and that request closed the disk's billing at its own moment (the node answering:
+    storage_billed_until is `now`), past the last sighting. The check, finding it no longer stopped, left it
+    (instance_mark_failed's `only_in`), so the renter paid for a disk the platform treats as lost from `since`: the
+    disk's charge now ends there, as the failure would have ended it (`disk_seen_at`) and as a running instance's
+    GPU time given back ends (billing.services.metering.usage_give_back).
+
+    The disk's charge ends at its last whole second at or before `since` (the billing's seconds run from the stop),
+    to the micro-dollar with the storage meter's cumulative rounding (cost and fee alike): each storage charge
+    after it is reversed in full, the one across it in part, each by one REVERSAL transaction (`reverses` it: at
+    most once, ledger key `reversal:<id>`, as an operator's reversal), the renter's wallet credited, the
+    provider's earnings and the platform's revenue debited in the charge's proportions. The instance's own disk
+    totals stay what was charged (as after an operator's reversal: the API and pages read the ledger's net,
+    billing.selectors.storage_given_back).
+
+    None, and nothing posted, when there is nothing to give back: still stopped (a check that fails it bills its
+    disk up to `since` itself), billed no further than `since`, its billing closed before the look began (the
+    charge that closed it was posted before `seen_at`: not a request in the race), or any of those charges
+    reversed already. Call it under the instance's row lock, as every writer of its billing; the accounts are
+    locked in id order by ledger_post. Assumes, as the race allows, no outage moved the disk's billing on between
+    `since` and the close (node_storage_outage_end moves it on only at an answer after an outage)."""
+    end = instance.disk_billed_until
+    if instance.status == InstanceStatus.STOPPED or instance.stopped_at is None or end is None or end <= since:
+        return None
+    # This stop's charges that end after `since`: each ends where the next begins, the last at disk_billed_until.
+    charges = [(start, txn) for start, txn in _disk_charges(instance.pk) if start >= instance.stopped_at]
+    tail: list[tuple[datetime, LedgerTransaction]] = []
+    for start, txn in reversed(charges):
+        tail.insert(0, (start, txn))
+        if start <= since:
+            break
+    if not tail or tail[-1][1].created_at < seen_at:
+        return None  # closed before the look began (or by the meter): not this race
+    if LedgerTransaction.objects.filter(reverses_id__in=[txn.pk for _, txn in tail]).exists():
+        return None  # given back (or reversed by an operator) already
+    first = tail[0][0]
+    cut = first if since <= first else first + ((since - first) // SECOND) * SECOND
+    if cut >= end:
+        return None
+    seconds_back = (end - cut) // SECOND
+    kept_cost = storage_cost(size_gb=instance.disk_gb, seconds=instance.disk_billed_seconds - seconds_back,
+                             price_per_gb_month_micros=instance.disk_price_per_gb_month_micros)
+    bps = instance.platform_fee_bps
+    charged = {txn.pk: _charged(txn) for _, txn in tail}  # (amount, fee) each charge posted
+    # What was charged before the charge across `cut`: the row's total less the tail's.
+    cost = instance.disk_cost_micros - sum(amount for amount, _ in charged.values())
+    back: list[tuple[LedgerTransaction, int, int]] = []
+    for start, txn in tail:
+        amount, fee = charged[txn.pk]
+        if start >= cut:
+            back.append((txn, amount, fee))
+        else:  # across it: what its seconds before `cut` cost stays charged, and the fee on that
+            kept = min(max(kept_cost - cost, 0), amount)
+            fee_kept = (cost + kept) * bps // 10_000 - cost * bps // 10_000
+            back.append((txn, amount - kept, min(max(fee - fee_kept, 0), amount - kept)))
+        cost += amount
+    back = [(txn, amount, fee) for txn, amount, fee in back if amount > 0]
+    try:
+        with transaction.atomic():
+            posted = [_disk_reverse(instance, txn, amount, fee, memo, customer_note) for txn, amount, fee in back]
+    except (IntegrityError, _ReversedMeanwhile):  # an operator's reversal of one of them came first: all undone
+        return None
+    if not posted:
+        return None
+    return DiskGivenBack(amount_micros=sum(a for _, a, _ in back), fee_micros=sum(f for _, _, f in back),
+                         seconds=seconds_back, start=cut, end=end, transactions=posted)
+
+
+class _ReversedMeanwhile(Exception):
+    pass
+
+
+def _charged(txn: LedgerTransaction) -> tuple[int, int]:
+    """What a storage charge took from the renter's wallet, and the platform's fee of it."""
+    moved = {e.account.kind: e.amount_micros for e in txn.entries.select_related("account")}
+    return -moved.get(AccountKind.CUSTOMER_WALLET, 0), moved.get(AccountKind.PLATFORM_REVENUE, 0)
+
+
+def _disk_reverse(instance: Instance, txn: LedgerTransaction, amount: int, fee: int, memo: str,
+                  customer_note: str) -> int:
+    """Reverse `amount` of a storage charge, `fee` of it the platform's, on the accounts the charge used."""
+    accounts = {e.account.kind: e.account for e in txn.entries.select_related("account")}
+    lines = [(accounts.get(AccountKind.CUSTOMER_WALLET)
+              or user_account(user_id=instance.renter_id, kind=AccountKind.CUSTOMER_WALLET), amount)]
+    if amount - fee:
+        provider_id = Node.objects.values_list("provider_id", flat=True).get(pk=instance.node_id)
+        lines.append((accounts.get(AccountKind.PROVIDER_EARNINGS)
+                      or user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS), -(amount - fee)))
+    if fee:
+        lines.append((accounts.get(AccountKind.PLATFORM_REVENUE)
+                      or platform_account(kind=AccountKind.PLATFORM_REVENUE), -fee))
+    charged, _ = _charged(txn)
+    whole = "" if amount == charged else f" ({amount} of its {charged} micro-dollars)"
+    reversal, created = ledger_post(
+        idempotency_key=f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL, lines=lines, reverses=txn,
+        memo=f"Reverses #{txn.pk}{whole}: {memo}", customer_note=customer_note,
+        reason="Disk billed after the last sighting of a VM and disk found lost, given back "
+               "(storage.disk_give_back).")
+    if not created:
+        raise _ReversedMeanwhile(txn.pk)
+    return reversal.pk
 
 
 def storage_burn_per_hour() -> dict[int, int]:

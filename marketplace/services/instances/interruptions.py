@@ -10,7 +10,10 @@ nvidia-smi: provisioning.services.gpu_presence):
   (billing.services.credits), charged to the provider, topped up until the interruption ends;
 - a VM (or card) found lost whose instance is no longer running when the interruption comes, its billing closed
   after the look began by a stop, restart or destroy asked between the answer and the interruption, up to that
-  moment: what that run was billed after `since` is given back, once (lost_usage_give_back);
+  moment: what that run was billed after `since` is given back, once (lost_usage_give_back); a stopped instance's
+  VM and disk found gone, whose renter's start or destroy came between the look and the check that fails it and
+  billed its disk up to that request: what the disk was billed after `since` is given back, once
+  (lost_disk_give_back);
 - it ends when the node answers again (a lost GPU's: once the card is listed again): the VM is intact →
   `running` (billing restarts); the VM is stopped → `starting` (the platform starts it again); the VM is gone →
   `failed` with a reason; or the renter deletes it.
@@ -32,6 +35,7 @@ from billing.services.credits import interruption_credit
 from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock, resumed_text
 from billing.services.metering import usage_give_back
 from billing.services.notify import event_create
+from billing.services.storage import disk_give_back
 from marketplace.models import Instance, Interruption, InterruptionCause, InterruptionOutcome, Node
 from marketplace.models.renting import vm_id_of
 from marketplace.money import micros_to_usd, usd_text
@@ -174,6 +178,52 @@ def lost_usage_give_back(*, instance_id: int, since: datetime | None, looked_at:
                      f"seen at {_at(since)}, so its billing for that run now ends at {_at(given.start)} "
                      f"({given.seconds} s given back)."),
             data={"instance": instance.pk, "amount": str(micros_to_usd(given.amount_micros)),
+                  "billing_stopped_at": given.start.isoformat(), "seconds": given.seconds,
+                  "transactions": given.transactions},
+        )
+    return given.amount_micros
+
+
+def lost_disk_give_back(*, instance_id: int, since: datetime | None, looked_at: datetime, detail: str,
+                        answered_at: datetime | None = None) -> int:
+    """A look at the node (a health probe that began at `looked_at`, the reconciler's list) found a stopped
+    instance's VM and disk gone, last seen at `since`, but the instance was no longer stopped when the check came to
+    fail it (instance_mark_failed's `only_in` left it): its renter's start or destroy came between the probe and the
+    check, and closed the disk's billing at its own moment, past the last sighting. The disk's charge ends at
+    `since`, as the failure would have ended it (its `disk_seen_at`) and as a running instance's GPU time does in
+    the same race (lost_usage_give_back): what the disk was billed after it is given back
+    (billing.services.storage.disk_give_back: reversed in the ledger, the renter's wallet credited, the provider's
+    earnings and the platform's fee debited in the charge's proportions, once), and the renter told. Nothing for an
+    instance still stopped (the check fails it, its disk billed up to `since`), nor one whose disk's billing was
+    closed before the look began, nor when `answered_at` is given and a stop, restart or destroy job of it began
+    between the look and its answer (a destroy's job may be why the VM was not listed). Returns the micro-dollars
+    given back (0: nothing done, no event).
+
+    Its row lock, then the accounts' in id order (ledger_post), as every writer of its billing."""
+    if since is None:
+        return 0
+    with transaction.atomic():
+        instance = _locked(instance_id)
+        if instance is None:
+            return 0
+        if answered_at is not None and Job.objects.filter(
+                instance_id=instance_id, kind__in=_VM_DOWN_JOBS, started_at__gte=looked_at,
+                started_at__lte=answered_at).exists():
+            return 0
+        given = disk_give_back(
+            instance=instance, since=since, seen_at=looked_at,
+            memo=f"instance {instance.pk}: disk billed after its last sighting ({detail[:120]})",
+            customer_note=("Given back: your stopped instance's disk was billed after it was last seen; a check "
+                           "found it gone just as you started or destroyed the instance."))
+        if given is None:
+            return 0
+        event_create(
+            user=instance.renter, kind=EventKind.CREDIT,
+            message=(f"{usd_text(given.amount_micros)} given back for instance {instance.pk}'s disk: a check found "
+                     f"its VM and disk gone ({detail[:200]}) just as you started or destroyed it, and the disk was "
+                     f"billed up to then; it was last seen at {_at(since)}, so its disk's billing now ends at "
+                     f"{_at(given.start)} ({given.seconds} s given back)."),
+            data={"instance": instance.pk, "disk": True, "amount": str(micros_to_usd(given.amount_micros)),
                   "billing_stopped_at": given.start.isoformat(), "seconds": given.seconds,
                   "transactions": given.transactions},
         )
