@@ -29,11 +29,15 @@ class JobFault(models.TextChoices):
     """Whose failure a failed job is (runner.job_finish records it where the failure is decided). Only the node's
     count against it (reliability.RELIABILITY): a failure the platform caused (its own SSH sessions holding the
     node, its time running out while it waited on itself, a lost worker, its own bug, a refusal of its own) or the
-    renter's (their image, their destroy superseding the job) says nothing about the node."""
+    renter's (their image, their destroy superseding the job) says nothing about the node. HOST_KEY: the job met the
+    changed SSH host key its node is quarantined for already (nodes.HostKeyStillChanged): the node's doing, but
+    counted once, by the quarantine (its critical event, the failure of the job or check that met it first), so not
+    again; nor the platform's (before, such jobs were: the operators' count of the platform's failures took them)."""
 
     NODE = "node", "The node's"
     PLATFORM = "platform", "The platform's"
     RENTER = "renter", "The renter's"
+    HOST_KEY = "host_key", "The node's changed host key (counted once, by its quarantine)"
 
 
 J = JobStatus

@@ -11,7 +11,9 @@ refused, refused the platform's key, showed another host key. Anything else is n
   error), its time running out while it waited on itself, a node key of its own it cannot read, a request its own
   agent called invalid; and any error it cannot place (the benefit of the doubt goes to the provider);
 - the renter's: set where the platform knows it (their own image failing to pull, their destroy superseding the
-  job), as the error's `fault`.
+  job), as the error's `fault`;
+- the changed host key the node is quarantined for already, met again by a job opened before the quarantine
+  (JobFault.HOST_KEY, nodes.HostKeyStillChanged): the node's doing, counted once by the quarantine, not again.
 """
 from __future__ import annotations
 
@@ -120,4 +122,6 @@ def time_ran_out_on(traceback: TracebackType | None) -> tuple[str, str]:
 NOT_COUNTED: dict[str, str] = {
     JobFault.PLATFORM: "This was the platform's failure, not the node's: it does not count against the node.",
     JobFault.RENTER: "This was not the node's failure: it does not count against the node.",
+    JobFault.HOST_KEY: ("The node's host key change was counted once, by its quarantine: this does not count against "
+                        "the node again."),
 }

@@ -75,7 +75,9 @@ class HostKeyStillChanged(HostKeyMismatch):
     it first failed by the node's fault), so this job's failure is not held against it again. A key other than both
     the pinned and the recorded one is new, and is a plain HostKeyMismatch (quarantined again, counted)."""
 
-    fault = JobFault.PLATFORM  # faults.error_fault: the platform ran a job on a node it had quarantined
+    # faults.error_fault: the node's changed key, counted once by its quarantine. Not the platform's either (it was:
+    # the operators' count of the platform's own failures took every such job).
+    fault = JobFault.HOST_KEY
 
     def __init__(self, expected: str, seen: str):
         super().__init__(expected, seen)

@@ -62,6 +62,7 @@ from provisioning.ssh_errors import (
     AgentGarbage,
     AgentTimeout,
     AuthFailed,
+    HostKeyMismatch,
     NodeError,
     NodeUnreachable,
 )
@@ -668,12 +669,19 @@ def node_verify_failed(*, job: Job, error: NodeError) -> None:
                              error=storable(error.message))
         return
     fault = error_fault(error)
-    node.last_error = storable(error.message if fault == JobFault.NODE else f"{error.message} {NOT_COUNTED[fault]}")
+    message = storable(error.message if fault == JobFault.NODE else f"{error.message} {NOT_COUNTED[fault]}")
+    if not (isinstance(error, HostKeyMismatch) and node.state == NodeState.QUARANTINED and node.last_error):
+        node.last_error = message
+    # Else the check met the changed host key the node is quarantined for (quarantined by this check, or already
+    # for that key: HostKeyStillChanged): its last_error stays the quarantine's (node_quarantine: both keys, the
+    # quarantine, that an operator must confirm the new key), what its provider acts on. Before, it was replaced
+    # by the check's own failure, which does not say the node is quarantined (and, for a key met again, called it
+    # "the platform's failure").
     if node.state == NodeState.VERIFYING:
         node.transition_to(NodeState.PENDING if node.verdict == Verdict.UNVERIFIED else NodeState.OFFLINE)
     node_draw_next_checks(node)  # an active node checked in place stays active: it is due again at a new time
     node.save()
     # A drop is counted (VERIFICATIONS_DROPPED_TO_REJECT); any other failure is only told.
-    node_event(node=node, kind="verification_dropped" if dropped else "verification_failed", message=node.last_error,
+    node_event(node=node, kind="verification_dropped" if dropped else "verification_failed", message=message,
                level=NodeEvent.Level.WARNING)
-    job_finish(job=job, error=node.last_error, fault=fault)
+    job_finish(job=job, error=message, fault=fault)

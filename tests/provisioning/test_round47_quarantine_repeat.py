@@ -5,9 +5,9 @@ that met it first. Before, every job that met the same key afterwards (a stop, r
 volume create or delete queued before the quarantine) failed with fault=node, held against the provider's
 reliability once more, and quarantined the node again: another critical event for the one change. Now the same key
 seen again on a quarantined node records nothing (provisioning.services.nodes.node_quarantine) and the job fails
-with the platform's fault (nodes.HostKeyStillChanged); a third key, neither pinned nor the one recorded, is new and
-is recorded and counted as before. A start that failed so told the renter "start it again", which is refused there
-until the key is accepted; it now says so.
+with the changed key's fault (JobFault.HOST_KEY, nodes.HostKeyStillChanged; first recorded as the platform's); a
+third key, neither pinned nor the one recorded, is new and is recorded and counted as before. A start that failed
+so told the renter "start it again", which is refused there until the key is accepted; it now says so.
 
 Real parts: a simulated server over real SSH whose host key really changes (round47_quarantine_sim), the fleet's
 health check, the API, the jobs as worker deliveries, PostgreSQL."""
@@ -132,7 +132,7 @@ def test_a_job_opened_before_the_quarantine_that_meets_the_same_key_counts_nothi
     job = _deliver(job)
     # critical events, jobs held against the node, failed jobs its reliability counts: as the quarantine left them
     assert _figures(qnode) == before, (kind, job.fault, job.error)
-    assert job.fault == JobFault.PLATFORM and "does not count against the node" in job.error
+    assert job.fault == JobFault.HOST_KEY and "does not count against the node" in job.error
     node = qnode.fresh()
     assert node.seen_host_key_fingerprint and node.state == "quarantined"
 

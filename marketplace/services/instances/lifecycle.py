@@ -77,6 +77,15 @@ _REFUSALS: dict[str, dict[str, str]] = {
 }
 
 
+# A start refused on a quarantined node (_start_node_refusal): what makes it possible, not "try again later".
+_START_ON_QUARANTINED_NODE = (
+    f"The instance cannot start now: {_QUARANTINED_REASON}. It stays stopped with its disk kept; start it once the "
+    "new key is accepted (its provider asks the platform's operators to confirm it), or destroy it.")
+# Any verb but destroy of an instance its node's quarantine interrupted (node_quarantine), in the same words.
+_INTERRUPTED_ON_QUARANTINED_NODE = (
+    f"The instance is interrupted: {_QUARANTINED_REASON}. It resumes by itself if its VM is still running once the "
+    "new key is accepted (its provider asks the platform's operators to confirm it; nothing is billed meanwhile), "
+    "or destroy it now at no charge.")
 # Worded as the booking's refusal (offer_rules.node_refusal), with what becomes of the instance.
 _PROVIDER_DEACTIVATED = (
     "The instance cannot start: its server's provider account was deactivated by the platform's operators, so the "
@@ -85,6 +94,8 @@ _PROVIDER_DEACTIVATED = (
 
 
 def _refuse(verb: str, instance: Instance) -> Conflict:
+    if instance.status == S.INTERRUPTED and _node_reach(instance.node_id) == _QUARANTINED:
+        return Conflict(_INTERRUPTED_ON_QUARANTINED_NODE)  # not "when the server answers again": it answers
     message = _REFUSALS.get(verb, {}).get(instance.status) or _FINAL_REFUSALS.get(instance.status)
     return Conflict(message or f"Cannot {verb} an instance that is {instance.status}.")
 
@@ -205,6 +216,9 @@ def _start_node_refusal(node: Node, *, provider_active: bool) -> str:
     if not provider_active:
         # A start takes GPUs again: new load, refused as a booking is; what runs there already is left alone.
         return _PROVIDER_DEACTIVATED
+    if node.state == NodeState.QUARANTINED:
+        # Not "try again later": no later time helps until the new key is accepted (before, it said so).
+        return _START_ON_QUARANTINED_NODE
     if node.state != NodeState.ACTIVE:
         reason = NODE_STATE_REASONS.get(node.state, f"its node is {node.state}")
         return f"The instance cannot start now: {reason}. Try again later, or destroy it."
@@ -232,8 +246,8 @@ def instance_restart_refusal(*, instance: Instance) -> str:
     """instance_restart's refusal for the sake of the instance's node ('' when none): no job reaches a quarantined
     node, so its restart job would fail at once on the changed key. Read without locks; pages ask it too."""
     if _node_reach(instance.node_id) == _QUARANTINED:
-        return (f"The instance cannot restart now: {_QUARANTINED_REASON}. Stop or destroy it, or try again once "
-                "the node is back.")
+        return (f"The instance cannot restart now: {_QUARANTINED_REASON}. Stop or destroy it, or restart it once "
+                "the new key is accepted (its provider asks the platform's operators to confirm it).")
     return ""
 
 
