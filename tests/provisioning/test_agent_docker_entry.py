@@ -21,6 +21,18 @@ from tests.provisioning.test_agent_docker import node  # noqa: F401 - the fixtur
 NVIDIA_ENTRYPOINT = 'if [ $# -eq 0 ]; then exec /bin/bash; else exec "$@"; fi\n'
 
 
+def _signals_at_their_defaults():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def start_like_docker_init(args, **popen):
+    """The wrapper starts in a container with every signal at its default (docker-init's child). A suite started in
+    the background (`pytest ... &` from a script) would hand it SIGINT and SIGQUIT ignored, which POSIX sh cannot
+    undo: the test of the image's command keeping them failed on that start, which no container gives it."""
+    return subprocess.Popen(args, preexec_fn=_signals_at_their_defaults, **popen)
+
+
 def wrapper_here(tmp_path, sshd=""):
     """ENTRY_SH runnable on this host: its box and state in tmp_path, /etc left alone, no sshd (each replaced line
     must be found, so a change of the wrapper shows here)."""
@@ -85,7 +97,7 @@ def test_the_wrapper_outlives_an_image_command_that_exits_at_once_and_ends_at_a_
     when given nothing), shell-form `CMD bash` and `bash -l` exited at once and the container crash-looped."""
     entry = wrapper_here(tmp_path)
     command = [a.format(nvidia=tmp_path / "nvidia_entrypoint.sh") for a in command]
-    proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = start_like_docker_init(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output = Output(proc)
     rc = 1 if command == ["false"] else 0
@@ -114,7 +126,7 @@ def test_an_image_whose_command_is_sshd_runs_it_and_the_wrappers_only_if_it_fail
     image_sshd.write_text(f'#!/bin/sh\necho "image sshd $*"\nexit {rc}\n')
     image_sshd.chmod(0o700)
     entry = wrapper_here(tmp_path, sshd=str(fake))
-    proc = subprocess.Popen(["/bin/sh", entry, str(image_sshd), "-D"], stdin=subprocess.DEVNULL,
+    proc = start_like_docker_init(["/bin/sh", entry, str(image_sshd), "-D"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output = Output(proc)
     try:
@@ -138,7 +150,7 @@ def test_a_stop_ends_the_images_command_still_running(tmp_path):
     entry = wrapper_here(tmp_path)
     marker = tmp_path / "ended"
     command = ["/bin/sh", "-c", f"trap 'echo term > {marker}; exit 0' TERM; echo ready; while :; do sleep 0.1; done"]
-    proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = start_like_docker_init(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output = Output(proc)
     try:
@@ -156,7 +168,7 @@ def test_a_stop_ends_the_images_command_still_running(tmp_path):
 
 def test_the_images_command_gets_no_stdin(tmp_path):
     entry = wrapper_here(tmp_path)
-    proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "cat; echo read-eof"], stdin=subprocess.PIPE,
+    proc = start_like_docker_init(["/bin/sh", entry, "/bin/sh", "-c", "cat; echo read-eof"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output = Output(proc)
     try:
@@ -220,7 +232,7 @@ def test_the_images_command_keeps_sigint_and_sigquit(tmp_path):
     """Found by review: run in the background (sh starts those with SIGINT and SIGQUIT ignored), the image's
     command and all it starts could not be interrupted: no KeyboardInterrupt, no Ctrl-C in a terminal it opens."""
     entry = wrapper_here(tmp_path)
-    proc = subprocess.Popen(["/bin/sh", entry, "/bin/sh", "-c", "grep SigIgn /proc/self/status"],
+    proc = start_like_docker_init(["/bin/sh", entry, "/bin/sh", "-c", "grep SigIgn /proc/self/status"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     output = Output(proc)
@@ -241,7 +253,7 @@ def test_an_images_own_stop_signal_reaches_its_command_and_ends_the_wrapper(tmp_
     entry = wrapper_here(tmp_path)
     marker = tmp_path / "ended"
     command = ["/bin/sh", "-c", f"trap 'echo winch > {marker}; exit 0' WINCH; echo ready; while :; do sleep 0.1; done"]
-    proc = subprocess.Popen(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = start_like_docker_init(["/bin/sh", entry, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output = Output(proc)
     try:
