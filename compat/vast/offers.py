@@ -17,6 +17,7 @@ not measure at all (upload speed, DLPerf, CPU architecture...).
 """
 import itertools
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -28,9 +29,9 @@ from core.errors import NotFound
 from core.money import MICROS_PER_USD
 from marketplace import stored_figures
 from marketplace.api.offers import COUNTRY_CHOICES, OfferFilter
-from marketplace.models import GpuModel, Runtime, Verdict
+from marketplace.models import GpuModel, Node, Runtime, Verdict
 from marketplace.models.host import cuda_version_text
-from marketplace.selectors import offers_search
+from marketplace.selectors import nvlink_gpus_free, offers_search
 from marketplace.validators import MAX_GPUS_PER_NODE
 
 from . import statements
@@ -113,6 +114,31 @@ def nvlink_bandwidth(stored: Any) -> float | None:
         if connected is True and p2p is not None and p2p != stored_figures.number(nvlink.get("pcie_p2p_gbs")):
             return p2p
     return None
+
+
+@dataclass(frozen=True)
+class NvlinkNow:
+    """A node's NVLink as its offers show it now: `bandwidth` (nvlink_bandwidth, its offers' bw_nvlink figure),
+    `on_one_island` (nvlink_gpus_free: the most free GPUs on one island) and its islands."""
+
+    bandwidth: float | None
+    on_one_island: int
+    islands: list[list[int]]
+
+    def listed(self, num_gpus: int) -> bool:
+        """Whether the offer of `num_gpus` GPUs is listed as NVLink now: bw_nvlink above 0 (_own_fields) for two
+        GPUs or more, which are joined by NVLink only on one island."""
+        return num_gpus >= 2 and bool(self.bandwidth) and num_gpus <= self.on_one_island
+
+
+def nvlink_now(node_id: int) -> NvlinkNow:
+    """The node's NvlinkNow, read as offers_search reads it (one query; nothing for no such node)."""
+    row = (Node.objects.filter(pk=node_id).annotate(nvlink_gpus_free=nvlink_gpus_free())
+           .values_list("benchmark_summary", "nvlink_gpus_free").first())
+    if row is None:
+        return NvlinkNow(None, 0, [])
+    summary = stored_figures.nvlink_summary(stored_figures.as_object(row[0]).get("nvlink"))
+    return NvlinkNow(nvlink_bandwidth(row[0]), row[1] or 0, summary["islands"] if summary is not None else [])
 
 
 def runtime_fields(runtime: str) -> dict[str, Any]:

@@ -80,6 +80,9 @@ class InstanceSerializer(serializers.ModelSerializer):
     gpus_on_one_nvlink_island = serializers.SerializerMethodField(help_text=(
         "true when the GPUs it holds are all on one NVLink island of the node (booking prefers that); false "
         "when they span islands or PCIe; null for one GPU or a node without NVLink."))
+    require_nvlink = serializers.BooleanField(read_only=True, help_text=(
+        "Booked with require_nvlink: its GPUs are all on one NVLink island, and a start of it when stopped that "
+        "takes GPUs again keeps them on one island or is refused (409) rather than spanning islands."))
     image = serializers.CharField(source="image_name", read_only=True,
                                   help_text="The catalogue image's slug, or your own image's reference.")
     registry_auth = serializers.BooleanField(read_only=True, help_text="Whether a registry login was given (it is "
@@ -126,7 +129,7 @@ class InstanceSerializer(serializers.ModelSerializer):
         model = Instance
         fields = [
             "id", "status", "status_message", "node", "gpu_model", "mig_profile", "num_gpus", "gpus", "mig_slices",
-            "gpus_on_one_nvlink_island", "image", "registry_auth",
+            "gpus_on_one_nvlink_island", "require_nvlink", "image", "registry_auth",
             "env", "onstart", "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb",
             "ssh_host", "ssh_port", "ssh_user", "ssh_command", "ssh_public_keys", "price_per_hour",
             "price_per_gpu_hour", "platform_fee_percent", "cost_so_far", "disk_price_per_gb_month",

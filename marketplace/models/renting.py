@@ -129,6 +129,11 @@ class Instance(StatefulModel, models.Model):
     num_gpus = models.PositiveSmallIntegerField()
     # A MIG instance: `num_gpus` slices of this profile (MigSliceAllocation), priced per slice-hour; "" otherwise.
     mig_profile = models.CharField(max_length=20, blank=True)
+    # Booked with require_nvlink: its GPUs all on one NVLink island of the node, at the booking and at every start
+    # that takes GPUs again (lifecycle.instance_start refuses, 409, rather than spanning islands).
+    require_nvlink = models.BooleanField(default=False, help_text=(
+        "Booked with require_nvlink: its GPUs are kept on one NVLink island of the node, also when a start of the "
+        "stopped instance takes GPUs again (refused rather than spanning islands)."))
     # A catalogue image, or (image None) the renter's own OCI reference in `image_ref`.
     image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances", null=True, blank=True)
     image_ref = models.CharField(max_length=512, blank=True,

@@ -450,6 +450,23 @@ def _offer_refusal(exc: ApplicationError, ask_id: int, node_id: int, num_gpus: i
     return exc
 
 
+def _nvlink_refusal(ask_id: int, node_id: int, num_gpus: int, before: offers.NvlinkNow) -> Conflict:
+    """The 409 of an offer listed as NVLink whose GPUs could not all be had on one island at the booking (the
+    booking's require_nvlink refusal, rolled back), in the terms of the offer the vastai user typed."""
+    now = offers.nvlink_now(node_id)  # read again: the booking rolled back
+    listed = (f"Offer {ask_id} was listed with bw_nvlink {before.bandwidth:g} GB/s, which only GPUs on one NVLink "
+              "island have")
+    if now.on_one_island >= num_gpus:  # free in the committed rows: another booking holds them, not committed yet
+        return Conflict(f"{listed}, and another booking was taking {num_gpus} of that island's GPUs at the same "
+                        f"moment: none was booked across islands. Try again in a moment, or take another offer.",
+                        field="id")
+    return Conflict(f"{listed}; at most {now.on_one_island} free GPU{'s' if now.on_one_island != 1 else ''} of its "
+                    f"machine share an island now (another booking took the rest), so none was booked across "
+                    f"islands over PCIe. A search shows it with bw_nvlink 0 now, and booking it again gets GPUs of "
+                    f"different islands: take another offer (`vastai search offers 'bw_nvlink>0 "
+                    f"num_gpus>={num_gpus}'`).", field="id")
+
+
 class OfferCreateView(VastView):
     """PUT /api/v0/asks/ID/: `vastai create instance ID --image ... --disk ... --ssh`. A retry of the same create
     answers the instance it made (compat.vast.booking)."""
@@ -486,13 +503,32 @@ class OfferCreateView(VastView):
         if not keys:
             raise ValidationFailed("Your account has no SSH key: add one first (vastai create ssh-key KEY); every "
                                    "key of the account is put on the instance.", field="ssh_key")
+        # Vast's search carries the NVLink filter (bw_nvlink), its create nothing of it: an offer listed as NVLink
+        # now (bw_nvlink above 0: its GPUs can all be on one island) is booked with require_nvlink, so it gets them
+        # on one island or is refused, never across islands (before, a booking that met another's in flight got
+        # GPUs of two islands, PCIe between them, from an offer that said NVLink). One query, for 2 GPUs or more.
+        nvlink = offers.nvlink_now(node_id) if num_gpus >= 2 else None
+        require_nvlink = nvlink is not None and nvlink.listed(num_gpus)
         try:
             instance = booking.ask_book(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key,
                                         node_id=node_id, num_gpus=num_gpus, image=image, ssh_public_keys=keys,
-                                        disk_gb=disk, label=label, options=options)
+                                        disk_gb=disk, label=label, options=options, require_nvlink=require_nvlink)
         except (ValidationFailed, Conflict) as exc:  # DiskDoesNotFit is a Conflict
+            if exc.field == "require_nvlink" and nvlink is not None:
+                raise _nvlink_refusal(ask_id, node_id, num_gpus, nvlink) from None
             refusal = _offer_refusal(exc, ask_id, node_id, num_gpus)
             if refusal is exc:
                 raise
             raise refusal from None
-        return Response({"success": True, "new_contract": instance.pk})
+        answer: dict[str, Any] = {"success": True, "new_contract": instance.pk}
+        if nvlink is not None and not require_nvlink and nvlink.bandwidth and nvlink.islands:
+            # An offer listed with bw_nvlink 0 (its GPUs on no one island now) books across islands: said, not
+            # silent, to someone whose search showed it with NVLink before another booking took part of the island.
+            instance.node_nvlink_islands = nvlink.islands  # type: ignore[attr-defined]  # as instances_for_user sets it
+            if instance_svc.instance_on_one_nvlink_island(instance=instance) is False:
+                answer["msg"] = (f"Instance {instance.pk}'s {num_gpus} GPUs are on different NVLink islands (PCIe "
+                                 f"between them): offer {ask_id} is listed with bw_nvlink 0 now, at most "
+                                 f"{nvlink.on_one_island} free GPU{'s' if nvlink.on_one_island != 1 else ''} of its "
+                                 "machine sharing one. Destroy it if you need NVLink, and take an offer that `vastai "
+                                 f"search offers 'bw_nvlink>0 num_gpus>={num_gpus}'` lists.")
+        return Response(answer)

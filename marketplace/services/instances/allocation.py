@@ -133,10 +133,15 @@ def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = (),
     With the node's NVLink `islands` (PostgreSQL), chosen as a booking chooses them (`_island_picked_sql`, the one
     ranking), for one GPU as for several: all the `prefer` ids when all are free, else the booking's island,
     keeping as many of them as that rule allows. A start of a stopped instance that may move (not a container)
-    takes its GPUs so; without islands, or on SQLite (whose booking ranks by index too), as before."""
+    takes its GPUs so, and a booking on SQLite (the demo's database: the same ranking in Python, `_island_ranked`;
+    by index, a booking there with require_nvlink was refused, and a Vast one spanned islands, beside a free
+    island). Without islands, as before."""
     # One GPU too (found by review): by index a one-GPU start took a card of a whole island beside a free card off
     # the islands or in a smaller one, breaking up the island a later multi-GPU booking needed.
-    island_of = island_of_index(islands) if connection.vendor == "postgresql" else []
+    island_of = island_of_index(islands)
+    if island_of and connection.vendor != "postgresql":  # SQLite serialises writes: no lock to skip
+        free = list(Gpu.objects.select_for_update().filter(node_id=node_id, status=GpuStatus.FREE))
+        return sorted(_island_ranked(free, island_of, count, prefer), key=lambda g: g.index)
     if island_of:
         q = connection.ops.quote_name
         sql = (f"WITH {_island_picked_sql(prefer=True)} "  # noqa: S608 (fixed SQL)
@@ -150,6 +155,31 @@ def _lock_free_gpus(node_id: int, count: int, prefer: Sequence[int] = (),
     else:
         gpus = gpus.order_by("index")
     return list(gpus[:count])
+
+
+def _island_ranked(free: list[Gpu], island_of: list[int | None], count: int, prefer: Sequence[int] = ()) -> list[Gpu]:
+    """`_island_picked_sql`'s choice among the node's `free` GPUs, in Python (SQLite): up to `count` of them.
+    tests/marketplace/test_nvlink_start_require.py holds the two equal."""
+    def island(gpu: Gpu) -> int:
+        number = island_of[gpu.index] if 0 <= gpu.index < len(island_of) else None
+        return number if number is not None else -1 - gpu.index
+
+    wanted = set(prefer)
+    sizes: dict[int, int] = {}
+    kept: dict[int, int] = {}
+    for gpu in free:
+        sizes[island(gpu)] = sizes.get(island(gpu), 0) + 1
+        kept[island(gpu)] = kept.get(island(gpu), 0) + (gpu.pk in wanted)
+    keep_all = sum(gpu.pk in wanted for gpu in free) >= count
+
+    def rank(gpu: Gpu) -> tuple[int, ...]:
+        n, was = sizes[island(gpu)], gpu.pk in wanted
+        fit = n if n >= count else 100000 - n
+        if not prefer:
+            return (fit, island(gpu), gpu.index)
+        return (0 if was and keep_all else 1, fit, -kept[island(gpu)], island(gpu), 0 if was else 1, gpu.index)
+
+    return sorted(free, key=rank)[:count]
 
 
 def _allocate(instance: Instance, gpus: list[Gpu], at: datetime) -> None:
@@ -281,7 +311,7 @@ def _allocate_free_gpus(instance: Instance, node: Node, count: int, at: datetime
     if connection.vendor != "postgresql":
         rate = committed_rate_micros(renter_id=rate_of) if rate_of is not None else None
         instance.save(force_insert=True)
-        gpus = _lock_free_gpus(node.pk, count)
+        gpus = _lock_free_gpus(node.pk, count, islands=islands)
         if len(gpus) == count:
             _allocate(instance, gpus, at)
         job = (job_create(kind=job_kind, node=node, instance=instance, savepoint=False)

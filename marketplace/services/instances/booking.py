@@ -197,7 +197,7 @@ def _refuse_across_islands(instance: Instance, node_id: int, num_gpus: int, isla
     most = max((len((held | free) & set(island)) for island in islands), default=0)
     raise Conflict(f"No {num_gpus} free GPUs of offer {node_id} share an NVLink island now (at most {most} do): "
                    f"book {most} or fewer with require_nvlink, or leave it out to book GPUs across islands "
-                   f"(PCIe between them).")
+                   f"(PCIe between them).", field="require_nvlink")
 
 
 def _refuse_if_short(node: Node, committed_rate: int, price_per_hour_micros: int) -> None:
@@ -260,7 +260,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
     # unique index until this transaction ends, then fails and answers with this instance.
     instance = Instance(
         renter=renter, node=node, gpu_model_id=node.gpu_model_id, num_gpus=num_gpus, label=label,
-        mig_profile=mig_profile,
+        mig_profile=mig_profile, require_nvlink=require_nvlink,
         image=image if isinstance(image, Image) else None, image_ref=image if isinstance(image, str) else "",
         registry_auth=options.registry_auth is not None,
         registry_auth_encrypted=(encrypt_secret(json.dumps(options.registry_auth).encode())
@@ -285,7 +285,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         islands = node_nvlink_islands(node)
         if require_nvlink and not any(len(island) >= num_gpus for island in islands):
             raise Conflict(f"Offer {node_id} has no NVLink island of {num_gpus} GPUs (its islands: "
-                           f"{islands or 'none'}); book fewer GPUs, another offer, or leave out require_nvlink.")
+                           f"{islands or 'none'}); book fewer GPUs, another offer, or leave out require_nvlink.",
+                           field="require_nvlink")
         booked = _allocate_free_gpus(instance, node, num_gpus, now, islands=islands,
                                      rate_of=rate_of, job_kind=JobKind.INSTANCE_PROVISION)
     if booked.committed_rate_micros is not None:  # short of funds comes first: the rollback undoes the rest

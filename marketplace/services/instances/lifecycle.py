@@ -26,7 +26,7 @@ from marketplace.validators import NAME_MAX_LENGTH
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
-from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking, node_nvlink_islands
+from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking, gpus_held_and_free, node_nvlink_islands
 from .common import (
     WAITING,
     S,
@@ -199,12 +199,33 @@ def instance_start(*, instance: Instance) -> Instance:
     if len(gpus) < instance.num_gpus:
         have = "No GPUs are" if not gpus else f"Only {_gpus_text(len(gpus))} of the {instance.num_gpus} it needs are"
         raise Conflict(f"{have} free on this node now; try again later, or destroy the instance.")
+    if instance.require_nvlink:
+        _refuse_start_across_islands(instance, node, gpus)
     _allocate(instance, gpus, now)
     indices = ", ".join(str(g.index) for g in sorted(gpus, key=lambda g: g.index))
     instance.transition_to(S.STARTING, f"{WAITING} to start it on GPU{'s' if len(gpus) > 1 else ''} {indices}")
     _save(instance, "vm_cleanup_pending")
     job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
     return instance
+
+
+def _refuse_start_across_islands(instance: Instance, node: Node, gpus: list[Gpu]) -> None:
+    """409 (the start rolled back: the instance stays stopped, no GPU taken) where an instance booked with
+    require_nvlink would start on GPUs of different NVLink islands: the ranking took one island when one had them
+    free, so none has. Before, the start took them across islands (PCIe between them), the booking's promise
+    forgotten. Says how many free GPUs share one island now."""
+    islands = [set(island) for island in node_nvlink_islands(node)]
+    if any({g.index for g in gpus} <= island for island in islands):
+        return
+    if islands:
+        _, free = gpus_held_and_free(instance, node.pk)  # it holds none now: released above
+        most = max(len(free & island) for island in islands)
+        why = f"no {instance.num_gpus} free GPUs of its server share an NVLink island now (at most {most} do)"
+    else:  # its server's last check found no NVLink
+        why = "its server's last check found no NVLink islands"
+    raise Conflict(f"The instance was booked with its GPUs on one NVLink island (require_nvlink), and {why}, so it "
+                   "cannot start on GPUs joined by NVLink. It stays stopped with its disk kept; try again later, or "
+                   "destroy it.", field="require_nvlink")
 
 
 def _start_node_refusal(node: Node, *, provider_active: bool) -> str:
