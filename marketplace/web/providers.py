@@ -16,6 +16,7 @@ from marketplace import selectors
 from marketplace.mig import profiles_for
 from marketplace.models import GpuModel, GpuStatus, NodeState, SliceStatus, Verdict
 from marketplace.services import nodes as svc
+from marketplace.services.instances.mig import node_cards_pending_layout
 from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.selectors import latest_jobs, verification_runs_of
@@ -210,6 +211,8 @@ def _render_node(request, node, settings_form=None, status=200, mig_form=None):
         "mig_profiles": profiles_for(node.gpu_model.slug),
         "mig_form": mig_form or _mig_form(node),
         "mig_slices": list(node.mig_slices.select_related("gpu").order_by("gpu__index", "device")),
+        # Cards whose declared layout waits for their renters (the check leaves them as they are meanwhile).
+        "mig_pending": node_cards_pending_layout(node.pk),
         "poll_url": (reverse("node-live", args=[node.pk]) + (f"?watching={live['job'].pk}" if live["job_open"]
                                                              else "")),
         # The retire service's own refusal ('' = it would retire it): the button only where the click is taken.

@@ -35,7 +35,7 @@ from .common import (
     _save,
     instance_release_gpus,
 )
-from .mig import reallocate_slices
+from .mig import reallocate_slices, slices_start_refusal
 from .worker import QUARANTINED_REASON as _QUARANTINED_REASON
 from .worker import STOPPED_ON_QUARANTINED_NODE as _STOPPED_UNREACHED
 from .worker import instance_mark_destroyed, instance_mark_stopped
@@ -179,8 +179,7 @@ def instance_start(*, instance: Instance) -> Instance:
     instance.vm_cleanup_pending = False
     if instance.mig_profile:  # a MIG VM keeps the slices it was created with (their UUIDs are in its spec)
         if not reallocate_slices(instance, now):
-            raise Conflict("Its MIG slices are in use by another instance now or no longer listed; try again "
-                           "later, or destroy the instance.")
+            raise Conflict(slices_start_refusal(instance))
         instance.transition_to(S.STARTING, f"{WAITING} to start it on its MIG {instance.mig_profile} slices")
         _save(instance, "vm_cleanup_pending")
         job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)

@@ -13,7 +13,16 @@ from django.utils import timezone
 from core.errors import Conflict
 from core.sql import constraint_violated
 from marketplace.mig import layout_by_gpu
-from marketplace.models import Gpu, GpuStatus, Instance, MigSlice, MigSliceAllocation, Node, SliceStatus
+from marketplace.models import (
+    Gpu,
+    GpuAllocation,
+    GpuStatus,
+    Instance,
+    MigSlice,
+    MigSliceAllocation,
+    Node,
+    SliceStatus,
+)
 
 _LIVE_INDEX = "mig_slice_in_at_most_one_live_allocation"
 
@@ -121,6 +130,37 @@ def hold_cards_declared_split(gpu_ids: list[int], node_id: int) -> None:
         queue_layout_check(node_id)
 
 
+def node_cards_pending_layout(node_id: int) -> list[dict[str, Any]]:
+    """The node's cards whose declared MIG layout waits for their renters (as verification.mig.pending_layout
+    finds them, read from the rows): a card held whole and declared split, or one with rented slices declared whole
+    again or split otherwise than its slices (free and rented) are. Each as {"gpu": index, "declared": [profiles]
+    ([]: whole), "now": [profiles] ([]: whole), "renters": the instances holding it}, by index. Read-only, for the
+    provider's node page, which did not say it (only the check's steps, an event and the API's last_error did)."""
+    layout = layout_by_gpu(Node.objects.filter(pk=node_id).values_list("mig_layout", flat=True).first())
+    holders: dict[int, set[int]] = {}
+    whole: set[int] = set()
+    for index, instance_id in (GpuAllocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True)
+                               .values_list("gpu__index", "instance_id")):
+        holders.setdefault(index, set()).add(instance_id)
+        whole.add(index)
+    for index, instance_id in (MigSliceAllocation.objects.filter(mig_slice__node_id=node_id,
+                                                                 released_at__isnull=True)
+                               .values_list("mig_slice__gpu__index", "instance_id")):
+        holders.setdefault(index, set()).add(instance_id)
+    configured: dict[int, list[str]] = {}
+    for index, profile in (MigSlice.objects.filter(node_id=node_id, status__in=[SliceStatus.FREE,
+                                                                                SliceStatus.RENTED])
+                           .values_list("gpu__index", "profile")):
+        configured.setdefault(index, []).append(profile)
+    pending = []
+    for index in sorted(holders):
+        now = [] if index in whole else sorted(configured.get(index, []))
+        declared = layout.get(index, [])
+        if (index in whole and declared) or (index not in whole and sorted(declared) != now):
+            pending.append({"gpu": index, "declared": list(declared), "now": now, "renters": len(holders[index])})
+    return pending
+
+
 def queue_layout_check(node_id: int) -> None:
     """Make the node's full check due now: the re-verification beat (nodes_reverify_due, every REVERIFY_BEAT_S)
     queues it, so that the declared layout is judged and offered within minutes, not at the drawn time days later.
@@ -158,13 +198,60 @@ def instance_slice_gpu_indices(*, instance: Instance) -> list[int]:
                       .values_list("mig_slice__gpu__index", flat=True)))
 
 
+def _last_slices(instance: Instance) -> list[int]:
+    """The ids of the slices the instance held last (its allocations released together, at its stop)."""
+    last = MigSliceAllocation.objects.filter(instance=instance).order_by("-released_at").values_list(
+        "released_at", flat=True).first()
+    return list(MigSliceAllocation.objects.filter(instance=instance, released_at=last)
+                .values_list("mig_slice_id", flat=True))
+
+
+def slices_start_refusal(instance: Instance) -> str:
+    """Why a stopped MIG instance cannot take its slices back (reallocate_slices said False), in words a renter can
+    act on, card by card. A stop frees its slices as it frees any GPU, so a layout its provider declared for the
+    card meanwhile (verification.mig.pending_layout) is applied once its last renter has stopped: those slices
+    never come back, and the renter is told so, not "try again later" (left over from c845497: before, the start
+    said "in use by another instance now or no longer listed; try again later" for a slice nobody holds)."""
+    mine = list(MigSlice.objects.filter(pk__in=_last_slices(instance)).select_related("gpu")
+                .order_by("gpu__index", "device"))
+    layout = layout_by_gpu(Node.objects.filter(pk=instance.node_id).values_list("mig_layout", flat=True).first())
+    taken = set(MigSliceAllocation.objects.filter(mig_slice__in=mine, released_at__isnull=True)
+                .exclude(instance=instance).values_list("mig_slice_id", flat=True))
+    reasons: list[str] = []
+    for_good = False
+    for index in sorted({s.gpu.index for s in mine}):
+        own = [s for s in mine if s.gpu.index == index]
+        gpu = own[0].gpu
+        others = MigSlice.objects.filter(gpu=gpu, status__in=[SliceStatus.FREE, SliceStatus.RENTED]).exclude(
+            pk__in=[s.pk for s in own]).values_list("profile", flat=True)
+        if gpu.lost_at is not None:
+            reasons.append(f"GPU {index} is missing from its server (its health check lost it)")
+        elif index not in layout:
+            for_good = True
+            reasons.append(f"its provider declared GPU {index} whole again, so its slices are no longer offered")
+        elif sorted(layout[index]) != sorted([*others, *(s.profile for s in own)]):
+            for_good = True
+            reasons.append(f"its provider declared a new MIG layout for GPU {index} ({', '.join(layout[index])}), "
+                           "so the slices it was created with are no longer offered")
+        elif any(s.pk in taken for s in own):
+            reasons.append(f"its slice of GPU {index} is in use by another instance now")
+        elif any(s.status == SliceStatus.UNAVAILABLE for s in own):
+            for_good = True
+            reasons.append(f"its slice of GPU {index} is out of service (its last check did not prove it)")
+    if not reasons:
+        return ("Its MIG slices are in use by another instance now or no longer listed; try again later, or "
+                "destroy the instance.")
+    if all(r.endswith("in use by another instance now") for r in reasons):
+        return "Its MIG slices are in use by another instance now; try again later, or destroy the instance."
+    then = ("They do not come back: destroy the instance, and book a slice of the server's current layout."
+            if for_good else "Try again later, or destroy the instance.")
+    return f"Its MIG slices cannot be taken again: {'; '.join(reasons)}. {then}"
+
+
 def reallocate_slices(instance: Instance, at: datetime) -> bool:
     """A stopped MIG instance takes back the slices it last held (locked as at booking); False when one of them
     is taken, unavailable, or its GPU no longer split or lost. Call with the instance's row locked."""
-    last = MigSliceAllocation.objects.filter(instance=instance).order_by("-released_at").values_list(
-        "released_at", flat=True).first()
-    previous = list(MigSliceAllocation.objects.filter(instance=instance, released_at=last)
-                    .values_list("mig_slice_id", flat=True))
+    previous = _last_slices(instance)
     if not previous:
         return False
     parents = list(Gpu.objects.select_for_update(of=("self",)).filter(
