@@ -6,6 +6,12 @@ transaction. Accounts are locked (SELECT ... FOR UPDATE) in the order of their i
 that touch the same accounts queue behind each other instead of deadlocking. Posting twice with the
 same key returns the first transaction and changes nothing: the unique constraint decides, not a
 "check, then insert".
+
+That order holds only if nothing locked one of a transaction's accounts on its own before: a caller that
+must read a balance under lock before it posts (a payout, a refund's hold) locks every account it will
+post to, in one step, with `accounts_lock`, never one of them first and the others later through
+ledger_post. A payout locked its provider's earnings alone and then posted to payout clearing; a failed
+payout's reversal posted to both in id order (clearing first): the two deadlocked (found by review).
 """
 import uuid
 from collections import defaultdict
@@ -126,6 +132,16 @@ def ledger_post(
             if delta:
                 Account.objects.filter(pk=account_id).update(balance_micros=F("balance_micros") + delta)
     return txn, True
+
+
+def accounts_lock(accounts: Iterable[Account]) -> dict[int, Account]:
+    """Lock the accounts' rows (SELECT ... FOR UPDATE) in one step, in id order, the order every posting takes,
+    and read them again under the locks: {id: account}, balances as committed. Call inside a transaction, before
+    the first of its postings to any of them (the module's docstring): every account a transaction locks is
+    locked here or by ledger_post, never by a select_for_update of its own."""
+    ids = sorted({account.pk for account in accounts})
+    return {account.pk: account for account in
+            Account.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
 
 
 def _lock_accounts(account_ids: Iterable[int]) -> None:

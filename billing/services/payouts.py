@@ -18,7 +18,7 @@ from typing import Any
 
 import stripe
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -31,7 +31,7 @@ from billing.models import (
     PayoutStatus,
     TransactionKind,
 )
-from billing.services.ledger import ledger_post, platform_account, user_account
+from billing.services.ledger import accounts_lock, ledger_post, platform_account, user_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
 from core.locks import advisory_lock
@@ -66,14 +66,18 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
     if not destination:
         return None
     with transaction.atomic():
+        # Both accounts of the posting, locked in one step in id order (ledger.accounts_lock) before the balance is
+        # read: the earnings locked on their own first, then payout clearing by ledger_post, against a failed
+        # payout's reversal (_payout_failed: clearing, then earnings, by id) deadlocked, and PostgreSQL aborted one.
         earnings = user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS)
-        earnings = Account.objects.select_for_update().get(pk=earnings.pk)
+        clearing = platform_account(kind=AccountKind.PAYOUT_CLEARING)
+        earnings = accounts_lock([earnings, clearing])[earnings.pk]
         amount = earnings.balance_micros - earnings.balance_micros % MICROS_PER_CENT
         if amount < max(payout_minimum_micros(), MICROS_PER_CENT):
             return None
         txn, created = ledger_post(
             idempotency_key=f"payout:{provider_id}:{period_start.isoformat()}", kind=TransactionKind.PAYOUT,
-            lines=[(earnings, -amount), (platform_account(kind=AccountKind.PAYOUT_CLEARING), amount)],
+            lines=[(earnings, -amount), (clearing, amount)],
             memo=f"Payout of earnings to {period_end.isoformat()}",
         )
         if not created:
@@ -195,22 +199,52 @@ def payouts_send_pending(*, now: datetime | None = None) -> int:
     pending = list(Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff)
                    .order_by(F("last_tried_at").asc(nulls_first=True), "pk")[:PAYOUT_FOLLOW_UP_BATCH])
     for payout in pending:
-        payout_send(payout=payout)
+        _send_going_on(payout, "the follow-up")
     return len(pending)
 
 
+def _send_going_on(payout: Payout, run: str) -> bool:
+    """payout_send, its database error (a deadlock, a lock timeout) logged and not raised, so that a run of many
+    goes on with the others: False then, the payout left pending for the next follow-up."""
+    try:
+        payout_send(payout=payout)
+    except DatabaseError:
+        log.exception("%s: payout %s of provider %s was not sent (a database error); it stays pending, the run goes "
+                      "on", run, payout.pk, payout.provider_id)
+        return False
+    return True
+
+
 def payouts_run(*, today: date | None = None) -> list[Payout]:
-    """Pay every provider due for last week's period, and retry payouts left pending."""
+    """Pay every provider due for last week's period, and retry payouts left pending.
+
+    One provider's database error (a deadlock, a lock or statement timeout, a constraint) is logged and counted,
+    and the run goes on with the others: it escaped, and every provider after that one went unpaid that week. Its
+    payout_create runs in a savepoint, so the error undoes that provider's reservation only; their earnings stay
+    and go with the next run (the same period's once it is run again: payout_create is idempotent per period).
+    """
     today = today or timezone.now().date()
     start, end = payout_period(today)
-    due = (Account.objects.filter(kind=AccountKind.PROVIDER_EARNINGS, balance_micros__gte=payout_minimum_micros(),
-                                  user__billing_profile__stripe_connect_account_id__gt="")
-           .order_by("user_id").values_list("user_id", flat=True))
-    payouts = []
+    due = list(Account.objects.filter(kind=AccountKind.PROVIDER_EARNINGS,
+                                      balance_micros__gte=payout_minimum_micros(),
+                                      user__billing_profile__stripe_connect_account_id__gt="")
+               .order_by("user_id").values_list("user_id", flat=True))
+    payouts, failed = [], 0
     for provider_id in due:
-        payout = payout_create(provider_id=provider_id, period_start=start, period_end=end)
+        try:
+            with transaction.atomic():
+                payout = payout_create(provider_id=provider_id, period_start=start, period_end=end)
+        except DatabaseError:
+            failed += 1
+            log.exception("payouts %s: provider %s's payout was not made (a database error); the run goes on",
+                          start.isoformat(), provider_id)
+            continue
         if payout is not None:
             payouts.append(payout)
     for payout in Payout.objects.filter(status=PayoutStatus.PENDING).select_related("provider").order_by("pk"):
-        payout_send(payout=payout)
+        if not _send_going_on(payout, f"payouts {start.isoformat()}"):
+            failed += 1
+    if failed:
+        log.error("payouts %s: %d of the run's payouts failed with a database error (above); the others went on",
+                  start.isoformat(), failed)
     return list(Payout.objects.filter(pk__in=[p.pk for p in payouts]).order_by("pk"))

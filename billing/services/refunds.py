@@ -57,7 +57,7 @@ from billing.services.charges import (
     top_up_for,
     whole_cents,
 )
-from billing.services.ledger import ledger_post, platform_account, user_account, wallet_balance
+from billing.services.ledger import accounts_lock, ledger_post, platform_account, user_account, wallet_balance
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
 from core.errors import Conflict, IdempotencyKeyReused, Unavailable, ValidationFailed
@@ -334,8 +334,7 @@ def _accounts_locked(*, user_id: int) -> dict[str, Account]:
     accounts = {AccountKind.CUSTOMER_WALLET: user_account(user_id=user_id, kind=AccountKind.CUSTOMER_WALLET),
                 AccountKind.PAYMENT_CLEARING: platform_account(kind=AccountKind.PAYMENT_CLEARING),
                 AccountKind.REFUNDS_PENDING: platform_account(kind=AccountKind.REFUNDS_PENDING)}
-    locked = {account.pk: account for account in Account.objects.select_for_update().filter(
-        pk__in=[account.pk for account in accounts.values()]).order_by("pk")}
+    locked = accounts_lock(accounts.values())
     return {kind: locked[account.pk] for kind, account in accounts.items()}
 
 
