@@ -15,7 +15,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Sum
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.crypto import get_random_string
@@ -200,8 +199,7 @@ def usage(request):
     elif form.is_bound and form.cleaned_data.get("instance"):
         rows = rows.filter(instance=form.cleaned_data["instance"])
     # What was paid: net of what was given back since (selectors.usage_net), as the statement and the balance say.
-    totals = rows.aggregate(amount=Sum("net_amount_micros"), given_back=Sum("given_back_micros"),
-                            seconds=Sum("seconds"), count=Count("id"))
+    totals = selectors.usage_totals(rows)
     page = Paginator(rows, USAGE_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
