@@ -37,7 +37,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
-from core.errors import ApplicationError
+from core.errors import ApplicationError, ValidationFailed
 from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm, PageSetsAdmin, PageSetsForm
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.auth_rate import auth_rate_refusal
@@ -56,7 +56,7 @@ from marketplace.services.account_status import (
     account_reactivate,
     status_reason_clean,
 )
-from marketplace.services.accounts import api_key_revoke
+from marketplace.services.accounts import api_key_revoke, email_normalize
 from marketplace.services.two_factor import two_factor_disable, two_factor_enabled
 
 
@@ -81,8 +81,12 @@ class UserAddForm(forms.ModelForm):
 
 
 def _unused_email(value: str, *, exclude_pk: int | None = None) -> str:
-    """The address as sign-up keeps it (lower case), refused when another account has it in any case."""
-    email = User.objects.normalize_email(value).lower()
+    """The address as sign-up keeps it (lower case), refused when another account has it in any case, or when it is
+    too long once in lower case (what was typed was checked; lower case can be longer, and saving it a 500)."""
+    try:
+        email = email_normalize(value)
+    except ValidationFailed as exc:
+        raise ValidationError(exc.message) from None
     others = User.objects.filter(email__iexact=email)
     if exclude_pk is not None:
         others = others.exclude(pk=exclude_pk)

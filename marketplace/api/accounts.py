@@ -11,6 +11,7 @@ from core.api.no_store import NoStoreMixin
 from core.api.schema import error_response
 from core.api.scopes import ALL_SCOPES, ANY, PUBLIC, SCOPE_LABELS
 from core.client_address import client_ip
+from core.errors import ValidationFailed
 from core.validators import no_control_characters
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.auth_rate import _AuthRate
@@ -31,6 +32,13 @@ class CredentialsSerializer(StrictFieldsMixin, serializers.Serializer):
 
 
 class RegisterSerializer(CredentialsSerializer):
+    def validate_email(self, value: str) -> str:
+        # The limit on the address as it will be kept (lower case can be longer than what was typed).
+        try:
+            return svc.email_normalize(value)
+        except ValidationFailed as exc:
+            raise serializers.ValidationError(exc.message) from None
+
     def validate(self, attrs):
         # Django's validators: length, common passwords, similarity to the email.
         try:

@@ -13,7 +13,12 @@ class UserManager(BaseUserManager):
     def _create(self, email, password, **extra):
         if not email:
             raise ValueError("email is required")
-        user = self.model(email=self.normalize_email(email).lower(), **extra)
+        email = self.normalize_email(email).lower()
+        # Lower case can be longer than what was typed ('\u0130' is two characters then): refused here rather
+        # than by the database (marketplace.services.accounts.email_normalize says it to people).
+        if len(email) > self.model._meta.get_field("email").max_length:
+            raise ValueError("email is too long once in lower case")
+        user = self.model(email=email, **extra)
         user.set_password(password)
         user.save(using=self._db)
         return user

@@ -30,6 +30,7 @@ from core.login_throttle import signup_mail_allowed
 from core.security_mail import security_change_notify
 from marketplace.models import ApiKey, User
 from marketplace.services import two_factor
+from marketplace.validators import EMAIL_MAX_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,22 @@ class SignupPasswordMismatch(ValidationFailed):
             "than once, type the password you chose that time, or use the link in the other e-mail. If you did not, "
             "someone else tried to sign up with your address: use the link in the other e-mail (your own "
             "sign-up's), or sign up again.", field="password")
+
+
+def email_too_long_message(length: int) -> str:
+    return (f"This address is {length} characters long once in lower case, as accounts keep it; at most "
+            f"{EMAIL_MAX_LENGTH} fit.")
+
+
+def email_normalize(value: str) -> str:
+    """The address as accounts keep and look it up: Django's normalize_email, then all of it in lower case.
+    ValidationFailed on `email` when that is longer than an account's address may be (EMAIL_MAX_LENGTH): lower-casing
+    can lengthen an address ('\u0130' becomes 'i' + U+0307, two characters), so the limit that the forms and
+    serializers check on what was typed is not enough; each caller that stores the address checks it on this."""
+    email = User.objects.normalize_email(value).lower()
+    if len(email) > EMAIL_MAX_LENGTH:
+        raise ValidationFailed(email_too_long_message(len(email)), field="email")
+    return email
 
 
 def hash_api_key(raw_key: str) -> str:
@@ -234,8 +251,9 @@ def _send(address: str, subject: str, message: str) -> None:
 def user_register(*, email: str, password: str, base_url: str) -> None:
     """Start a sign-up: e-mail the address a token that creates the account (a new address) or a note that it
     has one already (a taken address). Same work, same answer either way. The password is already validated;
-    `base_url` is the site's root, for the links."""
-    email = User.objects.normalize_email(email).lower()
+    `base_url` is the site's root, for the links. An address longer than EMAIL_MAX_LENGTH once normalised is a
+    ValidationFailed on `email` here, at the first step: its token could never make an account."""
+    email = email_normalize(email)
     password_hash = make_password(password)  # hashed on both paths, so that both take as long
     taken = User.objects.filter(email__iexact=email).exists()
     if not signup_mail_allowed(account=email):
@@ -277,6 +295,11 @@ def user_register_confirm(*, token: str, password: str) -> tuple[User, ApiKey, s
     email = data["email"]
     if not check_password(password, data["password"]):
         raise SignupPasswordMismatch()
+    if len(email) > EMAIL_MAX_LENGTH:
+        # A token issued before sign-up checked the limit on the normalised address: its account cannot be stored
+        # (the insert was a DataError, a 500 on every try).
+        raise ValidationFailed(email_too_long_message(len(email)) + " No account can be made with it: sign up "
+                               "with another address.", field="token")
     try:
         with transaction.atomic():
             if User.objects.filter(email__iexact=email).exists():

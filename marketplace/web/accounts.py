@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, ValidationFailed
 from core.web_errors import form_error
 from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import ApiKey, SshKey
@@ -88,6 +88,8 @@ def signup_confirm(request, token: str):
                                  "if you confirmed it before.")
         except account_svc.SignupPasswordMismatch as exc:
             form.add_error("password", exc.message)
+        except ValidationFailed as exc:  # e.g. a token whose address is too long to be an account's
+            form.add_error(None, exc.message)
         else:
             login(request, user, backend=settings.AUTHENTICATION_BACKENDS[0])
             # The key is shown once, on the very next page, then forgotten.

@@ -12,6 +12,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
+from core.errors import ValidationFailed
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
@@ -19,6 +20,7 @@ from marketplace.mig import profiles_for
 from marketplace.models import Image, SshKey, User
 from marketplace.money import usd_rate_text
 from marketplace.reauth import LockoutMixin, PasswordConfirmedForm
+from marketplace.services import accounts as account_svc
 from marketplace.services import instances as instance_svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.validators import (
@@ -50,8 +52,12 @@ class SignupForm(forms.Form):
     )
 
     def clean_email(self):
-        # Whether the address has an account is not said here (only in the e-mail the address gets).
-        return self.cleaned_data["email"].lower()
+        # Whether the address has an account is not said here (only in the e-mail the address gets). The limit is
+        # checked on the address as it will be kept (lower case can be longer than what was typed).
+        try:
+            return account_svc.email_normalize(self.cleaned_data["email"])
+        except ValidationFailed as exc:
+            raise ValidationError(exc.message) from None
 
     def clean(self):
         cleaned = super().clean()
