@@ -116,3 +116,5 @@ def test_login_and_password_reset_with_the_address_are_no_500(mailoutbox):
     assert r.status_code == 400, (r.status_code, r.content[:300])
     r = Client(raise_request_exception=False).post("/accounts/login/", {"username": IDN, "password": PASSWORD})
     assert r.status_code in (200, 400), r.status_code
+    r = Client(raise_request_exception=False).post("/accounts/password/reset/", {"email": IDN})
+    assert r.status_code in (200, 302), r.status_code
