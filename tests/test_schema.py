@@ -38,6 +38,9 @@ from core.api.schema import decimal_pattern
 from marketplace.models import ApiKey, GpuModel, User, Volume
 from marketplace.services.accounts import api_key_create
 from tests.factories import UserFactory, make_listed_node, make_node
+from tests.schemathesis_lazy import build_when_run
+
+build_when_run()  # each operation's test built by the xdist worker that runs it, not by all five
 
 ROOT = Path(__file__).resolve().parent.parent
 
