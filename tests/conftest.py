@@ -29,10 +29,11 @@ def _flush_deletes_rows_not_files() -> None:
         if not tables or reset_sequences or allow_cascade or not _may_turn_triggers_off(self.connection):
             return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
         names = [self.quote_name(table) for table in tables]
-        return ["SET LOCAL session_replication_role = replica",
-                f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE",
-                *(f"DELETE FROM {name}" for name in names),  # noqa: S608 (quoted names of tables)
-                "SET LOCAL session_replication_role = DEFAULT"]  # triggers back on if inside a longer transaction
+        # One statement (no parameters: psycopg sends it as one query) rather than ~170 round trips a flush.
+        return ["; ".join(["SET LOCAL session_replication_role = replica",
+                           f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE",
+                           *(f"DELETE FROM {name}" for name in names),  # noqa: S608 (quoted names of tables)
+                           "SET LOCAL session_replication_role = DEFAULT"])]  # triggers back on in a longer one
 
     DatabaseOperations.sql_flush = sql_flush
 
