@@ -137,6 +137,7 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
     # Once every interruption of the batch is done: those a stop, restart or destroy overtook since the first call
     # (a VM's own interruption gives back one it finds stopped under its lock: _vms_lost_interrupt).
     _usage_after_loss_given_back(by_id, last_healthy, presence)
+    _disk_after_loss_given_back(by_id, last_healthy)
     return interrupted
 
 
@@ -360,6 +361,36 @@ def _usage_after_loss_given_back(by_id: Mapping[int, HealthResult], last_healthy
                     instance_id=pk, since=since, looked_at=probed_at, answered_at=answered_at,
                     detail="the server answers, but the VM is " + (
                         "no longer on it" if vm_id_of(pk) in gone else "not running on it"))
+
+
+def _disk_after_loss_given_back(by_id: Mapping[int, HealthResult],
+                                last_healthy: Mapping[int, datetime | None]) -> None:
+    """The instances stopped before the probe whose VM (and disk) the answer does not list, or lists missing, but
+    that the check did not fail (_stopped_vms_lost_fail): no longer stopped, their renter's start or destroy came
+    after the probe began and billed their disk up to that request. What their disk was billed after the node's
+    last healthy check (the disk's last sighting, where the failure would have ended it) is given back
+    (interruptions.lost_disk_give_back, which decides under the instance's lock and gives it once). One read for
+    the batch, as _usage_after_loss_given_back: usually empty."""
+    # node id: (its VMs as answered, the answer's seconds, probe began, last healthy)
+    looked: dict[int, tuple[Mapping[str, str], float, datetime, datetime]] = {}
+    for node_id, result in by_id.items():
+        since = last_healthy.get(node_id)
+        if result.ok and result.vms is not None and result.probed_at is not None and since is not None:
+            looked[node_id] = (result.vms, result.seconds, result.probed_at, since)
+    if not looked:
+        return
+    rows = (Instance.objects.filter(node_id__in=looked, stopped_at__lt=max(p for _, _, p, _ in looked.values()),
+                                    disk_billed_until__gt=min(s for _, _, _, s in looked.values()))
+            .exclude(status=InstanceStatus.STOPPED).order_by("pk")
+            .values_list("pk", "node_id", "stopped_at", "disk_billed_until"))
+    for pk, node_id, stopped_at, disk_billed_until in rows:
+        vms, seconds, probed_at, since = looked[node_id]
+        if stopped_at is not None and stopped_at < probed_at and disk_billed_until is not None \
+                and disk_billed_until > since and vms.get(vm_id_of(pk), VM_MISSING) == VM_MISSING:
+            instance_svc.lost_disk_give_back(
+                instance_id=pk, since=since, looked_at=probed_at,
+                answered_at=probed_at + timedelta(seconds=seconds),
+                detail="the server answers, but the stopped VM and its disk are no longer on it")
 
 
 def _vms_lost(result: HealthResult, running: set[str]) -> tuple[set[str], set[str]]:

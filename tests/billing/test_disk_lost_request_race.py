@@ -161,8 +161,6 @@ def test_one_still_stopped_is_the_checks_to_fail(clock):
     assert _disk_paid(renter, instance) == _cost(SEEN_S)
 
 
-@pytest.mark.xfail(strict=True, reason="the health check does not call interruptions.lost_disk_give_back yet: its "
-                                       "call in provisioning/services/fleet_record.py is outside this change")
 def test_the_health_check_itself_gives_it_back(clock):
     """The check that found the disk gone gives the disk's time after its last sighting back by itself."""
     renter, host, instance = _stopped(clock)
