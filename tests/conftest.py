@@ -1,10 +1,11 @@
+import os
 import sys
 
 import pytest
 from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
 
-from tests import db_template, run_lock
+from tests import db_template, python_on_path, run_lock
 from tests.factories import UserFactory, api_key_for
 from tests.live import celery_worker, sim_node_factory, simnodes_dir, worker  # noqa: F401 (fixtures for e2e and web)
 from tests.localstripe import (  # noqa: F401 (fixtures: billing, schema and web tests)
@@ -81,9 +82,11 @@ def django_db_setup(request, django_test_environment, django_db_blocker, django_
 
 def pytest_configure(config):
     """One run at a time on the same PostgreSQL and Redis (tests/run_lock.py): taken by the run itself, not by its
-    xdist workers, before any test database exists."""
+    xdist workers, before any test database exists. And `python3` on PATH past a version manager's shim
+    (tests/python_on_path.py), for the run and the workers it starts."""
     if hasattr(config, "workerinput"):
-        return
+        return  # the workers start with the environment set below
+    os.environ["PATH"] = python_on_path.path_past_shims(os.environ.get("PATH", ""))
     from django.conf import settings
 
     try:
