@@ -68,7 +68,7 @@ from provisioning.ssh_errors import (
 )
 from provisioning.verification import challenge_verdict
 from provisioning.verification.answers import MalformedAnswer, benchmark_problems, inventory_problems, storable
-from provisioning.verification.mig import judge_mig, pending_layout
+from provisioning.verification.mig import judge_mig, pending_layout, repeated_mig_findings
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
 from provisioning.verification.policy import judge
 from provisioning.verification.wording import reasons_text
@@ -310,11 +310,14 @@ def node_verify_run(*, job: Job) -> None:
             if pending:
                 job_step(job=job, message=mig_pending_text(judged_layout, pending))
             # A card split into MIG slices is measured per slice (its free slices), never whole; a card whose
-            # layout is pending is not judged, nor its free slices measured.
+            # layout is pending is not judged, nor its free slices measured; nor those of a card whose listing
+            # repeats a MIG device (withheld: the MIG check names it), whose UUIDs the agent refuses twice.
+            withheld = {f.gpu_index for f in repeated_mig_findings(inventory.get("mig") or [])}
             free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
                     and g.get("uuid") not in holders and g.get("index") not in layout]
             slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
-                      and d.get("gpu") not in pending and d.get("uuid") not in rented_slices]
+                      and d.get("gpu") not in pending and d.get("gpu") not in withheld
+                      and d.get("uuid") not in rented_slices]
             if free or slices:
                 job_step(job=job, message=f"benchmarking GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} "
                                           f"(at most {limit} s)")

@@ -3,6 +3,7 @@ proof (its memory and throughput against its profile's share of the card's datas
 whole card's figures). Pure, like policy.py: the service gives it what the agent answered."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
@@ -60,6 +61,42 @@ def pending_layout(layout: Mapping[int, Sequence[str]], inventory_gpus: Sequence
     return sorted(pending)
 
 
+def repeated_mig_findings(devices: Sequence[dict]) -> list[Finding]:
+    """Per card, a MIG device its `nvidia-smi -L` listing repeats: a UUID another device (of this card or another)
+    also reports (`mig_uuid_repeated`), or a device number listed twice on it (`mig_device_repeated`). A driver
+    fault on that card, named on it (gpu_index) so that only its renters are concerned: the other cards are judged
+    as usual. Its slices prove nothing (known by their UUID: the benchmark's figures, MigSlice rows)."""
+    counted = Counter(dev["uuid"] for dev in devices)
+    numbered = Counter((dev["gpu"], dev["device"]) for dev in devices)
+    cards_of: dict[str, set[int]] = {}  # a repeated UUID -> the cards listing it
+    for dev in devices:
+        if counted[dev["uuid"]] > 1:
+            cards_of.setdefault(dev["uuid"], set()).add(dev["gpu"])
+    findings: list[Finding] = []
+    for gpu in sorted({dev["gpu"] for dev in devices}):
+        shared = sorted(uuid for uuid, gpus in cards_of.items() if gpu in gpus)
+        if shared:
+            others = sorted(set().union(*(cards_of[u] for u in shared)) - {gpu})
+            where = (f"also reported by GPU{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+                     if others else "listed twice on it")
+            findings.append(Finding(REJECT, "mig_uuid_repeated",
+                                    f"GPU {gpu}'s MIG device UUID {', '.join(shared)} is {where}; every MIG "
+                                    f"device has its own. {_REPEAT_ADVICE.format(gpu=gpu)}", gpu))
+        twice = sorted(number for (card, number), count in numbered.items() if card == gpu and count > 1)
+        if twice:
+            findings.append(Finding(REJECT, "mig_device_repeated",
+                                    f"GPU {gpu} lists MIG device {', '.join(map(str, twice))} more than once. "
+                                    f"{_REPEAT_ADVICE.format(gpu=gpu)}", gpu))
+    return findings
+
+
+# What a provider can do about a card whose MIG listing repeats a device (a driver fault on that card).
+_REPEAT_ADVICE = ("None of GPU {gpu}'s slices is listed until `nvidia-smi -L` shows each of its MIG devices once: "
+                  "re-create its MIG instances (`nvidia-smi mig -i {gpu} -dci`, `nvidia-smi mig -i {gpu} -dgi`, "
+                  "then the declared ones with `nvidia-smi mig -i {gpu} -cgi ... -C`) or reload the NVIDIA driver, "
+                  "then verify again. The server's other cards are judged as usual.")
+
+
 def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_gpus: Sequence[dict],
               devices: Sequence[dict], measured: Sequence[dict] | None,
               skip_uuids: Sequence[str] = (), disproved: Collection[str] = (),
@@ -70,28 +107,20 @@ def check_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory_g
     `disproved` failed the platform's own challenge (slice_challenge.py): not proven, whatever it reported).
     A card in `pending` (pending_layout: renters hold it) is not judged against its declared layout: no finding,
     none of its slices listed by this check."""
-    findings: list[Finding] = []
+    findings = repeated_mig_findings(devices)
+    # A card whose listing repeats a MIG device is withheld whole: which of its entries is the slice is unknown.
+    # Only that card: before, the repeat made the whole inventory malformed, a finding about no card, and every
+    # renter of the node was cut to $0/h (found by review).
+    withheld = {f.gpu_index for f in findings}
     profiles = profiles_for(declared.slug)
     smi = {g.get("index"): g for g in inventory_gpus}
     by_gpu: dict[int, list[dict]] = {}
-    by_uuid: dict[str, list[int]] = {}
     for dev in devices:
         by_gpu.setdefault(dev["gpu"], []).append(dev)
-        by_uuid.setdefault(dev["uuid"], []).append(dev["gpu"])
-    # A MIG UUID on two devices is no slice of either: slices are known by their UUID (the benchmark's figures,
-    # MigSlice rows), and one of two cards sharing one was left with no slice, rentable whole (found by review).
-    repeated = {uuid for uuid, gpus in by_uuid.items() if len(gpus) > 1}
-    for uuid in sorted(repeated):
-        gpus = by_uuid[uuid]
-        findings.append(Finding(REJECT, "mig_uuid_repeated",
-                                f"MIG devices of GPU{'s' if len(set(gpus)) > 1 else ''} "
-                                f"{', '.join(map(str, sorted(set(gpus))))} report the same UUID {uuid}; every MIG "
-                                "device has its own (check `nvidia-smi -L` and the driver).", min(gpus)))
-    disproved = set(disproved) | repeated
     figures = {row.get("uuid"): row for row in measured or []}
     slices: list[dict] = []
     for gpu, wanted in sorted(layout.items()):
-        if gpu in pending:
+        if gpu in pending or gpu in withheld:
             continue
         seen = by_gpu.get(gpu, [])
         mode = ((smi.get(gpu) or {}).get("mig_mode") or "").lower()
@@ -177,5 +206,5 @@ def judge_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory: 
                         card_figures=card_equivalent([s for s in slices if s["proven"]], declared.slug))
 
 
-__all__ = ["judge_mig", "pending_layout", "SLICE_MEMORY_MIN_FRACTION", "TOLERANCES", "card_equivalent", "check_mig",
-           "slice_model"]
+__all__ = ["judge_mig", "pending_layout", "repeated_mig_findings", "SLICE_MEMORY_MIN_FRACTION", "TOLERANCES",
+           "card_equivalent", "check_mig", "slice_model"]
