@@ -71,6 +71,9 @@ def instance_row(instance: Instance) -> dict[str, Any]:
         "num_gpus": instance.num_gpus, "gpu_name": gpu_name, "gpu_ram": gpu_ram,
         "gpu_totalram": gpu_ram * instance.num_gpus if gpu_ram is not None else None,
         "mig_profile": instance.mig_profile or None,
+        # Booked on one NVLink island (an offer listed with bw_nvlink above 0): its start keeps it so, or is refused.
+        # Vast has no such column; the CLI prints --raw as is and its table only the columns it knows.
+        "require_nvlink": instance.require_nvlink,
         "disk_space": instance.disk_gb, "image_uuid": instance.image_name, "image_runtype": "ssh",
         "label": instance.label or None,
         "extra_env": [[name, instance_svc.ENV_VALUE_MASK] for name in instance.env_names],  # values never shown
