@@ -102,11 +102,18 @@ def usage_net(intervals: QuerySet[UsageInterval]) -> QuerySet[UsageInterval]:
 def usage_totals(intervals: QuerySet[UsageInterval]) -> dict[str, int | None]:
     """Sums over usage_net's intervals, in one query: `amount` (what was paid: charged less given back), `given_back`,
     `seconds`, `count` (None for the sums of no rows, as Sum says). The wallet's give-back subquery is the only one
-    in the SQL (values() leaves the fee's out), run once per row; what was paid is worked out from the sums."""
+    in the SQL (values() leaves the fee's out), run once per row; what was paid is worked out from the sums.
+    `seconds` are those paid for: less the instances' given_back_seconds (a second query, only when any were
+    billed), so `intervals` must hold each of its instances' intervals whole (the usage page: all, or one
+    instance's); before, it counted the seconds given back ("$0.05 for 2 min 09 s", paid for 60 s)."""
     totals = intervals.values("given_back_micros").aggregate(  # type: ignore[misc]  # an annotation, unseen by the stubs
         charged=Sum("amount_micros"), given_back=Sum("given_back_micros"), seconds=Sum("seconds"), count=Count("id"))
     charged = totals.pop("charged")
     totals["amount"] = None if charged is None else charged - totals["given_back"]
+    if totals["seconds"]:  # the seconds paid for: less those given back of the instances listed (whole instances)
+        totals["seconds"] -= Instance.objects.filter(
+            pk__in=intervals.values("instance_id"), given_back_seconds__gt=0).aggregate(
+            back=Coalesce(Sum("given_back_seconds"), 0))["back"]
     return totals
 
 
@@ -441,7 +448,9 @@ def earnings_for(*, user: User) -> Earnings:
 
     Time sold: gpu_seconds counts every GPU of an instance and mig_slice_seconds every slice, by profile; before,
     "GPU time sold" was running time with an instance counted once (a 4-GPU instance's hour read "1 h", found by
-    review). That figure stays as `seconds`, the API's billed_seconds.
+    review). That figure stays as `seconds`, the API's billed_seconds. All three count the seconds renters paid
+    for: those given back (Instance.given_back_seconds, usage billed after a VM's last sighting) are not time sold;
+    before, they were counted while the earnings on them had been taken back.
     """
     result = Earnings()
     # Time sold, from the usage intervals (an interval whose amount rounds to zero has no ledger line, so this
@@ -457,6 +466,18 @@ def earnings_for(*, user: User) -> Earnings:
             result.mig_slice_seconds[profile] = units
         else:
             result.gpu_seconds = units
+    # Less the seconds given back to renters (usage_give_back: the earnings on them were taken back too): not sold.
+    back = (Instance.objects.filter(node__provider=user, given_back_seconds__gt=0)
+            .values("mig_profile").order_by("mig_profile")
+            .annotate(running=Sum("given_back_seconds"),
+                      units=Sum(F("given_back_seconds") * F("num_gpus"), output_field=BigIntegerField())))
+    for back_row in back:
+        profile, units = back_row["mig_profile"], back_row["units"] or 0
+        result.seconds -= back_row["running"] or 0
+        if profile:
+            result.mig_slice_seconds[profile] = result.mig_slice_seconds.get(profile, 0) - units
+        else:
+            result.gpu_seconds -= units
     account = _account(user, AccountKind.PROVIDER_EARNINGS)
     if account is None:
         return result
@@ -524,10 +545,12 @@ def instance_cost(*, instance: Instance) -> dict[str, int]:
     given back of its charges since (reversals: usage billed after its VM's last sighting, an operator's), as the
     ledger and the usage page count it; and what its disk cost while stopped, net of its reversals too.
 
-    {"amount_micros", "billed_seconds" (seconds in closed usage intervals), "given_back_micros",
-    "disk_amount_micros", "disk_given_back_micros"}, in one query. Before, the amount was what was charged: a
-    give-back still read as paid on the instance's page (found by review); so did an operator's reversal of a disk
-    charge (the page read disk_cost_micros).
+    {"amount_micros", "billed_seconds" (seconds paid for: in closed usage intervals, less those given back),
+    "given_back_seconds", "given_back_micros", "disk_amount_micros", "disk_given_back_micros"}, in one query.
+    Before, the amount was what was charged: a give-back still read as paid on the instance's page (found by
+    review); so did an operator's reversal of a disk charge (the page read disk_cost_micros). And the seconds were
+    those charged: "2 min 09 s metered" for a cost the ledger charged 60 s for
+    (tests/billing/test_given_back_seconds_shown.py).
     """
     given_back, disk_given_back = (
         Instance.objects.filter(pk=instance.pk)
@@ -535,7 +558,8 @@ def instance_cost(*, instance: Instance) -> dict[str, int]:
                   disk=storage_given_back("disk", object_id=OuterRef("pk"), owner_id=OuterRef("renter_id")))
         .values_list("usage", "disk").first() or (0, 0))
     return {"amount_micros": instance_cost_so_far(instance=instance) - given_back,
-            "billed_seconds": instance.billed_seconds, "given_back_micros": given_back,
+            "billed_seconds": instance.billed_seconds - instance.given_back_seconds,
+            "given_back_seconds": instance.given_back_seconds, "given_back_micros": given_back,
             "disk_amount_micros": instance.disk_cost_micros - disk_given_back,
             "disk_given_back_micros": disk_given_back}
 

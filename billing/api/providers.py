@@ -36,7 +36,8 @@ class EarningsSerializer(serializers.Serializer):
         "renters_paid - platform_fees + adjustments = earned."))
     billed_seconds = serializers.IntegerField(source="seconds", help_text=(
         "Running time billed on your servers, in seconds, each instance counted once whatever its GPUs or slices "
-        "(a 4-GPU instance for an hour is 3600). GPU time is gpu_seconds_sold."))
+        "(a 4-GPU instance for an hour is 3600). GPU time is gpu_seconds_sold. Time given back to renters (billed "
+        "after a VM's last sighting, found lost; your earnings on it taken back) is not counted, here or below."))
     gpu_seconds_sold = serializers.IntegerField(source="gpu_seconds", help_text=(
         "Whole-GPU time sold, in GPU-seconds: each instance's billed seconds times its GPUs (a 4-GPU instance for "
         "an hour is 14400). MIG slices are not in it (mig_slice_seconds_sold)."))

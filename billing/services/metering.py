@@ -165,7 +165,9 @@ def usage_give_back(*, instance: Instance, since: datetime, seen_at: datetime, m
     charge after that point is reversed in full, the one across it in part, each by one REVERSAL transaction
     (`reverses` it: at most once, ledger key `reversal:<id>`, as an operator's reversal), the renter's wallet
     credited, the provider's earnings and the platform's revenue debited in the proportions the charge used. The
-    instance's own totals and intervals stay what was charged (as after an operator's reversal). Call it under the
+    instance's own totals and intervals stay what was charged (as after an operator's reversal); the seconds given
+    back are added to its `given_back_seconds` in the same transaction (its seconds paid for: billed_seconds less
+    them, what its page and the API show; before, they showed the seconds charged). Call it under the
     instance's row lock, as every writer of its billing; the accounts are locked in id order by ledger_post.
 
     One exception to the micro-dollar: a charge across `since` that was made before a later price change of the
@@ -209,16 +211,20 @@ def usage_give_back(*, instance: Instance, since: datetime, seen_at: datetime, m
         billed_seconds += interval.seconds
         cost += interval.amount_micros
     back = [(interval, amount, fee) for interval, amount, fee in back if amount > 0]
+    seconds = (run[-1].ended_at - cut) // SECOND
     try:
         with transaction.atomic():
             posted = [_reverse_in_part(instance, interval, amount, fee, memo, customer_note)
                       for interval, amount, fee in back]
+            if posted:  # the seconds paid for, which pages and the API show: billed_seconds - given_back_seconds
+                Instance.objects.filter(pk=instance.pk).update(given_back_seconds=F("given_back_seconds") + seconds)
     except (IntegrityError, _ReversedMeanwhile):  # an operator's reversal of one of them came first: all undone
         return None
     if not posted:
         return None
+    instance.given_back_seconds += seconds
     return GivenBack(amount_micros=sum(a for _, a, _ in back), fee_micros=sum(f for _, _, f in back),
-                     seconds=(run[-1].ended_at - cut) // SECOND, start=cut, end=run[-1].ended_at, transactions=posted)
+                     seconds=seconds, start=cut, end=run[-1].ended_at, transactions=posted)
 
 
 class _ReversedMeanwhile(Exception):

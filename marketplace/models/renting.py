@@ -180,6 +180,11 @@ class Instance(StatefulModel, models.Model):
     billed_until = models.DateTimeField(null=True, blank=True)
     billed_seconds = models.BigIntegerField(default=0)
     cost_micros = models.BigIntegerField(default=0)
+    # Of billed_seconds, those given back since (billed after its VM's last sighting, found lost just as a stop
+    # closed its run: billing.services.metering.usage_give_back, under this row's lock). billed_seconds and
+    # cost_micros stay what was charged (the meter's cumulative arithmetic reads them); the seconds paid for, which
+    # every page and API shows, are billed_seconds − given_back_seconds.
+    given_back_seconds = models.BigIntegerField(default=0)
     # A price change while rented (hardware measured worse, or better again: instances.pricing) starts a new
     # stretch at the new price: cost_micros == rate_base_cost_micros + floor(price_per_hour_micros ×
     # (billed_seconds − rate_base_seconds) / 3600). Both are 0 for an instance whose price never changed.

@@ -1,14 +1,14 @@
-"""The instance page's "N metered" after usage was given back: reproduced, not fixed (strict xfail).
+"""The instance page's "N metered" after usage was given back: the seconds paid for, as its cost.
 
 A VM found lost just as its renter stopped it (tests/billing/test_vm_lost_stop_race.py) has what its run was billed
 after the VM's last sighting given back (billing.services.metering.usage_give_back): here 129 s were billed, 69 s of
 them given back, and the ledger says the renter paid for 60 s (cost_for(PRICE, 60) = 50,000 µ$). The page's cost
-(billing.selectors.instance_cost: charged less given back) says 50,000 µ$, as the ledger does; its seconds
-("(2 min 09 s metered)") are Instance.billed_seconds, which counts the 69 s given back. The row's totals stay what
+(billing.selectors.instance_cost: charged less given back) said 50,000 µ$, as the ledger does; its seconds
+("(2 min 09 s metered)") were Instance.billed_seconds, which counts the 69 s given back. The row's totals stay what
 was charged by design (the meter's cumulative arithmetic reads them, tests/billing/invariants.py checks them against
-the usage intervals), so the seconds paid for need their own record: a given-back seconds total on the instance (a
-model field and migration) and the page's selector reading it. Both were being edited by other work at the time
-(marketplace/models/renting.py with an uncommitted migration 0037, billing/selectors.py), so this is left to them.
+the usage intervals), so the seconds given back have their own record now: Instance.given_back_seconds, written by
+usage_give_back in its transaction, and instance_cost's seconds are billed_seconds less them. (Was a strict xfail.)
+Its other readers: tests/billing/test_given_back_seconds_readers.py.
 """
 import pytest
 
@@ -20,8 +20,6 @@ from tests.billing.test_vm_lost_stop_race import KEPT, PRICE, SEEN_S, TOTAL_S, r
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.xfail(strict=True, reason="billed_seconds counts the seconds given back (69 of 129): the instance page "
-                                       "says 2 min 09 s metered for a cost the ledger charged for 60 s")
 def test_the_instance_pages_metered_seconds_are_the_ones_the_ledger_charged_for(given_back):  # noqa: F811
     renter, host, lost, kept = given_back
     lost.refresh_from_db()
@@ -29,3 +27,4 @@ def test_the_instance_pages_metered_seconds_are_the_ones_the_ledger_charged_for(
     assert shown["amount_micros"] == KEPT == _ledger_paid(lost) == cost_for(PRICE, SEEN_S)  # the money agrees
     assert lost.billed_seconds == TOTAL_S  # what was charged (the row's own total, by design)
     assert shown["billed_seconds"] == SEEN_S, f"shown {shown['billed_seconds']} s metered, paid for {SEEN_S} s"
+    assert lost.given_back_seconds == TOTAL_S - SEEN_S == shown["given_back_seconds"]
