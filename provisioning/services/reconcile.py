@@ -69,9 +69,11 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
       removed once the instance has been failed a while (it held the instance's volumes there: `_forget_missing`);
       a stop the node refuses never ends the pass (`_stop_vm`: a running VM it has no record of is removed as
       unrecorded, any other refusal reported once);
-    - a stopped instance fails when its VM is gone (its disk went with it: no longer billed, and it could never
-      start again), and its VM is stopped when found running (its GPUs were released: another renter may hold
-      them); not while a job that starts or stops it is open (the list cannot show what that job does);
+    - a stopped instance fails when its VM is gone (its disk went with it: billed up to its last sighting, and it
+      could never start again), and its VM is stopped when found running (its GPUs were released: another renter
+      may hold them); not while a job that starts or stops it is open (the list cannot show what that job does).
+      One whose VM is gone but that its renter started or destroyed meanwhile is given back what that request
+      billed the disk after the sighting (`_disk_given_back_after_list`);
     - then the volumes (`_reconcile_volumes`).
 
     With a `pool`, over the worker's kept connection to the node (provisioning.ssh_pool).
@@ -85,6 +87,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # show yet; so is one stopped meanwhile (its VM listed as still running).
         judged_before = dict(Instance.objects.filter(node=node, status__in=_JUDGED).values_list("pk", "status"))
         making = _making_vms(node)
+        making_before = set(making)
         # A running instance is judged only by a list asked for after its current run began: one restarted (or
         # started) while the node answered was running before and after the list, and its VM, listed mid-restart,
         # was taken as lost (found by review). The health check's guard (`started_before`).
@@ -150,6 +153,16 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # must not keep using them.
                 if _stop_vm(node, session, vm["vm_id"], instance.pk):
                     settled.add(instance.pk)
+        # Stopped before the list, whose VM it does not show (or shows missing), no VM job open then, but no longer
+        # stopped: a start or destroy asked while the node answered billed the disk up to itself, past its last
+        # sighting; given back now, before any instance is judged, as GPU time is below.
+        listed = {int(m.group(1)): vm.get("state") for vm in vms if (m := _VM_ID.fullmatch(vm.get("vm_id", "")))}
+        for instance_id, status in judged_before.items():
+            was = known.get(instance_id)
+            if status == InstanceStatus.STOPPED and instance_id not in making_before | unknown and (
+                    listed.get(instance_id, VM_MISSING) == VM_MISSING) and (
+                    was is None or was.status != InstanceStatus.STOPPED):
+                _disk_given_back_after_list(node, instance_id, listed_at=listed_at, answered_at=answered_at)
         for instance_id in destroyed - making - unremoved - unknown:
             counts["cleaned_up"] += bool(instance_svc.instance_cleanup_done(instance_id=instance_id))
         for instance in known.values():
@@ -192,7 +205,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 _running_vm_lost(node, instance, vm, counts, listed_at=listed_at, answered_at=answered_at,
                                  missing=instance.pk in missing)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
-                if _judge_stopped(node, session, instance, vm, counts):
+                if _judge_stopped(node, session, instance, vm, counts, listed_at=listed_at, answered_at=answered_at):
                     settled.add(instance.pk)
         instances_running_again(node_id=node.pk,
                                 vm_ids={v["vm_id"] for v in seen.values() if v.get("state") == "running"})
@@ -278,6 +291,18 @@ def _given_back_after_list(node: Node, instance_id: int, vm: dict[str, Any] | No
         instance_id=instance_id, since=min(seen, listed_at) if seen is not None else None, looked_at=listed_at,
         answered_at=answered_at,
         detail="the VM is no longer on the server" if vm is None else f"the VM was found {state} on the server")
+
+
+def _disk_given_back_after_list(node: Node, instance_id: int, *, listed_at: datetime, answered_at: datetime) -> None:
+    """A stopped instance whose VM and disk the list shows gone, but that was not failed: its renter's start or
+    destroy, asked since the list was, closed its disk's billing at that request, past the disk's last sighting (the
+    node's last health check, or the list itself when a check recorded since). What the disk was billed after the
+    sighting is given back, once, as the health check gives it (interruptions.lost_disk_give_back: not when a job
+    of it that takes the VM down began while the node answered). Before, the reconciler gave nothing back."""
+    seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
+    instance_svc.lost_disk_give_back(
+        instance_id=instance_id, since=min(seen, listed_at) if seen is not None else None, looked_at=listed_at,
+        answered_at=answered_at, detail="the stopped VM and its disk are no longer on the server")
 
 
 def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, Instance],
@@ -406,9 +431,11 @@ _FIELDS: dict[str, tuple[Callable[[dict[str, Any]], bool], str]] = {
 
 
 def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dict[str, Any] | None,
-                   counts: dict[str, int]) -> bool:
+                   counts: dict[str, int], *, listed_at: datetime, answered_at: datetime) -> bool:
     """A stopped instance (stopped before and after the list, no VM job open): its VM must be there, stopped.
-    True when its running VM was stopped here."""
+    True when its running VM was stopped here. One whose VM is gone but that a start or destroy asked since the
+    database was read left `stopped` is not failed, and is given back what that request billed its disk after the
+    sighting (_disk_given_back_after_list)."""
     if vm is None:
         # Decided under its row lock: a start asked since the database was read is left to its job. Its disk is
         # billed up to the VM's last sighting: the node's last health check, whose answer listed it (one that did
@@ -424,6 +451,8 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
                        message=f"The VM of instance {instance.pk} (stopped) vanished with its disk.",
                        level=NodeEvent.Level.WARNING)
             counts["instances_failed"] += 1
+        else:
+            _disk_given_back_after_list(node, instance.pk, listed_at=listed_at, answered_at=answered_at)
         return False
     if vm.get("state") in VM_HOLDING_GPUS:  # a container restarting holds its GPUs too (agent: docker_state)
         # Its GPUs were released when it stopped. A start asked since the list (a job open now, or the instance

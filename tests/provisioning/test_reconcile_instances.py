@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from billing.services.storage import storage_meter
+from billing.models import AccountKind, BillingEvent, EventKind, LedgerTransaction, TransactionKind
+from billing.services.storage import storage_cost, storage_meter
 from marketplace.models import Gpu, Instance, InstanceStatus, InterruptionCause
 from marketplace.selectors import instances_awaiting_cleanup
 from marketplace.services import instances as svc
@@ -484,3 +485,74 @@ def test_a_running_instance_whose_vm_is_listed_missing_once_is_interrupted_not_f
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.RUNNING and counts["resumed"] == 1
     assert ("vm", "stop", instance.vm_id) not in fake_node.calls and _gpu(node) == "rented"
+
+
+# ------------------------------------------------------------------ a stopped disk found gone, billed past its sighting
+
+def _disk_paid(instance) -> int:
+    """What the renter's wallet paid for the instance's disk, net of what came back (the ledger's word)."""
+    charges = list(LedgerTransaction.objects.filter(kind=TransactionKind.STORAGE,
+                                                    idempotency_key__startswith=f"storage:disk:{instance.pk}:"))
+    txns = charges + list(LedgerTransaction.objects.filter(reverses__in=charges))
+    return -sum(e.amount_micros for t in txns for e in t.entries.select_related("account")
+                if e.account.kind == AccountKind.CUSTOMER_WALLET and e.account.user_id == instance.renter_id)
+
+
+def _stopped_disk_gone(fake_node) -> tuple[Instance, int]:
+    """A 500 GB disk stopped an hour ago, last seen by the node's health check 10 min ago, gone from the node since.
+    Returns the instance and what its disk costs up to that sighting (all it is to pay)."""
+    node = make_listed_node(gpu_count=1)
+    instance = stopped_instance(node, fake_node, stopped_ago=timedelta(hours=1))
+    Instance.objects.filter(pk=instance.pk).update(disk_gb=500, disk_price_per_gb_month_micros=300_000)
+    sighting = timezone.now() - timedelta(minutes=10)
+    type(node).objects.filter(pk=node.pk).update(last_seen_at=sighting)
+    del fake_node.vms[instance.vm_id]
+    instance.refresh_from_db()
+    seconds = int((sighting - instance.stopped_at).total_seconds())
+    return instance, storage_cost(size_gb=500, price_per_gb_month_micros=300_000, seconds=seconds)
+
+
+@pytest.mark.parametrize("verb", ["start", "destroy"])
+def test_a_request_while_the_node_lists_its_vms_is_not_billed_for_the_lost_disk_after_its_sighting(fake_node, verb):
+    """The renter's start or destroy of a stopped instance came while the node answered its list, which does not
+    show the VM (its disk gone, last seen by the node's health check 10 min before): the request billed the disk up
+    to itself, and the pass, finding the instance no longer stopped, left it. The disk's charge ends at the sighting,
+    as the health check's (fleet_record._disk_after_loss_given_back) and the failure's would: before, the renter
+    paid those 10 min of a disk that was gone."""
+    instance, due = _stopped_disk_gone(fake_node)
+    fake_node.on_list.append(lambda: getattr(svc, f"instance_{verb}")(instance=Instance.objects.get(pk=instance.pk)))
+    node_reconcile(node=instance.node)
+    instance.refresh_from_db()
+    assert instance.status != InstanceStatus.FAILED
+    assert due > 0 and _disk_paid(instance) == due
+    assert BillingEvent.objects.filter(user_id=instance.renter_id, kind=EventKind.CREDIT,
+                                       data__instance=instance.pk, data__disk=True).count() == 1
+    node_reconcile(node=instance.node)  # once
+    assert _disk_paid(instance) == due
+
+
+@pytest.mark.parametrize("verb", ["start", "destroy"])
+def test_a_request_before_the_pass_fails_the_stopped_instance_is_not_billed_for_the_lost_disk(fake_node, monkeypatch,
+                                                                                              verb):
+    """The same request, after the list was read but before the pass came to fail the stopped instance
+    (_judge_stopped: the failure, decided under its row lock, leaves it): its disk is billed up to the sighting."""
+    instance, due = _stopped_disk_gone(fake_node)
+    fail = svc.instance_mark_failed
+
+    def asked_first(**kwargs):
+        getattr(svc, f"instance_{verb}")(instance=Instance.objects.get(pk=instance.pk))
+        return fail(**kwargs)
+    monkeypatch.setattr(svc, "instance_mark_failed", asked_first)
+    node_reconcile(node=instance.node)
+    instance.refresh_from_db()
+    assert instance.status != InstanceStatus.FAILED
+    assert due > 0 and _disk_paid(instance) == due
+
+
+def test_a_stopped_instance_failed_for_its_lost_disk_is_billed_up_to_its_sighting(fake_node):
+    """Still stopped when the pass fails it: billed up to the sighting by the failure; nothing to give back."""
+    instance, due = _stopped_disk_gone(fake_node)
+    node_reconcile(node=instance.node)
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED and _disk_paid(instance) == due
+    assert not BillingEvent.objects.filter(user_id=instance.renter_id, kind=EventKind.CREDIT).exists()
