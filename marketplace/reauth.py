@@ -9,9 +9,9 @@ from rest_framework import exceptions
 
 from core.client_address import client_ip
 from core.login_throttle import LoginLocked, password_confirm
+from core.password_validation import password_checkable
 from marketplace.auth import lockout_message
 from marketplace.models import ApiKey
-from marketplace.validators import PASSWORD_MAX_LENGTH
 
 
 def refuse_session_alone(request, *, instead: str) -> None:
@@ -30,7 +30,9 @@ class LockoutMixin:
 
     def _check_password(self, user, password: str, request) -> None:
         try:
-            ok = password_confirm(user=user, password=password, client_address=client_ip(request))
+            # An absurd length is a wrong password, not hashed nor counted (core/password_validation.py).
+            ok = password_checkable(password) and password_confirm(user=user, password=password,
+                                                                   client_address=client_ip(request))
         except LoginLocked as locked:
             self.locked = locked
             raise ValidationError(lockout_message(locked), code="throttled") from None
@@ -51,7 +53,9 @@ def with_form_status(response, form):
 
 
 def current_password_field(help_text: str = "") -> forms.CharField:
-    return forms.CharField(max_length=PASSWORD_MAX_LENGTH, strip=False, help_text=help_text,
+    # No PASSWORD_MAX_LENGTH: it bounds a password being set, and an account may hold a longer one set before the
+    # bound held everywhere (core/password_validation.py); _check_password answers an absurd length as wrong.
+    return forms.CharField(strip=False, help_text=help_text,
                            widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
 
 

@@ -175,6 +175,9 @@ AUTH_PASSWORD_VALIDATORS = [
      "OPTIONS": {"min_length": 10}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+    # Every way a password is set (sign-up, change, reset, admin, createsuperuser) runs these: the same maximum as
+    # sign-up's fields (marketplace.validators.PASSWORD_MAX_LENGTH; tests hold the two equal).
+    {"NAME": "core.password_validation.MaximumLengthValidator", "OPTIONS": {"max_length": 128}},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

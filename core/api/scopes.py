@@ -10,7 +10,8 @@ Every API view declares `api_scope`, one of:
 - PUBLIC: anyone may call it without a key (sign-up, log-in, the catalogue, offers search, terms); a key sent
   anyway still cannot write with only `read`;
 - ANY: any key, whatever its scopes (who am I, your API keys, billing settings and statements, operator actions);
-  writing needs a scope other than `read`;
+  writing needs a scope other than `read`, but for a key revoking itself (the API keys' DELETE declares it a read
+  for that one request: marketplace/api/accounts.py ApiKeyViewSet.initial);
 - a tuple of scopes: the view is for holders of one of them (reads are open to `read` too).
 
 A view whose POST only reads (a search sent as a POST by its protocol, as Vast.ai's offer search is) declares it

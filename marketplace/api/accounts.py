@@ -3,6 +3,7 @@ from django.contrib.auth import password_validation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.authentication import get_authorization_header
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -49,6 +50,9 @@ class RegisterSerializer(CredentialsSerializer):
 
 
 class LoginSerializer(CredentialsSerializer):
+    # No PASSWORD_MAX_LENGTH here: it bounds a password being set, and an account may hold a longer one set before
+    # the bound held everywhere (core/password_validation.py); an absurd length is a wrong password (user_login).
+    password = serializers.CharField(write_only=True, trim_whitespace=False, style={"input_type": "password"})
     key_name = serializers.CharField(
         max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, validators=[no_control_characters],
         help_text=f"The name of the API key this log-in makes (default `{svc.LOGIN_KEY_NAME}`), e.g. the client's. "
@@ -231,6 +235,18 @@ class ApiKeyViewSet(NoStoreMixin, mixins.ListModelMixin, mixins.DestroyModelMixi
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
         return ApiKey.objects.active().filter(user=self.request.user)
+
+    def initial(self, request, *args, **kwargs):
+        # Any key may revoke itself, a `read` key too: it only takes access away, and it is the first thing to do
+        # with a leaked key (a 403 told its finder to make a renter key first). The scope check runs in the
+        # authentication that super().initial() starts (core/api/scopes.py), so DELETE of the very key the request
+        # is made with is declared a read for this request. Revoking another key still needs a scope other than
+        # `read`, and the other key's scopes (api_key_revoke).
+        parts = get_authorization_header(request).split()
+        own = (request.method == "DELETE" and len(parts) == 2 and parts[0].lower() == b"bearer"
+               and svc.api_key_matches(raw_key=parts[1].decode("ascii", "replace"), pk=kwargs.get("pk")))
+        self.api_read_methods = frozenset({"DELETE"}) if own else frozenset()
+        super().initial(request, *args, **kwargs)
 
     @extend_schema(request=ApiKeySerializer, responses={
         201: ApiKeyCreatedSerializer,

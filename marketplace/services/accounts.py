@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ from django.utils.crypto import salted_hmac
 from core.api.scopes import ALL_SCOPES
 from core.errors import Conflict, PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
+from core.password_validation import password_checkable
 from core.security_mail import security_change_notify
 from marketplace.models import ApiKey, User
 from marketplace.services import two_factor
@@ -176,6 +178,14 @@ def api_key_revoke(*, api_key: ApiKey, revoked_with: ApiKey | None = None) -> No
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+
+
+def api_key_matches(*, raw_key: str, pk: object) -> bool:
+    """Is `raw_key` the value of the key `pk` (a URL's, so maybe not a number)? Nothing else is checked: the
+    request is still authenticated with the key as any other."""
+    if not re.fullmatch(r"[0-9]{1,18}", str(pk)):  # ASCII digits within a bigint: else no key's
+        return False
+    return ApiKey.objects.filter(pk=int(str(pk)), key_hash=hash_api_key(raw_key)).exists()
 
 
 def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
@@ -328,6 +338,8 @@ def user_login(*, email: str, password: str, client_address: str | None = None,
     """Check the password (behind the log-in lock-out: LoginLocked), and for an account with two-factor log-in the
     code (TwoFactorRequired without one, WrongCode), and issue the key named `key_name`, replacing the previous key
     of that name: logging in again from the same client does not pile up keys."""
+    if not password_checkable(password):  # absurdly long: wrong, and not worth hashing (core/password_validation)
+        raise InvalidCredentials()
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
         raise InvalidCredentials()

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.errors import ValidationFailed
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
+from core.password_validation import password_checkable
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
@@ -42,6 +43,12 @@ class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
 
     def clean_username(self):
         return self.cleaned_data["username"].lower()
+
+    def clean(self):
+        # An absurd length is a wrong password, not hashed nor counted (core/password_validation.py).
+        if not password_checkable(self.cleaned_data.get("password") or ""):
+            raise self.get_invalid_login_error()
+        return super().clean()
 
 
 class SignupForm(forms.Form):
@@ -162,7 +169,7 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     )
     save_key = forms.BooleanField(label="Also save this key to my SSH keys", required=False)
     save_key_password = forms.CharField(
-        label="Your password, to save the key", required=False, max_length=PASSWORD_MAX_LENGTH, strip=False,
+        label="Your password, to save the key", required=False, strip=False,  # a check: no maximum (reauth.py)
         widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
         help_text="Only when you save the key: a saved key opens every instance you rent later.")
     disk_gb = forms.IntegerField(label="Disk (GB)", required=False, min_value=1, max_value=instance_svc.MAX_DISK_GB,

@@ -255,12 +255,16 @@ def test_a_key_cannot_make_a_key_that_may_do_more_or_live_longer():
 
 def test_a_key_revokes_only_keys_within_its_own_scopes_and_itself():
     """As a key makes no key with scopes it lacks, it revokes none: a renter key (a training script's) revoked the
-    account's provider keys, stopping its hosting automation. A read key writes nothing, revoking included."""
+    account's provider keys, stopping its hosting automation. A read key revokes no other key, but itself it does
+    (test_a_read_key_revokes_itself below; this test said once that it could not, as the code did, against the
+    published API)."""
     user = UserFactory()
     renter_raw = _key(user, [RENTER])
     _key(user, [PROVIDER])
-    _key(user, [READ])
+    reader_raw = _key(user, [READ])
     provider, reader = (ApiKey.objects.get(user=user, name=name) for name in ("provider", "read"))
+    r = _client(reader_raw).delete(f"/api/v1/api-keys/{provider.pk}/")
+    assert r.status_code == 403 and "scopes (read)" in r.json()["detail"], r.content
     r = _client(renter_raw).delete(f"/api/v1/api-keys/{provider.pk}/")
     assert r.status_code == 403 and "scopes it does not have itself (provider)" in r.json()["detail"]
     provider.refresh_from_db()
@@ -270,3 +274,28 @@ def test_a_key_revokes_only_keys_within_its_own_scopes_and_itself():
     wide = ApiKey.objects.get(user=user, name="read-renter")
     assert _client(wide_raw).delete(f"/api/v1/api-keys/{wide.pk}/").status_code == 204  # itself
     assert _client(_key(user, list(ALL_SCOPES))).delete(f"/api/v1/api-keys/{provider.pk}/").status_code == 204
+
+
+def test_a_read_key_revokes_itself():
+    """The docs (the 403 of DELETE /api/v1/api-keys/{id}/, api_key_revoke) say a key can always revoke itself, the
+    first thing to do with a leaked key: a `read` key's DELETE of itself was a 403 telling its finder to make a
+    renter key first (review r49)."""
+    user = UserFactory()
+    raw = _key(user, [READ])
+    key = ApiKey.objects.get(user=user, name="read")
+    other = ApiKey.objects.get(pk=api_key_create(user=user, name="other", scopes=[READ])[0].pk)
+    reader = _client(raw)
+    for path in (f"/api/v1/api-keys/{other.pk}/", "/api/v1/api-keys/x/", "/api/v1/api-keys/99999999999999999999/"):
+        r = reader.delete(path)  # another key, even one as narrow: still refused, before the view
+        assert r.status_code == 403 and "scopes (read)" in r.json()["detail"], (path, r.content)
+    r = reader.post("/api/v1/api-keys/", {"scopes": ["read"]}, format="json")  # and no other write either
+    assert r.status_code == 403, r.content
+    other.refresh_from_db()
+    assert other.revoked_at is None
+    assert reader.delete(f"/api/v1/api-keys/{key.pk}/").status_code == 204
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+    assert reader.get("/api/v1/api-keys/").status_code == 401  # revoked: it works no more
+    # Another user's key named by a read key is refused as before (its value is not that key's).
+    stranger_key = api_key_create(user=UserFactory(), name="s", scopes=[READ])[0]
+    assert _client(_key(user, [READ])).delete(f"/api/v1/api-keys/{stranger_key.pk}/").status_code == 403
