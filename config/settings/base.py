@@ -222,10 +222,14 @@ SPECTACULAR_SETTINGS = {
         "Rent GPU servers by the second. Providers list verified hardware; renters search "
         "offers and book instances. Authenticate with `Authorization: Bearer <api key>`. "
         "Billing: a prepaid balance (top up with a saved card), charged per second while an instance is "
-        "running at the price fixed at booking; renting or starting needs one hour of what all your running and "
-        "starting instances cost with the new one in the balance. A stopped "
-        "instance keeps its disk and is not charged at all, disk included. Providers earn the price minus the "
-        "published platform fee (`platform_fee_percent`)."
+        "running at the price fixed at booking. A stopped instance is not charged for GPU time, but it keeps its "
+        "disk, billed per second at its `disk_price_per_gb_month` (the node's published disk price at booking) "
+        "until it starts again or is destroyed; a volume is billed per second at its `price_per_gb_month` from its "
+        "creation until you delete it. Renting "
+        "an instance or a volume, or starting an instance, needs one hour of everything you pay for (your running "
+        "and starting instances' GPU time and your storage: volumes and stopped instances' disks) with the new one "
+        "in the balance (else 402). Providers earn the price minus the published platform fee "
+        "(`platform_fee_percent`)."
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,

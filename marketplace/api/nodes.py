@@ -11,6 +11,7 @@ from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer
 from core.api.scopes import PROVIDER_ONLY
 from core.validators import no_control_characters
 from marketplace import selectors
+from marketplace.mig import all_profile_names
 from marketplace.models import Gpu, GpuModel, Node, NodeState, Runtime
 from marketplace.services import nodes as svc
 from marketplace.validators import (
@@ -95,6 +96,16 @@ class MigPricesField(serializers.DictField):
 
     def __init__(self, **kwargs):
         super().__init__(child=UsdField(**PRICE_LIMITS), **kwargs)
+
+    def to_internal_value(self, data):
+        # The cap first: DRF parses every price before the service refuses the names no layout uses, so a body of
+        # ~130,000 made-up names cost about a second of CPU before its 400 (found by review, r49). Only a profile
+        # of the catalogue can be priced, so more entries than it has profiles are refused as they are.
+        most = len(all_profile_names())
+        if isinstance(data, dict) and len(data) > most:
+            raise serializers.ValidationError(
+                f"At most {most} prices (one per MIG profile of mig_layout); you gave {len(data)}.")
+        return super().to_internal_value(data)
 
     def run_child_validation(self, data):
         try:
