@@ -1,7 +1,8 @@
 """An operator turns an account off (deactivates it) or on again, and what that does to what it rents and lists.
 
 Off (`account_deactivate`): its owner can no longer log in nor use an API key (the auth backend and
-api_key_authenticate refuse an inactive account), so nobody could stop what it runs; the platform does:
+api_key_authenticate refuse an inactive account), and its sessions end for good (not back on reactivation; its API
+keys are), so nobody could stop what it runs; the platform does:
 - as a renter: its running instances are stopped as its own stop would (GPU billing ends at the stop; the disks stay,
   billed as storage as any stopped instance's, and so do its volumes: a mistaken deactivation loses no data); its
   bookings not running yet (requested, provisioning) are cancelled as its own destroy would (nothing was billed).
@@ -27,6 +28,7 @@ import logging
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import F
 
 from billing.services.top_ups import auto_top_up_rearm
 from core.errors import ApplicationError, ValidationFailed
@@ -87,7 +89,11 @@ def account_deactivate(*, user: User, by: User | None = None, reason: str = "") 
         # those after see the account off.
         locked = User.objects.select_for_update().get(pk=user.pk)
         if locked.is_active:
-            User.objects.filter(pk=user.pk).update(is_active=False)
+            # Every session ends for good (sessions_epoch: models.accounts.User): a cookie from before, perhaps
+            # the stolen one this is for, does not work again after a reactivation. API keys are kept (the
+            # reactivation notice says they work again): they are refused while the account is off.
+            User.objects.filter(pk=user.pk).update(is_active=False, sessions_epoch=F("sessions_epoch") + 1)
+            user.sessions_epoch = locked.sessions_epoch + 1  # read under the lock: the caller's object as stored
             change = AccountStatusChange.objects.create(user=locked, active=False, by=by, reason=reason)
             _tell_deactivated(locked, change)
     user.is_active = False
