@@ -87,6 +87,8 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return  # the workers start with the environment set below
     os.environ["PATH"] = python_on_path.path_past_shims(os.environ.get("PATH", ""))
+    if config.option.collectonly:
+        return  # collecting creates nothing on the servers (`make test` collects beside mypy to warm the caches)
     from django.conf import settings
 
     try:

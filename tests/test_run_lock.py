@@ -80,6 +80,18 @@ def test_this_suite_holds_the_lock_so_a_second_pytest_is_turned_away_by_name():
     assert "passed" not in result.stdout
 
 
+def test_collecting_does_not_wait_for_the_run_that_holds_the_lock():
+    """`make test` collects beside mypy to warm pytest's caches (the Makefile's PYTEST_WARM): collecting creates
+    nothing on the servers, so it goes on while this suite holds the lock, and lists the tests."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TEST_XDIST"))}
+    env["TEST_RUN_LOCK_WAIT_S"] = "1"
+    target = f"{__file__}::test_runs_against_other_servers_do_not_wait_for_each_other"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "--collect-only", target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == pytest.ExitCode.OK, result.stdout + result.stderr
+    assert "another test run" not in result.stderr and "1 test collected" in result.stdout
+
+
 def test_a_wait_that_is_not_a_number_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("TEST_RUN_LOCK_WAIT_S", "soon")
     with pytest.raises(run_lock.RunLockTimeout, match="TEST_RUN_LOCK_WAIT_S must be a number of seconds, not 'soon'"):
