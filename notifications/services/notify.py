@@ -6,6 +6,7 @@ constraint decides, and its e-mail and webhook deliveries are queued when the tr
 refuses them is logged; the beat's resenders queue them again: `deliveries_resend` the webhook deliveries,
 `emails_resend` the e-mails (pending, notifications/services/email.py).
 """
+import hashlib
 import json
 import logging
 from collections import defaultdict
@@ -59,6 +60,19 @@ def _title(kind: str, payload: dict[str, Any]) -> str:
     return TITLES[Kind(kind)].format_map(values)[:200]
 
 
+DEDUPE_KEY_MAX_LENGTH = Notification._meta.get_field("dedupe_key").max_length or 200
+
+
+def stored_dedupe_key(key: str) -> str:
+    """The key as the column holds it: as given up to its length; a longer one as its start and a SHA-256 of the
+    whole key (stable: a retry still finds it). Cut to the column, two keys that differed only past it were one,
+    and the second event was dropped as a repeat (found by review)."""
+    if len(key) <= DEDUPE_KEY_MAX_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{key[:DEDUPE_KEY_MAX_LENGTH - len(digest) - 1]}#{digest}"
+
+
 def envelope(*, event_id: str, kind: str, title: str, message: str, payload: dict[str, Any], at: str) -> str:
     """The JSON body of a webhook: the same for every attempt (compact, keys sorted)."""
     return json.dumps({"id": event_id, "type": kind, "created_at": at, "title": title, "message": message,
@@ -104,7 +118,7 @@ def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -
             with transaction.atomic():
                 notification = Notification.objects.create(
                     user=user, kind=kind, title=_title(kind, payload), body=str(payload.get("message", ""))[:5000],
-                    payload=payload, dedupe_key=dedupe_key[:200], in_app=in_app, created_at=now,
+                    payload=payload, dedupe_key=stored_dedupe_key(dedupe_key), in_app=in_app, created_at=now,
                     email_status=EmailStatus.PENDING if emailed else EmailStatus.NONE,
                     email_next_at=now if emailed else None)
         except IntegrityError:
