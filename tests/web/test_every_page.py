@@ -234,7 +234,14 @@ def _walk_with_axe(page, base: str, who: str, pages, found: list[str], *, phone:
         if phone:
             page.get_by_role("button", name="Menu").click()
         page.locator("summary", has_text="Account").click()
-        page.locator("summary", has_text="Delete").first.click()
+        delete = page.locator("summary", has_text="Delete").first
+        shown = delete.bounding_box()
+        delete.click()
+        if phone:  # a key's Delete and its confirmation are within the phone's width
+            sure = page.get_by_role("button", name="Yes, delete the key").bounding_box()
+            width = page.viewport_size["width"]
+            found += [f"{who} /account/ssh-keys/: {what} at {box}" for what, box in (("Delete", shown),
+                      ("its confirmation", sure)) if not (box and box["x"] >= 0 and box["x"] + box["width"] <= width)]
         found += [f"{who} /account/ssh-keys/ (menu and confirmation open): {v}" for v in _axe(page)]
         # The two-factor secret (its QR code) and code form: only in the answer to the password, so not a GET.
         _visit(page, f"{base}/account/two-factor/enable/", 200)
@@ -250,12 +257,31 @@ def _walk_with_axe(page, base: str, who: str, pages, found: list[str], *, phone:
         found += [f"{who} the two-factor code, wrong: {v}" for v in _axe(page)]
 
 
+def _money_past_cents(page, path: str) -> tuple[str, list[str]]:
+    """The page's text, and its amounts shown past cents or with the sign after the "$" (prices per unit are
+    exact, test_page_layout.FINE_AMOUNTS)."""
+    text = page.locator("body").inner_text()
+    return text, ([f"{path}: {m}" for m in page.evaluate(FINE_AMOUNTS)]
+                  + [f"{path}: {m}" for m in re.findall(r"\$\s?-\d[\d,.]*", text)])  # "$-5.00": the sign goes first
+
+
 @pytest.mark.slow
-def test_axe_finds_nothing_on_any_page_at_1366(live_server, new_page, site):
-    base, found = live_server.url, []
+def test_axe_finds_nothing_on_any_page_at_1366_and_money_reads_in_cents(live_server, new_page, site):
+    """Every page at 1366 px: axe clean, and (with odd amounts of six decimals everywhere) no amount past cents while
+    prices per unit show every decimal, as charged and filtered on."""
+    base, found, fine, seen = live_server.url, [], [], 0
     for who, pages in _pages(site).items():
         page = _signed_in(new_page, base, who, viewport={"width": 1366, "height": 900})
-        _walk_with_axe(page, base, who, pages, found, phone=False)
+        for _name, path, status in pages:
+            _visit(page, base + path, status)
+            text, past_cents = _money_past_cents(page, path)
+            fine += past_cents
+            seen += text.count("$")
+            if path.split("?")[0] == "/offers/" and status == 200:  # prices per GPU-hour exact, never in cents
+                assert "$1.234567" in text and "$1,234.567891" in text and "$1.23\t" not in text, (who, path)
+            found += [f"{who} {path}: {v}" for v in _axe(page)]
+        _walk_with_axe(page, base, who, [], found, phone=False)  # the renter's open menus
+    assert seen > 40 and not fine, fine
     assert not found, "\n".join(found)
 
 
@@ -275,11 +301,9 @@ def test_every_page_on_a_phone_fits_shows_money_in_cents_and_passes_axe(live_ser
                     "[...document.querySelectorAll('body *')].filter(el => el.getBoundingClientRect().right > "
                     "window.innerWidth + 1).slice(-3).map(el => el.tagName + '.' + el.className)")
                 wide.append(f"{who} {path}: {page.evaluate('document.scrollingElement.scrollWidth')} px {culprits}")
-            text = page.locator("body").inner_text()
-            fine += [f"{path}: {m}" for m in page.evaluate(FINE_AMOUNTS)]  # prices per unit are exact
-            fine += [f"{path}: {m}" for m in re.findall(r"\$\s?-\d[\d,.]*", text)]
+            fine += _money_past_cents(page, path)[1]
             found += [f"{who} {path}: {v}" for v in _axe(page)]
-        _walk_with_axe(page, base, who, [], found, phone=True)  # the renter's open menus
+        _walk_with_axe(page, base, who, [], found, phone=True)  # the renter's open menus, Delete in view
         assert not page.errors, (who, page.errors)
     assert seen == sum(len(p) for p in PAGES.values())
     assert not wide and not fine and not found, (wide, fine, "\n".join(found))

@@ -1,6 +1,7 @@
-"""What a person sees in a real browser (issue 16): Rent without sideways scrolling at desktop widths, money in
-cents on every page (prices per unit exact), the rent page's key and estimate, a provider's form error in view
-after submitting, no sideways scrolling on a phone, and the state colours' contrast on offline and rejected servers.
+"""What a person sees in a real browser (issue 16): Rent without sideways scrolling at desktop widths, the rent
+page's key and estimate, a provider's form error in view after submitting, and the state colours' contrast on
+offline and rejected servers. Money in cents (prices per unit exact) and no sideways scrolling on a phone are checked
+on every page by tests/web/test_every_page.py, with this module's `odd_money` data and FINE_AMOUNTS.
 
 Headless Chromium (Playwright) against the live server, with the data of test_csp's `marketplace` fixture.
 """
@@ -123,40 +124,6 @@ def odd_money(wide_offers):
     return {**data, "mig": mig}
 
 
-def _walks(data) -> dict[str, list[str]]:
-    """Every renter's and provider's page with data, by who logs in to see it."""
-    from django.utils import timezone
-
-    month = timezone.now().strftime("%Y-%m")
-    return {
-        "renter@example.com": ["/", "/offers/", "/gpus/", f"/offers/{data['listed'].pk}/rent/",
-                               f"/offers/{data['mig'].pk}/rent/", "/instances/",
-                               f"/instances/{data['instance'].pk}/", "/account/ssh-keys/", "/account/api-keys/",
-                               "/account/balance/", "/account/usage/", "/account/statements/",
-                               f"/account/statements/{month}/"],
-        "provider@example.com": ["/nodes/", "/nodes/new/", f"/nodes/{data['listed'].pk}/", f"/nodes/{data['mig'].pk}/",
-                                 f"/nodes/{data['rejected'].pk}/", "/earnings/", "/payouts/"],
-    }
-
-
-def test_no_page_shows_an_amount_past_cents_and_prices_show_every_decimal(live_server, new_page, odd_money):
-    base, data = live_server.url, odd_money
-    seen, found = 0, []
-    for email, urls in _walks(data).items():
-        page = new_page(viewport={"width": 1366, "height": 900})
-        log_in(page, base, email)
-        for url in urls:
-            response = page.goto(base + url)
-            assert response.status == 200, url
-            text = page.locator("body").inner_text()
-            if url == "/offers/":  # prices per GPU-hour as they are charged and filtered on, never in cents
-                assert "$1.234567" in text and "$1,234.567891" in text and "$1.23\t" not in text
-            seen += text.count("$")
-            found += [f"{url}: {m}" for m in page.evaluate(FINE_AMOUNTS)]
-            found += [f"{url}: {m}" for m in re.findall(r"\$\s?-\d[\d,.]*", text)]  # "$-5.00": the sign goes first
-    assert seen > 40 and not found, found
-
-
 def test_rent_ticks_the_only_key_estimates_and_books_at_once(live_server, new_page, marketplace):  # noqa: F811
     from billing.services.ledger import wallet_balance
     from marketplace.models import Instance
@@ -208,27 +175,6 @@ def test_rent_a_mig_slice_estimates_per_slice_hour_and_books(live_server, new_pa
     booked = Instance.objects.filter(renter=renter, node=split).get()
     assert (booked.mig_profile, booked.num_gpus, booked.price_per_hour_micros) == ("3g.40gb", 2, 1_400_000)
     assert not page.errors
-
-
-def test_no_page_scrolls_sideways_on_a_phone(live_server, new_page, odd_money):
-    base, wide = live_server.url, []
-    for email, urls in _walks(odd_money).items():
-        page = new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
-        log_in(page, base, email)
-        for url in urls:
-            page.goto(base + url)
-            width = page.evaluate("document.scrollingElement.scrollWidth")
-            if width > 390:
-                wide.append(f"{url}: {width} px")
-            if url == "/account/ssh-keys/":
-                delete = page.locator("summary", has_text="Delete").first
-                shown = delete.bounding_box()
-                delete.click()
-                sure = page.get_by_role("button", name="Yes, delete the key").bounding_box()
-                for what, box in (("Delete", shown), ("its confirmation", sure)):
-                    if not (box and box["x"] >= 0 and box["x"] + box["width"] <= 390):
-                        wide.append(f"{url}: {what} at {box}")
-    assert not wide, wide
 
 
 # The WCAG contrast of an element's text against the first opaque background behind it (AA: 4.5:1).
