@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 
 from core.client_address import client_ip
 from core.login_throttle import LoginLocked, login_attempt, normalize_account
+from core.password_validation import password_checkable
 
 __all__ = ["LoginLocked", "ThrottledLoginFormMixin", "ThrottledModelBackend", "lockout_message"]
 
@@ -18,12 +19,16 @@ class ThrottledModelBackend(ModelBackend):
 
     The client's address comes from `request` (web and admin forms) or `client_address` (the API's service,
     which takes no request). Unknown emails cost the same password hashing as wrong passwords (ModelBackend),
-    and count and lock the same way."""
+    and count and lock the same way. A password over PASSWORD_CHECK_MAX_LENGTH is wrong, unhashed and uncounted."""
 
     def authenticate(self, request, username=None, password=None, client_address=None, **kwargs):
         if username is None:
             username = kwargs.get("email")
         if username is None or password is None:
+            return None
+        # An absurd length is a wrong password, neither hashed nor counted (core/password_validation.py): here, so
+        # every log-in path has it, the admin's included (its form had none: found by review).
+        if not password_checkable(password):
             return None
         email = normalize_account(username)
         if client_address is None and request is not None:
