@@ -121,7 +121,7 @@ def seed(n_clients: int) -> list[int]:
                              price_per_gpu_hour=Decimal("1.5"), runtime="sim", city="Frankfurt",
                              mig_layout=layout, mig_prices=prices)
         # Its free disk and the disk's size reported, as a verified server's are: a booking counts what was
-        # promised there since, and every live disk there against the size (marketplace/services/disk_room.py).
+        # promised there since, and every disk held there against the size (marketplace/services/disk_room.py).
         Node.objects.filter(pk=node.pk).update(state=NodeState.ACTIVE, verdict=Verdict.VERIFIED, listed=True,
                                                score=1.0, reliability=0.99, disk_free_gb=100_000,
                                                disk_total_gb=120_000, host_checked_at=timezone.now())

@@ -328,8 +328,10 @@ def seed(rng: random.Random) -> None:
 
 def seed_disks(rng: random.Random, nodes: list, gpus: list, renter_ids: list[int], now) -> None:
     """What the offers' room left reads (disk_room.disk_left_gb): a live instance per node with rented GPUs, its
-    disk booked before or after the node's last check; a history of HISTORY_PER_NODE destroyed instances per node
-    on average (the rows a per-node look-up must skip); a volume on one checked node in six."""
+    disk booked before or after the node's last check; a history of HISTORY_PER_NODE destroyed or failed (never
+    started) instances per node on average (the rows the live sum skips through its partial index, and the sum of
+    those over but holding their disk, selectors.over_but_holding_its_disk, reads and leaves out); a volume on one
+    checked node in six."""
     from marketplace.models import Instance, Volume
 
     rented = {g.node_id for g in gpus if g.status == "rented"}

@@ -178,17 +178,42 @@ def nvlink_gpus_free() -> NvlinkGpusFree:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def over_but_holding_its_disk() -> Q:
+    """Instance filter: over (destroyed or failed), yet its disk is still on its node. A failed one that ran (its
+    VM, disk and all, is kept there, stopped, until it is destroyed: services.volumes._failed_vm_kept), and any
+    whose VM is still to be removed (instances_awaiting_cleanup: it still holds a GPU or a MIG slice, or
+    `vm_cleanup_pending`). The volumes' holders are these too (services.volumes.volume_holder_ids).
+
+    Kept apart from the live ones (not final) so that those are still read from their partial index
+    (instance_node_live_idx); these are read from the node's history, which the failed-that-ran narrow first."""
+    instance = OuterRef("pk")
+    return Q(status__in=FINAL_STATUSES) & (
+        Q(status=InstanceStatus.FAILED, started_at__isnull=False)
+        | Q(vm_cleanup_pending=True)
+        | Q(Exists(GpuAllocation.objects.filter(instance_id=instance, released_at__isnull=True)))
+        | Q(Exists(MigSliceAllocation.objects.filter(instance_id=instance, released_at__isnull=True))))
+
+
+def holds_its_disk() -> Q:
+    """Instance filter: its disk takes room on its node (services/disk_room.py): not over, or over but holding it
+    (over_but_holding_its_disk). A failed instance's disk was counted free the moment it failed, while its VM kept
+    it: the same disk could be promised twice (found by review, r49)."""
+    return ~Q(status__in=FINAL_STATUSES) | over_but_holding_its_disk()
+
+
 def disk_left_gb() -> Case:
     """services/disk_room.py's room left (GB; null when never reported) of each node of a Node queryset, as an
     annotation: computed for the rows a page shows, or for every candidate when a filter or an ordering asks."""
     since = {"created_at__gte": Coalesce(OuterRef("host_checked_at"), Value(_EPOCH))}
 
     def promised(**when: Any) -> Combinable:
-        disks = (Instance.objects.filter(node_id=OuterRef("pk"), **when).exclude(status__in=FINAL_STATUSES)
-                 .order_by().values("node_id").annotate(gb=Sum("disk_gb")).values("gb"))
+        # Two sums for the instances (holds_its_disk): the live ones from their partial index, the others apart.
+        live, over = (Instance.objects.filter(node_id=OuterRef("pk"), **when).filter(which).order_by()
+                      .values("node_id").annotate(gb=Sum("disk_gb")).values("gb")
+                      for which in (~Q(status__in=FINAL_STATUSES), over_but_holding_its_disk()))
         volumes = (Volume.objects.filter(node_id=OuterRef("pk"), state__in=DISK_VOLUME_STATES, **when)
                    .order_by().values("node_id").annotate(gb=Sum("size_gb")).values("gb"))
-        return Coalesce(Subquery(disks), 0) + Coalesce(Subquery(volumes), 0)
+        return Coalesce(Subquery(live), 0) + Coalesce(Subquery(over), 0) + Coalesce(Subquery(volumes), 0)
 
     by_report = F("disk_free_gb") - promised(**since)
     return Case(When(disk_free_gb__isnull=True, then=Value(None)),

@@ -50,7 +50,7 @@ from marketplace.models import Instance, InstanceStatus, Node, NodeState, User, 
 from marketplace.models.nodes import Runtime
 from marketplace.models.renting import FINAL_STATUSES
 from marketplace.models.volumes import MAX_VOLUME_GB
-from marketplace.selectors import instances_awaiting_cleanup
+from marketplace.selectors import instances_awaiting_cleanup, instances_awaiting_cleanup_by_node
 from marketplace.services.disk_room import DiskDoesNotFit, node_disk_room
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import COMMITTED_VOLUME_STATES, funds_for, funds_refuse_if_short
@@ -101,11 +101,24 @@ def volumes_for_user(*, user: User, include_deleted: bool = False) -> QuerySet[V
 
 
 def volume_live_instance_ids(volume: Volume) -> list[int]:
-    """The instances that hold it (_live_mount, less the GPU cleanup it reads): not destroyed or failed, or failed
-    with their VM still on the node; with prefetched mounts, no query."""
+    """The instances whose own row says they hold it: not destroyed or failed, or failed after they ran (their VM
+    kept on the node: _failed_vm_kept); with prefetched mounts, no query. Not every holder: one destroyed or failed
+    whose VM is still to be removed from the node holds it too (volume_holder_ids)."""
     mounts = list(volume.mounts.all())
     latest = max((m.pk for m in mounts), default=None)
     return sorted(m.instance_id for m in mounts if _holds(m.instance, superseded=m.pk != latest))
+
+
+def volume_holder_ids(volume: Volume, *, awaiting_cleanup: dict[int, set[int]] | None = None) -> list[int]:
+    """Every instance that holds it, as its delete's refusal reads them (_live_mount): those of
+    volume_live_instance_ids, and any that mounts it whose VM is still to be removed from the node
+    (instances_awaiting_cleanup). `awaiting_cleanup`: instances_awaiting_cleanup_by_node for its node, read once
+    for a page of volumes; else read here (one query)."""
+    if awaiting_cleanup is None:
+        awaiting_cleanup = instances_awaiting_cleanup_by_node(node_ids=[volume.node_id])
+    leaving = awaiting_cleanup.get(volume.node_id, set())
+    return sorted(set(volume_live_instance_ids(volume))
+                  | {m.instance_id for m in volume.mounts.all() if m.instance_id in leaving})
 
 
 def _failed_vm_kept(instance: Instance) -> bool:
@@ -289,8 +302,10 @@ def volume_delete(*, volume: Volume, confirm: str) -> Volume:
     """Delete a volume for good: `confirm` must be its name. Billing ends now; a job deletes it on its node (on a
     quarantined node, the node's reconcile once an operator has accepted its new host key).
 
-    Raises ValidationFailed (`confirm` is not its name), Conflict (an instance that is not destroyed or failed
-    mounts it, or it is still being created). Asked again while deleting: nothing changes."""
+    Raises ValidationFailed (`confirm` is not its name), Conflict (an instance holds it, volume_holder_ids: one that
+    mounts it and is neither destroyed nor failed, one that failed after it ran, its VM kept on the node until it is
+    destroyed, or one destroyed or failed whose VM is still to be removed from the node; or it is still being
+    created). Asked again while deleting: nothing changes."""
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if confirm != volume.name:
         raise ValidationFailed(f"Deleting a volume cannot be undone: send its name, {volume.name}, as `confirm`.",

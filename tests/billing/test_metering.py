@@ -148,7 +148,7 @@ def test_stopped_instances_are_not_charged_and_a_new_run_is_billed_from_its_star
     instance = running(renter, node(PRICE))
     clock.advance(100)
     stop(instance)
-    clock.advance(3600)  # stopped for an hour: free, disk included
+    clock.advance(3600)  # stopped for an hour: no GPU time; its disk is billed apart (billing.services.storage)
     usage_meter()
     instance = start(instance)
     clock.advance(50)
