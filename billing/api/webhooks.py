@@ -4,7 +4,7 @@ from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.services.webhooks import WebhookInvalid, webhook_receive
+from billing.services.webhooks import STRIPE_EVENT_FIELD_MAX, WebhookInvalid, webhook_receive
 from core.api.schema import error_response
 from core.api.scopes import PUBLIC
 
@@ -16,8 +16,10 @@ class StripeEventDataSerializer(serializers.Serializer):
 class StripeEventSerializer(serializers.Serializer):
     """A Stripe event, as Stripe sends it (more fields than these; they are kept as they are)."""
 
-    id = serializers.CharField(min_length=1, help_text="The event's id (evt_...): each is acted on once.")
-    type = serializers.CharField(min_length=1, help_text="e.g. payment_intent.succeeded.")
+    id = serializers.CharField(min_length=1, max_length=STRIPE_EVENT_FIELD_MAX,
+                               help_text="The event's id (evt_...): each is acted on once.")
+    type = serializers.CharField(min_length=1, max_length=STRIPE_EVENT_FIELD_MAX,
+                                 help_text="e.g. payment_intent.succeeded.")
     data = StripeEventDataSerializer()  # type: ignore[assignment]  # a declared field (DRF's metaclass takes it)
 
 

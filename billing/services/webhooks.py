@@ -157,6 +157,9 @@ def parse_event_body(payload: bytes) -> Any:
         raise WebhookInvalid("The body is not JSON.") from None
 
 
+STRIPE_EVENT_FIELD_MAX = 100  # StripeEvent.event_id and .type (Stripe's own are under 60)
+
+
 def _event_problem(data: object) -> str | None:
     """Why a parsed body is not a Stripe event (an object with an `id`, a `type` and `data.object`), or None."""
     if not isinstance(data, dict):
@@ -164,6 +167,9 @@ def _event_problem(data: object) -> str | None:
     for name in ("id", "type"):
         if not isinstance(data.get(name), str) or not data[name]:
             return f"Not a Stripe event: `{name}` must be a non-empty string."
+        # Stored whole, never cut: two ids alike in their first 100 characters would have been one event.
+        if len(data[name]) > STRIPE_EVENT_FIELD_MAX:
+            return f"Not a Stripe event: `{name}` has at most {STRIPE_EVENT_FIELD_MAX} characters."
     if not isinstance(data.get("data"), dict) or not isinstance(data["data"].get("object"), dict):
         return "Not a Stripe event: `data.object` must be an object."
     if _has_nul(data):
@@ -197,10 +203,10 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
         raise WebhookInvalid(problem)
     try:
         with transaction.atomic():
-            event = StripeEvent.objects.create(event_id=data["id"][:100], type=data["type"][:100],
+            event = StripeEvent.objects.create(event_id=data["id"], type=data["type"],
                                                payload=redact_secrets(data))
     except IntegrityError:
-        event = StripeEvent.objects.get(event_id=data["id"][:100])
+        event = StripeEvent.objects.get(event_id=data["id"])
         StripeEvent.objects.filter(pk=event.pk).update(deliveries=F("deliveries") + 1)
     return stripe_event_process(event_id=event.pk)
 
