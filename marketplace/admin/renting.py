@@ -134,15 +134,23 @@ class DateDrillDown(admin.DateFieldListFilter):
 
     def chosen_month(self) -> tuple[int, int | None] | None:
         """(year, None) when one of the drill-down's years is chosen, (year, month) when one of its months or days
-        is; None for any other range (the relative links, a hand-written one, one that does not parse)."""
+        is; None for any other range (the relative links, a hand-written one, one that does not parse).
+
+        A hand-written bound is read in the current time zone before its year is judged: judged as written, one
+        with an offset passed the check and failed after it (`0001-01-01 00:00+05:00` is in year 0 in UTC, an
+        OverflowError; `9998-12-31 23:00-05:00` is 9999 in UTC, whose next year _period cannot make), a 500 on the
+        list (found by review). Such a range is no period of the drill-down: the list is filtered by it as written,
+        as by any other hand-written range."""
         try:
             since = parse_datetime(self.date_params.get(self.lookup_kwarg_since, ""))
             until = parse_datetime(self.date_params.get(self.lookup_kwarg_until, ""))
-        except ValueError:
+            if since is None or until is None or timezone.is_naive(since):
+                return None
+            since = timezone.localtime(since)
+        except (ValueError, OverflowError):
             return None
-        if since is None or until is None or timezone.is_naive(since) or since.year >= datetime.MAXYEAR:
+        if since.year >= datetime.MAXYEAR:  # the drill-down's own years: _period(9999) has no next year
             return None
-        since = timezone.localtime(since)
         for key in ((since.year,), (since.year, since.month), (since.year, since.month, since.day)):
             if _period(*key) == (since, until):
                 return key[0], (key[1] if len(key) > 1 else None)
