@@ -239,6 +239,14 @@ def test_create_instance_installs_every_key_of_the_account(api, market):
     ({"onstart": 5}, 400, "`onstart` is a string"),
     ({"image_login": "-u me -p secret docker.io"}, 400, "needs no registry login"),
     ({"image": "r.example.com/app:1", "image_login": "me secret"}, 400, "'-u USER -p PASSWORD"),
+    # The login goes to the registry the image is pulled from: a token for another one is never sent there.
+    ({"image": "nvidia/cuda:12.4.1-base", "image_login": "-u me -p ghp_tok3n ghcr.io"}, 400,
+     "The login is for 'ghcr.io', but 'nvidia/cuda:12.4.1-base' is pulled from 'docker.io'"),
+    ({"image": "r.example.com/app:1", "image_login": "-u me -p tok3n other.example.com"}, 400,
+     "is pulled from 'r.example.com': it would be sent there"),
+    ({"image": "library/ubuntu:24.04", "image_login": "-u me -p tok3n library"}, 400, "pulled from 'docker.io'"),
+    ({"image": "r.example.com/app:1", "image_login": "-u me -p tok3n r.example.com extra"}, 400,
+     "'-u USER -p PASSWORD"),
     ({"args": ["python"]}, 400, "args launch"),
     ({"price": 0.2}, 400, "interruptible"),
     ({"runtype": "jupyter_proxy ssh_proxy"}, 400, "Only SSH instances"),
@@ -283,6 +291,22 @@ def test_create_instance_maps_env_ports_onstart_and_login_onto_the_instance_opti
     row = api.get(f"{V0}/instances/{instance.pk}/").json()["instances"]
     assert row["image_uuid"] == "registry.example.com/team/app:1" and row["extra_env"] == [["API_KEY", "********"]]
     assert "tok3n-secret" not in json.dumps(row)
+
+
+@pytest.mark.parametrize(("image", "login"), [
+    ("nvidia/cuda:12.4.1-base", "-u me -p tok3n"),  # no registry named: the image's own
+    ("nvidia/cuda:12.4.1-base", "-u me -p tok3n docker.io"),
+    ("nvidia/cuda:12.4.1-base", "-u me -p tok3n https://index.docker.io/v1/"),  # as `docker login` keys Docker Hub
+    ("docker.io/team/app:1", "-u me -p tok3n registry-1.docker.io"),
+    ("GHCR.io/team/app:1", "-u me -p tok3n ghcr.io"),
+    ("localhost:5000/app:1", "-u me -p tok3n http://localhost:5000"),
+])
+def test_a_login_for_the_registry_the_image_is_pulled_from_is_taken(api, market, image, login):
+    _, a6000, _ = market
+    add_key(api.user)
+    r = _create(api, a6000.pk * 100 + 1, image=image, image_login=login)
+    assert r.status_code == 200, r.content
+    assert Instance.objects.get(pk=r.json()["new_contract"]).registry_auth is True
 
 
 def test_create_instance_needs_a_key_an_offer_and_a_key_holder(api, anon, market):

@@ -377,22 +377,28 @@ def _split_env(env: Any) -> tuple[dict[str, Any], list[int]]:
     return variables, ports
 
 
-def _login(value: Any) -> dict[str, str] | None:
-    """`--login '-u USER -p PASSWORD REGISTRY'` as {"username", "password"} (the registry is the image's own)."""
+def _login(value: Any, image: Image | str) -> dict[str, str] | None:
+    """`--login '-u USER -p PASSWORD [REGISTRY]'` as {"username", "password"}: the login is sent to the registry the
+    image is pulled from, so a REGISTRY that is not that one is refused (its token would go to another registry)."""
     if value in (None, ""):
         return None
     words = value.split() if isinstance(value, str) else []
-    pairs = dict(zip(words[0::2], words[1::2], strict=False)) if len(words) >= 4 else {}
+    pairs = dict(zip(words[0::2], words[1::2], strict=False)) if len(words) in (4, 5) else {}
     if "-u" not in pairs or "-p" not in pairs:
         raise ValidationFailed("`image_login` is '-u USER -p PASSWORD [REGISTRY]'.", field="image_login")
+    if isinstance(image, Image):
+        raise ValidationFailed("A catalogue image needs no registry login (--login).", field="image_login")
+    pulled_from = opts.image_registry(image)
+    if len(words) == 5 and opts.registry_name(words[4]) != pulled_from:
+        raise ValidationFailed(f"The login is for {words[4][:100]!r}, but {image[:100]!r} is pulled from "
+                               f"{pulled_from!r}: it would be sent there. Name that registry in the image "
+                               "reference, or log in to the image's own.", field="image_login")
     return opts.clean_registry_auth({"username": pairs["-u"], "password": pairs["-p"]}, "image_login")
 
 
 def _options(body: dict[str, Any], image: Image | str) -> opts.InstanceOptions:
     variables, ports = _split_env(body.get("env"))
-    auth = _login(body.get("image_login"))
-    if auth is not None and isinstance(image, Image):
-        raise ValidationFailed("A catalogue image needs no registry login (--login).", field="image_login")
+    auth = _login(body.get("image_login"), image)
     return opts.InstanceOptions(env=opts.clean_env(variables), onstart=opts.clean_onstart(body.get("onstart")),
                                 ports=opts.clean_ports(ports, "env"), registry_auth=auth)
 

@@ -120,6 +120,28 @@ def clean_image_reference(value: Any, field_name: str = "image") -> str:
     return value
 
 
+DOCKER_HUB = "docker.io"
+# Docker Hub's other names: in a reference (moby's normalizeIndexName) or as a `docker login` server.
+_DOCKER_HUB_NAMES = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}
+
+
+def image_registry(reference: str) -> str:
+    """The registry host[:port] an image reference is pulled from, in lower case; Docker Hub as "docker.io". As
+    distribution/reference reads it, the first component is a registry only when it has a "." or ":" or is
+    `localhost` (`library/ubuntu` is Docker Hub's)."""
+    match = REFERENCE_RE.fullmatch(reference)
+    domain = match["domain"] if match else None
+    if domain is None or not ("." in domain or ":" in domain or domain == "localhost" or domain != domain.lower()):
+        return DOCKER_HUB
+    return registry_name(domain)
+
+
+def registry_name(server: str) -> str:
+    """A registry as `docker login` names it (`https://ghcr.io/v1/`, `GHCR.io`) in image_registry's terms."""
+    host = server.strip().lower().removeprefix("https://").removeprefix("http://").split("/", 1)[0]
+    return DOCKER_HUB if host in _DOCKER_HUB_NAMES else host
+
+
 def clean_registry_auth(value: Any, field_name: str = "registry_auth") -> dict[str, str] | None:
     """{"username": ..., "password": ...} for a private registry (a token goes in `password`), or None."""
     if value is None:
