@@ -292,7 +292,10 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
         refused = []
         for user in queryset:
             if self.has_change_permission(request, user):
-                two_factor_disable(user=user)
+                was_on = two_factor_enabled(user=user)
+                two_factor_disable(user=user, base_url=request.build_absolute_uri("/"))
+                if was_on:  # the admin's record of which operator did it, only where it was on
+                    self.log_change(request, user, "Turned off two-factor log-in.")
             else:
                 refused.append(user.email)
         if refused:
@@ -434,6 +437,7 @@ class ApiKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
                 refused.append(f"{key.prefix} ({key.user.email})")
                 continue
             api_key_revoke(api_key=key)
+            self.log_change(request, key, "Revoked.")  # the admin's record of which operator did it
             revoked += 1
         if refused:
             messages.error(request, "Only a superuser revokes a staff account's API keys; left as they are: "

@@ -210,14 +210,15 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     def unlist(self, request, queryset):
         self._update_each(request, queryset.filter(listed=True), "unlisted", listed=False)
 
-    @staticmethod
-    def _update_each(request, nodes, done_text: str, **changes) -> None:
-        """The provider's own service per node (its rules, not a second copy here); refusals named one by one."""
+    def _update_each(self, request, nodes, done_text: str, **changes) -> None:
+        """The provider's own service per node (its rules, not a second copy here); refusals named one by one. Each
+        node changed is recorded in the admin's log with the operator (LogEntry), a refused one not."""
         done, refused = 0, []
         for node in nodes:
             try:
                 node_update(node=node, **changes)
                 done += 1
+                self.log_change(request, node, f"{done_text.capitalize()}.")
             except Conflict as exc:
                 refused.append(f"{node.name}: {exc}")
         messages.info(request, f"{done} node(s) {done_text}.")
@@ -231,6 +232,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
             try:
                 node_verify_request(node=node)
                 done += 1
+                self.log_change(request, node, "Re-verification asked.")
             except Conflict as exc:
                 messages.warning(request, f"{node.name}: {exc}")
         messages.info(request, f"Verification queued for {done} node(s).")
@@ -245,6 +247,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
             try:
                 node_retire(node=node)
                 done += 1
+                self.log_change(request, node, "Retired.")
             except Conflict as exc:
                 refused.append(f"{node.name}: {exc}")
         messages.info(request, f"{done} node(s) retired.")

@@ -256,12 +256,17 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
     def price(self, instance):
         return micros_to_usd(instance.price_per_hour_micros)
 
-    def _apply(self, request, queryset, service, verb):
+    def _apply(self, request, queryset, service, verb, logged):
+        """Each instance through the renter's own service; each one done recorded in the admin's log with the
+        operator (LogEntry: the instance's history page), not one refused or already on its way (asked again, the
+        service changes nothing)."""
         done, refused = 0, []
         for instance in queryset:
             try:
-                service(instance=instance)
+                after = service(instance=instance)
                 done += 1
+                if after.status != instance.status:
+                    self.log_change(request, instance, f"{logged} (now {after.status}).")
             except ApplicationError as exc:
                 refused.append(f"instance {instance.pk}: {exc}")
         messages.info(request, f"{done} instance(s) {verb}.")
@@ -271,11 +276,11 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
     @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs)",
                   permissions=["change"])  # marketplace.change_instance: view-only staff run no action
     def force_stop(self, request, queryset):
-        self._apply(request, queryset, instance_stop, "stopping")
+        self._apply(request, queryset, instance_stop, "stopping", "Stopped from the admin")
 
     @admin.action(description="Destroy selected instances (VM and disk)", permissions=["change"])
     def force_destroy(self, request, queryset):
-        self._apply(request, queryset, instance_destroy, "destroying")
+        self._apply(request, queryset, instance_destroy, "destroying", "Destroyed from the admin")
 
 
 @admin.register(Volume)
