@@ -2,13 +2,15 @@
 
 Nothing in the ledger (accounts, transactions, entries, usage) can be added, changed or deleted
 here. A manual credit, a reversal or a refund is an action with a form that asks for a reason; the
-service posts a ledger transaction that records the operator and the reason.
+service posts a ledger transaction that records the operator and the reason. No operator posts money to or from
+their own accounts, and only a superuser to or from a staff account's (_refuse_own_account, _refuse_staff_account).
 """
 import json
 from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.validators import RegexValidator
 from django.db import connections, transaction
 from django.template.response import TemplateResponse
@@ -40,7 +42,7 @@ from core.admin_paginator import EstimatedCountPaginator
 from core.admin_search import KeySearchAdmin
 from core.errors import ApplicationError, Conflict
 from core.idempotency import web_idempotency_key
-from marketplace.admin.common import refuse_stale_value, to_write
+from marketplace.admin.common import STAFF_ACCOUNT_REFUSED, refuse_stale_value, staff_of_a_non_superuser, to_write
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -115,9 +117,21 @@ def _refuse_own_account(operator, user_ids) -> None:
         raise Conflict(OWN_ACCOUNT_REFUSED)
 
 
+def _refuse_staff_account(operator, user_ids) -> None:
+    """The admin's rule for staff accounts (marketplace.admin.common.staff_of_a_non_superuser): only a superuser
+    posts money to or from one. The own-account rule alone let two non-superuser staff holding
+    add_ledgertransaction credit each other's wallets, $100,000 a form (found by review). Raised per row, as above."""
+    ids = {user_id for user_id in user_ids if user_id is not None}  # a platform account is no one's
+    if not operator.is_superuser and ids and any(
+            staff_of_a_non_superuser(operator, user) for user in get_user_model()._default_manager.filter(pk__in=ids)):
+        raise Conflict(f"{STAFF_ACCOUNT_REFUSED}: a superuser posts money to or from a staff account; nothing was "
+                       "posted.")
+
+
 def _credit(account: Account, data: dict, operator) -> None:
     assert account.user is not None  # a customer wallet (the action takes no other)
     _refuse_own_account(operator, [account.user_id])
+    _refuse_staff_account(operator, [account.user_id])
     _, created = ledger.credit_grant(
         user=account.user, amount_micros=usd_to_micros(data["amount"]), reason=data["reason"],
         customer_note=data["customer_note"], created_by=operator,
@@ -127,7 +141,9 @@ def _credit(account: Account, data: dict, operator) -> None:
 
 
 def _reverse(txn: LedgerTransaction, data: dict, operator) -> None:
-    _refuse_own_account(operator, txn.entries.values_list("account__user_id", flat=True))
+    users = list(txn.entries.values_list("account__user_id", flat=True))
+    _refuse_own_account(operator, users)
+    _refuse_staff_account(operator, users)
     reversal, created = ledger.ledger_reverse(txn=txn, reason=data["reason"], customer_note=data["customer_note"],
                                               created_by=operator)
     if not created:  # a transaction is reversed once: this one was before, and nothing was posted now
@@ -145,6 +161,7 @@ def _refund(top_up: TopUp, data: dict, operator) -> None:
     sent again finds the refund it made instead of refunding again (found by review: $20 back for a $10 refund).
     Not the operator's own top-up (refund_create_once refuses it too, for the API)."""
     _refuse_own_account(operator, [top_up.user_id])
+    _refuse_staff_account(operator, [top_up.user_id])
     amount = usd_to_micros(data["amount"]) if data["amount"] else refundable_micros(top_up=top_up)
     if not amount:
         raise Conflict("nothing of it can still be refunded (refunded already, or held by a dispute).")
@@ -518,6 +535,11 @@ class BillingProfileAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         pass  # the form's check made the change, through profile_update
+
+    def has_change_permission(self, request, obj=None):
+        # Where a staff account's earnings are paid is a superuser's to change (staff_of_a_non_superuser).
+        return (super().has_change_permission(request, obj)
+                and not (obj is not None and staff_of_a_non_superuser(request.user, obj.user)))
 
     def has_add_permission(self, request, obj=None):
         return False

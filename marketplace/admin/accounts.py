@@ -38,7 +38,14 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
 from core.errors import ApplicationError, ValidationFailed
-from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm, PageSetsAdmin, PageSetsForm
+from marketplace.admin.common import (
+    NothingEditableAdmin,
+    OwnChangesAdmin,
+    OwnChangesForm,
+    PageSetsAdmin,
+    PageSetsForm,
+    staff_of_a_non_superuser,
+)
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.auth_rate import auth_rate_refusal
 from marketplace.models import (
@@ -364,7 +371,7 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
 
 
 def _staff_of_a_non_superuser(request, obj) -> bool:
-    return obj is not None and (obj.is_staff or obj.is_superuser) and not request.user.is_superuser
+    return staff_of_a_non_superuser(request.user, obj)
 
 
 # A group's permissions are granted to its members: editing one is granting, a superuser's alone (a member with

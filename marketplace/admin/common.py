@@ -8,6 +8,16 @@ from django.core.exceptions import ValidationError
 from django.utils.text import capfirst
 
 
+def staff_of_a_non_superuser(operator: Any, user: Any) -> bool:
+    """The admin's rule for staff accounts: only a superuser changes one, or what is theirs (their edits, two-factor
+    and API keys: accounts.py; their instances and nodes; money posted to or from their accounts: billing/admin.py).
+    Else two non-superuser staff could do for each other what neither may do for themselves."""
+    return user is not None and (user.is_staff or user.is_superuser) and not operator.is_superuser
+
+
+STAFF_ACCOUNT_REFUSED = "only a superuser changes a staff account or what is theirs"
+
+
 class NothingEditableAdmin:
     """A ModelAdmin whose change page has no editable field of its model (its changes are its actions, which call
     the services): its Save writes nothing. Django's wrote the whole row back as the page had read it, over what a

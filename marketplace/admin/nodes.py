@@ -7,7 +7,13 @@ from django.db import connections
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
-from marketplace.admin.common import NothingEditableAdmin, refuse_stale_value, to_write
+from marketplace.admin.common import (
+    STAFF_ACCOUNT_REFUSED,
+    NothingEditableAdmin,
+    refuse_stale_value,
+    staff_of_a_non_superuser,
+    to_write,
+)
 from marketplace.models import (
     Gpu,
     GpuModel,
@@ -201,6 +207,20 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     def price(self, node):
         return micros_to_usd(node.price_per_gpu_hour_micros)
 
+    @staticmethod
+    def _allowed(request, nodes) -> list[Node]:
+        """The selected nodes the operator may change: a staff account's are a superuser's to change (the users'
+        rule, common.staff_of_a_non_superuser; before, any staff account with change_node retired a superuser's
+        servers, found by review). The others are named, left as they are."""
+        allowed: list[Node] = []
+        refused: list[Node] = []
+        for node in nodes.select_related("provider"):
+            (refused if staff_of_a_non_superuser(request.user, node.provider) else allowed).append(node)
+        if refused:
+            messages.error(request, f"Left as they are: {', '.join(node.name for node in refused)}: "
+                                    f"{STAFF_ACCOUNT_REFUSED}.")
+        return allowed
+
     @admin.action(description="Put selected nodes into maintenance", permissions=["change"])
     def set_maintenance(self, request, queryset):
         self._update_each(request, queryset.exclude(state=NodeState.MAINTENANCE), "put into maintenance",
@@ -214,7 +234,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
         """The provider's own service per node (its rules, not a second copy here); refusals named one by one. Each
         node changed is recorded in the admin's log with the operator (LogEntry), a refused one not."""
         done, refused = 0, []
-        for node in nodes:
+        for node in self._allowed(request, nodes):
             try:
                 node_update(node=node, **changes)
                 done += 1
@@ -228,7 +248,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     @admin.action(description="Re-verify selected nodes", permissions=["change"])
     def reverify_nodes(self, request, queryset):
         done = 0
-        for node in queryset:
+        for node in self._allowed(request, queryset):
             try:
                 node_verify_request(node=node)
                 done += 1
@@ -243,7 +263,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
         """The provider's own retire (node_retire): refused, with what stands in the way, while renters' instances
         or volumes are on the node."""
         done, refused = 0, []
-        for node in queryset.exclude(state=NodeState.RETIRED):
+        for node in self._allowed(request, queryset.exclude(state=NodeState.RETIRED)):
             try:
                 node_retire(node=node)
                 done += 1
@@ -256,7 +276,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
 
     @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify", permissions=["change"])
     def accept_new_host_key(self, request, queryset):
-        for node in queryset:
+        for node in self._allowed(request, queryset):
             try:
                 node_accept_host_key(node=node, operator_email=request.user.email)
             except Conflict as exc:  # the new key is another live node's: the same server twice

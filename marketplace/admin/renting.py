@@ -12,7 +12,13 @@ from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
 from core.admin_search import KeySearchAdmin
 from core.errors import ApplicationError
-from marketplace.admin.common import NothingEditableAdmin, OwnChangesAdmin, OwnChangesForm
+from marketplace.admin.common import (
+    STAFF_ACCOUNT_REFUSED,
+    NothingEditableAdmin,
+    OwnChangesAdmin,
+    OwnChangesForm,
+    staff_of_a_non_superuser,
+)
 from marketplace.models import (
     GpuAllocation,
     Image,
@@ -257,11 +263,16 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
         return micros_to_usd(instance.price_per_hour_micros)
 
     def _apply(self, request, queryset, service, verb, logged):
-        """Each instance through the renter's own service; each one done recorded in the admin's log with the
+        """Each instance through the renter's own service, not a staff account's for a non-superuser (the users'
+        rule, common.staff_of_a_non_superuser); each one done recorded in the admin's log with the
         operator (LogEntry: the instance's history page), not one refused or already on its way (asked again, the
         service changes nothing)."""
         done, refused = 0, []
-        for instance in queryset:
+        for instance in queryset.select_related("renter"):
+            if staff_of_a_non_superuser(request.user, instance.renter):
+                refused.append(f"instance {instance.pk}: {STAFF_ACCOUNT_REFUSED} ({instance.renter.email}); left "
+                               "as it is.")
+                continue
             try:
                 after = service(instance=instance)
                 done += 1
