@@ -109,6 +109,11 @@ LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.INTERRUPTED, IS.S
                  IS.DESTROYING)
 # States the instance never leaves by itself (no worker is acting on it).
 FINAL_STATUSES = (IS.DESTROYED, IS.FAILED)
+# Over (destroyed or failed) and its disk still on its node: failed after it ran (the VM is kept, stopped, until it is
+# destroyed) or its VM still to be removed by a cleanup. The instances over that still hold a GPU or a MIG slice are
+# the other such ones (marketplace.selectors.over_but_holding_its_disk); these two have an index of their own.
+OVER_DISK_KEPT = Q(status__in=FINAL_STATUSES) & (Q(status=IS.FAILED, started_at__isnull=False)
+                                                 | Q(vm_cleanup_pending=True))
 # A renter's instances that their burn rate counts (GPU time, or a stopped one's disk: services.funds), indexed
 # apart from their history (`instance_renter_live_idx`): a renter who booked and destroyed thousands of short jobs
 # made every booking of theirs read all of them.
@@ -237,6 +242,9 @@ class Instance(StatefulModel, models.Model):
                    # (services/disk_room.py) reads it per node listed.
                    models.Index(fields=["node", "created_at"], include=["disk_gb"], name="instance_node_live_idx",
                                 condition=~Q(status__in=FINAL_STATUSES)),
+                   # The same for the few over whose disk is kept (OVER_DISK_KEPT): the node's history stays unread.
+                   models.Index(fields=["node", "created_at"], include=["disk_gb"], name="instance_node_kept_idx",
+                                condition=OVER_DISK_KEPT),
                    models.Index(fields=["renter"], name="instance_renter_live_idx",
                                 condition=Q(status__in=RATE_COUNTED_STATUSES)),
                    # The operators' list's date drill-down (admin/renting.py, DateDrillDown): its bounds and each
