@@ -8,6 +8,7 @@ from django.contrib.auth import login, logout
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -40,9 +41,11 @@ class EmailLoginView(LoginView):
         """The page asked for (`next`), unless it is this log-in page itself: then LOGIN_REDIRECT_URL. A signed-in
         user sent to /accounts/login/?next=/accounts/login/ (a link, a bookmark, a page that asked them to log in
         again) got a 500: Django's redirect_authenticated_user refuses a redirect to the page it is on ("Redirection
-        loop for authenticated user detected"; found by review), and a log-in would only land on the form again."""
+        loop for authenticated user detected"; found by review), and a log-in would only land on the form again. Nor
+        the log-in's code step (found by review, r49)."""
         url = super().get_redirect_url()
-        return "" if url and unquote(urlsplit(url).path) == self.request.path else url
+        # Nor the code step: after the code the user, logged in, landed there and was told to log in again.
+        return "" if url and unquote(urlsplit(url).path) in (self.request.path, reverse("login-code")) else url
 
     def form_valid(self, form):
         user = form.get_user()

@@ -379,6 +379,18 @@ def test_a_next_that_is_a_bare_word_is_a_path_never_a_url_name(client, renter, n
     assert r.status_code == 302 and r["Location"] == next_url and is_logged_in(client)
 
 
+@pytest.mark.parametrize("two_factor_on", [True, False])
+def test_a_next_that_is_the_code_step_lands_on_the_home_page_logged_in(client, renter, two_factor_on):
+    """After the code the user, logged in, was sent back to the code step, which has nothing pending any more and
+    said "Log in again: the code step lasts a few minutes." (found by review, r49)."""
+    if two_factor_on:
+        enrol(renter)
+    r = password_step(client, renter, next=CODE)
+    if two_factor_on:
+        r = client.post(CODE, {"code": code_now(renter)})
+    assert r.status_code == 302 and r["Location"] == "/" and is_logged_in(client)
+
+
 def test_turning_it_off_needs_the_password_and_a_code(renter):
     enrol(renter)
     web = logged_in(renter)
