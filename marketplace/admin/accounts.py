@@ -32,6 +32,7 @@ from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 from django_otp.plugins.otp_static.models import StaticDevice
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
@@ -258,6 +259,8 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
         old_address = form.initial.get("email", "") if change else ""
         if change and obj.email != old_address:
             obj.email_verified_at = None  # an operator typed it: its owner proves it (email_verification.py)
+            # Ends the links e-mailed before (verification, reset), even to an address changed back to later.
+            obj.email_changed_at = timezone.now()
         # "Active" is turned by account_status, not by this save: deactivating stops what the account runs.
         stored_active = bool(form.initial.get("is_active"))
         turned_on = change and bool(obj.is_active) and not stored_active
@@ -291,7 +294,7 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
         columns = {f.name for f in obj._meta.concrete_fields if not f.primary_key}
         changed = [name for name, field in form.fields.items()
                    if name in columns and not field.disabled and getattr(obj, name) != form.initial.get(name)]
-        return [*changed, "email_verified_at"] if "email" in changed else changed
+        return [*changed, "email_verified_at", "email_changed_at"] if "email" in changed else changed
 
     # Every action names the permission it needs: without one, an account that may only view the list could run it.
     @admin.action(description="Turn off two-factor log-in (after checking who is asking)", permissions=["change"])

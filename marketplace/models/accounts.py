@@ -46,6 +46,10 @@ class User(AbstractUser):  # type: ignore[django-manager-missing]
     email_verified_at = models.DateTimeField(
         null=True, blank=True, help_text="When the owner proved they hold the address (the sign-up link, a password "
                                          "reset, a verification link); empty: may not rent or list until then.")
+    email_changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When an operator last changed the address; empty: never. Every e-mailed link "
+                                         "made before it (verification, password reset) stops working, even where "
+                                         "the address is changed back.")
     sessions_epoch = models.PositiveIntegerField(
         default=0, help_text="Raised to end every other session of the user without a new password (turning "
                              "two-factor log-in on).")

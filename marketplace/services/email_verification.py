@@ -6,8 +6,10 @@ owner's first reset) or one whose address an operator changed. Such a user may l
 (`email_verified_required`, EmailNotVerified: a 403 with code `email_not_verified`) until they follow the link
 that `email_verification_resend` e-mails ("Send the link again" on the pages, `POST /api/v1/auth/verify-email/`).
 
-The link's token is Django's PasswordResetTokenGenerator keyed on the address and the verified time: it lasts
-PASSWORD_RESET_TIMEOUT, and stops working once the address is verified or changed.
+The link's token is Django's PasswordResetTokenGenerator keyed on the address, the verified time and the time the
+address was last changed (`User.email_changed_at`): it lasts PASSWORD_RESET_TIMEOUT, and stops working once the
+address is verified or changed, for good: changed away and back again, the address does not revive a link sent
+before (the address alone would).
 """
 import logging
 from urllib.parse import urljoin
@@ -51,7 +53,9 @@ class _TokenGenerator(PasswordResetTokenGenerator):
 
     def _make_hash_value(self, user: Model, timestamp: int) -> str:
         assert isinstance(user, User)
-        return f"{user.pk}|{user.email}|{user.email_verified_at}|{timestamp}"
+        # The change time only once there is one: the links of addresses never changed stay as they were made.
+        changed = f"|{user.email_changed_at.isoformat()}" if user.email_changed_at else ""
+        return f"{user.pk}|{user.email}|{user.email_verified_at}|{timestamp}{changed}"
 
 
 _tokens = _TokenGenerator()

@@ -5,7 +5,8 @@ either way it sends the address one e-mail (a link, or a note that no account us
 (services/accounts.user_register), so that waiting on the mail server tells nothing. At most
 PASSWORD_RESET_EMAILS_PER_ADDRESS e-mails to one address per window. The link carries a token of Django's
 PasswordResetTokenGenerator (`reset_tokens`), which is bound to the password's hash, the last log-in and the
-address, and here also to the account's state: it works once, for PASSWORD_RESET_TIMEOUT seconds, and not once the
+address, and here also to the address's last change (an address changed away and back does not revive a link) and
+to the account's state: it works once, for PASSWORD_RESET_TIMEOUT seconds, and not once the
 account is deactivated, nor after it is reactivated (links are sent to active accounts only). Setting a new
 password (reset or change) ends every other session of the user
 (Django checks each session's password hash) and tells the address by e-mail, as a change of another security
@@ -48,7 +49,10 @@ class ResetTokenGenerator(PasswordResetTokenGenerator):
     def _make_hash_value(self, user: Model, timestamp: int) -> str:
         assert isinstance(user, User)
         last_change = AccountStatusChange.objects.filter(user_id=user.pk).aggregate(last=Max("pk"))["last"]
-        return f"{super()._make_hash_value(user, timestamp)}|{user.is_active}|{last_change or 0}"
+        # And to the address's last change (User.email_changed_at): Django's hash has the address, which an
+        # operator may change away and back, reviving a link sent before; only once set, so other links stay valid.
+        changed = f"|{user.email_changed_at.isoformat()}" if user.email_changed_at else ""
+        return f"{super()._make_hash_value(user, timestamp)}|{user.is_active}|{last_change or 0}{changed}"
 
 
 # The one generator that makes and checks reset links (web/passwords.PasswordResetConfirmView).
