@@ -110,6 +110,30 @@ def version_number(value: Any) -> int | None:
     return int(match[1]) * 10**6 + int(match[2]) * 10**3 + int(match[3] or 0)
 
 
+# The text of a whole number: digits, and a fraction of zeros only ("5.0", as a float is written).
+_WHOLE_TEXT = re.compile(r"([0-9]+)(?:\.0+)?")
+
+
+def whole(value: Any, name: str, *, low: int, high: int, words: str | None = None) -> int:
+    """A count, limit or id of a JSON body or query (or of a URL's query string) as an int from `low` to `high`:
+    a JSON integer, a number with a whole value (5.0: what a JSON encoder writes for a number kept as a float, as
+    JavaScript's and Python's do) or the text of either ("5", "5.0"). Anything else is a 400 naming the field
+    (`words` says what it is, "a whole number from LOW to HIGH" unless given): a fraction (5.5), true or false
+    (by type: True is 1 in Python), NaN, an infinity, text that is no number, one out of range however long."""
+    number: int | None = None
+    if type(value) is int:
+        number = value
+    elif type(value) is float:
+        number = int(value) if value.is_integer() else None  # False for NaN and the infinities
+    elif isinstance(value, str) and len(value) <= len(str(high)) + 20:
+        # Digits counted before int() (whole_number): Python refuses a string of more than 4300 digits.
+        match = _WHOLE_TEXT.fullmatch(value)
+        number = whole_number(match[1], low=low, high=high) if match else None
+    if number is None or not low <= number <= high:
+        raise ValidationFailed(f"`{name}` is {words or f'a whole number from {low} to {high}'}.", field=name)
+    return number
+
+
 def _field_name(name: str) -> str:
     name = ALIASES.get(name, name)
     if name in FIELDS:
@@ -209,13 +233,7 @@ def parse(body: Any) -> Query:
     if "order" in body:
         query.order = _order(body["order"])
     if body.get("limit") is not None:
-        limit = body["limit"]
-        # A JSON number or its text ("25", as the CLI may send it); by type: True is 1 in Python.
-        text = str(limit) if type(limit) is int and 0 <= limit <= MAX_LIMIT else limit
-        number = whole_number(text, low=1, high=MAX_LIMIT)
-        if number is None:
-            raise ValidationFailed(f"`limit` is a whole number from 1 to {MAX_LIMIT}.", field="limit")
-        query.limit = number
+        query.limit = whole(body["limit"], "limit", low=1, high=MAX_LIMIT)
     storage = body.get("allocated_storage")
     if storage is not None and (isinstance(storage, bool) or not isinstance(storage, int | float)):
         raise ValidationFailed("`allocated_storage` is a number (GiB).", field="allocated_storage")

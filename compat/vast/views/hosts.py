@@ -12,7 +12,7 @@ from marketplace.models import Gpu, GpuStatus, Node, SliceStatus
 from marketplace.services import nodes as node_svc
 from marketplace.validators import DISK_PRICE_LIMITS, PRICE_LIMITS
 
-from .. import offers
+from .. import offers, query
 from .base import VastView, _body, _refuse_unknown, _user
 
 
@@ -44,8 +44,8 @@ def _own_nodes(request: Request):
 
 
 def _own_node(request: Request, node_id: Any) -> Node:
-    if isinstance(node_id, bool) or not isinstance(node_id, int):
-        raise ValidationFailed("`machine` is a machine id.", field="machine")
+    # An id of the body as any count of the API (compat.vast.query.whole): 7.0 too; the path's is digits already.
+    node_id = query.whole(node_id, "machine", low=0, high=10**18 - 1, words="a machine id")
     node = _own_nodes(request).filter(pk=node_id).first()
     if node is None:
         raise NotFound(f"No machine {node_id} of yours.")

@@ -18,7 +18,6 @@ from core.api.idempotency import idempotency_key as idempotency_key_of
 from core.api.scopes import RENTER_ONLY
 from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.untrusted_json import Refused, loads
-from core.validators import whole_number
 from marketplace.mig import profiles_for
 from marketplace.models import Image, Instance, InstanceStatus, SshKey
 from marketplace.services import instances as instance_svc
@@ -134,10 +133,7 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    value = whole_number(text, low=low, high=high)
-    if value is None:
-        raise ValidationFailed(f"`{name}` is a whole number from {low} to {high}.", field=name)
-    return value
+    return query.whole(text, name, low=low, high=high)  # "5.0" too, as a JSON encoder writes a float
 
 
 # `next_token`: the last row's order-by values (the order's columns and `id`, which makes the order total), so the
