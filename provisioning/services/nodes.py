@@ -371,9 +371,11 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     # run on it. A verification does not look at the VMs, and last_seen_at is also the last sighting of every
     # running VM (vm_last_seen_at): moved here, the meter billed a VM gone since the last health check up to this
     # verification, and the check that found it gone interrupted it from here, a verification inside that check's
-    # wait (fleet_record) included. Its health checks, which list the VMs, move it for those nodes.
+    # wait (fleet_record) included. Its health checks, which list the VMs, move it for those nodes. Nor while a
+    # stopped instance's disk is on it: the storage meter bills that disk up to last_seen_at, its last sighting, and
+    # the check that found the VM and its disk gone billed the disk up to this verification (found in round 50).
     if node.health_failures == 0 and not Instance.objects.filter(
-            node_id=node_id, status=InstanceStatus.RUNNING).exists():
+            node_id=node_id, status__in=(InstanceStatus.RUNNING, InstanceStatus.STOPPED)).exists():
         node.last_seen_at = timezone.now()
         fields.append("last_seen_at")
     node.save(update_fields=fields)

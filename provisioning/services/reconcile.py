@@ -242,8 +242,9 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
     with transaction.atomic():
         if Instance.objects.select_for_update().filter(
                 pk=instance.pk, status=InstanceStatus.RUNNING, started_at__lt=listed_at).exists():
+            seen = instance_svc.vm_last_seen_at(instance=instance)
             interruption = instance_svc.instance_interrupt(
-                instance_id=instance.pk, since=instance_svc.vm_last_seen_at(instance=instance),
+                instance_id=instance.pk, since=min(seen, listed_at) if seen is not None else None,
                 cause=InterruptionCause.VM_LOST,
                 detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
         else:
@@ -285,10 +286,9 @@ def _given_back_after_list(node: Node, instance_id: int, vm: dict[str, Any] | No
     billed after the VM's last sighting (the node's last health check, or the list itself when a check recorded
     since) is given back, once (interruptions.lost_usage_give_back: not when a job of it that takes the VM down
     began while the node answered)."""
-    seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
     state = "missing" if missing else "gone" if vm is None else str(vm.get("state"))[:40]
     instance_svc.lost_usage_give_back(
-        instance_id=instance_id, since=min(seen, listed_at) if seen is not None else None, looked_at=listed_at,
+        instance_id=instance_id, since=_last_sighting(node, listed_at), looked_at=listed_at,
         answered_at=answered_at,
         detail="the VM is no longer on the server" if vm is None else f"the VM was found {state} on the server")
 
@@ -299,10 +299,19 @@ def _disk_given_back_after_list(node: Node, instance_id: int, *, listed_at: date
     node's last health check, or the list itself when a check recorded since). What the disk was billed after the
     sighting is given back, once, as the health check gives it (interruptions.lost_disk_give_back: not when a job
     of it that takes the VM down began while the node answered). Before, the reconciler gave nothing back."""
-    seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
     instance_svc.lost_disk_give_back(
-        instance_id=instance_id, since=min(seen, listed_at) if seen is not None else None, looked_at=listed_at,
+        instance_id=instance_id, since=_last_sighting(node, listed_at), looked_at=listed_at,
         answered_at=answered_at, detail="the stopped VM and its disk are no longer on the server")
+
+
+def _last_sighting(node: Node, listed_at: datetime) -> datetime | None:
+    """The last sighting of a VM this pass's list shows gone (or not running): the node's last health check, whose
+    answer listed it, but never past the list (`listed_at`). A check recorded while the node answered the list, its
+    probe begun after the list was asked for, moved last_seen_at on without seeing the VM (its answer judged nothing
+    of it: a state the engine could not give; or it did not look at the VMs); billed up to it, a vanished disk or a
+    lost run was billed past the list that found it gone (found by review). None when the node was never seen."""
+    seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
+    return min(seen, listed_at) if seen is not None else None
 
 
 def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, Instance],
@@ -439,10 +448,10 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
     if vm is None:
         # Decided under its row lock: a start asked since the database was read is left to its job. Its disk is
         # billed up to the VM's last sighting: the node's last health check, whose answer listed it (one that did
-        # not failed the instance: fleet_record._stopped_vms_lost), not up to this pass.
-        seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
+        # not failed the instance: fleet_record._stopped_vms_lost), not up to this pass; never past this list
+        # (_last_sighting: a check recorded since moved last_seen_at on without seeing the VM).
         failed = instance_svc.instance_mark_failed(
-            instance_id=instance.pk, only_in=(InstanceStatus.STOPPED,), disk_seen_at=seen,
+            instance_id=instance.pk, only_in=(InstanceStatus.STOPPED,), disk_seen_at=_last_sighting(node, listed_at),
             message="Its VM and disk are no longer on the server (removed there while the instance was stopped), "
                     "so it cannot be started again; its disk is not billed any more. Destroy it, and rent "
                     "another instance to carry on.")
