@@ -4,10 +4,12 @@ import base64
 import json
 import math
 import re
+import secrets
 from collections import Counter
 from functools import cmp_to_key
 from typing import Any
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -139,7 +141,14 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
 # `next_token`: the last row's order-by values (the order's columns and `id`, which makes the order total), so the
 # next page starts strictly after that row. An offset skipped an instance whenever one before it was destroyed
 # between two pages (found by review); the CLI and SDK page until next_token is empty and send it back as is.
+# The token also names the listing's order as its first page made it (the ids in order, kept in the cache for
+# PAGE_SNAPSHOT_SECONDS): later pages go on in that order, each row read as it is now. Keyset paging over the
+# order-by values alone skipped an instance whose label or status moved it before the last row shown between two
+# pages, and showed one twice that moved after it (found by review); ids cannot move. A token whose listing is no
+# longer kept pages by the values, as before.
 TOKEN_MAX_CHARS = 4096
+PAGE_SNAPSHOT_SECONDS = 3600
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 PAGE_CURSOR_REFUSED = ("`after_token` is the `next_token` of an earlier page of `show instances`, sent back as it "
                        "is, with the same order_by.")
 
@@ -182,14 +191,19 @@ def _compare_keys(a: list[Any], b: list[Any], order: list[tuple[str, bool]]) -> 
     return 0
 
 
-def _token_of(row: dict[str, Any], order: list[tuple[str, bool]]) -> str:
-    text = json.dumps({"o": [[column, descending] for column, descending in order], "v": _key(row, order)},
-                      separators=(",", ":"))
+def _token_of(row: dict[str, Any], order: list[tuple[str, bool]], snapshot: str) -> str:
+    text = json.dumps({"o": [[column, descending] for column, descending in order], "v": _key(row, order),
+                       "s": snapshot}, separators=(",", ":"))
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _after(token: str, order: list[tuple[str, bool]]) -> list[Any]:
-    """The key of the row `token` names; a 400 for one no earlier page of this order handed out."""
+def _snapshot_key(request: Request, snapshot: str) -> str:
+    return f"compat.vast.instance-pages:{_user(request).pk}:{snapshot}"
+
+
+def _after(token: str, order: list[tuple[str, bool]]) -> tuple[list[Any], str | None]:
+    """The key of the row `token` names and the name of its listing's order (None in a token without one); a 400
+    for one no earlier page of this order handed out."""
     bad = ValidationFailed(PAGE_CURSOR_REFUSED, field="after_token")
     if len(token) > TOKEN_MAX_CHARS:
         raise bad
@@ -204,7 +218,10 @@ def _after(token: str, order: list[tuple[str, bool]]) -> list[Any]:
     if not isinstance(values, list) or len(values) != len(order) \
             or not all(v is None or type(v) in (str, int, float) for v in values):
         raise bad
-    return values
+    snapshot = data.get("s")
+    if snapshot is not None and not (isinstance(snapshot, str) and _SNAPSHOT_NAME.fullmatch(snapshot)):
+        raise bad
+    return values, snapshot
 
 
 class InstanceListView(VastView):
@@ -217,7 +234,7 @@ class InstanceListView(VastView):
         order = _order_of(_json_param(request, "order_by", [{"col": "id", "dir": "asc"}]))
         limit = _whole(request, "limit", 25, 1, 25)
         token = request.query_params.get("after_token") or ""
-        after = _after(token, order) if token else None
+        after, snapshot = _after(token, order) if token else (None, None)
         rows = [instance_row(i) for i in _own_instances(request).exclude(status=S.DESTROYED).order_by("id")]
         if not isinstance(filters, dict):
             raise ValidationFailed("`select_filters` is {column: {operator: value}}.", field="select_filters")
@@ -232,15 +249,31 @@ class InstanceListView(VastView):
                     raise ValidationFailed(f"`{column}` `{op}` takes a number.", field="select_filters")
                 rows = [r for r in rows if _compare(column, op, r[column], value)]
         rows.sort(key=cmp_to_key(lambda a, b: _compare_keys(_key(a, order), _key(b, order), order)))
-        left = rows
-        if after is not None:
-            try:
-                left = [r for r in rows if _compare_keys(_key(r, order), after, order) > 0]
-            except TypeError:  # a value of another type than the column's (text for a number)
-                raise ValidationFailed(PAGE_CURSOR_REFUSED, field="after_token") from None
+        # The listing's order as an earlier page made it: the rows after the last one shown in it, as they are now
+        # (one destroyed or no longer matching the filters is left out; one made since, or matching only since, is
+        # not in this listing).
+        ids = cache.get(_snapshot_key(request, snapshot)) if snapshot and after is not None else None
+        position = ids.index(after[-1]) + 1 if isinstance(ids, list) and after and after[-1] in ids else None
+        if ids is not None and position is not None:
+            by_id = {r["id"]: r for r in rows}
+            left = [by_id[pk] for pk in ids[position:] if pk in by_id]
+        else:
+            snapshot = None
+            left = rows
+            if after is not None:
+                try:
+                    left = [r for r in rows if _compare_keys(_key(r, order), after, order) > 0]
+                except TypeError:  # a value of another type than the column's (text for a number)
+                    raise ValidationFailed(PAGE_CURSOR_REFUSED, field="after_token") from None
         page = left[:limit]
+        next_token = None
+        if len(left) > limit:
+            if snapshot is None:  # the first page (or one whose listing is no longer kept): this order is kept
+                snapshot = secrets.token_urlsafe(12)
+                cache.set(_snapshot_key(request, snapshot), [r["id"] for r in left], PAGE_SNAPSHOT_SECONDS)
+            next_token = _token_of(page[-1], order, snapshot)
         return Response({
-            "instances": page, "next_token": _token_of(page[-1], order) if len(left) > limit else None,
+            "instances": page, "next_token": next_token,
             "total_instances": len(rows), "label_counts": dict(Counter(r["label"] or "" for r in rows)),
         })
 
