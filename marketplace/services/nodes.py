@@ -213,10 +213,12 @@ def node_update(
         raise Conflict("The node is retired and cannot be changed.")
     if mig_layout is not None or mig_prices is not None:
         layout = node.mig_layout if mig_layout is None else mig_layout
+        # Prices not sent are the stored ones, less those of profiles the layout no longer uses: an empty layout
+        # (MIG off) or one profile fewer needs no price deleted beside it. A price sent for an unused one is refused.
         prices = ({k: micros_to_usd(v) for k, v in node.mig_prices_micros.items()} if mig_prices is None
                   else mig_prices)
         node.mig_layout, node.mig_prices_micros = _check_mig(node.gpu_model.slug, node.gpu_count, layout, prices,
-                                                             runtime=node.runtime)
+                                                             runtime=node.runtime, unused_dropped=mig_prices is None)
     if name is not None:
         node.name = name
     if city is not None:
@@ -251,10 +253,11 @@ MIG_RUNTIME_REFUSED = ("The {runtime} runtime cannot rent MIG slices: a KVM virt
 
 
 def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal] | None, *, runtime: str,
-               ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+               unused_dropped: bool = False) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The declared MIG layout and its prices per slice-hour (micro-dollars), or ValidationFailed naming the field.
     A layout on a node whose runtime rents no slices (models.nodes.MIG_RUNTIMES: libvirt) is refused: its agent
-    refuses them, and its slices were offered and booked, then failed on the node."""
+    refuses them, and its slices were offered and booked, then failed on the node. `unused_dropped`: the prices of
+    profiles the layout does not use are left out, not refused (the stored prices, when none were sent)."""
     problem = layout_problems(slug, gpu_count, layout)
     if problem:
         raise ValidationFailed(problem, field="mig_layout")
@@ -262,6 +265,9 @@ def _check_mig(slug: str, gpu_count: int, layout: Any, prices: dict[str, Decimal
         raise ValidationFailed(MIG_RUNTIME_REFUSED.format(runtime=runtime), field="mig_layout")
     layout = sorted(layout or [], key=lambda entry: entry["gpu"])
     micros = {name: usd_to_micros(price) for name, price in (prices or {}).items()}
+    if unused_dropped:
+        used = {profile for entry in layout for profile in entry["profiles"]}
+        micros = {name: price for name, price in micros.items() if name in used}
     problem = price_problems(layout, micros)
     if problem:
         raise ValidationFailed(problem, field="mig_prices")
