@@ -170,9 +170,20 @@ def usage_give_back(*, instance: Instance, since: datetime, seen_at: datetime, m
     them, what its page and the API show; before, they showed the seconds charged). Call it under the
     instance's row lock, as every writer of its billing; the accounts are locked in id order by ledger_post.
 
-    One exception to the micro-dollar: a charge across `since` that was made before a later price change of the
+    In the same transaction the meter is re-based at the seconds paid for (_rebase_after_give_back: the rate base,
+    rate_base_*, moves on by the seconds given back and what they were charged), so that a later run of the
+    instance costs what the seconds paid for cost at the cumulative rounding, cost(paid + s) - cost(paid), in the
+    meter's tick (SQL or not), a state change's close and the live cost alike; before, it went on from the seconds
+    charged, cost(billed + s) - cost(billed), at most one micro-dollar off. cost_micros == rate_base_cost_micros +
+    cost(billed_seconds - rate_base_seconds) still holds (tests/billing/invariants.py).
+
+    Exceptions to the micro-dollar: a charge across `since` that was made before a later price change of the
     instance (a re-check cutting or raising it in between) is split as if its own start were a base of the
-    cumulative rounding (the base it had is not kept): at most one micro-dollar from the exact split."""
+    cumulative rounding (the base it had is not kept): at most one micro-dollar from the exact split; the meter then
+    takes a fresh base at the seconds charged, as a price change does (no second paid for is left at the new price).
+    And a run already billed past the run given back (begun after the look, metered before the give-back) keeps
+    the base it was charged at: the meter is not re-based (its total can be one micro-dollar from the seconds paid
+    for, as before). The platform's fee on later runs goes on from the cost charged (fee(cost_micros)), as before."""
     later = list(UsageInterval.objects.filter(instance_id=instance.pk, ended_at__gt=since).order_by("started_at"))
     if instance.started_at is not None and instance.started_at >= seen_at:
         later = [i for i in later if i.started_at < instance.started_at]  # a run begun after the look: not judged
@@ -212,19 +223,44 @@ def usage_give_back(*, instance: Instance, since: datetime, seen_at: datetime, m
         cost += interval.amount_micros
     back = [(interval, amount, fee) for interval, amount, fee in back if amount > 0]
     seconds = (run[-1].ended_at - cut) // SECOND
+    base = instance.rate_base_seconds, instance.rate_base_cost_micros
     try:
         with transaction.atomic():
             posted = [_reverse_in_part(instance, interval, amount, fee, memo, customer_note)
                       for interval, amount, fee in back]
             if posted:  # the seconds paid for, which pages and the API show: billed_seconds - given_back_seconds
-                Instance.objects.filter(pk=instance.pk).update(given_back_seconds=F("given_back_seconds") + seconds)
+                if run[-1].ended_at == instance.billed_until:  # nothing billed since the run given back
+                    base = _rebase_after_give_back(instance, seconds)
+                Instance.objects.filter(pk=instance.pk).update(
+                    given_back_seconds=F("given_back_seconds") + seconds, rate_base_seconds=base[0],
+                    rate_base_cost_micros=base[1])
     except (IntegrityError, _ReversedMeanwhile):  # an operator's reversal of one of them came first: all undone
         return None
     if not posted:
         return None
     instance.given_back_seconds += seconds
+    instance.rate_base_seconds, instance.rate_base_cost_micros = base
     return GivenBack(amount_micros=sum(a for _, a, _ in back), fee_micros=sum(f for _, _, f in back),
                      seconds=seconds, start=cut, end=run[-1].ended_at, transactions=posted)
+
+
+def _rebase_after_give_back(instance: Instance, seconds: int) -> tuple[int, int]:
+    """The meter's rate base (rate_base_seconds, rate_base_cost_micros) once the last `seconds` the instance was
+    billed are given back: the base moves on by them, its cost by what they were charged, so that the next seconds
+    cost cost(paid + s) - cost(paid) from the seconds paid for since the base (paid = billed_seconds - base's
+    seconds), where they cost cost(billed + s) - cost(billed) before; cost_micros is still the base's cost plus
+    the cumulative cost of the seconds billed after it. When the seconds given back reach before the base (a price
+    change during the run given back), none paid for are left at this price: a fresh base at the seconds charged,
+    as a price change makes (instances.pricing)."""
+    base_seconds = instance.rate_base_seconds + seconds
+    if base_seconds > instance.billed_seconds:
+        return instance.billed_seconds, instance.cost_micros
+    return base_seconds, instance.cost_micros - cost_for(instance.price_per_hour_micros,
+                                                         instance.billed_seconds - base_seconds)
+
+
+# The reason of each reversal a give-back posts (what tells them from an operator's: tests/billing/invariants.py).
+GIVE_BACK_REASON = "Usage billed after the last sighting of a VM found lost, given back (metering.usage_give_back)."
 
 
 class _ReversedMeanwhile(Exception):
@@ -250,7 +286,7 @@ def _reverse_in_part(instance: Instance, interval: UsageInterval, amount: int, f
     reversal, created = ledger_post(
         idempotency_key=f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL, lines=lines, reverses=txn,
         memo=f"Reverses #{txn.pk}{whole}: {memo}", customer_note=customer_note,
-        reason="Usage billed after the last sighting of a VM found lost, given back (metering.usage_give_back).")
+        reason=GIVE_BACK_REASON)
     if not created:
         raise _ReversedMeanwhile(txn.pk)
     return reversal.pk

@@ -14,7 +14,7 @@ from billing.models import (
     TransactionKind,
     UsageInterval,
 )
-from billing.services.metering import SECOND, cost_for, fee_for
+from billing.services.metering import GIVE_BACK_REASON, SECOND, cost_for, fee_for
 from marketplace.models import Instance
 
 
@@ -51,20 +51,21 @@ def assert_billing_invariants() -> None:
     for e in Entry.objects.filter(transaction__kind=TransactionKind.USAGE).select_related("account"):
         entries_by_txn.setdefault(e.transaction_id, {})[(e.account.kind, e.account.user_id)] = e.amount_micros
 
+    # What each usage charge had given back by usage_give_back (its reversal's credit to the wallet).
+    given_back = dict(Entry.objects.filter(
+        transaction__kind=TransactionKind.REVERSAL, transaction__reason=GIVE_BACK_REASON,
+        account__kind=AccountKind.CUSTOMER_WALLET).values_list("transaction__reverses_id", "amount_micros"))
+
     for instance in Instance.objects.select_related("node"):
         intervals = intervals_by_instance.get(instance.pk, [])
         assert sum(i.seconds for i in intervals) == instance.billed_seconds, f"instance {instance.pk}: seconds"
         assert sum(i.amount_micros for i in intervals) == instance.cost_micros, f"instance {instance.pk}: amount"
-        # Cumulative rounding: the total depends only on the seconds billed (since the last price cut, if any).
+        # Cumulative rounding: the total depends only on the seconds billed (since the rate base, if any).
         assert instance.cost_micros == instance.rate_base_cost_micros + cost_for(
             instance.price_per_hour_micros, instance.billed_seconds - instance.rate_base_seconds)
         # The stretch before the last price change (rate_base_*), then the current price (a change re-bases the
         # meter: instances.pricing; a price raised back to the booked one is equal to the first stretch's).
-        seconds, before_base = 0, []
-        for i in intervals:
-            seconds += i.seconds
-            (before_base if seconds <= instance.rate_base_seconds else []).append(i)
-        assert sum(i.amount_micros for i in before_base) == instance.rate_base_cost_micros
+        before_base = intervals[:_price_base(instance, intervals, given_back)]
         assert all(i.price_per_hour_micros == instance.price_per_hour_micros for i in intervals[len(before_base):])
         booked = (instance.price_before_cut_per_gpu_hour_micros or instance.price_per_gpu_hour_micros) \
             * instance.num_gpus
@@ -87,6 +88,30 @@ def assert_billing_invariants() -> None:
             if i.fee_micros:
                 expected[(AccountKind.PLATFORM_REVENUE, None)] = i.fee_micros
             assert entries_by_txn[i.transaction_id] == expected, f"{i}: entries"
+
+
+def _price_base(instance: Instance, intervals: list[UsageInterval], given_back: dict[int | None, int]) -> int:
+    """How many of the instance's intervals (in order) came before its last price change, asserting that its rate
+    base is there: at the seconds they billed and what they charged (rate_base_*, set by instances.pricing; 0 and 0
+    when its price never changed), or moved on from there by give-backs (usage_give_back re-bases the meter at the
+    seconds paid for): by at most the seconds given back, and by exactly what the give-backs of the charges after it
+    gave back (each moves the base's cost by what it gave back). No other rate base passes."""
+    base_s, base_cost = instance.rate_base_seconds, instance.rate_base_cost_micros
+    seconds, cost = [0], [0]
+    for i in intervals:
+        seconds.append(seconds[-1] + i.seconds)
+        cost.append(cost[-1] + i.amount_micros)
+    for n in range(len(intervals), -1, -1):  # the latest boundary at or before the base first
+        if seconds[n] > base_s:
+            continue
+        if seconds[n] == base_s and cost[n] == base_cost:
+            return n
+        moved = base_s - seconds[n]
+        if 0 < moved <= instance.given_back_seconds and base_cost - cost[n] == sum(
+                given_back.get(i.transaction_id, 0) for i in intervals[n:] if i.transaction_id):
+            return n
+    raise AssertionError(f"instance {instance.pk}: rate base ({base_s} s, {base_cost} µ$) is neither where a price "
+                         f"changed nor moved on from there by what was given back since")
 
 
 def _entries(txn_id: int | None) -> dict[tuple[str, int | None], int]:

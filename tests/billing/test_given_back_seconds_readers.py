@@ -10,7 +10,8 @@ time". Real services on PostgreSQL. The instance page's selector: tests/billing/
 
 Left as it is: the statement's usage lines (charges of the month, in seconds and micro-dollars as charged; the
 give-back is an adjustment line of its own month) and each usage interval's own seconds (what it charged; its
-amount reads net). The one micro-dollar a later run of the same instance can be off: the last test, a strict xfail.
+amount reads net). A later run of the same instance costs what the seconds paid for cost, to the micro-dollar (the
+give-back re-bases the meter; before, it could be one micro-dollar off): the last test.
 """
 
 import importlib
@@ -106,22 +107,14 @@ def test_the_migration_counts_the_give_backs_made_before_it(given_back):  # noqa
 PRICE_S = (61, 129, 61)  # paid for, billed, run again: 1.5 $/h is 416⅔ µ$/s, so the fractions differ
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "after a give-back the meter goes on from the seconds charged: cost(129 + 61) - cost(129) = 25,416 µ$ for the "
-        "next 61 s, where the 61 s paid for and those would cost cost(122) - cost(61) = 25,417 µ$ (one micro-dollar)"
-    ),
-)
 def test_a_later_run_after_a_give_back_costs_what_the_seconds_paid_for_cost(clock):
     """A run given back in part (its instance stopped), then started and run again: the renter's total is what its
     seconds paid for cost at the cumulative rounding, as after an interruption at the last sighting (billed up to
-    it, the meter going on from there)? Not to the micro-dollar: the meter prices a later run's seconds from
-    billed_seconds (129), which counts those given back, so its charge is cost(129 + s) - cost(129) where the seconds
-    paid for would cost cost(61 + s) - cost(61): at most one micro-dollar apart, either way. Left so: the exact
-    charge breaks cost_micros == cost(billed_seconds) (with the rate base), which tests/billing/invariants.py
-    checks after every billing test and the meter's SQL relies on; it needs a re-based meter arithmetic (a rate
-    base of given-back seconds) that the invariants would have to allow."""
+    it, the meter going on from there), to the micro-dollar. The give-back re-bases the meter at the seconds paid
+    for (rate_base_*: 68 s on, by what they were charged), so the next 61 s charge cost(61 + 61) - cost(61) =
+    25,417 µ$; before, the meter went on from billed_seconds (129), which counts those given back: cost(129 + 61) -
+    cost(129) = 25,416 µ$, one micro-dollar short. The meter's tick (usage_meter: SQL on PostgreSQL) bills part of
+    the run, the stop's close the rest; tests/billing/invariants.py allows exactly that re-base."""
     kept_s, billed_s, again_s = PRICE_S
     renter = UserFactory()
     fund(renter, "50")
