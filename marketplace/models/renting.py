@@ -181,17 +181,18 @@ class Instance(StatefulModel, models.Model):
     # while `running`, per whole second since `started_at`; `billed_until` is where its last usage
     # interval ended, `billed_seconds` and `cost_micros` the totals over its whole life, so that
     # cost_micros == floor(price_per_hour_micros * billed_seconds / 3600) always (cumulative rounding), counted
-    # from the last price cut if there was one (rate_base_*, below).
+    # from the last price change or give-back if there was one (rate_base_*, below).
     billed_until = models.DateTimeField(null=True, blank=True)
     billed_seconds = models.BigIntegerField(default=0)
     cost_micros = models.BigIntegerField(default=0)
     # Of billed_seconds, those given back since (billed after its VM's last sighting, found lost just as a stop
     # closed its run: billing.services.metering.usage_give_back, under this row's lock). billed_seconds and
-    # cost_micros stay what was charged (the meter's cumulative arithmetic reads them); the seconds paid for, which
-    # every page and API shows, are billed_seconds − given_back_seconds.
+    # cost_micros stay what was charged; the seconds paid for, which every page and API shows, are billed_seconds −
+    # given_back_seconds. A give-back moves the rate base (below) on by its seconds and what they were charged, so
+    # the seconds billed later cost what they would have after the seconds paid for.
     given_back_seconds = models.BigIntegerField(default=0)
     # A price change while rented (hardware measured worse, or better again: instances.pricing) starts a new
-    # stretch at the new price: cost_micros == rate_base_cost_micros + floor(price_per_hour_micros ×
+    # stretch at the new price, and a give-back moves it on (metering._rebase_after_give_back): cost_micros == rate_base_cost_micros + floor(price_per_hour_micros ×
     # (billed_seconds − rate_base_seconds) / 3600). Both are 0 for an instance whose price never changed.
     rate_base_seconds = models.BigIntegerField(default=0)
     rate_base_cost_micros = models.BigIntegerField(default=0)
