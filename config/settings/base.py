@@ -438,6 +438,10 @@ HARDWARE_PRICE_CUT_TOLERANCE = env_decimal("HARDWARE_PRICE_CUT_TOLERANCE", Decim
 # Where the platform tells providers it will connect from and what it is called.
 PLATFORM_NAME = env_str("PLATFORM_NAME", "gpumarket")
 OTP_TOTP_ISSUER = PLATFORM_NAME  # the name authenticator apps show
+# The site's address as its users reach it (https://gpus.example.com/): the absolute one-click unsubscribe link of
+# notification e-mails (notifications/services/unsubscribe.py), which the worker sends with no request to read it
+# from. Empty: those e-mails carry no List-Unsubscribe header.
+SITE_URL = env_str("SITE_URL", "")
 SIMNODES_DIR = Path(env_str("SIMNODES_DIR", str(VAR_DIR / "simnodes")))
 
 # E-mail: by default each message is written to a file under EMAIL_FILE_PATH (var/mail/; the demo's inbox: the

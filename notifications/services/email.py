@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -31,6 +31,7 @@ from core import dispatch
 from notifications.models import EmailStatus, Notification
 from notifications.services.notify import EMAIL_SEND, channels_for
 from notifications.services.retry import backoff_s, recordable
+from notifications.services.unsubscribe import kind_label, unsubscribe_headers
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +105,15 @@ def notification_email_send(*, notification_id: int, after_attempts: int | None 
         return Outcome(False)
     text = notification.body or notification.title
     footer = "\n\nChoose which events reach you, and how, on the notification settings page of your account."
+    # A kind the user may turn off carries the one-click unsubscribe headers (services/unsubscribe.py), its URL also
+    # in the footer; the always-on kinds (an account's deactivation, reactivation) carry none.
+    headers = unsubscribe_headers(user=notification.user, kind=notification.kind)
+    if headers:
+        footer += (f"\nTo stop e-mails of this kind (\"{kind_label(notification.kind)}\"), open "
+                   f"{headers['List-Unsubscribe'][1:-1]}")
     try:
-        send_mail(f"[{settings.PLATFORM_NAME}] {notification.title}", text + footer, settings.DEFAULT_FROM_EMAIL,
-                  [notification.user.email])
+        EmailMessage(f"[{settings.PLATFORM_NAME}] {notification.title}", text + footer, settings.DEFAULT_FROM_EMAIL,
+                     [notification.user.email], headers=headers).send()
     except Exception as exc:  # noqa: BLE001 (recorded; whatever it is, the claim must not be left behind)
         return _failed(notification, exc)
     # Sent, even if the claim was taken over meanwhile (its worker thought lost): what was sent is sent.

@@ -5,14 +5,16 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.crypto import get_random_string
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from core.errors import ApplicationError, NotFound
+from core.errors import ApplicationError, NotFound, ValidationFailed
 from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, message_error
 from marketplace.reauth import with_form_status
 from notifications import selectors
 from notifications.services import notify as notify_svc
+from notifications.services import unsubscribe as unsubscribe_svc
 from notifications.services import webhooks as webhook_svc
 
 from .forms import ChannelsForm, EndpointForm
@@ -152,3 +154,22 @@ def endpoint_delete(request, pk: int):
     webhook_svc.endpoint_delete(endpoint=endpoint)
     messages.success(request, f"Endpoint {endpoint.url} deleted with its delivery log.")
     return redirect("notification-settings")
+
+
+@csrf_exempt  # the mail client's one-click POST (RFC 8058) has no CSRF token; the signed token is the proof
+@require_http_methods(["GET", "POST"])
+def unsubscribe(request, token: str):
+    """The List-Unsubscribe link of a notification e-mail, no log-in needed. GET: a page with the button (a link
+    scanner opening it turns nothing off); POST: that kind's e-mails turned off (services/unsubscribe.py)."""
+    try:
+        if request.method == "POST":
+            user, kind = unsubscribe_svc.unsubscribe(token=token)
+        else:
+            user, kind = unsubscribe_svc.unsubscribe_check(token=token)
+        context = {"kind_label": unsubscribe_svc.kind_label(kind), "done": request.method == "POST", "status": 200}
+    except ValidationFailed as exc:  # a bad, tampered, expired or outdated token
+        context = {"error": exc.message, "status": 400}
+    response = render(request, "notifications/unsubscribe.html", context, status=context["status"])
+    response["Cache-Control"] = "no-store"
+    response["Referrer-Policy"] = "no-referrer"  # the token is in the URL
+    return response

@@ -78,6 +78,8 @@ PAGES: dict[str, list[Page]] = {
     "notifications": [Page("renter", lambda d: "/account/notifications/")],
     "notification-settings": [Page("renter", lambda d: "/account/notifications/settings/")],
     "notification-endpoint": [Page("renter", lambda d: f"/account/notifications/webhooks/{d['endpoint'].pk}/")],
+    "notification-unsubscribe": [Page("visitor", lambda d: "/account/notifications/unsubscribe/not-a-token/",
+                                      status=400)],  # a notification e-mail's link: says it is not a valid one
     # Django's admin, ours: the operators' dashboard.
     "admin:index": [Page("operator", lambda d: "/admin/")],
     # The site's error pages (tests/web/error_urls.py raises each one).
