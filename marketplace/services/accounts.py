@@ -28,7 +28,6 @@ from django.utils.crypto import salted_hmac
 from core.api.scopes import ALL_SCOPES
 from core.errors import Conflict, PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
-from core.password_validation import password_checkable
 from core.security_mail import security_change_notify
 from marketplace.models import ApiKey, User
 from marketplace.services import two_factor
@@ -338,8 +337,7 @@ def user_login(*, email: str, password: str, client_address: str | None = None,
     """Check the password (behind the log-in lock-out: LoginLocked), and for an account with two-factor log-in the
     code (TwoFactorRequired without one, WrongCode), and issue the key named `key_name`, replacing the previous key
     of that name: logging in again from the same client does not pile up keys."""
-    if not password_checkable(password):  # absurdly long: wrong, and not worth hashing (core/password_validation)
-        raise InvalidCredentials()
+    # An absurdly long password is refused by the backend (marketplace.auth, core/password_validation): None here.
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
         raise InvalidCredentials()

@@ -14,7 +14,6 @@ from django.core.exceptions import ValidationError
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.errors import ValidationFailed
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
-from core.password_validation import password_checkable
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
@@ -44,11 +43,7 @@ class LoginForm(ThrottledLoginFormMixin, AuthenticationForm):
     def clean_username(self):
         return self.cleaned_data["username"].lower()
 
-    def clean(self):
-        # An absurd length is a wrong password, not hashed nor counted (core/password_validation.py).
-        if not password_checkable(self.cleaned_data.get("password") or ""):
-            raise self.get_invalid_login_error()
-        return super().clean()
+    # An absurdly long password is a wrong one, unhashed and uncounted: the backend's bound (marketplace.auth).
 
 
 class SignupForm(forms.Form):
