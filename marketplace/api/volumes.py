@@ -57,15 +57,11 @@ class VolumeSerializer(serializers.ModelSerializer):
         return UsdField(max_digits=18).to_representation(volume.cost_micros - given_back)
 
     def get_in_use_by(self, volume) -> list[int]:
-        # What refuses its delete (services.volumes._live_mount): also the instances over whose VM is still on the
-        # node, which volume_live_instance_ids leaves out (an empty list with a 409 on delete: found by review).
-        # The list's context carries them for the page's nodes (one read); else one read for this volume's node.
-        leaving = self.context.get("awaiting_cleanup")
-        if leaving is None:
-            leaving = instances_awaiting_cleanup_by_node(node_ids=[volume.node_id])
-        gone = leaving.get(volume.node_id, set())
-        return sorted(set(svc.volume_live_instance_ids(volume))
-                      | {m.instance_id for m in volume.mounts.all() if m.instance_id in gone})
+        # What refuses its delete (services.volumes._live_mount), as the web page lists them: also the instances
+        # over whose VM is still on the node, which volume_live_instance_ids leaves out (an empty list with a 409 on
+        # delete: found by review). The list's context carries those for the page's nodes (one read); else
+        # volume_holder_ids reads them for this volume's node (one read).
+        return svc.volume_holder_ids(volume, awaiting_cleanup=self.context.get("awaiting_cleanup"))
 
 
 class VolumeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
