@@ -17,6 +17,11 @@ how often the meter runs:
   start or destroy asked between that look and the check bills up to its own moment, and what it billed after
   the sighting is given back (disk_give_back, once), as GPU time is in the same race (metering.usage_give_back).
 - The size billed is the one booked (`Instance.disk_gb`, `Volume.size_gb`): what a node reports never changes it.
+- A disk's give-back re-bases its meter at the seconds paid for (`Instance.disk_rate_base_*` moved on by the
+  seconds given back and what they were charged, as metering.usage_give_back re-bases GPU time), so seconds billed
+  after it cost cost(paid + s) - cost(paid) (fee likewise), where they cost cost(billed + s) - cost(billed) before:
+  up to one micro-dollar off what the seconds paid for cost. disk_cost_micros == disk_rate_base_cost_micros +
+  cost(disk_billed_seconds - disk_rate_base_seconds).
 
 Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
 (idempotency key `storage:volume:<id>:<start µs>` or `storage:disk:<id>:<start µs>`) and the totals on the row.
@@ -137,7 +142,9 @@ def instance_disk_close(*, instance: Instance, until: datetime | None = None) ->
     if instance.status != InstanceStatus.STOPPED or instance.stopped_at is None:
         return 0
     since = max(instance.disk_billed_until or instance.stopped_at, instance.stopped_at)
-    charge = _next(since=since, until=until, billed_seconds=instance.disk_billed_seconds, size_gb=instance.disk_gb,
+    # Priced from the disk's rate base (moved on by its give-backs): the seconds paid for since it.
+    charge = _next(since=since, until=until, billed_seconds=instance.disk_billed_seconds
+                   - instance.disk_rate_base_seconds, size_gb=instance.disk_gb,
                    price=instance.disk_price_per_gb_month_micros, bps=instance.platform_fee_bps)
     if charge is None:
         return 0
@@ -187,12 +194,14 @@ def disk_give_back(*, instance: Instance, since: datetime, seen_at: datetime, me
     GPU time given back ends (billing.services.metering.usage_give_back).
 
     The disk's charge ends at its last whole second at or before `since` (the billing's seconds run from the stop),
-    to the micro-dollar with the storage meter's cumulative rounding (cost and fee alike): each storage charge
-    after it is reversed in full, the one across it in part, each by one REVERSAL transaction (`reverses` it: at
-    most once, ledger key `reversal:<id>`, as an operator's reversal), the renter's wallet credited, the
-    provider's earnings and the platform's revenue debited in the charge's proportions. The instance's own disk
-    totals stay what was charged (as after an operator's reversal: the API and pages read the ledger's net,
-    billing.selectors.storage_given_back).
+    to the micro-dollar with the storage meter's cumulative rounding from the disk's rate base (cost and fee
+    alike): each storage charge after it is reversed in full, the one across it in part, each by one REVERSAL
+    transaction (`reverses` it: at most once, ledger key `reversal:<id>`, as an operator's reversal), the renter's
+    wallet credited, the provider's earnings and the platform's revenue debited in the charge's proportions. The
+    instance's own disk totals stay what was charged (as after an operator's reversal: the API and pages read the
+    ledger's net, billing.selectors.storage_given_back); in the same transaction the disk's meter is re-based at
+    the seconds paid for (_disk_rebase_after_give_back), so that its later seconds, should it be stopped and billed
+    again, cost what the seconds paid for cost (before, up to one micro-dollar off).
 
     None, and nothing posted, when there is nothing to give back: still stopped (a check that fails it bills its
     disk up to `since` itself), billed no further than `since`, its billing closed before the look began (the
@@ -219,12 +228,15 @@ def disk_give_back(*, instance: Instance, since: datetime, seen_at: datetime, me
     if cut >= end:
         return None
     seconds_back = (end - cut) // SECOND
-    kept_cost = storage_cost(size_gb=instance.disk_gb, seconds=instance.disk_billed_seconds - seconds_back,
+    # Costs from the disk's rate base (0 and 0 until a give-back moved it), as the meter priced them.
+    paid = instance.disk_billed_seconds - instance.disk_rate_base_seconds  # since the base
+    kept_cost = storage_cost(size_gb=instance.disk_gb, seconds=max(paid - seconds_back, 0),
                              price_per_gb_month_micros=instance.disk_price_per_gb_month_micros)
     bps = instance.platform_fee_bps
     charged = {txn.pk: _charged(txn) for _, txn in tail}  # (amount, fee) each charge posted
-    # What was charged before the charge across `cut`: the row's total less the tail's.
-    cost = instance.disk_cost_micros - sum(amount for amount, _ in charged.values())
+    # What was charged since the base before the charge across `cut`: the row's total less the base's and the tail's.
+    cost = instance.disk_cost_micros - instance.disk_rate_base_cost_micros - sum(
+        amount for amount, _ in charged.values())
     back: list[tuple[LedgerTransaction, int, int]] = []
     for start, txn in tail:
         amount, fee = charged[txn.pk]
@@ -236,15 +248,37 @@ def disk_give_back(*, instance: Instance, since: datetime, seen_at: datetime, me
             back.append((txn, amount - kept, min(max(fee - fee_kept, 0), amount - kept)))
         cost += amount
     back = [(txn, amount, fee) for txn, amount, fee in back if amount > 0]
+    base = _disk_rebase_after_give_back(instance, seconds_back)
     try:
         with transaction.atomic():
             posted = [_disk_reverse(instance, txn, amount, fee, memo, customer_note) for txn, amount, fee in back]
+            if posted:
+                Instance.objects.filter(pk=instance.pk).update(disk_rate_base_seconds=base[0],
+                                                               disk_rate_base_cost_micros=base[1])
     except (IntegrityError, _ReversedMeanwhile):  # an operator's reversal of one of them came first: all undone
         return None
     if not posted:
         return None
+    instance.disk_rate_base_seconds, instance.disk_rate_base_cost_micros = base
     return DiskGivenBack(amount_micros=sum(a for _, a, _ in back), fee_micros=sum(f for _, _, f in back),
                          seconds=seconds_back, start=cut, end=end, transactions=posted)
+
+
+def _disk_rebase_after_give_back(instance: Instance, seconds: int) -> tuple[int, int]:
+    """The disk meter's rate base (disk_rate_base_seconds, disk_rate_base_cost_micros) once its last `seconds`
+    billed are given back: moved on by them, its cost by what they were charged, so that the next seconds cost
+    cost(paid + s) - cost(paid) from the seconds paid for since the base (paid = disk_billed_seconds - base's
+    seconds), where they cost cost(billed + s) - cost(billed) before; disk_cost_micros is still the base's cost
+    plus the cumulative cost of the seconds billed after it (metering._rebase_after_give_back, for GPU time)."""
+    base_seconds = min(instance.disk_rate_base_seconds + seconds, instance.disk_billed_seconds)
+    return base_seconds, instance.disk_cost_micros - storage_cost(
+        size_gb=instance.disk_gb, price_per_gb_month_micros=instance.disk_price_per_gb_month_micros,
+        seconds=instance.disk_billed_seconds - base_seconds)
+
+
+# The reason of each reversal a disk's give-back posts (what tells them from an operator's: tests/billing/invariants).
+DISK_GIVE_BACK_REASON = ("Disk billed after the last sighting of a VM and disk found lost, given back "
+                         "(storage.disk_give_back).")
 
 
 class _ReversedMeanwhile(Exception):
@@ -275,8 +309,7 @@ def _disk_reverse(instance: Instance, txn: LedgerTransaction, amount: int, fee: 
     reversal, created = ledger_post(
         idempotency_key=f"reversal:{txn.pk}", kind=TransactionKind.REVERSAL, lines=lines, reverses=txn,
         memo=f"Reverses #{txn.pk}{whole}: {memo}", customer_note=customer_note,
-        reason="Disk billed after the last sighting of a VM and disk found lost, given back "
-               "(storage.disk_give_back).")
+        reason=DISK_GIVE_BACK_REASON)
     if not created:
         raise _ReversedMeanwhile(txn.pk)
     return reversal.pk

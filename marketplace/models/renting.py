@@ -202,12 +202,17 @@ class Instance(StatefulModel, models.Model):
     price_before_cut_per_gpu_hour_micros = models.BigIntegerField(null=True, blank=True)
     score_before_cut = models.FloatField(null=True, blank=True)
     # Its disk while stopped (billing.services.storage): the node's price per GB-month at booking, billed per
-    # second from `stopped_at` while stopped; disk_cost_micros == floor(disk_gb × price × disk_billed_seconds /
-    # SECONDS_PER_MONTH) (cumulative rounding, as for its GPU time).
+    # second from `stopped_at` while stopped; disk_cost_micros == disk_rate_base_cost_micros + floor(disk_gb ×
+    # price × (disk_billed_seconds − disk_rate_base_seconds) / SECONDS_PER_MONTH) (cumulative rounding, as for its
+    # GPU time). The disk's rate base is 0 and 0 until a give-back (storage.disk_give_back) moves it on by the
+    # seconds given back and what they were charged, so that later seconds cost what the seconds paid for cost,
+    # as a give-back re-bases the GPU meter (rate_base_*); its cost is then what the give-backs gave back.
     disk_price_per_gb_month_micros = models.BigIntegerField(default=0)
     disk_billed_until = models.DateTimeField(null=True, blank=True)
     disk_billed_seconds = models.BigIntegerField(default=0)
     disk_cost_micros = models.BigIntegerField(default=0)
+    disk_rate_base_seconds = models.BigIntegerField(default=0)
+    disk_rate_base_cost_micros = models.BigIntegerField(default=0)
 
     idempotency_key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the create request.")

@@ -15,6 +15,7 @@ from billing.models import (
     UsageInterval,
 )
 from billing.services.metering import GIVE_BACK_REASON, SECOND, cost_for, fee_for
+from billing.services.storage import DISK_GIVE_BACK_REASON, storage_cost
 from marketplace.models import Instance
 
 
@@ -56,7 +57,17 @@ def assert_billing_invariants() -> None:
         transaction__kind=TransactionKind.REVERSAL, transaction__reason=GIVE_BACK_REASON,
         account__kind=AccountKind.CUSTOMER_WALLET).values_list("transaction__reverses_id", "amount_micros"))
 
+    # What each stopped instance's disk had given back by storage.disk_give_back (its reversals' credits).
+    disk_given_back: dict[int, int] = {}
+    for key, amount in Entry.objects.filter(
+            transaction__kind=TransactionKind.REVERSAL, transaction__reason=DISK_GIVE_BACK_REASON,
+            account__kind=AccountKind.CUSTOMER_WALLET).values_list("transaction__reverses__idempotency_key",
+                                                                   "amount_micros"):
+        instance_id = int(key.split(":")[2])  # storage:disk:<id>:<start µs>
+        disk_given_back[instance_id] = disk_given_back.get(instance_id, 0) + amount
+
     for instance in Instance.objects.select_related("node"):
+        _assert_disk_rate_base(instance, disk_given_back.get(instance.pk))
         intervals = intervals_by_instance.get(instance.pk, [])
         assert sum(i.seconds for i in intervals) == instance.billed_seconds, f"instance {instance.pk}: seconds"
         assert sum(i.amount_micros for i in intervals) == instance.cost_micros, f"instance {instance.pk}: amount"
@@ -112,6 +123,22 @@ def _price_base(instance: Instance, intervals: list[UsageInterval], given_back: 
             return n
     raise AssertionError(f"instance {instance.pk}: rate base ({base_s} s, {base_cost} µ$) is neither where a price "
                          f"changed nor moved on from there by what was given back since")
+
+
+def _assert_disk_rate_base(instance: Instance, given_back: int | None) -> None:
+    """A stopped instance's disk: cumulative rounding from its rate base (disk_rate_base_*), which is 0 and 0 until
+    a give-back (storage.disk_give_back) moves it on by the seconds given back, its cost by exactly what the
+    give-backs gave back (`given_back`: None when none did). No other rate base passes."""
+    base_s, base_cost = instance.disk_rate_base_seconds, instance.disk_rate_base_cost_micros
+    assert instance.disk_cost_micros == base_cost + storage_cost(
+        size_gb=instance.disk_gb, price_per_gb_month_micros=instance.disk_price_per_gb_month_micros,
+        seconds=instance.disk_billed_seconds - base_s), f"instance {instance.pk}: disk's cumulative rounding"
+    if given_back is None:
+        assert (base_s, base_cost) == (0, 0), f"instance {instance.pk}: a disk rate base with no give-back"
+    else:
+        assert 0 < base_s <= instance.disk_billed_seconds and base_cost == given_back, (
+            f"instance {instance.pk}: disk rate base ({base_s} s, {base_cost} µ$) not moved on by exactly what was "
+            f"given back ({given_back} µ$)")
 
 
 def _entries(txn_id: int | None) -> dict[tuple[str, int | None], int]:
