@@ -3,12 +3,13 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.db import transaction
 
 from billing.models import BillingEvent, EventKind
 from marketplace.models import User
 from notifications.services.notify import Kind, email_wanted
+from notifications.services.unsubscribe import kind_label, unsubscribe_headers
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,21 @@ def event_create(*, user: User, kind: str, message: str, data: dict[str, Any] | 
         email = email and email_wanted(user=user, kind=EMAIL_PREFERENCE.get(kind, Kind.BILLING_NOTICE))
     event = BillingEvent.objects.create(user=user, kind=kind, message=message, data=data or {}, emailed=email)
     if email:
-        transaction.on_commit(lambda: _send(user.email, kind, message))
+        # One that the user may turn off carries its preference's one-click unsubscribe, as the notices' e-mails do
+        # (notifications.services.unsubscribe); the always-sent warning none, as turning it off would not stop it.
+        preference = EMAIL_PREFERENCE.get(kind, Kind.BILLING_NOTICE)
+        headers = {} if kind in ALWAYS_EMAILED else unsubscribe_headers(user=user, kind=preference)
+        text = message
+        if headers:
+            text += (f"\n\nTo stop e-mails of this kind (\"{kind_label(preference)}\"), open "
+                     f"{headers['List-Unsubscribe'][1:-1]}")
+        transaction.on_commit(lambda: _send(user.email, kind, text, headers))
     return event
 
 
-def _send(address: str, kind: str, message: str) -> None:
+def _send(address: str, kind: str, message: str, headers: dict[str, str]) -> None:
     subject = f"[{settings.PLATFORM_NAME}] {SUBJECTS.get(kind, 'Billing')}"
     try:
-        send_mail(subject, message, settings.DEFAULT_FROM_EMAIL, [address])
+        EmailMessage(subject, message, settings.DEFAULT_FROM_EMAIL, [address], headers=headers).send()
     except Exception:  # noqa: BLE001 (a mail server outage must not undo billing)
         log.exception("could not email %s about %s", address, kind)
