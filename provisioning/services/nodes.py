@@ -390,11 +390,18 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     held = set(GpuAllocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("gpu_id", flat=True))
     held |= set(MigSliceAllocation.objects.filter(mig_slice__gpu__node=node, released_at__isnull=True)
                 .values_list("mig_slice__gpu_id", flat=True))
+    # A lost card a renter holds (gpu_presence) whose UUID the server does not report keeps its row and UUID even
+    # when a UUID repeats (no card is claimed then): before, matched by index it let go of its UUID, no health check
+    # judged it again, and when the cards answered each with its own UUID it was never matched back (a lost held row
+    # takes no unknown card): lost for good, its renter interrupted for good (found in round 50).
+    waiting = {gpu.pk for gpu in rows
+               if gpu.lost_at is not None and gpu.pk in held and gpu.uuid and gpu.uuid not in uuids}
     matched = _match_cards(rows, reported, held) if claim else {
-        gpu.pk: info for gpu in rows for info in reported if info.get("index") == gpu.index}
+        gpu.pk: info for gpu in rows if gpu.pk not in waiting for info in reported if info.get("index") == gpu.index}
     # A GPU the server no longer reports is no longer claimed, but a lost one a renter holds (gpu_presence) keeps
     # its UUID: the health checks go on judging it (its renter waits), and know it when it is back.
-    after = {gpu.pk: gpu.uuid if gpu.lost_at is not None and gpu.pk in held and claim else "" for gpu in rows}
+    after = {gpu.pk: gpu.uuid if gpu.lost_at is not None and gpu.pk in held and (claim or gpu.pk in waiting) else ""
+             for gpu in rows}
     changed = []
     for gpu in rows:
         gpu_info = matched.get(gpu.pk)

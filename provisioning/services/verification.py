@@ -592,18 +592,29 @@ def renters_concerned(node: Node, findings: list[dict[str, Any]], inventory: dic
     """The node's live instances a rejection's findings are about: all of them for a finding about the whole server,
     the holders of that GPU (whole or by a MIG slice) for one naming a GPU: found by the card's UUID in this
     inventory when `holders` knows it (nvidia-smi numbers the cards anew when one has left the bus), else by the
-    row at that index. A MIG slice's own finding is about a free slice (a re-check never tests a rented one)."""
+    row at that index; for a card whose UUID another card of this inventory reports too, every card sharing it is,
+    by both. A MIG slice's own finding is about a free slice (a re-check never tests a rented one)."""
     rejects = [f for f in findings if f["severity"] == "reject" and f["code"] not in NOT_ABOUT_RENTERS
                and not f["code"].startswith("mig_slice_")]
     live = Instance.objects.filter(node=node).exclude(status__in=FINAL_STATUSES)
     if any(f.get("gpu_index") is None for f in rejects):
         return set(live.values_list("pk", flat=True))
     uuid_at = {g.get("index"): g.get("uuid") for g in (inventory or {}).get("gpus", [])}
+    sharing: dict[Any, set[Any]] = {}  # a UUID -> the indices of the cards reporting it
+    for card_index, card_uuid in uuid_at.items():
+        if card_uuid:
+            sharing.setdefault(card_uuid, set()).add(card_index)
     found: set[int] = set()
     by_row: set[int] = set()
     for index in {f["gpu_index"] for f in rejects}:
         uuid = uuid_at.get(index)
-        if holders and uuid in holders:
+        if uuid and len(sharing[uuid]) > 1:
+            # One UUID on several cards (gpu_uuid_repeated, whose finding names the first card only): it tells none
+            # of them apart, so each is concerned, by its row and by the UUID as held before. Before, the first
+            # index alone was, through that UUID: one holder, often the wrong one (found in round 50).
+            by_row |= sharing[uuid]
+            found |= (holders or {}).get(uuid, set())
+        elif holders and uuid in holders:
             found |= holders[uuid]
         elif not holders or uuid is None:
             by_row.add(index)
