@@ -1,6 +1,7 @@
 """Production: the same settings, but refuse to start with the development defaults, and HTTPS only."""
 import ipaddress
 import re
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -17,6 +18,7 @@ from .base import (
     NODE_ADDRESS_ALLOWED_NETWORKS,
     NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK,
     SECRET_KEY,
+    SITE_URL,
     log_format,
 )
 from .env import env_bool, env_int, env_str
@@ -36,6 +38,25 @@ def unsafe_node_networks(values: list[str]) -> list[str]:
         if any(network.version == never.version and network.overlaps(never) for never in _NEVER_NODE_NETWORKS):
             unsafe.append(value)
     return unsafe
+
+
+def site_url(raw: str, hosts: list[str]) -> str:
+    """SITE_URL as set, which must be an absolute https:// address ending in / (the one-click unsubscribe links are
+    made by joining paths to it); when not set, https://<the first of ALLOWED_HOSTS>/ where that is one name (this
+    site is HTTPS only), so that notification e-mails carry the List-Unsubscribe header without another setting.
+    Empty only when ALLOWED_HOSTS names no single host."""
+    raw = raw.strip()
+    if raw:
+        parts = urlsplit(raw)
+        if (parts.scheme != "https" or not parts.hostname or not parts.path.endswith("/") or parts.query
+                or parts.fragment):
+            raise ImproperlyConfigured(f"SITE_URL must be this site's https:// address ending in /, such as "
+                                       f"https://gpus.example.com/, not {raw!r}")
+        return raw
+    first = next(iter(hosts), "")
+    if not first or first == "*" or first.startswith("."):
+        return ""
+    return f"https://{first}/"
 
 
 def check_production_settings() -> None:
@@ -68,6 +89,7 @@ def check_production_settings() -> None:
 
 
 check_production_settings()
+SITE_URL = site_url(SITE_URL, ALLOWED_HOSTS)
 
 # One JSON object per log line (core/logging_context.py), unless LOG_FORMAT=plain.
 LOG_FORMAT = log_format("json")
