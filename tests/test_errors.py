@@ -24,7 +24,7 @@ from marketplace.models import User
 from marketplace.services.accounts import InvalidSignupToken, SignupPasswordMismatch, TwoFactorRequired
 from marketplace.services.disk_room import DiskDoesNotFit, DiskRoom
 from marketplace.services.email_verification import EmailNotVerified, InvalidVerificationLink
-from marketplace.services.instances import Funds, InsufficientFunds
+from marketplace.services.instances import Funds, InsufficientFunds, PriceChanged
 from marketplace.services.ssh_keys import InvalidSshKey
 from marketplace.services.two_factor import WrongCode, WrongPassword
 
@@ -57,6 +57,7 @@ SAMPLES = [
     InvalidVerificationLink(),
     DiskDoesNotFit(7, DiskRoom(reported_gb=200, promised_gb=150, left_gb=50), 80, "an instance disk",
                    "Ask for less disk (disk_gb), or rent another offer.", field="disk_gb"),
+    PriceChanged(price_micros=100_000_000, max_price_micros=500_000, unit="GPU-hour"),
 ]
 
 

@@ -5,6 +5,8 @@ They check the input's shape and bounds only; every rule about what may be booke
 marketplace.services.instances' (the viewset is in instances.py).
 """
 
+from decimal import Decimal
+
 from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import (
     extend_schema_field,
@@ -276,6 +278,13 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
                                                   "how many slices of that profile).")
     mig_profile = serializers.CharField(required=False, default="", max_length=20, help_text=(
         "Rent MIG slices of this profile instead of whole GPUs (the offer's `mig_slices`), priced per slice-hour."))
+    max_price_per_gpu_hour = UsdField(required=False, min_value=Decimal("0"), help_text=(
+        "The most you agree to pay in USD per GPU-hour (with mig_profile: per slice-hour), e.g. \"0.79\": the "
+        "offer's `price_per_gpu_hour` (or its slice's `price_per_slice_hour`) as you saw it. When the offer's price "
+        "is higher at the moment of booking (its provider raised it since), the booking is refused with a 409 whose "
+        "`code` is `price_changed`, naming the price now (`price_per_gpu_hour`) and yours "
+        "(`max_price_per_gpu_hour`), and nothing is booked. A lower price books at the lower price. Without it, "
+        "the booking takes the offer's price at that moment, whatever it is."))
     require_nvlink = serializers.BooleanField(required=False, default=False, help_text=(
         "Book only GPUs all on one NVLink island of the node: when no island has num_gpus free GPUs (the offer's "
         "nvlink_gpus_free is less), the booking is refused with a 409 and nothing is booked, instead of taking GPUs "

@@ -25,6 +25,7 @@ from core.api.idempotency import idempotency_parameter
 from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer
 from core.api.scopes import RENTER_ONLY
 from core.idempotency import request_fingerprint
+from core.money import usd_to_micros
 from marketplace.models import Instance, InstanceStatus
 from marketplace.selectors import instances_with_given_back
 from marketplace.services import instances as svc
@@ -85,9 +86,12 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                                        "link again); or the "
                                                        "API key lacks the `renter` scope (a browser session: a "
                                                        "missing CSRF token)."),
-            409: OpenApiResponse(ErrorDetailSerializer, "Not enough free GPUs on the node, the offer is not "
-                                                        "available now (the reason named), or its server has less "
-                                                        "free disk left than `disk_gb` (the room left named)."),
+            409: OpenApiResponse(CodedErrorSerializer, "Not enough free GPUs on the node, the offer is not "
+                                                       "available now (the reason named), its server has less "
+                                                       "free disk left than `disk_gb` (the room left named), or "
+                                                       "`code` `price_changed`: the offer's price is now above "
+                                                       "`max_price_per_gpu_hour` (the body's `price_per_gpu_hour` "
+                                                       "and `max_price_per_gpu_hour` give both; nothing booked)."),
             422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
         },
     ),
@@ -171,6 +175,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             mig_profile=v["mig_profile"], require_nvlink=v["require_nvlink"],
             ssh_public_keys=public_keys, disk_gb=v.get("disk_gb"), label=v["label"], options=data.options(),
             idempotency_key=idempotency_key, request_fingerprint=fingerprint, volumes=v.get("volumes"),
+            max_price_micros=(usd_to_micros(v["max_price_per_gpu_hour"]) if "max_price_per_gpu_hour" in v
+                              else None),
         )
         return self._render(instance, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

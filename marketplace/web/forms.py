@@ -6,6 +6,8 @@ No rule is written here: limits, validators and parsers come from where the API'
 refuse the same input (tests/web/test_same_rules.py); the services decide everything else.
 """
 
+import json
+
 from django import forms
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
@@ -14,6 +16,7 @@ from django.core.exceptions import ValidationError
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.errors import ValidationFailed
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
+from core.money import USD_MAX_DIGITS, USD_PLACES, micros_to_usd, usd_to_micros
 from core.validators import no_control_characters
 from marketplace.auth import ThrottledLoginFormMixin
 from marketplace.mig import profiles_for
@@ -150,6 +153,22 @@ class _ImageChoices(forms.ModelChoiceField):
         return image.name
 
 
+def unit_price_map(node) -> dict[str, int]:
+    """What one unit of each choice costs per hour as the page shows it ("" = a whole GPU, else a MIG profile's
+    slice, of `node.mig_free`), in micro-dollars."""
+    return {"": int(node.price_per_gpu_hour_micros),
+            **{profile: int(price) for profile, _, price in getattr(node, "mig_free", None) or []}}
+
+
+def shown_prices_text(node) -> str:
+    """unit_price_map as the rent page's hidden `shown_prices` carries it: JSON of USD decimals by choice."""
+    return json.dumps({choice: str(micros_to_usd(micros)) for choice, micros in unit_price_map(node).items()},
+                      separators=(",", ":"))
+
+
+_SHOWN_PRICE = forms.DecimalField(min_value=0, max_digits=USD_MAX_DIGITS, decimal_places=USD_PLACES)
+
+
 class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     image = _ImageChoices(queryset=Image.objects.none(), to_field_name="slug", empty_label=None,
                           widget=forms.RadioSelect)
@@ -174,6 +193,10 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     # Makes a double submission (a double click, a resent form) book once: the page's own token.
     request_token = forms.CharField(widget=forms.HiddenInput, required=False,
                                     max_length=WEB_REQUEST_TOKEN_MAX_LENGTH)
+    # The price per unit-hour of each choice as the page showed it (shown_prices_text): the most the renter agreed
+    # to, which the booking checks under the node's lock (a raise since is a 409 and the page asks again). Altered,
+    # it can only lower what its sender accepts, so it is not signed; left out (a page from before it), no check.
+    shown_prices = forms.CharField(label="Prices shown", widget=forms.HiddenInput, required=False, max_length=4000)
 
     def __init__(self, *args, user, node, request=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -238,6 +261,30 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
             return ""
         value = self["mig_profile"].value() or ""
         return value if value in self.mig_choices else ""
+
+    def clean_shown_prices(self) -> dict[str, int]:
+        """{choice: micro-dollars} of the posted prices ({} when none was posted); a form error when unreadable."""
+        text = self.cleaned_data["shown_prices"]
+        if not text:
+            return {}
+        unreadable = ValidationError("The prices this page showed could not be read: reload the page, check the "
+                                     "price and book again.")
+        try:
+            shown = json.loads(text)
+        except ValueError:
+            raise unreadable from None
+        if not isinstance(shown, dict) or not all(isinstance(v, str) for v in shown.values()):
+            raise unreadable
+        try:
+            return {choice: usd_to_micros(_SHOWN_PRICE.clean(value)) for choice, value in shown.items()}
+        except ValidationError:
+            raise unreadable from None
+
+    def max_price_micros(self) -> int | None:
+        """The most the renter agreed to pay per unit-hour of what they chose (booking's max_price_micros), or None
+        where the page sent no price for it."""
+        shown = self.cleaned_data.get("shown_prices") or {}
+        return shown.get(self.cleaned_data.get("mig_profile") or "")
 
     def clean_ssh_keys(self):
         keys = self.cleaned_data["ssh_keys"]

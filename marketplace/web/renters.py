@@ -28,13 +28,14 @@ from core.web_errors import form_error, page_wording
 from marketplace import selectors, stored_figures
 from marketplace.api.offers import OfferFilter
 from marketplace.models import GpuModel
+from marketplace.money import usd_rate_text
 from marketplace.reauth import with_form_status
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
 from marketplace.templatetags.marketplace_web import duration, usd, usd_rate
 
 from .figures import COMPARED, WORKLOAD, gpu_comparison
-from .forms import RentForm
+from .forms import RentForm, shown_prices_text, unit_price_map
 from .rent_options import OPTION_FIELDS
 
 OFFERS_PER_PAGE = 20
@@ -354,7 +355,7 @@ def _chosen_gpus(form) -> int:
 
 def _unit_price_map(offer) -> dict[str, int]:
     """Price per hour of one unit by choice ("" = a whole GPU)."""
-    return {"": offer.price_per_gpu_hour_micros, **{p: int(price) for p, _, price in offer.mig_free}}
+    return unit_price_map(offer)
 
 
 def _unit_prices(offer) -> str:
@@ -362,7 +363,25 @@ def _unit_prices(offer) -> str:
     return json.dumps(_unit_price_map(offer))
 
 
+def _price_raised(form, offer) -> str:
+    """The note that the chosen unit costs more now than the page the form came from showed (its `shown_prices`),
+    or "": the booking refuses such a price (PriceChanged), and this page shows the new one to be agreed to."""
+    if not form.is_bound or form.errors.get("shown_prices"):
+        return ""
+    profile = form.chosen_profile()
+    agreed = (form.cleaned_data.get("shown_prices") or {}).get(profile)
+    now = unit_price_map(offer).get(profile)
+    if agreed is None or now is None or now <= agreed:
+        return ""
+    unit = f"MIG {profile} slice-hour" if profile else "GPU-hour"
+    return (f"The price changed since the page was shown: this offer now costs {usd_rate_text(now)} per {unit}, not "
+            f"the {usd_rate_text(agreed)} shown. Nothing was booked. Check the new price below and press “Rent now” "
+            f"again to book at it, or pick another offer.")
+
+
 def _render_rent(request, offer, form, status=200):
+    if note := _price_raised(form, offer):  # any page sent back, also one refused for another reason
+        form.add_error(None, note)
     unit_price = form.unit_price_micros(offer)
     funds = _funds(request.user, unit_price)
     advanced_open = form.options_given() or any(name in form.errors for name in OPTION_FIELDS)
@@ -371,6 +390,7 @@ def _render_rent(request, offer, form, status=200):
         "offer": offer, "form": form, "funds": funds,
         "estimate": _estimate(funds, unit_price, _chosen_gpus(form), form.chosen_profile()),
         "unit_prices": _unit_prices(offer), "funds_by_unit": _funds_by_unit(funds, offer) if offer.mig_free else "",
+        "shown_prices": shown_prices_text(offer),  # what this page shows: the most its form agrees to pay
         "advanced_open": advanced_open, "volumes_open": volumes_open,
     }, status=status)
 
@@ -455,6 +475,24 @@ def _reused_form(request, offer) -> RentForm:
     return form
 
 
+def _price_changed(request, offer, form, exc: svc.PriceChanged):
+    """The rent page again (409) at the offer's price now, saying that it changed (_price_raised) and that nothing
+    was booked; its form carries the new price, so sending it again books at it."""
+    try:
+        fresh = _offer_or_404(offer.pk)
+    except Http404:
+        fresh = offer
+    if unit_price_map(fresh) != unit_price_map(offer):  # changed again meanwhile: the choices' labels too
+        form = RentForm(request.POST, user=request.user, node=fresh, request=request)
+        form.is_valid()
+    if not _price_raised(form, fresh):  # cut again since the refusal: the service's words
+        form_error(form, exc)
+    response = with_form_status(_render_rent(request, fresh, form, status=409), form)
+    if response.status_code == 400:
+        response.status_code = 409
+    return response
+
+
 @sensitive_post_parameters("registry_password", "save_key_password")
 @login_required
 @require_http_methods(["GET", "POST"])
@@ -493,9 +531,12 @@ def rent(request, node_id: int):
             idempotency_key=web_idempotency_key(token),
             request_fingerprint=svc.request_fingerprint(body) if token else "",
             volumes=data.get("volumes") or [], mig_profile=data.get("mig_profile") or "",
+            max_price_micros=form.max_price_micros(),
         )
     except IdempotencyKeyReused:
         form = _reused_form(request, offer)
+    except svc.PriceChanged as exc:  # raised after this page read the offer: shown again at the price now
+        return _price_changed(request, offer, form, exc)
     except ApplicationError as exc:  # InsufficientFunds in funds_refusal's words
         form_error(form, exc)
     else:

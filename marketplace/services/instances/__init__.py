@@ -40,7 +40,7 @@ from marketplace.services.funds import (
     funds_of,
 )
 
-from .booking import instance_create
+from .booking import PriceChanged, instance_create
 from .common import (
     MAX_DISK_GB,
     WAITING,
@@ -78,7 +78,7 @@ from .worker import (
 __all__ = [
     "instance_slice_uuids",
     "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
-    "funds_for", "funds_of", "instance_create",
+    "funds_for", "funds_of", "instance_create", "PriceChanged",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut", "instance_price_follow", "node_instances_price_follow",
     "instance_restart_interrupted", "instance_resume", "lost_usage_give_back", "node_instances_interrupt",

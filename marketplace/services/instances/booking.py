@@ -10,6 +10,7 @@ from billing.services.metering import platform_fee_bps
 from core import metrics
 from core.errors import Conflict, ValidationFailed
 from core.idempotency import create_once
+from core.money import micros_to_usd, usd_rate_text
 from marketplace.encryption import encrypt_secret
 from marketplace.models import (
     Image,
@@ -62,6 +63,7 @@ def instance_create(
     volumes: list[dict[str, Any]] | None = None,
     mig_profile: str = "",
     require_nvlink: bool = False,
+    max_price_micros: int | None = None,
 ) -> tuple[Instance, bool]:
     """Book `num_gpus` GPUs of a node as a new instance and queue its provisioning.
 
@@ -69,6 +71,9 @@ def instance_create(
     options.clean_image_reference); `options` (env, onstart, ports, registry login, minimum CUDA version) are
     already validated (options.instance_options). `ssh_public_keys` are already validated and normalised.
     `require_nvlink`: the GPUs all on one NVLink island of the node, or a 409 (never booked across islands).
+    `max_price_micros`: the most the renter agreed to pay per unit-hour (a GPU-hour, or with `mig_profile` a
+    slice-hour: the price the booking snapshots), or None for whatever the node asks when the booking runs; a
+    higher price now is PriceChanged (409), checked on the price read under the node's lock.
     Returns (instance, created): with an Idempotency-Key seen before (same body), the earlier instance and False.
     Raises EmailNotVerified (403), ValidationFailed (400), Conflict (409), InsufficientFunds (402) or
     IdempotencyKeyReused (422); on any of them nothing was written.
@@ -92,7 +97,8 @@ def instance_create(
             return _book(renter=renter, node_id=node_id, num_gpus=num_gpus, image=image, keys=keys,
                          disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
                          idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
-                         volumes=volumes or [], mig_profile=mig_profile, require_nvlink=require_nvlink)
+                         volumes=volumes or [], mig_profile=mig_profile, require_nvlink=require_nvlink,
+                         max_price_micros=max_price_micros)
 
     # A retry racing its original gets the original, also where the original's GPUs or disk would refuse it.
     return create_once(idempotency_key, lambda: instance_for_idempotency_key(
@@ -176,6 +182,31 @@ def _slice_price(node: Node, mig_profile: str) -> int:
     return int(prices[mig_profile])
 
 
+class PriceChanged(Conflict):
+    """The node's price per unit-hour is now above the most the renter agreed to (409, code price_changed): the
+    provider raised it after the renter saw it. Nothing is booked; the figures ride along (`price_micros`,
+    `max_price_micros`, and in the API's body as decimals) so a client or page can show the new price and ask again.
+    """
+
+    code = "price_changed"
+
+    def __init__(self, *, price_micros: int, max_price_micros: int, unit: str) -> None:
+        self.price_micros, self.max_price_micros, self.unit = price_micros, max_price_micros, unit
+        super().__init__(
+            f"The price changed: this offer now costs {usd_rate_text(price_micros)} per {unit}, more than the "
+            f"{usd_rate_text(max_price_micros)} per {unit} you agreed to. Nothing was booked; book again at the "
+            f"new price if it suits you.",
+            extra={"code": self.code, "price_per_gpu_hour": str(micros_to_usd(price_micros)),
+                   "max_price_per_gpu_hour": str(micros_to_usd(max_price_micros))})
+
+
+def _refuse_price_above(price: int, max_price_micros: int | None, mig_profile: str) -> None:
+    """PriceChanged where the price read under the node's lock is above the renter's maximum (a cut books)."""
+    if max_price_micros is not None and price > max_price_micros:
+        raise PriceChanged(price_micros=price, max_price_micros=max_price_micros,
+                           unit=f"MIG {mig_profile} slice-hour" if mig_profile else "GPU-hour")
+
+
 def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> None:
     """Fewer slices were taken than asked for: more than are free is a 400 naming `num_gpus`; free ones that
     concurrent bookings hold locked (free in the committed rows, skipped by SKIP LOCKED) are a race, 409."""
@@ -223,7 +254,8 @@ def _check_cuda(node: Node, wanted: str) -> None:
 
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
           label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
-          volumes: list[dict[str, Any]], mig_profile: str = "", require_nvlink: bool = False) -> Instance:
+          volumes: list[dict[str, Any]], mig_profile: str = "", require_nvlink: bool = False,
+          max_price_micros: int | None = None) -> Instance:
     # The funds check's wallet lock comes with the node's read, unless volumes are attached: their locks come
     # between the two (allocation.py's lock order), and the wallet is locked by _check_funds after them.
     funds_required = settings.BILLING_REQUIRE_FUNDS
@@ -241,6 +273,8 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         raise ValidationFailed(f"This node has {_gpus_text(total)}; ask for 1 to {total}.", field="num_gpus")
     else:
         price = node.price_per_gpu_hour_micros
+    # On the row read FOR SHARE: a price change (FOR NO KEY UPDATE) waits for this booking, or this one sees it.
+    _refuse_price_above(price, max_price_micros, mig_profile)
     min_disk = _check_image(image, node)
     _check_runtime_options(node, options, volumes)
     _check_cuda(node, options.min_cuda_version)
