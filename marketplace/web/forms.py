@@ -13,6 +13,7 @@ from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
+from core import untrusted_json
 from core.api.scopes import ALL_SCOPES, SCOPE_LABELS
 from core.errors import ValidationFailed
 from core.idempotency import WEB_REQUEST_TOKEN_MAX_LENGTH
@@ -270,7 +271,7 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
         unreadable = ValidationError("The prices this page showed could not be read: reload the page, check the "
                                      "price and book again.")
         try:
-            shown = json.loads(text)
+            shown = untrusted_json.loads(text)  # deep nesting is a ValueError here, not a RecursionError
         except ValueError:
             raise unreadable from None
         if not isinstance(shown, dict) or not all(isinstance(v, str) for v in shown.values()):

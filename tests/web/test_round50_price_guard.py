@@ -100,7 +100,9 @@ def test_a_raise_seen_on_a_page_sent_back_for_another_reason_is_said_too(web, fu
 
 @pytest.mark.parametrize(
     "value",
-    ["nope", '{"":"NaN"}', '{"":"-1"}', '{"":"0.1234567"}', '{"":1}', "[1]", '{"":"1e999999"}', '{"":"Infinity"}'],
+    ["nope", '{"":"NaN"}', '{"":"-1"}', '{"":"0.1234567"}', '{"":1}', "[1]", '{"":"1e999999"}', '{"":"Infinity"}',
+     # nested past Python's recursion limit: json.loads raises RecursionError, not ValueError (found by review: a 500)
+     "[" * 3999, "[" * 1500 + "]" * 1500],
 )
 def test_an_unreadable_shown_price_is_a_form_error_not_a_500(web, funded_renter, value):
     node = make_listed_node(gpu_model="rtx-a6000", gpu_count=1, price="0.500000")
