@@ -51,6 +51,13 @@ def usd_text(micros: int) -> str:
     return f"{'−' if cents < 0 else ''}${abs(cents):,.2f}"
 
 
+def usd_text_up(micros: int) -> str:
+    """An amount the renter must reach (what an hour needs, a shortfall to top up) in a sentence: usd_text of it
+    rounded UP to the next whole cent. Half-up would read a shortfall of $5.004 as "$5.00", and topping up exactly
+    that would leave the renter 0.4 cent short and refused again. Balances and charges stay usd_text."""
+    return usd_text(-(-micros // 10_000) * 10_000)
+
+
 def usd_rate_text(micros: int) -> str:
     """A price per unit (GPU-hour, slice-hour, GB-month, an hour of several GPUs) as a person reads it: every
     significant decimal of the micro-dollars, at least two, one minus sign ("$1.504", "$1.50", "$0.000125").

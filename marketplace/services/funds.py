@@ -9,12 +9,12 @@ from django.db.models import F, Sum
 
 from billing.services.ledger import funds_required_micros, wallet_balance
 from core.errors import PaymentRequired
+from core.money import usd_text, usd_text_up
 from core.sql import prepared_cursor
 from marketplace.models import Instance, InstanceStatus, Volume
 from marketplace.models.host import SECONDS_PER_MONTH
 from marketplace.models.renting import RATE_COUNTED_STATUSES
 from marketplace.models.volumes import COMMITTED_VOLUME_STATES
-from marketplace.money import usd_text
 
 S = InstanceStatus
 
@@ -182,7 +182,8 @@ def _funds_figures(funds: Funds) -> str:
                 f"{usd_text(funds.committed_rate_micros)}/h; with this one {usd_text(funds.rate_micros)}/h")
     else:
         rate = f"This {funds.thing} costs {added}"
-    return (f"{rate}; {span} needs {usd_text(funds.required_micros)}. Your balance is "
-            f"{usd_text(funds.balance_micros)}; top up at least {usd_text(funds.missing_micros)}")
+    # What must be reached reads rounded up: topping up the shortfall it names is enough.
+    return (f"{rate}; {span} needs {usd_text_up(funds.required_micros)}. Your balance is "
+            f"{usd_text(funds.balance_micros)}; top up at least {usd_text_up(funds.missing_micros)}")
 
 

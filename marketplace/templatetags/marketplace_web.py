@@ -4,7 +4,7 @@ from decimal import Decimal
 from django import forms, template
 from django.utils.html import format_html
 
-from core.money import micros_to_usd, usd_rate_text, usd_text
+from core.money import micros_to_usd, usd_rate_text, usd_text, usd_text_up
 from marketplace.models.host import cuda_version_text
 
 register = template.Library()
@@ -34,6 +34,15 @@ def usd(micros) -> str:
     if micros is None or micros == "":
         return "–"
     return usd_text(int(micros))
+
+
+@register.filter
+def usd_up(micros) -> str:
+    """An amount the renter must reach (what an hour needs, a shortfall to top up), rounded UP to the cent
+    (core.money.usd_text_up): topping up what it says is always enough. "–" for none."""
+    if micros is None or micros == "":
+        return "–"
+    return usd_text_up(int(micros))
 
 
 @register.filter

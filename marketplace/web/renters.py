@@ -32,7 +32,7 @@ from marketplace.money import usd_rate_text
 from marketplace.reauth import with_form_status
 from marketplace.services import instances as svc
 from marketplace.services import ssh_keys as ssh_svc
-from marketplace.templatetags.marketplace_web import duration, usd, usd_rate
+from marketplace.templatetags.marketplace_web import duration, usd, usd_rate, usd_up
 
 from .figures import COMPARED, WORKLOAD, gpu_comparison
 from .forms import RentForm, shown_prices_text, unit_price_map
@@ -308,8 +308,8 @@ def _funds_by_unit(funds: dict, offer) -> str:
     for profile, price in _unit_price_map(offer).items():
         figures = _funds_figures(svc.funds_of(balance_micros=funds["balance_micros"], price_per_hour_micros=price,
                                               committed_rate_micros=funds["committed_rate_micros"]))
-        words[profile] = {"per_unit": usd(figures["per_gpu_micros"]), "per": "slice" if profile else "GPU",
-                          "missing": usd(figures["missing_micros"]) if figures["missing_micros"] else "",
+        words[profile] = {"per_unit": usd_up(figures["per_gpu_micros"]), "per": "slice" if profile else "GPU",
+                          "missing": usd_up(figures["missing_micros"]) if figures["missing_micros"] else "",
                           "top_up": figures["suggested_usd"]}
     return json.dumps(words)
 
@@ -324,8 +324,8 @@ def funds_refusal(exc: svc.InsufficientFunds) -> str:
                 f"{usd_rate(funds.committed_rate_micros)} per hour, {usd_rate(funds.rate_micros)} with this one")
     else:
         rate = f"this {funds.thing} costs {usd_rate(funds.added_rate_micros)} per hour"
-    return (f"Not enough balance: {rate}, and {duration(funds.required_s)} of that is {usd(funds.required_micros)}. "
-            f"Your balance is {usd(funds.balance_micros)}: top up at least {usd(funds.missing_micros)} "
+    return (f"Not enough balance: {rate}, and {duration(funds.required_s)} of that is {usd_up(funds.required_micros)}. "
+            f"Your balance is {usd(funds.balance_micros)}: top up at least {usd_up(funds.missing_micros)} "
             "on the Balance page.")
 
 

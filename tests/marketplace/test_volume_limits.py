@@ -49,7 +49,7 @@ def test_a_cent_of_balance_does_not_buy_unbounded_storage(api, user):
     assert {r.status_code for r in answers} == {402}, [r.status_code for r in answers]
     detail = answers[0].json()["detail"]
     assert "Creating this volume needs one hour" in detail and "This volume costs $9.10/h" in detail, detail
-    assert "top up at least $9.09" in detail, detail
+    assert "top up at least $9.10" in detail, detail
     assert not Volume.objects.exists() and not Job.objects.exists()
 
 

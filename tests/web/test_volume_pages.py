@@ -138,7 +138,7 @@ def test_a_volume_the_balance_cannot_hold_an_hour_of_is_refused_in_the_pages_wor
     page = r.content.decode()
     assert r.status_code == 400 and "Not enough balance: this volume costs $0.333333 per hour" in page, page
     (said,) = re.findall(r'<ul class="errorlist nonfield"[^>]*><li>(.*?)</li>', page)
-    assert "top up at least $0.23 on the Balance page" in said and "/api/v1/" not in said
+    assert "top up at least $0.24 on the Balance page" in said and "/api/v1/" not in said
     assert not Volume.objects.exists()
     # The node's reported free disk (3500 GB) is a limit too, said on the page.
     fund(renter, "10")
