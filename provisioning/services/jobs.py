@@ -38,7 +38,8 @@ from core.background import BackgroundBatcher
 from core.errors import Conflict
 from core.sql import ModelInsert, constraint_violated, prepared_cursor
 from marketplace.models import Instance, Node, Volume
-from provisioning.models import Job, JobKind, JobStatus
+from provisioning.models import OPEN, Job, JobKind, JobStatus
+from provisioning.services.runner import job_finish
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +90,31 @@ def job_create(*, kind: str, node: Node, instance: Instance | None = None, volum
     except IntegrityError as exc:
         if not constraint_violated(exc).startswith("job_one_open_"):  # by name, never in the text (core.sql)
             raise
+        if savepoint and instance is not None and _superseded_job_closed(kind=kind, instance_id=instance.pk):
+            return job_create(kind=kind, node=node, instance=instance, volume=volume)  # its kind has none open now
         what = (f"instance {instance.pk}" if instance is not None else
                 f"volume {volume.pk}" if volume is not None else f"node {node.pk}")
         raise JobConflict(f"A job to {JobKind(kind).label.lower()} is still under way for {what}; "
                           "try again in a moment.") from None
     job_queued(job)
     return job
+
+
+SUPERSEDED = "a later job of the instance took over"
+
+
+def _superseded_job_closed(*, kind: str, instance_id: int) -> bool:
+    """Close the instance's open job of `kind` when a later job of the instance exists; True when it did. Such a job
+    speaks for nothing (provisioning.services.vms.job_superseded: run again, it closes itself so); it is left open
+    only when its worker was lost after recording the node's answer, before closing the job. It blocked the
+    renter's next stop (a 409 "still under way") and the zero-balance stop until the dispatcher or the reaper came
+    by (found by review). A worker still running it finds it closed and superseded, and does nothing more."""
+    stale = Job.objects.select_for_update().filter(OPEN, instance_id=instance_id, kind=kind).first()
+    if stale is None or not Job.objects.filter(instance_id=instance_id, id__gt=stale.pk).exists():
+        return False
+    job_finish(job=stale, note=SUPERSEDED)
+    log.info("job %s (%s of instance %s) closed as superseded to queue a new one", stale.pk, kind, instance_id)
+    return True
 
 
 def job_new(*, kind: str, node: Node, instance: Instance | None = None, volume: Volume | None = None) -> Job:

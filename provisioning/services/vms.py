@@ -37,6 +37,7 @@ from marketplace.validators import VM_PORT_NAME, is_port_number, validate_addres
 from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
 from provisioning.services.faults import error_fault
+from provisioning.services.jobs import SUPERSEDED
 from provisioning.services.nodes import VM_MISSING, node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
@@ -308,7 +309,6 @@ def _progress(job: Job, instance: Instance, message: str) -> None:
 # as the reaper does (maintenance.jobs_reap), a job of which a later job of the same instance exists is superseded:
 # it is closed with a note, and touches neither the instance, its GPUs, the VM, nor its node's fault record.
 
-SUPERSEDED = "a later job of the instance took over"
 
 
 def job_superseded(job: Job) -> bool:
