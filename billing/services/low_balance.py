@@ -34,7 +34,7 @@ from billing.models import BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
 from billing.services.notify import event_create
 from marketplace.models import User
-from marketplace.money import micros_to_usd, usd_text
+from marketplace.money import micros_to_usd, usd_rate_text, usd_text
 from notifications.services.notify import Kind, notify
 
 # What made the cost rise, said in the warning before "so they are not stopped before ...".
@@ -83,7 +83,7 @@ def low_balance_warn(*, renter_id: int, balance: int, rate: int, remaining: int,
         # What happens at zero, said for what the renter has: a renter billed for storage alone runs nothing.
         grace = duration_text(settings.BILLING_GRACE_PERIOD_S)
         message = (f"Your balance is {usd_text(balance)}: about {duration_text(remaining)} of your running "
-                   f"instances and storage ({usd_text(rate)} per hour). At zero running instances are stopped, "
+                   f"instances and storage ({usd_rate_text(rate)} per hour). At zero running instances are stopped, "
                    f"and {grace} later stopped instances and volumes are deleted; top up to keep them.")
         data: dict[str, str | int] = {"balance": str(micros_to_usd(balance)), "per_hour": str(micros_to_usd(rate)),
                                       "seconds_left": remaining}
@@ -113,7 +113,7 @@ class LowBalanceNotice:
 
     def note(self) -> str:
         """What the rise's own message adds: the figures, and until when nothing stops."""
-        rate = f"{usd_text(self.rate_micros)}/h for your instances and storage"
+        rate = f"{usd_rate_text(self.rate_micros)}/h for your instances and storage"
         if self.stop_not_before is None:
             if self.balance_micros <= 0:
                 return (f" Your balance is {usd_text(self.balance_micros)}, which does not cover the {rate}: top up "

@@ -9,7 +9,7 @@ from django.db.models import F, Sum
 
 from billing.services.ledger import funds_required_micros, wallet_balance
 from core.errors import PaymentRequired
-from core.money import usd_text, usd_text_up
+from core.money import usd_rate_text, usd_text, usd_text_up
 from core.sql import prepared_cursor
 from marketplace.models import Instance, InstanceStatus, Volume
 from marketplace.models.host import SECONDS_PER_MONTH
@@ -176,10 +176,11 @@ def _funds_span(seconds: int) -> str:
 
 def _funds_figures(funds: Funds) -> str:
     span = _funds_span(funds.required_s)
-    added = f"{usd_text(funds.added_rate_micros)}/h"
+    # Prices per hour exact, as the offer and the pages show them (usd_rate_text); amounts in cents.
+    added = f"{usd_rate_text(funds.added_rate_micros)}/h"
     if funds.committed_rate_micros:
         rate = (f"Your running and starting instances and your storage cost "
-                f"{usd_text(funds.committed_rate_micros)}/h; with this one {usd_text(funds.rate_micros)}/h")
+                f"{usd_rate_text(funds.committed_rate_micros)}/h; with this one {usd_rate_text(funds.rate_micros)}/h")
     else:
         rate = f"This {funds.thing} costs {added}"
     # What must be reached reads rounded up: topping up the shortfall it names is enough.

@@ -48,7 +48,7 @@ def test_a_cent_of_balance_does_not_buy_unbounded_storage(api, user):
     answers = [create(api, node, TIB64) for _ in range(20)]
     assert {r.status_code for r in answers} == {402}, [r.status_code for r in answers]
     detail = answers[0].json()["detail"]
-    assert "Creating this volume needs one hour" in detail and "This volume costs $9.10/h" in detail, detail
+    assert "Creating this volume needs one hour" in detail and "This volume costs $9.102222/h" in detail, detail
     assert "top up at least $9.10" in detail, detail
     assert not Volume.objects.exists() and not Job.objects.exists()
 
@@ -62,7 +62,7 @@ def test_volumes_being_created_count_towards_the_next_ones_hour(api, user):
     assert create(api, node, TIB64).status_code == 201
     second = create(api, node, TIB64)
     assert second.status_code == 402, second.content
-    assert "your storage cost $9.10/h; with this one $18.20/h" in second.json()["detail"]
+    assert "your storage cost $9.102222/h; with this one $18.204444/h" in second.json()["detail"]
     assert Volume.objects.count() == 1
 
 
@@ -84,7 +84,7 @@ def test_a_renters_storage_counts_when_they_book_an_instance(api, user):
     again = api.post("/api/v1/instances/", {"offer": node.pk, "num_gpus": 1, "image": "pytorch-2-5",
                                             "ssh_public_key": ed25519_key()}, format="json")
     assert again.status_code == 402, again.content
-    assert "your storage cost $10.60/h; with this one $12.10/h" in again.json()["detail"]
+    assert "your storage cost $10.602222/h; with this one $12.102222/h" in again.json()["detail"]
 
 
 def test_the_committed_rate_counts_volumes_being_created_and_stopped_disks_as_the_selector_does(user):

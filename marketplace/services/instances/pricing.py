@@ -42,7 +42,7 @@ from billing.services.metering import usage_close
 from billing.services.notify import event_create
 from marketplace.models import Instance, Node
 from marketplace.models.renting import FINAL_STATUSES
-from marketplace.money import micros_to_usd, usd_text
+from marketplace.money import micros_to_usd, usd_rate_text
 from marketplace.services.funds import COMMITTED_STATUSES
 
 from .common import S, _locked
@@ -177,7 +177,8 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
     event_create(
         user=instance.renter, kind=kind, email=True,
         message=(f"Instance {instance.pk}'s server measured {measured}. From {_at(since)} it costs "
-                 f"{usd_text(instance.price_per_hour_micros)}/h instead of {usd_text(old)}/h ({share}).{then}"),
+                 f"{usd_rate_text(instance.price_per_hour_micros)}/h instead of {usd_rate_text(old)}/h "
+                 f"({share}).{then}"),
         data=data,
     )
 
