@@ -82,8 +82,10 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
         )
         if not created:
             return Payout.objects.get(transaction=txn)
+        # Dated at its ledger transaction (what the earnings by month count it by), not by a second clock read.
         return Payout.objects.create(provider_id=provider_id, period_start=period_start, period_end=period_end,
-                                     amount_micros=amount, destination=destination, transaction=txn)
+                                     amount_micros=amount, destination=destination, transaction=txn,
+                                     created_at=txn.created_at)
 
 
 def payout_send(*, payout: Payout) -> Payout:

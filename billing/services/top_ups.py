@@ -189,7 +189,10 @@ def top_up_credit(*, top_up_id: int, payment_intent_id: str, amount_micros: int)
     top_up.outcome_unknown = False
     top_up.transaction = txn
     top_up.payment_intent_id = top_up.payment_intent_id or payment_intent_id
-    top_up.credited_at = timezone.now()
+    # The ledger's own moment, not a second clock read after its writes: the statement places the top-up by its
+    # transaction, and dates its line by credited_at (found by review: credited at 23:59:59.999 on a month's last
+    # day, it was listed in that month and dated the next).
+    top_up.credited_at = txn.created_at
     top_up.save(update_fields=["status", "failure_message", "outcome_unknown", "transaction", "payment_intent_id",
                                "credited_at", "updated_at"])
     event_create(user=top_up.user, kind=EventKind.TOP_UP_SUCCEEDED,
