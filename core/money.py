@@ -3,7 +3,7 @@
 Owned by no app: the API toolkit's money fields (core.api.fields) and every app's services use it.
 """
 import re
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
 MICROS_PER_USD = 1_000_000
 USD_QUANTUM = Decimal("0.000001")
@@ -20,6 +20,13 @@ _PLAIN_CENTS = re.compile(rf"\d{{1,{CENTS_MAX_DIGITS - CENTS_PLACES}}}(\.\d{{1,{
 def usd_to_micros(amount: Decimal) -> int:
     """Exact for any amount with at most six decimal places (the serializers enforce that)."""
     return int((amount * MICROS_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def usd_bound_to_micros(amount: Decimal) -> int:
+    """A most-to-pay bound (a search's maximum price) in whole micro-dollars, rounded DOWN: prices are whole
+    micro-dollars, so price <= this exactly when price <= amount. usd_to_micros rounds half up, and a maximum of
+    1.4999995 listed the offers at 1.500000 (found by review)."""
+    return int((amount * MICROS_PER_USD).to_integral_value(rounding=ROUND_FLOOR))
 
 
 def micros_to_usd(micros: int) -> Decimal:

@@ -42,7 +42,7 @@ from django.db import connections
 from django.db.models import Field, Q, QuerySet
 from psycopg.types.numeric import Int2, Int4, Int8
 
-from core.money import usd_to_micros
+from core.money import usd_bound_to_micros
 from marketplace.api.offer_query import _fast_json
 from marketplace.api.offers import OfferFilter
 from marketplace.models import Node, Verdict
@@ -67,7 +67,7 @@ FILTER_ORDER = [name for name in OfferFilter.base_filters if name in NARROWING]
 PARAMETERS: dict[str, Callable[[Any], list[Any]]] = {
     "gpu_model": sorted,
     "min_gpus": lambda value: [value],
-    "max_price_per_gpu_hour": lambda value: [usd_to_micros(value)],  # OfferFilter.filter_max_price
+    "max_price_per_gpu_hour": lambda value: [usd_bound_to_micros(value)],  # OfferFilter.filter_max_price
     "min_reliability": lambda value: [value],  # a Decimal; Django's FloatField makes it the float below (REBUILD)
     "country": lambda value: [value],
 }

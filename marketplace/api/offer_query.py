@@ -31,9 +31,9 @@ from django.db.models.expressions import Col
 from django_filters.constants import EMPTY_VALUES
 from psycopg.types.numeric import Int2, Int4, Int8
 
+from core.money import usd_bound_to_micros
 from marketplace.models import GpuModel
 from marketplace.models.host import cuda_version_code
-from marketplace.money import usd_to_micros
 
 MAX_ENTRIES = 1024  # shapes x pages; bounded so that paging deep or odd filters cannot grow a worker without end
 
@@ -41,7 +41,7 @@ MAX_ENTRIES = 1024  # shapes x pages; bounded so that paging deep or odd filters
 # gpu_model: django-filter ORs one predicate per model in `set(value)` order.
 PARAMETERS: dict[str, Callable[[Any], list[Any]]] = {
     "gpu_model": lambda value: [model.slug for model in set(value)],
-    "max_price_per_gpu_hour": lambda value: [usd_to_micros(value)],
+    "max_price_per_gpu_hour": lambda value: [usd_bound_to_micros(value)],
     "min_cuda_version": lambda value: [cuda_version_code(value)],
     **{name: (lambda value: [value]) for name in (
         "min_gpus", "min_gpu_memory_gb", "country", "city", "min_reliability", "min_score", "min_cpu_cores",

@@ -22,12 +22,12 @@ from core.api.fields import UsdField
 from core.api.filtering import FilterBackend, StrictFilterSet
 from core.api.renderers import FastJSONRenderer
 from core.api.scopes import PUBLIC
+from core.money import usd_bound_to_micros
 from marketplace import selectors, stored_figures
 from marketplace.mig import all_profile_names
 from marketplace.models import GpuModel, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.models.nodes import slice_price_micros, slice_score_per_dollar
-from marketplace.money import usd_to_micros
 from marketplace.services.instances.booking import RUNTIME_REFUSED_OPTIONS
 from marketplace.services.volumes import VOLUMELESS_RUNTIMES
 from marketplace.stored_figures import finite_float, finite_int, nvlink_islands
@@ -430,8 +430,8 @@ class OfferFilter(StrictFilterSet):
             # The price per slice-hour of that profile, what booking a slice charges (found by review: the whole
             # GPU's price hid the cheap slices). A node that does not price the profile books none (null here),
             # and filter_mig_profile leaves it out anyway.
-            return queryset.filter(LessThanOrEqual(slice_price_micros(profile), usd_to_micros(value)))
-        return queryset.filter(price_per_gpu_hour_micros__lte=usd_to_micros(value))
+            return queryset.filter(LessThanOrEqual(slice_price_micros(profile), usd_bound_to_micros(value)))
+        return queryset.filter(price_per_gpu_hour_micros__lte=usd_bound_to_micros(value))
 
     def filter_country(self, queryset, name, value):
         return queryset.filter(country=value)
