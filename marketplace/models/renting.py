@@ -192,8 +192,9 @@ class Instance(StatefulModel, models.Model):
     # the seconds billed later cost what they would have after the seconds paid for.
     given_back_seconds = models.BigIntegerField(default=0)
     # A price change while rented (hardware measured worse, or better again: instances.pricing) starts a new
-    # stretch at the new price, and a give-back moves it on (metering._rebase_after_give_back): cost_micros == rate_base_cost_micros + floor(price_per_hour_micros ×
-    # (billed_seconds − rate_base_seconds) / 3600). Both are 0 for an instance whose price never changed.
+    # stretch at the new price, and a give-back moves it on (metering._rebase_after_give_back): cost_micros ==
+    # rate_base_cost_micros + floor(price_per_hour_micros × (billed_seconds − rate_base_seconds) / 3600). Both are 0
+    # for an instance whose price never changed and nothing was given back.
     rate_base_seconds = models.BigIntegerField(default=0)
     rate_base_cost_micros = models.BigIntegerField(default=0)
     # Its price per GPU-hour before its first cut, and its node's score then: a later re-check that measures the
