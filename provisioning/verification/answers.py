@@ -235,11 +235,17 @@ def _topology(check: _Check, value: Any) -> None:
             check.integer(gpu, "links_active", path, 1024)
             check.number(gpu, "link_gbs", path, MEASURE_MAX)
     islands = check.items(topology.get("nvlink_islands"), "topology.nvlink_islands", most=MAX_GPUS) or []
+    members: list[tuple[str, Any]] = []
     for n, island in enumerate(islands):
         path = f"topology.nvlink_islands[{n}]"
         for m, gpu in enumerate(check.items(island, path, required=True, most=MAX_GPUS) or []):
             if type(gpu) is not int or not 0 <= gpu < MAX_GPUS:
                 check.add(f"{path}[{m}]", f"is not a GPU index (0..{MAX_GPUS - 1})")
+            else:
+                members.append((f"{path}[{m}]", gpu))
+    # A GPU is in one island at most: islands that overlap ([[1, 2, 3], [0, 1]]) would be offered as two NVLink groups
+    # that an NVLink booking cannot both be given (found by review; only an agent that lies sends them).
+    _unique(check, members, "GPU")
 
 
 def _host(check: _Check, answer: dict) -> None:
