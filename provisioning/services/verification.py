@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 from django.conf import settings
@@ -545,14 +546,14 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
     if verdict == Verdict.REJECTED and not score:
         # No measure of how much worse: the renters whose hardware the rejection is about pay nothing, the others
         # (on cards the findings do not name) go on as they are.
-        ratio, only = 0.0, renters_concerned(node, findings, inventory, holders)
+        ratio, only = Fraction(0), renters_concerned(node, findings, inventory, holders)
         if not only:
             return
     elif score is None or not previous_score or previous_score <= 0:
         return  # nothing measured now, or nothing to compare with
     else:
-        ratio = score / previous_score
-    if ratio >= 1 - float(settings.HARDWARE_PRICE_CUT_TOLERANCE):
+        ratio = instance_svc.score_share(score, previous_score)
+    if ratio >= 1 - Fraction(settings.HARDWARE_PRICE_CUT_TOLERANCE):
         return
     named = {f["code"] for f in findings if f["severity"] in ("reject", "degrade")} - NOT_ABOUT_RENTERS
     codes = sorted(named) or ["lower score"]
@@ -560,7 +561,7 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
                                                 score_before=previous_score or 0.0, only=only)
     if cut:
         node_event(node=node, kind="renters_price_cut",
-                   message=f"Measured {ratio:.0%} of the score it had before ({', '.join(codes)}): "
+                   message=f"Measured {float(ratio):.0%} of the score it had before ({', '.join(codes)}): "
                            f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.",
                    level=NodeEvent.Level.WARNING)
 

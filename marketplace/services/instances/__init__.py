@@ -62,7 +62,13 @@ from .interruptions import (
 )
 from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
 from .mig import instance_slice_uuids
-from .pricing import instance_price_cut, instance_price_follow, node_instances_price_cut, node_instances_price_follow
+from .pricing import (
+    instance_price_cut,
+    instance_price_follow,
+    node_instances_price_cut,
+    node_instances_price_follow,
+    score_share,
+)
 from .secrets import ENV_VALUE_MASK, env_masked, instance_env, instance_registry_auth
 from .worker import (
     instance_cleanup_done,
@@ -76,7 +82,7 @@ from .worker import (
 )
 
 __all__ = [
-    "instance_slice_uuids",
+    "instance_slice_uuids", "score_share",
     "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
     "funds_for", "funds_of", "instance_create", "PriceChanged",
     "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",

@@ -28,8 +28,10 @@ at zero (at $0/h nothing burned, so nothing had warned), they get the low-balanc
 says so, and their instances are not stopped at zero before the warning's notice (BILLING_LOW_BALANCE_WARNING_S)
 has passed. Before, the next meter tick stopped them at once (found by review).
 """
+import math
 from collections.abc import Collection
 from datetime import datetime
+from fractions import Fraction
 
 from django.conf import settings
 from django.db import transaction
@@ -52,7 +54,18 @@ _PRICE_FIELDS = ["rate_base_seconds", "rate_base_cost_micros", "price_per_gpu_ho
                  "price_before_cut_per_gpu_hour_micros", "score_before_cut", "updated_at"]
 
 
-def node_instances_price_cut(*, node_id: int, ratio: float, reason: str, score_before: float,
+def score_share(score: float, basis: float) -> Fraction:
+    """score / basis, exactly as the two scores are written (a check's score is a decimal figure): the published
+    rule's "price × new score / last score". A float quotient is a hair low as often as not (41 / 80 is
+    0.51249999…), and truncating the price by it took a micro-dollar off the rule's price (found by review)."""
+    return Fraction(str(score)) / Fraction(str(basis))
+
+
+def _exact(share: Fraction | float) -> Fraction:
+    return share if isinstance(share, Fraction) else Fraction(str(share))
+
+
+def node_instances_price_cut(*, node_id: int, ratio: Fraction | float, reason: str, score_before: float,
                              only: Collection[int] | None = None) -> list[int]:
     """Cut the price of the node's instances that are not over yet (of those in `only`, when given) to `ratio`
     (0..1) of what they pay now. `score_before`: the node's score before this check (what a later one is compared
@@ -64,15 +77,17 @@ def node_instances_price_cut(*, node_id: int, ratio: float, reason: str, score_b
             if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason, score_before=score_before) is not None]
 
 
-def instance_price_cut(*, instance_id: int, ratio: float, reason: str, score_before: float = 0.0) -> Instance | None:
-    """From now on the instance pays `ratio` of its price; what ran until now is billed at the old price. None when
-    nothing changed (over already, or not cheaper). Its first cut keeps the price and score before it."""
-    ratio = min(max(ratio, 0.0), 1.0)
+def instance_price_cut(*, instance_id: int, ratio: Fraction | float, reason: str,
+                       score_before: float = 0.0) -> Instance | None:
+    """From now on the instance pays `ratio` of its price (rounded down once, to the micro-dollar; score_share
+    gives it exactly); what ran until now is billed at the old price. None when nothing changed (over already, or
+    not cheaper). Its first cut keeps the price and score before it."""
+    ratio = min(max(_exact(ratio), Fraction(0)), Fraction(1))
     with transaction.atomic():
         instance = _locked(instance_id)
         if instance is None or instance.status in FINAL_STATUSES:
             return None
-        per_gpu = int(instance.price_per_gpu_hour_micros * ratio)
+        per_gpu = math.floor(instance.price_per_gpu_hour_micros * ratio)
         if per_gpu * instance.num_gpus >= instance.price_per_hour_micros:
             return None
         if instance.price_before_cut_per_gpu_hour_micros is None:
@@ -80,7 +95,7 @@ def instance_price_cut(*, instance_id: int, ratio: float, reason: str, score_bef
             instance.score_before_cut = score_before
         _reprice(instance, per_gpu, kind=EventKind.PRICE_CUT,
                  measured=f"worse in its latest benchmark check ({reason})",
-                 share=f"{ratio:.0%} of the price, in proportion to the performance measured", ratio=ratio,
+                 share=f"{float(ratio):.0%} of the price, in proportion to the performance measured", ratio=ratio,
                  then=" You can keep it, or destroy it and rent another server.")
     return instance
 
@@ -102,7 +117,7 @@ def instance_price_follow(*, instance_id: int, score: float | None,
     is within the published tolerance of it). With no score, only a rejection's full cut ends (the node passed
     again), to what `last_score` earns: what a score cut measured stays until a score says otherwise. Within the
     tolerance of what it pays now, nothing changes (noise). None when nothing changed."""
-    tolerance = float(settings.HARDWARE_PRICE_CUT_TOLERANCE)
+    tolerance = Fraction(settings.HARDWARE_PRICE_CUT_TOLERANCE)
     with transaction.atomic():
         renter_id = Instance.objects.filter(pk=instance_id).values_list("renter_id", flat=True).first()
         if renter_id is None:
@@ -121,18 +136,18 @@ def instance_price_follow(*, instance_id: int, score: float | None,
             if instance.price_per_gpu_hour_micros:
                 return None
             score = last_score
-        share = 1.0 if basis <= 0 or score is None else min(score / basis, 1.0)
+        share = Fraction(1) if basis <= 0 or score is None else min(score_share(score, basis), Fraction(1))
         if share >= 1 - tolerance:
-            share = 1.0
-        per_gpu = int(before * share)
+            share = Fraction(1)
+        per_gpu = math.floor(before * share)
         now_per_gpu = instance.price_per_gpu_hour_micros
         if per_gpu <= now_per_gpu or (share < 1.0 and per_gpu - now_per_gpu < before * tolerance):
             return None
-        if share == 1.0:  # back where it was booked: a later cut starts afresh
+        if share == 1:  # back where it was booked: a later cut starts afresh
             instance.price_before_cut_per_gpu_hour_micros, instance.score_before_cut = None, None
+        full = ", its full price again" if share == 1 else ""
         _reprice(instance, per_gpu, kind=EventKind.PRICE_RAISED_BACK, measured="better in its latest benchmark check",
-                 share=f"{share:.0%} of its price before the cut{', its full price again' if share == 1.0 else ''}",
-                 ratio=share)
+                 share=f"{float(share):.0%} of its price before the cut{full}", ratio=share)
     return instance
 
 
@@ -147,7 +162,7 @@ def _meter_bound(*, node_id: int, now: datetime) -> datetime:
     return min(now, seen or now)
 
 
-def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, share: str, ratio: float,
+def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, share: str, ratio: Fraction,
              then: str = "") -> None:
     """Bill the time so far at the old price (a running instance's up to the node's last sighting, as the meter's
     tick: _meter_bound), re-base the meter there, charge `per_gpu` from then, and tell the renter
@@ -167,7 +182,7 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
     instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
     instance.save(update_fields=_PRICE_FIELDS)
     data = {"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
-            "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(ratio, 4)}
+            "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(float(ratio), 4)}
     if instance.price_per_hour_micros > old and instance.status in COMMITTED_STATUSES:  # billed now, or once it runs
         pending = 0 if instance.status == S.RUNNING else instance.price_per_hour_micros
         low = balance_recheck_on_cost_rise(renter_id=instance.renter_id, now=now, pending_micros=pending)
