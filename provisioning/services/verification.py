@@ -610,9 +610,9 @@ def renters_concerned(node: Node, findings: list[dict[str, Any]], inventory: dic
     for index in {f["gpu_index"] for f in rejects}:
         uuid = uuid_at.get(index)
         if uuid and len(sharing[uuid]) > 1:
-            # One UUID on several cards (gpu_uuid_repeated, whose finding names the first card only): it tells none
-            # of them apart, so each is concerned, by its row and by the UUID as held before. Before, the first
-            # index alone was, through that UUID: one holder, often the wrong one (found in round 50).
+            # One UUID on several cards (gpu_uuid_repeated, one finding per card): it tells none of them apart, so
+            # each is concerned, by its row and by the UUID as held before: the UUID's holder alone was one holder,
+            # often the wrong one (found in round 50).
             by_row |= sharing[uuid]
             found |= (holders or {}).get(uuid, set())
         elif holders and uuid in holders:

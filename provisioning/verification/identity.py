@@ -50,9 +50,11 @@ def check_identity(declared: DeclaredModel, declared_count: int, gpus: list[dict
             by_uuid.setdefault(gpu["uuid"], []).append(gpu.get("index"))
     for uuid, indices in by_uuid.items():
         if len(indices) > 1:
-            findings.append(Finding(REJECT, "gpu_uuid_repeated",
-                                    f"GPUs {', '.join(map(str, indices))} report the same UUID {uuid}; every GPU "
-                                    "has its own (check `nvidia-smi -L` and the driver).", indices[0]))
+            # One finding per card carrying it, each naming every one (said once: wording.reasons): the first card
+            # alone was named before, and the others read as unconcerned (the node page, the API's gpu_index).
+            message = (f"GPUs {', '.join(map(str, indices))} report the same UUID {uuid}; every GPU has its own "
+                       "(check `nvidia-smi -L` and the driver).")
+            findings += [Finding(REJECT, "gpu_uuid_repeated", message, i) for i in indices]
     return findings
 
 

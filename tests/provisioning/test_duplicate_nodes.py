@@ -266,7 +266,8 @@ def test_one_uuid_on_two_gpus_of_a_node_is_claimed_by_none_and_rejected_by_the_p
     assert uuids(node) == ["", ""]
     declared = DeclaredModel.from_catalogue(load_catalogue()["a100-80gb-sxm"])
     findings = check_identity(declared, 2, inventory("GPU-same", "GPU-same")["gpus"])
-    assert [(f.code, f.severity) for f in findings] == [("gpu_uuid_repeated", "reject")]
+    assert [(f.code, f.severity, f.gpu_index) for f in findings] == [("gpu_uuid_repeated", "reject", 0),
+                                                                     ("gpu_uuid_repeated", "reject", 1)]
 
 
 @pytest.mark.django_db

@@ -1,11 +1,12 @@
-"""One GPU UUID reported by two cards of a node. The policy rejects it (`gpu_uuid_repeated`: its message names every
-card sharing the UUID, but the finding's `gpu_index` is the first of them only), and the inventory claims none of the
-node's UUIDs (nodes._apply_inventory: which card the UUID is cannot be told, and one row only may hold it). Before,
-the rejection's renters (verification.renters_concerned) were found from that first index alone, through the UUID as
-held before: a UUID two cards report named one holder, often the wrong one (the renter of the card now reporting
-another's UUID went unconcerned, its price never cut). Now every card sharing the UUID is concerned: the holders of
-that UUID and those of the rows at every index reporting it. And a lost card a renter holds, which such an inventory
-does not list, keeps its UUID (it let go of it before, and was never matched back)."""
+"""One GPU UUID reported by two cards of a node. The policy rejects it (`gpu_uuid_repeated`: one finding per card
+sharing the UUID, each message naming them all), and the inventory claims none of the node's UUIDs
+(nodes._apply_inventory: which card the UUID is cannot be told, and one row only may hold it). Before, the
+rejection's renters (verification.renters_concerned) were found from the first index alone (the only one its
+finding named then), through the UUID as held before: a UUID two cards report named one holder, often the wrong
+one (the renter of the card now reporting another's UUID went unconcerned, its price never cut). Now every card
+sharing the UUID is concerned: the holders of that UUID and those of the rows at every index reporting it. And a
+lost card a renter holds, which such an inventory does not list, keeps its UUID (it let go of it before, and was
+never matched back)."""
 
 import pytest
 from django.utils import timezone
@@ -55,7 +56,8 @@ def test_every_card_sharing_a_repeated_uuid_is_concerned_by_the_rejection(two_re
     inventory = _inventory(repeated, repeated)
     declared = DeclaredModel.from_catalogue(load_catalogue()["a100-80gb-sxm"])
     findings = [f.as_dict() for f in check_identity(declared, 2, inventory["gpus"]) if f.code == "gpu_uuid_repeated"]
-    assert [(f["gpu_index"], f["message"].split(" report")[0]) for f in findings] == [(0, "GPUs 0, 1")]
+    assert [(f["gpu_index"], f["message"].split(" report")[0]) for f in findings] == [(0, "GPUs 0, 1"),
+                                                                                        (1, "GPUs 0, 1")]
     assert renters_concerned(host, findings, inventory, holders) == set(held.values())
 
 
