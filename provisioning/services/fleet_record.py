@@ -112,6 +112,7 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
         if not result.ok and node.pk not in renting:
             continue  # nothing running to interrupt (and no GPUs to re-verify on a silent node)
         lost = _interrupt(node, result, last_healthy[node.pk], running_vm_ids.get(node.pk, set()))
+        sighting = _sighting(last_healthy[node.pk], result.probed_at)
         if lost:
             interrupted[node.pk] = lost
             node_event(node=node, kind="instances_interrupted",
@@ -121,13 +122,12 @@ def nodes_record_health(results: Sequence[HealthResult], *, running_vm_ids: Mapp
         if node.pk in presence:
             # With the probe's start: a holder stopped since the first give-back is given back before the
             # interruptions of the card's other holders, or with the decision not to interrupt it (gpu_presence).
-            lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=last_healthy[node.pk],
+            lost += node_gpus_presence(node=node, presence=presence[node.pk], last_seen=sighting,
                                        looked_at=result.probed_at)
             if lost:
                 interrupted[node.pk] = lost
         if node.pk in disks_lost:  # before last_seen_at moves on: the storage meter bills stopped disks up to it
-            _stopped_vms_lost_fail(node, disks_lost[node.pk], since=last_healthy[node.pk],
-                                   probed_at=by_id[node.pk].probed_at)
+            _stopped_vms_lost_fail(node, disks_lost[node.pk], since=sighting, probed_at=result.probed_at)
         if node.pk in answered_later:  # its losses recorded: the meter may bill its other instances up to it
             node.last_seen_at = answered_later[node.pk]
             Node.objects.filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=node.last_seen_at), pk=node.pk) \
@@ -200,6 +200,17 @@ def node_record_health(*, node_id: int, ok: bool, error: str = "", inventory_has
     return nodes_record_health([result], running_vm_ids={node_id: running_vm_ids}).get(node_id, [])
 
 
+def _sighting(last_healthy: datetime | None, probed_at: datetime | None) -> datetime | None:
+    """The last sighting of what an answer finds lost (a VM gone or stopped, its disk, a card): the node's previous
+    healthy answer, but never past the moment this answer's probe began. A check of the node begun later, recorded
+    while this probe ran, moved last_seen_at on without seeing it (it did not look at the VMs, or could not read this
+    one's state): billed up to it, a lost run or a vanished disk was billed past the probe that found it gone. The
+    reconciler's rule for its list (reconcile._last_sighting)."""
+    if last_healthy is None or probed_at is None:
+        return last_healthy
+    return min(last_healthy, probed_at)
+
+
 def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, running: set[str]) -> list[int]:
     if not result.ok and node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
         return instance_svc.node_instances_interrupt(
@@ -222,7 +233,8 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
         for vm_ids, detail in ((gone, "the server answers, but the VM is no longer on it"),
                                (stopped, "the server answers, but the VM is not running on it")):
             if vm_ids:
-                lost += _vms_lost_interrupt(node, since=last_healthy, vm_ids=vm_ids, started_before=result.probed_at,
+                lost += _vms_lost_interrupt(node, since=_sighting(last_healthy, result.probed_at), vm_ids=vm_ids,
+                                            started_before=result.probed_at,
                                             answered_at=answered_at, detail=detail)
         return sorted(lost)
     return []
@@ -300,8 +312,9 @@ def _stopped_vms_lost_fail(node: Node, instance_ids: Sequence[int], *, since: da
                            probed_at: datetime | None) -> None:
     """Fail the stopped instances whose VM and disk the answer no longer lists, as the reconciler does
     (reconcile._judge_stopped), with their disk billed up to `since`: the node's previous answer, which listed the
-    VM (had it not, that check would have failed the instance), or its stop when that came later. Decided under
-    each instance's row lock: one started, destroyed, or stopped again since the probe is left as it is."""
+    VM (had it not, that check would have failed the instance), but never past this probe's start (_sighting), or
+    its stop when that came later. Decided under each instance's row lock: one started, destroyed, or stopped again
+    since the probe is left as it is."""
     if since is None:  # never answered before: no sighting to bill up to; left to the reconciler
         return
     for instance_id in instance_ids:
@@ -330,7 +343,7 @@ def _usage_after_loss_given_back(by_id: Mapping[int, HealthResult], last_healthy
     billed past their node's last healthy check that are not running since before its probe."""
     looked: dict[int, tuple[HealthResult, datetime, datetime]] = {}  # node id: (answer, probe began, last healthy)
     for node_id, result in by_id.items():
-        since = last_healthy.get(node_id)
+        since = _sighting(last_healthy.get(node_id), result.probed_at)
         if result.ok and result.probed_at is not None and since is not None and (
                 result.vms is not None or (node_id in presence and presence[node_id].missing)):
             looked[node_id] = (result, result.probed_at, since)
@@ -374,7 +387,7 @@ def _disk_after_loss_given_back(by_id: Mapping[int, HealthResult],
     # node id: (its VMs as answered, the answer's seconds, probe began, last healthy)
     looked: dict[int, tuple[Mapping[str, str], float, datetime, datetime]] = {}
     for node_id, result in by_id.items():
-        since = last_healthy.get(node_id)
+        since = _sighting(last_healthy.get(node_id), result.probed_at)
         if result.ok and result.vms is not None and result.probed_at is not None and since is not None:
             looked[node_id] = (result.vms, result.seconds, result.probed_at, since)
     if not looked:

@@ -1,0 +1,169 @@
+"""What a health check's answer finds lost is billed no further than the moment its probe began.
+
+The check bills a lost VM (a stopped one's disk, a running one's time) up to the node's previous healthy answer,
+its last sighting. But that "previous" answer is whatever the node's row holds when the check is recorded: a check
+of the same node whose probe began later, and that did not look at the VMs (or could not read this one's state),
+may have been recorded while this probe ran, moving last_seen_at past this probe's start. Before, the disk (or the
+run) was billed up to that later answer, after the moment this probe found it gone. The reconciler, in the same
+case, bills no further than its list (reconcile._last_sighting); the health check now does the same."""
+from datetime import UTC, datetime
+
+import pytest
+
+from billing.selectors import instance_cost
+from billing.services.storage import storage_cost
+from marketplace.models import Gpu, Instance, InstanceStatus, Interruption
+from marketplace.services import instances as instance_svc
+from provisioning.services.fleet_record import node_record_health
+from tests.billing.conftest import Clock
+from tests.billing.helpers import fund, node, running, stop
+from tests.billing.invariants import assert_billing_invariants
+from tests.factories import UserFactory
+from tests.provisioning.test_gpu_presence import with_uuids
+
+pytestmark = pytest.mark.django_db
+PRICE = 300_000  # µ$ per GB-month
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(datetime(2026, 3, 2, 12, 0, 0, 250_000, tzinfo=UTC))
+    monkeypatch.setattr("django.utils.timezone.now", c)
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    monkeypatch.setattr("core.dispatch.send", lambda name, *args, task_id=None: None)
+    return c
+
+
+def _host():
+    host = node("1.000000")
+    host.disk_price_per_gb_month_micros = PRICE
+    host.save()
+    return host
+
+
+def test_a_vanished_stopped_disk_is_not_billed_past_the_probe_that_found_it_gone(clock):
+    renter = UserFactory()
+    fund(renter, "20")
+    host = _host()
+    instance = running(renter, host)
+    clock.advance(60)
+    instance = stop(instance)
+    stopped_at = Instance.objects.get(pk=instance.pk).stopped_at
+    clock.advance(300)
+    node_record_health(node_id=host.pk, ok=True, vms={instance.vm_id: "stopped"}, probed_at=clock.now)
+    clock.advance(60)
+    probed_at = clock.now  # this probe's answer lists no VM: the disk is gone
+    clock.advance(30)
+    # Another check of the node, begun after, that did not look at the VMs, is recorded first.
+    node_record_health(node_id=host.pk, ok=True, probed_at=clock.now)
+    clock.advance(5)
+    node_record_health(node_id=host.pk, ok=True, vms={}, probed_at=probed_at)
+    failed = Instance.objects.get(pk=instance.pk)
+    assert failed.status == InstanceStatus.FAILED
+    seconds = int((probed_at - stopped_at).total_seconds())
+    assert failed.disk_billed_until is not None and failed.disk_billed_until <= probed_at, \
+        f"disk billed up to {failed.disk_billed_until}, after the probe that found it gone began ({probed_at})"
+    assert failed.disk_billed_seconds == seconds
+    assert failed.disk_cost_micros == storage_cost(size_gb=failed.disk_gb, price_per_gb_month_micros=PRICE,
+                                                   seconds=seconds)
+    assert_billing_invariants()
+
+
+def test_a_vanished_running_vm_is_not_billed_past_the_probe_that_found_it_gone(clock):
+    renter = UserFactory()
+    fund(renter, "20")
+    host = _host()
+    instance = running(renter, host)
+    clock.advance(300)
+    node_record_health(node_id=host.pk, ok=True, vms={instance.vm_id: "running"}, probed_at=clock.now)
+    clock.advance(60)
+    probed_at = clock.now  # this probe's answer lists no VM: the VM is gone
+    clock.advance(30)
+    node_record_health(node_id=host.pk, ok=True, probed_at=clock.now)  # begun after, no look at the VMs
+    clock.advance(5)
+    assert node_record_health(node_id=host.pk, ok=True, vms={}, probed_at=probed_at) == [instance.pk]
+    lost = Instance.objects.get(pk=instance.pk)
+    assert lost.status == InstanceStatus.INTERRUPTED
+    assert lost.billed_until is not None and lost.billed_until <= probed_at, \
+        f"billed up to {lost.billed_until}, after the probe that found the VM gone began ({probed_at})"
+    assert Interruption.objects.get(instance=lost).started_at <= probed_at
+    assert_billing_invariants()
+
+
+def test_a_lost_cards_holder_is_not_billed_past_the_probe_that_found_it_gone(clock):
+    renter = UserFactory()
+    fund(renter, "20")
+    host = node("1.000000", gpu_count=2)
+    uuids = with_uuids(host)
+    instance = running(renter, host)
+    held = Gpu.objects.get(allocations__instance=instance, allocations__released_at__isnull=True)
+    vm = {instance.vm_id: "running"}
+    clock.advance(300)
+    node_record_health(node_id=host.pk, ok=True, vms=vm, gpu_uuids=list(uuids.values()), probed_at=clock.now)
+    clock.advance(60)
+    probed_at = clock.now  # this probe's nvidia-smi lists the other card only
+    clock.advance(30)
+    node_record_health(node_id=host.pk, ok=True, probed_at=clock.now)  # begun after, no look at VMs nor cards
+    clock.advance(5)
+    others = [uuid for index, uuid in uuids.items() if index != held.index]
+    assert node_record_health(node_id=host.pk, ok=True, vms=vm, gpu_uuids=others, probed_at=probed_at) \
+        == [instance.pk]
+    lost = Instance.objects.get(pk=instance.pk)
+    assert lost.status == InstanceStatus.INTERRUPTED
+    assert lost.billed_until is not None and lost.billed_until <= probed_at, \
+        f"billed up to {lost.billed_until}, after the probe that found its card gone began ({probed_at})"
+    assert_billing_invariants()
+
+
+def test_a_run_stopped_between_the_probe_and_its_record_keeps_only_the_time_up_to_the_probe(clock):
+    """The renter's stop came after the probe that found the VM gone, and after a later check moved last_seen_at
+    on: the stop billed the run up to itself; the check gives back what was billed after the probe's start."""
+    renter = UserFactory()
+    fund(renter, "20")
+    host = _host()
+    instance = running(renter, host)
+    started_at = Instance.objects.get(pk=instance.pk).started_at
+    clock.advance(300)
+    node_record_health(node_id=host.pk, ok=True, vms={instance.vm_id: "running"}, probed_at=clock.now)
+    clock.advance(60)
+    probed_at = clock.now
+    clock.advance(20)
+    node_record_health(node_id=host.pk, ok=True, probed_at=clock.now)  # begun after, no look at the VMs
+    clock.advance(5)
+    stop(Instance.objects.get(pk=instance.pk))
+    clock.advance(1)
+    node_record_health(node_id=host.pk, ok=True, vms={}, probed_at=probed_at)
+    paid = instance_cost(instance=Instance.objects.get(pk=instance.pk))["billed_seconds"]
+    assert paid == int((probed_at - started_at).total_seconds()), \
+        f"{paid} s paid for, {int((probed_at - started_at).total_seconds())} s up to the probe that found it gone"
+    assert_billing_invariants()
+
+
+def test_a_disk_started_between_the_probe_and_its_record_keeps_only_the_time_up_to_the_probe(clock):
+    """The renter's start came after the probe that found the stopped VM and its disk gone, and after a later check
+    moved last_seen_at on: the start billed the disk up to itself; the check gives back what was billed after the
+    probe's start."""
+    renter = UserFactory()
+    fund(renter, "20")
+    host = _host()
+    instance = running(renter, host)
+    clock.advance(60)
+    instance = stop(instance)
+    stopped_at = Instance.objects.get(pk=instance.pk).stopped_at
+    clock.advance(300)
+    node_record_health(node_id=host.pk, ok=True, vms={instance.vm_id: "stopped"}, probed_at=clock.now)
+    clock.advance(60)
+    probed_at = clock.now
+    clock.advance(20)
+    node_record_health(node_id=host.pk, ok=True, probed_at=clock.now)  # begun after, no look at the VMs
+    clock.advance(5)
+    instance_svc.instance_start(instance=Instance.objects.get(pk=instance.pk))
+    clock.advance(1)
+    node_record_health(node_id=host.pk, ok=True, vms={}, probed_at=probed_at)
+    left = Instance.objects.get(pk=instance.pk)
+    assert left.status != InstanceStatus.FAILED
+    seconds = int((probed_at - stopped_at).total_seconds())
+    paid = instance_cost(instance=left)["disk_amount_micros"]
+    assert paid == storage_cost(size_gb=left.disk_gb, price_per_gb_month_micros=PRICE, seconds=seconds), \
+        f"{paid} µ$ paid for the disk, {seconds} s up to the probe that found it gone"
+    assert_billing_invariants()
