@@ -3,29 +3,32 @@
 For each period (a week, Monday to Sunday, UTC) a provider with a Connect account and at least
 BILLING_PAYOUT_MINIMUM_USD of earnings gets one payout: the unique constraint on (provider, period
 start) and the ledger key `payout:<provider>:<period start>` make a second run for the same week a
-no-op. The amount (the earnings balance, in whole cents) is moved from the provider's earnings to
-payout clearing *before* the transfer is sent (in one database transaction), so it cannot be paid
-twice; then the transfer is sent outside any transaction, by one sender at a time. If Stripe refuses it, the
+no-op. The amount is the earnings balance as of the end of the period (its Sunday, UTC; payout_amount_micros):
+that week's earnings and earlier unpaid ones, never more than the balance at run time, in whole cents; earnings
+credited after the period (Monday morning, before the run) wait for the next payout. It is moved from the
+provider's earnings to payout clearing *before* the transfer is sent (in one database transaction), so it cannot
+be paid twice; then the transfer is sent outside any transaction, by one sender at a time. If Stripe refuses it, the
 payout fails and a reversal gives the earnings back; if Stripe's answer is lost (no answer, a 5xx, an idempotency
 conflict), the payout stays pending, and the next try (the per-minute follow-up, billing.tasks.top_ups_reconcile,
 after BILLING_TOP_UP_RECONCILE_AFTER_S) first looks for the transfer by its transfer group, so that a transfer
 that was made is recorded rather than made again.
 """
 import logging
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
 import stripe
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from django.db.models import F
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from billing.models import (
     Account,
     AccountKind,
     BillingProfile,
+    Entry,
     EventKind,
     Payout,
     PayoutStatus,
@@ -53,10 +56,33 @@ def payout_minimum_micros() -> int:
     return usd_to_micros(Decimal(settings.BILLING_PAYOUT_MINIMUM_USD))
 
 
-def payout_create(*, provider_id: int, period_start: date, period_end: date) -> Payout | None:
-    """Reserve the provider's earnings for this period's payout; the existing payout if there is one.
+def period_cutoff(period_end: date) -> datetime:
+    """The end of the period's last day, UTC: the first moment whose ledger lines are not in its payout."""
+    return datetime.combine(period_end + timedelta(days=1), time.min, tzinfo=UTC)
 
-    None when they have no Connect account or less than the minimum.
+
+def payout_amount_micros(*, earnings: Account, period_end: date) -> int:
+    """What a payout for the period ending `period_end` pays: the earnings balance as of the end of that day (UTC),
+    i.e. the balance now less the net of the account's ledger lines posted since, never more than the balance now
+    (earnings taken back since are not paid), rounded down to whole cents. Zero or less: nothing to pay.
+
+    Before, the balance at run time was paid: earnings credited on Monday morning before the weekly run went with
+    the week before's payout, whose memo and period said otherwise (found by review). `earnings` is read under its
+    lock (accounts_lock): no posting to it commits between that read and this one.
+    """
+    since = (Entry.objects.filter(account=earnings, transaction__created_at__gte=period_cutoff(period_end))
+             .aggregate(net=Sum("amount_micros"))["net"] or 0)
+    amount = min(earnings.balance_micros - since, earnings.balance_micros)
+    if amount <= 0:
+        return 0
+    return amount - amount % MICROS_PER_CENT
+
+
+def payout_create(*, provider_id: int, period_start: date, period_end: date) -> Payout | None:
+    """Reserve the provider's earnings up to the end of `period_end` (payout_amount_micros) for this period's
+    payout; the existing payout if there is one.
+
+    None when they have no Connect account or less than the minimum to pay (a balance below zero: nothing).
     """
     destination = (BillingProfile.objects.filter(user_id=provider_id)
                    .values_list("stripe_connect_account_id", flat=True).first())
@@ -72,7 +98,7 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
         earnings = user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS)
         clearing = platform_account(kind=AccountKind.PAYOUT_CLEARING)
         earnings = accounts_lock([earnings, clearing])[earnings.pk]
-        amount = earnings.balance_micros - earnings.balance_micros % MICROS_PER_CENT
+        amount = payout_amount_micros(earnings=earnings, period_end=period_end)
         if amount < max(payout_minimum_micros(), MICROS_PER_CENT):
             return None
         txn, created = ledger_post(

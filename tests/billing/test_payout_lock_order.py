@@ -82,10 +82,11 @@ def test_weekly_payout_create_and_a_refused_payouts_reversal_do_not_deadlock(clo
         < user_account(user_id=provider.pk, kind=AccountKind.PROVIDER_EARNINGS).pk
     # Last week's payout: reserved, its transfer's answer lost (pending).
     connect.mode = "down"
-    old = payouts.payout_create(provider_id=provider.pk, period_start=date(2026, 2, 23), period_end=date(2026, 3, 1))
+    old = payouts.payout_create(provider_id=provider.pk, period_start=date(2026, 3, 2), period_end=date(2026, 3, 8))
     payouts.payout_send(payout=old)
     assert Payout.objects.get(pk=old.pk).status == PayoutStatus.PENDING
     # More earnings this week.
+    clock.advance(7 * 24 * 3600)
     renter = UserFactory()
     fund(renter, "1000")
     instance = running(renter, node("10.000000", provider=provider))
@@ -120,7 +121,7 @@ def test_weekly_payout_create_and_a_refused_payouts_reversal_do_not_deadlock(clo
         return threading.Thread(target=target, name=name)
 
     weekly = in_thread("weekly", lambda: payouts.payout_create(
-        provider_id=provider.pk, period_start=date(2026, 3, 2), period_end=date(2026, 3, 8)))
+        provider_id=provider.pk, period_start=date(2026, 3, 9), period_end=date(2026, 3, 15)))
     follow_up = in_thread("follow_up", lambda: payouts.payout_send(payout=Payout.objects.get(pk=old.pk)))
     try:
         weekly.start()
@@ -133,7 +134,7 @@ def test_weekly_payout_create_and_a_refused_payouts_reversal_do_not_deadlock(clo
         follow_up.join(WAIT_S)
     assert not errors, errors  # before: {'follow_up': 'OperationalError: deadlock detected ...'}
     assert Payout.objects.get(pk=old.pk).status == PayoutStatus.FAILED
-    new = Payout.objects.get(provider=provider, period_start=date(2026, 3, 2))
+    new = Payout.objects.get(provider=provider, period_start=date(2026, 3, 9))
     assert new.amount_micros == 42_500_000  # this week's earnings; last week's came back after it was reserved
     assert earnings_balance(user_id=provider.pk) == 42_500_000  # last week's, given back, go with the next payout
 
