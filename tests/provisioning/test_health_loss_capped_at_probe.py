@@ -9,17 +9,24 @@ case, bills no further than its list (reconcile._last_sighting); the health chec
 from datetime import UTC, datetime
 
 import pytest
+from django.utils import timezone
 
 from billing.selectors import instance_cost
-from billing.services.storage import storage_cost
-from marketplace.models import Gpu, Instance, InstanceStatus, Interruption
+from billing.services.storage import storage_cost, storage_meter
+from marketplace.models import Gpu, Instance, InstanceStatus, Interruption, Volume, VolumeState
 from marketplace.services import instances as instance_svc
+from marketplace.services import volumes as volume_svc
+from provisioning import tasks
+from provisioning.models import JobKind
 from provisioning.services.fleet_record import node_record_health
+from provisioning.services.reconcile import node_reconcile
 from tests.billing.conftest import Clock
 from tests.billing.helpers import fund, node, running, stop
 from tests.billing.invariants import assert_billing_invariants
 from tests.factories import UserFactory
+from tests.marketplace.renting_helpers import book
 from tests.provisioning.test_gpu_presence import with_uuids
+from tests.provisioning.test_vm_vanished import docker_node, failed_long_ago, node_with_one_gpu, run_job  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 PRICE = 300_000  # µ$ per GB-month
@@ -167,3 +174,47 @@ def test_a_disk_started_between_the_probe_and_its_record_keeps_only_the_time_up_
     assert paid == storage_cost(size_gb=left.disk_gb, price_per_gb_month_micros=PRICE, seconds=seconds), \
         f"{paid} µ$ paid for the disk, {seconds} s up to the probe that found it gone"
     assert_billing_invariants()
+
+
+def test_a_volume_held_by_an_instance_the_health_check_failed_for_its_vanished_vm_is_billed_until_deleted(
+        docker_node):  # noqa: F811
+    """The health check (not the reconciler) fails a stopped instance whose container was removed on the node: its
+    disk is no longer billed, its volume (the renter's, still on the node) is billed as any volume until its delete
+    is asked for; the node's record of the VM goes at a later pass, the renter's destroy goes through on a node that
+    no longer knows the VM, and the volume's delete then ends its billing and frees it on the node."""
+    node = node_with_one_gpu()
+    renter = UserFactory()
+    volume = volume_svc.volume_create(owner=renter, node_id=node.pk, size_gb=1)
+    run_job(tasks.volume_create, None, JobKind.VOLUME_CREATE, volume=volume)
+    instance = run_job(tasks.instance_provision, book(renter, node, volumes=[{"volume": volume.pk, "mount": "/data"}]),
+                       JobKind.INSTANCE_PROVISION)
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    instance_svc.instance_stop(instance=instance)
+    run_job(tasks.instance_stop, instance, JobKind.INSTANCE_STOP)
+    listed = docker_node.session(node).agent("vm", "list", {"runtime": "docker"})["vms"]
+    node_record_health(node_id=node.pk, ok=True, vms={v["vm_id"]: v["state"] for v in listed},
+                       probed_at=timezone.now())
+    docker_node.prune(instance.vm_id)
+    listed = docker_node.session(node).agent("vm", "list", {"runtime": "docker"})["vms"]
+    assert {v["vm_id"]: v["state"] for v in listed} == {instance.vm_id: "missing"}
+    node_record_health(node_id=node.pk, ok=True, vms={v["vm_id"]: v["state"] for v in listed},
+                       probed_at=timezone.now())
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    disk_billed = (instance.disk_billed_until, instance.disk_cost_micros)
+    storage_meter()
+    instance.refresh_from_db()
+    assert (instance.disk_billed_until, instance.disk_cost_micros) == disk_billed  # the lost disk: no more
+    failed_long_ago(instance)
+    node_reconcile(node)
+    assert not (docker_node.tmp_path / "state" / "vms" / instance.vm_id).exists()  # the node's record: gone
+    instance_svc.instance_destroy(instance=instance)
+    assert run_job(tasks.instance_destroy, instance, JobKind.INSTANCE_DESTROY).status == InstanceStatus.DESTROYED
+    volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
+    asked = Volume.objects.get(pk=volume.pk)
+    assert asked.billed_until is not None and asked.billed_until <= timezone.now()
+    run_job(tasks.volume_delete, None, JobKind.VOLUME_DELETE, volume=volume)
+    deleted = Volume.objects.get(pk=volume.pk)
+    assert deleted.state == VolumeState.DELETED and deleted.billed_until == asked.billed_until
+    assert not [v for v in docker_node.session(node).agent("volume", "list", {})["volumes"]
+                if v["name"] == volume.name]
