@@ -420,11 +420,12 @@ def statement_for(*, user: User, month: date) -> Statement:
 @dataclass
 class Earnings:
     """A provider's earnings, all from the ledger: gross_micros - fees_micros + adjustments_micros == earned_micros,
-    and earned_micros - paid_out_micros == balance_micros."""
+    and earned_micros - paid_out_micros - payout_pending_micros == balance_micros."""
 
-    balance_micros: int = 0  # earned and not paid out yet
+    balance_micros: int = 0  # earned and not paid out yet (nor reserved for a payout still pending)
     earned_micros: int = 0  # all time, after the platform fee
-    paid_out_micros: int = 0
+    paid_out_micros: int = 0  # payouts Stripe confirmed (paid); a failed one's earnings are back in the balance
+    payout_pending_micros: int = 0  # reserved for payouts whose transfer is not confirmed yet
     gross_micros: int = 0  # what renters paid for the provider's GPU time and storage, net of reversals
     fees_micros: int = 0  # the platform's share of it
     adjustments_micros: int = 0  # service credits charged to the provider, and other corrections (negative: taken)
@@ -438,7 +439,8 @@ class Earnings:
 
 
 def earnings_for(*, user: User) -> Earnings:
-    """What a provider earned, was paid and has left, what renters paid for it and the platform kept of it.
+    """What a provider earned, was paid (payouts Stripe confirmed), has waiting in pending payouts and has left,
+    what renters paid for it and the platform kept of it.
 
     gross_micros and fees_micros come from the same ledger transactions as the earnings (GPU time and storage: the
     provider's share, and the platform-revenue entry beside it), so that "renters paid" less "platform fees" is
@@ -482,16 +484,25 @@ def earnings_for(*, user: User) -> Earnings:
     if account is None:
         return result
     result.balance_micros = account.balance_micros
+    # Paid out is what Stripe confirmed: a payout still pending is counted apart, and a failed one (its entry and
+    # its reversal's) in no month. Before, every payout entry and reversal counted as paid out: a pending payout
+    # read "Paid out", and one made in March and refused in April read paid in March and minus that in April
+    # (found by review). Each payout's month is its ledger transaction's, as before.
     payouts = Q(transaction__kind__in=[TransactionKind.PAYOUT, TransactionKind.PAYOUT_REVERSAL])
-    rows = (Entry.objects.filter(account=account)
+    paid = Q(transaction__kind=TransactionKind.PAYOUT, transaction__payout__status=PayoutStatus.PAID)
+    pending = Q(transaction__kind=TransactionKind.PAYOUT, transaction__payout__status=PayoutStatus.PENDING)
+    rows = (Entry.objects.filter(account=account).filter(~payouts | paid | pending)
             .annotate(month=TruncMonth("transaction__created_at", tzinfo=UTC))
             .values("month").order_by("-month")
-            .annotate(paid=Sum("amount_micros", filter=payouts), other=Sum("amount_micros", filter=~payouts)))
+            .annotate(paid=Sum("amount_micros", filter=paid), pending=Sum("amount_micros", filter=pending),
+                      other=Sum("amount_micros", filter=~payouts)))
     for row in rows:
-        earned, paid = row["other"] or 0, -(row["paid"] or 0)
+        earned, paid_out, waiting = row["other"] or 0, -(row["paid"] or 0), -(row["pending"] or 0)
         result.earned_micros += earned
-        result.paid_out_micros += paid
-        result.months.append({"month": row["month"].date(), "earned_micros": earned, "paid_out_micros": paid})
+        result.paid_out_micros += paid_out
+        result.payout_pending_micros += waiting
+        result.months.append({"month": row["month"].date(), "earned_micros": earned, "paid_out_micros": paid_out,
+                              "payout_pending_micros": waiting})
     sold = Entry.objects.filter(_sales(), account=account).values("transaction_id")
     split = Entry.objects.filter(transaction_id__in=sold).aggregate(
         earned=Sum("amount_micros", filter=Q(account=account)),

@@ -18,16 +18,23 @@ from core.api.scopes import PROVIDER_ONLY
 class EarningsMonthSerializer(serializers.Serializer):
     month = serializers.SerializerMethodField()
     earned = MoneyField(source="earned_micros")
-    paid_out = MoneyField(source="paid_out_micros")
+    paid_out = MoneyField(source="paid_out_micros", help_text="Payouts made this month that Stripe confirmed.")
+    payout_pending = MoneyField(source="payout_pending_micros", help_text=(
+        "Payouts made this month whose transfer Stripe has not confirmed yet."))
 
     def get_month(self, row) -> str:
         return f"{row['month']:%Y-%m}"
 
 
 class EarningsSerializer(serializers.Serializer):
-    balance = MoneyField(source="balance_micros", help_text="Earned and not paid out yet.")
+    balance = MoneyField(source="balance_micros", help_text=(
+        "Earned and not paid out yet, nor reserved for a pending payout."))
     earned = MoneyField(source="earned_micros", help_text="All time, after the platform fee.")
-    paid_out = MoneyField(source="paid_out_micros")
+    paid_out = MoneyField(source="paid_out_micros", help_text=(
+        "Payouts Stripe confirmed. A failed payout is not in it: its earnings are back in balance. "
+        "earned - paid_out - payout_pending = balance."))
+    payout_pending = MoneyField(source="payout_pending_micros", help_text=(
+        "Reserved for payouts whose transfer Stripe has not confirmed yet (status pending)."))
     renters_paid = MoneyField(source="gross_micros", help_text=(
         "What renters paid for your GPU time and storage (volumes, stopped instances' disks), net of corrections."))
     platform_fees = MoneyField(source="fees_micros", help_text="The platform's share of it.")

@@ -195,7 +195,9 @@ def test_payouts_and_earnings_in_the_api(clock, connect, client_for, other_api):
     assert earnings["paid_out"] == "42.500000" and earnings["renters_paid"] == "50.000000"
     assert earnings["platform_fees"] == "7.500000" and earnings["billed_seconds"] == 5 * 3600
     assert earnings["platform_fee_percent"] == "15.00" and earnings["payout_account_set"] is True
-    assert earnings["months"] == [{"month": "2026-03", "earned": "42.500000", "paid_out": "42.500000"}]
+    assert earnings["payout_pending"] == "0.000000"
+    assert earnings["months"] == [{"month": "2026-03", "earned": "42.500000", "paid_out": "42.500000",
+                                   "payout_pending": "0.000000"}]
     nothing = other_api.get("/api/v1/billing/earnings/").json()
     assert nothing["earned"] == "0.000000" and nothing["months"] == [] and nothing["payout_account_set"] is False
 
