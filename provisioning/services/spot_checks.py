@@ -5,6 +5,7 @@ next full verification forward (verification.node_check_forward): dodging a spot
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from django.db import transaction
@@ -19,6 +20,7 @@ from provisioning.services.platform_checks import node_challenge, node_memory_pr
 from provisioning.services.runner import job_finish, job_step
 from provisioning.services.verification import node_check_forward, node_verify_request
 from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
+from provisioning.verification.answers import MalformedAnswer, inventory_problems
 from provisioning.verification.model import DeclaredModel
 
 
@@ -49,8 +51,7 @@ def node_spot_check_run(*, job: Job) -> None:
         # Superseded (the provider's maintenance, an operator, the health checks): nothing failed in the check.
         job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.", fault=JobFault.PLATFORM)
         return
-    free = list(node.gpus.filter(status=GpuStatus.FREE).order_by("index").values_list("index", flat=True))
-    if not free:
+    if not node.gpus.filter(status=GpuStatus.FREE).exists():
         job_step(job=job, message="every GPU is rented: skipped")
         node_event(node=node, kind="spot_check_skipped", message="Spot check skipped: every GPU is rented.")
         job_finish(job=job)
@@ -58,10 +59,46 @@ def node_spot_check_run(*, job: Job) -> None:
     declared = DeclaredModel.from_gpu_model(node.gpu_model)
     job_step(job=job, message=f"connecting to {node.address}:{node.ssh_port}")
     with node_session(node) as session:
+        # Which card is which is read from nvidia-smi now, by UUID (free_cards_now): the stored indices are the last
+        # verification's, and nvidia-smi may have numbered the cards anew since (a reboot, a card moved).
+        inventory = session.agent("inventory")
+        problems = inventory_problems(inventory)
+        if problems:  # nothing of it is read: the full verification it queues judges it
+            finding = MalformedAnswer("inventory", problems).finding
+            node_spot_check_conclude(job=job, gpus=[], findings=[finding.as_dict()], figures={})
+            return
+        free = free_cards_now(node, inventory)
+        if not free:
+            job_step(job=job, message="no free GPU answers to nvidia-smi: skipped")
+            node_event(node=node, kind="spot_check_skipped",
+                       message="Spot check skipped: no free GPU of the node answers to nvidia-smi.")
+            job_finish(job=job)
+            return
         findings, figures = node_challenge(job, session, declared, free)
-        proved, proof = node_memory_proof(job, session, declared, free)
+        proved, proof = node_memory_proof(job, session, declared, free, inventory)
     findings, figures = findings + proved, {**figures, "memory_proof": proof}
     node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
+
+
+def free_cards_now(node: Node, inventory: dict[str, Any]) -> list[int]:
+    """The nvidia-smi indices, in this inventory, of the node's cards that no renter holds: a card is found by its
+    UUID, by its stored index only where its row has none (a UUID claimed by no row: repeated, or never read) and
+    the card answering there reports no UUID another row holds. Before, the stored indices were taken as they were:
+    after nvidia-smi numbered the cards anew, a renter's card was challenged in place of the free one."""
+    rows = list(node.gpus.values_list("index", "uuid", "status"))
+    known = {uuid for _, uuid, _ in rows if uuid}
+    free_uuids = {uuid for _, uuid, status in rows if uuid and status == GpuStatus.FREE}
+    free_bare = {index for index, uuid, status in rows if not uuid and status == GpuStatus.FREE}
+    cards = inventory.get("gpus") or []
+    seen = Counter(gpu.get("uuid") for gpu in cards if gpu.get("uuid"))
+    free = []
+    for gpu in cards:
+        uuid, index = gpu.get("uuid"), gpu.get("index")
+        if seen[uuid] > 1:
+            continue  # one UUID on several cards tells none of them apart (gpu_uuid_repeated: a verification's)
+        if uuid in free_uuids or (uuid not in known and index in free_bare):
+            free.append(index)
+    return sorted(free)
 
 
 @transaction.atomic
@@ -72,7 +109,7 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     changes nothing: a full check queued each time made the spot checks' rhythm (6-42 h) the full check's
     (found by review)."""
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
-    which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+    which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}" if gpus else "the node"
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
     measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
     if not findings:

@@ -314,7 +314,10 @@ def node_verify_run(*, job: Job) -> None:
             # layout is pending is not judged, nor its free slices measured; nor those of a card whose listing
             # repeats a MIG device (withheld: the MIG check names it), whose UUIDs the agent refuses twice.
             withheld = {f.gpu_index for f in repeated_mig_findings(inventory.get("mig") or [])}
-            free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in rented
+            # A rented card is found by its UUID (held_cards, holders), by its stored index only where its row has
+            # none: nvidia-smi may have numbered the cards anew since the last check. Before, a free card now at a
+            # rented card's old index was left out of the benchmark and the challenge (a fault on it unseen).
+            free = [g["index"] for g in inventory.get("gpus", []) if g.get("index") not in held
                     and g.get("uuid") not in holders and g.get("index") not in layout]
             slices = [d["uuid"] for d in inventory.get("mig") or [] if d.get("gpu") in layout
                       and d.get("gpu") not in pending and d.get("gpu") not in withheld
