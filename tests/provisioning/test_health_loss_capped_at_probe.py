@@ -12,6 +12,7 @@ import pytest
 from django.utils import timezone
 
 from billing.selectors import instance_cost
+from billing.services.metering import usage_meter
 from billing.services.storage import storage_cost, storage_meter
 from marketplace.models import Gpu, Instance, InstanceStatus, Interruption, Volume, VolumeState
 from marketplace.services import instances as instance_svc
@@ -46,6 +47,42 @@ def _host():
     host.disk_price_per_gb_month_micros = PRICE
     host.save()
     return host
+
+
+def _ticked_meanwhile(clock, meter) -> None:
+    """The meter ticks after the later check was recorded: it bills up to that check (last_seen_at)."""
+    clock.advance(2)
+    meter()
+    clock.advance(3)
+
+
+def test_a_meter_tick_after_the_later_check_is_given_back_past_the_probe(clock):
+    """The same with the meters' ticks between the later check and this one: the run and the disk were billed up to
+    the later check, and the check gives back what was billed after this probe's start."""
+    renter = UserFactory()
+    fund(renter, "20")
+    host = _host()
+    run, disk = running(renter, host), running(renter, host)
+    clock.advance(60)
+    disk = stop(disk)
+    started_at, stopped_at = Instance.objects.get(pk=run.pk).started_at, Instance.objects.get(pk=disk.pk).stopped_at
+    clock.advance(300)
+    node_record_health(node_id=host.pk, ok=True, vms={run.vm_id: "running", disk.vm_id: "stopped"},
+                       probed_at=clock.now)
+    clock.advance(60)
+    probed_at = clock.now  # this probe's answer lists neither VM
+    clock.advance(30)
+    node_record_health(node_id=host.pk, ok=True, probed_at=clock.now)  # begun after, no look at the VMs
+    _ticked_meanwhile(clock, lambda: (usage_meter(), storage_meter()))
+    node_record_health(node_id=host.pk, ok=True, vms={}, probed_at=probed_at)
+    run, disk = Instance.objects.get(pk=run.pk), Instance.objects.get(pk=disk.pk)
+    assert (run.status, disk.status) == (InstanceStatus.INTERRUPTED, InstanceStatus.FAILED)
+    ran = int((probed_at - started_at).total_seconds())
+    assert instance_cost(instance=run)["billed_seconds"] == ran
+    seconds = int((probed_at - stopped_at).total_seconds())
+    assert instance_cost(instance=disk)["disk_amount_micros"] == storage_cost(
+        size_gb=disk.disk_gb, price_per_gb_month_micros=PRICE, seconds=seconds)
+    assert_billing_invariants()
 
 
 def test_a_vanished_stopped_disk_is_not_billed_past_the_probe_that_found_it_gone(clock):
