@@ -14,7 +14,7 @@ A deletion is undone only when the node refuses it (a VM there still mounts the 
 One that could not reach the node stays `deleting`, its billing closed at the request, and is finished when the node
 answers (the reconciler, provisioning.services.reconcile); one on a quarantined node is left so at once, no job
 sent (none reaches that node until an operator accepts its new host key); a node retired while unreachable ends its
-volumes with it (`node_volumes_lost`).
+volumes with it (`node_volumes_lost`), and one left on a retired node (failed) is deleted at once, no job sent.
 
 A volume is held by at most one instance (`_live_mount`): one that is not destroyed or failed, or one whose VM may
 still be on the node, mounting it (the node's agent counts every VM record it has: it refuses the volume's delete,
@@ -296,11 +296,16 @@ DELETING_ON_QUARANTINED_NODE = (
     "talk to it until an operator has accepted the new key. It is no longer billed, and is deleted there once the "
     "key is accepted.")
 
+# Said of a volume deleted on a retired node (volume_delete): the platform never talks to that server again.
+DELETED_ON_RETIRED_NODE = ("Deleted: its server was retired, and the platform no longer talks to it; nothing of the "
+                           "volume is kept for you there.")
+
 
 @transaction.atomic
 def volume_delete(*, volume: Volume, confirm: str) -> Volume:
     """Delete a volume for good: `confirm` must be its name. Billing ends now; a job deletes it on its node (on a
-    quarantined node, the node's reconcile once an operator has accepted its new host key).
+    quarantined node, the node's reconcile once an operator has accepted its new host key; on a retired node, which
+    nothing reaches again, it is deleted at once, no job sent).
 
     Raises ValidationFailed (`confirm` is not its name), Conflict (an instance holds it, volume_holder_ids: one that
     mounts it and is neither destroyed nor failed, one that failed after it ran, its VM kept on the node until it is
@@ -325,6 +330,14 @@ def volume_delete(*, volume: Volume, confirm: str) -> Volume:
     volume.transition_to(VolumeState.DELETING)
     volume.deleted_at = now
     node = Node.objects.get(pk=volume.node_id)
+    if node.state == NodeState.RETIRED:
+        # Nothing reaches a retired server again (no job, no reconcile): its job stayed queued against it, the volume
+        # `deleting` for ever, or the platform reached into a server it had let go (found by review). Only a failed
+        # volume is left on one (a retire ends or refuses the others: nodes.node_retire): never billed, ended here.
+        volume.transition_to(VolumeState.DELETED)
+        volume.status_message = DELETED_ON_RETIRED_NODE
+        volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
+        return volume
     quarantined = node.state == NodeState.QUARANTINED
     volume.status_message = DELETING_ON_QUARANTINED_NODE if quarantined else "Waiting for a worker to delete it"
     volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
