@@ -6,7 +6,17 @@ import socket
 import sys
 import time
 
-from .core import _WATCHDOG, AGENT_VERSION, MAX_REQUEST_BYTES, AgentError, Config, emit, invalid, state_or_unknown
+from .core import (
+    _WATCHDOG,
+    AGENT_VERSION,
+    MAX_REQUEST_BYTES,
+    AgentError,
+    Config,
+    emit,
+    invalid,
+    safe_text,
+    state_or_unknown,
+)
 from .records import all_records
 from .runtimes import RUNTIME_CLASSES
 from .smi import host_facts, inventory_hash, load_profile, read_gpus
@@ -100,7 +110,7 @@ def handle(argv, stdin_text, env):
         return {"ok": False, "agent_version": AGENT_VERSION, "error": error}, 2 if exc.code == "invalid_request" else 1
     except Exception as exc:  # the caller must always get one JSON object, even for our own bugs
         return {"ok": False, "agent_version": AGENT_VERSION,
-                "error": {"code": "internal_error", "message": "%s: %s" % (type(exc).__name__, exc)}}, 1
+                "error": {"code": "internal_error", "message": safe_text("%s: %s" % (type(exc).__name__, exc))}}, 1
 
 
 def main():

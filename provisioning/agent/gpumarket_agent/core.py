@@ -1,6 +1,7 @@
 """Errors, running commands, files and the node's configuration."""
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -11,10 +12,23 @@ MAX_REQUEST_BYTES = 1 << 20
 _WATCHDOG = []  # set by main(): a hard stop for a benchmark stuck where Python cannot interrupt it
 _EMIT_LOCK = threading.Lock()
 _EMITTED = []
+# What the platform's reader of an answer refuses in any string (core/untrusted_json.py there): a NUL, which no
+# PostgreSQL text column takes, and an unpaired UTF-16 surrogate (not Unicode; Python's surrogateescape makes one
+# of each undecodable byte).
+_REFUSED_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def safe_text(text):
+    """Text the agent read from something a renter controls (an image's files, a container's output, a registry's
+    words as docker prints them), fit for an answer: each character the platform refuses becomes U+FFFD. One NUL in
+    a renter's /etc/os-release, log line or registry error made the whole answer refused, and the node was blamed
+    for it (found by review)."""
+    return _REFUSED_CHARS.sub("\ufffd", text) if isinstance(text, str) else text
 
 
 class AgentError(Exception):
     def __init__(self, code, message, field=None):
+        message = safe_text(message)  # often a command's stderr: a renter's registry or image may have written it
         super().__init__(message)
         self.code, self.message, self.field = code, message, field
 
@@ -63,10 +77,11 @@ def at_once(items, fn, code, what="GPU"):
 
 
 def run(argv, timeout=60, check=True, env=None):
-    """Run an argument list (never a shell string); raise command_failed with stderr on failure."""
+    """Run an argument list (never a shell string); raise command_failed with stderr on failure. Output that is not
+    UTF-8 (a registry's error as docker pull prints it) is decoded with U+FFFD, never a crash of the agent."""
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=timeout, env=env)
     except FileNotFoundError:
         raise AgentError("command_not_found", "%s is not installed on this node" % argv[0]) from None
     except subprocess.TimeoutExpired:

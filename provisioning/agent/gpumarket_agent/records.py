@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from .core import AgentError, read_json, write_file
+from .core import AgentError, read_json, safe_text, write_file
 from .procs import port_free
 from .validation import VM_ID_RE
 
@@ -114,4 +114,5 @@ def tail_lines(path, n):
             data = f.read()
     except FileNotFoundError:
         return []
-    return [ln.decode("utf-8", "replace") for ln in data.splitlines()][-n:]
+    # A sim VM's onstart output lands here, as printed: a NUL in it made the whole logs answer refused (safe_text).
+    return [safe_text(ln.decode("utf-8", "replace")) for ln in data.splitlines()][-n:]

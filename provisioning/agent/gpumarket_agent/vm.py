@@ -4,7 +4,7 @@ import shutil
 import time
 
 from .allocation import cards_held, check_and_start, check_gpus_free, remember_addresses, visible_gpus
-from .core import RUNTIMES, AgentError, invalid, state_or_unknown
+from .core import RUNTIMES, AgentError, invalid, safe_text, state_or_unknown
 from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
 from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
@@ -25,13 +25,15 @@ def pick_runtime(cfg, req):
 
 
 def describe(cfg, rt, rec, state):
+    """The VM as answered. Its os and host key were read from the image, and a record an older agent wrote may hold
+    a NUL in them (safe_text): every later answer about the VM was refused."""
     host = rt.host()
     return {"vm_id": rec["vm_id"], "runtime": rec["runtime"], "state": state, "ssh_host": host,
             "ssh_port": rec.get("ssh_port"), "ssh_user": rt.ssh_user,
-            "ssh_host_key": rec.get("ssh_host_key"), "gpu_indices": rec["spec"]["gpu_indices"],
+            "ssh_host_key": safe_text(rec.get("ssh_host_key")), "gpu_indices": rec["spec"]["gpu_indices"],
             "created_at": rec.get("created_at"),
             "ports": {name: {"host": host, "port": port} for name, port in sorted((rec.get("ports") or {}).items())},
-            "os": rec.get("os"), "disk_gb": rec["spec"].get("disk_gb"), "disk_limit": rt.disk_limit(rec)}
+            "os": safe_text(rec.get("os")), "disk_gb": rec["spec"].get("disk_gb"), "disk_limit": rt.disk_limit(rec)}
 
 
 def vm_create(cfg, req):

@@ -87,12 +87,15 @@ def vm_name(vm_id):
 
 
 def os_release_pretty_name(text):
-    """PRETTY_NAME from an os-release file's text (shell-style KEY=value, maybe quoted), or None."""
+    """PRETTY_NAME from an os-release file's text (shell-style KEY=value, maybe quoted), or None. Printable
+    characters only: the image's author wrote that file, and one NUL in it made every answer about the VM refused,
+    the node blamed for the renter's image (found by review)."""
     for line in text.splitlines():
         key, _, value = line.strip().partition("=")
         if key == "PRETTY_NAME":
             value = value.strip()
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
                 value = value[1:-1]
-            return value.replace('\\"', '"')[:200] or None
+            value = "".join(ch for ch in value.replace('\\"', '"') if ch.isprintable())
+            return value[:200] or None
     return None

@@ -76,6 +76,9 @@ __all__ = [
 # daemon's "No such container: <name>" (lower case from some engines). Not "no such file or directory" (a daemon
 # socket that is gone) nor "no such host": those leave a VM's state unknown.
 NO_SUCH = re.compile(r"\bno such (?:object|container)\b", re.IGNORECASE)
+# The container's host key as the agent answers it: its type and base64 body, nothing else. The image may ship that
+# file: a NUL in its second word made every answer about the VM refused and the node blamed (found by review).
+HOST_KEY_RE = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]+={0,2}")
 
 
 class DockerRuntime(Runtime):
@@ -188,7 +191,8 @@ class DockerRuntime(Runtime):
             code, out, too_long = bounded_output(argv, MAX_HOST_KEY)  # the container writes that file
             text = out.decode("utf-8", "replace")
             if code == 0 and not too_long and text.startswith("ssh-ed25519 "):
-                return " ".join(text.split()[:2])
+                key = " ".join(text.split()[:2])
+                return key if HOST_KEY_RE.fullmatch(key) else None  # a file the image holds: no key to pin
             if has_sshd is None:
                 has_sshd = any(run(["docker", "exec", vm_name(vm_id), "test", "-x", sshd], check=False).returncode == 0
                                for sshd in ("/usr/sbin/sshd", "/usr/local/sbin/sshd"))

@@ -8,7 +8,7 @@ import subprocess
 import tarfile
 import time
 
-from ..core import AgentError
+from ..core import AgentError, safe_text
 from .base import os_release_pretty_name, vm_name
 
 MAX_OS_RELEASE = 64 * 1024  # the tar of /etc/os-release as docker cp streams it
@@ -78,7 +78,7 @@ def container_log_tail(argv, tail, max_line=MAX_LOG_LINE, max_bytes=MAX_LOG_BYTE
         code = proc.wait()
     if ended and code != 0:
         return []
-    return [ln.decode("utf-8", "replace") for ln in lines]
+    return [safe_text(ln.decode("utf-8", "replace")) for ln in lines]  # a program's NUL refused the whole answer
 
 
 def read_os(vm_id):
