@@ -507,7 +507,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                 message="This instance's server failed its latest benchmark check "
                         f"({', '.join(sorted({f['code'] for f in findings if f['severity'] == 'reject'}))}). "
                         "Your instance keeps running; consider moving your work to another server.")
-    if renters:
+    if renters and (figures or {}).get("failed") not in FAILURES_NOT_ABOUT_RENTERS:
         _price_cut_if_worse(node, verdict, score, listed_score or 0.0, findings, inventory, holders or {})
     if renters and verdict in LISTABLE_VERDICTS:
         _price_back_if_better(node, score, listed_score)
@@ -589,6 +589,14 @@ def _price_back_if_better(node: Node, score: float | None, listed_score: float |
 # to $0/h for good (found by walking the demo), and so did a libvirt node's re-check (a rented card is bound to
 # vfio-pci, out of the host's nvidia-smi).
 NOT_ABOUT_RENTERS = frozenset({"gpu_count"})
+
+
+# Checks that could not be completed (node_verify_failed, its figures' "failed") that are no evidence against any
+# renter's hardware: a re-check benchmarks the free cards only, never a rented one, so a benchmark that hung says
+# nothing of the cards renters hold. The rejection takes the node off the offers; before, it also cut every renter
+# to $0/h until a later check passed. (An agent that answers garbage or refuses the platform's key is the whole
+# server's: that cut stays.)
+FAILURES_NOT_ABOUT_RENTERS = frozenset({BenchmarkTimeout.code})
 
 
 def renters_concerned(node: Node, findings: list[dict[str, Any]], inventory: dict[str, Any] | None = None,
