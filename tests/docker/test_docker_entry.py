@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker.test_docker_runtime import node, ssh  # noqa: F401 - the fixture
+from tests.docker.test_docker_runtime import AUTH, node, ssh  # noqa: F401 - the fixture
 from tests.provisioning.sshkit import new_keypair, run
 
 
@@ -142,12 +142,15 @@ def test_the_command_of_a_renters_own_image_gets_the_env_and_a_catalogue_images_
                           '"printf \'%s|%s\\\\n\' \\"${MODEL_ID-unset}\\" \\"${TRICKY-unset}\\" > /tmp/cmd-env; '
                           'exec sleep infinity"]')
     node.env["GPUMARKET_DOCKER_PULL"] = "missing"
+    # A renter's own image is pulled even so (its registry decides who may read it): it comes from the registry.
+    own = node.engine.registry.push(node.engine, image, "team/reads-env:1")
     _, public = new_keypair()
     env = {"MODEL_ID": "meta-llama/Llama-3.1-8B", "TRICKY": tricky}
-    for vm_id, gpu, options, expected in (("dk-own", 0, {"image_env": True}, f"meta-llama/Llama-3.1-8B|{tricky}\n"),
-                                          ("dk-catalogue", 1, {}, "unset|unset\n")):
+    for vm_id, gpu, ref, options, expected in (
+            ("dk-own", 0, own, {"image_env": True, "registry_auth": AUTH}, f"meta-llama/Llama-3.1-8B|{tricky}\n"),
+            ("dk-catalogue", 1, image, {}, "unset|unset\n")):
         node("vm create", {"vm_id": vm_id, "gpu_indices": [gpu], "ssh_public_keys": [public],
-                           "image": {"docker": image}, "env": env, **options})
+                           "image": {"docker": ref}, "env": env, **options})
         deadline = time.monotonic() + 15
         while True:
             got = node.engine.docker("exec", "gpumarket-" + vm_id, "cat", "/tmp/cmd-env")

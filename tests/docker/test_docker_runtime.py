@@ -192,14 +192,18 @@ def test_failed_pulls_answer_the_registrys_reason_and_leave_nothing(node, auth, 
     assert node.engine.docker("inspect", "gpumarket-dk-bad").returncode != 0
 
 
-def test_a_cached_private_image_still_needs_the_renters_credentials(node):
-    # Pulled for one renter, the image is on the node; another renter without credentials still cannot use it.
+@pytest.mark.parametrize("pull", ["always", "missing"])
+def test_a_cached_private_image_still_needs_the_renters_credentials(node, pull):
+    # Pulled for one renter, the image is on the node; another renter without credentials still cannot use it. Also
+    # where the provider set GPUMARKET_DOCKER_PULL=missing: a renter's own image is pulled all the same (before, the
+    # cached copy started for them, found by review).
+    node.env["GPUMARKET_DOCKER_PULL"] = pull
     owner = node("vm create", {"vm_id": "dk-owner", "gpu_indices": [0], "ssh_public_keys": [new_keypair()[1]],
                                "image": {"docker": node.engine.remote_image}, "registry_auth": AUTH})
     assert owner["state"] == "running"
     assert node.engine.docker("image", "inspect", node.engine.remote_image).returncode == 0
     answer = node("vm create", {"vm_id": "dk-nocreds", "gpu_indices": [2], "ssh_public_keys": [new_keypair()[1]],
-                                "image": {"docker": node.engine.remote_image}}, ok=False)
+                                "image": {"docker": node.engine.remote_image}, "image_env": True}, ok=False)
     assert answer["error"]["code"] == "pull_failed" and "no basic auth credentials" in answer["error"]["message"]
 
 

@@ -16,7 +16,8 @@ The node's configuration comes from its environment (sshd `SetEnv` on simulated 
     GPUMARKET_PORT_RANGE   host ports for VM SSH and mapped ports with docker/libvirt (default 40000-40999)
     GPUMARKET_DOCKER_GPUS  toolkit (default: --gpus) | none | devices:/host/path{index} (--device, for tests)
     GPUMARKET_DOCKER_BIND  host address docker publishes VM ports on (default: all)
-    GPUMARKET_DOCKER_PULL  always (default) | missing
+    GPUMARKET_DOCKER_PULL  always (default) | missing: a catalogue image on the node is not pulled again; a renter's
+                           own image, or one with registry credentials, is pulled all the same (its registry decides)
     GPUMARKET_SIM_PROFILE, GPUMARKET_SIM_ROOT, GPUMARKET_SIM_LISTEN   sim: profile file, node folder, address
     GPUMARKET_LIBVIRT_URI, GPUMARKET_LIBVIRT_DIR, GPUMARKET_LIBVIRT_IMAGES   libvirt: connection and folders
 Stdlib only, Python 3.8+. Nothing from a request ever reaches a shell: commands are argument lists.

@@ -124,7 +124,8 @@ class Config:
         # docker: how GPUs reach a container ("toolkit": --gpus via the NVIDIA container toolkit; "none"; or
         # "devices:<host path with {index}>": --device <path>:/dev/nvidia<index>, the tests' stand-in), the host
         # address container ports are published on (default all), and when to pull ("always" checks the renter
-        # may read the image even when a copy is cached; "missing" for offline nodes).
+        # may read the image even when a copy is cached; "missing" takes a catalogue image from the cache, never a
+        # renter's own image or one pulled with credentials: dockerpull.py).
         self.docker_gpus = env.get("GPUMARKET_DOCKER_GPUS") or "toolkit"
         self.docker_bind = env.get("GPUMARKET_DOCKER_BIND") or None
         self.docker_pull = env.get("GPUMARKET_DOCKER_PULL") or "always"

@@ -32,9 +32,13 @@ def pull_reason(text, registry_auth):
 
 def docker_pull(cfg, rec, registry_auth):
     """docker pull with a fresh, private DOCKER_CONFIG: the renter's credentials or none (never the node's).
-    With GPUMARKET_DOCKER_PULL=missing an image already on the node is not pulled."""
+    With GPUMARKET_DOCKER_PULL=missing a catalogue image already on the node is not pulled. A renter's own image
+    (image_env) or one pulled with registry credentials always is, so that its registry decides whether this renter
+    may read it: skipped, a renter without credentials started another renter's private image, cached by that
+    renter's pull (found by review)."""
     image, vm_id = rec["spec"]["image"]["docker"], rec["vm_id"]
-    present = cfg.docker_pull == "missing" and \
+    own = bool(registry_auth) or bool(rec["spec"].get("image_env"))
+    present = cfg.docker_pull == "missing" and not own and \
         run(["docker", "image", "inspect", image], check=False).returncode == 0
     if present:
         vm_log(cfg, vm_id, "image %s is present; not pulled (GPUMARKET_DOCKER_PULL=missing)" % image)
