@@ -247,6 +247,13 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
                 instance_id=instance.pk, since=min(seen, listed_at) if seen is not None else None,
                 cause=InterruptionCause.VM_LOST,
                 detail="the VM is no longer on the server" if gone else f"the VM was found {state} on the server")
+            # The meter may have billed it past the list already, up to a health check recorded while the node
+            # answered (its probe begun after the list, judging nothing of the VM): the interruption cannot close
+            # billing before what was billed, so that time is given back here, under the same lock (before, the
+            # renter paid up to that check for a VM the list found lost).
+            if interruption is not None:
+                _given_back_after_list(node, instance.pk, vm, listed_at=listed_at,
+                                       answered_at=answered_at or listed_at, missing=missing)
         else:
             # No longer running, or running again since the list: judged by the next one. One whose billing a stop,
             # restart or destroy asked since the list closed is given back its time after the VM's last sighting,
@@ -285,7 +292,7 @@ def _given_back_after_list(node: Node, instance_id: int, vm: dict[str, Any] | No
     its billing was closed since the list was asked for (a stop, restart or destroy), up to then. What its run was
     billed after the VM's last sighting (the node's last health check, or the list itself when a check recorded
     since) is given back, once (interruptions.lost_usage_give_back: not when a job of it that takes the VM down
-    began while the node answered)."""
+    began while the node answered). Also for one this pass interrupted that the meter billed past the sighting."""
     state = "missing" if missing else "gone" if vm is None else str(vm.get("state"))[:40]
     instance_svc.lost_usage_give_back(
         instance_id=instance_id, since=_last_sighting(node, listed_at), looked_at=listed_at,
@@ -298,7 +305,8 @@ def _disk_given_back_after_list(node: Node, instance_id: int, *, listed_at: date
     destroy, asked since the list was, closed its disk's billing at that request, past the disk's last sighting (the
     node's last health check, or the list itself when a check recorded since). What the disk was billed after the
     sighting is given back, once, as the health check gives it (interruptions.lost_disk_give_back: not when a job
-    of it that takes the VM down began while the node answered). Before, the reconciler gave nothing back."""
+    of it that takes the VM down began while the node answered). Before, the reconciler gave nothing back. Also for
+    one this pass failed whose disk the storage meter billed past the sighting."""
     instance_svc.lost_disk_give_back(
         instance_id=instance_id, since=_last_sighting(node, listed_at), looked_at=listed_at,
         answered_at=answered_at, detail="the stopped VM and its disk are no longer on the server")
@@ -460,8 +468,10 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
                        message=f"The VM of instance {instance.pk} (stopped) vanished with its disk.",
                        level=NodeEvent.Level.WARNING)
             counts["instances_failed"] += 1
-        else:
-            _disk_given_back_after_list(node, instance.pk, listed_at=listed_at, answered_at=answered_at)
+        # Failed, its disk billed up to the sighting, unless the storage meter billed it further already (up to a
+        # health check recorded while the node answered the list, judging nothing of the VM): given back here, as
+        # for one a start or destroy left no longer stopped (before, the renter paid up to that check).
+        _disk_given_back_after_list(node, instance.pk, listed_at=listed_at, answered_at=answered_at)
         return False
     if vm.get("state") in VM_HOLDING_GPUS:  # a container restarting holds its GPUs too (agent: docker_state)
         # Its GPUs were released when it stopped. A start asked since the list (a job open now, or the instance
