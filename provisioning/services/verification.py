@@ -9,7 +9,9 @@ off the offers), operators get a critical event and the renters a status message
 """
 from __future__ import annotations
 
+import math
 import secrets
+import statistics
 from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
@@ -72,6 +74,7 @@ from provisioning.verification.answers import MalformedAnswer, benchmark_problem
 from provisioning.verification.mig import judge_mig, pending_layout, repeated_mig_findings
 from provisioning.verification.model import REJECT, DeclaredModel, Finding
 from provisioning.verification.policy import judge
+from provisioning.verification.tolerances import TOLERANCES
 from provisioning.verification.wording import reasons_text
 
 # How long the platform waits for the benchmark's answer beyond the bound the agent enforces on itself.
@@ -444,10 +447,13 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     previous_verdict = node.verdict
     # What renters' prices are measured against: the last score of a check that listed the node (a rejection's
     # score says nothing of how fast it is; compared with it, the next check cut no one).
-    listed_score = (VerificationRun.objects.filter(node=node, verdict__in=LISTABLE_VERDICTS, score__isnull=False)
-                    .order_by("-created_at", "-pk").values_list("score", flat=True).first())
+    listed = (VerificationRun.objects.filter(node=node, verdict__in=LISTABLE_VERDICTS, score__isnull=False)
+              .order_by("-created_at", "-pk").values_list("score", "verdict", "figures").first())
+    listed_score = listed[0] if listed else None
     if listed_score is None and previous_verdict in LISTABLE_VERDICTS:
         listed_score = node.score  # listed with no check recorded (made so by hand, or before checks were kept)
+    # What a cut compares this check's score with: the listed check's score of the same cards where it can say.
+    cut_basis = (same_cards_score(listed[2], listed[1], figures or {}) if listed else None) or listed_score
     # What the platform derived from the node's answers (the challenge's and memory proof's figures, messages
     # quoting the node) may carry NaN or NUL, which no JSON or text column takes.
     findings, inventory, figures = storable(findings), storable(inventory), storable(figures or {})
@@ -508,7 +514,7 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                         f"({', '.join(sorted({f['code'] for f in findings if f['severity'] == 'reject'}))}). "
                         "Your instance keeps running; consider moving your work to another server.")
     if renters and (figures or {}).get("failed") not in FAILURES_NOT_ABOUT_RENTERS:
-        _price_cut_if_worse(node, verdict, score, listed_score or 0.0, findings, inventory, holders or {})
+        _price_cut_if_worse(node, verdict, score, cut_basis or 0.0, findings, inventory, holders or {})
     if renters and verdict in LISTABLE_VERDICTS:
         _price_back_if_better(node, score, listed_score)
     job_finish(job=job, error=error, fault=JobFault.NODE if error else "")
@@ -567,6 +573,33 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
                    message=f"Measured {float(ratio):.0%} of the score it had before ({', '.join(codes)}): "
                            f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.",
                    level=NodeEvent.Level.WARNING)
+
+
+def same_cards_score(listed_figures: Any, listed_verdict: str, figures: dict[str, Any]) -> float | None:
+    """The score the check that listed the node gave the cards this check measured (found by UUID), as this
+    check's score is made (policy.node_score: their mean, times the listed verdict's factor). A re-check measures
+    the free cards only, and the cards of one node differ by up to node_median_max_deviation unflagged: before, its
+    score over the slower free cards, unchanged, was compared with the listed score over all of them and cut the
+    renters of the faster ones. None where it cannot say (a card measured now that the listed
+    check did not score, no UUID, MIG slices in the score, or the same cards as then): the listed score then."""
+    if not isinstance(listed_figures, dict) or listed_figures.get("mig_slices") or figures.get("mig_slices"):
+        return None
+
+    def scores(gpus: Any) -> dict[Any, Any]:
+        rows = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+        return {g.get("uuid"): g.get("score") for g in rows if isinstance(g.get("uuid"), str) and g.get("uuid")}
+
+    before, now = scores(listed_figures.get("gpus")), figures.get("gpus") or []
+    measured = [g.get("uuid") for g in now if isinstance(g, dict) and g.get("score") is not None]
+    if not measured or set(measured) == set(before):
+        return None
+    if not all(isinstance(before.get(u), int | float) and not isinstance(before.get(u), bool)
+               and math.isfinite(before[u]) and before[u] > 0 for u in measured):
+        return None
+    factor = TOLERANCES["score_factor"].get(listed_verdict)
+    if not factor:
+        return None
+    return round(statistics.fmean(float(before[u]) for u in measured) * float(factor), 2)
 
 
 def _price_back_if_better(node: Node, score: float | None, listed_score: float | None) -> None:
