@@ -11,8 +11,10 @@
   meanwhile.
 - Grace: stopped instances of a renter whose balance stays at or below zero are destroyed
   BILLING_GRACE_PERIOD_S after it reached zero, with a `destroy_warning` event and email
-  BILLING_DESTROY_WARNING_S before; so are their volumes that no live instance mounts (storage is billed
-  while it exists). A top-up that brings the balance above zero ends all of it.
+  BILLING_DESTROY_WARNING_S before; so are their failed instances whose VM, kept on the node, mounts one of their
+  volumes, and those volumes are deleted (storage is billed while it exists) with every other of theirs that no
+  instance holds past the deadline (_doomed): the warning names each one, those that these instances mount
+  included. A top-up that brings the balance above zero ends all of it.
 - Storage counts: the burn rate the low-balance warning uses includes the renter's volumes and their stopped
   instances' disks (billing.services.storage), and a balance taken to zero by storage alone starts the grace
   period all the same.
@@ -25,7 +27,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Prefetch, Sum
 from django.utils import timezone
 
 from billing.models import Account, AccountKind, BillingProfile, EventKind
@@ -37,9 +39,9 @@ from billing.services.storage import storage_burn_per_hour
 from billing.services.top_ups import auto_top_up_start
 from core.errors import ApplicationError
 from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeMount, VolumeState
-from marketplace.models.renting import FINAL_STATUSES
+from marketplace.selectors import instances_awaiting_cleanup_by_node
 from marketplace.services.instances import instance_destroy, instance_stop
-from marketplace.services.volumes import volume_delete
+from marketplace.services.volumes import volume_delete, volume_holder_ids
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +146,37 @@ def _deplete(renter_id: int, now: datetime) -> int:
     return len(stopped)
 
 
+def _doomed(renter_id: int) -> tuple[list[Instance], list[Volume], dict[int, list[int]]]:
+    """What the grace period ends for a renter at zero: the instances it destroys, and the volumes it deletes (with
+    the instances that hold each one now: volume_holder_ids, the rule of volume_delete's refusal).
+
+    The instances: their stopped ones (disks billed), and their failed ones that hold one of their volumes (their VM
+    kept on the node, mounting it: only a destroy removes it). The volumes: those that nothing holds once these
+    instances are destroyed (none holds them, or only these, or instances already on their way out: destroying, or
+    destroyed with their VM still to be removed). Before, a failed instance was never destroyed, so its volume's
+    deletion was refused at every tick and the volume billed for ever past the deadline; and a volume a stopped
+    instance mounted was left out of the warning, yet deleted the tick after that instance was destroyed (both
+    found by review)."""
+    stopped = list(Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.STOPPED).order_by("pk"))
+    volumes = list(Volume.objects.filter(owner_id=renter_id, state=VolumeState.AVAILABLE).order_by("pk")
+                   .prefetch_related(Prefetch("mounts", queryset=VolumeMount.objects.select_related("instance"))))
+    awaiting = instances_awaiting_cleanup_by_node(node_ids={v.node_id for v in volumes}) if volumes else {}
+    holders = {v.pk: volume_holder_ids(v, awaiting_cleanup=awaiting) for v in volumes}
+    mounted = {m.instance_id: m.instance for v in volumes for m in v.mounts.all()}
+    failed = [mounted[i] for i in sorted({i for ids in holders.values() for i in ids})
+              if mounted[i].status == InstanceStatus.FAILED]
+    leaving = (InstanceStatus.DESTROYING, InstanceStatus.DESTROYED)
+    ending = {i.pk for i in stopped + failed} | {i for i, instance in mounted.items() if instance.status in leaving}
+    doomed = [v for v in volumes if set(holders[v.pk]) <= ending]
+    return sorted(stopped + failed, key=lambda i: i.pk), doomed, {v.pk: holders[v.pk] for v in doomed}
+
+
+def _listed(things: list[str]) -> str:
+    return ", ".join(things) or "none"
+
+
 def _grace(renter_id: int, now: datetime) -> str:
-    """For a renter at zero with stopped instances: warn before the grace period ends, destroy after it."""
+    """For a renter at zero with stopped instances or storage: warn before the grace period ends, destroy after it."""
     with transaction.atomic():
         profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
         profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
@@ -155,15 +186,13 @@ def _grace(renter_id: int, now: datetime) -> str:
             profile.depleted_at = now
             profile.save(update_fields=["depleted_at"])
         deadline = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
-        stopped = list(Instance.objects.filter(renter_id=renter_id, status=InstanceStatus.STOPPED).order_by("pk"))
-        volumes = [v for v in Volume.objects.filter(owner_id=renter_id, state=VolumeState.AVAILABLE).order_by("pk")
-                   if not VolumeMount.objects.filter(volume=v).exclude(instance__status__in=FINAL_STATUSES).exists()]
-        if not stopped and not volumes:
+        instances, volumes, holders = _doomed(renter_id)
+        if not instances and not volumes:
             return ""
         user = User.objects.get(pk=renter_id)
         if now >= deadline:
             destroyed = []
-            for instance in stopped:
+            for instance in instances:
                 try:
                     instance_destroy(instance=instance)
                     destroyed.append(instance.pk)
@@ -171,6 +200,8 @@ def _grace(renter_id: int, now: datetime) -> str:
                     log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
             deleted: list[str] = []
             for volume in volumes:
+                if holders[volume.pk]:  # deleted at a later tick, once the instances above are gone from the node
+                    continue
                 try:
                     volume_delete(volume=volume, confirm=volume.name)
                     deleted.append(volume.name)
@@ -179,22 +210,27 @@ def _grace(renter_id: int, now: datetime) -> str:
             if destroyed or deleted:
                 event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,
                              message=(f"Your balance stayed at zero for {_duration(settings.BILLING_GRACE_PERIOD_S)}, "
-                                      f"so your stopped instances ({', '.join(map(str, destroyed)) or 'none'}) were "
-                                      f"destroyed with their disks, and your volumes no instance mounts "
-                                      f"({', '.join(deleted) or 'none'}) deleted."),
+                                      f"so your stopped instances and failed ones that held a volume "
+                                      f"({_listed([str(i) for i in destroyed])}) were destroyed with their disks, "
+                                      f"and your volumes ({_listed(deleted)}) deleted."),
                              data={"instances": destroyed, "volumes": deleted})
             return "destroyed"
         warn_from = deadline - timedelta(seconds=settings.BILLING_DESTROY_WARNING_S)
         if now >= warn_from and profile.destroy_warned_at is None:
             profile.destroy_warned_at = now
             profile.save(update_fields=["destroy_warned_at"])
+            stopped = [str(i.pk) for i in instances if i.status == InstanceStatus.STOPPED]
+            failed = [str(i.pk) for i in instances if i.status != InstanceStatus.STOPPED]
+            named = [v.name + (f" (mounted by instance {', '.join(map(str, holders[v.pk]))})" if holders[v.pk] else "")
+                     for v in volumes]
             event_create(user=user, kind=EventKind.DESTROY_WARNING, email=True,
-                         message=(f"Your balance is at zero. Your stopped instances "
-                                  f"({', '.join(str(i.pk) for i in stopped) or 'none'}) will be destroyed with "
-                                  f"their disks, and your volumes no instance mounts "
-                                  f"({', '.join(v.name for v in volumes) or 'none'}) deleted, "
+                         message=(f"Your balance is at zero. Your stopped instances ({_listed(stopped)}) will be "
+                                  f"destroyed with their disks, "
+                                  + (f"your failed instances whose VM still mounts a volume ({_listed(failed)}) "
+                                     f"destroyed, " if failed else "")
+                                  + f"and your volumes ({_listed(named)}) deleted, "
                                   f"at {deadline:%Y-%m-%d %H:%M} UTC unless you top up before."),
-                         data={"instances": [i.pk for i in stopped], "volumes": [v.pk for v in volumes],
+                         data={"instances": [i.pk for i in instances], "volumes": [v.pk for v in volumes],
                                "destroy_at": deadline.isoformat()})
             return "warned"
     return ""
