@@ -30,6 +30,8 @@ from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 
 from core.client_address import throttle_ident
+from core.email_address import email_canonical
+from core.errors import ValidationFailed
 
 PREFIX = "login-throttle"
 
@@ -47,7 +49,13 @@ class LoginLocked(Exception):
 
 
 def normalize_account(account: str) -> str:
-    return (account or "").strip().lower()
+    """The key of an address's counters: the mailbox it reaches (core.email_address.email_canonical), as accounts
+    are looked up by it, so that another spelling of one account's address ('ſtripe.com' for stripe.com) is no fresh
+    budget; in lower case when it has none (nothing can be delivered to it, nor log in with it)."""
+    try:
+        return email_canonical(account or "")
+    except ValidationFailed:
+        return (account or "").strip().lower()
 
 
 def _counters(account: str, address: str | None) -> list[tuple[str, int]]:

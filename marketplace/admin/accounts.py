@@ -38,6 +38,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
+from core.email_address import email_canonical
 from core.errors import ApplicationError, ValidationFailed
 from marketplace.admin.common import (
     NothingEditableAdmin,
@@ -89,13 +90,16 @@ class UserAddForm(forms.ModelForm):
 
 
 def _unused_email(value: str, *, exclude_pk: int | None = None) -> str:
-    """The address as sign-up keeps it (lower case), refused when another account has it in any case, or when it is
-    too long once in lower case (what was typed was checked; lower case can be longer, and saving it a 500)."""
+    """The address as sign-up keeps it (lower case), refused when another account's address reaches the same mailbox
+    (any case, or a spelling that delivery encodes the same), when no e-mail can reach it, or when it is too long
+    once in lower case (what was typed was checked; lower case can be longer, and saving it a 500)."""
     try:
         email = email_normalize(value)
     except ValidationFailed as exc:
         raise ValidationError(exc.message) from None
-    others = User.objects.filter(email__iexact=email)
+    # By the mailbox it reaches (core.email_address), as sign-up and the database's unique email_canonical do:
+    # iexact (PostgreSQL's UPPER) took 'alice@gıthub.com', a mailbox of another domain, for alice@github.com.
+    others = User.objects.filter(email_canonical=email_canonical(email))
     if exclude_pk is not None:
         others = others.exclude(pk=exclude_pk)
     if others.exists():

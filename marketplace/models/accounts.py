@@ -1,10 +1,14 @@
 """Users (email + password), their API keys (stored hashed, shown once), and who turned an account off or on."""
+from typing import Any
+
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from core.api.scopes import ALL_SCOPES
+from core.email_address import CANONICAL_MAX_LENGTH, email_canonical
+from core.errors import ValidationFailed
 
 
 class UserManager(BaseUserManager):
@@ -22,6 +26,15 @@ class UserManager(BaseUserManager):
         user.set_password(password)
         user.save(using=self._db)
         return user
+
+    def get_by_natural_key(self, username):
+        """The log-in's look-up (django.contrib.auth's ModelBackend): by the canonical address, so that every
+        spelling that reaches the account's mailbox finds the account, and none that reaches another mailbox does."""
+        try:
+            canonical = email_canonical(username or "")
+        except ValidationFailed:
+            raise self.model.DoesNotExist() from None
+        return self.get(email_canonical=canonical)
 
     def create_user(self, email, password=None, **extra):
         # Accounts made here (createsuperuser, the demo seed) are made by people who hold the server: verified.
@@ -50,6 +63,10 @@ class User(AbstractUser):  # type: ignore[django-manager-missing]
         null=True, blank=True, help_text="When an operator last changed the address; empty: never. Every e-mailed link "
                                          "made before it (verification, password reset) stops working, even where "
                                          "the address is changed back.")
+    email_canonical = models.CharField(
+        max_length=CANONICAL_MAX_LENGTH, unique=True, editable=False,
+        help_text="The mailbox the address reaches (core.email_address.email_canonical): accounts are looked up and "
+                  "kept unique by it. Set from the address on every save that changes it.")
     sessions_epoch = models.PositiveIntegerField(
         default=0, help_text="Raised to end every other session of the user without a new password (turning "
                              "two-factor log-in on).")
@@ -66,8 +83,26 @@ class User(AbstractUser):  # type: ignore[django-manager-missing]
             models.Index(fields=["id"], condition=models.Q(is_active=False), name="user_inactive_idx"),
         ]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The address as loaded (not read when deferred): save() sets email_canonical again when it changed.
+        self._loaded_email = self.__dict__.get("email")
+
     def __str__(self):
         return self.email
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Keep email_canonical the address's (ValidationFailed on `email` for one no e-mail can reach). Only when
+        the address changed, or none is set yet: an account that the migration found sharing its mailbox with an
+        older one keeps its marker (marketplace/migrations/0042_user_email_canonical.py) until its address is
+        changed."""
+        if "email" in self.__dict__ and (not self.email_canonical or self.email != self._loaded_email):
+            self.email_canonical = email_canonical(self.email)
+            update_fields = kwargs.get("update_fields")
+            if update_fields is not None and "email" in update_fields:
+                kwargs["update_fields"] = {*update_fields, "email_canonical"}
+        super().save(*args, **kwargs)
+        self._loaded_email = self.__dict__.get("email")
 
     def _get_session_auth_hash(self, secret=None):
         """Django's session hash (an HMAC of the password's hash), with the epoch in it once raised: a session

@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from core.api.scopes import ALL_SCOPES
+from core.email_address import email_canonical
 from core.errors import Conflict, PermissionDenied, ValidationFailed
 from core.login_throttle import signup_mail_allowed
 from core.security_mail import security_change_notify
@@ -84,10 +85,13 @@ def email_normalize(value: str) -> str:
     """The address as accounts keep and look it up: Django's normalize_email, then all of it in lower case.
     ValidationFailed on `email` when that is longer than an account's address may be (EMAIL_MAX_LENGTH): lower-casing
     can lengthen an address ('\u0130' becomes 'i' + U+0307, two characters), so the limit that the forms and
-    serializers check on what was typed is not enough; each caller that stores the address checks it on this."""
+    serializers check on what was typed is not enough; each caller that stores the address checks it on this. Also
+    refused (core.email_address.UndeliverableAddress): an address whose domain cannot be encoded for delivery.
+    Accounts are looked up and kept unique by core.email_address.email_canonical of this."""
     email = User.objects.normalize_email(value).lower()
     if len(email) > EMAIL_MAX_LENGTH:
         raise ValidationFailed(email_too_long_message(len(email)), field="email")
+    email_canonical(email)  # UndeliverableAddress (400 on `email`): no e-mail could reach it, nor its account
     return email
 
 
@@ -262,24 +266,43 @@ def _send(address: str, subject: str, message: str) -> None:
         log.exception("could not send the sign-up e-mail")
 
 
+def _taken_message(*, user: User, base_url: str) -> str:
+    """The note to an address that has an account already, in the words of the account's state: only the owner of
+    the address reads it, so saying the state reveals nothing to anyone else."""
+    intro = (f"Someone (perhaps you) asked to open a {settings.PLATFORM_NAME} account with this email address, "
+             "which already has one. Nothing was changed.\n\n")
+    reset = urljoin(base_url, reverse("password-reset"))
+    if not user.is_active:
+        what = ("That account is deactivated: it cannot log in, and a new one cannot be opened with this address. "
+                f"If you want it back, or to know why, reply to this e-mail or contact {settings.PLATFORM_NAME}'s "
+                "support.\n")
+    elif not user.has_usable_password():
+        what = ("That account has no password yet (an operator made it for you). If it was you, set your password "
+                f"with a password reset, whose e-mail comes to this address: {reset}\n")
+    else:
+        what = (f"If it was you, log in at {urljoin(base_url, reverse('login'))} "
+                "(or with POST /api/v1/auth/login/ for an API key).\n"
+                f"If you forgot your password, reset it: {reset}\n")
+    return f"{intro}{what}If it was not you, you can ignore this e-mail.\n"
+
+
 def user_register(*, email: str, password: str, base_url: str) -> None:
     """Start a sign-up: e-mail the address a token that creates the account (a new address) or a note that it
     has one already (a taken address). Same work, same answer either way. The password is already validated;
     `base_url` is the site's root, for the links. An address longer than EMAIL_MAX_LENGTH once normalised is a
     ValidationFailed on `email` here, at the first step: its token could never make an account."""
     email = email_normalize(email)
+    canonical = email_canonical(email)  # 400 on `email` for an address no e-mail can reach
     password_hash = make_password(password)  # hashed on both paths, so that both take as long
-    taken = User.objects.filter(email__iexact=email).exists()
-    if not signup_mail_allowed(account=email):
+    user = User.objects.filter(email_canonical=canonical).first()
+    # Counted by the mailbox the e-mail reaches: each spelling of one address (alice@ſtripe.com is delivered to
+    # alice@stripe.com) was a budget of its own (found by review).
+    if not signup_mail_allowed(account=canonical):
         log.warning("sign-up e-mail to an address over its hourly limit: not sent")
         return
-    if taken:
-        _send(email, "Someone tried to sign up with your address", (
-            f"Someone (perhaps you) asked to open a {settings.PLATFORM_NAME} account with this email address, "
-            "which already has one. Nothing was changed.\n\n"
-            f"If it was you, log in at {urljoin(base_url, reverse('login'))} "
-            "(or with POST /api/v1/auth/login/ for an API key).\n"
-            "If it was not you, you can ignore this e-mail.\n"))
+    if user is not None:
+        # To the account's own address, not the spelling typed (the same mailbox, by the canonical form).
+        _send(user.email, "Someone tried to sign up with your address", _taken_message(user=user, base_url=base_url))
         return
     token = _signup_token(email=email, password_hash=password_hash)
     hours = settings.SIGNUP_CONFIRM_TTL_S // 3600
@@ -309,6 +332,7 @@ def user_register_confirm(*, token: str, password: str) -> tuple[User, ApiKey, s
     email = data["email"]
     if not check_password(password, data["password"]):
         raise SignupPasswordMismatch()
+    email_canonical(email, field="token")  # a token issued before addresses were checked for delivery
     if len(email) > EMAIL_MAX_LENGTH:
         # A token issued before sign-up checked the limit on the normalised address: its account cannot be stored
         # (the insert was a DataError, a 500 on every try).
@@ -316,13 +340,12 @@ def user_register_confirm(*, token: str, password: str) -> tuple[User, ApiKey, s
                                "with another address.", field="token")
     try:
         with transaction.atomic():
-            if User.objects.filter(email__iexact=email).exists():
-                raise InvalidSignupToken()
+            # The database's unique email_canonical refuses a second account for one mailbox (IntegrityError below).
             # The token came back from the address: it is verified (marketplace/services/email_verification.py).
             user = User(email=email, password=data["password"], email_verified_at=timezone.now())
             user.save()
             key, raw = _api_key_make(user=user, name=SIGNUP_KEY_NAME)
-    except IntegrityError:  # the same token confirmed twice at once
+    except IntegrityError:  # the token used already, or another spelling of the address has an account by now
         raise InvalidSignupToken() from None
     return user, key, raw
 

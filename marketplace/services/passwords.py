@@ -27,6 +27,7 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
+from core.email_address import email_canonical
 from core.login_throttle import password_confirm, password_reset_mail_allowed
 from marketplace.models import AccountStatusChange, User
 
@@ -66,17 +67,28 @@ def password_reset_link(*, user: User, base_url: str) -> str:
 
 
 def password_reset_request(*, email: str, base_url: str) -> None:
-    """E-mail a reset link to the active account with this address, or a note that no account uses it: one e-mail
-    either way, so that the answer takes as long (the time of the mail server must not tell which addresses have
+    """E-mail a reset link to the active account with this address, a note that its account is deactivated, or a
+    note that no account uses it (UndeliverableAddress, a 400 on `email`, for an address no e-mail can reach): one
+    e-mail either way, so that the answer takes as long (the time of the mail server must not tell which addresses have
     accounts). Nothing is returned or raised either way; over the per-address limit nothing is sent (and that is not
     said either)."""
     email = User.objects.normalize_email(email).lower()
-    user = User.objects.filter(email__iexact=email, is_active=True).first()
-    # The limit counts the mailbox the e-mail goes to: the account's own address when one matches. PostgreSQL's
-    # iexact (UPPER) matches spellings that Python's lower() keeps apart ('ſam' finds sam@, 'kım' finds kim@), and
-    # each such spelling was a budget of its own for one victim's mailbox (found by review).
-    if not password_reset_mail_allowed(account=user.email.lower() if user is not None else email):
+    # By the mailbox the e-mail reaches (core.email_address): the account of any spelling that reaches it, and no
+    # other (PostgreSQL's iexact matched 'gıthub.com', a domain of its own, to github.com's accounts). The limit
+    # counts that mailbox too: each spelling ('ſtripe.com' is delivered to stripe.com) was a budget of its own.
+    canonical = email_canonical(email)
+    user = User.objects.filter(email_canonical=canonical).first()
+    if not password_reset_mail_allowed(account=canonical):
         log.warning("password-reset e-mail to an address over its hourly limit: not sent")
+        return
+    if user is not None and not user.is_active:
+        _send(user.email, "About resetting a password", (
+            f"Someone (perhaps you) asked to reset the password of the {settings.PLATFORM_NAME} account with this "
+            "email address. That account is deactivated: its password cannot be reset, it cannot log in, and a new "
+            "account cannot be opened with this address. Nothing was changed.\n\n"
+            f"If you want it back, or to know why, reply to this e-mail or contact {settings.PLATFORM_NAME}'s "
+            "support.\n\n"
+            "If it was not you, ignore this e-mail.\n"))
         return
     if user is None:
         _send(email, "About resetting a password", (

@@ -4,6 +4,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from core.client_address import client_ip
+from core.email_address import email_canonical
+from core.errors import ValidationFailed
 from marketplace.auth import LoginLocked, lockout_message
 from marketplace.reauth import LockoutMixin, PasswordConfirmedForm, current_password_field
 from marketplace.services import two_factor as two_factor_svc
@@ -14,6 +16,15 @@ class PasswordResetRequestForm(forms.Form):
     email = forms.EmailField(max_length=EMAIL_MAX_LENGTH,
                              widget=forms.EmailInput(attrs={"autocomplete": "email", "autofocus": True}),
                              help_text="The address you log in with.")
+
+    def clean_email(self):
+        # An address no e-mail can reach (its domain cannot be encoded for delivery) is refused, as at sign-up.
+        email = self.cleaned_data["email"]
+        try:
+            email_canonical(email)
+        except ValidationFailed as exc:
+            raise ValidationError(exc.message) from None
+        return email
 
 
 class RecoveryCodesForm(PasswordConfirmedForm):
