@@ -129,8 +129,16 @@ def _locks(request, queryset) -> bool:
 
 def _locked_for_a_post(request, queryset):
     """The rows a form will write, read under their lock when it is sent: nothing moves them between the form's
-    read, its checks (Gpu.clean) and its save."""
-    return queryset.select_for_update() if _locks(request, queryset) else queryset
+    read, its checks (Gpu.clean) and its save. Only those rows (`of` self): not the rows joined to show them."""
+    return queryset.select_for_update(of=("self",)) if _locks(request, queryset) else queryset
+
+
+def _gpu_of_a_staff_account(request, node) -> bool:
+    """A staff account's or a superuser's node: its GPUs are a superuser's to change, as the node's actions are
+    (NodeAdmin._allowed; common.staff_of_a_non_superuser). Before, a non-superuser with change_gpu set every GPU of
+    a superuser's node unavailable, on the GPU's page or the node's, and so took it off the offers as the unlist
+    they are refused would (found by review)."""
+    return node is not None and staff_of_a_non_superuser(request.user, node.provider)
 
 
 class GpuInline(admin.TabularInline):
@@ -150,8 +158,13 @@ class GpuInline(admin.TabularInline):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    # `obj` is the node whose page it is: a staff account's node shows its GPUs read-only to other staff.
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and not _gpu_of_a_staff_account(request, obj)
+
     def get_queryset(self, request):
-        return _locked_for_a_post(request, super().get_queryset(request))
+        # Each row's model read with it (its read-only column): one query for the rows, not one more per GPU.
+        return _locked_for_a_post(request, super().get_queryset(request).select_related("gpu_model"))
 
 
 @admin.register(Node)
@@ -300,6 +313,10 @@ class GpuAdmin(admin.ModelAdmin):
         # The node's gpu_count says how many it has, its allocations and slices hang on each: a node is retired,
         # a GPU taken out of service (status unavailable), never deleted.
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return (super().has_change_permission(request, obj)
+                and not (obj is not None and _gpu_of_a_staff_account(request, obj.node)))
 
     def get_object(self, request, object_id, from_field=None):
         # Locked when the form is sent (_locked_for_a_post: in the change form's transaction, not on the history

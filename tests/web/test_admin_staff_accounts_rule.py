@@ -8,11 +8,12 @@ from django.contrib.auth.models import Permission
 
 from billing.models import AccountKind, BillingProfile, LedgerTransaction
 from billing.services.ledger import credit_grant, user_account, wallet_balance
-from marketplace.models import Instance, NodeState, User
+from marketplace.models import Gpu, GpuStatus, Instance, NodeState, User
 from tests.billing.test_disputes import credited_top_up
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.renting_helpers import book
 from tests.web.conftest import fund, logged_in
+from tests.web.test_admin_pages import change_form
 
 pytestmark = pytest.mark.django_db
 
@@ -108,3 +109,51 @@ def test_a_non_superuser_retires_no_staff_members_node(operator):
     logged_in(operator).post("/admin/marketplace/node/", {"action": "retire", "_selected_action": [staff_node.pk]})
     staff_node.refresh_from_db()
     assert staff_node.state == NodeState.RETIRED  # a superuser's to do
+
+
+def _set_gpu(by: User, gpu: Gpu, status: str) -> int:
+    client = logged_in(by)
+    url = f"/admin/marketplace/gpu/{gpu.pk}/change/"
+    data = change_form(client, url, "gpu_form")
+    data["status"] = [status]
+    return client.post(url, data).status_code
+
+
+def test_a_non_superuser_takes_no_gpu_of_a_staff_members_node_out_of_service(operator):
+    """The GPU's own page: a staff account's (or a superuser's) node keeps its GPUs on the offers; an ordinary
+    provider's GPU is still taken out, and a superuser takes out a staff member's."""
+    alice = _staff("marketplace.change_gpu", "marketplace.view_gpu")
+    theirs = [Gpu.objects.get(node=make_listed_node(owner, gpu_count=1)) for owner in (operator, _staff())]
+    for gpu in theirs:
+        assert _set_gpu(alice, gpu, "unavailable") == 403  # view only: no form to send
+        assert Gpu.objects.get(pk=gpu.pk).status == GpuStatus.FREE, "a non-superuser took a staff member's GPU out"
+    providers = Gpu.objects.get(node=make_listed_node(UserFactory(), gpu_count=1))
+    assert _set_gpu(alice, providers, "unavailable") == 302
+    assert Gpu.objects.get(pk=providers.pk).status == GpuStatus.UNAVAILABLE
+    assert _set_gpu(operator, theirs[1], "unavailable") == 302  # a superuser's to do
+    assert Gpu.objects.get(pk=theirs[1].pk).status == GpuStatus.UNAVAILABLE
+
+
+def _gpus_unavailable_on_the_node_page(by: User, node) -> int:
+    client = logged_in(by)
+    url = f"/admin/marketplace/node/{node.pk}/change/"
+    data = change_form(client, url, "node_form")
+    for row in range(int(data["gpus-TOTAL_FORMS"][0])):  # sent for every row, whether the page offered it or not
+        data[f"gpus-{row}-status"] = ["unavailable"]
+    return client.post(url, data).status_code
+
+
+def test_a_non_superuser_takes_no_gpu_out_through_a_staff_members_node_page(operator):
+    """The node's page: its GPU rows are read-only to a non-superuser when the node is a staff account's; what the
+    page posts for them anyway is not saved."""
+    alice = _staff("marketplace.change_node", "marketplace.view_node", "marketplace.change_gpu")
+    for owner in (operator, _staff()):
+        node = make_listed_node(owner, gpu_count=2)
+        assert _gpus_unavailable_on_the_node_page(alice, node) == 302
+        assert list(Gpu.objects.filter(node=node).values_list("status", flat=True)) == ["free", "free"]
+    providers = make_listed_node(UserFactory(), gpu_count=2)
+    assert _gpus_unavailable_on_the_node_page(alice, providers) == 302
+    assert set(Gpu.objects.filter(node=providers).values_list("status", flat=True)) == {"unavailable"}
+    staff_node = make_listed_node(_staff(), gpu_count=2)
+    assert _gpus_unavailable_on_the_node_page(operator, staff_node) == 302  # a superuser's to do
+    assert set(Gpu.objects.filter(node=staff_node).values_list("status", flat=True)) == {"unavailable"}
