@@ -81,10 +81,11 @@ class TermsView(APIView):
             },
             "hardware_found_worse": {
                 "price_cut": "from the re-check on, each instance on the node pays its price times the new score "
-                             "over the last score of a check that listed the node (a rejection without a score: "
+                             "over the last score of a check that listed the node, of the same cards (found by UUID) "
+                             "where the re-check measured only some of them (a rejection without a score: "
                              "nothing, for the instances on the GPUs it names, or every one for a finding about the "
-                             "whole server; a "
-                             "GPU missing from the server interrupts its holder instead); the renter is told at once",
+                             "whole server; a GPU missing from the server interrupts its holder instead; a benchmark "
+                             "that hung, run on the free cards only, cuts no one); the renter is told at once",
                 "price_back": "a later re-check that lists the node again raises a cut price back in proportion "
                               "to its score against the score before the cut, up to the price before the cut and "
                               "never above (within the tolerance of it: in full; a rejection's full cut ends when "
