@@ -3,7 +3,7 @@ maintenance), their GPUs and MIG slices."""
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db import connections
+from django.db import connections, router, transaction
 
 from core.admin_history import HistoryAdmin
 from core.errors import Conflict
@@ -289,12 +289,42 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
 
     @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify", permissions=["change"])
     def accept_new_host_key(self, request, queryset):
+        """Says what was done: the nodes whose new key was accepted (each recorded in the admin's log with the
+        operator, as the other node actions), those left as they are with no new key waiting, those refused. It
+        said "New host keys accepted" whatever happened, also when no node was quarantined (found by review)."""
+        accepted, left = [], []
         for node in self._allowed(request, queryset):
             try:
-                node_accept_host_key(node=node, operator_email=request.user.email)
+                fingerprint = self._accepted_host_key(request, node)
             except Conflict as exc:  # the new key is another live node's: the same server twice
                 messages.warning(request, f"{node.name}: {exc}")
-        messages.info(request, "New host keys accepted for quarantined nodes; verification queued.")
+                continue
+            if fingerprint is None:
+                left.append(node.name)
+            else:
+                accepted.append(node.name)
+                self.log_change(request, node, f"Accepted new host key {fingerprint}; re-verification asked.")
+        if accepted:
+            messages.info(request, f"New host key accepted and verification queued for {len(accepted)} node(s): "
+                                   f"{', '.join(accepted)}.")
+        else:
+            messages.info(request, "No new host key accepted.")
+        if left:
+            messages.warning(request, f"Left as they are, not quarantined with a new host key waiting: "
+                                      f"{', '.join(left)}.")
+
+
+    @staticmethod
+    def _accepted_host_key(request, node) -> str | None:
+        """The node's service (node_accept_host_key), and the key it pinned: the one waiting when the node's row
+        was locked, now pinned; None when it pinned none (not quarantined, no new key: it leaves such a node as it
+        is). The row stays locked from the read to the answer: nothing else pins or quarantines it between."""
+        with transaction.atomic(using=router.db_for_write(Node)):
+            nodes = Node.objects.select_for_update(no_key=True).filter(pk=node.pk)
+            waiting = nodes.values_list("seen_host_key_fingerprint", flat=True).first()
+            node_accept_host_key(node=node, operator_email=request.user.email)
+            pinned = Node.objects.filter(pk=node.pk).values_list("host_key_fingerprint", flat=True).first()
+        return pinned if waiting and pinned == waiting else None
 
 
 @admin.register(Gpu)

@@ -7,10 +7,10 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
 
-from marketplace.models import ApiKey, Instance, NodeState
+from marketplace.models import ApiKey, Instance, Node, NodeState
 from marketplace.services import two_factor
 from marketplace.services.accounts import api_key_create
-from tests.factories import UserFactory, make_listed_node
+from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import book
 from tests.web.conftest import fund, logged_in
 from tests.web.test_two_factor_pages import enrol
@@ -86,3 +86,33 @@ def test_revoking_an_api_key_is_recorded(operator, renter):
     _act(operator, "apikey", "revoke", key)
     assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
     assert _logged(key, operator) == ["Revoked."]
+
+
+def test_accepting_a_new_host_key_is_recorded_and_told_as_it_went(operator, monkeypatch):
+    """The action said "New host keys accepted for quarantined nodes; verification queued." whatever happened, also
+    when no selected node was quarantined, and was the one node action missing from the admin's log (found by
+    review). Now each node whose key was accepted is recorded with the key, and the message names what was done
+    and what was left as it was."""
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    new_key = "SHA256:" + "N" * 43
+    moved = make_node(name="moved", host_key_fingerprint="SHA256:" + "M" * 43, state=NodeState.QUARANTINED)
+    Node.objects.filter(pk=moved.pk).update(seen_host_key_fingerprint=new_key)
+    active = make_listed_node(name="active", gpu_count=1)  # no new key waits: nothing to accept
+    page = logged_in(operator).post("/admin/marketplace/node/", {
+        "action": "accept_new_host_key", "_selected_action": [moved.pk, active.pk]}, follow=True).content.decode()
+    moved.refresh_from_db(), active.refresh_from_db()
+    assert (moved.host_key_fingerprint, moved.state, active.state) == (new_key, NodeState.VERIFYING, NodeState.ACTIVE)
+    assert "New host key accepted and verification queued for 1 node(s): moved." in page
+    assert "Left as they are, not quarantined with a new host key waiting: active." in page
+    assert _logged(moved, operator) == [f"Accepted new host key {new_key}; re-verification asked."]
+    assert _logged(active) == []
+
+
+def test_accepting_on_a_node_that_is_not_quarantined_does_not_say_it_was_done(operator):
+    node = make_listed_node(gpu_count=1)  # active: no new key waits
+    page = logged_in(operator).post("/admin/marketplace/node/", {
+        "action": "accept_new_host_key", "_selected_action": [node.pk]}, follow=True).content.decode()
+    node.refresh_from_db()
+    assert node.state == NodeState.ACTIVE  # nothing was done ...
+    assert "New host keys accepted" not in page and "No new host key accepted." in page  # ... and it is told so
+    assert _logged(node) == []
