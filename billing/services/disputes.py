@@ -46,7 +46,10 @@ def dispute_apply(*, kind: str, dispute: dict[str, Any], looked: StripeLookups |
     if not 0 < amount <= top_up.amount_micros:
         raise ChargeEventUnusable(f"Dispute {dispute_id} is for {usd_text(amount)}, not an amount of top-up "
                                   f"{top_up.pk} ({usd_text(top_up.amount_micros)}): nothing was done.")
-    status = str(dispute.get("status") or "")
+    status = dispute.get("status") or ""
+    if not isinstance(status, str):  # a list or object read as text was taken for a status that is no inquiry
+        raise ChargeEventUnusable(f"Dispute {dispute_id}: `status` is not a status ({str(status)[:40]!r}), so nothing "
+                                  "was done.")
     if kind in DISPUTE_DEBIT_EVENTS:
         if kind == "charge.dispute.created" and status.startswith("warning_"):
             raise ChargeEventUnusable(f"Dispute {dispute_id} is an inquiry ({status}): the bank took no money yet, "

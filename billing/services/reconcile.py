@@ -53,7 +53,7 @@ from billing.models import BillingProfile, Refund, RefundStatus, TopUp, TopUpSta
 from billing.services.refunds import refund_confirm, refund_not_made
 from billing.services.stripe_gateway import client, translate
 from billing.services.top_ups import top_up_charge_by_id
-from billing.services.webhooks import payment_intent_apply
+from billing.services.webhooks import EventUnusable, payment_failure_reason, payment_intent_apply
 from core.errors import Unavailable
 from core.locks import advisory_lock
 
@@ -190,11 +190,11 @@ def top_up_find_lost(*, top_up_id: int, now: datetime | None = None) -> str:
                 payment_intent_apply(intent=intent.to_dict(), succeeded=intent.status == "succeeded")
                 known: dict[str, Any] = {"outcome_unknown": False}
                 if intent.status != "succeeded":  # failed already: it now says why, for sure
-                    why = (intent.to_dict().get("last_payment_error") or {}).get("message") or "The payment failed."
+                    why = payment_failure_reason(intent.to_dict())
                     known["failure_message"] = f"{why} Your card was not charged; nothing was credited."[:500]
                 TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED).update(**known)
-        except ValueError:  # the intent does not match its top-up: for operators
-            log.exception("top-up %s: Stripe's payment %s does not match it; nothing applied", top_up_id, intent.id)
+        except ValueError as exc:  # cannot be read, or does not match its top-up: for operators; left as it is
+            _not_applied(top_up_id, intent.id, exc)
             TopUp.objects.filter(pk=top_up_id, status=TopUpStatus.FAILED).update(updated_at=now)
             return "error"
         log.info("top-up %s: its charge answer was lost; Stripe says %s, applied", top_up_id, intent.status)
@@ -234,12 +234,23 @@ def top_up_reconcile(*, top_up_id: int, now: datetime | None = None) -> str:
     try:
         with transaction.atomic():
             payment_intent_apply(intent=intent.to_dict(), succeeded=intent.status == "succeeded")
-    except ValueError:  # the intent does not match its top-up: for operators, as a failed webhook event is
-        log.exception("top-up %s: Stripe's payment %s does not match it; nothing applied", top_up_id, intent.id)
+    except ValueError as exc:  # cannot be read, or does not match its top-up: for operators, as a failed event is
+        _not_applied(top_up_id, intent.id, exc)
         _looked_up(top_up_id, now)
         return "error"
     log.info("top-up %s: no webhook came; Stripe says %s, applied", top_up_id, intent.status)
     return "succeeded" if intent.status == "succeeded" else "failed"
+
+
+def _not_applied(top_up_id: int, intent_id: str, exc: ValueError) -> None:
+    """Log why Stripe's answer about a top-up's payment was not applied: the top-up is left as it is (never credited
+    from an amount that is not whole cents: webhooks.payment_intent_apply)."""
+    if isinstance(exc, EventUnusable):
+        log.error("top-up %s: Stripe's payment %s cannot be read (%s); nothing applied, the top-up is left as it is",
+                  top_up_id, intent_id, exc)
+    else:
+        log.error("top-up %s: Stripe's payment %s does not match it (%s); nothing applied", top_up_id, intent_id,
+                  exc, exc_info=exc)
 
 
 def _looked_up(top_up_id: int, now: datetime) -> None:
@@ -304,5 +315,7 @@ def refund_reconcile(*, refund_id: int) -> str:
     return "failed"
 
 
-def _metadata(obj: Any) -> dict[str, str]:
-    return dict(obj.to_dict().get("metadata") or {})
+def _metadata(obj: Any) -> dict[str, Any]:
+    """A Stripe object's metadata; {} when it has none, or none that is an object."""
+    metadata = obj.to_dict().get("metadata")
+    return metadata if isinstance(metadata, dict) else {}

@@ -408,7 +408,8 @@ def _give_back(*, refund: Refund, stripe_refund: dict[str, Any]) -> None:
     (once: ledger key `refund-failed:<id>`), the refund failed, and the customer told; still pending here: failed,
     its hold (if it has one) given back (_fail_pending), its amount refundable again; failed here already:
     nothing."""
-    why = (stripe_refund.get("failure_reason") or "").replace("_", " ")
+    failure_reason = stripe_refund.get("failure_reason")  # text, or left out (one of another type failed the event)
+    why = (failure_reason if isinstance(failure_reason, str) else "").replace("_", " ")
     told = f"The payment provider says the refund {stripe_refund.get('status')}{f' ({why})' if why else ''}."
     if refund.status == RefundStatus.PENDING:
         _fail_pending(refund=refund, failure_message=told,

@@ -10,6 +10,11 @@ and Stripe must be asked (the PaymentIntent of a charge named alone, the refunds
 event's transaction (billing.services.charges.stripe_lookups). Such an event about a top-up not credited yet fails
 (Stripe delivers it again); the credit, once committed, processes again the events that failed waiting for it, or
 are failing still (`charge_events_retry`), so a chargeback or a dashboard refund that came first is debited then, once.
+
+Every field a handler reads from a Stripe object is read by its type: an amount only as whole cents
+(charges.whole_cents), ids, customers and currencies only as text. An object that cannot be read so is ignored with
+the reason (EventUnusable, ChargeEventUnusable), never credited from, and never a 500 on every delivery; the
+follow-up (billing.services.reconcile) leaves its top-up as it is and logs why.
 """
 import json
 import logging
@@ -33,6 +38,7 @@ from billing.services.charges import (
     charge_remember,
     intent_charge,
     stripe_lookups,
+    whole_cents,
 )
 from billing.services.disputes import DISPUTE_EVENTS, dispute_apply
 from billing.services.refunds import charge_refunded_apply, stripe_refund_apply
@@ -49,17 +55,26 @@ class WebhookInvalid(Exception):
 
 
 class EventUnusable(ValueError):
-    """A genuine event whose object cannot be matched safely (it has no id): ignored, the reason recorded on it
-    (Stripe's next delivery would carry the same object, so failing it would only bring it back)."""
+    """A genuine event whose object cannot be matched or read safely (no id, a field of the wrong type, an amount
+    that is not whole cents): ignored, the reason recorded on it (Stripe's next delivery would carry the same object,
+    so failing it would only bring it back: a 500 on every delivery, for good)."""
+
+
+STRIPE_ID_MAX = 100  # the columns that keep Stripe's ids (TopUp.payment_intent_id, .charge_id)
 
 
 def _object_id(obj: dict[str, Any]) -> str:
     """The id of the object an event acts on; raises EventUnusable without one. (A missing id made the top-up
-    lookup `payment_intent_id IS NULL`: any user's newest top-up not yet given a PaymentIntent.)"""
+    lookup `payment_intent_id IS NULL`: any user's newest top-up not yet given a PaymentIntent; one past the column
+    failed its save, a 500 on every delivery.)"""
     object_id = obj.get("id")
+    what = str(obj.get("object") or "object")[:40]
     if not isinstance(object_id, str) or not object_id:
-        raise EventUnusable(f"The event's {str(obj.get('object') or 'object')[:40]} has no id: it cannot be matched "
-                            "to a payment here, so nothing was done.")
+        raise EventUnusable(f"The event's {what} has no id: it cannot be matched to a payment here, so nothing was "
+                            "done.")
+    if len(object_id) > STRIPE_ID_MAX:
+        raise EventUnusable(f"The event's {what} has an id longer than {STRIPE_ID_MAX} characters, which no payment "
+                            "here has: nothing was done.")
     return object_id
 
 
@@ -265,6 +280,21 @@ def _top_up_of(intent: dict[str, Any]) -> TopUp | None:
     return top_up
 
 
+def _customer_named(intent: dict[str, Any], intent_id: str) -> str | None:
+    """The customer an intent names (an id, or an expanded object's id); None when it names none. Raises
+    EventUnusable for one that cannot be read (before, an expanded customer never equalled the id it was compared
+    with: the event failed for good)."""
+    customer = intent.get("customer")
+    if isinstance(customer, dict):
+        customer = customer.get("id")
+    if customer is None or customer == "":
+        return None
+    if not isinstance(customer, str) or len(customer) > STRIPE_ID_MAX:
+        raise EventUnusable(f"PaymentIntent {intent_id}: `customer` is not a customer id ({str(customer)[:40]!r}), so "
+                            "nothing was done.")
+    return customer
+
+
 def _of_its_customer(intent: dict[str, Any], top_up: TopUp) -> bool:
     """Whether an intent may be the top-up's. The top-up row says whose it is: the PaymentIntent it recorded, or
     one whose metadata (written with the charge) names its user, is; otherwise the intent's customer must be the
@@ -273,7 +303,7 @@ def _of_its_customer(intent: dict[str, Any], top_up: TopUp) -> bool:
     credited.)"""
     if top_up.payment_intent_id == intent.get("id") or _metadata(intent).get("user_id") == str(top_up.user_id):
         return True
-    customer = intent.get("customer")
+    customer = _customer_named(intent, _object_id(intent))
     current = BillingProfile.objects.filter(user_id=top_up.user_id).values_list("stripe_customer_id",
                                                                                   flat=True).first()
     return not customer or not current or customer == current
@@ -294,33 +324,57 @@ def _handle(kind: str, payload: dict[str, Any], looked: StripeLookups) -> bool:
     return payment_intent_apply(intent=obj, succeeded=kind == "payment_intent.succeeded")
 
 
+def payment_failure_reason(intent: dict[str, Any]) -> str:
+    """What a failed or canceled PaymentIntent says of why: its `last_payment_error`'s message when it has one that
+    is text (before, a `last_payment_error` that was not an object failed the event for good, a 500 on every
+    delivery), else a plain sentence."""
+    error = intent.get("last_payment_error")
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(message, str) and message.strip():
+        return message
+    return "The payment was canceled." if intent.get("status") == "canceled" else "The payment failed."
+
+
+def _intent_amount_micros(intent: dict[str, Any], intent_id: str) -> int:
+    """A succeeded intent's amount in micro-dollars, read as every amount from Stripe is (charges.whole_cents): an
+    integer number of cents, or EventUnusable. (It was `int(amount)`: a string "1000" was credited, a float 1000.9
+    truncated and credited, a missing one failed for good.)"""
+    currency = intent.get("currency")
+    if not isinstance(currency, str):
+        raise EventUnusable(f"PaymentIntent {intent_id}: `currency` is not a currency ({str(currency)[:40]!r}), so "
+                            "nothing was done.")
+    if currency != "usd":
+        raise ValueError(f"payment intent {intent_id} is in {currency[:10]}, not usd")
+    try:
+        return whole_cents(intent, "amount", "PaymentIntent", intent_id) * MICROS_PER_CENT
+    except ChargeEventUnusable as exc:
+        raise EventUnusable(str(exc)) from None
+
+
 def payment_intent_apply(*, intent: dict[str, Any], succeeded: bool) -> bool:
     """Apply what Stripe says of a top-up's PaymentIntent: credit the top-up (succeeded) or mark it failed.
 
     The one path for the webhook and for the follow-up of top-ups whose webhook never came
     (billing.services.reconcile): whichever comes first credits, the other changes nothing (top_up_credit
     locks the top-up and posts under the ledger key `top-up:<id>`). Call inside a transaction. False when the
-    intent is no top-up's; raises EventUnusable (a ValueError) for an intent without an id, and ValueError when it
-    does not match its top-up (another PaymentIntent recorded, customer, currency, amount).
+    intent is no top-up's; raises EventUnusable (a ValueError) for an intent that cannot be read (no id, a customer
+    or currency of the wrong type, an amount that is not whole cents), and ValueError when it does not match its
+    top-up (another PaymentIntent recorded, customer, currency, amount: top_up_credit).
     """
     top_up = _top_up_of(intent)
     if top_up is None:
         return False
+    intent_id = _object_id(intent)
     if not _of_its_customer(intent, top_up):
-        raise ValueError(f"payment intent {intent.get('id')} is not of top-up {top_up.pk}'s customer")
+        raise ValueError(f"payment intent {intent_id} is not of top-up {top_up.pk}'s customer")
     if succeeded:
-        if intent.get("currency") != "usd":
-            raise ValueError(f"payment intent {intent.get('id')} is in {intent.get('currency')}, not usd")
-        credited = top_up_credit(top_up_id=top_up.pk, payment_intent_id=intent["id"],
-                                 amount_micros=int(intent["amount"]) * MICROS_PER_CENT)
+        amount_micros = _intent_amount_micros(intent, intent_id)
+        credited = top_up_credit(top_up_id=top_up.pk, payment_intent_id=intent_id, amount_micros=amount_micros)
         charge_remember(top_up=top_up, charge_id=intent_charge(intent))  # a dispute may name only the charge
         if credited:  # a chargeback or refund that came before the credit and failed waiting for it: applied now
             transaction.on_commit(partial(charge_events_retry, top_up_id=top_up.pk))
         return True
-    error = intent.get("last_payment_error") or {}
-    reason = error.get("message") or ("The payment was canceled." if intent.get("status") == "canceled"
-                                      else "The payment failed.")
-    top_up_fail(top_up=top_up, message=reason, payment_intent_id=intent.get("id"), notify=True)
+    top_up_fail(top_up=top_up, message=payment_failure_reason(intent), payment_intent_id=intent_id, notify=True)
     return True
 
 
