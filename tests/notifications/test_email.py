@@ -95,9 +95,9 @@ def test_only_an_email_the_user_gets_is_pending(owner, queued):
     notify_svc.preference_set(user=owner, kind=Kind.CREDIT_POSTED, in_app=True, email=False, webhook=True)
     wanted = _notify(owner)
     unwanted = notify_svc.notify(user=owner, kind=Kind.CREDIT_POSTED, payload={"amount": "1"}, dedupe_key="c:1")
-    from tests.factories import UserFactory
+    from tests.factories import user_without_address
 
-    no_address = _notify(UserFactory(email=""))
+    no_address = _notify(user_without_address())
     statuses = dict(Notification.objects.values_list("pk", "email_status"))
     assert statuses == {wanted.pk: "pending", unwanted.pk: "none", no_address.pk: "none"}
     for notification in (wanted, unwanted, no_address):

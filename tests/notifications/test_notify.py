@@ -73,9 +73,9 @@ def test_preferences_are_honoured_per_kind_and_channel(owner, receiver, queued, 
 
 
 def test_a_user_without_email_gets_no_email_task(queued, django_capture_on_commit_callbacks):
-    from tests.factories import UserFactory
+    from tests.factories import user_without_address
 
-    user = UserFactory(email="")
+    user = user_without_address()
     with django_capture_on_commit_callbacks(execute=True):
         _notify(user)
     assert queued == []

@@ -35,7 +35,7 @@ from notifications.services import notify as svc
 from notifications.services import webhooks
 from provisioning.services.fleet_record import node_record_health
 from tests.billing.helpers import node, running
-from tests.factories import UserFactory
+from tests.factories import UserFactory, user_without_address
 
 from .conftest import run_queued
 
@@ -146,7 +146,7 @@ def test_each_billing_event_follows_the_e_mail_choice_of_its_preference(kind, on
 
 
 def test_a_billing_event_for_a_user_without_an_address_is_not_e_mailed(django_capture_on_commit_callbacks):
-    user = UserFactory(email="")
+    user = user_without_address()
     with django_capture_on_commit_callbacks(execute=True):
         event = event_create(user=user, kind=EventKind.CHARGEBACK, message="x", email=True)
     assert mail.outbox == [] and not event.emailed
