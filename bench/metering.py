@@ -94,6 +94,8 @@ def seed(rng: random.Random, n_instances: int, now: datetime) -> None:
     users = [User(id=i + 1, email=f"user{i}@bench.example", date_joined=now) for i in range(N_RENTERS + N_PROVIDERS)]
     for user in users:
         user.set_unusable_password()
+        if hasattr(user, "email_canonical"):  # unique since 032c32d; save() sets it, a bulk insert does not
+            user.email_canonical = user.email
     copy_in(User, users)
     renters, providers = range(1, N_RENTERS + 1), range(N_RENTERS + 1, N_RENTERS + N_PROVIDERS + 1)
     models = list(GpuModel.objects.order_by("id"))

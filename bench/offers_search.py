@@ -274,6 +274,8 @@ def seed(rng: random.Random) -> None:
     providers = [User(email=f"provider{i}@bench.example") for i in range(N_PROVIDERS)]
     for user in providers:
         user.set_unusable_password()
+        if hasattr(user, "email_canonical"):  # unique since 032c32d; save() sets it, bulk_create does not
+            user.email_canonical = user.email
     User.objects.bulk_create(providers, batch_size=1000)
     provider_ids = list(User.objects.values_list("id", flat=True))
 
