@@ -454,6 +454,9 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
         listed_score = node.score  # listed with no check recorded (made so by hand, or before checks were kept)
     # What a cut compares this check's score with: the listed check's score of the same cards where it can say.
     cut_basis = (same_cards_score(listed[2], listed[1], figures or {}) if listed else None) or listed_score
+    # The cards it compared, kept with the cut for the raise back to compare the same ones (instances.pricing).
+    compared = cut_cards(listed[2], listed[1], figures or {}, verdict) if listed else None
+    measured = measured_cards(figures or {}, verdict)
     # What the platform derived from the node's answers (the challenge's and memory proof's figures, messages
     # quoting the node) may carry NaN or NUL, which no JSON or text column takes.
     findings, inventory, figures = storable(findings), storable(inventory), storable(figures or {})
@@ -514,9 +517,9 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
                         f"({', '.join(sorted({f['code'] for f in findings if f['severity'] == 'reject'}))}). "
                         "Your instance keeps running; consider moving your work to another server.")
     if renters and (figures or {}).get("failed") not in FAILURES_NOT_ABOUT_RENTERS:
-        _price_cut_if_worse(node, verdict, score, cut_basis or 0.0, findings, inventory, holders or {})
+        _price_cut_if_worse(node, verdict, score, cut_basis or 0.0, findings, inventory, holders or {}, compared)
     if renters and verdict in LISTABLE_VERDICTS:
-        _price_back_if_better(node, score, listed_score)
+        _price_back_if_better(node, score, listed_score, measured)
     job_finish(job=job, error=error, fault=JobFault.NODE if error else "")
     if changed:
         _reverify_new_layout(node, changed)
@@ -545,12 +548,12 @@ def _reverify_new_layout(node: Node, changed: list[int]) -> None:
 
 def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_score: float,
                         findings: list[dict[str, Any]], inventory: dict[str, Any],
-                        holders: dict[str, set[int]]) -> None:
+                        holders: dict[str, set[int]], cards: dict[str, list[float]] | None = None) -> None:
     """Hardware found worse while rented: cut its renters' prices in proportion to the score (the published rule:
     docs/ARCHITECTURE.md). A rejection without a usable score is a full cut for the renters it is about
     (renters_concerned); noise within the tolerance is no cut.
     A check that measured nothing (every GPU rented: no benchmark, score None) is no evidence of worse hardware:
-    verified or degraded, it cuts nothing."""
+    verified or degraded, it cuts nothing. `cards`: the cards a score cut compared (cut_cards), kept with it."""
     only = None
     if verdict == Verdict.REJECTED and not score:
         # No measure of how much worse: the renters whose hardware the rejection is about pay nothing, the others
@@ -567,12 +570,47 @@ def _price_cut_if_worse(node: Node, verdict: str, score: float | None, previous_
     named = {f["code"] for f in findings if f["severity"] in ("reject", "degrade")} - NOT_ABOUT_RENTERS
     codes = sorted(named) or ["lower score"]
     cut = instance_svc.node_instances_price_cut(node_id=node.pk, ratio=ratio, reason=", ".join(codes),
-                                                score_before=previous_score or 0.0, only=only)
+                                                score_before=previous_score or 0.0, only=only,
+                                                cards=cards if only is None else None)
     if cut:
         node_event(node=node, kind="renters_price_cut",
                    message=f"Measured {float(ratio):.0%} of the score it had before ({', '.join(codes)}): "
                            f"the price of instance(s) {', '.join(map(str, cut))} was cut to match.",
                    level=NodeEvent.Level.WARNING)
+
+
+def _card_scores(gpus: Any) -> dict[str, float]:
+    """The finite, positive scores of the cards a check's figures list, by UUID (a card without either left out)."""
+    rows = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+    return {g["uuid"]: float(g["score"]) for g in rows if isinstance(g.get("uuid"), str) and g["uuid"]
+            and isinstance(g.get("score"), int | float) and not isinstance(g.get("score"), bool)
+            and math.isfinite(g["score"]) and g["score"] > 0}
+
+
+def measured_cards(figures: dict[str, Any], verdict: str) -> dict[str, float] | None:
+    """This check's score of each whole card it measured, by UUID, as its score counts it (policy.node_score: times
+    its verdict's factor). None where it cannot say (no factor: a rejection)."""
+    factor = TOLERANCES["score_factor"].get(verdict)
+    if not factor:
+        return None
+    return {uuid: score * float(factor) for uuid, score in _card_scores(figures.get("gpus")).items()}
+
+
+def cut_cards(listed_figures: Any, listed_verdict: str, figures: dict[str, Any],
+              verdict: str) -> dict[str, list[float]] | None:
+    """The cards this check measured, by UUID: [the score the check that listed the node gave it, this check's],
+    each times its check's verdict factor (what a cut compares: same_cards_score). None where it cannot say (a
+    card measured now that the listed check did not score, no UUID, MIG slices in the score)."""
+    if not isinstance(listed_figures, dict) or listed_figures.get("mig_slices") or figures.get("mig_slices"):
+        return None
+    before, now = measured_cards(listed_figures, listed_verdict), measured_cards(figures, verdict)
+    gpus = figures.get("gpus")
+    rows = gpus if isinstance(gpus, list) else []
+    if (before is None or not now
+            or any(isinstance(g, dict) and g.get("score") is not None and g.get("uuid") not in now for g in rows)
+            or not set(now) <= set(before)):
+        return None
+    return {uuid: [round(before[uuid], 4), round(score, 4)] for uuid, score in now.items()}
 
 
 def same_cards_score(listed_figures: Any, listed_verdict: str, figures: dict[str, Any]) -> float | None:
@@ -602,14 +640,17 @@ def same_cards_score(listed_figures: Any, listed_verdict: str, figures: dict[str
     return round(statistics.fmean(float(before[u]) for u in measured) * float(factor), 2)
 
 
-def _price_back_if_better(node: Node, score: float | None, listed_score: float | None) -> None:
+def _price_back_if_better(node: Node, score: float | None, listed_score: float | None,
+                          measured: dict[str, float] | None = None) -> None:
     """A check that lists the node: the renters whose price an earlier one cut pay what this score earns (with no
-    score, the last listed one's), up to their price before the cut (instances.pricing). Not while the node's
-    health checks fail: raised then, the price would reach back to its last healthy moment; the next check that
-    lists it raises it."""
+    score, the last listed one's), up to their price before the cut (instances.pricing); where the cut compared
+    cards, what those same cards earn now, once this check measured the ones that caused it (`measured`: its score
+    of each card, measured_cards). Not while the node's health checks fail: raised then, the price would reach back
+    to its last healthy moment; the next check that lists it raises it."""
     if node.health_failures:
         return
-    raised = instance_svc.node_instances_price_follow(node_id=node.pk, score=score, last_score=listed_score)
+    raised = instance_svc.node_instances_price_follow(node_id=node.pk, score=score, last_score=listed_score,
+                                                      measured=measured)
     if raised:
         node_event(node=node, kind="renters_price_raised_back",
                    message=f"Measured better again: the price of instance(s) {', '.join(map(str, raised))} went "

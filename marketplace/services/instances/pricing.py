@@ -5,10 +5,11 @@ published rule: docs/ARCHITECTURE.md, GET /api/v1/billing/terms/).
   the score measured now against the last score of a check that listed its node (instance_price_cut); a
   rejection about its own hardware cuts it to nothing.
 - Better again (a later check that lists the node): the price follows the score back up, towards the price it had
-  before its first cut and never above it; a rejection's full cut ends when the node passes again
-  (instance_price_follow), not while the node's health checks fail. Before, a cut was for good: a card fallen off
-  the bus for a minute, or a fan replaced, left every renter of the node paying the cut price for the rest of their
-  rental.
+  before its first cut and never above it; where the cuts compared cards (by UUID: a re-check measures the free
+  cards only), by those same cards, once a check measured the ones that caused them; a rejection's full cut ends
+  when the node passes again (instance_price_follow), not while the node's health checks fail. Before, a cut was
+  for good: a card fallen off the bus for a minute, or a fan replaced, left every renter of the node paying the cut
+  price for the rest of their rental.
 
 Each change bills a running instance's time so far at the old price as far as the meter's tick would: up to the
 node's last sighting (`Node.last_seen_at`, the last health check that saw its VMs), never past it, and re-bases the
@@ -37,7 +38,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import EventKind
+from billing.models import BillingEvent, EventKind
 from billing.services.credits import interruption_credit_before_reprice
 from billing.services.low_balance import balance_recheck_on_cost_rise, billing_profile_lock
 from billing.services.metering import usage_close
@@ -65,23 +66,31 @@ def _exact(share: Fraction | float) -> Fraction:
     return share if isinstance(share, Fraction) else Fraction(str(share))
 
 
+# A cut's cards, by UUID: [the score the listed check gave the card, what this check measured], each as a node's
+# score counts it (times its check's verdict factor).
+CutCards = dict[str, list[float]]
+
+
 def node_instances_price_cut(*, node_id: int, ratio: Fraction | float, reason: str, score_before: float,
-                             only: Collection[int] | None = None) -> list[int]:
+                             only: Collection[int] | None = None, cards: CutCards | None = None) -> list[int]:
     """Cut the price of the node's instances that are not over yet (of those in `only`, when given) to `ratio`
     (0..1) of what they pay now. `score_before`: the node's score before this check (what a later one is compared
-    with to raise the price back)."""
+    with to raise the price back). `cards`: the cards the cut compared, by UUID (instance_price_cut)."""
     still_open = Instance.objects.filter(node_id=node_id).exclude(status__in=FINAL_STATUSES)
     if only is not None:
         still_open = still_open.filter(pk__in=only)
     return [pk for pk in still_open.order_by("pk").values_list("pk", flat=True)
-            if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason, score_before=score_before) is not None]
+            if instance_price_cut(instance_id=pk, ratio=ratio, reason=reason, score_before=score_before,
+                                  cards=cards) is not None]
 
 
 def instance_price_cut(*, instance_id: int, ratio: Fraction | float, reason: str,
-                       score_before: float = 0.0) -> Instance | None:
+                       score_before: float = 0.0, cards: CutCards | None = None) -> Instance | None:
     """From now on the instance pays `ratio` of its price (rounded down once, to the micro-dollar; score_share
     gives it exactly); what ran until now is billed at the old price. None when nothing changed (over already, or
-    not cheaper). Its first cut keeps the price and score before it."""
+    not cheaper). Its first cut keeps the price and score before it. `cards`: the cards whose measure the cut
+    compared (CutCards; None where it was not by card): kept with the cut's event, for the raise back to compare
+    the same cards (instance_price_follow)."""
     ratio = min(max(_exact(ratio), Fraction(0)), Fraction(1))
     with transaction.atomic():
         instance = _locked(instance_id)
@@ -96,27 +105,73 @@ def instance_price_cut(*, instance_id: int, ratio: Fraction | float, reason: str
         _reprice(instance, per_gpu, kind=EventKind.PRICE_CUT,
                  measured=f"worse in its latest benchmark check ({reason})",
                  share=f"{float(ratio):.0%} of the price, in proportion to the performance measured", ratio=ratio,
-                 then=" You can keep it, or destroy it and rent another server.")
+                 then=" You can keep it, or destroy it and rent another server.",
+                 extra={"cards": cards} if cards else None)
     return instance
 
 
-def node_instances_price_follow(*, node_id: int, score: float | None, last_score: float | None = None) -> list[int]:
+def node_instances_price_follow(*, node_id: int, score: float | None, last_score: float | None = None,
+                                measured: dict[str, float] | None = None) -> list[int]:
     """A check that lists the node again (verified or degraded, `score` its measure, None when every GPU was
-    rented and nothing was measured; `last_score`: the last listed check's score before it): each of its instances
-    whose price was cut pays again what the score earns, up to the price before its first cut. The ids of those
-    whose price rose."""
+    rented and nothing was measured; `last_score`: the last listed check's score before it; `measured`: its score
+    of each card it measured, by UUID, times its verdict's factor): each of its instances whose price was cut pays
+    again what the score earns, up to the price before its first cut. The ids of those whose price rose."""
     cut = (Instance.objects.filter(node_id=node_id, price_before_cut_per_gpu_hour_micros__isnull=False)
            .exclude(status__in=FINAL_STATUSES).order_by("pk").values_list("pk", flat=True))
     return [pk for pk in cut
-            if instance_price_follow(instance_id=pk, score=score, last_score=last_score) is not None]
+            if instance_price_follow(instance_id=pk, score=score, last_score=last_score, measured=measured)
+            is not None]
 
 
-def instance_price_follow(*, instance_id: int, score: float | None,
-                          last_score: float | None = None) -> Instance | None:
+def _cut_cards(instance: Instance) -> CutCards | None:
+    """The cards the instance's cuts compared since its price was last in full (its price events, newest first, up
+    to the raise that put it back in full), each with the score it had before its first cut then and its latest
+    cut's measure. None where a cut of that time was not by card (a rejection's, a check without UUIDs, one from
+    before cuts named their cards): the raise then compares scores, as before."""
+    events = (BillingEvent.objects.filter(user_id=instance.renter_id, data__instance=instance.pk,
+                                          kind__in=[EventKind.PRICE_CUT, EventKind.PRICE_RAISED_BACK])
+              .order_by("-created_at", "-pk").values_list("kind", "data"))
+    cards: CutCards = {}
+    for kind, data in events:
+        if kind == EventKind.PRICE_RAISED_BACK:
+            if (data or {}).get("ratio") == 1:
+                break  # back in full there: the cuts before it are over
+            continue
+        got = (data or {}).get("cards")
+        if not isinstance(got, dict) or not got:
+            return None
+        for uuid, (before, now) in got.items():
+            # An older cut's basis is the card's score before the first cut; the newest cut's measure its latest.
+            cards[uuid] = [before, cards[uuid][1] if uuid in cards else now]
+    return cards or None
+
+
+def _cards_share(cards: CutCards, measured: dict[str, float] | None) -> Fraction | None:
+    """What the cut cards earn now against their score before the cut: their mean, each as this check measured it or,
+    for one it did not measure, as its latest cut did. None (no raise) unless this check measured every card that
+    caused a cut (measured below its score before by more than the tolerance) and at least one of the cards: a
+    check of other cards says nothing of those (a re-check measures the free cards only). Before, a re-check that
+    measured only the node's fast free cards raised the price back though the slow one was never measured again,
+    and one that measured the repaired card with slower others kept part of the cut."""
+    tolerance = 1 - Fraction(settings.HARDWARE_PRICE_CUT_TOLERANCE)
+    measured = measured or {}
+    causes = [u for u, (before, now) in cards.items() if score_share(now, before) < tolerance]
+    if not any(u in measured for u in cards) or not all(u in measured for u in causes):
+        return None
+    now_mean = round(sum(measured.get(u, now) for u, (_, now) in cards.items()) / len(cards), 2)
+    before_mean = round(sum(before for before, _ in cards.values()) / len(cards), 2)
+    return min(score_share(now_mean, before_mean), Fraction(1)) if before_mean > 0 else None
+
+
+def instance_price_follow(*, instance_id: int, score: float | None, last_score: float | None = None,
+                          measured: dict[str, float] | None = None) -> Instance | None:
     """Raise a cut instance's price to what `score` earns against the score before its first cut (in full once it
-    is within the published tolerance of it). With no score, only a rejection's full cut ends (the node passed
-    again), to what `last_score` earns: what a score cut measured stays until a score says otherwise. Within the
-    tolerance of what it pays now, nothing changes (noise). None when nothing changed."""
+    is within the published tolerance of it); where its cuts compared cards (_cut_cards), to what those same cards
+    earn now against their scores before the cut, and only once this check measured the cards that caused them
+    (_cards_share; `measured`: its score of each card, by UUID). With no score, only a rejection's full cut ends
+    (the node passed again), to what `last_score` earns: what a score cut measured stays until a score says
+    otherwise. Within the tolerance of what it pays now, nothing changes (noise). Never above its price before the
+    cut. None when nothing changed."""
     tolerance = Fraction(settings.HARDWARE_PRICE_CUT_TOLERANCE)
     with transaction.atomic():
         renter_id = Instance.objects.filter(pk=instance_id).values_list("renter_id", flat=True).first()
@@ -132,11 +187,18 @@ def instance_price_follow(*, instance_id: int, score: float | None,
         if before is None:
             return None
         basis = instance.score_before_cut or 0.0
+        cards = _cut_cards(instance) if score is not None else None
         if score is None:
             if instance.price_per_gpu_hour_micros:
                 return None
             score = last_score
-        share = Fraction(1) if basis <= 0 or score is None else min(score_share(score, basis), Fraction(1))
+        if cards is not None:
+            by_cards = _cards_share(cards, measured)
+            if by_cards is None:
+                return None
+            share = by_cards
+        else:
+            share = Fraction(1) if basis <= 0 or score is None else min(score_share(score, basis), Fraction(1))
         if share >= 1 - tolerance:
             share = Fraction(1)
         per_gpu = math.floor(before * share)
@@ -163,7 +225,7 @@ def _meter_bound(*, node_id: int, now: datetime) -> datetime:
 
 
 def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, share: str, ratio: Fraction,
-             then: str = "") -> None:
+             then: str = "", extra: dict[str, object] | None = None) -> None:
     """Bill the time so far at the old price (a running instance's up to the node's last sighting, as the meter's
     tick: _meter_bound), re-base the meter there, charge `per_gpu` from then, and tell the renter
     (`measured`: how the check found its server; `share`: the new price against the old). Under the instance's
@@ -182,7 +244,8 @@ def _reprice(instance: Instance, per_gpu: int, *, kind: str, measured: str, shar
     instance.price_per_gpu_hour_micros, instance.price_per_hour_micros = per_gpu, per_gpu * instance.num_gpus
     instance.save(update_fields=_PRICE_FIELDS)
     data = {"instance": instance.pk, "old_per_hour": str(micros_to_usd(old)),
-            "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(float(ratio), 4)}
+            "new_per_hour": str(micros_to_usd(instance.price_per_hour_micros)), "ratio": round(float(ratio), 4),
+            **(extra or {})}
     if instance.price_per_hour_micros > old and instance.status in COMMITTED_STATUSES:  # billed now, or once it runs
         pending = 0 if instance.status == S.RUNNING else instance.price_per_hour_micros
         low = balance_recheck_on_cost_rise(renter_id=instance.renter_id, now=now, pending_micros=pending)
