@@ -87,7 +87,9 @@ class TermsView(APIView):
                              "whole server; a GPU missing from the server interrupts its holder instead; a benchmark "
                              "that hung, run on the free cards only, cuts no one); the renter is told at once",
                 "price_back": "a later re-check that lists the node again raises a cut price back in proportion "
-                              "to its score against the score before the cut, up to the price before the cut and "
+                              "to its score against the score before the cut, of the same cards the cut compared "
+                              "and only once every card that caused the cut is measured again, up to the price "
+                              "before the cut and "
                               "never above (within the tolerance of it: in full; a rejection's full cut ends when "
                               "the node passes again, measured or not); the renter is told at once. A raise that "
                               "leaves the balance low (less than low_balance_warning_seconds of the new burn rate) "
