@@ -52,6 +52,20 @@ def validate_address(value: str) -> None:
         raise ValidationError(f"{value!r} is neither a hostname nor an IP address.")
 
 
+def canonical_address(value: str) -> str:
+    """A node's address as stored: an IP literal in its one spelling ("0:0:0:0:0:0:0:1", "::0.0.0.1" and "::1" are
+    one address; an IPv4-mapped IPv6 address is its IPv4 one), a hostname lowercased. The rule of one live node per
+    address and port (node_unique_own_live_endpoint, node_unique_live_endpoint) compares the stored text: before,
+    another spelling of the same IP registered the same server twice (found by review)."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return value.lower()
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
 def is_port_number(value: object) -> bool:
     """A TCP port: an int (not a bool) from 1 to 65535."""
     return isinstance(value, int) and not isinstance(value, bool) and SSH_PORT_MIN <= value <= SSH_PORT_MAX

@@ -24,6 +24,7 @@ from marketplace.validators import (
     SSH_PORT_MAX,
     SSH_PORT_MIN,
     SSH_USER_MAX_LENGTH,
+    canonical_address,
     validate_address,
     validate_host_key_fingerprint,
     validate_ssh_user,
@@ -209,7 +210,7 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     )
 
     def validate_address(self, value):
-        return value.lower()
+        return canonical_address(value)  # one spelling of an IP: the duplicate-endpoint 409 compares the text
 
     def validate(self, attrs):
         if attrs.get("nvlink_declared") and attrs.get("gpu_count", 0) < 2:

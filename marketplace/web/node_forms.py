@@ -22,6 +22,7 @@ from marketplace.validators import (
     SSH_PORT_MAX,
     SSH_PORT_MIN,
     SSH_USER_MAX_LENGTH,
+    canonical_address,
     validate_address,
     validate_host_key_fingerprint,
     validate_ssh_user,
@@ -76,7 +77,7 @@ class NodeRegisterForm(forms.Form):
             self.fields["runtime"].choices = [c for c in Runtime.choices if c[0] != Runtime.SIM]
 
     def clean_address(self):
-        return self.cleaned_data["address"].lower()
+        return canonical_address(self.cleaned_data["address"])  # as the API stores it
 
 
 class NodeSettingsForm(forms.Form):
