@@ -8,9 +8,10 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import F
 from django.utils import timezone
 
-from marketplace.models import Instance, InstanceStatus
+from marketplace.models import Instance, InstanceStatus, Node, NodeState
 
 SECOND = timedelta(seconds=1)
 MICROSECOND = timedelta(microseconds=1)
@@ -79,7 +80,43 @@ def next_charge(instance: Instance, until: datetime) -> Charge | None:
     return Charge(start=start, end=end, seconds=seconds, amount=amount, fee=fee)
 
 
-def instance_cost_so_far(*, instance: Instance, now: datetime | None = None) -> int:
-    """What the instance has cost: what was charged, plus the whole seconds of this run not metered yet."""
-    charge = next_charge(instance, now or timezone.now())
+# Nodes the platform no longer checks: quarantined (its host key changed: neither a health check nor a job talks to
+# it until an operator decides) or retired. Nothing after their last health check is known of their VMs.
+UNSEEN_NODE_STATES = (NodeState.QUARANTINED, NodeState.RETIRED)
+
+# The node's fields that say how far its instances are billable, as a queryset of instances annotates them
+# (.annotate(**NODE_BILLING_FIELDS)) for instance_cost_so_far: a list reads them in its own query.
+NODE_BILLING_FIELDS = {"node_last_seen_at": F("node__last_seen_at"),
+                       "node_health_failures": F("node__health_failures"), "node_state": F("node__state")}
+
+
+def billable_until(*, now: datetime, last_seen_at: datetime | None, health_failures: int, state: str) -> datetime:
+    """How far a node's instances are billable at `now` (metering.node_billable_until's rule): `now`, or its last
+    healthy moment while its latest health check failed or the platform no longer checks it."""
+    if last_seen_at is None or (not health_failures and state not in UNSEEN_NODE_STATES):
+        return now
+    return min(now, last_seen_at)
+
+
+def instance_cost_so_far(*, instance: Instance, now: datetime | None = None,
+                         node: tuple[datetime | None, int, str] | None = None) -> int:
+    """What the instance has cost: what was charged, plus the whole seconds of this run not metered yet, as far as
+    a state change now would bill them (billable_until). Before, every second up to now, while the node was silent
+    too: time never billed (the interruption closes billing at the last sighting), so the shown cost rose during an
+    outage and then fell. The node's (last_seen_at, health_failures, state): `node`, or the instance's annotations
+    (NODE_BILLING_FIELDS) when its queryset carried them; else one query, for a running instance only."""
+    now = now or timezone.now()
+    charge = next_charge(instance, now)
+    if charge is None:
+        return instance.cost_micros
+    if node is None and hasattr(instance, "node_health_failures"):
+        node = (getattr(instance, "node_last_seen_at", None), instance.node_health_failures,
+                getattr(instance, "node_state", ""))
+    if node is None:
+        node = Node.objects.filter(pk=instance.node_id).values_list(
+            "last_seen_at", "health_failures", "state").first() or (None, 0, "")
+    last_seen, failures, state = node
+    until = billable_until(now=now, last_seen_at=last_seen, health_failures=failures, state=state)
+    if until < now:
+        charge = next_charge(instance, until)
     return instance.cost_micros + (charge.amount if charge else 0)

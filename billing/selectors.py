@@ -46,7 +46,7 @@ from billing.models import (
     TransactionKind,
     UsageInterval,
 )
-from billing.pricing import instance_cost_so_far
+from billing.pricing import NODE_BILLING_FIELDS, instance_cost_so_far
 from marketplace.models import Instance, InstanceStatus, User, Volume, VolumeState
 from marketplace.models.host import SECONDS_PER_MONTH
 
@@ -554,7 +554,8 @@ def balance_status(*, user: User) -> BalanceStatus:
 def instance_cost(*, instance: Instance) -> dict[str, int]:
     """What an instance has cost so far, including the whole seconds of this run not metered yet, net of what was
     given back of its charges since (reversals: usage billed after its VM's last sighting, an operator's), as the
-    ledger and the usage page count it; and what its disk cost while stopped, net of its reversals too.
+    ledger and the usage page count it; and what its disk cost while stopped, net of its reversals too. The live
+    part ends where a state change now would bill (at the node's last healthy moment while its checks fail).
 
     {"amount_micros", "billed_seconds" (seconds paid for: in closed usage intervals, less those given back),
     "given_back_seconds", "given_back_micros", "disk_amount_micros", "disk_given_back_micros"}, in one query.
@@ -563,12 +564,14 @@ def instance_cost(*, instance: Instance) -> dict[str, int]:
     those charged: "2 min 09 s metered" for a cost the ledger charged 60 s for
     (tests/billing/test_given_back_seconds_shown.py).
     """
-    given_back, disk_given_back = (
+    # The node's fields bound the live part (instance_cost_so_far), read in the same query.
+    given_back, disk_given_back, last_seen, failures, state = (
         Instance.objects.filter(pk=instance.pk)
         .annotate(usage=usage_given_back(OuterRef("pk")),
-                  disk=storage_given_back("disk", object_id=OuterRef("pk"), owner_id=OuterRef("renter_id")))
-        .values_list("usage", "disk").first() or (0, 0))
-    return {"amount_micros": instance_cost_so_far(instance=instance) - given_back,
+                  disk=storage_given_back("disk", object_id=OuterRef("pk"), owner_id=OuterRef("renter_id")),
+                  **NODE_BILLING_FIELDS)
+        .values_list("usage", "disk", *NODE_BILLING_FIELDS).first() or (0, 0, None, 0, ""))
+    return {"amount_micros": instance_cost_so_far(instance=instance, node=(last_seen, failures, state)) - given_back,
             "billed_seconds": instance.billed_seconds - instance.given_back_seconds,
             "given_back_seconds": instance.given_back_seconds, "given_back_micros": given_back,
             "disk_amount_micros": instance.disk_cost_micros - disk_given_back,

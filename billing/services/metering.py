@@ -2,8 +2,9 @@
 
 An instance is billed while it is `running`: from `started_at` (when it last became running) until it
 leaves that state (a stop, restart or destroy request, or a failure), in whole seconds counted from
-`started_at` (the last part-second of a run is not billed). Nothing is billed while it is requested,
-provisioning, starting, stopping or stopped: a failed provisioning never ran and costs nothing. A stopped
+`started_at` (the last part-second of a run is not billed; a run begins no earlier than what was billed, whatever
+the clock of the host that starts it says, so every interval is whole seconds). Nothing is billed while it is
+requested, provisioning, starting, stopping or stopped: a failed provisioning never ran and costs nothing. A stopped
 instance's disk, and volumes, are storage: billed apart (billing.services.storage).
 
 The tick bills no further than the last moment the instance's node was seen healthy (`Node.last_seen_at`,
@@ -51,8 +52,11 @@ from billing.models import Account, AccountKind, Entry, LedgerTransaction, Trans
 from billing.pricing import (  # noqa: F401 (the arithmetic is imported from here too)
     EPOCH,
     MICROSECOND,
+    NODE_BILLING_FIELDS,
     SECOND,
+    UNSEEN_NODE_STATES,
     Charge,
+    billable_until,
     cost_for,
     fee_for,
     fee_percent,
@@ -64,7 +68,7 @@ from billing.pricing import (  # noqa: F401 (the arithmetic is imported from her
 )
 from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
 from core.locks import advisory_lock, lock_key
-from marketplace.models import Instance, InstanceStatus, Node, NodeState
+from marketplace.models import Instance, InstanceStatus, Node
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +77,6 @@ ADVISORY_LOCK_KEY = lock_key(ADVISORY_LOCK_NAME)
 
 
 # ------------------------------------------------------------------------- one instance (services)
-
-
-# Nodes the platform no longer checks: quarantined (its host key changed: neither a health check nor a job talks to
-# it until an operator decides) or retired. Nothing after their last health check is known of their VMs.
-UNSEEN_NODE_STATES = (NodeState.QUARANTINED, NodeState.RETIRED)
 
 
 def node_billable_until(*, node_id: int, now: datetime) -> datetime:
@@ -90,9 +89,7 @@ def node_billable_until(*, node_id: int, now: datetime) -> datetime:
     if row is None:
         return now
     last_seen, failures, state = row
-    if last_seen is None or (not failures and state not in UNSEEN_NODE_STATES):
-        return now
-    return min(now, last_seen)
+    return billable_until(now=now, last_seen_at=last_seen, health_failures=failures, state=state)
 
 
 def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageInterval | None:
@@ -364,7 +361,8 @@ WITH locked AS (
     LIMIT %(limit)s
     FOR UPDATE OF i SKIP LOCKED
 ), timed AS (
-    SELECT *, GREATEST(extract(epoch FROM (end_ts - from_ts))::bigint, 0) AS seconds FROM locked
+    -- floor, as Python's //: a numeric's cast to bigint rounds (10.5 s charged as 11)
+    SELECT *, GREATEST(floor(extract(epoch FROM (end_ts - from_ts)))::bigint, 0) AS seconds FROM locked
 ), costed AS (
     SELECT *, rate_base_cost_micros + price * (billed_seconds + seconds - rate_base_seconds) / 3600 AS new_cost
     FROM timed

@@ -5,7 +5,7 @@ from datetime import datetime
 from django.db.models import F, Prefetch, QuerySet
 from django.utils import timezone
 
-from billing.services.metering import node_billable_until, usage_close
+from billing.services.metering import NODE_BILLING_FIELDS, node_billable_until, usage_close
 from billing.services.storage import instance_disk_close, storage_billed_until
 from core.errors import IdempotencyKeyReused
 from marketplace.models import (
@@ -44,6 +44,8 @@ def instances_for_user(*, user: User) -> QuerySet[Instance]:
         .select_related("image", "gpu_model")
         # its node's NVLink islands, in the same query: instance_on_one_nvlink_island reads them
         .annotate(node_nvlink_islands=F("node__benchmark_summary__nvlink__islands"))
+        # how far its node's instances are billable (its checks failing?): the live cost_so_far reads them
+        .annotate(**NODE_BILLING_FIELDS)
         .prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"),
                           Prefetch("slice_allocations", queryset=live_slices, to_attr="live_slices"),
                           Prefetch("volume_mounts", queryset=VolumeMount.objects.select_related("volume")))
@@ -152,6 +154,13 @@ def instance_notify(instance: Instance, kind: str, key: str, message: str = "") 
     notify(user=instance.renter, kind=kind, dedupe_key=f"{kind}:{instance.pk}:{key}",
            payload={"instance": instance.pk, "label": instance.label, "status": instance.status,
                     "message": message or instance.status_message})
+
+
+def _run_begins(instance: Instance, now: datetime) -> datetime:
+    """Where a new run of the instance begins (its `started_at`): now, or what was billed when that is later.
+    Another host's clock (the tick's, a health check's) may have billed past this one's now; a run begun before
+    `billed_until` was billed off its whole-second grid (10 s charged for 10.5, or 11 by the SQL tick)."""
+    return max(now, instance.billed_until or now)
 
 
 def _stop_clock(instance: Instance, now: datetime) -> None:

@@ -43,7 +43,7 @@ from notifications.services.notify import Kind
 from provisioning.models import Job, JobKind
 from provisioning.services.jobs import JobConflict, job_create
 
-from .common import S, _leave_running, _locked, _save, instance_notify
+from .common import S, _leave_running, _locked, _run_begins, _save, instance_notify
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +94,13 @@ def instance_interrupt(*, instance_id: int, since: datetime | None, cause: str, 
     """running → interrupted, billed up to `since` and not after; None if it is not running (any more), or, with
     `started_before`, its current run did not begin before that (running again since: not judged by what was seen
     then). Both decided under its row lock."""
-    now = timezone.now()
     with transaction.atomic():
         instance = _locked(instance_id)
         if instance is None or instance.status != S.RUNNING:
             return None
+        # Read under the lock, as the other state changes do: a wait for it (a long tick batch holding the row)
+        # would otherwise cap `since` and the credit at a stale moment.
+        now = timezone.now()
         if started_before is not None and (instance.started_at is None or instance.started_at >= started_before):
             return None
         # Never before it started running, nor before what was already billed (which stopped at the node's
@@ -268,7 +270,7 @@ def _leave_interrupted(instance_id: int, to: str, message: str, outcome: str, ev
         instance.transition_to(to, message)
         fields = []
         if to == S.RUNNING:  # billed again from now: the time away never is
-            instance.started_at, instance.stopped_at = now, None
+            instance.started_at, instance.stopped_at = _run_begins(instance, now), None
             fields = ["started_at", "stopped_at"]
         _save(instance, *fields)
         text, credited = _credited_text(_interruption_end(instance, now, outcome), now)

@@ -16,6 +16,7 @@ from .common import (
     S,
     _leave_running,
     _locked,
+    _run_begins,
     _save,
     _stop_clock,
     instance_notify,
@@ -116,7 +117,7 @@ def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh
         instance.status_message = (message or instance.status_message)[:500]
     else:
         instance.transition_to(S.RUNNING, message or "Running")
-        instance.started_at, instance.stopped_at = now, None
+        instance.started_at, instance.stopped_at = _run_begins(instance, now), None
         fields += ["started_at", "stopped_at"]
         instance_notify(instance, Kind.INSTANCE_RUNNING, now.isoformat())
     instance.ssh_host, instance.ssh_port, instance.ssh_user = ssh_host, ssh_port, ssh_user
@@ -163,7 +164,7 @@ def instance_mark_running_again(*, instance_id: int, message: str, only_in: tupl
     if instance.status not in only_in:
         return instance
     instance.transition_to(S.RUNNING, message)
-    instance.started_at, instance.stopped_at = timezone.now(), None
+    instance.started_at, instance.stopped_at = _run_begins(instance, timezone.now()), None
     _save(instance, "started_at", "stopped_at")
     return instance
 
