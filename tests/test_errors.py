@@ -17,6 +17,7 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from billing.services.stripe_gateway import PaymentDeclined
+from compat.vast.booking import AskPriceRaised
 from core import errors
 from core.transitions import InvalidTransition
 from core.web_errors import error_message, form_error, message_error
@@ -58,6 +59,8 @@ SAMPLES = [
     DiskDoesNotFit(7, DiskRoom(reported_gb=200, promised_gb=150, left_gb=50), 80, "an instance disk",
                    "Ask for less disk (disk_gb), or rent another offer.", field="disk_gb"),
     PriceChanged(price_micros=100_000_000, max_price_micros=500_000, unit="GPU-hour"),
+    AskPriceRaised("Offer 1201's price has risen since your search: ... Search again.", field="id",
+                   extra={"new_ask_id": 10000001201, "dph_total": 40.0, "storage_cost": 0.1}),
 ]
 
 

@@ -4,6 +4,12 @@ A Vast offer has a fixed number of GPUs and `create instance ID` sends none, whi
 with some free GPUs. So node 12 with 3 free GPUs is shown as the offers 1201, 1202 and 1203 (`id = node * 100 +
 GPUs`): the id names the same node and count in every search, and booking it asks for that many GPUs.
 
+An id also names a listing at a price, as Vast's does (re-listing a machine there makes new asks): it carries the
+node's price generation (Node.price_generation, bumped on every raise of its GPU or disk price, never on a cut),
+`id = (generation * NODE_SPAN + node) * 100 + GPUs`. Until its first raise a node's ids are the plain ones above; an
+id from a search before a raise books nothing (compat.vast.booking.ask_book: a 409 naming both prices and the new
+id), and one of the current generation books at most the price its search showed (a cut books at the lower price).
+
 The rows come from the same selector and FilterSet as GET /api/v1/offers/ (marketplace.selectors.offers_search,
 marketplace.api.offers.OfferFilter): the query's conditions that map onto a node's columns narrow the nodes in SQL
 (a superset of the answer), then every condition is applied exactly to the per-count rows. When the first key of
@@ -39,18 +45,22 @@ from .query import Condition, Query, gpu_name_key, matcher, norm_for, sort
 
 ID_BASE = 100  # above MAX_GPUS_PER_NODE: the last two digits are the GPU count
 assert MAX_GPUS_PER_NODE < ID_BASE
+# Node ids stay below it (ten billion nodes), so the digits above a node's are its price generation: generation 0
+# gives the plain ids, and an id stays within a JSON number's exact integers (2**53) for thousands of raises.
+NODE_SPAN = 10**10
 
 
-def offer_id(node_id: int, num_gpus: int) -> int:
-    return node_id * ID_BASE + num_gpus
+def offer_id(node_id: int, num_gpus: int, generation: int = 0) -> int:
+    return (generation * NODE_SPAN + node_id) * ID_BASE + num_gpus
 
 
-def offer_of(ask_id: int) -> tuple[int, int]:
-    """(node id, GPU count) of an offer id; a 404 for an id no offer could have."""
-    node_id, num_gpus = divmod(ask_id, ID_BASE)
+def offer_of(ask_id: int) -> tuple[int, int, int]:
+    """(node id, GPU count, price generation) of an offer id; a 404 for an id no offer could have."""
+    rest, num_gpus = divmod(ask_id, ID_BASE)
+    generation, node_id = divmod(rest, NODE_SPAN)
     if node_id < 1 or not 1 <= num_gpus <= MAX_GPUS_PER_NODE:
         raise NotFound(f"There is no offer {ask_id}: take an id from `vastai search offers`.")
-    return node_id, num_gpus
+    return node_id, num_gpus, generation
 
 
 def usd(micros: int) -> float:
@@ -67,7 +77,7 @@ HOST_VALUES = ("cpu_model", "cpu_cores", "ram_gb", "disk_left_gb", "disk_bandwid
                "driver_version", "cuda_version", "pcie_gen")
 NODE_VALUES = ("id", "gpu_model__name", "gpu_model__memory_mib", "price_per_gpu_hour_micros", "benchmark_summary",
                "reliability", "score", "country", "verdict", "runtime", "num_gpus_free",
-               "disk_price_per_gb_month_micros", "nvlink_gpus_free", *HOST_VALUES)
+               "disk_price_per_gb_month_micros", "nvlink_gpus_free", "price_generation", *HOST_VALUES)
 
 
 def host_fields(node: dict[str, Any]) -> dict[str, Any]:
@@ -176,12 +186,12 @@ def _own_fields(node: dict[str, Any]) -> list[dict[str, Any]]:
     for a count of GPUs that can all be on one NVLink island now (the node's `nvlink_gpus_free`, its free GPUs
     against its islands), 0 above it: the node's figure on every count was a 2-GPU offer at 230 GB/s whose booking
     got two GPUs of different islands, 21 GB/s over PCIe (found by review)."""
-    pk, memory_mib = node["id"], node["gpu_model__memory_mib"]
+    pk, memory_mib, generation = node["id"], node["gpu_model__memory_mib"], node["price_generation"]
     per_gpu_micros = node["price_per_gpu_hour_micros"]
     bandwidth, on_one_island = nvlink_bandwidth(node["benchmark_summary"]), node["nvlink_gpus_free"]
     own = []
     for n in range(1, node["num_gpus_free"] + 1):
-        ask, price = pk * ID_BASE + n, usd(per_gpu_micros * n)
+        ask, price = offer_id(pk, n, generation), usd(per_gpu_micros * n)
         row = {"id": ask, "ask_contract_id": ask, "num_gpus": n, "gpu_total_ram": memory_mib * n,
                "dph_total": price, "dph_base": price}
         if bandwidth is not None:
@@ -384,10 +394,10 @@ def _scan_order(field: str, descending: bool) -> tuple[OrderBy, Bound] | None:
                         if descending else (memory, lambda node: node["gpu_model__memory_mib"]))
     elif field == "num_gpus" and descending:
         order, bound = free, lambda node: node["num_gpus_free"]
-    elif field in ("id", "ask_contract_id"):
-        order = F("id")
-        bound = (lambda node: offer_id(node["id"], node["num_gpus_free"])) if descending else (
-            lambda node: offer_id(node["id"], 1))
+    elif field in ("id", "ask_contract_id"):  # offer_id's order: the generation, then the node
+        order = F("price_generation") * NODE_SPAN + F("id")
+        bound = (lambda node: offer_id(node["id"], node["num_gpus_free"], node["price_generation"])) if descending \
+            else (lambda node: offer_id(node["id"], 1, node["price_generation"]))
     else:
         return None
     return (order.desc(nulls_last=True) if descending else order.asc(nulls_last=True)), bound

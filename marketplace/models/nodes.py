@@ -157,6 +157,13 @@ class Node(StatefulModel, NodeHostFacts):
     # Storage (volumes, and the disks of stopped instances): micro-dollars per GB per 30-day month, billed per
     # second; each volume and instance keeps the price it was created at.
     disk_price_per_gb_month_micros = models.BigIntegerField(default=DEFAULT_DISK_PRICE_PER_GB_MONTH_MICROS)
+    # Bumped on every raise of either price (services.nodes.node_update), never on a cut: the Vast-compatible ask
+    # ids carry it (compat.vast.offers.offer_id), so an id from a search before a raise books nothing (a 409) and
+    # one from a search since books at most the price it showed. The prices just before the last raise, for that
+    # 409 to name what the search showed (None: never raised).
+    price_generation = models.PositiveIntegerField(default=0)
+    price_before_raise_micros = models.BigIntegerField(null=True, blank=True)
+    disk_price_before_raise_micros = models.BigIntegerField(null=True, blank=True)
     runtime = models.CharField(max_length=10, choices=Runtime.choices)
 
     state = models.CharField(max_length=12, choices=NodeState.choices, default=NodeState.PENDING)

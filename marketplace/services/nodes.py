@@ -225,10 +225,16 @@ def node_update(
         node.city = city
     if datacenter is not None:
         node.datacenter = datacenter
+    before = node.price_per_gpu_hour_micros, node.disk_price_per_gb_month_micros
     if price_per_gpu_hour is not None:
         node.price_per_gpu_hour_micros = usd_to_micros(price_per_gpu_hour)
     if disk_price_per_gb_month is not None:
         node.disk_price_per_gb_month_micros = usd_to_micros(disk_price_per_gb_month)
+    if node.price_per_gpu_hour_micros > before[0] or node.disk_price_per_gb_month_micros > before[1]:
+        # A raise makes new Vast-compatible ask ids (Node.price_generation): one from an earlier search must not
+        # book at the new price. Under this row lock, so a booking checking the id sees the raise or precedes it.
+        node.price_generation += 1
+        node.price_before_raise_micros, node.disk_price_before_raise_micros = before
     if listed and not node.listed:
         # Back on the offers is listing again: the rule node_register applies (an operator may have changed the
         # address since; the provider proves the new one first).

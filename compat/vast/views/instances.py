@@ -31,9 +31,11 @@ from .. import booking, offers, query
 from .base import VastView, _body, _epoch, _label, _refuse_unknown, _user
 
 S = InstanceStatus
-# Our states on Vast's four (`actual_status`); `status_msg` carries ours, and its reason.
+# Our states on Vast's (`actual_status`); `status_msg` carries ours, and its reason. Interrupted (its node stopped
+# answering) is Vast's "unknown", no recent heartbeat from the host: as "loading" a script waiting for "running"
+# took it for a boot and waited on.
 ACTUAL_STATUS: dict[str, str] = {
-    S.REQUESTED: "created", S.PROVISIONING: "loading", S.STARTING: "loading", S.INTERRUPTED: "loading",
+    S.REQUESTED: "created", S.PROVISIONING: "loading", S.STARTING: "loading", S.INTERRUPTED: "unknown",
     S.RUNNING: "running", S.STOPPING: "exited", S.STOPPED: "exited", S.FAILED: "exited",
     S.DESTROYING: "exited", S.DESTROYED: "exited",
 }
@@ -533,7 +535,7 @@ class OfferCreateView(VastView):
         if runtype is not None and (not isinstance(runtype, str) or runtype not in SSH_RUNTYPES):
             raise ValidationFailed(f"Only SSH instances (--ssh) are offered, not runtype {repr(runtype)[:40]}.",
                                    field="runtype")
-        node_id, num_gpus = offers.offer_of(ask_id)
+        node_id, num_gpus, generation = offers.offer_of(ask_id)
         image, disk, label = _image(body.get("image")), _disk(body.get("disk")), _label(body.get("label"))
         options = _options(body, image)
         # `create` names no key: every key of the account goes on the instance.
@@ -549,8 +551,11 @@ class OfferCreateView(VastView):
         require_nvlink = nvlink is not None and nvlink.listed(num_gpus)
         try:
             instance = booking.ask_book(renter=request.user, fingerprint=fingerprint, idempotency_key=idempotency_key,
-                                        node_id=node_id, num_gpus=num_gpus, image=image, ssh_public_keys=keys,
-                                        disk_gb=disk, label=label, options=options, require_nvlink=require_nvlink)
+                                        ask_id=ask_id, price_generation=generation, node_id=node_id,
+                                        num_gpus=num_gpus, image=image, ssh_public_keys=keys, disk_gb=disk,
+                                        label=label, options=options, require_nvlink=require_nvlink)
+        except booking.AskPriceRaised:
+            raise  # already in the offer's terms
         except (ValidationFailed, Conflict) as exc:  # DiskDoesNotFit is a Conflict
             if exc.field == "require_nvlink" and nvlink is not None:
                 raise _nvlink_refusal(ask_id, node_id, num_gpus, nvlink) from None
