@@ -7,8 +7,8 @@ from django.utils import timezone
 class EventKind(models.TextChoices):
     LOW_BALANCE = "low_balance", "Low balance"
     BALANCE_DEPLETED = "balance_depleted", "Balance depleted: instances stopped"
-    DESTROY_WARNING = "destroy_warning", "Stopped instances will be destroyed"
-    INSTANCES_DESTROYED = "instances_destroyed", "Stopped instances destroyed"
+    DESTROY_WARNING = "destroy_warning", "Stopped or failed instances and volumes will be destroyed"
+    INSTANCES_DESTROYED = "instances_destroyed", "Stopped or failed instances or volumes destroyed"
     TOP_UP_SUCCEEDED = "top_up_succeeded", "Top-up credited"
     TOP_UP_FAILED = "top_up_failed", "Top-up failed"
     REFUND = "refund", "Refund"

@@ -27,7 +27,13 @@ class BillingProfile(models.Model):
     # Warning state: set when a warning is sent, cleared when the balance recovers.
     low_balance_warned_at = models.DateTimeField(null=True, blank=True)
     depleted_at = models.DateTimeField(null=True, blank=True, help_text="When the balance reached zero.")
-    destroy_warned_at = models.DateTimeField(null=True, blank=True)
+    destroy_warned_at = models.DateTimeField(null=True, blank=True, help_text="When the first destroy warning of "
+                                             "this zero balance went out.")
+    destroy_deadlines = models.JSONField(
+        default=dict, blank=True,
+        help_text="What the grace period at zero balance destroys, and when: {\"instance:<id>\" or \"volume:<id>\": "
+                  "{\"at\": ISO time, \"warned\": bool}}. A thing is destroyed only once a warning named it with its "
+                  "time and that time passed (billing.services.enforcement). Cleared with depleted_at.")
     stop_not_before = models.DateTimeField(
         null=True, blank=True,
         help_text="A cost that rose without a funds check (a price raised back, an interrupted instance resumed) found "

@@ -14,7 +14,9 @@
   BILLING_DESTROY_WARNING_S before; so are their failed instances whose VM, kept on the node, mounts one of their
   volumes, and those volumes are deleted (storage is billed while it exists) with every other of theirs that no
   instance holds past the deadline (_doomed): the warning names each one, those that these instances mount
-  included. A top-up that brings the balance above zero ends all of it.
+  included. Only what a warning named is destroyed, at the time it named: what becomes doomed after the warning
+  is due (an instance stopped or failed later, a volume that came later) gets its own full grace period and its own
+  warning (_grace). A top-up that brings the balance above zero ends all of it.
 - Storage counts: the burn rate the low-balance warning uses includes the renter's volumes and their stopped
   instances' disks (billing.services.storage), and a balance taken to zero by storage alone starts the grace
   period all the same.
@@ -24,6 +26,7 @@
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -33,7 +36,6 @@ from django.utils import timezone
 from billing.models import Account, AccountKind, BillingProfile, EventKind
 from billing.services.ledger import wallet_balance
 from billing.services.low_balance import billing_profile_lock, low_balance_warn, stop_notice_holds
-from billing.services.low_balance import duration_text as _duration
 from billing.services.notify import event_create
 from billing.services.storage import storage_burn_per_hour
 from billing.services.top_ups import auto_top_up_start
@@ -97,11 +99,12 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
             BillingProfile.objects.filter(pk=profile.pk).update(stop_not_before=None)
         if balance > 0:
             if profile is not None and profile.depleted_at is not None:
-                BillingProfile.objects.filter(pk=profile.pk).update(depleted_at=None, destroy_warned_at=None)
+                BillingProfile.objects.filter(pk=profile.pk).update(depleted_at=None, destroy_warned_at=None,
+                                                                    destroy_deadlines={})
         elif renter_id in with_stopped:
-            outcome = _grace(renter_id, now)
-            result.destroy_warned += outcome == "warned"
-            result.destroyed += outcome == "destroyed"
+            warned_now, destroyed_now = _grace(renter_id, now)
+            result.destroy_warned += warned_now
+            result.destroyed += destroyed_now
 
     # Not for a deactivated account: its owner can no longer log in to turn auto top-up off, and storage stays billed,
     # so each tick would charge their card again (auto_top_up_start checks it too, under the profile's lock).
@@ -132,7 +135,8 @@ def _deplete(renter_id: int, now: datetime) -> int:
         if newly:
             profile.depleted_at = now
             profile.destroy_warned_at = None
-            profile.save(update_fields=["depleted_at", "destroy_warned_at"])
+            profile.destroy_deadlines = {}
+            profile.save(update_fields=["depleted_at", "destroy_warned_at", "destroy_deadlines"])
         if stopped:
             assert profile.depleted_at is not None  # set above if it was not
             destroy_at = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
@@ -175,62 +179,108 @@ def _listed(things: list[str]) -> str:
     return ", ".join(things) or "none"
 
 
-def _grace(renter_id: int, now: datetime) -> str:
-    """For a renter at zero with stopped instances or storage: warn before the grace period ends, destroy after it."""
+def _key(thing: Instance | Volume) -> str:
+    return f"{'instance' if isinstance(thing, Instance) else 'volume'}:{thing.pk}"
+
+
+def _grace(renter_id: int, now: datetime) -> tuple[bool, bool]:
+    """For a renter at zero with stopped instances or storage: warn before the grace period ends, destroy after it.
+    (warned, destroyed).
+
+    Each thing _doomed finds gets its time in profile.destroy_deadlines when first found: the end of the grace period
+    that began at zero if found before that period's warning went out (and before its end), else its own full grace
+    period from now (an instance stopped, or failed, after the warning; a volume that came later). It is destroyed
+    only once a warning named it with its time and that time passed, and each warning comes at least
+    BILLING_DESTROY_WARNING_S before the time it names (that time later if a tick came late). Before, whatever
+    _doomed found at the deadline was destroyed, though no warning had named what became doomed after it (found by
+    review), and a deadline reached with no warning sent (no tick in time) destroyed everything unwarned."""
     with transaction.atomic():
         profile, _ = BillingProfile.objects.get_or_create(user_id=renter_id)
         profile = BillingProfile.objects.select_for_update().get(pk=profile.pk)
         if wallet_balance(user_id=renter_id) > 0:
-            return ""
+            return False, False
         if profile.depleted_at is None:
             profile.depleted_at = now
             profile.save(update_fields=["depleted_at"])
-        deadline = profile.depleted_at + timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
+        grace = timedelta(seconds=settings.BILLING_GRACE_PERIOD_S)
+        notice = timedelta(seconds=settings.BILLING_DESTROY_WARNING_S)
+        deadline = profile.depleted_at + grace
         instances, volumes, holders = _doomed(renter_id)
-        if not instances and not volumes:
-            return ""
-        user = User.objects.get(pk=renter_id)
-        if now >= deadline:
-            destroyed = []
-            for instance in instances:
-                try:
-                    instance_destroy(instance=instance)
-                    destroyed.append(instance.pk)
-                except ApplicationError as exc:
-                    log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
-            deleted: list[str] = []
-            for volume in volumes:
-                if holders[volume.pk]:  # deleted at a later tick, once the instances above are gone from the node
-                    continue
-                try:
-                    volume_delete(volume=volume, confirm=volume.name)
-                    deleted.append(volume.name)
-                except ApplicationError as exc:
-                    log.info("could not delete volume %s after the grace period: %s", volume.pk, exc)
-            if destroyed or deleted:
-                event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,
-                             message=(f"Your balance stayed at zero for {_duration(settings.BILLING_GRACE_PERIOD_S)}, "
-                                      f"so your stopped instances and failed ones that held a volume "
-                                      f"({_listed([str(i) for i in destroyed])}) were destroyed with their disks, "
-                                      f"and your volumes ({_listed(deleted)}) deleted."),
-                             data={"instances": destroyed, "volumes": deleted})
-            return "destroyed"
-        warn_from = deadline - timedelta(seconds=settings.BILLING_DESTROY_WARNING_S)
-        if now >= warn_from and profile.destroy_warned_at is None:
-            profile.destroy_warned_at = now
-            profile.save(update_fields=["destroy_warned_at"])
-            stopped = [str(i.pk) for i in instances if i.status == InstanceStatus.STOPPED]
-            failed = [str(i.pk) for i in instances if i.status != InstanceStatus.STOPPED]
-            named = [v.name + (f" (mounted by instance {', '.join(map(str, holders[v.pk]))})" if holders[v.pk] else "")
-                     for v in volumes]
-            event_create(user=user, kind=EventKind.DESTROY_WARNING, email=True,
-                         message=(f"Your balance is at zero. Your stopped instances ({_listed(stopped)}) will be "
-                                  f"destroyed with their disks, "
-                                  + (f"your failed instances whose VM still mounts a volume ({_listed(failed)}) "
-                                     f"destroyed, " if failed else "")
-                                  + f"and your volumes ({_listed(named)}) deleted, "
-                                  f"at {deadline:%Y-%m-%d %H:%M} UTC unless you top up before."),
-                         data={"instances": [i.pk for i in instances], "volumes": [v.pk for v in volumes],
-                               "destroy_at": deadline.isoformat()})
-            return "warned"
-    return ""
+        doomed: dict[str, Instance | Volume] = {_key(i): i for i in instances} | {_key(v): v for v in volumes}
+        record: dict[str, dict[str, Any]] = dict(profile.destroy_deadlines or {})
+        for key in sorted(doomed.keys() - record.keys()):
+            at = deadline if profile.destroy_warned_at is None and now < deadline else now + grace
+            record[key] = {"at": at.isoformat(), "warned": False}
+        due = {key for key in doomed if record[key]["warned"] and now >= datetime.fromisoformat(record[key]["at"])}
+        warn = [key for key in doomed if not record[key]["warned"]
+                and now >= datetime.fromisoformat(record[key]["at"]) - notice]
+        user = User.objects.get(pk=renter_id) if due or warn else None
+        destroyed = False
+        if due:
+            assert user is not None
+            destroyed = _destroy(user, [i for i in instances if _key(i) in due],
+                                 [v for v in volumes if _key(v) in due], holders)
+        if warn:
+            assert user is not None
+            # One time for all this warning names: none sooner than its own, none sooner than the notice allows.
+            at = max([datetime.fromisoformat(record[key]["at"]) for key in warn] + [now + notice])
+            for key in warn:
+                record[key] = {"at": at.isoformat(), "warned": True}
+            if profile.destroy_warned_at is None:
+                profile.destroy_warned_at = now
+            _warn(user, [i for i in instances if _key(i) in warn], [v for v in volumes if _key(v) in warn],
+                  holders, at)
+        if record != profile.destroy_deadlines:
+            profile.destroy_deadlines = record
+            profile.save(update_fields=["destroy_deadlines", "destroy_warned_at"])
+    return bool(warn), destroyed
+
+
+def _warn(user: User, instances: list[Instance], volumes: list[Volume], holders: dict[int, list[int]],
+          at: datetime) -> None:
+    """The destroy warning: each thing it names is destroyed at `at` (and nothing that it does not name)."""
+    stopped = [str(i.pk) for i in instances if i.status == InstanceStatus.STOPPED]
+    failed = [str(i.pk) for i in instances if i.status != InstanceStatus.STOPPED]
+    named = [v.name + (f" (mounted by instance {', '.join(map(str, holders[v.pk]))})" if holders[v.pk] else "")
+             for v in volumes]
+    parts = ([f"your stopped instances ({_listed(stopped)}), with their disks"] if stopped else []) + (
+        [f"your failed instances whose VM still mounts a volume ({_listed(failed)})"] if failed else []) + (
+        [f"your volumes ({_listed(named)})"] if named else [])
+    event_create(user=user, kind=EventKind.DESTROY_WARNING, email=True,
+                 message=(f"Your balance is at zero. Unless you top up before, these are destroyed at "
+                          f"{at:%Y-%m-%d %H:%M} UTC: {'; '.join(parts)}."),
+                 data={"instances": [i.pk for i in instances], "volumes": [v.pk for v in volumes],
+                       "destroy_at": at.isoformat()})
+
+
+def _destroy(user: User, instances: list[Instance], volumes: list[Volume], holders: dict[int, list[int]]) -> bool:
+    """Destroy what a warning named whose time passed, and tell the renter what was; whether anything was."""
+    destroyed: list[tuple[int, bool]] = []  # (id, whether it was stopped rather than failed)
+    for instance in instances:
+        was_stopped = instance.status == InstanceStatus.STOPPED
+        try:
+            instance_destroy(instance=instance)
+            destroyed.append((instance.pk, was_stopped))
+        except ApplicationError as exc:
+            log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
+    deleted: list[str] = []
+    for volume in volumes:
+        if holders[volume.pk]:  # deleted at a later tick, once the instances that hold it are gone from the node
+            continue
+        try:
+            volume_delete(volume=volume, confirm=volume.name)
+            deleted.append(volume.name)
+        except ApplicationError as exc:
+            log.info("could not delete volume %s after the grace period: %s", volume.pk, exc)
+    if not destroyed and not deleted:
+        return False
+    stopped = [str(pk) for pk, was_stopped in destroyed if was_stopped]
+    failed = [str(pk) for pk, was_stopped in destroyed if not was_stopped]
+    parts = ([f"your stopped instances ({_listed(stopped)}) were destroyed with their disks"] if stopped else []) + (
+        [f"your failed instances that held a volume ({_listed(failed)}) were destroyed"] if failed else []) + (
+        [f"your volumes ({_listed(deleted)}) were deleted"] if deleted else [])
+    event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,
+                 message=(f"Your balance stayed at zero past the time the destroy warning gave, so "
+                          f"{'; '.join(parts)}."),
+                 data={"instances": [pk for pk, _ in destroyed], "volumes": deleted})
+    return True

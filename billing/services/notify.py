@@ -16,8 +16,8 @@ log = logging.getLogger(__name__)
 SUBJECTS = {
     "low_balance": "Your balance is running low",
     "balance_depleted": "Your balance reached zero: your instances were stopped",
-    "destroy_warning": "Your stopped instances will be destroyed soon",
-    "instances_destroyed": "Your stopped instances were destroyed",
+    "destroy_warning": "Your stopped or failed instances and your volumes will be destroyed soon",
+    "instances_destroyed": "Your stopped or failed instances or your volumes were destroyed",
     "top_up_failed": "Your top-up failed",
     "chargeback": "A disputed card payment was debited from your balance",
     "chargeback_reversed": "A disputed card payment is back in your balance",

@@ -73,7 +73,7 @@ def test_a_volume_held_by_a_failed_instance_is_not_billed_past_the_grace_period(
     assert (instance.status, volume.state) == ("destroyed", "deleting")
     # The destroy warning named the failed instance and the volume it held.
     warning = BillingEvent.objects.get(user=user, kind="destroy_warning")
-    assert f"({instance.pk}) destroyed" in warning.message, warning.message
+    assert f"failed instances whose VM still mounts a volume ({instance.pk})" in warning.message, warning.message
     assert f"{volume.name} (mounted by instance {instance.pk})" in warning.message, warning.message
     assert warning.data["instances"] == [instance.pk] and warning.data["volumes"] == [volume.pk]
 

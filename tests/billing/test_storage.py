@@ -165,6 +165,7 @@ def test_a_volume_an_instance_mounts_is_not_deleted_with_it_at_the_end_of_the_gr
     clock.advance(3601)
     tick()  # at zero: stopped
     svc.instance_mark_stopped(instance_id=instance.pk)
+    tick()  # the destroy warning (due at once: it comes a whole grace period before here), naming both
     clock.advance(86400 + 60)
     tick()
     instance.refresh_from_db()
