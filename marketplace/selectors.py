@@ -180,7 +180,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def over_but_holding_its_disk() -> Q:
     """Instance filter: over (destroyed or failed), yet its disk is still on its node. A failed one that ran (its
-    VM, disk and all, is kept there, stopped, until it is destroyed: services.volumes._failed_vm_kept), and any
+    VM, disk and all, is kept there, stopped, until it is destroyed: services.volumes._failed_vm_kept), unless its VM
+    is known gone (`vm_gone`: the node said so, or was retired), and any
     whose VM is still to be removed (instances_awaiting_cleanup: it still holds a GPU or a MIG slice, or
     `vm_cleanup_pending`). The volumes' holders are these too (services.volumes.volume_holder_ids).
 

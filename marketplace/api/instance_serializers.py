@@ -84,7 +84,8 @@ class InstanceSerializer(serializers.ModelSerializer):
                                                              "instance with mig_profile; [] otherwise).")
     gpus_on_one_nvlink_island = serializers.SerializerMethodField(help_text=(
         "true when the GPUs it holds are all on one NVLink island of the node (booking prefers that); false "
-        "when they span islands or PCIe; null for one GPU or a node without NVLink."))
+        "when they span islands or PCIe; null for one GPU, a node without NVLink, or a MIG instance (MIG slices "
+        "have no peer-to-peer between them, over NVLink or PCIe, even on cards of one island)."))
     require_nvlink = serializers.BooleanField(read_only=True, help_text=(
         "Booked with require_nvlink: its GPUs are all on one NVLink island, and a start of it when stopped that "
         "takes GPUs again keeps them on one island or is refused (409) rather than spanning islands."))
@@ -129,6 +130,12 @@ class InstanceSerializer(serializers.ModelSerializer):
         help_text="USD paid so far for its disk while stopped (metered every minute): what was charged, less what "
                   "was given back of it since (an adjustment line of your statement).")
     volumes = serializers.SerializerMethodField(help_text="The volumes mounted in it: [{volume, name, mount}].")
+    vm_gone = serializers.BooleanField(
+        read_only=True,
+        help_text="True once a failed instance's VM is known to be gone from its server: its disk space there and "
+                  "the volumes it mounted are released (such a volume can be mounted by another instance or "
+                  "deleted now). False for a failed one whose VM may still be there, stopped, with your data: it "
+                  "keeps its disk and volumes until you destroy it.")
 
     class Meta:
         model = Instance
@@ -138,7 +145,7 @@ class InstanceSerializer(serializers.ModelSerializer):
             "env", "onstart", "ports_requested", "ports", "min_cuda_version", "os", "label", "disk_gb",
             "ssh_host", "ssh_port", "ssh_user", "ssh_command", "ssh_public_keys", "price_per_hour",
             "price_per_gpu_hour", "platform_fee_percent", "cost_so_far", "disk_price_per_gb_month",
-            "disk_cost_so_far", "volumes",
+            "disk_cost_so_far", "volumes", "vm_gone",
             "created_at", "started_at", "stopped_at", "destroyed_at", "updated_at",
         ]
         read_only_fields = fields

@@ -36,7 +36,8 @@ class VolumeSerializer(serializers.ModelSerializer):
     in_use_by = serializers.SerializerMethodField(help_text=(
         "Ids of the instances that hold it: while any does, it cannot be deleted (409) or mounted elsewhere. An "
         "instance that mounts it holds it until it is destroyed; a failed one only if it ran (its VM is kept on "
-        "the node, stopped, until you destroy the instance). Any of them, destroyed or failed, also holds it while "
+        "the node, stopped, until you destroy the instance), and no longer once its VM is known gone from the node "
+        "(the instance's `vm_gone`). Any of them, destroyed or failed, also holds it while "
         "its VM is still to be removed from the node (e.g. destroyed while the node could not be reached: until "
         "the node answers again)."))
 
@@ -111,7 +112,8 @@ _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "An instance holds it (`in_us
                     "is deleted when the node answers again; only the node's refusal, a VM there still mounting "
                     "it, makes it `available` again). Refused (409) while an instance holds it (`in_use_by`): one "
                     "that mounts it and is neither destroyed nor failed, one that failed after it ran (its VM is "
-                    "kept on the node until you destroy it), or one destroyed or failed whose VM is still to be "
+                    "kept on the node until you destroy it, unless it is known gone: the instance's `vm_gone`), or "
+                    "one destroyed or failed whose VM is still to be "
                     "removed from the node.",
         request=VolumeDeleteSerializer,
         responses={202: VolumeSerializer, 409: _CONFLICT},

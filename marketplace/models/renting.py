@@ -110,9 +110,10 @@ LIVE_STATUSES = (IS.REQUESTED, IS.PROVISIONING, IS.RUNNING, IS.INTERRUPTED, IS.S
 # States the instance never leaves by itself (no worker is acting on it).
 FINAL_STATUSES = (IS.DESTROYED, IS.FAILED)
 # Over (destroyed or failed) and its disk still on its node: failed after it ran (the VM is kept, stopped, until it is
-# destroyed) or its VM still to be removed by a cleanup. The instances over that still hold a GPU or a MIG slice are
-# the other such ones (marketplace.selectors.over_but_holding_its_disk); these two have an index of their own.
-OVER_DISK_KEPT = Q(status__in=FINAL_STATUSES) & (Q(status=IS.FAILED, started_at__isnull=False)
+# destroyed), unless its VM is known gone (`vm_gone`), or its VM still to be removed by a cleanup. The instances over
+# that still hold a GPU or a MIG slice are the other such ones (marketplace.selectors.over_but_holding_its_disk);
+# these two have an index of their own.
+OVER_DISK_KEPT = Q(status__in=FINAL_STATUSES) & (Q(status=IS.FAILED, started_at__isnull=False, vm_gone=False)
                                                  | Q(vm_cleanup_pending=True))
 # A renter's instances that their burn rate counts (GPU time, or a stopped one's disk: services.funds), indexed
 # apart from their history (`instance_renter_live_idx`): a renter who booked and destroyed thousands of short jobs
@@ -225,6 +226,13 @@ class Instance(StatefulModel, models.Model):
     vm_cleanup_pending = models.BooleanField(
         default=False, help_text="Destroyed while its node could not be reached: its VM and disk are still to be "
                                  "removed by the reconciler (a stopped instance holds no GPU that would say so).")
+    # Failed, and the platform knows its VM is gone from the node (the node said it has none, or lists it missing;
+    # the provisioning removed it, or never made it; the node was retired): its disk room and the volumes it
+    # mounted are free for others at once. Without it a failed instance that ran keeps both until its renter
+    # destroys it, as its VM, the renter's data on it, may still be there (OVER_DISK_KEPT).
+    vm_gone = models.BooleanField(
+        default=False, help_text="Failed with its VM known to be gone from its node: it holds no disk room there, "
+                                 "nor the volumes it mounted.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

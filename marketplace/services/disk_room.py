@@ -10,9 +10,10 @@
   A server that never reported its size is judged by the first bound only.
 
 An instance's disk is held while it is not over, and after it while its VM is still on the node: failed after it
-ran (kept, stopped, until it is destroyed), or still to be removed there (it holds a GPU or MIG slice, or
-`vm_cleanup_pending`): selectors.holds_its_disk, the volumes' holders too. Counting no destroyed or failed
-instance, a failure gave its whole disk back to the offers with nothing freed on the node (found by review, r49).
+ran (kept, stopped, until it is destroyed; not once its VM is known gone: `vm_gone`), or still to be removed there
+(it holds a GPU or MIG slice, or `vm_cleanup_pending`): selectors.holds_its_disk, the volumes' holders too.
+Counting no destroyed or failed instance, a failure gave its whole disk back to the offers with nothing freed on the
+node (found by review, r49).
 
 A volume and a booking both refuse what does not fit (409 naming the room left, DiskDoesNotFit).
 
@@ -115,7 +116,8 @@ def _promised_sql(since: bool) -> str:
     after = " AND (n.host_checked_at IS NULL OR {t}.created_at >= n.host_checked_at)" if since else ""
     # selectors.holds_its_disk: the live ones (their partial index), then those over whose VM is still there.
     failed = InstanceStatus.FAILED.value
-    kept = (f"(dh.status = '{failed}' AND dh.started_at IS NOT NULL) OR dh.vm_cleanup_pending "  # noqa: S608 (ditto)
+    kept = (f"(dh.status = '{failed}' AND dh.started_at IS NOT NULL AND NOT dh.vm_gone) "  # noqa: S608 (ditto)
+            "OR dh.vm_cleanup_pending "
             f"OR EXISTS (SELECT 1 FROM {gpus} ga WHERE ga.instance_id = dh.id AND ga.released_at IS NULL) "
             f"OR EXISTS (SELECT 1 FROM {slices} sa WHERE sa.instance_id = dh.id AND sa.released_at IS NULL)")
     return ("CASE WHEN n.disk_free_gb IS NULL THEN NULL ELSE "  # noqa: S608 (the models' tables and constants)

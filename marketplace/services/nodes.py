@@ -395,20 +395,22 @@ def _release_unreachable(node: Node, interrupted: list[int], stopped: list[int])
     of their GPUs; its volumes are deleted, billed up to its last healthy moment, their renters told
     (node_volumes_lost). Returns what was done, for the node's event."""
     done = []
+    # A retired server is never reached again: nothing of theirs is left there to keep room or volumes for.
     for instance_id in interrupted:
-        instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_INTERRUPTED}.")
+        instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_INTERRUPTED}.",
+                                          vm_gone=True)
     if interrupted:
         done.append(f"interrupted instance(s) {', '.join(map(str, interrupted))} ended as failed (credited)")
     for instance_id in stopped:
         instance_svc.instance_mark_failed(instance_id=instance_id, message=f"Failed: {RETIRED_WHILE_STOPPED}.",
-                                          only_in=(InstanceStatus.STOPPED,))
+                                          only_in=(InstanceStatus.STOPPED,), vm_gone=True)
     if stopped:
         done.append(f"stopped instance(s) {', '.join(map(str, stopped))} ended as failed (their disks billed up to "
                     "its last healthy moment)")
     held = instances_awaiting_cleanup(node_id=node.pk)
     for instance_id in held:
         if not instance_svc.instance_cleanup_done(instance_id=instance_id):  # destroyed: its GPUs; failed: here
-            instance_svc.instance_mark_failed(instance_id=instance_id, message="")
+            instance_svc.instance_mark_failed(instance_id=instance_id, message="", vm_gone=True)
     if held:
         done.append(f"the GPUs of destroyed instance(s) {', '.join(map(str, held))} released without removing "
                     "their VMs, which could not be reached")
@@ -442,6 +444,11 @@ def node_retire(*, node: Node) -> None:
     if refusal:
         raise Conflict(refusal)
     done = _release_unreachable(node, ending, stopped) if unreachable else []
+    # Its failed instances' VMs are never reached again (nor reconciled): they hold no room or volume there any more
+    # (their renters may still destroy them; nothing is left to remove).
+    for instance_id in Instance.objects.filter(node=node, status=InstanceStatus.FAILED, vm_gone=False) \
+            .order_by("pk").values_list("pk", flat=True):
+        instance_svc.instance_vm_gone(instance_id=instance_id)
     node.transition_to(NodeState.RETIRED)
     node.listed = False
     node.save(update_fields=["state", "state_changed_at", "listed", "updated_at"])

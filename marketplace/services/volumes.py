@@ -21,7 +21,8 @@ still be on the node, mounting it (the node's agent counts every VM record it ha
 and mounts it in a second VM all the same). A failed instance that ran (`started_at`) keeps its VM there, stopped,
 or the node's record of it, until it is destroyed (its destroy job removes the VM); one over with its VM still to be
 removed holds it too (`instances_awaiting_cleanup`). A failed instance that never ran holds it no more: its VM was
-removed with its failure (or it waits for the cleanup above). A constraint cannot see the instance's state, so the
+removed with its failure (or it waits for the cleanup above); nor does a failed one whose VM is known gone
+(`Instance.vm_gone`). A constraint cannot see the instance's state, so the
 booking locks the volumes' rows (FOR UPDATE, in id order) and then looks for a live mount; a deletion locks the row
 and looks the same way. Two bookings of one volume run one after the other, and the second sees the first's mount;
 a later mount means the earlier ones were let go for good (a failed instance let go and destroyed after does not
@@ -125,8 +126,10 @@ def _failed_vm_kept(instance: Instance) -> bool:
     """A failed instance whose VM may still be on its node, mounting its volumes: it ran (its VM was made and kept,
     stopped, by its failure; or gone with the node's record of it kept, which counts as a mount there too). Only its
     destroy removes that VM for sure. One that never ran had its VM removed by its failure (vms.vm_failed destroys
-    it, or waits for the cleanup: instances_awaiting_cleanup), as the reconciler does (started_at None)."""
-    return instance.status == InstanceStatus.FAILED and instance.started_at is not None
+    it, or waits for the cleanup: instances_awaiting_cleanup), as the reconciler does (started_at None). One whose VM
+    is known gone (`vm_gone`: the node said so, or was retired) holds nothing either: before, its volume stayed
+    unusable, and its disk room taken, until its renter destroyed it (found by review)."""
+    return instance.status == InstanceStatus.FAILED and instance.started_at is not None and not instance.vm_gone
 
 
 def _holds(instance: Instance, *, superseded: bool) -> bool:

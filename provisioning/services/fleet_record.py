@@ -285,7 +285,7 @@ _DISK_LOST = ("Its VM and disk are no longer on the server (removed there while 
               "Destroy it, and rent another instance to carry on.")
 
 
-def _stopped_vms_lost(by_id: Mapping[int, HealthResult]) -> dict[int, list[int]]:
+def _stopped_vms_lost(by_id: Mapping[int, HealthResult]) -> dict[int, dict[int, bool]]:
     """Per node whose answer lists its VMs, its stopped instances (stopped before the probe, no VM job open) whose
     VM the answer does not list, or lists missing (its container or domain removed on the node): their disk is
     gone. One read for the batch. Before, the check judged only running VMs: it ignored a stopped one's absence
@@ -298,29 +298,31 @@ def _stopped_vms_lost(by_id: Mapping[int, HealthResult]) -> dict[int, list[int]]
             .exclude(pk__in=Job.objects.filter(OPEN, kind__in=VM_JOB_KINDS, instance__isnull=False)
                      .values("instance_id"))
             .order_by("pk").values_list("pk", "node_id", "stopped_at"))
-    lost: dict[int, list[int]] = {}
+    lost: dict[int, dict[int, bool]] = {}  # {node id: {instance id: nothing of its VM left, not even its record}}
     for pk, node_id, stopped_at in rows:
         vms, probed_at = looked[node_id].vms or {}, looked[node_id].probed_at
         state = vms.get(vm_id_of(pk))
         if stopped_at is not None and probed_at is not None and stopped_at < probed_at and (
                 state is None or state == VM_MISSING):
-            lost.setdefault(node_id, []).append(pk)
+            lost.setdefault(node_id, {})[pk] = state is None
     return lost
 
 
-def _stopped_vms_lost_fail(node: Node, instance_ids: Sequence[int], *, since: datetime | None,
+def _stopped_vms_lost_fail(node: Node, instance_ids: Mapping[int, bool], *, since: datetime | None,
                            probed_at: datetime | None) -> None:
     """Fail the stopped instances whose VM and disk the answer no longer lists, as the reconciler does
     (reconcile._judge_stopped), with their disk billed up to `since`: the node's previous answer, which listed the
     VM (had it not, that check would have failed the instance), but never past this probe's start (_sighting), or
     its stop when that came later. Decided under each instance's row lock: one started, destroyed, or stopped again
-    since the probe is left as it is."""
+    since the probe is left as it is. `instance_ids`: {id: whether the answer does not list its VM at all}; such an
+    instance has nothing left there (Instance.vm_gone: its disk room and volumes are free at once), while the record
+    of a VM listed missing still counts as mounting its volumes until the reconciler removes it."""
     if since is None:  # never answered before: no sighting to bill up to; left to the reconciler
         return
-    for instance_id in instance_ids:
+    for instance_id, gone in sorted(instance_ids.items()):
         failed = instance_svc.instance_mark_failed(
             instance_id=instance_id, only_in=(InstanceStatus.STOPPED,), message=_DISK_LOST, disk_seen_at=since,
-            stopped_before=probed_at)
+            stopped_before=probed_at, vm_gone=gone)
         if failed.status == InstanceStatus.FAILED:
             node_event(node=node, kind="vm_vanished",
                        message=f"The VM of instance {instance_id} (stopped) vanished with its disk.",

@@ -86,6 +86,9 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         # answered (its VM made just after the list) is judged next time, not failed for a VM the list could not
         # show yet; so is one stopped meanwhile (its VM listed as still running).
         judged_before = dict(Instance.objects.filter(node=node, status__in=_JUDGED).values_list("pk", "status"))
+        # Failed ones not yet known to have no VM left: one the list does not show at all is marked so below.
+        failed_before = set(Instance.objects.filter(node=node, status=InstanceStatus.FAILED, vm_gone=False)
+                            .values_list("pk", flat=True))
         making = _making_vms(node)
         making_before = set(making)
         # A running instance is judged only by a list asked for after its current run began: one restarted (or
@@ -111,6 +114,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
         settled: set[int] = set()  # instances whose VM the node stopped or removed in this pass, on our asking
         unremoved: set[int | None] = set()  # instances whose VM the node failed to remove in this pass
         unknown: set[int | None] = set()  # instances whose VM's state the node cannot give (VM_UNKNOWN): unjudged
+        removed: set[int] = set()  # failed instances whose VM (record and all) the node removed in this pass
         vm: dict[str, Any] | None
         for vm in vms:
             match = _VM_ID.fullmatch(vm.get("vm_id", ""))
@@ -148,6 +152,7 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 # the renter's is on it, so the VM goes with its disk, as the task's own failure handler does.
                 if _remove_vm(node, session, vm["vm_id"]) is not None:
                     settled.add(instance.pk)
+                    removed.add(instance.pk)
             elif instance.status == InstanceStatus.FAILED and vm.get("state") in VM_HOLDING_GPUS:
                 # A failed instance's GPUs are released, or held until its VM is seen stopped (below): its VM
                 # must not keep using them.
@@ -184,10 +189,13 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 continue  # its current run began while the node answered: judged by the next list
             if instance.status == InstanceStatus.INTERRUPTED:
                 if vm is None:
+                    # Not listed at all: nothing of it is left there (vm_gone). Listed missing, the node's record
+                    # of it still counts as mounting its volumes there, until _forget_missing removes it.
                     instance_svc.instance_mark_failed(
                         instance_id=instance.pk, only_in=(InstanceStatus.INTERRUPTED,),
                         message=_MISSING_FAILED if instance.pk in missing else
-                        "Its server answered again, but the VM was gone; the GPUs were released.")
+                        "Its server answered again, but the VM was gone; the GPUs were released.",
+                        vm_gone=instance.pk not in missing)
                     counts["instances_failed"] += 1
                 elif instance_waits_for_gpu(instance_id=instance.pk):
                     continue  # its VM may run, its card does not: it resumes once the card answers again
@@ -205,10 +213,16 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
                 _running_vm_lost(node, instance, vm, counts, listed_at=listed_at, answered_at=answered_at,
                                  missing=instance.pk in missing)
             elif instance.status == InstanceStatus.STOPPED and instance.pk not in making:
-                if _judge_stopped(node, session, instance, vm, counts, listed_at=listed_at, answered_at=answered_at):
+                if _judge_stopped(node, session, instance, vm, counts, listed_at=listed_at, answered_at=answered_at,
+                                  missing=instance.pk in missing):
                     settled.add(instance.pk)
         instances_running_again(node_id=node.pk,
                                 vm_ids={v["vm_id"] for v in seen.values() if v.get("state") == "running"})
+        # Failed before the list and no VM job open: one the node does not list at all (nor its record), or whose VM
+        # it removed here, has nothing left there; its disk room and volumes are free (Instance.vm_gone).
+        for instance_id in sorted(failed_before - making - {i for i in unknown if i is not None}):
+            if instance_id not in listed or instance_id in removed:
+                instance_svc.instance_vm_gone(instance_id=instance_id)
         _forget_missing(node, session, known, missing - making - settled)
         _release_held(node, known, seen, settled, making | {i for i in unknown if i is not None}, counts)
         _reconcile_volumes(node, session, counts)
@@ -273,10 +287,10 @@ def _running_vm_lost(node: Node, instance: Instance, vm: dict[str, Any] | None, 
     node_event(node=node, kind="vm_vanished" if gone else "vm_not_running",
                message=f"The VM of instance {instance.pk} was {state} while it was running; interrupted.",
                level=NodeEvent.Level.WARNING)
-    if gone:
+    if gone:  # not listed at all (a missing one returned above): nothing of it is left there
         instance_svc.instance_mark_failed(
             instance_id=instance.pk, only_in=(InstanceStatus.INTERRUPTED,),
-            message="The VM disappeared from the server; the GPUs were released.")
+            message="The VM disappeared from the server; the GPUs were released.", vm_gone=True)
         counts["instances_failed"] += 1
     else:
         counts["restarted"] += instance_svc.instance_restart_interrupted(instance_id=instance.pk) is not None
@@ -339,6 +353,7 @@ def _forget_missing(node: Node, session: NodeSession, known: dict[int | None, In
         if vm_forget_missing(session=session, instance=instance):
             log.info("reconcile: node %s removed its record of VM %s (instance %s failed, its VM gone)", node.pk,
                      instance.vm_id, instance_id)
+            instance_svc.instance_vm_gone(instance_id=instance_id)  # nothing of it left there now
 
 
 def _release_held(node: Node, known: dict[int | None, Instance], seen: dict[int, dict[str, Any]],
@@ -448,11 +463,13 @@ _FIELDS: dict[str, tuple[Callable[[dict[str, Any]], bool], str]] = {
 
 
 def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dict[str, Any] | None,
-                   counts: dict[str, int], *, listed_at: datetime, answered_at: datetime) -> bool:
+                   counts: dict[str, int], *, listed_at: datetime, answered_at: datetime,
+                   missing: bool = False) -> bool:
     """A stopped instance (stopped before and after the list, no VM job open): its VM must be there, stopped.
     True when its running VM was stopped here. One whose VM is gone but that a start or destroy asked since the
     database was read left `stopped` is not failed, and is given back what that request billed its disk after the
-    sighting (_disk_given_back_after_list)."""
+    sighting (_disk_given_back_after_list). `missing`: the node lists its VM missing (its record kept there, which
+    counts as mounting its volumes until _forget_missing removes it); else one not listed has nothing left there."""
     if vm is None:
         # Decided under its row lock: a start asked since the database was read is left to its job. Its disk is
         # billed up to the VM's last sighting: the node's last health check, whose answer listed it (one that did
@@ -462,7 +479,7 @@ def _judge_stopped(node: Node, session: NodeSession, instance: Instance, vm: dic
             instance_id=instance.pk, only_in=(InstanceStatus.STOPPED,), disk_seen_at=_last_sighting(node, listed_at),
             message="Its VM and disk are no longer on the server (removed there while the instance was stopped), "
                     "so it cannot be started again; its disk is not billed any more. Destroy it, and rent "
-                    "another instance to carry on.")
+                    "another instance to carry on.", vm_gone=not missing)
         if failed.status == InstanceStatus.FAILED:
             node_event(node=node, kind="vm_vanished",
                        message=f"The VM of instance {instance.pk} (stopped) vanished with its disk.",

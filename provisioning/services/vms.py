@@ -843,9 +843,12 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         outcome = _UNKNOWN
     settled = outcome != _UNKNOWN
     if provision:
+        # Settled, the node destroyed its VM (record and all) or none was made: nothing of it is left there.
         instance_svc.instance_mark_failed(instance_id=instance.pk, message=error, only_in=waiting_on,
-                                          cleanup_pending=not settled)
+                                          cleanup_pending=not settled, vm_gone=settled)
     elif outcome == _GONE:
+        # Not marked vm_gone here: the node may keep its record of the VM (missing), which counts as mounting its
+        # volumes there; the reconciler marks it once the node no longer lists it, or has forgotten that record.
         instance_svc.instance_mark_failed(instance_id=instance.pk, message=_VM_GONE, only_in=waiting_on)
     else:
         failed_verb = {JobKind.INSTANCE_START: "The start", JobKind.INSTANCE_RESTART: "The restart"}.get(kind)

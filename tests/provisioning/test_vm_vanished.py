@@ -210,17 +210,18 @@ def test_the_volume_of_an_instance_failed_for_its_removed_container_can_be_delet
         node_reconcile(node)
         instance.refresh_from_db()
     assert instance.status == InstanceStatus.FAILED, instance.status_message
+    with pytest.raises(Conflict, match="destroy the instance first"):  # the node's record of its VM mounts it
+        volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
     failed_long_ago(instance)  # the record is removed only a while after the failure (an outage may end)
     node_reconcile(node)
     assert not (docker_node.tmp_path / "state" / "vms" / instance.vm_id).exists()  # before: kept until destroyed
 
-    # A failed instance that ran holds its volumes until it is destroyed (r46c: the platform has no record of the
-    # node's removal, and a failed instance's VM may be there, stopped): the delete is refused up front, never taken
-    # and then refused by the node, billed again.
-    with pytest.raises(Conflict, match="destroy the instance first"):
-        volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
-    instance_svc.instance_destroy(instance=instance)
-    assert run_job(tasks.instance_destroy, instance, JobKind.INSTANCE_DESTROY).status == InstanceStatus.DESTROYED
+    # Until then a failed instance that ran holds its volumes (r46c: its VM, or the node's record of it, may be
+    # there): the delete is refused up front, never taken and then refused by the node, billed again. Once the node
+    # removed that record nothing of the VM is left (Instance.vm_gone): the volume is free without a destroy (before,
+    # it stayed held until its renter destroyed the failed instance; found by review).
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.FAILED and instance.vm_gone
     volume_svc.volume_delete(volume=Volume.objects.get(pk=volume.pk), confirm=volume.name)
     run_job(tasks.volume_delete, None, JobKind.VOLUME_DELETE, volume=volume)
     assert Volume.objects.get(pk=volume.pk).state == VolumeState.DELETED  # before: refused, available again

@@ -79,6 +79,7 @@ from .worker import (
     instance_mark_running_again,
     instance_mark_stopped,
     instance_set_status_message,
+    instance_vm_gone,
 )
 
 __all__ = [
@@ -94,5 +95,6 @@ __all__ = [
     "instance_mark_running", "instance_mark_running_again", "instance_mark_stopped", "instance_release_gpus",
     "instance_restart",
     "instance_registry_auth", "instance_env", "env_masked", "ENV_VALUE_MASK",
-    "instance_set_status_message", "instance_start", "instance_stop", "instances_for_user", "request_fingerprint",
+    "instance_set_status_message", "instance_vm_gone", "instance_start", "instance_stop", "instances_for_user",
+    "request_fingerprint",
 ]

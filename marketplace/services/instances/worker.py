@@ -219,7 +219,8 @@ def instance_cleanup_done(*, instance_id: int) -> list[int]:
 @transaction.atomic
 def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool = False,
                          only_in: tuple[str, ...] | None = None, cleanup_pending: bool = False,
-                         disk_seen_at: datetime | None = None, stopped_before: datetime | None = None) -> Instance:
+                         disk_seen_at: datetime | None = None, stopped_before: datetime | None = None,
+                         vm_gone: bool = False) -> Instance:
     """Any state but failed/destroyed → failed, with the reason; its GPUs are freed.
 
     A failed or destroyed instance stays as it is (the first reason is kept); with `destroy_wins` (a VM job
@@ -230,6 +231,9 @@ def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool =
     `disk_seen_at`: a stopped instance whose VM (and disk) the node no longer lists has its disk billed up to that
     moment, the VM's last sighting, not up to now. `stopped_before`: a stopped instance whose stop came at or after
     that moment (a start and stop since the look that found its VM gone) is left as it is (decided under its lock).
+
+    `vm_gone`: the caller knows its VM is gone from the node (`Instance.vm_gone`: its disk room and volumes are
+    free at once); also marked on one failed already. Never with `cleanup_pending` (its VM may still be there).
     """
     instance = _locked(instance_id)
     if instance is None:
@@ -248,13 +252,36 @@ def instance_mark_failed(*, instance_id: int, message: str, destroy_wins: bool =
         instance.transition_to(S.FAILED, (message or "Failed")[:max(500 - len(credit), 0)] + credit)
         _stop_clock(instance, now)
         instance.vm_cleanup_pending = cleanup_pending
+        instance.vm_gone = vm_gone and not cleanup_pending
         if not cleanup_pending:
             instance_release_gpus(instance=instance, at=now)
-        _save(instance, "stopped_at", "vm_cleanup_pending", *instance_forget_secrets(instance))
+        _save(instance, "stopped_at", "vm_cleanup_pending", "vm_gone", *instance_forget_secrets(instance))
         instance_notify(instance, Kind.INSTANCE_FAILED, "failed")
-    elif not instance.vm_cleanup_pending:  # those GPUs are kept for a VM still to be removed
+        return instance
+    if not instance.vm_cleanup_pending:  # those GPUs are kept for a VM still to be removed
         instance_release_gpus(instance=instance)  # no-op unless something left one live
+    if vm_gone and not cleanup_pending:
+        _vm_gone(instance)
     return instance
+
+
+@transaction.atomic
+def instance_vm_gone(*, instance_id: int) -> bool:
+    """The node confirmed that a failed instance's VM is gone (the reconciler: not listed, removed, or its record of
+    a missing one forgotten): it no longer holds disk room on the node, nor the volumes it mounted
+    (`Instance.vm_gone`). True when it was marked now; any other state, or one marked already, is left as it is."""
+    instance = _locked(instance_id)
+    if instance is None or instance.status != S.FAILED or instance.vm_gone:
+        return False
+    _vm_gone(instance)
+    return True
+
+
+def _vm_gone(instance: Instance) -> None:
+    """Mark a failed instance (row locked) as having no VM left on its node."""
+    if instance.status == S.FAILED and not instance.vm_gone:
+        instance.vm_gone = True
+        Instance.objects.filter(pk=instance.pk).update(vm_gone=True, updated_at=timezone.now())
 
 
 def instance_set_status_message(*, instance_id: int, message: str, only_in: tuple[str, ...] | None = None) -> None:
