@@ -104,7 +104,11 @@ def instance_for_idempotency_key(*, renter: User, idempotency_key: str, request_
 
 def instance_on_one_nvlink_island(*, instance: Instance) -> bool | None:
     """Whether the GPUs the instance holds are all on one NVLink island of its node (instances_for_user reads the
-    islands with it); None for fewer than two GPUs, or a node without NVLink."""
+    islands with it); None for fewer than two GPUs, a node without NVLink, or a MIG instance: MIG slices have no
+    peer-to-peer between them (neither NVLink nor PCIe), which is also why booking refuses require_nvlink with a
+    mig_profile."""
+    if instance.mig_profile:
+        return None
     islands = parse_islands(getattr(instance, "node_nvlink_islands", None))
     held = set(instance_gpu_indices(instance=instance))
     if len(held) < 2 or not islands:
