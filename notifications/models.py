@@ -21,6 +21,7 @@ class Kind(models.TextChoices):
     NODE_OFFLINE = "node_offline", "Node offline"
     NODE_REJECTED = "node_rejected", "Node rejected by the benchmark check"
     NODE_DEGRADED = "node_degraded", "Node listed as degraded"
+    NODE_MIG_LAYOUT_DUE = "node_mig_layout_due", "A GPU is free for its declared MIG layout"
     PAYOUT_SENT = "payout_sent", "Payout sent"
     CREDIT_POSTED = "credit_posted", "Credit posted"
     CREDIT_REVERSED = "credit_reversed", "Credit reversed"

@@ -1,14 +1,22 @@
 """MIG slices from a check: the slices a verification proved become rentable units, the rest unavailable."""
 from collections import Counter
+from collections.abc import Collection
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from core.sql import constraint_violated
 from marketplace.mig import layout_by_gpu
-from marketplace.models import Gpu, GpuStatus, MigSlice, MigSliceAllocation, Node, SliceStatus
-from provisioning.models import NodeEvent
+from marketplace.models import Gpu, GpuAllocation, GpuStatus, MigSlice, MigSliceAllocation, Node, SliceStatus
+from marketplace.models.nodes import LISTABLE_VERDICTS
+from provisioning.models import NodeEvent, VerificationRun
 from provisioning.services.nodes import node_event
+from provisioning.verification.mig import card_configuration
+
+# How many of the node's last listed checks cards_last_judged reads back (a card pending in each is not known).
+RUNS_LOOKED_AT = 20
 
 
 def layout_changed_gpus(declared: list[dict[str, Any]] | None, judged: list[dict[str, Any]] | None) -> list[int]:
@@ -18,8 +26,50 @@ def layout_changed_gpus(declared: list[dict[str, Any]] | None, judged: list[dict
     return sorted(g for g in set(now) | set(then) if sorted(now.get(g, [])) != sorted(then.get(g, [])))
 
 
+def cards_last_judged(node: Node) -> dict[int, tuple[list[str] | None, datetime]]:
+    """Each card's configuration (verification.mig.card_configuration: None whole) as the last check that listed
+    the node saw it, where that check judged it (its layout not pending), with that check's time: on a listed node
+    a card was configured as then declared, or the check would have rejected it. Read back from the stored runs,
+    newest first."""
+    found: dict[int, tuple[list[str] | None, datetime]] = {}
+    runs = (VerificationRun.objects.filter(node=node, verdict__in=LISTABLE_VERDICTS).order_by("-created_at", "-pk")
+            .values_list("inventory", "figures", "created_at")[:RUNS_LOOKED_AT])
+    for inventory, figures, at in runs:
+        devices: dict[int, list[dict[str, Any]]] = {}
+        for dev in (inventory or {}).get("mig") or []:
+            devices.setdefault(dev.get("gpu"), []).append(dev)
+        skipped = set((figures or {}).get("mig_pending") or [])
+        for card in (inventory or {}).get("gpus") or []:
+            index = card.get("index")
+            if isinstance(index, int) and index not in found and index not in skipped:
+                found[index] = (card_configuration(card, devices.get(index, [])), at)
+        if len(found) >= node.gpu_count:
+            break
+    return found
+
+
+def cards_awaiting(node: Node, layout: dict[int, list[str]]) -> dict[int, list[str] | None]:
+    """The cards rented since they were last judged whose declared layout (`layout`, by index) is another than the
+    configuration they were judged in, each with that configuration: what verification.mig.pending_layout leaves
+    pending, once nobody holds them, while the server still shows them so (the provider re-splits a card by hand,
+    and only once its renters left). Derived from the stored checks and allocations: no flag to keep in step.
+    A card nobody rented since is not: its provider could configure it before declaring, and a check finding it
+    otherwise rejects it, as before."""
+    awaiting: dict[int, list[str] | None] = {}
+    for index, (then, at) in cards_last_judged(node).items():
+        if (sorted(layout[index]) if index in layout else None) == then:
+            continue
+        since = Q(released_at__isnull=True) | Q(released_at__gt=at)
+        if (GpuAllocation.objects.filter(since, gpu__node=node, gpu__index=index).exists()
+                or MigSliceAllocation.objects.filter(since, mig_slice__node=node,
+                                                     mig_slice__gpu__index=index).exists()):
+            awaiting[index] = then
+    return awaiting
+
+
 def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable: bool,
-                          judged_layout: list[dict[str, Any]] | None = None) -> list[int]:
+                          judged_layout: list[dict[str, Any]] | None = None,
+                          pending: Collection[int] = ()) -> list[int]:
     """Make the node's slice rows what the check found (call inside the check's transaction, node row locked).
 
     A proven slice of a listable node is free to rent (created at its first proof); a slice not proven, not seen
@@ -31,7 +81,11 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
     changed since (node_update during the check: layout_changed_gpus) is not judged by this check: its slices are
     unavailable (but rented ones) and its status stays as it was, neither made whole nor split. Before, the
     declared layout was applied to what the check saw of the old one: a card taken out of the layout mid-check was
-    listed whole while still in MIG mode on the server (found by review). Returns those GPUs' indices."""
+    listed whole while still in MIG mode on the server (found by review). Returns those GPUs' indices.
+
+    `pending`: the cards whose declared layout the check left pending (verification.mig.pending_layout): one
+    declared whole stays `mig` (a free card declared whole again, still in MIG mode on the server, is not offered
+    whole); one declared split becomes `mig` as any other, never booked whole meanwhile."""
     layout = layout_by_gpu(node.mig_layout)
     changed = set(layout_changed_gpus(node.mig_layout, node.mig_layout if judged_layout is None else judged_layout))
     layout = {gpu: profiles for gpu, profiles in layout.items() if gpu not in changed}
@@ -79,8 +133,8 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
         if index in layout and gpu.status == GpuStatus.FREE:
             gpu.status = GpuStatus.MIG
             gpu.save(update_fields=["status"])
-        elif index not in layout and gpu.status == GpuStatus.MIG and not MigSliceAllocation.objects.filter(
-                mig_slice__gpu=gpu, released_at__isnull=True).exists():
+        elif (index not in layout and index not in pending and gpu.status == GpuStatus.MIG
+              and not MigSliceAllocation.objects.filter(mig_slice__gpu=gpu, released_at__isnull=True).exists()):
             MigSlice.objects.filter(gpu=gpu).exclude(status=SliceStatus.UNAVAILABLE).update(
                 status=SliceStatus.UNAVAILABLE)
             gpu.status = GpuStatus.FREE

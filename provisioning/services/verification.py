@@ -45,7 +45,7 @@ from provisioning.selectors import fleet_reference
 from provisioning.services.faults import NOT_COUNTED, counts_against_node, error_fault
 from provisioning.services.host_facts import node_apply_host_facts
 from provisioning.services.jobs import JobConflict, job_create, job_send_again_if_unsent
-from provisioning.services.mig import node_apply_mig_slices
+from provisioning.services.mig import cards_awaiting, node_apply_mig_slices
 from provisioning.services.nodes import (
     DuplicateHardware,
     node_apply_inventory,
@@ -251,12 +251,14 @@ def held_cards(node: Node, inventory: dict[str, Any]) -> dict[int, frozenset[str
 
 
 def mig_pending_text(layout: list[dict[str, Any]] | None, pending: list[int]) -> str:
-    """What the provider is told of the cards whose declared layout waits for their renters (pending_layout)."""
+    """What the provider is told of the cards whose declared layout waits for their renters, or, free now, for the
+    provider to configure them so (pending_layout)."""
     declared = layout_by_gpu(layout)
     cards = "; ".join(f"GPU {g} ({', '.join(declared[g]) if g in declared else 'whole'})" for g in pending)
-    held = "this card" if len(pending) == 1 else "these cards"
-    return (f"Declared MIG layout pending for {cards}: renters hold {held}, so the check leaves the layout they "
-            "have and judges the declared one once the card is free.")
+    card = "the card" if len(pending) == 1 else "each card"
+    return (f"Declared MIG layout pending for {cards}: the check leaves the layout it has and judges the declared "
+            f"one once {card} is free of renters and configured so on the server (configure a free card as "
+            "declared, then verify again); until then it is not offered in its new form.")
 
 
 def node_verify_run(*, job: Job) -> None:
@@ -289,6 +291,8 @@ def node_verify_run(*, job: Job) -> None:
     holders: dict[str, set[int]] = {}
     held: dict[int, frozenset[str]] = {}
     pending: list[int] = []  # cards whose declared MIG layout waits for their renters (pending_layout)
+    # Free cards declared anew, still as last judged: the provider configures them by hand (pending_layout).
+    awaiting = cards_awaiting(node, layout_by_gpu(judged_layout))
     try:
         with node_session(node) as session:  # a host key another live node has: DuplicateHardware, nothing pinned
             job_step(job=job, message="reading the hardware inventory")
@@ -310,7 +314,8 @@ def node_verify_run(*, job: Job) -> None:
             net_mbps = node_network_test(job, session)
             layout = layout_by_gpu(judged_layout)
             rented_slices = rented_slice_uuids(node)
-            pending = pending_layout(layout, inventory.get("gpus") or [], inventory.get("mig") or [], held)
+            pending = pending_layout(layout, inventory.get("gpus") or [], inventory.get("mig") or [], held,
+                                     awaiting)
             if pending:
                 job_step(job=job, message=mig_pending_text(judged_layout, pending))
             # A card split into MIG slices is measured per slice (its free slices), never whole; a card whose
@@ -383,7 +388,7 @@ def node_verify_run(*, job: Job) -> None:
         job_step(job=job, message=f"comparing with {fleet.nodes} {node.gpu_model.name} nodes of {fleet.providers} "
                                   "other providers")
     mig = judge_mig(declared, layout_by_gpu(judged_layout), inventory, bench, rented_slice_uuids(node), disproved,
-                    held)
+                    held, awaiting)
     result = judge(declared, node.gpu_count, inventory.get("gpus", []), bench, bench_error, challenge=challenged[0],
                    fleet=fleet, topology=inventory.get("topology"), nvlink_declared=node.nvlink_declared, mig=mig,
                    malformed=malformed, platform_rates=challenge_verdict.platform_rates(challenged[1]))
@@ -495,7 +500,8 @@ def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any
     node_draw_next_checks(node)
     node.save()
     changed = node_apply_mig_slices(node=node, slices=(figures or {}).get("mig_slices") or [],
-                                    listable=verdict in LISTABLE_VERDICTS, judged_layout=judged_layout)
+                                    listable=verdict in LISTABLE_VERDICTS, judged_layout=judged_layout,
+                                    pending=pending)
     levels: dict[str, str] = {Verdict.VERIFIED: NodeEvent.Level.INFO, Verdict.DEGRADED: NodeEvent.Level.WARNING}
     level = levels.get(verdict, NodeEvent.Level.WARNING)
     node_event(node=node, kind=f"verified_{verdict}", message=node.last_error or "All checks passed.", level=level)

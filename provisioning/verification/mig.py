@@ -31,8 +31,16 @@ def slice_model(declared: DeclaredModel, profile) -> DeclaredModel:
     return replace(declared, datasheet=sheet, name=f"{declared.label} MIG {profile.name}")
 
 
+def card_configuration(card: Mapping | None, devices: Sequence[dict]) -> list[str] | None:
+    """How nvidia-smi shows a card: None whole (MIG mode off), else the sorted profiles of its MIG devices."""
+    if ((card or {}).get("mig_mode") or "").lower() != "enabled":
+        return None
+    return sorted(d["profile"] for d in devices)
+
+
 def pending_layout(layout: Mapping[int, Sequence[str]], inventory_gpus: Sequence[dict], devices: Sequence[dict],
-                   held: Mapping[int, Collection[str]]) -> list[int]:
+                   held: Mapping[int, Collection[str]],
+                   awaiting: Mapping[int, Sequence[str] | None] | None = None) -> list[int]:
     """The cards whose declared layout cannot be applied yet because renters hold them, so that the check does not
     judge them against it: their layout stays pending until they are free. `held`: {inventory index: the UUIDs of
     the rented MIG slices on that card} for each card renters hold (an empty set: held whole).
@@ -41,7 +49,12 @@ def pending_layout(layout: Mapping[int, Sequence[str]], inventory_gpus: Sequence
       rented slices stay until their renters leave (the free part may be re-split meanwhile, and is then judged).
     A card whose rented slice is gone, or held whole and in MIG mode though declared whole, is judged as any other:
     that is about the renters' hardware. Before, such a card was judged against the new declaration, the node was
-    rejected and every renter on it cut to $0/h (found by review)."""
+    rejected and every renter on it cut to $0/h (found by review).
+    `awaiting`: {index: the configuration the card was last judged in (card_configuration)} for each card nobody
+    holds whose declared layout is another one (its last renter left, provisioning.services.mig.cards_awaiting):
+    pending while nvidia-smi still shows it so, since the provider can re-split it only now that it is free.
+    Before, the check its release queued rejected the whole node for a card still in its old configuration
+    (found by review). A card configured otherwise than both is judged (a re-split gone wrong)."""
     smi = {g.get("index"): g for g in inventory_gpus}
     by_gpu: dict[int, list[dict]] = {}
     for dev in devices:
@@ -57,6 +70,12 @@ def pending_layout(layout: Mapping[int, Sequence[str]], inventory_gpus: Sequence
             continue
         mode = ((smi.get(gpu) or {}).get("mig_mode") or "").lower()
         if mode != "enabled" or not seen or sorted(d["profile"] for d in seen) != sorted(layout[gpu]):
+            pending.append(gpu)
+    for gpu, then in (awaiting or {}).items():
+        declared = sorted(layout[gpu]) if gpu in layout else None
+        if gpu in held or gpu not in smi or declared == (sorted(then) if then is not None else None):
+            continue
+        if card_configuration(smi[gpu], by_gpu.get(gpu, [])) == (sorted(then) if then is not None else None):
             pending.append(gpu)
     return sorted(pending)
 
@@ -192,12 +211,14 @@ def card_equivalent(slices: Sequence[dict], slug: str) -> list[dict]:
 
 def judge_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory: dict, bench: dict | None,
               skip_uuids: Sequence[str] = (), disproved: Collection[str] = (),
-              held: Mapping[int, Collection[str]] | None = None) -> MigJudgement:
+              held: Mapping[int, Collection[str]] | None = None,
+              awaiting: Mapping[int, Sequence[str] | None] | None = None) -> MigJudgement:
     """What policy.judge takes of MIG: nothing for a node without a declared layout (an undeclared MIG card is
     then rejected by check_identity, as always). `disproved`: slices the platform's challenge failed. `held`: the
     cards renters hold (pending_layout); a card whose layout is pending is not judged against it, and MIG mode is
-    expected on one declared whole again while its rented slices are still on it."""
-    pending = pending_layout(layout, inventory.get("gpus") or [], inventory.get("mig") or [], held or {})
+    expected on one declared whole again while its rented slices are still on it. `awaiting`: the free cards
+    declared anew, as pending_layout takes them."""
+    pending = pending_layout(layout, inventory.get("gpus") or [], inventory.get("mig") or [], held or {}, awaiting)
     if not layout and not pending:
         return MigJudgement()
     findings, slices = check_mig(declared, layout, inventory.get("gpus") or [], inventory.get("mig") or [],
@@ -206,5 +227,5 @@ def judge_mig(declared: DeclaredModel, layout: dict[int, list[str]], inventory: 
                         card_figures=card_equivalent([s for s in slices if s["proven"]], declared.slug))
 
 
-__all__ = ["judge_mig", "pending_layout", "repeated_mig_findings", "SLICE_MEMORY_MIN_FRACTION", "TOLERANCES",
-           "card_equivalent", "check_mig", "slice_model"]
+__all__ = ["judge_mig", "card_configuration", "pending_layout", "repeated_mig_findings", "SLICE_MEMORY_MIN_FRACTION",
+           "TOLERANCES", "card_equivalent", "check_mig", "slice_model"]

@@ -1,8 +1,9 @@
 """A MIG layout that waited for a card's renter (test_round47_mig_pending_layout) is applied once the renter leaves:
-the card is not offered in its old form meanwhile, and the release queues the check ("Verify now"'s) that applies
-the declaration. Before, a card held whole and declared split went back `free` on release (bookable whole), a
-slice on a card declared whole again came back `free`, and nothing judged the declaration until the periodic
-check, days later."""
+the card is not offered in its old form meanwhile, and the provider's Verify now, once they configured the card as
+declared, applies the declaration (since r52 the release queues no check: one run before the provider could re-split
+the card rejected the node; test_round52_mig_layout_due). Before, a card held whole and declared split went back
+`free` on release (bookable whole), a slice on a card declared whole again came back `free`, and nothing judged
+the declaration until the periodic check, days later."""
 import copy
 from decimal import Decimal
 
@@ -16,7 +17,7 @@ from marketplace.services.nodes import node_update
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobKind
 from provisioning.services.maintenance import nodes_reverify_due
 from provisioning.services.runner import job_begin
-from provisioning.services.verification import node_verify_run
+from provisioning.services.verification import node_verify_request, node_verify_run
 from tests.factories import UserFactory
 from tests.marketplace.renting_helpers import ed25519_key
 from tests.provisioning.test_benchmark_verification import (
@@ -69,13 +70,12 @@ def _open_verification(node) -> Job | None:
     return Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status__in=OPEN_JOB_STATUSES).first()
 
 
-def _due_check_queued(node) -> Job:
-    """The release made the node's full check due; the re-verification beat queues it."""
-    assert Node.objects.get(pk=node.pk).next_check_at <= timezone.now(), "the release makes the check due now"
+def _verify_now(node) -> Job:
+    """The release queued nothing; the provider presses Verify now once the card is configured as declared."""
+    assert Node.objects.get(pk=node.pk).next_check_at > timezone.now(), "the release makes no check due"
     nodes_reverify_due()
-    job = _open_verification(node)
-    assert job is not None, "the beat queues the check that applies the declared layout"
-    return job
+    assert _open_verification(node) is None
+    return node_verify_request(node=Node.objects.get(pk=node.pk))
 
 
 def _run(job: Job, node) -> Node:
@@ -118,7 +118,7 @@ def test_a_whole_card_declared_split_is_not_booked_whole_after_its_renter_leaves
     gpu1 = node.gpus.get(index=1)
     assert gpu1.status != "free", "GPU 1 is declared split: not offered whole again"
     assert not _bookable(node)  # GPU 0 is split, GPU 1 declared split: no whole GPU to book
-    job = _due_check_queued(node)
+    job = _verify_now(node)
     _split_gpu1(simnode)  # the provider applies the declaration now that the card is free
     node = _run(job, node)
     assert node.verdict == "verified", node.last_error
@@ -140,7 +140,7 @@ def test_a_slice_of_a_card_declared_whole_again_does_not_come_back_free(
     assert _open_verification(node) is None
     _leave(sliced, django_capture_on_commit_callbacks)
     assert not node.mig_slices.filter(status="free").exists(), "GPU 0 is declared whole: its slices not offered"
-    job = _due_check_queued(node)
+    job = _verify_now(node)
     _whole_gpu0(simnode)
     node = _run(job, node)
     assert node.verdict == "verified", node.last_error

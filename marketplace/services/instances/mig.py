@@ -23,6 +23,7 @@ from marketplace.models import (
     Node,
     SliceStatus,
 )
+from notifications.services.notify import Kind, notify
 
 _LIVE_INDEX = "mig_slice_in_at_most_one_live_allocation"
 
@@ -81,22 +82,25 @@ def instance_release_slices(*, instance: Instance, at: datetime | None = None) -
     MigSliceAllocation.objects.filter(pk__in=[a.pk for a in live]).update(released_at=at or timezone.now())
     released = MigSlice.objects.filter(pk__in=[a.mig_slice_id for a in live])
     MigSlice.transition_rows(released.filter(gpu__lost_at__isnull=False), SliceStatus.UNAVAILABLE)
-    withheld, pending = _slices_outside_declaration([a.mig_slice for a in live])
+    withheld, due = _slices_outside_declaration([a.mig_slice for a in live])
     MigSlice.transition_rows(released.filter(pk__in=withheld), SliceStatus.UNAVAILABLE)
     MigSlice.transition_rows(released, SliceStatus.FREE, action="release")
-    if pending:
-        queue_layout_check(instance.node_id)
+    # The card's other free slices too: the provider re-splits the whole card, which a renter booking one of its
+    # old slices meanwhile would hold up again.
+    MigSlice.transition_rows(MigSlice.objects.filter(gpu_id__in=due, status=SliceStatus.FREE), SliceStatus.UNAVAILABLE)
+    layout_due_notify(instance.node_id, sorted(Gpu.objects.filter(pk__in=due).values_list("index", flat=True)))
     return sorted(a.mig_slice.uuid for a in live)
 
 
-def _slices_outside_declaration(released: list[MigSlice]) -> tuple[list[int], bool]:
-    """(the released slices the card's declared layout no longer has room for, whether a card its last renter
-    left has a declared layout other than its slices): the former are not offered again (unavailable until the
-    check judges the card), the latter queues that check. Before, such a slice came back free on release and the
-    declaration waited for the periodic check (days): a card declared whole again was still rented by the slice."""
+def _slices_outside_declaration(released: list[MigSlice]) -> tuple[list[int], list[int]]:
+    """(the released slices the card's declared layout no longer has room for, the GPUs whose last renter left and
+    whose declared layout is other than their slices): the former are not offered again (unavailable until the
+    check judges the card); the latter are withheld whole, their layout due (layout_due_notify). Before, such a
+    slice came back free on release and the declaration waited for the periodic check (days): a card declared
+    whole again was still rented by the slice."""
     layout = layout_by_gpu(Node.objects.filter(pk=released[0].node_id).values_list("mig_layout", flat=True).first())
     withheld: list[int] = []
-    pending = False
+    due: list[int] = []
     for gpu_id in sorted({s.gpu_id for s in released}):
         mine = [s for s in released if s.gpu_id == gpu_id]
         declared = layout.get(mine[0].gpu.index, [])
@@ -113,21 +117,45 @@ def _slices_outside_declaration(released: list[MigSlice]) -> tuple[list[int], bo
         withheld += out
         left = not MigSliceAllocation.objects.filter(mig_slice__gpu_id=gpu_id, released_at__isnull=True).exists()
         if left and (out or sorted(declared) != sorted([*others.elements(), *kept])):
-            pending = True
-    return withheld, pending
+            withheld += [s.pk for s in mine if s.pk not in out]
+            due.append(gpu_id)
+    return withheld, due
 
 
 def hold_cards_declared_split(gpu_ids: list[int], node_id: int) -> None:
     """Whole cards just released (free again) that their provider declared split meanwhile (the layout waited for
     the renter: verification.mig.pending_layout): `mig`, which whole booking never takes, with no slice until a
-    check proves the declared ones; and that check queued now. Before, they went back free, bookable whole, until
-    the periodic check (days later)."""
+    check proves the declared ones; their layout due (layout_due_notify). Before, they went back free, bookable
+    whole, until the periodic check (days later)."""
     layout = layout_by_gpu(Node.objects.filter(pk=node_id).values_list("mig_layout", flat=True).first())
     if not layout:
         return
-    if Gpu.transition_rows(Gpu.objects.filter(pk__in=gpu_ids, status=GpuStatus.FREE, index__in=list(layout)),
-                           GpuStatus.MIG):
-        queue_layout_check(node_id)
+    cards = Gpu.objects.filter(pk__in=gpu_ids, status=GpuStatus.FREE, index__in=list(layout))
+    indices = sorted(cards.values_list("index", flat=True))
+    if Gpu.transition_rows(cards, GpuStatus.MIG):
+        layout_due_notify(node_id, indices)
+
+
+def layout_due_notify(node_id: int, indices: list[int]) -> None:
+    """Tell the provider that these cards, declared anew while rented, are free now: they configure them as declared
+    (the agent never does) and press Verify now, which lists the new slices. Nothing is queued: until then the check
+    leaves such a card pending (verification.mig.pending_layout, `awaiting`), withheld, not rejected. Before, the
+    release queued the node's check at once, which found the card in its old configuration and rejected the whole
+    node (found by review)."""
+    if not indices:
+        return
+    node = Node.objects.select_related("provider").get(pk=node_id)
+    layout = layout_by_gpu(node.mig_layout)
+    for index in indices:
+        todo = (f"Configure it as declared ({', '.join(layout[index])}), then press Verify now: its new slices are "
+                "listed once the check sees them." if index in layout else
+                f"Turn its MIG mode off (`nvidia-smi -i {index} -mig 0`), as declared, then press Verify now: it is "
+                "listed whole once the check sees it so.")
+        notify(user=node.provider, kind=Kind.NODE_MIG_LAYOUT_DUE,
+               dedupe_key=f"node_mig_layout_due:{node.pk}:{index}:{timezone.now().isoformat()}",
+               payload={"node": node.pk, "name": node.name, "gpu": index, "declared": layout.get(index, []),
+                        "message": f"Node {node.name}: GPU {index} is free now. {todo} Until then the card is "
+                                   "withheld from the offers; the rest of the server stays listed."})
 
 
 def node_cards_pending_layout(node_id: int) -> list[dict[str, Any]]:
@@ -159,13 +187,6 @@ def node_cards_pending_layout(node_id: int) -> list[dict[str, Any]]:
         if (index in whole and declared) or (index not in whole and sorted(declared) != now):
             pending.append({"gpu": index, "declared": list(declared), "now": now, "renters": len(holders[index])})
     return pending
-
-
-def queue_layout_check(node_id: int) -> None:
-    """Make the node's full check due now: the re-verification beat (nodes_reverify_due, every REVERIFY_BEAT_S)
-    queues it, so that the declared layout is judged and offered within minutes, not at the drawn time days later.
-    Not node_verify_request itself: provisioning's services import this package (no import circle between them)."""
-    Node.objects.filter(pk=node_id).update(next_check_at=timezone.now())
 
 
 def _lock_parents_shared(gpu_ids: list[int]) -> None:
