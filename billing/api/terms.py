@@ -42,7 +42,8 @@ class TermsSerializer(serializers.Serializer):
     low_balance_warning_seconds = serializers.IntegerField()
     zero_balance = serializers.CharField()
     grace_period_seconds = serializers.IntegerField(
-        help_text="Stopped instances of a renter at zero balance are destroyed after this long.")
+        help_text="A renter at zero balance keeps stopped instances (and failed ones holding a volume) and "
+                  "volumes this long from when each became due, and is warned by name before any is destroyed.")
     interruptions = InterruptionTermsSerializer()
     hardware_found_worse = HardwareTermsSerializer()
 
@@ -61,8 +62,9 @@ class TermsView(APIView):
             "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S,
             "low_balance_warning_seconds": settings.BILLING_LOW_BALANCE_WARNING_S,
             "zero_balance": "Running instances are stopped (disks kept, billed as storage at the node's disk price "
-                            "per GB-month); after the grace period stopped instances are destroyed and volumes no "
-                            "instance mounts are deleted.",
+                            "per GB-month); stopped instances, failed ones that hold a volume and volumes are "
+                            "destroyed once a destroy warning has named each and its grace period (from when it "
+                            "became due: the balance at zero, or later) is over; nothing no warning named is.",
             "grace_period_seconds": settings.BILLING_GRACE_PERIOD_S,
             "interruptions": {
                 "detected_after_failed_health_checks": settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS,
