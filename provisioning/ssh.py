@@ -78,6 +78,12 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+def key_type(key: paramiko.PKey) -> str:
+    """The key's type as `ssh-keygen -lf` names it, lowercased: ed25519, ecdsa, rsa (paramiko names it
+    ssh-ed25519, ecdsa-sha2-nistp256, ssh-rsa)."""
+    return key.get_name().removeprefix("ssh-").split("-")[0]
+
+
 @lru_cache(maxsize=1)
 def agent_bundle() -> tuple[bytes, str]:
     """The agent's zipapp (built in memory, deterministic) and the remote path named after its hash."""
@@ -92,11 +98,12 @@ class _PinnedHostKey(paramiko.MissingHostKeyPolicy):
     def __init__(self, pinned: str):
         self.pinned = pinned
         self.seen: str | None = None
+        self.seen_type = ""
 
     def missing_host_key(self, client, hostname, key):
-        self.seen = fingerprint(key)
+        self.seen, self.seen_type = fingerprint(key), key_type(key)
         if self.pinned and self.seen != self.pinned:
-            raise HostKeyMismatch(self.pinned, self.seen)
+            raise HostKeyMismatch(self.pinned, self.seen, self.seen_type)
 
 
 Target = tuple[socket.AddressFamily, tuple[Any, ...]]
@@ -172,6 +179,7 @@ class NodeSession:
         self.endpoint = endpoint
         self.timeouts = timeouts or Timeouts()
         self.seen_fingerprint: str | None = None
+        self.seen_key_type = ""  # its type (key_type): ed25519 where the server has one (paramiko asks for it first)
         self._client: paramiko.SSHClient | None = None
         self._agent_path: str | None = None
         self._serve: AgentServe | None = None  # the long-lived agent on this connection, once started
@@ -237,7 +245,7 @@ class NodeSession:
         transport = client.get_transport()
         assert transport is not None  # connect() succeeded: the client has its transport
         transport.set_keepalive(self.timeouts.keepalive)
-        self.seen_fingerprint = policy.seen
+        self.seen_fingerprint, self.seen_key_type = policy.seen, policy.seen_type
         self._client = client
 
     def close(self) -> None:

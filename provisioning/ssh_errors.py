@@ -34,12 +34,13 @@ class AddressRefused(NodeUnreachable):
 class HostKeyMismatch(NodeError):
     code = "host_key_changed"
 
-    def __init__(self, expected: str, seen: str):
+    def __init__(self, expected: str, seen: str, key_type: str = ""):
         super().__init__(
             f"The node's SSH host key changed: expected {expected}, got {seen}. Nothing was sent. "
             "If the server was reinstalled, an operator must confirm the new key."
         )
-        self.expected, self.seen = expected, seen
+        # key_type: the kind of key the server showed (ed25519, ecdsa, rsa), where known.
+        self.expected, self.seen, self.key_type = expected, seen, key_type
 
 
 class AuthFailed(NodeError):

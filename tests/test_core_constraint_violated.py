@@ -150,6 +150,7 @@ def test_node_apply_inventory(monkeypatch):
         def _apply(node_id, inventory, *, claim):
             if claim:
                 raise error
+            return True  # applied: the node was not retired meanwhile
         return _apply
 
     monkeypatch.setattr(provisioning_nodes, "_apply_inventory", apply(named("gpu_unique_uuid")))

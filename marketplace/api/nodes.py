@@ -169,6 +169,11 @@ class NodeSerializer(serializers.ModelSerializer):
         return svc.node_install_command(node=node)
 
 
+_FINGERPRINT_HELP = ("The fingerprint of the server's ed25519 host key, SHA256:... as `ssh-keygen -lf "
+                     "/etc/ssh/ssh_host_ed25519_key.pub` prints it on the server (the platform checks that key; "
+                     "an RSA or ECDSA key's fingerprint fails the first check).")
+
+
 @extend_schema_field({"anyOf": [{"type": "string", "format": "ipv4"}, {"type": "string", "format": "ipv6"},
                                  {"type": "string", "format": "hostname"}], "maxLength": 253})
 class AddressField(serializers.CharField):
@@ -206,7 +211,7 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     host_key_fingerprint = serializers.CharField(
         max_length=FINGERPRINT_MAX_LENGTH, required=False, default="", allow_blank=True,
         validators=[validate_host_key_fingerprint],
-        help_text="SHA256:... as `ssh-keygen -lf` prints it. If omitted, the key seen on first contact is pinned.",
+        help_text=_FINGERPRINT_HELP + " If omitted, the key seen on first contact is pinned.",
     )
 
     def validate_address(self, value):
@@ -235,6 +240,12 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
     mig_layout = MigLayoutField(required=False, help_text=_MIG_LAYOUT_HELP + " Takes effect at the next check "
                                                                              "(POST .../verify/).")
     mig_prices = MigPricesField(required=False, help_text=_MIG_PRICES_HELP)
+    host_key_fingerprint = serializers.CharField(
+        max_length=FINGERPRINT_MAX_LENGTH, required=False, allow_blank=True,
+        validators=[validate_host_key_fingerprint],
+        help_text=_FINGERPRINT_HELP + " Only until the node's first contact (a 409 after, or while a check runs): "
+                                      "to correct the one given at registration; empty, the key seen on first "
+                                      "contact is pinned.")
 
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")

@@ -202,15 +202,29 @@ def node_update(
     disk_price_per_gb_month: Decimal | None = None,
     mig_layout: list[dict[str, Any]] | None = None,
     mig_prices: dict[str, Decimal] | None = None,
+    host_key_fingerprint: str | None = None,
 ) -> Node:
     """Change what a provider may change. Price changes never touch booked instances or created volumes. A new
     MIG layout takes effect at the next check (its slices are proven then; one under way when it is declared applies
     its slices only to the cards whose layout did not change, and queues another: verification.node_verify_conclude);
     prices at once. Putting an unlisted node back on the offers (`listed` True) is listing: EmailNotVerified (403)
-    while the provider's address is not verified, as for node_register."""
+    while the provider's address is not verified, as for node_register.
+    The host key fingerprint given at registration (`host_key_fingerprint`; empty: the key seen at first contact is
+    pinned) may be corrected until the node's first contact (control_proven_at): one the server does not show fails
+    that contact as the registration's mistake (provisioning.services.nodes.DeclaredHostKeyWrong), and before, the
+    provider could not correct it (found by review). Not while a check runs, nor once the key is pinned (Conflict);
+    one of the provider's own live nodes declares or has is refused as at registration (ValidationFailed)."""
     node = Node.objects.select_for_update(no_key=True).select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
+    if host_key_fingerprint is not None and host_key_fingerprint != node.host_key_fingerprint:
+        if node.control_proven_at is not None:
+            raise Conflict("The node's SSH host key was pinned at its first contact and cannot be changed here. If "
+                           "the server was reinstalled, an operator confirms its new key.")
+        if node.state == NodeState.VERIFYING:
+            raise Conflict("The host key fingerprint cannot be changed while the node's check runs; try again once "
+                           "it has ended.")
+        node.host_key_fingerprint = host_key_fingerprint
     if mig_layout is not None or mig_prices is not None:
         layout = node.mig_layout if mig_layout is None else mig_layout
         # Prices not sent are the stored ones, less those of profiles the layout no longer uses: an empty layout
@@ -249,7 +263,13 @@ def node_update(
     elif maintenance is False and node.state == NodeState.MAINTENANCE:
         # Not straight to active: a node that stopped answering is reconciled by the health check first.
         node.transition_to(node_return_state(node=node))
-    node.save()
+    try:
+        with transaction.atomic():
+            node.save()
+    except IntegrityError as exc:
+        if constraint_violated(exc) == "node_unique_own_live_host_key":  # by name (core.sql)
+            raise ValidationFailed(DUPLICATE_HOST_KEY_MESSAGE, field="host_key_fingerprint") from None
+        raise
     return node
 
 

@@ -91,6 +91,18 @@ class NodeSettingsForm(forms.Form):
                                 help_text="Untick to take it off the offers; running instances are not touched.")
     maintenance = forms.BooleanField(required=False, label="In maintenance", show_hidden_initial=True,
                                      help_text="No new rentals and no scheduled checks until you switch it off.")
+    # Only until the node's first contact (node_update's rule): kept in the form only then (host_key_editable).
+    host_key_fingerprint = forms.CharField(
+        label="Host key fingerprint", max_length=FINGERPRINT_MAX_LENGTH, required=False, show_hidden_initial=True,
+        validators=[validate_host_key_fingerprint],
+        help_text="SHA256:... from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the server. Empty, the key "
+                  "seen on first contact is pinned. It can be corrected until the platform first reaches the server.",
+    )
+
+    def __init__(self, *args, host_key_editable: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not host_key_editable:
+            del self.fields["host_key_fingerprint"]
 
     def changed_since_shown(self) -> list[str]:
         """The fields whose value differs from what the page showed (its hidden initial values), or, for a post

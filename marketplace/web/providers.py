@@ -173,9 +173,10 @@ def _closest(node, run):
 
 
 def _settings_form(node, data=None):
-    return NodeSettingsForm(data, initial={
+    # The declared host key can be corrected until the node's first contact (node_update).
+    return NodeSettingsForm(data, host_key_editable=node.control_proven_at is None, initial={
         "price_per_gpu_hour": usd_decimal(node.price_per_gpu_hour_micros), "listed": node.listed,
-        "maintenance": node.state == NodeState.MAINTENANCE,
+        "maintenance": node.state == NodeState.MAINTENANCE, "host_key_fingerprint": node.host_key_fingerprint,
     })
 
 

@@ -9,7 +9,7 @@ from django.db.models import Q
 
 from core.sql import constraint_violated
 from marketplace.mig import layout_by_gpu
-from marketplace.models import Gpu, GpuAllocation, GpuStatus, MigSlice, MigSliceAllocation, Node, SliceStatus
+from marketplace.models import Gpu, GpuAllocation, GpuStatus, MigSlice, MigSliceAllocation, Node, NodeState, SliceStatus
 from marketplace.models.nodes import LISTABLE_VERDICTS
 from provisioning.models import NodeEvent, VerificationRun
 from provisioning.services.nodes import node_event
@@ -86,6 +86,10 @@ def node_apply_mig_slices(*, node: Node, slices: list[dict[str, Any]], listable:
     `pending`: the cards whose declared layout the check left pending (verification.mig.pending_layout): one
     declared whole stays `mig` (a free card declared whole again, still in MIG mode on the server, is not offered
     whole); one declared split becomes `mig` as any other, never booked whole meanwhile."""
+    if Node.objects.filter(pk=node.pk, state=NodeState.RETIRED).exists():
+        # Retired while its check ran (under the node's lock, which the caller holds): node_retire let go of its
+        # slices' UUIDs, and claimed again they would block the same server's slices registered again.
+        return []
     layout = layout_by_gpu(node.mig_layout)
     changed = set(layout_changed_gpus(node.mig_layout, node.mig_layout if judged_layout is None else judged_layout))
     layout = {gpu: profiles for gpu, profiles in layout.items() if gpu not in changed}

@@ -98,6 +98,35 @@ class DuplicateHardware(NodeError):
         self.code = finding.code
 
 
+# A node the platform never reached: unproven (control_proven_at null) and never judged past its first check.
+# A node listed once is reached (nodes from before control_proven_at was recorded are too): its other key is a change.
+NEVER_CONTACTED: dict[str, Any] = {"control_proven_at__isnull": True,
+                                   "state__in": (NodeState.PENDING, NodeState.VERIFYING)}
+
+
+class DeclaredHostKeyWrong(HostKeyMismatch):
+    """At the node's first contact (never proven: control_proven_at null) the server showed another host key than
+    the fingerprint its provider gave at registration: a mistake in the registration (a typo, or the fingerprint of
+    another of the server's keys, RSA or ECDSA, which ssh-keyscan and cloud consoles list too), not a key that
+    changed. Nothing was sent. The node is not quarantined: the check fails by the node's fault (the node back to
+    pending), saying what the server presented, and its provider corrects the fingerprint (or clears it: the key
+    seen at first contact is then pinned) and verifies again. Before, the node was quarantined as if its key had
+    changed, and only an operator could release it (found by review)."""
+
+    code = "declared_host_key_mismatch"
+
+    def __init__(self, expected: str, seen: str, key_type: str = ""):
+        super().__init__(expected, seen, key_type)
+        kind = key_type or "ed25519"
+        shown = f"{seen} ({key_type})" if key_type else seen
+        self.message = (
+            f"The server presented the SSH host key {shown}, not the fingerprint given at registration "
+            f"({expected}). Nothing was sent. Give the fingerprint of the server's {kind} host key (`ssh-keygen -lf "
+            f"/etc/ssh/ssh_host_{kind}_key.pub` on the server) in the node's settings, or clear it to have the key "
+            "recorded at first contact, then verify again.")
+        self.args = (self.message,)
+
+
 def node_endpoint(node: Node) -> Endpoint:
     return Endpoint(
         address=node.address, port=node.ssh_port, user=node.ssh_user,
@@ -114,7 +143,8 @@ def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool 
                  slot_held: bool = False, slot_wait_s: float | None = None) -> Iterator[NodeSession]:
     """A pinned SSH session to `node` inside the per-node concurrency cap.
 
-    On first contact the host key is recorded and pinned from then on; a changed
+    On first contact the host key is recorded and pinned from then on (one given at registration that the server
+    does not show there: DeclaredHostKeyWrong, no quarantine); a changed
     key quarantines the node and re-raises HostKeyMismatch (HostKeyStillChanged, not the node's fault again, when
     it is quarantined for that key already); a key another live node
     has is not pinned and raises DuplicateHardware.
@@ -155,6 +185,9 @@ def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
     try:
         session.connect()
     except HostKeyMismatch as exc:
+        if Node.objects.filter(pk=node.pk, **NEVER_CONTACTED).exists():
+            # Never contacted: the fingerprint given at registration is wrong, no key changed (DeclaredHostKeyWrong).
+            raise DeclaredHostKeyWrong(exc.expected, exc.seen, exc.key_type) from None
         if not node_quarantine(node_id=node.pk, seen=exc.seen):
             raise HostKeyStillChanged(exc.expected, exc.seen) from None
         raise
@@ -163,14 +196,14 @@ def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
         # (migration 0034's backfill of a node 0008 had cleared the key of) connected with an empty pin, which
         # takes any key, and never recorded one: any server at its address was taken for it.
         if (node.control_proven_at is None or not node.host_key_fingerprint) and session.seen_fingerprint:
-            _pin_host_key(node, session.seen_fingerprint)
+            _pin_host_key(node, session.seen_fingerprint, key_type=session.seen_key_type)
     except BaseException:
         session.close()
         raise
     return session
 
 
-def _pin_host_key(node: Node, fingerprint: str) -> None:
+def _pin_host_key(node: Node, fingerprint: str, *, key_type: str = "") -> None:
     """First contact: the platform logged in to the server with the node's own key (only whoever controls the
     server could install it), and the server showed host key `fingerprint` (one given at registration was checked by
     the connection already). The node now proves control of its server: the key is pinned and control_proven_at set,
@@ -178,7 +211,9 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
     node_unique_live_host_key). Either one another proven live node holds is the same server listed twice: the
     constraint refuses it (race-free: of two first contacts at once, the second waits for the first to commit, then
     fails), nothing is pinned, and DuplicateHardware says which. Only the first writer pins; a concurrent session
-    that saw another key loses (quarantined). A node marked proven with no key pinned is pinned the same way."""
+    that saw another key loses (quarantined). A node marked proven with no key pinned is pinned the same way.
+    A node still unproven whose declared key is another now (changed meanwhile) is DeclaredHostKeyWrong, no
+    quarantine."""
     was_proven = node.control_proven_at is not None
     try:
         with transaction.atomic():
@@ -206,6 +241,8 @@ def _pin_host_key(node: Node, fingerprint: str) -> None:
                    message=f"Host key {fingerprint} {said} and pinned: the platform logged in with "
                            "this node's key, so the server is this node's.")
     elif node.host_key_fingerprint != fingerprint:
+        if node.control_proven_at is None and node.state in NEVER_CONTACTED["state__in"]:
+            raise DeclaredHostKeyWrong(node.host_key_fingerprint, fingerprint, key_type)
         if not node_quarantine(node_id=node.pk, seen=fingerprint):
             raise HostKeyStillChanged(node.host_key_fingerprint, fingerprint)
         raise HostKeyMismatch(node.host_key_fingerprint, fingerprint)
@@ -330,8 +367,11 @@ def node_agent_call(node: Node, command: str, sub: str | None = None, request: d
     raise AssertionError("not reached: the loop returns or raises")
 
 
-def node_apply_inventory(*, node: Node, inventory: dict[str, Any], looked_at: datetime | None = None) -> None:
-    """Store the agent's inventory and update the node's GPU rows with what was read.
+def node_apply_inventory(*, node: Node, inventory: dict[str, Any], looked_at: datetime | None = None) -> bool:
+    """Store the agent's inventory and update the node's GPU rows with what was read. False, nothing stored or
+    claimed, when the node is retired (its provider retired it while its check ran): node_retire let go of its GPUs'
+    UUIDs, and claimed now they were held by a node no check or reconcile visits again, its server refused at every
+    later registration as "already another live node" (found by review).
 
     The GPUs' UUIDs are claimed under the unique constraint `gpu_unique_uuid` (no check-then-insert: of two
     nodes claiming a GPU at once, the second waits for the first to commit, then fails). If another live node
@@ -343,6 +383,8 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any], looked_at: da
     `looked_at`: when the inventory was asked for; with it, a holder of a missing card whose billing a stop, restart
     or destroy closed since then is given back what it was billed after the node's last health check (gpu_presence).
     """
+    if Node.objects.filter(pk=node.pk, state=NodeState.RETIRED).exists():
+        return False  # checked again under the node's lock (_apply_inventory): a retire may commit meanwhile
     if node.runtime in HOST_SEES_GPUS:
         listed = [g["uuid"] for g in inventory.get("gpus", []) if g.get("uuid")]
         presence = gpus_presence({node.pk: listed}).get(node.pk)
@@ -350,20 +392,22 @@ def node_apply_inventory(*, node: Node, inventory: dict[str, Any], looked_at: da
             last_seen = Node.objects.filter(pk=node.pk).values_list("last_seen_at", flat=True).first()
             node_gpus_presence(node=node, presence=presence, last_seen=last_seen, looked_at=looked_at)
     try:
-        _apply_inventory(node.pk, inventory, claim=True)
-        return
+        return _apply_inventory(node.pk, inventory, claim=True)
     except IntegrityError as exc:
         if constraint_violated(exc) != "gpu_unique_uuid":  # by name, never in the text (core.sql)
             raise
-    _apply_inventory(node.pk, inventory, claim=False)
+    if not _apply_inventory(node.pk, inventory, claim=False):
+        return False
     reported = {g["uuid"]: g.get("index") for g in inventory.get("gpus", []) if g.get("uuid")}
     held = Gpu.objects.filter(uuid__in=reported).exclude(node_id=node.pk).values_list("uuid", flat=True)
     raise DuplicateHardware(duplicate_gpus(sorted((reported[uuid], uuid) for uuid in held)))
 
 
 @transaction.atomic
-def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) -> None:
+def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) -> bool:
     node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+    if node.state == NodeState.RETIRED:
+        return False  # under the lock node_retire takes: what it let go of stays free (node_apply_inventory)
     node.inventory = inventory
     fields = ["inventory", "updated_at"]
     # Its last healthy moment, which the meter bills up to: not while its health checks fail (an offline node may be
@@ -421,6 +465,7 @@ def _apply_inventory(node_id: int, inventory: dict[str, Any], *, claim: bool) ->
     Gpu.objects.bulk_update(changed, ["uuid", "pci_bus_id", "memory_mib", "gpu_model"])
     # A lost card the server reports again (its row claims a UUID): no longer lost (gpu_presence).
     gpus_returned(gpu_ids=[gpu.pk for gpu in changed if gpu.uuid and gpu.lost_at is not None])
+    return True
 
 
 def _match_cards(rows: list[Gpu], reported: list[dict[str, Any]], held: set[int]) -> dict[int, dict[str, Any]]:

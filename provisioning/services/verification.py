@@ -95,6 +95,10 @@ NODE_JOB_KINDS = (JobKind.NODE_VERIFY, JobKind.NODE_SPOT_CHECK)
 NOTIFIED_VERDICTS: dict[str, str] = {Verdict.REJECTED: Kind.NODE_REJECTED, Verdict.DEGRADED: Kind.NODE_DEGRADED}
 
 
+# A check whose node its provider retired while it ran: superseded, nothing judged (node_verify_run, _conclude).
+RETIRED_DURING_CHECK = "The node was retired during its check; nothing more was done or judged."
+
+
 def draw_delay(min_s: int, max_s: int) -> timedelta:
     """A delay drawn uniformly between min_s and max_s from the system's CSPRNG (secrets): the times of the next
     checks follow from no data anyone outside the platform sees (not the node's id, not the last check's time),
@@ -310,7 +314,10 @@ def node_verify_run(*, job: Job) -> None:
             holders = gpu_holders_by_uuid(node)
             held = held_cards(node, inventory)
             # The GPUs are claimed before anything runs on them: a GPU another live node holds is not benchmarked.
-            node_apply_inventory(node=node, inventory=inventory, looked_at=looked_at)
+            if not node_apply_inventory(node=node, inventory=inventory, looked_at=looked_at):
+                # Retired meanwhile (its provider): nothing claimed, nothing more run or judged.
+                job_finish(job=job, error=RETIRED_DURING_CHECK, fault=JobFault.PLATFORM)
+                return
             net_mbps = node_network_test(job, session)
             layout = layout_by_gpu(judged_layout)
             rented_slices = rented_slice_uuids(node)
@@ -425,16 +432,21 @@ def offer_summary(run: VerificationRun) -> dict[str, Any]:
 def node_verify_conclude(*, job: Job, verdict: str, findings: list[dict[str, Any]], inventory: dict[str, Any],
                          figures: dict[str, Any] | None = None, score: float | None = None,
                          error: str = "", holders: dict[str, set[int]] | None = None,
-                         judged_layout: list[dict[str, Any]] | None = None) -> VerificationRun:
+                         judged_layout: list[dict[str, Any]] | None = None) -> VerificationRun | None:
     """Record the check's verdict and act on it (state, offers, renters, provider). `error`: the job fails with
     it (a verification that could not be completed by the node's doing, judged by why: node_verify_failed).
     `holders`: the instances holding each card, by UUID, before the inventory was stored (gpu_holders_by_uuid).
     `judged_layout`: the MIG layout the check judged (None: the one declared now). Where the provider declared
     another meanwhile, the cards it changed keep their status and their slices are not listed from this check
-    (node_apply_mig_slices), and a new verification is queued to judge the layout declared now."""
+    (node_apply_mig_slices), and a new verification is queued to judge the layout declared now.
+    A node retired while the check ran is not judged (None): no verdict, run, slices or notification; before, its
+    provider was told a verdict about the node they had just retired (found by review)."""
     # No key update: the renters' billing profiles are locked below (a raise back), while enforcement holds one
     # and inserts a stop job naming this node (FOR KEY SHARE, which FOR UPDATE blocked: a deadlock).
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
+    if node.state == NodeState.RETIRED:
+        job_finish(job=job, error=RETIRED_DURING_CHECK, fault=JobFault.PLATFORM)
+        return None
     # Its renters' billing profiles next, in id order, before any of their instances: a cut then a raise back in
     # this check lock an instance, then its renter's profile (for the low-balance notice), where enforcement locks
     # the profile, then the instance, to stop it at zero (found by review: "deadlock detected").
