@@ -218,6 +218,31 @@ def _payout_failed(payout_id: int, message: str) -> None:
                      data={"payout": payout.pk})
 
 
+def payouts_pending_elsewhere(*, user_id: int, account: str) -> list[Payout]:
+    """The user's pending payouts made out to another Connect account than `account` (their current one, "" for
+    none), oldest first. A payout keeps the account it was made out to when the provider changes or removes theirs:
+    its transfer may already be made or under way (Stripe has not confirmed it), and its next try (same transfer
+    group, same Idempotency-Key) must find that transfer, not pay a second account."""
+    return list(Payout.objects.filter(provider_id=user_id, status=PayoutStatus.PENDING)
+                .exclude(destination=account).order_by("period_start", "pk"))
+
+
+def payouts_pending_elsewhere_text(payouts: list[Payout]) -> str:
+    """What the provider is told of payouts_pending_elsewhere when they change or remove their account: each
+    payout, its amount and the account it still goes to, and why; "" for none."""
+    if not payouts:
+        return ""
+    each = [f"{usd_text(p.amount_micros)} (week {p.period_start:%Y-%m-%d} to {p.period_end:%Y-%m-%d}) to "
+            f"{p.destination}" for p in payouts]
+    if len(payouts) == 1:
+        return (f"A payout of {each[0]} is still being sent there, to the account it was made out to. Its transfer "
+                "may already be made or under way (Stripe has not confirmed it), so it is only ever sent to that "
+                "account: sending it to another could pay it twice.")
+    return (f"Payouts still being sent go to the account each was made out to: {'; '.join(each)}. Their transfers "
+            "may already be made or under way (Stripe has not confirmed them), so each is only ever sent to its "
+            "account: sending one to another could pay it twice.")
+
+
 def payouts_send_pending(*, now: datetime | None = None) -> int:
     """Send again the payouts still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (a lost answer, a crash between
     reserving and sending): minutes later, not next week. Each looks its transfer up first (payout_send). At most

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from billing.models import BillingProfile, Card
 from billing.services.customers import profile_for
+from billing.services.payouts import payouts_pending_elsewhere, payouts_pending_elsewhere_text
 from billing.services.top_ups import top_up_bounds
 from core.errors import ValidationFailed
 from core.security_mail import security_change_notify
@@ -68,11 +69,15 @@ def profile_update(*, user: User, changes: ProfileChanges, base_url: str = "") -
             raise ValidationFailed(CONNECT_ACCOUNT_MESSAGE, field="stripe_connect_account_id")
         before, after = profile.stripe_connect_account_id, changes.stripe_connect_account_id
         if after != before:
+            # A payout still pending keeps its account (payouts_pending_elsewhere): said, not "earnings stay here".
+            pending = payouts_pending_elsewhere_text(payouts_pending_elsewhere(user_id=user.pk, account=after))
+            kept = " (earnings not in a payout being sent stay on the platform until one is set)" if pending else (
+                " (earnings stay on the platform until one is set)")
             security_change_notify(
                 user=user, subject="Your payout account was changed", base_url=base_url,
                 change=(f"The Stripe Connect account your {settings.PLATFORM_NAME} earnings are paid out to was "
-                        f"just changed: from {before or 'none'} to {after or 'none'}"
-                        f"{'' if after else ' (earnings stay on the platform until one is set)'}."))
+                        f"just changed: from {before or 'none'} to {after or 'none'}{'' if after else kept}."
+                        f"{' ' + pending if pending else ''}"))
         profile.stripe_connect_account_id = after
     if not isinstance(changes.auto_top_up_card_id, _Keep):
         card = None

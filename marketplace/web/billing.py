@@ -261,11 +261,22 @@ def payouts_page(request):
         except ApplicationError as exc:
             form_error(form, exc)
         else:
-            messages.success(request, "Payout account saved." if account_id
-                             else "Payout account removed: earnings stay here until you set one.")
+            # A payout still being sent keeps its account: named, with why, not "earnings stay here".
+            pending = payouts.payouts_pending_elsewhere_text(
+                payouts.payouts_pending_elsewhere(user_id=user.pk, account=account_id))
+            if account_id:
+                said = "Payout account saved."
+            elif pending:
+                said = "Payout account removed: earnings not in a payout being sent stay here until you set one."
+            else:
+                said = "Payout account removed: earnings stay here until you set one."
+            messages.success(request, f"{said} {pending}" if pending else said)
             return redirect("web-payouts")
+    account = selectors.payout_account(user=user)
     return with_form_status(render(request, "marketplace/payouts.html", {
-        "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form,
+        "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form, "payout_account": account,
+        "pending_elsewhere": payouts.payouts_pending_elsewhere_text(
+            payouts.payouts_pending_elsewhere(user_id=user.pk, account=account)),
         "balance_micros": selectors.earnings_for(user=user).balance_micros,
         "payout_minimum_micros": payouts.payout_minimum_micros(),
     }), form)
