@@ -14,9 +14,11 @@ from django.contrib.auth import get_user_model
 from django.core.validators import RegexValidator
 from django.db import connections, transaction
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.crypto import get_random_string
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
+from billing import selectors
 from billing.models import (
     Account,
     AccountKind,
@@ -43,6 +45,7 @@ from core.admin_search import KeySearchAdmin
 from core.errors import ApplicationError, Conflict
 from core.idempotency import web_idempotency_key
 from marketplace.admin.common import STAFF_ACCOUNT_REFUSED, refuse_stale_value, staff_of_a_non_superuser, to_write
+from marketplace.models import Instance, Volume
 from marketplace.money import micros_to_usd, usd_to_micros
 
 
@@ -517,8 +520,31 @@ class BillingProfileAdmin(admin.ModelAdmin):
     list_select_related = ["user"]
     fields = ["user", "stripe_customer_id", "stripe_connect_account_id", "auto_top_up_enabled",
               "auto_top_up_threshold_micros", "auto_top_up_amount_micros", "auto_top_up_card",
-              "low_balance_warned_at", "depleted_at", "destroy_warned_at", "stop_not_before", "created_at"]
+              "low_balance_warned_at", "depleted_at", "destroy_warned_at", "destroy_deadlines_shown",
+              "stop_not_before", "created_at"]
     readonly_fields = [f for f in fields if f != "stripe_connect_account_id"]  # type: ignore[misc]  # names only
+
+    @admin.display(description="destroy deadlines")
+    def destroy_deadlines_shown(self, obj):
+        """What the zero-balance grace period destroys, and when (billing.services.enforcement._grace), as a table:
+        the raw JSON field was not shown at all, so operators could not see it. Shown only, never a form field."""
+        entries = selectors.destroy_deadlines(obj.destroy_deadlines if obj is not None else None)
+        if not entries:
+            return "none"
+        models = {"instance": Instance, "volume": Volume}
+        existing = {kind: set(model.objects.filter(pk__in=[e.id for e in entries if e.kind == kind])
+                              .values_list("pk", flat=True)) for kind, model in models.items()}
+
+        def thing(entry):
+            if entry.id not in existing[entry.kind]:  # destroyed since, or gone: its id alone
+                return format_html("{} {} (gone)", entry.kind, entry.id)
+            return format_html('<a href="{}">{} {}</a>', reverse(f"admin:marketplace_{entry.kind}_change",
+                                                                 args=[entry.id]), entry.kind, entry.id)
+
+        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", (
+            (thing(e), f"{e.at:%Y-%m-%d %H:%M:%S} UTC", "warned" if e.warned else "not warned yet") for e in entries))
+        return format_html('<table class="destroy-deadlines"><thead><tr><th>thing</th><th>destroyed at</th>'
+                           "<th>warning</th></tr></thead><tbody>{}</tbody></table>", rows)
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change, **kwargs)

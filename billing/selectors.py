@@ -520,6 +520,33 @@ def current_month() -> date:
 # ------------------------------------------------------------------------------ pages and panels
 
 
+@dataclass(frozen=True)
+class DestroyDeadline:
+    """One entry of BillingProfile.destroy_deadlines: what the zero-balance grace period destroys, and when."""
+
+    kind: str  # "instance" or "volume"
+    id: int
+    at: datetime  # aware UTC
+    warned: bool  # a destroy warning named it with this time; nothing unwarned is destroyed
+
+
+def destroy_deadlines(record: Any) -> list[DestroyDeadline]:
+    """BillingProfile.destroy_deadlines as written by billing.services.enforcement._grace ({"instance:<id>":
+    {"at": ISO time, "warned": bool}}), soonest first. An entry not in that form is left out rather than shown wrong
+    (the field is JSON: nothing in the database enforces its shape)."""
+    out = []
+    for key, value in (record or {}).items() if isinstance(record, dict) else ():
+        kind, _, pk = str(key).partition(":")
+        try:
+            at = datetime.fromisoformat(value["at"])
+            entry = DestroyDeadline(kind=kind, id=int(pk), at=at.astimezone(UTC), warned=bool(value.get("warned")))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            continue
+        if kind in ("instance", "volume") and at.tzinfo is not None:
+            out.append(entry)
+    return sorted(out, key=lambda d: (d.at, d.kind, d.id))
+
+
 @dataclass
 class BalanceStatus:
     balance_micros: int
@@ -532,6 +559,8 @@ class BalanceStatus:
     stop_not_before: datetime | None = None
     instances_rate_micros: int = 0  # of rate_micros: the running instances' GPU time
     storage_rate_micros: int = 0  # of rate_micros: volumes and stopped instances' disks
+    # At zero: what the grace period destroys, and when (destroy_deadlines); empty while the balance is above zero.
+    destroy_deadlines: list[DestroyDeadline] = field(default_factory=list)
 
 
 def balance_status(*, user: User) -> BalanceStatus:
@@ -542,13 +571,16 @@ def balance_status(*, user: User) -> BalanceStatus:
     micros = balance.balance_micros if balance else 0
     rate = burn_rate(user=user)
     left = seconds_left(balance_micros=micros, rate_micros=rate.total_micros)
-    depleted, held = BillingProfile.objects.filter(user=user).values_list(
-        "depleted_at", "stop_not_before").first() or (None, None)
+    depleted, held, record = BillingProfile.objects.filter(user=user).values_list(
+        "depleted_at", "stop_not_before", "destroy_deadlines").first() or (None, None, None)
     return BalanceStatus(balance_micros=micros, rate_micros=rate.total_micros, seconds_left=left,
                          low=left is not None and left < settings.BILLING_LOW_BALANCE_WARNING_S,
                          depleted_at=depleted, instances_rate_micros=rate.instances_micros,
                          storage_rate_micros=rate.storage_micros,
-                         stop_not_before=stop_notice_until(stop_not_before=held))
+                         stop_not_before=stop_notice_until(stop_not_before=held),
+                         # Above zero nothing is destroyed (_grace does nothing then), though the record is cleared
+                         # only at the next enforcement tick: not shown as still due.
+                         destroy_deadlines=destroy_deadlines(record) if micros <= 0 else [])
 
 
 def instance_cost(*, instance: Instance) -> dict[str, int]:

@@ -35,6 +35,17 @@ class AutoTopUpSerializer(serializers.Serializer):
     card = serializers.IntegerField(allow_null=True, help_text="The saved card charged.")
 
 
+class DestroyDeadlineSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["instance", "volume"], read_only=True,
+                                   help_text="What is destroyed: a stopped or failed instance (its disk), or a volume.")
+    id = serializers.IntegerField(read_only=True, help_text="The instance's or the volume's id.")
+    destroy_at = serializers.DateTimeField(source="at", read_only=True, help_text=(
+        "When it is destroyed (UTC) if the balance is still at zero then. A warning names it with this time first."))
+    warned = serializers.BooleanField(read_only=True, help_text=(
+        "Whether a destroy warning (a `destroy_warning` event, an e-mail) named it with this time yet. Nothing is "
+        "destroyed before one did: until then `destroy_at` may move later."))
+
+
 class BalanceSerializer(serializers.Serializer):
     balance = MoneyField(help_text="Your prepaid balance. It can dip below zero by at most one minute of usage.")
     currency = serializers.CharField()
@@ -58,6 +69,10 @@ class BalanceSerializer(serializers.Serializer):
                   "zero: an instance's price raised back after a cut, or an interrupted instance running again. You "
                   "were warned then (a `low_balance` event, with this time); top up before it. What runs meanwhile "
                   "is billed as always and owed. Null when no such notice holds.")
+    destroy_deadlines = DestroyDeadlineSerializer(
+        many=True, read_only=True,
+        help_text="While the balance is at zero: your stopped or failed instances and your volumes that the grace "
+                  "period destroys, and when, soonest first. Topping up before that time keeps them. Empty when none.")
     auto_top_up = AutoTopUpSerializer()
 
 
@@ -82,6 +97,9 @@ class BalanceView(APIView):
             "funds_required_seconds": settings.BILLING_FUNDS_REQUIRED_S, "auto_top_up": auto,
             "stop_not_before": selectors.stop_notice_until(
                 stop_not_before=profile.stop_not_before if profile is not None else None),
+            # At zero only: above it nothing is destroyed, though the record is cleared at the next enforcement tick.
+            "destroy_deadlines": selectors.destroy_deadlines(
+                profile.destroy_deadlines if profile is not None and balance <= 0 else None),
         }).data)
 
 

@@ -173,6 +173,7 @@ def test_the_balance_endpoint_says_how_long_the_money_lasts(clock, api, other_ap
         "low_balance_warning_seconds": 3600, "funds_required_seconds": 3600,
         "auto_top_up": {"enabled": False, "threshold": None, "amount": None, "card": None},
         "stop_not_before": None,  # no cost rise's notice holds (tests/billing/test_resume_balance.py)
+        "destroy_deadlines": [],  # above zero nothing is destroyed (tests/web/test_destroy_deadlines_shown.py)
     }
     assert other_api.get("/api/v1/billing/balance/").json()["balance"] == "0.000000"
     assert other_api.get("/api/v1/billing/balance/").json()["seconds_left"] is None
