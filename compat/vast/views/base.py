@@ -3,7 +3,7 @@ Bearer`), the errors mapped once (compat.vast.errors), body parsing, and the ans
 None of these views is in the published schema (`schema = None`)."""
 from typing import Any
 
-from rest_framework import permissions
+from rest_framework import exceptions, permissions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,8 +21,29 @@ from marketplace.validators import NAME_MAX_LENGTH
 from ..errors import exception_handler
 
 
+class ApiKeyInUrl(exceptions.AuthenticationFailed):
+    default_code = "api_key_in_url"
+
+
+API_KEY_IN_URL = ("An API key in the URL (`?api_key=`) is not accepted: send it in the `Authorization: Bearer <key>` "
+                  "header (vastai 1.9.1 does). A key sent in a URL may have been written to access logs on the way: "
+                  "rotate it (make a new key, delete this one).")
+
+
+class VastApiKeyAuthentication(ApiKeyAuthentication):
+    """/api/v1's Bearer key; a request with no such header but an `api_key` query parameter (how older Vast clients
+    send it) gets a 401 that says where the key goes, rather than DRF's bare "credentials were not provided" (found
+    by review). The query's key is never used: it has been logged by every proxy the URL passed."""
+
+    def authenticate(self, request):
+        found = super().authenticate(request)
+        if found is None and "api_key" in request.query_params:
+            raise ApiKeyInUrl(API_KEY_IN_URL)
+        return found
+
+
 class VastView(APIView):
-    authentication_classes = [ApiKeyAuthentication]
+    authentication_classes = [VastApiKeyAuthentication]
     permission_classes = [permissions.IsAuthenticated]
     parser_classes = [JSONParser]
     renderer_classes = [JSONRenderer]
