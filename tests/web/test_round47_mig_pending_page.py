@@ -62,7 +62,8 @@ def test_the_node_page_says_which_cards_layout_waits_for_how_many_renters():
     svc.instance_mark_destroyed(instance_id=whole.pk)
     said = _pending(_page(node))
     assert "GPU 0: declared 7g.80gb, now 3g.40gb · waits for 1 instance" in said, said
-    assert "GPU 1" not in said, said
+    # GPU 1 is no longer held: free now, withheld until re-split (round 52: said so, not left off the list).
+    assert "GPU 1: declared 7g.80gb · free now" in said and "GPU 1: declared 7g.80gb, now" not in said, said
 
 
 def test_a_card_declared_whole_again_under_its_slice_renter_is_said_pending():

@@ -162,8 +162,10 @@ def node_cards_pending_layout(node_id: int) -> list[dict[str, Any]]:
     """The node's cards whose declared MIG layout waits for their renters (as verification.mig.pending_layout
     finds them, read from the rows): a card held whole and declared split, or one with rented slices declared whole
     again or split otherwise than its slices (free and rented) are. Each as {"gpu": index, "declared": [profiles]
-    ([]: whole), "now": [profiles] ([]: whole), "renters": the instances holding it}, by index. Read-only, for the
-    provider's node page, which did not say it (only the check's steps, an event and the API's last_error did)."""
+    ([]: whole), "now": [profiles] ([]: whole), "renters": the instances holding it, "free": False}, by index.
+    Also the cards freed for their layout (_cards_freed_for_layout), each with "free": True, "renters": 0 and
+    "now": None (the rows no longer say how the server shows it). Read-only, for the provider's node page, which
+    did not say it (only the check's steps, an event and the API's last_error did)."""
     layout = layout_by_gpu(Node.objects.filter(pk=node_id).values_list("mig_layout", flat=True).first())
     holders: dict[int, set[int]] = {}
     whole: set[int] = set()
@@ -185,8 +187,29 @@ def node_cards_pending_layout(node_id: int) -> list[dict[str, Any]]:
         now = [] if index in whole else sorted(configured.get(index, []))
         declared = layout.get(index, [])
         if (index in whole and declared) or (index not in whole and sorted(declared) != now):
-            pending.append({"gpu": index, "declared": list(declared), "now": now, "renters": len(holders[index])})
-    return pending
+            pending.append({"gpu": index, "declared": list(declared), "now": now, "renters": len(holders[index]),
+                            "free": False})
+    for index in _cards_freed_for_layout(node_id, set(holders), set(configured)):
+        pending.append({"gpu": index, "declared": list(layout.get(index, [])), "now": None, "renters": 0,
+                        "free": True})
+    return sorted(pending, key=lambda c: c["gpu"])
+
+
+def _cards_freed_for_layout(node_id: int, held: set[int], configured: set[int]) -> list[int]:
+    """The node's cards whose last renter left with their declared layout due (layout_due_notify): withheld whole
+    (`mig`, no free or rented slice, not lost), nobody holding them, rented before. They wait for the provider to
+    re-split them and press Verify now (provisioning.services.mig.cards_awaiting), which lists their slices or
+    makes them whole. Before, the node page listed only cards renters hold: such a card showed nowhere. Bounded:
+    three queries, whatever the card count."""
+    withheld = set(Gpu.objects.filter(node_id=node_id, status=GpuStatus.MIG, lost_at__isnull=True)
+                   .exclude(index__in=held | configured).values_list("index", flat=True))
+    if not withheld:
+        return []
+    rented = set(GpuAllocation.objects.filter(gpu__node_id=node_id, gpu__index__in=withheld)
+                 .values_list("gpu__index", flat=True).distinct())
+    rented |= set(MigSliceAllocation.objects.filter(mig_slice__node_id=node_id, mig_slice__gpu__index__in=withheld)
+                  .values_list("mig_slice__gpu__index", flat=True).distinct())
+    return sorted(withheld & rented)
 
 
 def _lock_parents_shared(gpu_ids: list[int]) -> None:
