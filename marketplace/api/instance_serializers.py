@@ -118,10 +118,12 @@ class InstanceSerializer(serializers.ModelSerializer):
         help_text="The platform's share of the price, fixed at booking (a decimal string, e.g. \"15.00\"); "
                   "the provider earns the rest.")
     cost_so_far = serializers.SerializerMethodField(
-        help_text="USD paid so far for its GPU time, including this run's seconds not metered yet: what was "
-                  "charged, less what was given back of it since (an adjustment line of your statement: e.g. time "
-                  "billed after its VM was last seen, found lost just as it stopped). Billed per second while "
-                  "running; a stopped instance's disk is billed apart (`disk_cost_so_far`).")
+        help_text="USD paid so far for its GPU time, including this run's seconds not metered yet, up to now or, "
+                  "while the node's health checks fail (or it is quarantined or retired), only up to its last "
+                  "healthy moment, since later time is not billed: what was charged, less what was given back of it "
+                  "since (an adjustment line of your statement: e.g. time billed after its VM was last seen, found "
+                  "lost just as it stopped). Billed per second while running; a stopped instance's disk is billed "
+                  "apart (`disk_cost_so_far`).")
     disk_price_per_gb_month = UsdField(
         source="disk_price_per_gb_month_micros", read_only=True,
         help_text="USD per GB per 30-day month for its disk while it is stopped: the node's published disk price "
