@@ -105,6 +105,9 @@ def balances_enforce(*, now: datetime | None = None) -> EnforceResult:
             warned_now, destroyed_now = _grace(renter_id, now)
             result.destroy_warned += warned_now
             result.destroyed += destroyed_now
+        elif profile is not None and profile.destroy_deadlines:
+            # Nothing left to destroy (the renter deleted what was named): no deadline is shown for it any more.
+            BillingProfile.objects.filter(pk=profile.pk).update(destroy_deadlines={})
 
     # Not for a deactivated account: its owner can no longer log in to turn auto top-up off, and storage stays billed,
     # so each tick would charge their card again (auto_top_up_start checks it too, under the profile's lock).
@@ -207,7 +210,10 @@ def _grace(renter_id: int, now: datetime) -> tuple[bool, bool]:
         deadline = profile.depleted_at + grace
         instances, volumes, holders = _doomed(renter_id)
         doomed: dict[str, Instance | Volume] = {_key(i): i for i in instances} | {_key(v): v for v in volumes}
-        record: dict[str, dict[str, Any]] = dict(profile.destroy_deadlines or {})
+        # Only what is still doomed keeps its time (the renter destroyed it, or it was destroyed at its time): the
+        # balance API and page show this record, and a stale entry said a gone thing was still to be destroyed.
+        record: dict[str, dict[str, Any]] = {key: value for key, value in (profile.destroy_deadlines or {}).items()
+                                             if key in doomed}
         for key in sorted(doomed.keys() - record.keys()):
             at = deadline if profile.destroy_warned_at is None and now < deadline else now + grace
             record[key] = {"at": at.isoformat(), "warned": False}

@@ -171,3 +171,21 @@ def test_the_warning_and_its_subject_say_what_it_covers(clock, user, tick, grace
     (gone,) = [m for m in mail.outbox if "were destroyed" in m.subject]
     assert "volumes" in gone.subject
     assert f"stopped instances ({instance.pk}) were destroyed" in gone.body and volume.name in gone.body
+
+
+def test_a_warned_thing_the_renter_deletes_leaves_the_record_and_the_balance(clock, user, tick, grace, api):
+    fund(user, "1.00")
+    on = node("1.000000")
+    running(user, on)
+    volume = _volume(user, on)
+    clock.advance(3601)
+    tick()  # at zero
+    clock.advance(DAY + 60)
+    tick()  # the destroy warning names the volume
+    assert f"volume:{volume.pk}" in BillingProfile.objects.get(user=user).destroy_deadlines
+    volume_svc.volume_delete(volume=volume, confirm=volume.name)  # the renter deletes it themselves
+    clock.advance(60)
+    tick()
+    assert f"volume:{volume.pk}" not in BillingProfile.objects.get(user=user).destroy_deadlines
+    shown = api.get("/api/v1/billing/balance/").json()["destroy_deadlines"]
+    assert [d for d in shown if d["kind"] == "volume"] == [], shown
