@@ -190,11 +190,23 @@ class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 # --------------------------------------------------------------------------------------- events
 
 
+# What an event's data keeps for the platform's own use, never shown: a price cut's cards are every card its check
+# compared, by UUID with their scores, other renters' cards of the node among them (kept for the raise back to
+# compare the same cards: marketplace.services.instances.pricing).
+PRIVATE_EVENT_DATA = frozenset({"cards"})
+
+
 class BillingEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = BillingEvent
         fields = ["id", "kind", "message", "data", "emailed", "created_at"]
         read_only_fields = fields
+
+    def to_representation(self, instance):
+        shown = super().to_representation(instance)
+        if isinstance(shown.get("data"), dict):
+            shown["data"] = {k: v for k, v in shown["data"].items() if k not in PRIVATE_EVENT_DATA}
+        return shown
 
 
 class EventFilter(StrictFilterSet):

@@ -67,6 +67,19 @@ def test_events_are_private_and_filterable(api, other_api):
     assert api.get("/api/v1/billing/events/?kind=nonsense").status_code == 400
 
 
+def test_a_price_cuts_event_shows_its_prices_but_not_the_cards_of_other_renters_it_compared(api):
+    fund(api.user, "50")
+    host = node("1.500000", gpu_count=4)
+    instance = running(api.user, host, num_gpus=1)
+    svc.instance_price_cut(instance_id=instance.pk, ratio=0.5, reason="slow", score_before=80.0,
+                           cards={"GPU-mine": [80.0, 80.0], "GPU-someone-elses": [80.0, 40.0]})
+    [cut] = api.get("/api/v1/billing/events/?kind=price_cut").json()["results"]
+    assert cut["data"]["instance"] == instance.pk and cut["data"]["new_per_hour"] == "0.750000"
+    assert "cards" not in cut["data"] and "GPU-someone-elses" not in str(cut)
+    # Kept for the raise back, which compares the same cards.
+    assert BillingEvent.objects.get(kind="price_cut").data["cards"]["GPU-someone-elses"] == [80.0, 40.0]
+
+
 def test_a_monthly_statement_has_usage_per_instance_top_ups_refunds_and_totals_that_add_up(clock, api, other_api):
     clock.now = clock.now.replace(month=2, day=27)
     fund(api.user, "100", reason="welcome credit")
