@@ -167,6 +167,10 @@ def shown_prices_text(node) -> str:
                       separators=(",", ":"))
 
 
+# A profile posted that the form does not offer now: never booked as whole GPUs in its place.
+_PROFILE_GONE = ("MIG %(value)s slices are not one of the available choices now: none is free on this server (taken "
+                 "since the page was shown), or it no longer rents them. Nothing was booked; choose again.")
+
 _SHOWN_PRICE = forms.DecimalField(min_value=0, max_digits=USD_MAX_DIGITS, decimal_places=USD_PLACES)
 
 
@@ -211,6 +215,8 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
             label="Number of GPUs", min_value=1, max_value=node.gpu_count, initial=1,
             help_text=f"{free} of this server's {node.gpu_count} GPUs are free now.")
         self._add_mig_choice(node, free)
+        if "mig_profile" not in self.fields and self.is_bound and self.data.get(self.add_prefix("mig_profile")):
+            self._refuse_gone_profile()
         self.fields["ssh_keys"].queryset = keys = SshKey.objects.filter(user=user).order_by("-created_at", "-id")
         self.setup_volumes(user=user, node=node)
         self.limit_options(node=node)
@@ -235,7 +241,7 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
                               f"slice-hour, {n} free") for profile, n, price in slices]
         self.fields["mig_profile"] = forms.ChoiceField(
             label="What to rent", choices=choices, required=not free_gpus, widget=forms.RadioSelect,
-            initial=choices[0][0],
+            initial=choices[0][0], error_messages={"invalid_choice": _PROFILE_GONE},
             help_text="A MIG slice is an isolated part of one GPU, with its own memory and compute; your instance "
                       "sees only its slices.")
         self.mig_choices = dict(choices)
@@ -247,6 +253,15 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
             label="Number of GPUs or slices", min_value=1, max_value=most, initial=1,
             help_text=f"{free_gpus} of this server's {node.gpu_count} GPUs are free now, and "
                       + ", ".join(f"{n} {profile} slice{'s' if n != 1 else ''}" for profile, n, _ in slices) + ".")
+
+    def _refuse_gone_profile(self) -> None:
+        """A posted MIG profile where the node has no free slice now (they were taken since the page was shown, or
+        the provider cleared the layout; or the field was made up): the choice, refused. Left out, Django dropped
+        the unknown field and the form booked as many whole GPUs, at the whole GPU's price (found by review)."""
+        self.fields["mig_profile"] = forms.ChoiceField(
+            label="What to rent", choices=[("", "Whole GPUs")], required=False, widget=forms.HiddenInput,
+            error_messages={"invalid_choice": _PROFILE_GONE})
+        self.mig_choices = {"": "Whole GPUs"}
 
     def unit_price_micros(self, node) -> int:
         """The price per hour of one GPU, or one slice of the chosen profile (for the estimate)."""
