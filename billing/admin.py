@@ -162,7 +162,8 @@ class RefundForm(TokenForm):
 def _refund(top_up: TopUp, data: dict, operator) -> None:
     """Each top-up's refund is keyed by the form's token (refund_unique_idempotency_key, per operator): the form
     sent again finds the refund it made instead of refunding again (found by review: $20 back for a $10 refund).
-    Not the operator's own top-up (refund_create_once refuses it too, for the API)."""
+    Not the operator's own top-up, nor a staff account's unless a superuser's (refund_create_once refuses both too,
+    for every other caller: the refunds API)."""
     _refuse_own_account(operator, [top_up.user_id])
     _refuse_staff_account(operator, [top_up.user_id])
     amount = usd_to_micros(data["amount"]) if data["amount"] else refundable_micros(top_up=top_up)

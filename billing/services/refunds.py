@@ -62,6 +62,7 @@ from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
 from core.errors import Conflict, IdempotencyKeyReused, Unavailable, ValidationFailed
 from core.idempotency import create_once
+from core.staff import STAFF_ACCOUNT_REFUSED, staff_of_a_non_superuser
 from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text
 
@@ -106,6 +107,11 @@ def refund_for_idempotency_key(*, created_by: User, idempotency_key: str, reques
 # credits and reversals on the operator's own accounts with the same words.
 OWN_ACCOUNT_REFUSED = ("an operator does not move money on their own account (separation of duties); "
                        "ask another operator.")
+# And a staff account's top-up is a superuser's to refund (core.staff): two non-superuser staff may not do for each
+# other what neither may do for themselves. Here, not in the admin alone, so that the refunds API keeps it too (before,
+# POST /api/v1/billing/refunds/ refunded another staff account's top-up that the admin refused: found by review).
+STAFF_TOP_UP_REFUSED = (f"{STAFF_ACCOUNT_REFUSED}: a staff account's top-up is refunded by a superuser; nothing was "
+                        "refunded.")
 
 
 def refund_create(*, top_up: TopUp, amount_micros: int, reason: str, created_by: User,
@@ -132,9 +138,12 @@ def refund_create_once(*, top_up: TopUp, amount_micros: int, reason: str, create
     whatever state it is now) and False, and nothing is refunded again; with another body, IdempotencyKeyReused
     (422). The database decides a race between the two (refund_unique_idempotency_key), not a look before.
 
-    Refused (Conflict) for the operator's own top-up (OWN_ACCOUNT_REFUSED)."""
+    Refused (Conflict) for the operator's own top-up (OWN_ACCOUNT_REFUSED), and for a staff account's top-up unless
+    the operator is a superuser (STAFF_TOP_UP_REFUSED)."""
     if top_up.user_id == created_by.pk:
         raise Conflict(OWN_ACCOUNT_REFUSED)
+    if staff_of_a_non_superuser(created_by, top_up.user):
+        raise Conflict(STAFF_TOP_UP_REFUSED)
     if type(amount_micros) is not int or amount_micros <= 0 or amount_micros % MICROS_PER_CENT:
         raise ValidationFailed("Refund a positive amount in whole cents.", field="amount")
     if not reason.strip():

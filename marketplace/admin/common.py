@@ -7,15 +7,9 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.utils.text import capfirst
 
-
-def staff_of_a_non_superuser(operator: Any, user: Any) -> bool:
-    """The admin's rule for staff accounts: only a superuser changes one, or what is theirs (their edits, two-factor
-    and API keys: accounts.py; their instances and nodes; money posted to or from their accounts: billing/admin.py).
-    Else two non-superuser staff could do for each other what neither may do for themselves."""
-    return user is not None and (user.is_staff or user.is_superuser) and not operator.is_superuser
-
-
-STAFF_ACCOUNT_REFUSED = "only a superuser changes a staff account or what is theirs"
+# The staff-account rule lives in core so that services enforce it too (billing.services.refunds); the admin
+# modules import it from here.
+from core.staff import STAFF_ACCOUNT_REFUSED, staff_of_a_non_superuser  # noqa: F401
 
 
 class NothingEditableAdmin:
