@@ -182,7 +182,10 @@ def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, descri
     if active is not None:
         changes["active"] = active
     with transaction.atomic():
-        current = WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+        # FOR NO KEY UPDATE: not held up by notify()'s FOR KEY SHARE on the endpoint (an open transaction of another
+        # app's that told the user something held a pause up to gunicorn's timeout; found by review), and still
+        # exclusive of endpoint_delete's FOR UPDATE.
+        current = WebhookEndpoint.objects.select_for_update(no_key=True).filter(pk=endpoint.pk).first()
         if current is None:
             raise NotFound("This webhook endpoint was deleted.")
         if "url" in changes and changes["url"] != current.url:
@@ -234,8 +237,9 @@ def endpoint_test(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
     hour_ago = timezone.now() - timedelta(hours=1)
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=endpoint.user_id).first()  # one count at a time per user
-        # The endpoint stays until this commits (a DELETE meanwhile waits, then takes the delivery along).
-        if WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk).first() is None:
+        # The endpoint stays until this commits (a DELETE meanwhile waits, then takes the delivery along). NO KEY:
+        # notify()'s FOR KEY SHARE in another open transaction does not hold the test button up (endpoint_update).
+        if WebhookEndpoint.objects.select_for_update(no_key=True).filter(pk=endpoint.pk).first() is None:
             raise NotFound("This webhook endpoint was deleted.")
         # Counted from their own rows: the deliveries go with a deleted endpoint, the limit must not.
         tests = WebhookTestEvent.objects.filter(user_id=endpoint.user_id)
