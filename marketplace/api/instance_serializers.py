@@ -294,6 +294,13 @@ class InstanceCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         "`code` is `price_changed`, naming the price now (`price_per_gpu_hour`) and yours "
         "(`max_price_per_gpu_hour`), and nothing is booked. A lower price books at the lower price. Without it, "
         "the booking takes the offer's price at that moment, whatever it is."))
+    max_disk_price_per_gb_month = UsdField(required=False, min_value=Decimal("0"), help_text=(
+        "The most you agree to pay in USD per GB-month for the instance's disk while it is stopped, e.g. \"0.10\": "
+        "the offer's `disk_price_per_gb_month` as you saw it (the booking fixes it on the instance). When the offer's "
+        "disk price is higher at the moment of booking, the booking is refused with a 409 whose `code` is "
+        "`price_changed`, naming the price now (`disk_price_per_gb_month`) and yours (`max_disk_price_per_gb_month`), "
+        "and nothing is booked. A lower price books at the lower price. Without it, the booking takes the offer's "
+        "disk price at that moment, whatever it is."))
     require_nvlink = serializers.BooleanField(required=False, default=False, help_text=(
         "Book only GPUs all on one NVLink island of the node: when no island has num_gpus free GPUs (the offer's "
         "nvlink_gpus_free is less), the booking is refused with a 409 and nothing is booked, instead of taking GPUs "

@@ -91,7 +91,10 @@ _VERB: dict[str, Any] = {"request": None, "responses": {202: InstanceSerializer,
                                                        "free disk left than `disk_gb` (the room left named), or "
                                                        "`code` `price_changed`: the offer's price is now above "
                                                        "`max_price_per_gpu_hour` (the body's `price_per_gpu_hour` "
-                                                       "and `max_price_per_gpu_hour` give both; nothing booked)."),
+                                                       "and `max_price_per_gpu_hour` give both; nothing booked), "
+                                                       "or its disk price above `max_disk_price_per_gb_month` "
+                                                       "(`disk_price_per_gb_month` and "
+                                                       "`max_disk_price_per_gb_month` give both)."),
             422: OpenApiResponse(ErrorDetailSerializer, "The Idempotency-Key was used for a different request."),
         },
     ),
@@ -177,6 +180,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             idempotency_key=idempotency_key, request_fingerprint=fingerprint, volumes=v.get("volumes"),
             max_price_micros=(usd_to_micros(v["max_price_per_gpu_hour"]) if "max_price_per_gpu_hour" in v
                               else None),
+            max_disk_price_micros=(usd_to_micros(v["max_disk_price_per_gb_month"])
+                                   if "max_disk_price_per_gb_month" in v else None),
         )
         return self._render(instance, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

@@ -161,6 +161,11 @@ def unit_price_map(node) -> dict[str, int]:
             **{profile: int(price) for profile, _, price in getattr(node, "mig_free", None) or []}}
 
 
+def shown_disk_price_text(node) -> str:
+    """The disk's price per GB-month as the rent page's hidden `shown_disk_price` carries it: a USD decimal."""
+    return str(micros_to_usd(int(node.disk_price_per_gb_month_micros)))
+
+
 def shown_prices_text(node) -> str:
     """unit_price_map as the rent page's hidden `shown_prices` carries it: JSON of USD decimals by choice."""
     return json.dumps({choice: str(micros_to_usd(micros)) for choice, micros in unit_price_map(node).items()},
@@ -202,6 +207,11 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
     # to, which the booking checks under the node's lock (a raise since is a 409 and the page asks again). Altered,
     # it can only lower what its sender accepts, so it is not signed; left out (a page from before it), no check.
     shown_prices = forms.CharField(label="Prices shown", widget=forms.HiddenInput, required=False, max_length=4000)
+    # The disk's price per GB-month as the page showed it (the host's facts): a stopped instance's disk is billed
+    # at it, so a raise since is refused as the GPU's is (booking's max_disk_price_micros). Before, only the GPU and
+    # slice prices were held to the page, and a disk raised to $10/GB-month booked silently (found by review).
+    shown_disk_price = forms.CharField(label="Disk price shown", widget=forms.HiddenInput, required=False,
+                                       max_length=40)
 
     def __init__(self, *args, user, node, request=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -295,6 +305,23 @@ class RentForm(LockoutMixin, RentOptionsMixin, RentVolumesMixin, forms.Form):
             return {choice: usd_to_micros(_SHOWN_PRICE.clean(value)) for choice, value in shown.items()}
         except ValidationError:
             raise unreadable from None
+
+    def clean_shown_disk_price(self) -> int | None:
+        """The posted disk price per GB-month in micro-dollars (None when none was posted); a form error when
+        unreadable."""
+        text = self.cleaned_data["shown_disk_price"]
+        if not text:
+            return None
+        try:
+            return usd_to_micros(_SHOWN_PRICE.clean(text))
+        except ValidationError:
+            raise ValidationError("The disk price this page showed could not be read: reload the page, check the "
+                                  "price and book again.") from None
+
+    def max_disk_price_micros(self) -> int | None:
+        """The most the renter agreed to pay per GB-month of disk (booking's max_disk_price_micros), or None where
+        the page sent none."""
+        return self.cleaned_data.get("shown_disk_price")
 
     def max_price_micros(self) -> int | None:
         """The most the renter agreed to pay per unit-hour of what they chose (booking's max_price_micros), or None

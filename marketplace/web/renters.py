@@ -35,7 +35,7 @@ from marketplace.services import ssh_keys as ssh_svc
 from marketplace.templatetags.marketplace_web import duration, usd, usd_rate, usd_up
 
 from .figures import COMPARED, WORKLOAD, gpu_comparison
-from .forms import RentForm, shown_prices_text, unit_price_map
+from .forms import RentForm, shown_disk_price_text, shown_prices_text, unit_price_map
 from .rent_options import OPTION_FIELDS
 
 OFFERS_PER_PAGE = 20
@@ -364,19 +364,27 @@ def _unit_prices(offer) -> str:
 
 
 def _price_raised(form, offer) -> str:
-    """The note that the chosen unit costs more now than the page the form came from showed (its `shown_prices`),
-    or "": the booking refuses such a price (PriceChanged), and this page shows the new one to be agreed to."""
-    if not form.is_bound or form.errors.get("shown_prices"):
+    """The note that the chosen unit, or the disk, costs more now than the page the form came from showed (its
+    `shown_prices`, `shown_disk_price`), or "": the booking refuses such a price (PriceChanged), and this page
+    shows the new one to be agreed to."""
+    if not form.is_bound or form.errors.get("shown_prices") or form.errors.get("shown_disk_price"):
         return ""
+    raised = []
     profile = form.chosen_profile()
     agreed = (form.cleaned_data.get("shown_prices") or {}).get(profile)
     now = unit_price_map(offer).get(profile)
-    if agreed is None or now is None or now <= agreed:
+    if agreed is not None and now is not None and now > agreed:
+        unit = f"MIG {profile} slice-hour" if profile else "GPU-hour"
+        raised.append(f"this offer now costs {usd_rate_text(now)} per {unit}, not the {usd_rate_text(agreed)} shown")
+    disk_agreed, disk_now = form.cleaned_data.get("shown_disk_price"), int(offer.disk_price_per_gb_month_micros)
+    if disk_agreed is not None and disk_now > disk_agreed:
+        raised.append(f"its disk now costs {usd_rate_text(disk_now)} per GB-month (billed while the instance is "
+                      f"stopped), not the {usd_rate_text(disk_agreed)} shown")
+    if not raised:
         return ""
-    unit = f"MIG {profile} slice-hour" if profile else "GPU-hour"
-    return (f"The price changed since the page was shown: this offer now costs {usd_rate_text(now)} per {unit}, not "
-            f"the {usd_rate_text(agreed)} shown. Nothing was booked. Check the new price below and press “Rent now” "
-            f"again to book at it, or pick another offer.")
+    return (f"The price changed since the page was shown: {', and '.join(raised)}. Nothing was booked. Check the new "
+            f"price{'s' if len(raised) > 1 else ''} on this page and press “Rent now” again to book at "
+            f"{'them' if len(raised) > 1 else 'it'}, or pick another offer.")
 
 
 def _render_rent(request, offer, form, status=200):
@@ -391,6 +399,7 @@ def _render_rent(request, offer, form, status=200):
         "estimate": _estimate(funds, unit_price, _chosen_gpus(form), form.chosen_profile()),
         "unit_prices": _unit_prices(offer), "funds_by_unit": _funds_by_unit(funds, offer) if offer.mig_free else "",
         "shown_prices": shown_prices_text(offer),  # what this page shows: the most its form agrees to pay
+        "shown_disk_price": shown_disk_price_text(offer),  # likewise for the disk (host_facts shows it)
         "advanced_open": advanced_open, "volumes_open": volumes_open,
     }, status=status)
 
@@ -531,7 +540,7 @@ def rent(request, node_id: int):
             idempotency_key=web_idempotency_key(token),
             request_fingerprint=svc.request_fingerprint(body) if token else "",
             volumes=data.get("volumes") or [], mig_profile=data.get("mig_profile") or "",
-            max_price_micros=form.max_price_micros(),
+            max_price_micros=form.max_price_micros(), max_disk_price_micros=form.max_disk_price_micros(),
         )
     except IdempotencyKeyReused:
         form = _reused_form(request, offer)

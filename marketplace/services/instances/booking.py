@@ -64,6 +64,7 @@ def instance_create(
     mig_profile: str = "",
     require_nvlink: bool = False,
     max_price_micros: int | None = None,
+    max_disk_price_micros: int | None = None,
 ) -> tuple[Instance, bool]:
     """Book `num_gpus` GPUs of a node as a new instance and queue its provisioning.
 
@@ -74,6 +75,8 @@ def instance_create(
     `max_price_micros`: the most the renter agreed to pay per unit-hour (a GPU-hour, or with `mig_profile` a
     slice-hour: the price the booking snapshots), or None for whatever the node asks when the booking runs; a
     higher price now is PriceChanged (409), checked on the price read under the node's lock.
+    `max_disk_price_micros`: the same for the disk's price per GB-month (what the disk costs while stopped, snapshot
+    on the instance too), or None for whatever the node asks.
     Returns (instance, created): with an Idempotency-Key seen before (same body), the earlier instance and False.
     Raises EmailNotVerified (403), ValidationFailed (400), Conflict (409), InsufficientFunds (402) or
     IdempotencyKeyReused (422); on any of them nothing was written.
@@ -98,7 +101,7 @@ def instance_create(
                          disk_gb=disk_gb, label=label, options=options or InstanceOptions(),
                          idempotency_key=idempotency_key, request_fingerprint=request_fingerprint,
                          volumes=volumes or [], mig_profile=mig_profile, require_nvlink=require_nvlink,
-                         max_price_micros=max_price_micros)
+                         max_price_micros=max_price_micros, max_disk_price_micros=max_disk_price_micros)
 
     # A retry racing its original gets the original, also where the original's GPUs or disk would refuse it.
     return create_once(idempotency_key, lambda: instance_for_idempotency_key(
@@ -183,21 +186,26 @@ def _slice_price(node: Node, mig_profile: str) -> int:
 
 
 class PriceChanged(Conflict):
-    """The node's price per unit-hour is now above the most the renter agreed to (409, code price_changed): the
-    provider raised it after the renter saw it. Nothing is booked; the figures ride along (`price_micros`,
-    `max_price_micros`, and in the API's body as decimals) so a client or page can show the new price and ask again.
+    """The node's price per unit-hour (or its disk's per GB-month) is now above the most the renter agreed to (409,
+    code price_changed): the provider raised it after the renter saw it. Nothing is booked; the figures ride along
+    (`price_micros`, `max_price_micros`, and in the API's body as decimals) so a client or page can show the new
+    price and ask again.
     """
 
     code = "price_changed"
 
-    def __init__(self, *, price_micros: int, max_price_micros: int, unit: str) -> None:
-        self.price_micros, self.max_price_micros, self.unit = price_micros, max_price_micros, unit
+    def __init__(self, *, price_micros: int, max_price_micros: int, unit: str, disk: bool = False) -> None:
+        """`disk`: the price raised is the disk's per GB-month (`unit` "GB-month"), named by the disk's fields."""
+        self.price_micros, self.max_price_micros, self.unit, self.disk = price_micros, max_price_micros, unit, disk
+        now, agreed = (("disk_price_per_gb_month", "max_disk_price_per_gb_month") if disk
+                       else ("price_per_gpu_hour", "max_price_per_gpu_hour"))
+        what = "this offer's disk" if disk else "this offer"
         super().__init__(
-            f"The price changed: this offer now costs {usd_rate_text(price_micros)} per {unit}, more than the "
-            f"{usd_rate_text(max_price_micros)} per {unit} you agreed to. Nothing was booked; book again at the "
-            f"new price if it suits you.",
-            extra={"code": self.code, "price_per_gpu_hour": str(micros_to_usd(price_micros)),
-                   "max_price_per_gpu_hour": str(micros_to_usd(max_price_micros))})
+            f"The price changed: {what} now costs {usd_rate_text(price_micros)} "
+            f"per {unit}, more than the {usd_rate_text(max_price_micros)} per {unit} you agreed to. Nothing was "
+            f"booked; book again at the new price if it suits you.",
+            extra={"code": self.code, now: str(micros_to_usd(price_micros)),
+                   agreed: str(micros_to_usd(max_price_micros))})
 
 
 def _refuse_price_above(price: int, max_price_micros: int | None, mig_profile: str) -> None:
@@ -205,6 +213,13 @@ def _refuse_price_above(price: int, max_price_micros: int | None, mig_profile: s
     if max_price_micros is not None and price > max_price_micros:
         raise PriceChanged(price_micros=price, max_price_micros=max_price_micros,
                            unit=f"MIG {mig_profile} slice-hour" if mig_profile else "GPU-hour")
+
+
+def _refuse_disk_price_above(price: int, max_price_micros: int | None) -> None:
+    """PriceChanged where the disk's price per GB-month read under the node's lock is above the renter's maximum:
+    a stopped instance's disk is billed at it, and the funds check counts it (a cut books)."""
+    if max_price_micros is not None and price > max_price_micros:
+        raise PriceChanged(price_micros=price, max_price_micros=max_price_micros, unit="GB-month", disk=True)
 
 
 def _slices_short(node_id: int, mig_profile: str, wanted: int, taken: int) -> None:
@@ -255,7 +270,7 @@ def _check_cuda(node: Node, wanted: str) -> None:
 def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys: list[str], disk_gb: int | None,
           label: str, options: InstanceOptions, idempotency_key: str, request_fingerprint: str,
           volumes: list[dict[str, Any]], mig_profile: str = "", require_nvlink: bool = False,
-          max_price_micros: int | None = None) -> Instance:
+          max_price_micros: int | None = None, max_disk_price_micros: int | None = None) -> Instance:
     # The funds check's wallet lock comes with the node's read, unless volumes are attached: their locks come
     # between the two (allocation.py's lock order), and the wallet is locked by _check_funds after them.
     funds_required = settings.BILLING_REQUIRE_FUNDS
@@ -275,6 +290,7 @@ def _book(*, renter: User, node_id: int, num_gpus: int, image: Image | str, keys
         price = node.price_per_gpu_hour_micros
     # On the row read FOR SHARE: a price change (FOR NO KEY UPDATE) waits for this booking, or this one sees it.
     _refuse_price_above(price, max_price_micros, mig_profile)
+    _refuse_disk_price_above(node.disk_price_per_gb_month_micros, max_disk_price_micros)
     min_disk = _check_image(image, node)
     _check_runtime_options(node, options, volumes)
     _check_cuda(node, options.min_cuda_version)
