@@ -375,12 +375,17 @@ def volumes_with_given_back(volumes: QuerySet[Volume]) -> QuerySet[Volume]:
 
 def node_in_use_q() -> Q:
     """Node filter: renters are on the node. An instance of it not destroyed or failed (stopped ones too: their
-    disk is there), a GPU or MIG slice still allocated, or an instance destroyed while the node was away whose VM
-    is still to be removed (instances_awaiting_cleanup). Such a node stays where the platform watches it
-    (provisioning.services.nodes.watched_nodes), never pending or rejected; its verdict keeps it off the offers."""
+    disk is there), a GPU or MIG slice still allocated, an instance destroyed while the node was away whose VM
+    is still to be removed (instances_awaiting_cleanup), or a renter's volume on its disk (DISK_VOLUME_STATES:
+    being created, available, or being deleted there). Such a node stays where the platform watches it
+    (provisioning.services.nodes.watched_nodes), never pending or rejected; its verdict keeps it off the offers.
+    Before, volumes did not count: a node holding only volumes was rejected by a re-check and left unwatched, a
+    deletion its job gave up on stayed `deleting` for ever (no reconcile finished it), its retire was refused for
+    ever, and the unwatched time was billed at once when it was seen again (found by review r53)."""
     node = OuterRef("pk")
     over = (InstanceStatus.DESTROYED, InstanceStatus.FAILED)
-    return (Q(Exists(Instance.objects.filter(node_id=node).exclude(status__in=over)))
+    return (Q(Exists(Volume.objects.filter(node_id=node, state__in=DISK_VOLUME_STATES)))
+            | Q(Exists(Instance.objects.filter(node_id=node).exclude(status__in=over)))
             | Q(Exists(GpuAllocation.objects.filter(gpu__node_id=node, released_at__isnull=True)))
             | Q(Exists(MigSliceAllocation.objects.filter(mig_slice__node_id=node, released_at__isnull=True)))
             | Q(Exists(Instance.objects.filter(node_id=node, status=InstanceStatus.DESTROYED,

@@ -149,6 +149,12 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
         return open_job
     if not node.verify_allowed():
         raise Conflict(f"A {node.state} node cannot be verified.")
+    if node.state in (NodeState.PENDING, NodeState.REJECTED):
+        # Nobody checked it there (watched_nodes): storage left on it (a volume on a node rejected before volumes
+        # kept a node in use) is not billed for that time, quarantine's rule (node_accept_host_key); before, its
+        # verification marked it seen and the meter billed the whole unwatched time at once (found by review r53).
+        node_id = node.pk
+        transaction.on_commit(lambda: node_storage_outage_end(node_id=node_id, unseen=True), robust=True)
     if node.state not in (NodeState.VERIFYING, NodeState.ACTIVE):
         node.transition_to(NodeState.VERIFYING)
         node.save(update_fields=["state", "state_changed_at", "updated_at"])
