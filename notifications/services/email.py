@@ -200,7 +200,8 @@ def emails_resend(*, overdue_s: int = RESEND_OVERDUE_S) -> int:
         except Exception as exc:  # noqa: BLE001 (kombu's many errors: the beat tries again)
             log.warning("the e-mail of notification %s could not be queued (%s)", notification_id, exc)
             break
-        # Not queued again for another `overdue_s`: a long queue only waits.
-        Notification.objects.filter(pk=notification_id, email_status=EmailStatus.PENDING).update(
-            email_next_at=timezone.now())
+        # Not queued again for another `overdue_s`: a long queue only waits. Only a row as it was when listed (the
+        # same attempts): an attempt recorded meanwhile set its backoff, which this undid (found by review).
+        Notification.objects.filter(pk=notification_id, email_status=EmailStatus.PENDING,
+                                    email_attempts=attempts).update(email_next_at=timezone.now())
     return len(rows)

@@ -520,17 +520,25 @@ def webhook_attempt(*, delivery_id: int, after_attempts: int | None = None) -> A
 def deliveries_resend(*, overdue_s: int = 300) -> int:
     """Queue again the deliveries whose next attempt is `overdue_s` late (a broker that refused them, a worker
     lost with its retry) and that have no attempt in flight (a queue backlog longer than `overdue_s`): the number
-    queued."""
+    queued.
+
+    Oldest due first: after a broker outage the ones waiting longest are queued first. A row is marked queued (its
+    next attempt "now") only if it is as it was when listed (the same attempts and claim): an attempt made and
+    recorded while this run was sending (the task just queued, its own late retry) set its backoff, which the mark
+    undid, and the next run queued it again ~5 min later instead of after the backoff (found by review)."""
     now = timezone.now()
     due = now - timedelta(seconds=overdue_s)
     idle = Q(claimed_at=None) | Q(claimed_at__lt=now - timedelta(seconds=in_flight_bound_s()))
     rows = list(WebhookDelivery.objects.filter(idle, status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING],
-                                               next_attempt_at__lt=due).values_list("pk", "attempts")[:500])
-    for delivery_id, attempts in rows:
+                                               next_attempt_at__lt=due)
+                .order_by("next_attempt_at", "pk").values_list("pk", "attempts", "claimed_at")[:500])
+    for delivery_id, attempts, claimed_at in rows:
         try:
             dispatch.send(WEBHOOK_DELIVER, delivery_id, attempts)
         except Exception as exc:  # noqa: BLE001 (kombu's many errors: the beat tries again)
             log.warning("delivery %s could not be queued (%s)", delivery_id, exc)
             break
-        WebhookDelivery.objects.filter(pk=delivery_id).update(next_attempt_at=timezone.now())
+        WebhookDelivery.objects.filter(pk=delivery_id, attempts=attempts, claimed_at=claimed_at,
+                                       status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING]).update(
+            next_attempt_at=timezone.now())
     return len(rows)

@@ -1,11 +1,16 @@
 """Round 53 review of notifications (hooks): a pause or a test event held up by a notice being written, the
 resenders undoing a recorded backoff, and endpoint writes that resolve a name the user chose, unthrottled."""
+import smtplib
 import threading
+from datetime import timedelta
 
 import pytest
+from django.core.mail import EmailMessage
 from django.db import connection, transaction
+from django.utils import timezone
 
-from notifications.models import Kind
+from notifications.models import DeliveryStatus, EmailStatus, Kind, Notification, WebhookDelivery
+from notifications.services import email as email_svc
 from notifications.services import webhooks
 from notifications.services.notify import notify
 from tests.factories import UserFactory
@@ -79,3 +84,72 @@ def test_a_delete_still_waits_for_a_pause_in_progress():
     finally:
         release.set()
         thread.join()
+
+
+# ------------------------------------------------------------------ the resenders and a backoff recorded meanwhile
+
+
+def _worker_takes_it_at_once(monkeypatch, run):
+    """The queued task is run at once (a worker that takes it as soon as it is sent), before the resender goes on."""
+    monkeypatch.setattr("core.dispatch.send", lambda name, *args, task_id=None: run(*args))
+
+
+def test_webhook_resender_keeps_the_backoff_of_an_attempt_recorded_meanwhile(db, receiver, settings, monkeypatch):
+    """deliveries_resend marked each row it queued "due now" after sending it, unconditionally: an attempt made and
+    recorded in between (next_attempt_at = now + backoff) was overwritten, and the next run queued it again ~5 min
+    later instead of after the backoff."""
+    settings.NOTIFICATIONS_WEBHOOK_BACKOFF_S = 600
+    receiver.answers = [500] * 10
+    endpoint, _ = webhooks.endpoint_create(user=UserFactory(), url=receiver.url)
+    delivery = webhooks.endpoint_test(endpoint=endpoint)  # its task is lost (on_commit does not run here)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now() - timedelta(minutes=10))
+    _worker_takes_it_at_once(monkeypatch, lambda delivery_id, after: webhooks.webhook_attempt(
+        delivery_id=delivery_id, after_attempts=after))
+    assert webhooks.deliveries_resend() == 1
+    delivery.refresh_from_db()
+    assert delivery.status == DeliveryStatus.RETRYING and delivery.attempts == 1
+    assert delivery.next_attempt_at > timezone.now() + timedelta(seconds=500)
+
+
+@pytest.mark.parametrize("lost_claim", [False, True])
+def test_webhook_resender_still_marks_what_it_queued_and_no_attempt_was_made_for(owner, monkeypatch, lost_claim):
+    """The other side: a row left as it was listed (unclaimed, or its claim's worker lost) is marked queued, so the
+    next run does not queue it again while it waits in a long queue."""
+    endpoint, _ = webhooks.endpoint_create(user=owner, url="http://127.0.0.1:9/hooks")
+    delivery = webhooks.endpoint_test(endpoint=endpoint)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        next_attempt_at=timezone.now() - timedelta(minutes=10),
+        claimed_at=timezone.now() - timedelta(minutes=10) if lost_claim else None)
+    sent: list = []
+    _worker_takes_it_at_once(monkeypatch, lambda *args: sent.append(args))
+    assert webhooks.deliveries_resend() == 1 and sent == [(delivery.pk, 0)]
+    assert webhooks.deliveries_resend() == 0
+
+
+def test_webhook_resender_queues_the_longest_overdue_first(owner, monkeypatch):
+    """It took [:500] in the model's order (newest first): after a broker outage the oldest waited longest."""
+    endpoint, _ = webhooks.endpoint_create(user=owner, url="http://127.0.0.1:9/hooks")
+    first, second, third = (webhooks.endpoint_test(endpoint=endpoint) for _ in range(3))
+    now = timezone.now()
+    for delivery, minutes in ((first, 20), (second, 60), (third, 40)):
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=now - timedelta(minutes=minutes))
+    sent: list = []
+    _worker_takes_it_at_once(monkeypatch, lambda *args: sent.append(args[0]))
+    assert webhooks.deliveries_resend() == 3
+    assert sent == [second.pk, third.pk, first.pk]
+
+
+def test_email_resender_keeps_the_backoff_of_an_attempt_recorded_meanwhile(db, monkeypatch):
+    n = notify(user=UserFactory(), kind=Kind.LOW_BALANCE, payload={"message": "low"}, dedupe_key="k1")
+    Notification.objects.filter(pk=n.pk).update(email_next_at=timezone.now() - timedelta(minutes=10))
+
+    def relay_went_away(*args, **kwargs):
+        raise smtplib.SMTPServerDisconnected("relay went away")
+
+    monkeypatch.setattr(EmailMessage, "send", relay_went_away)
+    _worker_takes_it_at_once(monkeypatch, lambda notification_id, after: email_svc.notification_email_send(
+        notification_id=notification_id, after_attempts=after))
+    assert email_svc.emails_resend() == 1
+    n.refresh_from_db()
+    assert n.email_status == EmailStatus.PENDING and n.email_attempts == 1
+    assert n.email_next_at > timezone.now() + timedelta(seconds=30)
