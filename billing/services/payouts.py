@@ -12,6 +12,13 @@ payout fails and a reversal gives the earnings back; if Stripe's answer is lost 
 conflict), the payout stays pending, and the next try (the per-minute follow-up, billing.tasks.top_ups_reconcile,
 after BILLING_TOP_UP_RECONCILE_AFTER_S) first looks for the transfer by its transfer group, so that a transfer
 that was made is recorded rather than made again.
+
+A deactivated provider is not paid (account_status.account_deactivate: the operators' lever for an account taken
+over or a fraud; before, the weekly run sent the whole earnings balance to the Connect account on file, perhaps the
+thief's: found by review). The run makes no payout for them, their earnings staying in the balance; a payout made
+before the deactivation stays pending, its earnings reserved, and is not sent (payout_send records why, HELD_INACTIVE,
+for the operators: its admin page and the dashboard's pending payouts, marked by the per-minute follow-up) until
+the account is reactivated; then the follow-up sends it within minutes, and the next weekly run pays what has accrued.
 """
 import logging
 from datetime import UTC, date, datetime, time, timedelta
@@ -20,7 +27,7 @@ from typing import Any
 
 import stripe
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
@@ -38,12 +45,16 @@ from billing.services.ledger import accounts_lock, ledger_post, platform_account
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT, cents, client, is_definite, translate
 from core.locks import advisory_lock
+from marketplace.models import User
 from marketplace.money import micros_to_usd, usd_text, usd_to_micros
 from notifications.services.notify import Kind, notify
 
 log = logging.getLogger(__name__)
 
 PAYOUT_FOLLOW_UP_BATCH = 100  # pending payouts taken up per follow-up run at most
+# A pending payout of a deactivated provider: why it is not sent (its failure_message, shown to operators).
+HELD_INACTIVE = ("Held, not sent: the provider's account is deactivated. Its earnings stay reserved for it, and it is "
+                 "sent once the account is reactivated.")
 
 
 def payout_period(today: date) -> tuple[date, date]:
@@ -82,7 +93,8 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
     """Reserve the provider's earnings up to the end of `period_end` (payout_amount_micros) for this period's
     payout; the existing payout if there is one.
 
-    None when they have no Connect account or less than the minimum to pay (a balance below zero: nothing).
+    None when they have no Connect account, their account is deactivated, or they have less than the minimum to
+    pay (a balance below zero: nothing).
     """
     destination = (BillingProfile.objects.filter(user_id=provider_id)
                    .values_list("stripe_connect_account_id", flat=True).first())
@@ -92,6 +104,10 @@ def payout_create(*, provider_id: int, period_start: date, period_end: date) -> 
     if not destination:
         return None
     with transaction.atomic():
+        # Read under the account row's key-share lock, before the ledger's locks: a deactivation under way (FOR
+        # UPDATE) is waited for, and one committed before is seen (as an auto top-up reads it: top_ups).
+        if not _provider_active(provider_id):
+            return None
         # Both accounts of the posting, locked in one step in id order (ledger.accounts_lock) before the balance is
         # read: the earnings locked on their own first, then payout clearing by ledger_post, against a failed
         # payout's reversal (_payout_failed: clearing, then earnings, by id) deadlocked, and PostgreSQL aborted one.
@@ -121,6 +137,10 @@ def payout_send(*, payout: Payout) -> Payout:
     the second does nothing). A payout tried before whose answer was lost is first looked up at Stripe by its
     transfer group: a transfer made then is recorded, not made again (Stripe forgets an Idempotency-Key after a
     day, and the retry may come a week later).
+
+    A deactivated provider's payout is held: left pending, its earnings reserved, nothing sent, HELD_INACTIVE
+    recorded as its failure_message (a transfer an earlier try made is still recorded: that money went already).
+    A deactivation that commits after this check is as one a moment after the transfer.
     """
     if payout.status != PayoutStatus.PENDING:
         return payout
@@ -143,6 +163,11 @@ def payout_send(*, payout: Payout) -> Payout:
             log.warning("payout %s: %s", payout.pk, message)
             payout.refresh_from_db()
             return payout
+        if transfer is None and not _provider_active(payout.provider_id):
+            Payout.objects.filter(pk=payout.pk).update(failure_message=HELD_INACTIVE)
+            log.warning("payout %s of provider %s: %s", payout.pk, payout.provider_id, HELD_INACTIVE)
+            payout.refresh_from_db()
+            return payout
         try:
             if transfer is None:
                 Payout.objects.filter(pk=payout.pk).update(attempts=F("attempts") + 1)
@@ -162,6 +187,18 @@ def payout_send(*, payout: Payout) -> Payout:
             payout.refresh_from_db()
             return payout
         return _payout_paid(payout.pk, transfer)
+
+
+def _provider_active(provider_id: int) -> bool:
+    """Whether the provider's account is active, read under a key-share lock on its row inside a transaction (as
+    top_ups._account_active): a deactivation under way (FOR UPDATE) is waited for and what it committed is read."""
+    if connection.vendor != "postgresql" or not connection.in_atomic_block:  # SQLite: no FOR KEY SHARE
+        return bool(User.objects.filter(pk=provider_id).values_list("is_active", flat=True).first())
+    with connection.cursor() as cursor:  # a locked row is read as last committed, after any wait (READ COMMITTED)
+        cursor.execute(f"SELECT is_active FROM {User._meta.db_table} WHERE id = %s FOR KEY SHARE",  # noqa: S608
+                       [provider_id])
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 def _transfer_made(payout: Payout) -> Any:
@@ -247,9 +284,17 @@ def payouts_send_pending(*, now: datetime | None = None) -> int:
     """Send again the payouts still pending after BILLING_TOP_UP_RECONCILE_AFTER_S (a lost answer, a crash between
     reserving and sending): minutes later, not next week. Each looks its transfer up first (payout_send). At most
     PAYOUT_FOLLOW_UP_BATCH a run, the least recently tried first: payouts whose lookup Stripe keeps refusing went
-    first every run and hid the others for good (each tried again only a run later than the rest)."""
+    first every run and hid the others for good (each tried again only a run later than the rest). A deactivated
+    provider's are passed over (held: payout_send), so that they neither go out nor take the batch's places, and
+    marked held (HELD_INACTIVE) for the operators within a minute of the deactivation; once the account is
+    reactivated, they are sent here."""
+    held = (Payout.objects.filter(status=PayoutStatus.PENDING, provider__is_active=False)
+            .exclude(failure_message=HELD_INACTIVE).update(failure_message=HELD_INACTIVE))
+    if held:
+        log.warning("payouts: %d pending payout(s) of deactivated providers held, not sent", held)
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
-    pending = list(Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff)
+    pending = list(Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff,
+                                         provider__is_active=True)
                    .order_by(F("last_tried_at").asc(nulls_first=True), "pk")[:PAYOUT_FOLLOW_UP_BATCH])
     for payout in pending:
         _send_going_on(payout, "the follow-up")
@@ -275,12 +320,16 @@ def payouts_run(*, today: date | None = None) -> list[Payout]:
     and the run goes on with the others: it escaped, and every provider after that one went unpaid that week. Its
     payout_create runs in a savepoint, so the error undoes that provider's reservation only; their earnings stay
     and go with the next run (the same period's once it is run again: payout_create is idempotent per period).
+
+    A deactivated provider gets no payout (their earnings wait for a run after reactivation); their payouts still
+    pending are held, each marked so (payout_send, HELD_INACTIVE).
     """
     today = today or timezone.now().date()
     start, end = payout_period(today)
     due = list(Account.objects.filter(kind=AccountKind.PROVIDER_EARNINGS,
                                       balance_micros__gte=payout_minimum_micros(),
-                                      user__billing_profile__stripe_connect_account_id__gt="")
+                                      user__billing_profile__stripe_connect_account_id__gt="",
+                                      user__is_active=True)
                .order_by("user_id").values_list("user_id", flat=True))
     payouts, failed = [], 0
     for provider_id in due:

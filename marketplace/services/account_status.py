@@ -78,7 +78,8 @@ def account_deactivate(*, user: User, by: User | None = None, reason: str = "") 
     """Turn the account off (`by`: the operator; `reason` is told to its owner), then stop its running instances
     and cancel its bookings not running yet (after the caller's transaction commits, each in its own). The record,
     or None when the account was off already (its instances are passed over all the same: what an interrupted
-    pass left is done now). ValidationFailed for an operator's own account, or a reason too long."""
+    pass left is done now). Its earnings are not paid out while it is off (billing.services.payouts: no payout made,
+    one pending held). ValidationFailed for an operator's own account, or a reason too long."""
     reason = status_reason_clean(reason)
     if by is not None and by.pk == user.pk:
         raise ValidationFailed("An operator cannot deactivate their own account; another operator can.",
@@ -104,8 +105,9 @@ def account_deactivate(*, user: User, by: User | None = None, reason: str = "") 
 
 
 def account_reactivate(*, user: User, by: User | None = None, reason: str = "") -> AccountStatusChange | None:
-    """Turn the account on again: its owner logs in again, its nodes are offered again; nothing of its own is
-    started. The record, or None when it was on already."""
+    """Turn the account on again: its owner logs in again, its nodes are offered again, its payouts resume (a held
+    one with the next follow-up, new earnings with the next weekly run); nothing of its own is started. The record,
+    or None when it was on already."""
     reason = status_reason_clean(reason)
     with transaction.atomic():
         locked = User.objects.select_for_update().get(pk=user.pk)
