@@ -29,8 +29,9 @@ VERBS = {
     # verb: (service, button words, question, danger). The states that show a button are the instance table's
     # (`Instance.allows(verb)`, marketplace.models.renting), the same rule the service applies; start and restart
     # are also refused for their node's sake (NODE_REFUSALS), the service's own check, said instead of a button.
-    "stop": (svc.instance_stop, "Stop", "Stop it? The disk is kept and its GPUs are freed; start it again later.",
-             False),
+    "stop": (svc.instance_stop, "Stop", "Stop it? Its GPUs are freed and GPU time is no longer billed; the disk is "
+                                        "kept, and billed at the server's storage price while stopped. Start it "
+                                        "again later, or destroy it to end that charge.", False),
     "start": (svc.instance_start, "Start", "Start it again? It takes its GPUs back when they are free.", False),
     "restart": (svc.instance_restart, "Restart", "Restart it? Running programs are ended, the disk is kept.", False),
     "destroy": (svc.instance_destroy, "Destroy", "Destroy it? Its disk is deleted for good and its GPUs are freed.",
@@ -76,6 +77,8 @@ def _live_context(instance, user) -> dict:
         "job_open": job is not None and job.status in OPEN_JOB_STATUSES,
         "final": instance.status in FINAL_STATUSES,
         "cost": billing_selectors.instance_cost(instance=instance),
+        # What its disk costs a month while stopped (GB × the price per GB-month booked), said beside the cost.
+        "disk_month_micros": instance.disk_gb * instance.disk_price_per_gb_month_micros,
         "verbs": verbs,
         "refused_verbs": refused,
     }
