@@ -13,8 +13,10 @@ USD_MAX_DIGITS, USD_PLACES = 12, 6
 CENTS_MAX_DIGITS, CENTS_PLACES = 9, 2
 
 # USD in whole cents as people and clients type it: "25", "25.5", "25.00". No sign, exponent or thousands
-# separator, at most seven whole digits, and a point only with decimals after it ("25." is not an amount).
-_PLAIN_CENTS = re.compile(rf"\d{{1,{CENTS_MAX_DIGITS - CENTS_PLACES}}}(\.\d{{1,{CENTS_PLACES}}})?")
+# separator, at most seven whole digits, and a point only with decimals after it ("25." is not an amount). ASCII
+# digits only, as the published schema's pattern: without re.ASCII, \d took any Unicode digit ("٥", "１０") and
+# Decimal read it as the number (found by review).
+_PLAIN_CENTS = re.compile(rf"\d{{1,{CENTS_MAX_DIGITS - CENTS_PLACES}}}(\.\d{{1,{CENTS_PLACES}}})?", re.ASCII)
 
 
 def usd_to_micros(amount: Decimal) -> int:
