@@ -26,6 +26,7 @@ import time
 from typing import Any, Protocol
 
 from django.conf import settings
+from django.contrib.auth.hashers import check_password
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 
@@ -209,16 +210,21 @@ class PasswordHolder(Protocol):
     """What password_confirm needs of a user (core imports no app's model)."""
 
     email: str
-
-    def check_password(self, raw_password: str) -> bool: ...
+    password: str  # the stored hash
 
 
 def password_confirm(*, user: PasswordHolder, password: str, client_address: str | None) -> bool:
     """Is this the user's password? Behind the log-in lock-out (LoginLocked), counted as a log-in: a session
     someone else got hold of must not become a way to guess the password (the change form, turning two-factor on
-    or off, the payout account, an API key, an SSH key or a webhook endpoint made on a page)."""
+    or off, the payout account, an API key, an SSH key or a webhook endpoint made on a page).
+
+    Only compared, never re-hashed: user.check_password saves a new hash when the hasher is out of date (after each
+    Django upgrade raises PBKDF2's iterations), and the session hash is an HMAC of the stored hash, so every session
+    of the account ended, the one that just typed the password too (found by review: turning two-factor on then
+    dead-ended on a 405 after the log-in page). The hash is brought up to date at the next real log-in, whose
+    login() stores the new session hash."""
     with login_attempt(account=user.email, address=client_address) as attempt:
-        if user.check_password(password):
+        if check_password(password, user.password):
             attempt.succeeded()
             return True
         attempt.failed()
