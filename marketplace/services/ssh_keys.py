@@ -4,7 +4,8 @@ A key reaches a VM's authorized_keys, so anything that is not exactly one plain 
 is refused: authorized_keys options (`command="..."`, `no-pty`, ...), several keys in one
 field, control characters, bad base64, a type prefix that disagrees with the key data,
 certificates, DSA, security-key (FIDO) keys and RSA keys under 2048 bits. What is stored is
-the normalised `<type> <base64>`; the comment only serves as the key's default name.
+the normalised `<type> <base64>`; the comment only serves as the key's default name. A private key (OpenSSH, PEM,
+SSH2, PuTTY's .ppk) is told apart first (PrivateKeyPasted), with how to get its public key instead.
 """
 import base64
 import binascii
@@ -58,6 +59,50 @@ class InvalidSshKey(ValidationFailed):
         super().__init__(message, field="public_key")
 
 
+class PrivateKeyPasted(InvalidSshKey):
+    """The text is a private key, not a public one: it says so and how to export the public key. The message never
+    holds the text; a page that refused it must not show the text back either (looks_like_private_key)."""
+
+
+# Where a private key shows itself, in the formats a renter may paste: PEM and OpenSSH ("-----BEGIN OPENSSH PRIVATE
+# KEY-----", "RSA PRIVATE KEY", "ENCRYPTED PRIVATE KEY", ...) and SSH.com's ("---- BEGIN SSH2 ENCRYPTED PRIVATE KEY
+# ----") all say PRIVATE KEY; PuTTY's .ppk says it in its header lines; an OpenSSH private key's body without its
+# armour starts with the base64 of "openssh-key-v1".
+_PUTTY_PRIVATE_RE = re.compile(r"^\s*(PuTTY-User-Key-File-[0-9]+:|Private-(Lines|MAC|Hash):)", re.MULTILINE)
+_OPENSSH_PRIVATE_BODY = "b3BlbnNzaC1rZXktdjE"
+
+
+def _private_key_kind(text: str) -> str | None:
+    """'putty' for a PuTTY private key, 'other' for another private key, None when it does not look like one."""
+    if _PUTTY_PRIVATE_RE.search(text):
+        return "putty"
+    if "PRIVATE KEY" in text or _OPENSSH_PRIVATE_BODY in text:
+        return "other"
+    return None
+
+
+def looks_like_private_key(text: str) -> bool:
+    """Does the pasted text look like a private key (any format parse_public_key tells apart)? A form that refused
+    it wipes it rather than show it back."""
+    return isinstance(text, str) and _private_key_kind(text) is not None
+
+
+def _refuse_private_key(text: str) -> None:
+    kind = _private_key_kind(text)
+    if kind == "putty":
+        # PuTTY is the usual tool on Windows; its .ppk holds the public half too, but only PuTTYgen exports it.
+        raise PrivateKeyPasted(
+            "This is a PuTTY private key (a .ppk file): never send it to anyone; it was not saved. Send its public "
+            "key instead: load the .ppk in PuTTYgen and copy the box \"Public key for pasting into OpenSSH "
+            "authorized_keys file\", or run `puttygen key.ppk -O public-openssh`. If you sent the private key "
+            "anywhere else, make a new key pair.")
+    if kind is not None:
+        raise PrivateKeyPasted(
+            "This is a private key: never send it to anyone; it was not saved. Send the public key instead: the "
+            "contents of the .pub file next to it (e.g. ~/.ssh/id_ed25519.pub), or print it with "
+            "`ssh-keygen -y -f <private key file>`. If you sent the private key anywhere else, make a new key pair.")
+
+
 class SshKeyExists(Conflict):
     """The user saved this key already (a Conflict: the other is MAX_SAVED_SSH_KEYS reached)."""
 
@@ -96,6 +141,7 @@ def parse_public_key(text: str) -> ParsedKey:
     value = text.strip()  # a trailing newline from `cat key.pub` is harmless
     if not value:
         raise InvalidSshKey("Paste one public key, e.g. the contents of ~/.ssh/id_ed25519.pub.")
+    _refuse_private_key(value)  # first: a .ppk or SSH2 private key was answered "Holds several lines"
     if value.startswith("---- BEGIN SSH2 PUBLIC KEY"):
         raise InvalidSshKey("This is an RFC 4716 (PuTTY) key; convert it with `ssh-keygen -i -f key.pub` first.")
     if value.startswith("-----BEGIN"):
