@@ -211,6 +211,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "auth": env_str("AUTH_THROTTLE_RATE", "20/min"),
+        # Adding or changing a webhook endpoint, per user, the API and the settings page together: each may resolve
+        # a host name the user chose, inside the web request (notifications/services/urls.py).
+        "webhook_endpoints": env_str("WEBHOOK_ENDPOINT_THROTTLE_RATE", "10/min"),
     },
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

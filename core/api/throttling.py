@@ -10,8 +10,10 @@ when the last place is taken, counting nothing. A fixed window that opens with t
 N requests in it. DRF's AnonRateThrottle and UserRateThrottle were offered here too, with DRF's count, and used
 nowhere: removed."""
 import time
+from types import SimpleNamespace
 
 from django.core.cache import cache
+from django.http import HttpRequest
 from rest_framework import throttling
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -58,3 +60,13 @@ class ScopedRateThrottle(ClientAddressMixin, throttling.ScopedRateThrottle):
     def wait(self) -> float | None:
         """Seconds until the client's window ends (the answer's Retry-After)."""
         return getattr(self, "_wait", None)
+
+
+def scoped_rate_wait(request: HttpRequest | Request, scope: str) -> float | None:
+    """For a page: count the request against `scope`'s rate, in the same counter as the API's views with that
+    `throttle_scope` (the user's, else the client address's), so the two share one budget. None when it is allowed;
+    else the seconds until the window ends (the page's Retry-After)."""
+    throttle = ScopedRateThrottle()
+    if throttle.allow_request(request, SimpleNamespace(throttle_scope=scope)):  # type: ignore[arg-type]
+        return None
+    return throttle.wait() or 1.0

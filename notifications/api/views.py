@@ -2,7 +2,7 @@
 endpoints (CRUD, a test event) and their delivery logs. Another user's object is a 404."""
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -12,6 +12,7 @@ from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key, idempotency_parameter
 from core.api.schema import error_response
 from core.api.scopes import ANY
+from core.api.throttling import ScopedRateThrottle
 from marketplace.reauth import refuse_session_alone
 from notifications import selectors
 from notifications.models import PREFERENCE_KINDS, Notification, WebhookDelivery, WebhookEndpoint
@@ -108,6 +109,9 @@ class PreferenceDetailView(APIView):
 
 
 SETTINGS_PAGE = "on the notification settings page (it asks for your password)"
+ENDPOINT_WRITES_THROTTLED = ("More than WEBHOOK_ENDPOINT_THROTTLE_RATE (10 a minute) endpoints added or changed by "
+                             "you, with the API and the settings page together; nothing was changed. Retry-After "
+                             "says when to try again.")
 SESSION_REFUSED = ("{what} asked with a browser session, not an API key: the notification settings page asks for "
                    "the password; nothing was changed.")
 
@@ -127,12 +131,14 @@ SESSION_REFUSED = ("{what} asked with a browser session, not an API key: the not
             200: OpenApiResponse(WebhookEndpointCreatedSerializer,
                                  "The endpoint an earlier request with this Idempotency-Key added, and its secret."),
             403: error_response(SESSION_REFUSED.format(what="An endpoint")),
+            429: error_response(ENDPOINT_WRITES_THROTTLED),
             422: error_response("The Idempotency-Key was used for a different request, or added its endpoint "
                                 "more than 10 minutes ago (its secret is not shown again).")}),
     partial_update=extend_schema(summary="Change an endpoint's URL, description or active flag",
                                  request=WebhookEndpointInputSerializer, responses={
                                      200: WebhookEndpointSerializer,
-                                     403: error_response(SESSION_REFUSED.format(what="A new URL"))}),
+                                     403: error_response(SESSION_REFUSED.format(what="A new URL")),
+                                     429: error_response(ENDPOINT_WRITES_THROTTLED)}),
     destroy=extend_schema(summary="Delete a webhook endpoint and its delivery log"),
 )
 @extend_schema(tags=["notifications"])
@@ -142,6 +148,16 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
     serializer_class = WebhookEndpointSerializer
     queryset = WebhookEndpoint.objects.none()
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = webhook_svc.ENDPOINT_WRITES_SCOPE
+
+    def get_throttles(self):
+        # Adding and changing only (they may resolve the URL's host name): reading, deleting and the test button
+        # (its own hourly limit) are not counted.
+        return super().get_throttles() if self.action in ("create", "partial_update") else []
+
+    def throttled(self, request, wait):
+        raise exceptions.Throttled(wait, detail=webhook_svc.endpoint_writes_refused(wait or 1))
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):

@@ -8,9 +8,12 @@ form everywhere it goes on the wire: the DNS lookup, the Host header, TLS SNI an
 IDNA 2008 with UTS 46 (the `idna` package, as browsers and registries), not Python's "idna" codec (IDNA 2003,
 which maps `faß.example` to `fass.example`, someone else's domain).
 
-The lookup has a time limit (NOTIFICATIONS_WEBHOOK_TIMEOUT_S when an endpoint is saved; within the attempt's own
-deadline before each attempt): getaddrinfo has none, and a user's slow name server would otherwise hold a web
-request, or the worker that also runs the fleet's health checks, as long as the resolver waits.
+The lookup has a time limit (SAVE_LOOKUP_S, or NOTIFICATIONS_WEBHOOK_TIMEOUT_S if shorter, when an endpoint is
+saved; within the attempt's own deadline before each attempt): getaddrinfo has none, and a user's slow name server
+would otherwise hold a web request, or the worker that also runs the fleet's health checks, as long as the resolver
+waits. Saving is shorter: it holds one of the few web workers (a slow name answered in 5 s held one 5 s a request;
+found by review), and a name that does not answer within it is refused, not saved; the writes are throttled too
+(the `webhook_endpoints` rate).
 
 NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK (tests and local demos only) also lets plain http reach 127.0.0.1/::1.
 """
@@ -25,6 +28,7 @@ from core.addresses import LookupTooSlow, getaddrinfo_within, is_public
 from core.errors import ValidationFailed
 
 URL_MAX_LENGTH = 500
+SAVE_LOOKUP_S = 2  # the host name's lookup when an endpoint is saved (inside a web request)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -55,8 +59,15 @@ class WebhookTarget:
 
 def webhook_url_check(url: str, *, field: str = "url") -> str:
     """The URL as it will be used, or ValidationFailed naming `field` (also when its host name takes longer than
-    NOTIFICATIONS_WEBHOOK_TIMEOUT_S to resolve)."""
-    return _checked(url, field, settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S)[0]
+    save_lookup_s() to resolve)."""
+    limit = save_lookup_s()
+    return _checked(url, field, limit, limit)[0]
+
+
+def save_lookup_s() -> int:
+    """The host name's time to resolve when an endpoint is saved: SAVE_LOOKUP_S, or the attempt's whole time limit
+    if that is shorter."""
+    return min(SAVE_LOOKUP_S, settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S)
 
 
 def webhook_target(url: str, *, timeout_s: float | None = None) -> WebhookTarget:
@@ -65,7 +76,7 @@ def webhook_target(url: str, *, timeout_s: float | None = None) -> WebhookTarget
     webhook_url_check); the attempt connects to the first."""
     if timeout_s is None:
         timeout_s = settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S
-    url, parts, addresses = _checked(url, "url", timeout_s)
+    url, parts, addresses = _checked(url, "url", timeout_s, settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S)
     address = addresses[0]
     hostname = _ascii_host(str(parts.hostname))  # checked by _checked: it encodes
     connect_url = urlunsplit((parts.scheme, _netloc(str(address), parts.port), parts.path or "/", parts.query, ""))
@@ -85,7 +96,8 @@ def _ascii_host(hostname: str) -> str:
     return hostname if hostname.isascii() else idna.encode(hostname, uts46=True).decode("ascii")
 
 
-def _checked(url: str, field: str, timeout_s: float) -> tuple[str, SplitResult, list[Address]]:
+def _checked(url: str, field: str, timeout_s: float, limit_named: float) -> tuple[str, SplitResult, list[Address]]:
+    """`timeout_s`: the lookup's time; `limit_named`: the limit a lookup that took too long is told it missed."""
     url = url.strip()
     if not url:
         raise ValidationFailed("Give the URL that should receive the events.", field=field)
@@ -110,9 +122,9 @@ def _checked(url: str, field: str, timeout_s: float) -> tuple[str, SplitResult, 
     try:
         addresses = _addresses(hostname, port or (443 if parts.scheme == "https" else 80), timeout_s)
     except LookupTooSlow:
-        # The limit named is the setting: at an attempt the lookup had what was left of that much time.
-        raise ValidationFailed(f"Could not resolve {parts.hostname} within "
-                               f"{settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S} s.", field=field) from None
+        # At an attempt the limit named is the setting: the lookup had what was left of that much time.
+        raise ValidationFailed(f"Could not resolve {parts.hostname} within {limit_named:g} s.",
+                               field=field) from None
     if not addresses:
         raise ValidationFailed(f"The host name does not resolve: {parts.hostname}.", field=field)
     loopback_ok = settings.NOTIFICATIONS_WEBHOOK_ALLOW_LOOPBACK

@@ -21,6 +21,7 @@ locks both before it deletes what goes with the endpoint; an attempt whose deliv
 recorded ends with nothing recorded.
 """
 import logging
+import math
 import secrets
 import socket
 import threading
@@ -62,6 +63,18 @@ log = logging.getLogger(__name__)
 
 DESCRIPTION_MAX_LENGTH = 200
 ENDPOINTS_PER_USER = 10
+# The rate (DEFAULT_THROTTLE_RATES) of adding or changing an endpoint, per user, the API and the page together: each
+# may resolve a host name the user chose inside the web request, and a slow name server held a web worker for the
+# lookup's whole time limit, as often as asked (found by review).
+ENDPOINT_WRITES_SCOPE = "webhook_endpoints"
+ENDPOINT_WRITES_REFUSED = ("Too many webhook endpoints added or changed for now: nothing was changed. Try again in "
+                           "{wait}.")
+
+
+def endpoint_writes_refused(wait_s: float) -> str:
+    """What a client past the ENDPOINT_WRITES_SCOPE rate is told (with Retry-After)."""
+    wait = max(1, math.ceil(wait_s))
+    return ENDPOINT_WRITES_REFUSED.format(wait=f"{wait} second{'s' if wait != 1 else ''}")
 
 
 def _secret_new() -> str:

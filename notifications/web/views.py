@@ -1,5 +1,7 @@
 """Pages: your notifications; your notification settings (channels per event kind, webhook endpoints); one
 endpoint's delivery log with a test button. Thin: the services hold the rules; another user's endpoint is a 404."""
+import math
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -8,7 +10,8 @@ from django.utils.crypto import get_random_string
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from core.errors import ApplicationError, NotFound, ValidationFailed
+from core.api.throttling import scoped_rate_wait
+from core.errors import ApplicationError, NotFound, TooManyRequests, ValidationFailed
 from core.idempotency import web_idempotency_key
 from core.web_errors import form_error, message_error
 from marketplace.reauth import with_form_status
@@ -80,6 +83,13 @@ def notification_settings(request):
         messages.success(request, "Your notification settings were saved.")
         return redirect("notification-settings")
     if request.method == "POST" and form.is_valid():
+        # Before the URL's host name is looked up: the API's rate and counter (ENDPOINT_WRITES_SCOPE), one budget.
+        wait = scoped_rate_wait(request, webhook_svc.ENDPOINT_WRITES_SCOPE)
+        if wait is not None:
+            form_error(form, TooManyRequests(webhook_svc.endpoint_writes_refused(wait)))
+            response = _settings_page(request, form, status=429)
+            response["Retry-After"] = str(max(1, math.ceil(wait)))
+            return response
         try:
             endpoint, secret = webhook_svc.endpoint_create(
                 user=request.user, url=form.cleaned_data["url"], description=form.cleaned_data["description"],

@@ -7,13 +7,19 @@ from datetime import timedelta
 import pytest
 from django.core.mail import EmailMessage
 from django.db import connection, transaction
+from django.test import Client
 from django.utils import timezone
+from rest_framework import throttling as drf_throttling
 
-from notifications.models import DeliveryStatus, EmailStatus, Kind, Notification, WebhookDelivery
+from core.addresses import LookupTooSlow
+from notifications.models import DeliveryStatus, EmailStatus, Kind, Notification, WebhookDelivery, WebhookEndpoint
 from notifications.services import email as email_svc
+from notifications.services import urls as urls_svc
 from notifications.services import webhooks
 from notifications.services.notify import notify
 from tests.factories import UserFactory
+
+PASSWORD = "correct horse battery staple"  # tests.factories.UserFactory's
 
 # What a user does to an endpoint while another app's transaction that told them something is still open.
 ACTIONS = {
@@ -153,3 +159,69 @@ def test_email_resender_keeps_the_backoff_of_an_attempt_recorded_meanwhile(db, m
     n.refresh_from_db()
     assert n.email_status == EmailStatus.PENDING and n.email_attempts == 1
     assert n.email_next_at > timezone.now() + timedelta(seconds=30)
+
+
+# ------------------------------------------------------------------ endpoint writes: throttled, a shorter lookup
+
+ENDPOINTS = "/api/v1/webhook-endpoints/"
+
+
+@pytest.fixture
+def endpoint_rate(monkeypatch):
+    # DRF copies DEFAULT_THROTTLE_RATES into the class at import: override_settings cannot reach it.
+    rates = {**drf_throttling.SimpleRateThrottle.THROTTLE_RATES, "webhook_endpoints": "3/min"}
+    monkeypatch.setattr(drf_throttling.SimpleRateThrottle, "THROTTLE_RATES", rates)
+
+
+def test_endpoint_writes_through_the_api_are_throttled_per_user(owner_api, other_api, receiver, endpoint_rate):
+    """Adding or changing an endpoint resolves a host name the user chose inside the web request (up to the lookup's
+    limit, a web worker held each time), and nothing limited how often: a 429 past the rate now, nothing changed,
+    with Retry-After and a message saying so. Reading, the test button and deleting are not counted."""
+    created = owner_api.post(ENDPOINTS, {"url": receiver.url}, format="json")
+    assert created.status_code == 201, created.content
+    pk = created.json()["id"]
+    assert owner_api.patch(f"{ENDPOINTS}{pk}/", {"description": "a"}, format="json").status_code == 200
+    assert owner_api.patch(f"{ENDPOINTS}{pk}/", {"active": False}, format="json").status_code == 200
+    for _ in range(3):
+        assert owner_api.get(ENDPOINTS).status_code == 200
+        assert owner_api.post(f"{ENDPOINTS}{pk}/test/").status_code == 202
+    refused = owner_api.post(ENDPOINTS, {"url": receiver.url}, format="json")
+    assert refused.status_code == 429, refused.content
+    assert refused.json()["detail"].startswith("Too many webhook endpoints added or changed for now: nothing was "
+                                               "changed. Try again in ")
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    assert owner_api.patch(f"{ENDPOINTS}{pk}/", {"active": True}, format="json").status_code == 429
+    assert WebhookEndpoint.objects.filter(user__isnull=False).count() == 1
+    assert WebhookEndpoint.objects.get(pk=pk).active is False
+    assert other_api.post(ENDPOINTS, {"url": receiver.url}, format="json").status_code == 201  # per user
+    assert owner_api.delete(f"{ENDPOINTS}{pk}/").status_code == 204
+
+
+def test_the_settings_pages_form_shares_the_apis_budget(owner, owner_api, receiver, endpoint_rate):
+    for _ in range(3):
+        assert owner_api.post(ENDPOINTS, {"url": receiver.url}, format="json").status_code == 201
+    web = Client()
+    web.force_login(owner)
+    r = web.post("/account/notifications/settings/", {"url": receiver.url, "description": "page",
+                                                      "password": PASSWORD, "request_token": "t53"})
+    assert r.status_code == 429 and 1 <= int(r["Retry-After"]) <= 60
+    assert b"Too many webhook endpoints added or changed for now" in r.content
+    assert not WebhookEndpoint.objects.filter(description="page").exists()
+
+
+def test_a_host_name_is_given_a_shorter_lookup_when_an_endpoint_is_saved(owner_api, settings, monkeypatch):
+    """Saving looked the name up for NOTIFICATIONS_WEBHOOK_TIMEOUT_S (5 s), a web worker held that long each time;
+    now SAVE_LOOKUP_S (2 s). An attempt still has its whole time limit for it (test_webhook_attempts)."""
+    settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S = 5
+    waited: list[float] = []
+
+    def too_slow(host, port, timeout_s):
+        waited.append(timeout_s)
+        raise LookupTooSlow(host)
+
+    monkeypatch.setattr(urls_svc, "getaddrinfo_within", too_slow)
+    r = owner_api.post(ENDPOINTS, {"url": "https://slow.example/hooks"}, format="json")
+    assert r.status_code == 400 and r.json()["url"] == ["Could not resolve slow.example within 2 s."], r.content
+    assert waited == [2]
+    with pytest.raises(Exception, match="within 5 s"):
+        urls_svc.webhook_target("https://slow.example/hooks")
