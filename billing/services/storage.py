@@ -16,6 +16,8 @@ how often the meter runs:
   A look that finds its VM and disk gone ends its charge at their last sighting (the check fails it there); a
   start or destroy asked between that look and the check bills up to its own moment, and what it billed after
   the sighting is given back (disk_give_back, once), as GPU time is in the same race (metering.usage_give_back).
+- A volume its node's list did not have is billed up to that look and no further (`Volume.missing_since`): ended as
+  lost at the next look that misses it too, billed on from where it stopped if a later list has it again.
 - The size billed is the one booked (`Instance.disk_gb`, `Volume.size_gb`): what a node reports never changes it.
 - A disk's give-back re-bases its meter at the seconds paid for (`Instance.disk_rate_base_*` moved on by the
   seconds given back and what they were charged, as metering.usage_give_back re-bases GPU time), so seconds billed
@@ -114,8 +116,12 @@ def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str,
 
 
 def volume_storage_close(*, volume: Volume, until: datetime | None = None) -> int:
-    """Charge an available (or deleting) volume up to `until`; the amount charged. Call with its row locked."""
+    """Charge an available (or deleting) volume up to `until`; the amount charged. Call with its row locked.
+    Never past `missing_since`: its node's list did not have it then (marketplace.services.volumes.
+    volume_mark_missing), so nothing after is charged unless a later list finds it again (which clears that)."""
     until = until or timezone.now()
+    if volume.missing_since is not None:
+        until = min(until, volume.missing_since)
     if volume.available_at is None or volume.state not in (VolumeState.AVAILABLE, VolumeState.DELETING):
         return 0
     since = max(volume.billed_until or volume.available_at, volume.available_at)

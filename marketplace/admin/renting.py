@@ -25,10 +25,12 @@ from marketplace.models import (
     Instance,
     Interruption,
     Volume,
+    VolumeState,
 )
 from marketplace.money import micros_to_usd
 from marketplace.services.instances import instance_destroy, instance_stop
 from marketplace.services.instances.options import clean_image_reference
+from marketplace.services.volumes import volume_mark_lost
 from marketplace.validators import validate_libvirt_image
 
 
@@ -297,7 +299,9 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
 @admin.register(Volume)
 class VolumeAdmin(NothingEditableAdmin, admin.ModelAdmin):
     """Renters' volumes, read-only: they are created, mounted and deleted through the API and the pages (the
-    deletion needs the owner's confirmation), and billed by billing.services.storage."""
+    deletion needs the owner's confirmation), and billed by billing.services.storage. One action: end a volume its
+    node's list did not have (`missing_since`, a `volume_missing` node event) as lost, without waiting for the
+    reconciler's next look (which would end it if it misses it again)."""
 
     list_display = ["name", "owner", "node", "size_gb", "state", "price_per_gb_month_micros", "cost_micros",
                     "created_at"]
@@ -307,13 +311,31 @@ class VolumeAdmin(NothingEditableAdmin, admin.ModelAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = ["state"]
+    list_filter = ["state", ("missing_since", admin.EmptyFieldListFilter)]
     search_fields = ["name", "owner__email", "label"]
     list_select_related = ["owner", "node"]
     fields = ["name", "label", "owner", "node", "size_gb", "state", "status_message", "price_per_gb_month_micros",
               "platform_fee_bps", "billed_until", "billed_seconds", "cost_micros", "created_at", "available_at",
-              "deleted_at"]
+              "missing_since", "deleted_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here; django-stubs types `fields` as groups
+    actions = ["end_lost"]
+
+    @admin.action(description="End selected volumes missing on their server as lost (billed up to the check that "
+                              "missed them; their renters told)", permissions=["change"])
+    def end_lost(self, request, queryset):
+        ended, refused = 0, []
+        for volume in queryset.order_by("pk"):
+            after = volume_mark_lost(volume_id=volume.pk, by=request.user.email)
+            if after is not None and after.state == VolumeState.DELETED and volume.state != VolumeState.DELETED:
+                ended += 1
+                self.log_change(request, after, "Ended as lost on its server from the admin.")
+            else:
+                refused.append(f"volume {volume.pk} ({volume.name}): not ended, it is {volume.state}"
+                               f"{'' if volume.missing_since else ' and was not found missing on its server'}; "
+                               "only an available volume a check found missing is ended here")
+        messages.info(request, f"{ended} volume(s) ended as lost.")
+        for line in refused:
+            messages.warning(request, line)
 
     def has_add_permission(self, request):
         return False

@@ -82,6 +82,11 @@ class Volume(StatefulModel, models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     available_at = models.DateTimeField(null=True, blank=True, help_text="When it was created on its node.")
     deleted_at = models.DateTimeField(null=True, blank=True, help_text="When its deletion was asked for.")
+    # An available volume its node's list did not have (the reconciler's look that asked at this moment): billed no
+    # further, not mountable; cleared when a later list has it, ended as lost when the next look misses it too
+    # (marketplace.services.volumes.volume_mark_missing, volume_mark_lost).
+    missing_since = models.DateTimeField(null=True, blank=True,
+                                         help_text="When its node's list first lacked it.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -429,6 +429,9 @@ def volume_mounts_for_booking(*, renter: User, node_id: int, specs: list[dict[st
                                    "on that node to mount it.", field="volumes")
         if volume.state != VolumeState.AVAILABLE:
             raise Conflict(f"Volume {volume_id} is {volume.state}; it can be mounted once it is available.")
+        if volume.missing_since is not None:  # the node's check fails a VM whose volume is not there
+            raise Conflict(f"Volume {volume_id} cannot be mounted now: its server did not list it at its latest "
+                           "check. Try again after the next check.")
         live, why = _live_mount(volume)
         if live is not None:
             raise Conflict(f"Volume {volume_id} cannot be mounted yet: {_held_by(live, why)}." if why != _LIVE
@@ -550,6 +553,70 @@ def volumes_to_finish_deleting(*, node_id: int) -> list[Volume]:
     open_jobs = Job.objects.filter(OPEN, kind=JobKind.VOLUME_DELETE, volume_id=OuterRef("pk"))
     return list(Volume.objects.filter(node_id=node_id, state=VolumeState.DELETING)
                 .exclude(Exists(open_jobs)).order_by("pk"))
+
+
+# Said to the renter of a volume its server's list did not have at one look (volume_mark_missing).
+MISSING_ONCE = ("Available, but its server did not list it at its latest check: it is not billed and cannot be "
+                "mounted while this lasts, and it is ended as lost if the next check does not find it either.")
+# Said to the renter of a volume its server no longer has (volume_mark_lost).
+LOST_ON_NODE = ("its server no longer has it (two checks in a row found it gone there), so the volume and its data "
+                "cannot be recovered")
+
+
+@transaction.atomic
+def volume_mark_missing(*, volume_id: int, at: datetime) -> Volume | None:
+    """An available volume that its node's volume list, asked at `at`, does not have: billed up to `at` and no
+    further (billing.services.storage stops at `missing_since`), refused to bookings, its renter shown why. Not
+    ended yet: one list can be wrong (a volume being moved, the engine's list cut short), as a VM listed missing
+    only interrupts its instance at the first look. The next look ends it (volume_mark_lost) or clears this
+    (volume_mark_seen). Before, it stayed `available` and billed for ever, with a warning only operators read, who
+    had no means to settle it (found by review r53). Nothing happens to a volume marked so already, or not available."""
+    volume = _locked(volume_id)
+    if volume is None or volume.state != VolumeState.AVAILABLE or volume.missing_since is not None:
+        return volume
+    volume_storage_close(volume=volume, until=at)
+    volume.missing_since = at
+    volume.status_message = MISSING_ONCE
+    volume.save(update_fields=["missing_since", "status_message", "updated_at"])
+    return volume
+
+
+@transaction.atomic
+def volume_mark_seen(*, volume_id: int) -> Volume | None:
+    """Its node lists it again after a look that did not (volume_mark_missing): available as before, billed on from
+    where billing stopped (its data was there all along: a list that missed it was wrong)."""
+    volume = _locked(volume_id)
+    if volume is None or volume.missing_since is None:
+        return volume
+    volume.missing_since = None
+    if volume.state == VolumeState.AVAILABLE:
+        volume.status_message = "Available"
+    volume.save(update_fields=["missing_since", "status_message", "updated_at"])
+    return volume
+
+
+@transaction.atomic
+def volume_mark_lost(*, volume_id: int, by: str = "") -> Volume | None:
+    """An available volume missing on its node at two looks in a row (the reconciler), or one an operator ends from
+    the admin (`by`: their address) once a look found it missing: deleted, billed up to the first look that missed
+    it (`missing_since`), its renter told (VOLUME_LOST), as a volume lost with a retired node is (node_volumes_lost).
+    Nothing is asked of the node (it has nothing to delete). None, or the volume unchanged, when it is not available
+    and marked missing."""
+    volume = Volume.objects.select_for_update(of=("self",)).select_related("owner").filter(pk=volume_id).first()
+    if volume is None or volume.state != VolumeState.AVAILABLE or volume.missing_since is None:
+        return volume
+    volume_storage_close(volume=volume, until=volume.missing_since)  # nothing after it (volume_storage_close)
+    volume.transition_to(VolumeState.DELETING)
+    volume.transition_to(VolumeState.DELETED)
+    volume.deleted_at = timezone.now()
+    volume.status_message = f"Deleted: {LOST_ON_NODE}."[:500]
+    volume.save(update_fields=["state", "deleted_at", "status_message", "updated_at"])
+    notify(user=volume.owner, kind=Kind.VOLUME_LOST, dedupe_key=f"volume_lost:{volume.pk}",
+           payload={"volume": volume.pk, "name": volume.name, "label": volume.label,
+                    "message": f"Volume {volume.name} ({volume.size_gb} GB) is deleted: {LOST_ON_NODE}"
+                               f"{' (confirmed by an operator)' if by else ''}. It was billed up to the first check "
+                               f"that did not find it ({volume.missing_since:%Y-%m-%d %H:%M:%S} UTC), not after."})
+    return volume
 
 
 # Said to the renter when the server of their volume is retired while unreachable.

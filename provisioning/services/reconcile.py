@@ -79,7 +79,8 @@ def node_reconcile(node: Node, *, pool: SshPool | None = None) -> dict[str, int]
     With a `pool`, over the worker's kept connection to the node (provisioning.ssh_pool).
     """
     counts = {"orphans_destroyed": 0, "instances_failed": 0, "resumed": 0, "restarted": 0, "cleaned_up": 0,
-              "stopped_vms_stopped": 0, "orphan_volumes_deleted": 0, "volumes_missing": 0, "volumes_deleted": 0}
+              "stopped_vms_stopped": 0, "orphan_volumes_deleted": 0, "volumes_missing": 0, "volumes_deleted": 0,
+              "volumes_lost": 0}
     with node_session(node, pool=pool) as session:
         # Which instances were running, interrupted or stopped before the node was asked: only those can be
         # judged by the list, and only in the same state after it. One that became running while the node
@@ -524,8 +525,11 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
       (`_delete_orphan_volume`);
     - so is one whose creation failed on the platform (its job gave up or was reaped while the node made it):
       the renter was told it could not be created, and it is never billed;
-    - a volume the platform bills as available on this node that the node does not have is reported (a warning
-      event for operators, once; its state and billing are theirs to settle);
+    - a volume the platform has as available on this node that the node's list does not have is marked missing at
+      the first look (billed no further, not mountable, its renter shown why; a warning event for operators) and
+      ended at the next look that misses it too (deleted, billed up to the first look, its renter told:
+      volume_mark_lost), as a VM listed missing is judged gone only at a second look; one listed again is
+      available as before. Before, it stayed available and billed for ever, its renter untold (found by review r53);
     - a volume whose deletion's job gave up without reaching the node (still `deleting`, no job open) is deleted
       there now, and marked deleted (its billing closed at the request); the node's refusal (a VM mounts it)
       undoes the deletion, as the job's would.
@@ -537,6 +541,7 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
     node_storage_outage_end(node_id=node.pk)
     _finish_deletions(node, session, counts)
     before = dict(Volume.objects.filter(node=node).values_list("name", "state"))
+    listed_at = timezone.now()
     try:
         listed = _listed(session.agent("volume", "list", {}), "volumes", "name")
     except (AgentFailed, AgentGarbage) as exc:  # the VMs are reconciled already: the node is not "unreachable"
@@ -564,13 +569,30 @@ def _reconcile_volumes(node: Node, session: NodeSession, counts: dict[str, int])
                    level=NodeEvent.Level.WARNING)
         counts["orphan_volumes_deleted"] += 1
     for name, row in rows.items():
-        if row.state == VolumeState.AVAILABLE and before.get(name) == VolumeState.AVAILABLE and name not in on_node:
-            if NodeEvent.objects.filter(node=node, kind="volume_missing", message__contains=f" {name} ").exists():
-                continue  # reported already
+        if row.state != VolumeState.AVAILABLE or before.get(name) != VolumeState.AVAILABLE:
+            continue
+        if name in on_node:
+            if row.missing_since is not None:
+                volume_svc.volume_mark_seen(volume_id=row.pk)
+                node_event(node=node, kind="volume_found",
+                           message=f"Volume {name} (volume {row.pk}), missing at an earlier check, is listed by the "
+                                   "node again; billed on from where it stopped.")
+            continue
+        if row.missing_since is None:  # the first look that misses it
+            volume_svc.volume_mark_missing(volume_id=row.pk, at=listed_at)
             node_event(node=node, kind="volume_missing",
-                       message=f"Volume {name} (volume {row.pk}) is available on the platform but "
-                               "missing on the node.", level=NodeEvent.Level.WARNING)
+                       message=f"Volume {name} (volume {row.pk}) is available on the platform but missing on the "
+                               "node; no longer billed. It is ended as lost if the next check misses it too.",
+                       level=NodeEvent.Level.WARNING)
             counts["volumes_missing"] += 1
+        elif row.missing_since < listed_at:  # missed by an earlier look too: gone
+            lost = volume_svc.volume_mark_lost(volume_id=row.pk)
+            if lost is not None and lost.state == VolumeState.DELETED:
+                node_event(node=node, kind="volume_lost",
+                           message=f"Volume {name} (volume {row.pk}) was missing on the node at two checks in a "
+                                   "row: deleted on the platform, billed up to the first, its renter told.",
+                           level=NodeEvent.Level.WARNING)
+                counts["volumes_lost"] += 1
 
 
 def _orphan_volume_in_use(node: Node, name: str, used_by: list[str]) -> None:
