@@ -60,7 +60,7 @@ class LoginSerializer(CredentialsSerializer):
     otp_code = serializers.CharField(
         max_length=32, required=False, allow_blank=True,
         help_text="For an account with two-factor log-in: the code from the authenticator app, or a recovery code "
-                  "(used up). Without it such an account gets a 400 on `otp_code`.")
+                  "(used up). Without it, or with a wrong one, such an account gets a 400 on `otp_code`.")
 
 
 class ConfirmSerializer(StrictFieldsMixin, serializers.Serializer):

@@ -363,8 +363,8 @@ class LoginResult:
 def user_login(*, email: str, password: str, client_address: str | None = None,
                key_name: str = LOGIN_KEY_NAME, otp_code: str = "") -> LoginResult:
     """Check the password (behind the log-in lock-out: LoginLocked), and for an account with two-factor log-in the
-    code (TwoFactorRequired without one, WrongCode), and issue the key named `key_name`, replacing the previous key
-    of that name: logging in again from the same client does not pile up keys."""
+    code (TwoFactorRequired without one, WrongCode on `otp_code`), and issue the key named `key_name`, replacing
+    the previous key of that name: logging in again from the same client does not pile up keys."""
     # An absurdly long password is refused by the backend (marketplace.auth, core/password_validation): None here.
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
@@ -376,8 +376,12 @@ def user_login(*, email: str, password: str, client_address: str | None = None,
         # The code is used up in the key's transaction: a refusal (Conflict at API_KEYS_PER_USER_MAX) rolls its use
         # back. It was used up first, on its own, and a 409 cost a recovery code (or the authenticator's time step)
         # for no key; retries at the cap could use up every recovery code (found by review).
-        with two_factor.code_spent(user=user, code=otp_code, client_address=client_address):
-            key, raw, replaced = api_key_rotate(user=user, name=name)
+        try:
+            with two_factor.code_spent(user=user, code=otp_code, client_address=client_address):
+                key, raw, replaced = api_key_rotate(user=user, name=name)
+        except two_factor.WrongCode:
+            # On the field the request has (TwoFactorRequired's too): it was answered on `code`, which it has not.
+            raise two_factor.WrongCode(field="otp_code") from None
     else:
         key, raw, replaced = api_key_rotate(user=user, name=name)
     return LoginResult(user=user, key=key, raw_key=raw, replaced_keys=replaced)

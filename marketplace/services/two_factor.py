@@ -55,9 +55,11 @@ ENROL_GONE = ("That secret can no longer be turned on: it expired (a secret work
 
 
 class WrongCode(ValidationFailed):
-    def __init__(self) -> None:
+    """`field`: the name of the code's field where the caller asked for it (the API log-in's is `otp_code`)."""
+
+    def __init__(self, field: str = "code") -> None:
         super().__init__("That code is not right (or was used already). Codes change every 30 seconds; a recovery "
-                         "code works once.", field="code")
+                         "code works once.", field=field)
 
 
 def _throttle_account(user: User) -> str:
