@@ -56,7 +56,8 @@ class LoginSerializer(CredentialsSerializer):
     key_name = serializers.CharField(
         max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, validators=[no_control_characters],
         help_text=f"The name of the API key this log-in makes (default `{svc.LOGIN_KEY_NAME}`), e.g. the client's. "
-                  "It replaces (revokes) your previous active key of that name.")
+                  "It replaces (revokes) your previous active key of that name; a key under a name with no active "
+                  "key is e-mailed to your address.")
     otp_code = serializers.CharField(
         max_length=32, required=False, allow_blank=True,
         help_text="For an account with two-factor log-in: the code from the authenticator app, or a recovery code "
@@ -170,13 +171,16 @@ class LoginView(_AuthView):
     @extend_schema(request=LoginSerializer, responses={200: LoginResultSerializer}, tags=["auth"])
     def post(self, request):
         """Check email and password and return an API key named `key_name` (default `login`), replacing your
-        previous key of that name. After repeated failures for an email or from an address, log-ins there are
-        refused for a while, the right password too (429 with Retry-After). An account with two-factor log-in
-        also needs `otp_code` (a 400 on it without; wrong codes count toward the same lock-out)."""
+        previous key of that name. A key under a name that had no active key is e-mailed to your address (a
+        log-in again under the same name is not). After repeated failures for an email or from an address, log-ins
+        there are refused for a while, the right password too (429 with Retry-After). An account with two-factor
+        log-in also needs `otp_code` (a 400 on it without it or with a wrong one; wrong codes count toward the same
+        lock-out)."""
         data = LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
-            result = svc.user_login(**data.validated_data, client_address=client_ip(request))
+            result = svc.user_login(**data.validated_data, client_address=client_ip(request),
+                                    base_url=request.build_absolute_uri("/"))
         except LoginLocked as locked:
             return Response({"detail": lockout_message(locked)}, status=status.HTTP_429_TOO_MANY_REQUESTS,
                             headers={"Retry-After": str(locked.retry_after)})

@@ -128,8 +128,8 @@ def api_key_create(*, user: User, name: str = "", scopes: list[str] | tuple[str,
     `scopes` None means all of them. `made_with`: the key the request came with (None for a browser session or a
     log-in); a key cannot make a key that may do more than itself or outlive it. Conflict (409) when the user holds
     API_KEYS_PER_USER_MAX keys already. The address is told (core.security_mail), as for a new SSH key or webhook
-    endpoint: a key outlives a password change. (The keys that sign-up and log-in make come with the password,
-    which the owner typed there: _api_key_make, no notice.)"""
+    endpoint: a key outlives a password change. (A log-in's key under a new name is told too: api_key_rotate. The
+    key sign-up makes comes with the account, from the link e-mailed to the address: no notice.)"""
     with transaction.atomic():
         key, raw = _api_key_make(user=user, name=name, scopes=scopes, expires_at=expires_at, made_with=made_with)
         expiry = f"expires {key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "does not expire"
@@ -215,8 +215,14 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
     return key
 
 
-def api_key_rotate(*, user: User, name: str) -> tuple[ApiKey, str, list[ApiKey]]:
-    """Revoke the user's active keys called `name` and make a new one: (the key, its raw value, those revoked)."""
+def api_key_rotate(*, user: User, name: str, client_address: str | None = None,
+                   base_url: str = "") -> tuple[ApiKey, str, list[ApiKey]]:
+    """Revoke the user's active keys called `name` and make a new one: (the key, its raw value, those revoked).
+
+    A key under a name that had no active key (a new client, or someone else with the password) is e-mailed to the
+    address, as one made on the page or with POST /api-keys/ is: it holds every scope, never expires and outlives a
+    password reset, so it must not be made unseen (found by review: a phished password made one silently). A
+    client logging in again under its name only replaces its own key, and stays quiet."""
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=user.pk).first()  # one rotation of a user's keys at a time
         replaced = list(ApiKey.objects.active().filter(user=user, name=name))
@@ -224,7 +230,16 @@ def api_key_rotate(*, user: User, name: str) -> tuple[ApiKey, str, list[ApiKey]]
         ApiKey.objects.filter(pk__in=[k.pk for k in replaced]).update(revoked_at=now)
         for key in replaced:
             key.revoked_at = now
-        key, raw = _api_key_make(user=user, name=name)  # a log-in: the password was typed, no notice
+        key, raw = _api_key_make(user=user, name=name)
+        if not replaced:
+            where = f" from {client_address}" if client_address else ""
+            expiry = f"expires {key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "does not expire"
+            security_change_notify(
+                user=user, subject="A log-in made an API key for your account", base_url=base_url,
+                change=(f"Someone logged in to your {settings.PLATFORM_NAME} account through the API{where} and got "
+                        f"a new API key: {key.name or 'no name'} ({key.prefix}…, scopes {', '.join(key.scopes)}; it "
+                        f"{expiry}). A key works until it is revoked or expires, also after a password change: "
+                        "revoke it on the API keys page if you do not know it."))
     return key, raw, replaced
 
 
@@ -361,10 +376,11 @@ class LoginResult:
 
 
 def user_login(*, email: str, password: str, client_address: str | None = None,
-               key_name: str = LOGIN_KEY_NAME, otp_code: str = "") -> LoginResult:
+               key_name: str = LOGIN_KEY_NAME, otp_code: str = "", base_url: str = "") -> LoginResult:
     """Check the password (behind the log-in lock-out: LoginLocked), and for an account with two-factor log-in the
     code (TwoFactorRequired without one, WrongCode on `otp_code`), and issue the key named `key_name`, replacing
-    the previous key of that name: logging in again from the same client does not pile up keys."""
+    the previous key of that name: logging in again from the same client does not pile up keys. A key under a new
+    name is e-mailed to the address (api_key_rotate); `base_url` is the site's root, for the e-mail's link."""
     # An absurdly long password is refused by the backend (marketplace.auth, core/password_validation): None here.
     user = authenticate(email=email, password=password, client_address=client_address)
     if user is None:
@@ -378,10 +394,11 @@ def user_login(*, email: str, password: str, client_address: str | None = None,
         # for no key; retries at the cap could use up every recovery code (found by review).
         try:
             with two_factor.code_spent(user=user, code=otp_code, client_address=client_address):
-                key, raw, replaced = api_key_rotate(user=user, name=name)
+                key, raw, replaced = api_key_rotate(user=user, name=name, client_address=client_address,
+                                                    base_url=base_url)
         except two_factor.WrongCode:
             # On the field the request has (TwoFactorRequired's too): it was answered on `code`, which it has not.
             raise two_factor.WrongCode(field="otp_code") from None
     else:
-        key, raw, replaced = api_key_rotate(user=user, name=name)
+        key, raw, replaced = api_key_rotate(user=user, name=name, client_address=client_address, base_url=base_url)
     return LoginResult(user=user, key=key, raw_key=raw, replaced_keys=replaced)
