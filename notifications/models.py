@@ -27,6 +27,7 @@ class Kind(models.TextChoices):
     CREDIT_REVERSED = "credit_reversed", "Credit reversed"
     ACCOUNT_DEACTIVATED = "account_deactivated", "Account deactivated by the operators"
     ACCOUNT_REACTIVATED = "account_reactivated", "Account reactivated"
+    WEBHOOK_ENDPOINT_DISABLED = "webhook_endpoint_disabled", "Webhook endpoint paused after failing for days"
     BILLING_NOTICE = "billing_notice", (
         "Billing notices by e-mail (a zero balance, top-ups, refunds, disputes, price changes, failed payouts)")
     TEST = "test", "Test event"
@@ -148,6 +149,12 @@ class WebhookEndpoint(models.Model):
     request_fingerprint = models.CharField(max_length=64, blank=True, default="", help_text=(
         "SHA-256 of the API request's body (core.idempotency.request_fingerprint): the same Idempotency-Key with "
         "another body is refused. Empty for the page form's, whose values are compared instead."))
+    failing_since = models.DateTimeField(null=True, blank=True, help_text=(
+        "The first failed attempt since the last delivered one (none: the last attempt was delivered)."))
+    disabled_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When the platform paused it for failing every attempt too long; cleared when it is resumed."))
+    disabled_reason = models.CharField(max_length=300, blank=True, help_text=(
+        "Why the platform paused it (empty: active, or paused by its owner)."))
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -42,7 +42,7 @@ class PreferenceInputSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
 class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
     class Meta:
         model = WebhookEndpoint
-        fields = ["id", "url", "description", "active", "secret_hint", "created_at"]
+        fields = ["id", "url", "description", "active", "secret_hint", "created_at", "disabled_at", "disabled_reason"]
 
 
 class WebhookEndpointCreatedSerializer(WebhookEndpointSerializer):

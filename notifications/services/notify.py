@@ -52,6 +52,7 @@ TITLES = {
     Kind.CREDIT_REVERSED: "A credit of {amount} USD was reversed",
     Kind.ACCOUNT_DEACTIVATED: "Your account was deactivated",
     Kind.ACCOUNT_REACTIVATED: "Your account is active again",
+    Kind.WEBHOOK_ENDPOINT_DISABLED: "Webhook endpoint {endpoint} was paused: it failed for days",
     Kind.TEST: "Test event",
 }
 

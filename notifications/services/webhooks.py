@@ -28,7 +28,7 @@ import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
@@ -54,7 +54,7 @@ from notifications.models import (
     WebhookEndpoint,
     WebhookTestEvent,
 )
-from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue
+from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue, notify
 from notifications.services.retry import backoff_s, recordable
 from notifications.services.signing import SIGNATURE_HEADER, signature_header
 from notifications.services.urls import WebhookTarget, webhook_target, webhook_url_check
@@ -69,6 +69,11 @@ ENDPOINTS_PER_USER = 10
 ENDPOINT_WRITES_SCOPE = "webhook_endpoints"
 ENDPOINT_WRITES_REFUSED = ("Too many webhook endpoints added or changed for now: nothing was changed. Try again in "
                            "{wait}.")
+
+
+# An active endpoint none of whose attempts was delivered for this long is paused by the platform, its owner told
+# once (as Stripe does after about three days): its events were all failing, each retried up to MAX_ATTEMPTS.
+DISABLE_AFTER = timedelta(days=3)
 
 
 def endpoint_writes_refused(wait_s: float) -> str:
@@ -201,6 +206,8 @@ def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, descri
         current = WebhookEndpoint.objects.select_for_update(no_key=True).filter(pk=endpoint.pk).first()
         if current is None:
             raise NotFound("This webhook endpoint was deleted.")
+        if active and not current.active:  # a resume: a pause by the platform is over, its failing days start afresh
+            changes.update(disabled_at=None, disabled_reason="", failing_since=None)
         if "url" in changes and changes["url"] != current.url:
             security_change_notify(user=current.user, subject="A webhook endpoint now sends elsewhere",
                                    base_url=base_url, change=f"Your webhook endpoint {current.pk} now sends your "
@@ -527,7 +534,34 @@ def webhook_attempt(*, delivery_id: int, after_attempts: int | None = None) -> A
         else:
             values.update(next_attempt_at=now + timedelta(seconds=retry_in))
         WebhookDelivery.transition_rows(WebhookDelivery.objects.filter(pk=delivery.pk), target, **values)
+    _endpoint_outcome(delivery.endpoint_id, delivered=not error, at=now)
     return Attempt(number, status_code, error, retry_in)
+
+
+def _endpoint_outcome(endpoint_id: int, *, delivered: bool, at: datetime) -> None:
+    """Keep the endpoint's `failing_since` (the first failed attempt since the last delivered one), and pause an
+    active endpoint that has failed every attempt for DISABLE_AFTER, with its reason, its owner told once (the
+    `webhook_endpoint_disabled` notice: e-mail and the list, as they chose). After the attempt's own transaction:
+    the endpoint's row is locked after the delivery's nowhere (endpoint_delete locks them the other way round)."""
+    endpoints = WebhookEndpoint.objects.filter(pk=endpoint_id)
+    if delivered:
+        endpoints.filter(failing_since__isnull=False).update(failing_since=None)
+        return
+    endpoints.filter(failing_since__isnull=True).update(failing_since=at)
+    with transaction.atomic():
+        endpoint = (endpoints.select_for_update(no_key=True)
+                    .filter(active=True, failing_since__lte=at - DISABLE_AFTER).select_related("user").first())
+        if endpoint is None or endpoint.failing_since is None:
+            return
+        reason = (f"Paused by the platform: no attempt to deliver an event to it succeeded since "
+                  f"{endpoint.failing_since:%Y-%m-%d %H:%M} UTC ({DISABLE_AFTER.days} days or more). Events are not "
+                  "sent to it until you resume it.")
+        endpoint.active, endpoint.disabled_at, endpoint.disabled_reason = False, at, reason
+        endpoint.save(update_fields=["active", "disabled_at", "disabled_reason"])
+        notify(user=endpoint.user, kind=Kind.WEBHOOK_ENDPOINT_DISABLED, dedupe_key=f"webhook_disabled:{endpoint.pk}:"
+               f"{at.isoformat()}", payload={"endpoint": endpoint.pk, "url": endpoint.url,
+                                             "message": f"Your webhook endpoint {endpoint.url}: {reason} Check it "
+                                                        "answers 2xx, then resume it on its page or with the API."})
 
 
 def deliveries_resend(*, overdue_s: int = 300) -> int:

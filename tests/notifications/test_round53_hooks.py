@@ -225,3 +225,83 @@ def test_a_host_name_is_given_a_shorter_lookup_when_an_endpoint_is_saved(owner_a
     assert waited == [2]
     with pytest.raises(Exception, match="within 5 s"):
         urls_svc.webhook_target("https://slow.example/hooks")
+
+
+# ------------------------------------------------------------------ an endpoint failing for days is paused, once
+
+
+def _failing_since(endpoint, days: float) -> None:
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(failing_since=timezone.now() - timedelta(days=days))
+
+
+def test_an_endpoint_that_failed_every_attempt_for_days_is_paused_and_its_owner_told_once(owner, receiver,
+                                                                                           settings):
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    receiver.answers = [500] * 10
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    _failing_since(endpoint, 3.1)
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    endpoint.refresh_from_db()
+    assert endpoint.active is False and endpoint.disabled_at is not None
+    assert endpoint.disabled_reason.startswith("Paused by the platform: no attempt to deliver an event to it "
+                                               "succeeded since ")
+    told = Notification.objects.get(user=owner, kind=Kind.WEBHOOK_ENDPOINT_DISABLED)
+    assert told.email_status == EmailStatus.PENDING and receiver.url in told.body
+    assert told.title == f"Webhook endpoint {endpoint.pk} was paused: it failed for days"
+    # Still failing (a test event goes to a paused endpoint): told once, not again.
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    assert Notification.objects.filter(user=owner, kind=Kind.WEBHOOK_ENDPOINT_DISABLED).count() == 1
+
+
+def test_failing_for_less_than_the_days_keeps_it_active_and_a_delivered_attempt_starts_afresh(owner, receiver,
+                                                                                              settings):
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    receiver.answers = [500]
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    endpoint.refresh_from_db()
+    assert endpoint.active and endpoint.failing_since is not None and endpoint.disabled_reason == ""
+    first_failure = endpoint.failing_since
+    _failing_since(endpoint, 2.9)
+    receiver.answers = [500]
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    endpoint.refresh_from_db()
+    assert endpoint.active and endpoint.failing_since < first_failure  # kept: the first failure counts
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)  # delivered (200)
+    endpoint.refresh_from_db()
+    assert endpoint.active and endpoint.failing_since is None
+    assert not Notification.objects.filter(kind=Kind.WEBHOOK_ENDPOINT_DISABLED).exists()
+
+
+def test_the_reason_is_shown_and_a_resume_clears_it(owner, owner_api, receiver, settings):
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    receiver.answers = [500]
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    _failing_since(endpoint, 4)
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    shown = owner_api.get(f"{ENDPOINTS}{endpoint.pk}/").json()
+    assert shown["active"] is False and shown["disabled_reason"].startswith("Paused by the platform")
+    assert shown["disabled_at"] is not None
+    web = Client()
+    web.force_login(owner)
+    page = web.get(f"/account/notifications/webhooks/{endpoint.pk}/")
+    assert page.status_code == 200 and shown["disabled_reason"].encode() in page.content
+    assert b"paused by the platform" in web.get("/account/notifications/settings/").content
+    # Pausing again keeps the reason; resuming clears it, and its failing days start afresh.
+    assert owner_api.patch(f"{ENDPOINTS}{endpoint.pk}/", {"active": False}, format="json").json()["disabled_reason"]
+    resumed = owner_api.patch(f"{ENDPOINTS}{endpoint.pk}/", {"active": True}, format="json").json()
+    assert resumed["active"] is True and resumed["disabled_reason"] == "" and resumed["disabled_at"] is None
+    endpoint.refresh_from_db()
+    assert endpoint.failing_since is None
+
+
+def test_a_real_event_is_not_sent_to_an_endpoint_the_platform_paused(owner, receiver, settings, queued):
+    settings.NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS = 1
+    receiver.answers = [500]
+    endpoint, _ = webhooks.endpoint_create(user=owner, url=receiver.url)
+    _failing_since(endpoint, 4)
+    webhooks.webhook_attempt(delivery_id=webhooks.endpoint_test(endpoint=endpoint).pk)
+    posts = len(receiver.requests)
+    notify(user=owner, kind=Kind.LOW_BALANCE, payload={"message": "low"}, dedupe_key="after-pause")
+    assert not WebhookDelivery.objects.filter(endpoint=endpoint, kind=Kind.LOW_BALANCE).exists()
+    assert len(receiver.requests) == posts
