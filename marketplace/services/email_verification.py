@@ -66,11 +66,19 @@ def email_verified_required(*, user: User) -> None:
         raise EmailNotVerified(user)
 
 
-def email_mark_verified(*, user: User) -> None:
-    """The owner proved the address (a reset link, a verification link)."""
-    if user.email_verified_at is None:
-        user.email_verified_at = timezone.now()
-        User.objects.filter(pk=user.pk, email_verified_at__isnull=True).update(email_verified_at=user.email_verified_at)
+def email_mark_verified(*, user: User) -> bool:
+    """The owner proved the address (a reset link, a verification link): the one `user` was read with. False, and
+    nothing written, when the address changed since (an operator's change between the link's check and here): the
+    update names the address and its change time, so a link for the old address cannot verify the new one (found
+    by review: it named the row alone). True when that address is verified (now, or by a request before)."""
+    if user.email_verified_at is not None:
+        return True
+    now = timezone.now()
+    same_address = User.objects.filter(pk=user.pk, email=user.email, email_changed_at=user.email_changed_at)
+    if same_address.filter(email_verified_at__isnull=True).update(email_verified_at=now):
+        user.email_verified_at = now
+        return True
+    return same_address.filter(email_verified_at__isnull=False).exists()  # a second click, say
 
 
 def email_verification_link(*, user: User, base_url: str) -> str:
@@ -109,5 +117,6 @@ def email_verify(*, uidb64: str, token: str) -> User:
     user = User.objects.filter(pk=pk, is_active=True).first()
     if user is None or not _tokens.check_token(user, token):
         raise InvalidVerificationLink()
-    email_mark_verified(user=user)
+    if not email_mark_verified(user=user):
+        raise InvalidVerificationLink()  # the address changed after the check: "for an address that changed since"
     return user
