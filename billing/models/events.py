@@ -24,6 +24,7 @@ class EventKind(models.TextChoices):
     SERVICE_CREDIT = "service_credit", "Service credit"
     PRICE_CUT = "price_cut", "Price cut: hardware measured worse"
     PRICE_RAISED_BACK = "price_raised_back", "Price raised back: hardware measured better again"
+    VOLUME_NOT_DELETED = "volume_not_deleted", "Volume not deleted: its server refused; billed again"
 
 
 class BillingEvent(models.Model):

@@ -214,6 +214,13 @@ def _grace(renter_id: int, now: datetime) -> tuple[bool, bool]:
         # balance API and page show this record, and a stale entry said a gone thing was still to be destroyed.
         record: dict[str, dict[str, Any]] = {key: value for key, value in (profile.destroy_deadlines or {}).items()
                                              if key in doomed}
+        # Asked at its time (`asked`) and doomed still: its server refused (volume_delete_refused: a VM there still
+        # mounts the volume, and its renter was told it is billed again). It gets its own full grace period and a
+        # new warning, as one doomed after the warning does. Before, the entry stayed warned and past its time: the
+        # deletion was asked again at every tick (60 s), each time e-mailing "your volumes were deleted", billing a
+        # minute and sending the node a new delete job, for as long as the node refused (found by review r53).
+        for key in [key for key, value in record.items() if value.get("asked")]:
+            del record[key]
         for key in sorted(doomed.keys() - record.keys()):
             at = deadline if profile.destroy_warned_at is None and now < deadline else now + grace
             record[key] = {"at": at.isoformat(), "warned": False}
@@ -224,8 +231,11 @@ def _grace(renter_id: int, now: datetime) -> tuple[bool, bool]:
         destroyed = False
         if due:
             assert user is not None
-            destroyed = _destroy(user, [i for i in instances if _key(i) in due],
-                                 [v for v in volumes if _key(v) in due], holders)
+            asked = _destroy(user, [i for i in instances if _key(i) in due],
+                             [v for v in volumes if _key(v) in due], holders)
+            destroyed = bool(asked)
+            for key in asked:  # kept while it is doomed still, which says its deletion was refused (above)
+                record[key] = {**record[key], "asked": now.isoformat()}
         if warn:
             assert user is not None
             # One time for all this warning names: none sooner than its own, none sooner than the notice allows.
@@ -259,8 +269,11 @@ def _warn(user: User, instances: list[Instance], volumes: list[Volume], holders:
                        "destroy_at": at.isoformat()})
 
 
-def _destroy(user: User, instances: list[Instance], volumes: list[Volume], holders: dict[int, list[int]]) -> bool:
-    """Destroy what a warning named whose time passed, and tell the renter what was; whether anything was."""
+def _destroy(user: User, instances: list[Instance], volumes: list[Volume],
+             holders: dict[int, list[int]]) -> list[str]:
+    """Destroy what a warning named whose time passed, and tell the renter what was; the keys (_key) of what was
+    asked to go. A volume's deletion is the node's to confirm (it may refuse: volume_delete_refused tells the renter
+    then), so it is told as asked, billing stopped, not as done."""
     destroyed: list[tuple[int, bool]] = []  # (id, whether it was stopped rather than failed)
     for instance in instances:
         was_stopped = instance.status == InstanceStatus.STOPPED
@@ -270,23 +283,26 @@ def _destroy(user: User, instances: list[Instance], volumes: list[Volume], holde
         except ApplicationError as exc:
             log.info("could not destroy instance %s after the grace period: %s", instance.pk, exc)
     deleted: list[str] = []
+    deleted_keys: list[str] = []
     for volume in volumes:
         if holders[volume.pk]:  # deleted at a later tick, once the instances that hold it are gone from the node
             continue
         try:
             volume_delete(volume=volume, confirm=volume.name)
             deleted.append(volume.name)
+            deleted_keys.append(_key(volume))
         except ApplicationError as exc:
             log.info("could not delete volume %s after the grace period: %s", volume.pk, exc)
     if not destroyed and not deleted:
-        return False
+        return []
     stopped = [str(pk) for pk, was_stopped in destroyed if was_stopped]
     failed = [str(pk) for pk, was_stopped in destroyed if not was_stopped]
     parts = ([f"your stopped instances ({_listed(stopped)}) were destroyed with their disks"] if stopped else []) + (
         [f"your failed instances that held a volume ({_listed(failed)}) were destroyed"] if failed else []) + (
-        [f"your volumes ({_listed(deleted)}) were deleted"] if deleted else [])
+        [f"your volumes ({_listed(deleted)}) are being deleted on their servers (no longer billed)"]
+        if deleted else [])
     event_create(user=user, kind=EventKind.INSTANCES_DESTROYED, email=True,
                  message=(f"Your balance stayed at zero past the time the destroy warning gave, so "
                           f"{'; '.join(parts)}."),
                  data={"instances": [pk for pk, _ in destroyed], "volumes": deleted})
-    return True
+    return [f"instance:{pk}" for pk, _ in destroyed] + deleted_keys

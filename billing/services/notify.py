@@ -28,6 +28,7 @@ SUBJECTS = {
     "service_credit": "A service credit was charged to your earnings",
     "price_cut": "Your instance's price was cut: its server measured worse",
     "price_raised_back": "Your instance's price went back up: its server measured better again",
+    "volume_not_deleted": "Your volume was not deleted: its server refused, and it is billed again",
 }
 
 
@@ -47,7 +48,7 @@ EMAIL_PREFERENCE: dict[str, str] = {
         EventKind.BALANCE_DEPLETED, EventKind.DESTROY_WARNING, EventKind.INSTANCES_DESTROYED,
         EventKind.TOP_UP_SUCCEEDED, EventKind.TOP_UP_FAILED, EventKind.REFUND, EventKind.CHARGEBACK,
         EventKind.CHARGEBACK_REVERSED, EventKind.PAYOUT_FAILED, EventKind.SERVICE_CREDIT, EventKind.PRICE_CUT,
-        EventKind.PRICE_RAISED_BACK)},
+        EventKind.PRICE_RAISED_BACK, EventKind.VOLUME_NOT_DELETED)},
 }
 
 

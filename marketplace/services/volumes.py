@@ -39,7 +39,9 @@ from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
+from billing.models import EventKind
 from billing.services.metering import platform_fee_bps
+from billing.services.notify import event_create
 from billing.services.storage import (
     storage_billed_until,
     storage_rate_per_hour_micros,
@@ -513,22 +515,33 @@ def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
     available, never billed) goes back to failed instead: the renter was told it could not be created, and it is not
     billed or mountable now; the reconciler deletes its disk if the node has one.
 
-    Only for the node's refusal: a deletion that could not reach the node is not undone (volume_delete_waiting)."""
-    volume = _locked(volume_id)
+    Only for the node's refusal: a deletion that could not reach the node is not undone (volume_delete_waiting).
+
+    Its owner is told, once per refused request (a billing event, e-mailed as billing notices are): their page said
+    billing stopped, and it starts again. Before, only the status line changed (found by review r53); the grace
+    period's deletion, refused, was asked again at every tick (billing.services.enforcement._grace now gives it a
+    new warning and grace period)."""
+    volume = Volume.objects.select_for_update(of=("self",)).select_related("owner").filter(pk=volume_id).first()
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
     fields = ["state", "deleted_at", "status_message", "updated_at"]
+    now = timezone.now()
     if volume.available_at is not None:
         volume.transition_to(VolumeState.AVAILABLE)
-        now = timezone.now()
         if volume.billed_until is None or volume.billed_until < now:
             volume.billed_until = max(now, volume.available_at)
             fields.append("billed_until")
+        billing = f"It exists, so it is billed again from now ({now:%Y-%m-%d %H:%M:%S} UTC)."
     else:
         volume.transition_to(VolumeState.FAILED)
+        billing = "It was never created for you, so it is not billed."
     volume.deleted_at = None
     volume.status_message = f"Not deleted: {message}"[:500]
     volume.save(update_fields=fields)
+    event_create(user=volume.owner, kind=EventKind.VOLUME_NOT_DELETED, email=True,
+                 message=(f"Volume {volume.name}{f' ({volume.label})' if volume.label else ''} was not deleted: "
+                          f"{message[:300]}. {billing} Delete it again once nothing on its server mounts it."),
+                 data={"volume": volume.pk, "name": volume.name})
     return volume
 
 
