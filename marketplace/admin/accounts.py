@@ -10,8 +10,11 @@ Deactivating an account (unticking "active" on its page, or the list's action) a
 marketplace.services.account_status, with the reason typed next to it: its instances stop, its servers leave the
 offers, its owner is told. Not the operator's own account.
 
+No account is deleted here, a superuser's operator included: deactivate it instead (its admin log and the
+deactivations it made would go with it).
+
 Only a superuser grants: is_superuser, is_staff, groups and user_permissions are read-only to other staff, and so
-are groups. Only a superuser changes, deletes, sets the password of or turns off the two-factor log-in of a staff
+are groups. Only a superuser changes, sets the password of or turns off the two-factor log-in of a staff
 account (a superuser's or not): a staff account holds permissions its peer may lack, so taking it over (its
 address, then a password reset; its password; its second factor) would be the same escalation. Holders of
 change_user keep managing renters' and providers' accounts (a changed address, a lost second factor)."""
@@ -249,13 +252,16 @@ class UserAdmin(PageSetsAdmin, HistoryAdmin, BaseUserAdmin):
         return [(name, {**options, "fields": [*options["fields"], "status_reason"]}) if name == "Permissions"
                 else (name, options) for name, options in fieldsets]
 
-    # One rule for the change form, the password page, the delete page and the actions (Django asks these with the
-    # account): a staff account is a superuser's to change. Without change, a viewer gets the read-only page.
+    # One rule for the change form, the password page and the actions (Django asks these with the account): a
+    # staff account is a superuser's to change. Without change, a viewer gets the read-only page.
     def has_change_permission(self, request, obj=None):
         return super().has_change_permission(request, obj) and not _staff_of_a_non_superuser(request, obj)
 
     def has_delete_permission(self, request, obj=None):
-        return super().has_delete_permission(request, obj) and not _staff_of_a_non_superuser(request, obj)
+        # Deactivate instead: deleting an account took the audit trail with it. Django's LogEntry.user is CASCADE
+        # (every admin log line of a deleted operator: keys revoked, nodes retired, passwords set) and
+        # AccountStatusChange.by is SET_NULL (who deactivated whom). No delete page, no delete_selected (review r53).
+        return False
 
     def save_model(self, request, obj, form, change):
         # Against the stored values (form.initial, read with the row), not form.changed_data: that compares with the
