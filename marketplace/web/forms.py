@@ -76,11 +76,19 @@ class SignupForm(forms.Form):
 
 
 def _refuse_private_key(form: forms.Form, name: str, value: str) -> None:
-    """A pasted private key is refused and wiped from the form: a page never shows a secret back."""
-    if "PRIVATE KEY" in value or value.lstrip().startswith("-----BEGIN"):
+    """A pasted private key, of any format the service tells apart (a PuTTY .ppk too: before, one was shown back in
+    the box, found by review r53), is refused and wiped from the form: a page never shows a secret back. The
+    service's message says how to export the public key from it."""
+    if ssh_svc.looks_like_private_key(value) or value.lstrip().startswith("-----BEGIN"):
         data = form.data.copy()  # type: ignore[attr-defined]  # a QueryDict (or a test's dict): both copy
         data[form.add_prefix(name)] = ""
         form.data = data
+        try:
+            ssh_svc.parse_public_key(value)
+        except ssh_svc.PrivateKeyPasted as exc:
+            raise ValidationError(str(exc)) from None
+        except ssh_svc.InvalidSshKey:
+            pass
         raise ValidationError("This is a private key: never share it. Paste the public key, the contents of the "
                               ".pub file. If this private key was typed anywhere else, make a new pair.")
 

@@ -110,6 +110,26 @@ def test_a_pasted_private_key_is_refused_and_never_shown_back(web):
     assert not SshKey.objects.exists()
 
 
+PUTTY_PRIVATE = """PuTTY-User-Key-File-3: ssh-ed25519
+Encryption: none
+Comment: eddsa-key-20240101
+Public-Lines: 2
+AAAAC3NzaC1lZDI1NTE5AAAAIDCgjUi5tZWZ1E2u7rHq1wJ0d3BBXo9r8JmYv1y1
+cI8r
+Private-Lines: 1
+AAAAIFSECRETSECRETSECRETSECRETSECRETSECRETSECRET0000
+Private-MAC: 8e2b7f1c0f2f0c6f7b5d6f6a3a0d2e1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f
+"""
+
+
+def test_a_pasted_putty_private_key_is_refused_as_one_never_shown_back_and_the_page_says_how_to_export(web):
+    r = web.post("/account/ssh-keys/", {"name": "oops", "public_key": PUTTY_PRIVATE, "password": PASSWORD})
+    page = r.content.decode()
+    assert r.status_code == 400 and "SECRETSECRET" not in page and "Private-MAC" not in page
+    assert "PuTTY private key" in page and "PuTTYgen" in page  # not "several lines": what to do instead
+    assert not SshKey.objects.exists()
+
+
 def test_the_same_key_twice_is_explained(web, renter):
     key = ed25519_key()
     assert web.post("/account/ssh-keys/", {"name": "a", "public_key": key, "password": PASSWORD}).status_code == 302
