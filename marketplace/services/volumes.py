@@ -546,17 +546,26 @@ def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
 
 
 @transaction.atomic
-def volume_delete_waiting(*, volume_id: int, message: str) -> Volume | None:
+def volume_delete_waiting(*, volume_id: int, message: str, answered: bool = False) -> Volume | None:
     """The delete job gave up without the node's answer (unreachable, or the job was lost or reaped): the volume
     stays `deleting`, billed up to the request as it was, and the reconciler deletes it when the node answers.
     Undone, it was billed again from the node's last healthy moment, the outage and every second after the
-    renter's request with it, and the grace period's deletion asked again at every tick (found by review)."""
+    renter's request with it, and the grace period's deletion asked again at every tick (found by review).
+
+    `answered`: the node answered, with an error other than its refusal (its engine could not delete it, e.g.
+    `docker volume rm` failing): said so, not "could not be reached" (found by review r53); retried the same way."""
     volume = _locked(volume_id)
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
-    volume.status_message = (f"Deleting: its server could not be reached ({message[:300]}). Billing stopped when "
-                             "the deletion was asked for; it is deleted there when the server answers again.")[:500]
-    volume.save(update_fields=["status_message", "updated_at"])
+    if answered:
+        said = (f"Deleting: its server answered but could not delete it ({message[:300]}). Billing stopped when the "
+                "deletion was asked for; the platform tries again at its server's next check, and operators are told.")
+    else:
+        said = (f"Deleting: its server could not be reached ({message[:300]}). Billing stopped when the deletion "
+                "was asked for; it is deleted there when the server answers again.")
+    if volume.status_message != said[:500]:
+        volume.status_message = said[:500]
+        volume.save(update_fields=["status_message", "updated_at"])
     return volume
 
 

@@ -641,6 +641,7 @@ def _finish_deletions(node: Node, session: NodeSession, counts: dict[str, int]) 
                 volume_svc.volume_delete_refused(volume_id=volume.pk, message=f"its node says: {exc.message}")
             else:  # tried again at the next pass
                 log.warning("reconcile: node %s could not delete volume %s: %s", node.pk, volume.name, exc)
+                _delete_failed_reported(node, volume, exc)
             continue
         done = volume_svc.volume_mark_deleted(volume_id=volume.pk)
         if done is not None and done.state == VolumeState.DELETED:
@@ -648,6 +649,22 @@ def _finish_deletions(node: Node, session: NodeSession, counts: dict[str, int]) 
                        message=f"Deleted volume {volume.name} (volume {volume.pk}), whose deletion was asked for "
                                "while the node could not be reached.")
             counts["volumes_deleted"] += 1
+
+
+def _delete_failed_reported(node: Node, volume: Volume, exc: AgentFailed) -> None:
+    """A renter's volume the node answered it could not delete (its engine failed, not its refusal): its renter
+    reads why (volume_delete_waiting), and operators get one `volume_delete_failed` warning per volume, as for an
+    orphan's (_delete_orphan_volume); tried again at every pass. Before, only a log line, the volume `deleting` and
+    holding its disk room for ever, its renter told the server "could not be reached" (found by review r53)."""
+    if exc.code == "busy":  # another agent run holds the volume's lock: next pass
+        return
+    volume_svc.volume_delete_waiting(volume_id=volume.pk, message=exc.message, answered=True)
+    prefix = f"Could not delete volume {volume.name} (volume {volume.pk}):"
+    if not NodeEvent.objects.filter(node=node, kind="volume_delete_failed", message__startswith=prefix).exists():
+        node_event(node=node, kind="volume_delete_failed",
+                   message=f"{prefix} {exc.message[:500]} Its renter asked for its deletion (billing stopped then); "
+                           "it is tried again at every reconcile, and the node cannot be retired before.",
+                   level=NodeEvent.Level.WARNING)
 
 
 def _vm_instance_ids(vms: list[dict[str, Any]]) -> list[int]:

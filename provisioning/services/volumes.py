@@ -72,5 +72,6 @@ def volume_job_failed(*, job: Job, error: NodeError) -> None:
         if job.kind == JobKind.VOLUME_CREATE:
             volume_svc.volume_mark_failed(volume_id=job.volume_id, message=message)
         else:
-            volume_svc.volume_delete_waiting(volume_id=job.volume_id, message=message)
+            volume_svc.volume_delete_waiting(volume_id=job.volume_id, message=message,
+                                             answered=isinstance(error, AgentFailed))
     job_finish(job=job, error=message, fault=error_fault(error))
