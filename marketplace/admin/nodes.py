@@ -54,6 +54,12 @@ class GpuModelAdmin(admin.ModelAdmin):
         if not change:  # a saved model has nothing editable: its row is not written again
             super().save_model(request, obj, form, change)
 
+    def has_delete_permission(self, request, obj=None):
+        # Nor deleted here, one by one or with delete_selected over the list (which emptied every unused row of the
+        # catalogue; review r53): providers could no longer register that model and the API's filters lost it
+        # until a later catalogue migration made it again. It leaves the catalogue through the data file too.
+        return False
+
 
 class GpuStatusForm(forms.ModelForm):
     """An operator takes a free GPU out of service or puts it back, nothing else: `rented` is set by a booking,
