@@ -324,7 +324,13 @@ class VolumeAdmin(NothingEditableAdmin, admin.ModelAdmin):
                               "missed them; their renters told)", permissions=["change"])
     def end_lost(self, request, queryset):
         ended, refused = 0, []
-        for volume in queryset.order_by("pk"):
+        for volume in queryset.select_related("owner").order_by("pk"):
+            # A staff account's volume is a superuser's to end, as its instances and nodes are (_apply,
+            # NodeAdmin._allowed): a non-superuser with change_volume ended a superuser's (review r53).
+            if staff_of_a_non_superuser(request.user, volume.owner):
+                refused.append(f"volume {volume.pk} ({volume.name}): {STAFF_ACCOUNT_REFUSED} ({volume.owner.email}); "
+                               "left as it is")
+                continue
             after = volume_mark_lost(volume_id=volume.pk, by=request.user.email)
             if after is not None and after.state == VolumeState.DELETED and volume.state != VolumeState.DELETED:
                 ended += 1
