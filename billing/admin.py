@@ -93,6 +93,19 @@ class ReasonForm(forms.Form):
             f"Shown on their statement and in the notice they get. Empty: “{self.customer_note_default}”")
 
 
+class ReverseForm(ReasonForm):
+    """A reversal moves money both ways: each account holder it moves money for (a renter's wallet, a provider's
+    earnings) is told, and by default each reads the wording for their side (ledger.reversal_note)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["customer_note"].help_text = (
+            "Shown on the customer's statement and in the notice each account holder whose money it moves gets (a "
+            "usage or storage charge: its renter and its provider). Empty: worded for each by what is reversed, "
+            f"e.g. a usage charge: “{ledger.USAGE_GIVEN_BACK_NOTE}” "
+            f"to the renter; a credit: “{ledger.REVERSAL_NOTE}”")
+
+
 class TokenForm(ReasonForm):
     """A form that does its work once however often it is sent (a double click, a page sent again): what it posts
     is keyed by `form_token`, drawn when the form is shown."""
@@ -278,7 +291,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Reverse selected transactions (asks for a reason)", permissions=["reverse"])
     def reverse(self, request, queryset):
-        return _form_action(self, request, queryset, ReasonForm, "Reverse transactions",
+        return _form_action(self, request, queryset, ReverseForm, "Reverse transactions",
                             lambda txn, data: _reverse(txn, data, request.user))
 
 

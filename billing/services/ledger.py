@@ -25,6 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing.models import (
+    USER_ACCOUNT_KINDS,
     Account,
     AccountKind,
     Entry,
@@ -152,7 +153,23 @@ def _lock_accounts(account_ids: Iterable[int]) -> None:
 
 CREDIT_NOTE = "A credit from the platform."
 REVERSAL_NOTE = "A correction: an earlier credit to your balance was taken back."
-REVERSIBLE_CREDITS = (TransactionKind.CREDIT, TransactionKind.SERVICE_CREDIT)
+# A reversal's default wording by the way its money moves for the one who reads it (a wallet's or an earnings
+# account's holder) and by what it reverses. Before, every reversal read REVERSAL_NOTE: the reversal of a usage
+# charge, which gives the renter money back, said on their statement that a credit was taken back (found by review).
+USAGE_GIVEN_BACK_NOTE = "A correction: a charge for GPU time was given back to your balance."
+_GIVEN_BACK_TO_WALLET = {
+    TransactionKind.USAGE: USAGE_GIVEN_BACK_NOTE,
+    TransactionKind.STORAGE: "A correction: a storage charge was given back to your balance.",
+}
+WALLET_GIVEN_BACK_NOTE = "A correction: an earlier charge to your balance was given back."
+_TAKEN_FROM_EARNINGS = {
+    TransactionKind.USAGE: "A correction: a renter's charge for GPU time was given back to them, and your earnings "
+                           "from it were taken back.",
+    TransactionKind.STORAGE: "A correction: a renter's storage charge was given back to them, and your earnings "
+                             "from it were taken back.",
+}
+EARNINGS_TAKEN_BACK_NOTE = "A correction: an earlier credit to your earnings was taken back."
+EARNINGS_GIVEN_BACK_NOTE = "A correction: an earlier charge to your earnings was given back."
 # Money that came in or went out through Stripe (or is held for it) has its own way back; reversing its ledger
 # rows would leave Stripe's side standing and pay twice (a payout's earnings back while its transfer stands, a
 # top-up's money gone from the wallet while the top-up stays refundable, a refund's debit or hold undone while the
@@ -168,12 +185,37 @@ NOT_REVERSIBLE = {
 }
 
 
+def reversal_note(*, kind: str, account_kind: str, amount_micros: int) -> str:
+    """The default wording of a reversal of a `kind` transaction for the holder of an account it moves by
+    `amount_micros` (positive: money to them)."""
+    if account_kind == AccountKind.PROVIDER_EARNINGS:
+        return (EARNINGS_GIVEN_BACK_NOTE if amount_micros > 0
+                else _TAKEN_FROM_EARNINGS.get(TransactionKind(kind), EARNINGS_TAKEN_BACK_NOTE))
+    if amount_micros > 0:
+        return _GIVEN_BACK_TO_WALLET.get(TransactionKind(kind), WALLET_GIVEN_BACK_NOTE)
+    return REVERSAL_NOTE
+
+
+def _moved(lines: Sequence[tuple[Account, int]]) -> list[tuple[Account, int]]:
+    """What the lines move on each user's account (wallet, earnings), in the order first met; platform accounts
+    (no user) and accounts the lines leave as they were are left out."""
+    accounts: dict[int, Account] = {}
+    totals: dict[int, int] = defaultdict(int)
+    for account, amount in lines:
+        if account.user_id is not None and account.kind in USER_ACCOUNT_KINDS:
+            accounts.setdefault(account.pk, account)
+            totals[account.pk] += amount
+    return [(accounts[pk], totals[pk]) for pk in accounts if totals[pk]]
+
+
 def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | None = None,
                    idempotency_key: str | None = None, customer_note: str = "") -> tuple[LedgerTransaction, bool]:
     """Undo a transaction with one that posts the opposite entries. A transaction is reversed at most once.
 
-    `reason` is the operator's, kept for operators; `customer_note` is what the customer reads (REVERSAL_NOTE
-    when not given). The reversal of a credit tells the customer (a billing event and a notification).
+    `reason` is the operator's, kept for operators; `customer_note` is what the customers read. Not given, each
+    reads the default for the way the money moves for them (reversal_note): the note kept with the reversal, read
+    on statements, is the customer wallet's (else the first user account's). Every user whose wallet or earnings
+    the reversal moves is told (a billing event and a notification), the platform's accounts are no one's.
     """
     if txn.reverses_id is not None:
         raise LedgerError("A reversal cannot itself be reversed; post a new transaction instead.")
@@ -184,7 +226,13 @@ def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | No
     if existing is not None:
         return existing, False
     lines = [(entry.account, -entry.amount_micros) for entry in txn.entries.select_related("account")]
-    note = customer_note.strip() or REVERSAL_NOTE
+    moved = _moved(lines)
+    custom = customer_note.strip()
+    notes = {account.pk: custom or reversal_note(kind=txn.kind, account_kind=account.kind, amount_micros=amount)
+             for account, amount in moved}
+    wallets = [account.pk for account, _ in moved if account.kind == AccountKind.CUSTOMER_WALLET]
+    shown = wallets[0] if wallets else (moved[0][0].pk if moved else None)
+    note = custom or (notes[shown] if shown is not None else REVERSAL_NOTE)
     try:
         with transaction.atomic():
             reversal, created = ledger_post(
@@ -192,8 +240,8 @@ def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | No
                 lines=lines, memo=f"Reverses #{txn.pk}: {txn.memo}", reason=reason, customer_note=note,
                 created_by=created_by, reverses=txn,
             )
-            if created and txn.kind in REVERSIBLE_CREDITS:
-                _credit_reversed_tell(txn=txn, reversal=reversal, lines=lines, note=note)
+            if created:
+                _reversal_tell(txn=txn, reversal=reversal, moved=moved, notes=notes)
             return reversal, created
     except IntegrityError:  # reversed meanwhile under another key
         existing = LedgerTransaction.objects.filter(reverses=txn).first()
@@ -202,18 +250,32 @@ def ledger_reverse(*, txn: LedgerTransaction, reason: str, created_by: User | No
         return existing, False
 
 
-def _credit_reversed_tell(*, txn: LedgerTransaction, reversal: LedgerTransaction,
-                          lines: Sequence[tuple[Account, int]], note: str) -> None:
-    """Tell each customer whose wallet the reversal debits (in the reversal's transaction)."""
-    for account, amount in lines:
-        if account.kind != AccountKind.CUSTOMER_WALLET or account.user_id is None or amount >= 0:
-            continue
+def _reversal_tell(*, txn: LedgerTransaction, reversal: LedgerTransaction, moved: Sequence[tuple[Account, int]],
+                   notes: dict[int, str]) -> None:
+    """Tell each user whose wallet or earnings the reversal moves (in the reversal's transaction), as a credit and
+    its reversal are told: a billing event, and a notification that is e-mailed by the user's preference for it.
+    Money to them reads as a credit (credit_posted), money from them as a credit reversed. Before, only a reversed
+    credit's customer was told, while the form promised a notice to all (found by review)."""
+    on = f"{txn.created_at:%Y-%m-%d}"
+    for account, amount in moved:
+        assert account.user_id is not None  # _moved keeps users' accounts only
         user = User.objects.get(pk=account.user_id)
-        message = f"{usd_text(-amount)} credited to your balance on {txn.created_at:%Y-%m-%d} was reversed: {note}"
-        data = {"amount": str(micros_to_usd(-amount)), "transaction": reversal.pk, "reverses": txn.pk}
-        event_create(user=user, kind=EventKind.CREDIT_REVERSED, message=message, data=data)
-        notify(user=user, kind=Kind.CREDIT_REVERSED, payload={**data, "message": message},
-               dedupe_key=f"credit_reversed:{reversal.pk}")
+        earnings = account.kind == AccountKind.PROVIDER_EARNINGS
+        data = {"amount": str(micros_to_usd(abs(amount))), "transaction": reversal.pk, "reverses": txn.pk,
+                "account": account.kind}
+        if amount < 0:
+            what = "added to your earnings" if earnings else "credited to your balance"
+            message = f"{usd_text(-amount)} {what} on {on} was reversed: {notes[account.pk]}"
+            event_kind, kind = EventKind.CREDIT_REVERSED, Kind.CREDIT_REVERSED
+            # A wallet's keeps the key it had (one notice per reversal, as before).
+            key = f"credit_reversed:{reversal.pk}" if not earnings else f"reversal:{reversal.pk}:{account.pk}"
+        else:
+            what = "taken from your earnings" if earnings else "charged to your balance"
+            message = f"{usd_text(amount)} {what} on {on} was given back: {notes[account.pk]}"
+            event_kind, kind = EventKind.CREDIT, Kind.CREDIT_POSTED
+            key = f"reversal:{reversal.pk}:{account.pk}"
+        event_create(user=user, kind=event_kind, message=message, data=data)
+        notify(user=user, kind=kind, payload={**data, "message": message}, dedupe_key=key)
 
 
 def credit_grant(*, user: User, amount_micros: int, reason: str, created_by: User | None = None,
