@@ -34,3 +34,14 @@ def security_change_notify(*, user: Addressee, subject: str, change: str, base_u
                f"out every browser, and revoke the API keys you do not recognise{reset}")
     address = user.email
     transaction.on_commit(lambda: _send(address, subject, message))
+
+
+def operator_change_notify(*, user: Addressee, subject: str, change: str) -> None:
+    """Tell the account's address that an operator changed a security setting of theirs in the admin (`change`, a
+    sentence: what and what it means for them), as an operator's password, address and two-factor changes are told.
+    Not security_change_notify's "if it was not you" wording: it was not them. Sent once the caller's transaction
+    commits."""
+    message = (f"{change}\n\nIf you do not know why, reply to this e-mail or contact {settings.PLATFORM_NAME}'s "
+               "support.\n")
+    address = user.email
+    transaction.on_commit(lambda: _send(address, subject, message))

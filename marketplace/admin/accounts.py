@@ -19,6 +19,7 @@ account (a superuser's or not): a staff account holds permissions its peer may l
 address, then a password reset; its password; its second factor) would be the same escalation. Holders of
 change_user keep managing renters' and providers' accounts (a changed address, a lost second factor)."""
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.helpers import ActionForm
@@ -43,6 +44,7 @@ from core.admin_history import History, HistoryAdmin
 from core.admin_paginator import EstimatedCountPaginator
 from core.email_address import email_canonical
 from core.errors import ApplicationError, ValidationFailed
+from core.security_mail import operator_change_notify
 from marketplace.admin.common import (
     NothingEditableAdmin,
     OwnChangesAdmin,
@@ -449,16 +451,29 @@ class ApiKeyAdmin(NothingEditableAdmin, admin.ModelAdmin):
         return (super().has_change_permission(request, obj)
                 and not (obj is not None and _staff_of_a_non_superuser(request, obj.user)))
 
-    @admin.action(description="Revoke selected API keys", permissions=["change"])
+    @admin.action(description="Revoke selected API keys (their owners are told by e-mail)", permissions=["change"])
     def revoke(self, request, queryset):
         refused, revoked = [], 0
-        for key in queryset.filter(revoked_at__isnull=True).select_related("user"):
+        told: dict[int, tuple[User, list[ApiKey]]] = {}
+        # Keys revoked already (by their owner too) are left out: nothing is done to them, nobody is told.
+        for key in queryset.filter(revoked_at__isnull=True).select_related("user").order_by("pk"):
             if not self.has_change_permission(request, key):
                 refused.append(f"{key.prefix} ({key.user.email})")
                 continue
             api_key_revoke(api_key=key)
             self.log_change(request, key, "Revoked.")  # the admin's record of which operator did it
+            told.setdefault(key.user_id, (key.user, []))[1].append(key)
             revoked += 1
+        # The owner is told, as of every operator's security change (password, address, two-factor, deactivation):
+        # their automation starts getting 401s, with no word of why before (review r53). One e-mail per owner.
+        for owner, keys in told.values():
+            names = ", ".join(f"{key.name or 'no name'} ({key.prefix}…)" for key in keys)
+            these, them = ("these API keys", "them") if len(keys) > 1 else ("this API key", "it")
+            operator_change_notify(
+                user=owner, subject="An operator revoked your API key" + ("s" if len(keys) > 1 else ""),
+                change=(f"An operator of {settings.PLATFORM_NAME} just revoked {these} of your account: {names}. "
+                        f"Requests made with {them} are refused from now on. Make a new key on the API keys page if "
+                        "you still need one."))
         if refused:
             messages.error(request, "Only a superuser revokes a staff account's API keys; left as they are: "
                                     + ", ".join(refused) + ".")
