@@ -694,11 +694,13 @@ def waiting_on_stripe(*, kind: str, now: datetime | None = None) -> dict[str, An
     "top_ups" (processing, or charged-or-not unknown). {"count", "amount_micros", "oldest": the WAITING_LIST_LIMIT
     oldest rows, with their failure_message}. Each stays so while Stripe refuses to answer its lookup (a key
     without the permission, an account closed): the follow-up tries again every minute, and nothing else tells
-    anyone."""
+    anyone. A deactivated provider's pending payout is not waiting on Stripe but held by the platform until the
+    account is reactivated (billing.services.payouts.HELD_INACTIVE): not counted (it was, as if Stripe were late)."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
     rows: QuerySet[Any]
     if kind == "payouts":
-        rows = Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff).select_related("provider")
+        rows = Payout.objects.filter(status=PayoutStatus.PENDING, created_at__lt=cutoff,
+                                     provider__is_active=True).select_related("provider")
     elif kind == "refunds":
         rows = Refund.objects.filter(status=RefundStatus.PENDING, created_at__lt=cutoff).select_related("top_up__user")
     elif kind == "top_ups":
