@@ -106,7 +106,7 @@ HEALTH_SUMMARY = ("checked", "failed", "busy", "interrupted", "recovered", "lock
 _NOT_STARTED, _BUSY, _ERROR = object(), object(), object()
 RECONCILE_SUMMARY = ("nodes", "orphans_destroyed", "instances_failed", "resumed", "restarted", "cleaned_up",
                      "stopped_vms_stopped", "orphan_volumes_deleted", "volumes_missing", "volumes_deleted",
-                     "unreachable", "busy", "locked", "errors", "unfinished")
+                     "volumes_lost", "unreachable", "busy", "locked", "errors", "unfinished")
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from marketplace.models import Node, Volume, VolumeState
 from marketplace.services import volumes as volume_svc
 from notifications.models import Kind, Notification
 from provisioning.models import Job, NodeEvent
+from provisioning.services import fleet
 from provisioning.services.nodes import node_session
 from provisioning.services.reconcile import node_reconcile
 from tests.factories import UserFactory
@@ -111,3 +112,17 @@ def test_an_operator_ends_a_volume_a_look_found_missing_from_the_admin(node):  #
     assert "confirmed by an operator" in Notification.objects.get(user=renter).payload["message"]
     said = [str(m) for m in request._messages]
     assert said[0] == "1 volume(s) ended as lost." and f"volume {kept.pk}" in said[1]
+
+
+@pytest.mark.django_db(transaction=True)  # the batch reconciles in threads, each with its own connection
+def test_the_fleets_reconcile_batch_counts_volumes_lost_and_goes_on(node):  # noqa: F811
+    """Through the fleet's batch (as the beat runs it), not node_reconcile alone: the batch adds up each node's counts
+    under RECONCILE_SUMMARY's keys, and a count it did not know (volumes_lost) raised there for every node."""
+    volume = _missing_volume(node)
+    _seen_now(node)
+    first = fleet.nodes_reconcile_batch([node.pk])
+    assert first["volumes_missing"] == 1, str(first)
+    _seen_now(node)
+    summary = fleet.nodes_reconcile_batch([node.pk])
+    assert (summary["nodes"], summary["volumes_lost"], summary["errors"]) == (1, 1, 0)
+    assert Volume.objects.get(pk=volume.pk).state == VolumeState.DELETED
