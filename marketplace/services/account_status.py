@@ -13,7 +13,8 @@ keys are), so nobody could stop what it runs; the platform does:
   (models.nodes.offerable) and starting a renter's stopped instance (instances/lifecycle.py: its disk stays as it
   is); a booking and a start read the account under its row lock (instances/allocation.py). What renters run on
   them stays theirs, an interrupted one resuming too.
-- its owner is told (notification `account_deactivated`, on every channel), with the operator's reason.
+- its owner is told (notification `account_deactivated`, on every channel), with the operator's reason, and, when
+  payouts matter to it (servers, earnings, a payout not sent), that its payouts are held until it is on again.
 Its auto top-up setting is left as its owner set it (billing does not charge the card of an account that is off:
 billing.services.top_ups; one pending then ends as not charged).
 On again (`account_reactivate`): nothing restarts by itself, its nodes are offered again, its owner is told, and its
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import F
 
+from billing.models import Account, AccountKind, Payout, PayoutStatus
 from billing.services.top_ups import auto_top_up_rearm
 from core.errors import ApplicationError, ValidationFailed
 from core.request_guard import has_control_character
@@ -122,7 +124,8 @@ def account_reactivate(*, user: User, by: User | None = None, reason: str = "") 
             "You can log in and use your API keys again.",
             f"Your stopped instances ({_ids(stopped)}) stay stopped: start them when you need them." if stopped
             else "",
-            "Your servers take new rentals again." if _has_nodes(locked) else ""]))
+            "Your servers take new rentals again." if _has_nodes(locked) else "",
+            _payouts_resumed(locked)]))
         notify(user=locked, kind=Kind.ACCOUNT_REACTIVATED, dedupe_key=f"account_status:{change.pk}",
                payload={"message": message, "reason": reason})
     user.is_active = True
@@ -187,10 +190,30 @@ def _tell_deactivated(user: User, change: AccountStatusChange) -> None:
         if cancelled else "",
         "Your servers take no new rentals; the instances renters have on them keep running." if _has_nodes(user)
         else "",
+        "Your earnings are not paid out while your account is deactivated: they stay yours, and a payout not sent "
+        "yet is held; payouts go out again after it is reactivated." if _earns(user) else "",
         "Write to the platform's operators to ask about it."]))
     notify(user=user, kind=Kind.ACCOUNT_DEACTIVATED, dedupe_key=f"account_status:{change.pk}",
            payload={"message": message, "reason": reason, "instances_stopped": stopping,
                     "bookings_cancelled": cancelled})
+
+
+def _earns(user: User) -> bool:
+    """Whether payouts matter to the account: servers that earn (renters' instances on them keep running), earnings
+    not paid out, or a payout not sent yet (billing.services.payouts holds those of an account that is off)."""
+    return (_has_nodes(user)
+            or Account.objects.filter(user=user, kind=AccountKind.PROVIDER_EARNINGS, balance_micros__gt=0).exists()
+            or Payout.objects.filter(provider=user, status=PayoutStatus.PENDING).exists())
+
+
+def _payouts_resumed(user: User) -> str:
+    """The reactivation notice's word on payouts (billing.services.payouts): a held one is sent by the next
+    follow-up, what has accrued goes with the weekly runs."""
+    if not _earns(user):
+        return ""
+    held = Payout.objects.filter(provider=user, status=PayoutStatus.PENDING).exists()
+    return ("Your payouts resume: " + ("the payout held while your account was off is sent within minutes, and "
+                                       if held else "") + "your earnings are paid out with the weekly payouts again.")
 
 
 def _has_nodes(user: User) -> bool:
