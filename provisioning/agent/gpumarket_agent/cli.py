@@ -88,6 +88,8 @@ def handle(argv, stdin_text, env):
             req = json.loads(stdin_text) if stdin_text.strip() else {}
         except ValueError as exc:
             raise invalid("request", "stdin is not JSON: %s" % exc) from None
+        except RecursionError:  # the renter's/caller's input, not our bug: no internal_error for it
+            raise invalid("request", "stdin is nested too deeply") from None
         if not isinstance(req, dict):
             raise invalid("request", "the request must be a JSON object")
         if argv[:1] == ["vm"] and len(argv) == 2:

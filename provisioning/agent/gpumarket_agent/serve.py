@@ -36,6 +36,8 @@ def parse_request(line, commands):
         msg = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise invalid("request", "the line is not JSON: %s" % exc) from None
+    except RecursionError:  # bad input, not the agent's own bug
+        raise invalid("request", "the line is nested too deeply") from None
     if not isinstance(msg, dict):
         raise invalid("request", "each line must be a JSON object")
     extra = sorted(set(msg) - set(_FIELDS))
