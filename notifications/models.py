@@ -22,6 +22,8 @@ class Kind(models.TextChoices):
     NODE_REJECTED = "node_rejected", "Node rejected by the benchmark check"
     NODE_DEGRADED = "node_degraded", "Node listed as degraded"
     NODE_MIG_LAYOUT_DUE = "node_mig_layout_due", "A GPU is free for its declared MIG layout"
+    NODE_CHANGED_BY_OPERATOR = "node_changed_by_operator", (
+        "Node retired, unlisted or put into maintenance by the operators")
     PAYOUT_SENT = "payout_sent", "Payout sent"
     CREDIT_POSTED = "credit_posted", "Credit posted"
     CREDIT_REVERSED = "credit_reversed", "Credit reversed"

@@ -2,11 +2,12 @@
 maintenance), their GPUs and MIG slices."""
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import ValidationError
 from django.db import connections, router, transaction
 
 from core.admin_history import HistoryAdmin
-from core.errors import Conflict
+from core.errors import ApplicationError, Conflict
 from marketplace.admin.common import (
     STAFF_ACCOUNT_REFUSED,
     NothingEditableAdmin,
@@ -24,7 +25,8 @@ from marketplace.models import (
 )
 from marketplace.money import micros_to_usd
 from marketplace.selectors import free_gpu_count
-from marketplace.services.nodes import node_retire, node_update
+from marketplace.services.account_status import REASON_MAX_LENGTH, status_reason_clean
+from marketplace.services.nodes import OPERATOR_NODE_ACTIONS, node_change_by_operator
 from provisioning.admin import node_events, node_verification_runs
 from provisioning.services.verification import node_accept_host_key, node_verify_request
 
@@ -173,6 +175,15 @@ class GpuInline(admin.TabularInline):
         return _locked_for_a_post(request, super().get_queryset(request).select_related("gpu_model"))
 
 
+class NodeActionForm(ActionForm):
+    """The list's actions bar, with the reason the retire, unlist and maintenance actions tell the providers."""
+
+    reason = forms.CharField(
+        label="Reason:", required=False, max_length=REASON_MAX_LENGTH,
+        help_text="Retire, unlist, maintenance: told to the node's provider (e-mail, webhooks, their list) and kept "
+                  "in the node's events.")
+
+
 @admin.register(Node)
 class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
@@ -195,6 +206,7 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     latest_runs, latest_events = node_verification_runs, node_events
     histories = ["latest_runs", "latest_events"]
     actions = ["set_maintenance", "unlist", "reverify_nodes", "accept_new_host_key", "retire"]
+    action_form = NodeActionForm
 
     def has_add_permission(self, request):
         return False  # nodes are registered by providers, which creates their key pair
@@ -240,24 +252,33 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
                                     f"{STAFF_ACCOUNT_REFUSED}.")
         return allowed
 
-    @admin.action(description="Put selected nodes into maintenance", permissions=["change"])
+    @admin.action(description="Put selected nodes into maintenance (with the reason above, told to the provider)",
+                  permissions=["change"])
     def set_maintenance(self, request, queryset):
-        self._update_each(request, queryset.exclude(state=NodeState.MAINTENANCE), "put into maintenance",
-                          maintenance=True)
+        self._by_operator(request, queryset.exclude(state=NodeState.MAINTENANCE), "maintenance")
 
-    @admin.action(description="Unlist selected nodes (no new rentals)", permissions=["change"])
+    @admin.action(description="Unlist selected nodes (no new rentals; with the reason above, told to the provider)",
+                  permissions=["change"])
     def unlist(self, request, queryset):
-        self._update_each(request, queryset.filter(listed=True), "unlisted", listed=False)
+        self._by_operator(request, queryset.filter(listed=True), "unlist")
 
-    def _update_each(self, request, nodes, done_text: str, **changes) -> None:
-        """The provider's own service per node (its rules, not a second copy here); refusals named one by one. Each
-        node changed is recorded in the admin's log with the operator (LogEntry), a refused one not."""
+    def _by_operator(self, request, nodes, action: str) -> None:
+        """The provider's own services per node (node_change_by_operator: their rules, not a second copy here), the
+        node's event and the provider told with the reason; refusals named one by one. Each node changed is
+        recorded in the admin's log with the operator (LogEntry), a refused one not."""
+        try:
+            reason = status_reason_clean(request.POST.get("reason", ""))
+        except ApplicationError as exc:
+            messages.error(request, f"Nothing done: {exc}")
+            return
+        done_text = OPERATOR_NODE_ACTIONS[action][1]
         done, refused = 0, []
         for node in self._allowed(request, nodes):
             try:
-                node_update(node=node, **changes)
-                done += 1
-                self.log_change(request, node, f"{done_text.capitalize()}.")
+                if node_change_by_operator(node=node, action=action, by=request.user, reason=reason):
+                    done += 1
+                    self.log_change(request, node, f"{done_text.capitalize()}" + (f": {reason}" if reason else "")
+                                    + ".")
             except Conflict as exc:
                 refused.append(f"{node.name}: {exc}")
         messages.info(request, f"{done} node(s) {done_text}.")
@@ -276,22 +297,12 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
                 messages.warning(request, f"{node.name}: {exc}")
         messages.info(request, f"Verification queued for {done} node(s).")
 
-    @admin.action(description="Retire selected nodes (for good: never checked or booked again)",
-                  permissions=["change"])
+    @admin.action(description="Retire selected nodes (for good: never checked or booked again; with the reason "
+                              "above, told to the provider)", permissions=["change"])
     def retire(self, request, queryset):
         """The provider's own retire (node_retire): refused, with what stands in the way, while renters' instances
         or volumes are on the node."""
-        done, refused = 0, []
-        for node in self._allowed(request, queryset.exclude(state=NodeState.RETIRED)):
-            try:
-                node_retire(node=node)
-                done += 1
-                self.log_change(request, node, "Retired.")
-            except Conflict as exc:
-                refused.append(f"{node.name}: {exc}")
-        messages.info(request, f"{done} node(s) retired.")
-        for line in refused:
-            messages.warning(request, line)
+        self._by_operator(request, queryset.exclude(state=NodeState.RETIRED), "retire")
 
     @admin.action(description="Accept the new SSH host key (quarantined nodes) and re-verify", permissions=["change"])
     def accept_new_host_key(self, request, queryset):

@@ -34,6 +34,7 @@ from marketplace.selectors import instances_awaiting_cleanup, node_in_use_q
 from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.volumes import node_volumes_lost
+from notifications.services.notify import Kind, notify
 from provisioning.models import NodeEvent
 
 # Said to a provider who registers a host key one of their own live nodes has. Another account's nodes are never
@@ -479,3 +480,48 @@ def node_retire(*, node: Node) -> None:
     # mig_slice_unique_uuid); a slice of a retired server is never rented again.
     node.gpus.exclude(uuid="").update(uuid="")
     node.mig_slices.exclude(uuid="", status=SliceStatus.UNAVAILABLE).update(uuid="", status=SliceStatus.UNAVAILABLE)
+
+
+# An operator's retire, unlist or maintenance from the admin (marketplace/admin/nodes.py): the event's kind, the
+# words for what was done, and what it means for the provider (review r53: the only record was the admin's log,
+# which providers never see, and retiring is for good).
+OPERATOR_NODE_ACTIONS = {
+    "retire": ("retired_by_operator", "retired", "It is retired for good: never checked or booked again."),
+    "unlist": ("unlisted_by_operator", "unlisted", "It is off the offers and takes no new rentals; instances on it "
+               "keep running."),
+    "maintenance": ("maintenance_by_operator", "put into maintenance", "It takes no new rentals while it is in "
+                    "maintenance; instances on it keep running."),
+}
+
+
+@transaction.atomic
+def node_change_by_operator(*, node: Node, action: str, by: User, reason: str = "") -> bool:
+    """An operator retires, unlists or puts into maintenance a provider's node (`action`, a key of
+    OPERATOR_NODE_ACTIONS) through the provider's own services (node_retire, node_update: their rules, their
+    Conflicts), records it as a node event with the operator and the reason, and tells the provider why
+    (node_changed_by_operator, on the channels they chose). False when the node was so already: nothing done,
+    recorded or told. `reason` is the operator's, cleaned by the caller."""
+    event_kind, done, meaning = OPERATOR_NODE_ACTIONS[action]
+    current = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
+    if action == "retire":
+        if current.state == NodeState.RETIRED:
+            return False
+        node_retire(node=current)
+    elif action == "unlist":
+        if not current.listed:
+            return False
+        node_update(node=current, listed=False)
+    else:
+        if current.state == NodeState.MAINTENANCE:
+            return False
+        node_update(node=current, maintenance=True)
+    why = f" Reason: {reason}" if reason else ""
+    event = NodeEvent.objects.create(node=current, kind=event_kind, level=NodeEvent.Level.WARNING,
+                                     message=f"{done.capitalize()} by an operator ({by.email}).{why}")
+    message = (f"An operator of {settings.PLATFORM_NAME} {done} your node {current.name}. {meaning}{why}"
+               + ("" if reason else " Contact support if you do not know why."))
+    notify(user=User.objects.get(pk=current.provider_id), kind=Kind.NODE_CHANGED_BY_OPERATOR,
+           dedupe_key=f"node_changed_by_operator:{current.pk}:{event.pk}",
+           payload={"node": current.pk, "name": current.name, "action": action, "done": done, "reason": reason,
+                    "message": message})
+    return True

@@ -47,6 +47,7 @@ TITLES = {
     Kind.NODE_REJECTED: "Node {node} did not pass the benchmark check",
     Kind.NODE_DEGRADED: "Node {node} is listed as degraded",
     Kind.NODE_MIG_LAYOUT_DUE: "Node {node}: GPU {gpu} is free, configure its declared MIG layout",
+    Kind.NODE_CHANGED_BY_OPERATOR: "Node {name} was {done} by the operators",
     Kind.PAYOUT_SENT: "Payout {payout} sent: {amount} USD",
     Kind.CREDIT_POSTED: "{amount} USD was credited to your balance",
     Kind.CREDIT_REVERSED: "A credit of {amount} USD was reversed",
