@@ -17,6 +17,8 @@ class Kind(models.TextChoices):
     INSTANCE_STOPPED = "instance_stopped", "Instance stopped"
     INSTANCE_FAILED = "instance_failed", "Instance failed"
     INSTANCE_INTERRUPTED = "instance_interrupted", "Instance interrupted"
+    INSTANCE_STOPPED_BY_OPERATOR = "instance_stopped_by_operator", "Instance stopped by the operators"
+    INSTANCE_DESTROYED_BY_OPERATOR = "instance_destroyed_by_operator", "Instance destroyed by the operators"
     VOLUME_LOST = "volume_lost", "Volume lost with its retired server"
     NODE_OFFLINE = "node_offline", "Node offline"
     NODE_REJECTED = "node_rejected", "Node rejected by the benchmark check"

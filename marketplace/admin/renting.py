@@ -3,6 +3,7 @@ import datetime
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.db import connections, models
 from django.utils import formats, timezone
 from django.utils.dateparse import parse_datetime
@@ -28,7 +29,8 @@ from marketplace.models import (
     VolumeState,
 )
 from marketplace.money import micros_to_usd
-from marketplace.services.instances import instance_destroy, instance_stop
+from marketplace.services.account_status import REASON_MAX_LENGTH, status_reason_clean
+from marketplace.services.instances import instance_end_by_operator
 from marketplace.services.instances.options import clean_image_reference
 from marketplace.services.volumes import volume_mark_lost
 from marketplace.validators import validate_libvirt_image
@@ -225,6 +227,13 @@ class InterruptionAdmin(NothingEditableAdmin, KeySearchAdmin):  # the id by its 
         return micros_to_usd(interruption.credited_micros)
 
 
+class InstanceActionForm(ActionForm):
+    """The list's actions bar, with the reason the stop and destroy actions tell the renters."""
+
+    reason = forms.CharField(label="Reason:", required=False, max_length=REASON_MAX_LENGTH,
+                             help_text="Told to the instance's renter (e-mail, webhooks, their list).")
+
+
 @admin.register(Instance)
 class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the id by its index: core/admin_search
     list_display = ["id", "renter", "node", "gpu_model", "num_gpus", "image", "status", "price", "created_at",
@@ -253,6 +262,7 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
     latest_allocations, latest_interruptions = instance_allocations, instance_interruptions
     histories = ["latest_allocations", "latest_interruptions"]
     actions = ["force_stop", "force_destroy"]
+    action_form = InstanceActionForm
 
     def has_add_permission(self, request):
         return False  # instances are booked through the API, which allocates GPUs
@@ -264,11 +274,17 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
     def price(self, instance):
         return micros_to_usd(instance.price_per_hour_micros)
 
-    def _apply(self, request, queryset, service, verb, logged):
-        """Each instance through the renter's own service, not a staff account's for a non-superuser (the users'
-        rule, common.staff_of_a_non_superuser); each one done recorded in the admin's log with the
-        operator (LogEntry: the instance's history page), not one refused or already on its way (asked again, the
-        service changes nothing)."""
+    def _apply(self, request, queryset, action, verb, logged):
+        """Each instance through the renter's own service, with the renter told that an operator did it and why
+        (instance_end_by_operator), not a staff account's for a non-superuser (the users' rule,
+        common.staff_of_a_non_superuser); each one done recorded in the admin's log with the operator (LogEntry:
+        the instance's history page), not one refused or already on its way (asked again, the service changes
+        nothing and tells nobody)."""
+        try:
+            reason = status_reason_clean(request.POST.get("reason", ""))
+        except ApplicationError as exc:
+            messages.error(request, f"Nothing done: {exc}")
+            return
         done, refused = 0, []
         for instance in queryset.select_related("renter"):
             if staff_of_a_non_superuser(request.user, instance.renter):
@@ -276,24 +292,27 @@ class InstanceAdmin(NothingEditableAdmin, KeySearchAdmin, HistoryAdmin):  # the 
                                "as it is.")
                 continue
             try:
-                after = service(instance=instance)
+                after = instance_end_by_operator(instance=instance, action=action, reason=reason)
                 done += 1
                 if after.status != instance.status:
-                    self.log_change(request, instance, f"{logged} (now {after.status}).")
+                    self.log_change(request, instance, f"{logged} (now {after.status})"
+                                    + (f": {reason}" if reason else "") + ".")
             except ApplicationError as exc:
                 refused.append(f"instance {instance.pk}: {exc}")
         messages.info(request, f"{done} instance(s) {verb}.")
         for line in refused:
             messages.warning(request, line)
 
-    @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs)",
+    @admin.action(description="Stop selected running instances (keeps the disk, frees the GPUs; with the reason "
+                              "above, told to the renter)",
                   permissions=["change"])  # marketplace.change_instance: view-only staff run no action
     def force_stop(self, request, queryset):
-        self._apply(request, queryset, instance_stop, "stopping", "Stopped from the admin")
+        self._apply(request, queryset, "stop", "stopping", "Stopped from the admin")
 
-    @admin.action(description="Destroy selected instances (VM and disk)", permissions=["change"])
+    @admin.action(description="Destroy selected instances (VM and disk; with the reason above, told to the renter)",
+                  permissions=["change"])
     def force_destroy(self, request, queryset):
-        self._apply(request, queryset, instance_destroy, "destroying", "Destroyed from the admin")
+        self._apply(request, queryset, "destroy", "destroying", "Destroyed from the admin")
 
 
 @admin.register(Volume)

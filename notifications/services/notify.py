@@ -42,6 +42,8 @@ TITLES = {
     Kind.INSTANCE_STOPPED: "Instance {instance} stopped",
     Kind.INSTANCE_FAILED: "Instance {instance} failed",
     Kind.INSTANCE_INTERRUPTED: "Instance {instance} was interrupted",
+    Kind.INSTANCE_STOPPED_BY_OPERATOR: "Instance {instance} was stopped by the operators",
+    Kind.INSTANCE_DESTROYED_BY_OPERATOR: "Instance {instance} was destroyed by the operators",
     Kind.VOLUME_LOST: "Volume {name} was lost with its server",
     Kind.NODE_OFFLINE: "Node {node} is offline",
     Kind.NODE_REJECTED: "Node {node} did not pass the benchmark check",

@@ -60,7 +60,14 @@ from .interruptions import (
     node_instances_interrupt,
     vm_last_seen_at,
 )
-from .lifecycle import instance_destroy, instance_label, instance_restart, instance_start, instance_stop
+from .lifecycle import (
+    instance_destroy,
+    instance_end_by_operator,
+    instance_label,
+    instance_restart,
+    instance_start,
+    instance_stop,
+)
 from .mig import instance_slice_uuids
 from .pricing import (
     instance_price_cut,
@@ -86,7 +93,8 @@ __all__ = [
     "instance_slice_uuids", "score_share",
     "COMMITTED_STATUSES", "MAX_DISK_GB", "WAITING", "Funds", "InsufficientFunds", "committed_rate_micros",
     "funds_for", "funds_of", "instance_create", "PriceChanged",
-    "instance_destroy", "instance_for_idempotency_key", "instance_cleanup_done", "instance_interrupt", "instance_label",
+    "instance_destroy", "instance_end_by_operator", "instance_for_idempotency_key", "instance_cleanup_done",
+    "instance_interrupt", "instance_label",
     "instance_price_cut", "node_instances_price_cut", "instance_price_follow", "node_instances_price_follow",
     "instance_restart_interrupted", "instance_resume", "lost_usage_give_back", "node_instances_interrupt",
     "lost_disk_give_back", "vm_last_seen_at",

@@ -23,6 +23,7 @@ from marketplace.services.email_verification import email_verified_required
 from marketplace.services.funds import _check_funds
 from marketplace.services.offer_rules import NODE_STATE_REASONS, SIMULATED_NOT_TAKEN, node_simulated_not_taken
 from marketplace.validators import NAME_MAX_LENGTH
+from notifications.services.notify import Kind
 from provisioning.models import JobKind
 from provisioning.services.jobs import job_create
 
@@ -33,6 +34,7 @@ from .common import (
     _gpus_text,
     _leave_running,
     _save,
+    instance_notify,
     instance_release_gpus,
 )
 from .mig import reallocate_slices, slices_start_refusal
@@ -334,6 +336,37 @@ def instance_destroy(*, instance: Instance) -> Instance:
             _save(instance)
         return instance_mark_destroyed(instance_id=instance.pk, cleanup_pending=True)
     return _queue(instance, S.DESTROYING, "destroy it", JobKind.INSTANCE_DESTROY)
+
+
+# ---------------------------------------------------------------------------- an operator's stop and destroy
+
+# What the renter reads when an operator stops or destroys their instance from the admin (marketplace/admin/
+# renting.py), with the operator's reason: before, a destroy told them nothing (there is no notice of a renter's own
+# destroy) and a stop only the generic "Stopped; the disk is kept" (review r53).
+_BY_OPERATOR = {
+    "stop": (instance_stop, Kind.INSTANCE_STOPPED_BY_OPERATOR, "stopped",
+             "Its GPUs are freed and its disk is kept: you can start it again."),
+    "destroy": (instance_destroy, Kind.INSTANCE_DESTROYED_BY_OPERATOR, "destroyed",
+                "Its VM and its disk are deleted, with the data on the disk: it cannot be brought back."),
+}
+
+
+@transaction.atomic
+def instance_end_by_operator(*, instance: Instance, action: str, reason: str = "") -> Instance:
+    """An operator's stop or destroy (`action`): the renter's own service (instance_stop, instance_destroy: its
+    rules, its Conflicts), and the renter told that an operator did it and why (instance_stopped_by_operator,
+    instance_destroyed_by_operator, on the channels they chose), once per change: asked again while it is on its
+    way, nothing is told. `reason` is the operator's, cleaned by the caller; the operator is in the admin's log."""
+    service, kind, done, meaning = _BY_OPERATOR[action]
+    before = Instance.objects.select_for_update().values_list("status", flat=True).get(pk=instance.pk)
+    after = service(instance=instance)
+    if after.status != before:
+        label = f" ({after.label})" if after.label else ""
+        why = f" Reason: {reason}" if reason else " Contact support if you do not know why."
+        instance_notify(after, kind, timezone.now().isoformat(),
+                        f"An operator of {settings.PLATFORM_NAME} {done} your instance {after.pk}{label}. {meaning}"
+                        f"{why}")
+    return after
 
 
 def instance_label(*, instance: Instance, label: str) -> Instance:
