@@ -340,6 +340,11 @@ SIM_NODES_ALLOWED = env_bool("SIM_NODES_ALLOWED", False)
 # VPN that providers' servers are on. config/settings/local.py and test.py allow loopback (the simulated nodes'
 # sshds); production refuses loopback, link-local and unspecified networks here.
 NODE_ADDRESS_ALLOWED_NETWORKS = env_networks("NODE_ADDRESS_ALLOWED_NETWORKS", [])
+# Registries inside a node's network (`host` or `host:port`, lower case) that a renter's own image may still name
+# (marketplace/services/instances/options.py clean_own_image_reference refuses localhost and non-public IPs).
+# None by default; the docker tests' registry on 127.0.0.1 is allowed by them alone. Nodes' agents keep their own
+# list (GPUMARKET_INTERNAL_REGISTRIES).
+RENTER_INTERNAL_REGISTRIES = [r.lower() for r in env_list("RENTER_INTERNAL_REGISTRIES", [])]
 FLEET_REFERENCE_MIN_PROVIDERS = env_int("FLEET_REFERENCE_MIN_PROVIDERS", 3)
 
 HEALTH_CHECK_INTERVAL_S = env_int("HEALTH_CHECK_INTERVAL_S", 60)

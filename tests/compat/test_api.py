@@ -299,7 +299,7 @@ def test_create_instance_maps_env_ports_onstart_and_login_onto_the_instance_opti
     ("nvidia/cuda:12.4.1-base", "-u me -p tok3n https://index.docker.io/v1/"),  # as `docker login` keys Docker Hub
     ("docker.io/team/app:1", "-u me -p tok3n registry-1.docker.io"),
     ("GHCR.io/team/app:1", "-u me -p tok3n ghcr.io"),
-    ("localhost:5000/app:1", "-u me -p tok3n http://localhost:5000"),
+    ("registry.example.com:5000/app:1", "-u me -p tok3n http://registry.example.com:5000"),
 ])
 def test_a_login_for_the_registry_the_image_is_pulled_from_is_taken(api, market, image, login):
     _, a6000, _ = market

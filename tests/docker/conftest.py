@@ -22,6 +22,13 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.fixture(autouse=True)
+def _local_registry_allowed(settings):
+    """The session's registry is on 127.0.0.1, which a renter's own image may not name on a real platform
+    (options.clean_own_image_reference): allowed here, as an operator would list an internal registry."""
+    settings.RENTER_INTERNAL_REGISTRIES = ["127.0.0.1"]
+
+
 @pytest.fixture(scope="session")
 def docker_engine(tmp_path_factory):
     CACHE.mkdir(parents=True, exist_ok=True)

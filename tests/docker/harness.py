@@ -49,6 +49,7 @@ def docker_node(sim, simbase: Path, engine: Engine, work: Path, port_range: str 
         "GPUMARKET_PORT_RANGE": port_range,
         "GPUMARKET_DOCKER_BIND": "127.0.0.1",
         "GPUMARKET_DOCKER_GPUS": "none",
+        "GPUMARKET_INTERNAL_REGISTRIES": "127.0.0.1",  # the session's registry (conftest.py), renters' own images
         "DOCKER_HOST": engine.env["DOCKER_HOST"],
         "PATH": f"{work / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(node_dir / "home"),

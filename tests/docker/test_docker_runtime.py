@@ -55,7 +55,8 @@ def node(docker_engine, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     env = {"GPUMARKET_RUNTIME": "docker", "GPUMARKET_STATE_DIR": str(tmp_path / "state"),
            "GPUMARKET_PORT_RANGE": "46100-46499", "GPUMARKET_PUBLIC_HOST": "127.0.0.1",
-           "GPUMARKET_DOCKER_BIND": "127.0.0.1", "GPUMARKET_DOCKER_GPUS": f"devices:{tmp_path}/gpu{{index}}"}
+           "GPUMARKET_DOCKER_BIND": "127.0.0.1", "GPUMARKET_DOCKER_GPUS": f"devices:{tmp_path}/gpu{{index}}",
+           "GPUMARKET_INTERNAL_REGISTRIES": "127.0.0.1"}  # the session's registry: renters' own images come from it
 
     def call(command, request=None, ok=True):
         answer, status = agent.handle(command.split(), json.dumps(request or {}), env)

@@ -140,7 +140,7 @@ def test_the_limits_themselves_are_accepted(api):
 
 @pytest.mark.parametrize("reference", [
     "ubuntu:24.04", "library/ubuntu", "docker.io/library/ubuntu:24.04", "ghcr.io/org/team/app:v1.2_rc-3",
-    "localhost:5000/app", "registry.example.com:5000/a.b/c__d/e--f:latest", f"app@{DIGEST}",
+    "registry.example.com:443/app", "registry.example.com:5000/a.b/c__d/e--f:latest", f"app@{DIGEST}",
     f"r.example.com/app:1@{DIGEST}", "Registry.Example.com/app:1",
 ])
 def test_any_oci_reference_is_an_image_of_ones_own(api, reference):

@@ -8,10 +8,15 @@ the agent receives them as JSON and builds argument lists.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
+from core.addresses import is_public
 from core.errors import ValidationFailed
 from core.request_guard import has_control_character
 from core.validators import CONTROL_CHARACTERS_MESSAGE
@@ -100,7 +105,51 @@ def image_of(value: Any, field_name: str = "image") -> Image | str:
                                     "your own is a reference with a tag or a path, e.g. `ubuntu:24.04` or "
                                     "`registry.example.com/team/app`.")
         return image
-    return clean_image_reference(value, field_name)
+    return clean_own_image_reference(value, field_name)
+
+
+def _literal_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host names without DNS: a plain IP, or a numeric form the C resolver reads as one (`127.1`,
+    `2130706433`, `0x7f.1`: inet_aton, which docker's resolver may use); None for a name."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except (OSError, ValueError):
+        return None
+
+
+def internal_registry_reason(reference: str) -> str | None:
+    """Why a reference's registry is inside a node's own network (`localhost`, or an IP literal that is not
+    public: loopback, link-local, private, unspecified...), or None. Names are not resolved (no DNS here)."""
+    domain = image_registry(reference)  # as docker reads it: `1234/app` is Docker Hub's, not host 1234
+    host = domain.partition(":")[0]
+    if domain == DOCKER_HUB or domain in settings.RENTER_INTERNAL_REGISTRIES \
+            or host in settings.RENTER_INTERNAL_REGISTRIES:
+        return None
+    if host == "localhost" or host.endswith(".localhost"):
+        return f"{host} is the node itself (localhost)"
+    address = _literal_ip(host)
+    if address is None or is_public(address):
+        return None
+    kind = next((k for k in ("loopback", "link_local", "unspecified", "private") if getattr(address, f"is_{k}")),
+                "non-public")
+    return f"{host} is a {kind.replace('_', '-')} address"
+
+
+def clean_own_image_reference(value: Any, field_name: str = "image") -> str:
+    """A renter's own image: a valid reference (clean_image_reference) whose registry is not inside the node's
+    network. The node's dockerd would connect there from the provider's network and the renter read the
+    registry's error: a probe of the node's loopback and LAN (review r53 #3). Catalogue images (set by staff) are
+    not checked; settings.RENTER_INTERNAL_REGISTRIES lists internal registries allowed (tests, demos)."""
+    reference = clean_image_reference(value, field_name)
+    why = internal_registry_reason(reference)
+    if why:
+        raise _fail(field_name, f"An image of your own cannot come from a registry inside the node's network: {why}. "
+                                "Push it to a public registry (e.g. ghcr.io, docker.io) and name that.")
+    return reference
 
 
 def clean_image_reference(value: Any, field_name: str = "image") -> str:

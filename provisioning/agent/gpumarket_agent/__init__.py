@@ -92,6 +92,7 @@ _EXPORTS = {
     "host_link_gbs": "measurements",
     "import_torch": "measurements",
     "invalid": "core",
+    "internal_registry": "reference",
     "inventory_hash": "smi",
     "kill_trees": "procs",
     "libvirt_domain_xml": "runtimes.libvirt",

@@ -129,6 +129,10 @@ class Config:
         self.docker_gpus = env.get("GPUMARKET_DOCKER_GPUS") or "toolkit"
         self.docker_bind = env.get("GPUMARKET_DOCKER_BIND") or None
         self.docker_pull = env.get("GPUMARKET_DOCKER_PULL") or "always"
+        # Registries inside the node's network that a renter's own image may still come from (`host` or
+        # `host:port`, comma-separated; reference.internal_registry): none by default, the tests' local registry.
+        self.internal_registries = tuple(item.strip().lower() for item in
+                                         (env.get("GPUMARKET_INTERNAL_REGISTRIES") or "").split(",") if item.strip())
         self.libvirt_uri = env.get("GPUMARKET_LIBVIRT_URI") or "qemu:///system"
         self.libvirt_dir = env.get("GPUMARKET_LIBVIRT_DIR") or "/var/lib/libvirt/images/gpumarket"
         self.libvirt_images = env.get("GPUMARKET_LIBVIRT_IMAGES") or "/var/lib/libvirt/images"

@@ -7,7 +7,9 @@
     separator := [_.] | "__" | "-"+ ; tag := [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} ; digest := "sha256:" 64 hex
 The first component is a domain only when it holds "." or ":" or is "localhost" (or has upper-case letters).
 """
+import ipaddress
 import re
+import socket
 
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN_NAME = _DOMAIN_COMPONENT + r"(?:\." + _DOMAIN_COMPONENT + r")*"
@@ -51,3 +53,56 @@ def registry_key(value):
     if not parsed or not parsed["domain"] or parsed["domain"] in DOCKER_HUB_NAMES:
         return DOCKER_HUB
     return parsed["domain"]
+
+
+def _literal_ip(host):
+    """The IP address a host names without DNS, or None: a plain IPv4/IPv6 address, or one of the numeric forms
+    the C resolver (inet_aton) also reads as an address (`127.1`, `2130706433`, `0x7f.1`)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except (OSError, ValueError):
+        return None
+
+
+def _ip_kind(address):
+    """What an address is if it is not a public one ('loopback', 'link-local', ...), else None."""
+    for kind, test in (("loopback", "is_loopback"), ("link-local", "is_link_local"),
+                       ("unspecified", "is_unspecified"), ("private", "is_private"), ("multicast", "is_multicast"),
+                       ("reserved", "is_reserved")):
+        if getattr(address, test):
+            return kind
+    return None if address.is_global else "non-public"
+
+
+def internal_registry(domain, allowed=()):
+    """Why a reference's registry host is inside the node's own network, or None. Refused: `localhost` (any case,
+    with or without a port, and names under .localhost) and IP literals that are loopback, link-local, private,
+    unspecified or otherwise not public, IPv4 carried in IPv6 included. The node's dockerd would connect there
+    from inside the provider's network, and its error text is answered to the renter: a port scan of the node and
+    its LAN (review r53 #3). `allowed`: registries the provider lists (GPUMARKET_INTERNAL_REGISTRIES), `host` (any
+    port) or `host:port`. Names are not resolved here: a public name resolving to a private address still passes
+    (an egress policy for dockerd closes that)."""
+    if not domain:
+        return None
+    domain = domain.lower()
+    if domain.startswith("["):
+        host = domain[1:domain.index("]")]
+    else:
+        host = domain.partition(":")[0]
+    if domain in allowed or host in allowed or ("[%s]" % host) in allowed:
+        return None
+    if host == "localhost" or host.endswith(".localhost"):
+        return "%s is this node itself (localhost)" % host
+    address = _literal_ip(host)
+    if address is None:
+        return None
+    kinds = [_ip_kind(address)]
+    inner = getattr(address, "ipv4_mapped", None) or getattr(address, "sixtofour", None)
+    if inner is not None:
+        kinds.append(_ip_kind(inner))
+    kind = next((k for k in kinds if k), None)
+    return None if kind is None else "%s is a %s address, inside the node's network" % (host, kind)

@@ -4,7 +4,7 @@ import re
 
 from .core import invalid
 from .options import validate_options
-from .reference import parse_reference
+from .reference import internal_registry, parse_reference
 
 VM_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 # The names the platform gives its VMs (inst-<instance id>: marketplace.models.renting.vm_id_of; the reconciler
@@ -63,9 +63,10 @@ CREATE_FIELDS = ("vm_id", "gpu_indices", "gpu_uuids", "ssh_public_keys", "image"
                  "onstart", "ports", "volumes", "mig_uuids", "image_env")
 
 
-def validate_create(req, runtime, gpu_indices_present):
+def validate_create(req, runtime, gpu_indices_present, internal_registries=()):
     """(vm_id, spec): the spec is what the VM record keeps. registry_auth is checked here and never kept: the
-    caller takes it with options.validate_registry_auth."""
+    caller takes it with options.validate_registry_auth. `internal_registries`: the node's own registries a
+    renter's image may come from (Config.internal_registries)."""
     reject_unknown(req, CREATE_FIELDS)
     vm_id = validate_vm_id(req.get("vm_id"))
     indices, uuids = validate_gpus(req, gpu_indices_present)
@@ -100,6 +101,13 @@ def validate_create(req, runtime, gpu_indices_present):
             raise invalid("mig_uuids", "mig_uuids must be a non-empty list of MIG-... UUIDs")
         spec["mig_uuids"] = list(req["mig_uuids"])
     spec.update(validate_options(req)[0])
+    # A renter's own image (or one pulled with the renter's login) never from a registry inside the node's network:
+    # refused before anything is recorded or pulled. Catalogue images are the platform's and may be.
+    if "docker" in image and (spec.get("image_env") or req.get("registry_auth")):
+        why = internal_registry(parse_reference(image["docker"])["domain"], internal_registries)
+        if why:
+            raise invalid("image", "image.docker cannot be pulled from a registry inside the node's network: "
+                                   "%s. Use a public registry." % why)
     return vm_id, spec
 
 

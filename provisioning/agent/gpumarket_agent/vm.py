@@ -39,7 +39,7 @@ def describe(cfg, rt, rec, state):
 def vm_create(cfg, req):
     runtime, rt = pick_runtime(cfg, req)
     gpus = visible_gpus(rt)
-    vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus])
+    vm_id, spec = validate_create(req, runtime, [g["index"] for g in gpus], cfg.internal_registries)
     cards = cards_held(rt, {"vm_id": vm_id, "spec": spec}, gpus)  # refused before anything is recorded
     if "mig_uuids" in spec:
         check_mig_uuids(cfg, gpus, spec)
