@@ -89,8 +89,10 @@ def test_forms_can_tell_a_private_key_to_wipe_it(case):
     assert ssh_keys.looks_like_private_key(PRIVATE[case]())
 
 
+# Named ids: a fresh key in an id differs in each xdist worker, which then refuse the run (different collections).
 @pytest.mark.parametrize("text", [ed25519_key(), ed25519_key("PuTTY key from my laptop"), "ssh-ed25519 notbase64!",
-                                  "---- BEGIN SSH2 PUBLIC KEY ----"])
+                                  "---- BEGIN SSH2 PUBLIC KEY ----"],
+                         ids=["public key", "public key with PuTTY in its comment", "bad base64", "SSH2 public header"])
 def test_a_public_key_or_other_mistake_is_not_taken_for_a_private_one(text):
     assert not ssh_keys.looks_like_private_key(text)
 
