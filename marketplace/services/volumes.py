@@ -606,14 +606,19 @@ def volume_mark_missing(*, volume_id: int, at: datetime) -> Volume | None:
 @transaction.atomic
 def volume_mark_seen(*, volume_id: int) -> Volume | None:
     """Its node lists it again after a look that did not (volume_mark_missing): available as before, billed on from
-    where billing stopped (its data was there all along: a list that missed it was wrong)."""
+    now. Not for the time it was missing, though its data may have been there all along: its renter was told it was
+    not billed and could not mount it meanwhile (the next tick billed the whole gap at once, found by review r53)."""
     volume = _locked(volume_id)
     if volume is None or volume.missing_since is None:
         return volume
     volume.missing_since = None
+    fields = ["missing_since", "status_message", "updated_at"]
     if volume.state == VolumeState.AVAILABLE:
         volume.status_message = "Available"
-    volume.save(update_fields=["missing_since", "status_message", "updated_at"])
+        if volume.billed_until is not None:
+            volume.billed_until = max(volume.billed_until, timezone.now())
+            fields.append("billed_until")
+    volume.save(update_fields=fields)
     return volume
 
 

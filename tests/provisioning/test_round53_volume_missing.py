@@ -84,10 +84,28 @@ def test_a_volume_listed_again_after_one_look_missed_it_is_available_and_billed_
     v = Volume.objects.get(pk=volume.pk)
     assert v.state == VolumeState.AVAILABLE and v.missing_since is None and v.status_message == "Available"
     assert NodeEvent.objects.filter(node=node, kind="volume_found").count() == 1
+    assert v.cost_micros == missed.cost_micros and v.billed_until >= missed.missing_since  # the gap: not billed
     later = timezone.now() + timedelta(hours=1)
     Node.objects.filter(pk=node.pk).update(last_seen_at=later, health_failures=0)
     storage_meter(now=later)
-    assert Volume.objects.get(pk=volume.pk).billed_until > missed.billed_until + timedelta(minutes=59)
+    billed = Volume.objects.get(pk=volume.pk)
+    assert billed.billed_until > v.billed_until + timedelta(minutes=59)  # billed on from where it was found
+
+
+def test_the_time_a_volume_was_missing_is_never_billed_when_it_is_found_again(node):  # noqa: F811
+    """Its renter was told it was not billed meanwhile: found ten hours later, the next tick bills from then on."""
+    volume = _missing_volume(node)
+    node_reconcile(node)
+    missed = Volume.objects.get(pk=volume.pk)
+    Volume.objects.filter(pk=volume.pk).update(missing_since=missed.missing_since - timedelta(hours=10),
+                                               billed_until=missed.billed_until - timedelta(hours=10))
+    with node_session(node) as session:
+        session.agent("volume", "create", {"name": volume.name, "size_gb": 1})
+    node_reconcile(node)
+    _seen_now(node)
+    storage_meter(now=timezone.now())
+    cost = Volume.objects.get(pk=volume.pk).cost_micros
+    assert cost - missed.cost_micros < 1_000_000 * 100 // (30 * 24) // 10  # a few seconds, not ten hours ($1.39)
     counts = node_reconcile(node)  # found again, then missed once: a new first look, not the second
     assert counts["volumes_lost"] == 0
 
