@@ -39,7 +39,7 @@ class NotificationAdmin(ReadOnly):
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(ReadOnly):
-    list_display = ["id", "user", "url", "active", "created_at"]
+    list_display = ["id", "user", "url", "active", "disabled_at", "created_at"]
     # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
     # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
     # large (core/admin_paginator.py; found by review).
@@ -49,7 +49,9 @@ class WebhookEndpointAdmin(ReadOnly):
     list_filter = ["active"]
     search_fields = ["user__email", "url"]
     list_select_related = ["user"]
-    fields = ["user", "url", "description", "secret_hint", "active", "created_at"]
+    # Paused by the platform after failing for days: when and why, and since when it fails (shown, not set here).
+    fields = ["user", "url", "description", "secret_hint", "active", "disabled_at", "disabled_reason",
+              "failing_since", "created_at"]
     readonly_fields = fields  # type: ignore[assignment]  # names only here
 
 

@@ -305,3 +305,14 @@ def test_a_real_event_is_not_sent_to_an_endpoint_the_platform_paused(owner, rece
     notify(user=owner, kind=Kind.LOW_BALANCE, payload={"message": "low"}, dedupe_key="after-pause")
     assert not WebhookDelivery.objects.filter(endpoint=endpoint, kind=Kind.LOW_BALANCE).exists()
     assert len(receiver.requests) == posts
+
+
+def test_operators_see_in_the_admin_that_and_why_the_platform_paused_an_endpoint(db):
+    endpoint, _ = webhooks.endpoint_create(user=UserFactory(), url="http://127.0.0.1:9/hooks")
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+        active=False, disabled_at=timezone.now(), failing_since=timezone.now() - timedelta(days=3),
+        disabled_reason="Paused by the platform: no attempt succeeded for 3 days")
+    operator = Client()
+    operator.force_login(UserFactory(is_staff=True, is_superuser=True))
+    page = operator.get(f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/").content.decode()
+    assert "no attempt succeeded for 3 days" in page and "Failing since" in page
