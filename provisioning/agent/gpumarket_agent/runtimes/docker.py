@@ -7,8 +7,10 @@ container's environment (dockerbox.py: only onstart, SSH sessions and the comman
 Each container is bounded and kept apart from the others (limits_argv, ISOLATION_ARGV): a share of the host's memory
 (no swap beyond it), CPUs and process ids in proportion to its GPUs; its writable layer limited to the booked
 disk_gb where the engine's storage driver can enforce it (the VM's answer says "disk_limit": "enforced" or
-"not_enforced"); its log files capped; on the gpumarket network, where containers cannot reach one another; without
-raw sockets (no ARP spoofing or sniffing), device nodes or setuid/file-capability privilege gains.
+"not_enforced"; "not_enforced" too when the image declares a VOLUME no renter volume covers: docker gives it an
+anonymous volume outside that limit); its log files capped; on the gpumarket network, where containers cannot
+reach one another; without raw sockets (no ARP spoofing or sniffing), device nodes or setuid/file-capability
+privilege gains.
 
 Here: the DockerRuntime itself (a VM's container made, started, stopped, inspected, listed; volumes; health).
 Beside it: dockerargv.py (the command lines and the GPUs a container names), dockerlimits.py (the container's
@@ -48,12 +50,13 @@ from .dockerlimits import (
     MIG_SLICES_PER_GPU,
     PIDS_PER_GPU_MIN,
     container_share,
+    disk_limit_answer,
     host_resources,
     limits_argv,
     limits_text,
     unsupported_size_option,
 )
-from .dockerpull import docker_config_json, docker_pull, image_command, pull_reason
+from .dockerpull import docker_config_json, docker_pull, image_command, image_volumes, pull_reason
 from .dockerread import (
     MAX_HOST_KEY,
     MAX_LOG_BYTES,
@@ -68,8 +71,9 @@ __all__ = [
     "DOCKER_LIST_ARGV", "DROPPED_CAPS", "HOST_RAM_KEPT", "ISOLATION_ARGV", "LABEL", "LOG_ARGV", "MAX_HOST_KEY",
     "MAX_LOG_BYTES", "MAX_LOG_LINE", "MAX_OS_RELEASE", "MIG_SLICES_PER_GPU", "NETWORK", "NETWORK_ARGV",
     "PIDS_PER_GPU_MIN", "DockerRuntime", "bounded_output", "container_devices", "container_log_tail",
-    "container_share", "docker_config_json", "docker_run_argv", "docker_state", "docker_verb_argv", "gpu_argv",
-    "host_resources", "limits_argv", "limits_text", "mount_arg", "publish", "pull_reason", "unsupported_size_option",
+    "container_share", "disk_limit_answer", "docker_config_json", "docker_run_argv", "docker_state",
+    "docker_verb_argv", "gpu_argv", "host_resources", "limits_argv", "limits_text", "mount_arg", "publish",
+    "pull_reason", "unsupported_size_option",
 ]
 
 # The engine's word that it has no such container: `docker inspect`'s "Error: No such object: <name>" and the
@@ -130,16 +134,23 @@ class DockerRuntime(Runtime):
                              % NETWORK)
         return None
 
-    def limits(self, spec):
-        """The container's share of the host (container_share) and its disk, recorded with the VM."""
+    def limits(self, spec, image_volume_paths=()):
+        """The container's share of the host (container_share) and its disk, recorded with the VM. The image's
+        VOLUME paths that no renter volume is mounted on get anonymous volumes outside the writable layer's size
+        limit: the VM's disk is then not enforced (disk_limit_answer), and they are named in its log."""
         cores, ram_mib, pids = host_resources()
         gpus = float(len(spec["gpu_indices"]))
         if spec.get("mig_uuids"):
             gpus = min(gpus, len(spec["mig_uuids"]) / float(MIG_SLICES_PER_GPU))
         total = len(read_gpus(self.cfg)[0])
         cpus, memory_mib, pid_limit = container_share(cores, ram_mib, pids, gpus, total)
-        return {"cpus": cpus, "memory_mib": memory_mib, "pids": pid_limit, "disk_gb": spec.get("disk_gb"),
-                "disk_limit": "enforced"}
+        covered = {v["mount"] for v in spec.get("volumes", ())}
+        limits = {"cpus": cpus, "memory_mib": memory_mib, "pids": pid_limit, "disk_gb": spec.get("disk_gb"),
+                  "disk_limit": "enforced"}
+        unbounded = [path for path in image_volume_paths if path not in covered]
+        if unbounded:
+            limits["unbounded_volumes"] = unbounded
+        return limits
 
     def create_container(self, rec, argv_for):
         """docker create with the disk limit; where the storage driver cannot enforce one (overlay2 off xfs with
@@ -165,7 +176,7 @@ class DockerRuntime(Runtime):
             docker_pull(self.cfg, rec, registry_auth)
             command = image_command(spec["image"]["docker"])  # run by the wrapper, which outlives it
             self.ensure_network()
-            rec["limits"] = self.limits(spec)
+            rec["limits"] = self.limits(spec, image_volumes(spec["image"]["docker"]))
             vmdir = self.write_box(rec)
             # A MIG instance gets its slices only (the toolkit takes MIG-... UUIDs as devices), others their cards.
             devices = rec["gpu_devices"] = container_devices(spec, self.cfg.docker_gpus)
@@ -207,8 +218,9 @@ class DockerRuntime(Runtime):
         return bool(rec.get("ssh_port")) and ssh_banner(local_address(self.cfg.docker_bind), rec["ssh_port"])
 
     def disk_limit(self, rec):
-        """A container made before the limits (no `limits` in its record) has none."""
-        return (rec.get("limits") or {}).get("disk_limit") or "not_enforced"
+        """A container made before the limits (no `limits` in its record) has none; one whose image has a VOLUME
+        outside the limit has none either (disk_limit_answer)."""
+        return disk_limit_answer(rec.get("limits") or {})
 
     def rebind(self, rec):
         """A container keeps the devices it was made with: the same cards numbered anew need nothing where it names

@@ -19,10 +19,21 @@ def container_share(host_cores, host_ram_mib, host_pids, gpus, total_gpus):
     return min(cpus, float(max(1, host_cores))), memory, pids
 
 
+def disk_limit_answer(limits):
+    """The VM's "disk_limit": "enforced" only when the writable layer is limited and no VOLUME of the image sits
+    outside that limit (`unbounded_volumes`: each is an anonymous volume no limit bounds; review r53 #1)."""
+    if limits.get("disk_limit") == "enforced" and not limits.get("unbounded_volumes"):
+        return "enforced"
+    return "not_enforced"
+
+
 def limits_text(limits):
-    return "%g CPUs, %d MiB memory, %d processes, disk %s GB %s" % (
+    text = "%g CPUs, %d MiB memory, %d processes, disk %s GB %s" % (
         limits["cpus"], limits["memory_mib"], limits["pids"], limits.get("disk_gb"),
-        "enforced" if limits.get("disk_limit") == "enforced" else "NOT enforced")
+        "enforced" if disk_limit_answer(limits) == "enforced" else "NOT enforced")
+    if limits.get("unbounded_volumes"):
+        text += " (the image's VOLUME %s: no size limit)" % ", ".join(limits["unbounded_volumes"])
+    return text
 
 
 def limits_argv(limits):

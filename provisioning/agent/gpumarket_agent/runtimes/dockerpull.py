@@ -1,9 +1,10 @@
 """The docker runtime's image: `docker pull` with a fresh, private DOCKER_CONFIG holding the renter's registry
 credentials or none (never the node's), the registry's reason when it fails (the password masked), and the
-image's own entrypoint + cmd, which the entry wrapper runs after its work."""
+image's own entrypoint + cmd, which the entry wrapper runs after its work, and the paths it declares as VOLUMEs."""
 import base64
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 
@@ -63,3 +64,19 @@ def image_command(image):
     proc = run(["docker", "image", "inspect", "--format", "{{json .Config}}", image])
     config = json.loads(proc.stdout) or {}
     return list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
+
+
+def image_volumes(image):
+    """The paths the image declares as VOLUMEs (Config.Volumes), normalised and sorted. docker gives each one an
+    anonymous volume under its data root, which no `--storage-opt size` bounds: only the writable layer is limited
+    (review r53 #1). What the image says is the renter's: anything but an object of absolute paths counts as none."""
+    proc = run(["docker", "image", "inspect", "--format", "{{json .Config}}", image])
+    try:
+        config = json.loads(proc.stdout) or {}
+    except ValueError:
+        config = {}
+    volumes = config.get("Volumes") if isinstance(config, dict) else None
+    if not isinstance(volumes, dict):
+        return []
+    return sorted({"/" + posixpath.normpath(path).lstrip("/") for path in volumes
+                   if isinstance(path, str) and path.startswith("/")})
