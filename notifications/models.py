@@ -19,7 +19,7 @@ class Kind(models.TextChoices):
     INSTANCE_INTERRUPTED = "instance_interrupted", "Instance interrupted"
     INSTANCE_STOPPED_BY_OPERATOR = "instance_stopped_by_operator", "Instance stopped by the operators"
     INSTANCE_DESTROYED_BY_OPERATOR = "instance_destroyed_by_operator", "Instance destroyed by the operators"
-    VOLUME_LOST = "volume_lost", "Volume lost with its retired server"
+    VOLUME_LOST = "volume_lost", "Volume lost (its server retired, or the volume missing on it)"
     NODE_OFFLINE = "node_offline", "Node offline"
     NODE_REJECTED = "node_rejected", "Node rejected by the benchmark check"
     NODE_DEGRADED = "node_degraded", "Node listed as degraded"
@@ -33,7 +33,8 @@ class Kind(models.TextChoices):
     ACCOUNT_REACTIVATED = "account_reactivated", "Account reactivated"
     WEBHOOK_ENDPOINT_DISABLED = "webhook_endpoint_disabled", "Webhook endpoint paused after failing for days"
     BILLING_NOTICE = "billing_notice", (
-        "Billing notices by e-mail (a zero balance, top-ups, refunds, disputes, price changes, failed payouts)")
+        "Billing notices by e-mail (a zero balance, top-ups, refunds, disputes, price changes, failed payouts, "
+        "volumes not deleted)")
     TEST = "test", "Test event"
 
 

@@ -17,7 +17,7 @@ A deactivated provider is not paid (account_status.account_deactivate: the opera
 over or a fraud; before, the weekly run sent the whole earnings balance to the Connect account on file, perhaps the
 thief's: found by review). The run makes no payout for them, their earnings staying in the balance; a payout made
 before the deactivation stays pending, its earnings reserved, and is not sent (payout_send records why, HELD_INACTIVE,
-for the operators: its admin page and the dashboard's pending payouts, marked by the per-minute follow-up) until
+for the operators on its admin page, marked by the per-minute follow-up; not counted as waiting on Stripe) until
 the account is reactivated; then the follow-up sends it within minutes, and the next weekly run pays what has accrued.
 """
 import logging

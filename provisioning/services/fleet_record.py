@@ -455,15 +455,15 @@ def _gpus_changed(node: Node, reported_hash: str) -> bool:
 
 
 def announced_downtime(failed: Sequence[Node]) -> set[int]:
-    """Of these nodes whose check failed, those whose provider announced the downtime: in maintenance with no
-    renter on it (marketplace.selectors.node_in_use_q: an instance not over, stopped ones included, or GPUs still
-    held). Their failed checks are counted in neither column of the day's sample, so announced maintenance does not
-    lower the reliability figure (before, a node powered off for an announced maintenance lost as much as one that
-    failed unannounced: 10 checks answered and 10 failed in maintenance gave 0.5; found by review). Its answered
-    checks still count, and its failures in a row still do (node_return_state: offline when maintenance ends on a
-    failed check). With renters on it, maintenance excuses nothing: a provider could otherwise hide an outage its
-    renters lived through (their instances interrupted as on any node) by announcing maintenance once it began.
-    A read only when some node in maintenance failed its check."""
+    """Of these nodes whose check failed, those whose provider announced the downtime: in maintenance with no renter on
+    it (marketplace.selectors.node_in_use_q: an instance not over, stopped ones included, GPUs still held, or a
+    renter's volume). Their failed checks are counted in neither column of the day's sample, so announced maintenance
+    does not lower the reliability figure (before, a node powered off for an announced maintenance lost as much as
+    one that failed unannounced: 10 checks answered and 10 failed in maintenance gave 0.5; found by review). Its
+    answered checks still count, and its failures in a row still do (node_return_state: offline when maintenance ends
+    on a failed check). With renters on it, maintenance excuses nothing: a provider could otherwise hide an outage
+    its renters lived through (their instances interrupted as on any node) by announcing maintenance once it began. A
+    read only when some node in maintenance failed its check."""
     in_maintenance = [n.pk for n in failed if n.state == NodeState.MAINTENANCE]
     if not in_maintenance:
         return set()
