@@ -138,6 +138,24 @@ def node_event(*, node: Node, kind: str, message: str, level: str = NodeEvent.Le
     return NodeEvent.objects.create(node=node, kind=kind, message=message, level=level)
 
 
+DISK_LIMIT_NOT_ENFORCED = "disk_limit_not_enforced"
+
+
+def disk_limit_not_enforced_noted(*, node: Node, what: str) -> None:
+    """A warning node event, once per node, when the node answers that a disk it made (an instance's disk_gb: the
+    agent's "disk_limit", a volume's size: its "size_limit") is "not_enforced". The answer was dropped (review r53
+    #2): on such a node one renter can fill the docker data root whatever they booked, and booking's disk room
+    counts only what was booked; operators (the node's events) now see it. Once: each later instance would
+    repeat the same line. Two first answers at once may both record it."""
+    if NodeEvent.objects.filter(node=node, kind=DISK_LIMIT_NOT_ENFORCED).exists():
+        return
+    node_event(node=node, kind=DISK_LIMIT_NOT_ENFORCED, level=NodeEvent.Level.WARNING, message=(
+        f"{what} was made without an enforced size limit: the node answered \"not_enforced\" (its docker storage "
+        "or volume driver cannot limit sizes, e.g. overlay2 or the local volume driver off xfs with pquota; or the "
+        "image declares a VOLUME outside the limit). A renter can fill this node's disk beyond what they booked. "
+        "Recorded once per node."))
+
+
 @contextlib.contextmanager
 def node_session(node: Node, timeouts: Timeouts | None = None, *, pool: SshPool | None = None,
                  slot_held: bool = False, slot_wait_s: float | None = None) -> Iterator[NodeSession]:

@@ -38,7 +38,7 @@ from provisioning.concurrency import NodeBusy
 from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
 from provisioning.services.faults import error_fault
 from provisioning.services.jobs import SUPERSEDED
-from provisioning.services.nodes import VM_MISSING, node_session
+from provisioning.services.nodes import VM_MISSING, disk_limit_not_enforced_noted, node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
 from provisioning.ssh_errors import (
@@ -627,6 +627,8 @@ def vm_provision(*, job: Job) -> None:
                     failed.fault = JobFault.RENTER  # type: ignore[attr-defined]  # read by faults.error_fault
                 raise failed from None
             raise
+    if answer.get("disk_limit") == "not_enforced":  # the node's word: operators see it (once per node)
+        disk_limit_not_enforced_noted(node=instance.node, what=f"Instance {instance.pk}'s disk ({instance.disk_gb} GB)")
     _running(job, instance, answer, "Running")
 
 

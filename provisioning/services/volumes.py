@@ -6,7 +6,7 @@ from marketplace.models import Volume, VolumeState
 from marketplace.services import volumes as volume_svc
 from provisioning.models import Job, JobFault, JobKind
 from provisioning.services.faults import error_fault
-from provisioning.services.nodes import node_session
+from provisioning.services.nodes import disk_limit_not_enforced_noted, node_session
 from provisioning.services.runner import job_finish, job_step
 from provisioning.ssh_errors import AgentFailed, NodeError
 
@@ -27,7 +27,9 @@ def volume_create_run(*, job: Job) -> None:
         return
     job_step(job=job, message=f"creating {volume.name} ({volume.size_gb} GB) on node {volume.node_id}")
     with node_session(volume.node) as session:
-        session.agent("volume", "create", {"name": volume.name, "size_gb": volume.size_gb})
+        answer = session.agent("volume", "create", {"name": volume.name, "size_gb": volume.size_gb})
+    if answer.get("size_limit") == "not_enforced":  # the node's word: operators see it (once per node)
+        disk_limit_not_enforced_noted(node=volume.node, what=f"Volume {volume.name} ({volume.size_gb} GB)")
     volume_svc.volume_mark_available(volume_id=volume.pk)
     job_finish(job=job)
 
