@@ -74,6 +74,10 @@ ENDPOINT_WRITES_REFUSED = ("Too many webhook endpoints added or changed for now:
 # An active endpoint none of whose attempts was delivered for this long is paused by the platform, its owner told
 # once (as Stripe does after about three days): its events were all failing, each retried up to MAX_ATTEMPTS.
 DISABLE_AFTER = timedelta(days=3)
+# ... and only once this many events (deliveries, test events too) failed since then: the days alone paused an
+# endpoint whose events are rare after two failed events four days apart. Events, not attempts: one event's retries
+# (NOTIFICATIONS_WEBHOOK_MAX_ATTEMPTS, 8, within about an hour) are one failure seen again, not five.
+DISABLE_MIN_FAILED_EVENTS = 5
 
 
 def endpoint_writes_refused(wait_s: float) -> str:
@@ -540,9 +544,10 @@ def webhook_attempt(*, delivery_id: int, after_attempts: int | None = None) -> A
 
 def _endpoint_outcome(endpoint_id: int, *, delivered: bool, at: datetime) -> None:
     """Keep the endpoint's `failing_since` (the first failed attempt since the last delivered one), and pause an
-    active endpoint that has failed every attempt for DISABLE_AFTER, with its reason, its owner told once (the
-    `webhook_endpoint_disabled` notice: e-mail and the list, as they chose). After the attempt's own transaction:
-    the endpoint's row is locked after the delivery's nowhere (endpoint_delete locks them the other way round)."""
+    active endpoint that has failed every attempt for DISABLE_AFTER, on at least DISABLE_MIN_FAILED_EVENTS events,
+    with its reason, its owner told once (the `webhook_endpoint_disabled` notice: e-mail and the list, as they
+    chose). After the attempt's own transaction: the endpoint's row is locked after the delivery's nowhere
+    (endpoint_delete locks them the other way round)."""
     endpoints = WebhookEndpoint.objects.filter(pk=endpoint_id)
     if delivered:
         endpoints.filter(failing_since__isnull=False).update(failing_since=None)
@@ -553,15 +558,27 @@ def _endpoint_outcome(endpoint_id: int, *, delivered: bool, at: datetime) -> Non
                     .filter(active=True, failing_since__lte=at - DISABLE_AFTER).select_related("user").first())
         if endpoint is None or endpoint.failing_since is None:
             return
+        if _failed_events(endpoint_id, since=endpoint.failing_since) < DISABLE_MIN_FAILED_EVENTS:
+            return  # rare events: too few failures yet to tell a broken endpoint from bad luck
         reason = (f"Paused by the platform: no attempt to deliver an event to it succeeded since "
-                  f"{endpoint.failing_since:%Y-%m-%d %H:%M} UTC ({DISABLE_AFTER.days} days or more). Events are not "
-                  "sent to it until you resume it.")
+                  f"{endpoint.failing_since:%Y-%m-%d %H:%M} UTC ({DISABLE_AFTER.days} days or more, "
+                  f"{DISABLE_MIN_FAILED_EVENTS} events or more failed). Events are not sent to it until you "
+                  "resume it.")
         endpoint.active, endpoint.disabled_at, endpoint.disabled_reason = False, at, reason
         endpoint.save(update_fields=["active", "disabled_at", "disabled_reason"])
         notify(user=endpoint.user, kind=Kind.WEBHOOK_ENDPOINT_DISABLED, dedupe_key=f"webhook_disabled:{endpoint.pk}:"
                f"{at.isoformat()}", payload={"endpoint": endpoint.pk, "url": endpoint.url,
                                              "message": f"Your webhook endpoint {endpoint.url}: {reason} Check it "
                                                         "answers 2xx, then resume it on its page or with the API."})
+
+
+def _failed_events(endpoint_id: int, *, since: datetime) -> int:
+    """How many of the endpoint's deliveries had an attempt fail at or after `since`, counted up to
+    DISABLE_MIN_FAILED_EVENTS (all that the rule needs). From the attempts' log, no counter to keep: every attempt
+    since `failing_since` failed (a delivered one clears it). A log pruned meanwhile (NOTIFICATIONS_WEBHOOK_LOG_DAYS)
+    counts fewer, which only delays a pause."""
+    failed = WebhookAttempt.objects.filter(delivery__endpoint_id=endpoint_id, at__gte=since).exclude(error="")
+    return failed.order_by().values("delivery_id").distinct()[:DISABLE_MIN_FAILED_EVENTS].count()
 
 
 def deliveries_resend(*, overdue_s: int = 300) -> int:

@@ -12,7 +12,15 @@ from django.utils import timezone
 from rest_framework import throttling as drf_throttling
 
 from core.addresses import LookupTooSlow
-from notifications.models import DeliveryStatus, EmailStatus, Kind, Notification, WebhookDelivery, WebhookEndpoint
+from notifications.models import (
+    DeliveryStatus,
+    EmailStatus,
+    Kind,
+    Notification,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from notifications.services import email as email_svc
 from notifications.services import urls as urls_svc
 from notifications.services import webhooks
@@ -231,7 +239,14 @@ def test_a_host_name_is_given_a_shorter_lookup_when_an_endpoint_is_saved(owner_a
 
 
 def _failing_since(endpoint, days: float) -> None:
-    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(failing_since=timezone.now() - timedelta(days=days))
+    """Failing for `days`, with one event short of the failed events a pause needs (DISABLE_MIN_FAILED_EVENTS)."""
+    at = timezone.now() - timedelta(days=days)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(failing_since=at)
+    for _ in range(webhooks.DISABLE_MIN_FAILED_EVENTS - 1):
+        delivery = webhooks.endpoint_test(endpoint=endpoint)
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.FAILED, attempts=1,
+                                                              last_error="Answered 500", finished_at=at)
+        WebhookAttempt.objects.create(delivery=delivery, number=1, status_code=500, error="Answered 500", at=at)
 
 
 def test_an_endpoint_that_failed_every_attempt_for_days_is_paused_and_its_owner_told_once(owner, receiver,
