@@ -263,19 +263,25 @@ def _reversal_tell(*, txn: LedgerTransaction, reversal: LedgerTransaction, moved
         earnings = account.kind == AccountKind.PROVIDER_EARNINGS
         data = {"amount": str(micros_to_usd(abs(amount))), "transaction": reversal.pk, "reverses": txn.pk,
                 "account": account.kind}
+        # Its own title: the kinds' ("0.500000 USD was credited to your balance") named the balance for earnings
+        # too, with the payload's exact amount; the title reads in cents, as the message (found by review).
         if amount < 0:
             what = "added to your earnings" if earnings else "credited to your balance"
             message = f"{usd_text(-amount)} {what} on {on} was reversed: {notes[account.pk]}"
+            title = (f"{usd_text(-amount)} taken from your earnings" if earnings
+                     else f"A credit of {usd_text(-amount)} to your balance was reversed")
             event_kind, kind = EventKind.CREDIT_REVERSED, Kind.CREDIT_REVERSED
             # A wallet's keeps the key it had (one notice per reversal, as before).
             key = f"credit_reversed:{reversal.pk}" if not earnings else f"reversal:{reversal.pk}:{account.pk}"
         else:
             what = "taken from your earnings" if earnings else "charged to your balance"
             message = f"{usd_text(amount)} {what} on {on} was given back: {notes[account.pk]}"
+            title = f"{usd_text(amount)} given back to your {'earnings' if earnings else 'balance'}"
             event_kind, kind = EventKind.CREDIT, Kind.CREDIT_POSTED
             key = f"reversal:{reversal.pk}:{account.pk}"
         event_create(user=user, kind=event_kind, message=message, data=data)
-        notify(user=user, kind=kind, payload={**data, "message": message}, dedupe_key=key)
+        title = title[:1].upper() + title[1:]  # "Less than $0.01 given back ..."
+        notify(user=user, kind=kind, payload={**data, "message": message}, dedupe_key=key, title=title)
 
 
 def credit_grant(*, user: User, amount_micros: int, reason: str, created_by: User | None = None,

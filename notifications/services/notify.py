@@ -102,11 +102,14 @@ def email_wanted(*, user: User, kind: str) -> bool:
     return bool(user.email) and channels_for(user_id=user.pk, kind=kind)[1]
 
 
-def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -> Notification | None:
+def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str,
+           title: str = "") -> Notification | None:
     """Tell `user` about an event of `kind`, once per `dedupe_key`, on the channels they chose.
 
     `payload` is JSON data (ids, amounts as strings); its `message`, when there is one, is the sentence the user
-    reads. Returns the notification, or None when this key was notified before (nothing is written then).
+    reads. `title`, when given, replaces the kind's (TITLES): for a caller whose event the kind's words do not fit
+    (a reversal giving a provider's earnings back is a `credit_posted`, not a credit to a balance). Returns the
+    notification, or None when this key was notified before (nothing is written then).
     """
     if kind not in Kind.values or kind == Kind.TEST:
         raise ValueError(f"unknown notification kind {kind!r}")
@@ -118,11 +121,12 @@ def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str) -
     in_app, email, webhook = channels_for(user_id=user.pk, kind=kind)
     emailed = email and bool(user.email)
     now = timezone.now()
+    title = (title or _title(kind, payload))[:200]
     with transaction.atomic():
         try:
             with transaction.atomic():
                 notification = Notification.objects.create(
-                    user=user, kind=kind, title=_title(kind, payload), body=str(payload.get("message", ""))[:5000],
+                    user=user, kind=kind, title=title, body=str(payload.get("message", ""))[:5000],
                     payload=payload, dedupe_key=stored_dedupe_key(dedupe_key), in_app=in_app, created_at=now,
                     email_status=EmailStatus.PENDING if emailed else EmailStatus.NONE,
                     email_next_at=now if emailed else None)
