@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 from collections import defaultdict
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -18,6 +19,7 @@ from django.utils import timezone
 
 from core import dispatch
 from core.errors import ValidationFailed
+from core.money import usd_text, usd_to_micros
 from marketplace.models import User
 from notifications.models import (
     EMAIL_ONLY_KINDS,
@@ -50,9 +52,9 @@ TITLES = {
     Kind.NODE_DEGRADED: "Node {node} is listed as degraded",
     Kind.NODE_MIG_LAYOUT_DUE: "Node {node}: GPU {gpu} is free, configure its declared MIG layout",
     Kind.NODE_CHANGED_BY_OPERATOR: "Node {name} was {done} by the operators",
-    Kind.PAYOUT_SENT: "Payout {payout} sent: {amount} USD",
-    Kind.CREDIT_POSTED: "{amount} USD was credited to your balance",
-    Kind.CREDIT_REVERSED: "A credit of {amount} USD was reversed",
+    Kind.PAYOUT_SENT: "Payout {payout} sent: {amount_text}",
+    Kind.CREDIT_POSTED: "{amount_text} was credited to your balance",
+    Kind.CREDIT_REVERSED: "A credit of {amount_text} was reversed",
     Kind.ACCOUNT_DEACTIVATED: "Your account was deactivated",
     Kind.ACCOUNT_REACTIVATED: "Your account is active again",
     Kind.WEBHOOK_ENDPOINT_DISABLED: "Webhook endpoint {endpoint} was paused: it failed for days",
@@ -62,7 +64,17 @@ TITLES = {
 
 def _title(kind: str, payload: dict[str, Any]) -> str:
     values: defaultdict[str, Any] = defaultdict(lambda: "?", payload)
+    values["amount_text"] = _amount_text(payload.get("amount"))
     return TITLES[Kind(kind)].format_map(values)[:200]
+
+
+def _amount_text(amount: Any) -> str:
+    """The payload's exact USD amount ("5.000000": the API's and webhooks' figure) as a title reads money, as the
+    messages do ("$5.00"; before, titles read "5.000000 USD")."""
+    try:
+        return usd_text(usd_to_micros(Decimal(str(amount))))
+    except (InvalidOperation, ValueError, TypeError):
+        return "?"
 
 
 DEDUPE_KEY_MAX_LENGTH = Notification._meta.get_field("dedupe_key").max_length or 200

@@ -17,7 +17,7 @@ def test_list_unread_count_and_mark_read(owner_api):
     assert owner_api.get("/api/v1/notifications/unread-count/").json() == {"unread": 3}
     listed = owner_api.get("/api/v1/notifications/").json()
     assert [n["id"] for n in listed["results"]] == [n.pk for n in reversed(made)]
-    assert listed["results"][0]["title"] == "2.00 USD was credited to your balance"
+    assert listed["results"][0]["title"] == "$2.00 was credited to your balance"
     r = owner_api.post(f"/api/v1/notifications/{made[0].pk}/read/")
     assert r.status_code == 200 and r.json()["read"] is True
     assert owner_api.get("/api/v1/notifications/unread-count/").json() == {"unread": 2}

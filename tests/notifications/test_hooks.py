@@ -35,7 +35,7 @@ def test_a_credit_and_its_reversal_are_told_once_in_the_customers_words(owner):
     ledger_reverse(txn=txn, reason="internal: twice")
     assert _told(owner) == ["credit_posted", "credit_reversed"]
     posted, reversed_ = Notification.objects.filter(user=owner).order_by("pk")
-    assert posted.title == "5.000000 USD was credited to your balance"
+    assert posted.title == "$5.00 was credited to your balance"
     assert "Sorry for the outage on Monday." in posted.body and "ticket 42" not in posted.body
     assert "taken back" in reversed_.body and "wrong customer" not in reversed_.body
     assert reversed_.payload["reverses"] == txn.pk

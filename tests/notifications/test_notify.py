@@ -25,7 +25,7 @@ def test_one_notification_per_dedupe_key_and_per_user(owner, other_api, queued, 
         theirs = _notify(other_api.user)
     assert first is not None and again is None and theirs is not None
     assert Notification.objects.filter(user=owner).count() == 1
-    assert first.title == "Payout 4 sent: 12.50 USD" and first.body == "Sent to you."
+    assert first.title == "Payout 4 sent: $12.50" and first.body == "Sent to you."
     assert [name for name, _ in queued] == ["notifications.tasks.email_send"] * 2  # one per notification
 
 
