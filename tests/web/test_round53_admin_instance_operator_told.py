@@ -47,7 +47,11 @@ def test_a_stop_by_an_operator_says_an_operator_did_it_and_why(operator):
     act(ops, "marketplace/instance", "force_stop", instance.pk, reason=REASON, index=0)
     act(ops, "marketplace/instance", "force_stop", instance.pk, reason=REASON, index=0)  # stopping: nothing new
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.STOPPING
+    assert not _told(instance, Kind.INSTANCE_STOPPED_BY_OPERATOR)  # told once it is stopped: the stop may fail
+    svc.instance_mark_stopped(instance_id=instance.pk)  # what the stop job does once the node stopped the VM
+    worker_done(instance)
     [told] = _told(instance, Kind.INSTANCE_STOPPED_BY_OPERATOR)
+    assert not _told(instance, Kind.INSTANCE_STOPPED)  # not the generic notice as well
     assert told.title == f"Instance {instance.pk} was stopped by the operators"
     assert "operator" in told.body and REASON in told.body and "disk is kept" in told.body
 

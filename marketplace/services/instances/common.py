@@ -2,6 +2,7 @@
 check is in funds.py, the booking's statements in allocation.py."""
 from datetime import datetime
 
+from django.conf import settings
 from django.db.models import F, Prefetch, QuerySet
 from django.utils import timezone
 
@@ -158,6 +159,16 @@ def instance_notify(instance: Instance, kind: str, key: str, message: str = "") 
     notify(user=instance.renter, kind=kind, dedupe_key=f"{kind}:{instance.pk}:{key}",
            payload={"instance": instance.pk, "label": instance.label, "status": instance.status,
                     "message": message or instance.status_message})
+
+
+def instance_notify_by_operator(instance: Instance, kind: str, key: str, done: str, meaning: str,
+                                reason: str) -> None:
+    """Tell the renter that an operator `done` ("stopped", "destroyed") their instance, what it means and why
+    (`reason`, the operator's; none: whom to ask)."""
+    label = f" ({instance.label})" if instance.label else ""
+    why = f" Reason: {reason}" if reason else " Contact support if you do not know why."
+    instance_notify(instance, kind, key, f"An operator of {settings.PLATFORM_NAME} {done} your instance "
+                                         f"{instance.pk}{label}. {meaning}{why}")
 
 
 def _run_begins(instance: Instance, now: datetime) -> datetime:

@@ -24,7 +24,7 @@ from marketplace.services.funds import _check_funds
 from marketplace.services.offer_rules import NODE_STATE_REASONS, SIMULATED_NOT_TAKEN, node_simulated_not_taken
 from marketplace.validators import NAME_MAX_LENGTH
 from notifications.services.notify import Kind
-from provisioning.models import JobKind
+from provisioning.models import Job, JobKind
 from provisioning.services.jobs import job_create
 
 from .allocation import _allocate, _lock_free_gpus, _lock_node_for_booking, gpus_held_and_free, node_nvlink_islands
@@ -34,13 +34,13 @@ from .common import (
     _gpus_text,
     _leave_running,
     _save,
-    instance_notify,
+    instance_notify_by_operator,
     instance_release_gpus,
 )
 from .mig import reallocate_slices, slices_start_refusal
+from .worker import OPERATOR_STOP, instance_mark_destroyed, instance_mark_stopped
 from .worker import QUARANTINED_REASON as _QUARANTINED_REASON
 from .worker import STOPPED_ON_QUARANTINED_NODE as _STOPPED_UNREACHED
-from .worker import instance_mark_destroyed, instance_mark_stopped
 
 # ---------------------------------------------------------------------------- verbs (API side)
 
@@ -102,12 +102,16 @@ def _refuse(verb: str, instance: Instance) -> Conflict:
     return Conflict(message or f"Cannot {verb} an instance that is {instance.status}.")
 
 
-def _queue(instance: Instance, status: str, what: str, kind: str) -> Instance:
-    """Leave `running` (its last seconds are billed), take the *ing state, and queue the job that does it."""
-    _leave_running(instance, timezone.now())
+def _queue(instance: Instance, status: str, what: str, kind: str, note: str = "") -> Instance:
+    """Leave `running` (its last seconds are billed), take the *ing state, and queue the job that does it; `note`,
+    why it was queued, is its log's first line."""
+    now = timezone.now()
+    _leave_running(instance, now)
     instance.transition_to(status, f"{WAITING} to {what}")
     _save(instance)
-    job_create(kind=kind, node=_node_of(instance), instance=instance)
+    job = job_create(kind=kind, node=_node_of(instance), instance=instance)
+    if note:  # operators read the log; not the job's step, which the provider sees
+        Job.objects.filter(pk=job.pk).update(log=[{"at": now.isoformat(), "message": note}])
     return instance
 
 
@@ -116,11 +120,13 @@ def _node_of(instance: Instance) -> Node:
 
 
 @transaction.atomic
-def instance_stop(*, instance: Instance) -> Instance:
+def instance_stop(*, instance: Instance, operator_reason: str | None = None) -> Instance:
     """running → stopping, and queue the stop. Stop keeps the disk; the worker frees the GPUs.
 
     On a quarantined node (_node_reach), which no job reaches, stopped at once, its GPUs held until the node is back
     (vm_cleanup_pending). Asking again while stopping changes nothing (no second job).
+    `operator_reason` (not None): an operator's stop (instance_end_by_operator), told to the renter once stopped
+    (worker.instance_mark_stopped, from the job's log: OPERATOR_STOP) in place of the generic notice.
     """
     instance = Instance.objects.select_for_update().get(pk=instance.pk)
     if instance.status == S.STOPPING:
@@ -135,8 +141,10 @@ def instance_stop(*, instance: Instance) -> Instance:
         _leave_running(instance, timezone.now())
         instance.transition_to(S.STOPPING, "Stopping it")
         _save(instance)
-        return instance_mark_stopped(instance_id=instance.pk, cleanup_pending=True, message=_STOPPED_UNREACHED)
-    return _queue(instance, S.STOPPING, "stop it", JobKind.INSTANCE_STOP)
+        return instance_mark_stopped(instance_id=instance.pk, cleanup_pending=True, message=_STOPPED_UNREACHED,
+                                     operator_reason=operator_reason)
+    return _queue(instance, S.STOPPING, "stop it", JobKind.INSTANCE_STOP,
+                  note="" if operator_reason is None else f"{OPERATOR_STOP}{operator_reason}")
 
 
 @transaction.atomic
@@ -340,32 +348,29 @@ def instance_destroy(*, instance: Instance) -> Instance:
 
 # ---------------------------------------------------------------------------- an operator's stop and destroy
 
-# What the renter reads when an operator stops or destroys their instance from the admin (marketplace/admin/
-# renting.py), with the operator's reason: before, a destroy told them nothing (there is no notice of a renter's own
-# destroy) and a stop only the generic "Stopped; the disk is kept" (review r53).
-_BY_OPERATOR = {
-    "stop": (instance_stop, Kind.INSTANCE_STOPPED_BY_OPERATOR, "stopped",
-             "Its GPUs are freed and its disk is kept: you can start it again."),
-    "destroy": (instance_destroy, Kind.INSTANCE_DESTROYED_BY_OPERATOR, "destroyed",
-                "Its VM and its disk are deleted, with the data on the disk: it cannot be brought back."),
-}
+# What the renter reads when an operator destroys their instance from the admin (marketplace/admin/renting.py), with
+# the operator's reason: before, a destroy told them nothing (there is no notice of a renter's own destroy). An
+# operator's stop is told once the instance is stopped, in place of the generic notice (worker.instance_mark_stopped):
+# told when asked, the renter got both, and "its disk is kept" even for a stop that then failed (review r53).
+_DESTROYED_BY_OPERATOR = "Its VM and its disk are deleted, with the data on the disk: it cannot be brought back."
 
 
 @transaction.atomic
 def instance_end_by_operator(*, instance: Instance, action: str, reason: str = "") -> Instance:
     """An operator's stop or destroy (`action`): the renter's own service (instance_stop, instance_destroy: its
-    rules, its Conflicts), and the renter told that an operator did it and why (instance_stopped_by_operator,
-    instance_destroyed_by_operator, on the channels they chose), once per change: asked again while it is on its
-    way, nothing is told. `reason` is the operator's, cleaned by the caller; the operator is in the admin's log."""
-    service, kind, done, meaning = _BY_OPERATOR[action]
+    rules, its Conflicts), and the renter told that an operator did it and why (instance_stopped_by_operator once it
+    is stopped, instance_destroyed_by_operator now, on the channels they chose), once per change: asked again while
+    it is on its way, nothing is told. `reason` is the operator's, cleaned by the caller; the operator is in the
+    admin's log."""
+    if action == "stop":
+        return instance_stop(instance=instance, operator_reason=reason)
+    if action != "destroy":
+        raise ValueError(f"no such operator's action: {action!r}")
     before = Instance.objects.select_for_update().values_list("status", flat=True).get(pk=instance.pk)
-    after = service(instance=instance)
+    after = instance_destroy(instance=instance)
     if after.status != before:
-        label = f" ({after.label})" if after.label else ""
-        why = f" Reason: {reason}" if reason else " Contact support if you do not know why."
-        instance_notify(after, kind, timezone.now().isoformat(),
-                        f"An operator of {settings.PLATFORM_NAME} {done} your instance {after.pk}{label}. {meaning}"
-                        f"{why}")
+        instance_notify_by_operator(after, Kind.INSTANCE_DESTROYED_BY_OPERATOR, timezone.now().isoformat(),
+                                    "destroyed", _DESTROYED_BY_OPERATOR, reason)
     return after
 
 

@@ -11,6 +11,8 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services.offer_rules import NODE_STATE_REASONS
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address
 from notifications.services.notify import Kind
+from provisioning.models import Job, JobKind
+from provisioning.services.runner import log_lines
 
 from .common import (
     S,
@@ -20,6 +22,7 @@ from .common import (
     _save,
     _stop_clock,
     instance_notify,
+    instance_notify_by_operator,
     instance_release_gpus,
 )
 from .interruptions import interruption_close
@@ -126,9 +129,28 @@ def instance_mark_running(*, instance_id: int, ssh_host: str, ssh_port: int, ssh
     return instance
 
 
+# An operator's stop (lifecycle.instance_end_by_operator) is the first line of its stop job's log, with the reason:
+# the renter is told who stopped it and why once it IS stopped (instance_mark_stopped), in place of the generic
+# "Instance stopped". Told when asked, they got both, and the operator's ("its disk is kept") even for a stop that
+# never reached the server and left the instance running (review r53). No model change: the job is that stop's record.
+OPERATOR_STOP = "queued: a stop asked by an operator; reason: "
+STOPPED_BY_OPERATOR = "Its GPUs are freed and its disk is kept: you can start it again."
+
+
+def _operator_stop_reason(instance_id: int) -> str | None:
+    """The operator's reason ("" for none) when the instance's latest job is a stop an operator asked; else None. Its
+    latest job only: an older stop job still open (its worker lost after it stopped the VM) speaks for nothing now."""
+    log = Job.objects.filter(instance_id=instance_id).order_by("-id").values_list("kind", "log").first()
+    if log is None or log[0] != JobKind.INSTANCE_STOP:
+        return None
+    first = log_lines(log[1])[:1]  # a log that outgrew MAX_LOG_LINES lost it: the generic notice then
+    message = str(first[0].get("message", "")) if first else ""
+    return message.removeprefix(OPERATOR_STOP) if message.startswith(OPERATOR_STOP) else None
+
+
 @transaction.atomic
 def instance_mark_stopped(*, instance_id: int, message: str = "", cleanup_pending: bool = False,
-                          only_in: tuple[str, ...] | None = None) -> Instance:
+                          only_in: tuple[str, ...] | None = None, operator_reason: str | None = None) -> Instance:
     """stopping/starting → stopped: the VM is stopped, its disk kept, and its GPUs freed.
 
     With `cleanup_pending` the node did not confirm the VM stopped (a stop or start job gave up): the instance is
@@ -136,6 +158,9 @@ def instance_mark_stopped(*, instance_id: int, message: str = "", cleanup_pendin
     still use, until the VM is confirmed stopped (`instance_cleanup_done`), started again or destroyed.
     Already stopped: nothing changes. With `only_in`, an instance in another state is left as it is; without it,
     raises InvalidTransition from any other state.
+
+    The renter is told: that an operator stopped it and why when an operator asked this stop (`operator_reason`, or
+    its stop job says so: OPERATOR_STOP), else that it stopped.
     """
     instance = _locked(instance_id)
     if instance is None:
@@ -143,6 +168,8 @@ def instance_mark_stopped(*, instance_id: int, message: str = "", cleanup_pendin
     if only_in is not None and instance.status not in only_in:
         return instance
     if instance.status != S.STOPPED:
+        if operator_reason is None and instance.status == S.STOPPING:
+            operator_reason = _operator_stop_reason(instance.pk)
         now = timezone.now()
         instance.transition_to(S.STOPPED, message or "Stopped; the disk is kept. Start it again at any time.")
         instance.stopped_at = now
@@ -150,7 +177,12 @@ def instance_mark_stopped(*, instance_id: int, message: str = "", cleanup_pendin
         if not cleanup_pending:
             instance_release_gpus(instance=instance, at=now)
         _save(instance, "stopped_at", "vm_cleanup_pending")
-        instance_notify(instance, Kind.INSTANCE_STOPPED, now.isoformat())
+        if operator_reason is None:
+            instance_notify(instance, Kind.INSTANCE_STOPPED, now.isoformat())
+        else:  # its GPUs still held (the server did not confirm it): what the instance says instead
+            instance_notify_by_operator(instance, Kind.INSTANCE_STOPPED_BY_OPERATOR, now.isoformat(), "stopped",
+                                        instance.status_message if cleanup_pending else STOPPED_BY_OPERATOR,
+                                        operator_reason)
     return instance
 
 
