@@ -5,16 +5,14 @@ old password (marketplace/services/passwords.py).
 """
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.forms import SetPasswordForm
 from django.http import HttpResponseRedirect
 from django.urls import reverse_lazy
 
 from marketplace.auth_rate import auth_rate_refusal
-from marketplace.reauth import ThrottledPasswordChangeForm
 from marketplace.services import email_verification as email_svc
 from marketplace.services import passwords as password_svc
 
-from .account_forms import PasswordResetRequestForm
+from .account_forms import PasswordChangeForm, PasswordResetRequestForm, PasswordResetSetForm
 
 
 class PasswordResetView(auth_views.PasswordResetView):
@@ -49,7 +47,7 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
     ends every session of the account; the user logs in with it."""
 
     template_name = "marketplace/password_reset_confirm.html"
-    form_class = SetPasswordForm  # type: ignore[assignment]  # Django's own form (stubs want it parametrised)
+    form_class = PasswordResetSetForm  # Django's SetPasswordForm, saving the password alone
     success_url = reverse_lazy("password-reset-complete")
     post_reset_login = False
     token_generator = password_svc.reset_tokens  # bound to the account's state too: the one that made the link
@@ -81,7 +79,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
     other session of the account ends."""
 
     template_name = "marketplace/password_change.html"
-    form_class = ThrottledPasswordChangeForm
+    form_class = PasswordChangeForm  # saves the password alone
     success_url = reverse_lazy("account-security")
 
     def get_form_kwargs(self):
