@@ -76,7 +76,23 @@ class PasswordConfirmedForm(LockoutMixin, forms.Form):
         return password
 
 
-class ThrottledPasswordChangeForm(LockoutMixin, PasswordChangeForm):
+class PasswordOnlySave:
+    """Save the new password alone. Django's forms save the whole user row as it was read at the request's start: an
+    operator's change of the address (or of the active flag) committed meanwhile was written back to the old value
+    (an account turned off came back on, with the new password). The password's hash changes all the same, so every
+    other session ends (Django checks the hash), and AbstractBaseUser.save still reports the change to the
+    validators."""
+
+    cleaned_data: dict
+
+    def set_password_and_save(self, user, password_field_name="password1", commit=True):  # noqa: S107 (Django's)
+        user.set_password(self.cleaned_data[password_field_name])
+        if commit:
+            user.save(update_fields=["password"])
+        return user
+
+
+class ThrottledPasswordChangeForm(PasswordOnlySave, LockoutMixin, PasswordChangeForm):
     """Django's password change form; the old password is checked behind the log-in lock-out. The site's page
     (/account/password/) and the admin's (/admin/password_change/) both use it: neither may be a way to guess the
     password with a session alone."""

@@ -8,7 +8,13 @@ from core.client_address import client_ip
 from core.email_address import email_canonical
 from core.errors import ValidationFailed
 from marketplace.auth import LoginLocked, lockout_message
-from marketplace.reauth import LockoutMixin, PasswordConfirmedForm, ThrottledPasswordChangeForm, current_password_field
+from marketplace.reauth import (
+    LockoutMixin,
+    PasswordConfirmedForm,
+    PasswordOnlySave,
+    ThrottledPasswordChangeForm,
+    current_password_field,
+)
 from marketplace.services import two_factor as two_factor_svc
 from marketplace.validators import EMAIL_MAX_LENGTH
 
@@ -28,27 +34,11 @@ class PasswordResetRequestForm(forms.Form):
         return email
 
 
-class PasswordOnlySave:
-    """Save the new password alone. Django's forms save the whole user row as it was read at the request's start: an
-    operator's change of the address (or of the active flag) committed meanwhile was written back to the old value
-    (an account turned off came back on, with the new password). The password's hash changes all the same, so every
-    other session ends (Django checks the hash), and AbstractBaseUser.save still reports the change to the
-    validators."""
-
-    cleaned_data: dict
-
-    def set_password_and_save(self, user, password_field_name="password1", commit=True):  # noqa: S107 (Django's)
-        user.set_password(self.cleaned_data[password_field_name])
-        if commit:
-            user.save(update_fields=["password"])
-        return user
-
-
 class PasswordResetSetForm(PasswordOnlySave, SetPasswordForm):
     """The new password of a reset (web/passwords.PasswordResetConfirmView)."""
 
 
-class PasswordChangeForm(PasswordOnlySave, ThrottledPasswordChangeForm):
+class PasswordChangeForm(ThrottledPasswordChangeForm):
     """The site's password change (web/passwords.PasswordChangeView): the old password behind the log-in
     lock-out."""
 

@@ -5,6 +5,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import RequestFactory
 
+from marketplace.admin.accounts import AdminPasswordChangeForm
 from marketplace.web.passwords import PasswordChangeView, PasswordResetConfirmView
 from tests.web.conftest import PASSWORD
 
@@ -43,4 +44,15 @@ def test_a_password_change_keeps_an_address_and_active_flag_changed_meanwhile(re
     _operator_changes_the_account_meanwhile(renter)
     form.save()
     fresh = _after(renter)
+    assert (fresh.email, fresh.is_active) == ("moved@example.com", False)
+
+
+def test_the_admins_own_password_change_keeps_what_changed_meanwhile_too(operator):
+    request = RequestFactory().post("/admin/password_change/")
+    form = AdminPasswordChangeForm(operator, data={"old_password": PASSWORD, "new_password1": NEW_PASSWORD,
+                                                   "new_password2": NEW_PASSWORD}, request=request)
+    assert form.is_valid(), form.errors
+    _operator_changes_the_account_meanwhile(operator)
+    form.save()
+    fresh = _after(operator)
     assert (fresh.email, fresh.is_active) == ("moved@example.com", False)
