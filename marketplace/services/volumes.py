@@ -517,10 +517,10 @@ def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
 
     Only for the node's refusal: a deletion that could not reach the node is not undone (volume_delete_waiting).
 
-    Its owner is told, once per refused request (a billing event, e-mailed as billing notices are): their page said
-    billing stopped, and it starts again. Before, only the status line changed (found by review r53); the grace
-    period's deletion, refused, was asked again at every tick (billing.services.enforcement._grace now gives it a
-    new warning and grace period)."""
+    The owner of one billed again is told, once per refused request (a billing event, e-mailed as billing notices
+    are): their page said billing stopped, and it starts again. Before, only the status line changed (found by
+    review r53); the grace period's deletion, refused, was asked again at every tick
+    (billing.services.enforcement._grace now gives it a new warning and grace period)."""
     volume = Volume.objects.select_for_update(of=("self",)).select_related("owner").filter(pk=volume_id).first()
     if volume is None or volume.state != VolumeState.DELETING:
         return volume
@@ -534,14 +534,15 @@ def volume_delete_refused(*, volume_id: int, message: str) -> Volume | None:
         billing = f"It exists, so it is billed again from now ({now:%Y-%m-%d %H:%M:%S} UTC)."
     else:
         volume.transition_to(VolumeState.FAILED)
-        billing = "It was never created for you, so it is not billed."
+        billing = ""
     volume.deleted_at = None
     volume.status_message = f"Not deleted: {message}"[:500]
     volume.save(update_fields=fields)
-    event_create(user=volume.owner, kind=EventKind.VOLUME_NOT_DELETED, email=True,
-                 message=(f"Volume {volume.name}{f' ({volume.label})' if volume.label else ''} was not deleted: "
-                          f"{message[:300]}. {billing} Delete it again once nothing on its server mounts it."),
-                 data={"volume": volume.pk, "name": volume.name})
+    if billing:  # a failed one was never billed and is not now: its billing changed in nothing, its status says why
+        event_create(user=volume.owner, kind=EventKind.VOLUME_NOT_DELETED, email=True,
+                     message=(f"Volume {volume.name}{f' ({volume.label})' if volume.label else ''} was not deleted: "
+                              f"{message[:300]}. {billing} Delete it again once nothing on its server mounts it."),
+                     data={"volume": volume.pk, "name": volume.name})
     return volume
 
 

@@ -91,3 +91,19 @@ def test_a_renters_own_deletion_the_node_refuses_tells_them_billing_starts_again
     assert len(events) == 1
     assert events[0].message.startswith(f"Volume {volume.name} was not deleted: {REFUSAL}. It exists, so it is "
                                         "billed again from now")
+
+
+def test_a_failed_volumes_deletion_the_node_refuses_sends_no_billing_notice(user):
+    """A volume never created (failed, never billed) whose deletion the node refuses goes back to failed, not billed:
+    nothing about its billing changed, so no billing notice (its subject said "it is billed again"); its status line
+    says why it was not deleted."""
+    on = node("1.000000")
+    fund(user, "1.00")
+    volume = volume_svc.volume_create(owner=user, node_id=on.pk, size_gb=10)
+    Job.objects.filter(volume=volume).update(status="failed", finished_at=volume.created_at)
+    volume = volume_svc.volume_mark_failed(volume_id=volume.pk, message="could not be created")
+    volume_svc.volume_delete(volume=volume, confirm=volume.name)
+    _refused(volume)
+    refused = Volume.objects.get(pk=volume.pk)
+    assert refused.state == "failed" and refused.status_message.startswith("Not deleted: ")
+    assert not BillingEvent.objects.filter(user=user, kind=EventKind.VOLUME_NOT_DELETED).exists()
