@@ -340,6 +340,24 @@ class StripeAnswerFilter(admin.SimpleListFilter):
         return queryset
 
 
+class PayoutHeldFilter(admin.SimpleListFilter):
+    """Payouts held by the platform while their provider's account is deactivated (billing.services.payouts:
+    pending, nothing sent) apart from the others: the dashboard's "waiting on Stripe" counts only the others and links
+    here with held=no, so its count and its list agree."""
+    title = "held (provider deactivated)"
+    parameter_name = "held"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "held: provider deactivated"), ("no", "not held")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(provider__is_active=False)
+        if self.value() == "no":
+            return queryset.filter(provider__is_active=True)
+        return queryset
+
+
 @admin.register(TopUp)
 class TopUpAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "user", "amount", "status", "automatic", "card_label", "payment_intent_id"]
@@ -460,7 +478,7 @@ class PayoutAdmin(ReadOnlyAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = ["status", "period_start"]
+    list_filter = ["status", PayoutHeldFilter, "period_start"]
     search_fields = ["provider__email", "transfer_id", "destination"]
     readonly_fields = ["provider", "period_start", "period_end", "amount_micros", "destination", "status",
                        "transfer_id", "failure_message", "attempts", "transaction", "reversal", "created_at",

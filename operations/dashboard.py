@@ -71,7 +71,7 @@ PARTS = {
     "top_ups": TopUp,
 }
 WAITING_ON_STRIPE = {  # part: (its changelist, the filter of the rows it counts)
-    "payouts": ("billing_payout", {"status__exact": "pending"}),
+    "payouts": ("billing_payout", {"status__exact": "pending", "held": "no"}),  # as counted: not those held
     "refunds": ("billing_refund", {"status__exact": "pending"}),
     "top_ups": ("billing_topup", {"stripe": "waiting"}),
 }

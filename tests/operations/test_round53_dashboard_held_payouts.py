@@ -5,6 +5,7 @@ active providers are counted there; a held one comes back to it once its provide
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from billing.models import AccountKind, Payout
@@ -44,3 +45,21 @@ def test_a_deactivated_providers_held_payout_is_not_money_waiting_on_stripe():
 
     account_reactivate(user=held_for, by=boss, reason="key rotated")
     assert waiting_on_stripe(kind="payouts")["count"] == 2
+
+
+def test_the_dashboards_payouts_link_lists_what_it_counts_and_held_ones_are_a_filter_of_their_own():
+    boss = UserFactory(is_staff=True, is_superuser=True)
+    held_for, waiting_for = UserFactory(), UserFactory()
+    held, waiting = _pending_payout(held_for, 10_000_000), _pending_payout(waiting_for)
+    account_deactivate(user=held_for, by=boss, reason="stolen key")
+    assert "/admin/billing/payout/?status__exact=pending&amp;held=no" in dashboard(boss)
+    operator = Client()
+    operator.force_login(boss)
+
+    def listed(query):
+        page = operator.get(f"/admin/billing/payout/?{query}").content.decode()
+        return {p.pk for p in (held, waiting) if f"/admin/billing/payout/{p.pk}/change/" in page}
+
+    assert listed("status__exact=pending&held=no") == {waiting.pk}
+    assert listed("status__exact=pending&held=yes") == {held.pk}
+    assert listed("status__exact=pending") == {held.pk, waiting.pk}

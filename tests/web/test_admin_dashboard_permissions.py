@@ -122,7 +122,8 @@ def test_money_waiting_on_stripe_is_shown_only_past_the_follow_ups_delay_and_lin
         status="processing")
     assert "Money waiting on Stripe" in page
     for url in (f"/admin/billing/payout/{payout.pk}/change/", f"/admin/billing/refund/{refund.pk}/change/",
-                f"/admin/billing/topup/{top_up.pk}/change/", "/admin/billing/payout/?status__exact=pending"):
+                f"/admin/billing/topup/{top_up.pk}/change/",
+                "/admin/billing/payout/?status__exact=pending&amp;held=no"):
         assert url in page
     # The top-ups' link opens the waiting ones only (its filter is the dashboard's rule).
     assert "/admin/billing/topup/?stripe=waiting" in page
