@@ -2,7 +2,7 @@
 or pulled with the renter's registry login) from `localhost` or an IP literal inside the node's network is refused
 by `vm create` as invalid_request on `image`, before anything is recorded or pulled. Catalogue images (the
 platform's) are not checked; GPUMARKET_INTERNAL_REGISTRIES lists the provider's own registries allowed. Names are
-not resolved (a name with a private address still passes: an egress policy for dockerd closes that)."""
+resolved too (test_round54_agent_registry_names.py)."""
 import pytest
 
 from provisioning.agent import gpumarket_agent as agent

@@ -10,6 +10,7 @@ The first component is a domain only when it holds "." or ":" or is "localhost" 
 import ipaddress
 import re
 import socket
+import threading
 
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN_NAME = _DOMAIN_COMPONENT + r"(?:\." + _DOMAIN_COMPONENT + r")*"
@@ -78,14 +79,16 @@ def _ip_kind(address):
     return None if address.is_global else "non-public"
 
 
-def internal_registry(domain, allowed=()):
+def internal_registry(domain, allowed=(), resolve=None):
     """Why a reference's registry host is inside the node's own network, or None. Refused: `localhost` (any case,
     with or without a port, and names under .localhost) and IP literals that are loopback, link-local, private,
     unspecified or otherwise not public, IPv4 carried in IPv6 included. The node's dockerd would connect there
     from inside the provider's network, and its error text is answered to the renter: a port scan of the node and
     its LAN (review r53 #3). `allowed`: registries the provider lists (GPUMARKET_INTERNAL_REGISTRIES), `host` (any
-    port) or `host:port`. Names are not resolved here: a public name resolving to a private address still passes
-    (an egress policy for dockerd closes that)."""
+    port) or `host:port`. A name is resolved on the node (`resolve`: host -> addresses) and refused when any of its
+    addresses is inside: a public-looking name pointing at 10.0.0.5 was the same probe. A name that does not resolve
+    (in RESOLVE_TIMEOUT_S) passes: dockerd's own pull then fails on it. dockerd resolves again when it pulls, so a
+    name whose answer changes in between (DNS rebinding) is left to an egress policy for dockerd."""
     if not domain:
         return None
     domain = domain.lower()
@@ -98,11 +101,45 @@ def internal_registry(domain, allowed=()):
     if host == "localhost" or host.endswith(".localhost"):
         return "%s is this node itself (localhost)" % host
     address = _literal_ip(host)
-    if address is None:
-        return None
+    if address is not None:
+        kind = _inside_kind(address)
+        return None if kind is None else "%s is a %s address, inside the node's network" % (host, kind)
+    for address in (resolve or resolve_host)(host):
+        kind = _inside_kind(address)
+        if kind is not None:
+            return "%s resolves to %s, a %s address inside the node's network" % (host, address, kind)
+    return None
+
+
+def _inside_kind(address):
+    """_ip_kind of an address or of the IPv4 address it carries (::ffff:127.0.0.1, 6to4)."""
     kinds = [_ip_kind(address)]
     inner = getattr(address, "ipv4_mapped", None) or getattr(address, "sixtofour", None)
     if inner is not None:
         kinds.append(_ip_kind(inner))
-    kind = next((k for k in kinds if k), None)
-    return None if kind is None else "%s is a %s address, inside the node's network" % (host, kind)
+    return next((k for k in kinds if k), None)
+
+
+RESOLVE_TIMEOUT_S = 5.0
+
+
+def resolve_host(host):
+    """The addresses the node's resolver gives a host name, or [] when it gives none within RESOLVE_TIMEOUT_S
+    (getaddrinfo has no timeout of its own; the lookup is left to finish in a daemon thread)."""
+    found = []
+
+    def lookup():
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return
+        for info in infos:
+            try:
+                found.append(ipaddress.ip_address(info[4][0].partition("%")[0]))
+            except ValueError:
+                pass
+
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(RESOLVE_TIMEOUT_S)
+    return [] if thread.is_alive() else list(found)
