@@ -1,21 +1,29 @@
 """`GET /api/v1/nodes/{id}/benchmarks/`: a node's verification history, newest first: the verdict, the
 reasons (findings), the score and the measured figures of each run.
 
-The node's provider sees it, and operators allowed to see the node and its runs in the admin
-(`marketplace.view_node` or `change_node`, and `provisioning.view_verificationrun`); for anyone else the node
-does not exist (404), as for the node itself. Renters see a summary on the offer instead.
+`GET /api/v1/nodes/{id}/events/`: what happened to the node (offline, back online, host key, GPUs, spot checks,
+VMs, volumes, ...), newest first: the kinds its provider may see, each with a title, and its message only where it
+is safe to show (provisioning/node_event_kinds.py).
+
+The node's provider sees them, and operators allowed to see the node and its runs (or events) in the admin
+(`marketplace.view_node` or `change_node`, and `provisioning.view_verificationrun`, or `view_nodeevent`); for
+anyone else the node does not exist (404), as for the node itself. Renters see a summary on the offer instead.
 """
 from dataclasses import asdict
 
+import django_filters
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import generics, serializers
 
+from core.api.filtering import StrictFilterSet
 from core.api.scopes import PROVIDER_ONLY
 from marketplace import selectors
+from marketplace.models import Node
 from marketplace.stored_figures import run_figures, run_findings
-from provisioning.models import VerificationRun
+from provisioning.models import NodeEvent, VerificationRun
+from provisioning.node_event_kinds import node_events_for_provider, provider_message, provider_title
 from provisioning.verification.model import DEGRADE, REJECT
 from provisioning.verification.platform_figures import platform_checks
 
@@ -120,12 +128,69 @@ class NodeBenchmarksView(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        node_id = str(self.kwargs["id"])
-        if not (node_id.isascii() and node_id.isdigit()) or len(node_id) > 18:  # isdigit alone takes "²"
-            raise Http404
-        # Only whether the caller may see it: not its GPUs.
-        node = selectors.nodes_for_user(user=self.request.user).prefetch_related(None).filter(pk=int(node_id)).first()
-        user = self.request.user
-        if node is None or (node.provider_id != user.pk and not any(map(user.has_perm, RUNS_PERMISSIONS))):
-            raise Http404  # another provider's runs: to operators the admin shows them to (found by review)
+        node = _node_shown(self.request.user, self.kwargs["id"], RUNS_PERMISSIONS)
         return VerificationRun.objects.filter(node=node).order_by("-created_at", "-id")
+
+
+def _node_shown(user, raw_id, permissions: tuple[str, ...]) -> Node:
+    """The live node `raw_id` names, when `user` is its provider, or an operator who sees nodes and holds one of
+    `permissions` (what the admin asks to show the rows); Http404 otherwise, and for an id that is no number."""
+    node_id = str(raw_id)
+    if not (node_id.isascii() and node_id.isdigit()) or len(node_id) > 18:  # isdigit alone takes "²"
+        raise Http404
+    # Only whether the caller may see it: not its GPUs.
+    node = selectors.nodes_for_user(user=user).prefetch_related(None).filter(pk=int(node_id)).first()
+    if node is None or (node.provider_id != user.pk and not any(map(user.has_perm, permissions))):
+        raise Http404  # another provider's rows: to operators the admin shows them to (found by review)
+    return node
+
+
+# The admin shows node events to either (NodeEventAdmin is read-only: the view permission).
+EVENTS_PERMISSIONS = ("provisioning.view_nodeevent", "provisioning.change_nodeevent")
+
+
+class NodeEventSerializer(serializers.ModelSerializer):
+    title = serializers.SerializerMethodField(help_text="What happened, in a few words.")
+    message = serializers.SerializerMethodField(
+        help_text="The details as recorded, where they are safe to show the provider; empty otherwise (a message "
+                  "naming an operator, or quoting the node agent's error text, which may quote a renter's VM).")
+
+    class Meta:
+        model = NodeEvent
+        fields = ["id", "created_at", "level", "kind", "title", "message"]
+        read_only_fields = fields
+
+    def get_title(self, event: NodeEvent) -> str:
+        return provider_title(event.kind)
+
+    def get_message(self, event: NodeEvent) -> str:
+        return provider_message(event)
+
+
+class NodeEventFilter(StrictFilterSet):
+    level = django_filters.ChoiceFilter(choices=NodeEvent.Level.choices, help_text="Only events of this level.")
+
+    class Meta:
+        model = NodeEvent
+        fields: list[str] = []
+
+
+@extend_schema(
+    tags=["nodes"], summary="What happened to the node, newest first",
+    parameters=[OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, description="The node's id.")],
+)
+class NodeEventsView(generics.ListAPIView):
+    """The events of one of your nodes that concern you (offline and back online, host key, GPUs lost and back,
+    spot checks, inventory changes, VMs and volumes found missing or lost, instances interrupted, verification
+    retries, ...): the platform's record of what it saw and did on the server."""
+
+    api_scope = PROVIDER_ONLY  # core/api/scopes.py
+    serializer_class = NodeEventSerializer
+    filterset_class = NodeEventFilter
+    queryset = NodeEvent.objects.none()  # for the schema; get_queryset scopes to the node
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        node = _node_shown(self.request.user, self.kwargs["id"], EVENTS_PERMISSIONS)
+        return node_events_for_provider(node_id=node.pk)

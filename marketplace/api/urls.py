@@ -48,5 +48,6 @@ urlpatterns = [
     path("auth/me/", accounts.MeView.as_view(), name="auth-me"),
     path("auth/verify-email/", accounts.VerifyEmailView.as_view(), name="auth-verify-email"),
     path("nodes/<str:id>/benchmarks/", provisioning_api.NodeBenchmarksView.as_view(), name="node-benchmarks"),
+    path("nodes/<str:id>/events/", provisioning_api.NodeEventsView.as_view(), name="node-events"),
     *router.urls,
 ]

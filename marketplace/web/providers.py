@@ -19,6 +19,7 @@ from marketplace.services import nodes as svc
 from marketplace.services.instances.mig import node_cards_pending_layout
 from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
+from provisioning.node_event_kinds import recent_events_for_provider
 from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.model import DeclaredModel
@@ -189,6 +190,9 @@ def _mig_form(node, data=None):
     })
 
 
+RECENT_EVENTS = 20  # the server page's "Recent events"
+
+
 def _render_node(request, node, settings_form=None, status=200, mig_form=None):
     runs = node_runs(node)
     for run in runs:  # the history's reasons: each code once, with the GPUs it concerns
@@ -219,6 +223,9 @@ def _render_node(request, node, settings_form=None, status=200, mig_form=None):
         # The retire service's own refusal ('' = it would retire it): the button only where the click is taken.
         "retire_refusal": svc.node_retire_refusal(node=node) if live["can_retire"] else "",
         "needs_key": node.verdict == Verdict.UNVERIFIED and node.state in (NodeState.PENDING, NodeState.VERIFYING),
+        # What happened to the server, as its provider may see it (the kinds, titles and safe messages of
+        # provisioning/node_event_kinds.py; GET /api/v1/nodes/{id}/events/ has them all).
+        "events": recent_events_for_provider(node_id=node.pk, limit=RECENT_EVENTS),
     }
     return render(request, "marketplace/node.html", context, status=status)
 

@@ -183,6 +183,9 @@ CALLS: list[Call] = [
     Call("delete", f"{V1}/nodes/{{id}}/", USER, 204, owned="node", operator_other=403),
     Call("post", f"{V1}/nodes/{{id}}/verify/", USER, 202, owned="node", operator_other=202),
     Call("get", f"{V1}/nodes/{{id}}/benchmarks/", USER, 200, owned="benchmarked_node", operator_other=200),
+    # its events: operators need the admin's provisioning.view_nodeevent too (operator_api has the node and run
+    # permissions only)
+    Call("get", f"{V1}/nodes/{{id}}/events/", USER, 200, owned="node", operator_other=404),
     # renters' SSH keys and instances: operators see only their own here (the admin shows them all)
     Call("get", f"{V1}/ssh-keys/", USER, 200, lists="ssh_key"),
     Call("post", f"{V1}/ssh-keys/", USER, 201, body=_ssh_key_body),
