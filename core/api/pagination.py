@@ -1,6 +1,7 @@
 """Pagination for every API list: page numbers from 1, and a 400 for a malformed page or size."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.paginator import Paginator
@@ -29,10 +30,8 @@ class Pagination(PageNumberPagination):
         raw = request.query_params.get(name)
         if raw is None:
             return default
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
+        # ASCII digits only, as the schema's integer: int() also took "١" (Arabic-Indic one), "1_0", "+1", " 1 ".
+        value = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw, re.ASCII) else 0
         if value < 1 or (maximum is not None and value > maximum):
             bound = f" and at most {maximum}" if maximum is not None else ""
             raise ValidationError({name: [f"Must be a whole number of at least 1{bound}."]})
