@@ -407,14 +407,15 @@ def test_stop_start_label_destroy(api, market):
 
 def test_a_refused_state_change_leaves_the_label_unchanged(api, market):
     _, a6000, _ = market
-    requested = book(api.user, a6000, label="before")
+    requested = run(book(api.user, a6000, label="before"))
+    svc.instance_mark_failed(instance_id=requested.pk, message="broken")
     url = f"{V0}/instances/{requested.pk}/"
     r = api.put(url, {"label": "CHANGED", "state": "bogus"}, format="json")
     assert r.status_code == 400 and "`state`" in msg(r)
-    r = api.put(url, {"label": "X", "state": "running"}, format="json")  # a requested instance does not start
+    r = api.put(url, {"label": "X", "state": "running"}, format="json")  # a failed instance does not start
     assert r.status_code == 409 and msg(r)
     requested.refresh_from_db()
-    assert (requested.status, requested.label) == ("requested", "before")
+    assert (requested.status, requested.label) == ("failed", "before")
     assert api.put(url, {"label": "after"}, format="json").json() == {"success": True}
     assert Instance.objects.get(pk=requested.pk).label == "after"
 

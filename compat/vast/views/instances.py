@@ -45,6 +45,9 @@ INTENDED_STATUS: dict[str, str] = {
 # Where a PUT state=stopped has nothing left to do: `show instance` says intended "stopped" (a destroyed one is gone
 # from `show`, and a PUT of it a 409).
 STOP_DONE = {status for status in INTENDED_STATUS if status != S.DESTROYED}
+# Where a PUT state=running has nothing left to do: `show instance` says intended "running" (booting, starting,
+# interrupted: it resumes by itself). Found by review r54: these answered 409 and the CLI reported a failure.
+START_DONE = {status for status in S.values if status not in INTENDED_STATUS}
 
 
 
@@ -343,8 +346,13 @@ class InstanceView(VastView):
                     now = Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first()
                     if now not in STOP_DONE:
                         raise
-            elif state == "running" and instance.status != S.RUNNING:
-                instance = instance_svc.instance_start(instance=instance)
+            elif state == "running" and instance.status not in START_DONE:
+                try:
+                    instance = instance_svc.instance_start(instance=instance)
+                except Conflict:
+                    now = Instance.objects.filter(pk=instance.pk).values_list("status", flat=True).first()
+                    if now not in START_DONE:
+                        raise
             if label is not None:
                 instance_svc.instance_label(instance=instance, label=label)
         return Response({"success": True})
