@@ -13,7 +13,7 @@ from billing.api.top_ups import TopUpSerializer
 from billing.models import RefundStatus
 from core.api.fields import MoneyField
 from core.api.schema import error_response
-from core.api.scopes import RENTER_OR_PROVIDER
+from core.api.scopes import RENTER_ONLY
 
 _MONTH_RE = re.compile(r"(\d{4})-(\d{2})", re.ASCII)  # as the schema says: not ٢٠٢٤-٠١
 
@@ -111,7 +111,9 @@ class StatementSerializer(StatementSummarySerializer):
 
 @extend_schema(tags=["billing"])
 class StatementListView(APIView):
-    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
+    # The renter wallet's statement (its balance, top-ups with card labels, refunds): `renter`, as the balance and
+    # the top-ups are; a `provider`-only key (a node script's) reads earnings and payouts, not the wallet.
+    api_scope = RENTER_ONLY  # core/api/scopes.py
 
     @extend_schema(summary="Your monthly statements (totals; newest first)",
                    responses={200: StatementSummarySerializer(many=True)})
@@ -121,7 +123,7 @@ class StatementListView(APIView):
 
 @extend_schema(tags=["billing"])
 class StatementDetailView(APIView):
-    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
+    api_scope = RENTER_ONLY  # core/api/scopes.py: the wallet's, as StatementListView
 
     @extend_schema(summary="Your statement of one month: usage per instance, top-ups, refunds, totals",
                    parameters=[OpenApiParameter("month", str, OpenApiParameter.PATH, pattern=r"^\d{4}-\d{2}$",

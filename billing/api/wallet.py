@@ -5,6 +5,7 @@ from datetime import UTC
 import django_filters
 from django import forms
 from django.conf import settings
+from django.db.models import Q
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -13,14 +14,14 @@ from rest_framework.views import APIView
 
 from billing import selectors
 from billing.api.common import top_up_amount_field
-from billing.models import BillingEvent, BillingProfile, EventKind, UsageInterval
+from billing.models import AccountKind, BillingEvent, BillingProfile, EventKind, UsageInterval
 from billing.services import ledger, metering, profiles
 from billing.services.customers import profile_for
 from billing.services.profiles import CONNECT_ACCOUNT_ID_SET
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
-from core.api.scopes import PROVIDER, RENTER, RENTER_ONLY, RENTER_OR_PROVIDER
+from core.api.scopes import PROVIDER, RENTER, RENTER_ONLY, RENTER_OR_PROVIDER, missing_scopes
 from marketplace.models import ApiKey
 from marketplace.money import micros_to_usd, usd_to_micros
 from marketplace.reauth import refuse_session_alone
@@ -217,10 +218,20 @@ class EventFilter(StrictFilterSet):
         fields: list[str] = []
 
 
-@extend_schema_view(list=extend_schema(summary="Your billing events: warnings, credits, top-ups, payouts"))
+# A provider's events: about their earnings and payouts. The rest are the renter's (the wallet: balance warnings,
+# top-ups with their amounts, refunds, disputes, credits to the balance; their instances and volumes).
+PROVIDER_EVENTS = (Q(kind__in=[EventKind.PAYOUT_PAID, EventKind.PAYOUT_FAILED, EventKind.SERVICE_CREDIT])
+                   | Q(kind__in=[EventKind.CREDIT, EventKind.CREDIT_REVERSED],
+                       data__account=AccountKind.PROVIDER_EARNINGS))  # a reversal's, told to the earnings
+
+
+@extend_schema_view(list=extend_schema(
+    summary="Your billing events: warnings, credits, top-ups, payouts",
+    description="A key without the `renter` scope (nor `read`) lists the provider's events only (payouts, service "
+                "credits and reversals charged to the earnings): the wallet's are the renter's, as the balance."))
 @extend_schema(tags=["billing"])
 class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py
+    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py; a provider-only key: PROVIDER_EVENTS (review r54)
     serializer_class = BillingEventSerializer
     filterset_class = EventFilter
     queryset = BillingEvent.objects.none()
@@ -228,7 +239,11 @@ class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        return selectors.events_for_user(user=self.request.user)
+        events = selectors.events_for_user(user=self.request.user)
+        key = self.request.auth
+        if isinstance(key, ApiKey) and missing_scopes(scopes=key.scopes, rule=RENTER_ONLY, method="GET"):
+            events = events.filter(PROVIDER_EVENTS)
+        return events
 
     def list(self, request, *args, **kwargs):
         reject_unknown_params(request, EventFilter.base_filters)

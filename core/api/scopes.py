@@ -3,13 +3,14 @@
 A key holds one or more scopes:
 - `read`: safe methods (GET, HEAD, OPTIONS) on every endpoint, nothing else;
 - `renter`: every method on the renter's endpoints (instances, volumes, SSH keys, balance, cards, top-ups, usage,
-  offers);
+  statements, offers): the wallet is the renter's, so a `provider`-only key reads neither its balance nor its
+  statements;
 - `provider`: every method on the provider's endpoints (nodes and their benchmarks, earnings, payouts).
 
 Every API view declares `api_scope`, one of:
 - PUBLIC: anyone may call it without a key (sign-up, log-in, the catalogue, offers search, terms); a key sent
   anyway still cannot write with only `read`;
-- ANY: any key, whatever its scopes (who am I, your API keys, billing settings and statements, operator actions);
+- ANY: any key, whatever its scopes (who am I, your API keys, billing settings, operator actions);
   writing needs a scope other than `read`, but for a key revoking itself (the API keys' DELETE declares it a read
   for that one request: marketplace/api/accounts.py ApiKeyViewSet.initial);
 - a tuple of scopes: the view is for holders of one of them (reads are open to `read` too).
