@@ -24,7 +24,7 @@ import time
 
 from ..core import AgentError, run, write_file
 from ..procs import local_address, ssh_banner
-from ..records import log_path, tail_lines, vm_dir, vm_log
+from ..records import file_lock, log_path, tail_lines, vm_dir, vm_log
 from ..smi import read_gpus
 from ..validation import VM_ID_RE
 from .base import Runtime, vm_name
@@ -117,13 +117,28 @@ class DockerRuntime(Runtime):
 
     def ensure_network(self):
         """The gpumarket bridge, made once per node with inter-container traffic off; one of that name made
-        otherwise is refused rather than used."""
-        proc = run(["docker", "network", "inspect", "--format", "{{json .Options}}", NETWORK], check=False)
-        if proc.returncode != 0:
-            made = run(NETWORK_ARGV, check=False)
-            if made.returncode == 0 or "already exists" in made.stderr:
-                return self.ensure_network() if made.returncode else None
-            raise AgentError("command_failed", "docker network create: " + made.stderr.strip()[-800:])
+        otherwise is refused rather than used. Made under the node-wide "network" lock: two first creates on a
+        node ran `docker network create` at once (each under its own VM's lock only), and docker's duplicate-name
+        check is best effort, so two networks of that name could be made; then inspect answered "ambiguous" and
+        create "already exists" for good, and this recursed until RecursionError, ~1900 docker commands per
+        `vm create` (review r54 #2). Inspect is tried again once after "already exists"; a name that still does
+        not inspect is the node's configuration to fix (bad_node_config, saying what to do)."""
+        with file_lock(self.cfg, "network", timeout=60):
+            proc = self.inspect_network()
+            if proc.returncode != 0:
+                made = run(NETWORK_ARGV, check=False)
+                if made.returncode == 0:
+                    return None
+                if "already exists" not in made.stderr:
+                    raise AgentError("command_failed", "docker network create: " + made.stderr.strip()[-800:])
+                proc = self.inspect_network()  # made meanwhile by another hand: read once more, never again
+                if proc.returncode != 0:
+                    raise AgentError("bad_node_config", (
+                        "docker network %s cannot be used: docker says it already exists, yet it cannot be "
+                        "inspected (%s). Two networks of that name (docker's duplicate-name check is best effort) "
+                        "give this: remove them (docker network ls --filter name=%s; docker network rm <id>, once "
+                        "no container uses it) and the agent makes its own"
+                    ) % (NETWORK, (proc.stderr or proc.stdout).strip()[-300:], NETWORK))
         try:
             options = json.loads(proc.stdout) or {}
         except ValueError:
@@ -133,6 +148,9 @@ class DockerRuntime(Runtime):
                              "(no com.docker.network.bridge.enable_icc=false): remove it, the agent makes its own"
                              % NETWORK)
         return None
+
+    def inspect_network(self):
+        return run(["docker", "network", "inspect", "--format", "{{json .Options}}", NETWORK], check=False)
 
     def limits(self, spec, image_volume_paths=()):
         """The container's share of the host (container_share) and its disk, recorded with the VM. The image's
