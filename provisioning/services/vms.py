@@ -608,6 +608,27 @@ def create_request(instance: Instance) -> dict[str, Any]:
     return request
 
 
+# The agent's answers to a pull that failed (runtimes/dockerpull.py pull_fault): the registry refused the reference
+# (the renter's to fix when the reference is their own), or the node could not pull it (its disk full, its docker
+# daemon gone, its network to a public registry: the node's failure, whatever the image; review r54 #1: every
+# failed pull of an own image was the renter's, "no space left on device" included).
+PULL_REFUSED, PULL_NODE_FAILED = "pull_failed", "pull_node_failed"
+
+
+def _pull_failure(instance: Instance, exc: AgentFailed) -> AgentFailed:
+    """The error a failed pull ends the job with, worded for the renter: their image's (its registry refused it)
+    or the server's (nothing said against the image)."""
+    if exc.code == PULL_REFUSED:  # the registry's own reason, for the renter to act on
+        failed = AgentFailed({"code": exc.code, "message": f"The image could not be pulled: {exc.message}"})
+        if instance.image is None:  # the renter's own reference: theirs to fix, not the node's failure
+            failed.fault = JobFault.RENTER  # type: ignore[attr-defined]  # read by faults.error_fault
+        return failed
+    # The node's failure (faults.error_fault: an AgentFailed without a declared fault counts against the node).
+    return AgentFailed({"code": exc.code, "message": (
+        f"The server could not download the image: {exc.message} This is the server's failure, not a fault of the "
+        "image; booking it on another server may work.")})
+
+
 def vm_provision(*, job: Job) -> None:
     if _closed_as_superseded(job):
         return
@@ -621,12 +642,9 @@ def vm_provision(*, job: Job) -> None:
         try:
             answer = _vm_command(job, instance, session, "create", create_request(instance))
         except AgentFailed as exc:
-            if exc.code == "pull_failed":  # the registry's own reason, for the renter to act on
-                failed = AgentFailed({"code": exc.code, "message": f"The image could not be pulled: {exc.message}"})
-                if instance.image is None:  # the renter's own reference: theirs to fix, not the node's failure
-                    failed.fault = JobFault.RENTER  # type: ignore[attr-defined]  # read by faults.error_fault
-                raise failed from None
-            raise
+            if exc.code not in (PULL_REFUSED, PULL_NODE_FAILED):
+                raise
+            raise _pull_failure(instance, exc) from None
     if answer.get("disk_limit") == "not_enforced":  # the node's word: operators see it (once per node)
         disk_limit_not_enforced_noted(node=instance.node, what=f"Instance {instance.pk}'s disk ({instance.disk_gb} GB)")
     _running(job, instance, answer, "Running")

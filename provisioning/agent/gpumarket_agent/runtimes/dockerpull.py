@@ -1,16 +1,64 @@
 """The docker runtime's image: `docker pull` with a fresh, private DOCKER_CONFIG holding the renter's registry
 credentials or none (never the node's), the registry's reason when it fails (the password masked), and the
-image's own entrypoint + cmd, which the entry wrapper runs after its work, and the paths it declares as VOLUMEs."""
+image's own entrypoint + cmd, which the entry wrapper runs after its work, and the paths it declares as VOLUMEs.
+
+A failed pull answers one of two codes (pull_fault): `pull_failed`, the registry's refusal of this reference
+(manifest unknown, unauthorized, denied, an invalid reference, another 4xx; the renter's to fix), or
+`pull_node_failed`, the node's own failure (its disk full, its docker daemon gone, its network to a public
+registry). Before, every failure was `pull_failed`, and the platform judged a node whose /var/lib/docker was full
+the renter's fault (review r54 #1)."""
 import base64
 import json
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 
 from ..core import AgentError, run, write_file
 from ..records import vm_log
-from ..reference import registry_key
+from ..reference import DOCKER_HUB_NAMES, parse_reference, registry_key
+
+PULL_REFUSED = "pull_failed"  # the registry refused the reference: the renter's to fix
+PULL_NODE_FAILED = "pull_node_failed"  # the node could not pull it: the node's failure
+# The node's own failures, wherever the image comes from: its disk, its memory, its docker daemon (the CLI cannot
+# reach it, or lost it mid-pull: docker prints the bare "unexpected EOF" / "EOF" of the cut stream).
+NODE_LOCAL = re.compile(
+    r"no space left on device|disk quota exceeded|read-only file system|input/output error|cannot allocate memory"
+    r"|too many open files|cannot connect to the docker daemon|is the docker daemon running|error during connect"
+    r"|^(?:unexpected )?eof$", re.IGNORECASE | re.MULTILINE)
+# The registry's answer about this reference: the renter's (a rate limit, below, depends on the registry).
+REGISTRY_REFUSAL = re.compile(
+    r"manifest unknown|not found|unauthorized|denied|no basic auth credentials|invalid reference format"
+    r"|name unknown|name invalid|no matching manifest|repository does not exist|docker login"
+    r"|(?:unexpected |http )?status(?: code)?:? 4[0-9][0-9]\b|server gave http response to https client",
+    re.IGNORECASE)
+RATE_LIMITED = re.compile(r"toomanyrequests|too many requests|rate limit", re.IGNORECASE)
+# Registries whose reachability no renter controls: the node's network to them is the node's. Any other host is
+# a renter's own registry: a name that does not resolve, a refused connection, a reset or a timeout there is
+# judged theirs (a renter naming an unreachable host must not cost the node reliability at will), though the
+# node's own network may be the cause; its catalogue pulls (Docker Hub) still count against it.
+PUBLIC_REGISTRIES = frozenset(DOCKER_HUB_NAMES + (
+    "registry-1.docker.io", "ghcr.io", "quay.io", "nvcr.io", "gcr.io", "mcr.microsoft.com", "public.ecr.aws",
+    "registry.k8s.io"))
+
+
+def pull_fault(text, reference, registry_auth):
+    """Whose failure a failed `docker pull` of `reference` is, by docker's words: PULL_NODE_FAILED or
+    PULL_REFUSED. The node's local failures first (a full disk is the node's whatever the registry said before);
+    then the registry's refusal; a rate limit is the node's from a public registry without the renter's login (its
+    per-IP anonymous limit) and the renter's otherwise (their account, their registry); a TLS or network failure,
+    and anything else, is the node's towards a public registry and the renter's towards their own."""
+    if NODE_LOCAL.search(text.strip()):
+        return PULL_NODE_FAILED
+    parsed = parse_reference(reference) or {}
+    domain = (parsed.get("domain") or "docker.io").lower()
+    public = domain in PUBLIC_REGISTRIES
+    if RATE_LIMITED.search(text):
+        return PULL_NODE_FAILED if public and not registry_auth else PULL_REFUSED
+    if REGISTRY_REFUSAL.search(text):
+        return PULL_REFUSED
+    return PULL_NODE_FAILED if public else PULL_REFUSED
 
 
 def docker_config_json(reference, registry_auth):
@@ -52,9 +100,12 @@ def docker_pull(cfg, rec, registry_auth):
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)
     if proc.returncode != 0:
-        reason = pull_reason(proc.stderr or proc.stdout, registry_auth)
-        vm_log(cfg, vm_id, "pull failed: " + reason)
-        raise AgentError("pull_failed", reason)
+        text = proc.stderr or proc.stdout
+        reason = pull_reason(text, registry_auth)
+        code = pull_fault(text, image, registry_auth)
+        vm_log(cfg, vm_id, "pull failed%s: %s" % (" (the node's failure)" if code == PULL_NODE_FAILED else "",
+                                                  reason))
+        raise AgentError(code, reason)
     done = [ln for ln in proc.stdout.splitlines() if ln.startswith(("Digest:", "Status:"))]
     vm_log(cfg, vm_id, "pulled %s%s" % (image, (": " + "; ".join(done)) if done else ""))
 

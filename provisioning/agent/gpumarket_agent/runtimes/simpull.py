@@ -5,11 +5,18 @@ demo and the platform's tests can show a pull that works, one that needs credent
 - the registry host SIM_PRIVATE_REGISTRY wants registry_auth SIM_PRIVATE_AUTH; without it, or with another
   password, the pull fails with the registry's reason;
 - the tag "missing" exists in no registry: manifest unknown;
-- every other reference is public and pulls. A sim VM runs no image: its OS is the node's own, whatever it pulled.
+- the tag "nospace" fills the node's disk (no space left on device), and the tag "nodenet" meets a node whose DNS
+  is down (the registry's name does not resolve): the first is the node's failure whatever the registry, the
+  second the node's towards Docker Hub (or another public registry) and the renter's towards their own registry;
+- every other reference is public and pulls.
+Whose failure each is, and so the code answered (pull_failed or pull_node_failed), is decided as the docker
+runtime decides it, by dockerpull.pull_fault on these words. A sim VM runs no image: its OS is the node's own,
+whatever it pulled.
 """
 from ..core import AgentError
 from ..records import vm_log
 from ..reference import parse_reference
+from .dockerpull import pull_fault
 
 SIM_PRIVATE_REGISTRY = "registry.sim.test"
 SIM_PRIVATE_AUTH = {"username": "renter", "password": "sim-registry-secret"}
@@ -29,6 +36,11 @@ def sim_pull_failure(reference, registry_auth):
             return manifest + ": no basic auth credentials"
         if registry_auth != SIM_PRIVATE_AUTH:
             return "unauthorized: authentication required"  # what docker says for registry v2's 401
+    if ref["tag"] == "nospace":
+        return ("failed to register layer: write /var/lib/docker/overlay2/sim/diff/usr/lib/libsim.so: "
+                "no space left on device")
+    if ref["tag"] == "nodenet":
+        return 'Get "https://%s/v2/": dial tcp: lookup %s on 127.0.0.53:53: server misbehaving' % (domain, host)
     if ref["tag"] == "missing":
         return "manifest for %s not found: manifest unknown: manifest unknown" % reference
     return None
@@ -40,5 +52,5 @@ def sim_pull(cfg, rec, registry_auth):
     reason = sim_pull_failure(reference, registry_auth)
     if reason:
         vm_log(cfg, rec["vm_id"], "pull failed: " + reason)
-        raise AgentError("pull_failed", reason)
+        raise AgentError(pull_fault(reason, reference, registry_auth), reason)
     vm_log(cfg, rec["vm_id"], "pulled %s (sim: nothing is downloaded; the VM runs the node's own OS)" % reference)
