@@ -17,7 +17,7 @@ from .core import (
     safe_text,
     state_or_unknown,
 )
-from .records import all_records
+from .records import scan_records
 from .runtimes import RUNTIME_CLASSES
 from .smi import host_facts, inventory_hash, load_profile, read_gpus
 from .validation import reject_unknown
@@ -62,8 +62,9 @@ def cmd_health(cfg, req):
     if cfg.runtime:
         with contextlib.suppress(AgentError, OSError, ValueError):
             rt = RUNTIME_CLASSES[cfg.runtime](cfg)
-            vms, errors = {}, {}
-            for rec in all_records(cfg):  # one VM whose state cannot be read is "unknown", not every VM's null
+            records, errors = scan_records(cfg)  # a record that cannot be read: "unknown" (records.RecordUnreadable)
+            vms = dict.fromkeys(errors, "unknown")
+            for rec in records:  # one VM whose state cannot be read is "unknown", not every VM's null
                 vms[rec["vm_id"]], error = state_or_unknown(rt, rec)
                 if error:
                     errors[rec["vm_id"]] = error

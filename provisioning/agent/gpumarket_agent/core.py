@@ -93,13 +93,27 @@ def run(argv, timeout=60, check=True, env=None):
 
 
 def write_file(path, text, mode=0o600):
-    # Write then rename, so a reader never sees half a file.
+    """Write then rename, so a reader never sees half a file; the data, then the rename, on disk before it returns
+    (fsync of the file before the rename, then of its folder). Before, neither was synced: after a power loss a VM's
+    vm.json written shortly before could come back empty, and its VM was taken as none (review r54 #3)."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+    sync_dir(os.path.dirname(path) or ".")
+
+
+def sync_dir(path):
+    """fsync a folder, so that a rename into it survives a power loss."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_json(path):

@@ -14,11 +14,32 @@ def vm_dir(cfg, vm_id):
     return os.path.join(cfg.state_dir, "vms", vm_id)
 
 
+class RecordUnreadable(AgentError):
+    """A VM's record (vm.json) that is there but cannot be read: empty or cut short (a power loss soon after it was
+    written, before core.write_file synced), or not a record. The VM is not taken as none: `vm list`, `vm status`
+    and the health answer give it as state "unknown" with this message (the platform judges it neither gone nor
+    stopped, and keeps its GPUs held and its instance as it is), start, stop, logs and create refuse it, and only
+    `vm destroy` removes it (its container or domain by name, and its folder). Before, it was taken as no VM: its
+    instance failed as gone while its container ran on, and its GPUs counted as free (review r54 #3)."""
+
+    def __init__(self, vm_id, why):
+        super().__init__("record_unreadable", (
+            "the agent's record of VM %s (%s) cannot be read (%s): the VM is left as it is; restore the file, or "
+            "destroy the VM") % (vm_id, os.path.join("vms", vm_id, "vm.json"), why))
+        self.vm_id = vm_id
+
+
 def load_record(cfg, vm_id):
+    """The VM's record, or None when it has none (no vm.json); RecordUnreadable for one that cannot be read."""
     try:
-        return read_json(os.path.join(vm_dir(cfg, vm_id), "vm.json"))
-    except (OSError, ValueError):
+        rec = read_json(os.path.join(vm_dir(cfg, vm_id), "vm.json"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        raise RecordUnreadable(vm_id, "%s: %s" % (type(exc).__name__, str(exc)[:200])) from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("spec"), dict) or rec.get("vm_id") != vm_id:
+        raise RecordUnreadable(vm_id, "not a VM record")
+    return rec
 
 
 def save_record(cfg, rec):
@@ -26,10 +47,29 @@ def save_record(cfg, rec):
     write_file(os.path.join(vm_dir(cfg, rec["vm_id"]), "vm.json"), json.dumps(rec, indent=1, sort_keys=True))
 
 
-def all_records(cfg):
+def scan_records(cfg):
+    """(records, unreadable): the VMs' readable records, and {vm_id: message} for those whose record cannot be read
+    (RecordUnreadable), which `vm list` and the health answer give as state "unknown"."""
     root = os.path.join(cfg.state_dir, "vms")
     names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-    return [r for r in (load_record(cfg, n) for n in names if VM_ID_RE.fullmatch(n)) if r]
+    records, unreadable = [], {}
+    for name in names:
+        if not VM_ID_RE.fullmatch(name):
+            continue
+        try:
+            rec = load_record(cfg, name)
+        except RecordUnreadable as exc:
+            unreadable[name] = exc.message
+            continue
+        if rec is not None:
+            records.append(rec)
+    return records, unreadable
+
+
+def all_records(cfg):
+    """The readable records. One that cannot be read holds no GPU, port or volume here: which ones it held is not
+    known; the platform, which sees its VM as "unknown", keeps its instance's GPUs from any other booking."""
+    return scan_records(cfg)[0]
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ from .allocation import cards_held, check_and_start, check_gpus_free, remember_a
 from .core import RUNTIMES, AgentError, invalid, safe_text, state_or_unknown
 from .mig import read_mig, validate_mig_uuids
 from .options import validate_registry_auth
-from .records import all_records, file_lock, load_record, save_record, vm_dir, vm_log
+from .records import RecordUnreadable, all_records, file_lock, load_record, save_record, scan_records, vm_dir, vm_log
 from .runtimes import RUNTIME_CLASSES
 from .validation import PLATFORM_VM_ID_RE, reject_unknown, validate_create, validate_gpus, validate_vm_id
 from .volumes import check_volumes_exist, cmd_volume
@@ -230,7 +230,10 @@ def vm_simple(cfg, req, action):
             raise AgentError("not_found", "no VM %s on this node" % vm_id)
         return {"vm_id": vm_id, "lines": rt.logs(rec, tail)}
     with file_lock(cfg, "vm-" + vm_id, timeout=300):
-        rec = load_record(cfg, vm_id)
+        try:
+            rec = load_record(cfg, vm_id)
+        except RecordUnreadable as exc:
+            return unreadable_vm(cfg, rt, exc, action, only_if_missing)
         if rec is None:
             if action == "destroy":
                 if only_if_missing:  # no record to remove; a container or domain of that name is not missing
@@ -259,15 +262,28 @@ def vm_simple(cfg, req, action):
         return answer
 
 
+def unreadable_vm(cfg, rt, exc, action, only_if_missing):
+    """A VM whose record cannot be read (records.RecordUnreadable): its status is "unknown", with the reason; a
+    destroy removes what the runtime has of it by its name, and its folder (destroy_unrecorded); start, stop, logs
+    and a destroy only_if_missing (whether it is missing cannot be told) are refused with the reason."""
+    if action == "status":
+        return {"vm_id": exc.vm_id, "state": "unknown", "error": exc.message}
+    if action == "destroy" and not only_if_missing:
+        return destroy_unrecorded(cfg, rt, exc.vm_id)
+    raise exc
+
+
 def vm_list(cfg, req):
     _, rt = pick_runtime(cfg, req)
     reject_unknown(req, ())
-    records = all_records(cfg)
+    records, unreadable = scan_records(cfg)
     vms = []
     for rec in records:  # a VM whose state the engine cannot give is "unknown", the others listed all the same
         state, error = state_or_unknown(rt, rec)
         vms.append(dict(describe(cfg, rt, rec, state), **({"error": error} if error else {})))
-    vms += rt.unrecorded({r["vm_id"] for r in records})
+    # A record that cannot be read: "unknown" too (the platform leaves it unjudged), never an unrecorded VM to remove.
+    vms += [{"vm_id": vm_id, "state": "unknown", "error": message} for vm_id, message in sorted(unreadable.items())]
+    vms += rt.unrecorded({r["vm_id"] for r in records} | set(unreadable))
     return {"vms": vms}
 
 
