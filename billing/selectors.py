@@ -402,8 +402,10 @@ def statement_for(*, user: User, month: date) -> Statement:
          "from": r["first"], "to": r["last"]}
         for r in lines
     ]
+    # Refunds prefetched: each line says what of it was refunded (TopUpSerializer.refunded), a query a line before.
     statement.top_ups = list(TopUp.objects.filter(user=user, transaction__created_at__gte=start,
-                                                  transaction__created_at__lt=end).order_by("transaction__created_at"))
+                                                  transaction__created_at__lt=end)
+                             .prefetch_related("refunds").order_by("transaction__created_at"))
     statement.refunds = _refund_lines(in_month)
     listed = [kind for kind in _KIND_TOTALS if kind != TransactionKind.STORAGE]  # usage, top-ups, refunds: above
     for line in _entry_lines(in_month.exclude(transaction__kind__in=listed)):  # one query for both lists
