@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from billing import selectors
 from billing.models import TopUpStatus
-from billing.services import metering, payments, payouts, profiles
+from billing.services import ledger, metering, payments, payouts, profiles
 from core.errors import ApplicationError, IdempotencyKeyReused
 from core.idempotency import request_fingerprint, web_idempotency_key
 from core.web_errors import form_error
@@ -277,6 +277,7 @@ def payouts_page(request):
         "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form, "payout_account": account,
         "pending_elsewhere": payouts.payouts_pending_elsewhere_text(
             payouts.payouts_pending_elsewhere(user_id=user.pk, account=account)),
-        "balance_micros": selectors.earnings_for(user=user).balance_micros,
+        # The earnings account's balance, cached on its row: earnings_for aggregated the whole ledger history for it.
+        "balance_micros": ledger.earnings_balance(user_id=user.pk),
         "payout_minimum_micros": payouts.payout_minimum_micros(),
     }), form)
