@@ -1,9 +1,10 @@
 """django-filter for the API: a filter given without a value is a 400, not silently ignored, and so is a query
-parameter that a list (or the detail of one object) does not read."""
+parameter that a list (or the detail of one object) does not read, and a filter of one value given twice."""
 from collections.abc import Iterable
 from typing import Any
 
 import django_filters
+from django import forms
 from django.db.models import QuerySet
 from django.http import HttpRequest, QueryDict
 from django_filters.rest_framework import DjangoFilterBackend
@@ -29,16 +30,30 @@ def reject_unknown_params(request: Request, allowed: Iterable[str], *, paginated
     _reject(request, set(allowed) | PAGINATION_PARAMS if paginated else allowed)
 
 
+def takes_several_values(field: forms.Field) -> bool:
+    """Whether a filter's form field reads every value of its parameter (`?gpu_model=a&gpu_model=b`): a multiple
+    choice, a model one, or a field whose widget reads them all. Every other field reads the last value alone."""
+    return (isinstance(field, forms.MultipleChoiceField | forms.ModelMultipleChoiceField)
+            or getattr(field.widget, "allow_multiple_selected", False))
+
+
 class StrictFilterSet(django_filters.FilterSet):
-    """`?country=` names a filter and gives it nothing; django-filter would drop it and return everything."""
+    """`?country=` names a filter and gives it nothing; django-filter would drop it and return everything. And
+    `?min_gpus=4&min_gpus=1` gives a filter of one value two: Django's form would read the last one alone, silently
+    (found by review); a 400 names it, except for filters that take several values (a multiple choice)."""
 
     def is_valid(self) -> bool:
         valid = super().is_valid()
         data = self.data
         assert isinstance(data, QueryDict)  # the query parameters (DjangoFilterBackend passes query_params)
+        fields = self.form.fields
         for name in self.filters:
-            if name in data and any(value.strip() == "" for value in data.getlist(name)):
+            values = data.getlist(name) if name in data else []
+            if any(value.strip() == "" for value in values):
                 self.form.add_error(name, "Give a value, or leave the parameter out.")
+                valid = False
+            elif len(values) > 1 and name in fields and not takes_several_values(fields[name]):
+                self.form.add_error(name, "Give this parameter once: it takes one value.")
                 valid = False
         return valid
 
