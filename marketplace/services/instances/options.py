@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 
 from core.addresses import is_public
 from core.errors import ValidationFailed
 from core.request_guard import has_control_character
 from core.validators import CONTROL_CHARACTERS_MESSAGE
-from marketplace.models import Image
+from marketplace.models import Image, Runtime
 
 # The distribution/reference grammar (github.com/distribution/reference, regexp.go): an optional registry host
 # (domain components, or `localhost`, with an optional port), path components in lower case joined by `.`, `_`,
@@ -94,13 +95,27 @@ def clean_image_text(value: Any, field_name: str = "image") -> str:
     return value
 
 
+def catalogue_images() -> QuerySet[Image]:
+    """The catalogue's images a renter can start: active, and where the platform takes no sim node
+    (settings.SIM_NODES_ALLOWED off: offers_search and booking leave them out) one with an image for a real runtime
+    (found by review: an image with neither was listed, with `runtimes: ["sim"]`, and taken by a booking)."""
+    images = Image.objects.filter(active=True)
+    return images if settings.SIM_NODES_ALLOWED else images.exclude(docker_image="", libvirt_image="")
+
+
+def image_runtimes(image: Image) -> list[str]:
+    """The runtimes an image runs on here: Image.runtimes, less `sim` where the platform takes no sim node."""
+    return [r for r in image.runtimes if r != Runtime.SIM or settings.SIM_NODES_ALLOWED]
+
+
 def image_of(value: Any, field_name: str = "image") -> Image | str:
-    """A catalogue image (by slug, active) or the renter's own OCI reference; ValidationFailed otherwise."""
+    """A catalogue image (by slug, active, runnable here: catalogue_images) or the renter's own OCI reference;
+    ValidationFailed otherwise."""
     value = clean_image_text(value, field_name)
     if not is_image_reference(value):
-        image = Image.objects.filter(slug=value, active=True).first()
+        image = catalogue_images().filter(slug=value).first()
         if image is None:
-            slugs = ", ".join(Image.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
+            slugs = ", ".join(catalogue_images().order_by("slug").values_list("slug", flat=True))
             raise _fail(field_name, f"No image {value[:60]!r} in the catalogue (its images: {slugs}). An image of "
                                     "your own is a reference with a tag or a path, e.g. `ubuntu:24.04` or "
                                     "`registry.example.com/team/app`.")
