@@ -319,30 +319,40 @@ def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
                  .annotate(last_verify_at=Subquery(last.values("created_at")[:1])).order_by("pk"))
         summary = {"queued": 0, "spot_checks": 0, "waiting": 0}
         for node in nodes:
-            summary[_node_recheck(node, now)] += 1
+            with transaction.atomic():
+                summary[_node_recheck(node, now)] += 1
         return summary
 
 
 def _node_recheck(node: WithAnnotations[Node, _LastVerify], now: datetime) -> str:
-    """Queue what is due for this active node; say what was done ("queued", "spot_checks", "waiting")."""
+    """Queue what is due for this active node; say what was done ("queued", "spot_checks", "waiting"). Run in a
+    transaction (nodes_reverify_due): the node's row is locked and its state read again first, so a node its
+    provider put into maintenance since the query is left there, its checks due (a verification takes a node out
+    of maintenance: review r54). The next spot check is drawn only once one is queued: one that could not be
+    stays due, for the beat after the node is active again."""
     if node.next_check_at is None and node.last_verify_at is not None:
         node.next_check_at = node.last_verify_at + draw_delay(settings.REVERIFY_MIN_S, settings.REVERIFY_MAX_S)
         Node.objects.filter(pk=node.pk, next_check_at__isnull=True).update(next_check_at=node.next_check_at)
+    if not Node.objects.select_for_update(no_key=True).filter(pk=node.pk, state=NodeState.ACTIVE).exists():
+        return "waiting"
     due = node.next_check_at is None or now >= node.next_check_at
     # The conclusion's own rule (verification.node_verify_conclude): a rejected node stays active while it is in
     # use, a VM still to clean up or a GPU still held included; re-checked before, it would be rejected again,
     # stay active, and be benchmarked anew every beat until the cleanup ended (found by review).
     left = node.verdict == Verdict.REJECTED and not node_in_use(node_id=node.pk)
     try:
-        if due or left:
-            node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
-            return "queued"
-        if node.verdict == Verdict.REJECTED:
-            return "waiting"  # rented, and already judged: nothing to spot-check
-        if node.next_spot_check_at is None or now >= node.next_spot_check_at:
-            next_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
-            Node.objects.filter(pk=node.pk).update(next_spot_check_at=next_at)
-            if node.next_spot_check_at is not None and node_spot_check_request(node=node) is not None:
+        with transaction.atomic():
+            if due or left:
+                node_verify_request(node=node, reason="scheduled re-verification" if due else "its renters left")
+                return "queued"
+            if node.verdict == Verdict.REJECTED:
+                return "waiting"  # rented, and already judged: nothing to spot-check
+            if node.next_spot_check_at is None:  # its first: drawn, not run (verified before spot checks were)
+                next_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+                Node.objects.filter(pk=node.pk).update(next_spot_check_at=next_at)
+            elif now >= node.next_spot_check_at and node_spot_check_request(node=node) is not None:
+                next_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+                Node.objects.filter(pk=node.pk).update(next_spot_check_at=next_at)
                 return "spot_checks"
     except JobConflict:  # a node job was queued since the query: next beat
         pass

@@ -9,6 +9,8 @@ from collections import Counter
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from marketplace.models import GpuStatus, Node, NodeState
 from marketplace.stored_figures import run_findings
@@ -17,8 +19,8 @@ from provisioning.services.faults import NOT_COUNTED, counts_against_node, error
 from provisioning.services.jobs import job_create
 from provisioning.services.nodes import node_event, node_session
 from provisioning.services.platform_checks import node_challenge, node_memory_proof
-from provisioning.services.runner import job_finish, job_step
-from provisioning.services.verification import node_check_forward, node_verify_request
+from provisioning.services.runner import job_finish, job_step, log_lines
+from provisioning.services.verification import CHECKS_KEPT_STATES, node_check_forward, node_verify_request
 from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
 from provisioning.verification.answers import MalformedAnswer, inventory_problems
 from provisioning.verification.model import DeclaredModel
@@ -48,8 +50,7 @@ def node_spot_check_run(*, job: Job) -> None:
     nothing. Raises NodeError if the node cannot be reached."""
     node = job.node
     if node.state != NodeState.ACTIVE:
-        # Superseded (the provider's maintenance, an operator, the health checks): nothing failed in the check.
-        job_finish(job=job, error=f"The node is {node.state}, not active; nothing done.", fault=JobFault.PLATFORM)
+        _node_left_active(job, node)
         return
     if not node.gpus.filter(status=GpuStatus.FREE).exists():
         job_step(job=job, message="every GPU is rented: skipped")
@@ -80,6 +81,37 @@ def node_spot_check_run(*, job: Job) -> None:
     node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
 
 
+def _node_left_active(job: Job, node: Node) -> None:
+    """The node is not active when its spot check comes to run: superseded (the provider's maintenance, an operator,
+    the health checks), nothing failed in the check. But the spot check is not spent: the node left `active` after
+    it was queued (a spot check is queued only for an active node), so it is due again
+    (Node.next_spot_check_at = now) and the beat queues it once the node is active. Before, the next one was drawn
+    6-42 h away when this one was queued, and a maintenance toggle while it waited dodged it at no cost (review
+    r54). A try before this one that the node cut short (a connection dropped, an agent fallen silent: the task
+    retried it) and then the node leaving `active` is a dodge: its full verification is brought forward, as once
+    the task's retries are spent (node_spot_check_failed)."""
+    message = f"The node is {node.state}, not active; nothing done."
+    if node.state != NodeState.RETIRED:
+        now = timezone.now()
+        Node.objects.filter(pk=node.pk).filter(Q(next_spot_check_at__isnull=True) | Q(next_spot_check_at__gt=now)) \
+            .update(next_spot_check_at=now, updated_at=now)
+        message += " The spot check runs again once it is active."
+        if _cut_short_by_the_node(job):
+            node_event(node=node, kind="spot_check_failed_to_run", level=NodeEvent.Level.WARNING,
+                       message="Spot check could not run: the node dropped it, then left active "
+                               f"({node.state}). A full verification follows once it is active again.")
+            node_check_forward(node_id=node.pk)
+    job_finish(job=job, error=message, fault=JobFault.PLATFORM)
+
+
+def _cut_short_by_the_node(job: Job) -> bool:
+    """Whether an earlier try of this job ended on a transient error of the node's (the task retries only those,
+    runner.run_job): not a try that waited for the platform's own SSH slots ("waiting for the node", NodeBusy),
+    nor a worker lost (lost_runs)."""
+    waited = any(str(line.get("message", "")).startswith("waiting for the node") for line in log_lines(job.log))
+    return job.attempts > 1 and not job.lost_runs and not waited
+
+
 def free_cards_now(node: Node, inventory: dict[str, Any]) -> list[int]:
     """The nvidia-smi indices, in this inventory, of the node's cards that no renter holds: a card is found by its
     UUID, by its stored index only where its row has none (a UUID claimed by no row: repeated, or never read) and
@@ -107,7 +139,10 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     """Record the spot check's outcome; with findings the node's verdict does not already carry, queue a full
     verification naming them (returned). One it carries (a GPU degraded at the last verification, seen again)
     changes nothing: a full check queued each time made the spot checks' rhythm (6-42 h) the full check's
-    (found by review)."""
+    (found by review). Queued only while the node is active: a verification takes a node out of its provider's
+    maintenance (a full benchmark on a server being worked on, review r54), so one that left `active` during the
+    check gets it due at once (Node.next_check_at = now) and the beat queues it once it is active again, as
+    verification._reverify_new_layout does."""
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
     which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}" if gpus else "the node"
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
@@ -122,12 +157,23 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     codes = ", ".join(sorted({f["code"] for f in findings}))
     job_step(job=job, message=f"spot check of {which}: {codes}")
     new = _not_on_the_verdict(node, findings)
+    active = node.state == NodeState.ACTIVE
+    if not new:
+        outcome = " The node's verdict already says so."
+    elif active:
+        outcome = " A full verification was queued."
+    else:
+        outcome = f" A full verification follows once the node is active again (it is {node.state} now)."
     node_event(node=node, kind="spot_check_failed",
-               message=f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings)
-               + (" A full verification was queued." if new else " The node's verdict already says so."),
+               message=f"Spot check of {which}: {codes}. " + " ".join(f["message"] for f in findings) + outcome,
                level=NodeEvent.Level.WARNING)
     job_finish(job=job)  # closed first: one node job at a time (job_one_open_node_job_per_node)
-    if not new or not node.verify_allowed():
+    if not new:
+        return None
+    if not active:
+        if node.state in CHECKS_KEPT_STATES:
+            now = timezone.now()
+            Node.objects.filter(pk=node.pk).update(next_check_at=now, updated_at=now)
         return None
     return node_verify_request(node=node, reason=f"spot check found {codes}")
 

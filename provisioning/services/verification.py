@@ -116,15 +116,22 @@ def node_draw_next_checks(node: Node, *, now: datetime | None = None, spot: bool
         node.next_spot_check_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
 
 
+# The states a node's drawn check times are kept through: it comes back active from them (node_return_state), and
+# maintenance.nodes_reverify_due queues what is due then.
+CHECKS_KEPT_STATES = (NodeState.ACTIVE, NodeState.MAINTENANCE, NodeState.OFFLINE)
+
+
 def node_check_forward(*, node_id: int, now: datetime | None = None) -> datetime | None:
-    """Bring an active node's next full verification forward (a spot check it dodged: spot_checks.py), to now but
-    never sooner than SPOT_CHECK_MIN_S after its last recorded verification: an honestly flaky node is checked
-    again, not in a loop. maintenance.nodes_reverify_due queues it when the time comes. Returns the time set, or
-    None when nothing was moved (not active, or due sooner already)."""
+    """Bring a node's next full verification forward (a spot check it dodged: spot_checks.py), to now but never
+    sooner than SPOT_CHECK_MIN_S after its last recorded verification: an honestly flaky node is checked again, not
+    in a loop. maintenance.nodes_reverify_due queues it when the time comes: at once for an active node, once it is
+    active again for one in maintenance or offline (a dodge followed by a maintenance toggle is no way out of it:
+    review r54). Returns the time set, or None when nothing was moved (in no state it returns active from, or due
+    sooner already)."""
     now = now or timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
-        if node.state != NodeState.ACTIVE:
+        if node.state not in CHECKS_KEPT_STATES:
             return None
         last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()
         at = max(now, last + timedelta(seconds=settings.SPOT_CHECK_MIN_S)) if last else now

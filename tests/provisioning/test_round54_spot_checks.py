@@ -1,0 +1,120 @@
+"""Review r54 ("spot"): spot checks and the re-verification beat. A spot-check finding and the beat leave a node in
+its provider's maintenance (#2); a spot check cut short by the node leaving `active` is not spent, and one the node
+dropped first is a dodge (#1)."""
+from datetime import timedelta
+
+import pytest
+from django.db.models import Subquery
+from django.utils import timezone
+
+from marketplace.models import Node, NodeState
+from marketplace.services.nodes import node_update
+from provisioning.models import Job, JobKind, JobStatus, NodeEvent, VerificationRun
+from provisioning.services.maintenance import _node_recheck, nodes_reverify_due
+from provisioning.services.runner import job_begin, job_release, job_step
+from provisioning.services.spot_checks import node_spot_check_conclude, node_spot_check_request, node_spot_check_run
+from tests.factories import make_listed_node
+from tests.provisioning.test_random_rechecks import bounds
+
+__all__ = ["bounds"]
+
+WRONG = {"severity": "reject", "code": "challenge_wrong_result", "message": "GPU 0 wrong.", "gpu_index": 0}
+
+
+def _verify_jobs(node, status=JobStatus.QUEUED):
+    return Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=status)
+
+
+def _due_spot_check(node, future=None) -> Job:
+    future = future or timezone.now() + timedelta(days=8)
+    Node.objects.filter(pk=node.pk).update(next_check_at=future,
+                                           next_spot_check_at=timezone.now() - timedelta(seconds=1))
+    assert nodes_reverify_due()["spot_checks"] == 1
+    return Job.objects.get(node=node, kind=JobKind.NODE_SPOT_CHECK, status=JobStatus.QUEUED)
+
+
+# ------------------------------------------------------------------------------------ #2: not out of maintenance
+
+def test_a_spot_check_finding_leaves_the_node_in_its_providers_maintenance(db, bounds):
+    node = make_listed_node()
+    job = job_begin(job_id=node_spot_check_request(node=node).pk)
+    node_update(node=node, maintenance=True)  # the provider starts work while the challenge runs
+    assert node_spot_check_conclude(job=job, gpus=[0], findings=[WRONG], figures={}) is None
+    node.refresh_from_db()
+    assert node.state == NodeState.MAINTENANCE and not _verify_jobs(node).exists()
+    assert node.next_check_at <= timezone.now()  # due: queued once the maintenance ends
+    event = NodeEvent.objects.get(node=node, kind="spot_check_failed")
+    assert "follows once the node is active again (it is maintenance now)" in event.message
+    assert nodes_reverify_due() == {"queued": 0, "spot_checks": 0, "waiting": 0}  # not while in maintenance
+
+    node_update(node=node, maintenance=False)
+    node.refresh_from_db()
+    assert node.state == NodeState.ACTIVE
+    assert nodes_reverify_due()["queued"] == 1
+    assert _verify_jobs(node).get().log[0]["message"] == "queued: scheduled re-verification"
+
+
+def _as_the_beat_read_it(node):
+    last = Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY).order_by("-created_at")
+    return Node.objects.annotate(last_verify_at=Subquery(last.values("created_at")[:1])).get(pk=node.pk)
+
+
+@pytest.mark.parametrize("due", ["full", "spot"])
+def test_the_beat_leaves_a_node_that_went_into_maintenance_since_its_query_there(db, bounds, due):
+    node = make_listed_node()
+    past, future = timezone.now() - timedelta(seconds=1), timezone.now() + timedelta(days=8)
+    Node.objects.filter(pk=node.pk).update(next_check_at=past if due == "full" else future, next_spot_check_at=past)
+    read = _as_the_beat_read_it(node)  # the beat's query: active, due
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=True)  # then, before its row lock
+    assert _node_recheck(read, timezone.now()) == "waiting"
+    node.refresh_from_db()
+    assert node.state == NodeState.MAINTENANCE and not node.jobs.exists()
+    # Still due: the beat queues it once the maintenance ends (before, the next spot check was drawn 6-42 h away).
+    assert (node.next_check_at, node.next_spot_check_at) == ((past if due == "full" else future), past)
+
+
+# ------------------------------------------------------------------------------------ #1: a cut-short spot check
+
+def test_a_spot_check_cut_short_by_a_maintenance_toggle_runs_again_once_the_node_is_active(db, bounds):
+    """The honest path: the provider's maintenance came after the spot check was queued, nothing was dropped. No
+    penalty, but the spot check is not spent either (before, the next was 6-42 h away: a free dodge)."""
+    node = make_listed_node()
+    future = timezone.now() + timedelta(days=8)
+    job = job_begin(job_id=_due_spot_check(node, future).pk)
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=True)
+    job.node.refresh_from_db()
+    node_spot_check_run(job=job)
+    job.refresh_from_db()
+    assert (job.status, job.fault) == (JobStatus.FAILED, "platform")
+    assert "runs again once it is active" in job.error
+    assert nodes_reverify_due() == {"queued": 0, "spot_checks": 0, "waiting": 0}  # not in maintenance
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=False)
+    node.refresh_from_db()
+    assert node.state == NodeState.ACTIVE and node.next_check_at == future  # not brought forward: no dodge
+    assert not NodeEvent.objects.filter(node=node, kind="spot_check_failed_to_run").exists()
+    assert nodes_reverify_due()["spot_checks"] == 1  # queued again at once
+
+
+@pytest.mark.parametrize("first_try", ["connection_dropped", "platform_busy"])
+def test_a_dropped_connection_then_maintenance_is_a_dodge(db, bounds, first_try):
+    node = make_listed_node()
+    VerificationRun.objects.filter(node=node).delete()  # no recent check: the forward is to now
+    future = timezone.now() + timedelta(days=8)
+    job = job_begin(job_id=_due_spot_check(node, future).pk)
+    if first_try == "platform_busy":  # what the task logs when it waits for the platform's own SSH slots
+        job_step(job=job, message="waiting for the node: busy. Trying again in 30 s.")
+    job_release(job, retry_at=timezone.now())  # the first try raised, the task retries in 5 s
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=True)
+    job = job_begin(job_id=job.pk)  # the retry
+    assert job.attempts == 2
+    node_spot_check_run(job=job)
+    node_update(node=Node.objects.get(pk=node.pk), maintenance=False)
+    node.refresh_from_db()
+    assert node.state == NodeState.ACTIVE
+    if first_try == "platform_busy":  # the platform's doing: no penalty, the spot check comes again
+        assert node.next_check_at == future
+        assert nodes_reverify_due()["spot_checks"] == 1
+        return
+    assert node.next_check_at <= timezone.now()  # brought forward, as a dodge spent on the task's retries
+    assert "dropped it" in NodeEvent.objects.get(node=node, kind="spot_check_failed_to_run").message
+    assert nodes_reverify_due()["queued"] == 1
