@@ -19,7 +19,16 @@ platform's revenue grows with fees. Money arriving from Stripe is taken from `pa
 """
 from .disputes import Dispute
 from .events import BillingEvent, EventKind
-from .ledger import USER_ACCOUNT_KINDS, Account, AccountKind, Entry, LedgerTransaction, TransactionKind, UsageInterval
+from .ledger import (
+    USER_ACCOUNT_KINDS,
+    Account,
+    AccountKind,
+    EarningsRollup,
+    Entry,
+    LedgerTransaction,
+    TransactionKind,
+    UsageInterval,
+)
 from .payments import (
     REFUND_TRANSITIONS,
     STRIPE_EVENT_TRANSITIONS,
@@ -43,6 +52,7 @@ __all__ = [
     "BillingProfile",
     "Card",
     "Dispute",
+    "EarningsRollup",
     "Entry",
     "EventKind",
     "LedgerTransaction",

@@ -150,3 +150,36 @@ class UsageInterval(models.Model):
     @property
     def provider_micros(self) -> int:
         return self.amount_micros - self.fee_micros
+
+
+class EarningsRollup(models.Model):
+    """A provider's earnings account's entries summed by month (UTC, of their transaction) and by node: what the
+    earnings page and API read (billing.selectors.earnings_for, earnings_by_node) instead of every entry.
+
+    Written by the database, in the statement that inserts the entries (PostgreSQL: a trigger of migration 0022, so
+    every way of posting, the metering tick's set-based SQL included, keeps it), never by the application. A
+    posting locks its accounts first (billing.services.ledger), so the rows of one earnings account are only
+    written under that account's lock: the rollup adds no lock order of its own. Payouts and their reversals are
+    not in it: whether a payout counts is its status, read with the payouts (few) when the earnings are.
+    Other databases (the SQLite first run) keep no rollup: their reads sum the entries.
+    """
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+",
+                                db_index=False)  # the unique (account, month, node_id) leads with it
+    month = models.DateField(help_text="The first day of the month (UTC) its transactions were posted in.")
+    node_id = models.BigIntegerField(
+        default=0, help_text="The node the sales were for (by the charge's key); 0: no node's (service credits, "
+                             "manual corrections).")
+    earned_micros = models.BigIntegerField(default=0, help_text="Every entry but payouts' and their reversals'.")
+    sales_micros = models.BigIntegerField(
+        default=0, help_text="Of it, the entries of GPU time and storage charges and their reversals.")
+    fees_micros = models.BigIntegerField(
+        default=0, help_text="The platform's fee on those charges (its revenue's entries in the same transactions).")
+
+    class Meta:
+        ordering = ["account", "month", "node_id"]
+        constraints = [models.UniqueConstraint(fields=["account", "month", "node_id"],
+                                               name="earnings_rollup_one_per_month_and_node")]
+
+    def __str__(self):
+        return f"{self.account_id} {self.month:%Y-%m} node {self.node_id}"

@@ -4,10 +4,12 @@ GPU-hour), and the API's billed_seconds keeps its value (running time, each inst
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from billing.models import UsageInterval
 from billing.selectors import earnings_for
+from marketplace.models import Instance
 from tests.factories import UserFactory, make_listed_node
 from tests.marketplace.mig_helpers import SEVEN, make_mig_node
 from tests.marketplace.renting_helpers import book
@@ -17,10 +19,13 @@ pytestmark = pytest.mark.django_db
 
 
 def _billed_an_hour(instance) -> None:
+    """An hour's interval, with the instance's billed seconds as the meter keeps them (the time sold is read from
+    them: billing.selectors.earnings_for)."""
     end = timezone.now()
     UsageInterval.objects.create(instance=instance, started_at=end - timedelta(hours=1), ended_at=end, seconds=3600,
                                  price_per_hour_micros=instance.price_per_hour_micros, platform_fee_bps=1500,
                                  amount_micros=instance.price_per_hour_micros, fee_micros=0)
+    Instance.objects.filter(pk=instance.pk).update(billed_seconds=F("billed_seconds") + 3600)
 
 
 @pytest.fixture
