@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
+from core.errors import Conflict
 from marketplace.models import Instance, InstanceStatus, Node, NodeState, Verdict
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import node_in_use
@@ -317,10 +318,19 @@ def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
                | Q(next_spot_check_at__lte=now) | Q(verdict=Verdict.REJECTED))
         nodes = (Node.objects.filter(due, state=NodeState.ACTIVE).exclude(Exists(busy))
                  .annotate(last_verify_at=Subquery(last.values("created_at")[:1])).order_by("pk"))
-        summary = {"queued": 0, "spot_checks": 0, "waiting": 0}
+        summary = {"queued": 0, "spot_checks": 0, "waiting": 0, "errors": 0}
         for node in nodes:
-            with transaction.atomic():
-                summary[_node_recheck(node, now)] += 1
+            try:
+                with transaction.atomic():  # a failed node's writes go back alone
+                    summary[_node_recheck(node, now)] += 1
+            except Conflict as exc:  # e.g. retired between the query and its row lock: the others go on
+                log.info("reverify-due: node %s: %s", node.pk, exc)
+                summary["waiting"] += 1
+            except Exception:  # one node's trouble must not keep the others (higher pks) from their checks
+                log.exception("reverify-due: node %s", node.pk)
+                summary["errors"] += 1
+        if not summary["errors"]:
+            del summary["errors"]
         return summary
 
 

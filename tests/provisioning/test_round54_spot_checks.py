@@ -1,15 +1,17 @@
 """Review r54 ("spot"): spot checks and the re-verification beat. A spot-check finding and the beat leave a node in
 its provider's maintenance (#2); a spot check cut short by the node leaving `active` is not spent, and one the node
-dropped first is a dodge (#1)."""
+dropped first is a dodge (#1); one node's Conflict or error does not stop the beat for the others (#7)."""
 from datetime import timedelta
 
 import pytest
 from django.db.models import Subquery
 from django.utils import timezone
 
+from core.errors import Conflict
 from marketplace.models import Node, NodeState
 from marketplace.services.nodes import node_update
 from provisioning.models import Job, JobKind, JobStatus, NodeEvent, VerificationRun
+from provisioning.services import maintenance
 from provisioning.services.maintenance import _node_recheck, nodes_reverify_due
 from provisioning.services.runner import job_begin, job_release, job_step
 from provisioning.services.spot_checks import node_spot_check_conclude, node_spot_check_request, node_spot_check_run
@@ -118,3 +120,24 @@ def test_a_dropped_connection_then_maintenance_is_a_dodge(db, bounds, first_try)
     assert node.next_check_at <= timezone.now()  # brought forward, as a dodge spent on the task's retries
     assert "dropped it" in NodeEvent.objects.get(node=node, kind="spot_check_failed_to_run").message
     assert nodes_reverify_due()["queued"] == 1
+
+
+# ------------------------------------------------------------------------------------ #7: one node, not the beat
+
+@pytest.mark.parametrize("error", [Conflict("A retired node cannot be verified."), RuntimeError("boom")],
+                         ids=["conflict", "error"])
+def test_one_nodes_failure_does_not_stop_the_beat_for_the_others(db, bounds, monkeypatch, error):
+    first, second = make_listed_node(), make_listed_node()
+    Node.objects.filter(pk__in=[first.pk, second.pk]).update(next_check_at=timezone.now() - timedelta(seconds=1))
+    original = maintenance.node_verify_request
+
+    def fails_for_the_first(*, node, reason=""):
+        if node.pk == first.pk:
+            raise error
+        return original(node=node, reason=reason)
+
+    monkeypatch.setattr(maintenance, "node_verify_request", fails_for_the_first)
+    summary = nodes_reverify_due()
+    assert summary == ({"queued": 1, "spot_checks": 0, "waiting": 1} if isinstance(error, Conflict)
+                       else {"queued": 1, "spot_checks": 0, "waiting": 0, "errors": 1})
+    assert _verify_jobs(second).exists() and not _verify_jobs(first).exists()
