@@ -12,18 +12,18 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from marketplace.models import GpuStatus, Node, NodeState
+from marketplace.models import GpuStatus, Node, NodeState, SliceStatus
 from marketplace.stored_figures import run_findings
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, NodeEvent
 from provisioning.services.faults import NOT_COUNTED, counts_against_node, error_fault
 from provisioning.services.jobs import job_create
 from provisioning.services.nodes import node_event, node_session
-from provisioning.services.platform_checks import node_challenge, node_memory_proof
+from provisioning.services.platform_checks import node_challenge, node_memory_proof, node_slice_challenge
 from provisioning.services.runner import job_finish, job_step, log_lines
 from provisioning.services.verification import CHECKS_KEPT_STATES, node_check_forward, node_verify_request
 from provisioning.ssh_errors import AgentFailed, AgentGarbage, AgentTimeout, AuthFailed, NodeError, NodeUnreachable
 from provisioning.verification.answers import MalformedAnswer, inventory_problems
-from provisioning.verification.model import DeclaredModel
+from provisioning.verification.model import DeclaredModel, Finding
 
 
 @transaction.atomic
@@ -43,22 +43,28 @@ def node_spot_check_request(*, node: Node) -> Job | None:
 
 def node_spot_check_run(*, job: Job) -> None:
     """The spot check, on a worker: the platform's challenge (verification/challenge.py) and memory proof
-    (verification/memproof.py) on the node's GPUs that no renter holds now, nothing else. The node is not taken
-    out of `active` and no GPU is allocated: a renter may book one meanwhile (both last seconds). A clean answer
-    is recorded (an event operators see); a finding (a wrong result, too slow or too fast, memory not held, no
-    answer) queues a full verification at once, whose verdict speaks for the node: a spot check alone judges
-    nothing. Raises NodeError if the node cannot be reached."""
+    (verification/memproof.py) on the node's GPUs that no renter holds now, and on its free MIG slices
+    (node_slice_challenge, as a verification's), nothing else. The node is not taken out of `active` and no GPU is
+    allocated: a renter may book one meanwhile (both last seconds). A clean answer is recorded (an event operators
+    see); a finding (a wrong result, too slow or too fast, memory not held, no answer) queues a full verification
+    at once, whose verdict speaks for the node: a spot check alone judges nothing. A free card the node's
+    inventory leaves out is a dodge (spot_check_dodged's rule): the full verification is brought forward. Raises
+    NodeError if the node cannot be reached."""
     node = job.node
     if node.state != NodeState.ACTIVE:
         _node_left_active(job, node)
         return
-    if not node.gpus.filter(status=GpuStatus.FREE).exists():
-        job_step(job=job, message="every GPU is rented: skipped")
-        node_event(node=node, kind="spot_check_skipped", message="Spot check skipped: every GPU is rented.")
+    if not (node.gpus.filter(status=GpuStatus.FREE).exists()
+            or node.mig_slices.filter(status=SliceStatus.FREE).exists()):
+        job_step(job=job, message="every GPU and MIG slice is rented: skipped")
+        node_event(node=node, kind="spot_check_skipped",
+                   message="Spot check skipped: every GPU and MIG slice is rented.")
         job_finish(job=job)
         return
     declared = DeclaredModel.from_gpu_model(node.gpu_model)
     job_step(job=job, message=f"connecting to {node.address}:{node.ssh_port}")
+    findings: list[Finding] = []
+    figures: dict[str, Any] = {}
     with node_session(node) as session:
         # Which card is which is read from nvidia-smi now, by UUID (free_cards_now): the stored indices are the last
         # verification's, and nvidia-smi may have numbered the cards anew since (a reboot, a card moved).
@@ -68,17 +74,34 @@ def node_spot_check_run(*, job: Job) -> None:
             finding = MalformedAnswer("inventory", problems).finding
             node_spot_check_conclude(job=job, gpus=[], findings=[finding.as_dict()], figures={})
             return
-        free = free_cards_now(node, inventory)
-        if not free:
-            job_step(job=job, message="no free GPU answers to nvidia-smi: skipped")
+        free, slices = free_cards_now(node, inventory), free_slices_now(node, inventory)
+        missing = missing_free_cards(node, inventory)
+        if missing:
+            # Left out of this answer only (the health checks' gpu_presence sees a card off the bus within a
+            # minute): not a clean skip, a dodge as a dropped connection is (review r54).
+            _free_cards_missing(job, node, missing)
+        if not free and not slices:
+            if missing:
+                job_finish(job=job, error=f"Free GPU {', '.join(map(str, missing))} did not answer to nvidia-smi: "
+                                          "nothing to check.", fault=JobFault.NODE)
+                node_check_forward(node_id=job.node_id)
+                return
+            job_step(job=job, message="no free GPU or MIG slice answers to nvidia-smi: skipped")
             node_event(node=node, kind="spot_check_skipped",
-                       message="Spot check skipped: no free GPU of the node answers to nvidia-smi.")
+                       message="Spot check skipped: no free GPU or MIG slice of the node answers to nvidia-smi.")
             job_finish(job=job)
             return
-        findings, figures = node_challenge(job, session, declared, free)
-        proved, proof = node_memory_proof(job, session, declared, free, inventory)
-    findings, figures = findings + proved, {**figures, "memory_proof": proof}
-    node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures)
+        if free:
+            findings, figures = node_challenge(job, session, declared, free)
+            proved, proof = node_memory_proof(job, session, declared, free, inventory)
+            findings, figures = findings + proved, {**figures, "memory_proof": proof}
+        if slices:
+            found, slice_figures, _ = node_slice_challenge(job, session, declared, inventory, slices)
+            findings, figures = findings + found, {**figures, "mig_slices": slice_figures}
+    node_spot_check_conclude(job=job, gpus=free, findings=[f.as_dict() for f in findings], figures=figures,
+                             slices=len(slices))
+    if missing:
+        node_check_forward(node_id=job.node_id)
 
 
 def _node_left_active(job: Job, node: Node) -> None:
@@ -112,6 +135,14 @@ def _cut_short_by_the_node(job: Job) -> bool:
     return job.attempts > 1 and not job.lost_runs and not waited
 
 
+def _free_cards_missing(job: Job, node: Node, missing: list[int]) -> None:
+    cards = f"GPU{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+    job_step(job=job, message=f"free {cards} missing from nvidia-smi's answer: a full verification follows")
+    node_event(node=node, kind="spot_check_gpu_missing", level=NodeEvent.Level.WARNING,
+               message=f"Spot check: the node's free {cards} did not answer to nvidia-smi, so could not be checked. "
+                       "A full verification follows.")
+
+
 def free_cards_now(node: Node, inventory: dict[str, Any]) -> list[int]:
     """The nvidia-smi indices, in this inventory, of the node's cards that no renter holds: a card is found by its
     UUID, by its stored index only where its row has none (a UUID claimed by no row: repeated, or never read) and
@@ -133,9 +164,26 @@ def free_cards_now(node: Node, inventory: dict[str, Any]) -> list[int]:
     return sorted(free)
 
 
+def free_slices_now(node: Node, inventory: dict[str, Any]) -> list[str]:
+    """The UUIDs of the node's free MIG slices that this inventory lists once, as node_verify_run finds them: a
+    card split into slices has status `mig`, never `free`, so before, a node whose idle capacity was slices was
+    never spot-checked (review r54)."""
+    devices = inventory.get("mig") or []
+    seen = Counter(d.get("uuid") for d in devices if d.get("uuid"))
+    free = set(node.mig_slices.filter(status=SliceStatus.FREE).exclude(uuid="").values_list("uuid", flat=True))
+    return sorted(uuid for uuid, count in seen.items() if count == 1 and uuid in free)
+
+
+def missing_free_cards(node: Node, inventory: dict[str, Any]) -> list[int]:
+    """The stored indices of the node's free cards whose UUID this inventory does not list."""
+    listed = {gpu.get("uuid") for gpu in inventory.get("gpus") or []}
+    return sorted(index for index, uuid in node.gpus.filter(status=GpuStatus.FREE).exclude(uuid="")
+                  .values_list("index", "uuid") if uuid not in listed)
+
+
 @transaction.atomic
 def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[str, Any]],
-                             figures: dict[str, Any]) -> Job | None:
+                             figures: dict[str, Any], slices: int = 0) -> Job | None:
     """Record the spot check's outcome; with findings the node's verdict does not already carry, queue a full
     verification naming them (returned). One it carries (a GPU degraded at the last verification, seen again)
     changes nothing: a full check queued each time made the spot checks' rhythm (6-42 h) the full check's
@@ -144,7 +192,10 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
     check gets it due at once (Node.next_check_at = now) and the beat queues it once it is active again, as
     verification._reverify_new_layout does."""
     node = Node.objects.select_for_update(no_key=True).get(pk=job.node_id)
-    which = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}" if gpus else "the node"
+    parts = [f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"] if gpus else []
+    if slices:
+        parts.append(f"{slices} MIG slice{'s' if slices > 1 else ''}")
+    which = " and ".join(parts) or "the node"
     rates = [row.get("bf16_tflops") for row in (figures.get("gpus") or {}).values() if row.get("bf16_tflops")]
     measured = f" ({', '.join(f'{r:g}' for r in rates)} TFLOP/s BF16 measured by the platform)" if rates else ""
     if not findings:

@@ -232,7 +232,7 @@ def test_a_spot_check_leaves_rented_gpus_alone_and_skips_a_fully_rented_node(db,
     rent(node)  # GPU 1 too: nothing idle to check
     use_hardware(simnode, "rtx-a4000-x2-bad-matmul-hidden")  # not looked at: the spot check does not connect
     job = spot_check(node)
-    assert job.status == JobStatus.SUCCEEDED and job.log[-2]["message"] == "every GPU is rented: skipped"
+    assert job.status == JobStatus.SUCCEEDED and job.log[-2]["message"] == "every GPU and MIG slice is rented: skipped"
     assert NodeEvent.objects.filter(node=node, kind="spot_check_skipped").exists()
     assert not Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).exists()
     node.refresh_from_db()

@@ -1,6 +1,9 @@
 """Review r54 ("spot"): spot checks and the re-verification beat. A spot-check finding and the beat leave a node in
 its provider's maintenance (#2); a spot check cut short by the node leaving `active` is not spent, and one the node
-dropped first is a dodge (#1); one node's Conflict or error does not stop the beat for the others (#7)."""
+dropped first is a dodge (#1); free MIG slices are spot-checked (#3); a free card left out of the spot check's
+inventory is a dodge, not a clean skip (#5); one node's Conflict or error does not stop the beat for the others
+(#7)."""
+import copy
 from datetime import timedelta
 
 import pytest
@@ -8,7 +11,7 @@ from django.db.models import Subquery
 from django.utils import timezone
 
 from core.errors import Conflict
-from marketplace.models import Node, NodeState
+from marketplace.models import GpuAllocation, MigSlice, Node, NodeState
 from marketplace.services.nodes import node_update
 from provisioning.models import Job, JobKind, JobStatus, NodeEvent, VerificationRun
 from provisioning.services import maintenance
@@ -16,9 +19,18 @@ from provisioning.services.maintenance import _node_recheck, nodes_reverify_due
 from provisioning.services.runner import job_begin, job_release, job_step
 from provisioning.services.spot_checks import node_spot_check_conclude, node_spot_check_request, node_spot_check_run
 from tests.factories import make_listed_node
-from tests.provisioning.test_random_rechecks import bounds
+from tests.provisioning.test_benchmark_verification import (
+    profile_data,
+    register,
+    rent,
+    simbase,
+    simnode,
+    use_hardware,
+    verify,
+)
+from tests.provisioning.test_random_rechecks import bounds, spot_check
 
-__all__ = ["bounds"]
+__all__ = ["bounds", "simbase", "simnode"]
 
 WRONG = {"severity": "reject", "code": "challenge_wrong_result", "message": "GPU 0 wrong.", "gpu_index": 0}
 
@@ -141,3 +153,59 @@ def test_one_nodes_failure_does_not_stop_the_beat_for_the_others(db, bounds, mon
     assert summary == ({"queued": 1, "spot_checks": 0, "waiting": 1} if isinstance(error, Conflict)
                        else {"queued": 1, "spot_checks": 0, "waiting": 0, "errors": 1})
     assert _verify_jobs(second).exists() and not _verify_jobs(first).exists()
+
+
+# ------------------------------------------------------------------------------------ over SSH: #3, #5
+
+def _dicts(value):
+    if isinstance(value, dict):
+        yield value
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            yield from _dicts(item)
+
+
+@pytest.mark.slow
+def test_free_mig_slices_are_spot_checked(db, simnode, simbase, bounds, settings):
+    settings.BILLING_REQUIRE_FUNDS = False
+    node, _ = verify(register(simnode, simbase, "a100-80gb-sxm-x2-mig"))
+    assert node.verdict == "verified", node.last_error
+    rent(node)  # GPU 1 whole; GPU 0 is split, its slices all free and on offer
+    assert MigSlice.objects.filter(node=node, status="free").count() >= 2
+    assert not GpuAllocation.objects.filter(gpu__node=node, gpu__index=0, released_at__isnull=True).exists()
+    job = spot_check(node)
+    said = [m["message"] for m in job.log]
+    assert job.status == JobStatus.SUCCEEDED, said
+    assert not [m for m in said if "skipped" in m], said
+    assert [m for m in said if m.startswith("challenging GPU 0's MIG")], said
+    event = NodeEvent.objects.get(node=node, kind="spot_check_passed")
+    assert "MIG slice" in event.message, event.message
+
+    # Its 3g.40gb slice now has one compute slice of seven, its shim reporting three (the -slice-slow profile's lie)
+    data = copy.deepcopy(profile_data("a100-80gb-sxm-x2-mig"))
+    slow = next(d for d in _dicts(data) if str(d.get("uuid", "")).startswith("MIG-") and d.get("compute_slices") == 3)
+    slow.update(compute_slices=1, reported_compute_slices=3)
+    use_hardware(simnode, data)
+    job = spot_check(node)
+    assert NodeEvent.objects.filter(node=node, kind="spot_check_failed").exists(), [m["message"] for m in job.log]
+    assert _verify_jobs(node).exists()
+
+
+@pytest.mark.slow
+def test_a_free_card_missing_from_the_spot_checks_inventory_is_a_dodge(db, simnode, simbase, bounds, settings):
+    settings.BILLING_REQUIRE_FUNDS = False
+    node, _ = verify(register(simnode, simbase, "rtx-a4000-x2"))
+    inst = rent(node)
+    rented = GpuAllocation.objects.get(instance=inst, released_at__isnull=True).gpu
+    VerificationRun.objects.filter(node=node).update(created_at=timezone.now() - timedelta(days=1))
+    data = copy.deepcopy(profile_data("rtx-a4000-x2"))
+    data["nvidia_smi"] = [line for line in data["nvidia_smi"] if rented.uuid in line]  # free card not shown
+    use_hardware(simnode, data)
+    job = spot_check(node)
+    node.refresh_from_db()
+    assert (job.status, job.fault) == (JobStatus.FAILED, "node"), job.log
+    assert "did not answer to nvidia-smi" in job.error
+    assert NodeEvent.objects.get(node=node, kind="spot_check_gpu_missing").level == NodeEvent.Level.WARNING
+    assert node.next_check_at <= timezone.now()  # brought forward, as for a dropped connection
+    assert nodes_reverify_due()["queued"] == 1
