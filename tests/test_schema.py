@@ -218,6 +218,9 @@ BUSINESS_RULES = [
     # used (marketplace.mig); a node's slices and their free count (the database)
     ("mig_layout", "The "), ("mig_layout", "mig_layout["), ("mig_prices", "Give a price per slice-hour"),
     ("mig_prices", "mig_prices names"), ("mig_profile", "This offer rents no MIG"), ("num_gpus", "This offer has "),
+    # the offers filter: nvlink=true with mig_profile (two parameters' values together: OpenAPI 3.0 cannot say it)
+    ("nvlink", "nvlink=true and mig_profile cannot go together"),
+    ("mig_profile", "nvlink=true and mig_profile cannot go together"),
 ]
 
 

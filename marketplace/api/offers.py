@@ -257,6 +257,12 @@ def _per_slice(order, profile: str):
     return expression.desc(nulls_last=True) if order.startswith("-") else expression.asc(nulls_last=True)
 
 
+def profile_memory_gb(profile: str) -> int:
+    """A MIG profile's memory per slice, GB: nominal, from its name ("3g.40gb": 40), as the catalogue gives it
+    (marketplace.mig.MigProfile.memory_gb; the same on every model that has the profile)."""
+    return int(profile.rsplit(".", 1)[1].removesuffix("gb"))
+
+
 # Servers the check found NVLink-connected (containment: a node never read, no "nvlink" key, is not one).
 _NVLINK_NODE = Q(benchmark_summary__contains={"nvlink": {"connected": True}})
 
@@ -324,8 +330,10 @@ class OfferFilter(StrictFilterSet):
                              max_value=1000, help_text=(
                                  "At least this many free GPUs; with mig_profile, at least this many free slices of "
                                  "that profile (what num_gpus books then)."))
-    min_gpu_memory_gb = IntegerFilter(field_name="gpu_model__memory_gb", lookup_expr="gte",
-                                                    min_value=0, max_value=100_000)
+    min_gpu_memory_gb = IntegerFilter(
+        field_name="gpu_model__memory_gb", method="filter_min_gpu_memory", min_value=0, max_value=100_000,
+        help_text="GB of memory per GPU, at least; with mig_profile, per slice: that profile's memory (3g.40gb: 40), "
+                  "what a booking with it gets.")
     max_price_per_gpu_hour = django_filters.NumberFilter(
         method="filter_max_price", min_value=0, max_value=Decimal("1000000"),
         help_text="USD per GPU-hour; per slice-hour when mig_profile is given (that profile's price, what booking "
@@ -357,7 +365,8 @@ class OfferFilter(StrictFilterSet):
     nvlink = TrueFalseFilter(method="filter_nvlink", help_text=(
         "true: only offers with at least min_gpus (at least 2) free GPUs on one NVLink island (nvlink_gpus_free), "
         "which a booking of that many with require_nvlink gets; false: only offers whose `nvlink` is false (fewer "
-        "than 2 free GPUs share an island)."))
+        "than 2 free GPUs share an island). true with mig_profile is a 400: MIG slices have no NVLink "
+        "(peer-to-peer) between them, and a booking refuses require_nvlink with mig_profile."))
     ordering = django_filters.OrderingFilter(
         fields=(
             ("price_per_gpu_hour_micros", "price_per_gpu_hour"),
@@ -409,6 +418,26 @@ class OfferFilter(StrictFilterSet):
                 form_class.base_fields = SharedFields(form_class.base_fields)
             OfferFilter._form_classes[cls] = form_class
         return OfferFilter._form_classes[cls]
+
+    def is_valid(self) -> bool:
+        valid = super().is_valid()
+        cleaned = getattr(self.form, "cleaned_data", {})
+        if cleaned.get("nvlink") == "true" and cleaned.get("mig_profile"):
+            # Slices have no P2P, and booking refuses require_nvlink with mig_profile (found by review: the pair
+            # narrowed the list by whole free GPUs on an island, which a slice booking never gets).
+            message = "nvlink=true and mig_profile cannot go together: MIG slices have no NVLink between them."
+            self.form.add_error("nvlink", message)
+            self.form.add_error("mig_profile", message)
+            valid = False
+        return valid
+
+    def filter_min_gpu_memory(self, queryset, name, value: int):
+        profile = self.form.cleaned_data.get("mig_profile")
+        if profile:
+            # Per slice: what a booking with the profile gets (found by review: 10 GB slices matched "at least
+            # 40"). The profile's memory is a constant; compared in SQL so that the value stays a parameter.
+            return queryset.filter(GreaterThanOrEqual(Value(profile_memory_gb(profile)), value))
+        return queryset.filter(gpu_model__memory_gb__gte=value)
 
     def filter_min_gpus(self, queryset, name, value: int):
         profile = self.form.cleaned_data.get("mig_profile")
