@@ -37,6 +37,7 @@ _REAL_PUBLISHABLE_KEY = re.compile(r"pk_(test|live)_[A-Za-z0-9]{20,}")
 _MONTH = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
 IN_FLIGHT = (TopUpStatus.PENDING, TopUpStatus.PROCESSING)
 USAGE_PER_PAGE = 50
+PAYOUTS_PER_PAGE = 50
 
 
 def stripe_mode() -> dict:
@@ -273,8 +274,11 @@ def payouts_page(request):
             messages.success(request, f"{said} {pending}" if pending else said)
             return redirect("web-payouts")
     account = selectors.payout_account(user=user)
+    # Every payout, newest first, by pages (before: the newest 100, the older ones left out without a word).
+    page = Paginator(selectors.payouts_for_user(user=user).order_by("-period_start", "-id"),
+                     PAYOUTS_PER_PAGE).get_page(request.GET.get("page"))
     return with_form_status(render(request, "marketplace/payouts.html", {
-        "payouts": list(selectors.payouts_for_user(user=user)[:100]), "form": form, "payout_account": account,
+        "payouts": page.object_list, "page": page, "form": form, "payout_account": account,
         "pending_elsewhere": payouts.payouts_pending_elsewhere_text(
             payouts.payouts_pending_elsewhere(user_id=user.pk, account=account)),
         # The earnings account's balance, cached on its row: earnings_for aggregated the whole ledger history for it.
