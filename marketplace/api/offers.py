@@ -6,7 +6,7 @@ from typing import Any
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Count, Exists, F, Q, QuerySet, Subquery, Value
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Greatest
 from django.db.models.lookups import GreaterThanOrEqual, LessThanOrEqual
 from django.http import QueryDict
@@ -25,7 +25,7 @@ from core.api.scopes import PUBLIC
 from core.money import usd_bound_to_micros
 from marketplace import selectors, stored_figures
 from marketplace.mig import all_profile_names
-from marketplace.models import GpuModel, Node, Verdict
+from marketplace.models import Gpu, GpuModel, GpuStatus, Node, Verdict
 from marketplace.models.host import CUDA_VERSION_RE, cuda_version_code, cuda_version_text
 from marketplace.models.nodes import slice_price_micros, slice_score_per_dollar
 from marketplace.services.instances.booking import RUNTIME_REFUSED_OPTIONS
@@ -127,8 +127,11 @@ class OfferSerializer(serializers.ModelSerializer):
     num_gpus_free = serializers.IntegerField(read_only=True)
     num_gpus_total = serializers.IntegerField(source="gpu_count", read_only=True)
     gpu_memory_gb = serializers.IntegerField(source="gpu_model.memory_gb", read_only=True)
-    price_per_gpu_hour = UsdField(source="price_per_gpu_hour_micros", read_only=True)
-    score_per_dollar = serializers.FloatField(read_only=True, help_text="score per USD per GPU-hour.")
+    price_per_gpu_hour = UsdField(source="price_per_gpu_hour_micros", read_only=True, help_text=(
+        "USD per whole GPU-hour. Bookable only where num_gpus_free > 0: an offer with num_gpus_free 0 rents MIG "
+        "slices only (mig_slices, priced per slice-hour), and no whole GPU can be booked at this price."))
+    score_per_dollar = serializers.FloatField(read_only=True, help_text=(
+        "score per USD per GPU-hour (the whole GPU's price: see price_per_gpu_hour)."))
     verified = serializers.SerializerMethodField(help_text="true when verified; false when listed as degraded.")
     country = serializers.CharField(read_only=True, help_text="ISO 3166-1 alpha-2.")
     benchmark = BenchmarkSummarySerializer(source="benchmark_summary", read_only=True, help_text=(
@@ -257,6 +260,23 @@ def _per_slice(order, profile: str):
     return expression.desc(nulls_last=True) if order.startswith("-") else expression.asc(nulls_last=True)
 
 
+# A whole GPU of the node is free (OuterRef: the node). Without one the node rents MIG slices only, and its whole
+# GPU's price is no price anyone can book (found by review: a card priced $0.10 whose slices cost $0.90 came first
+# as the cheapest offer, and matched max_price_per_gpu_hour=0.2).
+_WHOLE_GPU_FREE = Exists(Gpu.objects.filter(node=OuterRef("pk"), status=GpuStatus.FREE))
+# The whole-GPU price orders without mig_profile: by the whole GPU's figure where a whole GPU is free; an offer of
+# MIG slices only has none (null) and comes after every whole-GPU offer, ascending or descending.
+_WHOLE_GPU_ORDERS = ("price_per_gpu_hour_micros", "score_per_dollar")
+
+
+def _per_whole_gpu(order):
+    """`order` by the whole GPU's price only where a whole GPU is free (slice-only offers last); others as they are."""
+    if not isinstance(order, str) or order.lstrip("-") not in _WHOLE_GPU_ORDERS:
+        return order
+    expression = Case(When(_WHOLE_GPU_FREE, then=F(order.lstrip("-"))), default=Value(None))
+    return expression.desc(nulls_last=True) if order.startswith("-") else expression.asc(nulls_last=True)
+
+
 def profile_memory_gb(profile: str) -> int:
     """A MIG profile's memory per slice, GB: nominal, from its name ("3g.40gb": 40), as the catalogue gives it
     (marketplace.mig.MigProfile.memory_gb; the same on every model that has the profile)."""
@@ -336,8 +356,10 @@ class OfferFilter(StrictFilterSet):
                   "what a booking with it gets.")
     max_price_per_gpu_hour = django_filters.NumberFilter(
         method="filter_max_price", min_value=0, max_value=Decimal("1000000"),
-        help_text="USD per GPU-hour; per slice-hour when mig_profile is given (that profile's price, what booking "
-                  "a slice charges).")
+        help_text="USD per GPU-hour, matched by offers with a whole GPU free at that price or less: an offer of MIG "
+                  "slices only (num_gpus_free 0) has no GPU-hour price and does not match (give mig_profile to "
+                  "compare slices). With mig_profile, per slice-hour: that profile's price, what booking a slice "
+                  "charges.")
     country = CountryFilter(choices=_country_choices, method="filter_country", help_text=COUNTRY_HELP)
     city = django_filters.CharFilter(field_name="city", lookup_expr="iexact", max_length=100)
     min_reliability = django_filters.NumberFilter(field_name="reliability", lookup_expr="gte", min_value=0,
@@ -375,8 +397,10 @@ class OfferFilter(StrictFilterSet):
             ("reliability", "reliability"),
             *((field, name) for name, field in HOST_ORDERINGS.items()),
         ),
-        help_text="Prefix with - for descending. Default: -score_per_dollar. With mig_profile, price_per_gpu_hour "
-                  "and score_per_dollar order by that profile's price per slice-hour.",
+        help_text="Prefix with - for descending. Default: -score_per_dollar. price_per_gpu_hour and score_per_dollar "
+                  "order by the whole GPU's price where a whole GPU is free; offers of MIG slices only (num_gpus_free "
+                  "0) have no GPU-hour price and come after the others, either way. With mig_profile, they order by "
+                  "that profile's price per slice-hour.",
     )
 
     class Meta:
@@ -460,7 +484,8 @@ class OfferFilter(StrictFilterSet):
             # GPU's price hid the cheap slices). A node that does not price the profile books none (null here),
             # and filter_mig_profile leaves it out anyway.
             return queryset.filter(LessThanOrEqual(slice_price_micros(profile), usd_bound_to_micros(value)))
-        return queryset.filter(price_per_gpu_hour_micros__lte=usd_bound_to_micros(value))
+        # The whole GPU's price, where a whole GPU is free: a node of MIG slices only books none at it.
+        return queryset.filter(_WHOLE_GPU_FREE, price_per_gpu_hour_micros__lte=usd_bound_to_micros(value))
 
     def filter_country(self, queryset, name, value):
         return queryset.filter(country=value)
@@ -490,6 +515,8 @@ class OfferFilter(StrictFilterSet):
         profile = self.form.cleaned_data.get("mig_profile")
         if profile:  # by what a slice of it costs, as max_price_per_gpu_hour then (found by review)
             queryset = queryset.order_by(*(_per_slice(o, profile) for o in queryset.query.order_by))
+        else:  # by the whole GPU's price where one is free; slice-only offers last
+            queryset = queryset.order_by(*(_per_whole_gpu(o) for o in queryset.query.order_by))
         # A unique tie-breaker keeps pages stable.
         return queryset.order_by(*queryset.query.order_by, "id")
 

@@ -58,15 +58,17 @@ ORDERING_LABELS = {
 FILTER_LABELS = {
     "gpu_model": ("GPU model", "Any of the ticked models."),
     "min_gpus": ("At least this many free GPUs", "Free slices of that profile when a MIG slice is chosen."),
-    "min_gpu_memory_gb": ("Memory per GPU, at least (GB)", ""),
-    "max_price_per_gpu_hour": ("Price per GPU-hour, at most (USD)", "Per slice-hour when a MIG slice is chosen."),
+    "min_gpu_memory_gb": ("Memory per GPU, at least (GB)", "Per slice when a MIG slice is chosen."),
+    "max_price_per_gpu_hour": ("Price per GPU-hour, at most (USD)",
+                               "Per slice-hour when a MIG slice is chosen. Otherwise servers renting MIG slices only "
+                               "(no whole GPU free) are left out."),
     "country": ("Country", ""),
     "city": ("City", ""),
     "min_reliability": ("Reliability, at least (0 to 1)", "Share of health checks answered, e.g. 0.95."),
     "min_score": ("Score, at least", "Measured performance per GPU; 100 = an A100 80GB SXM at its datasheet."),
     "min_cuda_version": ("CUDA version, at least", "What the server's driver runs, e.g. 12.2."),
     "min_cpu_cores": ("CPU threads, at least", ""),
-    "min_ram_gb": ("RAM, at least (GB)", ""),
+    "min_ram_gb": ("RAM, at least (GiB)", ""),  # ram_gb is GiB (MiB / 1024), as the API says
     "min_disk_free_gb": ("Free disk, at least (GB)", "What a booking can still ask for: the server's free disk "
                                                      "less what was promised there since its last check."),
     "min_disk_bandwidth_mbs": ("Disk speed, at least (MB/s)", "Measured by the check: the slower of write and read."),
@@ -124,12 +126,16 @@ def _filter_params(query: QueryDict) -> QueryDict:
 
 def _with_free_slices(rows) -> None:
     """Set each offer's `mig_free`: [(profile, free slices, price per slice-hour in micros)], one query; only
-    profiles the node prices (a missing price is never shown as 0: offer_rows.mig_slices)."""
+    profiles the node prices (a missing price is never shown as 0: offer_rows.mig_slices). And `slices_only`: no
+    whole GPU free, so that the page shows its slice prices, not a per-GPU-hour price nobody can book (found by
+    review), with `cheapest_slice_micros` for the Rent button's label."""
     free = selectors.free_slices_by_node([o.pk for o in rows if o.mig_prices_micros])
     for offer in rows:
         prices = offer.mig_prices_micros
         offer.mig_free = [(profile, n, prices[profile])
                           for profile, n in sorted(free.get(offer.pk, {}).items()) if profile in prices]
+        offer.slices_only = not offer.num_gpus_free and bool(offer.mig_free)
+        offer.cheapest_slice_micros = min((price for _, _, price in offer.mig_free), default=None)
 
 
 def _with_nvlink(rows) -> None:
