@@ -6,15 +6,18 @@ service posts a ledger transaction that records the operator and the reason. No 
 their own accounts, and only a superuser to or from a staff account's (_refuse_own_account, _refuse_staff_account).
 """
 import json
+from datetime import timedelta
 from decimal import Decimal
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.core.validators import RegexValidator
 from django.db import connections, transaction
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.crypto import get_random_string
 from django.utils.html import format_html, format_html_join
 
@@ -340,6 +343,23 @@ class StripeAnswerFilter(admin.SimpleListFilter):
         return queryset
 
 
+class PastDelayFilter(admin.SimpleListFilter):
+    """Rows made longer ago than the follow-up's delay (BILLING_TOP_UP_RECONCILE_AFTER_S): the dashboard's "money
+    waiting on Stripe" counts only those (billing.selectors.waiting_on_stripe) and links here with past_delay=yes, so
+    that rows still inside the delay are in neither its count nor its list (review r54)."""
+    title = "age"
+    parameter_name = "past_delay"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "past the follow-up's delay")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            cutoff = timezone.now() - timedelta(seconds=settings.BILLING_TOP_UP_RECONCILE_AFTER_S)
+            return queryset.filter(created_at__lt=cutoff)
+        return queryset
+
+
 class PayoutHeldFilter(admin.SimpleListFilter):
     """Payouts held by the platform while their provider's account is deactivated (billing.services.payouts:
     pending, nothing sent) apart from the others: the dashboard's "waiting on Stripe" counts only the others and links
@@ -367,7 +387,7 @@ class TopUpAdmin(ReadOnlyAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = [StripeAnswerFilter, "status", "automatic", "created_at"]
+    list_filter = [StripeAnswerFilter, PastDelayFilter, "status", "automatic", "created_at"]
     search_fields = ["user__email", "payment_intent_id", "charge_id"]
     list_select_related = ["user"]
     readonly_fields = ["user", "amount_micros", "refundable", "card", "card_label", "automatic", "status",
@@ -403,7 +423,7 @@ class RefundAdmin(ReadOnlyAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = ["status", "origin"]
+    list_filter = ["status", PastDelayFilter, "origin"]
     search_fields = ["top_up__user__email", "stripe_refund_id", "reason"]
     list_select_related = ["top_up", "created_by"]  # created_by may be null: the admin's default would not join it
     readonly_fields = ["top_up", "amount_micros", "status", "origin", "stripe_refund_id", "reason", "customer_note",
@@ -478,7 +498,7 @@ class PayoutAdmin(ReadOnlyAdmin):
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    list_filter = ["status", PayoutHeldFilter, "period_start"]
+    list_filter = ["status", PayoutHeldFilter, PastDelayFilter, "period_start"]
     search_fields = ["provider__email", "transfer_id", "destination"]
     readonly_fields = ["provider", "period_start", "period_end", "amount_micros", "destination", "status",
                        "transfer_id", "failure_message", "attempts", "transaction", "reversal", "created_at",

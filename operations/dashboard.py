@@ -71,9 +71,11 @@ PARTS = {
     "top_ups": TopUp,
 }
 WAITING_ON_STRIPE = {  # part: (its changelist, the filter of the rows it counts)
-    "payouts": ("billing_payout", {"status__exact": "pending", "held": "no"}),  # as counted: not those held
-    "refunds": ("billing_refund", {"status__exact": "pending"}),
-    "top_ups": ("billing_topup", {"stripe": "waiting"}),
+    # As counted: past the follow-up's delay (past_delay=yes: rows still inside it were listed, not counted), and
+    # not the payouts held (review r54).
+    "payouts": ("billing_payout", {"status__exact": "pending", "held": "no", "past_delay": "yes"}),
+    "refunds": ("billing_refund", {"status__exact": "pending", "past_delay": "yes"}),
+    "top_ups": ("billing_topup", {"stripe": "waiting", "past_delay": "yes"}),
 }
 
 
@@ -101,6 +103,8 @@ def fleet_figures(parts: Collection[str], now=None) -> dict:
     if "runs" in parts:
         figures["rejected_runs_week"] = VerificationRun.objects.filter(verdict=Verdict.REJECTED,
                                                                        created_at__gte=week_ago).count()
+        figures["rejected_runs_url"] = _changelist("provisioning_verificationrun", verdict__exact=Verdict.REJECTED,
+                                                   made="7d")
     if "events" in parts:
         # Critical: events marked so, and a node going offline (its renters' instances are cut off).
         figures["critical_events"] = list(
@@ -130,8 +134,10 @@ def _nodes() -> dict:
         "states": states,
         "rejected_count": rejected.count(),
         "rejected": list(rejected[:LIST_LIMIT]),
-        "rejected_url": _changelist("marketplace_node", verdict__exact=Verdict.REJECTED),
+        # Each list as counted: not retired (retired=no; it listed retired nodes too: review r54).
+        "rejected_url": _changelist("marketplace_node", verdict__exact=Verdict.REJECTED, retired="no"),
         "degraded_count": Node.objects.filter(verdict=Verdict.DEGRADED).exclude(state=NodeState.RETIRED).count(),
+        "degraded_url": _changelist("marketplace_node", verdict__exact=Verdict.DEGRADED, retired="no"),
         "offline_count": offline.count(),
         "offline": list(offline[:LIST_LIMIT]),
         "offline_url": _changelist("marketplace_node", state__exact=NodeState.OFFLINE),
@@ -158,6 +164,9 @@ def _gpus() -> dict:
         row["url"] = _changelist("marketplace_gpu", gpu_model__id__exact=row["model_id"])
     return {
         "gpus": {c: sum(r[c] for r in models) for c in GPU_COLUMNS},
+        # The free GPUs as counted (marketplace.admin.nodes.BookableFilter): status=free listed those of nodes not
+        # offered too (review r54).
+        "gpus_free_url": _changelist("marketplace_gpu", bookable="yes"),
         "gpu_models": models,
         "gpu_chart": charts.stacked_bar_chart(
             [(r["name"], [charts.Segment(r["rented"], "rented", "rented"), charts.Segment(r["free"], "free", "free"),
@@ -190,17 +199,19 @@ def _jobs(now, day_ago) -> dict:
         # own, which are the platform's trouble to look into.
         "failed_verify_jobs_day": Job.objects.filter(kind=JobKind.NODE_VERIFY, status=JobStatus.FAILED,
                                                      fault=JobFault.NODE, finished_at__gte=day_ago).count(),
+        # Each list as counted: finished in the last 24 h (finished=24h), the node's of its kind (review r54: they
+        # listed every failure ever made, the node's of every kind).
         "failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED,
-                                       fault__exact=JobFault.NODE),
+                                       fault__exact=JobFault.NODE, kind__exact=JobKind.NODE_VERIFY, finished="24h"),
         "platform_failed_jobs_day": Job.objects.filter(status=JobStatus.FAILED, fault=JobFault.PLATFORM,
                                                        finished_at__gte=day_ago).count(),
         "platform_failed_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED,
-                                                fault__exact=JobFault.PLATFORM),
+                                                fault__exact=JobFault.PLATFORM, finished="24h"),
         # Jobs that met a changed SSH host key their node is quarantined for already (counted once, by the
         # quarantine): neither the node's count nor the platform's takes them, so without their own they were
         # nowhere on the dashboard while the new keys waited for an operator.
         "host_key_jobs_day": Job.objects.filter(status=JobStatus.FAILED, fault=JobFault.HOST_KEY,
                                                 finished_at__gte=day_ago).count(),
         "host_key_jobs_url": _changelist("provisioning_job", status__exact=JobStatus.FAILED,
-                                         fault__exact=JobFault.HOST_KEY),
+                                         fault__exact=JobFault.HOST_KEY, finished="24h"),
     }

@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import ValidationError
 from django.db import connections, router, transaction
+from django.db.models import Q
 
 from core.admin_history import HistoryAdmin
 from core.errors import ApplicationError, Conflict
@@ -23,6 +24,7 @@ from marketplace.models import (
     Node,
     NodeState,
 )
+from marketplace.models.nodes import offerable
 from marketplace.money import micros_to_usd
 from marketplace.selectors import free_gpu_count
 from marketplace.services.account_status import REASON_MAX_LENGTH, status_reason_clean
@@ -184,11 +186,28 @@ class NodeActionForm(ActionForm):
                   "in the node's events.")
 
 
+class RetiredFilter(admin.SimpleListFilter):
+    """Retired nodes apart from the others: the dashboard counts rejected (and degraded) nodes that are not retired,
+    and links here with retired=no, so its count and its list agree (review r54)."""
+    title = "retired"
+    parameter_name = "retired"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "retired"), ("no", "not retired")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(state=NodeState.RETIRED)
+        if self.value() == "no":
+            return queryset.exclude(state=NodeState.RETIRED)
+        return queryset
+
+
 @admin.register(Node)
 class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
     list_display = ["name", "provider", "gpu_model", "gpu_count", "gpus_free", "price", "country", "city", "state",
                     "verdict", "listed", "score", "reliability", "state_changed_at"]
-    list_filter = ["state", "verdict", "listed", "runtime", "gpu_model", "country"]
+    list_filter = ["state", RetiredFilter, "verdict", "listed", "runtime", "gpu_model", "country"]
     search_fields = ["name", "address", "provider__email", "city", "datacenter", "host_key_fingerprint"]
     list_select_related = ["provider", "gpu_model"]
     # ssh_private_key_encrypted is excluded: nobody reads a private key through the admin.
@@ -344,10 +363,29 @@ class NodeAdmin(NothingEditableAdmin, HistoryAdmin):
         return pinned if waiting and pinned == waiting else None
 
 
+class BookableFilter(admin.SimpleListFilter):
+    """The GPUs renters can book now: free, on a node the offers list (marketplace.models.nodes.offerable). What the
+    dashboard's "GPUs free to book" counts, and links here with bookable=yes: it linked to status=free, which lists
+    the free GPUs of offline, rejected, pending, unlisted and retired nodes too (review r54)."""
+    title = "bookable"
+    parameter_name = "bookable"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "free, on a node renters can book"), ("no", "not bookable now")]
+
+    def queryset(self, request, queryset):
+        bookable = Q(status=GpuStatus.FREE, node_id__in=Node.objects.filter(offerable()).values("pk"))
+        if self.value() == "yes":
+            return queryset.filter(bookable)
+        if self.value() == "no":
+            return queryset.exclude(bookable)
+        return queryset
+
+
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
     list_display = ["__str__", "node", "index", "gpu_model", "memory_mib", "uuid", "status"]
-    list_filter = ["status", "gpu_model"]
+    list_filter = [BookableFilter, "status", "gpu_model"]
     search_fields = ["uuid", "node__name", "node__address"]
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["node", "index", "uuid", "gpu_model", "memory_mib", "pci_bus_id"]
