@@ -15,13 +15,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import Sum
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.crypto import get_random_string
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing import selectors
-from billing.models import TopUpStatus
+from billing.models import PayoutStatus, TopUpStatus
 from billing.services import ledger, metering, payments, payouts, profiles
 from core.errors import ApplicationError, IdempotencyKeyReused
 from core.idempotency import request_fingerprint, web_idempotency_key
@@ -283,5 +284,8 @@ def payouts_page(request):
             payouts.payouts_pending_elsewhere(user_id=user.pk, account=account)),
         # The earnings account's balance, cached on its row: earnings_for aggregated the whole ledger history for it.
         "balance_micros": ledger.earnings_balance(user_id=user.pk),
+        # Not in that balance, and not paid yet: shown apart, so that the balance does not read as all that is owed.
+        "pending_payouts_micros": selectors.payouts_for_user(user=user).filter(status=PayoutStatus.PENDING)
+        .aggregate(total=Sum("amount_micros"))["total"] or 0,
         "payout_minimum_micros": payouts.payout_minimum_micros(),
     }), form)
