@@ -54,13 +54,15 @@ def validate_address(value: str) -> None:
 
 def canonical_address(value: str) -> str:
     """A node's address as stored: an IP literal in its one spelling ("0:0:0:0:0:0:0:1", "::0.0.0.1" and "::1" are
-    one address; an IPv4-mapped IPv6 address is its IPv4 one), a hostname lowercased. The rule of one live node per
+    one address; an IPv4-mapped IPv6 address is its IPv4 one), a hostname lowercased and without its one trailing
+    (root) dot, which names the same host ("gpu1.example.com." is "gpu1.example.com"). The rule of one live node per
     address and port (node_unique_own_live_endpoint, node_unique_live_endpoint) compares the stored text: before,
-    another spelling of the same IP registered the same server twice (found by review)."""
+    another spelling of the same IP, or the same name with its root dot, registered the same server twice (found by
+    review, r54)."""
     try:
         ip = ipaddress.ip_address(value)
     except ValueError:
-        return value.lower()
+        return value.removesuffix(".").lower()
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)
     return str(ip)

@@ -214,6 +214,9 @@ REST_FRAMEWORK = {
         # Adding or changing a webhook endpoint, per user, the API and the settings page together: each may resolve
         # a host name the user chose, inside the web request (notifications/services/urls.py).
         "webhook_endpoints": env_str("WEBHOOK_ENDPOINT_THROTTLE_RATE", "10/min"),
+        # Registering a node, per user, the API and the register page together: each resolves a host name the
+        # provider chose inside the web request, and starts automatic SSH connections to it (review r54).
+        "node_register": env_str("NODE_REGISTER_THROTTLE_RATE", "10/min"),
     },
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -340,6 +343,11 @@ SIM_NODES_ALLOWED = env_bool("SIM_NODES_ALLOWED", False)
 # VPN that providers' servers are on. config/settings/local.py and test.py allow loopback (the simulated nodes'
 # sshds); production refuses loopback, link-local and unspecified networks here.
 NODE_ADDRESS_ALLOWED_NETWORKS = env_networks("NODE_ADDRESS_ALLOWED_NETWORKS", [])
+# A provider's live nodes that never proved they control their server (Node.control_proven_at: the platform's key
+# not installed, or nothing answering at the address yet) at one time: each is retried by SSH on its own
+# (provisioning.services.maintenance.nodes_verify_pending), so a registration past it is a 409 until one passes
+# its first contact or is retired (marketplace.services.nodes.node_register; review r54).
+NODE_PENDING_MAX = env_int("NODE_PENDING_MAX", 10)
 # Registries inside a node's network (`host` or `host:port`, lower case) that a renter's own image may still name
 # (marketplace/services/instances/options.py clean_own_image_reference refuses localhost and non-public IPs).
 # None by default; the docker tests' registry on 127.0.0.1 is allowed by them alone. Nodes' agents keep their own

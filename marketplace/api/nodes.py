@@ -2,13 +2,14 @@
 from django_countries import countries
 from django_countries.serializer_fields import CountryField
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
-from rest_framework import permissions, serializers, status, viewsets
+from rest_framework import exceptions, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from core.api.fields import StrictFieldsMixin, UsdField
-from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer
+from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer, error_response
 from core.api.scopes import PROVIDER_ONLY
+from core.api.throttling import ScopedRateThrottle
 from core.validators import no_control_characters
 from marketplace import selectors
 from marketplace.mig import all_profile_names
@@ -254,6 +255,12 @@ _EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not 
                        "scope (a browser session: a missing CSRF token).")
 
 
+_REGISTER_THROTTLED = ("More than NODE_REGISTER_THROTTLE_RATE (10 a minute) nodes registered by you, with the API "
+                       "and the register page together; nothing was registered. Retry-After says when to try again.")
+_REGISTER_CONFLICT = ("A live node of yours is already registered at this address and port, or you have "
+                      "NODE_PENDING_MAX nodes that have not passed their first contact yet (verify or retire one).")
+
+
 class ProviderChangesOwnNode(permissions.BasePermission):
     """Operators allowed to view or change nodes see every live node (selectors.nodes_for_user), those allowed to
     change them may ask for a re-check (the admin's "Re-verify" action's permission), but a node's price, listing,
@@ -272,8 +279,10 @@ class ProviderChangesOwnNode(permissions.BasePermission):
     list=extend_schema(summary="Your nodes"),
     retrieve=extend_schema(summary="One of your nodes"),
     create=extend_schema(summary="Register a node", request=NodeCreateSerializer,
-                         responses={201: NodeSerializer, 409: _CONFLICT,
-                                    403: OpenApiResponse(CodedErrorSerializer, _EMAIL_NOT_VERIFIED)}),
+                         responses={201: NodeSerializer,
+                                    409: OpenApiResponse(ErrorDetailSerializer, _REGISTER_CONFLICT),
+                                    403: OpenApiResponse(CodedErrorSerializer, _EMAIL_NOT_VERIFIED),
+                                    429: error_response(_REGISTER_THROTTLED)}),
     partial_update=extend_schema(summary="Change price, listing or maintenance", request=NodeUpdateSerializer,
                                  responses={200: NodeSerializer, 409: _CONFLICT,
                                             403: OpenApiResponse(CodedErrorSerializer, "Putting the node back on the "
@@ -293,6 +302,16 @@ class NodeViewSet(viewsets.ModelViewSet):
     filterset_fields = ["state", "verdict", "runtime"]
 
     queryset = Node.objects.none()  # for the schema; get_queryset scopes to the user
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = svc.REGISTER_SCOPE
+
+    def get_throttles(self):
+        # Registering only (it resolves the address's name, and its node is then tried over SSH): one budget with
+        # the register page (marketplace.web.providers.node_register).
+        return super().get_throttles() if self.action == "create" else []
+
+    def throttled(self, request, wait):
+        raise exceptions.Throttled(wait, detail=svc.register_throttled(wait or 1))
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):

@@ -1,4 +1,6 @@
 """Use cases for providers' nodes: register, change, retire."""
+import math
+import shlex
 from decimal import Decimal
 from typing import Any
 
@@ -64,11 +66,14 @@ def node_private_key(*, node: Node) -> bytes:
 def node_install_command(*, node: Node) -> str:
     """The one line a provider runs on the server, as `ssh_user`, to let the platform in.
 
-    Only platform-made text (the public key) is spliced in; nothing the provider typed.
+    Only platform-made text (the public key line) is spliced in, nothing the provider typed, and shell-quoted: the
+    key's comment carries settings.PLATFORM_NAME, an operator's brand name, and an apostrophe in it ("Bob's GPUs")
+    ended the single quotes it was put in, so the line every provider copies failed or ran something else (found by
+    review, r54).
     """
     return (
         "mkdir -p ~/.ssh && chmod 700 ~/.ssh && "
-        f"echo '{node.ssh_public_key}' >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys"
+        f"echo {shlex.quote(node.ssh_public_key)} >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys"
     )
 
 
@@ -96,6 +101,38 @@ def node_address_check(*, address: str, ssh_port: int) -> None:
                                "server's public IP address.", field="address") from None
 
 
+# The throttle scope of registering (settings.REST_FRAMEWORK's DEFAULT_THROTTLE_RATES, NODE_REGISTER_THROTTLE_RATE):
+# the API's POST /api/v1/nodes/ and the register page count in one budget per user.
+REGISTER_SCOPE = "node_register"
+REGISTER_THROTTLED = "Too many servers registered for now: nothing was registered. Try again in {wait}."
+
+
+def register_throttled(wait_s: float) -> str:
+    """What a provider past the REGISTER_SCOPE rate is told (with Retry-After)."""
+    wait = max(1, math.ceil(wait_s))
+    return REGISTER_THROTTLED.format(wait=f"{wait} second{'s' if wait != 1 else ''}")
+
+
+PENDING_CAP_REFUSED = (
+    "You have {count} servers that have not passed their first contact yet, the most a provider may have at once "
+    "({cap}): the platform keeps trying each of them over SSH. Install the platform's key on them (the install "
+    "command on each server's page) and verify them, or retire the ones you will not use, then register this one."
+)
+
+
+def _pending_cap_check(provider: User) -> None:
+    """Conflict when the provider has settings.NODE_PENDING_MAX live nodes that never proved they control their
+    server: each is retried over SSH on its own (provisioning.services.maintenance.nodes_verify_pending), to
+    whatever public address and port was typed. Before, one account could register thousands at blackholed
+    addresses, holding the SSH workers renters' instances wait on and making the platform probe strangers'
+    servers (found by review, r54)."""
+    cap = settings.NODE_PENDING_MAX
+    count = (Node.objects.filter(provider=provider, control_proven_at__isnull=True)
+             .exclude(state=NodeState.RETIRED).count())
+    if count >= cap:
+        raise Conflict(PENDING_CAP_REFUSED.format(count=count, cap=cap))
+
+
 def node_register(
     *,
     provider: User,
@@ -121,7 +158,9 @@ def node_register(
     A host key one of the provider's own live nodes has is refused (ValidationFailed on `host_key_fingerprint`,
     nothing written); so is a second live node of theirs at the same address and port (Conflict); so is a provider
     whose e-mail address is not verified (EmailNotVerified, 403); so is an address the platform does not connect to
-    (node_address_check: ValidationFailed on `address`, checked before the transaction: a name is resolved).
+    (node_address_check: ValidationFailed on `address`, checked before the transaction: a name is resolved); so is
+    a provider with settings.NODE_PENDING_MAX nodes that never passed their first contact (Conflict naming the cap
+    and what to do: _pending_cap_check).
     Another account's node at the same address, or with the same host key, is not looked at: a node reserves its
     server only once it proved it controls it (Node.control_proven_at, set at first contact), and a server another
     proven live node holds is refused at this node's first contact (provisioning.services.nodes._pin_host_key).
@@ -132,8 +171,13 @@ def node_register(
     if runtime == Runtime.SIM and not settings.SIM_NODES_ALLOWED:
         raise ValidationFailed(SIM_REFUSED, field="runtime")
     layout, prices = _check_mig(gpu_model.slug, gpu_count, mig_layout, mig_prices, runtime=runtime)
+    _pending_cap_check(provider)  # before the name's lookup too: a provider at the cap costs no DNS query
     node_address_check(address=address, ssh_port=ssh_port)
     with transaction.atomic():
+        # One registration of this provider at a time (the count below), as the caps on volumes and API keys lock
+        # the user's row. No key update: an insert whose foreign key names them takes FOR KEY SHARE on it.
+        User.objects.select_for_update(no_key=True).filter(pk=provider.pk).first()
+        _pending_cap_check(provider)
         return _node_create(provider=provider, name=name, address=address, ssh_port=ssh_port, ssh_user=ssh_user,
                             country=country, city=city, datacenter=datacenter, gpu_model=gpu_model,
                             gpu_count=gpu_count, nvlink_declared=nvlink_declared, layout=layout, prices=prices,
@@ -175,7 +219,8 @@ def _node_create(*, provider: User, name: str, address: str, ssh_port: int, ssh_
         # never refuse it). By name, never in the error's text, whose DETAIL quotes the provider's own values.
         violated = constraint_violated(exc)
         if violated == "node_unique_own_live_endpoint":
-            raise Conflict(f"A live node of yours is already registered at {address}:{ssh_port}.") from None
+            raise Conflict(f"A live node of yours is already registered at {address}:{ssh_port}.",
+                           field="address") from None  # a page shows it there; the API's 409 names no field
         if violated == "node_unique_own_live_host_key":
             raise ValidationFailed(DUPLICATE_HOST_KEY_MESSAGE, field="host_key_fingerprint") from None
         raise

@@ -1,6 +1,8 @@
 """Providers' pages: register a server, the servers list, a server's page with its benchmark history, and the
 switches a provider has (price, listing, maintenance, verify now, retire). Thin: marketplace.services.nodes and
 provisioning.services.verification hold the rules."""
+import math
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
@@ -10,7 +12,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from billing.selectors import earnings_by_node
 from core import charts
-from core.errors import ApplicationError, Conflict
+from core.api.throttling import scoped_rate_wait
+from core.errors import ApplicationError, TooManyRequests
 from core.web_errors import form_error, message_error
 from marketplace import selectors
 from marketplace.mig import profiles_for
@@ -82,12 +85,19 @@ def nodes(request):
 def node_register(request):
     form = NodeRegisterForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
+        # Before the address's name is looked up: the API's rate and counter (svc.REGISTER_SCOPE), one budget.
+        wait = scoped_rate_wait(request, svc.REGISTER_SCOPE)
+        if wait is not None:
+            form_error(form, TooManyRequests(svc.register_throttled(wait)))
+            response = render(request, "marketplace/node_register.html", {"form": form}, status=429)
+            response["Retry-After"] = str(max(1, math.ceil(wait)))
+            return response
         try:
             node = svc.node_register(provider=request.user, **form.cleaned_data)
         except ApplicationError as exc:
-            # A live node at that address (a Conflict, naming no field) under Address; a host key, the runtime or
-            # the address's checks on their own fields; a refusal about the account (EmailNotVerified) above all.
-            form_error(form, exc, default_field="address" if isinstance(exc, Conflict) else None)
+            # A live node at that address under Address; a host key, the runtime or the address's checks on their
+            # own fields; a refusal about the account (EmailNotVerified) or the cap on pending nodes above all.
+            form_error(form, exc)
         else:
             messages.success(request, f"Server “{node.name}” registered. Install the platform's key on it, "
                                       "then verify it.")
