@@ -322,12 +322,18 @@ NET_TEST_BYTES = env_int("NET_TEST_BYTES", 16 << 20)
 # Re-checks at random times (provisioning/services/maintenance.py, docs/ARCHITECTURE.md "Watch"): when a
 # verification of a node ends, its next full verification is drawn (secrets, uniform) between REVERIFY_MIN_S and
 # REVERIFY_MAX_S later (defaults: 4 to 10 days, a week on average); between full checks, spot checks of its idle
-# GPUs (the platform's challenge only) come SPOT_CHECK_MIN_S to SPOT_CHECK_MAX_S apart (6 to 42 hours, a day on
-# average). The beat looks for due nodes every REVERIFY_BEAT_S.
+# GPUs (the platform's challenge and memory proof) come SPOT_CHECK_MIN_S plus an exponential (memoryless) gap
+# apart, at most SPOT_CHECK_MAX_S, SPOT_CHECK_MEAN_S on average (defaults: 15 min floor, 72 h at most, a day on
+# average, as the uniform 6 to 42 h before): a spot check just ended promises no quiet time (about 4 % chance of
+# another within the hour, whenever: verification.draw_spot_gap). A dodged spot check brings the full verification
+# forward, at most one per SPOT_CHECK_FORWARD_MIN_S after the last. The beat looks for due nodes every
+# REVERIFY_BEAT_S.
 REVERIFY_MIN_S = env_int("REVERIFY_MIN_S", 4 * 24 * 3600)
 REVERIFY_MAX_S = env_int("REVERIFY_MAX_S", 10 * 24 * 3600)
-SPOT_CHECK_MIN_S = env_int("SPOT_CHECK_MIN_S", 6 * 3600)
-SPOT_CHECK_MAX_S = env_int("SPOT_CHECK_MAX_S", 42 * 3600)
+SPOT_CHECK_MIN_S = env_int("SPOT_CHECK_MIN_S", 15 * 60)
+SPOT_CHECK_MEAN_S = env_int("SPOT_CHECK_MEAN_S", 24 * 3600)
+SPOT_CHECK_MAX_S = env_int("SPOT_CHECK_MAX_S", 72 * 3600)
+SPOT_CHECK_FORWARD_MIN_S = env_int("SPOT_CHECK_FORWARD_MIN_S", 6 * 3600)
 REVERIFY_BEAT_S = env_int("REVERIFY_BEAT_S", 300)
 # A GPU model's fleet reference (the median, over providers, of what its verified nodes measured) is used once this
 # many other nodes of the model, of this many other providers, have a measured latest run; fewer, and nodes are

@@ -12,6 +12,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypedDict
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
@@ -40,6 +41,7 @@ from provisioning.services.runner import MAX_LOG_LINES, job_finish, log_lines
 from provisioning.services.spot_checks import node_spot_check_request
 from provisioning.services.verification import (
     draw_delay,
+    draw_spot_gap,
     node_verify_failed,
     node_verify_request,
 )
@@ -177,6 +179,8 @@ def jobs_reap() -> Summary:
         try:
             with transaction.atomic():  # a failed job's writes go back alone (a savepoint inside a transaction)
                 _job_reap(job)
+        except SoftTimeLimitExceeded:
+            raise  # the task's time is up: not this job's trouble (it was swallowed, the loop ran to the hard kill)
         except Exception:  # one job's trouble must not keep the others (older ones: read newest first) open
             log.exception("reap: job %s", job.pk)
             errors += 1
@@ -233,6 +237,8 @@ def nodes_verify_pending(*, now: datetime | None = None) -> Summary:
         for node in nodes:
             try:
                 summary[_node_verify_retry(node, now)] += 1
+            except SoftTimeLimitExceeded:
+                raise  # the task's time is up (review r54): the singleton's lock is let go, not held to its ttl
             except Exception:  # one node's trouble must not keep the others waiting
                 log.exception("verify-pending: node %s", node.pk)
                 summary["errors"] += 1
@@ -326,6 +332,8 @@ def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
             except Conflict as exc:  # e.g. retired between the query and its row lock: the others go on
                 log.info("reverify-due: node %s: %s", node.pk, exc)
                 summary["waiting"] += 1
+            except SoftTimeLimitExceeded:
+                raise  # the task's time is up (review r54): the singleton's lock is let go, not held to its ttl
             except Exception:  # one node's trouble must not keep the others (higher pks) from their checks
                 log.exception("reverify-due: node %s", node.pk)
                 summary["errors"] += 1
@@ -358,10 +366,10 @@ def _node_recheck(node: WithAnnotations[Node, _LastVerify], now: datetime) -> st
             if node.verdict == Verdict.REJECTED:
                 return "waiting"  # rented, and already judged: nothing to spot-check
             if node.next_spot_check_at is None:  # its first: drawn, not run (verified before spot checks were)
-                next_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+                next_at = now + draw_spot_gap()
                 Node.objects.filter(pk=node.pk).update(next_spot_check_at=next_at)
             elif now >= node.next_spot_check_at and node_spot_check_request(node=node) is not None:
-                next_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+                next_at = now + draw_spot_gap()
                 Node.objects.filter(pk=node.pk).update(next_spot_check_at=next_at)
                 return "spot_checks"
     except JobConflict:  # a node job was queued since the query: next beat

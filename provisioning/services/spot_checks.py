@@ -45,7 +45,8 @@ def node_spot_check_run(*, job: Job) -> None:
     """The spot check, on a worker: the platform's challenge (verification/challenge.py) and memory proof
     (verification/memproof.py) on the node's GPUs that no renter holds now, and on its free MIG slices
     (node_slice_challenge, as a verification's), nothing else. The node is not taken out of `active` and no GPU is
-    allocated: a renter may book one meanwhile (both last seconds). A clean answer is recorded (an event operators
+    allocated: a renter may book one meanwhile, its first minute then sharing the card with the challenge (not
+    held for the check: review r54 #4, left open). A clean answer is recorded (an event operators
     see); a finding (a wrong result, too slow or too fast, memory not held, no answer) queues a full verification
     at once, whose verdict speaks for the node: a spot check alone judges nothing. A free card the node's
     inventory leaves out is a dodge (spot_check_dodged's rule): the full verification is brought forward. Raises
@@ -186,7 +187,7 @@ def node_spot_check_conclude(*, job: Job, gpus: list[int], findings: list[dict[s
                              figures: dict[str, Any], slices: int = 0) -> Job | None:
     """Record the spot check's outcome; with findings the node's verdict does not already carry, queue a full
     verification naming them (returned). One it carries (a GPU degraded at the last verification, seen again)
-    changes nothing: a full check queued each time made the spot checks' rhythm (6-42 h) the full check's
+    changes nothing: a full check queued each time made the spot checks' rhythm (a day) the full check's
     (found by review). Queued only while the node is active: a verification takes a node out of its provider's
     maintenance (a full benchmark on a server being worked on, review r54), so one that left `active` during the
     check gets it due at once (Node.next_check_at = now) and the beat queues it once it is active again, as
@@ -251,7 +252,7 @@ def spot_check_dodged(error: NodeError) -> bool:
 
 def node_spot_check_failed(*, job: Job, error: NodeError) -> None:
     """The node could not be spot-checked: said in an event. When the node dodged it (spot_check_dodged), its next
-    full verification is brought forward, at most one per SPOT_CHECK_MIN_S after its last (node_check_forward),
+    full verification is brought forward, at most one per SPOT_CHECK_FORWARD_MIN_S after its last (node_check_forward),
     so that dropping the challenge is no way out of it and an honestly flaky node is not checked in a loop. Else
     (busy till the deadline, the platform's own failure) the next spot check comes at its drawn time."""
     dodged, fault = spot_check_dodged(error), error_fault(error)

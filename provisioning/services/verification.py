@@ -107,13 +107,48 @@ def draw_delay(min_s: int, max_s: int) -> timedelta:
     return timedelta(seconds=low + secrets.randbelow(high - low + 1))
 
 
+# Draws of the exponential's uniform variable: 53 bits, a float's mantissa.
+_UNIFORM_BITS = 53
+
+
+def draw_spot_gap() -> timedelta:
+    """The time to a node's next spot check, drawn from `secrets` so that a check just ended promises no quiet
+    time: SPOT_CHECK_MIN_S (a small floor) plus an exponential, memoryless gap, at most SPOT_CHECK_MAX_S, its mean
+    SPOT_CHECK_MEAN_S. Before, it was uniform between 6 and 42 h: for 6 h after each spot check (an SSH login and
+    the challenge the provider sees) none could come, a safe window to use the idle cards elsewhere (review r54).
+    Now, whatever time has passed since the last one, the next is as likely in the coming hour (about 4 % at the
+    defaults) as ever."""
+    floor, cap = sorted((max(int(settings.SPOT_CHECK_MIN_S), 0), max(int(settings.SPOT_CHECK_MAX_S), 0)))
+    mean = min(max(float(settings.SPOT_CHECK_MEAN_S), floor), cap)
+    if cap <= floor or mean <= floor:
+        return timedelta(seconds=floor)
+    scale = exponential_scale(mean - floor, cap - floor)
+    uniform = (secrets.randbelow(1 << _UNIFORM_BITS) + 1) / (1 << _UNIFORM_BITS)  # in (0, 1]
+    return timedelta(seconds=floor + min(-scale * math.log(uniform), cap - floor))
+
+
+def exponential_scale(mean: float, cap: float) -> float:
+    """The scale of an exponential that, cut at `cap`, has this mean: E[min(X, cap)] = scale * (1 - e^(-cap/scale)),
+    which grows with the scale towards `cap`; solved by bisection (a mean at the cap gets a scale of 1e12 s)."""
+    def cut_mean(scale: float) -> float:
+        return scale * -math.expm1(-cap / scale)
+
+    low, high = mean, mean
+    while cut_mean(high) < mean and high < 1e12:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cut_mean(middle) < mean else (low, middle)
+    return high
+
+
 def node_draw_next_checks(node: Node, *, now: datetime | None = None, spot: bool = True) -> None:
     """When a verification ends: draw the node's next full check (REVERIFY_MIN_S..REVERIFY_MAX_S) and, with
-    `spot`, its next spot check (SPOT_CHECK_MIN_S..SPOT_CHECK_MAX_S), in memory (the caller saves)."""
+    `spot`, its next spot check (draw_spot_gap), in memory (the caller saves)."""
     now = now or timezone.now()
     node.next_check_at = now + draw_delay(settings.REVERIFY_MIN_S, settings.REVERIFY_MAX_S)
     if spot:
-        node.next_spot_check_at = now + draw_delay(settings.SPOT_CHECK_MIN_S, settings.SPOT_CHECK_MAX_S)
+        node.next_spot_check_at = now + draw_spot_gap()
 
 
 # The states a node's drawn check times are kept through: it comes back active from them (node_return_state), and
@@ -123,18 +158,18 @@ CHECKS_KEPT_STATES = (NodeState.ACTIVE, NodeState.MAINTENANCE, NodeState.OFFLINE
 
 def node_check_forward(*, node_id: int, now: datetime | None = None) -> datetime | None:
     """Bring a node's next full verification forward (a spot check it dodged: spot_checks.py), to now but never
-    sooner than SPOT_CHECK_MIN_S after its last recorded verification: an honestly flaky node is checked again, not
-    in a loop. maintenance.nodes_reverify_due queues it when the time comes: at once for an active node, once it is
-    active again for one in maintenance or offline (a dodge followed by a maintenance toggle is no way out of it:
-    review r54). Returns the time set, or None when nothing was moved (in no state it returns active from, or due
-    sooner already)."""
+    sooner than SPOT_CHECK_FORWARD_MIN_S after its last recorded verification: an honestly flaky node is checked
+    again, not in a loop. maintenance.nodes_reverify_due queues it when the time comes: at once for an active
+    node, once it is active again for one in maintenance or offline (a dodge followed by a maintenance toggle is no
+    way out of it: review r54). Returns the time set, or None when nothing was moved (in no state it returns
+    active from, or due sooner already)."""
     now = now or timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
         if node.state not in CHECKS_KEPT_STATES:
             return None
         last = node.verifications.order_by("-created_at").values_list("created_at", flat=True).first()
-        at = max(now, last + timedelta(seconds=settings.SPOT_CHECK_MIN_S)) if last else now
+        at = max(now, last + timedelta(seconds=settings.SPOT_CHECK_FORWARD_MIN_S)) if last else now
         if node.next_check_at is not None and node.next_check_at <= at:
             return None
         node.next_check_at = at
