@@ -61,6 +61,7 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
     "spot_check_passed": _shown("Spot check passed"),
     "spot_check_failed": _shown("Spot check failed"),
     "spot_check_failed_to_run": _shown("Spot check could not run"),
+    "spot_check_gpu_missing": _shown("Spot check: a free GPU did not answer"),  # the node's card indices only
     # Verification (verification.py, maintenance.py): the node's last_error and the check's findings.
     "verified_verified": _shown("Verified"),
     "verified_degraded": _shown("Verified as degraded: listed, flagged"),
