@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypedDict
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
@@ -182,8 +181,6 @@ def jobs_reap() -> Summary:
                 _job_reap(job)
         except SoftTimeLimitExceeded:
             raise  # the task's time is up: not this job's trouble (it was swallowed, the loop ran to the hard kill)
-        except SoftTimeLimitExceeded:
-            raise  # the task's time is up: not this job's trouble (it was swallowed, the loop ran to the hard kill)
         except Exception:  # one job's trouble must not keep the others (older ones: read newest first) open
             log.exception("reap: job %s", job.pk)
             errors += 1
@@ -240,8 +237,6 @@ def nodes_verify_pending(*, now: datetime | None = None) -> Summary:
         for node in nodes:
             try:
                 summary[_node_verify_retry(node, now)] += 1
-            except SoftTimeLimitExceeded:
-                raise  # the task's time is up (review r54): the singleton's lock is let go, not held to its ttl
             except SoftTimeLimitExceeded:
                 raise  # the task's time is up (review r54): the singleton's lock is let go, not held to its ttl
             except Exception:  # one node's trouble must not keep the others waiting
@@ -337,8 +332,6 @@ def nodes_reverify_due(*, now: datetime | None = None) -> Summary:
             except Conflict as exc:  # e.g. retired between the query and its row lock: the others go on
                 log.info("reverify-due: node %s: %s", node.pk, exc)
                 summary["waiting"] += 1
-            except SoftTimeLimitExceeded:
-                raise  # the task's time is up (review r54): the singleton's lock is let go, not held to its ttl
             except SoftTimeLimitExceeded:
                 raise  # the task's time is up (review r54): the singleton's lock is let go, not held to its ttl
             except Exception:  # one node's trouble must not keep the others (higher pks) from their checks
