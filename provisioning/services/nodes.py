@@ -36,7 +36,16 @@ from provisioning.concurrency import NodeBusy, node_slot
 from provisioning.models import JobFault, NodeEvent
 from provisioning.services.gpu_presence import gpus_presence, gpus_returned, node_gpus_presence
 from provisioning.ssh import SERVED_COMMANDS, Endpoint, NodeSession, Timeouts
-from provisioning.ssh_errors import AgentFailed, AgentMissing, HostKeyMismatch, NodeError, NodeUnreachable
+from provisioning.ssh_errors import (
+    AddressRefused,
+    AgentFailed,
+    AgentMissing,
+    AuthFailed,
+    HostKeyMismatch,
+    NodeError,
+    NodeUnreachable,
+    PlatformKeyUnreadable,
+)
 from provisioning.ssh_pool import SshPool
 from provisioning.verification.health_answer import HOST_SEES_GPUS, health_problem
 from provisioning.verification.identity import duplicate_address, duplicate_gpus, duplicate_host_key
@@ -198,10 +207,36 @@ def connection_identity(node: Node) -> tuple[Any, ...]:
             bytes(node.ssh_private_key_encrypted or b""))
 
 
+def first_contact_failed(node: Node) -> str:
+    """What the provider of a node that never proved control is told when the platform could not log in there:
+    one message, whatever the server at that address and port did (see _first_contact_error)."""
+    return (f"Could not log in to {node.address}:{node.ssh_port} as {node.ssh_user} with the platform's key: check "
+            "that the server is up, that the address and SSH port are right and that the node's install command was "
+            f"run as {node.ssh_user}, then verify again.")
+
+
+def _first_contact_error(node: Node, exc: NodeUnreachable | AuthFailed) -> None:
+    """A node that never proved control (control_proven_at null) failed to connect or log in: its provider is told
+    first_contact_failed, the same text for every cause, and the try is not retried at once (no `attempts` that
+    tell one cause from another). Before, the precise cause reached the job's error and the node's last_error:
+    "Connection refused", "Connection reset by peer" after a banner, "No SSH answer within 10s", "refused the
+    platform's key" told any provider what listens at any public host and port, asked from the platform's own
+    addresses (review r54). The cause is kept for operators in the server log."""
+    log.warning("first contact with node %s at %s:%s failed: %s", node.pk, node.address, node.ssh_port, exc.message)
+    exc.message = first_contact_failed(node)
+    exc.args = (exc.message,)
+    exc.transient = False
+
+
 def _session_connect(node: Node, timeouts: Timeouts | None) -> NodeSession:
     session = NodeSession(node_endpoint(node), timeouts)
     try:
         session.connect()
+    except (NodeUnreachable, AuthFailed) as exc:
+        if (not isinstance(exc, AddressRefused | PlatformKeyUnreadable)
+                and Node.objects.filter(pk=node.pk, control_proven_at__isnull=True).exists()):
+            _first_contact_error(node, exc)
+        raise
     except HostKeyMismatch as exc:
         if Node.objects.filter(pk=node.pk, **NEVER_CONTACTED).exists():
             # Never contacted: the fingerprint given at registration is wrong, no key changed (DeclaredHostKeyWrong).
