@@ -98,6 +98,11 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
     "orphan_volume_delete_failed": _title_only("Could not delete an unknown volume"),  # the agent's error text
     "volume_delete_failed": _title_only("Could not delete a volume"),  # the agent's error text
     "disk_limit_not_enforced": _shown("Disk size limits not enforced"),
+    # vms._pull_failure: the disk filled during a renter's own image's pull (docker's words may quote the image).
+    "pull_no_space": _title_only("Disk full while pulling an image"),
+    # The provider's new address, SSH port or user, proven (marketplace/services/nodes.py node_endpoint_set): the
+    # node's own endpoints and host key, and the ids of the instances on it whose SSH host followed.
+    "endpoint_changed": _shown("SSH address changed"),
     # Retire and operators' actions (marketplace/services/nodes.py): the operator's e-mail is in theirs.
     "retired_unreachable": _shown("Retired while unreachable"),
     "retired_by_operator": _title_only("Retired by an operator"),

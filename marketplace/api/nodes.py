@@ -1,4 +1,4 @@
-"""Providers' nodes: register, read, change price / maintenance / listing, retire."""
+"""Providers' nodes: register, read, change price / maintenance / listing / SSH address, retire."""
 from django_countries import countries
 from django_countries.serializer_fields import CountryField
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
@@ -31,6 +31,7 @@ from marketplace.validators import (
     validate_ssh_user,
 )
 from provisioning.selectors import latest_jobs
+from provisioning.services.endpoint_change import node_endpoint_change
 from provisioning.services.verification import node_verify_request
 
 
@@ -224,9 +225,24 @@ class NodeCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         return attrs
 
 
-class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
-    read_only_elsewhere = NodeSerializer.Meta.fields  # e.g. address: "cannot be changed here", not "unknown"
+_ENDPOINT_HELP = (" Changing the address, SSH port or SSH user is checked as at registration (the same address "
+                  "rules and 409), then, for a node the platform has reached, proven: the platform logs in at the new "
+                  "endpoint and takes it only if the server there presents the node's pinned SSH host key and "
+                  "accepts the node's key (a 400 naming what failed otherwise: unreachable, another host key, the key "
+                  "refused; nothing is changed). A pending node never contacted changes at once. With other "
+                  "fields, the new endpoint is proven and stored first, then the others.")
 
+
+class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
+    read_only_elsewhere = NodeSerializer.Meta.fields  # e.g. runtime: "cannot be changed here", not "unknown"
+
+    address = AddressField(
+        max_length=ADDRESS_MAX_LENGTH, required=False, validators=[_django_validator(validate_address)],
+        help_text="The server's new public IP address or name (the rules of registration)." + _ENDPOINT_HELP)
+    ssh_port = serializers.IntegerField(min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, required=False,
+                                        help_text="The server's SSH port." + _ENDPOINT_HELP)
+    ssh_user = serializers.CharField(max_length=SSH_USER_MAX_LENGTH, required=False, validators=[validate_ssh_user],
+                                     help_text="The user the platform logs in as." + _ENDPOINT_HELP)
     name = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, validators=[no_control_characters])
     city = serializers.CharField(max_length=NAME_MAX_LENGTH, required=False, allow_blank=True,
                                  validators=[no_control_characters])
@@ -247,6 +263,9 @@ class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
         help_text=_FINGERPRINT_HELP + " Only until the node's first contact (a 409 after, or while a check runs): "
                                       "to correct the one given at registration; empty, the key seen on first "
                                       "contact is pinned.")
+
+    def validate_address(self, value):
+        return canonical_address(value)  # as node_register stores it: the duplicate-endpoint 409 compares the text
 
 
 _CONFLICT = OpenApiResponse(ErrorDetailSerializer, "The node's state forbids this (or the address is taken).")
@@ -283,7 +302,8 @@ class ProviderChangesOwnNode(permissions.BasePermission):
                                     409: OpenApiResponse(ErrorDetailSerializer, _REGISTER_CONFLICT),
                                     403: OpenApiResponse(CodedErrorSerializer, _EMAIL_NOT_VERIFIED),
                                     429: error_response(_REGISTER_THROTTLED)}),
-    partial_update=extend_schema(summary="Change price, listing or maintenance", request=NodeUpdateSerializer,
+    partial_update=extend_schema(summary="Change price, listing, maintenance, or the SSH address",
+                                 request=NodeUpdateSerializer,
                                  responses={200: NodeSerializer, 409: _CONFLICT,
                                             403: OpenApiResponse(CodedErrorSerializer, "Putting the node back on the "
                                                                  "offers (`listed` true): " + _EMAIL_NOT_VERIFIED)}),
@@ -328,6 +348,9 @@ class NodeViewSet(viewsets.ModelViewSet):
         node = self.get_object()
         data = NodeUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
+        endpoint = {name: data.validated_data.pop(name) for name in svc.ENDPOINT_FIELDS if name in data.validated_data}
+        if endpoint:  # proven on the server first: refused, nothing of the request is stored
+            node_endpoint_change(node=node, **endpoint)
         svc.node_update(node=node, **data.validated_data)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
 

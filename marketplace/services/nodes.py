@@ -1,6 +1,7 @@
 """Use cases for providers' nodes: register, change, retire."""
 import math
 import shlex
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -259,7 +260,9 @@ def node_update(
     pinned) may be corrected until the node's first contact (control_proven_at): one the server does not show fails
     that contact as the registration's mistake (provisioning.services.nodes.DeclaredHostKeyWrong), and before, the
     provider could not correct it (found by review). Not while a check runs, nor once the key is pinned (Conflict);
-    one of the provider's own live nodes declares or has is refused as at registration (ValidationFailed)."""
+    one of the provider's own live nodes declares or has is refused as at registration (ValidationFailed).
+    The address, SSH port and user are not changed here: provisioning.services.endpoint_change.node_endpoint_change
+    proves a new one first (node_endpoint_check, then node_endpoint_set)."""
     node = Node.objects.select_for_update(no_key=True).select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
@@ -296,8 +299,7 @@ def node_update(
         node.price_generation += 1
         node.price_before_raise_micros, node.disk_price_before_raise_micros = before
     if listed and not node.listed:
-        # Back on the offers is listing again: the rule node_register applies (an operator may have changed the
-        # address since; the provider proves the new one first).
+        # Back on the offers is listing again: the rule node_register applies.
         email_verified_required(user=User.objects.get(pk=node.provider_id))
     if listed is not None:
         node.listed = listed
@@ -317,6 +319,126 @@ def node_update(
             raise ValidationFailed(DUPLICATE_HOST_KEY_MESSAGE, field="host_key_fingerprint") from None
         raise
     return node
+
+
+ENDPOINT_FIELDS = ("address", "ssh_port", "ssh_user")
+ENDPOINT_CHANGED = "endpoint_changed"  # the node event of a stored change (provisioning/node_event_kinds.py)
+_ENDPOINT_STATES_REFUSED: dict[str, str] = {
+    NodeState.RETIRED: "The node is retired and cannot be changed.",
+    NodeState.VERIFYING: "The address, SSH port and user cannot be changed while the node's check runs; try again "
+                         "once it has ended.",
+    NodeState.QUARANTINED: "The node is quarantined: its server showed another SSH host key than the pinned one. "
+                           "Its address cannot be changed until an operator has confirmed the server's key.",
+}
+
+
+def node_endpoint_needs_proof(node: Node) -> bool:
+    """Whether a new address, SSH port or user must be proven before it is stored
+    (provisioning.services.endpoint_change): every node the platform reached, whose pinned host key says which
+    server it is. A pending node never contacted (control_proven_at null) reserves nothing and has no key to
+    prove: its endpoint is simply changed, and its first contact checks the new one."""
+    return not (node.control_proven_at is None and node.state == NodeState.PENDING)
+
+
+def node_endpoint_check(*, node: Node, address: str, ssh_port: int, ssh_user: str) -> Node:
+    """The checks of a new endpoint before anything connects to it, as at registration (node_register): a node
+    that cannot move now (retired, checked, quarantined: Conflict), a node to prove with no pinned key (Conflict:
+    nothing could prove the server there is this one), an address the platform does not connect to
+    (node_address_check: ValidationFailed on `address`, a name resolved within its bound), another live node of
+    the provider's at the same address and port (Conflict, registration's words). Returns the node as it is now."""
+    node = Node.objects.get(pk=node.pk)
+    refused = _ENDPOINT_STATES_REFUSED.get(node.state)
+    if refused:
+        raise Conflict(refused)
+    if node_endpoint_needs_proof(node) and not node.host_key_fingerprint:
+        raise Conflict("The node has no SSH host key pinned, so nothing proves that the server at the new address "
+                       "is this one. Verify it at its current address first.")
+    node_address_check(address=address, ssh_port=ssh_port)
+    if (address, ssh_port) != (node.address, node.ssh_port) and (
+            Node.objects.filter(provider_id=node.provider_id, address=address, ssh_port=ssh_port)
+            .exclude(state=NodeState.RETIRED).exclude(pk=node.pk).exists()):
+        raise Conflict(f"A live node of yours is already registered at {address}:{ssh_port}.")
+    return node
+
+
+@transaction.atomic
+def node_endpoint_set(*, node: Node, address: str, ssh_port: int, ssh_user: str, proven_with: str | None) -> Node:
+    """Store a node's new address, SSH port and user: `proven_with` is the pinned host key the server there
+    presented, having accepted the node's own key (provisioning.services.endpoint_change), None for a node that
+    needs no proof (node_endpoint_needs_proof). Conflict, nothing stored, when the node changed meanwhile (its
+    state, or its pinned key) or when another live node holds the address and port (the constraints). Instances
+    whose SSH host or mapped ports were the node's old address (the agent's null: the node's own address) get the
+    new one, and their renters a notice; an `endpoint_changed` node event says what changed. Pooled connections
+    are not reused (provisioning.services.nodes.connection_identity holds the endpoint); an offline node comes back
+    through its next health check."""
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
+    refused = _ENDPOINT_STATES_REFUSED.get(node.state)
+    if refused:
+        raise Conflict(refused)
+    if (proven_with is None) == node_endpoint_needs_proof(node) or (
+            proven_with is not None and proven_with != node.host_key_fingerprint):
+        raise Conflict("The node changed while its new address was checked; nothing was changed. Try again.")
+    old_address, old_port, old_user = node.address, node.ssh_port, node.ssh_user
+    if (old_address, old_port, old_user) == (address, ssh_port, ssh_user):
+        return node
+    node.address, node.ssh_port, node.ssh_user = address, ssh_port, ssh_user
+    try:
+        with transaction.atomic():
+            node.save(update_fields=["address", "ssh_port", "ssh_user", "updated_at"])
+    except IntegrityError as exc:
+        violated = constraint_violated(exc)  # by name (core.sql)
+        if violated == "node_unique_own_live_endpoint":
+            raise Conflict(f"A live node of yours is already registered at {address}:{ssh_port}.") from None
+        if violated == "node_unique_live_endpoint":
+            raise Conflict(f"Another live node is registered at {address}:{ssh_port}: the same server cannot be "
+                           "listed twice.") from None
+        raise
+    moved = _instances_moved(node, old_address, address) if old_address != address else []
+    how = (f"with its pinned host key {proven_with} and this node's key accepted there" if proven_with
+           else "no proof: the node was never contacted; its first contact checks it")
+    event = NodeEvent.objects.create(
+        node=node, kind=ENDPOINT_CHANGED, level=NodeEvent.Level.INFO,
+        message=(f"SSH endpoint changed by the provider from {old_user}@{old_address}:{old_port} to "
+                 f"{ssh_user}@{address}:{ssh_port} ({how})."
+                 + (f" SSH host of instances {', '.join(str(i.pk) for i in moved)} changed to {address}."
+                    if moved else "")))
+    for instance in moved:
+        transaction.on_commit(_renter_told_moved(instance, event.pk, address), robust=True)
+    return node
+
+
+def _instances_moved(node: Node, old: str, new: str) -> list[Instance]:
+    """The node's instances not over whose SSH host or mapped ports named its old address, changed to the new."""
+    moved = []
+    for instance in (Instance.objects.select_for_update(no_key=True).filter(node=node)
+                     .exclude(status__in=FINAL_STATUSES).order_by("pk")):
+        fields = []
+        if instance.ssh_host == old:
+            instance.ssh_host = new
+            fields.append("ssh_host")
+        ports = instance.ports if isinstance(instance.ports, dict) else {}
+        if any(isinstance(target, dict) and target.get("host") == old for target in ports.values()):
+            instance.ports = {name: ({**target, "host": new} if isinstance(target, dict) and target.get("host") == old
+                                     else target) for name, target in ports.items()}
+            fields.append("ports")
+        if fields:
+            instance.save(update_fields=[*fields, "updated_at"])
+            moved.append(instance)
+    return moved
+
+
+def _renter_told_moved(instance: Instance, event_id: int, address: str) -> Callable[[], None]:
+    """The notice to the renter of `instance` (after the commit): its SSH host is now `address`."""
+    user_id, instance_id = instance.renter_id, instance.pk
+
+    def tell() -> None:
+        notify(user=User.objects.get(pk=user_id), kind=Kind.INSTANCE_RUNNING, title="Instance's SSH address changed",
+               dedupe_key=f"instance-{instance_id}-endpoint-{event_id}",
+               payload={"instance_id": instance_id, "ssh_host": address,
+                        "message": f"The server of instance {instance_id} moved to a new address: connect to "
+                                   f"{address} from now on (the port and user are unchanged). The instance and its "
+                                   "data are as they were."})
+    return tell
 
 
 MIG_RUNTIME_REFUSED = ("The {runtime} runtime cannot rent MIG slices: a KVM virtual machine gets a MIG slice only "

@@ -91,6 +91,18 @@ class NodeSettingsForm(forms.Form):
                                 help_text="Untick to take it off the offers; running instances are not touched.")
     maintenance = forms.BooleanField(required=False, label="In maintenance", show_hidden_initial=True,
                                      help_text="No new rentals and no scheduled checks until you switch it off.")
+    # The endpoint: proven on the server before it is stored (provisioning.services.endpoint_change).
+    # Not required: a post without them (an older page, a script) leaves them as they are (the view drops blanks).
+    address = forms.CharField(max_length=ADDRESS_MAX_LENGTH, validators=[validate_address], show_hidden_initial=True,
+                              required=False,
+                              help_text="The server's public IP address, or a name that resolves only to public "
+                                        "addresses. When it changes (the server was renumbered or moved), the "
+                                        "platform logs in there first and takes it only if the server presents this "
+                                        "node's pinned SSH host key and accepts its key.")
+    ssh_port = forms.IntegerField(label="SSH port", min_value=SSH_PORT_MIN, max_value=SSH_PORT_MAX, required=False,
+                                  show_hidden_initial=True)
+    ssh_user = forms.CharField(label="SSH user", max_length=SSH_USER_MAX_LENGTH, validators=[validate_ssh_user],
+                               required=False, show_hidden_initial=True, help_text="The user the platform logs in as.")
     # Only until the node's first contact (node_update's rule): kept in the form only then (host_key_editable).
     host_key_fingerprint = forms.CharField(
         label="Host key fingerprint", max_length=FINGERPRINT_MAX_LENGTH, required=False, show_hidden_initial=True,
@@ -103,6 +115,10 @@ class NodeSettingsForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not host_key_editable:
             del self.fields["host_key_fingerprint"]
+
+    def clean_address(self):
+        value = self.cleaned_data["address"]
+        return canonical_address(value) if value else value  # as the API stores it
 
     def changed_since_shown(self) -> list[str]:
         """The fields whose value differs from what the page showed (its hidden initial values), or, for a post

@@ -24,6 +24,7 @@ from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.node_event_kinds import recent_events_for_provider
 from provisioning.selectors import latest_jobs, verification_runs_of
+from provisioning.services.endpoint_change import node_endpoint_change
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.model import DeclaredModel
 from provisioning.verification.platform_figures import platform_checks
@@ -188,6 +189,7 @@ def _settings_form(node, data=None):
     return NodeSettingsForm(data, host_key_editable=node.control_proven_at is None, initial={
         "price_per_gpu_hour": usd_decimal(node.price_per_gpu_hour_micros), "listed": node.listed,
         "maintenance": node.state == NodeState.MAINTENANCE, "host_key_fingerprint": node.host_key_fingerprint,
+        "address": node.address, "ssh_port": node.ssh_port, "ssh_user": node.ssh_user,
     })
 
 
@@ -278,13 +280,19 @@ def node_settings(request, pk: int):
     node = _node_or_404(request.user, pk)
     form = _settings_form(node, request.POST)
     if form.is_valid():
+        # Only what was changed on the page: the others may have been changed since it was opened.
+        changed = {name: form.cleaned_data[name] for name in form.changed_since_shown()}
+        endpoint = {name: changed.pop(name) for name in svc.ENDPOINT_FIELDS if name in changed}
+        endpoint = {name: value for name, value in endpoint.items() if value not in ("", None)}
         try:
-            # Only what was changed on the page: the others may have been changed since it was opened.
-            svc.node_update(node=node, **{name: form.cleaned_data[name] for name in form.changed_since_shown()})
+            if endpoint:  # proven on the server first; nothing else is saved when it is refused
+                node_endpoint_change(node=node, **endpoint)
+            svc.node_update(node=node, **changed)
         except ApplicationError as exc:  # a Conflict, InvalidTransition among them
             form_error(form, exc)
         else:
-            messages.success(request, "Settings saved.")
+            messages.success(request, "Settings saved." + (" The server answered at its new address with this "
+                                                           "node's host key." if endpoint else ""))
             return redirect("node", pk=node.pk)
     return _render_node(request, node, settings_form=form, status=400)
 

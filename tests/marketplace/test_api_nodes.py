@@ -457,8 +457,10 @@ def test_maintenance_while_verifying_is_409_and_changes_nothing(api, user):
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        ({"address": "10.9.9.9"}, "address"),
-        ({"ssh_port": 2200}, "ssh_port"),
+        # The endpoint can be changed (tests/provisioning/test_round54_endpoint_change.py), by registration's rules.
+        ({"address": "169.254.169.254"}, "address"),
+        ({"ssh_port": 0}, "ssh_port"),
+        ({"ssh_user": "Root"}, "ssh_user"),
         ({"gpu_model": "h100-sxm"}, "gpu_model"),
         ({"state": "active"}, "state"),
         ({"score": 99}, "score"),
@@ -487,11 +489,11 @@ def test_patch_rejects_bad_input_naming_the_field_and_changes_nothing(api, user,
 
 def test_patch_of_a_read_only_field_says_it_cannot_be_changed(api, user):
     node = make_node(user)
-    r = api.patch(node_url(node), {"address": "10.9.9.9", "price_per_gpu_hour": "3"})
+    r = api.patch(node_url(node), {"runtime": "docker", "price_per_gpu_hour": "3"})
     assert r.status_code == 400
-    assert r.json() == {"address": ["This field cannot be changed here."]}
+    assert r.json() == {"runtime": ["This field cannot be changed here."]}
     node.refresh_from_db()
-    assert node.address == "10.0.0.1" and node.price_per_gpu_hour_micros == 1_500_000
+    assert node.runtime == "sim" and node.price_per_gpu_hour_micros == 1_500_000
 
 
 # --- retire -----------------------------------------------------------------------------------------------------

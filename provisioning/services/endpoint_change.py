@@ -1,0 +1,95 @@
+"""A provider moves a node to a new address, SSH port or SSH user (the server renumbered, moved rack, a typo).
+
+Before, nothing could change them (the API answered "cannot be changed here", the admin was read-only): a server
+whose IP changed stayed offline, and retiring it ended its renters' stopped instances and deleted their volumes as
+lost although the server and its data were intact at the new address (found by review, r54).
+
+The new endpoint is checked as at registration (marketplace.services.nodes.node_endpoint_check: the address rule,
+a name resolved within its bound, the provider's own same-address 409), then, for a node the platform reached, the
+platform connects there and accepts it only if the server presents the node's PINNED host key and accepts the
+node's own key: proof it is the same server. Only then is it stored (node_endpoint_set); until then the old one
+stays, whatever fails. A wrong host key there does not quarantine the node: the server at the old address is
+unchanged, and the new address is simply not this node's. A pending node never contacted has nothing to prove
+with: its endpoint is stored at once, and its first contact checks it.
+
+In the request (the provider waits for the answer, a clear 400 naming what failed), bounded: one connection
+attempt, ENDPOINT_PROOF_TIMEOUT_S for each of connecting, the SSH banner and the login, the name's lookups bounded
+as at registration (core.addresses.NODE_LOOKUP_TIMEOUT_S). Nothing runs on the server: only the SSH handshake and
+the login, so no agent, no per-node slot, and no job.
+"""
+from __future__ import annotations
+
+import logging
+
+from core.errors import ValidationFailed
+from marketplace.models import Node
+from marketplace.services.nodes import (
+    node_endpoint_check,
+    node_endpoint_needs_proof,
+    node_endpoint_set,
+    node_private_key,
+)
+from provisioning.ssh import Endpoint, NodeSession, Timeouts
+from provisioning.ssh_errors import AddressRefused, AuthFailed, HostKeyMismatch, NodeError, PlatformKeyUnreadable
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_PROOF_TIMEOUT_S = 5.0
+
+
+def node_endpoint_change(*, node: Node, address: str | None = None, ssh_port: int | None = None,
+                         ssh_user: str | None = None) -> Node:
+    """Move `node` to `address`:`ssh_port` as `ssh_user` (None: as it is), proven first (see the module). Returns the
+    node as stored. ValidationFailed (400) naming what failed, nothing stored: the address rule, the server there
+    unreachable (`address`), another host key there (`address`), the node's key refused (`ssh_user`). Conflict
+    (409): a node that cannot move now, or the address and port of another live node."""
+    current = Node.objects.get(pk=node.pk)
+    address = current.address if address is None else address
+    ssh_port = current.ssh_port if ssh_port is None else ssh_port
+    ssh_user = current.ssh_user if ssh_user is None else ssh_user
+    if (address, ssh_port, ssh_user) == (current.address, current.ssh_port, current.ssh_user):
+        return current
+    current = node_endpoint_check(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
+    proven_with = None
+    if node_endpoint_needs_proof(current):
+        endpoint_prove(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
+        proven_with = current.host_key_fingerprint
+    return node_endpoint_set(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user,
+                             proven_with=proven_with)
+
+
+def endpoint_prove(*, node: Node, address: str, ssh_port: int, ssh_user: str) -> None:
+    """Log in at the new endpoint with the node's own key, taking only the node's pinned host key; ValidationFailed
+    saying what failed otherwise. Nothing is run there and nothing is recorded: no quarantine for another key."""
+    where = f"{address}:{ssh_port}"
+    unchanged = f"Nothing was changed: the node stays at {node.ssh_user}@{node.address}:{node.ssh_port}."
+    session = NodeSession(
+        Endpoint(address=address, port=ssh_port, user=ssh_user, private_key=node_private_key(node=node),
+                 host_key_fingerprint=node.host_key_fingerprint),
+        Timeouts(connect=ENDPOINT_PROOF_TIMEOUT_S, attempts=1))
+    try:
+        session.connect()
+    except HostKeyMismatch as exc:
+        raise ValidationFailed(
+            f"The server at {where} presented the SSH host key {exc.seen}, not this node's pinned key "
+            f"{exc.expected}: it is not this node's server. {unchanged} Give the address of the server this node "
+            "was verified on.", field="address") from None
+    except PlatformKeyUnreadable as exc:
+        log.error("endpoint change of node %s: %s", node.pk, exc.message)
+        raise ValidationFailed(f"The platform could not use this node's key; an operator has been told. {unchanged}",
+                               field="address") from None
+    except AuthFailed:
+        raise ValidationFailed(
+            f"The server at {where} presented this node's host key but refused the platform's key for user "
+            f"{ssh_user}. Run the node's install command there as {ssh_user}, then try again. {unchanged}",
+            field="ssh_user") from None
+    except AddressRefused as exc:
+        raise ValidationFailed(f"{exc.message} {unchanged}", field="address") from None
+    except NodeError as exc:
+        # The transport's own words stay in the log: they would tell what listens at any host and port.
+        log.info("endpoint change of node %s: %s unreachable: %s", node.pk, where, exc.message)
+        raise ValidationFailed(
+            f"Could not open an SSH session at {where} within {ENDPOINT_PROOF_TIMEOUT_S:g} s: check the address, "
+            f"the SSH port and the firewall (the platform must reach it). {unchanged}", field="address") from None
+    finally:
+        session.close()
