@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypedDict
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Prefetch, Q, Subquery
+from django.db.models import Exists, F, OuterRef, Prefetch, Q, Subquery
 from django.utils import timezone
 
 from core.errors import Conflict
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 # last one; after PENDING_RETRY_MAX_FAILURES in a row the platform stops and tells the provider.
 PENDING_RETRY_BACKOFF = (timedelta(minutes=10), timedelta(minutes=30), timedelta(hours=2))
 PENDING_RETRY_MAX_FAILURES = 4
+PENDING_RETRY_BATCH = 200  # pending nodes looked at per beat (nodes_verify_pending), the longest waiting first
 PENDING_RETRY_REASON = "automatic retry"  # how such a job is marked in its log ("queued: automatic retry ...")
 
 
@@ -226,13 +227,21 @@ def nodes_verify_pending(*, now: datetime | None = None) -> Summary:
             return {"skipped": "another run is retrying pending verifications"}
         now = now or timezone.now()
         told = NodeEvent.objects.filter(node=OuterRef("pk"), kind="verification_retries_stopped")
-        nodes = Node.objects.filter(state=NodeState.PENDING).order_by("pk").annotate(
+        last = Job.objects.filter(node=OuterRef("pk"), kind=JobKind.NODE_VERIFY).order_by("-created_at", "-id")
+        # Not the nodes whose retries stopped and were told so, with no verification asked since (nothing to do
+        # for them until their provider asks): walked every beat, by pk, thousands of them pushed newer pending
+        # nodes past the task's time limit (review r54). The rest the longest waiting first, PENDING_RETRY_BATCH a
+        # beat: those past it come at the next beats.
+        nodes = Node.objects.filter(state=NodeState.PENDING).annotate(
             told_at=Subquery(told.order_by("-created_at").values("created_at")[:1]),
+            last_verify_at=Subquery(last.values("created_at")[:1]),
+        ).exclude(told_at__isnull=False, last_verify_at__isnull=False, told_at__gte=F("last_verify_at")).order_by(
+            F("last_verify_at").asc(nulls_first=True), "pk",
         ).prefetch_related(Prefetch(
             "jobs", to_attr="recent_verifications",
             queryset=Job.objects.filter(kind=JobKind.NODE_VERIFY).order_by("-created_at", "-id")
             [:PENDING_RETRY_MAX_FAILURES],
-        ))
+        ))[:PENDING_RETRY_BATCH]
         summary = {"queued": 0, "waiting": 0, "stopped": 0, "errors": 0}
         for node in nodes:
             try:
