@@ -314,7 +314,12 @@ def _send_going_on(payout: Payout, run: str) -> bool:
 
 
 def payouts_run(*, today: date | None = None) -> list[Payout]:
-    """Pay every provider due for last week's period, and retry payouts left pending.
+    """Pay every provider due for last week's period who has no payout for it yet, and retry payouts left pending.
+
+    Run every day (beat, 03:00 UTC): a payout is made once per (provider, period), so Monday's run pays the week and
+    the other days' pay only a week a run missed (beat down or recreated without its schedule file over Monday 03:00:
+    the week went unpaid, its earnings paid a week late with the next; found by review), or a provider who became
+    payable since (a Connect account added, an account reactivated), for the same period and amount.
 
     One provider's database error (a deadlock, a lock or statement timeout, a constraint) is logged and counted,
     and the run goes on with the others: it escaped, and every provider after that one went unpaid that week. Its

@@ -388,7 +388,9 @@ CELERY_BEAT_SCHEDULE = {
     "nodes-verify-pending": {"task": "provisioning.tasks.nodes_verify_pending", "schedule": 60},
     "nodes-reverify-due": {"task": "provisioning.tasks.nodes_reverify_due", "schedule": REVERIFY_BEAT_S},
     # Billing: close usage intervals of running instances (and act on low and empty balances) every
-    # minute; pay providers their earnings once a week (Monday 03:00 UTC, for the week before).
+    # minute; pay providers their earnings once a week (for the week before, from Monday 03:00 UTC). The payout run
+    # is every day at 03:00: a payout is made once per (provider, week), so Monday's run pays the week, and the
+    # others pay only what it missed (a beat down or recreated over Monday 03:00 skipped the week: review r54).
     "billing-meter": {"task": "billing.tasks.usage_meter_tick",
                       "schedule": env_int("BILLING_METER_INTERVAL_S", 60),
                       "options": {"expires": max(env_int("BILLING_METER_INTERVAL_S", 60) - 5, 5)}},
@@ -399,8 +401,7 @@ CELERY_BEAT_SCHEDULE = {
     # Deactivated accounts: what came to run after their deactivation's pass is stopped (and billed no longer).
     "accounts-deactivated-sweep": {"task": "marketplace.tasks.accounts_deactivated_sweep", "schedule": 60,
                                    "options": {"expires": 55}},
-    "billing-payouts": {"task": "billing.tasks.payouts_run",
-                        "schedule": crontab(minute="0", hour="3", day_of_week="mon")},
+    "billing-payouts": {"task": "billing.tasks.payouts_run", "schedule": crontab(minute="0", hour="3")},
     # Webhook deliveries whose next attempt is overdue (a broker outage, a lost retry) are queued again.
     "notifications-deliveries-resend": {"task": "notifications.tasks.deliveries_resend", "schedule": 60,
                                         "options": {"expires": 55}},
