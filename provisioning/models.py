@@ -121,6 +121,9 @@ class Job(StatefulModel, models.Model):
             # What the job relay picks (provisioning/services/relay.py): the jobs never handed to the broker.
             models.Index(fields=["id"], condition=Q(status="queued", sent_at__isnull=True, send_attempts=0),
                          name="job_relay_unsent_idx"),
+            # The dashboard's "failed in 24 h" counts (operations/dashboard.py): job_open_deadline_idx read every
+            # failed job ever made and filtered finished_at on the table (review r54).
+            models.Index(fields=["finished_at"], condition=Q(status="failed"), name="job_failed_finished_idx"),
         ]
 
     def __str__(self):
@@ -143,6 +146,13 @@ class NodeEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The dashboard's critical events of the last 7 days, newest first (operations/dashboard.py): with no
+            # index but the node's, the table (never pruned) was read in full on each admin front page (review r54).
+            models.Index(fields=["-created_at"], name="nodeevent_recent_idx"),
+            # A node's events, newest first (its page, the provider's events API): the node's rows in order.
+            models.Index(fields=["node", "-created_at", "-id"], name="nodeevent_node_recent_idx"),
+        ]
 
     def __str__(self):
         return f"{self.kind} on node {self.node_id}"
