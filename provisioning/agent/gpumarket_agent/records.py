@@ -67,9 +67,19 @@ def scan_records(cfg):
 
 
 def all_records(cfg):
-    """The readable records. One that cannot be read holds no GPU, port or volume here: which ones it held is not
-    known; the platform, which sees its VM as "unknown", keeps its instance's GPUs from any other booking."""
-    return scan_records(cfg)[0]
+    """Every VM's record, for handing out or freeing GPUs, host ports and volumes (vm create, vm start, volume
+    delete and list). While any record cannot be read, `record_unreadable` naming it: which GPUs, ports and volumes
+    that VM holds is not known here, and its container may run on (docker's unless-stopped), so none of them may go
+    to another VM, nor its volume be deleted, until an operator restores the file or the VM is destroyed. Before, an
+    unreadable record held nothing, and the next create was given its GPU and SSH port (review r54 own MEDIUM-2).
+    `vm list`, `vm status`, the health answer and `vm destroy` read scan_records / load_record instead."""
+    records, unreadable = scan_records(cfg)
+    if unreadable:
+        vm_id = sorted(unreadable)[0]
+        raise AgentError("record_unreadable", (
+            "%s. Until it is restored or VM %s destroyed, no VM is created or started and no volume is deleted on "
+            "this node: which GPUs, ports and volumes VM %s holds is not known") % (unreadable[vm_id], vm_id, vm_id))
+    return records
 
 
 @contextlib.contextmanager

@@ -176,6 +176,7 @@ def vm_start(cfg, rt, rec, req):
     elif req.get("gpu_uuids") is not None:
         raise invalid("gpu_uuids", "gpu_uuids comes with gpu_indices: one UUID per index")
     with file_lock(cfg, "allocate", timeout=60):
+        all_records(cfg)  # refused while another VM's record cannot be read (its GPUs and ports are not known)
         if wanted is not None:
             take_gpus(rt, rec, wanted, uuids)
         check_and_start(rt, rec, gpus)
