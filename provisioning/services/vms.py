@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -35,10 +36,10 @@ from marketplace.services.instances.worker import (
 )
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
-from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind
+from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind, NodeEvent
 from provisioning.services.faults import error_fault
 from provisioning.services.jobs import SUPERSEDED
-from provisioning.services.nodes import VM_MISSING, disk_limit_not_enforced_noted, node_session
+from provisioning.services.nodes import VM_MISSING, disk_limit_not_enforced_noted, node_event, node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
 from provisioning.ssh_errors import (
@@ -611,8 +612,11 @@ def create_request(instance: Instance) -> dict[str, Any]:
 # The agent's answers to a pull that failed (runtimes/dockerpull.py pull_fault): the registry refused the reference
 # (the renter's to fix when the reference is their own), or the node could not pull it (its disk full, its docker
 # daemon gone, its network to a public registry: the node's failure, whatever the image; review r54 #1: every
-# failed pull of an own image was the renter's, "no space left on device" included).
+# failed pull of an own image was the renter's). A disk that filled while the image was unpacked is pull_failed:
+# a full node and an image far bigger unpacked than downloaded (a decompression bomb) read the same, so it counts
+# against the node for a catalogue image only; for a renter's own image it is a node event (review r54 own MEDIUM-1).
 PULL_REFUSED, PULL_NODE_FAILED = "pull_failed", "pull_node_failed"
+_PULL_NO_SPACE = re.compile(r"no space left on device|disk quota exceeded", re.IGNORECASE)
 
 
 def _pull_failure(instance: Instance, exc: AgentFailed) -> AgentFailed:
@@ -622,6 +626,14 @@ def _pull_failure(instance: Instance, exc: AgentFailed) -> AgentFailed:
         failed = AgentFailed({"code": exc.code, "message": f"The image could not be pulled: {exc.message}"})
         if instance.image is None:  # the renter's own reference: theirs to fix, not the node's failure
             failed.fault = JobFault.RENTER  # type: ignore[attr-defined]  # read by faults.error_fault
+            if _PULL_NO_SPACE.search(exc.message):  # the node's disk or the image's size: told, not counted
+                node_event(node=instance.node, kind="pull_no_space", level=NodeEvent.Level.WARNING, message=(
+                    f"The disk filled while instance {instance.pk}'s own image was pulled: {exc.message}"))
+                failed = AgentFailed({"code": exc.code, "message": (
+                    f"The image could not be pulled: the server's disk filled while it was unpacked ({exc.message}). "
+                    "An image much larger unpacked than its download can do this; if yours is not, booking it on "
+                    "another server may work.")})
+                failed.fault = JobFault.RENTER  # type: ignore[attr-defined]
         return failed
     # The node's failure (faults.error_fault: an AgentFailed without a declared fault counts against the node).
     return AgentFailed({"code": exc.code, "message": (

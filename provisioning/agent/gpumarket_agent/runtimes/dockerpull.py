@@ -4,9 +4,10 @@ image's own entrypoint + cmd, which the entry wrapper runs after its work, and t
 
 A failed pull answers one of two codes (pull_fault): `pull_failed`, the registry's refusal of this reference
 (manifest unknown, unauthorized, denied, an invalid reference, another 4xx; the renter's to fix), or
-`pull_node_failed`, the node's own failure (its disk full, its docker daemon gone, its network to a public
-registry). Before, every failure was `pull_failed`, and the platform judged a node whose /var/lib/docker was full
-the renter's fault (review r54 #1)."""
+`pull_node_failed`, the node's own failure (its failing disk, its docker daemon gone, its network to a public
+registry). A full disk and a layer that is not a valid tar are pull_failed: a renter's image can cause them (the
+platform counts a full disk against the node for a catalogue image only). Before, every failure was `pull_failed`,
+a node whose docker daemon was gone the renter's fault (review r54 #1)."""
 import base64
 import json
 import os
@@ -21,12 +22,22 @@ from ..reference import DOCKER_HUB_NAMES, parse_reference, registry_key
 
 PULL_REFUSED = "pull_failed"  # the registry refused the reference: the renter's to fix
 PULL_NODE_FAILED = "pull_node_failed"  # the node could not pull it: the node's failure
-# The node's own failures, wherever the image comes from: its disk, its memory, its docker daemon (the CLI cannot
-# reach it, or lost it mid-pull: docker prints the bare "unexpected EOF" / "EOF" of the cut stream).
+# The node's own failures, wherever the image comes from: its failing or read-only disk, its memory, its docker
+# daemon (the CLI cannot reach it).
 NODE_LOCAL = re.compile(
-    r"no space left on device|disk quota exceeded|read-only file system|input/output error|cannot allocate memory"
-    r"|too many open files|cannot connect to the docker daemon|is the docker daemon running|error during connect"
-    r"|^(?:unexpected )?eof$", re.IGNORECASE | re.MULTILINE)
+    r"read-only file system|input/output error|cannot allocate memory|too many open files"
+    r"|cannot connect to the docker daemon|is the docker daemon running|error during connect", re.IGNORECASE)
+# The disk filled while the image was unpacked: a full node, or an image far bigger unpacked than downloaded (a
+# decompression bomb on Docker Hub costs its renter nothing), which cannot be told apart here. Answered as
+# pull_failed: the platform counts it against the node for a catalogue image only, and for a renter's own image
+# records a node event instead (provisioning/services/vms.py _pull_failure; review r54 own MEDIUM-1).
+NO_SPACE = re.compile(r"no space left on device|disk quota exceeded", re.IGNORECASE)
+# What the image's layers hold (a blob that is not a tar, a bad gzip stream, a digest or diff id that does not
+# match): registries do not check it, so it is the image's, whichever registry served it.
+IMAGE_CONTENT = re.compile(
+    r"failed to register layer|error processing tar file|archive/tar|invalid tar header|failed to extract layer"
+    r"|failed to unpack|layer verification failed|wrong diff id|invalid diff ?id|gzip: invalid header"
+    r"|unsupported media ?type|blob unknown|unknown blob", re.IGNORECASE)
 # The registry's answer about this reference: the renter's (a rate limit, below, depends on the registry).
 REGISTRY_REFUSAL = re.compile(
     r"manifest unknown|not found|unauthorized|denied|no basic auth credentials|invalid reference format"
@@ -45,12 +56,17 @@ PUBLIC_REGISTRIES = frozenset(DOCKER_HUB_NAMES + (
 
 def pull_fault(text, reference, registry_auth):
     """Whose failure a failed `docker pull` of `reference` is, by docker's words: PULL_NODE_FAILED or
-    PULL_REFUSED. The node's local failures first (a full disk is the node's whatever the registry said before);
-    then the registry's refusal; a rate limit is the node's from a public registry without the renter's login (its
-    per-IP anonymous limit) and the renter's otherwise (their account, their registry); a TLS or network failure,
-    and anything else, is the node's towards a public registry and the renter's towards their own."""
-    if NODE_LOCAL.search(text.strip()):
+    PULL_REFUSED. The node's local failures first (a failing disk, its daemon gone); a full disk and what the
+    image's layers hold are PULL_REFUSED (NO_SPACE, IMAGE_CONTENT: a renter can cause either at will, so neither
+    counts against the node unless the platform's own catalogue image did it); then the registry's refusal; a rate
+    limit is the node's from a public registry without the renter's login (its per-IP anonymous limit) and the
+    renter's otherwise (their account, their registry); a TLS or network failure, a cut stream (a bare
+    "unexpected EOF": the CLI losing dockerd, or the registry cutting the blob), and anything else, is the node's
+    towards a public registry and the renter's towards their own."""
+    if NODE_LOCAL.search(text):
         return PULL_NODE_FAILED
+    if NO_SPACE.search(text) or IMAGE_CONTENT.search(text):
+        return PULL_REFUSED
     parsed = parse_reference(reference) or {}
     domain = (parsed.get("domain") or "docker.io").lower()
     public = domain in PUBLIC_REGISTRIES

@@ -6,8 +6,9 @@ demo and the platform's tests can show a pull that works, one that needs credent
   password, the pull fails with the registry's reason;
 - the tag "missing" exists in no registry: manifest unknown;
 - the tag "nospace" fills the node's disk (no space left on device), and the tag "nodenet" meets a node whose DNS
-  is down (the registry's name does not resolve): the first is the node's failure whatever the registry, the
-  second the node's towards Docker Hub (or another public registry) and the renter's towards their own registry;
+  is down (the registry's name does not resolve): the first is pull_failed (a renter's image can fill a disk: the
+  platform counts it against the node for a catalogue image only), the second the node's towards Docker Hub (or
+  another public registry) and the renter's towards their own registry;
 - every other reference is public and pulls.
 Whose failure each is, and so the code answered (pull_failed or pull_node_failed), is decided as the docker
 runtime decides it, by dockerpull.pull_fault on these words. A sim VM runs no image: its OS is the node's own,
