@@ -11,6 +11,9 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 
+PAGE_MAX = 999_999_999  # the largest page number read (9 ASCII digits); the schema says so
+
+
 class Pagination(PageNumberPagination):
     """Page numbers from 1; a malformed `page` or `page_size` is a 400 naming it, not silently ignored."""
 
@@ -32,8 +35,9 @@ class Pagination(PageNumberPagination):
             return default
         # ASCII digits only, as the schema's integer: int() also took "١" (Arabic-Indic one), "1_0", "+1", " 1 ".
         value = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw, re.ASCII) else 0
-        if value < 1 or (maximum is not None and value > maximum):
-            bound = f" and at most {maximum}" if maximum is not None else ""
+        maximum = maximum if maximum is not None else PAGE_MAX
+        if value < 1 or value > maximum:
+            bound = f" and at most {maximum}"
             raise ValidationError({name: [f"Must be a whole number of at least 1{bound}."]})
         return value
 
@@ -41,6 +45,7 @@ class Pagination(PageNumberPagination):
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:
             parameter["schema"]["minimum"] = 1
-            if parameter["name"] == self.page_size_query_param:
-                parameter["schema"]["maximum"] = self.max_page_size
+            # What _positive_int reads: at most 9 digits (a page past the last is a 404).
+            parameter["schema"]["maximum"] = self.max_page_size if parameter["name"] == self.page_size_query_param \
+                else PAGE_MAX
         return parameters
