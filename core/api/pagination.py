@@ -10,7 +10,6 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-
 PAGE_MAX = 999_999_999  # the largest page number read (9 ASCII digits); the schema says so
 
 
