@@ -10,11 +10,12 @@ import pytest
 import redis
 from celery import Celery
 from django.conf import settings
+from django.utils import timezone
 
 from config.celery import SSH
 from config.celery import app as celery_app
 from core.logging_context import ContextFilter, JsonFormatter, PlainFormatter, current, log_context
-from marketplace.models import NodeState
+from marketplace.models import Node, NodeState
 from provisioning.models import Job, JobKind, JobStatus
 from provisioning.services.jobs import job_create
 from tests.factories import UserFactory, make_node
@@ -127,7 +128,9 @@ def test_a_worker_running_a_job_logs_json_lines_with_the_job_node_and_task(json_
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nobody listens: the job's connection attempts fail, it retries, then fails
+    # A node that proved control once: a never-contacted one's failed first contact is not retried (5141fb1).
     node = make_node(UserFactory(), address="127.0.0.1", ssh_port=port, state=NodeState.VERIFYING)
+    Node.objects.filter(pk=node.pk).update(control_proven_at=timezone.now())
     job = job_create(kind=JobKind.NODE_VERIFY, node=node)
     wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.FAILED, 90, what="the job to fail")
 

@@ -34,6 +34,9 @@ os.environ.setdefault("SIM_NODES_ALLOWED", "1")
 # is behind (a connection to one fails as an unreachable server's). The refusals have their own tests, which set
 # it empty.
 os.environ.setdefault("NODE_ADDRESS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128,10.0.0.0/8")
+# Fixtures register dozens of servers for one provider that never see a first contact; the cap's own tests
+# (tests/marketplace/test_round54_node_registration.py) set NODE_PENDING_MAX themselves.
+os.environ.setdefault("NODE_PENDING_MAX", "1000")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_BACKOFF_S", "0.5")
 os.environ.setdefault("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", "3")
 # Lost workers noticed in seconds, not the production minute: the worker-kill tests wait for exactly this.
