@@ -47,3 +47,21 @@ def test_only_the_tests_that_ask_for_the_worker_have_it_take_tasks(request):
 
     if live._session_worker is not None:
         assert live._session_worker.consuming is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_worker_drops_the_tasks_it_holds_for_later(celery_worker):
+    """A task taken with a countdown (a retry, a follow-up) would run when due, in whichever test runs then: the
+    worker fixture's teardown stops the worker taking tasks, and that revokes what it holds."""
+    from config.celery import app
+
+    held = str(uuid.uuid4())
+    try:
+        celery_worker.consume(True)
+        app.send_task(TASK, args=[0], task_id=held, countdown=120)
+        wait_until(lambda: _received(celery_worker, held), 20, what="the worker to take the task with a countdown")
+        celery_worker.consume(False)
+        revoked = app.control.inspect(destination=[celery_worker.nodename], timeout=2.0, limit=1).revoked() or {}
+        assert held in {task_id for ids in revoked.values() for task_id in ids}
+    finally:
+        celery_worker.consume(True)
