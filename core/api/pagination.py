@@ -20,6 +20,8 @@ class Pagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 200
     last_page_strings = ()  # `page` is an integer, as the schema says
+    # A page past the last stays DRF's 404, but says which page and why (Django's "That page contains no results").
+    invalid_page_message = "Page {page_number} does not exist: {message}"
 
     def get_page_size(self, request: Request) -> int:
         return self._positive_int(request, self.page_size_query_param, self.page_size, self.max_page_size)

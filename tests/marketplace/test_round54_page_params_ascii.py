@@ -22,4 +22,6 @@ def test_ascii_page_numbers_still_read(api, path):
     assert api.get(f"{path}?page=1&page_size=5").status_code == 200
     assert api.get(f"{path}?page=01&page_size=200").status_code == 200
     assert api.get(f"{path}?page_size=201").status_code == 400
-    assert api.get(f"{path}?page=2").status_code == 404  # past the last page, as before
+    past = api.get(f"{path}?page=2")
+    # Past the last page: a 404, as before, that names the page and why (it was "Invalid page.", review r55).
+    assert (past.status_code, past.json()) == (404, {"detail": "Page 2 does not exist: That page contains no results"})
