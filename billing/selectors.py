@@ -448,12 +448,14 @@ def earnings_for(*, user: User) -> Earnings:
     docstring tells each figure), read in a few queries whatever the provider's history.
 
     The entries' sums come from the rollup (EarningsRollup: per month and node, kept by the database as entries are
-    posted, backdated ones into their own month), the payouts' from the payouts themselves (paid and pending ones
-    count, by their status now: a rollup could not follow a status), and the time sold from the instances' billed
-    and given-back seconds (each instance's billed_seconds is the sum of its intervals' seconds). Before, every
-    read summed every entry and every usage interval of the provider's history: about 43,000 of each an
-    instance-month, seconds per page for months of history, and past the web server's timeout for a fleet's year
-    (found by review). The SQLite first run keeps no rollup: it reads earnings_from_ledger."""
+    posted, each into the month of its transaction's date: the moment it was posted, so a month that is over keeps
+    its figures; rows dated earlier, by history or by tests, go into their own month too), the payouts' from the
+    payouts themselves (paid and pending ones count, by their status now: a rollup could not follow a status), and
+    the time sold from the instances' billed and given-back seconds (each instance's billed_seconds is the sum of
+    its intervals' seconds). Before, every read summed every entry and every usage interval of the provider's
+    history: about 43,000 of each an instance-month, seconds per page for months of history, and past the web
+    server's timeout for a fleet's year (found by review). The SQLite first run keeps no rollup: it reads
+    earnings_from_ledger."""
     if connection.vendor != "postgresql":
         return earnings_from_ledger(user=user)
     result = Earnings()

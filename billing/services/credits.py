@@ -28,7 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from billing.models import AccountKind, EventKind, TransactionKind
-from billing.services.ledger import ledger_post, user_account
+from billing.services.ledger import ledger_post, span_text, user_account
 from billing.services.notify import event_create
 from marketplace.models import Instance, Interruption, Node, User
 from marketplace.money import micros_to_usd, usd_text
@@ -85,8 +85,9 @@ def interruption_credit(*, interruption_id: int, until: datetime) -> CreditPoste
             idempotency_key=f"interruption:{interruption.pk}:{lost}", kind=TransactionKind.SERVICE_CREDIT,
             lines=[(user_account(user_id=instance.renter_id, kind=AccountKind.CUSTOMER_WALLET), amount),
                    (user_account(user_id=provider_id, kind=AccountKind.PROVIDER_EARNINGS), -amount)],
-            memo=f"Instance {interruption.instance_id} interrupted: {lost} s lost",
-            reason="Service credit by the published interruption rule.", at=until,
+            memo=f"Instance {interruption.instance_id} interrupted: {lost} s lost "
+                 f"{span_text(interruption.started_at, until)}",
+            reason="Service credit by the published interruption rule.",
             customer_note="Service credit for the time your instance was out of your reach.",
         )
         event_create(

@@ -16,7 +16,7 @@ payout's reversal posted to both in id order (clearing first): the two deadlocke
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -83,6 +83,14 @@ def earnings_balance(*, user_id: int) -> int:
     return value or 0
 
 
+def span_text(start: datetime, end: datetime) -> str:
+    """The span a charge covers, for its memo (the statement's line): "from 2026-03-31 23:00:00 to 23:59:50 UTC",
+    the end's date written when it is another day."""
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    to = f"{end:%H:%M:%S}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M:%S}"
+    return f"from {start:%Y-%m-%d %H:%M:%S} to {to} UTC"
+
+
 def ledger_post(
     *,
     idempotency_key: str,
@@ -100,6 +108,11 @@ def ledger_post(
     `lines` are (account, amount) pairs, amounts integer micro-dollars, not zero, summing to zero. `reason` is
     the operator's (operators only); `customer_note` what the customer reads about it.
     Raises LedgerError for lines that do not balance.
+
+    A transaction is dated now, when it is posted: a statement (renter) or the earnings (provider) of a month that
+    is over never change. A charge or credit for time in an earlier month (the meters' last seconds of a month,
+    an outage's catch-up, an interruption's credit) names that span in its memo instead of being dated in it
+    (review r55 MEDIUM-1). `at` is for tests that build a history; no posting path passes it.
     """
     if len(lines) < 2:
         raise LedgerError("A transaction needs at least two entries.")

@@ -115,14 +115,15 @@ def usage_close(*, instance: Instance, until: datetime | None = None) -> UsageIn
                 lines.append((platform_account(kind=AccountKind.PLATFORM_REVENUE), charge.fee))
             txn, created = ledger_post(
                 idempotency_key=usage_key(instance.pk, charge.start), kind=TransactionKind.USAGE, lines=lines,
-                memo=f"Instance {instance.pk}: {charge.seconds} s", at=until,
+                memo=f"Instance {instance.pk}: {charge.seconds} s",
             )
             if not created:  # the instance row said otherwise: refuse rather than charge twice
                 raise LedgerError(f"instance {instance.pk}: usage from {charge.start} was already posted")
         interval = UsageInterval.objects.create(
             instance_id=instance.pk, started_at=charge.start, ended_at=charge.end, seconds=charge.seconds,
             price_per_hour_micros=instance.price_per_hour_micros, platform_fee_bps=instance.platform_fee_bps,
-            amount_micros=charge.amount, fee_micros=charge.fee, transaction=txn, created_at=until,
+            amount_micros=charge.amount, fee_micros=charge.fee, transaction=txn,
+            created_at=txn.created_at if txn is not None else timezone.now(),
         )
         Instance.objects.filter(pk=instance.pk).update(
             billed_until=charge.end, billed_seconds=F("billed_seconds") + charge.seconds,

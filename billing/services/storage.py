@@ -28,6 +28,10 @@ how often the meter runs:
 Each charge is one database transaction with the volume's (or instance's) row locked: the ledger transaction
 (idempotency key `storage:volume:<id>:<start µs>` or `storage:disk:<id>:<start µs>`) and the totals on the row.
 The renter's wallet pays, the provider earns the amount minus the platform's fee, as for GPU time.
+The ledger transaction is dated when it is posted, not at the end of the time it covers (which can be in a month
+that is over: the last seconds of a month billed by the first tick of the next, or an outage's catch-up); its memo
+names the span it charges for. A month's statement and earnings are final once it is over (review r55 MEDIUM-1:
+each charge was dated at the node's last health check, so every month end changed the month that had just ended).
 
 A node that does not answer: GPU time's rule. The meter bills no further than the node's last healthy moment
 (`Node.last_seen_at`). A short silence (fewer than NODE_INTERRUPT_AFTER_FAILED_CHECKS failed checks in a row, which
@@ -51,7 +55,7 @@ from django.utils import timezone
 from billing import selectors
 from billing.models import AccountKind, LedgerTransaction, TransactionKind
 from billing.pricing import EPOCH, MICROSECOND, SECOND
-from billing.services.ledger import LedgerError, ledger_post, platform_account, user_account
+from billing.services.ledger import LedgerError, ledger_post, platform_account, span_text, user_account
 from billing.services.metering import node_billable_until
 from marketplace.models import Instance, InstanceStatus, Node, Volume, VolumeState
 from marketplace.models.host import SECONDS_PER_MONTH
@@ -98,7 +102,8 @@ def _next(*, since: datetime, until: datetime, billed_seconds: int, size_gb: int
     return _Charge(start=since, end=since + seconds * SECOND, seconds=seconds, amount=amount, fee=fee)
 
 
-def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str, at: datetime) -> None:
+def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str) -> None:
+    """Post a storage charge, dated now (when it is posted): never in a month that is over."""
     if charge.amount < 0:  # cannot happen (_next); were it to, neither the ledger nor the row takes it
         raise LedgerError(f"{key}: a storage charge of {charge.amount} µ$")
     if charge.amount == 0:  # nothing to post (a free or tiny disk): the row adds 0 too
@@ -110,7 +115,7 @@ def _post(*, key: str, renter_id: int, node_id: int, charge: _Charge, memo: str,
                       charge.amount - charge.fee))
     if charge.fee:
         lines.append((platform_account(kind=AccountKind.PLATFORM_REVENUE), charge.fee))
-    _, created = ledger_post(idempotency_key=key, kind=TransactionKind.STORAGE, lines=lines, memo=memo, at=at)
+    _, created = ledger_post(idempotency_key=key, kind=TransactionKind.STORAGE, lines=lines, memo=memo)
     if not created:  # the row said otherwise: refuse rather than charge twice
         raise LedgerError(f"{key} was already posted")
 
@@ -131,8 +136,9 @@ def volume_storage_close(*, volume: Volume, until: datetime | None = None) -> in
         return 0
     with transaction.atomic():
         _post(key=storage_key("volume", volume.pk, charge.start), renter_id=volume.owner_id,
-              node_id=volume.node_id, charge=charge, at=until,
-              memo=f"Volume {volume.pk} ({volume.size_gb} GB): {charge.seconds} s")
+              node_id=volume.node_id, charge=charge,
+              memo=f"Volume {volume.pk} ({volume.size_gb} GB): {charge.seconds} s "
+                   f"{span_text(charge.start, charge.end)}")
         Volume.objects.filter(pk=volume.pk).update(
             billed_until=charge.end, billed_seconds=F("billed_seconds") + charge.seconds,
             cost_micros=F("cost_micros") + charge.amount)
@@ -156,8 +162,9 @@ def instance_disk_close(*, instance: Instance, until: datetime | None = None) ->
         return 0
     with transaction.atomic():
         _post(key=storage_key("disk", instance.pk, charge.start),
-              renter_id=instance.renter_id, node_id=instance.node_id, charge=charge, at=until,
-              memo=f"Instance {instance.pk}'s disk while stopped ({instance.disk_gb} GB): {charge.seconds} s")
+              renter_id=instance.renter_id, node_id=instance.node_id, charge=charge,
+              memo=f"Instance {instance.pk}'s disk while stopped ({instance.disk_gb} GB): {charge.seconds} s "
+                   f"{span_text(charge.start, charge.end)}")
         Instance.objects.filter(pk=instance.pk).update(
             disk_billed_until=charge.end, disk_billed_seconds=F("disk_billed_seconds") + charge.seconds,
             disk_cost_micros=F("disk_cost_micros") + charge.amount)
