@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.api.scopes import ALL_SCOPES, PROVIDER, RENTER, missing_scopes
 from core.idempotency import IDEMPOTENCY_KEY_MAX_LENGTH
 from core.transitions import StatefulModel, Transitions
 
@@ -48,6 +49,79 @@ PREFERENCE_KINDS = [k for k in Kind if k not in ALWAYS_ON_KINDS]
 # read otherwise in the billing events list, not as notices; no notice of these kinds is written (notify() refuses
 # them), so their in-app and webhook choices would decide nothing and the settings page offers only the e-mail box.
 EMAIL_ONLY_KINDS = (Kind.BILLING_NOTICE,)
+
+
+# Whose each kind is, as API key scopes split an account (core/api/scopes.py): a key with only `renter` reads, and an
+# endpoint it adds receives, the renter's kinds and the account's; one with only `provider` the provider's and the
+# account's (review r55: a provider-only key read the wallet's balance in `low_balance` notices). A credit and its
+# reversal are the renter's (the wallet) unless their payload's `account` is the provider's earnings
+# (billing.services.ledger._reversal_tell), as the billing events are split (billing/api/wallet.py PROVIDER_EVENTS).
+# Every kind is listed (tests/notifications/test_round55_kind_roles.py): a new kind must say whose it is.
+ROLE_ACCOUNT = "account"  # both roles': the account itself, the endpoints, the test event
+ROLE_BY_ACCOUNT = "by_account"  # the renter's, or the provider's when payload["account"] is EARNINGS_ACCOUNT
+EARNINGS_ACCOUNT = "provider_earnings"  # billing.models.AccountKind.PROVIDER_EARNINGS (the test compares them)
+KIND_ROLES: dict[str, str] = {
+    Kind.LOW_BALANCE: RENTER,
+    Kind.INSTANCE_RUNNING: RENTER,
+    Kind.INSTANCE_STOPPED: RENTER,
+    Kind.INSTANCE_FAILED: RENTER,
+    Kind.INSTANCE_INTERRUPTED: RENTER,
+    Kind.INSTANCE_STOPPED_BY_OPERATOR: RENTER,
+    Kind.INSTANCE_DESTROYED_BY_OPERATOR: RENTER,
+    Kind.VOLUME_LOST: RENTER,
+    Kind.NODE_OFFLINE: PROVIDER,
+    Kind.NODE_REJECTED: PROVIDER,
+    Kind.NODE_DEGRADED: PROVIDER,
+    Kind.NODE_MIG_LAYOUT_DUE: PROVIDER,
+    Kind.NODE_CHANGED_BY_OPERATOR: PROVIDER,
+    Kind.PAYOUT_SENT: PROVIDER,
+    Kind.CREDIT_POSTED: ROLE_BY_ACCOUNT,
+    Kind.CREDIT_REVERSED: ROLE_BY_ACCOUNT,
+    Kind.ACCOUNT_DEACTIVATED: ROLE_ACCOUNT,
+    Kind.ACCOUNT_REACTIVATED: ROLE_ACCOUNT,
+    Kind.WEBHOOK_ENDPOINT_DISABLED: ROLE_ACCOUNT,
+    # E-mail only (never a notice nor a delivery), and of both roles' events (top-ups, failed payouts).
+    Kind.BILLING_NOTICE: ROLE_ACCOUNT,
+    Kind.TEST: ROLE_ACCOUNT,
+}
+BOTH_ROLES = frozenset({RENTER, PROVIDER})
+
+
+def roles_readable(scopes: list[str] | tuple[str, ...] | None) -> frozenset[str]:
+    """The roles (renter, provider) whose rows a key with `scopes` may read, as the API's scope rules decide a GET
+    (`read` reads both); both for None (a browser session, never scoped)."""
+    if scopes is None:
+        return BOTH_ROLES
+    return frozenset(r for r in (RENTER, PROVIDER) if not missing_scopes(scopes=scopes, rule=(r,), method="GET"))
+
+
+def roles_held(scopes: list[str] | tuple[str, ...] | None) -> frozenset[str]:
+    """The roles a key with `scopes` may act as (write): its `renter` and `provider` scopes; both for None."""
+    return BOTH_ROLES if scopes is None else BOTH_ROLES & frozenset(scopes)
+
+
+def kind_role(kind: str, payload: dict | None) -> str:
+    """The role of one event (ROLE_ACCOUNT: both): KIND_ROLES, a credit's decided by its payload's account."""
+    role = KIND_ROLES[kind]
+    if role == ROLE_BY_ACCOUNT:
+        return PROVIDER if (payload or {}).get("account") == EARNINGS_ACCOUNT else RENTER
+    return role
+
+
+def kinds_readable(roles: frozenset[str], *, payload: str = "payload") -> Q:
+    """The rows (of notifications, or deliveries with `payload="notification__payload"`) of the kinds a holder of
+    `roles` may read: Q() for both roles. A credit without an `account` in its payload (an operator's credit to
+    the wallet) is the renter's."""
+    if BOTH_ROLES <= roles:
+        return Q()
+    by_account = [k for k, r in KIND_ROLES.items() if r == ROLE_BY_ACCOUNT]
+    shown = Q(kind__in=[k for k, r in KIND_ROLES.items() if r == ROLE_ACCOUNT or r in roles])
+    earnings = Q(**{f"{payload}__account": EARNINGS_ACCOUNT})
+    if PROVIDER in roles:
+        shown |= Q(kind__in=by_account) & earnings
+    if RENTER in roles:
+        shown |= Q(kind__in=by_account) & (Q(**{f"{payload}__account__isnull": True}) | ~earnings)
+    return shown
 
 
 class Channels(models.Model):
@@ -137,6 +211,11 @@ class Notification(StatefulModel, models.Model):
         return f"{self.kind} for {self.user_id}"
 
 
+def all_scopes() -> list[str]:
+    """An endpoint added on the settings page (a session: never scoped), or before scopes were kept, gets all."""
+    return list(ALL_SCOPES)
+
+
 class WebhookEndpoint(models.Model):
     """A URL of the user's that receives their events as signed JSON POSTs. The signing secret is stored
     encrypted and shown once, when the endpoint is created."""
@@ -160,6 +239,9 @@ class WebhookEndpoint(models.Model):
         "When the platform paused it for failing every attempt too long; cleared when it is resumed."))
     disabled_reason = models.CharField(max_length=300, blank=True, help_text=(
         "Why the platform paused it (empty: active, or paused by its owner)."))
+    scopes = models.JSONField(default=all_scopes, help_text=(
+        "The scopes of the API key that added it (every scope: added on the settings page, or before scopes were "
+        "kept): it receives the kinds of its `renter` and `provider` scopes and the account's (KIND_ROLES)."))
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -170,6 +252,15 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self):
         return f"webhook endpoint {self.pk} ({self.url})"
+
+    @property
+    def roles(self) -> frozenset[str]:
+        """Whose events it receives (besides the account's): its scopes' `renter` and `provider`."""
+        return roles_held(self.scopes)
+
+    def receives(self, kind: str, payload: dict | None) -> bool:
+        role = kind_role(kind, payload)
+        return role == ROLE_ACCOUNT or role in self.roles
 
 
 class WebhookTestEvent(models.Model):

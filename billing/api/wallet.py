@@ -21,7 +21,7 @@ from billing.services.profiles import CONNECT_ACCOUNT_ID_SET
 from core.api.fields import CentsField, MoneyField, StrictFieldsMixin
 from core.api.filtering import StrictFilterSet, reject_unknown_params
 from core.api.schema import error_response
-from core.api.scopes import PROVIDER, RENTER, RENTER_ONLY, RENTER_OR_PROVIDER, missing_scopes
+from core.api.scopes import PROVIDER, PROVIDER_ONLY, RENTER, RENTER_ONLY, RENTER_OR_PROVIDER, missing_scopes
 from marketplace.models import ApiKey
 from marketplace.money import micros_to_usd, usd_to_micros
 from marketplace.reauth import refuse_session_alone
@@ -228,10 +228,13 @@ PROVIDER_EVENTS = (Q(kind__in=[EventKind.PAYOUT_PAID, EventKind.PAYOUT_FAILED, E
 @extend_schema_view(list=extend_schema(
     summary="Your billing events: warnings, credits, top-ups, payouts",
     description="A key without the `renter` scope (nor `read`) lists the provider's events only (payouts, service "
-                "credits and reversals charged to the earnings): the wallet's are the renter's, as the balance."))
+                "credits and reversals charged to the earnings): the wallet's are the renter's, as the balance. "
+                "A key without the `provider` scope (nor `read`) lists all but those, as the payouts are the "
+                "provider's."))
 @extend_schema(tags=["billing"])
 class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py; a provider-only key: PROVIDER_EVENTS (review r54)
+    api_scope = RENTER_OR_PROVIDER  # core/api/scopes.py; a provider-only key: PROVIDER_EVENTS (review r54), a
+    # renter-only key: all others (review r55)
     serializer_class = BillingEventSerializer
     filterset_class = EventFilter
     queryset = BillingEvent.objects.none()
@@ -243,6 +246,10 @@ class BillingEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         key = self.request.auth
         if isinstance(key, ApiKey) and missing_scopes(scopes=key.scopes, rule=RENTER_ONLY, method="GET"):
             events = events.filter(PROVIDER_EVENTS)
+        elif isinstance(key, ApiKey) and missing_scopes(scopes=key.scopes, rule=PROVIDER_ONLY, method="GET"):
+            # The mirror: a renter-only key reads no payout (review r55). By id: `exclude` dropped a credit without
+            # an `account` in its data too (an operator's credit to the wallet), its JSON test being NULL.
+            events = events.exclude(pk__in=events.filter(PROVIDER_EVENTS).values("pk"))
         return events
 
     def list(self, request, *args, **kwargs):

@@ -4,6 +4,7 @@ from typing import Any
 from rest_framework import serializers
 
 from core.api.fields import StrictFieldsMixin
+from core.api.scopes import ALL_SCOPES
 from core.validators import no_control_characters
 from notifications.models import PREFERENCE_KINDS, Notification, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from notifications.services.urls import URL_MAX_LENGTH
@@ -40,9 +41,14 @@ class PreferenceInputSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
 
 
 class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=ALL_SCOPES), read_only=True, help_text=(
+        "The scopes of the API key that added it (every scope: added on the settings page): it receives the event "
+        "kinds of their `renter` and `provider` roles, and the account's."))
+
     class Meta:
         model = WebhookEndpoint
-        fields = ["id", "url", "description", "active", "secret_hint", "created_at", "disabled_at", "disabled_reason"]
+        fields = ["id", "url", "description", "active", "secret_hint", "created_at", "disabled_at", "disabled_reason",
+                  "scopes"]
 
 
 class WebhookEndpointCreatedSerializer(WebhookEndpointSerializer):
@@ -54,7 +60,7 @@ class WebhookEndpointCreatedSerializer(WebhookEndpointSerializer):
 
 
 class WebhookEndpointInputSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
-    read_only_elsewhere = ("id", "secret_hint", "created_at", "secret")
+    read_only_elsewhere = ("id", "secret_hint", "created_at", "secret", "scopes")
     url = serializers.CharField(max_length=URL_MAX_LENGTH, validators=[no_control_characters],
                                 help_text="https:// to a public address; it receives signed JSON POSTs.")
     description = serializers.CharField(max_length=DESCRIPTION_MAX_LENGTH, required=False, allow_blank=True,

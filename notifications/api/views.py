@@ -11,11 +11,12 @@ from rest_framework.views import APIView
 from core.api.filtering import reject_unknown_params
 from core.api.idempotency import idempotency_key, idempotency_parameter
 from core.api.schema import error_response
-from core.api.scopes import ANY
+from core.api.scopes import ANY, SAFE_METHODS
 from core.api.throttling import ScopedRateThrottle
+from marketplace.models import ApiKey
 from marketplace.reauth import refuse_session_alone
 from notifications import selectors
-from notifications.models import PREFERENCE_KINDS, Notification, WebhookDelivery, WebhookEndpoint
+from notifications.models import PREFERENCE_KINDS, Notification, WebhookDelivery, WebhookEndpoint, roles_held
 from notifications.services import notify as notify_svc
 from notifications.services import webhooks as webhook_svc
 
@@ -34,6 +35,17 @@ from .serializers import (
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
 
 
+def _key_scopes(request: Request) -> list[str] | None:
+    """The scopes of the API key that authenticated the request: the notices, deliveries and endpoints of the
+    roles it may read only (notifications.models.KIND_ROLES; review r55). None for a browser session: not scoped."""
+    return list(request.auth.scopes) if isinstance(request.auth, ApiKey) else None
+
+
+ROLE_SPLIT = ("A key without the `renter` scope (nor `read`) {what} no renter's kinds (the balance, credits to "
+              "it, instances, volumes), and one without `provider` (nor `read`) no provider's (nodes, payouts, "
+              "credits to the earnings); the account's kinds go to every key.")
+
+
 def _unread_param(request: Request) -> bool | None:
     raw = request.query_params.get("unread")
     if raw is None or raw == "":
@@ -44,13 +56,14 @@ def _unread_param(request: Request) -> bool | None:
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Your notifications, newest first", parameters=[
-        OpenApiParameter("unread", bool, description="Only unread (true) or only read (false) ones.")]),
+    list=extend_schema(summary="Your notifications, newest first", description=ROLE_SPLIT.format(what="lists"),
+                       parameters=[OpenApiParameter("unread", bool,
+                                                    description="Only unread (true) or only read (false) ones.")]),
     retrieve=extend_schema(summary="One of your notifications"),
 )
 @extend_schema(tags=["notifications"])
 class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    api_scope = ANY  # core/api/scopes.py: renters and providers alike
+    api_scope = ANY  # core/api/scopes.py: any key; its rows those of the key's roles (models.KIND_ROLES)
     serializer_class = NotificationSerializer
     queryset = Notification.objects.none()
     known_query_params = ("unread",)  # read by get_queryset; any other is a 400 (core.api.filtering)
@@ -59,7 +72,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
         unread = _unread_param(self.request) if self.action == "list" else None
-        return selectors.notifications_for(user=self.request.user, unread=unread)
+        return selectors.notifications_for(user=self.request.user, unread=unread, scopes=_key_scopes(self.request))
 
     @extend_schema(summary="Mark one notification read", request=None, responses={200: NotificationSerializer})
     @action(detail=True, methods=["post"])
@@ -68,16 +81,19 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
         return Response(NotificationSerializer(notification).data)
 
     @extend_schema(summary="Mark all your notifications read", request=None,
+                   description="With an API key, those it lists (the kinds of its scopes' roles) only.",
                    responses={200: UnreadCountSerializer})
     @action(detail=False, methods=["post"], url_path="read-all")
     def read_all(self, request):
-        notify_svc.notifications_mark_all_read(user=request.user)
+        notify_svc.notifications_mark_all_read(user=request.user, scopes=_key_scopes(request))
         return Response({"unread": 0})
 
-    @extend_schema(summary="How many of your notifications are unread", responses={200: UnreadCountSerializer})
+    @extend_schema(summary="How many of your notifications are unread",
+                   description="With an API key, of those it lists (the kinds of its scopes' roles) only.",
+                   responses={200: UnreadCountSerializer})
     @action(detail=False, methods=["get"], url_path="unread-count", pagination_class=None)
     def unread_count(self, request):
-        return Response({"unread": selectors.unread_count(user=request.user)})
+        return Response({"unread": selectors.unread_count(user=request.user, scopes=_key_scopes(request))})
 
 
 @extend_schema(tags=["notifications"])
@@ -112,12 +128,20 @@ SETTINGS_PAGE = "on the notification settings page (it asks for your password)"
 ENDPOINT_WRITES_THROTTLED = ("More than WEBHOOK_ENDPOINT_THROTTLE_RATE (10 a minute) endpoints added or changed by "
                              "you, with the API and the settings page together; nothing was changed. Retry-After "
                              "says when to try again.")
+OTHER_ROLE_REFUSED = ("This webhook endpoint receives the events of a role this API key's scopes ({held}) do not "
+                      "act as ({roles}): it was added on the settings page or by a key with more scopes. Change it "
+                      "with such a key, or on the notification settings page; nothing was changed.")
+CSRF_OR_OTHER_ROLE = ("Not allowed (for a browser session: a missing CSRF token). Or: "
+                      + OTHER_ROLE_REFUSED.format(held="...", roles="..."))
 SESSION_REFUSED = ("{what} asked with a browser session, not an API key: the notification settings page asks for "
                    "the password; nothing was changed.")
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Your webhook endpoints"),
+    list=extend_schema(summary="Your webhook endpoints", description=(
+        "An endpoint added with an API key receives the kinds of that key's `renter` and `provider` scopes and the "
+        "account's (`scopes`: the key's); one added on the settings page, every kind. A key lists the endpoints "
+        "whose events it may read: a renter-only key not one that receives the provider's events.")),
     retrieve=extend_schema(summary="One of your webhook endpoints"),
     create=extend_schema(
         summary="Add a webhook endpoint (its signing secret is in this answer only)",
@@ -133,18 +157,22 @@ SESSION_REFUSED = ("{what} asked with a browser session, not an API key: the not
             403: error_response(SESSION_REFUSED.format(what="An endpoint")),
             429: error_response(ENDPOINT_WRITES_THROTTLED),
             422: error_response("The Idempotency-Key was used for a different request, or added its endpoint "
-                                "more than 10 minutes ago (its secret is not shown again).")}),
+                                "more than 10 minutes ago (its secret is not shown again).")},
+        description="It receives the event kinds of this key's `renter` and `provider` scopes and the account's "
+                    "(kept as its `scopes`): a renter-only key's endpoint is sent no node, payout or earnings event."),
     partial_update=extend_schema(summary="Change an endpoint's URL, description or active flag",
                                  request=WebhookEndpointInputSerializer, responses={
                                      200: WebhookEndpointSerializer,
-                                     403: error_response(SESSION_REFUSED.format(what="A new URL")),
+                                     403: error_response(SESSION_REFUSED.format(what="A new URL") + " Or: "
+                                                         + OTHER_ROLE_REFUSED.format(held="...", roles="...")),
                                      429: error_response(ENDPOINT_WRITES_THROTTLED)}),
-    destroy=extend_schema(summary="Delete a webhook endpoint and its delivery log"),
+    destroy=extend_schema(summary="Delete a webhook endpoint and its delivery log", responses={
+        204: None, 403: error_response(CSRF_OR_OTHER_ROLE)}),
 )
 @extend_schema(tags=["notifications"])
 class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
                              viewsets.GenericViewSet):
-    api_scope = ANY  # core/api/scopes.py: renters and providers alike
+    api_scope = ANY  # core/api/scopes.py: any key; its rows those of the key's roles (models.KIND_ROLES)
     serializer_class = WebhookEndpointSerializer
     queryset = WebhookEndpoint.objects.none()
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
@@ -162,7 +190,16 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        return selectors.endpoints_for(user=self.request.user)
+        return selectors.endpoints_for(user=self.request.user, scopes=_key_scopes(self.request))
+
+    def get_object(self):
+        endpoint = super().get_object()
+        scopes = _key_scopes(self.request)
+        if self.request.method not in SAFE_METHODS and not endpoint.roles <= roles_held(scopes):
+            # A key with `read` lists it; a change (its URL: where the other role's events go) needs that role.
+            raise exceptions.PermissionDenied(OTHER_ROLE_REFUSED.format(
+                held=", ".join(sorted(scopes or ())), roles=", ".join(sorted(endpoint.roles - roles_held(scopes)))))
+        return endpoint
 
     def create(self, request):
         # An endpoint receives the account's events until it is deleted: not for a session alone (a copied cookie).
@@ -170,7 +207,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         key, fingerprint = idempotency_key(request)
         if key:  # a retry gets the answer it lost, even if its URL would not pass the check now (its DNS)
             earlier = webhook_svc.endpoint_for_idempotency_key(user=request.user, idempotency_key=key,
-                                                               request_fingerprint=fingerprint)
+                                                               request_fingerprint=fingerprint,
+                                                               scopes=_key_scopes(request))
             if earlier is not None:
                 return self._created(*earlier, code=status.HTTP_200_OK)
         data = WebhookEndpointInputSerializer(data=request.data)
@@ -179,7 +217,7 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         endpoint, secret, created = webhook_svc.endpoint_create_once(
             user=request.user, url=values["url"], description=values.get("description", ""),
             active=values.get("active", True), base_url=request.build_absolute_uri("/"),
-            idempotency_key=key, request_fingerprint=fingerprint)
+            idempotency_key=key, request_fingerprint=fingerprint, scopes=_key_scopes(request))
         return self._created(endpoint, secret, code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @staticmethod
@@ -204,7 +242,8 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
 
     @extend_schema(summary="Send a test event to this endpoint (queued; read its delivery for the outcome)",
                    request=None, responses={202: TestQueuedSerializer, 429: error_response(
-                       "More than NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR (10) test events this hour.")})
+                       "More than NOTIFICATIONS_WEBHOOK_TESTS_PER_HOUR (10) test events this hour."),
+                       403: error_response(CSRF_OR_OTHER_ROLE)})
     @action(detail=True, methods=["post"])
     def test(self, request, pk=None):
         delivery = webhook_svc.endpoint_test(endpoint=self.get_object())
@@ -215,14 +254,15 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
 @extend_schema_view(
     list=extend_schema(summary="Your webhook deliveries, newest first (every attempt with its answer)",
                        description="A delivery finished (delivered or given up) more than "
-                                   "NOTIFICATIONS_WEBHOOK_LOG_DAYS (30) days ago is deleted with its attempts.",
+                                   "NOTIFICATIONS_WEBHOOK_LOG_DAYS (30) days ago is deleted with its attempts. "
+                                   + ROLE_SPLIT.format(what="lists"),
                        parameters=[OpenApiParameter("endpoint", {"type": "integer", "minimum": 1},
                                                     description="Only this endpoint's (its id).")]),
     retrieve=extend_schema(summary="One of your webhook deliveries"),
 )
 @extend_schema(tags=["notifications"])
 class WebhookDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    api_scope = ANY  # core/api/scopes.py: renters and providers alike
+    api_scope = ANY  # core/api/scopes.py: any key; its rows those of the key's roles (models.KIND_ROLES)
     serializer_class = WebhookDeliverySerializer
     queryset = WebhookDelivery.objects.none()
     known_query_params = ("endpoint",)  # read by get_queryset; any other is a 400 (core.api.filtering)
@@ -236,5 +276,6 @@ class WebhookDeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, v
             if not (raw.isascii() and raw.isdigit()):  # str.isdigit alone takes "²", which int() refuses
                 raise serializers.ValidationError({"endpoint": ["Must be an endpoint's id."]})
             endpoint_id = get_object_or_404(selectors.endpoints_for(user=self.request.user), pk=int(raw)).pk
-        return (selectors.deliveries_for(user=self.request.user, endpoint_id=endpoint_id)
+        return (selectors.deliveries_for(user=self.request.user, endpoint_id=endpoint_id,
+                                         scopes=_key_scopes(self.request))
                 .prefetch_related("attempt_log"))

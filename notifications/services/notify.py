@@ -30,6 +30,8 @@ from notifications.models import (
     Preference,
     WebhookDelivery,
     WebhookEndpoint,
+    kinds_readable,
+    roles_readable,
 )
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,8 @@ def notify(*, user: User, kind: str, payload: dict[str, Any], dedupe_key: str,
             dispatch.enqueue_on_commit(EMAIL_SEND, notification.pk, 0)
         if webhook:
             for endpoint in _endpoints_kept(user_id=user.pk):
+                if not endpoint.receives(kind, payload):  # added by a key of the other role (KIND_ROLES)
+                    continue
                 delivery_queue(endpoint=endpoint, kind=kind, notification=notification, payload=payload,
                                title=notification.title, message=notification.body)
     return notification
@@ -188,8 +192,10 @@ def notification_mark_read(*, notification: Notification) -> Notification:
     return notification
 
 
-def notifications_mark_all_read(*, user: User) -> int:
-    mine: QuerySet[Notification] = Notification.objects.filter(user=user, in_app=True, read_at=None)
+def notifications_mark_all_read(*, user: User, scopes: list[str] | tuple[str, ...] | None = None) -> int:
+    """Mark the user's unread notices read; with an API key's `scopes`, those of the roles it may read only."""
+    mine: QuerySet[Notification] = Notification.objects.filter(kinds_readable(roles_readable(scopes)), user=user,
+                                                                in_app=True, read_at=None)
     return mine.update(read_at=timezone.now())
 
 

@@ -42,6 +42,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.response import HTTPResponse
 
 from core import dispatch
+from core.api.scopes import ALL_SCOPES, PROVIDER, RENTER
 from core.errors import IdempotencyKeyReused, NotFound, TooManyRequests, ValidationFailed
 from core.security_mail import security_change_notify
 from marketplace.encryption import decrypt_secret, encrypt_secret
@@ -53,6 +54,7 @@ from notifications.models import (
     WebhookDelivery,
     WebhookEndpoint,
     WebhookTestEvent,
+    roles_held,
 )
 from notifications.services.notify import WEBHOOK_DELIVER, delivery_queue, notify
 from notifications.services.retry import backoff_s, recordable
@@ -111,6 +113,11 @@ class EndpointRequestReused(ValidationFailed):
 REQUEST_REPLAY_S = 600
 
 
+# What an endpoint receives, as the e-mail telling of a new one says it (by the roles of the key that added it).
+_EVENTS_OF = {frozenset({RENTER, PROVIDER}): "instances, balance, payouts", frozenset({RENTER}): "instances, balance",
+              frozenset({PROVIDER}): "nodes, payouts", frozenset(): "the account's own"}
+
+
 def endpoint_create(*, user: User, url: str, description: str = "", base_url: str = "",
                     idempotency_key: str = "") -> tuple[WebhookEndpoint, str]:
     """A new endpoint and its signing secret (returned this once, never again). It receives the account's events
@@ -125,19 +132,22 @@ def endpoint_create(*, user: User, url: str, description: str = "", base_url: st
 
 def endpoint_create_once(*, user: User, url: str, description: str = "", active: bool = True, base_url: str = "",
                          idempotency_key: str = "", request_fingerprint: str = "",
+                         scopes: list[str] | tuple[str, ...] | None = None,
                          ) -> tuple[WebhookEndpoint, str, bool]:
     """endpoint_create, and whether it added the endpoint (False: the request's replay answered the earlier one).
 
     `request_fingerprint` (an API request's Idempotency-Key, core.idempotency): the key's earlier endpoint is
     answered as endpoint_for_idempotency_key says (its body's fingerprint compared, IdempotencyKeyReused
-    otherwise); without it (a page form's token) its values are compared (EndpointRequestReused)."""
+    otherwise); without it (a page form's token) its values are compared (EndpointRequestReused). `scopes`: those
+    of the API key adding it, kept with it: it receives the kinds of their roles only (models.KIND_ROLES); None (the
+    settings page, a session) every scope."""
     url = webhook_url_check(url)
     description = _description(description)
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=user.pk).first()  # one count (and one key look-up) at a time
         if idempotency_key and request_fingerprint:
             earlier = endpoint_for_idempotency_key(user=user, idempotency_key=idempotency_key,
-                                                   request_fingerprint=request_fingerprint)
+                                                   request_fingerprint=request_fingerprint, scopes=scopes)
             if earlier is not None:
                 return *earlier, False
         elif idempotency_key:
@@ -150,24 +160,28 @@ def endpoint_create_once(*, user: User, url: str, description: str = "", active:
         endpoint = WebhookEndpoint.objects.create(user=user, url=url, description=description, active=active,
                                                   secret_encrypted=encrypt_secret(secret.encode()),
                                                   secret_hint=secret[:10], request_key=idempotency_key,
-                                                  request_fingerprint=request_fingerprint)
+                                                  request_fingerprint=request_fingerprint,
+                                                  scopes=list(ALL_SCOPES if scopes is None else scopes))
         security_change_notify(user=user, subject="A webhook endpoint was added to your account", base_url=base_url,
                                change=f"A webhook endpoint was added to your account: {url}. It receives your "
-                                      "account's events (instances, balance, payouts) until it is deleted.")
+                                      f"account's events ({_EVENTS_OF[endpoint.roles]}) until it is deleted.")
     return endpoint, secret, True
 
 
-def endpoint_for_idempotency_key(*, user: User, idempotency_key: str,
-                                 request_fingerprint: str) -> tuple[WebhookEndpoint, str] | None:
+def endpoint_for_idempotency_key(*, user: User, idempotency_key: str, request_fingerprint: str,
+                                 scopes: list[str] | tuple[str, ...] | None = None,
+                                 ) -> tuple[WebhookEndpoint, str] | None:
     """The endpoint an API request of the user's with this Idempotency-Key added, and its secret: a client that
     lost the answer (a timeout, a 502 after the commit) sends the request again and gets the answer it lost, the
     only one with the secret, as a page form submitted twice does (REQUEST_REPLAY_S). None when the key added
     none. IdempotencyKeyReused (422) when that request had another body, or when it is older than
-    REQUEST_REPLAY_S: its secret was shown then and is not shown again."""
+    REQUEST_REPLAY_S: its secret was shown then and is not shown again; or when `scopes` (the asking key's) do not
+    hold every role of the endpoint's: another key of the user's added it, and its secret is not this key's to read.
+    """
     added = WebhookEndpoint.objects.filter(user=user, request_key=idempotency_key).first()
     if added is None:
         return None
-    if added.request_fingerprint != request_fingerprint:
+    if added.request_fingerprint != request_fingerprint or not added.roles <= roles_held(scopes):
         raise IdempotencyKeyReused(f"This Idempotency-Key was used for another request: it added the webhook "
                                    f"endpoint {added.pk}. Use a new key for a new endpoint.")
     if timezone.now() - added.created_at > timedelta(seconds=REQUEST_REPLAY_S):

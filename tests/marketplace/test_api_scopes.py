@@ -4,6 +4,7 @@ The walk over the URL configuration fails when a DRF view anywhere declares no s
 /api/ or /compat/vast/ is served by anything but a DRF view; the parametrised tests then send, to every one of
 those paths, a key without the scope its rule needs and check the 403 names the scope.
 """
+import json
 import re
 from datetime import timedelta
 
@@ -13,9 +14,23 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
-from core.api.scopes import ALL_SCOPES, ANY, PROVIDER, PUBLIC, READ, RENTER, is_rule, read_methods_of
+from billing.models import AccountKind, EventKind
+from billing.services.notify import event_create
+from core.api.scopes import (
+    ALL_SCOPES,
+    ANY,
+    PROVIDER,
+    PUBLIC,
+    READ,
+    RENTER,
+    RENTER_OR_PROVIDER,
+    is_rule,
+    read_methods_of,
+)
 from marketplace.models import ApiKey
 from marketplace.services.accounts import api_key_create
+from notifications.models import Kind, Notification, WebhookDelivery, WebhookEndpoint
+from notifications.services.notify import notify
 from tests.factories import UserFactory
 from tests.marketplace.renting_helpers import ed25519_key
 
@@ -299,3 +314,136 @@ def test_a_read_key_revokes_itself():
     # Another user's key named by a read key is refused as before (its value is not that key's).
     stranger_key = api_key_create(user=UserFactory(), name="s", scopes=[READ])[0]
     assert _client(_key(user, [READ])).delete(f"/api/v1/api-keys/{stranger_key.pk}/").status_code == 403
+
+
+# --- rows of one role read with a key of the other (review r55 LOW-1) ---------------------------------------------
+# The walk above proves a key lacking a view's scope is refused; it cannot see a view open to any key (ANY, or
+# renter-or-provider) whose rows belong to one role. Every such path that answers a GET is listed here: with the
+# way its rows are told apart (seeded below, one row of each role, and read with a key of each single scope), or
+# with why its answer is not per role. A new one fails test_every_get_open_to_both_roles_is_classified.
+
+def _tags_of_notices(rows):
+    return {r["payload"]["tag"] for r in rows}
+
+
+def _tags_of_deliveries(rows):
+    return {json.loads(r["body"])["data"]["tag"] for r in rows}
+
+
+def _tags_of_endpoints(rows):
+    return {r["description"] for r in rows}
+
+
+def _tags_of_events(rows):
+    return {r["data"]["tag"] for r in rows}
+
+
+ROLE_ROWS = {
+    "/api/v1/notifications/": _tags_of_notices,
+    "/api/v1/webhook-deliveries/": _tags_of_deliveries,
+    "/api/v1/webhook-endpoints/": _tags_of_endpoints,
+    "/api/v1/billing/events/": _tags_of_events,
+}
+ROLE_DETAILS = {  # one row of a list above: its view's queryset, the list's (a hidden row is a 404)
+    "/api/v1/notifications/1/": "/api/v1/notifications/",
+    "/api/v1/webhook-deliveries/1/": "/api/v1/webhook-deliveries/",
+    "/api/v1/webhook-endpoints/1/": "/api/v1/webhook-endpoints/",
+}
+ROLE_COUNTS = ("/api/v1/notifications/unread-count/",)  # counts the list's rows (checked below)
+NOT_PER_ROLE = {
+    "/api/v1/auth/me/": "the account itself",
+    "/api/v1/api-keys/": "the account's keys (a key makes and revokes keys within its own scopes only)",
+    "/api/v1/billing/profile/": "the account's billing settings; changing each needs its role's scope",
+    "/api/v1/billing/refunds/": "operators' only",
+    "/api/v1/notification-preferences/": "channels per event kind: no event's content",
+    "/api/v1/notification-preferences/1/": "channels per event kind: no event's content",
+    "/compat/vast/api/v0/users/current/": "the account; its balance is blanked for a key without renter (compat)",
+    "/compat/vast/api/v0/users/current": "the account; its balance is blanked for a key without renter (compat)",
+}
+
+
+def _gets_open_to_both_roles():
+    for route, pattern in _api_patterns():
+        cls = _view_class(pattern)
+        if getattr(cls, "api_scope", None) not in (ANY, RENTER_OR_PROVIDER):
+            continue
+        actions = getattr(pattern.callback, "actions", None)
+        if (actions is not None and "get" in actions) or (actions is None and hasattr(cls, "get")):
+            yield _sample_path(route)
+
+
+def test_every_get_open_to_both_roles_is_classified():
+    classified = set(ROLE_ROWS) | set(ROLE_DETAILS) | set(ROLE_COUNTS) | set(NOT_PER_ROLE)
+    unclassified = sorted(set(_gets_open_to_both_roles()) - classified)
+    assert not unclassified, (f"GETs open to renter and provider keys alike, whose rows nobody said are per role or "
+                              f"not: {unclassified}")
+
+
+def _seed_rows_of_each_role(user):
+    """Rows tagged "renter", "provider", "account" (every key's) and, of endpoints, "both" (receiving both roles'
+    events: listed to a key that may read both only), on every list of ROLE_ROWS."""
+    for tag, scopes in (("renter", [RENTER]), ("provider", [PROVIDER]), ("both", list(ALL_SCOPES))):
+        endpoint = WebhookEndpoint(user=user, url="https://hooks.example.com/in", secret_encrypted=b"x",
+                                   secret_hint="whsec_ab", description=tag)
+        endpoint.scopes = scopes  # as the key that added it had them
+        endpoint.save()
+    earnings = {"account": AccountKind.PROVIDER_EARNINGS}
+    for n, (kind, payload, tag) in enumerate([
+            (Kind.LOW_BALANCE, {"balance": "3.21"}, "renter"),
+            (Kind.CREDIT_POSTED, {"amount": "5.000000"}, "renter"),  # to the wallet
+            (Kind.INSTANCE_RUNNING, {"instance": 1}, "renter"),
+            (Kind.PAYOUT_SENT, {"payout": 1, "amount": "1234.56"}, "provider"),
+            (Kind.CREDIT_REVERSED, {**earnings, "amount": "2.000000"}, "provider"),
+            (Kind.NODE_OFFLINE, {"node": 1}, "provider"),
+            (Kind.ACCOUNT_REACTIVATED, {}, "account")]):
+        notify(user=user, kind=kind, payload={**payload, "tag": tag}, dedupe_key=f"r55:{n}")
+    for kind, data, tag in [(EventKind.LOW_BALANCE, {}, "renter"), (EventKind.CREDIT, {}, "renter"),
+                            (EventKind.TOP_UP_SUCCEEDED, {}, "renter"), (EventKind.PAYOUT_PAID, {}, "provider"),
+                            (EventKind.PAYOUT_FAILED, {}, "provider"), (EventKind.CREDIT, earnings, "provider")]:
+        event_create(user=user, kind=kind, message=kind, data={**data, "tag": tag})
+
+
+def _visible(tags, roles):
+    both = {RENTER, PROVIDER}
+    return {t for t in tags if t == "account" or ({t} if t != "both" else both) <= roles}
+
+
+SINGLE_AND_WIDE_KEYS = [([RENTER], {RENTER}), ([PROVIDER], {PROVIDER}), ([READ], {RENTER, PROVIDER}),
+                        ([READ, PROVIDER], {RENTER, PROVIDER}), (list(ALL_SCOPES), {RENTER, PROVIDER})]
+
+
+@pytest.mark.parametrize("path", sorted(ROLE_ROWS))
+@pytest.mark.parametrize(("scopes", "roles"), SINGLE_AND_WIDE_KEYS, ids=["-".join(k) for k, _ in SINGLE_AND_WIDE_KEYS])
+def test_a_key_lists_the_rows_of_its_own_roles_only(path, scopes, roles):
+    user = UserFactory()
+    _seed_rows_of_each_role(user)
+    session = APIClient()
+    session.force_login(user)
+    everything = ROLE_ROWS[path](session.get(path).json()["results"])  # a browser session is not scoped
+    assert {"renter", "provider"} <= everything, (path, everything)
+    r = _client(_key(user, scopes)).get(path)
+    assert r.status_code == 200, (path, r.content[:300])
+    assert ROLE_ROWS[path](r.json()["results"]) == _visible(everything, roles), (path, scopes)
+
+
+ROW_TAGS = {  # each detail path's rows, with the tag _seed_rows_of_each_role gave them
+    "/api/v1/notifications/1/": lambda: {n.pk: n.payload["tag"] for n in Notification.objects.all()},
+    "/api/v1/webhook-deliveries/1/": lambda: {d.pk: d.notification.payload["tag"]
+                                              for d in WebhookDelivery.objects.select_related("notification")},
+    "/api/v1/webhook-endpoints/1/": lambda: {e.pk: e.description for e in WebhookEndpoint.objects.all()},
+}
+
+
+@pytest.mark.parametrize(("scopes", "roles"), SINGLE_AND_WIDE_KEYS, ids=["-".join(k) for k, _ in SINGLE_AND_WIDE_KEYS])
+def test_a_keys_unread_count_and_row_reads_keep_to_its_roles(scopes, roles):
+    user = UserFactory()
+    _seed_rows_of_each_role(user)
+    client = _client(_key(user, scopes))
+    tags = ROW_TAGS["/api/v1/notifications/1/"]()
+    unread = sum(1 for tag in tags.values() if _visible({tag}, roles))
+    assert 0 < unread and client.get("/api/v1/notifications/unread-count/").json() == {"unread": unread}
+    assert set(ROW_TAGS) == set(ROLE_DETAILS)
+    for detail, rows in ROW_TAGS.items():
+        for pk, tag in rows().items():
+            status = client.get(detail.replace("/1/", f"/{pk}/")).status_code
+            assert status == (200 if _visible({tag}, roles) else 404), (detail, tag, status)
