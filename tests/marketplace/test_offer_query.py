@@ -16,6 +16,7 @@ from marketplace.api.offer_query import UNCACHED, OfferQuery, _json_loads
 from marketplace.api.offer_rows import OFFER_COLUMNS
 from marketplace.api.offers import OfferFilter
 from marketplace.models import Node
+from tests import module_rows
 from tests.marketplace.mig_helpers import make_mig_node
 from tests.marketplace.test_offer_rows import _varied_offers
 
@@ -64,14 +65,26 @@ def _fresh_cache():
     offer_query.clear()
 
 
-@pytest.fixture
-def offers():
+def _build_offers() -> list[int]:
     nodes = _varied_offers()
     make_mig_node({0: ["3g.40gb", "2g.20gb", "1g.10gb"], 1: ["7g.80gb"]}, country="US", city="Ashburn",
                   reliability=0.96, score=2.2)
     Node.objects.filter(pk=nodes[5].pk).update(
         benchmark_summary={"nvlink": {"connected": True, "islands": [[0, 1, 2, 3, 4, 5]]}})
-    return nodes
+    return [node.pk for node in nodes]
+
+
+@pytest.fixture(scope="module")
+def offers_rows(request, django_db_setup, django_db_blocker):
+    """The offers' rows, built once for the module (tests/module_rows.py): each test's writes are rolled back."""
+    with module_rows.rows_for_module(request, django_db_blocker, _build_offers) as pks:
+        yield pks
+
+
+@pytest.fixture
+def offers(offers_rows, db):
+    by_pk = Node.objects.in_bulk(offers_rows)
+    return [by_pk[pk] for pk in offers_rows]
 
 
 def _get(client, params):
