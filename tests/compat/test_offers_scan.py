@@ -8,6 +8,7 @@ import pytest
 from compat.vast import offers, query
 from marketplace.models import Gpu, Node
 from marketplace.selectors import offers_search
+from tests import module_rows
 from tests.factories import UserFactory, make_listed_node, make_node
 
 MODELS = ("rtx-a5000", "rtx-4090", "a100-80gb-sxm", "h100-sxm")
@@ -45,10 +46,21 @@ QUERIES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def market_rows(request, django_db_setup, django_db_blocker):
+    """The market's rows, built once for the module (tests/module_rows.py): each test's writes are rolled back."""
+    with module_rows.rows_for_module(request, django_db_blocker, _build_market):
+        yield
+
+
 @pytest.fixture
-def market(db):
+def market(market_rows, db):
     """Nodes with ties on every key the scan orders on (price, score, reliability, host facts), some host facts
-    unmeasured (null), partly rented, degraded ones and one not listed."""
+    unmeasured (null), partly rented, degraded ones and one not listed (_build_market). The same rows for every
+    test of a module (built once: a test that does not use them comes before the first that does)."""
+
+
+def _build_market() -> None:
     rng = random.Random(7)
     more = random.Random(45)  # the disk price, runtime and bandwidths (round 45): rng's draws as before
     provider = UserFactory()

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from compat.vast import offers, query, statements
 from marketplace.selectors import offers_search
-from tests.compat.test_offers_scan import market  # noqa: F401 (the fixture)
+from tests.compat.test_offers_scan import market, market_rows  # noqa: F401 (the fixtures)
 
 pytestmark = pytest.mark.usefixtures("market")
 DEFAULTS = {"verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True}}

@@ -8,7 +8,8 @@ import pytest
 from compat.vast import offers, query, statements
 from marketplace.models import Node
 from marketplace.selectors import offers_search
-from tests.compat.test_offers_scan import market  # noqa: F401 (the fixture)
+from tests import module_rows
+from tests.compat.test_offers_scan import market, market_rows  # noqa: F401 (the fixtures)
 from tests.factories import UserFactory, make_listed_node
 
 V0 = "/compat/vast/api/v0"
@@ -20,6 +21,13 @@ def empty_cache():
     statements.clear()
     yield
     statements.clear()
+
+
+@pytest.fixture(autouse=True)
+def _market_only_where_asked(request):
+    """The market is built once for the module's last tests (test_offers_scan.market_rows): the tests above them,
+    with rows of their own, must not run beside it."""
+    module_rows.require_absent(request, "market")
 
 
 def parse(body: dict) -> query.Query:
@@ -90,6 +98,23 @@ def test_the_docker_search_reads_no_libvirt_node(mostly_docker, monkeypatch):
     answer, read = nodes_read(monkeypatch, q)
     assert answer == plain(q) and len(answer) == 5 and {row["runtime"] for row in answer} == {"docker"}
     assert read == len(docker)  # the docker nodes only (ties on score: all of them); the libvirt ones came first
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ({"runtime": {"eq": "kvm"}}, "'kvm'"),
+    ({"runtime": {"neq": "dockr"}}, "'dockr'"),
+    ({"runtime": {"in": ["docker", "vm"]}}, "'vm'"),
+    ({"runtime": {"notin": [""]}}, "''"),
+    ({"runtime": {"eq": "docker "}}, "'docker '"),
+])
+def test_a_value_that_names_no_runtime_is_a_400(anon, db, body, named):
+    """It answered nothing (eq, in) or everything (neq, notin), silently: a typo looked like an empty market."""
+    make_listed_node(gpu_model="rtx-a4000", gpu_count=1, runtime="docker")
+    r = anon.post(f"{V0}/bundles/", {**DEFAULTS, **body}, format="json")
+    assert r.status_code == 400, r.json()
+    assert r.json()["msg"] == f"`runtime` is one of docker, libvirt, sim (how the node runs instances), not {named}."
+    ok = anon.post(f"{V0}/bundles/", {**DEFAULTS, "runtime": {"in": ["DOCKER", None]}}, format="json")
+    assert ok.status_code == 200 and len(ok.json()["offers"]) == 1
 
 
 # Every operator on both fields, their values as query.parse takes them (case, a value twice, null, an empty list),
@@ -164,20 +189,3 @@ def test_conditions_no_runtime_passes_send_no_statement(django_assert_num_querie
     assert plain(q) == []
     with django_assert_num_queries(0):
         assert offers.offers_find(q) == []
-
-
-@pytest.mark.parametrize(("body", "named"), [
-    ({"runtime": {"eq": "kvm"}}, "'kvm'"),
-    ({"runtime": {"neq": "dockr"}}, "'dockr'"),
-    ({"runtime": {"in": ["docker", "vm"]}}, "'vm'"),
-    ({"runtime": {"notin": [""]}}, "''"),
-    ({"runtime": {"eq": "docker "}}, "'docker '"),
-])
-def test_a_value_that_names_no_runtime_is_a_400(anon, db, body, named):
-    """It answered nothing (eq, in) or everything (neq, notin), silently: a typo looked like an empty market."""
-    make_listed_node(gpu_model="rtx-a4000", gpu_count=1, runtime="docker")
-    r = anon.post(f"{V0}/bundles/", {**DEFAULTS, **body}, format="json")
-    assert r.status_code == 400, r.json()
-    assert r.json()["msg"] == f"`runtime` is one of docker, libvirt, sim (how the node runs instances), not {named}."
-    ok = anon.post(f"{V0}/bundles/", {**DEFAULTS, "runtime": {"in": ["DOCKER", None]}}, format="json")
-    assert ok.status_code == 200 and len(ok.json()["offers"]) == 1
