@@ -1,10 +1,16 @@
 """The public offers search: what is listed, every filter, every ordering, pagination, bad filter values."""
 import pytest
 
-from marketplace.models import Gpu, GpuStatus, NodeState, Verdict
+from marketplace.models import Gpu, GpuStatus, Node, NodeState, Verdict
+from tests import module_rows
 from tests.factories import make_listed_node, make_node
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _market_only_where_asked(request):
+    module_rows.require_absent(request, "market")
 
 URL = "/api/v1/offers/"
 
@@ -90,12 +96,65 @@ def test_offers_are_public_and_do_not_show_provider_details(anon):
         assert private not in row
 
 
+def test_offers_are_read_only(api):
+    node = make_listed_node()
+    assert api.post(URL, {"gpu_model": "l4"}).status_code == 405
+    assert api.delete(f"{URL}{node.pk}/").status_code == 405
+
+
+@pytest.mark.parametrize("offer_id", ["999999999", "abc", "1.5"])
+def test_an_unknown_offer_is_a_json_404(anon, offer_id):
+    r = anon.get(f"{URL}{offer_id}/")
+    assert r.status_code == 404 and "detail" in r.json()
+
+
+# --- pagination -------------------------------------------------------------------------------------------------
+
+def test_ties_are_broken_by_id_so_pages_are_stable(anon):
+    nodes = [make_listed_node(price="1.000000", score=1.0) for _ in range(4)]
+    assert ids(anon.get(URL, {"ordering": "price_per_gpu_hour"})) == [n.pk for n in nodes]
+    assert ids(anon.get(URL, {"ordering": "-price_per_gpu_hour"})) == [n.pk for n in nodes]
+
+
+def test_pagination(anon):
+    nodes = [make_listed_node(price=f"{p}.000000") for p in range(1, 6)]
+    first = anon.get(URL, {"ordering": "price_per_gpu_hour", "page_size": 2})
+    body = first.json()
+    assert body["count"] == 5 and body["previous"] is None
+    assert ids(first) == [nodes[0].pk, nodes[1].pk]
+    second = anon.get(body["next"])
+    assert ids(second) == [nodes[2].pk, nodes[3].pk]
+    last = anon.get(URL, {"ordering": "price_per_gpu_hour", "page_size": 2, "page": 3})
+    assert ids(last) == [nodes[4].pk] and last.json()["next"] is None
+    assert anon.get(URL, {"page_size": 2, "page": 4}).status_code == 404
+
+
+def test_default_page_size_is_50(anon):
+    for _ in range(51):
+        make_listed_node(gpu_count=1)
+    body = anon.get(URL).json()
+    assert body["count"] == 51 and len(body["results"]) == 50 and body["next"]
+
+
 # --- filters ----------------------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def market_rows(request, django_db_setup, django_db_blocker):
+    """The market's rows, built once for the module (tests/module_rows.py): each test's writes are rolled back."""
+    with module_rows.rows_for_module(request, django_db_blocker, _build_market) as pks:
+        yield pks
+
+
 @pytest.fixture
-def market():
-    """Five offers that differ in every filtered property."""
-    return {
+def market(market_rows):
+    """Five offers that differ in every filtered property (_build_market; the module's last tests: those above them
+    make rows of their own)."""
+    by_pk = Node.objects.in_bulk(market_rows.values())
+    return {name: by_pk[pk] for name, pk in market_rows.items()}
+
+
+def _build_market() -> dict[str, int]:
+    nodes = {
         "a4000": make_listed_node(gpu_model="rtx-a4000", gpu_count=1, price="0.200000", score=0.3,
                                   reliability=0.90, country="US", city="Dallas"),
         "a6000": make_listed_node(gpu_model="rtx-a6000", gpu_count=4, price="0.800000", score=1.0,
@@ -107,6 +166,7 @@ def market():
         "h100b": make_listed_node(gpu_model="h100-sxm", gpu_count=2, price="2.900000", score=5.5,
                                   reliability=0.97, country="US", city="Dallas"),
     }
+    return {name: node.pk for name, node in nodes.items()}
 
 
 def names(market, response):
@@ -173,34 +233,6 @@ def test_ordering(anon, market, ordering, expected):
     assert [by_id[i] for i in ids(anon.get(URL, params))] == expected
 
 
-def test_ties_are_broken_by_id_so_pages_are_stable(anon):
-    nodes = [make_listed_node(price="1.000000", score=1.0) for _ in range(4)]
-    assert ids(anon.get(URL, {"ordering": "price_per_gpu_hour"})) == [n.pk for n in nodes]
-    assert ids(anon.get(URL, {"ordering": "-price_per_gpu_hour"})) == [n.pk for n in nodes]
-
-
-# --- pagination -------------------------------------------------------------------------------------------------
-
-def test_pagination(anon):
-    nodes = [make_listed_node(price=f"{p}.000000") for p in range(1, 6)]
-    first = anon.get(URL, {"ordering": "price_per_gpu_hour", "page_size": 2})
-    body = first.json()
-    assert body["count"] == 5 and body["previous"] is None
-    assert ids(first) == [nodes[0].pk, nodes[1].pk]
-    second = anon.get(body["next"])
-    assert ids(second) == [nodes[2].pk, nodes[3].pk]
-    last = anon.get(URL, {"ordering": "price_per_gpu_hour", "page_size": 2, "page": 3})
-    assert ids(last) == [nodes[4].pk] and last.json()["next"] is None
-    assert anon.get(URL, {"page_size": 2, "page": 4}).status_code == 404
-
-
-def test_default_page_size_is_50(anon):
-    for _ in range(51):
-        make_listed_node(gpu_count=1)
-    body = anon.get(URL).json()
-    assert body["count"] == 51 and len(body["results"]) == 50 and body["next"]
-
-
 # --- bad input --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -243,18 +275,6 @@ def test_bad_filter_values_are_a_400_naming_the_parameter(anon, market, params, 
     r = anon.get(URL, params)
     assert r.status_code == 400, r.content
     assert field in r.json()
-
-
-def test_offers_are_read_only(api):
-    node = make_listed_node()
-    assert api.post(URL, {"gpu_model": "l4"}).status_code == 405
-    assert api.delete(f"{URL}{node.pk}/").status_code == 405
-
-
-@pytest.mark.parametrize("offer_id", ["999999999", "abc", "1.5"])
-def test_an_unknown_offer_is_a_json_404(anon, offer_id):
-    r = anon.get(f"{URL}{offer_id}/")
-    assert r.status_code == 404 and "detail" in r.json()
 
 
 def test_offers_show_and_filter_nvlink_as_the_check_found_it(anon, market):
