@@ -2,12 +2,14 @@
 (table.py): for every verb of every path in docs/openapi.yaml, what anonymous callers, another owner, an
 operator and the owner get, and that a refused request changes nothing in the database."""
 import json
+from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 from django.apps import apps
+from django.db import connection
 
 from tests.api_contract import world
 from tests.api_contract.table import CALLS, OPERATOR, PUBLIC, STRIPE, USER, Call
@@ -44,14 +46,36 @@ def calls(*access: str, owned: bool = False, lists: bool = False) -> list:
     return [pytest.param(c, id=c.id) for c in chosen]
 
 
-def database_state() -> dict:
-    """Every row of the apps' tables, to compare before and after a refused request."""
-    state = {}
+@cache
+def _state_queries() -> list[tuple[str, str]]:
+    """(label, SQL) per model of the apps: the ORM's SELECT of every row's columns but the volatile ones, by pk."""
+    queries = []
     for model in apps.get_models():
         if model._meta.app_label in APPS:
             label = model._meta.label
             columns = [f.attname for f in model._meta.concrete_fields if (label, f.name) not in VOLATILE]
-            state[label] = list(model._base_manager.order_by("pk").values_list(*columns))
+            sql, params = model._base_manager.order_by("pk").values_list(*columns).query.sql_with_params()
+            assert not params, (label, params)  # sent as they are, in one batch
+            queries.append((label, sql))
+    return queries
+
+
+def database_state() -> dict:
+    """Every row of the apps' tables, to compare before and after a refused request. The same SELECTs as the ORM's,
+    compiled once and sent to PostgreSQL as one batch: one per model (35, twice a test) were a third of the
+    module's time. The rows are the database's values, before any field's from_db_value."""
+    queries = _state_queries()
+    state = {}
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # psycopg: statements without parameters, all results (nextset)
+            cursor.execute(";\n".join(sql for _, sql in queries))
+            for label, _ in queries:
+                state[label] = cursor.fetchall()
+                cursor.nextset()
+        else:
+            for label, sql in queries:
+                cursor.execute(sql)
+                state[label] = cursor.fetchall()
     return state
 
 
