@@ -2,7 +2,8 @@
 Celery worker and simulated GPU servers (real sshd processes), as a renter, a provider and an operator would.
 
 Screenshots go to $WEB_SCREENSHOTS_DIR when it is set (docs/screenshots/ is made that way:
-`WEB_SCREENSHOTS_DIR=docs/screenshots pytest tests/web/test_browser.py`), else to a temporary folder.
+`WEB_SCREENSHOTS_DIR=docs/screenshots pytest tests/web/test_browser.py`); without it none is taken (`shot` does
+nothing): a full-page PNG costs the browser CPU time, and no test looks at one.
 """
 import os
 import re
@@ -32,9 +33,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def shots_dir(tmp_path_factory):
+def shots_dir():
+    """Where screenshots go: $WEB_SCREENSHOTS_DIR, or None (none is taken)."""
     folder = os.environ.get("WEB_SCREENSHOTS_DIR")
-    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+    if not folder:
+        return None
+    path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -42,7 +46,8 @@ def shots_dir(tmp_path_factory):
 @pytest.fixture
 def shot(shots_dir):
     def take(page, name: str, full_page: bool = True):
-        page.screenshot(path=str(shots_dir / f"{name}.png"), full_page=full_page)
+        if shots_dir is not None:
+            page.screenshot(path=str(shots_dir / f"{name}.png"), full_page=full_page)
     return take
 
 
