@@ -79,7 +79,8 @@ def _fail(job: Job, exc: NodeError) -> None:
     if on_failure is not None:
         on_failure(job=job, error=exc)
     else:
-        vms.vm_failed(job=job, error=exc.message, fault=error_fault(exc))
+        # The error itself, not only its words: its kind chooses what the instance's renter is told (vms.renter_reason).
+        vms.vm_failed(job=job, error=exc, fault=error_fault(exc))
 
 
 def run_job(task, job_id: int) -> None:

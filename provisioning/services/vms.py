@@ -47,6 +47,8 @@ from provisioning.ssh_errors import (
     AgentFailed,
     AgentGarbage,
     AgentTimeout,
+    AuthFailed,
+    HostKeyMismatch,
     NodeError,
     NodeUnreachable,
 )
@@ -775,6 +777,45 @@ _VM_GONE = ("Its VM and disk are no longer on the server (removed there, or lost
            "nothing more is billed for it. Destroy it, and rent another instance to carry on.")
 
 
+# What the renter is told of a failed VM job (review r55 MEDIUM-1). The error itself (Job.error: the provider's node
+# page, node events, the admin) is worded for the node's provider and the operators: the node's SSH login and address,
+# "run the node's install command", "retire this node". Its renter gets a sentence of their own, chosen by the
+# error's kind and whose failure it is, in the instance's status message (the web page, the API, the Vast-compatible
+# API and the renter's notifications all read that). An error of the renter's own (their image refused by its
+# registry, their VM's SSH server silenced by what they gave) is worded for them already and is told as it is.
+_TOLD_UNREACHABLE = "Its server could not be reached."
+_TOLD_NODE = "Its server could not carry it out."
+_TOLD_PLATFORM = "The platform could not carry it out (a failure of its own; its operators have been told)."
+_TOLD_BY_KIND: tuple[tuple[type[NodeError], str], ...] = (
+    (VmSshSilent, "The VM its server made never answered SSH."),
+    (NodeUnreachable, _TOLD_UNREACHABLE),  # AddressRefused too
+    (AgentTimeout, "Its server did not answer in time."),
+    (AuthFailed, _TOLD_UNREACHABLE),
+    (HostKeyMismatch, _TOLD_UNREACHABLE),
+)
+_TOLD_PULL_NODE_FAILED = ("Its server could not download the image (the server's failure, not a fault of the image); "
+                          "booking it on another server may work.")
+
+
+def renter_reason(error: NodeError | str, fault: str) -> str:
+    """The reason a VM job failed, said to the instance's renter (above): never the node's own words, but for an
+    error of the renter's own and the registry's refusal of an image."""
+    message = error.message if isinstance(error, NodeError) else error
+    if fault == JobFault.RENTER:
+        return message
+    if isinstance(error, AgentFailed) and error.code == PULL_REFUSED:  # _pull_failure: the registry's reason
+        return message
+    if fault != JobFault.NODE:
+        return _TOLD_PLATFORM
+    if isinstance(error, AgentFailed) and error.code == PULL_NODE_FAILED:
+        return _TOLD_PULL_NODE_FAILED
+    if isinstance(error, NodeError):
+        for kind, told in _TOLD_BY_KIND:
+            if isinstance(error, kind):
+                return told
+    return _TOLD_NODE
+
+
 def _vm_settled(job: Job, instance: Instance, verb: str) -> str:
     """Ask the node to stop or destroy the VM, confirmed as every VM command is when its answer is lost: _SETTLED
     (nothing runs on the GPUs any more), _GONE (the node has no such VM: nothing runs, and no disk is left to
@@ -811,9 +852,11 @@ def vm_forget_missing(*, session: NodeSession, instance: Instance) -> bool:
     return answer.get("existed") is True
 
 
-def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> None:
+def vm_failed(*, job: Job, error: NodeError | str, fault: str, reach_node: bool = True) -> None:
     """A provision, start, restart or stop job gave up (retries spent, deadline, lost worker, crash); `fault`:
-    whose failure `error` is (faults.error_fault).
+    whose failure `error` is (faults.error_fault). The error, worded for the node's provider and the operators, is
+    the job's (Job.error); the instance's renter is told `renter_reason` (never the node's login, address or the
+    provider's fix).
 
     A job superseded by a later job of its instance (job_superseded) is closed with a note: the instance, its
     GPUs and the VM are that job's, even in a state this one waits on too (START and RESTART both act in
@@ -834,6 +877,8 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
     them (vm_cleanup_pending) until the node confirms it (instance_cleanup_done), so that no GPU its VM may
     still use is given to the next renter.
     """
+    told = renter_reason(error, fault)
+    error = error.message if isinstance(error, NodeError) else error
     if _closed_as_superseded(job, error, fault):
         return
     instance = Instance.objects.select_related("node").get(pk=_instance_id(job))
@@ -861,7 +906,7 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         what = "stop" if kind == JobKind.INSTANCE_STOP else "restart"
         instance_svc.instance_mark_running_again(
             instance_id=instance.pk, only_in=waiting_on,
-            message=f"The {what} did not reach the server: {error} It is still running (and billed); "
+            message=f"The {what} did not reach the server: {told} It is still running (and billed); "
                     f"{what} it again.")
         job_finish(job=job, error=error, fault=fault)
         return
@@ -876,7 +921,9 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
     settled = outcome != _UNKNOWN
     if provision:
         # Settled, the node destroyed its VM (record and all) or none was made: nothing of it is left there.
-        instance_svc.instance_mark_failed(instance_id=instance.pk, message=error, only_in=waiting_on,
+        # It never ran: nothing of it was billed (GPU time is metered from running on; a disk only while stopped).
+        instance_svc.instance_mark_failed(instance_id=instance.pk, message=f"{told} It never ran: nothing was billed.",
+                                          only_in=waiting_on,
                                           cleanup_pending=not settled, vm_gone=settled)
     elif outcome == _GONE:
         # Not marked vm_gone here: the node may keep its record of the VM (missing), which counts as mounting its
@@ -884,7 +931,7 @@ def vm_failed(*, job: Job, error: str, fault: str, reach_node: bool = True) -> N
         instance_svc.instance_mark_failed(instance_id=instance.pk, message=_VM_GONE, only_in=waiting_on)
     else:
         failed_verb = {JobKind.INSTANCE_START: "The start", JobKind.INSTANCE_RESTART: "The restart"}.get(kind)
-        message = (f"{failed_verb} did not go through: {error} It is stopped, its disk kept; start it again."
+        message = (f"{failed_verb} did not go through: {told} It is stopped, its disk kept; start it again."
                    if failed_verb else "Stopped; the disk is kept.")
         if failed_verb and quarantined:
             # A start there is refused until the key is accepted: not "start it again" (found in r47).
