@@ -112,12 +112,25 @@ def instance(request, pk: int):
     context = _live_context(obj, request.user)
     context["node"] = obj.node
     context["mig_slices"] = svc.instance_slice_uuids(instance=obj) if obj.mig_profile else []  # prefetched
-    context["logs"] = _logs(obj, request.GET.get("tail"))
+    context["no_log"] = _no_log(obj)
+    context["logs"] = None if context["no_log"] else _logs(obj, request.GET.get("tail"))
     context["log_tails"] = LOG_TAILS
     return _poll_headers(render(request, "marketplace/instance.html", context), obj)
 
 
 LOG_TAILS = (100, 1000, opts.LOGS_TAIL_MAX)
+
+
+def _no_log(instance) -> str:
+    """Why the instance has no log to read ('' when it may have one): where vm_logs would answer "no VM to read logs
+    from", or the node has no VM of it any more, no link is offered (review r55 LOW-2: each link could only fail)."""
+    if instance.status == InstanceStatus.REQUESTED:
+        return "There is no log yet: its VM is not created yet."
+    if instance.status == InstanceStatus.DESTROYED:
+        return "There is no log: the instance is destroyed, and its VM with it."
+    if instance.status == InstanceStatus.FAILED and instance.vm_gone:
+        return "There is no log: its VM is no longer on its server."
+    return ""
 
 
 def _logs(instance, tail_param) -> dict | None:

@@ -194,8 +194,7 @@ def instance_start(*, instance: Instance) -> Instance:
         _save(instance, "vm_cleanup_pending")
         job_create(kind=JobKind.INSTANCE_START, node=node, instance=instance)
         return instance
-    last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
-    previous = list(instance.allocations.filter(released_at=last_release).values_list("gpu_id", flat=True))
+    previous = _last_gpu_ids(instance)  # released just above: those of its last run
     # Its GPUs again when all are free. Else a VM may move (not a container: below), and takes them as a booking
     # would: one NVLink island when one has enough free (keeping as many of its own as that allows); by index only,
     # a start took its remaining card and the next by index, across islands beside a whole free one (found by
@@ -267,9 +266,27 @@ def _start_node_refusal(node: Node, *, provider_active: bool) -> str:
 def instance_start_refusal(*, instance: Instance) -> str:
     """instance_start's refusal for the sake of the instance's node, read now without locks ('' when the node takes
     the start): for pages, so that they offer Start only where the service would (found by review: a stopped
-    instance on a node in maintenance was offered Start, and the click refused)."""
+    instance on a node in maintenance was offered Start, and the click refused). A container's own GPUs not free
+    too (review r55 LOW-1: Start was offered while another instance held its GPU); a VM may move to others."""
     node = Node.objects.select_related("provider").get(pk=instance.node_id)
-    return _start_node_refusal(node, provider_active=node.provider.is_active)
+    refusal = _start_node_refusal(node, provider_active=node.provider.is_active)
+    if refusal or node.runtime != Runtime.DOCKER or instance.mig_profile:
+        return refusal
+    if instance.allocations.filter(released_at__isnull=True).exists():
+        return ""  # it still holds its GPUs (a stop its node did not confirm: vm_cleanup_pending); the start frees them
+    previous = set(_last_gpu_ids(instance))
+    missing = previous - set(Gpu.objects.filter(pk__in=previous, status=GpuStatus.FREE).values_list("pk", flat=True))
+    return _container_gpus_refusal(missing) if missing else ""
+
+
+def _last_gpu_ids(instance: Instance) -> list[int]:
+    """The GPUs of the instance's last run: those it holds, else those it released last. A container starts on
+    these only (instance_start, after releasing any it holds; instance_start_refusal, read without locks)."""
+    held = list(instance.allocations.filter(released_at__isnull=True).values_list("gpu_id", flat=True))
+    if held:
+        return held
+    last_release = instance.allocations.aggregate(at=Max("released_at"))["at"]
+    return list(instance.allocations.filter(released_at=last_release).values_list("gpu_id", flat=True))
 
 
 def instance_restart_refusal(*, instance: Instance) -> str:
