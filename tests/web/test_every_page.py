@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from axe_playwright_python.base import AXE_SCRIPT
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from tests.web.conftest import PASSWORD, logged_in
@@ -193,7 +194,9 @@ def _pages(data) -> dict[str, list[tuple[str, str, int]]]:
 
 
 def _signed_in(new_page, base: str, who: str, **options):
+    """A page logged in as `who`, its context with axe in every document it loads (_axe)."""
     page = new_page(**options)
+    page.context.add_init_script(AXE_SCRIPT)
     if who == "operator":
         page.goto(f"{base}/admin/login/")
         page.locator("#id_username").fill(EMAILS[who])
@@ -220,9 +223,13 @@ AXE_OPTIONS = {"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag2
 
 
 def _axe(page, context: str | None = None) -> list[str]:
-    from axe_playwright_python.sync_playwright import Axe
-
-    results = Axe().run(page, context=context, options=AXE_OPTIONS).response
+    """axe's violations on the page (or in `context`, a selector). The script is put into the page only if the
+    page's context did not already put it into every document (_signed_in): sent through Playwright with every
+    page, its 570 kB cost the walks 3 s each."""
+    if not page.evaluate("typeof axe !== 'undefined'"):
+        page.evaluate(AXE_SCRIPT)
+    results = page.evaluate("([context, options]) => axe.run(context === null ? document : context, options)",
+                            [context, AXE_OPTIONS])
     return [f"{v['id']} ({v['impact']}): {v['help']} at {', '.join(str(n['target']) for n in v['nodes'][:3])}"
             for v in results["violations"]]
 
