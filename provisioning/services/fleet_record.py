@@ -215,7 +215,9 @@ def _interrupt(node: Node, result: HealthResult, last_healthy: datetime | None, 
     if not result.ok and node.health_failures >= settings.NODE_INTERRUPT_AFTER_FAILED_CHECKS:
         return instance_svc.node_instances_interrupt(
             node_id=node.pk, since=last_healthy, cause=InterruptionCause.NODE_LOST,
-            detail=f"{node.health_failures} health checks failed in a row: {result.error}")
+            # Not the SSH error: it is written for the provider (their login, address, what to run) and this
+            # detail reaches the renter; the node keeps it as last_error.
+            detail=f"{node.health_failures} health checks failed in a row")
     if result.ok and result.vms is not None:
         gone, stopped = _vms_lost(result, running)
         # Unknown (its engine has it but cannot give its state now): not judged, neither stopped nor gone (found by
