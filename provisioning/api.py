@@ -133,13 +133,16 @@ class NodeBenchmarksView(generics.ListAPIView):
 
 
 def _node_shown(user, raw_id, permissions: tuple[str, ...]) -> Node:
-    """The live node `raw_id` names, when `user` is its provider, or an operator who sees nodes and holds one of
-    `permissions` (what the admin asks to show the rows); Http404 otherwise, and for an id that is no number."""
+    """The node `raw_id` names, when `user` is its provider (a retired one too), or a live one to an operator who
+    sees nodes and holds one of `permissions` (what the admin asks to show the rows); Http404 otherwise, and for an
+    id that is no number. A retired node's record stays its provider's to read: its retirement's events
+    (retired_by_operator, retired_unreachable: what was ended and deleted) are shown nowhere else (review r55)."""
     node_id = str(raw_id)
     if not (node_id.isascii() and node_id.isdigit()) or len(node_id) > 18:  # isdigit alone takes "²"
         raise Http404
     # Only whether the caller may see it: not its GPUs.
-    node = selectors.nodes_for_user(user=user).prefetch_related(None).filter(pk=int(node_id)).first()
+    node = (Node.objects.filter(pk=int(node_id), provider_id=user.pk).first()
+            or selectors.nodes_for_user(user=user).prefetch_related(None).filter(pk=int(node_id)).first())
     if node is None or (node.provider_id != user.pk and not any(map(user.has_perm, permissions))):
         raise Http404  # another provider's rows: to operators the admin shows them to (found by review)
     return node

@@ -217,6 +217,10 @@ REST_FRAMEWORK = {
         # Registering a node, per user, the API and the register page together: each resolves a host name the
         # provider chose inside the web request, and starts automatic SSH connections to it (review r54).
         "node_register": env_str("NODE_REGISTER_THROTTLE_RATE", "10/min"),
+        # Changing a node's address, SSH port or user, per user, the API and the server's settings page together:
+        # each change of a node the platform reached is an SSH connection, inside the web request, to the host and
+        # port the provider typed, whose answer tells what listens there (review r55).
+        "node_endpoint": env_str("NODE_ENDPOINT_THROTTLE_RATE", "10/min"),
     },
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

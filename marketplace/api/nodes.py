@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from core.api.fields import StrictFieldsMixin, UsdField
 from core.api.schema import CodedErrorSerializer, ErrorDetailSerializer, error_response
 from core.api.scopes import PROVIDER_ONLY
-from core.api.throttling import ScopedRateThrottle
+from core.api.throttling import ScopedRateThrottle, scoped_rate_wait
 from core.validators import no_control_characters
 from marketplace import selectors
 from marketplace.mig import all_profile_names
@@ -31,7 +31,7 @@ from marketplace.validators import (
     validate_ssh_user,
 )
 from provisioning.selectors import latest_jobs
-from provisioning.services.endpoint_change import node_endpoint_change
+from provisioning.services.endpoint_change import node_change, node_endpoint_changes
 from provisioning.services.verification import node_verify_request
 
 
@@ -229,8 +229,10 @@ _ENDPOINT_HELP = (" Changing the address, SSH port or SSH user is checked as at 
                   "rules and 409), then, for a node the platform has reached, proven: the platform logs in at the new "
                   "endpoint and takes it only if the server there presents the node's pinned SSH host key and "
                   "accepts the node's key (a 400 naming what failed otherwise: unreachable, another host key, the key "
-                  "refused; nothing is changed). A pending node never contacted changes at once. With other "
-                  "fields, the new endpoint is proven and stored first, then the others.")
+                  "refused; nothing is changed). A pending node never contacted changes at once. Not while the node's "
+                  "verification or spot check runs (409). With other fields, all are checked first, then the new "
+                  "endpoint is proven, then all are stored together: any refusal stores nothing. At most "
+                  "NODE_ENDPOINT_THROTTLE_RATE (10 a minute) changes, with the server's settings page (429).")
 
 
 class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -276,6 +278,9 @@ _EMAIL_NOT_VERIFIED = ("`code` `email_not_verified`: your e-mail address is not 
 
 _REGISTER_THROTTLED = ("More than NODE_REGISTER_THROTTLE_RATE (10 a minute) nodes registered by you, with the API "
                        "and the register page together; nothing was registered. Retry-After says when to try again.")
+_ENDPOINT_THROTTLED = ("More than NODE_ENDPOINT_THROTTLE_RATE (10 a minute) changes of a node's address, SSH "
+                       "port or user by you, with the API and the server's settings page together; nothing was "
+                       "changed. Retry-After says when to try again.")
 _REGISTER_CONFLICT = ("A live node of yours is already registered at this address and port, or you have "
                       "NODE_PENDING_MAX nodes that have not passed their first contact yet (verify or retire one).")
 
@@ -305,6 +310,7 @@ class ProviderChangesOwnNode(permissions.BasePermission):
     partial_update=extend_schema(summary="Change price, listing, maintenance, or the SSH address",
                                  request=NodeUpdateSerializer,
                                  responses={200: NodeSerializer, 409: _CONFLICT,
+                                            429: error_response(_ENDPOINT_THROTTLED),
                                             403: OpenApiResponse(CodedErrorSerializer, "Putting the node back on the "
                                                                  "offers (`listed` true): " + _EMAIL_NOT_VERIFIED)}),
     destroy=extend_schema(summary="Retire a node", responses={204: None, 409: _CONFLICT}),
@@ -349,9 +355,13 @@ class NodeViewSet(viewsets.ModelViewSet):
         data = NodeUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         endpoint = {name: data.validated_data.pop(name) for name in svc.ENDPOINT_FIELDS if name in data.validated_data}
-        if endpoint:  # proven on the server first: refused, nothing of the request is stored
-            node_endpoint_change(node=node, **endpoint)
-        svc.node_update(node=node, **data.validated_data)
+        if endpoint and node_endpoint_changes(node=node, **endpoint):
+            # Before any check of the new endpoint: one budget with the server's settings page (svc.ENDPOINT_SCOPE).
+            wait = scoped_rate_wait(request, svc.ENDPOINT_SCOPE)
+            if wait is not None:
+                raise exceptions.Throttled(wait, detail=svc.endpoint_throttled(wait))
+        # Every field checked, then the endpoint proven, then all stored together: refused, nothing is stored.
+        node_change(node=node, endpoint=endpoint, **data.validated_data)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
 
     def list(self, request, *args, **kwargs):

@@ -38,7 +38,7 @@ from marketplace.services import instances as instance_svc
 from marketplace.services.email_verification import email_verified_required
 from marketplace.services.volumes import node_volumes_lost
 from notifications.services.notify import Kind, notify
-from provisioning.models import NodeEvent
+from provisioning.models import OPEN_JOB_STATUSES, JobKind, NodeEvent
 
 # Said to a provider who registers a host key one of their own live nodes has. Another account's nodes are never
 # looked at when registering: whether a server is on the platform is told only to whoever proved they control it,
@@ -112,6 +112,21 @@ def register_throttled(wait_s: float) -> str:
     """What a provider past the REGISTER_SCOPE rate is told (with Retry-After)."""
     wait = max(1, math.ceil(wait_s))
     return REGISTER_THROTTLED.format(wait=f"{wait} second{'s' if wait != 1 else ''}")
+
+
+# The throttle scope of changing a node's address, SSH port or user (NODE_ENDPOINT_THROTTLE_RATE): the API's PATCH
+# /api/v1/nodes/{id}/ and the server's settings page count in one budget per user. Each change of a node the
+# platform reached is an SSH connection, inside the web request, to any public host and port the provider types,
+# whose answer tells whether an SSH server is there and its host key (review r55 MEDIUM-3).
+ENDPOINT_SCOPE = "node_endpoint"
+ENDPOINT_THROTTLED = ("Too many changes of a server's address, SSH port or user for now: nothing was changed. Try "
+                      "again in {wait}.")
+
+
+def endpoint_throttled(wait_s: float) -> str:
+    """What a provider past the ENDPOINT_SCOPE rate is told (with Retry-After)."""
+    wait = max(1, math.ceil(wait_s))
+    return ENDPOINT_THROTTLED.format(wait=f"{wait} second{'s' if wait != 1 else ''}")
 
 
 PENDING_CAP_REFUSED = (
@@ -262,7 +277,8 @@ def node_update(
     provider could not correct it (found by review). Not while a check runs, nor once the key is pinned (Conflict);
     one of the provider's own live nodes declares or has is refused as at registration (ValidationFailed).
     The address, SSH port and user are not changed here: provisioning.services.endpoint_change.node_endpoint_change
-    proves a new one first (node_endpoint_check, then node_endpoint_set)."""
+    proves a new one first (node_endpoint_check, then node_endpoint_set), and node_change stores it and these
+    together (node_update_check first)."""
     node = Node.objects.select_for_update(no_key=True).select_related("gpu_model").get(pk=node.pk)
     if node.state == NodeState.RETIRED:
         raise Conflict("The node is retired and cannot be changed.")
@@ -321,6 +337,25 @@ def node_update(
     return node
 
 
+class _Checked(Exception):
+    """node_update_check's way out of its transaction once node_update has taken every field."""
+
+
+def node_update_check(*, node: Node, **fields: Any) -> None:
+    """node_update's refusals of `fields` (EmailNotVerified, Conflict, ValidationFailed, InvalidTransition), with
+    nothing stored: the change is made in a transaction that is then rolled back (its on_commit callbacks with it).
+    Before an endpoint change is proven (provisioning.services.endpoint_change.node_change): a request refused for
+    another field makes no SSH connection and stores nothing (review r55 MEDIUM-1)."""
+    if not fields:
+        return
+    try:
+        with transaction.atomic():
+            node_update(node=node, **fields)
+            raise _Checked
+    except _Checked:
+        pass
+
+
 ENDPOINT_FIELDS = ("address", "ssh_port", "ssh_user")
 ENDPOINT_CHANGED = "endpoint_changed"  # the node event of a stored change (provisioning/node_event_kinds.py)
 _ENDPOINT_STATES_REFUSED: dict[str, str] = {
@@ -330,6 +365,26 @@ _ENDPOINT_STATES_REFUSED: dict[str, str] = {
     NodeState.QUARANTINED: "The node is quarantined: its server showed another SSH host key than the pinned one. "
                            "Its address cannot be changed until an operator has confirmed the server's key.",
 }
+
+
+ENDPOINT_CHECK_RUNS = ("The address, SSH port and user cannot be changed while the node's {what} runs: it would "
+                       "test the server at the old address, and its result would be taken for the new one. Try "
+                       "again once it has ended.")
+
+
+def _endpoint_refusal(node: Node) -> str:
+    """Why `node`'s endpoint cannot change now ('' when it can): its state, or a check job under way. An active
+    node stays active while it is re-verified (verification.node_verify_request) and while spot-checked: that job
+    talks to the old endpoint, and its failure there would count against the moved node (review r55)."""
+    refused = _ENDPOINT_STATES_REFUSED.get(node.state)
+    if refused:
+        return refused
+    open_kind = (node.jobs.filter(kind__in=(JobKind.NODE_VERIFY, JobKind.NODE_SPOT_CHECK),
+                                  status__in=OPEN_JOB_STATUSES).values_list("kind", flat=True).first())
+    if open_kind is not None:
+        return ENDPOINT_CHECK_RUNS.format(what="spot check" if open_kind == JobKind.NODE_SPOT_CHECK
+                                          else "verification")
+    return ""
 
 
 def node_endpoint_needs_proof(node: Node) -> bool:
@@ -347,7 +402,7 @@ def node_endpoint_check(*, node: Node, address: str, ssh_port: int, ssh_user: st
     (node_address_check: ValidationFailed on `address`, a name resolved within its bound), another live node of
     the provider's at the same address and port (Conflict, registration's words). Returns the node as it is now."""
     node = Node.objects.get(pk=node.pk)
-    refused = _ENDPOINT_STATES_REFUSED.get(node.state)
+    refused = _endpoint_refusal(node)
     if refused:
         raise Conflict(refused)
     if node_endpoint_needs_proof(node) and not node.host_key_fingerprint:
@@ -372,7 +427,7 @@ def node_endpoint_set(*, node: Node, address: str, ssh_port: int, ssh_user: str,
     are not reused (provisioning.services.nodes.connection_identity holds the endpoint); an offline node comes back
     through its next health check."""
     node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
-    refused = _ENDPOINT_STATES_REFUSED.get(node.state)
+    refused = _endpoint_refusal(node)  # under the node's lock, as a check job is queued (node_verify_request)
     if refused:
         raise Conflict(refused)
     if (proven_with is None) == node_endpoint_needs_proof(node) or (

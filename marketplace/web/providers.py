@@ -24,7 +24,7 @@ from marketplace.templatetags.marketplace_web import usd_decimal
 from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.node_event_kinds import recent_events_for_provider
 from provisioning.selectors import latest_jobs, verification_runs_of
-from provisioning.services.endpoint_change import node_endpoint_change
+from provisioning.services.endpoint_change import node_change, node_endpoint_changes
 from provisioning.services.verification import node_verify_request
 from provisioning.verification.model import DeclaredModel
 from provisioning.verification.platform_figures import platform_checks
@@ -284,10 +284,17 @@ def node_settings(request, pk: int):
         changed = {name: form.cleaned_data[name] for name in form.changed_since_shown()}
         endpoint = {name: changed.pop(name) for name in svc.ENDPOINT_FIELDS if name in changed}
         endpoint = {name: value for name, value in endpoint.items() if value not in ("", None)}
+        if endpoint and node_endpoint_changes(node=node, **endpoint):
+            # Before any check of the new endpoint: the API's rate and counter (svc.ENDPOINT_SCOPE), one budget.
+            wait = scoped_rate_wait(request, svc.ENDPOINT_SCOPE)
+            if wait is not None:
+                form_error(form, TooManyRequests(svc.endpoint_throttled(wait)))
+                response = _render_node(request, node, settings_form=form, status=429)
+                response["Retry-After"] = str(max(1, math.ceil(wait)))
+                return response
         try:
-            if endpoint:  # proven on the server first; nothing else is saved when it is refused
-                node_endpoint_change(node=node, **endpoint)
-            svc.node_update(node=node, **changed)
+            # Every field checked, then the endpoint proven, then all stored together: refused, nothing is stored.
+            node_change(node=node, endpoint=endpoint, **changed)
         except ApplicationError as exc:  # a Conflict, InvalidTransition among them
             form_error(form, exc)
         else:

@@ -20,6 +20,10 @@ the login, so no agent, no per-node slot, and no job.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
 
 from core.errors import ValidationFailed
 from marketplace.models import Node
@@ -28,6 +32,8 @@ from marketplace.services.nodes import (
     node_endpoint_needs_proof,
     node_endpoint_set,
     node_private_key,
+    node_update,
+    node_update_check,
 )
 from provisioning.ssh import Endpoint, NodeSession, Timeouts
 from provisioning.ssh_errors import AddressRefused, AuthFailed, HostKeyMismatch, NodeError, PlatformKeyUnreadable
@@ -37,25 +43,71 @@ log = logging.getLogger(__name__)
 ENDPOINT_PROOF_TIMEOUT_S = 5.0
 
 
-def node_endpoint_change(*, node: Node, address: str | None = None, ssh_port: int | None = None,
-                         ssh_user: str | None = None) -> Node:
-    """Move `node` to `address`:`ssh_port` as `ssh_user` (None: as it is), proven first (see the module). Returns the
-    node as stored. ValidationFailed (400) naming what failed, nothing stored: the address rule, the server there
-    unreachable (`address`), another host key there (`address`), the node's key refused (`ssh_user`). Conflict
-    (409): a node that cannot move now, or the address and port of another live node."""
+@dataclass(frozen=True)
+class ProvenEndpoint:
+    """A new endpoint checked (and proven, for a node that needs it), not yet stored: node_endpoint_set's arguments."""
+
+    address: str
+    ssh_port: int
+    ssh_user: str
+    proven_with: str | None
+
+
+def node_endpoint_changes(*, node: Node, address: str | None = None, ssh_port: int | None = None,
+                          ssh_user: str | None = None) -> bool:
+    """Whether the given endpoint (None: as it is) differs from `node`'s stored one."""
+    current = Node.objects.get(pk=node.pk)
+    return ((current.address if address is None else address, current.ssh_port if ssh_port is None else ssh_port,
+             current.ssh_user if ssh_user is None else ssh_user) != (current.address, current.ssh_port,
+                                                                       current.ssh_user))
+
+
+def node_endpoint_prove(*, node: Node, address: str | None = None, ssh_port: int | None = None,
+                        ssh_user: str | None = None) -> ProvenEndpoint | None:
+    """Check and prove `node`'s new endpoint (see the module), storing nothing; None when it is the stored one.
+    Outside any transaction (the SSH handshake takes seconds: no row is locked meanwhile). Its refusals are
+    node_endpoint_change's."""
     current = Node.objects.get(pk=node.pk)
     address = current.address if address is None else address
     ssh_port = current.ssh_port if ssh_port is None else ssh_port
     ssh_user = current.ssh_user if ssh_user is None else ssh_user
     if (address, ssh_port, ssh_user) == (current.address, current.ssh_port, current.ssh_user):
-        return current
+        return None
     current = node_endpoint_check(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
     proven_with = None
     if node_endpoint_needs_proof(current):
         endpoint_prove(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
         proven_with = current.host_key_fingerprint
-    return node_endpoint_set(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user,
-                             proven_with=proven_with)
+    return ProvenEndpoint(address=address, ssh_port=ssh_port, ssh_user=ssh_user, proven_with=proven_with)
+
+
+def node_endpoint_change(*, node: Node, address: str | None = None, ssh_port: int | None = None,
+                         ssh_user: str | None = None) -> Node:
+    """Move `node` to `address`:`ssh_port` as `ssh_user` (None: as it is), proven first (see the module). Returns the
+    node as stored. ValidationFailed (400) naming what failed, nothing stored: the address rule, the server there
+    unreachable (`address`), another host key there (`address`), the node's key refused (`ssh_user`). Conflict
+    (409): a node that cannot move now (its state, or a check of it under way), or the address and port of another
+    live node."""
+    return node_change(node=node, endpoint={"address": address, "ssh_port": ssh_port, "ssh_user": ssh_user})
+
+
+def node_change(*, node: Node, endpoint: dict[str, Any], **fields: Any) -> Node:
+    """A provider's change of `node`: a new endpoint (`endpoint`: address, ssh_port, ssh_user; None or absent: as
+    it is) and node_update's `fields`, all stored or none (review r55 MEDIUM-1: before, the endpoint was stored,
+    its renters told and its event written, then another field refused the request). In this order:
+    1. every field is checked, nothing stored (node_update_check): a refusal makes no connection;
+    2. the new endpoint is checked and proven, outside any transaction (node_endpoint_prove);
+    3. the endpoint and the fields are stored in one transaction (node_endpoint_set re-checks the node under its
+       lock, node_update the fields): any refusal there rolls both back, and the renters' notices, sent on commit,
+       are never sent."""
+    endpoint = {name: value for name, value in endpoint.items() if value is not None}
+    node_update_check(node=node, **fields)
+    proven = node_endpoint_prove(node=node, **endpoint) if endpoint else None
+    with transaction.atomic():
+        if proven is not None:
+            node_endpoint_set(node=node, address=proven.address, ssh_port=proven.ssh_port, ssh_user=proven.ssh_user,
+                              proven_with=proven.proven_with)
+        return node_update(node=node, **fields)
 
 
 def endpoint_prove(*, node: Node, address: str, ssh_port: int, ssh_user: str) -> None:

@@ -547,6 +547,25 @@ def _renters_silence(instance: Instance, answer: dict[str, Any], address: VmAddr
     return "late"
 
 
+def _node_moved_meanwhile(instance: Instance, host: str, vm: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The SSH host and the VM's mapped ports to record, the node's address as it is now: the job read the node at
+    its start, and its provider may have moved it since (marketplace.services.nodes.node_endpoint_set), which moves
+    only the instances whose stored host is the old address: before, a provision (an image pull: minutes), start or
+    restart under way stored the old one for good (review r55). Read under the instance's lock, in the transaction
+    that records it: a move that committed first is read here; one under way waits on this lock, then finds the
+    old address stored and moves it."""
+    Instance.objects.select_for_update().filter(pk=instance.pk).exists()
+    old = instance.node.address
+    now = Node.objects.filter(pk=instance.node_id).values_list("address", flat=True).first()
+    if now is None or now == old:
+        return host, vm
+    ports = vm.get("ports")
+    if isinstance(ports, dict):
+        vm = {**vm, "ports": {name: ({**target, "host": now} if isinstance(target, dict) and target.get("host") == old
+                                     else target) for name, target in ports.items()}}
+    return (now if host == old else host), vm
+
+
 def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str) -> None:
     address = vm_address(instance.node, answer)
     _progress(job, instance, "waiting for SSH on the VM")
@@ -564,8 +583,10 @@ def _running(job: Job, instance: Instance, answer: dict[str, Any], message: str)
         # "late": it answers now, which is no failure
     vm = answer if address.ports is None else {**answer, "ports": address.ports}
     try:
-        instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=address.host, ssh_port=address.port,
-                                           ssh_user=address.user, message=message, vm=vm)
+        with transaction.atomic():
+            host, vm = _node_moved_meanwhile(instance, address.host, vm)
+            instance_svc.instance_mark_running(instance_id=instance.pk, ssh_host=host, ssh_port=address.port,
+                                               ssh_user=address.user, message=message, vm=vm)
     except InvalidTransition:
         if not _destroyed_meanwhile(job, instance):
             raise
