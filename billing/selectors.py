@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import (
     BigIntegerField,
     CharField,
@@ -455,9 +455,24 @@ def earnings_for(*, user: User) -> Earnings:
     its intervals' seconds). Before, every read summed every entry and every usage interval of the provider's
     history: about 43,000 of each an instance-month, seconds per page for months of history, and past the web
     server's timeout for a fleet's year (found by review). The SQLite first run keeps no rollup: it reads
-    earnings_from_ledger."""
+    earnings_from_ledger.
+
+    Every figure is read from one snapshot of the database: a READ ONLY, REPEATABLE READ transaction of its own
+    (a caller already in a transaction reads in that one). Before, each query was READ COMMITTED on its own, so a
+    meter tick committed between the balance's and the rollup's reads had `earned - paid - pending` differ from the
+    balance on that page load (found by review r55)."""
     if connection.vendor != "postgresql":
         return earnings_from_ledger(user=user)
+    if connection.in_atomic_block or not connection.get_autocommit():  # the caller's transaction decides
+        return _earnings_read(user=user)
+    with transaction.atomic():
+        with connection.cursor() as cursor:  # the transaction's first statement: its snapshot is not taken yet
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return _earnings_read(user=user)
+
+
+def _earnings_read(*, user: User) -> Earnings:
+    """earnings_for's reads (PostgreSQL: the rollup), in the caller's transaction."""
     result = Earnings()
     sold = (Instance.objects.filter(node__provider=user, billed_seconds__gt=0)
             .values("mig_profile").order_by("mig_profile")
