@@ -15,6 +15,8 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.core.validators import RegexValidator
 from django.db import connections, transaction
+from django.db.models import BigIntegerField, F, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -34,6 +36,7 @@ from billing.models import (
     Payout,
     PayoutStatus,
     Refund,
+    RefundStatus,
     StripeEvent,
     StripeEventStatus,
     TopUp,
@@ -434,9 +437,24 @@ class RefundAdmin(ReadOnlyAdmin):
         return usd(refund.amount_micros)
 
 
+class OverRefundsFilter(admin.SimpleListFilter):
+    """Disputes for more than what was left of their top-up after refunds (DisputeAdmin.get_queryset's annotation):
+    the bank took money that had been refunded already, so they are answered with the refund (review r55)."""
+    title = "over refunds"
+    parameter_name = "over_refunds"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "over a refunded charge: answer with the refund")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(amount_micros__gt=F("top_up__amount_micros") - F("refunded_micros"))
+        return queryset
+
+
 @admin.register(Dispute)
 class DisputeAdmin(ReadOnlyAdmin):
-    list_display = ["stripe_dispute_id", "created_at", "top_up", "amount", "state", "bank_reason"]
+    list_display = ["stripe_dispute_id", "created_at", "top_up", "amount", "state", "over_refunds", "bank_reason"]
     # Grows with the platform's life, read on every page: newest first by the primary key's index (the model's order,
     # newest first by its creation, has none and sorted the whole table), counted once, estimated when unfiltered and
     # large (core/admin_paginator.py; found by review).
@@ -445,12 +463,31 @@ class DisputeAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     search_fields = ["stripe_dispute_id", "top_up__user__email", "top_up__payment_intent_id", "top_up__charge_id"]
     list_select_related = ["top_up"]
-    readonly_fields = ["stripe_dispute_id", "top_up", "amount_micros", "state", "bank_reason", "debit", "reversal",
-                       "created_at", "updated_at"]
+    list_filter = [OverRefundsFilter]
+    readonly_fields = ["stripe_dispute_id", "top_up", "amount_micros", "state", "over_refunds", "bank_reason", "debit",
+                       "reversal", "created_at", "updated_at"]
+
+    def get_queryset(self, request):
+        # What of each dispute's top-up was refunded, or is being refunded (billing.services.disputes.refunded_micros),
+        # one subquery a row of the page.
+        refunded = (Refund.objects.filter(top_up=OuterRef("top_up"),
+                                          status__in=[RefundStatus.PENDING, RefundStatus.SUCCEEDED])
+                    .values("top_up").annotate(total=Sum("amount_micros")).values("total")[:1])
+        return super().get_queryset(request).annotate(
+            refunded_micros=Coalesce(Subquery(refunded, output_field=BigIntegerField()), 0))
 
     @admin.display(ordering="amount_micros")
     def amount(self, dispute):
         return usd(dispute.amount_micros)
+
+    @admin.display(description="over refunds")
+    def over_refunds(self, dispute):
+        """A dispute for more than its top-up less its refunds: Stripe took it in full, and it is usually won."""
+        refunded = dispute.refunded_micros
+        if dispute.amount_micros <= dispute.top_up.amount_micros - refunded:
+            return ""
+        return (f"over a refunded charge: {usd(refunded)} of the {usd(dispute.top_up.amount_micros)} top-up was "
+                "refunded. Answer the dispute at Stripe with the refund as evidence (usually won).")
 
     @admin.display(description="state")
     def state(self, dispute):

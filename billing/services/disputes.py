@@ -9,6 +9,12 @@ debit back, once (`dispute-won:<id>`, reversing it); one lost takes nothing more
 dispute was seen posts the debit first, so the dispute's own event, later, debits nothing. While a dispute holds its
 amount (debited, not given back) that amount cannot be refunded (billing.services.refunds.refundable_micros).
 
+A dispute over more than what was left of its top-up after refunds (a charge partly refunded, then disputed in full)
+is debited in full all the same: Stripe withdraws the disputed amount whatever was refunded, and the merchant gets it
+back by answering the dispute with the refund as evidence, so such a dispute is usually won. The renter's notice (the
+event and the debit's customer note) says that part of the payment was already refunded, and the debit's reason and
+a warning in the log tell operators to answer it with the refund (the dispute's admin page shows it too: review r55).
+
 A dispute is matched to its top-up by its PaymentIntent or, when it names only its charge (a charge made without a
 PaymentIntent, or an older API version), by that charge (billing.services.charges). One that is no top-up's, or whose
 object cannot be read safely (no id, an amount that is not whole cents, another currency), raises
@@ -17,16 +23,21 @@ event fails and Stripe delivers it again (by then the credit is there). Call ins
 the top-up is locked, so events about one charge apply one at a time. Refunds, whoever made them, are
 billing.services.refunds'.
 """
+import logging
 from typing import Any
 
-from billing.models import AccountKind, Dispute, EventKind, TopUp, TransactionKind
+from django.db.models import Sum
+
+from billing.models import AccountKind, Dispute, EventKind, RefundStatus, TopUp, TransactionKind
 from billing.services.charges import ChargeEventUnusable, StripeLookups, object_id, top_up_for, whole_cents
 from billing.services.ledger import ledger_post, platform_account, user_account, wallet_balance
 from billing.services.notify import event_create
 from billing.services.stripe_gateway import MICROS_PER_CENT
 from marketplace.money import micros_to_usd, usd_text
 
-__all__ = ["DISPUTE_EVENTS", "ChargeEventUnusable", "dispute_apply"]
+__all__ = ["DISPUTE_EVENTS", "ChargeEventUnusable", "dispute_apply", "refunded_micros"]
+
+log = logging.getLogger(__name__)
 
 DISPUTE_DEBIT_EVENTS = ("charge.dispute.created", "charge.dispute.funds_withdrawn")
 DISPUTE_REINSTATED = "charge.dispute.funds_reinstated"
@@ -35,6 +46,10 @@ DISPUTE_EVENTS = (*DISPUTE_DEBIT_EVENTS, DISPUTE_REINSTATED, DISPUTE_CLOSED)
 
 CHARGEBACK_NOTE = ("Your bank took this card payment back (a dispute), so it was debited from your balance. If the "
                    "dispute is decided in the payment's favour, the amount comes back.")
+CHARGEBACK_OVER_REFUNDS_NOTE = (
+    "Your bank took this card payment back (a dispute), so it was debited from your balance, though part of the "
+    "payment had already been refunded to your card. We answer the dispute with that refund: if it is decided in "
+    "the payment's favour, the amount comes back.")
 CHARGEBACK_REVERSED_NOTE = "The dispute of this card payment was decided in its favour: the amount is back."
 
 
@@ -76,25 +91,39 @@ def _debit(*, top_up: TopUp, dispute: dict[str, Any], dispute_id: str, amount: i
                                   f"be of top-up {top_up.pk}: nothing was done.")
     if record.debit_id is not None:
         return record
+    refunded = refunded_micros(top_up=top_up)
+    over_refunds = amount > top_up.amount_micros - refunded  # more than what was left unrefunded: usually won
+    reason = (f"Chargeback: the card holder's bank took the payment back (Stripe dispute {dispute_id}, "
+              f"reason: {bank_reason}).")
+    if over_refunds:
+        reason += (f" Dispute over a refunded charge: {usd_text(refunded)} of the {usd_text(top_up.amount_micros)} "
+                   f"top-up was already refunded, and {usd_text(amount)} is disputed. Answer the dispute at Stripe "
+                   "with the refund as evidence: such a dispute is usually won.")
     txn, created = ledger_post(
         idempotency_key=f"dispute:{dispute_id}", kind=TransactionKind.CHARGEBACK,
         lines=[(user_account(user_id=top_up.user_id, kind=AccountKind.CUSTOMER_WALLET), -amount),
                (platform_account(kind=AccountKind.PAYMENT_CLEARING), amount)],
         memo=f"Dispute {dispute_id} of top-up {top_up.pk} ({top_up.payment_intent_id})",
-        reason=f"Chargeback: the card holder's bank took the payment back (Stripe dispute {dispute_id}, "
-               f"reason: {bank_reason}).",
-        customer_note=CHARGEBACK_NOTE,
+        reason=reason,
+        customer_note=CHARGEBACK_OVER_REFUNDS_NOTE if over_refunds else CHARGEBACK_NOTE,
     )
     if created:
+        if over_refunds:
+            log.warning("dispute %s of top-up %s is for %s, but %s of its %s was already refunded: for an operator, "
+                        "answer it at Stripe with the refund as evidence", dispute_id, top_up.pk, usd_text(amount),
+                        usd_text(refunded), usd_text(top_up.amount_micros))
         left = wallet_balance(user_id=top_up.user_id)
+        already = (f" {usd_text(refunded)} of this top-up had already been refunded to your card: we answer the "
+                   "dispute with that refund." if over_refunds else "")
         event_create(
             user=top_up.user, kind=EventKind.CHARGEBACK, email=True,
             message=(f"Your bank took back {usd_text(amount)} of your top-up {top_up.pk} (a dispute of the card "
-                     f"payment), so it was debited from your balance, which is now {usd_text(left)}. At or below "
-                     "zero your running instances are stopped. If the dispute is decided in the payment's favour, "
-                     "the amount comes back."),
+                     f"payment), so it was debited from your balance, which is now {usd_text(left)}.{already} At "
+                     "or below zero your running instances are stopped. If the dispute is decided in the payment's "
+                     "favour, the amount comes back."),
             data={"top_up": top_up.pk, "dispute": dispute_id, "transaction": txn.pk,
-                  "amount": str(micros_to_usd(amount)), "balance": str(micros_to_usd(left))},
+                  "amount": str(micros_to_usd(amount)), "balance": str(micros_to_usd(left)),
+                  **({"refunded": str(micros_to_usd(refunded))} if over_refunds else {})},
         )
     record.debit = txn
     record.save(update_fields=["debit", "updated_at"])
@@ -125,3 +154,10 @@ def _credit_back(*, top_up: TopUp, record: Dispute) -> None:
         )
     record.reversal = txn
     record.save(update_fields=["reversal", "updated_at"])
+
+
+def refunded_micros(*, top_up: TopUp) -> int:
+    """What of a top-up was refunded to the card, or is being refunded: its refunds not failed, whoever made them
+    (the platform's, pending or debited, and those made at Stripe)."""
+    return top_up.refunds.filter(status__in=[RefundStatus.PENDING, RefundStatus.SUCCEEDED]).aggregate(
+        total=Sum("amount_micros"))["total"] or 0
