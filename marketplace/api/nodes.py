@@ -229,10 +229,14 @@ _ENDPOINT_HELP = (" Changing the address, SSH port or SSH user is checked as at 
                   "rules and 409), then, for a node the platform has reached, proven: the platform logs in at the new "
                   "endpoint and takes it only if the server there presents the node's pinned SSH host key and "
                   "accepts the node's key (a 400 naming what failed otherwise: unreachable, another host key, the key "
-                  "refused; nothing is changed). A pending node never contacted changes at once. Not while the node's "
-                  "verification or spot check runs (409). With other fields, all are checked first, then the new "
-                  "endpoint is proven, then all are stored together: any refusal stores nothing. At most "
-                  "NODE_ENDPOINT_THROTTLE_RATE (10 a minute) changes, with the server's settings page (429).")
+                  "refused; nothing is changed). A pending node never contacted changes at once: its `last_error` "
+                  "(of the old endpoint) is cleared and its first contact at the new one is queued, as by POST "
+                  ".../verify/ (the answer's `state` is `verifying`, its `current_job` that check). Not while the "
+                  "node's verification or spot check runs (409), nor when another change of it was stored while "
+                  "this one was checked (409: check the node, then try again). With other fields, all are checked "
+                  "first, then the new endpoint is proven, then all are stored together: any refusal stores "
+                  "nothing. At most NODE_ENDPOINT_THROTTLE_RATE (10 a minute) changes, with the server's settings "
+                  "page (429).")
 
 
 class NodeUpdateSerializer(StrictFieldsMixin, serializers.Serializer):

@@ -416,12 +416,22 @@ def node_endpoint_check(*, node: Node, address: str, ssh_port: int, ssh_user: st
     return node
 
 
+ENDPOINT_CHANGED_MEANWHILE = ("The node's SSH endpoint was changed to {now} by another request while this one was "
+                              "checked; nothing was changed. Check the node's address, then try again.")
+
+
 @transaction.atomic
-def node_endpoint_set(*, node: Node, address: str, ssh_port: int, ssh_user: str, proven_with: str | None) -> Node:
+def node_endpoint_set(*, node: Node, address: str, ssh_port: int, ssh_user: str, proven_with: str | None,
+                      was: tuple[str, int, str] | None = None) -> Node:
     """Store a node's new address, SSH port and user: `proven_with` is the pinned host key the server there
     presented, having accepted the node's own key (provisioning.services.endpoint_change), None for a node that
-    needs no proof (node_endpoint_needs_proof). Conflict, nothing stored, when the node changed meanwhile (its
-    state, or its pinned key) or when another live node holds the address and port (the constraints). Instances
+    needs no proof (node_endpoint_needs_proof). `was`: the (address, SSH port, user) the check and proof started
+    from; compared under the node's lock (compare-and-set): when another change was stored meanwhile, Conflict
+    (ENDPOINT_CHANGED_MEANWHILE) instead of overwriting it (before, two changes at once both proved, and the last
+    one stored won, unseen by the first: review r55). Conflict, nothing stored, when the node changed meanwhile (its
+    state, or its pinned key) or when another live node holds the address and port (the constraints). A node that
+    needs no proof (never contacted) loses its `last_error`: it describes the old endpoint, and the first contact at
+    the new one (endpoint_change.node_change queues it) writes its own. Instances
     whose SSH host or mapped ports were the node's old address (the agent's null: the node's own address) get the
     new one, and their renters a notice; an `endpoint_changed` node event says what changed. Pooled connections
     are not reused (provisioning.services.nodes.connection_identity holds the endpoint); an offline node comes back
@@ -435,11 +445,17 @@ def node_endpoint_set(*, node: Node, address: str, ssh_port: int, ssh_user: str,
         raise Conflict("The node changed while its new address was checked; nothing was changed. Try again.")
     old_address, old_port, old_user = node.address, node.ssh_port, node.ssh_user
     if (old_address, old_port, old_user) == (address, ssh_port, ssh_user):
-        return node
+        return node  # already there (the same change twice): nothing to overwrite
+    if was is not None and (old_address, old_port, old_user) != was:
+        raise Conflict(ENDPOINT_CHANGED_MEANWHILE.format(now=f"{old_user}@{old_address}:{old_port}"))
     node.address, node.ssh_port, node.ssh_user = address, ssh_port, ssh_user
+    fields = ["address", "ssh_port", "ssh_user", "updated_at"]
+    if proven_with is None:
+        node.last_error = ""  # the old endpoint's first contact: its new one is about to be tried
+        fields.append("last_error")
     try:
         with transaction.atomic():
-            node.save(update_fields=["address", "ssh_port", "ssh_user", "updated_at"])
+            node.save(update_fields=fields)
     except IntegrityError as exc:
         violated = constraint_violated(exc)  # by name (core.sql)
         if violated == "node_unique_own_live_endpoint":

@@ -17,7 +17,7 @@ from core.errors import ApplicationError, TooManyRequests
 from core.web_errors import form_error, message_error
 from marketplace import selectors
 from marketplace.mig import profiles_for
-from marketplace.models import GpuModel, GpuStatus, NodeState, SliceStatus, Verdict
+from marketplace.models import GpuModel, GpuStatus, Node, NodeState, SliceStatus, Verdict
 from marketplace.services import nodes as svc
 from marketplace.services.instances.mig import node_cards_pending_layout
 from marketplace.templatetags.marketplace_web import usd_decimal
@@ -274,6 +274,20 @@ def node_verify(request, pk: int):
     return redirect("node", pk=node.pk)
 
 
+def _endpoint_saved(before: Node, stored: Node) -> str:
+    """What the settings page says of a stored endpoint change: proven at the new address, or, for a node never
+    contacted, its first contact there started (endpoint_change.node_change queues it: review r55 LOW-6)."""
+    if (stored.address, stored.ssh_port, stored.ssh_user) == (before.address, before.ssh_port, before.ssh_user):
+        return ""
+    if before.control_proven_at is not None or before.state != NodeState.PENDING:
+        return " The server answered at its new address with this node's host key."
+    where = f"{stored.ssh_user}@{stored.address}:{stored.ssh_port}"
+    if stored.state == NodeState.VERIFYING:
+        return (f" A first contact with the server at {where} has started (its last error, about the old address, "
+                "is cleared): its steps show below.")
+    return f" Press “Verify now” for a first contact with the server at {where}."
+
+
 @login_required
 @require_POST
 def node_settings(request, pk: int):
@@ -294,12 +308,11 @@ def node_settings(request, pk: int):
                 return response
         try:
             # Every field checked, then the endpoint proven, then all stored together: refused, nothing is stored.
-            node_change(node=node, endpoint=endpoint, **changed)
+            stored = node_change(node=node, endpoint=endpoint, **changed)
         except ApplicationError as exc:  # a Conflict, InvalidTransition among them
             form_error(form, exc)
         else:
-            messages.success(request, "Settings saved." + (" The server answered at its new address with this "
-                                                           "node's host key." if endpoint else ""))
+            messages.success(request, "Settings saved." + (_endpoint_saved(node, stored) if endpoint else ""))
             return redirect("node", pk=node.pk)
     return _render_node(request, node, settings_form=form, status=400)
 

@@ -10,7 +10,14 @@ platform connects there and accepts it only if the server presents the node's PI
 node's own key: proof it is the same server. Only then is it stored (node_endpoint_set); until then the old one
 stays, whatever fails. A wrong host key there does not quarantine the node: the server at the old address is
 unchanged, and the new address is simply not this node's. A pending node never contacted has nothing to prove
-with: its endpoint is stored at once, and its first contact checks it.
+with: its endpoint is stored at once, its `last_error` (the old endpoint's failed first contact) is cleared, and
+its first contact at the new one is queued once that commits (node_verify_request, as the Verify button): since
+5141fb1 a failed first contact is not retried, and the pending beat skips a node whose retries stopped, so before,
+the provider who fixed a typo had to find Verify (review r55 LOW-6).
+
+Two changes of the same node at once: each is checked and proven from the endpoint it read, and stored only if the
+node is still there (node_endpoint_set's `was`, under the node's lock); the later one is refused (409), not stored
+over the first.
 
 In the request (the provider waits for the answer, a clear 400 naming what failed), bounded: one connection
 attempt, ENDPOINT_PROOF_TIMEOUT_S for each of connecting, the SSH banner and the login, the name's lookups bounded
@@ -25,7 +32,7 @@ from typing import Any
 
 from django.db import transaction
 
-from core.errors import ValidationFailed
+from core.errors import ApplicationError, ValidationFailed
 from marketplace.models import Node
 from marketplace.services.nodes import (
     node_endpoint_check,
@@ -35,6 +42,7 @@ from marketplace.services.nodes import (
     node_update,
     node_update_check,
 )
+from provisioning.services.verification import node_verify_request
 from provisioning.ssh import Endpoint, NodeSession, Timeouts
 from provisioning.ssh_errors import AddressRefused, AuthFailed, HostKeyMismatch, NodeError, PlatformKeyUnreadable
 
@@ -51,6 +59,7 @@ class ProvenEndpoint:
     ssh_port: int
     ssh_user: str
     proven_with: str | None
+    was: tuple[str, int, str]  # the endpoint it was checked and proven from: stored only if the node is still there
 
 
 def node_endpoint_changes(*, node: Node, address: str | None = None, ssh_port: int | None = None,
@@ -71,14 +80,15 @@ def node_endpoint_prove(*, node: Node, address: str | None = None, ssh_port: int
     address = current.address if address is None else address
     ssh_port = current.ssh_port if ssh_port is None else ssh_port
     ssh_user = current.ssh_user if ssh_user is None else ssh_user
-    if (address, ssh_port, ssh_user) == (current.address, current.ssh_port, current.ssh_user):
+    was = (current.address, current.ssh_port, current.ssh_user)  # what the new one is checked and proven against
+    if (address, ssh_port, ssh_user) == was:
         return None
     current = node_endpoint_check(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
     proven_with = None
     if node_endpoint_needs_proof(current):
         endpoint_prove(node=current, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
         proven_with = current.host_key_fingerprint
-    return ProvenEndpoint(address=address, ssh_port=ssh_port, ssh_user=ssh_user, proven_with=proven_with)
+    return ProvenEndpoint(address=address, ssh_port=ssh_port, ssh_user=ssh_user, proven_with=proven_with, was=was)
 
 
 def node_endpoint_change(*, node: Node, address: str | None = None, ssh_port: int | None = None,
@@ -99,15 +109,35 @@ def node_change(*, node: Node, endpoint: dict[str, Any], **fields: Any) -> Node:
     2. the new endpoint is checked and proven, outside any transaction (node_endpoint_prove);
     3. the endpoint and the fields are stored in one transaction (node_endpoint_set re-checks the node under its
        lock, node_update the fields): any refusal there rolls both back, and the renters' notices, sent on commit,
-       are never sent."""
+       are never sent. Stored only if the node's endpoint is still the one proven from: another change stored
+       meanwhile is a Conflict (409), not overwritten.
+    A node never contacted (no proof) gets its first contact at the new endpoint once this commits
+    (first_contact_start). Returns the node as stored, read again after that."""
     endpoint = {name: value for name, value in endpoint.items() if value is not None}
     node_update_check(node=node, **fields)
     proven = node_endpoint_prove(node=node, **endpoint) if endpoint else None
     with transaction.atomic():
         if proven is not None:
             node_endpoint_set(node=node, address=proven.address, ssh_port=proven.ssh_port, ssh_user=proven.ssh_user,
-                              proven_with=proven.proven_with)
-        return node_update(node=node, **fields)
+                              proven_with=proven.proven_with, was=proven.was)
+        stored = node_update(node=node, **fields)
+        if proven is not None and proven.proven_with is None:
+            node_id, where = node.pk, f"{proven.ssh_user}@{proven.address}:{proven.ssh_port}"
+            transaction.on_commit(lambda: first_contact_start(node_id=node_id, where=where), robust=True)
+    return stored if proven is None else Node.objects.get(pk=node.pk)
+
+
+FIRST_CONTACT_REASON = "first contact at the new SSH endpoint {where}, changed by the provider"
+
+
+def first_contact_start(*, node_id: int, where: str) -> None:
+    """Queue the first contact of a never-contacted node whose endpoint its provider changed (after that commit):
+    node_verify_request, the Verify button's service, its refusals included. A refusal (the node changed meanwhile:
+    retired, a check already open) is logged, not raised: the change is stored, and Verify stays on the page."""
+    try:
+        node_verify_request(node=Node.objects.get(pk=node_id), reason=FIRST_CONTACT_REASON.format(where=where))
+    except (ApplicationError, Node.DoesNotExist) as exc:
+        log.info("endpoint change of node %s: its first contact was not queued: %s", node_id, exc)
 
 
 def endpoint_prove(*, node: Node, address: str, ssh_port: int, ssh_user: str) -> None:
