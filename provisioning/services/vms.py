@@ -807,6 +807,8 @@ _VM_GONE = ("Its VM and disk are no longer on the server (removed there, or lost
 _TOLD_UNREACHABLE = "Its server could not be reached."
 _TOLD_NODE = "Its server could not carry it out."
 _TOLD_PLATFORM = "The platform could not carry it out (a failure of its own; its operators have been told)."
+_TOLD_HOST_KEY = ("Its server's SSH host key changed, so the platform no longer connects to it until its provider "
+                  "sorts it out.")
 _TOLD_BY_KIND: tuple[tuple[type[NodeError], str], ...] = (
     (VmSshSilent, "The VM its server made never answered SSH."),
     (NodeUnreachable, _TOLD_UNREACHABLE),  # AddressRefused too
@@ -816,6 +818,12 @@ _TOLD_BY_KIND: tuple[tuple[type[NodeError], str], ...] = (
 )
 _TOLD_PULL_NODE_FAILED = ("Its server could not download the image (the server's failure, not a fault of the image); "
                           "booking it on another server may work.")
+# The agent's refusals about the instance's own cards: what the renter needs to know (a card of theirs is gone),
+# in the platform's words (the agent's text is the node's).
+_TOLD_BY_CODE = {
+    "gpu_missing": "A GPU it was given is no longer on its server (fallen off the bus?).",
+    "gpu_moved": "Its server numbered its GPUs anew, so the cards it was given could not be told apart.",
+}
 
 
 def renter_reason(error: NodeError | str, fault: str) -> str:
@@ -826,10 +834,14 @@ def renter_reason(error: NodeError | str, fault: str) -> str:
         return message
     if isinstance(error, AgentFailed) and error.code == PULL_REFUSED:  # _pull_failure: the registry's reason
         return message
+    if fault == JobFault.HOST_KEY:  # the node's doing, counted once by its quarantine: not the platform's failure
+        return _TOLD_HOST_KEY
     if fault != JobFault.NODE:
         return _TOLD_PLATFORM
     if isinstance(error, AgentFailed) and error.code == PULL_NODE_FAILED:
         return _TOLD_PULL_NODE_FAILED
+    if isinstance(error, AgentFailed) and error.code in _TOLD_BY_CODE:
+        return _TOLD_BY_CODE[error.code]
     if isinstance(error, NodeError):
         for kind, told in _TOLD_BY_KIND:
             if isinstance(error, kind):

@@ -92,9 +92,10 @@ def test_a_start_after_its_card_fell_off_is_refused_and_the_renter_told_which_ca
     deliver_until_closed(tasks.instance_start, job)
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.STOPPED
+    # In the platform's words, not the node's (review r55); the job keeps the agent's, naming the card.
     assert instance.status_message == (
-        f"The start did not go through: GPU {cards[index]} (index {index} when it was allocated) is not on this node "
-        "now (fallen off the bus?) It is stopped, its disk kept; start it again.")
+        "The start did not go through: A GPU it was given is no longer on its server (fallen off the bus?). It is "
+        "stopped, its disk kept; start it again.")
     assert vm_state(instance) == "stopped"
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and cards[index] in job.error
@@ -110,8 +111,11 @@ def test_a_create_on_a_card_that_fell_off_fails_the_instance_and_bills_nothing(s
     deliver_until_closed(tasks.instance_provision, job_of(instance, JobKind.INSTANCE_PROVISION))
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.FAILED
+    assert "A GPU it was given is no longer on its server (fallen off the bus?)." in instance.status_message, \
+        instance.status_message
+    error = job_of(instance, JobKind.INSTANCE_PROVISION).error
     assert f"GPU {cards[index]} (index {index} when it was allocated) is not on this node now (fallen off the bus?)" \
-        in instance.status_message, instance.status_message
+        in error, error
     assert vm_state(instance) is None  # no VM on the card at that index now
     assert instance.billed_seconds == 0 and not instance.usage_intervals.exists()
     assert Gpu.objects.get(node=sim_node, index=index).status == "free"  # released: its health check finds it lost
