@@ -50,13 +50,19 @@ def test_draws_are_bounded_and_differ_for_nodes_checked_at_the_same_moment(db, b
 
     first, second = make_node(state=NodeState.ACTIVE, verdict="verified"), make_node(state=NodeState.ACTIVE,
                                                                                        verdict="verified")
+    # Spot-check gaps are cut at SPOT_CHECK_MAX_S (11d4e62): at the default 24 h mean, over a third of these draws
+    # landed on the cap, and two equal caps failed this test now and then (a clean-clone CI run). A shorter mean
+    # makes a cut draw rare; draws on the cap are equal by design and are not compared.
+    bounds.SPOT_CHECK_MEAN_S = 12 * 3600
     times = []
     for node in (first, second, first):  # same node, same moment, again: not a function of (id, time) either
         node_draw_next_checks(node, now=now)
         assert now + timedelta(days=4) <= node.next_check_at <= now + timedelta(days=10)
         assert now + timedelta(hours=6) <= node.next_spot_check_at <= now + timedelta(hours=42)
         times.append((node.next_check_at, node.next_spot_check_at))
-    assert len({t[0] for t in times}) == 3 and len({t[1] for t in times}) == 3
+    assert len({t[0] for t in times}) == 3
+    uncut = [t[1] for t in times if t[1] < now + timedelta(hours=42)]
+    assert len(uncut) >= 2 and len(set(uncut)) == len(uncut)
 
 
 def test_a_verification_ending_draws_the_next_checks(db, bounds):
