@@ -36,9 +36,11 @@ demo: $(VENV)/.installed-demo
 # pytest-xdist for `make test`: five worker processes, each with its own test database and Redis databases
 # (config/settings/test.py); tests/docker stay on one of them (--dist loadgroup). `PYTEST_XDIST=` runs one process.
 # Five on two cores: most of the suite waits on sim nodes answering at their real card's pace, so three workers
-# kept the CPUs 40 % busy (16 min 8 s on this machine; five: 12 min 56 s, 92 % busy).
+# kept the CPUs 40 % busy (16 min 8 s on this machine; five: 12 min 56 s, 92 % busy). Seven since stop 56: the
+# suite has grown (7,248 tests) and five left the CPUs idle while tests waited on sim nodes and Chromium; on a
+# quiet machine five took 752 s, seven 703 s with the CPUs 92.5 % busy (/proc/stat), both -p no:cacheprovider.
 # (The three failures that kept this off were another session's suite flushing the same Redis databases.)
-PYTEST_XDIST ?= -n 5 --dist loadgroup
+PYTEST_XDIST ?= -n 7 --dist loadgroup
 # The 20 slowest tests printed at the end, so that a suite drifting towards CI's limits shows where.
 # Bytecode is written for the run even where the shell sets PYTHONDONTWRITEBYTECODE (this machine's does): every
 # xdist worker imports every test module, and without pytest's cached rewrite of their asserts each worker

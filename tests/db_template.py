@@ -1,9 +1,9 @@
 """Test databases copied from a migrated template instead of migrated one by one.
 
-`make test` runs five xdist workers, and each used to create its test database by running every migration: ~10 s of
-CPU each, 50 s in all on a two-core machine. Now the first worker to take a PostgreSQL advisory lock migrates one
-template database (`test_<name>_tpl_<digest>`) and every worker, single-process runs too, creates its own test
-database with `CREATE DATABASE ... TEMPLATE`, a file copy.
+`make test` runs seven xdist workers, and each used to create its test database by running every migration: ~10 s
+of CPU each, 50 s in all for five on a two-core machine. Now the first worker to take a PostgreSQL advisory lock
+migrates one template database (`test_<name>_tpl_<digest>`) and every worker, single-process runs too, creates its
+own test database with `CREATE DATABASE ... TEMPLATE`, a file copy.
 
 The digest covers what a fresh migrate's result depends on (inputs()): every migration file of every installed app,
 the project modules they import (transitively) and the data files those read, and the versions of Django and of the

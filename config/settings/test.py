@@ -9,11 +9,12 @@ os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/15")
 # _gwN to its name) and must have its own Redis databases too, since the tests flush them (the cache before every
 # test, the broker when the suite's Celery worker starts). gw0 keeps the two above; gwN (N >= 1) takes the Nth
 # pair (broker, cache) of TEST_XDIST_REDIS_DBS. Done once per worker and written to the environment, so that the
-# processes the tests start (Celery workers, which inherit it) keep what they are given.
+# processes the tests start (Celery workers, which inherit it) keep what they are given. Databases 0 and 1 stay the
+# README's `make demo` (broker 0, cache 1), so a demo beside the suite shares nothing with it.
 _xdist_worker = os.environ.get("PYTEST_XDIST_WORKER") or "gw0"
 if _xdist_worker != "gw0" and os.environ.get("TEST_XDIST_REDIS_FOR") != _xdist_worker:
     _n = int(_xdist_worker.removeprefix("gw"))
-    _dbs = os.environ.get("TEST_XDIST_REDIS_DBS", "12,13,10,11,8,9,6,7").split(",")
+    _dbs = os.environ.get("TEST_XDIST_REDIS_DBS", "12,13,10,11,8,9,6,7,4,5,2,3").split(",")
     if len(_dbs) < 2 * _n:
         raise RuntimeError(f"pytest-xdist worker {_xdist_worker} has no Redis databases: TEST_XDIST_REDIS_DBS "
                            f"lists {len(_dbs) // 2} pairs (broker,cache) for the workers after gw0")

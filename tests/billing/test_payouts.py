@@ -279,6 +279,10 @@ def test_a_payout_another_process_is_sending_is_left_to_it(clock, connect):
             cursor.execute("SELECT pg_advisory_lock(%s)", [lock_key(f"billing.payout_send:{payout.pk}")])
         assert payouts.payout_send(payout=payout).status == PayoutStatus.PENDING
         assert connect.requests == [] and connect.lookups == []
+        # Released here, not by close(): the server ends a closed session's backend (and its locks) a moment after
+        # the client has gone, and the send below once ran before it (7 xdist workers on 2 cores).
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [lock_key(f"billing.payout_send:{payout.pk}")])
     finally:
         other.close()
     assert payouts.payout_send(payout=payout).status == PayoutStatus.PAID
