@@ -11,6 +11,7 @@ from django.db.migrations.executor import MigrationExecutor
 from billing.models import AccountKind, Dispute, Refund, TransactionKind
 from billing.services.ledger import ledger_post, platform_account, user_account
 from billing.services.refunds import refundable_micros
+from tests import migration_steps
 from tests.billing.helpers import balance
 from tests.billing.test_disputes import PROCESSED, USD_100, answer, credited_top_up
 from tests.billing.test_refunds_at_stripe import refund_event
@@ -19,10 +20,8 @@ BEFORE = [("billing", "0012_chargebacks")]
 
 
 def _migrate(targets=None):
-    """To `targets`, or (None) to the latest migration of every app."""
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets or executor.loader.graph.leaf_nodes())
+    """To `targets`, or (None) to the latest migration of every app (tests/migration_steps.py)."""
+    migration_steps.migrate(MigrationExecutor(connection), targets)
 
 
 def _old_debit(top_up, key: str, kind: str, amount: int, memo: str, reason: str = "", reverses=None):

@@ -10,16 +10,15 @@ from django.db.migrations.executor import MigrationExecutor
 
 from billing.models import StripeEvent
 from billing.services.webhooks import REDACTED
+from tests import migration_steps
 
 BEFORE = [("billing", "0018_follow_up_least_recently_tried_first")]
 MIGRATION = importlib.import_module("billing.migrations.0019_stripe_events_redacted")
 
 
 def _migrate(targets=None):
-    """To `targets`, or (None) to the latest migration of every app."""
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets or executor.loader.graph.leaf_nodes())
+    """To `targets`, or (None) to the latest migration of every app (tests/migration_steps.py)."""
+    migration_steps.migrate(MigrationExecutor(connection), targets)
 
 
 def _intent(n: int, **more) -> dict:

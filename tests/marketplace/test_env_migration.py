@@ -10,6 +10,7 @@ from django.db.migrations.executor import MigrationExecutor
 from marketplace.encryption import decrypt_secret
 from marketplace.models import Instance
 from marketplace.services import instances as svc
+from tests import migration_steps
 from tests.factories import make_listed_node
 
 from .test_instance_options import body as make_body
@@ -19,10 +20,8 @@ SECRET = "sk-old-row-7d2e91"
 
 
 def _migrate(targets=None):
-    """To `targets`, or (None) to the latest migration of every app."""
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets or executor.loader.graph.leaf_nodes())
+    """To `targets`, or (None) to the latest migration of every app (tests/migration_steps.py)."""
+    migration_steps.migrate(MigrationExecutor(connection), targets)
 
 
 def _raw(instance_id: int) -> tuple[bytes | None, list[str]]:

@@ -36,6 +36,7 @@ from provisioning.ssh_errors import (
     NodeUnreachable,
     PlatformKeyUnreadable,
 )
+from tests import migration_steps
 from tests.factories import UserFactory, make_listed_node, make_node
 from tests.marketplace.renting_helpers import book
 from tests.web.conftest import logged_in
@@ -671,10 +672,8 @@ def test_operators_see_and_filter_whose_failure_it_was(fake_node):
 # ------------------------------------------------------------------------------------------ the migration
 
 def _migrate(targets=None):
-    """To `targets`, or (None) to the latest migration of every app."""
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets or executor.loader.graph.leaf_nodes())
+    """To `targets`, or (None) to the latest migration of every app (tests/migration_steps.py)."""
+    migration_steps.migrate(MigrationExecutor(connection), targets)
 
 
 @pytest.mark.django_db(transaction=True)
