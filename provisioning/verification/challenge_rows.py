@@ -14,10 +14,16 @@ CPU the check cost a worker for no gain in time. bench/challenge_verify_real.py 
 """
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
+
+try:
+    from threadpoolctl import ThreadpoolController
+except ImportError:  # scripts/gpu-selfcheck's machine (_one_blas_thread)
+    ThreadpoolController = None
 
 from provisioning.verification.challenge import a_row, b_key
 
@@ -28,15 +34,20 @@ _S27, _S30, _S31, _S32 = (np.uint64(s) for s in (27, 30, 31, 32))
 _FIVE = np.uint64(5)
 
 
+@functools.cache
+def _blas_controller() -> Any:
+    """The process's BLAS libraries, found once (numpy's is loaded by the import above): threadpool_limits found
+    them again on every call, reading every loaded library (~0.3 ms of CPU a check; 1,600 times in
+    tests/provisioning/test_policy.py)."""
+    return ThreadpoolController() if ThreadpoolController is not None else None
+
+
 def _one_blas_thread() -> Any:
     """BLAS held to one thread while the rows are recomputed. threadpoolctl is the platform's (requirements.txt);
     scripts/gpu-selfcheck runs this code on a GPU machine that may have numpy beside PyTorch but not threadpoolctl,
     where the GEMM then only costs more CPU."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    controller = _blas_controller()
+    return controller.limit(limits=1, user_api="blas") if controller is not None else nullcontext()
 
 
 def expected_rows(seed: int, k: int, n: int, wanted: list[tuple[int, int, int]]) -> list[list[int]]:
