@@ -95,8 +95,8 @@ def block_zero(seed: int, gpu: int, size: int, start: int = 0) -> list[int]:
 
 def links(seed: int, gpu: int, i: int, size: int) -> tuple[tuple[tuple[int, int], ...], int]:
     """((p_k, r_k) for the REFS blocks block i >= 1 reads, salt_i)."""
-    refs = tuple((mix64(key(seed, gpu, "pi") ^ (i * REFS + k)) % i,
-                  mix64(key(seed, gpu, "rot") ^ (i * REFS + k)) % size) for k in range(REFS))
+    pi, rot = key(seed, gpu, "pi"), key(seed, gpu, "rot")  # once, not once per reference
+    refs = tuple((mix64(pi ^ (i * REFS + k)) % i, mix64(rot ^ (i * REFS + k)) % size) for k in range(REFS))
     return refs, mix64(key(seed, gpu, "salt") ^ i) & M32
 
 
