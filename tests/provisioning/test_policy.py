@@ -489,12 +489,13 @@ def test_the_slow_impostor_passes_the_datasheet_bands_and_only_the_fleet_catches
     for _ in range(20):
         alone = judge_profile("slow-card-posing-as-a10-x2", CATALOGUE, fleet=False)
         assert alone.verdict == "verified", [f.message for f in alone.findings]  # the miss the issue describes
-        caught = judge_profile("slow-card-posing-as-a10-x2", CATALOGUE)  # against six honest A10 nodes
+        # against six honest A10 nodes, drawn afresh each round (what fleet=True draws)
+        fleet = profile_fleet("slow-card-posing-as-a10-x2", CATALOGUE)
+        caught = judge_profile("slow-card-posing-as-a10-x2", CATALOGUE, fleet=fleet)
         assert (caught.verdict, {f.code for f in caught.findings}) == ("degraded", {"below_fleet_median"})
-    # and the honest A10 judged against the same kind of fleet stays verified
-    for _ in range(20):
-        assert judge_profile("a10-x2", CATALOGUE, fleet=profile_fleet("slow-card-posing-as-a10-x2", CATALOGUE)
-                             ).verdict == "verified"
+        # and the honest A10 judged against that same fleet stays verified: still a fresh fleet each of the twenty
+        # rounds, without six more honest runs a round for a fleet of its own
+        assert judge_profile("a10-x2", CATALOGUE, fleet=fleet).verdict == "verified"
 
 
 def test_the_hidden_power_cap_and_ecc_off_profiles_turn_on_the_new_rules_only():
