@@ -1,0 +1,226 @@
+"""Review r54 #4: a spot check runs the platform's challenge and memory proof (>= 95 % of each card's memory) on
+the node's cards that were free when it read them, holding none of them: the node stays bookable. A renter who
+booked one of them meanwhile had their VM created on the card while the challenge and the memory proof ran there
+(its first minute shared, its workload out of memory). Now the booking is accepted at once as before, and the job
+that creates (or starts) the VM waits until the spot check ends, telling the renter why; a spot check stuck past
+its deadline holds nothing.
+
+Real parts: a sim server over SSH with the real agent (its VMs real sshd processes), the spot check and the VM jobs
+run as a worker's deliveries run them (tests/marketplace/sim_renting.deliver), a retry recorded, not sent."""
+from datetime import timedelta
+
+import pytest
+from celery.canvas import Signature
+from django.utils import timezone
+
+from marketplace.models import Instance, InstanceStatus, MigSlice, Node
+from marketplace.services import instances as instance_svc
+from provisioning import tasks
+from provisioning.models import Job, JobKind, JobStatus
+from provisioning.services import spot_checks
+from provisioning.services.nodes import node_session
+from provisioning.services.runner import job_begin, job_finish
+from provisioning.services.spot_checks import node_spot_check_request, node_spot_check_run
+from provisioning.ssh import NodeSession
+from tests.factories import UserFactory
+from tests.marketplace.renting_helpers import book
+from tests.marketplace.sim_renting import deliver, deliver_until_closed, job_of
+from tests.provisioning.test_benchmark_verification import register, simbase, simnode, verify
+from tests.provisioning.test_random_rechecks import bounds
+
+__all__ = ["bounds", "simbase", "simnode"]
+
+pytestmark = pytest.mark.slow
+
+MIG_PROFILE = "a100-80gb-sxm-x2-mig"  # GPU 0 split into slices on the server; GPU 1 whole
+
+
+@pytest.fixture(autouse=True)
+def sent_jobs(monkeypatch, settings):
+    """Jobs are run by the test, not sent; a retry is recorded, not sent."""
+    settings.BILLING_REQUIRE_FUNDS = False
+    monkeypatch.setattr("provisioning.services.jobs._send", lambda job_id, kind: None)
+    retries: list[Signature] = []
+    monkeypatch.setattr(Signature, "apply_async", lambda self, *a, **kw: retries.append(self))
+    return retries
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """(when, what) of each agent command sent to the node: `vm create`, `exchange memproof`, ..."""
+    calls: list[tuple[object, str]] = []
+    agent, exchange = NodeSession.agent, NodeSession.exchange
+
+    def recorded_agent(session, command, sub=None, request=None, timeout=None):
+        calls.append((timezone.now(), f"{command} {sub or ''}".strip()))
+        return agent(session, command, sub, request, timeout)
+
+    def recorded_exchange(session, command):
+        calls.append((timezone.now(), f"exchange {command}"))
+        return exchange(session, command)
+
+    monkeypatch.setattr(NodeSession, "agent", recorded_agent)
+    monkeypatch.setattr(NodeSession, "exchange", recorded_exchange)
+    return calls
+
+
+@pytest.fixture
+def node(db, simnode, simbase, bounds):
+    made, _ = verify(register(simnode, simbase, "rtx-a4000-x2"))
+    assert made.verdict == "verified", made.last_error
+    yield made
+    _remove_vms(made)
+
+
+def _remove_vms(node: Node) -> None:
+    """The next test starts on an empty server."""
+    with node_session(Node.objects.get(pk=node.pk)) as session:
+        for vm in session.agent("vm", "list", {"runtime": "sim"})["vms"]:
+            session.agent("vm", "destroy", {"runtime": "sim", "vm_id": vm["vm_id"]})
+
+
+def _row(instance: Instance) -> Instance:
+    return Instance.objects.select_related("node").get(pk=instance.pk)
+
+
+def _running_spot_check(node: Node) -> Job:
+    job = job_begin(job_id=node_spot_check_request(node=node).pk)
+    assert job is not None and job.status == JobStatus.RUNNING
+    return job
+
+
+def _waits_for(job: Job, spot: Job, sent_jobs: list[Signature], settings) -> None:
+    """The delivery of the VM job just ran: it waited for the spot check, touching nothing on the node."""
+    job.refresh_from_db()
+    instance = job.instance
+    assert job.status == JobStatus.RUNNING and job.runner == ""  # released for its retry
+    assert job.step.startswith(f"waiting for the node: the server's spot check (job {spot.pk}) runs"), job.step
+    assert "once it ends" in job.step
+    assert instance.status_message == ("Waiting for the server's spot check (the platform's check of its idle GPUs) "
+                                       "to end, about a minute.")
+    assert instance.status in (InstanceStatus.PROVISIONING, InstanceStatus.STARTING)  # not billed: not running
+    assert sent_jobs[-1].options.get("countdown") == settings.NODE_BUSY_RETRY_S
+    assert sent_jobs[-1].options.get("retries", 0) == 0  # the wait spends none of the node's retries
+    assert job.deadline >= spot.deadline + timedelta(seconds=300)  # its whole time is left after the wait
+
+
+def test_a_booking_landing_while_a_spot_check_runs_gets_its_vm_only_after_it_ended(node, sent, sent_jobs, monkeypatch,
+                                                                                   settings):
+    spot = _running_spot_check(node)
+    booked = {}
+    challenge = spot_checks.node_challenge
+
+    def booking_lands_meanwhile(job, session, declared, gpus):
+        # The spot check read GPUs 0 and 1 free and is about to challenge them: a renter books one now.
+        assert gpus == [0, 1]
+        instance = book(UserFactory(), node)
+        provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+        booked.update(instance=instance, job=provision,
+                      first=deliver(tasks.instance_provision, provision), at=len(sent))
+        return challenge(job, session, declared, gpus)
+
+    monkeypatch.setattr(spot_checks, "node_challenge", booking_lands_meanwhile)
+    node_spot_check_run(job=spot)
+    spot.refresh_from_db()
+    assert spot.status == JobStatus.SUCCEEDED, spot.log
+    said = [line["message"] for line in spot.log]
+    assert [m for m in said if m.startswith("memory proof on GPUs 0, 1")], said  # its card too: booked after the read
+
+    # The booking was accepted at once (the GPU rented in the database), its VM not created: the job waited.
+    assert booked["first"] == "retry"
+    instance, provision = booked["instance"], booked["job"]
+    assert not [what for _, what in sent if what == "vm create"], sent
+    _waits_for(provision, spot, sent_jobs, settings)
+    assert instance.started_at is None  # nothing billed: billing starts when the VM runs
+    assert sent[booked["at"]:] and all(what.startswith("exchange ") for _, what in sent[booked["at"]:]), sent
+
+    assert deliver(tasks.instance_provision, provision, retries=0) == "done"  # the retry, after the spot check
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    creates = [(at, i) for i, (at, what) in enumerate(sent) if what == "vm create"]
+    proofs = [i for i, (_, what) in enumerate(sent) if what == "exchange memproof"]
+    assert len(creates) == 1 and proofs and creates[0][1] > max(proofs), sent
+    assert creates[0][0] > spot.finished_at  # created only after the spot check ended
+    assert instance.started_at > spot.finished_at  # and billed from when it runs
+
+
+def test_a_spot_check_stuck_past_its_deadline_does_not_hold_a_booking(node, sent_jobs, settings):
+    spot = _running_spot_check(node)  # its worker stuck: the job stays running
+    instance = book(UserFactory(), node)
+    provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+    assert deliver(tasks.instance_provision, provision) == "retry"
+    _waits_for(provision, spot, sent_jobs, settings)
+
+    Job.objects.filter(pk=spot.pk).update(deadline=timezone.now() - timedelta(seconds=1))  # its bound passed
+    assert deliver(tasks.instance_provision, provision) == "done"
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    assert Job.objects.get(pk=spot.pk).status == JobStatus.RUNNING  # the reaper's to close, not the booking's
+
+
+def test_a_queued_or_ended_spot_check_holds_nothing(node, sent_jobs):
+    """Queued, it has not read the free cards yet: it will see the booking's GPU rented and leave it alone."""
+    spot = node_spot_check_request(node=node)
+    instance = book(UserFactory(), node)
+    assert deliver(tasks.instance_provision, job_of(instance, JobKind.INSTANCE_PROVISION)) == "done"
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    spot = job_begin(job_id=spot.pk)
+    node_spot_check_run(job=spot)
+    said = [line["message"] for line in Job.objects.get(pk=spot.pk).log]
+    assert [m for m in said if m.startswith("memory proof on GPU 1 ")], said  # the rented card left alone
+
+
+def test_a_start_that_takes_gpus_again_waits_for_a_running_spot_check(node, sent_jobs, settings):
+    instance = book(UserFactory(), node)
+    deliver_until_closed(tasks.instance_provision, job_of(instance, JobKind.INSTANCE_PROVISION))
+    instance_svc.instance_stop(instance=_row(instance))
+    deliver_until_closed(tasks.instance_stop, job_of(instance, JobKind.INSTANCE_STOP))
+    assert _row(instance).status == InstanceStatus.STOPPED
+
+    spot = _running_spot_check(node)  # reads its GPU free: the instance released it when it stopped
+    instance_svc.instance_start(instance=_row(instance))
+    start = job_of(instance, JobKind.INSTANCE_START)
+    assert deliver(tasks.instance_start, start) == "retry"
+    _waits_for(start, spot, sent_jobs, settings)
+    assert _row(instance).status == InstanceStatus.STARTING
+
+    job_finish(job=spot)  # the spot check ended
+    assert deliver(tasks.instance_start, start) == "done"
+    assert _row(instance).status == InstanceStatus.RUNNING
+
+
+def test_a_mig_slice_booked_while_a_spot_check_challenges_free_slices_waits_too(db, simnode, simbase, bounds, sent,
+                                                                                  sent_jobs, monkeypatch, settings):
+    node, _ = verify(register(simnode, simbase, MIG_PROFILE))
+    assert node.verdict == "verified", node.last_error
+    try:
+        book(UserFactory(), node)  # GPU 1 whole: only GPU 0's free slices are left to check
+        spot = _running_spot_check(node)
+        booked = {}
+        challenge = spot_checks.node_slice_challenge
+
+        def booking_lands_meanwhile(job, session, declared, inventory, uuids):
+            instance = book(UserFactory(), node, mig_profile="3g.40gb")
+            provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+            held = set(MigSlice.objects.filter(node=node, status="rented").values_list("uuid", flat=True))
+            booked.update(instance=instance, job=provision, tested=held & set(uuids),
+                          first=deliver(tasks.instance_provision, provision))
+            return challenge(job, session, declared, inventory, uuids)
+
+        monkeypatch.setattr(spot_checks, "node_slice_challenge", booking_lands_meanwhile)
+        node_spot_check_run(job=spot)
+        spot.refresh_from_db()
+        assert spot.status == JobStatus.SUCCEEDED, spot.log
+        assert booked["tested"], "the booked slice is among those the spot check read free"
+        assert booked["first"] == "retry"
+        assert not [what for _, what in sent if what == "vm create"], sent
+        _waits_for(booked["job"], spot, sent_jobs, settings)
+
+        assert deliver(tasks.instance_provision, booked["job"]) == "done"
+        instance = _row(booked["instance"])
+        assert instance.status == InstanceStatus.RUNNING, instance.status_message
+        created = [at for at, what in sent if what == "vm create"]
+        assert len(created) == 1 and created[0] > spot.finished_at, sent
+    finally:
+        _remove_vms(node)
