@@ -339,6 +339,13 @@ SPOT_CHECK_MEAN_S = env_int("SPOT_CHECK_MEAN_S", 24 * 3600)
 SPOT_CHECK_MAX_S = env_int("SPOT_CHECK_MAX_S", 72 * 3600)
 SPOT_CHECK_FORWARD_MIN_S = env_int("SPOT_CHECK_FORWARD_MIN_S", 6 * 3600)
 REVERIFY_BEAT_S = env_int("REVERIFY_BEAT_S", 300)
+# A node's provider may ask for its verification again (POST /api/v1/nodes/{id}/verify/, the Verify button) only
+# this long after its last verification that ended with a verdict (passed, degraded or rejected; whoever asked for
+# it): each check costs the platform CPU (the challenge's recomputation, the memory proof) and SSH work, and a
+# verdict is not re-rolled on demand until a lucky draw passes. A check that ended without one (unreachable, the key
+# refused, a host key, the platform's own failure) starts none. Operators and the platform's own checks are not
+# bound by it (verification.node_verify_request, by_provider). 0: no cooldown.
+NODE_VERIFY_COOLDOWN_S = env_int("NODE_VERIFY_COOLDOWN_S", 15 * 60)
 # A GPU model's fleet reference (the median, over providers, of what its verified nodes measured) is used once this
 # many other nodes of the model, of this many other providers, have a measured latest run; fewer, and nodes are
 # judged against the datasheet only.

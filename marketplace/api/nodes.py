@@ -32,7 +32,7 @@ from marketplace.validators import (
 )
 from provisioning.selectors import latest_jobs
 from provisioning.services.endpoint_change import node_change, node_endpoint_changes
-from provisioning.services.verification import node_verify_request
+from provisioning.services.verification import VerifyCooldown, node_verify_request
 
 
 def _django_validator(fn):
@@ -285,6 +285,12 @@ _REGISTER_THROTTLED = ("More than NODE_REGISTER_THROTTLE_RATE (10 a minute) node
 _ENDPOINT_THROTTLED = ("More than NODE_ENDPOINT_THROTTLE_RATE (10 a minute) changes of a node's address, SSH "
                        "port or user by you, with the API and the server's settings page together; nothing was "
                        "changed. Retry-After says when to try again.")
+_VERIFY_COOLDOWN = ("`code` `verify_cooldown`: the node's last verification ended with a verdict (passed, degraded "
+                    "or rejected) less than NODE_VERIFY_COOLDOWN_S (15 minutes) ago; nothing was queued. `detail` "
+                    "names the node, when that check ended and when the next may be asked for; `node`, `verdict`, "
+                    "`last_verified_at` and `verify_again_at` say the same for a program, and Retry-After gives the "
+                    "seconds to wait. A check that ended without a verdict (unreachable, the key refused) starts no "
+                    "cooldown; an operator's request is not bound by it.")
 _REGISTER_CONFLICT = ("A live node of yours is already registered at this address and port, or you have "
                       "NODE_PENDING_MAX nodes that have not passed their first contact yet (verify or retire one).")
 
@@ -343,6 +349,12 @@ class NodeViewSet(viewsets.ModelViewSet):
     def throttled(self, request, wait):
         raise exceptions.Throttled(wait, detail=svc.register_throttled(wait or 1))
 
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        if isinstance(exc, VerifyCooldown):  # a 429 like the throttles': when to ask again, in whole seconds
+            response["Retry-After"] = str(exc.retry_after)
+        return response
+
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
@@ -377,11 +389,17 @@ class NodeViewSet(viewsets.ModelViewSet):
     def perform_destroy(self, node):
         svc.node_retire(node=node)
 
-    @extend_schema(request=None, responses={202: NodeSerializer, 409: _CONFLICT},
+    @extend_schema(request=None, responses={202: NodeSerializer, 409: _CONFLICT,
+                                            429: OpenApiResponse(CodedErrorSerializer, _VERIFY_COOLDOWN)},
                    summary="Verify the node now (after installing the platform's key)")
     @action(detail=True, methods=["post"])
     def verify(self, request, pk=None):
-        """Queue the benchmark check. While one is queued or running, that one is shown."""
+        """Queue the benchmark check. While one is queued or running, that one is shown (202). Its provider may ask
+        again only NODE_VERIFY_COOLDOWN_S (15 minutes) after the node's last check that ended with a verdict
+        (passed, degraded or rejected): sooner, a 429 saying when. A check that ended without a verdict
+        (unreachable, the key refused) is no reason to wait: fix it and ask again at once."""
         node = self.get_object()
-        node_verify_request(node=node)
+        # An operator's request (another provider's node: ProviderChangesOwnNode) is not bound by the cooldown, as
+        # the admin's Re-verify is not. Its refusal, VerifyCooldown, is answered with Retry-After (handle_exception).
+        node_verify_request(node=node, by_provider=node.provider_id == request.user.pk)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data, status=status.HTTP_202_ACCEPTED)

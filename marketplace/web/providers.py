@@ -25,7 +25,7 @@ from provisioning.models import OPEN_JOB_STATUSES, Job
 from provisioning.node_event_kinds import recent_events_for_provider
 from provisioning.selectors import latest_jobs, verification_runs_of
 from provisioning.services.endpoint_change import node_change, node_endpoint_changes
-from provisioning.services.verification import node_verify_request
+from provisioning.services.verification import node_verify_cooldown, node_verify_request
 from provisioning.verification.model import DeclaredModel
 from provisioning.verification.platform_figures import platform_checks
 from provisioning.verification.tolerances import FIGURES, TOLERANCES
@@ -112,6 +112,7 @@ def _live_context(node, watching: str = "") -> dict:
     job = Job.objects.filter(node=node).order_by("-id").first()
     job_open = job is not None and job.status in OPEN_JOB_STATUSES
     job_run = verification_runs_of([job]).get(job.pk) if job is not None else None
+    can_verify = not job_open and node.verify_allowed()
     return {
         "node": node,
         "job": job,
@@ -121,7 +122,9 @@ def _live_context(node, watching: str = "") -> dict:
         "use": _utilisation(node),
         # The page was waiting on this job and it has ended: the page reloads to show the new figures.
         "reload": bool(watching) and not job_open,
-        "can_verify": not job_open and node.verify_allowed(),
+        "can_verify": can_verify,
+        # The provider's Verify waits NODE_VERIFY_COOLDOWN_S after a check with a verdict: the button says until when.
+        "verify_cooldown": node_verify_cooldown(node) if can_verify else None,
         "can_retire": node.allows("retire"),
         # States whose cause is only in last_error (a verdict's reasons show with its check instead).
         "problem_states": (NodeState.OFFLINE, NodeState.QUARANTINED, NodeState.PENDING),
@@ -266,8 +269,8 @@ def node_live(request, pk: int):
 def node_verify(request, pk: int):
     node = _node_or_404(request.user, pk)
     try:
-        node_verify_request(node=node)
-    except ApplicationError as exc:
+        node_verify_request(node=node, by_provider=True)
+    except ApplicationError as exc:  # VerifyCooldown (when it may be asked again), a Conflict
         message_error(request, exc)
     else:
         messages.success(request, "Verification queued: the steps show below as the worker goes.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import secrets
 import statistics
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing.services.low_balance import billing_profile_lock
 from billing.services.storage import node_storage_outage_end
-from core.errors import Conflict
+from core.errors import Conflict, TooManyRequests
 from core.sql import constraint_violated
 from marketplace.mig import layout_by_gpu
 from marketplace.models import (
@@ -40,7 +40,7 @@ from marketplace.models.renting import FINAL_STATUSES
 from marketplace.services import instances as instance_svc
 from marketplace.services.nodes import SIM_REFUSED, node_in_use
 from notifications.services.notify import Kind, notify
-from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, NodeEvent, VerificationRun
+from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, JobStatus, NodeEvent, VerificationRun
 from provisioning.selectors import fleet_reference
 from provisioning.services.faults import NOT_COUNTED, counts_against_node, error_fault
 from provisioning.services.host_facts import node_apply_host_facts
@@ -177,10 +177,75 @@ def node_check_forward(*, node_id: int, now: datetime | None = None) -> datetime
         return at
 
 
+class VerifyCooldown(TooManyRequests):
+    """The node's provider asked for a verification within NODE_VERIFY_COOLDOWN_S of the end of its last one that
+    ended with a verdict (429, code verify_cooldown). The times ride along (`finished_at`, `available_at`, and in
+    the API's body), and `retry_after`, the whole seconds to wait (the answer's Retry-After)."""
+
+    code = "verify_cooldown"
+
+    def __init__(self, *, node_id: int, verdict: str, finished_at: datetime, available_at: datetime,
+                 now: datetime) -> None:
+        finished_at, available_at = finished_at.astimezone(UTC), available_at.astimezone(UTC)
+        self.node_id, self.verdict, self.finished_at, self.available_at = node_id, verdict, finished_at, available_at
+        self.retry_after = max(1, math.ceil((available_at - now).total_seconds()))
+        self.every = _duration(max(int(settings.NODE_VERIFY_COOLDOWN_S), 0))  # "15 minutes"
+        minutes = math.ceil(self.retry_after / 60)
+        wait = (f"{self.retry_after} second{'s' if self.retry_after != 1 else ''}" if self.retry_after < 120
+                else f"{minutes} minutes")
+        super().__init__(
+            f"Node {node_id} was last verified at {finished_at:%Y-%m-%d %H:%M:%S} UTC (verdict: {verdict}); its "
+            f"next verification may be asked for from {available_at:%Y-%m-%d %H:%M:%S} UTC, in {wait}. A node is "
+            f"verified again at its provider's request at most once per {self.every} "
+            "after a check that reached a verdict; nothing was queued.",
+            extra={"code": self.code, "node": node_id, "verdict": verdict,
+                   "last_verified_at": finished_at.isoformat(), "verify_again_at": available_at.isoformat()})
+
+
+def _duration(seconds: int) -> str:
+    """900 -> "15 minutes", 3600 -> "1 hour", 90 -> "90 seconds"."""
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} hour{'s' if seconds != 3600 else ''}"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} minute{'s' if seconds != 60 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+def node_verify_cooldown(node: Node, *, now: datetime | None = None) -> VerifyCooldown | None:
+    """The refusal the node's provider would get for asking for its verification now, or None when they may.
+    Counted from the end of its last verification that ended with a verdict (its job succeeded with a
+    VerificationRun: passed, degraded or rejected, whoever asked for it, the schedule's included): a check that
+    ended without one (unreachable, the platform's key refused, a host key, the platform's own failure, superseded)
+    is one the provider must be able to retry at once, once they fixed the address or key, so it neither starts a
+    cooldown nor ends one. The first verification of a node has none to wait for."""
+    cooldown = max(int(settings.NODE_VERIFY_COOLDOWN_S), 0)
+    if not cooldown:
+        return None
+    last = (Job.objects.filter(node_id=node.pk, kind=JobKind.NODE_VERIFY, status=JobStatus.SUCCEEDED,
+                               verification__isnull=False, finished_at__isnull=False)
+            .order_by("-finished_at", "-pk").values_list("finished_at", "verification__verdict").first())
+    if last is None:
+        return None
+    finished_at, verdict = last
+    if finished_at is None:  # not so (finished_at__isnull=False): for the type checker
+        return None
+    now = now or timezone.now()
+    available_at = finished_at + timedelta(seconds=cooldown)
+    if available_at <= now:
+        return None
+    return VerifyCooldown(node_id=node.pk, verdict=verdict, finished_at=finished_at, available_at=available_at,
+                          now=now)
+
+
 @transaction.atomic
-def node_verify_request(*, node: Node, reason: str = "") -> Job:
+def node_verify_request(*, node: Node, reason: str = "", by_provider: bool = False) -> Job:
     """Queue a verification (the provider after installing the key, the schedule, a changed inventory).
-    Idempotent: while one is queued or running, that one is returned. An active node stays active."""
+    Idempotent: while one is queued or running, that one is returned. An active node stays active.
+    `by_provider`: its provider asked (the API's POST .../verify/ and the Verify button, nothing else): refused
+    with VerifyCooldown within NODE_VERIFY_COOLDOWN_S of its last check with a verdict (node_verify_cooldown).
+    Operators (the admin's Re-verify, the API's verify of another provider's node) and the platform's own checks
+    (the schedule, a changed inventory, a spot check's findings, a first contact at a changed endpoint, a MIG
+    layout changed during a check, pending nodes' retries) are not bound by it."""
     node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     open_job = node.jobs.filter(kind__in=NODE_JOB_KINDS, status__in=OPEN_JOB_STATUSES).first()
     if open_job is not None and open_job.kind == JobKind.NODE_SPOT_CHECK:
@@ -191,6 +256,11 @@ def node_verify_request(*, node: Node, reason: str = "") -> Job:
         return open_job
     if not node.verify_allowed():
         raise Conflict(f"A {node.state} node cannot be verified.")
+    if by_provider:
+        # Under the node's lock, which a check's conclusion takes too: its verdict is either seen or not yet made.
+        refusal = node_verify_cooldown(node)
+        if refusal is not None:
+            raise refusal
     if node.state in (NodeState.PENDING, NodeState.REJECTED):
         # Nobody checked it there (watched_nodes): storage left on it (a volume on a node rejected before volumes
         # kept a node in use) is not billed for that time, quarantine's rule (node_accept_host_key); before, its

@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core import mail
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from billing.models import AccountKind, StripeEvent, TopUp, UsageInterval
@@ -275,7 +275,7 @@ def test_renter_signs_up_finds_an_a100_rents_connects_and_destroys(
 
 
 def test_provider_registers_a_server_and_watches_it_become_verified(
-        worker, live_server, new_page, shot, simnodes_dir):
+        worker, live_server, new_page, shot, simnodes_dir, settings):
     UserFactory(email="provider@example.com")
     info = sim.node_up("rtx-a6000-x8", simnodes_dir)
     try:
@@ -325,7 +325,13 @@ def test_provider_registers_a_server_and_watches_it_become_verified(
         page.get_by_text("Settings saved.").wait_for()
         node.refresh_from_db()
         assert node.price_per_gpu_hour_micros == 450_000
-        # Verify again: an active server stays listed while it is checked, and its history grows.
+        # Verify again: an active server stays listed while it is checked, and its history grows. Not within
+        # NODE_VERIFY_COOLDOWN_S of the check's verdict (the button says when): that check moved back past it.
+        page.locator("#verify-cooldown").wait_for()
+        back = timedelta(seconds=settings.NODE_VERIFY_COOLDOWN_S + 60)
+        Job.objects.filter(node=node, kind="node_verify").update(
+            created_at=F("created_at") - back, started_at=F("started_at") - back, finished_at=F("finished_at") - back)
+        page.reload()
         page.get_by_role("button", name="Verify now").click()
         page.locator("table >> text=verified").nth(1).wait_for()
         assert page.locator("#node-state", has_text="Active").count() == 1
