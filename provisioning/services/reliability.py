@@ -1,5 +1,6 @@
 """What each health check leaves behind (the checks are applied by fleet_record.nodes_record_health): a count per
-node and day, the node's reliability figure, and a re-verification when the GPUs the node reports have changed.
+node and day, the node's reliability figure, and a re-verification when the GPUs the node reports have changed
+(at once, or at the end of its provider's verify cooldown: node_inventory_changed).
 
 reliability = (health checks answered / health checks made, over the last 30 days)
               - 0.02 for each instance job on the node that failed by the node's fault in those 30 days, kept
@@ -21,7 +22,7 @@ from marketplace.models import Node, NodeState
 from provisioning.agent.gpumarket_agent import inventory_hash as gpus_hash
 from provisioning.models import OPEN_JOB_STATUSES, Job, JobFault, JobKind, JobStatus, NodeEvent
 from provisioning.services.nodes import node_event
-from provisioning.services.verification import node_verify_request
+from provisioning.services.verification import node_verify_deferred, node_verify_request
 
 
 class _ReliabilityRule(TypedDict):
@@ -49,13 +50,32 @@ def failed_jobs_counted(*, since: datetime) -> QuerySet[Job]:
 
 
 def node_inventory_changed(*, node_id: int, reported_hash: str) -> bool:
-    """True (and a verification queued) when an active node's GPUs differ from those it was verified with."""
+    """True when an active node's GPUs differ from those it was verified with and a verification was queued, or,
+    within its provider's cooldown, made due at the cooldown's end (said in an event). The fingerprint is the
+    provider's agent's, a power limit or a MIG, ECC or driver change included, which the provider can flip and flip
+    back at will: each flip was a fresh verdict at once, the re-roll NODE_VERIFY_COOLDOWN_S stops (found by
+    review). So within NODE_VERIFY_COOLDOWN_S of the node's last verdict nothing is queued now: its next full check
+    is due at the cooldown's end (verification.node_verify_deferred), the re-verification beat queues it then, and
+    the change is recorded once (health checks meanwhile, every minute, write no more events). The node stays as
+    it is meanwhile, listed or not, as while a verification runs."""
     node = Node.objects.filter(pk=node_id).only("id", "state", "inventory").first()
     stored = (node.inventory or {}).get("gpus") if node else None
     if node is None or node.state != NodeState.ACTIVE or stored is None or gpus_hash(stored) == reported_hash:
         return False
     if node.jobs.filter(instance__isnull=True, volume__isnull=True, status__in=OPEN_JOB_STATUSES).exists():
         return False  # a verification under way, or a spot check (then the next health check queues one)
+    deferred = node_verify_deferred(node)
+    if deferred is not None:
+        refusal, due = deferred
+        if node.events.filter(kind="inventory_changed", created_at__gt=refusal.finished_at).exists():
+            return False  # said already, since the verdict: the check is due as that event says
+        node_event(node=node, kind="inventory_changed",
+                   message=f"The GPUs the node reports changed since its last verification (model, memory, power "
+                           f"limit, MIG, link or driver). Its last check ended with a verdict at "
+                           f"{refusal.finished_at:%Y-%m-%d %H:%M:%S} UTC, and a node is verified again at most once "
+                           f"per {refusal.every} after a verdict: its check is due at {due:%Y-%m-%d %H:%M:%S} UTC.",
+                   level=NodeEvent.Level.WARNING)
+        return True
     node_event(node=node, kind="inventory_changed",
                message="The GPUs the node reports changed since its last verification "
                        "(model, memory, power limit, MIG, link or driver); verifying it again.",

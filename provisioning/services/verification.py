@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from billing.services.low_balance import billing_profile_lock
@@ -190,6 +191,9 @@ class VerifyCooldown(TooManyRequests):
         self.node_id, self.verdict, self.finished_at, self.available_at = node_id, verdict, finished_at, available_at
         self.retry_after = max(1, math.ceil((available_at - now).total_seconds()))
         self.every = _duration(max(int(settings.NODE_VERIFY_COOLDOWN_S), 0))  # "15 minutes"
+        # The time a page shows in minutes (HH:MM): rounded up, so that asking at the minute shown is never refused.
+        self.available_minute = (available_at if not (available_at.second or available_at.microsecond) else
+                                 available_at.replace(second=0, microsecond=0) + timedelta(minutes=1))
         minutes = math.ceil(self.retry_after / 60)
         wait = (f"{self.retry_after} second{'s' if self.retry_after != 1 else ''}" if self.retry_after < 120
                 else f"{minutes} minutes")
@@ -235,6 +239,26 @@ def node_verify_cooldown(node: Node, *, now: datetime | None = None) -> VerifyCo
         return None
     return VerifyCooldown(node_id=node.pk, verdict=verdict, finished_at=finished_at, available_at=available_at,
                           now=now)
+
+
+def node_verify_deferred(node: Node, *, now: datetime | None = None) -> tuple[VerifyCooldown, datetime] | None:
+    """For the platform's own checks that its provider's change of the node starts: its GPU inventory changed (a
+    power limit, MIG or ECC mode, the driver: reliability.node_inventory_changed) or its MIG layout changed during a
+    check (_reverify_new_layout). The provider can make such a change at will and undo it (`nvidia-smi -pl`), so
+    these are bound by the provider's cooldown too: else each flip would be a fresh verdict at once, the re-roll
+    NODE_VERIFY_COOLDOWN_S stops (found by review). None: no cooldown, the caller queues the check now. Else the
+    refusal and when the check is due: the node's next full check (Node.next_check_at, what
+    maintenance.nodes_reverify_due queues an active node's check by) brought forward to the cooldown's end, unless
+    it is due sooner already (a drawn time, a dodged spot check: not the provider's to choose)."""
+    now = now or timezone.now()
+    refusal = node_verify_cooldown(node, now=now)
+    if refusal is None:
+        return None
+    at = refusal.available_at
+    Node.objects.filter(Q(next_check_at__isnull=True) | Q(next_check_at__gt=at), pk=node.pk) \
+        .update(next_check_at=at, updated_at=now)
+    due = Node.objects.filter(pk=node.pk).values_list("next_check_at", flat=True).first() or at
+    return refusal, max(due, now)
 
 
 @transaction.atomic
@@ -668,14 +692,30 @@ def _reverify_new_layout(node: Node, changed: list[int]) -> None:
     Not out of the provider's maintenance (a verification request takes a node out of it, the provider's own verb;
     re-splitting the cards is what they are doing): the check is then due at once, and the re-verification beat
     queues it when the maintenance ends (found by the second review round: the check ran on the old split and
-    rejected the node)."""
+    rejected the node). Within the provider's cooldown (this check's verdict just started one: a change during
+    each check was a fresh verdict at once, node_verify_deferred), not now either: an active node's check is due at
+    the cooldown's end and the beat queues it then; a node in another state (rejected: the beat queues none) is
+    verified again when its provider asks, from then."""
     cards = ", ".join(map(str, changed))
     in_maintenance = node.state == NodeState.MAINTENANCE
+    deferred = node_verify_deferred(node) if in_maintenance or node.verify_allowed() else None
+    if deferred is None:
+        when = " once the maintenance ends" if in_maintenance else ""
+    elif node.state in (NodeState.ACTIVE, NodeState.MAINTENANCE):
+        refusal, due = deferred
+        when = (f", due at {due:%Y-%m-%d %H:%M:%S} UTC{' (once the maintenance ends)' if in_maintenance else ''}, "
+                f"when the {refusal.every} after this check's verdict are over")
+    else:
+        refusal = deferred[0]
+        when = (f" when its provider asks for it (Verify), from {refusal.available_minute:%Y-%m-%d %H:%M} UTC, the "
+                f"{refusal.every} after this check's verdict over")
     node_event(node=node, kind="mig_layout_changed_during_check", level=NodeEvent.Level.WARNING,
                message=f"The MIG layout of GPU {cards} changed during the check: this check's slices of "
                        f"{'it' if len(changed) == 1 else 'them'} are not listed and "
                        f"{'its' if len(changed) == 1 else 'their'} status stays as it was; a new check judges the "
-                       f"layout declared now{' once the maintenance ends' if in_maintenance else ''}.")
+                       f"layout declared now{when}.")
+    if deferred is not None:
+        return
     if in_maintenance:
         Node.objects.filter(pk=node.pk).update(next_check_at=timezone.now())
     elif node.verify_allowed():

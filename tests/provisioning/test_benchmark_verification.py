@@ -245,8 +245,12 @@ def test_a_node_that_closes_its_output_but_never_exits_is_ended_by_the_step_boun
     assert time.monotonic() - started < 10
 
 
-def test_a_changed_inventory_queues_a_verification(db, simnode, simbase):
+def test_a_changed_inventory_queues_a_verification(db, simnode, simbase, settings):
     node, _ = verify(register(simnode, simbase, "rtx-a4000-x2"))
+    # Verified longer ago than its provider's verify cooldown: the change is checked at once (within it, at the
+    # cooldown's end: tests/provisioning/test_verify_cooldown.py).
+    Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY).update(
+        finished_at=timezone.now() - timedelta(seconds=settings.NODE_VERIFY_COOLDOWN_S + 1))
     probe = node_health_probe(node)
     node_record_health(node_id=node.pk, ok=True, inventory_hash=probe.inventory_hash)
     assert not Job.objects.filter(node=node, status=JobStatus.QUEUED).exists()  # same GPUs: nothing to do

@@ -5,13 +5,15 @@ now (found by review: a card taken out of the layout was listed whole while stil
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
-from marketplace.models import Gpu, GpuStatus, MigSlice, Node, SliceStatus
+from marketplace.models import Gpu, GpuStatus, MigSlice, Node, NodeState, SliceStatus
 from marketplace.models.nodes import OFFERABLE
 from marketplace.selectors import free_slices_by_node
 from marketplace.services.nodes import node_update
 from provisioning.models import Job, JobKind, JobStatus, NodeEvent
 from provisioning.services import verification
+from provisioning.services.maintenance import nodes_reverify_due
 from provisioning.services.mig import layout_changed_gpus
 from provisioning.services.runner import job_begin
 from tests.provisioning.test_benchmark_verification import register, simbase, simnode, verify
@@ -44,6 +46,17 @@ def _queued_recheck(node: Node) -> Job:
     return Job.objects.get(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED)
 
 
+def _queued_at_the_cooldowns_end(node: Node) -> Job:
+    """The check that ended started its provider's verify cooldown (its verdict): the new check is not queued at
+    once (a layout changed during each check was a fresh verdict each time) but due at the cooldown's end, and the
+    re-verification beat queues it then (tests/provisioning/test_verify_cooldown.py)."""
+    assert not Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).exists()
+    due = Node.objects.get(pk=node.pk).next_check_at
+    assert due > timezone.now()
+    nodes_reverify_due(now=due)
+    return _queued_recheck(node)
+
+
 @pytest.mark.slow
 def test_a_card_taken_out_of_the_layout_during_the_check_is_not_listed_whole(db, simnode, simbase, monkeypatch):
     node = register(simnode, simbase, MIG_PROFILE)
@@ -59,7 +72,7 @@ def test_a_card_taken_out_of_the_layout_during_the_check_is_not_listed_whole(db,
     assert NodeEvent.objects.filter(node=node, kind="mig_layout_changed_during_check").exists()
     # The check it queued judges the layout declared now: a card in MIG mode declared whole is not listed.
     monkeypatch.undo()
-    verification.node_verify_run(job=job_begin(job_id=_queued_recheck(node).pk))
+    verification.node_verify_run(job=job_begin(job_id=_queued_at_the_cooldowns_end(node).pk))
     node.refresh_from_db()
     assert node.verdict == "rejected" and not Node.objects.filter(OFFERABLE, pk=node.pk).exists()
 
@@ -69,13 +82,8 @@ def test_a_layout_changed_with_the_maintenance_begun_during_the_check_waits_for_
                                                                                           monkeypatch):
     """The provider saves the new layout and goes into maintenance to re-split the cards: the check is not queued
     (a verification request would take the node out of the provider's maintenance and judge the old split: the
-    first fix did, and rejected the node, found by the second review round); it is due at once, and the beat
-    queues it when the maintenance ends."""
-    from django.utils import timezone
-
-    from marketplace.models import NodeState
-    from provisioning.services.maintenance import nodes_reverify_due
-
+    first fix did, and rejected the node, found by the second review round); it is due (at the end of the provider's
+    verify cooldown, which this check's verdict started), and the beat queues it when the maintenance ends."""
     node = register(simnode, simbase, MIG_PROFILE)
     node, _ = verify(node)
     _provider_saves_during_the_check(monkeypatch, node, mig_layout=[], mig_prices={}, maintenance=True)
@@ -83,10 +91,8 @@ def test_a_layout_changed_with_the_maintenance_begun_during_the_check_waits_for_
     monkeypatch.undo()
     assert (node.state, node.verdict) == (NodeState.MAINTENANCE, "verified")
     assert not Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status=JobStatus.QUEUED).exists()
-    assert node.next_check_at <= timezone.now()
     node_update(node=Node.objects.get(pk=node.pk), maintenance=False)
-    nodes_reverify_due()
-    assert _queued_recheck(node)
+    assert _queued_at_the_cooldowns_end(node)
 
 
 @pytest.mark.slow
@@ -102,7 +108,7 @@ def test_slices_of_the_old_layout_are_not_listed_under_a_new_one(db, simnode, si
     assert node.verdict == "verified"
     assert free_slices_by_node([node.pk]) == {}
     assert Gpu.objects.get(node=node, index=0).status == GpuStatus.MIG
-    _queued_recheck(node)
+    _queued_at_the_cooldowns_end(node)
 
 
 @pytest.mark.slow

@@ -10,12 +10,15 @@ from django.test import Client
 from django.utils import timezone
 
 from marketplace.models import Node, NodeState, Verdict
-from provisioning.models import Job, JobKind, JobStatus
+from provisioning.models import Job, JobKind, JobStatus, NodeEvent
+from provisioning.services import verification
 from provisioning.services.maintenance import nodes_reverify_due
+from provisioning.services.reliability import node_inventory_changed
 from provisioning.services.runner import job_begin
 from provisioning.services.verification import (
     VerifyCooldown,
     node_verify_conclude,
+    node_verify_cooldown,
     node_verify_failed,
     node_verify_request,
 )
@@ -206,10 +209,18 @@ def test_the_verify_button_says_when_it_may_be_pressed_and_a_post_says_why_not()
     _ended_ago(job, 60)
     job.refresh_from_db()
     again = job.finished_at + timedelta(seconds=COOLDOWN_S)
+    Job.objects.filter(pk=job.pk).update(finished_at=job.finished_at.replace(second=20))  # not on the minute
+    job.refresh_from_db()
+    again = job.finished_at + timedelta(seconds=COOLDOWN_S)
+    shown = again.replace(second=0, microsecond=0) + timedelta(minutes=1)  # rounded up, never down
     page = web.get(f"/nodes/{node.pk}/").content.decode()
     assert f'action="/nodes/{node.pk}/verify/"' not in page  # no form to post: the button is disabled
-    assert 'disabled aria-describedby="verify-cooldown"' in page
-    assert f"Verify again from {again:%Y-%m-%d %H:%M} UTC" in page and "at most once every 15 minutes" in page
+    assert ('<button type="button" disabled aria-describedby="verify-cooldown">'
+            f"Verify again from {shown:%H:%M} UTC</button>") in page  # its label says from when, not "Verify now"
+    assert f"Verify again from {shown:%Y-%m-%d %H:%M} UTC" in page and "at most once every 15 minutes" in page
+    # A click at the minute shown is not refused; a minute sooner (the time rounded down) would have been.
+    assert node_verify_cooldown(node, now=shown) is None
+    assert node_verify_cooldown(node, now=shown - timedelta(minutes=1)) is not None
     # A POST anyway (a page left open): the page again, saying when, nothing queued.
     r = web.post(f"/nodes/{node.pk}/verify/", follow=True)
     text = r.content.decode()
@@ -219,3 +230,88 @@ def test_the_verify_button_says_when_it_may_be_pressed_and_a_post_says_why_not()
     page = web.get(f"/nodes/{node.pk}/").content.decode()
     assert f'action="/nodes/{node.pk}/verify/"' in page and "verify-cooldown" not in page
     assert web.post(f"/nodes/{node.pk}/verify/").status_code == 302 and _verify_jobs(node) == 2
+
+
+# ------------------------------------------------------------------ the provider's changes that start a check
+
+def _inventory(node: Node) -> None:
+    Node.objects.filter(pk=node.pk).update(inventory={"gpus": [{"index": 0, "uuid": "GPU-a", "power_limit_w": 300}]})
+
+
+def _queued(node: Node) -> list[str]:
+    return [j.log[0]["message"] for j in Job.objects.filter(node=node, kind=JobKind.NODE_VERIFY, status="queued")]
+
+
+@pytest.mark.parametrize("verdict", [Verdict.VERIFIED, Verdict.DEGRADED])
+def test_an_inventory_change_within_the_cooldown_is_checked_at_its_end_not_at_once(api, verdict):
+    """`nvidia-smi -pl X` and back: the agent's fingerprint changes (power limit, MIG, ECC, driver) at the
+    provider's will. Before, each change queued a verification at once: a fresh verdict per flip, the re-roll the
+    cooldown stops. Now the check is due at the cooldown's end, said once, and the beat queues it then."""
+    node = make_listed_node(api.user, gpu_count=1)
+    api.post(_verify_url(node))
+    job = _judged(node, verdict)
+    _ended_ago(job, 60)
+    job.refresh_from_db()
+    _inventory(node)
+    again = job.finished_at + timedelta(seconds=COOLDOWN_S)
+    assert node_inventory_changed(node_id=node.pk, reported_hash="power limit 250 W") is True
+    assert _queued(node) == [] and _verify_jobs(node) == 1  # nothing queued now
+    node.refresh_from_db()
+    assert node.next_check_at == again
+    assert (node.state, node.verdict, node.listed) == (NodeState.ACTIVE, verdict, True)  # as it was
+    event = NodeEvent.objects.get(node=node, kind="inventory_changed")
+    assert f"its check is due at {again:%Y-%m-%d %H:%M:%S} UTC" in event.message, event.message
+    # The health checks meanwhile (every minute, the power limit flipped back and again): no more events, no check.
+    assert node_inventory_changed(node_id=node.pk, reported_hash="power limit 300 W") is False
+    assert NodeEvent.objects.filter(node=node, kind="inventory_changed").count() == 1 and _queued(node) == []
+    # The beat, its clock moved: nothing before the cooldown's end, the check at it.
+    assert nodes_reverify_due(now=again - timedelta(seconds=1))["queued"] == 0 and _queued(node) == []
+    assert nodes_reverify_due(now=again)["queued"] == 1
+    assert _queued(node) == ["queued: scheduled re-verification"]
+
+
+def test_an_inventory_change_outside_the_cooldown_is_checked_at_once(api):
+    node = make_listed_node(api.user, gpu_count=1)
+    api.post(_verify_url(node))
+    _ended_ago(_judged(node, Verdict.VERIFIED), COOLDOWN_S + 1)
+    _inventory(node)
+    assert node_inventory_changed(node_id=node.pk, reported_hash="power limit 250 W") is True
+    assert _queued(node) == ["queued: the GPU inventory changed"]
+    assert "verifying it again" in NodeEvent.objects.get(node=node, kind="inventory_changed").message
+
+
+def test_a_mig_layout_changed_during_a_check_is_checked_again_at_the_cooldowns_end(api):
+    """The provider re-declares a layout during each check: before, each was a new check at once."""
+    node = make_listed_node(api.user, gpu_count=1)
+    api.post(_verify_url(node))
+    job = _judged(node, Verdict.VERIFIED)  # ended just now: its verdict starts the cooldown
+    again = job.finished_at + timedelta(seconds=COOLDOWN_S)
+    verification._reverify_new_layout(Node.objects.get(pk=node.pk), [0])
+    assert _queued(node) == []
+    node.refresh_from_db()
+    assert node.next_check_at == again
+    event = NodeEvent.objects.get(node=node, kind="mig_layout_changed_during_check")
+    assert f"a new check judges the layout declared now, due at {again:%Y-%m-%d %H:%M:%S} UTC" in event.message
+    assert nodes_reverify_due(now=again - timedelta(seconds=1))["queued"] == 0
+    assert nodes_reverify_due(now=again)["queued"] == 1
+    assert _queued(node) == ["queued: scheduled re-verification"]
+    # Outside the cooldown (both checks' verdicts longer ago than it): at once, as before.
+    _ended_ago(job, COOLDOWN_S + 2)
+    _ended_ago(_judged(node, Verdict.VERIFIED), COOLDOWN_S + 1)
+    verification._reverify_new_layout(Node.objects.get(pk=node.pk), [0])
+    assert _queued(node) == ["queued: the MIG layout changed during the check"]
+
+
+def test_a_mig_layout_changed_during_a_check_that_rejected_the_node_says_when_to_ask(api):
+    """A rejected node (no renters) is not queued by the beat: its provider asks, from the cooldown's end."""
+    node = make_listed_node(api.user, gpu_count=1)
+    api.post(_verify_url(node))
+    job = _judged(node, Verdict.REJECTED)
+    node.refresh_from_db()
+    assert node.state == NodeState.REJECTED
+    verification._reverify_new_layout(node, [0])
+    assert _queued(node) == []
+    shown = node_verify_cooldown(node).available_minute
+    event = NodeEvent.objects.get(node=node, kind="mig_layout_changed_during_check")
+    assert f"when its provider asks for it (Verify), from {shown:%Y-%m-%d %H:%M} UTC" in event.message
+    assert shown >= job.finished_at + timedelta(seconds=COOLDOWN_S)

@@ -328,6 +328,8 @@ def test_provider_registers_a_server_and_watches_it_become_verified(
         # Verify again: an active server stays listed while it is checked, and its history grows. Not within
         # NODE_VERIFY_COOLDOWN_S of the check's verdict (the button says when): that check moved back past it.
         page.locator("#verify-cooldown").wait_for()
+        # The disabled button says from when (rounded up to the minute: a click then is never refused).
+        assert page.get_by_role("button", name=re.compile(r"^Verify again from \d\d:\d\d UTC$")).is_disabled()
         back = timedelta(seconds=settings.NODE_VERIFY_COOLDOWN_S + 60)
         Job.objects.filter(node=node, kind="node_verify").update(
             created_at=F("created_at") - back, started_at=F("started_at") - back, finished_at=F("finished_at") - back)
