@@ -30,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from core import dispatch
@@ -69,6 +69,16 @@ JOB_TASKS: dict[str, str] = {
     JobKind.VOLUME_CREATE: dispatch.task_name("provisioning.tasks.volume_create"),
     JobKind.VOLUME_DELETE: dispatch.task_name("provisioning.tasks.volume_delete"),
 }
+
+
+def job_alive(now: datetime) -> Q:
+    """The jobs still under way at `now`, by the reaper's rule (maintenance.jobs_reap reaps an open job past its
+    deadline unless it is one of these): running, and before its deadline or with an execution that still beats
+    (its heartbeat younger than JOB_HEARTBEAT_STALE_S; a job waiting for its retry has it dated when the retry is
+    due, runner.job_release). A deadline counts from the job's creation, so a job that waited in a busy queue can
+    pass it while it runs; one whose worker was lost stops counting JOB_HEARTBEAT_STALE_S after its last beat."""
+    fresh = now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S)
+    return Q(status=JobStatus.RUNNING) & (Q(deadline__gte=now) | Q(heartbeat_at__gte=fresh))
 
 
 class JobConflict(Conflict):

@@ -34,7 +34,7 @@ from provisioning.services.fleet import (  # noqa: F401 (re-exported: the fleet'
     nodes_reconcile_dispatch,
     singleton,
 )
-from provisioning.services.jobs import JobConflict, job_send
+from provisioning.services.jobs import JobConflict, job_alive, job_send
 from provisioning.services.nodes import node_event
 from provisioning.services.reconcile import node_reconcile  # noqa: F401 (re-exported)
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, log_lines
@@ -156,7 +156,8 @@ def _dispatch_note(job: Job, now: datetime, message: str = "") -> None:
 def jobs_reap() -> Summary:
     """Fail jobs still open past their deadline, releasing what they held.
 
-    A job whose execution still beats (its heartbeat younger than JOB_HEARTBEAT_STALE_S) is left to it: it may
+    A job whose execution still beats (its heartbeat younger than JOB_HEARTBEAT_STALE_S: jobs.job_alive, the rule
+    a renter's VM job also waits by while a check of its node runs, vms._node_check_under_way) is left to it: it may
     be creating a VM on the GPUs the reaper would free for the next renter, and it ends by itself (its task's
     time limit, then the task's own failure handler, which cleans up on the node). A deadline counts from the
     job's creation, so a job that waited in a busy queue can pass it while it runs. An instance job ends as its
@@ -172,10 +173,8 @@ def jobs_reap() -> Summary:
     run, and the jobs after it (older: newest first) are reaped all the same.
     """
     now = timezone.now()
-    alive = Q(status=JobStatus.RUNNING,
-              heartbeat_at__gte=now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S))
     reaped = errors = 0
-    for job in (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now).exclude(alive)
+    for job in (Job.objects.filter(status__in=OPEN_JOB_STATUSES, deadline__lt=now).exclude(job_alive(now))
                 .select_related("node")):
         try:
             with transaction.atomic():  # a failed job's writes go back alone (a savepoint inside a transaction)

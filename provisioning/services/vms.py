@@ -37,9 +37,9 @@ from marketplace.services.instances.worker import (
 )
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
-from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind, JobStatus, NodeEvent
+from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind, NodeEvent
 from provisioning.services.faults import error_fault
-from provisioning.services.jobs import JOB_DEADLINES, SUPERSEDED
+from provisioning.services.jobs import JOB_DEADLINES, SUPERSEDED, job_alive
 from provisioning.services.nodes import VM_MISSING, disk_limit_not_enforced_noted, node_event, node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
@@ -665,42 +665,68 @@ def _pull_failure(instance: Instance, exc: AgentFailed) -> AgentFailed:
         "image; booking it on another server may work.")})
 
 
-# ------------------------------------------------------------------------ a spot check testing the node's free cards
+# ------------------------------------------------------------------------ a check testing the node's free cards
 #
 # A spot check (services.spot_checks) runs the platform's challenge and memory proof (>= 95 % of each card's memory)
 # on the cards, whole GPUs and MIG slices, that were free when it read them, without allocating them: the node stays
-# bookable. A booking (or a start, which takes GPUs again) committed after that read rents a card under test, so
-# the job that would create or start its VM there waits until the spot check ends (review r54 #4): the booking is
-# accepted at once, nothing is billed until the VM runs (instance_mark_running), and the renter is told why.
+# bookable. So does a re-verification of an active node (services.verification: the benchmark, the challenge and
+# the memory proof on its free cards, for minutes). A booking (or a start, which takes GPUs again) committed after
+# that read rents a card under test, so the job that would create or start its VM there waits until the check ends
+# (review r54 #4): the booking is accepted at once, nothing is billed until the VM runs (instance_mark_running),
+# and the renter is told why. A node that is not active (verifying for the first time, or back from maintenance or
+# offline) takes no booking and no start (lifecycle: an offerable node is active; a start's node must be), and
+# turns active only as its verification closes (node_verify_conclude, one transaction with its job_finish).
 #
-# Why no booking slips between the two reads: the spot check's job is marked running (runner.job_begin commits)
-# before the spot check reads the free cards (spot_checks.free_cards_now, free_slices_now: each one statement,
-# which sees what had committed when it began). A booking that committed before that read rented the card: the
-# spot check sees it rented and leaves it alone. One that committed after it queued this job in the same
-# transaction as its allocation, so this job's read below comes after that commit, after the spot check's job was
-# marked running: it sees that job open (or closed, the testing over). The reverse, a VM job already under way
-# when a spot check starts, holds its cards since its booking or start committed: the spot check does not test them.
+# Why no booking slips between the two reads: the check's job is marked running (runner.job_begin commits) before
+# it reads the free cards (spot_checks.free_cards_now, free_slices_now; verification's gpu_holders_by_uuid,
+# held_cards, rented_slice_uuids, read after the inventory: each one statement, which sees what had committed when
+# it began). A booking that committed before that read rented the card: the check sees it rented and leaves it
+# alone. One that committed after it queued this job in the same transaction as its allocation, so this job's read
+# below comes after that commit, after the check's job was marked running: it sees that job open (or closed, the
+# testing over). The reverse, a VM job already under way when a check starts, holds its cards since its booking or
+# start committed: the check does not test them.
+#
+# A check is waited for while it is alive by the reaper's rule (jobs.job_alive): running, and before its deadline
+# or still beating. Its deadline counts from its creation, so one that waited in a busy queue works past it (a
+# spot check's worker may run 840 s, a verification's too); one whose worker was lost holds bookings only until its
+# heartbeat is JOB_HEARTBEAT_STALE_S old.
 
-SPOT_CHECK_WAIT = "Waiting for the server's spot check (the platform's check of its idle GPUs) to end, about a minute"
+# What the renter is told while their VM job waits, by the kind of check; the first words also name it in the step.
+CHECK_WAITS: dict[str, tuple[str, str]] = {
+    JobKind.NODE_SPOT_CHECK: (
+        "the server's spot check",
+        "Waiting for the server's spot check (the platform's check of its idle GPUs) to end, about a minute"),
+    JobKind.NODE_VERIFY: (
+        "the server's re-check of its GPUs",
+        "Waiting for the server's re-check of its GPUs (the platform's benchmark and checks of its idle GPUs) to "
+        "end, a few minutes"),
+}
+SPOT_CHECK_WAIT = CHECK_WAITS[JobKind.NODE_SPOT_CHECK][1]
 
 
-def _spot_check_under_way(job: Job, instance: Instance) -> None:
-    """Raise NodeBusy (the task tries again in NODE_BUSY_RETRY_S, uncounted) while a spot check of the instance's
-    node is running, before its deadline: one stuck past it holds nothing (the reaper closes it), the job goes on.
-    The job's own deadline is moved to its whole allowance after the spot check's (a destroy waiting for a VM job
-    moves its own too: vm_destroy): the wait is nobody's failure and leaves the job its time for its work. Any
-    running spot check is waited for, whether or not it tests this instance's cards (which cannot be told before
-    it read them): it lasts about a minute, once a day or so per node."""
-    spot = Job.objects.filter(node_id=instance.node_id, kind=JobKind.NODE_SPOT_CHECK, status=JobStatus.RUNNING,
-                              deadline__gt=timezone.now()).only("pk", "deadline").first()
-    if spot is None:
+def _node_check_under_way(job: Job, instance: Instance) -> None:
+    """Raise NodeBusy (the task tries again in NODE_BUSY_RETRY_S, uncounted) while a spot check or a verification
+    of the instance's node is alive (jobs.job_alive: running, and before its deadline or still beating, the rule
+    the reaper spares a job by): one whose worker was lost holds nothing once its heartbeat is stale, the job goes
+    on. The job's own deadline is moved to its whole allowance after the check's deadline, or after now where that
+    passed (a destroy waiting for a VM job moves its own too: vm_destroy): the wait is nobody's failure and leaves
+    the job its time for its work. Any such check is waited for, whether or not it tests this instance's cards
+    (which cannot be told before it read them): a spot check lasts about a minute, once a day or so per node; a
+    re-verification a few minutes, rarer."""
+    now = timezone.now()
+    check = (Job.objects.filter(job_alive(now), node_id=instance.node_id, kind__in=tuple(CHECK_WAITS))
+             .only("pk", "kind", "deadline").first())
+    if check is None:
         return
-    wait_until = spot.deadline + timedelta(seconds=JOB_DEADLINES[job.kind])
+    wait_until = max(check.deadline, now) + timedelta(seconds=JOB_DEADLINES[job.kind])
     if wait_until > job.deadline:
         Job.objects.filter(pk=job.pk).update(deadline=wait_until)
         job.deadline = wait_until
-    _progress(job, instance, f"{SPOT_CHECK_WAIT}.")
-    raise NodeBusy(f"the server's spot check (job {spot.pk}) runs, until {spot.deadline:%H:%M:%S} UTC at most; "
+    what, told = CHECK_WAITS[check.kind]
+    _progress(job, instance, f"{told}.")
+    until = (f"its deadline {check.deadline:%H:%M:%S} UTC" if check.deadline > now else
+             f"past its deadline ({check.deadline:%H:%M:%S} UTC), its worker still at work")
+    raise NodeBusy(f"{what} (job {check.pk}) runs, {until}; "
                    f"the VM {'is created' if job.kind == JobKind.INSTANCE_PROVISION else 'starts'} once it ends.")
 
 
@@ -711,7 +737,7 @@ def vm_provision(*, job: Job) -> None:
     if instance is None:
         job_finish(job=job, note="the instance is no longer waiting to be provisioned; nothing to do")
         return
-    _spot_check_under_way(job, instance)
+    _node_check_under_way(job, instance)
     _progress(job, instance, f"connecting to node {instance.node_id}")
     with node_session(instance.node) as session:
         _progress(job, instance, _CREATING)
@@ -750,7 +776,7 @@ def _start(job: Job, session: NodeSession, instance: Instance) -> dict[str, Any]
 def vm_start(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STARTING, "starting")) is None:
         return
-    _spot_check_under_way(job, instance)  # a start takes GPUs again (lifecycle.instance_start): free ones, perhaps
+    _node_check_under_way(job, instance)  # a start takes GPUs again (lifecycle.instance_start): free ones, perhaps
     with node_session(instance.node) as session:
         _progress(job, instance, _STARTING)
         answer = _start(job, session, instance)

@@ -2,8 +2,10 @@
 the node's cards that were free when it read them, holding none of them: the node stays bookable. A renter who
 booked one of them meanwhile had their VM created on the card while the challenge and the memory proof ran there
 (its first minute shared, its workload out of memory). Now the booking is accepted at once as before, and the job
-that creates (or starts) the VM waits until the spot check ends, telling the renter why; a spot check stuck past
-its deadline holds nothing.
+that creates (or starts) the VM waits until the spot check ends, telling the renter why; a spot check past its
+deadline holds it while its worker still beats (it started late), nothing once its heartbeat is stale (its worker
+lost). A re-verification of an active node (the benchmark, the challenge and the memory proof on its free cards,
+the node bookable meanwhile) is waited for the same way.
 
 Real parts: a sim server over SSH with the real agent (its VMs real sshd processes), the spot check and the VM jobs
 run as a worker's deliveries run them (tests/marketplace/sim_renting.deliver), a retry recorded, not sent."""
@@ -11,16 +13,19 @@ from datetime import timedelta
 
 import pytest
 from celery.canvas import Signature
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from marketplace.models import Instance, InstanceStatus, MigSlice, Node
 from marketplace.services import instances as instance_svc
 from provisioning import tasks
 from provisioning.models import Job, JobKind, JobStatus
-from provisioning.services import spot_checks
+from provisioning.services import spot_checks, verification
+from provisioning.services.jobs import JOB_DEADLINES
 from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_begin, job_finish
 from provisioning.services.spot_checks import node_spot_check_request, node_spot_check_run
+from provisioning.services.verification import node_verify_request, node_verify_run
 from provisioning.ssh import NodeSession
 from tests.factories import UserFactory
 from tests.marketplace.renting_helpers import book
@@ -89,19 +94,26 @@ def _running_spot_check(node: Node) -> Job:
     return job
 
 
-def _waits_for(job: Job, spot: Job, sent_jobs: list[Signature], settings) -> None:
-    """The delivery of the VM job just ran: it waited for the spot check, touching nothing on the node."""
+SPOT_TOLD = "Waiting for the server's spot check (the platform's check of its idle GPUs) to end, about a minute."
+VERIFY_TOLD = ("Waiting for the server's re-check of its GPUs (the platform's benchmark and checks of its idle GPUs) "
+               "to end, a few minutes.")
+
+
+def _waits_for(job: Job, spot: Job, sent_jobs: list[Signature], settings, *, since=None,
+               what: str = "the server's spot check", told: str = SPOT_TOLD) -> None:
+    """The delivery of the VM job just ran: it waited for the check, touching nothing on the node. `since`: when
+    the delivery began, for a check past its deadline (the job's time counts from then)."""
     job.refresh_from_db()
     instance = job.instance
     assert job.status == JobStatus.RUNNING and job.runner == ""  # released for its retry
-    assert job.step.startswith(f"waiting for the node: the server's spot check (job {spot.pk}) runs"), job.step
+    assert job.step.startswith(f"waiting for the node: {what} (job {spot.pk}) runs"), job.step
     assert "once it ends" in job.step
-    assert instance.status_message == ("Waiting for the server's spot check (the platform's check of its idle GPUs) "
-                                       "to end, about a minute.")
+    assert instance.status_message == told
     assert instance.status in (InstanceStatus.PROVISIONING, InstanceStatus.STARTING)  # not billed: not running
     assert sent_jobs[-1].options.get("countdown") == settings.NODE_BUSY_RETRY_S
     assert sent_jobs[-1].options.get("retries", 0) == 0  # the wait spends none of the node's retries
-    assert job.deadline >= spot.deadline + timedelta(seconds=300)  # its whole time is left after the wait
+    after = max(spot.deadline, since) if since else spot.deadline
+    assert job.deadline >= after + timedelta(seconds=JOB_DEADLINES[job.kind])  # its whole time left after the wait
 
 
 def test_a_booking_landing_while_a_spot_check_runs_gets_its_vm_only_after_it_ended(node, sent, sent_jobs, monkeypatch,
@@ -144,14 +156,30 @@ def test_a_booking_landing_while_a_spot_check_runs_gets_its_vm_only_after_it_end
     assert instance.started_at > spot.finished_at  # and billed from when it runs
 
 
-def test_a_spot_check_stuck_past_its_deadline_does_not_hold_a_booking(node, sent_jobs, settings):
-    spot = _running_spot_check(node)  # its worker stuck: the job stays running
+def _beat(job: Job, s_ago: float) -> None:
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=s_ago))
+
+
+def test_a_spot_check_past_its_deadline_holds_a_booking_while_its_worker_beats_not_once_it_was_lost(node, sent_jobs,
+                                                                                                     settings):
+    """Its deadline counts from its creation: one that started late (a busy queue, a retry) still runs its memory
+    proof past it, and the reaper spares it while it beats (jobs.job_alive). Before, the booking's VM was created
+    on the card under test as soon as the deadline passed."""
+    spot = _running_spot_check(node)
     instance = book(UserFactory(), node)
     provision = job_of(instance, JobKind.INSTANCE_PROVISION)
     assert deliver(tasks.instance_provision, provision) == "retry"
     _waits_for(provision, spot, sent_jobs, settings)
 
     Job.objects.filter(pk=spot.pk).update(deadline=timezone.now() - timedelta(seconds=1))  # its bound passed
+    _beat(spot, 1)  # its worker still at work
+    since = timezone.now()
+    assert deliver(tasks.instance_provision, provision) == "retry"
+    spot.refresh_from_db()
+    _waits_for(provision, spot, sent_jobs, settings, since=since)
+    assert "past its deadline" in provision.step, provision.step
+
+    _beat(spot, django_settings.JOB_HEARTBEAT_STALE_S + 5)  # its worker lost: the reaper's to close
     assert deliver(tasks.instance_provision, provision) == "done"
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.RUNNING, instance.status_message
@@ -224,3 +252,38 @@ def test_a_mig_slice_booked_while_a_spot_check_challenges_free_slices_waits_too(
         assert len(created) == 1 and created[0] > spot.finished_at, sent
     finally:
         _remove_vms(node)
+
+
+def test_a_booking_landing_while_an_active_node_is_re_verified_gets_its_vm_only_after_it_ended(node, sent, sent_jobs,
+                                                                                               monkeypatch, settings):
+    """A re-verification leaves an active node bookable and benchmarks, challenges and proves the memory of the
+    cards free when it read them, for minutes: a card booked after that read waits for it as for a spot check."""
+    check = job_begin(job_id=node_verify_request(node=node, reason="scheduled re-verification").pk)
+    assert check is not None and check.status == JobStatus.RUNNING
+    booked = {}
+    challenge = verification.node_challenge
+
+    def booking_lands_meanwhile(job, session, declared, gpus):
+        assert gpus == [0, 1]  # read free, benchmarked: a renter books one now
+        instance = book(UserFactory(), node)
+        provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+        booked.update(instance=instance, job=provision, first=deliver(tasks.instance_provision, provision))
+        return challenge(job, session, declared, gpus)
+
+    monkeypatch.setattr(verification, "node_challenge", booking_lands_meanwhile)
+    node_verify_run(job=check)
+    check.refresh_from_db()
+    assert check.status == JobStatus.SUCCEEDED, check.log
+    assert Node.objects.get(pk=node.pk).verdict == "verified"
+    said = [line["message"] for line in check.log]
+    assert [m for m in said if m.startswith("memory proof on GPUs 0, 1")], said  # its card too
+
+    assert booked["first"] == "retry"
+    assert not [what for _, what in sent if what == "vm create"], sent
+    _waits_for(booked["job"], check, sent_jobs, settings, what="the server's re-check of its GPUs", told=VERIFY_TOLD)
+    assert deliver(tasks.instance_provision, booked["job"]) == "done"
+    instance = _row(booked["instance"])
+    assert instance.status == InstanceStatus.RUNNING, instance.status_message
+    created = [at for at, what in sent if what == "vm create"]
+    assert len(created) == 1 and created[0] > check.finished_at, sent
+    assert instance.started_at > check.finished_at  # billed from when it runs
