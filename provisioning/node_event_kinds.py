@@ -55,7 +55,7 @@ PROVIDER_KINDS: dict[str, ProviderKind] = {
     # GPUs and inventory (gpu_presence, reliability).
     "gpu_lost": _shown("GPU lost: no longer listed by nvidia-smi"),
     "gpu_back": _shown("Lost GPU back"),
-    "inventory_changed": _shown("GPU inventory changed: verifying again"),
+    "inventory_changed": _shown("GPU inventory changed: a new check is due"),
     # Spot checks (spot_checks): the findings as the benchmarks API shows them; the job's error.
     "spot_check_skipped": _shown("Spot check skipped"),
     "spot_check_passed": _shown("Spot check passed"),
