@@ -3,7 +3,8 @@ platform_checks.py), judge it with the acceptance policy, record it, and list, f
 operator accepting a quarantined node's new host key, which verifies it again. Spot checks of an active node's
 idle GPUs: spot_checks.py. (Re-verification and spot checks at random times: maintenance.nodes_reverify_due.)
 
-A node that is active is re-verified in place: it stays active (and bookable) while the check runs. If a
+A node that is active is re-verified in place: it stays active (and bookable) while the check runs; a VM
+booked meanwhile is created once the check has ended (vms._node_check_under_way), not on a card under test. If a
 re-verification rejects a node that renters are using, the node stays active for them (its verdict keeps it
 off the offers), operators get a critical event and the renters a status message.
 """
