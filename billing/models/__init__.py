@@ -26,6 +26,7 @@ from .ledger import (
     EarningsRollup,
     Entry,
     LedgerTransaction,
+    RevenueSlot,
     TransactionKind,
     UsageInterval,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Refund",
     "RefundOrigin",
     "RefundStatus",
+    "RevenueSlot",
     "STRIPE_EVENT_TRANSITIONS",
     "StripeEvent",
     "StripeEventStatus",

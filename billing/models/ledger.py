@@ -183,3 +183,26 @@ class EarningsRollup(models.Model):
 
     def __str__(self):
         return f"{self.account_id} {self.month:%Y-%m} node {self.node_id}"
+
+
+
+class RevenueSlot(models.Model):
+    """The operators' revenue figures (billing.selectors.revenue_between) of one settled slot of ten minutes (UTC):
+    what renters were charged for GPU time and storage, and what the platform-revenue account received, by the
+    ledger transactions dated in [start, start + 10 min), both net of reversals. Integer micro-dollars.
+
+    A cache, written by the reads themselves (the first dashboard load that needs a slot sums its entries once),
+    only for slots over by billing.selectors.REVENUE_SETTLED_AFTER: a transaction is dated when it is posted
+    (billing.services.ledger.ledger_post) and the ledger is append-only, so such a slot's sums never change.
+    Deleting rows is harmless: they are summed again.
+    """
+
+    start = models.DateTimeField(unique=True, help_text="The slot's first instant (UTC, a multiple of 10 minutes).")
+    charged_micros = models.BigIntegerField(help_text="What renters were charged for GPU time and storage.")
+    fee_micros = models.BigIntegerField(help_text="The platform-revenue account's entries.")
+
+    class Meta:
+        ordering = ["start"]
+
+    def __str__(self):
+        return f"{self.start:%Y-%m-%d %H:%M}"
