@@ -14,11 +14,13 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core import addresses as core_addresses
@@ -26,7 +28,19 @@ from core import dispatch
 from core.addresses import Address, address_kind, getaddrinfo_within, node_address_allowed
 from core.errors import Conflict, Unavailable
 from core.transitions import InvalidTransition
-from marketplace.models import Instance, InstanceStatus, InterruptionCause, Node, NodeState
+from marketplace.models import (
+    GpuAllocation,
+    GpuStatus,
+    Instance,
+    InstanceStatus,
+    InterruptionCause,
+    MigSliceAllocation,
+    Node,
+    NodeState,
+    SliceStatus,
+    Verdict,
+)
+from marketplace.models.nodes import LISTABLE_VERDICTS
 from marketplace.services import instances as instance_svc
 from marketplace.services import volumes as volume_svc
 from marketplace.services.instances.options import PORTS_MAX
@@ -37,9 +51,9 @@ from marketplace.services.instances.worker import (
 )
 from marketplace.validators import VM_PORT_NAME, is_port_number, validate_address, validate_ssh_user
 from provisioning.concurrency import NodeBusy
-from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind, NodeEvent
+from provisioning.models import OPEN, VM_JOB_KINDS, Job, JobFault, JobKind, JobStatus, NodeEvent, VerificationRun
 from provisioning.services.faults import error_fault
-from provisioning.services.jobs import JOB_DEADLINES, SUPERSEDED, job_alive
+from provisioning.services.jobs import JOB_DEADLINES, SUPERSEDED
 from provisioning.services.nodes import VM_MISSING, disk_limit_not_enforced_noted, node_event, node_session
 from provisioning.services.runner import MAX_LOG_LINES, job_finish, job_step
 from provisioning.ssh import NodeSession, Timeouts, checked_addresses
@@ -686,10 +700,22 @@ def _pull_failure(instance: Instance, exc: AgentFailed) -> AgentFailed:
 # testing over). The reverse, a VM job already under way when a check starts, holds its cards since its booking or
 # start committed: the check does not test them.
 #
-# A check is waited for while it is alive by the reaper's rule (jobs.job_alive): running, and before its deadline
-# or still beating. Its deadline counts from its creation, so one that waited in a busy queue works past it (a
-# spot check's worker may run 840 s, a verification's too); one whose worker was lost holds bookings only until its
-# heartbeat is JOB_HEARTBEAT_STALE_S old.
+# A check is waited for while it runs and its worker beats (_CHECK_BEATING: running, its heartbeat younger than
+# JOB_HEARTBEAT_STALE_S). Its execution's heartbeat thread (runner.JobHeartbeat) renews it every
+# JOB_HEARTBEAT_INTERVAL_S whatever step it is in, the benchmark's and the memory proof's minutes over SSH included,
+# and one waiting for its retry has it dated when the retry is due (runner.job_release); job_begin dates it in the
+# commit that marks it running, before it reads the free cards. So a check that started late works past its
+# deadline and is still waited for, and one whose worker was lost holds bookings only until its heartbeat is stale,
+# before its deadline too (the reaper's rule, jobs.job_alive, spares it until its deadline: not this one's).
+#
+# What the check found is read once the wait ends (_failed_while_waiting): a booking or start committed after it read
+# the free cards had its card tested, and the check's verdict may reject the node or a card may be lost meanwhile. A
+# rejected node stays active for its renters, the waiting instance counted among them (verification.
+# node_verify_conclude), so nothing else stops the VM from being made there, perhaps on the card that failed. Only a
+# job that waited is failed so: a start on a node rejected before it was asked is the renter's to make (lifecycle
+# refuses none for the verdict), and without a wait nothing was tested on its cards. And no wait is endless: a check
+# that runs on (retries after retries) fails the waiting job after NODE_CHECK_WAIT_MAX_S from its creation rather
+# than create the VM on a card it may be testing.
 
 # What the renter is told while their VM job waits, by the kind of check; the first words also name it in the step.
 CHECK_WAITS: dict[str, tuple[str, str]] = {
@@ -702,32 +728,99 @@ CHECK_WAITS: dict[str, tuple[str, str]] = {
         "end, a few minutes"),
 }
 SPOT_CHECK_WAIT = CHECK_WAITS[JobKind.NODE_SPOT_CHECK][1]
+# The longest a VM job waits for its node's checks, from its creation: twice a verification's allowance, more than
+# one whole execution of either kind of check (the task's time limit, 900 s) takes.
+NODE_CHECK_WAIT_MAX_S = 2 * JOB_DEADLINES[JobKind.NODE_VERIFY]
+_WAITED = frozenset(f"{told}." for _, told in CHECK_WAITS.values())
+# What the renter is told when a job that waited is failed (vm_failed's renter_message), and the job's error.
+CHECK_FAILED_TOLD: dict[str, str] = {
+    JobKind.INSTANCE_PROVISION: "The server failed its check while your VM waited to be created ({why}); nothing "
+                                "was charged. Book another offer.",
+    JobKind.INSTANCE_START: "The start did not go through: the server failed its check while your VM waited to "
+                            "start ({why}); nothing was charged for it. It is stopped, its disk kept; start it "
+                            "again, or move your work to another server.",
+}
+CHECK_TOO_LONG_TOLD: dict[str, str] = {
+    JobKind.INSTANCE_PROVISION: "The server's check of its GPUs went on too long while your VM waited to be "
+                                "created; nothing was charged. Book another offer, or try this one again later.",
+    JobKind.INSTANCE_START: "The start did not go through: the server's check of its GPUs went on too long while "
+                            "your VM waited to start; nothing was charged for it. It is stopped, its disk kept; "
+                            "start it again later.",
+}
 
 
-def _node_check_under_way(job: Job, instance: Instance) -> None:
+def _check_beating(now: datetime) -> Q:
+    fresh = now - timedelta(seconds=settings.JOB_HEARTBEAT_STALE_S)
+    return Q(status=JobStatus.RUNNING, heartbeat_at__gte=fresh)
+
+
+def _node_check_under_way(job: Job, instance: Instance) -> bool:
     """Raise NodeBusy (the task tries again in NODE_BUSY_RETRY_S, uncounted) while a spot check or a verification
-    of the instance's node is alive (jobs.job_alive: running, and before its deadline or still beating, the rule
-    the reaper spares a job by): one whose worker was lost holds nothing once its heartbeat is stale, the job goes
-    on. The job's own deadline is moved to its whole allowance after the check's deadline, or after now where that
-    passed (a destroy waiting for a VM job moves its own too: vm_destroy): the wait is nobody's failure and leaves
-    the job its time for its work. Any such check is waited for, whether or not it tests this instance's cards
-    (which cannot be told before it read them): a spot check lasts about a minute, once a day or so per node; a
-    re-verification a few minutes, rarer."""
+    of the instance's node runs with its worker beating (_check_beating). The job's own deadline is moved to its
+    whole allowance after the check's deadline, or after now where that passed (a destroy waiting for a VM job
+    moves its own too: vm_destroy), up to NODE_CHECK_WAIT_MAX_S after its creation: the wait is nobody's failure
+    and leaves the job its time for its work. Any such check is waited for, whether or not it tests this
+    instance's cards (which cannot be told before it read them): a spot check lasts about a minute, once a day or
+    so per node; a re-verification a few minutes, rarer.
+
+    False when the job was failed here (vm_failed, nothing billed, its GPUs freed): it waited NODE_CHECK_WAIT_MAX_S
+    and the check still runs, or it waited and the check's outcome leaves the VM nowhere to go (_failed_while_waiting).
+    True: the job goes on."""
     now = timezone.now()
-    check = (Job.objects.filter(job_alive(now), node_id=instance.node_id, kind__in=tuple(CHECK_WAITS))
+    check = (Job.objects.filter(_check_beating(now), node_id=instance.node_id, kind__in=tuple(CHECK_WAITS))
              .only("pk", "kind", "deadline").first())
     if check is None:
-        return
-    wait_until = max(check.deadline, now) + timedelta(seconds=JOB_DEADLINES[job.kind])
+        why = _failed_while_waiting(job, instance) if _waited(job) else ""
+        if why:
+            vm_failed(job=job, error=f"The node failed its check while this job waited ({why}): the VM was not "
+                                     f"{'created' if job.kind == JobKind.INSTANCE_PROVISION else 'started'}.",
+                      fault=JobFault.NODE, renter_message=CHECK_FAILED_TOLD[job.kind].format(why=why))
+            return False
+        return True
+    what, told = CHECK_WAITS[check.kind]
+    given_up = job.created_at + timedelta(seconds=NODE_CHECK_WAIT_MAX_S)
+    if now >= given_up:
+        vm_failed(job=job, error=f"This job waited {NODE_CHECK_WAIT_MAX_S} s for {what} (job {check.pk}), which "
+                                 "still runs: it was given up.",
+                  fault=JobFault.PLATFORM, renter_message=CHECK_TOO_LONG_TOLD[job.kind])
+        return False
+    wait_until = min(max(check.deadline, now), given_up) + timedelta(seconds=JOB_DEADLINES[job.kind])
     if wait_until > job.deadline:
         Job.objects.filter(pk=job.pk).update(deadline=wait_until)
         job.deadline = wait_until
-    what, told = CHECK_WAITS[check.kind]
     _progress(job, instance, f"{told}.")
     until = (f"its deadline {check.deadline:%H:%M:%S} UTC" if check.deadline > now else
              f"past its deadline ({check.deadline:%H:%M:%S} UTC), its worker still at work")
     raise NodeBusy(f"{what} (job {check.pk}) runs, {until}; "
                    f"the VM {'is created' if job.kind == JobKind.INSTANCE_PROVISION else 'starts'} once it ends.")
+
+
+def _waited(job: Job) -> bool:
+    """Did the job wait for a check of its node (its log says so: _progress's line at each wait)? A full log keeps
+    its latest lines, the wait's when it just ended."""
+    log = Job.objects.filter(pk=job.pk).values_list("log", flat=True).first() or []
+    return isinstance(log, list) and any(isinstance(line, dict) and line.get("message") in _WAITED for line in log)
+
+
+def _failed_while_waiting(job: Job, instance: Instance) -> str:
+    """Why the VM must not be made after the job waited for a check ('' when it may): a verification concluded
+    since the job was queued and the node's verdict is not listable now (the offers' rule, OFFERABLE: a booking
+    would be refused), or a GPU or MIG slice the instance holds was lost (fallen off the bus) or is out of service."""
+    verdict = Node.objects.filter(pk=instance.node_id).values_list("verdict", flat=True).first()
+    if verdict not in LISTABLE_VERDICTS and VerificationRun.objects.filter(
+            node_id=instance.node_id, created_at__gte=job.created_at).exists():
+        return "the check rejected it" if verdict == Verdict.REJECTED else f"its verdict is {verdict}"
+    gpus = set(GpuAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
+               .filter(Q(gpu__lost_at__isnull=False) | Q(gpu__status=GpuStatus.UNAVAILABLE))
+               .values_list("gpu__index", flat=True))
+    gpus |= set(MigSliceAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True)
+                .filter(Q(mig_slice__status=SliceStatus.UNAVAILABLE) | Q(mig_slice__gpu__lost_at__isnull=False)
+                        | Q(mig_slice__gpu__status=GpuStatus.UNAVAILABLE))
+                .values_list("mig_slice__gpu__index", flat=True))
+    if gpus:
+        cards = ", ".join(map(str, sorted(gpus)))
+        return f"GPU{'s' if len(gpus) > 1 else ''} {cards} booked for it, lost or out of service"
+    return ""
 
 
 def vm_provision(*, job: Job) -> None:
@@ -737,7 +830,8 @@ def vm_provision(*, job: Job) -> None:
     if instance is None:
         job_finish(job=job, note="the instance is no longer waiting to be provisioned; nothing to do")
         return
-    _node_check_under_way(job, instance)
+    if not _node_check_under_way(job, instance):
+        return
     _progress(job, instance, f"connecting to node {instance.node_id}")
     with node_session(instance.node) as session:
         _progress(job, instance, _CREATING)
@@ -776,7 +870,8 @@ def _start(job: Job, session: NodeSession, instance: Instance) -> dict[str, Any]
 def vm_start(*, job: Job) -> None:
     if (instance := _instance_in(job, InstanceStatus.STARTING, "starting")) is None:
         return
-    _node_check_under_way(job, instance)  # a start takes GPUs again (lifecycle.instance_start): free ones, perhaps
+    if not _node_check_under_way(job, instance):  # a start takes GPUs again (lifecycle.instance_start): free ones
+        return
     with node_session(instance.node) as session:
         _progress(job, instance, _STARTING)
         answer = _start(job, session, instance)
@@ -953,11 +1048,13 @@ def vm_forget_missing(*, session: NodeSession, instance: Instance) -> bool:
     return answer.get("existed") is True
 
 
-def vm_failed(*, job: Job, error: NodeError | str, fault: str, reach_node: bool = True) -> None:
+def vm_failed(*, job: Job, error: NodeError | str, fault: str, reach_node: bool = True,
+              renter_message: str = "") -> None:
     """A provision, start, restart or stop job gave up (retries spent, deadline, lost worker, crash); `fault`:
     whose failure `error` is (faults.error_fault). The error, worded for the node's provider and the operators, is
     the job's (Job.error); the instance's renter is told `renter_reason` (never the node's login, address or the
-    provider's fix).
+    provider's fix); `renter_message`, where given, is the instance's whole status message instead (a provision
+    failed or a start stopped by its wait for a node check: _node_check_under_way).
 
     A job superseded by a later job of its instance (job_superseded) is closed with a note: the instance, its
     GPUs and the VM are that job's, even in a state this one waits on too (START and RESTART both act in
@@ -1023,7 +1120,8 @@ def vm_failed(*, job: Job, error: NodeError | str, fault: str, reach_node: bool 
     if provision:
         # Settled, the node destroyed its VM (record and all) or none was made: nothing of it is left there.
         # It never ran: nothing of it was billed (GPU time is metered from running on; a disk only while stopped).
-        instance_svc.instance_mark_failed(instance_id=instance.pk, message=f"{told} It never ran: nothing was billed.",
+        instance_svc.instance_mark_failed(instance_id=instance.pk,
+                                          message=renter_message or f"{told} It never ran: nothing was billed.",
                                           only_in=waiting_on,
                                           cleanup_pending=not settled, vm_gone=settled)
     elif outcome == _GONE:
@@ -1032,8 +1130,9 @@ def vm_failed(*, job: Job, error: NodeError | str, fault: str, reach_node: bool 
         instance_svc.instance_mark_failed(instance_id=instance.pk, message=_VM_GONE, only_in=waiting_on)
     else:
         failed_verb = {JobKind.INSTANCE_START: "The start", JobKind.INSTANCE_RESTART: "The restart"}.get(kind)
-        message = (f"{failed_verb} did not go through: {told} It is stopped, its disk kept; start it again."
-                   if failed_verb else "Stopped; the disk is kept.")
+        message = renter_message or (
+            f"{failed_verb} did not go through: {told} It is stopped, its disk kept; start it again."
+            if failed_verb else "Stopped; the disk is kept.")
         if failed_verb and quarantined:
             # A start there is refused until the key is accepted: not "start it again" (found in r47).
             message = START_ON_QUARANTINED_NODE.format(verb=failed_verb)

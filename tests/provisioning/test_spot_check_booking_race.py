@@ -5,7 +5,9 @@ booked one of them meanwhile had their VM created on the card while the challeng
 that creates (or starts) the VM waits until the spot check ends, telling the renter why; a spot check past its
 deadline holds it while its worker still beats (it started late), nothing once its heartbeat is stale (its worker
 lost). A re-verification of an active node (the benchmark, the challenge and the memory proof on its free cards,
-the node bookable meanwhile) is waited for the same way.
+the node bookable meanwhile) is waited for the same way. A job that waited fails at no charge when the check
+rejected the node or a card it holds was lost meanwhile (a start: stopped again), and waits NODE_CHECK_WAIT_MAX_S
+at most.
 
 Real parts: a sim server over SSH with the real agent (its VMs real sshd processes), the spot check and the VM jobs
 run as a worker's deliveries run them (tests/marketplace/sim_renting.deliver), a retry recorded, not sent."""
@@ -16,7 +18,7 @@ from celery.canvas import Signature
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from marketplace.models import Instance, InstanceStatus, MigSlice, Node
+from marketplace.models import Gpu, GpuAllocation, Instance, InstanceStatus, MigSlice, Node
 from marketplace.services import instances as instance_svc
 from provisioning import tasks
 from provisioning.models import Job, JobKind, JobStatus
@@ -26,7 +28,9 @@ from provisioning.services.nodes import node_session
 from provisioning.services.runner import job_begin, job_finish
 from provisioning.services.spot_checks import node_spot_check_request, node_spot_check_run
 from provisioning.services.verification import node_verify_request, node_verify_run
+from provisioning.services.vms import CHECK_FAILED_TOLD, CHECK_TOO_LONG_TOLD, NODE_CHECK_WAIT_MAX_S
 from provisioning.ssh import NodeSession
+from provisioning.verification.model import REJECT, Finding
 from tests.factories import UserFactory
 from tests.marketplace.renting_helpers import book
 from tests.marketplace.sim_renting import deliver, deliver_until_closed, job_of
@@ -125,6 +129,7 @@ def test_a_booking_landing_while_a_spot_check_runs_gets_its_vm_only_after_it_end
     def booking_lands_meanwhile(job, session, declared, gpus):
         # The spot check read GPUs 0 and 1 free and is about to challenge them: a renter books one now.
         assert gpus == [0, 1]
+        _beat(job, 0)  # as its worker's heartbeat thread keeps it (runner.JobHeartbeat)
         instance = book(UserFactory(), node)
         provision = job_of(instance, JobKind.INSTANCE_PROVISION)
         booked.update(instance=instance, job=provision,
@@ -229,6 +234,7 @@ def test_a_mig_slice_booked_while_a_spot_check_challenges_free_slices_waits_too(
         challenge = spot_checks.node_slice_challenge
 
         def booking_lands_meanwhile(job, session, declared, inventory, uuids):
+            _beat(job, 0)
             instance = book(UserFactory(), node, mig_profile="3g.40gb")
             provision = job_of(instance, JobKind.INSTANCE_PROVISION)
             held = set(MigSlice.objects.filter(node=node, status="rented").values_list("uuid", flat=True))
@@ -265,6 +271,7 @@ def test_a_booking_landing_while_an_active_node_is_re_verified_gets_its_vm_only_
 
     def booking_lands_meanwhile(job, session, declared, gpus):
         assert gpus == [0, 1]  # read free, benchmarked: a renter books one now
+        _beat(job, 0)
         instance = book(UserFactory(), node)
         provision = job_of(instance, JobKind.INSTANCE_PROVISION)
         booked.update(instance=instance, job=provision, first=deliver(tasks.instance_provision, provision))
@@ -287,3 +294,115 @@ def test_a_booking_landing_while_an_active_node_is_re_verified_gets_its_vm_only_
     created = [at for at, what in sent if what == "vm create"]
     assert len(created) == 1 and created[0] > check.finished_at, sent
     assert instance.started_at > check.finished_at  # billed from when it runs
+
+
+def _held_gpu(instance: Instance) -> Gpu:
+    return GpuAllocation.objects.select_related("gpu").get(instance_id=instance.pk, released_at__isnull=True).gpu
+
+
+def _failed_uncharged(instance: Instance, job: Job, told: str, sent: list) -> None:
+    """The VM job ended without a VM: the instance failed with `told`, nothing billed, its GPU let go."""
+    instance = _row(instance)
+    assert instance.status == InstanceStatus.FAILED, instance.status_message
+    assert instance.status_message == told
+    assert instance.started_at is None  # never ran: nothing billed
+    assert not GpuAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True).exists()
+    assert not [what for _, what in sent if what == "vm create"], sent
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.error, job.log
+
+
+def test_a_booking_that_waited_for_a_re_verification_rejecting_the_node_fails_uncharged(node, sent, sent_jobs,
+                                                                                        monkeypatch):
+    """Its card was tested (booked after the check read the free cards) and the check rejected the node: the node
+    stays active for its renters, the waiting instance among them, so before, its VM was created there all the same,
+    perhaps on the card that failed."""
+    check = job_begin(job_id=node_verify_request(node=node, reason="scheduled re-verification").pk)
+    booked = {}
+    challenge = verification.node_challenge
+
+    def booking_lands_then_its_card_fails(job, session, declared, gpus):
+        _beat(job, 0)
+        instance = book(UserFactory(), node)
+        provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+        booked.update(instance=instance, job=provision, first=deliver(tasks.instance_provision, provision))
+        found, figures = challenge(job, session, declared, gpus)
+        index = _held_gpu(instance).index
+        return [*found, Finding(REJECT, "challenge_wrong", f"GPU {index} got the challenge wrong.", index)], figures
+
+    monkeypatch.setattr(verification, "node_challenge", booking_lands_then_its_card_fails)
+    node_verify_run(job=check)
+    after = Node.objects.get(pk=node.pk)
+    assert after.verdict == "rejected" and after.state == "active"  # kept active for its renter
+    assert booked["first"] == "retry"
+    gpu = _held_gpu(booked["instance"])
+
+    assert deliver(tasks.instance_provision, booked["job"]) == "done"
+    _failed_uncharged(booked["instance"], booked["job"], CHECK_FAILED_TOLD[JobKind.INSTANCE_PROVISION].format(
+        why="the check rejected it"), sent)
+    assert Gpu.objects.get(pk=gpu.pk).status == "free"
+
+
+def test_a_booking_that_waited_while_its_gpu_was_lost_fails_uncharged(node, sent, sent_jobs):
+    spot = _running_spot_check(node)
+    instance = book(UserFactory(), node)
+    provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+    assert deliver(tasks.instance_provision, provision) == "retry"
+    gpu = _held_gpu(instance)
+    Gpu.objects.filter(pk=gpu.pk).update(lost_at=timezone.now())  # its health check lost it (gpu_presence)
+    job_finish(job=spot)
+
+    assert deliver(tasks.instance_provision, provision) == "done"
+    _failed_uncharged(instance, provision, CHECK_FAILED_TOLD[JobKind.INSTANCE_PROVISION].format(
+        why=f"GPU {gpu.index} booked for it, lost or out of service"), sent)
+    assert Gpu.objects.get(pk=gpu.pk).status == "unavailable"  # released, out of the offers while lost
+
+
+def test_a_vm_job_waits_for_a_check_at_most_node_check_wait_max_s(node, sent, sent_jobs):
+    """A check that goes on (retries after retries, each beating) no longer re-pushes the booking's wait for up to
+    an hour: NODE_CHECK_WAIT_MAX_S after the VM job's creation, the booking fails at no charge."""
+    spot = _running_spot_check(node)
+    instance = book(UserFactory(), node)
+    provision = job_of(instance, JobKind.INSTANCE_PROVISION)
+    assert deliver(tasks.instance_provision, provision) == "retry"
+    provision.refresh_from_db()
+    cap = timedelta(seconds=NODE_CHECK_WAIT_MAX_S + JOB_DEADLINES[JobKind.INSTANCE_PROVISION])
+    assert provision.deadline <= provision.created_at + cap
+
+    Job.objects.filter(pk=provision.pk).update(created_at=timezone.now() - timedelta(seconds=NODE_CHECK_WAIT_MAX_S))
+    _beat(spot, 0)  # still at work
+    assert deliver(tasks.instance_provision, provision) == "done"
+    _failed_uncharged(instance, provision, CHECK_TOO_LONG_TOLD[JobKind.INSTANCE_PROVISION], sent)
+
+
+def test_a_check_whose_worker_was_lost_before_its_deadline_holds_nothing(node, sent_jobs):
+    """The reaper spares it until its deadline (jobs.job_alive), up to 900 s for a verification; the booking's
+    wait needs its worker beating (a running or retry-waiting check always has a fresh heartbeat)."""
+    spot = _running_spot_check(node)
+    _beat(spot, django_settings.JOB_HEARTBEAT_STALE_S + 5)
+    assert Job.objects.get(pk=spot.pk).deadline > timezone.now()
+    instance = book(UserFactory(), node)
+    assert deliver(tasks.instance_provision, job_of(instance, JobKind.INSTANCE_PROVISION)) == "done"
+    assert _row(instance).status == InstanceStatus.RUNNING, _row(instance).status_message
+
+
+def test_a_start_that_waited_while_its_gpu_was_lost_is_stopped_again_uncharged(node, sent_jobs):
+    instance = book(UserFactory(), node)
+    deliver_until_closed(tasks.instance_provision, job_of(instance, JobKind.INSTANCE_PROVISION))
+    instance_svc.instance_stop(instance=_row(instance))
+    deliver_until_closed(tasks.instance_stop, job_of(instance, JobKind.INSTANCE_STOP))
+    spot = _running_spot_check(node)
+    instance_svc.instance_start(instance=_row(instance))
+    start = job_of(instance, JobKind.INSTANCE_START)
+    assert deliver(tasks.instance_start, start) == "retry"
+    gpu = _held_gpu(instance)
+    Gpu.objects.filter(pk=gpu.pk).update(lost_at=timezone.now())
+    job_finish(job=spot)
+
+    assert deliver(tasks.instance_start, start) == "done"
+    after = _row(instance)
+    assert after.status == InstanceStatus.STOPPED, after.status_message  # the start failure's own end: disk kept
+    assert after.status_message == CHECK_FAILED_TOLD[JobKind.INSTANCE_START].format(
+        why=f"GPU {gpu.index} booked for it, lost or out of service")
+    assert not GpuAllocation.objects.filter(instance_id=instance.pk, released_at__isnull=True).exists()
+    assert Job.objects.get(pk=start.pk).status == JobStatus.FAILED
