@@ -156,11 +156,10 @@ def _dispatch_note(job: Job, now: datetime, message: str = "") -> None:
 def jobs_reap() -> Summary:
     """Fail jobs still open past their deadline, releasing what they held.
 
-    A job whose execution still beats (its heartbeat younger than JOB_HEARTBEAT_STALE_S: jobs.job_alive, the rule
-    a renter's VM job also waits by while a check of its node runs, vms._node_check_under_way) is left to it: it may
-    be creating a VM on the GPUs the reaper would free for the next renter, and it ends by itself (its task's
-    time limit, then the task's own failure handler, which cleans up on the node). A deadline counts from the
-    job's creation, so a job that waited in a busy queue can pass it while it runs. An instance job ends as its
+    A job whose execution still beats (its heartbeat younger than JOB_HEARTBEAT_STALE_S: jobs.job_alive) is left
+    to it: it may be creating a VM on the GPUs the reaper would free for the next renter, and it ends by itself
+    (its task's time limit, then the task's own failure handler, which cleans up on the node). A deadline counts
+    from the job's creation, so a job that waited in a busy queue can pass it while it runs. An instance job ends as its
     task's own failure would (vms.vm_failed), without asking the node: a worker lost after the VM came up leaves
     the instance where the job brought it, a start goes back to stopped, and GPUs the VM may still use stay
     held until the node confirms it stopped or gone.

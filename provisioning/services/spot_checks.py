@@ -46,15 +46,15 @@ def node_spot_check_run(*, job: Job) -> None:
     (verification/memproof.py) on the node's GPUs that no renter holds now, and on its free MIG slices
     (node_slice_challenge, as a verification's), nothing else. The node is not taken out of `active` and no GPU is
     allocated: a renter may book one meanwhile, but its VM is created (or started) only once this job is no longer
-    alive by the reaper's rule: closed, or past its deadline with its heartbeat stale (jobs.job_alive,
-    vms._node_check_under_way, review r54 #4; a re-verification is waited for alike). Its deadline counts from its
-    creation: started late, it works past it and still holds bookings while it beats. This job is marked running
-    (runner.job_begin) before the free cards are read below, so a booking that commits after that read has a VM
-    job that sees it running; one committed before it holds its cards, which are not tested. A clean answer is
-    recorded (an event operators see); a finding (a wrong result, too slow or too fast, memory not held, no answer)
-    queues a full verification at once, whose verdict speaks for the node: a spot check alone judges nothing. A free
-    card the node's inventory leaves out is a dodge (spot_check_dodged's rule): the full verification is brought
-    forward. Raises NodeError if the node cannot be reached."""
+    running with its worker beating (vms._node_check_under_way: its heartbeat younger than JOB_HEARTBEAT_STALE_S, at
+    most NODE_CHECK_WAIT_MAX_S; review r54 #4; a re-verification is waited for alike). Started late, it works past its
+    deadline and still holds bookings while it beats; a lost worker's holds them no longer. This job is marked running
+    (runner.job_begin) before the free cards are read below, so a booking that commits after that read has a VM job that
+    sees it running; one committed before it holds its cards, which are not tested. A clean answer is recorded (an event
+    operators see); a finding (a wrong result, too slow or too fast, memory not held, no answer) queues a full
+    verification at once, whose verdict speaks for the node: a spot check alone judges nothing. A free card the node's
+    inventory leaves out is a dodge (spot_check_dodged's rule): the full verification is brought forward. Raises
+    NodeError if the node cannot be reached."""
     node = job.node
     if node.state != NodeState.ACTIVE:
         _node_left_active(job, node)
