@@ -5,6 +5,7 @@ The classes are found by walking the hierarchy, so a new one fails here until it
 """
 import importlib
 import pkgutil
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django import forms
@@ -28,6 +29,7 @@ from marketplace.services.email_verification import EmailNotVerified, InvalidVer
 from marketplace.services.instances import Funds, InsufficientFunds, PriceChanged
 from marketplace.services.ssh_keys import InvalidSshKey
 from marketplace.services.two_factor import WrongCode, WrongPassword
+from provisioning.services.verification import VerifyCooldown
 
 FUNDS = Funds(balance_micros=1_000_000, committed_rate_micros=0, added_rate_micros=2_000_000,
               required_micros=2_000_000, missing_micros=1_000_000, required_s=3600, enforced=True)
@@ -61,6 +63,9 @@ SAMPLES = [
     PriceChanged(price_micros=100_000_000, max_price_micros=500_000, unit="GPU-hour"),
     AskPriceRaised("Offer 1201's price has risen since your search: ... Search again.", field="id",
                    extra={"new_ask_id": 10000001201, "dph_total": 40.0, "storage_cost": 0.1}),
+    VerifyCooldown(node_id=7, verdict="degraded", finished_at=datetime(2026, 12, 7, 21, 0, tzinfo=UTC),
+                   available_at=datetime(2026, 12, 7, 21, 15, tzinfo=UTC),
+                   now=datetime(2026, 12, 7, 21, 5, tzinfo=UTC) + timedelta(seconds=30)),
 ]
 
 
